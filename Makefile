@@ -1,0 +1,34 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Each installs the Debian
+# packages it needs (scripts/install-deps.sh), configures, builds, then runs.
+PRESET ?= release
+JOBS ?= $(shell nproc)
+
+.PHONY: deps configure build demo test test-asan test-tsan bench clean
+
+deps:
+	./scripts/install-deps.sh
+
+configure: deps
+	cmake --preset $(PRESET) >/dev/null
+
+build: configure
+	cmake --build --preset $(PRESET) -j $(JOBS)
+
+demo: build
+	./build/$(PRESET)/examples/custom_loop_mlp
+
+test: build
+	ctest --preset $(PRESET) -j $(JOBS)
+
+test-asan:
+	$(MAKE) test PRESET=asan
+
+test-tsan:
+	$(MAKE) test PRESET=tsan
+
+bench: build
+	./build/$(PRESET)/bench/bench_matmul
+	./build/$(PRESET)/bench/bench_mlp_step
+
+clean:
+	rm -rf build

@@ -1,0 +1,12 @@
+# dtrain_layer(NAME SOURCES... DEPS targets...)
+# One static library per layer. A layer links only the layers below it, so a call
+# into a layer above fails to link.
+function(dtrain_layer name)
+  cmake_parse_arguments(L "" "" "SOURCES;DEPS" ${ARGN})
+  add_library(dtrain_${name} STATIC ${L_SOURCES})
+  add_library(dtrain::${name} ALIAS dtrain_${name})
+  target_include_directories(dtrain_${name} PUBLIC
+    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/src>
+    $<INSTALL_INTERFACE:include>)
+  target_link_libraries(dtrain_${name} PUBLIC ${L_DEPS} PRIVATE dtrain_warnings)
+endfunction()

@@ -1,0 +1,81 @@
+// dense: y = act(x · W + b) in one oneDNN pass (bias and activation as post-ops).
+// x[R, In] (leading axes folded into R), W[In, Out], b[Out] -> y[R, Out].
+// Backward keeps x, W and y (or the pre-activation z for gelu, whose derivative needs it):
+//   dz = dy ⊙ act'(.),  dW = xᵀ · dz,  db = Σ_rows dz,  dx = dz · Wᵀ (only when x needs it,
+//   which the first layer's input never does).
+#include "dtrain/autograd/op_util.h"
+
+namespace dtrain {
+namespace {
+
+kernels::Unary unary_of(Activation a) {
+  switch (a) {
+    case Activation::relu: return kernels::Unary::relu;
+    case Activation::sigmoid: return kernels::Unary::sigmoid;
+    case Activation::tanh: return kernels::Unary::tanh;
+    case Activation::gelu: return kernels::Unary::gelu;
+    case Activation::linear: break;
+  }
+  return kernels::Unary::linear;
+}
+
+}  // namespace
+
+Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activation activation) {
+  detail::check_float(x, "dense");
+  detail::check_float(kernel, "dense (kernel)");
+  if (kernel.rank() != 2 || x.rank() < 1 || x.dim(-1) != kernel.dim(0))
+    DTRAIN_THROW(InvalidArgument, "dense: input ", x.shape().to_string(), " does not match kernel ",
+                 kernel.shape().to_string(), " (the input's last axis must equal the kernel's first)");
+  const std::int64_t in = kernel.dim(0), out = kernel.dim(1);
+  if (bias.defined() && !(bias.shape() == Shape{out}))
+    DTRAIN_THROW(InvalidArgument, "dense: bias ", bias.shape().to_string(), " does not match kernel ",
+                 kernel.shape().to_string(), " (expected [", out, "])");
+  const std::int64_t rows = in == 0 ? x.numel() : x.numel() / in;
+  const Tensor x2 = x.reshape({rows, in});
+  Shape out_shape = x.shape();
+  out_shape.set(-1, out);
+
+  auto& be = detail::backend_of(x);
+  // gelu's derivative needs its input, so it runs as a second pass over z.
+  const bool fused = activation != Activation::gelu;
+  Tensor z = Tensor::empty({rows, out});
+  be.matmul(x2, kernel, z, {.bias = bias.defined() ? &bias : nullptr, .activation = fused ? activation : Activation::linear});
+  Tensor y2 = z;
+  if (!fused) {
+    y2 = Tensor::empty({rows, out});
+    be.unary(kernels::Unary::gelu, z, y2);
+  }
+  Tensor y = y2.reshape(out_shape);
+
+  detail::record(y, [&] {
+    // For fused activations z *is* the output, which is what their derivatives read.
+    return [x2, kernel, z, activation, x_shape = x.shape()](const Tensor& dy, BackwardContext& ctx) {
+      auto& b = detail::backend_of(dy);
+      const Tensor dy2 = dy.reshape(z.shape());
+      Tensor dz = dy2;
+      if (activation != Activation::linear) {
+        dz = Tensor::empty(z.shape());
+        b.unary_backward(unary_of(activation), z, dy2, dz);
+      }
+      if (ctx.needs(1)) {
+        Tensor dw = Tensor::empty(kernel.shape());
+        b.matmul(x2, dz, dw, {.transpose_a = true});
+        ctx.add(1, dw);
+      }
+      if (ctx.needs(2)) {
+        Tensor db = Tensor::empty({kernel.dim(1)});
+        b.reduce(kernels::Reduce::sum, dz, db);
+        ctx.add(2, db);
+      }
+      if (ctx.needs(0)) {
+        Tensor dx = Tensor::empty(x2.shape());
+        b.matmul(dz, kernel, dx, {.transpose_b = true});
+        ctx.add(0, dx.reshape(x_shape));
+      }
+    };
+  }, x, kernel, bias);
+  return y;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,31 @@
+// Helpers shared by the op_*.cpp files (private to autograd).
+#pragma once
+
+#include <array>
+
+#include "dtrain/autograd/ops.h"
+
+namespace dtrain::detail {
+
+inline kernels::Backend& backend_of(const Tensor& t) { return kernels::backend(t.device()); }
+
+// Records `backward` for `output` if a live tape watches one of `inputs`. The backward
+// function is only built (capturing tensors) when something records.
+template <typename MakeBackward, typename... Inputs>
+void record(const Tensor& output, MakeBackward&& make_backward, const Inputs&... inputs) {
+  const std::array<const Tensor*, sizeof...(Inputs)> ins{(inputs.defined() ? &inputs : nullptr)...};
+  if (!GradientTape::should_record(ins)) return;
+  GradientTape::record(ins, output, make_backward());
+}
+
+// Sums a broadcast gradient back down to `shape` (the identity when shapes agree).
+inline Tensor sum_to_shape(const Tensor& grad, const Shape& shape) {
+  if (grad.shape() == shape) return grad;
+  Tensor out = Tensor::empty(shape);
+  backend_of(grad).reduce(kernels::Reduce::sum, grad, out);
+  return out;
+}
+
+inline void check_float(const Tensor& x, const char* op) { x.check_dtype(DType::f32, op); }
+
+}  // namespace dtrain::detail

@@ -1,0 +1,150 @@
+// Recording and replaying operations for reverse-mode differentiation.
+#include "dtrain/autograd/tape.h"
+
+#include <algorithm>
+
+#include "dtrain/autograd/variable.h"
+#include "dtrain/kernels/backend.h"
+
+namespace dtrain {
+namespace {
+
+std::vector<GradientTape*>& live_tapes() {
+  thread_local std::vector<GradientTape*> tapes;
+  return tapes;
+}
+
+}  // namespace
+
+void BackwardContext::add(int input, const Tensor& grad) {
+  if (!needs(input)) return;
+  if (!(grad.shape() == shapes_[input]))
+    DTRAIN_THROW(InternalError, "backward produced a gradient of shape ", grad.shape().to_string(),
+                 " for an input of shape ", shapes_[input].to_string());
+  tape_.accumulate(inputs_[input], grad);
+}
+
+GradientTape::GradientTape(bool persistent) : persistent_(persistent) {
+  watched_.reserve(64);
+  entries_.reserve(64);
+  live_tapes().push_back(this);
+}
+
+GradientTape::~GradientTape() {
+  auto& tapes = live_tapes();
+  // Usually the last one; a tape destroyed out of order is still removed.
+  auto it = std::find(tapes.rbegin(), tapes.rend(), this);
+  if (it != tapes.rend()) tapes.erase(std::next(it).base());
+}
+
+void GradientTape::watch(const Tensor& t) {
+  t.check_defined("GradientTape::watch");
+  watched_.insert(t.id());
+}
+
+void GradientTape::watch(const Variable& v) { watched_.insert(v.id()); }
+
+bool GradientTape::should_record(std::span<const Tensor* const> inputs) {
+  for (GradientTape* tape : live_tapes()) {
+    if (!tape->recording_) continue;
+    for (const Tensor* t : inputs)
+      if (t && tape->watched_.contains(t->id())) return true;
+  }
+  return false;
+}
+
+void GradientTape::record(std::span<const Tensor* const> inputs, const Tensor& output, BackwardFn backward) {
+  DTRAIN_CHECK_LE(inputs.size(), static_cast<size_t>(kMaxInputs));
+  for (GradientTape* tape : live_tapes()) {
+    if (!tape->recording_) continue;
+    std::uint32_t mask = 0;
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i] && tape->watched_.contains(inputs[i]->id())) mask |= 1u << i;
+    if (mask == 0) continue;
+    Entry e;
+    e.num_inputs = static_cast<int>(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      e.inputs[i] = inputs[i] ? inputs[i]->id() : 0;
+      if (inputs[i]) e.shapes[i] = inputs[i]->shape();
+    }
+    e.needs_mask = mask;
+    e.output = output.id();
+    e.backward = backward;  // copied: each tape owns its record
+    tape->entries_.push_back(std::move(e));
+    tape->watched_.insert(output.id());
+  }
+}
+
+void GradientTape::variable_read(const Tensor& value) {
+  for (GradientTape* tape : live_tapes())
+    if (tape->recording_) tape->watched_.insert(value.id());
+}
+
+void GradientTape::accumulate(std::uint64_t id, const Tensor& grad) {
+  auto [it, inserted] = grads_.try_emplace(id, grad);
+  if (inserted) return;
+  // Out of place: a backward function may hand the same tensor to several inputs.
+  Tensor sum = Tensor::empty(grad.shape());
+  kernels::backend(grad.device()).binary(kernels::Binary::add, it->second, grad, sum);
+  it->second = sum;
+}
+
+std::vector<Tensor> GradientTape::gradient(const Tensor& target, std::span<Variable* const> sources,
+                                           const Tensor& output_gradient) {
+  std::vector<std::uint64_t> ids;
+  ids.reserve(sources.size());
+  for (Variable* v : sources) {
+    if (v == nullptr) DTRAIN_THROW(InvalidArgument, "GradientTape::gradient: a source variable is null");
+    ids.push_back(v->id());
+  }
+  return run_backward(target, ids, output_gradient);
+}
+
+std::vector<Tensor> GradientTape::gradient(const Tensor& target, std::span<const Tensor> sources,
+                                           const Tensor& output_gradient) {
+  std::vector<std::uint64_t> ids;
+  ids.reserve(sources.size());
+  for (const Tensor& t : sources) ids.push_back(t.id());
+  return run_backward(target, ids, output_gradient);
+}
+
+std::vector<Tensor> GradientTape::run_backward(const Tensor& target, std::span<const std::uint64_t> sources,
+                                               const Tensor& output_gradient) {
+  target.check_defined("GradientTape::gradient (target)");
+  if (used_ && !persistent_)
+    DTRAIN_THROW(InvalidArgument,
+                 "GradientTape::gradient: a non-persistent tape computes gradients only once; "
+                 "construct it with GradientTape(/*persistent=*/true) to call gradient() again");
+  used_ = true;
+  std::vector<Tensor> result(sources.size());
+  if (output_gradient.defined()) {
+    check_same_shape(output_gradient, target, "GradientTape::gradient (output_gradient)");
+    grads_.emplace(target.id(), output_gradient);
+  } else {
+    grads_.emplace(target.id(), Tensor::full(target.shape(), 1.0f));
+  }
+  // Walking in reverse record order visits each op after every consumer of its output.
+  for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+    auto g = grads_.find(it->output);
+    if (g == grads_.end()) continue;
+    const Tensor grad_output = g->second;
+    // No longer needed unless asked for: frees memory early.
+    if (!persistent_ && std::find(sources.begin(), sources.end(), it->output) == sources.end()) grads_.erase(g);
+    BackwardContext ctx(*this, std::span<const std::uint64_t>(it->inputs, it->num_inputs),
+                        std::span<const Shape>(it->shapes, it->num_inputs), it->needs_mask);
+    it->backward(grad_output, ctx);
+    if (!persistent_) it->backward = nullptr;  // drops the saved tensors
+  }
+  for (size_t i = 0; i < sources.size(); ++i) {
+    auto g = grads_.find(sources[i]);
+    if (g != grads_.end()) result[i] = g->second;
+  }
+  grads_.clear();
+  if (!persistent_) {
+    entries_.clear();
+    watched_.clear();
+  }
+  return result;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,39 @@
+// Variable: a named, mutable tensor that training updates (a layer's kernel, a bias).
+// Reading value() inside a GradientTape makes the tape watch it when it is trainable.
+// assign() writes in place, so the value keeps its identity and its storage.
+#pragma once
+
+#include <string>
+
+#include "dtrain/core/tensor.h"
+
+namespace dtrain {
+
+class Variable {
+ public:
+  Variable(std::string name, Tensor initial_value, bool trainable = true);
+
+  const std::string& name() const { return name_; }
+  bool trainable() const { return trainable_; }
+  void set_trainable(bool t) { trainable_ = t; }
+  const Shape& shape() const { return value_.shape(); }
+  DType dtype() const { return value_.dtype(); }
+  std::int64_t numel() const { return value_.numel(); }
+  // The identity of the value, as a tape knows it (does not watch).
+  std::uint64_t id() const { return value_.id(); }
+
+  // The current value, watched by live tapes when trainable.
+  const Tensor& value() const;
+  // The value for in-place updates by optimizers and loaders; not watched.
+  Tensor& mutable_value() { return value_; }
+
+  // Copies `v` into the variable; shapes and dtypes must match (an error names the variable).
+  void assign(const Tensor& v);
+
+ private:
+  std::string name_;
+  Tensor value_;
+  bool trainable_;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,69 @@
+// Size-bucketed block cache over aligned_alloc.
+#include "dtrain/core/allocator.h"
+
+#include <cstdlib>
+#include <new>
+
+namespace dtrain {
+
+CachingAllocator::~CachingAllocator() { release_cached(); }
+
+void* CachingAllocator::allocate(std::size_t bytes) {
+  const std::size_t size = round_size(bytes);
+  {
+    std::lock_guard lock(mutex_);
+    ++stats_.allocations;
+    auto it = free_.find(size);
+    if (it != free_.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      stats_.bytes_in_use += size;
+      if (stats_.bytes_in_use > stats_.peak_bytes_in_use) stats_.peak_bytes_in_use = stats_.bytes_in_use;
+      return p;
+    }
+  }
+  void* p = std::aligned_alloc(kAlignment, size);
+  if (p == nullptr) {
+    // Cached blocks of other sizes may be what stands between us and success.
+    release_cached();
+    p = std::aligned_alloc(kAlignment, size);
+    if (p == nullptr) throw std::bad_alloc();
+  }
+  std::lock_guard lock(mutex_);
+  ++stats_.system_allocations;
+  stats_.bytes_reserved += size;
+  stats_.bytes_in_use += size;
+  if (stats_.bytes_in_use > stats_.peak_bytes_in_use) stats_.peak_bytes_in_use = stats_.bytes_in_use;
+  return p;
+}
+
+void CachingAllocator::deallocate(void* ptr, std::size_t bytes) {
+  if (ptr == nullptr) return;
+  const std::size_t size = round_size(bytes);
+  std::lock_guard lock(mutex_);
+  stats_.bytes_in_use -= size;
+  free_[size].push_back(ptr);
+}
+
+void CachingAllocator::release_cached() {
+  std::lock_guard lock(mutex_);
+  for (auto& [size, blocks] : free_) {
+    for (void* p : blocks) std::free(p);
+    stats_.bytes_reserved -= size * blocks.size();
+    blocks.clear();
+  }
+  free_.clear();
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+CachingAllocator& cpu_allocator() {
+  // Intentionally leaked: tensors held in static objects may be freed after main returns.
+  static CachingAllocator* allocator = new CachingAllocator();
+  return *allocator;
+}
+
+}  // namespace dtrain

@@ -1,0 +1,60 @@
+// Element types a Tensor can store. f32 is the compute type; bf16 is a storage type
+// for mixed precision (converted by kernels); i32 holds integer labels and indices.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace dtrain {
+
+enum class DType : std::uint8_t { f32, bf16, i32 };
+
+constexpr std::size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::bf16: return 2;
+    case DType::i32: return 4;
+  }
+  return 0;
+}
+
+constexpr std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::f32: return "float32";
+    case DType::bf16: return "bfloat16";
+    case DType::i32: return "int32";
+  }
+  return "?";
+}
+
+// bfloat16: the top 16 bits of an IEEE float32. Conversion rounds to nearest even,
+// and keeps NaN a NaN (a quiet bit is forced so truncation cannot make it infinity).
+struct bfloat16 {
+  std::uint16_t bits = 0;
+
+  bfloat16() = default;
+  explicit bfloat16(float f) : bits(from_float(f)) {}
+  explicit operator float() const {
+    std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+  }
+
+  static std::uint16_t from_float(float f) {
+    std::uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+    std::uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
+    return static_cast<std::uint16_t>((u + rounding) >> 16);
+  }
+};
+
+template <typename T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::f32; }
+template <> constexpr DType dtype_of<bfloat16>() { return DType::bf16; }
+template <> constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
+
+}  // namespace dtrain

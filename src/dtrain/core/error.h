@@ -1,0 +1,92 @@
+// dtrain's error policy: a small hierarchy a caller can catch by kind, plus check
+// macros for broken invariants that print file, line and both values.
+// Library code never aborts; see docs/errors.md for what a caller should do after each kind.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace dtrain {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// The caller passed something wrong: shapes, dtypes, names, values out of range.
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+// A file or stream could not be read or written, or held malformed data.
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A bounded wait ran out: the message names the operation and who was waited for.
+class Timeout : public Error {
+ public:
+  using Error::Error;
+};
+
+// A peer process or thread failed; the message names it.
+class PeerFailure : public Error {
+ public:
+  using Error::Error;
+};
+
+// An internal invariant did not hold: a bug in dtrain, reported instead of aborting.
+class InternalError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The backend cannot run this operation with these arguments (dtype, device).
+class Unsupported : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+
+template <typename... Parts>
+std::string concat(const Parts&... parts) {
+  std::ostringstream out;
+  (out << ... << parts);
+  return out.str();
+}
+
+[[noreturn]] void throw_check_failure(const char* file, int line, const std::string& message);
+
+}  // namespace detail
+
+// Builds a message from parts streamed together: DTRAIN_THROW(InvalidArgument, "x=", x).
+#define DTRAIN_THROW(Kind, ...) throw Kind(::dtrain::detail::concat(__VA_ARGS__))
+
+// Invariant checks: always on (they guard library state, not hot inner loops).
+#define DTRAIN_CHECK(cond, ...)                                                          \
+  do {                                                                                   \
+    if (!(cond))                                                                         \
+      ::dtrain::detail::throw_check_failure(                                             \
+          __FILE__, __LINE__, ::dtrain::detail::concat("check failed: " #cond " ", ##__VA_ARGS__)); \
+  } while (0)
+
+#define DTRAIN_CHECK_OP(a, op, b, ...)                                                   \
+  do {                                                                                   \
+    const auto& dtrain_a_ = (a);                                                         \
+    const auto& dtrain_b_ = (b);                                                         \
+    if (!(dtrain_a_ op dtrain_b_))                                                       \
+      ::dtrain::detail::throw_check_failure(                                             \
+          __FILE__, __LINE__,                                                            \
+          ::dtrain::detail::concat("check failed: " #a " " #op " " #b " (", dtrain_a_,   \
+                                   " vs ", dtrain_b_, ") ", ##__VA_ARGS__));             \
+  } while (0)
+
+#define DTRAIN_CHECK_EQ(a, b, ...) DTRAIN_CHECK_OP(a, ==, b, ##__VA_ARGS__)
+#define DTRAIN_CHECK_LE(a, b, ...) DTRAIN_CHECK_OP(a, <=, b, ##__VA_ARGS__)
+#define DTRAIN_CHECK_LT(a, b, ...) DTRAIN_CHECK_OP(a, <, b, ##__VA_ARGS__)
+
+}  // namespace dtrain

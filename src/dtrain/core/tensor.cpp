@@ -1,0 +1,181 @@
+// Tensor construction, views and conversions.
+#include "dtrain/core/tensor.h"
+
+#include <atomic>
+#include <cstring>
+#include <sstream>
+
+namespace dtrain {
+namespace {
+
+std::uint64_t next_tensor_id() {
+  static std::atomic<std::uint64_t> counter{1};
+  return counter.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+std::string Device::to_string() const {
+  return (type == DeviceType::cpu ? "cpu:" : "cuda:") + std::to_string(index);
+}
+
+Storage::Storage(std::size_t bytes, CachingAllocator& allocator, Device device)
+    : data_(allocator.allocate(bytes)), bytes_(bytes), allocator_(allocator), device_(device) {}
+
+Storage::~Storage() { allocator_.deallocate(data_, bytes_); }
+
+Tensor::Tensor(std::shared_ptr<Storage> storage, std::size_t offset, Shape shape, DType dtype)
+    : storage_(std::move(storage)), offset_(offset), shape_(shape), dtype_(dtype), id_(next_tensor_id()) {}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype) {
+  const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+  return Tensor(std::make_shared<Storage>(bytes, cpu_allocator(), Device{}), 0, shape, dtype);
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype) {
+  Tensor t = empty(shape, dtype);
+  std::memset(t.raw_data(), 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::full(const Shape& shape, float value) {
+  Tensor t = empty(shape, DType::f32);
+  float* p = t.data<float>();
+  for (std::int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = value;
+  return t;
+}
+
+Tensor Tensor::from_vector(const Shape& shape, std::span<const float> values) {
+  if (static_cast<std::int64_t>(values.size()) != shape.numel())
+    DTRAIN_THROW(InvalidArgument, "Tensor::from_vector: ", values.size(), " values given for shape ",
+                 shape.to_string(), " which holds ", shape.numel());
+  Tensor t = empty(shape, DType::f32);
+  if (!values.empty()) std::memcpy(t.raw_data(), values.data(), t.nbytes());
+  return t;
+}
+
+Tensor Tensor::from_vector(const Shape& shape, std::span<const std::int32_t> values) {
+  if (static_cast<std::int64_t>(values.size()) != shape.numel())
+    DTRAIN_THROW(InvalidArgument, "Tensor::from_vector: ", values.size(), " values given for shape ",
+                 shape.to_string(), " which holds ", shape.numel());
+  Tensor t = empty(shape, DType::i32);
+  if (!values.empty()) std::memcpy(t.raw_data(), values.data(), t.nbytes());
+  return t;
+}
+
+void Tensor::check_defined(const char* op) const {
+  if (!defined()) DTRAIN_THROW(InvalidArgument, op, ": the tensor is undefined (empty handle)");
+}
+
+void Tensor::check_dtype(DType expected, const char* op) const {
+  check_defined(op);
+  if (dtype_ != expected)
+    DTRAIN_THROW(InvalidArgument, op, ": expected a ", dtype_name(expected), " tensor, got ",
+                 dtype_name(dtype_), " with shape ", shape_.to_string());
+}
+
+Tensor Tensor::slice(std::int64_t begin, std::int64_t end) const {
+  check_defined("Tensor::slice");
+  if (rank() == 0) DTRAIN_THROW(InvalidArgument, "Tensor::slice: cannot slice a scalar");
+  const std::int64_t n = shape_[0];
+  if (begin < 0 || end < begin || end > n)
+    DTRAIN_THROW(InvalidArgument, "Tensor::slice: rows [", begin, ", ", end,
+                 ") are out of range for shape ", shape_.to_string());
+  const std::size_t row_bytes = n == 0 ? 0 : nbytes() / static_cast<std::size_t>(n);
+  return Tensor(storage_, offset_ + static_cast<std::size_t>(begin) * row_bytes,
+                shape_.with_dim(0, end - begin), dtype_);
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  check_defined("Tensor::reshape");
+  if (shape.numel() != numel())
+    DTRAIN_THROW(InvalidArgument, "Tensor::reshape: cannot view shape ", shape_.to_string(), " (",
+                 numel(), " values) as ", shape.to_string(), " (", shape.numel(), " values)");
+  return Tensor(storage_, offset_, shape, dtype_);
+}
+
+Tensor Tensor::clone() const {
+  check_defined("Tensor::clone");
+  Tensor t = empty(shape_, dtype_);
+  if (nbytes()) std::memcpy(t.raw_data(), raw_data(), nbytes());
+  return t;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  check_defined("Tensor::copy_from");
+  src.check_dtype(dtype_, "Tensor::copy_from");
+  check_same_shape(*this, src, "Tensor::copy_from");
+  if (nbytes() && raw_data() != src.raw_data()) std::memmove(raw_data(), src.raw_data(), nbytes());
+}
+
+Tensor Tensor::astype(DType dtype) const {
+  check_defined("Tensor::astype");
+  if (dtype == dtype_) return clone();
+  Tensor out = empty(shape_, dtype);
+  const std::int64_t n = numel();
+  if (dtype_ == DType::f32 && dtype == DType::bf16) {
+    const float* s = data<float>();
+    bfloat16* d = out.data<bfloat16>();
+    for (std::int64_t i = 0; i < n; ++i) d[i] = bfloat16(s[i]);
+  } else if (dtype == DType::f32) {
+    std::vector<float> v = to_vector();
+    std::memcpy(out.raw_data(), v.data(), out.nbytes());
+  } else if (dtype_ == DType::f32 && dtype == DType::i32) {
+    const float* s = data<float>();
+    std::int32_t* d = out.data<std::int32_t>();
+    for (std::int64_t i = 0; i < n; ++i) d[i] = static_cast<std::int32_t>(s[i]);
+  } else {
+    return astype(DType::f32).astype(dtype);
+  }
+  return out;
+}
+
+std::vector<float> Tensor::to_vector() const {
+  check_defined("Tensor::to_vector");
+  const std::int64_t n = numel();
+  std::vector<float> v(static_cast<std::size_t>(n));
+  switch (dtype_) {
+    case DType::f32:
+      if (n) std::memcpy(v.data(), raw_data(), nbytes());
+      break;
+    case DType::bf16: {
+      const bfloat16* s = data<bfloat16>();
+      for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(s[i]);
+      break;
+    }
+    case DType::i32: {
+      const std::int32_t* s = data<std::int32_t>();
+      for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(s[i]);
+      break;
+    }
+  }
+  return v;
+}
+
+float Tensor::item() const {
+  check_defined("Tensor::item");
+  if (numel() != 1)
+    DTRAIN_THROW(InvalidArgument, "Tensor::item: the tensor has shape ", shape_.to_string(),
+                 ", not exactly one value");
+  return to_vector()[0];
+}
+
+std::string Tensor::to_string(std::int64_t max_values) const {
+  if (!defined()) return "Tensor(undefined)";
+  std::ostringstream out;
+  out << "Tensor(" << dtype_name(dtype_) << ", " << shape_.to_string() << ", [";
+  std::vector<float> v = to_vector();
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(v.size()) && i < max_values; ++i)
+    out << (i ? ", " : "") << v[i];
+  if (static_cast<std::int64_t>(v.size()) > max_values) out << ", ...";
+  out << "])";
+  return out.str();
+}
+
+void check_same_shape(const Tensor& a, const Tensor& b, const char* op) {
+  if (!(a.shape() == b.shape()))
+    DTRAIN_THROW(InvalidArgument, op, ": shapes ", a.shape().to_string(), " and ",
+                 b.shape().to_string(), " differ");
+}
+
+}  // namespace dtrain

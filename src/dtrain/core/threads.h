@@ -1,0 +1,40 @@
+// The process's one compute thread pool is OpenMP's: oneDNN runs on it, and so do
+// dtrain's own loops (parallel_for below). There is deliberately no second pool, because
+// two pools fighting over the same cores is the largest slowdown measured on these machines.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include <omp.h>
+
+namespace dtrain {
+
+// Cores this process may run on (its CPU affinity), at least 1.
+int available_cores();
+// Threads used by kernels started from the calling thread. n <= 0 means all cores.
+void set_num_threads(int n);
+int num_threads();
+
+// Runs body(begin, end) over [0, n) split into contiguous chunks on the OpenMP pool.
+// Chunks are at least `grain` long, so small loops stay on the calling thread.
+template <typename Body>
+void parallel_for(std::int64_t n, std::int64_t grain, Body&& body) {
+  if (n <= 0) return;
+  const int threads = static_cast<int>(std::min<std::int64_t>(
+      omp_get_max_threads(), std::max<std::int64_t>(1, n / std::max<std::int64_t>(grain, 1))));
+  if (threads <= 1 || omp_in_parallel()) {
+    body(std::int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const std::int64_t t = omp_get_thread_num();
+    const std::int64_t nt = omp_get_num_threads();
+    const std::int64_t begin = n * t / nt;
+    const std::int64_t end = n * (t + 1) / nt;
+    if (begin < end) body(begin, end);
+  }
+}
+
+}  // namespace dtrain

@@ -1,0 +1,61 @@
+// The CPU backend: oneDNN for matmul, element-wise, binary, reduction, softmax and
+// reorders (primitives built once per shape and cached), plain OpenMP loops for what
+// oneDNN has no primitive for (fused losses, dropout, optimizer updates, argmax).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "dtrain/kernels/backend.h"
+
+namespace dtrain::kernels {
+
+struct PrimitiveCacheStats {
+  std::uint64_t created = 0;  // primitives built (a miss)
+  std::uint64_t hits = 0;     // executions that found their primitive cached
+};
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend();
+  ~CpuBackend() override;
+
+  Device device() const override { return Device{}; }
+  bool supports(Primitive op, DType dtype) const override;
+
+  void matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& options) override;
+  void unary(Unary op, const Tensor& x, Tensor& y, float alpha, float beta) override;
+  void unary_backward(Unary op, const Tensor& saved, const Tensor& dy, Tensor& dx, float alpha,
+                      float beta) override;
+  void binary(Binary op, const Tensor& a, const Tensor& b, Tensor& c) override;
+  void reduce(Reduce op, const Tensor& x, Tensor& y) override;
+  void softmax(const Tensor& x, Tensor& y, bool log) override;
+  void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx, bool log) override;
+  void convert(const Tensor& x, Tensor& y) override;
+  void fill(Tensor& y, float value) override;
+  void axpby(float alpha, const Tensor& x, float beta, Tensor& y) override;
+  double sum_squares(const Tensor& x) override;
+  void softmax_cross_entropy(const Tensor& logits, const Tensor& target, Tensor& loss,
+                             Tensor& log_probs) override;
+  void softmax_cross_entropy_backward(const Tensor& log_probs, const Tensor& target,
+                                      const Tensor& dloss, Tensor& dlogits) override;
+  void dropout(const Tensor& x, float rate, const Generator& generator, Tensor& y,
+               Tensor& mask) override;
+  void argmax(const Tensor& x, Tensor& out) override;
+  void one_hot(const Tensor& labels, Tensor& out) override;
+  void sgd_update(Tensor& w, const Tensor& g, Tensor* velocity, const SgdUpdate& p) override;
+  void adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& p) override;
+
+  PrimitiveCacheStats cache_stats() const;
+
+ private:
+  struct OneDnn;  // engine and primitive cache; defined in cpu_onednn.cpp
+  std::unique_ptr<OneDnn> dnn_;
+
+  // Loop fallback for broadcasts oneDNN's binary cannot express (a broadcast first operand).
+  void binary_loops(Binary op, const Tensor& a, const Tensor& b, Tensor& c);
+};
+
+CpuBackend& cpu_backend();
+
+}  // namespace dtrain::kernels

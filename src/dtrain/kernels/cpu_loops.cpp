@@ -1,0 +1,349 @@
+// The plain-loop half of the CPU backend: what oneDNN has no primitive for. Loops run on
+// the OpenMP pool through parallel_for; hot ones are compiled for several ISAs and picked
+// at run time (target_clones), so the default build stays portable.
+#include <cmath>
+#include <limits>
+
+#include "dtrain/core/threads.h"
+#include "dtrain/kernels/cpu_backend.h"
+
+#define DTRAIN_MULTIVERSION __attribute__((target_clones("arch=sapphirerapids", "avx512f", "avx2", "default")))
+
+namespace dtrain::kernels {
+namespace {
+
+constexpr std::int64_t kGrain = 16384;  // elements per chunk below which a loop stays serial
+
+float apply(Binary op, float a, float b) {
+  switch (op) {
+    case Binary::add: return a + b;
+    case Binary::sub: return a - b;
+    case Binary::mul: return a * b;
+    case Binary::div: return a / b;
+    case Binary::max: return a > b ? a : b;
+    case Binary::min: return a < b ? a : b;
+  }
+  return 0.0f;
+}
+
+DTRAIN_MULTIVERSION
+void axpby_loop(float alpha, const float* x, float beta, float* y, std::int64_t begin, std::int64_t end) {
+  if (beta == 0.0f) {
+#pragma omp simd
+    for (std::int64_t i = begin; i < end; ++i) y[i] = alpha * x[i];
+  } else {
+#pragma omp simd
+    for (std::int64_t i = begin; i < end; ++i) y[i] = alpha * x[i] + beta * y[i];
+  }
+}
+
+DTRAIN_MULTIVERSION
+double sum_squares_loop(const float* x, std::int64_t begin, std::int64_t end) {
+  // Blocks of float partial sums folded into double keep precision and vectorise.
+  double total = 0.0;
+  constexpr std::int64_t kBlock = 1024;
+  for (std::int64_t b = begin; b < end; b += kBlock) {
+    const std::int64_t e = std::min(end, b + kBlock);
+    float partial = 0.0f;
+#pragma omp simd reduction(+ : partial)
+    for (std::int64_t i = b; i < e; ++i) partial += x[i] * x[i];
+    total += partial;
+  }
+  return total;
+}
+
+DTRAIN_MULTIVERSION
+void adam_loop(float* w, const float* g, float* m, float* v, std::int64_t begin, std::int64_t end,
+               float b1, float b2, float step_size, float eps, float decay, float gscale) {
+  const float one_minus_b1 = 1.0f - b1;
+  const float one_minus_b2 = 1.0f - b2;
+#pragma omp simd
+  for (std::int64_t i = begin; i < end; ++i) {
+    const float gi = g[i] * gscale;
+    const float mi = b1 * m[i] + one_minus_b1 * gi;
+    const float vi = b2 * v[i] + one_minus_b2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float wi = w[i] - decay * w[i];
+    w[i] = wi - step_size * mi / (std::sqrt(vi) + eps);
+  }
+}
+
+DTRAIN_MULTIVERSION
+void sgd_loop(float* w, const float* g, float* vel, std::int64_t begin, std::int64_t end, float lr,
+              float momentum, bool nesterov, float decay, float gscale) {
+  if (vel == nullptr) {
+#pragma omp simd
+    for (std::int64_t i = begin; i < end; ++i) w[i] = w[i] - decay * w[i] - lr * gscale * g[i];
+    return;
+  }
+  if (nesterov) {
+#pragma omp simd
+    for (std::int64_t i = begin; i < end; ++i) {
+      const float gi = gscale * g[i];
+      const float vi = momentum * vel[i] - lr * gi;
+      vel[i] = vi;
+      w[i] = w[i] - decay * w[i] + momentum * vi - lr * gi;
+    }
+  } else {
+#pragma omp simd
+    for (std::int64_t i = begin; i < end; ++i) {
+      const float vi = momentum * vel[i] - lr * gscale * g[i];
+      vel[i] = vi;
+      w[i] = w[i] - decay * w[i] + vi;
+    }
+  }
+}
+
+DTRAIN_MULTIVERSION
+void dropout_loop(const float* x, float* y, float* mask, std::int64_t begin, std::int64_t end, float rate,
+                  const Generator& gen) {
+  const float keep_scale = 1.0f / (1.0f - rate);
+  for (std::int64_t i = begin; i < end; ++i) {
+    const float m = gen.uniform_at(static_cast<std::uint64_t>(i)) >= rate ? keep_scale : 0.0f;
+    mask[i] = m;
+    y[i] = x[i] * m;
+  }
+}
+
+void check_same_f32(const Tensor& a, const Tensor& b, const char* op) {
+  a.check_dtype(DType::f32, op);
+  b.check_dtype(DType::f32, op);
+  check_same_shape(a, b, op);
+}
+
+}  // namespace
+
+bool CpuBackend::supports(Primitive op, DType dtype) const {
+  switch (op) {
+    case Primitive::matmul:
+    case Primitive::convert: return dtype == DType::f32 || dtype == DType::bf16;
+    case Primitive::argmax: return dtype == DType::f32;
+    default: return dtype == DType::f32;
+  }
+}
+
+void CpuBackend::binary_loops(Binary op, const Tensor& a, const Tensor& b, Tensor& c) {
+  const int rank = c.rank();
+  // Strides of a and b over c's index space; 0 where the operand is broadcast.
+  std::array<std::int64_t, Shape::kMaxRank> sa{}, sb{}, dims{};
+  const auto stra = a.shape().strides();
+  const auto strb = b.shape().strides();
+  for (int i = 0; i < rank; ++i) {
+    dims[i] = c.dim(i);
+    const int ia = a.rank() - rank + i;
+    const int ib = b.rank() - rank + i;
+    sa[i] = (ia >= 0 && a.dim(ia) != 1) ? stra[ia] : 0;
+    sb[i] = (ib >= 0 && b.dim(ib) != 1) ? strb[ib] : 0;
+  }
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* pc = c.data<float>();
+  parallel_for(c.numel(), kGrain, [&](std::int64_t begin, std::int64_t end) {
+    std::array<std::int64_t, Shape::kMaxRank> idx{};
+    std::int64_t rem = begin, oa = 0, ob = 0;
+    for (int i = rank - 1; i >= 0; --i) {
+      idx[i] = rem % dims[i];
+      rem /= dims[i];
+      oa += idx[i] * sa[i];
+      ob += idx[i] * sb[i];
+    }
+    for (std::int64_t k = begin; k < end; ++k) {
+      pc[k] = apply(op, pa[oa], pb[ob]);
+      for (int i = rank - 1; i >= 0; --i) {  // odometer step
+        oa += sa[i];
+        ob += sb[i];
+        if (++idx[i] < dims[i]) break;
+        oa -= sa[i] * dims[i];
+        ob -= sb[i] * dims[i];
+        idx[i] = 0;
+      }
+    }
+  });
+}
+
+void CpuBackend::fill(Tensor& y, float value) {
+  y.check_dtype(DType::f32, "fill");
+  float* p = y.data<float>();
+  parallel_for(y.numel(), kGrain, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) p[i] = value;
+  });
+}
+
+void CpuBackend::axpby(float alpha, const Tensor& x, float beta, Tensor& y) {
+  check_same_f32(x, y, "axpby");
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  parallel_for(x.numel(), kGrain, [&](std::int64_t begin, std::int64_t end) {
+    axpby_loop(alpha, px, beta, py, begin, end);
+  });
+}
+
+double CpuBackend::sum_squares(const Tensor& x) {
+  x.check_dtype(DType::f32, "sum_squares");
+  const float* p = x.data<float>();
+  const std::int64_t n = x.numel();
+  double total = 0.0;
+  if (n < 4 * kGrain || omp_in_parallel()) return sum_squares_loop(p, 0, n);
+#pragma omp parallel reduction(+ : total)
+  {
+    const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    total += sum_squares_loop(p, n * t / nt, n * (t + 1) / nt);
+  }
+  return total;
+}
+
+void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& target, Tensor& loss,
+                                       Tensor& log_probs) {
+  logits.check_dtype(DType::f32, "softmax_cross_entropy");
+  if (logits.rank() != 2)
+    DTRAIN_THROW(InvalidArgument, "softmax_cross_entropy: logits must be [batch, classes], got ",
+                 logits.shape().to_string());
+  const std::int64_t B = logits.dim(0), C = logits.dim(1);
+  const bool sparse = target.dtype() == DType::i32;
+  if (sparse ? !(target.shape() == Shape{B}) : !(target.shape() == logits.shape()))
+    DTRAIN_THROW(InvalidArgument, "softmax_cross_entropy: targets of shape ", target.shape().to_string(), " (",
+                 dtype_name(target.dtype()), ") do not match logits ", logits.shape().to_string(),
+                 sparse ? ": integer labels must be [batch]" : ": distributions must be [batch, classes]");
+  if (!(loss.shape() == Shape{B})) DTRAIN_THROW(InvalidArgument, "softmax_cross_entropy: loss must be [", B, "]");
+  check_same_f32(logits, log_probs, "softmax_cross_entropy (log_probs)");
+  if (sparse) {  // validate before the parallel loop: nothing may throw inside it
+    const std::int32_t* labels = target.data<std::int32_t>();
+    for (std::int64_t b = 0; b < B; ++b)
+      if (labels[b] < 0 || labels[b] >= C)
+        DTRAIN_THROW(InvalidArgument, "softmax_cross_entropy: label ", labels[b], " at row ", b,
+                     " is outside [0, ", C, ")");
+  }
+  const float* x = logits.data<float>();
+  float* lp = log_probs.data<float>();
+  float* out = loss.data<float>();
+  const std::int32_t* labels = sparse ? target.data<std::int32_t>() : nullptr;
+  const float* dist = sparse ? nullptr : target.data<float>();
+  parallel_for(B, std::max<std::int64_t>(1, kGrain / std::max<std::int64_t>(C, 1)),
+               [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t b = begin; b < end; ++b) {
+      const float* row = x + b * C;
+      float* lrow = lp + b * C;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (std::int64_t c = 0; c < C; ++c) mx = std::max(mx, row[c]);
+      double s = 0.0;
+      for (std::int64_t c = 0; c < C; ++c) s += std::exp(static_cast<double>(row[c] - mx));
+      const float lse = mx + static_cast<float>(std::log(s));
+      for (std::int64_t c = 0; c < C; ++c) lrow[c] = row[c] - lse;
+      if (sparse) {
+        out[b] = -lrow[labels[b]];
+      } else {
+        double l = 0.0;
+        for (std::int64_t c = 0; c < C; ++c)
+          if (dist[b * C + c] != 0.0f) l -= static_cast<double>(dist[b * C + c]) * lrow[c];
+        out[b] = static_cast<float>(l);
+      }
+    }
+  });
+}
+
+void CpuBackend::softmax_cross_entropy_backward(const Tensor& log_probs, const Tensor& target,
+                                                const Tensor& dloss, Tensor& dlogits) {
+  check_same_f32(log_probs, dlogits, "softmax_cross_entropy_backward");
+  dloss.check_dtype(DType::f32, "softmax_cross_entropy_backward (dloss)");
+  const std::int64_t B = log_probs.dim(0), C = log_probs.dim(1);
+  const bool sparse = target.dtype() == DType::i32;
+  const float* lp = log_probs.data<float>();
+  const float* dl = dloss.data<float>();
+  float* dx = dlogits.data<float>();
+  const std::int32_t* labels = sparse ? target.data<std::int32_t>() : nullptr;
+  const float* dist = sparse ? nullptr : target.data<float>();
+  parallel_for(B, std::max<std::int64_t>(1, kGrain / std::max<std::int64_t>(C, 1)),
+               [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t b = begin; b < end; ++b) {
+      float total = 1.0f;
+      if (!sparse) {
+        total = 0.0f;
+        for (std::int64_t c = 0; c < C; ++c) total += dist[b * C + c];
+      }
+      for (std::int64_t c = 0; c < C; ++c) {
+        const float t = sparse ? (c == labels[b] ? 1.0f : 0.0f) : dist[b * C + c];
+        dx[b * C + c] = dl[b] * (std::exp(lp[b * C + c]) * total - t);
+      }
+    }
+  });
+}
+
+void CpuBackend::dropout(const Tensor& x, float rate, const Generator& generator, Tensor& y, Tensor& mask) {
+  check_same_f32(x, y, "dropout");
+  check_same_f32(x, mask, "dropout (mask)");
+  if (!(rate >= 0.0f && rate < 1.0f))
+    DTRAIN_THROW(InvalidArgument, "dropout: rate ", rate, " must be in [0, 1)");
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  float* pm = mask.data<float>();
+  parallel_for(x.numel(), kGrain, [&](std::int64_t begin, std::int64_t end) {
+    dropout_loop(px, py, pm, begin, end, rate, generator);
+  });
+}
+
+void CpuBackend::argmax(const Tensor& x, Tensor& out) {
+  x.check_dtype(DType::f32, "argmax");
+  out.check_dtype(DType::i32, "argmax (output)");
+  if (x.rank() != 2 || !(out.shape() == Shape{x.dim(0)}))
+    DTRAIN_THROW(InvalidArgument, "argmax: expects x [batch, classes] and out [batch], got ",
+                 x.shape().to_string(), " and ", out.shape().to_string());
+  const std::int64_t B = x.dim(0), C = x.dim(1);
+  const float* p = x.data<float>();
+  std::int32_t* o = out.data<std::int32_t>();
+  for (std::int64_t b = 0; b < B; ++b) {
+    std::int64_t best = 0;
+    for (std::int64_t c = 1; c < C; ++c)
+      if (p[b * C + c] > p[b * C + best]) best = c;
+    o[b] = static_cast<std::int32_t>(best);
+  }
+}
+
+void CpuBackend::one_hot(const Tensor& labels, Tensor& out) {
+  labels.check_dtype(DType::i32, "one_hot");
+  out.check_dtype(DType::f32, "one_hot (output)");
+  if (labels.rank() != 1 || out.rank() != 2 || out.dim(0) != labels.dim(0))
+    DTRAIN_THROW(InvalidArgument, "one_hot: expects labels [batch] and out [batch, classes], got ",
+                 labels.shape().to_string(), " and ", out.shape().to_string());
+  const std::int64_t B = out.dim(0), C = out.dim(1);
+  const std::int32_t* l = labels.data<std::int32_t>();
+  float* o = out.data<float>();
+  for (std::int64_t b = 0; b < B; ++b) {
+    if (l[b] < 0 || l[b] >= C)
+      DTRAIN_THROW(InvalidArgument, "one_hot: label ", l[b], " at row ", b, " is outside [0, ", C, ")");
+    for (std::int64_t c = 0; c < C; ++c) o[b * C + c] = c == l[b] ? 1.0f : 0.0f;
+  }
+}
+
+void CpuBackend::sgd_update(Tensor& w, const Tensor& g, Tensor* velocity, const SgdUpdate& p) {
+  check_same_f32(w, g, "sgd_update");
+  if (velocity) check_same_f32(w, *velocity, "sgd_update (velocity)");
+  float* pw = w.data<float>();
+  const float* pg = g.data<float>();
+  float* pv = velocity ? velocity->data<float>() : nullptr;
+  const float decay = p.learning_rate * p.weight_decay;
+  parallel_for(w.numel(), kGrain, [&](std::int64_t begin, std::int64_t end) {
+    sgd_loop(pw, pg, pv, begin, end, p.learning_rate, p.momentum, p.nesterov, decay, p.gradient_scale);
+  });
+}
+
+void CpuBackend::adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& p) {
+  check_same_f32(w, g, "adam_update");
+  check_same_f32(w, m, "adam_update (m)");
+  check_same_f32(w, v, "adam_update (v)");
+  if (p.step < 1) DTRAIN_THROW(InvalidArgument, "adam_update: step must be >= 1, got ", p.step);
+  // Keras's form: the bias corrections fold into the step size.
+  const double t = static_cast<double>(p.step);
+  const float step_size = static_cast<float>(p.learning_rate * std::sqrt(1.0 - std::pow(p.beta_2, t)) /
+                                             (1.0 - std::pow(p.beta_1, t)));
+  float* pw = w.data<float>();
+  const float* pg = g.data<float>();
+  float* pm = m.data<float>();
+  float* pv = v.data<float>();
+  const float decay = p.learning_rate * p.weight_decay;
+  parallel_for(w.numel(), kGrain, [&](std::int64_t begin, std::int64_t end) {
+    adam_loop(pw, pg, pm, pv, begin, end, p.beta_1, p.beta_2, step_size, p.epsilon, decay, p.gradient_scale);
+  });
+}
+
+}  // namespace dtrain::kernels

@@ -1,0 +1,518 @@
+// The oneDNN half of the CPU backend. oneDNN 2.6's API (Debian's) is used: op descriptors
+// are built first, then primitive descriptors. Each primitive is built once per shape and
+// kept in a cache keyed by everything that shapes it (including the thread count, which
+// oneDNN bakes in); building one costs tens of microseconds to milliseconds, so a step
+// must never do it twice. Scratchpads are user-managed and come from the caching
+// allocator, so executing a cached primitive allocates no tensor memory.
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <array>
+#include <limits>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <unordered_map>
+
+#include "dtrain/core/threads.h"
+#include "dtrain/kernels/cpu_backend.h"
+
+namespace dtrain::kernels {
+namespace {
+
+using dnnl::algorithm;
+using dt = dnnl::memory::data_type;
+
+// Everything that decides a primitive's shape and kind, packed into integers.
+struct Key {
+  std::array<std::int64_t, 24> v{};
+  int n = 0;
+  Key& add(std::int64_t x) {
+    DTRAIN_CHECK_LT(n, static_cast<int>(v.size()));
+    v[n++] = x;
+    return *this;
+  }
+  Key& add_float(float f) {
+    std::uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return add(u);
+  }
+  Key& add_dims(const dnnl::memory::dims& d) {
+    add(static_cast<std::int64_t>(d.size()));
+    for (auto x : d) add(x);
+    return *this;
+  }
+  bool operator==(const Key& o) const { return n == o.n && v == o.v; }
+};
+
+struct KeyHash {
+  std::size_t operator()(const Key& k) const {
+    std::uint64_t h = 0x84222325cbf29ce4ull;
+    for (int i = 0; i < k.n; ++i) h = mix64(h ^ static_cast<std::uint64_t>(k.v[i]));
+    return static_cast<std::size_t>(h);
+  }
+};
+
+struct Entry {
+  dnnl::primitive primitive;
+  std::size_t scratchpad_bytes = 0;
+};
+
+dt to_dnnl(DType t) {
+  switch (t) {
+    case DType::f32: return dt::f32;
+    case DType::bf16: return dt::bf16;
+    case DType::i32: return dt::s32;
+  }
+  return dt::undef;
+}
+
+// Row-major dims of a tensor for oneDNN (a scalar is seen as [1]).
+dnnl::memory::dims dims_of(const Shape& s) {
+  if (s.rank() == 0) return {1};
+  return dnnl::memory::dims(s.dims().begin(), s.dims().end());
+}
+
+dnnl::memory::dims dense_strides(const dnnl::memory::dims& d) {
+  dnnl::memory::dims s(d.size());
+  std::int64_t acc = 1;
+  for (int i = static_cast<int>(d.size()) - 1; i >= 0; --i) {
+    s[i] = acc;
+    acc *= d[i];
+  }
+  return s;
+}
+
+dnnl::memory::desc plain_desc(const dnnl::memory::dims& d, dt type) {
+  return dnnl::memory::desc(d, type, dense_strides(d));
+}
+
+// `shape` padded with leading ones to `rank`.
+dnnl::memory::dims padded_dims(const Shape& s, int rank) {
+  dnnl::memory::dims d(static_cast<size_t>(rank), 1);
+  for (int i = 0; i < s.rank(); ++i) d[rank - s.rank() + i] = s[i];
+  return d;
+}
+
+dnnl::primitive_attr user_scratchpad_attr() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+algorithm forward_algorithm(Unary op) {
+  switch (op) {
+    case Unary::linear: return algorithm::eltwise_linear;
+    case Unary::relu: return algorithm::eltwise_relu;
+    case Unary::sigmoid: return algorithm::eltwise_logistic;
+    case Unary::tanh: return algorithm::eltwise_tanh;
+    case Unary::gelu: return algorithm::eltwise_gelu_erf;
+    case Unary::exp: return algorithm::eltwise_exp;
+    case Unary::log: return algorithm::eltwise_log;
+    case Unary::square: return algorithm::eltwise_square;
+    case Unary::sqrt: return algorithm::eltwise_sqrt;
+    case Unary::abs: return algorithm::eltwise_abs;
+    case Unary::clip: return algorithm::eltwise_clip_v2;
+  }
+  return algorithm::undef;
+}
+
+// Backward algorithms read the forward's output where that is cheaper and exact.
+bool backward_uses_output(Unary op) {
+  return op == Unary::relu || op == Unary::sigmoid || op == Unary::tanh || op == Unary::exp ||
+         op == Unary::sqrt;
+}
+
+algorithm backward_algorithm(Unary op) {
+  switch (op) {
+    case Unary::relu: return algorithm::eltwise_relu_use_dst_for_bwd;
+    case Unary::sigmoid: return algorithm::eltwise_logistic_use_dst_for_bwd;
+    case Unary::tanh: return algorithm::eltwise_tanh_use_dst_for_bwd;
+    case Unary::exp: return algorithm::eltwise_exp_use_dst_for_bwd;
+    case Unary::sqrt: return algorithm::eltwise_sqrt_use_dst_for_bwd;
+    default: return forward_algorithm(op);
+  }
+}
+
+algorithm binary_algorithm(Binary op) {
+  switch (op) {
+    case Binary::add: return algorithm::binary_add;
+    case Binary::sub: return algorithm::binary_sub;
+    case Binary::mul: return algorithm::binary_mul;
+    case Binary::div: return algorithm::binary_div;
+    case Binary::max: return algorithm::binary_max;
+    case Binary::min: return algorithm::binary_min;
+  }
+  return algorithm::undef;
+}
+
+algorithm activation_algorithm(Activation a) {
+  switch (a) {
+    case Activation::relu: return algorithm::eltwise_relu;
+    case Activation::sigmoid: return algorithm::eltwise_logistic;
+    case Activation::tanh: return algorithm::eltwise_tanh;
+    case Activation::gelu: return algorithm::eltwise_gelu_erf;
+    case Activation::linear: break;
+  }
+  return algorithm::undef;
+}
+
+}  // namespace
+
+struct CpuBackend::OneDnn {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  mutable std::shared_mutex mutex;
+  std::unordered_map<Key, Entry, KeyHash> cache;
+  std::atomic<std::uint64_t> created{0};
+  std::atomic<std::uint64_t> hits{0};
+
+  // Finds the primitive for `key`, building it with make() on a miss. References into
+  // an unordered_map stay valid when it rehashes, so callers may hold the result.
+  template <typename Make>
+  const Entry& get(Key& key, Make&& make) {
+    key.add(omp_get_max_threads());
+    {
+      std::shared_lock lock(mutex);
+      auto it = cache.find(key);
+      if (it != cache.end()) {
+        hits.fetch_add(1, std::memory_order_relaxed);
+        return it->second;
+      }
+    }
+    Entry entry;
+    try {
+      entry = make();
+    } catch (const dnnl::error& e) {
+      DTRAIN_THROW(Unsupported, "oneDNN could not build a primitive: ", e.what());
+    }
+    std::unique_lock lock(mutex);
+    auto [it, inserted] = cache.emplace(key, std::move(entry));
+    if (inserted) created.fetch_add(1, std::memory_order_relaxed);
+    return it->second;
+  }
+
+  // Builds the primitive of a primitive descriptor: dnnl::matmul for matmul's, and so on.
+  template <typename Primitive, typename PrimitiveDesc>
+  static Entry entry_of(const PrimitiveDesc& pd) {
+    Entry e;
+    e.scratchpad_bytes = pd.scratchpad_desc().get_size();
+    e.primitive = Primitive(pd);
+    return e;
+  }
+
+  static dnnl::stream& stream(const dnnl::engine& engine) {
+    thread_local std::optional<dnnl::stream> s;
+    if (!s) s.emplace(engine);
+    return *s;
+  }
+
+  // Runs a cached primitive on raw pointers. `args` pairs a DNNL_ARG_* with memory.
+  void execute(const Entry& e, std::initializer_list<std::pair<int, dnnl::memory>> args) {
+    std::array<dnnl_exec_arg_t, 8> c_args{};
+    int n = 0;
+    for (const auto& [arg, mem] : args) c_args[n++] = {arg, mem.get()};
+    void* scratch = nullptr;
+    std::optional<dnnl::memory> scratch_mem;
+    if (e.scratchpad_bytes) {
+      scratch = cpu_allocator().allocate(e.scratchpad_bytes);
+      scratch_mem.emplace(dnnl::memory::desc({static_cast<std::int64_t>(e.scratchpad_bytes)}, dt::u8,
+                                             dnnl::memory::format_tag::a),
+                          engine, scratch);
+      c_args[n++] = {DNNL_ARG_SCRATCHPAD, scratch_mem->get()};
+    }
+    dnnl::stream& s = stream(engine);
+    const dnnl_status_t status = dnnl_primitive_execute(e.primitive.get(), s.get(), n, c_args.data());
+    s.wait();
+    if (scratch) cpu_allocator().deallocate(scratch, e.scratchpad_bytes);
+    if (status != dnnl_success)
+      DTRAIN_THROW(InternalError, "oneDNN primitive execution failed with status ", static_cast<int>(status));
+  }
+
+  dnnl::memory mem(const dnnl::memory::desc& d, const Tensor& t) {
+    return dnnl::memory(d, engine, t.raw_data());
+  }
+};
+
+CpuBackend::CpuBackend() : dnn_(std::make_unique<OneDnn>()) {}
+CpuBackend::~CpuBackend() = default;
+
+PrimitiveCacheStats CpuBackend::cache_stats() const {
+  return {dnn_->created.load(), dnn_->hits.load()};
+}
+
+// a[M,K] (or [K,M] transposed) · b[K,N] (or [N,K] transposed) -> c[M,N].
+void CpuBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& o) {
+  a.check_defined("matmul");
+  b.check_defined("matmul");
+  c.check_dtype(DType::f32, "matmul (output)");
+  if (a.rank() != 2 || b.rank() != 2 || c.rank() != 2)
+    DTRAIN_THROW(InvalidArgument, "matmul: expects 2-D operands, got a ", a.shape().to_string(), ", b ",
+                 b.shape().to_string(), ", c ", c.shape().to_string());
+  if (a.dtype() != b.dtype() || a.dtype() == DType::i32)
+    DTRAIN_THROW(InvalidArgument, "matmul: operands must both be float32 or both bfloat16, got ",
+                 dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
+  const std::int64_t M = o.transpose_a ? a.dim(1) : a.dim(0);
+  const std::int64_t K = o.transpose_a ? a.dim(0) : a.dim(1);
+  const std::int64_t Kb = o.transpose_b ? b.dim(1) : b.dim(0);
+  const std::int64_t N = o.transpose_b ? b.dim(0) : b.dim(1);
+  if (K != Kb || c.dim(0) != M || c.dim(1) != N)
+    DTRAIN_THROW(InvalidArgument, "matmul: shapes do not agree: a ", a.shape().to_string(),
+                 o.transpose_a ? "ᵀ" : "", " · b ", b.shape().to_string(), o.transpose_b ? "ᵀ" : "",
+                 " -> c ", c.shape().to_string());
+  if (o.bias) {
+    o.bias->check_dtype(DType::f32, "matmul (bias)");
+    if (o.bias->numel() != N)
+      DTRAIN_THROW(InvalidArgument, "matmul: bias has shape ", o.bias->shape().to_string(),
+                   ", expected [", N, "]");
+  }
+  if (o.accumulate && (o.activation != Activation::linear || o.bias))
+    DTRAIN_THROW(InvalidArgument, "matmul: accumulate cannot be combined with a bias or activation");
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // an empty sum: act(bias) or unchanged when accumulating
+    if (o.accumulate) return;
+    float* out = c.data<float>();
+    const float* bias = o.bias ? o.bias->data<float>() : nullptr;
+    for (std::int64_t i = 0; i < M; ++i)
+      for (std::int64_t j = 0; j < N; ++j) out[i * N + j] = bias ? bias[j] : 0.0f;
+    if (o.activation != Activation::linear) {
+      Tensor view = c;
+      const Unary u = o.activation == Activation::relu      ? Unary::relu
+                      : o.activation == Activation::sigmoid ? Unary::sigmoid
+                      : o.activation == Activation::tanh    ? Unary::tanh
+                                                            : Unary::gelu;
+      unary(u, view, view, 1.0f, 0.0f);
+    }
+    return;
+  }
+
+  const dt in_type = to_dnnl(a.dtype());
+  const dnnl::memory::desc a_md({M, K}, in_type, o.transpose_a ? dnnl::memory::dims{1, M} : dnnl::memory::dims{K, 1});
+  const dnnl::memory::desc b_md({K, N}, in_type, o.transpose_b ? dnnl::memory::dims{1, K} : dnnl::memory::dims{N, 1});
+  const dnnl::memory::desc c_md({M, N}, dt::f32, dnnl::memory::dims{N, 1});
+  const dnnl::memory::desc bias_md({1, N}, dt::f32, dnnl::memory::dims{N, 1});
+
+  Key key;
+  key.add(1).add(M).add(K).add(N).add(o.transpose_a).add(o.transpose_b)
+      .add(static_cast<int>(a.dtype())).add(o.bias != nullptr)
+      .add(static_cast<int>(o.activation)).add(o.accumulate);
+  const Entry& e = dnn_->get(key, [&] {
+    dnnl::post_ops ops;
+    if (o.accumulate) ops.append_sum(1.0f);
+    if (o.activation != Activation::linear)
+      ops.append_eltwise(1.0f, activation_algorithm(o.activation), 0.0f, 0.0f);
+    dnnl::primitive_attr attr = user_scratchpad_attr();
+    attr.set_post_ops(ops);
+    auto desc = o.bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md) : dnnl::matmul::desc(a_md, b_md, c_md);
+    return OneDnn::entry_of<dnnl::matmul>(dnnl::matmul::primitive_desc(desc, attr, dnn_->engine));
+  });
+  if (o.bias) {
+    dnn_->execute(e, {{DNNL_ARG_SRC, dnn_->mem(a_md, a)},
+                      {DNNL_ARG_WEIGHTS, dnn_->mem(b_md, b)},
+                      {DNNL_ARG_BIAS, dnn_->mem(bias_md, *o.bias)},
+                      {DNNL_ARG_DST, dnn_->mem(c_md, c)}});
+  } else {
+    dnn_->execute(e, {{DNNL_ARG_SRC, dnn_->mem(a_md, a)},
+                      {DNNL_ARG_WEIGHTS, dnn_->mem(b_md, b)},
+                      {DNNL_ARG_DST, dnn_->mem(c_md, c)}});
+  }
+}
+
+void CpuBackend::unary(Unary op, const Tensor& x, Tensor& y, float alpha, float beta) {
+  x.check_dtype(DType::f32, "unary");
+  y.check_dtype(DType::f32, "unary (output)");
+  check_same_shape(x, y, "unary");
+  const std::int64_t n = x.numel();
+  if (n == 0) return;
+  // relu's alpha would be its negative slope; only linear and clip take parameters.
+  if (op != Unary::linear && op != Unary::clip) {
+    alpha = 0.0f;
+    beta = 0.0f;
+  }
+  const auto md = plain_desc({n}, dt::f32);
+  Key key;
+  key.add(2).add(static_cast<int>(op)).add(n).add_float(alpha).add_float(beta);
+  const Entry& e = dnn_->get(key, [&] {
+    dnnl::eltwise_forward::desc d(dnnl::prop_kind::forward_training, forward_algorithm(op), md, alpha, beta);
+    return OneDnn::entry_of<dnnl::eltwise_forward>(dnnl::eltwise_forward::primitive_desc(d, user_scratchpad_attr(), dnn_->engine));
+  });
+  dnn_->execute(e, {{DNNL_ARG_SRC, dnn_->mem(md, x)}, {DNNL_ARG_DST, dnn_->mem(md, y)}});
+}
+
+void CpuBackend::unary_backward(Unary op, const Tensor& saved, const Tensor& dy, Tensor& dx, float alpha,
+                                float beta) {
+  saved.check_dtype(DType::f32, "unary_backward");
+  dy.check_dtype(DType::f32, "unary_backward (dy)");
+  dx.check_dtype(DType::f32, "unary_backward (dx)");
+  check_same_shape(saved, dy, "unary_backward");
+  check_same_shape(dy, dx, "unary_backward");
+  const std::int64_t n = dy.numel();
+  if (n == 0) return;
+  if (op == Unary::linear) {  // the derivative is the constant alpha
+    axpby(alpha, dy, 0.0f, dx);
+    return;
+  }
+  if (op != Unary::clip) {
+    alpha = 0.0f;
+    beta = 0.0f;
+  }
+  const auto md = plain_desc({n}, dt::f32);
+  Key key;
+  key.add(3).add(static_cast<int>(op)).add(n).add_float(alpha).add_float(beta);
+  const Entry& e = dnn_->get(key, [&] {
+    const algorithm alg = backward_algorithm(op);
+    dnnl::eltwise_forward::desc fd(dnnl::prop_kind::forward_training, alg, md, alpha, beta);
+    dnnl::eltwise_forward::primitive_desc hint(fd, dnn_->engine);
+    dnnl::eltwise_backward::desc bd(alg, md, md, alpha, beta);
+    return OneDnn::entry_of<dnnl::eltwise_backward>(dnnl::eltwise_backward::primitive_desc(bd, user_scratchpad_attr(), dnn_->engine, hint));
+  });
+  dnn_->execute(e, {{backward_uses_output(op) ? DNNL_ARG_DST : DNNL_ARG_SRC, dnn_->mem(md, saved)},
+                    {DNNL_ARG_DIFF_DST, dnn_->mem(md, dy)},
+                    {DNNL_ARG_DIFF_SRC, dnn_->mem(md, dx)}});
+}
+
+void CpuBackend::binary(Binary op, const Tensor& a, const Tensor& b, Tensor& c) {
+  a.check_dtype(DType::f32, "binary");
+  b.check_dtype(DType::f32, "binary");
+  c.check_dtype(DType::f32, "binary (output)");
+  const Shape out = broadcast_shapes(a.shape(), b.shape(), "binary");
+  if (!(out == c.shape()))
+    DTRAIN_THROW(InvalidArgument, "binary: output shape ", c.shape().to_string(), " is not the broadcast of ",
+                 a.shape().to_string(), " and ", b.shape().to_string(), " (", out.to_string(), ")");
+  if (c.numel() == 0) return;
+  const bool commutes = op == Binary::add || op == Binary::mul || op == Binary::max || op == Binary::min;
+  const Tensor* src0 = &a;
+  const Tensor* src1 = &b;
+  if (!(a.shape() == c.shape())) {
+    if (commutes && b.shape() == c.shape()) {
+      std::swap(src0, src1);
+    } else {
+      binary_loops(op, a, b, c);  // oneDNN broadcasts only its second operand
+      return;
+    }
+  }
+  const int rank = std::max(1, c.rank());
+  const auto d0 = dims_of(c.shape());
+  const auto d1 = padded_dims(src1->shape(), rank);
+  const auto md0 = plain_desc(d0, dt::f32);
+  const auto md1 = plain_desc(d1, dt::f32);
+  Key key;
+  key.add(4).add(static_cast<int>(op)).add_dims(d0).add_dims(d1);
+  const Entry& e = dnn_->get(key, [&] {
+    dnnl::binary::desc d(binary_algorithm(op), md0, md1, md0);
+    return OneDnn::entry_of<dnnl::binary>(dnnl::binary::primitive_desc(d, user_scratchpad_attr(), dnn_->engine));
+  });
+  dnn_->execute(e, {{DNNL_ARG_SRC_0, dnn_->mem(md0, *src0)},
+                    {DNNL_ARG_SRC_1, dnn_->mem(md1, *src1)},
+                    {DNNL_ARG_DST, dnn_->mem(md0, c)}});
+}
+
+void CpuBackend::reduce(Reduce op, const Tensor& x, Tensor& y) {
+  x.check_dtype(DType::f32, "reduce");
+  y.check_dtype(DType::f32, "reduce (output)");
+  const int rank = std::max(1, x.rank());
+  if (y.rank() > x.rank())
+    DTRAIN_THROW(InvalidArgument, "reduce: output shape ", y.shape().to_string(), " has a higher rank than input ",
+                 x.shape().to_string());
+  const auto dx = dims_of(x.shape());
+  const auto dy = padded_dims(y.shape(), rank);
+  for (int i = 0; i < rank; ++i)
+    if (dy[i] != dx[i] && dy[i] != 1)
+      DTRAIN_THROW(InvalidArgument, "reduce: cannot reduce shape ", x.shape().to_string(), " to ",
+                   y.shape().to_string(), " (axis ", i, ")");
+  if (y.numel() == 0) return;
+  if (x.numel() == 0) {
+    fill(y, op == Reduce::max ? -std::numeric_limits<float>::infinity()
+                              : (op == Reduce::mean ? std::numeric_limits<float>::quiet_NaN() : 0.0f));
+    return;
+  }
+  if (dx == dy) {
+    y.copy_from(x.reshape(y.shape()));
+    return;
+  }
+  const auto mdx = plain_desc(dx, dt::f32);
+  const auto mdy = plain_desc(dy, dt::f32);
+  Key key;
+  key.add(5).add(static_cast<int>(op)).add_dims(dx).add_dims(dy);
+  const Entry& e = dnn_->get(key, [&] {
+    const algorithm alg = op == Reduce::sum    ? algorithm::reduction_sum
+                          : op == Reduce::mean ? algorithm::reduction_mean
+                                               : algorithm::reduction_max;
+    dnnl::reduction::desc d(alg, mdx, mdy, 0.0f, 0.0f);
+    return OneDnn::entry_of<dnnl::reduction>(dnnl::reduction::primitive_desc(d, user_scratchpad_attr(), dnn_->engine));
+  });
+  dnn_->execute(e, {{DNNL_ARG_SRC, dnn_->mem(mdx, x)}, {DNNL_ARG_DST, dnn_->mem(mdy, y)}});
+}
+
+void CpuBackend::softmax(const Tensor& x, Tensor& y, bool log) {
+  x.check_dtype(DType::f32, "softmax");
+  y.check_dtype(DType::f32, "softmax (output)");
+  check_same_shape(x, y, "softmax");
+  if (x.rank() == 0) DTRAIN_THROW(InvalidArgument, "softmax: needs at least one axis, got a scalar");
+  if (x.numel() == 0) return;
+  const auto d = dims_of(x.shape());
+  const auto md = plain_desc(d, dt::f32);
+  const int axis = static_cast<int>(d.size()) - 1;
+  Key key;
+  key.add(6).add(log).add_dims(d);
+  const Entry& e = dnn_->get(key, [&] {
+    dnnl::softmax_v2_forward::desc sd(dnnl::prop_kind::forward_training,
+                                      log ? algorithm::softmax_log : algorithm::softmax_accurate, md, md, axis);
+    return OneDnn::entry_of<dnnl::softmax_v2_forward>(dnnl::softmax_v2_forward::primitive_desc(sd, user_scratchpad_attr(), dnn_->engine));
+  });
+  dnn_->execute(e, {{DNNL_ARG_SRC, dnn_->mem(md, x)}, {DNNL_ARG_DST, dnn_->mem(md, y)}});
+}
+
+void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx, bool log) {
+  y.check_dtype(DType::f32, "softmax_backward");
+  check_same_shape(y, dy, "softmax_backward");
+  check_same_shape(y, dx, "softmax_backward");
+  if (y.rank() == 0) DTRAIN_THROW(InvalidArgument, "softmax_backward: needs at least one axis");
+  if (y.numel() == 0) return;
+  const auto d = dims_of(y.shape());
+  const auto md = plain_desc(d, dt::f32);
+  const int axis = static_cast<int>(d.size()) - 1;
+  Key key;
+  key.add(7).add(log).add_dims(d);
+  const Entry& e = dnn_->get(key, [&] {
+    const algorithm alg = log ? algorithm::softmax_log : algorithm::softmax_accurate;
+    dnnl::softmax_v2_forward::desc fd(dnnl::prop_kind::forward_training, alg, md, md, axis);
+    dnnl::softmax_v2_forward::primitive_desc hint(fd, dnn_->engine);
+    dnnl::softmax_v2_backward::desc bd(alg, md, md, md, axis);
+    return OneDnn::entry_of<dnnl::softmax_v2_backward>(dnnl::softmax_v2_backward::primitive_desc(bd, user_scratchpad_attr(), dnn_->engine, hint));
+  });
+  dnn_->execute(e, {{DNNL_ARG_DST, dnn_->mem(md, y)},
+                    {DNNL_ARG_DIFF_DST, dnn_->mem(md, dy)},
+                    {DNNL_ARG_DIFF_SRC, dnn_->mem(md, dx)}});
+}
+
+void CpuBackend::convert(const Tensor& x, Tensor& y) {
+  x.check_defined("convert");
+  y.check_defined("convert");
+  check_same_shape(x, y, "convert");
+  if (x.dtype() == DType::i32 || y.dtype() == DType::i32)
+    DTRAIN_THROW(InvalidArgument, "convert: supports float32 <-> bfloat16, got ", dtype_name(x.dtype()), " -> ",
+                 dtype_name(y.dtype()));
+  const std::int64_t n = x.numel();
+  if (n == 0) return;
+  if (x.dtype() == y.dtype()) {
+    y.copy_from(x);
+    return;
+  }
+  const auto mdx = plain_desc({n}, to_dnnl(x.dtype()));
+  const auto mdy = plain_desc({n}, to_dnnl(y.dtype()));
+  Key key;
+  key.add(8).add(n).add(static_cast<int>(x.dtype())).add(static_cast<int>(y.dtype()));
+  const Entry& e = dnn_->get(key, [&] {
+    return OneDnn::entry_of<dnnl::reorder>(dnnl::reorder::primitive_desc(dnn_->engine, mdx, dnn_->engine, mdy, user_scratchpad_attr()));
+  });
+  dnn_->execute(e, {{DNNL_ARG_FROM, dnn_->mem(mdx, x)}, {DNNL_ARG_TO, dnn_->mem(mdy, y)}});
+}
+
+CpuBackend& cpu_backend() {
+  // Leaked on purpose: tensors in static objects may run kernels during exit.
+  static CpuBackend* instance = new CpuBackend();
+  return *instance;
+}
+
+}  // namespace dtrain::kernels

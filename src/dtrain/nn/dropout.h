@@ -1,0 +1,29 @@
+// Dropout: zeroes a `rate` share of values while training and scales the rest by
+// 1/(1-rate); the identity at inference (tf.keras.layers.Dropout). Masks come from a
+// seeded counter-based stream, so a seed fixes them whatever the thread count.
+#pragma once
+
+#include <optional>
+
+#include "dtrain/nn/layer.h"
+
+namespace dtrain::nn {
+
+class Dropout : public Layer {
+ public:
+  explicit Dropout(float rate, std::optional<std::uint64_t> seed = std::nullopt, std::string name = "dropout");
+  Shape compute_output_shape(const Shape& input_shape) const override { return input_shape; }
+  std::string class_name() const override { return "Dropout"; }
+  float rate() const { return rate_; }
+  // The generator's position: a checkpoint saves it to resume the same masks.
+  Generator& generator() { return generator_; }
+
+ protected:
+  Tensor call(const Tensor& x, bool training) override;
+
+ private:
+  float rate_;
+  Generator generator_;
+};
+
+}  // namespace dtrain::nn

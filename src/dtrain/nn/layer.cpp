@@ -1,0 +1,60 @@
+// Layer building, input checks and weight bookkeeping.
+#include "dtrain/nn/layer.h"
+
+namespace dtrain::nn {
+
+void Layer::fail(const std::string& message) const {
+  DTRAIN_THROW(InvalidArgument, "layer '", name_, "' (", class_name(), "): ", message);
+}
+
+void Layer::build(const Shape& input_shape) {
+  if (input_shape_) {
+    // The batch axis may differ between calls; every other axis must match.
+    bool same = input_shape.rank() == input_shape_->rank();
+    for (int i = 1; same && i < input_shape.rank(); ++i) same = input_shape[i] == (*input_shape_)[i];
+    if (!same)
+      fail("expected inputs shaped like " + input_shape_->to_string() + " (any batch size), got " +
+           input_shape.to_string());
+    return;
+  }
+  compute_output_shape(input_shape);  // validates the shape before any weight exists
+  build_weights(input_shape);
+  input_shape_ = input_shape;
+}
+
+Tensor Layer::operator()(const Tensor& x, bool training) {
+  x.check_defined(name_.c_str());
+  build(x.shape());
+  return call(x, training);
+}
+
+void Layer::set_name(std::string name) {
+  if (built()) fail("cannot be renamed after it is built");
+  name_ = std::move(name);
+}
+
+Variable& Layer::add_weight(const std::string& name, Tensor initial, bool trainable) {
+  weights_.push_back(std::make_unique<Variable>(name_ + "/" + name, std::move(initial), trainable));
+  return *weights_.back();
+}
+
+std::vector<Variable*> Layer::variables() {
+  std::vector<Variable*> out;
+  for (auto& w : weights_) out.push_back(w.get());
+  return out;
+}
+
+std::vector<Variable*> Layer::trainable_variables() {
+  std::vector<Variable*> out;
+  for (auto& w : weights_)
+    if (w->trainable()) out.push_back(w.get());
+  return out;
+}
+
+std::int64_t Layer::count_params() const {
+  std::int64_t n = 0;
+  for (const auto& w : weights_) n += w->numel();
+  return n;
+}
+
+}  // namespace dtrain::nn

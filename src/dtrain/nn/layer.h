@@ -1,0 +1,54 @@
+// Layer: Keras's building block. A layer creates its weights on its first call, from the
+// input's shape (shape inference), and checks every later input against that shape.
+// Model-level concerns (compile, fit, JSON configs) live in the model layer above.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtrain/autograd/ops.h"
+#include "dtrain/autograd/variable.h"
+
+namespace dtrain::nn {
+
+class Layer {
+ public:
+  explicit Layer(std::string name) : name_(std::move(name)) {}
+  virtual ~Layer() = default;
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  // Builds on the first call, then runs the layer. `training` switches dropout and the like.
+  Tensor operator()(const Tensor& x, bool training = false);
+
+  // Creates the weights for inputs of `input_shape` (its first axis is the batch and is
+  // not fixed). Calling it twice with a different shape is an error naming the layer.
+  void build(const Shape& input_shape);
+  bool built() const { return input_shape_.has_value(); }
+  // The output shape for an input shape; throws InvalidArgument naming the layer.
+  virtual Shape compute_output_shape(const Shape& input_shape) const = 0;
+  virtual std::string class_name() const = 0;
+
+  const std::string& name() const { return name_; }
+  void set_name(std::string name);
+  std::vector<Variable*> variables();
+  std::vector<Variable*> trainable_variables();
+  std::int64_t count_params() const;
+  std::optional<Shape> input_shape() const { return input_shape_; }
+
+ protected:
+  virtual void build_weights(const Shape& /*input_shape*/) {}
+  virtual Tensor call(const Tensor& x, bool training) = 0;
+  Variable& add_weight(const std::string& name, Tensor initial, bool trainable = true);
+  // An InvalidArgument that starts with "layer '<name>' (<class>): ".
+  [[noreturn]] void fail(const std::string& message) const;
+
+ private:
+  std::string name_;
+  std::optional<Shape> input_shape_;
+  std::vector<std::unique_ptr<Variable>> weights_;
+};
+
+}  // namespace dtrain::nn

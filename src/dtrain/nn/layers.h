@@ -1,0 +1,7 @@
+// The core Keras layers: Dense, Activation, Dropout, Flatten.
+#pragma once
+
+#include "dtrain/nn/dense.h"
+#include "dtrain/nn/activation.h"
+#include "dtrain/nn/dropout.h"
+#include "dtrain/nn/flatten.h"

@@ -1,0 +1,50 @@
+// Adam and AdamW: one fused kernel pass per variable over w, g, m and v.
+#include "dtrain/kernels/backend.h"
+#include "dtrain/optim/optimizer.h"
+
+namespace dtrain::optim {
+
+Adam::Adam(float learning_rate, AdamOptions adam, OptimizerOptions options)
+    : Adam("Adam", std::make_shared<Constant>(learning_rate), adam, options) {}
+
+Adam::Adam(std::shared_ptr<LearningRateSchedule> learning_rate, AdamOptions adam, OptimizerOptions options)
+    : Adam("Adam", std::move(learning_rate), adam, options) {}
+
+Adam::Adam(std::string name, std::shared_ptr<LearningRateSchedule> learning_rate, AdamOptions adam,
+           OptimizerOptions options)
+    : Optimizer(std::move(name), std::move(learning_rate), options), adam_(adam) {
+  if (!(adam.beta_1 >= 0.0f && adam.beta_1 < 1.0f) || !(adam.beta_2 >= 0.0f && adam.beta_2 < 1.0f))
+    DTRAIN_THROW(InvalidArgument, this->name(), ": beta_1 and beta_2 must be in [0, 1), got ", adam.beta_1, " and ",
+                 adam.beta_2);
+  if (!(adam.epsilon > 0.0f)) DTRAIN_THROW(InvalidArgument, this->name(), ": epsilon must be positive");
+}
+
+std::vector<std::string> Adam::slot_names() const { return {"m", "v"}; }
+
+void Adam::update(Variable& var, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) {
+  kernels::AdamUpdate p;
+  p.learning_rate = lr;
+  p.beta_1 = adam_.beta_1;
+  p.beta_2 = adam_.beta_2;
+  p.epsilon = adam_.epsilon;
+  p.step = iterations() + 1;
+  p.weight_decay = options().weight_decay;
+  p.gradient_scale = grad_scale;
+  kernels::backend(var.mutable_value().device()).adam_update(var.mutable_value(), g, slots[0], slots[1], p);
+}
+
+namespace {
+OptimizerOptions with_decay(OptimizerOptions o, float decay) {
+  o.weight_decay = decay;
+  return o;
+}
+}  // namespace
+
+AdamW::AdamW(float learning_rate, float weight_decay, AdamOptions adam, OptimizerOptions options)
+    : Adam("AdamW", std::make_shared<Constant>(learning_rate), adam, with_decay(options, weight_decay)) {}
+
+AdamW::AdamW(std::shared_ptr<LearningRateSchedule> learning_rate, float weight_decay, AdamOptions adam,
+             OptimizerOptions options)
+    : Adam("AdamW", std::move(learning_rate), adam, with_decay(options, weight_decay)) {}
+
+}  // namespace dtrain::optim

@@ -1,0 +1,120 @@
+// Optimizers with Keras's names, defaults and update formulas. apply_gradients() clips
+// (clipnorm per variable, global_clipnorm over all) by folding a scale into the update,
+// then runs one fused, multithreaded pass per variable over its value, gradient and slots.
+// Slots are created on the first update and reused: a steady-state step allocates nothing.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "dtrain/autograd/variable.h"
+#include "dtrain/optim/schedules.h"
+
+namespace dtrain::optim {
+
+struct OptimizerOptions {
+  std::optional<float> clipnorm;         // clip each gradient to this L2 norm
+  std::optional<float> global_clipnorm;  // clip all gradients together to this L2 norm
+  float weight_decay = 0.0f;             // decoupled: w -= lr * weight_decay * w
+};
+
+class Optimizer {
+ public:
+  Optimizer(std::string name, std::shared_ptr<LearningRateSchedule> learning_rate, OptimizerOptions options);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // Applies one update. grads[i] belongs to vars[i]; an undefined gradient (the variable
+  // did not affect the loss) skips that variable, as Keras does.
+  void apply_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars);
+  void apply_gradients(const std::vector<std::pair<Tensor, Variable*>>& grads_and_vars);
+
+  const std::string& name() const { return name_; }
+  std::int64_t iterations() const { return iterations_; }
+  void set_iterations(std::int64_t n) { iterations_ = n; }
+  // The learning rate the next update will use.
+  float learning_rate() const { return (*learning_rate_)(iterations_); }
+  void set_learning_rate(std::shared_ptr<LearningRateSchedule> schedule);
+  const OptimizerOptions& options() const { return options_; }
+  // The norm of the last gradients before clipping (all variables together).
+  double last_global_norm() const { return last_global_norm_; }
+
+  // Per-variable state ("m", "v", "momentum"), for checkpoints. Empty before the first update.
+  std::vector<std::pair<std::string, Tensor*>> slots(const Variable& v);
+
+ protected:
+  virtual std::vector<std::string> slot_names() const = 0;
+  // One fused update of `var` with gradient g scaled by grad_scale.
+  virtual void update(Variable& var, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) = 0;
+
+ private:
+  std::string name_;
+  std::shared_ptr<LearningRateSchedule> learning_rate_;
+  OptimizerOptions options_;
+  std::int64_t iterations_ = 0;
+  double last_global_norm_ = 0.0;
+  std::unordered_map<const Variable*, std::vector<Tensor>> slots_;
+};
+
+// Keras: v = momentum * v - lr * g; w += v (nesterov: w += momentum * v - lr * g).
+class SGD final : public Optimizer {
+ public:
+  explicit SGD(float learning_rate = 0.01f, float momentum = 0.0f, bool nesterov = false,
+               OptimizerOptions options = {});
+  SGD(std::shared_ptr<LearningRateSchedule> learning_rate, float momentum = 0.0f, bool nesterov = false,
+      OptimizerOptions options = {});
+  float momentum() const { return momentum_; }
+  bool nesterov() const { return nesterov_; }
+
+ protected:
+  std::vector<std::string> slot_names() const override;
+  void update(Variable& var, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) override;
+
+ private:
+  float momentum_;
+  bool nesterov_;
+};
+
+struct AdamOptions {
+  float beta_1 = 0.9f;
+  float beta_2 = 0.999f;
+  float epsilon = 1e-7f;
+};
+
+// Keras: m = b1 m + (1-b1) g; v = b2 v + (1-b2) g²;
+//        w -= lr * sqrt(1-b2^t)/(1-b1^t) * m / (sqrt(v) + epsilon).
+class Adam : public Optimizer {
+ public:
+  explicit Adam(float learning_rate = 0.001f, AdamOptions adam = {}, OptimizerOptions options = {});
+  Adam(std::shared_ptr<LearningRateSchedule> learning_rate, AdamOptions adam = {}, OptimizerOptions options = {});
+  const AdamOptions& adam_options() const { return adam_; }
+
+ protected:
+  Adam(std::string name, std::shared_ptr<LearningRateSchedule> learning_rate, AdamOptions adam,
+       OptimizerOptions options);
+  std::vector<std::string> slot_names() const override;
+  void update(Variable& var, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) override;
+
+ private:
+  AdamOptions adam_;
+};
+
+// Adam with decoupled weight decay (Loshchilov & Hutter), Keras's default decay 0.004.
+class AdamW final : public Adam {
+ public:
+  explicit AdamW(float learning_rate = 0.001f, float weight_decay = 0.004f, AdamOptions adam = {},
+                 OptimizerOptions options = {});
+  AdamW(std::shared_ptr<LearningRateSchedule> learning_rate, float weight_decay = 0.004f, AdamOptions adam = {},
+        OptimizerOptions options = {});
+};
+
+// "sgd", "adam", "adamw" with Keras's defaults.
+std::unique_ptr<Optimizer> get(const std::string& name);
+
+}  // namespace dtrain::optim

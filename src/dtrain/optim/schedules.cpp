@@ -1,0 +1,89 @@
+// Schedule formulas (the same as tf.keras.optimizers.schedules).
+#include "dtrain/optim/schedules.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <sstream>
+
+#include "dtrain/core/error.h"
+
+namespace dtrain::optim {
+
+Constant::Constant(float learning_rate) : learning_rate_(learning_rate) {
+  if (!(learning_rate >= 0.0f) || !std::isfinite(learning_rate))
+    DTRAIN_THROW(InvalidArgument, "learning rate must be a finite number >= 0, got ", learning_rate);
+}
+std::string Constant::describe() const { return detail::concat("Constant(", learning_rate_, ")"); }
+
+ExponentialDecay::ExponentialDecay(float initial, std::int64_t decay_steps, float decay_rate, bool staircase)
+    : initial_(initial), decay_steps_(decay_steps), decay_rate_(decay_rate), staircase_(staircase) {
+  if (decay_steps <= 0) DTRAIN_THROW(InvalidArgument, "ExponentialDecay: decay_steps must be positive, got ", decay_steps);
+  if (!(decay_rate > 0.0f)) DTRAIN_THROW(InvalidArgument, "ExponentialDecay: decay_rate must be positive, got ", decay_rate);
+}
+
+float ExponentialDecay::operator()(std::int64_t step) const {
+  double p = static_cast<double>(step) / static_cast<double>(decay_steps_);
+  if (staircase_) p = std::floor(p);
+  return static_cast<float>(initial_ * std::pow(static_cast<double>(decay_rate_), p));
+}
+
+std::string ExponentialDecay::describe() const {
+  return detail::concat("ExponentialDecay(", initial_, ", ", decay_steps_, ", ", decay_rate_,
+                        staircase_ ? ", staircase)" : ")");
+}
+
+PiecewiseConstantDecay::PiecewiseConstantDecay(std::vector<std::int64_t> boundaries, std::vector<float> values)
+    : boundaries_(std::move(boundaries)), values_(std::move(values)) {
+  if (values_.size() != boundaries_.size() + 1)
+    DTRAIN_THROW(InvalidArgument, "PiecewiseConstantDecay: needs one more value than boundaries, got ",
+                 boundaries_.size(), " boundaries and ", values_.size(), " values");
+  if (!std::is_sorted(boundaries_.begin(), boundaries_.end()))
+    DTRAIN_THROW(InvalidArgument, "PiecewiseConstantDecay: boundaries must be increasing");
+}
+
+float PiecewiseConstantDecay::operator()(std::int64_t step) const {
+  for (size_t i = 0; i < boundaries_.size(); ++i)
+    if (step <= boundaries_[i]) return values_[i];
+  return values_.back();
+}
+
+std::string PiecewiseConstantDecay::describe() const {
+  std::ostringstream o;
+  o << "PiecewiseConstantDecay(" << boundaries_.size() << " boundaries)";
+  return o.str();
+}
+
+CosineDecay::CosineDecay(float initial, std::int64_t decay_steps, float alpha)
+    : initial_(initial), decay_steps_(decay_steps), alpha_(alpha) {
+  if (decay_steps <= 0) DTRAIN_THROW(InvalidArgument, "CosineDecay: decay_steps must be positive, got ", decay_steps);
+}
+
+float CosineDecay::operator()(std::int64_t step) const {
+  const double t = static_cast<double>(std::min(step, decay_steps_)) / static_cast<double>(decay_steps_);
+  const double cosine = 0.5 * (1.0 + std::cos(std::numbers::pi * t));
+  return static_cast<float>(initial_ * ((1.0 - alpha_) * cosine + alpha_));
+}
+
+std::string CosineDecay::describe() const {
+  return detail::concat("CosineDecay(", initial_, ", ", decay_steps_, ", alpha=", alpha_, ")");
+}
+
+LinearWarmup::LinearWarmup(std::shared_ptr<LearningRateSchedule> after, std::int64_t warmup_steps, float initial)
+    : after_(std::move(after)), warmup_steps_(warmup_steps), initial_(initial) {
+  if (!after_) DTRAIN_THROW(InvalidArgument, "LinearWarmup: needs a schedule to warm up to");
+  if (warmup_steps < 0) DTRAIN_THROW(InvalidArgument, "LinearWarmup: warmup_steps must be >= 0, got ", warmup_steps);
+}
+
+float LinearWarmup::operator()(std::int64_t step) const {
+  if (step >= warmup_steps_) return (*after_)(step - warmup_steps_);
+  const float target = (*after_)(0);
+  const float f = static_cast<float>(step) / static_cast<float>(warmup_steps_);
+  return initial_ + (target - initial_) * f;
+}
+
+std::string LinearWarmup::describe() const {
+  return detail::concat("LinearWarmup(", warmup_steps_, " steps, then ", after_->describe(), ")");
+}
+
+}  // namespace dtrain::optim

@@ -1,0 +1,84 @@
+// Learning-rate schedules with Keras's names and formulas; each maps the optimizer's
+// step (0-based, the number of updates already applied) to a learning rate.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dtrain::optim {
+
+class LearningRateSchedule {
+ public:
+  virtual ~LearningRateSchedule() = default;
+  virtual float operator()(std::int64_t step) const = 0;
+  virtual std::string describe() const = 0;  // "ExponentialDecay(0.1, 1000, 0.96)"
+};
+
+class Constant final : public LearningRateSchedule {
+ public:
+  explicit Constant(float learning_rate);
+  float operator()(std::int64_t) const override { return learning_rate_; }
+  std::string describe() const override;
+
+ private:
+  float learning_rate_;
+};
+
+// initial * decay_rate ^ (step / decay_steps); with staircase the exponent is floored,
+// which is step decay.
+class ExponentialDecay final : public LearningRateSchedule {
+ public:
+  ExponentialDecay(float initial_learning_rate, std::int64_t decay_steps, float decay_rate, bool staircase = false);
+  float operator()(std::int64_t step) const override;
+  std::string describe() const override;
+
+ private:
+  float initial_;
+  std::int64_t decay_steps_;
+  float decay_rate_;
+  bool staircase_;
+};
+
+// values[i] while step <= boundaries[i] (and values.back() after the last boundary).
+class PiecewiseConstantDecay final : public LearningRateSchedule {
+ public:
+  PiecewiseConstantDecay(std::vector<std::int64_t> boundaries, std::vector<float> values);
+  float operator()(std::int64_t step) const override;
+  std::string describe() const override;
+
+ private:
+  std::vector<std::int64_t> boundaries_;
+  std::vector<float> values_;
+};
+
+// initial * ((1 - alpha) * 0.5 * (1 + cos(pi * min(step, decay_steps) / decay_steps)) + alpha)
+class CosineDecay final : public LearningRateSchedule {
+ public:
+  CosineDecay(float initial_learning_rate, std::int64_t decay_steps, float alpha = 0.0f);
+  float operator()(std::int64_t step) const override;
+  std::string describe() const override;
+
+ private:
+  float initial_;
+  std::int64_t decay_steps_;
+  float alpha_;
+};
+
+// Gradual warmup (Goyal et al., 2017): the rate rises linearly from `initial` to the
+// wrapped schedule's value over warmup_steps, then follows the wrapped schedule, counting
+// its steps from the end of the warmup.
+class LinearWarmup final : public LearningRateSchedule {
+ public:
+  LinearWarmup(std::shared_ptr<LearningRateSchedule> after, std::int64_t warmup_steps, float initial = 0.0f);
+  float operator()(std::int64_t step) const override;
+  std::string describe() const override;
+
+ private:
+  std::shared_ptr<LearningRateSchedule> after_;
+  std::int64_t warmup_steps_;
+  float initial_;
+};
+
+}  // namespace dtrain::optim

@@ -1,0 +1,126 @@
+// Every differentiable op against central finite differences.
+#include <gtest/gtest.h>
+
+#include "common/gradcheck.h"
+
+namespace dtrain {
+namespace {
+
+using testing::expect_gradients_match;
+using testing::GradcheckOptions;
+using testing::random_away_from;
+using testing::random_tensor;
+using Inputs = std::vector<Tensor>;
+
+TEST(Gradcheck, Matmul) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      Tensor a = random_tensor(ta ? Shape{4, 3} : Shape{3, 4}, 1);
+      Tensor b = random_tensor(tb ? Shape{5, 4} : Shape{4, 5}, 2);
+      expect_gradients_match([=](const Inputs& in) { return matmul(in[0], in[1], ta, tb); }, {a, b}, {0, 1});
+    }
+}
+
+TEST(Gradcheck, DenseEachActivation) {
+  for (Activation act : {Activation::linear, Activation::relu, Activation::sigmoid, Activation::tanh, Activation::gelu}) {
+    SCOPED_TRACE(static_cast<int>(act));
+    Tensor x = random_tensor({5, 4}, 3);
+    Tensor w = random_tensor({4, 3}, 4);
+    Tensor b = random_tensor({3}, 5);
+    if (act == Activation::relu) {
+      // Keep pre-activations away from relu's kink.
+      b = Tensor::from_vector({3}, {0.7f, -0.9f, 0.3f});
+    }
+    expect_gradients_match([=](const Inputs& in) { return dense(in[0], in[1], in[2], act); }, {x, w, b}, {0, 1, 2});
+  }
+}
+
+TEST(Gradcheck, DenseWithoutBiasOnRank3Input) {
+  Tensor x = random_tensor({2, 3, 4}, 6);
+  Tensor w = random_tensor({4, 2}, 7);
+  expect_gradients_match([](const Inputs& in) { return dense(in[0], in[1], Tensor(), Activation::tanh); }, {x, w},
+                         {0, 1});
+}
+
+TEST(Gradcheck, BroadcastingArithmetic) {
+  const std::pair<Shape, Shape> shapes[] = {{{3, 4}, {3, 4}}, {{3, 4}, {4}}, {{3, 1}, {1, 4}}, {{4}, {3, 4}}};
+  for (const auto& [sa, sb] : shapes) {
+    SCOPED_TRACE(sa.to_string() + " " + sb.to_string());
+    Tensor a = random_tensor(sa, 8, 0.5f, 1.5f);
+    Tensor b = random_tensor(sb, 9, 0.5f, 1.5f);
+    expect_gradients_match([](const Inputs& in) { return add(in[0], in[1]); }, {a, b}, {0, 1});
+    expect_gradients_match([](const Inputs& in) { return sub(in[0], in[1]); }, {a, b}, {0, 1});
+    expect_gradients_match([](const Inputs& in) { return mul(in[0], in[1]); }, {a, b}, {0, 1});
+    expect_gradients_match([](const Inputs& in) { return div(in[0], in[1]); }, {a, b}, {0, 1});
+  }
+}
+
+TEST(Gradcheck, Affine) {
+  expect_gradients_match([](const Inputs& in) { return affine(in[0], -2.5f, 0.3f); }, {random_tensor({7}, 10)}, {0});
+}
+
+TEST(Gradcheck, UnaryFunctions) {
+  const Shape s{3, 5};
+  expect_gradients_match([](const Inputs& in) { return relu(in[0]); }, {random_away_from(s, 11, -1, 1, {0.0f})}, {0});
+  expect_gradients_match([](const Inputs& in) { return sigmoid(in[0]); }, {random_tensor(s, 12, -3, 3)}, {0});
+  expect_gradients_match([](const Inputs& in) { return tanh(in[0]); }, {random_tensor(s, 13, -2, 2)}, {0});
+  expect_gradients_match([](const Inputs& in) { return gelu(in[0]); }, {random_tensor(s, 14, -3, 3)}, {0});
+  expect_gradients_match([](const Inputs& in) { return exp(in[0]); }, {random_tensor(s, 15, -1, 1)}, {0});
+  expect_gradients_match([](const Inputs& in) { return log(in[0]); }, {random_tensor(s, 16, 0.5f, 2)}, {0});
+  expect_gradients_match([](const Inputs& in) { return square(in[0]); }, {random_tensor(s, 17)}, {0});
+  expect_gradients_match([](const Inputs& in) { return sqrt(in[0]); }, {random_tensor(s, 18, 0.5f, 2)}, {0});
+  expect_gradients_match([](const Inputs& in) { return abs(in[0]); }, {random_away_from(s, 19, -1, 1, {0.0f})}, {0});
+  expect_gradients_match([](const Inputs& in) { return clip_by_value(in[0], -0.5f, 0.5f); },
+                         {random_away_from(s, 20, -1, 1, {-0.5f, 0.5f})}, {0});
+}
+
+TEST(Gradcheck, SoftmaxAndLogSoftmax) {
+  expect_gradients_match([](const Inputs& in) { return softmax(in[0]); }, {random_tensor({4, 6}, 21, -2, 2)}, {0});
+  expect_gradients_match([](const Inputs& in) { return log_softmax(in[0]); }, {random_tensor({4, 6}, 22, -2, 2)}, {0});
+}
+
+TEST(Gradcheck, Reductions) {
+  Tensor x = random_tensor({3, 4, 2}, 23);
+  expect_gradients_match([](const Inputs& in) { return reduce_sum(in[0]); }, {x}, {0});
+  expect_gradients_match([](const Inputs& in) { return reduce_mean(in[0]); }, {x}, {0});
+  expect_gradients_match([](const Inputs& in) { return reduce_sum(in[0], {1}); }, {x}, {0});
+  expect_gradients_match([](const Inputs& in) { return reduce_mean(in[0], {0, -1}, true); }, {x}, {0});
+}
+
+TEST(Gradcheck, Reshape) {
+  expect_gradients_match([](const Inputs& in) { return tanh(reshape(in[0], {6, 2})); }, {random_tensor({3, 4}, 24)},
+                         {0});
+}
+
+TEST(Gradcheck, SoftmaxCrossEntropySparseAndDense) {
+  Tensor logits = random_tensor({5, 4}, 25, -2, 2);
+  Tensor labels = Tensor::from_vector({5}, std::vector<std::int32_t>{0, 3, 1, 1, 2});
+  expect_gradients_match([](const Inputs& in) { return softmax_cross_entropy_with_logits(in[1], in[0]); },
+                         {logits, labels}, {0});
+  Tensor dist = softmax(random_tensor({5, 4}, 26));
+  expect_gradients_match([](const Inputs& in) { return softmax_cross_entropy_with_logits(in[1], in[0]); },
+                         {logits, dist}, {0});
+}
+
+TEST(Gradcheck, DropoutWithFixedMask) {
+  const Generator g(27);
+  expect_gradients_match([g](const Inputs& in) { return dropout(in[0], 0.3f, g); }, {random_tensor({40}, 28)}, {0});
+}
+
+TEST(Gradcheck, ComposedMlpLoss) {
+  // A two-layer network and its loss: checks that gradients flow through a chain.
+  Tensor x = random_tensor({6, 5}, 29);
+  Tensor w1 = random_tensor({5, 4}, 30), b1 = random_tensor({4}, 31, 0.2f, 0.4f);
+  Tensor w2 = random_tensor({4, 3}, 32), b2 = random_tensor({3}, 33);
+  Tensor labels = Tensor::from_vector({6}, std::vector<std::int32_t>{0, 1, 2, 0, 1, 2});
+  expect_gradients_match(
+      [labels](const Inputs& in) {
+        Tensor h = dense(in[0], in[1], in[2], Activation::tanh);
+        Tensor logits = dense(h, in[3], in[4], Activation::linear);
+        return reduce_mean(softmax_cross_entropy_with_logits(labels, logits));
+      },
+      {x, w1, b1, w2, b2}, {0, 1, 2, 3, 4});
+}
+
+}  // namespace
+}  // namespace dtrain

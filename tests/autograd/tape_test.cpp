@@ -1,0 +1,132 @@
+// GradientTape semantics, as TensorFlow users know them.
+#include <gtest/gtest.h>
+
+#include "dtrain/autograd/ops.h"
+#include "dtrain/autograd/variable.h"
+
+namespace dtrain {
+namespace {
+
+TEST(GradientTape, VariablesAreWatchedWhenRead) {
+  Variable w("w", Tensor::from_vector({2}, {3, 4}));
+  GradientTape tape;
+  Tensor loss = reduce_sum(square(w.value()));
+  Variable* vars[] = {&w};
+  auto grads = tape.gradient(loss, vars);
+  ASSERT_TRUE(grads[0].defined());
+  EXPECT_EQ(grads[0].to_vector(), (std::vector<float>{6, 8}));
+}
+
+TEST(GradientTape, NonTrainableAndUnrelatedGiveUndefined) {
+  Variable frozen("frozen", Tensor::from_vector({1}, {2}), /*trainable=*/false);
+  Variable unused("unused", Tensor::from_vector({1}, {2}));
+  Tensor x = Tensor::from_vector({1}, {5});
+  GradientTape tape;
+  Tensor y = mul(frozen.value(), x);
+  Variable* vars[] = {&frozen, &unused};
+  auto grads = tape.gradient(y, vars);
+  EXPECT_FALSE(grads[0].defined());
+  EXPECT_FALSE(grads[1].defined());
+}
+
+TEST(GradientTape, NothingRecordedWithoutWatchedInputs) {
+  GradientTape tape;
+  Tensor x = Tensor::from_vector({3}, {1, 2, 3});
+  Tensor y = relu(x);
+  EXPECT_EQ(tape.num_recorded(), 0u);
+  tape.watch(x);
+  y = relu(x);
+  EXPECT_EQ(tape.num_recorded(), 1u);
+}
+
+TEST(GradientTape, NonPersistentAnswersOnce) {
+  Tensor x = Tensor::from_vector({1}, {3});
+  GradientTape tape;
+  tape.watch(x);
+  Tensor y = square(x);
+  EXPECT_EQ(tape.gradient(y, {x})[0].item(), 6.0f);
+  EXPECT_THROW(tape.gradient(y, {x}), InvalidArgument);
+}
+
+TEST(GradientTape, PersistentAnswersRepeatedly) {
+  Tensor x = Tensor::from_vector({1}, {3});
+  GradientTape tape(/*persistent=*/true);
+  tape.watch(x);
+  Tensor y = square(x);
+  Tensor z = mul(y, y);  // x^4
+  EXPECT_EQ(tape.gradient(y, {x})[0].item(), 6.0f);
+  EXPECT_EQ(tape.gradient(z, {x})[0].item(), 108.0f);
+}
+
+TEST(GradientTape, ReusedTensorAccumulates) {
+  Tensor x = Tensor::from_vector({2}, {1.5f, -2});
+  GradientTape tape;
+  tape.watch(x);
+  Tensor y = add(mul(x, x), x);  // x^2 + x
+  auto g = tape.gradient(y, {x});
+  EXPECT_EQ(g[0].to_vector(), (std::vector<float>{4, -3}));
+}
+
+TEST(GradientTape, StopRecordingPausesTheTape) {
+  Tensor x = Tensor::from_vector({1}, {2});
+  GradientTape tape;
+  tape.watch(x);
+  Tensor y = square(x);
+  {
+    auto pause = tape.stop_recording();
+    y = mul(y, Tensor::from_vector({1}, {10}));  // not recorded
+  }
+  auto g = tape.gradient(y, {x});
+  EXPECT_FALSE(g[0].defined());
+}
+
+TEST(GradientTape, NestedTapesBothRecord) {
+  Tensor x = Tensor::from_vector({1}, {3});
+  GradientTape outer;
+  outer.watch(x);
+  Tensor y;
+  {
+    GradientTape inner;
+    inner.watch(x);
+    y = square(x);
+    EXPECT_EQ(inner.gradient(y, {x})[0].item(), 6.0f);
+  }
+  Tensor z = mul(y, x);  // x^3, recorded only on the outer tape
+  EXPECT_EQ(outer.gradient(z, {x})[0].item(), 27.0f);
+}
+
+TEST(GradientTape, GradientOfIntermediateTensor) {
+  Tensor x = Tensor::from_vector({1}, {3});
+  GradientTape tape;
+  tape.watch(x);
+  Tensor h = square(x);
+  Tensor y = affine(h, 2.0f);
+  auto g = tape.gradient(y, {h, x});
+  EXPECT_EQ(g[0].item(), 2.0f);
+  EXPECT_EQ(g[1].item(), 12.0f);
+}
+
+TEST(GradientTape, OutputGradientShapeIsChecked) {
+  Tensor x = Tensor::from_vector({2}, {1, 2});
+  GradientTape tape;
+  tape.watch(x);
+  Tensor y = square(x);
+  EXPECT_THROW(tape.gradient(y, std::vector<Tensor>{x}, Tensor::zeros({3})), InvalidArgument);
+}
+
+TEST(Variable, AssignKeepsIdentityAndChecksShape) {
+  Variable v("layer/kernel", Tensor::zeros({2, 2}));
+  const auto id = v.id();
+  v.assign(Tensor::full({2, 2}, 1.0f));
+  EXPECT_EQ(v.id(), id);
+  EXPECT_EQ(v.value().to_vector(), (std::vector<float>{1, 1, 1, 1}));
+  try {
+    v.assign(Tensor::zeros({3}));
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("layer/kernel"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,0 +1,124 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/gradcheck.h"
+#include "dtrain/nn/layers.h"
+
+namespace dtrain::nn {
+namespace {
+
+TEST(Dense, BuildsFromFirstInputAndInfersShapes) {
+  Dense d(3, "relu", {.seed = 1});
+  EXPECT_FALSE(d.built());
+  Tensor y = d(testing::random_tensor({5, 4}, 1));
+  EXPECT_TRUE(d.built());
+  EXPECT_EQ(y.shape(), Shape({5, 3}));
+  EXPECT_EQ(d.kernel().shape(), Shape({4, 3}));
+  EXPECT_EQ(d.bias()->shape(), Shape({3}));
+  EXPECT_EQ(d.count_params(), 15);
+  EXPECT_EQ(d.kernel().name(), "dense/kernel");
+  EXPECT_EQ(d.compute_output_shape({7, 2, 4}), Shape({7, 2, 3}));
+  // Another batch size is fine; another feature count is not, and the error names the layer.
+  EXPECT_EQ(d(testing::random_tensor({2, 4}, 2)).shape(), Shape({2, 3}));
+  try {
+    d(testing::random_tensor({2, 5}, 3));
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 'dense' (Dense)"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Dense, GlorotUniformLimitAndZeroBias) {
+  Dense d(200, "", {.seed = 2});
+  d.build({1, 300});
+  const float limit = std::sqrt(6.0f / (300 + 200));
+  float lo = 1, hi = -1;
+  double mean = 0;
+  for (float v : d.kernel().value().to_vector()) {
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+    mean += v;
+  }
+  EXPECT_GE(lo, -limit);
+  EXPECT_LE(hi, limit);
+  EXPECT_LT(lo, -0.95f * limit);  // the whole range is used
+  EXPECT_GT(hi, 0.95f * limit);
+  EXPECT_NEAR(mean / 60000, 0.0, 0.002);
+  for (float v : d.bias()->value().to_vector()) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(Dense, SameSeedSameWeights) {
+  Dense a(4, "", {.seed = 9}), b(4, "", {.seed = 9});
+  a.build({1, 3});
+  b.build({1, 3});
+  EXPECT_EQ(a.kernel().value().to_vector(), b.kernel().value().to_vector());
+}
+
+TEST(Dense, ComputesActivationOfAffineMap) {
+  Dense d(2, "sigmoid", {.kernel_initializer = "ones", .bias_initializer = "ones"});
+  Tensor y = d(Tensor::from_vector({1, 3}, {1, 2, -4}));
+  const float z = 1 + 2 - 4 + 1;
+  EXPECT_NEAR(y.to_vector()[0], 1 / (1 + std::exp(-z)), 1e-6);
+  Dense s(3, "softmax", {.use_bias = false, .kernel_initializer = "ones"});
+  Tensor p = s(Tensor::from_vector({1, 2}, {1, 2}));
+  for (float v : p.to_vector()) EXPECT_NEAR(v, 1.0f / 3, 1e-6);
+}
+
+TEST(Dense, RejectsBadConfiguration) {
+  EXPECT_THROW(Dense(0), InvalidArgument);
+  EXPECT_THROW(Dense(3, "swishy"), InvalidArgument);
+  EXPECT_THROW(Dense(3, "", {.kernel_initializer = "lecun_fancy"}), InvalidArgument);
+  Dense d(3);
+  EXPECT_THROW(d(Tensor::zeros({4})), InvalidArgument);  // rank 1: no batch axis
+}
+
+TEST(Dense, GradientsReachKernelAndBias) {
+  Dense d(2, "tanh", {.seed = 3});
+  Tensor x = testing::random_tensor({4, 3}, 4);
+  GradientTape tape;
+  Tensor loss = reduce_sum(d(x, true));
+  auto vars = d.trainable_variables();
+  auto grads = tape.gradient(loss, vars);
+  ASSERT_EQ(grads.size(), 2u);
+  EXPECT_EQ(grads[0].shape(), Shape({3, 2}));
+  EXPECT_EQ(grads[1].shape(), Shape({2}));
+}
+
+TEST(Activation, AppliesByName) {
+  Activation a("relu");
+  EXPECT_EQ(a(Tensor::from_vector({1, 3}, {-1, 0, 2})).to_vector(), (std::vector<float>{0, 0, 2}));
+  EXPECT_THROW(Activation("nope"), InvalidArgument);
+}
+
+TEST(Dropout, OnlyWhileTrainingAndSeeded) {
+  Tensor x = Tensor::full({4, 1000}, 1.0f);
+  Dropout d(0.5f, 7);
+  EXPECT_EQ(d(x, false).to_vector(), x.to_vector());
+  const auto first = d(x, true).to_vector();
+  const auto second = d(x, true).to_vector();
+  EXPECT_NE(first, second);  // a fresh mask each call
+  Dropout again(0.5f, 7);
+  EXPECT_EQ(again(x, true).to_vector(), first);  // same seed, same masks
+  int zeros = 0;
+  for (float v : first) zeros += v == 0.0f;
+  EXPECT_NEAR(zeros / 4000.0, 0.5, 0.05);
+  EXPECT_THROW(Dropout(1.0f), InvalidArgument);
+}
+
+TEST(Flatten, KeepsBatchAxis) {
+  Flatten f;
+  Tensor x = testing::random_tensor({2, 3, 4}, 5);
+  Tensor y = f(x);
+  EXPECT_EQ(y.shape(), Shape({2, 12}));
+  EXPECT_EQ(y.to_vector(), x.to_vector());
+  testing::expect_gradients_match(
+      [](const std::vector<Tensor>& in) {
+        Flatten g;
+        return g(in[0]);
+      },
+      {x}, {0});
+}
+
+}  // namespace
+}  // namespace dtrain::nn

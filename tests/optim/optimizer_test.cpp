@@ -1,0 +1,110 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "dtrain/optim/optimizer.h"
+
+namespace dtrain::optim {
+namespace {
+
+TEST(SGD, PlainStepIsLearningRateTimesGradient) {
+  Variable w("w", Tensor::from_vector({2}, {1, 2}));
+  SGD sgd(0.1f);
+  Tensor g = Tensor::from_vector({2}, {1, -1});
+  sgd.apply_gradients({{g, &w}});
+  EXPECT_NEAR(w.value().to_vector()[0], 0.9f, 1e-7);
+  EXPECT_NEAR(w.value().to_vector()[1], 2.1f, 1e-7);
+  EXPECT_EQ(sgd.iterations(), 1);
+}
+
+TEST(SGD, MomentumFollowsKerasFormula) {
+  Variable w("w", Tensor::from_vector({1}, {1}));
+  SGD sgd(0.1f, 0.9f);
+  double rw = 1, rv = 0;
+  for (int i = 0; i < 4; ++i) {
+    sgd.apply_gradients({{Tensor::from_vector({1}, {2}), &w}});
+    rv = 0.9 * rv - 0.1 * 2;
+    rw += rv;
+  }
+  EXPECT_NEAR(w.value().item(), rw, 1e-6);
+  auto slots = sgd.slots(w);
+  ASSERT_EQ(slots.size(), 1u);
+  EXPECT_EQ(slots[0].first, "momentum");
+  EXPECT_NEAR(slots[0].second->item(), rv, 1e-6);
+}
+
+TEST(Adam, FirstStepMovesEachWeightByLearningRate) {
+  // With zero slots, step 1 of Adam moves every weight by about lr * sign(g).
+  Variable w("w", Tensor::from_vector({3}, {0, 0, 0}));
+  Adam adam(0.01f);
+  adam.apply_gradients({{Tensor::from_vector({3}, {5, -0.2f, 1e-3f}), &w}});
+  auto v = w.value().to_vector();
+  EXPECT_NEAR(v[0], -0.01f, 1e-5);
+  EXPECT_NEAR(v[1], 0.01f, 1e-5);
+  EXPECT_NEAR(v[2], -0.01f, 1e-4);
+}
+
+TEST(AdamW, DecaysWeightsTowardZeroWithoutGradient) {
+  Variable w("w", Tensor::from_vector({1}, {2}));
+  AdamW opt(0.1f, 0.5f);
+  opt.apply_gradients({{Tensor::from_vector({1}, {0}), &w}});
+  EXPECT_NEAR(w.value().item(), 2 - 0.1 * 0.5 * 2, 1e-6);  // no gradient, only decay
+}
+
+TEST(Optimizer, ClipnormPerVariable) {
+  Variable a("a", Tensor::zeros({2})), b("b", Tensor::zeros({1}));
+  SGD sgd(1.0f, 0.0f, false, {.clipnorm = 1.0f});
+  sgd.apply_gradients({{Tensor::from_vector({2}, {3, 4}), &a}, {Tensor::from_vector({1}, {0.5f}), &b}});
+  EXPECT_NEAR(a.value().to_vector()[0], -0.6f, 1e-6);  // (3,4) clipped to norm 1
+  EXPECT_NEAR(a.value().to_vector()[1], -0.8f, 1e-6);
+  EXPECT_NEAR(b.value().item(), -0.5f, 1e-6);  // below the norm: unchanged
+}
+
+TEST(Optimizer, GlobalClipnormOverAllVariables) {
+  Variable a("a", Tensor::zeros({1})), b("b", Tensor::zeros({1}));
+  SGD sgd(1.0f, 0.0f, false, {.global_clipnorm = 1.0f});
+  sgd.apply_gradients({{Tensor::from_vector({1}, {3}), &a}, {Tensor::from_vector({1}, {4}), &b}});
+  EXPECT_NEAR(a.value().item(), -0.6f, 1e-6);
+  EXPECT_NEAR(b.value().item(), -0.8f, 1e-6);
+  EXPECT_NEAR(sgd.last_global_norm(), 5.0, 1e-9);
+}
+
+TEST(Optimizer, MismatchIsAnErrorAndChangesNothing) {
+  Variable a("dense/kernel", Tensor::full({2}, 1.0f)), b("dense/bias", Tensor::full({1}, 1.0f));
+  SGD sgd(0.1f);
+  try {
+    sgd.apply_gradients({{Tensor::from_vector({2}, {1, 1}), &a}, {Tensor::zeros({3}), &b}});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("dense/bias"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(a.value().to_vector(), (std::vector<float>{1, 1}));  // validated before anything changed
+  EXPECT_EQ(sgd.iterations(), 0);
+}
+
+TEST(Optimizer, UndefinedGradientSkipsVariable) {
+  Variable a("a", Tensor::full({1}, 1.0f));
+  SGD sgd(0.1f);
+  sgd.apply_gradients({{Tensor(), &a}});
+  EXPECT_EQ(a.value().item(), 1.0f);
+}
+
+TEST(Optimizer, ScheduleDrivesLearningRate) {
+  Variable w("w", Tensor::zeros({1}));
+  SGD sgd(std::make_shared<ExponentialDecay>(1.0f, 1, 0.5f));
+  for (int i = 0; i < 3; ++i) sgd.apply_gradients({{Tensor::from_vector({1}, {1}), &w}});
+  EXPECT_NEAR(w.value().item(), -(1 + 0.5 + 0.25), 1e-6);
+  EXPECT_NEAR(sgd.learning_rate(), 0.125f, 1e-7);
+}
+
+TEST(Optimizer, InvalidHyperparameters) {
+  EXPECT_THROW(SGD(-1.0f), InvalidArgument);
+  EXPECT_THROW(SGD(0.1f, 1.5f), InvalidArgument);
+  EXPECT_THROW(Adam(0.1f, {.beta_1 = 1.0f}), InvalidArgument);
+  EXPECT_THROW(SGD(0.1f, 0, false, {.clipnorm = 1.0f, .global_clipnorm = 1.0f}), InvalidArgument);
+  EXPECT_THROW(get("rmsprop_plus"), InvalidArgument);
+  EXPECT_EQ(get("adam")->name(), "Adam");
+}
+
+}  // namespace
+}  // namespace dtrain::optim

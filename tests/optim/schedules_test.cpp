@@ -1,0 +1,53 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numbers>
+
+#include "dtrain/core/error.h"
+#include "dtrain/optim/schedules.h"
+
+namespace dtrain::optim {
+namespace {
+
+TEST(Schedules, ExponentialAndStepDecay) {
+  ExponentialDecay smooth(0.1f, 10, 0.5f);
+  EXPECT_NEAR(smooth(0), 0.1f, 1e-8);
+  EXPECT_NEAR(smooth(5), 0.1 * std::pow(0.5, 0.5), 1e-7);
+  EXPECT_NEAR(smooth(20), 0.025f, 1e-8);
+  ExponentialDecay step(0.1f, 10, 0.5f, true);
+  EXPECT_NEAR(step(9), 0.1f, 1e-8);
+  EXPECT_NEAR(step(10), 0.05f, 1e-8);
+  EXPECT_THROW(ExponentialDecay(0.1f, 0, 0.5f), InvalidArgument);
+}
+
+TEST(Schedules, PiecewiseConstant) {
+  PiecewiseConstantDecay p({100, 200}, {1.0f, 0.5f, 0.1f});
+  EXPECT_EQ(p(0), 1.0f);
+  EXPECT_EQ(p(100), 1.0f);
+  EXPECT_EQ(p(101), 0.5f);
+  EXPECT_EQ(p(201), 0.1f);
+  EXPECT_THROW(PiecewiseConstantDecay({1}, {1.0f}), InvalidArgument);
+}
+
+TEST(Schedules, Cosine) {
+  CosineDecay c(1.0f, 100, 0.1f);
+  EXPECT_NEAR(c(0), 1.0f, 1e-7);
+  EXPECT_NEAR(c(50), 0.9 * 0.5 + 0.1, 1e-6);
+  EXPECT_NEAR(c(100), 0.1f, 1e-7);
+  EXPECT_NEAR(c(1000), 0.1f, 1e-7);
+  EXPECT_NEAR(c(25), 0.9 * 0.5 * (1 + std::cos(std::numbers::pi / 4)) + 0.1, 1e-6);
+}
+
+TEST(Schedules, LinearWarmupThenWrapped) {
+  auto after = std::make_shared<ExponentialDecay>(0.4f, 10, 0.5f);
+  LinearWarmup w(after, 4);
+  EXPECT_NEAR(w(0), 0.0f, 1e-8);
+  EXPECT_NEAR(w(1), 0.1f, 1e-7);
+  EXPECT_NEAR(w(2), 0.2f, 1e-7);
+  EXPECT_NEAR(w(4), 0.4f, 1e-7);
+  EXPECT_NEAR(w(14), 0.2f, 1e-7);  // the wrapped schedule counts from the warmup's end
+  EXPECT_THROW(LinearWarmup(nullptr, 4), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace dtrain::optim
