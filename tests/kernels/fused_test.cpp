@@ -101,7 +101,8 @@ TEST(OneHot, RowsAndRangeCheck) {
 TEST(Updates, AdamMatchesScalarReferenceOverSteps) {
   const int n = 50000;  // large enough to run multithreaded
   Tensor w = random_tensor({n}, 1), m = Tensor::zeros({n}), v = Tensor::zeros({n});
-  std::vector<double> rw(w.to_vector().begin(), w.to_vector().end()), rm(n, 0), rv(n, 0);
+  const std::vector<float> w0 = w.to_vector();
+  std::vector<double> rw(w0.begin(), w0.end()), rm(n, 0), rv(n, 0);
   AdamUpdate p;
   p.learning_rate = 0.01f;
   p.weight_decay = 0.1f;

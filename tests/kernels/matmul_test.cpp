@@ -64,7 +64,12 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MatmulShapes,
                          ::testing::Values(Case{1, 1, 1, false, false}, Case{7, 13, 5, false, false},
                                            Case{7, 13, 5, true, false}, Case{7, 13, 5, false, true},
                                            Case{7, 13, 5, true, true}, Case{64, 100, 33, false, false},
-                                           Case{3, 0, 4, false, false}));
+                                           Case{3, 0, 4, false, false}),
+                         [](const ::testing::TestParamInfo<Case>& param) {
+                           const Case& c = param.param;
+                           return "M" + std::to_string(c.M) + "K" + std::to_string(c.K) + "N" + std::to_string(c.N) +
+                                  (c.ta ? "_ta" : "") + (c.tb ? "_tb" : "");
+                         });
 
 TEST(Matmul, FusedBiasAndActivations) {
   Tensor a = random_tensor({9, 6}, 3);

@@ -45,22 +45,26 @@ Tensor Tensor::full(const Shape& shape, float value) {
   return t;
 }
 
-Tensor Tensor::from_vector(const Shape& shape, std::span<const float> values) {
+namespace {
+
+template <typename T>
+Tensor tensor_from_values(const Shape& shape, std::span<const T> values) {
   if (static_cast<std::int64_t>(values.size()) != shape.numel())
     DTRAIN_THROW(InvalidArgument, "Tensor::from_vector: ", values.size(), " values given for shape ",
                  shape.to_string(), " which holds ", shape.numel());
-  Tensor t = empty(shape, DType::f32);
+  Tensor t = Tensor::empty(shape, dtype_of<T>());
   if (!values.empty()) std::memcpy(t.raw_data(), values.data(), t.nbytes());
   return t;
 }
 
+}  // namespace
+
+Tensor Tensor::from_vector(const Shape& shape, std::span<const float> values) {
+  return tensor_from_values(shape, values);
+}
+
 Tensor Tensor::from_vector(const Shape& shape, std::span<const std::int32_t> values) {
-  if (static_cast<std::int64_t>(values.size()) != shape.numel())
-    DTRAIN_THROW(InvalidArgument, "Tensor::from_vector: ", values.size(), " values given for shape ",
-                 shape.to_string(), " which holds ", shape.numel());
-  Tensor t = empty(shape, DType::i32);
-  if (!values.empty()) std::memcpy(t.raw_data(), values.data(), t.nbytes());
-  return t;
+  return tensor_from_values(shape, values);
 }
 
 void Tensor::check_defined(const char* op) const {

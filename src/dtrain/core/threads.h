@@ -16,6 +16,16 @@ int available_cores();
 void set_num_threads(int n);
 int num_threads();
 
+// ThreadSanitizer cannot see the barriers of an uninstrumented libgomp and reports every
+// hand-off from a pool thread as a race (often without the writer's stack). Under TSan,
+// dtrain's own loops therefore run on the calling thread, so its reports concern dtrain's
+// threads (replicas, transports). oneDNN still uses the pool; tsan.supp covers it.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kParallelLoops = false;
+#else
+inline constexpr bool kParallelLoops = true;
+#endif
+
 // Runs body(begin, end) over [0, n) split into contiguous chunks on the OpenMP pool.
 // Chunks are at least `grain` long, so small loops stay on the calling thread.
 template <typename Body>
@@ -23,7 +33,7 @@ void parallel_for(std::int64_t n, std::int64_t grain, Body&& body) {
   if (n <= 0) return;
   const int threads = static_cast<int>(std::min<std::int64_t>(
       omp_get_max_threads(), std::max<std::int64_t>(1, n / std::max<std::int64_t>(grain, 1))));
-  if (threads <= 1 || omp_in_parallel()) {
+  if (!kParallelLoops || threads <= 1 || omp_in_parallel()) {
     body(std::int64_t{0}, n);
     return;
   }

@@ -7,7 +7,13 @@
 #include "dtrain/core/threads.h"
 #include "dtrain/kernels/cpu_backend.h"
 
-#define DTRAIN_MULTIVERSION __attribute__((target_clones("arch=sapphirerapids", "avx512f", "avx2", "default")))
+// target_clones dispatches through an ifunc resolver that the dynamic loader runs before
+// ThreadSanitizer's runtime is up, which crashes TSan builds; they get one portable version.
+#if defined(__SANITIZE_THREAD__)
+#define DTRAIN_MULTIVERSION
+#else
+#define DTRAIN_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 
 namespace dtrain::kernels {
 namespace {
@@ -184,7 +190,7 @@ double CpuBackend::sum_squares(const Tensor& x) {
   const float* p = x.data<float>();
   const std::int64_t n = x.numel();
   double total = 0.0;
-  if (n < 4 * kGrain || omp_in_parallel()) return sum_squares_loop(p, 0, n);
+  if (!kParallelLoops || n < 4 * kGrain || omp_in_parallel()) return sum_squares_loop(p, 0, n);
 #pragma omp parallel reduction(+ : total)
   {
     const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
