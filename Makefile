@@ -3,7 +3,7 @@
 PRESET ?= release
 JOBS ?= $(shell nproc)
 
-.PHONY: deps configure build demo test test-asan test-tsan bench clean
+.PHONY: deps configure build demo test check-install test-asan test-tsan bench clean
 
 deps:
 	./scripts/install-deps.sh
@@ -15,10 +15,13 @@ build: configure
 	cmake --build --preset $(PRESET) -j $(JOBS)
 
 demo: build
-	./build/$(PRESET)/examples/custom_loop_mlp
+	./build/$(PRESET)/dtrain fit examples/configs/fashion_mnist.json
 
 test: build
 	ctest --preset $(PRESET) -j $(JOBS)
+
+check-install: build
+	PRESET=$(PRESET) ./scripts/check-install.sh
 
 test-asan:
 	$(MAKE) test PRESET=asan

@@ -8,5 +8,8 @@ function(dtrain_layer name)
   target_include_directories(dtrain_${name} PUBLIC
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/src>
     $<INSTALL_INTERFACE:include>)
-  target_link_libraries(dtrain_${name} PUBLIC ${L_DEPS} PRIVATE dtrain_warnings)
+  target_link_libraries(dtrain_${name} PUBLIC ${L_DEPS})
+  target_compile_options(dtrain_${name} PRIVATE ${DTRAIN_WARNING_FLAGS})
+  set_target_properties(dtrain_${name} PROPERTIES EXPORT_NAME ${name})
+  set_property(GLOBAL APPEND PROPERTY DTRAIN_LAYER_TARGETS dtrain_${name})
 endfunction()

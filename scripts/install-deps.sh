@@ -13,6 +13,12 @@ packages=(
   dataset-fashion-mnist
 )
 
+# `--peers` adds what the side-by-side benchmarks need: PyTorch (run with /usr/bin/python3)
+# and OpenBLAS, without which Debian's torch falls back to the slow reference BLAS.
+if [ "${1:-}" = "--peers" ]; then
+  packages+=(python3-torch python3-numpy libopenblas0-pthread)
+fi
+
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

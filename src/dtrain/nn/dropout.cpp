@@ -4,7 +4,7 @@
 namespace dtrain::nn {
 
 Dropout::Dropout(float rate, std::optional<std::uint64_t> seed, std::string name)
-    : Layer(std::move(name)), rate_(rate), generator_(seed ? *seed : next_seed()) {
+    : Layer(std::move(name)), rate_(rate), seed_(seed), generator_(seed ? *seed : next_seed()) {
   if (!(rate >= 0.0f && rate < 1.0f)) fail("rate must be in [0, 1), got " + std::to_string(rate));
 }
 

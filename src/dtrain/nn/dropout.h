@@ -15,6 +15,8 @@ class Dropout : public Layer {
   Shape compute_output_shape(const Shape& input_shape) const override { return input_shape; }
   std::string class_name() const override { return "Dropout"; }
   float rate() const { return rate_; }
+  // The seed given at construction (unset: drawn from set_random_seed's sequence).
+  std::optional<std::uint64_t> seed() const { return seed_; }
   // The generator's position: a checkpoint saves it to resume the same masks.
   Generator& generator() { return generator_; }
 
@@ -23,6 +25,7 @@ class Dropout : public Layer {
 
  private:
   float rate_;
+  std::optional<std::uint64_t> seed_;
   Generator generator_;
 };
 

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# dtrain against PyTorch (Debian's python3-torch) on the same three models, the same batch,
+# optimizer and thread count, run side by side in one run: A and B alternate, RUNS times,
+# and the table gives medians and the ratio of medians. PyTorch gets its best setting on
+# these machines: OPENBLAS_NUM_THREADS=1 and torch.set_num_threads(T).
+#
+#   bench/compare.sh            (needs: make build; scripts/install-deps.sh --peers)
+#   RUNS=5 THREADS="1 2" MODELS="seed_large" bench/compare.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${DTRAIN:-build/release/dtrain}
+PY=/usr/bin/python3
+RUNS=${RUNS:-3}
+THREADS=${THREADS:-"1 2"}
+MODELS=${MODELS:-"seed_small seed_large fashion_mnist"}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+[ -x "$BIN" ] || { echo "compare.sh: $BIN not found; run make build first" >&2; exit 1; }
+$PY -c "import torch" 2>/dev/null || { echo "compare.sh: /usr/bin/python3 has no torch; run scripts/install-deps.sh --peers" >&2; exit 1; }
+
+json_get() { $PY -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
+
+# Comparable lengths: dtrain reports the median epoch after the first; PyTorch times
+# steps after warm-up steps.
+dtrain_args() {
+  case $1 in
+    seed_small) echo "--epochs 8" ;;      # 32 steps per epoch
+    seed_large) echo "--epochs 3" ;;      # 157 steps per epoch
+    fashion_mnist) echo "--epochs 5" ;;   # 469 steps per epoch
+  esac
+}
+torch_args() {
+  case $1 in
+    seed_small) echo "--steps 200 --warmup 20" ;;
+    seed_large) echo "--steps 200 --warmup 20" ;;
+    fashion_mnist) echo "--epochs 5" ;;
+  esac
+}
+
+echo "| model | threads | dtrain samples/s | PyTorch samples/s | dtrain / PyTorch | dtrain test acc | PyTorch test acc |"
+echo "|---|---|---|---|---|---|---|"
+for model in $MODELS; do
+  for t in $THREADS; do
+    ours=() theirs=() acc_ours="-" acc_theirs="-"
+    for r in $(seq "$RUNS"); do
+      "$BIN" fit "examples/configs/$model.json" --threads "$t" --verbose 0 $(dtrain_args "$model") \
+        --summary "$tmp/d.json" > /dev/null
+      ours+=("$(json_get "$tmp/d.json" samples_per_second)")
+      OPENBLAS_NUM_THREADS=1 $PY bench/peers/pytorch_train.py --model "$model" --threads "$t" $(torch_args "$model") \
+        > "$tmp/t.json"
+      theirs+=("$(json_get "$tmp/t.json" samples_per_second)")
+    done
+    if [ "$model" = fashion_mnist ]; then
+      acc_ours=$($PY -c "import json; print(round(json.load(open('$tmp/d.json'))['test']['accuracy'], 4))")
+      acc_theirs=$(json_get "$tmp/t.json" test_accuracy)
+    fi
+    a=$(median "${ours[@]}") b=$(median "${theirs[@]}")
+    printf "| %s | %s | %.0f | %.0f | %.2f | %s | %s |\n" "$model" "$t" "$a" "$b" "$($PY -c "print($a / $b)")" \
+      "$acc_ours" "$acc_theirs"
+  done
+done
+
+# Resident memory over more than 1000 steps of the large model (7 epochs x 157 steps).
+"$BIN" fit examples/configs/seed_large.json --epochs 7 --verbose 0 --summary "$tmp/rss.json" > /dev/null
+echo
+echo "dtrain seed_large, resident MiB after each of 7 epochs (1099 steps): $($PY -c \
+  "import json; print(' '.join('%.1f' % v for v in json.load(open('$tmp/rss.json'))['epoch_rss_mb']))")"

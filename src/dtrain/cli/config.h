@@ -1,0 +1,49 @@
+// The training config a `dtrain` command reads: model, loss, optimizer, metrics, data and
+// run settings in one JSON file. Every error names the file and the key's JSON path.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dtrain/data/datasets.h"
+#include "dtrain/model/sequential.h"
+
+namespace dtrain::cli {
+
+struct DataConfig {
+  std::string source = "synthetic";  // "fashion_mnist" or "synthetic"
+  std::string path;                  // fashion_mnist: directory ("" = default)
+  std::int64_t samples = 1000, test_samples = 0, features = 100, classes = 10;
+  data::SyntheticLabels labels = data::SyntheticLabels::random;
+};
+
+struct RunConfig {
+  std::string file;  // where it was read from, for messages
+  nlohmann::json model_json;
+  std::string model_path = "model";
+  nlohmann::json loss_json, optimizer_json;
+  std::vector<std::string> metrics;
+  DataConfig data;
+  int epochs = 1;
+  std::int64_t batch_size = 32;
+  std::uint64_t seed = 0;
+  int threads = 0;  // 0: every core
+  double validation_split = 0.0;
+  bool shuffle = true;
+  int verbose = -1;
+};
+
+// Reads and validates the whole file up front, so a typo fails before any training.
+RunConfig load_config(const std::string& path);
+
+// The pieces, built from a validated config.
+std::unique_ptr<Sequential> build_model(const RunConfig& c);
+std::shared_ptr<losses::Loss> build_loss(const RunConfig& c);
+std::shared_ptr<optim::Optimizer> build_optimizer(const RunConfig& c);
+data::Classification load_data(const RunConfig& c);
+
+}  // namespace dtrain::cli

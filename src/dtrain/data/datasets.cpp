@@ -1,0 +1,84 @@
+// Fashion-MNIST loading and synthetic data.
+#include "dtrain/data/datasets.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <vector>
+
+#include "dtrain/core/rng.h"
+#include "dtrain/data/idx.h"
+
+namespace dtrain::data {
+namespace {
+
+// The file as named, or with .gz added, whichever exists (the first is preferred).
+std::string find_file(const std::string& dir, const std::string& name) {
+  const std::filesystem::path base = std::filesystem::path(dir) / name;
+  for (const std::string& candidate : {base.string() + ".gz", base.string()})
+    if (std::filesystem::exists(candidate)) return candidate;
+  DTRAIN_THROW(IoError, base.string(), "[.gz]: not found. Install Debian's dataset-fashion-mnist "
+               "(scripts/install-deps.sh does) or point DTRAIN_FASHION_MNIST_DIR at a directory holding it");
+}
+
+}  // namespace
+
+std::string fashion_mnist_dir(const std::string& dir) {
+  if (!dir.empty()) return dir;
+  if (const char* env = std::getenv("DTRAIN_FASHION_MNIST_DIR"); env && *env) return env;
+  return kFashionMnistDefaultDir;
+}
+
+Classification load_fashion_mnist(const std::string& dir_in) {
+  const std::string dir = fashion_mnist_dir(dir_in);
+  Classification c;
+  c.classes = 10;
+  c.train.x = read_idx_images(find_file(dir, "train-images-idx3-ubyte"));
+  c.train.y = read_idx_labels(find_file(dir, "train-labels-idx1-ubyte"));
+  c.test.x = read_idx_images(find_file(dir, "t10k-images-idx3-ubyte"));
+  c.test.y = read_idx_labels(find_file(dir, "t10k-labels-idx1-ubyte"));
+  for (const Split* s : {&c.train, &c.test})
+    if (s->x.dim(0) != s->y.dim(0))
+      DTRAIN_THROW(IoError, dir, ": ", s->x.dim(0), " images but ", s->y.dim(0), " labels in the ",
+                   s == &c.train ? "train" : "test", " split");
+  for (const Split* s : {&c.train, &c.test}) {
+    const std::int32_t* y = s->y.data<std::int32_t>();
+    for (std::int64_t i = 0; i < s->y.numel(); ++i)
+      if (y[i] < 0 || y[i] >= c.classes)
+        DTRAIN_THROW(IoError, dir, ": label ", y[i], " at index ", i, " is not a Fashion-MNIST class (0-9)");
+  }
+  return c;
+}
+
+Split make_synthetic(std::int64_t samples, std::int64_t features, std::int64_t classes, std::uint64_t seed,
+                     SyntheticLabels labels) {
+  if (samples < 0 || features <= 0 || classes <= 0)
+    DTRAIN_THROW(InvalidArgument, "make_synthetic: samples, features and classes must be positive, got ", samples,
+                 ", ", features, ", ", classes);
+  Generator g(seed);
+  Split s;
+  s.x = Tensor::empty({samples, features});
+  s.y = Tensor::empty({samples}, DType::i32);
+  float* x = s.x.data<float>();
+  std::int32_t* y = s.y.data<std::int32_t>();
+  for (std::int64_t i = 0; i < samples * features; ++i) x[i] = g.normal();
+  if (labels == SyntheticLabels::random) {
+    for (std::int64_t i = 0; i < samples; ++i) y[i] = static_cast<std::int32_t>(g.below(static_cast<std::uint64_t>(classes)));
+    return s;
+  }
+  Generator teacher = g.fork(1);
+  std::vector<float> w(static_cast<size_t>(features * classes));
+  for (auto& v : w) v = teacher.normal();
+  for (std::int64_t i = 0; i < samples; ++i) {
+    std::int32_t best = 0;
+    float best_score = 0;
+    for (std::int64_t c = 0; c < classes; ++c) {
+      float score = 0;
+      for (std::int64_t d = 0; d < features; ++d) score += x[i * features + d] * w[d * classes + c];
+      if (c == 0 || score > best_score) best_score = score, best = static_cast<std::int32_t>(c);
+    }
+    y[i] = best;
+  }
+  return s;
+}
+
+}  // namespace dtrain::data

@@ -1,0 +1,42 @@
+// Ready-made datasets: Fashion-MNIST from Debian's dataset-fashion-mnist package, and
+// synthetic data like the seeds' examples (normal inputs, integer labels, fixed seed).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "dtrain/core/tensor.h"
+
+namespace dtrain::data {
+
+struct Split {
+  Tensor x;  // float32 [count, features]
+  Tensor y;  // int32 [count]
+};
+
+struct Classification {
+  Split train;
+  Split test;  // may be empty (undefined tensors)
+  std::int64_t classes = 0;
+};
+
+// Where Debian installs the files.
+inline constexpr const char* kFashionMnistDefaultDir = "/usr/share/datasets/fashion-mnist";
+
+// The directory to read: `dir` if not empty, else $DTRAIN_FASHION_MNIST_DIR, else Debian's.
+std::string fashion_mnist_dir(const std::string& dir = "");
+
+// Loads {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]: 60000 + 10000 images of 28x28
+// as [n, 784] floats in [0, 1], labels 0..9. Errors name the file.
+Classification load_fashion_mnist(const std::string& dir = "");
+
+enum class SyntheticLabels {
+  random,   // uniform in [0, classes): what the seeds' examples use; not learnable
+  teacher,  // arg-max of a fixed random linear map of the input: learnable
+};
+
+// `samples` rows of standard-normal inputs with `features` columns and integer labels.
+Split make_synthetic(std::int64_t samples, std::int64_t features, std::int64_t classes, std::uint64_t seed,
+                     SyntheticLabels labels = SyntheticLabels::random);
+
+}  // namespace dtrain::data

@@ -1,0 +1,24 @@
+// Reader for the IDX format of the MNIST family (optionally gzip-compressed): a big-endian
+// header (two zero bytes, a type code, the number of dimensions, then each extent as a
+// uint32) followed by the values. Every check names the file and what was wrong.
+#pragma once
+
+#include <string>
+
+#include "dtrain/core/tensor.h"
+
+namespace dtrain::data {
+
+// Reads an IDX file of unsigned bytes (type 0x08). Images come back as float32 with
+// shape [count, rows * cols] (scaled by `scale`), labels as int32 [count].
+// Throws IoError naming the file for a missing, truncated or malformed file.
+Tensor read_idx_images(const std::string& path, float scale = 1.0f / 255.0f);
+Tensor read_idx_labels(const std::string& path);
+
+struct IdxHeader {
+  int type_code = 0;                    // 0x08 = unsigned byte
+  std::vector<std::int64_t> dims;       // extents, outermost first
+  std::int64_t header_bytes = 0;
+};
+
+}  // namespace dtrain::data

@@ -1,0 +1,113 @@
+// The built-in callbacks.
+#include "dtrain/model/callbacks.h"
+
+#include <cmath>
+
+#include "dtrain/model/sequential.h"
+
+namespace dtrain {
+
+void History::on_train_begin(const Logs&) {}
+
+void History::on_epoch_end(int e, const Logs& logs) {
+  epoch.push_back(e);
+  for (const auto& [k, v] : logs.items()) history[k].push_back(v);
+}
+
+EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(options)) {
+  if (options_.patience < 0) DTRAIN_THROW(InvalidArgument, "EarlyStopping: patience must be >= 0");
+  if (options_.mode == "max") maximize_ = true;
+  else if (options_.mode == "min") maximize_ = false;
+  else if (options_.mode == "auto")
+    maximize_ = options_.monitor.find("acc") != std::string::npos || options_.monitor.find("auc") != std::string::npos;
+  else DTRAIN_THROW(InvalidArgument, "EarlyStopping: mode '", options_.mode, "' is not min, max or auto");
+}
+
+bool EarlyStopping::improved(double value) const {
+  if (best_epoch_ < 0 && !options_.baseline) return true;
+  const double reference = best_epoch_ < 0 ? *options_.baseline : best_;
+  return maximize_ ? value - options_.min_delta > reference : value + options_.min_delta < reference;
+}
+
+void EarlyStopping::on_train_begin(const Logs&) {
+  best_epoch_ = -1;
+  wait_ = 0;
+  stopped_epoch_ = -1;
+  best_weights_.clear();
+}
+
+void EarlyStopping::on_epoch_end(int epoch, const Logs& logs) {
+  if (!logs.contains(options_.monitor))
+    DTRAIN_THROW(InvalidArgument, "EarlyStopping: monitors '", options_.monitor,
+                 "', which this fit does not log (no validation data?)");
+  if (epoch < options_.start_from_epoch) return;
+  const double value = logs.at(options_.monitor);
+  ++wait_;
+  if (improved(value)) {
+    best_ = value;
+    best_epoch_ = epoch;
+    wait_ = 0;
+    if (options_.restore_best_weights && model_) {
+      best_weights_.clear();
+      for (Variable* v : model_->variables()) best_weights_.push_back(v->value().clone());
+    }
+    return;
+  }
+  if (wait_ >= options_.patience && epoch > 0) {
+    stopped_epoch_ = epoch;
+    if (model_) model_->stop_training = true;
+  }
+}
+
+void EarlyStopping::on_train_end(const Logs&) {
+  if (options_.restore_best_weights && model_ && !best_weights_.empty() && stopped_epoch_ >= 0) {
+    auto vars = model_->variables();
+    for (size_t i = 0; i < vars.size() && i < best_weights_.size(); ++i) vars[i]->assign(best_weights_[i]);
+  }
+}
+
+LearningRateScheduler::LearningRateScheduler(std::function<double(int, double)> schedule)
+    : schedule_(std::move(schedule)) {
+  if (!schedule_) DTRAIN_THROW(InvalidArgument, "LearningRateScheduler: schedule is empty");
+}
+
+void LearningRateScheduler::on_epoch_begin(int epoch, const Logs&) {
+  if (!model_) return;
+  const double lr = schedule_(epoch, model_->optimizer().learning_rate());
+  if (!std::isfinite(lr) || lr < 0)
+    DTRAIN_THROW(InvalidArgument, "LearningRateScheduler: schedule returned ", lr, " for epoch ", epoch);
+  model_->optimizer().set_learning_rate(std::make_shared<optim::Constant>(static_cast<float>(lr)));
+  last_ = lr;
+}
+
+void LearningRateScheduler::on_epoch_end(int, const Logs&) {}
+
+CSVLogger::CSVLogger(std::string filename, char separator, bool append)
+    : filename_(std::move(filename)), separator_(separator), append_(append) {}
+
+void CSVLogger::on_train_begin(const Logs&) {
+  out_.open(filename_, append_ ? std::ios::app : std::ios::trunc);
+  if (!out_) DTRAIN_THROW(IoError, filename_, ": cannot open for writing");
+  columns_.clear();
+}
+
+void CSVLogger::on_epoch_end(int epoch, const Logs& logs) {
+  if (columns_.empty()) {
+    for (const auto& [k, v] : logs.items()) columns_.push_back(k);
+    out_ << "epoch";
+    for (const auto& c : columns_) out_ << separator_ << c;
+    out_ << '\n';
+  }
+  out_ << epoch;
+  for (const auto& c : columns_) {
+    out_ << separator_;
+    if (logs.contains(c)) out_ << logs.at(c);
+  }
+  out_ << '\n';
+  out_.flush();
+  if (!out_) DTRAIN_THROW(IoError, filename_, ": write failed at epoch ", epoch);
+}
+
+void CSVLogger::on_train_end(const Logs&) { out_.close(); }
+
+}  // namespace dtrain

@@ -1,0 +1,128 @@
+// Keras callbacks: hooks that fit(), evaluate() and predict() call at the begin and end of
+// training, of each epoch and of each batch. A callback sees the model it is attached to
+// (set_model) and can stop training (model.stop_training = true).
+#pragma once
+
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtrain/autograd/variable.h"
+#include "dtrain/model/logs.h"
+
+namespace dtrain {
+
+class Sequential;
+
+class Callback {
+ public:
+  virtual ~Callback() = default;
+  virtual void set_model(Sequential* model) { model_ = model; }
+  virtual void on_train_begin(const Logs& /*logs*/) {}
+  virtual void on_train_end(const Logs& /*logs*/) {}
+  virtual void on_epoch_begin(int /*epoch*/, const Logs& /*logs*/) {}
+  virtual void on_epoch_end(int /*epoch*/, const Logs& /*logs*/) {}
+  virtual void on_train_batch_begin(std::int64_t /*batch*/, const Logs& /*logs*/) {}
+  virtual void on_train_batch_end(std::int64_t /*batch*/, const Logs& /*logs*/) {}
+  virtual void on_test_begin(const Logs& /*logs*/) {}
+  virtual void on_test_end(const Logs& /*logs*/) {}
+
+ protected:
+  Sequential* model_ = nullptr;
+};
+
+// Records every epoch's logs: history["loss"][epoch], ... fit() returns one.
+class History : public Callback {
+ public:
+  void on_train_begin(const Logs& logs) override;
+  void on_epoch_end(int epoch, const Logs& logs) override;
+  std::map<std::string, std::vector<double>> history;
+  std::vector<int> epoch;
+  // Filled by fit(): wall time of each epoch (training and validation), and training
+  // samples per second of each epoch (validation excluded).
+  std::vector<double> epoch_seconds;
+  std::vector<double> samples_per_second;
+};
+
+// Stops training when `monitor` has not improved by more than min_delta for `patience`
+// epochs; optionally puts back the best epoch's weights.
+struct EarlyStoppingOptions {
+  std::string monitor = "val_loss";
+  double min_delta = 0.0;
+  int patience = 0;
+  std::string mode = "auto";  // "min", "max", or "auto" (max for accuracy-like names)
+  std::optional<double> baseline;
+  bool restore_best_weights = false;
+  int start_from_epoch = 0;
+};
+
+class EarlyStopping : public Callback {
+ public:
+  explicit EarlyStopping(EarlyStoppingOptions options = {});
+  void on_train_begin(const Logs& logs) override;
+  void on_epoch_end(int epoch, const Logs& logs) override;
+  void on_train_end(const Logs& logs) override;
+  int stopped_epoch() const { return stopped_epoch_; }
+  int best_epoch() const { return best_epoch_; }
+
+ private:
+  bool improved(double value) const;
+  EarlyStoppingOptions options_;
+  bool maximize_ = false;
+  double best_ = 0.0;
+  int best_epoch_ = -1;
+  int wait_ = 0;
+  int stopped_epoch_ = -1;
+  std::vector<Tensor> best_weights_;
+};
+
+// Sets the optimizer's learning rate at the start of each epoch to schedule(epoch, lr).
+class LearningRateScheduler : public Callback {
+ public:
+  explicit LearningRateScheduler(std::function<double(int epoch, double lr)> schedule);
+  void on_epoch_begin(int epoch, const Logs& logs) override;
+  void on_epoch_end(int epoch, const Logs& logs) override;
+
+ private:
+  std::function<double(int, double)> schedule_;
+  double last_ = 0.0;
+};
+
+// Writes one CSV row per epoch: epoch, then every log in order. Rows are flushed as
+// they are written, so a crash keeps the epochs already logged.
+class CSVLogger : public Callback {
+ public:
+  explicit CSVLogger(std::string filename, char separator = ',', bool append = false);
+  void on_train_begin(const Logs& logs) override;
+  void on_epoch_end(int epoch, const Logs& logs) override;
+  void on_train_end(const Logs& logs) override;
+
+ private:
+  std::string filename_;
+  char separator_;
+  bool append_;
+  std::ofstream out_;
+  std::vector<std::string> columns_;
+};
+
+// User hooks without a class: set the ones you need.
+class LambdaCallback : public Callback {
+ public:
+  std::function<void(const Logs&)> train_begin, train_end;
+  std::function<void(int, const Logs&)> epoch_begin, epoch_end;
+  std::function<void(std::int64_t, const Logs&)> batch_begin, batch_end;
+
+  void on_train_begin(const Logs& l) override { if (train_begin) train_begin(l); }
+  void on_train_end(const Logs& l) override { if (train_end) train_end(l); }
+  void on_epoch_begin(int e, const Logs& l) override { if (epoch_begin) epoch_begin(e, l); }
+  void on_epoch_end(int e, const Logs& l) override { if (epoch_end) epoch_end(e, l); }
+  void on_train_batch_begin(std::int64_t b, const Logs& l) override { if (batch_begin) batch_begin(b, l); }
+  void on_train_batch_end(std::int64_t b, const Logs& l) override { if (batch_end) batch_end(b, l); }
+};
+
+}  // namespace dtrain

@@ -1,0 +1,96 @@
+// Path-aware JSON access.
+#include "dtrain/model/json_reader.h"
+
+namespace dtrain {
+
+nlohmann::json parse_json(const std::string& text, const std::string& source) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    DTRAIN_THROW(InvalidArgument, source, ": invalid JSON at byte ", e.byte, ": ", e.what());
+  }
+}
+
+void JsonReader::fail(const std::string& key, const std::string& message) const {
+  const std::string where = key.empty() ? (path_.empty() ? "<root>" : path_) : key_path(key);
+  DTRAIN_THROW(InvalidArgument, where, ": ", message);
+}
+
+void JsonReader::expect_object() const {
+  if (!value_.is_object()) fail("", "expected an object, got " + value_.dump());
+}
+
+void JsonReader::expect_array() const {
+  if (!value_.is_array()) fail("", "expected an array, got " + value_.dump());
+}
+
+void JsonReader::expect_keys(std::initializer_list<const char*> allowed) const {
+  expect_object();
+  for (auto it = value_.begin(); it != value_.end(); ++it) {
+    bool ok = false;
+    for (const char* a : allowed) ok |= it.key() == a;
+    if (!ok) {
+      std::string list;
+      for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+      fail(it.key(), "unknown key (expected one of: " + list + ")");
+    }
+  }
+}
+
+const nlohmann::json& JsonReader::at(const std::string& key) const {
+  expect_object();
+  if (!value_.contains(key)) fail(key, "is required");
+  return value_[key];
+}
+
+JsonReader JsonReader::child(const std::string& key) const { return JsonReader(at(key), key_path(key)); }
+
+JsonReader JsonReader::element(std::size_t index) const {
+  expect_array();
+  if (index >= value_.size()) fail("", "has no element " + std::to_string(index));
+  return JsonReader(value_[index], path_ + "[" + std::to_string(index) + "]");
+}
+
+std::string JsonReader::get_string(const std::string& key) const {
+  const auto& v = at(key);
+  if (!v.is_string()) fail(key, "expected a string, got " + v.dump());
+  return v.get<std::string>();
+}
+
+std::string JsonReader::get_string(const std::string& key, const std::string& fallback) const {
+  return has(key) ? get_string(key) : fallback;
+}
+
+double JsonReader::get_number(const std::string& key) const {
+  const auto& v = at(key);
+  if (!v.is_number()) fail(key, "expected a number, got " + v.dump());
+  return v.get<double>();
+}
+
+double JsonReader::get_number(const std::string& key, double fallback) const {
+  return has(key) ? get_number(key) : fallback;
+}
+
+std::int64_t JsonReader::get_int(const std::string& key) const {
+  const auto& v = at(key);
+  if (!v.is_number_integer()) fail(key, "expected an integer, got " + v.dump());
+  return v.get<std::int64_t>();
+}
+
+std::int64_t JsonReader::get_int(const std::string& key, std::int64_t fallback) const {
+  return has(key) ? get_int(key) : fallback;
+}
+
+std::optional<std::int64_t> JsonReader::get_optional_int(const std::string& key) const {
+  if (!has(key)) return std::nullopt;
+  return get_int(key);
+}
+
+bool JsonReader::get_bool(const std::string& key, bool fallback) const {
+  if (!has(key)) return fallback;
+  const auto& v = at(key);
+  if (!v.is_boolean()) fail(key, "expected true or false, got " + v.dump());
+  return v.get<bool>();
+}
+
+}  // namespace dtrain

@@ -1,0 +1,176 @@
+// safetensors reading and writing with nlohmann::json for the header.
+#include "dtrain/model/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace dtrain {
+namespace {
+
+const char* dtype_code(DType t) {
+  switch (t) {
+    case DType::f32: return "F32";
+    case DType::bf16: return "BF16";
+    case DType::i32: return "I32";
+  }
+  return "?";
+}
+
+bool dtype_from_code(const std::string& s, DType& t) {
+  if (s == "F32") t = DType::f32;
+  else if (s == "BF16") t = DType::bf16;
+  else if (s == "I32") t = DType::i32;
+  else return false;
+  return true;
+}
+
+// write(2) until done; false on error.
+bool write_all(int fd, const void* data, std::size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+}  // namespace
+
+const Tensor* NamedTensors::find(const std::string& name) const {
+  for (const auto& [k, t] : tensors)
+    if (k == name) return &t;
+  return nullptr;
+}
+
+void save_safetensors(const std::string& path, const NamedTensors& data) {
+  nlohmann::json header = nlohmann::json::object();
+  std::uint64_t offset = 0;
+  for (const auto& [name, t] : data.tensors) {
+    t.check_defined(("save_safetensors: tensor '" + name + "'").c_str());
+    if (name == "__metadata__" || header.contains(name))
+      DTRAIN_THROW(InvalidArgument, path, ": tensor name '", name, "' is reserved or used twice");
+    header[name] = {{"dtype", dtype_code(t.dtype())}, {"shape", t.shape().to_vector()},
+                    {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+  }
+  if (!data.metadata.empty()) header["__metadata__"] = data.metadata;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
+  std::uint64_t n = text.size();
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) DTRAIN_THROW(IoError, path, ": cannot create ", tmp, " (", std::strerror(errno), ")");
+  bool ok = write_all(fd, len, 8) && write_all(fd, text.data(), text.size());
+  for (const auto& [name, t] : data.tensors)
+    if (ok) ok = write_all(fd, t.raw_data(), t.nbytes());
+  ok = ok && ::fsync(fd) == 0;
+  const int saved_errno = errno;
+  ::close(fd);
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = ok ? errno : saved_errno;
+    std::remove(tmp.c_str());
+    DTRAIN_THROW(IoError, path, ": writing failed (", std::strerror(err), "); the previous file, if any, is untouched");
+  }
+}
+
+NamedTensors load_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) DTRAIN_THROW(IoError, path, ": cannot open (", std::strerror(errno), ")");
+  const std::int64_t size = in.tellg();
+  in.seekg(0);
+  if (size < 8) DTRAIN_THROW(IoError, path, ": truncated: ", size, " bytes, too short for a safetensors header");
+  unsigned char len[8];
+  in.read(reinterpret_cast<char*>(len), 8);
+  std::uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(len[i]) << (8 * i);
+  if (n > static_cast<std::uint64_t>(size - 8))
+    DTRAIN_THROW(IoError, path, ": header length ", n, " at offset 0 exceeds the file's ", size - 8, " remaining bytes");
+  std::string text(n, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(n));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    DTRAIN_THROW(IoError, path, ": header is not valid JSON at byte ", 8 + e.byte, ": ", e.what());
+  }
+  if (!header.is_object()) DTRAIN_THROW(IoError, path, ": header is not a JSON object");
+  const std::uint64_t data_start = 8 + n;
+  const std::uint64_t data_size = static_cast<std::uint64_t>(size) - data_start;
+
+  struct Entry {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    std::uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
+  NamedTensors out;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const auto& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) DTRAIN_THROW(IoError, path, ": __metadata__ is not an object");
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string()) DTRAIN_THROW(IoError, path, ": __metadata__ key '", m.key(), "' is not a string");
+        out.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    auto bad = [&](const std::string& what) { DTRAIN_THROW(IoError, path, ": tensor '", name, "': ", what); };
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+      bad("needs dtype, shape and data_offsets");
+    Entry e{name, DType::f32, {}, 0, 0};
+    if (!v["dtype"].is_string() || !dtype_from_code(v["dtype"].get<std::string>(), e.dtype))
+      bad("dtype " + v["dtype"].dump() + " is not one of F32, BF16, I32");
+    std::vector<std::int64_t> dims;
+    if (!v["shape"].is_array()) bad("shape is not an array");
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_integer() || d.get<std::int64_t>() < 0) bad("shape " + v["shape"].dump() + " is not a list of sizes");
+      dims.push_back(d.get<std::int64_t>());
+    }
+    if (dims.size() > static_cast<size_t>(Shape::kMaxRank)) bad("rank " + std::to_string(dims.size()) + " is too large");
+    e.shape = Shape(dims);
+    const auto& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      bad("data_offsets " + off.dump() + " is not [begin, end]");
+    e.begin = off[0].get<std::uint64_t>();
+    e.end = off[1].get<std::uint64_t>();
+    const std::uint64_t expected = static_cast<std::uint64_t>(e.shape.numel()) * dtype_size(e.dtype);
+    if (e.end < e.begin || e.end - e.begin != expected)
+      bad("data_offsets " + off.dump() + " span " + std::to_string(e.end - e.begin) + " bytes, but " +
+          std::string(dtype_name(e.dtype)) + " " + e.shape.to_string() + " needs " + std::to_string(expected));
+    if (e.end > data_size)
+      bad("data ends at file offset " + std::to_string(data_start + e.end) + ", past the end of the file (" +
+          std::to_string(size) + " bytes): truncated?");
+    entries.push_back(std::move(e));
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < entries.size(); ++i)
+    if (entries[i].begin < entries[i - 1].end)
+      DTRAIN_THROW(IoError, path, ": tensors '", entries[i - 1].name, "' and '", entries[i].name, "' overlap");
+  for (const Entry& e : entries) {
+    Tensor t = Tensor::empty(e.shape, e.dtype);
+    in.seekg(static_cast<std::streamoff>(data_start + e.begin));
+    in.read(static_cast<char*>(t.raw_data()), static_cast<std::streamsize>(t.nbytes()));
+    if (!in) DTRAIN_THROW(IoError, path, ": tensor '", e.name, "': read failed at offset ", data_start + e.begin);
+    out.tensors.emplace_back(e.name, std::move(t));
+  }
+  return out;
+}
+
+}  // namespace dtrain

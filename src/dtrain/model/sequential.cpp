@@ -1,0 +1,380 @@
+// Sequential: layer stack, compile, the fit loop, evaluation, prediction and summary.
+#include "dtrain/model/sequential.h"
+
+#include <chrono>
+#include <cstring>
+#include <iomanip>
+#include <iostream>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "dtrain/model/progress.h"
+#include "dtrain/model/safetensors.h"
+
+namespace dtrain {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// dst[i] = src[rows[i]] for whole rows (the first axis), whatever the dtype.
+void gather_rows(const Tensor& src, const std::int64_t* rows, Tensor& dst) {
+  const std::size_t row_bytes = src.dim(0) ? src.nbytes() / static_cast<std::size_t>(src.dim(0)) : 0;
+  const char* s = static_cast<const char*>(src.raw_data());
+  char* d = static_cast<char*>(dst.raw_data());
+  for (std::int64_t i = 0; i < dst.dim(0); ++i)
+    std::memcpy(d + static_cast<std::size_t>(i) * row_bytes, s + static_cast<std::size_t>(rows[i]) * row_bytes, row_bytes);
+}
+
+double mean_value(const Tensor& loss) {
+  if (loss.numel() == 1) return loss.item();
+  const std::vector<float> v = loss.to_vector();
+  return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+std::string shape_with_batch(const Shape& s) {
+  std::string out = "(None";
+  for (int i = 1; i < s.rank(); ++i) out += ", " + std::to_string(s[i]);
+  return out + (s.rank() == 1 ? ",)" : ")");
+}
+
+std::string with_commas(std::int64_t n) {
+  std::string s = std::to_string(n);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
+  return s;
+}
+
+}  // namespace
+
+Sequential::Sequential(std::string name) : name_(std::move(name)) {}
+
+Sequential::Sequential(std::vector<std::shared_ptr<nn::Layer>> layers, std::string name) : name_(std::move(name)) {
+  for (auto& l : layers) add(std::move(l));
+}
+
+void Sequential::add(std::shared_ptr<nn::Layer> layer) {
+  if (!layer) DTRAIN_THROW(InvalidArgument, "model '", name_, "': add() got a null layer");
+  if (built()) DTRAIN_THROW(InvalidArgument, "model '", name_, "': cannot add layer '", layer->name(), "' after the model is built");
+  std::set<std::string> taken;
+  for (const auto& l : layers_) taken.insert(l->name());
+  if (taken.count(layer->name())) {
+    if (layer->built())
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "': a built layer named '", layer->name(), "' is already in the model");
+    const std::string base = layer->name();
+    int k = 1;
+    while (taken.count(base + "_" + std::to_string(k))) ++k;
+    layer->set_name(base + "_" + std::to_string(k));
+  }
+  layers_.push_back(std::move(layer));
+}
+
+void Sequential::build(const Shape& input_shape) {
+  if (layers_.empty()) DTRAIN_THROW(InvalidArgument, "model '", name_, "' has no layers");
+  std::vector<std::int64_t> dims{1};
+  for (auto d : input_shape.dims()) dims.push_back(d);
+  Shape s(dims);
+  if (input_shape_) {
+    if (!(*input_shape_ == input_shape))
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "' was built for inputs ", input_shape_->to_string(),
+                   " (without the batch axis), not ", input_shape.to_string());
+    return;
+  }
+  for (const auto& l : layers_) {
+    l->build(s);
+    s = l->compute_output_shape(s);
+  }
+  input_shape_ = input_shape;
+}
+
+Shape Sequential::output_shape() const {
+  if (!input_shape_) DTRAIN_THROW(InvalidArgument, "model '", name_, "' is not built yet: call build(input_shape) or fit()");
+  std::vector<std::int64_t> dims{1};
+  for (auto d : input_shape_->dims()) dims.push_back(d);
+  Shape s(dims);
+  for (const auto& l : layers_) s = l->compute_output_shape(s);
+  return s;
+}
+
+Tensor Sequential::operator()(const Tensor& x, bool training) {
+  x.check_defined(name_.c_str());
+  if (!input_shape_) {
+    std::vector<std::int64_t> dims(x.shape().dims().begin() + (x.rank() > 0 ? 1 : 0), x.shape().dims().end());
+    build(Shape(dims));
+  }
+  Tensor h = x;
+  for (const auto& l : layers_) h = (*l)(h, training);
+  return h;
+}
+
+void Sequential::compile(std::shared_ptr<optim::Optimizer> optimizer, std::shared_ptr<losses::Loss> loss,
+                         const std::vector<std::string>& metric_names) {
+  if (!optimizer || !loss) DTRAIN_THROW(InvalidArgument, "model '", name_, "': compile() needs an optimizer and a loss");
+  const bool sparse = dynamic_cast<losses::SparseCategoricalCrossentropy*>(loss.get()) != nullptr;
+  std::vector<std::unique_ptr<metrics::Metric>> ms;
+  for (const auto& m : metric_names) ms.push_back(metrics::get(m, sparse));
+  optimizer_ = std::move(optimizer);
+  loss_ = std::move(loss);
+  metrics_ = std::move(ms);
+}
+
+void Sequential::compile(const std::string& optimizer, const std::string& loss,
+                         const std::vector<std::string>& metric_names, bool from_logits) {
+  compile(std::shared_ptr<optim::Optimizer>(optim::get(optimizer)),
+          std::shared_ptr<losses::Loss>(losses::get(loss, from_logits)), metric_names);
+}
+
+void Sequential::check_compiled(const char* what) const {
+  if (!compiled()) DTRAIN_THROW(InvalidArgument, "model '", name_, "': call compile() before ", what, "()");
+}
+
+optim::Optimizer& Sequential::optimizer() const {
+  check_compiled("optimizer");
+  return *optimizer_;
+}
+
+losses::Loss& Sequential::loss() const {
+  check_compiled("loss");
+  return *loss_;
+}
+
+std::vector<metrics::Metric*> Sequential::metrics() const {
+  std::vector<metrics::Metric*> out;
+  for (const auto& m : metrics_) out.push_back(m.get());
+  return out;
+}
+
+void Sequential::reset_metrics() {
+  for (auto& m : metrics_) m->reset_state();
+}
+
+std::vector<Variable*> Sequential::variables() const {
+  std::vector<Variable*> out;
+  for (const auto& l : layers_)
+    for (Variable* v : l->variables()) out.push_back(v);
+  return out;
+}
+
+std::vector<Variable*> Sequential::trainable_variables() const {
+  std::vector<Variable*> out;
+  for (const auto& l : layers_)
+    for (Variable* v : l->trainable_variables()) out.push_back(v);
+  return out;
+}
+
+std::int64_t Sequential::count_params() const {
+  std::int64_t n = 0;
+  for (const auto& l : layers_) n += l->count_params();
+  return n;
+}
+
+History Sequential::fit(const Tensor& x_all, const Tensor& y_all, const FitOptions& opt) {
+  check_compiled("fit");
+  x_all.check_defined("fit (x)");
+  y_all.check_defined("fit (y)");
+  if (x_all.rank() < 1 || y_all.rank() < 1 || x_all.dim(0) != y_all.dim(0))
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() needs x and y with the same number of samples, got x ",
+                 x_all.shape().to_string(), " and y ", y_all.shape().to_string());
+  if (opt.batch_size <= 0) DTRAIN_THROW(InvalidArgument, "fit: batch_size must be positive, got ", opt.batch_size);
+  if (opt.epochs < 0 || opt.initial_epoch < 0)
+    DTRAIN_THROW(InvalidArgument, "fit: epochs and initial_epoch must be >= 0, got ", opt.epochs, " and ", opt.initial_epoch);
+  if (!(opt.validation_split >= 0.0 && opt.validation_split < 1.0))
+    DTRAIN_THROW(InvalidArgument, "fit: validation_split must be in [0, 1), got ", opt.validation_split);
+
+  // Keras holds out the last fraction of the data, before shuffling.
+  Tensor x = x_all, y = y_all, x_val, y_val;
+  if (opt.validation_data) {
+    x_val = opt.validation_data->first;
+    y_val = opt.validation_data->second;
+  } else if (opt.validation_split > 0.0) {
+    const auto split = static_cast<std::int64_t>(static_cast<double>(x_all.dim(0)) * (1.0 - opt.validation_split));
+    x = x_all.slice(0, split);
+    y = y_all.slice(0, split);
+    x_val = x_all.slice(split, x_all.dim(0));
+    y_val = y_all.slice(split, y_all.dim(0));
+  }
+  const std::int64_t n = x.dim(0);
+  if (n == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() got no training samples");
+  if (!built()) {
+    std::vector<std::int64_t> dims(x.shape().dims().begin() + 1, x.shape().dims().end());
+    build(Shape(dims));
+  }
+
+  std::ostream& out = opt.out ? *opt.out : std::cout;
+  const int verbose = detail::resolve_verbose(opt.verbose, out);
+  const std::int64_t steps = (n + opt.batch_size - 1) / opt.batch_size;
+  detail::Progress progress(out, verbose, steps);
+
+  auto history = std::make_shared<History>();
+  std::vector<std::shared_ptr<Callback>> callbacks{history};
+  for (const auto& c : opt.callbacks) {
+    if (!c) DTRAIN_THROW(InvalidArgument, "fit: a callback is null");
+    callbacks.push_back(c);
+  }
+  for (auto& c : callbacks) c->set_model(this);
+  stop_training = false;
+
+  const std::vector<Variable*> vars = trainable_variables();
+  std::vector<std::int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  Logs logs;
+  for (auto& c : callbacks) c->on_train_begin(logs);
+
+  for (int epoch = opt.initial_epoch; epoch < opt.epochs && !stop_training; ++epoch) {
+    reset_metrics();
+    metrics::Mean loss_mean("loss");
+    logs.clear();
+    for (auto& c : callbacks) c->on_epoch_begin(epoch, logs);
+    progress.epoch_begin(epoch, opt.epochs);
+    if (opt.shuffle) {  // Fisher-Yates with a generator fixed by (seed, epoch)
+      std::iota(order.begin(), order.end(), 0);
+      Generator g = Generator(opt.seed).fork(static_cast<std::uint64_t>(epoch));
+      for (std::int64_t i = n - 1; i > 0; --i) std::swap(order[i], order[g.below(static_cast<std::uint64_t>(i + 1))]);
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (std::int64_t step = 0; step < steps; ++step) {
+      const std::int64_t begin = step * opt.batch_size, end = std::min(n, begin + opt.batch_size);
+      Tensor xb, yb;
+      if (opt.shuffle) {
+        xb = Tensor::empty(x.shape().with_dim(0, end - begin), x.dtype());
+        yb = Tensor::empty(y.shape().with_dim(0, end - begin), y.dtype());
+        gather_rows(x, order.data() + begin, xb);
+        gather_rows(y, order.data() + begin, yb);
+      } else {
+        xb = x.slice(begin, end);
+        yb = y.slice(begin, end);
+      }
+      logs.clear();
+      for (auto& c : callbacks) c->on_train_batch_begin(step, logs);
+
+      GradientTape tape;
+      Tensor y_pred = (*this)(xb, /*training=*/true);
+      Tensor loss = (*loss_)(yb, y_pred);
+      std::vector<Tensor> grads = tape.gradient(loss, vars);
+      optimizer_->apply_gradients(grads, vars);
+
+      loss_mean.update_state(mean_value(loss), static_cast<double>(end - begin));
+      for (auto& m : metrics_) m->update_state(yb, y_pred);
+      logs.set("loss", loss_mean.result());
+      for (auto& m : metrics_) logs.set(m->name(), m->result());
+      for (auto& c : callbacks) c->on_train_batch_end(step, logs);
+      progress.update(step + 1, logs);
+    }
+    const double train_seconds = seconds_since(start);
+    if (x_val.defined()) {
+      Logs val = run_evaluation(x_val, y_val, opt.batch_size, "val_");
+      for (const auto& [k, v] : val.items()) logs.set(k, v);
+    }
+    const double epoch_seconds = seconds_since(start);
+    history->epoch_seconds.push_back(epoch_seconds);
+    history->samples_per_second.push_back(static_cast<double>(n) / train_seconds);
+    progress.epoch_end(logs, epoch_seconds);
+    for (auto& c : callbacks) c->on_epoch_end(epoch, logs);
+  }
+  for (auto& c : callbacks) c->on_train_end(logs);
+  return *history;
+}
+
+Logs Sequential::run_evaluation(const Tensor& x, const Tensor& y, std::int64_t batch_size, const std::string& prefix) {
+  if (x.rank() < 1 || y.rank() < 1 || x.dim(0) != y.dim(0))
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "': evaluation needs x and y with the same number of samples, got x ",
+                 x.shape().to_string(), " and y ", y.shape().to_string());
+  if (batch_size <= 0) DTRAIN_THROW(InvalidArgument, "evaluate: batch_size must be positive, got ", batch_size);
+  reset_metrics();
+  metrics::Mean loss_mean;
+  for (std::int64_t begin = 0; begin < x.dim(0); begin += batch_size) {
+    const std::int64_t end = std::min(x.dim(0), begin + batch_size);
+    Tensor xb = x.slice(begin, end), yb = y.slice(begin, end);
+    Tensor y_pred = (*this)(xb, /*training=*/false);
+    loss_mean.update_state(mean_value((*loss_)(yb, y_pred)), static_cast<double>(end - begin));
+    for (auto& m : metrics_) m->update_state(yb, y_pred);
+  }
+  Logs logs;
+  logs.set(prefix + "loss", loss_mean.result());
+  for (auto& m : metrics_) logs.set(prefix + m->name(), m->result());
+  return logs;
+}
+
+Logs Sequential::evaluate(const Tensor& x, const Tensor& y, const EvaluateOptions& opt) {
+  check_compiled("evaluate");
+  x.check_defined("evaluate (x)");
+  y.check_defined("evaluate (y)");
+  const auto start = std::chrono::steady_clock::now();
+  Logs logs = run_evaluation(x, y, opt.batch_size, "");
+  std::ostream& out = opt.out ? *opt.out : std::cout;
+  if (detail::resolve_verbose(opt.verbose, out) > 0) {
+    const std::int64_t steps = (x.dim(0) + opt.batch_size - 1) / opt.batch_size;
+    out << steps << "/" << steps << " - " << detail::format_duration(seconds_since(start)) << detail::format_logs(logs)
+        << "\n";
+  }
+  return logs;
+}
+
+Tensor Sequential::predict(const Tensor& x, std::int64_t batch_size) {
+  x.check_defined("predict (x)");
+  if (batch_size <= 0) DTRAIN_THROW(InvalidArgument, "predict: batch_size must be positive, got ", batch_size);
+  if (x.rank() < 1) DTRAIN_THROW(InvalidArgument, "predict: x needs a batch axis, got a scalar");
+  Tensor out;
+  for (std::int64_t begin = 0; begin < x.dim(0); begin += batch_size) {
+    const std::int64_t end = std::min(x.dim(0), begin + batch_size);
+    Tensor y = (*this)(x.slice(begin, end), /*training=*/false);
+    if (!out.defined()) out = Tensor::empty(y.shape().with_dim(0, x.dim(0)), y.dtype());
+    out.slice(begin, end).copy_from(y);
+  }
+  if (!out.defined()) out = Tensor::empty(output_shape().with_dim(0, 0));
+  return out;
+}
+
+std::string Sequential::summary() const {
+  if (!input_shape_)
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "': summary() needs a built model: call build(input_shape) or fit() first");
+  std::ostringstream o;
+  const std::string rule(65, '_'), double_rule(65, '=');
+  o << "Model: \"" << name_ << "\"\n" << rule << "\n";
+  o << std::left << std::setw(29) << " Layer (type)" << std::setw(26) << "Output Shape" << "Param #\n" << double_rule << "\n";
+  std::vector<std::int64_t> dims{1};
+  for (auto d : input_shape_->dims()) dims.push_back(d);
+  Shape s(dims);
+  std::int64_t trainable = 0, total = 0;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const auto& l = layers_[i];
+    s = l->compute_output_shape(s);
+    o << std::left << std::setw(29) << (" " + l->name() + " (" + l->class_name() + ")") << std::setw(26)
+      << shape_with_batch(s) << with_commas(l->count_params()) << "\n";
+    if (i + 1 < layers_.size()) o << "\n";
+    total += l->count_params();
+    for (Variable* v : l->trainable_variables()) trainable += v->numel();
+  }
+  o << double_rule << "\n";
+  o << "Total params: " << with_commas(total) << "\n";
+  o << "Trainable params: " << with_commas(trainable) << "\n";
+  o << "Non-trainable params: " << with_commas(total - trainable) << "\n" << rule << "\n";
+  return o.str();
+}
+
+void Sequential::save_weights(const std::string& path) const {
+  NamedTensors data;
+  for (Variable* v : variables()) data.tensors.emplace_back(v->name(), v->value());
+  data.metadata["format"] = "dtrain";
+  data.metadata["model"] = name_;
+  save_safetensors(path, data);
+}
+
+void Sequential::load_weights(const std::string& path) {
+  const NamedTensors data = load_safetensors(path);
+  const std::vector<Variable*> vars = variables();
+  if (vars.empty())
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "': build the model before load_weights(", path, ")");
+  // Check everything first, so a bad file leaves the model as it was.
+  for (Variable* v : vars) {
+    const Tensor* t = data.find(v->name());
+    if (!t) DTRAIN_THROW(IoError, path, ": has no tensor '", v->name(), "' for model '", name_, "'");
+    if (!(t->shape() == v->shape()) || t->dtype() != v->dtype())
+      DTRAIN_THROW(IoError, path, ": tensor '", v->name(), "' is ", dtype_name(t->dtype()), " ", t->shape().to_string(),
+                   ", but the model's variable is ", dtype_name(v->dtype()), " ", v->shape().to_string());
+  }
+  for (Variable* v : vars) v->assign(*data.find(v->name()));
+}
+
+}  // namespace dtrain

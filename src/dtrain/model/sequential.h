@@ -1,0 +1,121 @@
+// Sequential: Keras's linear stack of layers with compile / fit / evaluate / predict /
+// summary, JSON configs and safetensors weights. The training step inside fit() is the
+// same GradientTape step a custom loop writes.
+#pragma once
+
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtrain/losses/losses.h"
+#include "dtrain/metrics/metrics.h"
+#include "dtrain/model/callbacks.h"
+#include "dtrain/nn/layers.h"
+#include "dtrain/optim/optimizer.h"
+
+namespace dtrain {
+
+struct FitOptions {
+  int epochs = 1;
+  std::int64_t batch_size = 32;
+  // Evaluated at the end of every epoch; takes precedence over validation_split.
+  std::optional<std::pair<Tensor, Tensor>> validation_data;
+  // The last fraction of x and y (before any shuffling) is held out for validation.
+  double validation_split = 0.0;
+  bool shuffle = true;
+  std::uint64_t seed = 0;  // shuffling order: a pure function of (seed, epoch)
+  int initial_epoch = 0;
+  std::vector<std::shared_ptr<Callback>> callbacks;
+  // 0 silent, 1 a live progress bar, 2 one line per epoch; -1 ("auto") is 1 on a terminal
+  // and 2 otherwise, so logs get no carriage-return spam.
+  int verbose = -1;
+  std::ostream* out = nullptr;  // defaults to std::cout
+};
+
+struct EvaluateOptions {
+  std::int64_t batch_size = 32;
+  int verbose = 0;
+  std::ostream* out = nullptr;
+};
+
+class Sequential {
+ public:
+  explicit Sequential(std::string name = "sequential");
+  explicit Sequential(std::vector<std::shared_ptr<nn::Layer>> layers, std::string name = "sequential");
+  Sequential(const Sequential&) = delete;
+  Sequential& operator=(const Sequential&) = delete;
+
+  // Appends a layer. A name already used in this model gets a suffix (dense, dense_1, ...).
+  void add(std::shared_ptr<nn::Layer> layer);
+  template <typename L, typename... Args>
+  L& add(Args&&... args) {
+    auto layer = std::make_shared<L>(std::forward<Args>(args)...);
+    add(layer);
+    return *layer;
+  }
+
+  // Builds every layer for inputs of `input_shape` (without the batch axis), like
+  // Keras's input_shape argument; summary() needs it.
+  void build(const Shape& input_shape);
+  bool built() const { return input_shape_.has_value(); }
+  std::optional<Shape> input_shape() const { return input_shape_; }
+  Shape output_shape() const;
+
+  Tensor operator()(const Tensor& x, bool training = false);
+
+  void compile(std::shared_ptr<optim::Optimizer> optimizer, std::shared_ptr<losses::Loss> loss,
+               const std::vector<std::string>& metrics = {});
+  // Keras's strings: compile("adam", "sparse_categorical_crossentropy", {"accuracy"}).
+  void compile(const std::string& optimizer, const std::string& loss, const std::vector<std::string>& metrics = {},
+               bool from_logits = false);
+  bool compiled() const { return optimizer_ != nullptr; }
+
+  History fit(const Tensor& x, const Tensor& y, const FitOptions& options = {});
+  Logs evaluate(const Tensor& x, const Tensor& y, const EvaluateOptions& options = {});
+  Tensor predict(const Tensor& x, std::int64_t batch_size = 32);
+
+  // The Keras-style table (layer, output shape, parameters; totals).
+  std::string summary() const;
+
+  const std::string& name() const { return name_; }
+  const std::vector<std::shared_ptr<nn::Layer>>& layers() const { return layers_; }
+  std::vector<Variable*> variables() const;
+  std::vector<Variable*> trainable_variables() const;
+  std::int64_t count_params() const;
+  optim::Optimizer& optimizer() const;
+  losses::Loss& loss() const;
+  std::vector<metrics::Metric*> metrics() const;
+
+  // Keras-like JSON: {"class_name": "Sequential", "config": {"name", "layers", "build_input_shape"}}.
+  std::string to_json(int indent = 2) const;
+  // Weights in the safetensors layout (JSON header + raw little-endian tensors), keyed by
+  // variable name ("dense/kernel"). Written to a temporary file and renamed into place, so a
+  // failed save never leaves a half-written file where a good one was.
+  void save_weights(const std::string& path) const;
+  // Every variable must be in the file with its shape; errors name the file and the key.
+  void load_weights(const std::string& path);
+
+  // Set by a callback to end fit() after the current epoch.
+  bool stop_training = false;
+
+ private:
+  void check_compiled(const char* what) const;
+  void reset_metrics();
+  Logs run_evaluation(const Tensor& x, const Tensor& y, std::int64_t batch_size, const std::string& prefix);
+
+  std::string name_;
+  std::vector<std::shared_ptr<nn::Layer>> layers_;
+  std::optional<Shape> input_shape_;
+  std::shared_ptr<optim::Optimizer> optimizer_;
+  std::shared_ptr<losses::Loss> loss_;
+  std::vector<std::unique_ptr<metrics::Metric>> metrics_;
+};
+
+// Builds a model from to_json()'s output (or the same structure written by hand).
+// Errors name the JSON path of the offending key ("config.layers[1].config.units").
+std::unique_ptr<Sequential> model_from_json(const std::string& json);
+
+}  // namespace dtrain

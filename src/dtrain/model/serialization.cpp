@@ -1,0 +1,140 @@
+// Model <-> Keras-like JSON. Layers are written with their Keras class names and configs;
+// initializers as their string names (Keras accepts both strings and objects).
+#include <nlohmann/json.hpp>
+
+#include "dtrain/model/json_reader.h"
+#include "dtrain/model/serialization.h"
+
+namespace dtrain {
+namespace {
+
+using nlohmann::json;
+
+json seed_json(const std::optional<std::uint64_t>& seed) { return seed ? json(*seed) : json(nullptr); }
+
+json layer_to_json(const nn::Layer& layer) {
+  json config = {{"name", layer.name()}, {"trainable", true}, {"dtype", "float32"}};
+  if (auto* d = dynamic_cast<const nn::Dense*>(&layer)) {
+    config["units"] = d->units();
+    config["activation"] = d->activation().empty() ? "linear" : d->activation();
+    config["use_bias"] = d->options().use_bias;
+    config["kernel_initializer"] = d->options().kernel_initializer;
+    config["bias_initializer"] = d->options().bias_initializer;
+    config["seed"] = seed_json(d->options().seed);
+  } else if (auto* a = dynamic_cast<const nn::Activation*>(&layer)) {
+    config["activation"] = a->activation();
+  } else if (auto* dr = dynamic_cast<const nn::Dropout*>(&layer)) {
+    config["rate"] = dr->rate();
+    config["seed"] = dr->seed() ? json(*dr->seed()) : json(nullptr);
+  } else if (dynamic_cast<const nn::Flatten*>(&layer)) {
+  } else {
+    DTRAIN_THROW(InvalidArgument, "layer '", layer.name(), "' (", layer.class_name(), ") cannot be written to JSON");
+  }
+  return {{"class_name", layer.class_name()}, {"config", config}};
+}
+
+// An initializer as a string or as Keras's {"class_name": "GlorotUniform", "config": {...}}.
+std::string initializer_name(const JsonReader& r, const std::string& key, const std::string& fallback) {
+  if (!r.has(key)) return fallback;
+  const json& v = r.raw()[key];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("class_name") && v["class_name"].is_string()) {
+    // GlorotUniform -> glorot_uniform
+    std::string out;
+    for (char c : v["class_name"].get<std::string>()) {
+      if (std::isupper(static_cast<unsigned char>(c)) && !out.empty()) out += '_';
+      out += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    }
+    return out;
+  }
+  r.fail(key, "expected an initializer name or {\"class_name\": ...}, got " + v.dump());
+}
+
+std::shared_ptr<nn::Layer> layer_from_json(const JsonReader& r) {
+  r.expect_keys({"class_name", "config"});
+  const std::string cls = r.get_string("class_name");
+  const JsonReader c = r.has("config") ? r.child("config") : JsonReader(json::object(), r.key_path("config"));
+  c.expect_object();
+  const std::string dtype = c.get_string("dtype", "float32");
+  if (dtype != "float32") c.fail("dtype", "only float32 layers are supported, got '" + dtype + "'");
+  try {
+    if (cls == "Dense") {
+      c.expect_keys({"name", "trainable", "dtype", "units", "activation", "use_bias", "kernel_initializer",
+                     "bias_initializer", "seed"});
+      nn::DenseOptions o;
+      o.name = c.get_string("name", "dense");
+      o.use_bias = c.get_bool("use_bias", true);
+      o.kernel_initializer = initializer_name(c, "kernel_initializer", "glorot_uniform");
+      o.bias_initializer = initializer_name(c, "bias_initializer", "zeros");
+      if (auto s = c.get_optional_int("seed")) o.seed = static_cast<std::uint64_t>(*s);
+      std::string act = c.get_string("activation", "linear");
+      return std::make_shared<nn::Dense>(c.get_int("units"), act == "linear" ? "" : act, o);
+    }
+    if (cls == "Activation") {
+      c.expect_keys({"name", "trainable", "dtype", "activation"});
+      return std::make_shared<nn::Activation>(c.get_string("activation"), c.get_string("name", "activation"));
+    }
+    if (cls == "Dropout") {
+      c.expect_keys({"name", "trainable", "dtype", "rate", "seed"});
+      std::optional<std::uint64_t> seed;
+      if (auto s = c.get_optional_int("seed")) seed = static_cast<std::uint64_t>(*s);
+      return std::make_shared<nn::Dropout>(static_cast<float>(c.get_number("rate")), seed, c.get_string("name", "dropout"));
+    }
+    if (cls == "Flatten") {
+      c.expect_keys({"name", "trainable", "dtype"});
+      return std::make_shared<nn::Flatten>(c.get_string("name", "flatten"));
+    }
+  } catch (const InvalidArgument& e) {
+    if (std::string(e.what()).rfind(c.path(), 0) == 0) throw;  // already names its path
+    DTRAIN_THROW(InvalidArgument, c.path(), ": ", e.what());
+  }
+  r.fail("class_name", "unknown layer class '" + cls + "' (expected Dense, Activation, Dropout or Flatten)");
+}
+
+}  // namespace
+
+std::string Sequential::to_json(int indent) const {
+  json layers = json::array();
+  for (const auto& l : layers_) layers.push_back(layer_to_json(*l));
+  json config = {{"name", name_}, {"layers", layers}};
+  if (input_shape_) {
+    json shape = json::array({nullptr});
+    for (auto d : input_shape_->dims()) shape.push_back(d);
+    config["build_input_shape"] = shape;
+  }
+  return json{{"class_name", "Sequential"}, {"config", config}}.dump(indent);
+}
+
+std::unique_ptr<Sequential> model_from_json(const nlohmann::json& value, const std::string& path) {
+  const JsonReader r(value, path);
+  r.expect_keys({"class_name", "config"});
+  if (r.get_string("class_name") != "Sequential")
+    r.fail("class_name", "only Sequential models are supported, got '" + r.get_string("class_name") + "'");
+  const JsonReader c = r.child("config");
+  c.expect_keys({"name", "layers", "build_input_shape", "input_shape"});
+  auto model = std::make_unique<Sequential>(c.get_string("name", "sequential"));
+  const JsonReader layers = c.child("layers");
+  layers.expect_array();
+  for (std::size_t i = 0; i < layers.size(); ++i) model->add(layer_from_json(layers.element(i)));
+  // build_input_shape includes the batch axis (null); input_shape does not.
+  for (const char* key : {"build_input_shape", "input_shape"}) {
+    if (!c.has(key)) continue;
+    const JsonReader s = c.child(key);
+    s.expect_array();
+    std::vector<std::int64_t> dims;
+    for (std::size_t i = std::string(key) == "build_input_shape" ? 1 : 0; i < s.size(); ++i) {
+      const json& d = s.raw()[i];
+      if (!d.is_number_integer() || d.get<std::int64_t>() <= 0)
+        s.fail("", "expected positive integer extents, got " + s.raw().dump());
+      dims.push_back(d.get<std::int64_t>());
+    }
+    model->build(Shape(dims));
+  }
+  return model;
+}
+
+std::unique_ptr<Sequential> model_from_json(const std::string& text) {
+  return model_from_json(parse_json(text, "model JSON"), "");
+}
+
+}  // namespace dtrain

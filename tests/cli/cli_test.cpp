@@ -1,0 +1,156 @@
+// The dtrain command run as a process: exit codes, one-line errors naming the key, and the
+// machine-readable summary.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Result {
+  int code;
+  std::string output;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(DTRAIN_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("dtrain_cli_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string write(const std::string& name, const std::string& text) {
+    const auto p = (dir_ / name).string();
+    std::ofstream(p) << text;
+    return p;
+  }
+  std::string tiny_config(const std::string& extra = "") {
+    return write("tiny.json", R"({
+      "model": {"input_shape": [8], "layers": [
+        {"class_name": "Dense", "config": {"units": 16, "activation": "relu"}},
+        {"class_name": "Dense", "config": {"units": 3}}]},
+      "loss": {"name": "sparse_categorical_crossentropy", "from_logits": true},
+      "optimizer": {"name": "adam", "learning_rate": 0.01},
+      "metrics": ["accuracy"],
+      "data": {"source": "synthetic", "samples": 600, "test_samples": 200, "features": 8, "classes": 3, "labels": "teacher"},
+      "epochs": 3, "batch_size": 32, "seed": 4)" + extra + "}");
+  }
+  fs::path dir_;
+};
+
+TEST_F(Cli, HelpAndUsage) {
+  Result r = run("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.output.find("Examples:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("fit"), std::string::npos);
+  EXPECT_EQ(run("").code, 2);
+  EXPECT_EQ(run("fit").code, 2);  // config missing
+}
+
+TEST_F(Cli, FitWritesSummaryAndIsDeterministic) {
+  const std::string cfg = tiny_config();
+  const auto s1 = (dir_ / "s1.json").string(), s2 = (dir_ / "s2.json").string();
+  Result r = run("fit " + cfg + " --verbose 2 --summary " + s1);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("Epoch 3/3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("test: loss"), std::string::npos) << r.output;
+  ASSERT_EQ(run("fit " + cfg + " --verbose 0 --summary " + s2).code, 0);
+  const auto a = nlohmann::json::parse(std::ifstream(s1)), b = nlohmann::json::parse(std::ifstream(s2));
+  for (const char* k : {"history", "test", "samples_per_second", "wall_seconds", "first_epoch_samples_per_second"})
+    EXPECT_TRUE(a.contains(k)) << k;
+  EXPECT_EQ(a["history"]["loss"].size(), 3u);
+  EXPECT_GT(a["samples_per_second"].get<double>(), 0.0);
+  EXPECT_GT(a["test"]["accuracy"].get<double>(), 0.8);
+  EXPECT_EQ(a["history"], b["history"]);  // same seed, same numbers
+  EXPECT_EQ(a["test"], b["test"]);
+}
+
+TEST_F(Cli, FlagsOverrideTheFile) {
+  const auto s = (dir_ / "s.json").string();
+  ASSERT_EQ(run("fit " + tiny_config() + " --epochs 1 --batch-size 100 --threads 1 --seed 9 --verbose 0 --summary " + s).code, 0);
+  const auto j = nlohmann::json::parse(std::ifstream(s));
+  EXPECT_EQ(j["history"]["loss"].size(), 1u);
+  EXPECT_EQ(j["batch_size"], 100);
+  EXPECT_EQ(j["threads"], 1);
+  EXPECT_EQ(j["seed"], 9);
+}
+
+TEST_F(Cli, SaveWeightsThenEvaluateGivesTheSameTestFigures) {
+  const std::string cfg = tiny_config();
+  const auto w = (dir_ / "w.safetensors").string(), s = (dir_ / "s.json").string(), e = (dir_ / "e.json").string();
+  ASSERT_EQ(run("fit " + cfg + " --verbose 0 --save-weights " + w + " --summary " + s).code, 0);
+  Result r = run("evaluate " + cfg + " --weights " + w + " --summary " + e);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto fit = nlohmann::json::parse(std::ifstream(s)), ev = nlohmann::json::parse(std::ifstream(e));
+  EXPECT_NEAR(fit["test"]["loss"].get<double>(), ev["test"]["loss"].get<double>(), 1e-6);
+  EXPECT_EQ(fit["test"]["accuracy"], ev["test"]["accuracy"]);
+  Result missing = run("evaluate " + cfg + " --weights " + (dir_ / "none.safetensors").string());
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.output.find("none.safetensors"), std::string::npos) << missing.output;
+}
+
+TEST_F(Cli, SummaryPrintsTheTable) {
+  Result r = run("summary " + tiny_config());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("Total params: 195"), std::string::npos) << r.output;  // 8*16+16 + 16*3+3
+}
+
+TEST_F(Cli, BadConfigsNameTheKey) {
+  struct Case {
+    std::string extra, expect;
+  };
+  const Case cases[] = {
+      {R"(, "epoch": 3)", "epoch: unknown key"},
+      {R"(, "verbose": "loud")", "verbose: expected an integer"},
+      {R"(, "validation_split": 1.5)", "validation_split: must be in [0, 1)"},
+      {R"(, "threads": -2)", "threads: must be >= 0"},
+  };
+  for (const auto& c : cases) {
+    Result r = run("fit " + tiny_config(c.extra));
+    EXPECT_EQ(r.code, 1) << c.extra;
+    EXPECT_NE(r.output.find("dtrain: error: "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("tiny.json"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(c.expect), std::string::npos) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "one line: " << r.output;
+  }
+  const std::string layers = write("layers.json", R"({"model": {"layers": [{"class_name": "Dense", "config": {"units": "8"}}]},
+      "loss": "mse"})");
+  Result r = run("fit " + layers);
+  EXPECT_NE(r.output.find("model.config.layers[0].config.units: expected an integer"), std::string::npos) << r.output;
+  const std::string opt = write("opt.json", R"({"model": {"layers": []}, "loss": "mse", "optimizer": {"name": "adagrad"}})");
+  r = run("fit " + opt);
+  EXPECT_NE(r.output.find("optimizer.name: unknown optimizer 'adagrad'"), std::string::npos) << r.output;
+  r = run("fit " + write("broken.json", "{\"model\": "));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("invalid JSON"), std::string::npos) << r.output;
+  r = run("fit " + (dir_ / "absent.json").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("absent.json: cannot open"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, MissingDatasetNamesTheFile) {
+  const std::string cfg = write("fm.json", R"({"model": {"input_shape": [784], "layers": [
+      {"class_name": "Dense", "config": {"units": 10}}]}, "loss": "sparse_categorical_crossentropy",
+      "data": {"source": "fashion_mnist", "path": ")" + dir_.string() + R"("}})");
+  Result r = run("fit " + cfg);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("train-images-idx3-ubyte"), std::string::npos) << r.output;
+}
+
+}  // namespace

@@ -1,0 +1,136 @@
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "dtrain/data/datasets.h"
+#include "dtrain/model/sequential.h"
+
+namespace dtrain {
+namespace {
+
+std::unique_ptr<Sequential> small_model(std::uint64_t seed) {
+  auto m = std::make_unique<Sequential>();
+  m->add<nn::Dense>(16, "relu", nn::DenseOptions{.seed = seed});
+  m->add<nn::Dense>(3, "", nn::DenseOptions{.seed = seed + 1});
+  return m;
+}
+
+TEST(Sequential, DuplicateNamesGetSuffixes) {
+  Sequential m;
+  m.add<nn::Dense>(4);
+  m.add<nn::Dense>(4);
+  m.add<nn::Dense>(2);
+  EXPECT_EQ(m.layers()[0]->name(), "dense");
+  EXPECT_EQ(m.layers()[1]->name(), "dense_1");
+  EXPECT_EQ(m.layers()[2]->name(), "dense_2");
+}
+
+TEST(Sequential, SummaryTableLikeKeras) {
+  Sequential m;
+  m.add<nn::Dense>(64, "relu");
+  m.add<nn::Dense>(10, "softmax");
+  EXPECT_THROW(m.summary(), InvalidArgument);  // not built yet
+  m.build({100});
+  const std::string s = m.summary();
+  EXPECT_NE(s.find("Model: \"sequential\""), std::string::npos) << s;
+  EXPECT_NE(s.find("dense (Dense)"), std::string::npos) << s;
+  EXPECT_NE(s.find("(None, 64)"), std::string::npos) << s;
+  EXPECT_NE(s.find("6,464"), std::string::npos) << s;  // 100*64 + 64
+  EXPECT_NE(s.find("650"), std::string::npos) << s;    // 64*10 + 10
+  EXPECT_NE(s.find("Total params: 7,114"), std::string::npos) << s;
+  EXPECT_EQ(m.count_params(), 7114);
+  EXPECT_EQ(m.output_shape(), Shape({1, 10}));
+}
+
+TEST(Sequential, FitLearnsAndReportsHistory) {
+  data::Split d = data::make_synthetic(3000, 10, 3, 1, data::SyntheticLabels::teacher);
+  auto m = small_model(5);
+  m->compile("adam", "sparse_categorical_crossentropy", {"accuracy"}, /*from_logits=*/true);
+  std::ostringstream out;
+  History h = m->fit(d.x, d.y, {.epochs = 10, .batch_size = 32, .validation_split = 0.2, .verbose = 0, .out = &out});
+  EXPECT_EQ(h.epoch, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  for (const char* k : {"loss", "accuracy", "val_loss", "val_accuracy"}) ASSERT_EQ(h.history[k].size(), 10u) << k;
+  EXPECT_LT(h.history["loss"].back(), 0.5 * h.history["loss"].front());
+  EXPECT_GT(h.history["val_accuracy"].back(), 0.9);
+  EXPECT_EQ(h.samples_per_second.size(), 10u);
+  EXPECT_TRUE(out.str().empty());  // verbose 0 prints nothing
+  // validation_split held out the last 20%: evaluating on it gives the same val figures.
+  Logs v = m->evaluate(d.x.slice(2400, 3000), d.y.slice(2400, 3000), {.batch_size = 32});
+  EXPECT_NEAR(v.at("loss"), h.history["val_loss"].back(), 1e-5);
+  EXPECT_NEAR(v.at("accuracy"), h.history["val_accuracy"].back(), 1e-12);
+}
+
+TEST(Sequential, SameSeedSameNumbers) {
+  data::Split d = data::make_synthetic(500, 10, 3, 2, data::SyntheticLabels::teacher);
+  std::vector<double> losses[2];
+  for (int run = 0; run < 2; ++run) {
+    auto m = small_model(7);
+    m->compile("adam", "sparse_categorical_crossentropy", {}, true);
+    losses[run] = m->fit(d.x, d.y, {.epochs = 3, .batch_size = 50, .seed = 9, .verbose = 0}).history["loss"];
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+}
+
+TEST(Sequential, FitEqualsACustomLoopOnTheSameBatches) {
+  data::Split d = data::make_synthetic(96, 10, 3, 3, data::SyntheticLabels::teacher);
+  auto a = small_model(11), b = small_model(11);
+  a->compile(std::make_shared<optim::SGD>(0.1f), std::make_shared<losses::SparseCategoricalCrossentropy>(true));
+  a->fit(d.x, d.y, {.epochs = 1, .batch_size = 32, .shuffle = false, .verbose = 0});
+  b->build({10});
+  optim::SGD sgd(0.1f);
+  losses::SparseCategoricalCrossentropy loss_fn(true);
+  auto vars = b->trainable_variables();
+  for (std::int64_t s = 0; s < 96; s += 32) {
+    GradientTape tape;
+    Tensor loss = loss_fn(d.y.slice(s, s + 32), (*b)(d.x.slice(s, s + 32), true));
+    sgd.apply_gradients(tape.gradient(loss, vars), vars);
+  }
+  auto va = a->variables(), vb = b->variables();
+  for (size_t i = 0; i < va.size(); ++i) EXPECT_EQ(va[i]->value().to_vector(), vb[i]->value().to_vector()) << va[i]->name();
+}
+
+TEST(Sequential, PredictMatchesCallAndHandlesShortLastBatch) {
+  auto m = small_model(3);
+  Tensor x = data::make_synthetic(10, 10, 3, 4).x;
+  Tensor p = m->predict(x, 4);
+  EXPECT_EQ(p.shape(), Shape({10, 3}));
+  EXPECT_EQ(p.to_vector(), (*m)(x).to_vector());
+}
+
+TEST(Sequential, ProgressOutput) {
+  data::Split d = data::make_synthetic(64, 10, 3, 5);
+  auto m = small_model(4);
+  m->compile("sgd", "sparse_categorical_crossentropy", {"accuracy"}, true);
+  std::ostringstream per_epoch, bar;
+  m->fit(d.x, d.y, {.epochs = 2, .batch_size = 16, .verbose = 2, .out = &per_epoch});
+  EXPECT_NE(per_epoch.str().find("Epoch 2/2"), std::string::npos) << per_epoch.str();
+  EXPECT_NE(per_epoch.str().find("4/4 - "), std::string::npos) << per_epoch.str();
+  EXPECT_NE(per_epoch.str().find(" - accuracy: "), std::string::npos) << per_epoch.str();
+  EXPECT_EQ(per_epoch.str().find('\r'), std::string::npos);  // log files get no carriage returns
+  m->fit(d.x, d.y, {.epochs = 1, .batch_size = 16, .verbose = 1, .out = &bar});
+  EXPECT_NE(bar.str().find("\r4/4 [==============================]"), std::string::npos) << bar.str();
+  // Not a terminal: "auto" chooses one line per epoch.
+  std::ostringstream auto_out;
+  m->fit(d.x, d.y, {.epochs = 1, .batch_size = 16, .out = &auto_out});
+  EXPECT_EQ(auto_out.str().find('\r'), std::string::npos);
+}
+
+TEST(Sequential, MisuseIsAClearError) {
+  auto m = small_model(1);
+  Tensor x = Tensor::zeros({8, 10}), y = Tensor::zeros({8}, DType::i32);
+  EXPECT_THROW(m->fit(x, y), InvalidArgument);  // not compiled
+  m->compile("sgd", "sparse_categorical_crossentropy", {}, true);
+  EXPECT_THROW(m->fit(x, Tensor::zeros({7}, DType::i32)), InvalidArgument);
+  EXPECT_THROW(m->fit(x, y, {.validation_split = 1.0}), InvalidArgument);
+  EXPECT_THROW(m->fit(x, y, {.batch_size = 0}), InvalidArgument);
+  m->build({10});
+  try {
+    m->fit(Tensor::zeros({8, 11}), y, {.verbose = 0});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 'dense'"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace dtrain

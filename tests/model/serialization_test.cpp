@@ -1,0 +1,158 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "dtrain/data/datasets.h"
+#include "dtrain/model/safetensors.h"
+#include "dtrain/model/sequential.h"
+
+namespace dtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path temp_path(const std::string& name) {
+  return fs::temp_directory_path() / ("dtrain_" + std::to_string(::getpid()) + "_" + name);
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+std::unique_ptr<Sequential> make_model() {
+  auto m = std::make_unique<Sequential>("clf");
+  m->add<nn::Flatten>();
+  m->add<nn::Dense>(8, "gelu", nn::DenseOptions{.seed = 3});
+  m->add<nn::Dropout>(0.25f, 4);
+  m->add<nn::Dense>(4, "softmax", nn::DenseOptions{.use_bias = false, .seed = 5});
+  m->add<nn::Activation>("linear");
+  m->build({2, 3});
+  return m;
+}
+
+TEST(ModelJson, RoundTripsStructure) {
+  auto m = make_model();
+  const std::string json = m->to_json();
+  EXPECT_NE(json.find("\"class_name\": \"Sequential\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"build_input_shape\""), std::string::npos) << json;
+  auto back = model_from_json(json);
+  EXPECT_EQ(back->to_json(), json);
+  EXPECT_EQ(back->count_params(), m->count_params());
+  EXPECT_EQ(back->layers()[1]->name(), "dense");
+}
+
+TEST(ModelJson, AcceptsKerasInitializerObjects) {
+  auto m = model_from_json(R"({"class_name": "Sequential", "config": {"name": "k", "layers": [
+      {"class_name": "Dense", "config": {"units": 3, "activation": "relu",
+        "kernel_initializer": {"class_name": "GlorotUniform", "config": {"seed": null}}}}],
+      "build_input_shape": [null, 5]}})");
+  EXPECT_EQ(m->count_params(), 18);
+}
+
+TEST(ModelJson, ErrorsNameThePath) {
+  const std::string unknown = message_of([] {
+    model_from_json(R"({"class_name": "Sequential", "config": {"layers": [
+        {"class_name": "Dense", "config": {"units": 3}}, {"class_name": "Dense", "config": {"unitz": 3}}]}})");
+  });
+  EXPECT_NE(unknown.find("config.layers[1].config.unitz"), std::string::npos) << unknown;
+  const std::string type = message_of([] {
+    model_from_json(R"({"class_name": "Sequential", "config": {"layers": [{"class_name": "Dense", "config": {"units": "3"}}]}})");
+  });
+  EXPECT_NE(type.find("config.layers[0].config.units"), std::string::npos) << type;
+  EXPECT_NE(type.find("expected an integer"), std::string::npos) << type;
+  const std::string cls = message_of([] {
+    model_from_json(R"({"class_name": "Sequential", "config": {"layers": [{"class_name": "Conv9D"}]}})");
+  });
+  EXPECT_NE(cls.find("Conv9D"), std::string::npos) << cls;
+  EXPECT_NE(message_of([] { model_from_json("{not json"); }).find("invalid JSON"), std::string::npos);
+}
+
+TEST(Weights, SaveLoadGivesTheSamePredictions) {
+  auto m = make_model();
+  const auto path = temp_path("w.safetensors");
+  m->save_weights(path.string());
+  auto other = model_from_json(m->to_json());
+  Tensor x = data::make_synthetic(5, 6, 2, 1).x.reshape({5, 2, 3});
+  for (Variable* v : other->variables()) v->assign(Tensor::zeros(v->shape()));
+  EXPECT_NE(other->predict(x).to_vector(), m->predict(x).to_vector());
+  other->load_weights(path.string());
+  EXPECT_EQ(other->predict(x).to_vector(), m->predict(x).to_vector());
+  fs::remove(path);
+}
+
+TEST(Weights, LayoutIsSafetensors) {
+  const auto path = temp_path("layout.safetensors");
+  NamedTensors t;
+  t.tensors.emplace_back("a", Tensor::from_vector({2}, {1.5f, -2}));
+  t.tensors.emplace_back("b", Tensor::from_vector({1}, std::vector<std::int32_t>{7}));
+  save_safetensors(path.string(), t);
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  std::uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  EXPECT_EQ(n % 8, 0u);
+  const std::string header = bytes.substr(8, n);
+  EXPECT_NE(header.find(R"("a":{"data_offsets":[0,8],"dtype":"F32","shape":[2]})"), std::string::npos) << header;
+  EXPECT_NE(header.find(R"("b":{"data_offsets":[8,12],"dtype":"I32","shape":[1]})"), std::string::npos) << header;
+  EXPECT_EQ(bytes.size(), 8 + n + 12);
+  float f;
+  std::memcpy(&f, bytes.data() + 8 + n, 4);
+  EXPECT_EQ(f, 1.5f);
+  NamedTensors back = load_safetensors(path.string());
+  EXPECT_EQ(back.find("a")->to_vector(), (std::vector<float>{1.5f, -2}));
+  EXPECT_EQ(back.find("b")->dtype(), DType::i32);
+  fs::remove(path);
+}
+
+TEST(Weights, BadFilesAreNamedErrorsAndLeaveTheModelAlone) {
+  auto m = make_model();
+  const auto path = temp_path("bad.safetensors");
+  m->save_weights(path.string());
+  const auto before = m->variables()[0]->value().to_vector();
+
+  fs::resize_file(path, fs::file_size(path) - 10);  // truncated data
+  std::string e = message_of([&] { m->load_weights(path.string()); });
+  EXPECT_NE(e.find(path.string()), std::string::npos) << e;
+  EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+
+  std::ofstream(path, std::ios::binary) << std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) << "{}";
+  e = message_of([&] { m->load_weights(path.string()); });
+  EXPECT_NE(e.find("header length"), std::string::npos) << e;
+
+  NamedTensors wrong;
+  wrong.tensors.emplace_back("dense/kernel", Tensor::zeros({6, 9}));
+  save_safetensors(path.string(), wrong);
+  e = message_of([&] { m->load_weights(path.string()); });
+  EXPECT_NE(e.find("dense/kernel"), std::string::npos) << e;
+  EXPECT_NE(e.find("[6, 9]"), std::string::npos) << e;
+
+  wrong.tensors[0].second = Tensor::zeros({6, 8});
+  save_safetensors(path.string(), wrong);
+  e = message_of([&] { m->load_weights(path.string()); });
+  EXPECT_NE(e.find("has no tensor 'dense/bias'"), std::string::npos) << e;
+  EXPECT_EQ(m->variables()[0]->value().to_vector(), before);  // nothing was half-loaded
+  fs::remove(path);
+}
+
+TEST(Weights, FailedSaveKeepsThePreviousFile) {
+  auto m = make_model();
+  const auto path = temp_path("keep.safetensors");
+  m->save_weights(path.string());
+  const auto size = fs::file_size(path);
+  NamedTensors dup;
+  dup.tensors.emplace_back("x", Tensor::zeros({1}));
+  dup.tensors.emplace_back("x", Tensor::zeros({1}));
+  EXPECT_THROW(save_safetensors(path.string(), dup), InvalidArgument);
+  EXPECT_EQ(fs::file_size(path), size);
+  EXPECT_THROW(save_safetensors((temp_path("no_such_dir") / "w.safetensors").string(), dup), Error);
+  fs::remove(path);
+}
+
+}  // namespace
+}  // namespace dtrain
