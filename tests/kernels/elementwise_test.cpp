@@ -111,6 +111,39 @@ TEST(Reduce, SumMeanMaxOverAxes) {
   EXPECT_THROW(backend().reduce(Reduce::sum, x, bad), InvalidArgument);
 }
 
+// Every layout: leading axes (loop path), trailing axes (loop path), a middle axis and
+// mixed axes (oneDNN path), for sum, mean and max, against a naive reference.
+TEST(Reduce, AllLayoutsMatchNaive) {
+  const Shape x_shape{3, 4, 5};
+  Tensor x = testing::random_tensor(x_shape, 7);
+  const auto v = x.to_vector();
+  const Shape outs[] = {{1, 4, 5}, {1, 1, 5}, {3, 1, 1}, {3, 4, 1}, {3, 1, 5}, {1, 4, 1}, {1, 1, 1}, {4, 5}, {5}};
+  for (const Shape& o : outs) {
+    for (Reduce op : {Reduce::sum, Reduce::mean, Reduce::max}) {
+      Tensor y = Tensor::empty(o);
+      backend().reduce(op, x, y);
+      // Naive: o padded to rank 3.
+      std::int64_t d[3];
+      for (int i = 0; i < 3; ++i) d[i] = i - (3 - o.rank()) >= 0 ? o[i - (3 - o.rank())] : 1;
+      std::vector<double> acc(static_cast<size_t>(o.numel()), op == Reduce::max ? -1e30 : 0.0);
+      std::vector<int> count(acc.size(), 0);
+      for (int a = 0; a < 3; ++a)
+        for (int b = 0; b < 4; ++b)
+          for (int c = 0; c < 5; ++c) {
+            const std::int64_t k = ((d[0] == 1 ? 0 : a) * d[1] + (d[1] == 1 ? 0 : b)) * d[2] + (d[2] == 1 ? 0 : c);
+            const double val = v[(a * 4 + b) * 5 + c];
+            acc[k] = op == Reduce::max ? std::max(acc[k], val) : acc[k] + val;
+            ++count[k];
+          }
+      const auto got = y.to_vector();
+      for (size_t k = 0; k < acc.size(); ++k) {
+        const double want = op == Reduce::mean ? acc[k] / count[k] : acc[k];
+        ASSERT_NEAR(got[k], want, 1e-5) << o.to_string() << " op " << static_cast<int>(op) << " at " << k;
+      }
+    }
+  }
+}
+
 TEST(Softmax, RowsSumToOneAndLogMatches) {
   Tensor x = Tensor::from_vector({2, 3}, {1, 2, 3, 1000, 1000, 1000});  // the second row would overflow naively
   Tensor y = Tensor::empty({2, 3}), ly = Tensor::empty({2, 3});

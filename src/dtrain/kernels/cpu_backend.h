@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "dtrain/kernels/backend.h"
 
@@ -54,6 +55,10 @@ class CpuBackend final : public Backend {
 
   // Loop fallback for broadcasts oneDNN's binary cannot express (a broadcast first operand).
   void binary_loops(Binary op, const Tensor& a, const Tensor& b, Tensor& c);
+  // Reductions over only leading axes (column sums, e.g. a bias gradient) or only trailing
+  // axes (row sums); returns false for other layouts. dims_x and dims_y have equal rank.
+  bool reduce_contiguous(Reduce op, const Tensor& x, const std::vector<std::int64_t>& dims_x,
+                         const std::vector<std::int64_t>& dims_y, Tensor& y);
 };
 
 CpuBackend& cpu_backend();

@@ -112,6 +112,40 @@ void dropout_loop(const float* x, float* y, float* mask, std::int64_t begin, std
   }
 }
 
+// y[j] (op)= x[i, j] over rows i: the rows are reduced, columns stay.
+DTRAIN_MULTIVERSION
+void reduce_rows_loop(const float* x, float* y, std::int64_t rows, std::int64_t cols, std::int64_t col_begin,
+                      std::int64_t col_end, bool max) {
+  for (std::int64_t j = col_begin; j < col_end; ++j) y[j] = max ? x[j] : 0.0f;
+  for (std::int64_t i = max ? 1 : 0; i < rows; ++i) {
+    const float* row = x + i * cols;
+    if (max) {
+#pragma omp simd
+      for (std::int64_t j = col_begin; j < col_end; ++j) y[j] = y[j] > row[j] ? y[j] : row[j];
+    } else {
+#pragma omp simd
+      for (std::int64_t j = col_begin; j < col_end; ++j) y[j] += row[j];
+    }
+  }
+}
+
+// y[i] = (op) over x[i, :] for each row i.
+DTRAIN_MULTIVERSION
+void reduce_cols_loop(const float* x, float* y, std::int64_t cols, std::int64_t row_begin, std::int64_t row_end,
+                      bool max) {
+  for (std::int64_t i = row_begin; i < row_end; ++i) {
+    const float* row = x + i * cols;
+    float acc = max ? row[0] : 0.0f;
+    if (max) {
+      for (std::int64_t j = 1; j < cols; ++j) acc = acc > row[j] ? acc : row[j];
+    } else {
+#pragma omp simd reduction(+ : acc)
+      for (std::int64_t j = 0; j < cols; ++j) acc += row[j];
+    }
+    y[i] = acc;
+  }
+}
+
 void check_same_f32(const Tensor& a, const Tensor& b, const char* op) {
   a.check_dtype(DType::f32, op);
   b.check_dtype(DType::f32, op);
@@ -166,6 +200,41 @@ void CpuBackend::binary_loops(Binary op, const Tensor& a, const Tensor& b, Tenso
       }
     }
   });
+}
+
+bool CpuBackend::reduce_contiguous(Reduce op, const Tensor& x, const std::vector<std::int64_t>& dx,
+                                   const std::vector<std::int64_t>& dy, Tensor& y) {
+  const int rank = static_cast<int>(dx.size());
+  // Split the axes into a reduced prefix and a kept suffix, or a kept prefix and a reduced
+  // suffix; anything else is not this fast path.
+  int k = 0;
+  while (k < rank && dy[k] == 1 && dx[k] != 1) ++k;
+  bool leading = k > 0;
+  for (int i = k; i < rank && leading; ++i) leading = dy[i] == dx[i];
+  int m = rank;
+  while (m > 0 && dy[m - 1] == 1 && dx[m - 1] != 1) --m;
+  bool trailing = m < rank;
+  for (int i = 0; i < m && trailing; ++i) trailing = dy[i] == dx[i];
+  if (!leading && !trailing) return false;
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  const bool max = op == Reduce::max;
+  if (leading) {
+    std::int64_t rows = 1, cols = 1;
+    for (int i = 0; i < k; ++i) rows *= dx[i];
+    for (int i = k; i < rank; ++i) cols *= dx[i];
+    parallel_for(cols, std::max<std::int64_t>(64, kGrain / std::max<std::int64_t>(rows, 1)),
+                 [&](std::int64_t b, std::int64_t e) { reduce_rows_loop(px, py, rows, cols, b, e, max); });
+    if (op == Reduce::mean) axpby(1.0f / static_cast<float>(rows), y, 0.0f, y);
+  } else {
+    std::int64_t rows = 1, cols = 1;
+    for (int i = 0; i < m; ++i) rows *= dx[i];
+    for (int i = m; i < rank; ++i) cols *= dx[i];
+    parallel_for(rows, std::max<std::int64_t>(1, kGrain / std::max<std::int64_t>(cols, 1)),
+                 [&](std::int64_t b, std::int64_t e) { reduce_cols_loop(px, py, cols, b, e, max); });
+    if (op == Reduce::mean) axpby(1.0f / static_cast<float>(cols), y, 0.0f, y);
+  }
+  return true;
 }
 
 void CpuBackend::fill(Tensor& y, float value) {

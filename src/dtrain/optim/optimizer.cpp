@@ -49,15 +49,19 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
                    grads[i].shape().to_string(), " does not match variable '", vars[i]->name(), "' ",
                    dtype_name(vars[i]->dtype()), " ", vars[i]->shape().to_string());
   }
-  auto& be = kernels::backend();
-  std::vector<double> norms(vars.size(), 0.0);
-  double total = 0.0;
-  for (size_t i = 0; i < vars.size(); ++i) {
-    if (!grads[i].defined()) continue;
-    norms[i] = be.sum_squares(grads[i]);
-    total += norms[i];
+  // Norms cost a pass over every gradient, so they are computed only when clipping needs them.
+  const bool clipping = options_.clipnorm || options_.global_clipnorm;
+  std::vector<double> norms(clipping ? vars.size() : 0, 0.0);
+  if (clipping) {
+    auto& be = kernels::backend();
+    double total = 0.0;
+    for (size_t i = 0; i < vars.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      norms[i] = be.sum_squares(grads[i]);
+      total += norms[i];
+    }
+    last_global_norm_ = std::sqrt(total);
   }
-  last_global_norm_ = std::sqrt(total);
   float global_scale = 1.0f;
   if (options_.global_clipnorm && last_global_norm_ > *options_.global_clipnorm)
     global_scale = static_cast<float>(*options_.global_clipnorm / last_global_norm_);

@@ -42,7 +42,8 @@ class Optimizer {
   float learning_rate() const { return (*learning_rate_)(iterations_); }
   void set_learning_rate(std::shared_ptr<LearningRateSchedule> schedule);
   const OptimizerOptions& options() const { return options_; }
-  // The norm of the last gradients before clipping (all variables together).
+  // The norm of the last gradients before clipping (all variables together); computed
+  // only when clipnorm or global_clipnorm is set, 0 otherwise.
   double last_global_norm() const { return last_global_norm_; }
 
   // Per-variable state ("m", "v", "momentum"), for checkpoints. Empty before the first update.
