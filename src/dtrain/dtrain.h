@@ -9,6 +9,7 @@
 #include "dtrain/core/rng.h"
 #include "dtrain/core/tensor.h"
 #include "dtrain/core/threads.h"
+#include "dtrain/data/dataset.h"
 #include "dtrain/data/datasets.h"
 #include "dtrain/data/idx.h"
 #include "dtrain/losses/losses.h"

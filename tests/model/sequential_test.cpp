@@ -89,6 +89,60 @@ TEST(Sequential, FitEqualsACustomLoopOnTheSameBatches) {
   for (size_t i = 0; i < va.size(); ++i) EXPECT_EQ(va[i]->value().to_vector(), vb[i]->value().to_vector()) << va[i]->name();
 }
 
+TEST(Sequential, FitOnADatasetEqualsFitOnTensors) {
+  data::Split d = data::make_synthetic(100, 10, 3, 6, data::SyntheticLabels::teacher);
+  auto a = small_model(21), b = small_model(21);
+  for (auto* m : {a.get(), b.get()})
+    m->compile(std::make_shared<optim::Adam>(0.01f), std::make_shared<losses::SparseCategoricalCrossentropy>(true), {"accuracy"});
+  History ha = a->fit(d.x, d.y, {.epochs = 2, .batch_size = 16, .shuffle = false, .verbose = 0});
+  data::Dataset ds = data::Dataset::from_tensor_slices({d.x, d.y}).batch(16).prefetch(data::AUTOTUNE);
+  History hb = b->fit(ds, {.epochs = 2, .verbose = 0});
+  EXPECT_EQ(ha.history["loss"], hb.history["loss"]);
+  EXPECT_EQ(ha.history["accuracy"], hb.history["accuracy"]);
+  auto va = a->variables(), vb = b->variables();
+  for (size_t i = 0; i < va.size(); ++i) EXPECT_EQ(va[i]->value().to_vector(), vb[i]->value().to_vector());
+  ASSERT_EQ(hb.input_wait_seconds.size(), 2u);
+  EXPECT_GE(hb.input_wait_seconds[0], 0.0);
+  Logs eval = b->evaluate(ds);
+  Logs eval_t = b->evaluate(d.x, d.y, {.batch_size = 16});
+  EXPECT_NEAR(eval.at("loss"), eval_t.at("loss"), 1e-6);
+}
+
+TEST(Sequential, FitOnARepeatedDatasetWithStepsPerEpoch) {
+  data::Split d = data::make_synthetic(64, 10, 3, 7);
+  auto m = small_model(2);
+  m->compile("sgd", "sparse_categorical_crossentropy", {}, true);
+  int batches = 0;
+  auto count = std::make_shared<LambdaCallback>();
+  count->batch_end = [&](std::int64_t, const Logs&) { ++batches; };
+  data::Dataset ds = data::Dataset::from_tensor_slices({d.x, d.y}).shuffle(64, 1).batch(16).repeat();
+  data::Dataset val = data::Dataset::from_tensor_slices({d.x, d.y}).batch(32);
+  History h = m->fit(ds, {.epochs = 3, .validation_dataset = val, .steps_per_epoch = 5, .callbacks = {count}, .verbose = 0});
+  EXPECT_EQ(batches, 15);
+  EXPECT_EQ(h.history["val_loss"].size(), 3u);
+  // A finite dataset that runs out before steps_per_epoch is an error that says what to do.
+  data::Dataset short_ds = data::Dataset::from_tensor_slices({d.x, d.y}).batch(16);
+  try {
+    m->fit(short_ds, {.epochs = 2, .steps_per_epoch = 5, .verbose = 0});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(".repeat()"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Sequential, FitOnUnbatchedOrUnpairedDatasetIsAClearError) {
+  data::Split d = data::make_synthetic(8, 10, 3, 8);
+  auto m = small_model(3);
+  m->compile("sgd", "sparse_categorical_crossentropy", {}, true);
+  try {
+    m->fit(data::Dataset::from_tensor_slices({d.x, d.y}), {.verbose = 0});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(".batch(n)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(m->fit(data::Dataset::from_tensor_slices({d.x}).batch(4), {.verbose = 0}), InvalidArgument);
+}
+
 TEST(Sequential, PredictMatchesCallAndHandlesShortLastBatch) {
   auto m = small_model(3);
   Tensor x = data::make_synthetic(10, 10, 3, 4).x;

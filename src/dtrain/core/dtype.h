@@ -1,5 +1,6 @@
 // Element types a Tensor can store. f32 is the compute type; bf16 is a storage type
-// for mixed precision (converted by kernels); i32 holds integer labels and indices.
+// for mixed precision (converted by kernels); i32 holds integer labels and indices; u8
+// holds raw bytes (images, serialized records).
 #pragma once
 
 #include <cstddef>
@@ -9,13 +10,14 @@
 
 namespace dtrain {
 
-enum class DType : std::uint8_t { f32, bf16, i32 };
+enum class DType : std::uint8_t { f32, bf16, i32, u8 };
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
     case DType::f32: return 4;
     case DType::bf16: return 2;
     case DType::i32: return 4;
+    case DType::u8: return 1;
   }
   return 0;
 }
@@ -25,6 +27,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::f32: return "float32";
     case DType::bf16: return "bfloat16";
     case DType::i32: return "int32";
+    case DType::u8: return "uint8";
   }
   return "?";
 }
@@ -56,5 +59,6 @@ template <typename T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::f32; }
 template <> constexpr DType dtype_of<bfloat16>() { return DType::bf16; }
 template <> constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
+template <> constexpr DType dtype_of<std::uint8_t>() { return DType::u8; }
 
 }  // namespace dtrain

@@ -152,6 +152,11 @@ std::vector<float> Tensor::to_vector() const {
       for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(s[i]);
       break;
     }
+    case DType::u8: {
+      const std::uint8_t* s = data<std::uint8_t>();
+      for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(s[i]);
+      break;
+    }
   }
   return v;
 }

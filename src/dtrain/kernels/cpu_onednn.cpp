@@ -64,6 +64,7 @@ dt to_dnnl(DType t) {
     case DType::f32: return dt::f32;
     case DType::bf16: return dt::bf16;
     case DType::i32: return dt::s32;
+    case DType::u8: return dt::u8;
   }
   return dt::undef;
 }
@@ -249,7 +250,7 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matmu
   if (a.rank() != 2 || b.rank() != 2 || c.rank() != 2)
     DTRAIN_THROW(InvalidArgument, "matmul: expects 2-D operands, got a ", a.shape().to_string(), ", b ",
                  b.shape().to_string(), ", c ", c.shape().to_string());
-  if (a.dtype() != b.dtype() || a.dtype() == DType::i32)
+  if (a.dtype() != b.dtype() || (a.dtype() != DType::f32 && a.dtype() != DType::bf16))
     DTRAIN_THROW(InvalidArgument, "matmul: operands must both be float32 or both bfloat16, got ",
                  dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
   const std::int64_t M = o.transpose_a ? a.dim(1) : a.dim(0);
@@ -493,7 +494,7 @@ void CpuBackend::convert(const Tensor& x, Tensor& y) {
   x.check_defined("convert");
   y.check_defined("convert");
   check_same_shape(x, y, "convert");
-  if (x.dtype() == DType::i32 || y.dtype() == DType::i32)
+  if (x.dtype() == DType::i32 || y.dtype() == DType::i32 || x.dtype() == DType::u8 || y.dtype() == DType::u8)
     DTRAIN_THROW(InvalidArgument, "convert: supports float32 <-> bfloat16, got ", dtype_name(x.dtype()), " -> ",
                  dtype_name(y.dtype()));
   const std::int64_t n = x.numel();

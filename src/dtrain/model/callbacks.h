@@ -47,6 +47,8 @@ class History : public Callback {
   // samples per second of each epoch (validation excluded).
   std::vector<double> epoch_seconds;
   std::vector<double> samples_per_second;
+  // Seconds each epoch's training loop waited for its input batches.
+  std::vector<double> input_wait_seconds;
 };
 
 // Stops training when `monitor` has not improved by more than min_delta for `patience`

@@ -46,6 +46,12 @@ void Progress::update(std::int64_t step, const Logs& logs) {
   if (verbose_ != 1) return;
   const auto now = std::chrono::steady_clock::now();
   if (step != steps_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
+  if (steps_ < 0) {  // unknown length: a counter instead of a bar
+    out_ << "\r" << step << "/Unknown - " << format_duration(std::chrono::duration<double>(now - start_).count())
+         << format_logs(logs) << std::flush;
+    last_draw_ = now;
+    return;
+  }
   last_draw_ = now;
   bar_line(step, logs, false, std::chrono::duration<double>(now - start_).count());
 }
@@ -70,12 +76,13 @@ void Progress::bar_line(std::int64_t step, const Logs& logs, bool final, double 
   out_ << line.str() << (final ? "\n" : "") << std::flush;
 }
 
-void Progress::epoch_end(const Logs& logs, double seconds) {
+void Progress::epoch_end(const Logs& logs, double seconds, std::int64_t steps_done) {
+  if (steps_ < 0) steps_ = steps_done;  // now known: the first epoch counted it
   if (verbose_ == 1) {
-    bar_line(steps_, logs, true, seconds);
+    bar_line(steps_done, logs, true, seconds);
   } else if (verbose_ == 2) {
-    out_ << steps_ << "/" << steps_ << " - " << format_duration(seconds) << " - "
-         << std::lround(steps_ ? seconds * 1000 / steps_ : 0) << "ms/step" << format_logs(logs) << "\n"
+    out_ << steps_done << "/" << steps_ << " - " << format_duration(seconds) << " - "
+         << std::lround(steps_done ? seconds * 1000 / steps_done : 0) << "ms/step" << format_logs(logs) << "\n"
          << std::flush;
   }
 }

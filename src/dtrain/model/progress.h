@@ -17,10 +17,11 @@ int resolve_verbose(int verbose, std::ostream& out);
 
 class Progress {
  public:
+  // steps per epoch; -1 when unknown (a dataset of unknown cardinality).
   Progress(std::ostream& out, int verbose, std::int64_t steps);
   void epoch_begin(int epoch, int epochs);
   void update(std::int64_t step, const Logs& logs);  // step is 1-based
-  void epoch_end(const Logs& logs, double seconds);
+  void epoch_end(const Logs& logs, double seconds, std::int64_t steps_done);
 
  private:
   void bar_line(std::int64_t step, const Logs& logs, bool final, double seconds);

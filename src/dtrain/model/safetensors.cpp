@@ -19,6 +19,7 @@ const char* dtype_code(DType t) {
     case DType::f32: return "F32";
     case DType::bf16: return "BF16";
     case DType::i32: return "I32";
+    case DType::u8: return "U8";
   }
   return "?";
 }
@@ -27,6 +28,7 @@ bool dtype_from_code(const std::string& s, DType& t) {
   if (s == "F32") t = DType::f32;
   else if (s == "BF16") t = DType::bf16;
   else if (s == "I32") t = DType::i32;
+  else if (s == "U8") t = DType::u8;
   else return false;
   return true;
 }
@@ -136,7 +138,7 @@ NamedTensors load_safetensors(const std::string& path) {
       bad("needs dtype, shape and data_offsets");
     Entry e{name, DType::f32, {}, 0, 0};
     if (!v["dtype"].is_string() || !dtype_from_code(v["dtype"].get<std::string>(), e.dtype))
-      bad("dtype " + v["dtype"].dump() + " is not one of F32, BF16, I32");
+      bad("dtype " + v["dtype"].dump() + " is not one of F32, BF16, I32, U8");
     std::vector<std::int64_t> dims;
     if (!v["shape"].is_array()) bad("shape is not an array");
     for (const auto& d : v["shape"]) {

@@ -169,42 +169,173 @@ std::int64_t Sequential::count_params() const {
   return n;
 }
 
-History Sequential::fit(const Tensor& x_all, const Tensor& y_all, const FitOptions& opt) {
-  check_compiled("fit");
-  x_all.check_defined("fit (x)");
-  y_all.check_defined("fit (y)");
-  if (x_all.rank() < 1 || y_all.rank() < 1 || x_all.dim(0) != y_all.dim(0))
-    DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() needs x and y with the same number of samples, got x ",
-                 x_all.shape().to_string(), " and y ", y_all.shape().to_string());
+// Where fit() gets its batches from: in-memory tensors (gathered by a shuffled index
+// order) or a Dataset (one iterator per epoch).
+class Sequential::BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual void begin_epoch(int epoch) = 0;
+  virtual bool next(Tensor& x, Tensor& y) = 0;
+  virtual std::int64_t steps() const = 0;  // per epoch; -1 when unknown
+  virtual double input_wait() const = 0;   // seconds waited for batches this epoch
+  virtual Shape feature_shape() = 0;       // one sample's input shape, to build the model
+};
+
+namespace {
+
+class TensorBatches : public Sequential::BatchSource {
+ public:
+  TensorBatches(Tensor x, Tensor y, std::int64_t batch, bool shuffle, std::uint64_t seed)
+      : x_(std::move(x)), y_(std::move(y)), batch_(batch), shuffle_(shuffle), seed_(seed),
+        order_(static_cast<size_t>(x_.dim(0))) {}
+  void begin_epoch(int epoch) override {
+    begin_ = 0;
+    wait_ = 0;
+    std::iota(order_.begin(), order_.end(), 0);
+    if (!shuffle_) return;
+    // Fisher-Yates with a generator fixed by (seed, epoch).
+    Generator g = Generator(seed_).fork(static_cast<std::uint64_t>(epoch));
+    for (std::int64_t i = static_cast<std::int64_t>(order_.size()) - 1; i > 0; --i)
+      std::swap(order_[i], order_[g.below(static_cast<std::uint64_t>(i + 1))]);
+  }
+  bool next(Tensor& xb, Tensor& yb) override {
+    const std::int64_t n = x_.dim(0);
+    if (begin_ >= n) return false;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::int64_t end = std::min(n, begin_ + batch_);
+    if (shuffle_) {
+      xb = Tensor::empty(x_.shape().with_dim(0, end - begin_), x_.dtype());
+      yb = Tensor::empty(y_.shape().with_dim(0, end - begin_), y_.dtype());
+      gather_rows(x_, order_.data() + begin_, xb);
+      gather_rows(y_, order_.data() + begin_, yb);
+    } else {
+      xb = x_.slice(begin_, end);
+      yb = y_.slice(begin_, end);
+    }
+    begin_ = end;
+    wait_ += seconds_since(t0);
+    return true;
+  }
+  std::int64_t steps() const override { return (x_.dim(0) + batch_ - 1) / batch_; }
+  double input_wait() const override { return wait_; }
+  Shape feature_shape() override {
+    return Shape(std::vector<std::int64_t>(x_.shape().dims().begin() + 1, x_.shape().dims().end()));
+  }
+
+ private:
+  Tensor x_, y_;
+  std::int64_t batch_;
+  bool shuffle_;
+  std::uint64_t seed_;
+  std::vector<std::int64_t> order_;
+  std::int64_t begin_ = 0;
+  double wait_ = 0;
+};
+
+// Elements must be (x, y) batches; x's shape after the batch axis builds the model.
+void split_element(const data::Element& e, Tensor& x, Tensor& y, const char* who) {
+  if (e.size() != 2)
+    DTRAIN_THROW(InvalidArgument, who, ": dataset elements must be (x, y) pairs, got ", e.size(), " components");
+  if (e[0].rank() < 1 || e[1].rank() < 1 || e[0].dim(0) != e[1].dim(0))
+    DTRAIN_THROW(InvalidArgument, who, ": dataset elements must be batches (x [batch, ...], y [batch, ...]), got x ",
+                 e[0].shape().to_string(), " and y ", e[1].shape().to_string(), "; add .batch(n) to the pipeline");
+  x = e[0];
+  y = e[1];
+}
+
+class DatasetBatches : public Sequential::BatchSource {
+ public:
+  DatasetBatches(const data::Dataset& ds, std::int64_t steps_per_epoch) : ds_(ds), steps_per_epoch_(steps_per_epoch) {}
+  void begin_epoch(int epoch) override {
+    // A fixed number of steps draws from one iterator across epochs, as Keras does with
+    // steps_per_epoch; otherwise every epoch is a new pass over the data.
+    if (!it_ || steps_per_epoch_ <= 0) it_.emplace(ds_.make_iterator(static_cast<std::uint64_t>(epoch)));
+    taken_ = 0;
+    wait_at_epoch_start_ = it_->stats().wait_seconds;
+  }
+  bool next(Tensor& x, Tensor& y) override {
+    if (steps_per_epoch_ > 0 && taken_ >= steps_per_epoch_) return false;
+    std::optional<data::Element> e = it_->next();
+    if (!e) {
+      if (steps_per_epoch_ > 0 && taken_ < steps_per_epoch_)
+        DTRAIN_THROW(InvalidArgument, "fit: the dataset ran out after ", taken_, " of ", steps_per_epoch_,
+                     " steps_per_epoch; add .repeat() to the pipeline");
+      return false;
+    }
+    split_element(*e, x, y, "fit");
+    ++taken_;
+    return true;
+  }
+  std::int64_t steps() const override {
+    if (steps_per_epoch_ > 0) return steps_per_epoch_;
+    const std::int64_t c = ds_.cardinality();
+    return c >= 0 ? c : -1;
+  }
+  double input_wait() const override { return it_ ? it_->stats().wait_seconds - wait_at_epoch_start_ : 0; }
+  Shape feature_shape() override {
+    data::Iterator probe = ds_.make_iterator(0);
+    std::optional<data::Element> e = probe.next();
+    if (!e) DTRAIN_THROW(InvalidArgument, "fit: the dataset is empty");
+    Tensor x, y;
+    split_element(*e, x, y, "fit");
+    return Shape(std::vector<std::int64_t>(x.shape().dims().begin() + 1, x.shape().dims().end()));
+  }
+
+ private:
+  data::Dataset ds_;
+  std::int64_t steps_per_epoch_;
+  std::optional<data::Iterator> it_;
+  std::int64_t taken_ = 0;
+  double wait_at_epoch_start_ = 0;
+};
+
+void check_fit_options(const FitOptions& opt) {
   if (opt.batch_size <= 0) DTRAIN_THROW(InvalidArgument, "fit: batch_size must be positive, got ", opt.batch_size);
   if (opt.epochs < 0 || opt.initial_epoch < 0)
     DTRAIN_THROW(InvalidArgument, "fit: epochs and initial_epoch must be >= 0, got ", opt.epochs, " and ", opt.initial_epoch);
   if (!(opt.validation_split >= 0.0 && opt.validation_split < 1.0))
     DTRAIN_THROW(InvalidArgument, "fit: validation_split must be in [0, 1), got ", opt.validation_split);
+  if (opt.steps_per_epoch < 0) DTRAIN_THROW(InvalidArgument, "fit: steps_per_epoch must be >= 0, got ", opt.steps_per_epoch);
+}
 
+}  // namespace
+
+History Sequential::fit(const Tensor& x_all, const Tensor& y_all, const FitOptions& opt) {
+  check_compiled("fit");
+  check_fit_options(opt);
+  x_all.check_defined("fit (x)");
+  y_all.check_defined("fit (y)");
+  if (x_all.rank() < 1 || y_all.rank() < 1 || x_all.dim(0) != y_all.dim(0))
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() needs x and y with the same number of samples, got x ",
+                 x_all.shape().to_string(), " and y ", y_all.shape().to_string());
   // Keras holds out the last fraction of the data, before shuffling.
-  Tensor x = x_all, y = y_all, x_val, y_val;
-  if (opt.validation_data) {
-    x_val = opt.validation_data->first;
-    y_val = opt.validation_data->second;
-  } else if (opt.validation_split > 0.0) {
+  Tensor x = x_all, y = y_all;
+  FitOptions o = opt;
+  if (!opt.validation_data && opt.validation_split > 0.0) {
     const auto split = static_cast<std::int64_t>(static_cast<double>(x_all.dim(0)) * (1.0 - opt.validation_split));
     x = x_all.slice(0, split);
     y = y_all.slice(0, split);
-    x_val = x_all.slice(split, x_all.dim(0));
-    y_val = y_all.slice(split, y_all.dim(0));
+    o.validation_data = std::make_pair(x_all.slice(split, x_all.dim(0)), y_all.slice(split, y_all.dim(0)));
   }
-  const std::int64_t n = x.dim(0);
-  if (n == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() got no training samples");
-  if (!built()) {
-    std::vector<std::int64_t> dims(x.shape().dims().begin() + 1, x.shape().dims().end());
-    build(Shape(dims));
-  }
+  if (x.dim(0) == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() got no training samples");
+  TensorBatches source(x, y, opt.batch_size, opt.shuffle, opt.seed);
+  return run_fit(source, o);
+}
 
+History Sequential::fit(const data::Dataset& dataset, const FitOptions& opt) {
+  check_compiled("fit");
+  check_fit_options(opt);
+  if (opt.validation_split > 0.0)
+    DTRAIN_THROW(InvalidArgument, "fit: validation_split needs tensors; give a Dataset as validation_dataset instead");
+  DatasetBatches source(dataset, opt.steps_per_epoch);
+  return run_fit(source, opt);
+}
+
+History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
+  if (!built()) build(source.feature_shape());
   std::ostream& out = opt.out ? *opt.out : std::cout;
   const int verbose = detail::resolve_verbose(opt.verbose, out);
-  const std::int64_t steps = (n + opt.batch_size - 1) / opt.batch_size;
-  detail::Progress progress(out, verbose, steps);
+  detail::Progress progress(out, verbose, source.steps());
 
   auto history = std::make_shared<History>();
   std::vector<std::shared_ptr<Callback>> callbacks{history};
@@ -216,8 +347,6 @@ History Sequential::fit(const Tensor& x_all, const Tensor& y_all, const FitOptio
   stop_training = false;
 
   const std::vector<Variable*> vars = trainable_variables();
-  std::vector<std::int64_t> order(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
   Logs logs;
   for (auto& c : callbacks) c->on_train_begin(logs);
 
@@ -227,24 +356,11 @@ History Sequential::fit(const Tensor& x_all, const Tensor& y_all, const FitOptio
     logs.clear();
     for (auto& c : callbacks) c->on_epoch_begin(epoch, logs);
     progress.epoch_begin(epoch, opt.epochs);
-    if (opt.shuffle) {  // Fisher-Yates with a generator fixed by (seed, epoch)
-      std::iota(order.begin(), order.end(), 0);
-      Generator g = Generator(opt.seed).fork(static_cast<std::uint64_t>(epoch));
-      for (std::int64_t i = n - 1; i > 0; --i) std::swap(order[i], order[g.below(static_cast<std::uint64_t>(i + 1))]);
-    }
+    source.begin_epoch(epoch);
     const auto start = std::chrono::steady_clock::now();
-    for (std::int64_t step = 0; step < steps; ++step) {
-      const std::int64_t begin = step * opt.batch_size, end = std::min(n, begin + opt.batch_size);
-      Tensor xb, yb;
-      if (opt.shuffle) {
-        xb = Tensor::empty(x.shape().with_dim(0, end - begin), x.dtype());
-        yb = Tensor::empty(y.shape().with_dim(0, end - begin), y.dtype());
-        gather_rows(x, order.data() + begin, xb);
-        gather_rows(y, order.data() + begin, yb);
-      } else {
-        xb = x.slice(begin, end);
-        yb = y.slice(begin, end);
-      }
+    std::int64_t step = 0, samples = 0;
+    Tensor xb, yb;
+    while (source.next(xb, yb)) {
       logs.clear();
       for (auto& c : callbacks) c->on_train_batch_begin(step, logs);
 
@@ -254,26 +370,60 @@ History Sequential::fit(const Tensor& x_all, const Tensor& y_all, const FitOptio
       std::vector<Tensor> grads = tape.gradient(loss, vars);
       optimizer_->apply_gradients(grads, vars);
 
-      loss_mean.update_state(mean_value(loss), static_cast<double>(end - begin));
+      const std::int64_t count = xb.dim(0);
+      samples += count;
+      loss_mean.update_state(mean_value(loss), static_cast<double>(count));
       for (auto& m : metrics_) m->update_state(yb, y_pred);
       logs.set("loss", loss_mean.result());
       for (auto& m : metrics_) logs.set(m->name(), m->result());
       for (auto& c : callbacks) c->on_train_batch_end(step, logs);
-      progress.update(step + 1, logs);
+      progress.update(++step, logs);
     }
+    if (step == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() got no training batches in epoch ", epoch);
     const double train_seconds = seconds_since(start);
-    if (x_val.defined()) {
-      Logs val = run_evaluation(x_val, y_val, opt.batch_size, "val_");
+    if (opt.validation_dataset) {
+      Logs val = run_evaluation(*opt.validation_dataset, "val_");
+      for (const auto& [k, v] : val.items()) logs.set(k, v);
+    } else if (opt.validation_data) {
+      Logs val = run_evaluation(opt.validation_data->first, opt.validation_data->second, opt.batch_size, "val_");
       for (const auto& [k, v] : val.items()) logs.set(k, v);
     }
     const double epoch_seconds = seconds_since(start);
     history->epoch_seconds.push_back(epoch_seconds);
-    history->samples_per_second.push_back(static_cast<double>(n) / train_seconds);
-    progress.epoch_end(logs, epoch_seconds);
+    history->samples_per_second.push_back(static_cast<double>(samples) / train_seconds);
+    history->input_wait_seconds.push_back(source.input_wait());
+    progress.epoch_end(logs, epoch_seconds, step);
     for (auto& c : callbacks) c->on_epoch_end(epoch, logs);
   }
   for (auto& c : callbacks) c->on_train_end(logs);
   return *history;
+}
+
+Logs Sequential::run_evaluation(const data::Dataset& dataset, const std::string& prefix) {
+  reset_metrics();
+  metrics::Mean loss_mean;
+  data::Iterator it = dataset.make_iterator();
+  while (std::optional<data::Element> e = it.next()) {
+    Tensor xb, yb;
+    split_element(*e, xb, yb, "evaluate");
+    Tensor y_pred = (*this)(xb, /*training=*/false);
+    loss_mean.update_state(mean_value((*loss_)(yb, y_pred)), static_cast<double>(xb.dim(0)));
+    for (auto& m : metrics_) m->update_state(yb, y_pred);
+  }
+  Logs logs;
+  logs.set(prefix + "loss", loss_mean.result());
+  for (auto& m : metrics_) logs.set(prefix + m->name(), m->result());
+  return logs;
+}
+
+Logs Sequential::evaluate(const data::Dataset& dataset, const EvaluateOptions& opt) {
+  check_compiled("evaluate");
+  const auto start = std::chrono::steady_clock::now();
+  Logs logs = run_evaluation(dataset, "");
+  std::ostream& out = opt.out ? *opt.out : std::cout;
+  if (detail::resolve_verbose(opt.verbose, out) > 0)
+    out << "evaluate - " << detail::format_duration(seconds_since(start)) << detail::format_logs(logs) << "\n";
+  return logs;
 }
 
 Logs Sequential::run_evaluation(const Tensor& x, const Tensor& y, std::int64_t batch_size, const std::string& prefix) {

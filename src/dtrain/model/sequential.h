@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/data/dataset.h"
 #include "dtrain/losses/losses.h"
 #include "dtrain/metrics/metrics.h"
 #include "dtrain/model/callbacks.h"
@@ -23,6 +24,11 @@ struct FitOptions {
   std::int64_t batch_size = 32;
   // Evaluated at the end of every epoch; takes precedence over validation_split.
   std::optional<std::pair<Tensor, Tensor>> validation_data;
+  // The same, as a Dataset of (x, y) batches (for fit on a Dataset).
+  std::optional<data::Dataset> validation_dataset;
+  // fit on a Dataset: batches per epoch, drawn from one iterator across epochs (0: one
+  // full pass per epoch).
+  std::int64_t steps_per_epoch = 0;
   // The last fraction of x and y (before any shuffling) is held out for validation.
   double validation_split = 0.0;
   bool shuffle = true;
@@ -74,7 +80,11 @@ class Sequential {
   bool compiled() const { return optimizer_ != nullptr; }
 
   History fit(const Tensor& x, const Tensor& y, const FitOptions& options = {});
+  // A Dataset of (x, y) batches; batch_size, shuffle and seed belong to the pipeline then.
+  // Each epoch is a new pass (iteration = epoch), unless steps_per_epoch is set.
+  History fit(const data::Dataset& dataset, const FitOptions& options = {});
   Logs evaluate(const Tensor& x, const Tensor& y, const EvaluateOptions& options = {});
+  Logs evaluate(const data::Dataset& dataset, const EvaluateOptions& options = {});
   Tensor predict(const Tensor& x, std::int64_t batch_size = 32);
 
   // The Keras-style table (layer, output shape, parameters; totals).
@@ -101,7 +111,11 @@ class Sequential {
   // Set by a callback to end fit() after the current epoch.
   bool stop_training = false;
 
+  class BatchSource;  // where fit() draws batches from (defined in sequential.cpp)
+
  private:
+  History run_fit(BatchSource& source, const FitOptions& options);
+  Logs run_evaluation(const data::Dataset& dataset, const std::string& prefix);
   void check_compiled(const char* what) const;
   void reset_metrics();
   Logs run_evaluation(const Tensor& x, const Tensor& y, std::int64_t batch_size, const std::string& prefix);

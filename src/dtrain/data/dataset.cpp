@@ -1,0 +1,299 @@
+// Dataset's public methods, the Iterator wrapper, state serialization and shared helpers.
+#include <cstring>
+#include <thread>
+
+#include "dtrain/core/rng.h"
+#include "dtrain/core/threads.h"
+#include "dtrain/data/dataset_internal.h"
+#include "dtrain/data/idx.h"
+
+namespace dtrain::data {
+namespace detail {
+
+void rethrow_with_context(std::exception_ptr error, const std::string& context) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(context + ": " + e.what());
+  } catch (const IoError& e) {
+    throw IoError(context + ": " + e.what());
+  } catch (const Timeout& e) {
+    throw Timeout(context + ": " + e.what());
+  } catch (const Error& e) {
+    throw Error(context + ": " + e.what());
+  } catch (const std::exception& e) {
+    throw Error(context + ": " + e.what());
+  } catch (...) {
+    throw Error(context + ": an exception that is not a std::exception");
+  }
+}
+
+Element stack(const std::vector<Element>& elements, const char* op) {
+  DTRAIN_CHECK(!elements.empty());
+  const Element& first = elements.front();
+  Element out;
+  for (std::size_t c = 0; c < first.size(); ++c) {
+    const Tensor& proto = first[c];
+    std::vector<std::int64_t> dims{static_cast<std::int64_t>(elements.size())};
+    for (auto d : proto.shape().dims()) dims.push_back(d);
+    Tensor t = Tensor::empty(Shape(dims), proto.dtype());
+    char* dst = static_cast<char*>(t.raw_data());
+    const std::size_t bytes = proto.nbytes();
+    for (std::size_t i = 0; i < elements.size(); ++i) {
+      const Element& e = elements[i];
+      if (e.size() != first.size())
+        DTRAIN_THROW(InvalidArgument, op, ": element ", i, " has ", e.size(), " components, the first has ", first.size());
+      if (!(e[c].shape() == proto.shape()) || e[c].dtype() != proto.dtype())
+        DTRAIN_THROW(InvalidArgument, op, ": component ", c, " of element ", i, " is ", dtype_name(e[c].dtype()), " ",
+                     e[c].shape().to_string(), " but element 0's is ", dtype_name(proto.dtype()), " ",
+                     proto.shape().to_string(), " (use padded batching or map to a common shape)");
+      if (bytes) std::memcpy(dst + i * bytes, e[c].raw_data(), bytes);
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+void check_state(const IteratorState& s, std::size_t values, std::size_t children, const char* stage) {
+  if (s.values.size() < values || s.children.size() != children)
+    DTRAIN_THROW(InvalidArgument, stage, ": the saved iterator state does not belong to this pipeline (",
+                 s.values.size(), " values and ", s.children.size(), " children, expected ", values, " and ", children, ")");
+}
+
+int thread_budget(const DatasetOptions& options) {
+  return options.max_threads > 0 ? options.max_threads : available_cores();
+}
+
+}  // namespace detail
+
+// ---- IteratorState serialization: a little-endian tree of counts, integers and tensors.
+namespace {
+
+constexpr std::uint32_t kStateMagic = 0x44544953;  // "DTIS"
+
+void put_u64(std::string& out, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+}
+
+struct Reader {
+  std::string_view in;
+  std::size_t pos = 0;
+  std::uint64_t u64() {
+    if (pos + 8 > in.size()) DTRAIN_THROW(IoError, "iterator state: truncated at byte ", pos);
+    std::uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in[pos + i])) << (8 * i);
+    pos += 8;
+    return v;
+  }
+  std::string_view bytes(std::size_t n) {
+    if (pos + n > in.size()) DTRAIN_THROW(IoError, "iterator state: truncated at byte ", pos);
+    std::string_view v = in.substr(pos, n);
+    pos += n;
+    return v;
+  }
+};
+
+void write_state(std::string& out, const IteratorState& s) {
+  put_u64(out, s.values.size());
+  for (auto v : s.values) put_u64(out, static_cast<std::uint64_t>(v));
+  put_u64(out, s.tensors.size());
+  for (const Tensor& t : s.tensors) {
+    put_u64(out, static_cast<std::uint64_t>(t.dtype()));
+    put_u64(out, static_cast<std::uint64_t>(t.rank()));
+    for (auto d : t.shape().dims()) put_u64(out, static_cast<std::uint64_t>(d));
+    out.append(static_cast<const char*>(t.raw_data()), t.nbytes());
+  }
+  put_u64(out, s.children.size());
+  for (const auto& c : s.children) write_state(out, c);
+}
+
+IteratorState read_state(Reader& r, int depth) {
+  if (depth > 64) DTRAIN_THROW(IoError, "iterator state: nested too deeply");
+  IteratorState s;
+  const std::uint64_t nv = r.u64();
+  if (nv > r.in.size()) DTRAIN_THROW(IoError, "iterator state: corrupt value count ", nv);
+  for (std::uint64_t i = 0; i < nv; ++i) s.values.push_back(static_cast<std::int64_t>(r.u64()));
+  const std::uint64_t nt = r.u64();
+  if (nt > r.in.size()) DTRAIN_THROW(IoError, "iterator state: corrupt tensor count ", nt);
+  for (std::uint64_t i = 0; i < nt; ++i) {
+    const std::uint64_t dtype = r.u64(), rank = r.u64();
+    if (dtype > static_cast<std::uint64_t>(DType::u8) || rank > static_cast<std::uint64_t>(Shape::kMaxRank))
+      DTRAIN_THROW(IoError, "iterator state: corrupt tensor header at byte ", r.pos);
+    std::vector<std::int64_t> dims;
+    for (std::uint64_t d = 0; d < rank; ++d) dims.push_back(static_cast<std::int64_t>(r.u64()));
+    Tensor t = Tensor::empty(Shape(dims), static_cast<DType>(dtype));
+    const std::string_view b = r.bytes(t.nbytes());
+    if (!b.empty()) std::memcpy(t.raw_data(), b.data(), b.size());
+    s.tensors.push_back(std::move(t));
+  }
+  const std::uint64_t nc = r.u64();
+  if (nc > r.in.size()) DTRAIN_THROW(IoError, "iterator state: corrupt child count ", nc);
+  for (std::uint64_t i = 0; i < nc; ++i) s.children.push_back(read_state(r, depth + 1));
+  return s;
+}
+
+}  // namespace
+
+std::string IteratorState::to_bytes() const {
+  std::string out;
+  put_u64(out, kStateMagic);
+  write_state(out, *this);
+  return out;
+}
+
+IteratorState IteratorState::from_bytes(std::string_view bytes) {
+  Reader r{bytes};
+  if (bytes.size() < 8 || r.u64() != kStateMagic) DTRAIN_THROW(IoError, "iterator state: not a dtrain iterator state");
+  IteratorState s = read_state(r, 0);
+  if (r.pos != bytes.size()) DTRAIN_THROW(IoError, "iterator state: ", bytes.size() - r.pos, " trailing bytes");
+  return s;
+}
+
+// ---- Dataset
+
+Dataset Dataset::from_tensor_slices(std::vector<Tensor> tensors) {
+  return Dataset(detail::tensor_slices_node(std::move(tensors)));
+}
+Dataset Dataset::from_generator(std::function<std::optional<Element>(std::int64_t)> fn) {
+  return Dataset(detail::generator_node(std::move(fn)));
+}
+Dataset Dataset::range(std::int64_t start, std::int64_t stop, std::int64_t step) {
+  return Dataset(detail::range_node(start, stop, step));
+}
+Dataset Dataset::from_idx(const std::string& images_path, const std::string& labels_path) {
+  Tensor x = read_idx_images(images_path), y = read_idx_labels(labels_path);
+  if (x.dim(0) != y.dim(0))
+    DTRAIN_THROW(IoError, images_path, " holds ", x.dim(0), " images but ", labels_path, " holds ", y.dim(0), " labels");
+  return from_tensor_slices({x, y});
+}
+Dataset Dataset::csv(std::vector<std::string> files, CsvOptions options) {
+  return Dataset(detail::csv_node(std::move(files), std::move(options)));
+}
+Dataset Dataset::records(std::vector<std::string> files) { return Dataset(detail::records_node(std::move(files))); }
+
+Dataset Dataset::map(std::function<Element(const Element&)> fn, std::int64_t num_parallel_calls,
+                     bool deterministic) const {
+  if (!fn) DTRAIN_THROW(InvalidArgument, "map: the function is empty");
+  if (num_parallel_calls < AUTOTUNE)
+    DTRAIN_THROW(InvalidArgument, "map: num_parallel_calls must be AUTOTUNE (-1), 0 or positive, got ", num_parallel_calls);
+  if (num_parallel_calls == 0 || num_parallel_calls == 1)
+    return Dataset(detail::map_node(node_, std::move(fn)), options_);
+  return Dataset(detail::parallel_map_node(node_, std::move(fn), num_parallel_calls, deterministic), options_);
+}
+Dataset Dataset::filter(std::function<bool(const Element&)> predicate) const {
+  if (!predicate) DTRAIN_THROW(InvalidArgument, "filter: the predicate is empty");
+  return Dataset(detail::filter_node(node_, std::move(predicate)), options_);
+}
+Dataset Dataset::shuffle(std::int64_t buffer_size, std::optional<std::uint64_t> seed, bool reshuffle) const {
+  if (buffer_size <= 0) DTRAIN_THROW(InvalidArgument, "shuffle: buffer_size must be positive, got ", buffer_size);
+  return Dataset(detail::shuffle_node(node_, buffer_size, seed ? *seed : next_seed(), reshuffle), options_);
+}
+Dataset Dataset::batch(std::int64_t batch_size, bool drop_remainder) const {
+  if (batch_size <= 0) DTRAIN_THROW(InvalidArgument, "batch: batch_size must be positive, got ", batch_size);
+  return Dataset(detail::batch_node(node_, batch_size, drop_remainder), options_);
+}
+Dataset Dataset::unbatch() const { return Dataset(detail::unbatch_node(node_), options_); }
+Dataset Dataset::repeat(std::int64_t count) const {
+  if (count < -1) DTRAIN_THROW(InvalidArgument, "repeat: count must be -1 (forever) or >= 0, got ", count);
+  return Dataset(detail::repeat_node(node_, count), options_);
+}
+Dataset Dataset::take(std::int64_t count) const {
+  if (count < -1) DTRAIN_THROW(InvalidArgument, "take: count must be -1 (all) or >= 0, got ", count);
+  return Dataset(detail::take_node(node_, count), options_);
+}
+Dataset Dataset::skip(std::int64_t count) const {
+  if (count < -1) DTRAIN_THROW(InvalidArgument, "skip: count must be -1 (all) or >= 0, got ", count);
+  return Dataset(detail::skip_node(node_, count), options_);
+}
+Dataset Dataset::shard(std::int64_t num_shards, std::int64_t index) const {
+  if (num_shards <= 0) DTRAIN_THROW(InvalidArgument, "shard: num_shards must be positive, got ", num_shards);
+  if (index < 0 || index >= num_shards)
+    DTRAIN_THROW(InvalidArgument, "shard: index ", index, " is out of range for ", num_shards, " shards");
+  return Dataset(detail::shard_node(node_, num_shards, index), options_);
+}
+Dataset Dataset::cache() const { return Dataset(detail::cache_node(node_), options_); }
+Dataset Dataset::prefetch(std::int64_t buffer_size) const {
+  if (buffer_size < AUTOTUNE || buffer_size == 0)
+    DTRAIN_THROW(InvalidArgument, "prefetch: buffer_size must be AUTOTUNE (-1) or positive, got ", buffer_size);
+  return Dataset(detail::prefetch_node(node_, buffer_size), options_);
+}
+Dataset Dataset::with_options(DatasetOptions options) const {
+  if (options.max_threads < 0) DTRAIN_THROW(InvalidArgument, "options: max_threads must be >= 0, got ", options.max_threads);
+  if (options.autotune_max_buffer < 1)
+    DTRAIN_THROW(InvalidArgument, "options: autotune_max_buffer must be >= 1, got ", options.autotune_max_buffer);
+  return Dataset(node_, options);
+}
+
+std::int64_t Dataset::cardinality() const { return node_->cardinality(); }
+
+Iterator Dataset::make_iterator(std::uint64_t iteration) const {
+  IteratorContext ctx;
+  ctx.iteration = iteration;
+  ctx.options = options_;
+  return Iterator(node_, ctx);
+}
+
+// ---- Iterator
+
+Iterator::Iterator(std::shared_ptr<const DatasetNode> node, IteratorContext ctx)
+    : node_(std::move(node)), stop_(std::make_unique<std::stop_source>()), ctx_(std::move(ctx)) {
+  ctx_.stop = stop_->get_token();
+  root_ = node_->make(ctx_);
+}
+
+Iterator::Iterator(Iterator&&) noexcept = default;
+
+Iterator& Iterator::operator=(Iterator&& other) noexcept {
+  if (this != &other) {
+    stop();
+    node_ = std::move(other.node_);
+    stop_ = std::move(other.stop_);
+    ctx_ = std::move(other.ctx_);
+    root_ = std::move(other.root_);
+    stats_ = other.stats_;
+  }
+  return *this;
+}
+
+Iterator::~Iterator() { stop(); }
+
+void Iterator::stop() {
+  if (stop_) stop_->request_stop();
+  root_.reset();  // joins background threads, which see the stop request
+}
+
+std::optional<Element> Iterator::next() {
+  if (!root_) DTRAIN_THROW(InvalidArgument, "Iterator::next: the iterator was moved from");
+  const auto start = std::chrono::steady_clock::now();
+  std::optional<Element> e = root_->next();
+  const double waited = detail::seconds_since(start);
+  if (e) {
+    ++stats_.elements;
+    stats_.wait_seconds += waited;
+    stats_.last_wait_seconds = waited;
+    stats_.max_wait_seconds = std::max(stats_.max_wait_seconds, waited);
+  }
+  return e;
+}
+
+IteratorState Iterator::save() const {
+  if (!root_) DTRAIN_THROW(InvalidArgument, "Iterator::save: the iterator was moved from");
+  return root_->save();
+}
+
+void Iterator::restore(const IteratorState& state) {
+  // A fresh pipeline, moved to the saved position before any element is produced.
+  stop();
+  stop_ = std::make_unique<std::stop_source>();
+  ctx_.stop = stop_->get_token();
+  root_ = node_->make(ctx_);
+  root_->restore(state);
+}
+
+std::vector<std::string> Iterator::autotune_report() const {
+  std::vector<std::string> lines;
+  if (root_) root_->report(lines);
+  return lines;
+}
+
+}  // namespace dtrain::data

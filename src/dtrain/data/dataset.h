@@ -1,0 +1,193 @@
+// Dataset: a tf.data for C++. A Dataset is an immutable description of a pipeline
+// (sources and transformations); make_iterator() runs it. Elements are tuples of tensors.
+// Background work (prefetch, parallel map) runs on threads the iterator owns and stops
+// when the iterator is destroyed. Every iterator records how long its consumer waited for
+// each element, and its position can be saved and restored exactly.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dtrain/core/tensor.h"
+
+namespace dtrain::data {
+
+using Element = std::vector<Tensor>;
+
+// Pass as a parallelism or buffer size to let the pipeline choose from measured rates.
+inline constexpr std::int64_t AUTOTUNE = -1;
+// cardinality() values that are not counts.
+inline constexpr std::int64_t kUnknownCardinality = -1;
+inline constexpr std::int64_t kInfiniteCardinality = -2;
+
+struct DatasetOptions {
+  int max_threads = 0;  // background threads a pipeline may use (0: the process's cores)
+  std::int64_t autotune_max_buffer = 64;  // the largest prefetch buffer AUTOTUNE picks
+};
+
+// A position in a pipeline: what save() returns and restore() takes. It holds integers,
+// tensors (buffered elements of shuffle and cache) and the states of upstream stages.
+struct IteratorState {
+  std::vector<std::int64_t> values;
+  std::vector<Tensor> tensors;
+  std::vector<IteratorState> children;
+
+  std::string to_bytes() const;
+  // Throws IoError when the bytes are not a state this version wrote.
+  static IteratorState from_bytes(std::string_view bytes);
+};
+
+// What the consumer of an iterator waited (the input wait the profiler reports).
+struct InputStats {
+  std::int64_t elements = 0;
+  double wait_seconds = 0.0;       // total time blocked in next()
+  double last_wait_seconds = 0.0;  // for the element next() returned last
+  double max_wait_seconds = 0.0;
+};
+
+struct IteratorContext {
+  std::stop_token stop;          // set when the iterator is being destroyed
+  std::uint64_t iteration = 0;   // which pass over the data (an epoch); shuffle seeds by it
+  DatasetOptions options;
+};
+
+// One stage of a running pipeline. Internal interface, public so that tests and new
+// sources can implement it.
+class IteratorBase {
+ public:
+  virtual ~IteratorBase() = default;
+  virtual std::optional<Element> next() = 0;  // nullopt at the end
+  // The position after the last element returned.
+  virtual IteratorState save() const = 0;
+  // Moves a freshly made iterator to a saved position.
+  virtual void restore(const IteratorState& state) = 0;
+  // One line per stage that tunes itself: what it chose and what it measured.
+  virtual void report(std::vector<std::string>& /*lines*/) const {}
+};
+
+class DatasetNode {
+ public:
+  virtual ~DatasetNode() = default;
+  virtual std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const = 0;
+  virtual std::int64_t cardinality() const { return kUnknownCardinality; }
+};
+
+class Iterator;
+
+struct CsvOptions {
+  bool header = true;
+  char delimiter = ',';
+  // Columns to keep, by header name or by 0-based index as text ("3"); empty keeps all.
+  std::vector<std::string> select_columns;
+  // A column to yield as a second, scalar component (the label); empty for none.
+  std::string label_column;
+};
+
+class Dataset {
+ public:
+  // --- sources
+  // Rows of each tensor along axis 0, as views (no copy). All must have the same length.
+  static Dataset from_tensor_slices(std::vector<Tensor> tensors);
+  // fn(i) returns element i, or nullopt after the last. An exception inside it reaches the
+  // consumer as an Error naming the element index. Called from one thread at a time.
+  static Dataset from_generator(std::function<std::optional<Element>(std::int64_t index)> fn);
+  // int32 scalars start, start + step, ... below stop (above it for a negative step).
+  static Dataset range(std::int64_t start, std::int64_t stop, std::int64_t step = 1);
+  static Dataset range(std::int64_t stop) { return range(0, stop); }
+  // IDX image and label files (gzip or not): elements (float32 [rows*cols] / 255, int32 label).
+  static Dataset from_idx(const std::string& images_path, const std::string& labels_path);
+  // Numeric CSV files, line by line: elements (float32 [columns]) or (features, label).
+  static Dataset csv(std::vector<std::string> files, CsvOptions options = {});
+  // Record files written by RecordWriter: elements (uint8 [record bytes]).
+  static Dataset records(std::vector<std::string> files);
+
+  // --- transformations
+  Dataset map(std::function<Element(const Element&)> fn, std::int64_t num_parallel_calls = 0,
+              bool deterministic = true) const;
+  Dataset filter(std::function<bool(const Element&)> predicate) const;
+  // buffer_size elements are held and drawn from at random. Without a seed, the next of
+  // set_random_seed's sequence is used. reshuffle_each_iteration gives each pass (epoch)
+  // its own order, a pure function of (seed, pass).
+  Dataset shuffle(std::int64_t buffer_size, std::optional<std::uint64_t> seed = std::nullopt,
+                  bool reshuffle_each_iteration = true) const;
+  Dataset batch(std::int64_t batch_size, bool drop_remainder = false) const;
+  Dataset unbatch() const;
+  Dataset repeat(std::int64_t count = -1) const;  // -1: forever
+  Dataset take(std::int64_t count) const;         // -1: all
+  Dataset skip(std::int64_t count) const;         // -1: all
+  // Every num_shards-th element, starting at index.
+  Dataset shard(std::int64_t num_shards, std::int64_t index) const;
+  // Keeps the elements of the first complete pass in memory; later passes read them.
+  Dataset cache() const;
+  Dataset prefetch(std::int64_t buffer_size = AUTOTUNE) const;
+  Dataset with_options(DatasetOptions options) const;
+  const DatasetOptions& options() const { return options_; }
+
+  std::int64_t cardinality() const;
+  // Runs the pipeline; `iteration` numbers the pass (fit passes the epoch).
+  Iterator make_iterator(std::uint64_t iteration = 0) const;
+
+  // Wraps a custom node (a new source or transformation).
+  explicit Dataset(std::shared_ptr<const DatasetNode> node, DatasetOptions options = {})
+      : node_(std::move(node)), options_(options) {}
+  const std::shared_ptr<const DatasetNode>& node() const { return node_; }
+
+ private:
+  std::shared_ptr<const DatasetNode> node_;
+  DatasetOptions options_;
+};
+
+class Iterator {
+ public:
+  Iterator(Iterator&&) noexcept;
+  Iterator& operator=(Iterator&&) noexcept;
+  ~Iterator();  // stops the pipeline's threads and waits for them
+
+  std::optional<Element> next();
+  IteratorState save() const;
+  // Continues from a saved position of an iterator of the same pipeline.
+  void restore(const IteratorState& state);
+  const InputStats& stats() const { return stats_; }
+  // What AUTOTUNE chose, stage by stage, with the rates it measured.
+  std::vector<std::string> autotune_report() const;
+
+ private:
+  friend class Dataset;
+  Iterator(std::shared_ptr<const DatasetNode> node, IteratorContext ctx);
+  void stop();
+
+  std::shared_ptr<const DatasetNode> node_;
+  std::unique_ptr<std::stop_source> stop_;
+  IteratorContext ctx_;
+  std::unique_ptr<IteratorBase> root_;
+  InputStats stats_;
+};
+
+// --- record files: [u64 length][u32 crc32 of the length][bytes][u32 crc32 of the bytes],
+// little-endian. A corrupt record is an IoError naming the file and its offset.
+class RecordWriter {
+ public:
+  explicit RecordWriter(const std::string& path);  // truncates
+  ~RecordWriter();
+  RecordWriter(const RecordWriter&) = delete;
+  RecordWriter& operator=(const RecordWriter&) = delete;
+  void write(std::string_view record);
+  void close();  // flushes; errors name the file
+
+ private:
+  std::string path_;
+  std::FILE* file_;
+};
+
+// Tensors <-> one record (dtype, shape and bytes of each), to store elements in record files.
+std::string encode_element(const Element& element);
+Element decode_element(const Tensor& record_bytes);
+
+}  // namespace dtrain::data

@@ -1,0 +1,397 @@
+// Background stages: prefetch and parallel map. Their threads start on the first next()
+// (so restore() can run first), wait on condition variables that also wake on the
+// iterator's stop token, and are joined before the upstream stage is destroyed. save()
+// quiesces the stage (no pull or computation in flight), then records the upstream's
+// position and the finished elements not yet consumed.
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "dtrain/data/dataset_internal.h"
+
+namespace dtrain::data::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string ms(double seconds) {
+  std::ostringstream o;
+  o.precision(3);
+  o << seconds * 1e3 << " ms";
+  return o.str();
+}
+
+// ---- prefetch: a producer thread keeps up to `capacity` elements ready. With AUTOTUNE the
+// capacity starts at 1 and grows each time the consumer finds the buffer empty.
+class PrefetchIterator : public IteratorBase {
+ public:
+  PrefetchIterator(std::unique_ptr<IteratorBase> in, const IteratorContext& ctx, std::int64_t buffer)
+      : in_(std::move(in)), ctx_(ctx), autotune_(buffer == AUTOTUNE), capacity_(autotune_ ? 1 : buffer),
+        max_capacity_(autotune_ ? ctx.options.autotune_max_buffer : buffer) {}
+
+  ~PrefetchIterator() override {
+    if (producer_.joinable()) {
+      producer_.request_stop();
+      producer_.join();
+    }
+  }
+
+  std::optional<Element> next() override {
+    start();
+    std::unique_lock lock(mutex_);
+    const auto now = Clock::now();
+    if (consumed_ > 0) consumer_time_.add(std::chrono::duration<double>(now - last_return_).count());
+    if (queue_.empty() && !ended_ && !error_) {
+      ++waits_;
+      if (autotune_ && capacity_ < max_capacity_) ++capacity_;
+      cv_.notify_all();
+    }
+    cv_.wait(lock, ctx_.stop, [&] { return !queue_.empty() || ended_ || error_; });
+    last_return_ = Clock::now();
+    if (!queue_.empty()) {
+      Element e = std::move(queue_.front());
+      queue_.pop_front();
+      ++consumed_;
+      cv_.notify_all();
+      return e;
+    }
+    if (error_) std::rethrow_exception(error_);
+    return std::nullopt;  // the end, or the iterator is being destroyed
+  }
+
+  IteratorState save() const override {
+    std::lock_guard pull(pull_mutex_);  // the producer is between pulls
+    std::lock_guard lock(mutex_);
+    if (error_) DTRAIN_THROW(InvalidArgument, "prefetch: cannot save an iterator whose input failed");
+    IteratorState s{{ended_ ? 1 : 0, static_cast<std::int64_t>(queue_.size()), capacity_}, {}, {in_->save()}};
+    for (const Element& e : queue_) {
+      s.values.push_back(static_cast<std::int64_t>(e.size()));
+      for (const Tensor& t : e) s.tensors.push_back(t);
+    }
+    return s;
+  }
+
+  void restore(const IteratorState& s) override {
+    check_state(s, 3, 1, "prefetch");
+    DTRAIN_CHECK(!producer_.joinable(), "restore() must come before the first next()");
+    ended_ = s.values[0] != 0;
+    capacity_ = std::max<std::int64_t>(1, std::min(s.values[2], max_capacity_));
+    queue_.clear();
+    std::size_t t = 0;
+    for (std::int64_t i = 0; i < s.values[1]; ++i) {
+      const auto arity = static_cast<std::size_t>(s.values.at(static_cast<std::size_t>(3 + i)));
+      if (t + arity > s.tensors.size()) DTRAIN_THROW(InvalidArgument, "prefetch: saved state is incomplete");
+      queue_.emplace_back(s.tensors.begin() + static_cast<std::ptrdiff_t>(t),
+                          s.tensors.begin() + static_cast<std::ptrdiff_t>(t + arity));
+      t += arity;
+    }
+    in_->restore(s.children[0]);
+  }
+
+  void report(std::vector<std::string>& lines) const override {
+    in_->report(lines);
+    std::lock_guard lock(mutex_);
+    lines.push_back("prefetch: buffer " + std::to_string(capacity_) + (autotune_ ? " (AUTOTUNE)" : "") +
+                    "; producer " + ms(producer_time_.value) + "/element, consumer " + ms(consumer_time_.value) +
+                    "/element; the consumer waited on " + std::to_string(waits_) + " of " +
+                    std::to_string(consumed_) + " elements");
+  }
+
+ private:
+  void start() {
+    if (started_) return;
+    started_ = true;
+    producer_ = std::jthread([this](std::stop_token st) { produce(st); });
+  }
+
+  void produce(std::stop_token st) {
+    for (;;) {
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, st, [&] { return static_cast<std::int64_t>(queue_.size()) < capacity_ || ended_; });
+        if (st.stop_requested() || ctx_.stop.stop_requested() || ended_) return;
+      }
+      std::lock_guard pull(pull_mutex_);
+      const auto t0 = Clock::now();
+      std::optional<Element> e;
+      std::exception_ptr error;
+      try {
+        e = in_->next();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      const double took = seconds_since(t0);
+      std::lock_guard lock(mutex_);
+      if (error) {
+        error_ = error;
+      } else if (!e) {
+        // A stop request also makes upstream stages end early; that is not the data's end.
+        if (!ctx_.stop.stop_requested() && !st.stop_requested()) ended_ = true;
+      } else {
+        producer_time_.add(took);
+        queue_.push_back(std::move(*e));
+      }
+      cv_.notify_all();
+      if (error_ || !e) return;
+    }
+  }
+
+  std::unique_ptr<IteratorBase> in_;
+  IteratorContext ctx_;
+  const bool autotune_;
+  std::int64_t capacity_;
+  const std::int64_t max_capacity_;
+  mutable std::mutex mutex_;       // guards everything below
+  mutable std::mutex pull_mutex_;  // held by the producer while it pulls and stores an element
+  std::condition_variable_any cv_;
+  std::deque<Element> queue_;
+  bool ended_ = false;
+  std::exception_ptr error_;
+  bool started_ = false;
+  std::int64_t consumed_ = 0, waits_ = 0;
+  Ema producer_time_, consumer_time_;
+  Clock::time_point last_return_;
+  std::jthread producer_;  // last: joined before the members it uses go away
+};
+
+class PrefetchNode : public DatasetNode {
+ public:
+  PrefetchNode(NodePtr in, std::int64_t buffer) : in_(std::move(in)), buffer_(buffer) {}
+  std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
+    return std::make_unique<PrefetchIterator>(in_->make(ctx), ctx, buffer_);
+  }
+  std::int64_t cardinality() const override { return in_->cardinality(); }
+
+ private:
+  NodePtr in_;
+  std::int64_t buffer_;
+};
+
+// ---- parallel map: worker threads pull inputs in order (numbered), apply fn concurrently,
+// and file results by number. Deterministic delivery returns results in input order;
+// otherwise the first one ready. With AUTOTUNE the number of workers allowed to run is
+// ceil(fn time / consumer time per element), within the pipeline's thread budget.
+class ParallelMapIterator : public IteratorBase {
+ public:
+  ParallelMapIterator(std::unique_ptr<IteratorBase> in, const IteratorContext& ctx, const MapFn& fn,
+                      std::int64_t parallelism, bool deterministic)
+      : in_(std::move(in)), ctx_(ctx), fn_(fn), autotune_(parallelism == AUTOTUNE), deterministic_(deterministic),
+        threads_(autotune_ ? thread_budget(ctx.options) : static_cast<int>(parallelism)),
+        active_(autotune_ ? 1 : threads_) {}
+
+  ~ParallelMapIterator() override {
+    for (auto& w : workers_) w.request_stop();
+    workers_.clear();  // joins
+  }
+
+  std::optional<Element> next() override {
+    start();
+    std::unique_lock lock(mutex_);
+    if (delivered_ > 0) {
+      consumer_time_.add(std::chrono::duration<double>(Clock::now() - last_return_).count());
+      if (autotune_) retune();
+    }
+    cv_.wait(lock, ctx_.stop, [&] { return ready() || finished(); });
+    last_return_ = Clock::now();
+    if (!ready()) return std::nullopt;
+    auto it = deterministic_ ? results_.find(delivered_) : results_.begin();
+    Result r = std::move(it->second);
+    results_.erase(it);
+    ++delivered_;
+    cv_.notify_all();
+    if (r.error) {
+      error_seen_ = true;
+      std::rethrow_exception(r.error);
+    }
+    return std::move(r.element);
+  }
+
+  IteratorState save() const override {
+    std::unique_lock lock(mutex_);
+    paused_ = true;
+    cv_.wait(lock, [&] { return computing_ == 0; });
+    IteratorState s{{delivered_, input_done_ ? 1 : 0, end_seq_, static_cast<std::int64_t>(results_.size())},
+                    {},
+                    {in_->save()}};
+    bool failed = false;
+    for (const auto& [seq, r] : results_) {
+      failed |= static_cast<bool>(r.error);
+      s.values.push_back(static_cast<std::int64_t>(r.element.size()));
+      for (const Tensor& t : r.element) s.tensors.push_back(t);
+    }
+    paused_ = false;
+    cv_.notify_all();
+    if (failed || error_seen_) DTRAIN_THROW(InvalidArgument, "map: cannot save an iterator whose map function failed");
+    return s;
+  }
+
+  void restore(const IteratorState& s) override {
+    check_state(s, 4, 1, "map");
+    DTRAIN_CHECK(workers_.empty(), "restore() must come before the first next()");
+    delivered_ = s.values[0];
+    input_done_ = s.values[1] != 0;
+    end_seq_ = s.values[2];
+    results_.clear();
+    std::size_t t = 0;
+    for (std::int64_t i = 0; i < s.values[3]; ++i) {
+      const auto arity = static_cast<std::size_t>(s.values.at(static_cast<std::size_t>(4 + i)));
+      if (t + arity > s.tensors.size()) DTRAIN_THROW(InvalidArgument, "map: saved state is incomplete");
+      results_[delivered_ + i].element.assign(s.tensors.begin() + static_cast<std::ptrdiff_t>(t),
+                                              s.tensors.begin() + static_cast<std::ptrdiff_t>(t + arity));
+      t += arity;
+    }
+    pulled_ = next_seq_ = delivered_ + s.values[3];
+    in_->restore(s.children[0]);
+  }
+
+  void report(std::vector<std::string>& lines) const override {
+    in_->report(lines);
+    std::lock_guard lock(mutex_);
+    lines.push_back("map: parallelism " + std::to_string(active_) + " of " + std::to_string(threads_) + " threads" +
+                    (autotune_ ? " (AUTOTUNE)" : "") + (deterministic_ ? "" : ", non-deterministic") + "; function " +
+                    ms(fn_time_.value) + "/element, consumer " + ms(consumer_time_.value) + "/element");
+  }
+
+ private:
+  struct Result {
+    Element element;
+    std::exception_ptr error;
+  };
+
+  bool ready() const {
+    if (results_.empty()) return false;
+    return !deterministic_ || results_.count(delivered_) > 0;
+  }
+  bool finished() const { return input_done_ && computing_ == 0 && results_.empty() && delivered_ >= end_seq_; }
+  std::int64_t in_flight() const { return pulled_ - delivered_; }
+
+  void retune() {
+    const double fn = fn_time_.value, consumer = std::max(consumer_time_.value, 1e-6);
+    const int want = static_cast<int>(std::ceil(fn / consumer));
+    active_ = std::clamp(want, 1, threads_);
+  }
+
+  void start() {
+    if (!workers_.empty() || finished()) return;
+    for (int i = 0; i < threads_; ++i) workers_.emplace_back([this](std::stop_token st) { work(st); });
+  }
+
+  void work(std::stop_token st) {
+    for (;;) {
+      std::int64_t seq;
+      std::optional<Element> input;
+      std::exception_ptr error;
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, st, [&] {
+          return input_done_ || (!paused_ && computing_ < active_ && in_flight() < 2 * static_cast<std::int64_t>(active_));
+        });
+        if (st.stop_requested() || input_done_) return;
+        ++computing_;  // counted before the pull, so save() waits for pulls too
+        ++pulled_;     // reserves a place in the in-flight window
+      }
+      {
+        // Pulls are serialised (the upstream is single-threaded) and numbered in pull order,
+        // without holding the state lock, so a slow upstream does not block the consumer.
+        std::lock_guard pull(pull_mutex_);
+        {
+          std::lock_guard lock(mutex_);
+          if (input_done_) {
+            --pulled_;
+            --computing_;
+            cv_.notify_all();
+            return;
+          }
+          seq = next_seq_++;
+        }
+        try {
+          input = in_->next();
+        } catch (...) {
+          error = std::current_exception();
+        }
+        std::lock_guard lock(mutex_);
+        if (!input && !error) {
+          input_done_ = true;
+          end_seq_ = seq;
+          --pulled_;
+          --computing_;
+          cv_.notify_all();
+          return;
+        }
+        if (error) {
+          input_done_ = true;
+          end_seq_ = seq + 1;
+        }
+      }
+      Result r;
+      r.error = error;
+      if (!error) {
+        const auto t0 = Clock::now();
+        try {
+          r.element = fn_(*input);
+        } catch (...) {
+          try {
+            rethrow_with_context(std::current_exception(), "map: element " + std::to_string(seq));
+          } catch (...) {
+            r.error = std::current_exception();
+          }
+        }
+        std::lock_guard lock(mutex_);
+        fn_time_.add(seconds_since(t0));
+      }
+      std::lock_guard lock(mutex_);
+      results_[seq] = std::move(r);
+      --computing_;
+      cv_.notify_all();
+      if (error) return;
+    }
+  }
+
+  std::unique_ptr<IteratorBase> in_;
+  IteratorContext ctx_;
+  const MapFn& fn_;
+  const bool autotune_, deterministic_;
+  const int threads_;
+  int active_;
+  mutable std::mutex mutex_;
+  mutable std::condition_variable_any cv_;
+  mutable bool paused_ = false;
+  std::map<std::int64_t, Result> results_;
+  std::mutex pull_mutex_;  // held while pulling from the upstream
+  // pulled_: inputs taken or reserved; next_seq_: the number the next pull gets.
+  std::int64_t pulled_ = 0, next_seq_ = 0, delivered_ = 0, end_seq_ = -1;
+  int computing_ = 0;
+  bool input_done_ = false, error_seen_ = false;
+  Ema fn_time_, consumer_time_;
+  Clock::time_point last_return_;
+  std::vector<std::jthread> workers_;  // last: joined first
+};
+
+class ParallelMapNode : public DatasetNode {
+ public:
+  ParallelMapNode(NodePtr in, MapFn fn, std::int64_t parallelism, bool deterministic)
+      : in_(std::move(in)), fn_(std::move(fn)), parallelism_(parallelism), deterministic_(deterministic) {}
+  std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
+    return std::make_unique<ParallelMapIterator>(in_->make(ctx), ctx, fn_, parallelism_, deterministic_);
+  }
+  std::int64_t cardinality() const override { return in_->cardinality(); }
+
+ private:
+  NodePtr in_;
+  MapFn fn_;
+  std::int64_t parallelism_;
+  bool deterministic_;
+};
+
+}  // namespace
+
+NodePtr prefetch_node(NodePtr in, std::int64_t buffer) { return std::make_shared<PrefetchNode>(std::move(in), buffer); }
+NodePtr parallel_map_node(NodePtr in, MapFn fn, std::int64_t parallelism, bool deterministic) {
+  return std::make_shared<ParallelMapNode>(std::move(in), std::move(fn), parallelism, deterministic);
+}
+
+}  // namespace dtrain::data::detail

@@ -1,0 +1,61 @@
+// Pieces shared by the dataset implementation files (private to the data layer).
+#pragma once
+
+#include <chrono>
+#include <exception>
+#include <string>
+
+#include "dtrain/data/dataset.h"
+
+namespace dtrain::data::detail {
+
+// Rethrows `error` with `context` in front of its message, keeping dtrain's error kind.
+[[noreturn]] void rethrow_with_context(std::exception_ptr error, const std::string& context);
+
+// Stacks elements (each a tuple of same-shaped tensors) along a new first axis.
+Element stack(const std::vector<Element>& elements, const char* op);
+
+// Checks a saved state has the expected number of values and children.
+void check_state(const IteratorState& s, std::size_t values, std::size_t children, const char* stage);
+
+// The number of threads a pipeline may use for background work.
+int thread_budget(const DatasetOptions& options);
+
+inline double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Exponential moving average used by AUTOTUNE's rate estimates.
+struct Ema {
+  double value = 0.0;
+  bool primed = false;
+  void add(double x, double weight = 0.2) {
+    value = primed ? (1 - weight) * value + weight * x : x;
+    primed = true;
+  }
+};
+
+using NodePtr = std::shared_ptr<const DatasetNode>;
+using MapFn = std::function<Element(const Element&)>;
+
+// Node factories, one per source or transformation (defined in dataset_sources.cpp,
+// dataset_transforms.cpp and dataset_async.cpp).
+NodePtr tensor_slices_node(std::vector<Tensor> tensors);
+NodePtr generator_node(std::function<std::optional<Element>(std::int64_t)> fn);
+NodePtr range_node(std::int64_t start, std::int64_t stop, std::int64_t step);
+NodePtr csv_node(std::vector<std::string> files, CsvOptions options);
+NodePtr records_node(std::vector<std::string> files);
+NodePtr map_node(NodePtr in, MapFn fn);
+NodePtr parallel_map_node(NodePtr in, MapFn fn, std::int64_t parallelism, bool deterministic);
+NodePtr filter_node(NodePtr in, std::function<bool(const Element&)> predicate);
+NodePtr shuffle_node(NodePtr in, std::int64_t buffer, std::uint64_t seed, bool reshuffle);
+NodePtr batch_node(NodePtr in, std::int64_t size, bool drop_remainder);
+NodePtr unbatch_node(NodePtr in);
+NodePtr repeat_node(NodePtr in, std::int64_t count);
+NodePtr take_node(NodePtr in, std::int64_t count);
+NodePtr skip_node(NodePtr in, std::int64_t count);
+NodePtr shard_node(NodePtr in, std::int64_t num_shards, std::int64_t index);
+NodePtr cache_node(NodePtr in);
+NodePtr prefetch_node(NodePtr in, std::int64_t buffer);
+
+}  // namespace dtrain::data::detail

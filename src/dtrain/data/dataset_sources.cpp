@@ -1,0 +1,466 @@
+// Dataset sources: tensor slices, generators, ranges, CSV files and record files.
+#include <zlib.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <fstream>
+
+#include "dtrain/data/dataset_internal.h"
+
+namespace dtrain::data::detail {
+namespace {
+
+// ---- from_tensor_slices: element i is row i of every tensor, as a view.
+class SlicesIterator : public IteratorBase {
+ public:
+  explicit SlicesIterator(const std::vector<Tensor>& t) : tensors_(t) {}
+  std::optional<Element> next() override {
+    if (tensors_.empty() || index_ >= tensors_[0].dim(0)) return std::nullopt;
+    Element e;
+    for (const Tensor& t : tensors_) {
+      const Shape row_shape(std::vector<std::int64_t>(t.shape().dims().begin() + 1, t.shape().dims().end()));
+      e.push_back(t.slice(index_, index_ + 1).reshape(row_shape));
+    }
+    ++index_;
+    return e;
+  }
+  IteratorState save() const override { return {{index_}, {}, {}}; }
+  void restore(const IteratorState& s) override {
+    check_state(s, 1, 0, "from_tensor_slices");
+    index_ = s.values[0];
+  }
+
+ private:
+  const std::vector<Tensor>& tensors_;
+  std::int64_t index_ = 0;
+};
+
+class SlicesNode : public DatasetNode {
+ public:
+  explicit SlicesNode(std::vector<Tensor> t) : tensors_(std::move(t)) {
+    if (tensors_.empty()) DTRAIN_THROW(InvalidArgument, "from_tensor_slices: needs at least one tensor");
+    for (std::size_t i = 0; i < tensors_.size(); ++i) {
+      tensors_[i].check_defined("from_tensor_slices");
+      if (tensors_[i].rank() == 0)
+        DTRAIN_THROW(InvalidArgument, "from_tensor_slices: tensor ", i, " is a scalar; it needs an axis to slice");
+      if (tensors_[i].dim(0) != tensors_[0].dim(0))
+        DTRAIN_THROW(InvalidArgument, "from_tensor_slices: tensor ", i, " has ", tensors_[i].dim(0),
+                     " rows but tensor 0 has ", tensors_[0].dim(0), " (shapes ", tensors_[i].shape().to_string(), " and ",
+                     tensors_[0].shape().to_string(), ")");
+    }
+  }
+  std::unique_ptr<IteratorBase> make(const IteratorContext&) const override {
+    return std::make_unique<SlicesIterator>(tensors_);
+  }
+  std::int64_t cardinality() const override { return tensors_[0].dim(0); }
+
+ private:
+  std::vector<Tensor> tensors_;
+};
+
+// ---- from_generator: fn(i) for i = 0, 1, ... until nullopt.
+class GeneratorIterator : public IteratorBase {
+ public:
+  explicit GeneratorIterator(const std::function<std::optional<Element>(std::int64_t)>& fn) : fn_(fn) {}
+  std::optional<Element> next() override {
+    if (done_) return std::nullopt;
+    std::optional<Element> e;
+    try {
+      e = fn_(index_);
+    } catch (...) {
+      rethrow_with_context(std::current_exception(), "from_generator: element " + std::to_string(index_));
+    }
+    if (!e) {
+      done_ = true;
+      return std::nullopt;
+    }
+    ++index_;
+    return e;
+  }
+  IteratorState save() const override { return {{index_, done_ ? 1 : 0}, {}, {}}; }
+  void restore(const IteratorState& s) override {
+    check_state(s, 2, 0, "from_generator");
+    index_ = s.values[0];
+    done_ = s.values[1] != 0;
+  }
+
+ private:
+  const std::function<std::optional<Element>(std::int64_t)>& fn_;
+  std::int64_t index_ = 0;
+  bool done_ = false;
+};
+
+class GeneratorNode : public DatasetNode {
+ public:
+  explicit GeneratorNode(std::function<std::optional<Element>(std::int64_t)> fn) : fn_(std::move(fn)) {
+    if (!fn_) DTRAIN_THROW(InvalidArgument, "from_generator: the function is empty");
+  }
+  std::unique_ptr<IteratorBase> make(const IteratorContext&) const override {
+    return std::make_unique<GeneratorIterator>(fn_);
+  }
+
+ private:
+  std::function<std::optional<Element>(std::int64_t)> fn_;
+};
+
+// ---- range
+class RangeIterator : public IteratorBase {
+ public:
+  RangeIterator(std::int64_t start, std::int64_t stop, std::int64_t step) : next_(start), stop_(stop), step_(step) {}
+  std::optional<Element> next() override {
+    if (step_ > 0 ? next_ >= stop_ : next_ <= stop_) return std::nullopt;
+    Tensor t = Tensor::empty({}, DType::i32);
+    t.data<std::int32_t>()[0] = static_cast<std::int32_t>(next_);
+    next_ += step_;
+    return Element{t};
+  }
+  IteratorState save() const override { return {{next_}, {}, {}}; }
+  void restore(const IteratorState& s) override {
+    check_state(s, 1, 0, "range");
+    next_ = s.values[0];
+  }
+
+ private:
+  std::int64_t next_, stop_, step_;
+};
+
+class RangeNode : public DatasetNode {
+ public:
+  RangeNode(std::int64_t start, std::int64_t stop, std::int64_t step) : start_(start), stop_(stop), step_(step) {
+    if (step == 0) DTRAIN_THROW(InvalidArgument, "range: step must not be 0");
+    for (std::int64_t v : {start, stop})
+      if (v < INT32_MIN || v > INT32_MAX) DTRAIN_THROW(InvalidArgument, "range: ", v, " does not fit the int32 elements");
+  }
+  std::unique_ptr<IteratorBase> make(const IteratorContext&) const override {
+    return std::make_unique<RangeIterator>(start_, stop_, step_);
+  }
+  std::int64_t cardinality() const override {
+    const std::int64_t span = step_ > 0 ? stop_ - start_ : start_ - stop_;
+    const std::int64_t s = step_ > 0 ? step_ : -step_;
+    return span <= 0 ? 0 : (span + s - 1) / s;
+  }
+
+ private:
+  std::int64_t start_, stop_, step_;
+};
+
+// ---- CSV: one element per line; every field must be a number.
+struct CsvLayout {
+  std::vector<int> feature_columns;  // indices into a line's fields
+  int label_column = -1;
+  std::size_t fields = 0;            // fields every line must have (0: set by the first line)
+};
+
+std::vector<std::string_view> split(std::string_view line, char delimiter) {
+  std::vector<std::string_view> out;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t p = line.find(delimiter, start);
+    out.push_back(line.substr(start, p == std::string_view::npos ? std::string_view::npos : p - start));
+    if (p == std::string_view::npos) break;
+    start = p + 1;
+  }
+  return out;
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  return s;
+}
+
+class CsvIterator : public IteratorBase {
+ public:
+  CsvIterator(const std::vector<std::string>& files, const CsvOptions& o) : files_(files), options_(o) {}
+
+  std::optional<Element> next() override {
+    for (;;) {
+      if (!in_.is_open()) {
+        if (file_ >= files_.size()) return std::nullopt;
+        open_current();
+      }
+      std::string line;
+      if (!std::getline(in_, line)) {
+        in_.close();
+        ++file_;
+        line_ = 0;
+        skip_to_ = 0;
+        continue;
+      }
+      ++line_;
+      if (trim(line).empty()) continue;
+      if (line_ == 1 && options_.header) {
+        read_header(line);
+        continue;
+      }
+      if (line_ <= skip_to_) continue;  // restoring: lines already consumed
+      return parse(line);
+    }
+  }
+  IteratorState save() const override {
+    return {{static_cast<std::int64_t>(file_), line_}, {}, {}};
+  }
+  void restore(const IteratorState& s) override {
+    check_state(s, 2, 0, "csv");
+    file_ = static_cast<std::size_t>(s.values[0]);
+    skip_to_ = s.values[1];
+    if (file_ < files_.size()) open_current();
+  }
+
+ private:
+  const std::string& path() const { return files_[file_]; }
+
+  void open_current() {
+    in_.open(path());
+    if (!in_) DTRAIN_THROW(IoError, path(), ": cannot open (", std::strerror(errno), ")");
+    line_ = 0;
+    layout_ = CsvLayout{};
+    if (!options_.header) resolve({});
+  }
+
+  void read_header(const std::string& line) {
+    std::vector<std::string> names;
+    for (auto f : split(line, options_.delimiter)) names.emplace_back(trim(f));
+    resolve(names);
+  }
+
+  // Column names or indices -> positions.
+  int column_index(const std::string& name, const std::vector<std::string>& names) const {
+    for (std::size_t i = 0; i < names.size(); ++i)
+      if (names[i] == name) return static_cast<int>(i);
+    int idx = -1;
+    auto [p, ec] = std::from_chars(name.data(), name.data() + name.size(), idx);
+    if (ec == std::errc() && p == name.data() + name.size() && idx >= 0) return idx;
+    DTRAIN_THROW(InvalidArgument, path(), ": no column '", name, "'", names.empty() ? " (the file has no header)" : "");
+  }
+
+  void resolve(const std::vector<std::string>& names) {
+    layout_.fields = names.size();
+    for (const auto& c : options_.select_columns) layout_.feature_columns.push_back(column_index(c, names));
+    if (!options_.label_column.empty()) layout_.label_column = column_index(options_.label_column, names);
+  }
+
+  Element parse(const std::string& line) {
+    const auto fields = split(line, options_.delimiter);
+    if (layout_.fields == 0) layout_.fields = fields.size();
+    if (fields.size() != layout_.fields)
+      DTRAIN_THROW(IoError, path(), ":", line_, ": ", fields.size(), " fields, expected ", layout_.fields);
+    if (layout_.feature_columns.empty()) {
+      for (std::size_t i = 0; i < fields.size(); ++i)
+        if (static_cast<int>(i) != layout_.label_column) layout_.feature_columns.push_back(static_cast<int>(i));
+    }
+    auto value = [&](int col) {
+      if (col >= static_cast<int>(fields.size()))
+        DTRAIN_THROW(IoError, path(), ":", line_, ": column ", col, " is past the ", fields.size(), " fields of the line");
+      const std::string_view f = trim(fields[col]);
+      float v = 0;
+      auto [p, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
+      if (ec != std::errc() || p != f.data() + f.size() || f.empty())
+        DTRAIN_THROW(IoError, path(), ":", line_, ": column ", col + 1, ": '", std::string(f), "' is not a number");
+      return v;
+    };
+    Tensor x = Tensor::empty({static_cast<std::int64_t>(layout_.feature_columns.size())});
+    for (std::size_t i = 0; i < layout_.feature_columns.size(); ++i) x.data<float>()[i] = value(layout_.feature_columns[i]);
+    if (layout_.label_column < 0) return {x};
+    return {x, Tensor::scalar(value(layout_.label_column))};
+  }
+
+  const std::vector<std::string>& files_;
+  const CsvOptions& options_;
+  std::size_t file_ = 0;
+  std::int64_t line_ = 0, skip_to_ = 0;
+  std::ifstream in_;
+  CsvLayout layout_;
+};
+
+class CsvNode : public DatasetNode {
+ public:
+  CsvNode(std::vector<std::string> files, CsvOptions o) : files_(std::move(files)), options_(std::move(o)) {
+    if (files_.empty()) DTRAIN_THROW(InvalidArgument, "csv: no files given");
+  }
+  std::unique_ptr<IteratorBase> make(const IteratorContext&) const override {
+    return std::make_unique<CsvIterator>(files_, options_);
+  }
+
+ private:
+  std::vector<std::string> files_;
+  CsvOptions options_;
+};
+
+// ---- record files
+std::uint32_t crc(const void* data, std::size_t n) {
+  return static_cast<std::uint32_t>(crc32(0L, static_cast<const Bytef*>(data), static_cast<uInt>(n)));
+}
+
+void put_le(char* out, std::uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out[i] = static_cast<char>(v >> (8 * i));
+}
+
+std::uint64_t get_le(const unsigned char* in, int bytes) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<std::uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+class RecordsIterator : public IteratorBase {
+ public:
+  explicit RecordsIterator(const std::vector<std::string>& files) : files_(files) {}
+  std::optional<Element> next() override {
+    for (;;) {
+      if (!in_.is_open()) {
+        if (file_ >= files_.size()) return std::nullopt;
+        open_current(0);
+      }
+      unsigned char head[12];
+      in_.read(reinterpret_cast<char*>(head), 12);
+      if (in_.gcount() == 0 && in_.eof()) {
+        in_.close();
+        ++file_;
+        continue;
+      }
+      const std::string& path = files_[file_];
+      if (in_.gcount() != 12) DTRAIN_THROW(IoError, path, ": truncated record header at offset ", offset_);
+      const std::uint64_t length = get_le(head, 8);
+      if (crc(head, 8) != get_le(head + 8, 4))
+        DTRAIN_THROW(IoError, path, ": corrupt record at offset ", offset_, ": the length's checksum does not match");
+      if (length > (std::uint64_t{1} << 40)) DTRAIN_THROW(IoError, path, ": record at offset ", offset_, " claims ", length, " bytes");
+      Tensor bytes = Tensor::empty({static_cast<std::int64_t>(length)}, DType::u8);
+      in_.read(static_cast<char*>(bytes.raw_data()), static_cast<std::streamsize>(length));
+      unsigned char tail[4];
+      in_.read(reinterpret_cast<char*>(tail), 4);
+      if (!in_) DTRAIN_THROW(IoError, path, ": truncated record at offset ", offset_, " (", length, " bytes announced)");
+      if (crc(bytes.raw_data(), length) != get_le(tail, 4))
+        DTRAIN_THROW(IoError, path, ": corrupt record at offset ", offset_, ": the data's checksum does not match");
+      offset_ += 16 + static_cast<std::int64_t>(length);
+      return Element{bytes};
+    }
+  }
+  IteratorState save() const override { return {{static_cast<std::int64_t>(file_), offset_}, {}, {}}; }
+  void restore(const IteratorState& s) override {
+    check_state(s, 2, 0, "records");
+    file_ = static_cast<std::size_t>(s.values[0]);
+    if (file_ < files_.size()) open_current(s.values[1]);
+  }
+
+ private:
+  void open_current(std::int64_t offset) {
+    in_.open(files_[file_], std::ios::binary);
+    if (!in_) DTRAIN_THROW(IoError, files_[file_], ": cannot open (", std::strerror(errno), ")");
+    in_.seekg(offset);
+    offset_ = offset;
+  }
+  const std::vector<std::string>& files_;
+  std::size_t file_ = 0;
+  std::int64_t offset_ = 0;
+  std::ifstream in_;
+};
+
+class RecordsNode : public DatasetNode {
+ public:
+  explicit RecordsNode(std::vector<std::string> files) : files_(std::move(files)) {
+    if (files_.empty()) DTRAIN_THROW(InvalidArgument, "records: no files given");
+  }
+  std::unique_ptr<IteratorBase> make(const IteratorContext&) const override {
+    return std::make_unique<RecordsIterator>(files_);
+  }
+
+ private:
+  std::vector<std::string> files_;
+};
+
+}  // namespace
+
+NodePtr tensor_slices_node(std::vector<Tensor> tensors) { return std::make_shared<SlicesNode>(std::move(tensors)); }
+NodePtr generator_node(std::function<std::optional<Element>(std::int64_t)> fn) {
+  return std::make_shared<GeneratorNode>(std::move(fn));
+}
+NodePtr range_node(std::int64_t start, std::int64_t stop, std::int64_t step) {
+  return std::make_shared<RangeNode>(start, stop, step);
+}
+NodePtr csv_node(std::vector<std::string> files, CsvOptions options) {
+  return std::make_shared<CsvNode>(std::move(files), std::move(options));
+}
+NodePtr records_node(std::vector<std::string> files) { return std::make_shared<RecordsNode>(std::move(files)); }
+
+}  // namespace dtrain::data::detail
+
+namespace dtrain::data {
+
+RecordWriter::RecordWriter(const std::string& path) : path_(path), file_(std::fopen(path.c_str(), "wb")) {
+  if (!file_) DTRAIN_THROW(IoError, path, ": cannot create (", std::strerror(errno), ")");
+}
+
+RecordWriter::~RecordWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void RecordWriter::write(std::string_view record) {
+  if (!file_) DTRAIN_THROW(IoError, path_, ": write after close");
+  char head[12], tail[4];
+  detail::put_le(head, record.size(), 8);
+  detail::put_le(head + 8, detail::crc(head, 8), 4);
+  detail::put_le(tail, detail::crc(record.data(), record.size()), 4);
+  if (std::fwrite(head, 1, 12, file_) != 12 || std::fwrite(record.data(), 1, record.size(), file_) != record.size() ||
+      std::fwrite(tail, 1, 4, file_) != 4)
+    DTRAIN_THROW(IoError, path_, ": write failed (", std::strerror(errno), ")");
+}
+
+void RecordWriter::close() {
+  if (!file_) return;
+  const bool ok = std::fflush(file_) == 0;
+  std::fclose(file_);
+  file_ = nullptr;
+  if (!ok) DTRAIN_THROW(IoError, path_, ": flush failed (", std::strerror(errno), ")");
+}
+
+// Element <-> bytes: [u64 count] then per tensor [u64 dtype][u64 rank][u64 dims...][bytes].
+std::string encode_element(const Element& element) {
+  std::string out;
+  auto put = [&](std::uint64_t v) {
+    char b[8];
+    detail::put_le(b, v, 8);
+    out.append(b, 8);
+  };
+  put(element.size());
+  for (const Tensor& t : element) {
+    t.check_defined("encode_element");
+    put(static_cast<std::uint64_t>(t.dtype()));
+    put(static_cast<std::uint64_t>(t.rank()));
+    for (auto d : t.shape().dims()) put(static_cast<std::uint64_t>(d));
+    out.append(static_cast<const char*>(t.raw_data()), t.nbytes());
+  }
+  return out;
+}
+
+Element decode_element(const Tensor& record) {
+  record.check_dtype(DType::u8, "decode_element");
+  const auto* p = record.data<std::uint8_t>();
+  const std::size_t n = static_cast<std::size_t>(record.numel());
+  std::size_t pos = 0;
+  auto get = [&]() {
+    if (pos + 8 > n) DTRAIN_THROW(IoError, "decode_element: record truncated at byte ", pos, " of ", n);
+    const std::uint64_t v = detail::get_le(p + pos, 8);
+    pos += 8;
+    return v;
+  };
+  const std::uint64_t count = get();
+  if (count > n) DTRAIN_THROW(IoError, "decode_element: corrupt component count ", count);
+  Element e;
+  for (std::uint64_t i = 0; i < count; ++i) {
+    const std::uint64_t dtype = get(), rank = get();
+    if (dtype > static_cast<std::uint64_t>(DType::u8) || rank > static_cast<std::uint64_t>(Shape::kMaxRank))
+      DTRAIN_THROW(IoError, "decode_element: corrupt header of component ", i);
+    std::vector<std::int64_t> dims;
+    for (std::uint64_t d = 0; d < rank; ++d) dims.push_back(static_cast<std::int64_t>(get()));
+    Tensor t = Tensor::empty(Shape(dims), static_cast<DType>(dtype));
+    if (pos + t.nbytes() > n) DTRAIN_THROW(IoError, "decode_element: component ", i, " runs past the record's end");
+    if (t.nbytes()) std::memcpy(t.raw_data(), p + pos, t.nbytes());
+    pos += t.nbytes();
+    e.push_back(std::move(t));
+  }
+  if (pos != n) DTRAIN_THROW(IoError, "decode_element: ", n - pos, " bytes left after ", count, " components");
+  return e;
+}
+
+}  // namespace dtrain::data

@@ -1,0 +1,595 @@
+// Synchronous transformations: map, filter, shuffle, batch, unbatch, repeat, take, skip,
+// shard and cache. Each saves its own position plus its upstream's.
+#include <mutex>
+
+#include "dtrain/core/rng.h"
+#include "dtrain/data/dataset_internal.h"
+
+namespace dtrain::data::detail {
+namespace {
+
+// A stage with one upstream iterator.
+class UnaryIterator : public IteratorBase {
+ public:
+  explicit UnaryIterator(std::unique_ptr<IteratorBase> in) : in_(std::move(in)) {}
+  void report(std::vector<std::string>& lines) const override { in_->report(lines); }
+
+ protected:
+  std::unique_ptr<IteratorBase> in_;
+};
+
+// ---- map (sequential)
+class MapIterator : public UnaryIterator {
+ public:
+  MapIterator(std::unique_ptr<IteratorBase> in, const MapFn& fn) : UnaryIterator(std::move(in)), fn_(fn) {}
+  std::optional<Element> next() override {
+    std::optional<Element> e = in_->next();
+    if (!e) return std::nullopt;
+    const std::int64_t index = index_++;
+    try {
+      return fn_(*e);
+    } catch (...) {
+      rethrow_with_context(std::current_exception(), "map: element " + std::to_string(index));
+    }
+  }
+  IteratorState save() const override { return {{index_}, {}, {in_->save()}}; }
+  void restore(const IteratorState& s) override {
+    check_state(s, 1, 1, "map");
+    index_ = s.values[0];
+    in_->restore(s.children[0]);
+  }
+
+ private:
+  const MapFn& fn_;
+  std::int64_t index_ = 0;
+};
+
+class MapNode : public DatasetNode {
+ public:
+  MapNode(NodePtr in, MapFn fn) : in_(std::move(in)), fn_(std::move(fn)) {}
+  std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
+    return std::make_unique<MapIterator>(in_->make(ctx), fn_);
+  }
+  std::int64_t cardinality() const override { return in_->cardinality(); }
+
+ private:
+  NodePtr in_;
+  MapFn fn_;
+};
+
+// ---- filter
+class FilterIterator : public UnaryIterator {
+ public:
+  FilterIterator(std::unique_ptr<IteratorBase> in, const std::function<bool(const Element&)>& p)
+      : UnaryIterator(std::move(in)), predicate_(p) {}
+  std::optional<Element> next() override {
+    while (std::optional<Element> e = in_->next()) {
+      const std::int64_t index = index_++;
+      bool keep;
+      try {
+        keep = predicate_(*e);
+      } catch (...) {
+        rethrow_with_context(std::current_exception(), "filter: element " + std::to_string(index));
+      }
+      if (keep) return e;
+    }
+    return std::nullopt;
+  }
+  IteratorState save() const override { return {{index_}, {}, {in_->save()}}; }
+  void restore(const IteratorState& s) override {
+    check_state(s, 1, 1, "filter");
+    index_ = s.values[0];
+    in_->restore(s.children[0]);
+  }
+
+ private:
+  const std::function<bool(const Element&)>& predicate_;
+  std::int64_t index_ = 0;
+};
+
+class FilterNode : public DatasetNode {
+ public:
+  FilterNode(NodePtr in, std::function<bool(const Element&)> p) : in_(std::move(in)), predicate_(std::move(p)) {}
+  std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
+    return std::make_unique<FilterIterator>(in_->make(ctx), predicate_);
+  }
+
+ private:
+  NodePtr in_;
+  std::function<bool(const Element&)> predicate_;
+};
+
+// Elements of a buffer, flattened into a state's tensors: [arity, tensors...] per element.
+void save_elements(const std::vector<Element>& elements, IteratorState& s) {
+  for (const Element& e : elements) {
+    s.values.push_back(static_cast<std::int64_t>(e.size()));
+    for (const Tensor& t : e) s.tensors.push_back(t);
+  }
+}
+
+std::vector<Element> load_elements(const IteratorState& s, std::size_t first_value, std::size_t count, const char* stage) {
+  std::vector<Element> out;
+  std::size_t t = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (first_value + i >= s.values.size()) DTRAIN_THROW(InvalidArgument, stage, ": saved state is incomplete");
+    const auto arity = static_cast<std::size_t>(s.values[first_value + i]);
+    if (t + arity > s.tensors.size()) DTRAIN_THROW(InvalidArgument, stage, ": saved state is incomplete");
+    out.emplace_back(s.tensors.begin() + static_cast<std::ptrdiff_t>(t), s.tensors.begin() + static_cast<std::ptrdiff_t>(t + arity));
+    t += arity;
+  }
+  return out;
+}
+
+// ---- shuffle: a buffer of `size` elements; each output is a random buffer slot, refilled
+// from upstream. The generator is fixed by (seed, pass), so the order is reproducible.
+class ShuffleIterator : public UnaryIterator {
+ public:
+  ShuffleIterator(std::unique_ptr<IteratorBase> in, std::int64_t size, Generator gen)
+      : UnaryIterator(std::move(in)), size_(size), gen_(gen) {}
+  std::optional<Element> next() override {
+    while (!upstream_done_ && static_cast<std::int64_t>(buffer_.size()) < size_) {
+      std::optional<Element> e = in_->next();
+      if (!e) upstream_done_ = true;
+      else buffer_.push_back(std::move(*e));
+    }
+    if (buffer_.empty()) return std::nullopt;
+    const std::size_t i = static_cast<std::size_t>(gen_.below(buffer_.size()));
+    Element out = std::move(buffer_[i]);
+    buffer_[i] = std::move(buffer_.back());
+    buffer_.pop_back();
+    return out;
+  }
+  IteratorState save() const override {
+    IteratorState s{{static_cast<std::int64_t>(gen_.counter()), upstream_done_ ? 1 : 0,
+                     static_cast<std::int64_t>(buffer_.size())},
+                    {},
+                    {in_->save()}};
+    save_elements(buffer_, s);
+    return s;
+  }
+  void restore(const IteratorState& s) override {
+    check_state(s, 3, 1, "shuffle");
+    gen_ = Generator(gen_.seed(), static_cast<std::uint64_t>(s.values[0]));
+    upstream_done_ = s.values[1] != 0;
+    buffer_ = load_elements(s, 3, static_cast<std::size_t>(s.values[2]), "shuffle");
+    in_->restore(s.children[0]);
+  }
+
+ private:
+  std::int64_t size_;
+  Generator gen_;
+  std::vector<Element> buffer_;
+  bool upstream_done_ = false;
+};
+
+class ShuffleNode : public DatasetNode {
+ public:
+  ShuffleNode(NodePtr in, std::int64_t size, std::uint64_t seed, bool reshuffle)
+      : in_(std::move(in)), size_(size), seed_(seed), reshuffle_(reshuffle) {}
+  std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
+    const std::uint64_t seed = reshuffle_ ? mix64(seed_ ^ mix64(ctx.iteration + 0x51)) : seed_;
+    return std::make_unique<ShuffleIterator>(in_->make(ctx), size_, Generator(seed));
+  }
+  std::int64_t cardinality() const override { return in_->cardinality(); }
+
+ private:
+  NodePtr in_;
+  std::int64_t size_;
+  std::uint64_t seed_;
+  bool reshuffle_;
+};
+
+// ---- batch
+class BatchIterator : public UnaryIterator {
+ public:
+  BatchIterator(std::unique_ptr<IteratorBase> in, std::int64_t size, bool drop) : UnaryIterator(std::move(in)), size_(size), drop_(drop) {}
+  std::optional<Element> next() override {
+    std::vector<Element> items;
+    items.reserve(static_cast<std::size_t>(size_));
+    while (static_cast<std::int64_t>(items.size()) < size_) {
+      std::optional<Element> e = in_->next();
+      if (!e) break;
+      items.push_back(std::move(*e));
+    }
+    if (items.empty() || (drop_ && static_cast<std::int64_t>(items.size()) < size_)) return std::nullopt;
+    return stack(items, "batch");
+  }
+  IteratorState save() const override { return {{}, {}, {in_->save()}}; }
+  void restore(const IteratorState& s) override {
+    check_state(s, 0, 1, "batch");
+    in_->restore(s.children[0]);
+  }
+
+ private:
+  std::int64_t size_;
+  bool drop_;
+};
+
+class BatchNode : public DatasetNode {
+ public:
+  BatchNode(NodePtr in, std::int64_t size, bool drop) : in_(std::move(in)), size_(size), drop_(drop) {}
+  std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
+    return std::make_unique<BatchIterator>(in_->make(ctx), size_, drop_);
+  }
+  std::int64_t cardinality() const override {
+    const std::int64_t n = in_->cardinality();
+    if (n < 0) return n;
+    return drop_ ? n / size_ : (n + size_ - 1) / size_;
+  }
+
+ private:
+  NodePtr in_;
+  std::int64_t size_;
+  bool drop_;
+};
+
+// ---- unbatch
+class UnbatchIterator : public UnaryIterator {
+ public:
+  using UnaryIterator::UnaryIterator;
+  std::optional<Element> next() override {
+    while (current_.empty() || row_ >= current_[0].dim(0)) {
+      std::optional<Element> e = in_->next();
+      if (!e) return std::nullopt;
+      for (std::size_t c = 0; c < e->size(); ++c)
+        if ((*e)[c].rank() == 0 || (*e)[c].dim(0) != (*e)[0].dim(0))
+          DTRAIN_THROW(InvalidArgument, "unbatch: component ", c, " has shape ", (*e)[c].shape().to_string(),
+                       ", which does not share the batch axis of component 0 (", (*e)[0].shape().to_string(), ")");
+      current_ = std::move(*e);
+      row_ = 0;
+    }
+    Element out;
+    for (const Tensor& t : current_)
+      out.push_back(t.slice(row_, row_ + 1).reshape(Shape(std::vector<std::int64_t>(t.shape().dims().begin() + 1, t.shape().dims().end()))));
+    ++row_;
+    return out;
+  }
+  IteratorState save() const override {
+    IteratorState s{{row_, current_.empty() ? 0 : 1}, {}, {in_->save()}};
+    if (!current_.empty()) save_elements({current_}, s);
+    return s;
+  }
+  void restore(const IteratorState& s) override {
+    check_state(s, 2, 1, "unbatch");
+    row_ = s.values[0];
+    current_.clear();
+    if (s.values[1]) current_ = load_elements(s, 2, 1, "unbatch")[0];
+    in_->restore(s.children[0]);
+  }
+
+ private:
+  Element current_;
+  std::int64_t row_ = 0;
+};
+
+class UnbatchNode : public DatasetNode {
+ public:
+  explicit UnbatchNode(NodePtr in) : in_(std::move(in)) {}
+  std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
+    return std::make_unique<UnbatchIterator>(in_->make(ctx));
+  }
+
+ private:
+  NodePtr in_;
+};
+
+// ---- repeat: pass k of the upstream runs with iteration mix(parent, k), so a shuffle
+// below reshuffles on every repetition, reproducibly.
+class RepeatIterator : public IteratorBase {
+ public:
+  RepeatIterator(const NodePtr& node, IteratorContext ctx, std::int64_t count) : node_(node), ctx_(std::move(ctx)), count_(count) {}
+  std::optional<Element> next() override {
+    while (count_ < 0 || pass_ < count_) {
+      if (!in_) in_ = node_->make(pass_context());
+      std::optional<Element> e = in_->next();
+      if (e) {
+        produced_in_pass_ = true;
+        return e;
+      }
+      in_.reset();
+      ++pass_;
+      // An empty dataset repeated forever would spin: stop instead.
+      if (!produced_in_pass_) return std::nullopt;
+      produced_in_pass_ = false;
+    }
+    return std::nullopt;
+  }
+  IteratorState save() const override {
+    IteratorState s{{pass_, produced_in_pass_ ? 1 : 0, in_ ? 1 : 0}, {}, {}};
+    if (in_) s.children.push_back(in_->save());
+    return s;
+  }
+  void restore(const IteratorState& s) override {
+    if (s.values.size() < 3) check_state(s, 3, 0, "repeat");
+    pass_ = s.values[0];
+    produced_in_pass_ = s.values[1] != 0;
+    in_.reset();
+    if (s.values[2]) {
+      check_state(s, 3, 1, "repeat");
+      in_ = node_->make(pass_context());
+      in_->restore(s.children[0]);
+    }
+  }
+  void report(std::vector<std::string>& lines) const override {
+    if (in_) in_->report(lines);
+  }
+
+ private:
+  IteratorContext pass_context() const {
+    IteratorContext c = ctx_;
+    c.iteration = mix64(ctx_.iteration ^ mix64(static_cast<std::uint64_t>(pass_) + 0x7e));
+    return c;
+  }
+  const NodePtr& node_;
+  IteratorContext ctx_;
+  std::int64_t count_;
+  std::int64_t pass_ = 0;
+  bool produced_in_pass_ = false;
+  std::unique_ptr<IteratorBase> in_;
+};
+
+class RepeatNode : public DatasetNode {
+ public:
+  RepeatNode(NodePtr in, std::int64_t count) : in_(std::move(in)), count_(count) {}
+  std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
+    return std::make_unique<RepeatIterator>(in_, ctx, count_);
+  }
+  std::int64_t cardinality() const override {
+    const std::int64_t n = in_->cardinality();
+    if (count_ < 0) return n == 0 ? 0 : kInfiniteCardinality;
+    if (n < 0) return n;
+    return n * count_;
+  }
+
+ private:
+  NodePtr in_;
+  std::int64_t count_;
+};
+
+// ---- take / skip / shard: counters over the upstream.
+class TakeIterator : public UnaryIterator {
+ public:
+  TakeIterator(std::unique_ptr<IteratorBase> in, std::int64_t count) : UnaryIterator(std::move(in)), left_(count) {}
+  std::optional<Element> next() override {
+    if (left_ == 0) return std::nullopt;
+    std::optional<Element> e = in_->next();
+    if (e && left_ > 0) --left_;
+    return e;
+  }
+  IteratorState save() const override { return {{left_}, {}, {in_->save()}}; }
+  void restore(const IteratorState& s) override {
+    check_state(s, 1, 1, "take");
+    left_ = s.values[0];
+    in_->restore(s.children[0]);
+  }
+
+ private:
+  std::int64_t left_;
+};
+
+class SkipIterator : public UnaryIterator {
+ public:
+  SkipIterator(std::unique_ptr<IteratorBase> in, std::int64_t count) : UnaryIterator(std::move(in)), left_(count) {}
+  std::optional<Element> next() override {
+    while (left_ != 0) {
+      if (!in_->next()) return std::nullopt;
+      if (left_ > 0) --left_;
+    }
+    return in_->next();
+  }
+  IteratorState save() const override { return {{left_}, {}, {in_->save()}}; }
+  void restore(const IteratorState& s) override {
+    check_state(s, 1, 1, "skip");
+    left_ = s.values[0];
+    in_->restore(s.children[0]);
+  }
+
+ private:
+  std::int64_t left_;
+};
+
+class ShardIterator : public UnaryIterator {
+ public:
+  ShardIterator(std::unique_ptr<IteratorBase> in, std::int64_t n, std::int64_t index)
+      : UnaryIterator(std::move(in)), n_(n), index_(index) {}
+  std::optional<Element> next() override {
+    while (std::optional<Element> e = in_->next()) {
+      const std::int64_t position = position_++;
+      if (position % n_ == index_) return e;
+    }
+    return std::nullopt;
+  }
+  IteratorState save() const override { return {{position_}, {}, {in_->save()}}; }
+  void restore(const IteratorState& s) override {
+    check_state(s, 1, 1, "shard");
+    position_ = s.values[0];
+    in_->restore(s.children[0]);
+  }
+
+ private:
+  std::int64_t n_, index_, position_ = 0;
+};
+
+template <typename It>
+class CountNode : public DatasetNode {
+ public:
+  CountNode(NodePtr in, std::int64_t count, std::int64_t (*card)(std::int64_t, std::int64_t))
+      : in_(std::move(in)), count_(count), card_(card) {}
+  std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
+    return std::make_unique<It>(in_->make(ctx), count_);
+  }
+  std::int64_t cardinality() const override { return card_(in_->cardinality(), count_); }
+
+ private:
+  NodePtr in_;
+  std::int64_t count_;
+  std::int64_t (*card_)(std::int64_t, std::int64_t);
+};
+
+class ShardNode : public DatasetNode {
+ public:
+  ShardNode(NodePtr in, std::int64_t n, std::int64_t index) : in_(std::move(in)), n_(n), index_(index) {}
+  std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
+    return std::make_unique<ShardIterator>(in_->make(ctx), n_, index_);
+  }
+  std::int64_t cardinality() const override {
+    const std::int64_t c = in_->cardinality();
+    if (c < 0) return c;
+    return c / n_ + (index_ < c % n_ ? 1 : 0);
+  }
+
+ private:
+  NodePtr in_;
+  std::int64_t n_, index_;
+};
+
+// ---- cache: the first iterator to run a complete pass fills a store shared by every
+// iterator of this dataset; once complete, later passes read from it.
+struct CacheStore {
+  std::mutex mutex;
+  std::vector<Element> elements;
+  bool complete = false;
+  bool filling = false;  // an iterator is filling it now
+};
+
+class CacheIterator : public IteratorBase {
+ public:
+  CacheIterator(const NodePtr& in, const IteratorContext& ctx, std::shared_ptr<CacheStore> store)
+      : in_node_(in), ctx_(ctx), store_(std::move(store)) {
+    std::lock_guard lock(store_->mutex);
+    if (store_->complete) {
+      reading_ = true;
+    } else {
+      in_ = in_node_->make(ctx_);
+      if (!store_->filling) {
+        store_->filling = true;
+        store_->elements.clear();
+        filling_ = true;
+      }
+    }
+  }
+  ~CacheIterator() override {
+    if (filling_) {
+      std::lock_guard lock(store_->mutex);
+      store_->filling = false;
+    }
+  }
+  std::optional<Element> next() override {
+    if (reading_) {
+      std::lock_guard lock(store_->mutex);
+      if (position_ >= static_cast<std::int64_t>(store_->elements.size())) return std::nullopt;
+      return store_->elements[static_cast<std::size_t>(position_++)];
+    }
+    std::optional<Element> e = in_->next();
+    std::lock_guard lock(store_->mutex);
+    if (!e) {
+      if (filling_) {
+        store_->complete = true;
+        store_->filling = false;
+        filling_ = false;
+      }
+      return std::nullopt;
+    }
+    ++position_;
+    if (filling_) store_->elements.push_back(*e);
+    return e;
+  }
+  IteratorState save() const override {
+    // Reading from a complete cache: the position is enough. Otherwise the upstream's
+    // position, and the elements cached so far, so that a restored pass can finish filling.
+    IteratorState s{{reading_ ? 1 : 0, position_, filling_ ? 1 : 0}, {}, {}};
+    if (!reading_) {
+      s.children.push_back(in_->save());
+      if (filling_) {
+        std::lock_guard lock(store_->mutex);
+        s.values.push_back(static_cast<std::int64_t>(store_->elements.size()));
+        save_elements(store_->elements, s);
+      }
+    }
+    return s;
+  }
+  void restore(const IteratorState& s) override {
+    if (s.values.size() < 3) check_state(s, 3, 0, "cache");
+    position_ = s.values[1];
+    if (s.values[0]) {
+      std::lock_guard lock(store_->mutex);
+      if (!store_->complete)
+        DTRAIN_THROW(InvalidArgument, "cache: the saved state reads a complete cache, but this dataset's cache is empty");
+      reading_ = true;
+      in_.reset();
+      return;
+    }
+    check_state(s, 3, 1, "cache");
+    if (!in_) in_ = in_node_->make(ctx_);
+    in_->restore(s.children[0]);
+    if (s.values[2] && filling_) {
+      std::lock_guard lock(store_->mutex);
+      store_->elements = load_elements(s, 4, static_cast<std::size_t>(s.values[3]), "cache");
+    } else if (filling_) {
+      // The saved pass was not filling; this one cannot fill from the middle.
+      std::lock_guard lock(store_->mutex);
+      store_->filling = false;
+      filling_ = false;
+    }
+  }
+  void report(std::vector<std::string>& lines) const override {
+    if (in_) in_->report(lines);
+  }
+
+ private:
+  const NodePtr& in_node_;
+  IteratorContext ctx_;
+  std::shared_ptr<CacheStore> store_;
+  std::unique_ptr<IteratorBase> in_;
+  bool reading_ = false, filling_ = false;
+  std::int64_t position_ = 0;
+};
+
+class CacheNode : public DatasetNode {
+ public:
+  explicit CacheNode(NodePtr in) : in_(std::move(in)), store_(std::make_shared<CacheStore>()) {}
+  std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
+    return std::make_unique<CacheIterator>(in_, ctx, store_);
+  }
+  std::int64_t cardinality() const override { return in_->cardinality(); }
+
+ private:
+  NodePtr in_;
+  std::shared_ptr<CacheStore> store_;
+};
+
+std::int64_t take_cardinality(std::int64_t n, std::int64_t count) {
+  if (count < 0) return n;
+  if (n == kInfiniteCardinality) return count;
+  if (n < 0) return n;
+  return std::min(n, count);
+}
+
+std::int64_t skip_cardinality(std::int64_t n, std::int64_t count) {
+  if (n < 0) return n;
+  if (count < 0) return 0;
+  return std::max<std::int64_t>(0, n - count);
+}
+
+}  // namespace
+
+NodePtr map_node(NodePtr in, MapFn fn) { return std::make_shared<MapNode>(std::move(in), std::move(fn)); }
+NodePtr filter_node(NodePtr in, std::function<bool(const Element&)> p) {
+  return std::make_shared<FilterNode>(std::move(in), std::move(p));
+}
+NodePtr shuffle_node(NodePtr in, std::int64_t buffer, std::uint64_t seed, bool reshuffle) {
+  return std::make_shared<ShuffleNode>(std::move(in), buffer, seed, reshuffle);
+}
+NodePtr batch_node(NodePtr in, std::int64_t size, bool drop) { return std::make_shared<BatchNode>(std::move(in), size, drop); }
+NodePtr unbatch_node(NodePtr in) { return std::make_shared<UnbatchNode>(std::move(in)); }
+NodePtr repeat_node(NodePtr in, std::int64_t count) { return std::make_shared<RepeatNode>(std::move(in), count); }
+NodePtr take_node(NodePtr in, std::int64_t count) {
+  return std::make_shared<CountNode<TakeIterator>>(std::move(in), count, take_cardinality);
+}
+NodePtr skip_node(NodePtr in, std::int64_t count) {
+  return std::make_shared<CountNode<SkipIterator>>(std::move(in), count, skip_cardinality);
+}
+NodePtr shard_node(NodePtr in, std::int64_t n, std::int64_t index) { return std::make_shared<ShardNode>(std::move(in), n, index); }
+NodePtr cache_node(NodePtr in) { return std::make_shared<CacheNode>(std::move(in)); }
+
+}  // namespace dtrain::data::detail

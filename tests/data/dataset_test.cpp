@@ -1,0 +1,348 @@
+// Dataset sources, transformations, background stages, errors and saved positions.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <set>
+#include <thread>
+
+#include "dtrain/data/dataset.h"
+
+namespace dtrain::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The first component of every element, as integers.
+std::vector<int> values(const Dataset& ds, std::uint64_t iteration = 0) {
+  std::vector<int> out;
+  Iterator it = ds.make_iterator(iteration);
+  while (auto e = it.next())
+    for (float v : (*e)[0].to_vector()) out.push_back(static_cast<int>(v));
+  return out;
+}
+
+std::vector<int> iota(int n, int start = 0) {
+  std::vector<int> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), start);
+  return v;
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Dataset, TensorSlicesAreViewsOfRows) {
+  Tensor x = Tensor::from_vector({3, 2}, {0, 1, 2, 3, 4, 5});
+  Tensor y = Tensor::from_vector({3}, std::vector<std::int32_t>{7, 8, 9});
+  Dataset ds = Dataset::from_tensor_slices({x, y});
+  EXPECT_EQ(ds.cardinality(), 3);
+  Iterator it = ds.make_iterator();
+  auto e = it.next();
+  ASSERT_TRUE(e);
+  EXPECT_EQ((*e)[0].shape(), Shape({2}));
+  EXPECT_EQ((*e)[1].shape(), Shape({}));
+  EXPECT_TRUE((*e)[0].shares_storage_with(x));
+  EXPECT_EQ(values(ds), (std::vector<int>{0, 1, 2, 3, 4, 5}));
+  EXPECT_THROW(Dataset::from_tensor_slices({x, Tensor::zeros({2})}), InvalidArgument);
+}
+
+TEST(Dataset, RangeTakeSkipRepeatFilter) {
+  EXPECT_EQ(values(Dataset::range(5)), iota(5));
+  EXPECT_EQ(values(Dataset::range(10, 0, -3)), (std::vector<int>{10, 7, 4, 1}));
+  EXPECT_EQ(Dataset::range(10, 0, -3).cardinality(), 4);
+  EXPECT_EQ(values(Dataset::range(10).skip(3).take(4)), (std::vector<int>{3, 4, 5, 6}));
+  EXPECT_EQ(values(Dataset::range(3).repeat(2)), (std::vector<int>{0, 1, 2, 0, 1, 2}));
+  EXPECT_EQ(values(Dataset::range(3).repeat().take(7)), (std::vector<int>{0, 1, 2, 0, 1, 2, 0}));
+  EXPECT_EQ(Dataset::range(3).repeat().cardinality(), kInfiniteCardinality);
+  EXPECT_EQ(values(Dataset::range(0).repeat()), std::vector<int>{});  // ends instead of spinning
+  EXPECT_EQ(values(Dataset::range(10).filter([](const Element& e) { return e[0].item() > 6; })),
+            (std::vector<int>{7, 8, 9}));
+}
+
+TEST(Dataset, BatchAndUnbatch) {
+  Dataset ds = Dataset::range(7).batch(3);
+  EXPECT_EQ(ds.cardinality(), 3);
+  Iterator it = ds.make_iterator();
+  EXPECT_EQ(it.next()->at(0).shape(), Shape({3}));
+  it.next();
+  EXPECT_EQ(it.next()->at(0).shape(), Shape({1}));  // the short last batch
+  EXPECT_FALSE(it.next());
+  EXPECT_EQ(values(Dataset::range(7).batch(3, /*drop_remainder=*/true)), iota(6));
+  EXPECT_EQ(values(Dataset::range(7).batch(3).unbatch()), iota(7));
+  EXPECT_THROW(Dataset::range(7).batch(0), InvalidArgument);
+}
+
+TEST(Dataset, BatchingMismatchedShapesNamesTheElement) {
+  Dataset ds = Dataset::from_generator([](std::int64_t i) -> std::optional<Element> {
+    if (i >= 3) return std::nullopt;
+    return Element{Tensor::zeros({i == 2 ? 4 : 3})};
+  });
+  const std::string m = message_of([&] { values(ds.batch(3)); });
+  EXPECT_NE(m.find("element 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("[4]"), std::string::npos) << m;
+}
+
+TEST(Dataset, ShardSplitsAndChecksIndex) {
+  EXPECT_EQ(values(Dataset::range(10).shard(3, 1)), (std::vector<int>{1, 4, 7}));
+  EXPECT_EQ(Dataset::range(10).shard(3, 0).cardinality(), 4);
+  const std::string m = message_of([] { Dataset::range(10).shard(3, 3); });
+  EXPECT_NE(m.find("index 3"), std::string::npos) << m;
+  EXPECT_NE(m.find("3 shards"), std::string::npos) << m;
+}
+
+TEST(Dataset, ShuffleIsASeededPermutationPerPass) {
+  Dataset ds = Dataset::range(100).shuffle(30, /*seed=*/5);
+  const auto a = values(ds, 0), b = values(ds, 0), c = values(ds, 1);
+  EXPECT_EQ(a, b);  // same seed, same pass: same order
+  EXPECT_NE(a, c);  // reshuffled for the next pass
+  EXPECT_NE(a, iota(100));
+  auto sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, iota(100));
+  Dataset fixed = Dataset::range(100).shuffle(30, 5, /*reshuffle_each_iteration=*/false);
+  EXPECT_EQ(values(fixed, 0), values(fixed, 1));
+  EXPECT_NE(values(Dataset::range(100).shuffle(30, 6)), a);
+  EXPECT_THROW(Dataset::range(3).shuffle(0), InvalidArgument);
+}
+
+TEST(Dataset, CacheReadsTheSourceOnce) {
+  std::atomic<int> calls{0};
+  Dataset ds = Dataset::from_generator([&](std::int64_t i) -> std::optional<Element> {
+                 ++calls;
+                 if (i >= 5) return std::nullopt;
+                 return Element{Tensor::scalar(static_cast<float>(i))};
+               }).cache();
+  EXPECT_EQ(values(ds), iota(5));
+  EXPECT_EQ(values(ds, 1), iota(5));
+  EXPECT_EQ(values(ds.repeat(3)), (std::vector<int>{0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4}));
+  EXPECT_EQ(calls.load(), 6);  // one pass: 5 elements and the end
+}
+
+TEST(Dataset, ParallelMapKeepsOrderWhenDeterministic) {
+  auto square = [](const Element& e) {
+    const float v = e[0].item();
+    return Element{Tensor::scalar(v * v)};
+  };
+  std::vector<int> want;
+  for (int i = 0; i < 200; ++i) want.push_back(i * i);
+  EXPECT_EQ(values(Dataset::range(200).map(square)), want);
+  EXPECT_EQ(values(Dataset::range(200).map(square, 4)), want);
+  EXPECT_EQ(values(Dataset::range(200).map(square, AUTOTUNE)), want);
+  auto any_order = values(Dataset::range(200).map(square, 4, /*deterministic=*/false));
+  std::sort(any_order.begin(), any_order.end());
+  EXPECT_EQ(any_order, want);
+}
+
+TEST(Dataset, ShuffledParallelPipelineIsReproducible) {
+  auto pipeline = [] {
+    return Dataset::range(300)
+        .shuffle(50, 11)
+        .map([](const Element& e) { return Element{Tensor::scalar(e[0].item() + 1)}; }, AUTOTUNE)
+        .batch(8)
+        .prefetch(AUTOTUNE);
+  };
+  EXPECT_EQ(values(pipeline()), values(pipeline()));
+}
+
+TEST(Dataset, GeneratorErrorReachesTheConsumerWithItsIndex) {
+  Dataset ds = Dataset::from_generator([](std::int64_t i) -> std::optional<Element> {
+    if (i == 17) throw IoError("disk on fire");
+    return Element{Tensor::scalar(static_cast<float>(i))};
+  });
+  for (const Dataset& d : {ds, ds.prefetch(2), ds.map([](const Element& e) { return e; }, 3)}) {
+    Iterator it = d.make_iterator();
+    for (int i = 0; i < 17; ++i) ASSERT_TRUE(it.next());
+    try {
+      it.next();
+      FAIL() << "expected an error";
+    } catch (const IoError& e) {  // the kind of error is kept
+      EXPECT_NE(std::string(e.what()).find("element 17"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("disk on fire"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Dataset, MapErrorNamesTheElement) {
+  auto fn = [](const Element& e) -> Element {
+    if (e[0].item() == 5) throw InvalidArgument("bad value");
+    return e;
+  };
+  for (std::int64_t p : {std::int64_t{0}, std::int64_t{3}}) {
+    const std::string m = message_of([&] { values(Dataset::range(10).map(fn, p)); });
+    EXPECT_NE(m.find("map: element 5: bad value"), std::string::npos) << m;
+  }
+}
+
+TEST(Dataset, InputWaitIsRecordedPerElement) {
+  // A synchronous pipeline: the consumer waits at least as long as the generator works.
+  Dataset ds = Dataset::from_generator([](std::int64_t i) -> std::optional<Element> {
+    if (i >= 5) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return Element{Tensor::scalar(0)};
+  });
+  Iterator it = ds.make_iterator();
+  while (it.next()) {
+  }
+  EXPECT_EQ(it.stats().elements, 5);
+  EXPECT_GE(it.stats().wait_seconds, 5 * 0.002);
+  EXPECT_GE(it.stats().max_wait_seconds, 0.002);
+  EXPECT_LE(it.stats().last_wait_seconds, it.stats().max_wait_seconds);
+}
+
+TEST(Dataset, DestroyingMidEpochStopsBackgroundThreads) {
+  std::atomic<std::int64_t> produced{0};
+  auto slow = [&](std::int64_t i) -> std::optional<Element> {
+    produced = i;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return Element{Tensor::scalar(static_cast<float>(i))};  // infinite
+  };
+  for (int round = 0; round < 5; ++round) {
+    Dataset ds = Dataset::from_generator(slow).map([](const Element& e) { return e; }, AUTOTUNE).prefetch(AUTOTUNE).prefetch(4);
+    Iterator it = ds.make_iterator();
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(it.next());
+  }  // each iterator is destroyed with threads blocked in waits and in the generator
+  const std::int64_t after = produced.load();
+  EXPECT_GT(after, 0);
+}
+
+TEST(Dataset, AutotuneReportsWhatItChose) {
+  Dataset ds = Dataset::range(200).map([](const Element& e) { return e; }, AUTOTUNE).prefetch(AUTOTUNE);
+  Iterator it = ds.make_iterator();
+  while (it.next()) {
+  }
+  const auto lines = it.autotune_report();
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[0].find("map: parallelism"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("prefetch: buffer"), std::string::npos) << lines[1];
+}
+
+// Consume k elements, save, restore into a new iterator: the rest equals an uninterrupted run.
+void expect_resumes_exactly(const Dataset& ds, int k) {
+  std::vector<int> full = values(ds, 3);
+  Iterator first = ds.make_iterator(3);
+  std::vector<int> seen;
+  for (int i = 0; i < k; ++i) {
+    auto e = first.next();
+    if (!e) break;
+    for (float v : (*e)[0].to_vector()) seen.push_back(static_cast<int>(v));
+  }
+  const std::string bytes = first.save().to_bytes();
+  Iterator second = ds.make_iterator(3);
+  second.restore(IteratorState::from_bytes(bytes));
+  while (auto e = second.next())
+    for (float v : (*e)[0].to_vector()) seen.push_back(static_cast<int>(v));
+  EXPECT_EQ(seen, full) << "after " << k << " elements";
+}
+
+TEST(Dataset, SavedPositionResumesExactly) {
+  auto plus_one = [](const Element& e) { return Element{Tensor::scalar(e[0].item() + 1)}; };
+  const Dataset pipelines[] = {
+      Dataset::range(50),
+      Dataset::range(50).shuffle(16, 3).batch(4),
+      Dataset::range(40).shuffle(8, 1).repeat(2).shard(3, 1),
+      Dataset::range(60).map(plus_one, 3).batch(5).prefetch(3),
+      Dataset::range(60).shuffle(20, 9).map(plus_one, AUTOTUNE).batch(7).prefetch(AUTOTUNE),
+      Dataset::range(30).batch(4).unbatch().skip(2).take(20),
+      Dataset::range(25).filter([](const Element& e) { return static_cast<int>(e[0].item()) % 3 != 0; }).cache(),
+  };
+  for (const Dataset& ds : pipelines)
+    for (int k : {0, 1, 5, 13}) expect_resumes_exactly(ds, k);
+}
+
+TEST(Dataset, StateFromOtherBytesIsAnError) {
+  EXPECT_THROW(IteratorState::from_bytes("nonsense"), IoError);
+  Iterator it = Dataset::range(3).make_iterator();
+  EXPECT_THROW(it.restore(IteratorState{}), InvalidArgument);
+}
+
+class Files : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("dtrain_ds_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string write(const std::string& name, const std::string& text) {
+    const std::string p = (dir_ / name).string();
+    std::ofstream(p, std::ios::binary) << text;
+    return p;
+  }
+  fs::path dir_;
+};
+
+TEST_F(Files, CsvColumnsLabelsAndErrors) {
+  const std::string f = write("a.csv", "x,y,label\n1,2,0\n3.5, 4 ,1\n\n5,6,1\n");
+  Iterator it = Dataset::csv({f}, {.label_column = "label"}).make_iterator();
+  auto e = it.next();
+  EXPECT_EQ((*e)[0].to_vector(), (std::vector<float>{1, 2}));
+  EXPECT_EQ((*e)[1].item(), 0.0f);
+  EXPECT_EQ(it.next()->at(0).to_vector(), (std::vector<float>{3.5f, 4}));
+  EXPECT_TRUE(it.next());
+  EXPECT_FALSE(it.next());
+  EXPECT_EQ(values(Dataset::csv({f}, {.select_columns = {"y"}})), (std::vector<int>{2, 4, 6}));
+  EXPECT_EQ(values(Dataset::csv({write("n.csv", "1,2\n3,4\n")}, {.header = false, .select_columns = {"1"}})),
+            (std::vector<int>{2, 4}));
+
+  const std::string bad = write("bad.csv", "a,b\n1,2\n3,oops\n");
+  std::string m = message_of([&] { values(Dataset::csv({bad})); });
+  EXPECT_NE(m.find(bad + ":3"), std::string::npos) << m;
+  EXPECT_NE(m.find("'oops' is not a number"), std::string::npos) << m;
+  const std::string ragged = write("ragged.csv", "a,b\n1,2\n3\n");
+  m = message_of([&] { values(Dataset::csv({ragged})); });
+  EXPECT_NE(m.find(ragged + ":3"), std::string::npos) << m;
+  m = message_of([&] { values(Dataset::csv({f}, {.select_columns = {"z"}})); });
+  EXPECT_NE(m.find("no column 'z'"), std::string::npos) << m;
+  expect_resumes_exactly(Dataset::csv({f, write("b.csv", "x,y,label\n7,8,0\n")}), 2);
+}
+
+TEST_F(Files, RecordsRoundTripAndCorruptionNamesTheOffset) {
+  const std::string path = (dir_ / "r.rec").string();
+  {
+    RecordWriter w(path);
+    for (int i = 0; i < 4; ++i)
+      w.write(encode_element({Tensor::from_vector({2}, {float(i), float(i * 10)}), Tensor::scalar(float(i))}));
+    w.close();
+  }
+  Dataset ds = Dataset::records({path}).map([](const Element& e) { return decode_element(e[0]); });
+  EXPECT_EQ(values(ds), (std::vector<int>{0, 0, 1, 10, 2, 20, 3, 30}));
+  expect_resumes_exactly(ds, 2);
+
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::size_t record = bytes.size() / 4;
+  std::string corrupt = bytes;
+  corrupt[record + 20] ^= 0x5a;  // inside the second record's data
+  const std::string cpath = write("c.rec", corrupt);
+  std::string m = message_of([&] { values(Dataset::records({cpath})); });
+  EXPECT_NE(m.find(cpath), std::string::npos) << m;
+  EXPECT_NE(m.find("offset " + std::to_string(record)), std::string::npos) << m;
+  const std::string tpath = write("t.rec", bytes.substr(0, bytes.size() - 3));
+  m = message_of([&] { values(Dataset::records({tpath})); });
+  EXPECT_NE(m.find("truncated"), std::string::npos) << m;
+}
+
+TEST(Dataset, MisuseIsInvalidArgumentWithTheValues) {
+  EXPECT_NE(message_of([] { Dataset::range(3).take(-5); }).find("-5"), std::string::npos);
+  EXPECT_NE(message_of([] { Dataset::range(3).prefetch(0); }).find("0"), std::string::npos);
+  EXPECT_NE(message_of([] { Dataset::range(3).map([](const Element& e) { return e; }, -7); }).find("-7"),
+            std::string::npos);
+  EXPECT_THROW(Dataset::range(3).with_options({.max_threads = -1}), InvalidArgument);
+  EXPECT_THROW(Dataset::range(0, 5, 0), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace dtrain::data
