@@ -101,7 +101,23 @@ RunConfig load_config(const std::string& path) {
     }
     if (r.has("data")) {
       const JsonReader d = r.child("data");
-      d.expect_keys({"source", "path", "samples", "test_samples", "features", "classes", "labels"});
+      d.expect_keys({"source", "path", "samples", "test_samples", "features", "classes", "labels", "pipeline"});
+      if (d.has("pipeline")) {
+        const JsonReader p = d.child("pipeline");
+        p.expect_keys({"cache", "shuffle", "prefetch", "drop_remainder"});
+        PipelineConfig pc;
+        pc.cache = p.get_bool("cache", false);
+        pc.shuffle = p.get_int("shuffle", 0);
+        pc.drop_remainder = p.get_bool("drop_remainder", false);
+        if (p.has("prefetch")) {
+          const auto& v = p.raw()["prefetch"];
+          if (v.is_string() && v.get<std::string>() == "autotune") pc.prefetch = data::AUTOTUNE;
+          else if (v.is_number_integer() && v.get<std::int64_t>() >= 0) pc.prefetch = v.get<std::int64_t>();
+          else p.fail("prefetch", "expected \"autotune\" or a buffer size >= 0, got " + v.dump());
+        }
+        if (pc.shuffle < 0) p.fail("shuffle", "must be a buffer size >= 0 (0 = no shuffling)");
+        c.data.pipeline = pc;
+      }
       c.data.source = d.get_string("source", "synthetic");
       if (c.data.source != "fashion_mnist" && c.data.source != "synthetic")
         d.fail("source", "expected \"fashion_mnist\" or \"synthetic\", got \"" + c.data.source + "\"");
@@ -127,6 +143,8 @@ RunConfig load_config(const std::string& path) {
     if (c.batch_size <= 0) r.fail("batch_size", "must be positive");
     if (c.threads < 0) r.fail("threads", "must be >= 0 (0 = every core)");
     if (!(c.validation_split >= 0 && c.validation_split < 1)) r.fail("validation_split", "must be in [0, 1)");
+    if (c.data.pipeline && c.validation_split > 0)
+      r.fail("validation_split", "cannot be combined with data.pipeline; the pipeline trains on the whole training split");
     // Build the pieces once now, so that every error in them surfaces before training.
     build_model(c);
     build_loss(c);
@@ -185,6 +203,16 @@ std::shared_ptr<optim::Optimizer> build_optimizer(const RunConfig& c) {
     if (name == "adamw") return std::make_shared<optim::AdamW>(lr, static_cast<float>(r.get_number("weight_decay", 0.004)), a, o);
     r.fail("name", "unknown optimizer '" + name + "' (expected sgd, adam or adamw)");
   });
+}
+
+data::Dataset build_pipeline(const RunConfig& c, const data::Split& train) {
+  const PipelineConfig& p = *c.data.pipeline;
+  data::Dataset ds = data::Dataset::from_tensor_slices({train.x, train.y});
+  if (p.cache) ds = ds.cache();
+  if (p.shuffle > 0) ds = ds.shuffle(p.shuffle, c.seed);
+  ds = ds.batch(c.batch_size, p.drop_remainder);
+  if (p.prefetch != 0) ds = ds.prefetch(p.prefetch);
+  return ds;
 }
 
 data::Classification load_data(const RunConfig& c) {

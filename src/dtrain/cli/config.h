@@ -9,16 +9,27 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dtrain/data/dataset.h"
 #include "dtrain/data/datasets.h"
 #include "dtrain/model/sequential.h"
 
 namespace dtrain::cli {
+
+// An input pipeline over the loaded data: from_tensor_slices -> [cache] -> [shuffle] ->
+// batch(batch_size) -> [prefetch].
+struct PipelineConfig {
+  bool cache = false;
+  std::int64_t shuffle = 0;   // buffer size; 0 = no shuffling
+  std::int64_t prefetch = 0;  // 0 = none, -1 = AUTOTUNE
+  bool drop_remainder = false;
+};
 
 struct DataConfig {
   std::string source = "synthetic";  // "fashion_mnist" or "synthetic"
   std::string path;                  // fashion_mnist: directory ("" = default)
   std::int64_t samples = 1000, test_samples = 0, features = 100, classes = 10;
   data::SyntheticLabels labels = data::SyntheticLabels::random;
+  std::optional<PipelineConfig> pipeline;
 };
 
 struct RunConfig {
@@ -45,5 +56,7 @@ std::unique_ptr<Sequential> build_model(const RunConfig& c);
 std::shared_ptr<losses::Loss> build_loss(const RunConfig& c);
 std::shared_ptr<optim::Optimizer> build_optimizer(const RunConfig& c);
 data::Classification load_data(const RunConfig& c);
+// The training Dataset the config's pipeline describes (requires c.data.pipeline).
+data::Dataset build_pipeline(const RunConfig& c, const data::Split& train);
 
 }  // namespace dtrain::cli

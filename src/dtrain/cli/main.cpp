@@ -92,9 +92,10 @@ int run_fit(const std::string& path, const Overrides& o) {
   std::vector<double> rss;
   auto memory = std::make_shared<LambdaCallback>();
   memory->epoch_end = [&](int, const Logs&) { rss.push_back(resident_mb()); };
-  History h = model->fit(d.train.x, d.train.y,
-                         {.epochs = c.epochs, .batch_size = c.batch_size, .validation_split = c.validation_split,
-                          .shuffle = c.shuffle, .seed = c.seed, .callbacks = {memory}, .verbose = c.verbose});
+  const FitOptions fit_options{.epochs = c.epochs, .batch_size = c.batch_size, .validation_split = c.validation_split,
+                                .shuffle = c.shuffle, .seed = c.seed, .callbacks = {memory}, .verbose = c.verbose};
+  History h = c.data.pipeline ? model->fit(cli::build_pipeline(c, d.train), fit_options)
+                              : model->fit(d.train.x, d.train.y, fit_options);
   Logs test;
   if (d.test.x.defined()) {
     test = model->evaluate(d.test.x, d.test.y, {.batch_size = std::max<std::int64_t>(c.batch_size, 256)});
@@ -126,6 +127,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["test"] = logs_json(test);
     j["wall_seconds"] = wall;
     j["epoch_rss_mb"] = rss;  // resident memory after each epoch
+    j["epoch_input_wait_seconds"] = h.input_wait_seconds;
     write_json(o.summary, j);
   }
   return 0;

@@ -53,7 +53,8 @@ std::string initializer_name(const JsonReader& r, const std::string& key, const 
 std::shared_ptr<nn::Layer> layer_from_json(const JsonReader& r) {
   r.expect_keys({"class_name", "config"});
   const std::string cls = r.get_string("class_name");
-  const JsonReader c = r.has("config") ? r.child("config") : JsonReader(json::object(), r.key_path("config"));
+  static const json kNoConfig = json::object();  // outlives the reader that refers to it
+  const JsonReader c = r.has("config") ? r.child("config") : JsonReader(kNoConfig, r.key_path("config"));
   c.expect_object();
   const std::string dtype = c.get_string("dtype", "float32");
   if (dtype != "float32") c.fail("dtype", "only float32 layers are supported, got '" + dtype + "'");
