@@ -129,7 +129,7 @@ void fashion_mnist(bool quick) {
       m.add<nn::Dense>(128, "relu");
       m.add<nn::Dense>(10);
       m.compile(std::make_shared<optim::Adam>(1e-3f), std::make_shared<losses::SparseCategoricalCrossentropy>(true));
-      History h = m.fit(ds, {.epochs = quick ? 2 : 4, .verbose = 0});
+      History h = m.fit(ds, {.epochs = quick ? 2 : 7, .verbose = 0});
       std::vector<double> sps(h.samples_per_second.begin() + 1, h.samples_per_second.end());
       return 128.0 / bench::median(sps) * 1e3;
     };

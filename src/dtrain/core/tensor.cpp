@@ -90,6 +90,16 @@ Tensor Tensor::slice(std::int64_t begin, std::int64_t end) const {
                 shape_.with_dim(0, end - begin), dtype_);
 }
 
+Tensor Tensor::row(std::int64_t i, const Shape& row_shape) const {
+  check_defined("Tensor::row");
+  if (rank() == 0 || i < 0 || i >= shape_[0])
+    DTRAIN_THROW(InvalidArgument, "Tensor::row: row ", i, " is out of range for shape ", shape_.to_string());
+  if (row_shape.numel() * shape_[0] != numel())
+    DTRAIN_THROW(InvalidArgument, "Tensor::row: row shape ", row_shape.to_string(), " does not fit shape ", shape_.to_string());
+  const std::size_t row_bytes = static_cast<std::size_t>(row_shape.numel()) * dtype_size(dtype_);
+  return Tensor(storage_, offset_ + static_cast<std::size_t>(i) * row_bytes, row_shape, dtype_);
+}
+
 Tensor Tensor::reshape(const Shape& shape) const {
   check_defined("Tensor::reshape");
   if (shape.numel() != numel())

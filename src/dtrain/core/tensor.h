@@ -89,6 +89,9 @@ class Tensor {
 
   // Rows [begin, end) along axis 0, sharing storage (no copy).
   Tensor slice(std::int64_t begin, std::int64_t end) const;
+  // Row i along axis 0 without that axis, sharing storage: `row_shape` must be this
+  // tensor's shape minus its first axis (passed in so hot loops build it once).
+  Tensor row(std::int64_t i, const Shape& row_shape) const;
   // Same values seen with another shape of equal element count (no copy).
   Tensor reshape(const Shape& shape) const;
   Tensor clone() const;

@@ -14,14 +14,15 @@ namespace {
 // ---- from_tensor_slices: element i is row i of every tensor, as a view.
 class SlicesIterator : public IteratorBase {
  public:
-  explicit SlicesIterator(const std::vector<Tensor>& t) : tensors_(t) {}
+  explicit SlicesIterator(const std::vector<Tensor>& t) : tensors_(t) {
+    for (const Tensor& x : tensors_)
+      row_shapes_.emplace_back(std::vector<std::int64_t>(x.shape().dims().begin() + 1, x.shape().dims().end()));
+  }
   std::optional<Element> next() override {
     if (tensors_.empty() || index_ >= tensors_[0].dim(0)) return std::nullopt;
     Element e;
-    for (const Tensor& t : tensors_) {
-      const Shape row_shape(std::vector<std::int64_t>(t.shape().dims().begin() + 1, t.shape().dims().end()));
-      e.push_back(t.slice(index_, index_ + 1).reshape(row_shape));
-    }
+    e.reserve(tensors_.size());
+    for (std::size_t i = 0; i < tensors_.size(); ++i) e.push_back(tensors_[i].row(index_, row_shapes_[i]));
     ++index_;
     return e;
   }
@@ -33,6 +34,7 @@ class SlicesIterator : public IteratorBase {
 
  private:
   const std::vector<Tensor>& tensors_;
+  std::vector<Shape> row_shapes_;
   std::int64_t index_ = 0;
 };
 
