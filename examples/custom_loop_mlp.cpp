@@ -12,31 +12,6 @@
 
 using namespace dtrain;
 
-namespace {
-
-// 1000-by-100 normal inputs, labels = arg-max of a random linear teacher.
-void make_data(std::int64_t n, std::int64_t dim, std::int64_t classes, Tensor& x, Tensor& y) {
-  Generator g(2024), teacher(7);
-  std::vector<float> w(static_cast<size_t>(dim * classes));
-  for (auto& v : w) v = teacher.normal();
-  x = Tensor::empty({n, dim});
-  y = Tensor::empty({n}, DType::i32);
-  float* px = x.data<float>();
-  for (std::int64_t i = 0; i < n; ++i) {
-    for (std::int64_t d = 0; d < dim; ++d) px[i * dim + d] = g.normal();
-    std::int32_t best = 0;
-    float best_score = -1e30f;
-    for (std::int64_t c = 0; c < classes; ++c) {
-      float s = 0;
-      for (std::int64_t d = 0; d < dim; ++d) s += px[i * dim + d] * w[d * classes + c];
-      if (s > best_score) best_score = s, best = static_cast<std::int32_t>(c);
-    }
-    y.data<std::int32_t>()[i] = best;
-  }
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   int epochs = 20;
   for (int i = 1; i < argc; ++i) {
@@ -44,8 +19,10 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) set_num_threads(std::stoi(argv[++i]));
   }
   try {
-    Tensor x, y;
-    make_data(1000, 100, 10, x, y);
+    // 1000 rows of 100 normal inputs; labels from a fixed random linear "teacher".
+    data::Split d = data::make_synthetic(1000, 100, 10, /*seed=*/2024, data::SyntheticLabels::teacher);
+    const Tensor& x = d.x;
+    const Tensor& y = d.y;
     const std::int64_t batch = 32;
 
     set_random_seed(0);

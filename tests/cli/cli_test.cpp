@@ -8,9 +8,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/temp_dir.h"
+
 namespace {
 
 namespace fs = std::filesystem;
+
 
 struct Result {
   int code;
@@ -27,19 +30,8 @@ Result run(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-class Cli : public ::testing::Test {
+class Cli : public dtrain::testing::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("dtrain_cli_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string write(const std::string& name, const std::string& text) {
-    const auto p = (dir_ / name).string();
-    std::ofstream(p) << text;
-    return p;
-  }
   std::string tiny_config(const std::string& extra = "") {
     return write("tiny.json", R"({
       "model": {"input_shape": [8], "layers": [
@@ -51,7 +43,6 @@ class Cli : public ::testing::Test {
       "data": {"source": "synthetic", "samples": 600, "test_samples": 200, "features": 8, "classes": 3, "labels": "teacher"},
       "epochs": 3, "batch_size": 32, "seed": 4)" + extra + "}");
   }
-  fs::path dir_;
 };
 
 TEST_F(Cli, HelpAndUsage) {

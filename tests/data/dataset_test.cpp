@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "common/temp_dir.h"
 #include "dtrain/data/dataset.h"
 
 namespace dtrain::data {
@@ -265,21 +266,7 @@ TEST(Dataset, StateFromOtherBytesIsAnError) {
   EXPECT_THROW(it.restore(IteratorState{}), InvalidArgument);
 }
 
-class Files : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("dtrain_ds_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string write(const std::string& name, const std::string& text) {
-    const std::string p = (dir_ / name).string();
-    std::ofstream(p, std::ios::binary) << text;
-    return p;
-  }
-  fs::path dir_;
-};
+using Files = testing::TempDirTest;
 
 TEST_F(Files, CsvColumnsLabelsAndErrors) {
   const std::string f = write("a.csv", "x,y,label\n1,2,0\n3.5, 4 ,1\n\n5,6,1\n");

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/temp_dir.h"
 #include "dtrain/core/error.h"
 #include "dtrain/data/datasets.h"
 #include "dtrain/data/idx.h"
@@ -14,15 +15,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class IdxFiles : public ::testing::Test {
+class IdxFiles : public testing::TempDirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("dtrain_idx_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   static std::string header(unsigned char type, std::vector<std::uint32_t> dims) {
     std::string h = {0, 0, static_cast<char>(type), static_cast<char>(dims.size())};
     for (auto d : dims)
@@ -30,14 +24,11 @@ class IdxFiles : public ::testing::Test {
     return h;
   }
   std::string write(const std::string& name, const std::string& bytes, bool gzip) {
+    if (!gzip) return TempDirTest::write(name, bytes);
     const std::string path = (dir_ / name).string();
-    if (gzip) {
-      gzFile f = gzopen(path.c_str(), "wb");
-      gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
-      gzclose(f);
-    } else {
-      std::ofstream(path, std::ios::binary) << bytes;
-    }
+    gzFile f = gzopen(path.c_str(), "wb");
+    gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+    gzclose(f);
     return path;
   }
   static std::string what(const std::function<void()>& f) {
@@ -48,7 +39,6 @@ class IdxFiles : public ::testing::Test {
     }
     return "no error";
   }
-  fs::path dir_;
 };
 
 TEST_F(IdxFiles, ReadsImagesAndLabelsPlainAndGzip) {

@@ -7,32 +7,11 @@
 namespace dtrain {
 namespace {
 
-// Labels are the arg-max of a fixed random linear map: separable by construction.
-void make_problem(std::int64_t n, std::uint64_t seed, Tensor& x, Tensor& y) {
-  const std::int64_t dim = 10, classes = 4;
-  Generator g(seed), teacher(999);
-  std::vector<float> w(dim * classes);
-  for (auto& v : w) v = teacher.normal();
-  x = Tensor::empty({n, dim});
-  y = Tensor::empty({n}, DType::i32);
-  float* px = x.data<float>();
-  for (std::int64_t i = 0; i < n; ++i) {
-    for (std::int64_t d = 0; d < dim; ++d) px[i * dim + d] = g.normal();
-    int best = 0;
-    float best_score = -1e30f;
-    for (int c = 0; c < classes; ++c) {
-      float s = 0;
-      for (std::int64_t d = 0; d < dim; ++d) s += px[i * dim + d] * w[d * classes + c];
-      if (s > best_score) best_score = s, best = c;
-    }
-    y.data<std::int32_t>()[i] = best;
-  }
-}
-
 TEST(MlpTraining, ReachesNinetyFivePercentOnSeparableData) {
-  Tensor x_train, y_train, x_test, y_test;
-  make_problem(8000, 1, x_train, y_train);
-  make_problem(1000, 2, x_test, y_test);
+  // Labels are the arg-max of a fixed random linear map of the inputs: separable.
+  data::Split all = data::make_synthetic(9000, 10, 4, 1, data::SyntheticLabels::teacher);
+  Tensor x_train = all.x.slice(0, 8000), y_train = all.y.slice(0, 8000);
+  Tensor x_test = all.x.slice(8000, 9000), y_test = all.y.slice(8000, 9000);
 
   nn::Dense d1(64, "relu", {.seed = 10}), d2(64, "relu", {.seed = 11}), d3(4, "", {.seed = 12});
   auto model = [&](const Tensor& x, bool training) { return d3(d2(d1(x, training), training), training); };
