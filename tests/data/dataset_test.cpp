@@ -216,6 +216,47 @@ TEST(Dataset, DestroyingMidEpochStopsBackgroundThreads) {
   EXPECT_GT(after, 0);
 }
 
+TEST(Dataset, StoppingMidPassNeverTruncatesACache) {
+  // Background stages below and above the cache: destroying the iterator mid-pass stops
+  // them, and the cache must not take that for the end of the data.
+  auto work = [](const Element& e) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // simulated per-element work
+    return e;
+  };
+  for (int round = 0; round < 5; ++round) {
+    Dataset cached = Dataset::range(40).map(work, 2).cache();
+    {
+      Iterator it = cached.prefetch(2).make_iterator();
+      for (int i = 0; i < 3; ++i) ASSERT_TRUE(it.next());
+    }
+    EXPECT_EQ(values(cached), iota(40)) << "round " << round;
+  }
+}
+
+TEST(Dataset, CacheStateRestoresIntoAnEmptyCache) {
+  // Saved while reading a complete cache; restored where the cache is empty (a new process).
+  auto make = [] { return Dataset::range(20).cache(); };
+  Dataset first = make();
+  values(first);  // fills the cache
+  Iterator it = first.make_iterator(1);
+  for (int i = 0; i < 7; ++i) it.next();
+  const IteratorState state = it.save();
+  Dataset fresh = make();
+  Iterator resumed = fresh.make_iterator(1);
+  resumed.restore(state);
+  std::vector<int> rest;
+  while (auto e = resumed.next()) rest.push_back(static_cast<int>((*e)[0].item()));
+  EXPECT_EQ(rest, iota(13, 7));
+}
+
+TEST(Dataset, FailedRestoreLeavesAUsableIterator) {
+  Iterator it = Dataset::range(5).shuffle(3, 1).make_iterator();
+  EXPECT_THROW(it.restore(IteratorState{{1}, {}, {}}), InvalidArgument);
+  int n = 0;
+  while (it.next()) ++n;
+  EXPECT_EQ(n, 5);
+}
+
 TEST(Dataset, AutotuneReportsWhatItChose) {
   Dataset ds = Dataset::range(200).map([](const Element& e) { return e; }, AUTOTUNE).prefetch(AUTOTUNE);
   Iterator it = ds.make_iterator();

@@ -13,6 +13,8 @@ namespace detail {
 void rethrow_with_context(std::exception_ptr error, const std::string& context) {
   try {
     std::rethrow_exception(error);
+  } catch (const Cancelled&) {
+    throw;
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(context + ": " + e.what());
   } catch (const IoError& e) {
@@ -174,8 +176,8 @@ Dataset Dataset::records(std::vector<std::string> files) { return Dataset(detail
 Dataset Dataset::map(std::function<Element(const Element&)> fn, std::int64_t num_parallel_calls,
                      bool deterministic) const {
   if (!fn) DTRAIN_THROW(InvalidArgument, "map: the function is empty");
-  if (num_parallel_calls < AUTOTUNE)
-    DTRAIN_THROW(InvalidArgument, "map: num_parallel_calls must be AUTOTUNE (-1), 0 or positive, got ", num_parallel_calls);
+  if (num_parallel_calls < AUTOTUNE || num_parallel_calls > 1024)
+    DTRAIN_THROW(InvalidArgument, "map: num_parallel_calls must be AUTOTUNE (-1) or in [0, 1024], got ", num_parallel_calls);
   if (num_parallel_calls == 0 || num_parallel_calls == 1)
     return Dataset(detail::map_node(node_, std::move(fn)), options_);
   return Dataset(detail::parallel_map_node(node_, std::move(fn), num_parallel_calls, deterministic), options_);
@@ -282,12 +284,24 @@ IteratorState Iterator::save() const {
 }
 
 void Iterator::restore(const IteratorState& state) {
-  // A fresh pipeline, moved to the saved position before any element is produced.
+  if (!node_) DTRAIN_THROW(InvalidArgument, "Iterator::restore: the iterator was moved from");
+  // A fresh pipeline (the old one first releases what it holds, such as a cache it was
+  // filling), moved to the saved position before any element is produced. If the state
+  // does not fit, the iterator is left at the start of a clean pipeline.
   stop();
   stop_ = std::make_unique<std::stop_source>();
   ctx_.stop = stop_->get_token();
+  stats_ = InputStats{};
   root_ = node_->make(ctx_);
-  root_->restore(state);
+  try {
+    root_->restore(state);
+  } catch (...) {
+    stop();
+    stop_ = std::make_unique<std::stop_source>();
+    ctx_.stop = stop_->get_token();
+    root_ = node_->make(ctx_);
+    throw;
+  }
 }
 
 std::vector<std::string> Iterator::autotune_report() const {

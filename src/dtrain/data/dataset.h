@@ -152,7 +152,8 @@ class Iterator {
 
   std::optional<Element> next();
   IteratorState save() const;
-  // Continues from a saved position of an iterator of the same pipeline.
+  // Continues from a saved position of an iterator of the same pipeline. If the state does
+  // not belong to this pipeline, throws and leaves the iterator at the start of its pass.
   void restore(const IteratorState& state);
   const InputStats& stats() const { return stats_; }
   // What AUTOTUNE chose, stage by stage, with the rates it measured.

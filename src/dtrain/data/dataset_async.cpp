@@ -60,7 +60,8 @@ class PrefetchIterator : public IteratorBase {
       return e;
     }
     if (error_) std::rethrow_exception(error_);
-    return std::nullopt;  // the end, or the iterator is being destroyed
+    if (ended_) return std::nullopt;
+    throw Cancelled();  // the iterator is being destroyed: not the end of the data
   }
 
   IteratorState save() const override {
@@ -93,7 +94,10 @@ class PrefetchIterator : public IteratorBase {
   }
 
   void report(std::vector<std::string>& lines) const override {
-    in_->report(lines);
+    {
+      std::lock_guard pull(pull_mutex_);  // the upstream may be replacing its stages
+      in_->report(lines);
+    }
     std::lock_guard lock(mutex_);
     lines.push_back("prefetch: buffer " + std::to_string(capacity_) + (autotune_ ? " (AUTOTUNE)" : "") +
                     "; producer " + ms(producer_time_.value) + "/element, consumer " + ms(consumer_time_.value) +
@@ -177,9 +181,9 @@ class PrefetchNode : public DatasetNode {
 // ceil(fn time / consumer time per element), within the pipeline's thread budget.
 class ParallelMapIterator : public IteratorBase {
  public:
-  ParallelMapIterator(std::unique_ptr<IteratorBase> in, const IteratorContext& ctx, const MapFn& fn,
+  ParallelMapIterator(std::unique_ptr<IteratorBase> in, const IteratorContext& ctx, MapFn fn,
                       std::int64_t parallelism, bool deterministic)
-      : in_(std::move(in)), ctx_(ctx), fn_(fn), autotune_(parallelism == AUTOTUNE), deterministic_(deterministic),
+      : in_(std::move(in)), ctx_(ctx), fn_(std::move(fn)), autotune_(parallelism == AUTOTUNE), deterministic_(deterministic),
         threads_(autotune_ ? thread_budget(ctx.options) : static_cast<int>(parallelism)),
         active_(autotune_ ? 1 : threads_) {}
 
@@ -197,7 +201,10 @@ class ParallelMapIterator : public IteratorBase {
     }
     cv_.wait(lock, ctx_.stop, [&] { return ready() || finished(); });
     last_return_ = Clock::now();
-    if (!ready()) return std::nullopt;
+    if (!ready()) {
+      if (finished()) return std::nullopt;
+      throw Cancelled();  // the iterator is being destroyed: not the end of the data
+    }
     auto it = deterministic_ ? results_.find(delivered_) : results_.begin();
     Result r = std::move(it->second);
     results_.erase(it);
@@ -213,6 +220,14 @@ class ParallelMapIterator : public IteratorBase {
   IteratorState save() const override {
     std::unique_lock lock(mutex_);
     paused_ = true;
+    // Resumes the workers on every way out, exceptions included (destroyed before `lock`).
+    struct Resume {
+      const ParallelMapIterator& self;
+      ~Resume() {
+        self.paused_ = false;
+        self.cv_.notify_all();
+      }
+    } resume{*this};
     cv_.wait(lock, [&] { return computing_ == 0; });
     IteratorState s{{delivered_, input_done_ ? 1 : 0, end_seq_, static_cast<std::int64_t>(results_.size())},
                     {},
@@ -223,8 +238,6 @@ class ParallelMapIterator : public IteratorBase {
       s.values.push_back(static_cast<std::int64_t>(r.element.size()));
       for (const Tensor& t : r.element) s.tensors.push_back(t);
     }
-    paused_ = false;
-    cv_.notify_all();
     if (failed || error_seen_) DTRAIN_THROW(InvalidArgument, "map: cannot save an iterator whose map function failed");
     return s;
   }
@@ -249,7 +262,10 @@ class ParallelMapIterator : public IteratorBase {
   }
 
   void report(std::vector<std::string>& lines) const override {
-    in_->report(lines);
+    {
+      std::lock_guard pull(pull_mutex_);  // the upstream may be replacing its stages
+      in_->report(lines);
+    }
     std::lock_guard lock(mutex_);
     lines.push_back("map: parallelism " + std::to_string(active_) + " of " + std::to_string(threads_) + " threads" +
                     (autotune_ ? " (AUTOTUNE)" : "") + (deterministic_ ? "" : ", non-deterministic") + "; function " +
@@ -271,8 +287,9 @@ class ParallelMapIterator : public IteratorBase {
 
   void retune() {
     const double fn = fn_time_.value, consumer = std::max(consumer_time_.value, 1e-6);
-    const int want = static_cast<int>(std::ceil(fn / consumer));
-    active_ = std::clamp(want, 1, threads_);
+    const int want = static_cast<int>(std::clamp(std::ceil(fn / consumer), 1.0, static_cast<double>(threads_)));
+    if (want > active_) cv_.notify_all();  // let the newly allowed workers start
+    active_ = want;
   }
 
   void start() {
@@ -300,7 +317,7 @@ class ParallelMapIterator : public IteratorBase {
         std::lock_guard pull(pull_mutex_);
         {
           std::lock_guard lock(mutex_);
-          if (input_done_) {
+          if (input_done_ || st.stop_requested()) {
             --pulled_;
             --computing_;
             cv_.notify_all();
@@ -314,6 +331,11 @@ class ParallelMapIterator : public IteratorBase {
           error = std::current_exception();
         }
         std::lock_guard lock(mutex_);
+        if (st.stop_requested()) {  // shutting down: do not start the function
+          --computing_;
+          cv_.notify_all();
+          return;
+        }
         if (!input && !error) {
           input_done_ = true;
           end_seq_ = seq;
@@ -353,7 +375,7 @@ class ParallelMapIterator : public IteratorBase {
 
   std::unique_ptr<IteratorBase> in_;
   IteratorContext ctx_;
-  const MapFn& fn_;
+  const MapFn fn_;
   const bool autotune_, deterministic_;
   const int threads_;
   int active_;
@@ -361,7 +383,7 @@ class ParallelMapIterator : public IteratorBase {
   mutable std::condition_variable_any cv_;
   mutable bool paused_ = false;
   std::map<std::int64_t, Result> results_;
-  std::mutex pull_mutex_;  // held while pulling from the upstream
+  mutable std::mutex pull_mutex_;  // held while pulling from the upstream
   // pulled_: inputs taken or reserved; next_seq_: the number the next pull gets.
   std::int64_t pulled_ = 0, next_seq_ = 0, delivered_ = 0, end_seq_ = -1;
   int computing_ = 0;

@@ -9,6 +9,15 @@
 
 namespace dtrain::data::detail {
 
+// Thrown by a background stage whose iterator is being destroyed, so that no stage above it
+// can mistake the shutdown for the end of the data (a cache would otherwise keep a prefix
+// of a pass as if it were complete). It never reaches a user: the stages that see it are
+// being destroyed too.
+class Cancelled : public Error {
+ public:
+  Cancelled() : Error("the input pipeline was stopped") {}
+};
+
 // Rethrows `error` with `context` in front of its message, keeping dtrain's error kind.
 [[noreturn]] void rethrow_with_context(std::exception_ptr error, const std::string& context);
 

@@ -14,7 +14,7 @@ namespace {
 // ---- from_tensor_slices: element i is row i of every tensor, as a view.
 class SlicesIterator : public IteratorBase {
  public:
-  explicit SlicesIterator(const std::vector<Tensor>& t) : tensors_(t) {
+  explicit SlicesIterator(std::vector<Tensor> t) : tensors_(std::move(t)) {
     for (const Tensor& x : tensors_)
       row_shapes_.emplace_back(std::vector<std::int64_t>(x.shape().dims().begin() + 1, x.shape().dims().end()));
   }
@@ -33,7 +33,7 @@ class SlicesIterator : public IteratorBase {
   }
 
  private:
-  const std::vector<Tensor>& tensors_;
+  const std::vector<Tensor> tensors_;  // handles: copies share the data
   std::vector<Shape> row_shapes_;
   std::int64_t index_ = 0;
 };
@@ -64,7 +64,7 @@ class SlicesNode : public DatasetNode {
 // ---- from_generator: fn(i) for i = 0, 1, ... until nullopt.
 class GeneratorIterator : public IteratorBase {
  public:
-  explicit GeneratorIterator(const std::function<std::optional<Element>(std::int64_t)>& fn) : fn_(fn) {}
+  explicit GeneratorIterator(std::function<std::optional<Element>(std::int64_t)> fn) : fn_(std::move(fn)) {}
   std::optional<Element> next() override {
     if (done_) return std::nullopt;
     std::optional<Element> e;
@@ -88,7 +88,7 @@ class GeneratorIterator : public IteratorBase {
   }
 
  private:
-  const std::function<std::optional<Element>(std::int64_t)>& fn_;
+  const std::function<std::optional<Element>(std::int64_t)> fn_;
   std::int64_t index_ = 0;
   bool done_ = false;
 };
@@ -174,7 +174,7 @@ std::string_view trim(std::string_view s) {
 
 class CsvIterator : public IteratorBase {
  public:
-  CsvIterator(const std::vector<std::string>& files, const CsvOptions& o) : files_(files), options_(o) {}
+  CsvIterator(std::vector<std::string> files, CsvOptions o) : files_(std::move(files)), options_(std::move(o)) {}
 
   std::optional<Element> next() override {
     for (;;) {
@@ -268,8 +268,8 @@ class CsvIterator : public IteratorBase {
     return {x, Tensor::scalar(value(layout_.label_column))};
   }
 
-  const std::vector<std::string>& files_;
-  const CsvOptions& options_;
+  const std::vector<std::string> files_;
+  const CsvOptions options_;
   std::size_t file_ = 0;
   std::int64_t line_ = 0, skip_to_ = 0;
   std::ifstream in_;
@@ -307,7 +307,7 @@ std::uint64_t get_le(const unsigned char* in, int bytes) {
 
 class RecordsIterator : public IteratorBase {
  public:
-  explicit RecordsIterator(const std::vector<std::string>& files) : files_(files) {}
+  explicit RecordsIterator(std::vector<std::string> files) : files_(std::move(files)) {}
   std::optional<Element> next() override {
     for (;;) {
       if (!in_.is_open()) {
@@ -352,7 +352,7 @@ class RecordsIterator : public IteratorBase {
     in_.seekg(offset);
     offset_ = offset;
   }
-  const std::vector<std::string>& files_;
+  const std::vector<std::string> files_;
   std::size_t file_ = 0;
   std::int64_t offset_ = 0;
   std::ifstream in_;

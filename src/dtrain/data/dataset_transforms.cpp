@@ -21,7 +21,7 @@ class UnaryIterator : public IteratorBase {
 // ---- map (sequential)
 class MapIterator : public UnaryIterator {
  public:
-  MapIterator(std::unique_ptr<IteratorBase> in, const MapFn& fn) : UnaryIterator(std::move(in)), fn_(fn) {}
+  MapIterator(std::unique_ptr<IteratorBase> in, MapFn fn) : UnaryIterator(std::move(in)), fn_(std::move(fn)) {}
   std::optional<Element> next() override {
     std::optional<Element> e = in_->next();
     if (!e) return std::nullopt;
@@ -40,7 +40,7 @@ class MapIterator : public UnaryIterator {
   }
 
  private:
-  const MapFn& fn_;
+  const MapFn fn_;  // a copy: iterators never refer into their node
   std::int64_t index_ = 0;
 };
 
@@ -60,8 +60,8 @@ class MapNode : public DatasetNode {
 // ---- filter
 class FilterIterator : public UnaryIterator {
  public:
-  FilterIterator(std::unique_ptr<IteratorBase> in, const std::function<bool(const Element&)>& p)
-      : UnaryIterator(std::move(in)), predicate_(p) {}
+  FilterIterator(std::unique_ptr<IteratorBase> in, std::function<bool(const Element&)> p)
+      : UnaryIterator(std::move(in)), predicate_(std::move(p)) {}
   std::optional<Element> next() override {
     while (std::optional<Element> e = in_->next()) {
       const std::int64_t index = index_++;
@@ -83,7 +83,7 @@ class FilterIterator : public UnaryIterator {
   }
 
  private:
-  const std::function<bool(const Element&)>& predicate_;
+  const std::function<bool(const Element&)> predicate_;
   std::int64_t index_ = 0;
 };
 
@@ -277,7 +277,7 @@ class UnbatchNode : public DatasetNode {
 // below reshuffles on every repetition, reproducibly.
 class RepeatIterator : public IteratorBase {
  public:
-  RepeatIterator(const NodePtr& node, IteratorContext ctx, std::int64_t count) : node_(node), ctx_(std::move(ctx)), count_(count) {}
+  RepeatIterator(NodePtr node, IteratorContext ctx, std::int64_t count) : node_(std::move(node)), ctx_(std::move(ctx)), count_(count) {}
   std::optional<Element> next() override {
     while (count_ < 0 || pass_ < count_) {
       if (!in_) in_ = node_->make(pass_context());
@@ -320,7 +320,7 @@ class RepeatIterator : public IteratorBase {
     c.iteration = mix64(ctx_.iteration ^ mix64(static_cast<std::uint64_t>(pass_) + 0x7e));
     return c;
   }
-  const NodePtr& node_;
+  const NodePtr node_;
   IteratorContext ctx_;
   std::int64_t count_;
   std::int64_t pass_ = 0;
@@ -454,8 +454,8 @@ struct CacheStore {
 
 class CacheIterator : public IteratorBase {
  public:
-  CacheIterator(const NodePtr& in, const IteratorContext& ctx, std::shared_ptr<CacheStore> store)
-      : in_node_(in), ctx_(ctx), store_(std::move(store)) {
+  CacheIterator(NodePtr in, const IteratorContext& ctx, std::shared_ptr<CacheStore> store)
+      : in_node_(std::move(in)), ctx_(ctx), store_(std::move(store)) {
     std::lock_guard lock(store_->mutex);
     if (store_->complete) {
       reading_ = true;
@@ -512,9 +512,19 @@ class CacheIterator : public IteratorBase {
     if (s.values.size() < 3) check_state(s, 3, 0, "cache");
     position_ = s.values[1];
     if (s.values[0]) {
-      std::lock_guard lock(store_->mutex);
-      if (!store_->complete)
-        DTRAIN_THROW(InvalidArgument, "cache: the saved state reads a complete cache, but this dataset's cache is empty");
+      // Saved while reading a complete cache. In a new process the cache is empty: this
+      // iterator, the one filling it, reads a whole pass into it first.
+      if (!reading_ && !filling_)
+        DTRAIN_THROW(InvalidArgument, "cache: cannot restore while another iterator of this dataset is filling the cache");
+      if (filling_) {
+        std::vector<Element> all;
+        while (std::optional<Element> e = in_->next()) all.push_back(std::move(*e));
+        std::lock_guard lock(store_->mutex);
+        store_->elements = std::move(all);
+        store_->complete = true;
+        store_->filling = false;
+        filling_ = false;
+      }
       reading_ = true;
       in_.reset();
       return;
@@ -537,7 +547,7 @@ class CacheIterator : public IteratorBase {
   }
 
  private:
-  const NodePtr& in_node_;
+  const NodePtr in_node_;
   IteratorContext ctx_;
   std::shared_ptr<CacheStore> store_;
   std::unique_ptr<IteratorBase> in_;
