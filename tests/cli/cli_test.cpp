@@ -52,6 +52,8 @@ TEST_F(Cli, HelpAndUsage) {
   EXPECT_NE(r.output.find("fit"), std::string::npos);
   EXPECT_EQ(run("").code, 2);
   EXPECT_EQ(run("fit").code, 2);  // config missing
+  EXPECT_EQ(run("fit x.json --batch-size 0").code, 2);
+  EXPECT_EQ(run("fit x.json --epochs -3").code, 2);
 }
 
 TEST_F(Cli, FitWritesSummaryAndIsDeterministic) {
@@ -110,7 +112,9 @@ TEST_F(Cli, BadConfigsNameTheKey) {
       {R"(, "epoch": 3)", "epoch: unknown key"},
       {R"(, "verbose": "loud")", "verbose: expected an integer"},
       {R"(, "validation_split": 1.5)", "validation_split: must be in [0, 1)"},
-      {R"(, "threads": -2)", "threads: must be >= 0"},
+      {R"(, "threads": -2)", "threads: must be in [0, 4096]"},
+      {R"(, "epochs": 4294967297)", "epochs: must be in [0, 1000000]"},
+      {R"(, "seed": 18446744073709551615)", "seed: the integer 18446744073709551615 is too large"},
   };
   for (const auto& c : cases) {
     Result r = run("fit " + tiny_config(c.extra));
@@ -124,6 +128,8 @@ TEST_F(Cli, BadConfigsNameTheKey) {
       "loss": "mse"})");
   Result r = run("fit " + layers);
   EXPECT_NE(r.output.find("model.config.layers[0].config.units: expected an integer"), std::string::npos) << r.output;
+  r = run("fit " + write("mom.json", R"({"model": {"layers": []}, "loss": "mse", "optimizer": {"name": "adam", "momentum": 0.9}})"));
+  EXPECT_NE(r.output.find("optimizer.momentum: unknown key"), std::string::npos) << r.output;
   const std::string opt = write("opt.json", R"({"model": {"layers": []}, "loss": "mse", "optimizer": {"name": "adagrad"}})");
   r = run("fit " + opt);
   EXPECT_NE(r.output.find("optimizer.name: unknown optimizer 'adagrad'"), std::string::npos) << r.output;

@@ -36,6 +36,12 @@ TEST(Shape, BadAxisNamesAxisAndRank) {
   EXPECT_THROW(Shape({2, -1}), InvalidArgument);
 }
 
+TEST(Shape, ElementCountOverflowIsAnError) {
+  EXPECT_THROW(Shape({std::int64_t{1} << 40, std::int64_t{1} << 40}), InvalidArgument);
+  Shape s{2, 2};
+  EXPECT_THROW(s.set(0, std::int64_t{1} << 62), InvalidArgument);
+}
+
 TEST(Shape, Broadcast) {
   EXPECT_EQ(broadcast_shapes({4, 3}, {3}, "add"), Shape({4, 3}));
   EXPECT_EQ(broadcast_shapes({4, 1}, {1, 5}, "add"), Shape({4, 5}));

@@ -50,6 +50,37 @@ TEST_F(Fixture, EarlyStoppingRestoresBestWeights) {
   EXPECT_EQ(now, after_epoch[static_cast<size_t>(stop->best_epoch())]);
 }
 
+TEST_F(Fixture, RestoreBestWeightsAlsoWithoutAnEarlyStop) {
+  // As Keras 3: the best epoch's weights come back even when every epoch ran.
+  m.compile(std::make_shared<optim::SGD>(50.0f), std::make_shared<losses::SparseCategoricalCrossentropy>(true));
+  std::vector<std::vector<float>> after_epoch;
+  std::vector<double> losses;
+  auto record = std::make_shared<LambdaCallback>();
+  record->epoch_end = [&](int, const Logs& l) {
+    std::vector<float> all;
+    for (Variable* v : m.variables())
+      for (float f : v->value().to_vector()) all.push_back(f);
+    after_epoch.push_back(all);
+    losses.push_back(l.at("loss"));
+  };
+  auto stop = std::make_shared<EarlyStopping>(
+      EarlyStoppingOptions{.monitor = "loss", .min_delta = -0.0, .patience = 100, .restore_best_weights = true});
+  m.fit(d.x, d.y, {.epochs = 4, .batch_size = 32, .shuffle = false, .callbacks = {record, stop}, .verbose = 0});
+  EXPECT_EQ(stop->stopped_epoch(), -1);
+  const auto best = static_cast<size_t>(std::min_element(losses.begin(), losses.end()) - losses.begin());
+  EXPECT_EQ(stop->best_epoch(), static_cast<int>(best));
+  std::vector<float> now;
+  for (Variable* v : m.variables())
+    for (float f : v->value().to_vector()) now.push_back(f);
+  EXPECT_EQ(now, after_epoch[best]);
+}
+
+TEST_F(Fixture, EarlyStoppingModeMustBeKnowable) {
+  EXPECT_THROW(EarlyStopping({.monitor = "val_f1_of_doom"}), InvalidArgument);
+  EarlyStopping ok({.monitor = "val_f1_of_doom", .mode = "max"});
+  (void)ok;
+}
+
 TEST_F(Fixture, EarlyStoppingNeedsTheMonitoredLog) {
   m.compile("sgd", "sparse_categorical_crossentropy", {}, true);
   auto stop = std::make_shared<EarlyStopping>();  // val_loss, but no validation data
@@ -80,6 +111,20 @@ TEST_F(Fixture, CsvLoggerWritesARowPerEpoch) {
   int rows = 0;
   while (std::getline(in, line)) ++rows;
   EXPECT_EQ(rows, 3);
+  std::filesystem::remove(path);
+}
+
+TEST_F(Fixture, CsvLoggerAppendsWithoutASecondHeader) {
+  const auto path = std::filesystem::temp_directory_path() / ("dtrain_csv_append_" + std::to_string(::getpid()) + ".csv");
+  m.compile("sgd", "sparse_categorical_crossentropy", {}, true);
+  for (int run = 0; run < 2; ++run)
+    m.fit(d.x, d.y, {.epochs = 2, .callbacks = {std::make_shared<CSVLogger>(path.string(), ',', true)}, .verbose = 0});
+  std::ifstream in(path);
+  std::string line;
+  int headers = 0, rows = 0;
+  while (std::getline(in, line)) (line.rfind("epoch", 0) == 0 ? headers : rows) += 1;
+  EXPECT_EQ(headers, 1);
+  EXPECT_EQ(rows, 4);
   std::filesystem::remove(path);
 }
 

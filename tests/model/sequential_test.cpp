@@ -25,6 +25,24 @@ TEST(Sequential, DuplicateNamesGetSuffixes) {
   EXPECT_EQ(m.layers()[2]->name(), "dense_2");
 }
 
+TEST(Sequential, TheSameLayerTwiceIsAnError) {
+  Sequential m;
+  auto d = std::make_shared<nn::Dense>(4);
+  m.add(d);
+  EXPECT_THROW(m.add(d), InvalidArgument);
+  EXPECT_EQ(m.layers().size(), 1u);
+}
+
+TEST(Sequential, ABadInputShapeLeavesTheModelUnbuilt) {
+  Sequential m;
+  m.add<nn::Activation>("relu");
+  m.add<nn::Dense>(3);
+  EXPECT_THROW(m.build(Shape{}), InvalidArgument);  // inputs [batch]: Dense needs [batch, features]
+  EXPECT_FALSE(m.built());
+  m.build({5});  // the activation layer was not left built for the bad shape
+  EXPECT_EQ(m.output_shape(), Shape({1, 3}));
+}
+
 TEST(Sequential, SummaryTableLikeKeras) {
   Sequential m;
   m.add<nn::Dense>(64, "relu");

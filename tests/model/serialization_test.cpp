@@ -140,6 +140,26 @@ TEST(Weights, BadFilesAreNamedErrorsAndLeaveTheModelAlone) {
   fs::remove(path);
 }
 
+TEST(Weights, ImpossibleShapesAreRejected) {
+  const auto path = temp_path("huge.safetensors");
+  const std::string header = R"({"w":{"dtype":"F32","shape":[4611686018427387905,4],"data_offsets":[0,16]}})";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(header.size() >> (8 * i));
+  std::ofstream(path, std::ios::binary) << bytes << header << std::string(16, '\0');
+  const std::string e = message_of([&] { load_safetensors(path.string()); });
+  EXPECT_NE(e.find("tensor 'w'"), std::string::npos) << e;
+  fs::remove(path);
+}
+
+TEST(ModelJson, TrainableFalseFreezesTheLayer) {
+  auto m = model_from_json(R"({"class_name": "Sequential", "config": {"layers": [
+      {"class_name": "Dense", "config": {"units": 3, "trainable": false}},
+      {"class_name": "Dense", "config": {"units": 2}}], "build_input_shape": [null, 4]}})");
+  EXPECT_EQ(m->trainable_variables().size(), 2u);  // only the second layer's kernel and bias
+  EXPECT_EQ(m->variables().size(), 4u);
+  EXPECT_NE(m->to_json().find("\"trainable\": false"), std::string::npos);
+}
+
 TEST(Weights, FailedSaveKeepsThePreviousFile) {
   auto m = make_model();
   const auto path = temp_path("keep.safetensors");

@@ -82,6 +82,28 @@ TEST(Optimizer, MismatchIsAnErrorAndChangesNothing) {
   EXPECT_EQ(sgd.iterations(), 0);
 }
 
+TEST(Optimizer, StateFollowsTheVariableNotItsAddress) {
+  Adam adam(0.1f);
+  for (std::int64_t n : {2, 3}) {  // a new variable of another shape, likely at the same address
+    Variable v("w", Tensor::zeros({n}));
+    adam.apply_gradients({{Tensor::full({n}, 1.0f), &v}});
+    EXPECT_EQ(adam.slots(v)[0].second->shape(), Shape({n}));
+  }
+}
+
+TEST(Optimizer, AVariableGivenTwiceIsAnError) {
+  Variable v("dense/kernel", Tensor::zeros({2}));
+  SGD sgd(0.1f);
+  Tensor g = Tensor::full({2}, 1.0f);
+  try {
+    sgd.apply_gradients({{g, &v}, {g, &v}});
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("given twice"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(v.value().to_vector(), (std::vector<float>{0, 0}));
+}
+
 TEST(Optimizer, UndefinedGradientSkipsVariable) {
   Variable a("a", Tensor::full({1}, 1.0f));
   SGD sgd(0.1f);

@@ -115,14 +115,19 @@ std::vector<Tensor> GradientTape::run_backward(const Tensor& target, std::span<c
     DTRAIN_THROW(InvalidArgument,
                  "GradientTape::gradient: a non-persistent tape computes gradients only once; "
                  "construct it with GradientTape(/*persistent=*/true) to call gradient() again");
-  used_ = true;
-  std::vector<Tensor> result(sources.size());
   if (output_gradient.defined()) {
     check_same_shape(output_gradient, target, "GradientTape::gradient (output_gradient)");
-    grads_.emplace(target.id(), output_gradient);
-  } else {
-    grads_.emplace(target.id(), Tensor::full(target.shape(), 1.0f));
+    output_gradient.check_dtype(target.dtype(), "GradientTape::gradient (output_gradient)");
   }
+  used_ = true;
+  // Partial sums never survive a failed call (a persistent tape may be asked again).
+  grads_.clear();
+  struct ClearOnExit {
+    std::unordered_map<std::uint64_t, Tensor>& grads;
+    ~ClearOnExit() { grads.clear(); }
+  } clear_on_exit{grads_};
+  std::vector<Tensor> result(sources.size());
+  grads_.emplace(target.id(), output_gradient.defined() ? output_gradient : Tensor::full(target.shape(), 1.0f));
   // Walking in reverse record order visits each op after every consumer of its output.
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
     auto g = grads_.find(it->output);
@@ -139,7 +144,6 @@ std::vector<Tensor> GradientTape::run_backward(const Tensor& target, std::span<c
     auto g = grads_.find(sources[i]);
     if (g != grads_.end()) result[i] = g->second;
   }
-  grads_.clear();
   if (!persistent_) {
     entries_.clear();
     watched_.clear();

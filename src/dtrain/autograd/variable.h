@@ -21,6 +21,7 @@ class Variable {
   std::int64_t numel() const { return value_.numel(); }
   // The identity of the value, as a tape knows it (does not watch).
   std::uint64_t id() const { return value_.id(); }
+  Device value_device() const { return value_.device(); }
 
   // The current value, watched by live tapes when trainable.
   const Tensor& value() const;

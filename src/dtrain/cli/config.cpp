@@ -132,16 +132,16 @@ RunConfig load_config(const std::string& path) {
       if (c.data.samples <= 0 || c.data.features <= 0 || c.data.classes <= 0 || c.data.test_samples < 0)
         d.fail("", "samples, features and classes must be positive and test_samples >= 0");
     }
-    c.epochs = static_cast<int>(r.get_int("epochs", 1));
+    c.epochs = r.get_int32("epochs", 1, 0, 1'000'000);
     c.batch_size = r.get_int("batch_size", 32);
-    c.seed = static_cast<std::uint64_t>(r.get_int("seed", 0));
-    c.threads = static_cast<int>(r.get_int("threads", 0));
+    const std::int64_t seed = r.get_int("seed", 0);
+    if (seed < 0) r.fail("seed", "must be >= 0");
+    c.seed = static_cast<std::uint64_t>(seed);
+    c.threads = r.get_int32("threads", 0, 0, 4096);
     c.validation_split = r.get_number("validation_split", 0.0);
     c.shuffle = r.get_bool("shuffle", true);
-    c.verbose = static_cast<int>(r.get_int("verbose", -1));
-    if (c.epochs < 0) r.fail("epochs", "must be >= 0");
-    if (c.batch_size <= 0) r.fail("batch_size", "must be positive");
-    if (c.threads < 0) r.fail("threads", "must be >= 0 (0 = every core)");
+    c.verbose = r.get_int32("verbose", -1, -1, 2);
+    if (c.batch_size <= 0 || c.batch_size > (std::int64_t{1} << 31)) r.fail("batch_size", "must be in [1, 2^31]");
     if (!(c.validation_split >= 0 && c.validation_split < 1)) r.fail("validation_split", "must be in [0, 1)");
     if (c.data.pipeline && c.validation_split > 0)
       r.fail("validation_split", "cannot be combined with data.pipeline; the pipeline trains on the whole training split");
@@ -162,8 +162,11 @@ std::shared_ptr<losses::Loss> build_loss(const RunConfig& c) {
   return in_file(c.file, [&]() -> std::shared_ptr<losses::Loss> {
     const JsonReader r(c.loss_json, "loss");
     if (c.loss_json.is_string()) return losses::get(c.loss_json.get<std::string>());
-    r.expect_keys({"name", "from_logits", "label_smoothing", "reduction"});
+    r.expect_object();
     const std::string name = r.get_string("name");
+    if (name == "categorical_crossentropy") r.expect_keys({"name", "from_logits", "label_smoothing", "reduction"});
+    else if (name == "sparse_categorical_crossentropy") r.expect_keys({"name", "from_logits", "reduction"});
+    else r.expect_keys({"name", "reduction"});
     const bool logits = r.get_bool("from_logits", false);
     const auto reduction = losses::reduction_from_name(r.get_string("reduction", "sum_over_batch_size"));
     if (name == "sparse_categorical_crossentropy")
@@ -180,9 +183,12 @@ std::shared_ptr<optim::Optimizer> build_optimizer(const RunConfig& c) {
   return in_file(c.file, [&]() -> std::shared_ptr<optim::Optimizer> {
     if (c.optimizer_json.is_string()) return optim::get(c.optimizer_json.get<std::string>());
     const JsonReader r(c.optimizer_json, "optimizer");
-    r.expect_keys({"name", "learning_rate", "momentum", "nesterov", "beta_1", "beta_2", "epsilon", "weight_decay",
-                   "clipnorm", "global_clipnorm"});
+    r.expect_object();
     const std::string name = r.get_string("name");
+    if (name == "sgd")
+      r.expect_keys({"name", "learning_rate", "momentum", "nesterov", "weight_decay", "clipnorm", "global_clipnorm"});
+    else
+      r.expect_keys({"name", "learning_rate", "beta_1", "beta_2", "epsilon", "weight_decay", "clipnorm", "global_clipnorm"});
     optim::OptimizerOptions o;
     if (r.has("clipnorm")) o.clipnorm = static_cast<float>(r.get_number("clipnorm"));
     if (r.has("global_clipnorm")) o.global_clipnorm = static_cast<float>(r.get_number("global_clipnorm"));

@@ -170,16 +170,19 @@ int main(int argc, char** argv) {
 
   auto add_run_flags = [&](CLI::App* cmd) {
     cmd->add_option("config", config, "JSON config file")->required();
-    cmd->add_option("--epochs", o.epochs, "Override the config's epochs");
-    cmd->add_option("--batch-size", o.batch_size, "Override the config's batch_size (global)");
-    cmd->add_option("--threads", o.threads, "Compute threads (0 = every core)");
-    cmd->add_option("--seed", o.seed, "Seed for weights, shuffling and synthetic data");
+    cmd->add_option("--epochs", o.epochs, "Override the config's epochs")->check(CLI::Range(0, 1'000'000));
+    cmd->add_option("--batch-size", o.batch_size, "Override the config's batch_size (global)")
+        ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 31));
+    cmd->add_option("--threads", o.threads, "Compute threads (0 = every core)")->check(CLI::Range(0, 4096));
+    cmd->add_option("--seed", o.seed, "Seed for weights, shuffling and synthetic data")
+        ->check(CLI::Range(std::int64_t{0}, INT64_MAX));
     cmd->add_option("--summary", o.summary, "Write a machine-readable JSON summary here");
   };
   CLI::App* fit = app.add_subcommand("fit", "Train the model CONFIG describes");
   add_run_flags(fit);
   fit->add_option("--save-weights", o.save_weights, "Save the trained weights (safetensors) here");
-  fit->add_option("--verbose", o.verbose, "0 silent, 1 progress bar, 2 one line per epoch (default: auto)");
+  fit->add_option("--verbose", o.verbose, "0 silent, 1 progress bar, 2 one line per epoch (default: auto)")
+      ->check(CLI::Range(0, 2));
   CLI::App* evaluate = app.add_subcommand("evaluate", "Evaluate saved weights on CONFIG's test data");
   add_run_flags(evaluate);
   evaluate->add_option("--weights", o.weights, "Weights file (safetensors)")->required();

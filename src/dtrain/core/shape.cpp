@@ -12,9 +12,12 @@ Shape::Shape(std::span<const std::int64_t> dims) {
   if (dims.size() > static_cast<size_t>(kMaxRank))
     DTRAIN_THROW(InvalidArgument, "Shape: rank ", dims.size(), " exceeds the maximum ", kMaxRank);
   rank_ = static_cast<int>(dims.size());
+  std::int64_t count = 1;
   for (int i = 0; i < rank_; ++i) {
     if (dims[i] < 0)
       DTRAIN_THROW(InvalidArgument, "Shape: extent ", dims[i], " at axis ", i, " is negative");
+    if (__builtin_mul_overflow(count, dims[i], &count))
+      DTRAIN_THROW(InvalidArgument, "Shape: the extents overflow a 64-bit element count at axis ", i);
     dims_[i] = dims[i];
   }
 }
@@ -29,7 +32,12 @@ int Shape::normalize_axis(int axis) const {
 
 void Shape::set(int axis, std::int64_t extent) {
   if (extent < 0) DTRAIN_THROW(InvalidArgument, "Shape::set: extent ", extent, " is negative");
-  dims_[normalize_axis(axis)] = extent;
+  const int a = normalize_axis(axis);
+  std::int64_t count = 1;
+  for (int i = 0; i < rank_; ++i)
+    if (__builtin_mul_overflow(count, i == a ? extent : dims_[i], &count))
+      DTRAIN_THROW(InvalidArgument, "Shape::set: the extents overflow a 64-bit element count");
+  dims_[a] = extent;
 }
 
 std::int64_t Shape::numel() const {

@@ -1,6 +1,8 @@
 // Losses composed from autograd ops; cross-entropy from logits uses the fused kernel.
 #include "dtrain/losses/losses.h"
 
+#include <cmath>
+
 namespace dtrain::losses {
 namespace {
 
@@ -15,7 +17,7 @@ Tensor sparse_labels(const Tensor& y_true, const Tensor& y_pred, const std::stri
   if (labels.dtype() != DType::i32) {
     const std::vector<float> v = labels.to_vector();
     for (size_t i = 0; i < v.size(); ++i)
-      if (v[i] != static_cast<float>(static_cast<std::int32_t>(v[i])))
+      if (!(v[i] >= 0.0f && v[i] < 2147483648.0f) || v[i] != std::floor(v[i]))
         DTRAIN_THROW(InvalidArgument, loss, ": label ", v[i], " at row ", i, " is not an integer class id");
     labels = labels.astype(DType::i32);
   }

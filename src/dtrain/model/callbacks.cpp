@@ -2,6 +2,8 @@
 #include "dtrain/model/callbacks.h"
 
 #include <cmath>
+#include <filesystem>
+#include <iomanip>
 
 #include "dtrain/model/sequential.h"
 
@@ -16,16 +18,25 @@ void History::on_epoch_end(int e, const Logs& logs) {
 
 EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(options)) {
   if (options_.patience < 0) DTRAIN_THROW(InvalidArgument, "EarlyStopping: patience must be >= 0");
-  if (options_.mode == "max") maximize_ = true;
-  else if (options_.mode == "min") maximize_ = false;
-  else if (options_.mode == "auto")
-    maximize_ = options_.monitor.find("acc") != std::string::npos || options_.monitor.find("auc") != std::string::npos;
-  else DTRAIN_THROW(InvalidArgument, "EarlyStopping: mode '", options_.mode, "' is not min, max or auto");
+  options_.min_delta = std::fabs(options_.min_delta);  // as Keras: the sign follows the mode
+  const std::string& m = options_.monitor;
+  auto has = [&](const char* part) { return m.find(part) != std::string::npos; };
+  if (options_.mode == "max") {
+    maximize_ = true;
+  } else if (options_.mode == "min") {
+    maximize_ = false;
+  } else if (options_.mode == "auto") {
+    if (m.size() >= 4 && m.compare(m.size() - 4, 4, "loss") == 0) maximize_ = false;
+    else if (has("acc") || has("auc") || has("precision") || has("recall")) maximize_ = true;
+    else
+      DTRAIN_THROW(InvalidArgument, "EarlyStopping: cannot tell whether '", m,
+                   "' should go up or down; set mode to \"min\" or \"max\"");
+  } else {
+    DTRAIN_THROW(InvalidArgument, "EarlyStopping: mode '", options_.mode, "' is not min, max or auto");
+  }
 }
 
-bool EarlyStopping::improved(double value) const {
-  if (best_epoch_ < 0 && !options_.baseline) return true;
-  const double reference = best_epoch_ < 0 ? *options_.baseline : best_;
+bool EarlyStopping::better(double value, double reference) const {
   return maximize_ ? value - options_.min_delta > reference : value + options_.min_delta < reference;
 }
 
@@ -36,6 +47,8 @@ void EarlyStopping::on_train_begin(const Logs&) {
   best_weights_.clear();
 }
 
+// Keras 3's rule: the best value so far is tracked from the first epoch; the waiting count
+// restarts only when the value also beats the baseline (when one is given).
 void EarlyStopping::on_epoch_end(int epoch, const Logs& logs) {
   if (!logs.contains(options_.monitor))
     DTRAIN_THROW(InvalidArgument, "EarlyStopping: monitors '", options_.monitor,
@@ -43,14 +56,14 @@ void EarlyStopping::on_epoch_end(int epoch, const Logs& logs) {
   if (epoch < options_.start_from_epoch) return;
   const double value = logs.at(options_.monitor);
   ++wait_;
-  if (improved(value)) {
+  if (best_epoch_ < 0 || better(value, best_)) {
     best_ = value;
     best_epoch_ = epoch;
-    wait_ = 0;
     if (options_.restore_best_weights && model_) {
       best_weights_.clear();
       for (Variable* v : model_->variables()) best_weights_.push_back(v->value().clone());
     }
+    if (!options_.baseline || better(value, *options_.baseline)) wait_ = 0;
     return;
   }
   if (wait_ >= options_.patience && epoch > 0) {
@@ -60,7 +73,8 @@ void EarlyStopping::on_epoch_end(int epoch, const Logs& logs) {
 }
 
 void EarlyStopping::on_train_end(const Logs&) {
-  if (options_.restore_best_weights && model_ && !best_weights_.empty() && stopped_epoch_ >= 0) {
+  // Keras 3 puts the best weights back whether or not training stopped early.
+  if (options_.restore_best_weights && model_ && !best_weights_.empty()) {
     auto vars = model_->variables();
     for (size_t i = 0; i < vars.size() && i < best_weights_.size(); ++i) vars[i]->assign(best_weights_[i]);
   }
@@ -86,17 +100,23 @@ CSVLogger::CSVLogger(std::string filename, char separator, bool append)
     : filename_(std::move(filename)), separator_(separator), append_(append) {}
 
 void CSVLogger::on_train_begin(const Logs&) {
+  std::error_code ec;
+  const bool has_rows = append_ && std::filesystem::exists(filename_, ec) && std::filesystem::file_size(filename_, ec) > 0;
   out_.open(filename_, append_ ? std::ios::app : std::ios::trunc);
   if (!out_) DTRAIN_THROW(IoError, filename_, ": cannot open for writing");
+  out_ << std::setprecision(10);
   columns_.clear();
+  write_header_ = !has_rows;
 }
 
 void CSVLogger::on_epoch_end(int epoch, const Logs& logs) {
   if (columns_.empty()) {
     for (const auto& [k, v] : logs.items()) columns_.push_back(k);
-    out_ << "epoch";
-    for (const auto& c : columns_) out_ << separator_ << c;
-    out_ << '\n';
+    if (write_header_) {
+      out_ << "epoch";
+      for (const auto& c : columns_) out_ << separator_ << c;
+      out_ << '\n';
+    }
   }
   out_ << epoch;
   for (const auto& c : columns_) {

@@ -52,7 +52,9 @@ class History : public Callback {
 };
 
 // Stops training when `monitor` has not improved by more than min_delta for `patience`
-// epochs; optionally puts back the best epoch's weights.
+// epochs; optionally puts back the best epoch's weights at the end of training (Keras 3).
+// mode "auto" is min for names ending in "loss", max for accuracy, AUC, precision and
+// recall, and an error otherwise.
 struct EarlyStoppingOptions {
   std::string monitor = "val_loss";
   double min_delta = 0.0;
@@ -73,7 +75,7 @@ class EarlyStopping : public Callback {
   int best_epoch() const { return best_epoch_; }
 
  private:
-  bool improved(double value) const;
+  bool better(double value, double reference) const;
   EarlyStoppingOptions options_;
   bool maximize_ = false;
   double best_ = 0.0;
@@ -96,7 +98,8 @@ class LearningRateScheduler : public Callback {
 };
 
 // Writes one CSV row per epoch: epoch, then every log in order. Rows are flushed as
-// they are written, so a crash keeps the epochs already logged.
+// they are written, so a crash keeps the epochs already logged. Appending to a file that
+// has rows writes no second header.
 class CSVLogger : public Callback {
  public:
   explicit CSVLogger(std::string filename, char separator = ',', bool append = false);
@@ -110,6 +113,7 @@ class CSVLogger : public Callback {
   bool append_;
   std::ofstream out_;
   std::vector<std::string> columns_;
+  bool write_header_ = true;
 };
 
 // User hooks without a class: set the ones you need.

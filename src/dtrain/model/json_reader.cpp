@@ -74,7 +74,16 @@ double JsonReader::get_number(const std::string& key, double fallback) const {
 std::int64_t JsonReader::get_int(const std::string& key) const {
   const auto& v = at(key);
   if (!v.is_number_integer()) fail(key, "expected an integer, got " + v.dump());
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
+    fail(key, "the integer " + v.dump() + " is too large");
   return v.get<std::int64_t>();
+}
+
+int JsonReader::get_int32(const std::string& key, int fallback, int lo, int hi) const {
+  if (!has(key)) return fallback;
+  const std::int64_t v = get_int(key);
+  if (v < lo || v > hi) fail(key, "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + std::to_string(v));
+  return static_cast<int>(v);
 }
 
 std::int64_t JsonReader::get_int(const std::string& key, std::int64_t fallback) const {

@@ -37,6 +37,8 @@ class JsonReader {
   std::int64_t get_int(const std::string& key, std::int64_t fallback) const;
   bool get_bool(const std::string& key, bool fallback) const;
   std::optional<std::int64_t> get_optional_int(const std::string& key) const;
+  // An int within [lo, hi]; the error names the key and the range.
+  int get_int32(const std::string& key, int fallback, int lo, int hi) const;
 
   [[noreturn]] void fail(const std::string& key, const std::string& message) const;
 

@@ -2,6 +2,7 @@
 #include "dtrain/model/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,8 @@
 
 namespace dtrain {
 namespace {
+
+constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;  // the limit other readers apply too
 
 const char* dtype_code(DType t) {
   switch (t) {
@@ -74,15 +77,19 @@ void save_safetensors(const std::string& path, const NamedTensors& data) {
   unsigned char len[8];
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
 
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) DTRAIN_THROW(IoError, path, ": cannot create ", tmp, " (", std::strerror(errno), ")");
+  std::string tmp = path + ".tmp-XXXXXX";  // unique per call: concurrent saves never share it
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) DTRAIN_THROW(IoError, path, ": cannot create a temporary file beside it (", std::strerror(errno), ")");
+  ::fchmod(fd, 0644);
   bool ok = write_all(fd, len, 8) && write_all(fd, text.data(), text.size());
   for (const auto& [name, t] : data.tensors)
     if (ok) ok = write_all(fd, t.raw_data(), t.nbytes());
   ok = ok && ::fsync(fd) == 0;
-  const int saved_errno = errno;
-  ::close(fd);
+  int saved_errno = errno;
+  if (::close(fd) != 0 && ok) {  // some file systems report write errors only here
+    ok = false;
+    saved_errno = errno;
+  }
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = ok ? errno : saved_errno;
     std::remove(tmp.c_str());
@@ -102,6 +109,7 @@ NamedTensors load_safetensors(const std::string& path) {
   for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(len[i]) << (8 * i);
   if (n > static_cast<std::uint64_t>(size - 8))
     DTRAIN_THROW(IoError, path, ": header length ", n, " at offset 0 exceeds the file's ", size - 8, " remaining bytes");
+  if (n > kMaxHeaderBytes) DTRAIN_THROW(IoError, path, ": header length ", n, " exceeds the format's 100 MB limit");
   std::string text(n, '\0');
   in.read(text.data(), static_cast<std::streamsize>(n));
   nlohmann::json header;
@@ -146,13 +154,20 @@ NamedTensors load_safetensors(const std::string& path) {
       dims.push_back(d.get<std::int64_t>());
     }
     if (dims.size() > static_cast<size_t>(Shape::kMaxRank)) bad("rank " + std::to_string(dims.size()) + " is too large");
-    e.shape = Shape(dims);
+    try {
+      e.shape = Shape(dims);
+    } catch (const InvalidArgument&) {
+      bad("shape " + v["shape"].dump() + " holds more elements than can be addressed");
+    }
+    std::uint64_t expected_bytes = 0;
+    if (__builtin_mul_overflow(static_cast<std::uint64_t>(e.shape.numel()), dtype_size(e.dtype), &expected_bytes))
+      bad("shape " + v["shape"].dump() + " holds more bytes than can be addressed");
     const auto& off = v["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
       bad("data_offsets " + off.dump() + " is not [begin, end]");
     e.begin = off[0].get<std::uint64_t>();
     e.end = off[1].get<std::uint64_t>();
-    const std::uint64_t expected = static_cast<std::uint64_t>(e.shape.numel()) * dtype_size(e.dtype);
+    const std::uint64_t expected = expected_bytes;
     if (e.end < e.begin || e.end - e.begin != expected)
       bad("data_offsets " + off.dump() + " span " + std::to_string(e.end - e.begin) + " bytes, but " +
           std::string(dtype_name(e.dtype)) + " " + e.shape.to_string() + " needs " + std::to_string(expected));

@@ -57,6 +57,10 @@ Sequential::Sequential(std::vector<std::shared_ptr<nn::Layer>> layers, std::stri
 void Sequential::add(std::shared_ptr<nn::Layer> layer) {
   if (!layer) DTRAIN_THROW(InvalidArgument, "model '", name_, "': add() got a null layer");
   if (built()) DTRAIN_THROW(InvalidArgument, "model '", name_, "': cannot add layer '", layer->name(), "' after the model is built");
+  for (const auto& l : layers_)
+    if (l == layer)
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "': layer '", layer->name(),
+                   "' is already in the model; add a new layer object instead of the same one twice");
   std::set<std::string> taken;
   for (const auto& l : layers_) taken.insert(l->name());
   if (taken.count(layer->name())) {
@@ -81,6 +85,10 @@ void Sequential::build(const Shape& input_shape) {
                    " (without the batch axis), not ", input_shape.to_string());
     return;
   }
+  // Check every layer's shapes before building any, so a bad input shape leaves the
+  // model unbuilt instead of half built.
+  Shape probe = s;
+  for (const auto& l : layers_) probe = l->compute_output_shape(probe);
   for (const auto& l : layers_) {
     l->build(s);
     s = l->compute_output_shape(s);
@@ -216,7 +224,7 @@ class TensorBatches : public Sequential::BatchSource {
     wait_ += seconds_since(t0);
     return true;
   }
-  std::int64_t steps() const override { return (x_.dim(0) + batch_ - 1) / batch_; }
+  std::int64_t steps() const override { return x_.dim(0) / batch_ + (x_.dim(0) % batch_ != 0 ? 1 : 0); }
   double input_wait() const override { return wait_; }
   Shape feature_shape() override {
     return Shape(std::vector<std::int64_t>(x_.shape().dims().begin() + 1, x_.shape().dims().end()));

@@ -13,7 +13,7 @@ using nlohmann::json;
 json seed_json(const std::optional<std::uint64_t>& seed) { return seed ? json(*seed) : json(nullptr); }
 
 json layer_to_json(const nn::Layer& layer) {
-  json config = {{"name", layer.name()}, {"trainable", true}, {"dtype", "float32"}};
+  json config = {{"name", layer.name()}, {"trainable", layer.trainable()}, {"dtype", "float32"}};
   if (auto* d = dynamic_cast<const nn::Dense*>(&layer)) {
     config["units"] = d->units();
     config["activation"] = d->activation().empty() ? "linear" : d->activation();
@@ -50,12 +50,21 @@ std::string initializer_name(const JsonReader& r, const std::string& key, const 
   r.fail(key, "expected an initializer name or {\"class_name\": ...}, got " + v.dump());
 }
 
+std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& c, const JsonReader& r);
+
+// A layer from {"class_name", "config"}; "trainable": false freezes its weights once built.
 std::shared_ptr<nn::Layer> layer_from_json(const JsonReader& r) {
   r.expect_keys({"class_name", "config"});
   const std::string cls = r.get_string("class_name");
   static const json kNoConfig = json::object();  // outlives the reader that refers to it
   const JsonReader c = r.has("config") ? r.child("config") : JsonReader(kNoConfig, r.key_path("config"));
   c.expect_object();
+  auto layer = make_layer(cls, c, r);
+  if (!c.get_bool("trainable", true)) layer->set_trainable(false);
+  return layer;
+}
+
+std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& c, const JsonReader& r) {
   const std::string dtype = c.get_string("dtype", "float32");
   if (dtype != "float32") c.fail("dtype", "only float32 layers are supported, got '" + dtype + "'");
   try {

@@ -34,8 +34,13 @@ void Layer::set_name(std::string name) {
 }
 
 Variable& Layer::add_weight(const std::string& name, Tensor initial, bool trainable) {
-  weights_.push_back(std::make_unique<Variable>(name_ + "/" + name, std::move(initial), trainable));
+  weights_.push_back(std::make_unique<Variable>(name_ + "/" + name, std::move(initial), trainable && trainable_));
   return *weights_.back();
+}
+
+void Layer::set_trainable(bool trainable) {
+  trainable_ = trainable;
+  for (auto& w : weights_) w->set_trainable(trainable);
 }
 
 std::vector<Variable*> Layer::variables() {

@@ -35,6 +35,9 @@ class Layer {
   void set_name(std::string name);
   std::vector<Variable*> variables();
   std::vector<Variable*> trainable_variables();
+  // Freezes (false) or unfreezes the layer's weights, now and when they are created.
+  void set_trainable(bool trainable);
+  bool trainable() const { return trainable_; }
   std::int64_t count_params() const;
   std::optional<Shape> input_shape() const { return input_shape_; }
 
@@ -47,6 +50,7 @@ class Layer {
 
  private:
   std::string name_;
+  bool trainable_ = true;
   std::optional<Shape> input_shape_;
   std::vector<std::unique_ptr<Variable>> weights_;
 };

@@ -43,11 +43,22 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
   // Validate everything before changing anything, so a bad call leaves the model intact.
   for (size_t i = 0; i < vars.size(); ++i) {
     if (vars[i] == nullptr) DTRAIN_THROW(InvalidArgument, name_, ": variable ", i, " is null");
+    for (size_t j = 0; j < i; ++j)
+      if (vars[j] == vars[i])
+        DTRAIN_THROW(InvalidArgument, name_, ": variable '", vars[i]->name(), "' is given twice; it would be updated twice");
     if (!grads[i].defined()) continue;
-    if (!(grads[i].shape() == vars[i]->shape()) || grads[i].dtype() != vars[i]->dtype())
+    if (vars[i]->dtype() != DType::f32)
+      DTRAIN_THROW(InvalidArgument, name_, ": variable '", vars[i]->name(), "' is ", dtype_name(vars[i]->dtype()),
+                   "; optimizers update float32 variables");
+    if (!(grads[i].shape() == vars[i]->shape()) || grads[i].dtype() != vars[i]->dtype() ||
+        !(grads[i].device() == vars[i]->value_device()))
       DTRAIN_THROW(InvalidArgument, name_, ": gradient ", dtype_name(grads[i].dtype()), " ",
                    grads[i].shape().to_string(), " does not match variable '", vars[i]->name(), "' ",
                    dtype_name(vars[i]->dtype()), " ", vars[i]->shape().to_string());
+    auto slot = slots_.find(vars[i]->id());
+    if (slot != slots_.end() && !slot->second.empty() && !(slot->second[0].shape() == vars[i]->shape()))
+      DTRAIN_THROW(InvalidArgument, name_, ": holds state of shape ", slot->second[0].shape().to_string(),
+                   " for variable '", vars[i]->name(), "' of shape ", vars[i]->shape().to_string());
   }
   // Norms cost a pass over every gradient, so they are computed only when clipping needs them.
   const bool clipping = options_.clipnorm || options_.global_clipnorm;
@@ -75,7 +86,7 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
       const double norm = std::sqrt(norms[i]);
       if (norm > *options_.clipnorm) scale = static_cast<float>(*options_.clipnorm / norm);
     }
-    auto& slots = slots_[vars[i]];
+    auto& slots = slots_[vars[i]->id()];
     if (slots.size() != names.size()) {
       slots.clear();
       for (size_t s = 0; s < names.size(); ++s) slots.push_back(Tensor::zeros(vars[i]->shape()));
@@ -87,7 +98,7 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
 
 std::vector<std::pair<std::string, Tensor*>> Optimizer::slots(const Variable& v) {
   std::vector<std::pair<std::string, Tensor*>> out;
-  auto it = slots_.find(&v);
+  auto it = slots_.find(v.id());
   if (it == slots_.end()) return out;
   const std::vector<std::string> names = slot_names();
   for (size_t i = 0; i < names.size() && i < it->second.size(); ++i) out.emplace_back(names[i], &it->second[i]);

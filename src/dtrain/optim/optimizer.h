@@ -60,7 +60,8 @@ class Optimizer {
   OptimizerOptions options_;
   std::int64_t iterations_ = 0;
   double last_global_norm_ = 0.0;
-  std::unordered_map<const Variable*, std::vector<Tensor>> slots_;
+  // Keyed by the variable's value identity (tensor ids are never reused), not its address.
+  std::unordered_map<std::uint64_t, std::vector<Tensor>> slots_;
 };
 
 // Keras: v = momentum * v - lr * g; w += v (nesterov: w += momentum * v - lr * g).
