@@ -195,6 +195,7 @@ TEST(Sequential, MisuseIsAClearError) {
   EXPECT_THROW(m->fit(x, Tensor::zeros({7}, DType::i32)), InvalidArgument);
   EXPECT_THROW(m->fit(x, y, {.validation_split = 1.0}), InvalidArgument);
   EXPECT_THROW(m->fit(x, y, {.batch_size = 0}), InvalidArgument);
+  EXPECT_THROW(m->evaluate(x.slice(0, 0), y.slice(0, 0)), InvalidArgument);
   m->build({10});
   try {
     m->fit(Tensor::zeros({8, 11}), y, {.verbose = 0});

@@ -319,7 +319,8 @@ History Sequential::fit(const Tensor& x_all, const Tensor& y_all, const FitOptio
   // Keras holds out the last fraction of the data, before shuffling.
   Tensor x = x_all, y = y_all;
   FitOptions o = opt;
-  if (!opt.validation_data && opt.validation_split > 0.0) {
+  // Given validation data (either form) overrides validation_split, as in Keras.
+  if (!opt.validation_data && !opt.validation_dataset && opt.validation_split > 0.0) {
     const auto split = static_cast<std::int64_t>(static_cast<double>(x_all.dim(0)) * (1.0 - opt.validation_split));
     x = x_all.slice(0, split);
     y = y_all.slice(0, split);
@@ -411,13 +412,16 @@ Logs Sequential::run_evaluation(const data::Dataset& dataset, const std::string&
   reset_metrics();
   metrics::Mean loss_mean;
   data::Iterator it = dataset.make_iterator();
+  std::int64_t batches = 0;
   while (std::optional<data::Element> e = it.next()) {
+    ++batches;
     Tensor xb, yb;
     split_element(*e, xb, yb, "evaluate");
     Tensor y_pred = (*this)(xb, /*training=*/false);
     loss_mean.update_state(mean_value((*loss_)(yb, y_pred)), static_cast<double>(xb.dim(0)));
     for (auto& m : metrics_) m->update_state(yb, y_pred);
   }
+  if (batches == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': evaluation got an empty dataset");
   Logs logs;
   logs.set(prefix + "loss", loss_mean.result());
   for (auto& m : metrics_) logs.set(prefix + m->name(), m->result());
@@ -439,6 +443,7 @@ Logs Sequential::run_evaluation(const Tensor& x, const Tensor& y, std::int64_t b
     DTRAIN_THROW(InvalidArgument, "model '", name_, "': evaluation needs x and y with the same number of samples, got x ",
                  x.shape().to_string(), " and y ", y.shape().to_string());
   if (batch_size <= 0) DTRAIN_THROW(InvalidArgument, "evaluate: batch_size must be positive, got ", batch_size);
+  if (x.dim(0) == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': evaluation got no samples");
   reset_metrics();
   metrics::Mean loss_mean;
   for (std::int64_t begin = 0; begin < x.dim(0); begin += batch_size) {
