@@ -1,4 +1,5 @@
 // Every differentiable op against central finite differences.
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include "common/gradcheck.h"
@@ -11,6 +12,28 @@ using testing::GradcheckOptions;
 using testing::random_away_from;
 using testing::random_tensor;
 using Inputs = std::vector<Tensor>;
+
+// x * x with a wrong backward (x instead of 2x): the checker must reject it.
+Tensor wrong_square(const Tensor& x) {
+  Tensor y = Tensor::empty(x.shape());
+  kernels::backend().binary(kernels::Binary::mul, x, x, y);
+  const Tensor* inputs[] = {&x};
+  if (GradientTape::should_record(inputs))
+    GradientTape::record(inputs, y, [x](const Tensor& dy, BackwardContext& ctx) {
+      Tensor dx = Tensor::empty(dy.shape());
+      kernels::backend().binary(kernels::Binary::mul, dy, x, dx);
+      ctx.add(0, dx);
+    });
+  return y;
+}
+
+TEST(Gradcheck, TheCheckerRejectsAWrongBackward) {
+  EXPECT_FATAL_FAILURE(expect_gradients_match([](const Inputs& in) { return wrong_square(in[0]); },
+                                              {random_tensor({5}, 1, 0.5f, 1.5f)}, {0}),
+                       "element 0");
+  // And accepts the right one.
+  expect_gradients_match([](const Inputs& in) { return square(in[0]); }, {random_tensor({5}, 1, 0.5f, 1.5f)}, {0});
+}
 
 TEST(Gradcheck, Matmul) {
   for (bool ta : {false, true})
