@@ -9,16 +9,14 @@
 #include <string>
 
 #include "dtrain/dtrain.h"
+#include "example_main.h"
 
 using namespace dtrain;
 
 int main(int argc, char** argv) {
-  int epochs = 20;
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--quick")) epochs = 3;
-    else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) set_num_threads(std::stoi(argv[++i]));
-  }
-  try {
+  return example::run([&] {
+    const int epochs = example::has_flag(argc, argv, "--quick") ? 3 : 20;
+    set_num_threads(example::int_flag(argc, argv, "--threads", 0));
     // 1000 rows of 100 normal inputs; labels from a fixed random linear "teacher".
     data::Split d = data::make_synthetic(1000, 100, 10, /*seed=*/2024, data::SyntheticLabels::teacher);
     const Tensor& x = d.x;
@@ -57,9 +55,5 @@ int main(int argc, char** argv) {
       std::printf("epoch %2d  loss %.4f  accuracy %.4f  %8.0f samples/s\n", epoch, mean_loss.result(),
                   accuracy.result(), static_cast<double>(x.dim(0)) / seconds);
     }
-    return 0;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -3,17 +3,14 @@
 //
 //   ./fashion_mnist [--epochs N]      (DTRAIN_FASHION_MNIST_DIR points elsewhere)
 #include <cstdio>
-#include <cstring>
-#include <string>
 
 #include "dtrain/dtrain.h"
+#include "example_main.h"
 
 int main(int argc, char** argv) {
   using namespace dtrain;
-  int epochs = 10;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (!std::strcmp(argv[i], "--epochs")) epochs = std::stoi(argv[i + 1]);
-  try {
+  return example::run([&] {
+    const int epochs = example::int_flag(argc, argv, "--epochs", 10);
     set_random_seed(0);
     data::Classification fm = data::load_fashion_mnist();
 
@@ -27,9 +24,5 @@ int main(int argc, char** argv) {
     model.fit(fm.train.x, fm.train.y, {.epochs = epochs, .batch_size = 128, .validation_split = 0.1});
     Logs test = model.evaluate(fm.test.x, fm.test.y, {.batch_size = 1000});
     std::printf("test loss %.4f, test accuracy %.4f\n", test.at("loss"), test.at("accuracy"));
-    return 0;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

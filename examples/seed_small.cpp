@@ -4,17 +4,14 @@
 //
 //   ./seed_small [--epochs N]
 #include <cstdio>
-#include <cstring>
-#include <string>
 
 #include "dtrain/dtrain.h"
+#include "example_main.h"
 
 int main(int argc, char** argv) {
   using namespace dtrain;
-  int epochs = 2;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (!std::strcmp(argv[i], "--epochs")) epochs = std::stoi(argv[i + 1]);
-  try {
+  return example::run([&] {
+    const int epochs = example::int_flag(argc, argv, "--epochs", 2);
     set_random_seed(0);
     data::Split d = data::make_synthetic(/*samples=*/1000, /*features=*/100, /*classes=*/10, /*seed=*/0);
 
@@ -27,9 +24,5 @@ int main(int argc, char** argv) {
 
     History h = model.fit(d.x, d.y, {.epochs = epochs, .batch_size = 32});
     std::printf("steady-state throughput: %.0f samples/s\n", h.samples_per_second.back());
-    return 0;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -18,30 +18,42 @@ class UnaryIterator : public IteratorBase {
   std::unique_ptr<IteratorBase> in_;
 };
 
-// ---- map (sequential)
-class MapIterator : public UnaryIterator {
+// A stage whose whole position is one counter plus its upstream's position.
+class CounterIterator : public UnaryIterator {
  public:
-  MapIterator(std::unique_ptr<IteratorBase> in, MapFn fn) : UnaryIterator(std::move(in)), fn_(std::move(fn)) {}
+  IteratorState save() const override { return {{count_}, {}, {in_->save()}}; }
+  void restore(const IteratorState& s) override {
+    check_state(s, 1, 1, stage_);
+    count_ = s.values[0];
+    in_->restore(s.children[0]);
+  }
+
+ protected:
+  CounterIterator(std::unique_ptr<IteratorBase> in, std::int64_t count, const char* stage)
+      : UnaryIterator(std::move(in)), count_(count), stage_(stage) {}
+  std::int64_t count_;
+
+ private:
+  const char* stage_;
+};
+
+// ---- map (sequential); the counter numbers elements for error messages
+class MapIterator : public CounterIterator {
+ public:
+  MapIterator(std::unique_ptr<IteratorBase> in, MapFn fn) : CounterIterator(std::move(in), 0, "map"), fn_(std::move(fn)) {}
   std::optional<Element> next() override {
     std::optional<Element> e = in_->next();
     if (!e) return std::nullopt;
-    const std::int64_t index = index_++;
+    const std::int64_t index = count_++;
     try {
       return fn_(*e);
     } catch (...) {
       rethrow_with_context(std::current_exception(), "map: element " + std::to_string(index));
     }
   }
-  IteratorState save() const override { return {{index_}, {}, {in_->save()}}; }
-  void restore(const IteratorState& s) override {
-    check_state(s, 1, 1, "map");
-    index_ = s.values[0];
-    in_->restore(s.children[0]);
-  }
 
  private:
   const MapFn fn_;  // a copy: iterators never refer into their node
-  std::int64_t index_ = 0;
 };
 
 class MapNode : public DatasetNode {
@@ -58,13 +70,13 @@ class MapNode : public DatasetNode {
 };
 
 // ---- filter
-class FilterIterator : public UnaryIterator {
+class FilterIterator : public CounterIterator {
  public:
   FilterIterator(std::unique_ptr<IteratorBase> in, std::function<bool(const Element&)> p)
-      : UnaryIterator(std::move(in)), predicate_(std::move(p)) {}
+      : CounterIterator(std::move(in), 0, "filter"), predicate_(std::move(p)) {}
   std::optional<Element> next() override {
     while (std::optional<Element> e = in_->next()) {
-      const std::int64_t index = index_++;
+      const std::int64_t index = count_++;
       bool keep;
       try {
         keep = predicate_(*e);
@@ -75,16 +87,9 @@ class FilterIterator : public UnaryIterator {
     }
     return std::nullopt;
   }
-  IteratorState save() const override { return {{index_}, {}, {in_->save()}}; }
-  void restore(const IteratorState& s) override {
-    check_state(s, 1, 1, "filter");
-    index_ = s.values[0];
-    in_->restore(s.children[0]);
-  }
 
  private:
   const std::function<bool(const Element&)> predicate_;
-  std::int64_t index_ = 0;
 };
 
 class FilterNode : public DatasetNode {
@@ -347,67 +352,44 @@ class RepeatNode : public DatasetNode {
 };
 
 // ---- take / skip / shard: counters over the upstream.
-class TakeIterator : public UnaryIterator {
+// take and skip count the elements left to take or skip (-1: all); shard counts positions.
+class TakeIterator : public CounterIterator {
  public:
-  TakeIterator(std::unique_ptr<IteratorBase> in, std::int64_t count) : UnaryIterator(std::move(in)), left_(count) {}
+  TakeIterator(std::unique_ptr<IteratorBase> in, std::int64_t count) : CounterIterator(std::move(in), count, "take") {}
   std::optional<Element> next() override {
-    if (left_ == 0) return std::nullopt;
+    if (count_ == 0) return std::nullopt;
     std::optional<Element> e = in_->next();
-    if (e && left_ > 0) --left_;
+    if (e && count_ > 0) --count_;
     return e;
   }
-  IteratorState save() const override { return {{left_}, {}, {in_->save()}}; }
-  void restore(const IteratorState& s) override {
-    check_state(s, 1, 1, "take");
-    left_ = s.values[0];
-    in_->restore(s.children[0]);
-  }
-
- private:
-  std::int64_t left_;
 };
 
-class SkipIterator : public UnaryIterator {
+class SkipIterator : public CounterIterator {
  public:
-  SkipIterator(std::unique_ptr<IteratorBase> in, std::int64_t count) : UnaryIterator(std::move(in)), left_(count) {}
+  SkipIterator(std::unique_ptr<IteratorBase> in, std::int64_t count) : CounterIterator(std::move(in), count, "skip") {}
   std::optional<Element> next() override {
-    while (left_ != 0) {
+    while (count_ != 0) {
       if (!in_->next()) return std::nullopt;
-      if (left_ > 0) --left_;
+      if (count_ > 0) --count_;
     }
     return in_->next();
   }
-  IteratorState save() const override { return {{left_}, {}, {in_->save()}}; }
-  void restore(const IteratorState& s) override {
-    check_state(s, 1, 1, "skip");
-    left_ = s.values[0];
-    in_->restore(s.children[0]);
-  }
-
- private:
-  std::int64_t left_;
 };
 
-class ShardIterator : public UnaryIterator {
+class ShardIterator : public CounterIterator {
  public:
   ShardIterator(std::unique_ptr<IteratorBase> in, std::int64_t n, std::int64_t index)
-      : UnaryIterator(std::move(in)), n_(n), index_(index) {}
+      : CounterIterator(std::move(in), 0, "shard"), n_(n), index_(index) {}
   std::optional<Element> next() override {
     while (std::optional<Element> e = in_->next()) {
-      const std::int64_t position = position_++;
+      const std::int64_t position = count_++;
       if (position % n_ == index_) return e;
     }
     return std::nullopt;
   }
-  IteratorState save() const override { return {{position_}, {}, {in_->save()}}; }
-  void restore(const IteratorState& s) override {
-    check_state(s, 1, 1, "shard");
-    position_ = s.values[0];
-    in_->restore(s.children[0]);
-  }
 
  private:
-  std::int64_t n_, index_, position_ = 0;
+  std::int64_t n_, index_;
 };
 
 template <typename It>

@@ -25,12 +25,18 @@ void SparseCategoricalAccuracy::update_state(const Tensor& y_true, const Tensor&
   if (y_true.numel() != y_pred.dim(0) || (y_true.rank() == 2 && y_true.dim(1) != 1) || y_true.rank() > 2)
     DTRAIN_THROW(InvalidArgument, name(), ": labels ", y_true.shape().to_string(), " do not match predictions ",
                  y_pred.shape().to_string());
-  const std::vector<float> labels = y_true.to_vector();
   const std::int32_t* p = pred.data<std::int32_t>();
+  const std::int64_t n = pred.numel();
   double correct = 0;
-  for (size_t i = 0; i < labels.size(); ++i) correct += static_cast<float>(p[i]) == labels[i] ? 1 : 0;
+  if (y_true.dtype() == DType::i32) {  // the usual case, without a copy
+    const std::int32_t* labels = y_true.data<std::int32_t>();
+    for (std::int64_t i = 0; i < n; ++i) correct += p[i] == labels[i] ? 1 : 0;
+  } else {
+    const std::vector<float> labels = y_true.to_vector();
+    for (std::int64_t i = 0; i < n; ++i) correct += static_cast<float>(p[i]) == labels[i] ? 1 : 0;
+  }
   total_ += correct;
-  count_ += static_cast<double>(labels.size());
+  count_ += static_cast<double>(n);
 }
 
 void CategoricalAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred) {

@@ -186,7 +186,6 @@ class Sequential::BatchSource {
   virtual bool next(Tensor& x, Tensor& y) = 0;
   virtual std::int64_t steps() const = 0;  // per epoch; -1 when unknown
   virtual double input_wait() const = 0;   // seconds waited for batches this epoch
-  virtual Shape feature_shape() = 0;       // one sample's input shape, to build the model
 };
 
 namespace {
@@ -226,9 +225,6 @@ class TensorBatches : public Sequential::BatchSource {
   }
   std::int64_t steps() const override { return x_.dim(0) / batch_ + (x_.dim(0) % batch_ != 0 ? 1 : 0); }
   double input_wait() const override { return wait_; }
-  Shape feature_shape() override {
-    return Shape(std::vector<std::int64_t>(x_.shape().dims().begin() + 1, x_.shape().dims().end()));
-  }
 
  private:
   Tensor x_, y_;
@@ -280,14 +276,6 @@ class DatasetBatches : public Sequential::BatchSource {
     return c >= 0 ? c : -1;
   }
   double input_wait() const override { return it_ ? it_->stats().wait_seconds - wait_at_epoch_start_ : 0; }
-  Shape feature_shape() override {
-    data::Iterator probe = ds_.make_iterator(0);
-    std::optional<data::Element> e = probe.next();
-    if (!e) DTRAIN_THROW(InvalidArgument, "fit: the dataset is empty");
-    Tensor x, y;
-    split_element(*e, x, y, "fit");
-    return Shape(std::vector<std::int64_t>(x.shape().dims().begin() + 1, x.shape().dims().end()));
-  }
 
  private:
   data::Dataset ds_;
@@ -341,7 +329,6 @@ History Sequential::fit(const data::Dataset& dataset, const FitOptions& opt) {
 }
 
 History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
-  if (!built()) build(source.feature_shape());
   std::ostream& out = opt.out ? *opt.out : std::cout;
   const int verbose = detail::resolve_verbose(opt.verbose, out);
   detail::Progress progress(out, verbose, source.steps());
@@ -355,7 +342,9 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   for (auto& c : callbacks) c->set_model(this);
   stop_training = false;
 
-  const std::vector<Variable*> vars = trainable_variables();
+  // An unbuilt model builds on its first batch (the model call below), so its variables
+  // are known from then on.
+  std::vector<Variable*> vars = trainable_variables();
   Logs logs;
   for (auto& c : callbacks) c->on_train_begin(logs);
 
@@ -376,6 +365,7 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
       GradientTape tape;
       Tensor y_pred = (*this)(xb, /*training=*/true);
       Tensor loss = (*loss_)(yb, y_pred);
+      if (vars.empty()) vars = trainable_variables();
       std::vector<Tensor> grads = tape.gradient(loss, vars);
       optimizer_->apply_gradients(grads, vars);
 

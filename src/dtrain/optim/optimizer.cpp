@@ -78,7 +78,7 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
     global_scale = static_cast<float>(*options_.global_clipnorm / last_global_norm_);
 
   const float lr = learning_rate();
-  const std::vector<std::string> names = slot_names();
+  if (slot_count_ < 0) slot_count_ = static_cast<int>(slot_names().size());  // fixed at construction
   for (size_t i = 0; i < vars.size(); ++i) {
     if (!grads[i].defined()) continue;
     float scale = global_scale;
@@ -87,9 +87,9 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
       if (norm > *options_.clipnorm) scale = static_cast<float>(*options_.clipnorm / norm);
     }
     auto& slots = slots_[vars[i]->id()];
-    if (slots.size() != names.size()) {
+    if (static_cast<int>(slots.size()) != slot_count_) {
       slots.clear();
-      for (size_t s = 0; s < names.size(); ++s) slots.push_back(Tensor::zeros(vars[i]->shape()));
+      for (int s = 0; s < slot_count_; ++s) slots.push_back(Tensor::zeros(vars[i]->shape()));
     }
     update(*vars[i], grads[i], slots, lr, scale);
   }
