@@ -116,6 +116,53 @@ TEST(Dataset, ShuffleIsASeededPermutationPerPass) {
   EXPECT_THROW(Dataset::range(3).shuffle(0), InvalidArgument);
 }
 
+// Shuffle and batch over tensor slices draw row numbers and gather rows; the order and the
+// batches must be exactly those of the element-by-element stages (reached here through an
+// identity map, which hides the rows from shuffle).
+TEST(Dataset, ShuffledSlicesGatherTheSameBatchesAsElements) {
+  std::vector<float> xv(97 * 3);
+  std::iota(xv.begin(), xv.end(), 0.0f);
+  std::vector<std::int32_t> yv(97);
+  std::iota(yv.begin(), yv.end(), 1000);
+  const Tensor x = Tensor::from_vector({97, 3}, xv), y = Tensor::from_vector({97}, yv);
+  auto identity = [](const Element& e) { return e; };
+  const Dataset rows = Dataset::from_tensor_slices({x, y});
+  const Dataset elements = rows.map(identity);
+  for (std::int64_t buffer : {1, 10, 97, 500})
+    for (bool drop : {false, true}) {
+      const Dataset fast = rows.shuffle(buffer, 4).batch(8, drop), slow = elements.shuffle(buffer, 4).batch(8, drop);
+      for (std::uint64_t pass : {0u, 1u}) {
+        Iterator a = fast.make_iterator(pass), b = slow.make_iterator(pass);
+        int batches = 0;
+        for (;; ++batches) {
+          auto ea = a.next(), eb = b.next();
+          ASSERT_EQ(ea.has_value(), eb.has_value()) << "buffer " << buffer << ", batch " << batches;
+          if (!ea) break;
+          EXPECT_EQ((*ea)[0].shape(), (*eb)[0].shape());
+          EXPECT_EQ((*ea)[0].to_vector(), (*eb)[0].to_vector()) << "buffer " << buffer << ", batch " << batches;
+          EXPECT_EQ((*ea)[1].to_vector(), (*eb)[1].to_vector());
+        }
+        EXPECT_EQ(batches, drop ? 12 : 13);
+      }
+      EXPECT_EQ(values(rows.shuffle(buffer, 4)), values(elements.shuffle(buffer, 4)));
+    }
+  // Unshuffled batches of slices are views of the tensors; cache() of slices reads them too.
+  Iterator it = rows.cache().batch(8).make_iterator();
+  auto first = it.next();
+  ASSERT_TRUE(first);
+  EXPECT_TRUE((*first)[0].shares_storage_with(x));
+  EXPECT_EQ((*first)[1].to_vector(), (std::vector<float>{1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007}));
+}
+
+TEST(Dataset, GatherRowsChecksEveryRow) {
+  const Tensor x = Tensor::from_vector({3, 2}, {0, 1, 2, 3, 4, 5});
+  const std::vector<std::int64_t> rows{2, 0};
+  EXPECT_EQ(gather_rows({x}, rows)[0].to_vector(), (std::vector<float>{4, 5, 0, 1}));
+  const std::vector<std::int64_t> bad{1, 3};
+  EXPECT_NE(message_of([&] { gather_rows({x}, bad); }).find("row 3 is out of range for tensor 0 of shape [3, 2]"),
+            std::string::npos);
+}
+
 TEST(Dataset, CacheReadsTheSourceOnce) {
   std::atomic<int> calls{0};
   Dataset ds = Dataset::from_generator([&](std::int64_t i) -> std::optional<Element> {
@@ -291,6 +338,8 @@ TEST(Dataset, SavedPositionResumesExactly) {
   const Dataset pipelines[] = {
       Dataset::range(50),
       Dataset::range(50).shuffle(16, 3).batch(4),
+      Dataset::from_tensor_slices({Tensor::from_vector({50}, iota(50))}).shuffle(16, 3).batch(4),
+      Dataset::from_tensor_slices({Tensor::from_vector({50}, iota(50))}).shuffle(16, 3),
       Dataset::range(40).shuffle(8, 1).repeat(2).shard(3, 1),
       Dataset::range(60).map(plus_one, 3).batch(5).prefetch(3),
       Dataset::range(60).shuffle(20, 9).map(plus_one, AUTOTUNE).batch(7).prefetch(AUTOTUNE),

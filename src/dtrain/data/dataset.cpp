@@ -30,31 +30,60 @@ void rethrow_with_context(std::exception_ptr error, const std::string& context) 
   }
 }
 
+namespace {
+
+// Copies `count` rows of `bytes` each to consecutive places in dst; row i comes from
+// source(i). The rows of a shuffled batch lie at random places in memory, each too short
+// for the hardware prefetcher to ramp up, so the next rows' lines are requested while
+// this one is copied.
+template <typename Source>
+void copy_rows(char* dst, std::size_t bytes, std::size_t count, Source source) {
+  if (bytes == 0) return;
+  constexpr std::size_t kAhead = 4;
+  auto prefetch = [&](std::size_t i) {
+    if (i >= count) return;
+    const char* p = source(i);
+    for (std::size_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
+  };
+  for (std::size_t i = 0; i < kAhead; ++i) prefetch(i);
+  for (std::size_t i = 0; i < count; ++i) {
+    prefetch(i + kAhead);
+    std::memcpy(dst + i * bytes, source(i), bytes);
+  }
+}
+
+// A tensor of `count` rows of shape row_dims.
+Tensor stacked(std::span<const std::int64_t> row_dims, DType dtype, std::size_t count) {
+  std::vector<std::int64_t> dims{static_cast<std::int64_t>(count)};
+  dims.insert(dims.end(), row_dims.begin(), row_dims.end());
+  return Tensor::empty(Shape(dims), dtype);
+}
+
+}  // namespace
+
 Element stack(const std::vector<Element>& elements, const char* op) {
   DTRAIN_CHECK(!elements.empty());
   const Element& first = elements.front();
+  for (std::size_t i = 0; i < elements.size(); ++i) {
+    const Element& e = elements[i];
+    if (e.size() != first.size())
+      DTRAIN_THROW(InvalidArgument, op, ": element ", i, " has ", e.size(), " components, the first has ", first.size());
+    for (std::size_t c = 0; c < first.size(); ++c)
+      if (!(e[c].shape() == first[c].shape()) || e[c].dtype() != first[c].dtype())
+        DTRAIN_THROW(InvalidArgument, op, ": component ", c, " of element ", i, " is ", dtype_name(e[c].dtype()), " ",
+                     e[c].shape().to_string(), " but element 0's is ", dtype_name(first[c].dtype()), " ",
+                     first[c].shape().to_string(), " (use padded batching or map to a common shape)");
+  }
   Element out;
   for (std::size_t c = 0; c < first.size(); ++c) {
-    const Tensor& proto = first[c];
-    std::vector<std::int64_t> dims{static_cast<std::int64_t>(elements.size())};
-    for (auto d : proto.shape().dims()) dims.push_back(d);
-    Tensor t = Tensor::empty(Shape(dims), proto.dtype());
-    char* dst = static_cast<char*>(t.raw_data());
-    const std::size_t bytes = proto.nbytes();
-    for (std::size_t i = 0; i < elements.size(); ++i) {
-      const Element& e = elements[i];
-      if (e.size() != first.size())
-        DTRAIN_THROW(InvalidArgument, op, ": element ", i, " has ", e.size(), " components, the first has ", first.size());
-      if (!(e[c].shape() == proto.shape()) || e[c].dtype() != proto.dtype())
-        DTRAIN_THROW(InvalidArgument, op, ": component ", c, " of element ", i, " is ", dtype_name(e[c].dtype()), " ",
-                     e[c].shape().to_string(), " but element 0's is ", dtype_name(proto.dtype()), " ",
-                     proto.shape().to_string(), " (use padded batching or map to a common shape)");
-      if (bytes) std::memcpy(dst + i * bytes, e[c].raw_data(), bytes);
-    }
+    Tensor t = stacked(first[c].shape().dims(), first[c].dtype(), elements.size());
+    copy_rows(static_cast<char*>(t.raw_data()), first[c].nbytes(), elements.size(),
+              [&](std::size_t i) { return static_cast<const char*>(elements[i][c].raw_data()); });
     out.push_back(std::move(t));
   }
   return out;
 }
+
 
 void check_state(const IteratorState& s, std::size_t values, std::size_t children, const char* stage) {
   if (s.values.size() < values || s.children.size() != children)
@@ -67,6 +96,26 @@ int thread_budget(const DatasetOptions& options) {
 }
 
 }  // namespace detail
+
+Element gather_rows(const std::vector<Tensor>& sources, std::span<const std::int64_t> rows) {
+  Element out;
+  for (std::size_t c = 0; c < sources.size(); ++c) {
+    const Tensor& src = sources[c];
+    src.check_defined("gather_rows");
+    if (src.rank() == 0) DTRAIN_THROW(InvalidArgument, "gather_rows: tensor ", c, " is a scalar; it has no rows");
+    for (std::int64_t r : rows)
+      if (r < 0 || r >= src.dim(0))
+        DTRAIN_THROW(InvalidArgument, "gather_rows: row ", r, " is out of range for tensor ", c, " of shape ",
+                     src.shape().to_string());
+    const std::size_t bytes = src.dim(0) ? src.nbytes() / static_cast<std::size_t>(src.dim(0)) : 0;
+    Tensor t = detail::stacked(src.shape().dims().subspan(1), src.dtype(), rows.size());
+    const char* base = static_cast<const char*>(src.raw_data());
+    detail::copy_rows(static_cast<char*>(t.raw_data()), bytes, rows.size(),
+                      [&](std::size_t i) { return base + static_cast<std::size_t>(rows[i]) * bytes; });
+    out.push_back(std::move(t));
+  }
+  return out;
+}
 
 // ---- IteratorState serialization: a little-endian tree of counts, integers and tensors.
 namespace {

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <stop_token>
 #include <string>
 #include <string_view>
@@ -70,6 +71,11 @@ class IteratorBase {
   virtual void restore(const IteratorState& state) = 0;
   // One line per stage that tunes itself: what it chose and what it measured.
   virtual void report(std::vector<std::string>& /*lines*/) const {}
+  // Batching fast path. A stage that returns true from gathers() implements next_batch:
+  // its next `count` elements (fewer at the end) stacked along a new first axis, built
+  // without making the elements one by one; nullopt at the end.
+  virtual bool gathers() const { return false; }
+  virtual std::optional<Element> next_batch(std::int64_t /*count*/) { return std::nullopt; }
 };
 
 class DatasetNode {
@@ -77,6 +83,9 @@ class DatasetNode {
   virtual ~DatasetNode() = default;
   virtual std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const = 0;
   virtual std::int64_t cardinality() const { return kUnknownCardinality; }
+  // Non-null when the elements are exactly the rows of these tensors, in order (as from
+  // from_tensor_slices): shuffle then draws row numbers instead of holding elements.
+  virtual const std::vector<Tensor>* row_source() const { return nullptr; }
 };
 
 class Iterator;
@@ -186,6 +195,10 @@ class RecordWriter {
   std::string path_;
   std::FILE* file_;
 };
+
+// Row rows[i] of every tensor, stacked along a new first axis: a shuffled batch of tensors
+// held in memory, in one pass that prefetches the rows ahead of the copy.
+Element gather_rows(const std::vector<Tensor>& sources, std::span<const std::int64_t> rows);
 
 // Tensors <-> one record (dtype, shape and bytes of each), to store elements in record files.
 std::string encode_element(const Element& element);

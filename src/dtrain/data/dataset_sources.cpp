@@ -26,6 +26,16 @@ class SlicesIterator : public IteratorBase {
     ++index_;
     return e;
   }
+  // A batch of consecutive rows is a view of each tensor: no copy.
+  bool gathers() const override { return true; }
+  std::optional<Element> next_batch(std::int64_t count) override {
+    const std::int64_t end = std::min(index_ + count, tensors_[0].dim(0));
+    if (index_ >= end) return std::nullopt;
+    Element e;
+    for (const Tensor& t : tensors_) e.push_back(t.slice(index_, end));
+    index_ = end;
+    return e;
+  }
   IteratorState save() const override { return {{index_}, {}, {}}; }
   void restore(const IteratorState& s) override {
     check_state(s, 1, 0, "from_tensor_slices");
@@ -56,6 +66,7 @@ class SlicesNode : public DatasetNode {
     return std::make_unique<SlicesIterator>(tensors_);
   }
   std::int64_t cardinality() const override { return tensors_[0].dim(0); }
+  const std::vector<Tensor>* row_source() const override { return &tensors_; }
 
  private:
   std::vector<Tensor> tensors_;

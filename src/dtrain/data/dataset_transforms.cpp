@@ -167,12 +167,77 @@ class ShuffleIterator : public UnaryIterator {
   bool upstream_done_ = false;
 };
 
+// Shuffle over tensor slices: the same draws as ShuffleIterator, made on row numbers, so
+// the order is identical; elements are made (or a batch gathered) only when drawn.
+class RowShuffleIterator : public IteratorBase {
+ public:
+  RowShuffleIterator(const std::vector<Tensor>& sources, std::int64_t size, Generator gen)
+      : sources_(sources), rows_(sources.front().dim(0)), size_(size), gen_(gen) {
+    for (const Tensor& t : sources_) row_shapes_.emplace_back(t.shape().dims().subspan(1));
+  }
+  std::optional<Element> next() override {
+    const std::int64_t r = draw();
+    if (r < 0) return std::nullopt;
+    Element e;
+    for (std::size_t c = 0; c < sources_.size(); ++c) e.push_back(sources_[c].row(r, row_shapes_[c]));
+    return e;
+  }
+  bool gathers() const override { return true; }
+  std::optional<Element> next_batch(std::int64_t count) override {
+    drawn_.clear();
+    for (std::int64_t r; static_cast<std::int64_t>(drawn_.size()) < count && (r = draw()) >= 0;) drawn_.push_back(r);
+    if (drawn_.empty()) return std::nullopt;
+    return gather_rows(sources_, drawn_);
+  }
+  // values: generator counter, next row to enter the buffer, buffer length, the buffer.
+  IteratorState save() const override {
+    IteratorState s{{static_cast<std::int64_t>(gen_.counter()), next_row_, static_cast<std::int64_t>(buffer_.size())}, {}, {}};
+    s.values.insert(s.values.end(), buffer_.begin(), buffer_.end());
+    return s;
+  }
+  void restore(const IteratorState& s) override {
+    check_state(s, 3, 0, "shuffle");
+    const std::int64_t next = s.values[1], held = s.values[2];
+    if (next < 0 || next > rows_ || held < 0 || held > size_ || s.values.size() != 3 + static_cast<std::size_t>(held))
+      DTRAIN_THROW(InvalidArgument, "shuffle: the saved iterator state does not belong to this pipeline (next row ", next,
+                   ", ", held, " buffered rows, for ", rows_, " rows and a buffer of ", size_, ")");
+    for (std::size_t i = 3; i < s.values.size(); ++i)
+      if (s.values[i] < 0 || s.values[i] >= next)
+        DTRAIN_THROW(InvalidArgument, "shuffle: the saved iterator state holds row ", s.values[i], ", outside [0, ", next, ")");
+    gen_ = Generator(gen_.seed(), static_cast<std::uint64_t>(s.values[0]));
+    next_row_ = next;
+    buffer_.assign(s.values.begin() + 3, s.values.end());
+  }
+
+ private:
+  // The next row in shuffled order, or -1 at the end.
+  std::int64_t draw() {
+    while (next_row_ < rows_ && static_cast<std::int64_t>(buffer_.size()) < size_) buffer_.push_back(next_row_++);
+    if (buffer_.empty()) return -1;
+    const std::size_t i = static_cast<std::size_t>(gen_.below(buffer_.size()));
+    const std::int64_t r = buffer_[i];
+    buffer_[i] = buffer_.back();
+    buffer_.pop_back();
+    return r;
+  }
+
+  const std::vector<Tensor> sources_;
+  std::vector<Shape> row_shapes_;
+  std::int64_t rows_;
+  std::int64_t size_;
+  Generator gen_;
+  std::vector<std::int64_t> buffer_;
+  std::vector<std::int64_t> drawn_;
+  std::int64_t next_row_ = 0;
+};
+
 class ShuffleNode : public DatasetNode {
  public:
   ShuffleNode(NodePtr in, std::int64_t size, std::uint64_t seed, bool reshuffle)
       : in_(std::move(in)), size_(size), seed_(seed), reshuffle_(reshuffle) {}
   std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
     const std::uint64_t seed = reshuffle_ ? mix64(seed_ ^ mix64(ctx.iteration + 0x51)) : seed_;
+    if (const std::vector<Tensor>* rows = in_->row_source()) return std::make_unique<RowShuffleIterator>(*rows, size_, Generator(seed));
     return std::make_unique<ShuffleIterator>(in_->make(ctx), size_, Generator(seed));
   }
   std::int64_t cardinality() const override { return in_->cardinality(); }
@@ -189,6 +254,11 @@ class BatchIterator : public UnaryIterator {
  public:
   BatchIterator(std::unique_ptr<IteratorBase> in, std::int64_t size, bool drop) : UnaryIterator(std::move(in)), size_(size), drop_(drop) {}
   std::optional<Element> next() override {
+    if (in_->gathers()) {
+      std::optional<Element> b = in_->next_batch(size_);
+      if (!b || (drop_ && b->front().dim(0) < size_)) return std::nullopt;
+      return b;
+    }
     std::vector<Element> items;
     items.reserve(static_cast<std::size_t>(size_));
     while (static_cast<std::int64_t>(items.size()) < size_) {
@@ -540,10 +610,13 @@ class CacheIterator : public IteratorBase {
 class CacheNode : public DatasetNode {
  public:
   explicit CacheNode(NodePtr in) : in_(std::move(in)), store_(std::make_shared<CacheStore>()) {}
+  // Caching rows of tensors already in memory would only copy views: read them directly.
   std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
+    if (in_->row_source()) return in_->make(ctx);
     return std::make_unique<CacheIterator>(in_, ctx, store_);
   }
   std::int64_t cardinality() const override { return in_->cardinality(); }
+  const std::vector<Tensor>* row_source() const override { return in_->row_source(); }
 
  private:
   NodePtr in_;

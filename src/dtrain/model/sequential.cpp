@@ -2,7 +2,6 @@
 #include "dtrain/model/sequential.h"
 
 #include <chrono>
-#include <cstring>
 #include <iomanip>
 #include <iostream>
 #include <numeric>
@@ -17,15 +16,6 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-// dst[i] = src[rows[i]] for whole rows (the first axis), whatever the dtype.
-void gather_rows(const Tensor& src, const std::int64_t* rows, Tensor& dst) {
-  const std::size_t row_bytes = src.dim(0) ? src.nbytes() / static_cast<std::size_t>(src.dim(0)) : 0;
-  const char* s = static_cast<const char*>(src.raw_data());
-  char* d = static_cast<char*>(dst.raw_data());
-  for (std::int64_t i = 0; i < dst.dim(0); ++i)
-    std::memcpy(d + static_cast<std::size_t>(i) * row_bytes, s + static_cast<std::size_t>(rows[i]) * row_bytes, row_bytes);
 }
 
 double mean_value(const Tensor& loss) {
@@ -211,10 +201,10 @@ class TensorBatches : public Sequential::BatchSource {
     const auto t0 = std::chrono::steady_clock::now();
     const std::int64_t end = std::min(n, begin_ + batch_);
     if (shuffle_) {
-      xb = Tensor::empty(x_.shape().with_dim(0, end - begin_), x_.dtype());
-      yb = Tensor::empty(y_.shape().with_dim(0, end - begin_), y_.dtype());
-      gather_rows(x_, order_.data() + begin_, xb);
-      gather_rows(y_, order_.data() + begin_, yb);
+      data::Element b = data::gather_rows({x_, y_}, std::span(order_).subspan(static_cast<std::size_t>(begin_),
+                                                                          static_cast<std::size_t>(end - begin_)));
+      xb = std::move(b[0]);
+      yb = std::move(b[1]);
     } else {
       xb = x_.slice(begin_, end);
       yb = y_.slice(begin_, end);
