@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # dtrain against PyTorch (Debian's python3-torch) on the same three models, the same batch,
-# optimizer and thread count, run side by side in one run: A and B alternate, RUNS times,
-# and the table gives medians and the ratio of medians. PyTorch gets its best setting on
+# optimizer and thread count, run side by side in one run: the four runs (two frameworks,
+# two precisions) alternate, RUNS times, and the table gives medians and ratios of medians. PyTorch gets its best setting on
 # these machines: OPENBLAS_NUM_THREADS=1 and torch.set_num_threads(T).
 #
 #   bench/compare.sh            (needs: make build; scripts/install-deps.sh --peers)
@@ -39,26 +39,36 @@ torch_args() {
   esac
 }
 
-echo "| model | threads | dtrain samples/s | PyTorch samples/s | dtrain / PyTorch | dtrain test acc | PyTorch test acc |"
-echo "|---|---|---|---|---|---|---|"
+# Each framework in float32 and in its bfloat16 mixed precision (dtrain: --dtype-policy
+# mixed_bfloat16; PyTorch: torch.autocast on CPU). The last ratio sets dtrain's mixed
+# precision against PyTorch's faster setting of the two.
+echo "| model | threads | dtrain f32 | PyTorch f32 | f32 ratio | dtrain mixed_bfloat16 | PyTorch autocast bf16 | mixed / PyTorch's best | dtrain test acc (f32, mixed) | PyTorch test acc (f32, bf16) |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for model in $MODELS; do
   for t in $THREADS; do
-    ours=() theirs=() acc_ours="-" acc_theirs="-"
+    d32=() dmx=() p32=() pbf=() acc_ours="-" acc_theirs="-"
     for r in $(seq "$RUNS"); do
-      "$BIN" fit "examples/configs/$model.json" --threads "$t" --verbose 0 $(dtrain_args "$model") \
-        --summary "$tmp/d.json" > /dev/null
-      ours+=("$(json_get "$tmp/d.json" samples_per_second)")
-      OPENBLAS_NUM_THREADS=1 $PY bench/peers/pytorch_train.py --model "$model" --threads "$t" $(torch_args "$model") \
-        > "$tmp/t.json"
-      theirs+=("$(json_get "$tmp/t.json" samples_per_second)")
+      for policy in float32 mixed_bfloat16; do
+        "$BIN" fit "examples/configs/$model.json" --threads "$t" --verbose 0 --dtype-policy "$policy" \
+          $(dtrain_args "$model") --summary "$tmp/d_$policy.json" > /dev/null
+      done
+      d32+=("$(json_get "$tmp/d_float32.json" samples_per_second)")
+      dmx+=("$(json_get "$tmp/d_mixed_bfloat16.json" samples_per_second)")
+      for cast in none bf16; do
+        OPENBLAS_NUM_THREADS=1 $PY bench/peers/pytorch_train.py --model "$model" --threads "$t" --autocast "$cast" \
+          $(torch_args "$model") > "$tmp/t_$cast.json"
+      done
+      p32+=("$(json_get "$tmp/t_none.json" samples_per_second)")
+      pbf+=("$(json_get "$tmp/t_bf16.json" samples_per_second)")
     done
     if [ "$model" = fashion_mnist ]; then
-      acc_ours=$($PY -c "import json; print(round(json.load(open('$tmp/d.json'))['test']['accuracy'], 4))")
-      acc_theirs=$(json_get "$tmp/t.json" test_accuracy)
+      acc() { $PY -c "import json; print(round(json.load(open('$1'))['test']['accuracy'], 4))"; }
+      acc_ours="$(acc "$tmp/d_float32.json"), $(acc "$tmp/d_mixed_bfloat16.json")"
+      acc_theirs="$(json_get "$tmp/t_none.json" test_accuracy), $(json_get "$tmp/t_bf16.json" test_accuracy)"
     fi
-    a=$(median "${ours[@]}") b=$(median "${theirs[@]}")
-    printf "| %s | %s | %.0f | %.0f | %.2f | %s | %s |\n" "$model" "$t" "$a" "$b" "$($PY -c "print($a / $b)")" \
-      "$acc_ours" "$acc_theirs"
+    a=$(median "${d32[@]}") b=$(median "${p32[@]}") c=$(median "${dmx[@]}") d=$(median "${pbf[@]}")
+    printf "| %s | %s | %.0f | %.0f | %.2f | %.0f | %.0f | %.2f | %s | %s |\n" "$model" "$t" "$a" "$b" \
+      "$($PY -c "print($a / $b)")" "$c" "$d" "$($PY -c "print($c / max($b, $d))")" "$acc_ours" "$acc_theirs"
   done
 done
 

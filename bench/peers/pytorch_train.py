@@ -37,6 +37,9 @@ def parse_args():
     p.add_argument("--steps", type=int, default=200, help="timed steps, synthetic models")
     p.add_argument("--warmup", type=int, default=20, help="untimed steps, synthetic models")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--autocast", choices=["none", "bf16"], default="none",
+                   help="bf16: forward and loss under torch.autocast('cpu', torch.bfloat16), "
+                        "PyTorch's mixed precision (float32 parameters)")
     args = p.parse_args()
     if args.threads < 1 or args.steps < 1 or args.warmup < 0:
         p.error("--threads and --steps must be >= 1, --warmup >= 0")
@@ -114,7 +117,8 @@ def make_step(model):
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=ARGS.autocast == "bf16"):
+            loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         return loss
@@ -167,7 +171,7 @@ def run_fashion(args, batch):
             step(x[idx], y[idx])
         epoch_seconds.append(time.perf_counter() - t0)
 
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast == "bf16"):
         model.eval()
         correct = (model(x_test).argmax(dim=1) == y_test).sum().item()
     # Epoch 1 is warm-up; with a single epoch it is all there is.
@@ -182,7 +186,8 @@ def main():
     torch.manual_seed(args.seed)  # parameter initialisation
     batch = BATCH[args.model]
     runner = run_fashion if args.model == "fashion_mnist" else run_synthetic
-    result = {"model": args.model, "threads": torch.get_num_threads(), "batch_size": batch}
+    result = {"model": args.model, "threads": torch.get_num_threads(), "batch_size": batch,
+              "autocast": args.autocast}
     result.update(runner(args, batch))
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     result["torch_version"] = torch.__version__

@@ -65,6 +65,43 @@ TEST(Gradcheck, DenseWithoutBiasOnRank3Input) {
                          {0, 1});
 }
 
+// Mixed precision: the matmuls read bfloat16 copies of their inputs and accumulate in
+// float32, so forward and gradients equal float32 on inputs rounded to bfloat16 (with an
+// upstream gradient that bfloat16 holds exactly), and differ from float32 on the originals.
+TEST(Gradcheck, MixedPrecisionDenseIsFloat32OnRoundedInputs) {
+  auto rounded = [](const Tensor& t) { return t.astype(DType::bf16).astype(DType::f32); };
+  auto max_abs_diff = [](const Tensor& a, const Tensor& b) {
+    const auto u = a.to_vector(), v = b.to_vector();
+    float m = 0;
+    for (size_t i = 0; i < u.size(); ++i) m = std::max(m, std::fabs(u[i] - v[i]));
+    return m;
+  };
+  const Tensor x = random_tensor({9, 33}, 31), w = random_tensor({33, 7}, 32), b = random_tensor({7}, 33);
+  Tensor dy = Tensor::empty({9, 7});
+  Generator g(34);
+  for (std::int64_t i = 0; i < dy.numel(); ++i) dy.data<float>()[i] = static_cast<float>(g.below(17)) / 8.0f - 1.0f;
+  for (Activation act : {Activation::linear, Activation::relu}) {
+    SCOPED_TRACE(static_cast<int>(act));
+    auto run = [&](const Tensor& xi, const Tensor& wi, DType compute) {
+      Tensor xv = xi.clone(), wv = wi.clone(), bv = b.clone();
+      GradientTape tape;
+      for (Tensor* t : {&xv, &wv, &bv}) tape.watch(*t);
+      Tensor y = dense(xv, wv, bv, act, compute);
+      std::vector<Tensor> out{y};
+      for (Tensor& grad : tape.gradient(y, std::vector<Tensor>{xv, wv, bv}, dy)) out.push_back(grad);
+      return out;
+    };
+    const auto mixed = run(x, w, DType::bf16), reference = run(rounded(x), rounded(w), DType::f32),
+               plain = run(x, w, DType::f32);
+    for (size_t k = 0; k < mixed.size(); ++k) {
+      EXPECT_EQ(mixed[k].dtype(), DType::f32);
+      EXPECT_LE(max_abs_diff(mixed[k], reference[k]), 1e-5f) << "output " << k;
+    }
+    EXPECT_GT(max_abs_diff(mixed[0], plain[0]), 1e-4f) << "the forward did not run in bfloat16";
+  }
+  EXPECT_THROW(dense(x, w, b, Activation::linear, DType::i32), InvalidArgument);
+}
+
 TEST(Gradcheck, BroadcastingArithmetic) {
   const std::pair<Shape, Shape> shapes[] = {{{3, 4}, {3, 4}}, {{3, 4}, {4}}, {{3, 1}, {1, 4}}, {{4}, {3, 4}}};
   for (const auto& [sa, sb] : shapes) {

@@ -84,6 +84,21 @@ TEST_F(Cli, FlagsOverrideTheFile) {
   EXPECT_EQ(j["seed"], 9);
 }
 
+TEST_F(Cli, MixedPrecisionFromTheFileOrTheFlag) {
+  const auto s1 = (dir_ / "s1.json").string(), s2 = (dir_ / "s2.json").string(), s3 = (dir_ / "s3.json").string();
+  ASSERT_EQ(run("fit " + tiny_config(R"(, "dtype_policy": "mixed_bfloat16")") + " --verbose 0 --summary " + s1).code, 0);
+  ASSERT_EQ(run("fit " + tiny_config() + " --dtype-policy mixed_bfloat16 --verbose 0 --summary " + s2).code, 0);
+  ASSERT_EQ(run("fit " + tiny_config() + " --verbose 0 --summary " + s3).code, 0);
+  const auto a = nlohmann::json::parse(std::ifstream(s1)), b = nlohmann::json::parse(std::ifstream(s2)),
+             f32 = nlohmann::json::parse(std::ifstream(s3));
+  EXPECT_EQ(a["dtype_policy"], "mixed_bfloat16");
+  EXPECT_EQ(f32["dtype_policy"], "float32");
+  EXPECT_EQ(a["history"], b["history"]);     // the file and the flag mean the same
+  EXPECT_NE(a["history"], f32["history"]);   // and bfloat16 matmuls change the numbers a little
+  EXPECT_GT(a["test"]["accuracy"].get<double>(), 0.8);
+  EXPECT_EQ(run("fit " + tiny_config() + " --dtype-policy float16").code, 2);
+}
+
 TEST_F(Cli, SaveWeightsThenEvaluateGivesTheSameTestFigures) {
   const std::string cfg = tiny_config();
   const auto w = (dir_ / "w.safetensors").string(), s = (dir_ / "s.json").string(), e = (dir_ / "e.json").string();
@@ -115,6 +130,7 @@ TEST_F(Cli, BadConfigsNameTheKey) {
       {R"(, "threads": -2)", "threads: must be in [0, 4096]"},
       {R"(, "epochs": 4294967297)", "epochs: must be in [0, 1000000]"},
       {R"(, "seed": 18446744073709551615)", "seed: the integer 18446744073709551615 is too large"},
+      {R"(, "dtype_policy": "mixed_float16")", "dtype_policy: dtype policy 'mixed_float16' is not supported"},
   };
   for (const auto& c : cases) {
     Result r = run("fit " + tiny_config(c.extra));

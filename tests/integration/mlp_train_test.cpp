@@ -7,7 +7,14 @@
 namespace dtrain {
 namespace {
 
-TEST(MlpTraining, ReachesNinetyFivePercentOnSeparableData) {
+class MlpTraining : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override { nn::set_global_policy(GetParam()); }
+  void TearDown() override { nn::set_global_policy("float32"); }
+};
+
+// The same in float32 and in mixed precision (bfloat16 matmuls, float32 variables).
+TEST_P(MlpTraining, ReachesNinetyFivePercentOnSeparableData) {
   // Labels are the arg-max of a fixed random linear map of the inputs: separable.
   data::Split all = data::make_synthetic(9000, 10, 4, 1, data::SyntheticLabels::teacher);
   Tensor x_train = all.x.slice(0, 8000), y_train = all.y.slice(0, 8000);
@@ -40,6 +47,8 @@ TEST(MlpTraining, ReachesNinetyFivePercentOnSeparableData) {
   EXPECT_GE(acc.result(), 0.95) << "test accuracy after 10 epochs";
   EXPECT_LT(last_loss, 0.25f * first_loss);
 }
+
+INSTANTIATE_TEST_SUITE_P(Policies, MlpTraining, ::testing::Values("float32", "mixed_bfloat16"));
 
 }  // namespace
 }  // namespace dtrain

@@ -55,6 +55,27 @@ TEST(ModelJson, AcceptsKerasInitializerObjects) {
   EXPECT_EQ(m->count_params(), 18);
 }
 
+TEST(ModelJson, DTypePoliciesRoundTripAndAreChecked) {
+  auto m = model_from_json(R"({"class_name": "Sequential", "config": {"name": "k", "layers": [
+      {"class_name": "Dense", "config": {"units": 3, "dtype": "mixed_bfloat16"}},
+      {"class_name": "Dense", "config": {"units": 2,
+        "dtype": {"class_name": "DTypePolicy", "config": {"name": "mixed_bfloat16"}}}},
+      {"class_name": "Dense", "config": {"units": 2}}],
+      "build_input_shape": [null, 5]}})");
+  EXPECT_EQ(m->layers()[0]->dtype_policy().name, "mixed_bfloat16");
+  EXPECT_EQ(m->layers()[1]->dtype_policy().name, "mixed_bfloat16");
+  EXPECT_EQ(m->layers()[2]->dtype_policy().name, "float32");  // the global policy
+  const std::string json = m->to_json();
+  EXPECT_NE(json.find("\"dtype\": \"mixed_bfloat16\""), std::string::npos) << json;
+  EXPECT_EQ(model_from_json(json)->to_json(), json);
+  const std::string bad = message_of([] {
+    model_from_json(R"({"class_name": "Sequential", "config": {"layers": [
+        {"class_name": "Dense", "config": {"units": 3, "dtype": "float16"}}]}})");
+  });
+  EXPECT_NE(bad.find("config.layers[0].config.dtype"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("'float16' is not supported"), std::string::npos) << bad;
+}
+
 TEST(ModelJson, ErrorsNameThePath) {
   const std::string unknown = message_of([] {
     model_from_json(R"({"class_name": "Sequential", "config": {"layers": [

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/gradcheck.h"
@@ -7,6 +8,48 @@
 
 namespace dtrain::nn {
 namespace {
+
+// Restores the global dtype policy when a test ends, however it ends.
+struct GlobalPolicy {
+  explicit GlobalPolicy(const char* name) { set_global_policy(name); }
+  ~GlobalPolicy() { set_global_policy("float32"); }
+};
+
+TEST(DTypePolicy, LayersTakeTheGlobalPolicyWhenCreated) {
+  Dense before(3, "relu", {.seed = 1});
+  {
+    GlobalPolicy mixed("mixed_bfloat16");
+    Dense d(3, "relu", {.seed = 1});
+    EXPECT_EQ(d.dtype_policy().name, "mixed_bfloat16");
+    EXPECT_EQ(d.dtype_policy().compute_dtype, DType::bf16);
+    const Tensor x = testing::random_tensor({5, 4}, 1);
+    const Tensor y = d(x);
+    EXPECT_EQ(y.dtype(), DType::f32);
+    EXPECT_EQ(d.kernel().value().dtype(), DType::f32);  // variables stay float32
+    // The same weights in float32 give nearly, not exactly, the same output.
+    Dense f(3, "relu", {.seed = 1});
+    f.set_dtype_policy("float32");
+    const auto a = y.to_vector(), c = f(x).to_vector();
+    float diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) diff = std::max(diff, std::fabs(a[i] - c[i]));
+    EXPECT_GT(diff, 0.0f);
+    EXPECT_LT(diff, 0.05f);
+    try {
+      d.set_dtype_policy("float32");
+      FAIL();
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot change after it is built"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(before.dtype_policy().name, "float32");
+  EXPECT_EQ(global_policy().name, "float32");
+  try {
+    set_global_policy("mixed_float16");
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'mixed_float16' is not supported"), std::string::npos) << e.what();
+  }
+}
 
 TEST(Dense, BuildsFromFirstInputAndInfersShapes) {
   Dense d(3, "relu", {.seed = 1});

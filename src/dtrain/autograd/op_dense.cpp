@@ -21,7 +21,7 @@ kernels::Unary unary_of(Activation a) {
 
 }  // namespace
 
-Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activation activation) {
+Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activation activation, DType compute) {
   detail::check_float(x, "dense");
   detail::check_float(kernel, "dense (kernel)");
   if (kernel.rank() != 2 || x.rank() < 1 || x.dim(-1) != kernel.dim(0))
@@ -36,11 +36,23 @@ Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activati
   Shape out_shape = x.shape();
   out_shape.set(-1, out);
 
+  if (compute != DType::f32 && compute != DType::bf16)
+    DTRAIN_THROW(InvalidArgument, "dense: compute dtype must be float32 or bfloat16, got ", dtype_name(compute));
+
   auto& be = detail::backend_of(x);
+  // Mixed precision: the matmuls read bfloat16 copies of x and the kernel (and, backward,
+  // of dz) and accumulate in float32; outputs, gradients and the variables stay float32.
+  auto lowered = [&be, compute](const Tensor& t) {
+    if (compute == DType::f32) return t;
+    Tensor low = Tensor::empty(t.shape(), compute);
+    be.convert(t, low);
+    return low;
+  };
+  const Tensor xc = lowered(x2), kc = lowered(kernel);
   // gelu's derivative needs its input, so it runs as a second pass over z.
   const bool fused = activation != Activation::gelu;
   Tensor z = Tensor::empty({rows, out});
-  be.matmul(x2, kernel, z, {.bias = bias.defined() ? &bias : nullptr, .activation = fused ? activation : Activation::linear});
+  be.matmul(xc, kc, z, {.bias = bias.defined() ? &bias : nullptr, .activation = fused ? activation : Activation::linear});
   Tensor y2 = z;
   if (!fused) {
     y2 = Tensor::empty({rows, out});
@@ -50,7 +62,7 @@ Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activati
 
   detail::record(y, [&] {
     // For fused activations z *is* the output, which is what their derivatives read.
-    return [x2, kernel, z, activation, x_shape = x.shape()](const Tensor& dy, BackwardContext& ctx) {
+    return [xc, kc, z, activation, x_shape = x.shape()](const Tensor& dy, BackwardContext& ctx) {
       auto& b = detail::backend_of(dy);
       const Tensor dy2 = dy.reshape(z.shape());
       Tensor dz = dy2;
@@ -58,19 +70,24 @@ Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activati
         dz = Tensor::empty(z.shape());
         b.unary_backward(unary_of(activation), z, dy2, dz);
       }
-      if (ctx.needs(1)) {
-        Tensor dw = Tensor::empty(kernel.shape());
-        b.matmul(x2, dz, dw, {.transpose_a = true});
-        ctx.add(1, dw);
-      }
       if (ctx.needs(2)) {
-        Tensor db = Tensor::empty({kernel.dim(1)});
+        Tensor db = Tensor::empty({kc.dim(1)});
         b.reduce(kernels::Reduce::sum, dz, db);
         ctx.add(2, db);
       }
+      Tensor dzc = dz;
+      if (kc.dtype() != DType::f32 && (ctx.needs(0) || ctx.needs(1))) {
+        dzc = Tensor::empty(dz.shape(), kc.dtype());
+        b.convert(dz, dzc);
+      }
+      if (ctx.needs(1)) {
+        Tensor dw = Tensor::empty(kc.shape());
+        b.matmul(xc, dzc, dw, {.transpose_a = true});
+        ctx.add(1, dw);
+      }
       if (ctx.needs(0)) {
-        Tensor dx = Tensor::empty(x2.shape());
-        b.matmul(dz, kernel, dx, {.transpose_b = true});
+        Tensor dx = Tensor::empty(xc.shape());
+        b.matmul(dzc, kc, dx, {.transpose_b = true});
         ctx.add(0, dx.reshape(x_shape));
       }
     };

@@ -19,7 +19,10 @@ using kernels::Activation;
 // op(a)[M,K] · op(b)[K,N] -> [M,N]; op transposes when asked.
 Tensor matmul(const Tensor& a, const Tensor& b, bool transpose_a = false, bool transpose_b = false);
 // act(x · kernel + bias) in one pass: x[..., In], kernel[In, Out], bias[Out] or undefined.
-Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activation activation);
+// compute bf16 runs the matmuls (forward and backward) on bfloat16 copies of their inputs,
+// accumulating in float32 (mixed precision); every output and gradient is float32.
+Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activation activation,
+             DType compute = DType::f32);
 
 // --- element-wise with NumPy broadcasting (op_elementwise.cpp)
 Tensor add(const Tensor& a, const Tensor& b);

@@ -6,6 +6,7 @@
 
 #include "dtrain/model/json_reader.h"
 #include "dtrain/model/serialization.h"
+#include "dtrain/nn/policy.h"
 
 namespace dtrain::cli {
 namespace {
@@ -87,7 +88,7 @@ RunConfig load_config(const std::string& path) {
   in_file(path, [&] {
     const JsonReader r(doc, "");
     r.expect_keys({"model", "loss", "optimizer", "metrics", "data", "epochs", "batch_size", "seed", "threads",
-                   "validation_split", "shuffle", "verbose"});
+                   "validation_split", "shuffle", "verbose", "dtype_policy"});
     c.model_json = normalized_model(r.child("model"));
     c.loss_json = r.child("loss").raw();
     c.optimizer_json = r.has("optimizer") ? r.child("optimizer").raw() : json("adam");
@@ -141,6 +142,12 @@ RunConfig load_config(const std::string& path) {
     c.validation_split = r.get_number("validation_split", 0.0);
     c.shuffle = r.get_bool("shuffle", true);
     c.verbose = r.get_int32("verbose", -1, -1, 2);
+    c.dtype_policy = r.get_string("dtype_policy", "float32");
+    try {
+      nn::dtype_policy(c.dtype_policy);
+    } catch (const InvalidArgument& e) {
+      r.fail("dtype_policy", e.what());
+    }
     if (c.batch_size <= 0 || c.batch_size > (std::int64_t{1} << 31)) r.fail("batch_size", "must be in [1, 2^31]");
     if (!(c.validation_split >= 0 && c.validation_split < 1)) r.fail("validation_split", "must be in [0, 1)");
     if (c.data.pipeline && c.validation_split > 0)
@@ -155,6 +162,12 @@ RunConfig load_config(const std::string& path) {
 }
 
 std::unique_ptr<Sequential> build_model(const RunConfig& c) {
+  // The config's policy applies to the layers built here; the process's stays as it was.
+  struct PolicyScope {
+    std::string before = nn::global_policy().name;
+    explicit PolicyScope(const std::string& name) { nn::set_global_policy(name); }
+    ~PolicyScope() { nn::set_global_policy(before); }
+  } scope(c.dtype_policy);
   return in_file(c.file, [&] { return model_from_json(c.model_json, c.model_path); });
 }
 

@@ -46,6 +46,7 @@ struct RunConfig {
   double validation_split = 0.0;
   bool shuffle = true;
   int verbose = -1;
+  std::string dtype_policy = "float32";  // "float32" or "mixed_bfloat16"
 };
 
 // Reads and validates the whole file up front, so a typo fails before any training.

@@ -35,7 +35,7 @@ struct Overrides {
   int threads = -1;
   std::int64_t seed = -1;
   int verbose = -2;
-  std::string save_weights, summary, weights;
+  std::string save_weights, summary, weights, dtype_policy;
 };
 
 void apply(const Overrides& o, cli::RunConfig& c) {
@@ -44,6 +44,7 @@ void apply(const Overrides& o, cli::RunConfig& c) {
   if (o.threads >= 0) c.threads = o.threads;
   if (o.seed >= 0) c.seed = static_cast<std::uint64_t>(o.seed);
   if (o.verbose >= -1) c.verbose = o.verbose;
+  if (!o.dtype_policy.empty()) c.dtype_policy = o.dtype_policy;
 }
 
 void write_json(const std::string& path, const json& j) {
@@ -86,8 +87,9 @@ int run_fit(const std::string& path, const Overrides& o) {
   data::Classification d = cli::load_data(c);
   auto model = cli::build_model(c);
   model->compile(cli::build_optimizer(c), cli::build_loss(c), c.metrics);
-  std::printf("dtrain fit %s: %lld training samples, batch %lld, %d epochs, %d threads\n", path.c_str(),
-              static_cast<long long>(d.train.x.dim(0)), static_cast<long long>(c.batch_size), c.epochs, num_threads());
+  std::printf("dtrain fit %s: %lld training samples, batch %lld, %d epochs, %d threads, %s\n", path.c_str(),
+              static_cast<long long>(d.train.x.dim(0)), static_cast<long long>(c.batch_size), c.epochs, num_threads(),
+              c.dtype_policy.c_str());
   std::fflush(stdout);
   std::vector<double> rss;
   auto memory = std::make_shared<LambdaCallback>();
@@ -114,6 +116,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     json j;
     j["config"] = path;
     j["threads"] = num_threads();
+    j["dtype_policy"] = c.dtype_policy;
     j["seed"] = c.seed;
     j["epochs"] = h.epoch.size();
     j["batch_size"] = c.batch_size;
@@ -177,6 +180,8 @@ int main(int argc, char** argv) {
     cmd->add_option("--seed", o.seed, "Seed for weights, shuffling and synthetic data")
         ->check(CLI::Range(std::int64_t{0}, INT64_MAX));
     cmd->add_option("--summary", o.summary, "Write a machine-readable JSON summary here");
+    cmd->add_option("--dtype-policy", o.dtype_policy, "Override the config's dtype_policy")
+        ->check(CLI::IsMember({"float32", "mixed_bfloat16"}));
   };
   CLI::App* fit = app.add_subcommand("fit", "Train the model CONFIG describes");
   add_run_flags(fit);

@@ -13,7 +13,7 @@ using nlohmann::json;
 json seed_json(const std::optional<std::uint64_t>& seed) { return seed ? json(*seed) : json(nullptr); }
 
 json layer_to_json(const nn::Layer& layer) {
-  json config = {{"name", layer.name()}, {"trainable", layer.trainable()}, {"dtype", "float32"}};
+  json config = {{"name", layer.name()}, {"trainable", layer.trainable()}, {"dtype", layer.dtype_policy().name}};
   if (auto* d = dynamic_cast<const nn::Dense*>(&layer)) {
     config["units"] = d->units();
     config["activation"] = d->activation().empty() ? "linear" : d->activation();
@@ -61,12 +61,21 @@ std::shared_ptr<nn::Layer> layer_from_json(const JsonReader& r) {
   c.expect_object();
   auto layer = make_layer(cls, c, r);
   if (!c.get_bool("trainable", true)) layer->set_trainable(false);
+  // "dtype": a policy name, or Keras 3's {"class_name": "DTypePolicy", "config": {"name": ...}};
+  // without one the layer keeps the global policy.
+  if (c.has("dtype")) {
+    const std::string name =
+        c.raw()["dtype"].is_object() ? c.child("dtype").child("config").get_string("name") : c.get_string("dtype");
+    try {
+      layer->set_dtype_policy(name);
+    } catch (const InvalidArgument& e) {
+      c.fail("dtype", e.what());
+    }
+  }
   return layer;
 }
 
 std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& c, const JsonReader& r) {
-  const std::string dtype = c.get_string("dtype", "float32");
-  if (dtype != "float32") c.fail("dtype", "only float32 layers are supported, got '" + dtype + "'");
   try {
     if (cls == "Dense") {
       c.expect_keys({"name", "trainable", "dtype", "units", "activation", "use_bias", "kernel_initializer",

@@ -47,7 +47,7 @@ Variable& Dense::kernel() {
 Tensor Dense::call(const Tensor& x, bool /*training*/) {
   const Tensor& w = kernel_->value();
   const Tensor b = bias_ ? bias_->value() : Tensor();
-  Tensor y = dense(x, w, b, fused_activation(activation_));
+  Tensor y = dense(x, w, b, fused_activation(activation_), dtype_policy().compute_dtype);
   if (activation_ == "softmax") y = softmax(y);
   return y;
 }

@@ -38,6 +38,13 @@ Variable& Layer::add_weight(const std::string& name, Tensor initial, bool traina
   return *weights_.back();
 }
 
+void Layer::set_dtype_policy(std::string_view name) {
+  DTypePolicy p = dtrain::nn::dtype_policy(name);
+  if (built() && p.name != policy_.name)
+    fail("its dtype policy cannot change after it is built (it is '" + policy_.name + "', asked for '" + p.name + "')");
+  policy_ = std::move(p);
+}
+
 void Layer::set_trainable(bool trainable) {
   trainable_ = trainable;
   for (auto& w : weights_) w->set_trainable(trainable);

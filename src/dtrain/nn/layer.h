@@ -10,12 +10,14 @@
 
 #include "dtrain/autograd/ops.h"
 #include "dtrain/autograd/variable.h"
+#include "dtrain/nn/policy.h"
 
 namespace dtrain::nn {
 
 class Layer {
  public:
-  explicit Layer(std::string name) : name_(std::move(name)) {}
+  // The layer takes the global dtype policy in force when it is created.
+  explicit Layer(std::string name) : name_(std::move(name)), policy_(global_policy()) {}
   virtual ~Layer() = default;
   Layer(const Layer&) = delete;
   Layer& operator=(const Layer&) = delete;
@@ -38,6 +40,9 @@ class Layer {
   // Freezes (false) or unfreezes the layer's weights, now and when they are created.
   void set_trainable(bool trainable);
   bool trainable() const { return trainable_; }
+  const DTypePolicy& dtype_policy() const { return policy_; }
+  // Before the layer is built; afterwards it is an error naming the layer.
+  void set_dtype_policy(std::string_view name);
   std::int64_t count_params() const;
   std::optional<Shape> input_shape() const { return input_shape_; }
 
@@ -51,6 +56,7 @@ class Layer {
  private:
   std::string name_;
   bool trainable_ = true;
+  DTypePolicy policy_;
   std::optional<Shape> input_shape_;
   std::vector<std::unique_ptr<Variable>> weights_;
 };

@@ -5,3 +5,4 @@
 #include "dtrain/nn/activation.h"
 #include "dtrain/nn/dropout.h"
 #include "dtrain/nn/flatten.h"
+#include "dtrain/nn/policy.h"
