@@ -97,7 +97,7 @@ int thread_budget(const DatasetOptions& options) {
 
 }  // namespace detail
 
-Element gather_rows(const std::vector<Tensor>& sources, std::span<const std::int64_t> rows) {
+Element gather_rows(const std::vector<Tensor>& sources, std::span<const std::int64_t> rows, bool on_compute_pool) {
   Element out;
   for (std::size_t c = 0; c < sources.size(); ++c) {
     const Tensor& src = sources[c];
@@ -110,8 +110,15 @@ Element gather_rows(const std::vector<Tensor>& sources, std::span<const std::int
     const std::size_t bytes = src.dim(0) ? src.nbytes() / static_cast<std::size_t>(src.dim(0)) : 0;
     Tensor t = detail::stacked(src.shape().dims().subspan(1), src.dtype(), rows.size());
     const char* base = static_cast<const char*>(src.raw_data());
-    detail::copy_rows(static_cast<char*>(t.raw_data()), bytes, rows.size(),
-                      [&](std::size_t i) { return base + static_cast<std::size_t>(rows[i]) * bytes; });
+    char* dst = static_cast<char*>(t.raw_data());
+    auto copy = [&](std::int64_t begin, std::int64_t end) {
+      detail::copy_rows(dst + static_cast<std::size_t>(begin) * bytes, bytes, static_cast<std::size_t>(end - begin),
+                        [&](std::size_t i) { return base + static_cast<std::size_t>(rows[static_cast<std::size_t>(begin) + i]) * bytes; });
+    };
+    const auto n = static_cast<std::int64_t>(rows.size());
+    // Parallel only when each thread gets at least 64 KiB to copy.
+    if (on_compute_pool && bytes) parallel_for(n, std::max<std::int64_t>(1, 65536 / static_cast<std::int64_t>(bytes)), copy);
+    else copy(0, n);
     out.push_back(std::move(t));
   }
   return out;

@@ -197,8 +197,11 @@ class RecordWriter {
 };
 
 // Row rows[i] of every tensor, stacked along a new first axis: a shuffled batch of tensors
-// held in memory, in one pass that prefetches the rows ahead of the copy.
-Element gather_rows(const std::vector<Tensor>& sources, std::span<const std::int64_t> rows);
+// held in memory, in one pass that prefetches the rows ahead of the copy. With
+// on_compute_pool the copy is split over the compute threads; only for calls from the
+// training thread (a pipeline thread would start an OpenMP pool of its own).
+Element gather_rows(const std::vector<Tensor>& sources, std::span<const std::int64_t> rows,
+                    bool on_compute_pool = false);
 
 // Tensors <-> one record (dtype, shape and bytes of each), to store elements in record files.
 std::string encode_element(const Element& element);

@@ -201,8 +201,9 @@ class TensorBatches : public Sequential::BatchSource {
     const auto t0 = std::chrono::steady_clock::now();
     const std::int64_t end = std::min(n, begin_ + batch_);
     if (shuffle_) {
-      data::Element b = data::gather_rows({x_, y_}, std::span(order_).subspan(static_cast<std::size_t>(begin_),
-                                                                          static_cast<std::size_t>(end - begin_)));
+      data::Element b = data::gather_rows(
+          {x_, y_}, std::span(order_).subspan(static_cast<std::size_t>(begin_), static_cast<std::size_t>(end - begin_)),
+          /*on_compute_pool=*/true);
       xb = std::move(b[0]);
       yb = std::move(b[1]);
     } else {
