@@ -119,7 +119,8 @@ int main(int argc, char** argv) {
   std::printf("%s MLP, batch %lld, Adam: %.3f M parameters, %.1f MFLOP per step; median of %d steps\n\n", spec->name,
               static_cast<long long>(spec->batch), params * 1e-6, flops * 1e-6, steps);
   std::printf("| threads | forward ms | backward ms | optimizer ms | step ms | samples/s | GFLOP/s | "
-              "roofline ms (matmul + optimizer) | share of roofline |\n|---|---|---|---|---|---|---|---|---|\n");
+              "roofline ms (matmul + optimizer) | share of roofline | step ms, mixed_bfloat16 | f32 / mixed |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int threads : {1, 2}) {
     set_num_threads(threads);
     double matmul_s = 0;
@@ -127,10 +128,14 @@ int main(int argc, char** argv) {
     const double bandwidth = bench::memcpy_bandwidth();
     const double roofline = matmul_s + optimizer_bytes / bandwidth;
     const PhaseTimes t = time_steps(*spec, 20, steps);
-    std::printf("| %d | %.3f | %.3f | %.3f | %.3f | %.0f | %.1f | %.3f (%.3f + %.3f at %.1f GB/s) | %.0f%% |\n", threads,
-                t.forward * 1e3, t.backward * 1e3, t.optimizer * 1e3, t.step * 1e3, spec->batch / t.step,
+    // The same step with the layers under the mixed_bfloat16 policy (bfloat16 matmuls).
+    nn::set_global_policy("mixed_bfloat16");
+    const PhaseTimes mixed = time_steps(*spec, 20, steps);
+    nn::set_global_policy("float32");
+    std::printf("| %d | %.3f | %.3f | %.3f | %.3f | %.0f | %.1f | %.3f (%.3f + %.3f at %.1f GB/s) | %.0f%% | %.3f | %.2f |\n",
+                threads, t.forward * 1e3, t.backward * 1e3, t.optimizer * 1e3, t.step * 1e3, spec->batch / t.step,
                 flops / t.step * 1e-9, roofline * 1e3, matmul_s * 1e3, optimizer_bytes / bandwidth * 1e3,
-                bandwidth * 1e-9, 100.0 * roofline / t.step);
+                bandwidth * 1e-9, 100.0 * roofline / t.step, mixed.step * 1e3, t.step / mixed.step);
     std::fflush(stdout);
   }
   return 0;

@@ -57,6 +57,9 @@ struct IteratorContext {
   std::stop_token stop;          // set when the iterator is being destroyed
   std::uint64_t iteration = 0;   // which pass over the data (an epoch); shuffle seeds by it
   DatasetOptions options;
+  // The stage runs in the consumer's thread (no prefetch or parallel map above it): a
+  // batch gathered from rows may then use the compute threads, which wait for it anyway.
+  bool foreground = true;
 };
 
 // One stage of a running pipeline. Internal interface, public so that tests and new

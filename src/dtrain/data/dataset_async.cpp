@@ -16,6 +16,12 @@
 namespace dtrain::data::detail {
 namespace {
 
+// The context of the stages below a background stage: they run on its threads.
+IteratorContext background(IteratorContext ctx) {
+  ctx.foreground = false;
+  return ctx;
+}
+
 using Clock = std::chrono::steady_clock;
 
 std::string ms(double seconds) {
@@ -166,7 +172,7 @@ class PrefetchNode : public DatasetNode {
  public:
   PrefetchNode(NodePtr in, std::int64_t buffer) : in_(std::move(in)), buffer_(buffer) {}
   std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
-    return std::make_unique<PrefetchIterator>(in_->make(ctx), ctx, buffer_);
+    return std::make_unique<PrefetchIterator>(in_->make(background(ctx)), ctx, buffer_);
   }
   std::int64_t cardinality() const override { return in_->cardinality(); }
 
@@ -398,7 +404,7 @@ class ParallelMapNode : public DatasetNode {
   ParallelMapNode(NodePtr in, MapFn fn, std::int64_t parallelism, bool deterministic)
       : in_(std::move(in)), fn_(std::move(fn)), parallelism_(parallelism), deterministic_(deterministic) {}
   std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
-    return std::make_unique<ParallelMapIterator>(in_->make(ctx), ctx, fn_, parallelism_, deterministic_);
+    return std::make_unique<ParallelMapIterator>(in_->make(background(ctx)), ctx, fn_, parallelism_, deterministic_);
   }
   std::int64_t cardinality() const override { return in_->cardinality(); }
 

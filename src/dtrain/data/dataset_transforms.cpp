@@ -171,8 +171,8 @@ class ShuffleIterator : public UnaryIterator {
 // the order is identical; elements are made (or a batch gathered) only when drawn.
 class RowShuffleIterator : public IteratorBase {
  public:
-  RowShuffleIterator(const std::vector<Tensor>& sources, std::int64_t size, Generator gen)
-      : sources_(sources), rows_(sources.front().dim(0)), size_(size), gen_(gen) {
+  RowShuffleIterator(const std::vector<Tensor>& sources, std::int64_t size, Generator gen, bool foreground)
+      : sources_(sources), rows_(sources.front().dim(0)), size_(size), gen_(gen), foreground_(foreground) {
     for (const Tensor& t : sources_) row_shapes_.emplace_back(t.shape().dims().subspan(1));
   }
   std::optional<Element> next() override {
@@ -187,7 +187,7 @@ class RowShuffleIterator : public IteratorBase {
     drawn_.clear();
     for (std::int64_t r; static_cast<std::int64_t>(drawn_.size()) < count && (r = draw()) >= 0;) drawn_.push_back(r);
     if (drawn_.empty()) return std::nullopt;
-    return gather_rows(sources_, drawn_);
+    return gather_rows(sources_, drawn_, /*on_compute_pool=*/foreground_);
   }
   // values: generator counter, next row to enter the buffer, buffer length, the buffer.
   IteratorState save() const override {
@@ -229,6 +229,7 @@ class RowShuffleIterator : public IteratorBase {
   std::vector<std::int64_t> buffer_;
   std::vector<std::int64_t> drawn_;
   std::int64_t next_row_ = 0;
+  bool foreground_;
 };
 
 class ShuffleNode : public DatasetNode {
@@ -237,7 +238,7 @@ class ShuffleNode : public DatasetNode {
       : in_(std::move(in)), size_(size), seed_(seed), reshuffle_(reshuffle) {}
   std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
     const std::uint64_t seed = reshuffle_ ? mix64(seed_ ^ mix64(ctx.iteration + 0x51)) : seed_;
-    if (const std::vector<Tensor>* rows = in_->row_source()) return std::make_unique<RowShuffleIterator>(*rows, size_, Generator(seed));
+    if (const std::vector<Tensor>* rows = in_->row_source()) return std::make_unique<RowShuffleIterator>(*rows, size_, Generator(seed), ctx.foreground);
     return std::make_unique<ShuffleIterator>(in_->make(ctx), size_, Generator(seed));
   }
   std::int64_t cardinality() const override { return in_->cardinality(); }
