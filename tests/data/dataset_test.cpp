@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "common/temp_dir.h"
+#include "dtrain/core/threads.h"
 #include "dtrain/data/dataset.h"
 
 namespace dtrain::data {
@@ -152,6 +153,25 @@ TEST(Dataset, ShuffledSlicesGatherTheSameBatchesAsElements) {
   ASSERT_TRUE(first);
   EXPECT_TRUE((*first)[0].shares_storage_with(x));
   EXPECT_EQ((*first)[1].to_vector(), (std::vector<float>{1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007}));
+}
+
+// Rows of 16 KB: a batch gathered in the consumer's thread is split over the compute
+// threads, one gathered below a prefetch is copied by the producer alone; both must hold
+// the same rows as batches stacked from elements.
+TEST(Dataset, GatheredBatchesAreTheSameOnAnyThread) {
+  set_num_threads(2);
+  std::vector<float> xv(256 * 4096);
+  std::iota(xv.begin(), xv.end(), 0.0f);
+  const Dataset rows = Dataset::from_tensor_slices({Tensor::from_vector({256, 4096}, xv)});
+  const Dataset shuffled = rows.shuffle(256, 3).batch(32);
+  const auto expected = values(rows.map([](const Element& e) { return e; }).shuffle(256, 3).batch(32));
+  EXPECT_EQ(values(shuffled), expected);
+  EXPECT_EQ(values(shuffled.prefetch(2)), expected);
+  std::vector<std::int64_t> order(256);
+  std::iota(order.rbegin(), order.rend(), 0);
+  const Tensor x = Tensor::from_vector({256, 4096}, xv);
+  EXPECT_EQ(gather_rows({x}, order, /*on_compute_pool=*/true)[0].to_vector(), gather_rows({x}, order)[0].to_vector());
+  set_num_threads(0);
 }
 
 TEST(Dataset, GatherRowsChecksEveryRow) {
