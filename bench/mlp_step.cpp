@@ -129,9 +129,10 @@ int main(int argc, char** argv) {
     const double roofline = matmul_s + optimizer_bytes / bandwidth;
     const PhaseTimes t = time_steps(*spec, 20, steps);
     // The same step with the layers under the mixed_bfloat16 policy (bfloat16 matmuls).
-    nn::set_global_policy("mixed_bfloat16");
-    const PhaseTimes mixed = time_steps(*spec, 20, steps);
-    nn::set_global_policy("float32");
+    const PhaseTimes mixed = [&] {
+      nn::ScopedGlobalPolicy policy("mixed_bfloat16");
+      return time_steps(*spec, 20, steps);
+    }();
     std::printf("| %d | %.3f | %.3f | %.3f | %.3f | %.0f | %.1f | %.3f (%.3f + %.3f at %.1f GB/s) | %.0f%% | %.3f | %.2f |\n",
                 threads, t.forward * 1e3, t.backward * 1e3, t.optimizer * 1e3, t.step * 1e3, spec->batch / t.step,
                 flops / t.step * 1e-9, roofline * 1e3, matmul_s * 1e3, optimizer_bytes / bandwidth * 1e3,

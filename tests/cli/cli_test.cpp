@@ -97,6 +97,18 @@ TEST_F(Cli, MixedPrecisionFromTheFileOrTheFlag) {
   EXPECT_NE(a["history"], f32["history"]);   // and bfloat16 matmuls change the numbers a little
   EXPECT_GT(a["test"]["accuracy"].get<double>(), 0.8);
   EXPECT_EQ(run("fit " + tiny_config() + " --dtype-policy float16").code, 2);
+  // The flag is every layer's policy, also over a layer's own "dtype"; the summary says
+  // what the layers ran.
+  const std::string own = write("own.json", R"({
+      "model": {"input_shape": [8], "layers": [
+        {"class_name": "Dense", "config": {"units": 3, "dtype": "float32"}}]},
+      "loss": {"name": "sparse_categorical_crossentropy", "from_logits": true},
+      "data": {"source": "synthetic", "samples": 64, "features": 8, "classes": 3}, "epochs": 1})");
+  const auto s4 = (dir_ / "s4.json").string(), s5 = (dir_ / "s5.json").string();
+  ASSERT_EQ(run("fit " + own + " --verbose 0 --dtype-policy mixed_bfloat16 --summary " + s4).code, 0);
+  ASSERT_EQ(run("fit " + own + " --verbose 0 --summary " + s5).code, 0);
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(s4))["dtype_policy"], "mixed_bfloat16");
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(s5))["dtype_policy"], "float32");
 }
 
 TEST_F(Cli, SaveWeightsThenEvaluateGivesTheSameTestFigures) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
@@ -174,6 +175,24 @@ TEST(Dataset, GatheredBatchesAreTheSameOnAnyThread) {
   set_num_threads(0);
 }
 
+TEST(Dataset, RowStatesAreCheckedOnRestore) {
+  const Dataset ds = Dataset::from_tensor_slices({Tensor::from_vector({6}, iota(6))}).shuffle(4, 1);
+  Iterator it = ds.make_iterator();
+  it.next();
+  IteratorState s = it.save();  // counter, next row, buffer length, buffered rows
+  ASSERT_EQ(s.values.size(), 3u + 3u);  // four filled, one drawn
+  s.values[4] = s.values[3];     // the same row twice
+  Iterator again = ds.make_iterator();
+  EXPECT_THROW(again.restore(s), InvalidArgument);
+  Iterator slices = Dataset::from_tensor_slices({Tensor::from_vector({6}, iota(6))}).make_iterator();
+  EXPECT_THROW(slices.restore(IteratorState{{7}, {}, {}}), InvalidArgument);  // past the end
+  // No rows at all: every stage ends at once.
+  const Dataset empty = Dataset::from_tensor_slices({Tensor::zeros({0, 3})});
+  EXPECT_FALSE(empty.shuffle(10, 1).batch(4).make_iterator().next());
+  EXPECT_FALSE(empty.batch(4, true).make_iterator().next());
+  EXPECT_FALSE(empty.shuffle(10, 1).make_iterator().next());
+}
+
 TEST(Dataset, GatherRowsChecksEveryRow) {
   const Tensor x = Tensor::from_vector({3, 2}, {0, 1, 2, 3, 4, 5});
   const std::vector<std::int64_t> rows{2, 0};
@@ -333,6 +352,53 @@ TEST(Dataset, AutotuneReportsWhatItChose) {
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_NE(lines[0].find("map: parallelism"), std::string::npos) << lines[0];
   EXPECT_NE(lines[1].find("prefetch: buffer"), std::string::npos) << lines[1];
+}
+
+// CPU work, about a hundred microseconds of it.
+Element busy(const Element& e) {
+  volatile double acc = 0;
+  for (int i = 0; i < 40000; ++i) acc = acc + std::sqrt(static_cast<double>(i));
+  return e;
+}
+
+bool went_inline(Iterator& it) {
+  const auto lines = it.autotune_report();
+  return !lines.empty() && lines.back().find("inline in the consumer's thread") != std::string::npos;
+}
+
+// With every core computing for the consumer, a producer that computes would only take
+// its time from a compute thread: AUTOTUNE pulls in the consumer's thread instead. A
+// producer that waits (I/O), or one with a core of its own, keeps its thread.
+TEST(Dataset, AutotunePrefetchPullsInlineOnlyWhenNoCoreIsIdle) {
+  set_num_threads(available_cores());
+  {
+    Iterator it = Dataset::range(100).map(busy).prefetch(AUTOTUNE).make_iterator();
+    std::vector<int> got;
+    while (auto e = it.next()) got.push_back(static_cast<int>((*e)[0].item()));
+    EXPECT_EQ(got, iota(100));
+    EXPECT_TRUE(went_inline(it)) << it.autotune_report().back();
+  }
+  {
+    Iterator it = Dataset::from_generator([](std::int64_t i) -> std::optional<Element> {
+                    if (i >= 20) return std::nullopt;
+                    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // waiting, as on a disk
+                    return Element{Tensor::scalar(static_cast<float>(i))};
+                  })
+                      .prefetch(AUTOTUNE)
+                      .make_iterator();
+    int n = 0;
+    while (it.next()) ++n;
+    EXPECT_EQ(n, 20);
+    EXPECT_FALSE(went_inline(it)) << it.autotune_report().back();
+  }
+  if (available_cores() > 1) {
+    set_num_threads(available_cores() - 1);
+    Iterator it = Dataset::range(100).map(busy).prefetch(AUTOTUNE).make_iterator();
+    while (it.next()) {
+    }
+    EXPECT_FALSE(went_inline(it)) << it.autotune_report().back();
+  }
+  set_num_threads(0);
 }
 
 // Consume k elements, save, restore into a new iterator: the rest equals an uninterrupted run.

@@ -9,8 +9,7 @@ namespace {
 
 class MlpTraining : public ::testing::TestWithParam<const char*> {
  protected:
-  void SetUp() override { nn::set_global_policy(GetParam()); }
-  void TearDown() override { nn::set_global_policy("float32"); }
+  nn::ScopedGlobalPolicy policy_{GetParam()};
 };
 
 // The same in float32 and in mixed precision (bfloat16 matmuls, float32 variables).

@@ -9,16 +9,10 @@
 namespace dtrain::nn {
 namespace {
 
-// Restores the global dtype policy when a test ends, however it ends.
-struct GlobalPolicy {
-  explicit GlobalPolicy(const char* name) { set_global_policy(name); }
-  ~GlobalPolicy() { set_global_policy("float32"); }
-};
-
 TEST(DTypePolicy, LayersTakeTheGlobalPolicyWhenCreated) {
   Dense before(3, "relu", {.seed = 1});
   {
-    GlobalPolicy mixed("mixed_bfloat16");
+    ScopedGlobalPolicy mixed("mixed_bfloat16");
     Dense d(3, "relu", {.seed = 1});
     EXPECT_EQ(d.dtype_policy().name, "mixed_bfloat16");
     EXPECT_EQ(d.dtype_policy().compute_dtype, DType::bf16);

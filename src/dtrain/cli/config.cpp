@@ -142,11 +142,13 @@ RunConfig load_config(const std::string& path) {
     c.validation_split = r.get_number("validation_split", 0.0);
     c.shuffle = r.get_bool("shuffle", true);
     c.verbose = r.get_int32("verbose", -1, -1, 2);
-    c.dtype_policy = r.get_string("dtype_policy", "float32");
-    try {
-      nn::dtype_policy(c.dtype_policy);
-    } catch (const InvalidArgument& e) {
-      r.fail("dtype_policy", e.what());
+    c.dtype_policy = r.get_string("dtype_policy", "");
+    if (!c.dtype_policy.empty()) {
+      try {
+        nn::dtype_policy(c.dtype_policy);
+      } catch (const InvalidArgument& e) {
+        r.fail("dtype_policy", e.what());
+      }
     }
     if (c.batch_size <= 0 || c.batch_size > (std::int64_t{1} << 31)) r.fail("batch_size", "must be in [1, 2^31]");
     if (!(c.validation_split >= 0 && c.validation_split < 1)) r.fail("validation_split", "must be in [0, 1)");
@@ -162,13 +164,15 @@ RunConfig load_config(const std::string& path) {
 }
 
 std::unique_ptr<Sequential> build_model(const RunConfig& c) {
-  // The config's policy applies to the layers built here; the process's stays as it was.
-  struct PolicyScope {
-    std::string before = nn::global_policy().name;
-    explicit PolicyScope(const std::string& name) { nn::set_global_policy(name); }
-    ~PolicyScope() { nn::set_global_policy(before); }
-  } scope(c.dtype_policy);
-  return in_file(c.file, [&] { return model_from_json(c.model_json, c.model_path); });
+  if (c.dtype_policy.empty()) return in_file(c.file, [&] { return model_from_json(c.model_json, c.model_path); });
+  // The config's (or the flag's) policy is every layer's, whatever the model JSON says.
+  json model = c.model_json;
+  if (model.contains("config") && model["config"].is_object() && model["config"].contains("layers") &&
+      model["config"]["layers"].is_array())
+    for (json& layer : model["config"]["layers"])
+      if (layer.is_object() && (!layer.contains("config") || layer["config"].is_object()))
+        layer["config"]["dtype"] = c.dtype_policy;
+  return in_file(c.file, [&] { return model_from_json(model, c.model_path); });
 }
 
 std::shared_ptr<losses::Loss> build_loss(const RunConfig& c) {

@@ -46,7 +46,8 @@ struct RunConfig {
   double validation_split = 0.0;
   bool shuffle = true;
   int verbose = -1;
-  std::string dtype_policy = "float32";  // "float32" or "mixed_bfloat16"
+  // "float32" or "mixed_bfloat16" for every layer; empty: what the model JSON says.
+  std::string dtype_policy;
 };
 
 // Reads and validates the whole file up front, so a typo fails before any training.

@@ -74,6 +74,16 @@ double resident_mb() {
   return static_cast<double>(pages_resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
 }
 
+// The layers' dtype policy: one name when they agree, "per layer" when they do not.
+std::string model_policy(const Sequential& m) {
+  std::string name;
+  for (const auto& l : m.layers()) {
+    if (name.empty()) name = l->dtype_policy().name;
+    else if (name != l->dtype_policy().name) return "per layer";
+  }
+  return name.empty() ? nn::global_policy().name : name;
+}
+
 void prepare(const cli::RunConfig& c) {
   set_num_threads(c.threads);
   set_random_seed(c.seed);
@@ -89,7 +99,7 @@ int run_fit(const std::string& path, const Overrides& o) {
   model->compile(cli::build_optimizer(c), cli::build_loss(c), c.metrics);
   std::printf("dtrain fit %s: %lld training samples, batch %lld, %d epochs, %d threads, %s\n", path.c_str(),
               static_cast<long long>(d.train.x.dim(0)), static_cast<long long>(c.batch_size), c.epochs, num_threads(),
-              c.dtype_policy.c_str());
+              model_policy(*model).c_str());
   std::fflush(stdout);
   std::vector<double> rss;
   auto memory = std::make_shared<LambdaCallback>();
@@ -116,7 +126,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     json j;
     j["config"] = path;
     j["threads"] = num_threads();
-    j["dtype_policy"] = c.dtype_policy;
+    j["dtype_policy"] = model_policy(*model);
     j["seed"] = c.seed;
     j["epochs"] = h.epoch.size();
     j["batch_size"] = c.batch_size;

@@ -85,6 +85,17 @@ Element stack(const std::vector<Element>& elements, const char* op) {
 }
 
 
+Rows::Rows(std::vector<Tensor> t) : tensors(std::move(t)) {
+  for (const Tensor& x : tensors) row_shapes.emplace_back(x.shape().dims().subspan(1));
+}
+
+Element Rows::at(std::int64_t r) const {
+  Element e;
+  e.reserve(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) e.push_back(tensors[i].row(r, row_shapes[i]));
+  return e;
+}
+
 void check_state(const IteratorState& s, std::size_t values, std::size_t children, const char* stage) {
   if (s.values.size() < values || s.children.size() != children)
     DTRAIN_THROW(InvalidArgument, stage, ": the saved iterator state does not belong to this pipeline (",

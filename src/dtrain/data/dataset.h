@@ -5,6 +5,7 @@
 // each element, and its position can be saved and restored exactly.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -57,9 +58,11 @@ struct IteratorContext {
   std::stop_token stop;          // set when the iterator is being destroyed
   std::uint64_t iteration = 0;   // which pass over the data (an epoch); shuffle seeds by it
   DatasetOptions options;
-  // The stage runs in the consumer's thread (no prefetch or parallel map above it): a
-  // batch gathered from rows may then use the compute threads, which wait for it anyway.
-  bool foreground = true;
+  // Set by a prefetch or parallel map for the stages below it: true while they run on its
+  // background threads. Null, or false, means the consumer's thread, where a batch
+  // gathered from rows may use the compute threads (they wait for it anyway).
+  std::shared_ptr<const std::atomic<bool>> background;
+  bool on_consumer_thread() const { return !background || !background->load(std::memory_order_relaxed); }
 };
 
 // One stage of a running pipeline. Internal interface, public so that tests and new

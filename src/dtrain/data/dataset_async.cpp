@@ -4,6 +4,7 @@
 // quiesces the stage (no pull or computation in flight), then records the upstream's
 // position and the finished elements not yet consumed.
 #include <cmath>
+#include <ctime>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -11,15 +12,24 @@
 #include <sstream>
 #include <thread>
 
+#include "dtrain/core/threads.h"
 #include "dtrain/data/dataset_internal.h"
 
 namespace dtrain::data::detail {
 namespace {
 
-// The context of the stages below a background stage: they run on its threads.
-IteratorContext background(IteratorContext ctx) {
-  ctx.foreground = false;
+// The context of the stages below a background stage, which run on its threads while
+// `flag` is true.
+IteratorContext below(IteratorContext ctx, std::shared_ptr<const std::atomic<bool>> flag) {
+  ctx.background = std::move(flag);
   return ctx;
+}
+
+// CPU time of the calling thread, to tell a producer that computes from one that waits.
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
 using Clock = std::chrono::steady_clock;
@@ -32,12 +42,20 @@ std::string ms(double seconds) {
 }
 
 // ---- prefetch: a producer thread keeps up to `capacity` elements ready. With AUTOTUNE the
-// capacity starts at 1 and grows each time the consumer finds the buffer empty.
+// capacity starts at 1 and grows each time the consumer finds the buffer empty; and when
+// the consumer's compute threads occupy every core and the producer spends its time
+// computing rather than waiting, the producer's work could only be taken from a compute
+// thread (which the others then wait for), so the stage stops its thread and pulls in the
+// consumer's thread instead.
 class PrefetchIterator : public IteratorBase {
  public:
-  PrefetchIterator(std::unique_ptr<IteratorBase> in, const IteratorContext& ctx, std::int64_t buffer)
+  static constexpr int kSamplesBeforeInline = 8;
+
+  PrefetchIterator(std::unique_ptr<IteratorBase> in, const IteratorContext& ctx, std::int64_t buffer,
+                   std::shared_ptr<std::atomic<bool>> upstream_background)
       : in_(std::move(in)), ctx_(ctx), autotune_(buffer == AUTOTUNE), capacity_(autotune_ ? 1 : buffer),
-        max_capacity_(autotune_ ? ctx.options.autotune_max_buffer : buffer) {}
+        max_capacity_(autotune_ ? ctx.options.autotune_max_buffer : buffer),
+        no_idle_core_(num_threads() >= available_cores()), upstream_background_(std::move(upstream_background)) {}
 
   ~PrefetchIterator() override {
     if (producer_.joinable()) {
@@ -47,6 +65,8 @@ class PrefetchIterator : public IteratorBase {
   }
 
   std::optional<Element> next() override {
+    if (!inline_ && should_go_inline()) go_inline();
+    if (inline_) return next_inline();
     start();
     std::unique_lock lock(mutex_);
     const auto now = Clock::now();
@@ -106,12 +126,49 @@ class PrefetchIterator : public IteratorBase {
     }
     std::lock_guard lock(mutex_);
     lines.push_back("prefetch: buffer " + std::to_string(capacity_) + (autotune_ ? " (AUTOTUNE)" : "") +
-                    "; producer " + ms(producer_time_.value) + "/element, consumer " + ms(consumer_time_.value) +
-                    "/element; the consumer waited on " + std::to_string(waits_) + " of " +
-                    std::to_string(consumed_) + " elements");
+                    "; producer " + ms(producer_time_.value) + "/element (" + ms(producer_cpu_.value) +
+                    " of it CPU), consumer " + ms(consumer_time_.value) + "/element; the consumer waited on " +
+                    std::to_string(waits_) + " of " + std::to_string(consumed_) + " elements" +
+                    (inline_ ? "; then inline in the consumer's thread (no idle core, a computing producer)" : ""));
   }
 
  private:
+  bool should_go_inline() const {
+    if (!autotune_ || !no_idle_core_ || !started_) return false;
+    std::lock_guard lock(mutex_);
+    return produced_ >= kSamplesBeforeInline && !error_ && !ended_ && producer_cpu_total_ >= 0.5 * producer_time_total_;
+  }
+
+  // Stops the producer after the element it is making (which joins the queue) and pulls
+  // in the consumer's thread from now on.
+  void go_inline() {
+    producer_.request_stop();
+    cv_.notify_all();
+    producer_.join();
+    inline_ = true;
+    upstream_background_->store(!ctx_.on_consumer_thread(), std::memory_order_relaxed);
+  }
+
+  std::optional<Element> next_inline() {
+    {
+      std::lock_guard lock(mutex_);
+      if (!queue_.empty()) {
+        Element e = std::move(queue_.front());
+        queue_.pop_front();
+        ++consumed_;
+        return e;
+      }
+      if (error_) std::rethrow_exception(error_);
+      if (ended_) return std::nullopt;
+    }
+    std::lock_guard pull(pull_mutex_);
+    std::optional<Element> e = in_->next();
+    std::lock_guard lock(mutex_);
+    if (e) ++consumed_;
+    else ended_ = true;
+    return e;
+  }
+
   void start() {
     if (started_) return;
     started_ = true;
@@ -127,6 +184,7 @@ class PrefetchIterator : public IteratorBase {
       }
       std::lock_guard pull(pull_mutex_);
       const auto t0 = Clock::now();
+      const double cpu0 = thread_cpu_seconds();
       std::optional<Element> e;
       std::exception_ptr error;
       try {
@@ -134,7 +192,7 @@ class PrefetchIterator : public IteratorBase {
       } catch (...) {
         error = std::current_exception();
       }
-      const double took = seconds_since(t0);
+      const double took = seconds_since(t0), cpu = thread_cpu_seconds() - cpu0;
       std::lock_guard lock(mutex_);
       if (error) {
         error_ = error;
@@ -143,6 +201,10 @@ class PrefetchIterator : public IteratorBase {
         if (!ctx_.stop.stop_requested() && !st.stop_requested()) ended_ = true;
       } else {
         producer_time_.add(took);
+        producer_cpu_.add(cpu);
+        producer_time_total_ += took;
+        producer_cpu_total_ += cpu;
+        ++produced_;
         queue_.push_back(std::move(*e));
       }
       cv_.notify_all();
@@ -162,9 +224,13 @@ class PrefetchIterator : public IteratorBase {
   bool ended_ = false;
   std::exception_ptr error_;
   bool started_ = false;
-  std::int64_t consumed_ = 0, waits_ = 0;
-  Ema producer_time_, consumer_time_;
+  std::int64_t consumed_ = 0, waits_ = 0, produced_ = 0;
+  Ema producer_time_, producer_cpu_, consumer_time_;
+  double producer_time_total_ = 0, producer_cpu_total_ = 0;
   Clock::time_point last_return_;
+  const bool no_idle_core_;  // the consumer's compute threads cover every core
+  bool inline_ = false;      // the consumer pulls from upstream itself (consumer thread only)
+  const std::shared_ptr<std::atomic<bool>> upstream_background_;
   std::jthread producer_;  // last: joined before the members it uses go away
 };
 
@@ -172,7 +238,8 @@ class PrefetchNode : public DatasetNode {
  public:
   PrefetchNode(NodePtr in, std::int64_t buffer) : in_(std::move(in)), buffer_(buffer) {}
   std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
-    return std::make_unique<PrefetchIterator>(in_->make(background(ctx)), ctx, buffer_);
+    auto flag = std::make_shared<std::atomic<bool>>(true);
+    return std::make_unique<PrefetchIterator>(in_->make(below(ctx, flag)), ctx, buffer_, flag);
   }
   std::int64_t cardinality() const override { return in_->cardinality(); }
 
@@ -404,7 +471,8 @@ class ParallelMapNode : public DatasetNode {
   ParallelMapNode(NodePtr in, MapFn fn, std::int64_t parallelism, bool deterministic)
       : in_(std::move(in)), fn_(std::move(fn)), parallelism_(parallelism), deterministic_(deterministic) {}
   std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
-    return std::make_unique<ParallelMapIterator>(in_->make(background(ctx)), ctx, fn_, parallelism_, deterministic_);
+    return std::make_unique<ParallelMapIterator>(in_->make(below(ctx, std::make_shared<std::atomic<bool>>(true))), ctx, fn_,
+                                                 parallelism_, deterministic_);
   }
   std::int64_t cardinality() const override { return in_->cardinality(); }
 

@@ -24,6 +24,15 @@ class Cancelled : public Error {
 // Stacks elements (each a tuple of same-shaped tensors) along a new first axis.
 Element stack(const std::vector<Element>& elements, const char* op);
 
+// Row r of every tensor, as views; row_shapes[i] is tensor i's shape without its first axis.
+struct Rows {
+  std::vector<Tensor> tensors;
+  std::vector<Shape> row_shapes;
+  explicit Rows(std::vector<Tensor> t);
+  std::int64_t count() const { return tensors.empty() ? 0 : tensors[0].dim(0); }
+  Element at(std::int64_t r) const;
+};
+
 // Checks a saved state has the expected number of values and children.
 void check_state(const IteratorState& s, std::size_t values, std::size_t children, const char* stage);
 

@@ -14,37 +14,32 @@ namespace {
 // ---- from_tensor_slices: element i is row i of every tensor, as a view.
 class SlicesIterator : public IteratorBase {
  public:
-  explicit SlicesIterator(std::vector<Tensor> t) : tensors_(std::move(t)) {
-    for (const Tensor& x : tensors_)
-      row_shapes_.emplace_back(std::vector<std::int64_t>(x.shape().dims().begin() + 1, x.shape().dims().end()));
-  }
+  explicit SlicesIterator(std::vector<Tensor> t) : rows_(std::move(t)) {}
   std::optional<Element> next() override {
-    if (tensors_.empty() || index_ >= tensors_[0].dim(0)) return std::nullopt;
-    Element e;
-    e.reserve(tensors_.size());
-    for (std::size_t i = 0; i < tensors_.size(); ++i) e.push_back(tensors_[i].row(index_, row_shapes_[i]));
-    ++index_;
-    return e;
+    if (index_ >= rows_.count()) return std::nullopt;
+    return rows_.at(index_++);
   }
   // A batch of consecutive rows is a view of each tensor: no copy.
   bool gathers() const override { return true; }
   std::optional<Element> next_batch(std::int64_t count) override {
-    const std::int64_t end = std::min(index_ + count, tensors_[0].dim(0));
+    const std::int64_t end = std::min(index_ + count, rows_.count());
     if (index_ >= end) return std::nullopt;
     Element e;
-    for (const Tensor& t : tensors_) e.push_back(t.slice(index_, end));
+    for (const Tensor& t : rows_.tensors) e.push_back(t.slice(index_, end));
     index_ = end;
     return e;
   }
   IteratorState save() const override { return {{index_}, {}, {}}; }
   void restore(const IteratorState& s) override {
     check_state(s, 1, 0, "from_tensor_slices");
+    if (s.values.size() != 1 || s.values[0] < 0 || s.values[0] > rows_.count())
+      DTRAIN_THROW(InvalidArgument, "from_tensor_slices: the saved iterator state does not belong to this pipeline (",
+                   s.values.size(), " values, position ", s.values[0], " of ", rows_.count(), " rows)");
     index_ = s.values[0];
   }
 
  private:
-  const std::vector<Tensor> tensors_;  // handles: copies share the data
-  std::vector<Shape> row_shapes_;
+  const Rows rows_;  // tensor handles: copies share the data
   std::int64_t index_ = 0;
 };
 

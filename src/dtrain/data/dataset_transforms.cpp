@@ -1,5 +1,6 @@
 // Synchronous transformations: map, filter, shuffle, batch, unbatch, repeat, take, skip,
 // shard and cache. Each saves its own position plus its upstream's.
+#include <algorithm>
 #include <mutex>
 
 #include "dtrain/core/rng.h"
@@ -127,6 +128,18 @@ std::vector<Element> load_elements(const IteratorState& s, std::size_t first_val
 
 // ---- shuffle: a buffer of `size` elements; each output is a random buffer slot, refilled
 // from upstream. The generator is fixed by (seed, pass), so the order is reproducible.
+
+// One draw: a random slot of the buffer, which the last slot then fills. Shared by the
+// element and the row-number shuffles, which must give the same order.
+template <typename T>
+T draw_from(std::vector<T>& buffer, Generator& gen) {
+  const std::size_t i = static_cast<std::size_t>(gen.below(buffer.size()));
+  T out = std::move(buffer[i]);
+  buffer[i] = std::move(buffer.back());
+  buffer.pop_back();
+  return out;
+}
+
 class ShuffleIterator : public UnaryIterator {
  public:
   ShuffleIterator(std::unique_ptr<IteratorBase> in, std::int64_t size, Generator gen)
@@ -138,11 +151,7 @@ class ShuffleIterator : public UnaryIterator {
       else buffer_.push_back(std::move(*e));
     }
     if (buffer_.empty()) return std::nullopt;
-    const std::size_t i = static_cast<std::size_t>(gen_.below(buffer_.size()));
-    Element out = std::move(buffer_[i]);
-    buffer_[i] = std::move(buffer_.back());
-    buffer_.pop_back();
-    return out;
+    return draw_from(buffer_, gen_);
   }
   IteratorState save() const override {
     IteratorState s{{static_cast<std::int64_t>(gen_.counter()), upstream_done_ ? 1 : 0,
@@ -171,23 +180,19 @@ class ShuffleIterator : public UnaryIterator {
 // the order is identical; elements are made (or a batch gathered) only when drawn.
 class RowShuffleIterator : public IteratorBase {
  public:
-  RowShuffleIterator(const std::vector<Tensor>& sources, std::int64_t size, Generator gen, bool foreground)
-      : sources_(sources), rows_(sources.front().dim(0)), size_(size), gen_(gen), foreground_(foreground) {
-    for (const Tensor& t : sources_) row_shapes_.emplace_back(t.shape().dims().subspan(1));
-  }
+  RowShuffleIterator(const std::vector<Tensor>& sources, std::int64_t size, Generator gen, const IteratorContext& ctx)
+      : rows_(sources), size_(size), gen_(gen), ctx_(ctx) {}
   std::optional<Element> next() override {
     const std::int64_t r = draw();
     if (r < 0) return std::nullopt;
-    Element e;
-    for (std::size_t c = 0; c < sources_.size(); ++c) e.push_back(sources_[c].row(r, row_shapes_[c]));
-    return e;
+    return rows_.at(r);
   }
   bool gathers() const override { return true; }
   std::optional<Element> next_batch(std::int64_t count) override {
     drawn_.clear();
     for (std::int64_t r; static_cast<std::int64_t>(drawn_.size()) < count && (r = draw()) >= 0;) drawn_.push_back(r);
     if (drawn_.empty()) return std::nullopt;
-    return gather_rows(sources_, drawn_, /*on_compute_pool=*/foreground_);
+    return gather_rows(rows_.tensors, drawn_, /*on_compute_pool=*/ctx_.on_consumer_thread());
   }
   // values: generator counter, next row to enter the buffer, buffer length, the buffer.
   IteratorState save() const override {
@@ -198,12 +203,15 @@ class RowShuffleIterator : public IteratorBase {
   void restore(const IteratorState& s) override {
     check_state(s, 3, 0, "shuffle");
     const std::int64_t next = s.values[1], held = s.values[2];
-    if (next < 0 || next > rows_ || held < 0 || held > size_ || s.values.size() != 3 + static_cast<std::size_t>(held))
+    if (next < 0 || next > rows_.count() || held < 0 || held > size_ || s.values.size() != 3 + static_cast<std::size_t>(held))
       DTRAIN_THROW(InvalidArgument, "shuffle: the saved iterator state does not belong to this pipeline (next row ", next,
-                   ", ", held, " buffered rows, for ", rows_, " rows and a buffer of ", size_, ")");
-    for (std::size_t i = 3; i < s.values.size(); ++i)
-      if (s.values[i] < 0 || s.values[i] >= next)
-        DTRAIN_THROW(InvalidArgument, "shuffle: the saved iterator state holds row ", s.values[i], ", outside [0, ", next, ")");
+                   ", ", held, " buffered rows, for ", rows_.count(), " rows and a buffer of ", size_, ")");
+    std::vector<std::int64_t> held_rows(s.values.begin() + 3, s.values.end());
+    std::sort(held_rows.begin(), held_rows.end());
+    for (std::size_t i = 0; i < held_rows.size(); ++i)
+      if (held_rows[i] < 0 || held_rows[i] >= next || (i > 0 && held_rows[i] == held_rows[i - 1]))
+        DTRAIN_THROW(InvalidArgument, "shuffle: the saved iterator state holds row ", held_rows[i],
+                     " twice or outside [0, ", next, ")");
     gen_ = Generator(gen_.seed(), static_cast<std::uint64_t>(s.values[0]));
     next_row_ = next;
     buffer_.assign(s.values.begin() + 3, s.values.end());
@@ -212,24 +220,18 @@ class RowShuffleIterator : public IteratorBase {
  private:
   // The next row in shuffled order, or -1 at the end.
   std::int64_t draw() {
-    while (next_row_ < rows_ && static_cast<std::int64_t>(buffer_.size()) < size_) buffer_.push_back(next_row_++);
+    while (next_row_ < rows_.count() && static_cast<std::int64_t>(buffer_.size()) < size_) buffer_.push_back(next_row_++);
     if (buffer_.empty()) return -1;
-    const std::size_t i = static_cast<std::size_t>(gen_.below(buffer_.size()));
-    const std::int64_t r = buffer_[i];
-    buffer_[i] = buffer_.back();
-    buffer_.pop_back();
-    return r;
+    return draw_from(buffer_, gen_);
   }
 
-  const std::vector<Tensor> sources_;
-  std::vector<Shape> row_shapes_;
-  std::int64_t rows_;
+  const Rows rows_;
   std::int64_t size_;
   Generator gen_;
   std::vector<std::int64_t> buffer_;
   std::vector<std::int64_t> drawn_;
   std::int64_t next_row_ = 0;
-  bool foreground_;
+  const IteratorContext ctx_;
 };
 
 class ShuffleNode : public DatasetNode {
@@ -238,7 +240,7 @@ class ShuffleNode : public DatasetNode {
       : in_(std::move(in)), size_(size), seed_(seed), reshuffle_(reshuffle) {}
   std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
     const std::uint64_t seed = reshuffle_ ? mix64(seed_ ^ mix64(ctx.iteration + 0x51)) : seed_;
-    if (const std::vector<Tensor>* rows = in_->row_source()) return std::make_unique<RowShuffleIterator>(*rows, size_, Generator(seed), ctx.foreground);
+    if (const std::vector<Tensor>* rows = in_->row_source()) return std::make_unique<RowShuffleIterator>(*rows, size_, Generator(seed), ctx);
     return std::make_unique<ShuffleIterator>(in_->make(ctx), size_, Generator(seed));
   }
   std::int64_t cardinality() const override { return in_->cardinality(); }

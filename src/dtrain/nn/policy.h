@@ -23,4 +23,16 @@ DTypePolicy dtype_policy(std::string_view name);
 void set_global_policy(std::string_view name);
 DTypePolicy global_policy();
 
+// Sets the global policy for a scope and puts the previous one back when it ends.
+class ScopedGlobalPolicy {
+ public:
+  explicit ScopedGlobalPolicy(std::string_view name) : previous_(global_policy().name) { set_global_policy(name); }
+  ~ScopedGlobalPolicy() { set_global_policy(previous_); }
+  ScopedGlobalPolicy(const ScopedGlobalPolicy&) = delete;
+  ScopedGlobalPolicy& operator=(const ScopedGlobalPolicy&) = delete;
+
+ private:
+  std::string previous_;
+};
+
 }  // namespace dtrain::nn
