@@ -379,6 +379,20 @@ TEST(Dataset, AutotunePrefetchPullsInlineOnlyWhenNoCoreIsIdle) {
     EXPECT_TRUE(went_inline(it)) << it.autotune_report().back();
   }
   {
+    // An input error after the switch is kept, as in a background stage: not skipped.
+    auto failing = [](const Element& e) {
+      if (e[0].item() == 50.0f) throw IoError("element 50 is unreadable");
+      return busy(e);
+    };
+    Iterator it = Dataset::range(100).map(failing).prefetch(AUTOTUNE).make_iterator();
+    int n = 0;
+    EXPECT_THROW(while (it.next()) ++n, Error);
+    EXPECT_EQ(n, 50);
+    EXPECT_THROW(it.next(), Error);
+    EXPECT_THROW(it.save(), InvalidArgument);
+    EXPECT_TRUE(went_inline(it)) << it.autotune_report().back();
+  }
+  {
     Iterator it = Dataset::from_generator([](std::int64_t i) -> std::optional<Element> {
                     if (i >= 20) return std::nullopt;
                     std::this_thread::sleep_for(std::chrono::milliseconds(2));  // waiting, as on a disk

@@ -104,7 +104,7 @@ class PrefetchIterator : public IteratorBase {
 
   void restore(const IteratorState& s) override {
     check_state(s, 3, 1, "prefetch");
-    DTRAIN_CHECK(!producer_.joinable(), "restore() must come before the first next()");
+    DTRAIN_CHECK(!started_, "restore() must come before the first next()");
     ended_ = s.values[0] != 0;
     capacity_ = std::max<std::int64_t>(1, std::min(s.values[2], max_capacity_));
     queue_.clear();
@@ -134,7 +134,9 @@ class PrefetchIterator : public IteratorBase {
 
  private:
   bool should_go_inline() const {
-    if (!autotune_ || !no_idle_core_ || !started_) return false;
+    // Only a stage whose own pulls come from the consumer's thread: one below another
+    // background stage would only move its work onto that stage's thread.
+    if (!autotune_ || !no_idle_core_ || !started_ || !ctx_.on_consumer_thread()) return false;
     std::lock_guard lock(mutex_);
     return produced_ >= kSamplesBeforeInline && !error_ && !ended_ && producer_cpu_total_ >= 0.5 * producer_time_total_;
   }
@@ -146,7 +148,7 @@ class PrefetchIterator : public IteratorBase {
     cv_.notify_all();
     producer_.join();
     inline_ = true;
-    upstream_background_->store(!ctx_.on_consumer_thread(), std::memory_order_relaxed);
+    upstream_background_->store(false, std::memory_order_relaxed);
   }
 
   std::optional<Element> next_inline() {
@@ -162,7 +164,15 @@ class PrefetchIterator : public IteratorBase {
       if (ended_) return std::nullopt;
     }
     std::lock_guard pull(pull_mutex_);
-    std::optional<Element> e = in_->next();
+    std::optional<Element> e;
+    try {
+      e = in_->next();
+    } catch (...) {
+      // Kept, as the producer keeps it: every later next() throws it and save() refuses.
+      std::lock_guard lock(mutex_);
+      error_ = std::current_exception();
+      throw;
+    }
     std::lock_guard lock(mutex_);
     if (e) ++consumed_;
     else ended_ = true;
@@ -197,8 +207,10 @@ class PrefetchIterator : public IteratorBase {
       if (error) {
         error_ = error;
       } else if (!e) {
-        // A stop request also makes upstream stages end early; that is not the data's end.
-        if (!ctx_.stop.stop_requested() && !st.stop_requested()) ended_ = true;
+        // The iterator's stop request also makes upstream stages end early; that is not the
+        // data's end. (This thread's own stop token, used to go inline, reaches no upstream
+        // stage, so an end seen while it is set is the data's.)
+        if (!ctx_.stop.stop_requested()) ended_ = true;
       } else {
         producer_time_.add(took);
         producer_cpu_.add(cpu);
