@@ -3,7 +3,6 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -11,6 +10,7 @@
 #include <unistd.h>
 
 #include "dtrain/cli/config.h"
+#include "dtrain/core/clock.h"
 #include "dtrain/core/threads.h"
 
 namespace {
@@ -93,7 +93,7 @@ int run_fit(const std::string& path, const Overrides& o) {
   cli::RunConfig c = cli::load_config(path);
   apply(o, c);
   prepare(c);
-  const auto wall_start = std::chrono::steady_clock::now();
+  const auto wall_start = Clock::now();
   data::Classification d = cli::load_data(c);
   auto model = cli::build_model(c);
   model->compile(cli::build_optimizer(c), cli::build_loss(c), c.metrics);
@@ -119,7 +119,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     model->save_weights(o.save_weights);
     std::printf("weights saved to %s\n", o.save_weights.c_str());
   }
-  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  const double wall = seconds_since(wall_start);
   if (!o.summary.empty()) {
     // Steady state: the first epoch (primitive creation, cold caches) is reported apart.
     std::vector<double> sps = h.samples_per_second;

@@ -333,9 +333,9 @@ void Iterator::stop() {
 
 std::optional<Element> Iterator::next() {
   if (!root_) DTRAIN_THROW(InvalidArgument, "Iterator::next: the iterator was moved from");
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = Clock::now();
   std::optional<Element> e = root_->next();
-  const double waited = detail::seconds_since(start);
+  const double waited = seconds_since(start);
   if (e) {
     ++stats_.elements;
     stats_.wait_seconds += waited;

@@ -32,8 +32,6 @@ double thread_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
-using Clock = std::chrono::steady_clock;
-
 std::string ms(double seconds) {
   std::ostringstream o;
   o.precision(3);
@@ -281,7 +279,7 @@ class ParallelMapIterator : public IteratorBase {
     start();
     std::unique_lock lock(mutex_);
     if (delivered_ > 0) {
-      consumer_time_.add(std::chrono::duration<double>(Clock::now() - last_return_).count());
+      consumer_time_.add(seconds_since(last_return_));
       if (autotune_) retune();
     }
     cv_.wait(lock, ctx_.stop, [&] { return ready() || finished(); });

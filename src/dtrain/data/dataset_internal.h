@@ -1,10 +1,10 @@
 // Pieces shared by the dataset implementation files (private to the data layer).
 #pragma once
 
-#include <chrono>
 #include <exception>
 #include <string>
 
+#include "dtrain/core/clock.h"
 #include "dtrain/data/dataset.h"
 
 namespace dtrain::data::detail {
@@ -38,10 +38,6 @@ void check_state(const IteratorState& s, std::size_t values, std::size_t childre
 
 // The number of threads a pipeline may use for background work.
 int thread_budget(const DatasetOptions& options);
-
-inline double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 // Exponential moving average used by AUTOTUNE's rate estimates.
 struct Ema {

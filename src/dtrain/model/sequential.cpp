@@ -1,22 +1,18 @@
 // Sequential: layer stack, compile, the fit loop, evaluation, prediction and summary.
 #include "dtrain/model/sequential.h"
 
-#include <chrono>
 #include <iomanip>
 #include <iostream>
 #include <numeric>
 #include <set>
 #include <sstream>
 
+#include "dtrain/core/clock.h"
 #include "dtrain/model/progress.h"
 #include "dtrain/model/safetensors.h"
 
 namespace dtrain {
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 double mean_value(const Tensor& loss) {
   if (loss.numel() == 1) return loss.item();
@@ -183,7 +179,7 @@ namespace {
 class TensorBatches : public Sequential::BatchSource {
  public:
   TensorBatches(Tensor x, Tensor y, std::int64_t batch, bool shuffle, std::uint64_t seed)
-      : x_(std::move(x)), y_(std::move(y)), batch_(batch), shuffle_(shuffle), seed_(seed),
+      : x_(std::move(x)), y_(std::move(y)), sources_{x_, y_}, batch_(batch), shuffle_(shuffle), seed_(seed),
         order_(static_cast<size_t>(x_.dim(0))) {}
   void begin_epoch(int epoch) override {
     begin_ = 0;
@@ -198,11 +194,11 @@ class TensorBatches : public Sequential::BatchSource {
   bool next(Tensor& xb, Tensor& yb) override {
     const std::int64_t n = x_.dim(0);
     if (begin_ >= n) return false;
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = Clock::now();
     const std::int64_t end = std::min(n, begin_ + batch_);
     if (shuffle_) {
       data::Element b = data::gather_rows(
-          {x_, y_}, std::span(order_).subspan(static_cast<std::size_t>(begin_), static_cast<std::size_t>(end - begin_)),
+          sources_, std::span(order_).subspan(static_cast<std::size_t>(begin_), static_cast<std::size_t>(end - begin_)),
           /*on_compute_pool=*/true);
       xb = std::move(b[0]);
       yb = std::move(b[1]);
@@ -219,6 +215,7 @@ class TensorBatches : public Sequential::BatchSource {
 
  private:
   Tensor x_, y_;
+  const std::vector<Tensor> sources_;  // {x_, y_}, for gathering shuffled rows
   std::int64_t batch_;
   bool shuffle_;
   std::uint64_t seed_;
@@ -346,12 +343,13 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
     for (auto& c : callbacks) c->on_epoch_begin(epoch, logs);
     progress.epoch_begin(epoch, opt.epochs);
     source.begin_epoch(epoch);
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = Clock::now();
     std::int64_t step = 0, samples = 0;
     Tensor xb, yb;
+    // Batch logs hold the same keys all epoch: set() overwrites them in place.
+    const Logs no_logs;
     while (source.next(xb, yb)) {
-      logs.clear();
-      for (auto& c : callbacks) c->on_train_batch_begin(step, logs);
+      for (auto& c : callbacks) c->on_train_batch_begin(step, no_logs);
 
       GradientTape tape;
       Tensor y_pred = (*this)(xb, /*training=*/true);
@@ -411,7 +409,7 @@ Logs Sequential::run_evaluation(const data::Dataset& dataset, const std::string&
 
 Logs Sequential::evaluate(const data::Dataset& dataset, const EvaluateOptions& opt) {
   check_compiled("evaluate");
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = Clock::now();
   Logs logs = run_evaluation(dataset, "");
   std::ostream& out = opt.out ? *opt.out : std::cout;
   if (detail::resolve_verbose(opt.verbose, out) > 0)
@@ -444,7 +442,7 @@ Logs Sequential::evaluate(const Tensor& x, const Tensor& y, const EvaluateOption
   check_compiled("evaluate");
   x.check_defined("evaluate (x)");
   y.check_defined("evaluate (y)");
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = Clock::now();
   Logs logs = run_evaluation(x, y, opt.batch_size, "");
   std::ostream& out = opt.out ? *opt.out : std::cout;
   if (detail::resolve_verbose(opt.verbose, out) > 0) {
