@@ -1,6 +1,5 @@
 // Dataset's public methods, the Iterator wrapper, state serialization and shared helpers.
 #include <cstring>
-#include <thread>
 
 #include "dtrain/core/rng.h"
 #include "dtrain/core/threads.h"
@@ -94,6 +93,19 @@ Element Rows::at(std::int64_t r) const {
   e.reserve(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) e.push_back(tensors[i].row(r, row_shapes[i]));
   return e;
+}
+
+std::vector<Element> load_elements(const IteratorState& s, std::size_t first_value, std::size_t count, const char* stage) {
+  std::vector<Element> out;
+  std::size_t t = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (first_value + i >= s.values.size()) DTRAIN_THROW(InvalidArgument, stage, ": saved state is incomplete");
+    const auto arity = static_cast<std::size_t>(s.values[first_value + i]);
+    if (t + arity > s.tensors.size()) DTRAIN_THROW(InvalidArgument, stage, ": saved state is incomplete");
+    out.emplace_back(s.tensors.begin() + static_cast<std::ptrdiff_t>(t), s.tensors.begin() + static_cast<std::ptrdiff_t>(t + arity));
+    t += arity;
+  }
+  return out;
 }
 
 void check_state(const IteratorState& s, std::size_t values, std::size_t children, const char* stage) {
@@ -355,20 +367,21 @@ void Iterator::restore(const IteratorState& state) {
   // A fresh pipeline (the old one first releases what it holds, such as a cache it was
   // filling), moved to the saved position before any element is produced. If the state
   // does not fit, the iterator is left at the start of a clean pipeline.
-  stop();
-  stop_ = std::make_unique<std::stop_source>();
-  ctx_.stop = stop_->get_token();
   stats_ = InputStats{};
-  root_ = node_->make(ctx_);
+  restart();
   try {
     root_->restore(state);
   } catch (...) {
-    stop();
-    stop_ = std::make_unique<std::stop_source>();
-    ctx_.stop = stop_->get_token();
-    root_ = node_->make(ctx_);
+    restart();
     throw;
   }
+}
+
+void Iterator::restart() {
+  stop();
+  stop_ = std::make_unique<std::stop_source>();
+  ctx_.stop = stop_->get_token();
+  root_ = node_->make(ctx_);
 }
 
 std::vector<std::string> Iterator::autotune_report() const {

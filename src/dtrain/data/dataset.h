@@ -178,6 +178,7 @@ class Iterator {
   friend class Dataset;
   Iterator(std::shared_ptr<const DatasetNode> node, IteratorContext ctx);
   void stop();
+  void restart();  // stops the pipeline and makes a fresh one, at the start of its pass
 
   std::shared_ptr<const DatasetNode> node_;
   std::unique_ptr<std::stop_source> stop_;

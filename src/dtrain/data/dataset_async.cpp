@@ -93,10 +93,7 @@ class PrefetchIterator : public IteratorBase {
     std::lock_guard lock(mutex_);
     if (error_) DTRAIN_THROW(InvalidArgument, "prefetch: cannot save an iterator whose input failed");
     IteratorState s{{ended_ ? 1 : 0, static_cast<std::int64_t>(queue_.size()), capacity_}, {}, {in_->save()}};
-    for (const Element& e : queue_) {
-      s.values.push_back(static_cast<std::int64_t>(e.size()));
-      for (const Tensor& t : e) s.tensors.push_back(t);
-    }
+    save_elements(queue_, s);
     return s;
   }
 
@@ -105,15 +102,8 @@ class PrefetchIterator : public IteratorBase {
     DTRAIN_CHECK(!started_, "restore() must come before the first next()");
     ended_ = s.values[0] != 0;
     capacity_ = std::max<std::int64_t>(1, std::min(s.values[2], max_capacity_));
-    queue_.clear();
-    std::size_t t = 0;
-    for (std::int64_t i = 0; i < s.values[1]; ++i) {
-      const auto arity = static_cast<std::size_t>(s.values.at(static_cast<std::size_t>(3 + i)));
-      if (t + arity > s.tensors.size()) DTRAIN_THROW(InvalidArgument, "prefetch: saved state is incomplete");
-      queue_.emplace_back(s.tensors.begin() + static_cast<std::ptrdiff_t>(t),
-                          s.tensors.begin() + static_cast<std::ptrdiff_t>(t + arity));
-      t += arity;
-    }
+    std::vector<Element> queued = load_elements(s, 3, static_cast<std::size_t>(s.values[1]), "prefetch");
+    queue_.assign(std::make_move_iterator(queued.begin()), std::make_move_iterator(queued.end()));
     in_->restore(s.children[0]);
   }
 
@@ -316,11 +306,8 @@ class ParallelMapIterator : public IteratorBase {
                     {},
                     {in_->save()}};
     bool failed = false;
-    for (const auto& [seq, r] : results_) {
-      failed |= static_cast<bool>(r.error);
-      s.values.push_back(static_cast<std::int64_t>(r.element.size()));
-      for (const Tensor& t : r.element) s.tensors.push_back(t);
-    }
+    for (const auto& [seq, r] : results_) failed |= static_cast<bool>(r.error);
+    save_elements(results_, s, [](const auto& item) -> const Element& { return item.second.element; });
     if (failed || error_seen_) DTRAIN_THROW(InvalidArgument, "map: cannot save an iterator whose map function failed");
     return s;
   }
@@ -332,14 +319,9 @@ class ParallelMapIterator : public IteratorBase {
     input_done_ = s.values[1] != 0;
     end_seq_ = s.values[2];
     results_.clear();
-    std::size_t t = 0;
-    for (std::int64_t i = 0; i < s.values[3]; ++i) {
-      const auto arity = static_cast<std::size_t>(s.values.at(static_cast<std::size_t>(4 + i)));
-      if (t + arity > s.tensors.size()) DTRAIN_THROW(InvalidArgument, "map: saved state is incomplete");
-      results_[delivered_ + i].element.assign(s.tensors.begin() + static_cast<std::ptrdiff_t>(t),
-                                              s.tensors.begin() + static_cast<std::ptrdiff_t>(t + arity));
-      t += arity;
-    }
+    std::vector<Element> finished = load_elements(s, 4, static_cast<std::size_t>(s.values[3]), "map");
+    for (std::size_t i = 0; i < finished.size(); ++i)
+      results_[delivered_ + static_cast<std::int64_t>(i)].element = std::move(finished[i]);
     pulled_ = next_seq_ = delivered_ + s.values[3];
     in_->restore(s.children[0]);
   }

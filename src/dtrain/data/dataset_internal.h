@@ -2,6 +2,7 @@
 #pragma once
 
 #include <exception>
+#include <functional>
 #include <string>
 
 #include "dtrain/core/clock.h"
@@ -32,6 +33,19 @@ struct Rows {
   std::int64_t count() const { return tensors.empty() ? 0 : tensors[0].dim(0); }
   Element at(std::int64_t r) const;
 };
+
+// Buffered elements in a saved state: each element's arity appended to the values, its
+// tensors to the tensors. `get` picks the element out of a container's item.
+template <typename Items, typename Get = std::identity>
+void save_elements(const Items& items, IteratorState& s, Get get = {}) {
+  for (const auto& item : items) {
+    const Element& e = get(item);
+    s.values.push_back(static_cast<std::int64_t>(e.size()));
+    s.tensors.insert(s.tensors.end(), e.begin(), e.end());
+  }
+}
+// `count` elements whose arities start at values[first_value]; an error names the stage.
+std::vector<Element> load_elements(const IteratorState& s, std::size_t first_value, std::size_t count, const char* stage);
 
 // Checks a saved state has the expected number of values and children.
 void check_state(const IteratorState& s, std::size_t values, std::size_t children, const char* stage);

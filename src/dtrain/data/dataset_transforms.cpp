@@ -105,27 +105,6 @@ class FilterNode : public DatasetNode {
   std::function<bool(const Element&)> predicate_;
 };
 
-// Elements of a buffer, flattened into a state's tensors: [arity, tensors...] per element.
-void save_elements(const std::vector<Element>& elements, IteratorState& s) {
-  for (const Element& e : elements) {
-    s.values.push_back(static_cast<std::int64_t>(e.size()));
-    for (const Tensor& t : e) s.tensors.push_back(t);
-  }
-}
-
-std::vector<Element> load_elements(const IteratorState& s, std::size_t first_value, std::size_t count, const char* stage) {
-  std::vector<Element> out;
-  std::size_t t = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    if (first_value + i >= s.values.size()) DTRAIN_THROW(InvalidArgument, stage, ": saved state is incomplete");
-    const auto arity = static_cast<std::size_t>(s.values[first_value + i]);
-    if (t + arity > s.tensors.size()) DTRAIN_THROW(InvalidArgument, stage, ": saved state is incomplete");
-    out.emplace_back(s.tensors.begin() + static_cast<std::ptrdiff_t>(t), s.tensors.begin() + static_cast<std::ptrdiff_t>(t + arity));
-    t += arity;
-  }
-  return out;
-}
-
 // ---- shuffle: a buffer of `size` elements; each output is a random buffer slot, refilled
 // from upstream. The generator is fixed by (seed, pass), so the order is reproducible.
 
@@ -306,37 +285,33 @@ class UnbatchIterator : public UnaryIterator {
  public:
   using UnaryIterator::UnaryIterator;
   std::optional<Element> next() override {
-    while (current_.empty() || row_ >= current_[0].dim(0)) {
+    while (!current_ || row_ >= current_->count()) {
       std::optional<Element> e = in_->next();
       if (!e) return std::nullopt;
       for (std::size_t c = 0; c < e->size(); ++c)
         if ((*e)[c].rank() == 0 || (*e)[c].dim(0) != (*e)[0].dim(0))
           DTRAIN_THROW(InvalidArgument, "unbatch: component ", c, " has shape ", (*e)[c].shape().to_string(),
                        ", which does not share the batch axis of component 0 (", (*e)[0].shape().to_string(), ")");
-      current_ = std::move(*e);
+      current_.emplace(std::move(*e));
       row_ = 0;
     }
-    Element out;
-    for (const Tensor& t : current_)
-      out.push_back(t.slice(row_, row_ + 1).reshape(Shape(std::vector<std::int64_t>(t.shape().dims().begin() + 1, t.shape().dims().end()))));
-    ++row_;
-    return out;
+    return current_->at(row_++);
   }
   IteratorState save() const override {
-    IteratorState s{{row_, current_.empty() ? 0 : 1}, {}, {in_->save()}};
-    if (!current_.empty()) save_elements({current_}, s);
+    IteratorState s{{row_, current_ ? 1 : 0}, {}, {in_->save()}};
+    if (current_) save_elements(std::span(&current_->tensors, 1), s);
     return s;
   }
   void restore(const IteratorState& s) override {
     check_state(s, 2, 1, "unbatch");
     row_ = s.values[0];
-    current_.clear();
-    if (s.values[1]) current_ = load_elements(s, 2, 1, "unbatch")[0];
+    current_.reset();
+    if (s.values[1]) current_.emplace(load_elements(s, 2, 1, "unbatch")[0]);
     in_->restore(s.children[0]);
   }
 
  private:
-  Element current_;
+  std::optional<Rows> current_;  // the batch being split
   std::int64_t row_ = 0;
 };
 
