@@ -164,15 +164,7 @@ RunConfig load_config(const std::string& path) {
 }
 
 std::unique_ptr<Sequential> build_model(const RunConfig& c) {
-  if (c.dtype_policy.empty()) return in_file(c.file, [&] { return model_from_json(c.model_json, c.model_path); });
-  // The config's (or the flag's) policy is every layer's, whatever the model JSON says.
-  json model = c.model_json;
-  if (model.contains("config") && model["config"].is_object() && model["config"].contains("layers") &&
-      model["config"]["layers"].is_array())
-    for (json& layer : model["config"]["layers"])
-      if (layer.is_object() && (!layer.contains("config") || layer["config"].is_object()))
-        layer["config"]["dtype"] = c.dtype_policy;
-  return in_file(c.file, [&] { return model_from_json(model, c.model_path); });
+  return in_file(c.file, [&] { return model_from_json(c.model_json, c.model_path, c.dtype_policy); });
 }
 
 std::shared_ptr<losses::Loss> build_loss(const RunConfig& c) {

@@ -9,8 +9,6 @@
 
 namespace dtrain {
 
-void History::on_train_begin(const Logs&) {}
-
 void History::on_epoch_end(int e, const Logs& logs) {
   epoch.push_back(e);
   for (const auto& [k, v] : logs.items()) history[k].push_back(v);
@@ -91,10 +89,7 @@ void LearningRateScheduler::on_epoch_begin(int epoch, const Logs&) {
   if (!std::isfinite(lr) || lr < 0)
     DTRAIN_THROW(InvalidArgument, "LearningRateScheduler: schedule returned ", lr, " for epoch ", epoch);
   model_->optimizer().set_learning_rate(std::make_shared<optim::Constant>(static_cast<float>(lr)));
-  last_ = lr;
 }
-
-void LearningRateScheduler::on_epoch_end(int, const Logs&) {}
 
 CSVLogger::CSVLogger(std::string filename, char separator, bool append)
     : filename_(std::move(filename)), separator_(separator), append_(append) {}

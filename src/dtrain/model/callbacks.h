@@ -1,11 +1,10 @@
-// Keras callbacks: hooks that fit(), evaluate() and predict() call at the begin and end of
-// training, of each epoch and of each batch. A callback sees the model it is attached to
+// Keras callbacks: hooks that fit() calls at the begin and end of training, of each epoch
+// and of each training batch. A callback sees the model it is attached to
 // (set_model) and can stop training (model.stop_training = true).
 #pragma once
 
 #include <fstream>
 #include <functional>
-#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -29,8 +28,6 @@ class Callback {
   virtual void on_epoch_end(int /*epoch*/, const Logs& /*logs*/) {}
   virtual void on_train_batch_begin(std::int64_t /*batch*/, const Logs& /*logs*/) {}
   virtual void on_train_batch_end(std::int64_t /*batch*/, const Logs& /*logs*/) {}
-  virtual void on_test_begin(const Logs& /*logs*/) {}
-  virtual void on_test_end(const Logs& /*logs*/) {}
 
  protected:
   Sequential* model_ = nullptr;
@@ -39,7 +36,6 @@ class Callback {
 // Records every epoch's logs: history["loss"][epoch], ... fit() returns one.
 class History : public Callback {
  public:
-  void on_train_begin(const Logs& logs) override;
   void on_epoch_end(int epoch, const Logs& logs) override;
   std::map<std::string, std::vector<double>> history;
   std::vector<int> epoch;
@@ -90,11 +86,9 @@ class LearningRateScheduler : public Callback {
  public:
   explicit LearningRateScheduler(std::function<double(int epoch, double lr)> schedule);
   void on_epoch_begin(int epoch, const Logs& logs) override;
-  void on_epoch_end(int epoch, const Logs& logs) override;
 
  private:
   std::function<double(int, double)> schedule_;
-  double last_ = 0.0;
 };
 
 // Writes one CSV row per epoch: epoch, then every log in order. Rows are flushed as

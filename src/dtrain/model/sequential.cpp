@@ -180,12 +180,12 @@ class TensorBatches : public Sequential::BatchSource {
  public:
   TensorBatches(Tensor x, Tensor y, std::int64_t batch, bool shuffle, std::uint64_t seed)
       : x_(std::move(x)), y_(std::move(y)), sources_{x_, y_}, batch_(batch), shuffle_(shuffle), seed_(seed),
-        order_(static_cast<size_t>(x_.dim(0))) {}
+        order_(shuffle ? static_cast<size_t>(x_.dim(0)) : 0) {}
   void begin_epoch(int epoch) override {
     begin_ = 0;
     wait_ = 0;
-    std::iota(order_.begin(), order_.end(), 0);
     if (!shuffle_) return;
+    std::iota(order_.begin(), order_.end(), 0);
     // Fisher-Yates with a generator fixed by (seed, epoch).
     Generator g = Generator(seed_).fork(static_cast<std::uint64_t>(epoch));
     for (std::int64_t i = static_cast<std::int64_t>(order_.size()) - 1; i > 0; --i)
@@ -237,7 +237,8 @@ void split_element(const data::Element& e, Tensor& x, Tensor& y, const char* who
 
 class DatasetBatches : public Sequential::BatchSource {
  public:
-  DatasetBatches(const data::Dataset& ds, std::int64_t steps_per_epoch) : ds_(ds), steps_per_epoch_(steps_per_epoch) {}
+  DatasetBatches(const data::Dataset& ds, std::int64_t steps_per_epoch, const char* who = "fit")
+      : ds_(ds), steps_per_epoch_(steps_per_epoch), who_(who) {}
   void begin_epoch(int epoch) override {
     // A fixed number of steps draws from one iterator across epochs, as Keras does with
     // steps_per_epoch; otherwise every epoch is a new pass over the data.
@@ -254,7 +255,7 @@ class DatasetBatches : public Sequential::BatchSource {
                      " steps_per_epoch; add .repeat() to the pipeline");
       return false;
     }
-    split_element(*e, x, y, "fit");
+    split_element(*e, x, y, who_);
     ++taken_;
     return true;
   }
@@ -268,6 +269,7 @@ class DatasetBatches : public Sequential::BatchSource {
  private:
   data::Dataset ds_;
   std::int64_t steps_per_epoch_;
+  const char* who_;  // the caller, for error messages
   std::optional<data::Iterator> it_;
   std::int64_t taken_ = 0;
   double wait_at_epoch_start_ = 0;
@@ -387,15 +389,14 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   return *history;
 }
 
-Logs Sequential::run_evaluation(const data::Dataset& dataset, const std::string& prefix) {
+Logs Sequential::run_evaluation(BatchSource& source, const std::string& prefix) {
   reset_metrics();
   metrics::Mean loss_mean;
-  data::Iterator it = dataset.make_iterator();
+  source.begin_epoch(0);
   std::int64_t batches = 0;
-  while (std::optional<data::Element> e = it.next()) {
+  Tensor xb, yb;
+  while (source.next(xb, yb)) {
     ++batches;
-    Tensor xb, yb;
-    split_element(*e, xb, yb, "evaluate");
     Tensor y_pred = (*this)(xb, /*training=*/false);
     loss_mean.update_state(mean_value((*loss_)(yb, y_pred)), static_cast<double>(xb.dim(0)));
     for (auto& m : metrics_) m->update_state(yb, y_pred);
@@ -405,6 +406,11 @@ Logs Sequential::run_evaluation(const data::Dataset& dataset, const std::string&
   logs.set(prefix + "loss", loss_mean.result());
   for (auto& m : metrics_) logs.set(prefix + m->name(), m->result());
   return logs;
+}
+
+Logs Sequential::run_evaluation(const data::Dataset& dataset, const std::string& prefix) {
+  DatasetBatches batches(dataset, 0, "evaluate");
+  return run_evaluation(batches, prefix);
 }
 
 Logs Sequential::evaluate(const data::Dataset& dataset, const EvaluateOptions& opt) {
@@ -423,19 +429,8 @@ Logs Sequential::run_evaluation(const Tensor& x, const Tensor& y, std::int64_t b
                  x.shape().to_string(), " and y ", y.shape().to_string());
   if (batch_size <= 0) DTRAIN_THROW(InvalidArgument, "evaluate: batch_size must be positive, got ", batch_size);
   if (x.dim(0) == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': evaluation got no samples");
-  reset_metrics();
-  metrics::Mean loss_mean;
-  for (std::int64_t begin = 0; begin < x.dim(0); begin += batch_size) {
-    const std::int64_t end = std::min(x.dim(0), begin + batch_size);
-    Tensor xb = x.slice(begin, end), yb = y.slice(begin, end);
-    Tensor y_pred = (*this)(xb, /*training=*/false);
-    loss_mean.update_state(mean_value((*loss_)(yb, y_pred)), static_cast<double>(end - begin));
-    for (auto& m : metrics_) m->update_state(yb, y_pred);
-  }
-  Logs logs;
-  logs.set(prefix + "loss", loss_mean.result());
-  for (auto& m : metrics_) logs.set(prefix + m->name(), m->result());
-  return logs;
+  TensorBatches batches(x, y, batch_size, /*shuffle=*/false, 0);
+  return run_evaluation(batches, prefix);
 }
 
 Logs Sequential::evaluate(const Tensor& x, const Tensor& y, const EvaluateOptions& opt) {

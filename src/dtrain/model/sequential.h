@@ -115,6 +115,7 @@ class Sequential {
 
  private:
   History run_fit(BatchSource& source, const FitOptions& options);
+  Logs run_evaluation(BatchSource& source, const std::string& prefix);
   Logs run_evaluation(const data::Dataset& dataset, const std::string& prefix);
   void check_compiled(const char* what) const;
   void reset_metrics();

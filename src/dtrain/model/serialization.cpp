@@ -53,7 +53,7 @@ std::string initializer_name(const JsonReader& r, const std::string& key, const 
 std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& c, const JsonReader& r);
 
 // A layer from {"class_name", "config"}; "trainable": false freezes its weights once built.
-std::shared_ptr<nn::Layer> layer_from_json(const JsonReader& r) {
+std::shared_ptr<nn::Layer> layer_from_json(const JsonReader& r, const std::string& dtype_policy) {
   r.expect_keys({"class_name", "config"});
   const std::string cls = r.get_string("class_name");
   static const json kNoConfig = json::object();  // outlives the reader that refers to it
@@ -62,10 +62,11 @@ std::shared_ptr<nn::Layer> layer_from_json(const JsonReader& r) {
   auto layer = make_layer(cls, c, r);
   if (!c.get_bool("trainable", true)) layer->set_trainable(false);
   // "dtype": a policy name, or Keras 3's {"class_name": "DTypePolicy", "config": {"name": ...}};
-  // without one the layer keeps the global policy.
-  if (c.has("dtype")) {
-    const std::string name =
-        c.raw()["dtype"].is_object() ? c.child("dtype").child("config").get_string("name") : c.get_string("dtype");
+  // without one the layer keeps the global policy. An override replaces both.
+  if (!dtype_policy.empty() || c.has("dtype")) {
+    const std::string name = !dtype_policy.empty()          ? dtype_policy
+                             : c.raw()["dtype"].is_object() ? c.child("dtype").child("config").get_string("name")
+                                                            : c.get_string("dtype");
     try {
       layer->set_dtype_policy(name);
     } catch (const InvalidArgument& e) {
@@ -124,7 +125,8 @@ std::string Sequential::to_json(int indent) const {
   return json{{"class_name", "Sequential"}, {"config", config}}.dump(indent);
 }
 
-std::unique_ptr<Sequential> model_from_json(const nlohmann::json& value, const std::string& path) {
+std::unique_ptr<Sequential> model_from_json(const nlohmann::json& value, const std::string& path,
+                                            const std::string& dtype_policy) {
   const JsonReader r(value, path);
   r.expect_keys({"class_name", "config"});
   if (r.get_string("class_name") != "Sequential")
@@ -134,7 +136,7 @@ std::unique_ptr<Sequential> model_from_json(const nlohmann::json& value, const s
   auto model = std::make_unique<Sequential>(c.get_string("name", "sequential"));
   const JsonReader layers = c.child("layers");
   layers.expect_array();
-  for (std::size_t i = 0; i < layers.size(); ++i) model->add(layer_from_json(layers.element(i)));
+  for (std::size_t i = 0; i < layers.size(); ++i) model->add(layer_from_json(layers.element(i), dtype_policy));
   // build_input_shape includes the batch axis (null); input_shape does not.
   for (const char* key : {"build_input_shape", "input_shape"}) {
     if (!c.has(key)) continue;

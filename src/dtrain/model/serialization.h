@@ -10,6 +10,8 @@
 
 namespace dtrain {
 
-std::unique_ptr<Sequential> model_from_json(const nlohmann::json& value, const std::string& path);
+// A non-empty `dtype_policy` is every layer's policy, over what the layers' configs say.
+std::unique_ptr<Sequential> model_from_json(const nlohmann::json& value, const std::string& path,
+                                            const std::string& dtype_policy = "");
 
 }  // namespace dtrain
