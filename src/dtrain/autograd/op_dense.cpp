@@ -42,13 +42,7 @@ Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activati
   auto& be = detail::backend_of(x);
   // Mixed precision: the matmuls read bfloat16 copies of x and the kernel (and, backward,
   // of dz) and accumulate in float32; outputs, gradients and the variables stay float32.
-  auto lowered = [&be, compute](const Tensor& t) {
-    if (compute == DType::f32) return t;
-    Tensor low = Tensor::empty(t.shape(), compute);
-    be.convert(t, low);
-    return low;
-  };
-  const Tensor xc = lowered(x2), kc = lowered(kernel);
+  const Tensor xc = detail::converted(x2, compute), kc = detail::converted(kernel, compute);
   // gelu's derivative needs its input, so it runs as a second pass over z.
   const bool fused = activation != Activation::gelu;
   Tensor z = Tensor::empty({rows, out});
@@ -75,11 +69,7 @@ Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activati
         b.reduce(kernels::Reduce::sum, dz, db);
         ctx.add(2, db);
       }
-      Tensor dzc = dz;
-      if (kc.dtype() != DType::f32 && (ctx.needs(0) || ctx.needs(1))) {
-        dzc = Tensor::empty(dz.shape(), kc.dtype());
-        b.convert(dz, dzc);
-      }
+      const Tensor dzc = ctx.needs(0) || ctx.needs(1) ? detail::converted(dz, kc.dtype()) : Tensor();
       if (ctx.needs(1)) {
         Tensor dw = Tensor::empty(kc.shape());
         b.matmul(xc, dzc, dw, {.transpose_a = true});

@@ -28,4 +28,12 @@ inline Tensor sum_to_shape(const Tensor& grad, const Shape& shape) {
 
 inline void check_float(const Tensor& x, const char* op) { x.check_dtype(DType::f32, op); }
 
+// t in `dtype` through the backend's conversion (t itself when it already has that dtype).
+inline Tensor converted(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  Tensor out = Tensor::empty(t.shape(), dtype);
+  backend_of(t).convert(t, out);
+  return out;
+}
+
 }  // namespace dtrain::detail

@@ -494,7 +494,8 @@ void CpuBackend::convert(const Tensor& x, Tensor& y) {
   x.check_defined("convert");
   y.check_defined("convert");
   check_same_shape(x, y, "convert");
-  if (x.dtype() == DType::i32 || y.dtype() == DType::i32 || x.dtype() == DType::u8 || y.dtype() == DType::u8)
+  auto floating = [](DType d) { return d == DType::f32 || d == DType::bf16; };
+  if (!floating(x.dtype()) || !floating(y.dtype()))
     DTRAIN_THROW(InvalidArgument, "convert: supports float32 <-> bfloat16, got ", dtype_name(x.dtype()), " -> ",
                  dtype_name(y.dtype()));
   const std::int64_t n = x.numel();

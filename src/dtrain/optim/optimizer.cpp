@@ -55,21 +55,16 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
       DTRAIN_THROW(InvalidArgument, name_, ": gradient ", dtype_name(grads[i].dtype()), " ",
                    grads[i].shape().to_string(), " does not match variable '", vars[i]->name(), "' ",
                    dtype_name(vars[i]->dtype()), " ", vars[i]->shape().to_string());
-    auto slot = slots_.find(vars[i]->id());
-    if (slot != slots_.end() && !slot->second.empty() && !(slot->second[0].shape() == vars[i]->shape()))
-      DTRAIN_THROW(InvalidArgument, name_, ": holds state of shape ", slot->second[0].shape().to_string(),
-                   " for variable '", vars[i]->name(), "' of shape ", vars[i]->shape().to_string());
   }
   // Norms cost a pass over every gradient, so they are computed only when clipping needs them.
-  const bool clipping = options_.clipnorm || options_.global_clipnorm;
-  std::vector<double> norms(clipping ? vars.size() : 0, 0.0);
-  if (clipping) {
+  if (options_.clipnorm || options_.global_clipnorm) {
     auto& be = kernels::backend();
+    norms_.assign(vars.size(), 0.0);  // the member keeps its capacity: no allocation per step
     double total = 0.0;
     for (size_t i = 0; i < vars.size(); ++i) {
       if (!grads[i].defined()) continue;
-      norms[i] = be.sum_squares(grads[i]);
-      total += norms[i];
+      norms_[i] = be.sum_squares(grads[i]);
+      total += norms_[i];
     }
     last_global_norm_ = std::sqrt(total);
   }
@@ -83,14 +78,12 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
     if (!grads[i].defined()) continue;
     float scale = global_scale;
     if (options_.clipnorm) {
-      const double norm = std::sqrt(norms[i]);
+      const double norm = std::sqrt(norms_[i]);
       if (norm > *options_.clipnorm) scale = static_cast<float>(*options_.clipnorm / norm);
     }
     auto& slots = slots_[vars[i]->id()];
-    if (static_cast<int>(slots.size()) != slot_count_) {
-      slots.clear();
+    if (slots.empty())  // first update of this variable
       for (int s = 0; s < slot_count_; ++s) slots.push_back(Tensor::zeros(vars[i]->shape()));
-    }
     update(*vars[i], grads[i], slots, lr, scale);
   }
   ++iterations_;

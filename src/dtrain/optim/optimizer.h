@@ -60,6 +60,7 @@ class Optimizer {
   OptimizerOptions options_;
   std::int64_t iterations_ = 0;
   double last_global_norm_ = 0.0;
+  std::vector<double> norms_;  // squared gradient norms of the step, when clipping
   int slot_count_ = -1;  // slot_names().size(), read once (virtual: not in the constructor)
   // Keyed by the variable's value identity (tensor ids are never reused), not its address.
   std::unordered_map<std::uint64_t, std::vector<Tensor>> slots_;
