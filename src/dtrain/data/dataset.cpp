@@ -108,6 +108,40 @@ std::vector<Element> load_elements(const IteratorState& s, std::size_t first_val
   return out;
 }
 
+void put_u64(std::string& out, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+}
+
+void put_tensor(std::string& out, const Tensor& t) {
+  put_u64(out, static_cast<std::uint64_t>(t.dtype()));
+  put_u64(out, static_cast<std::uint64_t>(t.rank()));
+  for (auto d : t.shape().dims()) put_u64(out, static_cast<std::uint64_t>(d));
+  out.append(static_cast<const char*>(t.raw_data()), t.nbytes());
+}
+
+std::uint64_t ByteReader::u64() {
+  if (pos + 8 > in.size()) DTRAIN_THROW(IoError, what, ": truncated at byte ", pos, " of ", in.size());
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in[pos + i])) << (8 * i);
+  pos += 8;
+  return v;
+}
+
+Tensor ByteReader::tensor() {
+  const std::size_t at = pos;
+  const std::uint64_t dtype = u64(), rank = u64();
+  if (dtype > static_cast<std::uint64_t>(DType::u8) || rank > static_cast<std::uint64_t>(Shape::kMaxRank))
+    DTRAIN_THROW(IoError, what, ": corrupt tensor header at byte ", at);
+  std::vector<std::int64_t> dims;
+  for (std::uint64_t d = 0; d < rank; ++d) dims.push_back(static_cast<std::int64_t>(u64()));
+  Tensor t = Tensor::empty(Shape(dims), static_cast<DType>(dtype));
+  if (pos + t.nbytes() > in.size())
+    DTRAIN_THROW(IoError, what, ": the tensor at byte ", at, " runs past the end (", in.size(), " bytes)");
+  if (t.nbytes()) std::memcpy(t.raw_data(), in.data() + pos, t.nbytes());
+  pos += t.nbytes();
+  return t;
+}
+
 void check_state(const IteratorState& s, std::size_t values, std::size_t children, const char* stage) {
   if (s.values.size() < values || s.children.size() != children)
     DTRAIN_THROW(InvalidArgument, stage, ": the saved iterator state does not belong to this pipeline (",
@@ -150,45 +184,22 @@ Element gather_rows(const std::vector<Tensor>& sources, std::span<const std::int
 // ---- IteratorState serialization: a little-endian tree of counts, integers and tensors.
 namespace {
 
+using detail::ByteReader;
+using detail::put_tensor;
+using detail::put_u64;
+
 constexpr std::uint32_t kStateMagic = 0x44544953;  // "DTIS"
-
-void put_u64(std::string& out, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
-}
-
-struct Reader {
-  std::string_view in;
-  std::size_t pos = 0;
-  std::uint64_t u64() {
-    if (pos + 8 > in.size()) DTRAIN_THROW(IoError, "iterator state: truncated at byte ", pos);
-    std::uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in[pos + i])) << (8 * i);
-    pos += 8;
-    return v;
-  }
-  std::string_view bytes(std::size_t n) {
-    if (pos + n > in.size()) DTRAIN_THROW(IoError, "iterator state: truncated at byte ", pos);
-    std::string_view v = in.substr(pos, n);
-    pos += n;
-    return v;
-  }
-};
 
 void write_state(std::string& out, const IteratorState& s) {
   put_u64(out, s.values.size());
   for (auto v : s.values) put_u64(out, static_cast<std::uint64_t>(v));
   put_u64(out, s.tensors.size());
-  for (const Tensor& t : s.tensors) {
-    put_u64(out, static_cast<std::uint64_t>(t.dtype()));
-    put_u64(out, static_cast<std::uint64_t>(t.rank()));
-    for (auto d : t.shape().dims()) put_u64(out, static_cast<std::uint64_t>(d));
-    out.append(static_cast<const char*>(t.raw_data()), t.nbytes());
-  }
+  for (const Tensor& t : s.tensors) put_tensor(out, t);
   put_u64(out, s.children.size());
   for (const auto& c : s.children) write_state(out, c);
 }
 
-IteratorState read_state(Reader& r, int depth) {
+IteratorState read_state(ByteReader& r, int depth) {
   if (depth > 64) DTRAIN_THROW(IoError, "iterator state: nested too deeply");
   IteratorState s;
   const std::uint64_t nv = r.u64();
@@ -196,17 +207,7 @@ IteratorState read_state(Reader& r, int depth) {
   for (std::uint64_t i = 0; i < nv; ++i) s.values.push_back(static_cast<std::int64_t>(r.u64()));
   const std::uint64_t nt = r.u64();
   if (nt > r.in.size()) DTRAIN_THROW(IoError, "iterator state: corrupt tensor count ", nt);
-  for (std::uint64_t i = 0; i < nt; ++i) {
-    const std::uint64_t dtype = r.u64(), rank = r.u64();
-    if (dtype > static_cast<std::uint64_t>(DType::u8) || rank > static_cast<std::uint64_t>(Shape::kMaxRank))
-      DTRAIN_THROW(IoError, "iterator state: corrupt tensor header at byte ", r.pos);
-    std::vector<std::int64_t> dims;
-    for (std::uint64_t d = 0; d < rank; ++d) dims.push_back(static_cast<std::int64_t>(r.u64()));
-    Tensor t = Tensor::empty(Shape(dims), static_cast<DType>(dtype));
-    const std::string_view b = r.bytes(t.nbytes());
-    if (!b.empty()) std::memcpy(t.raw_data(), b.data(), b.size());
-    s.tensors.push_back(std::move(t));
-  }
+  for (std::uint64_t i = 0; i < nt; ++i) s.tensors.push_back(r.tensor());
   const std::uint64_t nc = r.u64();
   if (nc > r.in.size()) DTRAIN_THROW(IoError, "iterator state: corrupt child count ", nc);
   for (std::uint64_t i = 0; i < nc; ++i) s.children.push_back(read_state(r, depth + 1));
@@ -223,7 +224,7 @@ std::string IteratorState::to_bytes() const {
 }
 
 IteratorState IteratorState::from_bytes(std::string_view bytes) {
-  Reader r{bytes};
+  ByteReader r{bytes, "iterator state"};
   if (bytes.size() < 8 || r.u64() != kStateMagic) DTRAIN_THROW(IoError, "iterator state: not a dtrain iterator state");
   IteratorState s = read_state(r, 0);
   if (r.pos != bytes.size()) DTRAIN_THROW(IoError, "iterator state: ", bytes.size() - r.pos, " trailing bytes");

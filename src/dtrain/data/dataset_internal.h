@@ -4,6 +4,7 @@
 #include <exception>
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "dtrain/core/clock.h"
 #include "dtrain/data/dataset.h"
@@ -46,6 +47,19 @@ void save_elements(const Items& items, IteratorState& s, Get get = {}) {
 }
 // `count` elements whose arities start at values[first_value]; an error names the stage.
 std::vector<Element> load_elements(const IteratorState& s, std::size_t first_value, std::size_t count, const char* stage);
+
+// The byte layout shared by saved iterator states and encoded elements: little-endian
+// u64s, and tensors as [u64 dtype][u64 rank][u64 dims...][raw bytes].
+void put_u64(std::string& out, std::uint64_t v);
+void put_tensor(std::string& out, const Tensor& t);
+// Reads that layout; running short or a corrupt header is an IoError starting with `what`.
+struct ByteReader {
+  std::string_view in;
+  const char* what;
+  std::size_t pos = 0;
+  std::uint64_t u64();
+  Tensor tensor();
+};
 
 // Checks a saved state has the expected number of values and children.
 void check_state(const IteratorState& s, std::size_t values, std::size_t children, const char* stage);

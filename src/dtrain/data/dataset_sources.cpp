@@ -425,49 +425,24 @@ void RecordWriter::close() {
 // Element <-> bytes: [u64 count] then per tensor [u64 dtype][u64 rank][u64 dims...][bytes].
 std::string encode_element(const Element& element) {
   std::string out;
-  auto put = [&](std::uint64_t v) {
-    char b[8];
-    detail::put_le(b, v, 8);
-    out.append(b, 8);
-  };
-  put(element.size());
+  detail::put_u64(out, element.size());
   for (const Tensor& t : element) {
     t.check_defined("encode_element");
-    put(static_cast<std::uint64_t>(t.dtype()));
-    put(static_cast<std::uint64_t>(t.rank()));
-    for (auto d : t.shape().dims()) put(static_cast<std::uint64_t>(d));
-    out.append(static_cast<const char*>(t.raw_data()), t.nbytes());
+    detail::put_tensor(out, t);
   }
   return out;
 }
 
 Element decode_element(const Tensor& record) {
   record.check_dtype(DType::u8, "decode_element");
-  const auto* p = record.data<std::uint8_t>();
-  const std::size_t n = static_cast<std::size_t>(record.numel());
-  std::size_t pos = 0;
-  auto get = [&]() {
-    if (pos + 8 > n) DTRAIN_THROW(IoError, "decode_element: record truncated at byte ", pos, " of ", n);
-    const std::uint64_t v = detail::get_le(p + pos, 8);
-    pos += 8;
-    return v;
-  };
-  const std::uint64_t count = get();
-  if (count > n) DTRAIN_THROW(IoError, "decode_element: corrupt component count ", count);
+  detail::ByteReader r{{static_cast<const char*>(record.raw_data()), static_cast<std::size_t>(record.numel())},
+                       "decode_element"};
+  const std::uint64_t count = r.u64();
+  if (count > r.in.size()) DTRAIN_THROW(IoError, "decode_element: corrupt component count ", count);
   Element e;
-  for (std::uint64_t i = 0; i < count; ++i) {
-    const std::uint64_t dtype = get(), rank = get();
-    if (dtype > static_cast<std::uint64_t>(DType::u8) || rank > static_cast<std::uint64_t>(Shape::kMaxRank))
-      DTRAIN_THROW(IoError, "decode_element: corrupt header of component ", i);
-    std::vector<std::int64_t> dims;
-    for (std::uint64_t d = 0; d < rank; ++d) dims.push_back(static_cast<std::int64_t>(get()));
-    Tensor t = Tensor::empty(Shape(dims), static_cast<DType>(dtype));
-    if (pos + t.nbytes() > n) DTRAIN_THROW(IoError, "decode_element: component ", i, " runs past the record's end");
-    if (t.nbytes()) std::memcpy(t.raw_data(), p + pos, t.nbytes());
-    pos += t.nbytes();
-    e.push_back(std::move(t));
-  }
-  if (pos != n) DTRAIN_THROW(IoError, "decode_element: ", n - pos, " bytes left after ", count, " components");
+  for (std::uint64_t i = 0; i < count; ++i) e.push_back(r.tensor());
+  if (r.pos != r.in.size())
+    DTRAIN_THROW(IoError, "decode_element: ", r.in.size() - r.pos, " bytes left after ", count, " components");
   return e;
 }
 
