@@ -12,6 +12,7 @@
 #include "dtrain/data/dataset.h"
 #include "dtrain/data/datasets.h"
 #include "dtrain/data/idx.h"
+#include "dtrain/distribute/strategy.h"
 #include "dtrain/losses/losses.h"
 #include "dtrain/metrics/metrics.h"
 #include "dtrain/model/callbacks.h"

@@ -114,6 +114,33 @@ TEST(GradientTape, OutputGradientShapeIsChecked) {
   EXPECT_THROW(tape.gradient(y, std::vector<Tensor>{x}, Tensor::zeros({3})), InvalidArgument);
 }
 
+// on_ready reports each variable once its gradient is final, while backward still runs:
+// the last layer's first, a variable read twice only after its earlier read, an unused
+// one at the end with no gradient; and the reported values are the final gradients.
+TEST(GradientTape, ReportsEachGradientAsSoonAsItIsFinal) {
+  Variable a("a", Tensor::from_vector({1}, {2.0f})), b("b", Tensor::from_vector({1}, {3.0f}));
+  Variable c("c", Tensor::from_vector({1}, {5.0f})), unused("unused", Tensor::from_vector({1}, {1.0f}));
+  Tensor x = Tensor::from_vector({1}, {7.0f});
+  GradientTape tape;
+  // y = ((x * a) * a) * b + c: a is read by two ops, b and c by later ones.
+  Tensor h = mul(x, a.value());
+  Tensor h2 = mul(h, a.value());
+  Tensor y = add(mul(h2, b.value()), c.value());
+  std::vector<Variable*> vars{&a, &b, &c, &unused};
+  std::vector<std::pair<std::size_t, float>> events;
+  auto grads = tape.gradient(y, vars, [&](std::size_t i, const Tensor& g) {
+    events.emplace_back(i, g.defined() ? g.item() : -1.0f);
+  });
+  ASSERT_EQ(events.size(), 4u);
+  // c (read by the last op) first, b next, then a once both reads are done, unused last.
+  EXPECT_EQ(events[0], (std::pair<std::size_t, float>{2, 1.0f}));
+  EXPECT_EQ(events[1], (std::pair<std::size_t, float>{1, 7.0f * 2 * 2}));
+  EXPECT_EQ(events[2], (std::pair<std::size_t, float>{0, 2.0f * 7.0f * 2.0f * 3.0f}));
+  EXPECT_EQ(events[3], (std::pair<std::size_t, float>{3, -1.0f}));
+  EXPECT_EQ(grads[0].item(), events[2].second);
+  EXPECT_FALSE(grads[3].defined());
+}
+
 TEST(Variable, AssignKeepsIdentityAndChecksShape) {
   Variable v("layer/kernel", Tensor::zeros({2, 2}));
   const auto id = v.id();

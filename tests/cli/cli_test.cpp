@@ -111,6 +111,32 @@ TEST_F(Cli, MixedPrecisionFromTheFileOrTheFlag) {
   EXPECT_EQ(nlohmann::json::parse(std::ifstream(s5))["dtype_policy"], "float32");
 }
 
+TEST_F(Cli, MirroredFromTheFileOrTheFlagMatchesOneDevice) {
+  const auto s1 = (dir_ / "s1.json").string(), s2 = (dir_ / "s2.json").string(), s3 = (dir_ / "s3.json").string();
+  Result r = run("fit " + tiny_config(R"(, "strategy": "mirrored", "replicas": 2)") + " --verbose 0 --summary " + s1);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("MirroredStrategy 2 replicas x "), std::string::npos) << r.output;
+  ASSERT_EQ(run("fit " + tiny_config() + " --strategy mirrored --replicas 2 --verbose 0 --summary " + s2).code, 0);
+  ASSERT_EQ(run("fit " + tiny_config() + " --verbose 0 --summary " + s3).code, 0);
+  const auto a = nlohmann::json::parse(std::ifstream(s1)), b = nlohmann::json::parse(std::ifstream(s2)),
+             one = nlohmann::json::parse(std::ifstream(s3));
+  EXPECT_EQ(a["strategy"], "MirroredStrategy");
+  EXPECT_EQ(a["replicas"], 2);
+  EXPECT_EQ(one["replicas"], 1);
+  EXPECT_EQ(a["history"], b["history"]);  // the file and the flag mean the same
+  // The same global batches on two replicas: the same training, up to rounding.
+  for (std::size_t e = 0; e < 3; ++e)
+    EXPECT_NEAR(a["history"]["loss"][e].get<double>(), one["history"]["loss"][e].get<double>(), 1e-4) << "epoch " << e;
+  // Accumulation from the flag: 3 batches per update.
+  const auto s4 = (dir_ / "s4.json").string();
+  ASSERT_EQ(run("fit " + tiny_config() + " --replicas 2 --gradient-accumulation-steps 3 --verbose 0 --summary " + s4).code, 0);
+  const auto acc = nlohmann::json::parse(std::ifstream(s4));
+  EXPECT_EQ(acc["gradient_accumulation_steps"], 3);
+  EXPECT_EQ(acc["strategy"], "MirroredStrategy");
+  EXPECT_NE(acc["history"], a["history"]);
+  EXPECT_EQ(run("fit " + tiny_config() + " --strategy parameter_server").code, 2);
+}
+
 TEST_F(Cli, SaveWeightsThenEvaluateGivesTheSameTestFigures) {
   const std::string cfg = tiny_config();
   const auto w = (dir_ / "w.safetensors").string(), s = (dir_ / "s.json").string(), e = (dir_ / "e.json").string();
@@ -143,6 +169,9 @@ TEST_F(Cli, BadConfigsNameTheKey) {
       {R"(, "epochs": 4294967297)", "epochs: must be in [0, 1000000]"},
       {R"(, "seed": 18446744073709551615)", "seed: the integer 18446744073709551615 is too large"},
       {R"(, "dtype_policy": "mixed_float16")", "dtype_policy: dtype policy 'mixed_float16' is not supported"},
+      {R"(, "strategy": "tpu")", "strategy: expected \"default\", \"one_device\" or \"mirrored\""},
+      {R"(, "replicas": 2)", "replicas: replicas 2 needs strategy \"mirrored\""},
+      {R"(, "gradient_accumulation_steps": 0)", "gradient_accumulation_steps: must be in [1, 1000000]"},
   };
   for (const auto& c : cases) {
     Result r = run("fit " + tiny_config(c.extra));

@@ -89,15 +89,28 @@ void GradientTape::accumulate(std::uint64_t id, const Tensor& grad) {
   it->second = sum;
 }
 
-std::vector<Tensor> GradientTape::gradient(const Tensor& target, std::span<Variable* const> sources,
-                                           const Tensor& output_gradient) {
+namespace {
+
+std::vector<std::uint64_t> variable_ids(std::span<Variable* const> sources) {
   std::vector<std::uint64_t> ids;
   ids.reserve(sources.size());
   for (Variable* v : sources) {
     if (v == nullptr) DTRAIN_THROW(InvalidArgument, "GradientTape::gradient: a source variable is null");
     ids.push_back(v->id());
   }
-  return run_backward(target, ids, output_gradient);
+  return ids;
+}
+
+}  // namespace
+
+std::vector<Tensor> GradientTape::gradient(const Tensor& target, std::span<Variable* const> sources,
+                                           const Tensor& output_gradient) {
+  return run_backward(target, variable_ids(sources), output_gradient);
+}
+
+std::vector<Tensor> GradientTape::gradient(const Tensor& target, std::span<Variable* const> sources,
+                                           const GradientReadyFn& on_ready, const Tensor& output_gradient) {
+  return run_backward(target, variable_ids(sources), output_gradient, on_ready ? &on_ready : nullptr);
 }
 
 std::vector<Tensor> GradientTape::gradient(const Tensor& target, std::span<const Tensor> sources,
@@ -109,7 +122,7 @@ std::vector<Tensor> GradientTape::gradient(const Tensor& target, std::span<const
 }
 
 std::vector<Tensor> GradientTape::run_backward(const Tensor& target, std::span<const std::uint64_t> sources,
-                                               const Tensor& output_gradient) {
+                                               const Tensor& output_gradient, const GradientReadyFn* on_ready) {
   target.check_defined("GradientTape::gradient (target)");
   if (used_ && !persistent_)
     DTRAIN_THROW(InvalidArgument,
@@ -128,8 +141,36 @@ std::vector<Tensor> GradientTape::run_backward(const Tensor& target, std::span<c
   } clear_on_exit{grads_};
   std::vector<Tensor> result(sources.size());
   grads_.emplace(target.id(), output_gradient.defined() ? output_gradient : Tensor::full(target.shape(), 1.0f));
+  // For on_ready: a source's gradient is final once the earliest recorded op reading it
+  // has run. ready_after[e] lists the sources that become final after entry e.
+  std::vector<std::vector<std::size_t>> ready_after;
+  std::vector<bool> reported;
+  if (on_ready) {
+    ready_after.resize(entries_.size());
+    reported.assign(sources.size(), false);
+    for (std::size_t i = 0; i < sources.size(); ++i) {
+      for (std::size_t e = 0; e < entries_.size(); ++e) {
+        const Entry& entry = entries_[e];
+        if (std::find(entry.inputs, entry.inputs + entry.num_inputs, sources[i]) != entry.inputs + entry.num_inputs) {
+          ready_after[e].push_back(i);
+          break;
+        }
+      }
+    }
+  }
   // Walking in reverse record order visits each op after every consumer of its output.
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+    if (on_ready) {
+      // Reported before this entry runs: the entries after it (already run) were the
+      // last readers of these sources.
+      const auto e = static_cast<std::size_t>(entries_.rend() - it);  // index of the entry after `it`
+      if (e < entries_.size())
+        for (std::size_t i : ready_after[e]) {
+          auto g = grads_.find(sources[i]);
+          reported[i] = true;
+          (*on_ready)(i, g != grads_.end() ? g->second : Tensor());
+        }
+    }
     auto g = grads_.find(it->output);
     if (g == grads_.end()) continue;
     const Tensor grad_output = g->second;
@@ -139,6 +180,13 @@ std::vector<Tensor> GradientTape::run_backward(const Tensor& target, std::span<c
                         std::span<const Shape>(it->shapes, it->num_inputs), it->needs_mask);
     it->backward(grad_output, ctx);
     if (!persistent_) it->backward = nullptr;  // drops the saved tensors
+  }
+  if (on_ready) {
+    for (std::size_t i = 0; i < sources.size(); ++i) {
+      if (reported[i]) continue;
+      auto g = grads_.find(sources[i]);
+      (*on_ready)(i, g != grads_.end() ? g->second : Tensor());
+    }
   }
   for (size_t i = 0; i < sources.size(); ++i) {
     auto g = grads_.find(sources[i]);

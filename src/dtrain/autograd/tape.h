@@ -60,6 +60,12 @@ class GradientTape {
                                const Tensor& output_gradient = {});
   std::vector<Tensor> gradient(const Tensor& target, std::span<const Tensor> sources,
                                const Tensor& output_gradient = {});
+  // The same, calling on_ready(i, gradient of sources[i]) as soon as that gradient is
+  // final, while the rest of backward still runs (so a strategy can reduce it early).
+  // Sources the target does not depend on are reported last, with an undefined tensor.
+  using GradientReadyFn = std::function<void(std::size_t index, const Tensor& grad)>;
+  std::vector<Tensor> gradient(const Tensor& target, std::span<Variable* const> sources,
+                               const GradientReadyFn& on_ready, const Tensor& output_gradient = {});
   std::vector<Tensor> gradient(const Tensor& target, std::initializer_list<Tensor> sources) {
     return gradient(target, std::span<const Tensor>(sources.begin(), sources.size()));
   }
@@ -98,7 +104,7 @@ class GradientTape {
 
   void accumulate(std::uint64_t id, const Tensor& grad);
   std::vector<Tensor> run_backward(const Tensor& target, std::span<const std::uint64_t> sources,
-                                   const Tensor& output_gradient);
+                                   const Tensor& output_gradient, const GradientReadyFn* on_ready = nullptr);
 
   bool persistent_;
   bool recording_ = true;

@@ -2,15 +2,21 @@
 #include "dtrain/autograd/variable.h"
 
 #include "dtrain/autograd/tape.h"
+#include "dtrain/core/replica.h"
 
 namespace dtrain {
 
 Variable::Variable(std::string name, Tensor initial_value, bool trainable)
-    : name_(std::move(name)), value_(std::move(initial_value)), trainable_(trainable) {
+    : name_(std::move(name)), value_(std::move(initial_value)), trainable_(trainable), strategy_(creation_scope()) {
   value_.check_defined("Variable");
 }
 
 const Tensor& Variable::value() const {
+  const ReplicaContext& replica = replica_context();
+  if (replica.strategy != 0 && replica.strategy != strategy_)
+    DTRAIN_THROW(InvalidArgument, "variable '", name_, "' was created outside the scope of the strategy whose replica ",
+                 replica.replica_id, " (of ", replica.num_replicas, ") is using it; create the model and the optimizer ",
+                 "inside strategy.scope()");
   if (trainable_) GradientTape::variable_read(value_);
   return value_;
 }

@@ -1,6 +1,8 @@
 // Variable: a named, mutable tensor that training updates (a layer's kernel, a bias).
 // Reading value() inside a GradientTape makes the tape watch it when it is trainable.
 // assign() writes in place, so the value keeps its identity and its storage.
+// A variable belongs to the strategy whose scope() was open when it was created; a
+// replica of another strategy reading it is an error naming it.
 #pragma once
 
 #include <string>
@@ -22,8 +24,11 @@ class Variable {
   // The identity of the value, as a tape knows it (does not watch).
   std::uint64_t id() const { return value_.id(); }
   Device value_device() const { return value_.device(); }
+  // The strategy (by number, see core/replica.h) whose scope created the variable.
+  std::uint64_t strategy() const { return strategy_; }
 
-  // The current value, watched by live tapes when trainable.
+  // The current value, watched by live tapes when trainable. Inside a strategy's run(),
+  // a variable created outside that strategy's scope is an InvalidArgument naming it.
   const Tensor& value() const;
   // The value for in-place updates by optimizers and loaders; not watched.
   Tensor& mutable_value() { return value_; }
@@ -35,6 +40,7 @@ class Variable {
   std::string name_;
   Tensor value_;
   bool trainable_;
+  std::uint64_t strategy_;
 };
 
 }  // namespace dtrain

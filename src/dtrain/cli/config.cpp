@@ -77,6 +77,13 @@ json normalized_model(const JsonReader& r) {
 
 }  // namespace
 
+void check_strategy(const std::string& strategy, int replicas) {
+  if (strategy != "default" && strategy != "one_device" && strategy != "mirrored")
+    DTRAIN_THROW(InvalidArgument, "expected \"default\", \"one_device\" or \"mirrored\", got \"", strategy, "\"");
+  if (replicas > 0 && strategy != "mirrored")
+    DTRAIN_THROW(InvalidArgument, "replicas ", replicas, " needs strategy \"mirrored\", not \"", strategy, "\"");
+}
+
 RunConfig load_config(const std::string& path) {
   std::ifstream in(path);
   if (!in) DTRAIN_THROW(IoError, path, ": cannot open the config file");
@@ -88,7 +95,8 @@ RunConfig load_config(const std::string& path) {
   in_file(path, [&] {
     const JsonReader r(doc, "");
     r.expect_keys({"model", "loss", "optimizer", "metrics", "data", "epochs", "batch_size", "seed", "threads",
-                   "validation_split", "shuffle", "verbose", "dtype_policy"});
+                   "validation_split", "shuffle", "verbose", "dtype_policy", "strategy", "replicas",
+                   "gradient_accumulation_steps"});
     c.model_json = normalized_model(r.child("model"));
     c.loss_json = r.child("loss").raw();
     c.optimizer_json = r.has("optimizer") ? r.child("optimizer").raw() : json("adam");
@@ -149,6 +157,14 @@ RunConfig load_config(const std::string& path) {
       } catch (const InvalidArgument& e) {
         r.fail("dtype_policy", e.what());
       }
+    }
+    c.strategy = r.get_string("strategy", "default");
+    c.replicas = r.get_int32("replicas", 0, 0, 4096);
+    c.gradient_accumulation_steps = r.get_int32("gradient_accumulation_steps", 1, 1, 1'000'000);
+    try {
+      check_strategy(c.strategy, c.replicas);
+    } catch (const InvalidArgument& e) {
+      r.fail(c.replicas > 0 && c.strategy != "mirrored" ? "replicas" : "strategy", e.what());
     }
     if (c.batch_size <= 0 || c.batch_size > (std::int64_t{1} << 31)) r.fail("batch_size", "must be in [1, 2^31]");
     if (!(c.validation_split >= 0 && c.validation_split < 1)) r.fail("validation_split", "must be in [0, 1)");

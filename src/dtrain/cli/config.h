@@ -48,7 +48,15 @@ struct RunConfig {
   int verbose = -1;
   // "float32" or "mixed_bfloat16" for every layer; empty: what the model JSON says.
   std::string dtype_policy;
+  // "default" (one device), "one_device" or "mirrored"; replicas for mirrored (0: one
+  // per core). batch_size is then the global batch.
+  std::string strategy = "default";
+  int replicas = 0;
+  int gradient_accumulation_steps = 1;
 };
+
+// Checks a strategy name and replica count; the message says what is expected.
+void check_strategy(const std::string& strategy, int replicas);
 
 // Reads and validates the whole file up front, so a typo fails before any training.
 RunConfig load_config(const std::string& path);

@@ -12,6 +12,7 @@
 #include "dtrain/cli/config.h"
 #include "dtrain/core/clock.h"
 #include "dtrain/core/threads.h"
+#include "dtrain/distribute/strategy.h"
 
 namespace {
 
@@ -22,12 +23,14 @@ constexpr const char* kExamples = R"(
 Examples:
   dtrain fit examples/configs/fashion_mnist.json
   dtrain fit examples/configs/seed_large.json --epochs 2 --threads 1 --summary out.json
+  dtrain fit examples/configs/seed_large.json --strategy mirrored --replicas 2 --batch-size 128
   dtrain fit examples/configs/fashion_mnist.json --save-weights fmnist.safetensors
   dtrain evaluate examples/configs/fashion_mnist.json --weights fmnist.safetensors
   dtrain summary examples/configs/seed_small.json
 
 Config files are JSON: model (Keras-style Sequential JSON), loss, optimizer, metrics,
-data (fashion_mnist or synthetic), epochs, batch_size, seed, threads. See docs/cli.md.)";
+data (fashion_mnist or synthetic), epochs, batch_size, seed, threads, strategy,
+replicas, gradient_accumulation_steps. See docs/cli.md.)";
 
 struct Overrides {
   int epochs = -1;
@@ -35,7 +38,9 @@ struct Overrides {
   int threads = -1;
   std::int64_t seed = -1;
   int verbose = -2;
-  std::string save_weights, summary, weights, dtype_policy;
+  int replicas = -1;
+  int accumulation = -1;
+  std::string save_weights, summary, weights, dtype_policy, strategy;
 };
 
 void apply(const Overrides& o, cli::RunConfig& c) {
@@ -45,6 +50,21 @@ void apply(const Overrides& o, cli::RunConfig& c) {
   if (o.seed >= 0) c.seed = static_cast<std::uint64_t>(o.seed);
   if (o.verbose >= -1) c.verbose = o.verbose;
   if (!o.dtype_policy.empty()) c.dtype_policy = o.dtype_policy;
+  if (!o.strategy.empty()) c.strategy = o.strategy;
+  if (o.replicas >= 0) c.replicas = o.replicas;
+  // --replicas alone means mirrored.
+  if (o.replicas > 0 && o.strategy.empty()) c.strategy = "mirrored";
+  if (o.accumulation > 0) c.gradient_accumulation_steps = o.accumulation;
+  cli::check_strategy(c.strategy, c.replicas);
+}
+
+// The strategy the config asks for; null for the default strategy.
+std::unique_ptr<distribute::Strategy> make_strategy(const cli::RunConfig& c) {
+  if (c.strategy == "mirrored")
+    return c.replicas > 0 ? std::make_unique<distribute::MirroredStrategy>(c.replicas)
+                          : std::make_unique<distribute::MirroredStrategy>();
+  if (c.strategy == "one_device") return std::make_unique<distribute::OneDeviceStrategy>();
+  return nullptr;
 }
 
 void write_json(const std::string& path, const json& j) {
@@ -95,17 +115,35 @@ int run_fit(const std::string& path, const Overrides& o) {
   prepare(c);
   const auto wall_start = Clock::now();
   data::Classification d = cli::load_data(c);
-  auto model = cli::build_model(c);
-  model->compile(cli::build_optimizer(c), cli::build_loss(c), c.metrics);
-  std::printf("dtrain fit %s: %lld training samples, batch %lld, %d epochs, %d threads, %s\n", path.c_str(),
-              static_cast<long long>(d.train.x.dim(0)), static_cast<long long>(c.batch_size), c.epochs, num_threads(),
+  std::unique_ptr<distribute::Strategy> strategy = make_strategy(c);
+  std::unique_ptr<Sequential> model;
+  {
+    std::optional<dtrain::detail::ScopedStrategy> scope;
+    if (strategy) scope.emplace(strategy->scope());
+    model = cli::build_model(c);
+    model->compile(cli::build_optimizer(c), cli::build_loss(c), c.metrics);
+  }
+  const int replicas = strategy ? strategy->num_replicas_in_sync() : 1;
+  const int threads_per_replica = strategy ? strategy->threads_per_replica() : num_threads();
+  std::string where = std::to_string(num_threads()) + " threads";
+  if (strategy)
+    where = strategy->name() + " " + std::to_string(replicas) + " replica" + (replicas > 1 ? "s" : "") + " x " +
+            std::to_string(threads_per_replica) + " thread" + (threads_per_replica > 1 ? "s" : "");
+  std::printf("dtrain fit %s: %lld training samples, batch %lld, %d epochs, %s, %s\n", path.c_str(),
+              static_cast<long long>(d.train.x.dim(0)), static_cast<long long>(c.batch_size), c.epochs, where.c_str(),
               model_policy(*model).c_str());
   std::fflush(stdout);
   std::vector<double> rss;
   auto memory = std::make_shared<LambdaCallback>();
   memory->epoch_end = [&](int, const Logs&) { rss.push_back(resident_mb()); };
-  const FitOptions fit_options{.epochs = c.epochs, .batch_size = c.batch_size, .validation_split = c.validation_split,
-                                .shuffle = c.shuffle, .seed = c.seed, .callbacks = {memory}, .verbose = c.verbose};
+  const FitOptions fit_options{.epochs = c.epochs,
+                                .batch_size = c.batch_size,
+                                .validation_split = c.validation_split,
+                                .shuffle = c.shuffle,
+                                .seed = c.seed,
+                                .gradient_accumulation_steps = c.gradient_accumulation_steps,
+                                .callbacks = {memory},
+                                .verbose = c.verbose};
   History h = c.data.pipeline ? model->fit(cli::build_pipeline(c, d.train), fit_options)
                               : model->fit(d.train.x, d.train.y, fit_options);
   Logs test;
@@ -127,6 +165,10 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["config"] = path;
     j["threads"] = num_threads();
     j["dtype_policy"] = model_policy(*model);
+    j["strategy"] = strategy ? strategy->name() : "default";
+    j["replicas"] = replicas;
+    j["threads_per_replica"] = threads_per_replica;
+    j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
     j["seed"] = c.seed;
     j["epochs"] = h.epoch.size();
     j["batch_size"] = c.batch_size;
@@ -193,8 +235,18 @@ int main(int argc, char** argv) {
     cmd->add_option("--dtype-policy", o.dtype_policy, "Override the config's dtype_policy")
         ->check(CLI::IsMember({"float32", "mixed_bfloat16"}));
   };
+  auto add_strategy_flags = [&](CLI::App* cmd) {
+    cmd->add_option("--strategy", o.strategy, "default, one_device or mirrored (overrides the config)")
+        ->check(CLI::IsMember({"default", "one_device", "mirrored"}));
+    cmd->add_option("--replicas", o.replicas, "Replicas of the mirrored strategy (0 = one per core)")
+        ->check(CLI::Range(0, 4096));
+    cmd->add_option("--gradient-accumulation-steps", o.accumulation,
+                    "Average the gradients of this many batches into one update")
+        ->check(CLI::Range(1, 1'000'000));
+  };
   CLI::App* fit = app.add_subcommand("fit", "Train the model CONFIG describes");
   add_run_flags(fit);
+  add_strategy_flags(fit);
   fit->add_option("--save-weights", o.save_weights, "Save the trained weights (safetensors) here");
   fit->add_option("--verbose", o.verbose, "0 silent, 1 progress bar, 2 one line per epoch (default: auto)")
       ->check(CLI::Range(0, 2));

@@ -275,7 +275,19 @@ class DatasetBatches : public Sequential::BatchSource {
   double wait_at_epoch_start_ = 0;
 };
 
+std::string what_failed(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "an unknown exception";
+  }
+}
+
 void check_fit_options(const FitOptions& opt) {
+  if (opt.gradient_accumulation_steps < 1)
+    DTRAIN_THROW(InvalidArgument, "fit: gradient_accumulation_steps must be >= 1, got ", opt.gradient_accumulation_steps);
   if (opt.batch_size <= 0) DTRAIN_THROW(InvalidArgument, "fit: batch_size must be positive, got ", opt.batch_size);
   if (opt.epochs < 0 || opt.initial_epoch < 0)
     DTRAIN_THROW(InvalidArgument, "fit: epochs and initial_epoch must be >= 0, got ", opt.epochs, " and ", opt.initial_epoch);
@@ -318,6 +330,125 @@ History Sequential::fit(const data::Dataset& dataset, const FitOptions& opt) {
   return run_fit(source, opt);
 }
 
+// One training step: forward, backward and, at the end of each group of
+// gradient_accumulation_steps batches, the update. On one device the step is the plain
+// GradientTape step; under a strategy with several replicas, each replica takes its rows
+// of the global batch, its gradients go to the strategy's bucket reducer as backward
+// produces them, and the replicas then update their shares of the shared variables.
+class Sequential::Trainer {
+ public:
+  Trainer(Sequential& model, int accumulation_steps) : model_(model), k_(accumulation_steps) {}
+
+  // Adds the batch's loss and metrics to loss_mean and the model's metrics.
+  void step(const Tensor& x, const Tensor& y, metrics::Mean& loss_mean) {
+    const int replicas = model_.strategy_ ? model_.strategy_->num_replicas() : 1;
+    const bool update = ++micro_ % k_ == 0;
+    if (replicas > 1) {
+      step_replicas(x, y, replicas, update, loss_mean);
+      return;
+    }
+    GradientTape tape;
+    Tensor y_pred = model_(x, /*training=*/true);
+    Tensor loss = (*model_.loss_)(y, y_pred);
+    if (vars_.empty()) vars_ = model_.trainable_variables();
+    if (k_ == 1) {
+      std::vector<Tensor> grads = tape.gradient(loss, vars_);
+      model_.optimizer_->apply_gradients(grads, vars_);
+    } else {
+      // The update uses the mean of the group's gradients.
+      std::vector<Tensor> grads = tape.gradient(scale(loss, 1.0f / static_cast<float>(k_)), vars_);
+      if (sums_.empty()) sums_.resize(grads.size());
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        if (!grads[i].defined()) continue;
+        sums_[i] = sums_[i].defined() ? dtrain::add(sums_[i], grads[i]) : grads[i];
+      }
+      if (update) {
+        model_.optimizer_->apply_gradients(sums_, vars_);
+        sums_.clear();
+      }
+    }
+    record(y, y_pred, mean_value(loss), x.dim(0), loss_mean);
+  }
+
+ private:
+  struct Output {
+    Tensor y_pred;
+    double loss = 0.0;
+  };
+
+  void record(const Tensor& y, const Tensor& y_pred, double loss, std::int64_t rows, metrics::Mean& loss_mean) {
+    loss_mean.update_state(loss, static_cast<double>(rows));
+    for (auto& m : model_.metrics_) m->update_state(y, y_pred);
+  }
+
+  void step_replicas(const Tensor& x, const Tensor& y, int replicas, bool update, metrics::Mean& loss_mean) {
+    const std::int64_t rows = x.dim(0);
+    if (micro_ == 1 && rows < replicas)
+      DTRAIN_THROW(InvalidArgument, "fit: the global batch has ", rows, " rows, fewer than the ", replicas,
+                   " replicas of ", model_.strategy_->name(),
+                   "; batch_size is the global batch (e.g. 32 * num_replicas_in_sync)");
+    if (!model_.built()) {
+      // Replicas share the weights, so they are made here, once, before the replicas run.
+      std::vector<std::int64_t> dims(x.shape().dims().begin() + 1, x.shape().dims().end());
+      model_.build(Shape(dims));
+    }
+    if (vars_.empty()) vars_ = model_.trainable_variables();
+    if (!reducer_) {
+      reducer_ = model_.strategy_->gradient_reducer(vars_);
+      outputs_.resize(static_cast<std::size_t>(replicas));
+    }
+    reducer_->set_reduce_this_step(update);
+    // Replicas update their own share of every variable when the optimizer allows it.
+    const bool shared = update && model_.optimizer_->begin_shared_update(vars_);
+    const std::int64_t base = rows / replicas, extra = rows % replicas;
+    // A mean over the batch becomes each replica's share of the global mean; a sum stays a sum.
+    const bool mean_loss = model_.loss_->reduction() == losses::Reduction::sum_over_batch_size;
+    const float scale_by = 1.0f / ((mean_loss ? static_cast<float>(rows) : 1.0f) * static_cast<float>(k_));
+    model_.strategy_->run([&](int r) {
+      const std::int64_t begin = r * base + std::min<std::int64_t>(r, extra);
+      const std::int64_t end = begin + base + (r < extra ? 1 : 0);
+      Output& out = outputs_[static_cast<std::size_t>(r)];
+      out = Output{};
+      try {
+        if (begin == end) {  // a short last batch leaves this replica nothing to do
+          for (std::size_t i = 0; i < vars_.size(); ++i) reducer_->gradient_ready(r, i, Tensor());
+        } else {
+          GradientTape tape;
+          out.y_pred = model_(x.slice(begin, end), /*training=*/true);
+          Tensor loss = (*model_.loss_)(y.slice(begin, end), out.y_pred);
+          out.loss = mean_value(loss);
+          // The replicas' gradients then add up to the gradient of the global batch's mean.
+          tape.gradient(scale(loss, (mean_loss ? static_cast<float>(end - begin) : 1.0f) * scale_by), vars_,
+                        [&](std::size_t i, const Tensor& g) { reducer_->gradient_ready(r, i, g); });
+        }
+        reducer_->finish(r);
+        if (shared) model_.optimizer_->apply_share(reducer_->reduced(r), vars_, r, replicas);
+      } catch (...) {
+        reducer_->abort(r, what_failed(std::current_exception()));
+        throw;
+      }
+    });
+    if (update) {
+      if (shared) model_.optimizer_->end_shared_update();
+      else model_.optimizer_->apply_gradients(reducer_->reduced(0), vars_);
+    }
+    for (int r = 0; r < replicas; ++r) {
+      const Output& out = outputs_[static_cast<std::size_t>(r)];
+      if (!out.y_pred.defined()) continue;
+      const std::int64_t begin = r * base + std::min<std::int64_t>(r, extra);
+      record(y.slice(begin, begin + out.y_pred.dim(0)), out.y_pred, out.loss, out.y_pred.dim(0), loss_mean);
+    }
+  }
+
+  Sequential& model_;
+  int k_;
+  std::int64_t micro_ = 0;
+  std::vector<Variable*> vars_;
+  std::vector<Tensor> sums_;  // one device: the group's gradients so far
+  std::unique_ptr<GradientReducer> reducer_;
+  std::vector<Output> outputs_;  // [replica]
+};
+
 History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   std::ostream& out = opt.out ? *opt.out : std::cout;
   const int verbose = detail::resolve_verbose(opt.verbose, out);
@@ -331,10 +462,9 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   }
   for (auto& c : callbacks) c->set_model(this);
   stop_training = false;
-
-  // An unbuilt model builds on its first batch (the model call below), so its variables
-  // are known from then on.
-  std::vector<Variable*> vars = trainable_variables();
+  // Variables made by a lazy build belong to the model's strategy, as in Keras.
+  dtrain::detail::ScopedStrategy in_scope(strategy_);
+  Trainer trainer(*this, opt.gradient_accumulation_steps);
   Logs logs;
   for (auto& c : callbacks) c->on_train_begin(logs);
 
@@ -352,18 +482,8 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
     const Logs no_logs;
     while (source.next(xb, yb)) {
       for (auto& c : callbacks) c->on_train_batch_begin(step, no_logs);
-
-      GradientTape tape;
-      Tensor y_pred = (*this)(xb, /*training=*/true);
-      Tensor loss = (*loss_)(yb, y_pred);
-      if (vars.empty()) vars = trainable_variables();
-      std::vector<Tensor> grads = tape.gradient(loss, vars);
-      optimizer_->apply_gradients(grads, vars);
-
-      const std::int64_t count = xb.dim(0);
-      samples += count;
-      loss_mean.update_state(mean_value(loss), static_cast<double>(count));
-      for (auto& m : metrics_) m->update_state(yb, y_pred);
+      trainer.step(xb, yb, loss_mean);
+      samples += xb.dim(0);
       logs.set("loss", loss_mean.result());
       for (auto& m : metrics_) logs.set(m->name(), m->result());
       for (auto& c : callbacks) c->on_train_batch_end(step, logs);

@@ -14,6 +14,7 @@
 #include "dtrain/losses/losses.h"
 #include "dtrain/metrics/metrics.h"
 #include "dtrain/model/callbacks.h"
+#include "dtrain/model/strategy_backend.h"
 #include "dtrain/nn/layers.h"
 #include "dtrain/optim/optimizer.h"
 
@@ -33,6 +34,11 @@ struct FitOptions {
   double validation_split = 0.0;
   bool shuffle = true;
   std::uint64_t seed = 0;  // shuffling order: a pure function of (seed, epoch)
+  // Gradients of this many consecutive batches are averaged into one update (Keras 3's
+  // gradient_accumulation_steps; the effective batch is this times batch_size). Under a
+  // strategy, replicas sum them only once per update. Groups carry across epochs; an
+  // incomplete group at the end of fit is not applied (as in Keras).
+  int gradient_accumulation_steps = 1;
   int initial_epoch = 0;
   std::vector<std::shared_ptr<Callback>> callbacks;
   // 0 silent, 1 a live progress bar, 2 one line per epoch; -1 ("auto") is 1 on a terminal
@@ -47,6 +53,8 @@ struct EvaluateOptions {
   std::ostream* out = nullptr;
 };
 
+// A model belongs to the strategy whose scope() was open when it was created
+// (distribute::Strategy); fit() then splits each global batch across its replicas.
 class Sequential {
  public:
   explicit Sequential(std::string name = "sequential");
@@ -108,6 +116,10 @@ class Sequential {
   // Every variable must be in the file with its shape; errors name the file and the key.
   void load_weights(const std::string& path);
 
+  // The strategy the model was created under (null: the default strategy). TensorFlow's
+  // model.distribute_strategy.
+  const std::shared_ptr<StrategyBackend>& distribute_strategy() const { return strategy_; }
+
   // Set by a callback to end fit() after the current epoch.
   bool stop_training = false;
 
@@ -115,6 +127,7 @@ class Sequential {
 
  private:
   History run_fit(BatchSource& source, const FitOptions& options);
+  class Trainer;  // one training step, on one device or on a strategy's replicas
   Logs run_evaluation(BatchSource& source, const std::string& prefix);
   Logs run_evaluation(const data::Dataset& dataset, const std::string& prefix);
   void check_compiled(const char* what) const;
@@ -127,6 +140,7 @@ class Sequential {
   std::shared_ptr<optim::Optimizer> optimizer_;
   std::shared_ptr<losses::Loss> loss_;
   std::vector<std::unique_ptr<metrics::Metric>> metrics_;
+  std::shared_ptr<StrategyBackend> strategy_ = current_strategy();
 };
 
 // Builds a model from to_json()'s output (or the same structure written by hand).

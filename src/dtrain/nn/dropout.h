@@ -1,8 +1,12 @@
 // Dropout: zeroes a `rate` share of values while training and scales the rest by
 // 1/(1-rate); the identity at inference (tf.keras.layers.Dropout). Masks come from a
-// seeded counter-based stream, so a seed fixes them whatever the thread count.
+// seeded counter-based stream, so a seed fixes them whatever the thread count. Under a
+// strategy each replica draws from its own sub-stream of the layer's generator, so
+// replicas get different masks and a seed still fixes them all.
 #pragma once
 
+#include <deque>
+#include <mutex>
 #include <optional>
 
 #include "dtrain/nn/layer.h"
@@ -27,6 +31,8 @@ class Dropout : public Layer {
   float rate_;
   std::optional<std::uint64_t> seed_;
   Generator generator_;
+  std::mutex replica_mutex_;  // guards replica_generators_'s growth
+  std::deque<Generator> replica_generators_;  // [replica id]; deque: references stay valid as it grows
 };
 
 }  // namespace dtrain::nn

@@ -1,6 +1,8 @@
 // Layer building, input checks and weight bookkeeping.
 #include "dtrain/nn/layer.h"
 
+#include "dtrain/core/replica.h"
+
 namespace dtrain::nn {
 
 void Layer::fail(const std::string& message) const {
@@ -17,6 +19,10 @@ void Layer::build(const Shape& input_shape) {
            input_shape.to_string());
     return;
   }
+  // Replicas share one copy of the weights, so they cannot each create them.
+  if (replica_context().num_replicas > 1)
+    fail("is built inside strategy.run() by replica " + std::to_string(replica_context().replica_id) +
+         "; build the model inside strategy.scope() before running replicas (model.build(input_shape), or one call)");
   compute_output_shape(input_shape);  // validates the shape before any weight exists
   build_weights(input_shape);
   input_shape_ = input_shape;

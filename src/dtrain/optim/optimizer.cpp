@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "dtrain/core/replica.h"
 #include "dtrain/kernels/backend.h"
 
 namespace dtrain::optim {
@@ -40,6 +41,13 @@ void Optimizer::apply_gradients(const std::vector<std::pair<Tensor, Variable*>>&
 void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars) {
   if (grads.size() != vars.size())
     DTRAIN_THROW(InvalidArgument, name_, ": ", grads.size(), " gradients given for ", vars.size(), " variables");
+  // Inside strategy.run(): as in TensorFlow, the replicas' gradients are summed and the
+  // shared variables updated once.
+  if (CrossReplica* cross = replica_context().cross) {
+    const std::vector<Tensor> summed = cross->all_reduce_sum(grads);
+    cross->merge_call([&] { apply_gradients(summed, vars); });
+    return;
+  }
   // Validate everything before changing anything, so a bad call leaves the model intact.
   for (size_t i = 0; i < vars.size(); ++i) {
     if (vars[i] == nullptr) DTRAIN_THROW(InvalidArgument, name_, ": variable ", i, " is null");
@@ -73,7 +81,6 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
     global_scale = static_cast<float>(*options_.global_clipnorm / last_global_norm_);
 
   const float lr = learning_rate();
-  if (slot_count_ < 0) slot_count_ = static_cast<int>(slot_names().size());  // fixed at construction
   for (size_t i = 0; i < vars.size(); ++i) {
     if (!grads[i].defined()) continue;
     float scale = global_scale;
@@ -81,12 +88,54 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
       const double norm = std::sqrt(norms_[i]);
       if (norm > *options_.clipnorm) scale = static_cast<float>(*options_.clipnorm / norm);
     }
-    auto& slots = slots_[vars[i]->id()];
-    if (slots.empty())  // first update of this variable
-      for (int s = 0; s < slot_count_; ++s) slots.push_back(Tensor::zeros(vars[i]->shape()));
-    update(*vars[i], grads[i], slots, lr, scale);
+    update(vars[i]->mutable_value(), grads[i], slots_of(*vars[i]), lr, scale);
   }
   ++iterations_;
+}
+
+std::vector<Tensor>& Optimizer::slots_of(const Variable& v) {
+  if (slot_count_ < 0) slot_count_ = static_cast<int>(slot_names().size());  // fixed at construction
+  auto& slots = slots_[v.id()];
+  if (slots.empty())  // first update of this variable
+    for (int s = 0; s < slot_count_; ++s) slots.push_back(Tensor::zeros(v.shape()));
+  return slots;
+}
+
+bool Optimizer::begin_shared_update(std::span<Variable* const> vars) {
+  if (options_.clipnorm || options_.global_clipnorm) return false;
+  for (Variable* v : vars) {
+    if (v == nullptr) DTRAIN_THROW(InvalidArgument, name_, ": a variable is null");
+    if (v->dtype() != DType::f32)
+      DTRAIN_THROW(InvalidArgument, name_, ": variable '", v->name(), "' is ", dtype_name(v->dtype()),
+                   "; optimizers update float32 variables");
+    slots_of(*v);  // created here, on one thread, before the shares run
+  }
+  shared_lr_ = learning_rate();
+  return true;
+}
+
+void Optimizer::apply_share(std::span<const Tensor> grads, std::span<Variable* const> vars, int share, int shares) {
+  // Shares start on 64-byte boundaries so each thread's vector loops stay aligned.
+  constexpr std::int64_t kAlign = 16;
+  for (size_t i = 0; i < vars.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    const std::int64_t n = vars[i]->numel();
+    const std::int64_t blocks = (n + kAlign - 1) / kAlign;
+    const std::int64_t begin = std::min(n, blocks * share / shares * kAlign);
+    const std::int64_t end = std::min(n, blocks * (share + 1) / shares * kAlign);
+    if (begin >= end) continue;
+    const Shape flat{n};
+    auto piece = [&](const Tensor& t) { return t.reshape(flat).slice(begin, end); };
+    Tensor value = piece(vars[i]->mutable_value());
+    // find(), not [], so concurrent shares only read the map (begin_shared_update filled it).
+    const auto found = slots_.find(vars[i]->id());
+    DTRAIN_CHECK(found != slots_.end(), "apply_share before begin_shared_update");
+    const std::vector<Tensor>& all = found->second;
+    DTRAIN_CHECK_LE(all.size(), size_t{2});
+    Tensor slots[2];
+    for (size_t s = 0; s < all.size() && s < 2; ++s) slots[s] = piece(all[s]);
+    update(value, piece(grads[i]), std::span<Tensor>(slots, all.size()), shared_lr_, 1.0f);
+  }
 }
 
 std::vector<std::pair<std::string, Tensor*>> Optimizer::slots(const Variable& v) {

@@ -31,7 +31,8 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
 
   // Applies one update. grads[i] belongs to vars[i]; an undefined gradient (the variable
-  // did not affect the loss) skips that variable, as Keras does.
+  // did not affect the loss) skips that variable, as Keras does. Called by every replica
+  // inside strategy.run(), it sums the replicas' gradients and updates once.
   void apply_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars);
   void apply_gradients(const std::vector<std::pair<Tensor, Variable*>>& grads_and_vars);
 
@@ -46,13 +47,24 @@ class Optimizer {
   // only when clipnorm or global_clipnorm is set, 0 otherwise.
   double last_global_norm() const { return last_global_norm_; }
 
+  // One update applied by several threads at once (a strategy's replicas), each over its
+  // own share of every variable's elements: begin_shared_update() on one thread, then
+  // apply_share(grads, vars, share, shares) on each of `shares` threads, then
+  // end_shared_update() on one thread. The same update as apply_gradients(grads, vars).
+  // Clipping needs norms over every share first: with clipnorm or global_clipnorm set,
+  // begin_shared_update() returns false and the caller uses apply_gradients().
+  bool begin_shared_update(std::span<Variable* const> vars);
+  void apply_share(std::span<const Tensor> grads, std::span<Variable* const> vars, int share, int shares);
+  void end_shared_update() { ++iterations_; }
+
   // Per-variable state ("m", "v", "momentum"), for checkpoints. Empty before the first update.
   std::vector<std::pair<std::string, Tensor*>> slots(const Variable& v);
 
  protected:
   virtual std::vector<std::string> slot_names() const = 0;
-  // One fused update of `var` with gradient g scaled by grad_scale.
-  virtual void update(Variable& var, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) = 0;
+  // One fused update of `value` (a variable, or a share of its elements) with gradient g
+  // scaled by grad_scale; slots are the same share of the variable's slots.
+  virtual void update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) = 0;
 
  private:
   std::string name_;
@@ -62,6 +74,8 @@ class Optimizer {
   double last_global_norm_ = 0.0;
   std::vector<double> norms_;  // squared gradient norms of the step, when clipping
   int slot_count_ = -1;  // slot_names().size(), read once (virtual: not in the constructor)
+  float shared_lr_ = 0.0f;  // the learning rate of the shared update under way
+  std::vector<Tensor>& slots_of(const Variable& v);
   // Keyed by the variable's value identity (tensor ids are never reused), not its address.
   std::unordered_map<std::uint64_t, std::vector<Tensor>> slots_;
 };
@@ -78,7 +92,7 @@ class SGD final : public Optimizer {
 
  protected:
   std::vector<std::string> slot_names() const override;
-  void update(Variable& var, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) override;
+  void update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) override;
 
  private:
   float momentum_;
@@ -103,7 +117,7 @@ class Adam : public Optimizer {
   Adam(std::string name, std::shared_ptr<LearningRateSchedule> learning_rate, AdamOptions adam,
        OptimizerOptions options);
   std::vector<std::string> slot_names() const override;
-  void update(Variable& var, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) override;
+  void update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) override;
 
  private:
   AdamOptions adam_;

@@ -18,15 +18,15 @@ std::vector<std::string> SGD::slot_names() const {
   return {"momentum"};
 }
 
-void SGD::update(Variable& var, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) {
+void SGD::update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) {
   kernels::SgdUpdate p;
   p.learning_rate = lr;
   p.momentum = momentum_;
   p.nesterov = nesterov_;
   p.weight_decay = options().weight_decay;
   p.gradient_scale = grad_scale;
-  kernels::backend(var.mutable_value().device())
-      .sgd_update(var.mutable_value(), g, slots.empty() ? nullptr : &slots[0], p);
+  kernels::backend(value.device())
+      .sgd_update(value, g, slots.empty() ? nullptr : &slots[0], p);
 }
 
 }  // namespace dtrain::optim

@@ -1,0 +1,69 @@
+// The engine behind the in-process strategies: R replica threads (the caller is replica
+// 0), each with its own share of the cores, a barrier that a failed replica breaks, and
+// the cross-replica calls (all-reduce, merge_call) replicas make inside run().
+// Internal to the distribute layer; users see Strategy.
+#pragma once
+
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtrain/core/replica.h"
+#include "dtrain/model/strategy_backend.h"
+
+namespace dtrain::distribute::detail {
+
+struct GroupOptions {
+  std::string name;                  // "MirroredStrategy"
+  std::vector<std::string> devices;  // one per replica, "/cpu:0"
+  int threads_per_replica = 1;
+  std::size_t bucket_bytes = 0;      // 0: the default
+};
+
+class ReplicaGroup final : public StrategyBackend, public CrossReplica {
+ public:
+  explicit ReplicaGroup(GroupOptions options);
+  ~ReplicaGroup() override;
+
+  std::string name() const override { return options_.name; }
+  int num_replicas() const override { return static_cast<int>(options_.devices.size()); }
+  const GroupOptions& options() const { return options_; }
+  void run(const std::function<void(int replica)>& fn) override;
+  std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const> vars) override;
+
+  // CrossReplica, called from inside run() by every replica.
+  std::vector<Tensor> all_reduce_sum(std::span<const Tensor> values) override;
+  void merge_call(const std::function<void()>& fn) override;
+
+ private:
+  void worker(int replica);
+  void run_replica(int replica);
+  // Every replica waits until all have arrived; throws PeerFailure once a replica failed.
+  void barrier(int replica);
+  void fail(int replica, std::exception_ptr error);
+
+  GroupOptions options_;
+  std::vector<std::thread> threads_;  // replicas 1..R-1
+
+  std::mutex mutex_;
+  std::condition_variable start_, done_;
+  const std::function<void(int)>* job_ = nullptr;
+  std::uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::vector<std::exception_ptr> errors_;  // [replica], this run
+  int first_failure_ = -1;
+
+  // The barrier, and the values replicas exchange through it.
+  std::condition_variable barrier_cv_;
+  int barrier_count_ = 0;
+  std::uint64_t barrier_generation_ = 0;
+  std::vector<std::span<const Tensor>> published_;  // [replica]
+  std::vector<Tensor> sums_;
+  std::exception_ptr merge_error_;
+};
+
+}  // namespace dtrain::distribute::detail

@@ -1,0 +1,296 @@
+// Strategies, per-replica reductions, distributed datasets and gradient accumulation.
+#include "dtrain/distribute/strategy.h"
+
+#include <algorithm>
+#include <regex>
+#include <set>
+
+#include "dtrain/autograd/ops.h"
+#include "dtrain/core/replica.h"
+#include "dtrain/core/threads.h"
+#include "dtrain/distribute/bucket_reducer.h"
+#include "dtrain/distribute/replica_group.h"
+
+namespace dtrain::distribute {
+namespace {
+
+// "/cpu:3", "cpu:3", "/device:CPU:3", "/job:localhost/replica:0/task:0/device:CPU:3" -> 3.
+int parse_cpu_device(const std::string& device) {
+  static const std::regex cpu(R"(^(/job:[^/]+/replica:\d+/task:\d+)?(/device:|/)?cpu:(\d{1,6})$)", std::regex::icase);
+  static const std::regex gpu(R"(gpu:\d+$)", std::regex::icase);
+  std::smatch m;
+  if (std::regex_search(device, gpu))
+    DTRAIN_THROW(Unsupported, "device '", device, "': this build of dtrain runs on CPUs only; use \"/cpu:N\"");
+  if (!std::regex_match(device, m, cpu))
+    DTRAIN_THROW(InvalidArgument, "device '", device, "' is not a CPU device name; expected \"/cpu:N\"");
+  return std::stoi(m[3].str());
+}
+
+std::shared_ptr<detail::ReplicaGroup> make_group(std::string name, const std::vector<std::string>& devices,
+                                                 CommunicationOptions comm) {
+  if (devices.empty()) DTRAIN_THROW(InvalidArgument, name, ": needs at least one device");
+  std::set<int> seen;
+  detail::GroupOptions o;
+  o.name = std::move(name);
+  for (const std::string& d : devices) {
+    const int index = parse_cpu_device(d);
+    if (!seen.insert(index).second) DTRAIN_THROW(InvalidArgument, o.name, ": device '", d, "' is listed twice");
+    o.devices.push_back("/cpu:" + std::to_string(index));
+  }
+  o.threads_per_replica = std::max(1, available_cores() / static_cast<int>(devices.size()));
+  o.bucket_bytes = comm.bytes_per_pack ? comm.bytes_per_pack : detail::kDefaultBucketBytes;
+  return std::make_shared<detail::ReplicaGroup>(std::move(o));
+}
+
+std::vector<std::string> cpu_devices(int n, const char* who) {
+  if (n < 1) DTRAIN_THROW(InvalidArgument, who, ": num_replicas must be >= 1, got ", n);
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i) out.push_back("/cpu:" + std::to_string(i));
+  return out;
+}
+
+const char* op_name(ReduceOp op) { return op == ReduceOp::SUM ? "SUM" : "MEAN"; }
+
+}  // namespace
+
+// ---- Strategy
+
+Strategy::Strategy(std::shared_ptr<detail::ReplicaGroup> group) : group_(std::move(group)) {}
+Strategy::~Strategy() = default;
+
+int Strategy::num_replicas_in_sync() const { return group_->num_replicas(); }
+std::string Strategy::name() const { return group_->name(); }
+const std::vector<std::string>& Strategy::devices() const { return group_->options().devices; }
+int Strategy::threads_per_replica() const { return group_->options().threads_per_replica; }
+std::shared_ptr<StrategyBackend> Strategy::backend() const { return group_; }
+
+dtrain::detail::ScopedStrategy Strategy::scope() const { return dtrain::detail::ScopedStrategy(group_); }
+
+void Strategy::check_replicas(int given) const {
+  if (given != num_replicas_in_sync())
+    DTRAIN_THROW(InvalidArgument, name(), ".run: a per-replica argument has ", given, " values for ",
+                 num_replicas_in_sync(), " replicas");
+}
+
+void Strategy::run_replicas(const std::function<void(int)>& fn) const { group_->run(fn); }
+
+Tensor Strategy::reduce(ReduceOp op, const PerReplica<Tensor>& value, std::optional<int> axis) const {
+  check_replicas(value.num_replicas());
+  const int n = value.num_replicas();
+  if (axis) {
+    Tensor total;
+    std::int64_t count = 0;
+    for (int r = 0; r < n; ++r) {
+      const Tensor& v = value[r];
+      v.check_defined("Strategy::reduce");
+      const int a = *axis < 0 ? *axis + v.rank() : *axis;
+      if (a < 0 || a >= v.rank())
+        DTRAIN_THROW(InvalidArgument, name(), ".reduce: axis ", *axis, " is out of range for replica ", r,
+                     "'s value of shape ", v.shape().to_string());
+      count += v.dim(a);
+      Tensor part = reduce_sum(v, {a});
+      if (total.defined() && !(total.shape() == part.shape()))
+        DTRAIN_THROW(InvalidArgument, name(), ".reduce: replica ", r, "'s value ", v.shape().to_string(),
+                     " does not match the other replicas' along the axes kept");
+      total = total.defined() ? add(total, part) : part;
+    }
+    return op == ReduceOp::SUM ? total : scale(total, count > 0 ? 1.0f / static_cast<float>(count) : 0.0f);
+  }
+  Tensor total;
+  for (int r = 0; r < n; ++r) {
+    const Tensor& v = value[r];
+    v.check_defined("Strategy::reduce");
+    if (total.defined() && !(total.shape() == v.shape()))
+      DTRAIN_THROW(InvalidArgument, name(), ".reduce(", op_name(op), "): replica ", r, "'s value is ",
+                   v.shape().to_string(), " but replica 0's is ", total.shape().to_string());
+    total = total.defined() ? add(total, v) : v.clone();
+  }
+  return op == ReduceOp::SUM ? total : scale(total, 1.0f / static_cast<float>(n));
+}
+
+std::vector<Tensor> Strategy::reduce(ReduceOp op, const PerReplica<std::vector<Tensor>>& value) const {
+  check_replicas(value.num_replicas());
+  const std::size_t count = value[0].size();
+  std::vector<Tensor> out(count);
+  for (int r = 1; r < value.num_replicas(); ++r)
+    if (value[r].size() != count)
+      DTRAIN_THROW(InvalidArgument, name(), ".reduce: replica ", r, " has ", value[r].size(), " values, replica 0 has ",
+                   count);
+  for (std::size_t i = 0; i < count; ++i) {
+    std::vector<Tensor> parts;
+    for (int r = 0; r < value.num_replicas(); ++r)
+      if (value[r][i].defined()) parts.push_back(value[r][i]);
+    if (parts.empty()) continue;  // no replica had this gradient: stays undefined
+    while (static_cast<int>(parts.size()) < value.num_replicas()) parts.push_back(Tensor::zeros(parts[0].shape()));
+    out[i] = reduce(op, PerReplica<Tensor>(std::move(parts)));
+  }
+  return out;
+}
+
+Tensor Strategy::reduce(ReduceOp op, const Tensor&, std::optional<int>) const {
+  DTRAIN_THROW(InvalidArgument, name(), ".reduce(", op_name(op),
+               "): the value is a plain tensor, not a per-replica value; reduce what strategy.run returned");
+}
+
+Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) const {
+  check_replicas(value.num_replicas());
+  if (axis != 0) DTRAIN_THROW(Unsupported, name(), ".gather: only axis 0 is supported, got ", axis);
+  std::int64_t rows = 0;
+  for (int r = 0; r < value.num_replicas(); ++r) {
+    const Tensor& v = value[r];
+    v.check_defined("Strategy::gather");
+    if (v.rank() < 1) DTRAIN_THROW(InvalidArgument, name(), ".gather: replica ", r, "'s value is a scalar");
+    const Tensor& first = value[0];
+    bool same = v.rank() == first.rank() && v.dtype() == first.dtype();
+    for (int d = 1; same && d < v.rank(); ++d) same = v.dim(d) == first.dim(d);
+    if (!same)
+      DTRAIN_THROW(InvalidArgument, name(), ".gather: replica ", r, "'s value ", v.shape().to_string(),
+                   " does not match replica 0's ", first.shape().to_string(), " beyond axis 0");
+    rows += v.dim(0);
+  }
+  Tensor out = Tensor::empty(value[0].shape().with_dim(0, rows), value[0].dtype());
+  std::int64_t at = 0;
+  for (int r = 0; r < value.num_replicas(); ++r) {
+    const Tensor& v = value[r];
+    out.slice(at, at + v.dim(0)).copy_from(v);
+    at += v.dim(0);
+  }
+  return out;
+}
+
+DistributedDataset Strategy::experimental_distribute_dataset(const data::Dataset& dataset) const {
+  return DistributedDataset(dataset, num_replicas_in_sync());
+}
+
+DefaultStrategy::DefaultStrategy()
+    : Strategy(make_group("_DefaultDistributionStrategy", {"/cpu:0"}, {})) {}
+
+OneDeviceStrategy::OneDeviceStrategy(const std::string& device)
+    : Strategy(make_group("OneDeviceStrategy", {device}, {})) {}
+
+MirroredStrategy::MirroredStrategy() : MirroredStrategy(available_cores()) {}
+
+MirroredStrategy::MirroredStrategy(int num_replicas, CommunicationOptions options)
+    : Strategy(make_group("MirroredStrategy", cpu_devices(num_replicas, "MirroredStrategy"), options)) {}
+
+MirroredStrategy::MirroredStrategy(const std::vector<std::string>& devices, CommunicationOptions options)
+    : Strategy(make_group("MirroredStrategy", devices, options)) {}
+
+// ---- losses and batches
+
+Tensor compute_average_loss(const Tensor& per_example_loss, std::int64_t global_batch_size) {
+  per_example_loss.check_defined("compute_average_loss");
+  if (global_batch_size < 0) {
+    const std::int64_t local = per_example_loss.rank() > 0 ? per_example_loss.dim(0) : 1;
+    global_batch_size = local * replica_context().num_replicas;
+  }
+  if (global_batch_size == 0) return scale(reduce_sum(per_example_loss), 0.0f);
+  return scale(reduce_sum(per_example_loss), 1.0f / static_cast<float>(global_batch_size));
+}
+
+std::vector<data::Element> split_batch(const data::Element& batch, int replicas) {
+  if (batch.empty()) DTRAIN_THROW(InvalidArgument, "split_batch: the element has no components");
+  std::int64_t rows = -1;
+  for (std::size_t c = 0; c < batch.size(); ++c) {
+    const Tensor& t = batch[c];
+    t.check_defined("split_batch");
+    if (t.rank() < 1)
+      DTRAIN_THROW(InvalidArgument, "split_batch: component ", c, " is a scalar; a distributed dataset needs batches ",
+                   "(add .batch(global_batch_size))");
+    if (rows >= 0 && t.dim(0) != rows)
+      DTRAIN_THROW(InvalidArgument, "split_batch: component ", c, " has ", t.dim(0), " rows, component 0 has ", rows);
+    rows = t.dim(0);
+  }
+  std::vector<data::Element> out(static_cast<std::size_t>(replicas));
+  const std::int64_t base = rows / replicas, extra = rows % replicas;
+  std::int64_t begin = 0;
+  for (int r = 0; r < replicas; ++r) {
+    const std::int64_t end = begin + base + (r < extra ? 1 : 0);
+    for (const Tensor& t : batch) out[static_cast<std::size_t>(r)].push_back(t.slice(begin, end));
+    begin = end;
+  }
+  return out;
+}
+
+// ---- DistributedDataset
+
+std::optional<PerReplica<data::Element>> DistributedDataset::Iterator::next() {
+  std::optional<data::Element> e = it_.next();
+  if (!e) return std::nullopt;
+  std::vector<data::Element> parts = split_batch(*e, replicas_);
+  if (first_ && parts.back().front().dim(0) == 0) {
+    const std::int64_t rows = e->front().dim(0);
+    DTRAIN_THROW(InvalidArgument, "experimental_distribute_dataset: the global batch has ", rows, " rows, fewer than the ",
+                 replicas_, " replicas; batch the dataset with a global batch of at least ", replicas_,
+                 " (per-replica batch * num_replicas_in_sync)");
+  }
+  first_ = false;
+  return PerReplica<data::Element>(std::move(parts));
+}
+
+DistributedDataset::Iterator DistributedDataset::make_iterator(std::uint64_t iteration) const {
+  return Iterator(dataset_.make_iterator(iteration), replicas_);
+}
+
+DistributedDataset::RangeIterator DistributedDataset::begin() const {
+  return RangeIterator(std::make_shared<Iterator>(make_iterator()));
+}
+
+// ---- GradientAccumulator
+
+GradientAccumulator::GradientAccumulator(const Strategy& strategy, int steps)
+    : strategy_(strategy),
+      steps_(steps),
+      sums_(static_cast<std::size_t>(strategy.num_replicas_in_sync())),
+      counts_(static_cast<std::size_t>(strategy.num_replicas_in_sync()), 0) {
+  if (steps < 1) DTRAIN_THROW(InvalidArgument, "GradientAccumulator: steps must be >= 1, got ", steps);
+}
+
+void GradientAccumulator::accumulate(std::span<const Tensor> grads) {
+  const ReplicaContext& context = replica_context();
+  int replica = 0;
+  if (context.strategy == strategy_.backend()->id()) {
+    replica = context.replica_id;
+  } else if (strategy_.num_replicas_in_sync() > 1) {
+    DTRAIN_THROW(InvalidArgument, "GradientAccumulator::accumulate: call it inside strategy.run() of its ",
+                 strategy_.name(), " (", strategy_.num_replicas_in_sync(), " replicas)");
+  }
+  std::vector<Tensor>& sums = sums_[static_cast<std::size_t>(replica)];
+  if (sums.empty()) sums.resize(grads.size());
+  if (sums.size() != grads.size())
+    DTRAIN_THROW(InvalidArgument, "GradientAccumulator::accumulate: ", grads.size(), " gradients, earlier calls gave ",
+                 sums.size());
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    if (!sums[i].defined()) {
+      sums[i] = grads[i].clone();
+    } else {
+      check_same_shape(sums[i], grads[i], "GradientAccumulator::accumulate");
+      kernels::backend(grads[i].device()).binary(kernels::Binary::add, sums[i], grads[i], sums[i]);
+    }
+  }
+  ++counts_[static_cast<std::size_t>(replica)];
+  if (replica == 0) ++count_;
+}
+
+std::vector<Tensor> GradientAccumulator::reduce(ReduceOp op) {
+  if (replica_context().strategy != 0)
+    DTRAIN_THROW(InvalidArgument, "GradientAccumulator::reduce: call it outside strategy.run()");
+  if (count_ == 0) DTRAIN_THROW(InvalidArgument, "GradientAccumulator::reduce: nothing was accumulated");
+  for (std::size_t r = 0; r < counts_.size(); ++r)
+    if (counts_[r] != count_)
+      DTRAIN_THROW(InvalidArgument, "GradientAccumulator::reduce: replica ", r, " accumulated ", counts_[r],
+                   " micro-batches, replica 0 ", count_);
+  std::size_t width = 0;
+  for (const auto& s : sums_) width = std::max(width, s.size());
+  for (auto& s : sums_) s.resize(width);
+  std::vector<Tensor> out = strategy_.reduce(op, PerReplica<std::vector<Tensor>>(sums_));
+  for (Tensor& t : out)
+    if (t.defined()) t = scale(t, 1.0f / static_cast<float>(count_));
+  for (auto& s : sums_) s.clear();
+  std::fill(counts_.begin(), counts_.end(), 0);
+  count_ = 0;
+  return out;
+}
+
+}  // namespace dtrain::distribute

@@ -1,0 +1,250 @@
+// Distribution strategies with TensorFlow's names (tf.distribute): the default strategy,
+// OneDeviceStrategy and MirroredStrategy. On CPU a replica is a logical CPU device: a
+// thread with its own share of the cores. Replicas share one copy of the weights and
+// keep their own gradients, which fit() sums in fused buckets while backward runs.
+//
+//   distribute::MirroredStrategy strategy(2);
+//   std::unique_ptr<Sequential> model;
+//   {
+//     auto scope = strategy.scope();  // `with strategy.scope():`
+//     model = ...;                    // variables made here belong to the strategy
+//   }
+//   model->fit(x, y, {.batch_size = 32 * strategy.num_replicas_in_sync()});
+//
+// Custom loops: strategy.run(fn, args...) runs fn on every replica at once and returns
+// a PerReplica value; PerReplica arguments (a distributed batch) are unwrapped, so each
+// replica gets its own part. strategy.reduce(SUM | MEAN, value) combines them.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "dtrain/data/dataset.h"
+#include "dtrain/model/strategy_backend.h"
+
+namespace dtrain::distribute {
+
+namespace detail {
+class ReplicaGroup;
+}
+
+enum class ReduceOp { SUM, MEAN };
+
+// One value per replica, as strategy.run returns (TensorFlow's PerReplica).
+template <typename T>
+class PerReplica {
+ public:
+  explicit PerReplica(std::vector<T> values) : values_(std::move(values)) {}
+  int num_replicas() const { return static_cast<int>(values_.size()); }
+  const T& operator[](int replica) const { return values_.at(static_cast<std::size_t>(replica)); }
+  // TensorFlow's strategy.experimental_local_results(value).
+  const std::vector<T>& values() const { return values_; }
+
+ private:
+  std::vector<T> values_;
+};
+
+// tf.distribute.experimental.CommunicationOptions.
+struct CommunicationOptions {
+  // Gradients are fused into buckets of at least this many bytes; 0: the default (4 MiB,
+  // see docs/distribute.md for the measurement behind it).
+  std::size_t bytes_per_pack = 0;
+};
+
+class DistributedDataset;
+
+class Strategy {
+ public:
+  virtual ~Strategy();
+
+  int num_replicas_in_sync() const;
+  // "MirroredStrategy", "OneDeviceStrategy", "_DefaultDistributionStrategy".
+  std::string name() const;
+  // One per replica: "/cpu:0", "/cpu:1", ...
+  const std::vector<std::string>& devices() const;
+  // Cores each replica's kernels use.
+  int threads_per_replica() const;
+
+  // `with strategy.scope():` models, layers and optimizers created while the returned
+  // guard lives belong to this strategy; model.fit then trains on all its replicas.
+  dtrain::detail::ScopedStrategy scope() const;
+
+  // Runs fn on every replica at once. PerReplica arguments are unwrapped (replica r gets
+  // value r); others are passed to every replica as they are. Returns PerReplica of fn's
+  // results (nothing when fn returns void). The first failure is rethrown after every
+  // replica returned, naming its replica; replicas waiting for it (all-reduce inside
+  // apply_gradients, say) are released with PeerFailure instead of hanging.
+  template <typename Fn, typename... Args>
+  auto run(Fn&& fn, const Args&... args) const;
+
+  // Combines a per-replica value. Without axis, element-wise over replicas (shapes must
+  // match); with an axis, also along that axis (MEAN divides by the total count along it).
+  Tensor reduce(ReduceOp op, const PerReplica<Tensor>& value, std::optional<int> axis = std::nullopt) const;
+  // Each position reduced over replicas (per-replica gradient lists).
+  std::vector<Tensor> reduce(ReduceOp op, const PerReplica<std::vector<Tensor>>& value) const;
+  // A plain tensor is not per-replica: InvalidArgument saying so.
+  Tensor reduce(ReduceOp op, const Tensor& value, std::optional<int> axis = std::nullopt) const;
+  // Concatenates the replicas' values along `axis` (0 only).
+  Tensor gather(const PerReplica<Tensor>& value, int axis = 0) const;
+
+  // Each element of `dataset` (a global batch) is split along its first axis across the
+  // replicas: as evenly as possible, the first replicas taking one row more when it does
+  // not divide (a short last batch may leave the last replicas empty batches). The first
+  // batch must have at least one row per replica.
+  DistributedDataset experimental_distribute_dataset(const data::Dataset& dataset) const;
+
+  // The interface fit() trains through.
+  std::shared_ptr<StrategyBackend> backend() const;
+
+ protected:
+  explicit Strategy(std::shared_ptr<detail::ReplicaGroup> group);
+
+ private:
+  template <typename T>
+  static const T& local(const T& value, int) {
+    return value;
+  }
+  template <typename T>
+  static const T& local(const PerReplica<T>& value, int replica) {
+    return value[replica];
+  }
+  template <typename T>
+  void check_arity(const T&) const {}
+  template <typename T>
+  void check_arity(const PerReplica<T>& value) const {
+    check_replicas(value.num_replicas());
+  }
+  void check_replicas(int given) const;
+  void run_replicas(const std::function<void(int)>& fn) const;
+
+  std::shared_ptr<detail::ReplicaGroup> group_;
+};
+
+// The strategy with one replica that fit() uses when no scope is open
+// (tf.distribute.get_strategy() outside any scope).
+class DefaultStrategy final : public Strategy {
+ public:
+  DefaultStrategy();
+};
+
+// One replica on one device (tf.distribute.OneDeviceStrategy("/cpu:0")), using all cores.
+class OneDeviceStrategy final : public Strategy {
+ public:
+  explicit OneDeviceStrategy(const std::string& device = "/cpu:0");
+};
+
+// Synchronous replicas in this process (tf.distribute.MirroredStrategy). Devices are
+// logical CPU devices "/cpu:N" (also "cpu:N", "/device:CPU:N" and TensorFlow's full
+// "/job:localhost/replica:0/task:0/device:CPU:N"); the cores are shared out evenly,
+// at least one thread per replica. GPU devices are not supported by this build.
+class MirroredStrategy final : public Strategy {
+ public:
+  // One replica per core.
+  MirroredStrategy();
+  explicit MirroredStrategy(int num_replicas, CommunicationOptions options = {});
+  explicit MirroredStrategy(const std::vector<std::string>& devices, CommunicationOptions options = {});
+};
+
+// sum(per_example_loss) / global_batch_size: the loss each replica minimises so that the
+// replicas' gradients add up to the gradient of the mean over the global batch
+// (tf.nn.compute_average_loss). global_batch_size < 0: this replica's batch times the
+// number of replicas in sync.
+Tensor compute_average_loss(const Tensor& per_example_loss, std::int64_t global_batch_size = -1);
+
+// A global batch's rows for each of `replicas`, as views: sizes differ by at most one,
+// the first replicas taking the extra rows.
+std::vector<data::Element> split_batch(const data::Element& batch, int replicas);
+
+// A dataset whose elements are PerReplica batches (strategy.experimental_distribute_dataset).
+class DistributedDataset {
+ public:
+  class Iterator {
+   public:
+    std::optional<PerReplica<data::Element>> next();
+
+   private:
+    friend class DistributedDataset;
+    Iterator(data::Iterator it, int replicas) : it_(std::move(it)), replicas_(replicas) {}
+    data::Iterator it_;
+    int replicas_;
+    bool first_ = true;
+  };
+  // A new pass over the data (`iteration` seeds reshuffling, as Dataset::make_iterator).
+  Iterator make_iterator(std::uint64_t iteration = 0) const;
+
+  // Range-for support: for (const auto& batch : distributed) ...
+  class RangeIterator {
+   public:
+    const PerReplica<data::Element>& operator*() const { return *current_; }
+    RangeIterator& operator++() {
+      current_ = it_->next();
+      return *this;
+    }
+    bool operator!=(std::default_sentinel_t) const { return current_.has_value(); }
+
+   private:
+    friend class DistributedDataset;
+    explicit RangeIterator(std::shared_ptr<Iterator> it) : it_(std::move(it)), current_(it_->next()) {}
+    std::shared_ptr<Iterator> it_;
+    std::optional<PerReplica<data::Element>> current_;
+  };
+  RangeIterator begin() const;
+  std::default_sentinel_t end() const { return {}; }
+  int num_replicas() const { return replicas_; }
+
+ private:
+  friend class Strategy;
+  DistributedDataset(data::Dataset dataset, int replicas) : dataset_(std::move(dataset)), replicas_(replicas) {}
+  data::Dataset dataset_;
+  int replicas_;
+};
+
+// Gradient accumulation for custom loops: each replica adds its gradients to its own sums
+// (no communication, like PyTorch's no_sync); every `steps` micro-batches, reduce() sums
+// them over the replicas once and divides by `steps`.
+//
+//   strategy.run([&](const data::Element& b) { ...; accumulator.accumulate(tape.gradient(loss, vars)); }, batch);
+//   if (accumulator.ready()) optimizer.apply_gradients(accumulator.reduce(), vars);
+class GradientAccumulator {
+ public:
+  GradientAccumulator(const Strategy& strategy, int steps);
+  // Inside strategy.run() (or outside it with one replica): adds this replica's gradients.
+  void accumulate(std::span<const Tensor> grads);
+  int steps() const { return steps_; }
+  // Micro-batches accumulated since the last reduce().
+  int count() const { return count_; }
+  bool ready() const { return count_ >= steps_; }
+  // Outside run(): the sums over replicas and micro-batches divided by the micro-batch
+  // count (MEAN also divides by the replicas); then starts again from zero.
+  std::vector<Tensor> reduce(ReduceOp op = ReduceOp::SUM);
+
+ private:
+  const Strategy& strategy_;
+  int steps_;
+  int count_ = 0;
+  std::vector<std::vector<Tensor>> sums_;  // [replica][gradient]
+  std::vector<int> counts_;                // [replica]
+};
+
+// --- templates
+
+template <typename Fn, typename... Args>
+auto Strategy::run(Fn&& fn, const Args&... args) const {
+  (check_arity(args), ...);
+  using Result = std::invoke_result_t<Fn&, decltype(local(args, 0))...>;
+  if constexpr (std::is_void_v<Result>) {
+    run_replicas([&](int r) { fn(local(args, r)...); });
+  } else {
+    std::vector<std::optional<Result>> results(static_cast<std::size_t>(num_replicas_in_sync()));
+    run_replicas([&](int r) { results[static_cast<std::size_t>(r)].emplace(fn(local(args, r)...)); });
+    std::vector<Result> values;
+    values.reserve(results.size());
+    for (auto& v : results) values.push_back(std::move(*v));
+    return PerReplica<Result>(std::move(values));
+  }
+}
+
+}  // namespace dtrain::distribute

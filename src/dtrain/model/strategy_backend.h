@@ -1,0 +1,86 @@
+// The interface the model layer trains through under a distribution strategy (the part
+// of TensorFlow's tf.distribute.StrategyExtended that Keras's fit uses). The strategies
+// themselves (MirroredStrategy, ...) live in the `distribute` layer; fit knows them only
+// through this interface.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dtrain/autograd/variable.h"
+
+namespace dtrain {
+
+// Sums the replicas' gradients of one fixed list of variables, in buckets, while their
+// backward passes still run. Made by a strategy for one fit().
+class GradientReducer {
+ public:
+  virtual ~GradientReducer() = default;
+  // Whether the coming step ends an accumulation cycle (its gradients are summed over
+  // replicas) or only adds them to each replica's local sums. Set between steps.
+  virtual void set_reduce_this_step(bool reduce) = 0;
+  // From replica `replica`'s backward pass: the gradient of variable `index` is final
+  // (undefined: the loss does not depend on it).
+  virtual void gradient_ready(int replica, std::size_t index, const Tensor& grad) = 0;
+  // The replica's backward pass is over; on a reducing step, returns once every bucket is
+  // summed (helping to sum them).
+  virtual void finish(int replica) = 0;
+  // After a reducing step, as `replica` sees them (each replica has its own list, so
+  // replicas can read it while others finish): the sums, one per variable (views of the
+  // reducer's buffers, valid until the next step; undefined where no replica had one).
+  virtual const std::vector<Tensor>& reduced(int replica) const = 0;
+  // A replica failed: nobody waits for it any more.
+  virtual void abort(int replica, const std::string& why) = 0;
+};
+
+class StrategyBackend {
+ public:
+  virtual ~StrategyBackend() = default;
+  StrategyBackend(const StrategyBackend&) = delete;
+  StrategyBackend& operator=(const StrategyBackend&) = delete;
+
+  virtual std::string name() const = 0;  // "MirroredStrategy"
+  virtual int num_replicas() const = 0;
+  // A number no other strategy of this process has (variables remember it).
+  std::uint64_t id() const { return id_; }
+
+  // Runs fn(replica) on every replica at once and returns when all are done. A failure
+  // stops the other replicas' cross-replica calls; the first one is rethrown, naming its
+  // replica, once every replica has returned.
+  virtual void run(const std::function<void(int replica)>& fn) = 0;
+  virtual std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const> vars) = 0;
+
+ protected:
+  StrategyBackend();
+
+ private:
+  std::uint64_t id_;
+};
+
+// The strategy whose scope() is open on this thread; null for the default strategy.
+std::shared_ptr<StrategyBackend> current_strategy();
+
+namespace detail {
+// Opens `strategy`'s scope on this thread (variables created meanwhile belong to it).
+class ScopedStrategy {
+ public:
+  explicit ScopedStrategy(std::shared_ptr<StrategyBackend> strategy);
+  ~ScopedStrategy();
+  ScopedStrategy(ScopedStrategy&& other) noexcept;
+  ScopedStrategy(const ScopedStrategy&) = delete;
+  ScopedStrategy& operator=(const ScopedStrategy&) = delete;
+  ScopedStrategy& operator=(ScopedStrategy&&) = delete;
+
+ private:
+  bool active_ = true;
+  std::shared_ptr<StrategyBackend> saved_;
+  std::uint64_t saved_scope_;
+};
+}  // namespace detail
+
+}  // namespace dtrain

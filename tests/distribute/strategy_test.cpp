@@ -1,0 +1,350 @@
+// MirroredStrategy gives one device's answer; failures name their replica; misuse is an
+// error. The models are the seeds' large MLP (1024-1024-1024-10) and smaller ones.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "dtrain/core/replica.h"
+#include "dtrain/dtrain.h"
+
+namespace dtrain {
+namespace {
+
+using distribute::MirroredStrategy;
+using distribute::PerReplica;
+using distribute::ReduceOp;
+
+// The seeds' large MLP with fixed seeds: the same initial weights every time.
+std::unique_ptr<Sequential> large_mlp(std::int64_t features = 1024, std::int64_t hidden = 1024) {
+  auto model = std::make_unique<Sequential>();
+  model->add<nn::Dense>(hidden, "relu", nn::DenseOptions{.seed = 1});
+  model->add<nn::Dense>(hidden, "relu", nn::DenseOptions{.seed = 2});
+  model->add<nn::Dense>(10, "softmax", nn::DenseOptions{.seed = 3});
+  model->compile("adam", "sparse_categorical_crossentropy", {"accuracy"});
+  model->build(Shape{features});
+  return model;
+}
+
+// max over variables of |a - b| / |b| (L2 norms).
+double relative_difference(const Sequential& a, const Sequential& b) {
+  const auto va = a.variables(), vb = b.variables();
+  EXPECT_EQ(va.size(), vb.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < va.size() && i < vb.size(); ++i) {
+    const std::vector<float> x = va[i]->value().to_vector(), y = vb[i]->value().to_vector();
+    double diff = 0, norm = 0;
+    for (std::size_t j = 0; j < x.size(); ++j) {
+      diff += (double(x[j]) - y[j]) * (double(x[j]) - y[j]);
+      norm += double(y[j]) * y[j];
+    }
+    worst = std::max(worst, std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30));
+  }
+  return worst;
+}
+
+FitOptions quiet(std::int64_t batch, int epochs = 1) {
+  FitOptions o;
+  o.batch_size = batch;
+  o.epochs = epochs;
+  o.shuffle = false;
+  o.verbose = 0;
+  return o;
+}
+
+TEST(MirroredStrategy, FitMatchesOneDeviceWithOneTwoAndFourReplicas) {
+  // 20 steps of a global batch of 64.
+  data::Split d = data::make_synthetic(20 * 64, 1024, 10, 7, data::SyntheticLabels::teacher);
+  auto reference = large_mlp();
+  reference->fit(d.x, d.y, quiet(64));
+  for (int replicas : {1, 2, 4}) {
+    MirroredStrategy strategy(replicas);
+    std::unique_ptr<Sequential> model;
+    {
+      auto scope = strategy.scope();
+      model = large_mlp();
+    }
+    ASSERT_EQ(model->distribute_strategy()->num_replicas(), replicas);
+    model->fit(d.x, d.y, quiet(64));
+    const double diff = relative_difference(*model, *reference);
+    EXPECT_LE(diff, 1e-5) << replicas << " replicas";
+    RecordProperty("relative_difference_" + std::to_string(replicas), std::to_string(diff));
+    EXPECT_EQ(model->optimizer().iterations(), 20);
+  }
+}
+
+TEST(MirroredStrategy, AccumulatedMicroBatchesMatchOneLargeBatch) {
+  data::Split d = data::make_synthetic(2 * 64, 48, 10, 3, data::SyntheticLabels::teacher);
+  // Two updates from batches of 64 ...
+  auto reference = large_mlp(48, 32);
+  reference->fit(d.x, d.y, quiet(64));
+  // ... equal two updates from 4 micro-batches of 16, on one device and on 2 replicas.
+  for (int replicas : {1, 2}) {
+    MirroredStrategy strategy(replicas);
+    std::unique_ptr<Sequential> model;
+    {
+      auto scope = strategy.scope();
+      model = large_mlp(48, 32);
+    }
+    FitOptions o = quiet(16);
+    o.gradient_accumulation_steps = 4;
+    model->fit(d.x, d.y, o);
+    EXPECT_EQ(model->optimizer().iterations(), 2) << replicas << " replicas";
+    EXPECT_LE(relative_difference(*model, *reference), 1e-5) << replicas << " replicas";
+  }
+  // Without any strategy too.
+  auto plain = large_mlp(48, 32);
+  FitOptions o = quiet(16);
+  o.gradient_accumulation_steps = 4;
+  plain->fit(d.x, d.y, o);
+  EXPECT_LE(relative_difference(*plain, *reference), 1e-5);
+}
+
+TEST(MirroredStrategy, ShortLastBatchAndOddSplitsMatchOneDevice) {
+  // 100 rows, global batch 48: batches of 48, 48 and 4; 3 replicas split 48 as 16/16/16
+  // and 4 as 2/1/1.
+  data::Split d = data::make_synthetic(100, 20, 10, 5, data::SyntheticLabels::teacher);
+  auto reference = large_mlp(20, 16);
+  reference->fit(d.x, d.y, quiet(48, 2));
+  MirroredStrategy strategy(3);
+  std::unique_ptr<Sequential> model;
+  {
+    auto scope = strategy.scope();
+    model = large_mlp(20, 16);
+  }
+  History h = model->fit(d.x, d.y, quiet(48, 2));
+  EXPECT_LE(relative_difference(*model, *reference), 1e-5);
+  ASSERT_EQ(h.history.at("loss").size(), 2u);
+}
+
+// The seeds' custom loop (003 example 3): the step, optimizer included, runs in
+// strategy.run; apply_gradients in a replica sums the replicas' gradients.
+TEST(MirroredStrategy, CustomLoopWithRunMatchesOneDevice) {
+  data::Split d = data::make_synthetic(8 * 32, 24, 10, 9, data::SyntheticLabels::teacher);
+  const std::int64_t global_batch = 32;
+  auto train = [&](distribute::Strategy* strategy) {
+    std::unique_ptr<Sequential> model;
+    std::unique_ptr<optim::Adam> optimizer;
+    {
+      std::optional<dtrain::detail::ScopedStrategy> scope;
+      if (strategy) scope.emplace(strategy->scope());
+      model = large_mlp(24, 16);
+      optimizer = std::make_unique<optim::Adam>(0.01f);
+    }
+    losses::SparseCategoricalCrossentropy loss_fn(false, losses::Reduction::none);
+    auto vars = model->trainable_variables();
+    auto step = [&](const data::Element& batch) {
+      GradientTape tape;
+      Tensor per_example = loss_fn(batch[1], (*model)(batch[0], true));
+      Tensor loss = distribute::compute_average_loss(per_example, global_batch);
+      optimizer->apply_gradients(tape.gradient(loss, vars), vars);
+      return loss;
+    };
+    data::Dataset ds = data::Dataset::from_tensor_slices({d.x, d.y}).batch(global_batch);
+    if (!strategy) {
+      for (data::Iterator it = ds.make_iterator(); auto b = it.next();) step(*b);
+    } else {
+      for (const auto& batch : strategy->experimental_distribute_dataset(ds)) {
+        PerReplica<Tensor> losses = strategy->run(step, batch);
+        const float total = strategy->reduce(ReduceOp::SUM, losses).item();
+        EXPECT_TRUE(std::isfinite(total));
+      }
+    }
+    return model;
+  };
+  auto reference = train(nullptr);
+  MirroredStrategy strategy(2);
+  auto mirrored = train(&strategy);
+  EXPECT_LE(relative_difference(*mirrored, *reference), 1e-5);
+}
+
+// The seeds' accumulation (001 example 3) with the no_sync helper: replicas keep their
+// own sums and reduce once per K micro-batches.
+TEST(MirroredStrategy, GradientAccumulatorMatchesOneLargeBatch) {
+  data::Split d = data::make_synthetic(64, 24, 10, 4, data::SyntheticLabels::teacher);
+  losses::SparseCategoricalCrossentropy loss_fn(false, losses::Reduction::none);
+  // One update from the whole 64 rows on one device.
+  auto reference = large_mlp(24, 16);
+  {
+    auto vars = reference->trainable_variables();
+    GradientTape tape;
+    Tensor loss = distribute::compute_average_loss(loss_fn(d.y, (*reference)(d.x, true)), 64);
+    reference->optimizer().apply_gradients(tape.gradient(loss, vars), vars);
+  }
+  MirroredStrategy strategy(2);
+  std::unique_ptr<Sequential> model;
+  {
+    auto scope = strategy.scope();
+    model = large_mlp(24, 16);
+  }
+  auto vars = model->trainable_variables();
+  distribute::GradientAccumulator accumulator(strategy, 4);
+  data::Dataset ds = data::Dataset::from_tensor_slices({d.x, d.y}).batch(16);
+  int updates = 0;
+  for (const auto& batch : strategy.experimental_distribute_dataset(ds)) {
+    strategy.run(
+        [&](const data::Element& b) {
+          GradientTape tape;
+          Tensor loss = distribute::compute_average_loss(loss_fn(b[1], (*model)(b[0], true)), 16);
+          accumulator.accumulate(tape.gradient(loss, vars));
+        },
+        batch);
+    if (accumulator.ready()) {
+      model->optimizer().apply_gradients(accumulator.reduce(ReduceOp::SUM), vars);
+      ++updates;
+    }
+  }
+  EXPECT_EQ(updates, 1);
+  EXPECT_LE(relative_difference(*model, *reference), 1e-5);
+}
+
+// A layer that fails on one replica, to check that failures stop everything cleanly.
+class FailOnReplica : public nn::Layer {
+ public:
+  explicit FailOnReplica(int replica) : Layer("fail_on_replica"), replica_(replica) {}
+  Shape compute_output_shape(const Shape& s) const override { return s; }
+  std::string class_name() const override { return "FailOnReplica"; }
+
+ protected:
+  Tensor call(const Tensor& x, bool) override {
+    if (replica_context().replica_id == replica_) DTRAIN_THROW(InvalidArgument, "planted failure");
+    return x;
+  }
+
+ private:
+  int replica_;
+};
+
+TEST(MirroredStrategy, AFailingReplicaIsNamedAndNothingHangs) {
+  MirroredStrategy strategy(2);
+  data::Split d = data::make_synthetic(64, 8, 10, 1, data::SyntheticLabels::teacher);
+  std::unique_ptr<Sequential> model;
+  {
+    auto scope = strategy.scope();
+    model = std::make_unique<Sequential>();
+    model->add<nn::Dense>(8, "relu");
+    model->add<FailOnReplica>(1);
+    model->add<nn::Dense>(10, "softmax");
+    model->compile("adam", "sparse_categorical_crossentropy");
+  }
+  try {
+    model->fit(d.x, d.y, quiet(32));
+    ADD_FAILURE() << "fit did not fail";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("MirroredStrategy replica 1 (/cpu:1)"), std::string::npos) << what;
+    EXPECT_NE(what.find("planted failure"), std::string::npos) << what;
+  }
+  // A custom loop: replica 0 waits in apply_gradients' all-reduce for replica 1, which fails.
+  auto vars = model->trainable_variables();
+  try {
+    strategy.run([&] {
+      if (replica_context().replica_id == 1) DTRAIN_THROW(IoError, "replica one's input broke");
+      std::vector<Tensor> grads;
+      for (Variable* v : vars) grads.push_back(Tensor::zeros(v->shape()));
+      model->optimizer().apply_gradients(grads, vars);
+    });
+    ADD_FAILURE() << "run did not fail";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("replica 1 (/cpu:1): replica one's input broke"), std::string::npos) << e.what();
+  }
+  // The strategy still works afterwards.
+  PerReplica<Tensor> ids = strategy.run([] { return Tensor::scalar(static_cast<float>(replica_context().replica_id)); });
+  EXPECT_FLOAT_EQ(strategy.reduce(ReduceOp::SUM, ids).item(), 1.0f);
+}
+
+TEST(MirroredStrategy, MisuseIsAClearError) {
+  MirroredStrategy strategy(2);
+  // A variable made outside the scope, used inside run.
+  auto outside = large_mlp(8, 4);
+  try {
+    strategy.run([&] { (*outside)(Tensor::zeros(Shape{2, 8})); });
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("variable 'dense/kernel' was created outside the scope"), std::string::npos)
+        << e.what();
+  }
+  // A global batch smaller than the replicas.
+  std::unique_ptr<Sequential> model;
+  {
+    auto scope = strategy.scope();
+    model = large_mlp(8, 4);
+  }
+  data::Split d = data::make_synthetic(8, 8, 10, 1, data::SyntheticLabels::teacher);
+  try {
+    model->fit(d.x, d.y, quiet(1));
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("fewer than the 2 replicas"), std::string::npos) << e.what();
+  }
+  auto tiny = strategy.experimental_distribute_dataset(data::Dataset::from_tensor_slices({d.x, d.y}).batch(1));
+  EXPECT_THROW(tiny.make_iterator().next(), InvalidArgument);
+  // reduce of a value that is not per-replica.
+  try {
+    strategy.reduce(ReduceOp::SUM, Tensor::scalar(1.0f));
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("not a per-replica value"), std::string::npos) << e.what();
+  }
+  // A per-replica argument of the wrong width.
+  EXPECT_THROW(strategy.run([](const Tensor&) {}, PerReplica<Tensor>({Tensor::scalar(1.0f)})), InvalidArgument);
+  // Devices.
+  EXPECT_THROW(MirroredStrategy(std::vector<std::string>{"/gpu:0"}), Unsupported);
+  EXPECT_THROW(MirroredStrategy(std::vector<std::string>{"/cpu:0", "cpu:0"}), InvalidArgument);
+  EXPECT_THROW(MirroredStrategy(std::vector<std::string>{"/tpu:0"}), InvalidArgument);
+  EXPECT_THROW(MirroredStrategy(0), InvalidArgument);
+  EXPECT_EQ(MirroredStrategy(std::vector<std::string>{"/job:localhost/replica:0/task:0/device:CPU:1", "/device:CPU:0"})
+                .devices(),
+            (std::vector<std::string>{"/cpu:1", "/cpu:0"}));
+}
+
+TEST(MirroredStrategy, ReduceGatherAndDistributedBatches) {
+  MirroredStrategy strategy(2);
+  // Dataset of 7 rows in global batches of 4: replicas get 2+2, then 2+1 (TensorFlow's example).
+  data::Dataset ds = data::Dataset::from_tensor_slices({Tensor::from_vector(Shape{7}, {0, 1, 2, 3, 4, 5, 6})}).batch(4);
+  std::vector<std::vector<std::vector<float>>> seen;
+  for (const auto& batch : strategy.experimental_distribute_dataset(ds)) {
+    seen.push_back({batch[0][0].to_vector(), batch[1][0].to_vector()});
+    PerReplica<Tensor> doubled = strategy.run([](const data::Element& b) { return b[0] * 2.0f; }, batch);
+    EXPECT_EQ(strategy.gather(doubled).to_vector().size(), batch[0][0].numel() + batch[1][0].numel());
+  }
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0], (std::vector<std::vector<float>>{{0, 1}, {2, 3}}));
+  EXPECT_EQ(seen[1], (std::vector<std::vector<float>>{{4, 5}, {6}}));
+
+  PerReplica<Tensor> v({Tensor::from_vector(Shape{2, 2}, {1, 2, 3, 4}), Tensor::from_vector(Shape{2, 2}, {10, 20, 30, 40})});
+  EXPECT_EQ(strategy.reduce(ReduceOp::SUM, v).to_vector(), (std::vector<float>{11, 22, 33, 44}));
+  EXPECT_EQ(strategy.reduce(ReduceOp::MEAN, v).to_vector(), (std::vector<float>{5.5f, 11, 16.5f, 22}));
+  EXPECT_EQ(strategy.reduce(ReduceOp::SUM, v, 0).to_vector(), (std::vector<float>{44, 66}));
+  EXPECT_EQ(strategy.reduce(ReduceOp::MEAN, v, 0).to_vector(), (std::vector<float>{11, 16.5f}));
+  EXPECT_EQ(strategy.gather(v).to_vector(), (std::vector<float>{1, 2, 3, 4, 10, 20, 30, 40}));
+  PerReplica<Tensor> mismatched({Tensor::zeros(Shape{2}), Tensor::zeros(Shape{3})});
+  EXPECT_THROW(strategy.reduce(ReduceOp::SUM, mismatched), InvalidArgument);
+}
+
+TEST(MirroredStrategy, DropoutMasksDifferPerReplicaAndRepeatWithTheSeed) {
+  auto masks = [] {
+    MirroredStrategy strategy(2);
+    std::unique_ptr<nn::Dropout> dropout;
+    {
+      auto scope = strategy.scope();
+      dropout = std::make_unique<nn::Dropout>(0.5f, 42);
+      dropout->build(Shape{4, 16});
+    }
+    return strategy.run([&] { return (*dropout)(Tensor::full(Shape{4, 16}, 1.0f), true); });
+  };
+  PerReplica<Tensor> a = masks(), b = masks();
+  EXPECT_NE(a[0].to_vector(), a[1].to_vector());
+  EXPECT_EQ(a[0].to_vector(), b[0].to_vector());
+  EXPECT_EQ(a[1].to_vector(), b[1].to_vector());
+}
+
+TEST(OneDeviceStrategy, RunsOneReplicaOnAllCores) {
+  distribute::OneDeviceStrategy strategy("/cpu:0");
+  EXPECT_EQ(strategy.num_replicas_in_sync(), 1);
+  EXPECT_EQ(strategy.threads_per_replica(), available_cores());
+  PerReplica<Tensor> out = strategy.run([] { return Tensor::scalar(3.0f); });
+  EXPECT_FLOAT_EQ(strategy.reduce(ReduceOp::MEAN, out).item(), 3.0f);
+}
+
+}  // namespace
+}  // namespace dtrain
