@@ -6,6 +6,7 @@
 #include "dtrain/autograd/variable.h"
 #include "dtrain/core/allocator.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/replica.h"
 #include "dtrain/core/rng.h"
 #include "dtrain/core/tensor.h"
 #include "dtrain/core/threads.h"

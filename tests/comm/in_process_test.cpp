@@ -12,42 +12,55 @@ namespace dtrain::comm {
 namespace {
 
 // Values are small integers, so every order of summation gives the exact sum.
-float contribution(int replica, std::size_t bucket, std::size_t i, int round) {
-  return static_cast<float>((replica + 1) * 3 + static_cast<int>(bucket) * 5 + static_cast<int>(i % 7) + round);
+float contribution(int replica, std::size_t segment, std::size_t i, int round) {
+  return static_cast<float>((replica + 1) * 3 + static_cast<int>(segment) * 5 + static_cast<int>(i % 7) + round);
 }
 
 class AllReduceSweep : public ::testing::TestWithParam<std::tuple<int, std::size_t>> {};
 
 TEST_P(AllReduceSweep, EveryReplicaSeesTheSumEveryRound) {
   const auto [replicas, count] = GetParam();
-  // Three buckets of different sizes; a small chunk so large buckets split into many.
-  const std::vector<std::size_t> sizes{count, count / 2 + 1, 3};
-  std::vector<std::vector<std::vector<float>>> storage(sizes.size());
-  std::vector<std::vector<float*>> inputs(sizes.size());
-  for (std::size_t b = 0; b < sizes.size(); ++b)
-    for (int r = 0; r < replicas; ++r) {
-      storage[b].emplace_back(sizes[b]);
-      inputs[b].push_back(storage[b].back().data());
+  // Three buckets: one segment; two segments; a small one. A small chunk splits large
+  // segments into many chunks.
+  const std::vector<std::vector<std::size_t>> segments{{count}, {count / 2 + 1, 5}, {3}};
+  // inputs[bucket][segment][replica], outputs[bucket]
+  std::vector<std::vector<std::vector<std::vector<float>>>> inputs(segments.size());
+  std::vector<std::vector<float>> outputs;
+  std::vector<float*> output_ptrs;
+  for (std::size_t b = 0; b < segments.size(); ++b) {
+    std::size_t total = 0;
+    for (std::size_t n : segments[b]) {
+      inputs[b].emplace_back(static_cast<std::size_t>(replicas), std::vector<float>(n));
+      total += n;
     }
-  InProcessAllReduce all_reduce(inputs, sizes, /*chunk_floats=*/1000);
+    outputs.emplace_back(total);
+    output_ptrs.push_back(outputs.back().data());
+  }
+  InProcessAllReduce all_reduce(replicas, segments, output_ptrs, /*chunk_floats=*/1000);
   constexpr int kRounds = 3;
   std::vector<int> mismatches(static_cast<std::size_t>(replicas), 0);
   std::barrier<> readers_done(replicas);
   auto body = [&](int r) {
     for (int round = 0; round < kRounds; ++round) {
-      for (std::size_t b = 0; b < sizes.size(); ++b) {
-        float* in = all_reduce.input(r, b);
-        for (std::size_t i = 0; i < sizes[b]; ++i) in[i] = contribution(r, b, i, round);
+      for (std::size_t b = 0; b < segments.size(); ++b) {
+        for (std::size_t s = 0; s < segments[b].size(); ++s) {
+          std::vector<float>& in = inputs[b][s][static_cast<std::size_t>(r)];
+          for (std::size_t i = 0; i < in.size(); ++i) in[i] = contribution(r, s, i, round);
+          all_reduce.set_input(r, b, s, in.data());
+        }
         all_reduce.arrive(r, b);
       }
       all_reduce.finish(r);
-      for (std::size_t b = 0; b < sizes.size(); ++b)
-        for (std::size_t i = 0; i < sizes[b]; ++i) {
-          float want = 0;
-          for (int k = 0; k < replicas; ++k) want += contribution(k, b, i, round);
-          if (all_reduce.result(b)[i] != want) ++mismatches[static_cast<std::size_t>(r)];
-        }
-      // Replica 0 overwrites the result with its next contribution: wait for readers.
+      for (std::size_t b = 0; b < segments.size(); ++b) {
+        std::size_t at = 0;
+        for (std::size_t s = 0; s < segments[b].size(); ++s)
+          for (std::size_t i = 0; i < segments[b][s]; ++i, ++at) {
+            float want = 0;
+            for (int k = 0; k < replicas; ++k) want += contribution(k, s, i, round);
+            if (outputs[b][at] != want) ++mismatches[static_cast<std::size_t>(r)];
+          }
+      }
+      // The next round rewrites the inputs and the output: wait for every reader.
       readers_done.arrive_and_wait();
     }
   };
@@ -63,10 +76,32 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndSizes, AllReduceSweep,
                                             ::testing::Values(std::size_t{0}, std::size_t{1}, std::size_t{1001},
                                                               std::size_t{70001})));
 
+TEST(InProcessAllReduce, AMissingInputCountsAsZeros) {
+  std::vector<float> a{1, 2, 3}, c{10, 20, 30}, out(3);
+  InProcessAllReduce all_reduce(3, {{3}}, {out.data()});
+  std::thread other([&] {
+    all_reduce.set_input(2, 0, 0, c.data());
+    all_reduce.arrive(2, 0);
+    all_reduce.finish(2);
+  });
+  std::thread none([&] {
+    all_reduce.set_input(1, 0, 0, nullptr);  // this replica had no gradient
+    all_reduce.arrive(1, 0);
+    all_reduce.finish(1);
+  });
+  all_reduce.set_input(0, 0, 0, a.data());
+  all_reduce.arrive(0, 0);
+  all_reduce.finish(0);
+  other.join();
+  none.join();
+  EXPECT_EQ(out, (std::vector<float>{11, 22, 33}));
+}
+
 TEST(InProcessAllReduce, AbortReleasesAWaitingReplicaNamingTheFailedOne) {
-  std::vector<float> a(100), b(100);
-  InProcessAllReduce all_reduce({{a.data(), b.data()}}, {100});
+  std::vector<float> a(100), out(100);
+  InProcessAllReduce all_reduce(2, {{100}}, {out.data()});
   std::thread failing([&] { all_reduce.abort(1, "the loss was NaN"); });
+  all_reduce.set_input(0, 0, 0, a.data());
   all_reduce.arrive(0, 0);
   try {
     all_reduce.finish(0);
@@ -78,9 +113,10 @@ TEST(InProcessAllReduce, AbortReleasesAWaitingReplicaNamingTheFailedOne) {
 }
 
 TEST(InProcessAllReduce, RejectsMismatchedInputs) {
-  std::vector<float> a(4);
-  EXPECT_THROW(InProcessAllReduce({{a.data()}, {a.data(), a.data()}}, {4, 4}), InvalidArgument);
-  EXPECT_THROW(InProcessAllReduce({{a.data()}}, {4, 4}), InvalidArgument);
+  std::vector<float> out(4);
+  EXPECT_THROW(InProcessAllReduce(2, {{4}, {4}}, {out.data()}), InvalidArgument);
+  EXPECT_THROW(InProcessAllReduce(0, {{4}}, {out.data()}), InvalidArgument);
+  EXPECT_THROW(InProcessAllReduce(2, {{4}}, {nullptr}), InvalidArgument);
 }
 
 }  // namespace

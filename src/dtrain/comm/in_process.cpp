@@ -6,38 +6,80 @@
 #include "dtrain/core/error.h"
 
 namespace dtrain::comm {
-InProcessAllReduce::InProcessAllReduce(std::vector<std::vector<float*>> inputs, std::vector<std::size_t> bucket_sizes,
-                                       std::size_t chunk_floats)
-    : replicas_(inputs.empty() ? 1 : static_cast<int>(inputs[0].size())),
-      chunk_floats_(std::max<std::size_t>(chunk_floats, 1)),
-      buckets_(bucket_sizes.size()) {
-  if (inputs.size() != bucket_sizes.size())
-    DTRAIN_THROW(InvalidArgument, "InProcessAllReduce: ", inputs.size(), " input lists for ", bucket_sizes.size(),
-                 " buckets");
-  if (replicas_ < 1) DTRAIN_THROW(InvalidArgument, "InProcessAllReduce: a bucket has no replicas");
-  round_.assign(static_cast<std::size_t>(replicas_), 1);
+namespace {
+
+// About 20-50 microseconds of polling on current x86 cores.
+constexpr int kSpins = 4000;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void add_loop(float* __restrict out,
+                                                                          const float* __restrict in, std::size_t n) {
+#pragma omp simd
+  for (std::size_t i = 0; i < n; ++i) out[i] += in[i];
+}
+
+// out[i] = a[i] + b[i]
+__attribute__((target_clones("avx512f", "avx2", "default"))) void sum_loop(float* __restrict out,
+                                                                          const float* __restrict a,
+                                                                          const float* __restrict b, std::size_t n) {
+#pragma omp simd
+  for (std::size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+}  // namespace
+
+void add_into(float* out, const float* in, std::size_t n) { add_loop(out, in, n); }
+
+InProcessAllReduce::InProcessAllReduce(int replicas, std::vector<std::vector<std::size_t>> segments,
+                                       std::vector<float*> outputs, std::size_t chunk_floats)
+    : replicas_(replicas), buckets_(segments.size()), round_(static_cast<std::size_t>(std::max(replicas, 1)), 1) {
+  if (replicas < 1) DTRAIN_THROW(InvalidArgument, "InProcessAllReduce: replicas must be >= 1, got ", replicas);
+  if (outputs.size() != segments.size())
+    DTRAIN_THROW(InvalidArgument, "InProcessAllReduce: ", outputs.size(), " outputs for ", segments.size(), " buckets");
+  chunk_floats = std::max<std::size_t>(chunk_floats, 1);
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    if (static_cast<int>(inputs[b].size()) != replicas_)
-      DTRAIN_THROW(InvalidArgument, "InProcessAllReduce: bucket ", b, " has ", inputs[b].size(), " inputs, bucket 0 has ",
-                   replicas_);
     Bucket& bucket = buckets_[b];
-    bucket.size = bucket_sizes[b];
-    bucket.chunks = (bucket.size + chunk_floats_ - 1) / chunk_floats_;
-    bucket.inputs = std::move(inputs[b]);
+    bucket.output = outputs[b];
+    std::size_t offset = 0;
+    for (std::size_t s = 0; s < segments[b].size(); ++s) {
+      bucket.offsets.push_back(offset);
+      for (std::size_t begin = 0; begin < segments[b][s]; begin += chunk_floats)
+        bucket.chunks.push_back(Chunk{s, begin, std::min(segments[b][s], begin + chunk_floats)});
+      offset += segments[b][s];
+    }
+    if (offset > 0 && bucket.output == nullptr)
+      DTRAIN_THROW(InvalidArgument, "InProcessAllReduce: bucket ", b, " has no output");
+    bucket.inputs.assign(segments[b].size() * static_cast<std::size_t>(replicas), nullptr);
   }
 }
 
-InProcessAllReduce::~InProcessAllReduce() = default;
-
-void InProcessAllReduce::sum_chunk(Bucket& b, std::size_t chunk) {
-  const std::size_t begin = chunk * chunk_floats_;
-  const std::size_t n = std::min(b.size, begin + chunk_floats_) - begin;
-  float* __restrict out = b.inputs[0] + begin;
-  // Always ((in0 + in1) + in2) + ...: the same sum whichever replica does it.
-  for (int r = 1; r < replicas_; ++r) {
-    const float* __restrict in = b.inputs[static_cast<std::size_t>(r)] + begin;
-    for (std::size_t i = 0; i < n; ++i) out[i] += in[i];
+void InProcessAllReduce::sum_chunk(const Bucket& b, const Chunk& c) const {
+  float* out = b.output + b.offsets[c.segment] + c.begin;
+  const std::size_t n = c.end - c.begin;
+  const float* const* in = b.inputs.data() + c.segment * static_cast<std::size_t>(replicas_);
+  // Always ((in0 + in1) + in2) + ... over the replicas that have the segment: the same
+  // sum whichever replica computes it.
+  int r = 0;
+  while (r < replicas_ && in[r] == nullptr) ++r;
+  if (r == replicas_) {
+    std::fill(out, out + n, 0.0f);
+    return;
   }
+  const float* first = in[r] + c.begin;
+  int s = r + 1;
+  while (s < replicas_ && in[s] == nullptr) ++s;
+  if (s == replicas_) {
+    std::copy(first, first + n, out);
+    return;
+  }
+  sum_loop(out, first, in[s] + c.begin, n);
+  for (++s; s < replicas_; ++s)
+    if (in[s]) add_loop(out, in[s] + c.begin, n);
 }
 
 bool InProcessAllReduce::help(std::uint64_t round) {
@@ -45,11 +87,12 @@ bool InProcessAllReduce::help(std::uint64_t round) {
   const auto replicas = static_cast<std::uint64_t>(replicas_);
   for (Bucket& b : buckets_) {
     if (b.arrived.load(std::memory_order_acquire) < round * replicas) continue;
-    const std::uint64_t first = (round - 1) * b.chunks, limit = round * b.chunks;
+    const std::uint64_t chunks = b.chunks.size();
+    const std::uint64_t first = (round - 1) * chunks, limit = round * chunks;
     std::uint64_t c = b.claimed.load(std::memory_order_relaxed);
     while (c < limit) {
       if (!b.claimed.compare_exchange_weak(c, c + 1, std::memory_order_relaxed)) continue;
-      sum_chunk(b, static_cast<std::size_t>(c - first));
+      sum_chunk(b, b.chunks[static_cast<std::size_t>(c - first)]);
       b.done.fetch_add(1, std::memory_order_release);
       any = true;
       c = b.claimed.load(std::memory_order_relaxed);
@@ -81,7 +124,7 @@ void InProcessAllReduce::finish(int replica) {
     help(round);
     bool complete = true;
     for (const Bucket& b : buckets_)
-      if (b.done.load(std::memory_order_acquire) < round * b.chunks ||
+      if (b.done.load(std::memory_order_acquire) < round * b.chunks.size() ||
           b.arrived.load(std::memory_order_acquire) < round * static_cast<std::uint64_t>(replicas_)) {
         complete = false;
         break;
@@ -90,6 +133,9 @@ void InProcessAllReduce::finish(int replica) {
     const int failed = aborted_by_.load(std::memory_order_acquire);
     if (failed >= 0)
       DTRAIN_THROW(PeerFailure, "all-reduce abandoned: replica ", failed, " failed (", abort_reason_, ")");
+    // Replicas arrive close together, and sleeping costs tens of microseconds on a
+    // wake-up: spin briefly for progress before sleeping on it.
+    for (int spin = 0; spin < kSpins && progress_.load(std::memory_order_acquire) == seen; ++spin) cpu_relax();
     progress_.wait(seen, std::memory_order_acquire);
   }
   ++round;

@@ -1,8 +1,10 @@
 // Gradients summed over replicas in fused buckets while backward still runs. Variables
 // are grouped in the reverse of their order (backward produces the last layer's
-// gradients first) into buckets of at least `bucket_bytes`; a replica copies each final
-// gradient into its own buffer of the bucket and, once it has every gradient of a
-// bucket, hands the bucket to the in-process all-reduce and goes on with its backward.
+// gradients first) into buckets of at least `bucket_bytes`; once a replica has every
+// final gradient of a bucket, it hands the bucket to the in-process all-reduce, which
+// reads the gradients where backward left them, and goes on with its backward. When
+// accumulating, each replica adds its gradients into buffers of its own and the last
+// micro-batch of a group hands those over instead.
 // Internal to the distribute layer.
 #pragma once
 
@@ -34,13 +36,17 @@ class BucketReducer final : public GradientReducer {
  private:
   struct Place {
     std::size_t bucket;
-    std::size_t offset;  // floats into the bucket
+    std::size_t segment;  // the variable's place in its bucket
+    std::size_t offset;   // floats into the bucket's output
     std::int64_t numel;
   };
   struct ReplicaState {
     std::vector<std::size_t> filled;  // [bucket] gradients received this step
-    std::vector<char> defined;        // [variable] some gradient was defined this cycle
-    bool fresh = true;                // the first micro-batch of a cycle: copy, do not add
+    std::vector<char> defined;        // [variable] what this replica handed over had a gradient
+    bool fresh = true;                // the first micro-batch of a group
+    std::vector<Tensor> held;         // [variable] gradients the all-reduce reads, kept alive
+    std::vector<Tensor> sums;         // [variable] accumulation buffers (allocated on first use)
+    std::vector<char> summed;         // [variable] sums holds a gradient this group
     std::vector<Tensor> reduced;      // [variable] this replica's copy of the result list
   };
 
@@ -48,7 +54,7 @@ class BucketReducer final : public GradientReducer {
   bool reduce_ = true;
   std::vector<Place> places_;                       // [variable]
   std::vector<std::size_t> bucket_vars_;            // [bucket] how many variables
-  std::vector<std::vector<Tensor>> buffers_;        // [bucket][replica], flat float32
+  std::vector<Tensor> outputs_;                     // [bucket] the sums, flat float32
   std::unique_ptr<comm::InProcessAllReduce> all_reduce_;
   std::vector<ReplicaState> states_;                // [replica], each touched by its replica only
   std::vector<Tensor> views_;                       // [variable] the sum, shaped like it

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "dtrain/comm/in_process.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/distribute/bucket_reducer.h"
 
@@ -200,8 +201,7 @@ std::vector<Tensor> ReplicaGroup::all_reduce_sum(std::span<const Tensor> values)
       if (!t.defined()) continue;
       const float* in = t.data<float>();
       if (first) std::copy(in + begin, in + end, out + begin);
-      else
-        for (std::int64_t j = begin; j < end; ++j) out[j] += in[j];
+      else comm::add_into(out + begin, in + begin, static_cast<std::size_t>(end - begin));
       first = false;
     }
   }

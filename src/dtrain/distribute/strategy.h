@@ -236,7 +236,7 @@ auto Strategy::run(Fn&& fn, const Args&... args) const {
   (check_arity(args), ...);
   using Result = std::invoke_result_t<Fn&, decltype(local(args, 0))...>;
   if constexpr (std::is_void_v<Result>) {
-    run_replicas([&](int r) { fn(local(args, r)...); });
+    run_replicas([&]([[maybe_unused]] int r) { fn(local(args, r)...); });
   } else {
     std::vector<std::optional<Result>> results(static_cast<std::size_t>(num_replicas_in_sync()));
     run_replicas([&](int r) { results[static_cast<std::size_t>(r)].emplace(fn(local(args, r)...)); });
