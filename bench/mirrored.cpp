@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/comm/in_process.h"
 #include "dtrain/dtrain.h"
 #include "timing.h"
 
@@ -97,6 +98,53 @@ int main(int argc, char** argv) {
     }
   }
   set_num_threads(cores);
+
+  // Where a step's time goes, measured piece by piece in the same process: forward and
+  // backward on one device and on the replicas (no reduction, no update), the update on
+  // one device and the replicas' shares of it, and the sum of the gradients.
+  Sequential& one = *ways[0].model;
+  distribute::Strategy& strategy = *ways[1].strategy;
+  Sequential& mirrored_model = *ways[1].model;
+  losses::SparseCategoricalCrossentropy loss_fn;
+  const std::vector<Variable*> vars = one.trainable_variables(), mvars = mirrored_model.trainable_variables();
+  const Tensor xb = d.x.slice(0, batch), yb = d.y.slice(0, batch);
+  const int samples = quick ? 3 : 7;
+  const double fb_one = bench::seconds_per_call([&] {
+    GradientTape tape;
+    tape.gradient(loss_fn(yb, one(xb, true)), vars);
+  }, samples);
+  const std::int64_t share = batch / replicas;
+  const double fb_replicas = bench::seconds_per_call([&] {
+    strategy.run([&] {
+      const std::int64_t r = replica_context().replica_id;
+      GradientTape tape;
+      tape.gradient(loss_fn(yb.slice(r * share, (r + 1) * share), mirrored_model(xb.slice(r * share, (r + 1) * share), true)), mvars);
+    });
+  }, samples);
+  std::vector<Tensor> grads;
+  for (Variable* v : vars) grads.push_back(Tensor::full(v->shape(), 1e-6f));
+  optim::Adam adam_one, adam_shared;
+  const double update_one = bench::seconds_per_call([&] { adam_one.apply_gradients(grads, vars); }, samples);
+  const double update_shares = bench::seconds_per_call([&] {
+    adam_shared.begin_shared_update(mvars);
+    strategy.run([&] { adam_shared.apply_share(grads, mvars, replica_context().replica_id, replicas); });
+    adam_shared.end_shared_update();
+  }, samples);
+  const double run_alone = bench::seconds_per_call([&] { strategy.run([] {}); }, samples);
+  std::size_t floats = 0;
+  for (Variable* v : vars) floats += static_cast<std::size_t>(v->numel());
+  std::vector<std::vector<float>> inputs(static_cast<std::size_t>(replicas), std::vector<float>(floats, 1.0f));
+  std::vector<float> sum(floats);
+  comm::InProcessAllReduce all_reduce(replicas, {{floats}}, {sum.data()});
+  const double reduce = bench::seconds_per_call([&] {
+    strategy.run([&] {
+      const int r = replica_context().replica_id;
+      all_reduce.set_input(r, 0, 0, inputs[static_cast<std::size_t>(r)].data());
+      all_reduce.arrive(r, 0);
+      all_reduce.finish(r);
+    });
+  }, samples) - run_alone;
+
   std::printf("Seeds' large MLP, fit(), global batch %lld, %d steps per epoch, median of %d rounds\n\n",
               static_cast<long long>(batch), steps, rounds);
   std::printf("| way | samples/s | against one device |\n|---|---|---|\n");
@@ -105,5 +153,17 @@ int main(int argc, char** argv) {
     const double s = bench::median(w.samples_per_second);
     std::printf("| %s | %.0f | %.2f |\n", w.name.c_str(), s, s / base);
   }
+  const double step_one = static_cast<double>(batch) / base;
+  const double step_mirrored = static_cast<double>(batch) / bench::median(ways[1].samples_per_second);
+  std::printf("\nOne step, piece by piece (ms):\n\n| piece | one device, %d threads | MirroredStrategy, %s |\n|---|---|---|\n",
+              cores, rxt.c_str());
+  std::printf("| forward + backward | %.2f | %.2f |\n", fb_one * 1e3, (fb_replicas - run_alone) * 1e3);
+  std::printf("| sum of the gradients (%.1f MiB, all at once) | - | %.2f |\n", static_cast<double>(floats) * 4 / (1 << 20), reduce * 1e3);
+  std::printf("| Adam update (one device) / each replica's share | %.2f | %.2f |\n", update_one * 1e3,
+              (update_shares - run_alone) * 1e3);
+  std::printf("| starting and joining the replicas | - | %.3f |\n", run_alone * 1e3);
+  std::printf("| sum of the pieces | %.2f | %.2f |\n", (fb_one + update_one) * 1e3,
+              (fb_replicas + reduce + update_shares - run_alone) * 1e3);
+  std::printf("| measured step in fit() | %.2f | %.2f |\n", step_one * 1e3, step_mirrored * 1e3);
   return 0;
 }

@@ -16,10 +16,11 @@ float contribution(int replica, std::size_t segment, std::size_t i, int round) {
   return static_cast<float>((replica + 1) * 3 + static_cast<int>(segment) * 5 + static_cast<int>(i % 7) + round);
 }
 
-class AllReduceSweep : public ::testing::TestWithParam<std::tuple<int, std::size_t>> {};
+// World size, element count, and whether sums bypass the caches.
+class AllReduceSweep : public ::testing::TestWithParam<std::tuple<int, std::size_t, bool>> {};
 
 TEST_P(AllReduceSweep, EveryReplicaSeesTheSumEveryRound) {
-  const auto [replicas, count] = GetParam();
+  const auto [replicas, count, streaming] = GetParam();
   // Three buckets: one segment; two segments; a small one. A small chunk splits large
   // segments into many chunks.
   const std::vector<std::vector<std::size_t>> segments{{count}, {count / 2 + 1, 5}, {3}};
@@ -36,7 +37,8 @@ TEST_P(AllReduceSweep, EveryReplicaSeesTheSumEveryRound) {
     outputs.emplace_back(total);
     output_ptrs.push_back(outputs.back().data());
   }
-  InProcessAllReduce all_reduce(replicas, segments, output_ptrs, /*chunk_floats=*/1000);
+  InProcessAllReduce all_reduce(replicas, segments, output_ptrs, /*chunk_floats=*/1000,
+                                /*streaming_above_bytes=*/streaming ? 1 : std::size_t{1} << 40);
   constexpr int kRounds = 3;
   std::vector<int> mismatches(static_cast<std::size_t>(replicas), 0);
   std::barrier<> readers_done(replicas);
@@ -74,7 +76,8 @@ TEST_P(AllReduceSweep, EveryReplicaSeesTheSumEveryRound) {
 INSTANTIATE_TEST_SUITE_P(WorldsAndSizes, AllReduceSweep,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4),
                                             ::testing::Values(std::size_t{0}, std::size_t{1}, std::size_t{1001},
-                                                              std::size_t{70001})));
+                                                              std::size_t{70001}),
+                                            ::testing::Bool()));
 
 TEST(InProcessAllReduce, AMissingInputCountsAsZeros) {
   std::vector<float> a{1, 2, 3}, c{10, 20, 30}, out(3);

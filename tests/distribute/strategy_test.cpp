@@ -116,6 +116,20 @@ TEST(MirroredStrategy, ShortLastBatchAndOddSplitsMatchOneDevice) {
   ASSERT_EQ(h.history.at("loss").size(), 2u);
 }
 
+TEST(MirroredStrategy, FitOnADatasetMatchesFitOnTensors) {
+  data::Split d = data::make_synthetic(96, 12, 10, 8, data::SyntheticLabels::teacher);
+  MirroredStrategy strategy(2);
+  std::unique_ptr<Sequential> on_tensors, on_dataset;
+  {
+    auto scope = strategy.scope();
+    on_tensors = large_mlp(12, 8);
+    on_dataset = large_mlp(12, 8);
+  }
+  on_tensors->fit(d.x, d.y, quiet(32, 2));
+  on_dataset->fit(data::Dataset::from_tensor_slices({d.x, d.y}).batch(32).prefetch(data::AUTOTUNE), quiet(32, 2));
+  EXPECT_EQ(relative_difference(*on_dataset, *on_tensors), 0.0);
+}
+
 // The seeds' custom loop (003 example 3): the step, optimizer included, runs in
 // strategy.run; apply_gradients in a replica sums the replicas' gradients.
 TEST(MirroredStrategy, CustomLoopWithRunMatchesOneDevice) {

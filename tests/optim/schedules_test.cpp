@@ -38,6 +38,16 @@ TEST(Schedules, Cosine) {
   EXPECT_NEAR(c(25), 0.9 * 0.5 * (1 + std::cos(std::numbers::pi / 4)) + 0.1, 1e-6);
 }
 
+TEST(Schedules, LinearScalingRuleAndGradualWarmup) {
+  EXPECT_FLOAT_EQ(linear_scaling_rule(0.1f, 8), 0.8f);
+  EXPECT_THROW(linear_scaling_rule(0.1f, 0), InvalidArgument);
+  auto w = gradual_warmup(0.1f, 4, 10);
+  EXPECT_FLOAT_EQ((*w)(0), 0.1f);   // the single-device rate
+  EXPECT_FLOAT_EQ((*w)(5), 0.25f);  // halfway
+  EXPECT_FLOAT_EQ((*w)(10), 0.4f);  // then the scaled rate
+  EXPECT_FLOAT_EQ((*w)(1000), 0.4f);
+}
+
 TEST(Schedules, LinearWarmupThenWrapped) {
   auto after = std::make_shared<ExponentialDecay>(0.4f, 10, 0.5f);
   LinearWarmup w(after, 4);

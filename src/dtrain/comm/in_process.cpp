@@ -1,7 +1,12 @@
 // In-memory all-reduce among replica threads.
 #include "dtrain/comm/in_process.h"
 
+#include <immintrin.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
+#include <cstdint>
 
 #include "dtrain/core/error.h"
 
@@ -31,17 +36,47 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void sum_loop(float
   for (std::size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
+// out[i] = in[0][i] + in[1][i] + ... (in that order), written around the caches: for sums
+// too large to stay cached, this saves reading each output line before writing it.
+void sum_streaming(float* out, const float* const* in, int count, std::size_t n) {
+  std::size_t i = 0;
+  auto scalar = [&](std::size_t j) {
+    float v = in[0][j];
+    for (int k = 1; k < count; ++k) v += in[k][j];
+    out[j] = v;
+  };
+  for (; i < n && (reinterpret_cast<std::uintptr_t>(out + i) & 15u) != 0; ++i) scalar(i);
+  for (; i + 4 <= n; i += 4) {
+    __m128 v = _mm_loadu_ps(in[0] + i);
+    for (int k = 1; k < count; ++k) v = _mm_add_ps(v, _mm_loadu_ps(in[k] + i));
+    _mm_stream_ps(out + i, v);
+  }
+  for (; i < n; ++i) scalar(i);
+  _mm_sfence();  // the streamed stores are visible before the chunk is counted done
+}
+
+// Outputs larger than this are written around the caches: half the last-level cache.
+std::size_t streaming_threshold() {
+  const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return l3 > 0 ? static_cast<std::size_t>(l3) / 2 : std::size_t{16} << 20;
+}
+
+constexpr int kMaxReplicas = 256;
+
 }  // namespace
 
 void add_into(float* out, const float* in, std::size_t n) { add_loop(out, in, n); }
 
 InProcessAllReduce::InProcessAllReduce(int replicas, std::vector<std::vector<std::size_t>> segments,
-                                       std::vector<float*> outputs, std::size_t chunk_floats)
+                                       std::vector<float*> outputs, std::size_t chunk_floats,
+                                       std::size_t streaming_above_bytes)
     : replicas_(replicas), buckets_(segments.size()), round_(static_cast<std::size_t>(std::max(replicas, 1)), 1) {
-  if (replicas < 1) DTRAIN_THROW(InvalidArgument, "InProcessAllReduce: replicas must be >= 1, got ", replicas);
+  if (replicas < 1 || replicas > kMaxReplicas)
+    DTRAIN_THROW(InvalidArgument, "InProcessAllReduce: replicas must be in [1, ", kMaxReplicas, "], got ", replicas);
   if (outputs.size() != segments.size())
     DTRAIN_THROW(InvalidArgument, "InProcessAllReduce: ", outputs.size(), " outputs for ", segments.size(), " buckets");
   chunk_floats = std::max<std::size_t>(chunk_floats, 1);
+  std::size_t total = 0;
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     Bucket& bucket = buckets_[b];
     bucket.output = outputs[b];
@@ -55,31 +90,31 @@ InProcessAllReduce::InProcessAllReduce(int replicas, std::vector<std::vector<std
     if (offset > 0 && bucket.output == nullptr)
       DTRAIN_THROW(InvalidArgument, "InProcessAllReduce: bucket ", b, " has no output");
     bucket.inputs.assign(segments[b].size() * static_cast<std::size_t>(replicas), nullptr);
+    total += offset;
   }
+  streaming_ = total * sizeof(float) > (streaming_above_bytes ? streaming_above_bytes : streaming_threshold());
 }
 
 void InProcessAllReduce::sum_chunk(const Bucket& b, const Chunk& c) const {
   float* out = b.output + b.offsets[c.segment] + c.begin;
   const std::size_t n = c.end - c.begin;
-  const float* const* in = b.inputs.data() + c.segment * static_cast<std::size_t>(replicas_);
-  // Always ((in0 + in1) + in2) + ... over the replicas that have the segment: the same
-  // sum whichever replica computes it.
-  int r = 0;
-  while (r < replicas_ && in[r] == nullptr) ++r;
-  if (r == replicas_) {
+  // The replicas that have this segment, in replica order: the sum is always
+  // ((in0 + in1) + in2) + ..., the same whichever replica computes it.
+  std::array<const float*, kMaxReplicas> in;
+  int count = 0;
+  for (int r = 0; r < replicas_; ++r)
+    if (const float* p = b.inputs[c.segment * static_cast<std::size_t>(replicas_) + static_cast<std::size_t>(r)])
+      in[static_cast<std::size_t>(count++)] = p + c.begin;
+  if (count == 0) {
     std::fill(out, out + n, 0.0f);
-    return;
+  } else if (streaming_) {
+    sum_streaming(out, in.data(), count, n);
+  } else if (count == 1) {
+    std::copy(in[0], in[0] + n, out);
+  } else {
+    sum_loop(out, in[0], in[1], n);
+    for (int k = 2; k < count; ++k) add_loop(out, in[static_cast<std::size_t>(k)], n);
   }
-  const float* first = in[r] + c.begin;
-  int s = r + 1;
-  while (s < replicas_ && in[s] == nullptr) ++s;
-  if (s == replicas_) {
-    std::copy(first, first + n, out);
-    return;
-  }
-  sum_loop(out, first, in[s] + c.begin, n);
-  for (++s; s < replicas_; ++s)
-    if (in[s]) add_loop(out, in[s] + c.begin, n);
 }
 
 bool InProcessAllReduce::help(std::uint64_t round) {

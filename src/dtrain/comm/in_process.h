@@ -10,7 +10,8 @@
 // one output: in one address space the all-gather is the readers sharing that buffer.
 // Nobody waits at arrive(): a replica that arrives early goes back to its own work (the
 // rest of its backward pass) and helps with complete buckets when it next arrives or
-// finishes.
+// finishes. When all outputs together exceed half the last-level cache, sums are written
+// with streaming stores, which skip reading each output line before overwriting it.
 #pragma once
 
 #include <atomic>
@@ -28,9 +29,10 @@ class InProcessAllReduce {
  public:
   // segments[bucket] lists the sizes (in floats) of the bucket's segments; outputs[bucket]
   // points at their sum, laid end to end (caller-owned, kept alive). chunk_floats is the
-  // unit of work one replica claims.
+  // unit of work one replica claims. Outputs larger than streaming_above_bytes in total
+  // are written with streaming stores (0: half the last-level cache).
   InProcessAllReduce(int replicas, std::vector<std::vector<std::size_t>> segments, std::vector<float*> outputs,
-                     std::size_t chunk_floats = 16384);
+                     std::size_t chunk_floats = 16384, std::size_t streaming_above_bytes = 0);
   InProcessAllReduce(const InProcessAllReduce&) = delete;
   InProcessAllReduce& operator=(const InProcessAllReduce&) = delete;
 
@@ -72,6 +74,7 @@ class InProcessAllReduce {
   void sum_chunk(const Bucket& b, const Chunk& c) const;
 
   int replicas_;
+  bool streaming_ = false;  // sums too large for the caches bypass them
   std::vector<Bucket> buckets_;
   std::vector<std::uint64_t> round_;  // [replica]: the round each replica is in (its own slot)
   std::atomic<std::uint64_t> progress_{0};  // bumped on completed buckets, summed chunks and aborts; waited on

@@ -86,4 +86,14 @@ std::string LinearWarmup::describe() const {
   return detail::concat("LinearWarmup(", warmup_steps_, " steps, then ", after_->describe(), ")");
 }
 
+float linear_scaling_rule(float learning_rate, int replicas) {
+  if (replicas < 1) DTRAIN_THROW(InvalidArgument, "linear_scaling_rule: replicas must be >= 1, got ", replicas);
+  return learning_rate * static_cast<float>(replicas);
+}
+
+std::shared_ptr<LearningRateSchedule> gradual_warmup(float learning_rate, int replicas, std::int64_t warmup_steps) {
+  return std::make_shared<LinearWarmup>(std::make_shared<Constant>(linear_scaling_rule(learning_rate, replicas)),
+                                        warmup_steps, learning_rate);
+}
+
 }  // namespace dtrain::optim

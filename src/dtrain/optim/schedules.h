@@ -81,4 +81,17 @@ class LinearWarmup final : public LearningRateSchedule {
   float initial_;
 };
 
+// Learning rates for data parallelism (Goyal et al., 2017, "Accurate, Large Minibatch
+// SGD"). With N replicas that each keep the per-replica batch, the global batch is N
+// times larger: the linear scaling rule multiplies the learning rate by N, so that an
+// epoch's N-fold fewer updates move the weights about as far. Early in training the
+// scaled rate can diverge; gradual warmup starts at the single-device rate and rises
+// linearly to the scaled one over the first steps (the paper used 5 epochs).
+// Use them with SGD and momentum at large global batches; Adam is far less sensitive to
+// the batch size, and for it the scaled rate is often too high.
+float linear_scaling_rule(float learning_rate, int replicas);
+// LinearWarmup from learning_rate to linear_scaling_rule(learning_rate, replicas) over
+// warmup_steps, then that constant.
+std::shared_ptr<LearningRateSchedule> gradual_warmup(float learning_rate, int replicas, std::int64_t warmup_steps);
+
 }  // namespace dtrain::optim
