@@ -20,18 +20,6 @@ using namespace dtrain;
 
 namespace {
 
-bool has_flag(int argc, char** argv, const char* flag) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], flag) == 0) return true;
-  return false;
-}
-
-int int_flag(int argc, char** argv, const char* flag, int fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], flag) == 0) return std::atoi(argv[i + 1]);
-  return fallback;
-}
-
 // A barrier that spins: the replicas have a core each, and the clock should measure the
 // all-reduce, not a futex wake-up.
 class SpinBarrier {
@@ -87,8 +75,8 @@ double allreduce_seconds(int replicas, std::size_t floats, std::size_t chunk_flo
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = has_flag(argc, argv, "--quick");
-  const int replicas = int_flag(argc, argv, "--replicas", 2);
+  const bool quick = bench::has_flag(argc, argv, "--quick");
+  const int replicas = bench::int_flag(argc, argv, "--replicas", 2);
   set_num_threads(replicas);
   const double bound_bw = bench::memcpy_bandwidth();
   std::printf("In-process all-reduce, %d replica threads; memcpy read+write bandwidth here: %.1f GB/s\n", replicas,

@@ -19,18 +19,6 @@ using namespace dtrain;
 
 namespace {
 
-bool has_flag(int argc, char** argv, const char* flag) {
-  for (int i = 1; i < argc; ++i)
-    if (std::strcmp(argv[i], flag) == 0) return true;
-  return false;
-}
-
-int int_flag(int argc, char** argv, const char* flag, int fallback) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], flag) == 0) return std::atoi(argv[i + 1]);
-  return fallback;
-}
-
 std::unique_ptr<Sequential> large_mlp() {
   auto m = std::make_unique<Sequential>();
   m->add<nn::Dense>(1024, "relu", nn::DenseOptions{.seed = 1});
@@ -54,9 +42,9 @@ struct Way {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool quick = has_flag(argc, argv, "--quick");
-  const std::int64_t batch = int_flag(argc, argv, "--batch", 128);
-  const int replicas = int_flag(argc, argv, "--replicas", 2);
+  const bool quick = bench::has_flag(argc, argv, "--quick");
+  const std::int64_t batch = bench::int_flag(argc, argv, "--batch", 128);
+  const int replicas = bench::int_flag(argc, argv, "--replicas", 2);
   const int cores = available_cores();
   const int steps = quick ? 8 : 40, rounds = quick ? 2 : 7;
   data::Split d = data::make_synthetic(steps * batch, 1024, 10, 0);

@@ -70,4 +70,11 @@ inline bool has_flag(int argc, char** argv, const char* flag) {
   return false;
 }
 
+// The integer after `flag`, or `fallback` when the flag is absent.
+inline int int_flag(int argc, char** argv, const char* flag, int fallback) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == flag) return std::stoi(argv[i + 1]);
+  return fallback;
+}
+
 }  // namespace dtrain::bench

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/multiversion.h"
 
 namespace dtrain::comm {
 namespace {
@@ -22,16 +23,14 @@ inline void cpu_relax() {
 #endif
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void add_loop(float* __restrict out,
-                                                                          const float* __restrict in, std::size_t n) {
+DTRAIN_MULTIVERSION void add_loop(float* __restrict out, const float* __restrict in, std::size_t n) {
 #pragma omp simd
   for (std::size_t i = 0; i < n; ++i) out[i] += in[i];
 }
 
 // out[i] = a[i] + b[i]
-__attribute__((target_clones("avx512f", "avx2", "default"))) void sum_loop(float* __restrict out,
-                                                                          const float* __restrict a,
-                                                                          const float* __restrict b, std::size_t n) {
+DTRAIN_MULTIVERSION void sum_loop(float* __restrict out, const float* __restrict a, const float* __restrict b,
+                                  std::size_t n) {
 #pragma omp simd
   for (std::size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }

@@ -4,16 +4,9 @@
 #include <cmath>
 #include <limits>
 
+#include "dtrain/core/multiversion.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/kernels/cpu_backend.h"
-
-// target_clones dispatches through an ifunc resolver that the dynamic loader runs before
-// ThreadSanitizer's runtime is up, which crashes TSan builds; they get one portable version.
-#if defined(__SANITIZE_THREAD__)
-#define DTRAIN_MULTIVERSION
-#else
-#define DTRAIN_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
 
 namespace dtrain::kernels {
 namespace {
