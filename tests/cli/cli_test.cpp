@@ -137,6 +137,22 @@ TEST_F(Cli, MirroredFromTheFileOrTheFlagMatchesOneDevice) {
   EXPECT_EQ(run("fit " + tiny_config() + " --strategy parameter_server").code, 2);
 }
 
+TEST_F(Cli, LaunchRunsTasksWithPrefixedOutputAndReportsAFailure) {
+  Result r = run("launch --workers 2 -- sh -c 'echo task says hi'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[worker:0] task says hi"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[worker:1] task says hi"), std::string::npos) << r.output;
+  // `launch ... fit CONFIG` runs this dtrain in every task.
+  r = run("launch --workers 1 --chief fit " + tiny_config() + " --epochs 1 --verbose 0");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[chief:0] dtrain fit"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[worker:0] dtrain fit"), std::string::npos) << r.output;
+  r = run("launch --workers 2 --grace-seconds 2 -- sh -c 'case \"$TF_CONFIG\" in *\\\"index\\\":0*) exit 4;; esac; exec sleep 60'");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("dtrain launch: failed: worker:0 exited with code 4"), std::string::npos) << r.output;
+  EXPECT_EQ(run("launch --workers 2").code, 1);  // no program
+}
+
 TEST_F(Cli, SaveWeightsThenEvaluateGivesTheSameTestFigures) {
   const std::string cfg = tiny_config();
   const auto w = (dir_ / "w.safetensors").string(), s = (dir_ / "s.json").string(), e = (dir_ / "e.json").string();

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "dtrain/cli/config.h"
+#include "dtrain/cluster/launcher.h"
 #include "dtrain/core/clock.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/distribute/strategy.h"
@@ -27,6 +28,7 @@ Examples:
   dtrain fit examples/configs/fashion_mnist.json --save-weights fmnist.safetensors
   dtrain evaluate examples/configs/fashion_mnist.json --weights fmnist.safetensors
   dtrain summary examples/configs/seed_small.json
+  dtrain launch --workers 2 -- sh -c 'echo $TF_CONFIG'
 
 Config files are JSON: model (Keras-style Sequential JSON), loss, optimizer, metrics,
 data (fashion_mnist or synthetic), epochs, batch_size, seed, threads, strategy,
@@ -255,9 +257,29 @@ int main(int argc, char** argv) {
   evaluate->add_option("--weights", o.weights, "Weights file (safetensors)")->required();
   CLI::App* summary = app.add_subcommand("summary", "Print the model's layer table");
   summary->add_option("config", config, "JSON config file")->required();
+  cluster::LaunchOptions launch_options;
+  CLI::App* launch = app.add_subcommand(
+      "launch", "Run a cluster of local processes, each with its TF_CONFIG: launch [options] -- PROGRAM ARGS... "
+                "(or launch [options] fit CONFIG ...)");
+  launch->add_option("--workers", launch_options.workers, "Worker tasks")->check(CLI::Range(0, 256));
+  launch->add_option("--ps", launch_options.ps, "Parameter-server tasks")->check(CLI::Range(0, 256));
+  launch->add_flag("--chief", launch_options.chief, "Add a chief task");
+  launch->add_option("--grace-seconds", launch_options.grace_seconds,
+                     "Seconds between SIGTERM and SIGKILL when stopping tasks")
+      ->check(CLI::Range(0.0, 3600.0));
+  launch->prefix_command();
 
+  // `launch ... -- PROGRAM ARGS`: the program begins at the first word launch does not
+  // know (prefix_command), so the separator itself is dropped before parsing.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  const auto launch_at = std::find(args.begin(), args.end(), "launch");
+  if (launch_at != args.end()) {
+    const auto separator = std::find(launch_at, args.end(), "--");
+    if (separator != args.end()) args.erase(separator);
+  }
+  std::reverse(args.begin(), args.end());  // CLI11 takes the arguments in reverse order
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
@@ -265,6 +287,19 @@ int main(int argc, char** argv) {
     if (*fit) return run_fit(config, o);
     if (*evaluate) return run_evaluate(config, o);
     if (*summary) return run_summary(config);
+    if (*launch) {
+      std::vector<std::string> command = launch->remaining();
+      // `dtrain launch ... fit CONFIG`: the tasks run this dtrain.
+      if (!command.empty() && (command.front() == "fit" || command.front() == "evaluate"))
+        command.insert(command.begin(), "/proc/self/exe");
+      if (!command.empty() && command.front() == "/proc/self/exe") {
+        char self[4096];
+        const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (n > 0) command.front().assign(self, static_cast<std::size_t>(n));
+      }
+      launch_options.command = command;
+      return cluster::launch(launch_options).exit_code;
+    }
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "dtrain: error: %s\n", e.what());

@@ -45,6 +45,20 @@ void sum_streaming(float* out, const float* const* in, int count, std::size_t n)
     out[j] = v;
   };
   for (; i < n && (reinterpret_cast<std::uintptr_t>(out + i) & 15u) != 0; ++i) scalar(i);
+  if (count == 2) {  // the common case, a cache line per iteration
+    const float* a = in[0];
+    const float* b = in[1];
+    for (; i + 16 <= n; i += 16) {
+      const __m128 v0 = _mm_add_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i));
+      const __m128 v1 = _mm_add_ps(_mm_loadu_ps(a + i + 4), _mm_loadu_ps(b + i + 4));
+      const __m128 v2 = _mm_add_ps(_mm_loadu_ps(a + i + 8), _mm_loadu_ps(b + i + 8));
+      const __m128 v3 = _mm_add_ps(_mm_loadu_ps(a + i + 12), _mm_loadu_ps(b + i + 12));
+      _mm_stream_ps(out + i, v0);
+      _mm_stream_ps(out + i + 4, v1);
+      _mm_stream_ps(out + i + 8, v2);
+      _mm_stream_ps(out + i + 12, v3);
+    }
+  }
   for (; i + 4 <= n; i += 4) {
     __m128 v = _mm_loadu_ps(in[0] + i);
     for (int k = 1; k < count; ++k) v = _mm_add_ps(v, _mm_loadu_ps(in[k] + i));

@@ -1,0 +1,288 @@
+// Starting, watching and stopping the tasks of a local cluster.
+#include "dtrain/cluster/launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <string_view>
+#include <nlohmann/json.hpp>
+
+#include "dtrain/core/error.h"
+
+extern char** environ;
+
+namespace dtrain::cluster {
+namespace {
+
+std::atomic<int> g_forward_signal{0};
+
+void remember_signal(int sig) { g_forward_signal.store(sig); }
+
+std::string signal_name(int sig) {
+  switch (sig) {
+    case SIGKILL: return "SIGKILL";
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGPIPE: return "SIGPIPE";
+    default: return "signal " + std::to_string(sig);
+  }
+}
+
+struct Task {
+  TaskId id;
+  pid_t pid = -1;
+  int out = -1;          // read end of the task's stdout+stderr
+  std::string partial;   // output after the last newline
+  bool running = false;
+  int status = 0;
+};
+
+// Restores the launcher's signal handlers when launch() returns.
+class SignalForwarding {
+ public:
+  SignalForwarding() {
+    g_forward_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = remember_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~SignalForwarding() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  SignalForwarding(const SignalForwarding&) = delete;
+  SignalForwarding& operator=(const SignalForwarding&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+void start(Task& t, const std::vector<std::string>& command, const std::string& tf_config) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) DTRAIN_THROW(IoError, "dtrain launch: pipe: ", std::strerror(errno));
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "TF_CONFIG=", 10) != 0) env_strings.emplace_back(*e);
+  env_strings.push_back("TF_CONFIG=" + tf_config);
+  std::vector<char*> envp, argv;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = command;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) DTRAIN_THROW(IoError, "dtrain launch: fork: ", std::strerror(errno));
+  if (pid == 0) {
+    // The child: output into the pipe, default signal handling, then the program.
+    dup2(fds[1], STDOUT_FILENO);
+    dup2(fds[1], STDERR_FILENO);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    execvpe(argv[0], argv.data(), envp.data());
+    const std::string msg = "dtrain launch: cannot run '" + args[0] + "': " + std::strerror(errno) + "\n";
+    [[maybe_unused]] auto n = write(STDERR_FILENO, msg.data(), msg.size());
+    _exit(127);
+  }
+  close(fds[1]);
+  t.pid = pid;
+  t.out = fds[0];
+  t.running = true;
+}
+
+void emit_lines(Task& t, const char* data, std::size_t n, std::ostream& out, bool flush_partial) {
+  t.partial.append(data, n);
+  std::size_t start = 0;
+  for (std::size_t nl; (nl = t.partial.find('\n', start)) != std::string::npos; start = nl + 1)
+    out << "[" << t.id.to_string() << "] " << std::string_view(t.partial).substr(start, nl - start) << "\n";
+  t.partial.erase(0, start);
+  if (flush_partial && !t.partial.empty()) {
+    out << "[" << t.id.to_string() << "] " << t.partial << "\n";
+    t.partial.clear();
+  }
+  out.flush();
+}
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    return "was killed by signal " + std::to_string(sig) + " (" + signal_name(sig) + ")";
+  }
+  return "ended with status " + std::to_string(status);
+}
+
+bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+}  // namespace
+
+std::vector<int> free_ports(int count) {
+  std::vector<int> ports, sockets;
+  for (int i = 0; i < count; ++i) {
+    // Held open until all are chosen, so the same port is not handed out twice.
+    const int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0) DTRAIN_THROW(IoError, "free_ports: socket: ", std::strerror(errno));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    socklen_t len = sizeof a;
+    if (bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      close(s);
+      for (int o : sockets) close(o);
+      DTRAIN_THROW(IoError, "free_ports: cannot bind a port on 127.0.0.1: ", std::strerror(errno));
+    }
+    sockets.push_back(s);
+    ports.push_back(ntohs(a.sin_port));
+  }
+  for (int s : sockets) close(s);
+  return ports;
+}
+
+ClusterSpec local_cluster(int workers, int ps, bool chief, const std::vector<int>& ports) {
+  ClusterSpec c;
+  std::size_t next = 0;
+  auto add = [&](const char* type, int n) {
+    for (int i = 0; i < n; ++i) c.add_task(type, Address{"127.0.0.1", ports.at(next++)});
+  };
+  add("chief", chief ? 1 : 0);
+  add("worker", workers);
+  add("ps", ps);
+  return c;
+}
+
+std::string tf_config_json(const ClusterSpec& cluster, const TaskId& task) {
+  nlohmann::json j;
+  for (const auto& [type, addresses] : cluster.jobs()) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const Address& a : addresses) list.push_back(a.to_string());
+    j["cluster"][type] = list;
+  }
+  j["task"] = {{"type", task.type}, {"index", task.index}};
+  return j.dump();
+}
+
+LaunchResult launch(const LaunchOptions& o) {
+  if (o.command.empty()) DTRAIN_THROW(InvalidArgument, "dtrain launch: no program to run (give it after --)");
+  if (o.workers < 0 || o.ps < 0 || o.workers + (o.chief ? 1 : 0) == 0)
+    DTRAIN_THROW(InvalidArgument, "dtrain launch: needs at least one worker or a chief, got --workers ", o.workers);
+  std::ostream& out = o.out ? *o.out : std::cout;
+  std::ostream& err = o.err ? *o.err : std::cerr;
+  const int total = o.workers + o.ps + (o.chief ? 1 : 0);
+  const ClusterSpec cluster = local_cluster(o.workers, o.ps, o.chief, free_ports(total));
+  SignalForwarding forwarding;
+  std::vector<Task> tasks;
+  for (const TaskId& id : cluster.tasks()) tasks.push_back(Task{id});
+  LaunchResult result;
+  for (Task& t : tasks) start(t, o.command, tf_config_json(cluster, t.id));
+
+  using Clock = std::chrono::steady_clock;
+  std::optional<Clock::time_point> stopping_since;
+  auto stop_all = [&](int sig) {
+    for (Task& t : tasks)
+      if (t.running) kill(t.pid, sig);
+  };
+  auto trainers_running = [&] {
+    for (const Task& t : tasks)
+      if (t.running && t.id.type != "ps") return true;
+    return false;
+  };
+  for (;;) {
+    // Output first, so a task's last words come before the launcher's verdict.
+    std::vector<pollfd> fds;
+    for (Task& t : tasks)
+      if (t.out >= 0) fds.push_back({t.out, POLLIN, 0});
+    if (!fds.empty() && poll(fds.data(), fds.size(), 50) > 0) {
+      for (const pollfd& p : fds) {
+        if (!(p.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        Task& t = *std::find_if(tasks.begin(), tasks.end(), [&](const Task& x) { return x.out == p.fd; });
+        char buf[4096];
+        const ssize_t n = read(t.out, buf, sizeof buf);
+        if (n > 0) {
+          emit_lines(t, buf, static_cast<std::size_t>(n), out, false);
+        } else if (n == 0 || errno != EINTR) {
+          emit_lines(t, "", 0, out, true);
+          close(t.out);
+          t.out = -1;
+        }
+      }
+    } else if (fds.empty()) {
+      usleep(20000);
+    }
+    if (const int sig = g_forward_signal.exchange(0)) {
+      err << "dtrain launch: passing " << signal_name(sig) << " to every task\n";
+      stop_all(sig);
+      if (!stopping_since) stopping_since = Clock::now();
+    }
+    // Reap whoever ended.
+    for (Task& t : tasks) {
+      if (!t.running) continue;
+      int status = 0;
+      const pid_t r = waitpid(t.pid, &status, WNOHANG);
+      if (r != t.pid) continue;
+      t.running = false;
+      t.status = status;
+      if (failed(status) && result.failed_task.empty() && !(stopping_since && t.id.type == "ps")) {
+        if (!stopping_since) {
+          result.failed_task = t.id.to_string();
+          result.how = describe(status);
+          err << "dtrain launch: " << result.failed_task << " " << result.how << "; stopping the other tasks\n";
+          stop_all(SIGTERM);
+          stopping_since = Clock::now();
+        }
+      }
+    }
+    // Parameter servers serve until every trainer is done.
+    if (!stopping_since && !trainers_running()) {
+      stop_all(SIGTERM);
+      stopping_since = Clock::now();
+    }
+    bool any_running = false, any_output = false;
+    for (const Task& t : tasks) {
+      any_running = any_running || t.running;
+      any_output = any_output || t.out >= 0;
+    }
+    if (!any_running && !any_output) break;
+    if (stopping_since && any_running &&
+        std::chrono::duration<double>(Clock::now() - *stopping_since).count() > o.grace_seconds)
+      stop_all(SIGKILL);
+  }
+  if (!result.failed_task.empty()) {
+    result.exit_code = 1;
+  } else {
+    // Stopped by a forwarded signal: a trainer that did not finish cleanly still counts.
+    for (const Task& t : tasks)
+      if (t.id.type != "ps" && failed(t.status)) {
+        result.exit_code = 1;
+        result.failed_task = t.id.to_string();
+        result.how = describe(t.status);
+        break;
+      }
+  }
+  if (result.exit_code != 0 && !result.failed_task.empty())
+    err << "dtrain launch: failed: " << result.failed_task << " " << result.how << "\n";
+  return result;
+}
+
+}  // namespace dtrain::cluster

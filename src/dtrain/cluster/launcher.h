@@ -1,0 +1,44 @@
+// `dtrain launch`: a whole cluster on this machine, for development and tests. Each task
+// is a process with TF_CONFIG set to its place in a cluster of free loopback ports; every
+// line of its output is prefixed with its task ("[worker:1] ..."); SIGINT and SIGTERM are
+// passed on to every task. When a task fails (a non-zero exit or a signal), the others
+// are stopped (SIGTERM, then SIGKILL after a grace period) and the launcher says which
+// task failed first and how. Parameter servers run until the other tasks are done.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "dtrain/cluster/tf_config.h"
+
+namespace dtrain::cluster {
+
+struct LaunchOptions {
+  int workers = 1;
+  int ps = 0;
+  bool chief = false;
+  // The program and its arguments, run once per task.
+  std::vector<std::string> command;
+  // Seconds between SIGTERM and SIGKILL when stopping tasks.
+  double grace_seconds = 5.0;
+  std::ostream* out = nullptr;  // the tasks' prefixed output; default std::cout
+  std::ostream* err = nullptr;  // the launcher's own messages; default std::cerr
+};
+
+struct LaunchResult {
+  int exit_code = 0;        // 0 when every task succeeded
+  std::string failed_task;  // "worker:1", empty when none failed
+  std::string how;          // "exited with code 3", "was killed by signal 9 (SIGKILL)"
+};
+
+// The TF_CONFIG cluster for these tasks on 127.0.0.1 ports (from free_ports()).
+ClusterSpec local_cluster(int workers, int ps, bool chief, const std::vector<int>& ports);
+// `count` TCP ports on 127.0.0.1 that were free when asked.
+std::vector<int> free_ports(int count);
+// TF_CONFIG's JSON for `task` in `cluster`.
+std::string tf_config_json(const ClusterSpec& cluster, const TaskId& task);
+
+LaunchResult launch(const LaunchOptions& options);
+
+}  // namespace dtrain::cluster
