@@ -1,0 +1,76 @@
+// Collectives between processes (and hosts) over Gloo's TCP transport: sum all-reduce,
+// broadcast, all-gather and barrier, each with a finite timeout. A failure is an error
+// naming the operation, its sequence number and size; a dead or silent peer is named by
+// its task once the others have checked who is still there.
+//
+// All-reduce picks its algorithm by size: up to 256 KiB Gloo's AllreduceRing objects,
+// cached by a stable key the caller gives (a bucket id) and the element count, with their
+// own buffers (never keyed by the caller's pointer); above that gloo::allreduce's ring.
+// (Measured on loopback: 59 µs against 420 µs at 4 KiB, and the newer ring is faster
+// for large buffers.)
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gloo {
+class Context;
+class Algorithm;
+namespace rendezvous {
+class Store;
+}
+}  // namespace gloo
+
+namespace dtrain::comm {
+
+struct GlooGroupOptions {
+  int rank = 0;
+  int size = 1;
+  std::vector<std::string> task_names;  // [rank] "worker:1"; default "rank N"
+  std::string host = "127.0.0.1";       // the address peers reach this process at
+  std::chrono::milliseconds timeout{60000};
+};
+
+class GlooGroup {
+ public:
+  // Meets the other ranks through `store` (a TcpStore across processes; Gloo's HashStore
+  // for ranks that are threads of one process), waiting at most the timeout; ranks that
+  // never arrive are named in the error.
+  GlooGroup(std::shared_ptr<gloo::rendezvous::Store> store, GlooGroupOptions options);
+  ~GlooGroup();
+  GlooGroup(const GlooGroup&) = delete;
+  GlooGroup& operator=(const GlooGroup&) = delete;
+
+  int rank() const { return options_.rank; }
+  int size() const { return options_.size; }
+  const std::string& task_name(int rank) const { return options_.task_names[static_cast<std::size_t>(rank)]; }
+
+  // data[0, count) summed over ranks, in place. `key` names the buffer stably (a bucket id).
+  void allreduce(float* data, std::size_t count, std::uint64_t key);
+  // data[0, count) from `root` to every rank.
+  void broadcast(float* data, std::size_t count, int root);
+  // out[r * count, (r+1) * count) = rank r's in[0, count).
+  void allgather(const float* in, float* out, std::size_t count);
+  void barrier();
+  // Number of collectives run so far (the same on every rank).
+  std::uint64_t sequence() const { return sequence_; }
+
+ private:
+  struct CachedRing;
+  template <typename Fn>
+  void collective(const char* op, std::size_t bytes, Fn&& fn);
+  [[noreturn]] void fail(const char* op, std::size_t bytes, const std::string& what, bool timed_out);
+  std::string absent_peers();
+
+  GlooGroupOptions options_;
+  std::shared_ptr<gloo::rendezvous::Store> store_;
+  std::shared_ptr<gloo::Context> context_;
+  std::map<std::pair<std::uint64_t, std::size_t>, std::unique_ptr<CachedRing>> rings_;
+  std::uint64_t sequence_ = 0;
+};
+
+}  // namespace dtrain::comm

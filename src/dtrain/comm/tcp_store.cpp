@@ -1,0 +1,279 @@
+// The rendezvous store over TCP. A request is an op byte, a wait in milliseconds and
+// length-prefixed fields; a reply is a status byte and one length-prefixed value.
+#include "dtrain/comm/tcp_store.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "dtrain/core/error.h"
+
+namespace dtrain::comm {
+namespace {
+
+enum Status : char { kOk = 0, kMissing = 1, kRefused = 2 };
+
+bool write_all(int fd, const void* data, std::size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+bool read_all(int fd, void* data, std::size_t n) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t r = ::recv(fd, p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+void put_u32(std::string& out, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+}
+
+bool get_u32(int fd, std::uint32_t& v) {
+  unsigned char b[4];
+  if (!read_all(fd, b, 4)) return false;
+  v = static_cast<std::uint32_t>(b[0]) | static_cast<std::uint32_t>(b[1]) << 8 | static_cast<std::uint32_t>(b[2]) << 16 |
+      static_cast<std::uint32_t>(b[3]) << 24;
+  return true;
+}
+
+constexpr std::uint32_t kMaxField = 64u << 20;
+
+bool reply(int fd, Status status, const std::string& value = {}) {
+  std::string out(1, static_cast<char>(status));
+  put_u32(out, static_cast<std::uint32_t>(value.size()));
+  out += value;
+  return write_all(fd, out.data(), out.size());
+}
+
+sockaddr_in resolve(const std::string& host, int port, const std::string& where) {
+  addrinfo hints{}, *found = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr)
+    DTRAIN_THROW(IoError, "rendezvous store ", where, ": cannot resolve host '", host, "'");
+  sockaddr_in a = *reinterpret_cast<sockaddr_in*>(found->ai_addr);
+  freeaddrinfo(found);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  return a;
+}
+
+}  // namespace
+
+// ---- server
+
+TcpStoreServer::TcpStoreServer(const std::string& host, int port, std::string token) : token_(std::move(token)) {
+  const std::string where = host + ":" + std::to_string(port);
+  sockaddr_in a = resolve(host, port, where);
+  listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(listen_fd_, 64) != 0) {
+    const std::string why = std::strerror(errno);
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+    DTRAIN_THROW(IoError, "rendezvous store: cannot serve on ", where, ": ", why);
+  }
+  socklen_t len = sizeof a;
+  getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
+  port_ = ntohs(a.sin_port);
+  acceptor_ = std::thread([this] { accept_loop(); });
+}
+
+TcpStoreServer::~TcpStoreServer() {
+  stopping_ = true;
+  ::shutdown(listen_fd_, SHUT_RDWR);
+  {
+    std::lock_guard lock(mutex_);
+    for (int fd : clients_) ::shutdown(fd, SHUT_RDWR);
+  }
+  changed_.notify_all();
+  acceptor_.join();
+  for (auto& t : threads_) t.join();
+  ::close(listen_fd_);
+}
+
+void TcpStoreServer::accept_loop() {
+  for (;;) {
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      return;  // shut down
+    }
+    std::lock_guard lock(mutex_);
+    if (stopping_) {
+      ::close(fd);
+      return;
+    }
+    clients_.push_back(fd);
+    threads_.emplace_back([this, fd] { serve(fd); });
+  }
+}
+
+void TcpStoreServer::serve(int fd) {
+  bool greeted = false;
+  for (;;) {
+    char op = 0;
+    std::uint32_t wait_ms = 0, count = 0;
+    if (!read_all(fd, &op, 1) || !get_u32(fd, wait_ms) || !get_u32(fd, count) || count > 1u << 20) break;
+    std::vector<std::string> fields(count);
+    bool ok = true;
+    for (auto& f : fields) {
+      std::uint32_t n = 0;
+      if (!get_u32(fd, n) || n > kMaxField) {
+        ok = false;
+        break;
+      }
+      f.resize(n);
+      if (n && !read_all(fd, f.data(), n)) ok = false;
+    }
+    if (!ok) break;
+    if (!greeted) {
+      // The first request must be the hello with the cluster's token.
+      if (op != 'H' || fields.size() != 1 || fields[0] != token_) {
+        reply(fd, kRefused);
+        break;
+      }
+      greeted = true;
+      if (!reply(fd, kOk)) break;
+      continue;
+    }
+    std::unique_lock lock(mutex_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+    auto all_present = [&](std::size_t from) {
+      for (std::size_t i = from; i < fields.size(); ++i)
+        if (!values_.count(fields[i])) return false;
+      return true;
+    };
+    if (op == 'S' && fields.size() == 2) {
+      values_[fields[0]].assign(fields[1].begin(), fields[1].end());
+      changed_.notify_all();
+      lock.unlock();
+      if (!reply(fd, kOk)) break;
+    } else if ((op == 'G' && fields.size() == 1) || op == 'W') {
+      changed_.wait_until(lock, deadline, [&] { return stopping_ || all_present(0); });
+      const bool present = all_present(0);
+      std::string value;
+      if (present && op == 'G') value.assign(values_[fields[0]].begin(), values_[fields[0]].end());
+      lock.unlock();
+      if (!reply(fd, present ? kOk : kMissing, value)) break;
+    } else if (op == 'C') {
+      std::string bits;
+      for (const auto& k : fields) bits.push_back(values_.count(k) ? '1' : '0');
+      lock.unlock();
+      if (!reply(fd, kOk, bits)) break;
+    } else {
+      break;  // a malformed request ends the connection
+    }
+  }
+  ::shutdown(fd, SHUT_RDWR);
+  std::lock_guard lock(mutex_);
+  // The descriptor is closed here, once; the destructor only shuts down open ones.
+  for (auto it = clients_.begin(); it != clients_.end(); ++it)
+    if (*it == fd) {
+      clients_.erase(it);
+      break;
+    }
+  ::close(fd);
+}
+
+// ---- client
+
+TcpStore::TcpStore(const std::string& host, int port, const std::string& token, std::chrono::milliseconds timeout)
+    : where_(host + ":" + std::to_string(port)), timeout_(timeout) {
+  const sockaddr_in a = resolve(host, port, where_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ >= 0 && ::connect(fd_, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0) break;
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    if (std::chrono::steady_clock::now() >= deadline)
+      DTRAIN_THROW(Timeout, "rendezvous store ", where_, " (served by the chief) could not be reached within ",
+                   timeout.count() / 1000.0, " s: is the chief running?");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const int one = 1;
+  setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  try {
+    request('H', {token}, std::chrono::milliseconds(0));
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
+}
+
+TcpStore::~TcpStore() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::pair<bool, std::vector<char>> TcpStore::request(char op, const std::vector<std::string>& fields,
+                                                    std::chrono::milliseconds wait) {
+  std::lock_guard lock(mutex_);
+  std::string out(1, op);
+  put_u32(out, static_cast<std::uint32_t>(std::max<std::int64_t>(0, wait.count())));
+  put_u32(out, static_cast<std::uint32_t>(fields.size()));
+  for (const auto& f : fields) {
+    put_u32(out, static_cast<std::uint32_t>(f.size()));
+    out += f;
+  }
+  char status = 0;
+  std::uint32_t n = 0;
+  if (!write_all(fd_, out.data(), out.size()) || !read_all(fd_, &status, 1) || !get_u32(fd_, n) || n > kMaxField)
+    DTRAIN_THROW(PeerFailure, "rendezvous store ", where_, " (served by the chief) closed the connection");
+  std::vector<char> value(n);
+  if (n && !read_all(fd_, value.data(), n))
+    DTRAIN_THROW(PeerFailure, "rendezvous store ", where_, " (served by the chief) closed the connection");
+  if (status == kRefused)
+    DTRAIN_THROW(InvalidArgument, "rendezvous store ", where_,
+                 " refused this process: its cluster token (DTRAIN_CLUSTER_TOKEN) is not this job's");
+  return {status == kOk, std::move(value)};
+}
+
+void TcpStore::set(const std::string& key, const std::vector<char>& data) {
+  request('S', {key, std::string(data.begin(), data.end())}, std::chrono::milliseconds(0));
+}
+
+std::vector<char> TcpStore::get(const std::string& key) {
+  auto [found, value] = request('G', {key}, timeout_);
+  if (!found)
+    DTRAIN_THROW(Timeout, "rendezvous store ", where_, ": key '", key, "' did not appear within ",
+                 timeout_.count() / 1000.0, " s");
+  return value;
+}
+
+void TcpStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
+  if (!request('W', keys, timeout).first) {
+    std::string missing;
+    const std::vector<bool> present = check(keys);
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      if (!present[i]) missing += (missing.empty() ? "" : ", ") + keys[i];
+    DTRAIN_THROW(Timeout, "rendezvous store ", where_, ": still missing after ", timeout.count() / 1000.0, " s: ", missing);
+  }
+}
+
+std::vector<bool> TcpStore::check(const std::vector<std::string>& keys) {
+  const std::vector<char> bits = request('C', keys, std::chrono::milliseconds(0)).second;
+  std::vector<bool> out(keys.size(), false);
+  for (std::size_t i = 0; i < keys.size() && i < bits.size(); ++i) out[i] = bits[i] == '1';
+  return out;
+}
+
+}  // namespace dtrain::comm

@@ -1,0 +1,74 @@
+// The rendezvous store of a multi-process job: a small key-value service that one task
+// (the chief) serves on its own address, so that processes on different hosts meet
+// without a shared filesystem. It is Gloo's Store, so Gloo's full-mesh connection runs
+// over it. A cluster token, checked when a process connects, keeps stray processes out.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <gloo/rendezvous/store.h>
+
+namespace dtrain::comm {
+
+// Serves the store on host:port (port 0: any free port) until destroyed.
+class TcpStoreServer {
+ public:
+  TcpStoreServer(const std::string& host, int port, std::string token);
+  ~TcpStoreServer();
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+  int port() const { return port_; }
+
+ private:
+  void accept_loop();
+  void serve(int fd);
+
+  std::string token_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<std::string, std::vector<char>> values_;
+  std::vector<int> clients_;           // open connections, shut down on destruction
+  std::vector<std::thread> threads_;   // one per connection
+  std::thread acceptor_;
+};
+
+// A connection to a TcpStoreServer.
+class TcpStore final : public gloo::rendezvous::Store {
+ public:
+  // Retries until `connect_timeout` (the server may start later); the errors name the
+  // address and say that the chief serves it.
+  TcpStore(const std::string& host, int port, const std::string& token, std::chrono::milliseconds timeout);
+  ~TcpStore() override;
+
+  void set(const std::string& key, const std::vector<char>& data) override;
+  // Waits up to the store's timeout for the key.
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+  // Which of `keys` are set now (no waiting).
+  std::vector<bool> check(const std::vector<std::string>& keys);
+
+ private:
+  // {found, value}; throws when the connection breaks or the token is refused.
+  std::pair<bool, std::vector<char>> request(char op, const std::vector<std::string>& fields,
+                                             std::chrono::milliseconds wait);
+
+  std::string where_;  // "host:port", for messages
+  int fd_ = -1;
+  std::chrono::milliseconds timeout_;
+  std::mutex mutex_;
+};
+
+}  // namespace dtrain::comm
