@@ -75,6 +75,21 @@ TEST(Launcher, AKilledTaskIsNamedWithItsSignal) {
   EXPECT_EQ(r.result.how, "was killed by signal 9 (SIGKILL)");
 }
 
+TEST(Launcher, WhatATaskStartedStopsWithItAndCannotHoldTheLauncher) {
+  LaunchOptions o;
+  o.workers = 2;
+  // worker:1 fails leaving a background child that holds the output pipe; worker:0's
+  // own background child outlives it too. Both are in their task's process group.
+  Launched r = run(o, std::string("sleep 60 & if ") + kIsWorker1 + "; then exit 5; fi; exec sleep 60");
+  EXPECT_EQ(r.result.exit_code, 1);
+  EXPECT_EQ(r.result.failed_task, "worker:1");
+  // A task that exits cleanly while a child of its own keeps the pipe open.
+  LaunchOptions one;
+  Launched clean = run(one, "sleep 60 & echo done");
+  EXPECT_EQ(clean.result.exit_code, 0) << clean.err;
+  EXPECT_NE(clean.out.find("[worker:0] done"), std::string::npos) << clean.out;
+}
+
 TEST(Launcher, ParameterServersStopWhenTheTrainersAreDone) {
   LaunchOptions o;
   o.workers = 1;

@@ -261,6 +261,18 @@ TEST(MirroredStrategy, AFailingReplicaIsNamedAndNothingHangs) {
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("replica 1 (/cpu:1): replica one's input broke"), std::string::npos) << e.what();
   }
+  // A replica that returns without the cross-replica call the others make releases them.
+  try {
+    strategy.run([&] {
+      if (replica_context().replica_id == 1) return;  // e.g. it got an empty batch
+      std::vector<Tensor> grads;
+      for (Variable* v : vars) grads.push_back(Tensor::zeros(v->shape()));
+      model->optimizer().apply_gradients(grads, vars);
+    });
+    ADD_FAILURE() << "run did not fail";
+  } catch (const PeerFailure& e) {
+    EXPECT_NE(std::string(e.what()).find("replica 1 returned without joining"), std::string::npos) << e.what();
+  }
   // The strategy still works afterwards.
   PerReplica<Tensor> ids = strategy.run([] { return Tensor::scalar(static_cast<float>(replica_context().replica_id)); });
   EXPECT_FLOAT_EQ(strategy.reduce(ReduceOp::SUM, ids).item(), 1.0f);

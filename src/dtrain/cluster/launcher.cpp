@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -81,6 +82,13 @@ class SignalForwarding {
 void start(Task& t, const std::vector<std::string>& command, const std::string& tf_config) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) DTRAIN_THROW(IoError, "dtrain launch: pipe: ", std::strerror(errno));
+  // A signal that arrives between fork and exec must not run the launcher's handler in
+  // the child: block them around fork, reset and unblock in the child.
+  sigset_t block, saved;
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT);
+  sigaddset(&block, SIGTERM);
+  sigprocmask(SIG_BLOCK, &block, &saved);
   std::vector<std::string> env_strings;
   for (char** e = environ; *e; ++e)
     if (std::strncmp(*e, "TF_CONFIG=", 10) != 0) env_strings.emplace_back(*e);
@@ -92,23 +100,46 @@ void start(Task& t, const std::vector<std::string>& command, const std::string& 
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
   const pid_t pid = fork();
-  if (pid < 0) DTRAIN_THROW(IoError, "dtrain launch: fork: ", std::strerror(errno));
+  if (pid < 0) {
+    const std::string why = std::strerror(errno);
+    sigprocmask(SIG_SETMASK, &saved, nullptr);
+    close(fds[0]);
+    close(fds[1]);
+    DTRAIN_THROW(IoError, "dtrain launch: fork: ", why);
+  }
   if (pid == 0) {
-    // The child: output into the pipe, default signal handling, then the program.
+    // The child: its own process group (so that stopping a task stops what it started),
+    // output into the pipe, default signal handling, then the program.
+    setpgid(0, 0);
     dup2(fds[1], STDOUT_FILENO);
     dup2(fds[1], STDERR_FILENO);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &saved, nullptr);
     execvpe(argv[0], argv.data(), envp.data());
     const std::string msg = "dtrain launch: cannot run '" + args[0] + "': " + std::strerror(errno) + "\n";
     [[maybe_unused]] auto n = write(STDERR_FILENO, msg.data(), msg.size());
     _exit(127);
   }
+  setpgid(pid, pid);  // also here, so that it holds before the parent signals the group
+  sigprocmask(SIG_SETMASK, &saved, nullptr);
   close(fds[1]);
   t.pid = pid;
   t.out = fds[0];
   t.running = true;
 }
+
+// Stops every task still running if launch() leaves early (an exception).
+struct Reaper {
+  std::vector<Task>& tasks;
+  ~Reaper() {
+    for (Task& t : tasks) {
+      kill(-t.pid, SIGKILL);
+      if (t.running) waitpid(t.pid, nullptr, 0);
+      if (t.out >= 0) close(t.out);
+    }
+  }
+};
 
 void emit_lines(Task& t, const char* data, std::size_t n, std::ostream& out, bool flush_partial) {
   t.partial.append(data, n);
@@ -192,16 +223,21 @@ LaunchResult launch(const LaunchOptions& o) {
   const int total = o.workers + o.ps + (o.chief ? 1 : 0);
   const ClusterSpec cluster = local_cluster(o.workers, o.ps, o.chief, free_ports(total));
   SignalForwarding forwarding;
+  // What the tasks leave behind is handed to the launcher rather than to init, so that it
+  // can reap it below.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
   std::vector<Task> tasks;
   for (const TaskId& id : cluster.tasks()) tasks.push_back(Task{id});
+  Reaper reaper{tasks};
   LaunchResult result;
   for (Task& t : tasks) start(t, o.command, tf_config_json(cluster, t.id));
 
   using Clock = std::chrono::steady_clock;
-  std::optional<Clock::time_point> stopping_since;
+  std::optional<Clock::time_point> stopping_since, all_ended_at;
+  // Signals go to each task's process group, also once the task itself has ended: what a
+  // task started stops with it.
   auto stop_all = [&](int sig) {
-    for (Task& t : tasks)
-      if (t.running) kill(t.pid, sig);
+    for (Task& t : tasks) kill(-t.pid, sig);
   };
   auto trainers_running = [&] {
     for (const Task& t : tasks)
@@ -240,7 +276,8 @@ LaunchResult launch(const LaunchOptions& o) {
       if (!t.running) continue;
       int status = 0;
       const pid_t r = waitpid(t.pid, &status, WNOHANG);
-      if (r != t.pid) continue;
+      if (r == -1 && errno == ECHILD) status = 0;  // reaped elsewhere (SIGCHLD ignored): status unknown
+      else if (r != t.pid) continue;
       t.running = false;
       t.status = status;
       if (failed(status) && result.failed_task.empty() && !(stopping_since && t.id.type == "ps")) {
@@ -264,10 +301,35 @@ LaunchResult launch(const LaunchOptions& o) {
       any_output = any_output || t.out >= 0;
     }
     if (!any_running && !any_output) break;
+    // Every task has ended, but something they started may still hold a pipe open: give
+    // the output the grace period to drain, then stop reading.
+    if (!any_running) {
+      if (!all_ended_at) {
+        all_ended_at = Clock::now();
+        stop_all(SIGTERM);  // leftovers of tasks that have ended
+      }
+      if (std::chrono::duration<double>(Clock::now() - *all_ended_at).count() > o.grace_seconds) {
+        stop_all(SIGKILL);
+        for (Task& t : tasks) {
+          emit_lines(t, "", 0, out, true);
+          if (t.out >= 0) close(t.out);
+          t.out = -1;
+        }
+        break;
+      }
+    }
     if (stopping_since && any_running &&
         std::chrono::duration<double>(Clock::now() - *stopping_since).count() > o.grace_seconds)
       stop_all(SIGKILL);
   }
+  // Reap what the tasks started (now the launcher's children), briefly: it was signalled.
+  const auto reap_until = Clock::now() + std::chrono::milliseconds(500);
+  for (Task& t : tasks)
+    while (Clock::now() < reap_until) {
+      const pid_t r = waitpid(-t.pid, nullptr, WNOHANG);
+      if (r < 0) break;             // nothing left in the group
+      if (r == 0) usleep(5000);     // still dying
+    }
   if (!result.failed_task.empty()) {
     result.exit_code = 1;
   } else {

@@ -3,7 +3,9 @@
 // line of its output is prefixed with its task ("[worker:1] ..."); SIGINT and SIGTERM are
 // passed on to every task. When a task fails (a non-zero exit or a signal), the others
 // are stopped (SIGTERM, then SIGKILL after a grace period) and the launcher says which
-// task failed first and how. Parameter servers run until the other tasks are done.
+// task failed first and how. Parameter servers run until the other tasks are done. Each
+// task runs in its own process group, and signals go to the group, so what a task started
+// (a shell's children) stops with it.
 #pragma once
 
 #include <iosfwd>

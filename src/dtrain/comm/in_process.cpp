@@ -154,6 +154,8 @@ bool InProcessAllReduce::help(std::uint64_t round) {
 }
 
 void InProcessAllReduce::arrive(int replica, std::size_t bucket) {
+  if (const int failed = aborted_by_.load(std::memory_order_acquire); failed >= 0)
+    DTRAIN_THROW(PeerFailure, "all-reduce abandoned: replica ", failed, " failed (", abort_reason_, ")");
   const std::uint64_t round = round_[static_cast<std::size_t>(replica)];
   const std::uint64_t n = buckets_[bucket].arrived.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (n == round * static_cast<std::uint64_t>(replicas_)) {

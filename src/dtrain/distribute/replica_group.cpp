@@ -99,7 +99,13 @@ void ReplicaGroup::run_replica(int replica) {
     (*job_)(replica);
   } catch (...) {
     fail(replica, std::current_exception());
+    return;
   }
+  // A replica that is done cannot take part in a collective any more: release anyone
+  // waiting for it at the barrier.
+  std::lock_guard lock(mutex_);
+  if (first_returned_ < 0) first_returned_ = replica;
+  barrier_cv_.notify_all();
 }
 
 void ReplicaGroup::fail(int replica, std::exception_ptr error) {
@@ -116,11 +122,13 @@ void ReplicaGroup::run(const std::function<void(int replica)>& fn) {
   if (!fn) DTRAIN_THROW(InvalidArgument, name(), ".run: the replica function is empty");
   if (dtrain::replica_context().strategy != 0)
     DTRAIN_THROW(InvalidArgument, name(), ".run: called from inside a replica function; call it from the caller's thread");
+  std::lock_guard one_at_a_time(run_mutex_);
   {
     std::lock_guard lock(mutex_);
     job_ = &fn;
     std::fill(errors_.begin(), errors_.end(), nullptr);
     first_failure_ = -1;
+    first_returned_ = -1;
     barrier_count_ = 0;
     merge_error_ = nullptr;
     pending_ = num_replicas() - 1;
@@ -148,10 +156,14 @@ std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variab
 void ReplicaGroup::barrier(int replica) {
   std::unique_lock lock(mutex_);
   auto broken = [&] {
+    if (first_failure_ >= 0)
+      return PeerFailure(dtrain::detail::concat("replica ", replica, " stopped waiting for the other replicas: replica ",
+                                                first_failure_, " failed"));
     return PeerFailure(dtrain::detail::concat("replica ", replica, " stopped waiting for the other replicas: replica ",
-                                              first_failure_, " failed"));
+                                              first_returned_, " returned without joining this cross-replica call ",
+                                              "(every replica must make the same calls, e.g. apply_gradients)"));
   };
-  if (first_failure_ >= 0) throw broken();
+  if (first_failure_ >= 0 || first_returned_ >= 0) throw broken();
   const std::uint64_t generation = barrier_generation_;
   if (++barrier_count_ == num_replicas()) {
     barrier_count_ = 0;
@@ -159,7 +171,8 @@ void ReplicaGroup::barrier(int replica) {
     barrier_cv_.notify_all();
     return;
   }
-  barrier_cv_.wait(lock, [&] { return barrier_generation_ != generation || first_failure_ >= 0; });
+  barrier_cv_.wait(lock,
+                   [&] { return barrier_generation_ != generation || first_failure_ >= 0 || first_returned_ >= 0; });
   if (barrier_generation_ == generation) throw broken();
 }
 

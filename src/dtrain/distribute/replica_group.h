@@ -48,6 +48,7 @@ class ReplicaGroup final : public StrategyBackend, public CrossReplica {
   GroupOptions options_;
   std::vector<std::thread> threads_;  // replicas 1..R-1
 
+  std::mutex run_mutex_;  // one run() at a time (two models may share a strategy)
   std::mutex mutex_;
   std::condition_variable start_, done_;
   const std::function<void(int)>* job_ = nullptr;
@@ -56,6 +57,7 @@ class ReplicaGroup final : public StrategyBackend, public CrossReplica {
   bool stop_ = false;
   std::vector<std::exception_ptr> errors_;  // [replica], this run
   int first_failure_ = -1;
+  int first_returned_ = -1;  // a replica whose function returned; nobody can wait for it
 
   // The barrier, and the values replicas exchange through it.
   std::condition_variable barrier_cv_;

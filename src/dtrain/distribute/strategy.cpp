@@ -270,26 +270,25 @@ void GradientAccumulator::accumulate(std::span<const Tensor> grads) {
     }
   }
   ++counts_[static_cast<std::size_t>(replica)];
-  if (replica == 0) ++count_;
 }
 
 std::vector<Tensor> GradientAccumulator::reduce(ReduceOp op) {
   if (replica_context().strategy != 0)
     DTRAIN_THROW(InvalidArgument, "GradientAccumulator::reduce: call it outside strategy.run()");
-  if (count_ == 0) DTRAIN_THROW(InvalidArgument, "GradientAccumulator::reduce: nothing was accumulated");
+  const int count = counts_.front();
+  if (count == 0) DTRAIN_THROW(InvalidArgument, "GradientAccumulator::reduce: nothing was accumulated");
   for (std::size_t r = 0; r < counts_.size(); ++r)
-    if (counts_[r] != count_)
+    if (counts_[r] != count)
       DTRAIN_THROW(InvalidArgument, "GradientAccumulator::reduce: replica ", r, " accumulated ", counts_[r],
-                   " micro-batches, replica 0 ", count_);
+                   " micro-batches, replica 0 ", count);
   std::size_t width = 0;
   for (const auto& s : sums_) width = std::max(width, s.size());
   for (auto& s : sums_) s.resize(width);
   std::vector<Tensor> out = strategy_.reduce(op, PerReplica<std::vector<Tensor>>(sums_));
   for (Tensor& t : out)
-    if (t.defined()) t = scale(t, 1.0f / static_cast<float>(count_));
+    if (t.defined()) t = scale(t, 1.0f / static_cast<float>(count));
   for (auto& s : sums_) s.clear();
   std::fill(counts_.begin(), counts_.end(), 0);
-  count_ = 0;
   return out;
 }
 

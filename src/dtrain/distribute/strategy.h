@@ -214,19 +214,18 @@ class GradientAccumulator {
   // Inside strategy.run() (or outside it with one replica): adds this replica's gradients.
   void accumulate(std::span<const Tensor> grads);
   int steps() const { return steps_; }
-  // Micro-batches accumulated since the last reduce().
-  int count() const { return count_; }
-  bool ready() const { return count_ >= steps_; }
+  // Outside run(): micro-batches accumulated since the last reduce().
+  int count() const { return counts_.front(); }
+  bool ready() const { return count() >= steps_; }
   // Outside run(): the sums over replicas and micro-batches divided by the micro-batch
   // count (MEAN also divides by the replicas); then starts again from zero.
   std::vector<Tensor> reduce(ReduceOp op = ReduceOp::SUM);
 
  private:
-  const Strategy& strategy_;
+  Strategy strategy_;  // a handle: the accumulator keeps the replicas alive
   int steps_;
-  int count_ = 0;
   std::vector<std::vector<Tensor>> sums_;  // [replica][gradient]
-  std::vector<int> counts_;                // [replica]
+  std::vector<int> counts_;                // [replica], each written by its replica only
 };
 
 // --- templates
