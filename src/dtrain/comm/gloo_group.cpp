@@ -21,7 +21,7 @@
 namespace dtrain::comm {
 namespace {
 
-constexpr std::size_t kRingCacheBytes = 256u << 10;
+constexpr std::size_t kRingCacheBytes = 1u << 20;
 
 std::vector<char> bytes_of(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
 
