@@ -11,8 +11,8 @@ namespace {
 
 TEST(TfConfig, ParsesAClusterAndTheTask) {
   const TfConfig c = parse_tf_config(R"({
-    "cluster": {"chief": ["host0:2222"], "worker": ["host1:2222", "[::1]:2223"], "ps": ["10.0.0.5:2224"],
-                "evaluator": ["host9:1"]},
+    "cluster": {"chief": ["127.0.0.1:2222"], "worker": ["localhost:2222", "[::1]:2223"], "ps": ["127.0.0.1:2224"],
+                "evaluator": ["127.0.0.1:2225"]},
     "task": {"type": "worker", "index": 1}, "rpc_layer": "grpc", "environment": "cloud"})");
   EXPECT_EQ(c.task, (TaskId{"worker", 1}));
   EXPECT_EQ(c.cluster.num_tasks("worker"), 2);

@@ -142,35 +142,38 @@ std::vector<Tensor> GradientTape::run_backward(const Tensor& target, std::span<c
   std::vector<Tensor> result(sources.size());
   grads_.emplace(target.id(), output_gradient.defined() ? output_gradient : Tensor::full(target.shape(), 1.0f));
   // For on_ready: a source's gradient is final once the earliest recorded op reading it
-  // has run. ready_after[e] lists the sources that become final after entry e.
-  std::vector<std::vector<std::size_t>> ready_after;
-  std::vector<bool> reported;
-  if (on_ready) {
-    ready_after.resize(entries_.size());
-    reported.assign(sources.size(), false);
-    for (std::size_t i = 0; i < sources.size(); ++i) {
-      for (std::size_t e = 0; e < entries_.size(); ++e) {
-        const Entry& entry = entries_[e];
-        if (std::find(entry.inputs, entry.inputs + entry.num_inputs, sources[i]) != entry.inputs + entry.num_inputs) {
-          ready_after[e].push_back(i);
-          break;
-        }
-      }
+  // has run its backward. `pending` holds (that op's index, source) latest op first;
+  // sources no op reads come last, with no gradient.
+  constexpr std::size_t kUnread = static_cast<std::size_t>(-1);
+  std::vector<std::pair<std::size_t, std::size_t>> pending;
+  std::size_t next = 0;
+  // Reports the sources whose earliest reader is op first_op or later (0: all left).
+  auto report_read_from = [&](std::size_t first_op) {
+    for (; next < pending.size(); ++next) {
+      const std::size_t first = pending[next].first;
+      if (first_op > 0 && (first == kUnread || first < first_op)) break;
+      auto g = grads_.find(sources[pending[next].second]);
+      (*on_ready)(pending[next].second, g != grads_.end() ? g->second : Tensor());
     }
+  };
+  if (on_ready) {
+    for (std::size_t i = 0; i < sources.size(); ++i) {
+      std::size_t first = kUnread;
+      for (std::size_t e = 0; e < entries_.size() && first == kUnread; ++e)
+        if (std::find(entries_[e].inputs, entries_[e].inputs + entries_[e].num_inputs, sources[i]) !=
+            entries_[e].inputs + entries_[e].num_inputs)
+          first = e;
+      pending.emplace_back(first, i);
+    }
+    std::sort(pending.begin(), pending.end(), [&](const auto& a, const auto& b) {
+      if ((a.first == kUnread) != (b.first == kUnread)) return b.first == kUnread;
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
   }
   // Walking in reverse record order visits each op after every consumer of its output.
   for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
-    if (on_ready) {
-      // Reported before this entry runs: the entries after it (already run) were the
-      // last readers of these sources.
-      const auto e = static_cast<std::size_t>(entries_.rend() - it);  // index of the entry after `it`
-      if (e < entries_.size())
-        for (std::size_t i : ready_after[e]) {
-          auto g = grads_.find(sources[i]);
-          reported[i] = true;
-          (*on_ready)(i, g != grads_.end() ? g->second : Tensor());
-        }
-    }
+    // The ops after this one have run: sources they were the earliest readers of are final.
+    if (on_ready) report_read_from(static_cast<std::size_t>(entries_.rend() - it));
     auto g = grads_.find(it->output);
     if (g == grads_.end()) continue;
     const Tensor grad_output = g->second;
@@ -181,13 +184,7 @@ std::vector<Tensor> GradientTape::run_backward(const Tensor& target, std::span<c
     it->backward(grad_output, ctx);
     if (!persistent_) it->backward = nullptr;  // drops the saved tensors
   }
-  if (on_ready) {
-    for (std::size_t i = 0; i < sources.size(); ++i) {
-      if (reported[i]) continue;
-      auto g = grads_.find(sources[i]);
-      (*on_ready)(i, g != grads_.end() ? g->second : Tensor());
-    }
-  }
+  if (on_ready) report_read_from(0);  // the first op's sources, then the unread ones
   for (size_t i = 0; i < sources.size(); ++i) {
     auto g = grads_.find(sources[i]);
     if (g != grads_.end()) result[i] = g->second;

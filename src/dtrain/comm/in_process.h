@@ -36,9 +36,6 @@ class InProcessAllReduce {
   InProcessAllReduce(const InProcessAllReduce&) = delete;
   InProcessAllReduce& operator=(const InProcessAllReduce&) = delete;
 
-  int replicas() const { return replicas_; }
-  std::size_t num_buckets() const { return buckets_.size(); }
-
   // Where `replica`'s copy of a segment is this round; null counts as zeros. It must stay
   // unchanged until finish() returns on that replica.
   void set_input(int replica, std::size_t bucket, std::size_t segment, const float* data) {

@@ -3,6 +3,7 @@
 // Library code never aborts; see docs/errors.md for what a caller should do after each kind.
 #pragma once
 
+#include <exception>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -49,6 +50,12 @@ class Unsupported : public Error {
  public:
   using Error::Error;
 };
+
+// Rethrows `error` as the same kind of dtrain error with "context: " before its message
+// (other exceptions become Error), so a caller can still catch it by kind.
+[[noreturn]] void rethrow_with_context(const std::exception_ptr& error, const std::string& context);
+// The message of an exception held in `error`.
+std::string message_of(const std::exception_ptr& error);
 
 namespace detail {
 

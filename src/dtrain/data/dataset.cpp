@@ -13,19 +13,9 @@ void rethrow_with_context(std::exception_ptr error, const std::string& context) 
   try {
     std::rethrow_exception(error);
   } catch (const Cancelled&) {
-    throw;
-  } catch (const InvalidArgument& e) {
-    throw InvalidArgument(context + ": " + e.what());
-  } catch (const IoError& e) {
-    throw IoError(context + ": " + e.what());
-  } catch (const Timeout& e) {
-    throw Timeout(context + ": " + e.what());
-  } catch (const Error& e) {
-    throw Error(context + ": " + e.what());
-  } catch (const std::exception& e) {
-    throw Error(context + ": " + e.what());
+    throw;  // a stopped pipeline is not an input error
   } catch (...) {
-    throw Error(context + ": an exception that is not a std::exception");
+    dtrain::rethrow_with_context(std::current_exception(), context);
   }
 }
 

@@ -7,7 +7,7 @@
 namespace dtrain::distribute::detail {
 
 BucketReducer::BucketReducer(int replicas, std::span<Variable* const> vars, std::size_t bucket_bytes)
-    : replicas_(replicas), places_(vars.size()), states_(static_cast<std::size_t>(replicas)) {
+    : places_(vars.size()), states_(static_cast<std::size_t>(replicas)) {
   const std::size_t bucket_floats = std::max<std::size_t>(bucket_bytes / sizeof(float), 1);
   std::vector<std::vector<std::size_t>> segments;
   std::vector<std::size_t> sizes;

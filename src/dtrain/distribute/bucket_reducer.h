@@ -31,8 +31,6 @@ class BucketReducer final : public GradientReducer {
   }
   void abort(int replica, const std::string& why) override { all_reduce_->abort(replica, why); }
 
-  std::size_t num_buckets() const { return bucket_vars_.size(); }
-
  private:
   struct Place {
     std::size_t bucket;
@@ -50,7 +48,6 @@ class BucketReducer final : public GradientReducer {
     std::vector<Tensor> reduced;      // [variable] this replica's copy of the result list
   };
 
-  int replicas_;
   bool reduce_ = true;
   std::vector<Place> places_;                       // [variable]
   std::vector<std::size_t> bucket_vars_;            // [bucket] how many variables

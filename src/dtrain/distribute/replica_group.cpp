@@ -34,29 +34,6 @@ bool is_peer_failure(const std::exception_ptr& e) {
   }
 }
 
-// Rethrows `e` as the same kind of dtrain error with `prefix` before its message.
-[[noreturn]] void rethrow_with_prefix(const std::exception_ptr& e, const std::string& prefix) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const InvalidArgument& x) {
-    throw InvalidArgument(prefix + x.what());
-  } catch (const IoError& x) {
-    throw IoError(prefix + x.what());
-  } catch (const Timeout& x) {
-    throw Timeout(prefix + x.what());
-  } catch (const PeerFailure& x) {
-    throw PeerFailure(prefix + x.what());
-  } catch (const InternalError& x) {
-    throw InternalError(prefix + x.what());
-  } catch (const Unsupported& x) {
-    throw Unsupported(prefix + x.what());
-  } catch (const std::exception& x) {
-    throw Error(prefix + x.what());
-  } catch (...) {
-    throw Error(prefix + "an exception that is not a std::exception");
-  }
-}
-
 }  // namespace
 
 ReplicaGroup::ReplicaGroup(GroupOptions options) : options_(std::move(options)) {
@@ -146,7 +123,7 @@ void ReplicaGroup::run(const std::function<void(int replica)>& fn) {
   const auto f = static_cast<std::size_t>(first_failure_);
   const std::exception_ptr error = errors_[f];
   lock.unlock();
-  rethrow_with_prefix(error, name() + " replica " + std::to_string(f) + " (" + options_.devices[f] + "): ");
+  rethrow_with_context(error, name() + " replica " + std::to_string(f) + " (" + options_.devices[f] + ")");
 }
 
 std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variable* const> vars) {

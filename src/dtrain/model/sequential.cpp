@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "dtrain/core/clock.h"
+#include "dtrain/kernels/backend.h"
 #include "dtrain/model/progress.h"
 #include "dtrain/model/safetensors.h"
 
@@ -275,16 +276,6 @@ class DatasetBatches : public Sequential::BatchSource {
   double wait_at_epoch_start_ = 0;
 };
 
-std::string what_failed(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "an unknown exception";
-  }
-}
-
 void check_fit_options(const FitOptions& opt) {
   if (opt.gradient_accumulation_steps < 1)
     DTRAIN_THROW(InvalidArgument, "fit: gradient_accumulation_steps must be >= 1, got ", opt.gradient_accumulation_steps);
@@ -355,16 +346,20 @@ class Sequential::Trainer {
       std::vector<Tensor> grads = tape.gradient(loss, vars_);
       model_.optimizer_->apply_gradients(grads, vars_);
     } else {
-      // The update uses the mean of the group's gradients.
-      std::vector<Tensor> grads = tape.gradient(scale(loss, 1.0f / static_cast<float>(k_)), vars_);
-      if (sums_.empty()) sums_.resize(grads.size());
+      // The update uses the mean of the group's gradients, summed in buffers made once.
+      const std::vector<Tensor> grads = tape.gradient(scale(loss, 1.0f / static_cast<float>(k_)), vars_);
+      if (buffers_.empty()) buffers_.resize(grads.size());
+      if (group_.empty()) group_.resize(grads.size());
       for (std::size_t i = 0; i < grads.size(); ++i) {
         if (!grads[i].defined()) continue;
-        sums_[i] = sums_[i].defined() ? dtrain::add(sums_[i], grads[i]) : grads[i];
+        if (!buffers_[i].defined()) buffers_[i] = Tensor::empty(grads[i].shape());
+        if (group_[i].defined()) kernels::backend().binary(kernels::Binary::add, buffers_[i], grads[i], buffers_[i]);
+        else buffers_[i].copy_from(grads[i]);
+        group_[i] = buffers_[i];
       }
       if (update) {
-        model_.optimizer_->apply_gradients(sums_, vars_);
-        sums_.clear();
+        model_.optimizer_->apply_gradients(group_, vars_);
+        std::fill(group_.begin(), group_.end(), Tensor());
       }
     }
     record(y, y_pred, mean_value(loss), x.dim(0), loss_mean);
@@ -372,6 +367,7 @@ class Sequential::Trainer {
 
  private:
   struct Output {
+    std::int64_t begin = 0, end = 0;  // the replica's rows of the global batch
     Tensor y_pred;
     double loss = 0.0;
   };
@@ -400,15 +396,20 @@ class Sequential::Trainer {
     reducer_->set_reduce_this_step(update);
     // Replicas update their own share of every variable when the optimizer allows it.
     const bool shared = update && model_.optimizer_->begin_shared_update(vars_);
-    const std::int64_t base = rows / replicas, extra = rows % replicas;
+    // As evenly as possible, the first replicas taking one row more.
+    std::int64_t next_row = 0;
+    for (int r = 0; r < replicas; ++r) {
+      Output& out = outputs_[static_cast<std::size_t>(r)];
+      out = Output{};
+      out.begin = next_row;
+      out.end = next_row = next_row + rows / replicas + (r < rows % replicas ? 1 : 0);
+    }
     // A mean over the batch becomes each replica's share of the global mean; a sum stays a sum.
     const bool mean_loss = model_.loss_->reduction() == losses::Reduction::sum_over_batch_size;
     const float scale_by = 1.0f / ((mean_loss ? static_cast<float>(rows) : 1.0f) * static_cast<float>(k_));
     model_.strategy_->run([&](int r) {
-      const std::int64_t begin = r * base + std::min<std::int64_t>(r, extra);
-      const std::int64_t end = begin + base + (r < extra ? 1 : 0);
       Output& out = outputs_[static_cast<std::size_t>(r)];
-      out = Output{};
+      const std::int64_t begin = out.begin, end = out.end;
       try {
         if (begin == end) {  // a short last batch leaves this replica nothing to do
           for (std::size_t i = 0; i < vars_.size(); ++i) reducer_->gradient_ready(r, i, Tensor());
@@ -424,7 +425,7 @@ class Sequential::Trainer {
         reducer_->finish(r);
         if (shared) model_.optimizer_->apply_share(reducer_->reduced(r), vars_, r, replicas);
       } catch (...) {
-        reducer_->abort(r, what_failed(std::current_exception()));
+        reducer_->abort(r, message_of(std::current_exception()));
         throw;
       }
     });
@@ -432,19 +433,16 @@ class Sequential::Trainer {
       if (shared) model_.optimizer_->end_shared_update();
       else model_.optimizer_->apply_gradients(reducer_->reduced(0), vars_);
     }
-    for (int r = 0; r < replicas; ++r) {
-      const Output& out = outputs_[static_cast<std::size_t>(r)];
-      if (!out.y_pred.defined()) continue;
-      const std::int64_t begin = r * base + std::min<std::int64_t>(r, extra);
-      record(y.slice(begin, begin + out.y_pred.dim(0)), out.y_pred, out.loss, out.y_pred.dim(0), loss_mean);
-    }
+    for (const Output& out : outputs_)
+      if (out.y_pred.defined()) record(y.slice(out.begin, out.end), out.y_pred, out.loss, out.end - out.begin, loss_mean);
   }
 
   Sequential& model_;
   int k_;
   std::int64_t micro_ = 0;
   std::vector<Variable*> vars_;
-  std::vector<Tensor> sums_;  // one device: the group's gradients so far
+  std::vector<Tensor> buffers_;  // one device, accumulating: a sum buffer per variable
+  std::vector<Tensor> group_;    // buffers_[i] once the group has a gradient for it, else undefined
   std::unique_ptr<GradientReducer> reducer_;
   std::vector<Output> outputs_;  // [replica]
 };
