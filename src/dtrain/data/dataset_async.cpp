@@ -193,7 +193,9 @@ class PrefetchIterator : public IteratorBase {
       const double took = seconds_since(t0), cpu = thread_cpu_seconds() - cpu0;
       std::lock_guard lock(mutex_);
       if (error) {
-        error_ = error;
+        // Moved, not copied: the consumer may rethrow and drop the error at once, and the
+        // last reference must not be this thread's (TSan cannot see libstdc++'s count).
+        error_ = std::move(error);
       } else if (!e) {
         // The iterator's stop request also makes upstream stages end early; that is not the
         // data's end. (This thread's own stop token, used to go inline, reaches no upstream
@@ -414,9 +416,10 @@ class ParallelMapIterator : public IteratorBase {
           end_seq_ = seq + 1;
         }
       }
+      const bool failed = error != nullptr;
       Result r;
-      r.error = error;
-      if (!error) {
+      r.error = std::move(error);  // as above: the consumer holds the last reference
+      if (!failed) {
         const auto t0 = Clock::now();
         try {
           r.element = fn_(*input);
@@ -434,7 +437,7 @@ class ParallelMapIterator : public IteratorBase {
       results_[seq] = std::move(r);
       --computing_;
       cv_.notify_all();
-      if (error) return;
+      if (failed) return;
     }
   }
 
