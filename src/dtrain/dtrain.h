@@ -13,6 +13,8 @@
 #include "dtrain/data/dataset.h"
 #include "dtrain/data/datasets.h"
 #include "dtrain/data/idx.h"
+#include "dtrain/cluster/launcher.h"
+#include "dtrain/cluster/tf_config.h"
 #include "dtrain/distribute/strategy.h"
 #include "dtrain/losses/losses.h"
 #include "dtrain/metrics/metrics.h"

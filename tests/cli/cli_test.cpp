@@ -185,7 +185,7 @@ TEST_F(Cli, BadConfigsNameTheKey) {
       {R"(, "epochs": 4294967297)", "epochs: must be in [0, 1000000]"},
       {R"(, "seed": 18446744073709551615)", "seed: the integer 18446744073709551615 is too large"},
       {R"(, "dtype_policy": "mixed_float16")", "dtype_policy: dtype policy 'mixed_float16' is not supported"},
-      {R"(, "strategy": "tpu")", "strategy: expected \"default\", \"one_device\" or \"mirrored\""},
+      {R"(, "strategy": "tpu")", "strategy: expected \"default\", \"one_device\", \"mirrored\" or \"multi_worker\""},
       {R"(, "replicas": 2)", "replicas: replicas 2 needs strategy \"mirrored\""},
       {R"(, "gradient_accumulation_steps": 0)", "gradient_accumulation_steps: must be in [1, 1000000]"},
   };

@@ -5,6 +5,7 @@
 
 #include <gloo/rendezvous/hash_store.h>
 
+#include <cmath>
 #include <thread>
 
 #include "dtrain/comm/gloo_group.h"
@@ -82,6 +83,88 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndCounts, GlooSweep,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4),
                                             ::testing::Values(std::size_t{0}, std::size_t{1}, std::size_t{1001},
                                                               std::size_t{70001})));
+
+class GlooWire : public ::testing::TestWithParam<std::tuple<int, Wire>> {
+ protected:
+  // Values no 16-bit format holds exactly, of mixed signs and magnitudes.
+  static float value(std::size_t i, int rank) {
+    return static_cast<float>(std::sin(static_cast<double>(i) * 0.37 + rank) * (1.0 + static_cast<double>(i % 5)));
+  }
+};
+
+TEST_P(GlooWire, SixteenBitSumsStayWithinTheirRounding) {
+  // Sums of values with a spread of magnitudes; every rank must get the same bits, within
+  // a few roundings of the exact sum (8 significant bits for bfloat16, 11 for float16).
+  const auto [size, wire] = GetParam();
+  constexpr std::size_t kCount = 70001;  // odd, and several ring segments
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  std::vector<std::vector<float>> results(static_cast<std::size_t>(size));
+  const auto errors = on_ranks(size, [&](int r) {
+    GlooGroup group(store, options(r, size));
+    std::vector<float> v(kCount);
+    for (std::size_t i = 0; i < kCount; ++i) v[i] = value(i, r);
+    group.allreduce(v.data(), kCount, 3, wire);
+    results[static_cast<std::size_t>(r)] = v;
+  });
+  const double ulp = wire == Wire::bf16 ? 1.0 / 128 : 1.0 / 1024;
+  for (int r = 0; r < size; ++r) {
+    ASSERT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
+    EXPECT_EQ(results[static_cast<std::size_t>(r)], results[0]) << "rank " << r << " got other bits than rank 0";
+  }
+  int far = 0, rounded = 0;
+  for (std::size_t i = 0; i < kCount; ++i) {
+    double exact = 0, magnitude = 0;
+    for (int k = 0; k < size; ++k) {
+      exact += value(i, k);
+      magnitude += std::abs(value(i, k));
+    }
+    far += std::abs(results[0][i] - exact) > size * ulp * magnitude;
+    rounded += results[0][i] != static_cast<float>(exact);
+  }
+  EXPECT_EQ(far, 0);
+  EXPECT_GT(rounded, static_cast<int>(kCount / 2)) << "the sums look like float32's";
+}
+
+INSTANTIATE_TEST_SUITE_P(RanksAndWires, GlooWire,
+                         ::testing::Combine(::testing::Values(2, 3), ::testing::Values(Wire::bf16, Wire::f16)));
+
+TEST(Gloo, DoubleSumsAreExact) {
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  std::vector<std::vector<double>> results(3);
+  const auto errors = on_ranks(3, [&](int r) {
+    GlooGroup group(store, options(r, 3));
+    std::vector<double> v{1e15 + r, 0.1 * r, -1.0};
+    group.allreduce(v.data(), v.size());
+    results[static_cast<std::size_t>(r)] = v;
+  });
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(errors[static_cast<std::size_t>(r)], "");
+    EXPECT_EQ(results[static_cast<std::size_t>(r)][0], 3e15 + 3);
+    EXPECT_NEAR(results[static_cast<std::size_t>(r)][1], 0.3, 1e-15);
+    EXPECT_EQ(results[static_cast<std::size_t>(r)][2], -3.0);
+  }
+}
+
+TEST(Gloo, CheckedCollectivesNameAMismatch) {
+  // Rank 1 broadcasts where the others all-reduce: with the check on, every rank fails
+  // naming both sides instead of exchanging the wrong bytes.
+  auto store = std::make_shared<gloo::rendezvous::HashStore>();
+  const auto errors = on_ranks(3, [&](int r) {
+    GlooGroupOptions o = options(r, 3, 5s);
+    o.check_collectives = true;
+    GlooGroup group(store, o);
+    std::vector<float> v(1000, 1.0f);
+    group.allreduce(v.data(), v.size(), 1);  // the same everywhere: passes the check
+    if (r == 1) group.broadcast(v.data(), v.size(), 0);
+    else group.allreduce(v.data(), v.size(), 1);
+  });
+  for (int r = 0; r < 3; ++r) {
+    const std::string& e = errors[static_cast<std::size_t>(r)];
+    EXPECT_NE(e.find("collective mismatch"), std::string::npos) << "rank " << r << ": " << e;
+    EXPECT_NE(e.find("broadcast #2 (4000 bytes)"), std::string::npos) << "rank " << r << ": " << e;
+    EXPECT_NE(e.find("allreduce #2 (4000 bytes)"), std::string::npos) << "rank " << r << ": " << e;
+  }
+}
 
 TEST(GlooGroup, RanksThatNeverArriveAreNamed) {
   auto store = std::make_shared<gloo::rendezvous::HashStore>();

@@ -78,10 +78,12 @@ json normalized_model(const JsonReader& r) {
 }  // namespace
 
 void check_strategy(const std::string& strategy, int replicas) {
-  if (strategy != "default" && strategy != "one_device" && strategy != "mirrored")
-    DTRAIN_THROW(InvalidArgument, "expected \"default\", \"one_device\" or \"mirrored\", got \"", strategy, "\"");
-  if (replicas > 0 && strategy != "mirrored")
-    DTRAIN_THROW(InvalidArgument, "replicas ", replicas, " needs strategy \"mirrored\", not \"", strategy, "\"");
+  if (strategy != "default" && strategy != "one_device" && strategy != "mirrored" && strategy != "multi_worker")
+    DTRAIN_THROW(InvalidArgument, "expected \"default\", \"one_device\", \"mirrored\" or \"multi_worker\", got \"",
+                 strategy, "\"");
+  if (replicas > 0 && strategy != "mirrored" && strategy != "multi_worker")
+    DTRAIN_THROW(InvalidArgument, "replicas ", replicas, " needs strategy \"mirrored\" or \"multi_worker\", not \"",
+                 strategy, "\"");
 }
 
 RunConfig load_config(const std::string& path) {
@@ -164,7 +166,8 @@ RunConfig load_config(const std::string& path) {
     try {
       check_strategy(c.strategy, c.replicas);
     } catch (const InvalidArgument& e) {
-      r.fail(c.replicas > 0 && c.strategy != "mirrored" ? "replicas" : "strategy", e.what());
+      const bool replicas_wrong = c.replicas > 0 && c.strategy != "mirrored" && c.strategy != "multi_worker";
+      r.fail(replicas_wrong ? "replicas" : "strategy", e.what());
     }
     if (c.batch_size <= 0 || c.batch_size > (std::int64_t{1} << 31)) r.fail("batch_size", "must be in [1, 2^31]");
     if (!(c.validation_split >= 0 && c.validation_split < 1)) r.fail("validation_split", "must be in [0, 1)");

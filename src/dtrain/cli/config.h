@@ -48,8 +48,9 @@ struct RunConfig {
   int verbose = -1;
   // "float32" or "mixed_bfloat16" for every layer; empty: what the model JSON says.
   std::string dtype_policy;
-  // "default" (one device), "one_device" or "mirrored"; replicas for mirrored (0: one
-  // per core). batch_size is then the global batch.
+  // "default" (one device), "one_device", "mirrored" or "multi_worker" (TF_CONFIG says
+  // the cluster); replicas: mirrored's (0: one per core), or each worker's (0: one).
+  // batch_size is then the global batch.
   std::string strategy = "default";
   int replicas = 0;
   int gradient_accumulation_steps = 1;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -25,6 +26,7 @@ Examples:
   dtrain fit examples/configs/fashion_mnist.json
   dtrain fit examples/configs/seed_large.json --epochs 2 --threads 1 --summary out.json
   dtrain fit examples/configs/seed_large.json --strategy mirrored --replicas 2 --batch-size 128
+  dtrain launch --workers 2 -- dtrain fit examples/configs/seed_large.json --strategy multi_worker
   dtrain fit examples/configs/fashion_mnist.json --save-weights fmnist.safetensors
   dtrain evaluate examples/configs/fashion_mnist.json --weights fmnist.safetensors
   dtrain summary examples/configs/seed_small.json
@@ -43,6 +45,10 @@ struct Overrides {
   int replicas = -1;
   int accumulation = -1;
   std::string save_weights, summary, weights, dtype_policy, strategy;
+  // multi_worker only
+  std::string compression;
+  double collective_timeout = -1;
+  bool no_overlap = false;
 };
 
 void apply(const Overrides& o, cli::RunConfig& c) {
@@ -61,7 +67,18 @@ void apply(const Overrides& o, cli::RunConfig& c) {
 }
 
 // The strategy the config asks for; null for the default strategy.
-std::unique_ptr<distribute::Strategy> make_strategy(const cli::RunConfig& c) {
+std::unique_ptr<distribute::Strategy> make_strategy(const cli::RunConfig& c, const Overrides& o) {
+  if (c.strategy == "multi_worker") {
+    distribute::CommunicationOptions comm;
+    if (o.collective_timeout > 0) comm.timeout_seconds = o.collective_timeout;
+    comm.overlap = !o.no_overlap;
+    if (o.compression == "bf16") comm.compression = distribute::Compression::BF16;
+    if (o.compression == "fp16") comm.compression = distribute::Compression::FP16;
+    std::vector<std::string> devices;
+    for (int r = 0; r < std::max(1, c.replicas); ++r) devices.push_back("/cpu:" + std::to_string(r));
+    return std::make_unique<distribute::MultiWorkerMirroredStrategy>(cluster::tf_config_from_environment(), comm,
+                                                                     devices);
+  }
   if (c.strategy == "mirrored")
     return c.replicas > 0 ? std::make_unique<distribute::MirroredStrategy>(c.replicas)
                           : std::make_unique<distribute::MirroredStrategy>();
@@ -107,7 +124,10 @@ std::string model_policy(const Sequential& m) {
 }
 
 void prepare(const cli::RunConfig& c) {
-  set_num_threads(c.threads);
+  // Without a thread count, OMP_NUM_THREADS (which `dtrain launch` sets to each process's
+  // share of the cores) is kept.
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  if (c.threads > 0 || !omp || !*omp) set_num_threads(c.threads);
   set_random_seed(c.seed);
 }
 
@@ -117,7 +137,9 @@ int run_fit(const std::string& path, const Overrides& o) {
   prepare(c);
   const auto wall_start = Clock::now();
   data::Classification d = cli::load_data(c);
-  std::unique_ptr<distribute::Strategy> strategy = make_strategy(c);
+  std::unique_ptr<distribute::Strategy> strategy = make_strategy(c, o);
+  // Under multi_worker, the chief alone writes files; every worker trains and reports.
+  const bool chief = !strategy || strategy->worker_index() == 0;
   std::unique_ptr<Sequential> model;
   {
     std::optional<dtrain::detail::ScopedStrategy> scope;
@@ -131,6 +153,9 @@ int run_fit(const std::string& path, const Overrides& o) {
   if (strategy)
     where = strategy->name() + " " + std::to_string(replicas) + " replica" + (replicas > 1 ? "s" : "") + " x " +
             std::to_string(threads_per_replica) + " thread" + (threads_per_replica > 1 ? "s" : "");
+  if (strategy && strategy->num_workers() > 1)
+    where += " (" + std::to_string(strategy->num_workers()) + " workers, this is worker " +
+             std::to_string(strategy->worker_index()) + ")";
   std::printf("dtrain fit %s: %lld training samples, batch %lld, %d epochs, %s, %s\n", path.c_str(),
               static_cast<long long>(d.train.x.dim(0)), static_cast<long long>(c.batch_size), c.epochs, where.c_str(),
               model_policy(*model).c_str());
@@ -155,12 +180,12 @@ int run_fit(const std::string& path, const Overrides& o) {
     for (const auto& [k, v] : test.items()) line += " " + k + " " + std::to_string(v);
     std::printf("%s\n", line.c_str());
   }
-  if (!o.save_weights.empty()) {
+  if (!o.save_weights.empty() && chief) {
     model->save_weights(o.save_weights);
     std::printf("weights saved to %s\n", o.save_weights.c_str());
   }
   const double wall = seconds_since(wall_start);
-  if (!o.summary.empty()) {
+  if (!o.summary.empty() && chief) {
     // Steady state: the first epoch (primitive creation, cold caches) is reported apart.
     std::vector<double> sps = h.samples_per_second;
     json j;
@@ -168,7 +193,8 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["threads"] = num_threads();
     j["dtype_policy"] = model_policy(*model);
     j["strategy"] = strategy ? strategy->name() : "default";
-    j["replicas"] = replicas;
+    j["replicas"] = replicas;  // in sync, over every worker
+    j["workers"] = strategy ? strategy->num_workers() : 1;
     j["threads_per_replica"] = threads_per_replica;
     j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
     j["seed"] = c.seed;
@@ -238,10 +264,18 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"float32", "mixed_bfloat16"}));
   };
   auto add_strategy_flags = [&](CLI::App* cmd) {
-    cmd->add_option("--strategy", o.strategy, "default, one_device or mirrored (overrides the config)")
-        ->check(CLI::IsMember({"default", "one_device", "mirrored"}));
-    cmd->add_option("--replicas", o.replicas, "Replicas of the mirrored strategy (0 = one per core)")
+    cmd->add_option("--strategy", o.strategy,
+                    "default, one_device, mirrored or multi_worker (reads TF_CONFIG; overrides the config)")
+        ->check(CLI::IsMember({"default", "one_device", "mirrored", "multi_worker"}));
+    cmd->add_option("--replicas", o.replicas,
+                    "Replicas of the mirrored strategy (0 = one per core), or of each multi_worker process")
         ->check(CLI::Range(0, 4096));
+    cmd->add_option("--compression", o.compression, "multi_worker: gradient buckets on the wire as none, bf16 or fp16")
+        ->check(CLI::IsMember({"none", "bf16", "fp16"}));
+    cmd->add_option("--collective-timeout", o.collective_timeout,
+                    "multi_worker: seconds any collective waits for the other workers (default 60)")
+        ->check(CLI::Range(0.001, 86400.0));
+    cmd->add_flag("--no-overlap", o.no_overlap, "multi_worker: send gradient buckets only after backward");
     cmd->add_option("--gradient-accumulation-steps", o.accumulation,
                     "Average the gradients of this many batches into one update")
         ->check(CLI::Range(1, 1'000'000));
@@ -292,6 +326,10 @@ int main(int argc, char** argv) {
       // `dtrain launch ... fit CONFIG`: the tasks run this dtrain.
       if (!command.empty() && (command.front() == "fit" || command.front() == "evaluate"))
         command.insert(command.begin(), "/proc/self/exe");
+      // `launch ... fit` trains one model on every task: multi_worker unless said otherwise.
+      if (command.size() > 1 && command[1] == "fit" &&
+          std::none_of(command.begin(), command.end(), [](const std::string& a) { return a.rfind("--strategy", 0) == 0; }))
+        command.insert(command.end(), {"--strategy", "multi_worker"});
       if (!command.empty() && command.front() == "/proc/self/exe") {
         char self[4096];
         const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);

@@ -16,13 +16,18 @@
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
+#include <iomanip>
 #include <iostream>
 #include <optional>
+#include <random>
+#include <sstream>
 #include <string_view>
 #include <nlohmann/json.hpp>
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/threads.h"
 
 extern char** environ;
 
@@ -79,7 +84,8 @@ class SignalForwarding {
   struct sigaction old_int_ {}, old_term_ {};
 };
 
-void start(Task& t, const std::vector<std::string>& command, const std::string& tf_config) {
+// `env`: "NAME=value" entries set for the task, replacing the launcher's own.
+void start(Task& t, const std::vector<std::string>& command, const std::vector<std::string>& env) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) DTRAIN_THROW(IoError, "dtrain launch: pipe: ", std::strerror(errno));
   // A signal that arrives between fork and exec must not run the launcher's handler in
@@ -90,9 +96,14 @@ void start(Task& t, const std::vector<std::string>& command, const std::string& 
   sigaddset(&block, SIGTERM);
   sigprocmask(SIG_BLOCK, &block, &saved);
   std::vector<std::string> env_strings;
-  for (char** e = environ; *e; ++e)
-    if (std::strncmp(*e, "TF_CONFIG=", 10) != 0) env_strings.emplace_back(*e);
-  env_strings.push_back("TF_CONFIG=" + tf_config);
+  for (char** e = environ; *e; ++e) {
+    const std::string_view entry(*e);
+    const bool replaced = std::any_of(env.begin(), env.end(), [&](const std::string& mine) {
+      return entry.substr(0, entry.find('=') + 1) == std::string_view(mine).substr(0, mine.find('=') + 1);
+    });
+    if (!replaced) env_strings.emplace_back(entry);
+  }
+  env_strings.insert(env_strings.end(), env.begin(), env.end());
   std::vector<char*> envp, argv;
   for (auto& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
@@ -214,6 +225,19 @@ std::string tf_config_json(const ClusterSpec& cluster, const TaskId& task) {
   return j.dump();
 }
 
+namespace {
+
+std::string job_token() {
+  if (const char* given = std::getenv("DTRAIN_CLUSTER_TOKEN"); given && *given) return given;
+  std::random_device device;
+  std::ostringstream o;
+  o << std::hex;
+  for (int i = 0; i < 4; ++i) o << std::setw(8) << std::setfill('0') << device();
+  return o.str();
+}
+
+}  // namespace
+
 LaunchResult launch(const LaunchOptions& o) {
   if (o.command.empty()) DTRAIN_THROW(InvalidArgument, "dtrain launch: no program to run (give it after --)");
   if (o.workers < 0 || o.ps < 0 || o.workers + (o.chief ? 1 : 0) == 0)
@@ -230,7 +254,16 @@ LaunchResult launch(const LaunchOptions& o) {
   for (const TaskId& id : cluster.tasks()) tasks.push_back(Task{id});
   Reaper reaper{tasks};
   LaunchResult result;
-  for (Task& t : tasks) start(t, o.command, tf_config_json(cluster, t.id));
+  // Every task gets the job's token (a fresh one unless given), and its share of the cores
+  // unless OMP_NUM_THREADS says otherwise (one process per core: as torchrun, one thread).
+  std::vector<std::string> env{"DTRAIN_CLUSTER_TOKEN=" + job_token()};
+  if (const char* threads = std::getenv("OMP_NUM_THREADS"); !threads || !*threads)
+    env.push_back("OMP_NUM_THREADS=" + std::to_string(std::max(1, available_cores() / std::max(1, total - o.ps))));
+  for (Task& t : tasks) {
+    env.push_back("TF_CONFIG=" + tf_config_json(cluster, t.id));
+    start(t, o.command, env);
+    env.pop_back();
+  }
 
   using Clock = std::chrono::steady_clock;
   std::optional<Clock::time_point> stopping_since, all_ended_at;

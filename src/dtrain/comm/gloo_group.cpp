@@ -13,10 +13,14 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <thread>
 
+#include "dtrain/comm/tcp_store.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/multiversion.h"
 
 namespace dtrain::comm {
 namespace {
@@ -29,7 +33,98 @@ bool timed_out(const std::string& what) {
   return what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
 }
 
+// ---- 16-bit wire formats. bfloat16 is float32's upper half, rounded to nearest even;
+// float16 goes through the compiler's _Float16 (F16C instructions where the CPU has them).
+
+#if defined(__SANITIZE_THREAD__)
+#define DTRAIN_F16C
+#else
+#define DTRAIN_F16C __attribute__((target_clones("arch=haswell", "default")))
+#endif
+
+inline std::uint16_t to_bf16(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+inline float from_bf16(std::uint16_t h) {
+  const std::uint32_t u = static_cast<std::uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+DTRAIN_MULTIVERSION
+void encode_bf16(const float* in, std::uint16_t* out, std::size_t n) {
+#pragma omp simd
+  for (std::size_t i = 0; i < n; ++i) out[i] = to_bf16(in[i]);
+}
+
+DTRAIN_MULTIVERSION
+void decode_bf16(const std::uint16_t* in, float* out, std::size_t n) {
+#pragma omp simd
+  for (std::size_t i = 0; i < n; ++i) out[i] = from_bf16(in[i]);
+}
+
+// Gloo's reduce function: c = a + b, elementwise, in bfloat16.
+DTRAIN_MULTIVERSION
+void sum_bf16(void* c, const void* a, const void* b, std::size_t n) {
+  auto* out = static_cast<std::uint16_t*>(c);
+  const auto* x = static_cast<const std::uint16_t*>(a);
+  const auto* y = static_cast<const std::uint16_t*>(b);
+#pragma omp simd
+  for (std::size_t i = 0; i < n; ++i) out[i] = to_bf16(from_bf16(x[i]) + from_bf16(y[i]));
+}
+
+DTRAIN_F16C
+void encode_f16(const float* in, std::uint16_t* out, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto h = static_cast<_Float16>(in[i]);
+    std::memcpy(out + i, &h, sizeof h);
+  }
+}
+
+DTRAIN_F16C
+void decode_f16(const std::uint16_t* in, float* out, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    _Float16 h;
+    std::memcpy(&h, in + i, sizeof h);
+    out[i] = static_cast<float>(h);
+  }
+}
+
+DTRAIN_F16C
+void sum_f16(void* c, const void* a, const void* b, std::size_t n) {
+  auto* out = static_cast<std::uint16_t*>(c);
+  const auto* x = static_cast<const std::uint16_t*>(a);
+  const auto* y = static_cast<const std::uint16_t*>(b);
+  for (std::size_t i = 0; i < n; ++i) {
+    _Float16 p, q;
+    std::memcpy(&p, x + i, sizeof p);
+    std::memcpy(&q, y + i, sizeof q);
+    const auto r = static_cast<_Float16>(static_cast<float>(p) + static_cast<float>(q));
+    std::memcpy(out + i, &r, sizeof r);
+  }
+}
+
+constexpr std::array<const char*, 4> kOps{"allreduce", "broadcast", "allgather", "barrier"};
+
 }  // namespace
+
+const char* wire_name(Wire wire) {
+  switch (wire) {
+    case Wire::f32:
+      return "float32";
+    case Wire::bf16:
+      return "bfloat16";
+    case Wire::f16:
+      return "float16";
+  }
+  return "?";
+}
 
 struct GlooGroup::CachedRing {
   std::vector<float> buffer;
@@ -46,8 +141,10 @@ GlooGroup::GlooGroup(std::shared_ptr<gloo::rendezvous::Store> store, GlooGroupOp
     DTRAIN_THROW(InvalidArgument, "GlooGroup: ", options_.task_names.size(), " task names for ", options_.size, " ranks");
   if (options_.timeout.count() <= 0) DTRAIN_THROW(InvalidArgument, "GlooGroup: the timeout must be positive");
   // Everybody announces itself, then waits for the others, naming whoever is missing.
+  // Over a TcpStore the announcement lasts as long as this process's connection.
   const std::string me = "dtrain/arrived/" + std::to_string(options_.rank);
-  store_->set(me, bytes_of(task_name(options_.rank)));
+  if (auto* tcp = dynamic_cast<TcpStore*>(store_.get())) tcp->set_while_connected(me, bytes_of(task_name(options_.rank)));
+  else store_->set(me, bytes_of(task_name(options_.rank)));
   const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
   std::string missing;
   for (int r = 0; r < options_.size; ++r) {
@@ -79,24 +176,71 @@ GlooGroup::GlooGroup(std::shared_ptr<gloo::rendezvous::Store> store, GlooGroupOp
 GlooGroup::~GlooGroup() = default;
 
 std::string GlooGroup::absent_peers() {
-  // Each rank that is still alive answers a roll call for this failed operation; those
-  // that do not within a few seconds are named.
+  // Each rank that is still alive answers a roll call for this failed operation. Over a
+  // TcpStore, a rank whose process has ended loses its announcement (it went with its
+  // connection), so the roll call waits only for the living: up to 10 s (or half the
+  // timeout) for each to fail too and answer. Elsewhere it waits a few seconds. Those
+  // that never answer are named. The chief, whose process serves the store, then waits
+  // as long again for the ranks that answered to finish their own roll calls.
   const std::string call = "dtrain/rollcall/" + std::to_string(sequence_) + "/";
+  const auto key = [](const std::string& prefix, int r) { return prefix + std::to_string(r); };
+  std::vector<int> pending, answered;
+  for (int r = 0; r < options_.size; ++r)
+    if (r != options_.rank) pending.push_back(r);
   std::string absent;
+  auto name = [&](int r, const char* why) { absent += (absent.empty() ? "" : ", ") + task_name(r) + why; };
   try {
-    store_->set(call + std::to_string(options_.rank), bytes_of("here"));
-    const auto wait = std::min(options_.timeout, std::chrono::milliseconds(3000));
-    for (int r = 0; r < options_.size; ++r) {
-      if (r == options_.rank) continue;
-      try {
-        store_->wait({call + std::to_string(r)}, wait);
-      } catch (const std::exception&) {
-        absent += (absent.empty() ? "" : ", ") + task_name(r);
-      }
-    }
+    store_->set(key(call, options_.rank), bytes_of("here"));
   } catch (const std::exception&) {
     return task_name(0) + " (which serves the rendezvous store)";
   }
+  auto* tcp = dynamic_cast<TcpStore*>(store_.get());
+  if (!tcp) {
+    const auto wait = std::min(options_.timeout, std::chrono::milliseconds(3000));
+    for (int r : pending) {
+      try {
+        store_->wait({key(call, r)}, wait);
+      } catch (const std::exception&) {
+        name(r, "");
+      }
+    }
+    return absent;
+  }
+  const auto patience = std::min(options_.timeout / 2, std::chrono::milliseconds(10000));
+  const auto poll = std::chrono::milliseconds(20);
+  try {
+    for (const auto deadline = std::chrono::steady_clock::now() + patience; !pending.empty();) {
+      std::vector<std::string> keys;
+      for (int r : pending) keys.insert(keys.end(), {key(call, r), key("dtrain/arrived/", r)});
+      const std::vector<bool> present = tcp->check(keys);
+      std::vector<int> still;
+      for (std::size_t i = 0; i < pending.size(); ++i) {
+        if (present[2 * i]) answered.push_back(pending[i]);
+        else if (!present[2 * i + 1]) name(pending[i], " (its process ended)");
+        else still.push_back(pending[i]);
+      }
+      pending = std::move(still);
+      if (pending.empty() || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(poll);
+    }
+    tcp->set(key(call + "done/", options_.rank), bytes_of("done"));
+    if (options_.rank == 0) {
+      for (const auto deadline = std::chrono::steady_clock::now() + patience; !answered.empty();) {
+        std::vector<std::string> keys;
+        for (int r : answered) keys.push_back(key(call + "done/", r));
+        const std::vector<bool> done = tcp->check(keys);
+        std::vector<int> still;
+        for (std::size_t i = 0; i < answered.size(); ++i)
+          if (!done[i]) still.push_back(answered[i]);
+        answered = std::move(still);
+        if (answered.empty() || std::chrono::steady_clock::now() >= deadline) break;
+        std::this_thread::sleep_for(poll);
+      }
+    }
+  } catch (const std::exception&) {
+    // The store went away meanwhile (the chief ended): what was learnt so far stands.
+  }
+  for (int r : pending) name(r, " (alive, but not answering)");
   return absent;
 }
 
@@ -115,6 +259,7 @@ void GlooGroup::collective(const char* op, std::size_t bytes, Fn&& fn) {
   ++sequence_;
   if (options_.size == 1) return;
   try {
+    if (options_.check_collectives) check_fingerprint(op, bytes);
     fn();
   } catch (const gloo::IoException& e) {
     fail(op, bytes, e.what(), timed_out(e.what()));
@@ -125,11 +270,57 @@ void GlooGroup::collective(const char* op, std::size_t bytes, Fn&& fn) {
   }
 }
 
-void GlooGroup::allreduce(float* data, std::size_t count, std::uint64_t key) {
-  const std::size_t bytes = count * sizeof(float);
+void GlooGroup::check_fingerprint(const char* op, std::size_t bytes) {
+  const auto id = static_cast<std::uint32_t>(std::find_if(kOps.begin(), kOps.end(), [&](const char* o) {
+                                               return std::strcmp(o, op) == 0;
+                                             }) - kOps.begin());
+  std::array<std::uint32_t, 4> mine{id, static_cast<std::uint32_t>(sequence_), static_cast<std::uint32_t>(bytes),
+                                    static_cast<std::uint32_t>(static_cast<std::uint64_t>(bytes) >> 32)};
+  std::vector<std::uint32_t> all(mine.size() * static_cast<std::size_t>(options_.size));
+  gloo::AllgatherOptions opts(context_);
+  opts.setInput(mine.data(), mine.size());
+  opts.setOutput(all.data(), all.size());
+  opts.setTag(0x80000000u | static_cast<std::uint32_t>(sequence_));
+  opts.setTimeout(options_.timeout);
+  gloo::allgather(opts);
+  auto describe = [](const std::uint32_t* f) {
+    const std::uint64_t size = f[2] | (static_cast<std::uint64_t>(f[3]) << 32);
+    return dtrain::detail::concat(f[0] < kOps.size() ? kOps[f[0]] : "?", " #", f[1], " (", size, " bytes)");
+  };
+  for (int r = 0; r < options_.size; ++r) {
+    const std::uint32_t* theirs = all.data() + static_cast<std::size_t>(r) * mine.size();
+    if (!std::equal(mine.begin(), mine.end(), theirs))
+      DTRAIN_THROW(InvalidArgument, "collective mismatch: ", task_name(options_.rank), " runs ", describe(mine.data()),
+                   " but ", task_name(r), " runs ", describe(theirs),
+                   "; every worker must make the same collective calls in the same order");
+  }
+}
+
+void GlooGroup::allreduce(float* data, std::size_t count, std::uint64_t key, Wire wire) {
+  const std::size_t bytes = count * (wire == Wire::f32 ? sizeof(float) : sizeof(std::uint16_t));
   collective("allreduce", bytes, [&] {
     if (count == 0) return;
-    if (bytes <= kRingCacheBytes) {
+    if (wire != Wire::f32) {
+      // Every 16-bit all-reduce takes the ring with a reduce function of its own.
+      std::vector<std::uint16_t>& half = wire_buffers_[key];
+      half.resize(count);
+      (wire == Wire::bf16 ? encode_bf16 : encode_f16)(data, half.data(), count);
+      gloo::AllreduceOptions opts(context_);
+      opts.setInput(half.data(), count);
+      opts.setOutput(half.data(), count);
+      opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+      opts.setReduceFunction(wire == Wire::bf16 ? &sum_bf16 : &sum_f16);
+      opts.setTag(static_cast<std::uint32_t>(sequence_));
+      opts.setTimeout(options_.timeout);
+      gloo::allreduce(opts);
+      (wire == Wire::bf16 ? decode_bf16 : decode_f16)(half.data(), data, count);
+      return;
+    }
+    // AllreduceRing adds the contributions in a different order on each rank, which for
+    // three or more ranks can leave the ranks' sums a rounding apart (and the workers'
+    // weights drifting); with two, a + b == b + a exactly. The newer ring reduces each
+    // piece on one rank and passes the result on, so every rank gets the same bits.
+    if (bytes <= kRingCacheBytes && options_.size == 2) {
       auto& slot = rings_[{key, count}];
       if (!slot) {
         slot = std::make_unique<CachedRing>();
@@ -147,6 +338,19 @@ void GlooGroup::allreduce(float* data, std::size_t count, std::uint64_t key) {
     opts.setOutput(data, count);
     opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
     opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+    opts.setTag(static_cast<std::uint32_t>(sequence_));
+    opts.setTimeout(options_.timeout);
+    gloo::allreduce(opts);
+  });
+}
+
+void GlooGroup::allreduce(double* data, std::size_t count) {
+  collective("allreduce", count * sizeof(double), [&] {
+    if (count == 0) return;
+    gloo::AllreduceOptions opts(context_);
+    opts.setInput(data, count);
+    opts.setOutput(data, count);
+    opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<double>));
     opts.setTag(static_cast<std::uint32_t>(sequence_));
     opts.setTimeout(options_.timeout);
     gloo::allreduce(opts);

@@ -3,9 +3,10 @@
 // naming the operation, its sequence number and size; a dead or silent peer is named by
 // its task once the others have checked who is still there.
 //
-// All-reduce picks its algorithm by size: up to 1 MiB Gloo's AllreduceRing objects,
-// cached by a stable key the caller gives (a bucket id) and the element count, with their
-// own buffers (never keyed by the caller's pointer); above that gloo::allreduce's ring.
+// All-reduce picks its algorithm by size: up to 1 MiB between two ranks, Gloo's
+// AllreduceRing objects, cached by a stable key the caller gives (a bucket id) and the
+// element count, with their own buffers (never keyed by the caller's pointer); above that,
+// or with more ranks, gloo::allreduce's ring, which gives every rank the same bits.
 // (Measured on loopback: 59 µs against 420 µs at 4 KiB, and the newer ring is faster
 // for large buffers.)
 #pragma once
@@ -33,7 +34,17 @@ struct GlooGroupOptions {
   std::vector<std::string> task_names;  // [rank] "worker:1"; default "rank N"
   std::string host = "127.0.0.1";       // the address peers reach this process at
   std::chrono::milliseconds timeout{60000};
+  // Debugging: before every collective, the ranks compare what they are about to run
+  // (operation, sequence number, size); a mismatch is InvalidArgument naming both sides.
+  bool check_collectives = false;
 };
+
+// What an all-reduce sends on the wire: float32 as it is, or each value rounded to 16
+// bits (bfloat16 keeps float32's range with 8 bits of precision; float16 has 11 bits and
+// a range up to 65504), halving the bytes. Sums are accumulated in float32 at each step
+// and rounded again before they are passed on.
+enum class Wire { f32, bf16, f16 };
+const char* wire_name(Wire wire);
 
 class GlooGroup {
  public:
@@ -50,7 +61,9 @@ class GlooGroup {
   const std::string& task_name(int rank) const { return options_.task_names[static_cast<std::size_t>(rank)]; }
 
   // data[0, count) summed over ranks, in place. `key` names the buffer stably (a bucket id).
-  void allreduce(float* data, std::size_t count, std::uint64_t key);
+  void allreduce(float* data, std::size_t count, std::uint64_t key, Wire wire = Wire::f32);
+  // Small double-precision sums (counts, metric totals).
+  void allreduce(double* data, std::size_t count);
   // data[0, count) from `root` to every rank.
   void broadcast(float* data, std::size_t count, int root);
   // out[r * count, (r+1) * count) = rank r's in[0, count).
@@ -63,6 +76,7 @@ class GlooGroup {
   struct CachedRing;
   template <typename Fn>
   void collective(const char* op, std::size_t bytes, Fn&& fn);
+  void check_fingerprint(const char* op, std::size_t bytes);
   [[noreturn]] void fail(const char* op, std::size_t bytes, const std::string& what, bool timed_out);
   std::string absent_peers();
 
@@ -70,6 +84,7 @@ class GlooGroup {
   std::shared_ptr<gloo::rendezvous::Store> store_;
   std::shared_ptr<gloo::Context> context_;
   std::map<std::pair<std::uint64_t, std::size_t>, std::unique_ptr<CachedRing>> rings_;
+  std::map<std::uint64_t, std::vector<std::uint16_t>> wire_buffers_;  // [key] 16-bit copies
   std::uint64_t sequence_ = 0;
 };
 

@@ -133,7 +133,8 @@ void InProcessAllReduce::sum_chunk(const Bucket& b, const Chunk& c) const {
 bool InProcessAllReduce::help(std::uint64_t round) {
   bool any = false;
   const auto replicas = static_cast<std::uint64_t>(replicas_);
-  for (Bucket& b : buckets_) {
+  for (std::size_t index = 0; index < buckets_.size(); ++index) {
+    Bucket& b = buckets_[index];
     if (b.arrived.load(std::memory_order_acquire) < round * replicas) continue;
     const std::uint64_t chunks = b.chunks.size();
     const std::uint64_t first = (round - 1) * chunks, limit = round * chunks;
@@ -141,7 +142,8 @@ bool InProcessAllReduce::help(std::uint64_t round) {
     while (c < limit) {
       if (!b.claimed.compare_exchange_weak(c, c + 1, std::memory_order_relaxed)) continue;
       sum_chunk(b, b.chunks[static_cast<std::size_t>(c - first)]);
-      b.done.fetch_add(1, std::memory_order_release);
+      // The last chunk's acquire sees every other chunk's sum.
+      if (b.done.fetch_add(1, std::memory_order_acq_rel) + 1 == limit && on_summed_) on_summed_(index);
       any = true;
       c = b.claimed.load(std::memory_order_relaxed);
     }
@@ -160,6 +162,7 @@ void InProcessAllReduce::arrive(int replica, std::size_t bucket) {
   const std::uint64_t n = buckets_[bucket].arrived.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (n == round * static_cast<std::uint64_t>(replicas_)) {
     // The last arrival: the bucket is complete. Sum what we can, and wake helpers.
+    if (buckets_[bucket].chunks.empty() && on_summed_) on_summed_(bucket);  // nothing to sum
     if (!help(round)) {
       progress_.fetch_add(1, std::memory_order_release);
       progress_.notify_all();

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,10 @@ class InProcessAllReduce {
   // A replica failed: every replica waiting in finish() (now or later this round) throws.
   // The object is not reused after an abort.
   void abort(int replica, const std::string& why);
+  // Called once per bucket and round, on the thread that completed the bucket's sum, as
+  // soon as its output is whole (a multi-worker strategy hands it on to other processes).
+  // Set before the first round.
+  void on_summed(std::function<void(std::size_t bucket)> fn) { on_summed_ = std::move(fn); }
 
  private:
   struct Chunk {
@@ -77,6 +82,7 @@ class InProcessAllReduce {
   std::atomic<std::uint64_t> progress_{0};  // bumped on completed buckets, summed chunks and aborts; waited on
   std::atomic<bool> claimed_abort_{false};
   std::atomic<int> aborted_by_{-1};
+  std::function<void(std::size_t)> on_summed_;
   std::string abort_reason_;  // written before aborted_by_ is published
 };
 

@@ -129,6 +129,7 @@ void TcpStoreServer::accept_loop() {
 
 void TcpStoreServer::serve(int fd) {
   bool greeted = false;
+  std::vector<std::string> ephemeral;  // keys removed when this connection closes
   for (;;) {
     char op = 0;
     std::uint32_t wait_ms = 0, count = 0;
@@ -162,8 +163,9 @@ void TcpStoreServer::serve(int fd) {
         if (!values_.count(fields[i])) return false;
       return true;
     };
-    if (op == 'S' && fields.size() == 2) {
+    if ((op == 'S' || op == 'E') && fields.size() == 2) {
       values_[fields[0]].assign(fields[1].begin(), fields[1].end());
+      if (op == 'E') ephemeral.push_back(fields[0]);
       changed_.notify_all();
       lock.unlock();
       if (!reply(fd, kOk)) break;
@@ -185,6 +187,8 @@ void TcpStoreServer::serve(int fd) {
   }
   ::shutdown(fd, SHUT_RDWR);
   std::lock_guard lock(mutex_);
+  for (const std::string& key : ephemeral) values_.erase(key);
+  if (!ephemeral.empty()) changed_.notify_all();
   // The descriptor is closed here, once; the destructor only shuts down open ones.
   for (auto it = clients_.begin(); it != clients_.end(); ++it)
     if (*it == fd) {
@@ -249,6 +253,10 @@ std::pair<bool, std::vector<char>> TcpStore::request(char op, const std::vector<
 
 void TcpStore::set(const std::string& key, const std::vector<char>& data) {
   request('S', {key, std::string(data.begin(), data.end())}, std::chrono::milliseconds(0));
+}
+
+void TcpStore::set_while_connected(const std::string& key, const std::vector<char>& data) {
+  request('E', {key, std::string(data.begin(), data.end())}, std::chrono::milliseconds(0));
 }
 
 std::vector<char> TcpStore::get(const std::string& key) {

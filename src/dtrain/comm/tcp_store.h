@@ -53,6 +53,9 @@ class TcpStore final : public gloo::rendezvous::Store {
   ~TcpStore() override;
 
   void set(const std::string& key, const std::vector<char>& data) override;
+  // Set until this connection closes (this process ends): the server then removes the
+  // key, so the others can tell a dead process from a slow one.
+  void set_while_connected(const std::string& key, const std::vector<char>& data);
   // Waits up to the store's timeout for the key.
   std::vector<char> get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }

@@ -32,8 +32,12 @@ class CrossReplica {
 
 struct ReplicaContext {
   std::uint64_t strategy = 0;  // 0: not inside any strategy's run()
-  int replica_id = 0;
-  int num_replicas = 1;
+  int replica_id = 0;     // among this process's replicas
+  int num_replicas = 1;   // this process's replicas
+  // Over every process of the strategy (TensorFlow's replica_id_in_sync_group and
+  // num_replicas_in_sync); the same as the two above for in-process strategies.
+  int replica_id_in_sync_group = 0;
+  int num_replicas_in_sync = 1;
   CrossReplica* cross = nullptr;  // set inside run() of a strategy with several replicas
 };
 

@@ -29,9 +29,22 @@ inline constexpr std::int64_t AUTOTUNE = -1;
 inline constexpr std::int64_t kUnknownCardinality = -1;
 inline constexpr std::int64_t kInfiniteCardinality = -2;
 
+// How a multi-worker strategy shares a dataset among its workers
+// (tf.data.experimental.AutoShardPolicy):
+// - AUTO, DATA: every worker runs the whole pipeline, whose elements are global batches,
+//   and keeps its replicas' rows of each; together the workers train on exactly the
+//   batches one process would.
+// - OFF: each worker's dataset is its own (sharded by the program, say with
+//   shard(num_workers, worker_index)); a step's global batch is every worker's batch
+//   together, and an epoch ends when the last worker's data does (workers whose data ran
+//   out take part with empty batches until then).
+// - FILE (by input file) is not supported yet: an Unsupported error says so.
+enum class AutoShardPolicy { AUTO, FILE, DATA, OFF };
+
 struct DatasetOptions {
   int max_threads = 0;  // background threads a pipeline may use (0: the process's cores)
   std::int64_t autotune_max_buffer = 64;  // the largest prefetch buffer AUTOTUNE picks
+  AutoShardPolicy auto_shard_policy = AutoShardPolicy::AUTO;
 };
 
 // A position in a pipeline: what save() returns and restore() takes. It holds integers,

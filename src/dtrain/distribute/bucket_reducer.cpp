@@ -3,11 +3,13 @@
 
 #include <algorithm>
 
+#include "dtrain/distribute/worker_comm.h"
 
 namespace dtrain::distribute::detail {
 
-BucketReducer::BucketReducer(int replicas, std::span<Variable* const> vars, std::size_t bucket_bytes)
-    : places_(vars.size()), states_(static_cast<std::size_t>(replicas)) {
+BucketReducer::BucketReducer(int replicas, std::span<Variable* const> vars, std::size_t bucket_bytes,
+                             CrossWorker cross)
+    : places_(vars.size()), states_(static_cast<std::size_t>(replicas)), cross_(cross) {
   const std::size_t bucket_floats = std::max<std::size_t>(bucket_bytes / sizeof(float), 1);
   std::vector<std::vector<std::size_t>> segments;
   std::vector<std::size_t> sizes;
@@ -32,6 +34,16 @@ BucketReducer::BucketReducer(int replicas, std::span<Variable* const> vars, std:
     outputs.push_back(outputs_.back().data<float>());
   }
   all_reduce_ = std::make_unique<comm::InProcessAllReduce>(replicas, std::move(segments), std::move(outputs));
+  summed_round_.assign(outputs_.size(), 0);
+  if (cross_.workers) {
+    all_reduce_->on_summed([this](std::size_t bucket) {
+      {
+        std::lock_guard lock(summed_mutex_);
+        ++summed_round_[bucket];
+      }
+      summed_cv_.notify_all();
+    });
+  }
   for (auto& s : states_) {
     s.filled.assign(sizes.size(), 0);
     s.defined.assign(vars.size(), 0);
@@ -39,12 +51,60 @@ BucketReducer::BucketReducer(int replicas, std::span<Variable* const> vars, std:
     s.sums.resize(vars.size());
     s.summed.assign(vars.size(), 0);
     s.reduced.resize(vars.size());
+    s.ever_defined.assign(vars.size(), 0);
   }
   for (std::size_t k = 0; k < vars.size(); ++k) {
     const Place& p = places_[k];
     views_.push_back(outputs_[p.bucket]
                          .slice(static_cast<std::int64_t>(p.offset), static_cast<std::int64_t>(p.offset) + p.numel)
                          .reshape(vars[k]->shape()));
+  }
+}
+
+BucketReducer::~BucketReducer() {
+  if (!cross_.workers) return;
+  // A step that never ran (its fit failed first) must not leave the communication thread
+  // waiting for buckets, reading buffers about to be freed.
+  stop_waiting("the training step was abandoned");
+  try {
+    cross_.workers->wait();
+  } catch (const std::exception&) {  // already reported by the step that failed
+  }
+}
+
+void BucketReducer::set_reduce_this_step(bool reduce) {
+  reduce_ = reduce;
+  if (!reduce || !cross_.workers) return;
+  const std::uint64_t round = ++round_;
+  cross_.workers->submit([this, round](comm::GlooGroup& group) { reduce_across_workers(group, round); });
+}
+
+void BucketReducer::abort(int replica, const std::string& why) {
+  all_reduce_->abort(replica, why);
+  if (cross_.workers) stop_waiting("replica " + std::to_string(replica) + " failed (" + why + ")");
+}
+
+void BucketReducer::stop_waiting(const std::string& why) {
+  {
+    std::lock_guard lock(summed_mutex_);
+    if (stopped_.empty()) stopped_ = why;
+  }
+  summed_cv_.notify_all();
+}
+
+void BucketReducer::wait_summed(std::size_t bucket, std::uint64_t round) {
+  std::unique_lock lock(summed_mutex_);
+  summed_cv_.wait(lock, [&] { return summed_round_[bucket] >= round || !stopped_.empty(); });
+  if (summed_round_[bucket] < round) DTRAIN_THROW(PeerFailure, "gradient all-reduce abandoned: ", stopped_);
+}
+
+void BucketReducer::reduce_across_workers(comm::GlooGroup& group, std::uint64_t round) {
+  // Buckets go in index order on every worker: the order backward completes them.
+  if (!cross_.overlap)
+    for (std::size_t b = 0; b < outputs_.size(); ++b) wait_summed(b, round);
+  for (std::size_t b = 0; b < outputs_.size(); ++b) {
+    wait_summed(b, round);
+    group.allreduce(outputs_[b].data<float>(), static_cast<std::size_t>(outputs_[b].numel()), b, cross_.wire);
   }
 }
 
@@ -99,11 +159,19 @@ void BucketReducer::finish(int replica) {
   all_reduce_->finish(replica);
   // Every chunk is summed, so nobody reads this replica's gradients any more.
   std::fill(state.held.begin(), state.held.end(), Tensor());
+  // Then the sums over the other workers.
+  if (cross_.workers) cross_.workers->wait();
   // finish() synchronised with every replica's arrivals, so every replica can read which
-  // gradients were defined; each writes only its own list.
+  // gradients were defined; each writes only its own list. Across workers, a gradient
+  // this process once had stays defined on a step where its replicas had no rows (a
+  // short last batch): the other workers' sums still arrive for it.
   for (std::size_t k = 0; k < views_.size(); ++k) {
     bool any = false;
     for (const ReplicaState& s : states_) any = any || s.defined[k];
+    if (cross_.workers) {
+      state.ever_defined[k] = state.ever_defined[k] || any;
+      any = state.ever_defined[k];
+    }
     state.reduced[k] = any ? views_[k] : Tensor();
   }
 }

@@ -5,12 +5,19 @@
 // reads the gradients where backward left them, and goes on with its backward. When
 // accumulating, each replica adds its gradients into buffers of its own and the last
 // micro-batch of a group hands those over instead.
+//
+// Across processes (MultiWorkerMirroredStrategy), each bucket's in-process sum is then
+// all-reduced between the workers on the communication thread, bucket by bucket in a
+// fixed order, starting as soon as the bucket is whole (overlap) or once backward is over.
 // Internal to the distribute layer.
 #pragma once
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <vector>
 
+#include "dtrain/comm/gloo_group.h"
 #include "dtrain/comm/in_process.h"
 #include "dtrain/model/strategy_backend.h"
 
@@ -19,17 +26,26 @@ namespace dtrain::distribute::detail {
 // What fit uses when no size is given; see docs/distribute.md for the measurement.
 inline constexpr std::size_t kDefaultBucketBytes = 4u << 20;
 
+class WorkerComm;
+
+struct CrossWorker {
+  WorkerComm* workers = nullptr;  // null: one process
+  bool overlap = true;            // start each bucket while backward runs
+  comm::Wire wire = comm::Wire::f32;
+};
+
 class BucketReducer final : public GradientReducer {
  public:
-  BucketReducer(int replicas, std::span<Variable* const> vars, std::size_t bucket_bytes);
+  BucketReducer(int replicas, std::span<Variable* const> vars, std::size_t bucket_bytes, CrossWorker cross = {});
+  ~BucketReducer() override;
 
-  void set_reduce_this_step(bool reduce) override { reduce_ = reduce; }
+  void set_reduce_this_step(bool reduce) override;
   void gradient_ready(int replica, std::size_t index, const Tensor& grad) override;
   void finish(int replica) override;
   const std::vector<Tensor>& reduced(int replica) const override {
     return states_[static_cast<std::size_t>(replica)].reduced;
   }
-  void abort(int replica, const std::string& why) override { all_reduce_->abort(replica, why); }
+  void abort(int replica, const std::string& why) override;
 
  private:
   struct Place {
@@ -46,7 +62,12 @@ class BucketReducer final : public GradientReducer {
     std::vector<Tensor> sums;         // [variable] accumulation buffers (allocated on first use)
     std::vector<char> summed;         // [variable] sums holds a gradient this group
     std::vector<Tensor> reduced;      // [variable] this replica's copy of the result list
+    std::vector<char> ever_defined;   // [variable] had a gradient on some step (multi-worker)
   };
+  // On the communication thread: each bucket, once summed here, summed over the workers.
+  void reduce_across_workers(comm::GlooGroup& group, std::uint64_t round);
+  void wait_summed(std::size_t bucket, std::uint64_t round);
+  void stop_waiting(const std::string& why);
 
   bool reduce_ = true;
   std::vector<Place> places_;                       // [variable]
@@ -55,6 +76,14 @@ class BucketReducer final : public GradientReducer {
   std::unique_ptr<comm::InProcessAllReduce> all_reduce_;
   std::vector<ReplicaState> states_;                // [replica], each touched by its replica only
   std::vector<Tensor> views_;                       // [variable] the sum, shaped like it
+
+  // Multi-worker: which round each bucket's in-process sum is complete for.
+  CrossWorker cross_;
+  std::uint64_t round_ = 0;  // reducing steps so far
+  std::mutex summed_mutex_;
+  std::condition_variable summed_cv_;
+  std::vector<std::uint64_t> summed_round_;  // [bucket]
+  std::string stopped_;                      // why the cross-worker stage stopped waiting
 };
 
 }  // namespace dtrain::distribute::detail

@@ -8,6 +8,7 @@
 #include "dtrain/comm/in_process.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/distribute/bucket_reducer.h"
+#include "dtrain/distribute/worker_comm.h"
 
 namespace dtrain::distribute::detail {
 namespace {
@@ -70,8 +71,10 @@ void ReplicaGroup::worker(int replica) {
 }
 
 void ReplicaGroup::run_replica(int replica) {
-  dtrain::detail::ScopedReplicaContext context(
-      ReplicaContext{id(), replica, num_replicas(), num_replicas() > 1 ? this : nullptr});
+  const int in_sync = num_replicas_in_sync();
+  dtrain::detail::ScopedReplicaContext context(ReplicaContext{id(), replica, num_replicas(),
+                                                              worker_index() * num_replicas() + replica, in_sync,
+                                                              in_sync > 1 ? this : nullptr});
   try {
     (*job_)(replica);
   } catch (...) {
@@ -126,8 +129,91 @@ void ReplicaGroup::run(const std::function<void(int replica)>& fn) {
   rethrow_with_context(error, name() + " replica " + std::to_string(f) + " (" + options_.devices[f] + ")");
 }
 
+int ReplicaGroup::num_workers() const { return options_.workers ? options_.workers->size() : 1; }
+int ReplicaGroup::worker_index() const { return options_.workers ? options_.workers->rank() : 0; }
+
 std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variable* const> vars) {
-  return std::make_unique<BucketReducer>(num_replicas(), vars, options_.bucket_bytes);
+  return std::make_unique<BucketReducer>(num_replicas(), vars, options_.bucket_bytes,
+                                         CrossWorker{options_.workers.get(), options_.overlap, options_.wire});
+}
+
+void ReplicaGroup::synchronize_variables(std::span<Variable* const> vars, const std::vector<std::string>& description) {
+  if (!options_.workers) return;
+  WorkerComm& w = *options_.workers;
+  // Everyone compares every worker's model with the chief's, so every worker reports the
+  // same mismatch.
+  std::vector<std::string> lines = description;
+  lines.push_back(dtrain::detail::concat("gradient buckets of ", options_.bucket_bytes, " bytes, ",
+                                         comm::wire_name(options_.wire), " on the wire"));
+  std::string mine;
+  for (const std::string& l : lines) mine += l + "\n";
+  const std::vector<std::string> all = w.exchange("model/" + std::to_string(++synchronized_), mine);
+  auto split = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::size_t at = 0;
+    for (std::size_t nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1) out.push_back(text.substr(at, nl - at));
+    return out;
+  };
+  const std::vector<std::string> chief = split(all[0]);
+  for (int r = 1; r < w.size(); ++r) {
+    if (all[static_cast<std::size_t>(r)] == all[0]) continue;
+    const std::vector<std::string> theirs = split(all[static_cast<std::size_t>(r)]);
+    std::size_t k = 0;
+    while (k < chief.size() && k < theirs.size() && chief[k] == theirs[k]) ++k;
+    auto line = [&](const std::vector<std::string>& v) { return k < v.size() ? "'" + v[k] + "'" : std::string("nothing"); };
+    DTRAIN_THROW(InvalidArgument, name(), ": ", w.task_name(r), " built a different model from ", w.task_name(0),
+                 ": where ", w.task_name(0), " has ", line(chief), ", ", w.task_name(r), " has ", line(theirs),
+                 " (every worker must build the same model, in the same order)");
+  }
+  for (Variable* v : vars)
+    if (v->dtype() != DType::f32)
+      DTRAIN_THROW(InvalidArgument, name(), ": variable '", v->name(), "' is ", dtype_name(v->dtype()),
+                   "; only float32 variables are kept in sync between workers");
+  // Then every worker starts from the chief's values.
+  w.run([&](comm::GlooGroup& group) {
+    for (Variable* v : vars)
+      group.broadcast(v->mutable_value().data<float>(), static_cast<std::size_t>(v->numel()), 0);
+  });
+}
+
+void ReplicaGroup::sum_over_workers(std::span<double> values) {
+  if (!options_.workers || values.empty()) return;
+  options_.workers->run([&](comm::GlooGroup& group) { group.allreduce(values.data(), values.size()); });
+}
+
+void ReplicaGroup::sum_over_workers(Tensor& value) {
+  if (!options_.workers || !value.defined()) return;
+  value.check_dtype(DType::f32, "reduce");
+  options_.workers->run([&](comm::GlooGroup& group) {
+    // A key of its own, above any bucket's.
+    group.allreduce(value.data<float>(), static_cast<std::size_t>(value.numel()), ~std::uint64_t{0});
+  });
+}
+
+Tensor ReplicaGroup::gather_over_workers(const Tensor& value) {
+  if (!options_.workers) return value;
+  value.check_dtype(DType::f32, "gather");
+  const auto n = static_cast<std::size_t>(num_workers());
+  const std::int64_t row = value.dim(0) > 0 ? value.numel() / value.dim(0) : value.shape().with_dim(0, 1).numel();
+  std::vector<double> rows(n, 0.0);
+  rows[static_cast<std::size_t>(worker_index())] = static_cast<double>(value.dim(0));
+  sum_over_workers(rows);  // every worker's row count
+  std::int64_t most = 0, total = 0;
+  for (double r : rows) {
+    most = std::max(most, static_cast<std::int64_t>(r));
+    total += static_cast<std::int64_t>(r);
+  }
+  // Gloo gathers equal sizes: each worker sends `most` rows, the unused ones zero.
+  std::vector<float> mine(static_cast<std::size_t>(most * row), 0.0f), all(mine.size() * n);
+  if (value.numel() > 0) std::copy_n(value.data<float>(), value.numel(), mine.begin());
+  options_.workers->run([&](comm::GlooGroup& group) { group.allgather(mine.data(), all.data(), mine.size()); });
+  Tensor out = Tensor::empty(value.shape().with_dim(0, total));
+  float* dst = out.data<float>();
+  for (std::size_t w = 0; w < n; ++w) {
+    const auto count = static_cast<std::size_t>(static_cast<std::int64_t>(rows[w]) * row);
+    dst = std::copy_n(all.data() + w * mine.size(), count, dst);
+  }
+  return out;
 }
 
 void ReplicaGroup::barrier(int replica) {
@@ -196,6 +282,28 @@ std::vector<Tensor> ReplicaGroup::all_reduce_sum(std::span<const Tensor> values)
     }
   }
   barrier(r);
+  if (options_.workers) {
+    // Then over the workers. Whether a tensor is defined must agree among them.
+    if (r == 0) {
+      try {
+        std::vector<double> defined(sums_.size());
+        for (std::size_t i = 0; i < sums_.size(); ++i) defined[i] = sums_[i].defined() ? 1.0 : 0.0;
+        sum_over_workers(defined);
+        for (std::size_t i = 0; i < sums_.size(); ++i)
+          if (defined[i] != 0.0 && defined[i] != static_cast<double>(num_workers()))
+            DTRAIN_THROW(InvalidArgument, "all_reduce: tensor ", i, " is defined on ", defined[i], " of ", num_workers(),
+                         " workers; every worker must bring the same tensors");
+        for (Tensor& t : sums_) sum_over_workers(t);
+      } catch (...) {
+        merge_error_ = std::current_exception();
+      }
+    }
+    barrier(r);
+    if (merge_error_) {
+      if (r == 0) std::rethrow_exception(merge_error_);
+      DTRAIN_THROW(PeerFailure, "replica ", r, ": the all-reduce across workers on replica 0 failed");
+    }
+  }
   // The next call changes sums_ only after every replica has reached its first barrier,
   // so after this copy.
   return sums_;
@@ -206,7 +314,7 @@ void ReplicaGroup::merge_call(const std::function<void()>& fn) {
   barrier(r);
   if (r == 0) {
     // The merged function runs outside the replica context, with every core of the group.
-    dtrain::detail::ScopedReplicaContext outside(ReplicaContext{id(), 0, 1, nullptr});
+    dtrain::detail::ScopedReplicaContext outside(ReplicaContext{id(), 0, 1, 0, 1, nullptr});
     ScopedThreads threads(options_.threads_per_replica * num_replicas());
     try {
       fn();

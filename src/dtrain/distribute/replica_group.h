@@ -11,16 +11,23 @@
 #include <thread>
 #include <vector>
 
+#include "dtrain/comm/gloo_group.h"
 #include "dtrain/core/replica.h"
 #include "dtrain/model/strategy_backend.h"
 
 namespace dtrain::distribute::detail {
+
+class WorkerComm;
 
 struct GroupOptions {
   std::string name;                  // "MirroredStrategy"
   std::vector<std::string> devices;  // one per replica, "/cpu:0"
   int threads_per_replica = 1;
   std::size_t bucket_bytes = 0;      // 0: the default
+  // Multi-worker: the other processes, and how buckets travel between them.
+  std::shared_ptr<WorkerComm> workers;
+  bool overlap = true;
+  comm::Wire wire = comm::Wire::f32;
 };
 
 class ReplicaGroup final : public StrategyBackend, public CrossReplica {
@@ -30,9 +37,18 @@ class ReplicaGroup final : public StrategyBackend, public CrossReplica {
 
   std::string name() const override { return options_.name; }
   int num_replicas() const override { return static_cast<int>(options_.devices.size()); }
+  int num_workers() const override;
+  int worker_index() const override;
   const GroupOptions& options() const { return options_; }
   void run(const std::function<void(int replica)>& fn) override;
   std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const> vars) override;
+  void synchronize_variables(std::span<Variable* const> vars, const std::vector<std::string>& description) override;
+  void sum_over_workers(std::span<double> values) override;
+
+  // Outside run(), multi-worker: `value` summed over the workers, in place (nothing to do
+  // with one worker); and the workers' values concatenated along axis 0 (sizes may differ).
+  void sum_over_workers(Tensor& value);
+  Tensor gather_over_workers(const Tensor& value);
 
   // CrossReplica, called from inside run() by every replica.
   std::vector<Tensor> all_reduce_sum(std::span<const Tensor> values) override;
@@ -66,6 +82,7 @@ class ReplicaGroup final : public StrategyBackend, public CrossReplica {
   std::vector<std::span<const Tensor>> published_;  // [replica]
   std::vector<Tensor> sums_;
   std::exception_ptr merge_error_;
+  std::uint64_t synchronized_ = 0;  // synchronize_variables calls, naming their exchanges
 };
 
 }  // namespace dtrain::distribute::detail

@@ -2,14 +2,18 @@
 #include "dtrain/distribute/strategy.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <regex>
 #include <set>
 
 #include "dtrain/autograd/ops.h"
 #include "dtrain/core/replica.h"
+#include "dtrain/core/rng.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/distribute/bucket_reducer.h"
 #include "dtrain/distribute/replica_group.h"
+#include "dtrain/distribute/worker_comm.h"
 
 namespace dtrain::distribute {
 namespace {
@@ -26,8 +30,29 @@ int parse_cpu_device(const std::string& device) {
   return std::stoi(m[3].str());
 }
 
+std::chrono::milliseconds timeout_of(const CommunicationOptions& comm) {
+  if (!(comm.timeout_seconds >= 0.0))
+    DTRAIN_THROW(InvalidArgument, "CommunicationOptions: timeout_seconds must be >= 0, got ", comm.timeout_seconds);
+  if (comm.timeout_seconds == 0.0) return std::chrono::milliseconds(60000);
+  return std::chrono::milliseconds(std::max<long long>(1, std::llround(comm.timeout_seconds * 1000.0)));
+}
+
+comm::Wire wire_of(Compression c) {
+  switch (c) {
+    case Compression::BF16:
+      return comm::Wire::bf16;
+    case Compression::FP16:
+      return comm::Wire::f16;
+    case Compression::NONE:
+      break;
+  }
+  return comm::Wire::f32;
+}
+
+// `cores` are shared out among the devices; workers: the other processes (multi-worker).
 std::shared_ptr<detail::ReplicaGroup> make_group(std::string name, const std::vector<std::string>& devices,
-                                                 CommunicationOptions comm) {
+                                                 CommunicationOptions comm, int cores = available_cores(),
+                                                 std::shared_ptr<detail::WorkerComm> workers = nullptr) {
   if (devices.empty()) DTRAIN_THROW(InvalidArgument, name, ": needs at least one device");
   std::set<int> seen;
   detail::GroupOptions o;
@@ -37,8 +62,11 @@ std::shared_ptr<detail::ReplicaGroup> make_group(std::string name, const std::ve
     if (!seen.insert(index).second) DTRAIN_THROW(InvalidArgument, o.name, ": device '", d, "' is listed twice");
     o.devices.push_back("/cpu:" + std::to_string(index));
   }
-  o.threads_per_replica = std::max(1, available_cores() / static_cast<int>(devices.size()));
+  o.threads_per_replica = std::max(1, cores / static_cast<int>(devices.size()));
   o.bucket_bytes = comm.bytes_per_pack ? comm.bytes_per_pack : detail::kDefaultBucketBytes;
+  o.workers = std::move(workers);
+  o.overlap = comm.overlap;
+  o.wire = wire_of(comm.compression);
   return std::make_shared<detail::ReplicaGroup>(std::move(o));
 }
 
@@ -58,7 +86,9 @@ const char* op_name(ReduceOp op) { return op == ReduceOp::SUM ? "SUM" : "MEAN"; 
 Strategy::Strategy(std::shared_ptr<detail::ReplicaGroup> group) : group_(std::move(group)) {}
 Strategy::~Strategy() = default;
 
-int Strategy::num_replicas_in_sync() const { return group_->num_replicas(); }
+int Strategy::num_replicas_in_sync() const { return group_->num_replicas_in_sync(); }
+int Strategy::num_workers() const { return group_->num_workers(); }
+int Strategy::worker_index() const { return group_->worker_index(); }
 std::string Strategy::name() const { return group_->name(); }
 const std::vector<std::string>& Strategy::devices() const { return group_->options().devices; }
 int Strategy::threads_per_replica() const { return group_->options().threads_per_replica; }
@@ -67,63 +97,85 @@ std::shared_ptr<StrategyBackend> Strategy::backend() const { return group_; }
 dtrain::detail::ScopedStrategy Strategy::scope() const { return dtrain::detail::ScopedStrategy(group_); }
 
 void Strategy::check_replicas(int given) const {
-  if (given != num_replicas_in_sync())
-    DTRAIN_THROW(InvalidArgument, name(), ".run: a per-replica argument has ", given, " values for ",
-                 num_replicas_in_sync(), " replicas");
+  if (given != num_local_replicas())
+    DTRAIN_THROW(InvalidArgument, name(), ": a per-replica value has ", given, " values for this process's ",
+                 num_local_replicas(), " replicas");
 }
 
 void Strategy::run_replicas(const std::function<void(int)>& fn) const { group_->run(fn); }
 
-Tensor Strategy::reduce(ReduceOp op, const PerReplica<Tensor>& value, std::optional<int> axis) const {
+std::pair<Tensor, std::int64_t> Strategy::local_sum(const PerReplica<Tensor>& value, std::optional<int> axis) const {
   check_replicas(value.num_replicas());
   const int n = value.num_replicas();
-  if (axis) {
-    Tensor total;
-    std::int64_t count = 0;
-    for (int r = 0; r < n; ++r) {
-      const Tensor& v = value[r];
-      v.check_defined("Strategy::reduce");
+  Tensor total;
+  std::int64_t count = 0;
+  for (int r = 0; r < n; ++r) {
+    const Tensor& v = value[r];
+    v.check_defined("Strategy::reduce");
+    Tensor part = v;
+    if (axis) {
       const int a = *axis < 0 ? *axis + v.rank() : *axis;
       if (a < 0 || a >= v.rank())
         DTRAIN_THROW(InvalidArgument, name(), ".reduce: axis ", *axis, " is out of range for replica ", r,
                      "'s value of shape ", v.shape().to_string());
       count += v.dim(a);
-      Tensor part = reduce_sum(v, {a});
-      if (total.defined() && !(total.shape() == part.shape()))
-        DTRAIN_THROW(InvalidArgument, name(), ".reduce: replica ", r, "'s value ", v.shape().to_string(),
-                     " does not match the other replicas' along the axes kept");
-      total = total.defined() ? add(total, part) : part;
+      part = reduce_sum(v, {a});
+    } else {
+      ++count;
     }
-    return op == ReduceOp::SUM ? total : scale(total, count > 0 ? 1.0f / static_cast<float>(count) : 0.0f);
+    if (total.defined() && !(total.shape() == part.shape()))
+      DTRAIN_THROW(InvalidArgument, name(), ".reduce: replica ", r, "'s value ", v.shape().to_string(),
+                   axis ? " does not match the other replicas' along the axes kept" : " does not match replica 0's",
+                   axis ? std::string() : " " + value[0].shape().to_string());
+    total = total.defined() ? add(total, part) : part.clone();
   }
-  Tensor total;
-  for (int r = 0; r < n; ++r) {
-    const Tensor& v = value[r];
-    v.check_defined("Strategy::reduce");
-    if (total.defined() && !(total.shape() == v.shape()))
-      DTRAIN_THROW(InvalidArgument, name(), ".reduce(", op_name(op), "): replica ", r, "'s value is ",
-                   v.shape().to_string(), " but replica 0's is ", total.shape().to_string());
-    total = total.defined() ? add(total, v) : v.clone();
+  return {total, count};
+}
+
+Tensor Strategy::reduce(ReduceOp op, const PerReplica<Tensor>& value, std::optional<int> axis) const {
+  auto [total, count] = local_sum(value, axis);
+  if (num_workers() > 1) {
+    group_->sum_over_workers(total);
+    std::vector<double> counts{static_cast<double>(count)};
+    group_->sum_over_workers(counts);
+    count = static_cast<std::int64_t>(counts[0]);
   }
-  return op == ReduceOp::SUM ? total : scale(total, 1.0f / static_cast<float>(n));
+  if (op == ReduceOp::SUM) return total;
+  return scale(total, count > 0 ? 1.0f / static_cast<float>(count) : 0.0f);
 }
 
 std::vector<Tensor> Strategy::reduce(ReduceOp op, const PerReplica<std::vector<Tensor>>& value) const {
   check_replicas(value.num_replicas());
   const std::size_t count = value[0].size();
-  std::vector<Tensor> out(count);
   for (int r = 1; r < value.num_replicas(); ++r)
     if (value[r].size() != count)
       DTRAIN_THROW(InvalidArgument, name(), ".reduce: replica ", r, " has ", value[r].size(), " values, replica 0 has ",
                    count);
+  std::vector<Tensor> out(count);
+  std::vector<double> defined(count, 0.0);
   for (std::size_t i = 0; i < count; ++i) {
     std::vector<Tensor> parts;
     for (int r = 0; r < value.num_replicas(); ++r)
       if (value[r][i].defined()) parts.push_back(value[r][i]);
     if (parts.empty()) continue;  // no replica had this gradient: stays undefined
     while (static_cast<int>(parts.size()) < value.num_replicas()) parts.push_back(Tensor::zeros(parts[0].shape()));
-    out[i] = reduce(op, PerReplica<Tensor>(std::move(parts)));
+    out[i] = local_sum(PerReplica<Tensor>(std::move(parts)), std::nullopt).first;
+    defined[i] = 1.0;
   }
+  if (num_workers() > 1) {
+    // Every worker must sum the same list, so whether each value is defined must agree.
+    group_->sum_over_workers(defined);
+    for (std::size_t i = 0; i < count; ++i) {
+      if (defined[i] != 0.0 && defined[i] != static_cast<double>(num_workers()))
+        DTRAIN_THROW(InvalidArgument, name(), ".reduce: value ", i, " is defined on ", defined[i], " of ",
+                     num_workers(), " workers (worker ", worker_index(), (out[i].defined() ? " has it" : " does not"),
+                     "); every worker must reduce the same values");
+      group_->sum_over_workers(out[i]);
+    }
+  }
+  if (op == ReduceOp::MEAN)
+    for (Tensor& t : out)
+      if (t.defined()) t = scale(t, 1.0f / static_cast<float>(num_replicas_in_sync()));
   return out;
 }
 
@@ -155,11 +207,11 @@ Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) const {
     out.slice(at, at + v.dim(0)).copy_from(v);
     at += v.dim(0);
   }
-  return out;
+  return num_workers() > 1 ? group_->gather_over_workers(out) : out;
 }
 
 DistributedDataset Strategy::experimental_distribute_dataset(const data::Dataset& dataset) const {
-  return DistributedDataset(dataset, num_replicas_in_sync());
+  return DistributedDataset(dataset, group_->num_replicas(), num_workers(), worker_index());
 }
 
 DefaultStrategy::DefaultStrategy()
@@ -176,13 +228,46 @@ MirroredStrategy::MirroredStrategy(int num_replicas, CommunicationOptions option
 MirroredStrategy::MirroredStrategy(const std::vector<std::string>& devices, CommunicationOptions options)
     : Strategy(make_group("MirroredStrategy", devices, options)) {}
 
+MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(CommunicationOptions options)
+    : MultiWorkerMirroredStrategy(cluster::tf_config_from_environment(), options) {}
+
+namespace {
+
+std::shared_ptr<detail::ReplicaGroup> make_multi_worker_group(const cluster::TfConfig& config,
+                                                              const CommunicationOptions& comm,
+                                                              const std::vector<std::string>& devices) {
+  const std::chrono::milliseconds timeout = timeout_of(comm);
+  std::shared_ptr<detail::WorkerComm> workers;
+  if (!config.cluster.empty()) {
+    detail::WorkerCommOptions w;
+    w.config = config;
+    w.timeout = timeout;
+    const char* check = std::getenv("DTRAIN_CHECK_COLLECTIVES");
+    w.check_collectives = check && *check && std::string(check) != "0";
+    workers = std::make_shared<detail::WorkerComm>(std::move(w));
+    // Every worker continues the chief's seed sequence, so what draws from it without a
+    // seed of its own (initialisers, shuffles) draws the same everywhere.
+    const std::vector<std::string> seeds = workers->exchange("seed", std::to_string(next_seed()));
+    set_random_seed(std::stoull(seeds.front()));
+  }
+  // Several processes on one machine share its cores: OMP_NUM_THREADS (which `dtrain
+  // launch` sets) says how many are this one's.
+  return make_group("MultiWorkerMirroredStrategy", devices, comm, num_threads(), std::move(workers));
+}
+
+}  // namespace
+
+MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const cluster::TfConfig& cluster, CommunicationOptions options,
+                                                         const std::vector<std::string>& local_devices)
+    : Strategy(make_multi_worker_group(cluster, options, local_devices)), task_(cluster.task) {}
+
 // ---- losses and batches
 
 Tensor compute_average_loss(const Tensor& per_example_loss, std::int64_t global_batch_size) {
   per_example_loss.check_defined("compute_average_loss");
   if (global_batch_size < 0) {
     const std::int64_t local = per_example_loss.rank() > 0 ? per_example_loss.dim(0) : 1;
-    global_batch_size = local * replica_context().num_replicas;
+    global_batch_size = local * replica_context().num_replicas_in_sync;
   }
   if (global_batch_size == 0) return scale(reduce_sum(per_example_loss), 0.0f);
   return scale(reduce_sum(per_example_loss), 1.0f / static_cast<float>(global_batch_size));
@@ -217,19 +302,22 @@ std::vector<data::Element> split_batch(const data::Element& batch, int replicas)
 std::optional<PerReplica<data::Element>> DistributedDataset::Iterator::next() {
   std::optional<data::Element> e = it_.next();
   if (!e) return std::nullopt;
-  std::vector<data::Element> parts = split_batch(*e, replicas_);
+  const int in_sync = replicas_ * workers_;
+  std::vector<data::Element> parts = split_batch(*e, in_sync);
   if (first_ && parts.back().front().dim(0) == 0) {
     const std::int64_t rows = e->front().dim(0);
     DTRAIN_THROW(InvalidArgument, "experimental_distribute_dataset: the global batch has ", rows, " rows, fewer than the ",
-                 replicas_, " replicas; batch the dataset with a global batch of at least ", replicas_,
+                 in_sync, " replicas; batch the dataset with a global batch of at least ", in_sync,
                  " (per-replica batch * num_replicas_in_sync)");
   }
   first_ = false;
-  return PerReplica<data::Element>(std::move(parts));
+  // This worker's replicas take their parts of the global batch; the rest belong to the others.
+  const auto first = parts.begin() + static_cast<std::ptrdiff_t>(worker_) * replicas_;
+  return PerReplica<data::Element>(std::vector<data::Element>(first, first + replicas_));
 }
 
 DistributedDataset::Iterator DistributedDataset::make_iterator(std::uint64_t iteration) const {
-  return Iterator(dataset_.make_iterator(iteration), replicas_);
+  return Iterator(dataset_.make_iterator(iteration), replicas_, workers_, worker_);
 }
 
 DistributedDataset::RangeIterator DistributedDataset::begin() const {
@@ -241,8 +329,8 @@ DistributedDataset::RangeIterator DistributedDataset::begin() const {
 GradientAccumulator::GradientAccumulator(const Strategy& strategy, int steps)
     : strategy_(strategy),
       steps_(steps),
-      sums_(static_cast<std::size_t>(strategy.num_replicas_in_sync())),
-      counts_(static_cast<std::size_t>(strategy.num_replicas_in_sync()), 0) {
+      sums_(static_cast<std::size_t>(strategy.num_local_replicas())),
+      counts_(static_cast<std::size_t>(strategy.num_local_replicas()), 0) {
   if (steps < 1) DTRAIN_THROW(InvalidArgument, "GradientAccumulator: steps must be >= 1, got ", steps);
 }
 
@@ -251,9 +339,9 @@ void GradientAccumulator::accumulate(std::span<const Tensor> grads) {
   int replica = 0;
   if (context.strategy == strategy_.backend()->id()) {
     replica = context.replica_id;
-  } else if (strategy_.num_replicas_in_sync() > 1) {
+  } else if (strategy_.num_local_replicas() > 1) {
     DTRAIN_THROW(InvalidArgument, "GradientAccumulator::accumulate: call it inside strategy.run() of its ",
-                 strategy_.name(), " (", strategy_.num_replicas_in_sync(), " replicas)");
+                 strategy_.name(), " (", strategy_.num_local_replicas(), " replicas)");
   }
   std::vector<Tensor>& sums = sums_[static_cast<std::size_t>(replica)];
   if (sums.empty()) sums.resize(grads.size());

@@ -22,6 +22,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dtrain/cluster/tf_config.h"
 #include "dtrain/data/dataset.h"
 #include "dtrain/model/strategy_backend.h"
 
@@ -47,11 +48,23 @@ class PerReplica {
   std::vector<T> values_;
 };
 
+// How gradient buckets travel between workers (MultiWorkerMirroredStrategy): as float32,
+// or rounded to 16 bits (half the bytes; see docs/distribute.md for the precision).
+enum class Compression { NONE, BF16, FP16 };
+
 // tf.distribute.experimental.CommunicationOptions.
 struct CommunicationOptions {
   // Gradients are fused into buckets of at least this many bytes; 0: the default (4 MiB,
   // see docs/distribute.md for the measurement behind it).
   std::size_t bytes_per_pack = 0;
+  // Multi-worker: how long any collective may wait for the other workers before it fails
+  // naming the ones not answering; 0: 60 s.
+  double timeout_seconds = 0;
+  // Multi-worker: the buckets' format on the wire.
+  Compression compression = Compression::NONE;
+  // Multi-worker: each bucket goes to the other workers as soon as backward has made it
+  // (false: once backward is over).
+  bool overlap = true;
 };
 
 class DistributedDataset;
@@ -60,11 +73,17 @@ class Strategy {
  public:
   virtual ~Strategy();
 
+  // Over every worker: num_workers() times this process's replicas.
   int num_replicas_in_sync() const;
   // "MirroredStrategy", "OneDeviceStrategy", "_DefaultDistributionStrategy".
   std::string name() const;
-  // One per replica: "/cpu:0", "/cpu:1", ...
+  // This process's replicas: "/cpu:0", "/cpu:1", ...
   const std::vector<std::string>& devices() const;
+  int num_local_replicas() const { return static_cast<int>(devices().size()); }
+  // Processes training together (1 except under MultiWorkerMirroredStrategy), and this
+  // one's place among them (the chief is 0).
+  int num_workers() const;
+  int worker_index() const;
   // Cores each replica's kernels use.
   int threads_per_replica() const;
 
@@ -72,7 +91,7 @@ class Strategy {
   // guard lives belong to this strategy; model.fit then trains on all its replicas.
   dtrain::detail::ScopedStrategy scope() const;
 
-  // Runs fn on every replica at once. PerReplica arguments are unwrapped (replica r gets
+  // Runs fn on every replica of this process at once. PerReplica arguments are unwrapped (replica r gets
   // value r); others are passed to every replica as they are. Returns PerReplica of fn's
   // results (nothing when fn returns void). The first failure is rethrown after every
   // replica returned, naming its replica; replicas waiting for it (all-reduce inside
@@ -82,18 +101,22 @@ class Strategy {
 
   // Combines a per-replica value. Without axis, element-wise over replicas (shapes must
   // match); with an axis, also along that axis (MEAN divides by the total count along it).
+  // Under MultiWorkerMirroredStrategy, over every worker's replicas: each worker calls it.
   Tensor reduce(ReduceOp op, const PerReplica<Tensor>& value, std::optional<int> axis = std::nullopt) const;
   // Each position reduced over replicas (per-replica gradient lists).
   std::vector<Tensor> reduce(ReduceOp op, const PerReplica<std::vector<Tensor>>& value) const;
   // A plain tensor is not per-replica: InvalidArgument saying so.
   Tensor reduce(ReduceOp op, const Tensor& value, std::optional<int> axis = std::nullopt) const;
-  // Concatenates the replicas' values along `axis` (0 only).
+  // Concatenates the replicas' values along `axis` (0 only), every worker's in order.
   Tensor gather(const PerReplica<Tensor>& value, int axis = 0) const;
 
   // Each element of `dataset` (a global batch) is split along its first axis across the
   // replicas: as evenly as possible, the first replicas taking one row more when it does
   // not divide (a short last batch may leave the last replicas empty batches). The first
-  // batch must have at least one row per replica.
+  // batch must have at least one row per replica. With several workers, each worker runs
+  // the whole pipeline and keeps its replicas' rows (TensorFlow's DATA auto-shard policy),
+  // so unseeded shuffles must draw the same order everywhere (see
+  // MultiWorkerMirroredStrategy).
   DistributedDataset experimental_distribute_dataset(const data::Dataset& dataset) const;
 
   // The interface fit() trains through.
@@ -119,6 +142,9 @@ class Strategy {
   }
   void check_replicas(int given) const;
   void run_replicas(const std::function<void(int)>& fn) const;
+  // Over this process's replicas: the element-wise sum, and how many values went into it
+  // (replicas, or rows along `axis`).
+  std::pair<Tensor, std::int64_t> local_sum(const PerReplica<Tensor>& value, std::optional<int> axis) const;
 
   std::shared_ptr<detail::ReplicaGroup> group_;
 };
@@ -148,6 +174,38 @@ class MirroredStrategy final : public Strategy {
   explicit MirroredStrategy(const std::vector<std::string>& devices, CommunicationOptions options = {});
 };
 
+// Synchronous replicas in several processes, on one host or many
+// (tf.distribute.MultiWorkerMirroredStrategy). TF_CONFIG says which processes make up the
+// cluster (the chief, or worker 0 without one, and the workers) and which one this is;
+// `dtrain launch` sets it for a cluster on this machine. Every worker builds the same
+// model under scope(); fit() then checks that they did, starts every worker from the
+// chief's weights, splits each global batch over every worker's replicas and sums the
+// gradients in buckets across processes over Gloo while backward still runs.
+//
+// Joining: the chief serves a rendezvous store on its own TF_CONFIG address; a process
+// joins with the cluster token (DTRAIN_CLUSTER_TOKEN, else one derived from the cluster's
+// addresses) and waits at most the timeout, naming the tasks that never arrived. Every
+// collective has the same timeout: a dead or stuck worker is an error naming it on every
+// other worker, never a hang. The strategy also makes the workers agree on the seed
+// sequence (set_random_seed), so unseeded initialisers and shuffles match everywhere.
+// DTRAIN_CHECK_COLLECTIVES=1 makes every collective first compare what each worker is
+// about to run (a debugging aid: it doubles the number of messages).
+class MultiWorkerMirroredStrategy final : public Strategy {
+ public:
+  // Reads TF_CONFIG from the environment; without it, a single worker.
+  explicit MultiWorkerMirroredStrategy(CommunicationOptions options = {});
+  // TensorFlow's cluster_resolver argument, as a parsed TF_CONFIG.
+  explicit MultiWorkerMirroredStrategy(const cluster::TfConfig& cluster, CommunicationOptions options = {},
+                                       const std::vector<std::string>& local_devices = {"/cpu:0"});
+  // This task, as TF_CONFIG names it ("worker", 1); the chief is worker_index() 0.
+  const std::string& task_type() const { return task_.type; }
+  int task_id() const { return task_.index; }
+  bool is_chief() const { return worker_index() == 0; }
+
+ private:
+  cluster::TaskId task_;
+};
+
 // sum(per_example_loss) / global_batch_size: the loss each replica minimises so that the
 // replicas' gradients add up to the gradient of the mean over the global batch
 // (tf.nn.compute_average_loss). global_batch_size < 0: this replica's batch times the
@@ -167,9 +225,11 @@ class DistributedDataset {
 
    private:
     friend class DistributedDataset;
-    Iterator(data::Iterator it, int replicas) : it_(std::move(it)), replicas_(replicas) {}
+    Iterator(data::Iterator it, int replicas, int workers, int worker)
+        : it_(std::move(it)), replicas_(replicas), workers_(workers), worker_(worker) {}
     data::Iterator it_;
-    int replicas_;
+    int replicas_;  // this process's
+    int workers_, worker_;
     bool first_ = true;
   };
   // A new pass over the data (`iteration` seeds reshuffling, as Dataset::make_iterator).
@@ -197,9 +257,11 @@ class DistributedDataset {
 
  private:
   friend class Strategy;
-  DistributedDataset(data::Dataset dataset, int replicas) : dataset_(std::move(dataset)), replicas_(replicas) {}
+  DistributedDataset(data::Dataset dataset, int replicas, int workers, int worker)
+      : dataset_(std::move(dataset)), replicas_(replicas), workers_(workers), worker_(worker) {}
   data::Dataset dataset_;
   int replicas_;
+  int workers_, worker_;
 };
 
 // Gradient accumulation for custom loops: each replica adds its gradients to its own sums
@@ -237,7 +299,7 @@ auto Strategy::run(Fn&& fn, const Args&... args) const {
   if constexpr (std::is_void_v<Result>) {
     run_replicas([&]([[maybe_unused]] int r) { fn(local(args, r)...); });
   } else {
-    std::vector<std::optional<Result>> results(static_cast<std::size_t>(num_replicas_in_sync()));
+    std::vector<std::optional<Result>> results(static_cast<std::size_t>(num_local_replicas()));
     run_replicas([&](int r) { results[static_cast<std::size_t>(r)].emplace(fn(local(args, r)...)); });
     std::vector<Result> values;
     values.reserve(results.size());

@@ -1,9 +1,11 @@
 // Sequential: layer stack, compile, the fit loop, evaluation, prediction and summary.
 #include "dtrain/model/sequential.h"
 
+#include <array>
 #include <iomanip>
 #include <iostream>
 #include <numeric>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -173,6 +175,9 @@ class Sequential::BatchSource {
   virtual bool next(Tensor& x, Tensor& y) = 0;
   virtual std::int64_t steps() const = 0;  // per epoch; -1 when unknown
   virtual double input_wait() const = 0;   // seconds waited for batches this epoch
+  // Multi-worker: true when the batches are this worker's own (a dataset sharded by the
+  // program), false when they are global batches every worker reads alike.
+  virtual bool per_worker() const { return false; }
 };
 
 namespace {
@@ -266,6 +271,7 @@ class DatasetBatches : public Sequential::BatchSource {
     return c >= 0 ? c : -1;
   }
   double input_wait() const override { return it_ ? it_->stats().wait_seconds - wait_at_epoch_start_ : 0; }
+  bool per_worker() const override { return ds_.options().auto_shard_policy == data::AutoShardPolicy::OFF; }
 
  private:
   data::Dataset ds_;
@@ -275,6 +281,36 @@ class DatasetBatches : public Sequential::BatchSource {
   std::int64_t taken_ = 0;
   double wait_at_epoch_start_ = 0;
 };
+
+// The line a multi-worker fit prints once: how the input is shared among the workers.
+std::string shard_plan(const StrategyBackend& strategy, bool own_batches, std::int64_t first_batch) {
+  std::ostringstream o;
+  o << strategy.name() << ": worker " << strategy.worker_index() << " of " << strategy.num_workers() << ", "
+    << strategy.num_replicas() << " replica(s) here, " << strategy.num_replicas_in_sync() << " in sync; input: ";
+  if (own_batches)
+    o << "auto-shard OFF: each worker trains on its own dataset; the first global batch had " << first_batch
+      << " rows from all workers; an epoch ends when every worker's data has";
+  else
+    o << "auto-shard DATA: every worker reads the whole input and keeps its replicas' rows of each global batch (the "
+      << "first had " << first_batch << " rows)";
+  return o.str();
+}
+
+// What workers compare before training together: each variable's name, dtype and shape,
+// then the model's configuration (hashed), so a mismatch names a variable where it can.
+std::vector<std::string> describe(const Sequential& model) {
+  std::uint64_t hash = 1469598103934665603ull;  // FNV-1a: the same on every host
+  // Initialisers' seeds may differ: every worker starts from the chief's values anyway.
+  static const std::regex seed(R"re("seed":\s*(-?[0-9]+|null))re");
+  for (unsigned char c : std::regex_replace(model.to_json(0), seed, "")) hash = (hash ^ c) * 1099511628211ull;
+  std::vector<std::string> out;
+  for (const Variable* v : model.variables())
+    out.push_back(detail::concat("variable '", v->name(), "' ", dtype_name(v->dtype()), " ", v->shape().to_string()));
+  std::ostringstream config;
+  config << "model '" << model.name() << "' with configuration hash " << std::hex << hash;
+  out.push_back(config.str());
+  return out;
+}
 
 void check_fit_options(const FitOptions& opt) {
   if (opt.gradient_accumulation_steps < 1)
@@ -317,6 +353,9 @@ History Sequential::fit(const data::Dataset& dataset, const FitOptions& opt) {
   check_fit_options(opt);
   if (opt.validation_split > 0.0)
     DTRAIN_THROW(InvalidArgument, "fit: validation_split needs tensors; give a Dataset as validation_dataset instead");
+  if (strategy_ && strategy_->num_workers() > 1 && dataset.options().auto_shard_policy == data::AutoShardPolicy::FILE)
+    DTRAIN_THROW(Unsupported, "fit: auto_shard_policy FILE (sharding by input file) is not supported yet; use DATA, or "
+                 "OFF with each worker's own dataset (dataset.shard(num_workers, worker_index))");
   DatasetBatches source(dataset, opt.steps_per_epoch);
   return run_fit(source, opt);
 }
@@ -330,12 +369,13 @@ class Sequential::Trainer {
  public:
   Trainer(Sequential& model, int accumulation_steps) : model_(model), k_(accumulation_steps) {}
 
-  // Adds the batch's loss and metrics to loss_mean and the model's metrics.
-  void step(const Tensor& x, const Tensor& y, metrics::Mean& loss_mean) {
-    const int replicas = model_.strategy_ ? model_.strategy_->num_replicas() : 1;
+  // Adds the batch's loss and metrics to loss_mean and the model's metrics. Multi-worker:
+  // x is the global batch (every worker takes its rows), or with global_rows >= 0 this
+  // worker's own part of a global batch of that many rows (undefined when it has none).
+  void step(const Tensor& x, const Tensor& y, metrics::Mean& loss_mean, std::int64_t global_rows = -1) {
     const bool update = ++micro_ % k_ == 0;
-    if (replicas > 1) {
-      step_replicas(x, y, replicas, update, loss_mean);
+    if (model_.strategy_ && model_.strategy_->num_replicas_in_sync() > 1) {
+      step_replicas(x, y, update, loss_mean, global_rows);
       return;
     }
     GradientTape tape;
@@ -377,37 +417,48 @@ class Sequential::Trainer {
     for (auto& m : model_.metrics_) m->update_state(y, y_pred);
   }
 
-  void step_replicas(const Tensor& x, const Tensor& y, int replicas, bool update, metrics::Mean& loss_mean) {
-    const std::int64_t rows = x.dim(0);
-    if (micro_ == 1 && rows < replicas)
-      DTRAIN_THROW(InvalidArgument, "fit: the global batch has ", rows, " rows, fewer than the ", replicas,
-                   " replicas of ", model_.strategy_->name(),
-                   "; batch_size is the global batch (e.g. 32 * num_replicas_in_sync)");
+  void step_replicas(const Tensor& x, const Tensor& y, bool update, metrics::Mean& loss_mean, std::int64_t global_rows) {
+    StrategyBackend& strategy = *model_.strategy_;
+    const int replicas = strategy.num_replicas(), in_sync = strategy.num_replicas_in_sync();
+    const bool own = global_rows >= 0;  // x is this worker's part of the global batch
+    const std::int64_t local_rows = x.defined() ? x.dim(0) : 0;
+    const std::int64_t rows = own ? global_rows : local_rows;
+    if (micro_ == 1 && rows < in_sync)
+      DTRAIN_THROW(InvalidArgument, "fit: the global batch has ", rows, " rows, fewer than the ", in_sync,
+                   " replicas of ", strategy.name(), "; batch_size is the global batch (e.g. 32 * num_replicas_in_sync)");
     if (!model_.built()) {
       // Replicas share the weights, so they are made here, once, before the replicas run.
+      if (!x.defined())
+        DTRAIN_THROW(InvalidArgument, "fit: worker ", strategy.worker_index(),
+                     "'s dataset is empty, so it cannot build the model; build it before fit()");
       std::vector<std::int64_t> dims(x.shape().dims().begin() + 1, x.shape().dims().end());
       model_.build(Shape(dims));
     }
-    if (vars_.empty()) vars_ = model_.trainable_variables();
+    if (vars_.empty()) {
+      vars_ = model_.trainable_variables();
+      // Every worker checks that the others built the same model and takes the chief's weights.
+      if (strategy.num_workers() > 1) strategy.synchronize_variables(model_.variables(), describe(model_));
+    }
     if (!reducer_) {
-      reducer_ = model_.strategy_->gradient_reducer(vars_);
+      reducer_ = strategy.gradient_reducer(vars_);
       outputs_.resize(static_cast<std::size_t>(replicas));
     }
     reducer_->set_reduce_this_step(update);
     // Replicas update their own share of every variable when the optimizer allows it.
     const bool shared = update && model_.optimizer_->begin_shared_update(vars_);
-    // As evenly as possible, the first replicas taking one row more.
+    // As evenly as possible, the first replicas taking one row more: over every worker's
+    // replicas for a global batch, over this worker's for its own part.
+    const int parts = own ? replicas : in_sync, first = own ? 0 : strategy.worker_index() * replicas;
     std::int64_t next_row = 0;
-    for (int r = 0; r < replicas; ++r) {
-      Output& out = outputs_[static_cast<std::size_t>(r)];
-      out = Output{};
-      out.begin = next_row;
-      out.end = next_row = next_row + rows / replicas + (r < rows % replicas ? 1 : 0);
+    for (int g = 0; g < first + replicas; ++g) {
+      const std::int64_t begin = next_row;
+      next_row += local_rows / parts + (g < local_rows % parts ? 1 : 0);
+      if (g >= first) outputs_[static_cast<std::size_t>(g - first)] = Output{begin, next_row, Tensor(), 0.0};
     }
     // A mean over the batch becomes each replica's share of the global mean; a sum stays a sum.
     const bool mean_loss = model_.loss_->reduction() == losses::Reduction::sum_over_batch_size;
     const float scale_by = 1.0f / ((mean_loss ? static_cast<float>(rows) : 1.0f) * static_cast<float>(k_));
-    model_.strategy_->run([&](int r) {
+    strategy.run([&](int r) {
       Output& out = outputs_[static_cast<std::size_t>(r)];
       const std::int64_t begin = out.begin, end = out.end;
       try {
@@ -463,6 +514,8 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   // Variables made by a lazy build belong to the model's strategy, as in Keras.
   dtrain::detail::ScopedStrategy in_scope(strategy_);
   Trainer trainer(*this, opt.gradient_accumulation_steps);
+  const int workers = strategy_ ? strategy_->num_workers() : 1;
+  const bool own_batches = workers > 1 && source.per_worker();
   Logs logs;
   for (auto& c : callbacks) c->on_train_begin(logs);
 
@@ -478,16 +531,45 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
     Tensor xb, yb;
     // Batch logs hold the same keys all epoch: set() overwrites them in place.
     const Logs no_logs;
-    while (source.next(xb, yb)) {
+    for (;;) {
+      bool have = source.next(xb, yb);
+      std::int64_t global_rows = -1;
+      if (own_batches) {
+        // Workers with data of their own agree, step by step, on the global batch; those
+        // whose data ran out take part with nothing until every worker's has.
+        if (!have) xb = yb = Tensor();
+        std::array<double, 2> agree{have ? 1.0 : 0.0, have ? static_cast<double>(xb.dim(0)) : 0.0};
+        strategy_->sum_over_workers(agree);
+        if (agree[0] == 0.0) break;
+        global_rows = static_cast<std::int64_t>(agree[1]);
+        have = true;
+      }
+      if (!have) break;
       for (auto& c : callbacks) c->on_train_batch_begin(step, no_logs);
-      trainer.step(xb, yb, loss_mean);
-      samples += xb.dim(0);
+      trainer.step(xb, yb, loss_mean, global_rows);
+      samples += global_rows >= 0 ? global_rows : xb.dim(0);
+      if (step == 0 && epoch == opt.initial_epoch && workers > 1 && verbose > 0)
+        out << shard_plan(*strategy_, own_batches, samples) << "\n";
       logs.set("loss", loss_mean.result());
       for (auto& m : metrics_) logs.set(m->name(), m->result());
       for (auto& c : callbacks) c->on_train_batch_end(step, logs);
       progress.update(++step, logs);
     }
     if (step == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() got no training batches in epoch ", epoch);
+    if (workers > 1) {
+      // The epoch's loss and metrics over every worker's rows.
+      std::vector<double> totals{loss_mean.total(), loss_mean.count()};
+      for (auto& m : metrics_) totals.insert(totals.end(), {m->total(), m->count()});
+      strategy_->sum_over_workers(totals);
+      loss_mean.reset_state();
+      loss_mean.merge(totals[0], totals[1]);
+      logs.set("loss", loss_mean.result());
+      for (std::size_t i = 0; i < metrics_.size(); ++i) {
+        metrics_[i]->reset_state();
+        metrics_[i]->merge(totals[2 + 2 * i], totals[3 + 2 * i]);
+        logs.set(metrics_[i]->name(), metrics_[i]->result());
+      }
+    }
     const double train_seconds = seconds_since(start);
     if (opt.validation_dataset) {
       Logs val = run_evaluation(*opt.validation_dataset, "val_");

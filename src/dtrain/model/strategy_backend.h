@@ -45,7 +45,22 @@ class StrategyBackend {
   StrategyBackend& operator=(const StrategyBackend&) = delete;
 
   virtual std::string name() const = 0;  // "MirroredStrategy"
+  // Replicas in this process.
   virtual int num_replicas() const = 0;
+  // Processes that train together, each with num_replicas() replicas
+  // (MultiWorkerMirroredStrategy's workers); 1 for the in-process strategies.
+  virtual int num_workers() const { return 1; }
+  virtual int worker_index() const { return 0; }
+  int num_replicas_in_sync() const { return num_replicas() * num_workers(); }
+
+  // Before fit's first step, on every worker: checks that all workers built the same
+  // model (`description`: a line for the model, then one per variable; a mismatch is an
+  // error on every worker naming the worker and the first differing line) and gives
+  // every worker the chief's variable values. Nothing to do within one process.
+  virtual void synchronize_variables(std::span<Variable* const> /*vars*/,
+                                     const std::vector<std::string>& /*description*/) {}
+  // values[i] summed over the workers, in place (epoch totals, per-step agreement).
+  virtual void sum_over_workers(std::span<double> /*values*/) {}
   // A number no other strategy of this process has (variables remember it).
   std::uint64_t id() const { return id_; }
 

@@ -14,11 +14,14 @@ Tensor Dropout::call(const Tensor& x, bool training) {
   if (!training || rate_ == 0.0f) return x;
   const ReplicaContext& replica = replica_context();
   Generator* g = &generator_;
-  if (replica.num_replicas > 1) {
+  if (replica.num_replicas_in_sync > 1) {
     std::lock_guard lock(replica_mutex_);
+    // Streams are numbered by the replica's place among all processes' replicas, so every
+    // replica of a multi-worker job draws its own masks.
     const auto id = static_cast<std::size_t>(replica.replica_id);
+    const auto first = static_cast<std::size_t>(replica.replica_id_in_sync_group - replica.replica_id);
     while (replica_generators_.size() <= id)
-      replica_generators_.push_back(generator_.fork(replica_generators_.size()));
+      replica_generators_.push_back(generator_.fork(first + replica_generators_.size()));
     g = &replica_generators_[id];
   }
   Tensor y = dropout(x, rate_, *g);

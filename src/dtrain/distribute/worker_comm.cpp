@@ -1,0 +1,165 @@
+// Joining a multi-worker cluster, and the communication thread.
+#include "dtrain/distribute/worker_comm.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdlib>
+#include <sstream>
+
+#include "dtrain/comm/tcp_store.h"
+#include "dtrain/core/error.h"
+
+namespace dtrain::distribute::detail {
+namespace {
+
+// FNV-1a: the same on every host and build, unlike std::hash.
+std::uint64_t fnv1a(const std::string& text) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// Without DTRAIN_CLUSTER_TOKEN, a token derived from the cluster's addresses keeps out
+// processes of another job that reach the same port; it is not a secret.
+std::string token_for(const cluster::ClusterSpec& cluster) {
+  if (const char* given = std::getenv("DTRAIN_CLUSTER_TOKEN"); given && *given) return given;
+  std::string spec;
+  for (const cluster::TaskId& t : cluster.tasks()) spec += t.to_string() + "=" + cluster.address(t).to_string() + ";";
+  std::ostringstream o;
+  o << "cluster-" << std::hex << fnv1a(spec);
+  return o.str();
+}
+
+}  // namespace
+
+WorkerComm::WorkerComm(WorkerCommOptions options) : options_(std::move(options)) {
+  // Gloo writes to its peers' sockets without MSG_NOSIGNAL: a write to a peer that has
+  // just died would end this process with SIGPIPE, silently, instead of an error naming
+  // the peer. A program that set its own SIGPIPE handler keeps it.
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
+  const cluster::TfConfig& config = options_.config;
+  if (config.task.type != "chief" && config.task.type != "worker")
+    DTRAIN_THROW(InvalidArgument, "MultiWorkerMirroredStrategy: TF_CONFIG's task is ", config.task.to_string(),
+                 "; this strategy trains on the chief and the workers only");
+  const std::vector<cluster::TaskId> training = config.cluster.training_tasks();
+  for (std::size_t r = 0; r < training.size(); ++r) {
+    tasks_.push_back(training[r].to_string());
+    if (training[r] == config.task) rank_ = static_cast<int>(r);
+  }
+  if (options_.token.empty()) options_.token = token_for(config.cluster);
+  const cluster::Address& chief = config.cluster.address(training.front());
+  const cluster::Address& me = config.cluster.address(config.task);
+  if (rank_ == 0) server_ = std::make_unique<comm::TcpStoreServer>(chief.host, chief.port, options_.token);
+  store_ = std::make_shared<comm::TcpStore>(chief.host, chief.port, options_.token, options_.timeout);
+  comm::GlooGroupOptions g;
+  g.rank = rank_;
+  g.size = size();
+  g.task_names = tasks_;
+  g.host = me.host;
+  g.timeout = options_.timeout;
+  g.check_collectives = options_.check_collectives;
+  group_ = std::make_unique<comm::GlooGroup>(store_, std::move(g));
+  thread_ = std::thread([this] { loop(); });
+}
+
+WorkerComm::~WorkerComm() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  changed_.notify_all();
+  thread_.join();
+}
+
+void WorkerComm::loop() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, and nothing left to run
+    std::function<void(comm::GlooGroup&)> job = std::move(queue_.front());
+    queue_.pop_front();
+    const bool skip = failure_ != Failure::none;
+    lock.unlock();
+    Failure failure = Failure::none;
+    std::string why;
+    if (!skip) {
+      try {
+        job(*group_);
+      } catch (const Timeout& e) {
+        failure = Failure::timeout;
+        why = e.what();
+      } catch (const InvalidArgument& e) {
+        failure = Failure::invalid;
+        why = e.what();
+      } catch (const std::exception& e) {
+        failure = Failure::peer;
+        why = e.what();
+      }
+    }
+    job = nullptr;  // its captures are released before anyone is told it ran
+    lock.lock();
+    if (failure != Failure::none && failure_ == Failure::none) {
+      failure_ = failure;
+      failure_message_ = std::move(why);
+    }
+    ++completed_;
+    changed_.notify_all();
+  }
+}
+
+void WorkerComm::submit(std::function<void(comm::GlooGroup&)> fn) {
+  {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(std::move(fn));
+    ++submitted_;
+  }
+  changed_.notify_all();
+}
+
+void WorkerComm::wait() {
+  std::unique_lock lock(mutex_);
+  const std::uint64_t target = submitted_;
+  changed_.wait(lock, [&] { return completed_ >= target; });
+  switch (failure_) {
+    case Failure::none:
+      return;
+    case Failure::timeout:
+      throw Timeout(failure_message_);
+    case Failure::invalid:
+      throw InvalidArgument(failure_message_);
+    case Failure::peer:
+      throw PeerFailure(failure_message_);
+  }
+}
+
+void WorkerComm::run(std::function<void(comm::GlooGroup&)> fn) {
+  submit(std::move(fn));
+  wait();
+}
+
+std::vector<std::string> WorkerComm::exchange(const std::string& key, const std::string& mine) {
+  const std::string prefix = "dtrain/exchange/" + key + "/";
+  store_->set(prefix + std::to_string(rank_), std::vector<char>(mine.begin(), mine.end()));
+  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  std::vector<std::string> out(tasks_.size());
+  std::string missing;
+  for (int r = 0; r < size(); ++r) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    try {
+      store_->wait({prefix + std::to_string(r)}, std::max(left, std::chrono::milliseconds(1)));
+      const std::vector<char> v = store_->get(prefix + std::to_string(r));
+      out[static_cast<std::size_t>(r)].assign(v.begin(), v.end());
+    } catch (const std::exception&) {
+      missing += (missing.empty() ? "" : ", ") + task_name(r);
+    }
+  }
+  if (!missing.empty())
+    DTRAIN_THROW(Timeout, task_name(rank_), ": waited ", options_.timeout.count() / 1000.0, " s for '", key,
+                 "' from every worker; never published: ", missing);
+  return out;
+}
+
+}  // namespace dtrain::distribute::detail

@@ -1,0 +1,87 @@
+// The cross-process side of MultiWorkerMirroredStrategy: where this process stands in
+// the cluster (TF_CONFIG), the rendezvous store the chief serves on its own address, the
+// Gloo group, and the communication thread. Every collective between workers runs on
+// that one thread, in the order it was submitted, so that every worker issues the same
+// collectives in the same order while its replicas go on computing.
+// Internal to the distribute layer; users see MultiWorkerMirroredStrategy.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtrain/cluster/tf_config.h"
+#include "dtrain/comm/gloo_group.h"
+
+namespace dtrain::comm {
+class TcpStoreServer;
+class TcpStore;
+}  // namespace dtrain::comm
+
+namespace dtrain::distribute::detail {
+
+struct WorkerCommOptions {
+  cluster::TfConfig config;
+  // Joining processes must present it; empty: DTRAIN_CLUSTER_TOKEN, else one derived
+  // from the cluster spec.
+  std::string token;
+  std::chrono::milliseconds timeout{60000};
+  bool check_collectives = false;  // compare every collective's fingerprint first
+};
+
+class WorkerComm {
+ public:
+  // Joins the cluster: the chief serves the store, everyone meets there and connects.
+  explicit WorkerComm(WorkerCommOptions options);
+  ~WorkerComm();
+  WorkerComm(const WorkerComm&) = delete;
+  WorkerComm& operator=(const WorkerComm&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(tasks_.size()); }
+  const std::string& task_name(int rank) const { return tasks_[static_cast<std::size_t>(rank)]; }
+  std::chrono::milliseconds timeout() const { return options_.timeout; }
+
+  // Runs fn(group) on the communication thread after everything submitted before it, and
+  // returns at once. Once a job failed, later jobs are skipped.
+  void submit(std::function<void(comm::GlooGroup&)> fn);
+  // Waits until everything submitted so far has run; throws the first failure (Timeout,
+  // PeerFailure, InvalidArgument as raised), and so does every later call.
+  void wait();
+  // submit(fn) then wait().
+  void run(std::function<void(comm::GlooGroup&)> fn);
+
+  // Values every worker publishes under `key` (one per worker, rank order), through the
+  // rendezvous store; waits at most the timeout, naming the workers that never published.
+  // Keys must be unique per exchange.
+  std::vector<std::string> exchange(const std::string& key, const std::string& mine);
+
+ private:
+  void loop();
+
+  WorkerCommOptions options_;
+  std::vector<std::string> tasks_;  // [rank] "chief:0", "worker:1"
+  int rank_ = 0;
+  std::unique_ptr<comm::TcpStoreServer> server_;  // the chief's
+  std::shared_ptr<comm::TcpStore> store_;
+  std::unique_ptr<comm::GlooGroup> group_;
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::function<void(comm::GlooGroup&)>> queue_;
+  std::uint64_t submitted_ = 0, completed_ = 0;
+  bool stop_ = false;
+  enum class Failure { none, timeout, peer, invalid };
+  Failure failure_ = Failure::none;
+  std::string failure_message_;
+  std::thread thread_;
+};
+
+}  // namespace dtrain::distribute::detail

@@ -1,0 +1,128 @@
+// One task of the multi-worker tests: reads TF_CONFIG, trains the seeds' large MLP (or a
+// smaller one) under MultiWorkerMirroredStrategy on data every task makes alike, and
+// saves its weights to OUT/<task>.safetensors. Options plant the failures the tests look
+// for: a task that kills itself mid-epoch or stops (hangs), a task that builds a different model, workers
+// whose own datasets differ in length.
+#include <signal.h>
+
+#include <cstdlib>
+#include <iomanip>
+#include <iostream>
+#include <string>
+
+#include "dtrain/dtrain.h"
+
+namespace {
+
+using namespace dtrain;
+
+struct Args {
+  std::string out = ".";
+  int steps = 20, batch = 64, features = 1024, hidden = 1024, replicas = 1;
+  bool overlap = true;
+  std::string compression = "none";
+  double timeout = 60;
+  std::string kill_task;  // this task SIGKILLs itself at kill_step
+  int kill_step = 5;
+  std::string stop_task;  // this task SIGSTOPs itself (hangs) at kill_step
+  std::string mismatch_task;  // this task builds a wider second layer
+  bool uneven = false;        // worker w trains on its own 5 - 2w batches (auto-shard OFF)
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--out") a.out = v;
+    else if (k == "--steps") a.steps = std::stoi(v);
+    else if (k == "--batch") a.batch = std::stoi(v);
+    else if (k == "--features") a.features = std::stoi(v);
+    else if (k == "--hidden") a.hidden = std::stoi(v);
+    else if (k == "--replicas") a.replicas = std::stoi(v);
+    else if (k == "--overlap") a.overlap = v == "1";
+    else if (k == "--compression") a.compression = v;
+    else if (k == "--timeout") a.timeout = std::stod(v);
+    else if (k == "--kill-task") a.kill_task = v;
+    else if (k == "--kill-step") a.kill_step = std::stoi(v);
+    else if (k == "--stop-task") a.stop_task = v;
+    else if (k == "--mismatch-task") a.mismatch_task = v;
+    else if (k == "--uneven") a.uneven = v == "1";
+    else throw std::invalid_argument("unknown option " + k);
+  }
+  return a;
+}
+
+class SignalAt : public Callback {
+ public:
+  SignalAt(int step, int signal) : step_(step), signal_(signal) {}
+  void on_train_batch_begin(std::int64_t step, const Logs&) override {
+    if (step == step_) ::raise(signal_);
+  }
+
+ private:
+  int step_, signal_;
+};
+
+int run(const Args& a) {
+  distribute::CommunicationOptions comm;
+  comm.timeout_seconds = a.timeout;
+  comm.overlap = a.overlap;
+  comm.compression = a.compression == "bf16"   ? distribute::Compression::BF16
+                     : a.compression == "fp16" ? distribute::Compression::FP16
+                                               : distribute::Compression::NONE;
+  std::vector<std::string> devices;
+  for (int r = 0; r < a.replicas; ++r) devices.push_back("/cpu:" + std::to_string(r));
+  const cluster::TfConfig config = cluster::tf_config_from_environment();
+  distribute::MultiWorkerMirroredStrategy strategy(config, comm, devices);
+  const std::string task = config.task.to_string();
+
+  std::unique_ptr<Sequential> model;
+  {
+    auto scope = strategy.scope();
+    model = std::make_unique<Sequential>();
+    // Worker-specific seeds: the chief's weights must reach every worker.
+    const auto seed = static_cast<std::uint64_t>(strategy.worker_index()) * 100;
+    model->add<nn::Dense>(a.hidden, "relu", nn::DenseOptions{.seed = seed + 1});
+    model->add<nn::Dense>(a.hidden + (task == a.mismatch_task ? 1 : 0), "relu", nn::DenseOptions{.seed = seed + 2});
+    model->add<nn::Dense>(10, "softmax", nn::DenseOptions{.seed = seed + 3});
+    model->compile("adam", "sparse_categorical_crossentropy", {"accuracy"});
+    model->build(Shape{a.features});
+  }
+  FitOptions fit;
+  fit.batch_size = a.batch;
+  fit.shuffle = false;
+  fit.verbose = 0;
+  if (task == a.kill_task) fit.callbacks.push_back(std::make_shared<SignalAt>(a.kill_step, SIGKILL));
+  if (task == a.stop_task) fit.callbacks.push_back(std::make_shared<SignalAt>(a.kill_step, SIGSTOP));
+  History history;
+  if (a.uneven) {
+    // Worker w's own batches: 5 - 2w of them, rows [w * 320, ...) of the data.
+    data::Split d = data::make_synthetic(5 * 2 * a.batch, a.features, 10, 7, data::SyntheticLabels::teacher);
+    const std::int64_t w = strategy.worker_index(), count = (5 - 2 * w) * a.batch;
+    data::DatasetOptions options;
+    options.auto_shard_policy = data::AutoShardPolicy::OFF;
+    const data::Dataset mine = data::Dataset::from_tensor_slices({d.x.slice(w * 5 * a.batch, w * 5 * a.batch + count),
+                                                                  d.y.slice(w * 5 * a.batch, w * 5 * a.batch + count)})
+                                   .batch(a.batch)
+                                   .with_options(options);
+    history = model->fit(mine, fit);
+  } else {
+    data::Split d = data::make_synthetic(a.steps * a.batch, a.features, 10, 7, data::SyntheticLabels::teacher);
+    history = model->fit(d.x, d.y, fit);
+  }
+  model->save_weights(a.out + "/" + task + ".safetensors");
+  std::cout << std::setprecision(9) << "done " << task << " steps=" << model->optimizer().iterations() << " loss=" << history.history["loss"].back()
+            << " samples_per_second=" << history.samples_per_second.back() << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return 1;
+  }
+}

@@ -1,0 +1,323 @@
+// MultiWorkerMirroredStrategy across processes on 127.0.0.1: workers reach one process's
+// weights, a killed worker is named by the others within the timeout, a stray process
+// with the wrong token is refused, different models are caught before training, and
+// workers whose data differ in length end their epochs together.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <fcntl.h>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "common/temp_dir.h"
+#include "dtrain/dtrain.h"
+
+namespace dtrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The sanitizer builds run the same tests on a smaller MLP.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr int kFeatures = 128, kHidden = 128;
+#else
+constexpr int kFeatures = 1024, kHidden = 1024;  // the seeds' large MLP
+#endif
+
+struct TaskResult {
+  std::string task;
+  int status = -1;        // from waitpid; -1: still running at the limit (then killed)
+  double exited_at = 0;   // seconds since the cluster started
+  std::string log;        // its stdout and stderr
+  bool exited_ok() const { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+};
+
+class MultiWorker : public testing::TempDirTest {
+ protected:
+  // Runs the task program once per worker with TF_CONFIG for a cluster of `workers` on
+  // 127.0.0.1, waiting at most `limit` seconds (then kills what is left). A task named
+  // `hangs` is killed once all the others have ended.
+  std::vector<TaskResult> run_cluster(int workers, std::vector<std::string> args,
+                                      const std::map<std::string, std::string>& token_of = {},
+                                      const std::string& hangs = "", double limit = 240) {
+    const cluster::ClusterSpec spec = cluster::local_cluster(workers, 0, false, cluster::free_ports(workers));
+    args.insert(args.begin(), {DTRAIN_MULTI_WORKER_TASK, "--out", dir_.string()});
+    std::vector<TaskResult> results;
+    std::vector<pid_t> pids;
+    std::vector<int> pidfds;
+    const auto start = Clock::now();
+    for (const cluster::TaskId& id : spec.training_tasks()) {
+      TaskResult r;
+      r.task = id.to_string();
+      const std::string log = (dir_ / (r.task + ".log")).string();
+      const std::string tf_config = cluster::tf_config_json(spec, id);
+      const auto token = token_of.find(r.task);
+      const std::string token_value = token == token_of.end() ? "test-token" : token->second;
+      const pid_t pid = fork();
+      if (pid == 0) {
+        const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        setenv("TF_CONFIG", tf_config.c_str(), 1);
+        setenv("DTRAIN_CLUSTER_TOKEN", token_value.c_str(), 1);
+        setenv("OMP_NUM_THREADS", "1", 1);
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        execv(argv[0], argv.data());
+        _exit(127);
+      }
+      pids.push_back(pid);
+      pidfds.push_back(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
+      results.push_back(r);
+    }
+    std::size_t running = pids.size();
+    while (running > (hangs.empty() ? 0u : 1u)) {
+      std::vector<pollfd> fds;
+      for (int fd : pidfds) fds.push_back(pollfd{fd, fd >= 0 ? short(POLLIN) : short(0), 0});
+      const double left = limit - std::chrono::duration<double>(Clock::now() - start).count();
+      if (left <= 0) break;
+      ::poll(fds.data(), fds.size(), static_cast<int>(left * 1000) + 1);
+      for (std::size_t i = 0; i < pids.size(); ++i) {
+        if (pidfds[i] < 0 || !(fds[i].revents & POLLIN)) continue;
+        waitpid(pids[i], &results[i].status, 0);
+        results[i].exited_at = std::chrono::duration<double>(Clock::now() - start).count();
+        ::close(pidfds[i]);
+        pidfds[i] = -1;
+        --running;
+      }
+    }
+    for (std::size_t i = 0; i < pids.size(); ++i) {
+      if (pidfds[i] < 0) continue;
+      kill(pids[i], SIGKILL);
+      waitpid(pids[i], nullptr, 0);
+      ::close(pidfds[i]);
+      if (results[i].task != hangs) ADD_FAILURE() << results[i].task << " was still running after " << limit << " s";
+    }
+    for (TaskResult& r : results) {
+      std::ifstream in(dir_ / (r.task + ".log"));
+      std::ostringstream text;
+      text << in.rdbuf();
+      r.log = text.str();
+    }
+    return results;
+  }
+
+  static std::unique_ptr<Sequential> mlp(std::uint64_t seed = 0) {
+    auto model = std::make_unique<Sequential>();
+    model->add<nn::Dense>(kHidden, "relu", nn::DenseOptions{.seed = seed + 1});
+    model->add<nn::Dense>(kHidden, "relu", nn::DenseOptions{.seed = seed + 2});
+    model->add<nn::Dense>(10, "softmax", nn::DenseOptions{.seed = seed + 3});
+    model->compile("adam", "sparse_categorical_crossentropy", {"accuracy"});
+    model->build(Shape{kFeatures});
+    return model;
+  }
+
+  std::unique_ptr<Sequential> saved(const std::string& task) {
+    auto model = mlp();
+    model->load_weights((dir_ / (task + ".safetensors")).string());
+    return model;
+  }
+
+  static FitOptions quiet(std::int64_t batch) {
+    FitOptions o;
+    o.batch_size = batch;
+    o.shuffle = false;
+    o.verbose = 0;
+    return o;
+  }
+
+  static std::vector<std::string> size_args() {
+    return {"--features", std::to_string(kFeatures), "--hidden", std::to_string(kHidden)};
+  }
+};
+
+// max over variables of |a - b| / |b| (L2 norms).
+double relative_difference(const Sequential& a, const Sequential& b) {
+  const auto va = a.variables(), vb = b.variables();
+  double worst = 0;
+  for (std::size_t i = 0; i < va.size(); ++i) {
+    const std::vector<float> x = va[i]->value().to_vector(), y = vb[i]->value().to_vector();
+    double diff = 0, norm = 0;
+    for (std::size_t j = 0; j < x.size(); ++j) {
+      diff += (double(x[j]) - y[j]) * (double(x[j]) - y[j]);
+      norm += double(y[j]) * y[j];
+    }
+    worst = std::max(worst, std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30));
+  }
+  return worst;
+}
+
+std::string describe(const std::vector<TaskResult>& results) {
+  std::string out;
+  for (const TaskResult& r : results) out += "--- " + r.task + "\n" + r.log;
+  return out;
+}
+
+TEST_F(MultiWorker, TwoAndThreeWorkersReachOneProcessWeightsWithAndWithoutOverlap) {
+  // 20 steps of a global batch of 64, on one process.
+  data::Split d = data::make_synthetic(20 * 64, kFeatures, 10, 7, data::SyntheticLabels::teacher);
+  auto reference = mlp();
+  reference->fit(d.x, d.y, quiet(64));
+  for (int workers : {2, 3}) {
+    for (const char* overlap : {"1", "0"}) {
+      std::vector<std::string> args = size_args();
+      args.insert(args.end(), {"--overlap", overlap});
+      const std::vector<TaskResult> results = run_cluster(workers, args);
+      for (const TaskResult& r : results) {
+        ASSERT_TRUE(r.exited_ok()) << describe(results);
+        EXPECT_NE(r.log.find("steps=20"), std::string::npos) << r.log;
+      }
+      const auto chief = saved(results[0].task);
+      const double diff = relative_difference(*chief, *reference);
+      EXPECT_LE(diff, 1e-4) << workers << " workers, overlap " << overlap;
+      RecordProperty("relative_difference_" + std::to_string(workers) + "_overlap" + overlap, std::to_string(diff));
+      for (std::size_t w = 1; w < results.size(); ++w)
+        EXPECT_EQ(relative_difference(*saved(results[w].task), *chief), 0.0)
+            << results[w].task << " ended with other weights than " << results[0].task;
+    }
+  }
+}
+
+TEST_F(MultiWorker, TwoLocalReplicasPerWorkerReachOneProcessWeights) {
+  // 10 steps: summing (g0 + g1) + (g2 + g3) instead of one device's order flips the sign
+  // of a few gradients that are nearly zero, and Adam turns each flip into a whole step of
+  // the learning rate; here that happens between steps 10 and 20 (1.3e-4 after 20).
+  data::Split d = data::make_synthetic(10 * 64, kFeatures, 10, 7, data::SyntheticLabels::teacher);
+  auto reference = mlp();
+  reference->fit(d.x, d.y, quiet(64));
+  std::vector<std::string> args = size_args();
+  args.insert(args.end(), {"--replicas", "2", "--steps", "10"});
+  for (int workers : {1, 2}) {
+    const std::vector<TaskResult> results = run_cluster(workers, args);
+    for (const TaskResult& r : results) ASSERT_TRUE(r.exited_ok()) << describe(results);
+    EXPECT_LE(relative_difference(*saved(results[0].task), *reference), 1e-4) << workers << " workers";
+    for (std::size_t w = 1; w < results.size(); ++w)
+      EXPECT_EQ(relative_difference(*saved(results[w].task), *saved(results[0].task)), 0.0);
+  }
+}
+
+// The epoch's loss the task printed ("loss=...").
+double printed_loss(const TaskResult& r) {
+  const std::size_t at = r.log.find("loss=");
+  return at == std::string::npos ? NAN : std::stod(r.log.substr(at + 5));
+}
+
+TEST_F(MultiWorker, CompressedBucketsTrainCloseToFloat32) {
+  std::map<std::string, double> loss;
+  std::map<std::string, std::unique_ptr<Sequential>> weights;
+  for (const char* wire : {"none", "bf16", "fp16"}) {
+    std::vector<std::string> args = size_args();
+    args.insert(args.end(), {"--compression", wire});
+    const std::vector<TaskResult> results = run_cluster(2, args);
+    for (const TaskResult& r : results) ASSERT_TRUE(r.exited_ok()) << describe(results);
+    loss[wire] = printed_loss(results[0]);
+    weights[wire] = saved(results[0].task);
+    EXPECT_EQ(relative_difference(*saved(results[1].task), *weights[wire]), 0.0) << wire;
+  }
+  for (const char* wire : {"bf16", "fp16"}) {
+    // 16 bits on the wire change the weights, but not the training: the epoch's loss
+    // stays within 0.1% of float32's.
+    EXPECT_GT(relative_difference(*weights[wire], *weights["none"]), 0.0) << wire;
+    EXPECT_NEAR(loss[wire], loss["none"], 1e-3 * loss["none"]) << wire;
+    RecordProperty(std::string("loss_") + wire, std::to_string(loss[wire]));
+  }
+}
+
+TEST_F(MultiWorker, KilledWorkerIsNamedByTheOthersWithinTheTimeout) {
+  constexpr double kTimeout = 10;
+  std::vector<std::string> args = size_args();
+  args.insert(args.end(), {"--steps", "200", "--timeout", "10", "--kill-task", "worker:1", "--kill-step", "5"});
+  const std::vector<TaskResult> results = run_cluster(3, args);
+  ASSERT_EQ(results.size(), 3u);
+  const TaskResult& killed = results[1];
+  ASSERT_TRUE(WIFSIGNALED(killed.status) && WTERMSIG(killed.status) == SIGKILL) << describe(results);
+  for (const TaskResult& r : {results[0], results[2]}) {
+    EXPECT_TRUE(r.status >= 0 && WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0) << describe(results);
+    EXPECT_NE(r.log.find("worker:1 (its process ended)"), std::string::npos)
+        << r.task << " does not name the dead task:\n" << describe(results);
+    EXPECT_LE(r.exited_at - killed.exited_at, kTimeout + 10) << r.task;
+  }
+}
+
+TEST_F(MultiWorker, HungWorkerIsNamedByTheOthersWithinTheTimeout) {
+  constexpr double kTimeout = 10;
+  std::vector<std::string> args = size_args();
+  args.insert(args.end(), {"--steps", "200", "--timeout", "10", "--stop-task", "worker:1", "--kill-step", "5"});
+  const auto start = Clock::now();
+  const std::vector<TaskResult> results = run_cluster(3, args, {}, "worker:1");
+  ASSERT_EQ(results.size(), 3u);
+  for (const TaskResult& r : {results[0], results[2]}) {
+    EXPECT_TRUE(r.status >= 0 && WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0) << describe(results);
+    EXPECT_NE(r.log.find("worker:1 (alive, but not answering)"), std::string::npos) << describe(results);
+    EXPECT_NE(r.log.find("failed after 10 s"), std::string::npos) << describe(results);
+  }
+  // The whole run (joining, five steps, the timeout and the roll call) ends within the
+  // timeout plus 10 s of the hang, which comes within seconds of the start.
+  EXPECT_LE(std::chrono::duration<double>(Clock::now() - start).count(), kTimeout + 10 + 5);
+}
+
+TEST_F(MultiWorker, WrongTokenIsRefused) {
+  std::vector<std::string> args = size_args();
+  args.insert(args.end(), {"--timeout", "5"});
+  const std::vector<TaskResult> results = run_cluster(2, args, {{"worker:1", "stray-token"}});
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_FALSE(results[1].exited_ok());
+  EXPECT_NE(results[1].log.find("DTRAIN_CLUSTER_TOKEN"), std::string::npos) << results[1].log;
+  // The chief waited for worker:1, which never joined, and says so.
+  EXPECT_FALSE(results[0].exited_ok());
+  EXPECT_NE(results[0].log.find("never arrived: worker:1"), std::string::npos) << results[0].log;
+}
+
+TEST_F(MultiWorker, DifferentModelsAreAnErrorOnEveryWorker) {
+  std::vector<std::string> args = size_args();
+  args.insert(args.end(), {"--timeout", "20", "--mismatch-task", "worker:1"});
+  const std::vector<TaskResult> results = run_cluster(2, args);
+  for (const TaskResult& r : results) {
+    EXPECT_FALSE(r.exited_ok()) << r.log;
+    EXPECT_NE(r.log.find("worker:1 built a different model from worker:0"), std::string::npos) << r.log;
+    EXPECT_NE(r.log.find("dense_1/kernel"), std::string::npos) << r.log;
+  }
+}
+
+TEST_F(MultiWorker, UnevenShardsEndEveryEpochTogether) {
+  // Worker 0 has 5 batches of 16, worker 1 has 3: every epoch is 5 steps everywhere, the
+  // last two with worker 1's part empty. One process on the same global batches agrees.
+  constexpr int kBatch = 16;
+  std::vector<std::string> args = size_args();
+  args.insert(args.end(), {"--batch", std::to_string(kBatch), "--uneven", "1"});
+  const std::vector<TaskResult> results = run_cluster(2, args);
+  for (const TaskResult& r : results) {
+    ASSERT_TRUE(r.exited_ok()) << describe(results);
+    EXPECT_NE(r.log.find("steps=5"), std::string::npos) << r.log;
+  }
+  data::Split d = data::make_synthetic(5 * 2 * kBatch, kFeatures, 10, 7, data::SyntheticLabels::teacher);
+  std::vector<Tensor> xs, ys;
+  for (std::int64_t step = 0; step < 5; ++step) {
+    std::vector<std::int64_t> rows;
+    for (std::int64_t w = 0; w < 2; ++w)
+      if (step < 5 - 2 * w)
+        for (std::int64_t i = 0; i < kBatch; ++i) rows.push_back(w * 5 * kBatch + step * kBatch + i);
+    data::Element batch = data::gather_rows({d.x, d.y}, rows);
+    xs.push_back(batch[0]);
+    ys.push_back(batch[1]);
+  }
+  auto reference = mlp();
+  reference->fit(data::Dataset::from_generator([&](std::int64_t i) -> std::optional<data::Element> {
+                   if (i >= 5) return std::nullopt;
+                   return data::Element{xs[static_cast<std::size_t>(i)], ys[static_cast<std::size_t>(i)]};
+                 }),
+                 quiet(kBatch));
+  EXPECT_LE(relative_difference(*saved(results[0].task), *reference), 1e-4);
+  EXPECT_EQ(relative_difference(*saved(results[1].task), *saved(results[0].task)), 0.0);
+}
+
+}  // namespace
+}  // namespace dtrain
