@@ -18,6 +18,8 @@
 #include <cstring>
 #include <thread>
 
+#include "dtrain/comm/in_process.h"
+#include "dtrain/comm/tcp_ring.h"
 #include "dtrain/comm/tcp_store.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/multiversion.h"
@@ -69,14 +71,17 @@ void decode_bf16(const std::uint16_t* in, float* out, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) out[i] = from_bf16(in[i]);
 }
 
-// Gloo's reduce function: c = a + b, elementwise, in bfloat16.
+// TcpRing's sums, acc += in, elementwise.
 DTRAIN_MULTIVERSION
-void sum_bf16(void* c, const void* a, const void* b, std::size_t n) {
-  auto* out = static_cast<std::uint16_t*>(c);
-  const auto* x = static_cast<const std::uint16_t*>(a);
-  const auto* y = static_cast<const std::uint16_t*>(b);
+void sum_into_bf16(void* acc, const void* in, std::size_t n) {
+  auto* out = static_cast<std::uint16_t*>(acc);
+  const auto* y = static_cast<const std::uint16_t*>(in);
 #pragma omp simd
-  for (std::size_t i = 0; i < n; ++i) out[i] = to_bf16(from_bf16(x[i]) + from_bf16(y[i]));
+  for (std::size_t i = 0; i < n; ++i) out[i] = to_bf16(from_bf16(out[i]) + from_bf16(y[i]));
+}
+
+void sum_into_f32(void* acc, const void* in, std::size_t n) {
+  add_into(static_cast<float*>(acc), static_cast<const float*>(in), n);
 }
 
 DTRAIN_F16C
@@ -97,13 +102,12 @@ void decode_f16(const std::uint16_t* in, float* out, std::size_t n) {
 }
 
 DTRAIN_F16C
-void sum_f16(void* c, const void* a, const void* b, std::size_t n) {
-  auto* out = static_cast<std::uint16_t*>(c);
-  const auto* x = static_cast<const std::uint16_t*>(a);
-  const auto* y = static_cast<const std::uint16_t*>(b);
+void sum_into_f16(void* acc, const void* in, std::size_t n) {
+  auto* out = static_cast<std::uint16_t*>(acc);
+  const auto* y = static_cast<const std::uint16_t*>(in);
   for (std::size_t i = 0; i < n; ++i) {
     _Float16 p, q;
-    std::memcpy(&p, x + i, sizeof p);
+    std::memcpy(&p, out + i, sizeof p);
     std::memcpy(&q, y + i, sizeof q);
     const auto r = static_cast<_Float16>(static_cast<float>(p) + static_cast<float>(q));
     std::memcpy(out + i, &r, sizeof r);
@@ -171,6 +175,8 @@ GlooGroup::GlooGroup(std::shared_ptr<gloo::rendezvous::Store> store, GlooGroupOp
   } catch (const std::exception& e) {
     DTRAIN_THROW(PeerFailure, "rendezvous: ", task_name(options_.rank), " could not connect to every peer: ", e.what());
   }
+  ring_ = std::make_unique<TcpRing>(*store_, options_.rank, options_.size, options_.host, options_.timeout,
+                                    options_.task_names);
 }
 
 GlooGroup::~GlooGroup() = default;
@@ -239,6 +245,8 @@ std::string GlooGroup::absent_peers() {
     }
   } catch (const std::exception&) {
     // The store went away meanwhile (the chief ended): what was learnt so far stands.
+    for (int r : pending) name(r, " (unknown: the rendezvous store was lost)");
+    return absent;
   }
   for (int r : pending) name(r, " (alive, but not answering)");
   return absent;
@@ -261,6 +269,10 @@ void GlooGroup::collective(const char* op, std::size_t bytes, Fn&& fn) {
   try {
     if (options_.check_collectives) check_fingerprint(op, bytes);
     fn();
+  } catch (const Timeout& e) {  // from the TCP ring
+    fail(op, bytes, e.what(), true);
+  } catch (const PeerFailure& e) {
+    fail(op, bytes, e.what(), false);
   } catch (const gloo::IoException& e) {
     fail(op, bytes, e.what(), timed_out(e.what()));
   } catch (const gloo::Exception& e) {
@@ -301,18 +313,11 @@ void GlooGroup::allreduce(float* data, std::size_t count, std::uint64_t key, Wir
   collective("allreduce", bytes, [&] {
     if (count == 0) return;
     if (wire != Wire::f32) {
-      // Every 16-bit all-reduce takes the ring with a reduce function of its own.
+      // Every 16-bit all-reduce takes the TCP ring, summing in its own format.
       std::vector<std::uint16_t>& half = wire_buffers_[key];
       half.resize(count);
       (wire == Wire::bf16 ? encode_bf16 : encode_f16)(data, half.data(), count);
-      gloo::AllreduceOptions opts(context_);
-      opts.setInput(half.data(), count);
-      opts.setOutput(half.data(), count);
-      opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-      opts.setReduceFunction(wire == Wire::bf16 ? &sum_bf16 : &sum_f16);
-      opts.setTag(static_cast<std::uint32_t>(sequence_));
-      opts.setTimeout(options_.timeout);
-      gloo::allreduce(opts);
+      ring_->allreduce(half.data(), count, sizeof(std::uint16_t), wire == Wire::bf16 ? &sum_into_bf16 : &sum_into_f16);
       (wire == Wire::bf16 ? decode_bf16 : decode_f16)(half.data(), data, count);
       return;
     }
@@ -333,14 +338,7 @@ void GlooGroup::allreduce(float* data, std::size_t count, std::uint64_t key, Wir
       std::memcpy(data, slot->buffer.data(), bytes);
       return;
     }
-    gloo::AllreduceOptions opts(context_);
-    opts.setInput(data, count);
-    opts.setOutput(data, count);
-    opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-    opts.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-    opts.setTag(static_cast<std::uint32_t>(sequence_));
-    opts.setTimeout(options_.timeout);
-    gloo::allreduce(opts);
+    ring_->allreduce(data, count, sizeof(float), &sum_into_f32);
   });
 }
 

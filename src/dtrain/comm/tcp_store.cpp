@@ -238,13 +238,28 @@ std::pair<bool, std::vector<char>> TcpStore::request(char op, const std::vector<
     put_u32(out, static_cast<std::uint32_t>(f.size()));
     out += f;
   }
+  // A chief that stops answering (frozen, or its host gone without closing the
+  // connection) must not hold this process forever: the reply may take the request's own
+  // wait plus the store's timeout.
+  const auto limit = std::chrono::milliseconds(std::max<std::int64_t>(0, wait.count())) + timeout_;
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(limit.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((limit.count() % 1000) * 1000);
+  setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  auto broken = [&] {
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+      DTRAIN_THROW(Timeout, "rendezvous store ", where_, " (served by the chief) did not answer within ",
+                   limit.count() / 1000.0, " s");
+    DTRAIN_THROW(PeerFailure, "rendezvous store ", where_, " (served by the chief) closed the connection");
+  };
   char status = 0;
   std::uint32_t n = 0;
+  errno = 0;
   if (!write_all(fd_, out.data(), out.size()) || !read_all(fd_, &status, 1) || !get_u32(fd_, n) || n > kMaxField)
-    DTRAIN_THROW(PeerFailure, "rendezvous store ", where_, " (served by the chief) closed the connection");
+    broken();
   std::vector<char> value(n);
-  if (n && !read_all(fd_, value.data(), n))
-    DTRAIN_THROW(PeerFailure, "rendezvous store ", where_, " (served by the chief) closed the connection");
+  if (n && !read_all(fd_, value.data(), n)) broken();
   if (status == kRefused)
     DTRAIN_THROW(InvalidArgument, "rendezvous store ", where_,
                  " refused this process: its cluster token (DTRAIN_CLUSTER_TOKEN) is not this job's");

@@ -28,30 +28,40 @@ BucketReducer::BucketReducer(int replicas, std::span<Variable* const> vars, std:
     sizes.back() += static_cast<std::size_t>(v.numel());
     ++bucket_vars_.back();
   }
+  // Each bucket ends with one flag per variable: 1 where a replica had its gradient. The
+  // flags are summed with the gradients, so every replica of every worker learns which
+  // gradients exist anywhere (a short last batch may leave a worker without any).
   std::vector<float*> outputs;
-  for (std::size_t n : sizes) {
-    outputs_.push_back(Tensor::zeros(Shape{static_cast<std::int64_t>(n)}));
+  for (std::size_t b = 0; b < sizes.size(); ++b) {
+    flags_at_.push_back(sizes[b]);
+    segments[b].push_back(bucket_vars_[b]);
+    outputs_.push_back(Tensor::zeros(Shape{static_cast<std::int64_t>(sizes[b] + bucket_vars_[b])}));
     outputs.push_back(outputs_.back().data<float>());
   }
   all_reduce_ = std::make_unique<comm::InProcessAllReduce>(replicas, std::move(segments), std::move(outputs));
   summed_round_.assign(outputs_.size(), 0);
   if (cross_.workers) {
+    // The first bucket summed in a round starts the round's job on the communication
+    // thread: after whatever collectives the replicas made before backward.
     all_reduce_->on_summed([this](std::size_t bucket) {
+      std::uint64_t start = 0;
       {
         std::lock_guard lock(summed_mutex_);
-        ++summed_round_[bucket];
+        const std::uint64_t round = ++summed_round_[bucket];
+        if (round > started_round_) start = started_round_ = round;
       }
       summed_cv_.notify_all();
+      if (start)
+        cross_.workers->submit([this, start](comm::GlooGroup& group) { reduce_across_workers(group, start); });
     });
   }
   for (auto& s : states_) {
     s.filled.assign(sizes.size(), 0);
-    s.defined.assign(vars.size(), 0);
     s.held.resize(vars.size());
     s.sums.resize(vars.size());
     s.summed.assign(vars.size(), 0);
     s.reduced.resize(vars.size());
-    s.ever_defined.assign(vars.size(), 0);
+    for (std::size_t b = 0; b < sizes.size(); ++b) s.flags.emplace_back(bucket_vars_[b], 0.0f);
   }
   for (std::size_t k = 0; k < vars.size(); ++k) {
     const Place& p = places_[k];
@@ -70,13 +80,6 @@ BucketReducer::~BucketReducer() {
     cross_.workers->wait();
   } catch (const std::exception&) {  // already reported by the step that failed
   }
-}
-
-void BucketReducer::set_reduce_this_step(bool reduce) {
-  reduce_ = reduce;
-  if (!reduce || !cross_.workers) return;
-  const std::uint64_t round = ++round_;
-  cross_.workers->submit([this, round](comm::GlooGroup& group) { reduce_across_workers(group, round); });
 }
 
 void BucketReducer::abort(int replica, const std::string& why) {
@@ -139,9 +142,12 @@ void BucketReducer::gradient_ready(int replica, std::size_t index, const Tensor&
     input = state.summed[index] ? sum.data<float>() : nullptr;
   }
   if (reduce_) {
-    state.defined[index] = input != nullptr;
+    state.flags[p.bucket][p.segment] = input != nullptr ? 1.0f : 0.0f;
     all_reduce_->set_input(replica, p.bucket, p.segment, input);
-    if (++state.filled[p.bucket] == bucket_vars_[p.bucket]) all_reduce_->arrive(replica, p.bucket);
+    if (++state.filled[p.bucket] == bucket_vars_[p.bucket]) {
+      all_reduce_->set_input(replica, p.bucket, bucket_vars_[p.bucket], state.flags[p.bucket].data());
+      all_reduce_->arrive(replica, p.bucket);
+    }
   } else {
     ++state.filled[p.bucket];
   }
@@ -161,17 +167,11 @@ void BucketReducer::finish(int replica) {
   std::fill(state.held.begin(), state.held.end(), Tensor());
   // Then the sums over the other workers.
   if (cross_.workers) cross_.workers->wait();
-  // finish() synchronised with every replica's arrivals, so every replica can read which
-  // gradients were defined; each writes only its own list. Across workers, a gradient
-  // this process once had stays defined on a step where its replicas had no rows (a
-  // short last batch): the other workers' sums still arrive for it.
+  // A gradient is defined where some replica of some worker had it (its summed flag);
+  // each replica writes only its own list.
   for (std::size_t k = 0; k < views_.size(); ++k) {
-    bool any = false;
-    for (const ReplicaState& s : states_) any = any || s.defined[k];
-    if (cross_.workers) {
-      state.ever_defined[k] = state.ever_defined[k] || any;
-      any = state.ever_defined[k];
-    }
+    const Place& p = places_[k];
+    const bool any = outputs_[p.bucket].data<float>()[flags_at_[p.bucket] + p.segment] > 0.0f;
     state.reduced[k] = any ? views_[k] : Tensor();
   }
 }

@@ -39,7 +39,7 @@ class BucketReducer final : public GradientReducer {
   BucketReducer(int replicas, std::span<Variable* const> vars, std::size_t bucket_bytes, CrossWorker cross = {});
   ~BucketReducer() override;
 
-  void set_reduce_this_step(bool reduce) override;
+  void set_reduce_this_step(bool reduce) override { reduce_ = reduce; }
   void gradient_ready(int replica, std::size_t index, const Tensor& grad) override;
   void finish(int replica) override;
   const std::vector<Tensor>& reduced(int replica) const override {
@@ -56,13 +56,12 @@ class BucketReducer final : public GradientReducer {
   };
   struct ReplicaState {
     std::vector<std::size_t> filled;  // [bucket] gradients received this step
-    std::vector<char> defined;        // [variable] what this replica handed over had a gradient
     bool fresh = true;                // the first micro-batch of a group
     std::vector<Tensor> held;         // [variable] gradients the all-reduce reads, kept alive
     std::vector<Tensor> sums;         // [variable] accumulation buffers (allocated on first use)
     std::vector<char> summed;         // [variable] sums holds a gradient this group
     std::vector<Tensor> reduced;      // [variable] this replica's copy of the result list
-    std::vector<char> ever_defined;   // [variable] had a gradient on some step (multi-worker)
+    std::vector<std::vector<float>> flags;  // [bucket][variable in it] 1: had a gradient
   };
   // On the communication thread: each bucket, once summed here, summed over the workers.
   void reduce_across_workers(comm::GlooGroup& group, std::uint64_t round);
@@ -72,17 +71,18 @@ class BucketReducer final : public GradientReducer {
   bool reduce_ = true;
   std::vector<Place> places_;                       // [variable]
   std::vector<std::size_t> bucket_vars_;            // [bucket] how many variables
-  std::vector<Tensor> outputs_;                     // [bucket] the sums, flat float32
+  std::vector<Tensor> outputs_;                     // [bucket] the sums, flat float32, then the flags
+  std::vector<std::size_t> flags_at_;               // [bucket] where its flags start in the output
   std::unique_ptr<comm::InProcessAllReduce> all_reduce_;
   std::vector<ReplicaState> states_;                // [replica], each touched by its replica only
   std::vector<Tensor> views_;                       // [variable] the sum, shaped like it
 
   // Multi-worker: which round each bucket's in-process sum is complete for.
   CrossWorker cross_;
-  std::uint64_t round_ = 0;  // reducing steps so far
   std::mutex summed_mutex_;
   std::condition_variable summed_cv_;
   std::vector<std::uint64_t> summed_round_;  // [bucket]
+  std::uint64_t started_round_ = 0;          // the last round whose job was submitted
   std::string stopped_;                      // why the cross-worker stage stopped waiting
 };
 

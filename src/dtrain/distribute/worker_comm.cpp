@@ -94,7 +94,12 @@ void WorkerComm::loop() {
       } catch (const InvalidArgument& e) {
         failure = Failure::invalid;
         why = e.what();
-      } catch (const std::exception& e) {
+      } catch (const PeerFailure& e) {
+        failure = Failure::peer;
+        why = e.what();
+      } catch (const std::exception& e) {  // a fault of this process, not of a peer
+        failure = Failure::internal;
+        why = e.what();
         failure = Failure::peer;
         why = e.what();
       }
@@ -132,6 +137,8 @@ void WorkerComm::wait() {
       throw InvalidArgument(failure_message_);
     case Failure::peer:
       throw PeerFailure(failure_message_);
+    case Failure::internal:
+      throw InternalError(failure_message_);
   }
 }
 
@@ -150,11 +157,12 @@ std::vector<std::string> WorkerComm::exchange(const std::string& key, const std:
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     try {
       store_->wait({prefix + std::to_string(r)}, std::max(left, std::chrono::milliseconds(1)));
-      const std::vector<char> v = store_->get(prefix + std::to_string(r));
-      out[static_cast<std::size_t>(r)].assign(v.begin(), v.end());
-    } catch (const std::exception&) {
+    } catch (const Timeout&) {
       missing += (missing.empty() ? "" : ", ") + task_name(r);
-    }
+      continue;
+    }  // anything else (the store is gone) is reported as it is
+    const std::vector<char> v = store_->get(prefix + std::to_string(r));
+    out[static_cast<std::size_t>(r)].assign(v.begin(), v.end());
   }
   if (!missing.empty())
     DTRAIN_THROW(Timeout, task_name(rank_), ": waited ", options_.timeout.count() / 1000.0, " s for '", key,

@@ -53,7 +53,8 @@ class WorkerComm {
   // returns at once. Once a job failed, later jobs are skipped.
   void submit(std::function<void(comm::GlooGroup&)> fn);
   // Waits until everything submitted so far has run; throws the first failure (Timeout,
-  // PeerFailure, InvalidArgument as raised), and so does every later call.
+  // PeerFailure, InvalidArgument as raised; anything else as InternalError), and so does
+  // every later call.
   void wait();
   // submit(fn) then wait().
   void run(std::function<void(comm::GlooGroup&)> fn);
@@ -78,7 +79,7 @@ class WorkerComm {
   std::deque<std::function<void(comm::GlooGroup&)>> queue_;
   std::uint64_t submitted_ = 0, completed_ = 0;
   bool stop_ = false;
-  enum class Failure { none, timeout, peer, invalid };
+  enum class Failure { none, timeout, peer, invalid, internal };
   Failure failure_ = Failure::none;
   std::string failure_message_;
   std::thread thread_;

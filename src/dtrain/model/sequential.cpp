@@ -532,14 +532,27 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
     // Batch logs hold the same keys all epoch: set() overwrites them in place.
     const Logs no_logs;
     for (;;) {
-      bool have = source.next(xb, yb);
+      bool have = false;
+      std::exception_ptr input_error;
+      try {
+        have = source.next(xb, yb);
+      } catch (...) {
+        if (!own_batches) throw;
+        input_error = std::current_exception();  // the others hear of it first
+      }
       std::int64_t global_rows = -1;
       if (own_batches) {
         // Workers with data of their own agree, step by step, on the global batch; those
-        // whose data ran out take part with nothing until every worker's has.
+        // whose data ran out take part with nothing until every worker's has. A worker
+        // whose input failed says so here, so that the others stop too.
         if (!have) xb = yb = Tensor();
-        std::array<double, 2> agree{have ? 1.0 : 0.0, have ? static_cast<double>(xb.dim(0)) : 0.0};
+        std::array<double, 3> agree{have ? 1.0 : 0.0, have ? static_cast<double>(xb.dim(0)) : 0.0,
+                                    input_error ? 1.0 : 0.0};
         strategy_->sum_over_workers(agree);
+        if (input_error) std::rethrow_exception(input_error);
+        if (agree[2] > 0.0)
+          DTRAIN_THROW(PeerFailure, "fit: another worker's input failed at step ", step, " of epoch ", epoch,
+                       " (its own error names the cause)");
         if (agree[0] == 0.0) break;
         global_rows = static_cast<std::int64_t>(agree[1]);
         have = true;
@@ -557,22 +570,16 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
     }
     if (step == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() got no training batches in epoch ", epoch);
     if (workers > 1) {
-      // The epoch's loss and metrics over every worker's rows.
-      std::vector<double> totals{loss_mean.total(), loss_mean.count()};
-      for (auto& m : metrics_) totals.insert(totals.end(), {m->total(), m->count()});
-      strategy_->sum_over_workers(totals);
-      loss_mean.reset_state();
-      loss_mean.merge(totals[0], totals[1]);
+      merge_over_workers(loss_mean);
       logs.set("loss", loss_mean.result());
-      for (std::size_t i = 0; i < metrics_.size(); ++i) {
-        metrics_[i]->reset_state();
-        metrics_[i]->merge(totals[2 + 2 * i], totals[3 + 2 * i]);
-        logs.set(metrics_[i]->name(), metrics_[i]->result());
-      }
+      for (auto& m : metrics_) logs.set(m->name(), m->result());
     }
     const double train_seconds = seconds_since(start);
     if (opt.validation_dataset) {
-      Logs val = run_evaluation(*opt.validation_dataset, "val_");
+      // Per-worker validation data is evaluated by every worker and summed; global data
+      // is evaluated whole everywhere, giving every worker the same figures.
+      DatasetBatches batches(*opt.validation_dataset, 0, "evaluate");
+      Logs val = run_evaluation(batches, "val_", workers > 1 && batches.per_worker());
       for (const auto& [k, v] : val.items()) logs.set(k, v);
     } else if (opt.validation_data) {
       Logs val = run_evaluation(opt.validation_data->first, opt.validation_data->second, opt.batch_size, "val_");
@@ -589,7 +596,19 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   return *history;
 }
 
-Logs Sequential::run_evaluation(BatchSource& source, const std::string& prefix) {
+void Sequential::merge_over_workers(metrics::Mean& loss_mean) {
+  std::vector<double> totals{loss_mean.total(), loss_mean.count()};
+  for (auto& m : metrics_) totals.insert(totals.end(), {m->total(), m->count()});
+  strategy_->sum_over_workers(totals);
+  loss_mean.reset_state();
+  loss_mean.merge(totals[0], totals[1]);
+  for (std::size_t i = 0; i < metrics_.size(); ++i) {
+    metrics_[i]->reset_state();
+    metrics_[i]->merge(totals[2 + 2 * i], totals[3 + 2 * i]);
+  }
+}
+
+Logs Sequential::run_evaluation(BatchSource& source, const std::string& prefix, bool across_workers) {
   reset_metrics();
   metrics::Mean loss_mean;
   source.begin_epoch(0);
@@ -600,6 +619,10 @@ Logs Sequential::run_evaluation(BatchSource& source, const std::string& prefix) 
     Tensor y_pred = (*this)(xb, /*training=*/false);
     loss_mean.update_state(mean_value((*loss_)(yb, y_pred)), static_cast<double>(xb.dim(0)));
     for (auto& m : metrics_) m->update_state(yb, y_pred);
+  }
+  if (across_workers) {
+    merge_over_workers(loss_mean);
+    batches = static_cast<std::int64_t>(loss_mean.count());  // some worker's data had rows
   }
   if (batches == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': evaluation got an empty dataset");
   Logs logs;

@@ -128,7 +128,10 @@ class Sequential {
  private:
   History run_fit(BatchSource& source, const FitOptions& options);
   class Trainer;  // one training step, on one device or on a strategy's replicas
-  Logs run_evaluation(BatchSource& source, const std::string& prefix);
+  // across_workers: fit's validation on per-worker data, summed over the workers.
+  Logs run_evaluation(BatchSource& source, const std::string& prefix, bool across_workers = false);
+  // The loss and metrics over every worker's rows (multi-worker: their totals summed).
+  void merge_over_workers(metrics::Mean& loss_mean);
   Logs run_evaluation(const data::Dataset& dataset, const std::string& prefix);
   void check_compiled(const char* what) const;
   void reset_metrics();
