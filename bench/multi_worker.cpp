@@ -12,6 +12,7 @@
 // prints each worker's resident memory every N steps of the strategy run.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -41,18 +42,19 @@ double resident_mb() {
   return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 20);
 }
 
-// Seconds between consecutive batch ends (the first `skip` steps are warm-up).
+// Seconds between consecutive batch ends over all epochs (the first `skip` steps are
+// warm-up, and so is each epoch's first step, which follows the epoch's end-of-epoch work).
 struct StepTimes : Callback {
-  std::int64_t skip = 0, rss_every = 0;
+  std::int64_t skip = 0, rss_every = 0, steps = 0;
   std::string task;
   double last = 0;
   std::vector<double> seconds;
-  void on_train_batch_end(std::int64_t step, const Logs&) override {
+  void on_train_batch_end(std::int64_t batch, const Logs&) override {
     const double t = bench::now();
-    if (step > skip) seconds.push_back(t - last);
+    if (++steps > skip && batch > 0) seconds.push_back(t - last);
     last = t;
-    if (rss_every > 0 && (step + 1) % rss_every == 0)
-      std::printf("%s rss step %lld: %.1f MB\n", task.c_str(), static_cast<long long>(step + 1), resident_mb());
+    if (rss_every > 0 && steps % rss_every == 0)
+      std::printf("%s rss step %lld: %.1f MB\n", task.c_str(), static_cast<long long>(steps), resident_mb());
   }
 };
 
@@ -75,10 +77,13 @@ int main(int argc, char** argv) {
   distribute::MultiWorkerMirroredStrategy strategy(comm);
   const int workers = strategy.num_workers();
   const std::int64_t local = batch / workers;
-  data::Split d = data::make_synthetic((steps + warmup) * batch, 1024, 10, 0);
+  // At most 100 global batches of data (50 MiB), run for as many epochs as it takes.
+  const int per_epoch = std::min(steps + warmup, 100);
+  data::Split d = data::make_synthetic(per_epoch * batch, 1024, 10, 0);
   FitOptions fit;
   fit.shuffle = false;
   fit.verbose = 0;
+  fit.epochs = (steps + warmup + per_epoch - 1) / per_epoch;
 
   // Compute only: this worker's rows, its own model, no strategy.
   auto alone = large_mlp();
@@ -86,7 +91,7 @@ int main(int argc, char** argv) {
   alone_times->skip = warmup;
   fit.batch_size = local;
   fit.callbacks = {alone_times};
-  alone->fit(d.x.slice(0, (steps + warmup) * local), d.y.slice(0, (steps + warmup) * local), fit);
+  alone->fit(d.x.slice(0, per_epoch * local), d.y.slice(0, per_epoch * local), fit);
 
   std::unique_ptr<Sequential> model;
   {

@@ -15,8 +15,9 @@ packages=(
 
 # `--peers` adds what the side-by-side benchmarks need: PyTorch (run with /usr/bin/python3)
 # and OpenBLAS, without which Debian's torch falls back to the slow reference BLAS.
+# iperf3 measures the loopback link beside the all-reduce benchmarks.
 if [ "${1:-}" = "--peers" ]; then
-  packages+=(python3-torch python3-numpy libopenblas0-pthread)
+  packages+=(python3-torch python3-numpy libopenblas0-pthread iperf3)
 fi
 
 missing=()

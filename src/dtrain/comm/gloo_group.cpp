@@ -27,7 +27,7 @@
 namespace dtrain::comm {
 namespace {
 
-constexpr std::size_t kRingCacheBytes = 1u << 20;
+constexpr std::size_t kRingCacheBytes = 256u << 10;
 
 std::vector<char> bytes_of(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
 
@@ -253,6 +253,8 @@ std::string GlooGroup::absent_peers() {
 }
 
 void GlooGroup::fail(const char* op, std::size_t bytes, const std::string& what, bool timeout) {
+  // The group is broken: pass the failure around the ring before the roll call.
+  if (ring_) ring_->shutdown();
   const std::string absent = absent_peers();
   const std::string head = dtrain::detail::concat(task_name(options_.rank), ": ", op, " #", sequence_, " (", bytes,
                                                   " bytes) failed");

@@ -160,6 +160,11 @@ TcpRing::~TcpRing() {
   if (prev_fd_ >= 0) ::close(prev_fd_);
 }
 
+void TcpRing::shutdown() {
+  if (next_fd_ >= 0) ::shutdown(next_fd_, SHUT_RDWR);
+  if (prev_fd_ >= 0) ::shutdown(prev_fd_, SHUT_RDWR);
+}
+
 void TcpRing::exchange(const char* send, std::size_t send_bytes, char* recv, std::size_t recv_bytes) {
   const std::string& me = names_[static_cast<std::size_t>(rank_)];
   const std::string& next = names_[static_cast<std::size_t>((rank_ + 1) % size_)];
