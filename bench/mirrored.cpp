@@ -13,21 +13,12 @@
 
 #include "dtrain/comm/in_process.h"
 #include "dtrain/dtrain.h"
+#include "models.h"
 #include "timing.h"
 
 using namespace dtrain;
 
 namespace {
-
-std::unique_ptr<Sequential> large_mlp() {
-  auto m = std::make_unique<Sequential>();
-  m->add<nn::Dense>(1024, "relu", nn::DenseOptions{.seed = 1});
-  m->add<nn::Dense>(1024, "relu", nn::DenseOptions{.seed = 2});
-  m->add<nn::Dense>(10, "softmax", nn::DenseOptions{.seed = 3});
-  m->compile("adam", "sparse_categorical_crossentropy");
-  m->build(Shape{1024});
-  return m;
-}
 
 struct Way {
   std::string name;
@@ -52,14 +43,14 @@ int main(int argc, char** argv) {
   std::vector<Way> ways;
   auto one_device = [&](std::string name, std::int64_t b, int threads, int k) {
     Way w{std::move(name), b, k, threads, nullptr, nullptr, {}};
-    w.model = large_mlp();
+    w.model = bench::large_mlp();
     ways.push_back(std::move(w));
   };
   auto mirrored = [&](std::string name, int k, std::size_t bytes_per_pack) {
     Way w{std::move(name), batch, k, 0, nullptr, nullptr, {}};
     w.strategy = std::make_shared<distribute::MirroredStrategy>(replicas, distribute::CommunicationOptions{bytes_per_pack});
     auto scope = w.strategy->scope();
-    w.model = large_mlp();
+    w.model = bench::large_mlp();
     ways.push_back(std::move(w));
   };
   const std::string rxt = std::to_string(replicas) + " replicas x " + std::to_string(std::max(1, cores / replicas)) + " thread";

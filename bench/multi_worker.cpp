@@ -19,21 +19,12 @@
 #include <vector>
 
 #include "dtrain/dtrain.h"
+#include "models.h"
 #include "timing.h"
 
 using namespace dtrain;
 
 namespace {
-
-std::unique_ptr<Sequential> large_mlp() {
-  auto m = std::make_unique<Sequential>();
-  m->add<nn::Dense>(1024, "relu", nn::DenseOptions{.seed = 1});
-  m->add<nn::Dense>(1024, "relu", nn::DenseOptions{.seed = 2});
-  m->add<nn::Dense>(10, "softmax", nn::DenseOptions{.seed = 3});
-  m->compile("adam", "sparse_categorical_crossentropy");
-  m->build(Shape{1024});
-  return m;
-}
 
 double resident_mb() {
   std::ifstream in("/proc/self/statm");
@@ -86,7 +77,7 @@ int main(int argc, char** argv) {
   fit.epochs = (steps + warmup + per_epoch - 1) / per_epoch;
 
   // Compute only: this worker's rows, its own model, no strategy.
-  auto alone = large_mlp();
+  auto alone = bench::large_mlp();
   auto alone_times = std::make_shared<StepTimes>();
   alone_times->skip = warmup;
   fit.batch_size = local;
@@ -96,7 +87,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<Sequential> model;
   {
     auto scope = strategy.scope();
-    model = large_mlp();
+    model = bench::large_mlp();
   }
   auto times = std::make_shared<StepTimes>();
   times->skip = warmup;

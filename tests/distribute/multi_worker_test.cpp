@@ -16,6 +16,7 @@
 #include <map>
 #include <sstream>
 
+#include "common/compare.h"
 #include "common/temp_dir.h"
 #include "dtrain/dtrain.h"
 
@@ -139,21 +140,7 @@ class MultiWorker : public testing::TempDirTest {
   }
 };
 
-// max over variables of |a - b| / |b| (L2 norms).
-double relative_difference(const Sequential& a, const Sequential& b) {
-  const auto va = a.variables(), vb = b.variables();
-  double worst = 0;
-  for (std::size_t i = 0; i < va.size(); ++i) {
-    const std::vector<float> x = va[i]->value().to_vector(), y = vb[i]->value().to_vector();
-    double diff = 0, norm = 0;
-    for (std::size_t j = 0; j < x.size(); ++j) {
-      diff += (double(x[j]) - y[j]) * (double(x[j]) - y[j]);
-      norm += double(y[j]) * y[j];
-    }
-    worst = std::max(worst, std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30));
-  }
-  return worst;
-}
+using testing::relative_difference;
 
 std::string describe(const std::vector<TaskResult>& results) {
   std::string out;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "common/compare.h"
 #include "dtrain/core/replica.h"
 #include "dtrain/dtrain.h"
 
@@ -25,22 +26,7 @@ std::unique_ptr<Sequential> large_mlp(std::int64_t features = 1024, std::int64_t
   return model;
 }
 
-// max over variables of |a - b| / |b| (L2 norms).
-double relative_difference(const Sequential& a, const Sequential& b) {
-  const auto va = a.variables(), vb = b.variables();
-  EXPECT_EQ(va.size(), vb.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < va.size() && i < vb.size(); ++i) {
-    const std::vector<float> x = va[i]->value().to_vector(), y = vb[i]->value().to_vector();
-    double diff = 0, norm = 0;
-    for (std::size_t j = 0; j < x.size(); ++j) {
-      diff += (double(x[j]) - y[j]) * (double(x[j]) - y[j]);
-      norm += double(y[j]) * y[j];
-    }
-    worst = std::max(worst, std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30));
-  }
-  return worst;
-}
+using testing::relative_difference;
 
 FitOptions quiet(std::int64_t batch, int epochs = 1) {
   FitOptions o;
