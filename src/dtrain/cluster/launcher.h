@@ -1,5 +1,7 @@
 // `dtrain launch`: a whole cluster on this machine, for development and tests. Each task
-// is a process with TF_CONFIG set to its place in a cluster of free loopback ports; every
+// is a process with TF_CONFIG set to its place in a cluster of free loopback ports (and
+// DTRAIN_CLUSTER_TOKEN, fresh per launch unless set; OMP_NUM_THREADS, the cores divided
+// by the chief and worker tasks, unless set); every
 // line of its output is prefixed with its task ("[worker:1] ..."); SIGINT and SIGTERM are
 // passed on to every task. When a task fails (a non-zero exit or a signal), the others
 // are stopped (SIGTERM, then SIGKILL after a grace period) and the launcher says which

@@ -115,8 +115,9 @@ class Strategy {
   // not divide (a short last batch may leave the last replicas empty batches). The first
   // batch must have at least one row per replica. With several workers, each worker runs
   // the whole pipeline and keeps its replicas' rows (TensorFlow's DATA auto-shard policy),
-  // so unseeded shuffles must draw the same order everywhere (see
-  // MultiWorkerMirroredStrategy).
+  // so the pipeline must give the same order everywhere (unseeded shuffles do: see
+  // MultiWorkerMirroredStrategy); with AutoShardPolicy::OFF the dataset is this worker's
+  // own and is split over its replicas only.
   DistributedDataset experimental_distribute_dataset(const data::Dataset& dataset) const;
 
   // The interface fit() trains through.
