@@ -241,11 +241,15 @@ TEST_F(MultiWorker, HungWorkerIsNamedByTheOthersWithinTheTimeout) {
   const auto start = Clock::now();
   const std::vector<TaskResult> results = run_cluster(3, args, {}, "worker:1");
   ASSERT_EQ(results.size(), 3u);
+  // The workers waiting on worker:1 time out; one that was waiting on them instead hears
+  // of it when they shut their connections. Both name the hung worker.
+  int timed_out = 0;
   for (const TaskResult& r : {results[0], results[2]}) {
     EXPECT_TRUE(r.status >= 0 && WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0) << describe(results);
     EXPECT_NE(r.log.find("worker:1 (alive, but not answering)"), std::string::npos) << describe(results);
-    EXPECT_NE(r.log.find("failed after 10 s"), std::string::npos) << describe(results);
+    timed_out += r.log.find("failed after 10 s") != std::string::npos;
   }
+  EXPECT_GE(timed_out, 1) << describe(results);
   // The whole run (joining, five steps, the timeout and the roll call) ends within the
   // timeout plus 10 s of the hang, which comes within seconds of the start.
   EXPECT_LE(std::chrono::duration<double>(Clock::now() - start).count(), kTimeout + 10 + 5);
