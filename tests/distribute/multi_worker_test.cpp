@@ -2,8 +2,11 @@
 // weights, a killed worker is named by the others within the timeout, a stray process
 // with the wrong token is refused, different models are caught before training, and
 // workers whose data differ in length end their epochs together.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -15,6 +18,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "common/compare.h"
 #include "common/temp_dir.h"
@@ -171,6 +175,61 @@ TEST_F(MultiWorker, TwoAndThreeWorkersReachOneProcessWeightsWithAndWithoutOverla
             << results[w].task << " ended with other weights than " << results[0].task;
     }
   }
+}
+
+TEST_F(MultiWorker, WorkersMeetThroughARedisServer) {
+  const char* server = "/usr/bin/redis-server";
+  if (::access(server, X_OK) != 0) GTEST_SKIP() << "no " << server << " (scripts/install-deps.sh installs redis-server)";
+  // A Redis server of the test's own on 127.0.0.1, stopped at the end.
+  const std::string port = std::to_string(cluster::free_ports(1)[0]);
+  const std::string log = (dir_ / "redis.log").string();
+  const pid_t redis = fork();
+  if (redis == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execl(server, server, "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  struct StopRedis {
+    pid_t pid;
+    ~StopRedis() {
+      kill(pid, SIGTERM);
+      waitpid(pid, nullptr, 0);
+    }
+  } stop{redis};
+  // The workers retry nothing: wait (at most 10 s) until the server accepts connections.
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  for (bool up = false; !up;) {
+    ASSERT_LT(Clock::now(), deadline) << "redis-server did not start";
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(std::stoi(port)));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    up = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (!up) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  data::Split d = data::make_synthetic(20 * 64, kFeatures, 10, 7, data::SyntheticLabels::teacher);
+  auto reference = mlp();
+  reference->fit(d.x, d.y, quiet(64));
+  setenv("DTRAIN_REDIS", ("127.0.0.1:" + port).c_str(), 1);
+  const std::vector<TaskResult> results = run_cluster(2, size_args());
+  unsetenv("DTRAIN_REDIS");
+  for (const TaskResult& r : results) ASSERT_TRUE(r.exited_ok()) << describe(results);
+  EXPECT_LE(relative_difference(*saved(results[0].task), *reference), 1e-4);
+  EXPECT_EQ(relative_difference(*saved(results[1].task), *saved(results[0].task)), 0.0);
+  // They met there: the server holds the job's keys, under its token.
+  const std::string keys = (dir_ / "keys.txt").string();
+  const std::string command = "redis-cli -h 127.0.0.1 -p " + port + " --scan --pattern 'dtrain-job/test-token*' > " + keys;
+  ASSERT_EQ(std::system(command.c_str()), 0);
+  std::ifstream in(keys);
+  std::string line;
+  int count = 0;
+  while (std::getline(in, line)) count += line.find("dtrain/arrived/") != std::string::npos;
+  EXPECT_EQ(count, 2) << "the workers' arrival keys are not in Redis";
 }
 
 TEST_F(MultiWorker, TwoLocalReplicasPerWorkerReachOneProcessWeights) {

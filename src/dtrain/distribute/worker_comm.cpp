@@ -8,6 +8,9 @@
 #include <cstdlib>
 #include <sstream>
 
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/redis_store.h>
+
 #include "dtrain/comm/tcp_store.h"
 #include "dtrain/core/error.h"
 
@@ -49,11 +52,32 @@ WorkerComm::WorkerComm(WorkerCommOptions options) : options_(std::move(options))
     tasks_.push_back(training[r].to_string());
     if (training[r] == config.task) rank_ = static_cast<int>(r);
   }
-  if (options_.token.empty()) options_.token = token_for(config.cluster);
-  const cluster::Address& chief = config.cluster.address(training.front());
+  if (options_.redis.empty())
+    if (const char* redis = std::getenv("DTRAIN_REDIS"); redis && *redis) options_.redis = redis;
   const cluster::Address& me = config.cluster.address(config.task);
-  if (rank_ == 0) server_ = std::make_unique<comm::TcpStoreServer>(chief.host, chief.port, options_.token);
-  store_ = std::make_shared<comm::TcpStore>(chief.host, chief.port, options_.token, options_.timeout);
+  if (!options_.redis.empty()) {
+    // Redis checks no token, and its keys outlive the job: every key lives under the
+    // job's own token, which must therefore be given, and be new for every job.
+    const char* token = std::getenv("DTRAIN_CLUSTER_TOKEN");
+    if (options_.token.empty() && (!token || !*token))
+      DTRAIN_THROW(InvalidArgument, "MultiWorkerMirroredStrategy: rendezvous through Redis (", options_.redis,
+                   ") needs DTRAIN_CLUSTER_TOKEN set to a value new for this job (keys in Redis outlive the job); "
+                   "`dtrain launch` sets one");
+    if (options_.token.empty()) options_.token = token;
+    const cluster::Address at = cluster::parse_address(options_.redis, "DTRAIN_REDIS");
+    try {
+      redis_ = std::make_unique<gloo::rendezvous::RedisStore>(at.host, at.port);
+    } catch (const std::exception& e) {
+      DTRAIN_THROW(IoError, "MultiWorkerMirroredStrategy: cannot reach the Redis server at ", options_.redis, ": ",
+                   e.what());
+    }
+    store_ = std::make_shared<gloo::rendezvous::PrefixStore>("dtrain-job/" + options_.token, *redis_);
+  } else {
+    if (options_.token.empty()) options_.token = token_for(config.cluster);
+    const cluster::Address& chief = config.cluster.address(training.front());
+    if (rank_ == 0) server_ = std::make_unique<comm::TcpStoreServer>(chief.host, chief.port, options_.token);
+    store_ = std::make_shared<comm::TcpStore>(chief.host, chief.port, options_.token, options_.timeout);
+  }
   comm::GlooGroupOptions g;
   g.rank = rank_;
   g.size = size();
@@ -157,10 +181,12 @@ std::vector<std::string> WorkerComm::exchange(const std::string& key, const std:
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     try {
       store_->wait({prefix + std::to_string(r)}, std::max(left, std::chrono::milliseconds(1)));
-    } catch (const Timeout&) {
+    } catch (const PeerFailure&) {
+      throw;  // the chief's store is gone: reported as it is
+    } catch (const std::exception&) {  // a timeout (Redis reports it as Gloo's IoException)
       missing += (missing.empty() ? "" : ", ") + task_name(r);
       continue;
-    }  // anything else (the store is gone) is reported as it is
+    }
     const std::vector<char> v = store_->get(prefix + std::to_string(r));
     out[static_cast<std::size_t>(r)].assign(v.begin(), v.end());
   }

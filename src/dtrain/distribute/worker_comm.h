@@ -20,9 +20,12 @@
 #include "dtrain/cluster/tf_config.h"
 #include "dtrain/comm/gloo_group.h"
 
+namespace gloo::rendezvous {
+class RedisStore;
+}
+
 namespace dtrain::comm {
 class TcpStoreServer;
-class TcpStore;
 }  // namespace dtrain::comm
 
 namespace dtrain::distribute::detail {
@@ -34,6 +37,9 @@ struct WorkerCommOptions {
   std::string token;
   std::chrono::milliseconds timeout{60000};
   bool check_collectives = false;  // compare every collective's fingerprint first
+  // "host:port" of a Redis server to meet through instead of the chief's store; empty:
+  // DTRAIN_REDIS, else the chief's store.
+  std::string redis;
 };
 
 class WorkerComm {
@@ -71,7 +77,8 @@ class WorkerComm {
   std::vector<std::string> tasks_;  // [rank] "chief:0", "worker:1"
   int rank_ = 0;
   std::unique_ptr<comm::TcpStoreServer> server_;  // the chief's
-  std::shared_ptr<comm::TcpStore> store_;
+  std::unique_ptr<gloo::rendezvous::RedisStore> redis_;  // or a Redis server's, under store_'s prefix
+  std::shared_ptr<gloo::rendezvous::Store> store_;
   std::unique_ptr<comm::GlooGroup> group_;
 
   std::mutex mutex_;
