@@ -10,11 +10,8 @@
 // median step times, global samples/s, and the share of the step that communication
 // added (exposed communication = strategy step - compute-only step). --rss-every N
 // prints each worker's resident memory every N steps of the strategy run.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -25,13 +22,6 @@
 using namespace dtrain;
 
 namespace {
-
-double resident_mb() {
-  std::ifstream in("/proc/self/statm");
-  long pages = 0, resident = 0;
-  in >> pages >> resident;
-  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 20);
-}
 
 // Seconds between consecutive batch ends over all epochs (the first `skip` steps are
 // warm-up, and so is each epoch's first step, which follows the epoch's end-of-epoch work).

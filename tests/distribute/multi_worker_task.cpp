@@ -1,8 +1,12 @@
-// One task of the multi-worker tests: reads TF_CONFIG, trains the seeds' large MLP (or a
-// smaller one) under MultiWorkerMirroredStrategy on data every task makes alike, and
-// saves its weights to OUT/<task>.safetensors. Options plant the failures the tests look
-// for: a task that kills itself mid-epoch or stops (hangs), a task that builds a different model, workers
-// whose own datasets differ in length.
+// One task of the multi-worker tests, run once per worker process by multi_worker_test:
+// reads TF_CONFIG, trains the seeds' large MLP (or a smaller one) under
+// MultiWorkerMirroredStrategy on data every task makes alike, checks that it took the
+// steps it should and that every worker ended with the same weights, and saves its
+// weights to OUT/<task>.safetensors for the parent test to compare with one process.
+// Options plant the failures the parent looks for: a task that kills itself mid-epoch or
+// stops (hangs), a task that builds a different model, workers whose own datasets differ
+// in length. An error fails the test here with its message, which the parent reads.
+#include <gtest/gtest.h>
 #include <signal.h>
 
 #include <cstdlib>
@@ -63,7 +67,9 @@ class SignalAt : public Callback {
   int step_, signal_;
 };
 
-int run(const Args& a) {
+Args args;  // from the command line, after GoogleTest's own flags
+
+void run(const Args& a) {
   distribute::CommunicationOptions comm;
   comm.timeout_seconds = a.timeout;
   comm.overlap = a.overlap;
@@ -110,19 +116,35 @@ int run(const Args& a) {
     data::Split d = data::make_synthetic(a.steps * a.batch, a.features, 10, 7, data::SyntheticLabels::teacher);
     history = model->fit(d.x, d.y, fit);
   }
+  // Every step updated the weights once: 5 steps with uneven shards (the longest).
+  EXPECT_EQ(model->optimizer().iterations(), a.uneven ? 5 : a.steps) << task;
+  // Every worker holds the chief's weights: their sums, gathered, are all the same bits.
+  double sum = 0;
+  for (const Variable* v : model->variables())
+    for (float x : v->value().to_vector()) sum += x;
+  std::vector<Tensor> mine(static_cast<std::size_t>(strategy.num_local_replicas()),
+                           Tensor::full(Shape{1}, static_cast<float>(sum)));
+  const std::vector<float> all = strategy.gather(distribute::PerReplica<Tensor>(mine)).to_vector();
+  ASSERT_EQ(all.size(), static_cast<std::size_t>(strategy.num_replicas_in_sync()));
+  for (std::size_t r = 1; r < all.size(); ++r) EXPECT_EQ(all[r], all[0]) << "replica " << r << " of all workers";
   model->save_weights(a.out + "/" + task + ".safetensors");
-  std::cout << std::setprecision(9) << "done " << task << " steps=" << model->optimizer().iterations() << " loss=" << history.history["loss"].back()
-            << " samples_per_second=" << history.samples_per_second.back() << std::endl;
-  return 0;
+  std::cout << std::setprecision(9) << "done " << task << " steps=" << model->optimizer().iterations()
+            << " loss=" << history.history["loss"].back() << " samples_per_second=" << history.samples_per_second.back()
+            << std::endl;
+}
+
+TEST(MultiWorkerTask, TrainsAndEndsWithTheOtherWorkersWeights) {
+  try {
+    run(args);
+  } catch (const std::exception& e) {
+    FAIL() << "error: " << e.what();
+  }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(parse(argc, argv));
-  } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << std::endl;
-    return 1;
-  }
+  ::testing::InitGoogleTest(&argc, argv);
+  args = parse(argc, argv);
+  return RUN_ALL_TESTS();
 }

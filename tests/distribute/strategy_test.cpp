@@ -236,12 +236,16 @@ TEST(MirroredStrategy, AFailingReplicaIsNamedAndNothingHangs) {
   }
   // A custom loop: replica 0 waits in apply_gradients' all-reduce for replica 1, which fails.
   auto vars = model->trainable_variables();
+  // The cross-replica call every replica must make.
+  auto apply_zero_gradients = [&] {
+    std::vector<Tensor> grads;
+    for (Variable* v : vars) grads.push_back(Tensor::zeros(v->shape()));
+    model->optimizer().apply_gradients(grads, vars);
+  };
   try {
     strategy.run([&] {
       if (replica_context().replica_id == 1) DTRAIN_THROW(IoError, "replica one's input broke");
-      std::vector<Tensor> grads;
-      for (Variable* v : vars) grads.push_back(Tensor::zeros(v->shape()));
-      model->optimizer().apply_gradients(grads, vars);
+      apply_zero_gradients();
     });
     ADD_FAILURE() << "run did not fail";
   } catch (const IoError& e) {
@@ -251,9 +255,7 @@ TEST(MirroredStrategy, AFailingReplicaIsNamedAndNothingHangs) {
   try {
     strategy.run([&] {
       if (replica_context().replica_id == 1) return;  // e.g. it got an empty batch
-      std::vector<Tensor> grads;
-      for (Variable* v : vars) grads.push_back(Tensor::zeros(v->shape()));
-      model->optimizer().apply_gradients(grads, vars);
+      apply_zero_gradients();
     });
     ADD_FAILURE() << "run did not fail";
   } catch (const PeerFailure& e) {

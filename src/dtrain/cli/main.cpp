@@ -12,6 +12,7 @@
 
 #include "dtrain/cli/config.h"
 #include "dtrain/cluster/launcher.h"
+#include "dtrain/core/allocator.h"
 #include "dtrain/core/clock.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/distribute/strategy.h"
@@ -103,14 +104,6 @@ json logs_json(const Logs& logs) {
 void ensure_built(Sequential& m, const cli::RunConfig& c) {
   if (m.built()) return;
   m.build(c.data.source == "fashion_mnist" ? Shape{784} : Shape{c.data.features});
-}
-
-// Resident memory of this process in MiB, from /proc/self/statm.
-double resident_mb() {
-  std::ifstream in("/proc/self/statm");
-  long pages_total = 0, pages_resident = 0;
-  in >> pages_total >> pages_resident;
-  return static_cast<double>(pages_resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
 }
 
 // The layers' dtype policy: one name when they agree, "per layer" when they do not.

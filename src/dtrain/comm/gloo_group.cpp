@@ -13,7 +13,10 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <signal.h>
+
 #include <algorithm>
+#include <csignal>
 #include <array>
 #include <cstring>
 #include <thread>
@@ -163,6 +166,11 @@ GlooGroup::GlooGroup(std::shared_ptr<gloo::rendezvous::Store> store, GlooGroupOp
     DTRAIN_THROW(Timeout, "rendezvous: ", task_name(options_.rank), " waited ", options_.timeout.count() / 1000.0,
                  " s; these tasks never arrived: ", missing);
   if (options_.size == 1) return;
+  // Gloo writes to its peers' sockets without MSG_NOSIGNAL: a write to a peer that has
+  // just died would end this process with SIGPIPE, silently, instead of an error naming
+  // the peer. A program that set its own SIGPIPE handler keeps it.
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options_.host;

@@ -53,7 +53,8 @@ class GlooGroup {
  public:
   // Meets the other ranks through `store` (a TcpStore across processes; Gloo's HashStore
   // for ranks that are threads of one process), waiting at most the timeout; ranks that
-  // never arrive are named in the error.
+  // never arrive are named in the error. With more than one rank, SIGPIPE is ignored from
+  // then on (unless the program handles it), so that a dead peer is an error, not an exit.
   GlooGroup(std::shared_ptr<gloo::rendezvous::Store> store, GlooGroupOptions options);
   ~GlooGroup();
   GlooGroup(const GlooGroup&) = delete;

@@ -3,7 +3,6 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -18,6 +17,7 @@
 #include <random>
 #include <thread>
 
+#include "dtrain/comm/socket.h"
 #include "dtrain/core/error.h"
 
 namespace dtrain::comm {
@@ -25,18 +25,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-sockaddr_in resolve(const std::string& host, int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr)
-    DTRAIN_THROW(IoError, "all-reduce ring: cannot resolve host '", host, "'");
-  sockaddr_in a = *reinterpret_cast<sockaddr_in*>(found->ai_addr);
-  freeaddrinfo(found);
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  return a;
-}
+sockaddr_in resolve(const std::string& host, int port) { return detail::resolve(host, port, "all-reduce ring"); }
 
 int milliseconds_left(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
@@ -60,31 +49,16 @@ bool wait_for(int fd, short events, Clock::time_point deadline) {
   }
 }
 
-bool send_all(int fd, const void* data, std::size_t n, Clock::time_point deadline) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (w > 0) {
-      p += w;
-      n -= static_cast<std::size_t>(w);
-    } else if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
-      if (!wait_for(fd, POLLOUT, deadline)) return false;
-    } else {
-      return false;
-    }
-  }
-  return true;
-}
-
-bool recv_all(int fd, void* data, std::size_t n, Clock::time_point deadline) {
+// All n bytes sent (sending) or received, waiting for the socket up to the deadline.
+bool transfer(int fd, void* data, std::size_t n, bool sending, Clock::time_point deadline) {
   char* p = static_cast<char*>(data);
   while (n > 0) {
-    const ssize_t r = ::recv(fd, p, n, 0);
-    if (r > 0) {
-      p += r;
-      n -= static_cast<std::size_t>(r);
-    } else if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
-      if (!wait_for(fd, POLLIN, deadline)) return false;
+    const ssize_t done = sending ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, 0);
+    if (done > 0) {
+      p += done;
+      n -= static_cast<std::size_t>(done);
+    } else if (done < 0 && (errno == EAGAIN || errno == EINTR)) {
+      if (!wait_for(fd, sending ? POLLOUT : POLLIN, deadline)) return false;
     } else {
       return false;
     }
@@ -129,8 +103,8 @@ TcpRing::TcpRing(gloo::rendezvous::Store& store, int rank, int size, const std::
       DTRAIN_THROW(PeerFailure, "all-reduce ring: ", names_[static_cast<std::size_t>(rank_)], " cannot connect to ",
                    names_[static_cast<std::size_t>(next)], ": ", std::strerror(errno));
     tune(next_fd_);
-    const std::uint64_t hello[2] = {their_nonce, static_cast<std::uint64_t>(rank_)};
-    if (!send_all(next_fd_, hello, sizeof hello, deadline))
+    std::uint64_t hello[2] = {their_nonce, static_cast<std::uint64_t>(rank_)};
+    if (!transfer(next_fd_, hello, sizeof hello, /*sending=*/true, deadline))
       DTRAIN_THROW(PeerFailure, "all-reduce ring: ", names_[static_cast<std::size_t>(next)], " hung up while joining");
     // Accept the previous rank: the first connection that presents this rank's nonce.
     fcntl(listener, F_SETFL, fcntl(listener, F_GETFL) | O_NONBLOCK);
@@ -142,7 +116,7 @@ TcpRing::TcpRing(gloo::rendezvous::Store& store, int rank, int size, const std::
       if (fd < 0) continue;
       tune(fd);
       std::uint64_t got[2] = {0, 0};
-      if (recv_all(fd, got, sizeof got, deadline) && got[0] == nonce && got[1] == static_cast<std::uint64_t>(prev))
+      if (transfer(fd, got, sizeof got, /*sending=*/false, deadline) && got[0] == nonce && got[1] == static_cast<std::uint64_t>(prev))
         prev_fd_ = fd;
       else
         ::close(fd);  // a stray connection: not the ring's

@@ -3,7 +3,6 @@
 #include "dtrain/comm/tcp_store.h"
 
 #include <arpa/inet.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -12,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "dtrain/comm/socket.h"
 #include "dtrain/core/error.h"
 
 namespace dtrain::comm {
@@ -65,15 +65,7 @@ bool reply(int fd, Status status, const std::string& value = {}) {
 }
 
 sockaddr_in resolve(const std::string& host, int port, const std::string& where) {
-  addrinfo hints{}, *found = nullptr;
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr)
-    DTRAIN_THROW(IoError, "rendezvous store ", where, ": cannot resolve host '", host, "'");
-  sockaddr_in a = *reinterpret_cast<sockaddr_in*>(found->ai_addr);
-  freeaddrinfo(found);
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  return a;
+  return detail::resolve(host, port, "rendezvous store " + where);
 }
 
 }  // namespace

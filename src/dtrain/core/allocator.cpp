@@ -1,10 +1,20 @@
 // Size-bucketed block cache over aligned_alloc.
 #include "dtrain/core/allocator.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <fstream>
 #include <new>
 
 namespace dtrain {
+
+double resident_mb() {
+  std::ifstream in("/proc/self/statm");
+  long pages_total = 0, pages_resident = 0;
+  in >> pages_total >> pages_resident;
+  return static_cast<double>(pages_resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
+}
 
 CachingAllocator::~CachingAllocator() { release_cached(); }
 

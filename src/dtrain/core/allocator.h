@@ -19,6 +19,9 @@ struct AllocatorStats {
   std::uint64_t allocations = 0;        // all calls to allocate()
 };
 
+// This process's resident memory in MiB (from /proc/self/statm; 0 where unreadable).
+double resident_mb();
+
 class CachingAllocator {
  public:
   static constexpr std::size_t kAlignment = 64;  // a cache line; AVX-512 loads stay aligned

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string_view>
 
 namespace dtrain {
 
@@ -14,6 +15,14 @@ constexpr std::uint64_t mix64(std::uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
+}
+
+// FNV-1a of a string: a hash that is the same on every host and build (unlike
+// std::hash), for comparing what several processes hold.
+constexpr std::uint64_t fnv1a(std::string_view text) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const char c : text) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h;
 }
 
 class Generator {

@@ -1,10 +1,7 @@
 // Joining a multi-worker cluster, and the communication thread.
 #include "dtrain/distribute/worker_comm.h"
 
-#include <signal.h>
-
 #include <algorithm>
-#include <csignal>
 #include <cstdlib>
 #include <sstream>
 
@@ -13,16 +10,10 @@
 
 #include "dtrain/comm/tcp_store.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/rng.h"
 
 namespace dtrain::distribute::detail {
 namespace {
-
-// FNV-1a: the same on every host and build, unlike std::hash.
-std::uint64_t fnv1a(const std::string& text) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 // Without DTRAIN_CLUSTER_TOKEN, a token derived from the cluster's addresses keeps out
 // processes of another job that reach the same port; it is not a secret.
@@ -38,11 +29,6 @@ std::string token_for(const cluster::ClusterSpec& cluster) {
 }  // namespace
 
 WorkerComm::WorkerComm(WorkerCommOptions options) : options_(std::move(options)) {
-  // Gloo writes to its peers' sockets without MSG_NOSIGNAL: a write to a peer that has
-  // just died would end this process with SIGPIPE, silently, instead of an error naming
-  // the peer. A program that set its own SIGPIPE handler keeps it.
-  struct sigaction current {};
-  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
   const cluster::TfConfig& config = options_.config;
   if (config.task.type != "chief" && config.task.type != "worker")
     DTRAIN_THROW(InvalidArgument, "MultiWorkerMirroredStrategy: TF_CONFIG's task is ", config.task.to_string(),
@@ -101,10 +87,13 @@ WorkerComm::~WorkerComm() {
 void WorkerComm::loop() {
   std::unique_lock lock(mutex_);
   for (;;) {
-    changed_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-    if (queue_.empty()) return;  // stopping, and nothing left to run
-    std::function<void(comm::GlooGroup&)> job = std::move(queue_.front());
-    queue_.pop_front();
+    changed_.wait(lock, [&] { return stop_ || head_ < queue_.size(); });
+    if (head_ == queue_.size()) return;  // stopping, and nothing left to run
+    std::function<void(comm::GlooGroup&)> job = std::move(queue_[head_++]);
+    if (head_ == queue_.size()) {
+      queue_.clear();
+      head_ = 0;
+    }
     const bool skip = failure_ != Failure::none;
     lock.unlock();
     Failure failure = Failure::none;

@@ -9,7 +9,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -83,7 +82,10 @@ class WorkerComm {
 
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::deque<std::function<void(comm::GlooGroup&)>> queue_;
+  // Jobs waiting, from queue_[head_]; emptied (keeping its capacity) once all have run,
+  // so a training step's job allocates nothing.
+  std::vector<std::function<void(comm::GlooGroup&)>> queue_;
+  std::size_t head_ = 0;
   std::uint64_t submitted_ = 0, completed_ = 0;
   bool stop_ = false;
   enum class Failure { none, timeout, peer, invalid, internal };

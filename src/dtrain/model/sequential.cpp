@@ -299,10 +299,9 @@ std::string shard_plan(const StrategyBackend& strategy, bool own_batches, std::i
 // What workers compare before training together: each variable's name, dtype and shape,
 // then the model's configuration (hashed), so a mismatch names a variable where it can.
 std::vector<std::string> describe(const Sequential& model) {
-  std::uint64_t hash = 1469598103934665603ull;  // FNV-1a: the same on every host
   // Initialisers' seeds may differ: every worker starts from the chief's values anyway.
   static const std::regex seed(R"re("seed":\s*(-?[0-9]+|null))re");
-  for (unsigned char c : std::regex_replace(model.to_json(0), seed, "")) hash = (hash ^ c) * 1099511628211ull;
+  const std::uint64_t hash = fnv1a(std::regex_replace(model.to_json(0), seed, ""));
   std::vector<std::string> out;
   for (const Variable* v : model.variables())
     out.push_back(detail::concat("variable '", v->name(), "' ", dtype_name(v->dtype()), " ", v->shape().to_string()));
