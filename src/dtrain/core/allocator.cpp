@@ -1,6 +1,7 @@
 // Size-bucketed block cache over aligned_alloc.
 #include "dtrain/core/allocator.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -18,6 +19,18 @@ double resident_mb() {
 
 CachingAllocator::~CachingAllocator() { release_cached(); }
 
+namespace {
+
+void* system_allocate(std::size_t size) {
+  if (size < CachingAllocator::kHugePage) return std::aligned_alloc(CachingAllocator::kAlignment, size);
+  void* p = std::aligned_alloc(CachingAllocator::kHugePage, size);
+  // Advice only: where transparent huge pages are off, the block keeps 4 KiB pages.
+  if (p != nullptr) madvise(p, size, MADV_HUGEPAGE);
+  return p;
+}
+
+}  // namespace
+
 void* CachingAllocator::allocate(std::size_t bytes) {
   const std::size_t size = round_size(bytes);
   {
@@ -32,11 +45,11 @@ void* CachingAllocator::allocate(std::size_t bytes) {
       return p;
     }
   }
-  void* p = std::aligned_alloc(kAlignment, size);
+  void* p = system_allocate(size);
   if (p == nullptr) {
     // Cached blocks of other sizes may be what stands between us and success.
     release_cached();
-    p = std::aligned_alloc(kAlignment, size);
+    p = system_allocate(size);
     if (p == nullptr) throw std::bad_alloc();
   }
   std::lock_guard lock(mutex_);
