@@ -23,3 +23,5 @@
 #include "dtrain/model/sequential.h"
 #include "dtrain/nn/layers.h"
 #include "dtrain/optim/optimizer.h"
+#include "dtrain/profile/profiler.h"
+#include "dtrain/profile/summary.h"

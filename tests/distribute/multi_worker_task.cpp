@@ -118,6 +118,15 @@ void run(const Args& a) {
   }
   // Every step updated the weights once: 5 steps with uneven shards (the longest).
   EXPECT_EQ(model->optimizer().iterations(), a.uneven ? 5 : a.steps) << task;
+  // Every worker has every worker's step profile: the same steps, and every bucket's bytes.
+  ASSERT_EQ(history.profile_summary.size(), static_cast<std::size_t>(strategy.num_workers())) << task;
+  for (const profile::WorkerSummary& w : history.profile_summary) {
+    EXPECT_EQ(w.totals.steps, a.uneven ? 5 : a.steps) << task;
+    if (strategy.num_workers() > 1) {
+      EXPECT_GT(w.totals.bytes, 0u) << task;
+      EXPECT_GT(w.totals.transfer, 0.0) << task;
+    }
+  }
   // Every worker holds the chief's weights: their sums, gathered, are all the same bits.
   double sum = 0;
   for (const Variable* v : model->variables())

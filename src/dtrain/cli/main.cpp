@@ -45,7 +45,7 @@ struct Overrides {
   int verbose = -2;
   int replicas = -1;
   int accumulation = -1;
-  std::string save_weights, summary, weights, dtype_policy, strategy;
+  std::string save_weights, summary, weights, dtype_policy, strategy, profile;
   // multi_worker only
   std::string compression;
   double collective_timeout = -1;
@@ -97,6 +97,31 @@ json logs_json(const Logs& logs) {
   json j = json::object();
   for (const auto& [k, v] : logs.items()) j[k] = v;
   return j;
+}
+
+// fit's step profile, a row per worker: seconds per step in each phase and the figures
+// of the end-of-training table.
+json profile_json(const std::vector<profile::WorkerSummary>& workers) {
+  json rows = json::array();
+  for (const profile::WorkerSummary& w : workers) {
+    const profile::Totals& t = w.totals;
+    const double steps = std::max<double>(1.0, static_cast<double>(t.steps));
+    json phases = json::object();
+    for (int p = 0; p < profile::kPhases; ++p)
+      phases[profile::phase_name(static_cast<profile::Phase>(p))] = t.phases[static_cast<std::size_t>(p)] / steps;
+    rows.push_back({{"steps", t.steps},
+                    {"samples_per_second", w.samples_per_second()},
+                    {"step_seconds", t.wall / steps},
+                    {"step_seconds_p50", w.step_p50},
+                    {"step_seconds_p90", w.step_p90},
+                    {"phase_seconds_per_step", phases},
+                    {"unaccounted_seconds_per_step", t.unaccounted() / steps},
+                    {"communication_seconds_per_step", t.communication_total / steps},
+                    {"transfer_seconds_per_step", t.transfer / steps},
+                    {"bytes_all_reduced_per_step", w.bytes_per_step()},
+                    {"bus_bandwidth_bytes_per_second", w.bus_bandwidth(static_cast<int>(workers.size()))}});
+  }
+  return rows;
 }
 
 // Builds (for summary) without loading data: the input shape comes from the model JSON or
@@ -156,14 +181,15 @@ int run_fit(const std::string& path, const Overrides& o) {
   std::vector<double> rss;
   auto memory = std::make_shared<LambdaCallback>();
   memory->epoch_end = [&](int, const Logs&) { rss.push_back(resident_mb()); };
-  const FitOptions fit_options{.epochs = c.epochs,
-                                .batch_size = c.batch_size,
-                                .validation_split = c.validation_split,
-                                .shuffle = c.shuffle,
-                                .seed = c.seed,
-                                .gradient_accumulation_steps = c.gradient_accumulation_steps,
-                                .callbacks = {memory},
-                                .verbose = c.verbose};
+  FitOptions fit_options{.epochs = c.epochs,
+                          .batch_size = c.batch_size,
+                          .validation_split = c.validation_split,
+                          .shuffle = c.shuffle,
+                          .seed = c.seed,
+                          .gradient_accumulation_steps = c.gradient_accumulation_steps,
+                          .callbacks = {memory},
+                          .verbose = c.verbose};
+  if (!o.profile.empty()) fit_options.callbacks.push_back(std::make_shared<ProfilerCallback>(o.profile));
   History h = c.data.pipeline ? model->fit(cli::build_pipeline(c, d.train), fit_options)
                               : model->fit(d.train.x, d.train.y, fit_options);
   Logs test;
@@ -204,6 +230,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["wall_seconds"] = wall;
     j["epoch_rss_mb"] = rss;  // resident memory after each epoch
     j["epoch_input_wait_seconds"] = h.input_wait_seconds;
+    j["profile"] = profile_json(h.profile_summary);
     write_json(o.summary, j);
   }
   return 0;
@@ -277,6 +304,9 @@ int main(int argc, char** argv) {
   add_run_flags(fit);
   add_strategy_flags(fit);
   fit->add_option("--save-weights", o.save_weights, "Save the trained weights (safetensors) here");
+  fit->add_option("--profile", o.profile,
+                  "Write a Chrome trace of every step phase here (Perfetto, chrome://tracing); other workers write "
+                  "FILE.worker-K");
   fit->add_option("--verbose", o.verbose, "0 silent, 1 progress bar, 2 one line per epoch (default: auto)")
       ->check(CLI::Range(0, 2));
   CLI::App* evaluate = app.add_subcommand("evaluate", "Evaluate saved weights on CONFIG's test data");

@@ -320,6 +320,7 @@ void GlooGroup::check_fingerprint(const char* op, std::size_t bytes) {
 
 void GlooGroup::allreduce(float* data, std::size_t count, std::uint64_t key, Wire wire) {
   const std::size_t bytes = count * (wire == Wire::f32 ? sizeof(float) : sizeof(std::uint16_t));
+  last_peer_wait_ = 0;
   collective("allreduce", bytes, [&] {
     if (count == 0) return;
     if (wire != Wire::f32) {
@@ -328,6 +329,7 @@ void GlooGroup::allreduce(float* data, std::size_t count, std::uint64_t key, Wir
       half.resize(count);
       (wire == Wire::bf16 ? encode_bf16 : encode_f16)(data, half.data(), count);
       ring_->allreduce(half.data(), count, sizeof(std::uint16_t), wire == Wire::bf16 ? &sum_into_bf16 : &sum_into_f16);
+      last_peer_wait_ = ring_->last_peer_wait();
       (wire == Wire::bf16 ? decode_bf16 : decode_f16)(half.data(), data, count);
       return;
     }
@@ -349,6 +351,7 @@ void GlooGroup::allreduce(float* data, std::size_t count, std::uint64_t key, Wir
       return;
     }
     ring_->allreduce(data, count, sizeof(float), &sum_into_f32);
+    last_peer_wait_ = ring_->last_peer_wait();
   });
 }
 

@@ -23,8 +23,6 @@
 namespace dtrain::comm {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 sockaddr_in resolve(const std::string& host, int port) { return detail::resolve(host, port, "all-reduce ring"); }
 
 int milliseconds_left(Clock::time_point deadline) {
@@ -167,6 +165,10 @@ void TcpRing::exchange(const char* send, std::size_t send_bytes, char* recv, std
     if (recv_bytes > 0 && (fds[1].revents & (POLLIN | POLLERR | POLLHUP))) {
       const ssize_t r = ::recv(prev_fd_, recv, recv_bytes, 0);
       if (r > 0) {
+        if (awaiting_first_bytes_) {
+          last_peer_wait_ = std::chrono::duration<double>(Clock::now() - started_).count();
+          awaiting_first_bytes_ = false;
+        }
         recv += r;
         recv_bytes -= static_cast<std::size_t>(r);
         deadline = Clock::now() + timeout_;
@@ -180,7 +182,10 @@ void TcpRing::exchange(const char* send, std::size_t send_bytes, char* recv, std
 }
 
 void TcpRing::allreduce(void* data, std::size_t count, std::size_t element, SumInto sum) {
+  last_peer_wait_ = 0;
   if (size_ < 2 || count == 0) return;
+  started_ = Clock::now();
+  awaiting_first_bytes_ = true;
   char* bytes = static_cast<char*>(data);
   const auto n = static_cast<std::size_t>(size_);
   // Segment k: elements [begin(k), begin(k + 1)), sizes differing by at most one.

@@ -16,6 +16,18 @@ int available_cores();
 void set_num_threads(int n);
 int num_threads();
 
+// The calling thread's kernels use `n` threads while the guard lives.
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int n) : saved_(num_threads()) { set_num_threads(n); }
+  ~ScopedThreads() { set_num_threads(saved_); }
+  ScopedThreads(const ScopedThreads&) = delete;
+  ScopedThreads& operator=(const ScopedThreads&) = delete;
+
+ private:
+  int saved_;
+};
+
 // ThreadSanitizer cannot see the barriers of an uninstrumented libgomp and reports every
 // hand-off from a pool thread as a race (often without the writer's stack). Under TSan,
 // dtrain's own loops therefore run on the calling thread, so its reports concern dtrain's

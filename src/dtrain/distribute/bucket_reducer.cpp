@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "dtrain/core/clock.h"
 #include "dtrain/distribute/worker_comm.h"
 
 namespace dtrain::distribute::detail {
@@ -107,7 +108,17 @@ void BucketReducer::reduce_across_workers(comm::GlooGroup& group, std::uint64_t 
     for (std::size_t b = 0; b < outputs_.size(); ++b) wait_summed(b, round);
   for (std::size_t b = 0; b < outputs_.size(); ++b) {
     wait_summed(b, round);
-    group.allreduce(outputs_[b].data<float>(), static_cast<std::size_t>(outputs_[b].numel()), b, cross_.wire);
+    const auto count = static_cast<std::size_t>(outputs_[b].numel());
+    const Clock::time_point start = Clock::now();
+    group.allreduce(outputs_[b].data<float>(), count, b, cross_.wire);
+    if (comm_track_) {
+      // The wait for a late peer is its own phase; the rest moved the bytes.
+      const auto joined = start + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(group.last_peer_wait()));
+      if (joined > start) comm_track_->add(profile::Phase::straggler_wait, start, joined, "waiting for peers");
+      comm_track_->add(profile::Phase::communication, joined, Clock::now(), "all-reduce across workers");
+      comm_track_->add_bytes(count * (cross_.wire == comm::Wire::f32 ? sizeof(float) : sizeof(std::uint16_t)));
+    }
   }
 }
 
@@ -146,7 +157,11 @@ void BucketReducer::gradient_ready(int replica, std::size_t index, const Tensor&
     all_reduce_->set_input(replica, p.bucket, p.segment, input);
     if (++state.filled[p.bucket] == bucket_vars_[p.bucket]) {
       all_reduce_->set_input(replica, p.bucket, bucket_vars_[p.bucket], state.flags[p.bucket].data());
+      const Clock::time_point start = Clock::now();
       all_reduce_->arrive(replica, p.bucket);
+      if (!tracks_.empty())
+        tracks_[static_cast<std::size_t>(replica)]->add_nested(profile::Phase::communication, profile::Phase::backward,
+                                                              start, Clock::now(), "sum buckets");
     }
   } else {
     ++state.filled[p.bucket];
@@ -162,11 +177,22 @@ void BucketReducer::finish(int replica) {
   std::fill(state.filled.begin(), state.filled.end(), 0);
   state.fresh = reduce_;  // after a reduction, the next micro-batch starts a new group
   if (!reduce_) return;
+  profile::Track* track = tracks_.empty() ? nullptr : tracks_[static_cast<std::size_t>(replica)];
+  const Clock::time_point start = Clock::now();
   all_reduce_->finish(replica);
   // Every chunk is summed, so nobody reads this replica's gradients any more.
   std::fill(state.held.begin(), state.held.end(), Tensor());
+  const Clock::time_point summed = Clock::now();
+  if (track) track->add(profile::Phase::communication, start, summed, "sum buckets");
   // Then the sums over the other workers.
-  if (cross_.workers) cross_.workers->wait();
+  if (cross_.workers) {
+    cross_.workers->wait();
+    if (track) {
+      const Clock::time_point end = Clock::now();
+      track->add(profile::Phase::communication, summed, end, "wait for other workers");
+      track->add_wait_for_communication_thread(std::chrono::duration<double>(end - summed).count());
+    }
+  }
   // A gradient is defined where some replica of some worker had it (its summed flag);
   // each replica writes only its own list.
   for (std::size_t k = 0; k < views_.size(); ++k) {

@@ -46,6 +46,10 @@ class BucketReducer final : public GradientReducer {
     return states_[static_cast<std::size_t>(replica)].reduced;
   }
   void abort(int replica, const std::string& why) override;
+  void set_profile(std::span<profile::Track* const> replicas, profile::Track* communication) override {
+    tracks_.assign(replicas.begin(), replicas.end());
+    comm_track_ = communication;
+  }
 
  private:
   struct Place {
@@ -76,6 +80,8 @@ class BucketReducer final : public GradientReducer {
   std::unique_ptr<comm::InProcessAllReduce> all_reduce_;
   std::vector<ReplicaState> states_;                // [replica], each touched by its replica only
   std::vector<Tensor> views_;                       // [variable] the sum, shaped like it
+  std::vector<profile::Track*> tracks_;             // [replica], empty when not profiled
+  profile::Track* comm_track_ = nullptr;
 
   // Multi-worker: which round each bucket's in-process sum is complete for.
   CrossWorker cross_;

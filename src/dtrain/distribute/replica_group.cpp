@@ -13,18 +13,6 @@
 namespace dtrain::distribute::detail {
 namespace {
 
-// The caller's kernels use `n` threads while the guard lives.
-class ScopedThreads {
- public:
-  explicit ScopedThreads(int n) : saved_(num_threads()) { set_num_threads(n); }
-  ~ScopedThreads() { set_num_threads(saved_); }
-  ScopedThreads(const ScopedThreads&) = delete;
-  ScopedThreads& operator=(const ScopedThreads&) = delete;
-
- private:
-  int saved_;
-};
-
 bool is_peer_failure(const std::exception_ptr& e) {
   try {
     std::rethrow_exception(e);

@@ -125,4 +125,18 @@ void CSVLogger::on_epoch_end(int epoch, const Logs& logs) {
 
 void CSVLogger::on_train_end(const Logs&) { out_.close(); }
 
+ProfilerCallback::ProfilerCallback(std::string path, std::int64_t max_steps)
+    : path_(std::move(path)), max_steps_(max_steps) {
+  if (path_.empty()) DTRAIN_THROW(InvalidArgument, "ProfilerCallback: the trace file path is empty");
+  if (max_steps_ < 1) DTRAIN_THROW(InvalidArgument, "ProfilerCallback: max_steps must be >= 1, got ", max_steps_);
+}
+
+std::string ProfilerCallback::path_for_worker(int worker) const {
+  if (worker == 0) return path_;
+  const std::size_t slash = path_.find_last_of('/');
+  std::size_t dot = path_.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) dot = path_.size();
+  return path_.substr(0, dot) + ".worker-" + std::to_string(worker) + path_.substr(dot);
+}
+
 }  // namespace dtrain

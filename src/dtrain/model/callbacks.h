@@ -13,6 +13,7 @@
 
 #include "dtrain/autograd/variable.h"
 #include "dtrain/model/logs.h"
+#include "dtrain/profile/summary.h"
 
 namespace dtrain {
 
@@ -45,6 +46,29 @@ class History : public Callback {
   std::vector<double> samples_per_second;
   // Seconds each epoch's training loop waited for its input batches.
   std::vector<double> input_wait_seconds;
+  // Where each epoch's training steps spent their time, on this worker (phases, bytes).
+  std::vector<profile::Totals> profile;
+  // Over all of training, a row per worker (every worker gets every row): what fit's
+  // end-of-training table shows.
+  std::vector<profile::WorkerSummary> profile_summary;
+};
+
+// Keeps a trace of every phase of fit's first `max_steps` steps on every thread
+// (training loop, replicas, communication) and writes it when training ends, as Chrome
+// trace-event JSON: open it in https://ui.perfetto.dev or chrome://tracing. Under
+// MultiWorkerMirroredStrategy each worker writes its own file, worker 0 `path` and worker
+// k `path` with ".worker-k" before the extension; workers on one host share a clock, so
+// their files line up.
+class ProfilerCallback : public Callback {
+ public:
+  explicit ProfilerCallback(std::string path, std::int64_t max_steps = 1000);
+  const std::string& path() const { return path_; }
+  std::int64_t max_steps() const { return max_steps_; }
+  std::string path_for_worker(int worker) const;
+
+ private:
+  std::string path_;
+  std::int64_t max_steps_;
 };
 
 // Stops training when `monitor` has not improved by more than min_delta for `patience`

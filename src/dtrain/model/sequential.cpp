@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "dtrain/core/clock.h"
+#include "dtrain/core/threads.h"
 #include "dtrain/kernels/backend.h"
 #include "dtrain/model/progress.h"
 #include "dtrain/model/safetensors.h"
@@ -184,9 +185,10 @@ namespace {
 
 class TensorBatches : public Sequential::BatchSource {
  public:
-  TensorBatches(Tensor x, Tensor y, std::int64_t batch, bool shuffle, std::uint64_t seed)
+  // on_compute_pool: the gather is split over the training thread's compute threads.
+  TensorBatches(Tensor x, Tensor y, std::int64_t batch, bool shuffle, std::uint64_t seed, bool on_compute_pool = true)
       : x_(std::move(x)), y_(std::move(y)), sources_{x_, y_}, batch_(batch), shuffle_(shuffle), seed_(seed),
-        order_(shuffle ? static_cast<size_t>(x_.dim(0)) : 0) {}
+        on_compute_pool_(on_compute_pool), order_(shuffle ? static_cast<size_t>(x_.dim(0)) : 0) {}
   void begin_epoch(int epoch) override {
     begin_ = 0;
     wait_ = 0;
@@ -205,7 +207,7 @@ class TensorBatches : public Sequential::BatchSource {
     if (shuffle_) {
       data::Element b = data::gather_rows(
           sources_, std::span(order_).subspan(static_cast<std::size_t>(begin_), static_cast<std::size_t>(end - begin_)),
-          /*on_compute_pool=*/true);
+          on_compute_pool_);
       xb = std::move(b[0]);
       yb = std::move(b[1]);
     } else {
@@ -225,6 +227,7 @@ class TensorBatches : public Sequential::BatchSource {
   std::int64_t batch_;
   bool shuffle_;
   std::uint64_t seed_;
+  bool on_compute_pool_;
   std::vector<std::int64_t> order_;
   std::int64_t begin_ = 0;
   double wait_ = 0;
@@ -343,7 +346,11 @@ History Sequential::fit(const Tensor& x_all, const Tensor& y_all, const FitOptio
     o.validation_data = std::make_pair(x_all.slice(split, x_all.dim(0)), y_all.slice(split, y_all.dim(0)));
   }
   if (x.dim(0) == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() got no training samples");
-  TensorBatches source(x, y, opt.batch_size, opt.shuffle, opt.seed);
+  // Under several replicas, the training thread's compute threads would still be spinning
+  // (OpenMP's wait policy) on the cores the replica threads are about to wake up on,
+  // delaying their start by milliseconds; the gather stays on the training thread there.
+  const bool replicas_here = strategy_ && strategy_->num_replicas() > 1;
+  TensorBatches source(x, y, opt.batch_size, opt.shuffle, opt.seed, /*on_compute_pool=*/!replicas_here);
   return run_fit(source, o);
 }
 
@@ -366,7 +373,8 @@ History Sequential::fit(const data::Dataset& dataset, const FitOptions& opt) {
 // produces them, and the replicas then update their shares of the shared variables.
 class Sequential::Trainer {
  public:
-  Trainer(Sequential& model, int accumulation_steps) : model_(model), k_(accumulation_steps) {}
+  Trainer(Sequential& model, int accumulation_steps, profile::Profiler& profiler)
+      : model_(model), k_(accumulation_steps), profiler_(profiler) {}
 
   // Adds the batch's loss and metrics to loss_mean and the model's metrics. Multi-worker:
   // x is the global batch (every worker takes its rows), or with global_rows >= 0 this
@@ -377,12 +385,17 @@ class Sequential::Trainer {
       step_replicas(x, y, update, loss_mean, global_rows);
       return;
     }
+    profile::Track& loop = profiler_.loop();
+    const Clock::time_point start = Clock::now();
     GradientTape tape;
     Tensor y_pred = model_(x, /*training=*/true);
     Tensor loss = (*model_.loss_)(y, y_pred);
     if (vars_.empty()) vars_ = model_.trainable_variables();
+    Clock::time_point forward_end = Clock::now(), backward_end;
+    loop.add(profile::Phase::forward, start, forward_end);
     if (k_ == 1) {
       std::vector<Tensor> grads = tape.gradient(loss, vars_);
+      backward_end = Clock::now();
       model_.optimizer_->apply_gradients(grads, vars_);
     } else {
       // The update uses the mean of the group's gradients, summed in buffers made once.
@@ -396,12 +409,17 @@ class Sequential::Trainer {
         else buffers_[i].copy_from(grads[i]);
         group_[i] = buffers_[i];
       }
+      backward_end = Clock::now();
       if (update) {
         model_.optimizer_->apply_gradients(group_, vars_);
         std::fill(group_.begin(), group_.end(), Tensor());
       }
     }
+    const Clock::time_point optimizer_end = Clock::now();
+    loop.add(profile::Phase::backward, forward_end, backward_end);
+    loop.add(profile::Phase::optimizer, backward_end, optimizer_end);
     record(y, y_pred, mean_value(loss), x.dim(0), loss_mean);
+    loop.add(profile::Phase::metrics, optimizer_end, Clock::now());
   }
 
  private:
@@ -409,6 +427,7 @@ class Sequential::Trainer {
     std::int64_t begin = 0, end = 0;  // the replica's rows of the global batch
     Tensor y_pred;
     double loss = 0.0;
+    Clock::time_point done{};  // when the replica's work ended
   };
 
   void record(const Tensor& y, const Tensor& y_pred, double loss, std::int64_t rows, metrics::Mean& loss_mean) {
@@ -417,6 +436,10 @@ class Sequential::Trainer {
   }
 
   void step_replicas(const Tensor& x, const Tensor& y, bool update, metrics::Mean& loss_mean, std::int64_t global_rows) {
+    // The training thread's own work between the replicas' runs (the update's last part,
+    // metrics) is small; on the compute pool it would leave pool threads spinning on the
+    // cores the replica threads wake up on next, delaying their start by up to milliseconds.
+    const ScopedThreads training_thread_alone(1);
     StrategyBackend& strategy = *model_.strategy_;
     const int replicas = strategy.num_replicas(), in_sync = strategy.num_replicas_in_sync();
     const bool own = global_rows >= 0;  // x is this worker's part of the global batch
@@ -425,6 +448,7 @@ class Sequential::Trainer {
     if (micro_ == 1 && rows < in_sync)
       DTRAIN_THROW(InvalidArgument, "fit: the global batch has ", rows, " rows, fewer than the ", in_sync,
                    " replicas of ", strategy.name(), "; batch_size is the global batch (e.g. 32 * num_replicas_in_sync)");
+    const Clock::time_point setup_start = Clock::now();
     if (!model_.built()) {
       // Replicas share the weights, so they are made here, once, before the replicas run.
       if (!x.defined())
@@ -441,10 +465,23 @@ class Sequential::Trainer {
     if (!reducer_) {
       reducer_ = strategy.gradient_reducer(vars_);
       outputs_.resize(static_cast<std::size_t>(replicas));
+      for (int r = 0; r < replicas; ++r)
+        tracks_.push_back(&profiler_.add_track(
+            strategy.num_workers() > 1 ? detail::concat("worker ", strategy.worker_index(), " replica ", r)
+                                       : detail::concat("replica ", r),
+            profile::TrackKind::replica));
+      profile::Track* comm = strategy.num_workers() > 1
+                                 ? &profiler_.add_track(detail::concat("worker ", strategy.worker_index(), " communication"),
+                                                        profile::TrackKind::communication)
+                                 : nullptr;
+      reducer_->set_profile(tracks_, comm);
+      profiler_.loop().add(profile::Phase::setup, setup_start, Clock::now(), "build the model and gradient buckets");
     }
     reducer_->set_reduce_this_step(update);
     // Replicas update their own share of every variable when the optimizer allows it.
+    const Clock::time_point prepare_start = Clock::now();
     const bool shared = update && model_.optimizer_->begin_shared_update(vars_);
+    profiler_.loop().add(profile::Phase::optimizer, prepare_start, Clock::now(), "prepare the shared update");
     // As evenly as possible, the first replicas taking one row more: over every worker's
     // replicas for a global batch, over this worker's for its own part.
     const int parts = own ? replicas : in_sync, first = own ? 0 : strategy.worker_index() * replicas;
@@ -457,10 +494,15 @@ class Sequential::Trainer {
     // A mean over the batch becomes each replica's share of the global mean; a sum stays a sum.
     const bool mean_loss = model_.loss_->reduction() == losses::Reduction::sum_over_batch_size;
     const float scale_by = 1.0f / ((mean_loss ? static_cast<float>(rows) : 1.0f) * static_cast<float>(k_));
+    const Clock::time_point handed_over = Clock::now();
     strategy.run([&](int r) {
       Output& out = outputs_[static_cast<std::size_t>(r)];
+      profile::Track& track = *tracks_[static_cast<std::size_t>(r)];
       const std::int64_t begin = out.begin, end = out.end;
       try {
+        const Clock::time_point start = Clock::now();
+        track.add(profile::Phase::replica_start, handed_over, start);
+        Clock::time_point forward_end = start;
         if (begin == end) {  // a short last batch leaves this replica nothing to do
           for (std::size_t i = 0; i < vars_.size(); ++i) reducer_->gradient_ready(r, i, Tensor());
         } else {
@@ -468,27 +510,48 @@ class Sequential::Trainer {
           out.y_pred = model_(x.slice(begin, end), /*training=*/true);
           Tensor loss = (*model_.loss_)(y.slice(begin, end), out.y_pred);
           out.loss = mean_value(loss);
+          forward_end = Clock::now();
+          track.add(profile::Phase::forward, start, forward_end);
           // The replicas' gradients then add up to the gradient of the global batch's mean.
           tape.gradient(scale(loss, (mean_loss ? static_cast<float>(end - begin) : 1.0f) * scale_by), vars_,
                         [&](std::size_t i, const Tensor& g) { reducer_->gradient_ready(r, i, g); });
         }
+        // Buckets summed on the way count as communication (the reducer's own record).
+        track.add(profile::Phase::backward, forward_end, Clock::now());
         reducer_->finish(r);
-        if (shared) model_.optimizer_->apply_share(reducer_->reduced(r), vars_, r, replicas);
+        out.done = Clock::now();
+        if (shared) {
+          model_.optimizer_->apply_share(reducer_->reduced(r), vars_, r, replicas);
+          const Clock::time_point optimizer_start = out.done;
+          out.done = Clock::now();
+          track.add(profile::Phase::optimizer, optimizer_start, out.done);
+        }
       } catch (...) {
         reducer_->abort(r, message_of(std::current_exception()));
         throw;
       }
     });
+    // A replica done before the others waited for the slowest of them.
+    const Clock::time_point joined = Clock::now();
+    for (std::size_t r = 0; r < outputs_.size(); ++r)
+      tracks_[r]->add(profile::Phase::straggler_wait, outputs_[r].done, joined, "waiting for the other replicas");
+    profile::Track& loop = profiler_.loop();
+    const Clock::time_point optimizer_start = joined;
     if (update) {
       if (shared) model_.optimizer_->end_shared_update();
       else model_.optimizer_->apply_gradients(reducer_->reduced(0), vars_);
     }
+    const Clock::time_point optimizer_end = Clock::now();
+    loop.add(profile::Phase::optimizer, optimizer_start, optimizer_end);
     for (const Output& out : outputs_)
       if (out.y_pred.defined()) record(y.slice(out.begin, out.end), out.y_pred, out.loss, out.end - out.begin, loss_mean);
+    loop.add(profile::Phase::metrics, optimizer_end, Clock::now());
   }
 
   Sequential& model_;
   int k_;
+  profile::Profiler& profiler_;
+  std::vector<profile::Track*> tracks_;  // [replica]
   std::int64_t micro_ = 0;
   std::vector<Variable*> vars_;
   std::vector<Tensor> buffers_;  // one device, accumulating: a sum buffer per variable
@@ -510,10 +573,20 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   }
   for (auto& c : callbacks) c->set_model(this);
   stop_training = false;
+  // The step profile is always kept; a trace of its phases only for a ProfilerCallback.
+  std::vector<const ProfilerCallback*> tracers;
+  for (const auto& c : callbacks)
+    if (const auto* p = dynamic_cast<const ProfilerCallback*>(c.get())) tracers.push_back(p);
+  profile::ProfilerOptions profile_options;
+  profile_options.trace = !tracers.empty();
+  for (const ProfilerCallback* p : tracers) profile_options.max_trace_steps = p->max_steps();
+  profile::Profiler profiler(profile_options);
+  profile::Track& loop = profiler.loop();
   // Variables made by a lazy build belong to the model's strategy, as in Keras.
   dtrain::detail::ScopedStrategy in_scope(strategy_);
-  Trainer trainer(*this, opt.gradient_accumulation_steps);
+  Trainer trainer(*this, opt.gradient_accumulation_steps, profiler);
   const int workers = strategy_ ? strategy_->num_workers() : 1;
+  const int worker = strategy_ ? strategy_->worker_index() : 0;
   const bool own_batches = workers > 1 && source.per_worker();
   Logs logs;
   for (auto& c : callbacks) c->on_train_begin(logs);
@@ -525,20 +598,25 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
     for (auto& c : callbacks) c->on_epoch_begin(epoch, logs);
     progress.epoch_begin(epoch, opt.epochs);
     source.begin_epoch(epoch);
+    profiler.begin_epoch();
     const auto start = Clock::now();
     std::int64_t step = 0, samples = 0;
     Tensor xb, yb;
     // Batch logs hold the same keys all epoch: set() overwrites them in place.
     const Logs no_logs;
     for (;;) {
+      profiler.begin_step();
       bool have = false;
       std::exception_ptr input_error;
+      const Clock::time_point input_start = Clock::now();
       try {
         have = source.next(xb, yb);
       } catch (...) {
         if (!own_batches) throw;
         input_error = std::current_exception();  // the others hear of it first
       }
+      const Clock::time_point input_end = Clock::now();
+      loop.add(profile::Phase::input_wait, input_start, input_end);
       std::int64_t global_rows = -1;
       if (own_batches) {
         // Workers with data of their own agree, step by step, on the global batch; those
@@ -552,20 +630,27 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
         if (agree[2] > 0.0)
           DTRAIN_THROW(PeerFailure, "fit: another worker's input failed at step ", step, " of epoch ", epoch,
                        " (its own error names the cause)");
+        loop.add(profile::Phase::communication, input_end, Clock::now(), "agree on the global batch");
         if (agree[0] == 0.0) break;
         global_rows = static_cast<std::int64_t>(agree[1]);
         have = true;
       }
       if (!have) break;
+      Clock::time_point phase_start = Clock::now();
       for (auto& c : callbacks) c->on_train_batch_begin(step, no_logs);
+      loop.add(profile::Phase::metrics, phase_start, Clock::now(), "callbacks");
       trainer.step(xb, yb, loss_mean, global_rows);
-      samples += global_rows >= 0 ? global_rows : xb.dim(0);
+      phase_start = Clock::now();
+      const std::int64_t rows = global_rows >= 0 ? global_rows : xb.dim(0);
+      samples += rows;
       if (step == 0 && epoch == opt.initial_epoch && workers > 1 && verbose > 0)
         out << shard_plan(*strategy_, own_batches, samples) << "\n";
       logs.set("loss", loss_mean.result());
       for (auto& m : metrics_) logs.set(m->name(), m->result());
       for (auto& c : callbacks) c->on_train_batch_end(step, logs);
       progress.update(++step, logs);
+      loop.add(profile::Phase::metrics, phase_start, Clock::now(), "callbacks");
+      profiler.end_step(rows);
     }
     if (step == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() got no training batches in epoch ", epoch);
     if (workers > 1) {
@@ -588,11 +673,35 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
     history->epoch_seconds.push_back(epoch_seconds);
     history->samples_per_second.push_back(static_cast<double>(samples) / train_seconds);
     history->input_wait_seconds.push_back(source.input_wait());
+    history->profile.push_back(profiler.epoch());
     progress.epoch_end(logs, epoch_seconds, step);
+    if (verbose > 0 && worker == 0) out << "  " << profile::phase_shares(profiler.epoch()) << "\n";
     for (auto& c : callbacks) c->on_epoch_end(epoch, logs);
   }
+  if (profiler.steps() > 0) {
+    history->profile_summary = gather_profile(profiler);
+    if (verbose > 0 && worker == 0) out << "\nWhere the training steps' time went:\n" << profile::summary_table(history->profile_summary);
+  }
+  for (const ProfilerCallback* p : tracers)
+    profiler.write_trace(p->path_for_worker(worker), worker,
+                         workers > 1 ? detail::concat("worker ", worker) : std::string("dtrain fit"));
   for (auto& c : callbacks) c->on_train_end(logs);
   return *history;
+}
+
+std::vector<profile::WorkerSummary> Sequential::gather_profile(const profile::Profiler& profiler) {
+  profile::WorkerSummary mine{profiler.total(), profiler.step_percentile(0.5), profiler.step_percentile(0.9)};
+  const int workers = strategy_ ? strategy_->num_workers() : 1;
+  if (workers == 1) return {mine};
+  // Every worker fills its own slot; the sum over workers is then everyone's table.
+  const std::size_t k = profile::WorkerSummary::kValues;
+  std::vector<double> values(k * static_cast<std::size_t>(workers), 0.0);
+  mine.to_values(std::span(values).subspan(k * static_cast<std::size_t>(strategy_->worker_index()), k));
+  strategy_->sum_over_workers(values);
+  std::vector<profile::WorkerSummary> all;
+  for (int w = 0; w < workers; ++w)
+    all.push_back(profile::WorkerSummary::from_values(std::span<const double>(values).subspan(k * static_cast<std::size_t>(w), k)));
+  return all;
 }
 
 void Sequential::merge_over_workers(metrics::Mean& loss_mean) {

@@ -132,6 +132,8 @@ class Sequential {
   Logs run_evaluation(BatchSource& source, const std::string& prefix, bool across_workers = false);
   // The loss and metrics over every worker's rows (multi-worker: their totals summed).
   void merge_over_workers(metrics::Mean& loss_mean);
+  // This worker's step profile over all of training, and every other worker's.
+  std::vector<profile::WorkerSummary> gather_profile(const profile::Profiler& profiler);
   Logs run_evaluation(const data::Dataset& dataset, const std::string& prefix);
   void check_compiled(const char* what) const;
   void reset_metrics();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dtrain/autograd/variable.h"
+#include "dtrain/profile/profiler.h"
 
 namespace dtrain {
 
@@ -36,6 +37,10 @@ class GradientReducer {
   virtual const std::vector<Tensor>& reduced(int replica) const = 0;
   // A replica failed: nobody waits for it any more.
   virtual void abort(int replica, const std::string& why) = 0;
+  // Where the reducer times its work, before the first step: replicas[r] is replica r's
+  // thread (its summing, nested in backward, and its waits); `communication` the thread
+  // that talks to other processes (ignored within one process).
+  virtual void set_profile(std::span<profile::Track* const> /*replicas*/, profile::Track* /*communication*/) {}
 };
 
 class StrategyBackend {

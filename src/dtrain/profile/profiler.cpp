@@ -1,0 +1,205 @@
+// Step-phase timers and their Chrome trace.
+#include "dtrain/profile/profiler.h"
+
+#include <algorithm>
+#include <fstream>
+#include <ostream>
+
+#include "dtrain/core/error.h"
+
+namespace dtrain::profile {
+namespace {
+
+constexpr int index_of(Phase p) { return static_cast<int>(p); }
+
+double micros(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double, std::micro>(to - from).count();
+}
+
+// JSON string contents: track names are the program's own, but quote them properly anyway.
+void write_json_string(std::ostream& out, const std::string& s) {
+  out << '"';
+  for (char c : s) {
+    if (c == '"' || c == '\\') out << '\\' << c;
+    else if (static_cast<unsigned char>(c) < 0x20) out << ' ';
+    else out << c;
+  }
+  out << '"';
+}
+
+}  // namespace
+
+const char* phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::input_wait: return "input wait";
+    case Phase::forward: return "forward";
+    case Phase::backward: return "backward";
+    case Phase::communication: return "communication";
+    case Phase::straggler_wait: return "straggler wait";
+    case Phase::optimizer: return "optimizer";
+    case Phase::push: return "push";
+    case Phase::pull: return "pull";
+    case Phase::metrics: return "metrics";
+    case Phase::setup: return "setup";
+    case Phase::replica_start: return "replica start";
+  }
+  return "?";
+}
+
+void Track::add(Phase phase, Clock::time_point start, Clock::time_point end, const char* label) {
+  seconds_[static_cast<std::size_t>(index_of(phase))] += std::chrono::duration<double>(end - start).count();
+  if (tracing_) events_.push_back(Event{phase, label, micros(origin_, start), micros(start, end)});
+}
+
+void Track::add_nested(Phase phase, Phase within, Clock::time_point start, Clock::time_point end, const char* label) {
+  add(phase, start, end, label);
+  seconds_[static_cast<std::size_t>(index_of(within))] -= std::chrono::duration<double>(end - start).count();
+}
+
+void Track::reset_step() {
+  seconds_.fill(0.0);
+  bytes_ = 0;
+  waited_for_comm_ = 0;
+}
+
+void Totals::add(const StepRecord& r) {
+  ++steps;
+  wall += r.wall;
+  for (int p = 0; p < kPhases; ++p) phases[static_cast<std::size_t>(p)] += r.phases[static_cast<std::size_t>(p)];
+  communication_total += r.communication_total;
+  transfer += r.transfer;
+  bytes += r.bytes;
+  samples += r.samples;
+}
+
+double Totals::unaccounted() const {
+  double covered = 0;
+  for (double s : phases) covered += s;
+  return wall - covered;
+}
+
+Profiler::Profiler(ProfilerOptions options) : options_(options) {
+  add_track("training loop", TrackKind::loop);
+}
+
+Track& Profiler::add_track(std::string name, TrackKind kind) {
+  tracks_.push_back(std::make_unique<Track>(std::move(name), kind));
+  Track& t = *tracks_.back();
+  t.origin_ = origin_;
+  t.tracing_ = options_.trace && options_.max_trace_steps > 0;
+  return t;
+}
+
+void Profiler::begin_step() {
+  for (auto& t : tracks_) t->reset_step();
+  step_start_ = Clock::now();
+}
+
+const StepRecord& Profiler::end_step(std::int64_t samples) {
+  const Clock::time_point now = Clock::now();
+  StepRecord r;
+  r.wall = std::chrono::duration<double>(now - step_start_).count();
+  r.samples = samples;
+  int replicas = 0;
+  PhaseSeconds replica_sum{};
+  double replica_waits = 0, comm_thread = 0, comm_thread_straggler = 0;
+  for (const auto& t : tracks_) {
+    r.bytes += t->bytes_;
+    switch (t->kind_) {
+      case TrackKind::loop:
+        for (int p = 0; p < kPhases; ++p) r.phases[static_cast<std::size_t>(p)] += t->seconds_[static_cast<std::size_t>(p)];
+        break;
+      case TrackKind::replica:
+        ++replicas;
+        for (int p = 0; p < kPhases; ++p) replica_sum[static_cast<std::size_t>(p)] += t->seconds_[static_cast<std::size_t>(p)];
+        replica_waits += t->waited_for_comm_;
+        break;
+      case TrackKind::communication:
+        comm_thread += t->seconds_[static_cast<std::size_t>(index_of(Phase::communication))];
+        comm_thread_straggler += t->seconds_[static_cast<std::size_t>(index_of(Phase::straggler_wait))];
+        break;
+    }
+  }
+  if (replicas > 0) {
+    for (int p = 0; p < kPhases; ++p)
+      r.phases[static_cast<std::size_t>(p)] += replica_sum[static_cast<std::size_t>(p)] / replicas;
+    replica_waits /= replicas;
+  }
+  // Communication busy time: the replicas' own (in-process sums), less their waits for the
+  // communication thread, plus that thread's; the slowest peer's lateness is its own phase.
+  const auto comm = static_cast<std::size_t>(index_of(Phase::communication));
+  const auto straggler = static_cast<std::size_t>(index_of(Phase::straggler_wait));
+  r.communication_total = r.phases[comm] - replica_waits + comm_thread + comm_thread_straggler;
+  r.transfer = comm_thread;
+  // What the replicas waited for beyond their own work is exposed; as much of it as the
+  // communication thread spent waiting for a late peer is straggler wait.
+  const double late = std::min(replica_waits, comm_thread_straggler);
+  r.phases[comm] -= late;
+  r.phases[straggler] += late;
+
+  last_ = r;
+  epoch_.add(r);
+  total_.add(r);
+  step_walls_.push_back(r.wall);
+  if (options_.trace && total_.steps <= options_.max_trace_steps) {
+    step_spans_.emplace_back(micros(origin_, step_start_), micros(step_start_, now));
+    if (total_.steps == options_.max_trace_steps)
+      for (auto& t : tracks_) t->tracing_ = false;
+  }
+  return last_;
+}
+
+double Profiler::step_percentile(double q) const {
+  if (step_walls_.empty()) return 0.0;
+  std::vector<double> sorted = step_walls_;
+  std::sort(sorted.begin(), sorted.end());
+  const auto i = static_cast<std::size_t>(std::clamp(q, 0.0, 1.0) * static_cast<double>(sorted.size() - 1) + 0.5);
+  return sorted[i];
+}
+
+void Profiler::write_trace(std::ostream& out, int pid, const std::string& process_name) const {
+  // Trace-event format: complete events ("ph": "X") with microsecond timestamps, and
+  // metadata events naming the process and each thread.
+  out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  out << "{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": " << pid << ", \"tid\": 0, \"args\": {\"name\": ";
+  write_json_string(out, process_name);
+  out << "}}";
+  for (std::size_t tid = 0; tid < tracks_.size(); ++tid) {
+    out << ",\n{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": " << pid << ", \"tid\": " << tid
+        << ", \"args\": {\"name\": ";
+    write_json_string(out, tracks_[tid]->name());
+    out << "}}";
+    out << ",\n{\"ph\": \"M\", \"name\": \"thread_sort_index\", \"pid\": " << pid << ", \"tid\": " << tid
+        << ", \"args\": {\"sort_index\": " << tid << "}}";
+  }
+  out.precision(3);
+  out << std::fixed;
+  for (std::size_t s = 0; s < step_spans_.size(); ++s)
+    out << ",\n{\"ph\": \"X\", \"cat\": \"step\", \"name\": \"step " << s << "\", \"pid\": " << pid
+        << ", \"tid\": 0, \"ts\": " << step_spans_[s].first << ", \"dur\": " << step_spans_[s].second << "}";
+  for (std::size_t tid = 0; tid < tracks_.size(); ++tid)
+    for (const Track::Event& e : tracks_[tid]->events_) {
+      out << ",\n{\"ph\": \"X\", \"cat\": \"" << phase_name(e.phase) << "\", \"name\": ";
+      write_json_string(out, e.label ? e.label : phase_name(e.phase));
+      out << ", \"pid\": " << pid << ", \"tid\": " << tid << ", \"ts\": " << e.start_us << ", \"dur\": " << e.duration_us
+          << "}";
+    }
+  out << "\n]}\n";
+}
+
+void Profiler::write_trace(const std::string& path, int pid, const std::string& process_name) const {
+  // Written beside the target and renamed into place: an interrupted write leaves no
+  // half trace where a complete one was.
+  const std::string partial = path + ".partial";
+  {
+    std::ofstream out(partial);
+    if (!out) DTRAIN_THROW(IoError, "profile: cannot write the trace file ", path);
+    write_trace(out, pid, process_name);
+    out.flush();
+    if (!out) DTRAIN_THROW(IoError, "profile: writing the trace file ", path, " failed");
+  }
+  if (std::rename(partial.c_str(), path.c_str()) != 0)
+    DTRAIN_THROW(IoError, "profile: cannot move the trace into place at ", path);
+}
+
+}  // namespace dtrain::profile

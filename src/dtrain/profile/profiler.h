@@ -1,0 +1,154 @@
+// Where the milliseconds of a training step went. A step is split into named phases
+// (input wait, forward, backward, communication, straggler wait, optimizer, ...), timed
+// per track: the training loop's thread, each replica's thread, and the communication
+// thread that talks to other processes. The timers stay on (two clock reads per phase);
+// a Chrome trace of every phase is kept only when asked for.
+//
+// Threads: each track is written by one thread at a time, and the step boundaries
+// (begin_step, end_step) are called by the training loop while no other track is
+// being written, so nothing here takes a lock on the hot path.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/core/clock.h"
+
+namespace dtrain::profile {
+
+enum class Phase : std::uint8_t {
+  input_wait,      // the training loop waited for the next batch
+  forward,         // model and loss
+  backward,        // gradients, less the communication done inside backward
+  communication,   // summing gradients with other replicas and workers
+  straggler_wait,  // blocked until the slowest peer joined a collective
+  optimizer,       // applying the update
+  push,            // parameter-server strategy: sending gradients
+  pull,            // parameter-server strategy: fetching variables
+  metrics,         // loss and metrics bookkeeping, callbacks, progress
+  setup,           // the first step's building: model, gradient buckets, workers' agreement
+  replica_start,   // from the step's hand-off to the replica threads until each one ran
+};
+inline constexpr int kPhases = 11;
+const char* phase_name(Phase phase);  // "input wait", "forward", ...
+
+using PhaseSeconds = std::array<double, kPhases>;
+
+enum class TrackKind : std::uint8_t { loop, replica, communication };
+
+// One thread's timeline.
+class Track {
+ public:
+  Track(std::string name, TrackKind kind) : name_(std::move(name)), kind_(kind) {}
+  const std::string& name() const { return name_; }
+  TrackKind kind() const { return kind_; }
+
+  // Adds [start, end) to this step's `phase` (and to the trace when one is kept).
+  void add(Phase phase, Clock::time_point start, Clock::time_point end, const char* label = nullptr);
+  // The same for work nested inside a phase its caller records around it (a bucket summed
+  // during backward): the time counts as `phase` only, not also as `within`.
+  void add_nested(Phase phase, Phase within, Clock::time_point start, Clock::time_point end, const char* label = nullptr);
+  // Communication-track bookkeeping: bytes this process all-reduced with the others.
+  void add_bytes(std::uint64_t bytes) { bytes_ += bytes; }
+  // Replica tracks: the part of their communication spent waiting for the communication
+  // thread (already counted there), so that the step's total does not count it twice.
+  void add_wait_for_communication_thread(double seconds) { waited_for_comm_ += seconds; }
+
+  const PhaseSeconds& step_seconds() const { return seconds_; }
+
+ private:
+  friend class Profiler;
+  struct Event {
+    Phase phase;
+    const char* label;  // static text or null (the phase's name)
+    double start_us, duration_us;
+  };
+  void reset_step();
+
+  std::string name_;
+  TrackKind kind_;
+  PhaseSeconds seconds_{};
+  std::uint64_t bytes_ = 0;
+  double waited_for_comm_ = 0;
+  bool tracing_ = false;
+  Clock::time_point origin_{};
+  std::vector<Event> events_;
+};
+
+// One step of this process, reduced over its tracks.
+struct StepRecord {
+  double wall = 0;
+  // The loop's phases plus the mean of the replicas'; communication is the exposed part
+  // (replicas not computing), straggler_wait the part of that spent on the slowest peer.
+  PhaseSeconds phases{};
+  double communication_total = 0;  // busy time of all communication, hidden or exposed
+  double transfer = 0;             // the part that moved bytes between processes
+  std::uint64_t bytes = 0;         // all-reduced with other processes
+  std::int64_t samples = 0;        // global batch rows
+};
+
+// Totals over a run of steps (an epoch, or all of training).
+struct Totals {
+  std::int64_t steps = 0;
+  double wall = 0;
+  PhaseSeconds phases{};
+  double communication_total = 0;
+  double transfer = 0;
+  std::uint64_t bytes = 0;
+  std::int64_t samples = 0;
+  void add(const StepRecord& r);
+  double share(Phase p) const { return wall > 0 ? phases[static_cast<int>(p)] / wall : 0.0; }
+  // Wall time not covered by any phase (thread start-up and joins, the step's own overhead).
+  double unaccounted() const;
+};
+
+struct ProfilerOptions {
+  bool trace = false;                 // keep events for a Chrome trace
+  std::int64_t max_trace_steps = 1000;  // events of the first steps only (1000 steps: a few MB)
+};
+
+class Profiler {
+ public:
+  explicit Profiler(ProfilerOptions options = {});
+  Profiler(const Profiler&) = delete;
+  Profiler& operator=(const Profiler&) = delete;
+
+  // Before training: one track per thread. Pointers stay valid for the profiler's life.
+  Track& add_track(std::string name, TrackKind kind);
+  Track& loop() { return *tracks_.front(); }
+
+  void begin_step();
+  // Closes the step, reduces its tracks into a StepRecord and adds it to the totals.
+  const StepRecord& end_step(std::int64_t samples);
+  // The epoch's totals so far; begin_epoch starts new ones.
+  void begin_epoch() { epoch_ = Totals{}; }
+  const Totals& epoch() const { return epoch_; }
+  const Totals& total() const { return total_; }
+  // Step wall time percentile over all steps (q in [0, 1]).
+  double step_percentile(double q) const;
+  std::int64_t steps() const { return total_.steps; }
+
+  bool tracing() const { return options_.trace; }
+  // Chrome trace-event JSON ({"traceEvents": [...]}): one track per thread, process `pid`
+  // named `process_name`. Opens in Perfetto and chrome://tracing.
+  void write_trace(std::ostream& out, int pid, const std::string& process_name) const;
+  void write_trace(const std::string& path, int pid, const std::string& process_name) const;
+
+ private:
+  ProfilerOptions options_;
+  std::vector<std::unique_ptr<Track>> tracks_;
+  // Trace times count from the steady clock's epoch, which every process on a host
+  // shares: the traces of a host's workers line up without any rebasing.
+  Clock::time_point origin_{};
+  Clock::time_point step_start_{};
+  StepRecord last_;
+  Totals epoch_, total_;
+  std::vector<double> step_walls_;
+  std::vector<std::pair<double, double>> step_spans_;  // [step] start and duration, µs, traced steps
+};
+
+}  // namespace dtrain::profile

@@ -1,0 +1,171 @@
+#include "dtrain/profile/profiler.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <set>
+#include <sstream>
+
+#include "dtrain/profile/summary.h"
+
+namespace dtrain::profile {
+namespace {
+
+using std::chrono::microseconds;
+
+double seconds(const StepRecord& r, Phase p) { return r.phases[static_cast<std::size_t>(p)]; }
+
+// Intervals are given, not measured: the phase arithmetic is exact.
+TEST(Profiler, ReducesTracksIntoTheStepsPhases) {
+  Profiler profiler;
+  Track& r0 = profiler.add_track("replica 0", TrackKind::replica);
+  Track& r1 = profiler.add_track("replica 1", TrackKind::replica);
+  const Clock::time_point t = Clock::now();
+  profiler.begin_step();
+  profiler.loop().add(Phase::input_wait, t, t + microseconds(100));
+  // Replica 0: forward 1 ms, backward 3 ms of which 0.5 ms summed a bucket, then 1 ms
+  // waiting for the sums (0.4 ms of it for the communication thread).
+  r0.add(Phase::forward, t, t + microseconds(1000));
+  r0.add_nested(Phase::communication, Phase::backward, t + microseconds(2000), t + microseconds(2500));
+  r0.add(Phase::backward, t + microseconds(1000), t + microseconds(4000));
+  r0.add(Phase::communication, t + microseconds(4000), t + microseconds(5000));
+  r0.add_wait_for_communication_thread(0.0004);
+  // Replica 1: forward 2 ms, backward 2 ms, no communication.
+  r1.add(Phase::forward, t, t + microseconds(2000));
+  r1.add(Phase::backward, t + microseconds(2000), t + microseconds(4000));
+  Track& comm = profiler.add_track("communication", TrackKind::communication);
+  comm.add(Phase::straggler_wait, t, t + microseconds(300));
+  comm.add(Phase::communication, t + microseconds(300), t + microseconds(1300));
+  comm.add_bytes(1000);
+  const StepRecord& r = profiler.end_step(64);
+
+  EXPECT_NEAR(seconds(r, Phase::input_wait), 100e-6, 1e-12);
+  EXPECT_NEAR(seconds(r, Phase::forward), 1.5e-3, 1e-12);    // mean of 1 and 2 ms
+  EXPECT_NEAR(seconds(r, Phase::backward), 2.25e-3, 1e-12);  // mean of 2.5 and 2 ms
+  // Exposed: the mean of the replicas' 1.5 and 0 ms, less the straggler part of it.
+  EXPECT_NEAR(seconds(r, Phase::straggler_wait), 0.2e-3, 1e-12);  // min(mean wait 0.2, late peer 0.3)
+  EXPECT_NEAR(seconds(r, Phase::communication), 0.75e-3 - 0.2e-3, 1e-12);
+  // Busy: 0.75 ms mean in the replicas, less their 0.2 ms mean wait, plus the thread's 1.3 ms.
+  EXPECT_NEAR(r.communication_total, 0.75e-3 - 0.2e-3 + 1.3e-3, 1e-12);
+  EXPECT_NEAR(r.transfer, 1e-3, 1e-12);
+  EXPECT_EQ(r.bytes, 1000u);
+  EXPECT_EQ(r.samples, 64);
+  EXPECT_GT(r.wall, 0.0);
+
+  // The next step starts from zero; totals add up.
+  profiler.begin_step();
+  profiler.loop().add(Phase::optimizer, t, t + microseconds(250));
+  const StepRecord& second = profiler.end_step(64);
+  EXPECT_EQ(second.phases[static_cast<std::size_t>(Phase::forward)], 0.0);
+  EXPECT_NEAR(seconds(second, Phase::optimizer), 250e-6, 1e-12);
+  EXPECT_EQ(profiler.total().steps, 2);
+  EXPECT_EQ(profiler.total().samples, 128);
+  EXPECT_EQ(profiler.total().bytes, 1000u);
+  EXPECT_NEAR(profiler.total().phases[static_cast<std::size_t>(Phase::optimizer)], 250e-6, 1e-12);
+  profiler.begin_epoch();
+  EXPECT_EQ(profiler.epoch().steps, 0);
+  EXPECT_EQ(profiler.total().steps, 2);
+}
+
+TEST(Profiler, StepPercentiles) {
+  Profiler profiler;
+  EXPECT_EQ(profiler.step_percentile(0.5), 0.0);
+  for (int i = 0; i < 5; ++i) {
+    profiler.begin_step();
+    profiler.end_step(1);
+  }
+  EXPECT_LE(profiler.step_percentile(0.0), profiler.step_percentile(0.5));
+  EXPECT_LE(profiler.step_percentile(0.5), profiler.step_percentile(0.9));
+  EXPECT_LE(profiler.step_percentile(0.9), profiler.step_percentile(1.0));
+}
+
+TEST(Profiler, TraceIsTraceEventJsonWithATrackPerThread) {
+  ProfilerOptions options;
+  options.trace = true;
+  options.max_trace_steps = 2;
+  Profiler profiler(options);
+  Track& replica = profiler.add_track("replica \"0\"", TrackKind::replica);
+  const Clock::time_point t = Clock::now();
+  for (int step = 0; step < 3; ++step) {
+    profiler.begin_step();
+    profiler.loop().add(Phase::input_wait, t, t + microseconds(10));
+    replica.add(Phase::forward, t + microseconds(10), t + microseconds(30));
+    replica.add(Phase::communication, t + microseconds(30), t + microseconds(40), "sum buckets");
+    profiler.end_step(1);
+  }
+  std::ostringstream out;
+  profiler.write_trace(out, 3, "worker 3");
+  const nlohmann::json trace = nlohmann::json::parse(out.str());
+  std::set<std::string> threads, names;
+  int steps = 0, phases = 0;
+  for (const auto& e : trace.at("traceEvents")) {
+    EXPECT_EQ(e.at("pid"), 3);
+    if (e.at("ph") == "M") {
+      if (e.at("name") == "thread_name") threads.insert(e.at("args").at("name").get<std::string>());
+      continue;
+    }
+    ASSERT_EQ(e.at("ph"), "X");
+    EXPECT_GE(e.at("dur").get<double>(), 0.0);
+    EXPECT_GT(e.at("ts").get<double>(), 0.0);
+    if (e.at("cat") == "step") ++steps;
+    else ++phases, names.insert(e.at("name").get<std::string>());
+  }
+  EXPECT_EQ(threads, (std::set<std::string>{"training loop", "replica \"0\""}));
+  // Only the first two steps are traced.
+  EXPECT_EQ(steps, 2);
+  EXPECT_EQ(phases, 6);
+  EXPECT_EQ(names, (std::set<std::string>{"input wait", "forward", "sum buckets"}));
+}
+
+TEST(Profiler, TraceFileThatCannotBeWrittenNamesThePath) {
+  Profiler profiler(ProfilerOptions{.trace = true});
+  try {
+    profiler.write_trace("/nonexistent-dir/trace.json", 0, "x");
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent-dir/trace.json"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Summary, TravelsAsNumbersAndFormatsATable) {
+  WorkerSummary w;
+  w.totals.steps = 10;
+  w.totals.wall = 2.0;
+  w.totals.samples = 640;
+  w.totals.bytes = 4'000'000'000;
+  w.totals.transfer = 1.0;
+  w.totals.communication_total = 1.2;
+  w.totals.phases[static_cast<std::size_t>(Phase::forward)] = 0.5;
+  w.totals.phases[static_cast<std::size_t>(Phase::backward)] = 1.0;
+  w.totals.phases[static_cast<std::size_t>(Phase::communication)] = 0.4;
+  w.step_p50 = 0.19;
+  w.step_p90 = 0.25;
+  std::vector<double> values(WorkerSummary::kValues);
+  w.to_values(values);
+  const WorkerSummary back = WorkerSummary::from_values(values);
+  EXPECT_EQ(back.totals.steps, 10);
+  EXPECT_EQ(back.totals.bytes, w.totals.bytes);
+  EXPECT_EQ(back.totals.phases, w.totals.phases);
+  EXPECT_EQ(back.step_p50, 0.19);
+  EXPECT_EQ(back.step_p90, 0.25);
+  EXPECT_DOUBLE_EQ(w.samples_per_second(), 320.0);
+  EXPECT_DOUBLE_EQ(w.bytes_per_step(), 4e8);
+  // Two workers: each moves 2(n-1)/n = 1 times the bytes, in 1 s.
+  EXPECT_DOUBLE_EQ(w.bus_bandwidth(2), 4e9);
+  EXPECT_DOUBLE_EQ(w.bus_bandwidth(4), 1.5 * 4e9);
+  EXPECT_EQ(w.bus_bandwidth(1), 0.0);
+  EXPECT_NEAR(w.totals.unaccounted(), 0.1, 1e-12);
+
+  const std::string table = summary_table({w, back});
+  EXPECT_NE(table.find("| 0 | 10 | 320 | 190.00 | 250.00 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| 1 | 10 | 320 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| 25.0% |"), std::string::npos) << table;  // forward
+  EXPECT_NE(table.find("| 4.00 |"), std::string::npos) << table;   // bus GB/s
+  EXPECT_EQ(table.find("straggler"), std::string::npos) << table;  // no worker had any
+  const std::string line = phase_shares(w.totals);
+  EXPECT_NE(line.find("communication 20.0% exposed of 60.0%"), std::string::npos) << line;
+  EXPECT_NE(line.find("other 5.0%"), std::string::npos) << line;
+}
+
+}  // namespace
+}  // namespace dtrain::profile
