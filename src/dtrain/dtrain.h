@@ -24,4 +24,5 @@
 #include "dtrain/nn/layers.h"
 #include "dtrain/optim/optimizer.h"
 #include "dtrain/profile/profiler.h"
+#include "dtrain/profile/diagnosis.h"
 #include "dtrain/profile/summary.h"

@@ -20,8 +20,9 @@ struct Result {
   std::string output;  // stdout and stderr together
 };
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(DTRAIN_BINARY) + " " + args + " 2>&1";
+// `env`: VAR=value words put before the command.
+Result run(const std::string& args, const std::string& env = "") {
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(DTRAIN_BINARY) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -151,6 +152,47 @@ TEST_F(Cli, LaunchRunsTasksWithPrefixedOutputAndReportsAFailure) {
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("dtrain launch: failed: worker:0 exited with code 4"), std::string::npos) << r.output;
   EXPECT_EQ(run("launch --workers 2").code, 1);  // no program
+}
+
+TEST_F(Cli, FitProfileWritesATraceAndTheSummaryHasTheProfile) {
+  const std::string trace = (dir_ / "trace.json").string(), summary = (dir_ / "s.json").string();
+  Result r = run("fit " + tiny_config() + " --replicas 2 --epochs 2 --steps-per-epoch 5 --verbose 2 --profile " + trace +
+                 " --summary " + summary);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("Where the training steps' time went:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("forward"), std::string::npos) << r.output;
+  std::ifstream t(trace);
+  const nlohmann::json events = nlohmann::json::parse(t).at("traceEvents");
+  EXPECT_GT(events.size(), 20u);
+  std::ifstream s(summary);
+  const nlohmann::json j = nlohmann::json::parse(s);
+  ASSERT_EQ(j.at("profile").size(), 1u);
+  // --steps-per-epoch 5: the steady-state profile is the second epoch's 5 steps.
+  EXPECT_EQ(j["profile"][0].at("steps"), 5);
+  EXPECT_GT(j["profile"][0].at("phase_seconds_per_step").at("forward").get<double>(), 0.0);
+  // A trace that cannot be written fails before training.
+  r = run("fit " + tiny_config() + " --profile /nonexistent-dir/t.json");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("/nonexistent-dir/t.json"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Epoch 1"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, DoctorRunsEachScaleAndNamesAPlantedStraggler) {
+  Result r = run("doctor " + tiny_config() + " --replicas 1,2 --steps 3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("| 1 | 1 | 32 |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| 1 | 2 | 64 |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Diagnosis"), std::string::npos) << r.output;
+  // Worker 1 made five times slower (forward and backward) is named; worker 0 is not.
+  r = run("doctor " + tiny_config() + " --replicas 1 --workers 2 --steps 10", "DTRAIN_FAULT_SLOW=worker:1:5x");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("- straggler: worker:1 computes"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("straggler: worker:0"), std::string::npos) << r.output;
+  // A malformed fault option, or a bad scale, is an error naming it.
+  r = run("doctor " + tiny_config() + " --replicas 1 --workers 2 --steps 2", "DTRAIN_FAULT_SLOW=worker:1:slow");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("DTRAIN_FAULT_SLOW"), std::string::npos) << r.output;
+  EXPECT_EQ(run("doctor " + tiny_config() + " --replicas 0").code, 2);
 }
 
 TEST_F(Cli, SaveWeightsThenEvaluateGivesTheSameTestFigures) {

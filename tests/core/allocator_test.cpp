@@ -21,6 +21,23 @@ TEST(CachingAllocator, ReusesFreedBlocksOfTheSameSize) {
   EXPECT_EQ(a.stats().bytes_reserved, 0u);
 }
 
+TEST(CachingAllocator, LargeBlocksStartOnAHugePageAndAreReused) {
+  CachingAllocator a;
+  // Not a multiple of the huge page: the sanitizers' aligned_alloc would refuse it.
+  const std::size_t bytes = CachingAllocator::kHugePage + 64 * 3;
+  void* p = a.allocate(bytes);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % CachingAllocator::kHugePage, 0u);
+  static_cast<char*>(p)[bytes - 1] = 1;  // the whole block is usable
+  a.deallocate(p, bytes);
+  EXPECT_EQ(a.allocate(bytes), p);
+  a.deallocate(p, bytes);
+  EXPECT_EQ(a.stats().system_allocations, 1u);
+  // Smaller blocks keep the cache-line alignment only.
+  void* small = a.allocate(1000);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(small) % CachingAllocator::kAlignment, 0u);
+  a.deallocate(small, 1000);
+}
+
 TEST(CachingAllocator, ZeroBytesGivesDistinctValidPointers) {
   CachingAllocator a;
   void* p = a.allocate(0);

@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "common/temp_dir.h"
 #include "dtrain/dtrain.h"
 
 namespace dtrain {
@@ -41,29 +42,25 @@ void expect_phases_cover_the_steps(const History& h, std::int64_t steps) {
   EXPECT_LE(h.profile_summary[0].step_p50, h.profile_summary[0].step_p90);
 }
 
-struct TempDir {
-  std::filesystem::path path = std::filesystem::temp_directory_path() /
-                               ("dtrain_profile_" + std::to_string(::getpid()) + "_" +
-                                ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  TempDir() { std::filesystem::create_directories(path); }
-  ~TempDir() { std::filesystem::remove_all(path); }
-};
+class FitProfileTrace : public testing::TempDirTest {};
 
 TEST(FitProfile, PhasesAddUpToTheStepOnOneDevice) {
   data::Split d = data::make_synthetic(2048, 512, 10, 3, data::SyntheticLabels::teacher);
   auto model = mlp();
   const History h = model->fit(d.x, d.y, {.epochs = 2, .batch_size = 128, .verbose = 0});
-  expect_phases_cover_the_steps(h, 32);
+  // The summary is the steady state: the second epoch.
+  expect_phases_cover_the_steps(h, 16);
   ASSERT_EQ(h.profile.size(), 2u);
-  EXPECT_EQ(h.profile[0].steps + h.profile[1].steps, 32);
-  EXPECT_EQ(h.profile_summary[0].totals.samples, 2 * 2048);
+  EXPECT_EQ(h.profile[0].steps, 16);
+  EXPECT_EQ(h.profile[1].steps, 16);
+  EXPECT_EQ(h.profile_summary[0].totals.samples, 2048);
+  EXPECT_DOUBLE_EQ(h.profile_summary[0].totals.wall, h.profile[1].wall);
   // One device: nothing is communicated.
   EXPECT_EQ(h.profile_summary[0].totals.communication_total, 0.0);
   EXPECT_EQ(h.profile_summary[0].totals.bytes, 0u);
 }
 
-TEST(FitProfile, PhasesAddUpToTheStepUnderMirroredAndTheTraceHasEveryPhase) {
-  TempDir dir;
+TEST_F(FitProfileTrace, PhasesAddUpToTheStepUnderMirroredAndTheTraceHasEveryPhase) {
   data::Split d = data::make_synthetic(2048, 512, 10, 3, data::SyntheticLabels::teacher);
   distribute::MirroredStrategy strategy(2);
   std::unique_ptr<Sequential> model;
@@ -71,7 +68,7 @@ TEST(FitProfile, PhasesAddUpToTheStepUnderMirroredAndTheTraceHasEveryPhase) {
     auto scope = strategy.scope();
     model = mlp();
   }
-  const std::string trace_path = (dir.path / "trace.json").string();
+  const std::string trace_path = (dir_ / "trace.json").string();
   auto tracer = std::make_shared<ProfilerCallback>(trace_path);
   const History h = model->fit(d.x, d.y, {.epochs = 1, .batch_size = 128, .callbacks = {tracer}, .verbose = 0});
   expect_phases_cover_the_steps(h, 16);
@@ -111,6 +108,12 @@ TEST(FitProfile, ASlowInputIsInputWait) {
   EXPECT_EQ(t.steps, 8);
   // At least 8 × 20 ms of the steps waited for input, the largest phase by far.
   EXPECT_GE(t.phases[static_cast<std::size_t>(Phase::input_wait)], 8 * 0.020);
+  // ... and the diagnosis says so, first.
+  profile::ScaleRun run{.workers = 1, .replicas = 1, .global_batch = 32, .samples_per_second = 0,
+                        .rows = h.profile_summary};
+  const std::vector<profile::Finding> findings = profile::diagnose({run});
+  ASSERT_FALSE(findings.empty());
+  EXPECT_EQ(findings.front().cause, "input-bound") << profile::format_findings(findings);
   for (int p = 0; p < profile::kPhases; ++p) {
     if (p == static_cast<int>(Phase::input_wait)) continue;
     EXPECT_LT(t.phases[static_cast<std::size_t>(p)], t.phases[static_cast<std::size_t>(Phase::input_wait)])

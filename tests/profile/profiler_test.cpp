@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "dtrain/profile/diagnosis.h"
 #include "dtrain/profile/summary.h"
 
 namespace dtrain::profile {
@@ -165,6 +166,69 @@ TEST(Summary, TravelsAsNumbersAndFormatsATable) {
   const std::string line = phase_shares(w.totals);
   EXPECT_NE(line.find("communication 20.0% exposed of 60.0%"), std::string::npos) << line;
   EXPECT_NE(line.find("other 5.0%"), std::string::npos) << line;
+}
+
+// A worker's row from seconds per step (10 steps).
+WorkerSummary row(double step, double input, double compute, double comm, double optimizer, double bytes = 0,
+                  double transfer = 0) {
+  WorkerSummary w;
+  Totals& t = w.totals;
+  t.steps = 10;
+  t.wall = 10 * step;
+  t.samples = 640;
+  t.phases[static_cast<std::size_t>(Phase::input_wait)] = 10 * input;
+  t.phases[static_cast<std::size_t>(Phase::forward)] = 10 * compute / 3;
+  t.phases[static_cast<std::size_t>(Phase::backward)] = 10 * compute * 2 / 3;
+  t.phases[static_cast<std::size_t>(Phase::communication)] = 10 * comm;
+  t.phases[static_cast<std::size_t>(Phase::optimizer)] = 10 * optimizer;
+  t.bytes = static_cast<std::uint64_t>(10 * bytes);
+  t.transfer = 10 * transfer;
+  return w;
+}
+
+std::vector<std::string> causes(const std::vector<Finding>& findings) {
+  std::vector<std::string> out;
+  for (const Finding& f : findings) out.push_back(f.cause);
+  return out;
+}
+
+TEST(Diagnosis, NamesEachPlantedCause) {
+  const ScaleRun one{.workers = 1, .replicas = 1, .global_batch = 64, .samples_per_second = 1000,
+                     .rows = {row(0.010, 0.0002, 0.008, 0, 0.0015)}};
+  // Compute-bound and healthy: nothing to say.
+  EXPECT_TRUE(diagnose({one}).empty()) << format_findings(diagnose({one}));
+
+  ScaleRun input = one;
+  input.rows = {row(0.030, 0.020, 0.008, 0, 0.0015)};
+  EXPECT_EQ(causes(diagnose({one, input})), std::vector<std::string>{"input-bound"});
+  EXPECT_NE(diagnose({input}).front().evidence.find("67%"), std::string::npos) << diagnose({input}).front().evidence;
+
+  // Two workers whose link is slow: 8 MB per step, exposed communication half the step.
+  ScaleRun slow_link{.workers = 2, .replicas = 1, .global_batch = 128, .samples_per_second = 900,
+                     .rows = {row(0.020, 0.0002, 0.008, 0.010, 0.0015, 8e6, 0.009),
+                              row(0.020, 0.0002, 0.008, 0.010, 0.0015, 8e6, 0.009)}};
+  const std::vector<Finding> comm = diagnose({one, slow_link});
+  EXPECT_EQ(causes(comm), (std::vector<std::string>{"too little work per replica", "communication-bound"}));
+  EXPECT_NE(comm.back().evidence.find("8.0 MB all-reduced per step"), std::string::npos) << comm.back().evidence;
+  EXPECT_NE(comm.back().fix.find("--compression bf16"), std::string::npos) << comm.back().fix;
+
+  // Worker 1 computes three times as long; worker 0 waits for it in communication. The
+  // straggler is named, and its wait is not blamed on the link.
+  ScaleRun straggler = slow_link;
+  straggler.rows = {row(0.026, 0.0002, 0.008, 0.016, 0.0015, 8e6, 0.001),
+                    row(0.026, 0.0002, 0.024, 0.0005, 0.0015, 8e6, 0.001)};
+  const std::vector<Finding> s = diagnose({one, straggler});
+  ASSERT_EQ(causes(s), std::vector<std::string>{"straggler"}) << format_findings(s);
+  EXPECT_NE(s[0].evidence.find("worker:1 computes 24.00 ms"), std::string::npos) << s[0].evidence;
+
+  ScaleRun optimizer = one;
+  optimizer.rows = {row(0.010, 0.0002, 0.006, 0, 0.0035)};
+  EXPECT_EQ(causes(diagnose({optimizer})), std::vector<std::string>{"optimizer-bound"});
+
+  const std::string table = scaling_table({one, slow_link});
+  EXPECT_NE(table.find("| 1 | 1 | 64 | 1000 | 1.00 | 10.00 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| 2 | 1 | 128 | 900 | 0.90 | 20.00 |"), std::string::npos) << table;
+  EXPECT_NE(format_findings({}).find("No single cause"), std::string::npos);
 }
 
 }  // namespace

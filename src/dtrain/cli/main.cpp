@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "dtrain/cli/config.h"
+#include "dtrain/cli/doctor.h"
 #include "dtrain/cluster/launcher.h"
 #include "dtrain/core/allocator.h"
 #include "dtrain/core/clock.h"
@@ -31,6 +32,8 @@ Examples:
   dtrain fit examples/configs/fashion_mnist.json --save-weights fmnist.safetensors
   dtrain evaluate examples/configs/fashion_mnist.json --weights fmnist.safetensors
   dtrain summary examples/configs/seed_small.json
+  dtrain fit examples/configs/seed_large.json --replicas 2 --batch-size 128 --profile trace.json
+  dtrain doctor examples/configs/seed_large.json --replicas 1,2 --workers 1,2 --steps 20
   dtrain launch --workers 2 -- sh -c 'echo $TF_CONFIG'
 
 Config files are JSON: model (Keras-style Sequential JSON), loss, optimizer, metrics,
@@ -45,6 +48,7 @@ struct Overrides {
   int verbose = -2;
   int replicas = -1;
   int accumulation = -1;
+  std::int64_t steps_per_epoch = 0;
   std::string save_weights, summary, weights, dtype_policy, strategy, profile;
   // multi_worker only
   std::string compression;
@@ -85,6 +89,13 @@ std::unique_ptr<distribute::Strategy> make_strategy(const cli::RunConfig& c, con
                           : std::make_unique<distribute::MirroredStrategy>();
   if (c.strategy == "one_device") return std::make_unique<distribute::OneDeviceStrategy>();
   return nullptr;
+}
+
+// This binary's path (for the processes it starts).
+std::string self_path() {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  return n > 0 ? std::string(self, static_cast<std::size_t>(n)) : std::string("/proc/self/exe");
 }
 
 void write_json(const std::string& path, const json& j) {
@@ -155,6 +166,12 @@ int run_fit(const std::string& path, const Overrides& o) {
   prepare(c);
   const auto wall_start = Clock::now();
   data::Classification d = cli::load_data(c);
+  if (o.steps_per_epoch > 0 && !c.data.pipeline) {
+    // On tensors, an epoch of N steps trains on the first N global batches.
+    const std::int64_t rows = std::min(d.train.x.dim(0), o.steps_per_epoch * c.batch_size);
+    d.train.x = d.train.x.slice(0, rows);
+    d.train.y = d.train.y.slice(0, rows);
+  }
   std::unique_ptr<distribute::Strategy> strategy = make_strategy(c, o);
   // Under multi_worker, the chief alone writes files; every worker trains and reports.
   const bool chief = !strategy || strategy->worker_index() == 0;
@@ -189,6 +206,7 @@ int run_fit(const std::string& path, const Overrides& o) {
                           .gradient_accumulation_steps = c.gradient_accumulation_steps,
                           .callbacks = {memory},
                           .verbose = c.verbose};
+  if (c.data.pipeline) fit_options.steps_per_epoch = o.steps_per_epoch;
   if (!o.profile.empty()) fit_options.callbacks.push_back(std::make_shared<ProfilerCallback>(o.profile));
   History h = c.data.pipeline ? model->fit(cli::build_pipeline(c, d.train), fit_options)
                               : model->fit(d.train.x, d.train.y, fit_options);
@@ -305,10 +323,28 @@ int main(int argc, char** argv) {
   add_strategy_flags(fit);
   fit->add_option("--save-weights", o.save_weights, "Save the trained weights (safetensors) here");
   fit->add_option("--profile", o.profile,
-                  "Write a Chrome trace of every step phase here (Perfetto, chrome://tracing); other workers write "
-                  "FILE.worker-K");
+                  "Write a Chrome trace of every step phase here (Perfetto, chrome://tracing); worker K of several "
+                  "writes NAME.worker-K.json");
   fit->add_option("--verbose", o.verbose, "0 silent, 1 progress bar, 2 one line per epoch (default: auto)")
       ->check(CLI::Range(0, 2));
+  fit->add_option("--steps-per-epoch", o.steps_per_epoch,
+                  "Steps per epoch: the first N global batches of in-memory data, or N batches of the pipeline")
+      ->check(CLI::Range(std::int64_t{1}, INT64_MAX));
+  cli::DoctorOptions doctor_options;
+  CLI::App* doctor = app.add_subcommand("doctor", "Run CONFIG briefly at several scales and say why it scales as it does");
+  doctor->add_option("config", doctor_options.config, "JSON config file")->required();
+  doctor->add_option("--replicas", doctor_options.replicas, "Replicas per worker to try, e.g. 1,2")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096));
+  doctor->add_option("--workers", doctor_options.workers, "Worker processes to try, e.g. 1,2")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 256));
+  doctor->add_option("--steps", doctor_options.steps, "Steps per epoch of each run (two epochs, the first a warm-up)")
+      ->check(CLI::Range(1, 1'000'000));
+  doctor->add_option("--batch-size", doctor_options.batch_size,
+                     "Rows per replica per step (default: the config's batch_size); the global batch grows with "
+                     "the replicas, as batch_size = 32 * num_replicas_in_sync does")
+      ->check(CLI::Range(std::int64_t{1}, INT64_MAX));
   CLI::App* evaluate = app.add_subcommand("evaluate", "Evaluate saved weights on CONFIG's test data");
   add_run_flags(evaluate);
   evaluate->add_option("--weights", o.weights, "Weights file (safetensors)")->required();
@@ -344,6 +380,11 @@ int main(int argc, char** argv) {
     if (*fit) return run_fit(config, o);
     if (*evaluate) return run_evaluate(config, o);
     if (*summary) return run_summary(config);
+    if (*doctor) {
+      doctor_options.self = self_path();
+      cli::run_doctor(doctor_options, std::cout);
+      return 0;
+    }
     if (*launch) {
       std::vector<std::string> command = launch->remaining();
       // `dtrain launch ... fit CONFIG`: the tasks run this dtrain.
@@ -353,11 +394,7 @@ int main(int argc, char** argv) {
       if (command.size() > 1 && command[1] == "fit" &&
           std::none_of(command.begin(), command.end(), [](const std::string& a) { return a.rfind("--strategy", 0) == 0; }))
         command.insert(command.end(), {"--strategy", "multi_worker"});
-      if (!command.empty() && command.front() == "/proc/self/exe") {
-        char self[4096];
-        const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-        if (n > 0) command.front().assign(self, static_cast<std::size_t>(n));
-      }
+      if (!command.empty() && command.front() == "/proc/self/exe") command.front() = self_path();
       launch_options.command = command;
       return cluster::launch(launch_options).exit_code;
     }

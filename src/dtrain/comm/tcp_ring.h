@@ -39,8 +39,9 @@ class TcpRing {
   // closes its connection is PeerFailure naming it; no progress for the timeout, Timeout.
   void allreduce(void* data, std::size_t count, std::size_t element, SumInto sum);
   // Of the last allreduce: seconds until the previous rank's first bytes arrived. While
-  // that rank has not started the collective, this rank can only wait: the time is the
-  // lateness of the slowest rank (seen through the ring) plus one message's latency.
+  // that rank has not started the collective, this rank can only wait: the time is that
+  // rank's lateness plus one message's latency. (A late rank further round the ring
+  // delays later steps instead, which this does not separate from the transfer.)
   double last_peer_wait() const { return last_peer_wait_; }
   // Shuts the ring's connections down: after a failure, so that the neighbours, which may
   // be waiting on this rank rather than on the one that failed, learn of it at once.

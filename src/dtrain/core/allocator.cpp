@@ -23,9 +23,12 @@ namespace {
 
 void* system_allocate(std::size_t size) {
   if (size < CachingAllocator::kHugePage) return std::aligned_alloc(CachingAllocator::kAlignment, size);
-  void* p = std::aligned_alloc(CachingAllocator::kHugePage, size);
+  // posix_memalign, unlike aligned_alloc, takes sizes that are not a multiple of the
+  // alignment (the sanitizers' aligned_alloc rejects them).
+  void* p = nullptr;
+  if (posix_memalign(&p, CachingAllocator::kHugePage, size) != 0) return nullptr;
   // Advice only: where transparent huge pages are off, the block keeps 4 KiB pages.
-  if (p != nullptr) madvise(p, size, MADV_HUGEPAGE);
+  madvise(p, size, MADV_HUGEPAGE);
   return p;
 }
 

@@ -52,8 +52,13 @@ BucketReducer::BucketReducer(int replicas, std::span<Variable* const> vars, std:
         if (round > started_round_) start = started_round_ = round;
       }
       summed_cv_.notify_all();
-      if (start)
-        cross_.workers->submit([this, start](comm::GlooGroup& group) { reduce_across_workers(group, start); });
+      if (!start) return;
+      cross_.workers->submit([this, start](comm::GlooGroup& group) { reduce_across_workers(group, start); });
+      {
+        std::lock_guard lock(summed_mutex_);
+        submitted_round_ = start;
+      }
+      summed_cv_.notify_all();
     });
   }
   for (auto& s : states_) {
@@ -184,8 +189,15 @@ void BucketReducer::finish(int replica) {
   std::fill(state.held.begin(), state.held.end(), Tensor());
   const Clock::time_point summed = Clock::now();
   if (track) track->add(profile::Phase::communication, start, summed, "sum buckets");
-  // Then the sums over the other workers.
+  // Then the sums over the other workers. The round's job may still be on its way to the
+  // queue (the replica that summed the first bucket submits it after publishing the sum):
+  // wait for it to be there, or wait() could return before it ran.
   if (cross_.workers) {
+    const std::uint64_t round = ++state.rounds;
+    {
+      std::unique_lock lock(summed_mutex_);
+      summed_cv_.wait(lock, [&] { return submitted_round_ >= round || !stopped_.empty(); });
+    }
     cross_.workers->wait();
     if (track) {
       const Clock::time_point end = Clock::now();

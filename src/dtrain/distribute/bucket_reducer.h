@@ -66,6 +66,7 @@ class BucketReducer final : public GradientReducer {
     std::vector<char> summed;         // [variable] sums holds a gradient this group
     std::vector<Tensor> reduced;      // [variable] this replica's copy of the result list
     std::vector<std::vector<float>> flags;  // [bucket][variable in it] 1: had a gradient
+    std::uint64_t rounds = 0;         // reductions finished (multi-worker)
   };
   // On the communication thread: each bucket, once summed here, summed over the workers.
   void reduce_across_workers(comm::GlooGroup& group, std::uint64_t round);
@@ -88,7 +89,8 @@ class BucketReducer final : public GradientReducer {
   std::mutex summed_mutex_;
   std::condition_variable summed_cv_;
   std::vector<std::uint64_t> summed_round_;  // [bucket]
-  std::uint64_t started_round_ = 0;          // the last round whose job was submitted
+  std::uint64_t started_round_ = 0;          // the last round whose job is being submitted
+  std::uint64_t submitted_round_ = 0;        // ... and is in the communication queue
   std::string stopped_;                      // why the cross-worker stage stopped waiting
 };
 

@@ -48,8 +48,8 @@ class History : public Callback {
   std::vector<double> input_wait_seconds;
   // Where each epoch's training steps spent their time, on this worker (phases, bytes).
   std::vector<profile::Totals> profile;
-  // Over all of training, a row per worker (every worker gets every row): what fit's
-  // end-of-training table shows.
+  // Over the epochs after the first (all of training when there was one), a row per
+  // worker (every worker gets every row): what fit's end-of-training table shows.
   std::vector<profile::WorkerSummary> profile_summary;
 };
 

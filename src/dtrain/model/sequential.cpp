@@ -2,12 +2,16 @@
 #include "dtrain/model/sequential.h"
 
 #include <array>
+#include <fstream>
+#include <cstdio>
+#include <cstdlib>
 #include <iomanip>
 #include <iostream>
 #include <numeric>
 #include <regex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "dtrain/core/clock.h"
 #include "dtrain/core/threads.h"
@@ -314,6 +318,23 @@ std::vector<std::string> describe(const Sequential& model) {
   return out;
 }
 
+// DTRAIN_FAULT_SLOW=worker:K:Fx (for tests of the diagnosis): under a strategy, worker
+// K's replicas take F times as long for forward and backward (they sleep the extra time
+// after backward). 1 where unset or naming another worker.
+double fault_slowdown(int worker) {
+  const char* env = std::getenv("DTRAIN_FAULT_SLOW");
+  if (!env || !*env) return 1.0;
+  int k = -1;
+  double factor = 0;
+  char x = 0;
+  int used = 0;
+  if (std::sscanf(env, "worker:%d:%lf%c%n", &k, &factor, &x, &used) != 3 || x != 'x' || env[used] != '\0' || k < 0 ||
+      !(factor >= 1.0 && factor <= 1000.0))
+    DTRAIN_THROW(InvalidArgument, "DTRAIN_FAULT_SLOW='", env,
+                 "': expected worker:INDEX:FACTORx with a factor from 1 to 1000, e.g. worker:1:3x");
+  return k == worker ? factor : 1.0;
+}
+
 void check_fit_options(const FitOptions& opt) {
   if (opt.gradient_accumulation_steps < 1)
     DTRAIN_THROW(InvalidArgument, "fit: gradient_accumulation_steps must be >= 1, got ", opt.gradient_accumulation_steps);
@@ -373,8 +394,8 @@ History Sequential::fit(const data::Dataset& dataset, const FitOptions& opt) {
 // produces them, and the replicas then update their shares of the shared variables.
 class Sequential::Trainer {
  public:
-  Trainer(Sequential& model, int accumulation_steps, profile::Profiler& profiler)
-      : model_(model), k_(accumulation_steps), profiler_(profiler) {}
+  Trainer(Sequential& model, int accumulation_steps, profile::Profiler& profiler, double slowdown)
+      : model_(model), k_(accumulation_steps), profiler_(profiler), slowdown_(slowdown) {}
 
   // Adds the batch's loss and metrics to loss_mean and the model's metrics. Multi-worker:
   // x is the global batch (every worker takes its rows), or with global_rows >= 0 this
@@ -436,10 +457,6 @@ class Sequential::Trainer {
   }
 
   void step_replicas(const Tensor& x, const Tensor& y, bool update, metrics::Mean& loss_mean, std::int64_t global_rows) {
-    // The training thread's own work between the replicas' runs (the update's last part,
-    // metrics) is small; on the compute pool it would leave pool threads spinning on the
-    // cores the replica threads wake up on next, delaying their start by up to milliseconds.
-    const ScopedThreads training_thread_alone(1);
     StrategyBackend& strategy = *model_.strategy_;
     const int replicas = strategy.num_replicas(), in_sync = strategy.num_replicas_in_sync();
     const bool own = global_rows >= 0;  // x is this worker's part of the global batch
@@ -515,6 +532,7 @@ class Sequential::Trainer {
           // The replicas' gradients then add up to the gradient of the global batch's mean.
           tape.gradient(scale(loss, (mean_loss ? static_cast<float>(end - begin) : 1.0f) * scale_by), vars_,
                         [&](std::size_t i, const Tensor& g) { reducer_->gradient_ready(r, i, g); });
+          if (slowdown_ > 1.0) std::this_thread::sleep_for((slowdown_ - 1.0) * (Clock::now() - start));
         }
         // Buckets summed on the way count as communication (the reducer's own record).
         track.add(profile::Phase::backward, forward_end, Clock::now());
@@ -537,10 +555,13 @@ class Sequential::Trainer {
       tracks_[r]->add(profile::Phase::straggler_wait, outputs_[r].done, joined, "waiting for the other replicas");
     profile::Track& loop = profiler_.loop();
     const Clock::time_point optimizer_start = joined;
-    if (update) {
-      if (shared) model_.optimizer_->end_shared_update();
-      else model_.optimizer_->apply_gradients(reducer_->reduced(0), vars_);
-    }
+    // The training thread's small work between the replicas' runs (the end of a shared
+    // update, metrics) runs on it alone: on the compute pool it would leave pool threads
+    // spinning on the cores the replica threads wake up on next, delaying their start by
+    // up to milliseconds. An update that is not shared keeps every core.
+    if (update && !shared) model_.optimizer_->apply_gradients(reducer_->reduced(0), vars_);
+    const ScopedThreads alone(1);
+    if (update && shared) model_.optimizer_->end_shared_update();
     const Clock::time_point optimizer_end = Clock::now();
     loop.add(profile::Phase::optimizer, optimizer_start, optimizer_end);
     for (const Output& out : outputs_)
@@ -551,6 +572,7 @@ class Sequential::Trainer {
   Sequential& model_;
   int k_;
   profile::Profiler& profiler_;
+  double slowdown_;  // DTRAIN_FAULT_SLOW's factor for this worker
   std::vector<profile::Track*> tracks_;  // [replica]
   std::int64_t micro_ = 0;
   std::vector<Variable*> vars_;
@@ -577,6 +599,12 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   std::vector<const ProfilerCallback*> tracers;
   for (const auto& c : callbacks)
     if (const auto* p = dynamic_cast<const ProfilerCallback*>(c.get())) tracers.push_back(p);
+  // A trace that could not be written is found out now, not after training.
+  for (const ProfilerCallback* p : tracers) {
+    const std::string path = p->path_for_worker(strategy_ ? strategy_->worker_index() : 0);
+    if (!std::ofstream(path + ".partial")) DTRAIN_THROW(IoError, "fit: cannot write the trace file ", path);
+    std::remove((path + ".partial").c_str());
+  }
   profile::ProfilerOptions profile_options;
   profile_options.trace = !tracers.empty();
   for (const ProfilerCallback* p : tracers) profile_options.max_trace_steps = p->max_steps();
@@ -584,9 +612,9 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   profile::Track& loop = profiler.loop();
   // Variables made by a lazy build belong to the model's strategy, as in Keras.
   dtrain::detail::ScopedStrategy in_scope(strategy_);
-  Trainer trainer(*this, opt.gradient_accumulation_steps, profiler);
   const int workers = strategy_ ? strategy_->num_workers() : 1;
   const int worker = strategy_ ? strategy_->worker_index() : 0;
+  Trainer trainer(*this, opt.gradient_accumulation_steps, profiler, fault_slowdown(worker));
   const bool own_batches = workers > 1 && source.per_worker();
   Logs logs;
   for (auto& c : callbacks) c->on_train_begin(logs);
@@ -678,7 +706,7 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
     if (verbose > 0 && worker == 0) out << "  " << profile::phase_shares(profiler.epoch()) << "\n";
     for (auto& c : callbacks) c->on_epoch_end(epoch, logs);
   }
-  if (profiler.steps() > 0) {
+  if (profiler.steady().steps > 0) {
     history->profile_summary = gather_profile(profiler);
     if (verbose > 0 && worker == 0) out << "\nWhere the training steps' time went:\n" << profile::summary_table(history->profile_summary);
   }
@@ -690,7 +718,7 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
 }
 
 std::vector<profile::WorkerSummary> Sequential::gather_profile(const profile::Profiler& profiler) {
-  profile::WorkerSummary mine{profiler.total(), profiler.step_percentile(0.5), profiler.step_percentile(0.9)};
+  profile::WorkerSummary mine{profiler.steady(), profiler.step_percentile(0.5), profiler.step_percentile(0.9)};
   const int workers = strategy_ ? strategy_->num_workers() : 1;
   if (workers == 1) return {mine};
   // Every worker fills its own slot; the sum over workers is then everyone's table.

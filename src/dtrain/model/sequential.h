@@ -42,7 +42,9 @@ struct FitOptions {
   int initial_epoch = 0;
   std::vector<std::shared_ptr<Callback>> callbacks;
   // 0 silent, 1 a live progress bar, 2 one line per epoch; -1 ("auto") is 1 on a terminal
-  // and 2 otherwise, so logs get no carriage-return spam.
+  // and 2 otherwise, so logs get no carriage-return spam. Above 0, each epoch's line is
+  // followed by its step-phase shares, and training ends with the profile's table
+  // (docs/profiling.md).
   int verbose = -1;
   std::ostream* out = nullptr;  // defaults to std::cout
 };

@@ -2,8 +2,11 @@
 #include "dtrain/profile/profiler.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
+#include <locale>
 #include <ostream>
+#include <sstream>
 
 #include "dtrain/core/error.h"
 
@@ -90,6 +93,11 @@ Track& Profiler::add_track(std::string name, TrackKind kind) {
   return t;
 }
 
+void Profiler::begin_epoch() {
+  epoch_ = Totals{};
+  if (++epochs_ == 2) steady_from_ = step_walls_.size();
+}
+
 void Profiler::begin_step() {
   for (auto& t : tracks_) t->reset_step();
   step_start_ = Clock::now();
@@ -140,6 +148,7 @@ const StepRecord& Profiler::end_step(std::int64_t samples) {
   last_ = r;
   epoch_.add(r);
   total_.add(r);
+  if (epochs_ > 1) steady_.add(r);
   step_walls_.push_back(r.wall);
   if (options_.trace && total_.steps <= options_.max_trace_steps) {
     step_spans_.emplace_back(micros(origin_, step_start_), micros(step_start_, now));
@@ -150,16 +159,20 @@ const StepRecord& Profiler::end_step(std::int64_t samples) {
 }
 
 double Profiler::step_percentile(double q) const {
-  if (step_walls_.empty()) return 0.0;
-  std::vector<double> sorted = step_walls_;
+  const std::size_t from = epochs_ > 1 ? steady_from_ : 0;
+  if (step_walls_.size() <= from) return 0.0;
+  std::vector<double> sorted(step_walls_.begin() + static_cast<std::ptrdiff_t>(from), step_walls_.end());
   std::sort(sorted.begin(), sorted.end());
   const auto i = static_cast<std::size_t>(std::clamp(q, 0.0, 1.0) * static_cast<double>(sorted.size() - 1) + 0.5);
   return sorted[i];
 }
 
-void Profiler::write_trace(std::ostream& out, int pid, const std::string& process_name) const {
+void Profiler::write_trace(std::ostream& to, int pid, const std::string& process_name) const {
   // Trace-event format: complete events ("ph": "X") with microsecond timestamps, and
-  // metadata events naming the process and each thread.
+  // metadata events naming the process and each thread. Numbers in the C locale whatever
+  // the program's, and the caller's stream keeps its own formatting.
+  std::ostringstream out;
+  out.imbue(std::locale::classic());
   out << "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   out << "{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": " << pid << ", \"tid\": 0, \"args\": {\"name\": ";
   write_json_string(out, process_name);
@@ -185,6 +198,7 @@ void Profiler::write_trace(std::ostream& out, int pid, const std::string& proces
           << "}";
     }
   out << "\n]}\n";
+  to << out.str();
 }
 
 void Profiler::write_trace(const std::string& path, int pid, const std::string& process_name) const {

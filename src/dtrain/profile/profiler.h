@@ -125,11 +125,14 @@ class Profiler {
   // Closes the step, reduces its tracks into a StepRecord and adds it to the totals.
   const StepRecord& end_step(std::int64_t samples);
   // The epoch's totals so far; begin_epoch starts new ones.
-  void begin_epoch() { epoch_ = Totals{}; }
+  void begin_epoch();
   const Totals& epoch() const { return epoch_; }
   const Totals& total() const { return total_; }
-  // Step wall time percentile over all steps (q in [0, 1]).
+  // Step wall time percentile over the steps steady() covers (q in [0, 1]).
   double step_percentile(double q) const;
+  // The steady state: the steps after the first epoch when there were several (the
+  // first warms up: setup, kernels' first calls, cold caches), else all of them.
+  const Totals& steady() const { return epochs_ > 1 ? steady_ : total_; }
   std::int64_t steps() const { return total_.steps; }
 
   bool tracing() const { return options_.trace; }
@@ -146,8 +149,10 @@ class Profiler {
   Clock::time_point origin_{};
   Clock::time_point step_start_{};
   StepRecord last_;
-  Totals epoch_, total_;
+  Totals epoch_, total_, steady_;
+  int epochs_ = 0;
   std::vector<double> step_walls_;
+  std::size_t steady_from_ = 0;  // step_walls_ index of the steady state's first step
   std::vector<std::pair<double, double>> step_spans_;  // [step] start and duration, µs, traced steps
 };
 

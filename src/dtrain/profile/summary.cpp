@@ -73,7 +73,7 @@ std::string phase_shares(const Totals& totals) {
     o << sep << phase_name(p) << " " << percent(totals.share(p));
     if (p == Phase::communication && totals.communication_total > totals.phases[static_cast<std::size_t>(p)] * 1.001)
       o << " exposed of " << percent(totals.wall > 0 ? totals.communication_total / totals.wall : 0);
-    sep = " · ";
+    sep = ", ";
   }
   o << sep << "other " << percent(totals.wall > 0 ? totals.unaccounted() / totals.wall : 0);
   return o.str();

@@ -27,7 +27,7 @@ struct WorkerSummary {
   static WorkerSummary from_values(std::span<const double> in);
 };
 
-// "input wait 0.4% · forward 31.0% · ... · communication 21.3% exposed of 38.0% · ..."
+// "input wait 0.4%, forward 31.0%, ..., communication 21.3% exposed of 38.0%, ..."
 std::string phase_shares(const Totals& totals);
 // The end-of-training table: samples/s, step p50/p90, phase shares, bytes per step and
 // bus bandwidth, a row per worker (index = worker).

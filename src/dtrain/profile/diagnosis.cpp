@@ -1,0 +1,162 @@
+// The scaling table and the rules that name a cause.
+#include "dtrain/profile/diagnosis.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+namespace dtrain::profile {
+namespace {
+
+// One worker's seconds per step, setup (a one-off of the first step) left out.
+struct PerStep {
+  double step = 0, input = 0, start = 0, compute = 0, comm = 0, straggler = 0, optimizer = 0, transfer = 0, bytes = 0;
+};
+
+PerStep per_step(const WorkerSummary& w) {
+  const Totals& t = w.totals;
+  const double n = std::max<double>(1.0, static_cast<double>(t.steps));
+  auto phase = [&](Phase p) { return t.phases[static_cast<std::size_t>(p)] / n; };
+  PerStep s;
+  s.step = t.wall / n - phase(Phase::setup);
+  s.input = phase(Phase::input_wait);
+  s.start = phase(Phase::replica_start);
+  s.compute = phase(Phase::forward) + phase(Phase::backward);
+  s.comm = phase(Phase::communication);
+  s.straggler = phase(Phase::straggler_wait);
+  s.optimizer = phase(Phase::optimizer);
+  s.transfer = t.transfer / n;
+  s.bytes = w.bytes_per_step();
+  return s;
+}
+
+std::string format(const char* fmt, double a, double b = 0, double c = 0, double d = 0) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, fmt, a, b, c, d);
+  return buf;
+}
+
+std::string ms(double seconds) { return format("%.2f ms", seconds * 1000); }
+std::string pct(double share) { return format("%.0f%%", share * 100); }
+
+}  // namespace
+
+std::string scaling_table(const std::vector<ScaleRun>& runs) {
+  std::ostringstream o;
+  o << "| workers | replicas per worker | global batch | samples/s | speedup | step ms | input wait | replica start | "
+       "forward + backward | communication (exposed) | straggler wait | optimizer | other |\n"
+       "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  const double base = runs.empty() ? 0 : runs.front().samples_per_second;
+  for (const ScaleRun& r : runs) {
+    if (r.rows.empty()) continue;
+    const PerStep s = per_step(r.rows.front());
+    const double step = std::max(s.step, 1e-12);
+    const double other = step - s.input - s.start - s.compute - s.comm - s.straggler - s.optimizer;
+    o << "| " << r.workers << " | " << r.replicas << " | " << r.global_batch << " | "
+      << format("%.0f", r.samples_per_second) << " | " << format("%.2f", base > 0 ? r.samples_per_second / base : 0)
+      << " | " << format("%.2f", s.step * 1000) << " | " << pct(s.input / step) << " | " << pct(s.start / step) << " | "
+      << pct(s.compute / step) << " | " << pct(s.comm / step) << " | " << pct(s.straggler / step) << " | "
+      << pct(s.optimizer / step) << " | " << pct(std::max(0.0, other) / step) << " |\n";
+  }
+  return o.str();
+}
+
+std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
+  std::vector<Finding> out;
+  const ScaleRun* big = nullptr;
+  for (const ScaleRun& r : runs)
+    if (!r.rows.empty() && (!big || r.replicas_in_sync() >= big->replicas_in_sync())) big = &r;
+  if (!big) return out;
+  const PerStep s = per_step(big->rows.front());
+  const double step = std::max(s.step, 1e-12);
+  const std::string where =
+      format("at %.0f worker(s) x %.0f replica(s), global batch %.0f", big->workers, big->replicas,
+             static_cast<double>(big->global_batch));
+
+  if (s.input / step >= 0.10)
+    out.push_back({"input-bound",
+                   "input wait is " + pct(s.input / step) + " of each step (" + ms(s.input) + " of " + ms(s.step) + ") " +
+                       where,
+                   "overlap the input with training: prefetch(AUTOTUNE) at the end of the pipeline, and "
+                   "map(fn, AUTOTUNE) for slow per-element work (or cache() what does not change); with the input "
+                   "hidden, a step would take about " +
+                       ms(step - s.input) + format(" (%.2fx the samples/s)", step / std::max(step - s.input, 1e-12))});
+
+  // What the others wait for a straggler shows as their communication; it is the
+  // straggler's finding, not the link's.
+  double straggler_excess = 0;
+  if (big->rows.size() > 1) {
+    std::vector<double> compute;
+    for (const WorkerSummary& w : big->rows) compute.push_back(per_step(w).compute);
+    std::vector<double> sorted = compute;
+    std::sort(sorted.begin(), sorted.end());
+    const std::size_t n = sorted.size();
+    const double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    for (std::size_t k = 0; k < compute.size(); ++k) {
+      if (median <= 0 || compute[k] <= 1.2 * median) continue;
+      straggler_excess = std::max(straggler_excess, compute[k] - sorted.front());
+      double others_wait = 0;
+      for (std::size_t j = 0; j < compute.size(); ++j)
+        if (j != k) others_wait = std::max(others_wait, per_step(big->rows[j]).straggler + per_step(big->rows[j]).comm);
+      out.push_back({"straggler",
+                     "worker:" + std::to_string(k) + " computes " + ms(compute[k]) + " per step, " +
+                         format("%.1fx", compute[k] / median) + " the median worker's " + ms(median) + " (the fastest: " + ms(sorted.front()) + ")" +
+                         "; the others wait up to " + ms(others_wait) + " per step in communication for it " + where,
+                     "find what slows worker:" + std::to_string(k) +
+                         " (other load on its machine, fewer or slower cores, its input); every synchronous step "
+                         "runs at the slowest worker's pace. At the median's pace a step would take about " +
+                         ms(s.step - (compute[k] - median))});
+    }
+  }
+
+  const double exposed = std::max(0.0, s.comm + s.straggler - straggler_excess);
+  const double overhead = exposed + s.start;
+  if (big->replicas_in_sync() > 1 && s.compute < overhead)
+    out.push_back({"too little work per replica",
+                   "each replica computes " + ms(s.compute) + " per step but spends " + ms(overhead) +
+                       " on communication and starting up " + where,
+                   format("give each replica more rows: at twice the per-replica batch (global %.0f) the same "
+                          "communication is spread over twice the samples, about %.2fx the samples/s; or train on "
+                          "fewer replicas",
+                          2.0 * static_cast<double>(big->global_batch), 2 * step / (step + s.compute + s.input))});
+
+  if (big->replicas_in_sync() > 1 && exposed / step >= 0.25) {
+    std::string evidence = "communication not hidden behind compute is " + pct(exposed / step) + " of each step (" +
+                           ms(exposed) + " of " + ms(s.step) + ") " + where;
+    std::string fix;
+    if (s.bytes > 0) {
+      evidence += format("; %.1f MB all-reduced per step in %.2f ms", s.bytes / 1e6, s.transfer * 1000);
+      if (s.transfer > 0) evidence += format(" (%.2f GB/s)", s.bytes / s.transfer / 1e9);
+      fix += "compress the buckets on the wire (--compression bf16 halves the bytes: about " +
+             ms(step - std::min(s.comm, s.transfer / 2)) + " per step); ";
+    }
+    const double k_steps = 4;
+    const double per_micro = step - exposed - s.optimizer;
+    fix += format("accumulate gradients over 4 batches (--gradient-accumulation-steps 4: one reduction per 4 "
+                  "batches, about %.2fx the samples/s); a larger per-replica batch spreads the same bytes over more "
+                  "samples (twice the batch: about %.2fx)",
+                  step * k_steps / (k_steps * per_micro + exposed + s.optimizer), 2 * step / (step + s.compute + s.input));
+    out.push_back({"communication-bound", evidence, fix});
+  }
+
+  if (s.optimizer / step >= 0.25)
+    out.push_back({"optimizer-bound",
+                   "the update is " + pct(s.optimizer / step) + " of each step (" + ms(s.optimizer) + ") " + where,
+                   "the optimizer reads and writes every variable and its slots once per step, independent of the "
+                   "batch: a larger batch or gradient accumulation spreads it over more samples; SGD with momentum "
+                   "moves a third less memory than Adam"});
+  return out;
+}
+
+std::string format_findings(const std::vector<Finding>& findings) {
+  std::ostringstream o;
+  if (findings.empty()) {
+    o << "No single cause stands out: no phase beyond compute takes a large share of the step.\n";
+    return o.str();
+  }
+  for (const Finding& f : findings)
+    o << "- " << f.cause << ": " << f.evidence << ".\n  Fix: " << f.fix << ".\n";
+  return o.str();
+}
+
+}  // namespace dtrain::profile
