@@ -2,9 +2,9 @@
 #include "dtrain/model/sequential.h"
 
 #include <array>
-#include <fstream>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <numeric>
