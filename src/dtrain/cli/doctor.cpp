@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <ostream>
@@ -41,6 +42,51 @@ struct TempDir {
 
 }  // namespace
 
+json profile_json(const std::vector<profile::WorkerSummary>& workers) {
+  json rows = json::array();
+  for (const profile::WorkerSummary& w : workers) {
+    const profile::Totals& t = w.totals;
+    const double steps = std::max<double>(1.0, static_cast<double>(t.steps));
+    json phases = json::object();
+    for (int p = 0; p < profile::kPhases; ++p)
+      phases[profile::phase_name(static_cast<profile::Phase>(p))] = t.phases[static_cast<std::size_t>(p)] / steps;
+    rows.push_back({{"steps", t.steps},
+                    {"samples_per_second", w.samples_per_second()},
+                    {"step_seconds", t.wall / steps},
+                    {"step_seconds_p50", w.step_p50},
+                    {"step_seconds_p90", w.step_p90},
+                    {"phase_seconds_per_step", phases},
+                    {"unaccounted_seconds_per_step", t.unaccounted() / steps},
+                    {"communication_seconds_per_step", t.communication_total / steps},
+                    {"transfer_seconds_per_step", t.transfer / steps},
+                    {"bytes_all_reduced_per_step", w.bytes_per_step()},
+                    {"bus_bandwidth_bytes_per_second", w.bus_bandwidth(static_cast<int>(workers.size()))}});
+  }
+  return rows;
+}
+
+std::vector<profile::WorkerSummary> profile_from_json(const json& rows) {
+  std::vector<profile::WorkerSummary> out;
+  for (const json& row : rows) {
+    profile::WorkerSummary w;
+    profile::Totals& t = w.totals;
+    t.steps = row.at("steps").get<std::int64_t>();
+    const double steps = static_cast<double>(t.steps);
+    t.wall = row.at("step_seconds").get<double>() * steps;
+    for (int p = 0; p < profile::kPhases; ++p)
+      t.phases[static_cast<std::size_t>(p)] =
+          row.at("phase_seconds_per_step").value(profile::phase_name(static_cast<profile::Phase>(p)), 0.0) * steps;
+    t.communication_total = row.at("communication_seconds_per_step").get<double>() * steps;
+    t.transfer = row.at("transfer_seconds_per_step").get<double>() * steps;
+    t.bytes = static_cast<std::uint64_t>(row.at("bytes_all_reduced_per_step").get<double>() * steps + 0.5);
+    t.samples = static_cast<std::int64_t>(row.at("samples_per_second").get<double>() * t.wall + 0.5);
+    w.step_p50 = row.at("step_seconds_p50").get<double>();
+    w.step_p90 = row.at("step_seconds_p90").get<double>();
+    out.push_back(w);
+  }
+  return out;
+}
+
 profile::ScaleRun scale_run_from_summary(const std::string& summary_path, int workers, int replicas) {
   std::ifstream in(summary_path);
   if (!in) DTRAIN_THROW(IoError, "doctor: the run wrote no summary at ", summary_path);
@@ -52,22 +98,10 @@ profile::ScaleRun scale_run_from_summary(const std::string& summary_path, int wo
   run.replicas = replicas;
   run.global_batch = j.value("batch_size", std::int64_t{0});
   run.samples_per_second = j.value("samples_per_second", 0.0);
-  for (const json& row : j["profile"]) {
-    profile::WorkerSummary w;
-    profile::Totals& t = w.totals;
-    t.steps = row.at("steps").get<std::int64_t>();
-    const double steps = static_cast<double>(t.steps);
-    t.wall = row.at("step_seconds").get<double>() * steps;
-    for (int p = 0; p < profile::kPhases; ++p)
-      t.phases[static_cast<std::size_t>(p)] =
-          row.at("phase_seconds_per_step").value(profile::phase_name(static_cast<profile::Phase>(p)), 0.0) * steps;
-    t.communication_total = row.at("communication_seconds_per_step").get<double>() * steps;
-    t.transfer = row.at("transfer_seconds_per_step").get<double>() * steps;
-    t.bytes = static_cast<std::uint64_t>(row.at("bytes_all_reduced_per_step").get<double>() * steps);
-    t.samples = static_cast<std::int64_t>(row.at("samples_per_second").get<double>() * t.wall + 0.5);
-    w.step_p50 = row.at("step_seconds_p50").get<double>();
-    w.step_p90 = row.at("step_seconds_p90").get<double>();
-    run.rows.push_back(w);
+  try {
+    run.rows = profile_from_json(j["profile"]);
+  } catch (const json::exception& e) {
+    DTRAIN_THROW(IoError, "doctor: ", summary_path, ": a profile row is not as fit writes it: ", e.what());
   }
   if (run.rows.empty()) DTRAIN_THROW(IoError, "doctor: ", summary_path, " has no profile rows");
   return run;

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "dtrain/profile/diagnosis.h"
 
 namespace dtrain::cli {
@@ -19,6 +21,12 @@ struct DoctorOptions {
   int steps = 20;                 // per epoch; two epochs per scale, the first a warm-up
   std::int64_t batch_size = 0;    // per replica; 0: the config's batch_size
 };
+
+// fit's step profile as `dtrain fit --summary` writes it under "profile": a row per
+// worker with seconds per step in each phase and the end-of-training table's figures;
+// and back, for the doctor, which reads the runs' summaries.
+nlohmann::json profile_json(const std::vector<profile::WorkerSummary>& workers);
+std::vector<profile::WorkerSummary> profile_from_json(const nlohmann::json& rows);
 
 // The runs' figures, as their chief's --summary file gives them (its "profile" rows).
 profile::ScaleRun scale_run_from_summary(const std::string& summary_path, int workers, int replicas);

@@ -110,31 +110,6 @@ json logs_json(const Logs& logs) {
   return j;
 }
 
-// fit's step profile, a row per worker: seconds per step in each phase and the figures
-// of the end-of-training table.
-json profile_json(const std::vector<profile::WorkerSummary>& workers) {
-  json rows = json::array();
-  for (const profile::WorkerSummary& w : workers) {
-    const profile::Totals& t = w.totals;
-    const double steps = std::max<double>(1.0, static_cast<double>(t.steps));
-    json phases = json::object();
-    for (int p = 0; p < profile::kPhases; ++p)
-      phases[profile::phase_name(static_cast<profile::Phase>(p))] = t.phases[static_cast<std::size_t>(p)] / steps;
-    rows.push_back({{"steps", t.steps},
-                    {"samples_per_second", w.samples_per_second()},
-                    {"step_seconds", t.wall / steps},
-                    {"step_seconds_p50", w.step_p50},
-                    {"step_seconds_p90", w.step_p90},
-                    {"phase_seconds_per_step", phases},
-                    {"unaccounted_seconds_per_step", t.unaccounted() / steps},
-                    {"communication_seconds_per_step", t.communication_total / steps},
-                    {"transfer_seconds_per_step", t.transfer / steps},
-                    {"bytes_all_reduced_per_step", w.bytes_per_step()},
-                    {"bus_bandwidth_bytes_per_second", w.bus_bandwidth(static_cast<int>(workers.size()))}});
-  }
-  return rows;
-}
-
 // Builds (for summary) without loading data: the input shape comes from the model JSON or
 // from the data section.
 void ensure_built(Sequential& m, const cli::RunConfig& c) {
@@ -248,7 +223,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["wall_seconds"] = wall;
     j["epoch_rss_mb"] = rss;  // resident memory after each epoch
     j["epoch_input_wait_seconds"] = h.input_wait_seconds;
-    j["profile"] = profile_json(h.profile_summary);
+    j["profile"] = cli::profile_json(h.profile_summary);
     write_json(o.summary, j);
   }
   return 0;

@@ -16,8 +16,8 @@
 #include <signal.h>
 
 #include <algorithm>
-#include <csignal>
 #include <array>
+#include <csignal>
 #include <cstring>
 #include <thread>
 
@@ -320,7 +320,7 @@ void GlooGroup::check_fingerprint(const char* op, std::size_t bytes) {
 
 void GlooGroup::allreduce(float* data, std::size_t count, std::uint64_t key, Wire wire) {
   const std::size_t bytes = count * (wire == Wire::f32 ? sizeof(float) : sizeof(std::uint16_t));
-  last_peer_wait_ = 0;
+  last_peer_wait_ = {};
   collective("allreduce", bytes, [&] {
     if (count == 0) return;
     if (wire != Wire::f32) {

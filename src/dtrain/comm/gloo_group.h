@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/core/clock.h"
+
 namespace gloo {
 class Context;
 class Algorithm;
@@ -66,9 +68,9 @@ class GlooGroup {
 
   // data[0, count) summed over ranks, in place. `key` names the buffer stably (a bucket id).
   void allreduce(float* data, std::size_t count, std::uint64_t key, Wire wire = Wire::f32);
-  // Of the last float allreduce: seconds spent waiting for the other ranks to start it
+  // Of the last float allreduce: the time spent waiting for the other ranks to start it
   // (TcpRing::last_peer_wait; 0 where Gloo's own ring ran it, which does not tell).
-  double last_peer_wait() const { return last_peer_wait_; }
+  Clock::duration last_peer_wait() const { return last_peer_wait_; }
   // Small double-precision sums (counts, metric totals).
   void allreduce(double* data, std::size_t count);
   // data[0, count) from `root` to every rank.
@@ -94,7 +96,7 @@ class GlooGroup {
   std::map<std::pair<std::uint64_t, std::size_t>, std::unique_ptr<CachedRing>> rings_;
   std::map<std::uint64_t, std::vector<std::uint16_t>> wire_buffers_;  // [key] 16-bit copies
   std::uint64_t sequence_ = 0;
-  double last_peer_wait_ = 0;
+  Clock::duration last_peer_wait_{};
 };
 
 }  // namespace dtrain::comm

@@ -166,7 +166,7 @@ void TcpRing::exchange(const char* send, std::size_t send_bytes, char* recv, std
       const ssize_t r = ::recv(prev_fd_, recv, recv_bytes, 0);
       if (r > 0) {
         if (awaiting_first_bytes_) {
-          last_peer_wait_ = std::chrono::duration<double>(Clock::now() - started_).count();
+          last_peer_wait_ = Clock::now() - started_;
           awaiting_first_bytes_ = false;
         }
         recv += r;
@@ -182,7 +182,7 @@ void TcpRing::exchange(const char* send, std::size_t send_bytes, char* recv, std
 }
 
 void TcpRing::allreduce(void* data, std::size_t count, std::size_t element, SumInto sum) {
-  last_peer_wait_ = 0;
+  last_peer_wait_ = {};
   if (size_ < 2 || count == 0) return;
   started_ = Clock::now();
   awaiting_first_bytes_ = true;

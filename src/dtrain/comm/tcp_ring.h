@@ -38,11 +38,11 @@ class TcpRing {
   // data[0, count) of `element`-byte values summed over the ranks, in place. A peer that
   // closes its connection is PeerFailure naming it; no progress for the timeout, Timeout.
   void allreduce(void* data, std::size_t count, std::size_t element, SumInto sum);
-  // Of the last allreduce: seconds until the previous rank's first bytes arrived. While
+  // Of the last allreduce: the time until the previous rank's first bytes arrived. While
   // that rank has not started the collective, this rank can only wait: the time is that
   // rank's lateness plus one message's latency. (A late rank further round the ring
   // delays later steps instead, which this does not separate from the transfer.)
-  double last_peer_wait() const { return last_peer_wait_; }
+  Clock::duration last_peer_wait() const { return last_peer_wait_; }
   // Shuts the ring's connections down: after a failure, so that the neighbours, which may
   // be waiting on this rank rather than on the one that failed, learn of it at once.
   void shutdown();
@@ -58,7 +58,7 @@ class TcpRing {
   int next_fd_ = -1;  // to rank + 1
   int prev_fd_ = -1;  // from rank - 1
   std::vector<char> scratch_;
-  double last_peer_wait_ = 0;
+  Clock::duration last_peer_wait_{};
   bool awaiting_first_bytes_ = false;
   Clock::time_point started_{};
 };

@@ -118,8 +118,7 @@ void BucketReducer::reduce_across_workers(comm::GlooGroup& group, std::uint64_t 
     group.allreduce(outputs_[b].data<float>(), count, b, cross_.wire);
     if (comm_track_) {
       // The wait for a late peer is its own phase; the rest moved the bytes.
-      const auto joined = start + std::chrono::duration_cast<Clock::duration>(
-                                      std::chrono::duration<double>(group.last_peer_wait()));
+      const Clock::time_point joined = start + group.last_peer_wait();
       if (joined > start) comm_track_->add(profile::Phase::straggler_wait, start, joined, "waiting for peers");
       comm_track_->add(profile::Phase::communication, joined, Clock::now(), "all-reduce across workers");
       comm_track_->add_bytes(count * (cross_.wire == comm::Wire::f32 ? sizeof(float) : sizeof(std::uint16_t)));

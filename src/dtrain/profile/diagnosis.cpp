@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "dtrain/profile/format.h"
+
 namespace dtrain::profile {
 namespace {
 
@@ -36,8 +38,8 @@ std::string format(const char* fmt, double a, double b = 0, double c = 0, double
   return buf;
 }
 
-std::string ms(double seconds) { return format("%.2f ms", seconds * 1000); }
-std::string pct(double share) { return format("%.0f%%", share * 100); }
+std::string ms(double seconds) { return detail::fixed(seconds * 1000, 2) + " ms"; }
+std::string pct(double share) { return detail::percent(share, 0); }
 
 }  // namespace
 
@@ -53,8 +55,8 @@ std::string scaling_table(const std::vector<ScaleRun>& runs) {
     const double step = std::max(s.step, 1e-12);
     const double other = step - s.input - s.start - s.compute - s.comm - s.straggler - s.optimizer;
     o << "| " << r.workers << " | " << r.replicas << " | " << r.global_batch << " | "
-      << format("%.0f", r.samples_per_second) << " | " << format("%.2f", base > 0 ? r.samples_per_second / base : 0)
-      << " | " << format("%.2f", s.step * 1000) << " | " << pct(s.input / step) << " | " << pct(s.start / step) << " | "
+      << detail::fixed(r.samples_per_second, 0) << " | " << detail::fixed(base > 0 ? r.samples_per_second / base : 0, 2)
+      << " | " << detail::fixed(s.step * 1000, 2) << " | " << pct(s.input / step) << " | " << pct(s.start / step) << " | "
       << pct(s.compute / step) << " | " << pct(s.comm / step) << " | " << pct(s.straggler / step) << " | "
       << pct(s.optimizer / step) << " | " << pct(std::max(0.0, other) / step) << " |\n";
   }

@@ -1,23 +1,15 @@
 // The per-epoch line and the end-of-training table.
 #include "dtrain/profile/summary.h"
 
-#include <cstdio>
 #include <sstream>
+
+#include "dtrain/profile/format.h"
 
 namespace dtrain::profile {
 namespace {
 
-std::string percent(double share) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f%%", 100.0 * share);
-  return buf;
-}
-
-std::string fixed(double v, int digits) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
+using detail::fixed;
+using detail::percent;
 
 // The phases a table shows, in step order (push and pull only where some worker has them).
 constexpr Phase kShown[] = {Phase::setup,         Phase::input_wait, Phase::replica_start, Phase::forward,
