@@ -195,6 +195,67 @@ TEST_F(Cli, DoctorRunsEachScaleAndNamesAPlantedStraggler) {
   EXPECT_EQ(run("doctor " + tiny_config() + " --replicas 0").code, 2);
 }
 
+TEST_F(Cli, ProbeLinkMeasuresTheLinkBetweenWorkers) {
+  const auto out = (dir_ / "link.json").string();
+  Result r = run("launch --workers 2 probe-link --output " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[worker:0] link between 2 workers:"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--what-if link="), std::string::npos) << r.output;
+  const auto j = nlohmann::json::parse(std::ifstream(out));
+  EXPECT_EQ(j["workers"], 2);
+  EXPECT_GT(j["bytes_per_second"].get<double>(), 0.0);
+  EXPECT_GE(j["latency_seconds"].get<double>(), 0.0);
+  ASSERT_EQ(j["samples"].size(), 3u);
+  EXPECT_EQ(j["samples"][0]["bytes"], 1024);
+  EXPECT_EQ(j["samples"][1]["bytes"], 1 << 20);
+  EXPECT_GE(j["samples"][2]["bytes"].get<double>(), 1 << 20);
+  // Alone there is no link to measure.
+  r = run("probe-link", "-u TF_CONFIG");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("at least 2"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, DoctorPredictsOtherScalesChecksItsModelAndWritesAReport) {
+  const std::string cfg = tiny_config();
+  const auto html = (dir_ / "r.html").string(), one = (dir_ / "one.json").string();
+  Result r = run("doctor " + cfg + " --replicas 1 --workers 1,2 --steps 3 --what-if workers=8,link=1Gbit,latency=20us "
+                 "--report " + html);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("1 thread(s) per worker"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Model check"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(1.0 Gbit/s (125.0 MB/s), 20 us latency, as given)"), std::string::npos) << r.output;
+  // 195 float32 parameters in one bucket.
+  EXPECT_NE(r.output.find("What if: 8 worker(s) x 1 replica(s), 32 rows per worker per step"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("0.0 MB of gradients in 1 bucket(s)"), std::string::npos) << r.output;
+  std::ifstream page(html);
+  const std::string text((std::istreambuf_iterator<char>(page)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("<svg"), std::string::npos);
+  EXPECT_NE(text.find("Model check"), std::string::npos);
+
+  // Runs made elsewhere, diagnosed from their summaries.
+  ASSERT_EQ(run("fit " + cfg + " --verbose 0 --epochs 2 --summary " + one).code, 0);
+  const auto j = nlohmann::json::parse(std::ifstream(one));
+  EXPECT_EQ(j["trainable_parameters"], 195);
+  EXPECT_EQ(j["gradient_bytes_per_step"], 780);
+  EXPECT_EQ(j["gradient_buckets"], 1);
+  r = run("doctor --runs " + one + " --what-if workers=4,link=1Gbit");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("| 1 | 1 | 32 |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("What if: 4 worker(s)"), std::string::npos) << r.output;
+  // What it cannot do, it says.
+  r = run("doctor --runs " + one + " --what-if workers=4");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("needs link="), std::string::npos) << r.output;
+  r = run("doctor --runs " + (dir_ / "none.json").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("none.json"), std::string::npos) << r.output;
+  r = run("doctor --runs " + one + " --what-if workers=4,link=fast");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("link rate 'fast'"), std::string::npos) << r.output;
+  EXPECT_EQ(run("doctor").code, 1);
+}
+
 TEST_F(Cli, SaveWeightsThenEvaluateGivesTheSameTestFigures) {
   const std::string cfg = tiny_config();
   const auto w = (dir_ / "w.safetensors").string(), s = (dir_ / "s.json").string(), e = (dir_ / "e.json").string();

@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <cstdlib>
 #include <fstream>
+#include <iomanip>
+#include <optional>
 #include <ostream>
 #include <sstream>
 
@@ -15,6 +18,10 @@
 #include "dtrain/cli/config.h"
 #include "dtrain/cluster/launcher.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/threads.h"
+#include "dtrain/distribute/strategy.h"
+#include "dtrain/profile/format.h"
+#include "dtrain/profile/report.h"
 
 namespace dtrain::cli {
 namespace {
@@ -87,76 +94,204 @@ std::vector<profile::WorkerSummary> profile_from_json(const json& rows) {
   return out;
 }
 
-profile::ScaleRun scale_run_from_summary(const std::string& summary_path, int workers, int replicas) {
+profile::ScaleRun scale_run_from_summary(const std::string& summary_path) {
   std::ifstream in(summary_path);
-  if (!in) DTRAIN_THROW(IoError, "doctor: the run wrote no summary at ", summary_path);
+  if (!in) DTRAIN_THROW(IoError, "doctor: no summary at ", summary_path);
   const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.contains("profile") || !j["profile"].is_array())
-    DTRAIN_THROW(IoError, "doctor: ", summary_path, " is not a summary with a \"profile\"");
+    DTRAIN_THROW(IoError, "doctor: ", summary_path, " is not a summary with a \"profile\" (dtrain fit --summary)");
   profile::ScaleRun run;
-  run.workers = workers;
-  run.replicas = replicas;
-  run.global_batch = j.value("batch_size", std::int64_t{0});
-  run.samples_per_second = j.value("samples_per_second", 0.0);
   try {
+    run.workers = std::max(1, j.value("workers", 1));
+    run.replicas = std::max(1, j.value("replicas", 1) / run.workers);
+    run.global_batch = j.value("batch_size", std::int64_t{0});
+    run.samples_per_second = j.value("samples_per_second", 0.0);
+    run.gradient_bytes = j.value("gradient_bytes_per_step", 0.0);
+    run.buckets = std::max(1, j.value("gradient_buckets", 1));
+    run.overlap = j.value("overlap", true);
+    run.spare_core = j.value("spare_core", true);
     run.rows = profile_from_json(j["profile"]);
   } catch (const json::exception& e) {
-    DTRAIN_THROW(IoError, "doctor: ", summary_path, ": a profile row is not as fit writes it: ", e.what());
+    DTRAIN_THROW(IoError, "doctor: ", summary_path, ": a field is not as fit writes it: ", e.what());
   }
   if (run.rows.empty()) DTRAIN_THROW(IoError, "doctor: ", summary_path, " has no profile rows");
   return run;
 }
 
-std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& out) {
-  if (o.steps < 1) DTRAIN_THROW(InvalidArgument, "doctor: --steps must be >= 1, got ", o.steps);
-  if (o.replicas.empty() || o.workers.empty())
-    DTRAIN_THROW(InvalidArgument, "doctor: --replicas and --workers need at least one value each");
-  for (int v : o.replicas)
-    if (v < 1) DTRAIN_THROW(InvalidArgument, "doctor: --replicas values must be >= 1, got ", v);
-  for (int v : o.workers)
-    if (v < 1) DTRAIN_THROW(InvalidArgument, "doctor: --workers values must be >= 1, got ", v);
+profile::Link run_probe_link(const std::string& output, std::ostream& out) {
+  const cluster::TfConfig config = cluster::tf_config_from_environment();
+  const std::size_t workers = config.cluster.training_tasks().size();
+  if (!std::getenv("TF_CONFIG") || workers < 2)
+    DTRAIN_THROW(InvalidArgument, "probe-link: the link is between workers, so TF_CONFIG must list at least 2 (it lists ",
+                 std::getenv("TF_CONFIG") ? workers : 0, "); run one per worker, or: dtrain launch --workers 2 probe-link");
+  distribute::MultiWorkerMirroredStrategy strategy(config);
+  const distribute::MultiWorkerMirroredStrategy::LinkMeasurement m = strategy.measure_link();
+  const profile::Link link{m.bytes_per_second, m.latency_seconds};
+  if (!strategy.is_chief()) return link;
+  out << "link between " << strategy.num_workers() << " workers: " << profile::format_rate(link.bytes_per_second)
+      << " per direction, " << std::fixed << std::setprecision(1) << link.latency_seconds * 1e6
+      << " us per message\n  all-reduce medians:";
+  for (const auto& s : m.samples) out << " " << s.bytes << " B in " << std::setprecision(3) << s.seconds * 1e3 << " ms;";
+  out << "\n  for the doctor: --what-if link=" << std::setprecision(3) << link.bytes_per_second * 8 / 1e6
+      << "Mbit,latency=" << std::setprecision(1) << link.latency_seconds * 1e6 << "us\n";
+  if (!output.empty()) {
+    json samples = json::array();
+    for (const auto& s : m.samples) samples.push_back({{"bytes", s.bytes}, {"seconds", s.seconds}});
+    std::ofstream f(output);
+    f << json{{"workers", strategy.num_workers()},
+              {"bytes_per_second", link.bytes_per_second},
+              {"latency_seconds", link.latency_seconds},
+              {"samples", samples}}
+             .dump(2)
+      << "\n";
+    if (!f) DTRAIN_THROW(IoError, "probe-link: could not write ", output);
+  }
+  return link;
+}
+
+namespace {
+
+profile::Link link_from_file(const std::string& path) {
+  std::ifstream in(path);
+  const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!in.good() && !in.eof()) DTRAIN_THROW(IoError, "doctor: the link probe wrote nothing at ", path);
+  if (j.is_discarded() || !j.contains("bytes_per_second"))
+    DTRAIN_THROW(IoError, "doctor: ", path, " is not a link probe's output");
+  return {j["bytes_per_second"].get<double>(), j.value("latency_seconds", 0.0)};
+}
+
+// Runs `command` on `workers` local processes; its failure is an error naming `what`.
+void launch_or_throw(const std::vector<std::string>& command, int workers, const std::string& what) {
+  cluster::LaunchOptions launch;
+  launch.workers = workers;
+  launch.command = command;
+  std::ostringstream output;
+  launch.out = &output;
+  launch.err = &output;
+  const cluster::LaunchResult result = cluster::launch(launch);
+  if (result.exit_code != 0)
+    DTRAIN_THROW(InvalidArgument, "doctor: ", what, " failed (", result.failed_task, " ", result.how,
+                 "); its last output:\n", tail_lines(output.str(), 8));
+}
+
+// Every scale of the job, each a local launch of `dtrain fit`.
+std::vector<profile::ScaleRun> run_scales(const DoctorOptions& o, int threads, const TempDir& dir, std::ostream& out) {
   const std::int64_t per_replica = o.batch_size > 0 ? o.batch_size : load_config(o.config).batch_size;
   out << "dtrain doctor " << o.config << ": " << o.steps << " steps per epoch, 2 epochs per scale (the first warms "
-      << "up), " << per_replica << " rows per replica per step\n" << std::flush;
-
-  TempDir dir;
+      << "up), " << per_replica << " rows per replica per step, " << threads
+      << " thread(s) per worker\n" << std::flush;
   std::vector<profile::ScaleRun> runs;
   for (int w : o.workers) {
     for (int r : o.replicas) {
       const std::string summary = (dir.path / ("scale-" + std::to_string(w) + "x" + std::to_string(r) + ".json")).string();
-      cluster::LaunchOptions launch;
-      launch.workers = w;
-      launch.command = {o.self,
-                        "fit",
-                        o.config,
-                        "--strategy",
-                        w > 1 ? "multi_worker" : "mirrored",
-                        "--replicas",
-                        std::to_string(r),
-                        "--batch-size",
-                        std::to_string(per_replica * w * r),
-                        "--epochs",
-                        "2",
-                        "--steps-per-epoch",
-                        std::to_string(o.steps),
-                        "--verbose",
-                        "0",
-                        "--summary",
-                        summary};
-      std::ostringstream output;
-      launch.out = &output;
-      launch.err = &output;
       out << "  running " << w << " worker(s) x " << r << " replica(s)...\n" << std::flush;
-      const cluster::LaunchResult result = cluster::launch(launch);
-      if (result.exit_code != 0)
-        DTRAIN_THROW(InvalidArgument, "doctor: the run at ", w, " worker(s) x ", r, " replica(s) failed (",
-                     result.failed_task, " ", result.how, "); its last output:\n", tail_lines(output.str(), 8));
-      runs.push_back(scale_run_from_summary(summary, w, r));
+      launch_or_throw({o.self, "fit", o.config, "--strategy", w > 1 ? "multi_worker" : "mirrored", "--replicas",
+                       std::to_string(r), "--batch-size", std::to_string(per_replica * w * r), "--epochs", "2",
+                       "--steps-per-epoch", std::to_string(o.steps), "--verbose", "0", "--summary", summary},
+                      w, "the run at " + std::to_string(w) + " worker(s) x " + std::to_string(r) + " replica(s)");
+      runs.push_back(scale_run_from_summary(summary));
     }
   }
+  return runs;
+}
+
+}  // namespace
+
+std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& out) {
+  const bool measure = o.runs.empty();
+  if (measure) {
+    if (o.config.empty()) DTRAIN_THROW(InvalidArgument, "doctor: give a CONFIG to run, or --runs SUMMARY,...");
+    if (o.steps < 1) DTRAIN_THROW(InvalidArgument, "doctor: --steps must be >= 1, got ", o.steps);
+    if (o.replicas.empty() || o.workers.empty())
+      DTRAIN_THROW(InvalidArgument, "doctor: --replicas and --workers need at least one value each");
+    for (int v : o.replicas)
+      if (v < 1) DTRAIN_THROW(InvalidArgument, "doctor: --replicas values must be >= 1, got ", v);
+    for (int v : o.workers)
+      if (v < 1) DTRAIN_THROW(InvalidArgument, "doctor: --workers values must be >= 1, got ", v);
+  }
+  const profile::WhatIf what_if = o.what_if.empty() ? profile::WhatIf{} : profile::parse_what_if(o.what_if);
+
+  TempDir dir;
+  std::vector<profile::ScaleRun> runs;
+  if (measure) {
+    // Every scale computes with the same threads per worker, as machines of one size
+    // would: the launches inherit this, and `dtrain launch` leaves a set value alone.
+    const int most = *std::max_element(o.workers.begin(), o.workers.end());
+    int threads = o.threads_per_worker > 0 ? o.threads_per_worker : std::max(1, available_cores() / most);
+    const char* set = std::getenv("OMP_NUM_THREADS");
+    if (o.threads_per_worker == 0 && set && std::atoi(set) > 0) threads = std::atoi(set);
+    ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+    runs = run_scales(o, threads, dir, out);
+  } else {
+    for (const std::string& path : o.runs) runs.push_back(scale_run_from_summary(path));
+    out << "dtrain doctor: " << runs.size() << " run(s) from their summaries\n";
+  }
+
   out << "\n" << profile::scaling_table(runs) << "\nDiagnosis (at the largest scale):\n";
   std::vector<profile::Finding> findings = profile::diagnose(runs);
   out << profile::format_findings(findings);
+
+  // The link the model uses: as given; else measured between local workers; else the
+  // bus bandwidth the runs at several workers achieved.
+  int most_workers = 1;
+  const profile::ScaleRun* widest = nullptr;
+  for (const profile::ScaleRun& r : runs)
+    if (r.workers > most_workers) {
+      most_workers = r.workers;
+      widest = &r;
+    }
+  std::optional<profile::Link> link;
+  std::string link_words;
+  if (what_if.link) {
+    link = profile::Link{*what_if.link, what_if.latency.value_or(0.0)};
+    link_words = "as given";
+  } else if (measure && most_workers > 1) {
+    const std::string probe = (dir.path / "link.json").string();
+    out << "\n  measuring the link between " << most_workers << " local workers...\n" << std::flush;
+    launch_or_throw({o.self, "probe-link", "--output", probe}, most_workers, "the link probe");
+    link = link_from_file(probe);
+    link_words = "measured between " + std::to_string(most_workers) + " local workers";
+  } else if (widest) {
+    link = profile::Link{widest->rows.front().bus_bandwidth(widest->workers), 0.0};
+    link_words = "the bus bandwidth of the run at " + std::to_string(most_workers) + " workers, latency included";
+  }
+  if (link && what_if.latency) link->latency_seconds = *what_if.latency;
+  if (link) link_words = profile::format_rate(link->bytes_per_second) + ", " +
+                         profile::detail::fixed(link->latency_seconds * 1e6, 0) + " us latency, " + link_words;
+
+  profile::Report report;
+  report.title = "dtrain doctor " + (measure ? o.config : std::string("(") + std::to_string(runs.size()) + " runs)");
+  report.runs = runs;
+  report.findings = findings;
+  report.link = link_words;
+  if (link) {
+    report.checks = profile::model_check(runs, *link);
+    if (!report.checks.empty())
+      out << "\nModel check: each run at several workers predicted from the run at one worker and the link ("
+          << link_words << "):\n" << profile::model_check_table(report.checks);
+  }
+  if (what_if.workers || what_if.link) {
+    if (!link) DTRAIN_THROW(InvalidArgument, "doctor: --what-if needs link= (no run at several workers measured one)");
+    const profile::ScaleRun* one = nullptr;
+    for (const profile::ScaleRun& r : runs)
+      if (r.workers == 1 && (!one || r.replicas > one->replicas)) one = &r;
+    if (!one) DTRAIN_THROW(InvalidArgument, "doctor: --what-if starts from a run at one worker; none was given");
+    profile::StepModel model = profile::step_model(*one);
+    if (model.gradient_bytes <= 0)
+      DTRAIN_THROW(InvalidArgument, "doctor: the run at one worker does not say its gradient bytes (a summary from an "
+                   "older dtrain fit?)");
+    const int workers = what_if.workers.value_or(std::max(2, most_workers));
+    report.what_if = profile::what_if_report(model, workers, *link);
+    for (int n = 1; n < workers; n *= 2) report.curve.push_back(profile::predict(model, n, *link));
+    report.curve.push_back(profile::predict(model, workers, *link));
+    out << "\n" << report.what_if;
+  }
+  if (!o.report.empty()) {
+    std::ofstream f(o.report);
+    f << profile::html_report(report);
+    if (!f) DTRAIN_THROW(IoError, "doctor: could not write the report to ", o.report);
+    out << "\nreport written to " << o.report << "\n";
+  }
   return findings;
 }
 

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/profile/diagnosis.h"
+#include "dtrain/profile/whatif.h"
 
 namespace dtrain::cli {
 
@@ -20,6 +21,14 @@ struct DoctorOptions {
   std::vector<int> workers{1};
   int steps = 20;                 // per epoch; two epochs per scale, the first a warm-up
   std::int64_t batch_size = 0;    // per replica; 0: the config's batch_size
+  // Threads of each worker at every scale; 0: the cores divided by the most workers
+  // tried (so that 1 worker and N workers compute alike), or OMP_NUM_THREADS when set.
+  int threads_per_worker = 0;
+  // Summaries (`dtrain fit --summary`, each from a run's chief) to diagnose instead of
+  // running the config: runs made elsewhere, on real hosts.
+  std::vector<std::string> runs;
+  std::string what_if;  // "workers=16,link=10Gbit,latency=50us", each part optional
+  std::string report;   // an HTML page to write
 };
 
 // fit's step profile as `dtrain fit --summary` writes it under "profile": a row per
@@ -28,8 +37,13 @@ struct DoctorOptions {
 nlohmann::json profile_json(const std::vector<profile::WorkerSummary>& workers);
 std::vector<profile::WorkerSummary> profile_from_json(const nlohmann::json& rows);
 
-// The runs' figures, as their chief's --summary file gives them (its "profile" rows).
-profile::ScaleRun scale_run_from_summary(const std::string& summary_path, int workers, int replicas);
+// The run's figures, as its chief's --summary file gives them (its "profile" rows).
+profile::ScaleRun scale_run_from_summary(const std::string& summary_path);
+
+// `dtrain probe-link`, one process per worker (TF_CONFIG): measures the link between the
+// workers as the gradient all-reduce sees it; the chief prints it and writes it as JSON
+// to `output` (when not empty).
+profile::Link run_probe_link(const std::string& output, std::ostream& out);
 
 // Runs every scale, prints the table and the findings to `out`; returns them too.
 std::vector<profile::Finding> run_doctor(const DoctorOptions& options, std::ostream& out);

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <numeric>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -34,6 +35,8 @@ Examples:
   dtrain summary examples/configs/seed_small.json
   dtrain fit examples/configs/seed_large.json --replicas 2 --batch-size 128 --profile trace.json
   dtrain doctor examples/configs/seed_large.json --replicas 1,2 --workers 1,2 --steps 20
+  dtrain doctor examples/configs/seed_large.json --workers 1,2 --what-if workers=16,link=10Gbit --report r.html
+  dtrain launch --workers 2 probe-link
   dtrain launch --workers 2 -- sh -c 'echo $TF_CONFIG'
 
 Config files are JSON: model (Keras-style Sequential JSON), loss, optimizer, metrics,
@@ -224,6 +227,24 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["epoch_rss_mb"] = rss;  // resident memory after each epoch
     j["epoch_input_wait_seconds"] = h.input_wait_seconds;
     j["profile"] = cli::profile_json(h.profile_summary);
+    // What the doctor's what-if model needs to know of the gradients that cross the wire.
+    std::vector<std::int64_t> numels;
+    for (const Variable* v : model->trainable_variables()) numels.push_back(v->numel());
+    const std::int64_t parameters = std::accumulate(numels.begin(), numels.end(), std::int64_t{0});
+    j["trainable_parameters"] = parameters;
+    j["gradient_bytes_per_step"] = parameters * (o.compression == "bf16" || o.compression == "fp16" ? 2 : 4);
+    j["gradient_buckets"] = numels.empty() ? 0 : distribute::gradient_buckets(numels).front() + 1;
+    j["overlap"] = !o.no_overlap;
+    // Whether the communication thread has a core that no compute thread of this host's
+    // workers uses: without one, moving bytes takes its time from backward.
+    int on_this_host = 1;
+    if (strategy && strategy->num_workers() > 1) {
+      const cluster::TfConfig tf = cluster::tf_config_from_environment();
+      const std::string& host = tf.cluster.address(tf.task).host;
+      on_this_host = 0;
+      for (const cluster::TaskId& t : tf.cluster.training_tasks()) on_this_host += tf.cluster.address(t).host == host;
+    }
+    j["spare_core"] = num_threads() * on_this_host < available_cores();
     write_json(o.summary, j);
   }
   return 0;
@@ -307,7 +328,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(std::int64_t{1}, INT64_MAX));
   cli::DoctorOptions doctor_options;
   CLI::App* doctor = app.add_subcommand("doctor", "Run CONFIG briefly at several scales and say why it scales as it does");
-  doctor->add_option("config", doctor_options.config, "JSON config file")->required();
+  doctor->add_option("config", doctor_options.config, "JSON config file (or --runs)");
   doctor->add_option("--replicas", doctor_options.replicas, "Replicas per worker to try, e.g. 1,2")
       ->delimiter(',')
       ->check(CLI::Range(1, 4096));
@@ -320,6 +341,20 @@ int main(int argc, char** argv) {
                      "Rows per replica per step (default: the config's batch_size); the global batch grows with "
                      "the replicas, as batch_size = 32 * num_replicas_in_sync does")
       ->check(CLI::Range(std::int64_t{1}, INT64_MAX));
+  doctor->add_option("--threads-per-worker", doctor_options.threads_per_worker,
+                     "Threads of each worker at every scale (default: the cores divided by the most workers tried, "
+                     "or OMP_NUM_THREADS)")
+      ->check(CLI::Range(1, 4096));
+  doctor->add_option("--runs", doctor_options.runs,
+                     "Diagnose these fit --summary files (each from a run's chief) instead of running CONFIG")
+      ->delimiter(',');
+  doctor->add_option("--what-if", doctor_options.what_if,
+                     "Predict another scale or link: workers=16,link=10Gbit,latency=50us (each part optional)");
+  doctor->add_option("--report", doctor_options.report, "Write the study as one self-contained HTML page here");
+  std::string probe_output;
+  CLI::App* probe = app.add_subcommand(
+      "probe-link", "Measure the link between workers (run one per worker: dtrain launch --workers 2 probe-link)");
+  probe->add_option("--output", probe_output, "Write the measurement as JSON here (the chief)");
   CLI::App* evaluate = app.add_subcommand("evaluate", "Evaluate saved weights on CONFIG's test data");
   add_run_flags(evaluate);
   evaluate->add_option("--weights", o.weights, "Weights file (safetensors)")->required();
@@ -360,10 +395,14 @@ int main(int argc, char** argv) {
       cli::run_doctor(doctor_options, std::cout);
       return 0;
     }
+    if (*probe) {
+      cli::run_probe_link(probe_output, std::cout);
+      return 0;
+    }
     if (*launch) {
       std::vector<std::string> command = launch->remaining();
       // `dtrain launch ... fit CONFIG`: the tasks run this dtrain.
-      if (!command.empty() && (command.front() == "fit" || command.front() == "evaluate"))
+      if (!command.empty() && (command.front() == "fit" || command.front() == "evaluate" || command.front() == "probe-link"))
         command.insert(command.begin(), "/proc/self/exe");
       // `launch ... fit` trains one model on every task: multi_worker unless said otherwise.
       if (command.size() > 1 && command[1] == "fit" &&

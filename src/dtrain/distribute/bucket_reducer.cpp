@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "dtrain/core/clock.h"
+#include "dtrain/distribute/strategy.h"
 #include "dtrain/distribute/worker_comm.h"
 
 namespace dtrain::distribute::detail {
@@ -11,15 +12,19 @@ namespace dtrain::distribute::detail {
 BucketReducer::BucketReducer(int replicas, std::span<Variable* const> vars, std::size_t bucket_bytes,
                              CrossWorker cross)
     : places_(vars.size()), states_(static_cast<std::size_t>(replicas)), cross_(cross) {
-  const std::size_t bucket_floats = std::max<std::size_t>(bucket_bytes / sizeof(float), 1);
+  std::vector<std::int64_t> numels;
+  for (const Variable* v : vars) {
+    if (v->dtype() != DType::f32)
+      DTRAIN_THROW(InvalidArgument, "gradient buckets: variable '", v->name(), "' is ", dtype_name(v->dtype()),
+                   "; only float32 variables are reduced");
+    numels.push_back(v->numel());
+  }
+  const std::vector<std::size_t> bucket_of = gradient_buckets(numels, bucket_bytes);
   std::vector<std::vector<std::size_t>> segments;
   std::vector<std::size_t> sizes;
   for (std::size_t k = vars.size(); k-- > 0;) {
     const Variable& v = *vars[k];
-    if (v.dtype() != DType::f32)
-      DTRAIN_THROW(InvalidArgument, "gradient buckets: variable '", v.name(), "' is ", dtype_name(v.dtype()),
-                   "; only float32 variables are reduced");
-    if (sizes.empty() || sizes.back() >= bucket_floats) {
+    if (sizes.size() <= bucket_of[k]) {
       sizes.push_back(0);
       segments.emplace_back();
       bucket_vars_.push_back(0);

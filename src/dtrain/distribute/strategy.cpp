@@ -8,6 +8,7 @@
 #include <set>
 
 #include "dtrain/autograd/ops.h"
+#include "dtrain/core/clock.h"
 #include "dtrain/core/replica.h"
 #include "dtrain/core/rng.h"
 #include "dtrain/core/threads.h"
@@ -81,6 +82,22 @@ const char* op_name(ReduceOp op) { return op == ReduceOp::SUM ? "SUM" : "MEAN"; 
 
 }  // namespace
 
+std::vector<std::size_t> gradient_buckets(const std::vector<std::int64_t>& numels, std::size_t bytes_per_pack) {
+  const std::size_t bucket_floats =
+      std::max<std::size_t>((bytes_per_pack ? bytes_per_pack : detail::kDefaultBucketBytes) / sizeof(float), 1);
+  std::vector<std::size_t> bucket_of(numels.size());
+  std::size_t bucket = 0, filled = 0;
+  for (std::size_t k = numels.size(); k-- > 0;) {
+    if (filled >= bucket_floats) {
+      ++bucket;
+      filled = 0;
+    }
+    bucket_of[k] = bucket;
+    filled += static_cast<std::size_t>(numels[k]);
+  }
+  return bucket_of;
+}
+
 // ---- Strategy
 
 Strategy::Strategy(std::shared_ptr<detail::ReplicaGroup> group) : group_(std::move(group)) {}
@@ -136,6 +153,7 @@ Tensor Strategy::reduce(ReduceOp op, const PerReplica<Tensor>& value, std::optio
   auto [total, count] = local_sum(value, axis);
   if (num_workers() > 1) {
     group_->sum_over_workers(total);
+    if (op == ReduceOp::SUM) return total;
     std::vector<double> counts{static_cast<double>(count)};
     group_->sum_over_workers(counts);
     count = static_cast<std::int64_t>(counts[0]);
@@ -266,6 +284,48 @@ std::shared_ptr<detail::ReplicaGroup> make_multi_worker_group(const cluster::TfC
 MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const cluster::TfConfig& cluster, CommunicationOptions options,
                                                          const std::vector<std::string>& local_devices)
     : Strategy(make_multi_worker_group(cluster, options, local_devices)), task_(cluster.task) {}
+
+MultiWorkerMirroredStrategy::LinkMeasurement MultiWorkerMirroredStrategy::measure_link() const {
+  const int n = num_workers();
+  if (n < 2)
+    DTRAIN_THROW(InvalidArgument, "measure_link: TF_CONFIG lists ", n,
+                 " worker; the link is between workers, so it needs at least 2");
+  // Zeros stay zeros however often they are summed.
+  auto median_seconds = [&](std::int64_t floats, int repeats) {
+    Tensor buffer = Tensor::zeros(Shape{floats});
+    group().sum_over_workers(buffer);  // first use: Gloo's buffers for this size
+    std::vector<double> seconds;
+    for (int i = 0; i < repeats; ++i) {
+      const Clock::time_point start = Clock::now();
+      group().sum_over_workers(buffer);
+      seconds.push_back(seconds_since(start));
+    }
+    std::nth_element(seconds.begin(), seconds.begin() + repeats / 2, seconds.end());
+    return seconds[static_cast<std::size_t>(repeats / 2)];
+  };
+  const std::int64_t small = 256, middle = 1 << 18;  // 1 KiB, 1 MiB
+  const double t_small = median_seconds(small, 41);
+  const double t_middle = median_seconds(middle, 5);
+  // Every worker must all-reduce the same size: the large one comes from the mean of the
+  // workers' middle timings, which the all-reduce makes the same everywhere.
+  std::vector<double> mean{t_middle};
+  group().sum_over_workers(mean);
+  const double scale = 0.25 / std::max(mean[0] / n, 1e-6);
+  const std::int64_t large =
+      std::clamp<std::int64_t>(static_cast<std::int64_t>(static_cast<double>(middle) * scale), middle, 1 << 24);
+  const double t_large = large == middle ? t_middle : median_seconds(large, 3);
+
+  LinkMeasurement m;
+  m.samples = {{static_cast<std::size_t>(small) * 4, t_small},
+               {static_cast<std::size_t>(middle) * 4, t_middle},
+               {static_cast<std::size_t>(large) * 4, t_large}};
+  const double share = 2.0 * (n - 1) / n;  // of the bytes each worker sends
+  const double bytes_small = static_cast<double>(small) * 4, bytes_large = static_cast<double>(large) * 4;
+  const double per_byte = std::max((t_large - t_small) / (bytes_large - bytes_small), 1e-15);
+  m.bytes_per_second = share / per_byte;
+  m.latency_seconds = std::max(0.0, t_small - share * bytes_small / m.bytes_per_second) / (2.0 * (n - 1));
+  return m;
+}
 
 // ---- losses and batches
 

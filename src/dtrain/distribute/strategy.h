@@ -67,6 +67,12 @@ struct CommunicationOptions {
   bool overlap = true;
 };
 
+// The gradient bucket of each variable (index = variable, in the model's order), as fit()
+// fuses them: in the reverse of that order, since backward makes the last layer's
+// gradients first, each bucket closed once it holds at least `bytes_per_pack` bytes of
+// float32 (0: the default, 4 MiB). The number of buckets is the last one's index + 1.
+std::vector<std::size_t> gradient_buckets(const std::vector<std::int64_t>& numels, std::size_t bytes_per_pack = 0);
+
 class DistributedDataset;
 
 class Strategy {
@@ -125,6 +131,7 @@ class Strategy {
 
  protected:
   explicit Strategy(std::shared_ptr<detail::ReplicaGroup> group);
+  detail::ReplicaGroup& group() const { return *group_; }
 
  private:
   template <typename T>
@@ -202,6 +209,22 @@ class MultiWorkerMirroredStrategy final : public Strategy {
   const std::string& task_type() const { return task_.type; }
   int task_id() const { return task_.index; }
   bool is_chief() const { return worker_index() == 0; }
+
+  // The link to the other workers as the gradient all-reduce sees it (the communication
+  // thread's hand-off and Gloo's ring included): all-reduces of a small and a large
+  // buffer, their median times fitted to the ring's cost, 2(N-1) messages of latency
+  // plus 2(N-1)/N of the bytes at the bandwidth. Every worker must call it; it takes
+  // about a second on a fast link (the large buffer is sized to take about 0.25 s).
+  struct LinkMeasurement {
+    double bytes_per_second = 0;  // per direction
+    double latency_seconds = 0;   // per message
+    struct Sample {
+      std::size_t bytes;
+      double seconds;  // median
+    };
+    std::vector<Sample> samples;
+  };
+  LinkMeasurement measure_link() const;
 
  private:
   cluster::TaskId task_;

@@ -10,28 +10,6 @@
 namespace dtrain::profile {
 namespace {
 
-// One worker's seconds per step, setup (a one-off of the first step) left out.
-struct PerStep {
-  double step = 0, input = 0, start = 0, compute = 0, comm = 0, straggler = 0, optimizer = 0, transfer = 0, bytes = 0;
-};
-
-PerStep per_step(const WorkerSummary& w) {
-  const Totals& t = w.totals;
-  const double n = std::max<double>(1.0, static_cast<double>(t.steps));
-  auto phase = [&](Phase p) { return t.phases[static_cast<std::size_t>(p)] / n; };
-  PerStep s;
-  s.step = t.wall / n - phase(Phase::setup);
-  s.input = phase(Phase::input_wait);
-  s.start = phase(Phase::replica_start);
-  s.compute = phase(Phase::forward) + phase(Phase::backward);
-  s.comm = phase(Phase::communication);
-  s.straggler = phase(Phase::straggler_wait);
-  s.optimizer = phase(Phase::optimizer);
-  s.transfer = t.transfer / n;
-  s.bytes = w.bytes_per_step();
-  return s;
-}
-
 std::string format(const char* fmt, double a, double b = 0, double c = 0, double d = 0) {
   char buf[256];
   std::snprintf(buf, sizeof buf, fmt, a, b, c, d);
@@ -43,6 +21,24 @@ std::string pct(double share) { return detail::percent(share, 0); }
 
 }  // namespace
 
+StepSeconds step_seconds(const WorkerSummary& w) {
+  const Totals& t = w.totals;
+  const double n = std::max<double>(1.0, static_cast<double>(t.steps));
+  auto phase = [&](Phase p) { return t.phases[static_cast<std::size_t>(p)] / n; };
+  StepSeconds s;
+  s.step = t.wall / n - phase(Phase::setup);
+  s.input = phase(Phase::input_wait);
+  s.start = phase(Phase::replica_start);
+  s.forward = phase(Phase::forward);
+  s.backward = phase(Phase::backward);
+  s.comm = phase(Phase::communication);
+  s.straggler = phase(Phase::straggler_wait);
+  s.optimizer = phase(Phase::optimizer);
+  s.transfer = t.transfer / n;
+  s.bytes = w.bytes_per_step();
+  return s;
+}
+
 std::string scaling_table(const std::vector<ScaleRun>& runs) {
   std::ostringstream o;
   o << "| workers | replicas per worker | global batch | samples/s | speedup | step ms | input wait | replica start | "
@@ -51,13 +47,13 @@ std::string scaling_table(const std::vector<ScaleRun>& runs) {
   const double base = runs.empty() ? 0 : runs.front().samples_per_second;
   for (const ScaleRun& r : runs) {
     if (r.rows.empty()) continue;
-    const PerStep s = per_step(r.rows.front());
+    const StepSeconds s = step_seconds(r.rows.front());
     const double step = std::max(s.step, 1e-12);
-    const double other = step - s.input - s.start - s.compute - s.comm - s.straggler - s.optimizer;
+    const double other = step - s.input - s.start - s.compute() - s.comm - s.straggler - s.optimizer;
     o << "| " << r.workers << " | " << r.replicas << " | " << r.global_batch << " | "
       << detail::fixed(r.samples_per_second, 0) << " | " << detail::fixed(base > 0 ? r.samples_per_second / base : 0, 2)
       << " | " << detail::fixed(s.step * 1000, 2) << " | " << pct(s.input / step) << " | " << pct(s.start / step) << " | "
-      << pct(s.compute / step) << " | " << pct(s.comm / step) << " | " << pct(s.straggler / step) << " | "
+      << pct(s.compute() / step) << " | " << pct(s.comm / step) << " | " << pct(s.straggler / step) << " | "
       << pct(s.optimizer / step) << " | " << pct(std::max(0.0, other) / step) << " |\n";
   }
   return o.str();
@@ -69,7 +65,7 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
   for (const ScaleRun& r : runs)
     if (!r.rows.empty() && (!big || r.replicas_in_sync() >= big->replicas_in_sync())) big = &r;
   if (!big) return out;
-  const PerStep s = per_step(big->rows.front());
+  const StepSeconds s = step_seconds(big->rows.front());
   const double step = std::max(s.step, 1e-12);
   const std::string where =
       format("at %.0f worker(s) x %.0f replica(s), global batch %.0f", big->workers, big->replicas,
@@ -89,7 +85,7 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
   double straggler_excess = 0;
   if (big->rows.size() > 1) {
     std::vector<double> compute;
-    for (const WorkerSummary& w : big->rows) compute.push_back(per_step(w).compute);
+    for (const WorkerSummary& w : big->rows) compute.push_back(step_seconds(w).compute());
     std::vector<double> sorted = compute;
     std::sort(sorted.begin(), sorted.end());
     const std::size_t n = sorted.size();
@@ -99,7 +95,7 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
       straggler_excess = std::max(straggler_excess, compute[k] - sorted.front());
       double others_wait = 0;
       for (std::size_t j = 0; j < compute.size(); ++j)
-        if (j != k) others_wait = std::max(others_wait, per_step(big->rows[j]).straggler + per_step(big->rows[j]).comm);
+        if (j != k) others_wait = std::max(others_wait, step_seconds(big->rows[j]).straggler + step_seconds(big->rows[j]).comm);
       out.push_back({"straggler",
                      "worker:" + std::to_string(k) + " computes " + ms(compute[k]) + " per step, " +
                          format("%.1fx", compute[k] / median) + " the median worker's " + ms(median) + " (the fastest: " + ms(sorted.front()) + ")" +
@@ -113,14 +109,14 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
 
   const double exposed = std::max(0.0, s.comm + s.straggler - straggler_excess);
   const double overhead = exposed + s.start;
-  if (big->replicas_in_sync() > 1 && s.compute < overhead)
+  if (big->replicas_in_sync() > 1 && s.compute() < overhead)
     out.push_back({"too little work per replica",
-                   "each replica computes " + ms(s.compute) + " per step but spends " + ms(overhead) +
+                   "each replica computes " + ms(s.compute()) + " per step but spends " + ms(overhead) +
                        " on communication and starting up " + where,
                    format("give each replica more rows: at twice the per-replica batch (global %.0f) the same "
                           "communication is spread over twice the samples, about %.2fx the samples/s; or train on "
                           "fewer replicas",
-                          2.0 * static_cast<double>(big->global_batch), 2 * step / (step + s.compute + s.input))});
+                          2.0 * static_cast<double>(big->global_batch), 2 * step / (step + s.compute() + s.input))});
 
   if (big->replicas_in_sync() > 1 && exposed / step >= 0.25) {
     std::string evidence = "communication not hidden behind compute is " + pct(exposed / step) + " of each step (" +
@@ -137,7 +133,7 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
     fix += format("accumulate gradients over 4 batches (--gradient-accumulation-steps 4: one reduction per 4 "
                   "batches, about %.2fx the samples/s); a larger per-replica batch spreads the same bytes over more "
                   "samples (twice the batch: about %.2fx)",
-                  step * k_steps / (k_steps * per_micro + exposed + s.optimizer), 2 * step / (step + s.compute + s.input));
+                  step * k_steps / (k_steps * per_micro + exposed + s.optimizer), 2 * step / (step + s.compute() + s.input));
     out.push_back({"communication-bound", evidence, fix});
   }
 

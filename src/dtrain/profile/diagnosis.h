@@ -17,8 +17,23 @@ struct ScaleRun {
   std::int64_t global_batch = 0;
   double samples_per_second = 0;    // global, steady state
   std::vector<WorkerSummary> rows;  // [worker]
+  // The gradients each step all-reduces between workers, and in how many buckets.
+  double gradient_bytes = 0;
+  int buckets = 1;
+  bool overlap = true;  // buckets start while backward runs
+  // The communication thread had a core no compute thread used; without one, moving the
+  // bytes takes its time from backward and hides nothing.
+  bool spare_core = true;
   int replicas_in_sync() const { return workers * replicas; }
 };
+
+// One worker's seconds per step by phase, setup (a one-off of the first step) left out.
+struct StepSeconds {
+  double step = 0, input = 0, start = 0, forward = 0, backward = 0, comm = 0, straggler = 0, optimizer = 0;
+  double transfer = 0, bytes = 0;
+  double compute() const { return forward + backward; }
+};
+StepSeconds step_seconds(const WorkerSummary& worker);
 
 struct Finding {
   std::string cause;     // "input-bound", "straggler", "communication-bound", ...

@@ -1,0 +1,26 @@
+// `dtrain doctor --report FILE.html`: one self-contained HTML page (inline SVG charts and
+// styles, no scripts, nothing fetched) with the scaling study, the findings, the model
+// check and the what-if predictions.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "dtrain/profile/diagnosis.h"
+#include "dtrain/profile/whatif.h"
+
+namespace dtrain::profile {
+
+struct Report {
+  std::string title;                // "dtrain doctor examples/configs/seed_large.json"
+  std::vector<ScaleRun> runs;       // as measured, in order
+  std::vector<Finding> findings;
+  std::vector<Check> checks;        // the model against the runs at several workers
+  std::string link;                 // the link the model used, in words
+  std::vector<Prediction> curve;    // predicted at 1, 2, 4, ... workers (what-if)
+  std::string what_if;              // what_if_report's text
+};
+
+std::string html_report(const Report& report);
+
+}  // namespace dtrain::profile

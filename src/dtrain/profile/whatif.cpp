@@ -1,0 +1,252 @@
+// The what-if model's arithmetic, its options' parsing and its tables.
+#include "dtrain/profile/whatif.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "dtrain/core/error.h"
+#include "dtrain/profile/format.h"
+
+namespace dtrain::profile {
+namespace {
+
+// Splits "2.5Gbit" into 2.5 and "Gbit"; false when it does not start with a number.
+bool split_number(const std::string& text, double& value, std::string& unit) {
+  const char* begin = text.c_str();
+  char* end = nullptr;
+  value = std::strtod(begin, &end);
+  if (end == begin || !std::isfinite(value) || value < 0) return false;
+  unit = std::string(end);
+  unit.erase(std::remove_if(unit.begin(), unit.end(), [](unsigned char c) { return std::isspace(c); }), unit.end());
+  return true;
+}
+
+double decimal_prefix(char c) {
+  switch (c) {
+    case 'k':
+    case 'K':
+      return 1e3;
+    case 'm':
+    case 'M':
+      return 1e6;
+    case 'g':
+    case 'G':
+      return 1e9;
+    case 't':
+    case 'T':
+      return 1e12;
+    default:
+      return 0;
+  }
+}
+
+std::string ms(double seconds) { return detail::fixed(seconds * 1000, 2) + " ms"; }
+
+}  // namespace
+
+double parse_rate(const std::string& text) {
+  double value = 0;
+  std::string unit;
+  if (split_number(text, value, unit) && value > 0) {
+    double scale = 1;
+    std::string rest = unit;
+    if (!rest.empty() && decimal_prefix(rest.front()) > 0 && rest.size() > 1) {
+      scale = decimal_prefix(rest.front());
+      rest.erase(0, 1);
+    }
+    std::string lower = rest;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (lower == "bit" || lower == "bit/s" || lower == "bits" || lower == "bits/s") return value * scale / 8;
+    if (rest == "B/s" || rest == "B") return value * scale;
+  }
+  DTRAIN_THROW(InvalidArgument, "link rate '", text,
+               "' is not a rate: write it as bits (10Gbit, 100Mbit, 2.5Gbit/s) or bytes per second (1.25GB/s)");
+}
+
+double parse_duration(const std::string& text) {
+  double value = 0;
+  std::string unit;
+  if (split_number(text, value, unit)) {
+    if (unit == "s") return value;
+    if (unit == "ms") return value * 1e-3;
+    if (unit == "us") return value * 1e-6;
+    if (unit == "ns") return value * 1e-9;
+  }
+  DTRAIN_THROW(InvalidArgument, "latency '", text, "' is not a duration: write it as 50us, 0.2ms or 1s");
+}
+
+std::string format_rate(double bytes_per_second) {
+  const double bits = bytes_per_second * 8;
+  std::string b = bits >= 1e9 ? detail::fixed(bits / 1e9, 1) + " Gbit/s" : detail::fixed(bits / 1e6, 0) + " Mbit/s";
+  std::string B = bytes_per_second >= 1e9 ? detail::fixed(bytes_per_second / 1e9, 2) + " GB/s"
+                                          : detail::fixed(bytes_per_second / 1e6, 1) + " MB/s";
+  return b + " (" + B + ")";
+}
+
+WhatIf parse_what_if(const std::string& text) {
+  WhatIf w;
+  std::istringstream in(text);
+  std::string part;
+  while (std::getline(in, part, ',')) {
+    const std::size_t eq = part.find('=');
+    const std::string key = part.substr(0, eq);
+    const std::string value = eq == std::string::npos ? std::string() : part.substr(eq + 1);
+    if (eq == std::string::npos || value.empty())
+      DTRAIN_THROW(InvalidArgument, "--what-if: '", part, "' is not key=value (workers=16,link=10Gbit,latency=50us)");
+    if (key == "workers") {
+      char* end = nullptr;
+      const long n = std::strtol(value.c_str(), &end, 10);
+      if (*end != '\0' || n < 1 || n > 1'000'000)
+        DTRAIN_THROW(InvalidArgument, "--what-if: workers must be a whole number from 1, got '", value, "'");
+      w.workers = static_cast<int>(n);
+    } else if (key == "link") {
+      w.link = parse_rate(value);
+    } else if (key == "latency") {
+      w.latency = parse_duration(value);
+    } else {
+      DTRAIN_THROW(InvalidArgument, "--what-if: unknown key '", key, "' (known: workers, link, latency)");
+    }
+  }
+  return w;
+}
+
+StepModel step_model(const ScaleRun& one) {
+  if (one.workers != 1 || one.rows.empty())
+    DTRAIN_THROW(InvalidArgument, "what-if: the model starts from a run at one worker, got ", one.workers);
+  const StepSeconds s = step_seconds(one.rows.front());
+  StepModel m;
+  m.forward = s.forward;
+  m.backward = s.backward;
+  m.local_sum = s.comm + s.straggler;
+  m.fixed = std::max(0.0, s.step - s.compute() - m.local_sum);
+  m.input = s.input;
+  m.optimizer = s.optimizer;
+  m.gradient_bytes = one.gradient_bytes;
+  m.buckets = std::max(1, one.buckets);
+  m.overlap = one.overlap;
+  m.spare_core = one.spare_core;
+  m.batch = one.global_batch;
+  m.replicas = one.replicas;
+  return m;
+}
+
+double ring_seconds(double bytes, int buckets, int workers, const Link& link) {
+  if (workers < 2) return 0;
+  const double n = workers;
+  const double latency = 2 * (n - 1) * std::max(1, buckets) * link.latency_seconds;
+  const double transfer = link.bytes_per_second > 0 ? 2 * (n - 1) / n * bytes / link.bytes_per_second : 0;
+  return latency + transfer;
+}
+
+Prediction predict(const StepModel& m, int workers, const Link& link) {
+  Prediction p;
+  p.workers = workers;
+  p.ring = ring_seconds(m.gradient_bytes, m.buckets, workers, link);
+  const double k = m.buckets;
+  p.exposed = m.overlap && m.spare_core ? std::max(p.ring / k, p.ring - m.backward * (k - 1) / k) : p.ring;
+  if (workers < 2) p.exposed = 0;
+  const double alone = m.fixed + m.forward + m.backward + m.local_sum;
+  p.step = alone + p.exposed;
+  p.samples_per_second = p.step > 0 ? static_cast<double>(m.batch) * workers / p.step : 0;
+  p.efficiency = p.step > 0 ? alone / p.step : 0;
+  return p;
+}
+
+std::vector<Scenario> fixes_at(const StepModel& m, int workers, const Link& link) {
+  std::vector<Scenario> out;
+  out.push_back({"as measured", predict(m, workers, link)});
+
+  StepModel bf16 = m;
+  bf16.gradient_bytes = m.gradient_bytes / 2;
+  out.push_back({"--compression bf16", predict(bf16, workers, link)});
+
+  // Four micro-batches, one reduction and one update: per batch, the compute and fixed
+  // costs stay, the reduction and update are shared by four.
+  const double k = 4;
+  Prediction acc = out.front().prediction;
+  const double per_batch = m.fixed - m.optimizer + m.forward + m.backward;
+  acc.step = per_batch + (m.local_sum + acc.exposed + m.optimizer) / k;
+  acc.samples_per_second = static_cast<double>(m.batch) * workers / acc.step;
+  acc.efficiency = (per_batch + (m.local_sum + m.optimizer) / k) / acc.step;
+  out.push_back({"--gradient-accumulation-steps 4", acc});
+
+  // Twice the rows: input, forward and backward double; the bytes do not, and the longer
+  // backward hides more of them.
+  StepModel twice = m;
+  twice.forward *= 2;
+  twice.backward *= 2;
+  twice.fixed += m.input;
+  twice.batch *= 2;
+  out.push_back({"twice the batch per replica", predict(twice, workers, link)});
+  return out;
+}
+
+std::string what_if_report(const StepModel& m, int workers, const Link& link) {
+  std::ostringstream o;
+  o << "What if: " << workers << " worker(s) x " << m.replicas << " replica(s), " << m.batch
+    << " rows per worker per step, link " << format_rate(link.bytes_per_second) << ", latency "
+    << detail::fixed(link.latency_seconds * 1e6, 0) << " us per message; "
+    << detail::fixed(m.gradient_bytes / 1e6, 1) << " MB of gradients in " << m.buckets << " bucket(s) per step\n"
+    << "| | step ms | all-reduce ms | exposed ms | samples/s | efficiency |\n|---|---|---|---|---|---|\n";
+  const std::vector<Scenario> scenarios = fixes_at(m, workers, link);
+  for (const Scenario& s : scenarios) {
+    const Prediction& p = s.prediction;
+    o << "| " << s.name << " | " << detail::fixed(p.step * 1000, 2) << " | " << detail::fixed(p.ring * 1000, 2)
+      << " | " << detail::fixed(p.exposed * 1000, 2) << " | " << detail::fixed(p.samples_per_second, 0) << " | "
+      << detail::percent(p.efficiency, 0) << " |\n";
+  }
+  const Prediction& base = scenarios.front().prediction;
+  const auto best = std::max_element(scenarios.begin() + 1, scenarios.end(), [](const Scenario& a, const Scenario& b) {
+    return a.prediction.samples_per_second < b.prediction.samples_per_second;
+  });
+  const double gain = best->prediction.samples_per_second / std::max(base.samples_per_second, 1e-12);
+  if (base.exposed < 0.05 * base.step)
+    o << "At " << workers << " workers the all-reduce hides behind backward (" << ms(base.exposed)
+      << " exposed per step): the job scales at " << detail::percent(base.efficiency, 0)
+      << " efficiency; a fix to communication would gain little (the best, " << best->name << ": "
+      << detail::fixed(gain, 2) << "x).\n";
+  else
+    o << "At " << workers << " workers " << ms(base.exposed) << " of each " << ms(base.step)
+      << " step is all-reduce not hidden behind backward; the fix that matters most there: " << best->name << " ("
+      << detail::fixed(gain, 2) << "x the samples/s).\n";
+  return o.str();
+}
+
+std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& link) {
+  std::vector<Check> out;
+  for (const ScaleRun& r : runs) {
+    if (r.workers < 2 || r.samples_per_second <= 0) continue;
+    const auto one = std::find_if(runs.begin(), runs.end(), [&](const ScaleRun& o) {
+      return o.workers == 1 && o.replicas == r.replicas && !o.rows.empty() && o.global_batch * r.workers == r.global_batch;
+    });
+    if (one == runs.end()) continue;
+    StepModel m = step_model(*one);
+    m.gradient_bytes = r.gradient_bytes;
+    m.buckets = std::max(1, r.buckets);
+    m.overlap = r.overlap;
+    m.spare_core = r.spare_core;
+    Check c;
+    c.workers = r.workers;
+    c.replicas = r.replicas;
+    c.measured = r.samples_per_second;
+    c.prediction = predict(m, r.workers, link);
+    c.error = (c.prediction.samples_per_second - c.measured) / c.measured;
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::string model_check_table(const std::vector<Check>& checks) {
+  std::ostringstream o;
+  o << "| workers | replicas per worker | measured samples/s | predicted | error |\n|---|---|---|---|---|\n";
+  for (const Check& c : checks)
+    o << "| " << c.workers << " | " << c.replicas << " | " << detail::fixed(c.measured, 0)
+      << " | " << detail::fixed(c.prediction.samples_per_second, 0) << " | " << (c.error >= 0 ? "+" : "")
+      << detail::percent(c.error, 1) << " |\n";
+  return o.str();
+}
+
+}  // namespace dtrain::profile

@@ -1,0 +1,100 @@
+// The doctor's what-if model: a step at N workers predicted from one worker's measured
+// step and the link between the workers, and the fixes that would matter there.
+//
+// A worker's step at N workers is its step at one worker (input, forward, backward, the
+// sum over its own replicas, optimizer and the rest), plus the part of the ring
+// all-reduce between workers that backward does not hide. The ring moves each bucket of
+// S_b bytes in 2(N-1) steps, each a message of S_b/N bytes:
+//     T = sum over buckets of 2(N-1) * (latency + S_b / (N * bandwidth)).
+// A bucket starts once backward made it; backward makes the first bucket after 1/k of
+// its time (k buckets), so at most the other (k-1)/k of backward can hide the ring:
+//     exposed = max(T / k, T - backward * (k-1) / k)
+// and all of T without overlap, or when the communication thread has no core of its own
+// (the compute threads of the host's workers take every core): then moving the bytes
+// takes its time from backward.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtrain/profile/diagnosis.h"
+
+namespace dtrain::profile {
+
+// The link between two workers, one direction.
+struct Link {
+  double bytes_per_second = 0;
+  double latency_seconds = 0;  // per message
+};
+
+// "10Gbit", "100mbit", "2.5Gbit/s", "1.25GB/s", "800MB/s" -> bytes per second;
+// InvalidArgument naming the text when it is none of these.
+double parse_rate(const std::string& text);
+// "50us", "0.2ms", "1s" -> seconds.
+double parse_duration(const std::string& text);
+// "10.0 Gbit/s (1.25 GB/s)".
+std::string format_rate(double bytes_per_second);
+
+// `--what-if workers=16,link=10Gbit,latency=50us`: each part optional.
+struct WhatIf {
+  std::optional<int> workers;
+  std::optional<double> link;     // bytes per second
+  std::optional<double> latency;  // seconds
+};
+WhatIf parse_what_if(const std::string& text);
+
+// One worker's step, from a run at one worker, split as the model needs it.
+struct StepModel {
+  double fixed = 0;     // input wait, replica start, optimizer, metrics, the rest
+  double input = 0;     // of which: input wait
+  double optimizer = 0; // of which: the update
+  double forward = 0, backward = 0;
+  double local_sum = 0;  // summing this worker's replicas' gradients
+  double gradient_bytes = 0;
+  int buckets = 1;
+  bool overlap = true;     // buckets start while backward runs...
+  bool spare_core = true;  // ...on a core of their own
+  std::int64_t batch = 0;  // rows per worker per step
+  int replicas = 1;        // per worker
+};
+// From `one_worker` (a run at 1 worker; its worker 0). InvalidArgument when it has more.
+StepModel step_model(const ScaleRun& one_worker);
+
+struct Prediction {
+  int workers = 1;
+  double step = 0;      // seconds
+  double ring = 0;      // the all-reduce between workers, hidden or not
+  double exposed = 0;   // its part not hidden behind backward
+  double samples_per_second = 0;
+  double efficiency = 0;  // samples/s against `workers` times one worker's
+};
+
+// The ring all-reduce of `bytes` in `buckets` among `workers` (0 for one worker).
+double ring_seconds(double bytes, int buckets, int workers, const Link& link);
+Prediction predict(const StepModel& model, int workers, const Link& link);
+
+// The model at `workers` as is and with each fix: the buckets as bf16 on the wire,
+// gradients accumulated over 4 batches, twice the batch per replica.
+struct Scenario {
+  std::string name;
+  Prediction prediction;
+};
+std::vector<Scenario> fixes_at(const StepModel& model, int workers, const Link& link);
+
+// The what-if table for `workers` and the fix that gains most there, in words.
+std::string what_if_report(const StepModel& model, int workers, const Link& link);
+
+// Each run at several workers predicted from the run at one worker with the same replicas
+// per worker: | workers | replicas | measured | predicted | error |. Runs without such a
+// partner are left out; empty when none has one.
+struct Check {
+  int workers = 0, replicas = 0;  // the run's
+  double measured = 0;            // its samples/s
+  Prediction prediction;
+  double error = 0;  // (predicted - measured) / measured samples/s
+};
+std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& link);
+std::string model_check_table(const std::vector<Check>& checks);
+
+}  // namespace dtrain::profile

@@ -1,0 +1,161 @@
+#include "dtrain/profile/whatif.h"
+
+#include <gtest/gtest.h>
+
+#include "dtrain/core/error.h"
+#include "dtrain/profile/report.h"
+
+namespace dtrain::profile {
+namespace {
+
+std::string message_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(WhatIf, ParsesRatesDurationsAndTheOption) {
+  EXPECT_DOUBLE_EQ(parse_rate("10Gbit"), 1.25e9);
+  EXPECT_DOUBLE_EQ(parse_rate("100mbit"), 12.5e6);
+  EXPECT_DOUBLE_EQ(parse_rate("2.5Gbit/s"), 2.5e9 / 8);
+  EXPECT_DOUBLE_EQ(parse_rate("1.25GB/s"), 1.25e9);
+  EXPECT_DOUBLE_EQ(parse_rate("800MB/s"), 800e6);
+  for (const char* bad : {"fast", "10", "10gb", "-1Gbit", "0Gbit", "10Xbit"})
+    EXPECT_NE(message_of([&] { parse_rate(bad); }).find(std::string("'") + bad + "'"), std::string::npos) << bad;
+  EXPECT_DOUBLE_EQ(parse_duration("50us"), 50e-6);
+  EXPECT_DOUBLE_EQ(parse_duration("0.2ms"), 0.2e-3);
+  EXPECT_DOUBLE_EQ(parse_duration("1s"), 1.0);
+  EXPECT_NE(message_of([] { parse_duration("50"); }).find("'50'"), std::string::npos);
+
+  const WhatIf w = parse_what_if("workers=16,link=10Gbit,latency=50us");
+  EXPECT_EQ(w.workers, 16);
+  EXPECT_DOUBLE_EQ(*w.link, 1.25e9);
+  EXPECT_DOUBLE_EQ(*w.latency, 50e-6);
+  EXPECT_FALSE(parse_what_if("link=1Gbit").workers.has_value());
+  EXPECT_NE(message_of([] { parse_what_if("workers=16,speed=1Gbit"); }).find("unknown key 'speed'"), std::string::npos);
+  EXPECT_NE(message_of([] { parse_what_if("workers=0"); }).find("workers"), std::string::npos);
+  EXPECT_NE(message_of([] { parse_what_if("workers"); }).find("key=value"), std::string::npos);
+}
+
+TEST(WhatIf, RingTimeIsBytesOverBandwidthPlusLatencyPerMessage) {
+  const Link link{1e6, 0};
+  EXPECT_EQ(ring_seconds(1e6, 1, 1, link), 0);
+  EXPECT_DOUBLE_EQ(ring_seconds(1e6, 1, 2, link), 1.0);  // 2(N-1)/N = 1
+  EXPECT_DOUBLE_EQ(ring_seconds(1e6, 1, 4, link), 1.5);
+  // 2(N-1) messages per bucket, each with its latency.
+  EXPECT_DOUBLE_EQ(ring_seconds(0, 3, 4, Link{1e6, 1e-3}), 2 * 3 * 3 * 1e-3);
+}
+
+// fixed 2 ms, forward 4 ms, backward 8 ms; 10 MB in 2 buckets over 1 GB/s: at 2 workers
+// the ring takes 10 ms.
+StepModel model() {
+  StepModel m;
+  m.fixed = 0.002;
+  m.optimizer = 0.001;
+  m.forward = 0.004;
+  m.backward = 0.008;
+  m.gradient_bytes = 10e6;
+  m.buckets = 2;
+  m.batch = 64;
+  return m;
+}
+
+TEST(WhatIf, BackwardHidesWhatItCanOfTheRing) {
+  const Link link{1e9, 0};
+  Prediction one = predict(model(), 1, link);
+  EXPECT_DOUBLE_EQ(one.step, 0.014);
+  EXPECT_DOUBLE_EQ(one.efficiency, 1.0);
+  // The second bucket's ring starts after half of backward: 10 - 4 ms exposed.
+  Prediction two = predict(model(), 2, link);
+  EXPECT_DOUBLE_EQ(two.ring, 0.010);
+  EXPECT_NEAR(two.exposed, 0.006, 1e-12);
+  EXPECT_NEAR(two.step, 0.020, 1e-12);
+  EXPECT_NEAR(two.efficiency, 0.7, 1e-12);
+  EXPECT_NEAR(two.samples_per_second, 128 / 0.020, 1e-6);
+  // A fast link: one bucket's ring is the least left exposed.
+  EXPECT_NEAR(predict(model(), 2, Link{1e10, 0}).exposed, 0.0005, 1e-12);
+  // Without overlap, or without a core for the communication thread, nothing is hidden.
+  StepModel no_overlap = model();
+  no_overlap.overlap = false;
+  EXPECT_NEAR(predict(no_overlap, 2, link).exposed, 0.010, 1e-12);
+  StepModel busy = model();
+  busy.spare_core = false;
+  EXPECT_NEAR(predict(busy, 2, link).exposed, 0.010, 1e-12);
+
+  const std::vector<Scenario> fixes = fixes_at(model(), 2, link);
+  ASSERT_EQ(fixes.size(), 4u);
+  EXPECT_NEAR(fixes[1].prediction.exposed, 0.0025, 1e-12);  // bf16: a 5 ms ring, max(2.5, 5 - 4)
+  // Accumulating over 4: per batch 13 ms of compute and fixed costs, and a quarter of the
+  // 6 ms exposed and the 1 ms update.
+  EXPECT_NEAR(fixes[2].prediction.step, 0.013 + 0.007 / 4, 1e-12);
+  // Twice the batch: forward 8, backward 16 (hiding more), the same ring.
+  EXPECT_NEAR(fixes[3].prediction.exposed, 0.005, 1e-12);
+  EXPECT_NEAR(fixes[3].prediction.step, 0.002 + 0.024 + 0.005, 1e-12);
+  const std::string text = what_if_report(model(), 2, link);
+  EXPECT_NE(text.find("| as measured | 20.00 | 10.00 | 6.00 | 6400 | 70% |"), std::string::npos) << text;
+  EXPECT_NE(text.find("the fix that matters most there: --gradient-accumulation-steps 4"), std::string::npos) << text;
+}
+
+// A worker's row from seconds per step (10 steps): forward a third of compute.
+WorkerSummary row(double step, double compute, double comm) {
+  WorkerSummary w;
+  Totals& t = w.totals;
+  t.steps = 10;
+  t.wall = 10 * step;
+  t.samples = 640;
+  t.phases[static_cast<std::size_t>(Phase::forward)] = 10 * compute / 3;
+  t.phases[static_cast<std::size_t>(Phase::backward)] = 10 * compute * 2 / 3;
+  t.phases[static_cast<std::size_t>(Phase::communication)] = 10 * comm;
+  return w;
+}
+
+TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
+  const ScaleRun one{.workers = 1, .replicas = 1, .global_batch = 64, .samples_per_second = 6400,
+                     .rows = {row(0.010, 0.009, 0)}, .gradient_bytes = 4e6, .buckets = 1};
+  ScaleRun two{.workers = 2, .replicas = 1, .global_batch = 128, .samples_per_second = 8000,
+               .rows = {row(0.016, 0.009, 0.006), row(0.016, 0.009, 0.006)}, .gradient_bytes = 4e6, .buckets = 1};
+  ScaleRun lonely = two;  // 2 replicas per worker: no run at one worker to start from
+  lonely.replicas = 2;
+  const std::vector<Check> checks = model_check({one, two, lonely}, Link{1e9, 0});
+  ASSERT_EQ(checks.size(), 1u);
+  // One bucket: nothing hides; 10 ms + 4 ms of ring.
+  EXPECT_NEAR(checks[0].prediction.step, 0.014, 1e-12);
+  EXPECT_NEAR(checks[0].error, (128 / 0.014 - 8000) / 8000, 1e-9);
+  EXPECT_NE(model_check_table(checks).find("| 2 | 1 | 8000 | 9143 | +14.3% |"), std::string::npos)
+      << model_check_table(checks);
+  EXPECT_NE(message_of([&] { step_model(two); }).find("one worker"), std::string::npos);
+
+  Report report;
+  report.title = "dtrain doctor <job>";
+  report.runs = {one, two};
+  report.findings = {{"communication-bound", "35% exposed", "bf16"}};
+  report.checks = checks;
+  report.link = "1 GB/s";
+  report.curve = {predict(model(), 1, Link{1e9, 0}), predict(model(), 2, Link{1e9, 0})};
+  report.what_if = what_if_report(model(), 2, Link{1e9, 0});
+  const std::string html = html_report(report);
+  // Self-contained: no scripts, nothing fetched; every chart closed; text escaped.
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("src="), std::string::npos);
+  EXPECT_EQ(html.find("href="), std::string::npos);
+  auto count = [&](const std::string& s) {
+    std::size_t n = 0;
+    for (std::size_t at = html.find(s); at != std::string::npos; at = html.find(s, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("<svg"), 4u);  // throughput, efficiency, phases, the what-if curve
+  EXPECT_EQ(count("</svg>"), 4u);
+  EXPECT_EQ(count("<table>"), count("</table>"));
+  EXPECT_EQ(count("<table>"), 3u);  // scaling, model check, what-if
+  EXPECT_NE(html.find("dtrain doctor &lt;job&gt;"), std::string::npos);
+  EXPECT_NE(html.find("2\u00d71: 8000 samples/s"), std::string::npos);
+  EXPECT_NE(html.find("predicted 9143 samples/s"), std::string::npos);
+  EXPECT_NE(html.find("<b>communication-bound</b>"), std::string::npos);
+  EXPECT_NE(html.find("<td>--gradient-accumulation-steps 4</td>"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dtrain::profile
