@@ -15,26 +15,11 @@ bench="$here/build/release/bench/bench_multi_worker"
 [ -x "$bench" ] || { echo "netns_link.sh: build first (make build): $bench is missing" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || { echo "netns_link.sh: needs root to create network namespaces" >&2; exit 1; }
 
+. "$here/scripts/netns_pair.sh"
 a=dtrain_link_a b=dtrain_link_b
-# Link-local addresses that exist only inside the two namespaces.
 addr_a=169.254.77.1 addr_b=169.254.77.2 port=29400
-cleanup() {
-  ip netns del "$a" 2>/dev/null || true
-  ip netns del "$b" 2>/dev/null || true
-}
-trap cleanup EXIT
-cleanup
-ip netns add "$a"
-ip netns add "$b"
-ip link add dtrain_va netns "$a" type veth peer name dtrain_vb netns "$b"
-for side in "$a:dtrain_va:$addr_a" "$b:dtrain_vb:$addr_b"; do
-  IFS=: read -r ns dev addr <<<"$side"
-  ip -n "$ns" link set lo up
-  ip -n "$ns" addr add "$addr/30" dev "$dev"
-  ip -n "$ns" link set "$dev" up
-  # Each direction is limited on its sender's side.
-  ip netns exec "$ns" tc qdisc add dev "$dev" root tbf rate "$rate" burst 256kb latency 50ms
-done
+trap 'netns_pair_down "$a" "$b"' EXIT
+netns_pair_up "$a" "$b" "$addr_a" "$addr_b" "$rate"
 
 cluster="{\"worker\": [\"$addr_a:$port\", \"$addr_b:$port\"]}"
 run() {

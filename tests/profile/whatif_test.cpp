@@ -124,7 +124,7 @@ TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
   // One bucket: nothing hides; 10 ms + 4 ms of ring.
   EXPECT_NEAR(checks[0].prediction.step, 0.014, 1e-12);
   EXPECT_NEAR(checks[0].error, (128 / 0.014 - 8000) / 8000, 1e-9);
-  EXPECT_NE(model_check_table(checks).find("| 2 | 1 | 8000 | 9143 | +14.3% |"), std::string::npos)
+  EXPECT_NE(model_check_table(checks).find("| 2 | 1 | 8000 | 9143 | +14.3% | 9.00, 9.00 |"), std::string::npos)
       << model_check_table(checks);
   EXPECT_NE(message_of([&] { step_model(two); }).find("one worker"), std::string::npos);
 

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "dtrain/profile/format.h"
+#include "dtrain/profile/whatif.h"
 
 namespace dtrain::profile {
 namespace {
@@ -124,7 +125,7 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
     std::string fix;
     if (s.bytes > 0) {
       evidence += format("; %.1f MB all-reduced per step in %.2f ms", s.bytes / 1e6, s.transfer * 1000);
-      if (s.transfer > 0) evidence += format(" (%.2f GB/s)", s.bytes / s.transfer / 1e9);
+      if (s.transfer > 0) evidence += " (" + format_rate(s.bytes / s.transfer) + ")";
       fix += "compress the buckets on the wire (--compression bf16 halves the bytes: about " +
              ms(step - std::min(s.comm, s.transfer / 2)) + " per step); ";
     }

@@ -234,6 +234,8 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     c.measured = r.samples_per_second;
     c.prediction = predict(m, r.workers, link);
     c.error = (c.prediction.samples_per_second - c.measured) / c.measured;
+    c.compute_alone = m.forward + m.backward;
+    c.compute_measured = step_seconds(r.rows.front()).compute();
     out.push_back(c);
   }
   return out;
@@ -241,11 +243,13 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
 
 std::string model_check_table(const std::vector<Check>& checks) {
   std::ostringstream o;
-  o << "| workers | replicas per worker | measured samples/s | predicted | error |\n|---|---|---|---|---|\n";
+  o << "| workers | replicas per worker | measured samples/s | predicted | error | forward + backward ms: one worker, "
+       "this run |\n|---|---|---|---|---|---|\n";
   for (const Check& c : checks)
     o << "| " << c.workers << " | " << c.replicas << " | " << detail::fixed(c.measured, 0)
       << " | " << detail::fixed(c.prediction.samples_per_second, 0) << " | " << (c.error >= 0 ? "+" : "")
-      << detail::percent(c.error, 1) << " |\n";
+      << detail::percent(c.error, 1) << " | " << detail::fixed(c.compute_alone * 1000, 2) << ", "
+      << detail::fixed(c.compute_measured * 1000, 2) << " |\n";
   return o.str();
 }
 

@@ -86,13 +86,16 @@ std::vector<Scenario> fixes_at(const StepModel& model, int workers, const Link& 
 std::string what_if_report(const StepModel& model, int workers, const Link& link);
 
 // Each run at several workers predicted from the run at one worker with the same replicas
-// per worker: | workers | replicas | measured | predicted | error |. Runs without such a
+// per worker: | workers | replicas | measured | predicted | error | compute |. Runs without such a
 // partner are left out; empty when none has one.
 struct Check {
   int workers = 0, replicas = 0;  // the run's
   double measured = 0;            // its samples/s
   Prediction prediction;
   double error = 0;  // (predicted - measured) / measured samples/s
+  // Forward + backward per step at one worker, and as the run measured it: where they
+  // differ (workers sharing one host's cores), the model cannot know it.
+  double compute_alone = 0, compute_measured = 0;
 };
 std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& link);
 std::string model_check_table(const std::vector<Check>& checks);

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Two workers joined by a narrow emulated link are diagnosed communication-bound.
+#
+# The workers run in two network namespaces made here, joined by a veth pair whose ends
+# are rate-limited with `tc qdisc ... tbf` (20 Mbit/s each way); the addresses exist only
+# inside the namespaces, which are removed on exit. `dtrain doctor --runs` then reads the
+# chief's summary. Where namespaces cannot be made (no root, no iproute2), the test is
+# skipped (exit 77) with a message saying why.
+#
+#   tests/cli/narrow_link_test.sh DTRAIN_BINARY
+set -euo pipefail
+
+dtrain=$1
+skip() {
+  echo "SKIPPED: $*"
+  exit 77
+}
+[ "$(id -u)" = 0 ] || skip "creating network namespaces needs root"
+command -v ip >/dev/null && command -v tc >/dev/null || skip "ip and tc (iproute2) are not installed"
+
+. "$(dirname "$0")/../../scripts/netns_pair.sh"
+tag=$$
+a=dtrain_narrow_a_$tag b=dtrain_narrow_b_$tag
+addr_a=169.254.78.1 addr_b=169.254.78.2 port=29410
+dir=$(mktemp -d)
+cleanup() {
+  netns_pair_down "$a" "$b"
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+why=$(netns_pair_up "$a" "$b" "$addr_a" "$addr_b" 20mbit) || skip "$why"
+
+# A 256-wide MLP: 0.54 MB of gradients per step, about 0.2 s on the wire at 20 Mbit/s,
+# far more than its compute.
+cat >"$dir/job.json" <<'EOF'
+{"model": {"input_shape": [256], "layers": [
+   {"class_name": "Dense", "config": {"units": 256, "activation": "relu"}},
+   {"class_name": "Dense", "config": {"units": 256, "activation": "relu"}},
+   {"class_name": "Dense", "config": {"units": 10}}]},
+ "loss": {"name": "sparse_categorical_crossentropy", "from_logits": true},
+ "optimizer": {"name": "sgd", "learning_rate": 0.01},
+ "data": {"source": "synthetic", "samples": 512, "features": 256, "classes": 10},
+ "epochs": 2, "batch_size": 64, "seed": 1}
+EOF
+
+cluster="{\"worker\": [\"$addr_a:$port\", \"$addr_b:$port\"]}"
+pids=()
+for i in 0 1; do
+  ns=$([ $i = 0 ] && echo "$a" || echo "$b")
+  ip netns exec "$ns" env TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"worker\", \"index\": $i}}" \
+    OMP_NUM_THREADS=1 DTRAIN_CLUSTER_TOKEN="narrow-$tag" \
+    timeout 240 "$dtrain" fit "$dir/job.json" --strategy multi_worker --steps-per-epoch 3 --collective-timeout 60 \
+    --verbose 0 --summary "$dir/two.json" >"$dir/worker-$i.log" 2>&1 &
+  pids+=($!)
+done
+failed=0
+for p in "${pids[@]}"; do wait "$p" || failed=1; done
+if [ $failed != 0 ]; then
+  echo "FAILED: a worker did not finish:"
+  cat "$dir"/worker-*.log
+  exit 1
+fi
+
+"$dtrain" doctor --runs "$dir/two.json" | tee "$dir/doctor.txt"
+grep -q -- "- communication-bound: " "$dir/doctor.txt" || {
+  echo "FAILED: a 20 Mbit/s link was not diagnosed communication-bound"
+  exit 1
+}
+if grep -q -- "- input-bound\|- straggler" "$dir/doctor.txt"; then
+  echo "FAILED: the narrow link was blamed on something else"
+  exit 1
+fi
+echo "PASSED: the narrow link is diagnosed communication-bound"
