@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "common/temp_dir.h"
@@ -254,6 +256,47 @@ TEST_F(Cli, DoctorPredictsOtherScalesChecksItsModelAndWritesAReport) {
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find("link rate 'fast'"), std::string::npos) << r.output;
   EXPECT_EQ(run("doctor").code, 1);
+}
+
+TEST_F(Cli, MergeTracesGivesOneTraceWithAProcessPerWorker) {
+  const auto t = (dir_ / "t.json").string(), t1 = (dir_ / "t.worker-1.json").string();
+  const auto all = (dir_ / "all.json").string(), shifted = (dir_ / "shifted.json").string();
+  Result r = run("launch --workers 2 fit " + tiny_config() + " --epochs 1 --steps-per-epoch 4 --verbose 0 --profile " + t);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run("merge-traces " + all + " " + t + " " + t1);
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto parse = [](const std::string& path) { return nlohmann::json::parse(std::ifstream(path)); };
+  const auto a = parse(t), b = parse(t1), merged = parse(all);
+  ASSERT_EQ(merged["traceEvents"].size(), a["traceEvents"].size() + b["traceEvents"].size());
+  // Both workers wrote pid = their index; each stays a process of its own, named.
+  std::set<int> pids;
+  std::set<std::string> names;
+  for (const auto& e : merged["traceEvents"]) {
+    pids.insert(e["pid"].get<int>());
+    if (e["name"] == "process_name") names.insert(e["args"]["name"].get<std::string>());
+  }
+  EXPECT_EQ(pids, (std::set<int>{0, 1}));
+  EXPECT_EQ(names.size(), 2u);
+
+  // A trace whose clock is a day off (another host's) is put back on the first's by its
+  // steps: the first step both have ends at the same moment in both.
+  auto moved = b;
+  for (auto& e : moved["traceEvents"])
+    if (e.contains("ts")) e["ts"] = e["ts"].get<double>() + 86400e6;
+  std::ofstream(shifted) << moved.dump();
+  ASSERT_EQ(run("merge-traces " + all + " " + t + " " + shifted + " --align-steps").code, 0);
+  std::map<int, double> step0_end;
+  const auto aligned = parse(all);
+  for (const auto& e : aligned["traceEvents"])
+    if (e.value("name", "") == "step 0") step0_end[e["pid"].get<int>()] = e["ts"].get<double>() + e["dur"].get<double>();
+  ASSERT_EQ(step0_end.size(), 2u);
+  EXPECT_NEAR(step0_end[0], step0_end[1], 1e-3);
+
+  // Bad input names the file.
+  std::ofstream(dir_ / "bad.json") << R"({"events": []})";
+  r = run("merge-traces " + all + " " + t + " " + (dir_ / "bad.json").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("bad.json has no \"traceEvents\""), std::string::npos) << r.output;
 }
 
 TEST_F(Cli, SaveWeightsThenEvaluateGivesTheSameTestFigures) {

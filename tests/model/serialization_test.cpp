@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/error_message.h"
 #include "dtrain/data/datasets.h"
 #include "dtrain/model/safetensors.h"
 #include "dtrain/model/sequential.h"
@@ -16,14 +17,7 @@ fs::path temp_path(const std::string& name) {
   return fs::temp_directory_path() / ("dtrain_" + std::to_string(::getpid()) + "_" + name);
 }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using dtrain::testing::message_of;
 
 std::unique_ptr<Sequential> make_model() {
   auto m = std::make_unique<Sequential>("clf");

@@ -2,20 +2,13 @@
 
 #include <gtest/gtest.h>
 
-#include "dtrain/core/error.h"
+#include "common/error_message.h"
 #include "dtrain/profile/report.h"
 
 namespace dtrain::profile {
 namespace {
 
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using dtrain::testing::message_of;
 
 TEST(WhatIf, ParsesRatesDurationsAndTheOption) {
   EXPECT_DOUBLE_EQ(parse_rate("10Gbit"), 1.25e9);

@@ -13,6 +13,7 @@
 
 #include "dtrain/cli/config.h"
 #include "dtrain/cli/doctor.h"
+#include "dtrain/cli/traces.h"
 #include "dtrain/cluster/launcher.h"
 #include "dtrain/core/allocator.h"
 #include "dtrain/core/clock.h"
@@ -37,6 +38,8 @@ Examples:
   dtrain doctor examples/configs/seed_large.json --replicas 1,2 --workers 1,2 --steps 20
   dtrain doctor examples/configs/seed_large.json --workers 1,2 --what-if workers=16,link=10Gbit --report r.html
   dtrain launch --workers 2 probe-link
+  dtrain launch --workers 2 fit examples/configs/seed_large.json --profile t.json
+  dtrain merge-traces all.json t.json t.worker-1.json
   dtrain launch --workers 2 -- sh -c 'echo $TF_CONFIG'
 
 Config files are JSON: model (Keras-style Sequential JSON), loss, optimizer, metrics,
@@ -355,6 +358,13 @@ int main(int argc, char** argv) {
   CLI::App* probe = app.add_subcommand(
       "probe-link", "Measure the link between workers (run one per worker: dtrain launch --workers 2 probe-link)");
   probe->add_option("--output", probe_output, "Write the measurement as JSON here (the chief)");
+  cli::MergeOptions merge_options;
+  CLI::App* merge = app.add_subcommand(
+      "merge-traces", "Merge the workers' traces (fit --profile) into one: merge-traces OUT.json IN.json...");
+  merge->add_option("output", merge_options.output, "The merged trace")->required();
+  merge->add_option("inputs", merge_options.inputs, "The workers' traces")->required();
+  merge->add_flag("--align-steps", merge_options.align_steps,
+                  "Line the traces up on their first common step's end (traces from different hosts)");
   CLI::App* evaluate = app.add_subcommand("evaluate", "Evaluate saved weights on CONFIG's test data");
   add_run_flags(evaluate);
   evaluate->add_option("--weights", o.weights, "Weights file (safetensors)")->required();
@@ -393,6 +403,10 @@ int main(int argc, char** argv) {
     if (*doctor) {
       doctor_options.self = self_path();
       cli::run_doctor(doctor_options, std::cout);
+      return 0;
+    }
+    if (*merge) {
+      cli::run_merge_traces(merge_options);
       return 0;
     }
     if (*probe) {
