@@ -29,7 +29,9 @@ on_both() {
       OMP_NUM_THREADS=1 DTRAIN_CLUSTER_TOKEN="$token" "$@" >"$dir/out-$i.log" 2>&1 &
     pids+=($!)
   done
-  for p in "${pids[@]}"; do wait "$p" || { cat "$dir"/out-*.log; exit 1; }; done
+  local failed=0
+  for p in "${pids[@]}"; do wait "$p" || failed=1; done
+  [ $failed = 0 ] || { cat "$dir"/out-*.log; exit 1; }
 }
 
 for rate in ${@:-1gbit 200mbit}; do

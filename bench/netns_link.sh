@@ -19,7 +19,7 @@ bench="$here/build/release/bench/bench_multi_worker"
 a=dtrain_link_a b=dtrain_link_b
 addr_a=169.254.77.1 addr_b=169.254.77.2 port=29400
 trap 'netns_pair_down "$a" "$b"' EXIT
-netns_pair_up "$a" "$b" "$addr_a" "$addr_b" "$rate"
+netns_pair_up "$a" "$b" "$addr_a" "$addr_b" "$rate" 50ms
 
 cluster="{\"worker\": [\"$addr_a:$port\", \"$addr_b:$port\"]}"
 run() {

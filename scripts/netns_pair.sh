@@ -3,7 +3,8 @@
 # Sourced by the tests and benchmarks that need one; needs root.
 #
 #   . scripts/netns_pair.sh
-#   netns_pair_up NS_A NS_B ADDR_A ADDR_B RATE   (RATE as tc writes it: 20mbit, 1gbit)
+#   netns_pair_up NS_A NS_B ADDR_A ADDR_B RATE [LATENCY]   (as tc writes them: 20mbit, 1gbit;
+#                                                          tbf's queue limit, default 400ms)
 #   ip netns exec NS_A ...
 #   netns_pair_down NS_A NS_B
 # The addresses (link-local, 169.254.x.y) exist only inside the namespaces. netns_pair_up
@@ -15,22 +16,22 @@ netns_pair_down() {
 }
 
 netns_pair_up() {
-  local a=$1 b=$2 addr_a=$3 addr_b=$4 rate=$5
+  local a=$1 b=$2 addr_a=$3 addr_b=$4 rate=$5 latency=${6:-400ms}
   # Device names are at most 15 bytes: named after a checksum of the namespace's name.
   local va="v$(cksum <<<"$a" | cut -d' ' -f1)" vb="v$(cksum <<<"$b" | cut -d' ' -f1)"
   netns_pair_down "$a" "$b"
   ip netns add "$a" 2>/dev/null || { echo "cannot create network namespaces here (ip netns add failed)"; return 1; }
-  ip netns add "$b" || return 1
+  ip netns add "$b" || { echo "ip netns add $b failed"; return 1; }
   ip link add "$va" netns "$a" type veth peer name "$vb" netns "$b" 2>/dev/null ||
     { echo "cannot create a veth pair here"; return 1; }
   local side ns dev addr
   for side in "$a:$va:$addr_a" "$b:$vb:$addr_b"; do
     IFS=: read -r ns dev addr <<<"$side"
-    ip -n "$ns" link set lo up
-    ip -n "$ns" addr add "$addr/30" dev "$dev"
-    ip -n "$ns" link set "$dev" up
+    ip -n "$ns" link set lo up || { echo "cannot bring up lo in $ns"; return 1; }
+    ip -n "$ns" addr add "$addr/30" dev "$dev" || { echo "cannot give $dev the address $addr"; return 1; }
+    ip -n "$ns" link set "$dev" up || { echo "cannot bring up $dev in $ns"; return 1; }
     # Each direction is limited on its sender's side.
-    ip netns exec "$ns" tc qdisc add dev "$dev" root tbf rate "$rate" burst 256kb latency 400ms 2>/dev/null ||
+    ip netns exec "$ns" tc qdisc add dev "$dev" root tbf rate "$rate" burst 256kb latency "$latency" 2>/dev/null ||
       { echo "tc cannot rate-limit a veth here (no tbf qdisc)"; return 1; }
   done
 }

@@ -220,8 +220,8 @@ TEST_F(Cli, ProbeLinkMeasuresTheLinkBetweenWorkers) {
 TEST_F(Cli, DoctorPredictsOtherScalesChecksItsModelAndWritesAReport) {
   const std::string cfg = tiny_config();
   const auto html = (dir_ / "r.html").string(), one = (dir_ / "one.json").string();
-  Result r = run("doctor " + cfg + " --replicas 1 --workers 1,2 --steps 3 --what-if workers=8,link=1Gbit,latency=20us "
-                 "--report " + html);
+  Result r = run("doctor " + cfg + " --replicas 1 --workers 1,2 --steps 3 --threads-per-worker 1 "
+                 "--what-if workers=8,link=1Gbit,latency=20us --report " + html);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("1 thread(s) per worker"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Model check"), std::string::npos) << r.output;

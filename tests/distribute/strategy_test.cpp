@@ -362,3 +362,23 @@ TEST(OneDeviceStrategy, RunsOneReplicaOnAllCores) {
 
 }  // namespace
 }  // namespace dtrain
+
+namespace dtrain::distribute {
+namespace {
+
+// Timings made from a known link come back as that link: the ring among 4 workers moves
+// 2·3/4 of the bytes and waits 2·3 latencies.
+TEST(LinkMeasurement, FitsTheRingsCostToTheSmallestAndLargestSample) {
+  using Link = MultiWorkerMirroredStrategy::LinkMeasurement;
+  const double bandwidth = 1.25e9, latency = 40e-6;
+  auto seconds = [&](double bytes) { return 6 * latency + 1.5 * bytes / bandwidth; };
+  const Link m = Link::fit(4, {{std::size_t{1} << 26, seconds(1 << 26)}, {1024, seconds(1024)}, {1 << 20, 1.0}});
+  EXPECT_NEAR(m.bytes_per_second / bandwidth, 1.0, 1e-9);
+  EXPECT_NEAR(m.latency_seconds / latency, 1.0, 1e-9);
+  EXPECT_EQ(m.samples.front().bytes, 1024u);  // sorted by size
+  EXPECT_THROW(Link::fit(1, {{1024, 1e-4}, {2048, 2e-4}}), InvalidArgument);
+  EXPECT_THROW(Link::fit(2, {{1024, 1e-4}, {1024, 2e-4}}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace dtrain::distribute

@@ -235,7 +235,10 @@ int run_fit(const std::string& path, const Overrides& o) {
     for (const Variable* v : model->trainable_variables()) numels.push_back(v->numel());
     const std::int64_t parameters = std::accumulate(numels.begin(), numels.end(), std::int64_t{0});
     j["trainable_parameters"] = parameters;
-    j["gradient_bytes_per_step"] = parameters * (o.compression == "bf16" || o.compression == "fp16" ? 2 : 4);
+    // Compression applies to the buckets sent between workers only.
+    const bool compressed = c.strategy == "multi_worker" && (o.compression == "bf16" || o.compression == "fp16");
+    j["compression"] = compressed ? o.compression : "none";
+    j["gradient_bytes_per_step"] = parameters * (compressed ? 2 : 4);
     j["gradient_buckets"] = numels.empty() ? 0 : distribute::gradient_buckets(numels).front() + 1;
     j["overlap"] = !o.no_overlap;
     // Whether the communication thread has a core that no compute thread of this host's
@@ -247,7 +250,8 @@ int run_fit(const std::string& path, const Overrides& o) {
       on_this_host = 0;
       for (const cluster::TaskId& t : tf.cluster.training_tasks()) on_this_host += tf.cluster.address(t).host == host;
     }
-    j["spare_core"] = num_threads() * on_this_host < available_cores();
+    const int local_replicas = strategy ? strategy->num_local_replicas() : 1;
+    j["spare_core"] = threads_per_replica * local_replicas * on_this_host < available_cores();
     write_json(o.summary, j);
   }
   return 0;

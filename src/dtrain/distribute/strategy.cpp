@@ -50,9 +50,10 @@ comm::Wire wire_of(Compression c) {
   return comm::Wire::f32;
 }
 
-// `cores` are shared out among the devices; workers: the other processes (multi-worker).
+// `cores` (this process's threads: OMP_NUM_THREADS or set_num_threads, by default every
+// core) are shared out among the devices; workers: the other processes (multi-worker).
 std::shared_ptr<detail::ReplicaGroup> make_group(std::string name, const std::vector<std::string>& devices,
-                                                 CommunicationOptions comm, int cores = available_cores(),
+                                                 CommunicationOptions comm, int cores = num_threads(),
                                                  std::shared_ptr<detail::WorkerComm> workers = nullptr) {
   if (devices.empty()) DTRAIN_THROW(InvalidArgument, name, ": needs at least one device");
   std::set<int> seen;
@@ -315,15 +316,28 @@ MultiWorkerMirroredStrategy::LinkMeasurement MultiWorkerMirroredStrategy::measur
       std::clamp<std::int64_t>(static_cast<std::int64_t>(static_cast<double>(middle) * scale), middle, 1 << 24);
   const double t_large = large == middle ? t_middle : median_seconds(large, 3);
 
+  return LinkMeasurement::fit(n, {{static_cast<std::size_t>(small) * 4, t_small},
+                                   {static_cast<std::size_t>(middle) * 4, t_middle},
+                                   {static_cast<std::size_t>(large) * 4, t_large}});
+}
+
+MultiWorkerMirroredStrategy::LinkMeasurement MultiWorkerMirroredStrategy::LinkMeasurement::fit(
+    int workers, std::vector<Sample> samples) {
+  if (workers < 2 || samples.size() < 2)
+    DTRAIN_THROW(InvalidArgument, "LinkMeasurement::fit: needs 2 or more workers and samples, got ", workers, " and ",
+                 samples.size());
+  std::sort(samples.begin(), samples.end(), [](const Sample& a, const Sample& b) { return a.bytes < b.bytes; });
+  const Sample& lo = samples.front();
+  const Sample& hi = samples.back();
+  if (hi.bytes == lo.bytes) DTRAIN_THROW(InvalidArgument, "LinkMeasurement::fit: the samples need two sizes");
+  const double share = 2.0 * (workers - 1) / workers;  // of the bytes each worker sends
+  const double per_byte =
+      std::max((hi.seconds - lo.seconds) / static_cast<double>(hi.bytes - lo.bytes), 1e-15);  // noise: never negative
   LinkMeasurement m;
-  m.samples = {{static_cast<std::size_t>(small) * 4, t_small},
-               {static_cast<std::size_t>(middle) * 4, t_middle},
-               {static_cast<std::size_t>(large) * 4, t_large}};
-  const double share = 2.0 * (n - 1) / n;  // of the bytes each worker sends
-  const double bytes_small = static_cast<double>(small) * 4, bytes_large = static_cast<double>(large) * 4;
-  const double per_byte = std::max((t_large - t_small) / (bytes_large - bytes_small), 1e-15);
   m.bytes_per_second = share / per_byte;
-  m.latency_seconds = std::max(0.0, t_small - share * bytes_small / m.bytes_per_second) / (2.0 * (n - 1));
+  m.latency_seconds =
+      std::max(0.0, lo.seconds - share * static_cast<double>(lo.bytes) / m.bytes_per_second) / (2.0 * (workers - 1));
+  m.samples = std::move(samples);
   return m;
 }
 

@@ -172,8 +172,9 @@ class OneDeviceStrategy final : public Strategy {
 
 // Synchronous replicas in this process (tf.distribute.MirroredStrategy). Devices are
 // logical CPU devices "/cpu:N" (also "cpu:N", "/device:CPU:N" and TensorFlow's full
-// "/job:localhost/replica:0/task:0/device:CPU:N"); the cores are shared out evenly,
-// at least one thread per replica. GPU devices are not supported by this build.
+// "/job:localhost/replica:0/task:0/device:CPU:N"); the process's threads
+// (OMP_NUM_THREADS or set_num_threads, by default every core) are shared out evenly, at
+// least one thread per replica. GPU devices are not supported by this build.
 class MirroredStrategy final : public Strategy {
  public:
   // One replica per core.
@@ -223,6 +224,8 @@ class MultiWorkerMirroredStrategy final : public Strategy {
       double seconds;  // median
     };
     std::vector<Sample> samples;
+    // The fit of the smallest and the largest sample to the ring's cost among `workers`.
+    static LinkMeasurement fit(int workers, std::vector<Sample> samples);
   };
   LinkMeasurement measure_link() const;
 

@@ -21,6 +21,7 @@ struct ScaleRun {
   double gradient_bytes = 0;
   int buckets = 1;
   bool overlap = true;  // buckets start while backward runs
+  bool compressed = false;  // the buckets went between workers as 16-bit values
   // The communication thread had a core no compute thread used; without one, moving the
   // bytes takes its time from backward and hides nothing.
   bool spare_core = true;

@@ -117,6 +117,8 @@ StepModel step_model(const ScaleRun& one) {
   if (one.workers != 1 || one.rows.empty())
     DTRAIN_THROW(InvalidArgument, "what-if: the model starts from a run at one worker, got ", one.workers);
   const StepSeconds s = step_seconds(one.rows.front());
+  if (!(s.step > 0))
+    DTRAIN_THROW(InvalidArgument, "what-if: the run at one worker (", one.replicas, " replica(s)) has no step time");
   StepModel m;
   m.forward = s.forward;
   m.backward = s.backward;
@@ -128,6 +130,7 @@ StepModel step_model(const ScaleRun& one) {
   m.buckets = std::max(1, one.buckets);
   m.overlap = one.overlap;
   m.spare_core = one.spare_core;
+  m.compressed = one.compressed;
   m.batch = one.global_batch;
   m.replicas = one.replicas;
   return m;
@@ -135,9 +138,11 @@ StepModel step_model(const ScaleRun& one) {
 
 double ring_seconds(double bytes, int buckets, int workers, const Link& link) {
   if (workers < 2) return 0;
+  if (bytes > 0 && !(link.bytes_per_second > 0))
+    DTRAIN_THROW(InvalidArgument, "what-if: a link of ", link.bytes_per_second, " bytes/s cannot move the gradients");
   const double n = workers;
   const double latency = 2 * (n - 1) * std::max(1, buckets) * link.latency_seconds;
-  const double transfer = link.bytes_per_second > 0 ? 2 * (n - 1) / n * bytes / link.bytes_per_second : 0;
+  const double transfer = bytes > 0 ? 2 * (n - 1) / n * bytes / link.bytes_per_second : 0;
   return latency + transfer;
 }
 
@@ -145,7 +150,7 @@ Prediction predict(const StepModel& m, int workers, const Link& link) {
   Prediction p;
   p.workers = workers;
   p.ring = ring_seconds(m.gradient_bytes, m.buckets, workers, link);
-  const double k = m.buckets;
+  const double k = std::max(1, m.buckets);
   p.exposed = m.overlap && m.spare_core ? std::max(p.ring / k, p.ring - m.backward * (k - 1) / k) : p.ring;
   if (workers < 2) p.exposed = 0;
   const double alone = m.fixed + m.forward + m.backward + m.local_sum;
@@ -159,9 +164,11 @@ std::vector<Scenario> fixes_at(const StepModel& m, int workers, const Link& link
   std::vector<Scenario> out;
   out.push_back({"as measured", predict(m, workers, link)});
 
-  StepModel bf16 = m;
-  bf16.gradient_bytes = m.gradient_bytes / 2;
-  out.push_back({"--compression bf16", predict(bf16, workers, link)});
+  if (!m.compressed) {
+    StepModel bf16 = m;
+    bf16.gradient_bytes = m.gradient_bytes / 2;
+    out.push_back({"--compression bf16", predict(bf16, workers, link)});
+  }
 
   // Four micro-batches, one reduction and one update: per batch, the compute and fixed
   // costs stay, the reduction and update are shared by four.
@@ -169,8 +176,8 @@ std::vector<Scenario> fixes_at(const StepModel& m, int workers, const Link& link
   Prediction acc = out.front().prediction;
   const double per_batch = m.fixed - m.optimizer + m.forward + m.backward;
   acc.step = per_batch + (m.local_sum + acc.exposed + m.optimizer) / k;
-  acc.samples_per_second = static_cast<double>(m.batch) * workers / acc.step;
-  acc.efficiency = (per_batch + (m.local_sum + m.optimizer) / k) / acc.step;
+  acc.samples_per_second = acc.step > 0 ? static_cast<double>(m.batch) * workers / acc.step : 0;
+  acc.efficiency = acc.step > 0 ? (per_batch + (m.local_sum + m.optimizer) / k) / acc.step : 0;
   out.push_back({"--gradient-accumulation-steps 4", acc});
 
   // Twice the rows: input, forward and backward double; the bytes do not, and the longer
@@ -228,6 +235,7 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     m.buckets = std::max(1, r.buckets);
     m.overlap = r.overlap;
     m.spare_core = r.spare_core;
+    m.compressed = r.compressed;
     Check c;
     c.workers = r.workers;
     c.replicas = r.replicas;

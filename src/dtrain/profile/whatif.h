@@ -55,10 +55,12 @@ struct StepModel {
   int buckets = 1;
   bool overlap = true;     // buckets start while backward runs...
   bool spare_core = true;  // ...on a core of their own
+  bool compressed = false;  // already 16-bit on the wire
   std::int64_t batch = 0;  // rows per worker per step
   int replicas = 1;        // per worker
 };
-// From `one_worker` (a run at 1 worker; its worker 0). InvalidArgument when it has more.
+// From `one_worker` (a run at 1 worker; its worker 0). InvalidArgument when it has more,
+// or no step time.
 StepModel step_model(const ScaleRun& one_worker);
 
 struct Prediction {
@@ -70,12 +72,14 @@ struct Prediction {
   double efficiency = 0;  // samples/s against `workers` times one worker's
 };
 
-// The ring all-reduce of `bytes` in `buckets` among `workers` (0 for one worker).
+// The ring all-reduce of `bytes` in `buckets` among `workers` (0 for one worker);
+// InvalidArgument for bytes over a link of no bandwidth.
 double ring_seconds(double bytes, int buckets, int workers, const Link& link);
 Prediction predict(const StepModel& model, int workers, const Link& link);
 
-// The model at `workers` as is and with each fix: the buckets as bf16 on the wire,
-// gradients accumulated over 4 batches, twice the batch per replica.
+// The model at `workers` as is and with each fix: the buckets as bf16 on the wire (unless
+// they already are 16-bit), gradients accumulated over 4 batches, twice the batch per
+// replica.
 struct Scenario {
   std::string name;
   Prediction prediction;
