@@ -120,6 +120,13 @@ TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
   EXPECT_NE(model_check_table(checks).find("| 2 | 1 | 8000 | 9143 | +14.3% | 9.00, 9.00 |"), std::string::npos)
       << model_check_table(checks);
   EXPECT_NE(message_of([&] { step_model(two); }).find("one worker"), std::string::npos);
+  // Two workers of one host sharing its cores twice over compute twice as long.
+  ScaleRun crowded = two;
+  crowded.oversubscription = 2;
+  const std::vector<Check> shared = model_check({one, crowded}, Link{1e9, 0});
+  ASSERT_EQ(shared.size(), 1u);
+  EXPECT_NEAR(shared[0].prediction.step, 0.001 + 0.018 + 0.004, 1e-12);
+  EXPECT_NEAR(shared[0].compute_alone, 0.009, 1e-12);
 
   Report report;
   report.title = "dtrain doctor <job>";

@@ -111,6 +111,8 @@ profile::ScaleRun scale_run_from_summary(const std::string& summary_path) {
     run.overlap = j.value("overlap", true);
     run.spare_core = j.value("spare_core", true);
     run.compressed = j.value("compression", std::string("none")) != "none";
+    const double cores = j.value("host_cores", 0.0);
+    if (cores > 0) run.oversubscription = std::max(1.0, j.value("host_threads", 0.0) / cores);
     run.rows = profile_from_json(j["profile"]);
   } catch (const json::exception& e) {
     DTRAIN_THROW(IoError, "doctor: ", summary_path, ": a field is not as fit writes it: ", e.what());

@@ -251,7 +251,10 @@ int run_fit(const std::string& path, const Overrides& o) {
       for (const cluster::TaskId& t : tf.cluster.training_tasks()) on_this_host += tf.cluster.address(t).host == host;
     }
     const int local_replicas = strategy ? strategy->num_local_replicas() : 1;
-    j["spare_core"] = threads_per_replica * local_replicas * on_this_host < available_cores();
+    const int host_threads = threads_per_replica * local_replicas * on_this_host;
+    j["host_threads"] = host_threads;  // compute threads of this host's workers
+    j["host_cores"] = available_cores();
+    j["spare_core"] = host_threads < available_cores();
     write_json(o.summary, j);
   }
   return 0;

@@ -22,6 +22,9 @@ struct ScaleRun {
   int buckets = 1;
   bool overlap = true;  // buckets start while backward runs
   bool compressed = false;  // the buckets went between workers as 16-bit values
+  // The host's compute threads over its cores, at least 1: workers sharing one host's
+  // cores beyond what it has compute this much slower.
+  double oversubscription = 1;
   // The communication thread had a core no compute thread used; without one, moving the
   // bytes takes its time from backward and hides nothing.
   bool spare_core = true;

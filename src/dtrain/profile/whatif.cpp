@@ -236,13 +236,20 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     m.overlap = r.overlap;
     m.spare_core = r.spare_core;
     m.compressed = r.compressed;
+    // Workers sharing this host's cores beyond what it has compute slower than the run
+    // at one worker did, by the ratio of threads to cores (workers with machines of
+    // their own, which the what-if describes, do not).
+    const double slower = r.oversubscription / std::max(1.0, one->oversubscription);
+    const double alone = m.forward + m.backward;
+    m.forward *= slower;
+    m.backward *= slower;
     Check c;
     c.workers = r.workers;
     c.replicas = r.replicas;
     c.measured = r.samples_per_second;
     c.prediction = predict(m, r.workers, link);
     c.error = (c.prediction.samples_per_second - c.measured) / c.measured;
-    c.compute_alone = m.forward + m.backward;
+    c.compute_alone = alone;
     c.compute_measured = step_seconds(r.rows.front()).compute();
     out.push_back(c);
   }

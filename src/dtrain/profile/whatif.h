@@ -90,7 +90,8 @@ std::vector<Scenario> fixes_at(const StepModel& model, int workers, const Link& 
 std::string what_if_report(const StepModel& model, int workers, const Link& link);
 
 // Each run at several workers predicted from the run at one worker with the same replicas
-// per worker: | workers | replicas | measured | predicted | error | compute |. Runs without such a
+// per worker, its forward and backward slowed by the ratio of the two runs' oversubscription
+// (compute threads over cores of the host, when above 1): | workers | replicas | measured | predicted | error | compute |. Runs without such a
 // partner are left out; empty when none has one.
 struct Check {
   int workers = 0, replicas = 0;  // the run's
