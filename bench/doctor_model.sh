@@ -11,9 +11,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 dtrain="$here/build/release/dtrain"
 config="$here/examples/configs/seed_large.json"
-[ -x "$dtrain" ] || { echo "doctor_model.sh: build first (make build): $dtrain is missing" >&2; exit 1; }
-[ "$(id -u)" = 0 ] || { echo "doctor_model.sh: needs root to create network namespaces" >&2; exit 1; }
 . "$here/scripts/netns_pair.sh"
+netns_bench_ready doctor_model.sh "$dtrain"
 a=dtrain_model_a b=dtrain_model_b
 addr_a=169.254.79.1 addr_b=169.254.79.2 port=29420
 dir=$(mktemp -d)

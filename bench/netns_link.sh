@@ -12,10 +12,8 @@ rate=${1:-1gbit}
 shift || true
 here=$(cd "$(dirname "$0")/.." && pwd)
 bench="$here/build/release/bench/bench_multi_worker"
-[ -x "$bench" ] || { echo "netns_link.sh: build first (make build): $bench is missing" >&2; exit 1; }
-[ "$(id -u)" = 0 ] || { echo "netns_link.sh: needs root to create network namespaces" >&2; exit 1; }
-
 . "$here/scripts/netns_pair.sh"
+netns_bench_ready netns_link.sh "$bench"
 a=dtrain_link_a b=dtrain_link_b
 addr_a=169.254.77.1 addr_b=169.254.77.2 port=29400
 trap 'netns_pair_down "$a" "$b"' EXIT

@@ -10,17 +10,15 @@
 
 #include <omp.h>
 
+#include "dtrain/core/percentile.h"
+
 namespace dtrain::bench {
 
 inline double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-inline double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
-}
+using dtrain::median;
 
 // Median seconds per call of fn() over `samples` samples.
 template <typename Fn>

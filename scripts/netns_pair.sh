@@ -10,6 +10,13 @@
 # The addresses (link-local, 169.254.x.y) exist only inside the namespaces. netns_pair_up
 # returns non-zero, saying which step failed, where the machine does not allow it.
 
+# For the benchmarks: exits saying why unless PROGRAM is built and this runs as root.
+netns_bench_ready() {
+  local who=$1 program=$2
+  [ -x "$program" ] || { echo "$who: build first (make build): $program is missing" >&2; exit 1; }
+  [ "$(id -u)" = 0 ] || { echo "$who: needs root to create network namespaces" >&2; exit 1; }
+}
+
 netns_pair_down() {
   ip netns del "$1" 2>/dev/null || true
   ip netns del "$2" 2>/dev/null || true

@@ -18,6 +18,7 @@
 #include "dtrain/cli/config.h"
 #include "dtrain/cluster/launcher.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/files.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/distribute/strategy.h"
 #include "dtrain/profile/format.h"
@@ -140,14 +141,14 @@ profile::Link run_probe_link(const std::string& output, std::ostream& out) {
   if (!output.empty()) {
     json samples = json::array();
     for (const auto& s : m.samples) samples.push_back({{"bytes", s.bytes}, {"seconds", s.seconds}});
-    std::ofstream f(output);
-    f << json{{"workers", strategy.num_workers()},
-              {"bytes_per_second", link.bytes_per_second},
-              {"latency_seconds", link.latency_seconds},
-              {"samples", samples}}
-             .dump(2)
-      << "\n";
-    if (!f) DTRAIN_THROW(IoError, "probe-link: could not write ", output);
+    write_file_replacing(output,
+                         json{{"workers", strategy.num_workers()},
+                              {"bytes_per_second", link.bytes_per_second},
+                              {"latency_seconds", link.latency_seconds},
+                              {"samples", samples}}
+                                 .dump(2) +
+                             "\n",
+                         "probe-link: the measurement");
   }
   return link;
 }
@@ -200,6 +201,48 @@ std::vector<profile::ScaleRun> run_scales(const DoctorOptions& o, int threads, c
   return runs;
 }
 
+int most_workers(const std::vector<profile::ScaleRun>& runs) {
+  int most = 1;
+  for (const profile::ScaleRun& r : runs) most = std::max(most, r.workers);
+  return most;
+}
+
+struct LinkChoice {
+  profile::Link link;
+  std::string words;  // the link and where it came from
+};
+
+// The link the model uses: as given; else measured between local workers; else the bus
+// bandwidth the widest run reached; none when there is no way to know it.
+std::optional<LinkChoice> choose_link(const DoctorOptions& o, const profile::WhatIf& what_if,
+                                      const std::vector<profile::ScaleRun>& runs, const TempDir& dir,
+                                      std::ostream& out) {
+  const int most = most_workers(runs);
+  std::optional<LinkChoice> c;
+  if (what_if.link) {
+    c = LinkChoice{{*what_if.link, 0.0}, "as given"};
+  } else if (o.runs.empty() && most > 1) {
+    const std::string probe = (dir.path / "link.json").string();
+    out << "\n  measuring the link between " << most << " local workers...\n" << std::flush;
+    launch_or_throw({o.self, "probe-link", "--output", probe}, most, "the link probe");
+    c = LinkChoice{link_from_file(probe), "measured between " + std::to_string(most) + " local workers"};
+  } else {
+    for (const profile::ScaleRun& r : runs)
+      if (r.workers == most && most > 1 && r.rows.front().bus_bandwidth(most) > 0) {
+        // Circular for that run's own check, which therefore tests only the overlap model.
+        c = LinkChoice{{r.rows.front().bus_bandwidth(most), 0.0},
+                       "the bus bandwidth the run at " + std::to_string(most) +
+                           " workers reached, latency included, so its check tests the overlap alone"};
+        break;
+      }
+  }
+  if (!c) return c;
+  if (what_if.latency) c->link.latency_seconds = *what_if.latency;
+  c->words = profile::format_rate(c->link.bytes_per_second) + ", " +
+             profile::detail::fixed(c->link.latency_seconds * 1e6, 0) + " us latency, " + c->words;
+  return c;
+}
+
 }  // namespace
 
 std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& out) {
@@ -236,35 +279,8 @@ std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& o
   std::vector<profile::Finding> findings = profile::diagnose(runs);
   out << profile::format_findings(findings);
 
-  // The link the model uses: as given; else measured between local workers; else the
-  // bus bandwidth the runs at several workers achieved.
-  int most_workers = 1;
-  const profile::ScaleRun* widest = nullptr;
-  for (const profile::ScaleRun& r : runs)
-    if (r.workers > most_workers) {
-      most_workers = r.workers;
-      widest = &r;
-    }
-  std::optional<profile::Link> link;
-  std::string link_words;
-  if (what_if.link) {
-    link = profile::Link{*what_if.link, what_if.latency.value_or(0.0)};
-    link_words = "as given";
-  } else if (measure && most_workers > 1) {
-    const std::string probe = (dir.path / "link.json").string();
-    out << "\n  measuring the link between " << most_workers << " local workers...\n" << std::flush;
-    launch_or_throw({o.self, "probe-link", "--output", probe}, most_workers, "the link probe");
-    link = link_from_file(probe);
-    link_words = "measured between " + std::to_string(most_workers) + " local workers";
-  } else if (widest && widest->rows.front().bus_bandwidth(widest->workers) > 0) {
-    // Circular for that run's own check, which therefore tests only the overlap model.
-    link = profile::Link{widest->rows.front().bus_bandwidth(widest->workers), 0.0};
-    link_words = "the bus bandwidth the run at " + std::to_string(most_workers) +
-                 " workers reached, latency included, so its check tests the overlap alone";
-  }
-  if (link && what_if.latency) link->latency_seconds = *what_if.latency;
-  if (link) link_words = profile::format_rate(link->bytes_per_second) + ", " +
-                         profile::detail::fixed(link->latency_seconds * 1e6, 0) + " us latency, " + link_words;
+  const std::optional<LinkChoice> link = choose_link(o, what_if, runs, dir, out);
+  const std::string link_words = link ? link->words : std::string();
 
   profile::Report report;
   report.title = "dtrain doctor " + (measure ? o.config : std::string("(") + std::to_string(runs.size()) + " runs)");
@@ -272,7 +288,7 @@ std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& o
   report.findings = findings;
   report.link = link_words;
   if (link) {
-    report.checks = profile::model_check(runs, *link);
+    report.checks = profile::model_check(runs, link->link);
     if (!report.checks.empty())
       out << "\nModel check: each run at several workers predicted from the run at one worker and the link ("
           << link_words << "):\n" << profile::model_check_table(report.checks);
@@ -287,16 +303,14 @@ std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& o
     if (model.gradient_bytes <= 0)
       DTRAIN_THROW(InvalidArgument, "doctor: the run at one worker does not say its gradient bytes (a summary from an "
                    "older dtrain fit?)");
-    const int workers = what_if.workers.value_or(std::max(2, most_workers));
-    report.what_if = profile::what_if_report(model, workers, *link);
-    for (int n = 1; n < workers; n *= 2) report.curve.push_back(profile::predict(model, n, *link));
-    report.curve.push_back(profile::predict(model, workers, *link));
+    const int workers = what_if.workers.value_or(std::max(2, most_workers(runs)));
+    report.what_if = profile::what_if_report(model, workers, link->link);
+    for (int n = 1; n < workers; n *= 2) report.curve.push_back(profile::predict(model, n, link->link));
+    report.curve.push_back(profile::predict(model, workers, link->link));
     out << "\n" << report.what_if;
   }
   if (!o.report.empty()) {
-    std::ofstream f(o.report);
-    f << profile::html_report(report);
-    if (!f) DTRAIN_THROW(IoError, "doctor: could not write the report to ", o.report);
+    write_file_replacing(o.report, profile::html_report(report), "doctor: the report");
     out << "\nreport written to " << o.report << "\n";
   }
   return findings;

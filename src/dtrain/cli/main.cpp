@@ -17,6 +17,8 @@
 #include "dtrain/cluster/launcher.h"
 #include "dtrain/core/allocator.h"
 #include "dtrain/core/clock.h"
+#include "dtrain/core/files.h"
+#include "dtrain/core/percentile.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/distribute/strategy.h"
 
@@ -104,11 +106,7 @@ std::string self_path() {
   return n > 0 ? std::string(self, static_cast<std::size_t>(n)) : std::string("/proc/self/exe");
 }
 
-void write_json(const std::string& path, const json& j) {
-  std::ofstream out(path);
-  out << j.dump(2) << "\n";
-  if (!out) DTRAIN_THROW(IoError, path, ": cannot write the summary file");
-}
+void write_json(const std::string& path, const json& j) { write_file_replacing(path, j.dump(2) + "\n", "the summary"); }
 
 json logs_json(const Logs& logs) {
   json j = json::object();
@@ -223,8 +221,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["epoch_samples_per_second"] = sps;
     j["first_epoch_samples_per_second"] = sps.empty() ? 0.0 : sps.front();
     if (sps.size() > 1) sps.erase(sps.begin());
-    std::sort(sps.begin(), sps.end());
-    j["samples_per_second"] = sps.empty() ? 0.0 : sps[sps.size() / 2];
+    j["samples_per_second"] = percentile(sps, 0.5);
     j["test"] = logs_json(test);
     j["wall_seconds"] = wall;
     j["epoch_rss_mb"] = rss;  // resident memory after each epoch

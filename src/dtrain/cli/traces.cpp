@@ -1,7 +1,6 @@
 // Merging the workers' trace files.
 #include "dtrain/cli/traces.h"
 
-#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -9,6 +8,7 @@
 #include <set>
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/files.h"
 
 namespace dtrain::cli {
 namespace {
@@ -92,15 +92,7 @@ json merge_traces(const MergeOptions& o) {
 }
 
 void run_merge_traces(const MergeOptions& o) {
-  const json merged = merge_traces(o);
-  const std::string partial = o.output + ".partial";
-  {
-    std::ofstream out(partial);
-    out << merged.dump() << "\n";
-    if (!out) DTRAIN_THROW(IoError, "merge-traces: cannot write ", o.output);
-  }
-  if (std::rename(partial.c_str(), o.output.c_str()) != 0)
-    DTRAIN_THROW(IoError, "merge-traces: cannot move the merged trace into place at ", o.output);
+  write_file_replacing(o.output, merge_traces(o).dump() + "\n", "merge-traces: the merged trace");
 }
 
 }  // namespace dtrain::cli

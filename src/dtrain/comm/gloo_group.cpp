@@ -319,7 +319,7 @@ void GlooGroup::check_fingerprint(const char* op, std::size_t bytes) {
 }
 
 void GlooGroup::allreduce(float* data, std::size_t count, std::uint64_t key, Wire wire) {
-  const std::size_t bytes = count * (wire == Wire::f32 ? sizeof(float) : sizeof(std::uint16_t));
+  const std::size_t bytes = wire_bytes(count, wire);
   last_peer_wait_ = {};
   collective("allreduce", bytes, [&] {
     if (count == 0) return;

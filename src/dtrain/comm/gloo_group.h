@@ -50,6 +50,10 @@ struct GlooGroupOptions {
 // and rounded again before they are passed on.
 enum class Wire { f32, bf16, f16 };
 const char* wire_name(Wire wire);
+// Bytes that `count` floats take on the wire.
+inline std::size_t wire_bytes(std::size_t count, Wire wire) {
+  return count * (wire == Wire::f32 ? sizeof(float) : sizeof(std::uint16_t));
+}
 
 class GlooGroup {
  public:

@@ -126,7 +126,7 @@ void BucketReducer::reduce_across_workers(comm::GlooGroup& group, std::uint64_t 
       const Clock::time_point joined = start + group.last_peer_wait();
       if (joined > start) comm_track_->add(profile::Phase::straggler_wait, start, joined, "waiting for peers");
       comm_track_->add(profile::Phase::communication, joined, Clock::now(), "all-reduce across workers");
-      comm_track_->add_bytes(count * (cross_.wire == comm::Wire::f32 ? sizeof(float) : sizeof(std::uint16_t)));
+      comm_track_->add_bytes(comm::wire_bytes(count, cross_.wire));
     }
   }
 }
@@ -206,7 +206,7 @@ void BucketReducer::finish(int replica) {
     if (track) {
       const Clock::time_point end = Clock::now();
       track->add(profile::Phase::communication, summed, end, "wait for other workers");
-      track->add_wait_for_communication_thread(std::chrono::duration<double>(end - summed).count());
+      track->add_wait_for_communication_thread(seconds_between(summed, end));
     }
   }
   // A gradient is defined where some replica of some worker had it (its summed flag);

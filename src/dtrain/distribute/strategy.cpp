@@ -9,6 +9,7 @@
 
 #include "dtrain/autograd/ops.h"
 #include "dtrain/core/clock.h"
+#include "dtrain/core/percentile.h"
 #include "dtrain/core/replica.h"
 #include "dtrain/core/rng.h"
 #include "dtrain/core/threads.h"
@@ -301,8 +302,7 @@ MultiWorkerMirroredStrategy::LinkMeasurement MultiWorkerMirroredStrategy::measur
       group().sum_over_workers(buffer);
       seconds.push_back(seconds_since(start));
     }
-    std::nth_element(seconds.begin(), seconds.begin() + repeats / 2, seconds.end());
-    return seconds[static_cast<std::size_t>(repeats / 2)];
+    return percentile(std::move(seconds), 0.5);
   };
   const std::int64_t small = 256, middle = 1 << 18;  // 1 KiB, 1 MiB
   const double t_small = median_seconds(small, 41);

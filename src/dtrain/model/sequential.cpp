@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "dtrain/core/clock.h"
+#include "dtrain/core/files.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/kernels/backend.h"
 #include "dtrain/model/progress.h"
@@ -599,11 +600,13 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   std::vector<const ProfilerCallback*> tracers;
   for (const auto& c : callbacks)
     if (const auto* p = dynamic_cast<const ProfilerCallback*>(c.get())) tracers.push_back(p);
+  const int workers = strategy_ ? strategy_->num_workers() : 1;
+  const int worker = strategy_ ? strategy_->worker_index() : 0;
   // A trace that could not be written is found out now, not after training.
+  std::vector<std::string> trace_paths;
   for (const ProfilerCallback* p : tracers) {
-    const std::string path = p->path_for_worker(strategy_ ? strategy_->worker_index() : 0);
-    if (!std::ofstream(path + ".partial")) DTRAIN_THROW(IoError, "fit: cannot write the trace file ", path);
-    std::remove((path + ".partial").c_str());
+    trace_paths.push_back(p->path_for_worker(worker));
+    check_replaceable(trace_paths.back(), "fit: the trace file");
   }
   profile::ProfilerOptions profile_options;
   profile_options.trace = !tracers.empty();
@@ -612,8 +615,6 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   profile::Track& loop = profiler.loop();
   // Variables made by a lazy build belong to the model's strategy, as in Keras.
   dtrain::detail::ScopedStrategy in_scope(strategy_);
-  const int workers = strategy_ ? strategy_->num_workers() : 1;
-  const int worker = strategy_ ? strategy_->worker_index() : 0;
   Trainer trainer(*this, opt.gradient_accumulation_steps, profiler, fault_slowdown(worker));
   const bool own_batches = workers > 1 && source.per_worker();
   Logs logs;
@@ -710,9 +711,8 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
     history->profile_summary = gather_profile(profiler);
     if (verbose > 0 && worker == 0) out << "\nWhere the training steps' time went:\n" << profile::summary_table(history->profile_summary);
   }
-  for (const ProfilerCallback* p : tracers)
-    profiler.write_trace(p->path_for_worker(worker), worker,
-                         workers > 1 ? detail::concat("worker ", worker) : std::string("dtrain fit"));
+  for (const std::string& path : trace_paths)
+    profiler.write_trace(path, worker, workers > 1 ? detail::concat("worker ", worker) : std::string("dtrain fit"));
   for (auto& c : callbacks) c->on_train_end(logs);
   return *history;
 }

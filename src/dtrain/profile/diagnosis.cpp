@@ -5,11 +5,14 @@
 #include <cstdio>
 #include <sstream>
 
+#include "dtrain/core/percentile.h"
 #include "dtrain/profile/format.h"
 #include "dtrain/profile/whatif.h"
 
 namespace dtrain::profile {
 namespace {
+
+using detail::ms;
 
 std::string format(const char* fmt, double a, double b = 0, double c = 0, double d = 0) {
   char buf[256];
@@ -17,7 +20,6 @@ std::string format(const char* fmt, double a, double b = 0, double c = 0, double
   return buf;
 }
 
-std::string ms(double seconds) { return detail::fixed(seconds * 1000, 2) + " ms"; }
 std::string pct(double share) { return detail::percent(share, 0); }
 
 }  // namespace
@@ -87,19 +89,17 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
   if (big->rows.size() > 1) {
     std::vector<double> compute;
     for (const WorkerSummary& w : big->rows) compute.push_back(step_seconds(w).compute());
-    std::vector<double> sorted = compute;
-    std::sort(sorted.begin(), sorted.end());
-    const std::size_t n = sorted.size();
-    const double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    const double median = dtrain::median(compute);
+    const double fastest = *std::min_element(compute.begin(), compute.end());
     for (std::size_t k = 0; k < compute.size(); ++k) {
       if (median <= 0 || compute[k] <= 1.2 * median) continue;
-      straggler_excess = std::max(straggler_excess, compute[k] - sorted.front());
+      straggler_excess = std::max(straggler_excess, compute[k] - fastest);
       double others_wait = 0;
       for (std::size_t j = 0; j < compute.size(); ++j)
         if (j != k) others_wait = std::max(others_wait, step_seconds(big->rows[j]).straggler + step_seconds(big->rows[j]).comm);
       out.push_back({"straggler",
                      "worker:" + std::to_string(k) + " computes " + ms(compute[k]) + " per step, " +
-                         format("%.1fx", compute[k] / median) + " the median worker's " + ms(median) + " (the fastest: " + ms(sorted.front()) + ")" +
+                         format("%.1fx", compute[k] / median) + " the median worker's " + ms(median) + " (the fastest: " + ms(fastest) + ")" +
                          "; the others wait up to " + ms(others_wait) + " per step in communication for it " + where,
                      "find what slows worker:" + std::to_string(k) +
                          " (other load on its machine, fewer or slower cores, its input); every synchronous step "

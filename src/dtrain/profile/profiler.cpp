@@ -2,22 +2,22 @@
 #include "dtrain/profile/profiler.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <fstream>
 #include <locale>
 #include <ostream>
 #include <sstream>
 
-#include "dtrain/core/error.h"
+#include "dtrain/core/files.h"
+#include "dtrain/core/percentile.h"
 
 namespace dtrain::profile {
 namespace {
 
 constexpr int index_of(Phase p) { return static_cast<int>(p); }
 
-double micros(Clock::time_point from, Clock::time_point to) {
-  return std::chrono::duration<double, std::micro>(to - from).count();
-}
+double micros(Clock::time_point from, Clock::time_point to) { return seconds_between(from, to) * 1e6; }
+// Trace times count from the steady clock's epoch, which every process on a host shares:
+// the traces of a host's workers line up without any rebasing.
+double micros_since_epoch(Clock::time_point t) { return micros(Clock::time_point{}, t); }
 
 // JSON string contents: track names are the program's own, but quote them properly anyway.
 void write_json_string(std::ostream& out, const std::string& s) {
@@ -50,13 +50,13 @@ const char* phase_name(Phase phase) {
 }
 
 void Track::add(Phase phase, Clock::time_point start, Clock::time_point end, const char* label) {
-  seconds_[static_cast<std::size_t>(index_of(phase))] += std::chrono::duration<double>(end - start).count();
-  if (tracing_) events_.push_back(Event{phase, label, micros(origin_, start), micros(start, end)});
+  seconds_[static_cast<std::size_t>(index_of(phase))] += seconds_between(start, end);
+  if (tracing_) events_.push_back(Event{phase, label, micros_since_epoch(start), micros(start, end)});
 }
 
 void Track::add_nested(Phase phase, Phase within, Clock::time_point start, Clock::time_point end, const char* label) {
   add(phase, start, end, label);
-  seconds_[static_cast<std::size_t>(index_of(within))] -= std::chrono::duration<double>(end - start).count();
+  seconds_[static_cast<std::size_t>(index_of(within))] -= seconds_between(start, end);
 }
 
 void Track::reset_step() {
@@ -88,7 +88,6 @@ Profiler::Profiler(ProfilerOptions options) : options_(options) {
 Track& Profiler::add_track(std::string name, TrackKind kind) {
   tracks_.push_back(std::make_unique<Track>(std::move(name), kind));
   Track& t = *tracks_.back();
-  t.origin_ = origin_;
   t.tracing_ = options_.trace && options_.max_trace_steps > 0;
   return t;
 }
@@ -106,7 +105,7 @@ void Profiler::begin_step() {
 const StepRecord& Profiler::end_step(std::int64_t samples) {
   const Clock::time_point now = Clock::now();
   StepRecord r;
-  r.wall = std::chrono::duration<double>(now - step_start_).count();
+  r.wall = seconds_between(step_start_, now);
   r.samples = samples;
   int replicas = 0;
   PhaseSeconds replica_sum{};
@@ -151,7 +150,7 @@ const StepRecord& Profiler::end_step(std::int64_t samples) {
   if (epochs_ > 1) steady_.add(r);
   step_walls_.push_back(r.wall);
   if (options_.trace && total_.steps <= options_.max_trace_steps) {
-    step_spans_.emplace_back(micros(origin_, step_start_), micros(step_start_, now));
+    step_spans_.emplace_back(micros_since_epoch(step_start_), micros(step_start_, now));
     if (total_.steps == options_.max_trace_steps)
       for (auto& t : tracks_) t->tracing_ = false;
   }
@@ -161,10 +160,7 @@ const StepRecord& Profiler::end_step(std::int64_t samples) {
 double Profiler::step_percentile(double q) const {
   const std::size_t from = epochs_ > 1 ? steady_from_ : 0;
   if (step_walls_.size() <= from) return 0.0;
-  std::vector<double> sorted(step_walls_.begin() + static_cast<std::ptrdiff_t>(from), step_walls_.end());
-  std::sort(sorted.begin(), sorted.end());
-  const auto i = static_cast<std::size_t>(std::clamp(q, 0.0, 1.0) * static_cast<double>(sorted.size() - 1) + 0.5);
-  return sorted[i];
+  return percentile({step_walls_.begin() + static_cast<std::ptrdiff_t>(from), step_walls_.end()}, q);
 }
 
 void Profiler::write_trace(std::ostream& to, int pid, const std::string& process_name) const {
@@ -202,18 +198,9 @@ void Profiler::write_trace(std::ostream& to, int pid, const std::string& process
 }
 
 void Profiler::write_trace(const std::string& path, int pid, const std::string& process_name) const {
-  // Written beside the target and renamed into place: an interrupted write leaves no
-  // half trace where a complete one was.
-  const std::string partial = path + ".partial";
-  {
-    std::ofstream out(partial);
-    if (!out) DTRAIN_THROW(IoError, "profile: cannot write the trace file ", path);
-    write_trace(out, pid, process_name);
-    out.flush();
-    if (!out) DTRAIN_THROW(IoError, "profile: writing the trace file ", path, " failed");
-  }
-  if (std::rename(partial.c_str(), path.c_str()) != 0)
-    DTRAIN_THROW(IoError, "profile: cannot move the trace into place at ", path);
+  std::ostringstream out;
+  write_trace(out, pid, process_name);
+  write_file_replacing(path, out.str(), "profile: the trace file");
 }
 
 }  // namespace dtrain::profile

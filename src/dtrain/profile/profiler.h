@@ -45,7 +45,6 @@ class Track {
  public:
   Track(std::string name, TrackKind kind) : name_(std::move(name)), kind_(kind) {}
   const std::string& name() const { return name_; }
-  TrackKind kind() const { return kind_; }
 
   // Adds [start, end) to this step's `phase` (and to the trace when one is kept).
   void add(Phase phase, Clock::time_point start, Clock::time_point end, const char* label = nullptr);
@@ -58,7 +57,6 @@ class Track {
   // thread (already counted there), so that the step's total does not count it twice.
   void add_wait_for_communication_thread(double seconds) { waited_for_comm_ += seconds; }
 
-  const PhaseSeconds& step_seconds() const { return seconds_; }
 
  private:
   friend class Profiler;
@@ -75,7 +73,6 @@ class Track {
   std::uint64_t bytes_ = 0;
   double waited_for_comm_ = 0;
   bool tracing_ = false;
-  Clock::time_point origin_{};
   std::vector<Event> events_;
 };
 
@@ -135,7 +132,6 @@ class Profiler {
   const Totals& steady() const { return epochs_ > 1 ? steady_ : total_; }
   std::int64_t steps() const { return total_.steps; }
 
-  bool tracing() const { return options_.trace; }
   // Chrome trace-event JSON ({"traceEvents": [...]}): one track per thread, process `pid`
   // named `process_name`. Opens in Perfetto and chrome://tracing.
   void write_trace(std::ostream& out, int pid, const std::string& process_name) const;
@@ -144,9 +140,6 @@ class Profiler {
  private:
   ProfilerOptions options_;
   std::vector<std::unique_ptr<Track>> tracks_;
-  // Trace times count from the steady clock's epoch, which every process on a host
-  // shares: the traces of a host's workers line up without any rebasing.
-  Clock::time_point origin_{};
   Clock::time_point step_start_{};
   StepRecord last_;
   Totals epoch_, total_, steady_;

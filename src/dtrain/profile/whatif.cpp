@@ -13,6 +13,8 @@
 namespace dtrain::profile {
 namespace {
 
+using detail::ms;
+
 // Splits "2.5Gbit" into 2.5 and "Gbit"; false when it does not start with a number.
 bool split_number(const std::string& text, double& value, std::string& unit) {
   const char* begin = text.c_str();
@@ -42,8 +44,6 @@ double decimal_prefix(char c) {
       return 0;
   }
 }
-
-std::string ms(double seconds) { return detail::fixed(seconds * 1000, 2) + " ms"; }
 
 }  // namespace
 
@@ -152,7 +152,6 @@ Prediction predict(const StepModel& m, int workers, const Link& link) {
   p.ring = ring_seconds(m.gradient_bytes, m.buckets, workers, link);
   const double k = std::max(1, m.buckets);
   p.exposed = m.overlap && m.spare_core ? std::max(p.ring / k, p.ring - m.backward * (k - 1) / k) : p.ring;
-  if (workers < 2) p.exposed = 0;
   const double alone = m.fixed + m.forward + m.backward + m.local_sum;
   p.step = alone + p.exposed;
   p.samples_per_second = p.step > 0 ? static_cast<double>(m.batch) * workers / p.step : 0;

@@ -1,0 +1,18 @@
+// Writing a whole file so that nobody sees half of it.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace dtrain {
+
+// Writes `content` to `path` through PATH.partial, renamed into place once complete: a
+// reader sees the old file or the new one, and a failed write leaves the old one. Throws
+// IoError "<what>: cannot write PATH" when it cannot.
+void write_file_replacing(const std::string& path, std::string_view content, std::string_view what);
+
+// Whether write_file_replacing(path, ...) could start: the same IoError now if not, so that
+// a file due at the end of a long job fails before the job.
+void check_replaceable(const std::string& path, std::string_view what);
+
+}  // namespace dtrain
