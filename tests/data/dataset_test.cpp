@@ -512,6 +512,62 @@ TEST_F(Files, RecordsRoundTripAndCorruptionNamesTheOffset) {
   EXPECT_NE(m.find("truncated"), std::string::npos) << m;
 }
 
+TEST_F(Files, ShardingByFileGivesEachWorkerItsFilesAndItsPartOfEachBatch) {
+  // Four CSV files holding 0-2, 10-11, 20-23 and 30: worker w of 2 reads files w and w + 2.
+  const std::vector<std::string> files = {write("p0.csv", "0\n1\n2\n"), write("p1.csv", "10\n11\n"),
+                                          write("p2.csv", "20\n21\n22\n23\n"), write("p3.csv", "30\n")};
+  const Dataset global = Dataset::csv(files, {.header = false}).batch(5).prefetch(2);
+  EXPECT_EQ(global.input_files(), 4);
+  EXPECT_EQ(Dataset::range(4).batch(2).input_files(), 0);
+  // A global batch of 5 rows: 3 from worker 0, 2 from worker 1.
+  auto batches = [](const Dataset& ds) {
+    std::vector<std::vector<int>> out;
+    Iterator it = ds.make_iterator();
+    while (auto e = it.next()) {
+      out.emplace_back();
+      for (float v : (*e)[0].to_vector()) out.back().push_back(static_cast<int>(v));
+    }
+    return out;
+  };
+  EXPECT_EQ(batches(global.shard_by_file(2, 0)), (std::vector<std::vector<int>>{{0, 1, 2}, {20, 21, 22}, {23}}));
+  EXPECT_EQ(batches(global.shard_by_file(2, 1)), (std::vector<std::vector<int>>{{10, 11}, {30}}));
+  // Only the batch nearest the consumer is shared out; one below an unbatch() is not.
+  const Dataset rebatched = Dataset::csv(files, {.header = false}).batch(2).unbatch().batch(4);
+  EXPECT_EQ(batches(rebatched.shard_by_file(4, 2)), (std::vector<std::vector<int>>{{20}, {21}, {22}, {23}}));
+  // A cache keeps each worker's own elements.
+  const Dataset cached = Dataset::csv(files, {.header = false}).cache().batch(4);
+  EXPECT_EQ(values(cached), (std::vector<int>{0, 1, 2, 10, 11, 20, 21, 22, 23, 30}));
+  EXPECT_EQ(values(cached.shard_by_file(2, 1)), (std::vector<int>{10, 11, 30}));
+  EXPECT_EQ(values(cached.shard_by_file(2, 1)), (std::vector<int>{10, 11, 30}));
+
+  // AUTO resolves to FILE with enough files below a batch, else to DATA.
+  WorkerShard shard = auto_shard(global, 3, 2);
+  EXPECT_EQ(shard.policy, AutoShardPolicy::FILE);
+  EXPECT_TRUE(shard.own_batches);
+  EXPECT_NE(shard.plan.find("reads input files 2 (1 of 4)"), std::string::npos) << shard.plan;
+  EXPECT_EQ(batches(shard.dataset), (std::vector<std::vector<int>>{{20}, {21}, {22}, {23}}));
+  EXPECT_EQ(auto_shard(global, 5, 0).policy, AutoShardPolicy::DATA);
+  EXPECT_FALSE(auto_shard(global, 5, 0).own_batches);
+  EXPECT_EQ(auto_shard(Dataset::csv(files, {.header = false}), 2, 0).policy, AutoShardPolicy::DATA);
+  DatasetOptions off;
+  off.auto_shard_policy = AutoShardPolicy::OFF;
+  EXPECT_EQ(auto_shard(global.with_options(off), 2, 0).policy, AutoShardPolicy::OFF);
+
+  // FILE asked for where it cannot be: the counts are named.
+  DatasetOptions file;
+  file.auto_shard_policy = AutoShardPolicy::FILE;
+  std::string m = message_of([&] { auto_shard(global.with_options(file), 5, 0); });
+  EXPECT_NE(m.find("reads 4 file(s) but there are 5 workers"), std::string::npos) << m;
+  m = message_of([&] { auto_shard(Dataset::csv(files, {.header = false}).with_options(file), 2, 0); });
+  EXPECT_NE(m.find("no batch() above its file source"), std::string::npos) << m;
+  m = message_of([&] { auto_shard(Dataset::range(8).batch(2).with_options(file), 2, 0); });
+  EXPECT_NE(m.find("reads 0 file(s)"), std::string::npos) << m;
+  m = message_of([&] { values(Dataset::csv(files, {.header = false}).batch(3).shard_by_file(4, 3)); });
+  EXPECT_NE(m.find("a global batch of 3 rows cannot be shared out by file among 4 workers"), std::string::npos) << m;
+  EXPECT_NE(message_of([&] { global.shard_by_file(2, 2); }).find("worker index 2 is out of range for 2"),
+            std::string::npos);
+}
+
 TEST(Dataset, MisuseIsInvalidArgumentWithTheValues) {
   EXPECT_NE(message_of([] { Dataset::range(3).take(-5); }).find("-5"), std::string::npos);
   EXPECT_NE(message_of([] { Dataset::range(3).prefetch(0); }).find("0"), std::string::npos);

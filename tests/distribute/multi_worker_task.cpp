@@ -5,7 +5,8 @@
 // weights to OUT/<task>.safetensors for the parent test to compare with one process.
 // Options plant the failures the parent looks for: a task that kills itself mid-epoch or
 // stops (hangs), a task that builds a different model, workers whose own datasets differ
-// in length. An error fails the test here with its message, which the parent reads.
+// in length, workers reading their own record files. An error fails the test here with
+// its message, which the parent reads.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -31,6 +32,7 @@ struct Args {
   std::string stop_task;  // this task SIGSTOPs itself (hangs) at kill_step
   std::string mismatch_task;  // this task builds a wider second layer
   bool uneven = false;        // worker w trains on its own 5 - 2w batches (auto-shard OFF)
+  int files = 0;              // trains on OUT/part-K.rec, K < files (auto-shard AUTO, so FILE)
 };
 
 Args parse(int argc, char** argv) {
@@ -51,6 +53,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--stop-task") a.stop_task = v;
     else if (k == "--mismatch-task") a.mismatch_task = v;
     else if (k == "--uneven") a.uneven = v == "1";
+    else if (k == "--files") a.files = std::stoi(v);
     else throw std::invalid_argument("unknown option " + k);
   }
   return a;
@@ -101,7 +104,15 @@ void run(const Args& a) {
   if (task == a.kill_task) fit.callbacks.push_back(std::make_shared<SignalAt>(a.kill_step, SIGKILL));
   if (task == a.stop_task) fit.callbacks.push_back(std::make_shared<SignalAt>(a.kill_step, SIGSTOP));
   History history;
-  if (a.uneven) {
+  if (a.files > 0) {
+    // Record files the parent wrote; the default policy shards them by file.
+    std::vector<std::string> files;
+    for (int k = 0; k < a.files; ++k) files.push_back(a.out + "/part-" + std::to_string(k) + ".rec");
+    fit.verbose = 2;  // prints the shard plan
+    history = model->fit(
+        data::Dataset::records(files).map([](const data::Element& e) { return data::decode_element(e[0]); }).batch(a.batch),
+        fit);
+  } else if (a.uneven) {
     // Worker w's own batches: 5 - 2w of them, rows [w * 320, ...) of the data.
     data::Split d = data::make_synthetic(5 * 2 * a.batch, a.features, 10, 7, data::SyntheticLabels::teacher);
     const std::int64_t w = strategy.worker_index(), count = (5 - 2 * w) * a.batch;
@@ -117,11 +128,12 @@ void run(const Args& a) {
     history = model->fit(d.x, d.y, fit);
   }
   // Every step updated the weights once: 5 steps with uneven shards (the longest).
-  EXPECT_EQ(model->optimizer().iterations(), a.uneven ? 5 : a.steps) << task;
+  const int steps = a.uneven ? 5 : a.steps;
+  EXPECT_EQ(model->optimizer().iterations(), steps) << task;
   // Every worker has every worker's step profile: the same steps, and every bucket's bytes.
   ASSERT_EQ(history.profile_summary.size(), static_cast<std::size_t>(strategy.num_workers())) << task;
   for (const profile::WorkerSummary& w : history.profile_summary) {
-    EXPECT_EQ(w.totals.steps, a.uneven ? 5 : a.steps) << task;
+    EXPECT_EQ(w.totals.steps, steps) << task;
     if (strategy.num_workers() > 1) {
       EXPECT_GT(w.totals.bytes, 0u) << task;
       EXPECT_GT(w.totals.transfer, 0.0) << task;

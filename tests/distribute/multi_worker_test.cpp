@@ -1,7 +1,8 @@
 // MultiWorkerMirroredStrategy across processes on 127.0.0.1: workers reach one process's
 // weights, a killed worker is named by the others within the timeout, a stray process
-// with the wrong token is refused, different models are caught before training, and
-// workers whose data differ in length end their epochs together.
+// with the wrong token is refused, different models are caught before training, workers
+// whose data differ in length end their epochs together, and record files are shared out
+// among the workers by file.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -355,6 +356,51 @@ TEST_F(MultiWorker, UnevenShardsEndEveryEpochTogether) {
     for (std::int64_t w = 0; w < 2; ++w)
       if (step < 5 - 2 * w)
         for (std::int64_t i = 0; i < kBatch; ++i) rows.push_back(w * 5 * kBatch + step * kBatch + i);
+    data::Element batch = data::gather_rows({d.x, d.y}, rows);
+    xs.push_back(batch[0]);
+    ys.push_back(batch[1]);
+  }
+  auto reference = mlp();
+  reference->fit(data::Dataset::from_generator([&](std::int64_t i) -> std::optional<data::Element> {
+                   if (i >= 5) return std::nullopt;
+                   return data::Element{xs[static_cast<std::size_t>(i)], ys[static_cast<std::size_t>(i)]};
+                 }),
+                 quiet(kBatch));
+  EXPECT_LE(relative_difference(*saved(results[0].task), *reference), 1e-4);
+  EXPECT_EQ(relative_difference(*saved(results[1].task), *saved(results[0].task)), 0.0);
+}
+
+TEST_F(MultiWorker, RecordFilesAreShardedByFile) {
+  // Four record files of 24, 8, 16 and 8 rows: worker 0 reads files 0 and 2 (5 batches of
+  // 8 rows), worker 1 files 1 and 3 (2 batches); the global batch is 16. Every epoch is 5
+  // steps everywhere, and one process on the same global batches agrees.
+  constexpr int kBatch = 16, kPart = kBatch / 2;
+  const std::vector<std::int64_t> file_rows = {24, 8, 16, 8};
+  data::Split d = data::make_synthetic(56, kFeatures, 10, 7, data::SyntheticLabels::teacher);
+  std::vector<std::vector<std::int64_t>> worker_rows(2);
+  std::int64_t row = 0;
+  for (std::size_t k = 0; k < file_rows.size(); ++k) {
+    data::RecordWriter w((dir_ / ("part-" + std::to_string(k) + ".rec")).string());
+    for (std::int64_t i = 0; i < file_rows[k]; ++i, ++row) {
+      w.write(data::encode_element({d.x.row(row, Shape{kFeatures}), d.y.row(row, Shape{})}));
+      worker_rows[k % 2].push_back(row);
+    }
+    w.close();
+  }
+  std::vector<std::string> args = size_args();
+  args.insert(args.end(), {"--batch", std::to_string(kBatch), "--files", "4", "--steps", "5"});
+  const std::vector<TaskResult> results = run_cluster(2, args);
+  for (const TaskResult& r : results) ASSERT_TRUE(r.exited_ok()) << describe(results);
+  EXPECT_NE(results[0].log.find("auto-shard FILE: this worker reads input files 0, 2 (2 of 4)"), std::string::npos)
+      << results[0].log;
+  EXPECT_NE(results[1].log.find("auto-shard FILE: this worker reads input files 1, 3 (2 of 4)"), std::string::npos)
+      << results[1].log;
+
+  std::vector<Tensor> xs, ys;
+  for (std::size_t step = 0; step < 5; ++step) {
+    std::vector<std::int64_t> rows;
+    for (const auto& mine : worker_rows)
+      for (std::size_t i = step * kPart; i < std::min(mine.size(), (step + 1) * kPart); ++i) rows.push_back(mine[i]);
     data::Element batch = data::gather_rows({d.x, d.y}, rows);
     xs.push_back(batch[0]);
     ys.push_back(batch[1]);

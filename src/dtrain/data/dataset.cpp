@@ -1,5 +1,7 @@
 // Dataset's public methods, the Iterator wrapper, state serialization and shared helpers.
+#include <algorithm>
 #include <cstring>
+#include <sstream>
 
 #include "dtrain/core/rng.h"
 #include "dtrain/core/threads.h"
@@ -297,6 +299,90 @@ Dataset Dataset::with_options(DatasetOptions options) const {
 }
 
 std::int64_t Dataset::cardinality() const { return node_->cardinality(); }
+
+namespace {
+
+// What auto-sharding by file needs to know of a pipeline: the files its source reads, and
+// whether a batch() lies between the consumer and that source.
+struct FileSource {
+  std::int64_t files = 0;
+  bool batched = false;
+};
+
+FileSource file_source(const DatasetNode& root) {
+  FileSource found;
+  for (const DatasetNode* n = &root; n; n = n->input()) {
+    found.batched = found.batched || n->batches();
+    if (n->files() > 0) {
+      found.files = n->files();
+      break;
+    }
+  }
+  return found;
+}
+
+// The pipeline below it, run as worker `index` of `count` under FILE sharding.
+class ShardByFileNode : public DatasetNode {
+ public:
+  ShardByFileNode(detail::NodePtr in, int count, int index) : in_(std::move(in)), count_(count), index_(index) {}
+  std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
+    IteratorContext below = ctx;
+    below.file_shard = {count_, index_, /*rebatch=*/true};
+    return in_->make(below);
+  }
+  // Counts of elements that depend on the source's length are unknown anyway (file
+  // sources do not know theirs); what take() or repeat() says still holds per worker.
+  std::int64_t cardinality() const override { return in_->cardinality(); }
+  const DatasetNode* input() const override { return in_.get(); }
+
+ private:
+  detail::NodePtr in_;
+  int count_, index_;
+};
+
+}  // namespace
+
+std::int64_t Dataset::input_files() const { return file_source(*node_).files; }
+
+Dataset Dataset::shard_by_file(int num_workers, int index) const {
+  if (num_workers <= 0 || index < 0 || index >= num_workers)
+    DTRAIN_THROW(InvalidArgument, "shard_by_file: worker index ", index, " is out of range for ", num_workers, " workers");
+  const FileSource source = file_source(*node_);
+  if (source.files < num_workers)
+    DTRAIN_THROW(InvalidArgument, "auto-shard FILE: the pipeline reads ", source.files, " file(s) but there are ",
+                 num_workers, " workers; each worker needs a file of its own (write the data as at least ", num_workers,
+                 " files, or shard by DATA)");
+  if (!source.batched)
+    DTRAIN_THROW(InvalidArgument, "auto-shard FILE: the pipeline has no batch() above its file source, so there is no "
+                 "global batch to share out among the ", num_workers, " workers");
+  return Dataset(std::make_shared<ShardByFileNode>(node_, num_workers, index), options_);
+}
+
+WorkerShard auto_shard(const Dataset& dataset, int num_workers, int index) {
+  AutoShardPolicy policy = dataset.options().auto_shard_policy;
+  const FileSource source = file_source(*dataset.node());
+  if (policy == AutoShardPolicy::AUTO)
+    policy = source.batched && source.files >= num_workers ? AutoShardPolicy::FILE : AutoShardPolicy::DATA;
+  std::ostringstream plan;
+  switch (policy) {
+    case AutoShardPolicy::FILE: {
+      Dataset mine = dataset.shard_by_file(num_workers, index);
+      plan << "auto-shard FILE: this worker reads input files";
+      const std::int64_t mine_count = (source.files - index + num_workers - 1) / num_workers;
+      for (std::int64_t i = 0; i < std::min<std::int64_t>(mine_count, 6); ++i)
+        plan << (i ? ", " : " ") << index + i * num_workers;
+      plan << (mine_count > 6 ? ", ..." : "") << " (" << mine_count << " of " << source.files
+           << ") and makes its part of each global batch; an epoch ends when every worker's data has";
+      return {policy, std::move(mine), true, plan.str()};
+    }
+    case AutoShardPolicy::OFF:
+      return {policy, dataset, true,
+              "auto-shard OFF: each worker trains on its own dataset; an epoch ends when every worker's data has"};
+    default:
+      return {policy, dataset, false,
+              "auto-shard DATA: every worker reads the whole input and keeps its replicas' rows of each global batch"};
+  }
+}
 
 Iterator Dataset::make_iterator(std::uint64_t iteration) const {
   IteratorContext ctx;

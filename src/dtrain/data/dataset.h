@@ -31,14 +31,20 @@ inline constexpr std::int64_t kInfiniteCardinality = -2;
 
 // How a multi-worker strategy shares a dataset among its workers
 // (tf.data.experimental.AutoShardPolicy):
-// - AUTO, DATA: every worker runs the whole pipeline, whose elements are global batches,
-//   and keeps its replicas' rows of each; together the workers train on exactly the
-//   batches one process would.
+// - FILE: each worker's file source (csv, records) reads every num_workers-th file,
+//   starting at its index, and the batch() nearest the consumer makes that worker's share
+//   of each global batch (Dataset::shard_by_file). A step's global batch is every worker's
+//   batch together; an epoch ends when the last worker's data does (as with OFF). It needs
+//   at least as many files as workers and a batch() above the file source.
+// - DATA: every worker runs the whole pipeline, whose elements are global batches, and
+//   keeps its replicas' rows of each; together the workers train on exactly the batches
+//   one process would.
+// - AUTO: FILE where the pipeline reads at least as many files as there are workers below
+//   a batch(), else DATA.
 // - OFF: each worker's dataset is its own (sharded by the program, say with
 //   shard(num_workers, worker_index)); a step's global batch is every worker's batch
 //   together, and an epoch ends when the last worker's data does (workers whose data ran
 //   out take part with empty batches until then).
-// - FILE (by input file) is not supported yet: an Unsupported error says so.
 enum class AutoShardPolicy { AUTO, FILE, DATA, OFF };
 
 struct DatasetOptions {
@@ -76,6 +82,16 @@ struct IteratorContext {
   // gathered from rows may use the compute threads (they wait for it anyway).
   std::shared_ptr<const std::atomic<bool>> background;
   bool on_consumer_thread() const { return !background || !background->load(std::memory_order_relaxed); }
+  // Set by Dataset::shard_by_file for the stages below it: file sources read files index,
+  // index + count, ...; and while `rebatch` is set, the first batch() met (the one nearest
+  // the consumer) makes this worker's share of its batch size, clearing it below.
+  struct FileShard {
+    int count = 1, index = 0;
+    bool rebatch = false;
+    // Rows of a global batch of `size` that are this worker's: size / count, and one more
+    // for the first size % count workers.
+    std::int64_t share(std::int64_t size) const { return size / count + (index < size % count ? 1 : 0); }
+  } file_shard;
 };
 
 // One stage of a running pipeline. Internal interface, public so that tests and new
@@ -105,6 +121,11 @@ class DatasetNode {
   // Non-null when the elements are exactly the rows of these tensors, in order (as from
   // from_tensor_slices): shuffle then draws row numbers instead of holding elements.
   virtual const std::vector<Tensor>* row_source() const { return nullptr; }
+  // For walking a pipeline from the consumer to its source (auto-sharding): the stage this
+  // one reads from (null for a source), the files a source reads, and whether it batches.
+  virtual const DatasetNode* input() const { return nullptr; }
+  virtual std::int64_t files() const { return 0; }
+  virtual bool batches() const { return false; }
 };
 
 class Iterator;
@@ -159,6 +180,15 @@ class Dataset {
   const DatasetOptions& options() const { return options_; }
 
   std::int64_t cardinality() const;
+  // The files the pipeline's source reads (csv, records); 0 for sources that read none.
+  std::int64_t input_files() const;
+  // The pipeline worker `index` of `num_workers` runs under AutoShardPolicy::FILE: its file
+  // source reads files index, index + num_workers, ..., and the batch() nearest the
+  // consumer makes batch_size / num_workers rows (one more for the first
+  // batch_size % num_workers workers). InvalidArgument, with the counts, when the source
+  // has fewer files than workers or there is no batch() above it; a batch smaller than
+  // the workers is an error when the pipeline runs.
+  Dataset shard_by_file(int num_workers, int index) const;
   // Runs the pipeline; `iteration` numbers the pass (fit passes the epoch).
   Iterator make_iterator(std::uint64_t iteration = 0) const;
 
@@ -199,6 +229,18 @@ class Iterator {
   std::unique_ptr<IteratorBase> root_;
   InputStats stats_;
 };
+
+// What one worker of a multi-worker strategy runs: `dataset`'s options name the policy
+// (AUTO resolved to FILE or DATA for the given number of workers), and `own_batches` says
+// whether its batches are its own part of each global batch (FILE, OFF) rather than whole
+// global batches it takes its rows of (DATA). `plan` says so in a line, for the log.
+struct WorkerShard {
+  AutoShardPolicy policy;
+  Dataset dataset;
+  bool own_batches;
+  std::string plan;
+};
+WorkerShard auto_shard(const Dataset& dataset, int num_workers, int index);
 
 // --- record files: [u64 length][u32 crc32 of the length][bytes][u32 crc32 of the bytes],
 // little-endian. A corrupt record is an IoError naming the file and its offset.

@@ -245,6 +245,8 @@ class PrefetchNode : public DatasetNode {
   }
   std::int64_t cardinality() const override { return in_->cardinality(); }
 
+  const DatasetNode* input() const override { return in_.get(); }
+
  private:
   NodePtr in_;
   std::int64_t buffer_;
@@ -470,6 +472,8 @@ class ParallelMapNode : public DatasetNode {
                                                  parallelism_, deterministic_);
   }
   std::int64_t cardinality() const override { return in_->cardinality(); }
+
+  const DatasetNode* input() const override { return in_.get(); }
 
  private:
   NodePtr in_;

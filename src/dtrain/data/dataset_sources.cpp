@@ -282,14 +282,25 @@ class CsvIterator : public IteratorBase {
   CsvLayout layout_;
 };
 
+// The files of a file source that a worker reads when the pipeline is sharded by file.
+std::vector<std::string> files_of_shard(const std::vector<std::string>& files, const IteratorContext& ctx) {
+  const IteratorContext::FileShard& shard = ctx.file_shard;
+  if (shard.count == 1) return files;
+  std::vector<std::string> mine;
+  for (std::size_t i = static_cast<std::size_t>(shard.index); i < files.size(); i += static_cast<std::size_t>(shard.count))
+    mine.push_back(files[i]);
+  return mine;
+}
+
 class CsvNode : public DatasetNode {
  public:
   CsvNode(std::vector<std::string> files, CsvOptions o) : files_(std::move(files)), options_(std::move(o)) {
     if (files_.empty()) DTRAIN_THROW(InvalidArgument, "csv: no files given");
   }
-  std::unique_ptr<IteratorBase> make(const IteratorContext&) const override {
-    return std::make_unique<CsvIterator>(files_, options_);
+  std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
+    return std::make_unique<CsvIterator>(files_of_shard(files_, ctx), options_);
   }
+  std::int64_t files() const override { return static_cast<std::int64_t>(files_.size()); }
 
  private:
   std::vector<std::string> files_;
@@ -369,9 +380,10 @@ class RecordsNode : public DatasetNode {
   explicit RecordsNode(std::vector<std::string> files) : files_(std::move(files)) {
     if (files_.empty()) DTRAIN_THROW(InvalidArgument, "records: no files given");
   }
-  std::unique_ptr<IteratorBase> make(const IteratorContext&) const override {
-    return std::make_unique<RecordsIterator>(files_);
+  std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
+    return std::make_unique<RecordsIterator>(files_of_shard(files_, ctx));
   }
+  std::int64_t files() const override { return static_cast<std::int64_t>(files_.size()); }
 
  private:
   std::vector<std::string> files_;

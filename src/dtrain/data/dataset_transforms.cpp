@@ -1,6 +1,7 @@
 // Synchronous transformations: map, filter, shuffle, batch, unbatch, repeat, take, skip,
 // shard and cache. Each saves its own position plus its upstream's.
 #include <algorithm>
+#include <map>
 #include <mutex>
 
 #include "dtrain/core/rng.h"
@@ -65,6 +66,8 @@ class MapNode : public DatasetNode {
   }
   std::int64_t cardinality() const override { return in_->cardinality(); }
 
+  const DatasetNode* input() const override { return in_.get(); }
+
  private:
   NodePtr in_;
   MapFn fn_;
@@ -99,6 +102,8 @@ class FilterNode : public DatasetNode {
   std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
     return std::make_unique<FilterIterator>(in_->make(ctx), predicate_);
   }
+
+  const DatasetNode* input() const override { return in_.get(); }
 
  private:
   NodePtr in_;
@@ -224,6 +229,8 @@ class ShuffleNode : public DatasetNode {
   }
   std::int64_t cardinality() const override { return in_->cardinality(); }
 
+  const DatasetNode* input() const override { return in_.get(); }
+
  private:
   NodePtr in_;
   std::int64_t size_;
@@ -266,13 +273,23 @@ class BatchNode : public DatasetNode {
  public:
   BatchNode(NodePtr in, std::int64_t size, bool drop) : in_(std::move(in)), size_(size), drop_(drop) {}
   std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
-    return std::make_unique<BatchIterator>(in_->make(ctx), size_, drop_);
+    if (!ctx.file_shard.rebatch) return std::make_unique<BatchIterator>(in_->make(ctx), size_, drop_);
+    // Sharded by file: this worker's part of each global batch of size_ rows.
+    const std::int64_t share = ctx.file_shard.share(size_);
+    if (share == 0)
+      DTRAIN_THROW(InvalidArgument, "batch: a global batch of ", size_, " rows cannot be shared out by file among ",
+                   ctx.file_shard.count, " workers; make the batch at least as large as the number of workers");
+    IteratorContext below = ctx;
+    below.file_shard.rebatch = false;
+    return std::make_unique<BatchIterator>(in_->make(below), share, drop_);
   }
   std::int64_t cardinality() const override {
     const std::int64_t n = in_->cardinality();
     if (n < 0) return n;
     return drop_ ? n / size_ : (n + size_ - 1) / size_;
   }
+  const DatasetNode* input() const override { return in_.get(); }
+  bool batches() const override { return true; }
 
  private:
   NodePtr in_;
@@ -321,6 +338,8 @@ class UnbatchNode : public DatasetNode {
   std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
     return std::make_unique<UnbatchIterator>(in_->make(ctx));
   }
+
+  const DatasetNode* input() const override { return in_.get(); }
 
  private:
   NodePtr in_;
@@ -394,6 +413,8 @@ class RepeatNode : public DatasetNode {
     return n * count_;
   }
 
+  const DatasetNode* input() const override { return in_.get(); }
+
  private:
   NodePtr in_;
   std::int64_t count_;
@@ -450,6 +471,8 @@ class CountNode : public DatasetNode {
   }
   std::int64_t cardinality() const override { return card_(in_->cardinality(), count_); }
 
+  const DatasetNode* input() const override { return in_.get(); }
+
  private:
   NodePtr in_;
   std::int64_t count_;
@@ -467,6 +490,8 @@ class ShardNode : public DatasetNode {
     if (c < 0) return c;
     return c / n_ + (index_ < c % n_ ? 1 : 0);
   }
+
+  const DatasetNode* input() const override { return in_.get(); }
 
  private:
   NodePtr in_;
@@ -587,18 +612,29 @@ class CacheIterator : public IteratorBase {
 
 class CacheNode : public DatasetNode {
  public:
-  explicit CacheNode(NodePtr in) : in_(std::move(in)), store_(std::make_shared<CacheStore>()) {}
+  explicit CacheNode(NodePtr in) : in_(std::move(in)) {}
   // Caching rows of tensors already in memory would only copy views: read them directly.
   std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
     if (in_->row_source()) return in_->make(ctx);
-    return std::make_unique<CacheIterator>(in_, ctx, store_);
+    return std::make_unique<CacheIterator>(in_, ctx, store_for(ctx.file_shard));
   }
   std::int64_t cardinality() const override { return in_->cardinality(); }
   const std::vector<Tensor>* row_source() const override { return in_->row_source(); }
 
+  const DatasetNode* input() const override { return in_.get(); }
+
  private:
+  // The elements below depend on the file shard a worker reads: one store for each.
+  std::shared_ptr<CacheStore> store_for(const IteratorContext::FileShard& shard) const {
+    std::lock_guard lock(mutex_);
+    std::shared_ptr<CacheStore>& store = stores_[{shard.count, shard.index}];
+    if (!store) store = std::make_shared<CacheStore>();
+    return store;
+  }
+
   NodePtr in_;
-  std::shared_ptr<CacheStore> store_;
+  mutable std::mutex mutex_;
+  mutable std::map<std::pair<int, int>, std::shared_ptr<CacheStore>> stores_;
 };
 
 std::int64_t take_cardinality(std::int64_t n, std::int64_t count) {

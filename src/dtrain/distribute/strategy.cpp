@@ -231,12 +231,9 @@ Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) const {
 }
 
 DistributedDataset Strategy::experimental_distribute_dataset(const data::Dataset& dataset) const {
-  const data::AutoShardPolicy policy = dataset.options().auto_shard_policy;
-  if (num_workers() > 1 && policy == data::AutoShardPolicy::FILE)
-    DTRAIN_THROW(Unsupported, name(), ".experimental_distribute_dataset: auto_shard_policy FILE (sharding by input "
-                 "file) is not supported yet; use DATA, or OFF with each worker's own dataset");
-  // OFF: the dataset is this worker's own; its batches are split over this worker's replicas only.
-  if (policy == data::AutoShardPolicy::OFF) return DistributedDataset(dataset, group_->num_replicas(), 1, 0);
+  // FILE and OFF: the batches are this worker's own; they are split over its replicas only.
+  const data::WorkerShard shard = data::auto_shard(dataset, num_workers(), worker_index());
+  if (shard.own_batches) return DistributedDataset(shard.dataset, group_->num_replicas(), 1, 0);
   return DistributedDataset(dataset, group_->num_replicas(), num_workers(), worker_index());
 }
 

@@ -119,11 +119,13 @@ class Strategy {
   // Each element of `dataset` (a global batch) is split along its first axis across the
   // replicas: as evenly as possible, the first replicas taking one row more when it does
   // not divide (a short last batch may leave the last replicas empty batches). The first
-  // batch must have at least one row per replica. With several workers, each worker runs
-  // the whole pipeline and keeps its replicas' rows (TensorFlow's DATA auto-shard policy),
-  // so the pipeline must give the same order everywhere (unseeded shuffles do: see
-  // MultiWorkerMirroredStrategy); with AutoShardPolicy::OFF the dataset is this worker's
-  // own and is split over its replicas only.
+  // batch must have at least one row per replica. With several workers the dataset's
+  // auto_shard_policy decides (data::auto_shard): under DATA each worker runs the whole
+  // pipeline and keeps its replicas' rows, so the pipeline must give the same order
+  // everywhere (unseeded shuffles do: see MultiWorkerMirroredStrategy); under FILE (AUTO
+  // with at least as many input files as workers) each worker reads its own files and
+  // makes its part of each global batch; under OFF the dataset is this worker's own. With
+  // FILE and OFF a worker's batches are split over its replicas only.
   DistributedDataset experimental_distribute_dataset(const data::Dataset& dataset) const;
 
   // The interface fit() trains through.

@@ -181,9 +181,14 @@ class Sequential::BatchSource {
   virtual bool next(Tensor& x, Tensor& y) = 0;
   virtual std::int64_t steps() const = 0;  // per epoch; -1 when unknown
   virtual double input_wait() const = 0;   // seconds waited for batches this epoch
-  // Multi-worker: true when the batches are this worker's own (a dataset sharded by the
-  // program), false when they are global batches every worker reads alike.
+  // Multi-worker: true when the batches are this worker's own part of each global batch
+  // (a dataset sharded by file or by the program), false when they are global batches
+  // every worker reads alike.
   virtual bool per_worker() const { return false; }
+  // Multi-worker: how the input is shared among the workers, for the log.
+  virtual std::string input_plan() const {
+    return "tensors: every worker holds them whole and keeps its replicas' rows of each global batch";
+  }
 };
 
 namespace {
@@ -251,8 +256,13 @@ void split_element(const data::Element& e, Tensor& x, Tensor& y, const char* who
 
 class DatasetBatches : public Sequential::BatchSource {
  public:
-  DatasetBatches(const data::Dataset& ds, std::int64_t steps_per_epoch, const char* who = "fit")
-      : ds_(ds), steps_per_epoch_(steps_per_epoch), who_(who) {}
+  // `shard`: the pipeline this worker runs (data::auto_shard).
+  DatasetBatches(data::WorkerShard shard, std::int64_t steps_per_epoch, const char* who = "fit")
+      : ds_(std::move(shard.dataset)), own_batches_(shard.own_batches), plan_(std::move(shard.plan)),
+        steps_per_epoch_(steps_per_epoch), who_(who) {}
+  // The whole dataset, as one process reads it.
+  DatasetBatches(const data::Dataset& ds, std::int64_t steps_per_epoch, const char* who)
+      : DatasetBatches(data::WorkerShard{data::AutoShardPolicy::DATA, ds, false, ""}, steps_per_epoch, who) {}
   void begin_epoch(int epoch) override {
     // A fixed number of steps draws from one iterator across epochs, as Keras does with
     // steps_per_epoch; otherwise every epoch is a new pass over the data.
@@ -279,10 +289,13 @@ class DatasetBatches : public Sequential::BatchSource {
     return c >= 0 ? c : -1;
   }
   double input_wait() const override { return it_ ? it_->stats().wait_seconds - wait_at_epoch_start_ : 0; }
-  bool per_worker() const override { return ds_.options().auto_shard_policy == data::AutoShardPolicy::OFF; }
+  bool per_worker() const override { return own_batches_; }
+  std::string input_plan() const override { return plan_; }
 
  private:
   data::Dataset ds_;
+  bool own_batches_;
+  std::string plan_;
   std::int64_t steps_per_epoch_;
   const char* who_;  // the caller, for error messages
   std::optional<data::Iterator> it_;
@@ -291,17 +304,19 @@ class DatasetBatches : public Sequential::BatchSource {
 };
 
 // The line a multi-worker fit prints once: how the input is shared among the workers.
-std::string shard_plan(const StrategyBackend& strategy, bool own_batches, std::int64_t first_batch) {
+std::string shard_plan(const StrategyBackend& strategy, const std::string& input_plan, std::int64_t first_batch) {
   std::ostringstream o;
   o << strategy.name() << ": worker " << strategy.worker_index() << " of " << strategy.num_workers() << ", "
-    << strategy.num_replicas() << " replica(s) here, " << strategy.num_replicas_in_sync() << " in sync; input: ";
-  if (own_batches)
-    o << "auto-shard OFF: each worker trains on its own dataset; the first global batch had " << first_batch
-      << " rows from all workers; an epoch ends when every worker's data has";
-  else
-    o << "auto-shard DATA: every worker reads the whole input and keeps its replicas' rows of each global batch (the "
-      << "first had " << first_batch << " rows)";
+    << strategy.num_replicas() << " replica(s) here, " << strategy.num_replicas_in_sync() << " in sync; input: "
+    << input_plan << "; the first global batch had " << first_batch << " rows";
   return o.str();
+}
+
+// The pipeline this worker runs under the model's strategy (auto-sharding by file or data).
+data::WorkerShard worker_shard(const StrategyBackend* strategy, const data::Dataset& dataset) {
+  if (!strategy || strategy->num_workers() <= 1)
+    return {dataset.options().auto_shard_policy, dataset, false, ""};
+  return data::auto_shard(dataset, strategy->num_workers(), strategy->worker_index());
 }
 
 // What workers compare before training together: each variable's name, dtype and shape,
@@ -381,10 +396,7 @@ History Sequential::fit(const data::Dataset& dataset, const FitOptions& opt) {
   check_fit_options(opt);
   if (opt.validation_split > 0.0)
     DTRAIN_THROW(InvalidArgument, "fit: validation_split needs tensors; give a Dataset as validation_dataset instead");
-  if (strategy_ && strategy_->num_workers() > 1 && dataset.options().auto_shard_policy == data::AutoShardPolicy::FILE)
-    DTRAIN_THROW(Unsupported, "fit: auto_shard_policy FILE (sharding by input file) is not supported yet; use DATA, or "
-                 "OFF with each worker's own dataset (dataset.shard(num_workers, worker_index))");
-  DatasetBatches source(dataset, opt.steps_per_epoch);
+  DatasetBatches source(worker_shard(strategy_.get(), dataset), opt.steps_per_epoch);
   return run_fit(source, opt);
 }
 
@@ -673,7 +685,7 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
       const std::int64_t rows = global_rows >= 0 ? global_rows : xb.dim(0);
       samples += rows;
       if (step == 0 && epoch == opt.initial_epoch && workers > 1 && verbose > 0)
-        out << shard_plan(*strategy_, own_batches, samples) << "\n";
+        out << shard_plan(*strategy_, source.input_plan(), samples) << "\n";
       logs.set("loss", loss_mean.result());
       for (auto& m : metrics_) logs.set(m->name(), m->result());
       for (auto& c : callbacks) c->on_train_batch_end(step, logs);
@@ -691,7 +703,7 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
     if (opt.validation_dataset) {
       // Per-worker validation data is evaluated by every worker and summed; global data
       // is evaluated whole everywhere, giving every worker the same figures.
-      DatasetBatches batches(*opt.validation_dataset, 0, "evaluate");
+      DatasetBatches batches(worker_shard(strategy_.get(), *opt.validation_dataset), 0, "evaluate");
       Logs val = run_evaluation(batches, "val_", workers > 1 && batches.per_worker());
       for (const auto& [k, v] : val.items()) logs.set(k, v);
     } else if (opt.validation_data) {
