@@ -7,7 +7,10 @@
 //  3. that pipeline's cost per training step of the Fashion-MNIST MLP, against batches
 //     already in memory (no gather at all) and against fit on the tensors with
 //     shuffle=True (the same gather of shuffled rows, done in the training thread);
-//  4. the floor for that gather: copying 128 random rows of the training images.
+//  4. the floor for that gather: copying 128 random rows of the training images;
+//  5. the same pipeline over the images as stored (uint8, a quarter of the bytes per
+//     batch), with the model scaling them in its first layer (nn::Rescaling(1/255)),
+//     against uint8 batches in memory and against float32 batches in memory.
 //
 //   bench_input_pipeline [--quick] [--fashion-mnist-only]
 #include <algorithm>
@@ -107,76 +110,113 @@ void slow_input(bool quick) {
 
 void fashion_mnist(bool quick) {
   data::Classification fm = data::load_fashion_mnist();
+  // The same images as stored (bytes), for the model that scales them in its first layer.
+  const Tensor bytes = data::load_fashion_mnist("", DType::u8).train.x;
   const std::int64_t n = fm.train.x.dim(0);
-  auto pipeline = [&] {
-    return data::Dataset::from_tensor_slices({fm.train.x, fm.train.y}).shuffle(n, 7).batch(128).prefetch(data::AUTOTUNE);
+  auto pipeline = [&](const Tensor& images) {
+    return data::Dataset::from_tensor_slices({images, fm.train.y}).shuffle(n, 7).batch(128).prefetch(data::AUTOTUNE);
   };
   // The floor: gathering a batch's rows in a random order, with nothing else.
   std::vector<std::int64_t> order(static_cast<std::size_t>(n));
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), std::mt19937_64(7));
-  std::vector<double> gather_us;
-  for (int r = 0; r < 5; ++r) {
-    const double t0 = bench::now();
-    std::int64_t batches = 0;
-    for (std::int64_t b = 0; b + 128 <= n; b += 128, ++batches)
-      data::gather_rows({fm.train.x, fm.train.y}, std::span(order).subspan(static_cast<std::size_t>(b), 128));
-    gather_us.push_back((bench::now() - t0) / static_cast<double>(batches) * 1e6);
-  }
+  auto gather_us = [&](const Tensor& images) {
+    std::vector<double> us;
+    for (int r = 0; r < 5; ++r) {
+      const double t0 = bench::now();
+      std::int64_t batches = 0;
+      for (std::int64_t b = 0; b + 128 <= n; b += 128, ++batches)
+        data::gather_rows({images, fm.train.y}, std::span(order).subspan(static_cast<std::size_t>(b), 128));
+      us.push_back((bench::now() - t0) / static_cast<double>(batches) * 1e6);
+    }
+    return bench::median(us);
+  };
   std::printf("\nFashion-MNIST pipeline from_tensor_slices -> shuffle(60000) -> batch(128) -> prefetch(AUTOTUNE)\n");
-  std::printf("gathering one batch of 128 shuffled rows (x and y), alone: %.1f us (median of 5 epochs)\n\n",
-              bench::median(gather_us));
+  std::printf("gathering one batch of 128 shuffled rows (x and y), alone, median of 5 epochs: %.1f us as float32, "
+              "%.1f us as uint8\n\n",
+              gather_us(fm.train.x), gather_us(bytes));
   std::printf("| threads | pipeline alone, elements/s | step ms, batches in memory | step ms, fit(x, y, shuffle) | "
-              "step ms, pipeline | step ms, pipeline without prefetch | overhead: fit(x, y, shuffle) | "
-              "overhead: pipeline | overhead: pipeline without prefetch |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+              "step ms, pipeline | step ms, pipeline without prefetch | step ms, uint8 batches in memory | "
+              "step ms, uint8 pipeline | overhead: fit(x, y, shuffle) | overhead: pipeline | "
+              "overhead: pipeline without prefetch | overhead: uint8 pipeline | uint8 pipeline against float32 in memory |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<std::string> wait_lines;
   for (int threads : {1, 2}) {
     set_num_threads(threads);
     // 2. Iterating the pipeline with no consumer work.
     std::vector<double> rates;
     for (int r = 0; r < (quick ? 1 : 3); ++r) {
-      data::Iterator it = pipeline().make_iterator(static_cast<std::uint64_t>(r));
+      data::Iterator it = pipeline(fm.train.x).make_iterator(static_cast<std::uint64_t>(r));
       const double t0 = bench::now();
       std::int64_t elements = 0;
       while (auto e = it.next()) elements += (*e)[0].dim(0);
       rates.push_back(static_cast<double>(elements) / (bench::now() - t0));
     }
     // 3. Steady-state step time. Medians over epochs after the first.
-    auto model = [] {
+    auto model = [](bool rescale) {
       set_random_seed(0);
       auto m = std::make_unique<Sequential>();
+      if (rescale) m->add<nn::Rescaling>(1.0f / 255);
       m->add<nn::Dense>(256, "relu");
       m->add<nn::Dense>(128, "relu");
       m->add<nn::Dense>(10);
       m->compile(std::make_shared<optim::Adam>(1e-3f), std::make_shared<losses::SparseCategoricalCrossentropy>(true));
       return m;
     };
-    // The four ways to train take turns, one epoch each, so that a slow spell of the
-    // machine hits all of them; per round, each is set against the batches in memory,
-    // and the medians over rounds after the first are reported.
+    // The ways to train take turns, one epoch each, so that a slow spell of the machine
+    // hits all of them; per round, each is set against the batches in memory (of its own
+    // kind), and the medians over rounds after the first are reported.
     const int rounds = quick ? 2 : 9;
-    const data::Dataset in_memory_ds = data::Dataset::from_tensor_slices({fm.train.x, fm.train.y}).batch(128).cache();
-    const data::Dataset piped_ds = pipeline();
+    auto in_memory = [&](const Tensor& images) {
+      return data::Dataset::from_tensor_slices({images, fm.train.y}).batch(128).cache();
+    };
     // Without prefetch the batch is gathered in the training thread, on the compute threads.
     const data::Dataset inline_ds = data::Dataset::from_tensor_slices({fm.train.x, fm.train.y}).shuffle(n, 7).batch(128);
-    auto m_memory = model(), m_tensors = model(), m_piped = model(), m_inline = model();
-    std::vector<double> ms[4], ratio[3];
+    enum { memory, tensors, piped, no_prefetch, memory_u8, piped_u8, ways };
+    const data::Dataset datasets[ways] = {in_memory(fm.train.x), in_memory(fm.train.x), pipeline(fm.train.x), inline_ds,
+                                          in_memory(bytes), pipeline(bytes)};
+    std::unique_ptr<Sequential> models[ways];
+    for (int k = 0; k < ways; ++k) models[k] = model(k == memory_u8 || k == piped_u8);
+    std::vector<double> ms[ways], wait_share[ways];
+    std::vector<double> ratio[5];
+    const double steps = static_cast<double>(n / 128 + (n % 128 ? 1 : 0));
     for (int r = 0; r < rounds; ++r) {
       const FitOptions one{.epochs = r + 1, .batch_size = 128, .initial_epoch = r, .verbose = 0};
-      const double t[4] = {128e3 / m_memory->fit(in_memory_ds, one).samples_per_second.back(),
-                           128e3 / m_tensors->fit(fm.train.x, fm.train.y, one).samples_per_second.back(),
-                           128e3 / m_piped->fit(piped_ds, one).samples_per_second.back(),
-                           128e3 / m_inline->fit(inline_ds, one).samples_per_second.back()};
+      double t[ways], wait[ways];
+      for (int k = 0; k < ways; ++k) {
+        const History h =
+            k == tensors ? models[k]->fit(fm.train.x, fm.train.y, one) : models[k]->fit(datasets[k], one);
+        t[k] = 128e3 / h.samples_per_second.back();
+        wait[k] = h.input_wait_seconds.back() * 1e3 / steps;  // ms per step
+      }
       if (r == 0) continue;  // warm-up: primitive creation, first touches
-      for (int k = 0; k < 4; ++k) ms[k].push_back(t[k]);
-      for (int k = 0; k < 3; ++k) ratio[k].push_back(t[k + 1] / t[0]);
+      for (int k = 0; k < ways; ++k) {
+        ms[k].push_back(t[k]);
+        wait_share[k].push_back(wait[k] / t[k]);
+      }
+      ratio[0].push_back(t[tensors] / t[memory]);
+      ratio[1].push_back(t[piped] / t[memory]);
+      ratio[2].push_back(t[no_prefetch] / t[memory]);
+      ratio[3].push_back(t[piped_u8] / t[memory_u8]);
+      ratio[4].push_back(t[piped_u8] / t[memory]);
     }
     auto overhead = [&](int k) { return 100.0 * (bench::median(ratio[k]) - 1.0); };
-    std::printf("| %d | %.0f | %.3f | %.3f | %.3f | %.3f | %+.1f%% | %+.1f%% | %+.1f%% |\n", threads, bench::median(rates),
-                bench::median(ms[0]), bench::median(ms[1]), bench::median(ms[2]), bench::median(ms[3]), overhead(0),
-                overhead(1), overhead(2));
+    std::printf("| %d | %.0f |", threads, bench::median(rates));
+    for (int k : {memory, tensors, piped, no_prefetch, memory_u8, piped_u8}) std::printf(" %.3f |", bench::median(ms[k]));
+    for (int k = 0; k < 5; ++k) std::printf(" %+.1f%% |", overhead(k));
+    std::printf("\n");
+    // The training thread's wait for each batch (which includes gathering it where the
+    // pipeline runs inline), as a share of the step: the pipeline's cost measured directly.
+    char line[160];
+    std::snprintf(line, sizeof line, "| %d | %.1f%% | %.1f%% | %.1f%% | %.1f%% |", threads,
+                  100.0 * bench::median(wait_share[memory]), 100.0 * bench::median(wait_share[piped]),
+                  100.0 * bench::median(wait_share[memory_u8]), 100.0 * bench::median(wait_share[piped_u8]));
+    wait_lines.push_back(line);
     std::fflush(stdout);
   }
+  std::printf("\nInput wait per step, as a share of the step (median over rounds)\n\n"
+              "| threads | batches in memory | pipeline | uint8 batches in memory | uint8 pipeline |\n|---|---|---|---|---|\n");
+  for (const std::string& line : wait_lines) std::printf("%s\n", line.c_str());
 }
 
 }  // namespace

@@ -49,6 +49,10 @@ TEST_F(IdxFiles, ReadsImagesAndLabelsPlainAndGzip) {
     Tensor x = read_idx_images(write("img", images, gz));
     EXPECT_EQ(x.shape(), Shape({2, 6}));
     EXPECT_FLOAT_EQ(x.to_vector()[11], 220.0f / 255.0f);
+    Tensor bytes = read_idx_image_bytes(write("img", images, gz));
+    EXPECT_EQ(bytes.dtype(), DType::u8);
+    EXPECT_EQ(bytes.shape(), Shape({2, 6}));
+    EXPECT_EQ(bytes.data<std::uint8_t>()[11], 220);
     Tensor y = read_idx_labels(write("lab", labels, gz));
     EXPECT_EQ(y.dtype(), DType::i32);
     EXPECT_EQ(y.to_vector(), (std::vector<float>{7, 3}));
@@ -100,6 +104,14 @@ TEST(FashionMnist, LoadsDebiansPackage) {
   for (float v : c.test.x.to_vector()) lo = std::min(lo, v), hi = std::max(hi, v);
   EXPECT_EQ(lo, 0.0f);
   EXPECT_EQ(hi, 1.0f);
+  // As stored: the same images as bytes, which float32 holds divided by 255.
+  const Classification b = load_fashion_mnist("", DType::u8);
+  ASSERT_EQ(b.train.x.dtype(), DType::u8);
+  EXPECT_EQ(b.train.x.shape(), c.train.x.shape());
+  const std::uint8_t* raw = b.test.x.data<std::uint8_t>();
+  const float* scaled = c.test.x.data<float>();
+  for (std::int64_t i = 0; i < b.test.x.numel(); i += 997) EXPECT_EQ(scaled[i], raw[i] * (1.0f / 255.0f)) << i;
+  EXPECT_THROW(load_fashion_mnist("", DType::i32), InvalidArgument);
 }
 
 TEST(Synthetic, SeededAndShaped) {

@@ -126,6 +126,43 @@ TEST(Sequential, FitOnADatasetEqualsFitOnTensors) {
   EXPECT_NEAR(eval.at("loss"), eval_t.at("loss"), 1e-6);
 }
 
+TEST(Sequential, BytesScaledByRescalingTrainLikeScaledFloats) {
+  // Images kept as bytes through a shuffled pipeline, scaled by the model's first layer,
+  // train exactly as the same images stored as floats / 255.
+  data::Split d = data::make_synthetic(96, 12, 3, 8, data::SyntheticLabels::teacher);
+  Tensor bytes = Tensor::empty(d.x.shape(), DType::u8), floats = Tensor::empty(d.x.shape());
+  const float* x = d.x.data<float>();
+  for (std::int64_t i = 0; i < d.x.numel(); ++i) {
+    const auto b = static_cast<std::uint8_t>(std::clamp(128.0f + 40.0f * x[i], 0.0f, 255.0f));
+    bytes.data<std::uint8_t>()[i] = b;
+    floats.data<float>()[i] = static_cast<float>(b) * (1.0f / 255);
+  }
+  auto make = [](bool rescale) {
+    auto m = std::make_unique<Sequential>();
+    if (rescale) m->add<nn::Rescaling>(1.0f / 255);
+    m->add<nn::Dense>(8, "relu", nn::DenseOptions{.seed = 1});
+    m->add<nn::Dense>(3, "", nn::DenseOptions{.seed = 2});
+    m->compile(std::make_shared<optim::Adam>(0.01f), std::make_shared<losses::SparseCategoricalCrossentropy>(true));
+    return m;
+  };
+  auto a = make(true), b = make(false);
+  auto pipeline = [&](const Tensor& images) {
+    return data::Dataset::from_tensor_slices({images, d.y}).shuffle(96, 3).batch(16).prefetch(data::AUTOTUNE);
+  };
+  const History ha = a->fit(pipeline(bytes), {.epochs = 3, .verbose = 0});
+  const History hb = b->fit(pipeline(floats), {.epochs = 3, .verbose = 0});
+  EXPECT_EQ(ha.history.at("loss"), hb.history.at("loss"));
+  auto va = a->variables(), vb = b->variables();
+  ASSERT_EQ(va.size(), vb.size());
+  for (size_t i = 0; i < va.size(); ++i) EXPECT_EQ(va[i]->value().to_vector(), vb[i]->value().to_vector()) << i;
+  // And in tensors given to fit directly, and through JSON.
+  auto c = make(true);
+  c->fit(bytes, d.y, {.epochs = 1, .batch_size = 16, .verbose = 0});
+  auto back = model_from_json(a->to_json());
+  EXPECT_EQ(back->to_json(), a->to_json());
+  EXPECT_NE(a->to_json().find("\"scale\": 0.003921"), std::string::npos) << a->to_json();
+}
+
 TEST(Sequential, FitOnARepeatedDatasetWithStepsPerEpoch) {
   data::Split d = data::make_synthetic(64, 10, 3, 7);
   auto m = small_model(2);

@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/error_message.h"
 #include "common/gradcheck.h"
 #include "dtrain/nn/layers.h"
 
 namespace dtrain::nn {
 namespace {
+
+using dtrain::testing::message_of;
 
 TEST(DTypePolicy, LayersTakeTheGlobalPolicyWhenCreated) {
   Dense before(3, "relu", {.seed = 1});
@@ -141,6 +144,28 @@ TEST(Dropout, OnlyWhileTrainingAndSeeded) {
   for (float v : first) zeros += v == 0.0f;
   EXPECT_NEAR(zeros / 4000.0, 0.5, 0.05);
   EXPECT_THROW(Dropout(1.0f), InvalidArgument);
+}
+
+TEST(Rescaling, ScalesBytesAndFloatsAndPassesGradients) {
+  Tensor bytes = Tensor::empty({2, 3}, DType::u8);
+  const std::uint8_t raw[] = {0, 1, 127, 128, 254, 255};
+  std::copy(std::begin(raw), std::end(raw), bytes.data<std::uint8_t>());
+  Rescaling r(1.0f / 255, -0.5f);
+  Tensor y = r(bytes);
+  EXPECT_EQ(y.dtype(), DType::f32);
+  EXPECT_EQ(y.shape(), Shape({2, 3}));
+  const std::vector<float> v = y.to_vector();
+  for (int i = 0; i < 6; ++i) EXPECT_FLOAT_EQ(v[static_cast<std::size_t>(i)], raw[i] * (1.0f / 255) - 0.5f) << i;
+  testing::expect_gradients_match(
+      [](const std::vector<Tensor>& in) {
+        Rescaling g(-3.0f, 2.0f);
+        return g(in[0]);
+      },
+      {testing::random_tensor({3, 4}, 6)}, {0});
+  Rescaling again(2.0f, 0.0f, "pixels");
+  const std::string m = message_of([&] { again(Tensor::from_vector({2}, std::vector<std::int32_t>{1, 2})); });
+  EXPECT_NE(m.find("layer 'pixels' (Rescaling): expects float32 or uint8 inputs, got int32"), std::string::npos) << m;
+  EXPECT_THROW(Rescaling{INFINITY}, InvalidArgument);
 }
 
 TEST(Flatten, KeepsBatchAxis) {

@@ -94,6 +94,14 @@ Tensor affine(const Tensor& x, float alpha, float beta) {
   return y;
 }
 
+Tensor rescale(const Tensor& x, float scale, float offset) {
+  x.check_defined("rescale");
+  if (x.dtype() != DType::u8) return affine(x, scale, offset);
+  Tensor y = Tensor::empty(x.shape());
+  detail::backend_of(x).unary(kernels::Unary::linear, x, y, scale, offset);
+  return y;
+}
+
 Tensor stop_gradient(const Tensor& x) {
   x.check_defined("stop_gradient");
   return x.reshape(x.shape());  // a new identity over the same values, never recorded

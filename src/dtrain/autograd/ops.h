@@ -31,6 +31,9 @@ Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
 // alpha * x + beta
 Tensor affine(const Tensor& x, float alpha, float beta = 0.0f);
+// float32 x * scale + offset, from float32 or uint8 x (Keras's Rescaling: images kept as
+// bytes are scaled inside the step). uint8 inputs are data: they carry no gradient.
+Tensor rescale(const Tensor& x, float scale, float offset = 0.0f);
 inline Tensor scale(const Tensor& x, float alpha) { return affine(x, alpha); }
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }

@@ -28,13 +28,18 @@ std::string fashion_mnist_dir(const std::string& dir) {
   return kFashionMnistDefaultDir;
 }
 
-Classification load_fashion_mnist(const std::string& dir_in) {
+Classification load_fashion_mnist(const std::string& dir_in, DType images) {
+  if (images != DType::f32 && images != DType::u8)
+    DTRAIN_THROW(InvalidArgument, "load_fashion_mnist: images come as float32 or uint8, not ", dtype_name(images));
   const std::string dir = fashion_mnist_dir(dir_in);
+  auto read_images = [&](const std::string& path) {
+    return images == DType::u8 ? read_idx_image_bytes(path) : read_idx_images(path);
+  };
   Classification c;
   c.classes = 10;
-  c.train.x = read_idx_images(find_file(dir, "train-images-idx3-ubyte"));
+  c.train.x = read_images(find_file(dir, "train-images-idx3-ubyte"));
   c.train.y = read_idx_labels(find_file(dir, "train-labels-idx1-ubyte"));
-  c.test.x = read_idx_images(find_file(dir, "t10k-images-idx3-ubyte"));
+  c.test.x = read_images(find_file(dir, "t10k-images-idx3-ubyte"));
   c.test.y = read_idx_labels(find_file(dir, "t10k-labels-idx1-ubyte"));
   for (const Split* s : {&c.train, &c.test})
     if (s->x.dim(0) != s->y.dim(0))

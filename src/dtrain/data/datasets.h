@@ -10,7 +10,7 @@
 namespace dtrain::data {
 
 struct Split {
-  Tensor x;  // float32 [count, features]
+  Tensor x;  // float32 (or uint8 images) [count, features]
   Tensor y;  // int32 [count]
 };
 
@@ -27,8 +27,9 @@ inline constexpr const char* kFashionMnistDefaultDir = "/usr/share/datasets/fash
 std::string fashion_mnist_dir(const std::string& dir = "");
 
 // Loads {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]: 60000 + 10000 images of 28x28
-// as [n, 784] floats in [0, 1], labels 0..9. Errors name the file.
-Classification load_fashion_mnist(const std::string& dir = "");
+// as [n, 784] floats in [0, 1] (images = f32), or as the stored bytes 0..255 (images = u8,
+// for a model starting with nn::Rescaling(1.0f / 255)); labels 0..9. Errors name the file.
+Classification load_fashion_mnist(const std::string& dir = "", DType images = DType::f32);
 
 enum class SyntheticLabels {
   random,   // uniform in [0, classes): what the seeds' examples use; not learnable

@@ -3,6 +3,7 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -91,6 +92,14 @@ Tensor read_idx_images(const std::string& path, float scale) {
   Tensor t = Tensor::empty({count, features});
   float* p = t.data<float>();
   for (size_t i = 0; i < bytes.size(); ++i) p[i] = static_cast<float>(bytes[i]) * scale;
+  return t;
+}
+
+Tensor read_idx_image_bytes(const std::string& path) {
+  IdxHeader h;
+  const std::vector<unsigned char> bytes = read_bytes(path, 3, h);
+  Tensor t = Tensor::empty({h.dims[0], h.dims[1] * h.dims[2]}, DType::u8);
+  std::copy(bytes.begin(), bytes.end(), t.data<std::uint8_t>());
   return t;
 }
 

@@ -13,6 +13,9 @@ namespace dtrain::data {
 // shape [count, rows * cols] (scaled by `scale`), labels as int32 [count].
 // Throws IoError naming the file for a missing, truncated or malformed file.
 Tensor read_idx_images(const std::string& path, float scale = 1.0f / 255.0f);
+// The same images as they are stored: uint8 [count, rows * cols] (as Keras's load_data
+// gives them), for a model that scales them itself (nn::Rescaling).
+Tensor read_idx_image_bytes(const std::string& path);
 Tensor read_idx_labels(const std::string& path);
 
 struct IdxHeader {

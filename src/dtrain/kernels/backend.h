@@ -62,6 +62,7 @@ class Backend {
   // c[M,N] = act(op(a)[M,K] · op(b)[K,N] + bias). a and b f32 or bf16 (the same); c f32.
   virtual void matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& options) = 0;
   // y = f(x), element by element; x and y the same shape (they may be the same tensor).
+  // y is float32; so is x, except that linear also takes uint8 x (bytes scaled to floats).
   virtual void unary(Unary op, const Tensor& x, Tensor& y, float alpha = 1.0f, float beta = 0.0f) = 0;
   // dx = dy * f'(.). `saved` is the forward's output for relu, sigmoid, tanh, exp and sqrt,
   // and its input for gelu, log, square, abs, clip and linear (whose derivative is alpha).

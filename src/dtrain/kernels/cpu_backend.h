@@ -59,6 +59,8 @@ class CpuBackend final : public Backend {
   // axes (row sums); returns false for other layouts. dims_x and dims_y have equal rank.
   bool reduce_contiguous(Reduce op, const Tensor& x, const std::vector<std::int64_t>& dims_x,
                          const std::vector<std::int64_t>& dims_y, Tensor& y);
+  // y = alpha * x + beta from uint8 x, in one pass (unary linear on bytes).
+  void linear_from_bytes(const Tensor& x, float alpha, float beta, Tensor& y);
 };
 
 CpuBackend& cpu_backend();

@@ -37,6 +37,13 @@ void axpby_loop(float alpha, const float* x, float beta, float* y, std::int64_t 
 }
 
 DTRAIN_MULTIVERSION
+void linear_from_bytes_loop(const std::uint8_t* x, float alpha, float beta, float* y, std::int64_t begin,
+                            std::int64_t end) {
+#pragma omp simd
+  for (std::int64_t i = begin; i < end; ++i) y[i] = alpha * static_cast<float>(x[i]) + beta;
+}
+
+DTRAIN_MULTIVERSION
 double sum_squares_loop(const float* x, std::int64_t begin, std::int64_t end) {
   // Blocks of float partial sums folded into double keep precision and vectorise.
   double total = 0.0;
@@ -244,6 +251,16 @@ void CpuBackend::axpby(float alpha, const Tensor& x, float beta, Tensor& y) {
   float* py = y.data<float>();
   parallel_for(x.numel(), kGrain, [&](std::int64_t begin, std::int64_t end) {
     axpby_loop(alpha, px, beta, py, begin, end);
+  });
+}
+
+void CpuBackend::linear_from_bytes(const Tensor& x, float alpha, float beta, Tensor& y) {
+  y.check_dtype(DType::f32, "unary (output)");
+  check_same_shape(x, y, "unary");
+  const std::uint8_t* px = x.data<std::uint8_t>();
+  float* py = y.data<float>();
+  parallel_for(x.numel(), kGrain, [&](std::int64_t begin, std::int64_t end) {
+    linear_from_bytes_loop(px, alpha, beta, py, begin, end);
   });
 }
 

@@ -320,6 +320,10 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matmu
 }
 
 void CpuBackend::unary(Unary op, const Tensor& x, Tensor& y, float alpha, float beta) {
+  if (op == Unary::linear && x.dtype() == DType::u8) {
+    linear_from_bytes(x, alpha, beta, y);
+    return;
+  }
   x.check_dtype(DType::f32, "unary");
   y.check_dtype(DType::f32, "unary (output)");
   check_same_shape(x, y, "unary");

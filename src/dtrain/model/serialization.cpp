@@ -27,6 +27,9 @@ json layer_to_json(const nn::Layer& layer) {
     config["rate"] = dr->rate();
     config["seed"] = dr->seed() ? json(*dr->seed()) : json(nullptr);
   } else if (dynamic_cast<const nn::Flatten*>(&layer)) {
+  } else if (auto* s = dynamic_cast<const nn::Rescaling*>(&layer)) {
+    config["scale"] = s->scale();
+    config["offset"] = s->offset();
   } else {
     DTRAIN_THROW(InvalidArgument, "layer '", layer.name(), "' (", layer.class_name(), ") cannot be written to JSON");
   }
@@ -104,11 +107,17 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       c.expect_keys({"name", "trainable", "dtype"});
       return std::make_shared<nn::Flatten>(c.get_string("name", "flatten"));
     }
+    if (cls == "Rescaling") {
+      c.expect_keys({"name", "trainable", "dtype", "scale", "offset"});
+      return std::make_shared<nn::Rescaling>(static_cast<float>(c.get_number("scale")),
+                                             static_cast<float>(c.get_number("offset", 0.0)),
+                                             c.get_string("name", "rescaling"));
+    }
   } catch (const InvalidArgument& e) {
     if (std::string(e.what()).rfind(c.path(), 0) == 0) throw;  // already names its path
     DTRAIN_THROW(InvalidArgument, c.path(), ": ", e.what());
   }
-  r.fail("class_name", "unknown layer class '" + cls + "' (expected Dense, Activation, Dropout or Flatten)");
+  r.fail("class_name", "unknown layer class '" + cls + "' (expected Dense, Activation, Dropout, Flatten or Rescaling)");
 }
 
 }  // namespace

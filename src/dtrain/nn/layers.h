@@ -1,4 +1,4 @@
-// The core Keras layers: Dense, Activation, Dropout, Flatten.
+// The core Keras layers: Dense, Activation, Dropout, Flatten, Rescaling.
 #pragma once
 
 #include "dtrain/nn/dense.h"
@@ -6,3 +6,4 @@
 #include "dtrain/nn/dropout.h"
 #include "dtrain/nn/flatten.h"
 #include "dtrain/nn/policy.h"
+#include "dtrain/nn/rescaling.h"
