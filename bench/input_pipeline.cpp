@@ -120,21 +120,24 @@ void fashion_mnist(bool quick) {
   std::vector<std::int64_t> order(static_cast<std::size_t>(n));
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), std::mt19937_64(7));
-  auto gather_us = [&](const Tensor& images) {
+  auto gather_us = [&](const Tensor& images, bool on_compute_pool) {
     std::vector<double> us;
     for (int r = 0; r < 5; ++r) {
       const double t0 = bench::now();
       std::int64_t batches = 0;
       for (std::int64_t b = 0; b + 128 <= n; b += 128, ++batches)
-        data::gather_rows({images, fm.train.y}, std::span(order).subspan(static_cast<std::size_t>(b), 128));
+        data::gather_rows({images, fm.train.y}, std::span(order).subspan(static_cast<std::size_t>(b), 128),
+                          on_compute_pool);
       us.push_back((bench::now() - t0) / static_cast<double>(batches) * 1e6);
     }
     return bench::median(us);
   };
   std::printf("\nFashion-MNIST pipeline from_tensor_slices -> shuffle(60000) -> batch(128) -> prefetch(AUTOTUNE)\n");
+  set_num_threads(2);
   std::printf("gathering one batch of 128 shuffled rows (x and y), alone, median of 5 epochs: %.1f us as float32, "
-              "%.1f us as uint8\n\n",
-              gather_us(fm.train.x), gather_us(bytes));
+              "%.1f us as uint8 on one thread; %.1f us and %.1f us split over 2 compute threads\n\n",
+              gather_us(fm.train.x, false), gather_us(bytes, false), gather_us(fm.train.x, true),
+              gather_us(bytes, true));
   std::printf("| threads | pipeline alone, elements/s | step ms, batches in memory | step ms, fit(x, y, shuffle) | "
               "step ms, pipeline | step ms, pipeline without prefetch | step ms, uint8 batches in memory | "
               "step ms, uint8 pipeline | overhead: fit(x, y, shuffle) | overhead: pipeline | "

@@ -165,8 +165,9 @@ Element gather_rows(const std::vector<Tensor>& sources, std::span<const std::int
                         [&](std::size_t i) { return base + static_cast<std::size_t>(rows[static_cast<std::size_t>(begin) + i]) * bytes; });
     };
     const auto n = static_cast<std::int64_t>(rows.size());
-    // Parallel only when each thread gets at least 64 KiB to copy.
-    if (on_compute_pool && bytes) parallel_for(n, std::max<std::int64_t>(1, 65536 / static_cast<std::int64_t>(bytes)), copy);
+    // Parallel when each thread gets at least 16 KiB to copy: the rows lie at random places,
+    // so the copy waits on memory more than it uses bandwidth, and two threads wait at once.
+    if (on_compute_pool && bytes) parallel_for(n, std::max<std::int64_t>(1, 16384 / static_cast<std::int64_t>(bytes)), copy);
     else copy(0, n);
     out.push_back(std::move(t));
   }
