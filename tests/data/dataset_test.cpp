@@ -534,11 +534,21 @@ TEST_F(Files, ShardingByFileGivesEachWorkerItsFilesAndItsPartOfEachBatch) {
   // Only the batch nearest the consumer is shared out; one below an unbatch() is not.
   const Dataset rebatched = Dataset::csv(files, {.header = false}).batch(2).unbatch().batch(4);
   EXPECT_EQ(batches(rebatched.shard_by_file(4, 2)), (std::vector<std::vector<int>>{{20}, {21}, {22}, {23}}));
-  // A cache keeps each worker's own elements.
-  const Dataset cached = Dataset::csv(files, {.header = false}).cache().batch(4);
-  EXPECT_EQ(values(cached), (std::vector<int>{0, 1, 2, 10, 11, 20, 21, 22, 23, 30}));
-  EXPECT_EQ(values(cached.shard_by_file(2, 1)), (std::vector<int>{10, 11, 30}));
-  EXPECT_EQ(values(cached.shard_by_file(2, 1)), (std::vector<int>{10, 11, 30}));
+  // A saved position resumes exactly within its own shard, and names it elsewhere.
+  const Dataset worker1 = global.shard_by_file(2, 1);
+  for (int k : {0, 1, 2}) expect_resumes_exactly(worker1, k);
+  Iterator it = worker1.make_iterator();
+  it.next();
+  const IteratorState state = it.save();
+  Iterator other = global.shard_by_file(2, 0).make_iterator();
+  const std::string m0 = message_of([&] { other.restore(state); });
+  EXPECT_NE(m0.find("belongs to worker 1 of 2, not to worker 0 of 2"), std::string::npos) << m0;
+  // This worker's share of a take() below the batch is not the whole pipeline's count.
+  const Dataset taken = Dataset::csv(files, {.header = false}).repeat().take(6).batch(2);
+  EXPECT_EQ(taken.cardinality(), 3);
+  EXPECT_EQ(taken.shard_by_file(2, 0).cardinality(), kUnknownCardinality);
+  EXPECT_EQ(values(taken.shard_by_file(2, 0)), (std::vector<int>{0, 1, 2, 20, 21, 22}));
+  EXPECT_EQ(global.repeat().shard_by_file(2, 0).cardinality(), kInfiniteCardinality);
 
   // AUTO resolves to FILE with enough files below a batch, else to DATA.
   WorkerShard shard = auto_shard(global, 3, 2);
@@ -548,6 +558,7 @@ TEST_F(Files, ShardingByFileGivesEachWorkerItsFilesAndItsPartOfEachBatch) {
   EXPECT_EQ(batches(shard.dataset), (std::vector<std::vector<int>>{{20}, {21}, {22}, {23}}));
   EXPECT_EQ(auto_shard(global, 5, 0).policy, AutoShardPolicy::DATA);
   EXPECT_FALSE(auto_shard(global, 5, 0).own_batches);
+  EXPECT_EQ(auto_shard(Dataset::csv(files, {.header = false}).batch(3), 4, 0).policy, AutoShardPolicy::DATA);
   EXPECT_EQ(auto_shard(Dataset::csv(files, {.header = false}), 2, 0).policy, AutoShardPolicy::DATA);
   DatasetOptions off;
   off.auto_shard_policy = AutoShardPolicy::OFF;
@@ -562,10 +573,17 @@ TEST_F(Files, ShardingByFileGivesEachWorkerItsFilesAndItsPartOfEachBatch) {
   EXPECT_NE(m.find("no batch() above its file source"), std::string::npos) << m;
   m = message_of([&] { auto_shard(Dataset::range(8).batch(2).with_options(file), 2, 0); });
   EXPECT_NE(m.find("reads 0 file(s)"), std::string::npos) << m;
-  m = message_of([&] { values(Dataset::csv(files, {.header = false}).batch(3).shard_by_file(4, 3)); });
-  EXPECT_NE(m.find("a global batch of 3 rows cannot be shared out by file among 4 workers"), std::string::npos) << m;
+  m = message_of([&] { Dataset::csv(files, {.header = false}).batch(3).shard_by_file(4, 3); });
+  EXPECT_NE(m.find("a global batch of 3 rows cannot be shared out among 4 workers"), std::string::npos) << m;
   EXPECT_NE(message_of([&] { global.shard_by_file(2, 2); }).find("worker index 2 is out of range for 2"),
             std::string::npos);
+  // A cache keeps each worker's own elements: once filled, the files are not read again.
+  const Dataset cached = Dataset::csv(files, {.header = false}).cache().batch(4);
+  EXPECT_EQ(values(cached), (std::vector<int>{0, 1, 2, 10, 11, 20, 21, 22, 23, 30}));
+  EXPECT_EQ(values(cached.shard_by_file(2, 1)), (std::vector<int>{10, 11, 30}));
+  for (const std::string& f : files) fs::remove(f);
+  EXPECT_EQ(values(cached.shard_by_file(2, 1)), (std::vector<int>{10, 11, 30}));
+  EXPECT_EQ(values(cached), (std::vector<int>{0, 1, 2, 10, 11, 20, 21, 22, 23, 30}));
 }
 
 TEST(Dataset, MisuseIsInvalidArgumentWithTheValues) {

@@ -156,8 +156,11 @@ TEST(Sequential, BytesScaledByRescalingTrainLikeScaledFloats) {
   ASSERT_EQ(va.size(), vb.size());
   for (size_t i = 0; i < va.size(); ++i) EXPECT_EQ(va[i]->value().to_vector(), vb[i]->value().to_vector()) << i;
   // And in tensors given to fit directly, and through JSON.
-  auto c = make(true);
+  auto c = make(true), e = make(false);
   c->fit(bytes, d.y, {.epochs = 1, .batch_size = 16, .verbose = 0});
+  e->fit(floats, d.y, {.epochs = 1, .batch_size = 16, .verbose = 0});
+  auto vc = c->variables(), ve = e->variables();
+  for (size_t i = 0; i < vc.size(); ++i) EXPECT_EQ(vc[i]->value().to_vector(), ve[i]->value().to_vector()) << i;
   auto back = model_from_json(a->to_json());
   EXPECT_EQ(back->to_json(), a->to_json());
   EXPECT_NE(a->to_json().find("\"scale\": 0.003921"), std::string::npos) << a->to_json();

@@ -304,16 +304,16 @@ std::int64_t Dataset::cardinality() const { return node_->cardinality(); }
 namespace {
 
 // What auto-sharding by file needs to know of a pipeline: the files its source reads, and
-// whether a batch() lies between the consumer and that source.
+// the size of the batch() nearest the consumer above that source (0: none).
 struct FileSource {
   std::int64_t files = 0;
-  bool batched = false;
+  std::int64_t batch = 0;
 };
 
 FileSource file_source(const DatasetNode& root) {
   FileSource found;
   for (const DatasetNode* n = &root; n; n = n->input()) {
-    found.batched = found.batched || n->batches();
+    if (found.batch == 0) found.batch = n->batch_size();
     if (n->files() > 0) {
       found.files = n->files();
       break;
@@ -322,6 +322,28 @@ FileSource file_source(const DatasetNode& root) {
   return found;
 }
 
+// Runs the pipeline below as one worker's shard; its saved positions name the shard, so
+// that one cannot be restored into another worker's pipeline.
+class ShardByFileIterator : public IteratorBase {
+ public:
+  ShardByFileIterator(std::unique_ptr<IteratorBase> in, int count, int index)
+      : in_(std::move(in)), count_(count), index_(index) {}
+  std::optional<Element> next() override { return in_->next(); }
+  IteratorState save() const override { return {{count_, index_}, {}, {in_->save()}}; }
+  void restore(const IteratorState& s) override {
+    detail::check_state(s, 2, 1, "shard_by_file");
+    if (s.values[0] != count_ || s.values[1] != index_)
+      DTRAIN_THROW(InvalidArgument, "shard_by_file: the saved position belongs to worker ", s.values[1], " of ",
+                   s.values[0], ", not to worker ", index_, " of ", count_);
+    in_->restore(s.children[0]);
+  }
+  void report(std::vector<std::string>& lines) const override { in_->report(lines); }
+
+ private:
+  std::unique_ptr<IteratorBase> in_;
+  int count_, index_;
+};
+
 // The pipeline below it, run as worker `index` of `count` under FILE sharding.
 class ShardByFileNode : public DatasetNode {
  public:
@@ -329,11 +351,14 @@ class ShardByFileNode : public DatasetNode {
   std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
     IteratorContext below = ctx;
     below.file_shard = {count_, index_, /*rebatch=*/true};
-    return in_->make(below);
+    return std::make_unique<ShardByFileIterator>(in_->make(below), count_, index_);
   }
-  // Counts of elements that depend on the source's length are unknown anyway (file
-  // sources do not know theirs); what take() or repeat() says still holds per worker.
-  std::int64_t cardinality() const override { return in_->cardinality(); }
+  // A count known below would be the whole pipeline's, not this worker's share of it
+  // (file sources do not know their length; a take() below the batch would count whole
+  // batches): only an endless pipeline stays so.
+  std::int64_t cardinality() const override {
+    return in_->cardinality() == kInfiniteCardinality ? kInfiniteCardinality : kUnknownCardinality;
+  }
   const DatasetNode* input() const override { return in_.get(); }
 
  private:
@@ -353,9 +378,13 @@ Dataset Dataset::shard_by_file(int num_workers, int index) const {
     DTRAIN_THROW(InvalidArgument, "auto-shard FILE: the pipeline reads ", source.files, " file(s) but there are ",
                  num_workers, " workers; each worker needs a file of its own (write the data as at least ", num_workers,
                  " files, or shard by DATA)");
-  if (!source.batched)
+  if (source.batch == 0)
     DTRAIN_THROW(InvalidArgument, "auto-shard FILE: the pipeline has no batch() above its file source, so there is no "
                  "global batch to share out among the ", num_workers, " workers");
+  if (source.batch < num_workers)
+    DTRAIN_THROW(InvalidArgument, "auto-shard FILE: a global batch of ", source.batch,
+                 " rows cannot be shared out among ", num_workers,
+                 " workers; make the batch at least as large as the number of workers");
   return Dataset(std::make_shared<ShardByFileNode>(node_, num_workers, index), options_);
 }
 
@@ -363,7 +392,7 @@ WorkerShard auto_shard(const Dataset& dataset, int num_workers, int index) {
   AutoShardPolicy policy = dataset.options().auto_shard_policy;
   const FileSource source = file_source(*dataset.node());
   if (policy == AutoShardPolicy::AUTO)
-    policy = source.batched && source.files >= num_workers ? AutoShardPolicy::FILE : AutoShardPolicy::DATA;
+    policy = source.files >= num_workers && source.batch >= num_workers ? AutoShardPolicy::FILE : AutoShardPolicy::DATA;
   std::ostringstream plan;
   switch (policy) {
     case AutoShardPolicy::FILE: {

@@ -40,7 +40,8 @@ inline constexpr std::int64_t kInfiniteCardinality = -2;
 //   keeps its replicas' rows of each; together the workers train on exactly the batches
 //   one process would.
 // - AUTO: FILE where the pipeline reads at least as many files as there are workers below
-//   a batch(), else DATA.
+//   a batch() of at least as many rows, else DATA (custom loops through
+//   experimental_distribute_dataset, which cannot end uneven shards together, take DATA).
 // - OFF: each worker's dataset is its own (sharded by the program, say with
 //   shard(num_workers, worker_index)); a step's global batch is every worker's batch
 //   together, and an epoch ends when the last worker's data does (workers whose data ran
@@ -122,10 +123,11 @@ class DatasetNode {
   // from_tensor_slices): shuffle then draws row numbers instead of holding elements.
   virtual const std::vector<Tensor>* row_source() const { return nullptr; }
   // For walking a pipeline from the consumer to its source (auto-sharding): the stage this
-  // one reads from (null for a source), the files a source reads, and whether it batches.
+  // one reads from (null for a source), the files a source reads, and a batch's size (0
+  // for stages that do not batch).
   virtual const DatasetNode* input() const { return nullptr; }
   virtual std::int64_t files() const { return 0; }
-  virtual bool batches() const { return false; }
+  virtual std::int64_t batch_size() const { return 0; }
 };
 
 class Iterator;
@@ -185,9 +187,10 @@ class Dataset {
   // The pipeline worker `index` of `num_workers` runs under AutoShardPolicy::FILE: its file
   // source reads files index, index + num_workers, ..., and the batch() nearest the
   // consumer makes batch_size / num_workers rows (one more for the first
-  // batch_size % num_workers workers). InvalidArgument, with the counts, when the source
-  // has fewer files than workers or there is no batch() above it; a batch smaller than
-  // the workers is an error when the pipeline runs.
+  // batch_size % num_workers workers). A take() or skip() below that batch then counts
+  // this worker's elements. InvalidArgument, with the counts, when the source has fewer
+  // files than workers, there is no batch() above it, or that batch is smaller than the
+  // number of workers. A saved position belongs to its worker's shard.
   Dataset shard_by_file(int num_workers, int index) const;
   // Runs the pipeline; `iteration` numbers the pass (fit passes the epoch).
   Iterator make_iterator(std::uint64_t iteration = 0) const;

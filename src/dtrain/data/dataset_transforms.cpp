@@ -274,14 +274,11 @@ class BatchNode : public DatasetNode {
   BatchNode(NodePtr in, std::int64_t size, bool drop) : in_(std::move(in)), size_(size), drop_(drop) {}
   std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
     if (!ctx.file_shard.rebatch) return std::make_unique<BatchIterator>(in_->make(ctx), size_, drop_);
-    // Sharded by file: this worker's part of each global batch of size_ rows.
-    const std::int64_t share = ctx.file_shard.share(size_);
-    if (share == 0)
-      DTRAIN_THROW(InvalidArgument, "batch: a global batch of ", size_, " rows cannot be shared out by file among ",
-                   ctx.file_shard.count, " workers; make the batch at least as large as the number of workers");
+    // Sharded by file: this worker's part of each global batch of size_ rows (at least
+    // one: shard_by_file checked the size against the workers).
     IteratorContext below = ctx;
     below.file_shard.rebatch = false;
-    return std::make_unique<BatchIterator>(in_->make(below), share, drop_);
+    return std::make_unique<BatchIterator>(in_->make(below), ctx.file_shard.share(size_), drop_);
   }
   std::int64_t cardinality() const override {
     const std::int64_t n = in_->cardinality();
@@ -289,7 +286,7 @@ class BatchNode : public DatasetNode {
     return drop_ ? n / size_ : (n + size_ - 1) / size_;
   }
   const DatasetNode* input() const override { return in_.get(); }
-  bool batches() const override { return true; }
+  std::int64_t batch_size() const override { return size_; }
 
  private:
   NodePtr in_;

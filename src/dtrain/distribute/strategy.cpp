@@ -231,8 +231,17 @@ Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) const {
 }
 
 DistributedDataset Strategy::experimental_distribute_dataset(const data::Dataset& dataset) const {
-  // FILE and OFF: the batches are this worker's own; they are split over its replicas only.
-  const data::WorkerShard shard = data::auto_shard(dataset, num_workers(), worker_index());
+  if (num_workers() <= 1) return DistributedDataset(dataset, group_->num_replicas(), 1, 0);
+  // A custom loop has no step-by-step agreement on when the workers' data ends, so AUTO
+  // keeps every worker on the same global batches (DATA); FILE and OFF, asked for, give
+  // each worker its own batches, split over its replicas only.
+  data::Dataset placed = dataset;
+  if (dataset.options().auto_shard_policy == data::AutoShardPolicy::AUTO) {
+    data::DatasetOptions options = dataset.options();
+    options.auto_shard_policy = data::AutoShardPolicy::DATA;
+    placed = dataset.with_options(options);
+  }
+  const data::WorkerShard shard = data::auto_shard(placed, num_workers(), worker_index());
   if (shard.own_batches) return DistributedDataset(shard.dataset, group_->num_replicas(), 1, 0);
   return DistributedDataset(dataset, group_->num_replicas(), num_workers(), worker_index());
 }

@@ -120,12 +120,14 @@ class Strategy {
   // replicas: as evenly as possible, the first replicas taking one row more when it does
   // not divide (a short last batch may leave the last replicas empty batches). The first
   // batch must have at least one row per replica. With several workers the dataset's
-  // auto_shard_policy decides (data::auto_shard): under DATA each worker runs the whole
-  // pipeline and keeps its replicas' rows, so the pipeline must give the same order
-  // everywhere (unseeded shuffles do: see MultiWorkerMirroredStrategy); under FILE (AUTO
-  // with at least as many input files as workers) each worker reads its own files and
-  // makes its part of each global batch; under OFF the dataset is this worker's own. With
-  // FILE and OFF a worker's batches are split over its replicas only.
+  // auto_shard_policy decides (data::auto_shard): under DATA and AUTO each worker runs the
+  // whole pipeline and keeps its replicas' rows, so the pipeline must give the same order
+  // everywhere (unseeded shuffles do: see MultiWorkerMirroredStrategy); under FILE each
+  // worker reads its own files and makes its part of each global batch; under OFF the
+  // dataset is this worker's own. With FILE and OFF a worker's batches are split over its
+  // replicas only, and the loop must end when the workers' data does (fit agrees on that
+  // step by step; a custom loop whose workers run out at different steps fails at the
+  // collective timeout).
   DistributedDataset experimental_distribute_dataset(const data::Dataset& dataset) const;
 
   // The interface fit() trains through.

@@ -629,6 +629,15 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   dtrain::detail::ScopedStrategy in_scope(strategy_);
   Trainer trainer(*this, opt.gradient_accumulation_steps, profiler, fault_slowdown(worker));
   const bool own_batches = workers > 1 && source.per_worker();
+  // The validation pipeline this worker runs, found out now rather than after an epoch.
+  std::optional<data::WorkerShard> validation;
+  if (opt.validation_dataset) {
+    try {
+      validation = worker_shard(strategy_.get(), *opt.validation_dataset);
+    } catch (...) {
+      rethrow_with_context(std::current_exception(), "fit (validation_dataset): ");
+    }
+  }
   Logs logs;
   for (auto& c : callbacks) c->on_train_begin(logs);
 
@@ -700,10 +709,10 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
       for (auto& m : metrics_) logs.set(m->name(), m->result());
     }
     const double train_seconds = seconds_since(start);
-    if (opt.validation_dataset) {
+    if (validation) {
       // Per-worker validation data is evaluated by every worker and summed; global data
       // is evaluated whole everywhere, giving every worker the same figures.
-      DatasetBatches batches(worker_shard(strategy_.get(), *opt.validation_dataset), 0, "evaluate");
+      DatasetBatches batches(*validation, 0, "evaluate");
       Logs val = run_evaluation(batches, "val_", workers > 1 && batches.per_worker());
       for (const auto& [k, v] : val.items()) logs.set(k, v);
     } else if (opt.validation_data) {
