@@ -8,11 +8,13 @@
 
 namespace dtrain::testing {
 
-// "no error" when fn returns normally.
-inline std::string message_of(const std::function<void()>& fn) {
+// "no error" when fn returns normally. An error of another kind than E is not caught, so
+// the test fails on it: message_of<IoError>(...) also checks the kind.
+template <typename E = Error>
+std::string message_of(const std::function<void()>& fn) {
   try {
     fn();
-  } catch (const Error& e) {
+  } catch (const E& e) {
     return e.what();
   }
   return "no error";

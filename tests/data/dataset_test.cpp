@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "common/error_message.h"
 #include "common/temp_dir.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/data/dataset.h"
@@ -35,14 +36,7 @@ std::vector<int> iota(int n, int start = 0) {
   return v;
 }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "no error";
-}
+std::string message_of(const std::function<void()>& f) { return testing::message_of<std::exception>(f); }
 
 TEST(Dataset, TensorSlicesAreViewsOfRows) {
   Tensor x = Tensor::from_vector({3, 2}, {0, 1, 2, 3, 4, 5});
@@ -563,6 +557,7 @@ TEST_F(Files, ShardingByFileGivesEachWorkerItsFilesAndItsPartOfEachBatch) {
   DatasetOptions off;
   off.auto_shard_policy = AutoShardPolicy::OFF;
   EXPECT_EQ(auto_shard(global.with_options(off), 2, 0).policy, AutoShardPolicy::OFF);
+  EXPECT_FALSE(auto_shard(global.with_options(off), 1, 0).own_batches);
 
   // FILE asked for where it cannot be: the counts are named.
   DatasetOptions file;

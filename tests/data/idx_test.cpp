@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/error_message.h"
 #include "common/temp_dir.h"
 #include "dtrain/core/error.h"
 #include "dtrain/data/datasets.h"
@@ -31,14 +32,7 @@ class IdxFiles : public testing::TempDirTest {
     gzclose(f);
     return path;
   }
-  static std::string what(const std::function<void()>& f) {
-    try {
-      f();
-    } catch (const IoError& e) {
-      return e.what();
-    }
-    return "no error";
-  }
+  static std::string what(const std::function<void()>& f) { return testing::message_of<IoError>(f); }
 };
 
 TEST_F(IdxFiles, ReadsImagesAndLabelsPlainAndGzip) {

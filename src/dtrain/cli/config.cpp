@@ -86,6 +86,12 @@ void check_strategy(const std::string& strategy, int replicas) {
                  strategy, "\"");
 }
 
+nlohmann::json read_json_file(const std::string& path, const std::string& unreadable) {
+  std::ifstream in(path);
+  if (!in) DTRAIN_THROW(IoError, unreadable);
+  return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+}
+
 RunConfig load_config(const std::string& path) {
   std::ifstream in(path);
   if (!in) DTRAIN_THROW(IoError, path, ": cannot open the config file");

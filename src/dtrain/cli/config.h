@@ -62,6 +62,11 @@ void check_strategy(const std::string& strategy, int replicas);
 // Reads and validates the whole file up front, so a typo fails before any training.
 RunConfig load_config(const std::string& path);
 
+// The JSON in the file at `path`, discarded (is_discarded()) when it is not JSON, for the
+// caller to say what it expected; an IoError starting with `unreadable` when the file
+// cannot be read.
+nlohmann::json read_json_file(const std::string& path, const std::string& unreadable);
+
 // The pieces, built from a validated config.
 std::unique_ptr<Sequential> build_model(const RunConfig& c);
 std::shared_ptr<losses::Loss> build_loss(const RunConfig& c);

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <filesystem>
 #include <cstdlib>
-#include <fstream>
 #include <iomanip>
 #include <optional>
 #include <ostream>
@@ -96,9 +95,7 @@ std::vector<profile::WorkerSummary> profile_from_json(const json& rows) {
 }
 
 profile::ScaleRun scale_run_from_summary(const std::string& summary_path) {
-  std::ifstream in(summary_path);
-  if (!in) DTRAIN_THROW(IoError, "doctor: no summary at ", summary_path);
-  const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const json j = read_json_file(summary_path, "doctor: no summary at " + summary_path);
   if (j.is_discarded() || !j.contains("profile") || !j["profile"].is_array())
     DTRAIN_THROW(IoError, "doctor: ", summary_path, " is not a summary with a \"profile\" (dtrain fit --summary)");
   profile::ScaleRun run;
@@ -156,9 +153,7 @@ profile::Link run_probe_link(const std::string& output, std::ostream& out) {
 namespace {
 
 profile::Link link_from_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) DTRAIN_THROW(IoError, "doctor: the link probe wrote nothing at ", path);
-  const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const json j = read_json_file(path, "doctor: the link probe wrote nothing at " + path);
   auto positive = [&](const char* key) { return j.contains(key) && j[key].is_number() && j[key].get<double>() >= 0; };
   if (j.is_discarded() || !positive("bytes_per_second") || !positive("latency_seconds") ||
       !(j["bytes_per_second"].get<double>() > 0))
@@ -166,10 +161,22 @@ profile::Link link_from_file(const std::string& path) {
   return {j["bytes_per_second"].get<double>(), j["latency_seconds"].get<double>()};
 }
 
-// Runs `command` on `workers` local processes; its failure is an error naming `what`.
-void launch_or_throw(const std::vector<std::string>& command, int workers, const std::string& what) {
+// The compute threads of every worker at every scale, as machines of one size would have:
+// --threads-per-worker, else OMP_NUM_THREADS, else the cores / the most workers tried.
+int threads_per_worker(const DoctorOptions& o) {
+  if (o.threads_per_worker > 0) return o.threads_per_worker;
+  const char* set = std::getenv("OMP_NUM_THREADS");
+  if (set && std::atoi(set) > 0) return std::atoi(set);
+  return std::max(1, available_cores() / *std::max_element(o.workers.begin(), o.workers.end()));
+}
+
+// Runs `command` on `workers` local processes with the doctor's threads per worker; its
+// failure is an error naming `what`.
+void launch_or_throw(const DoctorOptions& o, const std::vector<std::string>& command, int workers,
+                     const std::string& what) {
   cluster::LaunchOptions launch;
   launch.workers = workers;
+  launch.threads_per_task = threads_per_worker(o);
   launch.command = command;
   std::ostringstream output;
   launch.out = &output;
@@ -181,17 +188,17 @@ void launch_or_throw(const std::vector<std::string>& command, int workers, const
 }
 
 // Every scale of the job, each a local launch of `dtrain fit`.
-std::vector<profile::ScaleRun> run_scales(const DoctorOptions& o, int threads, const TempDir& dir, std::ostream& out) {
+std::vector<profile::ScaleRun> run_scales(const DoctorOptions& o, const TempDir& dir, std::ostream& out) {
   const std::int64_t per_replica = o.batch_size > 0 ? o.batch_size : load_config(o.config).batch_size;
   out << "dtrain doctor " << o.config << ": " << o.steps << " steps per epoch, 2 epochs per scale (the first warms "
-      << "up), " << per_replica << " rows per replica per step, " << threads
+      << "up), " << per_replica << " rows per replica per step, " << threads_per_worker(o)
       << " thread(s) per worker\n" << std::flush;
   std::vector<profile::ScaleRun> runs;
   for (int w : o.workers) {
     for (int r : o.replicas) {
       const std::string summary = (dir.path / ("scale-" + std::to_string(w) + "x" + std::to_string(r) + ".json")).string();
       out << "  running " << w << " worker(s) x " << r << " replica(s)...\n" << std::flush;
-      launch_or_throw({o.self, "fit", o.config, "--strategy", w > 1 ? "multi_worker" : "mirrored", "--replicas",
+      launch_or_throw(o, {o.self, "fit", o.config, "--strategy", w > 1 ? "multi_worker" : "mirrored", "--replicas",
                        std::to_string(r), "--batch-size", std::to_string(per_replica * w * r), "--epochs", "2",
                        "--steps-per-epoch", std::to_string(o.steps), "--verbose", "0", "--summary", summary},
                       w, "the run at " + std::to_string(w) + " worker(s) x " + std::to_string(r) + " replica(s)");
@@ -224,7 +231,7 @@ std::optional<LinkChoice> choose_link(const DoctorOptions& o, const profile::Wha
   } else if (o.runs.empty() && most > 1) {
     const std::string probe = (dir.path / "link.json").string();
     out << "\n  measuring the link between " << most << " local workers...\n" << std::flush;
-    launch_or_throw({o.self, "probe-link", "--output", probe}, most, "the link probe");
+    launch_or_throw(o, {o.self, "probe-link", "--output", probe}, most, "the link probe");
     c = LinkChoice{link_from_file(probe), "measured between " + std::to_string(most) + " local workers"};
   } else {
     for (const profile::ScaleRun& r : runs)
@@ -262,14 +269,7 @@ std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& o
   TempDir dir;
   std::vector<profile::ScaleRun> runs;
   if (measure) {
-    // Every scale computes with the same threads per worker, as machines of one size
-    // would: the launches inherit this, and `dtrain launch` leaves a set value alone.
-    const int most = *std::max_element(o.workers.begin(), o.workers.end());
-    int threads = o.threads_per_worker > 0 ? o.threads_per_worker : std::max(1, available_cores() / most);
-    const char* set = std::getenv("OMP_NUM_THREADS");
-    if (o.threads_per_worker == 0 && set && std::atoi(set) > 0) threads = std::atoi(set);
-    ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
-    runs = run_scales(o, threads, dir, out);
+    runs = run_scales(o, dir, out);
   } else {
     for (const std::string& path : o.runs) runs.push_back(scale_run_from_summary(path));
     out << "dtrain doctor: " << runs.size() << " run(s) from their summaries\n";

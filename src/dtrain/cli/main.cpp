@@ -79,18 +79,23 @@ void apply(const Overrides& o, cli::RunConfig& c) {
   cli::check_strategy(c.strategy, c.replicas);
 }
 
+// How workers exchange gradients, from the command line.
+distribute::CommunicationOptions communication_options(const Overrides& o) {
+  distribute::CommunicationOptions comm;
+  if (o.collective_timeout > 0) comm.timeout_seconds = o.collective_timeout;
+  comm.overlap = !o.no_overlap;
+  if (o.compression == "bf16") comm.compression = distribute::Compression::BF16;
+  if (o.compression == "fp16") comm.compression = distribute::Compression::FP16;
+  return comm;
+}
+
 // The strategy the config asks for; null for the default strategy.
 std::unique_ptr<distribute::Strategy> make_strategy(const cli::RunConfig& c, const Overrides& o) {
   if (c.strategy == "multi_worker") {
-    distribute::CommunicationOptions comm;
-    if (o.collective_timeout > 0) comm.timeout_seconds = o.collective_timeout;
-    comm.overlap = !o.no_overlap;
-    if (o.compression == "bf16") comm.compression = distribute::Compression::BF16;
-    if (o.compression == "fp16") comm.compression = distribute::Compression::FP16;
     std::vector<std::string> devices;
     for (int r = 0; r < std::max(1, c.replicas); ++r) devices.push_back("/cpu:" + std::to_string(r));
-    return std::make_unique<distribute::MultiWorkerMirroredStrategy>(cluster::tf_config_from_environment(), comm,
-                                                                     devices);
+    return std::make_unique<distribute::MultiWorkerMirroredStrategy>(cluster::tf_config_from_environment(),
+                                                                     communication_options(o), devices);
   }
   if (c.strategy == "mirrored")
     return c.replicas > 0 ? std::make_unique<distribute::MirroredStrategy>(c.replicas)
@@ -233,11 +238,12 @@ int run_fit(const std::string& path, const Overrides& o) {
     const std::int64_t parameters = std::accumulate(numels.begin(), numels.end(), std::int64_t{0});
     j["trainable_parameters"] = parameters;
     // Compression applies to the buckets sent between workers only.
-    const bool compressed = c.strategy == "multi_worker" && (o.compression == "bf16" || o.compression == "fp16");
+    const distribute::CommunicationOptions comm = communication_options(o);
+    const bool compressed = c.strategy == "multi_worker" && comm.compression != distribute::Compression::NONE;
     j["compression"] = compressed ? o.compression : "none";
     j["gradient_bytes_per_step"] = parameters * (compressed ? 2 : 4);
-    j["gradient_buckets"] = numels.empty() ? 0 : distribute::gradient_buckets(numels).front() + 1;
-    j["overlap"] = !o.no_overlap;
+    j["gradient_buckets"] = numels.empty() ? 0 : distribute::gradient_buckets(numels, comm.bytes_per_pack).front() + 1;
+    j["overlap"] = comm.overlap;
     // Whether the communication thread has a core that no compute thread of this host's
     // workers uses: without one, moving bytes takes its time from backward.
     int on_this_host = 1;

@@ -2,11 +2,11 @@
 #include "dtrain/cli/traces.h"
 
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
 
+#include "dtrain/cli/config.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/files.h"
 
@@ -16,9 +16,7 @@ namespace {
 using nlohmann::json;
 
 json read_trace(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) DTRAIN_THROW(IoError, "merge-traces: cannot read ", path);
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  json j = read_json_file(path, "merge-traces: cannot read " + path);
   if (j.is_discarded()) DTRAIN_THROW(IoError, "merge-traces: ", path, " is not JSON");
   if (!j.is_object() || !j.contains("traceEvents") || !j["traceEvents"].is_array())
     DTRAIN_THROW(IoError, "merge-traces: ", path, " has no \"traceEvents\" array (is it a trace fit --profile wrote?)");

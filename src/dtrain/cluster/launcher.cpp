@@ -254,10 +254,13 @@ LaunchResult launch(const LaunchOptions& o) {
   for (const TaskId& id : cluster.tasks()) tasks.push_back(Task{id});
   Reaper reaper{tasks};
   LaunchResult result;
-  // Every task gets the job's token (a fresh one unless given), and its share of the cores
-  // unless OMP_NUM_THREADS says otherwise (one process per core: as torchrun, one thread).
+  // Every task gets the job's token (a fresh one unless given), and the threads asked for,
+  // or its share of the cores unless OMP_NUM_THREADS says otherwise (one process per core:
+  // as torchrun, one thread).
   std::vector<std::string> env{"DTRAIN_CLUSTER_TOKEN=" + job_token()};
-  if (const char* threads = std::getenv("OMP_NUM_THREADS"); !threads || !*threads)
+  if (o.threads_per_task > 0)
+    env.push_back("OMP_NUM_THREADS=" + std::to_string(o.threads_per_task));
+  else if (const char* threads = std::getenv("OMP_NUM_THREADS"); !threads || !*threads)
     env.push_back("OMP_NUM_THREADS=" + std::to_string(std::max(1, available_cores() / std::max(1, total - o.ps))));
   for (Task& t : tasks) {
     env.push_back("TF_CONFIG=" + tf_config_json(cluster, t.id));

@@ -24,6 +24,9 @@ struct LaunchOptions {
   bool chief = false;
   // The program and its arguments, run once per task.
   std::vector<std::string> command;
+  // Each task's OMP_NUM_THREADS: 0 leaves a value the environment sets, and otherwise gives
+  // every training task its share of the cores.
+  int threads_per_task = 0;
   // Seconds between SIGTERM and SIGKILL when stopping tasks.
   double grace_seconds = 5.0;
   std::ostream* out = nullptr;  // the tasks' prefixed output; default std::cout

@@ -389,6 +389,7 @@ Dataset Dataset::shard_by_file(int num_workers, int index) const {
 }
 
 WorkerShard auto_shard(const Dataset& dataset, int num_workers, int index) {
+  if (num_workers <= 1) return {AutoShardPolicy::DATA, dataset, false, ""};  // nothing to share
   AutoShardPolicy policy = dataset.options().auto_shard_policy;
   const FileSource source = file_source(*dataset.node());
   if (policy == AutoShardPolicy::AUTO)

@@ -236,7 +236,8 @@ class Iterator {
 // What one worker of a multi-worker strategy runs: `dataset`'s options name the policy
 // (AUTO resolved to FILE or DATA for the given number of workers), and `own_batches` says
 // whether its batches are its own part of each global batch (FILE, OFF) rather than whole
-// global batches it takes its rows of (DATA). `plan` says so in a line, for the log.
+// global batches it takes its rows of (DATA). `plan` says so in a line, for the log. One
+// worker runs the whole dataset, whatever its policy.
 struct WorkerShard {
   AutoShardPolicy policy;
   Dataset dataset;

@@ -231,7 +231,6 @@ Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) const {
 }
 
 DistributedDataset Strategy::experimental_distribute_dataset(const data::Dataset& dataset) const {
-  if (num_workers() <= 1) return DistributedDataset(dataset, group_->num_replicas(), 1, 0);
   // A custom loop has no step-by-step agreement on when the workers' data ends, so AUTO
   // keeps every worker on the same global batches (DATA); FILE and OFF, asked for, give
   // each worker its own batches, split over its replicas only.

@@ -262,7 +262,7 @@ class DatasetBatches : public Sequential::BatchSource {
         steps_per_epoch_(steps_per_epoch), who_(who) {}
   // The whole dataset, as one process reads it.
   DatasetBatches(const data::Dataset& ds, std::int64_t steps_per_epoch, const char* who)
-      : DatasetBatches(data::WorkerShard{data::AutoShardPolicy::DATA, ds, false, ""}, steps_per_epoch, who) {}
+      : DatasetBatches(data::auto_shard(ds, 1, 0), steps_per_epoch, who) {}
   void begin_epoch(int epoch) override {
     // A fixed number of steps draws from one iterator across epochs, as Keras does with
     // steps_per_epoch; otherwise every epoch is a new pass over the data.
@@ -314,9 +314,8 @@ std::string shard_plan(const StrategyBackend& strategy, const std::string& input
 
 // The pipeline this worker runs under the model's strategy (auto-sharding by file or data).
 data::WorkerShard worker_shard(const StrategyBackend* strategy, const data::Dataset& dataset) {
-  if (!strategy || strategy->num_workers() <= 1)
-    return {dataset.options().auto_shard_policy, dataset, false, ""};
-  return data::auto_shard(dataset, strategy->num_workers(), strategy->worker_index());
+  return strategy ? data::auto_shard(dataset, strategy->num_workers(), strategy->worker_index())
+                  : data::auto_shard(dataset, 1, 0);
 }
 
 // What workers compare before training together: each variable's name, dtype and shape,

@@ -52,12 +52,11 @@ std::string scaling_table(const std::vector<ScaleRun>& runs) {
     if (r.rows.empty()) continue;
     const StepSeconds s = step_seconds(r.rows.front());
     const double step = std::max(s.step, 1e-12);
-    const double other = step - s.input - s.start - s.compute() - s.comm - s.straggler - s.optimizer;
     o << "| " << r.workers << " | " << r.replicas << " | " << r.global_batch << " | "
       << detail::fixed(r.samples_per_second, 0) << " | " << detail::fixed(base > 0 ? r.samples_per_second / base : 0, 2)
       << " | " << detail::fixed(s.step * 1000, 2) << " | " << pct(s.input / step) << " | " << pct(s.start / step) << " | "
       << pct(s.compute() / step) << " | " << pct(s.comm / step) << " | " << pct(s.straggler / step) << " | "
-      << pct(s.optimizer / step) << " | " << pct(std::max(0.0, other) / step) << " |\n";
+      << pct(s.optimizer / step) << " | " << pct(s.other() / step) << " |\n";
   }
   return o.str();
 }
@@ -87,8 +86,12 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
   // straggler's finding, not the link's.
   double straggler_excess = 0;
   if (big->rows.size() > 1) {
+    std::vector<StepSeconds> seconds;
     std::vector<double> compute;
-    for (const WorkerSummary& w : big->rows) compute.push_back(step_seconds(w).compute());
+    for (const WorkerSummary& w : big->rows) {
+      seconds.push_back(step_seconds(w));
+      compute.push_back(seconds.back().compute());
+    }
     const double median = dtrain::median(compute);
     const double fastest = *std::min_element(compute.begin(), compute.end());
     for (std::size_t k = 0; k < compute.size(); ++k) {
@@ -96,7 +99,7 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
       straggler_excess = std::max(straggler_excess, compute[k] - fastest);
       double others_wait = 0;
       for (std::size_t j = 0; j < compute.size(); ++j)
-        if (j != k) others_wait = std::max(others_wait, step_seconds(big->rows[j]).straggler + step_seconds(big->rows[j]).comm);
+        if (j != k) others_wait = std::max(others_wait, seconds[j].straggler + seconds[j].comm);
       out.push_back({"straggler",
                      "worker:" + std::to_string(k) + " computes " + ms(compute[k]) + " per step, " +
                          format("%.1fx", compute[k] / median) + " the median worker's " + ms(median) + " (the fastest: " + ms(fastest) + ")" +

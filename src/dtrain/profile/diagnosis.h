@@ -3,6 +3,7 @@
 // with its evidence and a fix.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,9 @@ struct StepSeconds {
   double step = 0, input = 0, start = 0, forward = 0, backward = 0, comm = 0, straggler = 0, optimizer = 0;
   double transfer = 0, bytes = 0;
   double compute() const { return forward + backward; }
+  // The step's time in its phases, and what is left of the step beyond them (never negative).
+  double accounted() const { return input + start + compute() + comm + straggler + optimizer; }
+  double other() const { return std::max(0.0, step - accounted()); }
 };
 StepSeconds step_seconds(const WorkerSummary& worker);
 

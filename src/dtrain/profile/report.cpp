@@ -171,11 +171,9 @@ std::string phases_chart(const Report& r) {
     if (run.rows.empty()) continue;
     const StepSeconds s = step_seconds(run.rows.front());
     const double step = std::max(s.step, 1e-12);
-    const double known = s.input + s.start + s.forward + s.backward + s.comm + s.straggler + s.optimizer;
-    const double values[] = {s.input, s.start, s.forward, s.backward, s.comm, s.straggler, s.optimizer,
-                             std::max(0.0, step - known)};
+    const double values[] = {s.input, s.start, s.forward, s.backward, s.comm, s.straggler, s.optimizer, s.other()};
     double y = kTop + kPlotH;
-    const double total = std::max(step, known);
+    const double total = std::max(step, s.accounted());
     for (std::size_t p = 0; p < std::size(parts); ++p) {
       const double h = kPlotH * values[p] / total;
       y -= h;
