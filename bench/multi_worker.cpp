@@ -2,7 +2,8 @@
 // Adam) under MultiWorkerMirroredStrategy, one process per worker; run it with
 //
 //   dtrain launch --workers 2 -- bench_multi_worker [--batch 128] [--steps 200]
-//       [--no-overlap] [--compression bf16|fp16] [--bucket-kib N] [--rss-every N]
+//       [--no-overlap] [--compression bf16|fp16] [--communication ring] [--bucket-kib N]
+//       [--rss-every N]
 //
 // Each worker first trains its own copy on its share of the global batch without any
 // communication (compute only: the same work each process does under the strategy,
@@ -50,8 +51,11 @@ int main(int argc, char** argv) {
   comm.overlap = !bench::has_flag(argc, argv, "--no-overlap");
   comm.bytes_per_pack = static_cast<std::size_t>(bench::int_flag(argc, argv, "--bucket-kib", 0)) << 10;
   std::string wire = "float32";
-  for (int i = 1; i + 1 < argc; ++i)
+  for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--compression") wire = argv[i + 1];
+    if (std::string(argv[i]) == "--communication" && std::string(argv[i + 1]) == "ring")
+      comm.implementation = distribute::CommunicationImplementation::RING;
+  }
   if (wire == "bf16") comm.compression = distribute::Compression::BF16;
   if (wire == "fp16") comm.compression = distribute::Compression::FP16;
 
@@ -90,9 +94,9 @@ int main(int argc, char** argv) {
   if (!strategy.is_chief()) return 0;
   const double compute = bench::median(alone_times->seconds), step = bench::median(times->seconds);
   std::printf("seeds' large MLP, %d workers x %d thread(s), global batch %lld (%lld per worker), %s on the wire, "
-              "overlap %s; medians of %d steps\n",
+              "overlap %s, gradients through %s; medians of %d steps\n",
               workers, num_threads(), static_cast<long long>(batch), static_cast<long long>(local), wire.c_str(),
-              comm.overlap ? "on" : "off", steps);
+              comm.overlap ? "on" : "off", strategy.backend()->transport().c_str(), steps);
   std::printf("%-34s %10s %12s\n", "", "step ms", "samples/s");
   std::printf("%-34s %10.2f %12.0f\n", "compute only (per worker)", compute * 1e3, static_cast<double>(local) / compute);
   std::printf("%-34s %10.2f %12.0f\n", "MultiWorkerMirroredStrategy", step * 1e3, static_cast<double>(batch) / step);

@@ -64,6 +64,12 @@ if [ $failed != 0 ]; then
   exit 1
 fi
 
+# Two namespaces stand for two hosts: the workers must not find each other's memory.
+grep -q '"transport": *"TCP (no shared memory: worker:1: not on worker:0.s host' "$dir/two.json" || {
+  echo "FAILED: workers in two network namespaces did not keep to TCP:"
+  grep '"transport"' "$dir/two.json"
+  exit 1
+}
 "$dtrain" doctor --runs "$dir/two.json" | tee "$dir/doctor.txt"
 grep -q -- "- communication-bound: " "$dir/doctor.txt" || {
   echo "FAILED: a 20 Mbit/s link was not diagnosed communication-bound"

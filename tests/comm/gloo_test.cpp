@@ -43,14 +43,20 @@ std::vector<std::string> on_ranks(int size, Body body) {
   return errors;
 }
 
-class GlooSweep : public ::testing::TestWithParam<std::tuple<int, std::size_t>> {};
+// Ranks that are threads of one process share memory, so the sweep runs both ways:
+// through shared memory, and over TCP as between hosts.
+class GlooSweep : public ::testing::TestWithParam<std::tuple<int, std::size_t, bool>> {};
 
 TEST_P(GlooSweep, AllreduceBroadcastAllgatherBarrier) {
-  const auto [size, count] = GetParam();
+  const auto [size, count, shared_memory] = GetParam();
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
   std::vector<int> wrong(static_cast<std::size_t>(size), 0);
   const auto errors = on_ranks(size, [&](int r) {
-    GlooGroup group(store, options(r, size));
+    GlooGroupOptions o = options(r, size);
+    o.shared_memory = shared_memory;
+    GlooGroup group(store, o);
+    if (size > 1 && group.transport() != (shared_memory ? "shared memory" : "TCP (asked for)"))
+      throw Error("transport: " + group.transport());
     // Two all-reduces under different keys, each twice (the cached algorithm is reused).
     for (int round = 0; round < 2; ++round)
       for (std::uint64_t key : {7u, 8u}) {
@@ -82,7 +88,8 @@ TEST_P(GlooSweep, AllreduceBroadcastAllgatherBarrier) {
 INSTANTIATE_TEST_SUITE_P(WorldsAndCounts, GlooSweep,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4),
                                             ::testing::Values(std::size_t{0}, std::size_t{1}, std::size_t{1001},
-                                                              std::size_t{70001})));
+                                                              std::size_t{70001}),
+                                            ::testing::Bool()));
 
 class GlooWire : public ::testing::TestWithParam<std::tuple<int, Wire>> {
  protected:

@@ -26,6 +26,7 @@ struct Args {
   int steps = 20, batch = 64, features = 1024, hidden = 1024, replicas = 1;
   bool overlap = true;
   std::string compression = "none";
+  std::string communication = "auto";  // or ring: TCP even on one host
   double timeout = 60;
   std::string kill_task;  // this task SIGKILLs itself at kill_step
   int kill_step = 5;
@@ -47,6 +48,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--replicas") a.replicas = std::stoi(v);
     else if (k == "--overlap") a.overlap = v == "1";
     else if (k == "--compression") a.compression = v;
+    else if (k == "--communication") a.communication = v;
     else if (k == "--timeout") a.timeout = std::stod(v);
     else if (k == "--kill-task") a.kill_task = v;
     else if (k == "--kill-step") a.kill_step = std::stoi(v);
@@ -79,6 +81,7 @@ void run(const Args& a) {
   comm.compression = a.compression == "bf16"   ? distribute::Compression::BF16
                      : a.compression == "fp16" ? distribute::Compression::FP16
                                                : distribute::Compression::NONE;
+  if (a.communication == "ring") comm.implementation = distribute::CommunicationImplementation::RING;
   std::vector<std::string> devices;
   for (int r = 0; r < a.replicas; ++r) devices.push_back("/cpu:" + std::to_string(r));
   const cluster::TfConfig config = cluster::tf_config_from_environment();

@@ -59,7 +59,7 @@ struct Overrides {
   std::int64_t steps_per_epoch = 0;
   std::string save_weights, summary, weights, dtype_policy, strategy, profile;
   // multi_worker only
-  std::string compression;
+  std::string compression, communication;
   double collective_timeout = -1;
   bool no_overlap = false;
 };
@@ -86,6 +86,7 @@ distribute::CommunicationOptions communication_options(const Overrides& o) {
   comm.overlap = !o.no_overlap;
   if (o.compression == "bf16") comm.compression = distribute::Compression::BF16;
   if (o.compression == "fp16") comm.compression = distribute::Compression::FP16;
+  if (o.communication == "ring") comm.implementation = distribute::CommunicationImplementation::RING;
   return comm;
 }
 
@@ -244,6 +245,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["gradient_bytes_per_step"] = parameters * (compressed ? 2 : 4);
     j["gradient_buckets"] = numels.empty() ? 0 : distribute::gradient_buckets(numels, comm.bytes_per_pack).front() + 1;
     j["overlap"] = comm.overlap;
+    j["transport"] = strategy ? strategy->backend()->transport() : "";
     // Whether the communication thread has a core that no compute thread of this host's
     // workers uses: without one, moving bytes takes its time from backward.
     int on_this_host = 1;
@@ -319,6 +321,10 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(0, 4096));
     cmd->add_option("--compression", o.compression, "multi_worker: gradient buckets on the wire as none, bf16 or fp16")
         ->check(CLI::IsMember({"none", "bf16", "fp16"}));
+    cmd->add_option("--communication", o.communication,
+                    "multi_worker: auto (workers that share this host sum through shared memory) or ring (always "
+                    "TCP, as between hosts)")
+        ->check(CLI::IsMember({"auto", "ring"}));
     cmd->add_option("--collective-timeout", o.collective_timeout,
                     "multi_worker: seconds any collective waits for the other workers (default 60)")
         ->check(CLI::Range(0.001, 86400.0));

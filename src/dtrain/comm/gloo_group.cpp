@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "dtrain/comm/in_process.h"
+#include "dtrain/comm/shared_memory.h"
 #include "dtrain/comm/tcp_ring.h"
 #include "dtrain/comm/tcp_store.h"
 #include "dtrain/core/error.h"
@@ -165,7 +166,10 @@ GlooGroup::GlooGroup(std::shared_ptr<gloo::rendezvous::Store> store, GlooGroupOp
   if (!missing.empty())
     DTRAIN_THROW(Timeout, "rendezvous: ", task_name(options_.rank), " waited ", options_.timeout.count() / 1000.0,
                  " s; these tasks never arrived: ", missing);
-  if (options_.size == 1) return;
+  if (options_.size == 1) {
+    transport_ = "none (one rank)";
+    return;
+  }
   // Gloo writes to its peers' sockets without MSG_NOSIGNAL: a write to a peer that has
   // just died would end this process with SIGPIPE, silently, instead of an error naming
   // the peer. A program that set its own SIGPIPE handler keeps it.
@@ -185,6 +189,14 @@ GlooGroup::GlooGroup(std::shared_ptr<gloo::rendezvous::Store> store, GlooGroupOp
   }
   ring_ = std::make_unique<TcpRing>(*store_, options_.rank, options_.size, options_.host, options_.timeout,
                                     options_.task_names);
+  if (!options_.shared_memory) {
+    transport_ = "TCP (asked for)";
+    return;
+  }
+  std::string why_not;
+  shared_ = SharedMemoryGroup::join(*store_, options_.rank, options_.size, options_.timeout, options_.task_names,
+                                    why_not);
+  transport_ = shared_ ? "shared memory" : "TCP (no shared memory: " + why_not + ")";
 }
 
 GlooGroup::~GlooGroup() = default;
@@ -261,8 +273,9 @@ std::string GlooGroup::absent_peers() {
 }
 
 void GlooGroup::fail(const char* op, std::size_t bytes, const std::string& what, bool timeout) {
-  // The group is broken: pass the failure around the ring before the roll call.
+  // The group is broken: pass the failure on to the neighbours before the roll call.
   if (ring_) ring_->shutdown();
+  if (shared_) shared_->shutdown();
   const std::string absent = absent_peers();
   const std::string head = dtrain::detail::concat(task_name(options_.rank), ": ", op, " #", sequence_, " (", bytes,
                                                   " bytes) failed");
@@ -333,6 +346,10 @@ void GlooGroup::allreduce(float* data, std::size_t count, std::uint64_t key, Wir
       (wire == Wire::bf16 ? decode_bf16 : decode_f16)(half.data(), data, count);
       return;
     }
+    if (shared_) {
+      shared_->allreduce(data, count);
+      return;
+    }
     // AllreduceRing adds the contributions in a different order on each rank, which for
     // three or more ranks can leave the ranks' sums a rounding apart (and the workers'
     // weights drifting); with two, a + b == b + a exactly. The newer ring reduces each
@@ -352,6 +369,19 @@ void GlooGroup::allreduce(float* data, std::size_t count, std::uint64_t key, Wir
     }
     ring_->allreduce(data, count, sizeof(float), &sum_into_f32);
     last_peer_wait_ = ring_->last_peer_wait();
+  });
+}
+
+std::shared_ptr<SharedBuffer> GlooGroup::shared_buffer(std::size_t count) {
+  if (!shared_) return nullptr;
+  std::string why_not;
+  return shared_->buffer(*store_, count, why_not);
+}
+
+void GlooGroup::allreduce(SharedBuffer& buffer, std::size_t offset, std::size_t count) {
+  last_peer_wait_ = {};
+  collective("allreduce", count * sizeof(float), [&] {
+    if (count > 0) shared_->allreduce(buffer, offset, count);
   });
 }
 

@@ -20,9 +20,14 @@ std::string Device::to_string() const {
 }
 
 Storage::Storage(std::size_t bytes, CachingAllocator& allocator, Device device)
-    : data_(allocator.allocate(bytes)), bytes_(bytes), allocator_(allocator), device_(device) {}
+    : data_(allocator.allocate(bytes)), bytes_(bytes), allocator_(&allocator), device_(device) {}
 
-Storage::~Storage() { allocator_.deallocate(data_, bytes_); }
+Storage::Storage(void* data, std::size_t bytes, std::shared_ptr<const void> owner, Device device)
+    : data_(data), bytes_(bytes), allocator_(nullptr), owner_(std::move(owner)), device_(device) {}
+
+Storage::~Storage() {
+  if (allocator_) allocator_->deallocate(data_, bytes_);
+}
 
 Tensor::Tensor(std::shared_ptr<Storage> storage, std::size_t offset, Shape shape, DType dtype)
     : storage_(std::move(storage)), offset_(offset), shape_(shape), dtype_(dtype), id_(next_tensor_id()) {}
@@ -30,6 +35,11 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, std::size_t offset, Shape shape
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
   const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
   return Tensor(std::make_shared<Storage>(bytes, cpu_allocator(), Device{}), 0, shape, dtype);
+}
+
+Tensor Tensor::over(void* data, const Shape& shape, DType dtype, std::shared_ptr<const void> owner) {
+  const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+  return Tensor(std::make_shared<Storage>(data, bytes, std::move(owner), Device{}), 0, shape, dtype);
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype) {

@@ -27,10 +27,12 @@ struct Device {
   std::string to_string() const;
 };
 
-// A block of memory owned by one allocator; freed back to it when the last view goes.
+// A block of memory owned by one allocator, freed back to it when the last view goes; or
+// memory something else owns (a shared memory segment), kept alive by `owner` as long.
 class Storage {
  public:
   Storage(std::size_t bytes, CachingAllocator& allocator, Device device);
+  Storage(void* data, std::size_t bytes, std::shared_ptr<const void> owner, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -42,7 +44,8 @@ class Storage {
  private:
   void* data_;
   std::size_t bytes_;
-  CachingAllocator& allocator_;
+  CachingAllocator* allocator_;  // null: owner_'s memory
+  std::shared_ptr<const void> owner_;
   Device device_;
 };
 
@@ -52,6 +55,8 @@ class Tensor {
 
   static Tensor empty(const Shape& shape, DType dtype = DType::f32);  // values unset
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32);
+  // A tensor over memory that `owner` keeps alive (at least shape's bytes at `data`).
+  static Tensor over(void* data, const Shape& shape, DType dtype, std::shared_ptr<const void> owner);
   static Tensor full(const Shape& shape, float value);
   static Tensor scalar(float value) { return full(Shape{}, value); }
   static Tensor from_vector(const Shape& shape, std::span<const float> values);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "dtrain/comm/shared_memory.h"
 #include "dtrain/core/clock.h"
 #include "dtrain/distribute/strategy.h"
 #include "dtrain/distribute/worker_comm.h"
@@ -37,11 +38,23 @@ BucketReducer::BucketReducer(int replicas, std::span<Variable* const> vars, std:
   // Each bucket ends with one flag per variable: 1 where a replica had its gradient. The
   // flags are summed with the gradients, so every replica of every worker learns which
   // gradients exist anywhere (a short last batch may leave a worker without any).
-  std::vector<float*> outputs;
+  //
+  // Between workers that share memory, the buckets lie in a buffer every worker maps: the
+  // replicas' sum is written there, and summed between the workers where it lies.
+  std::size_t total = 0;
   for (std::size_t b = 0; b < sizes.size(); ++b) {
     flags_at_.push_back(sizes[b]);
     segments[b].push_back(bucket_vars_[b]);
-    outputs_.push_back(Tensor::zeros(Shape{static_cast<std::int64_t>(sizes[b] + bucket_vars_[b])}));
+    shared_at_.push_back(total);
+    total += (sizes[b] + bucket_vars_[b] + 15) / 16 * 16;  // whole cache lines
+  }
+  if (cross_.workers && cross_.wire == comm::Wire::f32)
+    cross_.workers->run([&](comm::GlooGroup& group) { shared_ = group.shared_buffer(total); });
+  std::vector<float*> outputs;
+  for (std::size_t b = 0; b < sizes.size(); ++b) {
+    const Shape shape{static_cast<std::int64_t>(sizes[b] + bucket_vars_[b])};
+    outputs_.push_back(shared_ ? Tensor::over(shared_->local() + shared_at_[b], shape, DType::f32, shared_)
+                               : Tensor::zeros(shape));
     outputs.push_back(outputs_.back().data<float>());
   }
   all_reduce_ = std::make_unique<comm::InProcessAllReduce>(replicas, std::move(segments), std::move(outputs));
@@ -120,7 +133,8 @@ void BucketReducer::reduce_across_workers(comm::GlooGroup& group, std::uint64_t 
     wait_summed(b, round);
     const auto count = static_cast<std::size_t>(outputs_[b].numel());
     const Clock::time_point start = Clock::now();
-    group.allreduce(outputs_[b].data<float>(), count, b, cross_.wire);
+    if (shared_) group.allreduce(*shared_, shared_at_[b], count);
+    else group.allreduce(outputs_[b].data<float>(), count, b, cross_.wire);
     if (comm_track_) {
       // The wait for a late peer is its own phase; the rest moved the bytes.
       const Clock::time_point joined = start + group.last_peer_wait();

@@ -78,6 +78,8 @@ class BucketReducer final : public GradientReducer {
   std::vector<std::size_t> bucket_vars_;            // [bucket] how many variables
   std::vector<Tensor> outputs_;                     // [bucket] the sums, flat float32, then the flags
   std::vector<std::size_t> flags_at_;               // [bucket] where its flags start in the output
+  std::shared_ptr<comm::SharedBuffer> shared_;      // the outputs, where the workers share memory
+  std::vector<std::size_t> shared_at_;              // [bucket] where its output starts in shared_
   std::unique_ptr<comm::InProcessAllReduce> all_reduce_;
   std::vector<ReplicaState> states_;                // [replica], each touched by its replica only
   std::vector<Tensor> views_;                       // [variable] the sum, shaped like it

@@ -275,6 +275,7 @@ std::shared_ptr<detail::ReplicaGroup> make_multi_worker_group(const cluster::TfC
     w.timeout = timeout;
     const char* check = std::getenv("DTRAIN_CHECK_COLLECTIVES");
     w.check_collectives = check && *check && std::string(check) != "0";
+    w.shared_memory = comm.implementation == CommunicationImplementation::AUTO;
     workers = std::make_shared<detail::WorkerComm>(std::move(w));
     // Every worker continues the chief's seed sequence, so what draws from it without a
     // seed of its own (initialisers, shuffles) draws the same everywhere.

@@ -51,6 +51,8 @@ class PerReplica {
 // How gradient buckets travel between workers (MultiWorkerMirroredStrategy): as float32,
 // or rounded to 16 bits (half the bytes; see docs/distribute.md for the precision).
 enum class Compression { NONE, BF16, FP16 };
+// TensorFlow's tf.distribute.experimental.CommunicationImplementation, for CPUs.
+enum class CommunicationImplementation { AUTO, RING };
 
 // tf.distribute.experimental.CommunicationOptions.
 struct CommunicationOptions {
@@ -65,6 +67,11 @@ struct CommunicationOptions {
   // Multi-worker: each bucket goes to the other workers as soon as backward has made it
   // (false: once backward is over).
   bool overlap = true;
+  // Multi-worker: how the workers sum gradients. AUTO: through shared memory where every
+  // worker runs on this host (one kernel, network and process namespace), else the TCP
+  // ring; RING: always the TCP ring, as between hosts. Compressed buckets always take
+  // the TCP ring.
+  CommunicationImplementation implementation = CommunicationImplementation::AUTO;
 };
 
 // The gradient bucket of each variable (index = variable, in the model's order), as fit()

@@ -71,6 +71,7 @@ WorkerComm::WorkerComm(WorkerCommOptions options) : options_(std::move(options))
   g.host = me.host;
   g.timeout = options_.timeout;
   g.check_collectives = options_.check_collectives;
+  g.shared_memory = options_.shared_memory;
   group_ = std::make_unique<comm::GlooGroup>(store_, std::move(g));
   thread_ = std::thread([this] { loop(); });
 }

@@ -39,6 +39,8 @@ struct WorkerCommOptions {
   // "host:port" of a Redis server to meet through instead of the chief's store; empty:
   // DTRAIN_REDIS, else the chief's store.
   std::string redis;
+  // Workers that all share this host sum through shared memory (false: always TCP).
+  bool shared_memory = true;
 };
 
 class WorkerComm {
@@ -53,6 +55,8 @@ class WorkerComm {
   int size() const { return static_cast<int>(tasks_.size()); }
   const std::string& task_name(int rank) const { return tasks_[static_cast<std::size_t>(rank)]; }
   std::chrono::milliseconds timeout() const { return options_.timeout; }
+  // How the gradient all-reduces travel (GlooGroup::transport).
+  const std::string& transport() const { return group_->transport(); }
 
   // Runs fn(group) on the communication thread after everything submitted before it, and
   // returns at once. Once a job failed, later jobs are skipped.

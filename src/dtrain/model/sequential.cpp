@@ -308,7 +308,8 @@ std::string shard_plan(const StrategyBackend& strategy, const std::string& input
   std::ostringstream o;
   o << strategy.name() << ": worker " << strategy.worker_index() << " of " << strategy.num_workers() << ", "
     << strategy.num_replicas() << " replica(s) here, " << strategy.num_replicas_in_sync() << " in sync; input: "
-    << input_plan << "; the first global batch had " << first_batch << " rows";
+    << input_plan << "; the first global batch had " << first_batch << " rows; gradients between workers: "
+    << strategy.transport();
   return o.str();
 }
 

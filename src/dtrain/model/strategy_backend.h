@@ -56,6 +56,9 @@ class StrategyBackend {
   // (MultiWorkerMirroredStrategy's workers); 1 for the in-process strategies.
   virtual int num_workers() const { return 1; }
   virtual int worker_index() const { return 0; }
+  // How gradients travel between the workers ("shared memory", "TCP (...)"); empty
+  // within one process.
+  virtual std::string transport() const { return ""; }
   int num_replicas_in_sync() const { return num_replicas() * num_workers(); }
 
   // Before fit's first step, on every worker: checks that all workers built the same

@@ -1,0 +1,176 @@
+// The shared-memory all-reduce, its ranks being threads of this process that meet through
+// an in-memory store: sums rounded once, with the same bits everywhere, buffers larger
+// than a slot, buffers summed where they lie, and peers that give up, leave or fall
+// silent named by the others.
+#include <gtest/gtest.h>
+
+#include <gloo/rendezvous/hash_store.h>
+
+#include <atomic>
+#include <cmath>
+#include <thread>
+
+#include "dtrain/comm/shared_memory.h"
+#include "dtrain/core/error.h"
+
+namespace dtrain::comm {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::vector<std::string> names(int size) {
+  std::vector<std::string> out;
+  for (int r = 0; r < size; ++r) out.push_back("worker:" + std::to_string(r));
+  return out;
+}
+
+std::unique_ptr<SharedMemoryGroup> join(gloo::rendezvous::Store& store, int rank, int size,
+                                        std::chrono::milliseconds timeout = 20s) {
+  std::string why_not;
+  auto group = SharedMemoryGroup::join(store, rank, size, timeout, names(size), why_not);
+  if (!group) throw Error("no shared memory between threads of one process: " + why_not);
+  return group;
+}
+
+template <typename Body>
+std::vector<std::string> on_ranks(int size, Body body) {
+  std::vector<std::string> errors(static_cast<std::size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+// Values no sum of which is exact, different on each rank.
+float value(std::size_t i, int rank) {
+  return static_cast<float>(std::sin(static_cast<double>(i) * 0.61 + rank * 1.7) * (1.0 + static_cast<double>(i % 13)));
+}
+
+// What every rank must get: the ranks' values added and rounded once to float32.
+float rounded_sum(std::size_t i, int size) {
+  double sum = 0;
+  for (int r = 0; r < size; ++r) sum += value(i, r);
+  return static_cast<float>(sum);
+}
+
+class SharedMemorySizes : public ::testing::TestWithParam<int> {};
+
+TEST_P(SharedMemorySizes, BuffersLargerThanASlotAreSummedWithOneRounding) {
+  const int size = GetParam();
+  gloo::rendezvous::HashStore store;
+  std::vector<std::vector<float>> results(static_cast<std::size_t>(size));
+  std::size_t count = 0;
+  const auto errors = on_ranks(size, [&](int r) {
+    auto group = join(store, r, size);
+    // Two slots and a bit: three pieces, the last one short and not a whole cache line.
+    const std::size_t n = 2 * group->slot_bytes() / sizeof(float) + 37;
+    if (r == 0) count = n;
+    std::vector<float> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = value(i, r);
+    group->allreduce(v.data(), n);
+    results[static_cast<std::size_t>(r)] = std::move(v);
+  });
+  for (int r = 0; r < size; ++r) ASSERT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < count; ++i) wrong += results[0][i] != rounded_sum(i, size);
+  EXPECT_EQ(wrong, 0u);
+  for (int r = 1; r < size; ++r) EXPECT_EQ(results[static_cast<std::size_t>(r)], results[0]) << "rank " << r;
+}
+
+TEST_P(SharedMemorySizes, SharedBuffersAreSummedWhereTheyLie) {
+  // Two pieces of one buffer, summed one after the other (as two gradient buckets are);
+  // what lies outside them is left alone.
+  const int size = GetParam();
+  constexpr std::size_t kCount = 100003, kSplit = 40000, kEnd = 100000;
+  gloo::rendezvous::HashStore store;
+  std::vector<std::vector<float>> copies(static_cast<std::size_t>(size));
+  const auto errors = on_ranks(size, [&](int r) {
+    auto group = join(store, r, size);
+    std::string why_not;
+    const std::shared_ptr<SharedBuffer> buffer = group->buffer(store, kCount, why_not);
+    if (!buffer) throw Error("no buffer: " + why_not);
+    float* mine = buffer->local();
+    for (std::size_t i = 0; i < kCount; ++i) mine[i] = value(i, r);
+    group->allreduce(*buffer, 0, kSplit);
+    group->allreduce(*buffer, kSplit, kEnd - kSplit);
+    copies[static_cast<std::size_t>(r)].assign(mine, mine + kCount);
+  });
+  for (int r = 0; r < size; ++r) {
+    ASSERT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
+    const std::vector<float>& copy = copies[static_cast<std::size_t>(r)];
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < kCount; ++i) wrong += copy[i] != (i < kEnd ? rounded_sum(i, size) : value(i, r));
+    EXPECT_EQ(wrong, 0u) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, SharedMemorySizes, ::testing::Values(1, 2, 3, 4));
+
+TEST(SharedMemory, APeerThatGivesUpIsNamedByTheOthers) {
+  gloo::rendezvous::HashStore store;
+  const auto errors = on_ranks(3, [&](int r) {
+    auto group = join(store, r, 3);
+    std::vector<float> v(1000, 1.0f);
+    group->allreduce(v.data(), v.size());
+    if (r == 2) {
+      group->shutdown();  // as a rank does whose collective failed
+      throw Error("gave up");
+    }
+    group->allreduce(v.data(), v.size());
+  });
+  for (int r : {0, 1})
+    EXPECT_NE(errors[static_cast<std::size_t>(r)].find("worker:2 gave up (a collective failed there) while worker:" +
+                                                       std::to_string(r) + " waited for it to start the all-reduce"),
+              std::string::npos)
+        << errors[static_cast<std::size_t>(r)];
+}
+
+TEST(SharedMemory, APeerThatLeavesIsNamedByTheOthers) {
+  gloo::rendezvous::HashStore store;
+  const auto errors = on_ranks(2, [&](int r) {
+    auto group = join(store, r, 2);
+    std::vector<float> v(1000, 1.0f);
+    group->allreduce(v.data(), v.size());
+    if (r == 1) return;  // its group goes with it
+    group->allreduce(v.data(), v.size());
+  });
+  EXPECT_EQ(errors[1], "");
+  EXPECT_NE(errors[0].find("worker:1 left the group while worker:0 waited for it to start the all-reduce"),
+            std::string::npos)
+      << errors[0];
+}
+
+TEST(SharedMemory, ASilentPeerIsATimeoutNamingIt) {
+  gloo::rendezvous::HashStore store;
+  std::atomic<bool> timed_out{false};
+  const auto errors = on_ranks(2, [&](int r) {
+    auto group = join(store, r, 2, 300ms);
+    std::vector<float> v(1000, 1.0f);
+    if (r == 1) {
+      // Present, but silent until the other has given up on it.
+      timed_out.wait(false);
+      return;
+    }
+    try {
+      group->allreduce(v.data(), v.size());
+    } catch (...) {
+      timed_out = true;
+      timed_out.notify_all();
+      throw;
+    }
+    timed_out = true;
+    timed_out.notify_all();
+  });
+  EXPECT_NE(errors[0].find("worker:0 waited 0.3 s for worker:1 to start the all-reduce"), std::string::npos)
+      << errors[0];
+}
+
+}  // namespace
+}  // namespace dtrain::comm
