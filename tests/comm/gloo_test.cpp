@@ -180,10 +180,14 @@ TEST(GlooGroup, RanksThatNeverArriveAreNamed) {
     EXPECT_NE(e.find("these tasks never arrived: worker:2"), std::string::npos) << e;
 }
 
-TEST(GlooGroup, APeerThatLeavesIsNamedByTheOthers) {
+class GlooTransports : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GlooTransports, APeerThatLeavesIsNamedByTheOthers) {
   auto store = std::make_shared<gloo::rendezvous::HashStore>();
   const auto errors = on_ranks(2, [&](int r) {
-    GlooGroup group(store, options(r, 2, 5s));
+    GlooGroupOptions o = options(r, 2, 5s);
+    o.shared_memory = GetParam();
+    GlooGroup group(store, o);
     group.barrier();
     if (r == 1) return;  // leaves: its connections close, and it answers no roll call
     std::vector<float> v(100000, 1.0f);
@@ -194,6 +198,8 @@ TEST(GlooGroup, APeerThatLeavesIsNamedByTheOthers) {
   EXPECT_NE(errors[0].find("not answering: worker:1"), std::string::npos) << errors[0];
   RecordProperty("error", errors[0]);
 }
+
+INSTANTIATE_TEST_SUITE_P(SharedMemoryAndTcp, GlooTransports, ::testing::Bool());
 
 TEST(TcpStore, SetGetWaitAndTheClusterToken) {
   TcpStoreServer server("127.0.0.1", 0, "secret");

@@ -6,8 +6,11 @@
 
 #include <gloo/rendezvous/hash_store.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cmath>
+#include <filesystem>
 #include <thread>
 
 #include "dtrain/comm/shared_memory.h"
@@ -27,9 +30,18 @@ std::vector<std::string> names(int size) {
 std::unique_ptr<SharedMemoryGroup> join(gloo::rendezvous::Store& store, int rank, int size,
                                         std::chrono::milliseconds timeout = 20s) {
   std::string why_not;
-  auto group = SharedMemoryGroup::join(store, rank, size, timeout, names(size), why_not);
+  auto group = SharedMemoryGroup::join(store, rank, size, timeout, names(size), "", why_not);
   if (!group) throw Error("no shared memory between threads of one process: " + why_not);
   return group;
+}
+
+// Segments this process made that are still named in /dev/shm.
+int named_segments() {
+  const std::string mine = "dtrain-" + std::to_string(::getpid()) + "-";
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm"))
+    n += entry.path().filename().string().rfind(mine, 0) == 0;
+  return n;
 }
 
 template <typename Body>
@@ -85,8 +97,8 @@ TEST_P(SharedMemorySizes, BuffersLargerThanASlotAreSummedWithOneRounding) {
 }
 
 TEST_P(SharedMemorySizes, SharedBuffersAreSummedWhereTheyLie) {
-  // Two pieces of one buffer, summed one after the other (as two gradient buckets are);
-  // what lies outside them is left alone.
+  // Two pieces of one buffer, summed one after the other (as two gradient buckets are)
+  // with a sum through the slots between them; what lies outside them is left alone.
   const int size = GetParam();
   constexpr std::size_t kCount = 100003, kSplit = 40000, kEnd = 100000;
   gloo::rendezvous::HashStore store;
@@ -94,14 +106,18 @@ TEST_P(SharedMemorySizes, SharedBuffersAreSummedWhereTheyLie) {
   const auto errors = on_ranks(size, [&](int r) {
     auto group = join(store, r, size);
     std::string why_not;
-    const std::shared_ptr<SharedBuffer> buffer = group->buffer(store, kCount, why_not);
+    const std::shared_ptr<SharedBuffer> buffer = group->buffer(store, kCount, "", why_not);
     if (!buffer) throw Error("no buffer: " + why_not);
     float* mine = buffer->local();
     for (std::size_t i = 0; i < kCount; ++i) mine[i] = value(i, r);
     group->allreduce(*buffer, 0, kSplit);
+    std::vector<float> v(1001, static_cast<float>(r));
+    group->allreduce(v.data(), v.size());
+    if (v != std::vector<float>(1001, static_cast<float>(size * (size - 1) / 2))) throw Error("wrong slot sum");
     group->allreduce(*buffer, kSplit, kEnd - kSplit);
     copies[static_cast<std::size_t>(r)].assign(mine, mine + kCount);
   });
+  EXPECT_EQ(named_segments(), 0) << "a segment's name was left in /dev/shm";
   for (int r = 0; r < size; ++r) {
     ASSERT_EQ(errors[static_cast<std::size_t>(r)], "") << "rank " << r;
     const std::vector<float>& copy = copies[static_cast<std::size_t>(r)];
@@ -112,6 +128,24 @@ TEST_P(SharedMemorySizes, SharedBuffersAreSummedWhereTheyLie) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, SharedMemorySizes, ::testing::Values(1, 2, 3, 4));
+
+TEST(SharedMemory, OneRankThatRefusesMakesEveryRankKeepToTcp) {
+  gloo::rendezvous::HashStore store;
+  std::vector<std::string> why(3);
+  std::vector<int> attached(3, -1);
+  const auto errors = on_ranks(3, [&](int r) {
+    std::string why_not;
+    auto group = SharedMemoryGroup::join(store, r, 3, 20s, names(3), r == 1 ? "TCP asked for" : "", why_not);
+    attached[static_cast<std::size_t>(r)] = group != nullptr;
+    why[static_cast<std::size_t>(r)] = why_not;
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(errors[static_cast<std::size_t>(r)], "");
+    EXPECT_EQ(attached[static_cast<std::size_t>(r)], 0) << "rank " << r;
+    EXPECT_EQ(why[static_cast<std::size_t>(r)], "worker:1: TCP asked for") << "rank " << r;
+  }
+  EXPECT_EQ(named_segments(), 0) << "a segment's name was left in /dev/shm";
+}
 
 TEST(SharedMemory, APeerThatGivesUpIsNamedByTheOthers) {
   gloo::rendezvous::HashStore store;
@@ -151,7 +185,7 @@ TEST(SharedMemory, ASilentPeerIsATimeoutNamingIt) {
   gloo::rendezvous::HashStore store;
   std::atomic<bool> timed_out{false};
   const auto errors = on_ranks(2, [&](int r) {
-    auto group = join(store, r, 2, 300ms);
+    auto group = join(store, r, 2, 1000ms);
     std::vector<float> v(1000, 1.0f);
     if (r == 1) {
       // Present, but silent until the other has given up on it.
@@ -168,7 +202,7 @@ TEST(SharedMemory, ASilentPeerIsATimeoutNamingIt) {
     timed_out = true;
     timed_out.notify_all();
   });
-  EXPECT_NE(errors[0].find("worker:0 waited 0.3 s for worker:1 to start the all-reduce"), std::string::npos)
+  EXPECT_NE(errors[0].find("worker:0 waited 1 s for worker:1 to start the all-reduce"), std::string::npos)
       << errors[0];
 }
 

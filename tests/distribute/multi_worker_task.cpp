@@ -154,7 +154,7 @@ void run(const Args& a) {
   model->save_weights(a.out + "/" + task + ".safetensors");
   std::cout << std::setprecision(9) << "done " << task << " steps=" << model->optimizer().iterations()
             << " loss=" << history.history["loss"].back() << " samples_per_second=" << history.samples_per_second.back()
-            << std::endl;
+            << " transport=" << strategy.backend()->transport() << std::endl;
 }
 
 TEST(MultiWorkerTask, TrainsAndEndsWithTheOtherWorkersWeights) {

@@ -185,6 +185,11 @@ TEST_F(MultiWorker, TwoAndThreeWorkersReachOneProcessWeightsWithAndWithoutOverla
         for (const TaskResult& r : results) {
           ASSERT_TRUE(r.exited_ok()) << describe(results);
           EXPECT_NE(r.log.find("steps=20"), std::string::npos) << r.log;
+          // Workers of one host sum through shared memory unless asked to keep to TCP.
+          EXPECT_NE(r.log.find(std::string(" transport=") +
+                               (communication == std::string("ring") ? "TCP (asked for)" : "shared memory")),
+                    std::string::npos)
+              << r.log;
         }
         const auto chief = saved(results[0].task);
         const double diff = relative_difference(*chief, *reference);
@@ -301,24 +306,32 @@ TEST_F(MultiWorker, CompressedBucketsTrainCloseToFloat32) {
 
 TEST_F(MultiWorker, KilledWorkerIsNamedByTheOthersWithinTheTimeout) {
   constexpr double kTimeout = 10;
-  std::vector<std::string> args = size_args();
-  args.insert(args.end(), {"--steps", "200", "--timeout", "10", "--kill-task", "worker:1", "--kill-step", "5"});
-  const std::vector<TaskResult> results = run_cluster(3, args);
-  ASSERT_EQ(results.size(), 3u);
-  const TaskResult& killed = results[1];
-  ASSERT_TRUE(WIFSIGNALED(killed.status) && WTERMSIG(killed.status) == SIGKILL) << describe(results);
-  int saw_it_end = 0;
-  for (const TaskResult& r : {results[0], results[2]}) {
-    EXPECT_TRUE(r.status >= 0 && WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0) << describe(results);
-    EXPECT_NE(r.log.find("worker:1 (its process ended)"), std::string::npos)
-        << r.task << " does not name the dead task:\n" << describe(results);
-    EXPECT_LE(r.exited_at - killed.exited_at, kTimeout + 10) << r.task;
-    // The workers share this host, so they sum through shared memory, where a peer's
-    // process is watched: at least one of them saw it end (the other may hear of it as
-    // the first one giving up).
-    saw_it_end += r.log.find("worker:1's process (pid " + std::to_string(killed.pid) + ") ended") != std::string::npos;
+  // Through shared memory, where a peer's process is watched, and over TCP, where its
+  // connections close.
+  for (const char* communication : {"auto", "ring"}) {
+    SCOPED_TRACE(communication);
+    std::vector<std::string> args = size_args();
+    args.insert(args.end(), {"--steps", "200", "--timeout", "10", "--kill-task", "worker:1", "--kill-step", "5",
+                             "--communication", communication});
+    const std::vector<TaskResult> results = run_cluster(3, args);
+    ASSERT_EQ(results.size(), 3u);
+    const TaskResult& killed = results[1];
+    ASSERT_TRUE(WIFSIGNALED(killed.status) && WTERMSIG(killed.status) == SIGKILL) << describe(results);
+    int saw_it_end = 0;
+    for (const TaskResult& r : {results[0], results[2]}) {
+      EXPECT_TRUE(r.status >= 0 && WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0) << describe(results);
+      EXPECT_NE(r.log.find("worker:1 (its process ended)"), std::string::npos)
+          << r.task << " does not name the dead task:\n" << describe(results);
+      EXPECT_LE(r.exited_at - killed.exited_at, kTimeout + 10) << r.task;
+      saw_it_end +=
+          r.log.find("worker:1's process (pid " + std::to_string(killed.pid) + ") ended") != std::string::npos;
+    }
+    // In shared memory at least one of them saw the process end (the other may hear of it
+    // as the first one giving up).
+    if (communication == std::string("auto")) {
+      EXPECT_GE(saw_it_end, 1) << describe(results);
+    }
   }
-  EXPECT_GE(saw_it_end, 1) << describe(results);
 }
 
 TEST_F(MultiWorker, HungWorkerIsNamedByTheOthersWithinTheTimeout) {

@@ -189,14 +189,18 @@ GlooGroup::GlooGroup(std::shared_ptr<gloo::rendezvous::Store> store, GlooGroupOp
   }
   ring_ = std::make_unique<TcpRing>(*store_, options_.rank, options_.size, options_.host, options_.timeout,
                                     options_.task_names);
-  if (!options_.shared_memory) {
-    transport_ = "TCP (asked for)";
-    return;
-  }
+  // Every rank takes part, also one asked to keep to TCP, so that all decide alike.
   std::string why_not;
   shared_ = SharedMemoryGroup::join(*store_, options_.rank, options_.size, options_.timeout, options_.task_names,
-                                    why_not);
-  transport_ = shared_ ? "shared memory" : "TCP (no shared memory: " + why_not + ")";
+                                    options_.shared_memory ? "" : "TCP asked for", why_not);
+  if (shared_) transport_ = "shared memory";
+  else if (!options_.shared_memory) transport_ = "TCP (asked for)";
+  else transport_ = "TCP (no shared memory: " + why_not + ")";
+}
+
+void GlooGroup::abandon() {
+  if (ring_) ring_->shutdown();
+  if (shared_) shared_->shutdown();
 }
 
 GlooGroup::~GlooGroup() = default;
@@ -274,8 +278,7 @@ std::string GlooGroup::absent_peers() {
 
 void GlooGroup::fail(const char* op, std::size_t bytes, const std::string& what, bool timeout) {
   // The group is broken: pass the failure on to the neighbours before the roll call.
-  if (ring_) ring_->shutdown();
-  if (shared_) shared_->shutdown();
+  abandon();
   const std::string absent = absent_peers();
   const std::string head = dtrain::detail::concat(task_name(options_.rank), ": ", op, " #", sequence_, " (", bytes,
                                                   " bytes) failed");
@@ -292,7 +295,7 @@ void GlooGroup::collective(const char* op, std::size_t bytes, Fn&& fn) {
   try {
     if (options_.check_collectives) check_fingerprint(op, bytes);
     fn();
-  } catch (const Timeout& e) {  // from the TCP ring
+  } catch (const Timeout& e) {  // from the TCP ring or shared memory
     fail(op, bytes, e.what(), true);
   } catch (const PeerFailure& e) {
     fail(op, bytes, e.what(), false);
@@ -348,6 +351,7 @@ void GlooGroup::allreduce(float* data, std::size_t count, std::uint64_t key, Wir
     }
     if (shared_) {
       shared_->allreduce(data, count);
+      last_peer_wait_ = shared_->last_peer_wait();
       return;
     }
     // AllreduceRing adds the contributions in a different order on each rank, which for
@@ -372,16 +376,21 @@ void GlooGroup::allreduce(float* data, std::size_t count, std::uint64_t key, Wir
   });
 }
 
-std::shared_ptr<SharedBuffer> GlooGroup::shared_buffer(std::size_t count) {
+std::shared_ptr<SharedBuffer> GlooGroup::shared_buffer(std::size_t count, const std::string& refuse) {
   if (!shared_) return nullptr;
   std::string why_not;
-  return shared_->buffer(*store_, count, why_not);
+  std::shared_ptr<SharedBuffer> buffer = shared_->buffer(*store_, count, refuse, why_not);
+  if (!buffer && transport_.find("buckets copied") == std::string::npos)
+    transport_ += " (buckets copied in and out: " + why_not + ")";
+  return buffer;
 }
 
 void GlooGroup::allreduce(SharedBuffer& buffer, std::size_t offset, std::size_t count) {
   last_peer_wait_ = {};
   collective("allreduce", count * sizeof(float), [&] {
-    if (count > 0) shared_->allreduce(buffer, offset, count);
+    if (count == 0) return;
+    shared_->allreduce(buffer, offset, count);
+    last_peer_wait_ = shared_->last_peer_wait();
   });
 }
 

@@ -80,17 +80,19 @@ class GlooGroup {
   // 16-bit wires always take the TCP ring: compression is asked for a link's sake.
   void allreduce(float* data, std::size_t count, std::uint64_t key, Wire wire = Wire::f32);
   // How float32 all-reduces travel: "shared memory", or "TCP" with the reason shared
-  // memory is not used ("TCP (asked for)", "TCP (worker:1: not on the same host ...)").
+  // memory is not used ("TCP (asked for)", "TCP (no shared memory: worker:1: not on
+  // worker:0's host, ...)"), and where buckets could not have a shared buffer, why.
   const std::string& transport() const { return transport_; }
   // Where the ranks share memory: a buffer of `count` floats per rank in shared memory
   // (zeros) for allreduce(buffer, ...), which sums it without copying it in or out. Null
-  // elsewhere, or where no segment could be had. Every rank calls it, in the same order
-  // as its collectives.
-  std::shared_ptr<SharedBuffer> shared_buffer(std::size_t count);
+  // elsewhere, where no segment could be had, or where some rank gave a reason to
+  // `refuse` one. Every rank calls it, in the same order as its collectives.
+  std::shared_ptr<SharedBuffer> shared_buffer(std::size_t count, const std::string& refuse = "");
   // buffer[offset, offset + count) summed over the ranks, into every rank's copy.
   void allreduce(SharedBuffer& buffer, std::size_t offset, std::size_t count);
   // Of the last float allreduce: the time spent waiting for the other ranks to start it
-  // (TcpRing::last_peer_wait; 0 where Gloo's own ring ran it, which does not tell).
+  // (TcpRing's or SharedMemoryGroup's last_peer_wait; 0 where Gloo's own ring ran it,
+  // which does not tell).
   Clock::duration last_peer_wait() const { return last_peer_wait_; }
   // Small double-precision sums (counts, metric totals).
   void allreduce(double* data, std::size_t count);
@@ -101,6 +103,9 @@ class GlooGroup {
   void barrier();
   // Number of collectives run so far (the same on every rank).
   std::uint64_t sequence() const { return sequence_; }
+  // This rank failed (inside a collective or out of one): the neighbours waiting on it
+  // learn of it at once instead of at their timeout. The group is not used again.
+  void abandon();
 
  private:
   struct CachedRing;

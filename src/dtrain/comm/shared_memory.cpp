@@ -16,6 +16,9 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <new>
@@ -72,7 +75,7 @@ std::string name_of(const std::vector<std::string>& names, int rank) {
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
-// Each rank's slot: 32 MiB in all, from 256 KiB to 8 MiB each.
+// Each rank's slot: 8 MiB up to 4 ranks, 32 MiB in all from 4 to 128 ranks.
 std::size_t slot_bytes_for(int size) {
   return round_up(std::clamp<std::size_t>((32u << 20) / static_cast<std::size_t>(size), 256u << 10, 8u << 20), kPage);
 }
@@ -91,7 +94,7 @@ inline void relax() {
 // The [begin, end) of `count` that `rank` sums: whole cache lines.
 std::pair<std::size_t, std::size_t> share_of(std::size_t count, int rank, int size) {
   const auto n = static_cast<std::size_t>(size);
-  const std::size_t share = round_up((count + n - 1) / n, 16);
+  const std::size_t share = round_up((count + n - 1) / n, kSharedAlignFloats);
   const std::size_t begin = std::min(count, share * static_cast<std::size_t>(rank));
   return {begin, std::min(count, begin + share)};
 }
@@ -131,14 +134,28 @@ struct Offered {
   std::vector<int> pids;  // [rank]
 };
 
+// Names of segments whose creator's process has ended (a job killed while it was being
+// set up), removed by the next job that makes one.
+void remove_orphaned_segments() {
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error)) {
+    const std::string file = entry.path().filename().string();
+    int pid = 0;
+    if (file.rfind("dtrain-", 0) != 0 || std::sscanf(file.c_str(), "dtrain-%d-", &pid) != 1 || pid <= 0) continue;
+    if (::kill(pid, 0) != 0 && errno == ESRCH) ::shm_unlink(("/" + file).c_str());
+  }
+}
+
 // Rank 0 creates a segment of `bytes` (zeros), lets `init` fill it in and offers it under
 // `key`; every rank tries to attach and answers. Returns the mapping (and every rank's
 // pid) where every rank attached, else none and the first reason in `why_not`, alike on
-// every rank. The segment's name is removed once every rank has answered (or this
-// function fails), so that nothing is left behind in /dev/shm.
+// every rank. A rank that gives a reason in `refuse` attaches to nothing and answers
+// with it. The segment's name is removed once every rank has answered (or this function
+// fails).
 Offered share_segment(gloo::rendezvous::Store& store, const std::string& key, int rank, int size, std::size_t bytes,
                       const std::function<void(char*)>& init, const std::vector<std::string>& names,
-                      std::chrono::milliseconds timeout, std::string& why_not) {
+                      std::chrono::milliseconds timeout, const std::string& refuse, std::string& why_not) {
+  why_not.clear();
   const std::string identity = host_identity();
   Offered out;
   std::string name;
@@ -155,8 +172,11 @@ Offered share_segment(gloo::rendezvous::Store& store, const std::string& key, in
     out.mapping = SharedMapping(p, bytes);
     return "";
   };
-  std::string problem;  // this rank's, if any
+  std::string problem = refuse;  // this rank's, if any
+  if (problem.empty() && identity.find('?') != std::string::npos)
+    problem = "cannot tell which host and namespaces this process is in (/proc: " + identity + ")";
   if (rank == 0) {
+    remove_orphaned_segments();
     std::random_device random;
     std::ostringstream n;
     n << "/dtrain-" << ::getpid() << "-" << std::hex << random() << random();
@@ -174,28 +194,35 @@ Offered share_segment(gloo::rendezvous::Store& store, const std::string& key, in
       if (init) init(out.mapping.base());
       return "";
     };
-    problem = create();
+    if (problem.empty()) problem = create();
     store.set(key + "/offer", bytes_of(problem.empty() ? "segment " + name + " " + identity : "none " + problem));
   } else {
-    store.wait({key + "/offer"}, timeout);
-    const std::vector<char> raw = store.get(key + "/offer");
-    std::istringstream offer(std::string(raw.begin(), raw.end()));
-    std::string kind, segment, theirs;
-    offer >> kind >> segment >> std::ws;
-    std::getline(offer, theirs);
-    if (kind != "segment") {
-      problem = "no segment was offered";
-    } else if (theirs != identity) {
-      problem = "not on " + name_of(names, 0) + "'s host, or in another network or process namespace (" + identity +
-                " against " + theirs + ")";
-    } else if (const int fd = ::shm_open(segment.c_str(), O_RDWR, 0); fd < 0) {
-      problem = "cannot open " + segment + ": " + std::strerror(errno);
-    } else if (struct stat st {}; ::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes) {
-      ::close(fd);
-      problem = segment + " is not the size this rank expects";
-    } else {
-      problem = map(fd);
+    try {
+      store.wait({key + "/offer"}, timeout);
+    } catch (const std::exception& e) {
+      DTRAIN_THROW(Timeout, name_of(names, rank), ": waited ", timeout.count() / 1000.0, " s for ", name_of(names, 0),
+                   " to offer shared memory (", e.what(), ")");
     }
+    const std::vector<char> raw = store.get(key + "/offer");
+    auto attach = [&]() -> std::string {
+      std::istringstream offer(std::string(raw.begin(), raw.end()));
+      std::string kind, segment, theirs;
+      offer >> kind >> segment >> std::ws;
+      std::getline(offer, theirs);
+      if (kind != "segment") return "no segment was offered";
+      if (theirs != identity)
+        return "not on " + name_of(names, 0) + "'s host, or in another network or process namespace (" + identity +
+               " against " + theirs + ")";
+      const int fd = ::shm_open(segment.c_str(), O_RDWR, 0);
+      if (fd < 0) return "cannot open " + segment + ": " + std::strerror(errno);
+      struct stat st {};
+      if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes) {
+        ::close(fd);
+        return segment + " is not the size this rank expects";
+      }
+      return map(fd);
+    };
+    if (problem.empty()) problem = attach();
   }
   store.set(key + "/answer/" + std::to_string(rank),
             bytes_of(problem.empty() ? "yes " + std::to_string(::getpid()) : "no " + problem));
@@ -260,30 +287,39 @@ SharedMemoryGroup::SharedMemoryGroup(int rank, int size, std::chrono::millisecon
                                      std::vector<std::string> names)
     : rank_(rank), size_(size), timeout_(timeout), names_(std::move(names)) {}
 
+std::size_t SharedMemoryGroup::header_bytes() { return round_up(sizeof(Header), kPage); }
+
 SharedMemoryGroup::~SharedMemoryGroup() {
-  if (header_) {
-    std::int32_t present = kPresent;
-    header_->ranks[rank_].state.compare_exchange_strong(present, kLeft);
-    header_->futex.fetch_add(1);
-    futex(&header_->futex, FUTEX_WAKE, INT_MAX, nullptr);
-  }
+  mark(kLeft);
   for (int fd : pidfds_)
     if (fd >= 0) ::close(fd);
 }
 
+void SharedMemoryGroup::mark(int state) {
+  if (!header_) return;
+  // A rank that gave up stays so; one that leaves after giving up is still one that gave up.
+  std::int32_t present = kPresent;
+  header_->ranks[rank_].state.compare_exchange_strong(present, state);
+  header_->futex.fetch_add(1);
+  futex(&header_->futex, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+void SharedMemoryGroup::shutdown() { mark(kGaveUp); }
+
 std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::join(gloo::rendezvous::Store& store, int rank, int size,
                                                            std::chrono::milliseconds timeout,
-                                                           std::vector<std::string> names, std::string& why_not) {
+                                                           std::vector<std::string> names, const std::string& refuse,
+                                                           std::string& why_not) {
   if (size > kMaxRanks) {
     why_not = "more than " + std::to_string(kMaxRanks) + " ranks";
     return nullptr;
   }
   std::unique_ptr<SharedMemoryGroup> group(new SharedMemoryGroup(rank, size, timeout, std::move(names)));
   group->slot_bytes_ = slot_bytes_for(size);
-  const std::size_t bytes = round_up(sizeof(Header), kPage) + group->slot_bytes_ * static_cast<std::size_t>(size);
+  const std::size_t bytes = header_bytes() + group->slot_bytes_ * static_cast<std::size_t>(size);
   Offered offered = share_segment(
       store, "dtrain/shm/group", rank, size, bytes, [](char* base) { new (base) Header{}; }, group->names_, timeout,
-      why_not);
+      refuse, why_not);
   if (!offered.mapping) return nullptr;
   group->mapping_ = std::move(offered.mapping);
   group->header_ = reinterpret_cast<Header*>(group->mapping_.base());
@@ -292,10 +328,10 @@ std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::join(gloo::rendezvous::Sto
 }
 
 std::shared_ptr<SharedBuffer> SharedMemoryGroup::buffer(gloo::rendezvous::Store& store, std::size_t count,
-                                                        std::string& why_not) {
+                                                        const std::string& refuse, std::string& why_not) {
   const std::size_t stride = round_up(std::max<std::size_t>(count, 1) * sizeof(float), kPage);
   Offered offered = share_segment(store, "dtrain/shm/buffer/" + std::to_string(++buffers_), rank_, size_,
-                                  stride * static_cast<std::size_t>(size_), nullptr, names_, timeout_, why_not);
+                                  stride * static_cast<std::size_t>(size_), nullptr, names_, timeout_, refuse, why_not);
   if (!offered.mapping) return nullptr;
   return std::make_shared<SharedBuffer>(std::move(offered.mapping), rank_, size_, count, stride);
 }
@@ -316,7 +352,7 @@ void SharedMemoryGroup::watch(const std::vector<int>& pids) {
 }
 
 float* SharedMemoryGroup::slot(int rank) const {
-  return reinterpret_cast<float*>(mapping_.base() + round_up(sizeof(Header), kPage) +
+  return reinterpret_cast<float*>(mapping_.base() + header_bytes() +
                                   slot_bytes_ * static_cast<std::size_t>(rank));
 }
 
@@ -324,13 +360,6 @@ void SharedMemoryGroup::publish(int field, std::uint64_t value) {
   header_->ranks[rank_].counter[field].store(value);
   header_->futex.fetch_add(1);
   if (header_->sleepers.load() != 0) futex(&header_->futex, FUTEX_WAKE, INT_MAX, nullptr);
-}
-
-void SharedMemoryGroup::shutdown() {
-  if (!header_) return;
-  header_->ranks[rank_].state.store(kGaveUp);
-  header_->futex.fetch_add(1);
-  futex(&header_->futex, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
 void SharedMemoryGroup::check_peers(int field, std::uint64_t target) {
@@ -396,6 +425,7 @@ void SharedMemoryGroup::wait_all(int field, std::uint64_t target) {
 }
 
 void SharedMemoryGroup::allreduce(float* data, std::size_t count) {
+  last_peer_wait_ = {};
   const std::size_t piece = slot_bytes_ / sizeof(float);
   for (std::size_t offset = 0; offset < count; offset += piece) {
     const std::size_t n = std::min(piece, count - offset);
@@ -404,12 +434,15 @@ void SharedMemoryGroup::allreduce(float* data, std::size_t count) {
     wait_all(kDone, sequence_ - 1);
     std::memcpy(slot(rank_), data + offset, n * sizeof(float));
     publish(kArrived, sequence_);
+    const Clock::time_point arrived = Clock::now();
     wait_all(kArrived, sequence_);
+    if (offset == 0) last_peer_wait_ = Clock::now() - arrived;
     // Each rank sums its share of every slot into slot 0.
     const auto [begin, end] = share_of(n, rank_, size_);
-    std::vector<float*> slots;
-    for (int r = 0; r < size_; ++r) slots.push_back(slot(r) + begin);
-    if (begin < end) sum_copies(slots, {slots[0]}, end - begin);
+    inputs_.clear();
+    for (int r = 0; r < size_; ++r) inputs_.push_back(slot(r) + begin);
+    outputs_.assign(1, inputs_[0]);
+    if (begin < end) sum_copies(inputs_, outputs_, end - begin);
     publish(kReduced, sequence_);
     wait_all(kReduced, sequence_);
     std::memcpy(data + offset, slot(0), n * sizeof(float));
@@ -425,11 +458,13 @@ void SharedMemoryGroup::allreduce(SharedBuffer& buffer, std::size_t offset, std:
   // Every rank has written its copy; each sums its share of all copies into all of them;
   // once everyone has, every copy holds the sum and may be written again.
   publish(kArrived, sequence_);
+  const Clock::time_point arrived = Clock::now();
   wait_all(kArrived, sequence_);
+  last_peer_wait_ = Clock::now() - arrived;
   const auto [begin, end] = share_of(count, rank_, size_);
-  std::vector<float*> copies;
-  for (int r = 0; r < size_; ++r) copies.push_back(buffer.of(r) + offset + begin);
-  if (begin < end) sum_copies(copies, copies, end - begin);
+  inputs_.clear();
+  for (int r = 0; r < size_; ++r) inputs_.push_back(buffer.of(r) + offset + begin);
+  if (begin < end) sum_copies(inputs_, inputs_, end - begin);
   publish(kReduced, sequence_);
   wait_all(kReduced, sequence_);
   publish(kDone, sequence_);

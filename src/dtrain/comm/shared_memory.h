@@ -27,11 +27,17 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/core/clock.h"
+
 namespace gloo::rendezvous {
 class Store;
 }
 
 namespace dtrain::comm {
+
+// Shares of a sum, and whatever else may be summed while its neighbour is being written
+// (gradient buckets side by side in one buffer), start on whole cache lines of floats.
+inline constexpr std::size_t kSharedAlignFloats = 16;
 
 // A mapping of a shared memory segment, unmapped when destroyed.
 class SharedMapping {
@@ -73,9 +79,11 @@ class SharedMemoryGroup {
   // rank attached, else null with the first reason in `why_not`; all ranks decide alike.
   // The segment's name is removed as soon as every rank has answered, so nothing is left
   // behind in /dev/shm. names[r] names rank r in errors.
+  // A rank that gives a reason in `refuse` (it was asked to keep to TCP) takes part, so
+  // that all ranks learn it, and attaches to nothing.
   static std::unique_ptr<SharedMemoryGroup> join(gloo::rendezvous::Store& store, int rank, int size,
                                                  std::chrono::milliseconds timeout, std::vector<std::string> names,
-                                                 std::string& why_not);
+                                                 const std::string& refuse, std::string& why_not);
   ~SharedMemoryGroup();  // the others' later waits on this rank fail: it left
   SharedMemoryGroup(const SharedMemoryGroup&) = delete;
   SharedMemoryGroup& operator=(const SharedMemoryGroup&) = delete;
@@ -84,18 +92,23 @@ class SharedMemoryGroup {
   void allreduce(float* data, std::size_t count);
   // Every rank calls it, in the same order as its other calls: a new buffer of `count`
   // floats per rank (zeros), or null (with why in `why_not`, the same on every rank) where
-  // a segment could not be had. Each buffer lives as long as its last holder.
-  std::shared_ptr<SharedBuffer> buffer(gloo::rendezvous::Store& store, std::size_t count, std::string& why_not);
+  // a segment could not be had or some rank refused one. Each buffer lives as long as its
+  // last holder.
+  std::shared_ptr<SharedBuffer> buffer(gloo::rendezvous::Store& store, std::size_t count, const std::string& refuse,
+                                       std::string& why_not);
   // Every rank's buffer.of(r)[offset, offset + count) becomes the sum over the ranks.
   void allreduce(SharedBuffer& buffer, std::size_t offset, std::size_t count);
   // This rank failed: every other rank's wait on it fails now, naming it.
   void shutdown();
+  // Of the last all-reduce: how long this rank waited for the others to start it.
+  Clock::duration last_peer_wait() const { return last_peer_wait_; }
 
   // Bytes each rank's slot holds (the largest piece allreduce(data, count) moves at once).
   std::size_t slot_bytes() const { return slot_bytes_; }
 
  private:
   struct Header;
+  static std::size_t header_bytes();
   SharedMemoryGroup(int rank, int size, std::chrono::milliseconds timeout, std::vector<std::string> names);
   float* slot(int rank) const;
   // Waits until every rank's counter `field` has reached `target`.
@@ -104,6 +117,8 @@ class SharedMemoryGroup {
   // Throws for a rank that has not reached `target` in `field` and never will.
   void check_peers(int field, std::uint64_t target);
   void watch(const std::vector<int>& pids);
+  // Sets this rank's state (once: gave up, or left) and wakes every waiter.
+  void mark(int state);
 
   int rank_, size_;
   std::chrono::milliseconds timeout_;
@@ -115,6 +130,8 @@ class SharedMemoryGroup {
   std::vector<int> pidfds_;   // [rank]: -1 for this process (or one that shares it)
   std::uint64_t sequence_ = 0;
   std::uint64_t buffers_ = 0;  // made so far: each one's keys in the store
+  Clock::duration last_peer_wait_{};
+  std::vector<float*> inputs_, outputs_;  // the current sum's, kept to allocate nothing per call
 };
 
 }  // namespace dtrain::comm

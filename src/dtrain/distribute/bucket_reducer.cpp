@@ -46,10 +46,14 @@ BucketReducer::BucketReducer(int replicas, std::span<Variable* const> vars, std:
     flags_at_.push_back(sizes[b]);
     segments[b].push_back(bucket_vars_[b]);
     shared_at_.push_back(total);
-    total += (sizes[b] + bucket_vars_[b] + 15) / 16 * 16;  // whole cache lines
+    const std::size_t a = comm::kSharedAlignFloats;
+    total += (sizes[b] + bucket_vars_[b] + a - 1) / a * a;
   }
-  if (cross_.workers && cross_.wire == comm::Wire::f32)
-    cross_.workers->run([&](comm::GlooGroup& group) { shared_ = group.shared_buffer(total); });
+  // Every worker takes part, so that all learn whether some worker compresses its buckets.
+  if (cross_.workers)
+    cross_.workers->run([&](comm::GlooGroup& group) {
+      shared_ = group.shared_buffer(total, cross_.wire == comm::Wire::f32 ? "" : "its buckets are compressed");
+    });
   std::vector<float*> outputs;
   for (std::size_t b = 0; b < sizes.size(); ++b) {
     const Shape shape{static_cast<std::int64_t>(sizes[b] + bucket_vars_[b])};

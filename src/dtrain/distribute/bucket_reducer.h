@@ -9,6 +9,8 @@
 // Across processes (MultiWorkerMirroredStrategy), each bucket's in-process sum is then
 // all-reduced between the workers on the communication thread, bucket by bucket in a
 // fixed order, starting as soon as the bucket is whole (overlap) or once backward is over.
+// Where the workers share memory, the buckets lie in a buffer every worker maps: the
+// in-process sum is written there and summed between the workers where it lies.
 // Internal to the distribute layer.
 #pragma once
 

@@ -114,9 +114,9 @@ void WorkerComm::loop() {
       } catch (const std::exception& e) {  // a fault of this process, not of a peer
         failure = Failure::internal;
         why = e.what();
-        failure = Failure::peer;
-        why = e.what();
       }
+      // The peers waiting on this worker hear of it now, not at their timeout.
+      if (failure != Failure::none) group_->abandon();
     }
     job = nullptr;  // its captures are released before anyone is told it ran
     lock.lock();

@@ -129,8 +129,10 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
     if (s.bytes > 0) {
       evidence += format("; %.1f MB all-reduced per step in %.2f ms", s.bytes / 1e6, s.transfer * 1000);
       if (s.transfer > 0) evidence += " (" + format_rate(s.bytes / s.transfer) + ")";
-      fix += "compress the buckets on the wire (--compression bf16 halves the bytes: about " +
-             ms(step - std::min(s.comm, s.transfer / 2)) + " per step); ";
+      // Compressed buckets take the TCP ring: no help to workers that share memory.
+      if (!big->shared_memory)
+        fix += "compress the buckets on the wire (--compression bf16 halves the bytes: about " +
+               ms(step - std::min(s.comm, s.transfer / 2)) + " per step); ";
     }
     const double k_steps = 4;
     const double per_micro = step - exposed - s.optimizer;

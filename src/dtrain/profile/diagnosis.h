@@ -23,6 +23,7 @@ struct ScaleRun {
   int buckets = 1;
   bool overlap = true;  // buckets start while backward runs
   bool compressed = false;  // the buckets went between workers as 16-bit values
+  bool shared_memory = false;  // the workers summed through shared memory, not over a link
   // The host's compute threads over its cores, at least 1: workers sharing one host's
   // cores beyond what it has compute this much slower.
   double oversubscription = 1;
