@@ -8,6 +8,7 @@
 #include <cmath>
 #include <thread>
 
+#include "common/on_ranks.h"
 #include "dtrain/comm/gloo_group.h"
 #include "dtrain/comm/tcp_store.h"
 #include "dtrain/core/error.h"
@@ -26,22 +27,7 @@ GlooGroupOptions options(int rank, int size, std::chrono::milliseconds timeout =
   return o;
 }
 
-// Runs body(rank) on `size` threads; rethrows nothing, records failures per rank.
-template <typename Body>
-std::vector<std::string> on_ranks(int size, Body body) {
-  std::vector<std::string> errors(static_cast<std::size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return errors;
-}
+using testing::on_ranks;
 
 // Ranks that are threads of one process share memory, so the sweep runs both ways:
 // through shared memory, and over TCP as between hosts.

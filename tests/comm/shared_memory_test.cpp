@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/on_ranks.h"
 #include "dtrain/comm/shared_memory.h"
 #include "dtrain/core/error.h"
 
@@ -44,21 +45,7 @@ int named_segments() {
   return n;
 }
 
-template <typename Body>
-std::vector<std::string> on_ranks(int size, Body body) {
-  std::vector<std::string> errors(static_cast<std::size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
-  return errors;
-}
+using testing::on_ranks;
 
 // Values no sum of which is exact, different on each rank.
 float value(std::size_t i, int rank) {
