@@ -11,7 +11,6 @@
 #include <atomic>
 #include <cmath>
 #include <filesystem>
-#include <thread>
 
 #include "common/on_ranks.h"
 #include "dtrain/comm/shared_memory.h"
