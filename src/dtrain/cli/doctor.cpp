@@ -109,7 +109,7 @@ profile::ScaleRun scale_run_from_summary(const std::string& summary_path) {
     run.overlap = j.value("overlap", true);
     run.spare_core = j.value("spare_core", true);
     run.compressed = j.value("compression", std::string("none")) != "none";
-    run.shared_memory = j.value("transport", std::string()) == "shared memory";
+    run.shared_memory = j.value("transport", std::string()).rfind("shared memory", 0) == 0;
     const double cores = j.value("host_cores", 0.0);
     if (cores > 0) run.oversubscription = std::max(1.0, j.value("host_threads", 0.0) / cores);
     run.rows = profile_from_json(j["profile"]);

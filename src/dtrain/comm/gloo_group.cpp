@@ -380,8 +380,8 @@ std::shared_ptr<SharedBuffer> GlooGroup::shared_buffer(std::size_t count, const 
   if (!shared_) return nullptr;
   std::string why_not;
   std::shared_ptr<SharedBuffer> buffer = shared_->buffer(*store_, count, refuse, why_not);
-  if (!buffer && transport_.find("buckets copied") == std::string::npos)
-    transport_ += " (buckets copied in and out: " + why_not + ")";
+  if (!buffer && transport_ == "shared memory")
+    transport_ += refuse.empty() ? " (buffers copied in and out: " + why_not + ")" : " (" + refuse + ")";
   return buffer;
 }
 

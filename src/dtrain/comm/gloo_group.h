@@ -81,7 +81,8 @@ class GlooGroup {
   void allreduce(float* data, std::size_t count, std::uint64_t key, Wire wire = Wire::f32);
   // How float32 all-reduces travel: "shared memory", or "TCP" with the reason shared
   // memory is not used ("TCP (asked for)", "TCP (no shared memory: worker:1: not on
-  // worker:0's host, ...)"), and where buckets could not have a shared buffer, why.
+  // worker:0's host, ...)"); after a shared_buffer() that was refused or could not be
+  // had, "shared memory (REFUSAL)" or "shared memory (buffers copied in and out: WHY)".
   const std::string& transport() const { return transport_; }
   // Where the ranks share memory: a buffer of `count` floats per rank in shared memory
   // (zeros) for allreduce(buffer, ...), which sums it without copying it in or out. Null
@@ -103,8 +104,9 @@ class GlooGroup {
   void barrier();
   // Number of collectives run so far (the same on every rank).
   std::uint64_t sequence() const { return sequence_; }
-  // This rank failed (inside a collective or out of one): the neighbours waiting on it
-  // learn of it at once instead of at their timeout. The group is not used again.
+  // This rank failed (inside a collective or out of one): peers waiting on it in the TCP
+  // ring or in shared memory learn of it at once; in Gloo's own collectives, at their
+  // timeout. The group is not used again.
   void abandon();
 
  private:

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -13,11 +14,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstring>
 #include <csignal>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -75,7 +76,7 @@ std::string name_of(const std::vector<std::string>& names, int rank) {
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
-// Each rank's slot: 8 MiB up to 4 ranks, 32 MiB in all from 4 to 128 ranks.
+// Each rank's slot: 8 MiB up to 4 ranks, 32 MiB in all from 4 to 64 ranks.
 std::size_t slot_bytes_for(int size) {
   return round_up(std::clamp<std::size_t>((32u << 20) / static_cast<std::size_t>(size), 256u << 10, 8u << 20), kPage);
 }
@@ -134,15 +135,35 @@ struct Offered {
   std::vector<int> pids;  // [rank]
 };
 
-// Names of segments whose creator's process has ended (a job killed while it was being
-// set up), removed by the next job that makes one.
+// The creator's pid in a segment name this file makes ("dtrain-PID-HEX"), else 0.
+int creator_of(const std::string& file) {
+  const std::string head = "dtrain-";
+  if (file.rfind(head, 0) != 0) return 0;
+  const std::size_t dash = file.find('-', head.size());
+  if (dash == std::string::npos || dash == head.size() || dash - head.size() > 9 || dash + 1 == file.size()) return 0;
+  for (std::size_t i = head.size(); i < dash; ++i)
+    if (!std::isdigit(static_cast<unsigned char>(file[i]))) return 0;
+  for (std::size_t i = dash + 1; i < file.size(); ++i)
+    if (!std::isxdigit(static_cast<unsigned char>(file[i]))) return 0;
+  return std::stoi(file.substr(head.size(), dash - head.size()));
+}
+
+// Names of segments left by a job killed while it was setting them up, removed by the
+// next job that makes one. A creator holds a lock on its segment until it removes the
+// name itself: a name is taken for orphaned only where no process by the creator's pid
+// exists here and nobody holds that lock (a creator in another process namespace that
+// shares /dev/shm still holds it).
 void remove_orphaned_segments() {
   std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", error)) {
-    const std::string file = entry.path().filename().string();
-    int pid = 0;
-    if (file.rfind("dtrain-", 0) != 0 || std::sscanf(file.c_str(), "dtrain-%d-", &pid) != 1 || pid <= 0) continue;
-    if (::kill(pid, 0) != 0 && errno == ESRCH) ::shm_unlink(("/" + file).c_str());
+  std::filesystem::directory_iterator it("/dev/shm", error), end;
+  for (; !error && it != end; it.increment(error)) {
+    const std::string file = it->path().filename().string();
+    const int pid = creator_of(file);
+    if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    const int fd = ::shm_open(("/" + file).c_str(), O_RDWR, 0);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) ::shm_unlink(("/" + file).c_str());
+    ::close(fd);
   }
 }
 
@@ -161,8 +182,10 @@ Offered share_segment(gloo::rendezvous::Store& store, const std::string& key, in
   std::string name;
   struct Unlink {
     std::string& name;
+    int lock = -1;  // holds the creator's lock on the segment while it is named
     ~Unlink() {
       if (!name.empty()) ::shm_unlink(name.c_str());
+      if (lock >= 0) ::close(lock);
     }
   } unlink{name};
   auto map = [&](int fd) -> std::string {
@@ -176,14 +199,15 @@ Offered share_segment(gloo::rendezvous::Store& store, const std::string& key, in
   if (problem.empty() && identity.find('?') != std::string::npos)
     problem = "cannot tell which host and namespaces this process is in (/proc: " + identity + ")";
   if (rank == 0) {
-    remove_orphaned_segments();
     std::random_device random;
     std::ostringstream n;
     n << "/dtrain-" << ::getpid() << "-" << std::hex << random() << random();
     auto create = [&]() -> std::string {
+      remove_orphaned_segments();
       const int fd = ::shm_open(n.str().c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
       if (fd < 0) return "cannot create " + n.str() + " in /dev/shm: " + std::strerror(errno);
       name = n.str();
+      if (::flock(fd, LOCK_EX) == 0) unlink.lock = ::dup(fd);
       // Reserved up front: a /dev/shm too small is this message, not a SIGBUS mid-step.
       if (const int e = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); e != 0) {
         ::close(fd);
@@ -199,6 +223,8 @@ Offered share_segment(gloo::rendezvous::Store& store, const std::string& key, in
   } else {
     try {
       store.wait({key + "/offer"}, timeout);
+    } catch (const PeerFailure&) {
+      throw;  // the chief's store is gone: reported as it is
     } catch (const std::exception& e) {
       DTRAIN_THROW(Timeout, name_of(names, rank), ": waited ", timeout.count() / 1000.0, " s for ", name_of(names, 0),
                    " to offer shared memory (", e.what(), ")");
@@ -375,7 +401,9 @@ void SharedMemoryGroup::check_peers(int field, std::uint64_t target) {
     // A rank marks itself only after its last publication: behind now means behind for good.
     if (const std::int32_t state = peer.state.load(); state != kPresent && peer.counter[field].load() < target)
       DTRAIN_THROW(PeerFailure, name_of(names_, r),
-                   state == kGaveUp ? " gave up (a collective failed there)" : " left the group", waited_for());
+                   state == kGaveUp ? " gave up (its communication failed or its step was abandoned)"
+                                    : " left the group",
+                   waited_for());
     if (const int fd = pidfds_[static_cast<std::size_t>(r)]; fd >= 0) {
       watched.push_back({fd, POLLIN, 0});
       whose.push_back(r);

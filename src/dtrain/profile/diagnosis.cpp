@@ -130,7 +130,7 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
       evidence += format("; %.1f MB all-reduced per step in %.2f ms", s.bytes / 1e6, s.transfer * 1000);
       if (s.transfer > 0) evidence += " (" + format_rate(s.bytes / s.transfer) + ")";
       // Compressed buckets take the TCP ring: no help to workers that share memory.
-      if (!big->shared_memory)
+      if (!big->shared_memory && !big->compressed)
         fix += "compress the buckets on the wire (--compression bf16 halves the bytes: about " +
                ms(step - std::min(s.comm, s.transfer / 2)) + " per step); ";
     }
