@@ -23,6 +23,7 @@
 
 #include "dtrain/comm/in_process.h"
 #include "dtrain/comm/shared_memory.h"
+#include "dtrain/comm/store_keys.h"
 #include "dtrain/comm/tcp_ring.h"
 #include "dtrain/comm/tcp_store.h"
 #include "dtrain/core/error.h"
@@ -33,7 +34,7 @@ namespace {
 
 constexpr std::size_t kRingCacheBytes = 256u << 10;
 
-std::vector<char> bytes_of(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
+using detail::bytes_of;
 
 bool timed_out(const std::string& what) {
   return what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
@@ -153,16 +154,8 @@ GlooGroup::GlooGroup(std::shared_ptr<gloo::rendezvous::Store> store, GlooGroupOp
   const std::string me = "dtrain/arrived/" + std::to_string(options_.rank);
   if (auto* tcp = dynamic_cast<TcpStore*>(store_.get())) tcp->set_while_connected(me, bytes_of(task_name(options_.rank)));
   else store_->set(me, bytes_of(task_name(options_.rank)));
-  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
-  std::string missing;
-  for (int r = 0; r < options_.size; ++r) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    try {
-      store_->wait({"dtrain/arrived/" + std::to_string(r)}, std::max(left, std::chrono::milliseconds(1)));
-    } catch (const std::exception&) {
-      missing += (missing.empty() ? "" : ", ") + task_name(r);
-    }
-  }
+  const std::string missing =
+      detail::wait_for_ranks(*store_, "dtrain/arrived/", options_.size, options_.task_names, options_.timeout);
   if (!missing.empty())
     DTRAIN_THROW(Timeout, "rendezvous: ", task_name(options_.rank), " waited ", options_.timeout.count() / 1000.0,
                  " s; these tasks never arrived: ", missing);

@@ -28,6 +28,7 @@
 #include <utility>
 
 #include "dtrain/comm/in_process.h"
+#include "dtrain/comm/store_keys.h"
 #include "dtrain/core/clock.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/multiversion.h"
@@ -68,11 +69,8 @@ std::string host_identity() {
   return (boot.empty() ? "?" : boot) + " " + read_link("/proc/self/ns/net") + " " + read_link("/proc/self/ns/pid");
 }
 
-std::vector<char> bytes_of(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
-
-std::string name_of(const std::vector<std::string>& names, int rank) {
-  return rank < static_cast<int>(names.size()) ? names[static_cast<std::size_t>(rank)] : "rank " + std::to_string(rank);
-}
+using detail::bytes_of;
+using detail::rank_name;
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
@@ -226,7 +224,7 @@ Offered share_segment(gloo::rendezvous::Store& store, const std::string& key, in
     } catch (const PeerFailure&) {
       throw;  // the chief's store is gone: reported as it is
     } catch (const std::exception& e) {
-      DTRAIN_THROW(Timeout, name_of(names, rank), ": waited ", timeout.count() / 1000.0, " s for ", name_of(names, 0),
+      DTRAIN_THROW(Timeout, rank_name(names, rank), ": waited ", timeout.count() / 1000.0, " s for ", rank_name(names, 0),
                    " to offer shared memory (", e.what(), ")");
     }
     const std::vector<char> raw = store.get(key + "/offer");
@@ -237,7 +235,7 @@ Offered share_segment(gloo::rendezvous::Store& store, const std::string& key, in
       std::getline(offer, theirs);
       if (kind != "segment") return "no segment was offered";
       if (theirs != identity)
-        return "not on " + name_of(names, 0) + "'s host, or in another network or process namespace (" + identity +
+        return "not on " + rank_name(names, 0) + "'s host, or in another network or process namespace (" + identity +
                " against " + theirs + ")";
       const int fd = ::shm_open(segment.c_str(), O_RDWR, 0);
       if (fd < 0) return "cannot open " + segment + ": " + std::strerror(errno);
@@ -252,19 +250,13 @@ Offered share_segment(gloo::rendezvous::Store& store, const std::string& key, in
   }
   store.set(key + "/answer/" + std::to_string(rank),
             bytes_of(problem.empty() ? "yes " + std::to_string(::getpid()) : "no " + problem));
-  const auto deadline = Clock::now() + timeout;
-  std::string missing;
+  const std::string missing = detail::wait_for_ranks(store, key + "/answer/", size, names, timeout);
+  if (!missing.empty())
+    DTRAIN_THROW(Timeout, rank_name(names, rank), ": waited ", timeout.count() / 1000.0,
+                 " s for every rank to say whether it can share memory with the others; never answered: ", missing);
   out.pids.assign(static_cast<std::size_t>(size), 0);
   for (int r = 0; r < size; ++r) {
-    const std::string answer_key = key + "/answer/" + std::to_string(r);
-    try {
-      store.wait({answer_key}, std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()),
-                                        std::chrono::milliseconds(1)));
-    } catch (const std::exception&) {
-      missing += (missing.empty() ? "" : ", ") + name_of(names, r);
-      continue;
-    }
-    const std::vector<char> raw = store.get(answer_key);
+    const std::vector<char> raw = store.get(key + "/answer/" + std::to_string(r));
     std::istringstream answer(std::string(raw.begin(), raw.end()));
     std::string yes, rest;
     answer >> yes;
@@ -272,12 +264,9 @@ Offered share_segment(gloo::rendezvous::Store& store, const std::string& key, in
       answer >> out.pids[static_cast<std::size_t>(r)];
     } else if (why_not.empty()) {
       std::getline(answer >> std::ws, rest);
-      why_not = name_of(names, r) + ": " + rest;
+      why_not = rank_name(names, r) + ": " + rest;
     }
   }
-  if (!missing.empty())
-    DTRAIN_THROW(Timeout, name_of(names, rank), ": waited ", timeout.count() / 1000.0,
-                 " s for every rank to say whether it can share memory with the others; never answered: ", missing);
   if (!why_not.empty()) out.mapping = SharedMapping();
   return out;
 }
@@ -372,7 +361,7 @@ void SharedMemoryGroup::watch(const std::vector<int>& pids) {
     const long fd = ::syscall(SYS_pidfd_open, pid, 0);
     if (fd >= 0) pidfds_[static_cast<std::size_t>(r)] = static_cast<int>(fd);
     else if (errno == ESRCH)
-      DTRAIN_THROW(PeerFailure, name_of(names_, r), "'s process (pid ", pid, ") ended before the first all-reduce");
+      DTRAIN_THROW(PeerFailure, rank_name(names_, r), "'s process (pid ", pid, ") ended before the first all-reduce");
     // Elsewhere (no pidfd_open in this kernel) a dead peer is found by the timeout.
   }
 }
@@ -392,7 +381,7 @@ void SharedMemoryGroup::check_peers(int field, std::uint64_t target) {
   std::vector<pollfd> watched;
   std::vector<int> whose;
   auto waited_for = [&] {
-    return dtrain::detail::concat(" while ", name_of(names_, rank_), " waited for it to ", kWaitingFor[field],
+    return dtrain::detail::concat(" while ", rank_name(names_, rank_), " waited for it to ", kWaitingFor[field],
                                   " (shared-memory all-reduce)");
   };
   for (int r = 0; r < size_; ++r) {
@@ -400,7 +389,7 @@ void SharedMemoryGroup::check_peers(int field, std::uint64_t target) {
     if (r == rank_ || peer.counter[field].load() >= target) continue;
     // A rank marks itself only after its last publication: behind now means behind for good.
     if (const std::int32_t state = peer.state.load(); state != kPresent && peer.counter[field].load() < target)
-      DTRAIN_THROW(PeerFailure, name_of(names_, r),
+      DTRAIN_THROW(PeerFailure, rank_name(names_, r),
                    state == kGaveUp ? " gave up (its communication failed or its step was abandoned)"
                                     : " left the group",
                    waited_for());
@@ -412,7 +401,7 @@ void SharedMemoryGroup::check_peers(int field, std::uint64_t target) {
   if (watched.empty() || ::poll(watched.data(), watched.size(), 0) <= 0) return;
   for (std::size_t i = 0; i < watched.size(); ++i)
     if ((watched[i].revents & (POLLIN | POLLHUP)) && header_->ranks[whose[i]].counter[field].load() < target)
-      DTRAIN_THROW(PeerFailure, name_of(names_, whose[i]), "'s process (pid ", pids_[static_cast<std::size_t>(whose[i])],
+      DTRAIN_THROW(PeerFailure, rank_name(names_, whose[i]), "'s process (pid ", pids_[static_cast<std::size_t>(whose[i])],
                    ") ended", waited_for());
 }
 
@@ -445,8 +434,8 @@ void SharedMemoryGroup::wait_all(int field, std::uint64_t target) {
       std::string behind;
       for (int r = 0; r < size_; ++r)
         if (header_->ranks[r].counter[field].load() < target)
-          behind += (behind.empty() ? "" : ", ") + name_of(names_, r);
-      DTRAIN_THROW(Timeout, name_of(names_, rank_), " waited ", timeout_.count() / 1000.0, " s for ", behind, " to ",
+          behind += (behind.empty() ? "" : ", ") + rank_name(names_, r);
+      DTRAIN_THROW(Timeout, rank_name(names_, rank_), " waited ", timeout_.count() / 1000.0, " s for ", behind, " to ",
                    kWaitingFor[field], " (shared-memory all-reduce)");
     }
   }

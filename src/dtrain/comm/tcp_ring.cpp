@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "dtrain/comm/socket.h"
+#include "dtrain/comm/store_keys.h"
 #include "dtrain/core/error.h"
 
 namespace dtrain::comm {
@@ -86,7 +87,7 @@ TcpRing::TcpRing(gloo::rendezvous::Store& store, int rank, int size, const std::
   std::random_device random;
   const std::uint64_t nonce = (static_cast<std::uint64_t>(random()) << 32) | random();
   const std::string mine = host + " " + std::to_string(ntohs(a.sin_port)) + " " + std::to_string(nonce);
-  store.set("dtrain/ring/" + std::to_string(rank_), std::vector<char>(mine.begin(), mine.end()));
+  store.set("dtrain/ring/" + std::to_string(rank_), detail::bytes_of(mine));
   try {
     // Connect to the next rank, presenting its nonce and this rank's number.
     const std::string key = "dtrain/ring/" + std::to_string(next);
