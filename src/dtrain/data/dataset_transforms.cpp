@@ -173,8 +173,7 @@ class RowShuffleIterator : public IteratorBase {
   }
   bool gathers() const override { return true; }
   std::optional<Element> next_batch(std::int64_t count) override {
-    drawn_.clear();
-    for (std::int64_t r; static_cast<std::int64_t>(drawn_.size()) < count && (r = draw()) >= 0;) drawn_.push_back(r);
+    draw_batch(count);
     if (drawn_.empty()) return std::nullopt;
     return gather_rows(rows_.tensors, drawn_, /*on_compute_pool=*/ctx_.on_consumer_thread());
   }
@@ -208,12 +207,37 @@ class RowShuffleIterator : public IteratorBase {
     if (buffer_.empty()) return -1;
     return draw_from(buffer_, gen_);
   }
+  // Up to `count` rows into drawn_, the same as that many calls of draw(). Which slot each
+  // draw takes depends only on the generator and the buffer's length, so the slots are
+  // worked out first and the buffer entries they read requested together: one cache miss
+  // at a time, a batch's draws took as long as gathering its rows.
+  void draw_batch(std::int64_t count) {
+    drawn_.clear();
+    slots_.clear();
+    std::size_t held = buffer_.size();
+    const std::size_t capacity = static_cast<std::size_t>(size_);
+    for (std::int64_t next = next_row_, k = 0; k < count; ++k) {
+      for (; next < rows_.count() && held < capacity; ++next) ++held;
+      if (held == 0) break;
+      const std::size_t slot = static_cast<std::size_t>(gen_.bits_at(static_cast<std::uint64_t>(k)) % held--);
+      if (slot < buffer_.size()) __builtin_prefetch(buffer_.data() + slot);
+      slots_.push_back(slot);
+    }
+    gen_.advance(slots_.size());
+    for (const std::size_t slot : slots_) {
+      while (next_row_ < rows_.count() && static_cast<std::int64_t>(buffer_.size()) < size_) buffer_.push_back(next_row_++);
+      drawn_.push_back(buffer_[slot]);
+      buffer_[slot] = buffer_.back();
+      buffer_.pop_back();
+    }
+  }
 
   const Rows rows_;
   std::int64_t size_;
   Generator gen_;
   std::vector<std::int64_t> buffer_;
   std::vector<std::int64_t> drawn_;
+  std::vector<std::size_t> slots_;  // draw_batch's slots, kept to reuse the allocation
   std::int64_t next_row_ = 0;
   const IteratorContext ctx_;
 };
