@@ -17,12 +17,6 @@ namespace {
 // About 20-50 microseconds of polling on current x86 cores.
 constexpr int kSpins = 4000;
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
-
 DTRAIN_MULTIVERSION void add_loop(float* __restrict out, const float* __restrict in, std::size_t n) {
 #pragma omp simd
   for (std::size_t i = 0; i < n; ++i) out[i] += in[i];

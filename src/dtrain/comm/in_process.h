@@ -26,6 +26,13 @@ namespace dtrain::comm {
 // out[i] += in[i] for i < n, vectorised for the CPU it runs on.
 void add_into(float* out, const float* in, std::size_t n);
 
+// One pause of a spinning wait: lets the other hardware thread of the core run.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 class InProcessAllReduce {
  public:
   // segments[bucket] lists the sizes (in floats) of the bucket's segments; outputs[bucket]

@@ -21,8 +21,6 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
-#include <functional>
-#include <new>
 #include <random>
 #include <sstream>
 #include <utility>
@@ -62,15 +60,19 @@ std::string read_link(const char* path) {
 
 // What ranks must have in common to share a segment: the kernel (its boot), the network
 // namespace (namespaces that emulate hosts keep their links) and the process namespace
-// (peers' pids are watched).
-std::string host_identity() {
-  std::string boot;
-  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-  return (boot.empty() ? "?" : boot) + " " + read_link("/proc/self/ns/net") + " " + read_link("/proc/self/ns/pid");
+// (peers' pids are watched). Read once per process.
+const std::string& host_identity() {
+  static const std::string identity = [] {
+    std::string boot;
+    std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+    return (boot.empty() ? "?" : boot) + " " + read_link("/proc/self/ns/net") + " " + read_link("/proc/self/ns/pid");
+  }();
+  return identity;
 }
 
 using detail::bytes_of;
 using detail::rank_name;
+using detail::string_of;
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
@@ -82,12 +84,6 @@ std::size_t slot_bytes_for(int size) {
 long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const timespec* timeout) {
   // Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
   return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, timeout, nullptr, 0);
-}
-
-inline void relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
 }
 
 // The [begin, end) of `count` that `rank` sums: whole cache lines.
@@ -165,17 +161,16 @@ void remove_orphaned_segments() {
   }
 }
 
-// Rank 0 creates a segment of `bytes` (zeros), lets `init` fill it in and offers it under
-// `key`; every rank tries to attach and answers. Returns the mapping (and every rank's
+// Rank 0 creates a segment of `bytes` (zeros) and offers it under `key`; every rank tries to attach and answers. Returns the mapping (and every rank's
 // pid) where every rank attached, else none and the first reason in `why_not`, alike on
 // every rank. A rank that gives a reason in `refuse` attaches to nothing and answers
 // with it. The segment's name is removed once every rank has answered (or this function
 // fails).
 Offered share_segment(gloo::rendezvous::Store& store, const std::string& key, int rank, int size, std::size_t bytes,
-                      const std::function<void(char*)>& init, const std::vector<std::string>& names,
+                      const std::vector<std::string>& names,
                       std::chrono::milliseconds timeout, const std::string& refuse, std::string& why_not) {
   why_not.clear();
-  const std::string identity = host_identity();
+  const std::string& identity = host_identity();
   Offered out;
   std::string name;
   struct Unlink {
@@ -213,7 +208,6 @@ Offered share_segment(gloo::rendezvous::Store& store, const std::string& key, in
                std::strerror(e);
       }
       if (std::string failed = map(fd); !failed.empty()) return failed;
-      if (init) init(out.mapping.base());
       return "";
     };
     if (problem.empty()) problem = create();
@@ -229,7 +223,7 @@ Offered share_segment(gloo::rendezvous::Store& store, const std::string& key, in
     }
     const std::vector<char> raw = store.get(key + "/offer");
     auto attach = [&]() -> std::string {
-      std::istringstream offer(std::string(raw.begin(), raw.end()));
+      std::istringstream offer(string_of(raw));
       std::string kind, segment, theirs;
       offer >> kind >> segment >> std::ws;
       std::getline(offer, theirs);
@@ -257,7 +251,7 @@ Offered share_segment(gloo::rendezvous::Store& store, const std::string& key, in
   out.pids.assign(static_cast<std::size_t>(size), 0);
   for (int r = 0; r < size; ++r) {
     const std::vector<char> raw = store.get(key + "/answer/" + std::to_string(r));
-    std::istringstream answer(std::string(raw.begin(), raw.end()));
+    std::istringstream answer(string_of(raw));
     std::string yes, rest;
     answer >> yes;
     if (yes == "yes") {
@@ -332,9 +326,8 @@ std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::join(gloo::rendezvous::Sto
   std::unique_ptr<SharedMemoryGroup> group(new SharedMemoryGroup(rank, size, timeout, std::move(names)));
   group->slot_bytes_ = slot_bytes_for(size);
   const std::size_t bytes = header_bytes() + group->slot_bytes_ * static_cast<std::size_t>(size);
-  Offered offered = share_segment(
-      store, "dtrain/shm/group", rank, size, bytes, [](char* base) { new (base) Header{}; }, group->names_, timeout,
-      refuse, why_not);
+  // The header's atomics start as the segment's zeros.
+  Offered offered = share_segment(store, "dtrain/shm/group", rank, size, bytes, group->names_, timeout, refuse, why_not);
   if (!offered.mapping) return nullptr;
   group->mapping_ = std::move(offered.mapping);
   group->header_ = reinterpret_cast<Header*>(group->mapping_.base());
@@ -346,7 +339,7 @@ std::shared_ptr<SharedBuffer> SharedMemoryGroup::buffer(gloo::rendezvous::Store&
                                                         const std::string& refuse, std::string& why_not) {
   const std::size_t stride = round_up(std::max<std::size_t>(count, 1) * sizeof(float), kPage);
   Offered offered = share_segment(store, "dtrain/shm/buffer/" + std::to_string(++buffers_), rank_, size_,
-                                  stride * static_cast<std::size_t>(size_), nullptr, names_, timeout_, refuse, why_not);
+                                  stride * static_cast<std::size_t>(size_), names_, timeout_, refuse, why_not);
   if (!offered.mapping) return nullptr;
   return std::make_shared<SharedBuffer>(std::move(offered.mapping), rank_, size_, count, stride);
 }
@@ -373,8 +366,13 @@ float* SharedMemoryGroup::slot(int rank) const {
 
 void SharedMemoryGroup::publish(int field, std::uint64_t value) {
   header_->ranks[rank_].counter[field].store(value);
-  header_->futex.fetch_add(1);
-  if (header_->sleepers.load() != 0) futex(&header_->futex, FUTEX_WAKE, INT_MAX, nullptr);
+  // A waiter counts itself a sleeper before it reads the futex word and looks at the
+  // counters again (all sequentially consistent), so a publisher that sees no sleeper
+  // needs neither to move the word nor to wake anyone.
+  if (header_->sleepers.load() != 0) {
+    header_->futex.fetch_add(1);
+    futex(&header_->futex, FUTEX_WAKE, INT_MAX, nullptr);
+  }
 }
 
 void SharedMemoryGroup::check_peers(int field, std::uint64_t target) {
@@ -414,7 +412,7 @@ void SharedMemoryGroup::wait_all(int field, std::uint64_t target) {
   if (all_there()) return;
   // A short spin first: a peer a few microseconds behind costs no sleep and wake-up.
   for (const auto spin_until = Clock::now() + 20us; Clock::now() < spin_until;) {
-    for (int i = 0; i < 64; ++i) relax();
+    for (int i = 0; i < 64; ++i) cpu_relax();
     if (all_there()) return;
   }
   const auto deadline = Clock::now() + timeout_;

@@ -8,9 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/core/clock.h"
+#include "dtrain/core/error.h"
+
 namespace dtrain::comm::detail {
 
 inline std::vector<char> bytes_of(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
+inline std::string string_of(const std::vector<char>& bytes) { return std::string(bytes.begin(), bytes.end()); }
 
 // names[rank], or "rank N" past the end of the list.
 inline std::string rank_name(const std::vector<std::string>& names, int rank) {
@@ -19,15 +23,16 @@ inline std::string rank_name(const std::vector<std::string>& names, int rank) {
 
 // Waits until the store holds prefix + r for every rank r < size, all within `timeout`.
 // Returns the names of the ranks whose key never came ("worker:1, worker:2"); empty when
-// every one did.
+// every one did. A store that is gone (PeerFailure) is reported as it is.
 inline std::string wait_for_ranks(gloo::rendezvous::Store& store, const std::string& prefix, int size,
                                   const std::vector<std::string>& names, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = Clock::now() + timeout;
   std::string missing;
   for (int r = 0; r < size; ++r) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     try {
-      store.wait({prefix + std::to_string(r)}, std::max(left, std::chrono::milliseconds(1)));
+      store.wait({prefix + std::to_string(r)}, std::chrono::milliseconds(std::max(1, milliseconds_left(deadline))));
+    } catch (const PeerFailure&) {
+      throw;
     } catch (const std::exception&) {
       missing += (missing.empty() ? "" : ", ") + rank_name(names, r);
     }

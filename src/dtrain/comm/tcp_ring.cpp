@@ -26,11 +26,6 @@ namespace {
 
 sockaddr_in resolve(const std::string& host, int port) { return detail::resolve(host, port, "all-reduce ring"); }
 
-int milliseconds_left(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
-}
-
 void tune(int fd) {
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);

@@ -1,6 +1,7 @@
 // Wall-clock intervals, as every layer that times its work measures them.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 
 namespace dtrain {
@@ -11,5 +12,10 @@ inline double seconds_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 inline double seconds_since(Clock::time_point t) { return seconds_between(t, Clock::now()); }
+// Whole milliseconds until `deadline`, 0 once it has passed (a poll() timeout).
+inline int milliseconds_left(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
+}
 
 }  // namespace dtrain
