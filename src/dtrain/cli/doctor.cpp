@@ -109,7 +109,7 @@ profile::ScaleRun scale_run_from_summary(const std::string& summary_path) {
     run.overlap = j.value("overlap", true);
     run.spare_core = j.value("spare_core", true);
     run.compressed = j.value("compression", std::string("none")) != "none";
-    run.shared_memory = j.value("transport", std::string()).rfind("shared memory", 0) == 0;
+    run.shared_memory = j.value("shared_memory", false);
     const double cores = j.value("host_cores", 0.0);
     if (cores > 0) run.oversubscription = std::max(1.0, j.value("host_threads", 0.0) / cores);
     run.rows = profile_from_json(j["profile"]);
@@ -171,13 +171,12 @@ int threads_per_worker(const DoctorOptions& o) {
   return std::max(1, available_cores() / *std::max_element(o.workers.begin(), o.workers.end()));
 }
 
-// Runs `command` on `workers` local processes with the doctor's threads per worker; its
+// Runs `command` on `workers` local processes of `threads` compute threads each; its
 // failure is an error naming `what`.
-void launch_or_throw(const DoctorOptions& o, const std::vector<std::string>& command, int workers,
-                     const std::string& what) {
+void launch_or_throw(int threads, const std::vector<std::string>& command, int workers, const std::string& what) {
   cluster::LaunchOptions launch;
   launch.workers = workers;
-  launch.threads_per_task = threads_per_worker(o);
+  launch.threads_per_task = threads;
   launch.command = command;
   std::ostringstream output;
   launch.out = &output;
@@ -191,15 +190,16 @@ void launch_or_throw(const DoctorOptions& o, const std::vector<std::string>& com
 // Every scale of the job, each a local launch of `dtrain fit`.
 std::vector<profile::ScaleRun> run_scales(const DoctorOptions& o, const TempDir& dir, std::ostream& out) {
   const std::int64_t per_replica = o.batch_size > 0 ? o.batch_size : load_config(o.config).batch_size;
+  const int threads = threads_per_worker(o);
   out << "dtrain doctor " << o.config << ": " << o.steps << " steps per epoch, 2 epochs per scale (the first warms "
-      << "up), " << per_replica << " rows per replica per step, " << threads_per_worker(o)
+      << "up), " << per_replica << " rows per replica per step, " << threads
       << " thread(s) per worker\n" << std::flush;
   std::vector<profile::ScaleRun> runs;
   for (int w : o.workers) {
     for (int r : o.replicas) {
       const std::string summary = (dir.path / ("scale-" + std::to_string(w) + "x" + std::to_string(r) + ".json")).string();
       out << "  running " << w << " worker(s) x " << r << " replica(s)...\n" << std::flush;
-      launch_or_throw(o, {o.self, "fit", o.config, "--strategy", w > 1 ? "multi_worker" : "mirrored", "--replicas",
+      launch_or_throw(threads, {o.self, "fit", o.config, "--strategy", w > 1 ? "multi_worker" : "mirrored", "--replicas",
                        std::to_string(r), "--batch-size", std::to_string(per_replica * w * r), "--epochs", "2",
                        "--steps-per-epoch", std::to_string(o.steps), "--verbose", "0", "--summary", summary},
                       w, "the run at " + std::to_string(w) + " worker(s) x " + std::to_string(r) + " replica(s)");
@@ -232,7 +232,7 @@ std::optional<LinkChoice> choose_link(const DoctorOptions& o, const profile::Wha
   } else if (o.runs.empty() && most > 1) {
     const std::string probe = (dir.path / "link.json").string();
     out << "\n  measuring the link between " << most << " local workers...\n" << std::flush;
-    launch_or_throw(o, {o.self, "probe-link", "--output", probe}, most, "the link probe");
+    launch_or_throw(threads_per_worker(o), {o.self, "probe-link", "--output", probe}, most, "the link probe");
     c = LinkChoice{link_from_file(probe), "measured between " + std::to_string(most) + " local workers"};
   } else {
     for (const profile::ScaleRun& r : runs)

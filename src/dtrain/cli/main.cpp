@@ -246,6 +246,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["gradient_buckets"] = numels.empty() ? 0 : distribute::gradient_buckets(numels, comm.bytes_per_pack).front() + 1;
     j["overlap"] = comm.overlap;
     j["transport"] = strategy ? strategy->backend()->transport() : "";
+    j["shared_memory"] = strategy && strategy->backend()->shares_memory();
     // Whether the communication thread has a core that no compute thread of this host's
     // workers uses: without one, moving bytes takes its time from backward.
     int on_this_host = 1;

@@ -186,6 +186,7 @@ GlooGroup::GlooGroup(std::shared_ptr<gloo::rendezvous::Store> store, GlooGroupOp
   std::string why_not;
   shared_ = SharedMemoryGroup::join(*store_, options_.rank, options_.size, options_.timeout, options_.task_names,
                                     options_.shared_memory ? "" : "TCP asked for", why_not);
+  shares_memory_ = shared_ != nullptr;
   if (shared_) transport_ = "shared memory";
   else if (!options_.shared_memory) transport_ = "TCP (asked for)";
   else transport_ = "TCP (no shared memory: " + why_not + ")";
@@ -369,12 +370,15 @@ void GlooGroup::allreduce(float* data, std::size_t count, std::uint64_t key, Wir
   });
 }
 
-std::shared_ptr<SharedBuffer> GlooGroup::shared_buffer(std::size_t count, const std::string& refuse) {
+std::shared_ptr<SharedBuffer> GlooGroup::shared_buffer(std::size_t count, Wire wire) {
   if (!shared_) return nullptr;
+  const std::string refuse = wire == Wire::f32 ? "" : "16-bit buckets over TCP";
   std::string why_not;
   std::shared_ptr<SharedBuffer> buffer = shared_->buffer(*store_, count, refuse, why_not);
-  if (!buffer && transport_ == "shared memory")
+  if (!buffer && shares_memory_) {
+    shares_memory_ = false;
     transport_ += refuse.empty() ? " (buffers copied in and out: " + why_not + ")" : " (" + refuse + ")";
+  }
   return buffer;
 }
 

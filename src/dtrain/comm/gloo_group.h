@@ -82,13 +82,18 @@ class GlooGroup {
   // How float32 all-reduces travel: "shared memory", or "TCP" with the reason shared
   // memory is not used ("TCP (asked for)", "TCP (no shared memory: worker:1: not on
   // worker:0's host, ...)"); after a shared_buffer() that was refused or could not be
-  // had, "shared memory (REFUSAL)" or "shared memory (buffers copied in and out: WHY)".
+  // had, "shared memory (16-bit buckets over TCP)" or "shared memory (buffers copied in
+  // and out: WHY)".
   const std::string& transport() const { return transport_; }
+  // Whether everything summed goes through shared memory: the ranks share a segment and
+  // no shared_buffer() was refused or failed.
+  bool shares_memory() const { return shares_memory_; }
   // Where the ranks share memory: a buffer of `count` floats per rank in shared memory
   // (zeros) for allreduce(buffer, ...), which sums it without copying it in or out. Null
-  // elsewhere, where no segment could be had, or where some rank gave a reason to
-  // `refuse` one. Every rank calls it, in the same order as its collectives.
-  std::shared_ptr<SharedBuffer> shared_buffer(std::size_t count, const std::string& refuse = "");
+  // elsewhere, where no segment could be had, or where some rank's buckets travel on a
+  // 16-bit `wire` (those take the TCP ring). Every rank calls it, in the same order as
+  // its collectives.
+  std::shared_ptr<SharedBuffer> shared_buffer(std::size_t count, Wire wire = Wire::f32);
   // buffer[offset, offset + count) summed over the ranks, into every rank's copy.
   void allreduce(SharedBuffer& buffer, std::size_t offset, std::size_t count);
   // Of the last float allreduce: the time spent waiting for the other ranks to start it
@@ -123,6 +128,7 @@ class GlooGroup {
   std::unique_ptr<TcpRing> ring_;
   std::unique_ptr<SharedMemoryGroup> shared_;
   std::string transport_ = "TCP";
+  bool shares_memory_ = false;
   std::map<std::pair<std::uint64_t, std::size_t>, std::unique_ptr<CachedRing>> rings_;
   std::map<std::uint64_t, std::vector<std::uint16_t>> wire_buffers_;  // [key] 16-bit copies
   std::uint64_t sequence_ = 0;

@@ -52,7 +52,7 @@ BucketReducer::BucketReducer(int replicas, std::span<Variable* const> vars, std:
   // Every worker takes part, so that all learn whether some worker compresses its buckets.
   if (cross_.workers)
     cross_.workers->run([&](comm::GlooGroup& group) {
-      shared_ = group.shared_buffer(total, cross_.wire == comm::Wire::f32 ? "" : "16-bit buckets over TCP");
+      shared_ = group.shared_buffer(total, cross_.wire);
     });
   std::vector<float*> outputs;
   for (std::size_t b = 0; b < sizes.size(); ++b) {

@@ -120,6 +120,7 @@ void ReplicaGroup::run(const std::function<void(int replica)>& fn) {
 int ReplicaGroup::num_workers() const { return options_.workers ? options_.workers->size() : 1; }
 int ReplicaGroup::worker_index() const { return options_.workers ? options_.workers->rank() : 0; }
 std::string ReplicaGroup::transport() const { return options_.workers ? options_.workers->transport() : ""; }
+bool ReplicaGroup::shares_memory() const { return options_.workers && options_.workers->shares_memory(); }
 
 std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variable* const> vars) {
   return std::make_unique<BucketReducer>(num_replicas(), vars, options_.bucket_bytes,

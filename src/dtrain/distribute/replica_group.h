@@ -40,6 +40,7 @@ class ReplicaGroup final : public StrategyBackend, public CrossReplica {
   int num_workers() const override;
   int worker_index() const override;
   std::string transport() const override;
+  bool shares_memory() const override;
   const GroupOptions& options() const { return options_; }
   void run(const std::function<void(int replica)>& fn) override;
   std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const> vars) override;

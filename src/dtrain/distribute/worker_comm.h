@@ -57,6 +57,7 @@ class WorkerComm {
   std::chrono::milliseconds timeout() const { return options_.timeout; }
   // How the gradient all-reduces travel (GlooGroup::transport).
   const std::string& transport() const { return group_->transport(); }
+  bool shares_memory() const { return group_->shares_memory(); }
 
   // Runs fn(group) on the communication thread after everything submitted before it, and
   // returns at once. Once a job failed, later jobs are skipped.

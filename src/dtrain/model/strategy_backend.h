@@ -59,6 +59,8 @@ class StrategyBackend {
   // How gradients travel between the workers ("shared memory", "TCP (...)"); empty
   // within one process.
   virtual std::string transport() const { return ""; }
+  // Whether the gradients between the workers are summed in shared memory throughout.
+  virtual bool shares_memory() const { return false; }
   int num_replicas_in_sync() const { return num_replicas() * num_workers(); }
 
   // Before fit's first step, on every worker: checks that all workers built the same
