@@ -23,7 +23,7 @@ GlooGroupOptions options(int rank, int size, std::chrono::milliseconds timeout =
   o.rank = rank;
   o.size = size;
   o.timeout = timeout;
-  for (int r = 0; r < size; ++r) o.task_names.push_back("worker:" + std::to_string(r));
+  o.task_names = testing::task_names(size);
   return o;
 }
 

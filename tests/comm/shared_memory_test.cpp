@@ -25,16 +25,10 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::vector<std::string> names(int size) {
-  std::vector<std::string> out;
-  for (int r = 0; r < size; ++r) out.push_back("worker:" + std::to_string(r));
-  return out;
-}
-
 std::unique_ptr<SharedMemoryGroup> join(gloo::rendezvous::Store& store, int rank, int size,
                                         std::chrono::milliseconds timeout = 20s) {
   std::string why_not;
-  auto group = SharedMemoryGroup::join(store, rank, size, timeout, names(size), "", why_not);
+  auto group = SharedMemoryGroup::join(store, rank, size, timeout, testing::task_names(size), "", why_not);
   if (!group) throw Error("no shared memory between threads of one process: " + why_not);
   return group;
 }
@@ -125,7 +119,7 @@ TEST(SharedMemory, OneRankThatRefusesMakesEveryRankKeepToTcp) {
   std::vector<int> attached(3, -1);
   const auto errors = on_ranks(3, [&](int r) {
     std::string why_not;
-    auto group = SharedMemoryGroup::join(store, r, 3, 20s, names(3), r == 1 ? "TCP asked for" : "", why_not);
+    auto group = SharedMemoryGroup::join(store, r, 3, 20s, testing::task_names(3), r == 1 ? "TCP asked for" : "", why_not);
     attached[static_cast<std::size_t>(r)] = group != nullptr;
     why[static_cast<std::size_t>(r)] = why_not;
   });

@@ -9,6 +9,13 @@
 
 namespace dtrain::testing {
 
+// "worker:0" ... "worker:<size - 1>", the task names the comm tests give their ranks.
+inline std::vector<std::string> task_names(int size) {
+  std::vector<std::string> out;
+  for (int r = 0; r < size; ++r) out.push_back("worker:" + std::to_string(r));
+  return out;
+}
+
 template <typename Body>
 std::vector<std::string> on_ranks(int size, Body body) {
   std::vector<std::string> errors(static_cast<std::size_t>(size));

@@ -113,15 +113,20 @@ class FilterNode : public DatasetNode {
 // ---- shuffle: a buffer of `size` elements; each output is a random buffer slot, refilled
 // from upstream. The generator is fixed by (seed, pass), so the order is reproducible.
 
-// One draw: a random slot of the buffer, which the last slot then fills. Shared by the
-// element and the row-number shuffles, which must give the same order.
+// Takes slot i of the buffer, which the last slot then fills.
 template <typename T>
-T draw_from(std::vector<T>& buffer, Generator& gen) {
-  const std::size_t i = static_cast<std::size_t>(gen.below(buffer.size()));
+T take_at(std::vector<T>& buffer, std::size_t i) {
   T out = std::move(buffer[i]);
   buffer[i] = std::move(buffer.back());
   buffer.pop_back();
   return out;
+}
+
+// One draw: a random slot of the buffer. Shared by the element and the row-number
+// shuffles, which must give the same order.
+template <typename T>
+T draw_from(std::vector<T>& buffer, Generator& gen) {
+  return take_at(buffer, static_cast<std::size_t>(gen.below(buffer.size())));
 }
 
 class ShuffleIterator : public UnaryIterator {
@@ -203,9 +208,13 @@ class RowShuffleIterator : public IteratorBase {
  private:
   // The next row in shuffled order, or -1 at the end.
   std::int64_t draw() {
-    while (next_row_ < rows_.count() && static_cast<std::int64_t>(buffer_.size()) < size_) buffer_.push_back(next_row_++);
+    fill();
     if (buffer_.empty()) return -1;
     return draw_from(buffer_, gen_);
+  }
+  // Rows enter the buffer, in order, until it holds size_ or none are left.
+  void fill() {
+    while (next_row_ < rows_.count() && static_cast<std::int64_t>(buffer_.size()) < size_) buffer_.push_back(next_row_++);
   }
   // Up to `count` rows into drawn_, the same as that many calls of draw(). Which slot each
   // draw takes depends only on the generator and the buffer's length, so the slots are
@@ -214,21 +223,23 @@ class RowShuffleIterator : public IteratorBase {
   void draw_batch(std::int64_t count) {
     drawn_.clear();
     slots_.clear();
-    std::size_t held = buffer_.size();
-    const std::size_t capacity = static_cast<std::size_t>(size_);
-    for (std::int64_t next = next_row_, k = 0; k < count; ++k) {
-      for (; next < rows_.count() && held < capacity; ++next) ++held;
+    // The buffer's length at each draw, as fill() will leave it: topped up while rows are
+    // left, then one shorter per draw.
+    std::int64_t held = static_cast<std::int64_t>(buffer_.size()), left = rows_.count() - next_row_;
+    for (std::int64_t k = 0; k < count; ++k) {
+      const std::int64_t added = std::min(size_ - held, left);
+      held += added;
+      left -= added;
       if (held == 0) break;
-      const std::size_t slot = static_cast<std::size_t>(gen_.bits_at(static_cast<std::uint64_t>(k)) % held--);
+      const auto slot = static_cast<std::size_t>(gen_.bits_at(static_cast<std::uint64_t>(k)) %
+                                                 static_cast<std::uint64_t>(held--));
       if (slot < buffer_.size()) __builtin_prefetch(buffer_.data() + slot);
       slots_.push_back(slot);
     }
-    gen_.advance(slots_.size());
+    gen_.advance(slots_.size());  // what the draws' below() calls would have taken
     for (const std::size_t slot : slots_) {
-      while (next_row_ < rows_.count() && static_cast<std::int64_t>(buffer_.size()) < size_) buffer_.push_back(next_row_++);
-      drawn_.push_back(buffer_[slot]);
-      buffer_[slot] = buffer_.back();
-      buffer_.pop_back();
+      fill();
+      drawn_.push_back(take_at(buffer_, slot));
     }
   }
 
