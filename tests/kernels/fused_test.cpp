@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "common/gradcheck.h"
 #include "dtrain/core/threads.h"
@@ -121,6 +122,42 @@ TEST(Updates, AdamMatchesScalarReferenceOverSteps) {
   }
   const auto got = w.to_vector();
   for (int i = 0; i < n; ++i) ASSERT_NEAR(got[i], rw[i], 1e-5) << i;
+}
+
+// Moments below float32's normal range (1.2e-38) become zero while dtrain flushes
+// denormals, and stay as they are when it is told not to; the caller's own floating-point
+// mode is the same afterwards either way. Both sizes: on the calling thread and split
+// over the pool.
+TEST(Updates, AdamFlushesDenormalMomentsUnlessToldNot) {
+  constexpr float kDenormal = 1e-39f;
+  ASSERT_LT(kDenormal, std::numeric_limits<float>::min());
+  struct Restore {
+    ~Restore() { set_flush_denormals(true); }
+  } restore;
+  for (const std::int64_t n : {std::int64_t{100}, std::int64_t{50000}}) {
+    for (const bool flush : {true, false}) {
+      set_flush_denormals(flush);
+      Tensor w = Tensor::full({n}, 0.5f), g = Tensor::zeros({n});
+      Tensor m = Tensor::full({n}, kDenormal), v = Tensor::full({n}, kDenormal);
+#if defined(__x86_64__) || defined(__i386__)
+      constexpr unsigned kControl = ~0x3Fu;  // the mode bits, not the sticky exception flags
+      const unsigned before = _mm_getcsr() & kControl;
+#endif
+      backend().adam_update(w, g, m, v, AdamUpdate{});
+#if defined(__x86_64__) || defined(__i386__)
+      EXPECT_EQ(_mm_getcsr() & kControl, before) << "n " << n;
+#endif
+      for (const Tensor* t : {&m, &v}) {
+        const std::vector<float> got = t->to_vector();
+        for (std::int64_t i = 0; i < n; i += n / 10) {
+          if (flush)
+            ASSERT_EQ(got[static_cast<std::size_t>(i)], 0.0f) << "n " << n << ", element " << i;
+          else
+            ASSERT_GT(got[static_cast<std::size_t>(i)], 0.0f) << "n " << n << ", element " << i;
+        }
+      }
+    }
+  }
 }
 
 TEST(Updates, SgdMomentumAndNesterov) {

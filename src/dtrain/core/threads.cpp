@@ -3,7 +3,17 @@
 
 #include <sched.h>
 
+#include <atomic>
+
 namespace dtrain {
+
+namespace {
+std::atomic<bool> flush_denormals_{true};
+}  // namespace
+
+void set_flush_denormals(bool on) { flush_denormals_.store(on, std::memory_order_relaxed); }
+
+bool flush_denormals() { return flush_denormals_.load(std::memory_order_relaxed); }
 
 int available_cores() {
   cpu_set_t set;

@@ -269,9 +269,14 @@ double CpuBackend::sum_squares(const Tensor& x) {
   const float* p = x.data<float>();
   const std::int64_t n = x.numel();
   double total = 0.0;
-  if (!kParallelLoops || n < 4 * kGrain || omp_in_parallel()) return sum_squares_loop(p, 0, n);
+  const bool flush = flush_denormals();
+  if (!kParallelLoops || n < 4 * kGrain || omp_in_parallel()) {
+    FlushDenormals mode(flush);
+    return sum_squares_loop(p, 0, n);
+  }
 #pragma omp parallel reduction(+ : total)
   {
+    FlushDenormals mode(flush);
     const std::int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     total += sum_squares_loop(p, n * t / nt, n * (t + 1) / nt);
   }
