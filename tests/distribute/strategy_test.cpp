@@ -102,6 +102,23 @@ TEST(MirroredStrategy, ShortLastBatchAndOddSplitsMatchOneDevice) {
   ASSERT_EQ(h.history.at("loss").size(), 2u);
 }
 
+TEST(MirroredStrategy, ALastBatchSmallerThanTheReplicasMatchesOneDevice) {
+  // 50 rows, global batch 48: the last batch of 2 rows leaves the third replica none (it
+  // still computes its share of the dense layers' gradients).
+  data::Split d = data::make_synthetic(50, 20, 10, 6, data::SyntheticLabels::teacher);
+  auto reference = large_mlp(20, 16);
+  reference->fit(d.x, d.y, quiet(48, 2));
+  MirroredStrategy strategy(3);
+  std::unique_ptr<Sequential> model;
+  {
+    auto scope = strategy.scope();
+    model = large_mlp(20, 16);
+  }
+  model->fit(d.x, d.y, quiet(48, 2));
+  EXPECT_LE(relative_difference(*model, *reference), 1e-5);
+  EXPECT_EQ(model->optimizer().iterations(), 4);
+}
+
 TEST(MirroredStrategy, FitOnADatasetMatchesFitOnTensors) {
   data::Split d = data::make_synthetic(96, 12, 10, 8, data::SyntheticLabels::teacher);
   MirroredStrategy strategy(2);

@@ -50,6 +50,40 @@ struct Case {
 
 class MatmulShapes : public ::testing::TestWithParam<Case> {};
 
+// A block of columns: c[:, cols] = op(a) · b[:, cols], the other columns of c untouched;
+// with accumulate, added to what c held.
+TEST(Matmul, ColumnBlockWritesOnlyItsColumns) {
+  const std::int64_t M = 33, K = 70, N = 45, begin = 11, end = 29;
+  for (const bool ta : {false, true})
+    for (const bool accumulate : {false, true}) {
+      Tensor a = random_tensor(ta ? Shape{K, M} : Shape{M, K}, 1);
+      Tensor b = random_tensor({K, N}, 2);
+      Tensor c = random_tensor({M, N}, 3);
+      const std::vector<float> before = c.to_vector();
+      const std::vector<float> full = reference(a, b, {.transpose_a = ta}, M, K, N);
+      backend().matmul(a, b, c, {.transpose_a = ta, .accumulate = accumulate, .column_begin = begin, .column_end = end});
+      const std::vector<float> got = c.to_vector();
+      for (std::int64_t i = 0; i < M; ++i)
+        for (std::int64_t j = 0; j < N; ++j) {
+          const std::size_t at = static_cast<std::size_t>(i * N + j);
+          const bool inside = j >= begin && j < end;
+          const float want = inside ? full[at] + (accumulate ? before[at] : 0.0f) : before[at];
+          ASSERT_NEAR(got[at], want, 1e-4f * (1 + std::fabs(want)))
+              << "row " << i << ", column " << j << (ta ? ", a transposed" : "") << (accumulate ? ", accumulating" : "");
+        }
+    }
+}
+
+TEST(Matmul, ColumnBlockOutOfRangeIsAnError) {
+  Tensor a = random_tensor({4, 5}, 1), b = random_tensor({5, 6}, 2), c = Tensor::empty({4, 6});
+  try {
+    backend().matmul(a, b, c, {.column_begin = 2, .column_end = 7});
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("columns [2, 7)"), std::string::npos) << e.what();
+  }
+}
+
 TEST_P(MatmulShapes, MatchesReferenceWithTransposes) {
   const Case c = GetParam();
   Tensor a = random_tensor(c.ta ? Shape{c.K, c.M} : Shape{c.M, c.K}, 1);

@@ -3,10 +3,13 @@
 // Backward keeps x, W and y (or the pre-activation z for gelu, whose derivative needs it):
 //   dz = dy ⊙ act'(.),  dW = xᵀ · dz,  db = Σ_rows dz,  dx = dz · Wᵀ (only when x needs it,
 //   which the first layer's input never does).
+#include "dtrain/autograd/dense_together.h"
 #include "dtrain/autograd/op_util.h"
 
 namespace dtrain {
 namespace {
+
+thread_local DenseGradientsTogether* together_ = nullptr;
 
 kernels::Unary unary_of(Activation a) {
   switch (a) {
@@ -20,6 +23,14 @@ kernels::Unary unary_of(Activation a) {
 }
 
 }  // namespace
+
+DenseGradientsTogether* dense_gradients_together() { return together_; }
+
+ScopedDenseGradientsTogether::ScopedDenseGradientsTogether(DenseGradientsTogether* together) : saved_(together_) {
+  together_ = together;
+}
+
+ScopedDenseGradientsTogether::~ScopedDenseGradientsTogether() { together_ = saved_; }
 
 Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activation activation, DType compute) {
   detail::check_float(x, "dense");
@@ -64,13 +75,23 @@ Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activati
         dz = Tensor::empty(z.shape());
         b.unary_backward(unary_of(activation), z, dy2, dz);
       }
-      if (ctx.needs(2)) {
+      // Under a strategy whose replicas share the weights, the weight gradients of every
+      // replica's rows at once (dense_together.h).
+      DenseGradientsTogether* together = together_;
+      const bool with_others = ctx.needs(1) && together != nullptr && together->takes(kc);
+      if (with_others) {
+        Tensor dw, db;
+        together->gradients(kc, xc, dz, ctx.needs(2), dw, db);
+        ctx.add(1, dw);
+        if (ctx.needs(2)) ctx.add(2, db);
+      } else if (ctx.needs(2)) {
         Tensor db = Tensor::empty({kc.dim(1)});
         b.reduce(kernels::Reduce::sum, dz, db);
         ctx.add(2, db);
       }
-      const Tensor dzc = ctx.needs(0) || ctx.needs(1) ? detail::converted(dz, kc.dtype()) : Tensor();
-      if (ctx.needs(1)) {
+      const bool own_dw = ctx.needs(1) && !with_others;
+      const Tensor dzc = ctx.needs(0) || own_dw ? detail::converted(dz, kc.dtype()) : Tensor();
+      if (own_dw) {
         Tensor dw = Tensor::empty(kc.shape());
         b.matmul(xc, dzc, dw, {.transpose_a = true});
         ctx.add(1, dw);

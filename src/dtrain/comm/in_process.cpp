@@ -198,4 +198,33 @@ void InProcessAllReduce::abort(int replica, const std::string& why) {
   progress_.notify_all();
 }
 
+void InProcessBarrier::arrive_and_wait(int /*replica*/) {
+  throw_if_aborted();
+  // The generation cannot move before this replica arrives, so reading it first is safe.
+  const std::uint64_t generation = generation_.load(std::memory_order_acquire);
+  if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == replicas_) {
+    arrived_.store(0, std::memory_order_relaxed);  // nobody arrives again before the bump below
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();
+  } else {
+    for (int spin = 0; spin < kSpins && generation_.load(std::memory_order_acquire) == generation; ++spin) cpu_relax();
+    while (generation_.load(std::memory_order_acquire) == generation) generation_.wait(generation, std::memory_order_acquire);
+  }
+  throw_if_aborted();
+}
+
+void InProcessBarrier::throw_if_aborted() const {
+  const int failed = aborted_by_.load(std::memory_order_acquire);
+  if (failed >= 0) DTRAIN_THROW(PeerFailure, "replicas abandoned: replica ", failed, " failed (", abort_reason_, ")");
+}
+
+void InProcessBarrier::abort(int replica, const std::string& why) {
+  if (!claimed_abort_.exchange(true, std::memory_order_acq_rel)) {
+    abort_reason_ = why;
+    aborted_by_.store(replica, std::memory_order_release);
+  }
+  generation_.fetch_add(1, std::memory_order_release);
+  generation_.notify_all();
+}
+
 }  // namespace dtrain::comm

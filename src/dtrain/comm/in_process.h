@@ -93,4 +93,30 @@ class InProcessAllReduce {
   std::string abort_reason_;  // written before aborted_by_ is published
 };
 
+// R threads wait for each other, over and over: replicas that must all have written
+// something before any reads it. Waiters spin briefly (replicas arrive close together, and
+// a sleeping thread takes tens of microseconds to wake), then sleep.
+class InProcessBarrier {
+ public:
+  explicit InProcessBarrier(int replicas) : replicas_(replicas) {}
+  InProcessBarrier(const InProcessBarrier&) = delete;
+  InProcessBarrier& operator=(const InProcessBarrier&) = delete;
+
+  // Returns once all replicas have arrived this time. Throws PeerFailure naming the
+  // replica once another called abort() instead (also when the others had arrived).
+  void arrive_and_wait(int replica);
+  // A replica failed: every replica waiting now or later throws. Not reused afterwards.
+  void abort(int replica, const std::string& why);
+
+ private:
+  void throw_if_aborted() const;
+
+  int replicas_;
+  std::atomic<int> arrived_{0};
+  std::atomic<std::uint64_t> generation_{0};  // bumped when all have arrived, and on abort; waited on
+  std::atomic<bool> claimed_abort_{false};
+  std::atomic<int> aborted_by_{-1};
+  std::string abort_reason_;  // written before aborted_by_ is published
+};
+
 }  // namespace dtrain::comm

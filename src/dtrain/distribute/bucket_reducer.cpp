@@ -11,21 +11,30 @@
 namespace dtrain::distribute::detail {
 
 BucketReducer::BucketReducer(int replicas, std::span<Variable* const> vars, std::size_t bucket_bytes,
-                             CrossWorker cross)
+                             CrossWorker cross, std::span<const DenseVariables> dense)
     : places_(vars.size()), states_(static_cast<std::size_t>(replicas)), cross_(cross) {
-  std::vector<std::int64_t> numels;
-  for (const Variable* v : vars) {
+  for (const Variable* v : vars)
     if (v->dtype() != DType::f32)
       DTRAIN_THROW(InvalidArgument, "gradient buckets: variable '", v->name(), "' is ", dtype_name(v->dtype()),
                    "; only float32 variables are reduced");
-    numels.push_back(v->numel());
-  }
+  // Within one process the replicas compute the dense layers' gradients together; across
+  // processes every worker's replicas still need a sum of their own to send.
+  if (replicas > 1 && !cross_.workers && !dense.empty())
+    together_ = std::make_unique<DenseTogether>(replicas, vars, dense);
+  std::vector<std::size_t> bucketed;  // the variables the buckets hold
+  std::vector<std::int64_t> numels;
+  for (std::size_t k = 0; k < vars.size(); ++k)
+    if (!together(k)) {
+      bucketed.push_back(k);
+      numels.push_back(vars[k]->numel());
+    }
   const std::vector<std::size_t> bucket_of = gradient_buckets(numels, bucket_bytes);
   std::vector<std::vector<std::size_t>> segments;
   std::vector<std::size_t> sizes;
-  for (std::size_t k = vars.size(); k-- > 0;) {
+  for (std::size_t j = bucketed.size(); j-- > 0;) {
+    const std::size_t k = bucketed[j];
     const Variable& v = *vars[k];
-    if (sizes.size() <= bucket_of[k]) {
+    if (sizes.size() <= bucket_of[j]) {
       sizes.push_back(0);
       segments.emplace_back();
       bucket_vars_.push_back(0);
@@ -92,6 +101,10 @@ BucketReducer::BucketReducer(int replicas, std::span<Variable* const> vars, std:
     for (std::size_t b = 0; b < sizes.size(); ++b) s.flags.emplace_back(bucket_vars_[b], 0.0f);
   }
   for (std::size_t k = 0; k < vars.size(); ++k) {
+    if (together(k)) {
+      views_.push_back(together_->gradient(k));
+      continue;
+    }
     const Place& p = places_[k];
     views_.push_back(outputs_[p.bucket]
                          .slice(static_cast<std::int64_t>(p.offset), static_cast<std::int64_t>(p.offset) + p.numel)
@@ -110,8 +123,26 @@ BucketReducer::~BucketReducer() {
   }
 }
 
+void BucketReducer::begin_step(bool reduce, std::span<const std::int64_t> row_bounds) {
+  // The gradients computed together accumulate over a group's micro-batches in place.
+  if (together_) together_->begin_step(row_bounds, /*accumulate=*/!group_fresh_);
+  group_fresh_ = reduce;
+  reduce_ = reduce;
+}
+
+DenseGradientsTogether* BucketReducer::dense_gradients_together(int replica) {
+  return together_ ? together_->replica(replica) : nullptr;
+}
+
+void BucketReducer::no_gradients(int replica) {
+  if (together_) together_->without_rows(replica);
+  for (std::size_t k = 0; k < places_.size(); ++k)
+    if (!together(k)) gradient_ready(replica, k, Tensor());
+}
+
 void BucketReducer::abort(int replica, const std::string& why) {
   all_reduce_->abort(replica, why);
+  if (together_) together_->abort(replica, why);
   if (cross_.workers) stop_waiting("replica " + std::to_string(replica) + " failed (" + why + ")");
 }
 
@@ -151,6 +182,13 @@ void BucketReducer::reduce_across_workers(comm::GlooGroup& group, std::uint64_t 
 
 void BucketReducer::gradient_ready(int replica, std::size_t index, const Tensor& grad) {
   ReplicaState& state = states_[static_cast<std::size_t>(replica)];
+  if (together(index)) {
+    // Already the sum over every replica's rows, in the one tensor the update reads.
+    if (!grad.shares_storage_with(together_->gradient(index)))
+      DTRAIN_THROW(InternalError, "gradient buckets: replica ", replica, "'s gradient ", index,
+                   " was not computed together with the other replicas'");
+    return;
+  }
   const Place& p = places_[index];
   if (grad.defined() && (grad.numel() != p.numel || grad.dtype() != DType::f32))
     DTRAIN_THROW(InternalError, "gradient buckets: gradient ", index, " is ", dtype_name(grad.dtype()), " ",
@@ -203,9 +241,11 @@ void BucketReducer::finish(int replica) {
                    bucket_vars_[b], " gradients of bucket ", b);
   std::fill(state.filled.begin(), state.filled.end(), 0);
   state.fresh = reduce_;  // after a reduction, the next micro-batch starts a new group
-  if (!reduce_) return;
   profile::Track* track = tracks_.empty() ? nullptr : tracks_[static_cast<std::size_t>(replica)];
   const Clock::time_point start = Clock::now();
+  // The blocks of the gradients computed together are whole once every replica is here.
+  if (together_) together_->finish(replica);
+  if (!reduce_) return;
   all_reduce_->finish(replica);
   // Every chunk is summed, so nobody reads this replica's gradients any more.
   std::fill(state.held.begin(), state.held.end(), Tensor());
@@ -230,6 +270,10 @@ void BucketReducer::finish(int replica) {
   // A gradient is defined where some replica of some worker had it (its summed flag);
   // each replica writes only its own list.
   for (std::size_t k = 0; k < views_.size(); ++k) {
+    if (together(k)) {
+      state.reduced[k] = views_[k];
+      continue;
+    }
     const Place& p = places_[k];
     const bool any = outputs_[p.bucket].data<float>()[flags_at_[p.bucket] + p.segment] > 0.0f;
     state.reduced[k] = any ? views_[k] : Tensor();

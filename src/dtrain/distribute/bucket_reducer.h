@@ -21,6 +21,7 @@
 
 #include "dtrain/comm/gloo_group.h"
 #include "dtrain/comm/in_process.h"
+#include "dtrain/distribute/dense_together.h"
 #include "dtrain/model/strategy_backend.h"
 
 namespace dtrain::distribute::detail {
@@ -38,11 +39,16 @@ struct CrossWorker {
 
 class BucketReducer final : public GradientReducer {
  public:
-  BucketReducer(int replicas, std::span<Variable* const> vars, std::size_t bucket_bytes, CrossWorker cross = {});
+  // The `dense` layers' gradients are computed by the replicas together, outside the
+  // buckets, within one process.
+  BucketReducer(int replicas, std::span<Variable* const> vars, std::size_t bucket_bytes, CrossWorker cross = {},
+                std::span<const DenseVariables> dense = {});
   ~BucketReducer() override;
 
-  void set_reduce_this_step(bool reduce) override { reduce_ = reduce; }
+  void begin_step(bool reduce, std::span<const std::int64_t> row_bounds) override;
+  DenseGradientsTogether* dense_gradients_together(int replica) override;
   void gradient_ready(int replica, std::size_t index, const Tensor& grad) override;
+  void no_gradients(int replica) override;
   void finish(int replica) override;
   const std::vector<Tensor>& reduced(int replica) const override {
     return states_[static_cast<std::size_t>(replica)].reduced;
@@ -74,9 +80,12 @@ class BucketReducer final : public GradientReducer {
   void reduce_across_workers(comm::GlooGroup& group, std::uint64_t round);
   void wait_summed(std::size_t bucket, std::uint64_t round);
   void stop_waiting(const std::string& why);
+  bool together(std::size_t index) const { return together_ && together_->covers(index); }
 
   bool reduce_ = true;
-  std::vector<Place> places_;                       // [variable]
+  bool group_fresh_ = true;                         // the coming step begins an accumulation group
+  std::unique_ptr<DenseTogether> together_;         // null: every gradient goes in a bucket
+  std::vector<Place> places_;                       // [variable] (those in buckets)
   std::vector<std::size_t> bucket_vars_;            // [bucket] how many variables
   std::vector<Tensor> outputs_;                     // [bucket] the sums, flat float32, then the flags
   std::vector<std::size_t> flags_at_;               // [bucket] where its flags start in the output

@@ -122,9 +122,10 @@ int ReplicaGroup::worker_index() const { return options_.workers ? options_.work
 std::string ReplicaGroup::transport() const { return options_.workers ? options_.workers->transport() : ""; }
 bool ReplicaGroup::shares_memory() const { return options_.workers && options_.workers->shares_memory(); }
 
-std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variable* const> vars) {
+std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variable* const> vars,
+                                                              std::span<const DenseVariables> dense) {
   return std::make_unique<BucketReducer>(num_replicas(), vars, options_.bucket_bytes,
-                                         CrossWorker{options_.workers.get(), options_.overlap, options_.wire});
+                                         CrossWorker{options_.workers.get(), options_.overlap, options_.wire}, dense);
 }
 
 void ReplicaGroup::synchronize_variables(std::span<Variable* const> vars, const std::vector<std::string>& description) {

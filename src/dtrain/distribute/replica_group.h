@@ -43,7 +43,8 @@ class ReplicaGroup final : public StrategyBackend, public CrossReplica {
   bool shares_memory() const override;
   const GroupOptions& options() const { return options_; }
   void run(const std::function<void(int replica)>& fn) override;
-  std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const> vars) override;
+  std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const> vars,
+                                                    std::span<const DenseVariables> dense) override;
   void synchronize_variables(std::span<Variable* const> vars, const std::vector<std::string>& description) override;
   void sum_over_workers(std::span<double> values) override;
 

@@ -32,6 +32,11 @@ struct MatmulOptions {
   const Tensor* bias = nullptr;   // [N], added to every row before the activation
   Activation activation = Activation::linear;
   bool accumulate = false;        // c += result instead of c = result (linear only)
+  // Only columns [column_begin, column_end) of b and c take part: c[:, cols] = op(a) ·
+  // b[:, cols], the rest of c untouched (b not transposed, no bias; b and c the same
+  // width). column_end -1: every column. Replicas write their blocks of one gradient so.
+  std::int64_t column_begin = 0;
+  std::int64_t column_end = -1;
 };
 
 // Hyper-parameters of one fused optimizer pass, already resolved for this step.

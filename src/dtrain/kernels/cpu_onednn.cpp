@@ -230,8 +230,9 @@ struct CpuBackend::OneDnn {
       DTRAIN_THROW(InternalError, "oneDNN primitive execution failed with status ", static_cast<int>(status));
   }
 
-  dnnl::memory mem(const dnnl::memory::desc& d, const Tensor& t) {
-    return dnnl::memory(d, engine, t.raw_data());
+  // The tensor's memory from its element `offset` on.
+  dnnl::memory mem(const dnnl::memory::desc& d, const Tensor& t, std::int64_t offset = 0) {
+    return dnnl::memory(d, engine, static_cast<char*>(t.raw_data()) + offset * static_cast<std::int64_t>(dtype_size(t.dtype())));
   }
 };
 
@@ -256,8 +257,15 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matmu
   const std::int64_t M = o.transpose_a ? a.dim(1) : a.dim(0);
   const std::int64_t K = o.transpose_a ? a.dim(0) : a.dim(1);
   const std::int64_t Kb = o.transpose_b ? b.dim(1) : b.dim(0);
-  const std::int64_t N = o.transpose_b ? b.dim(0) : b.dim(1);
-  if (K != Kb || c.dim(0) != M || c.dim(1) != N)
+  const std::int64_t width = o.transpose_b ? b.dim(0) : b.dim(1);  // b's and c's columns
+  const bool block = o.column_begin != 0 || o.column_end != -1;
+  const std::int64_t col0 = o.column_begin, col1 = o.column_end == -1 ? width : o.column_end;
+  if (block && (o.transpose_b || o.bias || col0 < 0 || col1 < col0 || col1 > width))
+    DTRAIN_THROW(InvalidArgument, "matmul: columns [", col0, ", ", col1, ") of b ", b.shape().to_string(),
+                 o.transpose_b ? "ᵀ" : "", o.bias ? " with a bias" : "",
+                 ": a column block needs b untransposed, no bias and 0 <= begin <= end <= ", width);
+  const std::int64_t N = col1 - col0;
+  if (K != Kb || c.dim(0) != M || c.dim(1) != width)
     DTRAIN_THROW(InvalidArgument, "matmul: shapes do not agree: a ", a.shape().to_string(),
                  o.transpose_a ? "ᵀ" : "", " · b ", b.shape().to_string(), o.transpose_b ? "ᵀ" : "",
                  " -> c ", c.shape().to_string());
@@ -275,7 +283,7 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matmu
     float* out = c.data<float>();
     const float* bias = o.bias ? o.bias->data<float>() : nullptr;
     for (std::int64_t i = 0; i < M; ++i)
-      for (std::int64_t j = 0; j < N; ++j) out[i * N + j] = bias ? bias[j] : 0.0f;
+      for (std::int64_t j = col0; j < col1; ++j) out[i * width + j] = bias ? bias[j] : 0.0f;
     if (o.activation != Activation::linear) {
       Tensor view = c;
       const Unary u = o.activation == Activation::relu      ? Unary::relu
@@ -289,14 +297,14 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matmu
 
   const dt in_type = to_dnnl(a.dtype());
   const dnnl::memory::desc a_md({M, K}, in_type, o.transpose_a ? dnnl::memory::dims{1, M} : dnnl::memory::dims{K, 1});
-  const dnnl::memory::desc b_md({K, N}, in_type, o.transpose_b ? dnnl::memory::dims{1, K} : dnnl::memory::dims{N, 1});
-  const dnnl::memory::desc c_md({M, N}, dt::f32, dnnl::memory::dims{N, 1});
+  const dnnl::memory::desc b_md({K, N}, in_type, o.transpose_b ? dnnl::memory::dims{1, K} : dnnl::memory::dims{width, 1});
+  const dnnl::memory::desc c_md({M, N}, dt::f32, dnnl::memory::dims{width, 1});
   const dnnl::memory::desc bias_md({1, N}, dt::f32, dnnl::memory::dims{N, 1});
 
   Key key;
   key.add(1).add(M).add(K).add(N).add(o.transpose_a).add(o.transpose_b)
       .add(static_cast<int>(a.dtype())).add(o.bias != nullptr)
-      .add(static_cast<int>(o.activation)).add(o.accumulate);
+      .add(static_cast<int>(o.activation)).add(o.accumulate).add(width);
   const Entry& e = dnn_->get(key, [&] {
     dnnl::post_ops ops;
     if (o.accumulate) ops.append_sum(1.0f);
@@ -314,8 +322,8 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matmu
                       {DNNL_ARG_DST, dnn_->mem(c_md, c)}});
   } else {
     dnn_->execute(e, {{DNNL_ARG_SRC, dnn_->mem(a_md, a)},
-                      {DNNL_ARG_WEIGHTS, dnn_->mem(b_md, b)},
-                      {DNNL_ARG_DST, dnn_->mem(c_md, c)}});
+                      {DNNL_ARG_WEIGHTS, dnn_->mem(b_md, b, col0)},
+                      {DNNL_ARG_DST, dnn_->mem(c_md, c, col0)}});
   }
 }
 

@@ -493,7 +493,7 @@ class Sequential::Trainer {
       if (strategy.num_workers() > 1) strategy.synchronize_variables(model_.variables(), describe(model_));
     }
     if (!reducer_) {
-      reducer_ = strategy.gradient_reducer(vars_);
+      reducer_ = strategy.gradient_reducer(vars_, dense_layers());
       outputs_.resize(static_cast<std::size_t>(replicas));
       for (int r = 0; r < replicas; ++r)
         tracks_.push_back(&profiler_.add_track(
@@ -507,7 +507,6 @@ class Sequential::Trainer {
       reducer_->set_profile(tracks_, comm);
       profiler_.loop().add(profile::Phase::setup, setup_start, Clock::now(), "build the model and gradient buckets");
     }
-    reducer_->set_reduce_this_step(update);
     // Replicas update their own share of every variable when the optimizer allows it.
     const Clock::time_point prepare_start = Clock::now();
     const bool shared = update && model_.optimizer_->begin_shared_update(vars_);
@@ -521,6 +520,9 @@ class Sequential::Trainer {
       next_row += local_rows / parts + (g < local_rows % parts ? 1 : 0);
       if (g >= first) outputs_[static_cast<std::size_t>(g - first)] = Output{begin, next_row, Tensor(), 0.0};
     }
+    row_bounds_.assign(1, outputs_.front().begin);
+    for (const Output& out : outputs_) row_bounds_.push_back(out.end);
+    reducer_->begin_step(update, row_bounds_);
     // A mean over the batch becomes each replica's share of the global mean; a sum stays a sum.
     const bool mean_loss = model_.loss_->reduction() == losses::Reduction::sum_over_batch_size;
     const float scale_by = 1.0f / ((mean_loss ? static_cast<float>(rows) : 1.0f) * static_cast<float>(k_));
@@ -533,9 +535,10 @@ class Sequential::Trainer {
         const Clock::time_point start = Clock::now();
         track.add(profile::Phase::replica_start, handed_over, start);
         Clock::time_point forward_end = start;
-        if (begin == end) {  // a short last batch leaves this replica nothing to do
-          for (std::size_t i = 0; i < vars_.size(); ++i) reducer_->gradient_ready(r, i, Tensor());
+        if (begin == end) {  // a short last batch leaves this replica no rows of its own
+          reducer_->no_gradients(r);
         } else {
+          const ScopedDenseGradientsTogether together(reducer_->dense_gradients_together(r));
           GradientTape tape;
           out.y_pred = model_(x.slice(begin, end), /*training=*/true);
           Tensor loss = (*model_.loss_)(y.slice(begin, end), out.y_pred);
@@ -582,6 +585,30 @@ class Sequential::Trainer {
     loop.add(profile::Phase::metrics, optimizer_end, Clock::now());
   }
 
+  // The dense layers whose gradients the replicas may compute together: float32 ones,
+  // each met once, with a trainable kernel (and bias, when trainable).
+  std::vector<DenseVariables> dense_layers() const {
+    auto index_of = [&](const Variable* v) {
+      const auto it = std::find(vars_.begin(), vars_.end(), v);
+      return it == vars_.end() ? DenseVariables::kNone : static_cast<std::size_t>(it - vars_.begin());
+    };
+    std::vector<DenseVariables> out;
+    std::set<const nn::Layer*> seen;
+    for (const auto& layer : model_.layers_) {
+      auto* dense = dynamic_cast<nn::Dense*>(layer.get());
+      if (!seen.insert(layer.get()).second) {
+        // The same layer twice: its gradient sums two uses, so it goes through the buckets.
+        if (dense) std::erase_if(out, [&](const DenseVariables& d) { return d.kernel == index_of(&dense->kernel()); });
+        continue;
+      }
+      if (dense == nullptr || dense->dtype_policy().compute_dtype != DType::f32) continue;
+      const std::size_t kernel = index_of(&dense->kernel());
+      if (kernel == DenseVariables::kNone) continue;
+      out.push_back({kernel, dense->bias() ? index_of(dense->bias()) : DenseVariables::kNone});
+    }
+    return out;
+  }
+
   Sequential& model_;
   int k_;
   profile::Profiler& profiler_;
@@ -593,6 +620,7 @@ class Sequential::Trainer {
   std::vector<Tensor> group_;    // buffers_[i] once the group has a gradient for it, else undefined
   std::unique_ptr<GradientReducer> reducer_;
   std::vector<Output> outputs_;  // [replica]
+  std::vector<std::int64_t> row_bounds_;  // replica r's rows: [row_bounds_[r], row_bounds_[r + 1])
 };
 
 History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {

@@ -12,22 +12,38 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/autograd/dense_together.h"
 #include "dtrain/autograd/variable.h"
 #include "dtrain/profile/profiler.h"
 
 namespace dtrain {
+
+// A dense layer's variables, as indices into the list a GradientReducer sums: replicas
+// that share the weights may compute their gradients together (dense_together.h).
+struct DenseVariables {
+  static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  std::size_t kernel;
+  std::size_t bias = kNone;
+};
 
 // Sums the replicas' gradients of one fixed list of variables, in buckets, while their
 // backward passes still run. Made by a strategy for one fit().
 class GradientReducer {
  public:
   virtual ~GradientReducer() = default;
-  // Whether the coming step ends an accumulation cycle (its gradients are summed over
-  // replicas) or only adds them to each replica's local sums. Set between steps.
-  virtual void set_reduce_this_step(bool reduce) = 0;
+  // Before each step: whether it ends an accumulation cycle (its gradients are summed over
+  // replicas) or only adds them to each replica's local sums, and the rows of the batch
+  // each replica takes, replica r [row_bounds[r], row_bounds[r + 1]).
+  virtual void begin_step(bool reduce, std::span<const std::int64_t> row_bounds) = 0;
+  // Set on replica `replica`'s thread for its backward pass: the layers whose weight
+  // gradients the replicas compute together this step (null: none).
+  virtual DenseGradientsTogether* dense_gradients_together(int /*replica*/) { return nullptr; }
   // From replica `replica`'s backward pass: the gradient of variable `index` is final
   // (undefined: the loss does not depend on it).
   virtual void gradient_ready(int replica, std::size_t index, const Tensor& grad) = 0;
+  // Instead of a backward pass, for a replica with no rows this step: it has no gradients
+  // of its own (it may still compute its share of the others').
+  virtual void no_gradients(int replica) = 0;
   // The replica's backward pass is over; on a reducing step, returns once every bucket is
   // summed (helping to sum them).
   virtual void finish(int replica) = 0;
@@ -78,7 +94,9 @@ class StrategyBackend {
   // stops the other replicas' cross-replica calls; the first one is rethrown, naming its
   // replica, once every replica has returned.
   virtual void run(const std::function<void(int replica)>& fn) = 0;
-  virtual std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const> vars) = 0;
+  // `dense`: the model's dense layers whose gradients the replicas may compute together.
+  virtual std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const> vars,
+                                                            std::span<const DenseVariables> dense) = 0;
 
  protected:
   StrategyBackend();

@@ -1,0 +1,105 @@
+// Dense layers' weight gradients computed by the replicas together.
+#include "dtrain/distribute/dense_together.h"
+
+#include "dtrain/core/error.h"
+#include "dtrain/kernels/backend.h"
+
+namespace dtrain::distribute::detail {
+
+class DenseTogether::Hook final : public DenseGradientsTogether {
+ public:
+  Hook(DenseTogether& owner, int replica) : owner_(owner), replica_(replica) {}
+
+  bool takes(const Tensor& kernel) const override {
+    for (const Layer& l : owner_.layers_)
+      if (l.key == kernel.raw_data()) return true;
+    return false;
+  }
+
+  void gradients(const Tensor& kernel, const Tensor& x, const Tensor& dz, bool with_bias, Tensor& dw,
+                 Tensor& db) override {
+    Layer& layer = owner_.layer_of(kernel);
+    const auto r = static_cast<std::size_t>(replica_);
+    const std::int64_t mine = owner_.bounds_[r + 1] - owner_.bounds_[r];
+    // Inputs with more axes than [batch, features] fold their leading axes into rows.
+    const std::int64_t rows = x.dim(0);
+    if (mine == 0 || rows % mine != 0 || dz.dim(0) != rows)
+      DTRAIN_THROW(InternalError, "dense gradients together: replica ", replica_, " has ", mine,
+                   " rows of the batch but gave ", rows, " rows of x and ", dz.dim(0), " of dz for '",
+                   owner_.vars_[layer.kernel]->name(), "'");
+    const std::int64_t per_row = rows / mine;
+    const std::int64_t total = owner_.bounds_.back() * per_row, first = owner_.bounds_[r] * per_row;
+    {
+      std::lock_guard lock(owner_.buffers_mutex_);
+      if (layer.rows != total) {
+        layer.x = Tensor::empty({total, x.dim(1)});
+        layer.dz = Tensor::empty({total, dz.dim(1)});
+        layer.ones = Tensor::full({1, total}, 1.0f);
+        layer.rows = total;
+      }
+    }
+    layer.x.slice(first, first + rows).copy_from(x);
+    layer.dz.slice(first, first + rows).copy_from(dz);
+    owner_.barrier_.arrive_and_wait(replica_);
+    owner_.compute_block(replica_, layer);
+    dw = owner_.gradients_[layer.kernel];
+    if (with_bias) db = owner_.gradients_[layer.bias];
+  }
+
+ private:
+  DenseTogether& owner_;
+  int replica_;
+};
+
+DenseTogether::DenseTogether(int replicas, std::span<Variable* const> vars, std::span<const DenseVariables> layers)
+    : replicas_(replicas), vars_(vars.begin(), vars.end()), covered_(vars.size(), 0), gradients_(vars.size()),
+      barrier_(replicas) {
+  for (const DenseVariables& d : layers) {
+    layers_.push_back(Layer{d.kernel, d.bias});
+    for (const std::size_t k : {d.kernel, d.bias}) {
+      if (k == DenseVariables::kNone) continue;
+      covered_[k] = 1;
+      gradients_[k] = Tensor::zeros(vars[k]->shape());
+    }
+  }
+  for (int r = 0; r < replicas; ++r) hooks_.push_back(std::make_unique<Hook>(*this, r));
+}
+
+DenseGradientsTogether* DenseTogether::replica(int r) { return hooks_[static_cast<std::size_t>(r)].get(); }
+
+void DenseTogether::begin_step(std::span<const std::int64_t> row_bounds, bool accumulate) {
+  bounds_.assign(row_bounds.begin(), row_bounds.end());
+  accumulate_ = accumulate;
+  // Variables may have been given new storage since the last step (assign, load_weights).
+  for (Layer& l : layers_) l.key = vars_[l.kernel]->value().raw_data();
+}
+
+DenseTogether::Layer& DenseTogether::layer_of(const Tensor& kernel) {
+  for (Layer& l : layers_)
+    if (l.key == kernel.raw_data()) return l;
+  DTRAIN_THROW(InternalError, "dense gradients together: a kernel of shape ", kernel.shape().to_string(),
+               " is not one of the model's dense layers");
+}
+
+void DenseTogether::compute_block(int r, Layer& layer) {
+  const std::int64_t out = layer.dz.dim(1);
+  const std::int64_t begin = out * r / replicas_, end = out * (r + 1) / replicas_;
+  if (begin == end) return;
+  auto& backend = kernels::backend();
+  backend.matmul(layer.x, layer.dz, gradients_[layer.kernel],
+                 {.transpose_a = true, .accumulate = accumulate_, .column_begin = begin, .column_end = end});
+  if (layer.bias != DenseVariables::kNone) {
+    Tensor db = gradients_[layer.bias].reshape({1, out});
+    backend.matmul(layer.ones, layer.dz, db, {.accumulate = accumulate_, .column_begin = begin, .column_end = end});
+  }
+}
+
+void DenseTogether::without_rows(int r) {
+  // Backward meets the layers last to first.
+  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
+    barrier_.arrive_and_wait(r);
+    compute_block(r, *it);
+  }
+}
+
+}  // namespace dtrain::distribute::detail

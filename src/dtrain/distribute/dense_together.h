@@ -1,0 +1,69 @@
+// The replicas of one process compute the weight gradients of the model's dense layers
+// together (autograd/dense_together.h): each copies its rows of the layer's input and
+// output gradient into buffers that hold the whole batch, and after a barrier computes
+// its block of the gradient's columns over every row, straight into the one gradient the
+// update reads. Nothing is summed afterwards, and the product over the whole batch runs
+// faster than one per replica. For BucketReducer, whose buckets leave these variables out.
+// Internal to the distribute layer.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "dtrain/autograd/dense_together.h"
+#include "dtrain/comm/in_process.h"
+#include "dtrain/model/strategy_backend.h"
+
+namespace dtrain::distribute::detail {
+
+class DenseTogether {
+ public:
+  DenseTogether(int replicas, std::span<Variable* const> vars, std::span<const DenseVariables> layers);
+
+  // Whether variable `index` (of the reducer's list) is a kernel or bias computed here.
+  bool covers(std::size_t index) const { return covered_[index]; }
+  // The gradient of a covered variable, shaped like it; whole after finish().
+  const Tensor& gradient(std::size_t index) const { return gradients_[index]; }
+
+  // Before each step, on the training thread: the replicas' rows (as
+  // GradientReducer::begin_step) and whether the step adds to gradients already begun
+  // (a micro-batch after the first of an accumulation group).
+  void begin_step(std::span<const std::int64_t> row_bounds, bool accumulate);
+  // Set on replica r's thread during its backward pass.
+  DenseGradientsTogether* replica(int r);
+  // A replica without rows this step computes its blocks of every layer all the same.
+  void without_rows(int r);
+  // Returns once every replica has computed all its blocks.
+  void finish(int r) { barrier_.arrive_and_wait(r); }
+  // A replica failed: nobody waits for it.
+  void abort(int r, const std::string& why) { barrier_.abort(r, why); }
+
+ private:
+  struct Layer {
+    std::size_t kernel, bias;
+    const void* key = nullptr;  // the kernel's values this step, as dense's backward sees them
+    Tensor x, dz;               // [rows, in] and [rows, out]: every replica's rows
+    Tensor ones;                // [1, rows], for the bias gradient's column sums
+    std::int64_t rows = -1;     // what the buffers were made for
+  };
+  class Hook;
+
+  Layer& layer_of(const Tensor& kernel);
+  // After the copies: replica r's block of columns of the layer's gradients.
+  void compute_block(int r, Layer& layer);
+
+  int replicas_;
+  std::vector<Variable*> vars_;
+  std::vector<Layer> layers_;  // in the model's order
+  std::vector<char> covered_;  // [variable]
+  std::vector<Tensor> gradients_;  // [variable] covered ones: the shared gradients
+  std::vector<std::unique_ptr<DenseGradientsTogether>> hooks_;  // [replica]
+  std::vector<std::int64_t> bounds_;
+  bool accumulate_ = false;
+  std::mutex buffers_mutex_;  // the first replica at a layer sizes its buffers for the step
+  comm::InProcessBarrier barrier_;
+};
+
+}  // namespace dtrain::distribute::detail
