@@ -116,6 +116,51 @@ TEST(InProcessAllReduce, AbortReleasesAWaitingReplicaNamingTheFailedOne) {
   failing.join();
 }
 
+// Each round every replica writes its slot, passes the barrier, and reads every slot:
+// a replica that got through before the others wrote would read last round's values.
+// Both with spinning and with sleeping waiters (more replicas than cores).
+TEST(InProcessBarrier, NobodyPassesBeforeEveryoneArrived) {
+  constexpr int kReplicas = 3, kRounds = 200;
+  for (const int spins : {InProcessBarrier::kDefaultSpins, 0}) {
+    InProcessBarrier barrier(kReplicas, spins);
+    std::vector<int> slots(kReplicas, -1);
+    std::vector<int> wrong(kReplicas, 0);
+    auto replica = [&](int r) {
+      for (int round = 0; round < kRounds; ++round) {
+        slots[static_cast<std::size_t>(r)] = round;
+        barrier.arrive_and_wait(r);
+        for (int other = 0; other < kReplicas; ++other) wrong[static_cast<std::size_t>(r)] += slots[static_cast<std::size_t>(other)] != round;
+        barrier.arrive_and_wait(r);  // nobody writes the next round before all have read
+      }
+    };
+    std::vector<std::thread> threads;
+    for (int r = 1; r < kReplicas; ++r) threads.emplace_back(replica, r);
+    replica(0);
+    for (std::thread& t : threads) t.join();
+    EXPECT_EQ(wrong, std::vector<int>(kReplicas, 0)) << spins << " spins";
+  }
+}
+
+TEST(InProcessBarrier, AbortReleasesWaitersNamingTheFailedReplica) {
+  InProcessBarrier barrier(3);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> waiters;
+  for (int r = 0; r < 2; ++r)
+    waiters.emplace_back([&, r] {
+      try {
+        barrier.arrive_and_wait(r);
+        errors[static_cast<std::size_t>(r)] = "passed the barrier without replica 2";
+      } catch (const PeerFailure& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  barrier.abort(2, "its batch was empty");
+  for (std::thread& t : waiters) t.join();
+  for (const std::string& e : errors) EXPECT_NE(e.find("replica 2 failed (its batch was empty)"), std::string::npos) << e;
+  // Later arrivals fail at once.
+  EXPECT_THROW(barrier.arrive_and_wait(0), PeerFailure);
+}
+
 TEST(InProcessAllReduce, RejectsMismatchedInputs) {
   std::vector<float> out(4);
   EXPECT_THROW(InProcessAllReduce(2, {{4}, {4}}, {out.data()}), InvalidArgument);

@@ -119,6 +119,33 @@ TEST(MirroredStrategy, ALastBatchSmallerThanTheReplicasMatchesOneDevice) {
   EXPECT_EQ(model->optimizer().iterations(), 4);
 }
 
+TEST(MirroredStrategy, AccumulationOverAShortLastBatchAndADenseWithoutBiasMatchOneDevice) {
+  // Batches of 16, 16, 16 and 2 in groups of two: the last micro-batch leaves the third
+  // replica no rows while the group's gradients accumulate; the first layer has no bias.
+  data::Split d = data::make_synthetic(50, 12, 10, 9, data::SyntheticLabels::teacher);
+  auto model_of = [] {
+    auto m = std::make_unique<Sequential>();
+    m->add<nn::Dense>(16, "relu", nn::DenseOptions{.use_bias = false, .seed = 1});
+    m->add<nn::Dense>(10, "softmax", nn::DenseOptions{.seed = 2});
+    m->compile("adam", "sparse_categorical_crossentropy");
+    m->build(Shape{12});
+    return m;
+  };
+  FitOptions o = quiet(16);
+  o.gradient_accumulation_steps = 2;
+  auto reference = model_of();
+  reference->fit(d.x, d.y, o);
+  MirroredStrategy strategy(3);
+  std::unique_ptr<Sequential> model;
+  {
+    auto scope = strategy.scope();
+    model = model_of();
+  }
+  model->fit(d.x, d.y, o);
+  EXPECT_EQ(model->optimizer().iterations(), 2);
+  EXPECT_LE(relative_difference(*model, *reference), 1e-5);
+}
+
 TEST(MirroredStrategy, FitOnADatasetMatchesFitOnTensors) {
   data::Split d = data::make_synthetic(96, 12, 10, 8, data::SyntheticLabels::teacher);
   MirroredStrategy strategy(2);

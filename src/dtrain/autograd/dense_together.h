@@ -20,9 +20,9 @@ class DenseGradientsTogether {
   // Whether the gradient of `kernel` (a variable's value) is computed together this step.
   virtual bool takes(const Tensor& kernel) const = 0;
   // This replica's rows x [rows, in] and dz [rows, out] of the layer with `kernel`. Sets
-  // dw [in, out] (and db [out] when with_bias) to the gradients over every replica's rows.
-  virtual void gradients(const Tensor& kernel, const Tensor& x, const Tensor& dz, bool with_bias, Tensor& dw,
-                         Tensor& db) = 0;
+  // dw [in, out] to the gradient over every replica's rows, and db [out] too when the
+  // layer's bias is computed together (otherwise db stays undefined: the caller's own).
+  virtual void gradients(const Tensor& kernel, const Tensor& x, const Tensor& dz, Tensor& dw, Tensor& db) = 0;
 };
 
 // The calling thread's, or null.

@@ -79,15 +79,17 @@ Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activati
       // replica's rows at once (dense_together.h).
       DenseGradientsTogether* together = together_;
       const bool with_others = ctx.needs(1) && together != nullptr && together->takes(kc);
+      Tensor dw_all, db_all;
       if (with_others) {
-        Tensor dw, db;
-        together->gradients(kc, xc, dz, ctx.needs(2), dw, db);
-        ctx.add(1, dw);
-        if (ctx.needs(2)) ctx.add(2, db);
-      } else if (ctx.needs(2)) {
-        Tensor db = Tensor::empty({kc.dim(1)});
-        b.reduce(kernels::Reduce::sum, dz, db);
-        ctx.add(2, db);
+        together->gradients(kc, xc, dz, dw_all, db_all);
+        ctx.add(1, dw_all);
+      }
+      if (ctx.needs(2)) {
+        if (!db_all.defined()) {
+          db_all = Tensor::empty({kc.dim(1)});
+          b.reduce(kernels::Reduce::sum, dz, db_all);
+        }
+        ctx.add(2, db_all);
       }
       const bool own_dw = ctx.needs(1) && !with_others;
       const Tensor dzc = ctx.needs(0) || own_dw ? detail::converted(dz, kc.dtype()) : Tensor();

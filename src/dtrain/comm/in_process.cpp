@@ -199,15 +199,16 @@ void InProcessAllReduce::abort(int replica, const std::string& why) {
 }
 
 void InProcessBarrier::arrive_and_wait(int /*replica*/) {
-  throw_if_aborted();
-  // The generation cannot move before this replica arrives, so reading it first is safe.
+  // The generation is read before the check for an abort, which publishes the failure
+  // before it moves the generation: an abort after the check still ends the wait below.
   const std::uint64_t generation = generation_.load(std::memory_order_acquire);
+  throw_if_aborted();
   if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == replicas_) {
     arrived_.store(0, std::memory_order_relaxed);  // nobody arrives again before the bump below
     generation_.fetch_add(1, std::memory_order_release);
     generation_.notify_all();
   } else {
-    for (int spin = 0; spin < kSpins && generation_.load(std::memory_order_acquire) == generation; ++spin) cpu_relax();
+    for (int spin = 0; spin < spins_ && generation_.load(std::memory_order_acquire) == generation; ++spin) cpu_relax();
     while (generation_.load(std::memory_order_acquire) == generation) generation_.wait(generation, std::memory_order_acquire);
   }
   throw_if_aborted();
@@ -223,6 +224,9 @@ void InProcessBarrier::abort(int replica, const std::string& why) {
     abort_reason_ = why;
     aborted_by_.store(replica, std::memory_order_release);
   }
+  // A second failure waits until the first is published, or a waiter woken by its bump
+  // would find no failure and go on as if everyone had arrived.
+  while (aborted_by_.load(std::memory_order_acquire) < 0) cpu_relax();
   generation_.fetch_add(1, std::memory_order_release);
   generation_.notify_all();
 }

@@ -94,11 +94,14 @@ class InProcessAllReduce {
 };
 
 // R threads wait for each other, over and over: replicas that must all have written
-// something before any reads it. Waiters spin briefly (replicas arrive close together, and
-// a sleeping thread takes tens of microseconds to wake), then sleep.
+// something before any reads it. Waiters spin for `spins` pauses (replicas on cores of
+// their own arrive close together, and a sleeping thread takes tens of microseconds to
+// wake), then sleep; with more replicas than cores, spinning takes the core a late
+// replica needs, so give 0.
 class InProcessBarrier {
  public:
-  explicit InProcessBarrier(int replicas) : replicas_(replicas) {}
+  static constexpr int kDefaultSpins = 4000;
+  explicit InProcessBarrier(int replicas, int spins = kDefaultSpins) : replicas_(replicas), spins_(spins) {}
   InProcessBarrier(const InProcessBarrier&) = delete;
   InProcessBarrier& operator=(const InProcessBarrier&) = delete;
 
@@ -112,6 +115,7 @@ class InProcessBarrier {
   void throw_if_aborted() const;
 
   int replicas_;
+  int spins_;
   std::atomic<int> arrived_{0};
   std::atomic<std::uint64_t> generation_{0};  // bumped when all have arrived, and on abort; waited on
   std::atomic<bool> claimed_abort_{false};

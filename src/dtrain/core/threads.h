@@ -60,7 +60,8 @@ class FlushDenormals {
   }
   ~FlushDenormals() {
 #if defined(__x86_64__) || defined(__i386__)
-    if (set_) _mm_setcsr(saved_);
+    // The mode as it was; the exception flags raised meanwhile stay raised.
+    if (set_) _mm_setcsr(saved_ | (_mm_getcsr() & kExceptionFlags));
 #endif
   }
   FlushDenormals(const FlushDenormals&) = delete;
@@ -69,6 +70,7 @@ class FlushDenormals {
  private:
   static constexpr unsigned kDenormalsAreZero = 0x0040;
   static constexpr unsigned kFlushToZero = 0x8000;
+  static constexpr unsigned kExceptionFlags = 0x003F;
   unsigned saved_ = 0;
   bool set_ = false;
 };

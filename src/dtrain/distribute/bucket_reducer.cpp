@@ -183,8 +183,9 @@ void BucketReducer::reduce_across_workers(comm::GlooGroup& group, std::uint64_t 
 void BucketReducer::gradient_ready(int replica, std::size_t index, const Tensor& grad) {
   ReplicaState& state = states_[static_cast<std::size_t>(replica)];
   if (together(index)) {
-    // Already the sum over every replica's rows, in the one tensor the update reads.
-    if (!grad.shares_storage_with(together_->gradient(index)))
+    // Already the sum over every replica's rows, in the one tensor the update reads
+    // (undefined where the loss does not depend on the layer).
+    if (grad.defined() && !grad.shares_storage_with(together_->gradient(index)))
       DTRAIN_THROW(InternalError, "gradient buckets: replica ", replica, "'s gradient ", index,
                    " was not computed together with the other replicas'");
     return;
@@ -271,7 +272,7 @@ void BucketReducer::finish(int replica) {
   // each replica writes only its own list.
   for (std::size_t k = 0; k < views_.size(); ++k) {
     if (together(k)) {
-      state.reduced[k] = views_[k];
+      state.reduced[k] = together_->computed(k) ? views_[k] : Tensor();
       continue;
     }
     const Place& p = places_[k];

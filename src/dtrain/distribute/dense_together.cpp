@@ -2,6 +2,7 @@
 #include "dtrain/distribute/dense_together.h"
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/threads.h"
 #include "dtrain/kernels/backend.h"
 
 namespace dtrain::distribute::detail {
@@ -16,10 +17,15 @@ class DenseTogether::Hook final : public DenseGradientsTogether {
     return false;
   }
 
-  void gradients(const Tensor& kernel, const Tensor& x, const Tensor& dz, bool with_bias, Tensor& dw,
-                 Tensor& db) override {
+  void gradients(const Tensor& kernel, const Tensor& x, const Tensor& dz, Tensor& dw, Tensor& db) override {
     Layer& layer = owner_.layer_of(kernel);
     const auto r = static_cast<std::size_t>(replica_);
+    // A second use would overwrite the first's rows while other replicas read them.
+    if (layer.step_used[r] == owner_.step_)
+      DTRAIN_THROW(InvalidArgument, owner_.vars_[layer.kernel]->name(),
+                   " is read twice in one step (weights shared between layers); under MirroredStrategy "
+                   "a dense layer's kernel may be read once per step");
+    layer.step_used[r] = owner_.step_;
     const std::int64_t mine = owner_.bounds_[r + 1] - owner_.bounds_[r];
     // Inputs with more axes than [batch, features] fold their leading axes into rows.
     const std::int64_t rows = x.dim(0);
@@ -43,7 +49,7 @@ class DenseTogether::Hook final : public DenseGradientsTogether {
     owner_.barrier_.arrive_and_wait(replica_);
     owner_.compute_block(replica_, layer);
     dw = owner_.gradients_[layer.kernel];
-    if (with_bias) db = owner_.gradients_[layer.bias];
+    if (layer.bias != DenseVariables::kNone) db = owner_.gradients_[layer.bias];
   }
 
  private:
@@ -53,9 +59,13 @@ class DenseTogether::Hook final : public DenseGradientsTogether {
 
 DenseTogether::DenseTogether(int replicas, std::span<Variable* const> vars, std::span<const DenseVariables> layers)
     : replicas_(replicas), vars_(vars.begin(), vars.end()), covered_(vars.size(), 0), gradients_(vars.size()),
-      barrier_(replicas) {
+      barrier_(replicas, replicas <= available_cores() ? comm::InProcessBarrier::kDefaultSpins : 0) {
   for (const DenseVariables& d : layers) {
-    layers_.push_back(Layer{d.kernel, d.bias});
+    Layer& l = layers_.emplace_back();
+    l.kernel = d.kernel;
+    l.bias = d.bias;
+    l.step_used.assign(static_cast<std::size_t>(replicas), 0);
+    l.group_done.assign(static_cast<std::size_t>(replicas), 0);
     for (const std::size_t k : {d.kernel, d.bias}) {
       if (k == DenseVariables::kNone) continue;
       covered_[k] = 1;
@@ -70,6 +80,8 @@ DenseGradientsTogether* DenseTogether::replica(int r) { return hooks_[static_cas
 void DenseTogether::begin_step(std::span<const std::int64_t> row_bounds, bool accumulate) {
   bounds_.assign(row_bounds.begin(), row_bounds.end());
   accumulate_ = accumulate;
+  ++step_;
+  if (!accumulate) ++group_;
   // Variables may have been given new storage since the last step (assign, load_weights).
   for (Layer& l : layers_) l.key = vars_[l.kernel]->value().raw_data();
 }
@@ -81,7 +93,16 @@ DenseTogether::Layer& DenseTogether::layer_of(const Tensor& kernel) {
                " is not one of the model's dense layers");
 }
 
+bool DenseTogether::computed(std::size_t index) const {
+  for (const Layer& l : layers_)
+    if (l.kernel == index || l.bias == index)
+      for (const std::uint64_t g : l.group_done)
+        if (g == group_) return true;
+  return false;
+}
+
 void DenseTogether::compute_block(int r, Layer& layer) {
+  layer.group_done[static_cast<std::size_t>(r)] = group_;
   const std::int64_t out = layer.dz.dim(1);
   const std::int64_t begin = out * r / replicas_, end = out * (r + 1) / replicas_;
   if (begin == end) return;

@@ -26,6 +26,8 @@ class DenseTogether {
   bool covers(std::size_t index) const { return covered_[index]; }
   // The gradient of a covered variable, shaped like it; whole after finish().
   const Tensor& gradient(std::size_t index) const { return gradients_[index]; }
+  // Whether a replica computed it since the accumulation group began (after finish()).
+  bool computed(std::size_t index) const;
 
   // Before each step, on the training thread: the replicas' rows (as
   // GradientReducer::begin_step) and whether the step adds to gradients already begun
@@ -47,6 +49,8 @@ class DenseTogether {
     Tensor x, dz;               // [rows, in] and [rows, out]: every replica's rows
     Tensor ones;                // [1, rows], for the bias gradient's column sums
     std::int64_t rows = -1;     // what the buffers were made for
+    std::vector<std::uint64_t> step_used;   // [replica] the last step its backward reached the layer
+    std::vector<std::uint64_t> group_done;  // [replica] the last group it computed its block in
   };
   class Hook;
 
@@ -62,6 +66,7 @@ class DenseTogether {
   std::vector<std::unique_ptr<DenseGradientsTogether>> hooks_;  // [replica]
   std::vector<std::int64_t> bounds_;
   bool accumulate_ = false;
+  std::uint64_t step_ = 0, group_ = 0;  // counted from 1
   std::mutex buffers_mutex_;  // the first replica at a layer sizes its buffers for the step
   comm::InProcessBarrier barrier_;
 };

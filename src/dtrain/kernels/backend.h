@@ -33,8 +33,9 @@ struct MatmulOptions {
   Activation activation = Activation::linear;
   bool accumulate = false;        // c += result instead of c = result (linear only)
   // Only columns [column_begin, column_end) of b and c take part: c[:, cols] = op(a) ·
-  // b[:, cols], the rest of c untouched (b not transposed, no bias; b and c the same
-  // width). column_end -1: every column. Replicas write their blocks of one gradient so.
+  // b[:, cols], the rest of c untouched (b not transposed, no bias or activation; b and c
+  // the same width). column_end -1: every column. Replicas write their blocks of one
+  // gradient so.
   std::int64_t column_begin = 0;
   std::int64_t column_end = -1;
 };

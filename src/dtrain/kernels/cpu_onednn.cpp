@@ -260,10 +260,11 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matmu
   const std::int64_t width = o.transpose_b ? b.dim(0) : b.dim(1);  // b's and c's columns
   const bool block = o.column_begin != 0 || o.column_end != -1;
   const std::int64_t col0 = o.column_begin, col1 = o.column_end == -1 ? width : o.column_end;
-  if (block && (o.transpose_b || o.bias || col0 < 0 || col1 < col0 || col1 > width))
+  if (block && (o.transpose_b || o.bias || o.activation != Activation::linear || col0 < 0 || col1 < col0 ||
+                col1 > width))
     DTRAIN_THROW(InvalidArgument, "matmul: columns [", col0, ", ", col1, ") of b ", b.shape().to_string(),
                  o.transpose_b ? "ᵀ" : "", o.bias ? " with a bias" : "",
-                 ": a column block needs b untransposed, no bias and 0 <= begin <= end <= ", width);
+                 ": a column block needs b untransposed, no bias or activation, and 0 <= begin <= end <= ", width);
   const std::int64_t N = col1 - col0;
   if (K != Kb || c.dim(0) != M || c.dim(1) != width)
     DTRAIN_THROW(InvalidArgument, "matmul: shapes do not agree: a ", a.shape().to_string(),
