@@ -85,38 +85,25 @@ TEST(MirroredStrategy, AccumulatedMicroBatchesMatchOneLargeBatch) {
   EXPECT_LE(relative_difference(*plain, *reference), 1e-5);
 }
 
-TEST(MirroredStrategy, ShortLastBatchAndOddSplitsMatchOneDevice) {
-  // 100 rows, global batch 48: batches of 48, 48 and 4; 3 replicas split 48 as 16/16/16
-  // and 4 as 2/1/1.
-  data::Split d = data::make_synthetic(100, 20, 10, 5, data::SyntheticLabels::teacher);
-  auto reference = large_mlp(20, 16);
-  reference->fit(d.x, d.y, quiet(48, 2));
-  MirroredStrategy strategy(3);
-  std::unique_ptr<Sequential> model;
-  {
-    auto scope = strategy.scope();
-    model = large_mlp(20, 16);
+TEST(MirroredStrategy, ShortLastBatchesAndOddSplitsMatchOneDevice) {
+  // Global batch 48 over 3 replicas, 16/16/16. 100 rows: a last batch of 4, split 2/1/1.
+  // 50 rows: a last batch of 2, which leaves the third replica none (it still computes
+  // its share of the dense layers' gradients).
+  for (const std::int64_t rows : {100, 50}) {
+    data::Split d = data::make_synthetic(rows, 20, 10, 5, data::SyntheticLabels::teacher);
+    auto reference = large_mlp(20, 16);
+    reference->fit(d.x, d.y, quiet(48, 2));
+    MirroredStrategy strategy(3);
+    std::unique_ptr<Sequential> model;
+    {
+      auto scope = strategy.scope();
+      model = large_mlp(20, 16);
+    }
+    History h = model->fit(d.x, d.y, quiet(48, 2));
+    EXPECT_LE(relative_difference(*model, *reference), 1e-5) << rows << " rows";
+    EXPECT_EQ(model->optimizer().iterations(), rows / 48 * 2 + 2) << rows << " rows";
+    ASSERT_EQ(h.history.at("loss").size(), 2u);
   }
-  History h = model->fit(d.x, d.y, quiet(48, 2));
-  EXPECT_LE(relative_difference(*model, *reference), 1e-5);
-  ASSERT_EQ(h.history.at("loss").size(), 2u);
-}
-
-TEST(MirroredStrategy, ALastBatchSmallerThanTheReplicasMatchesOneDevice) {
-  // 50 rows, global batch 48: the last batch of 2 rows leaves the third replica none (it
-  // still computes its share of the dense layers' gradients).
-  data::Split d = data::make_synthetic(50, 20, 10, 6, data::SyntheticLabels::teacher);
-  auto reference = large_mlp(20, 16);
-  reference->fit(d.x, d.y, quiet(48, 2));
-  MirroredStrategy strategy(3);
-  std::unique_ptr<Sequential> model;
-  {
-    auto scope = strategy.scope();
-    model = large_mlp(20, 16);
-  }
-  model->fit(d.x, d.y, quiet(48, 2));
-  EXPECT_LE(relative_difference(*model, *reference), 1e-5);
-  EXPECT_EQ(model->optimizer().iterations(), 4);
 }
 
 TEST(MirroredStrategy, AccumulationOverAShortLastBatchAndADenseWithoutBiasMatchOneDevice) {
@@ -261,6 +248,20 @@ class FailOnReplica : public nn::Layer {
   int replica_;
 };
 
+// Reads another layer's kernel as well (a tied weight): its gradient then has two parts.
+class ReadsKernel : public nn::Layer {
+ public:
+  explicit ReadsKernel(nn::Dense& tied) : Layer("reads_kernel"), tied_(tied) {}
+  Shape compute_output_shape(const Shape& s) const override { return s; }
+  std::string class_name() const override { return "ReadsKernel"; }
+
+ protected:
+  Tensor call(const Tensor& x, bool) override { return add(x, affine(reduce_sum(tied_.kernel().value()), 0.0f)); }
+
+ private:
+  nn::Dense& tied_;
+};
+
 TEST(MirroredStrategy, AFailingReplicaIsNamedAndNothingHangs) {
   MirroredStrategy strategy(2);
   data::Split d = data::make_synthetic(64, 8, 10, 1, data::SyntheticLabels::teacher);
@@ -336,6 +337,24 @@ TEST(MirroredStrategy, MisuseIsAClearError) {
     ADD_FAILURE() << "no error";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("fewer than the 2 replicas"), std::string::npos) << e.what();
+  }
+  // A dense layer's kernel that another layer reads too.
+  std::unique_ptr<Sequential> tied;
+  {
+    auto scope = strategy.scope();
+    tied = std::make_unique<Sequential>();
+    auto first = std::make_shared<nn::Dense>(8, "relu", nn::DenseOptions{.name = "first"});
+    tied->add(first);
+    tied->add(std::make_shared<ReadsKernel>(*first));
+    tied->add<nn::Dense>(10, "softmax");
+    tied->compile("adam", "sparse_categorical_crossentropy");
+  }
+  try {
+    tied->fit(d.x, d.y, quiet(4));
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("first/kernel is also read outside its dense layer"), std::string::npos)
+        << e.what();
   }
   auto tiny = strategy.experimental_distribute_dataset(data::Dataset::from_tensor_slices({d.x, d.y}).batch(1));
   EXPECT_THROW(tiny.make_iterator().next(), InvalidArgument);

@@ -110,6 +110,11 @@ class InProcessBarrier {
   void arrive_and_wait(int replica);
   // A replica failed: every replica waiting now or later throws. Not reused afterwards.
   void abort(int replica, const std::string& why);
+  // How many arrive each time from now on, and how long they spin; only while nobody waits.
+  void reset(int replicas, int spins) {
+    replicas_ = replicas;
+    spins_ = spins;
+  }
 
  private:
   void throw_if_aborted() const;

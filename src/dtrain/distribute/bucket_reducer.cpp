@@ -134,12 +134,6 @@ DenseGradientsTogether* BucketReducer::dense_gradients_together(int replica) {
   return together_ ? together_->replica(replica) : nullptr;
 }
 
-void BucketReducer::no_gradients(int replica) {
-  if (together_) together_->without_rows(replica);
-  for (std::size_t k = 0; k < places_.size(); ++k)
-    if (!together(k)) gradient_ready(replica, k, Tensor());
-}
-
 void BucketReducer::abort(int replica, const std::string& why) {
   all_reduce_->abort(replica, why);
   if (together_) together_->abort(replica, why);
@@ -186,8 +180,9 @@ void BucketReducer::gradient_ready(int replica, std::size_t index, const Tensor&
     // Already the sum over every replica's rows, in the one tensor the update reads
     // (undefined where the loss does not depend on the layer).
     if (grad.defined() && !grad.shares_storage_with(together_->gradient(index)))
-      DTRAIN_THROW(InternalError, "gradient buckets: replica ", replica, "'s gradient ", index,
-                   " was not computed together with the other replicas'");
+      DTRAIN_THROW(InvalidArgument, together_->name(index),
+                   " is also read outside its dense layer (weights tied between layers, say); under "
+                   "MirroredStrategy a dense layer's variables may be read by that layer only, once per step");
     return;
   }
   const Place& p = places_[index];

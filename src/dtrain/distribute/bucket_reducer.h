@@ -48,7 +48,6 @@ class BucketReducer final : public GradientReducer {
   void begin_step(bool reduce, std::span<const std::int64_t> row_bounds) override;
   DenseGradientsTogether* dense_gradients_together(int replica) override;
   void gradient_ready(int replica, std::size_t index, const Tensor& grad) override;
-  void no_gradients(int replica) override;
   void finish(int replica) override;
   const std::vector<Tensor>& reduced(int replica) const override {
     return states_[static_cast<std::size_t>(replica)].reduced;

@@ -23,8 +23,8 @@ class DenseTogether::Hook final : public DenseGradientsTogether {
     // A second use would overwrite the first's rows while other replicas read them.
     if (layer.step_used[r] == owner_.step_)
       DTRAIN_THROW(InvalidArgument, owner_.vars_[layer.kernel]->name(),
-                   " is read twice in one step (weights shared between layers); under MirroredStrategy "
-                   "a dense layer's kernel may be read once per step");
+                   " is read by two dense ops in one step (weights tied between layers, say); under "
+                   "MirroredStrategy a dense layer's variables may be read by that layer only, once per step");
     layer.step_used[r] = owner_.step_;
     const std::int64_t mine = owner_.bounds_[r + 1] - owner_.bounds_[r];
     // Inputs with more axes than [batch, features] fold their leading axes into rows.
@@ -46,7 +46,7 @@ class DenseTogether::Hook final : public DenseGradientsTogether {
     }
     layer.x.slice(first, first + rows).copy_from(x);
     layer.dz.slice(first, first + rows).copy_from(dz);
-    owner_.barrier_.arrive_and_wait(replica_);
+    owner_.layer_barrier_.arrive_and_wait(replica_);
     owner_.compute_block(replica_, layer);
     dw = owner_.gradients_[layer.kernel];
     if (layer.bias != DenseVariables::kNone) db = owner_.gradients_[layer.bias];
@@ -58,8 +58,9 @@ class DenseTogether::Hook final : public DenseGradientsTogether {
 };
 
 DenseTogether::DenseTogether(int replicas, std::span<Variable* const> vars, std::span<const DenseVariables> layers)
-    : replicas_(replicas), vars_(vars.begin(), vars.end()), covered_(vars.size(), 0), gradients_(vars.size()),
-      barrier_(replicas, replicas <= available_cores() ? comm::InProcessBarrier::kDefaultSpins : 0) {
+    : replicas_(replicas), cores_(available_cores()), vars_(vars.begin(), vars.end()), covered_(vars.size(), 0),
+      gradients_(vars.size()), part_(static_cast<std::size_t>(replicas), -1), layer_barrier_(replicas),
+      finish_barrier_(replicas, spins_for(replicas)) {
   for (const DenseVariables& d : layers) {
     Layer& l = layers_.emplace_back();
     l.kernel = d.kernel;
@@ -79,6 +80,9 @@ DenseGradientsTogether* DenseTogether::replica(int r) { return hooks_[static_cas
 
 void DenseTogether::begin_step(std::span<const std::int64_t> row_bounds, bool accumulate) {
   bounds_.assign(row_bounds.begin(), row_bounds.end());
+  parts_ = 0;
+  for (std::size_t r = 0; r < part_.size(); ++r) part_[r] = bounds_[r + 1] > bounds_[r] ? parts_++ : -1;
+  layer_barrier_.reset(parts_, spins_for(parts_));
   accumulate_ = accumulate;
   ++step_;
   if (!accumulate) ++group_;
@@ -101,10 +105,15 @@ bool DenseTogether::computed(std::size_t index) const {
   return false;
 }
 
+int DenseTogether::spins_for(int threads) const {
+  // Spinning takes the core that a late replica needs once replicas outnumber cores.
+  return threads <= cores_ ? comm::InProcessBarrier::kDefaultSpins : 0;
+}
+
 void DenseTogether::compute_block(int r, Layer& layer) {
   layer.group_done[static_cast<std::size_t>(r)] = group_;
-  const std::int64_t out = layer.dz.dim(1);
-  const std::int64_t begin = out * r / replicas_, end = out * (r + 1) / replicas_;
+  const std::int64_t out = layer.dz.dim(1), p = part_[static_cast<std::size_t>(r)];
+  const std::int64_t begin = out * p / parts_, end = out * (p + 1) / parts_;
   if (begin == end) return;
   auto& backend = kernels::backend();
   backend.matmul(layer.x, layer.dz, gradients_[layer.kernel],
@@ -115,12 +124,5 @@ void DenseTogether::compute_block(int r, Layer& layer) {
   }
 }
 
-void DenseTogether::without_rows(int r) {
-  // Backward meets the layers last to first.
-  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) {
-    barrier_.arrive_and_wait(r);
-    compute_block(r, *it);
-  }
-}
 
 }  // namespace dtrain::distribute::detail

@@ -35,12 +35,14 @@ class DenseTogether {
   void begin_step(std::span<const std::int64_t> row_bounds, bool accumulate);
   // Set on replica r's thread during its backward pass.
   DenseGradientsTogether* replica(int r);
-  // A replica without rows this step computes its blocks of every layer all the same.
-  void without_rows(int r);
-  // Returns once every replica has computed all its blocks.
-  void finish(int r) { barrier_.arrive_and_wait(r); }
+  // Every replica, with rows this step or not: returns once all blocks are computed.
+  void finish(int r) { finish_barrier_.arrive_and_wait(r); }
   // A replica failed: nobody waits for it.
-  void abort(int r, const std::string& why) { barrier_.abort(r, why); }
+  void abort(int r, const std::string& why) {
+    layer_barrier_.abort(r, why);
+    finish_barrier_.abort(r, why);
+  }
+  const std::string& name(std::size_t index) const { return vars_[index]->name(); }
 
  private:
   struct Layer {
@@ -57,18 +59,25 @@ class DenseTogether {
   Layer& layer_of(const Tensor& kernel);
   // After the copies: replica r's block of columns of the layer's gradients.
   void compute_block(int r, Layer& layer);
+  int spins_for(int threads) const;
 
   int replicas_;
+  int cores_;
   std::vector<Variable*> vars_;
   std::vector<Layer> layers_;  // in the model's order
   std::vector<char> covered_;  // [variable]
   std::vector<Tensor> gradients_;  // [variable] covered ones: the shared gradients
   std::vector<std::unique_ptr<DenseGradientsTogether>> hooks_;  // [replica]
   std::vector<std::int64_t> bounds_;
+  // The replicas with rows this step share the layers' columns; one without rows (a short
+  // last batch) has no backward pass to take part in and waits at finish() alone.
+  std::vector<int> part_;  // [replica] its place among those with rows, or -1
+  int parts_ = 0;
   bool accumulate_ = false;
   std::uint64_t step_ = 0, group_ = 0;  // counted from 1
   std::mutex buffers_mutex_;  // the first replica at a layer sizes its buffers for the step
-  comm::InProcessBarrier barrier_;
+  comm::InProcessBarrier layer_barrier_;   // the replicas with rows, at each layer
+  comm::InProcessBarrier finish_barrier_;  // every replica, after backward
 };
 
 }  // namespace dtrain::distribute::detail

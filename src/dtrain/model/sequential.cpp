@@ -535,8 +535,8 @@ class Sequential::Trainer {
         const Clock::time_point start = Clock::now();
         track.add(profile::Phase::replica_start, handed_over, start);
         Clock::time_point forward_end = start;
-        if (begin == end) {  // a short last batch leaves this replica no rows of its own
-          reducer_->no_gradients(r);
+        if (begin == end) {  // a short last batch leaves this replica nothing to do
+          for (std::size_t i = 0; i < vars_.size(); ++i) reducer_->gradient_ready(r, i, Tensor());
         } else {
           const ScopedDenseGradientsTogether together(reducer_->dense_gradients_together(r));
           GradientTape tape;

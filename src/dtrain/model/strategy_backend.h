@@ -41,9 +41,6 @@ class GradientReducer {
   // From replica `replica`'s backward pass: the gradient of variable `index` is final
   // (undefined: the loss does not depend on it).
   virtual void gradient_ready(int replica, std::size_t index, const Tensor& grad) = 0;
-  // Instead of a backward pass, for a replica with no rows this step: it has no gradients
-  // of its own (it may still compute its share of the others').
-  virtual void no_gradients(int replica) = 0;
   // The replica's backward pass is over; on a reducing step, returns once every bucket is
   // summed (helping to sum them).
   virtual void finish(int replica) = 0;
