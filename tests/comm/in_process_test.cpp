@@ -121,7 +121,7 @@ TEST(InProcessAllReduce, AbortReleasesAWaitingReplicaNamingTheFailedOne) {
 // Both with spinning and with sleeping waiters (more replicas than cores).
 TEST(InProcessBarrier, NobodyPassesBeforeEveryoneArrived) {
   constexpr int kReplicas = 3, kRounds = 200;
-  for (const int spins : {InProcessBarrier::kDefaultSpins, 0}) {
+  for (const int spins : {kSpinPauses, 0}) {
     InProcessBarrier barrier(kReplicas, spins);
     std::vector<int> slots(kReplicas, -1);
     std::vector<int> wrong(kReplicas, 0);

@@ -14,9 +14,6 @@
 namespace dtrain::comm {
 namespace {
 
-// About 20-50 microseconds of polling on current x86 cores.
-constexpr int kSpins = 4000;
-
 DTRAIN_MULTIVERSION void add_loop(float* __restrict out, const float* __restrict in, std::size_t n) {
 #pragma omp simd
   for (std::size_t i = 0; i < n; ++i) out[i] += in[i];
@@ -150,8 +147,7 @@ bool InProcessAllReduce::help(std::uint64_t round) {
 }
 
 void InProcessAllReduce::arrive(int replica, std::size_t bucket) {
-  if (const int failed = aborted_by_.load(std::memory_order_acquire); failed >= 0)
-    DTRAIN_THROW(PeerFailure, "all-reduce abandoned: replica ", failed, " failed (", abort_reason_, ")");
+  failure_.throw_if_failed("all-reduce");
   const std::uint64_t round = round_[static_cast<std::size_t>(replica)];
   const std::uint64_t n = buckets_[bucket].arrived.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (n == round * static_cast<std::uint64_t>(replicas_)) {
@@ -177,32 +173,39 @@ void InProcessAllReduce::finish(int replica) {
         break;
       }
     if (complete) break;
-    const int failed = aborted_by_.load(std::memory_order_acquire);
-    if (failed >= 0)
-      DTRAIN_THROW(PeerFailure, "all-reduce abandoned: replica ", failed, " failed (", abort_reason_, ")");
-    // Replicas arrive close together, and sleeping costs tens of microseconds on a
-    // wake-up: spin briefly for progress before sleeping on it.
-    for (int spin = 0; spin < kSpins && progress_.load(std::memory_order_acquire) == seen; ++spin) cpu_relax();
+    failure_.throw_if_failed("all-reduce");
+    // Spin briefly for progress before sleeping on it.
+    for (int spin = 0; spin < kSpinPauses && progress_.load(std::memory_order_acquire) == seen; ++spin) cpu_relax();
     progress_.wait(seen, std::memory_order_acquire);
   }
   ++round;
 }
 
 void InProcessAllReduce::abort(int replica, const std::string& why) {
-  // Only the first failure is kept; its reason is written before it is published.
-  if (!claimed_abort_.exchange(true, std::memory_order_acq_rel)) {
-    abort_reason_ = why;
-    aborted_by_.store(replica, std::memory_order_release);
-  }
+  failure_.record(replica, why);
   progress_.fetch_add(1, std::memory_order_release);
   progress_.notify_all();
+}
+
+void FirstFailure::record(int replica, const std::string& why) {
+  if (!claimed_.exchange(true, std::memory_order_acq_rel)) {
+    why_ = why;
+    replica_.store(replica, std::memory_order_release);
+  }
+  // A second failure waits until the first is published, so that whoever it wakes finds one.
+  while (replica_.load(std::memory_order_acquire) < 0) cpu_relax();
+}
+
+void FirstFailure::throw_if_failed(const char* what) const {
+  if (const int failed = replica(); failed >= 0)
+    DTRAIN_THROW(PeerFailure, what, " abandoned: replica ", failed, " failed (", why_, ")");
 }
 
 void InProcessBarrier::arrive_and_wait(int /*replica*/) {
   // The generation is read before the check for an abort, which publishes the failure
   // before it moves the generation: an abort after the check still ends the wait below.
   const std::uint64_t generation = generation_.load(std::memory_order_acquire);
-  throw_if_aborted();
+  failure_.throw_if_failed("replicas");
   if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == replicas_) {
     arrived_.store(0, std::memory_order_relaxed);  // nobody arrives again before the bump below
     generation_.fetch_add(1, std::memory_order_release);
@@ -211,22 +214,12 @@ void InProcessBarrier::arrive_and_wait(int /*replica*/) {
     for (int spin = 0; spin < spins_ && generation_.load(std::memory_order_acquire) == generation; ++spin) cpu_relax();
     while (generation_.load(std::memory_order_acquire) == generation) generation_.wait(generation, std::memory_order_acquire);
   }
-  throw_if_aborted();
-}
-
-void InProcessBarrier::throw_if_aborted() const {
-  const int failed = aborted_by_.load(std::memory_order_acquire);
-  if (failed >= 0) DTRAIN_THROW(PeerFailure, "replicas abandoned: replica ", failed, " failed (", abort_reason_, ")");
+  failure_.throw_if_failed("replicas");
 }
 
 void InProcessBarrier::abort(int replica, const std::string& why) {
-  if (!claimed_abort_.exchange(true, std::memory_order_acq_rel)) {
-    abort_reason_ = why;
-    aborted_by_.store(replica, std::memory_order_release);
-  }
-  // A second failure waits until the first is published, or a waiter woken by its bump
-  // would find no failure and go on as if everyone had arrived.
-  while (aborted_by_.load(std::memory_order_acquire) < 0) cpu_relax();
+  // Published before the bump: a waiter it wakes finds the failure.
+  failure_.record(replica, why);
   generation_.fetch_add(1, std::memory_order_release);
   generation_.notify_all();
 }

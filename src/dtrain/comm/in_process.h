@@ -33,6 +33,26 @@ inline void cpu_relax() {
 #endif
 }
 
+// Pauses a waiter spins before it sleeps: about 20-50 microseconds on current x86 cores.
+// Replicas arrive close together, and a sleeping thread takes tens of microseconds to wake.
+inline constexpr int kSpinPauses = 4000;
+
+// The first of the replicas' failures, for everyone who waits on the others.
+class FirstFailure {
+ public:
+  // Records `replica`'s failure unless one was recorded before; returns once a failure is
+  // visible to replica() (the first one, when two race).
+  void record(int replica, const std::string& why);
+  int replica() const { return replica_.load(std::memory_order_acquire); }  // -1: none
+  // Throws PeerFailure "<what> abandoned: replica R failed (why)" once one failed.
+  void throw_if_failed(const char* what) const;
+
+ private:
+  std::atomic<bool> claimed_{false};
+  std::atomic<int> replica_{-1};
+  std::string why_;  // written before replica_ is published
+};
+
 class InProcessAllReduce {
  public:
   // segments[bucket] lists the sizes (in floats) of the bucket's segments; outputs[bucket]
@@ -87,21 +107,16 @@ class InProcessAllReduce {
   std::vector<Bucket> buckets_;
   std::vector<std::uint64_t> round_;  // [replica]: the round each replica is in (its own slot)
   std::atomic<std::uint64_t> progress_{0};  // bumped on completed buckets, summed chunks and aborts; waited on
-  std::atomic<bool> claimed_abort_{false};
-  std::atomic<int> aborted_by_{-1};
+  FirstFailure failure_;
   std::function<void(std::size_t)> on_summed_;
-  std::string abort_reason_;  // written before aborted_by_ is published
 };
 
 // R threads wait for each other, over and over: replicas that must all have written
-// something before any reads it. Waiters spin for `spins` pauses (replicas on cores of
-// their own arrive close together, and a sleeping thread takes tens of microseconds to
-// wake), then sleep; with more replicas than cores, spinning takes the core a late
-// replica needs, so give 0.
+// something before any reads it. Waiters spin for `spins` pauses, then sleep; with more
+// replicas than cores, spinning takes the core a late replica needs, so give 0.
 class InProcessBarrier {
  public:
-  static constexpr int kDefaultSpins = 4000;
-  explicit InProcessBarrier(int replicas, int spins = kDefaultSpins) : replicas_(replicas), spins_(spins) {}
+  explicit InProcessBarrier(int replicas, int spins = kSpinPauses) : replicas_(replicas), spins_(spins) {}
   InProcessBarrier(const InProcessBarrier&) = delete;
   InProcessBarrier& operator=(const InProcessBarrier&) = delete;
 
@@ -117,15 +132,11 @@ class InProcessBarrier {
   }
 
  private:
-  void throw_if_aborted() const;
-
   int replicas_;
   int spins_;
   std::atomic<int> arrived_{0};
   std::atomic<std::uint64_t> generation_{0};  // bumped when all have arrived, and on abort; waited on
-  std::atomic<bool> claimed_abort_{false};
-  std::atomic<int> aborted_by_{-1};
-  std::string abort_reason_;  // written before aborted_by_ is published
+  FirstFailure failure_;
 };
 
 }  // namespace dtrain::comm

@@ -124,9 +124,9 @@ BucketReducer::~BucketReducer() {
 }
 
 void BucketReducer::begin_step(bool reduce, std::span<const std::int64_t> row_bounds) {
-  // The gradients computed together accumulate over a group's micro-batches in place.
-  if (together_) together_->begin_step(row_bounds, /*accumulate=*/!group_fresh_);
-  group_fresh_ = reduce;
+  // The gradients computed together accumulate in place over a group's micro-batches:
+  // every step after one that did not reduce.
+  if (together_) together_->begin_step(row_bounds, /*accumulate=*/!reduce_);
   reduce_ = reduce;
 }
 

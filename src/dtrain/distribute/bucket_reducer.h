@@ -81,8 +81,7 @@ class BucketReducer final : public GradientReducer {
   void stop_waiting(const std::string& why);
   bool together(std::size_t index) const { return together_ && together_->covers(index); }
 
-  bool reduce_ = true;
-  bool group_fresh_ = true;                         // the coming step begins an accumulation group
+  bool reduce_ = true;  // this step's; until begin_step, the previous step's
   std::unique_ptr<DenseTogether> together_;         // null: every gradient goes in a bucket
   std::vector<Place> places_;                       // [variable] (those in buckets)
   std::vector<std::size_t> bucket_vars_;            // [bucket] how many variables

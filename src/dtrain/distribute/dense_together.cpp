@@ -37,11 +37,10 @@ class DenseTogether::Hook final : public DenseGradientsTogether {
     const std::int64_t total = owner_.bounds_.back() * per_row, first = owner_.bounds_[r] * per_row;
     {
       std::lock_guard lock(owner_.buffers_mutex_);
-      if (layer.rows != total) {
+      if (!layer.x.defined() || layer.x.dim(0) != total) {
         layer.x = Tensor::empty({total, x.dim(1)});
         layer.dz = Tensor::empty({total, dz.dim(1)});
         layer.ones = Tensor::full({1, total}, 1.0f);
-        layer.rows = total;
       }
     }
     layer.x.slice(first, first + rows).copy_from(x);
@@ -58,8 +57,7 @@ class DenseTogether::Hook final : public DenseGradientsTogether {
 };
 
 DenseTogether::DenseTogether(int replicas, std::span<Variable* const> vars, std::span<const DenseVariables> layers)
-    : replicas_(replicas), cores_(available_cores()), vars_(vars.begin(), vars.end()), covered_(vars.size(), 0),
-      gradients_(vars.size()), part_(static_cast<std::size_t>(replicas), -1), layer_barrier_(replicas),
+    : cores_(available_cores()), vars_(vars.begin(), vars.end()), gradients_(vars.size()), part_(static_cast<std::size_t>(replicas), -1), layer_barrier_(replicas),
       finish_barrier_(replicas, spins_for(replicas)) {
   for (const DenseVariables& d : layers) {
     Layer& l = layers_.emplace_back();
@@ -67,11 +65,10 @@ DenseTogether::DenseTogether(int replicas, std::span<Variable* const> vars, std:
     l.bias = d.bias;
     l.step_used.assign(static_cast<std::size_t>(replicas), 0);
     l.group_done.assign(static_cast<std::size_t>(replicas), 0);
-    for (const std::size_t k : {d.kernel, d.bias}) {
-      if (k == DenseVariables::kNone) continue;
-      covered_[k] = 1;
-      gradients_[k] = Tensor::zeros(vars[k]->shape());
-    }
+    for (const std::size_t k : {d.kernel, d.bias})
+      if (k != DenseVariables::kNone) gradients_[k] = Tensor::zeros(vars[k]->shape());
+    // The bias gradient as the [1, out] product it is computed as.
+    if (d.bias != DenseVariables::kNone) l.bias_row = gradients_[d.bias].reshape({1, vars[d.bias]->numel()});
   }
   for (int r = 0; r < replicas; ++r) hooks_.push_back(std::make_unique<Hook>(*this, r));
 }
@@ -107,7 +104,7 @@ bool DenseTogether::computed(std::size_t index) const {
 
 int DenseTogether::spins_for(int threads) const {
   // Spinning takes the core that a late replica needs once replicas outnumber cores.
-  return threads <= cores_ ? comm::InProcessBarrier::kDefaultSpins : 0;
+  return threads <= cores_ ? comm::kSpinPauses : 0;
 }
 
 void DenseTogether::compute_block(int r, Layer& layer) {
@@ -118,11 +115,9 @@ void DenseTogether::compute_block(int r, Layer& layer) {
   auto& backend = kernels::backend();
   backend.matmul(layer.x, layer.dz, gradients_[layer.kernel],
                  {.transpose_a = true, .accumulate = accumulate_, .column_begin = begin, .column_end = end});
-  if (layer.bias != DenseVariables::kNone) {
-    Tensor db = gradients_[layer.bias].reshape({1, out});
-    backend.matmul(layer.ones, layer.dz, db, {.accumulate = accumulate_, .column_begin = begin, .column_end = end});
-  }
+  if (layer.bias != DenseVariables::kNone)
+    backend.matmul(layer.ones, layer.dz, layer.bias_row,
+                   {.accumulate = accumulate_, .column_begin = begin, .column_end = end});
 }
-
 
 }  // namespace dtrain::distribute::detail

@@ -23,7 +23,7 @@ class DenseTogether {
   DenseTogether(int replicas, std::span<Variable* const> vars, std::span<const DenseVariables> layers);
 
   // Whether variable `index` (of the reducer's list) is a kernel or bias computed here.
-  bool covers(std::size_t index) const { return covered_[index]; }
+  bool covers(std::size_t index) const { return gradients_[index].defined(); }
   // The gradient of a covered variable, shaped like it; whole after finish().
   const Tensor& gradient(std::size_t index) const { return gradients_[index]; }
   // Whether a replica computed it since the accumulation group began (after finish()).
@@ -50,7 +50,7 @@ class DenseTogether {
     const void* key = nullptr;  // the kernel's values this step, as dense's backward sees them
     Tensor x, dz;               // [rows, in] and [rows, out]: every replica's rows
     Tensor ones;                // [1, rows], for the bias gradient's column sums
-    std::int64_t rows = -1;     // what the buffers were made for
+    Tensor bias_row;            // the bias gradient, viewed as [1, out]
     std::vector<std::uint64_t> step_used;   // [replica] the last step its backward reached the layer
     std::vector<std::uint64_t> group_done;  // [replica] the last group it computed its block in
   };
@@ -61,12 +61,10 @@ class DenseTogether {
   void compute_block(int r, Layer& layer);
   int spins_for(int threads) const;
 
-  int replicas_;
   int cores_;
   std::vector<Variable*> vars_;
   std::vector<Layer> layers_;  // in the model's order
-  std::vector<char> covered_;  // [variable]
-  std::vector<Tensor> gradients_;  // [variable] covered ones: the shared gradients
+  std::vector<Tensor> gradients_;  // [variable] the shared gradients; undefined: not covered
   std::vector<std::unique_ptr<DenseGradientsTogether>> hooks_;  // [replica]
   std::vector<std::int64_t> bounds_;
   // The replicas with rows this step share the layers' columns; one without rows (a short

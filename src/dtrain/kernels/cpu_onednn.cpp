@@ -232,7 +232,8 @@ struct CpuBackend::OneDnn {
 
   // The tensor's memory from its element `offset` on.
   dnnl::memory mem(const dnnl::memory::desc& d, const Tensor& t, std::int64_t offset = 0) {
-    return dnnl::memory(d, engine, static_cast<char*>(t.raw_data()) + offset * static_cast<std::int64_t>(dtype_size(t.dtype())));
+    const auto bytes = offset * static_cast<std::int64_t>(dtype_size(t.dtype()));
+    return dnnl::memory(d, engine, static_cast<char*>(t.raw_data()) + bytes);
   }
 };
 
