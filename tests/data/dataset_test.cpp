@@ -355,6 +355,37 @@ Element busy(const Element& e) {
   return e;
 }
 
+// A full buffer makes the producer nap until half of it has been taken; the consumer wakes
+// it only when what is left would run out first. Whichever side is faster, and whatever
+// the buffer, every element arrives once and in order, and the report says the refill.
+TEST(Dataset, PrefetchRefillsHalfABufferAtATime) {
+  set_num_threads(1);  // a core for the producer where there are two
+  auto slow_side = [](int k) {
+    for (int i = 0; i < k; ++i) busy(Element{});
+  };
+  for (const std::int64_t buffer : {std::int64_t{1}, std::int64_t{2}, std::int64_t{3}, std::int64_t{8}, AUTOTUNE})
+    for (const bool slow_consumer : {true, false}) {
+      const Dataset ds = Dataset::range(60)
+                             .map([slow_consumer, slow_side](const Element& e) {
+                               if (!slow_consumer) slow_side(1);
+                               return e;
+                             })
+                             .prefetch(buffer);
+      Iterator it = ds.make_iterator();
+      std::vector<int> got;
+      while (auto e = it.next()) {
+        got.push_back(static_cast<int>((*e)[0].item()));
+        if (slow_consumer) slow_side(1);
+      }
+      EXPECT_EQ(got, iota(60)) << "buffer " << buffer << (slow_consumer ? ", slow consumer" : ", slow producer");
+      if (buffer == 8) {
+        EXPECT_NE(it.autotune_report().back().find("refilled 4 at a time"), std::string::npos)
+            << it.autotune_report().back();
+      }
+    }
+  set_num_threads(0);
+}
+
 bool went_inline(Iterator& it) {
   const auto lines = it.autotune_report();
   return !lines.empty() && lines.back().find("inline in the consumer's thread") != std::string::npos;

@@ -3,6 +3,7 @@
 // iterator's stop token, and are joined before the upstream stage is destroyed. save()
 // quiesces the stage (no pull or computation in flight), then records the upstream's
 // position and the finished elements not yet consumed.
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <condition_variable>
@@ -39,15 +40,21 @@ std::string ms(double seconds) {
   return o.str();
 }
 
-// ---- prefetch: a producer thread keeps up to `capacity` elements ready. With AUTOTUNE the
-// capacity starts at 1 and grows each time the consumer finds the buffer empty; and when
-// the consumer's compute threads occupy every core and the producer spends its time
-// computing rather than waiting, the producer's work could only be taken from a compute
-// thread (which the others then wait for), so the stage stops its thread and pulls in the
-// consumer's thread instead.
+// ---- prefetch: a producer thread keeps up to `capacity` elements ready. Once it has filled
+// the buffer it naps until the consumer has taken half of it, then refills. It wakes
+// itself, on a timer set from the consumer's rate. The consumer wakes it only when what is
+// left in the buffer would not last while the producer refills: waking a sleeping thread
+// costs the waker a system call and an interrupt to the other core (tens of microseconds
+// in a virtual machine), which would come out of every training step. With AUTOTUNE the capacity starts at 1 and grows
+// each time the consumer finds the buffer empty; and when the consumer's compute threads
+// occupy every core and the producer spends its time computing rather than waiting, the
+// producer's work could only be taken from a compute thread (which the others then wait
+// for), so the stage stops its thread and pulls in the consumer's thread instead.
 class PrefetchIterator : public IteratorBase {
  public:
   static constexpr int kSamplesBeforeInline = 8;
+  // Bounds of the producer's naps while the buffer is full.
+  static constexpr double kShortestNap = 50e-6, kLongestNap = 10e-3;
 
   PrefetchIterator(std::unique_ptr<IteratorBase> in, const IteratorContext& ctx, std::int64_t buffer,
                    std::shared_ptr<std::atomic<bool>> upstream_background)
@@ -75,14 +82,20 @@ class PrefetchIterator : public IteratorBase {
       cv_.notify_all();
     }
     cv_.wait(lock, ctx_.stop, [&] { return !queue_.empty() || ended_ || error_; });
-    last_return_ = Clock::now();
     if (!queue_.empty()) {
       Element e = std::move(queue_.front());
       queue_.pop_front();
       ++consumed_;
-      cv_.notify_all();
+      // Woken only if what is left would not last four of its elements' time; otherwise
+      // the producer's own timer wakes it in time.
+      const bool wake = producer_napping_ && refill_due() &&
+                        static_cast<double>(queue_.size()) * consumer_time_.value < 4 * producer_time_.value;
+      lock.unlock();
+      if (wake) cv_.notify_all();
+      last_return_ = Clock::now();
       return e;
     }
+    last_return_ = Clock::now();
     if (error_) std::rethrow_exception(error_);
     if (ended_) return std::nullopt;
     throw Cancelled();  // the iterator is being destroyed: not the end of the data
@@ -114,13 +127,19 @@ class PrefetchIterator : public IteratorBase {
     }
     std::lock_guard lock(mutex_);
     lines.push_back("prefetch: buffer " + std::to_string(capacity_) + (autotune_ ? " (AUTOTUNE)" : "") +
-                    "; producer " + ms(producer_time_.value) + "/element (" + ms(producer_cpu_.value) +
-                    " of it CPU), consumer " + ms(consumer_time_.value) + "/element; the consumer waited on " +
+                    ", refilled " + std::to_string(burst()) + " at a time; producer " + ms(producer_time_.value) +
+                    "/element (" + ms(producer_cpu_.value) + " of it CPU), consumer " + ms(consumer_time_.value) +
+                    "/element; the consumer waited on " +
                     std::to_string(waits_) + " of " + std::to_string(consumed_) + " elements" +
                     (inline_ ? "; then inline in the consumer's thread (no idle core, a computing producer)" : ""));
   }
 
  private:
+  // Elements the producer makes per wake-up: it sleeps once the buffer is full and wakes
+  // when this many have been taken (guarded by mutex_).
+  std::int64_t burst() const { return std::max<std::int64_t>(1, capacity_ / 2); }
+  bool refill_due() const { return static_cast<std::int64_t>(queue_.size()) <= capacity_ - burst(); }
+
   bool should_go_inline() const {
     // Only a stage whose own pulls come from the consumer's thread: one below another
     // background stage would only move its work onto that stage's thread.
@@ -177,7 +196,17 @@ class PrefetchIterator : public IteratorBase {
     for (;;) {
       {
         std::unique_lock lock(mutex_);
-        cv_.wait(lock, st, [&] { return static_cast<std::int64_t>(queue_.size()) < capacity_ || ended_; });
+        // Full: nap until half the buffer has been taken, checking at half the time the
+        // consumer is expected to need to take the elements before then.
+        if (static_cast<std::int64_t>(queue_.size()) >= capacity_) {
+          producer_napping_ = true;
+          while (!refill_due() && !ended_ && !st.stop_requested()) {
+            const auto due = static_cast<double>(static_cast<std::int64_t>(queue_.size()) - (capacity_ - burst()));
+            const double nap = std::clamp(0.5 * due * consumer_time_.value, kShortestNap, kLongestNap);
+            cv_.wait_for(lock, st, std::chrono::duration<double>(nap), [&] { return refill_due() || ended_; });
+          }
+          producer_napping_ = false;
+        }
         if (st.stop_requested() || ctx_.stop.stop_requested() || ended_) return;
       }
       std::lock_guard pull(pull_mutex_);
@@ -191,7 +220,7 @@ class PrefetchIterator : public IteratorBase {
         error = std::current_exception();
       }
       const double took = seconds_since(t0), cpu = thread_cpu_seconds() - cpu0;
-      std::lock_guard lock(mutex_);
+      std::unique_lock lock(mutex_);
       if (error) {
         // Moved, not copied: the consumer may rethrow and drop the error at once, and the
         // last reference must not be this thread's (TSan cannot see libstdc++'s count).
@@ -209,8 +238,10 @@ class PrefetchIterator : public IteratorBase {
         ++produced_;
         queue_.push_back(std::move(*e));
       }
+      const bool last = error_ || !e;
+      lock.unlock();
       cv_.notify_all();
-      if (error_ || !e) return;
+      if (last) return;
     }
   }
 
@@ -228,6 +259,7 @@ class PrefetchIterator : public IteratorBase {
   bool started_ = false;
   std::int64_t consumed_ = 0, waits_ = 0, produced_ = 0;
   Ema producer_time_, producer_cpu_, consumer_time_;
+  bool producer_napping_ = false;  // the producer waits for refill_due() with the buffer full
   double producer_time_total_ = 0, producer_cpu_total_ = 0;
   Clock::time_point last_return_;
   const bool no_idle_core_;  // the consumer's compute threads cover every core
