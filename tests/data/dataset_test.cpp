@@ -355,9 +355,17 @@ Element busy(const Element& e) {
   return e;
 }
 
+// The number N in an AUTOTUNE report's "the consumer waited on N of M elements".
+int waits_in(const std::string& report) {
+  const auto at = report.find("waited on ");
+  return at == std::string::npos ? -1 : std::stoi(report.substr(at + 10));
+}
+
 // A full buffer makes the producer nap until half of it has been taken; the consumer wakes
 // it only when what is left would run out first. Whichever side is faster, and whatever
-// the buffer, every element arrives once and in order, and the report says the refill.
+// the buffer, every element arrives once and in order; and a producer far faster than its
+// consumer refills in time, so the consumer waits for its first element and hardly again
+// (a producer that overslept its naps would keep it waiting).
 TEST(Dataset, PrefetchRefillsHalfABufferAtATime) {
   set_num_threads(1);  // a core for the producer where there are two
   auto slow_side = [](int k) {
@@ -383,6 +391,18 @@ TEST(Dataset, PrefetchRefillsHalfABufferAtATime) {
             << it.autotune_report().back();
       }
     }
+  {
+    Iterator it = Dataset::range(40).prefetch(4).make_iterator();
+    int n = 0;
+    while (it.next()) {
+      ++n;
+      slow_side(5);  // half a millisecond or so per element
+    }
+    EXPECT_EQ(n, 40);
+    const std::string report = it.autotune_report().back();
+    EXPECT_GE(waits_in(report), 1) << report;
+    EXPECT_LE(waits_in(report), 3) << report;
+  }
   set_num_threads(0);
 }
 

@@ -33,6 +33,9 @@ double thread_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
+// A span of `s` seconds in the clock's units.
+Clock::duration seconds(double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); }
+
 std::string ms(double seconds) {
   std::ostringstream o;
   o.precision(3);
@@ -53,8 +56,9 @@ std::string ms(double seconds) {
 class PrefetchIterator : public IteratorBase {
  public:
   static constexpr int kSamplesBeforeInline = 8;
-  // Bounds of the producer's naps while the buffer is full.
-  static constexpr double kShortestNap = 50e-6, kLongestNap = 10e-3;
+  // Bounds of the producer's naps while the buffer is full, and how late a nap may end
+  // (Linux's default timer slack is 50 µs, and the thread must then be scheduled).
+  static constexpr double kShortestNap = 50e-6, kLongestNap = 10e-3, kTimerSlack = 100e-6;
 
   PrefetchIterator(std::unique_ptr<IteratorBase> in, const IteratorContext& ctx, std::int64_t buffer,
                    std::shared_ptr<std::atomic<bool>> upstream_background)
@@ -82,20 +86,22 @@ class PrefetchIterator : public IteratorBase {
       cv_.notify_all();
     }
     cv_.wait(lock, ctx_.stop, [&] { return !queue_.empty() || ended_ || error_; });
+    last_return_ = Clock::now();
     if (!queue_.empty()) {
       Element e = std::move(queue_.front());
       queue_.pop_front();
       ++consumed_;
-      // Woken only if what is left would not last four of its elements' time; otherwise
-      // the producer's own timer wakes it in time.
+      // Woken only if what is left would run out before the producer's nap ends (late by up
+      // to the timer's slack) and it makes two elements; otherwise its own timer wakes it.
       const bool wake = producer_napping_ && refill_due() &&
-                        static_cast<double>(queue_.size()) * consumer_time_.value < 4 * producer_time_.value;
+                        (!consumer_time_.primed ||
+                         last_return_ + seconds(static_cast<double>(queue_.size()) * consumer_time_.value) <
+                             nap_until_ + seconds(kTimerSlack + 2 * producer_time_.value));
+      if (wake) producer_napping_ = false;  // one notify is enough
       lock.unlock();
       if (wake) cv_.notify_all();
-      last_return_ = Clock::now();
       return e;
     }
-    last_return_ = Clock::now();
     if (error_) std::rethrow_exception(error_);
     if (ended_) return std::nullopt;
     throw Cancelled();  // the iterator is being destroyed: not the end of the data
@@ -197,13 +203,16 @@ class PrefetchIterator : public IteratorBase {
       {
         std::unique_lock lock(mutex_);
         // Full: nap until half the buffer has been taken, checking at half the time the
-        // consumer is expected to need to take the elements before then.
+        // consumer is expected to need to take the elements before then (before the
+        // consumer's rate is known, it wakes the producer).
         if (static_cast<std::int64_t>(queue_.size()) >= capacity_) {
-          producer_napping_ = true;
           while (!refill_due() && !ended_ && !st.stop_requested()) {
             const auto due = static_cast<double>(static_cast<std::int64_t>(queue_.size()) - (capacity_ - burst()));
-            const double nap = std::clamp(0.5 * due * consumer_time_.value, kShortestNap, kLongestNap);
-            cv_.wait_for(lock, st, std::chrono::duration<double>(nap), [&] { return refill_due() || ended_; });
+            const double nap = consumer_time_.primed ? std::clamp(0.5 * due * consumer_time_.value, kShortestNap, kLongestNap)
+                                                     : kLongestNap;
+            producer_napping_ = true;
+            nap_until_ = Clock::now() + seconds(nap);
+            cv_.wait_until(lock, st, nap_until_, [&] { return refill_due() || ended_; });
           }
           producer_napping_ = false;
         }
@@ -260,6 +269,7 @@ class PrefetchIterator : public IteratorBase {
   std::int64_t consumed_ = 0, waits_ = 0, produced_ = 0;
   Ema producer_time_, producer_cpu_, consumer_time_;
   bool producer_napping_ = false;  // the producer waits for refill_due() with the buffer full
+  Clock::time_point nap_until_;    // ... until then at the latest
   double producer_time_total_ = 0, producer_cpu_total_ = 0;
   Clock::time_point last_return_;
   const bool no_idle_core_;  // the consumer's compute threads cover every core
