@@ -1,5 +1,5 @@
 // The dtrain command run as a process: exit codes, one-line errors naming the key, and the
-// machine-readable summary.
+// machine-readable summary; and the config's data sources loaded in this process.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/temp_dir.h"
+#include "dtrain/cli/config.h"
+#include "dtrain/data/dataset.h"
 
 namespace {
 
@@ -367,6 +369,264 @@ TEST_F(Cli, MissingDatasetNamesTheFile) {
   Result r = run("fit " + cfg);
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find("train-images-idx3-ubyte"), std::string::npos) << r.output;
+}
+
+// ---- file sources: csv, idx and records holding the same rows.
+
+// 200 rows of 4 features, each a byte / 255 (so that an IDX file holds them exactly), and
+// a label from a linear rule: 1 when x0 + x1 > x2 + x3.
+struct Rows {
+  std::vector<std::uint8_t> bytes;  // [200, 4]
+  std::vector<std::int32_t> labels;
+  float feature(std::size_t row, std::size_t col) const { return static_cast<float>(bytes[row * 4 + col]) * (1.0f / 255.0f); }
+};
+
+Rows make_rows() {
+  Rows r;
+  std::uint32_t state = 12345;
+  for (int i = 0; i < 200; ++i) {
+    int sum = 0;
+    for (int j = 0; j < 4; ++j) {
+      state = state * 1664525u + 1013904223u;
+      const auto b = static_cast<std::uint8_t>(state >> 24);
+      r.bytes.push_back(b);
+      sum += j < 2 ? b : -b;
+    }
+    r.labels.push_back(sum > 0 ? 1 : 0);
+  }
+  return r;
+}
+
+std::string be32(std::uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
+}
+
+class FileSources : public Cli {
+ protected:
+  // Rows [begin, end) as files of each format; returns their paths.
+  std::string csv(const std::string& name, std::size_t begin, std::size_t end) {
+    std::string text = "a,b,c,d,label\n";
+    char buf[64];
+    for (std::size_t i = begin; i < end; ++i) {
+      for (std::size_t j = 0; j < 4; ++j) {
+        std::snprintf(buf, sizeof buf, "%.9g,", static_cast<double>(rows_.feature(i, j)));
+        text += buf;
+      }
+      text += std::to_string(rows_.labels[i]) + "\n";
+    }
+    return write(name, text);
+  }
+  std::string idx_images(const std::string& name, std::size_t begin, std::size_t end) {
+    std::string b = be32(0x803) + be32(static_cast<std::uint32_t>(end - begin)) + be32(2) + be32(2);
+    b.append(reinterpret_cast<const char*>(rows_.bytes.data() + begin * 4), (end - begin) * 4);
+    return write(name, b);
+  }
+  std::string idx_labels(const std::string& name, std::size_t begin, std::size_t end) {
+    std::string b = be32(0x801) + be32(static_cast<std::uint32_t>(end - begin));
+    for (std::size_t i = begin; i < end; ++i) b.push_back(static_cast<char>(rows_.labels[i]));
+    return write(name, b);
+  }
+  std::string records(const std::string& name, std::size_t begin, std::size_t end) {
+    const std::string path = (dir_ / name).string();
+    dtrain::data::RecordWriter w(path);
+    for (std::size_t i = begin; i < end; ++i) {
+      const float x[4] = {rows_.feature(i, 0), rows_.feature(i, 1), rows_.feature(i, 2), rows_.feature(i, 3)};
+      const std::int32_t y = rows_.labels[i];
+      w.write(dtrain::data::encode_element({dtrain::Tensor::from_vector(dtrain::Shape{4}, std::span<const float>(x)),
+                                            dtrain::Tensor::from_vector(dtrain::Shape{}, std::span<const std::int32_t>(&y, 1))}));
+    }
+    w.close();
+    return path;
+  }
+
+  // A config around `data`: a small classifier of the 4 features.
+  std::string config(const std::string& name, const std::string& data, const std::string& extra = "") {
+    return write(name, R"({
+      "model": {"layers": [
+        {"class_name": "Dense", "config": {"units": 16, "activation": "relu"}},
+        {"class_name": "Dense", "config": {"units": 2}}]},
+      "loss": {"name": "sparse_categorical_crossentropy", "from_logits": true},
+      "optimizer": {"name": "adam", "learning_rate": 0.05},
+      "metrics": ["accuracy"],
+      "data": )" + data + R"(, "epochs": 30, "batch_size": 16, "seed": 3)" + extra + "}");
+  }
+
+  dtrain::data::Classification load(const std::string& config_path) {
+    return dtrain::cli::load_data(dtrain::cli::load_config(config_path));
+  }
+
+  const Rows rows_ = make_rows();
+};
+
+void expect_rows(const dtrain::data::Split& s, const Rows& rows, std::size_t begin, std::size_t end) {
+  const auto n = static_cast<std::int64_t>(end - begin);
+  ASSERT_EQ(s.x.shape(), (dtrain::Shape{n, 4}));
+  ASSERT_EQ(s.y.shape(), (dtrain::Shape{n}));
+  ASSERT_EQ(s.x.dtype(), dtrain::DType::f32);
+  ASSERT_EQ(s.y.dtype(), dtrain::DType::i32);
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t j = 0; j < 4; ++j)
+      ASSERT_EQ(s.x.data<float>()[i * 4 + j], rows.feature(begin + i, j)) << "row " << begin + i << " column " << j;
+    ASSERT_EQ(s.y.data<std::int32_t>()[i], rows.labels[begin + i]) << "row " << begin + i;
+  }
+}
+
+TEST_F(FileSources, CsvIdxAndRecordsGiveTheSameTensors) {
+  const std::string from_csv = config("csv.json", R"({"source": "csv", "train": ")" + csv("train.csv", 0, 150) +
+                                                      R"(", "test": [")" + csv("test.csv", 150, 200) +
+                                                      R"("], "label_column": "label"})");
+  const std::string from_idx = config("idx.json", R"({"source": "idx", "train_images": ")" +
+                                                      idx_images("train-images", 0, 150) + R"(", "train_labels": ")" +
+                                                      idx_labels("train-labels", 0, 150) + R"(", "test_images": ")" +
+                                                      idx_images("test-images", 150, 200) + R"(", "test_labels": ")" +
+                                                      idx_labels("test-labels", 150, 200) + R"("})");
+  // The training records in two files, read in order.
+  const std::string from_records = config("records.json", R"({"source": "records", "train": [")" +
+                                                              records("a.rec", 0, 100) + R"(", ")" +
+                                                              records("b.rec", 100, 150) + R"("], "test": ")" +
+                                                              records("test.rec", 150, 200) + R"("})");
+  for (const std::string& cfg : {from_csv, from_idx, from_records}) {
+    SCOPED_TRACE(cfg);
+    const dtrain::data::Classification d = load(cfg);
+    expect_rows(d.train, rows_, 0, 150);
+    expect_rows(d.test, rows_, 150, 200);
+    EXPECT_EQ(d.classes, 2);
+    EXPECT_EQ(dtrain::cli::input_shape(dtrain::cli::load_config(cfg)), dtrain::Shape{4});
+  }
+}
+
+TEST_F(FileSources, CsvColumnsByNameOrIndexAndRegressionLabels) {
+  const std::string train = csv("train.csv", 0, 200);
+  // Two features by name; the label by index as text.
+  dtrain::data::Classification d = load(config(
+      "select.json", R"({"source": "csv", "train": ")" + train + R"(", "label_column": "4", "select_columns": ["d", "b"]})"));
+  ASSERT_EQ(d.train.x.shape(), (dtrain::Shape{200, 2}));
+  EXPECT_EQ(d.train.x.data<float>()[2 * 7], rows_.feature(7, 3));
+  EXPECT_EQ(d.train.x.data<float>()[2 * 7 + 1], rows_.feature(7, 1));
+  EXPECT_EQ(d.train.y.data<std::int32_t>()[7], rows_.labels[7]);
+  EXPECT_TRUE(!d.test.x.defined());
+  // No header, ';' between fields, and a label that is not a whole number: values to
+  // regress on, float32 [rows, 1], and no classes.
+  const std::string values = write("values.csv", "1;2;0.5\n3;4;2\n5;6;-1\n");
+  d = load(config("values.json", R"({"source": "csv", "train": ")" + values +
+                                     R"(", "header": false, "delimiter": ";", "label_column": "2"})"));
+  ASSERT_EQ(d.train.x.shape(), (dtrain::Shape{3, 2}));
+  EXPECT_EQ(d.train.x.to_vector(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  ASSERT_EQ(d.train.y.dtype(), dtrain::DType::f32);
+  ASSERT_EQ(d.train.y.shape(), (dtrain::Shape{3, 1}));
+  EXPECT_EQ(d.train.y.to_vector(), (std::vector<float>{0.5f, 2, -1}));
+  EXPECT_EQ(d.classes, 0);
+}
+
+TEST_F(FileSources, FitRegressesOnFractionalCsvLabels) {
+  // y = 2a - b + 0.25 over the rows' first two features: a one-unit linear model fits it.
+  std::string text = "a,b,y\n";
+  char buf[96];
+  for (std::size_t i = 0; i < 200; ++i) {
+    const float a = rows_.feature(i, 0), b = rows_.feature(i, 1);
+    std::snprintf(buf, sizeof buf, "%.9g,%.9g,%.9g\n", double(a), double(b), double(2 * a - b + 0.25f));
+    text += buf;
+  }
+  const std::string cfg = write("mse.json", R"({
+      "model": {"layers": [{"class_name": "Dense", "config": {"units": 1}}]},
+      "loss": "mse", "optimizer": {"name": "adam", "learning_rate": 0.05},
+      "data": {"source": "csv", "train": ")" + write("values.csv", text) + R"(", "label_column": "y"},
+      "epochs": 20, "batch_size": 16, "seed": 1})");
+  const auto s = (dir_ / "s.json").string();
+  Result r = run("fit " + cfg + " --verbose 0 --summary " + s);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto loss = nlohmann::json::parse(std::ifstream(s))["history"]["loss"];
+  EXPECT_LT(loss.back().get<double>(), 0.01) << loss.dump();
+  EXPECT_LT(loss.back().get<double>(), loss.front().get<double>() / 10) << loss.dump();
+}
+
+TEST_F(FileSources, FitFromCsvLearnsTheRuleAndSummaryReadsTheFirstRow) {
+  const std::string cfg = config("csv.json", R"({"source": "csv", "train": ")" + csv("train.csv", 0, 160) +
+                                                 R"(", "test": ")" + csv("test.csv", 160, 200) + R"(", "label_column": "label"})");
+  const auto s = (dir_ / "s.json").string();
+  Result r = run("fit " + cfg + " --verbose 0 --summary " + s);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("160 training samples"), std::string::npos) << r.output;
+  const auto j = nlohmann::json::parse(std::ifstream(s));
+  EXPECT_GT(j["history"]["accuracy"].back().get<double>(), 0.85) << j["history"].dump();
+  EXPECT_GT(j["test"]["accuracy"].get<double>(), 0.75) << j["test"].dump();
+  // The model JSON has no input shape: summary takes it from the file.
+  r = run("summary " + cfg);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("Total params: 114"), std::string::npos) << r.output;  // 4*16+16 + 16*2+2
+
+  // The records through the input pipeline, with a validation split on the idx pair.
+  const std::string piped = config("piped.json", R"({"source": "records", "train": ")" + records("t.rec", 0, 200) +
+                                                     R"(", "pipeline": {"cache": true, "shuffle": 200, "prefetch": "autotune"}})");
+  r = run("fit " + piped + " --verbose 0 --summary " + s);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_GT(nlohmann::json::parse(std::ifstream(s))["history"]["accuracy"].back().get<double>(), 0.85);
+  const std::string split = config("split.json", R"({"source": "idx", "train_images": ")" + idx_images("i", 0, 200) +
+                                                      R"(", "train_labels": ")" + idx_labels("l", 0, 200) + R"("})",
+                                   R"(, "validation_split": 0.25)");
+  r = run("fit " + split + " --verbose 0 --summary " + s);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto history = nlohmann::json::parse(std::ifstream(s))["history"];
+  ASSERT_TRUE(history.contains("val_accuracy")) << history.dump();
+  EXPECT_GT(history["val_accuracy"].back().get<double>(), 0.75) << history.dump();
+}
+
+TEST_F(FileSources, BadInputNamesTheKeyAndTheFile) {
+  const std::string train = csv("train.csv", 0, 20), absent = (dir_ / "absent.csv").string();
+  const std::string wide = write("wide.csv", "a,b,c,d,e,label\n1,2,3,4,5,0\n");
+  const std::string text = write("text.csv", "a,b,c,d,label\n1,2,x,4,0\n");
+  const std::string images = idx_images("images", 0, 20), labels = idx_labels("labels", 0, 20);
+  const std::string odd = (dir_ / "odd.rec").string();
+  {
+    dtrain::data::RecordWriter w(odd);
+    w.write(dtrain::data::encode_element({dtrain::Tensor::from_vector(dtrain::Shape{4}, {1.f, 2.f, 3.f, 4.f})}));
+    w.close();
+  }
+  auto csv_with = [&](const std::string& keys) { return R"({"source": "csv", "train": ")" + train + "\", " + keys + "}"; };
+  struct Case {
+    std::string data;
+    std::vector<std::string> expect;  // every one is in the error line
+  };
+  const Case cases[] = {
+      {R"({"source": "parquet"})", {"data.source: expected \"synthetic\", \"fashion_mnist\", \"csv\", \"idx\" or \"records\""}},
+      {csv_with(R"("label_column": "label", "samples": 10)"), {"data.samples: unknown key"}},
+      {R"({"source": "synthetic", "train": "x.csv"})", {"data.train: unknown key"}},
+      {R"({"source": "records", "train": ")" + train + R"(", "label_column": "label"})", {"data.label_column: unknown key"}},
+      {R"({"source": "idx", "train": ")" + train + R"("})", {"data.train: unknown key"}},
+      {csv_with(R"("header": true)"), {"data.label_column: is required"}},
+      {csv_with(R"("label_column": 4)"), {"data.label_column: expected a string"}},
+      {csv_with(R"("label_column": "label", "delimiter": ";;")"), {"data.delimiter: expected one character"}},
+      {csv_with(R"("label_column": "label", "header": "yes")"), {"data.header: expected"}},
+      {R"({"source": "csv", "label_column": "label"})", {"data.train: is required"}},
+      {R"({"source": "csv", "train": 3, "label_column": "label"})", {"data.train: expected a file name"}},
+      {R"({"source": "csv", "train": ")" + absent + R"(", "label_column": "label"})", {"data.train: no file '" + absent + "'"}},
+      {csv_with(R"("test": [")" + train + R"(", ")" + absent + R"("], "label_column": "label")"),
+       {"data.test[1]: no file '" + absent + "'"}},
+      {csv_with(R"("label_column": "lbl")"), {"data.label_column: no column 'lbl' in " + train, "label"}},
+      {csv_with(R"("label_column": "9", "header": false)"), {"data.label_column: no column '9' in " + train, "no header"}},
+      {csv_with(R"("label_column": "label", "select_columns": ["a", "zz"])"), {"data.select_columns: no column 'zz' in " + train}},
+      {csv_with(R"("label_column": "label", "select_columns": ["a", "label"])"), {"data.select_columns: holds the label column"}},
+      {csv_with(R"("label_column": "label", "test": ")" + wide + "\""),
+       {"data.test: the rows of " + wide + " have shape [5], but those of " + train + " (data.train) have [4]"}},
+      {R"({"source": "csv", "train": ")" + text + R"(", "label_column": "label"})", {"data.train: ", text, "'x' is not a number"}},
+      {R"({"source": "idx", "train_images": ")" + images + R"("})", {"data.train_labels: is required"}},
+      {R"({"source": "idx", "train_images": ")" + images + R"(", "train_labels": ")" + labels + R"(", "test_images": ")" +
+           images + R"("})",
+       {"data.test_labels: is required"}},
+      {R"({"source": "idx", "train_images": ")" + absent + R"(", "train_labels": ")" + labels + R"("})",
+       {"data.train_images: no file '" + absent + "'"}},
+      {R"({"source": "idx", "train_images": ")" + images + R"(", "train_labels": ")" + idx_labels("short", 0, 19) + R"("})",
+       {"data.train_images: ", images, "20 images", "19 labels"}},
+      {R"({"source": "records", "train": ")" + odd + R"("})",
+       {"data.train: " + odd + ": record 0: expected (features, scalar label), got (float32 [4])"}},
+  };
+  for (const Case& c : cases) {
+    Result r = run("fit " + config("bad.json", c.data));
+    EXPECT_EQ(r.code, 1) << c.data << "\n" << r.output;
+    EXPECT_NE(r.output.find("dtrain: error: " + (dir_ / "bad.json").string()), std::string::npos) << r.output;
+    for (const std::string& e : c.expect) EXPECT_NE(r.output.find(e), std::string::npos) << e << "\n" << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << "one line: " << r.output;
+  }
 }
 
 }  // namespace

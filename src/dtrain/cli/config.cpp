@@ -1,9 +1,16 @@
-// Config parsing: strict keys, typed values, paths in every message.
+// Config parsing: strict keys, typed values, paths in every message; and the data a config
+// names, read into memory (the file sources are not streamed).
 #include "dtrain/cli/config.h"
 
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <span>
 #include <sstream>
 
+#include "dtrain/data/idx.h"
 #include "dtrain/model/json_reader.h"
 #include "dtrain/model/serialization.h"
 #include "dtrain/nn/policy.h"
@@ -12,6 +19,7 @@ namespace dtrain::cli {
 namespace {
 
 using nlohmann::json;
+namespace fs = std::filesystem;
 
 // Prefixes an error from the library with the config file's name.
 template <typename Fn>
@@ -75,6 +83,329 @@ json normalized_model(const JsonReader& r) {
   return {{"class_name", "Sequential"}, {"config", config}};
 }
 
+
+// ---- data sources
+
+// A file the config names must exist when the config is read, so that a typo fails before
+// any training.
+void check_file(const JsonReader& at, const std::string& file) {
+  std::error_code ec;
+  if (!fs::exists(file, ec)) at.fail("", "no file '" + file + "'");
+  if (!fs::is_regular_file(file, ec)) at.fail("", "'" + file + "' is not a regular file");
+}
+
+// `key`: one file name, or a non-empty array of them.
+std::vector<std::string> files_at(const JsonReader& d, const std::string& key) {
+  const JsonReader f = d.child(key);
+  std::vector<std::string> files;
+  if (f.raw().is_string()) {
+    files.push_back(f.raw().get<std::string>());
+    check_file(f, files.back());
+    return files;
+  }
+  if (!f.raw().is_array() || f.raw().empty())
+    f.fail("", "expected a file name or a non-empty array of file names, got " + f.raw().dump());
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    const JsonReader e = f.element(i);
+    if (!e.raw().is_string()) e.fail("", "expected a file name, got " + e.raw().dump());
+    files.push_back(e.raw().get<std::string>());
+    check_file(e, files.back());
+  }
+  return files;
+}
+
+std::string one_file_at(const JsonReader& d, const std::string& key) {
+  const std::string file = d.get_string(key);
+  check_file(d.child(key), file);
+  return file;
+}
+
+// The fields of a CSV line, trimmed as data::Dataset::csv trims them.
+std::vector<std::string> csv_fields(const std::string& line, char delimiter) {
+  std::vector<std::string> fields;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t end = line.find(delimiter, start);
+    const std::string f = line.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    const std::size_t first = f.find_first_not_of(" \t"), last = f.find_last_not_of(" \t\r");
+    fields.push_back(first == std::string::npos ? "" : f.substr(first, last - first + 1));
+    if (end == std::string::npos) return fields;
+    start = end + 1;
+  }
+}
+
+// The columns the config names must be in every file: by header name, or by 0-based
+// index as text (as CsvOptions reads them). Checked on each file's first line, so that a
+// misspelt column fails when the config is read.
+void check_csv_columns(const JsonReader& d, const std::string& key, const std::vector<std::string>& files,
+                       const data::CsvOptions& o) {
+  for (const std::string& file : files) {
+    std::ifstream in(file);
+    std::string line;
+    bool found = false;
+    while (!found && std::getline(in, line)) found = line.find_first_not_of(" \t\r") != std::string::npos;
+    if (!found) d.fail(key, "'" + file + "' has no lines");
+    const std::vector<std::string> names = csv_fields(line, o.delimiter);
+    auto check = [&](const std::string& column_key, const std::string& column) {
+      if (o.header && std::find(names.begin(), names.end(), column) != names.end()) return;
+      std::size_t index = 0;
+      const auto [end, ec] = std::from_chars(column.data(), column.data() + column.size(), index);
+      if (!column.empty() && ec == std::errc() && end == column.data() + column.size() && index < names.size()) return;
+      std::string known;
+      if (o.header) {
+        // A wide file's header is cut short: the first names are enough to spot a typo.
+        for (std::size_t i = 0; i < names.size() && i < 12; ++i) known += (i ? ", " : "") + names[i];
+        if (names.size() > 12) known += ", ... (" + std::to_string(names.size()) + " columns)";
+        known = "its columns: " + known;
+      } else {
+        known = "it has no header; its " + std::to_string(names.size()) + " columns are named by 0-based index";
+      }
+      d.fail(column_key, "no column '" + column + "' in " + file + " (" + known + ")");
+    };
+    check("label_column", o.label_column);
+    for (const std::string& column : o.select_columns) check("select_columns", column);
+  }
+}
+
+PipelineConfig pipeline_from(const JsonReader& p) {
+  p.expect_keys({"cache", "shuffle", "prefetch", "drop_remainder"});
+  PipelineConfig pc;
+  pc.cache = p.get_bool("cache", false);
+  pc.shuffle = p.get_int("shuffle", 0);
+  pc.drop_remainder = p.get_bool("drop_remainder", false);
+  if (p.has("prefetch")) {
+    const auto& v = p.raw()["prefetch"];
+    if (v.is_string() && v.get<std::string>() == "autotune") pc.prefetch = data::AUTOTUNE;
+    else if (v.is_number_integer() && v.get<std::int64_t>() >= 0) pc.prefetch = v.get<std::int64_t>();
+    else p.fail("prefetch", "expected \"autotune\" or a buffer size >= 0, got " + v.dump());
+  }
+  if (pc.shuffle < 0) p.fail("shuffle", "must be a buffer size >= 0 (0 = no shuffling)");
+  return pc;
+}
+
+// "data": each source takes its own keys; a key of another source is an error.
+DataConfig data_from(const JsonReader& d) {
+  DataConfig c;
+  c.source = d.get_string("source", "synthetic");
+  if (c.source == "synthetic")
+    d.expect_keys({"source", "samples", "test_samples", "features", "classes", "labels", "pipeline"});
+  else if (c.source == "fashion_mnist")
+    d.expect_keys({"source", "path", "pipeline"});
+  else if (c.source == "csv")
+    d.expect_keys({"source", "train", "test", "label_column", "header", "delimiter", "select_columns", "pipeline"});
+  else if (c.source == "idx")
+    d.expect_keys({"source", "train_images", "train_labels", "test_images", "test_labels", "pipeline"});
+  else if (c.source == "records")
+    d.expect_keys({"source", "train", "test", "pipeline"});
+  else
+    d.fail("source", "expected \"synthetic\", \"fashion_mnist\", \"csv\", \"idx\" or \"records\", got \"" + c.source + "\"");
+  if (d.has("pipeline")) c.pipeline = pipeline_from(d.child("pipeline"));
+
+  if (c.source == "fashion_mnist") c.path = d.get_string("path", "");
+  if (c.source == "synthetic") {
+    c.samples = d.get_int("samples", c.samples);
+    c.test_samples = d.get_int("test_samples", 0);
+    c.features = d.get_int("features", c.features);
+    c.classes = d.get_int("classes", c.classes);
+    const std::string labels = d.get_string("labels", "random");
+    if (labels == "teacher") c.labels = data::SyntheticLabels::teacher;
+    else if (labels != "random") d.fail("labels", "expected \"random\" or \"teacher\", got \"" + labels + "\"");
+    if (c.samples <= 0 || c.features <= 0 || c.classes <= 0 || c.test_samples < 0)
+      d.fail("", "samples, features and classes must be positive and test_samples >= 0");
+  }
+  if (c.source == "csv") {
+    c.csv.label_column = d.get_string("label_column");
+    c.csv.header = d.get_bool("header", true);
+    const std::string delimiter = d.get_string("delimiter", ",");
+    if (delimiter.size() != 1) d.fail("delimiter", "expected one character, got \"" + delimiter + "\"");
+    c.csv.delimiter = delimiter[0];
+    if (d.has("select_columns")) {
+      const JsonReader s = d.child("select_columns");
+      s.expect_array();
+      for (std::size_t i = 0; i < s.size(); ++i) {
+        if (!s.raw()[i].is_string()) s.element(i).fail("", "expected a column name or a 0-based index as text");
+        c.csv.select_columns.push_back(s.raw()[i].get<std::string>());
+      }
+      for (const std::string& column : c.csv.select_columns)
+        if (column == c.csv.label_column) s.fail("", "holds the label column '" + column + "'");
+    }
+    c.train_files = files_at(d, "train");
+    check_csv_columns(d, "train", c.train_files, c.csv);
+    if (d.has("test")) {
+      c.test_files = files_at(d, "test");
+      check_csv_columns(d, "test", c.test_files, c.csv);
+    }
+  }
+  if (c.source == "idx") {
+    c.train_files = {one_file_at(d, "train_images"), one_file_at(d, "train_labels")};
+    if (d.has("test_images") || d.has("test_labels")) {
+      for (const char* key : {"test_images", "test_labels"})
+        if (!d.has(key)) d.fail(key, "is required with the other test file (give test_images and test_labels, or neither)");
+      c.test_files = {one_file_at(d, "test_images"), one_file_at(d, "test_labels")};
+    }
+  }
+  if (c.source == "records") {
+    c.train_files = files_at(d, "train");
+    if (d.has("test")) c.test_files = files_at(d, "test");
+  }
+  return c;
+}
+
+bool is_file_source(const std::string& source) { return source == "csv" || source == "idx" || source == "records"; }
+
+// The config key that names a split's files, for messages.
+std::string files_key(const DataConfig& d, bool test) {
+  if (d.source == "idx") return test ? "data.test_images" : "data.train_images";
+  return test ? "data.test" : "data.train";
+}
+
+// A split's rows as they are read, before the labels' kind (classes or values) is known.
+struct Rows {
+  std::vector<float> x;  // row-major, row_shape->numel() values per row
+  std::vector<double> y;
+  std::optional<Shape> row_shape;  // the first row's
+  std::string first_file;          // where the first row came from
+};
+
+// Every row of a split has the first row's shape.
+void add_row(Rows& rows, const Tensor& x, double y, const std::string& file, const std::string& where) {
+  if (!rows.row_shape) {
+    rows.row_shape = x.shape();
+    rows.first_file = file;
+  } else if (x.shape() != *rows.row_shape) {
+    DTRAIN_THROW(IoError, where, ": features of shape ", x.shape().to_string(), ", but the rows of ", rows.first_file,
+                 " have ", rows.row_shape->to_string());
+  }
+  const std::vector<float> values = x.to_vector();
+  rows.x.insert(rows.x.end(), values.begin(), values.end());
+  rows.y.push_back(y);
+}
+
+std::string element_types(const data::Element& e) {
+  std::string out;
+  for (const Tensor& t : e) out += (out.empty() ? "" : ", ") + std::string(dtype_name(t.dtype())) + " " + t.shape().to_string();
+  return "(" + out + ")";
+}
+
+// Up to `limit` rows (-1: all) of one CSV file.
+void read_csv(const std::string& file, const data::CsvOptions& o, std::int64_t limit, Rows& rows) {
+  data::Iterator it = data::Dataset::csv({file}, o).make_iterator();
+  for (std::int64_t i = 0; limit < 0 || i < limit; ++i) {
+    const std::optional<data::Element> e = it.next();
+    if (!e) return;
+    add_row(rows, (*e)[0], (*e)[1].item(), file, file + ": row " + std::to_string(i + 1));
+  }
+}
+
+// Up to `limit` records (-1: all) of one record file, each encode_element({features, label}).
+void read_records(const std::string& file, std::int64_t limit, Rows& rows) {
+  data::Iterator it = data::Dataset::records({file}).make_iterator();
+  for (std::int64_t i = 0; limit < 0 || i < limit; ++i) {
+    const std::optional<data::Element> record = it.next();
+    if (!record) return;
+    const std::string where = file + ": record " + std::to_string(i);
+    data::Element e;
+    try {
+      e = data::decode_element((*record)[0]);
+    } catch (...) {
+      rethrow_with_context(std::current_exception(), where);
+    }
+    if (e.size() != 2 || e[0].shape().rank() < 1 || e[1].shape().rank() != 0)
+      DTRAIN_THROW(IoError, where, ": expected (features, scalar label), got ", element_types(e));
+    const double label = e[1].dtype() == DType::i32 ? e[1].data<std::int32_t>()[0] : e[1].item();
+    add_row(rows, e[0], label, file, where);
+  }
+}
+
+// Up to `limit` rows (-1: all) of a csv or records split, its files in order.
+Rows read_rows(const DataConfig& d, const std::vector<std::string>& files, std::int64_t limit) {
+  Rows rows;
+  for (const std::string& file : files) {
+    const std::int64_t left = limit < 0 ? -1 : limit - static_cast<std::int64_t>(rows.y.size());
+    if (left == 0) break;
+    if (d.source == "csv") read_csv(file, d.csv, left, rows);
+    else read_records(file, left, rows);
+  }
+  if (rows.y.empty()) {
+    std::string names;
+    for (const std::string& f : files) names += (names.empty() ? "" : ", ") + f;
+    DTRAIN_THROW(IoError, names, (files.size() > 1 ? " hold" : " holds"), " no rows");
+  }
+  return rows;
+}
+
+bool whole_number(double v) { return v == std::floor(v) && v >= INT32_MIN && v <= INT32_MAX; }
+
+data::Split to_split(const Rows& rows, bool integer_labels) {
+  const auto n = static_cast<std::int64_t>(rows.y.size());
+  std::vector<std::int64_t> dims{n};
+  for (std::int64_t e : rows.row_shape->dims()) dims.push_back(e);
+  data::Split s;
+  s.x = Tensor::from_vector(Shape(dims), std::span<const float>(rows.x));
+  if (integer_labels) {
+    std::vector<std::int32_t> y(rows.y.size());
+    std::transform(rows.y.begin(), rows.y.end(), y.begin(), [](double v) { return static_cast<std::int32_t>(v); });
+    s.y = Tensor::from_vector(Shape{n}, std::span<const std::int32_t>(y));
+  } else {
+    // Regression targets [rows, 1]: the shape of a one-unit output, which mse compares
+    // them with element by element.
+    std::vector<float> y(rows.y.begin(), rows.y.end());
+    s.y = Tensor::from_vector(Shape{n, 1}, std::span<const float>(y));
+  }
+  return s;
+}
+
+data::Split read_idx(const std::string& images, const std::string& labels) {
+  data::Split s{data::read_idx_images(images), data::read_idx_labels(labels)};
+  if (s.x.dim(0) != s.y.dim(0))
+    DTRAIN_THROW(IoError, images, " holds ", s.x.dim(0), " images but ", labels, " holds ", s.y.dim(0), " labels");
+  return s;
+}
+
+Shape row_shape_of(const Tensor& x) {
+  return Shape(std::vector<std::int64_t>(x.shape().dims().begin() + 1, x.shape().dims().end()));
+}
+
+// Runs fn; an error from it gets the config file and the key naming the split's files.
+template <typename Fn>
+auto reading(const RunConfig& c, bool test, Fn&& fn) {
+  try {
+    return fn();
+  } catch (...) {
+    rethrow_with_context(std::current_exception(), c.file + ": " + files_key(c.data, test));
+  }
+}
+
+data::Classification load_files(const RunConfig& c) {
+  const DataConfig& d = c.data;
+  const bool has_test = !d.test_files.empty();
+  data::Classification out;
+  if (d.source == "idx") {
+    out.train = reading(c, false, [&] { return read_idx(d.train_files[0], d.train_files[1]); });
+    if (has_test) out.test = reading(c, true, [&] { return read_idx(d.test_files[0], d.test_files[1]); });
+  } else {
+    const Rows train = reading(c, false, [&] { return read_rows(d, d.train_files, -1); });
+    const Rows test = has_test ? reading(c, true, [&] { return read_rows(d, d.test_files, -1); }) : Rows{};
+    // Classification only when every label of both splits is a class number.
+    const bool integer_labels =
+        std::all_of(train.y.begin(), train.y.end(), whole_number) && std::all_of(test.y.begin(), test.y.end(), whole_number);
+    out.train = to_split(train, integer_labels);
+    if (has_test) out.test = to_split(test, integer_labels);
+  }
+  if (has_test && row_shape_of(out.test.x) != row_shape_of(out.train.x))
+    DTRAIN_THROW(InvalidArgument, c.file, ": ", files_key(d, true), ": the rows of ", d.test_files[0], " have shape ",
+                 row_shape_of(out.test.x).to_string(), ", but those of ", d.train_files[0], " (", files_key(d, false),
+                 ") have ", row_shape_of(out.train.x).to_string());
+  if (out.train.y.dtype() == DType::i32) {
+    std::int32_t largest = -1;
+    for (const data::Split* s : {&out.train, &out.test})
+      if (s->y.defined())
+        for (std::int64_t i = 0; i < s->y.numel(); ++i) largest = std::max(largest, s->y.data<std::int32_t>()[i]);
+    out.classes = largest + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 void check_strategy(const std::string& strategy, int replicas) {
@@ -116,39 +447,7 @@ RunConfig load_config(const std::string& path) {
         c.metrics.push_back(m.raw()[i].get<std::string>());
       }
     }
-    if (r.has("data")) {
-      const JsonReader d = r.child("data");
-      d.expect_keys({"source", "path", "samples", "test_samples", "features", "classes", "labels", "pipeline"});
-      if (d.has("pipeline")) {
-        const JsonReader p = d.child("pipeline");
-        p.expect_keys({"cache", "shuffle", "prefetch", "drop_remainder"});
-        PipelineConfig pc;
-        pc.cache = p.get_bool("cache", false);
-        pc.shuffle = p.get_int("shuffle", 0);
-        pc.drop_remainder = p.get_bool("drop_remainder", false);
-        if (p.has("prefetch")) {
-          const auto& v = p.raw()["prefetch"];
-          if (v.is_string() && v.get<std::string>() == "autotune") pc.prefetch = data::AUTOTUNE;
-          else if (v.is_number_integer() && v.get<std::int64_t>() >= 0) pc.prefetch = v.get<std::int64_t>();
-          else p.fail("prefetch", "expected \"autotune\" or a buffer size >= 0, got " + v.dump());
-        }
-        if (pc.shuffle < 0) p.fail("shuffle", "must be a buffer size >= 0 (0 = no shuffling)");
-        c.data.pipeline = pc;
-      }
-      c.data.source = d.get_string("source", "synthetic");
-      if (c.data.source != "fashion_mnist" && c.data.source != "synthetic")
-        d.fail("source", "expected \"fashion_mnist\" or \"synthetic\", got \"" + c.data.source + "\"");
-      c.data.path = d.get_string("path", "");
-      c.data.samples = d.get_int("samples", c.data.samples);
-      c.data.test_samples = d.get_int("test_samples", 0);
-      c.data.features = d.get_int("features", c.data.features);
-      c.data.classes = d.get_int("classes", c.data.classes);
-      const std::string labels = d.get_string("labels", "random");
-      if (labels == "teacher") c.data.labels = data::SyntheticLabels::teacher;
-      else if (labels != "random") d.fail("labels", "expected \"random\" or \"teacher\", got \"" + labels + "\"");
-      if (c.data.samples <= 0 || c.data.features <= 0 || c.data.classes <= 0 || c.data.test_samples < 0)
-        d.fail("", "samples, features and classes must be positive and test_samples >= 0");
-    }
+    if (r.has("data")) c.data = data_from(r.child("data"));
     c.epochs = r.get_int32("epochs", 1, 0, 1'000'000);
     c.batch_size = r.get_int("batch_size", 32);
     const std::int64_t seed = r.get_int("seed", 0);
@@ -257,6 +556,7 @@ data::Dataset build_pipeline(const RunConfig& c, const data::Split& train) {
 
 data::Classification load_data(const RunConfig& c) {
   if (c.data.source == "fashion_mnist") return data::load_fashion_mnist(c.data.path);
+  if (is_file_source(c.data.source)) return load_files(c);
   data::Classification d;
   d.classes = c.data.classes;
   // Test data comes from the same generator, after the training rows.
@@ -267,6 +567,15 @@ data::Classification load_data(const RunConfig& c) {
     d.test = {all.x.slice(c.data.samples, c.data.samples + c.data.test_samples),
               all.y.slice(c.data.samples, c.data.samples + c.data.test_samples)};
   return d;
+}
+
+Shape input_shape(const RunConfig& c) {
+  if (c.data.source == "fashion_mnist") return Shape{784};
+  if (c.data.source == "synthetic") return Shape{c.data.features};
+  return reading(c, false, [&] {
+    if (c.data.source == "idx") return row_shape_of(data::read_idx_images(c.data.train_files[0]));
+    return *read_rows(c.data, c.data.train_files, 1).row_shape;
+  });
 }
 
 }  // namespace dtrain::cli

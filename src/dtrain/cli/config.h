@@ -24,11 +24,17 @@ struct PipelineConfig {
   bool drop_remainder = false;
 };
 
+// Where the data comes from. The file sources (csv, idx, records) are read into memory
+// whole; nothing here streams from disk.
 struct DataConfig {
-  std::string source = "synthetic";  // "fashion_mnist" or "synthetic"
+  std::string source = "synthetic";  // "fashion_mnist", "synthetic", "csv", "idx" or "records"
   std::string path;                  // fashion_mnist: directory ("" = default)
   std::int64_t samples = 1000, test_samples = 0, features = 100, classes = 10;
   data::SyntheticLabels labels = data::SyntheticLabels::random;
+  // File sources, paths as the config gives them. csv, records: the files of each split,
+  // read in order; idx: {images, labels}. No test files: no test split.
+  std::vector<std::string> train_files, test_files;
+  data::CsvOptions csv;  // csv: label_column (always set), header, delimiter, select_columns
   std::optional<PipelineConfig> pipeline;
 };
 
@@ -71,7 +77,14 @@ nlohmann::json read_json_file(const std::string& path, const std::string& unread
 std::unique_ptr<Sequential> build_model(const RunConfig& c);
 std::shared_ptr<losses::Loss> build_loss(const RunConfig& c);
 std::shared_ptr<optim::Optimizer> build_optimizer(const RunConfig& c);
+// The data the config names, in memory. File sources: x float32 [rows, features...]; y
+// int32 [rows] when every label (train and test) is a whole number, with classes = the
+// largest label + 1, else float32 [rows, 1] with classes = 0 (regression). Errors name the
+// config file, the key and the data file.
 data::Classification load_data(const RunConfig& c);
+// One input row's shape, without loading the data where the config says it (file sources
+// read their first training row).
+Shape input_shape(const RunConfig& c);
 // The training Dataset the config's pipeline describes (requires c.data.pipeline).
 data::Dataset build_pipeline(const RunConfig& c, const data::Split& train);
 

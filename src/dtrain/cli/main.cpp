@@ -45,8 +45,8 @@ Examples:
   dtrain launch --workers 2 -- sh -c 'echo $TF_CONFIG'
 
 Config files are JSON: model (Keras-style Sequential JSON), loss, optimizer, metrics,
-data (fashion_mnist or synthetic), epochs, batch_size, seed, threads, strategy,
-replicas, gradient_accumulation_steps. See docs/cli.md.)";
+data (fashion_mnist, synthetic, or csv, idx or records files), epochs, batch_size, seed,
+threads, strategy, replicas, gradient_accumulation_steps. See docs/cli.md.)";
 
 struct Overrides {
   int epochs = -1;
@@ -120,11 +120,11 @@ json logs_json(const Logs& logs) {
   return j;
 }
 
-// Builds (for summary) without loading data: the input shape comes from the model JSON or
-// from the data section.
+// Builds (for summary) without loading the data: the input shape comes from the model JSON
+// or from the data section (a file source reads its first training row).
 void ensure_built(Sequential& m, const cli::RunConfig& c) {
   if (m.built()) return;
-  m.build(c.data.source == "fashion_mnist" ? Shape{784} : Shape{c.data.features});
+  m.build(cli::input_shape(c));
 }
 
 // The layers' dtype policy: one name when they agree, "per layer" when they do not.
