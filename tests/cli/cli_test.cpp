@@ -10,6 +10,7 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
+#include "common/error_message.h"
 #include "common/temp_dir.h"
 #include "dtrain/cli/config.h"
 #include "dtrain/data/dataset.h"
@@ -505,17 +506,28 @@ TEST_F(FileSources, CsvColumnsByNameOrIndexAndRegressionLabels) {
   EXPECT_EQ(d.train.x.data<float>()[2 * 7 + 1], rows_.feature(7, 1));
   EXPECT_EQ(d.train.y.data<std::int32_t>()[7], rows_.labels[7]);
   EXPECT_TRUE(!d.test.x.defined());
-  // No header, ';' between fields, and a label that is not a whole number: values to
-  // regress on, float32 [rows, 1], and no classes.
-  const std::string values = write("values.csv", "1;2;0.5\n3;4;2\n5;6;-1\n");
-  d = load(config("values.json", R"({"source": "csv", "train": ")" + values +
-                                     R"(", "header": false, "delimiter": ";", "label_column": "2"})"));
-  ASSERT_EQ(d.train.x.shape(), (dtrain::Shape{3, 2}));
-  EXPECT_EQ(d.train.x.to_vector(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
-  ASSERT_EQ(d.train.y.dtype(), dtrain::DType::f32);
-  ASSERT_EQ(d.train.y.shape(), (dtrain::Shape{3, 1}));
-  EXPECT_EQ(d.train.y.to_vector(), (std::vector<float>{0.5f, 2, -1}));
-  EXPECT_EQ(d.classes, 0);
+  // No header, ';' between fields, and the loss mse: the labels are values to regress on,
+  // float32 [rows, 1], whole numbers or not, and there are no classes.
+  for (const std::string& labels : {std::string("0.5\n"), std::string("7\n")}) {
+    const std::string values = write("values.csv", "1;2;" + labels + "3;4;2\n5;6;-1\n");
+    d = load(write("values.json", R"({"model": {"layers": [{"class_name": "Dense", "config": {"units": 1}}]},
+        "loss": "mse", "data": {"source": "csv", "train": ")" + values +
+                                      R"(", "header": false, "delimiter": ";", "label_column": "2"}})"));
+    ASSERT_EQ(d.train.x.shape(), (dtrain::Shape{3, 2}));
+    EXPECT_EQ(d.train.x.to_vector(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+    ASSERT_EQ(d.train.y.dtype(), dtrain::DType::f32);
+    ASSERT_EQ(d.train.y.shape(), (dtrain::Shape{3, 1}));
+    EXPECT_EQ(d.train.y.to_vector(), (std::vector<float>{std::stof(labels), 2, -1}));
+    EXPECT_EQ(d.classes, 0);
+  }
+  // For a classifier, a label that is not a class number names the file and the row.
+  for (const std::string& bad : {std::string("0.5"), std::string("-1"), std::string("nan")}) {
+    const std::string file = write("bad.csv", "a,b,label\n1,2,0\n3,4," + bad + "\n");
+    const std::string message = dtrain::testing::message_of<std::exception>(
+        [&] { load(config("bad.json", R"({"source": "csv", "train": ")" + file + R"(", "label_column": "label"})")); });
+    EXPECT_NE(message.find(file + ": row 2"), std::string::npos) << message;
+    EXPECT_NE(message.find("data.train"), std::string::npos) << message;
+  }
 }
 
 TEST_F(FileSources, FitRegressesOnFractionalCsvLabels) {

@@ -222,6 +222,7 @@ DataConfig data_from(const JsonReader& d) {
     if (d.has("select_columns")) {
       const JsonReader s = d.child("select_columns");
       s.expect_array();
+      if (s.size() == 0) s.fail("", "expected at least one column (leave the key out to keep every column)");
       for (std::size_t i = 0; i < s.size(); ++i) {
         if (!s.raw()[i].is_string()) s.element(i).fail("", "expected a column name or a 0-based index as text");
         c.csv.select_columns.push_back(s.raw()[i].get<std::string>());
@@ -259,16 +260,22 @@ std::string files_key(const DataConfig& d, bool test) {
   return test ? "data.test" : "data.train";
 }
 
-// A split's rows as they are read, before the labels' kind (classes or values) is known.
+// A split's rows as they are read.
 struct Rows {
+  bool classes = true;   // the labels are class numbers, else values to regress on
   std::vector<float> x;  // row-major, row_shape->numel() values per row
   std::vector<double> y;
   std::optional<Shape> row_shape;  // the first row's
   std::string first_file;          // where the first row came from
 };
 
-// Every row of a split has the first row's shape.
+// Every row of a split has the first row's shape, and a finite label: a class number
+// (0, 1, ...) for a classifier.
 void add_row(Rows& rows, const Tensor& x, double y, const std::string& file, const std::string& where) {
+  if (!std::isfinite(y)) DTRAIN_THROW(IoError, where, ": the label ", y, " is not a finite number");
+  if (rows.classes && (y != std::floor(y) || y < 0 || y > INT32_MAX))
+    DTRAIN_THROW(IoError, where, ": the label ", y, " is not a class number (0, 1, ...); with the loss \"mse\" labels ",
+                 "are values to regress on");
   if (!rows.row_shape) {
     rows.row_shape = x.shape();
     rows.first_file = file;
@@ -318,8 +325,9 @@ void read_records(const std::string& file, std::int64_t limit, Rows& rows) {
 }
 
 // Up to `limit` rows (-1: all) of a csv or records split, its files in order.
-Rows read_rows(const DataConfig& d, const std::vector<std::string>& files, std::int64_t limit) {
+Rows read_rows(const DataConfig& d, const std::vector<std::string>& files, std::int64_t limit, bool classes) {
   Rows rows;
+  rows.classes = classes;
   for (const std::string& file : files) {
     const std::int64_t left = limit < 0 ? -1 : limit - static_cast<std::int64_t>(rows.y.size());
     if (left == 0) break;
@@ -334,7 +342,12 @@ Rows read_rows(const DataConfig& d, const std::vector<std::string>& files, std::
   return rows;
 }
 
-bool whole_number(double v) { return v == std::floor(v) && v >= INT32_MIN && v <= INT32_MAX; }
+// A regression (the loss mse) takes its labels as values; the other losses, as classes.
+bool regression(const RunConfig& c) {
+  const json& loss = c.loss_json;
+  const json name = loss.is_object() && loss.contains("name") ? loss["name"] : loss;
+  return name.is_string() && (name.get<std::string>() == "mse" || name.get<std::string>() == "mean_squared_error");
+}
 
 data::Split to_split(const Rows& rows, bool integer_labels) {
   const auto n = static_cast<std::int64_t>(rows.y.size());
@@ -384,23 +397,22 @@ data::Classification load_files(const RunConfig& c) {
     out.train = reading(c, false, [&] { return read_idx(d.train_files[0], d.train_files[1]); });
     if (has_test) out.test = reading(c, true, [&] { return read_idx(d.test_files[0], d.test_files[1]); });
   } else {
-    const Rows train = reading(c, false, [&] { return read_rows(d, d.train_files, -1); });
-    const Rows test = has_test ? reading(c, true, [&] { return read_rows(d, d.test_files, -1); }) : Rows{};
-    // Classification only when every label of both splits is a class number.
-    const bool integer_labels =
-        std::all_of(train.y.begin(), train.y.end(), whole_number) && std::all_of(test.y.begin(), test.y.end(), whole_number);
-    out.train = to_split(train, integer_labels);
-    if (has_test) out.test = to_split(test, integer_labels);
+    const bool classes = !regression(c);
+    const Rows train = reading(c, false, [&] { return read_rows(d, d.train_files, -1, classes); });
+    const Rows test = has_test ? reading(c, true, [&] { return read_rows(d, d.test_files, -1, classes); }) : Rows{};
+    out.train = to_split(train, classes);
+    if (has_test) out.test = to_split(test, classes);
   }
   if (has_test && row_shape_of(out.test.x) != row_shape_of(out.train.x))
     DTRAIN_THROW(InvalidArgument, c.file, ": ", files_key(d, true), ": the rows of ", d.test_files[0], " have shape ",
                  row_shape_of(out.test.x).to_string(), ", but those of ", d.train_files[0], " (", files_key(d, false),
                  ") have ", row_shape_of(out.train.x).to_string());
   if (out.train.y.dtype() == DType::i32) {
-    std::int32_t largest = -1;
+    std::int64_t largest = -1;
     for (const data::Split* s : {&out.train, &out.test})
       if (s->y.defined())
-        for (std::int64_t i = 0; i < s->y.numel(); ++i) largest = std::max(largest, s->y.data<std::int32_t>()[i]);
+        for (std::int64_t i = 0; i < s->y.numel(); ++i)
+          largest = std::max<std::int64_t>(largest, s->y.data<std::int32_t>()[i]);
     out.classes = largest + 1;
   }
   return out;
@@ -574,7 +586,7 @@ Shape input_shape(const RunConfig& c) {
   if (c.data.source == "synthetic") return Shape{c.data.features};
   return reading(c, false, [&] {
     if (c.data.source == "idx") return row_shape_of(data::read_idx_images(c.data.train_files[0]));
-    return *read_rows(c.data, c.data.train_files, 1).row_shape;
+    return *read_rows(c.data, c.data.train_files, 1, !regression(c)).row_shape;
   });
 }
 

@@ -78,9 +78,9 @@ std::unique_ptr<Sequential> build_model(const RunConfig& c);
 std::shared_ptr<losses::Loss> build_loss(const RunConfig& c);
 std::shared_ptr<optim::Optimizer> build_optimizer(const RunConfig& c);
 // The data the config names, in memory. File sources: x float32 [rows, features...]; y
-// int32 [rows] when every label (train and test) is a whole number, with classes = the
-// largest label + 1, else float32 [rows, 1] with classes = 0 (regression). Errors name the
-// config file, the key and the data file.
+// float32 [rows, 1] with classes = 0 when the loss is mse (a regression), else int32 [rows]
+// of class numbers with classes = the largest label + 1. Errors name the config file, the
+// key and the data file (and the row or record of a bad label).
 data::Classification load_data(const RunConfig& c);
 // One input row's shape, without loading the data where the config says it (file sources
 // read their first training row).
