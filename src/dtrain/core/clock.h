@@ -12,6 +12,10 @@ inline double seconds_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 inline double seconds_since(Clock::time_point t) { return seconds_between(t, Clock::now()); }
+// A span of `s` seconds in the clock's units (a deadline's offset).
+inline Clock::duration clock_seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
 // Whole milliseconds until `deadline`, 0 once it has passed (a poll() timeout).
 inline int milliseconds_left(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();

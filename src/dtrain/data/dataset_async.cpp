@@ -33,9 +33,6 @@ double thread_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
-// A span of `s` seconds in the clock's units.
-Clock::duration seconds(double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); }
-
 std::string ms(double seconds) {
   std::ostringstream o;
   o.precision(3);
@@ -48,8 +45,8 @@ std::string ms(double seconds) {
 // itself, on a timer set from the consumer's rate. The consumer wakes it only when what is
 // left in the buffer would not last while the producer refills: waking a sleeping thread
 // costs the waker a system call and an interrupt to the other core (tens of microseconds
-// in a virtual machine), which would come out of every training step. With AUTOTUNE the capacity starts at 1 and grows
-// each time the consumer finds the buffer empty; and when the consumer's compute threads
+// in a virtual machine), which would come out of every training step. With AUTOTUNE the
+// capacity starts at 1 and grows each time the consumer finds the buffer empty; and when the consumer's compute threads
 // occupy every core and the producer spends its time computing rather than waiting, the
 // producer's work could only be taken from a compute thread (which the others then wait
 // for), so the stage stops its thread and pulls in the consumer's thread instead.
@@ -79,7 +76,7 @@ class PrefetchIterator : public IteratorBase {
     start();
     std::unique_lock lock(mutex_);
     const auto now = Clock::now();
-    if (consumed_ > 0) consumer_time_.add(std::chrono::duration<double>(now - last_return_).count());
+    if (consumed_ > 0) consumer_time_.add(seconds_between(last_return_, now));
     if (queue_.empty() && !ended_ && !error_) {
       ++waits_;
       if (autotune_ && capacity_ < max_capacity_) ++capacity_;
@@ -95,8 +92,8 @@ class PrefetchIterator : public IteratorBase {
       // to the timer's slack) and it makes two elements; otherwise its own timer wakes it.
       const bool wake = producer_napping_ && refill_due() &&
                         (!consumer_time_.primed ||
-                         last_return_ + seconds(static_cast<double>(queue_.size()) * consumer_time_.value) <
-                             nap_until_ + seconds(kTimerSlack + 2 * producer_time_.value));
+                         last_return_ + clock_seconds(static_cast<double>(queue_.size()) * consumer_time_.value) <
+                             nap_until_ + clock_seconds(kTimerSlack + 2 * producer_time_.value));
       if (wake) producer_napping_ = false;  // one notify is enough
       lock.unlock();
       if (wake) cv_.notify_all();
@@ -211,7 +208,7 @@ class PrefetchIterator : public IteratorBase {
             const double nap = consumer_time_.primed ? std::clamp(0.5 * due * consumer_time_.value, kShortestNap, kLongestNap)
                                                      : kLongestNap;
             producer_napping_ = true;
-            nap_until_ = Clock::now() + seconds(nap);
+            nap_until_ = Clock::now() + clock_seconds(nap);
             cv_.wait_until(lock, st, nap_until_, [&] { return refill_due() || ended_; });
           }
           producer_napping_ = false;
