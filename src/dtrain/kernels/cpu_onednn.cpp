@@ -167,6 +167,20 @@ struct CpuBackend::OneDnn {
   std::unordered_map<Key, Entry, KeyHash> cache;
   std::atomic<std::uint64_t> created{0};
   std::atomic<std::uint64_t> hits{0};
+  // oneDNN 2.6 has bfloat16 matmuls only from AVX-512 on; without them (an AVX2-only CPU)
+  // matmul converts bfloat16 operands to float32 instead.
+  const bool native_bf16_matmul = builds_bf16_matmul(engine);
+
+  static bool builds_bf16_matmul(const dnnl::engine& engine) {
+    try {
+      const dnnl::memory::desc md({16, 16}, dt::bf16, dnnl::memory::dims{16, 1});
+      const dnnl::memory::desc out({16, 16}, dt::f32, dnnl::memory::dims{16, 1});
+      dnnl::matmul::primitive_desc(dnnl::matmul::desc(md, md, out), engine);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }
 
   // Finds the primitive for `key`, building it with make() on a miss. References into
   // an unordered_map stay valid when it rehashes, so callers may hold the result.
@@ -297,6 +311,15 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matmu
     return;
   }
 
+  if (a.dtype() == DType::bf16 && !dnn_->native_bf16_matmul) {
+    // bfloat16 to float32 is exact, and so is the product of two bfloat16 values in
+    // float32, so float32 operands give what a bfloat16 matmul accumulating in float32 gives.
+    Tensor a32 = Tensor::empty(a.shape()), b32 = Tensor::empty(b.shape());
+    convert(a, a32);
+    convert(b, b32);
+    matmul(a32, b32, c, o);
+    return;
+  }
   const dt in_type = to_dnnl(a.dtype());
   const dnnl::memory::desc a_md({M, K}, in_type, o.transpose_a ? dnnl::memory::dims{1, M} : dnnl::memory::dims{K, 1});
   const dnnl::memory::desc b_md({K, N}, in_type, o.transpose_b ? dnnl::memory::dims{1, K} : dnnl::memory::dims{width, 1});
