@@ -161,6 +161,88 @@ TEST(InProcessBarrier, AbortReleasesWaitersNamingTheFailedReplica) {
   EXPECT_THROW(barrier.arrive_and_wait(0), PeerFailure);
 }
 
+// A replica that never comes (stuck in its input or in user code) is a Timeout naming it
+// and the barrier; the waiters are released, and later arrivals fail at once.
+TEST(InProcessBarrier, AReplicaThatNeverArrivesIsATimeoutNamingIt) {
+  InProcessBarrier barrier(3, kSpinPauses, std::chrono::milliseconds(100), "step barrier");
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> waiters;
+  for (int r = 0; r < 2; ++r)
+    waiters.emplace_back([&, r] {
+      try {
+        barrier.arrive_and_wait(r);
+        errors[static_cast<std::size_t>(r)] = "passed the barrier without replica 2";
+      } catch (const Timeout& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      } catch (const PeerFailure& e) {  // the other waiter's timeout came first
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (std::thread& t : waiters) t.join();
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("step barrier: replica "), std::string::npos) << e;
+    EXPECT_NE(e.find("replica(s) 2 never arrived"), std::string::npos) << e;
+  }
+  EXPECT_THROW(barrier.arrive_and_wait(2), PeerFailure);
+}
+
+// Members that sit out (a replica without rows) are not waited for, nor named.
+TEST(InProcessBarrier, OnlyMembersAreWaitedForAndNamed) {
+  InProcessBarrier barrier(3, 0, std::chrono::milliseconds(100), "dense layer barrier");
+  barrier.reset({true, false, true}, 0);
+  std::thread other([&] { barrier.arrive_and_wait(2); });
+  barrier.arrive_and_wait(0);  // replica 1 is not a member: passes with replica 2
+  other.join();
+  try {
+    barrier.arrive_and_wait(0);
+    ADD_FAILURE() << "passed without replica 2";
+  } catch (const Timeout& e) {
+    EXPECT_NE(std::string(e.what()).find("dense layer barrier: replica 0 waited 0.1 s, and replica(s) 2 never arrived"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(InProcessAllReduce, AReplicaThatNeverArrivesIsATimeoutNamingTheBucket) {
+  std::vector<float> a(4, 1.0f), b(4, 2.0f), out0(4), out1(4);
+  InProcessAllReduce all_reduce(2, {{4}, {4}}, {out0.data(), out1.data()}, 16384, 0, std::chrono::milliseconds(100));
+  all_reduce.set_input(1, 0, 0, b.data());
+  all_reduce.arrive(1, 0);  // replica 1 hands over bucket 0, then is stuck before bucket 1
+  all_reduce.set_input(0, 0, 0, a.data());
+  all_reduce.arrive(0, 0);
+  all_reduce.set_input(0, 1, 0, a.data());
+  all_reduce.arrive(0, 1);
+  try {
+    all_reduce.finish(0);
+    ADD_FAILURE() << "finish() returned without replica 1";
+  } catch (const Timeout& e) {
+    EXPECT_NE(std::string(e.what()).find("all-reduce of gradient bucket 1 (of 2): replica 0 waited 0.1 s, and "
+                                         "replica(s) 1 never arrived"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(out0, std::vector<float>(4, 3.0f));  // the complete bucket was summed
+  // Replica 1, when it comes, is told why the round was given up.
+  try {
+    all_reduce.finish(1);
+    ADD_FAILURE() << "finish() returned after the round was given up";
+  } catch (const PeerFailure& e) {
+    EXPECT_NE(std::string(e.what()).find("replica 0 failed (all-reduce of gradient bucket 1"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Waiting on a Signal: a bump ends the wait; without one, the timeout does.
+TEST(Signal, ABumpEndsTheWaitAndTheTimeoutEndsAWaitWithoutOne) {
+  Signal signal;
+  const std::uint64_t seen = signal.value();
+  EXPECT_FALSE(signal.wait(seen, 10, std::chrono::milliseconds(1)));
+  std::thread bumper([&] { signal.bump(); });
+  EXPECT_TRUE(signal.wait(seen, 0, std::chrono::hours(1)));
+  bumper.join();
+  EXPECT_TRUE(signal.wait(seen, 0, std::chrono::milliseconds(0)));  // it moved already
+}
+
 TEST(InProcessAllReduce, RejectsMismatchedInputs) {
   std::vector<float> out(4);
   EXPECT_THROW(InProcessAllReduce(2, {{4}, {4}}, {out.data()}), InvalidArgument);

@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <future>
+#include <thread>
 
 #include "common/compare.h"
 #include "dtrain/core/replica.h"
+#include "dtrain/distribute/bucket_reducer.h"
 #include "dtrain/dtrain.h"
 
 namespace dtrain {
@@ -325,6 +328,103 @@ TEST(MirroredStrategy, AFailingReplicaIsNamedAndNothingHangs) {
   // The strategy still works afterwards.
   PerReplica<Tensor> ids = strategy.run([] { return Tensor::scalar(static_cast<float>(replica_context().replica_id)); });
   EXPECT_FLOAT_EQ(strategy.reduce(ReduceOp::SUM, ids).item(), 1.0f);
+}
+
+// A replica stuck in user code does not hang its siblings: the one waiting for it at a
+// cross-replica call fails with Timeout naming it and the call. (The test lets the stuck
+// replica go only after checking the error: run() returns once every replica has.)
+TEST(MirroredStrategy, AReplicaStuckInUserCodeIsATimeoutNamingIt) {
+  MirroredStrategy strategy(2, {.timeout_seconds = 0.1});
+  std::unique_ptr<Sequential> model;
+  {
+    auto scope = strategy.scope();
+    model = std::make_unique<Sequential>();
+    model->add<nn::Dense>(4);
+    model->compile("sgd", "mse");
+    model->build(Shape{3});
+  }
+  auto vars = model->trainable_variables();
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::string seen_by_replica_0;
+  try {
+    strategy.run([&] {
+      if (replica_context().replica_id == 1) released.wait();  // stuck, as in a user's code
+      std::vector<Tensor> grads;
+      for (Variable* v : vars) grads.push_back(Tensor::zeros(v->shape()));
+      try {
+        model->optimizer().apply_gradients(grads, vars);
+      } catch (const Timeout& e) {
+        seen_by_replica_0 = e.what();
+        release.set_value();
+        throw;
+      }
+    });
+    ADD_FAILURE() << "run did not fail";
+  } catch (const Timeout& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("MirroredStrategy replica 0 (/cpu:0): all_reduce: replica 0 waited 0.1 s, and replica(s) 1 "
+                        "(/cpu:1) never arrived"),
+              std::string::npos)
+        << what;
+  }
+  EXPECT_NE(seen_by_replica_0.find("replica(s) 1 (/cpu:1) never arrived"), std::string::npos) << seen_by_replica_0;
+  // The strategy still works afterwards.
+  PerReplica<Tensor> ids = strategy.run([] { return Tensor::scalar(static_cast<float>(replica_context().replica_id)); });
+  EXPECT_FLOAT_EQ(strategy.reduce(ReduceOp::SUM, ids).item(), 1.0f);
+}
+
+// fit()'s waits, one by one: the gradient buckets' all-reduce, the dense layers' barrier
+// and the step's barrier each name the replica that never came.
+TEST(MirroredStrategy, FitsWaitsForAMissingReplicaEndInTimeouts) {
+  Variable kernel("kernel", Tensor::zeros({3, 2})), bias("bias", Tensor::zeros({2})), other("other", Tensor::zeros({5}));
+  const std::vector<Variable*> vars{&kernel, &bias, &other};
+  const std::chrono::milliseconds timeout(100);
+  auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const Timeout& e) {
+      return std::string(e.what());
+    }
+    return std::string("no timeout");
+  };
+  {
+    // Every variable in buckets: replica 0 hands them all over, replica 1 none.
+    distribute::detail::BucketReducer reducer(2, vars, 0, {}, {}, timeout);
+    const std::vector<std::int64_t> rows{0, 1, 2};
+    reducer.begin_step(true, rows);
+    for (std::size_t i = 0; i < vars.size(); ++i) reducer.gradient_ready(0, i, Tensor::full(vars[i]->shape(), 1.0f));
+    const std::string what = message([&] { reducer.finish(0); });
+    EXPECT_NE(what.find("all-reduce of gradient bucket 0 (of 1): replica 0 waited 0.1 s, and replica(s) 1 never arrived"),
+              std::string::npos)
+        << what;
+  }
+  const std::vector<DenseVariables> dense{{0, 1}};
+  {
+    // The dense layer computed together: replica 0 comes to the layer, replica 1 not.
+    distribute::detail::BucketReducer reducer(2, vars, 0, {}, dense, timeout);
+    const std::vector<std::int64_t> rows{0, 1, 2};
+    reducer.begin_step(true, rows);
+    Tensor dw, db;
+    const std::string what = message([&] {
+      reducer.dense_gradients_together(0)->gradients(kernel.value(), Tensor::full({1, 3}, 1.0f), Tensor::full({1, 2}, 1.0f), dw, db);
+    });
+    EXPECT_NE(what.find("the gradients of 'kernel': dense layer barrier: replica 0 waited 0.1 s, and replica(s) 1 "
+                        "never arrived"),
+              std::string::npos)
+        << what;
+  }
+  {
+    // Replica 0 is done with backward (it had no rows); replica 1 never finishes.
+    distribute::detail::BucketReducer reducer(2, vars, 0, {}, dense, timeout);
+    const std::vector<std::int64_t> rows{0, 0, 2};
+    reducer.begin_step(true, rows);
+    for (std::size_t i = 0; i < vars.size(); ++i) reducer.gradient_ready(0, i, Tensor());
+    const std::string what = message([&] { reducer.finish(0); });
+    EXPECT_NE(what.find("step barrier (the end of backward): replica 0 waited 0.1 s, and replica(s) 1 never arrived"),
+              std::string::npos)
+        << what;
+  }
 }
 
 TEST(MirroredStrategy, MisuseIsAClearError) {

@@ -63,6 +63,7 @@ struct Overrides {
   double collective_timeout = -1;
   bool no_overlap = false;
 };
+  // multi_worker and mirrored
 
 void apply(const Overrides& o, cli::RunConfig& c) {
   if (o.epochs >= 0) c.epochs = o.epochs;
@@ -99,8 +100,8 @@ std::unique_ptr<distribute::Strategy> make_strategy(const cli::RunConfig& c, con
                                                                      communication_options(o), devices);
   }
   if (c.strategy == "mirrored")
-    return c.replicas > 0 ? std::make_unique<distribute::MirroredStrategy>(c.replicas)
-                          : std::make_unique<distribute::MirroredStrategy>();
+    return std::make_unique<distribute::MirroredStrategy>(c.replicas > 0 ? c.replicas : available_cores(),
+                                                          communication_options(o));
   if (c.strategy == "one_device") return std::make_unique<distribute::OneDeviceStrategy>();
   return nullptr;
 }
@@ -327,7 +328,8 @@ int main(int argc, char** argv) {
                     "TCP, as between hosts)")
         ->check(CLI::IsMember({"auto", "ring"}));
     cmd->add_option("--collective-timeout", o.collective_timeout,
-                    "multi_worker: seconds any collective waits for the other workers (default 60)")
+                    "Seconds any collective waits for the other workers (multi_worker) or replicas (mirrored) "
+                    "(default 60)")
         ->check(CLI::Range(0.001, 86400.0));
     cmd->add_flag("--no-overlap", o.no_overlap, "multi_worker: send gradient buckets only after backward");
     cmd->add_option("--gradient-accumulation-steps", o.accumulation,

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <string>
 
 #include "dtrain/core/error.h"
 #include "dtrain/core/multiversion.h"
@@ -73,8 +74,9 @@ void add_into(float* out, const float* in, std::size_t n) { add_loop(out, in, n)
 
 InProcessAllReduce::InProcessAllReduce(int replicas, std::vector<std::vector<std::size_t>> segments,
                                        std::vector<float*> outputs, std::size_t chunk_floats,
-                                       std::size_t streaming_above_bytes)
-    : replicas_(replicas), buckets_(segments.size()), round_(static_cast<std::size_t>(std::max(replicas, 1)), 1) {
+                                       std::size_t streaming_above_bytes, std::chrono::milliseconds timeout)
+    : replicas_(replicas), timeout_(timeout), buckets_(segments.size()),
+      round_(static_cast<std::size_t>(std::max(replicas, 1)), 1) {
   if (replicas < 1 || replicas > kMaxReplicas)
     DTRAIN_THROW(InvalidArgument, "InProcessAllReduce: replicas must be in [1, ", kMaxReplicas, "], got ", replicas);
   if (outputs.size() != segments.size())
@@ -94,6 +96,7 @@ InProcessAllReduce::InProcessAllReduce(int replicas, std::vector<std::vector<std
     if (offset > 0 && bucket.output == nullptr)
       DTRAIN_THROW(InvalidArgument, "InProcessAllReduce: bucket ", b, " has no output");
     bucket.inputs.assign(segments[b].size() * static_cast<std::size_t>(replicas), nullptr);
+    bucket.arrived_in = std::vector<std::atomic<std::uint64_t>>(static_cast<std::size_t>(replicas));
     total += offset;
   }
   streaming_ = total * sizeof(float) > (streaming_above_bytes ? streaming_above_bytes : streaming_threshold());
@@ -139,31 +142,26 @@ bool InProcessAllReduce::help(std::uint64_t round) {
       c = b.claimed.load(std::memory_order_relaxed);
     }
   }
-  if (any) {
-    progress_.fetch_add(1, std::memory_order_release);
-    progress_.notify_all();
-  }
+  if (any) progress_.bump();
   return any;
 }
 
 void InProcessAllReduce::arrive(int replica, std::size_t bucket) {
   failure_.throw_if_failed("all-reduce");
   const std::uint64_t round = round_[static_cast<std::size_t>(replica)];
+  buckets_[bucket].arrived_in[static_cast<std::size_t>(replica)].store(round, std::memory_order_relaxed);
   const std::uint64_t n = buckets_[bucket].arrived.fetch_add(1, std::memory_order_acq_rel) + 1;
   if (n == round * static_cast<std::uint64_t>(replicas_)) {
     // The last arrival: the bucket is complete. Sum what we can, and wake helpers.
     if (buckets_[bucket].chunks.empty() && on_summed_) on_summed_(bucket);  // nothing to sum
-    if (!help(round)) {
-      progress_.fetch_add(1, std::memory_order_release);
-      progress_.notify_all();
-    }
+    if (!help(round)) progress_.bump();
   }
 }
 
 void InProcessAllReduce::finish(int replica) {
   std::uint64_t& round = round_[static_cast<std::size_t>(replica)];
   for (;;) {
-    const std::uint64_t seen = progress_.load(std::memory_order_acquire);
+    const std::uint64_t seen = progress_.value();
     help(round);
     bool complete = true;
     for (const Bucket& b : buckets_)
@@ -174,17 +172,65 @@ void InProcessAllReduce::finish(int replica) {
       }
     if (complete) break;
     failure_.throw_if_failed("all-reduce");
-    // Spin briefly for progress before sleeping on it.
-    for (int spin = 0; spin < kSpinPauses && progress_.load(std::memory_order_acquire) == seen; ++spin) cpu_relax();
-    progress_.wait(seen, std::memory_order_acquire);
+    // Any progress (an arrival, a summed chunk) starts the timeout again: only a round
+    // that stands still for the whole timeout is given up.
+    if (!progress_.wait(seen, kSpinPauses, timeout_)) {
+      const std::string why = missing(replica, round);
+      abort(replica, why);  // the others stop waiting too
+      DTRAIN_THROW(Timeout, why);
+    }
   }
   ++round;
 }
 
+std::string InProcessAllReduce::missing(int replica, std::uint64_t round) const {
+  const double seconds = std::chrono::duration<double>(timeout_).count();
+  for (std::size_t index = 0; index < buckets_.size(); ++index) {
+    const Bucket& b = buckets_[index];
+    if (b.arrived.load(std::memory_order_acquire) >= round * static_cast<std::uint64_t>(replicas_)) continue;
+    std::string absent;
+    for (int r = 0; r < replicas_; ++r)
+      if (b.arrived_in[static_cast<std::size_t>(r)].load(std::memory_order_relaxed) < round)
+        absent += (absent.empty() ? "" : ", ") + std::to_string(r);
+    return dtrain::detail::concat("all-reduce of gradient bucket ", index, " (of ", buckets_.size(), "): replica ",
+                                  replica, " waited ", seconds, " s, and replica(s) ", absent,
+                                  " never arrived (stuck in their input or in user code?)");
+  }
+  return dtrain::detail::concat("all-reduce: replica ", replica, " waited ", seconds,
+                                " s for the buckets' sums, and nobody summed a chunk in that time");
+}
+
 void InProcessAllReduce::abort(int replica, const std::string& why) {
   failure_.record(replica, why);
-  progress_.fetch_add(1, std::memory_order_release);
-  progress_.notify_all();
+  progress_.bump();
+}
+
+void Signal::bump() {
+  // Sequentially consistent, as the sleeper's count and check below: either this sees a
+  // sleeper, or the sleeper sees the new value before it sleeps.
+  value_.fetch_add(1, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+    std::lock_guard lock(mutex_);  // a sleeper is either before its check or asleep
+    cv_.notify_all();
+  }
+}
+
+bool Signal::wait(std::uint64_t seen, int spins, std::chrono::milliseconds timeout) const {
+  for (int spin = 0; spin < spins; ++spin) {
+    if (value_.load(std::memory_order_acquire) != seen) return true;
+    cpu_relax();
+  }
+  const Clock::time_point deadline = Clock::now() + timeout;
+  std::unique_lock lock(mutex_);
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  bool moved = true;
+  while (value_.load(std::memory_order_seq_cst) == seen)
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && value_.load(std::memory_order_seq_cst) == seen) {
+      moved = false;
+      break;
+    }
+  sleepers_.fetch_sub(1, std::memory_order_relaxed);
+  return moved;
 }
 
 void FirstFailure::record(int replica, const std::string& why) {
@@ -201,18 +247,37 @@ void FirstFailure::throw_if_failed(const char* what) const {
     DTRAIN_THROW(PeerFailure, what, " abandoned: replica ", failed, " failed (", why_, ")");
 }
 
-void InProcessBarrier::arrive_and_wait(int /*replica*/) {
+InProcessBarrier::InProcessBarrier(int replicas, int spins, std::chrono::milliseconds timeout, std::string name)
+    : replicas_(replicas), spins_(spins), timeout_(timeout), name_(std::move(name)),
+      members_(static_cast<std::size_t>(std::max(replicas, 0)), true),
+      arrived_in_(static_cast<std::size_t>(std::max(replicas, 0))) {}
+
+void InProcessBarrier::reset(const std::vector<bool>& members, int spins) {
+  DTRAIN_CHECK(members.size() == members_.size(), "a barrier's members are its replicas");
+  members_ = members;
+  replicas_ = static_cast<int>(std::count(members.begin(), members.end(), true));
+  spins_ = spins;
+}
+
+void InProcessBarrier::arrive_and_wait(int replica) {
   // The generation is read before the check for an abort, which publishes the failure
   // before it moves the generation: an abort after the check still ends the wait below.
-  const std::uint64_t generation = generation_.load(std::memory_order_acquire);
+  const std::uint64_t generation = generation_.value();
   failure_.throw_if_failed("replicas");
+  arrived_in_[static_cast<std::size_t>(replica)].store(generation + 1, std::memory_order_relaxed);
   if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == replicas_) {
     arrived_.store(0, std::memory_order_relaxed);  // nobody arrives again before the bump below
-    generation_.fetch_add(1, std::memory_order_release);
-    generation_.notify_all();
-  } else {
-    for (int spin = 0; spin < spins_ && generation_.load(std::memory_order_acquire) == generation; ++spin) cpu_relax();
-    while (generation_.load(std::memory_order_acquire) == generation) generation_.wait(generation, std::memory_order_acquire);
+    generation_.bump();
+  } else if (!generation_.wait(generation, spins_, timeout_)) {
+    std::string absent;
+    for (std::size_t r = 0; r < members_.size(); ++r)
+      if (members_[r] && arrived_in_[r].load(std::memory_order_relaxed) != generation + 1)
+        absent += (absent.empty() ? "" : ", ") + std::to_string(r);
+    const std::string why = dtrain::detail::concat(
+        name_, ": replica ", replica, " waited ", std::chrono::duration<double>(timeout_).count(), " s, and replica(s) ",
+        absent, " never arrived (stuck in their input or in user code?)");
+    abort(replica, why);  // the others stop waiting too
+    DTRAIN_THROW(Timeout, why);
   }
   failure_.throw_if_failed("replicas");
 }
@@ -220,8 +285,7 @@ void InProcessBarrier::arrive_and_wait(int /*replica*/) {
 void InProcessBarrier::abort(int replica, const std::string& why) {
   // Published before the bump: a waiter it wakes finds the failure.
   failure_.record(replica, why);
-  generation_.fetch_add(1, std::memory_order_release);
-  generation_.notify_all();
+  generation_.bump();
 }
 
 }  // namespace dtrain::comm

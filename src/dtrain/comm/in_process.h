@@ -12,14 +12,21 @@
 // rest of its backward pass) and helps with complete buckets when it next arrives or
 // finishes. When all outputs together exceed half the last-level cache, sums are written
 // with streaming stores, which skip reading each output line before overwriting it.
+// Every wait has a deadline: a replica that does not come (stuck in its input or in user
+// code) is a Timeout naming it and the operation, and its siblings are released.
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
+
+#include "dtrain/core/clock.h"
 
 namespace dtrain::comm {
 
@@ -36,6 +43,25 @@ inline void cpu_relax() {
 // Pauses a waiter spins before it sleeps: about 20-50 microseconds on current x86 cores.
 // Replicas arrive close together, and a sleeping thread takes tens of microseconds to wake.
 inline constexpr int kSpinPauses = 4000;
+
+// A counter that threads wait on to move. A waiter spins for a while, then sleeps until
+// the counter moves or its deadline passes (std::atomic::wait has no deadline). Moving it
+// makes a system call only when somebody sleeps, as std::atomic::notify_all does.
+class Signal {
+ public:
+  std::uint64_t value() const { return value_.load(std::memory_order_acquire); }
+  // Moves the counter and wakes whoever waits for it to move.
+  void bump();
+  // Returns true once value() != seen; false once `timeout` has passed since it began to
+  // sleep. The clock is read only when it is about to sleep, never while it spins.
+  bool wait(std::uint64_t seen, int spins, std::chrono::milliseconds timeout) const;
+
+ private:
+  std::atomic<std::uint64_t> value_{0};
+  mutable std::atomic<int> sleepers_{0};
+  mutable std::mutex mutex_;  // only for sleeping
+  mutable std::condition_variable cv_;
+};
 
 // The first of the replicas' failures, for everyone who waits on the others.
 class FirstFailure {
@@ -58,9 +84,11 @@ class InProcessAllReduce {
   // segments[bucket] lists the sizes (in floats) of the bucket's segments; outputs[bucket]
   // points at their sum, laid end to end (caller-owned, kept alive). chunk_floats is the
   // unit of work one replica claims. Outputs larger than streaming_above_bytes in total
-  // are written with streaming stores (0: half the last-level cache).
+  // are written with streaming stores (0: half the last-level cache). finish() waits at
+  // most `timeout` for the other replicas (the strategy's timeout_seconds).
   InProcessAllReduce(int replicas, std::vector<std::vector<std::size_t>> segments, std::vector<float*> outputs,
-                     std::size_t chunk_floats = 16384, std::size_t streaming_above_bytes = 0);
+                     std::size_t chunk_floats = 16384, std::size_t streaming_above_bytes = 0,
+                     std::chrono::milliseconds timeout = kDefaultTimeout);
   InProcessAllReduce(const InProcessAllReduce&) = delete;
   InProcessAllReduce& operator=(const InProcessAllReduce&) = delete;
 
@@ -73,7 +101,9 @@ class InProcessAllReduce {
   // complete buckets are unclaimed, then returns without waiting for anyone.
   void arrive(int replica, std::size_t bucket);
   // Helps until every bucket of this round is summed into its output, then returns.
-  // Throws PeerFailure naming the replica when another replica called abort() instead.
+  // Throws PeerFailure naming the replica when another replica called abort() instead,
+  // and Timeout naming the bucket and the replicas that never arrived at it when the
+  // timeout passes without progress; a timeout aborts the round for everyone.
   void finish(int replica);
   // A replica failed: every replica waiting in finish() (now or later this round) throws.
   // The object is not reused after an abort.
@@ -89,6 +119,7 @@ class InProcessAllReduce {
   };
   struct Bucket {
     std::vector<std::size_t> offsets;  // [segment] into the output
+    std::vector<std::atomic<std::uint64_t>> arrived_in;  // [replica] the last round it arrived in (for messages)
     std::vector<Chunk> chunks;
     std::vector<const float*> inputs;  // [segment * replicas + replica]
     float* output = nullptr;
@@ -101,41 +132,50 @@ class InProcessAllReduce {
   // Sums unclaimed chunks of buckets complete in `round`; true if it summed any.
   bool help(std::uint64_t round);
   void sum_chunk(const Bucket& b, const Chunk& c) const;
+  // What `replica` waited for when its timeout passed in `round`.
+  std::string missing(int replica, std::uint64_t round) const;
 
   int replicas_;
+  std::chrono::milliseconds timeout_;
   bool streaming_ = false;  // sums too large for the caches bypass them
   std::vector<Bucket> buckets_;
   std::vector<std::uint64_t> round_;  // [replica]: the round each replica is in (its own slot)
-  std::atomic<std::uint64_t> progress_{0};  // bumped on completed buckets, summed chunks and aborts; waited on
+  Signal progress_;  // bumped on completed buckets, summed chunks and aborts; waited on
   FirstFailure failure_;
   std::function<void(std::size_t)> on_summed_;
 };
 
 // R threads wait for each other, over and over: replicas that must all have written
 // something before any reads it. Waiters spin for `spins` pauses, then sleep; with more
-// replicas than cores, spinning takes the core a late replica needs, so give 0.
+// replicas than cores, spinning takes the core a late replica needs, so give 0. `name`
+// says what the barrier is in a timeout's message ("dense layer barrier").
 class InProcessBarrier {
  public:
-  explicit InProcessBarrier(int replicas, int spins = kSpinPauses) : replicas_(replicas), spins_(spins) {}
+  explicit InProcessBarrier(int replicas, int spins = kSpinPauses, std::chrono::milliseconds timeout = kDefaultTimeout,
+                            std::string name = "barrier");
   InProcessBarrier(const InProcessBarrier&) = delete;
   InProcessBarrier& operator=(const InProcessBarrier&) = delete;
 
-  // Returns once all replicas have arrived this time. Throws PeerFailure naming the
-  // replica once another called abort() instead (also when the others had arrived).
+  // Returns once all members have arrived this time. Throws PeerFailure naming the
+  // replica once another called abort() instead (also when the others had arrived), and
+  // Timeout naming the members that never arrived once `timeout` has passed; a timeout
+  // aborts the barrier for everyone.
   void arrive_and_wait(int replica);
   // A replica failed: every replica waiting now or later throws. Not reused afterwards.
   void abort(int replica, const std::string& why);
-  // How many arrive each time from now on, and how long they spin; only while nobody waits.
-  void reset(int replicas, int spins) {
-    replicas_ = replicas;
-    spins_ = spins;
-  }
+  // Which replicas arrive each time from now on ([replica] true: a member), and how long
+  // they spin; only while nobody waits.
+  void reset(const std::vector<bool>& members, int spins);
 
  private:
-  int replicas_;
+  int replicas_;  // members
   int spins_;
+  std::chrono::milliseconds timeout_;
+  std::string name_;
+  std::vector<bool> members_;
+  std::vector<std::atomic<std::uint64_t>> arrived_in_;  // [replica] the generation it last arrived in, + 1
   std::atomic<int> arrived_{0};
-  std::atomic<std::uint64_t> generation_{0};  // bumped when all have arrived, and on abort; waited on
+  Signal generation_;  // bumped when all have arrived, and on abort; waited on
   FirstFailure failure_;
 };
 

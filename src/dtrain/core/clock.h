@@ -8,6 +8,12 @@ namespace dtrain {
 
 using Clock = std::chrono::steady_clock;
 
+// How long a thread or process waits for another that should answer (a replica at a
+// barrier, a worker in a collective, a background stage pausing for save()) before the
+// wait fails with Timeout naming who never answered. Options that take a timeout read 0
+// as this; a strategy's CommunicationOptions::timeout_seconds overrides it for its waits.
+inline constexpr std::chrono::milliseconds kDefaultTimeout{60000};
+
 inline double seconds_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }

@@ -11,8 +11,9 @@
 namespace dtrain::distribute::detail {
 
 BucketReducer::BucketReducer(int replicas, std::span<Variable* const> vars, std::size_t bucket_bytes,
-                             CrossWorker cross, std::span<const DenseVariables> dense)
-    : places_(vars.size()), states_(static_cast<std::size_t>(replicas)), cross_(cross) {
+                             CrossWorker cross, std::span<const DenseVariables> dense,
+                             std::chrono::milliseconds timeout)
+    : places_(vars.size()), states_(static_cast<std::size_t>(replicas)), cross_(cross), timeout_(timeout) {
   for (const Variable* v : vars)
     if (v->dtype() != DType::f32)
       DTRAIN_THROW(InvalidArgument, "gradient buckets: variable '", v->name(), "' is ", dtype_name(v->dtype()),
@@ -20,7 +21,7 @@ BucketReducer::BucketReducer(int replicas, std::span<Variable* const> vars, std:
   // Within one process the replicas compute the dense layers' gradients together; across
   // processes every worker's replicas still need a sum of their own to send.
   if (replicas > 1 && !cross_.workers && !dense.empty())
-    together_ = std::make_unique<DenseTogether>(replicas, vars, dense);
+    together_ = std::make_unique<DenseTogether>(replicas, vars, dense, timeout_);
   std::vector<std::size_t> bucketed;  // the variables the buckets hold
   std::vector<std::int64_t> numels;
   for (std::size_t k = 0; k < vars.size(); ++k)
@@ -70,7 +71,8 @@ BucketReducer::BucketReducer(int replicas, std::span<Variable* const> vars, std:
                                : Tensor::zeros(shape));
     outputs.push_back(outputs_.back().data<float>());
   }
-  all_reduce_ = std::make_unique<comm::InProcessAllReduce>(replicas, std::move(segments), std::move(outputs));
+  all_reduce_ = std::make_unique<comm::InProcessAllReduce>(replicas, std::move(segments), std::move(outputs),
+                                                           /*chunk_floats=*/16384, /*streaming_above_bytes=*/0, timeout_);
   summed_round_.assign(outputs_.size(), 0);
   if (cross_.workers) {
     // The first bucket summed in a round starts the round's job on the communication
@@ -150,7 +152,12 @@ void BucketReducer::stop_waiting(const std::string& why) {
 
 void BucketReducer::wait_summed(std::size_t bucket, std::uint64_t round) {
   std::unique_lock lock(summed_mutex_);
-  summed_cv_.wait(lock, [&] { return summed_round_[bucket] >= round || !stopped_.empty(); });
+  // The replicas' own waits end sooner when one of them is missing (and stop this one);
+  // this bounds the wait when no replica waits, as with one replica stuck in user code.
+  if (!summed_cv_.wait_for(lock, timeout_, [&] { return summed_round_[bucket] >= round || !stopped_.empty(); }))
+    DTRAIN_THROW(Timeout, "gradient all-reduce across workers: the communication thread waited ",
+                 std::chrono::duration<double>(timeout_).count(), " s for this process's replicas to sum bucket ",
+                 bucket, " (of ", outputs_.size(), "); a replica is stuck in its input or in user code?");
   if (summed_round_[bucket] < round) DTRAIN_THROW(PeerFailure, "gradient all-reduce abandoned: ", stopped_);
 }
 
@@ -254,7 +261,11 @@ void BucketReducer::finish(int replica) {
     const std::uint64_t round = ++state.rounds;
     {
       std::unique_lock lock(summed_mutex_);
-      summed_cv_.wait(lock, [&] { return submitted_round_ >= round || !stopped_.empty(); });
+      // The submitting replica is a few instructions from it; bounded all the same.
+      if (!summed_cv_.wait_for(lock, timeout_, [&] { return submitted_round_ >= round || !stopped_.empty(); }))
+        DTRAIN_THROW(Timeout, "gradient all-reduce across workers: replica ", replica, " waited ",
+                     std::chrono::duration<double>(timeout_).count(), " s for round ", round,
+                     " to reach the communication thread");
     }
     cross_.workers->wait();
     if (track) {

@@ -40,9 +40,10 @@ struct CrossWorker {
 class BucketReducer final : public GradientReducer {
  public:
   // The `dense` layers' gradients are computed by the replicas together, outside the
-  // buckets, within one process.
+  // buckets, within one process. Every wait for another replica (or, multi-worker, for
+  // this process's sum of a bucket) lasts at most `timeout`.
   BucketReducer(int replicas, std::span<Variable* const> vars, std::size_t bucket_bytes, CrossWorker cross = {},
-                std::span<const DenseVariables> dense = {});
+                std::span<const DenseVariables> dense = {}, std::chrono::milliseconds timeout = kDefaultTimeout);
   ~BucketReducer() override;
 
   void begin_step(bool reduce, std::span<const std::int64_t> row_bounds) override;
@@ -97,6 +98,7 @@ class BucketReducer final : public GradientReducer {
 
   // Multi-worker: which round each bucket's in-process sum is complete for.
   CrossWorker cross_;
+  std::chrono::milliseconds timeout_;
   std::mutex summed_mutex_;
   std::condition_variable summed_cv_;
   std::vector<std::uint64_t> summed_round_;  // [bucket]

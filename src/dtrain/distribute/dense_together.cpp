@@ -45,7 +45,11 @@ class DenseTogether::Hook final : public DenseGradientsTogether {
     }
     layer.x.slice(first, first + rows).copy_from(x);
     layer.dz.slice(first, first + rows).copy_from(dz);
-    owner_.layer_barrier_.arrive_and_wait(replica_);
+    try {
+      owner_.layer_barrier_.arrive_and_wait(replica_);
+    } catch (const Timeout&) {
+      rethrow_with_context(std::current_exception(), "the gradients of '" + owner_.vars_[layer.kernel]->name() + "'");
+    }
     owner_.compute_block(replica_, layer);
     dw = owner_.gradients_[layer.kernel];
     if (layer.bias != DenseVariables::kNone) db = owner_.gradients_[layer.bias];
@@ -56,9 +60,11 @@ class DenseTogether::Hook final : public DenseGradientsTogether {
   int replica_;
 };
 
-DenseTogether::DenseTogether(int replicas, std::span<Variable* const> vars, std::span<const DenseVariables> layers)
-    : cores_(available_cores()), vars_(vars.begin(), vars.end()), gradients_(vars.size()), part_(static_cast<std::size_t>(replicas), -1), layer_barrier_(replicas),
-      finish_barrier_(replicas, spins_for(replicas)) {
+DenseTogether::DenseTogether(int replicas, std::span<Variable* const> vars, std::span<const DenseVariables> layers,
+                             std::chrono::milliseconds timeout)
+    : cores_(available_cores()), vars_(vars.begin(), vars.end()), gradients_(vars.size()),
+      part_(static_cast<std::size_t>(replicas), -1), layer_barrier_(replicas, comm::kSpinPauses, timeout, "dense layer barrier"),
+      finish_barrier_(replicas, spins_for(replicas), timeout, "step barrier (the end of backward)") {
   for (const DenseVariables& d : layers) {
     Layer& l = layers_.emplace_back();
     l.kernel = d.kernel;
@@ -78,8 +84,12 @@ DenseGradientsTogether* DenseTogether::replica(int r) { return hooks_[static_cas
 void DenseTogether::begin_step(std::span<const std::int64_t> row_bounds, bool accumulate) {
   bounds_.assign(row_bounds.begin(), row_bounds.end());
   parts_ = 0;
-  for (std::size_t r = 0; r < part_.size(); ++r) part_[r] = bounds_[r + 1] > bounds_[r] ? parts_++ : -1;
-  layer_barrier_.reset(parts_, spins_for(parts_));
+  std::vector<bool> with_rows(part_.size());
+  for (std::size_t r = 0; r < part_.size(); ++r) {
+    with_rows[r] = bounds_[r + 1] > bounds_[r];
+    part_[r] = with_rows[r] ? parts_++ : -1;
+  }
+  layer_barrier_.reset(with_rows, spins_for(parts_));
   accumulate_ = accumulate;
   ++step_;
   if (!accumulate) ++group_;

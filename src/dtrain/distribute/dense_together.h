@@ -20,7 +20,9 @@ namespace dtrain::distribute::detail {
 
 class DenseTogether {
  public:
-  DenseTogether(int replicas, std::span<Variable* const> vars, std::span<const DenseVariables> layers);
+  // Replicas wait at most `timeout` for each other at a layer and after backward.
+  DenseTogether(int replicas, std::span<Variable* const> vars, std::span<const DenseVariables> layers,
+                std::chrono::milliseconds timeout = kDefaultTimeout);
 
   // Whether variable `index` (of the reducer's list) is a kernel or bias computed here.
   bool covers(std::size_t index) const { return gradients_[index].defined(); }
@@ -75,7 +77,7 @@ class DenseTogether {
   std::uint64_t step_ = 0, group_ = 0;  // counted from 1
   std::mutex buffers_mutex_;  // the first replica at a layer sizes its buffers for the step
   comm::InProcessBarrier layer_barrier_;   // the replicas with rows, at each layer
-  comm::InProcessBarrier finish_barrier_;  // every replica, after backward
+  comm::InProcessBarrier finish_barrier_;  // every replica, after backward (the step barrier)
 };
 
 }  // namespace dtrain::distribute::detail

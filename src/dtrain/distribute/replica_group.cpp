@@ -29,6 +29,7 @@ ReplicaGroup::ReplicaGroup(GroupOptions options) : options_(std::move(options)) 
   const int n = num_replicas();
   errors_.resize(static_cast<std::size_t>(n));
   published_.resize(static_cast<std::size_t>(n));
+  barrier_arrived_.resize(static_cast<std::size_t>(n));
   for (int r = 1; r < n; ++r) threads_.emplace_back([this, r] { worker(r); });
 }
 
@@ -125,7 +126,8 @@ bool ReplicaGroup::shares_memory() const { return options_.workers && options_.w
 std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variable* const> vars,
                                                               std::span<const DenseVariables> dense) {
   return std::make_unique<BucketReducer>(num_replicas(), vars, options_.bucket_bytes,
-                                         CrossWorker{options_.workers.get(), options_.overlap, options_.wire}, dense);
+                                         CrossWorker{options_.workers.get(), options_.overlap, options_.wire}, dense,
+                                         options_.timeout);
 }
 
 void ReplicaGroup::synchronize_variables(std::span<Variable* const> vars, const std::vector<std::string>& description) {
@@ -207,7 +209,7 @@ Tensor ReplicaGroup::gather_over_workers(const Tensor& value) {
   return out;
 }
 
-void ReplicaGroup::barrier(int replica) {
+void ReplicaGroup::barrier(int replica, const char* what, std::chrono::milliseconds timeout) {
   std::unique_lock lock(mutex_);
   auto broken = [&] {
     if (first_failure_ >= 0)
@@ -219,21 +221,37 @@ void ReplicaGroup::barrier(int replica) {
   };
   if (first_failure_ >= 0 || first_returned_ >= 0) throw broken();
   const std::uint64_t generation = barrier_generation_;
+  barrier_arrived_[static_cast<std::size_t>(replica)] = generation + 1;
   if (++barrier_count_ == num_replicas()) {
     barrier_count_ = 0;
     ++barrier_generation_;
     barrier_cv_.notify_all();
     return;
   }
-  barrier_cv_.wait(lock,
-                   [&] { return barrier_generation_ != generation || first_failure_ >= 0 || first_returned_ >= 0; });
+  const bool ended = barrier_cv_.wait_for(
+      lock, timeout, [&] { return barrier_generation_ != generation || first_failure_ >= 0 || first_returned_ >= 0; });
+  if (!ended) {
+    std::string absent;
+    for (std::size_t r = 0; r < barrier_arrived_.size(); ++r)
+      if (barrier_arrived_[r] != generation + 1)
+        absent += dtrain::detail::concat(absent.empty() ? "" : ", ", r, " (", options_.devices[r], ")");
+    Timeout timeout_error(dtrain::detail::concat(
+        what, ": replica ", replica, " waited ", std::chrono::duration<double>(timeout).count(), " s, and replica(s) ",
+        absent, " never arrived (stuck in their input or in user code?); CommunicationOptions::timeout_seconds sets the limit"));
+    // Recorded as this replica's failure, so that the others stop waiting and run() reports
+    // it even if the replica's function catches it.
+    errors_[static_cast<std::size_t>(replica)] = std::make_exception_ptr(timeout_error);
+    if (first_failure_ < 0 || is_peer_failure(errors_[static_cast<std::size_t>(first_failure_)])) first_failure_ = replica;
+    barrier_cv_.notify_all();
+    throw timeout_error;
+  }
   if (barrier_generation_ == generation) throw broken();
 }
 
 std::vector<Tensor> ReplicaGroup::all_reduce_sum(std::span<const Tensor> values) {
   const int r = dtrain::replica_context().replica_id, n = num_replicas();
   published_[static_cast<std::size_t>(r)] = values;
-  barrier(r);
+  barrier(r, "all_reduce");
   if (r == 0) {
     // Replica 0 checks that every replica brought the same values, and makes the sums.
     sums_.assign(values.size(), Tensor());
@@ -255,7 +273,7 @@ std::vector<Tensor> ReplicaGroup::all_reduce_sum(std::span<const Tensor> values)
       }
     }
   }
-  barrier(r);
+  barrier(r, "all_reduce");
   // Each replica sums its share of every tensor's elements.
   for (std::size_t i = 0; i < sums_.size(); ++i) {
     if (!sums_[i].defined()) continue;
@@ -272,7 +290,7 @@ std::vector<Tensor> ReplicaGroup::all_reduce_sum(std::span<const Tensor> values)
       first = false;
     }
   }
-  barrier(r);
+  barrier(r, "all_reduce");
   if (options_.workers) {
     // Then over the workers. Whether a tensor is defined must agree among them.
     if (r == 0) {
@@ -289,7 +307,9 @@ std::vector<Tensor> ReplicaGroup::all_reduce_sum(std::span<const Tensor> values)
         merge_error_ = std::current_exception();
       }
     }
-    barrier(r);
+    // Replica 0 has arrived and runs the collectives across workers, each bounded by the
+    // timeout: waiting a little longer lets its error, which names the worker, come first.
+    barrier(r, "all_reduce (the sum across workers on replica 0)", 2 * options_.timeout);
     if (merge_error_) {
       if (r == 0) std::rethrow_exception(merge_error_);
       DTRAIN_THROW(PeerFailure, "replica ", r, ": the all-reduce across workers on replica 0 failed");
@@ -302,7 +322,7 @@ std::vector<Tensor> ReplicaGroup::all_reduce_sum(std::span<const Tensor> values)
 
 void ReplicaGroup::merge_call(const std::function<void()>& fn) {
   const int r = dtrain::replica_context().replica_id;
-  barrier(r);
+  barrier(r, "merge_call");
   if (r == 0) {
     // The merged function runs outside the replica context, with every core of the group.
     dtrain::detail::ScopedReplicaContext outside(ReplicaContext{id(), 0, 1, 0, 1, nullptr});
@@ -313,7 +333,7 @@ void ReplicaGroup::merge_call(const std::function<void()>& fn) {
       merge_error_ = std::current_exception();
     }
   }
-  barrier(r);
+  barrier(r, "merge_call (the merged function on replica 0)");
   if (merge_error_) {
     if (r == 0) std::rethrow_exception(merge_error_);
     DTRAIN_THROW(PeerFailure, "replica ", r, ": the merged call on replica 0 failed");

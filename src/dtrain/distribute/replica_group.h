@@ -4,6 +4,7 @@
 // Internal to the distribute layer; users see Strategy.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "dtrain/comm/gloo_group.h"
+#include "dtrain/core/clock.h"
 #include "dtrain/core/replica.h"
 #include "dtrain/model/strategy_backend.h"
 
@@ -28,6 +30,10 @@ struct GroupOptions {
   std::shared_ptr<WorkerComm> workers;
   bool overlap = true;
   comm::Wire wire = comm::Wire::f32;
+  // How long a replica waits for the others at any cross-replica call (barriers, the
+  // gradient all-reduce) before it fails naming those that never came: the strategy's
+  // CommunicationOptions::timeout_seconds.
+  std::chrono::milliseconds timeout = kDefaultTimeout;
 };
 
 class ReplicaGroup final : public StrategyBackend, public CrossReplica {
@@ -60,8 +66,11 @@ class ReplicaGroup final : public StrategyBackend, public CrossReplica {
  private:
   void worker(int replica);
   void run_replica(int replica);
-  // Every replica waits until all have arrived; throws PeerFailure once a replica failed.
-  void barrier(int replica);
+  // Every replica waits until all have arrived; throws PeerFailure once a replica failed,
+  // and Timeout naming `what` and the replicas that never arrived once `timeout` passed
+  // (which fails the run for everyone).
+  void barrier(int replica, const char* what, std::chrono::milliseconds timeout);
+  void barrier(int replica, const char* what) { barrier(replica, what, options_.timeout); }
   void fail(int replica, std::exception_ptr error);
 
   GroupOptions options_;
@@ -82,6 +91,7 @@ class ReplicaGroup final : public StrategyBackend, public CrossReplica {
   std::condition_variable barrier_cv_;
   int barrier_count_ = 0;
   std::uint64_t barrier_generation_ = 0;
+  std::vector<std::uint64_t> barrier_arrived_;  // [replica] the generation it last arrived in, + 1
   std::vector<std::span<const Tensor>> published_;  // [replica]
   std::vector<Tensor> sums_;
   std::exception_ptr merge_error_;

@@ -35,7 +35,7 @@ int parse_cpu_device(const std::string& device) {
 std::chrono::milliseconds timeout_of(const CommunicationOptions& comm) {
   if (!(comm.timeout_seconds >= 0.0))
     DTRAIN_THROW(InvalidArgument, "CommunicationOptions: timeout_seconds must be >= 0, got ", comm.timeout_seconds);
-  if (comm.timeout_seconds == 0.0) return std::chrono::milliseconds(60000);
+  if (comm.timeout_seconds == 0.0) return kDefaultTimeout;
   return std::chrono::milliseconds(std::max<long long>(1, std::llround(comm.timeout_seconds * 1000.0)));
 }
 
@@ -70,6 +70,7 @@ std::shared_ptr<detail::ReplicaGroup> make_group(std::string name, const std::ve
   o.workers = std::move(workers);
   o.overlap = comm.overlap;
   o.wire = wire_of(comm.compression);
+  o.timeout = timeout_of(comm);
   return std::make_shared<detail::ReplicaGroup>(std::move(o));
 }
 

@@ -59,8 +59,11 @@ struct CommunicationOptions {
   // Gradients are fused into buckets of at least this many bytes; 0: the default (4 MiB,
   // see docs/distribute.md for the measurement behind it).
   std::size_t bytes_per_pack = 0;
-  // Multi-worker: how long any collective may wait for the other workers before it fails
-  // naming the ones not answering; 0: 60 s.
+  // How long any wait for another replica or worker may last before it fails with
+  // Timeout naming the ones that never came and the operation: every collective between
+  // workers, and (MirroredStrategy too) every cross-replica call in this process (the
+  // gradient all-reduce's buckets, the dense layers' and the step's barriers,
+  // all_reduce and merge_call); 0: 60 s (kDefaultTimeout).
   double timeout_seconds = 0;
   // Multi-worker: the buckets' format on the wire.
   Compression compression = Compression::NONE;
@@ -108,7 +111,11 @@ class Strategy {
   // value r); others are passed to every replica as they are. Returns PerReplica of fn's
   // results (nothing when fn returns void). The first failure is rethrown after every
   // replica returned, naming its replica; replicas waiting for it (all-reduce inside
-  // apply_gradients, say) are released with PeerFailure instead of hanging.
+  // apply_gradients, say) are released with PeerFailure instead of hanging. A replica
+  // that never comes to a cross-replica call the others wait at fails them with Timeout
+  // after the strategy's timeout_seconds, naming it. run() itself returns only once every
+  // replica's fn has returned, since fn may use the caller's variables: fn must not wait
+  // for something only the caller would do after run().
   template <typename Fn, typename... Args>
   auto run(Fn&& fn, const Args&... args) const;
 
@@ -185,7 +192,9 @@ class OneDeviceStrategy final : public Strategy {
 // logical CPU devices "/cpu:N" (also "cpu:N", "/device:CPU:N" and TensorFlow's full
 // "/job:localhost/replica:0/task:0/device:CPU:N"); the process's threads
 // (OMP_NUM_THREADS or set_num_threads, by default every core) are shared out evenly, at
-// least one thread per replica. GPU devices are not supported by this build.
+// least one thread per replica. GPU devices are not supported by this build. Of the
+// CommunicationOptions, bytes_per_pack and timeout_seconds apply (a replica waits at most
+// that long for the others at any cross-replica call; see docs/distribute.md).
 class MirroredStrategy final : public Strategy {
  public:
   // One replica per core.
