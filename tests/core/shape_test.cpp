@@ -40,6 +40,11 @@ TEST(Shape, ElementCountOverflowIsAnError) {
   EXPECT_THROW(Shape({std::int64_t{1} << 40, std::int64_t{1} << 40}), InvalidArgument);
   Shape s{2, 2};
   EXPECT_THROW(s.set(0, std::int64_t{1} << 62), InvalidArgument);
+  // No elements, but strides that would overflow.
+  EXPECT_THROW(Shape({0, std::int64_t{1} << 40, std::int64_t{1} << 40}), InvalidArgument);
+  Shape empty{0, 4, 2};
+  EXPECT_THROW(empty.set(1, std::int64_t{1} << 62), InvalidArgument);
+  EXPECT_NO_THROW(Shape({0, std::int64_t{1} << 40}));
 }
 
 TEST(Shape, Broadcast) {

@@ -1,6 +1,8 @@
 // Shape checks and broadcasting rules.
 #include "dtrain/core/shape.h"
 
+#include <algorithm>
+
 #include "dtrain/core/error.h"
 
 namespace dtrain {
@@ -12,11 +14,13 @@ Shape::Shape(std::span<const std::int64_t> dims) {
   if (dims.size() > static_cast<size_t>(kMaxRank))
     DTRAIN_THROW(InvalidArgument, "Shape: rank ", dims.size(), " exceeds the maximum ", kMaxRank);
   rank_ = static_cast<int>(dims.size());
+  // The product of the non-zero extents must fit too: strides() multiplies them even when
+  // another extent is 0.
   std::int64_t count = 1;
   for (int i = 0; i < rank_; ++i) {
     if (dims[i] < 0)
       DTRAIN_THROW(InvalidArgument, "Shape: extent ", dims[i], " at axis ", i, " is negative");
-    if (__builtin_mul_overflow(count, dims[i], &count))
+    if (__builtin_mul_overflow(count, std::max<std::int64_t>(dims[i], 1), &count))
       DTRAIN_THROW(InvalidArgument, "Shape: the extents overflow a 64-bit element count at axis ", i);
     dims_[i] = dims[i];
   }
@@ -35,7 +39,7 @@ void Shape::set(int axis, std::int64_t extent) {
   const int a = normalize_axis(axis);
   std::int64_t count = 1;
   for (int i = 0; i < rank_; ++i)
-    if (__builtin_mul_overflow(count, i == a ? extent : dims_[i], &count))
+    if (__builtin_mul_overflow(count, std::max<std::int64_t>(i == a ? extent : dims_[i], 1), &count))
       DTRAIN_THROW(InvalidArgument, "Shape::set: the extents overflow a 64-bit element count");
   dims_[a] = extent;
 }

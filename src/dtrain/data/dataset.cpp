@@ -1,5 +1,6 @@
 // Dataset's public methods, the Iterator wrapper, state serialization and shared helpers.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <sstream>
 
@@ -124,11 +125,25 @@ Tensor ByteReader::tensor() {
   const std::uint64_t dtype = u64(), rank = u64();
   if (dtype > static_cast<std::uint64_t>(DType::u8) || rank > static_cast<std::uint64_t>(Shape::kMaxRank))
     DTRAIN_THROW(IoError, what, ": corrupt tensor header at byte ", at);
+  // The extents come from the bytes: their product (of the non-zero ones too, which a
+  // Shape must hold) is checked for overflow and against the bytes left before the tensor
+  // is allocated.
   std::vector<std::int64_t> dims;
-  for (std::uint64_t d = 0; d < rank; ++d) dims.push_back(static_cast<std::int64_t>(u64()));
+  std::uint64_t bytes = dtype_size(static_cast<DType>(dtype)), nonzero = 1;
+  for (std::uint64_t d = 0; d < rank; ++d) {
+    const std::uint64_t extent = u64();
+    if (extent > static_cast<std::uint64_t>(INT64_MAX) || __builtin_mul_overflow(bytes, extent, &bytes) ||
+        __builtin_mul_overflow(nonzero, std::max<std::uint64_t>(extent, 1), &nonzero) || nonzero > INT64_MAX)
+      DTRAIN_THROW(IoError, what, ": the tensor at byte ", at, " claims extents that overflow a 64-bit size");
+    dims.push_back(static_cast<std::int64_t>(extent));
+  }
+  if (bytes > in.size() - pos) {
+    std::string shape;
+    for (std::int64_t e : dims) shape += (shape.empty() ? "" : ", ") + std::to_string(e);
+    DTRAIN_THROW(IoError, what, ": the tensor at byte ", at, " claims [", shape, "] = ", bytes, " bytes, but only ",
+                 in.size() - pos, " of the ", in.size(), " remain");
+  }
   Tensor t = Tensor::empty(Shape(dims), static_cast<DType>(dtype));
-  if (pos + t.nbytes() > in.size())
-    DTRAIN_THROW(IoError, what, ": the tensor at byte ", at, " runs past the end (", in.size(), " bytes)");
   if (t.nbytes()) std::memcpy(t.raw_data(), in.data() + pos, t.nbytes());
   pos += t.nbytes();
   return t;

@@ -139,6 +139,10 @@ struct CsvOptions {
   std::vector<std::string> select_columns;
   // A column to yield as a second, scalar component (the label); empty for none.
   std::string label_column;
+  // Whether a cell may hold a value that is not finite ("nan", "inf", "-infinity", ...).
+  // Off: such a cell is an IoError naming the file, line and column, since one NaN in the
+  // data turns every weight NaN a step later.
+  bool allow_non_finite = false;
 };
 
 class Dataset {

@@ -2,6 +2,7 @@
 #include <zlib.h>
 
 #include <cerrno>
+#include <cmath>
 #include <charconv>
 #include <cstring>
 #include <fstream>
@@ -266,6 +267,9 @@ class CsvIterator : public IteratorBase {
       auto [p, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
       if (ec != std::errc() || p != f.data() + f.size() || f.empty())
         DTRAIN_THROW(IoError, path(), ":", line_, ": column ", col + 1, ": '", std::string(f), "' is not a number");
+      if (!std::isfinite(v) && !options_.allow_non_finite)
+        DTRAIN_THROW(IoError, path(), ":", line_, ": column ", col + 1, ": '", std::string(f),
+                     "' is not a finite number (CsvOptions::allow_non_finite accepts it)");
       return v;
     };
     Tensor x = Tensor::empty({static_cast<std::int64_t>(layout_.feature_columns.size())});
@@ -343,7 +347,12 @@ class RecordsIterator : public IteratorBase {
       const std::uint64_t length = get_le(head, 8);
       if (crc(head, 8) != get_le(head + 8, 4))
         DTRAIN_THROW(IoError, path, ": corrupt record at offset ", offset_, ": the length's checksum does not match");
-      if (length > (std::uint64_t{1} << 40)) DTRAIN_THROW(IoError, path, ": record at offset ", offset_, " claims ", length, " bytes");
+      // The length comes from the file: checked against the bytes left in it before
+      // anything is allocated for it.
+      const std::uint64_t left = static_cast<std::uint64_t>(size_ - offset_ - 12);
+      if (length > left || left - length < 4)
+        DTRAIN_THROW(IoError, path, ": truncated record at offset ", offset_, ": its header claims ", length,
+                     " bytes (and a 4-byte checksum), but the file holds ", left, " after the header");
       Tensor bytes = Tensor::empty({static_cast<std::int64_t>(length)}, DType::u8);
       in_.read(static_cast<char*>(bytes.raw_data()), static_cast<std::streamsize>(length));
       unsigned char tail[4];
@@ -364,14 +373,20 @@ class RecordsIterator : public IteratorBase {
 
  private:
   void open_current(std::int64_t offset) {
-    in_.open(files_[file_], std::ios::binary);
+    in_.open(files_[file_], std::ios::binary | std::ios::ate);
     if (!in_) DTRAIN_THROW(IoError, files_[file_], ": cannot open (", std::strerror(errno), ")");
+    size_ = in_.tellg();
+    if (size_ < 0) DTRAIN_THROW(IoError, files_[file_], ": cannot tell its length; record files must be regular files");
+    if (offset < 0 || offset > size_)
+      DTRAIN_THROW(InvalidArgument, files_[file_], ": the saved position ", offset, " is outside the file (", size_,
+                   " bytes)");
     in_.seekg(offset);
     offset_ = offset;
   }
   const std::vector<std::string> files_;
   std::size_t file_ = 0;
   std::int64_t offset_ = 0;
+  std::int64_t size_ = 0;  // the current file's length in bytes
   std::ifstream in_;
 };
 

@@ -1,12 +1,14 @@
 // IDX parsing over zlib's gzip reader (which also reads uncompressed files as they are).
 #include "dtrain/data/idx.h"
 
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace dtrain::data {
@@ -24,8 +26,10 @@ GzPtr open_gz(const std::string& path) {
   return GzPtr(f);
 }
 
-// Reads exactly n bytes or throws, naming the offset where the data ran out.
-void read_exact(gzFile f, const std::string& path, void* out, std::int64_t n, std::int64_t offset, const char* what) {
+// Reads up to n bytes, fewer only where the data ends; throws naming the offset of
+// corrupt compressed data.
+std::int64_t read_up_to(gzFile f, const std::string& path, void* out, std::int64_t n, std::int64_t offset,
+                        const char* what) {
   char* p = static_cast<char*>(out);
   std::int64_t done = 0;
   while (done < n) {
@@ -37,11 +41,18 @@ void read_exact(gzFile f, const std::string& path, void* out, std::int64_t n, st
       DTRAIN_THROW(IoError, path, ": corrupt compressed data while reading ", what, " at offset ", offset + done, " (",
                    msg, ")");
     }
-    if (got == 0)
-      DTRAIN_THROW(IoError, path, ": truncated: expected ", n, " bytes of ", what, " at offset ", offset, ", found ",
-                   done);
+    if (got == 0) break;
     done += got;
   }
+  return done;
+}
+
+// Reads exactly n bytes or throws, naming the offset where the data ran out.
+void read_exact(gzFile f, const std::string& path, void* out, std::int64_t n, std::int64_t offset, const char* what) {
+  const std::int64_t done = read_up_to(f, path, out, n, offset, what);
+  if (done < n)
+    DTRAIN_THROW(IoError, path, ": truncated: expected ", n, " bytes of ", what, " at offset ", offset, ", found ",
+                 done);
 }
 
 IdxHeader read_header(gzFile f, const std::string& path) {
@@ -63,6 +74,27 @@ IdxHeader read_header(gzFile f, const std::string& path) {
   return h;
 }
 
+// The header's extents as "60000 x 28 x 28", for messages.
+std::string dims_text(const IdxHeader& h) {
+  std::string out;
+  for (std::int64_t d : h.dims) out += (out.empty() ? "" : " x ") + std::to_string(d);
+  return out;
+}
+
+// The bytes of an uncompressed file after its header; -1 for gzip (its length is known
+// only once it is read) or a file that is not a regular one.
+std::int64_t plain_bytes_after_header(gzFile f, const std::string& path, const IdxHeader& h) {
+  if (!gzdirect(f)) return -1;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return -1;
+  return std::max<std::int64_t>(0, static_cast<std::int64_t>(st.st_size) - h.header_bytes);
+}
+
+// Sizes come from the file, so nothing is allocated for them until the bytes are there:
+// the extents' product is checked for overflow, an uncompressed file's length is checked
+// before reading, and gzip data is read in chunks that grow with what has been read (at
+// most twice the bytes actually found), so a 100-byte file claiming 2^40 values fails
+// after reading 100 bytes.
 std::vector<unsigned char> read_bytes(const std::string& path, int expected_rank, IdxHeader& header) {
   GzPtr f = open_gz(path);
   header = read_header(f.get(), path);
@@ -72,10 +104,29 @@ std::vector<unsigned char> read_bytes(const std::string& path, int expected_rank
   if (static_cast<int>(header.dims.size()) != expected_rank)
     DTRAIN_THROW(IoError, path, ": has ", header.dims.size(), " dimensions, expected ", expected_rank,
                  expected_rank == 1 ? " (labels)" : " (images)");
-  std::int64_t n = 1;
+  // Products of the non-zero extents too: [0, 2^32, 2^32] holds no values but could not
+  // be shaped.
+  std::int64_t n = 1, nonzero = 1;
+  for (auto d : header.dims)
+    if (__builtin_mul_overflow(nonzero, std::max<std::int64_t>(d, 1), &nonzero))
+      DTRAIN_THROW(IoError, path, ": the IDX header's extents ", dims_text(header),
+                   " multiply past what can be addressed");
   for (auto d : header.dims) n *= d;
-  std::vector<unsigned char> bytes(static_cast<size_t>(n));
-  read_exact(f.get(), path, bytes.data(), n, header.header_bytes, "values");
+  auto truncated = [&](std::int64_t found) {
+    DTRAIN_THROW(IoError, path, ": truncated: the IDX header claims ", n, " bytes of values (", dims_text(header),
+                 ") but the file holds ", found, " after the header (values start at offset ", header.header_bytes, ")");
+  };
+  const std::int64_t available = plain_bytes_after_header(f.get(), path, header);
+  if (available >= 0 && n > available) truncated(available);
+  std::vector<unsigned char> bytes;
+  constexpr std::int64_t kFirstChunk = 1 << 16;
+  while (static_cast<std::int64_t>(bytes.size()) < n) {
+    const auto done = static_cast<std::int64_t>(bytes.size());
+    const std::int64_t chunk = std::min(n - done, std::max(kFirstChunk, done));
+    bytes.resize(static_cast<std::size_t>(done + chunk));
+    const std::int64_t got = read_up_to(f.get(), path, bytes.data() + done, chunk, header.header_bytes + done, "values");
+    if (got < chunk) truncated(done + got);
+  }
   unsigned char extra;
   if (gzread(f.get(), &extra, 1) > 0)
     DTRAIN_THROW(IoError, path, ": has data past the ", n, " values its header announces (offset ",
@@ -109,6 +160,15 @@ Tensor read_idx_labels(const std::string& path) {
   Tensor t = Tensor::empty({h.dims[0]}, DType::i32);
   std::int32_t* p = t.data<std::int32_t>();
   for (size_t i = 0; i < bytes.size(); ++i) p[i] = bytes[i];
+  return t;
+}
+
+Tensor read_idx_labels(const std::string& path, std::int64_t classes) {
+  Tensor t = read_idx_labels(path);
+  const std::int32_t* p = t.data<std::int32_t>();
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    if (p[i] >= classes)
+      DTRAIN_THROW(IoError, path, ": label ", p[i], " at index ", i, " is not a class number below ", classes);
   return t;
 }
 

@@ -11,12 +11,17 @@ namespace dtrain::data {
 
 // Reads an IDX file of unsigned bytes (type 0x08). Images come back as float32 with
 // shape [count, rows * cols] (scaled by `scale`), labels as int32 [count].
-// Throws IoError naming the file for a missing, truncated or malformed file.
+// Throws IoError naming the file for a missing, truncated or malformed file. The sizes in
+// the header are checked (for overflow, and against the bytes there are) before anything
+// is allocated for them.
 Tensor read_idx_images(const std::string& path, float scale = 1.0f / 255.0f);
 // The same images as they are stored: uint8 [count, rows * cols] (as Keras's load_data
 // gives them), for a model that scales them itself (nn::Rescaling).
 Tensor read_idx_image_bytes(const std::string& path);
 Tensor read_idx_labels(const std::string& path);
+// The same, each label checked to be a class number below `classes`: one that is not is an
+// IoError naming the file, the label's index and the class count.
+Tensor read_idx_labels(const std::string& path, std::int64_t classes);
 
 struct IdxHeader {
   int type_code = 0;                    // 0x08 = unsigned byte
