@@ -171,7 +171,9 @@ TfConfig parse_tf_config(const std::string& text, const std::string& origin) {
 
 TfConfig tf_config_from_environment() {
   const char* v = std::getenv("TF_CONFIG");
-  if (v == nullptr || std::string(v).find_first_not_of(" \t\n\r") == std::string::npos) {
+  // Unset, blank, or an empty object ("{}", as TensorFlow's resolver reads it): no cluster.
+  const bool blank = v == nullptr || std::string(v).find_first_not_of(" \t\n\r") == std::string::npos;
+  if (blank || json::parse(v, nullptr, /*allow_exceptions=*/false) == json::object()) {
     TfConfig single;
     single.cluster.add_task("worker", Address{"127.0.0.1", 0});
     return single;

@@ -70,7 +70,8 @@ struct TfConfig {
 
 // Parses and validates a TF_CONFIG value; `origin` starts every error ("TF_CONFIG").
 TfConfig parse_tf_config(const std::string& json, const std::string& origin = "TF_CONFIG");
-// Reads the TF_CONFIG environment variable; unset or empty gives the single-process default.
+// Reads the TF_CONFIG environment variable; unset, blank or "{}" gives the single-process
+// default (one worker; MultiWorkerMirroredStrategy then trains at once, meeting nobody).
 TfConfig tf_config_from_environment();
 
 }  // namespace dtrain::cluster

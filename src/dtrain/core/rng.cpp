@@ -26,4 +26,11 @@ void set_random_seed(std::uint64_t seed) {
 
 std::uint64_t next_seed() { return mix64(g_seed_base.load() ^ mix64(g_seed_count.fetch_add(1) + 1)); }
 
+SeedSequence seed_sequence() { return {g_seed_base.load(), g_seed_count.load()}; }
+
+void set_seed_sequence(SeedSequence position) {
+  g_seed_base.store(position.seed);
+  g_seed_count.store(position.drawn);
+}
+
 }  // namespace dtrain

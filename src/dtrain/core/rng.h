@@ -66,5 +66,14 @@ class Generator {
 void set_random_seed(std::uint64_t seed);
 // The next seed of that sequence (thread-safe).
 std::uint64_t next_seed();
+// Where that sequence stands: the seed it was set to and how many seeds were drawn since.
+// MultiWorkerMirroredStrategy gives every worker the chief's position without drawing
+// from it, so the chief's weights are those one process would build from the same seed.
+struct SeedSequence {
+  std::uint64_t seed = 0;
+  std::uint64_t drawn = 0;
+};
+SeedSequence seed_sequence();
+void set_seed_sequence(SeedSequence position);
 
 }  // namespace dtrain

@@ -269,8 +269,13 @@ std::shared_ptr<detail::ReplicaGroup> make_multi_worker_group(const cluster::TfC
                                                               const CommunicationOptions& comm,
                                                               const std::vector<std::string>& devices) {
   const std::chrono::milliseconds timeout = timeout_of(comm);
+  if (config.task.type != "chief" && config.task.type != "worker")
+    DTRAIN_THROW(InvalidArgument, "MultiWorkerMirroredStrategy: TF_CONFIG's task is ", config.task.to_string(),
+                 "; this strategy trains on the chief and the workers only");
+  // One training task (no TF_CONFIG, an empty one, or a cluster of one worker) is the
+  // degenerate case: world size 1, nothing to meet or wait for, as TensorFlow does.
   std::shared_ptr<detail::WorkerComm> workers;
-  if (!config.cluster.empty()) {
+  if (config.cluster.training_tasks().size() > 1) {
     detail::WorkerCommOptions w;
     w.config = config;
     w.timeout = timeout;
@@ -278,10 +283,15 @@ std::shared_ptr<detail::ReplicaGroup> make_multi_worker_group(const cluster::TfC
     w.check_collectives = check && *check && std::string(check) != "0";
     w.shared_memory = comm.implementation == CommunicationImplementation::AUTO;
     workers = std::make_shared<detail::WorkerComm>(std::move(w));
-    // Every worker continues the chief's seed sequence, so what draws from it without a
-    // seed of its own (initialisers, shuffles) draws the same everywhere.
-    const std::vector<std::string> seeds = workers->exchange("seed", std::to_string(next_seed()));
-    set_random_seed(std::stoull(seeds.front()));
+    // Every worker takes the chief's place in its seed sequence, without drawing from it:
+    // what draws from it without a seed of its own (initialisers, shuffles) then draws the
+    // same everywhere, and the same as one process would from the same seed.
+    const SeedSequence mine = seed_sequence();
+    const std::vector<std::string> seeds =
+        workers->exchange("seed", std::to_string(mine.seed) + " " + std::to_string(mine.drawn));
+    const std::string& chief = seeds.front();
+    const std::size_t space = chief.find(' ');
+    set_seed_sequence({std::stoull(chief.substr(0, space)), std::stoull(chief.substr(space + 1))});
   }
   // Several processes on one machine share its cores: OMP_NUM_THREADS (which `dtrain
   // launch` sets) says how many are this one's.

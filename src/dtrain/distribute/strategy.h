@@ -215,13 +215,17 @@ class MirroredStrategy final : public Strategy {
 // joins with the cluster token (DTRAIN_CLUSTER_TOKEN, else one derived from the cluster's
 // addresses) and waits at most the timeout, naming the tasks that never arrived. Every
 // collective has the same timeout: a dead or stuck worker is an error naming it on every
-// other worker, never a hang. The strategy also makes the workers agree on the seed
-// sequence (set_random_seed), so unseeded initialisers and shuffles match everywhere.
+// other worker, never a hang. The strategy also gives every worker the chief's place in
+// the seed sequence (set_random_seed) without drawing from it, so unseeded initialisers
+// and shuffles match everywhere, and the initial weights are those one process builds
+// from the same seed, whatever the strategy and the number of workers.
 // DTRAIN_CHECK_COLLECTIVES=1 makes every collective first compare what each worker is
 // about to run (a debugging aid: it doubles the number of messages).
 class MultiWorkerMirroredStrategy final : public Strategy {
  public:
-  // Reads TF_CONFIG from the environment; without it, a single worker.
+  // Reads TF_CONFIG from the environment; without it (or with "" or "{}"), a single
+  // worker that trains at once, meeting nobody. A cluster of one training task is the
+  // same: world size 1, the same code path as the default strategy.
   explicit MultiWorkerMirroredStrategy(CommunicationOptions options = {});
   // TensorFlow's cluster_resolver argument, as a parsed TF_CONFIG.
   explicit MultiWorkerMirroredStrategy(const cluster::TfConfig& cluster, CommunicationOptions options = {},
