@@ -347,7 +347,7 @@ TEST_F(MultiWorker, HungWorkerIsNamedByTheOthersWithinTheTimeout) {
   for (const TaskResult& r : {results[0], results[2]}) {
     EXPECT_TRUE(r.status >= 0 && WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0) << describe(results);
     EXPECT_NE(r.log.find("worker:1 (alive, but not answering)"), std::string::npos) << describe(results);
-    timed_out += r.log.find("failed after 10 s") != std::string::npos;
+    timed_out += r.log.find("(no answer within the 10 s timeout, then the roll call)") != std::string::npos;
   }
   EXPECT_GE(timed_out, 1) << describe(results);
   // The whole run (joining, five steps, the timeout and the roll call) ends within the

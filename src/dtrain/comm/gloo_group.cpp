@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <thread>
@@ -205,7 +206,9 @@ std::string GlooGroup::absent_peers() {
   // connection), so the roll call waits only for the living: up to 10 s (or half the
   // timeout) for each to fail too and answer. Elsewhere it waits a few seconds. Those
   // that never answer are named. The chief, whose process serves the store, then waits
-  // as long again for the ranks that answered to finish their own roll calls.
+  // as long again for the ranks that answered to finish their own roll calls. Every
+  // request to the store is bounded by the same patience: a frozen chief (stopped, its
+  // store with it) is named as such once it has passed, not after another timeout.
   const std::string call = "dtrain/rollcall/" + std::to_string(sequence_) + "/";
   const auto key = [](const std::string& prefix, int r) { return prefix + std::to_string(r); };
   std::vector<int> pending, answered;
@@ -213,12 +216,17 @@ std::string GlooGroup::absent_peers() {
     if (r != options_.rank) pending.push_back(r);
   std::string absent;
   auto name = [&](int r, const char* why) { absent += (absent.empty() ? "" : ", ") + task_name(r) + why; };
+  auto* tcp = dynamic_cast<TcpStore*>(store_.get());
+  const auto patience = detail::patience(options_.timeout);
   try {
-    store_->set(key(call, options_.rank), bytes_of("here"));
+    if (tcp) tcp->set(key(call, options_.rank), bytes_of("here"), patience);
+    else store_->set(key(call, options_.rank), bytes_of("here"));
+  } catch (const Timeout&) {
+    return dtrain::detail::concat(task_name(0), " (it serves the rendezvous store, which did not answer within ",
+                                  patience.count() / 1000.0, " s)");
   } catch (const std::exception&) {
     return task_name(0) + " (which serves the rendezvous store)";
   }
-  auto* tcp = dynamic_cast<TcpStore*>(store_.get());
   if (!tcp) {
     const auto wait = std::min(options_.timeout, std::chrono::milliseconds(3000));
     for (int r : pending) {
@@ -230,13 +238,13 @@ std::string GlooGroup::absent_peers() {
     }
     return absent;
   }
-  const auto patience = std::min(options_.timeout / 2, std::chrono::milliseconds(10000));
   const auto poll = std::chrono::milliseconds(20);
+  auto left = [](Clock::time_point deadline) { return std::chrono::milliseconds(std::max(1, milliseconds_left(deadline))); };
   try {
-    for (const auto deadline = std::chrono::steady_clock::now() + patience; !pending.empty();) {
+    for (const auto deadline = Clock::now() + patience; !pending.empty();) {
       std::vector<std::string> keys;
       for (int r : pending) keys.insert(keys.end(), {key(call, r), key("dtrain/arrived/", r)});
-      const std::vector<bool> present = tcp->check(keys);
+      const std::vector<bool> present = tcp->check(keys, left(deadline));
       std::vector<int> still;
       for (std::size_t i = 0; i < pending.size(); ++i) {
         if (present[2 * i]) answered.push_back(pending[i]);
@@ -244,20 +252,20 @@ std::string GlooGroup::absent_peers() {
         else still.push_back(pending[i]);
       }
       pending = std::move(still);
-      if (pending.empty() || std::chrono::steady_clock::now() >= deadline) break;
+      if (pending.empty() || Clock::now() >= deadline) break;
       std::this_thread::sleep_for(poll);
     }
-    tcp->set(key(call + "done/", options_.rank), bytes_of("done"));
+    tcp->set(key(call + "done/", options_.rank), bytes_of("done"), patience);
     if (options_.rank == 0) {
-      for (const auto deadline = std::chrono::steady_clock::now() + patience; !answered.empty();) {
+      for (const auto deadline = Clock::now() + patience; !answered.empty();) {
         std::vector<std::string> keys;
         for (int r : answered) keys.push_back(key(call + "done/", r));
-        const std::vector<bool> done = tcp->check(keys);
+        const std::vector<bool> done = tcp->check(keys, left(deadline));
         std::vector<int> still;
         for (std::size_t i = 0; i < answered.size(); ++i)
           if (!done[i]) still.push_back(answered[i]);
         answered = std::move(still);
-        if (answered.empty() || std::chrono::steady_clock::now() >= deadline) break;
+        if (answered.empty() || Clock::now() >= deadline) break;
         std::this_thread::sleep_for(poll);
       }
     }
@@ -277,8 +285,11 @@ void GlooGroup::fail(const char* op, std::size_t bytes, const std::string& what,
   const std::string head = dtrain::detail::concat(task_name(options_.rank), ": ", op, " #", sequence_, " (", bytes,
                                                   " bytes) failed");
   const std::string peers = absent.empty() ? "" : "; not answering: " + absent;
+  // The time it really took (the collective's wait, then the roll call), beside the timeout.
+  const double elapsed = std::round(seconds_since(started_) * 10) / 10;
   if (timeout)
-    DTRAIN_THROW(Timeout, head, " after ", options_.timeout.count() / 1000.0, " s", peers, " (", what, ")");
+    DTRAIN_THROW(Timeout, head, " after ", elapsed, " s (no answer within the ", options_.timeout.count() / 1000.0,
+                 " s timeout, then the roll call)", peers, " (", what, ")");
   DTRAIN_THROW(PeerFailure, head, peers, " (", what, ")");
 }
 
@@ -286,6 +297,7 @@ template <typename Fn>
 void GlooGroup::collective(const char* op, std::size_t bytes, Fn&& fn) {
   ++sequence_;
   if (options_.size == 1) return;
+  started_ = Clock::now();
   try {
     if (options_.check_collectives) check_fingerprint(op, bytes);
     fn();

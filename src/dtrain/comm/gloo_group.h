@@ -132,6 +132,7 @@ class GlooGroup {
   std::map<std::pair<std::uint64_t, std::size_t>, std::unique_ptr<CachedRing>> rings_;
   std::map<std::uint64_t, std::vector<std::uint16_t>> wire_buffers_;  // [key] 16-bit copies
   std::uint64_t sequence_ = 0;
+  Clock::time_point started_{};  // of the collective running, for the failure's message
   Clock::duration last_peer_wait_{};
 };
 

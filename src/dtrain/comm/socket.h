@@ -1,12 +1,18 @@
 // What the comm layer's TCP code shares (internal to the comm layer).
 #pragma once
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <string>
 
+#include "dtrain/core/clock.h"
 #include "dtrain/core/error.h"
 
 namespace dtrain::comm::detail {
@@ -23,6 +29,38 @@ inline sockaddr_in resolve(const std::string& host, int port, const std::string&
   freeaddrinfo(found);
   a.sin_port = htons(static_cast<std::uint16_t>(port));
   return a;
+}
+
+// A new TCP socket connected to `to` by `deadline`: a non-blocking connect, then poll
+// for at most the time left, so that a peer whose host drops the SYNs (or whose listen
+// backlog is full) costs the deadline, not the kernel's minutes of SYN retries. Returns
+// the descriptor (blocking again, close-on-exec), or -1 with errno set: ETIMEDOUT once the
+// deadline passed, else why the connection failed (ECONNREFUSED: nobody listens yet).
+inline int connect_by(const sockaddr_in& to, Clock::time_point deadline) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return -1;
+  auto give_up = [fd](int why) {
+    ::close(fd);
+    errno = why;
+    return -1;
+  };
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof to) != 0) {
+    if (errno != EINPROGRESS) return give_up(errno);
+    for (;;) {
+      pollfd p{fd, POLLOUT, 0};
+      const int n = ::poll(&p, 1, milliseconds_left(deadline));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return give_up(errno);
+      if (n == 0) return give_up(ETIMEDOUT);
+      break;
+    }
+    int error = 0;
+    socklen_t len = sizeof error;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) != 0) return give_up(errno);
+    if (error != 0) return give_up(error);
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
 }
 
 }  // namespace dtrain::comm::detail

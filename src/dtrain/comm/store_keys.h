@@ -21,6 +21,14 @@ inline std::string rank_name(const std::vector<std::string>& names, int rank) {
   return rank < static_cast<int>(names.size()) ? names[static_cast<std::size_t>(rank)] : "rank " + std::to_string(rank);
 }
 
+// The slack beyond a wait: how long a store's reply may take beyond the wait it was
+// asked for, and how long the roll call after a failed collective waits for the others.
+// Half the timeout, at most 10 s, so that a frozen chief (whose process serves the store)
+// is named within the timeout plus this (docs/errors.md, "Deadlines").
+inline std::chrono::milliseconds patience(std::chrono::milliseconds timeout) {
+  return std::clamp(timeout / 2, std::chrono::milliseconds(1), std::chrono::milliseconds(10000));
+}
+
 // Waits until the store holds prefix + r for every rank r < size, all within `timeout`.
 // Returns the names of the ranks whose key never came ("worker:1, worker:2"); empty when
 // every one did. A store that is gone (PeerFailure) is reported as it is.

@@ -92,10 +92,17 @@ TcpRing::TcpRing(gloo::rendezvous::Store& store, int rank, int size, const std::
     const std::size_t s1 = theirs.find(' '), s2 = theirs.rfind(' ');
     const sockaddr_in to = resolve(theirs.substr(0, s1), std::stoi(theirs.substr(s1 + 1, s2 - s1 - 1)));
     const std::uint64_t their_nonce = std::stoull(theirs.substr(s2 + 1));
-    next_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (next_fd_ < 0 || ::connect(next_fd_, reinterpret_cast<const sockaddr*>(&to), sizeof to) != 0)
+    const std::string at = theirs.substr(0, s1) + ":" + theirs.substr(s1 + 1, s2 - s1 - 1);
+    // Bounded by the ring's deadline, not the kernel's SYN retries.
+    next_fd_ = detail::connect_by(to, deadline);
+    if (next_fd_ < 0 && errno == ETIMEDOUT)
+      DTRAIN_THROW(Timeout, "all-reduce ring: ", names_[static_cast<std::size_t>(rank_)], " could not connect to ",
+                   names_[static_cast<std::size_t>(next)], " at ", at, " within ",
+                   timeout_.count() / 1000.0, " s (joining the ring)");
+    if (next_fd_ < 0)
       DTRAIN_THROW(PeerFailure, "all-reduce ring: ", names_[static_cast<std::size_t>(rank_)], " cannot connect to ",
-                   names_[static_cast<std::size_t>(next)], ": ", std::strerror(errno));
+                   names_[static_cast<std::size_t>(next)], " at ", at, " (joining the ring): ",
+                   std::strerror(errno));
     tune(next_fd_);
     std::uint64_t hello[2] = {their_nonce, static_cast<std::uint64_t>(rank_)};
     if (!transfer(next_fd_, hello, sizeof hello, /*sending=*/true, deadline))

@@ -12,6 +12,8 @@
 #include <cstring>
 
 #include "dtrain/comm/socket.h"
+#include "dtrain/comm/store_keys.h"
+#include "dtrain/core/clock.h"
 #include "dtrain/core/error.h"
 
 namespace dtrain::comm {
@@ -192,24 +194,46 @@ void TcpStoreServer::serve(int fd) {
 
 // ---- client
 
-TcpStore::TcpStore(const std::string& host, int port, const std::string& token, std::chrono::milliseconds timeout)
-    : where_(host + ":" + std::to_string(port)), timeout_(timeout) {
+namespace {
+
+const char* op_name(char op) {
+  switch (op) {
+    case 'H': return "joining";
+    case 'S': case 'E': return "set";
+    case 'G': return "get";
+    case 'W': return "wait";
+    case 'C': return "check";
+    default: return "request";
+  }
+}
+
+}  // namespace
+
+TcpStore::TcpStore(const std::string& host, int port, const std::string& token, std::chrono::milliseconds timeout,
+                   std::string who)
+    : where_(host + ":" + std::to_string(port)), who_(who.empty() ? "" : who + ": "), timeout_(timeout) {
   const sockaddr_in a = resolve(host, port, where_);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto deadline = Clock::now() + timeout;
+  int last_error = 0;
   for (;;) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd_ >= 0 && ::connect(fd_, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0) break;
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-    if (std::chrono::steady_clock::now() >= deadline)
-      DTRAIN_THROW(Timeout, "rendezvous store ", where_, " (served by the chief) could not be reached within ",
-                   timeout.count() / 1000.0, " s: is the chief running?");
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    // Nobody listening yet (refused) is retried; a connect that gets no answer at all
+    // takes at most the time left.
+    fd_ = detail::connect_by(a, deadline);
+    if (fd_ >= 0) break;
+    last_error = errno;
+    if (Clock::now() >= deadline || last_error == ETIMEDOUT)
+      DTRAIN_THROW(Timeout, who_, "rendezvous store ", where_, " (served by the chief) could not be reached within ",
+                   timeout.count() / 1000.0, " s (connect: ",
+                   last_error == ETIMEDOUT ? "no answer" : std::strerror(last_error), "): is the chief running?");
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50, milliseconds_left(deadline))));
   }
   const int one = 1;
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   try {
-    request('H', {token}, std::chrono::milliseconds(0));
+    // The hello's reply comes by the same deadline as the connection.
+    request('H', {token}, std::chrono::milliseconds(0),
+            std::max(std::chrono::milliseconds(1),
+                     std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())));
   } catch (...) {
     ::close(fd_);
     throw;
@@ -221,7 +245,7 @@ TcpStore::~TcpStore() {
 }
 
 std::pair<bool, std::vector<char>> TcpStore::request(char op, const std::vector<std::string>& fields,
-                                                    std::chrono::milliseconds wait) {
+                                                    std::chrono::milliseconds wait, std::chrono::milliseconds limit) {
   std::lock_guard lock(mutex_);
   std::string out(1, op);
   put_u32(out, static_cast<std::uint32_t>(std::max<std::int64_t>(0, wait.count())));
@@ -232,8 +256,11 @@ std::pair<bool, std::vector<char>> TcpStore::request(char op, const std::vector<
   }
   // A chief that stops answering (frozen, or its host gone without closing the
   // connection) must not hold this process forever: the reply may take the request's own
-  // wait plus the store's timeout.
-  const auto limit = std::chrono::milliseconds(std::max<std::int64_t>(0, wait.count())) + timeout_;
+  // wait plus the patience (half the timeout, at most 10 s), or the limit the caller
+  // gives. The limit applies to each send and receive: it bounds a reply that does not move.
+  if (limit.count() < 0)
+    limit = std::chrono::milliseconds(std::max<std::int64_t>(0, wait.count())) + detail::patience(timeout_);
+  limit = std::max(limit, std::chrono::milliseconds(1));  // 0 would mean "no timeout"
   timeval tv{};
   tv.tv_sec = static_cast<time_t>(limit.count() / 1000);
   tv.tv_usec = static_cast<suseconds_t>((limit.count() % 1000) * 1000);
@@ -241,9 +268,10 @@ std::pair<bool, std::vector<char>> TcpStore::request(char op, const std::vector<
   setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   auto broken = [&] {
     if (errno == EAGAIN || errno == EWOULDBLOCK)
-      DTRAIN_THROW(Timeout, "rendezvous store ", where_, " (served by the chief) did not answer within ",
-                   limit.count() / 1000.0, " s");
-    DTRAIN_THROW(PeerFailure, "rendezvous store ", where_, " (served by the chief) closed the connection");
+      DTRAIN_THROW(Timeout, who_, "rendezvous store ", where_, " (served by the chief) did not answer ", op_name(op),
+                   " within ", limit.count() / 1000.0, " s");
+    DTRAIN_THROW(PeerFailure, who_, "rendezvous store ", where_, " (served by the chief) closed the connection (",
+                 op_name(op), ")");
   };
   char status = 0;
   std::uint32_t n = 0;
@@ -253,7 +281,7 @@ std::pair<bool, std::vector<char>> TcpStore::request(char op, const std::vector<
   std::vector<char> value(n);
   if (n && !read_all(fd_, value.data(), n)) broken();
   if (status == kRefused)
-    DTRAIN_THROW(InvalidArgument, "rendezvous store ", where_,
+    DTRAIN_THROW(InvalidArgument, who_, "rendezvous store ", where_,
                  " refused this process: its cluster token (DTRAIN_CLUSTER_TOKEN) is not this job's");
   return {status == kOk, std::move(value)};
 }
@@ -269,7 +297,7 @@ void TcpStore::set_while_connected(const std::string& key, const std::vector<cha
 std::vector<char> TcpStore::get(const std::string& key) {
   auto [found, value] = request('G', {key}, timeout_);
   if (!found)
-    DTRAIN_THROW(Timeout, "rendezvous store ", where_, ": key '", key, "' did not appear within ",
+    DTRAIN_THROW(Timeout, who_, "rendezvous store ", where_, ": key '", key, "' did not appear within ",
                  timeout_.count() / 1000.0, " s");
   return value;
 }
@@ -280,12 +308,20 @@ void TcpStore::wait(const std::vector<std::string>& keys, const std::chrono::mil
     const std::vector<bool> present = check(keys);
     for (std::size_t i = 0; i < keys.size(); ++i)
       if (!present[i]) missing += (missing.empty() ? "" : ", ") + keys[i];
-    DTRAIN_THROW(Timeout, "rendezvous store ", where_, ": still missing after ", timeout.count() / 1000.0, " s: ", missing);
+    DTRAIN_THROW(Timeout, who_, "rendezvous store ", where_, ": still missing after ", timeout.count() / 1000.0, " s: ", missing);
   }
 }
 
+void TcpStore::set(const std::string& key, const std::vector<char>& data, std::chrono::milliseconds limit) {
+  request('S', {key, std::string(data.begin(), data.end())}, std::chrono::milliseconds(0), limit);
+}
+
 std::vector<bool> TcpStore::check(const std::vector<std::string>& keys) {
-  const std::vector<char> bits = request('C', keys, std::chrono::milliseconds(0)).second;
+  return check(keys, std::chrono::milliseconds(-1));
+}
+
+std::vector<bool> TcpStore::check(const std::vector<std::string>& keys, std::chrono::milliseconds limit) {
+  const std::vector<char> bits = request('C', keys, std::chrono::milliseconds(0), limit).second;
   std::vector<bool> out(keys.size(), false);
   for (std::size_t i = 0; i < keys.size() && i < bits.size(); ++i) out[i] = bits[i] == '1';
   return out;

@@ -47,9 +47,12 @@ class TcpStoreServer {
 // A connection to a TcpStoreServer.
 class TcpStore final : public gloo::rendezvous::Store {
  public:
-  // Retries until `connect_timeout` (the server may start later); the errors name the
-  // address and say that the chief serves it.
-  TcpStore(const std::string& host, int port, const std::string& token, std::chrono::milliseconds timeout);
+  // Retries until `timeout` (the server may start later); each connect is bounded by the
+  // time left. Every request waits at most its own wait plus the timeout for the reply.
+  // The errors name `who` (this task, "worker:1"; may be empty), the address, that the
+  // chief serves it, and the operation.
+  TcpStore(const std::string& host, int port, const std::string& token, std::chrono::milliseconds timeout,
+           std::string who = {});
   ~TcpStore() override;
 
   void set(const std::string& key, const std::vector<char>& data) override;
@@ -62,13 +65,20 @@ class TcpStore final : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
   // Which of `keys` are set now (no waiting).
   std::vector<bool> check(const std::vector<std::string>& keys);
+  // set() and check() waiting at most `limit` for the reply instead of the timeout: for
+  // the roll call after a failure, which has a shorter bound of its own.
+  void set(const std::string& key, const std::vector<char>& data, std::chrono::milliseconds limit);
+  std::vector<bool> check(const std::vector<std::string>& keys, std::chrono::milliseconds limit);
 
  private:
-  // {found, value}; throws when the connection breaks or the token is refused.
+  // {found, value}; throws when the connection breaks or the token is refused, Timeout
+  // when no reply came within `limit` (negative: the request's wait plus the timeout).
   std::pair<bool, std::vector<char>> request(char op, const std::vector<std::string>& fields,
-                                             std::chrono::milliseconds wait);
+                                             std::chrono::milliseconds wait,
+                                             std::chrono::milliseconds limit = std::chrono::milliseconds(-1));
 
   std::string where_;  // "host:port", for messages
+  std::string who_;    // "worker:1: " or empty, starting messages
   int fd_ = -1;
   std::chrono::milliseconds timeout_;
   std::mutex mutex_;

@@ -6,8 +6,8 @@
 #include <sstream>
 
 #include <gloo/rendezvous/prefix_store.h>
-#include <gloo/rendezvous/redis_store.h>
 
+#include "dtrain/comm/redis_store.h"
 #include "dtrain/comm/tcp_store.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/rng.h"
@@ -51,18 +51,14 @@ WorkerComm::WorkerComm(WorkerCommOptions options) : options_(std::move(options))
                    "`dtrain launch` sets one");
     if (options_.token.empty()) options_.token = token;
     const cluster::Address at = cluster::parse_address(options_.redis, "DTRAIN_REDIS");
-    try {
-      redis_ = std::make_unique<gloo::rendezvous::RedisStore>(at.host, at.port);
-    } catch (const std::exception& e) {
-      DTRAIN_THROW(IoError, "MultiWorkerMirroredStrategy: cannot reach the Redis server at ", options_.redis, ": ",
-                   e.what());
-    }
+    redis_ = std::make_unique<comm::RedisStore>(at.host, at.port, options_.timeout, tasks_[static_cast<std::size_t>(rank_)]);
     store_ = std::make_shared<gloo::rendezvous::PrefixStore>("dtrain-job/" + options_.token, *redis_);
   } else {
     if (options_.token.empty()) options_.token = token_for(config.cluster);
     const cluster::Address& chief = config.cluster.address(training.front());
     if (rank_ == 0) server_ = std::make_unique<comm::TcpStoreServer>(chief.host, chief.port, options_.token);
-    store_ = std::make_shared<comm::TcpStore>(chief.host, chief.port, options_.token, options_.timeout);
+    store_ = std::make_shared<comm::TcpStore>(chief.host, chief.port, options_.token, options_.timeout,
+                                              tasks_[static_cast<std::size_t>(rank_)]);
   }
   comm::GlooGroupOptions g;
   g.rank = rank_;

@@ -19,11 +19,8 @@
 #include "dtrain/cluster/tf_config.h"
 #include "dtrain/comm/gloo_group.h"
 
-namespace gloo::rendezvous {
-class RedisStore;
-}
-
 namespace dtrain::comm {
+class RedisStore;
 class TcpStoreServer;
 }  // namespace dtrain::comm
 
@@ -81,7 +78,7 @@ class WorkerComm {
   std::vector<std::string> tasks_;  // [rank] "chief:0", "worker:1"
   int rank_ = 0;
   std::unique_ptr<comm::TcpStoreServer> server_;  // the chief's
-  std::unique_ptr<gloo::rendezvous::RedisStore> redis_;  // or a Redis server's, under store_'s prefix
+  std::unique_ptr<comm::RedisStore> redis_;  // or a Redis server's, under store_'s prefix
   std::shared_ptr<gloo::rendezvous::Store> store_;
   std::unique_ptr<comm::GlooGroup> group_;
 

@@ -1,0 +1,131 @@
+// The rendezvous store in Redis, with a deadline on every wait.
+#include "dtrain/comm/redis_store.h"
+
+#include <hiredis/hiredis.h>
+#include <sys/time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "dtrain/comm/store_keys.h"
+#include "dtrain/core/clock.h"
+#include "dtrain/core/error.h"
+
+namespace dtrain::comm {
+namespace {
+
+timeval timeval_of(std::chrono::milliseconds t) {
+  t = std::max(t, std::chrono::milliseconds(1));  // 0 would mean "no timeout"
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(t.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((t.count() % 1000) * 1000);
+  return tv;
+}
+
+// hiredis reports a socket timeout as an I/O error whose text is strerror's.
+bool timed_out(const redisContext* c) {
+#ifdef REDIS_ERR_TIMEOUT
+  if (c->err == REDIS_ERR_TIMEOUT) return true;
+#endif
+  return c->err == REDIS_ERR_IO &&
+         (std::strcmp(c->errstr, std::strerror(EAGAIN)) == 0 || std::strcmp(c->errstr, std::strerror(ETIMEDOUT)) == 0);
+}
+
+}  // namespace
+
+RedisStore::RedisStore(const std::string& host, int port, std::chrono::milliseconds timeout, std::string who)
+    : where_("redis server " + host + ":" + std::to_string(port)),
+      who_(who.empty() ? "" : who + ": "),
+      timeout_(timeout) {
+  redis_ = redisConnectWithTimeout(host.c_str(), port, timeval_of(timeout));
+  if (redis_ == nullptr) DTRAIN_THROW(IoError, who_, where_, ": cannot allocate a connection");
+  if (redis_->err) {
+    const std::string why = redis_->errstr;
+    const bool late = timed_out(redis_);
+    redisFree(redis_);
+    redis_ = nullptr;
+    if (late)
+      DTRAIN_THROW(Timeout, who_, where_, " could not be reached within ", timeout.count() / 1000.0,
+                   " s (connect: no answer)");
+    DTRAIN_THROW(IoError, who_, "cannot reach the ", where_, ": ", why);
+  }
+  if (redisSetTimeout(redis_, timeval_of(detail::patience(timeout_))) != REDIS_OK) {
+    redisFree(redis_);
+    redis_ = nullptr;
+    DTRAIN_THROW(IoError, who_, where_, ": cannot set the connection's timeout");
+  }
+}
+
+RedisStore::~RedisStore() {
+  if (redis_) redisFree(redis_);
+}
+
+redisReply* RedisStore::command(const std::vector<std::string>& args) {
+  std::lock_guard lock(mutex_);
+  const std::string& op = args.front();
+  if (broken_) DTRAIN_THROW(PeerFailure, who_, where_, ": the connection failed earlier (", op, ")");
+  std::vector<const char*> argv;
+  std::vector<std::size_t> lengths;
+  for (const std::string& a : args) {
+    argv.push_back(a.data());
+    lengths.push_back(a.size());
+  }
+  auto* reply = static_cast<redisReply*>(
+      redisCommandArgv(redis_, static_cast<int>(argv.size()), argv.data(), lengths.data()));
+  if (reply == nullptr) {
+    // hiredis leaves the connection unusable after an error.
+    broken_ = true;
+    if (timed_out(redis_))
+      DTRAIN_THROW(Timeout, who_, where_, " did not answer ", op, " within ",
+                   detail::patience(timeout_).count() / 1000.0, " s");
+    DTRAIN_THROW(PeerFailure, who_, where_, ": ", op, " failed: ", redis_->errstr);
+  }
+  if (reply->type == REDIS_REPLY_ERROR) {
+    const std::string why(reply->str, reply->len);
+    freeReplyObject(reply);
+    DTRAIN_THROW(IoError, who_, where_, ": ", op, ": ", why);
+  }
+  return reply;
+}
+
+void RedisStore::set(const std::string& key, const std::vector<char>& data) {
+  freeReplyObject(command({"SET", key, std::string(data.begin(), data.end())}));
+}
+
+std::vector<char> RedisStore::get(const std::string& key) {
+  wait({key}, timeout_);
+  redisReply* reply = command({"GET", key});
+  std::vector<char> value;
+  if (reply->type == REDIS_REPLY_STRING) value.assign(reply->str, reply->str + reply->len);
+  const bool found = reply->type == REDIS_REPLY_STRING;
+  freeReplyObject(reply);
+  if (!found) DTRAIN_THROW(IoError, who_, where_, ": key '", key, "' vanished after it was set");
+  return value;
+}
+
+bool RedisStore::check(const std::vector<std::string>& keys) {
+  std::vector<std::string> args{"EXISTS"};
+  args.insert(args.end(), keys.begin(), keys.end());
+  redisReply* reply = command(args);
+  const bool all = reply->type == REDIS_REPLY_INTEGER && reply->integer == static_cast<long long>(keys.size());
+  freeReplyObject(reply);
+  return all;
+}
+
+void RedisStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
+  // Redis has no blocking wait for a key: ask every 10 ms until the deadline.
+  const auto deadline = Clock::now() + timeout;
+  while (!check(keys)) {
+    if (Clock::now() >= deadline) {
+      std::string missing;
+      for (const std::string& k : keys)
+        if (!check({k})) missing += (missing.empty() ? "" : ", ") + k;
+      DTRAIN_THROW(Timeout, who_, where_, ": still missing after ", timeout.count() / 1000.0, " s: ", missing);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(10, milliseconds_left(deadline) + 1)));
+  }
+}
+
+}  // namespace dtrain::comm

@@ -1,0 +1,53 @@
+// A rendezvous store kept in a Redis server, for jobs whose processes meet there instead
+// of at the chief's TcpStore. Gloo's own RedisStore connects and waits for replies with
+// no deadline (a server that accepts and never answers holds a process forever); this
+// one bounds the connection, every command and every wait. It is not a general Redis
+// client: set, get, wait and check of string keys, nothing else.
+#pragma once
+
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <gloo/rendezvous/store.h>
+
+struct redisContext;
+struct redisReply;
+
+namespace dtrain::comm {
+
+class RedisStore final : public gloo::rendezvous::Store {
+ public:
+  // Connects within `timeout`; a refused connection is an IoError at once (the server
+  // must already run), no answer a Timeout. Every command's reply may then take the
+  // patience (half the timeout, at most 10 s); a wait, its own wait on top. The errors
+  // name `who` (this task, "worker:1"; may be empty), the server and the operation.
+  RedisStore(const std::string& host, int port, std::chrono::milliseconds timeout, std::string who = {});
+  ~RedisStore() override;
+  RedisStore(const RedisStore&) = delete;
+  RedisStore& operator=(const RedisStore&) = delete;
+
+  void set(const std::string& key, const std::vector<char>& data) override;
+  // Waits up to the timeout for the key.
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  // Timeout naming the keys still missing after `timeout`.
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+  // Whether every one of `keys` is set now.
+  bool check(const std::vector<std::string>& keys);
+
+ private:
+  // The reply to one command (freed by the caller); throws Timeout when the server does
+  // not answer in time, PeerFailure when the connection broke, IoError for Redis's errors.
+  redisReply* command(const std::vector<std::string>& args);
+
+  std::string where_;  // "redis server host:port", for messages
+  std::string who_;    // "worker:1: " or empty, starting messages
+  std::chrono::milliseconds timeout_;
+  redisContext* redis_ = nullptr;
+  bool broken_ = false;  // after a failed command the connection is not used again
+  std::mutex mutex_;
+};
+
+}  // namespace dtrain::comm
