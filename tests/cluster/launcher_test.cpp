@@ -1,7 +1,9 @@
 // dtrain's local launcher: TF_CONFIG per task, prefixed output, and a failure that stops
-// the rest and names the task that failed first. Tasks are /bin/sh one-liners.
+// the rest and names the task that failed first (or the stopped task the others gave up
+// waiting for), and the job's deadline. Tasks are /bin/sh one-liners.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <sstream>
 
 #include "dtrain/cluster/launcher.h"
@@ -111,6 +113,50 @@ TEST(Launcher, AProgramThatCannotRunIsAFailure) {
   EXPECT_NE(out.str().find("cannot run '/nonexistent/program'"), std::string::npos) << out.str();
   o.command.clear();
   EXPECT_THROW(launch(o), InvalidArgument);
+}
+
+TEST(Launcher, TheJobDeadlineStopsEveryTaskAndNamesTheOnesStillRunning) {
+  LaunchOptions o;
+  o.workers = 2;
+  o.timeout_seconds = 1;
+  Launched r = run(o, "exec sleep 1000");
+  EXPECT_EQ(r.result.exit_code, 124) << r.err;
+  EXPECT_TRUE(r.result.deadline_passed);
+  EXPECT_EQ(r.result.still_running, (std::vector<std::string>{"worker:0", "worker:1"}));
+  std::string last;
+  std::istringstream lines(r.err);
+  for (std::string line; std::getline(lines, line);) last = line;
+  EXPECT_EQ(last, "dtrain launch: failed: the job's deadline of 1 s passed; still running then: worker:0, worker:1")
+      << r.err;
+}
+
+TEST(Launcher, AStoppedTaskIsNamedAsTheCauseNotTheTaskThatGaveUpWaitingForIt) {
+  LaunchOptions o;
+  o.workers = 2;
+  o.timeout_seconds = 120;  // the test's own bound
+  // worker:0 stops itself (SIGSTOP); worker:1 gives up once it sees, in /proc, a sibling
+  // (a child of the launcher) that is stopped.
+  const std::string sibling_stopped = R"(sibling_stopped() {
+      for s in /proc/[0-9]*/status; do
+        ppid=; state=
+        while read -r key value rest; do
+          case $key in PPid:) ppid=$value;; State:) state=$value;; esac
+        done < "$s" 2>/dev/null
+        [ "$ppid" = "$PPID" ] && [ "$state" = T ] && return 0
+      done
+      return 1
+    })";
+  Launched r = run(o, sibling_stopped + "\nif " + kIsWorker1 +
+                          "; then until sibling_stopped; do :; done; echo gave up; exit 3; fi; kill -STOP $$");
+  EXPECT_EQ(r.result.exit_code, 1) << r.err;
+  EXPECT_EQ(r.result.failed_task, "worker:0") << r.err;
+  EXPECT_EQ(r.result.how, "was stopped by signal " + std::to_string(SIGSTOP) +
+                              " (SIGSTOP) and stopped answering (worker:1 exited with code 3 first)")
+      << r.err;
+  std::string last;
+  std::istringstream lines(r.err);
+  for (std::string line; std::getline(lines, line);) last = line;
+  EXPECT_EQ(last, "dtrain launch: failed: worker:0 " + r.result.how) << r.err;
 }
 
 TEST(Launcher, FreePortsAreDistinct) {

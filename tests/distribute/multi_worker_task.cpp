@@ -5,7 +5,8 @@
 // weights to OUT/<task>.safetensors for the parent test to compare with one process.
 // Options plant the failures the parent looks for: a task that kills itself mid-epoch or
 // stops (hangs), a task that builds a different model, workers whose own datasets differ
-// in length, workers reading their own record files. An error fails the test here with
+// in length, workers reading their own record files. With --seed it also saves the weights
+// as built from that seed, before any training. An error fails the test here with
 // its message, which the parent reads.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -34,6 +35,9 @@ struct Args {
   std::string mismatch_task;  // this task builds a wider second layer
   bool uneven = false;        // worker w trains on its own 5 - 2w batches (auto-shard OFF)
   int files = 0;              // trains on OUT/part-K.rec, K < files (auto-shard AUTO, so FILE)
+  // >= 0: set_random_seed(seed) first, layers without seeds of their own, and the weights
+  // as built saved to OUT/<task>.initial.safetensors.
+  long long seed = -1;
 };
 
 Args parse(int argc, char** argv) {
@@ -56,6 +60,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--mismatch-task") a.mismatch_task = v;
     else if (k == "--uneven") a.uneven = v == "1";
     else if (k == "--files") a.files = std::stoi(v);
+    else if (k == "--seed") a.seed = std::stoll(v);
     else throw std::invalid_argument("unknown option " + k);
   }
   return a;
@@ -84,6 +89,7 @@ void run(const Args& a) {
   if (a.communication == "ring") comm.implementation = distribute::CommunicationImplementation::RING;
   std::vector<std::string> devices;
   for (int r = 0; r < a.replicas; ++r) devices.push_back("/cpu:" + std::to_string(r));
+  if (a.seed >= 0) set_random_seed(static_cast<std::uint64_t>(a.seed));
   const cluster::TfConfig config = cluster::tf_config_from_environment();
   distribute::MultiWorkerMirroredStrategy strategy(config, comm, devices);
   const std::string task = config.task.to_string();
@@ -92,14 +98,19 @@ void run(const Args& a) {
   {
     auto scope = strategy.scope();
     model = std::make_unique<Sequential>();
-    // Worker-specific seeds: the chief's weights must reach every worker.
+    // Worker-specific seeds: the chief's weights must reach every worker. With --seed,
+    // none: the layers draw from the seed sequence, which must give one process's weights.
     const auto seed = static_cast<std::uint64_t>(strategy.worker_index()) * 100;
-    model->add<nn::Dense>(a.hidden, "relu", nn::DenseOptions{.seed = seed + 1});
-    model->add<nn::Dense>(a.hidden + (task == a.mismatch_task ? 1 : 0), "relu", nn::DenseOptions{.seed = seed + 2});
-    model->add<nn::Dense>(10, "softmax", nn::DenseOptions{.seed = seed + 3});
+    auto seeded = [&](std::uint64_t s) {
+      return a.seed >= 0 ? nn::DenseOptions{} : nn::DenseOptions{.seed = seed + s};
+    };
+    model->add<nn::Dense>(a.hidden, "relu", seeded(1));
+    model->add<nn::Dense>(a.hidden + (task == a.mismatch_task ? 1 : 0), "relu", seeded(2));
+    model->add<nn::Dense>(10, "softmax", seeded(3));
     model->compile("adam", "sparse_categorical_crossentropy", {"accuracy"});
     model->build(Shape{a.features});
   }
+  if (a.seed >= 0) model->save_weights(a.out + "/" + task + ".initial.safetensors");
   FitOptions fit;
   fit.batch_size = a.batch;
   fit.shuffle = false;

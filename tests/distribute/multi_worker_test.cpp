@@ -119,6 +119,18 @@ class MultiWorker : public testing::TempDirTest {
     return results;
   }
 
+  // The task's model with --seed: layers drawing from set_random_seed's sequence.
+  static std::unique_ptr<Sequential> unseeded_mlp(std::uint64_t seed) {
+    set_random_seed(seed);
+    auto model = std::make_unique<Sequential>();
+    model->add<nn::Dense>(kHidden, "relu");
+    model->add<nn::Dense>(kHidden, "relu");
+    model->add<nn::Dense>(10, "softmax");
+    model->compile("adam", "sparse_categorical_crossentropy", {"accuracy"});
+    model->build(Shape{kFeatures});
+    return model;
+  }
+
   static std::unique_ptr<Sequential> mlp(std::uint64_t seed = 0) {
     auto model = std::make_unique<Sequential>();
     model->add<nn::Dense>(kHidden, "relu", nn::DenseOptions{.seed = seed + 1});
@@ -353,6 +365,70 @@ TEST_F(MultiWorker, HungWorkerIsNamedByTheOthersWithinTheTimeout) {
   // The whole run (joining, five steps, the timeout and the roll call) ends within the
   // timeout plus 10 s of the hang, which comes within seconds of the start.
   EXPECT_LE(std::chrono::duration<double>(Clock::now() - start).count(), kTimeout + 10 + 5);
+}
+
+TEST_F(MultiWorker, InitialWeightsAreOneProcessWeightsFromTheSameSeed) {
+  // Layers without seeds of their own, one seed for the job: every worker, one or two of
+  // them, builds the bits one process builds from that seed.
+  const auto reference = unseeded_mlp(42);
+  std::vector<std::string> args = size_args();
+  args.insert(args.end(), {"--seed", "42", "--steps", "2"});
+  for (int workers : {1, 2}) {
+    const std::vector<TaskResult> results = run_cluster(workers, args);
+    for (const TaskResult& r : results) {
+      ASSERT_TRUE(r.exited_ok()) << describe(results);
+      auto initial = mlp();
+      initial->load_weights((dir_ / (r.task + ".initial.safetensors")).string());
+      EXPECT_EQ(relative_difference(*initial, *reference), 0.0) << r.task << " of " << workers;
+    }
+  }
+}
+
+// The stopped-chief runs: a short collective timeout, worker:0 stopping itself (SIGSTOP)
+// at its fifth step; its process serves the rendezvous store, which stops with it.
+std::vector<std::string> stopped_chief_args(std::vector<std::string> args) {
+  args.insert(args.end(), {"--steps", "200", "--timeout", "4", "--stop-task", "worker:0", "--kill-step", "5"});
+  return args;
+}
+
+TEST_F(MultiWorker, StoppedChiefIsNamedByTheOthersWithTheTimeItTook) {
+  const std::vector<TaskResult> results = run_cluster(3, stopped_chief_args(size_args()), {}, "worker:0");
+  ASSERT_EQ(results.size(), 3u);
+  int timed_out = 0;
+  for (const TaskResult& r : {results[1], results[2]}) {
+    EXPECT_TRUE(r.status >= 0 && WIFEXITED(r.status) && WEXITSTATUS(r.status) != 0) << describe(results);
+    // The roll call's request to the frozen store is bounded by the patience (2 s here),
+    // not by another timeout.
+    EXPECT_NE(r.log.find("not answering: worker:0 (it serves the rendezvous store, which did not answer within 2 s)"),
+              std::string::npos)
+        << describe(results);
+    timed_out += r.log.find("(no answer within the 4 s timeout, then the roll call)") != std::string::npos;
+  }
+  EXPECT_GE(timed_out, 1) << describe(results);
+}
+
+TEST_F(MultiWorker, LauncherNamesTheStoppedChiefNotTheFirstWorkerToGiveUp) {
+  cluster::LaunchOptions o;
+  o.workers = 3;
+  o.command = {DTRAIN_MULTI_WORKER_TASK, "--out", dir_.string()};
+  for (const std::string& a : stopped_chief_args(size_args())) o.command.push_back(a);
+  o.grace_seconds = 2;
+  o.timeout_seconds = 240;  // the test's own bound: it never comes near
+  std::ostringstream out, err;
+  o.out = &out;
+  o.err = &err;
+  const cluster::LaunchResult result = cluster::launch(o);
+  EXPECT_EQ(result.exit_code, 1) << err.str();
+  EXPECT_FALSE(result.deadline_passed) << err.str();
+  EXPECT_EQ(result.failed_task, "worker:0") << err.str() << out.str();
+  std::string last;
+  std::istringstream lines(err.str());
+  for (std::string line; std::getline(lines, line);) last = line;
+  EXPECT_EQ(last.rfind("dtrain launch: failed: worker:0 was stopped by signal " + std::to_string(SIGSTOP) +
+                           " (SIGSTOP) and stopped answering (worker:",
+                       0),
+            0u)
+      << err.str();
 }
 
 TEST_F(MultiWorker, WrongTokenIsRefused) {

@@ -434,6 +434,10 @@ int main(int argc, char** argv) {
     }
     if (*launch) {
       std::vector<std::string> command = launch->remaining();
+  launch->add_option("--timeout", launch_options.timeout_seconds,
+                     "The job's deadline in seconds: then every task is stopped, the ones still running are named "
+                     "and the exit code is 124 (default: none)")
+      ->check(CLI::Range(0.001, 1e9));
       // `dtrain launch ... fit CONFIG`: the tasks run this dtrain.
       if (!command.empty() && (command.front() == "fit" || command.front() == "evaluate" || command.front() == "probe-link"))
         command.insert(command.begin(), "/proc/self/exe");

@@ -49,6 +49,10 @@ std::string signal_name(int sig) {
     case SIGFPE: return "SIGFPE";
     case SIGILL: return "SIGILL";
     case SIGPIPE: return "SIGPIPE";
+    case SIGSTOP: return "SIGSTOP";
+    case SIGTSTP: return "SIGTSTP";
+    case SIGTTIN: return "SIGTTIN";
+    case SIGTTOU: return "SIGTTOU";
     default: return "signal " + std::to_string(sig);
   }
 }
@@ -60,6 +64,7 @@ struct Task {
   std::string partial;   // output after the last newline
   bool running = false;
   int status = 0;
+  int stopped_by = 0;    // the signal that stopped it (SIGSTOP, SIGTSTP, ...) while it is stopped
 };
 
 // Restores the launcher's signal handlers when launch() returns.
@@ -270,10 +275,40 @@ LaunchResult launch(const LaunchOptions& o) {
 
   using Clock = std::chrono::steady_clock;
   std::optional<Clock::time_point> stopping_since, all_ended_at;
+  const auto started = Clock::now();
+  // A task the kernel reports stopped when another fails is the cause: the others failed
+  // waiting for it (the first to fail is only the first to give up).
+  // Whether `t` (running) has just ended; notes a stop or a continue on the way.
+  auto poll_task = [](Task& t) {
+    int status = 0;
+    const pid_t r = waitpid(t.pid, &status, WNOHANG | WUNTRACED | WCONTINUED);
+    if (r == t.pid && WIFSTOPPED(status)) {
+      t.stopped_by = WSTOPSIG(status);
+      return false;
+    }
+    if (r == t.pid && WIFCONTINUED(status)) {
+      t.stopped_by = 0;
+      return false;
+    }
+    if (r == -1 && errno == ECHILD) status = 0;  // reaped elsewhere (SIGCHLD ignored): status unknown
+    else if (r != t.pid) return false;
+    t.running = false;
+    t.status = status;
+    return true;
+  };
+  auto stopped_task = [&]() -> const Task* {
+    for (const Task& t : tasks)
+      if (t.running && t.stopped_by && t.id.type != "ps") return &t;
+    return nullptr;
+  };
   // Signals go to each task's process group, also once the task itself has ended: what a
   // task started stops with it.
   auto stop_all = [&](int sig) {
-    for (Task& t : tasks) kill(-t.pid, sig);
+    for (Task& t : tasks) {
+      kill(-t.pid, sig);
+      // A stopped task acts on SIGTERM only once continued.
+      if (sig == SIGTERM && t.stopped_by) kill(-t.pid, SIGCONT);
+    }
   };
   auto trainers_running = [&] {
     for (const Task& t : tasks)
@@ -307,20 +342,37 @@ LaunchResult launch(const LaunchOptions& o) {
       stop_all(sig);
       if (!stopping_since) stopping_since = Clock::now();
     }
-    // Reap whoever ended.
+    // The job's deadline: every task is stopped, and the ones still running are named.
+    if (o.timeout_seconds > 0 && !stopping_since &&
+        std::chrono::duration<double>(Clock::now() - started).count() >= o.timeout_seconds) {
+      result.deadline_passed = true;
+      for (const Task& t : tasks)
+        if (t.running) result.still_running.push_back(t.id.to_string());
+      err << "dtrain launch: the job's deadline of " << o.timeout_seconds << " s passed; stopping every task\n";
+      stop_all(SIGTERM);
+      stopping_since = Clock::now();
+    }
+    // Reap whoever ended; note who was stopped or continued.
     for (Task& t : tasks) {
-      if (!t.running) continue;
-      int status = 0;
-      const pid_t r = waitpid(t.pid, &status, WNOHANG);
-      if (r == -1 && errno == ECHILD) status = 0;  // reaped elsewhere (SIGCHLD ignored): status unknown
-      else if (r != t.pid) continue;
-      t.running = false;
-      t.status = status;
-      if (failed(status) && result.failed_task.empty() && !(stopping_since && t.id.type == "ps")) {
+      if (!t.running || !poll_task(t)) continue;
+      if (failed(t.status) && result.failed_task.empty() && !(stopping_since && t.id.type == "ps")) {
         if (!stopping_since) {
-          result.failed_task = t.id.to_string();
-          result.how = describe(status);
-          err << "dtrain launch: " << result.failed_task << " " << result.how << "; stopping the other tasks\n";
+          // A task that stopped before this one gave up has been reported by now.
+          for (Task& other : tasks)
+            if (other.running) poll_task(other);
+          const int status = t.status;
+          if (const Task* stopped = stopped_task()) {
+            result.failed_task = stopped->id.to_string();
+            result.how = "was stopped by signal " + std::to_string(stopped->stopped_by) + " (" +
+                         signal_name(stopped->stopped_by) + ") and stopped answering (" + t.id.to_string() + " " +
+                         describe(status) + " first)";
+            err << "dtrain launch: " << t.id.to_string() << " " << describe(status) << "; " << result.failed_task
+                << " is stopped (" << signal_name(stopped->stopped_by) << "); stopping the other tasks\n";
+          } else {
+            result.failed_task = t.id.to_string();
+            result.how = describe(status);
+            err << "dtrain launch: " << result.failed_task << " " << result.how << "; stopping the other tasks\n";
+          }
           stop_all(SIGTERM);
           stopping_since = Clock::now();
         }
@@ -366,6 +418,14 @@ LaunchResult launch(const LaunchOptions& o) {
       if (r < 0) break;             // nothing left in the group
       if (r == 0) usleep(5000);     // still dying
     }
+  if (result.deadline_passed) {
+    result.exit_code = 124;  // as timeout(1)
+    std::string running;
+    for (const std::string& t : result.still_running) running += (running.empty() ? "" : ", ") + t;
+    err << "dtrain launch: failed: the job's deadline of " << o.timeout_seconds << " s passed; still running then: "
+        << (running.empty() ? "none" : running) << "\n";
+    return result;
+  }
   if (!result.failed_task.empty()) {
     result.exit_code = 1;
   } else {

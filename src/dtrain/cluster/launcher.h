@@ -5,7 +5,9 @@
 // line of its output is prefixed with its task ("[worker:1] ..."); SIGINT and SIGTERM are
 // passed on to every task. When a task fails (a non-zero exit or a signal), the others
 // are stopped (SIGTERM, then SIGKILL after a grace period) and the launcher says which
-// task failed first and how. Parameter servers run until the other tasks are done. Each
+// task failed first and how (or which task was stopped, SIGSTOP or a debugger, when the
+// others failed waiting for it). An optional job deadline stops every task and names the
+// ones still running. Parameter servers run until the other tasks are done. Each
 // task runs in its own process group, and signals go to the group, so what a task started
 // (a shell's children) stops with it.
 #pragma once
@@ -29,14 +31,22 @@ struct LaunchOptions {
   int threads_per_task = 0;
   // Seconds between SIGTERM and SIGKILL when stopping tasks.
   double grace_seconds = 5.0;
+  // The job's deadline, in seconds from the start (0: none). When it passes, every task is
+  // stopped as after a failure and the launcher says so, naming the tasks still running.
+  double timeout_seconds = 0;
   std::ostream* out = nullptr;  // the tasks' prefixed output; default std::cout
   std::ostream* err = nullptr;  // the launcher's own messages; default std::cerr
 };
 
 struct LaunchResult {
-  int exit_code = 0;        // 0 when every task succeeded
+  int exit_code = 0;        // 0 when every task succeeded; 124 when the deadline passed
   std::string failed_task;  // "worker:1", empty when none failed
-  std::string how;          // "exited with code 3", "was killed by signal 9 (SIGKILL)"
+  // "exited with code 3", "was killed by signal 9 (SIGKILL)", or for a task that the
+  // kernel reported stopped while the others failed, "was stopped by signal 19 (SIGSTOP)
+  // and stopped answering": a stopped task is the cause, whoever noticed it first.
+  std::string how;
+  bool deadline_passed = false;
+  std::vector<std::string> still_running;  // when the deadline passed
 };
 
 // The TF_CONFIG cluster for these tasks on 127.0.0.1 ports (from free_ports()).
