@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/cli/config.h"
+#include "dtrain/cli/fault.h"
 #include "dtrain/cluster/launcher.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/files.h"
@@ -199,10 +200,12 @@ std::vector<profile::ScaleRun> run_scales(const DoctorOptions& o, const TempDir&
     for (int r : o.replicas) {
       const std::string summary = (dir.path / ("scale-" + std::to_string(w) + "x" + std::to_string(r) + ".json")).string();
       out << "  running " << w << " worker(s) x " << r << " replica(s)...\n" << std::flush;
-      launch_or_throw(threads, {o.self, "fit", o.config, "--strategy", w > 1 ? "multi_worker" : "mirrored", "--replicas",
-                       std::to_string(r), "--batch-size", std::to_string(per_replica * w * r), "--epochs", "2",
-                       "--steps-per-epoch", std::to_string(o.steps), "--verbose", "0", "--summary", summary},
-                      w, "the run at " + std::to_string(w) + " worker(s) x " + std::to_string(r) + " replica(s)");
+      std::vector<std::string> fit{o.self, "fit", o.config, "--strategy", w > 1 ? "multi_worker" : "mirrored",
+                                   "--replicas", std::to_string(r), "--batch-size", std::to_string(per_replica * w * r),
+                                   "--epochs", "2", "--steps-per-epoch", std::to_string(o.steps), "--verbose", "0",
+                                   "--summary", summary};
+      if (!o.fault_slow.empty()) fit.insert(fit.end(), {"--fault-slow", o.fault_slow});
+      launch_or_throw(threads, fit, w, "the run at " + std::to_string(w) + " worker(s) x " + std::to_string(r) + " replica(s)");
       runs.push_back(scale_run_from_summary(summary));
     }
   }
@@ -265,6 +268,7 @@ std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& o
     for (int v : o.workers)
       if (v < 1) DTRAIN_THROW(InvalidArgument, "doctor: --workers values must be >= 1, got ", v);
   }
+  parse_fault_slow(o.fault_slow);  // a malformed one fails before any run
   const profile::WhatIf what_if = o.what_if.empty() ? profile::WhatIf{} : profile::parse_what_if(o.what_if);
 
   TempDir dir;

@@ -29,6 +29,7 @@ struct DoctorOptions {
   std::vector<std::string> runs;
   std::string what_if;  // "workers=16,link=10Gbit,latency=50us", each part optional
   std::string report;   // an HTML page to write
+  std::string fault_slow;  // testing: every run's fit --fault-slow (cli/fault.h)
 };
 
 // fit's step profile as `dtrain fit --summary` writes it under "profile": a row per

@@ -13,6 +13,7 @@
 
 #include "dtrain/cli/config.h"
 #include "dtrain/cli/doctor.h"
+#include "dtrain/cli/fault.h"
 #include "dtrain/cli/traces.h"
 #include "dtrain/cluster/launcher.h"
 #include "dtrain/core/allocator.h"
@@ -58,6 +59,7 @@ struct Overrides {
   int accumulation = -1;
   std::int64_t steps_per_epoch = 0;
   std::string save_weights, summary, weights, dtype_policy, strategy, profile;
+  std::string fault_slow;  // testing: worker:K:Fx (cli/fault.h)
   // multi_worker only
   std::string compression, communication;
   double collective_timeout = -1;
@@ -149,6 +151,7 @@ void prepare(const cli::RunConfig& c) {
 int run_fit(const std::string& path, const Overrides& o) {
   cli::RunConfig c = cli::load_config(path);
   apply(o, c);
+  const cli::FaultSlow fault = cli::parse_fault_slow(o.fault_slow);
   prepare(c);
   const auto wall_start = Clock::now();
   data::Classification d = cli::load_data(c);
@@ -194,6 +197,9 @@ int run_fit(const std::string& path, const Overrides& o) {
                           .verbose = c.verbose};
   if (c.data.pipeline) fit_options.steps_per_epoch = o.steps_per_epoch;
   if (!o.profile.empty()) fit_options.callbacks.push_back(std::make_shared<ProfilerCallback>(o.profile));
+  std::shared_ptr<cli::SlowWorker> slow;
+  if (fault.worker == (strategy ? strategy->worker_index() : 0))
+    fit_options.callbacks.push_back(slow = std::make_shared<cli::SlowWorker>(fault.factor));
   History h = c.data.pipeline ? model->fit(cli::build_pipeline(c, d.train), fit_options)
                               : model->fit(d.train.x, d.train.y, fit_options);
   Logs test;
@@ -234,6 +240,9 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["epoch_rss_mb"] = rss;  // resident memory after each epoch
     j["epoch_input_wait_seconds"] = h.input_wait_seconds;
     j["profile"] = cli::profile_json(h.profile_summary);
+    if (slow)
+      j["fault_slow"] = {{"worker", fault.worker}, {"factor", fault.factor}, {"batches_slowed", slow->batches_slowed()},
+                         {"seconds_added", slow->seconds_added()}};
     // What the doctor's what-if model needs to know of the gradients that cross the wire.
     std::vector<std::int64_t> numels;
     for (const Variable* v : model->trainable_variables()) numels.push_back(v->numel());
@@ -345,6 +354,10 @@ int main(int argc, char** argv) {
                   "writes NAME.worker-K.json");
   fit->add_option("--verbose", o.verbose, "0 silent, 1 progress bar, 2 one line per epoch (default: auto)")
       ->check(CLI::Range(0, 2));
+  fit->add_option("--fault-slow", o.fault_slow,
+                  "Testing: make worker K's training steps take F times as long (worker:K:Fx), a straggler for the "
+                  "doctor to find")
+      ->group("Testing");
   fit->add_option("--steps-per-epoch", o.steps_per_epoch,
                   "Steps per epoch: the first N global batches of in-memory data, or N batches of the pipeline")
       ->check(CLI::Range(std::int64_t{1}, INT64_MAX));
@@ -373,6 +386,9 @@ int main(int argc, char** argv) {
   doctor->add_option("--what-if", doctor_options.what_if,
                      "Predict another scale or link: workers=16,link=10Gbit,latency=50us (each part optional)");
   doctor->add_option("--report", doctor_options.report, "Write the study as one self-contained HTML page here");
+  doctor->add_option("--fault-slow", doctor_options.fault_slow,
+                     "Testing: passed to every run's fit (worker:K:Fx), to see a planted straggler diagnosed")
+      ->group("Testing");
   std::string probe_output;
   CLI::App* probe = app.add_subcommand(
       "probe-link", "Measure the link between workers (run one per worker: dtrain launch --workers 2 probe-link)");

@@ -11,7 +11,6 @@
 #include <regex>
 #include <set>
 #include <sstream>
-#include <thread>
 
 #include "dtrain/core/clock.h"
 #include "dtrain/core/files.h"
@@ -334,23 +333,6 @@ std::vector<std::string> describe(const Sequential& model) {
   return out;
 }
 
-// DTRAIN_FAULT_SLOW=worker:K:Fx (for tests of the diagnosis): under a strategy, worker
-// K's replicas take F times as long for forward and backward (they sleep the extra time
-// after backward). 1 where unset or naming another worker.
-double fault_slowdown(int worker) {
-  const char* env = std::getenv("DTRAIN_FAULT_SLOW");
-  if (!env || !*env) return 1.0;
-  int k = -1;
-  double factor = 0;
-  char x = 0;
-  int used = 0;
-  if (std::sscanf(env, "worker:%d:%lf%c%n", &k, &factor, &x, &used) != 3 || x != 'x' || env[used] != '\0' || k < 0 ||
-      !(factor >= 1.0 && factor <= 1000.0))
-    DTRAIN_THROW(InvalidArgument, "DTRAIN_FAULT_SLOW='", env,
-                 "': expected worker:INDEX:FACTORx with a factor from 1 to 1000, e.g. worker:1:3x");
-  return k == worker ? factor : 1.0;
-}
-
 void check_fit_options(const FitOptions& opt) {
   if (opt.gradient_accumulation_steps < 1)
     DTRAIN_THROW(InvalidArgument, "fit: gradient_accumulation_steps must be >= 1, got ", opt.gradient_accumulation_steps);
@@ -407,8 +389,8 @@ History Sequential::fit(const data::Dataset& dataset, const FitOptions& opt) {
 // produces them, and the replicas then update their shares of the shared variables.
 class Sequential::Trainer {
  public:
-  Trainer(Sequential& model, int accumulation_steps, profile::Profiler& profiler, double slowdown)
-      : model_(model), k_(accumulation_steps), profiler_(profiler), slowdown_(slowdown) {}
+  Trainer(Sequential& model, int accumulation_steps, profile::Profiler& profiler)
+      : model_(model), k_(accumulation_steps), profiler_(profiler) {}
 
   // Adds the batch's loss and metrics to loss_mean and the model's metrics. Multi-worker:
   // x is the global batch (every worker takes its rows), or with global_rows >= 0 this
@@ -548,7 +530,6 @@ class Sequential::Trainer {
           // The replicas' gradients then add up to the gradient of the global batch's mean.
           tape.gradient(scale(loss, (mean_loss ? static_cast<float>(end - begin) : 1.0f) * scale_by), vars_,
                         [&](std::size_t i, const Tensor& g) { reducer_->gradient_ready(r, i, g); });
-          if (slowdown_ > 1.0) std::this_thread::sleep_for((slowdown_ - 1.0) * (Clock::now() - start));
         }
         // Buckets summed on the way count as communication (the reducer's own record).
         track.add(profile::Phase::backward, forward_end, Clock::now());
@@ -612,7 +593,6 @@ class Sequential::Trainer {
   Sequential& model_;
   int k_;
   profile::Profiler& profiler_;
-  double slowdown_;  // DTRAIN_FAULT_SLOW's factor for this worker
   std::vector<profile::Track*> tracks_;  // [replica]
   std::int64_t micro_ = 0;
   std::vector<Variable*> vars_;
@@ -655,7 +635,7 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   profile::Track& loop = profiler.loop();
   // Variables made by a lazy build belong to the model's strategy, as in Keras.
   dtrain::detail::ScopedStrategy in_scope(strategy_);
-  Trainer trainer(*this, opt.gradient_accumulation_steps, profiler, fault_slowdown(worker));
+  Trainer trainer(*this, opt.gradient_accumulation_steps, profiler);
   const bool own_batches = workers > 1 && source.per_worker();
   // The validation pipeline this worker runs, found out now rather than after an epoch.
   std::optional<data::WorkerShard> validation;

@@ -83,31 +83,34 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
                        ms(step - s.input) + format(" (%.2fx the samples/s)", step / std::max(step - s.input, 1e-12))});
 
   // What the others wait for a straggler shows as their communication; it is the
-  // straggler's finding, not the link's.
+  // straggler's finding, not the link's. A worker's own time is its step less its waits
+  // for the others (communication, straggler wait): compute, but also its input, its
+  // optimizer and whatever else slows it (other load on its machine).
   double straggler_excess = 0;
   if (big->rows.size() > 1) {
     std::vector<StepSeconds> seconds;
-    std::vector<double> compute;
+    std::vector<double> own;
     for (const WorkerSummary& w : big->rows) {
       seconds.push_back(step_seconds(w));
-      compute.push_back(seconds.back().compute());
+      own.push_back(seconds.back().own());
     }
-    const double median = dtrain::median(compute);
-    const double fastest = *std::min_element(compute.begin(), compute.end());
-    for (std::size_t k = 0; k < compute.size(); ++k) {
-      if (median <= 0 || compute[k] <= 1.2 * median) continue;
-      straggler_excess = std::max(straggler_excess, compute[k] - fastest);
+    const double median = dtrain::median(own);
+    const double fastest = *std::min_element(own.begin(), own.end());
+    for (std::size_t k = 0; k < own.size(); ++k) {
+      if (median <= 0 || own[k] <= 1.2 * median) continue;
+      straggler_excess = std::max(straggler_excess, own[k] - fastest);
       double others_wait = 0;
-      for (std::size_t j = 0; j < compute.size(); ++j)
+      for (std::size_t j = 0; j < own.size(); ++j)
         if (j != k) others_wait = std::max(others_wait, seconds[j].straggler + seconds[j].comm);
       out.push_back({"straggler",
-                     "worker:" + std::to_string(k) + " computes " + ms(compute[k]) + " per step, " +
-                         format("%.1fx", compute[k] / median) + " the median worker's " + ms(median) + " (the fastest: " + ms(fastest) + ")" +
-                         "; the others wait up to " + ms(others_wait) + " per step in communication for it " + where,
+                     "worker:" + std::to_string(k) + " works " + ms(own[k]) + " per step (compute " +
+                         ms(seconds[k].compute()) + "), " + format("%.1fx", own[k] / median) + " the median worker's " +
+                         ms(median) + " (the fastest: " + ms(fastest) + ")" + "; the others wait up to " +
+                         ms(others_wait) + " per step in communication for it " + where,
                      "find what slows worker:" + std::to_string(k) +
                          " (other load on its machine, fewer or slower cores, its input); every synchronous step "
                          "runs at the slowest worker's pace. At the median's pace a step would take about " +
-                         ms(s.step - (compute[k] - median))});
+                         ms(s.step - (own[k] - median))});
     }
   }
 

@@ -38,6 +38,8 @@ struct StepSeconds {
   double step = 0, input = 0, start = 0, forward = 0, backward = 0, comm = 0, straggler = 0, optimizer = 0;
   double transfer = 0, bytes = 0;
   double compute() const { return forward + backward; }
+  // The step less its waits for other workers: what this worker itself took.
+  double own() const { return std::max(0.0, step - comm - straggler); }
   // The step's time in its phases, and what is left of the step beyond them (never negative).
   double accounted() const { return input + start + compute() + comm + straggler + optimizer; }
   double other() const { return std::max(0.0, step - accounted()); }
@@ -55,9 +57,10 @@ struct Finding {
 std::string scaling_table(const std::vector<ScaleRun>& runs);
 
 // Findings for the runs, most important first: input-bound (input wait >= 10% of the
-// step), straggler (a worker computing > 20% slower than the median, named), too little
-// work per replica (compute below communication and start-up), communication-bound
-// (exposed communication >= 25%), optimizer-bound (optimizer >= 25%). Judged on the run
+// step), straggler (a worker whose own time, its step less its waits for the others, is
+// > 20% above the median, named), too little work per replica (compute below
+// communication and start-up), communication-bound (exposed communication >= 25%),
+// optimizer-bound (optimizer >= 25%). Judged on the run
 // with the most replicas in sync; empty when nothing stands out.
 std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs);
 
