@@ -223,6 +223,56 @@ TEST_F(Cli, FaultSlowIsACallbackOnTheNamedWorkerOnly) {
   EXPECT_EQ(r.code, 0) << r.output;
 }
 
+TEST_F(Cli, ADivergingRunStopsAtTheFirstNonFiniteStepAndTheSummaryRecordsIt) {
+  // A learning rate far too large: the weights overflow within a few steps.
+  auto diverging = [&](const std::string& name, const std::string& extra) {
+    return write(name, R"({
+      "model": {"input_shape": [8], "layers": [
+        {"class_name": "Dense", "config": {"units": 16, "activation": "relu"}},
+        {"class_name": "Dense", "config": {"units": 3}}]},
+      "loss": {"name": "sparse_categorical_crossentropy", "from_logits": true},
+      "optimizer": {"name": "sgd", "learning_rate": 1e30},
+      "data": {"source": "synthetic", "samples": 600, "test_samples": 200, "features": 8, "classes": 3},
+      "epochs": 3, "batch_size": 32, "seed": 4)" + extra + "}");
+  };
+  const std::string cfg = diverging("diverging.json", "");
+  const auto s = (dir_ / "s.json").string(), w = (dir_ / "w.safetensors").string();
+  Result r = run("fit " + cfg + " --verbose 2 --summary " + s + " --save-weights " + w);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("TerminateOnNaN: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dtrain: error: " + cfg + ": training stopped: "), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(w));  // weights that are not finite are not saved
+  const auto j = nlohmann::json::parse(std::ifstream(s));
+  ASSERT_TRUE(j["non_finite"].is_object()) << j.dump();
+  EXPECT_TRUE(j["non_finite"]["terminated"].get<bool>());
+  const int epoch = j["non_finite"]["epoch"].get<int>();
+  EXPECT_EQ(j["history"]["loss"].size(), static_cast<std::size_t>(epoch + 1));
+  // The epoch's line shows it: the loss as nan or inf, or the weights as not finite.
+  const std::string head = "Epoch " + std::to_string(epoch + 1) + "/3\n";
+  const std::size_t at = r.output.find(head);
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::size_t step = r.output.find("ms/step", at);
+  ASSERT_NE(step, std::string::npos) << r.output;
+  const std::size_t from = r.output.rfind('\n', step) + 1;
+  const std::string line = r.output.substr(from, r.output.find('\n', step) - from);
+  EXPECT_TRUE(line.find("loss: nan") != std::string::npos || line.find("loss: inf") != std::string::npos ||
+              line.find("weights: not finite") != std::string::npos)
+      << line;
+
+  // Without TerminateOnNaN it trains on, as Keras does; the summary still says where.
+  r = run("fit " + diverging("on.json", R"(, "terminate_on_nan": false)") + " --verbose 0 --summary " + s);
+  EXPECT_EQ(r.code, 0) << r.output;
+  const auto on = nlohmann::json::parse(std::ifstream(s));
+  ASSERT_TRUE(on["non_finite"].is_object()) << on.dump();
+  EXPECT_FALSE(on["non_finite"]["terminated"].get<bool>());
+  EXPECT_EQ(on["non_finite"]["epoch"], j["non_finite"]["epoch"]);
+  EXPECT_EQ(on["non_finite"]["batch"], j["non_finite"]["batch"]);
+  EXPECT_EQ(on["history"]["loss"].size(), 3u);
+  // A run that stays finite says so.
+  ASSERT_EQ(run("fit " + tiny_config() + " --epochs 1 --verbose 0 --summary " + s).code, 0);
+  EXPECT_TRUE(nlohmann::json::parse(std::ifstream(s))["non_finite"].is_null());
+}
+
 TEST_F(Cli, ProbeLinkMeasuresTheLinkBetweenWorkers) {
   const auto out = (dir_ / "link.json").string();
   Result r = run("launch --workers 2 probe-link --output " + out);

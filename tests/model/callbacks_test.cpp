@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
+#include <optional>
 #include <fstream>
 #include <sstream>
 
@@ -148,6 +151,116 @@ TEST_F(Fixture, InitialEpochResumesNumbering) {
   m.compile("sgd", "sparse_categorical_crossentropy", {}, true);
   History h = m.fit(d.x, d.y, {.epochs = 5, .initial_epoch = 3, .verbose = 0});
   EXPECT_EQ(h.epoch, (std::vector<int>{3, 4}));
+}
+
+// Whether every weight of the model is finite.
+bool weights_finite(const Sequential& model) {
+  for (Variable* v : model.variables())
+    for (float f : v->value().to_vector())
+      if (!std::isfinite(f)) return false;
+  return true;
+}
+
+TEST_F(Fixture, TerminateOnNaNStopsAtTheBatchWithANaNInput) {
+  // Row 70 is in batch 2 (0-based) of the unshuffled first epoch; tanh passes the NaN on
+  // to the loss.
+  d.x.data<float>()[70 * 6 + 3] = std::numeric_limits<float>::quiet_NaN();
+  m.compile(std::make_shared<optim::SGD>(0.1f), std::make_shared<losses::SparseCategoricalCrossentropy>(true));
+  std::ostringstream said, progress;
+  auto stop = std::make_shared<TerminateOnNaN>(&said);
+  std::int64_t batches = 0;
+  auto count = std::make_shared<LambdaCallback>();
+  count->batch_end = [&](std::int64_t, const Logs&) { ++batches; };
+  History h = m.fit(d.x, d.y, {.epochs = 3, .batch_size = 32, .shuffle = false, .callbacks = {count, stop},
+                               .verbose = 2, .out = &progress});
+  ASSERT_TRUE(stop->stopped_at().has_value());
+  EXPECT_EQ(stop->stopped_at()->epoch, 0);
+  EXPECT_EQ(stop->stopped_at()->batch, 2);
+  EXPECT_EQ(stop->stopped_at()->what, "loss");
+  EXPECT_EQ(batches, 3);  // no batch after it
+  ASSERT_EQ(h.epoch.size(), 1u);
+  EXPECT_TRUE(std::isnan(h.history["loss"][0]));
+  ASSERT_TRUE(h.non_finite.has_value());
+  EXPECT_EQ(h.non_finite->batch, 2);
+  EXPECT_NE(said.str().find("TerminateOnNaN: the loss was nan at epoch 1, batch 3; terminating training"),
+            std::string::npos) << said.str();
+  // The epoch's line shows the NaN rather than hiding it.
+  EXPECT_NE(progress.str().find("3/4 - "), std::string::npos) << progress.str();
+  EXPECT_NE(progress.str().find("loss: nan"), std::string::npos) << progress.str();
+}
+
+TEST_F(Fixture, TerminateOnNaNStopsAtTheFirstNonFiniteStepOfADivergingRun) {
+  // A linear regression whose learning rate is far too large: each step multiplies the
+  // error, until it overflows. The batch it stops at is the first whose loss or updated
+  // weights a callback before it saw as non-finite.
+  Sequential r;
+  r.add<nn::Dense>(1, "", nn::DenseOptions{.seed = 3});
+  r.compile(std::make_shared<optim::SGD>(20.0f), std::make_shared<losses::MeanSquaredError>());
+  const Tensor y = Tensor::from_vector(Shape{128, 1}, std::vector<float>(128, 1.0f));
+  std::optional<std::pair<int, std::int64_t>> first;
+  int epoch_now = 0;
+  std::int64_t after = 0;
+  auto watch = std::make_shared<LambdaCallback>();
+  watch->epoch_begin = [&](int e, const Logs&) { epoch_now = e; };
+  watch->batch_end = [&](std::int64_t b, const Logs& logs) {
+    if (first) ++after;
+    else if (!std::isfinite(logs.at("loss")) || !weights_finite(r)) first = std::make_pair(epoch_now, b);
+  };
+  auto stop = std::make_shared<TerminateOnNaN>(nullptr);
+  History h = r.fit(d.x, y, {.epochs = 20, .batch_size = 16, .callbacks = {watch, stop}, .verbose = 0});
+  ASSERT_TRUE(first.has_value()) << "the run did not diverge";
+  ASSERT_TRUE(stop->stopped_at().has_value());
+  EXPECT_EQ(stop->stopped_at()->epoch, first->first);
+  EXPECT_EQ(stop->stopped_at()->batch, first->second);
+  EXPECT_EQ(after, 0);
+  EXPECT_EQ(h.epoch.size(), static_cast<std::size_t>(first->first + 1));
+  ASSERT_TRUE(r.non_finite().has_value());
+  EXPECT_EQ(r.non_finite()->batch, first->second);
+}
+
+TEST_F(Fixture, ANonFiniteStepIsRecordedEvenWithoutTerminateOnNaN) {
+  // As in Keras, training goes on without the callback; the history says where it went
+  // wrong and every later line shows it.
+  d.x.data<float>()[5] = std::numeric_limits<float>::infinity();
+  m.compile(std::make_shared<optim::SGD>(0.1f), std::make_shared<losses::SparseCategoricalCrossentropy>(true));
+  std::ostringstream progress;
+  History h = m.fit(d.x, d.y, {.epochs = 2, .batch_size = 32, .shuffle = false, .verbose = 2, .out = &progress});
+  EXPECT_EQ(h.epoch.size(), 2u);
+  ASSERT_TRUE(h.non_finite.has_value());
+  EXPECT_EQ(h.non_finite->epoch, 0);
+  EXPECT_EQ(h.non_finite->batch, 0);
+  EXPECT_FALSE(std::isfinite(h.history["loss"][1])) << progress.str();
+  EXPECT_EQ(progress.str().find("loss: 0."), std::string::npos) << progress.str();
+}
+
+TEST(NonFinite, AReluThatHidesANaNFromTheLossLeavesItInTheWeights) {
+  // relu(NaN) is 0 in the forward pass, so the loss stays finite, but the kernel's
+  // gradient x^T dy carries the NaN into the weights: the check after the update sees it.
+  data::Split d = data::make_synthetic(64, 4, 2, 1, data::SyntheticLabels::teacher);
+  d.x.data<float>()[9] = std::numeric_limits<float>::quiet_NaN();  // row 2, batch 0
+  Sequential m;
+  m.add<nn::Dense>(8, "relu", nn::DenseOptions{.seed = 1});
+  m.add<nn::Dense>(2, "", nn::DenseOptions{.seed = 2});
+  m.compile(std::make_shared<optim::SGD>(0.1f), std::make_shared<losses::SparseCategoricalCrossentropy>(true));
+  std::ostringstream progress;
+  History h = m.fit(d.x, d.y, {.epochs = 1, .batch_size = 32, .shuffle = false, .verbose = 2, .out = &progress});
+  ASSERT_TRUE(h.non_finite.has_value());
+  EXPECT_EQ(h.non_finite->what, "weights");
+  EXPECT_EQ(h.non_finite->batch, 0);
+  EXPECT_TRUE(std::isfinite(h.history["loss"][0]));
+  // The epoch's line says so beside the loss.
+  EXPECT_NE(progress.str().find("weights: not finite since epoch 1, batch 1"), std::string::npos) << progress.str();
+  EXPECT_NE(h.non_finite->to_string().find("the weights became non-finite at epoch 1, batch 1"), std::string::npos)
+      << h.non_finite->to_string();
+}
+
+TEST_F(Fixture, FiniteTrainingRecordsNothing) {
+  m.compile(std::make_shared<optim::SGD>(0.1f), std::make_shared<losses::SparseCategoricalCrossentropy>(true));
+  auto stop = std::make_shared<TerminateOnNaN>(nullptr);
+  History h = m.fit(d.x, d.y, {.epochs = 2, .batch_size = 32, .callbacks = {stop}, .verbose = 0});
+  EXPECT_EQ(h.epoch.size(), 2u);
+  EXPECT_FALSE(h.non_finite.has_value());
+  EXPECT_FALSE(stop->stopped_at().has_value());
 }
 
 }  // namespace

@@ -447,7 +447,7 @@ RunConfig load_config(const std::string& path) {
     const JsonReader r(doc, "");
     r.expect_keys({"model", "loss", "optimizer", "metrics", "data", "epochs", "batch_size", "seed", "threads",
                    "validation_split", "shuffle", "verbose", "dtype_policy", "strategy", "replicas",
-                   "gradient_accumulation_steps"});
+                   "gradient_accumulation_steps", "terminate_on_nan"});
     c.model_json = normalized_model(r.child("model"));
     c.loss_json = r.child("loss").raw();
     c.optimizer_json = r.has("optimizer") ? r.child("optimizer").raw() : json("adam");
@@ -480,6 +480,7 @@ RunConfig load_config(const std::string& path) {
     c.strategy = r.get_string("strategy", "default");
     c.replicas = r.get_int32("replicas", 0, 0, 4096);
     c.gradient_accumulation_steps = r.get_int32("gradient_accumulation_steps", 1, 1, 1'000'000);
+    c.terminate_on_nan = r.get_bool("terminate_on_nan", true);
     try {
       check_strategy(c.strategy, c.replicas);
     } catch (const InvalidArgument& e) {

@@ -60,6 +60,9 @@ struct RunConfig {
   std::string strategy = "default";
   int replicas = 0;
   int gradient_accumulation_steps = 1;
+  // fit ends at the first batch whose loss or weights are not finite (TerminateOnNaN);
+  // false trains on, as Keras does without the callback. The summary records it either way.
+  bool terminate_on_nan = true;
 };
 
 // Checks a strategy name and replica count; the message says what is expected.

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -197,19 +198,24 @@ int run_fit(const std::string& path, const Overrides& o) {
                           .verbose = c.verbose};
   if (c.data.pipeline) fit_options.steps_per_epoch = o.steps_per_epoch;
   if (!o.profile.empty()) fit_options.callbacks.push_back(std::make_shared<ProfilerCallback>(o.profile));
+  // A run whose loss or weights stop being finite cannot recover: end it there (the
+  // config's "terminate_on_nan": false trains on, as Keras does without the callback).
+  std::shared_ptr<TerminateOnNaN> terminate;
+  if (c.terminate_on_nan) fit_options.callbacks.push_back(terminate = std::make_shared<TerminateOnNaN>(&std::cout));
   std::shared_ptr<cli::SlowWorker> slow;
   if (fault.worker == (strategy ? strategy->worker_index() : 0))
     fit_options.callbacks.push_back(slow = std::make_shared<cli::SlowWorker>(fault.factor));
   History h = c.data.pipeline ? model->fit(cli::build_pipeline(c, d.train), fit_options)
                               : model->fit(d.train.x, d.train.y, fit_options);
+  const bool stopped = terminate && terminate->stopped_at();
   Logs test;
-  if (d.test.x.defined()) {
+  if (d.test.x.defined() && !stopped) {
     test = model->evaluate(d.test.x, d.test.y, {.batch_size = std::max<std::int64_t>(c.batch_size, 256)});
     std::string line = "test:";
     for (const auto& [k, v] : test.items()) line += " " + k + " " + std::to_string(v);
     std::printf("%s\n", line.c_str());
   }
-  if (!o.save_weights.empty() && chief) {
+  if (!o.save_weights.empty() && chief && !stopped) {
     model->save_weights(o.save_weights);
     std::printf("weights saved to %s\n", o.save_weights.c_str());
   }
@@ -240,6 +246,17 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["epoch_rss_mb"] = rss;  // resident memory after each epoch
     j["epoch_input_wait_seconds"] = h.input_wait_seconds;
     j["profile"] = cli::profile_json(h.profile_summary);
+    // The first step whose loss or weights were not finite (0-based, as in history), and
+    // whether TerminateOnNaN ended training there.
+    j["non_finite"] = h.non_finite ? json{{"epoch", h.non_finite->epoch},
+                                          {"batch", h.non_finite->batch},
+                                          {"what", h.non_finite->what},
+                                          {"loss", std::isfinite(h.non_finite->loss) ? json(h.non_finite->loss)
+                                                                                     : json(std::isnan(h.non_finite->loss) ? "nan"
+                                                                                     : h.non_finite->loss > 0 ? "inf"
+                                                                                                              : "-inf")},
+                                          {"terminated", stopped}}
+                                   : json(nullptr);
     if (slow)
       j["fault_slow"] = {{"worker", fault.worker}, {"factor", fault.factor}, {"batches_slowed", slow->batches_slowed()},
                          {"seconds_added", slow->seconds_added()}};
@@ -273,6 +290,10 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["spare_core"] = host_threads < available_cores();
     write_json(o.summary, j);
   }
+  if (stopped)
+    DTRAIN_THROW(InvalidArgument, path, ": training stopped: ", terminate->stopped_at()->to_string(),
+                 "; no test figures or weights were written (a learning rate too large for the data, or a NaN or "
+                 "Inf in the inputs?)");
   return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
+#include <sstream>
 
 #include "dtrain/model/sequential.h"
 
@@ -12,6 +13,46 @@ namespace dtrain {
 void History::on_epoch_end(int e, const Logs& logs) {
   epoch.push_back(e);
   for (const auto& [k, v] : logs.items()) history[k].push_back(v);
+}
+
+namespace {
+
+std::string number(double v) {
+  if (std::isnan(v)) return "nan";
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
+}  // namespace
+
+std::string NonFinite::to_string() const {
+  const std::string when = batch < 0 ? "at the end of epoch " + std::to_string(epoch + 1)
+                                     : "at epoch " + std::to_string(epoch + 1) + ", batch " + std::to_string(batch + 1);
+  if (what == "weights") return "the weights became non-finite " + when + " (a NaN or Inf gradient), with the loss " + number(loss);
+  return "the loss was " + number(loss) + " " + when;
+}
+
+void TerminateOnNaN::on_train_begin(const Logs&) { stopped_.reset(); }
+
+void TerminateOnNaN::on_train_batch_end(std::int64_t batch, const Logs& logs) {
+  if (stopped_) return;
+  if (model_ && model_->non_finite()) return stop(*model_->non_finite());
+  if (logs.contains("loss") && !std::isfinite(logs.at("loss"))) stop({epoch_, batch, "loss", logs.at("loss")});
+}
+
+// Under several workers a worker's own batches may all be finite while the merged
+// epoch loss is not; every worker sees that here and stops with the others.
+void TerminateOnNaN::on_epoch_end(int epoch, const Logs& logs) {
+  if (stopped_) return;
+  if (model_ && model_->non_finite()) return stop(*model_->non_finite());
+  if (logs.contains("loss") && !std::isfinite(logs.at("loss"))) stop({epoch, -1, "loss", logs.at("loss")});
+}
+
+void TerminateOnNaN::stop(const NonFinite& at) {
+  stopped_ = at;
+  if (model_) model_->stop_training = true;
+  if (out_) *out_ << "TerminateOnNaN: " << at.to_string() << "; terminating training\n" << std::flush;
 }
 
 EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(options)) {

@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,6 +19,17 @@
 namespace dtrain {
 
 class Sequential;
+
+// The first training step at which fit() saw a loss that was not finite, or weights that
+// an update had made non-finite (a NaN or Inf gradient, or a step that overflowed).
+// Indexes are 0-based, as callbacks get them.
+struct NonFinite {
+  int epoch = 0;
+  std::int64_t batch = 0;
+  std::string what;  // "loss" or "weights"
+  double loss = 0;   // the running mean of the epoch's loss at that step
+  std::string to_string() const;  // "the loss was nan at epoch 2, batch 8" (1-based, as printed)
+};
 
 class Callback {
  public:
@@ -51,6 +63,8 @@ class History : public Callback {
   // Over the epochs after the first (all of training when there was one), a row per
   // worker (every worker gets every row): what fit's end-of-training table shows.
   std::vector<profile::WorkerSummary> profile_summary;
+  // The first step whose loss or weights were not finite; empty when every one was.
+  std::optional<NonFinite> non_finite;
 };
 
 // Keeps a trace of every phase of fit's first `max_steps` steps on every thread
@@ -103,6 +117,28 @@ class EarlyStopping : public Callback {
   int wait_ = 0;
   int stopped_epoch_ = -1;
   std::vector<Tensor> best_weights_;
+};
+
+// Keras's TerminateOnNaN: ends fit() at the batch whose loss is NaN or Inf, or after
+// which the weights are (fit checks them after every step, so a non-finite gradient that
+// a ReLU hides from the loss is caught too). Says so on `out` (null: silent). On one
+// worker training stops after that batch; under several workers at the end of that epoch,
+// where every worker has the same merged figures, so that they all stop together.
+class TerminateOnNaN : public Callback {
+ public:
+  explicit TerminateOnNaN(std::ostream* out = &std::cout) : out_(out) {}
+  void on_train_begin(const Logs& logs) override;
+  void on_epoch_begin(int epoch, const Logs& /*logs*/) override { epoch_ = epoch; }
+  void on_train_batch_end(std::int64_t batch, const Logs& logs) override;
+  void on_epoch_end(int epoch, const Logs& logs) override;
+  // Where training was stopped; empty when it was not.
+  const std::optional<NonFinite>& stopped_at() const { return stopped_; }
+
+ private:
+  void stop(const NonFinite& at);
+  std::ostream* out_;
+  int epoch_ = 0;
+  std::optional<NonFinite> stopped_;
 };
 
 // Sets the optimizer's learning rate at the start of each epoch to schedule(epoch, lr).

@@ -20,7 +20,9 @@ std::string format_logs(const Logs& logs) {
   std::string s;
   char buf[64];
   for (const auto& [k, v] : logs.items()) {
-    std::snprintf(buf, sizeof buf, "%.4f", v);
+    // glibc writes a NaN with its sign bit as "-nan"; a NaN has no sign worth reporting.
+    if (std::isnan(v)) std::snprintf(buf, sizeof buf, "nan");
+    else std::snprintf(buf, sizeof buf, "%.4f", v);
     s += " - " + k + ": " + buf;
   }
   return s;
@@ -48,7 +50,7 @@ void Progress::update(std::int64_t step, const Logs& logs) {
   if (step != steps_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
   if (steps_ < 0) {  // unknown length: a counter instead of a bar
     out_ << "\r" << step << "/Unknown - " << format_duration(std::chrono::duration<double>(now - start_).count())
-         << format_logs(logs) << std::flush;
+         << format_logs(logs) << note_ << std::flush;
     last_draw_ = now;
     return;
   }
@@ -72,7 +74,7 @@ void Progress::bar_line(std::int64_t step, const Logs& logs, bool final, double 
     const double eta = step ? seconds / step * (steps_ - step) : 0;
     line << " - ETA: " << format_duration(eta);
   }
-  line << format_logs(logs);
+  line << format_logs(logs) << note_;
   out_ << line.str() << (final ? "\n" : "") << std::flush;
 }
 
@@ -82,7 +84,7 @@ void Progress::epoch_end(const Logs& logs, double seconds, std::int64_t steps_do
     bar_line(steps_done, logs, true, seconds);
   } else if (verbose_ == 2) {
     out_ << steps_done << "/" << steps_ << " - " << format_duration(seconds) << " - "
-         << std::lround(steps_done ? seconds * 1000 / steps_done : 0) << "ms/step" << format_logs(logs) << "\n"
+         << std::lround(steps_done ? seconds * 1000 / steps_done : 0) << "ms/step" << format_logs(logs) << note_ << "\n"
          << std::flush;
   }
 }

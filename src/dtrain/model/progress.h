@@ -22,6 +22,8 @@ class Progress {
   void epoch_begin(int epoch, int epochs);
   void update(std::int64_t step, const Logs& logs);  // step is 1-based
   void epoch_end(const Logs& logs, double seconds, std::int64_t steps_done);
+  // Appended to every later line, e.g. that the weights are no longer finite.
+  void set_note(std::string note) { note_ = " - " + std::move(note); }
 
  private:
   void bar_line(std::int64_t step, const Logs& logs, bool final, double seconds);
@@ -29,8 +31,10 @@ class Progress {
   int verbose_;
   std::int64_t steps_;
   std::chrono::steady_clock::time_point start_, last_draw_;
+  std::string note_;
 };
 
+// " - loss: 0.1234 - accuracy: 0.9000"; a value that is not finite as nan, inf or -inf.
 std::string format_logs(const Logs& logs);
 std::string format_duration(double seconds);
 

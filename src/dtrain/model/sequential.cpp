@@ -1,7 +1,9 @@
 // Sequential: layer stack, compile, the fit loop, evaluation, prediction and summary.
 #include "dtrain/model/sequential.h"
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -333,6 +335,19 @@ std::vector<std::string> describe(const Sequential& model) {
   return out;
 }
 
+// Whether every element is finite: the float32 test is on the exponent bits, which the
+// compiler vectorizes (a check after every step must cost little beside the step).
+bool all_finite(const Tensor& t) {
+  if (t.dtype() != DType::f32) {
+    const std::vector<float> v = t.to_vector();
+    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+  }
+  const auto* bits = reinterpret_cast<const std::uint32_t*>(t.data<float>());
+  std::uint32_t bad = 0;
+  for (std::int64_t i = 0; i < t.numel(); ++i) bad |= static_cast<std::uint32_t>((bits[i] & 0x7f800000u) == 0x7f800000u);
+  return bad == 0;
+}
+
 void check_fit_options(const FitOptions& opt) {
   if (opt.gradient_accumulation_steps < 1)
     DTRAIN_THROW(InvalidArgument, "fit: gradient_accumulation_steps must be >= 1, got ", opt.gradient_accumulation_steps);
@@ -636,6 +651,8 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   // Variables made by a lazy build belong to the model's strategy, as in Keras.
   dtrain::detail::ScopedStrategy in_scope(strategy_);
   Trainer trainer(*this, opt.gradient_accumulation_steps, profiler);
+  non_finite_.reset();
+  std::vector<Variable*> weights;  // once built (the first step may build the model)
   const bool own_batches = workers > 1 && source.per_worker();
   // The validation pipeline this worker runs, found out now rather than after an epoch.
   std::optional<data::WorkerShard> validation;
@@ -705,10 +722,20 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
         out << shard_plan(*strategy_, source.input_plan(), samples) << "\n";
       logs.set("loss", loss_mean.result());
       for (auto& m : metrics_) logs.set(m->name(), m->result());
+      const bool was_finite = !non_finite_;
+      if (weights.empty()) weights = trainable_variables();
+      check_finite(epoch, step, loss_mean.result(), weights);
+      if (was_finite && non_finite_) {
+        history->non_finite = non_finite_;
+        if (non_finite_->what == "weights") progress.set_note("weights: not finite since epoch " +
+                                                              std::to_string(epoch + 1) + ", batch " + std::to_string(step + 1));
+      }
       for (auto& c : callbacks) c->on_train_batch_end(step, logs);
       progress.update(++step, logs);
       loop.add(profile::Phase::metrics, phase_start, Clock::now(), "callbacks");
       profiler.end_step(rows);
+      // Several workers stop together at the end of the epoch, on figures they share.
+      if (stop_training && workers == 1) break;
     }
     if (step == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() got no training batches in epoch ", epoch);
     if (workers > 1) {
@@ -744,6 +771,19 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
     profiler.write_trace(path, worker, workers > 1 ? detail::concat("worker ", worker) : std::string("dtrain fit"));
   for (auto& c : callbacks) c->on_train_end(logs);
   return *history;
+}
+
+void Sequential::check_finite(int epoch, std::int64_t batch, double loss, const std::vector<Variable*>& weights) {
+  if (non_finite_) return;
+  if (!std::isfinite(loss)) {
+    non_finite_ = NonFinite{epoch, batch, "loss", loss};
+    return;
+  }
+  for (const Variable* v : weights)
+    if (!all_finite(v->value())) {
+      non_finite_ = NonFinite{epoch, batch, "weights", loss};
+      return;
+    }
 }
 
 std::vector<profile::WorkerSummary> Sequential::gather_profile(const profile::Profiler& profiler) {

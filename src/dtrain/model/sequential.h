@@ -122,13 +122,20 @@ class Sequential {
   // model.distribute_strategy.
   const std::shared_ptr<StrategyBackend>& distribute_strategy() const { return strategy_; }
 
-  // Set by a callback to end fit() after the current epoch.
+  // Set by a callback to end fit(): after the current batch on one worker, after the
+  // current epoch under several (where every worker has the same figures to decide on).
   bool stop_training = false;
+
+  // The first step of the current (or last) fit() whose loss or updated weights were not
+  // finite; fit checks both after every step. TerminateOnNaN stops training on it.
+  const std::optional<NonFinite>& non_finite() const { return non_finite_; }
 
   class BatchSource;  // where fit() draws batches from (defined in sequential.cpp)
 
  private:
   History run_fit(BatchSource& source, const FitOptions& options);
+  // After a step: records the first non-finite loss or weights in non_finite_.
+  void check_finite(int epoch, std::int64_t batch, double loss, const std::vector<Variable*>& weights);
   class Trainer;  // one training step, on one device or on a strategy's replicas
   // across_workers: fit's validation on per-worker data, summed over the workers.
   Logs run_evaluation(BatchSource& source, const std::string& prefix, bool across_workers = false);
@@ -148,6 +155,7 @@ class Sequential {
   std::shared_ptr<losses::Loss> loss_;
   std::vector<std::unique_ptr<metrics::Metric>> metrics_;
   std::shared_ptr<StrategyBackend> strategy_ = current_strategy();
+  std::optional<NonFinite> non_finite_;
 };
 
 // Builds a model from to_json()'s output (or the same structure written by hand).
