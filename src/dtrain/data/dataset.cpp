@@ -311,6 +311,10 @@ Dataset Dataset::with_options(DatasetOptions options) const {
   if (options.max_threads < 0) DTRAIN_THROW(InvalidArgument, "options: max_threads must be >= 0, got ", options.max_threads);
   if (options.autotune_max_buffer < 1)
     DTRAIN_THROW(InvalidArgument, "options: autotune_max_buffer must be >= 1, got ", options.autotune_max_buffer);
+  if (!(options.timeout_seconds >= 0.0))
+    DTRAIN_THROW(InvalidArgument, "options: timeout_seconds must be >= 0, got ", options.timeout_seconds);
+  if (!(options.element_timeout_seconds >= 0.0))
+    DTRAIN_THROW(InvalidArgument, "options: element_timeout_seconds must be >= 0, got ", options.element_timeout_seconds);
   return Dataset(node_, options);
 }
 

@@ -52,6 +52,15 @@ struct DatasetOptions {
   int max_threads = 0;  // background threads a pipeline may use (0: the process's cores)
   std::int64_t autotune_max_buffer = 64;  // the largest prefetch buffer AUTOTUNE picks
   AutoShardPolicy auto_shard_policy = AutoShardPolicy::AUTO;
+  // How long save() (and autotune_report()) waits for a background stage to finish the
+  // element it is making, so that its position can be taken, before it fails with Timeout
+  // naming the stage; 0: 60 s (kDefaultTimeout). A map function or source that never
+  // returns would otherwise hold save() forever.
+  double timeout_seconds = 0;
+  // How long next() waits for a background stage's next element before it fails with
+  // Timeout naming the stage; 0: no limit, since a slow source or map function is not an
+  // error unless the program says so (see docs/data.md).
+  double element_timeout_seconds = 0;
 };
 
 // A position in a pipeline: what save() returns and restore() takes. It holds integers,
@@ -74,8 +83,19 @@ struct InputStats {
   double max_wait_seconds = 0.0;
 };
 
+// Where a prefetch's producer reads the time it took for an element and the CPU time its
+// thread spent on it (seconds, from any origin), which decide AUTOTUNE's inline rule.
+// Tests give clocks of their own, so that the rule's outcome does not depend on how the
+// scheduler treats the test's threads.
+struct StageClocks {
+  std::function<double()> wall;
+  std::function<double()> thread_cpu;
+};
+
 struct IteratorContext {
   std::stop_token stop;          // set when the iterator is being destroyed
+  // Null: the steady clock and the thread's CPU clock.
+  std::shared_ptr<const StageClocks> clocks;
   std::uint64_t iteration = 0;   // which pass over the data (an epoch); shuffle seeds by it
   DatasetOptions options;
   // Set by a prefetch or parallel map for the stages below it: true while they run on its

@@ -2,7 +2,10 @@
 // (so restore() can run first), wait on condition variables that also wake on the
 // iterator's stop token, and are joined before the upstream stage is destroyed. save()
 // quiesces the stage (no pull or computation in flight), then records the upstream's
-// position and the finished elements not yet consumed.
+// position and the finished elements not yet consumed. save() waits at most the
+// pipeline's timeout_seconds for that, next() at most its element_timeout_seconds (by
+// default without limit); destruction waits for a pull or map call in flight to return,
+// since its threads use the stage's state (see docs/data.md).
 #include <algorithm>
 #include <cmath>
 #include <ctime>
@@ -31,6 +34,29 @@ double thread_cpu_seconds() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// What save() waits at most for a stage to pause.
+Clock::duration save_timeout(const DatasetOptions& o) {
+  return o.timeout_seconds > 0 ? clock_seconds(o.timeout_seconds) : Clock::duration(kDefaultTimeout);
+}
+
+std::string seconds_text(Clock::duration d) {
+  std::ostringstream o;
+  o << std::chrono::duration<double>(d).count() << " s";
+  return o.str();
+}
+
+// Waits on `cv` for `ready` or the iterator's stop, at most the pipeline's
+// element_timeout_seconds (none when 0); false when that ran out.
+template <typename Lock, typename Ready>
+bool wait_for_element(std::condition_variable_any& cv, Lock& lock, const IteratorContext& ctx, Ready ready) {
+  if (ctx.options.element_timeout_seconds <= 0) {
+    cv.wait(lock, ctx.stop, ready);
+    return true;
+  }
+  return cv.wait_for(lock, ctx.stop, clock_seconds(ctx.options.element_timeout_seconds), ready) ||
+         ctx.stop.stop_requested();
 }
 
 std::string ms(double seconds) {
@@ -82,7 +108,10 @@ class PrefetchIterator : public IteratorBase {
       if (autotune_ && capacity_ < max_capacity_) ++capacity_;
       cv_.notify_all();
     }
-    cv_.wait(lock, ctx_.stop, [&] { return !queue_.empty() || ended_ || error_; });
+    if (!wait_for_element(cv_, lock, ctx_, [&] { return !queue_.empty() || ended_ || error_; }))
+      DTRAIN_THROW(Timeout, "prefetch: next() waited ", ctx_.options.element_timeout_seconds,
+                   " s for the producer's next element (a source or map function that never returns?); "
+                   "DatasetOptions::element_timeout_seconds sets the limit");
     last_return_ = Clock::now();
     if (!queue_.empty()) {
       Element e = std::move(queue_.front());
@@ -105,7 +134,7 @@ class PrefetchIterator : public IteratorBase {
   }
 
   IteratorState save() const override {
-    std::lock_guard pull(pull_mutex_);  // the producer is between pulls
+    const std::unique_lock pull = pause("save()");  // the producer is between pulls
     std::lock_guard lock(mutex_);
     if (error_) DTRAIN_THROW(InvalidArgument, "prefetch: cannot save an iterator whose input failed");
     IteratorState s{{ended_ ? 1 : 0, static_cast<std::int64_t>(queue_.size()), capacity_}, {}, {in_->save()}};
@@ -125,7 +154,7 @@ class PrefetchIterator : public IteratorBase {
 
   void report(std::vector<std::string>& lines) const override {
     {
-      std::lock_guard pull(pull_mutex_);  // the upstream may be replacing its stages
+      const std::unique_lock pull = pause("autotune_report()");  // the upstream may be replacing its stages
       in_->report(lines);
     }
     std::lock_guard lock(mutex_);
@@ -138,6 +167,19 @@ class PrefetchIterator : public IteratorBase {
   }
 
  private:
+  // The producer between pulls, held as long as the returned lock: `what` waits at most
+  // the pipeline's timeout_seconds for the pull in flight (a source or map function
+  // running on the producer's thread) to return.
+  std::unique_lock<std::timed_mutex> pause(const char* what) const {
+    const Clock::duration limit = save_timeout(ctx_.options);
+    std::unique_lock pull(pull_mutex_, limit);
+    if (!pull.owns_lock())
+      DTRAIN_THROW(Timeout, "prefetch: ", what, " waited ", seconds_text(limit),
+                   " for the producer to finish the element it is making (a source or map function that never "
+                   "returns?); DatasetOptions::timeout_seconds sets the limit");
+    return pull;
+  }
+
   // Elements the producer makes per wake-up: it sleeps once the buffer is full and wakes
   // when this many have been taken (guarded by mutex_).
   std::int64_t burst() const { return std::max<std::int64_t>(1, capacity_ / 2); }
@@ -195,6 +237,11 @@ class PrefetchIterator : public IteratorBase {
     producer_ = std::jthread([this](std::stop_token st) { produce(st); });
   }
 
+  double wall_seconds() const {
+    return ctx_.clocks ? ctx_.clocks->wall() : seconds_between(Clock::time_point(), Clock::now());
+  }
+  double cpu_seconds() const { return ctx_.clocks ? ctx_.clocks->thread_cpu() : thread_cpu_seconds(); }
+
   void produce(std::stop_token st) {
     for (;;) {
       {
@@ -216,8 +263,7 @@ class PrefetchIterator : public IteratorBase {
         if (st.stop_requested() || ctx_.stop.stop_requested() || ended_) return;
       }
       std::lock_guard pull(pull_mutex_);
-      const auto t0 = Clock::now();
-      const double cpu0 = thread_cpu_seconds();
+      const double t0 = wall_seconds(), cpu0 = cpu_seconds();
       std::optional<Element> e;
       std::exception_ptr error;
       try {
@@ -225,7 +271,7 @@ class PrefetchIterator : public IteratorBase {
       } catch (...) {
         error = std::current_exception();
       }
-      const double took = seconds_since(t0), cpu = thread_cpu_seconds() - cpu0;
+      const double took = wall_seconds() - t0, cpu = cpu_seconds() - cpu0;
       std::unique_lock lock(mutex_);
       if (error) {
         // Moved, not copied: the consumer may rethrow and drop the error at once, and the
@@ -257,7 +303,7 @@ class PrefetchIterator : public IteratorBase {
   std::int64_t capacity_;
   const std::int64_t max_capacity_;
   mutable std::mutex mutex_;       // guards everything below
-  mutable std::mutex pull_mutex_;  // held by the producer while it pulls and stores an element
+  mutable std::timed_mutex pull_mutex_;  // held by the producer while it pulls and stores an element
   std::condition_variable_any cv_;
   std::deque<Element> queue_;
   bool ended_ = false;
@@ -315,7 +361,10 @@ class ParallelMapIterator : public IteratorBase {
       consumer_time_.add(seconds_since(last_return_));
       if (autotune_) retune();
     }
-    cv_.wait(lock, ctx_.stop, [&] { return ready() || finished(); });
+    if (!wait_for_element(cv_, lock, ctx_, [&] { return ready() || finished(); }))
+      DTRAIN_THROW(Timeout, "map: next() waited ", ctx_.options.element_timeout_seconds, " s for element ", delivered_,
+                   " (", computing_, " map function call(s) or pulls in flight; one that never returns?); "
+                   "DatasetOptions::element_timeout_seconds sets the limit");
     last_return_ = Clock::now();
     if (!ready()) {
       if (finished()) return std::nullopt;
@@ -344,7 +393,11 @@ class ParallelMapIterator : public IteratorBase {
         self.cv_.notify_all();
       }
     } resume{*this};
-    cv_.wait(lock, [&] { return computing_ == 0; });
+    const Clock::duration limit = save_timeout(ctx_.options);
+    if (!cv_.wait_for(lock, limit, [&] { return computing_ == 0; }))
+      DTRAIN_THROW(Timeout, "map: save() waited ", seconds_text(limit), " for ", computing_,
+                   " map function call(s) or pulls in flight to finish (one that never returns?); "
+                   "DatasetOptions::timeout_seconds sets the limit");
     IteratorState s{{delivered_, input_done_ ? 1 : 0, end_seq_, static_cast<std::int64_t>(results_.size())},
                     {},
                     {in_->save()}};
@@ -371,7 +424,12 @@ class ParallelMapIterator : public IteratorBase {
 
   void report(std::vector<std::string>& lines) const override {
     {
-      std::lock_guard pull(pull_mutex_);  // the upstream may be replacing its stages
+      // The upstream may be replacing its stages.
+      const Clock::duration limit = save_timeout(ctx_.options);
+      std::unique_lock pull(pull_mutex_, limit);
+      if (!pull.owns_lock())
+        DTRAIN_THROW(Timeout, "map: autotune_report() waited ", seconds_text(limit),
+                     " for the pull in flight to return (a source that never returns?)");
       in_->report(lines);
     }
     std::lock_guard lock(mutex_);
@@ -492,7 +550,7 @@ class ParallelMapIterator : public IteratorBase {
   mutable std::condition_variable_any cv_;
   mutable bool paused_ = false;
   std::map<std::int64_t, Result> results_;
-  mutable std::mutex pull_mutex_;  // held while pulling from the upstream
+  mutable std::timed_mutex pull_mutex_;  // held while pulling from the upstream
   // pulled_: inputs taken or reserved; next_seq_: the number the next pull gets.
   std::int64_t pulled_ = 0, next_seq_ = 0, delivered_ = 0, end_seq_ = -1;
   int computing_ = 0;
