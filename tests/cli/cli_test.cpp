@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -593,12 +594,13 @@ TEST_F(FileSources, CsvColumnsByNameOrIndexAndRegressionLabels) {
     EXPECT_EQ(d.train.y.to_vector(), (std::vector<float>{std::stof(labels), 2, -1}));
     EXPECT_EQ(d.classes, 0);
   }
-  // For a classifier, a label that is not a class number names the file and the row.
+  // For a classifier, a label that is not a class number names the file and the row (a
+  // label that is not finite, the file's line and column).
   for (const std::string& bad : {std::string("0.5"), std::string("-1"), std::string("nan")}) {
     const std::string file = write("bad.csv", "a,b,label\n1,2,0\n3,4," + bad + "\n");
     const std::string message = dtrain::testing::message_of<std::exception>(
         [&] { load(config("bad.json", R"({"source": "csv", "train": ")" + file + R"(", "label_column": "label"})")); });
-    EXPECT_NE(message.find(file + ": row 2"), std::string::npos) << message;
+    EXPECT_NE(message.find(bad == "nan" ? file + ":3: column 3" : file + ": row 2"), std::string::npos) << message;
     EXPECT_NE(message.find("data.train"), std::string::npos) << message;
   }
 }
@@ -715,3 +717,54 @@ TEST_F(FileSources, BadInputNamesTheKeyAndTheFile) {
 }
 
 }  // namespace
+// A fault in a labels file is reported under its own key; a label the model's output
+// cannot hold (200 for 2 classes) is reported at load time with its file and row, not
+// inside the loss on a row of a shuffled batch.
+TEST_F(FileSources, LabelFaultsNameTheLabelsKeyTheFileAndTheRow) {
+  const std::string images = idx_images("images", 0, 20);
+  std::string bad_labels = be32(0x801) + be32(20);
+  for (int i = 0; i < 20; ++i) bad_labels.push_back(static_cast<char>(i == 7 ? 200 : i % 2));
+  const std::string out_of_range = write("labels-200", bad_labels);
+  const std::string truncated = write("labels-short", bad_labels.substr(0, 20));
+  std::string csv_text = "a,b,c,d,label\n";
+  for (int i = 0; i < 6; ++i) csv_text += "1,2,3,4," + std::string(i == 4 ? "200" : "1") + "\n";
+  const std::string csv_200 = write("labels-200.csv", csv_text);
+  const std::string nan_csv = write("nan.csv", "a,b,c,d,label\n1,2,3,4,0\n1,nan,3,4,1\n");
+  const std::string rec_200 = (dir_ / "labels-200.rec").string();
+  {
+    dtrain::data::RecordWriter w(rec_200);
+    for (std::int32_t y : {1, 0, 200}) {
+      w.write(dtrain::data::encode_element({dtrain::Tensor::from_vector(dtrain::Shape{4}, {1.f, 2.f, 3.f, 4.f}),
+                                            dtrain::Tensor::from_vector(dtrain::Shape{}, std::span<const std::int32_t>(&y, 1))}));
+    }
+    w.close();
+  }
+  const std::string cfg = (dir_ / "labels.json").string();
+  auto idx = [&](const std::string& labels) {
+    return R"({"source": "idx", "train_images": ")" + images + R"(", "train_labels": ")" + labels + R"("})";
+  };
+  struct Case {
+    std::string data;
+    std::vector<std::string> expect;
+  };
+  const Case cases[] = {
+      {idx(truncated), {cfg + ": data.train_labels: " + truncated + ": truncated"}},
+      {idx(out_of_range), {cfg + ": data.train_labels: " + out_of_range + ": label 200 at index 7", "below 2"}},
+      {R"({"source": "csv", "train": ")" + csv_200 + R"(", "label_column": "label"})",
+       {cfg + ": data.train: " + csv_200 + ": row 5: the label 200 is not a class number below 2"}},
+      {R"({"source": "records", "train": ")" + rec_200 + R"("})",
+       {cfg + ": data.train: " + rec_200 + ": record 2: the label 200 is not a class number below 2"}},
+      {R"({"source": "csv", "train": ")" + nan_csv + R"(", "label_column": "label"})",
+       {cfg + ": data.train: " + nan_csv + ":3: column 2: 'nan' is not a finite number"}},
+  };
+  for (const Case& c : cases) {
+    const std::string m = dtrain::testing::message_of<dtrain::IoError>([&] { load(config("labels.json", c.data)); });
+    for (const std::string& e : c.expect) EXPECT_NE(m.find(e), std::string::npos) << e << "\n" << m;
+  }
+  // Asked for, a NaN cell is read (and the data.allow_non_finite key is known).
+  const dtrain::data::Classification d =
+      load(config("labels.json", R"({"source": "csv", "train": ")" + nan_csv +
+                                     R"(", "label_column": "label", "allow_non_finite": true})"));
+  EXPECT_TRUE(std::isnan(d.train.x.data<float>()[5]));
+}
+

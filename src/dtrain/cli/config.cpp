@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <span>
 #include <sstream>
@@ -192,7 +193,8 @@ DataConfig data_from(const JsonReader& d) {
   else if (c.source == "fashion_mnist")
     d.expect_keys({"source", "path", "pipeline"});
   else if (c.source == "csv")
-    d.expect_keys({"source", "train", "test", "label_column", "header", "delimiter", "select_columns", "pipeline"});
+    d.expect_keys({"source", "train", "test", "label_column", "header", "delimiter", "select_columns", "allow_non_finite",
+                   "pipeline"});
   else if (c.source == "idx")
     d.expect_keys({"source", "train_images", "train_labels", "test_images", "test_labels", "pipeline"});
   else if (c.source == "records")
@@ -249,6 +251,7 @@ DataConfig data_from(const JsonReader& d) {
     c.train_files = files_at(d, "train");
     if (d.has("test")) c.test_files = files_at(d, "test");
   }
+    c.csv.allow_non_finite = d.get_bool("allow_non_finite", false);
   return c;
 }
 
@@ -293,9 +296,28 @@ std::string element_types(const data::Element& e) {
   for (const Tensor& t : e) out += (out.empty() ? "" : ", ") + std::string(dtype_name(t.dtype())) + " " + t.shape().to_string();
   return "(" + out + ")";
 }
+// The number of classes the model's output tells apart, for inputs of rows of `row`;
+// nullopt where its shapes do not fit (reported where the model meets the data).
+std::optional<std::int64_t> model_classes(const RunConfig& c, const Shape& row) {
+  try {
+    const std::unique_ptr<Sequential> m = build_model(c);
+    std::vector<std::int64_t> dims{1};
+    for (std::int64_t e : row.dims()) dims.push_back(e);
+    Shape s(dims);
+    for (const auto& l : m->layers()) s = l->compute_output_shape(s);
+    if (s.rank() == 2) return s[1];
+  } catch (const Error&) {
+  }
+  return std::nullopt;
+}
+
 
 // Up to `limit` rows (-1: all) of one CSV file.
 void read_csv(const std::string& file, const data::CsvOptions& o, std::int64_t limit, Rows& rows) {
+  // Given the first row's shape, the number of classes a label must be below (nullopt: no
+  // bound); a label out of range is reported with its file and row.
+  std::function<std::optional<std::int64_t>(const Shape&)> classes_for;
+  std::optional<std::int64_t> class_count;
   data::Iterator it = data::Dataset::csv({file}, o).make_iterator();
   for (std::int64_t i = 0; limit < 0 || i < limit; ++i) {
     const std::optional<data::Element> e = it.next();
@@ -312,10 +334,14 @@ void read_records(const std::string& file, std::int64_t limit, Rows& rows) {
     if (!record) return;
     const std::string where = file + ": record " + std::to_string(i);
     data::Element e;
+    if (rows.classes && rows.classes_for) rows.class_count = rows.classes_for(x.shape());
     try {
       e = data::decode_element((*record)[0]);
     } catch (...) {
       rethrow_with_context(std::current_exception(), where);
+  if (rows.class_count && y >= static_cast<double>(*rows.class_count))
+    DTRAIN_THROW(IoError, where, ": the label ", y, " is not a class number below ", *rows.class_count,
+                 ", the width of the model's output");
     }
     if (e.size() != 2 || e[0].shape().rank() < 1 || e[1].shape().rank() != 0)
       DTRAIN_THROW(IoError, where, ": expected (features, scalar label), got ", element_types(e));
@@ -325,7 +351,8 @@ void read_records(const std::string& file, std::int64_t limit, Rows& rows) {
 }
 
 // Up to `limit` rows (-1: all) of a csv or records split, its files in order.
-Rows read_rows(const DataConfig& d, const std::vector<std::string>& files, std::int64_t limit, bool classes) {
+Rows read_rows(const DataConfig& d, const std::vector<std::string>& files, std::int64_t limit, bool classes,
+               std::function<std::optional<std::int64_t>(const Shape&)> classes_for = {}) {
   Rows rows;
   rows.classes = classes;
   for (const std::string& file : files) {
@@ -361,6 +388,7 @@ data::Split to_split(const Rows& rows, bool integer_labels) {
     s.y = Tensor::from_vector(Shape{n}, std::span<const std::int32_t>(y));
   } else {
     // Regression targets [rows, 1]: the shape of a one-unit output, which mse compares
+  rows.classes_for = std::move(classes_for);
     // them with element by element.
     std::vector<float> y(rows.y.begin(), rows.y.end());
     s.y = Tensor::from_vector(Shape{n, 1}, std::span<const float>(y));
@@ -368,24 +396,17 @@ data::Split to_split(const Rows& rows, bool integer_labels) {
   return s;
 }
 
-data::Split read_idx(const std::string& images, const std::string& labels) {
-  data::Split s{data::read_idx_images(images), data::read_idx_labels(labels)};
-  if (s.x.dim(0) != s.y.dim(0))
-    DTRAIN_THROW(IoError, images, " holds ", s.x.dim(0), " images but ", labels, " holds ", s.y.dim(0), " labels");
-  return s;
-}
-
 Shape row_shape_of(const Tensor& x) {
   return Shape(std::vector<std::int64_t>(x.shape().dims().begin() + 1, x.shape().dims().end()));
 }
 
-// Runs fn; an error from it gets the config file and the key naming the split's files.
+// Runs fn; an error from it gets the config file and `key`.
 template <typename Fn>
-auto reading(const RunConfig& c, bool test, Fn&& fn) {
+auto reading(const RunConfig& c, const std::string& key, Fn&& fn) {
   try {
     return fn();
   } catch (...) {
-    rethrow_with_context(std::current_exception(), c.file + ": " + files_key(c.data, test));
+    rethrow_with_context(std::current_exception(), c.file + ": " + key);
   }
 }
 
@@ -394,12 +415,14 @@ data::Classification load_files(const RunConfig& c) {
   const bool has_test = !d.test_files.empty();
   data::Classification out;
   if (d.source == "idx") {
-    out.train = reading(c, false, [&] { return read_idx(d.train_files[0], d.train_files[1]); });
-    if (has_test) out.test = reading(c, true, [&] { return read_idx(d.test_files[0], d.test_files[1]); });
+    out.train = read_idx(c, false);
+    if (has_test) out.test = read_idx(c, true);
   } else {
     const bool classes = !regression(c);
-    const Rows train = reading(c, false, [&] { return read_rows(d, d.train_files, -1, classes); });
-    const Rows test = has_test ? reading(c, true, [&] { return read_rows(d, d.test_files, -1, classes); }) : Rows{};
+    auto classes_for = [&](const Shape& row) { return model_classes(c, row); };
+    const Rows train = reading(c, false, [&] { return read_rows(d, d.train_files, -1, classes, classes_for); });
+    const Rows test =
+        has_test ? reading(c, true, [&] { return read_rows(d, d.test_files, -1, classes, classes_for); }) : Rows{};
     out.train = to_split(train, classes);
     if (has_test) out.test = to_split(test, classes);
   }
@@ -422,6 +445,28 @@ data::Classification load_files(const RunConfig& c) {
 
 void check_strategy(const std::string& strategy, int replicas) {
   if (strategy != "default" && strategy != "one_device" && strategy != "mirrored" && strategy != "multi_worker")
+// Runs fn; an error from it gets the config file and the key naming the split's files.
+template <typename Fn>
+auto reading(const RunConfig& c, bool test, Fn&& fn) {
+  return reading(c, files_key(c.data, test), std::forward<Fn>(fn));
+}
+
+// An IDX split: each file's errors under its own key, the labels checked against the
+// classes the model's output tells apart.
+data::Split read_idx(const RunConfig& c, bool test) {
+  const std::vector<std::string>& files = test ? c.data.test_files : c.data.train_files;
+  data::Split s;
+  s.x = reading(c, test, [&] { return data::read_idx_images(files[0]); });
+  s.y = reading(c, std::string(test ? "data.test_labels" : "data.train_labels"), [&] {
+    const std::optional<std::int64_t> classes = model_classes(c, row_shape_of(s.x));
+    return classes ? data::read_idx_labels(files[1], *classes) : data::read_idx_labels(files[1]);
+  });
+  if (s.x.dim(0) != s.y.dim(0))
+    DTRAIN_THROW(IoError, c.file, ": ", files_key(c.data, test), ": ", files[0], " holds ", s.x.dim(0), " images but ",
+                 files[1], " holds ", s.y.dim(0), " labels");
+  return s;
+}
+
     DTRAIN_THROW(InvalidArgument, "expected \"default\", \"one_device\", \"mirrored\" or \"multi_worker\", got \"",
                  strategy, "\"");
   if (replicas > 0 && strategy != "mirrored" && strategy != "multi_worker")
