@@ -22,19 +22,52 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-// Prefixes an error from the library with the config file's name.
+// Whether `message` begins with the JSON path `key` (or a path below it).
+bool names_path(const std::string& message, const std::string& key) {
+  if (key.empty() || message.compare(0, key.size(), key) != 0) return false;
+  const char next = message.size() > key.size() ? message[key.size()] : '\0';
+  return next == ':' || next == '.' || next == '[';
+}
+
+// The one place a config error's message is composed: "FILE: KEY.PATH: message". An error
+// that names its key path already (JsonReader's) gets the file; one from a piece built at
+// `key` (a layer's, an optimizer's check) gets the file and `key`; one that names the file
+// already passes unchanged, so nesting never repeats the file and never drops the key.
 template <typename Fn>
-auto in_file(const std::string& file, Fn&& fn) {
+auto in_file(const std::string& file, const std::string& key, Fn&& fn) {
   try {
     return fn();
   } catch (const InvalidArgument& e) {
-    DTRAIN_THROW(InvalidArgument, file, ": ", e.what());
+    const std::string message = e.what();
+    if (message.rfind(file + ": ", 0) == 0) throw;
+    if (key.empty() || names_path(message, key)) DTRAIN_THROW(InvalidArgument, file, ": ", message);
+    DTRAIN_THROW(InvalidArgument, file, ": ", key, ": ", message);
   }
 }
 
+std::shared_ptr<optim::LearningRateSchedule> schedule_of(const JsonReader& r);
+
+// A learning rate: a number, or a schedule {"class_name", "config"}; a schedule's own
+// check (decay_steps > 0, ...) is reported at its key.
 std::shared_ptr<optim::LearningRateSchedule> schedule_from(const JsonReader& r) {
-  if (r.raw().is_number()) return std::make_shared<optim::Constant>(static_cast<float>(r.raw().get<double>()));
+  if (r.raw().is_number()) {
+    const double lr = r.raw().get<double>();
+    if (!(lr >= 0) || !std::isfinite(static_cast<float>(lr))) r.fail("", "must be a finite number >= 0, got " + r.raw().dump());
+    return std::make_shared<optim::Constant>(static_cast<float>(lr));
+  }
+  if (!r.raw().is_object())
+    r.fail("", "expected a number or a schedule {\"class_name\": \"ExponentialDecay\", \"config\": {...}}, got " +
+                   r.raw().dump());
   r.expect_keys({"class_name", "config"});
+  try {
+    return schedule_of(r);
+  } catch (const InvalidArgument& e) {
+    if (names_path(e.what(), r.path())) throw;
+    r.fail("", e.what());
+  }
+}
+
+std::shared_ptr<optim::LearningRateSchedule> schedule_of(const JsonReader& r) {
   const std::string cls = r.get_string("class_name");
   const JsonReader c = r.child("config");
   if (cls == "ExponentialDecay") {
@@ -443,6 +476,56 @@ data::Classification load_files(const RunConfig& c) {
 
 }  // namespace
 
+namespace {
+
+// The model against the data, before any training: the input shape the model declares
+// against a row of the data (a file source's first row), and, for class labels, the loss
+// and the width of the last layer against the classes (known here for the synthetic and
+// Fashion-MNIST sources; a file's labels are checked against it as they are read).
+void check_model_fits_data(const RunConfig& c) {
+  const std::unique_ptr<Sequential> m = build_model(c);
+  const std::string& at = c.model_config_path;
+  if (m->layers().empty()) DTRAIN_THROW(InvalidArgument, at, ".layers: expected at least one layer, got []");
+  const Shape row = input_shape(c);
+  const std::string data = "the data (" + c.data.source + ")";
+  if (m->built()) {
+    if (*m->input_shape() != row) {
+      const bool given = c.model_json.at("config").contains("input_shape");
+      const std::string key = at + (given ? ".input_shape" : ".build_input_shape");
+      DTRAIN_THROW(InvalidArgument, key, ": the model takes rows of shape ", m->input_shape()->to_string(), ", but ", data,
+                   " has rows of shape ", row.to_string());
+    }
+  } else {
+    try {
+      m->build(row);
+    } catch (const InvalidArgument& e) {
+      DTRAIN_THROW(InvalidArgument, at, ".layers: for ", data, "'s rows of shape ", row.to_string(), ": ", e.what());
+    }
+  }
+  const Shape out = m->output_shape();
+  const std::size_t last = m->layers().size() - 1;
+  const bool dense = dynamic_cast<const nn::Dense*>(m->layers()[last].get()) != nullptr;
+  const std::string last_key = at + ".layers[" + std::to_string(last) + "]" + (dense ? ".config.units" : "");
+  if (c.data.source != "synthetic" && c.data.source != "fashion_mnist") return;  // checked as the files are read
+  const std::int64_t classes = c.data.source == "synthetic" ? c.data.classes : 10;
+  const std::string where = c.data.source == "synthetic" ? " (data.classes)" : " (Fashion-MNIST)";
+  const std::string loss = c.loss_json.is_string()                                       ? c.loss_json.get<std::string>()
+                           : c.loss_json.is_object() && c.loss_json.contains("name") ? c.loss_json["name"].get<std::string>()
+                                                                                      : "";
+  if (loss == "mse" || loss == "mean_squared_error" || loss == "categorical_crossentropy")
+    DTRAIN_THROW(InvalidArgument, "loss: ", loss, " needs ",
+                 loss == "categorical_crossentropy" ? "one-hot labels" : "values to regress on", ", but ", data,
+                 " has labels that are class numbers; use sparse_categorical_crossentropy");
+  if (out.rank() != 2)
+    DTRAIN_THROW(InvalidArgument, last_key, ": the model's output has shape ", out.to_string(),
+                 " for one row; a classifier's must be [1, classes] (end with a Flatten or a Dense)");
+  if (out[1] < classes)
+    DTRAIN_THROW(InvalidArgument, last_key, ": the last layer gives ", out[1], " outputs per row, but ", data, " has ",
+                 classes, " classes", where, ": it needs at least ", classes, " units");
+}
+
+}  // namespace
+
 void check_strategy(const std::string& strategy, int replicas) {
   if (strategy != "default" && strategy != "one_device" && strategy != "mirrored" && strategy != "multi_worker")
 // Runs fn; an error from it gets the config file and the key naming the split's files.
@@ -488,20 +571,26 @@ RunConfig load_config(const std::string& path) {
   const json doc = parse_json(buf.str(), path);
   RunConfig c;
   c.file = path;
-  in_file(path, [&] {
+  in_file(path, "", [&] {
     const JsonReader r(doc, "");
     r.expect_keys({"model", "loss", "optimizer", "metrics", "data", "epochs", "batch_size", "seed", "threads",
                    "validation_split", "shuffle", "verbose", "dtype_policy", "strategy", "replicas",
                    "gradient_accumulation_steps", "terminate_on_nan"});
     c.model_json = normalized_model(r.child("model"));
+    if (!r.child("model").has("class_name")) c.model_config_path = "model";
     c.loss_json = r.child("loss").raw();
     c.optimizer_json = r.has("optimizer") ? r.child("optimizer").raw() : json("adam");
     if (r.has("metrics")) {
       const JsonReader m = r.child("metrics");
       m.expect_array();
       for (std::size_t i = 0; i < m.size(); ++i) {
-        if (!m.raw()[i].is_string()) m.element(i).fail("", "expected a metric name");
+        if (!m.raw()[i].is_string()) m.element(i).fail("", "expected a metric name, got " + m.raw()[i].dump());
         c.metrics.push_back(m.raw()[i].get<std::string>());
+        try {
+          metrics::get(c.metrics.back());
+        } catch (const InvalidArgument& e) {
+          m.element(i).fail("", e.what());
+        }
       }
     }
     if (r.has("data")) c.data = data_from(r.child("data"));
@@ -536,21 +625,25 @@ RunConfig load_config(const std::string& path) {
     if (!(c.validation_split >= 0 && c.validation_split < 1)) r.fail("validation_split", "must be in [0, 1)");
     if (c.data.pipeline && c.validation_split > 0)
       r.fail("validation_split", "cannot be combined with data.pipeline; the pipeline trains on the whole training split");
-    // Build the pieces once now, so that every error in them surfaces before training.
+    // Build the pieces once now, so that every error in them surfaces before training, and
+    // check the model against the data.
     build_model(c);
     build_loss(c);
     build_optimizer(c);
+    check_model_fits_data(c);
     return 0;
   });
   return c;
 }
 
 std::unique_ptr<Sequential> build_model(const RunConfig& c) {
-  return in_file(c.file, [&] { return model_from_json(c.model_json, c.model_path, c.dtype_policy); });
+  return in_file(c.file, "model", [&] {
+    return model_from_json(c.model_json, c.model_path, c.dtype_policy, c.model_config_path);
+  });
 }
 
 std::shared_ptr<losses::Loss> build_loss(const RunConfig& c) {
-  return in_file(c.file, [&]() -> std::shared_ptr<losses::Loss> {
+  return in_file(c.file, "loss", [&]() -> std::shared_ptr<losses::Loss> {
     const JsonReader r(c.loss_json, "loss");
     if (c.loss_json.is_string()) return losses::get(c.loss_json.get<std::string>());
     r.expect_object();
@@ -571,7 +664,7 @@ std::shared_ptr<losses::Loss> build_loss(const RunConfig& c) {
 }
 
 std::shared_ptr<optim::Optimizer> build_optimizer(const RunConfig& c) {
-  return in_file(c.file, [&]() -> std::shared_ptr<optim::Optimizer> {
+  return in_file(c.file, "optimizer", [&]() -> std::shared_ptr<optim::Optimizer> {
     if (c.optimizer_json.is_string()) return optim::get(c.optimizer_json.get<std::string>());
     const JsonReader r(c.optimizer_json, "optimizer");
     r.expect_object();
@@ -585,9 +678,21 @@ std::shared_ptr<optim::Optimizer> build_optimizer(const RunConfig& c) {
     if (r.has("global_clipnorm")) o.global_clipnorm = static_cast<float>(r.get_number("global_clipnorm"));
     const float default_lr = name == "sgd" ? 0.01f : 0.001f;
     auto lr = r.has("learning_rate") ? schedule_from(r.child("learning_rate")) : std::make_shared<optim::Constant>(default_lr);
+    // An optimizer's own check (SGD's momentum range, ...) is reported at the key it names.
+    const auto at_key = [&](auto make) -> std::shared_ptr<optim::Optimizer> {
+      try {
+        return make();
+      } catch (const InvalidArgument& e) {
+        for (const char* key : {"momentum", "beta_1", "beta_2", "epsilon", "weight_decay", "global_clipnorm", "clipnorm"})
+          if (r.has(key) && std::string(e.what()).find(key) != std::string::npos) r.fail(key, e.what());
+        throw;
+      }
+    };
     if (name == "sgd") {
       o.weight_decay = static_cast<float>(r.get_number("weight_decay", 0.0));
-      return std::make_shared<optim::SGD>(lr, static_cast<float>(r.get_number("momentum", 0.0)), r.get_bool("nesterov", false), o);
+      return at_key([&] {
+        return std::make_shared<optim::SGD>(lr, static_cast<float>(r.get_number("momentum", 0.0)), r.get_bool("nesterov", false), o);
+      });
     }
     optim::AdamOptions a;
     a.beta_1 = static_cast<float>(r.get_number("beta_1", a.beta_1));
@@ -595,9 +700,12 @@ std::shared_ptr<optim::Optimizer> build_optimizer(const RunConfig& c) {
     a.epsilon = static_cast<float>(r.get_number("epsilon", a.epsilon));
     if (name == "adam") {
       o.weight_decay = static_cast<float>(r.get_number("weight_decay", 0.0));
-      return std::make_shared<optim::Adam>(lr, a, o);
+      return at_key([&] { return std::make_shared<optim::Adam>(lr, a, o); });
     }
-    if (name == "adamw") return std::make_shared<optim::AdamW>(lr, static_cast<float>(r.get_number("weight_decay", 0.004)), a, o);
+    if (name == "adamw")
+      return at_key([&] {
+        return std::make_shared<optim::AdamW>(lr, static_cast<float>(r.get_number("weight_decay", 0.004)), a, o);
+      });
     r.fail("name", "unknown optimizer '" + name + "' (expected sgd, adam or adamw)");
   });
 }

@@ -42,6 +42,9 @@ struct RunConfig {
   std::string file;  // where it was read from, for messages
   nlohmann::json model_json;
   std::string model_path = "model";
+  // Where the model's {"layers", "input_shape"} object is in the file, for messages:
+  // "model" in the short form, "model.config" in Sequential::to_json()'s.
+  std::string model_config_path = "model.config";
   nlohmann::json loss_json, optimizer_json;
   std::vector<std::string> metrics;
   DataConfig data;

@@ -91,17 +91,35 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       o.bias_initializer = initializer_name(c, "bias_initializer", "zeros");
       if (auto s = c.get_optional_int("seed")) o.seed = static_cast<std::uint64_t>(*s);
       std::string act = c.get_string("activation", "linear");
-      return std::make_shared<nn::Dense>(c.get_int("units"), act == "linear" ? "" : act, o);
+      const std::int64_t units = c.get_int("units");
+      if (units <= 0) c.fail("units", "must be a positive integer, got " + std::to_string(units));
+      try {
+        return std::make_shared<nn::Dense>(units, act == "linear" ? "" : act, o);
+      } catch (const InvalidArgument& e) {
+        // The layer checks its names itself: an unknown activation or initializer.
+        const std::string m = e.what();
+        if (m.find("activation") != std::string::npos) c.fail("activation", m);
+        if (m.find("initializer") != std::string::npos)
+          c.fail(m.find("'" + o.bias_initializer + "'") != std::string::npos ? "bias_initializer" : "kernel_initializer", m);
+        throw;
+      }
     }
     if (cls == "Activation") {
       c.expect_keys({"name", "trainable", "dtype", "activation"});
-      return std::make_shared<nn::Activation>(c.get_string("activation"), c.get_string("name", "activation"));
+      try {
+        return std::make_shared<nn::Activation>(c.get_string("activation"), c.get_string("name", "activation"));
+      } catch (const InvalidArgument& e) {
+        if (std::string(e.what()).find(c.key_path("activation")) == 0) throw;
+        c.fail("activation", e.what());
+      }
     }
     if (cls == "Dropout") {
       c.expect_keys({"name", "trainable", "dtype", "rate", "seed"});
       std::optional<std::uint64_t> seed;
       if (auto s = c.get_optional_int("seed")) seed = static_cast<std::uint64_t>(*s);
-      return std::make_shared<nn::Dropout>(static_cast<float>(c.get_number("rate")), seed, c.get_string("name", "dropout"));
+      const double rate = c.get_number("rate");
+      if (!(rate >= 0 && rate < 1)) c.fail("rate", "must be in [0, 1), got " + c.raw()["rate"].dump());
+      return std::make_shared<nn::Dropout>(static_cast<float>(rate), seed, c.get_string("name", "dropout"));
     }
     if (cls == "Flatten") {
       c.expect_keys({"name", "trainable", "dtype"});
@@ -135,12 +153,12 @@ std::string Sequential::to_json(int indent) const {
 }
 
 std::unique_ptr<Sequential> model_from_json(const nlohmann::json& value, const std::string& path,
-                                            const std::string& dtype_policy) {
+                                            const std::string& dtype_policy, const std::string& config_path) {
   const JsonReader r(value, path);
   r.expect_keys({"class_name", "config"});
   if (r.get_string("class_name") != "Sequential")
     r.fail("class_name", "only Sequential models are supported, got '" + r.get_string("class_name") + "'");
-  const JsonReader c = r.child("config");
+  const JsonReader c(r.child("config").raw(), config_path.empty() ? r.key_path("config") : config_path);
   c.expect_keys({"name", "layers", "build_input_shape", "input_shape"});
   auto model = std::make_unique<Sequential>(c.get_string("name", "sequential"));
   const JsonReader layers = c.child("layers");

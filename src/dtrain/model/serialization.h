@@ -11,7 +11,9 @@
 namespace dtrain {
 
 // A non-empty `dtype_policy` is every layer's policy, over what the layers' configs say.
+// `config_path` names the "config" object in messages (default: path + ".config"), for a
+// file that writes it elsewhere (the dtrain command's short form puts it at "model").
 std::unique_ptr<Sequential> model_from_json(const nlohmann::json& value, const std::string& path,
-                                            const std::string& dtype_policy = "");
+                                            const std::string& dtype_policy = "", const std::string& config_path = "");
 
 }  // namespace dtrain
