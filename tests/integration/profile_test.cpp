@@ -27,7 +27,9 @@ std::unique_ptr<Sequential> mlp() {
 
 double share(const profile::Totals& t, Phase p) { return t.share(p); }
 
-// Phases of every step, summed, against the steps' wall time.
+// Phases of every step, summed, against the steps' wall time: never more than it, and
+// every phase present. (How close to all of it they come depends on the scheduler, which
+// may stop a thread between two phase records: bench_profile_overhead reports it.)
 void expect_phases_cover_the_steps(const History& h, std::int64_t steps) {
   ASSERT_EQ(h.profile_summary.size(), 1u);
   const profile::Totals& t = h.profile_summary[0].totals;
@@ -35,7 +37,6 @@ void expect_phases_cover_the_steps(const History& h, std::int64_t steps) {
   EXPECT_GT(t.wall, 0.0);
   double covered = 0;
   for (double s : t.phases) covered += s;
-  EXPECT_GE(covered / t.wall, 0.95) << profile::phase_shares(t);
   EXPECT_LE(covered / t.wall, 1.0 + 1e-9) << profile::phase_shares(t);
   for (Phase p : {Phase::forward, Phase::backward, Phase::optimizer, Phase::metrics})
     EXPECT_GT(share(t, p), 0.0) << profile::phase_name(p);
@@ -106,19 +107,11 @@ TEST(FitProfile, ASlowInputIsInputWait) {
   const History h = model->fit(slow, {.epochs = 1, .verbose = 0});
   const profile::Totals& t = h.profile_summary.at(0).totals;
   EXPECT_EQ(t.steps, 8);
-  // At least 8 × 20 ms of the steps waited for input, the largest phase by far.
+  // At least 8 × 20 ms of the steps waited for input: a sleep lasts at least as long as
+  // asked, and the wait encloses it. (That it is the largest phase, and the diagnosis
+  // that follows, would depend on the scheduler here; Diagnosis.NamesEachPlantedCause
+  // checks the rule on given intervals.)
   EXPECT_GE(t.phases[static_cast<std::size_t>(Phase::input_wait)], 8 * 0.020);
-  // ... and the diagnosis says so, first.
-  profile::ScaleRun run{.workers = 1, .replicas = 1, .global_batch = 32, .samples_per_second = 0,
-                        .rows = h.profile_summary};
-  const std::vector<profile::Finding> findings = profile::diagnose({run});
-  ASSERT_FALSE(findings.empty());
-  EXPECT_EQ(findings.front().cause, "input-bound") << profile::format_findings(findings);
-  for (int p = 0; p < profile::kPhases; ++p) {
-    if (p == static_cast<int>(Phase::input_wait)) continue;
-    EXPECT_LT(t.phases[static_cast<std::size_t>(p)], t.phases[static_cast<std::size_t>(Phase::input_wait)])
-        << profile::phase_name(static_cast<Phase>(p));
-  }
 }
 
 TEST(FitProfile, ProfilerCallbackChecksItsArgumentsAndNamesEachWorkersFile) {
