@@ -179,5 +179,29 @@ TEST(Updates, SgdMomentumAndNesterov) {
   }
 }
 
+// The updates say whether every weight they wrote is finite: one NaN or infinite gradient
+// anywhere (the last element, or one in the middle of another thread's chunk) is reported,
+// by each update rule, on one thread and over the pool.
+TEST(Updates, ReportAWeightThatIsNoLongerFinite) {
+  for (const std::int64_t n : {std::int64_t{37}, std::int64_t{50001}}) {
+    for (const float poison : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+      for (const std::int64_t at : {n - 1, n / 2 + 3}) {
+        for (int rule = 0; rule < 4; ++rule) {
+          Tensor w = random_tensor({n}, 3), g = random_tensor({n}, 4), m = Tensor::zeros({n}),
+                 v = Tensor::zeros({n}), vel = Tensor::zeros({n});
+          auto update = [&] {
+            if (rule == 0) return backend().adam_update(w, g, m, v, AdamUpdate{});
+            SgdUpdate p{.learning_rate = 0.1f, .momentum = rule == 1 ? 0.0f : 0.9f, .nesterov = rule == 3};
+            return backend().sgd_update(w, g, rule == 1 ? nullptr : &vel, p);
+          };
+          EXPECT_TRUE(update()) << "rule " << rule << ", n " << n;
+          g.data<float>()[at] = poison;
+          EXPECT_FALSE(update()) << "rule " << rule << ", n " << n << ", element " << at << " = " << poison;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dtrain::kernels

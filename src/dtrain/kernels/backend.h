@@ -108,8 +108,10 @@ class Backend {
   virtual void one_hot(const Tensor& labels, Tensor& out) = 0;
 
   // One fused pass over the parameters: read w, g and the slots once, write them once.
-  virtual void sgd_update(Tensor& w, const Tensor& g, Tensor* velocity, const SgdUpdate& p) = 0;
-  virtual void adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& p) = 0;
+  // Returns whether every weight written is finite (checked in the same pass, for fit's
+  // report of a diverging run).
+  virtual bool sgd_update(Tensor& w, const Tensor& g, Tensor* velocity, const SgdUpdate& p) = 0;
+  virtual bool adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& p) = 0;
 };
 
 // The backend that runs tensors on `device`. Throws Unsupported for a device this build

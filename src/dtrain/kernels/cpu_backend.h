@@ -44,8 +44,8 @@ class CpuBackend final : public Backend {
                Tensor& mask) override;
   void argmax(const Tensor& x, Tensor& out) override;
   void one_hot(const Tensor& labels, Tensor& out) override;
-  void sgd_update(Tensor& w, const Tensor& g, Tensor* velocity, const SgdUpdate& p) override;
-  void adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& p) override;
+  bool sgd_update(Tensor& w, const Tensor& g, Tensor* velocity, const SgdUpdate& p) override;
+  bool adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& p) override;
 
   PrimitiveCacheStats cache_stats() const;
 

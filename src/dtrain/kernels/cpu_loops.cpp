@@ -1,7 +1,9 @@
 // The plain-loop half of the CPU backend: what oneDNN has no primitive for. Loops run on
 // the OpenMP pool through parallel_for; hot ones are compiled for several ISAs and picked
 // at run time (target_clones), so the default build stays portable.
+#include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "dtrain/core/multiversion.h"
@@ -58,12 +60,21 @@ double sum_squares_loop(const float* x, std::int64_t begin, std::int64_t end) {
   return total;
 }
 
+// 1 when x is NaN or infinite (all exponent bits set). The update loops OR it over the
+// weights they write, which costs no memory traffic: the value is already in a register.
+inline std::uint32_t not_finite(float x) {
+  std::uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return (bits & 0x7f800000u) == 0x7f800000u;
+}
+
 DTRAIN_MULTIVERSION
-void adam_loop(float* w, const float* g, float* m, float* v, std::int64_t begin, std::int64_t end,
+bool adam_loop(float* w, const float* g, float* m, float* v, std::int64_t begin, std::int64_t end,
                float b1, float b2, float step_size, float eps, float decay, float gscale) {
   const float one_minus_b1 = 1.0f - b1;
   const float one_minus_b2 = 1.0f - b2;
-#pragma omp simd
+  std::uint32_t bad = 0;
+#pragma omp simd reduction(| : bad)
   for (std::int64_t i = begin; i < end; ++i) {
     const float gi = g[i] * gscale;
     const float mi = b1 * m[i] + one_minus_b1 * gi;
@@ -71,34 +82,45 @@ void adam_loop(float* w, const float* g, float* m, float* v, std::int64_t begin,
     m[i] = mi;
     v[i] = vi;
     const float wi = w[i] - decay * w[i];
-    w[i] = wi - step_size * mi / (std::sqrt(vi) + eps);
+    const float out = wi - step_size * mi / (std::sqrt(vi) + eps);
+    w[i] = out;
+    bad |= not_finite(out);
   }
+  return bad == 0;
 }
 
 DTRAIN_MULTIVERSION
-void sgd_loop(float* w, const float* g, float* vel, std::int64_t begin, std::int64_t end, float lr,
+bool sgd_loop(float* w, const float* g, float* vel, std::int64_t begin, std::int64_t end, float lr,
               float momentum, bool nesterov, float decay, float gscale) {
+  std::uint32_t bad = 0;
   if (vel == nullptr) {
-#pragma omp simd
-    for (std::int64_t i = begin; i < end; ++i) w[i] = w[i] - decay * w[i] - lr * gscale * g[i];
-    return;
-  }
-  if (nesterov) {
-#pragma omp simd
+#pragma omp simd reduction(| : bad)
+    for (std::int64_t i = begin; i < end; ++i) {
+      const float out = w[i] - decay * w[i] - lr * gscale * g[i];
+      w[i] = out;
+      bad |= not_finite(out);
+    }
+  } else if (nesterov) {
+#pragma omp simd reduction(| : bad)
     for (std::int64_t i = begin; i < end; ++i) {
       const float gi = gscale * g[i];
       const float vi = momentum * vel[i] - lr * gi;
       vel[i] = vi;
-      w[i] = w[i] - decay * w[i] + momentum * vi - lr * gi;
+      const float out = w[i] - decay * w[i] + momentum * vi - lr * gi;
+      w[i] = out;
+      bad |= not_finite(out);
     }
   } else {
-#pragma omp simd
+#pragma omp simd reduction(| : bad)
     for (std::int64_t i = begin; i < end; ++i) {
       const float vi = momentum * vel[i] - lr * gscale * g[i];
       vel[i] = vi;
-      w[i] = w[i] - decay * w[i] + vi;
+      const float out = w[i] - decay * w[i] + vi;
+      w[i] = out;
+      bad |= not_finite(out);
     }
   }
+  return bad == 0;
 }
 
 DTRAIN_MULTIVERSION
@@ -405,19 +427,22 @@ void CpuBackend::one_hot(const Tensor& labels, Tensor& out) {
   }
 }
 
-void CpuBackend::sgd_update(Tensor& w, const Tensor& g, Tensor* velocity, const SgdUpdate& p) {
+bool CpuBackend::sgd_update(Tensor& w, const Tensor& g, Tensor* velocity, const SgdUpdate& p) {
   check_same_f32(w, g, "sgd_update");
   if (velocity) check_same_f32(w, *velocity, "sgd_update (velocity)");
   float* pw = w.data<float>();
   const float* pg = g.data<float>();
   float* pv = velocity ? velocity->data<float>() : nullptr;
   const float decay = p.learning_rate * p.weight_decay;
+  std::atomic<bool> finite{true};
   parallel_for(w.numel(), kGrain, [&](std::int64_t begin, std::int64_t end) {
-    sgd_loop(pw, pg, pv, begin, end, p.learning_rate, p.momentum, p.nesterov, decay, p.gradient_scale);
+    if (!sgd_loop(pw, pg, pv, begin, end, p.learning_rate, p.momentum, p.nesterov, decay, p.gradient_scale))
+      finite.store(false, std::memory_order_relaxed);
   });
+  return finite.load(std::memory_order_relaxed);
 }
 
-void CpuBackend::adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& p) {
+bool CpuBackend::adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& p) {
   check_same_f32(w, g, "adam_update");
   check_same_f32(w, m, "adam_update (m)");
   check_same_f32(w, v, "adam_update (v)");
@@ -431,9 +456,12 @@ void CpuBackend::adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, c
   float* pm = m.data<float>();
   float* pv = v.data<float>();
   const float decay = p.learning_rate * p.weight_decay;
+  std::atomic<bool> finite{true};
   parallel_for(w.numel(), kGrain, [&](std::int64_t begin, std::int64_t end) {
-    adam_loop(pw, pg, pm, pv, begin, end, p.beta_1, p.beta_2, step_size, p.epsilon, decay, p.gradient_scale);
+    if (!adam_loop(pw, pg, pm, pv, begin, end, p.beta_1, p.beta_2, step_size, p.epsilon, decay, p.gradient_scale))
+      finite.store(false, std::memory_order_relaxed);
   });
+  return finite.load(std::memory_order_relaxed);
 }
 
 }  // namespace dtrain::kernels

@@ -335,19 +335,6 @@ std::vector<std::string> describe(const Sequential& model) {
   return out;
 }
 
-// Whether every element is finite: the float32 test is on the exponent bits, which the
-// compiler vectorizes (a check after every step must cost little beside the step).
-bool all_finite(const Tensor& t) {
-  if (t.dtype() != DType::f32) {
-    const std::vector<float> v = t.to_vector();
-    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
-  }
-  const auto* bits = reinterpret_cast<const std::uint32_t*>(t.data<float>());
-  std::uint32_t bad = 0;
-  for (std::int64_t i = 0; i < t.numel(); ++i) bad |= static_cast<std::uint32_t>((bits[i] & 0x7f800000u) == 0x7f800000u);
-  return bad == 0;
-}
-
 void check_fit_options(const FitOptions& opt) {
   if (opt.gradient_accumulation_steps < 1)
     DTRAIN_THROW(InvalidArgument, "fit: gradient_accumulation_steps must be >= 1, got ", opt.gradient_accumulation_steps);
@@ -652,7 +639,6 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   dtrain::detail::ScopedStrategy in_scope(strategy_);
   Trainer trainer(*this, opt.gradient_accumulation_steps, profiler);
   non_finite_.reset();
-  std::vector<Variable*> weights;  // once built (the first step may build the model)
   const bool own_batches = workers > 1 && source.per_worker();
   // The validation pipeline this worker runs, found out now rather than after an epoch.
   std::optional<data::WorkerShard> validation;
@@ -723,8 +709,7 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
       logs.set("loss", loss_mean.result());
       for (auto& m : metrics_) logs.set(m->name(), m->result());
       const bool was_finite = !non_finite_;
-      if (weights.empty()) weights = trainable_variables();
-      check_finite(epoch, step, loss_mean.result(), weights);
+      check_finite(epoch, step, loss_mean.result());
       if (was_finite && non_finite_) {
         history->non_finite = non_finite_;
         if (non_finite_->what == "weights") progress.set_note("weights: not finite since epoch " +
@@ -773,17 +758,15 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   return *history;
 }
 
-void Sequential::check_finite(int epoch, std::int64_t batch, double loss, const std::vector<Variable*>& weights) {
+void Sequential::check_finite(int epoch, std::int64_t batch, double loss) {
   if (non_finite_) return;
   if (!std::isfinite(loss)) {
     non_finite_ = NonFinite{epoch, batch, "loss", loss};
     return;
   }
-  for (const Variable* v : weights)
-    if (!all_finite(v->value())) {
-      non_finite_ = NonFinite{epoch, batch, "weights", loss};
-      return;
-    }
+  // The optimizer checks the weights as it writes them, in the update's own pass; a pass
+  // of its own would read every weight once more per step.
+  if (optimizer_->wrote_non_finite()) non_finite_ = NonFinite{epoch, batch, "weights", loss};
 }
 
 std::vector<profile::WorkerSummary> Sequential::gather_profile(const profile::Profiler& profiler) {

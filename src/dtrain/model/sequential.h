@@ -135,7 +135,7 @@ class Sequential {
  private:
   History run_fit(BatchSource& source, const FitOptions& options);
   // After a step: records the first non-finite loss or weights in non_finite_.
-  void check_finite(int epoch, std::int64_t batch, double loss, const std::vector<Variable*>& weights);
+  void check_finite(int epoch, std::int64_t batch, double loss);
   class Trainer;  // one training step, on one device or on a strategy's replicas
   // across_workers: fit's validation on per-worker data, summed over the workers.
   Logs run_evaluation(BatchSource& source, const std::string& prefix, bool across_workers = false);

@@ -21,7 +21,7 @@ Adam::Adam(std::string name, std::shared_ptr<LearningRateSchedule> learning_rate
 
 std::vector<std::string> Adam::slot_names() const { return {"m", "v"}; }
 
-void Adam::update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) {
+bool Adam::update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) {
   kernels::AdamUpdate p;
   p.learning_rate = lr;
   p.beta_1 = adam_.beta_1;
@@ -30,7 +30,7 @@ void Adam::update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float
   p.step = iterations() + 1;
   p.weight_decay = options().weight_decay;
   p.gradient_scale = grad_scale;
-  kernels::backend(value.device()).adam_update(value, g, slots[0], slots[1], p);
+  return kernels::backend(value.device()).adam_update(value, g, slots[0], slots[1], p);
 }
 
 namespace {

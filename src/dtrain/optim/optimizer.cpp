@@ -88,7 +88,8 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
       const double norm = std::sqrt(norms_[i]);
       if (norm > *options_.clipnorm) scale = static_cast<float>(*options_.clipnorm / norm);
     }
-    update(vars[i]->mutable_value(), grads[i], slots_of(*vars[i]), lr, scale);
+    if (!update(vars[i]->mutable_value(), grads[i], slots_of(*vars[i]), lr, scale))
+      wrote_non_finite_.store(true, std::memory_order_relaxed);
   }
   ++iterations_;
 }
@@ -134,7 +135,8 @@ void Optimizer::apply_share(std::span<const Tensor> grads, std::span<Variable* c
     DTRAIN_CHECK_LE(all.size(), size_t{2});
     Tensor slots[2];
     for (size_t s = 0; s < all.size() && s < 2; ++s) slots[s] = piece(all[s]);
-    update(value, piece(grads[i]), std::span<Tensor>(slots, all.size()), shared_lr_, 1.0f);
+    if (!update(value, piece(grads[i]), std::span<Tensor>(slots, all.size()), shared_lr_, 1.0f))
+      wrote_non_finite_.store(true, std::memory_order_relaxed);
   }
 }
 

@@ -4,6 +4,7 @@
 // Slots are created on the first update and reused: a steady-state step allocates nothing.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <span>
@@ -57,14 +58,19 @@ class Optimizer {
   void apply_share(std::span<const Tensor> grads, std::span<Variable* const> vars, int share, int shares);
   void end_shared_update() { ++iterations_; }
 
+  // Whether some update has written a NaN or an infinity into a variable since this
+  // optimizer was made: checked in the update's own pass, so it costs no extra read.
+  bool wrote_non_finite() const { return wrote_non_finite_.load(std::memory_order_relaxed); }
+
   // Per-variable state ("m", "v", "momentum"), for checkpoints. Empty before the first update.
   std::vector<std::pair<std::string, Tensor*>> slots(const Variable& v);
 
  protected:
   virtual std::vector<std::string> slot_names() const = 0;
   // One fused update of `value` (a variable, or a share of its elements) with gradient g
-  // scaled by grad_scale; slots are the same share of the variable's slots.
-  virtual void update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) = 0;
+  // scaled by grad_scale; slots are the same share of the variable's slots. Returns
+  // whether every value written is finite.
+  virtual bool update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) = 0;
 
  private:
   std::string name_;
@@ -75,6 +81,7 @@ class Optimizer {
   std::vector<double> norms_;  // squared gradient norms of the step, when clipping
   int slot_count_ = -1;  // slot_names().size(), read once (virtual: not in the constructor)
   float shared_lr_ = 0.0f;  // the learning rate of the shared update under way
+  std::atomic<bool> wrote_non_finite_{false};  // set by any share's update
   std::vector<Tensor>& slots_of(const Variable& v);
   // Keyed by the variable's value identity (tensor ids are never reused), not its address.
   std::unordered_map<std::uint64_t, std::vector<Tensor>> slots_;
@@ -92,7 +99,7 @@ class SGD final : public Optimizer {
 
  protected:
   std::vector<std::string> slot_names() const override;
-  void update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) override;
+  bool update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) override;
 
  private:
   float momentum_;
@@ -117,7 +124,7 @@ class Adam : public Optimizer {
   Adam(std::string name, std::shared_ptr<LearningRateSchedule> learning_rate, AdamOptions adam,
        OptimizerOptions options);
   std::vector<std::string> slot_names() const override;
-  void update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) override;
+  bool update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) override;
 
  private:
   AdamOptions adam_;

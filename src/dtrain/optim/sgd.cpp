@@ -18,14 +18,14 @@ std::vector<std::string> SGD::slot_names() const {
   return {"momentum"};
 }
 
-void SGD::update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) {
+bool SGD::update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) {
   kernels::SgdUpdate p;
   p.learning_rate = lr;
   p.momentum = momentum_;
   p.nesterov = nesterov_;
   p.weight_decay = options().weight_decay;
   p.gradient_scale = grad_scale;
-  kernels::backend(value.device())
+  return kernels::backend(value.device())
       .sgd_update(value, g, slots.empty() ? nullptr : &slots[0], p);
 }
 
