@@ -170,13 +170,25 @@ class PrefetchIterator : public IteratorBase {
   // The producer between pulls, held as long as the returned lock: `what` waits at most
   // the pipeline's timeout_seconds for the pull in flight (a source or map function
   // running on the producer's thread) to return.
-  std::unique_lock<std::timed_mutex> pause(const char* what) const {
+  std::unique_lock<std::mutex> pause(const char* what) const {
     const Clock::duration limit = save_timeout(ctx_.options);
-    std::unique_lock pull(pull_mutex_, limit);
-    if (!pull.owns_lock())
+    std::unique_lock lock(mutex_);
+    pausing_ = true;  // the producer starts no pull until this is cleared
+    if (!cv_.wait_for(lock, limit, [&] { return !pulling_; })) {
+      pausing_ = false;
+      lock.unlock();
+      cv_.notify_all();
       DTRAIN_THROW(Timeout, "prefetch: ", what, " waited ", seconds_text(limit),
                    " for the producer to finish the element it is making (a source or map function that never "
                    "returns?); DatasetOptions::timeout_seconds sets the limit");
+    }
+    lock.unlock();
+    // The producer lets go of the pull lock a few instructions after it stored its element.
+    std::unique_lock pull(pull_mutex_);
+    lock.lock();
+    pausing_ = false;  // the pull lock holds the producer from here
+    lock.unlock();
+    cv_.notify_all();
     return pull;
   }
 
@@ -260,7 +272,9 @@ class PrefetchIterator : public IteratorBase {
           }
           producer_napping_ = false;
         }
+        cv_.wait(lock, st, [&] { return !pausing_; });  // save() is taking the position
         if (st.stop_requested() || ctx_.stop.stop_requested() || ended_) return;
+        pulling_ = true;
       }
       std::lock_guard pull(pull_mutex_);
       const double t0 = wall_seconds(), cpu0 = cpu_seconds();
@@ -273,6 +287,7 @@ class PrefetchIterator : public IteratorBase {
       }
       const double took = wall_seconds() - t0, cpu = cpu_seconds() - cpu0;
       std::unique_lock lock(mutex_);
+      pulling_ = false;
       if (error) {
         // Moved, not copied: the consumer may rethrow and drop the error at once, and the
         // last reference must not be this thread's (TSan cannot see libstdc++'s count).
@@ -303,8 +318,10 @@ class PrefetchIterator : public IteratorBase {
   std::int64_t capacity_;
   const std::int64_t max_capacity_;
   mutable std::mutex mutex_;       // guards everything below
-  mutable std::timed_mutex pull_mutex_;  // held by the producer while it pulls and stores an element
-  std::condition_variable_any cv_;
+  mutable std::mutex pull_mutex_;  // held by the producer while it pulls and stores an element
+  mutable std::condition_variable_any cv_;
+  mutable bool pausing_ = false;  // save() or a report waits to take the pull lock
+  bool pulling_ = false;          // the producer is pulling (it holds or is taking the pull lock)
   std::deque<Element> queue_;
   bool ended_ = false;
   std::exception_ptr error_;
@@ -384,20 +401,8 @@ class ParallelMapIterator : public IteratorBase {
 
   IteratorState save() const override {
     std::unique_lock lock(mutex_);
-    paused_ = true;
-    // Resumes the workers on every way out, exceptions included (destroyed before `lock`).
-    struct Resume {
-      const ParallelMapIterator& self;
-      ~Resume() {
-        self.paused_ = false;
-        self.cv_.notify_all();
-      }
-    } resume{*this};
-    const Clock::duration limit = save_timeout(ctx_.options);
-    if (!cv_.wait_for(lock, limit, [&] { return computing_ == 0; }))
-      DTRAIN_THROW(Timeout, "map: save() waited ", seconds_text(limit), " for ", computing_,
-                   " map function call(s) or pulls in flight to finish (one that never returns?); "
-                   "DatasetOptions::timeout_seconds sets the limit");
+    const Resume resume{*this};
+    pause(lock, "save()");
     IteratorState s{{delivered_, input_done_ ? 1 : 0, end_seq_, static_cast<std::int64_t>(results_.size())},
                     {},
                     {in_->save()}};
@@ -423,16 +428,13 @@ class ParallelMapIterator : public IteratorBase {
   }
 
   void report(std::vector<std::string>& lines) const override {
+    std::unique_lock lock(mutex_);
     {
-      // The upstream may be replacing its stages.
-      const Clock::duration limit = save_timeout(ctx_.options);
-      std::unique_lock pull(pull_mutex_, limit);
-      if (!pull.owns_lock())
-        DTRAIN_THROW(Timeout, "map: autotune_report() waited ", seconds_text(limit),
-                     " for the pull in flight to return (a source that never returns?)");
+      // The upstream may be replacing its stages: no pull in flight.
+      const Resume resume{*this};
+      pause(lock, "autotune_report()");
       in_->report(lines);
     }
-    std::lock_guard lock(mutex_);
     lines.push_back("map: parallelism " + std::to_string(active_) + " of " + std::to_string(threads_) + " threads" +
                     (autotune_ ? " (AUTOTUNE)" : "") + (deterministic_ ? "" : ", non-deterministic") + "; function " +
                     ms(fn_time_.value) + "/element, consumer " + ms(consumer_time_.value) + "/element");
@@ -443,6 +445,26 @@ class ParallelMapIterator : public IteratorBase {
     Element element;
     std::exception_ptr error;
   };
+
+  // Resumes the workers on every way out of a pause, exceptions included (destroyed
+  // while the caller still holds the lock).
+  struct Resume {
+    const ParallelMapIterator& self;
+    ~Resume() {
+      self.paused_ = false;
+      self.cv_.notify_all();
+    }
+  };
+  // With `lock` held: stops the workers from starting a pull or a call, and waits at most
+  // the pipeline's timeout_seconds for those in flight to finish.
+  void pause(std::unique_lock<std::mutex>& lock, const char* what) const {
+    paused_ = true;
+    const Clock::duration limit = save_timeout(ctx_.options);
+    if (!cv_.wait_for(lock, limit, [&] { return computing_ == 0; }))
+      DTRAIN_THROW(Timeout, "map: ", what, " waited ", seconds_text(limit), " for ", computing_,
+                   " map function call(s) or pulls in flight to finish (one that never returns?); "
+                   "DatasetOptions::timeout_seconds sets the limit");
+  }
 
   bool ready() const {
     if (results_.empty()) return false;
@@ -550,7 +572,7 @@ class ParallelMapIterator : public IteratorBase {
   mutable std::condition_variable_any cv_;
   mutable bool paused_ = false;
   std::map<std::int64_t, Result> results_;
-  mutable std::timed_mutex pull_mutex_;  // held while pulling from the upstream
+  mutable std::mutex pull_mutex_;  // held while pulling from the upstream
   // pulled_: inputs taken or reserved; next_seq_: the number the next pull gets.
   std::int64_t pulled_ = 0, next_seq_ = 0, delivered_ = 0, end_seq_ = -1;
   int computing_ = 0;
