@@ -254,6 +254,28 @@ TEST(NonFinite, AReluThatHidesANaNFromTheLossLeavesItInTheWeights) {
       << h.non_finite->to_string();
 }
 
+TEST(NonFinite, AFitAfterRestoringGoodWeightsTrainsOn) {
+  // A fit whose weights went NaN, then good weights restored: the next fit with the same
+  // optimizer reports nothing; what the first one wrote is not the second's.
+  data::Split d = data::make_synthetic(64, 4, 2, 1, data::SyntheticLabels::teacher);
+  Sequential m;
+  m.add<nn::Dense>(8, "relu", nn::DenseOptions{.seed = 1});
+  m.add<nn::Dense>(2, "", nn::DenseOptions{.seed = 2});
+  m.compile(std::make_shared<optim::SGD>(0.1f), std::make_shared<losses::SparseCategoricalCrossentropy>(true));
+  m.build(Shape{4});
+  std::vector<Tensor> good;
+  for (Variable* v : m.variables()) good.push_back(v->value().clone());
+  Tensor bad_x = d.x.clone();
+  bad_x.data<float>()[9] = std::numeric_limits<float>::quiet_NaN();
+  auto stop = std::make_shared<TerminateOnNaN>(nullptr);
+  History first = m.fit(bad_x, d.y, {.epochs = 1, .batch_size = 32, .shuffle = false, .callbacks = {stop}, .verbose = 0});
+  ASSERT_TRUE(first.non_finite.has_value());
+  for (std::size_t i = 0; i < good.size(); ++i) m.variables()[i]->mutable_value().copy_from(good[i]);
+  History second = m.fit(d.x, d.y, {.epochs = 2, .batch_size = 32, .callbacks = {stop}, .verbose = 0});
+  EXPECT_FALSE(second.non_finite.has_value()) << second.non_finite->to_string();
+  EXPECT_EQ(second.epoch.size(), 2u);
+}
+
 TEST_F(Fixture, FiniteTrainingRecordsNothing) {
   m.compile(std::make_shared<optim::SGD>(0.1f), std::make_shared<losses::SparseCategoricalCrossentropy>(true));
   auto stop = std::make_shared<TerminateOnNaN>(nullptr);

@@ -639,6 +639,7 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   dtrain::detail::ScopedStrategy in_scope(strategy_);
   Trainer trainer(*this, opt.gradient_accumulation_steps, profiler);
   non_finite_.reset();
+  if (optimizer_) optimizer_->take_non_finite();  // what earlier training wrote is not this run's
   const bool own_batches = workers > 1 && source.per_worker();
   // The validation pipeline this worker runs, found out now rather than after an epoch.
   std::optional<data::WorkerShard> validation;
@@ -766,7 +767,7 @@ void Sequential::check_finite(int epoch, std::int64_t batch, double loss) {
   }
   // The optimizer checks the weights as it writes them, in the update's own pass; a pass
   // of its own would read every weight once more per step.
-  if (optimizer_->wrote_non_finite()) non_finite_ = NonFinite{epoch, batch, "weights", loss};
+  if (optimizer_->take_non_finite()) non_finite_ = NonFinite{epoch, batch, "weights", loss};
 }
 
 std::vector<profile::WorkerSummary> Sequential::gather_profile(const profile::Profiler& profiler) {

@@ -58,9 +58,9 @@ class Optimizer {
   void apply_share(std::span<const Tensor> grads, std::span<Variable* const> vars, int share, int shares);
   void end_shared_update() { ++iterations_; }
 
-  // Whether some update has written a NaN or an infinity into a variable since this
-  // optimizer was made: checked in the update's own pass, so it costs no extra read.
-  bool wrote_non_finite() const { return wrote_non_finite_.load(std::memory_order_relaxed); }
+  // Whether some update has written a NaN or an infinity into a variable since the last
+  // call (checked in the update's own pass, so it costs no extra read); the call clears it.
+  bool take_non_finite() { return wrote_non_finite_.exchange(false, std::memory_order_relaxed); }
 
   // Per-variable state ("m", "v", "momentum"), for checkpoints. Empty before the first update.
   std::vector<std::pair<std::string, Tensor*>> slots(const Variable& v);
