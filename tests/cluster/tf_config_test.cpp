@@ -52,6 +52,19 @@ TEST(TfConfig, UnsetMeansOneWorkerWithEverything) {
   ::unsetenv("TF_CONFIG");
 }
 
+// Found by fuzz/fuzz_tf_config (fuzz/regressions/): a number too large for a double
+// escaped as the JSON library's out_of_range instead of an error naming TF_CONFIG.
+TEST(TfConfig, NumberTooLargeForADoubleIsInvalidJson) {
+  for (const char* text : {"1e1270\"2", R"({"cluster": {"worker": ["a:1"]}, "task": {"index": 1e400}})"}) {
+    try {
+      parse_tf_config(text);
+      ADD_FAILURE() << "no error for " << text;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("TF_CONFIG: invalid JSON"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(TfConfig, EachMistakeHasItsOwnError) {
   struct Case {
     const char* json;

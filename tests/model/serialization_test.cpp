@@ -5,6 +5,7 @@
 
 #include "common/error_message.h"
 #include "dtrain/data/datasets.h"
+#include "dtrain/model/json_reader.h"
 #include "dtrain/model/safetensors.h"
 #include "dtrain/model/sequential.h"
 
@@ -164,6 +165,25 @@ TEST(Weights, ImpossibleShapesAreRejected) {
   const std::string e = message_of([&] { load_safetensors(path.string()); });
   EXPECT_NE(e.find("tensor 'w'"), std::string::npos) << e;
   fs::remove(path);
+}
+
+// Like fuzz/regressions/fuzz_tf_config/number-overflow: a number too large for a double
+// in the header is an IoError naming the file, not the JSON library's out_of_range.
+TEST(Weights, HeaderNumberTooLargeForADoubleIsAnIoError) {
+  const auto path = temp_path("overflow.safetensors");
+  const std::string header = R"({"w":{"dtype":"F32","shape":[1e999],"data_offsets":[0,4]}})";
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(header.size() >> (8 * i));
+  std::ofstream(path, std::ios::binary) << bytes << header << std::string(4, '\0');
+  const std::string e = message_of<IoError>([&] { load_safetensors(path.string()); });
+  EXPECT_NE(e.find(path.string() + ": header is not valid JSON"), std::string::npos) << e;
+  fs::remove(path);
+  try {
+    parse_json(R"({"epochs": 1e999})", "run.json");
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& err) {
+    EXPECT_NE(std::string(err.what()).find("run.json: invalid JSON"), std::string::npos) << err.what();
+  }
 }
 
 TEST(ModelJson, TrainableFalseFreezesTheLayer) {

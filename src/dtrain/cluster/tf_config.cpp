@@ -107,7 +107,7 @@ TfConfig parse_tf_config(const std::string& text, const std::string& origin) {
   json doc;
   try {
     doc = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number too large for a double
     fail(origin, "", std::string("invalid JSON (") + e.what() + ")");
   }
   if (!doc.is_object()) fail(origin, "", "expected a JSON object with \"cluster\" and \"task\", got " + type_name(doc));

@@ -8,6 +8,8 @@ nlohmann::json parse_json(const std::string& text, const std::string& source) {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     DTRAIN_THROW(InvalidArgument, source, ": invalid JSON at byte ", e.byte, ": ", e.what());
+  } catch (const nlohmann::json::exception& e) {  // a number too large for a double (1e999)
+    DTRAIN_THROW(InvalidArgument, source, ": invalid JSON: ", e.what());
   }
 }
 

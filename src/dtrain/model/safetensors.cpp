@@ -117,6 +117,8 @@ NamedTensors load_safetensors(const std::string& path) {
     header = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     DTRAIN_THROW(IoError, path, ": header is not valid JSON at byte ", 8 + e.byte, ": ", e.what());
+  } catch (const nlohmann::json::exception& e) {  // a number too large for a double (1e999)
+    DTRAIN_THROW(IoError, path, ": header is not valid JSON: ", e.what());
   }
   if (!header.is_object()) DTRAIN_THROW(IoError, path, ": header is not a JSON object");
   const std::uint64_t data_start = 8 + n;
