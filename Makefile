@@ -3,7 +3,7 @@
 PRESET ?= release
 JOBS ?= $(shell nproc)
 
-.PHONY: deps configure build demo test check-install test-asan test-tsan bench clean
+.PHONY: deps configure build demo test check-install test-asan test-tsan fuzz bench clean
 
 deps:
 	./scripts/install-deps.sh
@@ -28,6 +28,11 @@ test-asan:
 
 test-tsan:
 	$(MAKE) test PRESET=tsan
+
+# Every reader of outside bytes under libFuzzer, briefly: the inputs it once failed on,
+# then 15 s of fuzzing each (scripts/fuzz.sh runs longer).
+fuzz:
+	$(MAKE) test PRESET=fuzz
 
 bench: build
 	./build/$(PRESET)/bench/bench_matmul

@@ -11,6 +11,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   nlohmann-json3-dev libcli11-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev libomp-dev     # the fuzz preset: libFuzzer and the sanitizers, OpenMP for clang
   dataset-fashion-mnist
 )
 
