@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "common/compare.h"
@@ -372,6 +374,88 @@ TEST(MirroredStrategy, AReplicaStuckInUserCodeIsATimeoutNamingIt) {
   // The strategy still works afterwards.
   PerReplica<Tensor> ids = strategy.run([] { return Tensor::scalar(static_cast<float>(replica_context().replica_id)); });
   EXPECT_FLOAT_EQ(strategy.reduce(ReduceOp::SUM, ids).item(), 1.0f);
+}
+
+// merge_call: the others wait for replica 0's merged function twice the timeout, with a
+// message of their own, and an error of the function's own is what run() throws, also
+// when the others gave up waiting first (the function goes on only once one of them has
+// caught its Timeout; the bounds on the test's own waits only keep it from hanging).
+TEST(MirroredStrategy, AMergedFunctionsOwnErrorWinsOverTheOthersTimeouts) {
+  MirroredStrategy strategy(3, {.timeout_seconds = 0.1});
+  auto merged = [](const std::function<void()>& fn) { replica_context().cross->merge_call(fn); };
+  // The function fails at once: the others are released, and run() throws its error.
+  try {
+    strategy.run([&] { merged([] { DTRAIN_THROW(IoError, "the merged function broke"); }); });
+    ADD_FAILURE() << "run did not fail";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("replica 0 (/cpu:0): the merged function broke"), std::string::npos) << e.what();
+  }
+  // The function outlasts the others' patience, then fails.
+  std::promise<std::string> gave_up;
+  std::shared_future<std::string> seen = gave_up.get_future().share();
+  std::once_flag once;
+  try {
+    strategy.run([&] {
+      try {
+        merged([&] {
+          if (seen.wait_for(std::chrono::seconds(60)) != std::future_status::ready) ADD_FAILURE() << "nobody gave up";
+          DTRAIN_THROW(IoError, "the slow merged function broke");
+        });
+      } catch (const Timeout& e) {
+        std::call_once(once, [&] { gave_up.set_value(e.what()); });
+        throw;
+      }
+    });
+    ADD_FAILURE() << "run did not fail";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("replica 0 (/cpu:0): the slow merged function broke"), std::string::npos)
+        << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "run threw another error than the merged function's: " << e.what();
+  }
+  ASSERT_EQ(seen.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  EXPECT_NE(seen.get().find("merge_call (waiting for replica 0's merged function): replica "), std::string::npos)
+      << seen.get();
+  EXPECT_NE(seen.get().find(" waited 0.2 s, and replica 0 (/cpu:0) had not finished"), std::string::npos) << seen.get();
+  // The strategy still works afterwards.
+  PerReplica<Tensor> ids = strategy.run([] { return Tensor::scalar(static_cast<float>(replica_context().replica_id)); });
+  EXPECT_FLOAT_EQ(strategy.reduce(ReduceOp::SUM, ids).item(), 3.0f);
+}
+
+// A run that failed at a barrier leaves no replica marked as arrived for the next run: a
+// later timeout names exactly the replica stuck then.
+TEST(MirroredStrategy, ATimeoutNamesTheReplicaStuckInThisRunNotInTheLast) {
+  MirroredStrategy strategy(3, {.timeout_seconds = 0.1});
+  auto run_with_stuck = [&](int stuck) {
+    std::promise<void> release;
+    std::shared_future<void> released = release.get_future().share();
+    std::once_flag once;
+    try {
+      strategy.run([&] {
+        const int me = replica_context().replica_id;
+        if (me == stuck) {
+          if (released.wait_for(std::chrono::seconds(60)) != std::future_status::ready) ADD_FAILURE() << "never released";
+          return;
+        }
+        try {
+          const std::vector<Tensor> one{Tensor::scalar(1.0f)};
+          replica_context().cross->all_reduce_sum(one);
+        } catch (const Timeout&) {
+          std::call_once(once, [&] { release.set_value(); });
+          throw;
+        }
+      });
+    } catch (const Timeout& e) {
+      return std::string(e.what());
+    } catch (const std::exception& e) {
+      return std::string("not a Timeout: ") + e.what();
+    }
+    return std::string("no error");
+  };
+  const std::string first = run_with_stuck(2);
+  EXPECT_NE(first.find("and replica(s) 2 (/cpu:2) never arrived"), std::string::npos) << first;
+  const std::string second = run_with_stuck(1);
+  EXPECT_NE(second.find("and replica(s) 1 (/cpu:1) never arrived"), std::string::npos) << second;
 }
 
 // fit()'s waits, one by one: the gradient buckets' all-reduce, the dense layers' barrier

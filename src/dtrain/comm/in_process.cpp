@@ -72,6 +72,18 @@ constexpr int kMaxReplicas = 256;
 
 void add_into(float* out, const float* in, std::size_t n) { add_loop(out, in, n); }
 
+std::string never_arrived(std::string_view what, int replica, std::chrono::milliseconds waited, int replicas,
+                          const std::function<bool(int)>& absent, std::span<const std::string> devices) {
+  std::string list;
+  for (int r = 0; r < replicas; ++r) {
+    if (!absent(r)) continue;
+    list += (list.empty() ? "" : ", ") + std::to_string(r);
+    if (static_cast<std::size_t>(r) < devices.size()) list += " (" + devices[static_cast<std::size_t>(r)] + ")";
+  }
+  return dtrain::detail::concat(what, ": replica ", replica, " waited ", std::chrono::duration<double>(waited).count(),
+                                " s, and replica(s) ", list, " never arrived (stuck in their input or in user code?)");
+}
+
 InProcessAllReduce::InProcessAllReduce(int replicas, std::vector<std::vector<std::size_t>> segments,
                                        std::vector<float*> outputs, std::size_t chunk_floats,
                                        std::size_t streaming_above_bytes, std::chrono::milliseconds timeout)
@@ -184,19 +196,15 @@ void InProcessAllReduce::finish(int replica) {
 }
 
 std::string InProcessAllReduce::missing(int replica, std::uint64_t round) const {
-  const double seconds = std::chrono::duration<double>(timeout_).count();
   for (std::size_t index = 0; index < buckets_.size(); ++index) {
     const Bucket& b = buckets_[index];
     if (b.arrived.load(std::memory_order_acquire) >= round * static_cast<std::uint64_t>(replicas_)) continue;
-    std::string absent;
-    for (int r = 0; r < replicas_; ++r)
-      if (b.arrived_in[static_cast<std::size_t>(r)].load(std::memory_order_relaxed) < round)
-        absent += (absent.empty() ? "" : ", ") + std::to_string(r);
-    return dtrain::detail::concat("all-reduce of gradient bucket ", index, " (of ", buckets_.size(), "): replica ",
-                                  replica, " waited ", seconds, " s, and replica(s) ", absent,
-                                  " never arrived (stuck in their input or in user code?)");
+    return never_arrived(dtrain::detail::concat("all-reduce of gradient bucket ", index, " (of ", buckets_.size(), ")"),
+                         replica, timeout_, replicas_, [&](int r) {
+                           return b.arrived_in[static_cast<std::size_t>(r)].load(std::memory_order_relaxed) < round;
+                         });
   }
-  return dtrain::detail::concat("all-reduce: replica ", replica, " waited ", seconds,
+  return dtrain::detail::concat("all-reduce: replica ", replica, " waited ", std::chrono::duration<double>(timeout_).count(),
                                 " s for the buckets' sums, and nobody summed a chunk in that time");
 }
 
@@ -254,7 +262,7 @@ InProcessBarrier::InProcessBarrier(int replicas, int spins, std::chrono::millise
 
 void InProcessBarrier::reset(const std::vector<bool>& members, int spins) {
   DTRAIN_CHECK(members.size() == members_.size(), "a barrier's members are its replicas");
-  members_ = members;
+  std::copy(members.begin(), members.end(), members_.begin());
   replicas_ = static_cast<int>(std::count(members.begin(), members.end(), true));
   spins_ = spins;
 }
@@ -269,13 +277,11 @@ void InProcessBarrier::arrive_and_wait(int replica) {
     arrived_.store(0, std::memory_order_relaxed);  // nobody arrives again before the bump below
     generation_.bump();
   } else if (!generation_.wait(generation, spins_, timeout_)) {
-    std::string absent;
-    for (std::size_t r = 0; r < members_.size(); ++r)
-      if (members_[r] && arrived_in_[r].load(std::memory_order_relaxed) != generation + 1)
-        absent += (absent.empty() ? "" : ", ") + std::to_string(r);
-    const std::string why = dtrain::detail::concat(
-        name_, ": replica ", replica, " waited ", std::chrono::duration<double>(timeout_).count(), " s, and replica(s) ",
-        absent, " never arrived (stuck in their input or in user code?)");
+    const std::string why =
+        never_arrived(name_, replica, timeout_, static_cast<int>(members_.size()), [&](int r) {
+          const auto i = static_cast<std::size_t>(r);
+          return members_[i] && arrived_in_[i].load(std::memory_order_relaxed) != generation + 1;
+        });
     abort(replica, why);  // the others stop waiting too
     DTRAIN_THROW(Timeout, why);
   }

@@ -23,7 +23,9 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dtrain/core/clock.h"
@@ -32,6 +34,13 @@ namespace dtrain::comm {
 
 // out[i] += in[i] for i < n, vectorised for the CPU it runs on.
 void add_into(float* out, const float* in, std::size_t n);
+
+// The message of a Timeout at an in-process wait: "WHAT: replica R waited S s, and
+// replica(s) A, B never arrived (stuck in their input or in user code?)", listing each
+// replica r < replicas for which absent(r) holds, followed by " (DEVICE)" where `devices`
+// names the replicas.
+std::string never_arrived(std::string_view what, int replica, std::chrono::milliseconds waited, int replicas,
+                          const std::function<bool(int)>& absent, std::span<const std::string> devices = {});
 
 // One pause of a spinning wait: lets the other hardware thread of the core run.
 inline void cpu_relax() {
@@ -164,7 +173,7 @@ class InProcessBarrier {
   // A replica failed: every replica waiting now or later throws. Not reused afterwards.
   void abort(int replica, const std::string& why);
   // Which replicas arrive each time from now on ([replica] true: a member), and how long
-  // they spin; only while nobody waits.
+  // they spin; only while nobody waits. Copied into a list of the same size: no allocation.
   void reset(const std::vector<bool>& members, int spins);
 
  private:

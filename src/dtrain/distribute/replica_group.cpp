@@ -30,6 +30,7 @@ ReplicaGroup::ReplicaGroup(GroupOptions options) : options_(std::move(options)) 
   errors_.resize(static_cast<std::size_t>(n));
   published_.resize(static_cast<std::size_t>(n));
   barrier_arrived_.resize(static_cast<std::size_t>(n));
+  waited_for_.resize(static_cast<std::size_t>(n));
   for (int r = 1; r < n; ++r) threads_.emplace_back([this, r] { worker(r); });
 }
 
@@ -79,11 +80,17 @@ void ReplicaGroup::run_replica(int replica) {
 
 void ReplicaGroup::fail(int replica, std::exception_ptr error) {
   std::lock_guard lock(mutex_);
-  errors_[static_cast<std::size_t>(replica)] = std::move(error);
-  // The first failure that is not another replica's failure seen second-hand is the cause.
-  if (first_failure_ < 0 || (is_peer_failure(errors_[static_cast<std::size_t>(first_failure_)]) &&
-                             !is_peer_failure(errors_[static_cast<std::size_t>(replica)])))
+  const auto r = static_cast<std::size_t>(replica);
+  errors_[r] = std::move(error);
+  // The cause is the first failure that is not seen second-hand: neither another
+  // replica's failure met at a barrier nor, once this replica's own error comes, a
+  // Timeout of another replica that waited for this one.
+  if (first_failure_ < 0 ||
+      (!is_peer_failure(errors_[r]) &&
+       (is_peer_failure(errors_[static_cast<std::size_t>(first_failure_)]) || waited_for_[r]))) {
     first_failure_ = replica;
+    std::fill(waited_for_.begin(), waited_for_.end(), false);
+  }
   barrier_cv_.notify_all();
 }
 
@@ -98,8 +105,10 @@ void ReplicaGroup::run(const std::function<void(int replica)>& fn) {
     std::fill(errors_.begin(), errors_.end(), nullptr);
     first_failure_ = -1;
     first_returned_ = -1;
+    std::fill(waited_for_.begin(), waited_for_.end(), false);
+    // A failed run may have left replicas counted and marked at a barrier nobody passed.
     barrier_count_ = 0;
-    merge_error_ = nullptr;
+    ++barrier_generation_;
     pending_ = num_replicas() - 1;
     ++generation_;
   }
@@ -209,7 +218,7 @@ Tensor ReplicaGroup::gather_over_workers(const Tensor& value) {
   return out;
 }
 
-void ReplicaGroup::barrier(int replica, const char* what, std::chrono::milliseconds timeout) {
+void ReplicaGroup::barrier(int replica, const char* what, std::chrono::milliseconds timeout, bool for_replica_0) {
   std::unique_lock lock(mutex_);
   auto broken = [&] {
     if (first_failure_ >= 0)
@@ -231,17 +240,22 @@ void ReplicaGroup::barrier(int replica, const char* what, std::chrono::milliseco
   const bool ended = barrier_cv_.wait_for(
       lock, timeout, [&] { return barrier_generation_ != generation || first_failure_ >= 0 || first_returned_ >= 0; });
   if (!ended) {
-    std::string absent;
-    for (std::size_t r = 0; r < barrier_arrived_.size(); ++r)
-      if (barrier_arrived_[r] != generation + 1)
-        absent += dtrain::detail::concat(absent.empty() ? "" : ", ", r, " (", options_.devices[r], ")");
-    Timeout timeout_error(dtrain::detail::concat(
-        what, ": replica ", replica, " waited ", std::chrono::duration<double>(timeout).count(), " s, and replica(s) ",
-        absent, " never arrived (stuck in their input or in user code?); CommunicationOptions::timeout_seconds sets the limit"));
+    auto absent = [&](int r) { return barrier_arrived_[static_cast<std::size_t>(r)] != generation + 1; };
+    Timeout timeout_error(
+        for_replica_0
+            ? dtrain::detail::concat(what, ": replica ", replica, " waited ", std::chrono::duration<double>(timeout).count(),
+                                     " s, and replica 0 (", options_.devices[0], ") had not finished; twice ",
+                                     "CommunicationOptions::timeout_seconds sets the limit")
+            : comm::never_arrived(what, replica, timeout, num_replicas(), absent, options_.devices) +
+                  "; CommunicationOptions::timeout_seconds sets the limit");
     // Recorded as this replica's failure, so that the others stop waiting and run() reports
-    // it even if the replica's function catches it.
+    // it even if the replica's function catches it; unless one it waited for fails on its
+    // own account later (fail()).
     errors_[static_cast<std::size_t>(replica)] = std::make_exception_ptr(timeout_error);
-    if (first_failure_ < 0 || is_peer_failure(errors_[static_cast<std::size_t>(first_failure_)])) first_failure_ = replica;
+    if (first_failure_ < 0 || is_peer_failure(errors_[static_cast<std::size_t>(first_failure_)])) {
+      first_failure_ = replica;
+      for (int r = 0; r < num_replicas(); ++r) waited_for_[static_cast<std::size_t>(r)] = absent(r);
+    }
     barrier_cv_.notify_all();
     throw timeout_error;
   }
@@ -292,7 +306,8 @@ std::vector<Tensor> ReplicaGroup::all_reduce_sum(std::span<const Tensor> values)
   }
   barrier(r, "all_reduce");
   if (options_.workers) {
-    // Then over the workers. Whether a tensor is defined must agree among them.
+    // Then over the workers, on replica 0, whose error (naming the worker) fails the run.
+    // Whether a tensor is defined must agree among them.
     if (r == 0) {
       try {
         std::vector<double> defined(sums_.size());
@@ -300,20 +315,15 @@ std::vector<Tensor> ReplicaGroup::all_reduce_sum(std::span<const Tensor> values)
         sum_over_workers(defined);
         for (std::size_t i = 0; i < sums_.size(); ++i)
           if (defined[i] != 0.0 && defined[i] != static_cast<double>(num_workers()))
-            DTRAIN_THROW(InvalidArgument, "all_reduce: tensor ", i, " is defined on ", defined[i], " of ", num_workers(),
-                         " workers; every worker must bring the same tensors");
+            DTRAIN_THROW(InvalidArgument, "all_reduce: tensor ", i, " is defined on ", defined[i], " of ",
+                         num_workers(), " workers; every worker must bring the same tensors");
         for (Tensor& t : sums_) sum_over_workers(t);
       } catch (...) {
-        merge_error_ = std::current_exception();
+        fail(0, std::current_exception());  // the others stop waiting, even if the caller catches it
+        throw;
       }
     }
-    // Replica 0 has arrived and runs the collectives across workers, each bounded by the
-    // timeout: waiting a little longer lets its error, which names the worker, come first.
-    barrier(r, "all_reduce (the sum across workers on replica 0)", 2 * options_.timeout);
-    if (merge_error_) {
-      if (r == 0) std::rethrow_exception(merge_error_);
-      DTRAIN_THROW(PeerFailure, "replica ", r, ": the all-reduce across workers on replica 0 failed");
-    }
+    wait_for_replica_0(r, "all_reduce (waiting for replica 0's sum across workers)");
   }
   // The next call changes sums_ only after every replica has reached its first barrier,
   // so after this copy.
@@ -330,14 +340,11 @@ void ReplicaGroup::merge_call(const std::function<void()>& fn) {
     try {
       fn();
     } catch (...) {
-      merge_error_ = std::current_exception();
+      fail(0, std::current_exception());  // the others stop waiting, even if the caller catches it
+      throw;
     }
   }
-  barrier(r, "merge_call (the merged function on replica 0)");
-  if (merge_error_) {
-    if (r == 0) std::rethrow_exception(merge_error_);
-    DTRAIN_THROW(PeerFailure, "replica ", r, ": the merged call on replica 0 failed");
-  }
+  wait_for_replica_0(r, "merge_call (waiting for replica 0's merged function)");
 }
 
 }  // namespace dtrain::distribute::detail

@@ -67,10 +67,16 @@ class ReplicaGroup final : public StrategyBackend, public CrossReplica {
   void worker(int replica);
   void run_replica(int replica);
   // Every replica waits until all have arrived; throws PeerFailure once a replica failed,
-  // and Timeout naming `what` and the replicas that never arrived once `timeout` passed
+  // and Timeout naming `what` and the replicas that never arrived once the timeout passed
   // (which fails the run for everyone).
-  void barrier(int replica, const char* what, std::chrono::milliseconds timeout);
-  void barrier(int replica, const char* what) { barrier(replica, what, options_.timeout); }
+  void barrier(int replica, const char* what) { barrier(replica, what, options_.timeout, false); }
+  // The others wait for replica 0, which arrived at the barrier before and does the
+  // call's work alone meanwhile (the merged function, the sum across workers): twice the
+  // timeout, since that work may wait for other workers a whole timeout itself; the
+  // Timeout says that replica 0 was still at it. Replica 0 does not come here with an
+  // error: it throws, and fail() releases the others.
+  void wait_for_replica_0(int replica, const char* what) { barrier(replica, what, 2 * options_.timeout, true); }
+  void barrier(int replica, const char* what, std::chrono::milliseconds timeout, bool for_replica_0);
   void fail(int replica, std::exception_ptr error);
 
   GroupOptions options_;
@@ -85,16 +91,20 @@ class ReplicaGroup final : public StrategyBackend, public CrossReplica {
   bool stop_ = false;
   std::vector<std::exception_ptr> errors_;  // [replica], this run
   int first_failure_ = -1;
+  // [replica] named by first_failure_'s Timeout as the one it waited for: a later error of
+  // that replica's own (not a PeerFailure) is the cause instead.
+  std::vector<bool> waited_for_;
   int first_returned_ = -1;  // a replica whose function returned; nobody can wait for it
 
   // The barrier, and the values replicas exchange through it.
   std::condition_variable barrier_cv_;
   int barrier_count_ = 0;
   std::uint64_t barrier_generation_ = 0;
-  std::vector<std::uint64_t> barrier_arrived_;  // [replica] the generation it last arrived in, + 1
+  // [replica] the generation it last arrived in, + 1; run() moves the generation on, so
+  // that marks left by a failed run mean nothing in the next.
+  std::vector<std::uint64_t> barrier_arrived_;
   std::vector<std::span<const Tensor>> published_;  // [replica]
   std::vector<Tensor> sums_;
-  std::exception_ptr merge_error_;
   std::uint64_t synchronized_ = 0;  // synchronize_variables calls, naming their exchanges
 };
 
