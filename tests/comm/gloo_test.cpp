@@ -1,7 +1,13 @@
 // Collectives between ranks over Gloo's TCP transport on 127.0.0.1, the ranks being
-// threads of this process that meet through an in-memory store; and the TCP rendezvous
-// store with its cluster token.
+// threads of this process that meet through an in-memory store; the TCP rendezvous store
+// with its cluster token; and the Redis one, where a redis-server is installed.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <gloo/rendezvous/hash_store.h>
 
@@ -10,7 +16,9 @@
 
 #include "common/on_ranks.h"
 #include "dtrain/comm/gloo_group.h"
+#include "dtrain/comm/redis_store.h"
 #include "dtrain/comm/tcp_store.h"
+#include "dtrain/core/clock.h"
 #include "dtrain/core/error.h"
 
 namespace dtrain::comm {
@@ -238,6 +246,95 @@ TEST(TcpStore, CarriesAGlooRendezvousBetweenRanks) {
   });
   EXPECT_EQ(errors[0], "");
   EXPECT_EQ(errors[1], "");
+}
+
+// A redis-server of the test's own on 127.0.0.1, stopped on destruction; port() is 0
+// where none is installed or it did not start (the caller skips, saying so).
+class RedisServer {
+ public:
+  RedisServer() {
+    const char* server = "/usr/bin/redis-server";
+    if (::access(server, X_OK) != 0) return;
+    // A port the kernel had free a moment ago.
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (::bind(probe, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::getsockname(probe, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      ::close(probe);
+      return;
+    }
+    ::close(probe);
+    const std::string port = std::to_string(ntohs(a.sin_port));
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::execl(server, server, "--port", port.c_str(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+              "--loglevel", "warning", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    // Up once it accepts a connection; at most 10 s.
+    for (const auto deadline = Clock::now() + std::chrono::seconds(10); Clock::now() < deadline;) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      const bool up = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+      ::close(fd);
+      if (up) {
+        port_ = std::stoi(port);
+        return;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  ~RedisServer() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  int port() const { return port_; }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+TEST(RedisStore, ChecksEachKeyUnderItsPrefix) {
+  RedisServer server;
+  if (server.port() == 0) GTEST_SKIP() << "no redis-server (scripts/install-deps.sh installs it)";
+  RedisStore job("127.0.0.1", server.port(), 2s, "worker:0", "job-a"), other("127.0.0.1", server.port(), 2s, "", "job-b");
+  job.set("k", {'v'});
+  EXPECT_EQ(job.check({"k", "absent", "k"}), (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(job.get("k"), (std::vector<char>{'v'}));
+  EXPECT_EQ(other.check({"k"}), (std::vector<bool>{false})) << "another job's prefix sees the key";
+  EXPECT_FALSE(job.set_while_connected("mine", {'1'})) << "Redis cannot tie a key to the connection";
+  try {
+    job.wait({"k", "absent"}, 200ms);
+    ADD_FAILURE() << "no timeout";
+  } catch (const Timeout& e) {
+    EXPECT_NE(std::string(e.what()).find("still missing after 0.2 s: absent"), std::string::npos) << e.what();
+  }
+}
+
+// Over Redis, where an ended process's keys stay, the roll call after a failed collective
+// waits for every absent rank at once, until one deadline, and names them all without
+// claiming to know whether they are alive.
+TEST(GlooGroup, OverRedisTheRollCallNamesEveryRankThatLeft) {
+  RedisServer server;
+  if (server.port() == 0) GTEST_SKIP() << "no redis-server (scripts/install-deps.sh installs it)";
+  const auto errors = on_ranks(3, [&](int r) {
+    auto store = std::make_shared<RedisStore>("127.0.0.1", server.port(), 2s, testing::task_names(3)[r], "job");
+    GlooGroupOptions o = options(r, 3, 2s);
+    o.shared_memory = false;
+    GlooGroup group(store, o);
+    group.barrier();
+    if (r != 0) return;  // they leave; worker:0 goes on alone
+    std::vector<float> v(100000, 1.0f);
+    group.allreduce(v.data(), v.size(), 1);
+  });
+  EXPECT_EQ(errors[1], "");
+  EXPECT_EQ(errors[2], "");
+  EXPECT_NE(errors[0].find("not answering: worker:1, worker:2 ("), std::string::npos) << errors[0];
+  EXPECT_EQ(errors[0].find("alive"), std::string::npos) << errors[0];
 }
 
 }  // namespace

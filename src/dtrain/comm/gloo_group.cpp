@@ -26,7 +26,7 @@
 #include "dtrain/comm/shared_memory.h"
 #include "dtrain/comm/store_keys.h"
 #include "dtrain/comm/tcp_ring.h"
-#include "dtrain/comm/tcp_store.h"
+#include "dtrain/comm/rendezvous_store.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/multiversion.h"
 
@@ -36,6 +36,47 @@ namespace {
 constexpr std::size_t kRingCacheBytes = 256u << 10;
 
 using detail::bytes_of;
+
+// Gloo's own stores (HashStore, where the ranks are threads of one process) as a
+// RendezvousStore: a key is checked by waiting 1 ms for it, and none lasts only as long
+// as its process.
+class GlooStore final : public RendezvousStore {
+ public:
+  explicit GlooStore(std::shared_ptr<gloo::rendezvous::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::vector<char>& data) override { store_->set(key, data); }
+  void set(const std::string& key, const std::vector<char>& data, std::chrono::milliseconds) override {
+    store_->set(key, data);
+  }
+  std::vector<char> get(const std::string& key) override { return store_->get(key); }
+  void wait(const std::vector<std::string>& keys) override { store_->wait(keys); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    store_->wait(keys, timeout);
+  }
+  std::vector<bool> check(const std::vector<std::string>& keys, std::chrono::milliseconds) override {
+    std::vector<bool> present;
+    for (const std::string& k : keys) {
+      try {
+        store_->wait({k}, std::chrono::milliseconds(1));
+        present.push_back(true);
+      } catch (const std::exception&) {
+        present.push_back(false);
+      }
+    }
+    return present;
+  }
+  bool set_while_connected(const std::string& key, const std::vector<char>& data) override {
+    store_->set(key, data);
+    return false;
+  }
+
+ private:
+  std::shared_ptr<gloo::rendezvous::Store> store_;
+};
+
+std::shared_ptr<RendezvousStore> rendezvous_store(std::shared_ptr<gloo::rendezvous::Store> store) {
+  if (auto ours = std::dynamic_pointer_cast<RendezvousStore>(store)) return ours;
+  return std::make_shared<GlooStore>(std::move(store));
+}
 
 bool timed_out(const std::string& what) {
   return what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
@@ -142,7 +183,7 @@ struct GlooGroup::CachedRing {
 };
 
 GlooGroup::GlooGroup(std::shared_ptr<gloo::rendezvous::Store> store, GlooGroupOptions options)
-    : options_(std::move(options)), store_(std::move(store)) {
+    : options_(std::move(options)), store_(rendezvous_store(std::move(store))) {
   if (options_.size < 1 || options_.rank < 0 || options_.rank >= options_.size)
     DTRAIN_THROW(InvalidArgument, "GlooGroup: rank ", options_.rank, " is not in [0, ", options_.size, ")");
   if (options_.task_names.empty())
@@ -152,9 +193,8 @@ GlooGroup::GlooGroup(std::shared_ptr<gloo::rendezvous::Store> store, GlooGroupOp
   if (options_.timeout.count() <= 0) DTRAIN_THROW(InvalidArgument, "GlooGroup: the timeout must be positive");
   // Everybody announces itself, then waits for the others, naming whoever is missing.
   // Over a TcpStore the announcement lasts as long as this process's connection.
-  const std::string me = "dtrain/arrived/" + std::to_string(options_.rank);
-  if (auto* tcp = dynamic_cast<TcpStore*>(store_.get())) tcp->set_while_connected(me, bytes_of(task_name(options_.rank)));
-  else store_->set(me, bytes_of(task_name(options_.rank)));
+  announced_while_connected_ = store_->set_while_connected("dtrain/arrived/" + std::to_string(options_.rank),
+                                                           bytes_of(task_name(options_.rank)));
   const std::string missing =
       detail::wait_for_ranks(*store_, "dtrain/arrived/", options_.size, options_.task_names, options_.timeout);
   if (!missing.empty())
@@ -201,14 +241,16 @@ void GlooGroup::abandon() {
 GlooGroup::~GlooGroup() = default;
 
 std::string GlooGroup::absent_peers() {
-  // Each rank that is still alive answers a roll call for this failed operation. Over a
-  // TcpStore, a rank whose process has ended loses its announcement (it went with its
-  // connection), so the roll call waits only for the living: up to 10 s (or half the
-  // timeout) for each to fail too and answer. Elsewhere it waits a few seconds. Those
-  // that never answer are named. The chief, whose process serves the store, then waits
-  // as long again for the ranks that answered to finish their own roll calls. Every
-  // request to the store is bounded by the same patience: a frozen chief (stopped, its
-  // store with it) is named as such once it has passed, not after another timeout.
+  // Each rank that is still alive answers a roll call for this failed operation. The
+  // roll call asks the store which ranks have answered, every 20 ms, until all have or
+  // the patience (half the timeout, at most 10 s) has passed: one deadline for all ranks,
+  // however many are missing. Over a TcpStore, a rank whose process has ended loses its
+  // announcement (it went with its connection), so the roll call stops waiting for it at
+  // once. Those that never answer are named. The chief, whose process may serve the
+  // store, then waits as long again for the ranks that answered to finish their own roll
+  // calls. Every request to the store is bounded by the same patience: a frozen chief
+  // (stopped, its store with it) is named as such once it has passed, not after another
+  // timeout.
   const std::string call = "dtrain/rollcall/" + std::to_string(sequence_) + "/";
   const auto key = [](const std::string& prefix, int r) { return prefix + std::to_string(r); };
   std::vector<int> pending, answered;
@@ -216,35 +258,21 @@ std::string GlooGroup::absent_peers() {
     if (r != options_.rank) pending.push_back(r);
   std::string absent;
   auto name = [&](int r, const char* why) { absent += (absent.empty() ? "" : ", ") + task_name(r) + why; };
-  auto* tcp = dynamic_cast<TcpStore*>(store_.get());
   const auto patience = detail::patience(options_.timeout);
   try {
-    if (tcp) tcp->set(key(call, options_.rank), bytes_of("here"), patience);
-    else store_->set(key(call, options_.rank), bytes_of("here"));
+    store_->set(key(call, options_.rank), bytes_of("here"), patience);
   } catch (const Timeout&) {
     return dtrain::detail::concat(task_name(0), " (it serves the rendezvous store, which did not answer within ",
                                   patience.count() / 1000.0, " s)");
   } catch (const std::exception&) {
     return task_name(0) + " (which serves the rendezvous store)";
   }
-  if (!tcp) {
-    const auto wait = std::min(options_.timeout, std::chrono::milliseconds(3000));
-    for (int r : pending) {
-      try {
-        store_->wait({key(call, r)}, wait);
-      } catch (const std::exception&) {
-        name(r, "");
-      }
-    }
-    return absent;
-  }
   const auto poll = std::chrono::milliseconds(20);
-  auto left = [](Clock::time_point deadline) { return std::chrono::milliseconds(std::max(1, milliseconds_left(deadline))); };
   try {
     for (const auto deadline = Clock::now() + patience; !pending.empty();) {
       std::vector<std::string> keys;
       for (int r : pending) keys.insert(keys.end(), {key(call, r), key("dtrain/arrived/", r)});
-      const std::vector<bool> present = tcp->check(keys, left(deadline));
+      const std::vector<bool> present = store_->check(keys, time_left(deadline));
       std::vector<int> still;
       for (std::size_t i = 0; i < pending.size(); ++i) {
         if (present[2 * i]) answered.push_back(pending[i]);
@@ -253,20 +281,20 @@ std::string GlooGroup::absent_peers() {
       }
       pending = std::move(still);
       if (pending.empty() || Clock::now() >= deadline) break;
-      std::this_thread::sleep_for(poll);
+      std::this_thread::sleep_for(std::min(poll, time_left(deadline)));
     }
-    tcp->set(key(call + "done/", options_.rank), bytes_of("done"), patience);
+    store_->set(key(call + "done/", options_.rank), bytes_of("done"), patience);
     if (options_.rank == 0) {
       for (const auto deadline = Clock::now() + patience; !answered.empty();) {
         std::vector<std::string> keys;
         for (int r : answered) keys.push_back(key(call + "done/", r));
-        const std::vector<bool> done = tcp->check(keys, left(deadline));
+        const std::vector<bool> done = store_->check(keys, time_left(deadline));
         std::vector<int> still;
         for (std::size_t i = 0; i < answered.size(); ++i)
           if (!done[i]) still.push_back(answered[i]);
         answered = std::move(still);
         if (answered.empty() || Clock::now() >= deadline) break;
-        std::this_thread::sleep_for(poll);
+        std::this_thread::sleep_for(std::min(poll, time_left(deadline)));
       }
     }
   } catch (const std::exception&) {
@@ -274,7 +302,8 @@ std::string GlooGroup::absent_peers() {
     for (int r : pending) name(r, " (unknown: the rendezvous store was lost)");
     return absent;
   }
-  for (int r : pending) name(r, " (alive, but not answering)");
+  // Only a store that removes a dead process's announcement tells alive from ended.
+  for (int r : pending) name(r, announced_while_connected_ ? " (alive, but not answering)" : "");
   return absent;
 }
 

@@ -32,6 +32,7 @@ class Store;
 
 namespace dtrain::comm {
 
+class RendezvousStore;
 class SharedBuffer;
 class SharedMemoryGroup;
 class TcpRing;
@@ -41,7 +42,7 @@ struct GlooGroupOptions {
   int size = 1;
   std::vector<std::string> task_names;  // [rank] "worker:1"; default "rank N"
   std::string host = "127.0.0.1";       // the address peers reach this process at
-  std::chrono::milliseconds timeout{60000};
+  std::chrono::milliseconds timeout = kDefaultTimeout;
   // Debugging: before every collective, the ranks compare what they are about to run
   // (operation, sequence number, size); a mismatch is InvalidArgument naming both sides.
   bool check_collectives = false;
@@ -123,7 +124,8 @@ class GlooGroup {
   std::string absent_peers();
 
   GlooGroupOptions options_;
-  std::shared_ptr<gloo::rendezvous::Store> store_;
+  std::shared_ptr<RendezvousStore> store_;  // the store given, or Gloo's wrapped as one
+  bool announced_while_connected_ = false;  // this rank's arrival goes when its process ends
   std::shared_ptr<gloo::Context> context_;
   std::unique_ptr<TcpRing> ring_;
   std::unique_ptr<SharedMemoryGroup> shared_;

@@ -2,13 +2,13 @@
 #include "dtrain/comm/redis_store.h"
 
 #include <hiredis/hiredis.h>
-#include <sys/time.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
 
+#include "dtrain/comm/socket.h"
 #include "dtrain/comm/store_keys.h"
 #include "dtrain/core/clock.h"
 #include "dtrain/core/error.h"
@@ -16,13 +16,7 @@
 namespace dtrain::comm {
 namespace {
 
-timeval timeval_of(std::chrono::milliseconds t) {
-  t = std::max(t, std::chrono::milliseconds(1));  // 0 would mean "no timeout"
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(t.count() / 1000);
-  tv.tv_usec = static_cast<suseconds_t>((t.count() % 1000) * 1000);
-  return tv;
-}
+using detail::timeval_of;
 
 // hiredis reports a socket timeout as an I/O error whose text is strerror's.
 bool timed_out(const redisContext* c) {
@@ -35,9 +29,11 @@ bool timed_out(const redisContext* c) {
 
 }  // namespace
 
-RedisStore::RedisStore(const std::string& host, int port, std::chrono::milliseconds timeout, std::string who)
+RedisStore::RedisStore(const std::string& host, int port, std::chrono::milliseconds timeout, std::string who,
+                       std::string prefix)
     : where_("redis server " + host + ":" + std::to_string(port)),
       who_(who.empty() ? "" : who + ": "),
+      prefix_(std::move(prefix)),
       timeout_(timeout) {
   redis_ = redisConnectWithTimeout(host.c_str(), port, timeval_of(timeout));
   if (redis_ == nullptr) DTRAIN_THROW(IoError, who_, where_, ": cannot allocate a connection");
@@ -51,21 +47,19 @@ RedisStore::RedisStore(const std::string& host, int port, std::chrono::milliseco
                    " s (connect: no answer)");
     DTRAIN_THROW(IoError, who_, "cannot reach the ", where_, ": ", why);
   }
-  if (redisSetTimeout(redis_, timeval_of(detail::patience(timeout_))) != REDIS_OK) {
-    redisFree(redis_);
-    redis_ = nullptr;
-    DTRAIN_THROW(IoError, who_, where_, ": cannot set the connection's timeout");
-  }
 }
 
 RedisStore::~RedisStore() {
   if (redis_) redisFree(redis_);
 }
 
-redisReply* RedisStore::command(const std::vector<std::string>& args) {
+redisReply* RedisStore::command(const std::vector<std::string>& args, std::chrono::milliseconds limit) {
   std::lock_guard lock(mutex_);
   const std::string& op = args.front();
   if (broken_) DTRAIN_THROW(PeerFailure, who_, where_, ": the connection failed earlier (", op, ")");
+  limit = std::max(limit, std::chrono::milliseconds(1));
+  if (redisSetTimeout(redis_, timeval_of(limit)) != REDIS_OK)
+    DTRAIN_THROW(IoError, who_, where_, ": cannot set the connection's timeout (", op, ")");
   std::vector<const char*> argv;
   std::vector<std::size_t> lengths;
   for (const std::string& a : args) {
@@ -78,8 +72,7 @@ redisReply* RedisStore::command(const std::vector<std::string>& args) {
     // hiredis leaves the connection unusable after an error.
     broken_ = true;
     if (timed_out(redis_))
-      DTRAIN_THROW(Timeout, who_, where_, " did not answer ", op, " within ",
-                   detail::patience(timeout_).count() / 1000.0, " s");
+      DTRAIN_THROW(Timeout, who_, where_, " did not answer ", op, " within ", limit.count() / 1000.0, " s");
     DTRAIN_THROW(PeerFailure, who_, where_, ": ", op, " failed: ", redis_->errstr);
   }
   if (reply->type == REDIS_REPLY_ERROR) {
@@ -91,12 +84,21 @@ redisReply* RedisStore::command(const std::vector<std::string>& args) {
 }
 
 void RedisStore::set(const std::string& key, const std::vector<char>& data) {
-  freeReplyObject(command({"SET", key, std::string(data.begin(), data.end())}));
+  set(key, data, detail::patience(timeout_));
+}
+
+void RedisStore::set(const std::string& key, const std::vector<char>& data, std::chrono::milliseconds limit) {
+  freeReplyObject(command({"SET", stored(key), std::string(data.begin(), data.end())}, limit));
+}
+
+bool RedisStore::set_while_connected(const std::string& key, const std::vector<char>& data) {
+  set(key, data);
+  return false;
 }
 
 std::vector<char> RedisStore::get(const std::string& key) {
   wait({key}, timeout_);
-  redisReply* reply = command({"GET", key});
+  redisReply* reply = command({"GET", stored(key)}, detail::patience(timeout_));
   std::vector<char> value;
   if (reply->type == REDIS_REPLY_STRING) value.assign(reply->str, reply->str + reply->len);
   const bool found = reply->type == REDIS_REPLY_STRING;
@@ -105,23 +107,33 @@ std::vector<char> RedisStore::get(const std::string& key) {
   return value;
 }
 
-bool RedisStore::check(const std::vector<std::string>& keys) {
-  std::vector<std::string> args{"EXISTS"};
-  args.insert(args.end(), keys.begin(), keys.end());
-  redisReply* reply = command(args);
-  const bool all = reply->type == REDIS_REPLY_INTEGER && reply->integer == static_cast<long long>(keys.size());
+std::vector<bool> RedisStore::check(const std::vector<std::string>& keys) {
+  return check(keys, detail::patience(timeout_));
+}
+
+std::vector<bool> RedisStore::check(const std::vector<std::string>& keys, std::chrono::milliseconds limit) {
+  // EXISTS counts the keys found without saying which; MGET answers for each (the values
+  // of a rendezvous are short: names, addresses).
+  std::vector<std::string> args{"MGET"};
+  for (const std::string& k : keys) args.push_back(stored(k));
+  redisReply* reply = command(args, limit);
+  std::vector<bool> present(keys.size(), false);
+  if (reply->type == REDIS_REPLY_ARRAY)
+    for (std::size_t i = 0; i < keys.size() && i < reply->elements; ++i)
+      present[i] = reply->element[i]->type != REDIS_REPLY_NIL;
   freeReplyObject(reply);
-  return all;
+  return present;
 }
 
 void RedisStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
   // Redis has no blocking wait for a key: ask every 10 ms until the deadline.
   const auto deadline = Clock::now() + timeout;
-  while (!check(keys)) {
+  for (std::vector<bool> present = check(keys); std::find(present.begin(), present.end(), false) != present.end();
+       present = check(keys)) {
     if (Clock::now() >= deadline) {
       std::string missing;
-      for (const std::string& k : keys)
-        if (!check({k})) missing += (missing.empty() ? "" : ", ") + k;
+      for (std::size_t i = 0; i < keys.size(); ++i)
+        if (!present[i]) missing += (missing.empty() ? "" : ", ") + keys[i];
       DTRAIN_THROW(Timeout, who_, where_, ": still missing after ", timeout.count() / 1000.0, " s: ", missing);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(10, milliseconds_left(deadline) + 1)));

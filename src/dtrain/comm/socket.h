@@ -6,9 +6,12 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -29,6 +32,15 @@ inline sockaddr_in resolve(const std::string& host, int port, const std::string&
   freeaddrinfo(found);
   a.sin_port = htons(static_cast<std::uint16_t>(port));
   return a;
+}
+
+// `t` as a socket's (or hiredis's) timeout, at least 1 ms: a zero timeval means "no timeout".
+inline timeval timeval_of(std::chrono::milliseconds t) {
+  t = std::max(t, std::chrono::milliseconds(1));
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(t.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((t.count() % 1000) * 1000);
+  return tv;
 }
 
 // A new TCP socket connected to `to` by `deadline`: a non-blocking connect, then poll

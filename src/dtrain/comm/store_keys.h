@@ -38,7 +38,7 @@ inline std::string wait_for_ranks(gloo::rendezvous::Store& store, const std::str
   std::string missing;
   for (int r = 0; r < size; ++r) {
     try {
-      store.wait({prefix + std::to_string(r)}, std::chrono::milliseconds(std::max(1, milliseconds_left(deadline))));
+      store.wait({prefix + std::to_string(r)}, time_left(deadline));
     } catch (const PeerFailure&) {
       throw;
     } catch (const std::exception&) {

@@ -86,7 +86,7 @@ TcpRing::TcpRing(gloo::rendezvous::Store& store, int rank, int size, const std::
   try {
     // Connect to the next rank, presenting its nonce and this rank's number.
     const std::string key = "dtrain/ring/" + std::to_string(next);
-    store.wait({key}, std::chrono::milliseconds(std::max(1, milliseconds_left(deadline))));
+    store.wait({key}, time_left(deadline));
     const std::vector<char> theirs_bytes = store.get(key);
     const std::string theirs(theirs_bytes.begin(), theirs_bytes.end());
     const std::size_t s1 = theirs.find(' '), s2 = theirs.rfind(' ');

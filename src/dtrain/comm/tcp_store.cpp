@@ -231,9 +231,7 @@ TcpStore::TcpStore(const std::string& host, int port, const std::string& token, 
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   try {
     // The hello's reply comes by the same deadline as the connection.
-    request('H', {token}, std::chrono::milliseconds(0),
-            std::max(std::chrono::milliseconds(1),
-                     std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())));
+    request('H', {token}, std::chrono::milliseconds(0), time_left(deadline));
   } catch (...) {
     ::close(fd_);
     throw;
@@ -260,10 +258,8 @@ std::pair<bool, std::vector<char>> TcpStore::request(char op, const std::vector<
   // gives. The limit applies to each send and receive: it bounds a reply that does not move.
   if (limit.count() < 0)
     limit = std::chrono::milliseconds(std::max<std::int64_t>(0, wait.count())) + detail::patience(timeout_);
-  limit = std::max(limit, std::chrono::milliseconds(1));  // 0 would mean "no timeout"
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(limit.count() / 1000);
-  tv.tv_usec = static_cast<suseconds_t>((limit.count() % 1000) * 1000);
+  limit = std::max(limit, std::chrono::milliseconds(1));  // as the socket's timeout below, for the message
+  const timeval tv = detail::timeval_of(limit);
   setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   auto broken = [&] {
@@ -290,8 +286,9 @@ void TcpStore::set(const std::string& key, const std::vector<char>& data) {
   request('S', {key, std::string(data.begin(), data.end())}, std::chrono::milliseconds(0));
 }
 
-void TcpStore::set_while_connected(const std::string& key, const std::vector<char>& data) {
+bool TcpStore::set_while_connected(const std::string& key, const std::vector<char>& data) {
   request('E', {key, std::string(data.begin(), data.end())}, std::chrono::milliseconds(0));
+  return true;
 }
 
 std::vector<char> TcpStore::get(const std::string& key) {

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include <gloo/rendezvous/store.h>
+#include "dtrain/comm/rendezvous_store.h"
 
 namespace dtrain::comm {
 
@@ -45,7 +45,7 @@ class TcpStoreServer {
 };
 
 // A connection to a TcpStoreServer.
-class TcpStore final : public gloo::rendezvous::Store {
+class TcpStore final : public RendezvousStore {
  public:
   // Retries until `timeout` (the server may start later); each connect is bounded by the
   // time left. Every request waits at most its own wait plus the timeout for the reply.
@@ -57,18 +57,18 @@ class TcpStore final : public gloo::rendezvous::Store {
 
   void set(const std::string& key, const std::vector<char>& data) override;
   // Set until this connection closes (this process ends): the server then removes the
-  // key, so the others can tell a dead process from a slow one.
-  void set_while_connected(const std::string& key, const std::vector<char>& data);
+  // key, so the others can tell a dead process from a slow one. Always true.
+  bool set_while_connected(const std::string& key, const std::vector<char>& data) override;
   // Waits up to the store's timeout for the key.
   std::vector<char> get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
-  // Which of `keys` are set now (no waiting).
+  // Which of `keys` are set now (no waiting), the reply within the patience.
   std::vector<bool> check(const std::vector<std::string>& keys);
-  // set() and check() waiting at most `limit` for the reply instead of the timeout: for
-  // the roll call after a failure, which has a shorter bound of its own.
-  void set(const std::string& key, const std::vector<char>& data, std::chrono::milliseconds limit);
-  std::vector<bool> check(const std::vector<std::string>& keys, std::chrono::milliseconds limit);
+  // set() and check() waiting at most `limit` for the reply instead: for the roll call
+  // after a failure, which has a bound of its own.
+  void set(const std::string& key, const std::vector<char>& data, std::chrono::milliseconds limit) override;
+  std::vector<bool> check(const std::vector<std::string>& keys, std::chrono::milliseconds limit) override;
 
  private:
   // {found, value}; throws when the connection breaks or the token is refused, Timeout

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 namespace dtrain {
 
@@ -13,6 +14,13 @@ using Clock = std::chrono::steady_clock;
 // wait fails with Timeout naming who never answered. Options that take a timeout read 0
 // as this; a strategy's CommunicationOptions::timeout_seconds overrides it for its waits.
 inline constexpr std::chrono::milliseconds kDefaultTimeout{60000};
+
+// A timeout option given in seconds (>= 0; the caller checks): 0 is kDefaultTimeout,
+// anything else the nearest millisecond, at least 1 ms.
+inline std::chrono::milliseconds timeout_from_seconds(double seconds) {
+  if (seconds == 0.0) return kDefaultTimeout;
+  return std::chrono::milliseconds(std::max<long long>(1, std::llround(seconds * 1000.0)));
+}
 
 inline double seconds_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
@@ -26,6 +34,11 @@ inline Clock::duration clock_seconds(double s) {
 inline int milliseconds_left(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
+}
+// The time left until `deadline`, at least 1 ms even once it has passed: for a wait
+// whose 0 would mean "no limit" (a socket's timeout) or "do not wait at all".
+inline std::chrono::milliseconds time_left(Clock::time_point deadline) {
+  return std::chrono::milliseconds(std::max(1, milliseconds_left(deadline)));
 }
 
 }  // namespace dtrain

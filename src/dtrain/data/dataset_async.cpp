@@ -38,7 +38,7 @@ double thread_cpu_seconds() {
 
 // What save() waits at most for a stage to pause.
 Clock::duration save_timeout(const DatasetOptions& o) {
-  return o.timeout_seconds > 0 ? clock_seconds(o.timeout_seconds) : Clock::duration(kDefaultTimeout);
+  return timeout_from_seconds(o.timeout_seconds);
 }
 
 std::string seconds_text(Clock::duration d) {

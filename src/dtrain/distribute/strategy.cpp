@@ -35,8 +35,7 @@ int parse_cpu_device(const std::string& device) {
 std::chrono::milliseconds timeout_of(const CommunicationOptions& comm) {
   if (!(comm.timeout_seconds >= 0.0))
     DTRAIN_THROW(InvalidArgument, "CommunicationOptions: timeout_seconds must be >= 0, got ", comm.timeout_seconds);
-  if (comm.timeout_seconds == 0.0) return kDefaultTimeout;
-  return std::chrono::milliseconds(std::max<long long>(1, std::llround(comm.timeout_seconds * 1000.0)));
+  return timeout_from_seconds(comm.timeout_seconds);
 }
 
 comm::Wire wire_of(Compression c) {
@@ -269,6 +268,7 @@ std::shared_ptr<detail::ReplicaGroup> make_multi_worker_group(const cluster::TfC
                                                               const CommunicationOptions& comm,
                                                               const std::vector<std::string>& devices) {
   const std::chrono::milliseconds timeout = timeout_of(comm);
+  // Checked here, before the one-task shortcut below: WorkerComm, built only here, relies on it.
   if (config.task.type != "chief" && config.task.type != "worker")
     DTRAIN_THROW(InvalidArgument, "MultiWorkerMirroredStrategy: TF_CONFIG's task is ", config.task.to_string(),
                  "; this strategy trains on the chief and the workers only");

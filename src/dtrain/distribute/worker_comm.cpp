@@ -5,8 +5,6 @@
 #include <cstdlib>
 #include <sstream>
 
-#include <gloo/rendezvous/prefix_store.h>
-
 #include "dtrain/comm/redis_store.h"
 #include "dtrain/comm/tcp_store.h"
 #include "dtrain/core/error.h"
@@ -30,9 +28,6 @@ std::string token_for(const cluster::ClusterSpec& cluster) {
 
 WorkerComm::WorkerComm(WorkerCommOptions options) : options_(std::move(options)) {
   const cluster::TfConfig& config = options_.config;
-  if (config.task.type != "chief" && config.task.type != "worker")
-    DTRAIN_THROW(InvalidArgument, "MultiWorkerMirroredStrategy: TF_CONFIG's task is ", config.task.to_string(),
-                 "; this strategy trains on the chief and the workers only");
   const std::vector<cluster::TaskId> training = config.cluster.training_tasks();
   for (std::size_t r = 0; r < training.size(); ++r) {
     tasks_.push_back(training[r].to_string());
@@ -51,8 +46,8 @@ WorkerComm::WorkerComm(WorkerCommOptions options) : options_(std::move(options))
                    "`dtrain launch` sets one");
     if (options_.token.empty()) options_.token = token;
     const cluster::Address at = cluster::parse_address(options_.redis, "DTRAIN_REDIS");
-    redis_ = std::make_unique<comm::RedisStore>(at.host, at.port, options_.timeout, tasks_[static_cast<std::size_t>(rank_)]);
-    store_ = std::make_shared<gloo::rendezvous::PrefixStore>("dtrain-job/" + options_.token, *redis_);
+    store_ = std::make_shared<comm::RedisStore>(at.host, at.port, options_.timeout, tasks_[static_cast<std::size_t>(rank_)],
+                                                "dtrain-job/" + options_.token);
   } else {
     if (options_.token.empty()) options_.token = token_for(config.cluster);
     const cluster::Address& chief = config.cluster.address(training.front());
@@ -160,16 +155,15 @@ void WorkerComm::run(std::function<void(comm::GlooGroup&)> fn) {
 std::vector<std::string> WorkerComm::exchange(const std::string& key, const std::string& mine) {
   const std::string prefix = "dtrain/exchange/" + key + "/";
   store_->set(prefix + std::to_string(rank_), std::vector<char>(mine.begin(), mine.end()));
-  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  const auto deadline = Clock::now() + options_.timeout;
   std::vector<std::string> out(tasks_.size());
   std::string missing;
   for (int r = 0; r < size(); ++r) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     try {
-      store_->wait({prefix + std::to_string(r)}, std::max(left, std::chrono::milliseconds(1)));
+      store_->wait({prefix + std::to_string(r)}, time_left(deadline));
     } catch (const PeerFailure&) {
       throw;  // the chief's store is gone: reported as it is
-    } catch (const std::exception&) {  // a timeout (Redis reports it as Gloo's IoException)
+    } catch (const std::exception&) {  // a timeout
       missing += (missing.empty() ? "" : ", ") + task_name(r);
       continue;
     }

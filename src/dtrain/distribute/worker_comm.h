@@ -18,9 +18,10 @@
 
 #include "dtrain/cluster/tf_config.h"
 #include "dtrain/comm/gloo_group.h"
+#include "dtrain/core/clock.h"
 
 namespace dtrain::comm {
-class RedisStore;
+class RendezvousStore;
 class TcpStoreServer;
 }  // namespace dtrain::comm
 
@@ -31,7 +32,7 @@ struct WorkerCommOptions {
   // Joining processes must present it; empty: DTRAIN_CLUSTER_TOKEN, else one derived
   // from the cluster spec.
   std::string token;
-  std::chrono::milliseconds timeout{60000};
+  std::chrono::milliseconds timeout = kDefaultTimeout;
   bool check_collectives = false;  // compare every collective's fingerprint first
   // "host:port" of a Redis server to meet through instead of the chief's store; empty:
   // DTRAIN_REDIS, else the chief's store.
@@ -43,6 +44,7 @@ struct WorkerCommOptions {
 class WorkerComm {
  public:
   // Joins the cluster: the chief serves the store, everyone meets there and connects.
+  // The task must be the chief or a worker (MultiWorkerMirroredStrategy checks it).
   explicit WorkerComm(WorkerCommOptions options);
   ~WorkerComm();
   WorkerComm(const WorkerComm&) = delete;
@@ -78,8 +80,7 @@ class WorkerComm {
   std::vector<std::string> tasks_;  // [rank] "chief:0", "worker:1"
   int rank_ = 0;
   std::unique_ptr<comm::TcpStoreServer> server_;  // the chief's
-  std::unique_ptr<comm::RedisStore> redis_;  // or a Redis server's, under store_'s prefix
-  std::shared_ptr<gloo::rendezvous::Store> store_;
+  std::shared_ptr<comm::RendezvousStore> store_;  // the chief's, or a Redis server's
   std::unique_ptr<comm::GlooGroup> group_;
 
   std::mutex mutex_;
