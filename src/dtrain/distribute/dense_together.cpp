@@ -63,7 +63,7 @@ class DenseTogether::Hook final : public DenseGradientsTogether {
 DenseTogether::DenseTogether(int replicas, std::span<Variable* const> vars, std::span<const DenseVariables> layers,
                              std::chrono::milliseconds timeout)
     : cores_(available_cores()), vars_(vars.begin(), vars.end()), gradients_(vars.size()),
-      part_(static_cast<std::size_t>(replicas), -1), layer_barrier_(replicas, comm::kSpinPauses, timeout, "dense layer barrier"),
+      part_(static_cast<std::size_t>(replicas), -1), with_rows_(static_cast<std::size_t>(replicas)), layer_barrier_(replicas, comm::kSpinPauses, timeout, "dense layer barrier"),
       finish_barrier_(replicas, spins_for(replicas), timeout, "step barrier (the end of backward)") {
   for (const DenseVariables& d : layers) {
     Layer& l = layers_.emplace_back();
@@ -84,12 +84,11 @@ DenseGradientsTogether* DenseTogether::replica(int r) { return hooks_[static_cas
 void DenseTogether::begin_step(std::span<const std::int64_t> row_bounds, bool accumulate) {
   bounds_.assign(row_bounds.begin(), row_bounds.end());
   parts_ = 0;
-  std::vector<bool> with_rows(part_.size());
   for (std::size_t r = 0; r < part_.size(); ++r) {
-    with_rows[r] = bounds_[r + 1] > bounds_[r];
-    part_[r] = with_rows[r] ? parts_++ : -1;
+    with_rows_[r] = bounds_[r + 1] > bounds_[r];
+    part_[r] = with_rows_[r] ? parts_++ : -1;
   }
-  layer_barrier_.reset(with_rows, spins_for(parts_));
+  layer_barrier_.reset(with_rows_, spins_for(parts_));
   accumulate_ = accumulate;
   ++step_;
   if (!accumulate) ++group_;

@@ -72,6 +72,7 @@ class DenseTogether {
   // The replicas with rows this step share the layers' columns; one without rows (a short
   // last batch) has no backward pass to take part in and waits at finish() alone.
   std::vector<int> part_;  // [replica] its place among those with rows, or -1
+  std::vector<bool> with_rows_;  // [replica] part_ >= 0, the layer barrier's members (kept: a step allocates nothing)
   int parts_ = 0;
   bool accumulate_ = false;
   std::uint64_t step_ = 0, group_ = 0;  // counted from 1
