@@ -55,7 +55,7 @@ class Listener {
 
   // Connects until one connection is not completed within a second: the kernel then
   // drops this port's SYNs (its accept queue is full), as a host that does not answer
-  // would. False if it never filled (the test then checks the other wait).
+  // would. False if it never filled (the test is then skipped, saying why).
   bool fill() {
     for (int i = 0; i < 16; ++i) {
       const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -89,14 +89,14 @@ std::string timeout_message(Fn&& fn) {
 
 TEST(Deadlines, StoreWhoseHostDropsTheConnectionIsATimeoutNamingIt) {
   Listener full(0);
-  const bool filled = full.fill();
+  if (!full.fill())
+    GTEST_SKIP() << "the kernel completed every connection to a listener with a backlog of 0 (it did not drop the "
+                    "SYNs), so the dropped connection this test is about could not be made";
   const std::string where = "127.0.0.1:" + std::to_string(full.port());
   const std::string message =
       timeout_message([&] { TcpStore store("127.0.0.1", full.port(), "tok", 1s, "worker:1"); });
   EXPECT_NE(message.find("worker:1: rendezvous store " + where), std::string::npos) << message;
-  if (filled) {
-    EXPECT_NE(message.find("could not be reached within 1 s (connect: no answer)"), std::string::npos) << message;
-  }
+  EXPECT_NE(message.find("could not be reached within 1 s (connect: no answer)"), std::string::npos) << message;
 }
 
 TEST(Deadlines, StoreThatAcceptsAndNeverAnswersIsATimeoutNamingIt) {
@@ -123,19 +123,18 @@ TEST(Deadlines, StoreNobodyServesIsATimeoutSayingSo) {
 TEST(Deadlines, RingPeerWhoseHostDropsTheConnectionIsATimeoutNamingIt) {
   // Rank 1 "published" an address whose accept queue is full.
   Listener full(0);
-  const bool filled = full.fill();
+  if (!full.fill())
+    GTEST_SKIP() << "the kernel completed every connection to a listener with a backlog of 0 (it did not drop the "
+                    "SYNs), so the dropped connection this test is about could not be made";
   gloo::rendezvous::HashStore store;
   const std::string theirs = "127.0.0.1 " + std::to_string(full.port()) + " 7";
   store.set("dtrain/ring/1", std::vector<char>(theirs.begin(), theirs.end()));
   const std::string message = timeout_message(
       [&] { TcpRing ring(store, 0, 2, "127.0.0.1", 1s, {"worker:0", "worker:1"}); });
-  EXPECT_NE(message.find("worker:1"), std::string::npos) << message;
-  if (filled) {
-    EXPECT_NE(message.find("worker:0 could not connect to worker:1 at 127.0.0.1:" + std::to_string(full.port()) +
-                           " within 1 s (joining the ring)"),
-              std::string::npos)
-        << message;
-  }
+  EXPECT_NE(message.find("worker:0 could not connect to worker:1 at 127.0.0.1:" + std::to_string(full.port()) +
+                         " within 1 s (joining the ring)"),
+            std::string::npos)
+      << message;
 }
 
 TEST(Deadlines, RedisServerThatAcceptsAndNeverAnswersIsATimeoutNamingIt) {

@@ -316,7 +316,7 @@ TEST_F(MultiWorker, CompressedBucketsTrainCloseToFloat32) {
   }
 }
 
-TEST_F(MultiWorker, KilledWorkerIsNamedByTheOthersWithinTheTimeout) {
+TEST_F(MultiWorker, KilledWorkerIsNamedByTheOthersAsEnded) {
   // Through shared memory, where a peer's process is watched, and over TCP, where its
   // connections close.
   for (const char* communication : {"auto", "ring"}) {
@@ -347,7 +347,7 @@ TEST_F(MultiWorker, KilledWorkerIsNamedByTheOthersWithinTheTimeout) {
   }
 }
 
-TEST_F(MultiWorker, HungWorkerIsNamedByTheOthersWithinTheTimeout) {
+TEST_F(MultiWorker, HungWorkerIsNamedByTheOthersAsAliveButNotAnswering) {
   std::vector<std::string> args = size_args();
   args.insert(args.end(), {"--steps", "200", "--timeout", "10", "--stop-task", "worker:1", "--kill-step", "5"});
   const std::vector<TaskResult> results = run_cluster(3, args, {}, "worker:1");
