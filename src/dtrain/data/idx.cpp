@@ -90,6 +90,23 @@ std::int64_t plain_bytes_after_header(gzFile f, const std::string& path, const I
   return std::max<std::int64_t>(0, static_cast<std::int64_t>(st.st_size) - h.header_bytes);
 }
 
+// The header's type, rank and extents against what a reader takes: unsigned bytes,
+// `expected_rank` dimensions, extents whose product (and that of the non-zero ones: [0,
+// 2^32, 2^32] holds no values but could not be shaped) can be addressed.
+void check_header(const std::string& path, int expected_rank, const IdxHeader& header) {
+  if (header.type_code != 0x08)
+    DTRAIN_THROW(IoError, path, ": IDX type code 0x", std::hex, header.type_code, std::dec,
+                 " is not unsigned byte (0x08)");
+  if (static_cast<int>(header.dims.size()) != expected_rank)
+    DTRAIN_THROW(IoError, path, ": has ", header.dims.size(), " dimensions, expected ", expected_rank,
+                 expected_rank == 1 ? " (labels)" : " (images)");
+  std::int64_t nonzero = 1;
+  for (auto d : header.dims)
+    if (__builtin_mul_overflow(nonzero, std::max<std::int64_t>(d, 1), &nonzero))
+      DTRAIN_THROW(IoError, path, ": the IDX header's extents ", dims_text(header),
+                   " multiply past what can be addressed");
+}
+
 // Sizes come from the file, so nothing is allocated for them until the bytes are there:
 // the extents' product is checked for overflow, an uncompressed file's length is checked
 // before reading, and gzip data is read in chunks that grow with what has been read (at
@@ -98,19 +115,8 @@ std::int64_t plain_bytes_after_header(gzFile f, const std::string& path, const I
 std::vector<unsigned char> read_bytes(const std::string& path, int expected_rank, IdxHeader& header) {
   GzPtr f = open_gz(path);
   header = read_header(f.get(), path);
-  if (header.type_code != 0x08)
-    DTRAIN_THROW(IoError, path, ": IDX type code 0x", std::hex, header.type_code, std::dec,
-                 " is not unsigned byte (0x08)");
-  if (static_cast<int>(header.dims.size()) != expected_rank)
-    DTRAIN_THROW(IoError, path, ": has ", header.dims.size(), " dimensions, expected ", expected_rank,
-                 expected_rank == 1 ? " (labels)" : " (images)");
-  // Products of the non-zero extents too: [0, 2^32, 2^32] holds no values but could not
-  // be shaped.
-  std::int64_t n = 1, nonzero = 1;
-  for (auto d : header.dims)
-    if (__builtin_mul_overflow(nonzero, std::max<std::int64_t>(d, 1), &nonzero))
-      DTRAIN_THROW(IoError, path, ": the IDX header's extents ", dims_text(header),
-                   " multiply past what can be addressed");
+  check_header(path, expected_rank, header);
+  std::int64_t n = 1;
   for (auto d : header.dims) n *= d;
   auto truncated = [&](std::int64_t found) {
     DTRAIN_THROW(IoError, path, ": truncated: the IDX header claims ", n, " bytes of values (", dims_text(header),
@@ -135,6 +141,13 @@ std::vector<unsigned char> read_bytes(const std::string& path, int expected_rank
 }
 
 }  // namespace
+
+IdxHeader read_idx_header(const std::string& path, int expected_rank) {
+  GzPtr f = open_gz(path);
+  IdxHeader h = read_header(f.get(), path);
+  check_header(path, expected_rank, h);
+  return h;
+}
 
 Tensor read_idx_images(const std::string& path, float scale) {
   IdxHeader h;

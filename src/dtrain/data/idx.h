@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "dtrain/core/tensor.h"
 
@@ -28,5 +29,10 @@ struct IdxHeader {
   std::vector<std::int64_t> dims;       // extents, outermost first
   std::int64_t header_bytes = 0;
 };
+
+// The header alone (nothing after it is read or decompressed), checked as the readers above
+// check it: unsigned bytes, `expected_rank` dimensions (3 for images, 1 for labels), extents
+// that multiply without overflow. Throws IoError naming the file.
+IdxHeader read_idx_header(const std::string& path, int expected_rank);
 
 }  // namespace dtrain::data

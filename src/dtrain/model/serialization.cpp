@@ -152,18 +152,19 @@ std::string Sequential::to_json(int indent) const {
   return json{{"class_name", "Sequential"}, {"config", config}}.dump(indent);
 }
 
-std::unique_ptr<Sequential> model_from_json(const nlohmann::json& value, const std::string& path,
-                                            const std::string& dtype_policy, const std::string& config_path) {
+UnbuiltModel unbuilt_model_from_json(const nlohmann::json& value, const std::string& path,
+                                     const std::string& dtype_policy, const std::string& config_path) {
   const JsonReader r(value, path);
   r.expect_keys({"class_name", "config"});
   if (r.get_string("class_name") != "Sequential")
     r.fail("class_name", "only Sequential models are supported, got '" + r.get_string("class_name") + "'");
   const JsonReader c(r.child("config").raw(), config_path.empty() ? r.key_path("config") : config_path);
   c.expect_keys({"name", "layers", "build_input_shape", "input_shape"});
-  auto model = std::make_unique<Sequential>(c.get_string("name", "sequential"));
+  UnbuiltModel out;
+  out.model = std::make_unique<Sequential>(c.get_string("name", "sequential"));
   const JsonReader layers = c.child("layers");
   layers.expect_array();
-  for (std::size_t i = 0; i < layers.size(); ++i) model->add(layer_from_json(layers.element(i), dtype_policy));
+  for (std::size_t i = 0; i < layers.size(); ++i) out.model->add(layer_from_json(layers.element(i), dtype_policy));
   // build_input_shape includes the batch axis (null); input_shape does not.
   for (const char* key : {"build_input_shape", "input_shape"}) {
     if (!c.has(key)) continue;
@@ -176,9 +177,19 @@ std::unique_ptr<Sequential> model_from_json(const nlohmann::json& value, const s
         s.fail("", "expected positive integer extents, got " + s.raw().dump());
       dims.push_back(d.get<std::int64_t>());
     }
-    model->build(Shape(dims));
+    if (out.input_shape && *out.input_shape != Shape(dims))
+      s.fail("", "gives rows of shape " + Shape(dims).to_string() + ", but build_input_shape gives " +
+                     out.input_shape->to_string());
+    out.input_shape = Shape(dims);
   }
-  return model;
+  return out;
+}
+
+std::unique_ptr<Sequential> model_from_json(const nlohmann::json& value, const std::string& path,
+                                            const std::string& dtype_policy, const std::string& config_path) {
+  UnbuiltModel m = unbuilt_model_from_json(value, path, dtype_policy, config_path);
+  if (m.input_shape) m.model->build(*m.input_shape);
+  return std::move(m.model);
 }
 
 std::unique_ptr<Sequential> model_from_json(const std::string& text) {
