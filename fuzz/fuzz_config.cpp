@@ -1,6 +1,6 @@
 // The CLI's JSON config through load_config, which reads and validates all of it: the
-// model (built, so its layers check their shapes), loss, optimizer, metrics, data and run
-// settings.
+// model (its layers made, and their shapes checked for the input shape it declares, with no
+// weights built), loss, optimizer, metrics, data and run settings.
 //
 // A model's size is the config's to choose: {"units": 100000} is a valid config that asks
 // for gigabytes, not a fault in reading it. Inputs whose model section could ask for more

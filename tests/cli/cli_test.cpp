@@ -160,6 +160,17 @@ TEST_F(Cli, LaunchRunsTasksWithPrefixedOutputAndReportsAFailure) {
   EXPECT_EQ(run("launch --workers 2").code, 1);  // no program
 }
 
+// --timeout is the launcher's own option, not the task's: the job's deadline stops the
+// task, the exit code is 124 (as timeout(1)'s) and the last line names the deadline and the
+// task still running then.
+TEST_F(Cli, LaunchTimeoutStopsTheJobAndNamesTheTasksStillRunning) {
+  const Result r = run("launch --timeout 1 --workers 1 --grace-seconds 1 -- sleep 100");
+  EXPECT_EQ(r.code, 124) << r.output;
+  std::string last = r.output.substr(0, r.output.find_last_not_of('\n') + 1);
+  last = last.substr(last.rfind('\n') + 1);
+  EXPECT_EQ(last, "dtrain launch: failed: the job's deadline of 1 s passed; still running then: worker:0") << r.output;
+}
+
 TEST_F(Cli, FitProfileWritesATraceAndTheSummaryHasTheProfile) {
   const std::string trace = (dir_ / "trace.json").string(), summary = (dir_ / "s.json").string();
   Result r = run("fit " + tiny_config() + " --replicas 2 --epochs 2 --steps-per-epoch 5 --verbose 2 --profile " + trace +
@@ -748,7 +759,41 @@ TEST_F(FileSources, BadInputNamesTheKeyAndTheFile) {
   }
 }
 
-}  // namespace
+// Reading a config reads no data: summary prints the table of a model that declares its
+// input shape whatever the data files hold, and of one that does not from an IDX file's
+// header alone. fit reads the data, and says what is wrong with it.
+TEST_F(FileSources, SummaryReadsNoDataOrAnIdxHeaderOnly) {
+  const std::string labels = idx_labels("labels", 0, 20);
+  // A header that claims 20 images of 2 x 2, followed by 3 of them.
+  const std::string truncated = write("images-short", be32(0x803) + be32(20) + be32(2) + be32(2) + std::string(12, '\1'));
+  const std::string garbage = write("images-garbage", "not an IDX file");
+  auto idx = [&](const std::string& images) {
+    return R"({"source": "idx", "train_images": ")" + images + R"(", "train_labels": ")" + labels + R"("})";
+  };
+  const std::string header_only = config("header.json", idx(truncated));
+  Result r = run("summary " + header_only);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("Total params: 114"), std::string::npos) << r.output;  // 4*16+16 + 16*2+2
+  r = run("fit " + header_only + " --epochs 0 --verbose 0");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("header.json: data.train_images: " + truncated + ": truncated"), std::string::npos) << r.output;
+
+  const std::string declared = write("declared.json", R"({
+      "model": {"input_shape": [4], "layers": [
+        {"class_name": "Dense", "config": {"units": 16, "activation": "relu"}},
+        {"class_name": "Dense", "config": {"units": 2}}]},
+      "loss": {"name": "sparse_categorical_crossentropy", "from_logits": true},
+      "data": )" + idx(garbage) + "}");
+  r = run("summary " + declared);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("Total params: 114"), std::string::npos) << r.output;
+  EXPECT_EQ(dtrain::cli::load_config(declared).batch_size, 32);  // as the doctor reads it
+  r = run("fit " + declared + " --epochs 0 --verbose 0");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("declared.json: data.train_images: " + garbage + ": not an IDX file"), std::string::npos)
+      << r.output;
+}
+
 // A fault in a labels file is reported under its own key; a label the model's output
 // cannot hold (200 for 2 classes) is reported at load time with its file and row, not
 // inside the loss on a row of a shuffled batch.
@@ -800,3 +845,4 @@ TEST_F(FileSources, LabelFaultsNameTheLabelsKeyTheFileAndTheRow) {
   EXPECT_TRUE(std::isnan(d.train.x.data<float>()[5]));
 }
 
+}  // namespace

@@ -6,11 +6,11 @@
 #include <charconv>
 #include <cmath>
 #include <filesystem>
-#include <functional>
 #include <fstream>
 #include <span>
 #include <sstream>
 
+#include "dtrain/core/rng.h"
 #include "dtrain/data/idx.h"
 #include "dtrain/model/json_reader.h"
 #include "dtrain/model/serialization.h"
@@ -30,19 +30,42 @@ bool names_path(const std::string& message, const std::string& key) {
 }
 
 // The one place a config error's message is composed: "FILE: KEY.PATH: message". An error
-// that names its key path already (JsonReader's) gets the file; one from a piece built at
-// `key` (a layer's, an optimizer's check) gets the file and `key`; one that names the file
-// already passes unchanged, so nesting never repeats the file and never drops the key.
+// that names its key path already (JsonReader's) gets the file; one from a piece built or a
+// file read at `key` (a layer's or an optimizer's check, a data file's fault) gets the file
+// and `key`; one that names the file already passes unchanged, so nesting never repeats the
+// file and never drops the key. The error keeps its kind (InvalidArgument, IoError, ...).
+[[noreturn]] void rethrow_in_file(const std::exception_ptr& error, const std::string& file, const std::string& key) {
+  const std::string message = message_of(error);
+  if (message.rfind(file + ": ", 0) == 0) std::rethrow_exception(error);
+  rethrow_with_context(error, key.empty() || names_path(message, key) ? file : file + ": " + key);
+}
+
+// A new error of `Kind` about `key`, composed as above.
+template <typename Kind>
+[[noreturn]] void throw_in_file(const std::string& file, const std::string& key, const std::string& message) {
+  rethrow_in_file(std::make_exception_ptr(Kind(message)), file, key);
+}
+
+// Runs fn; an error from it is composed as above.
 template <typename Fn>
 auto in_file(const std::string& file, const std::string& key, Fn&& fn) {
   try {
     return fn();
-  } catch (const InvalidArgument& e) {
-    const std::string message = e.what();
-    if (message.rfind(file + ": ", 0) == 0) throw;
-    if (key.empty() || names_path(message, key)) DTRAIN_THROW(InvalidArgument, file, ": ", message);
-    DTRAIN_THROW(InvalidArgument, file, ": ", key, ": ", message);
+  } catch (...) {
+    rethrow_in_file(std::current_exception(), file, key);
   }
+}
+
+// Runs fn and puts the seed sequence (set_random_seed) back where it stood, so that what
+// is made only to check the config (a Dropout layer draws its seed when made) leaves the
+// training model's initial weights to the seed alone.
+template <typename Fn>
+auto drawing_no_seeds(Fn&& fn) {
+  struct Restore {
+    SeedSequence at = seed_sequence();
+    ~Restore() { set_seed_sequence(at); }
+  } restore;
+  return fn();
 }
 
 std::shared_ptr<optim::LearningRateSchedule> schedule_of(const JsonReader& r);
@@ -251,6 +274,7 @@ DataConfig data_from(const JsonReader& d) {
   if (c.source == "csv") {
     c.csv.label_column = d.get_string("label_column");
     c.csv.header = d.get_bool("header", true);
+    c.csv.allow_non_finite = d.get_bool("allow_non_finite", false);
     const std::string delimiter = d.get_string("delimiter", ",");
     if (delimiter.size() != 1) d.fail("delimiter", "expected one character, got \"" + delimiter + "\"");
     c.csv.delimiter = delimiter[0];
@@ -284,7 +308,6 @@ DataConfig data_from(const JsonReader& d) {
     c.train_files = files_at(d, "train");
     if (d.has("test")) c.test_files = files_at(d, "test");
   }
-    c.csv.allow_non_finite = d.get_bool("allow_non_finite", false);
   return c;
 }
 
@@ -296,9 +319,31 @@ std::string files_key(const DataConfig& d, bool test) {
   return test ? "data.test" : "data.train";
 }
 
+// The model's output for one row of shape `row`, from its layers' shapes: no weight is
+// built. Throws the first layer's InvalidArgument that does not take its input.
+Shape output_shape(const RunConfig& c, const Shape& row) {
+  DTRAIN_CHECK(c.unbuilt_model != nullptr, "a RunConfig from load_config");
+  std::vector<std::int64_t> dims{1};
+  for (std::int64_t e : row.dims()) dims.push_back(e);
+  Shape s(dims);
+  for (const auto& l : c.unbuilt_model->layers()) s = l->compute_output_shape(s);
+  return s;
+}
+
+// The number of classes the model's output tells apart for rows of shape `row` (which the
+// model takes: check_model_fits_data said so); nullopt where its output is not [1, N].
+std::optional<std::int64_t> model_classes(const RunConfig& c, const Shape& row) {
+  const Shape out = output_shape(c, row);
+  if (out.rank() == 2) return out[1];
+  return std::nullopt;
+}
+
 // A split's rows as they are read.
 struct Rows {
   bool classes = true;   // the labels are class numbers, else values to regress on
+  // The number of classes a label must be below (nullopt: no bound); a label out of range
+  // is reported with its file and row.
+  std::optional<std::int64_t> class_count;
   std::vector<float> x;  // row-major, row_shape->numel() values per row
   std::vector<double> y;
   std::optional<Shape> row_shape;  // the first row's
@@ -319,6 +364,9 @@ void add_row(Rows& rows, const Tensor& x, double y, const std::string& file, con
     DTRAIN_THROW(IoError, where, ": features of shape ", x.shape().to_string(), ", but the rows of ", rows.first_file,
                  " have ", rows.row_shape->to_string());
   }
+  if (rows.classes && rows.class_count && y >= static_cast<double>(*rows.class_count))
+    DTRAIN_THROW(IoError, where, ": the label ", y, " is not a class number below ", *rows.class_count,
+                 ", the width of the model's output");
   const std::vector<float> values = x.to_vector();
   rows.x.insert(rows.x.end(), values.begin(), values.end());
   rows.y.push_back(y);
@@ -329,28 +377,9 @@ std::string element_types(const data::Element& e) {
   for (const Tensor& t : e) out += (out.empty() ? "" : ", ") + std::string(dtype_name(t.dtype())) + " " + t.shape().to_string();
   return "(" + out + ")";
 }
-// The number of classes the model's output tells apart, for inputs of rows of `row`;
-// nullopt where its shapes do not fit (reported where the model meets the data).
-std::optional<std::int64_t> model_classes(const RunConfig& c, const Shape& row) {
-  try {
-    const std::unique_ptr<Sequential> m = build_model(c);
-    std::vector<std::int64_t> dims{1};
-    for (std::int64_t e : row.dims()) dims.push_back(e);
-    Shape s(dims);
-    for (const auto& l : m->layers()) s = l->compute_output_shape(s);
-    if (s.rank() == 2) return s[1];
-  } catch (const Error&) {
-  }
-  return std::nullopt;
-}
-
 
 // Up to `limit` rows (-1: all) of one CSV file.
 void read_csv(const std::string& file, const data::CsvOptions& o, std::int64_t limit, Rows& rows) {
-  // Given the first row's shape, the number of classes a label must be below (nullopt: no
-  // bound); a label out of range is reported with its file and row.
-  std::function<std::optional<std::int64_t>(const Shape&)> classes_for;
-  std::optional<std::int64_t> class_count;
   data::Iterator it = data::Dataset::csv({file}, o).make_iterator();
   for (std::int64_t i = 0; limit < 0 || i < limit; ++i) {
     const std::optional<data::Element> e = it.next();
@@ -367,14 +396,10 @@ void read_records(const std::string& file, std::int64_t limit, Rows& rows) {
     if (!record) return;
     const std::string where = file + ": record " + std::to_string(i);
     data::Element e;
-    if (rows.classes && rows.classes_for) rows.class_count = rows.classes_for(x.shape());
     try {
       e = data::decode_element((*record)[0]);
     } catch (...) {
       rethrow_with_context(std::current_exception(), where);
-  if (rows.class_count && y >= static_cast<double>(*rows.class_count))
-    DTRAIN_THROW(IoError, where, ": the label ", y, " is not a class number below ", *rows.class_count,
-                 ", the width of the model's output");
     }
     if (e.size() != 2 || e[0].shape().rank() < 1 || e[1].shape().rank() != 0)
       DTRAIN_THROW(IoError, where, ": expected (features, scalar label), got ", element_types(e));
@@ -385,9 +410,10 @@ void read_records(const std::string& file, std::int64_t limit, Rows& rows) {
 
 // Up to `limit` rows (-1: all) of a csv or records split, its files in order.
 Rows read_rows(const DataConfig& d, const std::vector<std::string>& files, std::int64_t limit, bool classes,
-               std::function<std::optional<std::int64_t>(const Shape&)> classes_for = {}) {
+               std::optional<std::int64_t> class_count = std::nullopt) {
   Rows rows;
   rows.classes = classes;
+  rows.class_count = class_count;
   for (const std::string& file : files) {
     const std::int64_t left = limit < 0 ? -1 : limit - static_cast<std::int64_t>(rows.y.size());
     if (left == 0) break;
@@ -421,7 +447,6 @@ data::Split to_split(const Rows& rows, bool integer_labels) {
     s.y = Tensor::from_vector(Shape{n}, std::span<const std::int32_t>(y));
   } else {
     // Regression targets [rows, 1]: the shape of a one-unit output, which mse compares
-  rows.classes_for = std::move(classes_for);
     // them with element by element.
     std::vector<float> y(rows.y.begin(), rows.y.end());
     s.y = Tensor::from_vector(Shape{n, 1}, std::span<const float>(y));
@@ -433,36 +458,49 @@ Shape row_shape_of(const Tensor& x) {
   return Shape(std::vector<std::int64_t>(x.shape().dims().begin() + 1, x.shape().dims().end()));
 }
 
-// Runs fn; an error from it gets the config file and `key`.
-template <typename Fn>
-auto reading(const RunConfig& c, const std::string& key, Fn&& fn) {
-  try {
-    return fn();
-  } catch (...) {
-    rethrow_with_context(std::current_exception(), c.file + ": " + key);
-  }
+// An IDX split: each file's errors under its own key, the labels checked against
+// `classes` (nullopt: no bound).
+data::Split read_idx(const RunConfig& c, bool test, std::optional<std::int64_t> classes) {
+  const std::vector<std::string>& files = test ? c.data.test_files : c.data.train_files;
+  const std::string images_key = files_key(c.data, test);
+  data::Split s;
+  s.x = in_file(c.file, images_key, [&] { return data::read_idx_images(files[0]); });
+  s.y = in_file(c.file, test ? "data.test_labels" : "data.train_labels",
+                [&] { return classes ? data::read_idx_labels(files[1], *classes) : data::read_idx_labels(files[1]); });
+  if (s.x.dim(0) != s.y.dim(0))
+    throw_in_file<IoError>(c.file, images_key,
+                           files[0] + " holds " + std::to_string(s.x.dim(0)) + " images but " + files[1] + " holds " +
+                               std::to_string(s.y.dim(0)) + " labels");
+  return s;
 }
 
-data::Classification load_files(const RunConfig& c) {
+// A file source's splits, read once each. `row`: the shape of the first training row
+// (input_shape), which the model was checked against; a label must be below the classes
+// the model's output tells apart for it.
+data::Classification load_files(const RunConfig& c, const Shape& row) {
   const DataConfig& d = c.data;
   const bool has_test = !d.test_files.empty();
+  const std::optional<std::int64_t> classes = model_classes(c, row);
   data::Classification out;
   if (d.source == "idx") {
-    out.train = read_idx(c, false);
-    if (has_test) out.test = read_idx(c, true);
+    out.train = read_idx(c, false, classes);
+    if (has_test) out.test = read_idx(c, true, classes);
   } else {
-    const bool classes = !regression(c);
-    auto classes_for = [&](const Shape& row) { return model_classes(c, row); };
-    const Rows train = reading(c, false, [&] { return read_rows(d, d.train_files, -1, classes, classes_for); });
-    const Rows test =
-        has_test ? reading(c, true, [&] { return read_rows(d, d.test_files, -1, classes, classes_for); }) : Rows{};
-    out.train = to_split(train, classes);
-    if (has_test) out.test = to_split(test, classes);
+    const bool class_labels = !regression(c);
+    auto read = [&](bool test) {
+      return in_file(c.file, files_key(d, test),
+                     [&] { return read_rows(d, test ? d.test_files : d.train_files, -1, class_labels, classes); });
+    };
+    const Rows train = read(false);
+    const Rows test = has_test ? read(true) : Rows{};
+    out.train = to_split(train, class_labels);
+    if (has_test) out.test = to_split(test, class_labels);
   }
   if (has_test && row_shape_of(out.test.x) != row_shape_of(out.train.x))
-    DTRAIN_THROW(InvalidArgument, c.file, ": ", files_key(d, true), ": the rows of ", d.test_files[0], " have shape ",
-                 row_shape_of(out.test.x).to_string(), ", but those of ", d.train_files[0], " (", files_key(d, false),
-                 ") have ", row_shape_of(out.train.x).to_string());
+    throw_in_file<InvalidArgument>(c.file, files_key(d, true),
+                                   "the rows of " + d.test_files[0] + " have shape " + row_shape_of(out.test.x).to_string() +
+                                       ", but those of " + d.train_files[0] + " (" + files_key(d, false) + ") have " +
+                                       row_shape_of(out.train.x).to_string());
   if (out.train.y.dtype() == DType::i32) {
     std::int64_t largest = -1;
     for (const data::Split* s : {&out.train, &out.test})
@@ -474,82 +512,69 @@ data::Classification load_files(const RunConfig& c) {
   return out;
 }
 
+// The config key of the input shape the model declares, for messages.
+std::string input_shape_key(const RunConfig& c) {
+  const bool given = c.model_json.at("config").contains("input_shape");
+  return c.model_config_path + (given ? ".input_shape" : ".build_input_shape");
+}
+
+// What the model alone must satisfy, before any data is read: at least one layer, and
+// layers that take the input shape it declares.
+void check_model(const RunConfig& c) {
+  const std::string layers_key = c.model_config_path + ".layers";
+  if (c.unbuilt_model->layers().empty()) throw_in_file<InvalidArgument>(c.file, layers_key, "expected at least one layer, got []");
+  if (!c.model_input_shape) return;
+  try {
+    output_shape(c, *c.model_input_shape);
+  } catch (const InvalidArgument& e) {
+    throw_in_file<InvalidArgument>(c.file, layers_key,
+                                   "for rows of shape " + c.model_input_shape->to_string() + " (" + input_shape_key(c) +
+                                       "): " + e.what());
+  }
+}
+
 }  // namespace
 
-namespace {
-
-// The model against the data, before any training: the input shape the model declares
-// against a row of the data (a file source's first row), and, for class labels, the loss
-// and the width of the last layer against the classes (known here for the synthetic and
-// Fashion-MNIST sources; a file's labels are checked against it as they are read).
-void check_model_fits_data(const RunConfig& c) {
-  const std::unique_ptr<Sequential> m = build_model(c);
+void check_model_fits_data(const RunConfig& c, const Shape& row) {
   const std::string& at = c.model_config_path;
-  if (m->layers().empty()) DTRAIN_THROW(InvalidArgument, at, ".layers: expected at least one layer, got []");
-  const Shape row = input_shape(c);
   const std::string data = "the data (" + c.data.source + ")";
-  if (m->built()) {
-    if (*m->input_shape() != row) {
-      const bool given = c.model_json.at("config").contains("input_shape");
-      const std::string key = at + (given ? ".input_shape" : ".build_input_shape");
-      DTRAIN_THROW(InvalidArgument, key, ": the model takes rows of shape ", m->input_shape()->to_string(), ", but ", data,
-                   " has rows of shape ", row.to_string());
-    }
-  } else {
-    try {
-      m->build(row);
-    } catch (const InvalidArgument& e) {
-      DTRAIN_THROW(InvalidArgument, at, ".layers: for ", data, "'s rows of shape ", row.to_string(), ": ", e.what());
-    }
+  if (c.model_input_shape && *c.model_input_shape != row)
+    throw_in_file<InvalidArgument>(c.file, input_shape_key(c),
+                                   "the model takes rows of shape " + c.model_input_shape->to_string() + ", but " + data +
+                                       " has rows of shape " + row.to_string());
+  Shape out;
+  try {
+    out = output_shape(c, row);
+  } catch (const InvalidArgument& e) {
+    throw_in_file<InvalidArgument>(c.file, at + ".layers",
+                                   "for " + data + "'s rows of shape " + row.to_string() + ": " + e.what());
   }
-  const Shape out = m->output_shape();
-  const std::size_t last = m->layers().size() - 1;
-  const bool dense = dynamic_cast<const nn::Dense*>(m->layers()[last].get()) != nullptr;
-  const std::string last_key = at + ".layers[" + std::to_string(last) + "]" + (dense ? ".config.units" : "");
   if (c.data.source != "synthetic" && c.data.source != "fashion_mnist") return;  // checked as the files are read
+  const std::size_t last = c.unbuilt_model->layers().size() - 1;
+  const bool dense = dynamic_cast<const nn::Dense*>(c.unbuilt_model->layers()[last].get()) != nullptr;
+  const std::string last_key = at + ".layers[" + std::to_string(last) + "]" + (dense ? ".config.units" : "");
   const std::int64_t classes = c.data.source == "synthetic" ? c.data.classes : 10;
   const std::string where = c.data.source == "synthetic" ? " (data.classes)" : " (Fashion-MNIST)";
   const std::string loss = c.loss_json.is_string()                                       ? c.loss_json.get<std::string>()
                            : c.loss_json.is_object() && c.loss_json.contains("name") ? c.loss_json["name"].get<std::string>()
                                                                                       : "";
   if (loss == "mse" || loss == "mean_squared_error" || loss == "categorical_crossentropy")
-    DTRAIN_THROW(InvalidArgument, "loss: ", loss, " needs ",
-                 loss == "categorical_crossentropy" ? "one-hot labels" : "values to regress on", ", but ", data,
-                 " has labels that are class numbers; use sparse_categorical_crossentropy");
+    throw_in_file<InvalidArgument>(c.file, "loss",
+                                   loss + " needs " + (loss == "categorical_crossentropy" ? "one-hot labels" : "values to regress on") +
+                                       ", but " + data + " has labels that are class numbers; use sparse_categorical_crossentropy");
   if (out.rank() != 2)
-    DTRAIN_THROW(InvalidArgument, last_key, ": the model's output has shape ", out.to_string(),
-                 " for one row; a classifier's must be [1, classes] (end with a Flatten or a Dense)");
+    throw_in_file<InvalidArgument>(c.file, last_key,
+                                   "the model's output has shape " + out.to_string() +
+                                       " for one row; a classifier's must be [1, classes] (end with a Flatten or a Dense)");
   if (out[1] < classes)
-    DTRAIN_THROW(InvalidArgument, last_key, ": the last layer gives ", out[1], " outputs per row, but ", data, " has ",
-                 classes, " classes", where, ": it needs at least ", classes, " units");
+    throw_in_file<InvalidArgument>(c.file, last_key,
+                                   "the last layer gives " + std::to_string(out[1]) + " outputs per row, but " + data +
+                                       " has " + std::to_string(classes) + " classes" + where + ": it needs at least " +
+                                       std::to_string(classes) + " units");
 }
-
-}  // namespace
 
 void check_strategy(const std::string& strategy, int replicas) {
   if (strategy != "default" && strategy != "one_device" && strategy != "mirrored" && strategy != "multi_worker")
-// Runs fn; an error from it gets the config file and the key naming the split's files.
-template <typename Fn>
-auto reading(const RunConfig& c, bool test, Fn&& fn) {
-  return reading(c, files_key(c.data, test), std::forward<Fn>(fn));
-}
-
-// An IDX split: each file's errors under its own key, the labels checked against the
-// classes the model's output tells apart.
-data::Split read_idx(const RunConfig& c, bool test) {
-  const std::vector<std::string>& files = test ? c.data.test_files : c.data.train_files;
-  data::Split s;
-  s.x = reading(c, test, [&] { return data::read_idx_images(files[0]); });
-  s.y = reading(c, std::string(test ? "data.test_labels" : "data.train_labels"), [&] {
-    const std::optional<std::int64_t> classes = model_classes(c, row_shape_of(s.x));
-    return classes ? data::read_idx_labels(files[1], *classes) : data::read_idx_labels(files[1]);
-  });
-  if (s.x.dim(0) != s.y.dim(0))
-    DTRAIN_THROW(IoError, c.file, ": ", files_key(c.data, test), ": ", files[0], " holds ", s.x.dim(0), " images but ",
-                 files[1], " holds ", s.y.dim(0), " labels");
-  return s;
-}
-
     DTRAIN_THROW(InvalidArgument, "expected \"default\", \"one_device\", \"mirrored\" or \"multi_worker\", got \"",
                  strategy, "\"");
   if (replicas > 0 && strategy != "mirrored" && strategy != "multi_worker")
@@ -625,12 +650,18 @@ RunConfig load_config(const std::string& path) {
     if (!(c.validation_split >= 0 && c.validation_split < 1)) r.fail("validation_split", "must be in [0, 1)");
     if (c.data.pipeline && c.validation_split > 0)
       r.fail("validation_split", "cannot be combined with data.pipeline; the pipeline trains on the whole training split");
-    // Build the pieces once now, so that every error in them surfaces before training, and
-    // check the model against the data.
-    build_model(c);
+    // Make the pieces now, so that every error in them surfaces before training: the model's
+    // layers once and unbuilt (no weights, no seed drawn), kept for the checks against the
+    // data, which load_data makes (summary reads no data where the model declares its input).
+    UnbuiltModel m = in_file(c.file, "model", [&] {
+      return drawing_no_seeds(
+          [&] { return unbuilt_model_from_json(c.model_json, c.model_path, c.dtype_policy, c.model_config_path); });
+    });
+    c.unbuilt_model = std::move(m.model);
+    c.model_input_shape = m.input_shape;
     build_loss(c);
     build_optimizer(c);
-    check_model_fits_data(c);
+    check_model(c);
     return 0;
   });
   return c;
@@ -721,8 +752,12 @@ data::Dataset build_pipeline(const RunConfig& c, const data::Split& train) {
 }
 
 data::Classification load_data(const RunConfig& c) {
+  // The model against the data before any is read whole: a file source's row shape comes
+  // from its first row (an IDX file's header).
+  const Shape row = input_shape(c);
+  check_model_fits_data(c, row);
   if (c.data.source == "fashion_mnist") return data::load_fashion_mnist(c.data.path);
-  if (is_file_source(c.data.source)) return load_files(c);
+  if (is_file_source(c.data.source)) return load_files(c, row);
   data::Classification d;
   d.classes = c.data.classes;
   // Test data comes from the same generator, after the training rows.
@@ -738,8 +773,11 @@ data::Classification load_data(const RunConfig& c) {
 Shape input_shape(const RunConfig& c) {
   if (c.data.source == "fashion_mnist") return Shape{784};
   if (c.data.source == "synthetic") return Shape{c.data.features};
-  return reading(c, false, [&] {
-    if (c.data.source == "idx") return row_shape_of(data::read_idx_images(c.data.train_files[0]));
+  return in_file(c.file, files_key(c.data, false), [&] {
+    if (c.data.source == "idx") {
+      const data::IdxHeader h = data::read_idx_header(c.data.train_files[0], 3);
+      return Shape{h.dims[1] * h.dims[2]};  // as read_idx_images gives a row
+    }
     return *read_rows(c.data, c.data.train_files, 1, !regression(c)).row_shape;
   });
 }

@@ -45,6 +45,11 @@ struct RunConfig {
   // Where the model's {"layers", "input_shape"} object is in the file, for messages:
   // "model" in the short form, "model.config" in Sequential::to_json()'s.
   std::string model_config_path = "model.config";
+  // The model's layers as load_config made them, once and never built (no weights, no seed
+  // drawn from the training sequence): the checks of the model against the data take its
+  // shapes from them. Copies of the config share them.
+  std::shared_ptr<const Sequential> unbuilt_model;
+  std::optional<Shape> model_input_shape;  // the input shape the model declares, if any
   nlohmann::json loss_json, optimizer_json;
   std::vector<std::string> metrics;
   DataConfig data;
@@ -71,7 +76,9 @@ struct RunConfig {
 // Checks a strategy name and replica count; the message says what is expected.
 void check_strategy(const std::string& strategy, int replicas);
 
-// Reads and validates the whole file up front, so a typo fails before any training.
+// Reads and validates the whole file up front, so a typo fails before any training. Reads
+// no data (a csv source's first line excepted, for its column names), builds no weights
+// and draws no seed; the model is checked against the data by load_data.
 RunConfig load_config(const std::string& path);
 
 // The JSON in the file at `path`, discarded (is_discarded()) when it is not JSON, for the
@@ -83,14 +90,22 @@ nlohmann::json read_json_file(const std::string& path, const std::string& unread
 std::unique_ptr<Sequential> build_model(const RunConfig& c);
 std::shared_ptr<losses::Loss> build_loss(const RunConfig& c);
 std::shared_ptr<optim::Optimizer> build_optimizer(const RunConfig& c);
-// The data the config names, in memory. File sources: x float32 [rows, features...]; y
-// float32 [rows, 1] with classes = 0 when the loss is mse (a regression), else int32 [rows]
-// of class numbers with classes = the largest label + 1. Errors name the config file, the
-// key and the data file (and the row or record of a bad label).
+// The data the config names, in memory, each file read once. File sources: x float32
+// [rows, features...]; y float32 [rows, 1] with classes = 0 when the loss is mse (a
+// regression), else int32 [rows] of class numbers with classes = the largest label + 1, each
+// below the width of the model's output. Errors name the config file, the key and the data
+// file (and the row or record of a bad label). The model is checked against the data's row
+// shape (check_model_fits_data) before any file is read whole.
 data::Classification load_data(const RunConfig& c);
-// One input row's shape, without loading the data where the config says it (file sources
-// read their first training row).
+// One input row's shape, without loading the data: from the config (synthetic,
+// fashion_mnist), an IDX images file's header, or the first training row of a csv or
+// records source.
 Shape input_shape(const RunConfig& c);
+// The model against rows of shape `row`: the input shape it declares, its layers' shapes,
+// and, for the class labels of the synthetic and Fashion-MNIST sources, the loss and the
+// last layer's width (a file's labels are checked as they are read). Builds no weights.
+// Throws InvalidArgument "FILE: KEY: message".
+void check_model_fits_data(const RunConfig& c, const Shape& row);
 // The training Dataset the config's pipeline describes (requires c.data.pipeline).
 data::Dataset build_pipeline(const RunConfig& c, const data::Split& train);
 

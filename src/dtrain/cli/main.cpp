@@ -63,10 +63,10 @@ struct Overrides {
   std::string fault_slow;  // testing: worker:K:Fx (cli/fault.h)
   // multi_worker only
   std::string compression, communication;
+  // multi_worker and mirrored
   double collective_timeout = -1;
   bool no_overlap = false;
 };
-  // multi_worker and mirrored
 
 void apply(const Overrides& o, cli::RunConfig& c) {
   if (o.epochs >= 0) c.epochs = o.epochs;
@@ -124,11 +124,14 @@ json logs_json(const Logs& logs) {
   return j;
 }
 
-// Builds (for summary) without loading the data: the input shape comes from the model JSON
-// or from the data section (a file source reads its first training row).
+// Builds (for summary) without loading the data: the input shape comes from the model JSON,
+// or else from the data section (a file source reads its first training row, an IDX file
+// its header), which the model is then checked against.
 void ensure_built(Sequential& m, const cli::RunConfig& c) {
   if (m.built()) return;
-  m.build(cli::input_shape(c));
+  const Shape row = cli::input_shape(c);
+  cli::check_model_fits_data(c, row);
+  m.build(row);
 }
 
 // The layers' dtype policy: one name when they agree, "per layer" when they do not.
@@ -290,8 +293,10 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["spare_core"] = host_threads < available_cores();
     write_json(o.summary, j);
   }
+  // dtrain's base Error: a diverging run fits none of the kinds a caller handles (no
+  // argument was wrong, no file or peer failed); the command exits 1 naming the step.
   if (stopped)
-    DTRAIN_THROW(InvalidArgument, path, ": training stopped: ", terminate->stopped_at()->to_string(),
+    DTRAIN_THROW(Error, path, ": training stopped: ", terminate->stopped_at()->to_string(),
                  "; no test figures or weights were written (a learning rate too large for the data, or a NaN or "
                  "Inf in the inputs?)");
   return 0;
@@ -436,6 +441,10 @@ int main(int argc, char** argv) {
   launch->add_option("--grace-seconds", launch_options.grace_seconds,
                      "Seconds between SIGTERM and SIGKILL when stopping tasks")
       ->check(CLI::Range(0.0, 3600.0));
+  launch->add_option("--timeout", launch_options.timeout_seconds,
+                     "The job's deadline in seconds: then every task is stopped, the ones still running are named "
+                     "and the exit code is 124 (default: none)")
+      ->check(CLI::Range(0.001, 1e9));
   launch->prefix_command();
 
   // `launch ... -- PROGRAM ARGS`: the program begins at the first word launch does not
@@ -471,10 +480,6 @@ int main(int argc, char** argv) {
     }
     if (*launch) {
       std::vector<std::string> command = launch->remaining();
-  launch->add_option("--timeout", launch_options.timeout_seconds,
-                     "The job's deadline in seconds: then every task is stopped, the ones still running are named "
-                     "and the exit code is 124 (default: none)")
-      ->check(CLI::Range(0.001, 1e9));
       // `dtrain launch ... fit CONFIG`: the tasks run this dtrain.
       if (!command.empty() && (command.front() == "fit" || command.front() == "evaluate" || command.front() == "probe-link"))
         command.insert(command.begin(), "/proc/self/exe");
