@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error_message.h"
+#include "common/cli_process.h"
 #include "common/temp_dir.h"
 #include "dtrain/cli/config.h"
 #include "dtrain/data/dataset.h"
@@ -21,21 +22,9 @@ namespace {
 namespace fs = std::filesystem;
 
 
-struct Result {
-  int code;
-  std::string output;  // stdout and stderr together
-};
+using Result = dtrain::testing::CliResult;
 
-// `env`: VAR=value words put before the command.
-Result run(const std::string& args, const std::string& env = "") {
-  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + std::string(DTRAIN_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+Result run(const std::string& args, const std::string& env = "") { return dtrain::testing::run_cli(args, env); }
 
 class Cli : public dtrain::testing::TempDirTest {
  protected:
@@ -515,9 +504,7 @@ Rows make_rows() {
   return r;
 }
 
-std::string be32(std::uint32_t v) {
-  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
-}
+using dtrain::testing::be32;
 
 class FileSources : public Cli {
  protected:

@@ -11,24 +11,14 @@
 #include <iterator>
 #include <string>
 
+#include "common/cli_process.h"
 #include "common/temp_dir.h"
 
 namespace {
 
-struct Result {
-  int code;
-  std::string output;  // stdout and stderr together
-};
+using Result = dtrain::testing::CliResult;
 
-Result run(const std::string& args, const std::string& env = "") {
-  const std::string cmd = "env -u TF_CONFIG " + env + " " + std::string(DTRAIN_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+Result run(const std::string& args, const std::string& env = "") { return dtrain::testing::run_cli(args, env); }
 
 std::string bytes_of(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -37,9 +27,7 @@ std::string bytes_of(const std::string& path) {
 
 class CliInitialWeights : public dtrain::testing::TempDirTest {};
 
-std::string be32(std::uint32_t v) {
-  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
-}
+using dtrain::testing::be32;
 
 TEST_F(CliInitialWeights, AreTheSameBytesUnderEveryStrategy) {
   const std::string cfg = write("tiny.json", R"({

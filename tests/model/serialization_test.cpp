@@ -156,12 +156,18 @@ TEST(Weights, BadFilesAreNamedErrorsAndLeaveTheModelAlone) {
   fs::remove(path);
 }
 
+// A safetensors file as its layout has it: the header's length (8 bytes, little-endian),
+// the JSON header, then `data_bytes` zero bytes of tensor data.
+void write_safetensors_bytes(const fs::path& path, const std::string& header, std::size_t data_bytes) {
+  std::string length(8, '\0');
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<char>(header.size() >> (8 * i));
+  std::ofstream(path, std::ios::binary) << length << header << std::string(data_bytes, '\0');
+}
+
 TEST(Weights, ImpossibleShapesAreRejected) {
   const auto path = temp_path("huge.safetensors");
   const std::string header = R"({"w":{"dtype":"F32","shape":[4611686018427387905,4],"data_offsets":[0,16]}})";
-  std::string bytes(8, '\0');
-  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(header.size() >> (8 * i));
-  std::ofstream(path, std::ios::binary) << bytes << header << std::string(16, '\0');
+  write_safetensors_bytes(path, header, 16);
   const std::string e = message_of([&] { load_safetensors(path.string()); });
   EXPECT_NE(e.find("tensor 'w'"), std::string::npos) << e;
   fs::remove(path);
@@ -172,9 +178,7 @@ TEST(Weights, ImpossibleShapesAreRejected) {
 TEST(Weights, HeaderNumberTooLargeForADoubleIsAnIoError) {
   const auto path = temp_path("overflow.safetensors");
   const std::string header = R"({"w":{"dtype":"F32","shape":[1e999],"data_offsets":[0,4]}})";
-  std::string bytes(8, '\0');
-  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(header.size() >> (8 * i));
-  std::ofstream(path, std::ios::binary) << bytes << header << std::string(4, '\0');
+  write_safetensors_bytes(path, header, 4);
   const std::string e = message_of<IoError>([&] { load_safetensors(path.string()); });
   EXPECT_NE(e.find(path.string() + ": header is not valid JSON"), std::string::npos) << e;
   fs::remove(path);

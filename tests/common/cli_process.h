@@ -1,0 +1,34 @@
+// The dtrain command run as a child process by the CLI tests (DTRAIN_BINARY is set by
+// tests/CMakeLists.txt), and the big-endian words IDX files are made of.
+#pragma once
+
+#include <sys/wait.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace dtrain::testing {
+
+struct CliResult {
+  int code;
+  std::string output;  // stdout and stderr together
+};
+
+// `env`: VAR=value words put before the command. TF_CONFIG is unset first, so the
+// environment the tests run in cannot make the command join a cluster.
+inline CliResult run_cli(const std::string& args, const std::string& env = "") {
+  const std::string cmd = "env -u TF_CONFIG " + env + " " + std::string(DTRAIN_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+inline std::string be32(std::uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
+}
+
+}  // namespace dtrain::testing
