@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <barrier>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -141,8 +142,10 @@ TEST(InProcessBarrier, NobodyPassesBeforeEveryoneArrived) {
   }
 }
 
-TEST(InProcessBarrier, AbortReleasesWaitersNamingTheFailedReplica) {
-  InProcessBarrier barrier(3);
+// Replicas 0 and 1 wait at the barrier on threads of their own, and `meanwhile` runs on
+// the calling thread; returns what each waiter's wait ended with (replica 2 never comes).
+template <typename Meanwhile>
+std::vector<std::string> wait_without_replica_2(InProcessBarrier& barrier, Meanwhile&& meanwhile) {
   std::vector<std::string> errors(2);
   std::vector<std::thread> waiters;
   for (int r = 0; r < 2; ++r)
@@ -150,12 +153,22 @@ TEST(InProcessBarrier, AbortReleasesWaitersNamingTheFailedReplica) {
       try {
         barrier.arrive_and_wait(r);
         errors[static_cast<std::size_t>(r)] = "passed the barrier without replica 2";
+      } catch (const Timeout& e) {
+        errors[static_cast<std::size_t>(r)] = std::string("Timeout: ") + e.what();
       } catch (const PeerFailure& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
+        errors[static_cast<std::size_t>(r)] = std::string("PeerFailure: ") + e.what();
       }
     });
-  barrier.abort(2, "its batch was empty");
+  meanwhile();
   for (std::thread& t : waiters) t.join();
+  return errors;
+}
+
+TEST(InProcessBarrier, AbortReleasesWaitersNamingTheFailedReplica) {
+  InProcessBarrier barrier(3);
+  const std::vector<std::string> errors =
+      wait_without_replica_2(barrier, [&] { barrier.abort(2, "its batch was empty"); });
+  for (const std::string& e : errors) EXPECT_EQ(e.rfind("PeerFailure: ", 0), 0u) << e;
   for (const std::string& e : errors) EXPECT_NE(e.find("replica 2 failed (its batch was empty)"), std::string::npos) << e;
   // Later arrivals fail at once.
   EXPECT_THROW(barrier.arrive_and_wait(0), PeerFailure);
@@ -165,20 +178,8 @@ TEST(InProcessBarrier, AbortReleasesWaitersNamingTheFailedReplica) {
 // and the barrier; the waiters are released, and later arrivals fail at once.
 TEST(InProcessBarrier, AReplicaThatNeverArrivesIsATimeoutNamingIt) {
   InProcessBarrier barrier(3, kSpinPauses, std::chrono::milliseconds(100), "step barrier");
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> waiters;
-  for (int r = 0; r < 2; ++r)
-    waiters.emplace_back([&, r] {
-      try {
-        barrier.arrive_and_wait(r);
-        errors[static_cast<std::size_t>(r)] = "passed the barrier without replica 2";
-      } catch (const Timeout& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      } catch (const PeerFailure& e) {  // the other waiter's timeout came first
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  for (std::thread& t : waiters) t.join();
+  // A waiter may see the other's Timeout first, as a PeerFailure naming the same.
+  const std::vector<std::string> errors = wait_without_replica_2(barrier, [] {});
   for (const std::string& e : errors) {
     EXPECT_NE(e.find("step barrier: replica "), std::string::npos) << e;
     EXPECT_NE(e.find("replica(s) 2 never arrived"), std::string::npos) << e;
