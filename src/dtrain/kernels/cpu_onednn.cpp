@@ -251,7 +251,13 @@ struct CpuBackend::OneDnn {
   }
 };
 
-CpuBackend::CpuBackend() : dnn_(std::make_unique<OneDnn>()) {}
+CpuBackend::CpuBackend() : dnn_(std::make_unique<OneDnn>()) {
+  // dtrain keeps each primitive it builds (above), so oneDNN's own process-wide cache of
+  // primitives would only make two of dtrain's entries share one primitive's state: on
+  // AVX2 CPUs a replica thread then read what another thread's primitive had written,
+  // with no ordering between them that ThreadSanitizer could see.
+  dnnl::set_primitive_cache_capacity(0);
+}
 CpuBackend::~CpuBackend() = default;
 
 PrimitiveCacheStats CpuBackend::cache_stats() const {
