@@ -109,12 +109,14 @@ TEST(Deadlines, StoreThatAcceptsAndNeverAnswersIsATimeoutNamingIt) {
       << message;
 }
 
+// A loopback port that was just listened on and closed: connections to it are refused.
+int closed_port() {
+  Listener gone(1);
+  return gone.port();
+}
+
 TEST(Deadlines, StoreNobodyServesIsATimeoutSayingSo) {
-  int port = 0;
-  {
-    Listener gone(1);
-    port = gone.port();
-  }  // closed: connections are refused from now on
+  const int port = closed_port();
   const std::string message = timeout_message([&] { TcpStore store("127.0.0.1", port, "tok", 300ms); });
   EXPECT_NE(message.find("could not be reached within 0.3 s"), std::string::npos) << message;
   EXPECT_NE(message.find("is the chief running?"), std::string::npos) << message;
@@ -162,11 +164,7 @@ TEST(Deadlines, RedisServerThatAcceptsAndNeverAnswersIsATimeoutNamingIt) {
 }
 
 TEST(Deadlines, RedisServerNobodyServesIsAnIoErrorNamingIt) {
-  int port = 0;
-  {
-    Listener gone(1);
-    port = gone.port();
-  }
+  const int port = closed_port();
   try {
     RedisStore store("127.0.0.1", port, 1s);
     ADD_FAILURE() << "connected to a closed port";
