@@ -1,4 +1,4 @@
-// Starting, watching and stopping the tasks of a local cluster.
+// Starting, watching, stopping and restarting the tasks of a local cluster.
 #include "dtrain/cluster/launcher.h"
 
 #include <arpa/inet.h>
@@ -18,6 +18,8 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <optional>
@@ -150,6 +152,7 @@ struct Reaper {
   std::vector<Task>& tasks;
   ~Reaper() {
     for (Task& t : tasks) {
+      if (t.pid <= 0) continue;  // not started (kill(1, ...) would be init)
       kill(-t.pid, SIGKILL);
       if (t.running) waitpid(t.pid, nullptr, 0);
       if (t.out >= 0) close(t.out);
@@ -170,7 +173,13 @@ void emit_lines(Task& t, const char* data, std::size_t n, std::ostream& out, boo
   out.flush();
 }
 
+// EX_TEMPFAIL (sysexits.h): a task that was told to stop (preempted) and saved a checkpoint
+// first says so with it.
+constexpr int kPreempted = 75;
+
 std::string describe(int status) {
+  if (WIFEXITED(status) && WEXITSTATUS(status) == kPreempted)
+    return "exited with code 75 (preempted: saved a checkpoint and stopped)";
   if (WIFEXITED(status)) return "exited with code " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {
     const int sig = WTERMSIG(status);
@@ -232,6 +241,12 @@ std::string tf_config_json(const ClusterSpec& cluster, const TaskId& task) {
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
 std::string job_token() {
   if (const char* given = std::getenv("DTRAIN_CLUSTER_TOKEN"); given && *given) return given;
   std::random_device device;
@@ -241,41 +256,72 @@ std::string job_token() {
   return o.str();
 }
 
-}  // namespace
+// The launch's private directory for DTRAIN_PROGRESS_FILE (under TMPDIR, as mkdtemp(1)),
+// removed with whatever the tasks left in it (a temporary they did not rename).
+class ProgressDirectory {
+ public:
+  ProgressDirectory() {
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string parent = tmp && *tmp ? tmp : "/tmp";
+    std::string path = parent + "/dtrain-launch-XXXXXX";
+    if (!mkdtemp(path.data()))
+      DTRAIN_THROW(IoError, "dtrain launch: cannot make a directory for the progress file in ", parent, ": ",
+                   std::strerror(errno));
+    dir_ = path;
+  }
+  ~ProgressDirectory() {
+    std::error_code ignored;
+    std::filesystem::remove_all(dir_, ignored);
+  }
+  ProgressDirectory(const ProgressDirectory&) = delete;
+  ProgressDirectory& operator=(const ProgressDirectory&) = delete;
 
-LaunchResult launch(const LaunchOptions& o) {
-  if (o.command.empty()) DTRAIN_THROW(InvalidArgument, "dtrain launch: no program to run (give it after --)");
-  if (o.workers < 0 || o.ps < 0 || o.workers + (o.chief ? 1 : 0) == 0)
-    DTRAIN_THROW(InvalidArgument, "dtrain launch: needs at least one worker or a chief, got --workers ", o.workers);
-  std::ostream& out = o.out ? *o.out : std::cout;
-  std::ostream& err = o.err ? *o.err : std::cerr;
+  std::string file() const { return dir_ + "/progress"; }
+  // What the tasks last wrote, none before they first do. The content and not the mtime:
+  // two checkpoints within the file system's timestamp granularity look the same by time.
+  std::optional<std::string> read() const {
+    std::ifstream in(file(), std::ios::binary);
+    if (!in) return std::nullopt;
+    std::ostringstream content;
+    content << in.rdbuf();
+    return content.str();
+  }
+
+ private:
+  std::string dir_;
+};
+
+// How one start of the whole job ended.
+struct Attempt {
+  std::string failed_task, how;  // as in LaunchResult
+  bool deadline_passed = false;
+  std::vector<std::string> still_running;
+  // A task failed by itself while the job was running: a failure that a restart may answer.
+  // Not one during the stop after it, after the launcher's own SIGINT or SIGTERM, or at the
+  // deadline.
+  bool restartable = false;
+  Clock::time_point started_at, failure_noticed_at;
+};
+
+// Starts every task with `env` ("NAME=value", TF_CONFIG added per task) on fresh ports,
+// and watches them until every one has ended. `launch_started` is the deadline's origin.
+Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock::time_point launch_started,
+                    std::ostream& out, std::ostream& err) {
   const int total = o.workers + o.ps + (o.chief ? 1 : 0);
   const ClusterSpec cluster = local_cluster(o.workers, o.ps, o.chief, free_ports(total));
-  SignalForwarding forwarding;
-  // What the tasks leave behind is handed to the launcher rather than to init, so that it
-  // can reap it below.
-  prctl(PR_SET_CHILD_SUBREAPER, 1);
   std::vector<Task> tasks;
   for (const TaskId& id : cluster.tasks()) tasks.push_back(Task{id});
   Reaper reaper{tasks};
-  LaunchResult result;
-  // Every task gets the job's token (a fresh one unless given), and the threads asked for,
-  // or its share of the cores unless OMP_NUM_THREADS says otherwise (one process per core:
-  // as torchrun, one thread).
-  std::vector<std::string> env{"DTRAIN_CLUSTER_TOKEN=" + job_token()};
-  if (o.threads_per_task > 0)
-    env.push_back("OMP_NUM_THREADS=" + std::to_string(o.threads_per_task));
-  else if (const char* threads = std::getenv("OMP_NUM_THREADS"); !threads || !*threads)
-    env.push_back("OMP_NUM_THREADS=" + std::to_string(std::max(1, available_cores() / std::max(1, total - o.ps))));
+  Attempt result;
   for (Task& t : tasks) {
     env.push_back("TF_CONFIG=" + tf_config_json(cluster, t.id));
     start(t, o.command, env);
     env.pop_back();
   }
+  result.started_at = Clock::now();
 
-  using Clock = std::chrono::steady_clock;
   std::optional<Clock::time_point> stopping_since, all_ended_at;
-  const auto started = Clock::now();
+  bool signalled = false;
   // A task the kernel reports stopped when another fails is the cause: the others failed
   // waiting for it (the first to fail is only the first to give up).
   // Whether `t` (running) has just ended; notes a stop or a continue on the way.
@@ -340,11 +386,11 @@ LaunchResult launch(const LaunchOptions& o) {
     if (const int sig = g_forward_signal.exchange(0)) {
       err << "dtrain launch: passing " << signal_name(sig) << " to every task\n";
       stop_all(sig);
+      signalled = true;
       if (!stopping_since) stopping_since = Clock::now();
     }
     // The job's deadline: every task is stopped, and the ones still running are named.
-    if (o.timeout_seconds > 0 && !stopping_since &&
-        std::chrono::duration<double>(Clock::now() - started).count() >= o.timeout_seconds) {
+    if (o.timeout_seconds > 0 && !stopping_since && seconds_between(launch_started, Clock::now()) >= o.timeout_seconds) {
       result.deadline_passed = true;
       for (const Task& t : tasks)
         if (t.running) result.still_running.push_back(t.id.to_string());
@@ -374,7 +420,8 @@ LaunchResult launch(const LaunchOptions& o) {
             err << "dtrain launch: " << result.failed_task << " " << result.how << "; stopping the other tasks\n";
           }
           stop_all(SIGTERM);
-          stopping_since = Clock::now();
+          stopping_since = result.failure_noticed_at = Clock::now();
+          result.restartable = true;
         }
       }
     }
@@ -396,7 +443,7 @@ LaunchResult launch(const LaunchOptions& o) {
         all_ended_at = Clock::now();
         stop_all(SIGTERM);  // leftovers of tasks that have ended
       }
-      if (std::chrono::duration<double>(Clock::now() - *all_ended_at).count() > o.grace_seconds) {
+      if (seconds_between(*all_ended_at, Clock::now()) > o.grace_seconds) {
         stop_all(SIGKILL);
         for (Task& t : tasks) {
           emit_lines(t, "", 0, out, true);
@@ -406,8 +453,7 @@ LaunchResult launch(const LaunchOptions& o) {
         break;
       }
     }
-    if (stopping_since && any_running &&
-        std::chrono::duration<double>(Clock::now() - *stopping_since).count() > o.grace_seconds)
+    if (stopping_since && any_running && seconds_between(*stopping_since, Clock::now()) > o.grace_seconds)
       stop_all(SIGKILL);
   }
   // Reap what the tasks started (now the launcher's children), briefly: it was signalled.
@@ -418,6 +464,92 @@ LaunchResult launch(const LaunchOptions& o) {
       if (r < 0) break;             // nothing left in the group
       if (r == 0) usleep(5000);     // still dying
     }
+  // Asked to stop while the job was being stopped after a failure: the user's word wins.
+  if (signalled) result.restartable = false;
+  if (result.failed_task.empty() && !result.deadline_passed) {
+    // Stopped by a forwarded signal: a trainer that did not finish cleanly still counts.
+    for (const Task& t : tasks)
+      if (t.id.type != "ps" && failed(t.status)) {
+        result.failed_task = t.id.to_string();
+        result.how = describe(t.status);
+        break;
+      }
+  }
+  return result;
+}
+
+}  // namespace
+
+LaunchResult launch(const LaunchOptions& o) {
+  if (o.command.empty()) DTRAIN_THROW(InvalidArgument, "dtrain launch: no program to run (give it after --)");
+  if (o.workers < 0 || o.ps < 0 || o.workers + (o.chief ? 1 : 0) == 0)
+    DTRAIN_THROW(InvalidArgument, "dtrain launch: needs at least one worker or a chief, got --workers ", o.workers);
+  if (o.max_restarts < 0)
+    DTRAIN_THROW(InvalidArgument, "dtrain launch: --max-restarts must be 0 or more, got ", o.max_restarts);
+  std::ostream& out = o.out ? *o.out : std::cout;
+  std::ostream& err = o.err ? *o.err : std::cerr;
+  const int total = o.workers + o.ps + (o.chief ? 1 : 0);
+  const auto started = Clock::now();
+  SignalForwarding forwarding;
+  // What the tasks leave behind is handed to the launcher rather than to init, so that it
+  // can reap it below.
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  // Only a launch that may restart needs to know whether the job makes progress.
+  std::optional<ProgressDirectory> progress;
+  if (o.max_restarts > 0) progress.emplace();
+  // Every task gets the threads asked for, or its share of the cores unless OMP_NUM_THREADS
+  // says otherwise (one process per core: as torchrun, one thread).
+  std::vector<std::string> common_env;
+  if (o.threads_per_task > 0)
+    common_env.push_back("OMP_NUM_THREADS=" + std::to_string(o.threads_per_task));
+  else if (const char* threads = std::getenv("OMP_NUM_THREADS"); !threads || !*threads)
+    common_env.push_back("OMP_NUM_THREADS=" + std::to_string(std::max(1, available_cores() / std::max(1, total - o.ps))));
+  if (progress) common_env.push_back("DTRAIN_PROGRESS_FILE=" + progress->file());
+
+  LaunchResult result;
+  // The progress file when the current start began, and whether the program writes it at
+  // all (a program that never does is restarted up to max_restarts times).
+  std::optional<std::string> progress_at_start;
+  bool reports_progress = false;
+  for (int attempt = 0;; ++attempt) {
+    // Each start is a new job for the tasks' rendezvous: a fresh token (unless given), so a
+    // task left over from the last start cannot join this one.
+    std::vector<std::string> env = common_env;
+    env.push_back("DTRAIN_CLUSTER_TOKEN=" + job_token());
+    env.push_back("DTRAIN_RESTART_COUNT=" + std::to_string(attempt));
+    Attempt a = run_attempt(o, env, started, out, err);
+    if (attempt > 0) result.restart_started_seconds.push_back(seconds_between(started, a.started_at));
+    result.failed_task = a.failed_task;
+    result.how = a.how;
+    result.deadline_passed = a.deadline_passed;
+    result.still_running = a.still_running;
+    if (!a.restartable || result.restarts >= o.max_restarts) break;
+    const std::string cause = a.failed_task + " " + a.how;
+    const std::optional<std::string> progress_now = progress->read();
+    reports_progress = reports_progress || progress_now.has_value();
+    if (attempt > 0 && reports_progress && progress_now == progress_at_start) {
+      err << "dtrain launch: " << a.failed_task << " failed again (" << a.how
+          << ") before the job made any progress since restart " << attempt << "; not restarting\n";
+      break;
+    }
+    if (o.timeout_seconds > 0 && seconds_between(started, Clock::now()) >= o.timeout_seconds) {
+      err << "dtrain launch: " << cause << "; not restarting: the job's deadline of " << o.timeout_seconds
+          << " s has passed\n";
+      break;
+    }
+    // A SIGINT or SIGTERM that came after the last task ended: nothing was left to pass it
+    // to, and it still means stop.
+    if (const int sig = g_forward_signal.exchange(0)) {
+      err << "dtrain launch: " << cause << "; not restarting: the launcher got " << signal_name(sig) << "\n";
+      break;
+    }
+    ++result.restarts;
+    result.restart_causes.push_back(cause);
+    result.restart_detected_seconds.push_back(seconds_between(started, a.failure_noticed_at));
+    progress_at_start = progress_now;
+    err << "dtrain launch: " << cause << "; restarting the job (restart " << result.restarts << " of "
+        << o.max_restarts << ")\n";
+  }
   if (result.deadline_passed) {
     result.exit_code = 124;  // as timeout(1)
     std::string running;
@@ -428,18 +560,8 @@ LaunchResult launch(const LaunchOptions& o) {
   }
   if (!result.failed_task.empty()) {
     result.exit_code = 1;
-  } else {
-    // Stopped by a forwarded signal: a trainer that did not finish cleanly still counts.
-    for (const Task& t : tasks)
-      if (t.id.type != "ps" && failed(t.status)) {
-        result.exit_code = 1;
-        result.failed_task = t.id.to_string();
-        result.how = describe(t.status);
-        break;
-      }
-  }
-  if (result.exit_code != 0 && !result.failed_task.empty())
     err << "dtrain launch: failed: " << result.failed_task << " " << result.how << "\n";
+  }
   return result;
 }
 

@@ -10,6 +10,17 @@
 // ones still running. Parameter servers run until the other tasks are done. Each
 // task runs in its own process group, and signals go to the group, so what a task started
 // (a shell's children) stops with it.
+//
+// Restarts (LaunchOptions::max_restarts): after a failure the whole job starts again, with
+// fresh ports and token, as torchrun does; it is not elastic (the cluster keeps its size)
+// and no task is restarted alone. Every task gets DTRAIN_RESTART_COUNT (0 on the first
+// start, k on the k-th restart, as torchrun's TORCHELASTIC_RESTART_COUNT) and, when
+// restarts are allowed, DTRAIN_PROGRESS_FILE: a file in a private directory of the launch
+// that a program making progress replaces atomically (write a temporary, rename it) with a
+// line such as its last checkpoint's step. Once a program has written it, a restarted job
+// that fails again before the file changes is not restarted any more: it would only fail
+// the same way. A task that exits with code 75 (EX_TEMPFAIL) was preempted: it saved a
+// checkpoint and stopped, and the job may be restarted from there.
 #pragma once
 
 #include <iosfwd>
@@ -34,6 +45,10 @@ struct LaunchOptions {
   // The job's deadline, in seconds from the start (0: none). When it passes, every task is
   // stopped as after a failure and the launcher says so, naming the tasks still running.
   double timeout_seconds = 0;
+  // How many times the whole job may be started again after a task fails (0: never). The
+  // launcher's own SIGINT or SIGTERM and the deadline, which covers every start together,
+  // end the job without a restart.
+  int max_restarts = 0;
   std::ostream* out = nullptr;  // the tasks' prefixed output; default std::cout
   std::ostream* err = nullptr;  // the launcher's own messages; default std::cerr
 };
@@ -41,12 +56,18 @@ struct LaunchOptions {
 struct LaunchResult {
   int exit_code = 0;        // 0 when every task succeeded; 124 when the deadline passed
   std::string failed_task;  // "worker:1", empty when none failed
-  // "exited with code 3", "was killed by signal 9 (SIGKILL)", or for a task that the
+  // "exited with code 3", "exited with code 75 (preempted: saved a checkpoint and stopped)",
+  // "was killed by signal 9 (SIGKILL)", or for a task that the
   // kernel reported stopped while the others failed, "was stopped by signal 19 (SIGSTOP)
   // and stopped answering": a stopped task is the cause, whoever noticed it first.
   std::string how;
   bool deadline_passed = false;
   std::vector<std::string> still_running;  // when the deadline passed
+  int restarts = 0;                        // how many times the job was started again
+  std::vector<std::string> restart_causes;  // per restart: "worker:1 was killed by signal 9 (SIGKILL)"
+  // Per restart, seconds from the launch's start: when the failure was noticed, and when
+  // the new tasks had all been started (for benchmarks of the time a restart costs).
+  std::vector<double> restart_detected_seconds, restart_started_seconds;
 };
 
 // The TF_CONFIG cluster for these tasks on 127.0.0.1 ports (from free_ports()).
