@@ -17,6 +17,8 @@ void rethrow_with_context(const std::exception_ptr& error, const std::string& co
     throw PeerFailure(head + e.what());
   } catch (const InternalError& e) {
     throw InternalError(head + e.what());
+  } catch (const Preempted& e) {
+    throw Preempted(head + e.what());
   } catch (const Unsupported& e) {
     throw Unsupported(head + e.what());
   } catch (const std::exception& e) {

@@ -51,6 +51,15 @@ class Unsupported : public Error {
   using Error::Error;
 };
 
+// Training stopped because the process was asked to (SIGTERM, a cloud's preemption
+// notice) after saving a checkpoint it resumes from; the dtrain command exits with
+// kPreemptedExitCode (75, EX_TEMPFAIL: "try again") and `dtrain launch` restarts the job.
+class Preempted : public Error {
+ public:
+  using Error::Error;
+};
+inline constexpr int kPreemptedExitCode = 75;
+
 // Rethrows `error` as the same kind of dtrain error with "context: " before its message
 // (other exceptions become Error), so a caller can still catch it by kind.
 [[noreturn]] void rethrow_with_context(const std::exception_ptr& error, const std::string& context);

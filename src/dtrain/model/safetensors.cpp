@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <zlib.h>
 
 namespace dtrain {
 namespace {
@@ -51,15 +52,8 @@ bool write_all(int fd, const void* data, std::size_t n) {
   return true;
 }
 
-}  // namespace
-
-const Tensor* NamedTensors::find(const std::string& name) const {
-  for (const auto& [k, t] : tensors)
-    if (k == name) return &t;
-  return nullptr;
-}
-
-void save_safetensors(const std::string& path, const NamedTensors& data) {
+// The header JSON of `data` (tensors at consecutive offsets, in order).
+nlohmann::json header_of(const std::string& path, const NamedTensors& data) {
   nlohmann::json header = nlohmann::json::object();
   std::uint64_t offset = 0;
   for (const auto& [name, t] : data.tensors) {
@@ -71,6 +65,12 @@ void save_safetensors(const std::string& path, const NamedTensors& data) {
     offset += t.nbytes();
   }
   if (!data.metadata.empty()) header["__metadata__"] = data.metadata;
+  return header;
+}
+
+// Writes the file through a temporary beside it; `durable` also fsyncs the folder after
+// the rename, so that the new name survives a power loss.
+void write_file(const std::string& path, const NamedTensors& data, const nlohmann::json& header, bool durable) {
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
   std::uint64_t n = text.size();
@@ -95,6 +95,68 @@ void save_safetensors(const std::string& path, const NamedTensors& data) {
     std::remove(tmp.c_str());
     DTRAIN_THROW(IoError, path, ": writing failed (", std::strerror(err), "); the previous file, if any, is untouched");
   }
+  if (!durable) return;
+  const auto slash = path.find_last_of('/');
+  const std::string folder = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir < 0 || ::fsync(dir) != 0) {
+    const int err = errno;
+    if (dir >= 0) ::close(dir);
+    DTRAIN_THROW(IoError, path, ": written, but its folder could not be synced (", std::strerror(err), ")");
+  }
+  ::close(dir);
+}
+
+constexpr const char* kCrcKey = "dtrain.crc32";
+constexpr const char* kHeaderCrcKey = "dtrain.header_crc32";
+
+std::string hex32(std::uint32_t v) {
+  char buf[9];
+  std::snprintf(buf, sizeof buf, "%08x", v);
+  return buf;
+}
+
+std::uint32_t header_crc(nlohmann::json header) {
+  header["__metadata__"].erase(kHeaderCrcKey);
+  const std::string text = header.dump();
+  return static_cast<std::uint32_t>(::crc32(0L, reinterpret_cast<const Bytef*>(text.data()), static_cast<uInt>(text.size())));
+}
+
+}  // namespace
+
+const Tensor* NamedTensors::find(const std::string& name) const {
+  for (const auto& [k, t] : tensors)
+    if (k == name) return &t;
+  return nullptr;
+}
+
+std::uint32_t tensor_crc32(const Tensor& t) {
+  // zlib takes lengths as uInt; feed it in pieces below 4 GiB.
+  const auto* p = static_cast<const Bytef*>(t.raw_data());
+  std::uint64_t left = t.nbytes();
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  while (left > 0) {
+    const uInt n = static_cast<uInt>(std::min<std::uint64_t>(left, 1u << 30));
+    crc = ::crc32(crc, p, n);
+    p += n;
+    left -= n;
+  }
+  return static_cast<std::uint32_t>(crc);
+}
+
+void save_safetensors(const std::string& path, const NamedTensors& data) {
+  write_file(path, data, header_of(path, data), /*durable=*/false);
+}
+
+void save_checked(const std::string& path, const NamedTensors& data) {
+  NamedTensors with = {data.tensors, data.metadata};
+  nlohmann::json crcs = nlohmann::json::object();
+  for (const auto& [name, t] : data.tensors) crcs[name] = hex32(tensor_crc32(t));
+  with.metadata[kCrcKey] = crcs.dump();
+  with.metadata.erase(kHeaderCrcKey);
+  nlohmann::json header = header_of(path, with);
+  header["__metadata__"][kHeaderCrcKey] = hex32(header_crc(header));
+  write_file(path, with, header, /*durable=*/true);
 }
 
 NamedTensors load_safetensors(const std::string& path) {
@@ -112,6 +174,10 @@ NamedTensors load_safetensors(const std::string& path) {
   if (n > kMaxHeaderBytes) DTRAIN_THROW(IoError, path, ": header length ", n, " exceeds the format's 100 MB limit");
   std::string text(n, '\0');
   in.read(text.data(), static_cast<std::streamsize>(n));
+  // The JSON parser stops at a NUL, so a header padded with one would parse; the format
+  // pads with spaces only.
+  if (const auto nul = text.find('\0'); nul != std::string::npos)
+    DTRAIN_THROW(IoError, path, ": header holds a NUL byte at offset ", 8 + nul, " (its padding must be spaces)");
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);
@@ -190,6 +256,40 @@ NamedTensors load_safetensors(const std::string& path) {
     out.tensors.emplace_back(e.name, std::move(t));
   }
   return out;
+}
+
+NamedTensors load_checked(const std::string& path) {
+  NamedTensors data = load_safetensors(path);
+  const auto crc_text = data.metadata.find(kCrcKey);
+  const auto header_text = data.metadata.find(kHeaderCrcKey);
+  if (crc_text == data.metadata.end() || header_text == data.metadata.end())
+    DTRAIN_THROW(IoError, path, ": has no checksums (__metadata__ lacks ", kCrcKey, " or ", kHeaderCrcKey,
+                 "): not a dtrain checkpoint, or its header was damaged");
+  // The header as the writer made it: the tensors at consecutive offsets in file order.
+  NamedTensors without = data;
+  without.metadata.erase(kHeaderCrcKey);
+  nlohmann::json header = header_of(path, without);
+  if (hex32(header_crc(header)) != header_text->second)
+    DTRAIN_THROW(IoError, path, ": the header's checksum does not match (", header_text->second, " recorded, ",
+                 hex32(header_crc(header)), " computed): the header was changed after it was written");
+  nlohmann::json crcs;
+  try {
+    crcs = nlohmann::json::parse(crc_text->second);
+  } catch (const nlohmann::json::exception& e) {
+    DTRAIN_THROW(IoError, path, ": ", kCrcKey, " is not a JSON object: ", e.what());
+  }
+  if (!crcs.is_object() || crcs.size() != data.tensors.size())
+    DTRAIN_THROW(IoError, path, ": ", kCrcKey, " does not list one checksum per tensor");
+  for (const auto& [name, t] : data.tensors) {
+    if (!crcs.contains(name) || !crcs[name].is_string())
+      DTRAIN_THROW(IoError, path, ": tensor '", name, "' has no checksum");
+    const std::string computed = hex32(tensor_crc32(t));
+    if (crcs[name].get<std::string>() != computed)
+      DTRAIN_THROW(IoError, path, ": tensor '", name, "' (", dtype_name(t.dtype()), " ", t.shape().to_string(),
+                   "): its bytes do not match their checksum (", crcs[name].get<std::string>(), " recorded, ", computed,
+                   " computed): the data was damaged after it was written");
+  }
+  return data;
 }
 
 }  // namespace dtrain

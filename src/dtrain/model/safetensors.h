@@ -24,4 +24,17 @@ void save_safetensors(const std::string& path, const NamedTensors& data);
 // Reads and validates every field; IoError names the file, the key and the offset.
 NamedTensors load_safetensors(const std::string& path);
 
+// Checkpoint files: the same layout, plus a CRC-32 of every tensor's bytes
+// (__metadata__["dtrain.crc32"], a JSON object of name -> 8 hex digits) and of the header
+// itself (__metadata__["dtrain.header_crc32"], over the header as written without that
+// key), written durably: to a temporary file, fsync'd, renamed into place, and the folder
+// fsync'd, so a crash at any point leaves the old file or the complete new one.
+void save_checked(const std::string& path, const NamedTensors& data);
+// load_safetensors, then every checksum verified. A file that is truncated anywhere, has
+// any bit flipped, or lacks the checksums is an IoError naming the file and, where the
+// fault is in a tensor's bytes, the tensor.
+NamedTensors load_checked(const std::string& path);
+// CRC-32 (zlib's polynomial) of a tensor's bytes.
+std::uint32_t tensor_crc32(const Tensor& t);
+
 }  // namespace dtrain

@@ -179,6 +179,9 @@ class Sequential::BatchSource {
  public:
   virtual ~BatchSource() = default;
   virtual void begin_epoch(int epoch) = 0;
+  // Instead of begin_epoch(epoch) when fit resumes there: the epoch's batches from
+  // `batch` on. `first_epoch` is the epoch fit was asked to start at (initial_epoch).
+  virtual void resume_at(int first_epoch, int epoch, std::int64_t batch) = 0;
   virtual bool next(Tensor& x, Tensor& y) = 0;
   virtual std::int64_t steps() const = 0;  // per epoch; -1 when unknown
   virtual double input_wait() const = 0;   // seconds waited for batches this epoch
@@ -209,6 +212,10 @@ class TensorBatches : public Sequential::BatchSource {
     Generator g = Generator(seed_).fork(static_cast<std::uint64_t>(epoch));
     for (std::int64_t i = static_cast<std::int64_t>(order_.size()) - 1; i > 0; --i)
       std::swap(order_[i], order_[g.below(static_cast<std::uint64_t>(i + 1))]);
+  }
+  void resume_at(int /*first_epoch*/, int epoch, std::int64_t batch) override {
+    begin_epoch(epoch);
+    begin_ = std::min(x_.dim(0), batch * batch_);  // the order is a function of (seed, epoch)
   }
   bool next(Tensor& xb, Tensor& yb) override {
     const std::int64_t n = x_.dim(0);
@@ -269,6 +276,22 @@ class DatasetBatches : public Sequential::BatchSource {
     // steps_per_epoch; otherwise every epoch is a new pass over the data.
     if (!it_ || steps_per_epoch_ <= 0) it_.emplace(ds_.make_iterator(static_cast<std::uint64_t>(epoch)));
     taken_ = 0;
+    wait_at_epoch_start_ = it_->stats().wait_seconds;
+  }
+  void resume_at(int first_epoch, int epoch, std::int64_t batch) override {
+    // Uninterrupted, a fixed steps_per_epoch draws every epoch from the iterator made at
+    // the first epoch; otherwise each epoch has its own. Either way the batches already
+    // trained are drawn again and dropped.
+    std::int64_t skip = batch;
+    if (steps_per_epoch_ > 0) {
+      it_.emplace(ds_.make_iterator(static_cast<std::uint64_t>(first_epoch)));
+      skip += static_cast<std::int64_t>(epoch - first_epoch) * steps_per_epoch_;
+    } else {
+      it_.emplace(ds_.make_iterator(static_cast<std::uint64_t>(epoch)));
+    }
+    for (std::int64_t i = 0; i < skip; ++i)
+      if (!it_->next()) break;
+    taken_ = batch;
     wait_at_epoch_start_ = it_->stats().wait_seconds;
   }
   bool next(Tensor& x, Tensor& y) override {
@@ -397,6 +420,9 @@ class Sequential::Trainer {
   // Adds the batch's loss and metrics to loss_mean and the model's metrics. Multi-worker:
   // x is the global batch (every worker takes its rows), or with global_rows >= 0 this
   // worker's own part of a global batch of that many rows (undefined when it has none).
+  // Batches accumulated since the last update.
+  int pending() const { return static_cast<int>(micro_ % k_); }
+
   void step(const Tensor& x, const Tensor& y, metrics::Mean& loss_mean, std::int64_t global_rows = -1) {
     const bool update = ++micro_ % k_ == 0;
     if (model_.strategy_ && model_.strategy_->num_replicas_in_sync() > 1) {
@@ -651,18 +677,45 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
     }
   }
   Logs logs;
+  resume_.reset();
+  fit_epoch_ = opt.initial_epoch;
+  fit_batch_ = fit_pending_ = 0;
+  fit_loss_ = nullptr;
   for (auto& c : callbacks) c->on_train_begin(logs);
+  const std::optional<FitPosition> resume = std::exchange(resume_, std::nullopt);
+  const std::size_t totals_expected = 2 + 2 * metrics_.size();
+  if (resume && (resume->epoch < opt.initial_epoch || resume->batch < 0 ||
+                 (!resume->totals.empty() && resume->totals.size() != totals_expected)))
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit cannot resume at epoch ", resume->epoch, ", batch ",
+                 resume->batch, " with ", resume->totals.size(), " metric totals (this fit starts at epoch ",
+                 opt.initial_epoch, " and keeps ", totals_expected, ")");
+  struct ClearLoss {  // fit_loss_ points into the loop; no dangling pointer after fit
+    const metrics::Mean*& p;
+    ~ClearLoss() { p = nullptr; }
+  } clear_loss{fit_loss_};
 
-  for (int epoch = opt.initial_epoch; epoch < opt.epochs && !stop_training; ++epoch) {
+  for (int epoch = resume ? resume->epoch : opt.initial_epoch; epoch < opt.epochs && !stop_training; ++epoch) {
     reset_metrics();
     metrics::Mean loss_mean("loss");
+    fit_loss_ = &loss_mean;
+    fit_epoch_ = epoch;
+    fit_batch_ = 0;
     logs.clear();
     for (auto& c : callbacks) c->on_epoch_begin(epoch, logs);
     progress.epoch_begin(epoch, opt.epochs);
-    source.begin_epoch(epoch);
+    std::int64_t step = 0, samples = 0;
+    if (resume && epoch == resume->epoch) {
+      source.resume_at(opt.initial_epoch, epoch, resume->batch);
+      step = fit_batch_ = resume->batch;
+      if (!resume->totals.empty()) {
+        loss_mean.merge(resume->totals[0], resume->totals[1]);
+        for (std::size_t i = 0; i < metrics_.size(); ++i) metrics_[i]->merge(resume->totals[2 + 2 * i], resume->totals[3 + 2 * i]);
+      }
+    } else {
+      source.begin_epoch(epoch);
+    }
     profiler.begin_epoch();
     const auto start = Clock::now();
-    std::int64_t step = 0, samples = 0;
     Tensor xb, yb;
     // Batch logs hold the same keys all epoch: set() overwrites them in place.
     const Logs no_logs;
@@ -702,6 +755,8 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
       for (auto& c : callbacks) c->on_train_batch_begin(step, no_logs);
       loop.add(profile::Phase::metrics, phase_start, Clock::now(), "callbacks");
       trainer.step(xb, yb, loss_mean, global_rows);
+      fit_batch_ = step + 1;
+      fit_pending_ = trainer.pending();
       phase_start = Clock::now();
       const std::int64_t rows = global_rows >= 0 ? global_rows : xb.dim(0);
       samples += rows;
@@ -724,6 +779,8 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
       if (stop_training && workers == 1) break;
     }
     if (step == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() got no training batches in epoch ", epoch);
+    if (samples == 0 && verbose > 0 && worker == 0)
+      out << "(epoch " << epoch + 1 << " was complete in the checkpoint; only its end runs again)\n";
     if (workers > 1) {
       merge_over_workers(loss_mean);
       logs.set("loss", loss_mean.result());
@@ -758,6 +815,17 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   for (auto& c : callbacks) c->on_train_end(logs);
   return *history;
 }
+
+FitPosition Sequential::fit_position() const {
+  FitPosition p{fit_epoch_, fit_batch_, {}, fit_pending_};
+  if (fit_loss_) {
+    p.totals = {fit_loss_->total(), fit_loss_->count()};
+    for (const auto& m : metrics_) p.totals.insert(p.totals.end(), {m->total(), m->count()});
+  }
+  return p;
+}
+
+void Sequential::resume_fit_at(FitPosition position) { resume_ = std::move(position); }
 
 void Sequential::check_finite(int epoch, std::int64_t batch, double loss) {
   if (non_finite_) return;

@@ -55,6 +55,20 @@ struct EvaluateOptions {
   std::ostream* out = nullptr;
 };
 
+// Where fit() stands, for checkpoints (BackupAndRestore): after the batch that training
+// last finished, `batch` batches of `epoch` are trained (0-based epoch; at the end of an
+// epoch, the next epoch with batch 0).
+struct FitPosition {
+  int epoch = 0;
+  std::int64_t batch = 0;
+  // The epoch's running loss (total, count), then each compiled metric's (total, count):
+  // this worker's own until the epoch's end, where the workers' are summed.
+  std::vector<double> totals;
+  // Batches whose gradients are accumulated (gradient_accumulation_steps) but not yet
+  // applied; a checkpoint is only consistent where this is 0.
+  int pending_batches = 0;
+};
+
 // A model belongs to the strategy whose scope() was open when it was created
 // (distribute::Strategy); fit() then splits each global batch across its replicas.
 class Sequential {
@@ -126,6 +140,15 @@ class Sequential {
   // current epoch under several (where every worker has the same figures to decide on).
   bool stop_training = false;
 
+  // Where the fit() under way stands (called from its callbacks).
+  FitPosition fit_position() const;
+  // Makes the next fit() continue from `position` instead of its first epoch: called by a
+  // callback's on_train_begin (BackupAndRestore) with a saved position. fit() then starts
+  // at that epoch, skips the batches already trained (in-memory data: by index; a Dataset:
+  // by drawing them again from a fresh iterator, so its pipeline must be deterministic, as
+  // it is with seeded shuffles) and resumes the epoch's loss and metrics from the totals.
+  void resume_fit_at(FitPosition position);
+
   // The first step of the current (or last) fit() whose loss or updated weights were not
   // finite; fit checks both after every step. TerminateOnNaN stops training on it.
   const std::optional<NonFinite>& non_finite() const { return non_finite_; }
@@ -156,6 +179,12 @@ class Sequential {
   std::vector<std::unique_ptr<metrics::Metric>> metrics_;
   std::shared_ptr<StrategyBackend> strategy_ = current_strategy();
   std::optional<NonFinite> non_finite_;
+  // fit()'s position, kept up to date for fit_position() without allocating per step.
+  int fit_epoch_ = 0;
+  std::int64_t fit_batch_ = 0;
+  int fit_pending_ = 0;
+  const metrics::Mean* fit_loss_ = nullptr;  // the epoch's loss accumulator, during fit()
+  std::optional<FitPosition> resume_;
 };
 
 // Builds a model from to_json()'s output (or the same structure written by hand).

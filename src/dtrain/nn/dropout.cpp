@@ -29,4 +29,20 @@ Tensor Dropout::call(const Tensor& x, bool training) {
   return y;
 }
 
+std::vector<std::uint64_t> Dropout::rng_state() const {
+  std::lock_guard lock(replica_mutex_);
+  std::vector<std::uint64_t> out{generator_.seed(), generator_.counter(), replica_generators_.size()};
+  for (const Generator& g : replica_generators_) out.insert(out.end(), {g.seed(), g.counter()});
+  return out;
+}
+
+void Dropout::set_rng_state(std::span<const std::uint64_t> state) {
+  if (state.size() < 3 || state.size() != 3 + 2 * state[2])
+    fail("a saved random-stream state has " + std::to_string(state.size()) + " values, not 3 + 2 per replica stream");
+  std::lock_guard lock(replica_mutex_);
+  generator_ = Generator(state[0], state[1]);
+  replica_generators_.clear();
+  for (std::size_t i = 0; i < state[2]; ++i) replica_generators_.emplace_back(state[3 + 2 * i], state[4 + 2 * i]);
+}
+
 }  // namespace dtrain::nn

@@ -23,6 +23,10 @@ class Dropout : public Layer {
   std::optional<std::uint64_t> seed() const { return seed_; }
   // The generator's position: a checkpoint saves it to resume the same masks.
   Generator& generator() { return generator_; }
+  // [seed, counter] of the layer's generator, the number of replica streams, then each
+  // one's [seed, counter].
+  std::vector<std::uint64_t> rng_state() const override;
+  void set_rng_state(std::span<const std::uint64_t> state) override;
 
  protected:
   Tensor call(const Tensor& x, bool training) override;
@@ -31,7 +35,7 @@ class Dropout : public Layer {
   float rate_;
   std::optional<std::uint64_t> seed_;
   Generator generator_;
-  std::mutex replica_mutex_;  // guards replica_generators_'s growth
+  mutable std::mutex replica_mutex_;  // guards replica_generators_'s growth
   std::deque<Generator> replica_generators_;  // [replica id]; deque: references stay valid as it grows
 };
 

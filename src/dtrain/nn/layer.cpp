@@ -51,6 +51,10 @@ void Layer::set_dtype_policy(std::string_view name) {
   policy_ = std::move(p);
 }
 
+void Layer::set_rng_state(std::span<const std::uint64_t> state) {
+  if (!state.empty()) fail("it draws no random numbers, but a saved random-stream state has " + std::to_string(state.size()) + " values");
+}
+
 void Layer::set_trainable(bool trainable) {
   trainable_ = trainable;
   for (auto& w : weights_) w->set_trainable(trainable);

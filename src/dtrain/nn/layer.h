@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,12 @@ class Layer {
   void set_dtype_policy(std::string_view name);
   std::int64_t count_params() const;
   std::optional<Shape> input_shape() const { return input_shape_; }
+
+  // The position of every random stream the layer draws from while training (Dropout's
+  // masks), as integers a checkpoint saves; set_rng_state puts a saved one back, so that a
+  // resumed run draws the masks the uninterrupted one would have. Empty for most layers.
+  virtual std::vector<std::uint64_t> rng_state() const { return {}; }
+  virtual void set_rng_state(std::span<const std::uint64_t> state);
 
  protected:
   virtual void build_weights(const Shape& /*input_shape*/) {}

@@ -140,8 +140,9 @@ void Optimizer::apply_share(std::span<const Tensor> grads, std::span<Variable* c
   }
 }
 
-std::vector<std::pair<std::string, Tensor*>> Optimizer::slots(const Variable& v) {
+std::vector<std::pair<std::string, Tensor*>> Optimizer::slots(const Variable& v, bool create) {
   std::vector<std::pair<std::string, Tensor*>> out;
+  if (create) slots_of(v);
   auto it = slots_.find(v.id());
   if (it == slots_.end()) return out;
   const std::vector<std::string> names = slot_names();

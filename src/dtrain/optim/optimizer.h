@@ -62,8 +62,11 @@ class Optimizer {
   // call (checked in the update's own pass, so it costs no extra read); the call clears it.
   bool take_non_finite() { return wrote_non_finite_.exchange(false, std::memory_order_relaxed); }
 
-  // Per-variable state ("m", "v", "momentum"), for checkpoints. Empty before the first update.
-  std::vector<std::pair<std::string, Tensor*>> slots(const Variable& v);
+  // Per-variable state ("m", "v", "momentum"), for checkpoints. Empty before the first
+  // update, unless `create` (a checkpoint being restored): then made as zeros.
+  std::vector<std::pair<std::string, Tensor*>> slots(const Variable& v, bool create = false);
+  // The slot names every variable gets, in order.
+  std::vector<std::string> slot_names_in_order() const { return slot_names(); }
 
  protected:
   virtual std::vector<std::string> slot_names() const = 0;

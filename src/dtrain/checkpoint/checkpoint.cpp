@@ -1,0 +1,354 @@
+// Checkpoint: gathering the tracked objects' state into one file and putting it back.
+#include "dtrain/checkpoint/checkpoint.h"
+
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "dtrain/core/error.h"
+
+namespace dtrain::train {
+namespace {
+
+constexpr const char* kStateKey = "dtrain.state";
+constexpr const char* kFormat = "dtrain.checkpoint";
+constexpr int kVersion = 1;
+
+template <class... Ts>
+struct Overloaded : Ts... {
+  using Ts::operator()...;
+};
+template <class... Ts>
+Overloaded(Ts...) -> Overloaded<Ts...>;
+
+// The tensor `t` as the snapshot holds it: a copy into `reuse[i]` when copying (kept from
+// the last snapshot when its shape and dtype still fit), else `t` itself.
+Tensor take(const Tensor& t, bool copy, std::vector<Tensor>* reuse, std::size_t& i) {
+  if (!copy) return t;
+  if (i >= reuse->size()) reuse->emplace_back();
+  Tensor& buffer = (*reuse)[i++];
+  if (!buffer.defined() || !(buffer.shape() == t.shape()) || buffer.dtype() != t.dtype())
+    buffer = Tensor::empty(t.shape(), t.dtype());
+  buffer.copy_from(t);
+  return buffer;
+}
+
+std::vector<const Sequential*> models_of(const std::vector<std::pair<std::string, Trackable>>& objects) {
+  std::vector<const Sequential*> out;
+  for (const auto& [name, t] : objects)
+    if (const auto* m = std::get_if<Sequential*>(&t.object())) out.push_back(*m);
+  return out;
+}
+
+std::string slot_key(const std::string& name, const Variable& v, const std::string& slot) {
+  return name + "/" + v.name() + "/" + slot;
+}
+
+}  // namespace
+
+const RestoreStatus& RestoreStatus::assert_consumed() const {
+  if (unused_.empty()) return *this;
+  std::string list;
+  for (std::size_t i = 0; i < unused_.size() && i < 8; ++i) list += (i ? ", '" : "'") + unused_[i] + "'";
+  if (unused_.size() > 8) list += ", ...";
+  DTRAIN_THROW(InvalidArgument, path_, ": ", unused_.size(), " entries were not restored into anything (", list,
+               "); the checkpoint tracks objects this program does not");
+}
+
+Checkpoint::Checkpoint(std::initializer_list<std::pair<std::string, Trackable>> objects)
+    : Checkpoint(std::vector<std::pair<std::string, Trackable>>(objects)) {}
+
+Checkpoint::Checkpoint(std::vector<std::pair<std::string, Trackable>> objects) : objects_(std::move(objects)) {
+  std::set<std::string> names;
+  for (const auto& [name, t] : objects_) {
+    if (name.empty() || name.find('/') != std::string::npos || name.rfind("dtrain.", 0) == 0)
+      DTRAIN_THROW(InvalidArgument, "Checkpoint: the name '", name, "' must be non-empty, without '/', and not start with 'dtrain.'");
+    if (!names.insert(name).second) DTRAIN_THROW(InvalidArgument, "Checkpoint: the name '", name, "' is used twice");
+  }
+}
+
+StrategyBackend* Checkpoint::multi_worker() const {
+  for (const Sequential* m : models_of(objects_))
+    if (m->distribute_strategy() && m->distribute_strategy()->num_workers() > 1) return m->distribute_strategy().get();
+  return nullptr;
+}
+
+void Checkpoint::capture(NamedTensors& out, nlohmann::json& state, bool copy, std::vector<Tensor>* reuse) const {
+  out.tensors.clear();
+  out.metadata.clear();
+  std::size_t used = 0;
+  auto add = [&](std::string key, const Tensor& t) { out.tensors.emplace_back(std::move(key), take(t, copy, reuse, used)); };
+  const std::vector<const Sequential*> models = models_of(objects_);
+  state = nlohmann::json::object();
+  state["format"] = kFormat;
+  state["version"] = kVersion;
+  state["save_counter"] = save_counter_;
+  const SeedSequence seeds = seed_sequence();
+  state["seed_sequence"] = {seeds.seed, seeds.drawn};
+  nlohmann::json& objects = state["objects"] = nlohmann::json::object();
+  for (const auto& [name, trackable] : objects_) {
+    nlohmann::json& o = objects[name];
+    std::visit(Overloaded{
+                   [&](Sequential* m) {
+                     o["kind"] = "model";
+                     o["name"] = m->name();
+                     nlohmann::json& rng = o["rng"] = nlohmann::json::object();
+                     for (const auto& layer : m->layers()) {
+                       const std::vector<std::uint64_t> r = layer->rng_state();
+                       if (!r.empty()) rng[layer->name()] = r;
+                     }
+                     for (Variable* v : m->variables()) add(name + "/" + v->name(), v->value());
+                   },
+                   [&](optim::Optimizer* opt) {
+                     o["kind"] = "optimizer";
+                     o["class"] = opt->name();
+                     o["iterations"] = opt->iterations();
+                     for (const Sequential* m : models)
+                       for (Variable* v : m->variables())
+                         for (const auto& [slot, t] : opt->slots(*v)) add(slot_key(name, *v, slot), *t);
+                   },
+                   [&](data::Iterator* it) {
+                     o["kind"] = "iterator";
+                     const std::string bytes = it->save().to_bytes();
+                     Tensor t = Tensor::empty(Shape{static_cast<std::int64_t>(bytes.size())}, DType::u8);
+                     std::memcpy(t.raw_data(), bytes.data(), bytes.size());
+                     add(name, t);
+                   },
+                   [&](Variable* v) {
+                     o["kind"] = "variable";
+                     add(name, v->value());
+                   },
+                   [&](Generator* g) {
+                     o["kind"] = "generator";
+                     o["state"] = {g->seed(), g->counter()};
+                   },
+                   [&](std::int64_t* value) {
+                     o["kind"] = "integer";
+                     o["value"] = *value;
+                   },
+                   [&](const JsonState& js) {
+                     o["kind"] = "json";
+                     o["value"] = js.save ? js.save() : nlohmann::json();
+                   },
+               },
+               trackable.object());
+  }
+  out.metadata[kStateKey] = state.dump();
+}
+
+std::uint64_t digest_of(const NamedTensors& data) {
+  // Input positions belong to each worker (its shard), so they are not compared.
+  nlohmann::json state = nlohmann::json::parse(data.metadata.at(kStateKey));
+  std::set<std::string> iterators;
+  for (auto& [name, o] : state["objects"].items())
+    if (o["kind"] == "iterator") iterators.insert(name);
+  std::uint64_t h = fnv1a(state.dump());
+  for (const auto& [name, t] : data.tensors) {
+    if (iterators.count(name)) continue;
+    h = mix64(h ^ fnv1a(name)) ^ tensor_crc32(t);
+  }
+  return h;
+}
+
+void Checkpoint::snapshot(Snapshot& into, bool copy) const {
+  std::vector<Tensor> reuse;
+  if (copy)
+    for (auto& [name, t] : into.data.tensors) reuse.push_back(std::move(t));
+  nlohmann::json state;
+  capture(into.data, state, copy, copy ? &reuse : nullptr);
+}
+
+void Checkpoint::write_snapshot(const Snapshot& snapshot, const std::string& path) { save_checked(path, snapshot.data); }
+
+std::string Checkpoint::save(const std::string& prefix) {
+  ++save_counter_;
+  return write(prefix + "-" + std::to_string(save_counter_) + ".safetensors");
+}
+
+std::string Checkpoint::write(const std::string& path) {
+  NamedTensors data;
+  nlohmann::json state;
+  capture(data, state, /*copy=*/false, nullptr);
+  StrategyBackend* workers = multi_worker();
+  if (!workers || workers->worker_index() == 0) save_checked(path, data);
+  if (workers) check_same_state_on_every_worker(*workers, digest_of(data), "checkpoint " + path);
+  return path;
+}
+
+void check_same_state_on_every_worker(StrategyBackend& strategy, std::uint64_t digest, const std::string& what) {
+  // Three 22-bit pieces per worker: each is a double, and a sum of one non-zero slot is exact.
+  const int n = strategy.num_workers(), me = strategy.worker_index();
+  std::vector<double> all(3 * static_cast<std::size_t>(n), 0.0);
+  for (int k = 0; k < 3; ++k) all[3 * static_cast<std::size_t>(me) + k] = static_cast<double>((digest >> (22 * k)) & 0x3fffff);
+  strategy.sum_over_workers(all);
+  std::string differ;
+  for (int w = 1; w < n; ++w)
+    for (int k = 0; k < 3; ++k)
+      if (all[3 * static_cast<std::size_t>(w) + k] != all[k]) {
+        differ += (differ.empty() ? "" : ", ") + std::to_string(w);
+        break;
+      }
+  if (!differ.empty())
+    DTRAIN_THROW(PeerFailure, what, ": worker(s) ", differ, " hold different state from the chief (worker 0); ",
+                 "the workers are no longer training the same model");
+}
+
+RestoreStatus Checkpoint::restore(const std::string& path, RestoreOptions options) {
+  NamedTensors data = load_checked(path);
+  const auto state_text = data.metadata.find(kStateKey);
+  if (state_text == data.metadata.end())
+    DTRAIN_THROW(IoError, path, ": has no ", kStateKey, " in its metadata: a safetensors file, but not a dtrain checkpoint");
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(state_text->second);
+  } catch (const nlohmann::json::exception& e) {
+    DTRAIN_THROW(IoError, path, ": ", kStateKey, " is not JSON: ", e.what());
+  }
+  if (!state.is_object() || state.value("format", "") != kFormat || !state.contains("objects") ||
+      !state["objects"].is_object())
+    DTRAIN_THROW(IoError, path, ": ", kStateKey, " is not a dtrain checkpoint's state");
+  if (state.value("version", 0) != kVersion)
+    DTRAIN_THROW(IoError, path, ": written by checkpoint format version ", state.value("version", 0),
+                 "; this dtrain reads version ", kVersion);
+  std::map<std::string, const Tensor*> tensors;
+  for (const auto& [k, t] : data.tensors) tensors[k] = &t;
+  std::set<std::string> taken;
+  const nlohmann::json& objects = state["objects"];
+  const std::vector<const Sequential*> models = models_of(objects_);
+
+  // Pass 1 checks, pass 2 applies: nothing changes unless everything fits.
+  std::vector<std::function<void()>> apply;
+  auto tensor_for = [&](const std::string& key, const Shape& shape, DType dtype, const std::string& who) -> const Tensor* {
+    auto it = tensors.find(key);
+    if (it == tensors.end()) {
+      if (options.partial) return nullptr;
+      DTRAIN_THROW(IoError, path, ": has no tensor '", key, "' for ", who,
+                   "; is this another model's checkpoint? (RestoreOptions::partial keeps what is missing)");
+    }
+    if (!(it->second->shape() == shape) || it->second->dtype() != dtype)
+      DTRAIN_THROW(IoError, path, ": tensor '", key, "' is ", dtype_name(it->second->dtype()), " ",
+                   it->second->shape().to_string(), ", but ", who, " needs ", dtype_name(dtype), " ", shape.to_string());
+    taken.insert(key);
+    return it->second;
+  };
+  auto object_for = [&](const std::string& name, const char* kind) -> const nlohmann::json* {
+    if (!objects.contains(name)) {
+      if (options.partial) return nullptr;
+      DTRAIN_THROW(IoError, path, ": tracks no object '", name, "' (it has: ", [&] {
+        std::string s;
+        for (auto& [k, v] : objects.items()) s += (s.empty() ? "" : ", ") + k;
+        return s;
+      }(), ")");
+    }
+    const nlohmann::json& o = objects[name];
+    if (!o.is_object() || o.value("kind", "") != kind)
+      DTRAIN_THROW(IoError, path, ": object '", name, "' is a ", o.is_object() ? o.value("kind", "?") : "?",
+                   " in the file, but this program tracks a ", kind, " under that name");
+    return &o;
+  };
+  try {
+    for (const auto& [name, trackable] : objects_) {
+      std::visit(
+          Overloaded{
+              [&](Sequential* m) {
+                const nlohmann::json* o = object_for(name, "model");
+                for (Variable* v : m->variables()) {
+                  const Tensor* t = tensor_for(name + "/" + v->name(), v->shape(), v->dtype(),
+                                               "model '" + m->name() + "' variable '" + v->name() + "'");
+                  if (t) apply.push_back([v, t] { v->assign(*t); });
+                }
+                if (!o) return;
+                const nlohmann::json& rng = (*o)["rng"];
+                for (const auto& layer : m->layers()) {
+                  nn::Layer* l = layer.get();
+                  if (rng.is_object() && rng.contains(l->name())) {
+                    auto values = rng[l->name()].get<std::vector<std::uint64_t>>();
+                    apply.push_back([l, values] { l->set_rng_state(values); });
+                  } else if (!l->rng_state().empty() && !options.partial) {
+                    DTRAIN_THROW(IoError, path, ": has no random-stream state for layer '", l->name(), "' of model '",
+                                 m->name(), "'");
+                  }
+                }
+              },
+              [&](optim::Optimizer* opt) {
+                const nlohmann::json* o = object_for(name, "optimizer");
+                if (!o) return;
+                if ((*o).value("class", "") != opt->name())
+                  DTRAIN_THROW(IoError, path, ": optimizer '", name, "' is ", (*o).value("class", "?"),
+                               " in the file, but this program's is ", opt->name());
+                const std::int64_t iterations = (*o).at("iterations").get<std::int64_t>();
+                apply.push_back([opt, iterations] { opt->set_iterations(iterations); });
+                const std::vector<std::string> slot_names = opt->slot_names_in_order();
+                for (const Sequential* m : models)
+                  for (Variable* v : m->variables()) {
+                    // A variable never updated has no slots in the file; it starts from zeros.
+                    if (!tensors.count(slot_key(name, *v, slot_names.empty() ? "" : slot_names[0]))) continue;
+                    std::vector<const Tensor*> found;
+                    for (const std::string& s : slot_names)
+                      found.push_back(tensor_for(slot_key(name, *v, s), v->shape(), DType::f32,
+                                                 "slot '" + s + "' of variable '" + v->name() + "'"));
+                    apply.push_back([opt, v, found] {
+                      auto slots = opt->slots(*v, /*create=*/true);
+                      for (std::size_t i = 0; i < slots.size() && i < found.size(); ++i)
+                        if (found[i]) slots[i].second->copy_from(*found[i]);
+                    });
+                  }
+              },
+              [&](data::Iterator* it) {
+                if (!object_for(name, "iterator")) return;
+                auto t = tensors.find(name);
+                if (t == tensors.end() || t->second->dtype() != DType::u8)
+                  DTRAIN_THROW(IoError, path, ": iterator '", name, "' has no U8 state tensor");
+                taken.insert(name);
+                const Tensor* bytes = t->second;
+                auto restored = std::make_shared<data::IteratorState>(data::IteratorState::from_bytes(
+                    std::string_view(static_cast<const char*>(bytes->raw_data()), static_cast<std::size_t>(bytes->nbytes()))));
+                apply.push_back([it, restored] { it->restore(*restored); });
+              },
+              [&](Variable* v) {
+                if (!object_for(name, "variable")) return;
+                const Tensor* t = tensor_for(name, v->shape(), v->dtype(), "variable '" + v->name() + "'");
+                if (t) apply.push_back([v, t] { v->assign(*t); });
+              },
+              [&](Generator* g) {
+                const nlohmann::json* o = object_for(name, "generator");
+                if (!o) return;
+                const auto s = (*o).at("state").get<std::vector<std::uint64_t>>();
+                if (s.size() != 2) DTRAIN_THROW(IoError, path, ": generator '", name, "' state is not [seed, counter]");
+                apply.push_back([g, s] { *g = Generator(s[0], s[1]); });
+              },
+              [&](std::int64_t* value) {
+                const nlohmann::json* o = object_for(name, "integer");
+                if (!o) return;
+                const std::int64_t v = (*o).at("value").get<std::int64_t>();
+                apply.push_back([value, v] { *value = v; });
+              },
+              [&](const JsonState& js) {
+                const nlohmann::json* o = object_for(name, "json");
+                if (!o || !js.restore) return;
+                nlohmann::json v = (*o).at("value");
+                apply.push_back([&js, v] { js.restore(v); });
+              },
+          },
+          trackable.object());
+    }
+  } catch (const nlohmann::json::exception& e) {
+    DTRAIN_THROW(IoError, path, ": ", kStateKey, " is malformed: ", e.what());
+  }
+  for (auto& f : apply) f();
+  const auto& seq = state["seed_sequence"];
+  if (seq.is_array() && seq.size() == 2)
+    set_seed_sequence({seq[0].get<std::uint64_t>(), seq[1].get<std::uint64_t>()});
+  save_counter_ = state.value("save_counter", save_counter_);
+  std::vector<std::string> unused;
+  for (const auto& [k, t] : data.tensors)
+    if (!taken.count(k)) unused.push_back(k);
+  for (auto& [k, v] : objects.items()) {
+    bool tracked = false;
+    for (const auto& [name, t] : objects_) tracked = tracked || name == k;
+    if (!tracked) unused.push_back(k);
+  }
+  return RestoreStatus(path, std::move(unused));
+}
+
+}  // namespace dtrain::train

@@ -1,0 +1,246 @@
+// CheckpointManager: the folder, its index, and the background writer.
+#include "dtrain/checkpoint/manager.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+#include <regex>
+
+#include "dtrain/core/error.h"
+
+namespace dtrain::train {
+namespace {
+
+constexpr const char* kIndex = "checkpoint";
+constexpr const char* kIndexFormat = "dtrain.checkpoints";
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// A small file written so that a crash leaves the old one or the new one: a temporary
+// beside it, fsync'd, renamed, the folder fsync'd.
+void write_durably(const std::string& folder, const std::string& name, const std::string& content) {
+  const std::string path = folder + "/" + name;
+  std::string tmp = path + ".tmp-XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) DTRAIN_THROW(IoError, path, ": cannot create a temporary file beside it (", std::strerror(errno), ")");
+  ::fchmod(fd, 0644);
+  const char* p = content.data();
+  std::size_t left = content.size();
+  bool ok = true;
+  while (ok && left > 0) {
+    const ssize_t w = ::write(fd, p, left);
+    if (w < 0 && errno == EINTR) continue;
+    ok = w > 0;
+    if (ok) {
+      p += w;
+      left -= static_cast<std::size_t>(w);
+    }
+  }
+  ok = ok && ::fsync(fd) == 0;
+  const int err = errno;
+  ok = ::close(fd) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    DTRAIN_THROW(IoError, path, ": writing failed (", std::strerror(ok ? errno : err), "); the previous index is untouched");
+  }
+  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+}
+
+}  // namespace
+
+CheckpointManager::CheckpointManager(Checkpoint& checkpoint, std::string directory, CheckpointManagerOptions options)
+    : checkpoint_(checkpoint), directory_(std::move(directory)), options_(std::move(options)) {
+  if (directory_.empty()) DTRAIN_THROW(InvalidArgument, "CheckpointManager: the directory is empty");
+  if (options_.max_to_keep < 0)
+    DTRAIN_THROW(InvalidArgument, "CheckpointManager: max_to_keep must be >= 0, got ", options_.max_to_keep);
+  if (options_.keep_checkpoint_every_n_hours < 0)
+    DTRAIN_THROW(InvalidArgument, "CheckpointManager: keep_checkpoint_every_n_hours must be >= 0");
+  if (options_.checkpoint_name.empty() || options_.checkpoint_name.find('/') != std::string::npos)
+    DTRAIN_THROW(InvalidArgument, "CheckpointManager: checkpoint_name '", options_.checkpoint_name, "' must be a plain name");
+  while (directory_.size() > 1 && directory_.back() == '/') directory_.pop_back();
+  std::error_code ec;
+  std::filesystem::create_directories(directory_, ec);
+  if (ec || !std::filesystem::is_directory(directory_))
+    DTRAIN_THROW(IoError, directory_, ": cannot make the checkpoint folder (", ec ? ec.message() : "not a folder", ")");
+  read_index();
+  last_preserved_ = now_seconds();
+}
+
+CheckpointManager::~CheckpointManager() {
+  if (writer_.joinable()) writer_.join();
+}
+
+void CheckpointManager::read_index() {
+  kept_.clear();
+  std::ifstream in(path_of(kIndex));
+  if (!in) return;
+  try {
+    const nlohmann::json index = nlohmann::json::parse(in);
+    if (index.value("format", "") != kIndexFormat) return;
+    for (const auto& e : index.at("checkpoints"))
+      kept_.push_back({e.at("file").get<std::string>(), e.at("number").get<std::int64_t>(), e.at("time").get<double>()});
+  } catch (const nlohmann::json::exception&) {
+    kept_.clear();  // a damaged index: restore_latest() still finds the files themselves
+  }
+}
+
+void CheckpointManager::write_index() const {
+  nlohmann::json index;
+  index["format"] = kIndexFormat;
+  index["latest"] = kept_.empty() ? nlohmann::json() : nlohmann::json(kept_.back().file);
+  nlohmann::json list = nlohmann::json::array();
+  for (const Entry& e : kept_) list.push_back({{"file", e.file}, {"number", e.number}, {"time", e.time}});
+  index["checkpoints"] = list;
+  write_durably(directory_, kIndex, index.dump(1) + "\n");
+}
+
+void CheckpointManager::commit(Entry entry) {
+  kept_.erase(std::remove_if(kept_.begin(), kept_.end(), [&](const Entry& e) { return e.file == entry.file; }),
+              kept_.end());
+  kept_.push_back(std::move(entry));
+  std::vector<Entry> removed;
+  if (options_.max_to_keep > 0)
+    while (static_cast<int>(kept_.size()) > options_.max_to_keep) {
+      removed.push_back(kept_.front());
+      kept_.erase(kept_.begin());
+    }
+  write_index();  // the index first: a crash now leaves files it does not list, never the reverse
+  const double every = options_.keep_checkpoint_every_n_hours * 3600.0;
+  for (const Entry& e : removed) {
+    if (every > 0 && e.time - last_preserved_ >= every) {
+      last_preserved_ = e.time;  // kept on disk, no longer managed
+      continue;
+    }
+    std::remove(path_of(e.file).c_str());
+  }
+}
+
+std::string CheckpointManager::save(std::optional<std::int64_t> checkpoint_number) {
+  wait_for_writer();
+  StrategyBackend* workers = checkpoint_.multi_worker();
+  if (workers && digest_pending_) {
+    digest_pending_ = false;
+    check_same_state_on_every_worker(*workers, pending_digest_check_, "the checkpoint saved before this one");
+  }
+  const std::int64_t number = checkpoint_number.value_or(checkpoint_.save_counter() + 1);
+  checkpoint_.set_save_counter(checkpoint_.save_counter() + 1);
+  Entry entry{options_.checkpoint_name + "-" + std::to_string(number) + ".safetensors", number, now_seconds()};
+  const std::string path = path_of(entry.file);
+  const bool writes = !workers || workers->worker_index() == 0;
+  if (!options_.async) {
+    Snapshot direct;
+    checkpoint_.snapshot(direct, /*copy=*/false);
+    if (writes) {
+      Checkpoint::write_snapshot(direct, path);
+      commit(entry);
+    }
+    if (workers) check_same_state_on_every_worker(*workers, digest_of(direct.data), "checkpoint " + path);
+    return path;
+  }
+  checkpoint_.snapshot(snapshot_, /*copy=*/true);
+  busy_ = true;
+  writer_ = std::thread([this, entry, path, writes, check = workers != nullptr] {
+    try {
+      if (check) pending_digest_check_ = digest_of(snapshot_.data);
+      if (writes) {
+        Checkpoint::write_snapshot(snapshot_, path);
+        commit(entry);
+      }
+    } catch (...) {
+      failure_ = std::current_exception();
+    }
+  });
+  digest_pending_ = workers != nullptr;
+  return path;
+}
+
+void CheckpointManager::wait_for_writer() {
+  if (writer_.joinable()) writer_.join();
+  busy_ = false;
+  if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
+}
+
+void CheckpointManager::sync() {
+  wait_for_writer();
+  StrategyBackend* workers = checkpoint_.multi_worker();
+  if (workers && digest_pending_) {
+    digest_pending_ = false;
+    check_same_state_on_every_worker(*workers, pending_digest_check_, "the last checkpoint saved");
+  }
+}
+
+std::optional<std::string> CheckpointManager::latest_checkpoint() const {
+  if (kept_.empty()) return std::nullopt;
+  return path_of(kept_.back().file);
+}
+
+std::vector<std::string> CheckpointManager::checkpoints() const {
+  std::vector<std::string> out;
+  for (const Entry& e : kept_) out.push_back(path_of(e.file));
+  return out;
+}
+
+std::vector<CheckpointManager::Entry> CheckpointManager::candidates() const {
+  const std::regex pattern(std::regex_replace(options_.checkpoint_name, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)") +
+                           R"(-([0-9]{1,18})\.safetensors)");
+  std::vector<Entry> out;
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(directory_, ec)) {
+    const std::string name = f.path().filename().string();
+    std::smatch m;
+    if (std::regex_match(name, m, pattern)) out.push_back({name, std::stoll(m[1].str()), 0});
+  }
+  if (ec) DTRAIN_THROW(IoError, directory_, ": cannot list the checkpoint folder (", ec.message(), ")");
+  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.number > b.number; });
+  return out;
+}
+
+RestoredCheckpoint CheckpointManager::restore_latest(RestoreOptions options) {
+  wait_for_writer();
+  RestoredCheckpoint result;
+  for (const Entry& e : candidates()) {
+    const std::string path = path_of(e.file);
+    try {
+      checkpoint_.restore(path, options);
+      result.path = path;
+      result.number = e.number;
+      break;
+    } catch (const IoError& error) {
+      result.skipped.push_back({path, error.what()});
+    } catch (const InvalidArgument& error) {
+      result.skipped.push_back({path, error.what()});
+    }
+    if (options_.log)
+      *options_.log << "CheckpointManager: skipped " << path << ": " << result.skipped.back().reason << "\n";
+  }
+  if (StrategyBackend* workers = checkpoint_.multi_worker()) {
+    Snapshot mine;
+    checkpoint_.snapshot(mine, /*copy=*/false);
+    check_same_state_on_every_worker(*workers, digest_of(mine.data),
+                                     "the state restored from " + result.path.value_or("nothing (a fresh start)"));
+  }
+  return result;
+}
+
+void CheckpointManager::delete_all() {
+  wait_for_writer();
+  for (const Entry& e : candidates()) std::remove(path_of(e.file).c_str());
+  std::remove(path_of(kIndex).c_str());
+  kept_.clear();
+}
+
+}  // namespace dtrain::train

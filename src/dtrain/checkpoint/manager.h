@@ -1,0 +1,100 @@
+// tf.train.CheckpointManager: numbered checkpoints in one folder, the oldest deleted past
+// max_to_keep, an index file ("checkpoint", JSON) written after each checkpoint is
+// complete, restore of the newest checkpoint that verifies, and saves that do not stall
+// training (the state is copied at the step, written on a background thread).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <iosfwd>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtrain/checkpoint/checkpoint.h"
+
+namespace dtrain::train {
+
+struct CheckpointManagerOptions {
+  int max_to_keep = 5;                      // 0: keep every checkpoint
+  double keep_checkpoint_every_n_hours = 0;  // also keep one per this many hours (0: none)
+  std::string checkpoint_name = "ckpt";     // files are <name>-<number>.safetensors
+  // save() copies the state and returns; a background thread writes it. One save is in
+  // flight at a time: the next save() (or sync()) waits for it, and rethrows its failure.
+  bool async = false;
+  std::ostream* log = nullptr;  // where restore_latest says what it skipped (null: nowhere)
+};
+
+// A checkpoint the manager skipped while restoring, and why.
+struct SkippedCheckpoint {
+  std::string path;
+  std::string reason;
+};
+
+struct RestoredCheckpoint {
+  std::optional<std::string> path;  // empty: there was none to restore (a fresh start)
+  std::int64_t number = 0;
+  std::vector<SkippedCheckpoint> skipped;  // newer ones that failed to verify or to fit
+};
+
+class CheckpointManager {
+ public:
+  CheckpointManager(Checkpoint& checkpoint, std::string directory, CheckpointManagerOptions options = {});
+  ~CheckpointManager();  // waits for a save in flight (its failure is then only logged)
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
+
+  // Saves checkpoint number `checkpoint_number` (default: the checkpoint's save counter
+  // plus one) and returns its path. Multi-worker: a collective; the chief writes.
+  std::string save(std::optional<std::int64_t> checkpoint_number = std::nullopt);
+  // Waits for the save in flight; rethrows its failure. Multi-worker: a collective.
+  void sync();
+
+  // The newest checkpoint the index lists (as written by completed saves).
+  std::optional<std::string> latest_checkpoint() const;
+  // Every checkpoint kept, oldest first.
+  std::vector<std::string> checkpoints() const;
+  const std::string& directory() const { return directory_; }
+
+  // Restores the newest checkpoint that verifies and fits (the index's, then any complete
+  // file the folder holds), skipping and reporting the ones that do not.
+  RestoredCheckpoint restore_latest(RestoreOptions options = {});
+  // Deletes every checkpoint and the index (BackupAndRestore's delete_checkpoint).
+  void delete_all();
+
+ private:
+  struct Entry {
+    std::string file;  // within directory_
+    std::int64_t number;
+    double time;  // seconds since the epoch, when saved
+  };
+  std::string path_of(const std::string& file) const { return directory_ + "/" + file; }
+  void read_index();
+  void write_index() const;
+  // After a checkpoint is complete: the index, then deleting what is no longer kept.
+  void commit(Entry entry);
+  // Every checkpoint file in the folder, newest first (including ones the index lacks).
+  std::vector<Entry> candidates() const;
+  void wait_for_writer();  // rethrows the writer's failure
+
+  Checkpoint& checkpoint_;
+  std::string directory_;
+  CheckpointManagerOptions options_;
+  std::vector<Entry> kept_;  // oldest first
+  double last_preserved_ = 0;
+
+  // The background writer (async saves).
+  Snapshot snapshot_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool busy_ = false;
+  std::exception_ptr failure_;
+  std::uint64_t pending_digest_check_ = 0;  // multi-worker: the digest of the save last written
+  bool digest_pending_ = false;
+  std::thread writer_;
+};
+
+}  // namespace dtrain::train
