@@ -12,6 +12,7 @@
 
 #include "dtrain/core/rng.h"
 #include "dtrain/data/idx.h"
+#include "dtrain/model/compile_config.h"
 #include "dtrain/model/json_reader.h"
 #include "dtrain/model/serialization.h"
 #include "dtrain/nn/policy.h"
@@ -22,13 +23,6 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-// Whether `message` begins with the JSON path `key` (or a path below it).
-bool names_path(const std::string& message, const std::string& key) {
-  if (key.empty() || message.compare(0, key.size(), key) != 0) return false;
-  const char next = message.size() > key.size() ? message[key.size()] : '\0';
-  return next == ':' || next == '.' || next == '[';
-}
-
 // The one place a config error's message is composed: "FILE: KEY.PATH: message". An error
 // that names its key path already (JsonReader's) gets the file; one from a piece built or a
 // file read at `key` (a layer's or an optimizer's check, a data file's fault) gets the file
@@ -37,7 +31,7 @@ bool names_path(const std::string& message, const std::string& key) {
 [[noreturn]] void rethrow_in_file(const std::exception_ptr& error, const std::string& file, const std::string& key) {
   const std::string message = message_of(error);
   if (message.rfind(file + ": ", 0) == 0) std::rethrow_exception(error);
-  rethrow_with_context(error, key.empty() || names_path(message, key) ? file : file + ": " + key);
+  rethrow_with_context(error, key.empty() || names_json_path(message, key) ? file : file + ": " + key);
 }
 
 // A new error of `Kind` about `key`, composed as above.
@@ -66,68 +60,6 @@ auto drawing_no_seeds(Fn&& fn) {
     ~Restore() { set_seed_sequence(at); }
   } restore;
   return fn();
-}
-
-std::shared_ptr<optim::LearningRateSchedule> schedule_of(const JsonReader& r);
-
-// A learning rate: a number, or a schedule {"class_name", "config"}; a schedule's own
-// check (decay_steps > 0, ...) is reported at its key.
-std::shared_ptr<optim::LearningRateSchedule> schedule_from(const JsonReader& r) {
-  if (r.raw().is_number()) {
-    const double lr = r.raw().get<double>();
-    if (!(lr >= 0) || !std::isfinite(static_cast<float>(lr))) r.fail("", "must be a finite number >= 0, got " + r.raw().dump());
-    return std::make_shared<optim::Constant>(static_cast<float>(lr));
-  }
-  if (!r.raw().is_object())
-    r.fail("", "expected a number or a schedule {\"class_name\": \"ExponentialDecay\", \"config\": {...}}, got " +
-                   r.raw().dump());
-  r.expect_keys({"class_name", "config"});
-  try {
-    return schedule_of(r);
-  } catch (const InvalidArgument& e) {
-    if (names_path(e.what(), r.path())) throw;
-    r.fail("", e.what());
-  }
-}
-
-std::shared_ptr<optim::LearningRateSchedule> schedule_of(const JsonReader& r) {
-  const std::string cls = r.get_string("class_name");
-  const JsonReader c = r.child("config");
-  if (cls == "ExponentialDecay") {
-    c.expect_keys({"initial_learning_rate", "decay_steps", "decay_rate", "staircase"});
-    return std::make_shared<optim::ExponentialDecay>(static_cast<float>(c.get_number("initial_learning_rate")),
-                                                     c.get_int("decay_steps"), static_cast<float>(c.get_number("decay_rate")),
-                                                     c.get_bool("staircase", false));
-  }
-  if (cls == "CosineDecay") {
-    c.expect_keys({"initial_learning_rate", "decay_steps", "alpha"});
-    return std::make_shared<optim::CosineDecay>(static_cast<float>(c.get_number("initial_learning_rate")),
-                                                c.get_int("decay_steps"), static_cast<float>(c.get_number("alpha", 0.0)));
-  }
-  if (cls == "PiecewiseConstantDecay") {
-    c.expect_keys({"boundaries", "values"});
-    std::vector<std::int64_t> b;
-    std::vector<float> v;
-    const JsonReader bs = c.child("boundaries"), vs = c.child("values");
-    bs.expect_array();
-    vs.expect_array();
-    for (const auto& x : bs.raw()) {
-      if (!x.is_number_integer()) bs.fail("", "expected integers");
-      b.push_back(x.get<std::int64_t>());
-    }
-    for (const auto& x : vs.raw()) {
-      if (!x.is_number()) vs.fail("", "expected numbers");
-      v.push_back(x.get<float>());
-    }
-    return std::make_shared<optim::PiecewiseConstantDecay>(b, v);
-  }
-  if (cls == "LinearWarmup") {
-    c.expect_keys({"warmup_steps", "initial_learning_rate", "after"});
-    return std::make_shared<optim::LinearWarmup>(schedule_from(c.child("after")), c.get_int("warmup_steps"),
-                                                 static_cast<float>(c.get_number("initial_learning_rate", 0.0)));
-  }
-  r.fail("class_name", "unknown schedule '" + cls +
-                           "' (expected ExponentialDecay, CosineDecay, PiecewiseConstantDecay or LinearWarmup)");
 }
 
 // "model": the JSON Sequential::to_json writes, or the short form {"input_shape", "layers"}.
@@ -674,71 +606,11 @@ std::unique_ptr<Sequential> build_model(const RunConfig& c) {
 }
 
 std::shared_ptr<losses::Loss> build_loss(const RunConfig& c) {
-  return in_file(c.file, "loss", [&]() -> std::shared_ptr<losses::Loss> {
-    const JsonReader r(c.loss_json, "loss");
-    if (c.loss_json.is_string()) return losses::get(c.loss_json.get<std::string>());
-    r.expect_object();
-    const std::string name = r.get_string("name");
-    if (name == "categorical_crossentropy") r.expect_keys({"name", "from_logits", "label_smoothing", "reduction"});
-    else if (name == "sparse_categorical_crossentropy") r.expect_keys({"name", "from_logits", "reduction"});
-    else r.expect_keys({"name", "reduction"});
-    const bool logits = r.get_bool("from_logits", false);
-    const auto reduction = losses::reduction_from_name(r.get_string("reduction", "sum_over_batch_size"));
-    if (name == "sparse_categorical_crossentropy")
-      return std::make_shared<losses::SparseCategoricalCrossentropy>(logits, reduction);
-    if (name == "categorical_crossentropy")
-      return std::make_shared<losses::CategoricalCrossentropy>(logits, static_cast<float>(r.get_number("label_smoothing", 0)),
-                                                               reduction);
-    if (name == "mse" || name == "mean_squared_error") return std::make_shared<losses::MeanSquaredError>(reduction);
-    r.fail("name", "unknown loss '" + name + "' (expected sparse_categorical_crossentropy, categorical_crossentropy or mse)");
-  });
+  return in_file(c.file, "loss", [&] { return loss_from_json(c.loss_json, "loss"); });
 }
 
 std::shared_ptr<optim::Optimizer> build_optimizer(const RunConfig& c) {
-  return in_file(c.file, "optimizer", [&]() -> std::shared_ptr<optim::Optimizer> {
-    if (c.optimizer_json.is_string()) return optim::get(c.optimizer_json.get<std::string>());
-    const JsonReader r(c.optimizer_json, "optimizer");
-    r.expect_object();
-    const std::string name = r.get_string("name");
-    if (name == "sgd")
-      r.expect_keys({"name", "learning_rate", "momentum", "nesterov", "weight_decay", "clipnorm", "global_clipnorm"});
-    else
-      r.expect_keys({"name", "learning_rate", "beta_1", "beta_2", "epsilon", "weight_decay", "clipnorm", "global_clipnorm"});
-    optim::OptimizerOptions o;
-    if (r.has("clipnorm")) o.clipnorm = static_cast<float>(r.get_number("clipnorm"));
-    if (r.has("global_clipnorm")) o.global_clipnorm = static_cast<float>(r.get_number("global_clipnorm"));
-    const float default_lr = name == "sgd" ? 0.01f : 0.001f;
-    auto lr = r.has("learning_rate") ? schedule_from(r.child("learning_rate")) : std::make_shared<optim::Constant>(default_lr);
-    // An optimizer's own check (SGD's momentum range, ...) is reported at the key it names.
-    const auto at_key = [&](auto make) -> std::shared_ptr<optim::Optimizer> {
-      try {
-        return make();
-      } catch (const InvalidArgument& e) {
-        for (const char* key : {"momentum", "beta_1", "beta_2", "epsilon", "weight_decay", "global_clipnorm", "clipnorm"})
-          if (r.has(key) && std::string(e.what()).find(key) != std::string::npos) r.fail(key, e.what());
-        throw;
-      }
-    };
-    if (name == "sgd") {
-      o.weight_decay = static_cast<float>(r.get_number("weight_decay", 0.0));
-      return at_key([&] {
-        return std::make_shared<optim::SGD>(lr, static_cast<float>(r.get_number("momentum", 0.0)), r.get_bool("nesterov", false), o);
-      });
-    }
-    optim::AdamOptions a;
-    a.beta_1 = static_cast<float>(r.get_number("beta_1", a.beta_1));
-    a.beta_2 = static_cast<float>(r.get_number("beta_2", a.beta_2));
-    a.epsilon = static_cast<float>(r.get_number("epsilon", a.epsilon));
-    if (name == "adam") {
-      o.weight_decay = static_cast<float>(r.get_number("weight_decay", 0.0));
-      return at_key([&] { return std::make_shared<optim::Adam>(lr, a, o); });
-    }
-    if (name == "adamw")
-      return at_key([&] {
-        return std::make_shared<optim::AdamW>(lr, static_cast<float>(r.get_number("weight_decay", 0.004)), a, o);
-      });
-    r.fail("name", "unknown optimizer '" + name + "' (expected sgd, adam or adamw)");
-  });
+  return in_file(c.file, "optimizer", [&] { return optimizer_from_json(c.optimizer_json, "optimizer"); });
 }
 
 data::Dataset build_pipeline(const RunConfig& c, const data::Split& train) {

@@ -13,6 +13,12 @@ nlohmann::json parse_json(const std::string& text, const std::string& source) {
   }
 }
 
+bool names_json_path(const std::string& message, const std::string& path) {
+  if (path.empty() || message.compare(0, path.size(), path) != 0) return false;
+  const char next = message.size() > path.size() ? message[path.size()] : '\0';
+  return next == ':' || next == '.' || next == '[';
+}
+
 void JsonReader::fail(const std::string& key, const std::string& message) const {
   const std::string where = key.empty() ? (path_.empty() ? "<root>" : path_) : key_path(key);
   DTRAIN_THROW(InvalidArgument, where, ": ", message);

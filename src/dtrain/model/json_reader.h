@@ -48,6 +48,11 @@ class JsonReader {
   std::string path_;
 };
 
+// Whether an error message begins with the JSON path `path` or a path below it
+// ("optimizer.momentum: ..." names "optimizer"), so that a caller adding context knows the
+// key is said already.
+bool names_json_path(const std::string& message, const std::string& path);
+
 // Parses text as JSON; a syntax error is an InvalidArgument naming `source` and the byte.
 nlohmann::json parse_json(const std::string& text, const std::string& source);
 
