@@ -54,6 +54,7 @@ class CategoricalCrossentropy : public Loss {
                                    std::string name = "categorical_crossentropy");
   Tensor call(const Tensor& y_true, const Tensor& y_pred) const override;
   bool from_logits() const { return from_logits_; }
+  float label_smoothing() const { return label_smoothing_; }
 
  private:
   bool from_logits_;

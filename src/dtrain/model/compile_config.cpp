@@ -1,8 +1,10 @@
 // Optimizers, losses and learning-rate schedules from JSON (compile_config.h).
 #include "dtrain/model/compile_config.h"
 
+#include <charconv>
 #include <cmath>
 #include <exception>
+#include <typeinfo>
 
 #include "dtrain/model/json_reader.h"
 
@@ -62,6 +64,18 @@ std::shared_ptr<optim::LearningRateSchedule> schedule_of(const JsonReader& r) {
   }
   r.fail("class_name", "unknown schedule '" + cls +
                            "' (expected ExponentialDecay, CosineDecay, PiecewiseConstantDecay or LinearWarmup)");
+}
+
+// A float as the shortest decimal that reads back as the same float ("0.9", not
+// 0.89999997615814209), unless that decimal would round differently on its way through
+// a double: then the float's exact value.
+json float_json(float f) {
+  char text[32];
+  const auto written = std::to_chars(text, text + sizeof text, f);
+  double d = f;
+  if (written.ec == std::errc() && std::from_chars(text, written.ptr, d).ec == std::errc() && static_cast<float>(d) == f)
+    return d;
+  return static_cast<double>(f);
 }
 
 }  // namespace
@@ -149,6 +163,82 @@ std::shared_ptr<losses::Loss> loss_from_json(const json& value, const std::strin
     if (name == "mse" || name == "mean_squared_error") return std::make_shared<losses::MeanSquaredError>(reduction);
     r.fail("name", "unknown loss '" + name + "' (expected sparse_categorical_crossentropy, categorical_crossentropy or mse)");
   });
+}
+
+json schedule_to_json(const optim::LearningRateSchedule& schedule) {
+  using namespace optim;
+  if (const auto* c = dynamic_cast<const Constant*>(&schedule)) return float_json(c->learning_rate());
+  if (const auto* e = dynamic_cast<const ExponentialDecay*>(&schedule))
+    return {{"class_name", "ExponentialDecay"},
+            {"config",
+             {{"initial_learning_rate", float_json(e->initial_learning_rate())},
+              {"decay_steps", e->decay_steps()},
+              {"decay_rate", float_json(e->decay_rate())},
+              {"staircase", e->staircase()}}}};
+  if (const auto* c = dynamic_cast<const CosineDecay*>(&schedule))
+    return {{"class_name", "CosineDecay"},
+            {"config",
+             {{"initial_learning_rate", float_json(c->initial_learning_rate())},
+              {"decay_steps", c->decay_steps()},
+              {"alpha", float_json(c->alpha())}}}};
+  if (const auto* p = dynamic_cast<const PiecewiseConstantDecay*>(&schedule)) {
+    json values = json::array();
+    for (float v : p->values()) values.push_back(float_json(v));
+    return {{"class_name", "PiecewiseConstantDecay"}, {"config", {{"boundaries", p->boundaries()}, {"values", values}}}};
+  }
+  if (const auto* w = dynamic_cast<const LinearWarmup*>(&schedule))
+    return {{"class_name", "LinearWarmup"},
+            {"config",
+             {{"warmup_steps", w->warmup_steps()},
+              {"initial_learning_rate", float_json(w->initial_learning_rate())},
+              {"after", schedule_to_json(w->after())}}}};
+  DTRAIN_THROW(InvalidArgument, "the learning-rate schedule ", schedule.describe(),
+               " has no JSON form (only Constant, ExponentialDecay, CosineDecay, PiecewiseConstantDecay and LinearWarmup)");
+}
+
+json optimizer_to_json(const optim::Optimizer& optimizer) {
+  // The exact class: a subclass of Adam may update differently from Adam.
+  const std::type_info& type = typeid(optimizer);
+  json out;
+  if (type == typeid(optim::SGD)) {
+    const auto& sgd = static_cast<const optim::SGD&>(optimizer);
+    out = {{"name", "sgd"}, {"momentum", float_json(sgd.momentum())}, {"nesterov", sgd.nesterov()}};
+  } else if (type == typeid(optim::Adam) || type == typeid(optim::AdamW)) {
+    const optim::AdamOptions& a = static_cast<const optim::Adam&>(optimizer).adam_options();
+    out = {{"name", type == typeid(optim::Adam) ? "adam" : "adamw"},
+           {"beta_1", float_json(a.beta_1)},
+           {"beta_2", float_json(a.beta_2)},
+           {"epsilon", float_json(a.epsilon)}};
+  } else {
+    DTRAIN_THROW(InvalidArgument, "the optimizer '", optimizer.name(),
+                 "' has no JSON form (only dtrain's own SGD, Adam and AdamW have one)");
+  }
+  out["learning_rate"] = schedule_to_json(optimizer.learning_rate_schedule());
+  const optim::OptimizerOptions& o = optimizer.options();
+  out["weight_decay"] = float_json(o.weight_decay);
+  if (o.clipnorm) out["clipnorm"] = float_json(*o.clipnorm);
+  if (o.global_clipnorm) out["global_clipnorm"] = float_json(*o.global_clipnorm);
+  return out;
+}
+
+json loss_to_json(const losses::Loss& loss) {
+  const std::type_info& type = typeid(loss);
+  const std::string reduction = losses::reduction_name(loss.reduction());
+  if (type == typeid(losses::SparseCategoricalCrossentropy))
+    return {{"name", "sparse_categorical_crossentropy"},
+            {"from_logits", static_cast<const losses::SparseCategoricalCrossentropy&>(loss).from_logits()},
+            {"reduction", reduction}};
+  if (type == typeid(losses::CategoricalCrossentropy)) {
+    const auto& c = static_cast<const losses::CategoricalCrossentropy&>(loss);
+    return {{"name", "categorical_crossentropy"},
+            {"from_logits", c.from_logits()},
+            {"label_smoothing", float_json(c.label_smoothing())},
+            {"reduction", reduction}};
+  }
+  if (type == typeid(losses::MeanSquaredError)) return {{"name", "mean_squared_error"}, {"reduction", reduction}};
+  DTRAIN_THROW(InvalidArgument, "the loss '", loss.name(),
+               "' has no JSON form (only dtrain's own sparse_categorical_crossentropy, categorical_crossentropy and "
+               "mean_squared_error have one)");
 }
 
 }  // namespace dtrain

@@ -33,4 +33,11 @@ std::shared_ptr<optim::Optimizer> optimizer_from_json(const nlohmann::json& valu
 // "reduction"}.
 std::shared_ptr<losses::Loss> loss_from_json(const nlohmann::json& value, const std::string& path);
 
+// The inverses: JSON the readers above turn back into an equal object (every float exactly
+// as it was). An optimizer, loss or schedule of a class they do not know (a user's own) is
+// an InvalidArgument naming it.
+nlohmann::json schedule_to_json(const optim::LearningRateSchedule& schedule);
+nlohmann::json optimizer_to_json(const optim::Optimizer& optimizer);
+nlohmann::json loss_to_json(const losses::Loss& loss);
+
 }  // namespace dtrain

@@ -131,6 +131,12 @@ class Sequential {
   void save_weights(const std::string& path) const;
   // Every variable must be in the file with its shape; errors name the file and the key.
   void load_weights(const std::string& path);
+  // Keras's model.save: the architecture (to_json), every variable, and, when compiled, the
+  // optimizer (its class, hyperparameters, schedule, iteration count and slots), the loss
+  // and the metric names, in one checksummed safetensors file written durably
+  // (save_checked). dtrain::models::load_model (model/saving.h) reads it back without the
+  // code that built the model.
+  void save(const std::string& path) const;
 
   // The strategy the model was created under (null: the default strategy). TensorFlow's
   // model.distribute_strategy.

@@ -43,6 +43,8 @@ class Optimizer {
   // The learning rate the next update will use.
   float learning_rate() const { return (*learning_rate_)(iterations_); }
   void set_learning_rate(std::shared_ptr<LearningRateSchedule> schedule);
+  // The schedule itself (what set_learning_rate last set), for saving the optimizer.
+  const LearningRateSchedule& learning_rate_schedule() const { return *learning_rate_; }
   const OptimizerOptions& options() const { return options_; }
   // The norm of the last gradients before clipping (all variables together); computed
   // only when clipnorm or global_clipnorm is set, 0 otherwise.

@@ -21,6 +21,7 @@ class Constant final : public LearningRateSchedule {
   explicit Constant(float learning_rate);
   float operator()(std::int64_t) const override { return learning_rate_; }
   std::string describe() const override;
+  float learning_rate() const { return learning_rate_; }
 
  private:
   float learning_rate_;
@@ -33,6 +34,10 @@ class ExponentialDecay final : public LearningRateSchedule {
   ExponentialDecay(float initial_learning_rate, std::int64_t decay_steps, float decay_rate, bool staircase = false);
   float operator()(std::int64_t step) const override;
   std::string describe() const override;
+  float initial_learning_rate() const { return initial_; }
+  std::int64_t decay_steps() const { return decay_steps_; }
+  float decay_rate() const { return decay_rate_; }
+  bool staircase() const { return staircase_; }
 
  private:
   float initial_;
@@ -47,6 +52,8 @@ class PiecewiseConstantDecay final : public LearningRateSchedule {
   PiecewiseConstantDecay(std::vector<std::int64_t> boundaries, std::vector<float> values);
   float operator()(std::int64_t step) const override;
   std::string describe() const override;
+  const std::vector<std::int64_t>& boundaries() const { return boundaries_; }
+  const std::vector<float>& values() const { return values_; }
 
  private:
   std::vector<std::int64_t> boundaries_;
@@ -59,6 +66,9 @@ class CosineDecay final : public LearningRateSchedule {
   CosineDecay(float initial_learning_rate, std::int64_t decay_steps, float alpha = 0.0f);
   float operator()(std::int64_t step) const override;
   std::string describe() const override;
+  float initial_learning_rate() const { return initial_; }
+  std::int64_t decay_steps() const { return decay_steps_; }
+  float alpha() const { return alpha_; }
 
  private:
   float initial_;
@@ -74,6 +84,9 @@ class LinearWarmup final : public LearningRateSchedule {
   LinearWarmup(std::shared_ptr<LearningRateSchedule> after, std::int64_t warmup_steps, float initial = 0.0f);
   float operator()(std::int64_t step) const override;
   std::string describe() const override;
+  const LearningRateSchedule& after() const { return *after_; }
+  std::int64_t warmup_steps() const { return warmup_steps_; }
+  float initial_learning_rate() const { return initial_; }
 
  private:
   std::shared_ptr<LearningRateSchedule> after_;

@@ -1,0 +1,280 @@
+// model.save and load_model: the loaded model takes the step the saved one would have
+// taken, bit for bit; the compile settings round-trip through their JSON; files that are
+// not saved models, damaged ones and ones whose parts disagree are errors naming the file.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <filesystem>
+#include <fstream>
+
+#include "common/error_message.h"
+#include "common/temp_dir.h"
+#include "dtrain/data/datasets.h"
+#include "dtrain/model/compile_config.h"
+#include "dtrain/model/safetensors.h"
+#include "dtrain/model/saving.h"
+#include "dtrain/model/sequential.h"
+
+namespace dtrain {
+namespace {
+
+using dtrain::testing::message_of;
+using nlohmann::json;
+
+class ModelSaving : public dtrain::testing::TempDirTest {
+ protected:
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+};
+
+std::unique_ptr<Sequential> mlp() {
+  auto m = std::make_unique<Sequential>("mlp");
+  m->add<nn::Dense>(12, "relu", nn::DenseOptions{.seed = 1});
+  m->add<nn::Dropout>(0.25f, 11);
+  m->add<nn::Dense>(3, "", nn::DenseOptions{.seed = 2});
+  m->build(Shape{5});
+  return m;
+}
+
+// Every weight's bits, so that -0 and 0 (or two NaNs) are not taken for each other.
+std::vector<std::vector<std::uint32_t>> bits(const Sequential& m) {
+  std::vector<std::vector<std::uint32_t>> out;
+  for (Variable* v : m.variables()) {
+    out.emplace_back();
+    for (float x : v->value().to_vector()) out.back().push_back(std::bit_cast<std::uint32_t>(x));
+  }
+  return out;
+}
+
+struct OptimizerCase {
+  const char* name;
+  std::function<std::shared_ptr<optim::Optimizer>()> make;
+};
+
+void PrintTo(const OptimizerCase& c, std::ostream* os) { *os << c.name; }
+
+class NextStep : public ModelSaving, public ::testing::WithParamInterface<OptimizerCase> {};
+
+// Train a few steps, save, load; then one more identical epoch on each. Any state the file
+// dropped (Adam's moments, the iteration count behind its bias correction and the
+// schedule, SGD's momentum, the dropout masks' position) makes the weights differ.
+TEST_P(NextStep, AfterLoadIsTheStepTheSavedModelWouldTake) {
+  const data::Split d = data::make_synthetic(64, 5, 3, 7, data::SyntheticLabels::teacher);
+  auto a = mlp();
+  a->compile(GetParam().make(), std::make_shared<losses::SparseCategoricalCrossentropy>(true), {"accuracy"});
+  a->fit(d.x, d.y, {.epochs = 2, .batch_size = 16, .seed = 3, .verbose = 0});
+  ASSERT_EQ(a->optimizer().iterations(), 8);
+  a->save(path("model.safetensors"));
+
+  auto b = models::load_model(path("model.safetensors"));
+  ASSERT_TRUE(b->compiled());
+  EXPECT_EQ(b->to_json(), a->to_json());
+  EXPECT_EQ(bits(*b), bits(*a));
+  EXPECT_EQ(b->optimizer().iterations(), 8);
+  EXPECT_EQ(b->optimizer().name(), a->optimizer().name());
+  EXPECT_EQ(b->optimizer().learning_rate(), a->optimizer().learning_rate());
+
+  const History ha = a->fit(d.x, d.y, {.epochs = 1, .batch_size = 16, .seed = 4, .verbose = 0});
+  const History hb = b->fit(d.x, d.y, {.epochs = 1, .batch_size = 16, .seed = 4, .verbose = 0});
+  EXPECT_EQ(bits(*b), bits(*a));
+  EXPECT_EQ(hb.history.at("loss"), ha.history.at("loss"));
+  EXPECT_EQ(hb.history.at("accuracy"), ha.history.at("accuracy"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Optimizers, NextStep,
+    ::testing::Values(
+        OptimizerCase{"AdamWithADecaySchedule",
+                      [] {
+                        return std::make_shared<optim::Adam>(
+                            std::make_shared<optim::ExponentialDecay>(0.02f, 3, 0.7f, true),
+                            optim::AdamOptions{.beta_1 = 0.8f, .beta_2 = 0.99f, .epsilon = 1e-6f});
+                      }},
+        OptimizerCase{"SgdNesterovClipnorm",
+                      [] {
+                        return std::make_shared<optim::SGD>(0.05f, 0.9f, true, optim::OptimizerOptions{.clipnorm = 0.5f});
+                      }},
+        OptimizerCase{"AdamWWarmupGlobalClipnorm",
+                      [] {
+                        return std::make_shared<optim::AdamW>(
+                            std::make_shared<optim::LinearWarmup>(std::make_shared<optim::CosineDecay>(0.01f, 20, 0.1f), 4),
+                            0.01f, optim::AdamOptions{}, optim::OptimizerOptions{.global_clipnorm = 1.0f});
+                      }}),
+    [](const ::testing::TestParamInfo<OptimizerCase>& p) { return std::string(p.param.name); });
+
+// Each writer's JSON reads back into an object that writes the same JSON, floats exact.
+TEST(CompileConfig, OptimizersSchedulesAndLossesRoundTrip) {
+  const std::vector<std::shared_ptr<optim::Optimizer>> optimizers = {
+      std::make_shared<optim::SGD>(0.1f, 0.3f, false, optim::OptimizerOptions{.weight_decay = 0.01f}),
+      std::make_shared<optim::Adam>(std::make_shared<optim::PiecewiseConstantDecay>(
+          std::vector<std::int64_t>{10, 20}, std::vector<float>{0.1f, 0.01f, 0.001f})),
+      std::make_shared<optim::AdamW>(
+          std::make_shared<optim::LinearWarmup>(std::make_shared<optim::ExponentialDecay>(0.3f, 7, 0.123456789f), 5, 0.01f),
+          0.02f, optim::AdamOptions{.epsilon = 3e-8f}, optim::OptimizerOptions{.global_clipnorm = 1.1f}),
+  };
+  for (const auto& o : optimizers) {
+    const json j = optimizer_to_json(*o);
+    const auto back = optimizer_from_json(j, "optimizer");
+    EXPECT_EQ(optimizer_to_json(*back), j) << j.dump();
+    EXPECT_EQ(back->name(), o->name());
+    EXPECT_EQ(back->options().clipnorm, o->options().clipnorm);
+    EXPECT_EQ(back->options().global_clipnorm, o->options().global_clipnorm);
+    EXPECT_EQ(back->options().weight_decay, o->options().weight_decay);
+    for (std::int64_t step : {0, 3, 6, 11, 25}) {
+      back->set_iterations(step);
+      o->set_iterations(step);
+      EXPECT_EQ(back->learning_rate(), o->learning_rate()) << j.dump() << " at step " << step;
+    }
+  }
+  // Short decimals, not a float's double expansion.
+  EXPECT_EQ(optimizer_to_json(*optimizers[0]).at("momentum").dump(), "0.3");
+
+  const std::vector<std::shared_ptr<losses::Loss>> ls = {
+      std::make_shared<losses::SparseCategoricalCrossentropy>(true, losses::Reduction::sum),
+      std::make_shared<losses::CategoricalCrossentropy>(false, 0.1f),
+      std::make_shared<losses::MeanSquaredError>(losses::Reduction::none),
+  };
+  for (const auto& l : ls) {
+    const json j = loss_to_json(*l);
+    const auto back = loss_from_json(j, "loss");
+    EXPECT_EQ(loss_to_json(*back), j);
+    EXPECT_EQ(typeid(*back), typeid(*l));
+    EXPECT_EQ(back->reduction(), l->reduction());
+  }
+  EXPECT_TRUE(loss_to_json(*ls[0]).at("from_logits").get<bool>());
+}
+
+// A class the JSON does not know is an error naming it, not a silent stand-in.
+TEST(CompileConfig, UnknownClassesAreNamed) {
+  struct Halved final : optim::LearningRateSchedule {
+    float operator()(std::int64_t) const override { return 0.5f; }
+    std::string describe() const override { return "Halved()"; }
+  };
+  EXPECT_NE(message_of<InvalidArgument>([] { schedule_to_json(Halved()); }).find("Halved()"), std::string::npos);
+  struct Scaled final : losses::MeanSquaredError {
+    Scaled() : MeanSquaredError(losses::Reduction::sum_over_batch_size, "scaled_mse") {}
+  };
+  EXPECT_NE(message_of<InvalidArgument>([] { loss_to_json(Scaled()); }).find("'scaled_mse'"), std::string::npos);
+  EXPECT_NE(message_of<InvalidArgument>([] { optimizer_from_json(json{{"name", "sgd"}, {"beta_1", 0.9}}, "x.opt"); })
+                .find("x.opt.beta_1: unknown key"),
+            std::string::npos);
+}
+
+TEST_F(ModelSaving, LoadWithoutCompileGivesTheWeightsAndNoOptimizer) {
+  auto a = mlp();
+  a->compile("adam", "sparse_categorical_crossentropy", {"accuracy"}, /*from_logits=*/true);
+  const data::Split d = data::make_synthetic(32, 5, 3, 7);
+  a->fit(d.x, d.y, {.epochs = 1, .batch_size = 8, .verbose = 0});
+  a->save(path("m.safetensors"));
+
+  auto b = models::load_model(path("m.safetensors"), /*compile=*/false);
+  EXPECT_FALSE(b->compiled());
+  EXPECT_EQ(bits(*b), bits(*a));
+  EXPECT_EQ(b->predict(d.x).to_vector(), a->predict(d.x).to_vector());
+
+  auto c = models::load_model(path("m.safetensors"));
+  ASSERT_TRUE(c->compiled());
+  const auto* loss = dynamic_cast<const losses::SparseCategoricalCrossentropy*>(&c->loss());
+  ASSERT_NE(loss, nullptr);
+  EXPECT_TRUE(loss->from_logits());
+  ASSERT_EQ(c->metrics().size(), 1u);
+  EXPECT_EQ(c->metrics()[0]->name(), "accuracy");
+}
+
+TEST_F(ModelSaving, AnUncompiledOrUnbuiltModelLoadsAsItWasSaved) {
+  auto a = mlp();
+  a->save(path("uncompiled.safetensors"));
+  auto b = models::load_model(path("uncompiled.safetensors"));
+  EXPECT_FALSE(b->compiled());
+  EXPECT_EQ(bits(*b), bits(*a));
+
+  Sequential unbuilt("later");
+  unbuilt.add<nn::Dense>(4);
+  unbuilt.save(path("unbuilt.safetensors"));
+  auto c = models::load_model(path("unbuilt.safetensors"));
+  EXPECT_FALSE(c->built());
+  EXPECT_EQ(c->name(), "later");
+  EXPECT_EQ(c->layers().size(), 1u);
+}
+
+TEST_F(ModelSaving, AWeightsOnlyFileIsNotASavedModel) {
+  auto a = mlp();
+  a->save_weights(path("weights.safetensors"));
+  const std::string m = message_of<IoError>([&] { models::load_model(path("weights.safetensors")); });
+  EXPECT_NE(m.find(path("weights.safetensors") + ": not a saved model"), std::string::npos) << m;
+  EXPECT_NE(m.find("dtrain.model"), std::string::npos) << m;
+  EXPECT_NE(m.find("weights only"), std::string::npos) << m;
+}
+
+TEST_F(ModelSaving, ADamagedFileIsReportedAsDamaged) {
+  auto a = mlp();
+  a->compile("adam", "sparse_categorical_crossentropy", {}, true);
+  a->save(path("m.safetensors"));
+  std::string bytes;
+  {
+    std::ifstream in(path("m.safetensors"), std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  bytes[bytes.size() - 3] ^= 0x10;  // the last tensor's bytes
+  write("m.safetensors", bytes);
+  const std::string m = message_of<IoError>([&] { models::load_model(path("m.safetensors")); });
+  EXPECT_NE(m.find(path("m.safetensors") + ": tensor '"), std::string::npos) << m;
+  EXPECT_NE(m.find("do not match their checksum"), std::string::npos) << m;
+}
+
+// Parts written by hand that disagree: each error names the file and the tensor.
+TEST_F(ModelSaving, ArchitectureAndTensorsThatDisagreeAreNamed) {
+  auto a = mlp();
+  a->compile(std::make_shared<optim::Adam>(), std::make_shared<losses::SparseCategoricalCrossentropy>(true));
+  const data::Split d = data::make_synthetic(16, 5, 3, 7);
+  a->fit(d.x, d.y, {.epochs = 1, .batch_size = 8, .verbose = 0});
+  a->save(path("good.safetensors"));
+  const NamedTensors good = load_checked(path("good.safetensors"));
+
+  const auto rewrite = [&](const std::function<void(NamedTensors&)>& change) {
+    NamedTensors t = good;
+    t.metadata.erase("dtrain.crc32");
+    t.metadata.erase("dtrain.header_crc32");
+    change(t);
+    save_checked(path("bad.safetensors"), t);
+    return message_of<IoError>([&] { models::load_model(path("bad.safetensors")); });
+  };
+  const auto drop = [](NamedTensors& t, const std::string& name) {
+    std::erase_if(t.tensors, [&](const auto& e) { return e.first == name; });
+  };
+  std::string m = rewrite([&](NamedTensors& t) { drop(t, "dense_1/bias"); });
+  EXPECT_NE(m.find("has no tensor 'dense_1/bias' (the model's variable)"), std::string::npos) << m;
+  m = rewrite([&](NamedTensors& t) { drop(t, "optimizer/dense/kernel/v"); });
+  EXPECT_NE(m.find("has no tensor 'optimizer/dense/kernel/v'"), std::string::npos) << m;
+  m = rewrite([&](NamedTensors& t) { t.tensors.emplace_back("extra/kernel", Tensor::zeros(Shape{2})); });
+  EXPECT_NE(m.find("holds tensor 'extra/kernel'"), std::string::npos) << m;
+  m = rewrite([&](NamedTensors& t) {
+    for (auto& [name, x] : t.tensors)
+      if (name == "dense/kernel") x = Tensor::zeros(Shape{5, 13});
+  });
+  EXPECT_NE(m.find("tensor 'dense/kernel' is float32 [5, 13]"), std::string::npos) << m;
+  m = rewrite([&](NamedTensors& t) { t.metadata["dtrain.optimizer_iterations"] = "-3"; });
+  EXPECT_NE(m.find("dtrain.optimizer_iterations is '-3'"), std::string::npos) << m;
+  m = rewrite([&](NamedTensors& t) { t.metadata["dtrain.compile"] = R"({"optimizer": "rmsprop", "loss": "mse"})"; });
+  EXPECT_NE(m.find(path("bad.safetensors") + ": __metadata__.dtrain.compile.optimizer: unknown optimizer 'rmsprop'"),
+            std::string::npos)
+      << m;
+  m = rewrite([&](NamedTensors& t) { t.metadata["dtrain.model"] = "{"; });
+  EXPECT_NE(m.find(path("bad.safetensors") + ": __metadata__.dtrain.model: invalid JSON"), std::string::npos) << m;
+  // The unchanged parts load.
+  EXPECT_EQ(rewrite([](NamedTensors&) {}), "no error");
+}
+
+// A model whose loss has no JSON form cannot be saved, and nothing is written.
+TEST_F(ModelSaving, AnUnsavableLossFailsTheSaveAndWritesNothing) {
+  struct Scaled final : losses::MeanSquaredError {
+    Scaled() : MeanSquaredError(losses::Reduction::sum_over_batch_size, "scaled_mse") {}
+  };
+  auto a = mlp();
+  a->compile(std::make_shared<optim::SGD>(), std::make_shared<Scaled>());
+  const std::string m = message_of<InvalidArgument>([&] { a->save(path("m.safetensors")); });
+  EXPECT_NE(m.find("'scaled_mse' has no JSON form"), std::string::npos) << m;
+  EXPECT_FALSE(std::filesystem::exists(path("m.safetensors")));
+}
+
+}  // namespace
+}  // namespace dtrain
