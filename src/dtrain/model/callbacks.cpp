@@ -6,6 +6,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "dtrain/model/monitor.h"
 #include "dtrain/model/sequential.h"
 
 namespace dtrain {
@@ -58,21 +59,7 @@ void TerminateOnNaN::stop(const NonFinite& at) {
 EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(options)) {
   if (options_.patience < 0) DTRAIN_THROW(InvalidArgument, "EarlyStopping: patience must be >= 0");
   options_.min_delta = std::fabs(options_.min_delta);  // as Keras: the sign follows the mode
-  const std::string& m = options_.monitor;
-  auto has = [&](const char* part) { return m.find(part) != std::string::npos; };
-  if (options_.mode == "max") {
-    maximize_ = true;
-  } else if (options_.mode == "min") {
-    maximize_ = false;
-  } else if (options_.mode == "auto") {
-    if (m.size() >= 4 && m.compare(m.size() - 4, 4, "loss") == 0) maximize_ = false;
-    else if (has("acc") || has("auc") || has("precision") || has("recall")) maximize_ = true;
-    else
-      DTRAIN_THROW(InvalidArgument, "EarlyStopping: cannot tell whether '", m,
-                   "' should go up or down; set mode to \"min\" or \"max\"");
-  } else {
-    DTRAIN_THROW(InvalidArgument, "EarlyStopping: mode '", options_.mode, "' is not min, max or auto");
-  }
+  maximize_ = monitor_maximizes("EarlyStopping", options_.monitor, options_.mode);
 }
 
 bool EarlyStopping::better(double value, double reference) const {
