@@ -10,6 +10,7 @@ packages=(
   redis-server                            # the multi-worker test that meets through Redis
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   nlohmann-json3-dev libcli11-dev zlib1g-dev
+  libxxhash-dev                           # checkpoint checksums (XXH3, several GB/s per core)
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev libomp-dev     # the fuzz preset: libFuzzer and the sanitizers, OpenMP for clang
   dataset-fashion-mnist

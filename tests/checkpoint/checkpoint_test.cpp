@@ -3,6 +3,7 @@
 // through BackupAndRestore ends with the uninterrupted run's weights, bit for bit.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -299,6 +300,99 @@ TEST_F(TempDirTest, ResumedFitEqualsUninterruptedOnADataset) {
 
 TEST_F(TempDirTest, ResumedFitEqualsUninterruptedUnderMirroredStrategy) {
   for (const std::int64_t at : {4, 9}) expect_resume_equals_uninterrupted(dir_, 2, false, at, 2);
+}
+
+TEST_F(TempDirTest, KeepCheckpointEveryNHoursKeepsOneOfThemOnDisk) {
+  auto a = mlp();
+  Checkpoint c{{"model", *a}};
+  double now = 1e9;
+  CheckpointManager manager(c, (dir_ / "hours").string(),
+                            {.max_to_keep = 1, .keep_checkpoint_every_n_hours = 1.0, .clock = [&] { return now; }});
+  for (int i = 1; i <= 6; ++i) {
+    now += 1800;  // half an hour between saves
+    manager.save();
+  }
+  // Only the newest is managed; of the ones pushed out, those an hour or more after the
+  // last one kept stay on disk: the saves at 1 h, 2 h and 3 h after the manager began.
+  EXPECT_EQ(manager.checkpoints().size(), 1u);
+  for (int i = 1; i <= 6; ++i) {
+    const bool kept = i == 2 || i == 4 || i == 6;
+    EXPECT_EQ(std::filesystem::exists(dir_ / "hours" / ("ckpt-" + std::to_string(i) + ".safetensors")), kept) << i;
+  }
+}
+
+// SIGTERM during fit: a save at the next batch's end, then Preempted; the run started again
+// resumes there, and no batch is trained twice or lost.
+TEST_F(TempDirTest, SigtermSavesAtTheNextBatchAndTheResumedRunIsTheSame) {
+  Data data;
+  const FitOptions base{.epochs = 2, .batch_size = 16, .seed = 4, .verbose = 0};
+  set_random_seed(3);
+  auto reference = mlp();
+  reference->fit(data.d.x, data.d.y, base);
+
+  const std::string backups = (dir_ / "preempted").string();
+  set_random_seed(3);
+  auto first = mlp();
+  auto term = std::make_shared<LambdaCallback>();
+  std::int64_t seen = 0;
+  term->batch_begin = [&](std::int64_t, const Logs&) {
+    if (seen++ == 7) std::raise(SIGTERM);  // arrives while batch 7 trains
+  };
+  auto backup = std::make_shared<BackupAndRestore>(backups, BackupAndRestoreOptions{.save_freq = 100, .out = nullptr});
+  FitOptions o = base;
+  o.callbacks = {term, backup};
+  EXPECT_THROW(first->fit(data.d.x, data.d.y, o), Preempted);
+  EXPECT_EQ(backup->steps_done(), 8);  // batch 7 finished, then the save
+  EXPECT_EQ(first->optimizer().iterations(), 8);
+  // The handler is gone with the fit: SIGTERM is the default again (checked without raising it).
+  struct sigaction now{};
+  ::sigaction(SIGTERM, nullptr, &now);
+  EXPECT_EQ(now.sa_handler, SIG_DFL);
+
+  set_random_seed(3);
+  auto second = mlp();
+  auto resume = std::make_shared<BackupAndRestore>(backups, BackupAndRestoreOptions{.save_freq = 100, .out = nullptr});
+  o.callbacks = {resume};
+  second->fit(data.d.x, data.d.y, o);
+  EXPECT_EQ(weights(*second), weights(*reference));
+  EXPECT_EQ(resume->steps_done(), 12);
+  EXPECT_EQ(second->optimizer().iterations(), 12);
+}
+
+// Two "workers" whose second one holds other state: the comparison names it.
+class TwoWorkers : public StrategyBackend {
+ public:
+  explicit TwoWorkers(std::vector<double> others) : others_(std::move(others)) {}
+  std::string name() const override { return "TwoWorkers"; }
+  int num_replicas() const override { return 1; }
+  int num_workers() const override { return 2; }
+  void sum_over_workers(std::span<double> values) override {
+    // This process is worker 0; worker 1 adds what it holds: its slot of the same layout.
+    if (others_.empty()) {
+      for (std::size_t i = 0; i < values.size() / 2; ++i) values[values.size() / 2 + i] += values[i];
+    } else {
+      for (std::size_t i = 0; i < values.size() / 2; ++i) values[values.size() / 2 + i] += others_[i];
+    }
+  }
+  void run(const std::function<void(int)>& fn) override { fn(0); }
+  std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const>, std::span<const DenseVariables>) override {
+    return nullptr;
+  }
+
+ private:
+  std::vector<double> others_;
+};
+
+TEST(WorkerState, ADifferentDigestOnAnotherWorkerIsAPeerFailureNamingIt) {
+  TwoWorkers same({});
+  EXPECT_NO_THROW(check_same_state_on_every_worker(same, 0x123456789abcdefull, "checkpoint x"));
+  TwoWorkers other({1.0, 2.0, 3.0});
+  try {
+    check_same_state_on_every_worker(other, 0x123456789abcdefull, "checkpoint x");
+    FAIL() << "a different state was not noticed";
+  } catch (const PeerFailure& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint x: worker(s) 1 hold different state"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

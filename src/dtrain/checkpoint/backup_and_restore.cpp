@@ -54,13 +54,15 @@ void BackupAndRestore::on_train_begin(const Logs& /*logs*/) {
                           {"num_workers", workers},
                           {"num_replicas_in_sync", strategy ? strategy->num_replicas_in_sync() : 1}};
   };
-  fit_state.restore = [this, &model, worker, workers, in_sync](const nlohmann::json& j) {
+  fit_state.check = [this, workers, in_sync](const nlohmann::json& j) {
     const int saved_workers = j.at("num_workers").get<int>();
     const int saved_in_sync = j.at("num_replicas_in_sync").get<int>();
     if (saved_in_sync != in_sync || saved_workers != workers)
       DTRAIN_THROW(InvalidArgument, "BackupAndRestore: the backup in ", dir_, " was made by ", saved_workers,
                    " worker(s) with ", saved_in_sync, " replicas in sync; this job has ", workers, " with ", in_sync,
                    ". A resumed run must split each batch the same way; start it as before, or use another backup_dir");
+  };
+  fit_state.restore = [this, &model, worker](const nlohmann::json& j) {
     FitPosition p;
     p.epoch = j.at("epoch").get<int>();
     p.batch = j.at("batch").get<std::int64_t>();
@@ -69,9 +71,12 @@ void BackupAndRestore::on_train_begin(const Logs& /*logs*/) {
     steps_done_ = j.at("steps_done").get<std::int64_t>();
     model.resume_fit_at(std::move(p));
   };
-  std::vector<std::pair<std::string, Trackable>> objects{{"model", model}};
-  if (model.compiled()) objects.emplace_back("optimizer", model.optimizer());
+  // "fit" first: restore checks the objects in order, and the job's shape (workers,
+  // replicas) is the first thing a backup must agree with.
+  std::vector<std::pair<std::string, Trackable>> objects;
   objects.emplace_back("fit", std::move(fit_state));
+  objects.emplace_back("model", model);
+  if (model.compiled()) objects.emplace_back("optimizer", model.optimizer());
   checkpoint_ = std::make_unique<Checkpoint>(std::move(objects));
   CheckpointManagerOptions manager;
   manager.max_to_keep = options_.max_to_keep;
@@ -95,14 +100,16 @@ void BackupAndRestore::on_train_begin(const Logs& /*logs*/) {
                       << " training batches done)\n";
     }
   }
+  watcher_.reset();
   if (options_.save_before_preemption) watcher_ = std::make_unique<PreemptionWatcher>();
 }
 
-void BackupAndRestore::save(const FitPosition& position) {
+std::string BackupAndRestore::save(const FitPosition& position) {
   saving_ = position;
   const std::string path = manager_->save(steps_done_);
   ++saves_;
   if (options_.on_save) options_.on_save(path, steps_done_);
+  return path;
 }
 
 void BackupAndRestore::on_train_batch_end(std::int64_t /*batch*/, const Logs& /*logs*/) {
@@ -118,10 +125,11 @@ void BackupAndRestore::on_train_batch_end(std::int64_t /*batch*/, const Logs& /*
   const FitPosition position = model_->fit_position();
   if (position.pending_batches != 0) return;  // mid-accumulation: not a state one can resume
   if (preempted_) {
-    save(position);
+    // The path every worker names (only the chief's manager lists the files it wrote).
+    const std::string path = save(position);
     manager_->sync();
     DTRAIN_THROW(Preempted, "training was asked to stop (SIGTERM on this or another worker); saved ",
-                 manager_->latest_checkpoint().value_or(dir_), " after ", steps_done_,
+                 path, " after ", steps_done_,
                  " training batches; run the same job again to resume there");
   }
   if (!options_.save_freq.per_epoch() && steps_done_ % options_.save_freq.batches() == 0) save(position);
@@ -132,6 +140,15 @@ void BackupAndRestore::on_epoch_end(int epoch, const Logs& /*logs*/) {
   const FitPosition position = model_->fit_position();
   if (position.pending_batches != 0) return;
   save(FitPosition{epoch + 1, 0, {}, 0});
+}
+
+void BackupAndRestore::on_train_error() noexcept {
+  // SIGTERM kills again, and a save in flight finishes (its file is complete or absent).
+  watcher_.reset();
+  try {
+    if (manager_) manager_->sync_quietly();
+  } catch (...) {
+  }
 }
 
 void BackupAndRestore::on_train_end(const Logs& /*logs*/) {

@@ -58,6 +58,7 @@ class BackupAndRestore : public Callback {
   void on_train_batch_end(std::int64_t batch, const Logs& logs) override;
   void on_epoch_end(int epoch, const Logs& logs) override;
   void on_train_end(const Logs& logs) override;
+  void on_train_error() noexcept override;
 
   const std::string& backup_dir() const { return dir_; }
   // The backup the last fit() resumed from; empty when it started fresh.
@@ -68,7 +69,7 @@ class BackupAndRestore : public Callback {
   std::int64_t saves() const { return saves_; }
 
  private:
-  void save(const FitPosition& position);
+  std::string save(const FitPosition& position);  // the backup's path
   std::string dir_;
   BackupAndRestoreOptions options_;
   std::unique_ptr<Checkpoint> checkpoint_;

@@ -44,6 +44,33 @@ std::string slot_key(const std::string& name, const Variable& v, const std::stri
   return name + "/" + v.name() + "/" + slot;
 }
 
+// Every worker's `mine`, in worker order (a collective: every worker calls it at the same
+// point). Values travel as three 22-bit pieces, each a double that a sum carries exactly
+// when one worker alone fills its slot.
+std::vector<std::vector<std::uint64_t>> gather_over_workers(StrategyBackend& strategy,
+                                                            const std::vector<std::uint64_t>& mine) {
+  const auto n = static_cast<std::size_t>(strategy.num_workers());
+  const auto me = static_cast<std::size_t>(strategy.worker_index());
+  std::vector<double> sizes(n, 0.0);
+  sizes[me] = static_cast<double>(mine.size());
+  strategy.sum_over_workers(sizes);
+  std::vector<std::size_t> offset(n + 1, 0);
+  for (std::size_t w = 0; w < n; ++w) offset[w + 1] = offset[w] + static_cast<std::size_t>(sizes[w]);
+  std::vector<double> all(3 * offset[n], 0.0);
+  for (std::size_t i = 0; i < mine.size(); ++i)
+    for (std::size_t k = 0; k < 3; ++k)
+      all[3 * (offset[me] + i) + k] = static_cast<double>((mine[i] >> (22 * k)) & 0x3fffff);
+  strategy.sum_over_workers(all);
+  std::vector<std::vector<std::uint64_t>> out(n);
+  for (std::size_t w = 0; w < n; ++w)
+    for (std::size_t i = offset[w]; i < offset[w + 1]; ++i) {
+      std::uint64_t v = 0;
+      for (std::size_t k = 0; k < 3; ++k) v |= static_cast<std::uint64_t>(all[3 * i + k]) << (22 * k);
+      out[w].push_back(v);
+    }
+  return out;
+}
+
 }  // namespace
 
 const RestoreStatus& RestoreStatus::assert_consumed() const {
@@ -79,6 +106,7 @@ void Checkpoint::capture(NamedTensors& out, nlohmann::json& state, bool copy, st
   std::size_t used = 0;
   auto add = [&](std::string key, const Tensor& t) { out.tensors.emplace_back(std::move(key), take(t, copy, reuse, used)); };
   const std::vector<const Sequential*> models = models_of(objects_);
+  StrategyBackend* workers = multi_worker();
   state = nlohmann::json::object();
   state["format"] = kFormat;
   state["version"] = kVersion;
@@ -93,9 +121,36 @@ void Checkpoint::capture(NamedTensors& out, nlohmann::json& state, bool copy, st
                      o["kind"] = "model";
                      o["name"] = m->name();
                      nlohmann::json& rng = o["rng"] = nlohmann::json::object();
-                     for (const auto& layer : m->layers()) {
-                       const std::vector<std::uint64_t> r = layer->rng_state();
-                       if (!r.empty()) rng[layer->name()] = r;
+                     if (!workers) {
+                       for (const auto& layer : m->layers()) {
+                         const std::vector<std::uint64_t> r = layer->rng_state();
+                         if (!r.empty()) rng[layer->name()] = r;
+                       }
+                     } else {
+                       // Each worker's replicas draw from random streams of their own
+                       // (Dropout's masks), so the file holds every worker's, gathered, as
+                       // rng[layer][worker], and each worker restores its own.
+                       std::vector<std::uint64_t> mine;
+                       for (const auto& layer : m->layers()) {
+                         const std::vector<std::uint64_t> r = layer->rng_state();
+                         mine.push_back(r.size());
+                         mine.insert(mine.end(), r.begin(), r.end());
+                       }
+                       const std::vector<std::vector<std::uint64_t>> all = gather_over_workers(*workers, mine);
+                       o["rng_workers"] = all.size();
+                       for (const std::vector<std::uint64_t>& theirs : all) {
+                         std::size_t at = 0;
+                         for (const auto& layer : m->layers()) {
+                           DTRAIN_CHECK(at < theirs.size(), "a worker's random-stream state is shorter than its layers");
+                           const auto size = static_cast<std::size_t>(theirs[at++]);
+                           DTRAIN_CHECK(at + size <= theirs.size(), "a worker's random-stream state is cut short");
+                           if (size > 0)
+                             rng[layer->name()].push_back(std::vector<std::uint64_t>(
+                                 theirs.begin() + static_cast<std::ptrdiff_t>(at),
+                                 theirs.begin() + static_cast<std::ptrdiff_t>(at + size)));
+                           at += size;
+                         }
+                       }
                      }
                      for (Variable* v : m->variables()) add(name + "/" + v->name(), v->value());
                    },
@@ -145,7 +200,7 @@ std::uint64_t digest_of(const NamedTensors& data) {
   std::uint64_t h = fnv1a(state.dump());
   for (const auto& [name, t] : data.tensors) {
     if (iterators.count(name)) continue;
-    h = mix64(h ^ fnv1a(name)) ^ tensor_crc32(t);
+    h = mix64(h ^ fnv1a(name)) ^ tensor_checksum(t);
   }
   return h;
 }
@@ -259,10 +314,19 @@ RestoreStatus Checkpoint::restore(const std::string& path, RestoreOptions option
                 }
                 if (!o) return;
                 const nlohmann::json& rng = (*o)["rng"];
+                // Written by several workers: rng[layer][worker], each worker's own streams.
+                const int workers_now = m->distribute_strategy() ? m->distribute_strategy()->num_workers() : 1;
+                const int me = m->distribute_strategy() ? m->distribute_strategy()->worker_index() : 0;
+                const bool per_worker = o->contains("rng_workers");
+                if (per_worker && (*o)["rng_workers"].get<int>() != workers_now)
+                  DTRAIN_THROW(InvalidArgument, path, ": the random streams of model '", m->name(), "' were saved by ",
+                               (*o)["rng_workers"].get<int>(), " workers, one set each, and this job has ", workers_now,
+                               "; restore it into as many workers as saved it");
                 for (const auto& layer : m->layers()) {
                   nn::Layer* l = layer.get();
                   if (rng.is_object() && rng.contains(l->name())) {
-                    auto values = rng[l->name()].get<std::vector<std::uint64_t>>();
+                    auto values = (per_worker ? rng[l->name()].at(static_cast<std::size_t>(me)) : rng[l->name()])
+                                      .get<std::vector<std::uint64_t>>();
                     apply.push_back([l, values] { l->set_rng_state(values); });
                   } else if (!l->rng_state().empty() && !options.partial) {
                     DTRAIN_THROW(IoError, path, ": has no random-stream state for layer '", l->name(), "' of model '",
@@ -327,6 +391,7 @@ RestoreStatus Checkpoint::restore(const std::string& path, RestoreOptions option
                 const nlohmann::json* o = object_for(name, "json");
                 if (!o || !js.restore) return;
                 nlohmann::json v = (*o).at("value");
+                if (js.check) js.check(v);
                 apply.push_back([&js, v] { js.restore(v); });
               },
           },

@@ -27,6 +27,9 @@ namespace dtrain::train {
 struct JsonState {
   std::function<nlohmann::json()> save;
   std::function<void(const nlohmann::json&)> restore;
+  // Optional: called with the saved value while restore() checks, before anything changes;
+  // what it throws (InvalidArgument to refuse the value) leaves every object as it was.
+  std::function<void(const nlohmann::json&)> check;
 };
 
 // One object a checkpoint tracks. What each kind saves:

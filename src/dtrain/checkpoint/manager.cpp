@@ -2,6 +2,7 @@
 #include "dtrain/checkpoint/manager.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -76,8 +77,9 @@ CheckpointManager::CheckpointManager(Checkpoint& checkpoint, std::string directo
   std::filesystem::create_directories(directory_, ec);
   if (ec || !std::filesystem::is_directory(directory_))
     DTRAIN_THROW(IoError, directory_, ": cannot make the checkpoint folder (", ec ? ec.message() : "not a folder", ")");
+  if (!options_.clock) options_.clock = now_seconds;
   read_index();
-  last_preserved_ = now_seconds();
+  last_preserved_ = options_.clock();
 }
 
 CheckpointManager::~CheckpointManager() {
@@ -138,7 +140,7 @@ std::string CheckpointManager::save(std::optional<std::int64_t> checkpoint_numbe
   }
   const std::int64_t number = checkpoint_number.value_or(checkpoint_.save_counter() + 1);
   checkpoint_.set_save_counter(checkpoint_.save_counter() + 1);
-  Entry entry{options_.checkpoint_name + "-" + std::to_string(number) + ".safetensors", number, now_seconds()};
+  Entry entry{options_.checkpoint_name + "-" + std::to_string(number) + ".safetensors", number, options_.clock()};
   const std::string path = path_of(entry.file);
   const bool writes = !workers || workers->worker_index() == 0;
   if (!options_.async) {
@@ -154,6 +156,8 @@ std::string CheckpointManager::save(std::optional<std::int64_t> checkpoint_numbe
   checkpoint_.snapshot(snapshot_, /*copy=*/true);
   busy_ = true;
   writer_ = std::thread([this, entry, path, writes, check = workers != nullptr] {
+    // Below the training threads: on a machine whose cores all train, the write waits.
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
     try {
       if (check) pending_digest_check_ = digest_of(snapshot_.data);
       if (writes) {
@@ -220,8 +224,9 @@ RestoredCheckpoint CheckpointManager::restore_latest(RestoreOptions options) {
       result.number = e.number;
       break;
     } catch (const IoError& error) {
-      result.skipped.push_back({path, error.what()});
-    } catch (const InvalidArgument& error) {
+      // Damaged, cut short, unreadable, or not what this program tracks: an older one may do.
+      // A checkpoint the program refuses (InvalidArgument: saved by another number of
+      // workers, say) is not skipped: the older ones come from the same job.
       result.skipped.push_back({path, error.what()});
     }
     if (options_.log)

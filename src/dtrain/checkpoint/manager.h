@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <iosfwd>
 #include <mutex>
 #include <optional>
@@ -26,6 +27,9 @@ struct CheckpointManagerOptions {
   // flight at a time: the next save() (or sync()) waits for it, and rethrows its failure.
   bool async = false;
   std::ostream* log = nullptr;  // where restore_latest says what it skipped (null: nowhere)
+  // Seconds since the Unix epoch, for keep_checkpoint_every_n_hours and the index's times
+  // (null: the system clock). Tests give their own.
+  std::function<double()> clock;
 };
 
 // A checkpoint the manager skipped while restoring, and why.
@@ -52,6 +56,9 @@ class CheckpointManager {
   std::string save(std::optional<std::int64_t> checkpoint_number = std::nullopt);
   // Waits for the save in flight; rethrows its failure. Multi-worker: a collective.
   void sync();
+  // Waits for the save in flight without the workers' comparison (no collective): for a
+  // job that is failing, where the other workers may be gone. Rethrows the write's failure.
+  void sync_quietly() { wait_for_writer(); }
 
   // The newest checkpoint the index lists (as written by completed saves).
   std::optional<std::string> latest_checkpoint() const;
@@ -60,7 +67,8 @@ class CheckpointManager {
   const std::string& directory() const { return directory_; }
 
   // Restores the newest checkpoint that verifies and fits (the index's, then any complete
-  // file the folder holds), skipping and reporting the ones that do not.
+  // file the folder holds), skipping and reporting the ones that do not (an IoError). An
+  // InvalidArgument (the program refuses what the newest one holds) is thrown as it is.
   RestoredCheckpoint restore_latest(RestoreOptions options = {});
   // Deletes every checkpoint and the index (BackupAndRestore's delete_checkpoint).
   void delete_all();

@@ -41,6 +41,9 @@ class Callback {
   virtual void on_epoch_end(int /*epoch*/, const Logs& /*logs*/) {}
   virtual void on_train_batch_begin(std::int64_t /*batch*/, const Logs& /*logs*/) {}
   virtual void on_train_batch_end(std::int64_t /*batch*/, const Logs& /*logs*/) {}
+  // fit() is leaving with an exception instead of reaching on_train_end: release what
+  // on_train_begin took (a signal handler, a thread). Must not throw.
+  virtual void on_train_error() noexcept {}
 
  protected:
   Sequential* model_ = nullptr;

@@ -11,7 +11,9 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <zlib.h>
+// Header-only: inlined where it is used, no library to link.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 namespace dtrain {
 namespace {
@@ -107,19 +109,19 @@ void write_file(const std::string& path, const NamedTensors& data, const nlohman
   ::close(dir);
 }
 
-constexpr const char* kCrcKey = "dtrain.crc32";
-constexpr const char* kHeaderCrcKey = "dtrain.header_crc32";
+constexpr const char* kChecksumsKey = "dtrain.xxh3";
+constexpr const char* kHeaderChecksumKey = "dtrain.header_xxh3";
 
-std::string hex32(std::uint32_t v) {
-  char buf[9];
-  std::snprintf(buf, sizeof buf, "%08x", v);
+std::string hex64(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
   return buf;
 }
 
-std::uint32_t header_crc(nlohmann::json header) {
-  header["__metadata__"].erase(kHeaderCrcKey);
+std::uint64_t header_checksum(nlohmann::json header) {
+  header["__metadata__"].erase(kHeaderChecksumKey);
   const std::string text = header.dump();
-  return static_cast<std::uint32_t>(::crc32(0L, reinterpret_cast<const Bytef*>(text.data()), static_cast<uInt>(text.size())));
+  return XXH3_64bits(text.data(), text.size());
 }
 
 }  // namespace
@@ -130,18 +132,8 @@ const Tensor* NamedTensors::find(const std::string& name) const {
   return nullptr;
 }
 
-std::uint32_t tensor_crc32(const Tensor& t) {
-  // zlib takes lengths as uInt; feed it in pieces below 4 GiB.
-  const auto* p = static_cast<const Bytef*>(t.raw_data());
-  std::uint64_t left = t.nbytes();
-  uLong crc = ::crc32(0L, Z_NULL, 0);
-  while (left > 0) {
-    const uInt n = static_cast<uInt>(std::min<std::uint64_t>(left, 1u << 30));
-    crc = ::crc32(crc, p, n);
-    p += n;
-    left -= n;
-  }
-  return static_cast<std::uint32_t>(crc);
+std::uint64_t tensor_checksum(const Tensor& t) {
+  return XXH3_64bits(t.raw_data(), static_cast<std::size_t>(t.nbytes()));
 }
 
 void save_safetensors(const std::string& path, const NamedTensors& data) {
@@ -150,12 +142,12 @@ void save_safetensors(const std::string& path, const NamedTensors& data) {
 
 void save_checked(const std::string& path, const NamedTensors& data) {
   NamedTensors with = {data.tensors, data.metadata};
-  nlohmann::json crcs = nlohmann::json::object();
-  for (const auto& [name, t] : data.tensors) crcs[name] = hex32(tensor_crc32(t));
-  with.metadata[kCrcKey] = crcs.dump();
-  with.metadata.erase(kHeaderCrcKey);
+  nlohmann::json sums = nlohmann::json::object();
+  for (const auto& [name, t] : data.tensors) sums[name] = hex64(tensor_checksum(t));
+  with.metadata[kChecksumsKey] = sums.dump();
+  with.metadata.erase(kHeaderChecksumKey);
   nlohmann::json header = header_of(path, with);
-  header["__metadata__"][kHeaderCrcKey] = hex32(header_crc(header));
+  header["__metadata__"][kHeaderChecksumKey] = hex64(header_checksum(header));
   write_file(path, with, header, /*durable=*/true);
 }
 
@@ -260,33 +252,33 @@ NamedTensors load_safetensors(const std::string& path) {
 
 NamedTensors load_checked(const std::string& path) {
   NamedTensors data = load_safetensors(path);
-  const auto crc_text = data.metadata.find(kCrcKey);
-  const auto header_text = data.metadata.find(kHeaderCrcKey);
-  if (crc_text == data.metadata.end() || header_text == data.metadata.end())
-    DTRAIN_THROW(IoError, path, ": has no checksums (__metadata__ lacks ", kCrcKey, " or ", kHeaderCrcKey,
+  const auto sums_text = data.metadata.find(kChecksumsKey);
+  const auto header_text = data.metadata.find(kHeaderChecksumKey);
+  if (sums_text == data.metadata.end() || header_text == data.metadata.end())
+    DTRAIN_THROW(IoError, path, ": has no checksums (__metadata__ lacks ", kChecksumsKey, " or ", kHeaderChecksumKey,
                  "): not a dtrain checkpoint, or its header was damaged");
   // The header as the writer made it: the tensors at consecutive offsets in file order.
   NamedTensors without = data;
-  without.metadata.erase(kHeaderCrcKey);
+  without.metadata.erase(kHeaderChecksumKey);
   nlohmann::json header = header_of(path, without);
-  if (hex32(header_crc(header)) != header_text->second)
+  if (hex64(header_checksum(header)) != header_text->second)
     DTRAIN_THROW(IoError, path, ": the header's checksum does not match (", header_text->second, " recorded, ",
-                 hex32(header_crc(header)), " computed): the header was changed after it was written");
-  nlohmann::json crcs;
+                 hex64(header_checksum(header)), " computed): the header was changed after it was written");
+  nlohmann::json sums;
   try {
-    crcs = nlohmann::json::parse(crc_text->second);
+    sums = nlohmann::json::parse(sums_text->second);
   } catch (const nlohmann::json::exception& e) {
-    DTRAIN_THROW(IoError, path, ": ", kCrcKey, " is not a JSON object: ", e.what());
+    DTRAIN_THROW(IoError, path, ": ", kChecksumsKey, " is not a JSON object: ", e.what());
   }
-  if (!crcs.is_object() || crcs.size() != data.tensors.size())
-    DTRAIN_THROW(IoError, path, ": ", kCrcKey, " does not list one checksum per tensor");
+  if (!sums.is_object() || sums.size() != data.tensors.size())
+    DTRAIN_THROW(IoError, path, ": ", kChecksumsKey, " does not list one checksum per tensor");
   for (const auto& [name, t] : data.tensors) {
-    if (!crcs.contains(name) || !crcs[name].is_string())
+    if (!sums.contains(name) || !sums[name].is_string())
       DTRAIN_THROW(IoError, path, ": tensor '", name, "' has no checksum");
-    const std::string computed = hex32(tensor_crc32(t));
-    if (crcs[name].get<std::string>() != computed)
+    const std::string computed = hex64(tensor_checksum(t));
+    if (sums[name].get<std::string>() != computed)
       DTRAIN_THROW(IoError, path, ": tensor '", name, "' (", dtype_name(t.dtype()), " ", t.shape().to_string(),
-                   "): its bytes do not match their checksum (", crcs[name].get<std::string>(), " recorded, ", computed,
+                   "): its bytes do not match their checksum (", sums[name].get<std::string>(), " recorded, ", computed,
                    " computed): the data was damaged after it was written");
   }
   return data;

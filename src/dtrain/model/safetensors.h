@@ -24,9 +24,9 @@ void save_safetensors(const std::string& path, const NamedTensors& data);
 // Reads and validates every field; IoError names the file, the key and the offset.
 NamedTensors load_safetensors(const std::string& path);
 
-// Checkpoint files: the same layout, plus a CRC-32 of every tensor's bytes
-// (__metadata__["dtrain.crc32"], a JSON object of name -> 8 hex digits) and of the header
-// itself (__metadata__["dtrain.header_crc32"], over the header as written without that
+// Checkpoint files: the same layout, plus a 64-bit XXH3 checksum of every tensor's bytes
+// (__metadata__["dtrain.xxh3"], a JSON object of name -> 16 hex digits) and of the header
+// itself (__metadata__["dtrain.header_xxh3"], over the header as written without that
 // key), written durably: to a temporary file, fsync'd, renamed into place, and the folder
 // fsync'd, so a crash at any point leaves the old file or the complete new one.
 void save_checked(const std::string& path, const NamedTensors& data);
@@ -34,7 +34,7 @@ void save_checked(const std::string& path, const NamedTensors& data);
 // any bit flipped, or lacks the checksums is an IoError naming the file and, where the
 // fault is in a tensor's bytes, the tensor.
 NamedTensors load_checked(const std::string& path);
-// CRC-32 (zlib's polynomial) of a tensor's bytes.
-std::uint32_t tensor_crc32(const Tensor& t);
+// XXH3-64 of a tensor's bytes (xxhash's XXH3_64bits, seed 0): other tools can check it.
+std::uint64_t tensor_checksum(const Tensor& t);
 
 }  // namespace dtrain

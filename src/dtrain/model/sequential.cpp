@@ -676,6 +676,15 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
       rethrow_with_context(std::current_exception(), "fit (validation_dataset): ");
     }
   }
+  // Callbacks hear of an exception that ends fit (on_train_end is not called then).
+  struct OnError {
+    const std::vector<std::shared_ptr<Callback>>& callbacks;
+    int exceptions = std::uncaught_exceptions();
+    ~OnError() {
+      if (std::uncaught_exceptions() > exceptions)
+        for (const auto& c : callbacks) c->on_train_error();
+    }
+  } on_error{callbacks};
   Logs logs;
   resume_.reset();
   fit_epoch_ = opt.initial_epoch;
@@ -710,6 +719,12 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
       if (!resume->totals.empty()) {
         loss_mean.merge(resume->totals[0], resume->totals[1]);
         for (std::size_t i = 0; i < metrics_.size(); ++i) metrics_[i]->merge(resume->totals[2 + 2 * i], resume->totals[3 + 2 * i]);
+        // The epoch's figures so far, as its last trained batch left them: an epoch resumed
+        // at its end trains no batch that would set them, and its end reports them.
+        if (resume->totals[1] > 0) {
+          logs.set("loss", loss_mean.result());
+          for (auto& m : metrics_) logs.set(m->name(), m->result());
+        }
       }
     } else {
       source.begin_epoch(epoch);

@@ -1,0 +1,107 @@
+// Saving and restoring the seeds' large MLP with Adam (weights and both moments, about
+// 25 MB): a synchronous save against the disk's own sequential write rate for the same
+// bytes, a restore, and what a background save costs the training step against the time
+// to copy the state once. Usage: bench_checkpoint [FOLDER] (default: the current folder;
+// it must be on the disk to measure, not a tmpfs).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "dtrain/checkpoint/checkpoint.h"
+#include "dtrain/checkpoint/manager.h"
+#include "dtrain/data/datasets.h"
+#include "models.h"
+#include "timing.h"
+
+using namespace dtrain;
+
+namespace {
+
+double median_of(int samples, const std::function<void()>& fn) {
+  std::vector<double> t;
+  fn();  // warm-up
+  for (int i = 0; i < samples; ++i) {
+    const double t0 = bench::now();
+    fn();
+    t.push_back(bench::now() - t0);
+  }
+  return bench::median(t);
+}
+
+// write(2) of `bytes` to a new file, fsync'd, as a checkpoint writes it: the disk's rate.
+double write_file_seconds(const std::string& path, const std::vector<char>& bytes) {
+  const double t0 = bench::now();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (w <= 0) break;
+    done += static_cast<std::size_t>(w);
+  }
+  ::fsync(fd);
+  ::close(fd);
+  const double s = bench::now() - t0;
+  std::remove(path.c_str());
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string folder = argc > 1 ? argv[1] : ".";
+  const std::string dir = folder + "/bench_checkpoint.tmp";
+  std::filesystem::create_directories(dir);
+  auto model = bench::large_mlp();
+  data::Split d = data::make_synthetic(64 * 40, 1024, 10, 1);
+  const Tensor x = d.x.slice(0, 64), y = d.y.slice(0, 64);
+  model->fit(x, y, {.epochs = 1, .batch_size = 64, .verbose = 0});  // Adam's moments exist
+
+  train::Checkpoint ckpt{{"model", *model}, {"optimizer", model->optimizer()}};
+  train::Snapshot snap;
+  ckpt.snapshot(snap);
+  std::size_t bytes = 0;
+  for (const auto& [name, t] : snap.data.tensors) bytes += static_cast<std::size_t>(t.nbytes());
+  const double mb = static_cast<double>(bytes) / 1e6;
+
+  const int samples = 9;
+  const double copy = median_of(samples, [&] { ckpt.snapshot(snap); });
+  const std::string path = dir + "/sync.safetensors";
+  const double save = median_of(samples, [&] { ckpt.write(path); });
+  const double restore = median_of(samples, [&] { ckpt.restore(path); });
+  std::vector<char> raw(bytes, 1);
+  const double disk = median_of(samples, [&] { write_file_seconds(dir + "/raw.bin", raw); });
+
+  // The step with and without a background save started at its beginning.
+  auto step = [&] { model->fit(x, y, {.epochs = 1, .batch_size = 64, .shuffle = false, .verbose = 0}); };
+  const double plain = median_of(samples * 3, step);
+  train::CheckpointManager manager(ckpt, dir + "/async", {.max_to_keep = 2, .async = true});
+  std::vector<double> call, with_save;
+  for (int i = 0; i < samples * 3; ++i) {
+    manager.sync();  // the previous write is done: this save starts at once
+    const double t0 = bench::now();
+    manager.save();
+    const double t1 = bench::now();
+    step();
+    with_save.push_back(bench::now() - t0);
+    call.push_back(t1 - t0);
+  }
+  manager.sync();
+  std::filesystem::remove_all(dir);
+
+  std::printf("state: %.1f MB (%zu tensors), folder %s\n", mb, snap.data.tensors.size(), folder.c_str());
+  std::printf("%-44s %10s %10s\n", "what", "ms", "MB/s");
+  auto row = [&](const char* what, double s) { std::printf("%-44s %10.2f %10.0f\n", what, s * 1e3, mb / s); };
+  row("copy the state once (snapshot)", copy);
+  row("synchronous save (checksums, fsync, rename)", save);
+  row("write+fsync of the same bytes (the disk)", disk);
+  row("restore (read, verify, assign)", restore);
+  row("async save(): the call on the training thread", bench::median(call));
+  std::printf("%-44s %10.2f\n", "training step (batch 64), no save", plain * 1e3);
+  std::printf("%-44s %10.2f\n", "training step with a background save", bench::median(with_save) * 1e3);
+  std::printf("stall = step with save - step: %.2f ms; copy once: %.2f ms; save at %.0f%% of the disk's rate\n",
+              (bench::median(with_save) - plain) * 1e3, copy * 1e3, 100.0 * disk / save);
+  return 0;
+}
