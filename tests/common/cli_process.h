@@ -11,20 +11,26 @@
 namespace dtrain::testing {
 
 struct CliResult {
-  int code;
+  int code;            // the exit code; -1 when a signal ended the command
   std::string output;  // stdout and stderr together
+  int signal = 0;      // the signal that ended the command (SIGKILL, ...); 0 when it exited
 };
 
 // `env`: VAR=value words put before the command. TF_CONFIG is unset first, so the
-// environment the tests run in cannot make the command join a cluster.
-inline CliResult run_cli(const std::string& args, const std::string& env = "") {
-  const std::string cmd = "env -u TF_CONFIG " + env + " " + std::string(DTRAIN_BINARY) + " " + args + " 2>&1";
+// environment the tests run in cannot make the command join a cluster. `timeout_seconds`
+// > 0: timeout(1) sends the command SIGTERM after that long (SIGKILL 10 s later) and the
+// code is 124, so that a command that hangs still ends. The shell execs the command, so a
+// signal that ends it is the result's.
+inline CliResult run_cli(const std::string& args, const std::string& env = "", int timeout_seconds = 0) {
+  const std::string limit = timeout_seconds > 0 ? " timeout -k 10 " + std::to_string(timeout_seconds) : "";
+  const std::string cmd =
+      "exec env -u TF_CONFIG " + env + limit + " " + std::string(DTRAIN_BINARY) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
   while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
   const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, WIFSIGNALED(status) ? WTERMSIG(status) : 0};
 }
 
 inline std::string be32(std::uint32_t v) {

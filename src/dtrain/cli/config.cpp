@@ -156,6 +156,23 @@ void check_csv_columns(const JsonReader& d, const std::string& key, const std::v
   }
 }
 
+// "checkpoint": {"dir": "...", "every": N or "epoch", "keep": false}.
+CheckpointConfig checkpoint_from(const JsonReader& k) {
+  k.expect_object();
+  k.expect_keys({"dir", "every", "keep"});
+  CheckpointConfig cc;
+  cc.dir = k.get_string("dir");
+  if (cc.dir.empty()) k.fail("dir", "must name a folder to save the checkpoints in");
+  if (k.has("every")) {
+    const json& v = k.raw()["every"];
+    if (v.is_string() && v.get<std::string>() == "epoch") cc.every = 0;
+    else if (v.is_number_integer() && k.get_int("every") >= 1) cc.every = k.get_int("every");
+    else k.fail("every", "expected a number of training batches (1 or more) or \"epoch\", got " + v.dump());
+  }
+  cc.keep = k.get_bool("keep", false);
+  return cc;
+}
+
 PipelineConfig pipeline_from(const JsonReader& p) {
   p.expect_keys({"cache", "shuffle", "prefetch", "drop_remainder"});
   PipelineConfig pc;
@@ -532,7 +549,7 @@ RunConfig load_config(const std::string& path) {
     const JsonReader r(doc, "");
     r.expect_keys({"model", "loss", "optimizer", "metrics", "data", "epochs", "batch_size", "seed", "threads",
                    "validation_split", "shuffle", "verbose", "dtype_policy", "strategy", "replicas",
-                   "gradient_accumulation_steps", "terminate_on_nan"});
+                   "gradient_accumulation_steps", "terminate_on_nan", "checkpoint"});
     c.model_json = normalized_model(r.child("model"));
     if (!r.child("model").has("class_name")) c.model_config_path = "model";
     c.loss_json = r.child("loss").raw();
@@ -572,6 +589,7 @@ RunConfig load_config(const std::string& path) {
     c.replicas = r.get_int32("replicas", 0, 0, 4096);
     c.gradient_accumulation_steps = r.get_int32("gradient_accumulation_steps", 1, 1, 1'000'000);
     c.terminate_on_nan = r.get_bool("terminate_on_nan", true);
+    if (r.has("checkpoint")) c.checkpoint = checkpoint_from(r.child("checkpoint"));
     try {
       check_strategy(c.strategy, c.replicas);
     } catch (const InvalidArgument& e) {

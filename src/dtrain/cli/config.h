@@ -38,6 +38,15 @@ struct DataConfig {
   std::optional<PipelineConfig> pipeline;
 };
 
+// Checkpoints to resume from (BackupAndRestore, docs/checkpoints.md): the config's
+// "checkpoint": {"dir", "every", "keep"}; dtrain fit's --checkpoint-dir, --checkpoint-every
+// and --keep-checkpoints override it.
+struct CheckpointConfig {
+  std::string dir;         // empty: no checkpoints; a path as given (relative to the working directory)
+  std::int64_t every = 0;  // training batches between saves; 0: at the end of every epoch ("epoch")
+  bool keep = false;       // keep the backups when fit ends (by default they are deleted then)
+};
+
 struct RunConfig {
   std::string file;  // where it was read from, for messages
   nlohmann::json model_json;
@@ -71,6 +80,7 @@ struct RunConfig {
   // fit ends at the first batch whose loss or weights are not finite (TerminateOnNaN);
   // false trains on, as Keras does without the callback. The summary records it either way.
   bool terminate_on_nan = true;
+  CheckpointConfig checkpoint;
 };
 
 // Checks a strategy name and replica count; the message says what is expected.

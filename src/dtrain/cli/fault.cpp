@@ -1,6 +1,7 @@
-// --fault-slow: a slow worker made by a callback.
+// --fault-slow, --fault-kill, --fault-term: faults made by callbacks.
 #include "dtrain/cli/fault.h"
 
+#include <csignal>
 #include <cstdio>
 #include <thread>
 
@@ -33,6 +34,34 @@ void SlowWorker::on_train_batch_end(std::int64_t, const Logs&) {
   std::this_thread::sleep_for(extra);
   ++batches_;
   seconds_ += std::chrono::duration<double>(extra).count();
+}
+
+FaultSignal parse_fault_signal(const std::string& flag, const std::string& text, int signal) {
+  if (text.empty()) return {};
+  int worker = -1, used = 0;
+  long long step = -1;
+  if (std::sscanf(text.c_str(), "worker:%d:%lld%n", &worker, &step, &used) != 2 ||
+      static_cast<std::size_t>(used) != text.size() || worker < 0 || step < 0 || text.find_first_of(" +-") != std::string::npos)
+    DTRAIN_THROW(InvalidArgument, flag, " '", text,
+                 "': expected worker:INDEX:STEP (the 0-based training batch of that worker's process), e.g. worker:1:7");
+  return {worker, static_cast<std::int64_t>(step), signal};
+}
+
+SignalAtStep::SignalAtStep(int signal, std::int64_t step, bool armed) : signal_(signal), step_(step), armed_(armed) {
+  if (signal != SIGKILL && signal != SIGTERM)
+    DTRAIN_THROW(InvalidArgument, "SignalAtStep: the signal must be SIGKILL or SIGTERM, got ", signal);
+  if (step < 0) DTRAIN_THROW(InvalidArgument, "SignalAtStep: the step must be >= 0, got ", step);
+}
+
+void SignalAtStep::on_train_batch_begin(std::int64_t, const Logs&) {
+  if (armed_ && batches_ == step_) {
+    std::printf("fault injection: sending %s to this process at the start of training batch %lld\n",
+                signal_ == SIGKILL ? "SIGKILL" : "SIGTERM", static_cast<long long>(step_));
+    std::fflush(stdout);
+    ++fired_;
+    std::raise(signal_);
+  }
+  ++batches_;
 }
 
 }  // namespace dtrain::cli

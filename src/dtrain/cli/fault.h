@@ -1,6 +1,8 @@
-// The CLI's one fault-injection facility, for tests of the diagnosis and for trying the
-// doctor by hand: `--fault-slow worker:K:Fx` makes worker K a straggler. It is a callback
-// the CLI installs, so nothing inside the library's training step knows about faults.
+// The CLI's one fault-injection facility, for tests and for trying things by hand:
+// `--fault-slow worker:K:Fx` makes worker K a straggler (for the doctor), `--fault-kill`
+// and `--fault-term worker:K:S` make worker K send itself SIGKILL or SIGTERM at batch S
+// (for checkpoints and restarts). Each is a callback the CLI installs, so nothing inside
+// the library's training step knows about faults.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +40,41 @@ class SlowWorker : public Callback {
   Clock::time_point batch_start_{};
   std::int64_t batches_ = 0;
   double seconds_ = 0;
+};
+
+// --fault-kill / --fault-term: a signal this process sends itself at one training batch.
+struct FaultSignal {
+  int worker = -1;         // -1: no fault
+  std::int64_t step = -1;  // 0-based count of the batches this process trained, over all epochs
+  int signal = 0;          // SIGKILL or SIGTERM
+};
+
+// "worker:K:S" with K >= 0 and S >= 0; "" is no fault. The error names `flag`.
+FaultSignal parse_fault_signal(const std::string& flag, const std::string& text, int signal);
+
+// Sends `signal` to this process at the start of the training batch `step` (counted from
+// 0 over every epoch of this process's fit), with raise(): SIGKILL is a real, uncatchable
+// death; SIGTERM is a preemption notice (BackupAndRestore saves and stops; without it the
+// process dies). It says so on stdout first, flushed. `armed` is the CLI's decision whether
+// this start of the job is the one to fault (a job that `dtrain launch --max-restarts`
+// started again is not killed again): unarmed, it only counts batches.
+class SignalAtStep : public Callback {
+ public:
+  SignalAtStep(int signal, std::int64_t step, bool armed);
+  void on_train_batch_begin(std::int64_t batch, const Logs& logs) override;
+  int signal() const { return signal_; }
+  std::int64_t step() const { return step_; }
+  bool armed() const { return armed_; }
+  std::int64_t batches_seen() const { return batches_; }
+  // Times the signal was sent (0 or 1; a SIGTERM that is caught lets the process go on).
+  std::int64_t fired() const { return fired_; }
+
+ private:
+  int signal_;
+  std::int64_t step_;
+  bool armed_;
+  std::int64_t batches_ = 0;
+  std::int64_t fired_ = 0;
 };
 
 }  // namespace dtrain::cli

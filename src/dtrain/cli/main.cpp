@@ -3,15 +3,20 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <numeric>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include "dtrain/checkpoint/backup_and_restore.h"
 #include "dtrain/cli/config.h"
 #include "dtrain/cli/doctor.h"
 #include "dtrain/cli/fault.h"
@@ -36,6 +41,8 @@ Examples:
   dtrain fit examples/configs/seed_large.json --strategy mirrored --replicas 2 --batch-size 128
   dtrain launch --workers 2 -- dtrain fit examples/configs/seed_large.json --strategy multi_worker
   dtrain fit examples/configs/fashion_mnist.json --save-weights fmnist.safetensors
+  dtrain fit examples/configs/seed_large.json --checkpoint-dir ckpt --checkpoint-every 20
+  dtrain launch --workers 2 --max-restarts 3 fit examples/configs/seed_large.json --checkpoint-dir ckpt
   dtrain evaluate examples/configs/fashion_mnist.json --weights fmnist.safetensors
   dtrain summary examples/configs/seed_small.json
   dtrain fit examples/configs/seed_large.json --replicas 2 --batch-size 128 --profile trace.json
@@ -48,7 +55,8 @@ Examples:
 
 Config files are JSON: model (Keras-style Sequential JSON), loss, optimizer, metrics,
 data (fashion_mnist, synthetic, or csv, idx or records files), epochs, batch_size, seed,
-threads, strategy, replicas, gradient_accumulation_steps. See docs/cli.md.)";
+threads, strategy, replicas, gradient_accumulation_steps, checkpoint. See docs/cli.md and
+docs/checkpoints.md.)";
 
 struct Overrides {
   int epochs = -1;
@@ -61,6 +69,10 @@ struct Overrides {
   std::int64_t steps_per_epoch = 0;
   std::string save_weights, summary, weights, dtype_policy, strategy, profile;
   std::string fault_slow;  // testing: worker:K:Fx (cli/fault.h)
+  std::string fault_kill, fault_term;  // testing: worker:K:S (cli/fault.h)
+  // Checkpoints (BackupAndRestore): override the config's "checkpoint".
+  std::string checkpoint_dir, checkpoint_every;  // every: a number of batches or "epoch"
+  bool keep_checkpoints = false;
   // multi_worker only
   std::string compression, communication;
   // multi_worker and mirrored
@@ -144,6 +156,50 @@ std::string model_policy(const Sequential& m) {
   return name.empty() ? nn::global_policy().name : name;
 }
 
+// The config's checkpoint settings with the flags applied. Errors name the flag.
+cli::CheckpointConfig checkpoint_config(const cli::RunConfig& c, const Overrides& o) {
+  cli::CheckpointConfig k = c.checkpoint;
+  if (!o.checkpoint_dir.empty()) k.dir = o.checkpoint_dir;
+  if (!o.checkpoint_every.empty()) {
+    if (o.checkpoint_every == "epoch") {
+      k.every = 0;
+    } else {
+      const char* text = o.checkpoint_every.c_str();
+      char* end = nullptr;
+      errno = 0;
+      const long long n = std::strtoll(text, &end, 10);
+      if (end == text || *end != '\0' || errno == ERANGE || n < 1 || !std::isdigit(static_cast<unsigned char>(text[0])))
+        DTRAIN_THROW(InvalidArgument, "--checkpoint-every '", o.checkpoint_every,
+                     "': expected a number of training batches (1 or more) or \"epoch\"");
+      k.every = n;
+    }
+  }
+  if (o.keep_checkpoints) k.keep = true;
+  if (k.dir.empty() && (!o.checkpoint_every.empty() || o.keep_checkpoints))
+    DTRAIN_THROW(InvalidArgument, o.checkpoint_every.empty() ? "--keep-checkpoints" : "--checkpoint-every",
+                 " needs a folder to save in: --checkpoint-dir DIR or the config's checkpoint.dir");
+  return k;
+}
+
+// Whether this is the job's first start: `dtrain launch` sets DTRAIN_RESTART_COUNT to k on
+// its k-th restart (and 0 first); a process started otherwise has none. The injected kill
+// and preemption faults are for the first start only, so that a restarted job can finish.
+bool first_start_of_job() {
+  const char* count = std::getenv("DTRAIN_RESTART_COUNT");
+  return count == nullptr || std::string(count) == "0";
+}
+
+// BackupAndRestore's hook under `dtrain launch --max-restarts`: the chief replaces
+// DTRAIN_PROGRESS_FILE (write a temporary beside it, rename) with the training batches done
+// at each save, which tells the launcher that a restarted job is getting somewhere.
+std::function<void(const std::string&, std::int64_t)> report_progress(bool chief) {
+  const char* file = std::getenv("DTRAIN_PROGRESS_FILE");
+  if (!chief || file == nullptr || *file == '\0') return nullptr;
+  return [path = std::string(file)](const std::string& /*backup*/, std::int64_t steps) {
+    write_file_replacing(path, std::to_string(steps) + "\n", "the progress file (DTRAIN_PROGRESS_FILE)");
+  };
+}
+
 void prepare(const cli::RunConfig& c) {
   // Without a thread count, OMP_NUM_THREADS (which `dtrain launch` sets to each process's
   // share of the cores) is kept.
@@ -156,6 +212,9 @@ int run_fit(const std::string& path, const Overrides& o) {
   cli::RunConfig c = cli::load_config(path);
   apply(o, c);
   const cli::FaultSlow fault = cli::parse_fault_slow(o.fault_slow);
+  const cli::FaultSignal kill = cli::parse_fault_signal("--fault-kill", o.fault_kill, SIGKILL);
+  const cli::FaultSignal term = cli::parse_fault_signal("--fault-term", o.fault_term, SIGTERM);
+  const cli::CheckpointConfig checkpoint = checkpoint_config(c, o);
   prepare(c);
   const auto wall_start = Clock::now();
   data::Classification d = cli::load_data(c);
@@ -174,7 +233,11 @@ int run_fit(const std::string& path, const Overrides& o) {
     if (strategy) scope.emplace(strategy->scope());
     model = cli::build_model(c);
     model->compile(cli::build_optimizer(c), cli::build_loss(c), c.metrics);
+    // A backup is restored into built weights, before the first batch would build them.
+    if (!checkpoint.dir.empty() && !model->built())
+      model->build(Shape(std::vector<std::int64_t>(d.train.x.shape().dims().begin() + 1, d.train.x.shape().dims().end())));
   }
+  const int worker_index = strategy ? strategy->worker_index() : 0;
   const int replicas = strategy ? strategy->num_replicas_in_sync() : 1;
   const int threads_per_replica = strategy ? strategy->threads_per_replica() : num_threads();
   std::string where = std::to_string(num_threads()) + " threads";
@@ -189,8 +252,10 @@ int run_fit(const std::string& path, const Overrides& o) {
               model_policy(*model).c_str());
   std::fflush(stdout);
   std::vector<double> rss;
+  std::int64_t steps_trained = 0;  // by this process, in this run (a resumed one included)
   auto memory = std::make_shared<LambdaCallback>();
   memory->epoch_end = [&](int, const Logs&) { rss.push_back(resident_mb()); };
+  memory->batch_end = [&](std::int64_t, const Logs&) { ++steps_trained; };
   FitOptions fit_options{.epochs = c.epochs,
                           .batch_size = c.batch_size,
                           .validation_split = c.validation_split,
@@ -206,8 +271,24 @@ int run_fit(const std::string& path, const Overrides& o) {
   std::shared_ptr<TerminateOnNaN> terminate;
   if (c.terminate_on_nan) fit_options.callbacks.push_back(terminate = std::make_shared<TerminateOnNaN>(&std::cout));
   std::shared_ptr<cli::SlowWorker> slow;
-  if (fault.worker == (strategy ? strategy->worker_index() : 0))
-    fit_options.callbacks.push_back(slow = std::make_shared<cli::SlowWorker>(fault.factor));
+  if (fault.worker == worker_index) fit_options.callbacks.push_back(slow = std::make_shared<cli::SlowWorker>(fault.factor));
+  // Testing: this worker kills itself, or is preempted, at one batch of the job's first start.
+  std::vector<std::shared_ptr<cli::SignalAtStep>> signals;
+  for (const cli::FaultSignal& f : {kill, term})
+    if (f.worker == worker_index) {
+      signals.push_back(std::make_shared<cli::SignalAtStep>(f.signal, f.step, first_start_of_job()));
+      fit_options.callbacks.push_back(signals.back());
+    }
+  // Saves to resume from: a run started again with the same folder continues where this one
+  // stopped (BackupAndRestore says from where), and SIGTERM saves and stops with Preempted.
+  std::shared_ptr<train::BackupAndRestore> backup;
+  if (!checkpoint.dir.empty()) {
+    train::BackupAndRestoreOptions options;
+    if (checkpoint.every > 0) options.save_freq = checkpoint.every;
+    options.delete_checkpoint = !checkpoint.keep;
+    options.on_save = report_progress(chief);
+    fit_options.callbacks.push_back(backup = std::make_shared<train::BackupAndRestore>(checkpoint.dir, options));
+  }
   History h = c.data.pipeline ? model->fit(cli::build_pipeline(c, d.train), fit_options)
                               : model->fit(d.train.x, d.train.y, fit_options);
   const bool stopped = terminate && terminate->stopped_at();
@@ -236,6 +317,15 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["threads_per_replica"] = threads_per_replica;
     j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
     j["seed"] = c.seed;
+    // Updates applied in all (a resumed run counts the ones before it), and the batches this
+    // run trained.
+    j["optimizer_iterations"] = model->optimizer().iterations();
+    j["steps_trained"] = steps_trained;
+    if (backup) {
+      j["checkpoint_dir"] = checkpoint.dir;
+      j["resumed_from"] = backup->resumed_from() ? json(*backup->resumed_from()) : json(nullptr);
+      j["steps_done"] = backup->steps_done();  // training batches over every run of this fit
+    }
     j["epochs"] = h.epoch.size();
     j["batch_size"] = c.batch_size;
     j["history"] = h.history;
@@ -263,6 +353,9 @@ int run_fit(const std::string& path, const Overrides& o) {
     if (slow)
       j["fault_slow"] = {{"worker", fault.worker}, {"factor", fault.factor}, {"batches_slowed", slow->batches_slowed()},
                          {"seconds_added", slow->seconds_added()}};
+    for (const auto& f : signals)
+      j[f->signal() == SIGKILL ? "fault_kill" : "fault_term"] = {
+          {"worker", worker_index}, {"step", f->step()}, {"armed", f->armed()}, {"fired", f->fired()}};
     // What the doctor's what-if model needs to know of the gradients that cross the wire.
     std::vector<std::int64_t> numels;
     for (const Variable* v : model->trainable_variables()) numels.push_back(v->numel());
@@ -384,6 +477,21 @@ int main(int argc, char** argv) {
                   "Testing: make worker K's training steps take F times as long (worker:K:Fx), a straggler for the "
                   "doctor to find")
       ->group("Testing");
+  fit->add_option("--fault-kill", o.fault_kill,
+                  "Testing: worker K sends itself SIGKILL at the start of its training batch S (worker:K:S, S counted "
+                  "from 0 over every epoch), on the job's first start only (DTRAIN_RESTART_COUNT unset or 0)")
+      ->group("Testing");
+  fit->add_option("--fault-term", o.fault_term,
+                  "Testing: as --fault-kill, with SIGTERM (a preemption notice: with --checkpoint-dir, every worker "
+                  "saves and stops, exit code 75)")
+      ->group("Testing");
+  fit->add_option("--checkpoint-dir", o.checkpoint_dir,
+                  "Save what training needs to resume in this folder (BackupAndRestore); a run started again with "
+                  "the same folder resumes where the last one stopped. SIGTERM saves and stops (exit code 75)");
+  fit->add_option("--checkpoint-every", o.checkpoint_every,
+                  "Save every N training batches, or \"epoch\" (default: at the end of every epoch)");
+  fit->add_flag("--keep-checkpoints", o.keep_checkpoints,
+                "Keep the checkpoints when training ends (by default they are deleted then)");
   fit->add_option("--steps-per-epoch", o.steps_per_epoch,
                   "Steps per epoch: the first N global batches of in-memory data, or N batches of the pipeline")
       ->check(CLI::Range(std::int64_t{1}, INT64_MAX));
@@ -445,6 +553,10 @@ int main(int argc, char** argv) {
                      "The job's deadline in seconds: then every task is stopped, the ones still running are named "
                      "and the exit code is 124 (default: none)")
       ->check(CLI::Range(0.001, 1e9));
+  launch->add_option("--max-restarts", launch_options.max_restarts,
+                     "Start the whole job again after a task fails, at most N times (default 0); a restarted job "
+                     "that fails again before it reports new progress is not restarted")
+      ->check(CLI::Range(0, 1000));
   launch->prefix_command();
 
   // `launch ... -- PROGRAM ARGS`: the program begins at the first word launch does not
@@ -491,6 +603,12 @@ int main(int argc, char** argv) {
       launch_options.command = command;
       return cluster::launch(launch_options).exit_code;
     }
+  } catch (const Preempted& e) {
+    // Not a failure of the job: it saved a checkpoint and stopped when asked; running the
+    // same command again resumes there. EX_TEMPFAIL tells `dtrain launch` (and schedulers).
+    std::fflush(stdout);
+    std::fprintf(stderr, "dtrain: preempted: %s\n", e.what());
+    return kPreemptedExitCode;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "dtrain: error: %s\n", e.what());
