@@ -406,16 +406,22 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
           // A task that stopped before this one gave up has been reported by now.
           for (Task& other : tasks)
             if (other.running) poll_task(other);
-          const int status = t.status;
+          // Of the tasks found ended in this pass, one killed by a signal is the cause rather
+          // than one that exited with an error: the others' errors are usually about it.
+          const Task* cause = &t;
+          for (const Task& other : tasks)
+            if (!other.running && failed(other.status) && WIFSIGNALED(other.status) && !WIFSIGNALED(cause->status))
+              cause = &other;
+          const int status = cause->status;
           if (const Task* stopped = stopped_task()) {
             result.failed_task = stopped->id.to_string();
             result.how = "was stopped by signal " + std::to_string(stopped->stopped_by) + " (" +
-                         signal_name(stopped->stopped_by) + ") and stopped answering (" + t.id.to_string() + " " +
+                         signal_name(stopped->stopped_by) + ") and stopped answering (" + cause->id.to_string() + " " +
                          describe(status) + " first)";
-            err << "dtrain launch: " << t.id.to_string() << " " << describe(status) << "; " << result.failed_task
+            err << "dtrain launch: " << cause->id.to_string() << " " << describe(status) << "; " << result.failed_task
                 << " is stopped (" << signal_name(stopped->stopped_by) << "); stopping the other tasks\n";
           } else {
-            result.failed_task = t.id.to_string();
+            result.failed_task = cause->id.to_string();
             result.how = describe(status);
             err << "dtrain launch: " << result.failed_task << " " << result.how << "; stopping the other tasks\n";
           }
