@@ -288,6 +288,10 @@ int run_fit(const std::string& path, const Overrides& o) {
     options.delete_checkpoint = !checkpoint.keep;
     options.on_save = report_progress(chief);
     fit_options.callbacks.push_back(backup = std::make_shared<train::BackupAndRestore>(checkpoint.dir, options));
+    // From here to the process's exit SIGTERM only asks training to stop, so that a worker
+    // that has saved and is on its way out with code 75 is not killed first by the SIGTERM
+    // the launcher sends the others once one of them has left.
+    static train::PreemptionWatcher until_exit;
   }
   History h = c.data.pipeline ? model->fit(cli::build_pipeline(c, d.train), fit_options)
                               : model->fit(d.train.x, d.train.y, fit_options);
