@@ -213,7 +213,9 @@ void Checkpoint::snapshot(Snapshot& into, bool copy) const {
   capture(into.data, state, copy, copy ? &reuse : nullptr);
 }
 
-void Checkpoint::write_snapshot(const Snapshot& snapshot, const std::string& path) { save_checked(path, snapshot.data); }
+void Checkpoint::write_snapshot(const Snapshot& snapshot, const std::string& path, bool sync_folder) {
+  save_checked(path, snapshot.data, sync_folder);
+}
 
 std::string Checkpoint::save(const std::string& prefix) {
   ++save_counter_;

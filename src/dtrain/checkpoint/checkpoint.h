@@ -116,7 +116,7 @@ class Checkpoint {
   // snapshot() reuses `into`'s buffers when their shapes still fit; without `copy` the
   // snapshot refers to the live tensors (for writing at once, on this thread).
   void snapshot(Snapshot& into, bool copy = true) const;
-  static void write_snapshot(const Snapshot& snapshot, const std::string& path);
+  static void write_snapshot(const Snapshot& snapshot, const std::string& path, bool sync_folder = true);
 
   // Multi-worker: the strategy of the first tracked model whose strategy has several
   // workers, else null. Under it only the chief (worker 0) writes, and every worker

@@ -27,9 +27,11 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// A small file written so that a crash leaves the old one or the new one: a temporary
-// beside it, fsync'd, renamed, the folder fsync'd.
-void write_durably(const std::string& folder, const std::string& name, const std::string& content) {
+// A small file written so that a reader sees the old one or the new one: a temporary
+// beside it, renamed over it. Not fsync'd: the index only lists the files, and restore
+// finds the checkpoints in the folder itself, so an index a power loss damaged costs
+// nothing; the caller fsyncs the folder once for this rename and the checkpoint's.
+void write_replacing(const std::string& folder, const std::string& name, const std::string& content) {
   const std::string path = folder + "/" + name;
   std::string tmp = path + ".tmp-XXXXXX";
   const int fd = ::mkstemp(tmp.data());
@@ -47,17 +49,11 @@ void write_durably(const std::string& folder, const std::string& name, const std
       left -= static_cast<std::size_t>(w);
     }
   }
-  ok = ok && ::fsync(fd) == 0;
   const int err = errno;
   ok = ::close(fd) == 0 && ok;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
     DTRAIN_THROW(IoError, path, ": writing failed (", std::strerror(ok ? errno : err), "); the previous index is untouched");
-  }
-  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
   }
 }
 
@@ -107,7 +103,8 @@ void CheckpointManager::write_index() const {
   nlohmann::json list = nlohmann::json::array();
   for (const Entry& e : kept_) list.push_back({{"file", e.file}, {"number", e.number}, {"time", e.time}});
   index["checkpoints"] = list;
-  write_durably(directory_, kIndex, index.dump(1) + "\n");
+  write_replacing(directory_, kIndex, index.dump(1) + "\n");
+  sync_folder_of(path_of(kIndex));  // the checkpoint's new name and the index's, together
 }
 
 void CheckpointManager::commit(Entry entry) {
@@ -147,7 +144,7 @@ std::string CheckpointManager::save(std::optional<std::int64_t> checkpoint_numbe
     Snapshot direct;
     checkpoint_.snapshot(direct, /*copy=*/false);
     if (writes) {
-      Checkpoint::write_snapshot(direct, path);
+      Checkpoint::write_snapshot(direct, path, /*sync_folder=*/false);
       commit(entry);
     }
     if (workers) check_same_state_on_every_worker(*workers, digest_of(direct.data), "checkpoint " + path);
@@ -161,7 +158,7 @@ std::string CheckpointManager::save(std::optional<std::int64_t> checkpoint_numbe
     try {
       if (check) pending_digest_check_ = digest_of(snapshot_.data);
       if (writes) {
-        Checkpoint::write_snapshot(snapshot_, path);
+        Checkpoint::write_snapshot(snapshot_, path, /*sync_folder=*/false);
         commit(entry);
       }
     } catch (...) {

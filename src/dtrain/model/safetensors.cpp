@@ -70,8 +70,8 @@ nlohmann::json header_of(const std::string& path, const NamedTensors& data) {
   return header;
 }
 
-// Writes the file through a temporary beside it; `durable` also fsyncs the folder after
-// the rename, so that the new name survives a power loss.
+// Writes the file through a temporary beside it, fsync'd; `durable` also fsyncs the folder
+// after the rename, so that the new name survives a power loss.
 void write_file(const std::string& path, const NamedTensors& data, const nlohmann::json& header, bool durable) {
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // keeps the data 8-byte aligned
@@ -97,16 +97,7 @@ void write_file(const std::string& path, const NamedTensors& data, const nlohman
     std::remove(tmp.c_str());
     DTRAIN_THROW(IoError, path, ": writing failed (", std::strerror(err), "); the previous file, if any, is untouched");
   }
-  if (!durable) return;
-  const auto slash = path.find_last_of('/');
-  const std::string folder = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dir < 0 || ::fsync(dir) != 0) {
-    const int err = errno;
-    if (dir >= 0) ::close(dir);
-    DTRAIN_THROW(IoError, path, ": written, but its folder could not be synced (", std::strerror(err), ")");
-  }
-  ::close(dir);
+  if (durable) sync_folder_of(path);
 }
 
 constexpr const char* kChecksumsKey = "dtrain.xxh3";
@@ -136,11 +127,23 @@ std::uint64_t tensor_checksum(const Tensor& t) {
   return XXH3_64bits(t.raw_data(), static_cast<std::size_t>(t.nbytes()));
 }
 
+void sync_folder_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  const std::string folder = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir < 0 || ::fsync(dir) != 0) {
+    const int err = errno;
+    if (dir >= 0) ::close(dir);
+    DTRAIN_THROW(IoError, path, ": written, but its folder could not be synced (", std::strerror(err), ")");
+  }
+  ::close(dir);
+}
+
 void save_safetensors(const std::string& path, const NamedTensors& data) {
   write_file(path, data, header_of(path, data), /*durable=*/false);
 }
 
-void save_checked(const std::string& path, const NamedTensors& data) {
+void save_checked(const std::string& path, const NamedTensors& data, bool sync_folder) {
   NamedTensors with = {data.tensors, data.metadata};
   nlohmann::json sums = nlohmann::json::object();
   for (const auto& [name, t] : data.tensors) sums[name] = hex64(tensor_checksum(t));
@@ -148,7 +151,7 @@ void save_checked(const std::string& path, const NamedTensors& data) {
   with.metadata.erase(kHeaderChecksumKey);
   nlohmann::json header = header_of(path, with);
   header["__metadata__"][kHeaderChecksumKey] = hex64(header_checksum(header));
-  write_file(path, with, header, /*durable=*/true);
+  write_file(path, with, header, /*durable=*/sync_folder);
 }
 
 NamedTensors load_safetensors(const std::string& path) {

@@ -29,7 +29,11 @@ NamedTensors load_safetensors(const std::string& path);
 // itself (__metadata__["dtrain.header_xxh3"], over the header as written without that
 // key), written durably: to a temporary file, fsync'd, renamed into place, and the folder
 // fsync'd, so a crash at any point leaves the old file or the complete new one.
-void save_checked(const std::string& path, const NamedTensors& data);
+// `sync_folder` false leaves the folder's fsync to the caller, which writes more files
+// there and syncs the folder once (CheckpointManager and its index).
+void save_checked(const std::string& path, const NamedTensors& data, bool sync_folder = true);
+// fsync of a folder, so that the names renamed into it survive a power loss.
+void sync_folder_of(const std::string& path);
 // load_safetensors, then every checksum verified. A file that is truncated anywhere, has
 // any bit flipped, or lacks the checksums is an IoError naming the file and, where the
 // fault is in a tensor's bytes, the tensor.
