@@ -88,6 +88,11 @@ class CheckpointCli : public dtrain::testing::TempDirTest {
       "epochs": 3, "batch_size": 12, "seed": 11})");
   }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  // Backups every 3 batches in `dir`, the weights and summary under `name`.
+  std::string backup_flags(const std::string& dir, const std::string& name) const {
+    return "--checkpoint-dir " + dir + " --checkpoint-every 3 --save-weights " + path(name + ".safetensors") +
+           " --summary " + path(name + ".json");
+  }
 
   // `dtrain fit` in this process's place (bounded by timeout(1)).
   Result fit(const std::string& flags, const std::string& env = "") {
@@ -143,8 +148,7 @@ class CheckpointCli : public dtrain::testing::TempDirTest {
     // before), so a killed run always leaves one to resume from; at most 33 leaves training.
     for (const std::int64_t step : random_steps(2, 6, kSteps - 3)) {
       const std::string name = "killed_at_" + std::to_string(step), dir = path(name + "_ckpt");
-      const std::string flags = strategy_flags + " --checkpoint-dir " + dir + " --checkpoint-every 3 --save-weights " +
-                                path(name + ".safetensors") + " --summary " + path(name + ".json");
+      const std::string flags = strategy_flags + " " + backup_flags(dir, name);
       SCOPED_TRACE("killed at training batch " + std::to_string(step) + " (drawn at random): dtrain fit CONFIG --threads 1 " +
                    flags + " --fault-kill worker:0:" + std::to_string(step));
       const Result killed = fit(flags + " --fault-kill worker:0:" + std::to_string(step));
@@ -178,9 +182,7 @@ TEST_F(CheckpointCli, LaunchRestartsAJobWhoseWorkerWasKilledAndItEndsAsIfLeftAlo
   ASSERT_EQ(reference.iterations, kSteps);
   for (const std::int64_t step : random_steps(2, 6, kSteps - 3)) {
     const std::string name = "killed_at_" + std::to_string(step), dir = path(name + "_ckpt");
-    const std::string flags = "--checkpoint-dir " + dir + " --checkpoint-every 3 --save-weights " +
-                              path(name + ".safetensors") + " --summary " + path(name + ".json") +
-                              " --fault-kill worker:1:" + std::to_string(step);
+    const std::string flags = backup_flags(dir, name) + " --fault-kill worker:1:" + std::to_string(step);
     SCOPED_TRACE("worker 1 killed at training batch " + std::to_string(step) +
                  " (drawn at random): dtrain launch --workers 3 --max-restarts 1 fit CONFIG --threads 1 " + flags);
     const Result r = launch("--workers 3 --max-restarts 1", flags);
@@ -203,8 +205,7 @@ TEST_F(CheckpointCli, APreemptedWorkerSavesAtAnAgreedStepAndTheJobResumesThere) 
   {
     const std::int64_t step = steps[0];
     const std::string name = "preempted", dir = path("preempted_ckpt");
-    const std::string flags = "--checkpoint-dir " + dir + " --checkpoint-every 3 --save-weights " +
-                              path(name + ".safetensors") + " --summary " + path(name + ".json");
+    const std::string flags = backup_flags(dir, name);
     SCOPED_TRACE("worker 1 preempted at training batch " + std::to_string(step) +
                  " (drawn at random): dtrain launch --workers 2 fit CONFIG --threads 1 " + flags +
                  " --fault-term worker:1:" + std::to_string(step));
@@ -229,9 +230,7 @@ TEST_F(CheckpointCli, APreemptedWorkerSavesAtAnAgreedStepAndTheJobResumesThere) 
   {
     const std::int64_t step = steps[1];
     const std::string name = "preempted_and_restarted", dir = path("restarted_ckpt");
-    const std::string flags = "--checkpoint-dir " + dir + " --checkpoint-every 3 --save-weights " +
-                              path(name + ".safetensors") + " --summary " + path(name + ".json") +
-                              " --fault-term worker:1:" + std::to_string(step);
+    const std::string flags = backup_flags(dir, name) + " --fault-term worker:1:" + std::to_string(step);
     SCOPED_TRACE("worker 1 preempted at training batch " + std::to_string(step) +
                  " (drawn at random): dtrain launch --workers 2 --max-restarts 1 fit CONFIG --threads 1 " + flags);
     const Result r = launch("--workers 2 --max-restarts 1", flags);
@@ -288,8 +287,7 @@ TEST_F(CheckpointCli, ADamagedNewestBackupIsSkippedForTheOneBefore) {
   // From step 9 on two backups are complete (each save waits for the one before).
   const std::int64_t step = random_steps(1, 9, kSteps - 3)[0];
   const std::string dir = path("ckpt");
-  const std::string flags = "--checkpoint-dir " + dir + " --checkpoint-every 3 --save-weights " +
-                            path("resumed.safetensors") + " --summary " + path("resumed.json");
+  const std::string flags = backup_flags(dir, "resumed");
   SCOPED_TRACE("killed at training batch " + std::to_string(step) + " (drawn at random)");
   const Result killed = fit(flags + " --fault-kill worker:0:" + std::to_string(step));
   ASSERT_EQ(killed.signal, SIGKILL) << killed.output;
