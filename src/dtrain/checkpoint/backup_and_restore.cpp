@@ -122,23 +122,22 @@ void BackupAndRestore::on_train_batch_end(std::int64_t /*batch*/, const Logs& /*
     if (workers > 1) strategy->sum_over_workers(asked);
     preempted_ = asked[0] > 0.0;
   }
-  const FitPosition position = model_->fit_position();
-  if (position.pending_batches != 0) return;  // mid-accumulation: not a state one can resume
+  if (model_->fit_pending_batches() != 0) return;  // mid-accumulation: not a state one can resume
   if (preempted_) {
     // The path every worker names (only the chief's manager lists the files it wrote).
-    const std::string path = save(position);
+    const std::string path = save(model_->fit_position());
     manager_->sync();
     DTRAIN_THROW(Preempted, "training was asked to stop (SIGTERM on this or another worker); saved ",
                  path, " after ", steps_done_,
                  " training batches; run the same job again to resume there");
   }
-  if (!options_.save_freq.per_epoch() && steps_done_ % options_.save_freq.batches() == 0) save(position);
+  if (!options_.save_freq.per_epoch() && steps_done_ % options_.save_freq.batches() == 0)
+    save(model_->fit_position());
 }
 
 void BackupAndRestore::on_epoch_end(int epoch, const Logs& /*logs*/) {
   if (!options_.save_freq.per_epoch()) return;
-  const FitPosition position = model_->fit_position();
-  if (position.pending_batches != 0) return;
+  if (model_->fit_pending_batches() != 0) return;
   save(FitPosition{epoch + 1, 0, {}, 0});
 }
 

@@ -233,18 +233,10 @@ std::string Checkpoint::write(const std::string& path) {
 }
 
 void check_same_state_on_every_worker(StrategyBackend& strategy, std::uint64_t digest, const std::string& what) {
-  // Three 22-bit pieces per worker: each is a double, and a sum of one non-zero slot is exact.
-  const int n = strategy.num_workers(), me = strategy.worker_index();
-  std::vector<double> all(3 * static_cast<std::size_t>(n), 0.0);
-  for (int k = 0; k < 3; ++k) all[3 * static_cast<std::size_t>(me) + k] = static_cast<double>((digest >> (22 * k)) & 0x3fffff);
-  strategy.sum_over_workers(all);
+  const std::vector<std::vector<std::uint64_t>> all = gather_over_workers(strategy, {digest});
   std::string differ;
-  for (int w = 1; w < n; ++w)
-    for (int k = 0; k < 3; ++k)
-      if (all[3 * static_cast<std::size_t>(w) + k] != all[k]) {
-        differ += (differ.empty() ? "" : ", ") + std::to_string(w);
-        break;
-      }
+  for (std::size_t w = 1; w < all.size(); ++w)
+    if (all[w] != all[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(w);
   if (!differ.empty())
     DTRAIN_THROW(PeerFailure, what, ": worker(s) ", differ, " hold different state from the chief (worker 0); ",
                  "the workers are no longer training the same model");

@@ -16,6 +16,7 @@
 #include <regex>
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/files.h"
 
 namespace dtrain::train {
 namespace {
@@ -25,36 +26,6 @@ constexpr const char* kIndexFormat = "dtrain.checkpoints";
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-// A small file written so that a reader sees the old one or the new one: a temporary
-// beside it, renamed over it. Not fsync'd: the index only lists the files, and restore
-// finds the checkpoints in the folder itself, so an index a power loss damaged costs
-// nothing; the caller fsyncs the folder once for this rename and the checkpoint's.
-void write_replacing(const std::string& folder, const std::string& name, const std::string& content) {
-  const std::string path = folder + "/" + name;
-  std::string tmp = path + ".tmp-XXXXXX";
-  const int fd = ::mkstemp(tmp.data());
-  if (fd < 0) DTRAIN_THROW(IoError, path, ": cannot create a temporary file beside it (", std::strerror(errno), ")");
-  ::fchmod(fd, 0644);
-  const char* p = content.data();
-  std::size_t left = content.size();
-  bool ok = true;
-  while (ok && left > 0) {
-    const ssize_t w = ::write(fd, p, left);
-    if (w < 0 && errno == EINTR) continue;
-    ok = w > 0;
-    if (ok) {
-      p += w;
-      left -= static_cast<std::size_t>(w);
-    }
-  }
-  const int err = errno;
-  ok = ::close(fd) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    DTRAIN_THROW(IoError, path, ": writing failed (", std::strerror(ok ? errno : err), "); the previous index is untouched");
-  }
 }
 
 }  // namespace
@@ -103,8 +74,11 @@ void CheckpointManager::write_index() const {
   nlohmann::json list = nlohmann::json::array();
   for (const Entry& e : kept_) list.push_back({{"file", e.file}, {"number", e.number}, {"time", e.time}});
   index["checkpoints"] = list;
-  write_replacing(directory_, kIndex, index.dump(1) + "\n");
-  sync_folder_of(path_of(kIndex));  // the checkpoint's new name and the index's, together
+  // Renamed into place but not fsync'd by itself: the index only lists the files, and
+  // restore finds the checkpoints in the folder, so an index a power loss damaged costs
+  // nothing. One folder fsync then covers the checkpoint's new name and the index's.
+  write_file_replacing(path_of(kIndex), index.dump(1) + "\n", "the checkpoint index");
+  sync_folder_of(path_of(kIndex));
 }
 
 void CheckpointManager::commit(Entry entry) {
@@ -151,7 +125,6 @@ std::string CheckpointManager::save(std::optional<std::int64_t> checkpoint_numbe
     return path;
   }
   checkpoint_.snapshot(snapshot_, /*copy=*/true);
-  busy_ = true;
   writer_ = std::thread([this, entry, path, writes, check = workers != nullptr] {
     // Below the training threads: on a machine whose cores all train, the write waits.
     ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
@@ -171,7 +144,6 @@ std::string CheckpointManager::save(std::optional<std::int64_t> checkpoint_numbe
 
 void CheckpointManager::wait_for_writer() {
   if (writer_.joinable()) writer_.join();
-  busy_ = false;
   if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
 }
 

@@ -4,12 +4,10 @@
 // training (the state is copied at the step, written on a background thread).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <iosfwd>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -96,9 +94,6 @@ class CheckpointManager {
 
   // The background writer (async saves).
   Snapshot snapshot_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool busy_ = false;
   std::exception_ptr failure_;
   std::uint64_t pending_digest_check_ = 0;  // multi-worker: the digest of the save last written
   bool digest_pending_ = false;

@@ -148,6 +148,8 @@ class Sequential {
 
   // Where the fit() under way stands (called from its callbacks).
   FitPosition fit_position() const;
+  // Its pending_batches alone, without gathering the metric totals (read every batch).
+  int fit_pending_batches() const { return fit_pending_; }
   // Makes the next fit() continue from `position` instead of its first epoch: called by a
   // callback's on_train_begin (BackupAndRestore) with a saved position. fit() then starts
   // at that epoch, skips the batches already trained (in-memory data: by index; a Dataset:
