@@ -122,11 +122,9 @@ TEST_F(TempDirTest, AnotherModelsCheckpointIsRefusedAndNothingChanges) {
 // Every kind of damage: truncation at 20 offsets across header and data, one flipped bit
 // at every header byte and at sampled data bytes, a deleted file. Each is found (all of
 // them), the error names the file, and a flip in the data names the tensor.
-TEST_F(TempDirTest, EveryTruncationAndFlippedBitIsDetected) {
-  auto a = mlp();
-  Data data;
-  a->fit(data.d.x, data.d.y, {.epochs = 1, .batch_size = 32, .verbose = 0});
-  const std::string path = Checkpoint{{"model", *a}, {"optimizer", a->optimizer()}}.write((dir_ / "good.safetensors").string());
+// Damage of every kind to `path`, a checkpoint of mlp() and its optimizer, is refused with
+// an error naming the file, and the tensor where the damage is in a tensor's bytes.
+void expect_every_truncation_and_flipped_bit_detected(const std::filesystem::path& dir_, const std::string& path) {
   const std::string good = read_bytes(path);
   std::uint64_t header = 0;
   for (int i = 0; i < 8; ++i) header |= static_cast<std::uint64_t>(static_cast<unsigned char>(good[i])) << (8 * i);
@@ -159,9 +157,11 @@ TEST_F(TempDirTest, EveryTruncationAndFlippedBitIsDetected) {
     const std::size_t at = data_start + i * (good.size() - data_start) / 10;
     expect_refused(good.substr(0, at), "truncated at " + std::to_string(at), false);
   }
-  // A flipped bit at every byte of the header (bit chosen by position), and in the data.
+  // A flipped bit at every byte of the header (bit chosen by position) up to the end of its
+  // JSON, at every 31st byte of the padding after it, and in the data.
   std::mt19937 rng(11);
-  for (std::size_t at = 0; at < data_start; ++at) {
+  const std::size_t padding = good.find_last_not_of(' ', data_start - 1) + 1;
+  for (std::size_t at = 0; at < data_start; at += at < padding ? 1 : 31) {
     std::string flipped = good;
     flipped[at] = static_cast<char>(flipped[at] ^ (1 << (at % 8)));
     expect_refused(flipped, "bit " + std::to_string(at % 8) + " of header byte " + std::to_string(at), false);
@@ -175,6 +175,35 @@ TEST_F(TempDirTest, EveryTruncationAndFlippedBitIsDetected) {
   std::filesystem::remove(bad);
   auto b = mlp(5);
   EXPECT_THROW((Checkpoint{{"model", *b}}.restore(bad)), IoError);
+}
+
+TEST_F(TempDirTest, EveryTruncationAndFlippedBitIsDetected) {
+  auto a = mlp();
+  Data data;
+  a->fit(data.d.x, data.d.y, {.epochs = 1, .batch_size = 32, .verbose = 0});
+  Checkpoint c{{"model", *a}, {"optimizer", a->optimizer()}};
+  SCOPED_TRACE("written by write()");
+  expect_every_truncation_and_flipped_bit_detected(dir_, c.write((dir_ / "good.safetensors").string()));
+}
+
+TEST_F(TempDirTest, EveryTruncationAndFlippedBitIsDetectedInABackgroundSavesFile) {
+  // A copied snapshot is written from its block, with direct I/O where the disk has it and
+  // the header padded to 4096 bytes.
+  auto a = mlp();
+  Data data;
+  a->fit(data.d.x, data.d.y, {.epochs = 1, .batch_size = 32, .verbose = 0});
+  Checkpoint c{{"model", *a}, {"optimizer", a->optimizer()}};
+  Snapshot snapshot;
+  c.snapshot(snapshot, /*copy=*/true);
+  const std::string path = (dir_ / "good.safetensors").string();
+  Checkpoint::write_snapshot(snapshot, path);
+  const std::string bytes = read_bytes(path);
+  ASSERT_GE(bytes.size(), 8u);
+  std::uint64_t header = 0;
+  for (int i = 0; i < 8; ++i) header |= static_cast<std::uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+  EXPECT_EQ((8 + header) % 4096, 0u);
+  SCOPED_TRACE("written from a copied snapshot");
+  expect_every_truncation_and_flipped_bit_detected(dir_, path);
 }
 
 TEST_F(TempDirTest, TheManagerKeepsTheNewestAndFallsBackToTheLastGoodOne) {

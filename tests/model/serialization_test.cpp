@@ -199,6 +199,57 @@ TEST(ModelJson, TrainableFalseFreezesTheLayer) {
   EXPECT_NE(m->to_json().find("\"trainable\": false"), std::string::npos);
 }
 
+TEST(CheckedFiles, APackedCopyIsWrittenWithItsDataAtA4096ByteOffsetAndReadsBackTheSame) {
+  // An odd-sized u8 tensor in the middle puts the tensors after it at unaligned offsets.
+  std::vector<float> big(3000);
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i) * 0.5f - 7.0f;
+  NamedTensors live;
+  live.tensors.emplace_back("a", Tensor::from_vector({3}, {1.5f, -2, 4}));
+  live.tensors.emplace_back("it", Tensor::zeros({5}, DType::u8));
+  live.tensors.emplace_back("big", Tensor::from_vector({3000}, big));
+  live.tensors.emplace_back("n", Tensor::from_vector({1}, std::vector<std::int32_t>{7}));
+  live.metadata["dtrain.state"] = "{}";
+  static_cast<unsigned char*>(live.tensors[1].second.raw_data())[4] = 9;
+  CheckedTensors packed;
+  pack(live, packed);
+  const void* block = packed.block.get();
+  pack(live, packed);  // a second snapshot of the same size reuses the block
+  EXPECT_EQ(packed.block.get(), block);
+  // The copy is the state at the snapshot, whatever the live tensors do next.
+  live.tensors[2].second.data<float>()[10] = 1e6f;
+  live.tensors[0].second.data<float>()[0] = 0;
+  EXPECT_TRUE(packed.checksums.empty());
+  add_checksums(packed);
+  ASSERT_EQ(packed.checksums.size(), 4u);
+  EXPECT_EQ(packed.checksums[1], tensor_checksum(live.tensors[1].second));
+  EXPECT_EQ(packed.checksums[2], tensor_checksum(Tensor::from_vector({3000}, big)));
+
+  // The disk (direct I/O) and, where there is one, a tmpfs (which may refuse direct I/O).
+  std::vector<fs::path> folders = {fs::temp_directory_path()};
+  if (fs::is_directory("/dev/shm")) folders.emplace_back("/dev/shm");
+  for (const fs::path& folder : folders) {
+    SCOPED_TRACE(folder.string());
+    const fs::path path = folder / ("dtrain_" + std::to_string(::getpid()) + "_packed.safetensors");
+    save_checked(path.string(), packed, /*sync_folder=*/false);
+    std::ifstream in(path, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    ASSERT_GE(bytes.size(), 8u);
+    std::uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
+    const std::size_t data_bytes = 12 + 5 + 12000 + 4;
+    EXPECT_EQ((8 + n) % 4096, 0u) << n;
+    EXPECT_EQ(bytes.size(), 8 + n + data_bytes);
+    const NamedTensors back = load_checked(path.string());
+    ASSERT_EQ(back.tensors.size(), 4u);
+    EXPECT_EQ(back.find("a")->to_vector(), (std::vector<float>{1.5f, -2, 4}));
+    EXPECT_EQ(static_cast<const unsigned char*>(back.find("it")->raw_data())[4], 9);
+    EXPECT_EQ(back.find("big")->to_vector(), big);
+    EXPECT_EQ(back.find("n")->dtype(), DType::i32);
+    EXPECT_EQ(back.metadata.at("dtrain.state"), "{}");
+    fs::remove(path);
+  }
+}
+
 TEST(Weights, FailedSaveKeepsThePreviousFile) {
   auto m = make_model();
   const auto path = temp_path("keep.safetensors");

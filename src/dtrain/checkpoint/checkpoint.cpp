@@ -21,18 +21,6 @@ struct Overloaded : Ts... {
 template <class... Ts>
 Overloaded(Ts...) -> Overloaded<Ts...>;
 
-// The tensor `t` as the snapshot holds it: a copy into `reuse[i]` when copying (kept from
-// the last snapshot when its shape and dtype still fit), else `t` itself.
-Tensor take(const Tensor& t, bool copy, std::vector<Tensor>* reuse, std::size_t& i) {
-  if (!copy) return t;
-  if (i >= reuse->size()) reuse->emplace_back();
-  Tensor& buffer = (*reuse)[i++];
-  if (!buffer.defined() || !(buffer.shape() == t.shape()) || buffer.dtype() != t.dtype())
-    buffer = Tensor::empty(t.shape(), t.dtype());
-  buffer.copy_from(t);
-  return buffer;
-}
-
 std::vector<const Sequential*> models_of(const std::vector<std::pair<std::string, Trackable>>& objects) {
   std::vector<const Sequential*> out;
   for (const auto& [name, t] : objects)
@@ -100,14 +88,12 @@ StrategyBackend* Checkpoint::multi_worker() const {
   return nullptr;
 }
 
-void Checkpoint::capture(NamedTensors& out, nlohmann::json& state, bool copy, std::vector<Tensor>* reuse) const {
-  out.tensors.clear();
-  out.metadata.clear();
-  std::size_t used = 0;
-  auto add = [&](std::string key, const Tensor& t) { out.tensors.emplace_back(std::move(key), take(t, copy, reuse, used)); };
+NamedTensors Checkpoint::capture() const {
+  NamedTensors out;
+  auto add = [&](std::string key, const Tensor& t) { out.tensors.emplace_back(std::move(key), t); };
   const std::vector<const Sequential*> models = models_of(objects_);
   StrategyBackend* workers = multi_worker();
-  state = nlohmann::json::object();
+  nlohmann::json state = nlohmann::json::object();
   state["format"] = kFormat;
   state["version"] = kVersion;
   state["save_counter"] = save_counter_;
@@ -189,32 +175,37 @@ void Checkpoint::capture(NamedTensors& out, nlohmann::json& state, bool copy, st
                trackable.object());
   }
   out.metadata[kStateKey] = state.dump();
+  return out;
 }
 
-std::uint64_t digest_of(const NamedTensors& data) {
+std::uint64_t digest_of(Snapshot& snapshot) {
+  add_checksums(snapshot);
+  const NamedTensors& data = snapshot.data;
   // Input positions belong to each worker (its shard), so they are not compared.
   nlohmann::json state = nlohmann::json::parse(data.metadata.at(kStateKey));
   std::set<std::string> iterators;
   for (auto& [name, o] : state["objects"].items())
     if (o["kind"] == "iterator") iterators.insert(name);
   std::uint64_t h = fnv1a(state.dump());
-  for (const auto& [name, t] : data.tensors) {
+  for (std::size_t i = 0; i < data.tensors.size(); ++i) {
+    const std::string& name = data.tensors[i].first;
     if (iterators.count(name)) continue;
-    h = mix64(h ^ fnv1a(name)) ^ tensor_checksum(t);
+    h = mix64(h ^ fnv1a(name)) ^ snapshot.checksums[i];
   }
   return h;
 }
 
 void Checkpoint::snapshot(Snapshot& into, bool copy) const {
-  std::vector<Tensor> reuse;
-  if (copy)
-    for (auto& [name, t] : into.data.tensors) reuse.push_back(std::move(t));
-  nlohmann::json state;
-  capture(into.data, state, copy, copy ? &reuse : nullptr);
+  if (copy) {
+    pack(capture(), into);
+  } else {
+    into = Snapshot{capture()};
+  }
 }
 
-void Checkpoint::write_snapshot(const Snapshot& snapshot, const std::string& path, bool sync_folder) {
-  save_checked(path, snapshot.data, sync_folder);
+void Checkpoint::write_snapshot(Snapshot& snapshot, const std::string& path, bool sync_folder) {
+  add_checksums(snapshot);
+  save_checked(path, snapshot, sync_folder);
 }
 
 std::string Checkpoint::save(const std::string& prefix) {
@@ -223,12 +214,11 @@ std::string Checkpoint::save(const std::string& prefix) {
 }
 
 std::string Checkpoint::write(const std::string& path) {
-  NamedTensors data;
-  nlohmann::json state;
-  capture(data, state, /*copy=*/false, nullptr);
+  Snapshot live;
+  snapshot(live, /*copy=*/false);
   StrategyBackend* workers = multi_worker();
-  if (!workers || workers->worker_index() == 0) save_checked(path, data);
-  if (workers) check_same_state_on_every_worker(*workers, digest_of(data), "checkpoint " + path);
+  if (!workers || workers->worker_index() == 0) write_snapshot(live, path);
+  if (workers) check_same_state_on_every_worker(*workers, digest_of(live), "checkpoint " + path);
   return path;
 }
 

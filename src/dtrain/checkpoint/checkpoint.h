@@ -86,11 +86,11 @@ struct RestoreOptions {
   bool partial = false;
 };
 
-// A copy of the tracked state taken at one step (tensors copied at memory speed into
-// buffers reused from save to save) that can be written later, on another thread.
-struct Snapshot {
-  NamedTensors data;   // tensors and the JSON state (metadata "dtrain.state")
-};
+// The tracked state taken at one step: the tensors and the JSON state (data.metadata
+// "dtrain.state"), and their checksums once computed. A copied snapshot lives in one block
+// reused from save to save, laid out as the file will hold it, and can be written later,
+// on another thread.
+using Snapshot = CheckedTensors;
 
 class Checkpoint {
  public:
@@ -112,11 +112,11 @@ class Checkpoint {
   void set_save_counter(std::int64_t n) { save_counter_ = n; }
 
   // The two halves of a save, for saving without stalling training: snapshot() copies the
-  // state (on the training thread), write_snapshot() writes it (on any thread).
-  // snapshot() reuses `into`'s buffers when their shapes still fit; without `copy` the
-  // snapshot refers to the live tensors (for writing at once, on this thread).
+  // state (on the training thread) into `into`'s block, reused when large enough;
+  // write_snapshot() computes the checksums and writes it (on any thread). Without `copy`
+  // the snapshot refers to the live tensors (for writing at once, on this thread).
   void snapshot(Snapshot& into, bool copy = true) const;
-  static void write_snapshot(const Snapshot& snapshot, const std::string& path, bool sync_folder = true);
+  static void write_snapshot(Snapshot& snapshot, const std::string& path, bool sync_folder = true);
 
   // Multi-worker: the strategy of the first tracked model whose strategy has several
   // workers, else null. Under it only the chief (worker 0) writes, and every worker
@@ -124,14 +124,16 @@ class Checkpoint {
   StrategyBackend* multi_worker() const;
 
  private:
-  void capture(NamedTensors& out, nlohmann::json& state, bool copy, std::vector<Tensor>* reuse) const;
+  // The state as it is, referring to the live tensors.
+  NamedTensors capture() const;
   std::vector<std::pair<std::string, Trackable>> objects_;
   std::int64_t save_counter_ = 0;
 };
 
-// The digest of a snapshot, as every worker computes it: equal across workers exactly when
-// they hold the same tensors and agreeing JSON state.
-std::uint64_t digest_of(const NamedTensors& data);
+// The digest of a snapshot, as every worker computes it (from its checksums, computing any
+// it lacks): equal across workers exactly when they hold the same tensors and agreeing JSON
+// state.
+std::uint64_t digest_of(Snapshot& snapshot);
 
 // Every worker's digest compared (a collective: every worker calls it at the same point).
 // Throws PeerFailure naming the workers whose state differs from the chief's.

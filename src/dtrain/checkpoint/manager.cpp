@@ -2,6 +2,7 @@
 #include "dtrain/checkpoint/manager.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -121,15 +122,18 @@ std::string CheckpointManager::save(std::optional<std::int64_t> checkpoint_numbe
       Checkpoint::write_snapshot(direct, path, /*sync_folder=*/false);
       commit(entry);
     }
-    if (workers) check_same_state_on_every_worker(*workers, digest_of(direct.data), "checkpoint " + path);
+    if (workers) check_same_state_on_every_worker(*workers, digest_of(direct), "checkpoint " + path);
     return path;
   }
   checkpoint_.snapshot(snapshot_, /*copy=*/true);
   writer_ = std::thread([this, entry, path, writes, check = workers != nullptr] {
-    // Below the training threads: on a machine whose cores all train, the write waits.
-    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+    // The writer runs only where a core would otherwise idle (SCHED_IDLE): on a machine whose
+    // cores all train, it takes the moments they wait, instead of a training thread's turn
+    // that the others would wait for at their next barrier.
+    const sched_param idle{};
+    if (::sched_setscheduler(0, SCHED_IDLE, &idle) != 0) ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
     try {
-      if (check) pending_digest_check_ = digest_of(snapshot_.data);
+      if (check) pending_digest_check_ = digest_of(snapshot_);
       if (writes) {
         Checkpoint::write_snapshot(snapshot_, path, /*sync_folder=*/false);
         commit(entry);
@@ -204,7 +208,7 @@ RestoredCheckpoint CheckpointManager::restore_latest(RestoreOptions options) {
   if (StrategyBackend* workers = checkpoint_.multi_worker()) {
     Snapshot mine;
     checkpoint_.snapshot(mine, /*copy=*/false);
-    check_same_state_on_every_worker(*workers, digest_of(mine.data),
+    check_same_state_on_every_worker(*workers, digest_of(mine),
                                      "the state restored from " + result.path.value_or("nothing (a fresh start)"));
   }
   return result;

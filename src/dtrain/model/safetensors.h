@@ -4,7 +4,9 @@
 // JAX and others read it.
 #pragma once
 
+#include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +34,25 @@ NamedTensors load_safetensors(const std::string& path);
 // `sync_folder` false leaves the folder's fsync to the caller, which writes more files
 // there and syncs the folder once (CheckpointManager and its index).
 void save_checked(const std::string& path, const NamedTensors& data, bool sync_folder = true);
+// Tensors as a checkpoint file will hold them, each with its checksum (tensor_checksum).
+struct CheckedTensors {
+  NamedTensors data;
+  std::vector<std::uint64_t> checksums;  // one per tensor of data, in order
+  // When packed (pack): one block holding the tensors' bytes as the file's data
+  // section lays them out, aligned for direct I/O; data's tensors are views into it.
+  std::shared_ptr<void> block;
+  std::size_t block_bytes = 0;  // its capacity, a multiple of 4096
+};
+// Copies `from` into `into`'s block (kept from the last call when large enough), leaving
+// the checksums to add_checksums, which a writer thread calls: the copy is all the caller
+// pays.
+void pack(const NamedTensors& from, CheckedTensors& into);
+// Computes the checksums `tensors` lacks.
+void add_checksums(CheckedTensors& tensors);
+// save_checked of tensors whose checksums are known. A packed block is written as it is,
+// with direct I/O where the file system has it (the kernel neither copies nor caches it),
+// after a header padded with spaces so that the data begins at a multiple of 4096 bytes.
+void save_checked(const std::string& path, const CheckedTensors& tensors, bool sync_folder = true);
 // fsync of a folder, so that the names renamed into it survive a power loss.
 void sync_folder_of(const std::string& path);
 // load_safetensors, then every checksum verified. A file that is truncated anywhere, has
