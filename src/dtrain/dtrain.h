@@ -30,4 +30,5 @@
 #include "dtrain/optim/optimizer.h"
 #include "dtrain/profile/profiler.h"
 #include "dtrain/profile/diagnosis.h"
+#include "dtrain/ps/partitioner.h"
 #include "dtrain/profile/summary.h"
