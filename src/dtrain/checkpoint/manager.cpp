@@ -1,16 +1,12 @@
 // CheckpointManager: the folder, its index, and the background writer.
 #include "dtrain/checkpoint/manager.h"
 
-#include <fcntl.h>
 #include <sched.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <ostream>
@@ -104,12 +100,8 @@ void CheckpointManager::commit(Entry entry) {
 }
 
 std::string CheckpointManager::save(std::optional<std::int64_t> checkpoint_number) {
-  wait_for_writer();
+  finish_writer("the checkpoint saved before this one");
   StrategyBackend* workers = checkpoint_.multi_worker();
-  if (workers && digest_pending_) {
-    digest_pending_ = false;
-    check_same_state_on_every_worker(*workers, pending_digest_check_, "the checkpoint saved before this one");
-  }
   const std::int64_t number = checkpoint_number.value_or(checkpoint_.save_counter() + 1);
   checkpoint_.set_save_counter(checkpoint_.save_counter() + 1);
   Entry entry{options_.checkpoint_name + "-" + std::to_string(number) + ".safetensors", number, options_.clock()};
@@ -151,14 +143,15 @@ void CheckpointManager::wait_for_writer() {
   if (failure_) std::rethrow_exception(std::exchange(failure_, nullptr));
 }
 
-void CheckpointManager::sync() {
+void CheckpointManager::finish_writer(const char* what) {
   wait_for_writer();
-  StrategyBackend* workers = checkpoint_.multi_worker();
-  if (workers && digest_pending_) {
-    digest_pending_ = false;
-    check_same_state_on_every_worker(*workers, pending_digest_check_, "the last checkpoint saved");
-  }
+  if (!digest_pending_) return;
+  digest_pending_ = false;
+  if (StrategyBackend* workers = checkpoint_.multi_worker())
+    check_same_state_on_every_worker(*workers, pending_digest_check_, what);
 }
+
+void CheckpointManager::sync() { finish_writer("the last checkpoint saved"); }
 
 std::optional<std::string> CheckpointManager::latest_checkpoint() const {
   if (kept_.empty()) return std::nullopt;

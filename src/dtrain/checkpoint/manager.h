@@ -85,6 +85,9 @@ class CheckpointManager {
   // Every checkpoint file in the folder, newest first (including ones the index lacks).
   std::vector<Entry> candidates() const;
   void wait_for_writer();  // rethrows the writer's failure
+  // wait_for_writer(), then, under several workers, the comparison of the written save's
+  // digest with the other workers' (`what` names that save in a mismatch's error).
+  void finish_writer(const char* what);
 
   Checkpoint& checkpoint_;
   std::string directory_;

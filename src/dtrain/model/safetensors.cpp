@@ -97,65 +97,56 @@ std::string prefix_of(const nlohmann::json& header, std::size_t align) {
   return prefix + text;
 }
 
-// Writes `prefix` and then `block`'s first `data_bytes` with direct I/O. False where the
-// file system refuses direct I/O (a tmpfs, say) before anything was written, with the file
-// left as it was; an error of the write itself throws.
-bool write_direct(int fd, const std::string& path, const std::string& prefix, const void* block,
-                  std::size_t data_bytes) {
+// Writes `head` (the prefix, copied into a page-aligned buffer) and then `block`'s first
+// `data_bytes` with direct I/O. `refused` where the file system takes no direct I/O (a
+// tmpfs, say) or not these sizes, before anything was written; `failed` with errno set.
+enum class Direct { written, refused, failed };
+Direct write_direct(int fd, const void* head, std::size_t head_bytes, const void* block, std::size_t data_bytes) {
   const int flags = ::fcntl(fd, F_GETFL);
-  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_DIRECT) != 0) return false;
-  const std::shared_ptr<void> head = aligned_block(prefix.size());
-  std::memcpy(head.get(), prefix.data(), prefix.size());
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_DIRECT) != 0) return Direct::refused;
+  if (!pwrite_all(fd, head, head_bytes, 0)) {
+    if (errno != EINVAL) return Direct::failed;
+    ::fcntl(fd, F_SETFL, flags);
+    return Direct::refused;
+  }
   // The block's capacity is a whole number of 4096-byte pages, so its last page is written
   // whole and the file then cut to its length.
-  const std::size_t tail = round_up(data_bytes, kDirectAlignment);
-  if (!pwrite_all(fd, head.get(), prefix.size(), 0)) {
-    if (errno != EINVAL) DTRAIN_THROW(IoError, path, ": writing failed (", std::strerror(errno), ")");
-    ::fcntl(fd, F_SETFL, flags);
-    return false;  // the file system takes O_DIRECT but not these sizes: nothing was written
-  }
-  if (!pwrite_all(fd, block, tail, static_cast<off_t>(prefix.size())) ||
-      ::ftruncate(fd, static_cast<off_t>(prefix.size() + data_bytes)) != 0)
-    DTRAIN_THROW(IoError, path, ": writing failed (", std::strerror(errno), ")");
-  return true;
+  const bool ok = pwrite_all(fd, block, round_up(data_bytes, kDirectAlignment), static_cast<off_t>(head_bytes)) &&
+                  ::ftruncate(fd, static_cast<off_t>(head_bytes + data_bytes)) == 0;
+  return ok ? Direct::written : Direct::failed;
 }
 
 // Writes the file through a temporary beside it, fsync'd; `durable` also fsyncs the folder
-// after the rename, so that the new name survives a power loss. A `packed` block is written
-// with direct I/O where the file system allows it.
+// after the rename, so that the new name survives a power loss. `block`, when given, holds
+// the tensors' bytes as the data section lays them out (pack), and is written with direct
+// I/O where the file system allows it.
 void write_file(const std::string& path, const NamedTensors& data, const nlohmann::json& header, bool durable,
-                const CheckedTensors* packed = nullptr) {
+                const void* block = nullptr) {
+  // Other writers pad to 8 bytes; a packed block's data begins at a page, for direct I/O.
+  const std::string prefix = prefix_of(header, block ? kDirectAlignment : 8);
+  std::shared_ptr<void> head;
+  if (block) {
+    head = aligned_block(prefix.size());
+    std::memcpy(head.get(), prefix.data(), prefix.size());
+  }
   std::string tmp = path + ".tmp-XXXXXX";  // unique per call: concurrent saves never share it
   const int fd = ::mkstemp(tmp.data());
   if (fd < 0) DTRAIN_THROW(IoError, path, ": cannot create a temporary file beside it (", std::strerror(errno), ")");
   ::fchmod(fd, 0644);
-  bool ok = true;
-  int saved_errno = 0;
-  try {
-    const bool is_packed = packed && packed->block;
-    // Other writers pad to 8 bytes; a packed block's data begins at a page, for direct I/O.
-    const std::string prefix = prefix_of(header, is_packed ? kDirectAlignment : 8);
-    bool written = false;
-    if (is_packed) {
-      std::size_t bytes = 0;
-      for (const auto& [name, t] : data.tensors) bytes += static_cast<std::size_t>(t.nbytes());
-      written = write_direct(fd, path, prefix, packed->block.get(), bytes);
+  std::size_t data_bytes = 0;
+  for (const auto& [name, t] : data.tensors) data_bytes += static_cast<std::size_t>(t.nbytes());
+  const Direct direct = block ? write_direct(fd, head.get(), prefix.size(), block, data_bytes) : Direct::refused;
+  bool ok = direct == Direct::written;
+  if (direct == Direct::refused) {
+    ok = pwrite_all(fd, prefix.data(), prefix.size(), 0);
+    off_t offset = static_cast<off_t>(prefix.size());
+    for (const auto& [name, t] : data.tensors) {
+      if (ok) ok = pwrite_all(fd, t.raw_data(), t.nbytes(), offset);
+      offset += static_cast<off_t>(t.nbytes());
     }
-    if (!written) {
-      ok = pwrite_all(fd, prefix.data(), prefix.size(), 0);
-      off_t offset = static_cast<off_t>(prefix.size());
-      for (const auto& [name, t] : data.tensors) {
-        if (ok) ok = pwrite_all(fd, t.raw_data(), t.nbytes(), offset);
-        offset += static_cast<off_t>(t.nbytes());
-      }
-    }
-    ok = ok && ::fsync(fd) == 0;
-    saved_errno = errno;
-  } catch (...) {
-    ::close(fd);
-    std::remove(tmp.c_str());
-    throw;
   }
+  ok = ok && ::fsync(fd) == 0;
+  int saved_errno = errno;
   if (::close(fd) != 0 && ok) {  // some file systems report write errors only here
     ok = false;
     saved_errno = errno;
@@ -256,7 +247,7 @@ void save_checked(const std::string& path, const CheckedTensors& tensors, bool s
   with.metadata.erase(kHeaderChecksumKey);
   nlohmann::json header = header_of(path, with);
   header["__metadata__"][kHeaderChecksumKey] = hex64(header_checksum(header));
-  write_file(path, with, header, /*durable=*/sync_folder, &tensors);
+  write_file(path, with, header, /*durable=*/sync_folder, tensors.block.get());
 }
 
 NamedTensors load_safetensors(const std::string& path) {

@@ -75,7 +75,7 @@ std::vector<ShardPlacement> place_shards(const std::vector<VariableSpec>& variab
   for (const VariableSpec& v : variables) {
     const std::int64_t n = partitioner.num_shards(v.shape, v.dtype);
     std::int64_t begin = 0, shard = 0;
-    for (const std::int64_t rows : shard_rows(v.shape.rank() == 0 ? 1 : v.shape[0], n)) {
+    for (const std::int64_t rows : shard_rows(rows_of(v.shape), n)) {
       out.push_back({v.name, shard++, n, begin, begin + rows, next});
       begin += rows;
       next = (next + 1) % num_ps;
