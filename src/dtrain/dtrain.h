@@ -30,5 +30,6 @@
 #include "dtrain/optim/optimizer.h"
 #include "dtrain/profile/profiler.h"
 #include "dtrain/profile/diagnosis.h"
+#include "dtrain/ps/cluster_coordinator.h"
 #include "dtrain/ps/partitioner.h"
 #include "dtrain/profile/summary.h"

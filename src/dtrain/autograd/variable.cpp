@@ -1,14 +1,46 @@
 // Variable reads and writes.
 #include "dtrain/autograd/variable.h"
 
+#include <mutex>
+#include <unordered_map>
+
 #include "dtrain/autograd/tape.h"
 #include "dtrain/core/replica.h"
 
 namespace dtrain {
 
+namespace {
+std::mutex trackers_mutex;
+std::unordered_map<std::uint64_t, detail::VariableTracker*>& trackers() {
+  static std::unordered_map<std::uint64_t, detail::VariableTracker*> map;
+  return map;
+}
+}  // namespace
+
+void detail::track_variables(std::uint64_t strategy, VariableTracker* tracker) {
+  std::lock_guard lock(trackers_mutex);
+  if (tracker)
+    trackers()[strategy] = tracker;
+  else
+    trackers().erase(strategy);
+}
+
 Variable::Variable(std::string name, Tensor initial_value, bool trainable)
     : name_(std::move(name)), value_(std::move(initial_value)), trainable_(trainable), strategy_(creation_scope()) {
   value_.check_defined("Variable");
+  if (strategy_ == 0) return;
+  std::lock_guard lock(trackers_mutex);
+  const auto it = trackers().find(strategy_);
+  if (it == trackers().end()) return;
+  it->second->created(*this);
+  tracked_.on = true;
+}
+
+Variable::~Variable() {
+  if (!tracked_.on) return;
+  std::lock_guard lock(trackers_mutex);
+  const auto it = trackers().find(strategy_);
+  if (it != trackers().end()) it->second->destroyed(*this);
 }
 
 const Tensor& Variable::value() const {

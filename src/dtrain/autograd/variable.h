@@ -14,6 +14,9 @@ namespace dtrain {
 class Variable {
  public:
   Variable(std::string name, Tensor initial_value, bool trainable = true);
+  ~Variable();
+  Variable(const Variable&) = default;
+  Variable& operator=(const Variable&) = default;
 
   const std::string& name() const { return name_; }
   bool trainable() const { return trainable_; }
@@ -41,6 +44,28 @@ class Variable {
   Tensor value_;
   bool trainable_;
   std::uint64_t strategy_;
+  // Whether a tracker (below) was told of this variable; copies are not tracked.
+  struct Tracked {
+    bool on = false;
+    Tracked() = default;
+    Tracked(const Tracked&) {}
+    Tracked& operator=(const Tracked&) { return *this; }
+  } tracked_;
 };
+
+namespace detail {
+// A strategy that keeps its variables elsewhere (ParameterServerStrategy: on the
+// parameter servers) is told of each variable made while its scope is open on any thread,
+// and of that variable's destruction (not of copies).
+class VariableTracker {
+ public:
+  virtual ~VariableTracker() = default;
+  virtual void created(Variable& v) = 0;
+  virtual void destroyed(Variable& v) = 0;
+};
+// Registers `tracker` for the strategy numbered `strategy` (see core/replica.h); null
+// unregisters it.
+void track_variables(std::uint64_t strategy, VariableTracker* tracker);
+}  // namespace detail
 
 }  // namespace dtrain

@@ -21,6 +21,10 @@ void rethrow_with_context(const std::exception_ptr& error, const std::string& co
     throw Preempted(head + e.what());
   } catch (const Unsupported& e) {
     throw Unsupported(head + e.what());
+  } catch (const Unavailable& e) {
+    throw Unavailable(head + e.what());
+  } catch (const Cancelled& e) {
+    throw Cancelled(head + e.what());
   } catch (const std::exception& e) {
     throw Error(head + e.what());
   } catch (...) {

@@ -39,6 +39,20 @@ class PeerFailure : public Error {
   using Error::Error;
 };
 
+// A task of the cluster cannot be reached (a parameter server that died): the message
+// names it (TensorFlow's UnavailableError).
+class Unavailable : public Error {
+ public:
+  using Error::Error;
+};
+
+// The work was cancelled before it ran, because an earlier error stopped the queue it was
+// in (TensorFlow's CancelledError).
+class Cancelled : public Error {
+ public:
+  using Error::Error;
+};
+
 // An internal invariant did not hold: a bug in dtrain, reported instead of aborting.
 class InternalError : public Error {
  public:

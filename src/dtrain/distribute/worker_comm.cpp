@@ -11,10 +11,7 @@
 #include "dtrain/core/rng.h"
 
 namespace dtrain::distribute::detail {
-namespace {
 
-// Without DTRAIN_CLUSTER_TOKEN, a token derived from the cluster's addresses keeps out
-// processes of another job that reach the same port; it is not a secret.
 std::string token_for(const cluster::ClusterSpec& cluster) {
   if (const char* given = std::getenv("DTRAIN_CLUSTER_TOKEN"); given && *given) return given;
   std::string spec;
@@ -23,8 +20,6 @@ std::string token_for(const cluster::ClusterSpec& cluster) {
   o << "cluster-" << std::hex << fnv1a(spec);
   return o.str();
 }
-
-}  // namespace
 
 WorkerComm::WorkerComm(WorkerCommOptions options) : options_(std::move(options)) {
   const cluster::TfConfig& config = options_.config;

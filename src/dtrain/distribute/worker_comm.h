@@ -27,6 +27,10 @@ class TcpStoreServer;
 
 namespace dtrain::distribute::detail {
 
+// DTRAIN_CLUSTER_TOKEN, else a token derived from the cluster's addresses: it keeps out
+// processes of another job that reach the same port; it is not a secret.
+std::string token_for(const cluster::ClusterSpec& cluster);
+
 struct WorkerCommOptions {
   cluster::TfConfig config;
   // Joining processes must present it; empty: DTRAIN_CLUSTER_TOKEN, else one derived

@@ -38,9 +38,20 @@ void Optimizer::apply_gradients(const std::vector<std::pair<Tensor, Variable*>>&
   apply_gradients(grads, vars);
 }
 
+namespace {
+thread_local detail::GradientSink* gradient_sink = nullptr;
+}
+
+detail::ScopedGradientSink::ScopedGradientSink(GradientSink* sink) : saved_(gradient_sink) { gradient_sink = sink; }
+detail::ScopedGradientSink::~ScopedGradientSink() { gradient_sink = saved_; }
+
 void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars) {
   if (grads.size() != vars.size())
     DTRAIN_THROW(InvalidArgument, name_, ": ", grads.size(), " gradients given for ", vars.size(), " variables");
+  if (gradient_sink) {
+    gradient_sink->push(*this, grads, vars);
+    return;
+  }
   // Inside strategy.run(): as in TensorFlow, the replicas' gradients are summed and the
   // shared variables updated once.
   if (CrossReplica* cross = replica_context().cross) {

@@ -144,6 +144,28 @@ class AdamW final : public Adam {
         OptimizerOptions options = {});
 };
 
+namespace detail {
+// Where apply_gradients() sends the gradients instead of applying them, set on a thread:
+// a ParameterServerStrategy worker's closure pushes them to the parameter servers, whose
+// copy of the optimizer applies them.
+class GradientSink {
+ public:
+  virtual ~GradientSink() = default;
+  virtual void push(const Optimizer& optimizer, std::span<const Tensor> grads, std::span<Variable* const> vars) = 0;
+};
+// Sets the calling thread's sink for the guard's lifetime.
+class ScopedGradientSink {
+ public:
+  explicit ScopedGradientSink(GradientSink* sink);
+  ~ScopedGradientSink();
+  ScopedGradientSink(const ScopedGradientSink&) = delete;
+  ScopedGradientSink& operator=(const ScopedGradientSink&) = delete;
+
+ private:
+  GradientSink* saved_;
+};
+}  // namespace detail
+
 // "sgd", "adam", "adamw" with Keras's defaults.
 std::unique_ptr<Optimizer> get(const std::string& name);
 

@@ -1,0 +1,1165 @@
+// ParameterServerStrategy and ClusterCoordinator over gRPC: the coordinator's queue and
+// its thread per worker, the workers' and parameter servers' services, and the pulls and
+// pushes between them.
+#include "dtrain/ps/cluster_coordinator.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "dtrain/core/error.h"
+#include "dtrain/distribute/worker_comm.h"
+#include "dtrain/model/compile_config.h"
+#include "dtrain/optim/optimizer.h"
+#include "dtrain/ps/parameter_store.h"
+#include "dtrain/ps/ps.grpc.pb.h"
+
+namespace dtrain::distribute {
+namespace wire = dtrain::ps::wire;
+
+namespace detail {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::chrono::duration<double> seconds_or(double given, double fallback) {
+  return std::chrono::duration<double>(given > 0 ? given : fallback);
+}
+
+
+void set_deadline(grpc::ClientContext& context, std::chrono::duration<double> d) {
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::duration_cast<std::chrono::system_clock::duration>(d));
+}
+
+// The codes a worker's Run answers with for an error of its closure; every other code
+// means the call itself failed (the worker died, hung or cannot be reached).
+constexpr grpc::StatusCode kInvalidArgument = grpc::StatusCode::INVALID_ARGUMENT;
+constexpr grpc::StatusCode kParameterServerUnavailable = grpc::StatusCode::FAILED_PRECONDITION;
+constexpr grpc::StatusCode kClosureFailed = grpc::StatusCode::ABORTED;
+constexpr grpc::StatusCode kNoSuchFunction = grpc::StatusCode::NOT_FOUND;
+constexpr grpc::StatusCode kWrongToken = grpc::StatusCode::PERMISSION_DENIED;
+
+bool is_application_error(grpc::StatusCode code) {
+  return code == kInvalidArgument || code == kParameterServerUnavailable || code == kClosureFailed ||
+         code == kNoSuchFunction || code == kWrongToken;
+}
+
+[[noreturn]] void throw_status(const grpc::Status& status, const std::string& context) {
+  const std::string message = context + ": " + status.error_message();
+  switch (status.error_code()) {
+    case kInvalidArgument:
+    case kNoSuchFunction:
+    case kWrongToken:
+      throw InvalidArgument(message);
+    case kParameterServerUnavailable:
+    case grpc::StatusCode::UNAVAILABLE:
+      throw Unavailable(message);
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      throw Unavailable(context + ": no answer before the deadline (" + status.error_message() + ")");
+    default:
+      throw Error(message);
+  }
+}
+
+grpc::Status status_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const InvalidArgument& e) {
+    return {kInvalidArgument, e.what()};
+  } catch (const Unavailable& e) {
+    return {kParameterServerUnavailable, e.what()};
+  } catch (const std::exception& e) {
+    return {kClosureFailed, e.what()};
+  } catch (...) {
+    return {kClosureFailed, "an exception that is not a std::exception"};
+  }
+}
+
+std::string shape_text(const Shape& s) { return s.to_string(); }
+
+Shape shape_of(const google::protobuf::RepeatedField<std::int64_t>& dims) {
+  return Shape(std::vector<std::int64_t>(dims.begin(), dims.end()));
+}
+
+// Rows [begin, end) of a float32 tensor, as bytes.
+std::string_view rows_bytes(const Tensor& t, std::int64_t begin, std::int64_t end) {
+  const std::int64_t row = t.rank() == 0 ? 1 : t.numel() / std::max<std::int64_t>(1, t.dim(0));
+  const char* base = static_cast<const char*>(t.raw_data());
+  return {base + static_cast<std::size_t>(begin * row) * sizeof(float),
+          static_cast<std::size_t>((end - begin) * row) * sizeof(float)};
+}
+
+Shape shard_shape(const Shape& whole, std::int64_t rows) {
+  if (whole.rank() == 0) return whole;
+  std::vector<std::int64_t> dims(whole.dims().begin(), whole.dims().end());
+  dims[0] = rows;
+  return Shape(dims);
+}
+
+// A pair of fixed-size waits for several asynchronous calls.
+class Latch {
+ public:
+  explicit Latch(std::size_t count) : left_(count) {}
+  void count_down() {
+    std::lock_guard lock(mutex_);
+    if (--left_ == 0) done_.notify_all();
+  }
+  void wait() {
+    std::unique_lock lock(mutex_);
+    done_.wait(lock, [&] { return left_ == 0; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_;
+  std::size_t left_;
+};
+
+// The first line where a worker's model description differs from the chief's.
+std::string first_difference(const std::string& there, const std::string& here) {
+  std::istringstream a(there), b(here);
+  std::string x, y;
+  for (;;) {
+    const bool has_x = static_cast<bool>(std::getline(a, x));
+    const bool has_y = static_cast<bool>(std::getline(b, y));
+    if (!has_x && !has_y) return "(no difference)";
+    if (!has_x) return "it lacks " + y;
+    if (!has_y) return "it has " + x + " in addition";
+    if (x != y) return "it has " + x + " where the chief has " + y;
+  }
+}
+
+}  // namespace
+
+struct Closure {
+  std::uint64_t id = 0;
+  RemoteFunction function;
+  PerWorkerIterator iterator;
+  std::mutex mutex;
+  std::condition_variable finished;
+  bool done = false;
+  std::vector<Tensor> results;
+  std::exception_ptr error;
+
+  void finish(std::vector<Tensor> values, std::exception_ptr failure) {
+    std::lock_guard lock(mutex);
+    results = std::move(values);
+    error = std::move(failure);
+    done = true;
+    finished.notify_all();
+  }
+};
+
+// fit() under ParameterServerStrategy is not built: the backend only gives scope() a
+// strategy number for its variables.
+class PsBackend final : public StrategyBackend {
+ public:
+  std::string name() const override { return "ParameterServerStrategy"; }
+  int num_replicas() const override { return 1; }
+  void run(const std::function<void(int)>& fn) override { fn(0); }
+  std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const>, std::span<const DenseVariables>) override {
+    DTRAIN_THROW(Unsupported, "model.fit under ParameterServerStrategy: not available in this version; define a step ",
+                 "function and schedule it with ClusterCoordinator (see docs/parameter_server.md)");
+  }
+};
+
+class PsRuntime final : public dtrain::detail::VariableTracker {
+ public:
+  PsRuntime(cluster::TfConfig config, ParameterServerOptions options);
+  ~PsRuntime() override;
+
+  // --- the variables made under scope()
+  void created(Variable& v) override {
+    std::lock_guard lock(vars_mutex_);
+    vars_.push_back(&v);
+  }
+  void destroyed(Variable& v) override {
+    std::lock_guard lock(vars_mutex_);
+    std::erase(vars_, &v);
+  }
+  std::vector<Variable*> variables() const {
+    std::lock_guard lock(vars_mutex_);
+    return vars_;
+  }
+  std::vector<ShardPlacement> placement(const std::vector<Variable*>& vars) const;
+  static std::string model_description(const std::vector<Variable*>& vars);
+
+  // --- RPC plumbing
+  void fill(wire::Caller* caller) const {
+    caller->set_token(token_);
+    caller->set_task(task_name_);
+  }
+  grpc::Status check(const wire::Caller& caller) {
+    if (caller.token() != token_)
+      return {kWrongToken, task_name_ + " refuses a call from " + (caller.task().empty() ? "a process" : caller.task()) +
+                               " with another cluster token (a process of another job? DTRAIN_CLUSTER_TOKEN differs)"};
+    if (caller.task() == "chief:0") heard();
+    return grpc::Status::OK;
+  }
+  void heard() { last_heard_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed); }
+  Clock::duration silence() const {
+    return Clock::now() - Clock::time_point(Clock::duration(last_heard_.load(std::memory_order_relaxed)));
+  }
+  std::string address_of(const cluster::TaskId& task) const { return config_.cluster.address(task).to_string(); }
+  std::string describe(const cluster::TaskId& task) const { return task.to_string() + " at " + address_of(task); }
+  std::shared_ptr<grpc::Channel> channel(const cluster::TaskId& task);
+  wire::ParameterServer::Stub& ps(int i);
+  wire::Worker::Stub& worker(int i);
+
+  // Pulls every shard into `vars`; returns each ps's version.
+  std::vector<std::int64_t> pull(const std::vector<Variable*>& vars, const std::vector<ShardPlacement>& placement);
+
+  cluster::TfConfig config_;
+  ParameterServerOptions options_;
+  std::string token_;
+  std::string task_name_;
+  std::shared_ptr<PsBackend> backend_ = std::make_shared<PsBackend>();
+  std::chrono::duration<double> rpc_timeout_, heartbeat_, worker_timeout_, coordinator_timeout_;
+
+  // Defined by every task (ClusterCoordinator::define, create_per_worker_dataset).
+  struct Function {
+    ClusterCoordinator::IteratorFunction with_iterator;
+    ClusterCoordinator::PlainFunction plain;
+  };
+  std::map<std::string, Function> functions_;
+  std::vector<std::function<data::Dataset()>> datasets_;
+
+ private:
+  mutable std::mutex vars_mutex_;
+  std::vector<Variable*> vars_;
+  std::mutex channels_mutex_;
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
+  std::vector<std::unique_ptr<wire::ParameterServer::Stub>> ps_stubs_;
+  std::vector<std::unique_ptr<wire::Worker::Stub>> worker_stubs_;
+  std::atomic<Clock::rep> last_heard_{Clock::now().time_since_epoch().count()};
+};
+
+PsRuntime::PsRuntime(cluster::TfConfig config, ParameterServerOptions options)
+    : config_(std::move(config)), options_(std::move(options)) {
+  const cluster::ClusterSpec& c = config_.cluster;
+  config_.require_chief("ParameterServerStrategy");
+  if (c.num_tasks("ps") == 0)
+    DTRAIN_THROW(InvalidArgument, "TF_CONFIG: ParameterServerStrategy needs at least one 'ps' task to hold the ",
+                 "variables; cluster.ps is missing or empty");
+  if (c.num_tasks("worker") == 0)
+    DTRAIN_THROW(InvalidArgument, "TF_CONFIG: ParameterServerStrategy needs at least one 'worker' task to run the ",
+                 "closures; cluster.worker is missing or empty");
+  if (config_.task.type != "chief" && config_.task.type != "worker" && config_.task.type != "ps")
+    DTRAIN_THROW(InvalidArgument, "TF_CONFIG: task ", config_.task.to_string(),
+                 " has no part in ParameterServerStrategy (chief, worker and ps do)");
+  token_ = options_.token.empty() ? token_for(c) : options_.token;
+  task_name_ = config_.task.to_string();
+  rpc_timeout_ = seconds_or(options_.rpc_timeout_seconds, 60);
+  heartbeat_ = seconds_or(options_.heartbeat_seconds, 0.5);
+  worker_timeout_ = seconds_or(options_.worker_timeout_seconds, 10);
+  coordinator_timeout_ = seconds_or(options_.coordinator_timeout_seconds, 30);
+  ps_stubs_.resize(static_cast<std::size_t>(c.num_tasks("ps")));
+  worker_stubs_.resize(static_cast<std::size_t>(c.num_tasks("worker")));
+  dtrain::detail::track_variables(backend_->id(), this);
+}
+
+PsRuntime::~PsRuntime() { dtrain::detail::track_variables(backend_->id(), nullptr); }
+
+std::vector<ShardPlacement> PsRuntime::placement(const std::vector<Variable*>& vars) const {
+  std::vector<VariableSpec> specs;
+  specs.reserve(vars.size());
+  for (std::size_t i = 0; i < vars.size(); ++i) {
+    if (vars[i]->dtype() != DType::f32)
+      DTRAIN_THROW(InvalidArgument, "ParameterServerStrategy: variable '", vars[i]->name(), "' is ",
+                   dtype_name(vars[i]->dtype()), "; the parameter servers hold float32 variables");
+    // The index keeps two variables of one name apart.
+    specs.push_back({std::to_string(i), vars[i]->shape(), vars[i]->dtype()});
+  }
+  return place_shards(specs, options_.variable_partitioner, config_.cluster.num_tasks("ps"));
+}
+
+std::string PsRuntime::model_description(const std::vector<Variable*>& vars) {
+  std::ostringstream out;
+  for (std::size_t i = 0; i < vars.size(); ++i)
+    out << "variable " << i << " '" << vars[i]->name() << "' " << shape_text(vars[i]->shape()) << "\n";
+  return out.str();
+}
+
+std::shared_ptr<grpc::Channel> PsRuntime::channel(const cluster::TaskId& task) {
+  const std::string target = address_of(task);
+  std::lock_guard lock(channels_mutex_);
+  auto& ch = channels_[target];
+  if (!ch) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(-1);
+    args.SetMaxSendMessageSize(-1);
+    // A worker that comes back is found within a heartbeat or two, not after gRPC's
+    // default back-off of up to two minutes.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    ch = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  }
+  return ch;
+}
+
+wire::ParameterServer::Stub& PsRuntime::ps(int i) {
+  auto& stub = ps_stubs_.at(static_cast<std::size_t>(i));
+  if (!stub) stub = wire::ParameterServer::NewStub(channel({"ps", i}));
+  return *stub;
+}
+
+wire::Worker::Stub& PsRuntime::worker(int i) {
+  auto& stub = worker_stubs_.at(static_cast<std::size_t>(i));
+  if (!stub) stub = wire::Worker::NewStub(channel({"worker", i}));
+  return *stub;
+}
+
+std::vector<std::int64_t> PsRuntime::pull(const std::vector<Variable*>& vars,
+                                          const std::vector<ShardPlacement>& placement) {
+  const int num_ps = config_.cluster.num_tasks("ps");
+  std::vector<wire::PullRequest> requests(static_cast<std::size_t>(num_ps));
+  std::vector<wire::PullReply> replies(requests.size());
+  std::vector<grpc::ClientContext> contexts(requests.size());
+  std::vector<grpc::Status> statuses(requests.size());
+  Latch latch(requests.size());
+  for (int p = 0; p < num_ps; ++p) {
+    const auto i = static_cast<std::size_t>(p);
+    fill(requests[i].mutable_caller());
+    set_deadline(contexts[i], rpc_timeout_);
+    ps(p).async()->Pull(&contexts[i], &requests[i], &replies[i], [&, i](grpc::Status s) {
+      statuses[i] = std::move(s);
+      latch.count_down();
+    });
+  }
+  latch.wait();
+  std::vector<std::int64_t> versions(requests.size());
+  for (int p = 0; p < num_ps; ++p) {
+    const auto i = static_cast<std::size_t>(p);
+    if (!statuses[i].ok()) throw_status(statuses[i], task_name_ + " pulling from " + describe({"ps", p}));
+    versions[i] = replies[i].version();
+    for (const wire::Rows& rows : replies[i].shards()) {
+      const auto v = static_cast<std::size_t>(rows.variable());
+      const ShardPlacement* where = nullptr;
+      for (const ShardPlacement& s : placement)
+        if (s.variable == std::to_string(v) && s.shard == rows.shard()) where = &s;
+      if (v >= vars.size() || where == nullptr || where->ps != p)
+        DTRAIN_THROW(InvalidArgument, task_name_, ": ", describe({"ps", p}), " holds shard ", rows.shard(),
+                     " of variable ", v, ", which this task's model does not place there (another model?)");
+      Tensor& value = vars[v]->mutable_value();
+      const std::string_view target = rows_bytes(value, where->row_begin, where->row_end);
+      if (rows.values().size() != target.size())
+        DTRAIN_THROW(InvalidArgument, task_name_, ": ", describe({"ps", p}), " sent ", rows.values().size(),
+                     " bytes for shard ", rows.shard(), " of '", vars[v]->name(), "', which takes ", target.size());
+      std::memcpy(const_cast<char*>(target.data()), rows.values().data(), target.size());
+    }
+  }
+  return versions;
+}
+
+// ---------------------------------------------------------------- parameter server
+
+class PsService final : public wire::ParameterServer::Service {
+ public:
+  explicit PsService(PsRuntime& runtime) : runtime_(runtime) {}
+
+  grpc::Status Create(grpc::ServerContext*, const wire::CreateRequest* request, wire::CreateReply*) override {
+    if (auto s = runtime_.check(request->caller()); !s.ok()) return s;
+    std::map<int, std::string> names;
+    for (const wire::VariableInfo& v : request->variables()) names[v.variable()] = v.name();
+    std::vector<std::pair<ParameterStore::ShardKey, Variable>> shards;
+    for (const wire::Rows& rows : request->shards()) {
+      const Shape shape = shape_of(rows.shape());
+      if (rows.values().size() != static_cast<std::size_t>(shape.numel()) * sizeof(float))
+        return {kInvalidArgument, "shard " + std::to_string(rows.shard()) + " of variable " +
+                                      std::to_string(rows.variable()) + " has the wrong number of bytes"};
+      Tensor value = Tensor::zeros(shape);
+      std::memcpy(value.raw_data(), rows.values().data(), rows.values().size());
+      shards.emplace_back(ParameterStore::ShardKey{rows.variable(), rows.shard()},
+                          Variable(names[rows.variable()] + "/part_" + std::to_string(rows.shard()), value));
+    }
+    store_.create(request->job(), std::move(shards));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Pull(grpc::ServerContext*, const wire::PullRequest* request, wire::PullReply* reply) override {
+    if (auto s = runtime_.check(request->caller()); !s.ok()) return s;
+    if (!store_.created())
+      return {grpc::StatusCode::FAILED_PRECONDITION, runtime_.task_name_ + " holds no variables yet"};
+    const std::int64_t version = store_.read([&](const ParameterStore::ShardKey& key, const Tensor& value) {
+      wire::Rows* rows = reply->add_shards();
+      rows->set_variable(key.variable);
+      rows->set_shard(key.shard);
+      for (std::int64_t d : value.shape().dims()) rows->add_shape(d);
+      rows->set_values(value.raw_data(), value.nbytes());
+    });
+    reply->set_version(version);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Push(grpc::ServerContext*, const wire::PushRequest* request, wire::PushReply* reply) override {
+    if (auto s = runtime_.check(request->caller()); !s.ok()) return s;
+    ParameterStore::Push push;
+    push.closure = request->closure();
+    push.task = request->caller().task();
+    push.incarnation = request->incarnation();
+    push.optimizer_json = request->optimizer();
+    push.pulled_version = request->pulled_version();
+    for (const wire::Rows& rows : request->gradients()) {
+      const Shape shape = shape_of(rows.shape());
+      if (rows.values().size() != static_cast<std::size_t>(shape.numel()) * sizeof(float))
+        return {kInvalidArgument, push.task + " pushed a gradient of " + std::to_string(rows.values().size()) +
+                                      " bytes for a " + shape.to_string() + " shard"};
+      Tensor grad = Tensor::zeros(shape);
+      std::memcpy(grad.raw_data(), rows.values().data(), rows.values().size());
+      push.gradients.emplace_back(ParameterStore::ShardKey{rows.variable(), rows.shard()}, std::move(grad));
+    }
+    try {
+      const ParameterStore::PushResult result = store_.push(push);
+      reply->set_applied(result.applied);
+      reply->set_version(result.version);
+    } catch (...) {
+      return status_of(std::current_exception());
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetStatistics(grpc::ServerContext*, const wire::StatisticsRequest* request,
+                             wire::Statistics* reply) override {
+    if (auto s = runtime_.check(request->caller()); !s.ok()) return s;
+    const ParameterStore::Statistics st = store_.statistics();
+    reply->set_version(st.version);
+    reply->set_pushes_applied(st.pushes_applied);
+    reply->set_pushes_refused(st.pushes_refused);
+    reply->set_apply_seconds(st.apply_seconds);
+    for (std::int64_t c : st.staleness_counts) reply->add_staleness_counts(c);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Fence(grpc::ServerContext*, const wire::FenceRequest* request, wire::FenceReply*) override {
+    if (auto s = runtime_.check(request->caller()); !s.ok()) return s;
+    store_.fence(request->task(), request->incarnation());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Ping(grpc::ServerContext*, const wire::PingRequest* request, wire::PingReply*) override {
+    return runtime_.check(request->caller());
+  }
+
+  grpc::Status Shutdown(grpc::ServerContext*, const wire::ShutdownRequest* request, wire::ShutdownReply*) override {
+    if (auto s = runtime_.check(request->caller()); !s.ok()) return s;
+    stop();
+    return grpc::Status::OK;
+  }
+
+  void stop() {
+    std::lock_guard lock(mutex_);
+    stopped_ = true;
+    changed_.notify_all();
+  }
+  // Waits until told to stop (true) or for at most `d` (false).
+  bool wait_stopped(Clock::duration d) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, d, [&] { return stopped_; });
+  }
+
+ private:
+  PsRuntime& runtime_;
+  ParameterStore store_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool stopped_ = false;
+};
+
+// ---------------------------------------------------------------- worker
+
+// Sends the gradients of a closure's apply_gradients to the parameter servers.
+class PushSink final : public optim::detail::GradientSink {
+ public:
+  PushSink(PsRuntime& runtime, const std::vector<Variable*>& vars, const std::vector<ShardPlacement>& placement,
+           std::uint64_t closure, std::uint64_t incarnation, const std::vector<std::int64_t>& versions)
+      : runtime_(runtime), vars_(vars), placement_(placement), closure_(closure), incarnation_(incarnation),
+        versions_(versions) {}
+
+  void push(const optim::Optimizer& optimizer, std::span<const Tensor> grads, std::span<Variable* const> vars) override {
+    if (pushed_)
+      DTRAIN_THROW(InvalidArgument, runtime_.task_name_, ": a closure applied gradients twice; under ",
+                   "ParameterServerStrategy each closure pushes once (its closure id makes it count once)");
+    pushed_ = true;
+    std::vector<const Tensor*> by_variable(vars_.size(), nullptr);
+    for (std::size_t i = 0; i < vars.size(); ++i) {
+      const auto it = std::find(vars_.begin(), vars_.end(), vars[i]);
+      if (it == vars_.end())
+        DTRAIN_THROW(InvalidArgument, runtime_.task_name_, ": variable '", vars[i] ? vars[i]->name() : "(null)",
+                     "' was not made under ParameterServerStrategy.scope(), so no parameter server holds it");
+      if (!grads[i].defined()) continue;
+      if (!(grads[i].shape() == vars[i]->shape()) || grads[i].dtype() != DType::f32)
+        DTRAIN_THROW(InvalidArgument, optimizer.name(), ": gradient ", grads[i].shape().to_string(),
+                     " does not match variable '", vars[i]->name(), "' ", vars[i]->shape().to_string());
+      by_variable[static_cast<std::size_t>(it - vars_.begin())] = &grads[i];
+    }
+    const std::string optimizer_json = optimizer_to_json(optimizer).dump();
+    const int num_ps = runtime_.config_.cluster.num_tasks("ps");
+    std::vector<wire::PushRequest> requests(static_cast<std::size_t>(num_ps));
+    for (int p = 0; p < num_ps; ++p) {
+      wire::PushRequest& r = requests[static_cast<std::size_t>(p)];
+      runtime_.fill(r.mutable_caller());
+      r.set_closure(closure_);
+      r.set_incarnation(incarnation_);
+      r.set_optimizer(optimizer_json);
+      r.set_pulled_version(versions_[static_cast<std::size_t>(p)]);
+    }
+    for (const ShardPlacement& s : placement_) {
+      const auto v = static_cast<std::size_t>(std::stoll(s.variable));
+      if (!by_variable[v]) continue;
+      wire::Rows* rows = requests[static_cast<std::size_t>(s.ps)].add_gradients();
+      rows->set_variable(static_cast<int>(v));
+      rows->set_shard(static_cast<int>(s.shard));
+      for (std::int64_t d : shard_shape(vars_[v]->shape(), s.row_end - s.row_begin).dims()) rows->add_shape(d);
+      const std::string_view bytes = rows_bytes(*by_variable[v], s.row_begin, s.row_end);
+      rows->set_values(bytes.data(), bytes.size());
+    }
+    std::vector<wire::PushReply> replies(requests.size());
+    std::vector<grpc::ClientContext> contexts(requests.size());
+    std::vector<grpc::Status> statuses(requests.size());
+    Latch latch(requests.size());
+    for (int p = 0; p < num_ps; ++p) {
+      const auto i = static_cast<std::size_t>(p);
+      set_deadline(contexts[i], runtime_.rpc_timeout_);
+      runtime_.ps(p).async()->Push(&contexts[i], &requests[i], &replies[i], [&, i](grpc::Status s) {
+        statuses[i] = std::move(s);
+        latch.count_down();
+      });
+    }
+    latch.wait();
+    for (int p = 0; p < num_ps; ++p)
+      if (!statuses[static_cast<std::size_t>(p)].ok())
+        throw_status(statuses[static_cast<std::size_t>(p)],
+                     runtime_.task_name_ + " pushing to " + runtime_.describe({"ps", p}));
+  }
+
+ private:
+  PsRuntime& runtime_;
+  const std::vector<Variable*>& vars_;
+  const std::vector<ShardPlacement>& placement_;
+  std::uint64_t closure_, incarnation_;
+  const std::vector<std::int64_t>& versions_;
+  bool pushed_ = false;
+};
+
+class WorkerService final : public wire::Worker::Service {
+ public:
+  explicit WorkerService(PsRuntime& runtime) : runtime_(runtime) {}
+
+  grpc::Status Run(grpc::ServerContext*, const wire::RunRequest* request, wire::RunReply* reply) override {
+    if (auto s = runtime_.check(request->caller()); !s.ok()) return s;
+    std::lock_guard run_lock(run_mutex_);  // one closure at a time
+    const auto fn = runtime_.functions_.find(request->function());
+    if (fn == runtime_.functions_.end()) {
+      std::string known;
+      for (const auto& [name, f] : runtime_.functions_) known += (known.empty() ? "'" : ", '") + name + "'";
+      return {kNoSuchFunction, runtime_.task_name_ + " has no function '" + request->function() + "' (it defined " +
+                                   (known.empty() ? "none" : known) +
+                                   "); every task must define the same functions before serve()"};
+    }
+    try {
+      data::Iterator* it = nullptr;
+      if (request->dataset() >= 0) it = &iterator(request->dataset(), request->iterator());
+      if (vars_.empty()) {
+        vars_ = runtime_.variables();
+        placement_ = runtime_.placement(vars_);
+      }
+      const std::vector<std::int64_t> versions = runtime_.pull(vars_, placement_);
+      PushSink sink(runtime_, vars_, placement_, request->closure(), request->incarnation(), versions);
+      optim::detail::ScopedGradientSink scoped(&sink);
+      const std::vector<Tensor> results = it ? fn->second.with_iterator(*it) : fn->second.plain();
+      for (const Tensor& t : results) {
+        wire::TensorValue* out = reply->add_results();
+        const Tensor value = t.dtype() == DType::bf16 ? t.astype(DType::f32) : t;
+        out->set_dtype(std::string(dtype_name(value.dtype())));
+        for (std::int64_t d : value.shape().dims()) out->add_shape(d);
+        out->set_data(value.raw_data(), value.nbytes());
+      }
+    } catch (...) {
+      return status_of(std::current_exception());
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Ping(grpc::ServerContext*, const wire::PingRequest* request, wire::PingReply* reply) override {
+    if (auto s = runtime_.check(request->caller()); !s.ok()) return s;
+    reply->set_model(PsRuntime::model_description(runtime_.variables()));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Shutdown(grpc::ServerContext*, const wire::ShutdownRequest* request, wire::ShutdownReply*) override {
+    if (auto s = runtime_.check(request->caller()); !s.ok()) return s;
+    std::lock_guard lock(mutex_);
+    stopped_ = true;
+    changed_.notify_all();
+    return grpc::Status::OK;
+  }
+
+  bool wait_stopped(Clock::duration d) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, d, [&] { return stopped_; });
+  }
+
+ private:
+  data::Iterator& iterator(int dataset, int index) {
+    if (dataset >= static_cast<int>(runtime_.datasets_.size()))
+      DTRAIN_THROW(InvalidArgument, runtime_.task_name_, " has no per-worker dataset ", dataset, " (it made ",
+                   runtime_.datasets_.size(), "); every task must make the same per-worker datasets before serve()");
+    const auto key = std::make_pair(dataset, index);
+    auto it = iterators_.find(key);
+    if (it == iterators_.end())
+      it = iterators_.emplace(key, runtime_.datasets_[static_cast<std::size_t>(dataset)]().make_iterator()).first;
+    return it->second;
+  }
+
+  PsRuntime& runtime_;
+  std::mutex run_mutex_;
+  std::vector<Variable*> vars_;
+  std::vector<ShardPlacement> placement_;
+  std::map<std::pair<int, int>, data::Iterator> iterators_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool stopped_ = false;
+};
+
+// ---------------------------------------------------------------- coordinator
+
+class Coordinator {
+ public:
+  explicit Coordinator(std::shared_ptr<PsRuntime> runtime) : runtime_(std::move(runtime)) {
+    workers_.resize(static_cast<std::size_t>(runtime_->config_.cluster.num_tasks("worker")));
+    heartbeat_ = std::thread([this] { heartbeat_loop(); });
+  }
+  ~Coordinator();
+
+  std::shared_ptr<Closure> schedule(const RemoteFunction& fn, PerWorkerIterator it);
+  void join();
+  bool done() const {
+    std::lock_guard lock(mutex_);
+    return queue_.empty() && running_ == 0;
+  }
+  ClusterCoordinator::Statistics statistics() const;
+
+ private:
+  struct WorkerState {
+    bool connected = false;
+    std::uint64_t incarnation = 0;
+    Clock::time_point last_answer;
+    grpc::ClientContext* in_flight = nullptr;  // the Run under way, for the heartbeat to cancel
+  };
+
+  void start();
+  void dispatch(int w);
+  enum class Reached { yes, no, refused };
+  Reached connect(int w, std::uint64_t& incarnation);
+  void lost(int w, std::uint64_t incarnation, const std::shared_ptr<Closure>& closure, const std::string& why);
+  void fail(const std::shared_ptr<Closure>& closure, std::exception_ptr error);
+  void heartbeat_loop();
+  std::shared_ptr<Closure> take();
+
+  std::shared_ptr<PsRuntime> runtime_;
+  std::vector<Variable*> vars_;
+  std::vector<ShardPlacement> placement_;
+  std::string model_;
+  bool started_ = false;
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::shared_ptr<Closure>> queue_;
+  int running_ = 0;
+  bool stopping_ = false;
+  std::exception_ptr error_;  // the first since the last join
+  std::vector<WorkerState> workers_;
+  std::uint64_t next_closure_ = 1;
+  std::uint64_t next_incarnation_ = 1;
+  ClusterCoordinator::Statistics stats_;
+  std::vector<std::thread> dispatchers_;
+  std::thread heartbeat_;
+};
+
+void Coordinator::start() {
+  // Called under mutex_ by the first schedule().
+  started_ = true;
+  vars_ = runtime_->variables();
+  if (vars_.empty())
+    DTRAIN_THROW(InvalidArgument, "ClusterCoordinator: no variable was made under ParameterServerStrategy.scope() on ",
+                 "the chief; build the model inside the scope before scheduling");
+  placement_ = runtime_->placement(vars_);
+  model_ = PsRuntime::model_description(vars_);
+  const int num_ps = runtime_->config_.cluster.num_tasks("ps");
+  std::uint64_t job = std::random_device{}();
+  job = (job << 32) ^ std::random_device{}();
+  for (int p = 0; p < num_ps; ++p) {
+    wire::CreateRequest request;
+    runtime_->fill(request.mutable_caller());
+    request.set_job(job);
+    for (std::size_t v = 0; v < vars_.size(); ++v) {
+      wire::VariableInfo* info = request.add_variables();
+      info->set_variable(static_cast<int>(v));
+      info->set_name(vars_[v]->name());
+      for (std::int64_t d : vars_[v]->shape().dims()) info->add_shape(d);
+    }
+    for (const ShardPlacement& s : placement_) {
+      if (s.ps != p) continue;
+      const auto v = static_cast<std::size_t>(std::stoll(s.variable));
+      wire::Rows* rows = request.add_shards();
+      rows->set_variable(static_cast<int>(v));
+      rows->set_shard(static_cast<int>(s.shard));
+      for (std::int64_t d : shard_shape(vars_[v]->shape(), s.row_end - s.row_begin).dims()) rows->add_shape(d);
+      const std::string_view bytes = rows_bytes(vars_[v]->mutable_value(), s.row_begin, s.row_end);
+      rows->set_values(bytes.data(), bytes.size());
+    }
+    grpc::ClientContext context;
+    set_deadline(context, runtime_->rpc_timeout_);
+    context.set_wait_for_ready(true);  // the ps may still be starting
+    wire::CreateReply reply;
+    const grpc::Status status = runtime_->ps(p).Create(&context, request, &reply);
+    if (!status.ok()) throw_status(status, "placing the variables on " + runtime_->describe({"ps", p}));
+  }
+  for (int w = 0; w < static_cast<int>(workers_.size()); ++w) dispatchers_.emplace_back([this, w] { dispatch(w); });
+}
+
+std::shared_ptr<Closure> Coordinator::schedule(const RemoteFunction& fn, PerWorkerIterator it) {
+  std::unique_lock lock(mutex_);
+  if (error_) {
+    // TensorFlow's rule: a pending error surfaces at the next schedule or join.
+    std::exception_ptr e = std::exchange(error_, nullptr);
+    std::rethrow_exception(e);
+  }
+  if (!started_) start();
+  auto closure = std::make_shared<Closure>();
+  closure->id = next_closure_++;
+  closure->function = fn;
+  closure->iterator = it;
+  queue_.push_back(closure);
+  ++stats_.closures_scheduled;
+  changed_.notify_all();
+  return closure;
+}
+
+std::shared_ptr<Closure> Coordinator::take() {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+  if (stopping_) return nullptr;
+  std::shared_ptr<Closure> c = queue_.front();
+  queue_.pop_front();
+  ++running_;
+  return c;
+}
+
+Coordinator::Reached Coordinator::connect(int w, std::uint64_t& incarnation) {
+  wire::PingRequest request;
+  runtime_->fill(request.mutable_caller());
+  wire::PingReply reply;
+  grpc::ClientContext context;
+  set_deadline(context, runtime_->heartbeat_ * 4);
+  context.set_wait_for_ready(true);
+  const grpc::Status status = runtime_->worker(w).Ping(&context, request, &reply);
+  if (status.error_code() == kWrongToken) {
+    fail(nullptr, std::make_exception_ptr(InvalidArgument(status.error_message())));
+    return Reached::refused;
+  }
+  if (!status.ok()) return Reached::no;
+  if (reply.model() != model_) {
+    fail(nullptr, std::make_exception_ptr(InvalidArgument(dtrain::detail::concat(
+                      runtime_->describe({"worker", w}), " built another model than the chief: ",
+                      first_difference(reply.model(), model_),
+                      "; every task must build the same model under strategy.scope()"))));
+    return Reached::refused;  // no closure goes to it
+  }
+  std::lock_guard lock(mutex_);
+  incarnation = next_incarnation_++;
+  WorkerState& state = workers_[static_cast<std::size_t>(w)];
+  state.connected = true;
+  state.incarnation = incarnation;
+  state.last_answer = Clock::now();
+  return Reached::yes;
+}
+
+void Coordinator::dispatch(int w) {
+  std::uint64_t incarnation = 0;
+  bool connected = false;
+  const cluster::TaskId task{"worker", w};
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      if (stopping_) return;
+    }
+    if (!connected) {
+      const Reached reached = connect(w, incarnation);
+      if (reached == Reached::refused) return;
+      connected = reached == Reached::yes;
+      if (!connected) {
+        std::unique_lock lock(mutex_);
+        changed_.wait_for(lock, runtime_->heartbeat_, [&] { return stopping_; });
+      }
+      continue;
+    }
+    std::shared_ptr<Closure> closure = take();
+    if (!closure) return;
+    wire::RunRequest request;
+    runtime_->fill(request.mutable_caller());
+    request.set_function(closure->function.name);
+    request.set_closure(closure->id);
+    request.set_incarnation(incarnation);
+    request.set_dataset(closure->function.takes_iterator ? closure->iterator.dataset : -1);
+    request.set_iterator(closure->iterator.iterator);
+    wire::RunReply reply;
+    grpc::ClientContext context;
+    set_deadline(context, std::chrono::hours(1));  // a hung worker is found by the heartbeat sooner
+    {
+      std::lock_guard lock(mutex_);
+      workers_[static_cast<std::size_t>(w)].in_flight = &context;
+    }
+    const grpc::Status status = runtime_->worker(w).Run(&context, request, &reply);
+    {
+      std::lock_guard lock(mutex_);
+      workers_[static_cast<std::size_t>(w)].in_flight = nullptr;
+      if (stopping_) {
+        --running_;
+        closure->finish({}, std::make_exception_ptr(Cancelled("the ClusterCoordinator was destroyed while the closure ran")));
+        return;
+      }
+    }
+    if (status.ok()) {
+      std::vector<Tensor> results;
+      try {
+        for (const wire::TensorValue& v : reply.results()) {
+          const Shape shape = shape_of(v.shape());
+          Tensor t = v.dtype() == "int32" ? Tensor::zeros(shape, DType::i32) : Tensor::zeros(shape);
+          if (v.data().size() != t.nbytes())
+            DTRAIN_THROW(InternalError, runtime_->describe(task), " returned ", v.data().size(), " bytes for a ",
+                         v.dtype(), " ", shape.to_string(), " result");
+          std::memcpy(t.raw_data(), v.data().data(), t.nbytes());
+          results.push_back(std::move(t));
+        }
+      } catch (...) {
+        fail(closure, std::current_exception());
+        continue;
+      }
+      closure->finish(std::move(results), nullptr);
+      std::lock_guard lock(mutex_);
+      --running_;
+      ++stats_.closures_finished;
+      changed_.notify_all();
+    } else if (is_application_error(status.error_code())) {
+      try {
+        throw_status(status, dtrain::detail::concat(runtime_->describe(task), " running '", closure->function.name,
+                                            "' (closure ", closure->id, ")"));
+      } catch (...) {
+        fail(closure, std::current_exception());
+      }
+    } else {
+      lost(w, incarnation, closure, status.error_message());
+      connected = false;
+    }
+  }
+}
+
+void Coordinator::lost(int w, std::uint64_t incarnation, const std::shared_ptr<Closure>& closure,
+                       const std::string& /*why*/) {
+  // Fence first: pushes the lost incarnation still sends are refused, so the closure's
+  // gradients count once whichever run of it reaches a ps first.
+  const std::string task = cluster::TaskId{"worker", w}.to_string();
+  for (int p = 0; p < runtime_->config_.cluster.num_tasks("ps"); ++p) {
+    wire::FenceRequest request;
+    runtime_->fill(request.mutable_caller());
+    request.set_task(task);
+    request.set_incarnation(incarnation);
+    wire::FenceReply reply;
+    grpc::ClientContext context;
+    set_deadline(context, runtime_->rpc_timeout_);
+    const grpc::Status status = runtime_->ps(p).Fence(&context, request, &reply);
+    if (!status.ok()) {
+      try {
+        throw_status(status, "fencing off the lost " + task + " on " + runtime_->describe({"ps", p}));
+      } catch (...) {
+        fail(closure, std::current_exception());
+      }
+      return;
+    }
+  }
+  std::lock_guard lock(mutex_);
+  WorkerState& state = workers_[static_cast<std::size_t>(w)];
+  state.connected = false;
+  ++stats_.workers_lost;
+  ++stats_.closures_rerun;
+  --running_;
+  queue_.push_front(closure);
+  changed_.notify_all();
+}
+
+void Coordinator::fail(const std::shared_ptr<Closure>& closure, std::exception_ptr error) {
+  std::deque<std::shared_ptr<Closure>> cancelled;
+  {
+    std::lock_guard lock(mutex_);
+    if (!error_) error_ = error;
+    cancelled.swap(queue_);
+    if (closure) {
+      --running_;
+      ++stats_.closures_finished;
+    }
+    changed_.notify_all();
+  }
+  if (closure) closure->finish({}, error);
+  for (const auto& c : cancelled)
+    c->finish({}, std::make_exception_ptr(Cancelled(dtrain::detail::concat(
+                      "closure ", c->id, " ('", c->function.name, "') was cancelled: an earlier closure failed: ",
+                      message_of(error)))));
+}
+
+void Coordinator::heartbeat_loop() {
+  const int num_workers = static_cast<int>(workers_.size());
+  const int num_ps = runtime_->config_.cluster.num_tasks("ps");
+  std::vector<Clock::time_point> ps_answered(static_cast<std::size_t>(num_ps), Clock::now());
+  std::vector<bool> ps_reported(static_cast<std::size_t>(num_ps), false);
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      if (changed_.wait_for(lock, runtime_->heartbeat_, [&] { return stopping_; })) return;
+    }
+    wire::PingRequest request;
+    runtime_->fill(request.mutable_caller());
+    for (int p = 0; p < num_ps; ++p) {
+      wire::PingReply reply;
+      grpc::ClientContext context;
+      set_deadline(context, runtime_->heartbeat_);
+      const auto i = static_cast<std::size_t>(p);
+      if (runtime_->ps(p).Ping(&context, request, &reply).ok()) {
+        ps_answered[i] = Clock::now();
+      } else if (Clock::now() - ps_answered[i] > runtime_->rpc_timeout_ && !ps_reported[i]) {
+        bool started = false;
+        {
+          std::lock_guard lock(mutex_);
+          started = started_;
+        }
+        if (started) {
+          ps_reported[i] = true;
+          fail(nullptr, std::make_exception_ptr(Unavailable(dtrain::detail::concat(
+                            runtime_->describe({"ps", p}), " has not answered for ",
+                            std::chrono::duration<double>(runtime_->rpc_timeout_).count(), " s"))));
+        }
+      }
+    }
+    for (int w = 0; w < num_workers; ++w) {
+      {
+        std::lock_guard lock(mutex_);
+        if (!workers_[static_cast<std::size_t>(w)].connected) continue;
+      }
+      wire::PingReply reply;
+      grpc::ClientContext context;
+      set_deadline(context, runtime_->heartbeat_);
+      const bool ok = runtime_->worker(w).Ping(&context, request, &reply).ok();
+      std::lock_guard lock(mutex_);
+      WorkerState& state = workers_[static_cast<std::size_t>(w)];
+      if (ok) {
+        state.last_answer = Clock::now();
+      } else if (Clock::now() - state.last_answer > runtime_->worker_timeout_ && state.in_flight) {
+        state.in_flight->TryCancel();  // its dispatcher then counts it lost
+      }
+    }
+  }
+}
+
+void Coordinator::join() {
+  {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return (queue_.empty() && running_ == 0) || stopping_; });
+    if (error_) {
+      std::exception_ptr e = std::exchange(error_, nullptr);
+      std::rethrow_exception(e);
+    }
+    if (!started_) return;
+  }
+  runtime_->pull(vars_, placement_);
+}
+
+ClusterCoordinator::Statistics Coordinator::statistics() const {
+  ClusterCoordinator::Statistics s;
+  {
+    std::lock_guard lock(mutex_);
+    s = stats_;
+  }
+  for (int p = 0; p < runtime_->config_.cluster.num_tasks("ps"); ++p) {
+    wire::StatisticsRequest request;
+    runtime_->fill(request.mutable_caller());
+    wire::Statistics reply;
+    grpc::ClientContext context;
+    set_deadline(context, runtime_->rpc_timeout_);
+    const grpc::Status status = runtime_->ps(p).GetStatistics(&context, request, &reply);
+    if (!status.ok()) throw_status(status, "asking " + runtime_->describe({"ps", p}) + " for its statistics");
+    s.pushes_applied += reply.pushes_applied();
+    s.pushes_refused += reply.pushes_refused();
+    if (s.staleness_counts.size() < static_cast<std::size_t>(reply.staleness_counts_size()))
+      s.staleness_counts.resize(static_cast<std::size_t>(reply.staleness_counts_size()), 0);
+    for (int i = 0; i < reply.staleness_counts_size(); ++i)
+      s.staleness_counts[static_cast<std::size_t>(i)] += reply.staleness_counts(i);
+  }
+  return s;
+}
+
+Coordinator::~Coordinator() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    for (WorkerState& w : workers_)
+      if (w.in_flight) w.in_flight->TryCancel();
+    changed_.notify_all();
+  }
+  for (std::thread& t : dispatchers_) t.join();
+  heartbeat_.join();
+  for (const auto& c : queue_)
+    c->finish({}, std::make_exception_ptr(Cancelled("the ClusterCoordinator was destroyed before the closure ran")));
+  // Tell every task the job is over (those that cannot be reached stop by themselves).
+  wire::ShutdownRequest request;
+  runtime_->fill(request.mutable_caller());
+  auto tell = [&](auto& stub) {
+    wire::ShutdownReply reply;
+    grpc::ClientContext context;
+    set_deadline(context, std::chrono::seconds(2));
+    (void)stub.Shutdown(&context, request, &reply);
+  };
+  for (int w = 0; w < static_cast<int>(workers_.size()); ++w) tell(runtime_->worker(w));
+  for (int p = 0; p < runtime_->config_.cluster.num_tasks("ps"); ++p) tell(runtime_->ps(p));
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- public API
+
+ParameterServerStrategy::ParameterServerStrategy(ParameterServerOptions options)
+    : ParameterServerStrategy(cluster::tf_config_from_environment(), std::move(options)) {}
+
+ParameterServerStrategy::ParameterServerStrategy(const cluster::TfConfig& config, ParameterServerOptions options)
+    : runtime_(std::make_shared<detail::PsRuntime>(config, std::move(options))) {}
+
+ParameterServerStrategy::~ParameterServerStrategy() = default;
+
+dtrain::detail::ScopedStrategy ParameterServerStrategy::scope() const {
+  return dtrain::detail::ScopedStrategy(runtime_->backend_);
+}
+const cluster::TaskId& ParameterServerStrategy::task() const { return runtime_->config_.task; }
+int ParameterServerStrategy::num_workers() const { return runtime_->config_.cluster.num_tasks("worker"); }
+int ParameterServerStrategy::num_ps() const { return runtime_->config_.cluster.num_tasks("ps"); }
+std::vector<Variable*> ParameterServerStrategy::variables() const { return runtime_->variables(); }
+std::vector<ShardPlacement> ParameterServerStrategy::placement() const {
+  return runtime_->placement(runtime_->variables());
+}
+
+PerWorkerIterator PerWorkerDataset::iterator() { return {id_, iterators_++}; }
+
+const std::vector<Tensor>& RemoteValue::fetch() const {
+  std::unique_lock lock(closure_->mutex);
+  closure_->finished.wait(lock, [&] { return closure_->done; });
+  if (closure_->error) std::rethrow_exception(closure_->error);
+  return closure_->results;
+}
+
+bool RemoteValue::done() const {
+  std::lock_guard lock(closure_->mutex);
+  return closure_->done;
+}
+
+ClusterCoordinator::ClusterCoordinator(ParameterServerStrategy& strategy) : runtime_(strategy.runtime_) {
+  if (strategy.is_chief()) coordinator_ = std::make_unique<detail::Coordinator>(runtime_);
+}
+
+ClusterCoordinator::~ClusterCoordinator() = default;
+
+detail::Coordinator& ClusterCoordinator::coordinator() const {
+  if (!coordinator_)
+    DTRAIN_THROW(InvalidArgument, "ClusterCoordinator: ", runtime_->task_name_, " is not the coordinator; only the ",
+                 "chief schedules closures (workers and parameter servers call serve())");
+  return *coordinator_;
+}
+
+RemoteValue ClusterCoordinator::schedule(const RemoteFunction& fn) {
+  if (fn.takes_iterator)
+    DTRAIN_THROW(InvalidArgument, "ClusterCoordinator::schedule: '", fn.name, "' takes an iterator; pass one");
+  return RemoteValue(coordinator().schedule(fn, {}));
+}
+
+RemoteValue ClusterCoordinator::schedule(const RemoteFunction& fn, const PerWorkerIterator& iterator) {
+  if (!fn.takes_iterator)
+    DTRAIN_THROW(InvalidArgument, "ClusterCoordinator::schedule: '", fn.name, "' takes no iterator");
+  if (iterator.dataset < 0 || iterator.dataset >= static_cast<int>(runtime_->datasets_.size()))
+    DTRAIN_THROW(InvalidArgument, "ClusterCoordinator::schedule: no per-worker dataset ", iterator.dataset);
+  return RemoteValue(coordinator().schedule(fn, iterator));
+}
+
+void ClusterCoordinator::join() { coordinator().join(); }
+bool ClusterCoordinator::done() const { return coordinator().done(); }
+ClusterCoordinator::Statistics ClusterCoordinator::statistics() const { return coordinator().statistics(); }
+
+void ClusterCoordinator::serve() {
+  if (coordinator_)
+    DTRAIN_THROW(InvalidArgument, "ClusterCoordinator::serve: the chief coordinates; workers and parameter ",
+                 "servers serve");
+  detail::PsRuntime& rt = *runtime_;
+  const std::string address = rt.address_of(rt.config_.task);
+  std::unique_ptr<detail::PsService> ps;
+  std::unique_ptr<detail::WorkerService> worker;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(-1);
+  builder.SetMaxSendMessageSize(-1);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a port in use is an error, not shared
+  if (rt.config_.task.type == "ps") {
+    ps = std::make_unique<detail::PsService>(rt);
+    builder.RegisterService(ps.get());
+  } else {
+    worker = std::make_unique<detail::WorkerService>(rt);
+    builder.RegisterService(worker.get());
+  }
+  const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0)
+    DTRAIN_THROW(IoError, rt.task_name_, " cannot listen on ", address, " (TF_CONFIG's address for it; is the port ",
+                 "in use?)");
+  rt.heard();
+  const auto poll = std::chrono::milliseconds(100);
+  for (;;) {
+    if (ps ? ps->wait_stopped(poll) : worker->wait_stopped(poll)) break;
+    if (rt.silence() > rt.coordinator_timeout_) {
+      server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+      DTRAIN_THROW(PeerFailure, rt.task_name_, ": the coordinator (", rt.describe({"chief", 0}), ") has not been heard ",
+                   "from for ", std::chrono::duration<double>(rt.coordinator_timeout_).count(),
+                   " s; it died or was stopped, so this task stops too");
+    }
+  }
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+RemoteFunction ClusterCoordinator::define(const std::string& name, IteratorFunction fn) {
+  if (!fn) DTRAIN_THROW(InvalidArgument, "ClusterCoordinator::define('", name, "'): the function is empty");
+  if (!runtime_->functions_.emplace(name, detail::PsRuntime::Function{std::move(fn), {}}).second)
+    DTRAIN_THROW(InvalidArgument, "ClusterCoordinator::define: a function named '", name, "' is already defined");
+  return {name, true};
+}
+
+RemoteFunction ClusterCoordinator::define(const std::string& name, PlainFunction fn) {
+  if (!fn) DTRAIN_THROW(InvalidArgument, "ClusterCoordinator::define('", name, "'): the function is empty");
+  if (!runtime_->functions_.emplace(name, detail::PsRuntime::Function{{}, std::move(fn)}).second)
+    DTRAIN_THROW(InvalidArgument, "ClusterCoordinator::define: a function named '", name, "' is already defined");
+  return {name, false};
+}
+
+PerWorkerDataset ClusterCoordinator::create_per_worker_dataset(std::function<data::Dataset()> dataset_fn) {
+  if (!dataset_fn) DTRAIN_THROW(InvalidArgument, "create_per_worker_dataset: dataset_fn is empty");
+  runtime_->datasets_.push_back(std::move(dataset_fn));
+  return PerWorkerDataset(static_cast<int>(runtime_->datasets_.size()) - 1);
+}
+
+}  // namespace dtrain::distribute

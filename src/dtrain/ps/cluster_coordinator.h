@@ -1,0 +1,188 @@
+// ParameterServerStrategy and ClusterCoordinator (tf.distribute.ParameterServerStrategy,
+// tf.distribute.coordinator.ClusterCoordinator): the variables live on the parameter
+// servers ("ps" tasks), sharded by a Partitioner; the coordinator (the "chief" task)
+// schedules closures, each of which one worker runs: pull the current values, run the
+// step with the existing kernels, push the gradients, which the ps holding each shard
+// applies with its own copy of the optimizer as they arrive (asynchronous training).
+//
+// C++ cannot ship a closure, so every task runs the same program and functions travel by
+// name:
+//
+//   distribute::ParameterServerStrategy strategy;        // TF_CONFIG: chief, worker, ps
+//   distribute::ClusterCoordinator coordinator(strategy);
+//   if (strategy.task().type == "ps") return coordinator.serve(), 0;
+//   { auto scope = strategy.scope(); model = build_model(); }    // on chief and workers
+//   auto per_worker = coordinator.create_per_worker_dataset(dataset_fn);
+//   auto train_step = coordinator.define("train_step", [&](data::Iterator& it) { ...
+//       optimizer.apply_gradients(grads, vars);                     // pushes to the ps
+//       return std::vector<Tensor>{loss}; });
+//   if (!strategy.is_chief()) return coordinator.serve(), 0;   // workers run closures
+//   auto it = per_worker.iterator();
+//   for (int s = 0; s < steps; ++s) coordinator.schedule(train_step, it);
+//   coordinator.join();                         // then the chief's variables hold the ps's values
+//
+// The rule: every worker defines the same functions and per-worker datasets, in the same
+// order, and builds the same model under scope(), before serve(); the coordinator checks
+// the model when it first reaches a worker (a mismatch is an error naming the worker and
+// the first differing variable), and a closure naming a function the worker lacks fails
+// with an error naming both. Every RPC carries the job's cluster token and a deadline.
+// See docs/parameter_server.md.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dtrain/autograd/variable.h"
+#include "dtrain/cluster/tf_config.h"
+#include "dtrain/data/dataset.h"
+#include "dtrain/model/strategy_backend.h"
+#include "dtrain/ps/partitioner.h"
+
+namespace dtrain::distribute {
+
+struct ParameterServerOptions {
+  // How variables are split over the parameter servers (default: whole, dealt in turn).
+  Partitioner variable_partitioner;
+  // The deadline of every RPC that moves variables or gradients or checks a task; 0: 60 s.
+  double rpc_timeout_seconds = 0;
+  // The coordinator pings every task this often (seconds; 0: 0.5).
+  double heartbeat_seconds = 0;
+  // A worker that answers no ping for this long is lost: its closure runs elsewhere and
+  // its later pushes are refused (0: 10 s).
+  double worker_timeout_seconds = 0;
+  // A worker or ps that hears nothing from the coordinator for this long stops serving
+  // (the coordinator died; 0: 30 s).
+  double coordinator_timeout_seconds = 0;
+  // The job's cluster token; empty: DTRAIN_CLUSTER_TOKEN, else one derived from TF_CONFIG.
+  std::string token;
+};
+
+namespace detail {
+class PsRuntime;
+class Coordinator;
+struct Closure;
+}  // namespace detail
+
+class ParameterServerStrategy {
+ public:
+  // Reads TF_CONFIG, which must name a chief, at least one worker and at least one ps.
+  explicit ParameterServerStrategy(ParameterServerOptions options = {});
+  explicit ParameterServerStrategy(const cluster::TfConfig& config, ParameterServerOptions options = {});
+  ~ParameterServerStrategy();
+  ParameterServerStrategy(const ParameterServerStrategy&) = delete;
+  ParameterServerStrategy& operator=(const ParameterServerStrategy&) = delete;
+
+  std::string name() const { return "ParameterServerStrategy"; }
+  // `with strategy.scope():` variables made meanwhile live on the parameter servers.
+  dtrain::detail::ScopedStrategy scope() const;
+  const cluster::TaskId& task() const;
+  bool is_chief() const { return task().type == "chief"; }
+  int num_workers() const;
+  int num_ps() const;
+  // The variables made under scope() in this process, in the order made.
+  std::vector<Variable*> variables() const;
+  // Where each shard of variables() lives.
+  std::vector<ShardPlacement> placement() const;
+
+ private:
+  friend class ClusterCoordinator;
+  std::shared_ptr<detail::PsRuntime> runtime_;
+};
+
+// A function every task defined under one name (ClusterCoordinator::define).
+struct RemoteFunction {
+  std::string name;
+  bool takes_iterator = false;
+};
+
+// An iterator over a per-worker dataset: each worker makes and keeps its own.
+struct PerWorkerIterator {
+  int dataset = 0;
+  int iterator = 0;
+};
+
+class PerWorkerDataset {
+ public:
+  // A new iterator (each worker makes it the first time a closure uses it).
+  PerWorkerIterator iterator();
+
+ private:
+  friend class ClusterCoordinator;
+  explicit PerWorkerDataset(int id) : id_(id) {}
+  int id_;
+  int iterators_ = 0;
+};
+
+// The result of a scheduled closure (TensorFlow's RemoteValue). Results are copied to the
+// coordinator as soon as the closure ends, so they survive the worker.
+class RemoteValue {
+ public:
+  // Waits for the closure; its results, or its error (Cancelled when an earlier error
+  // cancelled it before it ran).
+  const std::vector<Tensor>& fetch() const;
+  bool done() const;
+
+ private:
+  friend class ClusterCoordinator;
+  explicit RemoteValue(std::shared_ptr<detail::Closure> closure) : closure_(std::move(closure)) {}
+  std::shared_ptr<detail::Closure> closure_;
+};
+
+class ClusterCoordinator {
+ public:
+  using IteratorFunction = std::function<std::vector<Tensor>(data::Iterator&)>;
+  using PlainFunction = std::function<std::vector<Tensor>()>;
+
+  explicit ClusterCoordinator(ParameterServerStrategy& strategy);
+  // On the chief: waits for nothing, tells every worker and ps to stop.
+  ~ClusterCoordinator();
+  ClusterCoordinator(const ClusterCoordinator&) = delete;
+  ClusterCoordinator& operator=(const ClusterCoordinator&) = delete;
+
+  // Every task: `fn` under `name` (unique). Inside fn, optimizer.apply_gradients pushes
+  // the gradients to the parameter servers instead of applying them.
+  RemoteFunction define(const std::string& name, IteratorFunction fn);
+  RemoteFunction define(const std::string& name, PlainFunction fn);
+  // Every task: a dataset each worker builds with dataset_fn() (rebuilt by a worker that
+  // comes back).
+  PerWorkerDataset create_per_worker_dataset(std::function<data::Dataset()> dataset_fn);
+
+  // The chief: queues the closure and returns at once; some free worker runs it at least
+  // once, and its gradients are applied exactly once.
+  RemoteValue schedule(const RemoteFunction& fn);
+  RemoteValue schedule(const RemoteFunction& fn, const PerWorkerIterator& iterator);
+  // The chief: waits until nothing is queued or running, then copies the parameter
+  // servers' values into this process's variables. Throws the first error a closure
+  // raised since the last join (the closures queued behind it were cancelled).
+  void join();
+  // Whether nothing is queued or running.
+  bool done() const;
+
+  struct Statistics {
+    std::int64_t closures_scheduled = 0;
+    std::int64_t closures_finished = 0;
+    std::int64_t closures_rerun = 0;  // run again after their worker was lost
+    std::int64_t workers_lost = 0;
+    std::int64_t pushes_applied = 0;  // over every ps
+    std::int64_t pushes_refused = 0;
+    std::vector<std::int64_t> staleness_counts;  // over every ps: [s] pushes s versions behind
+  };
+  // The chief: counts so far (asks every ps).
+  Statistics statistics() const;
+
+  // Workers and parameter servers: answers the coordinator until it ends the job, then
+  // returns. Throws PeerFailure when the coordinator falls silent for
+  // coordinator_timeout_seconds.
+  void serve();
+
+ private:
+  detail::Coordinator& coordinator() const;
+
+  std::shared_ptr<detail::PsRuntime> runtime_;
+  std::unique_ptr<detail::Coordinator> coordinator_;  // on the chief, made by the first schedule()
+};
+
+}  // namespace dtrain::distribute

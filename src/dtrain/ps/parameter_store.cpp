@@ -1,0 +1,94 @@
+// A parameter server's shards and their updates.
+#include "dtrain/ps/parameter_store.h"
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "dtrain/core/error.h"
+#include "dtrain/model/compile_config.h"
+
+namespace dtrain::distribute {
+
+void ParameterStore::create(std::uint64_t job, std::vector<std::pair<ShardKey, Variable>> shards) {
+  std::lock_guard lock(mutex_);
+  if (created_ && job == job_) return;
+  shards_.clear();
+  for (auto& [key, value] : shards) shards_.push_back(Shard{key, std::move(value)});
+  job_ = job;
+  created_ = true;
+  optimizer_.reset();
+  optimizer_json_.clear();
+  applied_.clear();
+  fenced_.clear();
+  version_ = 0;
+  stats_ = {};
+}
+
+bool ParameterStore::created() const {
+  std::lock_guard lock(mutex_);
+  return created_;
+}
+
+const ParameterStore::Shard& ParameterStore::find(const ShardKey& key, const std::string& task) const {
+  for (const Shard& s : shards_)
+    if (s.key == key) return s;
+  DTRAIN_THROW(InvalidArgument, task, " pushed a gradient for shard ", key.shard, " of variable ", key.variable,
+               ", which this parameter server does not hold (another model?)");
+}
+
+ParameterStore::PushResult ParameterStore::push(const Push& push) {
+  std::lock_guard lock(mutex_);
+  if (!created_) DTRAIN_THROW(InvalidArgument, push.task, " pushed gradients before the coordinator placed any variable");
+  const auto fenced = fenced_.find(push.task);
+  if (applied_.contains(push.closure) || (fenced != fenced_.end() && push.incarnation <= fenced->second)) {
+    ++stats_.pushes_refused;
+    return {false, version_};
+  }
+  grads_.clear();
+  vars_.clear();
+  for (const auto& [key, grad] : push.gradients) {
+    const Shard& s = find(key, push.task);
+    if (!(grad.shape() == s.value.shape()))
+      DTRAIN_THROW(InvalidArgument, push.task, " pushed a ", grad.shape().to_string(), " gradient for '",
+                   s.value.name(), "', whose shard here is ", s.value.shape().to_string());
+    grads_.push_back(grad);
+    vars_.push_back(&s.value);
+  }
+  if (!optimizer_) {
+    std::shared_ptr<optim::Optimizer> made = optimizer_from_json(nlohmann::json::parse(push.optimizer_json), "optimizer");
+    if (made->options().clipnorm || made->options().global_clipnorm)
+      DTRAIN_THROW(InvalidArgument, push.task, "'s optimizer clips gradients (clipnorm or global_clipnorm): under ",
+                   "ParameterServerStrategy each parameter server updates its own shards, so no norm over a whole ",
+                   "variable or over every variable exists there; clip the gradients in the step function instead");
+    optimizer_ = std::move(made);
+    optimizer_json_ = push.optimizer_json;
+  } else if (push.optimizer_json != optimizer_json_) {
+    DTRAIN_THROW(InvalidArgument, push.task, "'s optimizer ", push.optimizer_json, " differs from the one the ",
+                 "first push brought, ", optimizer_json_, " (every worker must compile the same optimizer)");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  optimizer_->apply_gradients(grads_, vars_);
+  stats_.apply_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  applied_.insert(push.closure);
+  const std::int64_t staleness = std::max<std::int64_t>(0, version_ - push.pulled_version);
+  if (stats_.staleness_counts.size() <= static_cast<std::size_t>(staleness))
+    stats_.staleness_counts.resize(static_cast<std::size_t>(staleness) + 1, 0);
+  ++stats_.staleness_counts[static_cast<std::size_t>(staleness)];
+  ++stats_.pushes_applied;
+  return {true, ++version_};
+}
+
+void ParameterStore::fence(const std::string& task, std::uint64_t incarnation) {
+  std::lock_guard lock(mutex_);
+  std::uint64_t& last = fenced_[task];
+  last = std::max(last, incarnation);
+}
+
+ParameterStore::Statistics ParameterStore::statistics() const {
+  std::lock_guard lock(mutex_);
+  Statistics s = stats_;
+  s.version = version_;
+  return s;
+}
+
+}  // namespace dtrain::distribute

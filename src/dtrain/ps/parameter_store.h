@@ -1,0 +1,97 @@
+// What a parameter server holds: its shards of the model's variables, the optimizer that
+// updates them (with its slots, per shard), and the record that makes every closure's
+// gradients count once. Thread-safe: pulls and pushes from any number of workers are
+// serialised by one lock, each push applied whole as it arrives.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "dtrain/autograd/variable.h"
+#include "dtrain/optim/optimizer.h"
+
+namespace dtrain::distribute {
+
+class ParameterStore {
+ public:
+  // One shard of variable `variable` (its place in the model's order), `name` for errors.
+  struct ShardKey {
+    int variable = 0;
+    int shard = 0;
+    friend bool operator==(const ShardKey&, const ShardKey&) = default;
+  };
+
+  // Takes the shards a coordinator placed here, with their first values. `job` names the
+  // coordinator's run: the same job again (a coordinator retrying) keeps what is here, a
+  // new one replaces it (and forgets the optimizer and the closures applied).
+  void create(std::uint64_t job, std::vector<std::pair<ShardKey, Variable>> shards);
+  bool created() const;
+
+  // Calls fn(key, value) for every shard under the lock, so the values are one version;
+  // returns that version (updates applied so far).
+  template <typename Fn>
+  std::int64_t read(Fn&& fn) const {
+    std::lock_guard lock(mutex_);
+    for (const Shard& s : shards_) fn(s.key, s.value.mutable_value());
+    return version_;
+  }
+
+  struct Push {
+    std::uint64_t closure = 0;
+    std::string task;            // who pushes, for errors
+    std::uint64_t incarnation = 0;  // the worker's, as the coordinator last found it
+    std::string optimizer_json;  // the worker's optimizer: the first push makes this one
+    std::vector<std::pair<ShardKey, Tensor>> gradients;
+    std::int64_t pulled_version = 0;
+  };
+  struct PushResult {
+    bool applied = false;  // false: the closure's gradients were applied before
+    std::int64_t version = 0;
+  };
+  // Applies the gradients once per closure: a closure run again (its worker died after
+  // pushing) is refused, and so is a push from an incarnation of a task fenced off. A gradient for a shard not held here, or of another shape, is an
+  // InvalidArgument naming the task and the shard, and nothing is applied.
+  PushResult push(const Push& push);
+
+  // Refuses `task`'s pushes made under `incarnation` or before (the coordinator lost it
+  // and runs its closure elsewhere).
+  void fence(const std::string& task, std::uint64_t incarnation);
+
+  struct Statistics {
+    std::int64_t version = 0;
+    std::int64_t pushes_applied = 0;
+    std::int64_t pushes_refused = 0;
+    double apply_seconds = 0;
+    std::vector<std::int64_t> staleness_counts;  // [s]: pushes computed s versions behind
+  };
+  Statistics statistics() const;
+
+ private:
+  struct Shard {
+    ShardKey key;
+    mutable Variable value;
+  };
+  const Shard& find(const ShardKey& key, const std::string& task) const;
+
+  mutable std::mutex mutex_;
+  std::uint64_t job_ = 0;
+  bool created_ = false;
+  std::vector<Shard> shards_;
+  std::shared_ptr<optim::Optimizer> optimizer_;
+  std::string optimizer_json_;
+  std::unordered_set<std::uint64_t> applied_;
+  std::unordered_map<std::string, std::uint64_t> fenced_;  // task -> last refused incarnation
+  std::int64_t version_ = 0;
+  Statistics stats_;
+  // Reused by every push: no allocation in the steady state.
+  std::vector<Tensor> grads_;
+  std::vector<Variable*> vars_;
+};
+
+}  // namespace dtrain::distribute

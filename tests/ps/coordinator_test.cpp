@@ -1,0 +1,330 @@
+// ParameterServerStrategy with a ClusterCoordinator, every task a thread of this process
+// talking gRPC over 127.0.0.1: one worker gives one device's weights whatever the
+// partitioner; two workers train asynchronously and every closure's gradients count once;
+// misuse is an error naming the task.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <thread>
+
+#include "common/compare.h"
+#include "dtrain/cluster/launcher.h"
+#include "dtrain/dtrain.h"
+
+namespace dtrain {
+namespace {
+
+using distribute::ClusterCoordinator;
+using distribute::ParameterServerOptions;
+using distribute::ParameterServerStrategy;
+
+// A chief, `workers` workers and `ps` parameter servers on free 127.0.0.1 ports.
+class LocalCluster {
+ public:
+  LocalCluster(int workers, int ps)
+      : spec_(cluster::local_cluster(workers, ps, /*chief=*/true, cluster::free_ports(1 + workers + ps))) {}
+  cluster::TfConfig config(const std::string& type, int index) const {
+    cluster::TfConfig c;
+    c.cluster = spec_;
+    c.task = {type, index};
+    c.from_environment = true;
+    return c;
+  }
+
+ private:
+  cluster::ClusterSpec spec_;
+};
+
+ParameterServerOptions options(distribute::Partitioner partitioner = {}) {
+  ParameterServerOptions o;
+  o.variable_partitioner = std::move(partitioner);
+  o.coordinator_timeout_seconds = 30;  // a task whose chief failed stops by itself
+  o.rpc_timeout_seconds = 20;
+  return o;
+}
+
+std::unique_ptr<Sequential> mlp(std::int64_t features, std::int64_t hidden) {
+  auto model = std::make_unique<Sequential>();
+  model->add<nn::Dense>(hidden, "relu", nn::DenseOptions{.seed = 1});
+  model->add<nn::Dense>(3, "relu", nn::DenseOptions{.seed = 2});  // fewer rows than some shard counts
+  model->add<nn::Dense>(10, "softmax", nn::DenseOptions{.seed = 3});
+  model->build(Shape{features});
+  return model;
+}
+
+// What every worker (and the one-device reference) trains: a batch, the mean loss, Adam.
+struct Trainer {
+  std::unique_ptr<Sequential> model;
+  std::unique_ptr<optim::Adam> optimizer;
+  losses::SparseCategoricalCrossentropy loss_fn{false};
+
+  Trainer(std::int64_t features, std::int64_t hidden)
+      : model(mlp(features, hidden)), optimizer(std::make_unique<optim::Adam>(0.01f)) {}
+  Tensor step(data::Iterator& it) {
+    std::optional<data::Element> batch = it.next();
+    if (!batch) DTRAIN_THROW(InvalidArgument, "the dataset ran out");
+    const auto vars = model->trainable_variables();
+    GradientTape tape;
+    Tensor loss = loss_fn((*batch)[1], (*model)((*batch)[0], true));
+    optimizer->apply_gradients(tape.gradient(loss, vars), vars);
+    return loss;
+  }
+};
+
+constexpr std::int64_t kFeatures = 12, kHidden = 16, kBatch = 16;
+
+data::Dataset dataset(std::uint64_t seed, std::int64_t batches) {
+  data::Split d = data::make_synthetic(batches * kBatch, kFeatures, 10, seed, data::SyntheticLabels::teacher);
+  return data::Dataset::from_tensor_slices({d.x, d.y}).batch(kBatch).repeat();
+}
+
+// A worker's program: the same model and functions as the chief, then serve().
+void worker_program(cluster::TfConfig config, ParameterServerOptions o, std::uint64_t data_seed,
+                    std::int64_t hidden = kHidden) {
+  ParameterServerStrategy strategy(config, std::move(o));
+  ClusterCoordinator coordinator(strategy);
+  std::unique_ptr<Trainer> trainer;
+  {
+    auto scope = strategy.scope();
+    trainer = std::make_unique<Trainer>(kFeatures, hidden);
+  }
+  coordinator.create_per_worker_dataset([&] { return dataset(data_seed, 40); });
+  coordinator.define("train_step", [&](data::Iterator& it) { return std::vector<Tensor>{trainer->step(it)}; });
+  coordinator.serve();
+}
+
+void ps_program(cluster::TfConfig config, ParameterServerOptions o) {
+  ParameterServerStrategy strategy(config, std::move(o));
+  ClusterCoordinator coordinator(strategy);
+  coordinator.serve();
+}
+
+// Runs the cluster's other tasks on threads; joins them when destroyed.
+class Tasks {
+ public:
+  ~Tasks() { join(); }
+  void join() {
+    for (std::thread& t : threads_)
+      if (t.joinable()) t.join();
+  }
+  void add(std::function<void()> program) {
+    threads_.emplace_back([this, program = std::move(program)] {
+      try {
+        program();
+      } catch (const std::exception& e) {
+        std::lock_guard lock(mutex_);
+        errors_.push_back(e.what());
+      }
+    });
+  }
+  std::vector<std::string> errors() {
+    std::lock_guard lock(mutex_);
+    return errors_;
+  }
+
+ private:
+  std::vector<std::thread> threads_;
+  std::mutex mutex_;
+  std::vector<std::string> errors_;
+};
+
+// Trains `steps` closures on a cluster of 1 chief, `workers` workers and `num_ps` ps;
+// returns the chief's model after join() and the coordinator's statistics.
+struct ClusterRun {
+  std::unique_ptr<Trainer> trainer;
+  ClusterCoordinator::Statistics stats;
+  std::vector<float> losses;
+};
+ClusterRun train_on_cluster(int workers, int num_ps, distribute::Partitioner partitioner, int steps) {
+  LocalCluster cluster(workers, num_ps);
+  ClusterRun run;
+  Tasks tasks;
+  for (int p = 0; p < num_ps; ++p) tasks.add([&, p] { ps_program(cluster.config("ps", p), options(partitioner)); });
+  for (int w = 0; w < workers; ++w)
+    tasks.add([&, w] { worker_program(cluster.config("worker", w), options(partitioner), 5 + w); });
+  {
+    ParameterServerStrategy strategy(cluster.config("chief", 0), options(partitioner));
+    ClusterCoordinator coordinator(strategy);
+    {
+      auto scope = strategy.scope();
+      run.trainer = std::make_unique<Trainer>(kFeatures, kHidden);
+    }
+    auto per_worker = coordinator.create_per_worker_dataset([] { return dataset(5, 40); });
+    auto train_step = coordinator.define("train_step", [](data::Iterator&) { return std::vector<Tensor>{}; });
+    auto it = per_worker.iterator();
+    std::vector<distribute::RemoteValue> values;
+    for (int s = 0; s < steps; ++s) values.push_back(coordinator.schedule(train_step, it));
+    coordinator.join();
+    for (const auto& v : values) run.losses.push_back(v.fetch().at(0).item());
+    run.stats = coordinator.statistics();
+  }
+  tasks.join();
+  EXPECT_EQ(tasks.errors(), std::vector<std::string>{});
+  return run;
+}
+
+TEST(ParameterServerStrategy, OneWorkerGivesOneDevicesWeightsForEveryPartitioner) {
+  constexpr int kSteps = 20;
+  Trainer reference(kFeatures, kHidden);
+  std::vector<float> reference_losses;
+  {
+    data::Iterator it = dataset(5, 40).make_iterator();
+    for (int s = 0; s < kSteps; ++s) reference_losses.push_back(reference.step(it).item());
+  }
+  struct Case {
+    int num_ps;
+    distribute::Partitioner partitioner;
+  };
+  const std::vector<Case> cases = {{1, {}},
+                                   {2, {}},
+                                   {2, distribute::FixedShardsPartitioner(2)},
+                                   {3, distribute::FixedShardsPartitioner(5)},  // the 3-row kernel in 3 shards
+                                   {3, distribute::MinSizePartitioner(64, 3)}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::to_string(c.num_ps) + " ps, " + c.partitioner.description());
+    ClusterRun run = train_on_cluster(1, c.num_ps, c.partitioner, kSteps);
+    EXPECT_LE(testing::relative_difference(*run.trainer->model, *reference.model), 1e-5);
+    ASSERT_EQ(run.losses.size(), reference_losses.size());
+    for (int s = 0; s < kSteps; ++s) EXPECT_NEAR(run.losses[s], reference_losses[s], 1e-5) << "step " << s;
+    // Each ps applied each closure once.
+    EXPECT_EQ(run.stats.pushes_applied, std::int64_t{kSteps} * c.num_ps);
+    EXPECT_EQ(run.stats.closures_finished, kSteps);
+    EXPECT_EQ(run.stats.closures_rerun, 0);
+  }
+}
+
+TEST(ParameterServerStrategy, TwoWorkersTrainAsynchronouslyAndEveryClosureCountsOnce) {
+  constexpr int kSteps = 100;
+  ClusterRun run = train_on_cluster(2, 2, distribute::FixedShardsPartitioner(2), kSteps);
+  EXPECT_EQ(run.stats.closures_scheduled, kSteps);
+  EXPECT_EQ(run.stats.closures_finished, kSteps);
+  EXPECT_EQ(run.stats.pushes_applied, 2 * kSteps);  // 2 ps
+  EXPECT_EQ(run.stats.pushes_refused, 0);
+  std::int64_t counted = 0;
+  for (std::int64_t c : run.stats.staleness_counts) counted += c;
+  EXPECT_EQ(counted, 2 * kSteps);
+  // Learning happened: the last ten losses are well below the first ten.
+  float first = 0, last = 0;
+  for (int s = 0; s < 10; ++s) {
+    first += run.losses[static_cast<std::size_t>(s)] / 10;
+    last += run.losses[static_cast<std::size_t>(kSteps - 1 - s)] / 10;
+  }
+  EXPECT_LT(last, 0.85f * first);
+}
+
+TEST(ParameterServerStrategy, AWorkerWithAnotherModelIsNamedWithTheFirstDifference) {
+  LocalCluster cluster(1, 1);
+  Tasks tasks;
+  tasks.add([&] { ps_program(cluster.config("ps", 0), options()); });
+  tasks.add([&] { worker_program(cluster.config("worker", 0), options(), 5, /*hidden=*/kHidden + 1); });
+  ParameterServerStrategy strategy(cluster.config("chief", 0), options());
+  ClusterCoordinator coordinator(strategy);
+  std::unique_ptr<Trainer> trainer;
+  {
+    auto scope = strategy.scope();
+    trainer = std::make_unique<Trainer>(kFeatures, kHidden);
+  }
+  auto per_worker = coordinator.create_per_worker_dataset([] { return dataset(5, 4); });
+  auto step = coordinator.define("train_step", [](data::Iterator&) { return std::vector<Tensor>{}; });
+  coordinator.schedule(step, per_worker.iterator());
+  try {
+    coordinator.join();
+    FAIL() << "join() returned";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("worker:0 at 127.0.0.1:"), std::string::npos) << what;
+    EXPECT_NE(what.find("built another model"), std::string::npos) << what;
+    EXPECT_NE(what.find("[12, 17]"), std::string::npos) << what;
+    EXPECT_NE(what.find("[12, 16]"), std::string::npos) << what;
+  }
+}
+
+TEST(ParameterServerStrategy, AFunctionAWorkerLacksIsAnErrorNamingBothAndCancelsTheQueue) {
+  LocalCluster cluster(1, 1);
+  Tasks tasks;
+  tasks.add([&] { ps_program(cluster.config("ps", 0), options()); });
+  tasks.add([&] { worker_program(cluster.config("worker", 0), options(), 5); });
+  ParameterServerStrategy strategy(cluster.config("chief", 0), options());
+  ClusterCoordinator coordinator(strategy);
+  std::unique_ptr<Trainer> trainer;
+  {
+    auto scope = strategy.scope();
+    trainer = std::make_unique<Trainer>(kFeatures, kHidden);
+  }
+  coordinator.create_per_worker_dataset([] { return dataset(5, 4); });
+  auto missing = coordinator.define("evaluate", [] { return std::vector<Tensor>{}; });
+  auto first = coordinator.schedule(missing);
+  std::vector<distribute::RemoteValue> behind;
+  for (int i = 0; i < 5; ++i) behind.push_back(coordinator.schedule(missing));
+  EXPECT_THROW(coordinator.join(), InvalidArgument);
+  try {
+    first.fetch();
+    FAIL() << "fetch() returned";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("worker:0"), std::string::npos) << what;
+    EXPECT_NE(what.find("no function 'evaluate'"), std::string::npos) << what;
+    EXPECT_NE(what.find("'train_step'"), std::string::npos) << what;
+  }
+  // The ones queued behind it were cancelled (some may have run before the error came back).
+  int cancelled = 0;
+  for (const auto& v : behind) {
+    try {
+      v.fetch();
+    } catch (const Cancelled&) {
+      ++cancelled;
+    } catch (const InvalidArgument&) {
+    }
+  }
+  EXPECT_GE(cancelled, 1);
+  // The error was raised once: the coordinator goes on.
+  EXPECT_NO_THROW(coordinator.join());
+}
+
+TEST(ParameterServerStrategy, AClusterWithoutPsOrWorkersOrChiefIsRefusedNamingWhatIsMissing) {
+  auto refused = [](const std::string& tf_config, const std::string& expected) {
+    try {
+      ParameterServerStrategy strategy(cluster::parse_tf_config(tf_config));
+      ADD_FAILURE() << "accepted " << tf_config;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  };
+  refused(R"({"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, "task": {"type": "chief", "index": 0}})",
+          "cluster.ps");
+  refused(R"({"cluster": {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}, "task": {"type": "ps", "index": 0}})",
+          "cluster.worker");
+  refused(R"({"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}, "task": {"type": "ps", "index": 0}})",
+          "chief");
+}
+
+TEST(ParameterServerStrategy, AProcessWithAnotherTokenIsRefused) {
+  LocalCluster cluster(1, 1);
+  Tasks tasks;
+  ParameterServerOptions theirs = options();
+  theirs.token = "job-a";
+  theirs.coordinator_timeout_seconds = 3;  // no chief of its job ever calls
+  tasks.add([&] { ps_program(cluster.config("ps", 0), theirs); });
+  tasks.add([&] { worker_program(cluster.config("worker", 0), theirs, 5); });
+  ParameterServerOptions ours = options();
+  ours.token = "job-b";
+  ParameterServerStrategy strategy(cluster.config("chief", 0), ours);
+  ClusterCoordinator coordinator(strategy);
+  std::unique_ptr<Trainer> trainer;
+  {
+    auto scope = strategy.scope();
+    trainer = std::make_unique<Trainer>(kFeatures, kHidden);
+  }
+  coordinator.create_per_worker_dataset([] { return dataset(5, 4); });
+  auto step = coordinator.define("train_step", [](data::Iterator&) { return std::vector<Tensor>{}; });
+  try {
+    coordinator.schedule(step, {});
+    FAIL() << "schedule() returned";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("another cluster token"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ps:0"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,0 +1,184 @@
+// ParameterServerStrategy's faults with real processes on 127.0.0.1 (the task program is
+// ps_task.cpp): a worker SIGKILLed between its push and its answer, and a worker stopped
+// (hung) before it pushes. Training finishes on the other worker, the lost closure runs
+// again, and each closure's gradients count exactly once; the tasks the coordinator leaves
+// stop by themselves.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fcntl.h>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "common/temp_dir.h"
+#include "dtrain/cluster/launcher.h"
+#include "dtrain/dtrain.h"
+
+namespace dtrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Process {
+  std::string task;
+  pid_t pid = 0;
+  int pidfd = -1;
+  int status = -1;  // from waitpid; -1: had to be killed
+  std::string log;
+};
+
+class ParameterServerFaults : public testing::TempDirTest {
+ protected:
+  // Starts every task of a cluster (chief, `workers`, `num_ps`) running ps_task with
+  // `args`; waits at most `limit` seconds for the chief, then at most `limit` more for the
+  // tasks it leaves to stop by themselves, except `abandoned` (killed or stopped by the
+  // test's plan), which is killed.
+  std::map<std::string, Process> run(int workers, int num_ps, std::vector<std::string> args,
+                                     const std::string& abandoned, double limit = 60) {
+    const int total = 1 + workers + num_ps;
+    const cluster::ClusterSpec spec = cluster::local_cluster(workers, num_ps, true, cluster::free_ports(total));
+    args.insert(args.begin(), DTRAIN_PS_TASK);
+    std::map<std::string, Process> tasks;
+    for (const cluster::TaskId& id : spec.tasks()) {
+      Process p;
+      p.task = id.to_string();
+      const std::string log = (dir_ / (p.task + ".log")).string();
+      const std::string tf_config = cluster::tf_config_json(spec, id);
+      p.pid = fork();
+      if (p.pid == 0) {
+        const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        setenv("TF_CONFIG", tf_config.c_str(), 1);
+        setenv("DTRAIN_CLUSTER_TOKEN", "ps-fault-test", 1);
+        setenv("OMP_NUM_THREADS", "1", 1);
+        std::vector<char*> argv;
+        for (auto& a : args) argv.push_back(a.data());
+        argv.push_back(nullptr);
+        execv(argv[0], argv.data());
+        _exit(127);
+      }
+      p.pidfd = static_cast<int>(syscall(SYS_pidfd_open, p.pid, 0));
+      tasks[p.task] = p;
+    }
+    wait_for({"chief:0"}, tasks, limit);
+    std::vector<std::string> rest;
+    for (auto& [name, p] : tasks)
+      if (name != "chief:0" && name != abandoned) rest.push_back(name);
+    wait_for(rest, tasks, limit);
+    for (auto& [name, p] : tasks) {
+      if (p.pidfd >= 0) wait_for({name}, tasks, 0);  // ended by itself: keep its status
+      if (p.pidfd >= 0) {
+        kill(p.pid, SIGKILL);
+        waitpid(p.pid, nullptr, 0);
+        ::close(p.pidfd);
+        if (name != abandoned) ADD_FAILURE() << name << " was still running after " << limit << " s";
+      }
+      std::ifstream in(dir_ / (name + ".log"));
+      std::ostringstream text;
+      text << in.rdbuf();
+      p.log = text.str();
+    }
+    return tasks;
+  }
+
+  static void wait_for(const std::vector<std::string>& names, std::map<std::string, Process>& tasks, double limit) {
+    const auto start = Clock::now();
+    for (;;) {
+      std::vector<pollfd> fds;
+      std::vector<Process*> waiting;
+      for (const std::string& n : names) {
+        Process& p = tasks.at(n);
+        if (p.pidfd < 0) continue;
+        fds.push_back(pollfd{p.pidfd, POLLIN, 0});
+        waiting.push_back(&p);
+      }
+      if (waiting.empty()) return;
+      const double left = limit - std::chrono::duration<double>(Clock::now() - start).count();
+      ::poll(fds.data(), fds.size(), std::max(0, static_cast<int>(left * 1000)));
+      for (std::size_t i = 0; i < fds.size(); ++i) {
+        if (!(fds[i].revents & POLLIN)) continue;
+        waitpid(waiting[i]->pid, &waiting[i]->status, 0);
+        ::close(waiting[i]->pidfd);
+        waiting[i]->pidfd = -1;
+      }
+      if (left <= 0) return;  // limit 0: one look
+    }
+  }
+
+  static bool exited_ok(const Process& p) { return p.status >= 0 && WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0; }
+
+  // "stats scheduled=40 ..." from the chief's log, as numbers.
+  static std::map<std::string, long long> stats(const std::string& log) {
+    std::map<std::string, long long> out;
+    const auto at = log.find("stats ");
+    if (at == std::string::npos) return out;
+    std::istringstream line(log.substr(at + 6, log.find('\n', at) - at - 6));
+    for (std::string kv; line >> kv;) {
+      const auto eq = kv.find('=');
+      out[kv.substr(0, eq)] = std::stoll(kv.substr(eq + 1));
+    }
+    return out;
+  }
+};
+
+TEST_F(ParameterServerFaults, AWorkerKilledAfterItsPushHasItsClosureRunAgainAndCountedOnce) {
+  constexpr int kSteps = 40;
+  auto tasks = run(2, 1, {"--steps", std::to_string(kSteps), "--kill-task", "worker:1", "--fault-at", "3"}, "worker:1");
+  const Process& chief = tasks.at("chief:0");
+  ASSERT_TRUE(exited_ok(chief)) << chief.log;
+  const Process& killed = tasks.at("worker:1");
+  EXPECT_TRUE(WIFSIGNALED(killed.status) && WTERMSIG(killed.status) == SIGKILL) << killed.log;
+  auto s = stats(chief.log);
+  EXPECT_EQ(s["scheduled"], kSteps) << chief.log;
+  EXPECT_EQ(s["finished"], kSteps);
+  EXPECT_EQ(s["lost"], 1);
+  EXPECT_EQ(s["rerun"], 1);
+  // The killed worker's push was applied; the closure's second run was refused: each of
+  // the 40 closures counted once.
+  EXPECT_EQ(s["applied"], kSteps);
+  EXPECT_EQ(s["refused"], 1);
+  // The coordinator's end stopped the others.
+  EXPECT_TRUE(exited_ok(tasks.at("worker:0"))) << tasks.at("worker:0").log;
+  EXPECT_TRUE(exited_ok(tasks.at("ps:0"))) << tasks.at("ps:0").log;
+}
+
+TEST_F(ParameterServerFaults, AHungWorkerIsFoundByItsMissedHeartbeatsAndItsClosureRunsElsewhere) {
+  constexpr int kSteps = 30;
+  auto tasks = run(2, 1,
+                   {"--steps", std::to_string(kSteps), "--stop-task", "worker:1", "--fault-at", "2",
+                    "--worker-timeout", "1.5"},
+                   "worker:1");
+  const Process& chief = tasks.at("chief:0");
+  ASSERT_TRUE(exited_ok(chief)) << chief.log;
+  auto s = stats(chief.log);
+  EXPECT_EQ(s["finished"], kSteps) << chief.log;
+  EXPECT_EQ(s["lost"], 1);
+  EXPECT_EQ(s["rerun"], 1);
+  EXPECT_EQ(s["applied"], kSteps);
+  EXPECT_EQ(s["refused"], 0);
+  EXPECT_TRUE(exited_ok(tasks.at("worker:0"))) << tasks.at("worker:0").log;
+  EXPECT_TRUE(exited_ok(tasks.at("ps:0"))) << tasks.at("ps:0").log;
+}
+
+TEST_F(ParameterServerFaults, TasksWhoseCoordinatorDiedStopByThemselvesNamingIt) {
+  // The chief SIGKILLs itself after 5 closures: nobody tells the others the job is over.
+  auto tasks = run(2, 1, {"--steps", "10", "--chief-dies-after", "5", "--coordinator-timeout", "3"}, "chief:0");
+  const Process& chief = tasks.at("chief:0");
+  EXPECT_TRUE(WIFSIGNALED(chief.status) && WTERMSIG(chief.status) == SIGKILL) << chief.log;
+  for (const char* name : {"worker:0", "worker:1", "ps:0"}) {
+    const Process& p = tasks.at(name);
+    EXPECT_TRUE(WIFEXITED(p.status) && WEXITSTATUS(p.status) == 1) << name << ": " << p.log;
+    EXPECT_NE(p.log.find("the coordinator (chief:0 at 127.0.0.1:"), std::string::npos) << p.log;
+    EXPECT_NE(p.log.find("has not been heard from for 3 s"), std::string::npos) << p.log;
+  }
+}
+
+}  // namespace
+}  // namespace dtrain

@@ -1,0 +1,153 @@
+// A parameter server's store: Adam on shards is Adam on the whole variable; a closure's
+// gradients count once; a fenced worker's pushes are refused; a bad push changes nothing
+// and names the task and the shard.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "dtrain/model/compile_config.h"
+#include "dtrain/optim/optimizer.h"
+#include "dtrain/ps/parameter_store.h"
+
+namespace dtrain::distribute {
+namespace {
+
+using Key = ParameterStore::ShardKey;
+
+Tensor ramp(const Shape& shape, float start, float step) {
+  std::vector<float> v(static_cast<std::size_t>(shape.numel()));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = start + step * static_cast<float>(i);
+  return Tensor::from_vector(shape, v);
+}
+
+std::string adam_json() { return optimizer_to_json(optim::Adam(0.05f)).dump(); }
+
+// Variable 0 ([5, 3]) in two shards of rows [0, 3) and [3, 5).
+void two_shards(ParameterStore& store, const Tensor& whole) {
+  std::vector<std::pair<Key, Variable>> shards;
+  shards.emplace_back(Key{0, 0}, Variable("w/part_0", whole.slice(0, 3).clone()));
+  shards.emplace_back(Key{0, 1}, Variable("w/part_1", whole.slice(3, 5).clone()));
+  store.create(1, std::move(shards));
+}
+
+ParameterStore::Push push_of(std::uint64_t closure, const Tensor& grad, std::string task = "worker:0") {
+  ParameterStore::Push p;
+  p.closure = closure;
+  p.task = std::move(task);
+  p.incarnation = 1;
+  p.optimizer_json = adam_json();
+  p.gradients = {{Key{0, 0}, grad.slice(0, 3).clone()}, {Key{0, 1}, grad.slice(3, 5).clone()}};
+  return p;
+}
+
+std::vector<float> stored(const ParameterStore& store) {
+  std::vector<float> out;
+  store.read([&](const Key&, const Tensor& v) {
+    const std::vector<float> part = v.to_vector();
+    out.insert(out.end(), part.begin(), part.end());
+  });
+  return out;
+}
+
+TEST(ParameterStore, AdamOnShardsIsAdamOnTheWholeVariable) {
+  const Tensor initial = ramp(Shape{5, 3}, -1.0f, 0.13f);
+  ParameterStore store;
+  two_shards(store, initial);
+  Variable whole("w", initial.clone());
+  optim::Adam reference(0.05f);
+  for (std::uint64_t step = 1; step <= 4; ++step) {
+    const Tensor grad = ramp(Shape{5, 3}, 0.3f * static_cast<float>(step), -0.07f);
+    ASSERT_TRUE(store.push(push_of(step, grad)).applied);
+    std::vector<Variable*> vars{&whole};
+    reference.apply_gradients(std::vector<Tensor>{grad}, vars);
+  }
+  EXPECT_EQ(stored(store), whole.value().to_vector());  // elementwise: bit for bit
+  EXPECT_EQ(store.statistics().version, 4);
+}
+
+TEST(ParameterStore, AClosureRunTwiceCountsOnce) {
+  const Tensor initial = ramp(Shape{5, 3}, 0.5f, 0.01f);
+  ParameterStore once, twice;
+  two_shards(once, initial);
+  two_shards(twice, initial);
+  const Tensor grad = ramp(Shape{5, 3}, 1.0f, 0.1f);
+  ASSERT_TRUE(once.push(push_of(7, grad)).applied);
+  ASSERT_TRUE(twice.push(push_of(7, grad)).applied);
+  const ParameterStore::PushResult again = twice.push(push_of(7, grad, "worker:1"));
+  EXPECT_FALSE(again.applied);
+  EXPECT_EQ(again.version, 1);
+  EXPECT_EQ(stored(twice), stored(once));
+  EXPECT_EQ(twice.statistics().pushes_applied, 1);
+  EXPECT_EQ(twice.statistics().pushes_refused, 1);
+}
+
+TEST(ParameterStore, AFencedIncarnationsPushesAreRefusedAndALaterOnesApplied) {
+  ParameterStore store;
+  two_shards(store, ramp(Shape{5, 3}, 0.0f, 0.2f));
+  const std::vector<float> before = stored(store);
+  store.fence("worker:1", 3);
+  ParameterStore::Push late = push_of(1, ramp(Shape{5, 3}, 1.0f, 0.0f), "worker:1");
+  late.incarnation = 3;
+  EXPECT_FALSE(store.push(late).applied);
+  EXPECT_EQ(stored(store), before);
+  late.incarnation = 4;  // the worker came back and the coordinator found it again
+  EXPECT_TRUE(store.push(late).applied);
+  // Another task is not affected by worker:1's fence.
+  ParameterStore::Push other = push_of(2, ramp(Shape{5, 3}, 1.0f, 0.0f), "worker:0");
+  EXPECT_TRUE(store.push(other).applied);
+}
+
+TEST(ParameterStore, ABadPushNamesTheTaskAndTheShardAndChangesNothing) {
+  ParameterStore store;
+  two_shards(store, ramp(Shape{5, 3}, 0.0f, 0.2f));
+  const std::vector<float> before = stored(store);
+  ParameterStore::Push unknown = push_of(1, ramp(Shape{5, 3}, 1.0f, 0.0f), "worker:2");
+  unknown.gradients.emplace_back(Key{4, 0}, Tensor::zeros(Shape{1}));
+  try {
+    store.push(unknown);
+    FAIL() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("worker:2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shard 0 of variable 4"), std::string::npos) << e.what();
+  }
+  ParameterStore::Push wrong_shape = push_of(2, ramp(Shape{5, 3}, 1.0f, 0.0f));
+  wrong_shape.gradients[1].second = Tensor::zeros(Shape{2, 4});
+  try {
+    store.push(wrong_shape);
+    FAIL() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'w/part_1'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[2, 4]"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(stored(store), before);
+  EXPECT_EQ(store.statistics().version, 0);
+  // A closure refused for a bad push may still come with a good one.
+  EXPECT_TRUE(store.push(push_of(1, ramp(Shape{5, 3}, 1.0f, 0.0f))).applied);
+}
+
+TEST(ParameterStore, WorkersWithAnotherOptimizerOrClippingAreRefused) {
+  ParameterStore store;
+  two_shards(store, ramp(Shape{5, 3}, 0.0f, 0.2f));
+  ASSERT_TRUE(store.push(push_of(1, ramp(Shape{5, 3}, 1.0f, 0.0f))).applied);
+  ParameterStore::Push sgd = push_of(2, ramp(Shape{5, 3}, 1.0f, 0.0f), "worker:3");
+  sgd.optimizer_json = optimizer_to_json(optim::SGD(0.1f)).dump();
+  try {
+    store.push(sgd);
+    FAIL() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("worker:3's optimizer"), std::string::npos) << e.what();
+  }
+  ParameterStore fresh;
+  two_shards(fresh, ramp(Shape{5, 3}, 0.0f, 0.2f));
+  ParameterStore::Push clipped = push_of(1, ramp(Shape{5, 3}, 1.0f, 0.0f));
+  clipped.optimizer_json = optimizer_to_json(optim::Adam(0.05f, {}, {.clipnorm = 1.0f})).dump();
+  try {
+    fresh.push(clipped);
+    FAIL() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("clipnorm"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::distribute
