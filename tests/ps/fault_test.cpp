@@ -130,7 +130,7 @@ class ParameterServerFaults : public testing::TempDirTest {
 
 TEST_F(ParameterServerFaults, AWorkerKilledAfterItsPushHasItsClosureRunAgainAndCountedOnce) {
   constexpr int kSteps = 40;
-  auto tasks = run(2, 1, {"--steps", std::to_string(kSteps), "--kill-task", "worker:1", "--fault-at", "3"}, "worker:1");
+  auto tasks = run(2, 1, {"--steps", std::to_string(kSteps), "--kill-task", "worker:1", "--fault-at", "2"}, "worker:1");
   const Process& chief = tasks.at("chief:0");
   ASSERT_TRUE(exited_ok(chief)) << chief.log;
   const Process& killed = tasks.at("worker:1");

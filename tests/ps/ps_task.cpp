@@ -91,6 +91,7 @@ int run(const Args& args) {
     coordinator.serve();
     return 0;
   }
+  coordinator.wait_for_workers(strategy.num_workers());  // the planted fault needs worker:1 at work
   auto it = per_worker.iterator();
   std::vector<distribute::RemoteValue> values;
   for (int s = 0; s < args.steps; ++s) values.push_back(coordinator.schedule(train_step, it));

@@ -56,21 +56,35 @@ bool is_application_error(grpc::StatusCode code) {
          code == kNoSuchFunction || code == kWrongToken;
 }
 
-[[noreturn]] void throw_status(const grpc::Status& status, const std::string& context) {
+// An error of kind E made into an exception_ptr. Its temporary (whose message buffer the
+// copy shares) ends here, before the caller hands the pointer to another thread.
+template <typename E>
+std::exception_ptr made(std::string message) {
+  return std::make_exception_ptr(E(std::move(message)));
+}
+
+// The error a failed call means, made without throwing it (so that handing it to another
+// thread leaves no reference behind in this one).
+std::exception_ptr error_of(const grpc::Status& status, const std::string& context) {
   const std::string message = context + ": " + status.error_message();
   switch (status.error_code()) {
     case kInvalidArgument:
     case kNoSuchFunction:
     case kWrongToken:
-      throw InvalidArgument(message);
+      return made<InvalidArgument>(message);
     case kParameterServerUnavailable:
     case grpc::StatusCode::UNAVAILABLE:
-      throw Unavailable(message);
+      return made<Unavailable>(message);
     case grpc::StatusCode::DEADLINE_EXCEEDED:
-      throw Unavailable(context + ": no answer before the deadline (" + status.error_message() + ")");
+      return std::make_exception_ptr(
+          Unavailable(context + ": no answer before the deadline (" + status.error_message() + ")"));
     default:
-      throw Error(message);
+      return made<Error>(message);
   }
+}
+
+[[noreturn]] void throw_status(const grpc::Status& status, const std::string& context) {
+  std::rethrow_exception(error_of(status, context));
 }
 
 grpc::Status status_of(const std::exception_ptr& error) {
@@ -85,6 +99,10 @@ grpc::Status status_of(const std::exception_ptr& error) {
   } catch (...) {
     return {kClosureFailed, "an exception that is not a std::exception"};
   }
+}
+
+Clock::time_point deadline_after(std::chrono::duration<double> d) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(d);
 }
 
 std::string shape_text(const Shape& s) { return s.to_string(); }
@@ -259,6 +277,12 @@ PsRuntime::PsRuntime(cluster::TfConfig config, ParameterServerOptions options)
   if (config_.task.type != "chief" && config_.task.type != "worker" && config_.task.type != "ps")
     DTRAIN_THROW(InvalidArgument, "TF_CONFIG: task ", config_.task.to_string(),
                  " has no part in ParameterServerStrategy (chief, worker and ps do)");
+  const Consistency& mode = options_.consistency;
+  if (mode.kind == Consistency::Kind::SSP && mode.staleness < 0)
+    DTRAIN_THROW(InvalidArgument, "ParameterServerStrategy: ssp(", mode.staleness, "): the staleness must be >= 0");
+  if (mode.kind == Consistency::Kind::SYNC && (mode.backup_workers < 0 || mode.backup_workers >= c.num_tasks("worker")))
+    DTRAIN_THROW(InvalidArgument, "ParameterServerStrategy: sync with ", mode.backup_workers, " backup workers: ",
+                 "it must be at least 0 and fewer than the ", c.num_tasks("worker"), " workers");
   token_ = options_.token.empty() ? token_for(c) : options_.token;
   task_name_ = config_.task.to_string();
   rpc_timeout_ = seconds_or(options_.rpc_timeout_seconds, 60);
@@ -301,9 +325,9 @@ std::shared_ptr<grpc::Channel> PsRuntime::channel(const cluster::TaskId& task) {
     args.SetMaxReceiveMessageSize(-1);
     args.SetMaxSendMessageSize(-1);
     // A worker that comes back is found within a heartbeat or two, not after gRPC's
-    // default back-off of up to two minutes.
+    // default back-off of up to two minutes. (The minimum, which is also each connection
+    // attempt's own deadline, stays at gRPC's 20 s: a loaded peer may take long to answer.)
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     ch = grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
   }
@@ -385,7 +409,7 @@ class PsService final : public wire::ParameterServer::Service {
       shards.emplace_back(ParameterStore::ShardKey{rows.variable(), rows.shard()},
                           Variable(names[rows.variable()] + "/part_" + std::to_string(rows.shard()), value));
     }
-    store_.create(request->job(), std::move(shards));
+    store_.create(request->job(), std::move(shards), request->aggregate());
     return grpc::Status::OK;
   }
 
@@ -438,6 +462,7 @@ class PsService final : public wire::ParameterServer::Service {
     reply->set_version(st.version);
     reply->set_pushes_applied(st.pushes_applied);
     reply->set_pushes_refused(st.pushes_refused);
+    reply->set_pushes_dropped(st.pushes_dropped);
     reply->set_apply_seconds(st.apply_seconds);
     for (std::int64_t c : st.staleness_counts) reply->add_staleness_counts(c);
     return grpc::Status::OK;
@@ -522,7 +547,8 @@ class PushSink final : public optim::detail::GradientSink {
       wire::Rows* rows = requests[static_cast<std::size_t>(s.ps)].add_gradients();
       rows->set_variable(static_cast<int>(v));
       rows->set_shard(static_cast<int>(s.shard));
-      for (std::int64_t d : shard_shape(vars_[v]->shape(), s.row_end - s.row_begin).dims()) rows->add_shape(d);
+      const Shape shape = shard_shape(vars_[v]->shape(), s.row_end - s.row_begin);
+      for (std::int64_t d : shape.dims()) rows->add_shape(d);
       const std::string_view bytes = rows_bytes(*by_variable[v], s.row_begin, s.row_end);
       rows->set_values(bytes.data(), bytes.size());
     }
@@ -640,6 +666,8 @@ class Coordinator {
  public:
   explicit Coordinator(std::shared_ptr<PsRuntime> runtime) : runtime_(std::move(runtime)) {
     workers_.resize(static_cast<std::size_t>(runtime_->config_.cluster.num_tasks("worker")));
+    stats_.closures_per_worker.assign(workers_.size(), 0);
+    progress_.assign(workers_.size(), 0);
     heartbeat_ = std::thread([this] { heartbeat_loop(); });
   }
   ~Coordinator();
@@ -651,6 +679,7 @@ class Coordinator {
     return queue_.empty() && running_ == 0;
   }
   ClusterCoordinator::Statistics statistics() const;
+  void wait_for_workers(int count, std::chrono::duration<double> timeout);
 
  private:
   struct WorkerState {
@@ -667,7 +696,8 @@ class Coordinator {
   void lost(int w, std::uint64_t incarnation, const std::shared_ptr<Closure>& closure, const std::string& why);
   void fail(const std::shared_ptr<Closure>& closure, std::exception_ptr error);
   void heartbeat_loop();
-  std::shared_ptr<Closure> take();
+  std::shared_ptr<Closure> take(int w);
+  bool may_start(int w) const;
 
   std::shared_ptr<PsRuntime> runtime_;
   std::vector<Variable*> vars_;
@@ -682,6 +712,9 @@ class Coordinator {
   bool stopping_ = false;
   std::exception_ptr error_;  // the first since the last join
   std::vector<WorkerState> workers_;
+  // SSP's clock: closures each worker finished; a worker found again starts level with
+  // the slowest of the others, so that it does not hold them back for what it missed.
+  std::vector<std::int64_t> progress_;
   std::uint64_t next_closure_ = 1;
   std::uint64_t next_incarnation_ = 1;
   ClusterCoordinator::Statistics stats_;
@@ -705,6 +738,8 @@ void Coordinator::start() {
     wire::CreateRequest request;
     runtime_->fill(request.mutable_caller());
     request.set_job(job);
+    const Consistency& mode = runtime_->options_.consistency;
+    if (mode.kind == Consistency::Kind::SYNC) request.set_aggregate(static_cast<int>(workers_.size()) - mode.backup_workers);
     for (std::size_t v = 0; v < vars_.size(); ++v) {
       wire::VariableInfo* info = request.add_variables();
       info->set_variable(static_cast<int>(v));
@@ -717,7 +752,8 @@ void Coordinator::start() {
       wire::Rows* rows = request.add_shards();
       rows->set_variable(static_cast<int>(v));
       rows->set_shard(static_cast<int>(s.shard));
-      for (std::int64_t d : shard_shape(vars_[v]->shape(), s.row_end - s.row_begin).dims()) rows->add_shape(d);
+      const Shape shape = shard_shape(vars_[v]->shape(), s.row_end - s.row_begin);
+      for (std::int64_t d : shape.dims()) rows->add_shape(d);
       const std::string_view bytes = rows_bytes(vars_[v]->mutable_value(), s.row_begin, s.row_end);
       rows->set_values(bytes.data(), bytes.size());
     }
@@ -749,9 +785,31 @@ std::shared_ptr<Closure> Coordinator::schedule(const RemoteFunction& fn, PerWork
   return closure;
 }
 
-std::shared_ptr<Closure> Coordinator::take() {
+bool Coordinator::may_start(int w) const {
+  const Consistency& mode = runtime_->options_.consistency;
+  const std::int64_t mine = progress_[static_cast<std::size_t>(w)];
+  if (mode.kind == Consistency::Kind::SYNC) {
+    // Closure t + 1 waits until N - b live workers have finished closure t: then its
+    // update was applied when the last of their pushes was answered. A worker never holds
+    // a closure while waiting for the others' gradients.
+    int live = 0, level = 0;
+    for (std::size_t v = 0; v < workers_.size(); ++v) {
+      if (!workers_[v].connected && static_cast<int>(v) != w) continue;
+      ++live;
+      level += progress_[v] >= mine ? 1 : 0;
+    }
+    return level >= std::max(1, live - mode.backup_workers);
+  }
+  if (mode.kind != Consistency::Kind::SSP) return true;
+  std::int64_t slowest = progress_[static_cast<std::size_t>(w)];
+  for (std::size_t v = 0; v < workers_.size(); ++v)
+    if (workers_[v].connected) slowest = std::min(slowest, progress_[v]);
+  return progress_[static_cast<std::size_t>(w)] - slowest <= mode.staleness;
+}
+
+std::shared_ptr<Closure> Coordinator::take(int w) {
   std::unique_lock lock(mutex_);
-  changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+  changed_.wait(lock, [&] { return stopping_ || (!queue_.empty() && may_start(w)); });
   if (stopping_) return nullptr;
   std::shared_ptr<Closure> c = queue_.front();
   queue_.pop_front();
@@ -768,23 +826,28 @@ Coordinator::Reached Coordinator::connect(int w, std::uint64_t& incarnation) {
   context.set_wait_for_ready(true);
   const grpc::Status status = runtime_->worker(w).Ping(&context, request, &reply);
   if (status.error_code() == kWrongToken) {
-    fail(nullptr, std::make_exception_ptr(InvalidArgument(status.error_message())));
+    fail(nullptr, made<InvalidArgument>(status.error_message()));
     return Reached::refused;
   }
   if (!status.ok()) return Reached::no;
   if (reply.model() != model_) {
-    fail(nullptr, std::make_exception_ptr(InvalidArgument(dtrain::detail::concat(
+    fail(nullptr, made<InvalidArgument>(dtrain::detail::concat(
                       runtime_->describe({"worker", w}), " built another model than the chief: ",
                       first_difference(reply.model(), model_),
-                      "; every task must build the same model under strategy.scope()"))));
+                      "; every task must build the same model under strategy.scope()")));
     return Reached::refused;  // no closure goes to it
   }
   std::lock_guard lock(mutex_);
   incarnation = next_incarnation_++;
+  std::int64_t slowest = -1;
+  for (std::size_t v = 0; v < workers_.size(); ++v)
+    if (workers_[v].connected && (slowest < 0 || progress_[v] < slowest)) slowest = progress_[v];
+  if (slowest >= 0) progress_[static_cast<std::size_t>(w)] = std::max(progress_[static_cast<std::size_t>(w)], slowest);
   WorkerState& state = workers_[static_cast<std::size_t>(w)];
   state.connected = true;
   state.incarnation = incarnation;
   state.last_answer = Clock::now();
+  changed_.notify_all();
   return Reached::yes;
 }
 
@@ -807,7 +870,7 @@ void Coordinator::dispatch(int w) {
       }
       continue;
     }
-    std::shared_ptr<Closure> closure = take();
+    std::shared_ptr<Closure> closure = take(w);
     if (!closure) return;
     wire::RunRequest request;
     runtime_->fill(request.mutable_caller());
@@ -829,38 +892,38 @@ void Coordinator::dispatch(int w) {
       workers_[static_cast<std::size_t>(w)].in_flight = nullptr;
       if (stopping_) {
         --running_;
-        closure->finish({}, std::make_exception_ptr(Cancelled("the ClusterCoordinator was destroyed while the closure ran")));
+        closure->finish({}, made<Cancelled>("the ClusterCoordinator was destroyed while the closure ran"));
         return;
       }
     }
     if (status.ok()) {
       std::vector<Tensor> results;
-      try {
-        for (const wire::TensorValue& v : reply.results()) {
-          const Shape shape = shape_of(v.shape());
-          Tensor t = v.dtype() == "int32" ? Tensor::zeros(shape, DType::i32) : Tensor::zeros(shape);
-          if (v.data().size() != t.nbytes())
-            DTRAIN_THROW(InternalError, runtime_->describe(task), " returned ", v.data().size(), " bytes for a ",
-                         v.dtype(), " ", shape.to_string(), " result");
-          std::memcpy(t.raw_data(), v.data().data(), t.nbytes());
-          results.push_back(std::move(t));
+      std::string malformed;
+      for (const wire::TensorValue& v : reply.results()) {
+        const Shape shape = shape_of(v.shape());
+        Tensor t = v.dtype() == "int32" ? Tensor::zeros(shape, DType::i32) : Tensor::zeros(shape);
+        if (v.data().size() != t.nbytes()) {
+          malformed = dtrain::detail::concat(runtime_->describe(task), " returned ", v.data().size(),
+                                             " bytes for a ", v.dtype(), " ", shape.to_string(), " result");
+          break;
         }
-      } catch (...) {
-        fail(closure, std::current_exception());
+        std::memcpy(t.raw_data(), v.data().data(), t.nbytes());
+        results.push_back(std::move(t));
+      }
+      if (!malformed.empty()) {
+        fail(closure, made<InternalError>(malformed));
         continue;
       }
       closure->finish(std::move(results), nullptr);
       std::lock_guard lock(mutex_);
       --running_;
       ++stats_.closures_finished;
+      ++stats_.closures_per_worker[static_cast<std::size_t>(w)];
+      ++progress_[static_cast<std::size_t>(w)];
       changed_.notify_all();
     } else if (is_application_error(status.error_code())) {
-      try {
-        throw_status(status, dtrain::detail::concat(runtime_->describe(task), " running '", closure->function.name,
-                                            "' (closure ", closure->id, ")"));
-      } catch (...) {
-        fail(closure, std::current_exception());
-      }
+      fail(closure, error_of(status, dtrain::detail::concat(runtime_->describe(task), " running '",
+                                                             closure->function.name, "' (closure ", closure->id, ")")));
     } else {
       lost(w, incarnation, closure, status.error_message());
       connected = false;
@@ -883,11 +946,7 @@ void Coordinator::lost(int w, std::uint64_t incarnation, const std::shared_ptr<C
     set_deadline(context, runtime_->rpc_timeout_);
     const grpc::Status status = runtime_->ps(p).Fence(&context, request, &reply);
     if (!status.ok()) {
-      try {
-        throw_status(status, "fencing off the lost " + task + " on " + runtime_->describe({"ps", p}));
-      } catch (...) {
-        fail(closure, std::current_exception());
-      }
+      fail(closure, error_of(status, "fencing off the lost " + task + " on " + runtime_->describe({"ps", p})));
       return;
     }
   }
@@ -902,10 +961,15 @@ void Coordinator::lost(int w, std::uint64_t incarnation, const std::shared_ptr<C
 }
 
 void Coordinator::fail(const std::shared_ptr<Closure>& closure, std::exception_ptr error) {
+  const std::string message = message_of(error);
+  if (closure) closure->finish({}, error);
   std::deque<std::shared_ptr<Closure>> cancelled;
   {
     std::lock_guard lock(mutex_);
-    if (!error_) error_ = error;
+    // The last reference this thread holds goes inside the lock: whoever takes the error
+    // out of error_ does so after this thread is done with it.
+    if (!error_) error_ = std::move(error);
+    error = nullptr;
     cancelled.swap(queue_);
     if (closure) {
       --running_;
@@ -913,11 +977,10 @@ void Coordinator::fail(const std::shared_ptr<Closure>& closure, std::exception_p
     }
     changed_.notify_all();
   }
-  if (closure) closure->finish({}, error);
   for (const auto& c : cancelled)
-    c->finish({}, std::make_exception_ptr(Cancelled(dtrain::detail::concat(
+    c->finish({}, made<Cancelled>(dtrain::detail::concat(
                       "closure ", c->id, " ('", c->function.name, "') was cancelled: an earlier closure failed: ",
-                      message_of(error)))));
+                      message)));
 }
 
 void Coordinator::heartbeat_loop() {
@@ -947,9 +1010,9 @@ void Coordinator::heartbeat_loop() {
         }
         if (started) {
           ps_reported[i] = true;
-          fail(nullptr, std::make_exception_ptr(Unavailable(dtrain::detail::concat(
+          fail(nullptr, made<Unavailable>(dtrain::detail::concat(
                             runtime_->describe({"ps", p}), " has not answered for ",
-                            std::chrono::duration<double>(runtime_->rpc_timeout_).count(), " s"))));
+                            std::chrono::duration<double>(runtime_->rpc_timeout_).count(), " s")));
         }
       }
     }
@@ -971,6 +1034,27 @@ void Coordinator::heartbeat_loop() {
       }
     }
   }
+}
+
+void Coordinator::wait_for_workers(int count, std::chrono::duration<double> timeout) {
+  std::unique_lock lock(mutex_);
+  if (!started_) start();
+  auto connected = [&] {
+    int n = 0;
+    for (const WorkerState& w : workers_) n += w.connected ? 1 : 0;
+    return n;
+  };
+  const int wanted = std::min(count, static_cast<int>(workers_.size()));
+  if (changed_.wait_until(lock, deadline_after(timeout), [&] { return connected() >= wanted || error_; })) {
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    return;
+  }
+  std::string missing;
+  for (std::size_t w = 0; w < workers_.size(); ++w)
+    if (!workers_[w].connected)
+      missing += (missing.empty() ? "" : ", ") + runtime_->describe({"worker", static_cast<int>(w)});
+  DTRAIN_THROW(Timeout, "ClusterCoordinator::wait_for_workers: ", connected(), " of the ", wanted, " workers wanted ",
+               "answered within ", timeout.count(), " s; not: ", missing);
 }
 
 void Coordinator::join() {
@@ -1002,6 +1086,7 @@ ClusterCoordinator::Statistics Coordinator::statistics() const {
     if (!status.ok()) throw_status(status, "asking " + runtime_->describe({"ps", p}) + " for its statistics");
     s.pushes_applied += reply.pushes_applied();
     s.pushes_refused += reply.pushes_refused();
+    s.pushes_dropped += reply.pushes_dropped();
     if (s.staleness_counts.size() < static_cast<std::size_t>(reply.staleness_counts_size()))
       s.staleness_counts.resize(static_cast<std::size_t>(reply.staleness_counts_size()), 0);
     for (int i = 0; i < reply.staleness_counts_size(); ++i)
@@ -1021,7 +1106,7 @@ Coordinator::~Coordinator() {
   for (std::thread& t : dispatchers_) t.join();
   heartbeat_.join();
   for (const auto& c : queue_)
-    c->finish({}, std::make_exception_ptr(Cancelled("the ClusterCoordinator was destroyed before the closure ran")));
+    c->finish({}, made<Cancelled>("the ClusterCoordinator was destroyed before the closure ran"));
   // Tell every task the job is over (those that cannot be reached stop by themselves).
   wire::ShutdownRequest request;
   runtime_->fill(request.mutable_caller());
@@ -1056,6 +1141,19 @@ int ParameterServerStrategy::num_ps() const { return runtime_->config_.cluster.n
 std::vector<Variable*> ParameterServerStrategy::variables() const { return runtime_->variables(); }
 std::vector<ShardPlacement> ParameterServerStrategy::placement() const {
   return runtime_->placement(runtime_->variables());
+}
+
+std::string Consistency::description() const {
+  switch (kind) {
+    case Kind::ASYNC:
+      return "async";
+    case Kind::SSP:
+      return "ssp(" + std::to_string(staleness) + ")";
+    case Kind::SYNC:
+      if (backup_workers == 0) return "sync";
+      return "sync with " + std::to_string(backup_workers) + " backup worker" + (backup_workers == 1 ? "" : "s");
+  }
+  return "?";
 }
 
 PerWorkerIterator PerWorkerDataset::iterator() { return {id_, iterators_++}; }
@@ -1100,6 +1198,9 @@ RemoteValue ClusterCoordinator::schedule(const RemoteFunction& fn, const PerWork
 }
 
 void ClusterCoordinator::join() { coordinator().join(); }
+void ClusterCoordinator::wait_for_workers(int count, double timeout_seconds) {
+  coordinator().wait_for_workers(count, std::chrono::duration<double>(timeout_seconds));
+}
 bool ClusterCoordinator::done() const { return coordinator().done(); }
 ClusterCoordinator::Statistics ClusterCoordinator::statistics() const { return coordinator().statistics(); }
 

@@ -43,9 +43,29 @@
 
 namespace dtrain::distribute {
 
+// How the workers' updates are ordered: the seeds' sync-versus-async question as a setting.
+struct Consistency {
+  enum class Kind { ASYNC, SSP, SYNC };
+  Kind kind = Kind::ASYNC;
+  int staleness = 0;       // SSP: a worker may run this many closures ahead of the slowest
+  int backup_workers = 0;  // SYNC: updates take the first (workers - backup_workers) gradients
+  // Each push applied as it arrives (TensorFlow's ParameterServerStrategy).
+  static Consistency async() { return {}; }
+  // Stale-synchronous parallel (Ho et al. 2013): a worker may not start its closure
+  // t + k + 1 before every live worker has finished closure t.
+  static Consistency ssp(int k) { return {Kind::SSP, k, 0}; }
+  // Synchronous with backup workers (Chen et al. 2016): each update is the mean of the
+  // first N - b gradients computed from the current weights, one per worker; later ones
+  // are dropped, and a worker that gave its gradient waits for the update before pulling.
+  static Consistency sync(int backup_workers = 0) { return {Kind::SYNC, 0, backup_workers}; }
+  // "async", "ssp(2)", "sync", "sync with 1 backup worker".
+  std::string description() const;
+};
+
 struct ParameterServerOptions {
   // How variables are split over the parameter servers (default: whole, dealt in turn).
   Partitioner variable_partitioner;
+  Consistency consistency;
   // The deadline of every RPC that moves variables or gradients or checks a task; 0: 60 s.
   double rpc_timeout_seconds = 0;
   // The coordinator pings every task this often (seconds; 0: 0.5).
@@ -160,6 +180,11 @@ class ClusterCoordinator {
   void join();
   // Whether nothing is queued or running.
   bool done() const;
+  // The chief: places the variables on the parameter servers if no schedule() has yet,
+  // then waits until `count` workers answer with the right model (a benchmark's or a
+  // test's start line; training needs no such wait). Timeout after `timeout_seconds`,
+  // naming the workers still missing.
+  void wait_for_workers(int count, double timeout_seconds = 60);
 
   struct Statistics {
     std::int64_t closures_scheduled = 0;
@@ -167,8 +192,10 @@ class ClusterCoordinator {
     std::int64_t closures_rerun = 0;  // run again after their worker was lost
     std::int64_t workers_lost = 0;
     std::int64_t pushes_applied = 0;  // over every ps
-    std::int64_t pushes_refused = 0;
+    std::int64_t pushes_refused = 0;  // a closure's second run, a fenced worker's
+    std::int64_t pushes_dropped = 0;  // SYNC: arrived after the update they were computed for
     std::vector<std::int64_t> staleness_counts;  // over every ps: [s] pushes s versions behind
+    std::vector<std::int64_t> closures_per_worker;  // finished, by worker index
   };
   // The chief: counts so far (asks every ps).
   Statistics statistics() const;

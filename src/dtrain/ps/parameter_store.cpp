@@ -5,13 +5,17 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/core/error.h"
+#include "dtrain/kernels/backend.h"
 #include "dtrain/model/compile_config.h"
 
 namespace dtrain::distribute {
 
-void ParameterStore::create(std::uint64_t job, std::vector<std::pair<ShardKey, Variable>> shards) {
+void ParameterStore::create(std::uint64_t job, std::vector<std::pair<ShardKey, Variable>> shards, int aggregate) {
   std::lock_guard lock(mutex_);
   if (created_ && job == job_) return;
+  aggregate_ = aggregate;
+  sums_.assign(shards.size(), Tensor());
+  contributors_.clear();
   shards_.clear();
   for (auto& [key, value] : shards) shards_.push_back(Shard{key, std::move(value)});
   job_ = job;
@@ -46,8 +50,10 @@ ParameterStore::PushResult ParameterStore::push(const Push& push) {
   }
   grads_.clear();
   vars_.clear();
+  indices_.clear();
   for (const auto& [key, grad] : push.gradients) {
     const Shard& s = find(key, push.task);
+    indices_.push_back(static_cast<std::size_t>(&s - shards_.data()));
     if (!(grad.shape() == s.value.shape()))
       DTRAIN_THROW(InvalidArgument, push.task, " pushed a ", grad.shape().to_string(), " gradient for '",
                    s.value.name(), "', whose shard here is ", s.value.shape().to_string());
@@ -66,16 +72,54 @@ ParameterStore::PushResult ParameterStore::push(const Push& push) {
     DTRAIN_THROW(InvalidArgument, push.task, "'s optimizer ", push.optimizer_json, " differs from the one the ",
                  "first push brought, ", optimizer_json_, " (every worker must compile the same optimizer)");
   }
+  applied_.insert(push.closure);
+  const std::int64_t staleness = std::max<std::int64_t>(0, version_ - push.pulled_version);
+  if (aggregate_ == 0) {
+    apply();
+    if (stats_.staleness_counts.size() <= static_cast<std::size_t>(staleness))
+      stats_.staleness_counts.resize(static_cast<std::size_t>(staleness) + 1, 0);
+    ++stats_.staleness_counts[static_cast<std::size_t>(staleness)];
+    ++stats_.pushes_applied;
+    return {true, version_};
+  }
+  // Synchronous: gather; the first `aggregate_` gradients of this version make the update.
+  if (staleness > 0 || contributors_.contains(push.task)) {
+    ++stats_.pushes_dropped;
+    return {false, version_};
+  }
+  for (std::size_t i = 0; i < grads_.size(); ++i) {
+    if (!grads_[i].defined()) continue;
+    const std::size_t s = indices_[i];
+    if (!sums_[s].defined())
+      sums_[s] = grads_[i].clone();
+    else
+      kernels::backend().axpby(1.0f, grads_[i], 1.0f, sums_[s]);
+  }
+  contributors_.insert(push.task);
+  ++stats_.pushes_applied;
+  if (static_cast<int>(contributors_.size()) < aggregate_) return {true, version_};
+  grads_.clear();
+  vars_.clear();
+  const float mean = 1.0f / static_cast<float>(contributors_.size());
+  for (std::size_t s = 0; s < shards_.size(); ++s) {
+    if (!sums_[s].defined()) continue;
+    kernels::backend().axpby(0.0f, sums_[s], mean, sums_[s]);
+    grads_.push_back(sums_[s]);
+    vars_.push_back(&shards_[s].value);
+  }
+  apply();
+  if (stats_.staleness_counts.empty()) stats_.staleness_counts.assign(1, 0);
+  stats_.staleness_counts[0] += static_cast<std::int64_t>(contributors_.size());
+  for (Tensor& t : sums_) t = Tensor();
+  contributors_.clear();
+  return {true, version_};
+}
+
+void ParameterStore::apply() {
   const auto start = std::chrono::steady_clock::now();
   optimizer_->apply_gradients(grads_, vars_);
   stats_.apply_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  applied_.insert(push.closure);
-  const std::int64_t staleness = std::max<std::int64_t>(0, version_ - push.pulled_version);
-  if (stats_.staleness_counts.size() <= static_cast<std::size_t>(staleness))
-    stats_.staleness_counts.resize(static_cast<std::size_t>(staleness) + 1, 0);
-  ++stats_.staleness_counts[static_cast<std::size_t>(staleness)];
-  ++stats_.pushes_applied;
-  return {true, ++version_};
+  ++version_;
 }
 
 void ParameterStore::fence(const std::string& task, std::uint64_t incarnation) {

@@ -30,7 +30,12 @@ class ParameterStore {
   // Takes the shards a coordinator placed here, with their first values. `job` names the
   // coordinator's run: the same job again (a coordinator retrying) keeps what is here, a
   // new one replaces it (and forgets the optimizer and the closures applied).
-  void create(std::uint64_t job, std::vector<std::pair<ShardKey, Variable>> shards);
+  // `aggregate` > 0 makes updates synchronous: each update is the mean of the first
+  // `aggregate` gradients computed from the current version, one per task; a gradient
+  // from an older version arrives too late and is dropped (backup workers), and so is a
+  // task's second one for the same update. 0: every push is applied as it arrives
+  // (asynchronous).
+  void create(std::uint64_t job, std::vector<std::pair<ShardKey, Variable>> shards, int aggregate = 0);
   bool created() const;
 
   // Calls fn(key, value) for every shard under the lock, so the values are one version;
@@ -67,6 +72,7 @@ class ParameterStore {
     std::int64_t version = 0;
     std::int64_t pushes_applied = 0;
     std::int64_t pushes_refused = 0;
+    std::int64_t pushes_dropped = 0;  // synchronous: computed from an older version
     double apply_seconds = 0;
     std::vector<std::int64_t> staleness_counts;  // [s]: pushes computed s versions behind
   };
@@ -78,6 +84,7 @@ class ParameterStore {
     mutable Variable value;
   };
   const Shard& find(const ShardKey& key, const std::string& task) const;
+  void apply();  // grads_ to vars_, one more version
 
   mutable std::mutex mutex_;
   std::uint64_t job_ = 0;
@@ -92,6 +99,12 @@ class ParameterStore {
   // Reused by every push: no allocation in the steady state.
   std::vector<Tensor> grads_;
   std::vector<Variable*> vars_;
+  std::vector<std::size_t> indices_;  // of each gradient's shard in shards_
+  // Synchronous updates: the gradients gathered for the next one, per shard (summed), and
+  // the tasks that gave them.
+  int aggregate_ = 0;
+  std::vector<Tensor> sums_;  // [shard], undefined until a gradient came
+  std::unordered_set<std::string> contributors_;
 };
 
 }  // namespace dtrain::distribute

@@ -1,0 +1,106 @@
+// ParameterServerStrategy's throughput on the seeds' large MLP (Adam, batch 64 per
+// closure): every task runs this program under `dtrain launch --chief --workers N --ps M`;
+// the chief schedules --warmup then --steps closures and prints one line:
+//   ParameterServerStrategy <mode> <samples/s> samples/s, <pushes> pushes applied, staleness p50 <s> max <s>
+// A straggler (--slow-worker K --slow-factor F) repeats its forward and backward F times.
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "models.h"
+
+namespace {
+
+using namespace dtrain;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  int steps = 200, warmup = 20, batch = 64;
+  std::string mode = "async";
+  int slow_worker = -1, slow_factor = 1;
+};
+
+distribute::Consistency parse_mode(const std::string& m) {
+  if (m == "async") return distribute::Consistency::async();
+  if (m.rfind("ssp", 0) == 0) return distribute::Consistency::ssp(std::stoi(m.substr(3)));
+  if (m.rfind("sync", 0) == 0) return distribute::Consistency::sync(m.size() > 4 ? std::stoi(m.substr(4)) : 0);
+  throw InvalidArgument("--mode: async, sspK or syncB, not " + m);
+}
+
+int run(const Args& args) {
+  distribute::ParameterServerOptions options;
+  options.consistency = parse_mode(args.mode);
+  distribute::ParameterServerStrategy strategy(options);
+  distribute::ClusterCoordinator coordinator(strategy);
+  if (strategy.task().type == "ps") return coordinator.serve(), 0;
+  std::unique_ptr<Sequential> model;
+  std::unique_ptr<optim::Adam> optimizer;
+  {
+    auto scope = strategy.scope();
+    model = bench::large_mlp();
+    optimizer = std::make_unique<optim::Adam>(1e-3f);
+  }
+  const int me = strategy.task().index;
+  auto per_worker = coordinator.create_per_worker_dataset([&] {
+    data::Split d = data::make_synthetic(16 * args.batch, 1024, 10, 1 + static_cast<std::uint64_t>(me));
+    return data::Dataset::from_tensor_slices({d.x, d.y}).batch(args.batch).repeat();
+  });
+  losses::SparseCategoricalCrossentropy loss_fn;
+  const int repeats = strategy.task().type == "worker" && me == args.slow_worker ? args.slow_factor : 1;
+  auto train_step = coordinator.define("train_step", [&](data::Iterator& it) {
+    std::optional<data::Element> batch = it.next();
+    const auto vars = model->trainable_variables();
+    std::vector<Tensor> grads;
+    for (int r = 0; r < repeats; ++r) {
+      GradientTape tape;
+      Tensor loss = loss_fn((*batch)[1], (*model)((*batch)[0], true));
+      grads = tape.gradient(loss, vars);
+    }
+    optimizer->apply_gradients(grads, vars);
+    return std::vector<Tensor>{};
+  });
+  if (strategy.task().type == "worker") return coordinator.serve(), 0;
+  coordinator.wait_for_workers(strategy.num_workers());
+  auto it = per_worker.iterator();
+  for (int s = 0; s < args.warmup; ++s) coordinator.schedule(train_step, it);
+  coordinator.join();
+  const auto start = Clock::now();
+  for (int s = 0; s < args.steps; ++s) coordinator.schedule(train_step, it);
+  coordinator.join();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const auto st = coordinator.statistics();
+  std::int64_t total = 0, max_staleness = 0, median = -1, seen = 0;
+  for (std::size_t s = 0; s < st.staleness_counts.size(); ++s) {
+    total += st.staleness_counts[s];
+    if (st.staleness_counts[s] > 0) max_staleness = static_cast<std::int64_t>(s);
+  }
+  for (std::size_t s = 0; s < st.staleness_counts.size() && median < 0; ++s)
+    if ((seen += st.staleness_counts[s]) * 2 >= total) median = static_cast<std::int64_t>(s);
+  std::printf("ParameterServerStrategy %s %.0f samples/s, %lld pushes applied, %lld dropped, staleness p50 %lld max %lld\n",
+              options.consistency.description().c_str(), args.steps * args.batch / seconds,
+              static_cast<long long>(st.pushes_applied), static_cast<long long>(st.pushes_dropped),
+              static_cast<long long>(median), static_cast<long long>(max_staleness));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Args a;
+    for (int i = 1; i + 1 < argc; i += 2) {
+      const std::string k = argv[i], v = argv[i + 1];
+      if (k == "--steps") a.steps = std::stoi(v);
+      else if (k == "--warmup") a.warmup = std::stoi(v);
+      else if (k == "--batch") a.batch = std::stoi(v);
+      else if (k == "--mode") a.mode = v;
+      else if (k == "--slow-worker") a.slow_worker = std::stoi(v);
+      else if (k == "--slow-factor") a.slow_factor = std::stoi(v);
+      else throw InvalidArgument("bench_parameter_server: unknown option " + k);
+    }
+    return run(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_parameter_server: %s\n", e.what());
+    return 1;
+  }
+}
