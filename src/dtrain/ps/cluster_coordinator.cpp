@@ -236,6 +236,12 @@ class PsRuntime final : public dtrain::detail::VariableTracker {
   wire::ParameterServer::Stub& ps(int i);
   wire::Worker::Stub& worker(int i);
 
+  // One call to every ps, all in flight at once: start(stub, context, request, reply,
+  // done) begins ps p's with requests[p]; returns once every one has answered, throwing
+  // the first failure ("worker:0 pulling from ps:1 at ...: ...").
+  template <typename Request, typename Reply, typename Start>
+  void call_every_ps(const std::vector<Request>& requests, std::vector<Reply>& replies, const char* doing,
+                     Start start);
   // Pulls every shard into `vars`; returns each ps's version.
   std::vector<std::int64_t> pull(const std::vector<Variable*>& vars, const std::vector<ShardPlacement>& placement);
 
@@ -346,28 +352,38 @@ wire::Worker::Stub& PsRuntime::worker(int i) {
   return *stub;
 }
 
-std::vector<std::int64_t> PsRuntime::pull(const std::vector<Variable*>& vars,
-                                          const std::vector<ShardPlacement>& placement) {
-  const int num_ps = config_.cluster.num_tasks("ps");
-  std::vector<wire::PullRequest> requests(static_cast<std::size_t>(num_ps));
-  std::vector<wire::PullReply> replies(requests.size());
+template <typename Request, typename Reply, typename Start>
+void PsRuntime::call_every_ps(const std::vector<Request>& requests, std::vector<Reply>& replies, const char* doing,
+                              Start start) {
+  replies.resize(requests.size());
   std::vector<grpc::ClientContext> contexts(requests.size());
   std::vector<grpc::Status> statuses(requests.size());
   Latch latch(requests.size());
-  for (int p = 0; p < num_ps; ++p) {
-    const auto i = static_cast<std::size_t>(p);
-    fill(requests[i].mutable_caller());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
     set_deadline(contexts[i], rpc_timeout_);
-    ps(p).async()->Pull(&contexts[i], &requests[i], &replies[i], [&, i](grpc::Status s) {
+    start(ps(static_cast<int>(i)), &contexts[i], &requests[i], &replies[i], [&, i](grpc::Status s) {
       statuses[i] = std::move(s);
       latch.count_down();
     });
   }
   latch.wait();
+  for (std::size_t i = 0; i < requests.size(); ++i)
+    if (!statuses[i].ok())
+      throw_status(statuses[i], task_name_ + " " + doing + " " + describe({"ps", static_cast<int>(i)}));
+}
+
+std::vector<std::int64_t> PsRuntime::pull(const std::vector<Variable*>& vars,
+                                          const std::vector<ShardPlacement>& placement) {
+  const int num_ps = config_.cluster.num_tasks("ps");
+  std::vector<wire::PullRequest> requests(static_cast<std::size_t>(num_ps));
+  for (wire::PullRequest& r : requests) fill(r.mutable_caller());
+  std::vector<wire::PullReply> replies;
+  call_every_ps(requests, replies, "pulling from", [](auto& stub, auto* context, auto* request, auto* reply, auto done) {
+    stub.async()->Pull(context, request, reply, std::move(done));
+  });
   std::vector<std::int64_t> versions(requests.size());
   for (int p = 0; p < num_ps; ++p) {
     const auto i = static_cast<std::size_t>(p);
-    if (!statuses[i].ok()) throw_status(statuses[i], task_name_ + " pulling from " + describe({"ps", p}));
     versions[i] = replies[i].version();
     for (const wire::Rows& rows : replies[i].shards()) {
       const auto v = static_cast<std::size_t>(rows.variable());
@@ -552,23 +568,11 @@ class PushSink final : public optim::detail::GradientSink {
       const std::string_view bytes = rows_bytes(*by_variable[v], s.row_begin, s.row_end);
       rows->set_values(bytes.data(), bytes.size());
     }
-    std::vector<wire::PushReply> replies(requests.size());
-    std::vector<grpc::ClientContext> contexts(requests.size());
-    std::vector<grpc::Status> statuses(requests.size());
-    Latch latch(requests.size());
-    for (int p = 0; p < num_ps; ++p) {
-      const auto i = static_cast<std::size_t>(p);
-      set_deadline(contexts[i], runtime_.rpc_timeout_);
-      runtime_.ps(p).async()->Push(&contexts[i], &requests[i], &replies[i], [&, i](grpc::Status s) {
-        statuses[i] = std::move(s);
-        latch.count_down();
-      });
-    }
-    latch.wait();
-    for (int p = 0; p < num_ps; ++p)
-      if (!statuses[static_cast<std::size_t>(p)].ok())
-        throw_status(statuses[static_cast<std::size_t>(p)],
-                     runtime_.task_name_ + " pushing to " + runtime_.describe({"ps", p}));
+    std::vector<wire::PushReply> replies;
+    runtime_.call_every_ps(requests, replies, "pushing to",
+                           [](auto& stub, auto* context, auto* request, auto* reply, auto done) {
+                             stub.async()->Push(context, request, reply, std::move(done));
+                           });
   }
 
  private:
