@@ -20,7 +20,7 @@ trap 'rm -rf "$tmp"' EXIT
 $PY -c "import torch" 2>/dev/null || { echo "compare.sh: /usr/bin/python3 has no torch; run scripts/install-deps.sh --peers" >&2; exit 1; }
 
 json_get() { $PY -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2"; }
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
+source bench/median.sh
 
 # Comparable lengths: dtrain reports the median epoch after the first; PyTorch times
 # steps after warm-up steps.

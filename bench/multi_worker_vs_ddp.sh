@@ -26,7 +26,7 @@ for r in $(seq "$rounds"); do
   ours+=("$d")
   theirs+=("$t")
 done
-median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+source "$here/bench/median.sh"
 m_ours=$(median "${ours[@]}")
 m_theirs=$(median "${theirs[@]}")
 echo "median: dtrain $m_ours samples/s, PyTorch DDP $m_theirs samples/s, ratio $(awk "BEGIN {printf \"%.2f\", $m_ours / $m_theirs}")"

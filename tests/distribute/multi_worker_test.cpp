@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "common/compare.h"
+#include "common/spawn.h"
 #include "common/temp_dir.h"
 #include "dtrain/dtrain.h"
 
@@ -68,20 +69,8 @@ class MultiWorker : public testing::TempDirTest {
       const std::string tf_config = cluster::tf_config_json(spec, id);
       const auto token = token_of.find(r.task);
       const std::string token_value = token == token_of.end() ? "test-token" : token->second;
-      const pid_t pid = fork();
-      if (pid == 0) {
-        const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        setenv("TF_CONFIG", tf_config.c_str(), 1);
-        setenv("DTRAIN_CLUSTER_TOKEN", token_value.c_str(), 1);
-        setenv("OMP_NUM_THREADS", "1", 1);
-        std::vector<char*> argv;
-        for (auto& a : args) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        execv(argv[0], argv.data());
-        _exit(127);
-      }
+      const pid_t pid = testing::spawn(
+          args, {{"TF_CONFIG", tf_config}, {"DTRAIN_CLUSTER_TOKEN", token_value}, {"OMP_NUM_THREADS", "1"}}, log);
       pids.push_back(pid);
       pidfds.push_back(static_cast<int>(syscall(SYS_pidfd_open, pid, 0)));
       r.pid = pid;

@@ -11,11 +11,11 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fcntl.h>
 #include <fstream>
 #include <map>
 #include <sstream>
 
+#include "common/spawn.h"
 #include "common/temp_dir.h"
 #include "dtrain/cluster/launcher.h"
 #include "dtrain/dtrain.h"
@@ -50,20 +50,8 @@ class ParameterServerFaults : public testing::TempDirTest {
       p.task = id.to_string();
       const std::string log = (dir_ / (p.task + ".log")).string();
       const std::string tf_config = cluster::tf_config_json(spec, id);
-      p.pid = fork();
-      if (p.pid == 0) {
-        const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        dup2(fd, 1);
-        dup2(fd, 2);
-        setenv("TF_CONFIG", tf_config.c_str(), 1);
-        setenv("DTRAIN_CLUSTER_TOKEN", "ps-fault-test", 1);
-        setenv("OMP_NUM_THREADS", "1", 1);
-        std::vector<char*> argv;
-        for (auto& a : args) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        execv(argv[0], argv.data());
-        _exit(127);
-      }
+      p.pid = testing::spawn(
+          args, {{"TF_CONFIG", tf_config}, {"DTRAIN_CLUSTER_TOKEN", "ps-fault-test"}, {"OMP_NUM_THREADS", "1"}}, log);
       p.pidfd = static_cast<int>(syscall(SYS_pidfd_open, p.pid, 0));
       tasks[p.task] = p;
     }

@@ -71,6 +71,7 @@ TEST(ShardPlacement, ShardsAreDealtToThePsTasksInTurnAcrossVariables) {
   auto expect = [&](std::size_t i, const char* name, std::int64_t shard, std::int64_t begin, std::int64_t end, int ps) {
     SCOPED_TRACE(i);
     EXPECT_EQ(p[i].variable, name);
+    EXPECT_EQ(p[i].index, static_cast<std::size_t>(name[0] - 'a'));  // its place in `vars`
     EXPECT_EQ(p[i].shard, shard);
     EXPECT_EQ(p[i].row_begin, begin);
     EXPECT_EQ(p[i].row_end, end);

@@ -7,10 +7,12 @@
 // before the coordinator hears back (the worst moment: the closure must run again and its
 // gradients must not count twice); --stop-task stops it (SIGSTOP, a hung process) before it
 // pushes; --chief-dies-after N makes the chief SIGKILL itself once N closures are done.
-// An error goes to stderr with exit code 1.
+// The chief checks that every closure returned one finite loss. An error goes to stderr
+// with exit code 1.
 #include <signal.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -100,7 +102,14 @@ int run(const Args& args) {
     ::raise(SIGKILL);
   }
   coordinator.join();
-  for (const auto& v : values) v.fetch();  // every closure has its result
+  // Every closure has its result, the loss of one batch, however often it ran: a finite
+  // scalar. Anything else fails the task, and with it the parent test.
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const std::vector<Tensor>& result = values[i].fetch();
+    if (result.size() != 1 || result[0].numel() != 1 || !std::isfinite(result[0].item()))
+      throw InternalError("ps_task: closure " + std::to_string(i) + " returned " + std::to_string(result.size()) +
+                          " values instead of one finite loss");
+  }
   const auto st = coordinator.statistics();
   std::printf("stats scheduled=%lld finished=%lld rerun=%lld lost=%lld applied=%lld refused=%lld\n",
               static_cast<long long>(st.closures_scheduled), static_cast<long long>(st.closures_finished),

@@ -309,8 +309,7 @@ std::vector<ShardPlacement> PsRuntime::placement(const std::vector<Variable*>& v
     if (vars[i]->dtype() != DType::f32)
       DTRAIN_THROW(InvalidArgument, "ParameterServerStrategy: variable '", vars[i]->name(), "' is ",
                    dtype_name(vars[i]->dtype()), "; the parameter servers hold float32 variables");
-    // The index keeps two variables of one name apart.
-    specs.push_back({std::to_string(i), vars[i]->shape(), vars[i]->dtype()});
+    specs.push_back({vars[i]->name(), vars[i]->shape(), vars[i]->dtype()});
   }
   return place_shards(specs, options_.variable_partitioner, config_.cluster.num_tasks("ps"));
 }
@@ -389,7 +388,7 @@ std::vector<std::int64_t> PsRuntime::pull(const std::vector<Variable*>& vars,
       const auto v = static_cast<std::size_t>(rows.variable());
       const ShardPlacement* where = nullptr;
       for (const ShardPlacement& s : placement)
-        if (s.variable == std::to_string(v) && s.shard == rows.shard()) where = &s;
+        if (s.index == v && s.shard == rows.shard()) where = &s;
       if (v >= vars.size() || where == nullptr || where->ps != p)
         DTRAIN_THROW(InvalidArgument, task_name_, ": ", describe({"ps", p}), " holds shard ", rows.shard(),
                      " of variable ", v, ", which this task's model does not place there (another model?)");
@@ -420,7 +419,7 @@ class PsService final : public wire::ParameterServer::Service {
       if (rows.values().size() != static_cast<std::size_t>(shape.numel()) * sizeof(float))
         return {kInvalidArgument, "shard " + std::to_string(rows.shard()) + " of variable " +
                                       std::to_string(rows.variable()) + " has the wrong number of bytes"};
-      Tensor value = Tensor::zeros(shape);
+      Tensor value = Tensor::empty(shape);
       std::memcpy(value.raw_data(), rows.values().data(), rows.values().size());
       shards.emplace_back(ParameterStore::ShardKey{rows.variable(), rows.shard()},
                           Variable(names[rows.variable()] + "/part_" + std::to_string(rows.shard()), value));
@@ -457,7 +456,7 @@ class PsService final : public wire::ParameterServer::Service {
       if (rows.values().size() != static_cast<std::size_t>(shape.numel()) * sizeof(float))
         return {kInvalidArgument, push.task + " pushed a gradient of " + std::to_string(rows.values().size()) +
                                       " bytes for a " + shape.to_string() + " shard"};
-      Tensor grad = Tensor::zeros(shape);
+      Tensor grad = Tensor::empty(shape);
       std::memcpy(grad.raw_data(), rows.values().data(), rows.values().size());
       push.gradients.emplace_back(ParameterStore::ShardKey{rows.variable(), rows.shard()}, std::move(grad));
     }
@@ -558,7 +557,7 @@ class PushSink final : public optim::detail::GradientSink {
       r.set_pulled_version(versions_[static_cast<std::size_t>(p)]);
     }
     for (const ShardPlacement& s : placement_) {
-      const auto v = static_cast<std::size_t>(std::stoll(s.variable));
+      const std::size_t v = s.index;
       if (!by_variable[v]) continue;
       wire::Rows* rows = requests[static_cast<std::size_t>(s.ps)].add_gradients();
       rows->set_variable(static_cast<int>(v));
@@ -752,7 +751,7 @@ void Coordinator::start() {
     }
     for (const ShardPlacement& s : placement_) {
       if (s.ps != p) continue;
-      const auto v = static_cast<std::size_t>(std::stoll(s.variable));
+      const std::size_t v = s.index;
       wire::Rows* rows = request.add_shards();
       rows->set_variable(static_cast<int>(v));
       rows->set_shard(static_cast<int>(s.shard));
@@ -905,7 +904,7 @@ void Coordinator::dispatch(int w) {
       std::string malformed;
       for (const wire::TensorValue& v : reply.results()) {
         const Shape shape = shape_of(v.shape());
-        Tensor t = v.dtype() == "int32" ? Tensor::zeros(shape, DType::i32) : Tensor::zeros(shape);
+        Tensor t = Tensor::empty(shape, v.dtype() == "int32" ? DType::i32 : DType::f32);
         if (v.data().size() != t.nbytes()) {
           malformed = dtrain::detail::concat(runtime_->describe(task), " returned ", v.data().size(),
                                              " bytes for a ", v.dtype(), " ", shape.to_string(), " result");

@@ -72,11 +72,12 @@ std::vector<ShardPlacement> place_shards(const std::vector<VariableSpec>& variab
                  num_ps);
   std::vector<ShardPlacement> out;
   int next = 0;
-  for (const VariableSpec& v : variables) {
+  for (std::size_t i = 0; i < variables.size(); ++i) {
+    const VariableSpec& v = variables[i];
     const std::int64_t n = partitioner.num_shards(v.shape, v.dtype);
     std::int64_t begin = 0, shard = 0;
     for (const std::int64_t rows : shard_rows(rows_of(v.shape), n)) {
-      out.push_back({v.name, shard++, n, begin, begin + rows, next});
+      out.push_back({v.name, i, shard++, n, begin, begin + rows, next});
       begin += rows;
       next = (next + 1) % num_ps;
     }

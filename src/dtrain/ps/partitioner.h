@@ -52,6 +52,7 @@ std::vector<std::int64_t> shard_rows(std::int64_t rows, std::int64_t num_shards)
 // One shard of one variable, and the parameter server that holds it.
 struct ShardPlacement {
   std::string variable;
+  std::size_t index = 0;                      // the variable's place in place_shards' list
   std::int64_t shard = 0;                     // 0-based, of num_shards
   std::int64_t num_shards = 1;
   std::int64_t row_begin = 0, row_end = 0;    // along axis 0; a scalar is rows [0, 1)
