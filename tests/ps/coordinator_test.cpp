@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "common/compare.h"
+#include "ps/local_cluster.h"
 #include "dtrain/cluster/launcher.h"
 #include "dtrain/dtrain.h"
 
@@ -17,23 +18,8 @@ namespace {
 using distribute::ClusterCoordinator;
 using distribute::ParameterServerOptions;
 using distribute::ParameterServerStrategy;
-
-// A chief, `workers` workers and `ps` parameter servers on free 127.0.0.1 ports.
-class LocalCluster {
- public:
-  LocalCluster(int workers, int ps)
-      : spec_(cluster::local_cluster(workers, ps, /*chief=*/true, cluster::free_ports(1 + workers + ps))) {}
-  cluster::TfConfig config(const std::string& type, int index) const {
-    cluster::TfConfig c;
-    c.cluster = spec_;
-    c.task = {type, index};
-    c.from_environment = true;
-    return c;
-  }
-
- private:
-  cluster::ClusterSpec spec_;
-};
+using testing::LocalCluster;
+using testing::Tasks;
 
 ParameterServerOptions options(distribute::Partitioner partitioner = {}) {
   ParameterServerOptions o;
@@ -116,35 +102,6 @@ void ps_program(cluster::TfConfig config, ParameterServerOptions o) {
   ClusterCoordinator coordinator(strategy);
   coordinator.serve();
 }
-
-// Runs the cluster's other tasks on threads; joins them when destroyed.
-class Tasks {
- public:
-  ~Tasks() { join(); }
-  void join() {
-    for (std::thread& t : threads_)
-      if (t.joinable()) t.join();
-  }
-  void add(std::function<void()> program) {
-    threads_.emplace_back([this, program = std::move(program)] {
-      try {
-        program();
-      } catch (const std::exception& e) {
-        std::lock_guard lock(mutex_);
-        errors_.push_back(e.what());
-      }
-    });
-  }
-  std::vector<std::string> errors() {
-    std::lock_guard lock(mutex_);
-    return errors_;
-  }
-
- private:
-  std::vector<std::thread> threads_;
-  std::mutex mutex_;
-  std::vector<std::string> errors_;
-};
 
 // Trains `steps` closures on a cluster of 1 chief, `workers` workers and `num_ps` ps;
 // returns the chief's model after join() and the coordinator's statistics.

@@ -18,17 +18,13 @@
 #include "dtrain/core/files.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/kernels/backend.h"
+#include "dtrain/model/batch_sources.h"
 #include "dtrain/model/progress.h"
 #include "dtrain/model/safetensors.h"
+#include "dtrain/model/trainer.h"
 
 namespace dtrain {
 namespace {
-
-double mean_value(const Tensor& loss) {
-  if (loss.numel() == 1) return loss.item();
-  const std::vector<float> v = loss.to_vector();
-  return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
-}
 
 std::string shape_with_batch(const Shape& s) {
   std::string out = "(None";
@@ -173,190 +169,13 @@ std::int64_t Sequential::count_params() const {
   return n;
 }
 
-// Where fit() gets its batches from: in-memory tensors (gathered by a shuffled index
-// order) or a Dataset (one iterator per epoch).
-class Sequential::BatchSource {
- public:
-  virtual ~BatchSource() = default;
-  virtual void begin_epoch(int epoch) = 0;
-  // Instead of begin_epoch(epoch) when fit resumes there: the epoch's batches from
-  // `batch` on. `first_epoch` is the epoch fit was asked to start at (initial_epoch).
-  virtual void resume_at(int first_epoch, int epoch, std::int64_t batch) = 0;
-  virtual bool next(Tensor& x, Tensor& y) = 0;
-  virtual std::int64_t steps() const = 0;  // per epoch; -1 when unknown
-  virtual double input_wait() const = 0;   // seconds waited for batches this epoch
-  // Multi-worker: true when the batches are this worker's own part of each global batch
-  // (a dataset sharded by file or by the program), false when they are global batches
-  // every worker reads alike.
-  virtual bool per_worker() const { return false; }
-  // Multi-worker: how the input is shared among the workers, for the log.
-  virtual std::string input_plan() const {
-    return "tensors: every worker holds them whole and keeps its replicas' rows of each global batch";
-  }
-};
-
 namespace {
 
-class TensorBatches : public Sequential::BatchSource {
- public:
-  // on_compute_pool: the gather is split over the training thread's compute threads.
-  TensorBatches(Tensor x, Tensor y, std::int64_t batch, bool shuffle, std::uint64_t seed, bool on_compute_pool = true)
-      : x_(std::move(x)), y_(std::move(y)), sources_{x_, y_}, batch_(batch), shuffle_(shuffle), seed_(seed),
-        on_compute_pool_(on_compute_pool), order_(shuffle ? static_cast<size_t>(x_.dim(0)) : 0) {}
-  void begin_epoch(int epoch) override {
-    begin_ = 0;
-    wait_ = 0;
-    if (!shuffle_) return;
-    std::iota(order_.begin(), order_.end(), 0);
-    // Fisher-Yates with a generator fixed by (seed, epoch).
-    Generator g = Generator(seed_).fork(static_cast<std::uint64_t>(epoch));
-    for (std::int64_t i = static_cast<std::int64_t>(order_.size()) - 1; i > 0; --i)
-      std::swap(order_[i], order_[g.below(static_cast<std::uint64_t>(i + 1))]);
-  }
-  void resume_at(int /*first_epoch*/, int epoch, std::int64_t batch) override {
-    begin_epoch(epoch);
-    begin_ = std::min(x_.dim(0), batch * batch_);  // the order is a function of (seed, epoch)
-  }
-  bool next(Tensor& xb, Tensor& yb) override {
-    const std::int64_t n = x_.dim(0);
-    if (begin_ >= n) return false;
-    const auto t0 = Clock::now();
-    const std::int64_t end = std::min(n, begin_ + batch_);
-    if (shuffle_) {
-      data::Element b = data::gather_rows(
-          sources_, std::span(order_).subspan(static_cast<std::size_t>(begin_), static_cast<std::size_t>(end - begin_)),
-          on_compute_pool_);
-      xb = std::move(b[0]);
-      yb = std::move(b[1]);
-    } else {
-      xb = x_.slice(begin_, end);
-      yb = y_.slice(begin_, end);
-    }
-    begin_ = end;
-    wait_ += seconds_since(t0);
-    return true;
-  }
-  std::int64_t steps() const override { return x_.dim(0) / batch_ + (x_.dim(0) % batch_ != 0 ? 1 : 0); }
-  double input_wait() const override { return wait_; }
-
- private:
-  Tensor x_, y_;
-  const std::vector<Tensor> sources_;  // {x_, y_}, for gathering shuffled rows
-  std::int64_t batch_;
-  bool shuffle_;
-  std::uint64_t seed_;
-  bool on_compute_pool_;
-  std::vector<std::int64_t> order_;
-  std::int64_t begin_ = 0;
-  double wait_ = 0;
-};
-
-// Elements must be (x, y) batches; x's shape after the batch axis builds the model.
-void split_element(const data::Element& e, Tensor& x, Tensor& y, const char* who) {
-  if (e.size() != 2)
-    DTRAIN_THROW(InvalidArgument, who, ": dataset elements must be (x, y) pairs, got ", e.size(), " components");
-  if (e[0].rank() < 1 || e[1].rank() < 1 || e[0].dim(0) != e[1].dim(0))
-    DTRAIN_THROW(InvalidArgument, who, ": dataset elements must be batches (x [batch, ...], y [batch, ...]), got x ",
-                 e[0].shape().to_string(), " and y ", e[1].shape().to_string(), "; add .batch(n) to the pipeline");
-  x = e[0];
-  y = e[1];
-}
-
-class DatasetBatches : public Sequential::BatchSource {
- public:
-  // `shard`: the pipeline this worker runs (data::auto_shard).
-  DatasetBatches(data::WorkerShard shard, std::int64_t steps_per_epoch, const char* who = "fit")
-      : ds_(std::move(shard.dataset)), own_batches_(shard.own_batches), plan_(std::move(shard.plan)),
-        steps_per_epoch_(steps_per_epoch), who_(who) {}
-  // The whole dataset, as one process reads it.
-  DatasetBatches(const data::Dataset& ds, std::int64_t steps_per_epoch, const char* who)
-      : DatasetBatches(data::auto_shard(ds, 1, 0), steps_per_epoch, who) {}
-  void begin_epoch(int epoch) override {
-    // A fixed number of steps draws from one iterator across epochs, as Keras does with
-    // steps_per_epoch; otherwise every epoch is a new pass over the data.
-    if (!it_ || steps_per_epoch_ <= 0) it_.emplace(ds_.make_iterator(static_cast<std::uint64_t>(epoch)));
-    taken_ = 0;
-    wait_at_epoch_start_ = it_->stats().wait_seconds;
-  }
-  void resume_at(int first_epoch, int epoch, std::int64_t batch) override {
-    // Uninterrupted, a fixed steps_per_epoch draws every epoch from the iterator made at
-    // the first epoch; otherwise each epoch has its own. Either way the batches already
-    // trained are drawn again and dropped.
-    std::int64_t skip = batch;
-    if (steps_per_epoch_ > 0) {
-      it_.emplace(ds_.make_iterator(static_cast<std::uint64_t>(first_epoch)));
-      skip += static_cast<std::int64_t>(epoch - first_epoch) * steps_per_epoch_;
-    } else {
-      it_.emplace(ds_.make_iterator(static_cast<std::uint64_t>(epoch)));
-    }
-    for (std::int64_t i = 0; i < skip; ++i)
-      if (!it_->next()) break;
-    taken_ = batch;
-    wait_at_epoch_start_ = it_->stats().wait_seconds;
-  }
-  bool next(Tensor& x, Tensor& y) override {
-    if (steps_per_epoch_ > 0 && taken_ >= steps_per_epoch_) return false;
-    std::optional<data::Element> e = it_->next();
-    if (!e) {
-      if (steps_per_epoch_ > 0 && taken_ < steps_per_epoch_)
-        DTRAIN_THROW(InvalidArgument, "fit: the dataset ran out after ", taken_, " of ", steps_per_epoch_,
-                     " steps_per_epoch; add .repeat() to the pipeline");
-      return false;
-    }
-    split_element(*e, x, y, who_);
-    ++taken_;
-    return true;
-  }
-  std::int64_t steps() const override {
-    if (steps_per_epoch_ > 0) return steps_per_epoch_;
-    const std::int64_t c = ds_.cardinality();
-    return c >= 0 ? c : -1;
-  }
-  double input_wait() const override { return it_ ? it_->stats().wait_seconds - wait_at_epoch_start_ : 0; }
-  bool per_worker() const override { return own_batches_; }
-  std::string input_plan() const override { return plan_; }
-
- private:
-  data::Dataset ds_;
-  bool own_batches_;
-  std::string plan_;
-  std::int64_t steps_per_epoch_;
-  const char* who_;  // the caller, for error messages
-  std::optional<data::Iterator> it_;
-  std::int64_t taken_ = 0;
-  double wait_at_epoch_start_ = 0;
-};
-
-// The line a multi-worker fit prints once: how the input is shared among the workers.
-std::string shard_plan(const StrategyBackend& strategy, const std::string& input_plan, std::int64_t first_batch) {
-  std::ostringstream o;
-  o << strategy.name() << ": worker " << strategy.worker_index() << " of " << strategy.num_workers() << ", "
-    << strategy.num_replicas() << " replica(s) here, " << strategy.num_replicas_in_sync() << " in sync; input: "
-    << input_plan << "; the first global batch had " << first_batch << " rows; gradients between workers: "
-    << strategy.transport();
-  return o.str();
-}
-
-// The pipeline this worker runs under the model's strategy (auto-sharding by file or data).
-data::WorkerShard worker_shard(const StrategyBackend* strategy, const data::Dataset& dataset) {
-  return strategy ? data::auto_shard(dataset, strategy->num_workers(), strategy->worker_index())
-                  : data::auto_shard(dataset, 1, 0);
-}
-
-// What workers compare before training together: each variable's name, dtype and shape,
-// then the model's configuration (hashed), so a mismatch names a variable where it can.
-std::vector<std::string> describe(const Sequential& model) {
-  // Initialisers' seeds may differ: every worker starts from the chief's values anyway.
-  static const std::regex seed(R"re("seed":\s*(-?[0-9]+|null))re");
-  const std::uint64_t hash = fnv1a(std::regex_replace(model.to_json(0), seed, ""));
-  std::vector<std::string> out;
-  for (const Variable* v : model.variables())
-    out.push_back(detail::concat("variable '", v->name(), "' ", dtype_name(v->dtype()), " ", v->shape().to_string()));
-  std::ostringstream config;
-  config << "model '" << model.name() << "' with configuration hash " << std::hex << hash;
-  out.push_back(config.str());
-  return out;
-}
+using detail::DatasetBatches;
+using detail::mean_value;
+using detail::shard_plan;
+using detail::TensorBatches;
+using detail::worker_shard;
 
 void check_fit_options(const FitOptions& opt) {
   if (opt.gradient_accumulation_steps < 1)
@@ -393,6 +212,22 @@ History Sequential::fit(const Tensor& x_all, const Tensor& y_all, const FitOptio
   // Under several replicas, the training thread's compute threads would still be spinning
   // (OpenMP's wait policy) on the cores the replica threads are about to wake up on,
   // delaying their start by milliseconds; the gather stays on the training thread there.
+  if (RemoteTraining* remote = strategy_ ? strategy_->remote_training() : nullptr) {
+    build_for(x);
+    // An epoch is one pass over the data, shared out among the workers' closures; each
+    // worker draws its batches from its own contiguous share of the rows.
+    if (remote->coordinates()) return coordinate_remote_fit(*remote, (x.dim(0) + opt.batch_size - 1) / opt.batch_size, o);
+    std::unique_ptr<BatchSource> mine;
+    if (const int w = remote->remote_worker_index(); w >= 0) {
+      const std::int64_t n = x.dim(0), workers = remote->num_remote_workers();
+      const std::int64_t begin = n * w / workers, end = n * (w + 1) / workers;
+      if (begin == end)
+        DTRAIN_THROW(InvalidArgument, "fit: ", n, " training samples leave worker ", w, " of ", workers, " none");
+      mine = std::make_unique<TensorBatches>(x.slice(begin, end), y.slice(begin, end), opt.batch_size, opt.shuffle,
+                                             opt.seed);
+    }
+    return serve_remote_fit(*remote, mine.get(), o);
+  }
   const bool replicas_here = strategy_ && strategy_->num_replicas() > 1;
   TensorBatches source(x, y, opt.batch_size, opt.shuffle, opt.seed, /*on_compute_pool=*/!replicas_here);
   return run_fit(source, o);
@@ -403,233 +238,31 @@ History Sequential::fit(const data::Dataset& dataset, const FitOptions& opt) {
   check_fit_options(opt);
   if (opt.validation_split > 0.0)
     DTRAIN_THROW(InvalidArgument, "fit: validation_split needs tensors; give a Dataset as validation_dataset instead");
+  if (RemoteTraining* remote = strategy_ ? strategy_->remote_training() : nullptr) {
+    if (!built()) {
+      // Every task builds the same model before the coordinator compares them.
+      std::optional<data::Element> first = dataset.make_iterator(0).next();
+      if (!first) DTRAIN_THROW(InvalidArgument, "fit: the dataset is empty");
+      Tensor x, y;
+      detail::split_element(*first, x, y, "fit");
+      build_for(x);
+    }
+    if (remote->coordinates()) {
+      const std::int64_t steps = opt.steps_per_epoch > 0 ? opt.steps_per_epoch : dataset.cardinality();
+      if (steps <= 0)
+        DTRAIN_THROW(InvalidArgument, "fit under ", strategy_->name(), ": the dataset's length is unknown; give ",
+                     "steps_per_epoch (the steps the workers run between two epochs' ends)");
+      return coordinate_remote_fit(*remote, steps, opt);
+    }
+    // A worker starts a new pass over its share whenever it runs out.
+    std::unique_ptr<BatchSource> mine;
+    if (const int w = remote->remote_worker_index(); w >= 0)
+      mine = std::make_unique<DatasetBatches>(data::auto_shard(dataset, remote->num_remote_workers(), w), 0);
+    return serve_remote_fit(*remote, mine.get(), opt);
+  }
   DatasetBatches source(worker_shard(strategy_.get(), dataset), opt.steps_per_epoch);
   return run_fit(source, opt);
 }
-
-// One training step: forward, backward and, at the end of each group of
-// gradient_accumulation_steps batches, the update. On one device the step is the plain
-// GradientTape step; under a strategy with several replicas, each replica takes its rows
-// of the global batch, its gradients go to the strategy's bucket reducer as backward
-// produces them, and the replicas then update their shares of the shared variables.
-class Sequential::Trainer {
- public:
-  Trainer(Sequential& model, int accumulation_steps, profile::Profiler& profiler)
-      : model_(model), k_(accumulation_steps), profiler_(profiler) {}
-
-  // Adds the batch's loss and metrics to loss_mean and the model's metrics. Multi-worker:
-  // x is the global batch (every worker takes its rows), or with global_rows >= 0 this
-  // worker's own part of a global batch of that many rows (undefined when it has none).
-  // Batches accumulated since the last update.
-  int pending() const { return static_cast<int>(micro_ % k_); }
-
-  void step(const Tensor& x, const Tensor& y, metrics::Mean& loss_mean, std::int64_t global_rows = -1) {
-    const bool update = ++micro_ % k_ == 0;
-    if (model_.strategy_ && model_.strategy_->num_replicas_in_sync() > 1) {
-      step_replicas(x, y, update, loss_mean, global_rows);
-      return;
-    }
-    profile::Track& loop = profiler_.loop();
-    const Clock::time_point start = Clock::now();
-    GradientTape tape;
-    Tensor y_pred = model_(x, /*training=*/true);
-    Tensor loss = (*model_.loss_)(y, y_pred);
-    if (vars_.empty()) vars_ = model_.trainable_variables();
-    Clock::time_point forward_end = Clock::now(), backward_end;
-    loop.add(profile::Phase::forward, start, forward_end);
-    if (k_ == 1) {
-      std::vector<Tensor> grads = tape.gradient(loss, vars_);
-      backward_end = Clock::now();
-      model_.optimizer_->apply_gradients(grads, vars_);
-    } else {
-      // The update uses the mean of the group's gradients, summed in buffers made once.
-      const std::vector<Tensor> grads = tape.gradient(scale(loss, 1.0f / static_cast<float>(k_)), vars_);
-      if (buffers_.empty()) buffers_.resize(grads.size());
-      if (group_.empty()) group_.resize(grads.size());
-      for (std::size_t i = 0; i < grads.size(); ++i) {
-        if (!grads[i].defined()) continue;
-        if (!buffers_[i].defined()) buffers_[i] = Tensor::empty(grads[i].shape());
-        if (group_[i].defined()) kernels::backend().binary(kernels::Binary::add, buffers_[i], grads[i], buffers_[i]);
-        else buffers_[i].copy_from(grads[i]);
-        group_[i] = buffers_[i];
-      }
-      backward_end = Clock::now();
-      if (update) {
-        model_.optimizer_->apply_gradients(group_, vars_);
-        std::fill(group_.begin(), group_.end(), Tensor());
-      }
-    }
-    const Clock::time_point optimizer_end = Clock::now();
-    loop.add(profile::Phase::backward, forward_end, backward_end);
-    loop.add(profile::Phase::optimizer, backward_end, optimizer_end);
-    record(y, y_pred, mean_value(loss), x.dim(0), loss_mean);
-    loop.add(profile::Phase::metrics, optimizer_end, Clock::now());
-  }
-
- private:
-  struct Output {
-    std::int64_t begin = 0, end = 0;  // the replica's rows of the global batch
-    Tensor y_pred;
-    double loss = 0.0;
-    Clock::time_point done{};  // when the replica's work ended
-  };
-
-  void record(const Tensor& y, const Tensor& y_pred, double loss, std::int64_t rows, metrics::Mean& loss_mean) {
-    loss_mean.update_state(loss, static_cast<double>(rows));
-    for (auto& m : model_.metrics_) m->update_state(y, y_pred);
-  }
-
-  void step_replicas(const Tensor& x, const Tensor& y, bool update, metrics::Mean& loss_mean, std::int64_t global_rows) {
-    StrategyBackend& strategy = *model_.strategy_;
-    const int replicas = strategy.num_replicas(), in_sync = strategy.num_replicas_in_sync();
-    const bool own = global_rows >= 0;  // x is this worker's part of the global batch
-    const std::int64_t local_rows = x.defined() ? x.dim(0) : 0;
-    const std::int64_t rows = own ? global_rows : local_rows;
-    if (micro_ == 1 && rows < in_sync)
-      DTRAIN_THROW(InvalidArgument, "fit: the global batch has ", rows, " rows, fewer than the ", in_sync,
-                   " replicas of ", strategy.name(), "; batch_size is the global batch (e.g. 32 * num_replicas_in_sync)");
-    const Clock::time_point setup_start = Clock::now();
-    if (!model_.built()) {
-      // Replicas share the weights, so they are made here, once, before the replicas run.
-      if (!x.defined())
-        DTRAIN_THROW(InvalidArgument, "fit: worker ", strategy.worker_index(),
-                     "'s dataset is empty, so it cannot build the model; build it before fit()");
-      std::vector<std::int64_t> dims(x.shape().dims().begin() + 1, x.shape().dims().end());
-      model_.build(Shape(dims));
-    }
-    if (vars_.empty()) {
-      vars_ = model_.trainable_variables();
-      // Every worker checks that the others built the same model and takes the chief's weights.
-      if (strategy.num_workers() > 1) strategy.synchronize_variables(model_.variables(), describe(model_));
-    }
-    if (!reducer_) {
-      reducer_ = strategy.gradient_reducer(vars_, dense_layers());
-      outputs_.resize(static_cast<std::size_t>(replicas));
-      for (int r = 0; r < replicas; ++r)
-        tracks_.push_back(&profiler_.add_track(
-            strategy.num_workers() > 1 ? detail::concat("worker ", strategy.worker_index(), " replica ", r)
-                                       : detail::concat("replica ", r),
-            profile::TrackKind::replica));
-      profile::Track* comm = strategy.num_workers() > 1
-                                 ? &profiler_.add_track(detail::concat("worker ", strategy.worker_index(), " communication"),
-                                                        profile::TrackKind::communication)
-                                 : nullptr;
-      reducer_->set_profile(tracks_, comm);
-      profiler_.loop().add(profile::Phase::setup, setup_start, Clock::now(), "build the model and gradient buckets");
-    }
-    // Replicas update their own share of every variable when the optimizer allows it.
-    const Clock::time_point prepare_start = Clock::now();
-    const bool shared = update && model_.optimizer_->begin_shared_update(vars_);
-    profiler_.loop().add(profile::Phase::optimizer, prepare_start, Clock::now(), "prepare the shared update");
-    // As evenly as possible, the first replicas taking one row more: over every worker's
-    // replicas for a global batch, over this worker's for its own part.
-    const int parts = own ? replicas : in_sync, first = own ? 0 : strategy.worker_index() * replicas;
-    std::int64_t next_row = 0;
-    for (int g = 0; g < first + replicas; ++g) {
-      const std::int64_t begin = next_row;
-      next_row += local_rows / parts + (g < local_rows % parts ? 1 : 0);
-      if (g >= first) outputs_[static_cast<std::size_t>(g - first)] = Output{begin, next_row, Tensor(), 0.0};
-    }
-    row_bounds_.assign(1, outputs_.front().begin);
-    for (const Output& out : outputs_) row_bounds_.push_back(out.end);
-    reducer_->begin_step(update, row_bounds_);
-    // A mean over the batch becomes each replica's share of the global mean; a sum stays a sum.
-    const bool mean_loss = model_.loss_->reduction() == losses::Reduction::sum_over_batch_size;
-    const float scale_by = 1.0f / ((mean_loss ? static_cast<float>(rows) : 1.0f) * static_cast<float>(k_));
-    const Clock::time_point handed_over = Clock::now();
-    strategy.run([&](int r) {
-      Output& out = outputs_[static_cast<std::size_t>(r)];
-      profile::Track& track = *tracks_[static_cast<std::size_t>(r)];
-      const std::int64_t begin = out.begin, end = out.end;
-      try {
-        const Clock::time_point start = Clock::now();
-        track.add(profile::Phase::replica_start, handed_over, start);
-        Clock::time_point forward_end = start;
-        if (begin == end) {  // a short last batch leaves this replica nothing to do
-          for (std::size_t i = 0; i < vars_.size(); ++i) reducer_->gradient_ready(r, i, Tensor());
-        } else {
-          const ScopedDenseGradientsTogether together(reducer_->dense_gradients_together(r));
-          GradientTape tape;
-          out.y_pred = model_(x.slice(begin, end), /*training=*/true);
-          Tensor loss = (*model_.loss_)(y.slice(begin, end), out.y_pred);
-          out.loss = mean_value(loss);
-          forward_end = Clock::now();
-          track.add(profile::Phase::forward, start, forward_end);
-          // The replicas' gradients then add up to the gradient of the global batch's mean.
-          tape.gradient(scale(loss, (mean_loss ? static_cast<float>(end - begin) : 1.0f) * scale_by), vars_,
-                        [&](std::size_t i, const Tensor& g) { reducer_->gradient_ready(r, i, g); });
-        }
-        // Buckets summed on the way count as communication (the reducer's own record).
-        track.add(profile::Phase::backward, forward_end, Clock::now());
-        reducer_->finish(r);
-        out.done = Clock::now();
-        if (shared) {
-          model_.optimizer_->apply_share(reducer_->reduced(r), vars_, r, replicas);
-          const Clock::time_point optimizer_start = out.done;
-          out.done = Clock::now();
-          track.add(profile::Phase::optimizer, optimizer_start, out.done);
-        }
-      } catch (...) {
-        reducer_->abort(r, message_of(std::current_exception()));
-        throw;
-      }
-    });
-    // A replica done before the others waited for the slowest of them.
-    const Clock::time_point joined = Clock::now();
-    for (std::size_t r = 0; r < outputs_.size(); ++r)
-      tracks_[r]->add(profile::Phase::straggler_wait, outputs_[r].done, joined, "waiting for the other replicas");
-    profile::Track& loop = profiler_.loop();
-    const Clock::time_point optimizer_start = joined;
-    // The training thread's small work between the replicas' runs (the end of a shared
-    // update, metrics) runs on it alone: on the compute pool it would leave pool threads
-    // spinning on the cores the replica threads wake up on next, delaying their start by
-    // up to milliseconds. An update that is not shared keeps every core.
-    if (update && !shared) model_.optimizer_->apply_gradients(reducer_->reduced(0), vars_);
-    const ScopedThreads alone(1);
-    if (update && shared) model_.optimizer_->end_shared_update();
-    const Clock::time_point optimizer_end = Clock::now();
-    loop.add(profile::Phase::optimizer, optimizer_start, optimizer_end);
-    for (const Output& out : outputs_)
-      if (out.y_pred.defined()) record(y.slice(out.begin, out.end), out.y_pred, out.loss, out.end - out.begin, loss_mean);
-    loop.add(profile::Phase::metrics, optimizer_end, Clock::now());
-  }
-
-  // The dense layers whose gradients the replicas may compute together: float32 ones,
-  // each met once, with a trainable kernel (and bias, when trainable).
-  std::vector<DenseVariables> dense_layers() const {
-    auto index_of = [&](const Variable* v) {
-      const auto it = std::find(vars_.begin(), vars_.end(), v);
-      return it == vars_.end() ? DenseVariables::kNone : static_cast<std::size_t>(it - vars_.begin());
-    };
-    std::vector<DenseVariables> out;
-    std::set<const nn::Layer*> seen;
-    for (const auto& layer : model_.layers_) {
-      auto* dense = dynamic_cast<nn::Dense*>(layer.get());
-      if (!seen.insert(layer.get()).second) {
-        // The same layer twice: its gradient sums two uses, so it goes through the buckets.
-        if (dense) std::erase_if(out, [&](const DenseVariables& d) { return d.kernel == index_of(&dense->kernel()); });
-        continue;
-      }
-      if (dense == nullptr || dense->dtype_policy().compute_dtype != DType::f32) continue;
-      const std::size_t kernel = index_of(&dense->kernel());
-      if (kernel == DenseVariables::kNone) continue;
-      out.push_back({kernel, dense->bias() ? index_of(dense->bias()) : DenseVariables::kNone});
-    }
-    return out;
-  }
-
-  Sequential& model_;
-  int k_;
-  profile::Profiler& profiler_;
-  std::vector<profile::Track*> tracks_;  // [replica]
-  std::int64_t micro_ = 0;
-  std::vector<Variable*> vars_;
-  std::vector<Tensor> buffers_;  // one device, accumulating: a sum buffer per variable
-  std::vector<Tensor> group_;    // buffers_[i] once the group has a gradient for it, else undefined
-  std::unique_ptr<GradientReducer> reducer_;
-  std::vector<Output> outputs_;  // [replica]
-  std::vector<std::int64_t> row_bounds_;  // replica r's rows: [row_bounds_[r], row_bounds_[r + 1])
-};
 
 History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   std::ostream& out = opt.out ? *opt.out : std::cout;

@@ -40,6 +40,10 @@ struct FitOptions {
   // incomplete group at the end of fit is not applied (as in Keras).
   int gradient_accumulation_steps = 1;
   int initial_epoch = 0;
+  // Under ParameterServerStrategy: the steps a worker runs in one closure (Keras passes
+  // steps_per_execution to compile()), amortising the coordinator's scheduling; each step
+  // still pulls the weights and pushes its gradients. Several need async consistency.
+  int steps_per_execution = 1;
   std::vector<std::shared_ptr<Callback>> callbacks;
   // 0 silent, 1 a live progress bar, 2 one line per epoch; -1 ("auto") is 1 on a terminal
   // and 2 otherwise, so logs get no carriage-return spam. Above 0, each epoch's line is
@@ -165,6 +169,13 @@ class Sequential {
 
  private:
   History run_fit(BatchSource& source, const FitOptions& options);
+  // fit() under a strategy whose steps run in other processes (remote_fit.cpp): the
+  // coordinator hands out `steps` steps an epoch; a worker trains on `batches` (null on a
+  // task that runs no steps) as each closure asks.
+  History coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps, const FitOptions& options);
+  History serve_remote_fit(RemoteTraining& remote, BatchSource* batches, const FitOptions& options);
+  // Builds the model for batches like `x` under its strategy's scope, if not built yet.
+  void build_for(const Tensor& x);
   // After a step: records the first non-finite loss or weights in non_finite_.
   void check_finite(int epoch, std::int64_t batch, double loss);
   class Trainer;  // one training step, on one device or on a strategy's replicas

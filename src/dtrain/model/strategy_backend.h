@@ -56,6 +56,38 @@ class GradientReducer {
   virtual void set_profile(std::span<profile::Track* const> /*replicas*/, profile::Track* /*communication*/) {}
 };
 
+// Training whose steps run in other processes (ParameterServerStrategy's workers). Every
+// task runs the same program and calls fit(): on the coordinator, fit() hands the steps
+// out in closures; on every other task it serves them until the coordinator ends the job.
+class RemoteTraining {
+ public:
+  virtual ~RemoteTraining() = default;
+  // Whether this process coordinates the training (the chief); the others serve.
+  virtual bool coordinates() const = 0;
+  // The workers that run steps, and which of them this process is (-1: it runs none).
+  virtual int num_remote_workers() const = 0;
+  virtual int remote_worker_index() const = 0;
+  // "2 workers, 1 ps, async": for fit's first line.
+  virtual std::string describe() const = 0;
+
+  // Runs one closure on a worker: `steps` training steps, calling before_step(i) before
+  // step i (which brings the weights up to date); returns the closure's figures.
+  using Steps = std::function<std::vector<double>(int steps, const std::function<void(int)>& before_step)>;
+  // A worker or parameter server: answers the coordinator, running `steps` for each of
+  // its closures, until the coordinator ends the job.
+  virtual void serve(Steps steps) = 0;
+  // Called on the coordinator as each closure ends, in the order they were handed out:
+  // its first step, its number of steps and its figures.
+  using Finished = std::function<void(std::int64_t first_step, int steps, const std::vector<double>& figures)>;
+  // The coordinator: runs `steps` steps on the workers, `steps_per_closure` to a closure,
+  // then copies the trained values into this process's variables. Rethrows the first
+  // error a closure raised.
+  virtual void train(std::int64_t steps, int steps_per_closure, const Finished& finished) = 0;
+  // The coordinator: what the job has done so far, in one line (closures rerun, pushes
+  // applied and refused, staleness).
+  virtual std::string statistics() const = 0;
+};
+
 class StrategyBackend {
  public:
   virtual ~StrategyBackend() = default;
@@ -86,6 +118,8 @@ class StrategyBackend {
   virtual void sum_over_workers(std::span<double> /*values*/) {}
   // A number no other strategy of this process has (variables remember it).
   std::uint64_t id() const { return id_; }
+  // Non-null when training steps run in other processes (fit then goes through it).
+  virtual RemoteTraining* remote_training() { return nullptr; }
 
   // Runs fn(replica) on every replica at once and returns when all are done. A failure
   // stops the other replicas' cross-replica calls; the first one is rethrown, naming its

@@ -14,7 +14,7 @@ Constant::Constant(float learning_rate) : learning_rate_(learning_rate) {
   if (!(learning_rate >= 0.0f) || !std::isfinite(learning_rate))
     DTRAIN_THROW(InvalidArgument, "learning rate must be a finite number >= 0, got ", learning_rate);
 }
-std::string Constant::describe() const { return detail::concat("Constant(", learning_rate_, ")"); }
+std::string Constant::describe() const { return dtrain::detail::concat("Constant(", learning_rate_, ")"); }
 
 ExponentialDecay::ExponentialDecay(float initial, std::int64_t decay_steps, float decay_rate, bool staircase)
     : initial_(initial), decay_steps_(decay_steps), decay_rate_(decay_rate), staircase_(staircase) {
@@ -29,7 +29,7 @@ float ExponentialDecay::operator()(std::int64_t step) const {
 }
 
 std::string ExponentialDecay::describe() const {
-  return detail::concat("ExponentialDecay(", initial_, ", ", decay_steps_, ", ", decay_rate_,
+  return dtrain::detail::concat("ExponentialDecay(", initial_, ", ", decay_steps_, ", ", decay_rate_,
                         staircase_ ? ", staircase)" : ")");
 }
 
@@ -66,7 +66,7 @@ float CosineDecay::operator()(std::int64_t step) const {
 }
 
 std::string CosineDecay::describe() const {
-  return detail::concat("CosineDecay(", initial_, ", ", decay_steps_, ", alpha=", alpha_, ")");
+  return dtrain::detail::concat("CosineDecay(", initial_, ", ", decay_steps_, ", alpha=", alpha_, ")");
 }
 
 LinearWarmup::LinearWarmup(std::shared_ptr<LearningRateSchedule> after, std::int64_t warmup_steps, float initial)
@@ -83,7 +83,7 @@ float LinearWarmup::operator()(std::int64_t step) const {
 }
 
 std::string LinearWarmup::describe() const {
-  return detail::concat("LinearWarmup(", warmup_steps_, " steps, then ", after_->describe(), ")");
+  return dtrain::detail::concat("LinearWarmup(", warmup_steps_, " steps, then ", after_->describe(), ")");
 }
 
 float linear_scaling_rule(float learning_rate, int replicas) {

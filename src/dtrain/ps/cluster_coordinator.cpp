@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <iomanip>
 #include <map>
 #include <mutex>
 #include <random>
@@ -111,6 +112,14 @@ Shape shape_of(const google::protobuf::RepeatedField<std::int64_t>& dims) {
   return Shape(std::vector<std::int64_t>(dims.begin(), dims.end()));
 }
 
+// The name fit() defines its closures' function under on every worker.
+constexpr std::string_view kFitFunction = "model.fit";
+
+void check_name(const std::string& name) {
+  if (name == kFitFunction)
+    DTRAIN_THROW(InvalidArgument, "ClusterCoordinator::define: '", name, "' is the name model.fit() uses; choose another");
+}
+
 // Rows [begin, end) of a float32 tensor, as bytes.
 std::string_view rows_bytes(const Tensor& t, std::int64_t begin, std::int64_t end) {
   const std::int64_t row = t.rank() == 0 ? 1 : t.numel() / std::max<std::int64_t>(1, t.dim(0));
@@ -165,32 +174,51 @@ struct Closure {
   std::uint64_t id = 0;
   RemoteFunction function;
   PerWorkerIterator iterator;
+  int steps = 0;  // fit()'s closures: the training steps to run
   std::mutex mutex;
   std::condition_variable finished;
   bool done = false;
   std::vector<Tensor> results;
+  std::vector<double> figures;  // fit()'s closures: what the worker's steps measured
   std::exception_ptr error;
 
-  void finish(std::vector<Tensor> values, std::exception_ptr failure) {
+  void finish(std::vector<Tensor> values, std::exception_ptr failure, std::vector<double> measured = {}) {
     std::lock_guard lock(mutex);
     results = std::move(values);
+    figures = std::move(measured);
     error = std::move(failure);
     done = true;
     finished.notify_all();
   }
 };
 
-// fit() under ParameterServerStrategy is not built: the backend only gives scope() a
-// strategy number for its variables.
-class PsBackend final : public StrategyBackend {
+class PsRuntime;
+
+// What a model made under scope() trains through: fit() hands its steps to the runtime
+// (RemoteTraining), whose workers run each step as one device does.
+class PsBackend final : public StrategyBackend, public RemoteTraining {
  public:
   std::string name() const override { return "ParameterServerStrategy"; }
   int num_replicas() const override { return 1; }
   void run(const std::function<void(int)>& fn) override { fn(0); }
   std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const>, std::span<const DenseVariables>) override {
-    DTRAIN_THROW(Unsupported, "model.fit under ParameterServerStrategy: not available in this version; define a step ",
-                 "function and schedule it with ClusterCoordinator (see docs/parameter_server.md)");
+    DTRAIN_THROW(InternalError, "ParameterServerStrategy: no gradient reducer (its workers train as one device does)");
   }
+  RemoteTraining* remote_training() override { return this; }
+
+  bool coordinates() const override;
+  int num_remote_workers() const override;
+  int remote_worker_index() const override;
+  std::string describe() const override;
+  void serve(Steps steps) override;
+  void train(std::int64_t steps, int steps_per_closure, const Finished& finished) override;
+  std::string statistics() const override;
+
+  // Set while the strategy lives (a model may outlive it).
+  PsRuntime* runtime = nullptr;
+
+ private:
+  PsRuntime& alive() const;
 };
 
 class PsRuntime final : public dtrain::detail::VariableTracker {
@@ -256,9 +284,16 @@ class PsRuntime final : public dtrain::detail::VariableTracker {
   struct Function {
     ClusterCoordinator::IteratorFunction with_iterator;
     ClusterCoordinator::PlainFunction plain;
+    RemoteTraining::Steps steps;  // fit()'s, under kFitFunction
   };
   std::map<std::string, Function> functions_;
   std::vector<std::function<data::Dataset()>> datasets_;
+
+  // The chief's one coordinator, shared by fit() and every ClusterCoordinator (made on
+  // first use; the job ends when the runtime does).
+  Coordinator& coordinator();
+  // Workers and parameter servers: answers the coordinator until it ends the job.
+  void serve();
 
  private:
   mutable std::mutex vars_mutex_;
@@ -268,6 +303,9 @@ class PsRuntime final : public dtrain::detail::VariableTracker {
   std::vector<std::unique_ptr<wire::ParameterServer::Stub>> ps_stubs_;
   std::vector<std::unique_ptr<wire::Worker::Stub>> worker_stubs_;
   std::atomic<Clock::rep> last_heard_{Clock::now().time_since_epoch().count()};
+  std::mutex coordinator_mutex_;
+  std::unique_ptr<Coordinator> coordinator_;
+  bool job_over_ = false;  // serve() returned because the coordinator ended the job
 };
 
 PsRuntime::PsRuntime(cluster::TfConfig config, ParameterServerOptions options)
@@ -298,9 +336,8 @@ PsRuntime::PsRuntime(cluster::TfConfig config, ParameterServerOptions options)
   ps_stubs_.resize(static_cast<std::size_t>(c.num_tasks("ps")));
   worker_stubs_.resize(static_cast<std::size_t>(c.num_tasks("worker")));
   dtrain::detail::track_variables(backend_->id(), this);
+  backend_->runtime = this;
 }
-
-PsRuntime::~PsRuntime() { dtrain::detail::track_variables(backend_->id(), nullptr); }
 
 std::vector<ShardPlacement> PsRuntime::placement(const std::vector<Variable*>& vars) const {
   std::vector<VariableSpec> specs;
@@ -447,6 +484,7 @@ class PsService final : public wire::ParameterServer::Service {
     if (auto s = runtime_.check(request->caller()); !s.ok()) return s;
     ParameterStore::Push push;
     push.closure = request->closure();
+    push.step = request->step();
     push.task = request->caller().task();
     push.incarnation = request->incarnation();
     push.optimizer_json = request->optimizer();
@@ -528,6 +566,12 @@ class PushSink final : public optim::detail::GradientSink {
       : runtime_(runtime), vars_(vars), placement_(placement), closure_(closure), incarnation_(incarnation),
         versions_(versions) {}
 
+  // fit()'s closures run several steps: step `step` pushes what it computed from `versions`.
+  void next_step(std::uint32_t step) {
+    step_ = step;
+    pushed_ = false;
+  }
+
   void push(const optim::Optimizer& optimizer, std::span<const Tensor> grads, std::span<Variable* const> vars) override {
     if (pushed_)
       DTRAIN_THROW(InvalidArgument, runtime_.task_name_, ": a closure applied gradients twice; under ",
@@ -552,6 +596,7 @@ class PushSink final : public optim::detail::GradientSink {
       wire::PushRequest& r = requests[static_cast<std::size_t>(p)];
       runtime_.fill(r.mutable_caller());
       r.set_closure(closure_);
+      r.set_step(step_);
       r.set_incarnation(incarnation_);
       r.set_optimizer(optimizer_json);
       r.set_pulled_version(versions_[static_cast<std::size_t>(p)]);
@@ -580,6 +625,7 @@ class PushSink final : public optim::detail::GradientSink {
   const std::vector<ShardPlacement>& placement_;
   std::uint64_t closure_, incarnation_;
   const std::vector<std::int64_t>& versions_;
+  std::uint32_t step_ = 0;
   bool pushed_ = false;
 };
 
@@ -605,9 +651,18 @@ class WorkerService final : public wire::Worker::Service {
         vars_ = runtime_.variables();
         placement_ = runtime_.placement(vars_);
       }
-      const std::vector<std::int64_t> versions = runtime_.pull(vars_, placement_);
+      std::vector<std::int64_t> versions = runtime_.pull(vars_, placement_);
       PushSink sink(runtime_, vars_, placement_, request->closure(), request->incarnation(), versions);
       optim::detail::ScopedGradientSink scoped(&sink);
+      if (fn->second.steps) {
+        // fit()'s closure: each step after the first trains on the weights as they are then.
+        const std::vector<double> figures = fn->second.steps(request->steps(), [&](int step) {
+          if (step > 0) versions = runtime_.pull(vars_, placement_);
+          sink.next_step(static_cast<std::uint32_t>(step));
+        });
+        reply->mutable_figures()->Add(figures.begin(), figures.end());
+        return grpc::Status::OK;
+      }
       const std::vector<Tensor> results = it ? fn->second.with_iterator(*it) : fn->second.plain();
       for (const Tensor& t : results) {
         wire::TensorValue* out = reply->add_results();
@@ -667,7 +722,7 @@ class WorkerService final : public wire::Worker::Service {
 
 class Coordinator {
  public:
-  explicit Coordinator(std::shared_ptr<PsRuntime> runtime) : runtime_(std::move(runtime)) {
+  explicit Coordinator(PsRuntime* runtime) : runtime_(runtime) {
     workers_.resize(static_cast<std::size_t>(runtime_->config_.cluster.num_tasks("worker")));
     stats_.closures_per_worker.assign(workers_.size(), 0);
     progress_.assign(workers_.size(), 0);
@@ -675,7 +730,8 @@ class Coordinator {
   }
   ~Coordinator();
 
-  std::shared_ptr<Closure> schedule(const RemoteFunction& fn, PerWorkerIterator it);
+  // `steps`: for fit()'s function, the training steps the closure runs.
+  std::shared_ptr<Closure> schedule(const RemoteFunction& fn, PerWorkerIterator it, int steps = 0);
   void join();
   bool done() const {
     std::lock_guard lock(mutex_);
@@ -702,7 +758,7 @@ class Coordinator {
   std::shared_ptr<Closure> take(int w);
   bool may_start(int w) const;
 
-  std::shared_ptr<PsRuntime> runtime_;
+  PsRuntime* runtime_;  // which owns this coordinator
   std::vector<Variable*> vars_;
   std::vector<ShardPlacement> placement_;
   std::string model_;
@@ -770,7 +826,7 @@ void Coordinator::start() {
   for (int w = 0; w < static_cast<int>(workers_.size()); ++w) dispatchers_.emplace_back([this, w] { dispatch(w); });
 }
 
-std::shared_ptr<Closure> Coordinator::schedule(const RemoteFunction& fn, PerWorkerIterator it) {
+std::shared_ptr<Closure> Coordinator::schedule(const RemoteFunction& fn, PerWorkerIterator it, int steps) {
   std::unique_lock lock(mutex_);
   if (error_) {
     // TensorFlow's rule: a pending error surfaces at the next schedule or join.
@@ -782,6 +838,7 @@ std::shared_ptr<Closure> Coordinator::schedule(const RemoteFunction& fn, PerWork
   closure->id = next_closure_++;
   closure->function = fn;
   closure->iterator = it;
+  closure->steps = steps;
   queue_.push_back(closure);
   ++stats_.closures_scheduled;
   changed_.notify_all();
@@ -882,6 +939,7 @@ void Coordinator::dispatch(int w) {
     request.set_incarnation(incarnation);
     request.set_dataset(closure->function.takes_iterator ? closure->iterator.dataset : -1);
     request.set_iterator(closure->iterator.iterator);
+    request.set_steps(closure->steps);
     wire::RunReply reply;
     grpc::ClientContext context;
     set_deadline(context, std::chrono::hours(1));  // a hung worker is found by the heartbeat sooner
@@ -917,7 +975,7 @@ void Coordinator::dispatch(int w) {
         fail(closure, made<InternalError>(malformed));
         continue;
       }
-      closure->finish(std::move(results), nullptr);
+      closure->finish(std::move(results), nullptr, {reply.figures().begin(), reply.figures().end()});
       std::lock_guard lock(mutex_);
       --running_;
       ++stats_.closures_finished;
@@ -1123,6 +1181,146 @@ Coordinator::~Coordinator() {
   for (int p = 0; p < runtime_->config_.cluster.num_tasks("ps"); ++p) tell(runtime_->ps(p));
 }
 
+// ---------------------------------------------------------------- the runtime's roles
+
+PsRuntime::~PsRuntime() {
+  coordinator_.reset();  // ends the job while everything it uses is still here
+  backend_->runtime = nullptr;
+  dtrain::detail::track_variables(backend_->id(), nullptr);
+}
+
+Coordinator& PsRuntime::coordinator() {
+  if (config_.task.type != "chief")
+    DTRAIN_THROW(InvalidArgument, "ClusterCoordinator: ", task_name_, " is not the coordinator; only the chief ",
+                 "schedules closures (workers and parameter servers call serve())");
+  std::lock_guard lock(coordinator_mutex_);
+  if (!coordinator_) coordinator_ = std::make_unique<Coordinator>(this);
+  return *coordinator_;
+}
+
+void PsRuntime::serve() {
+  if (config_.task.type == "chief")
+    DTRAIN_THROW(InvalidArgument, "ClusterCoordinator::serve: the chief coordinates; workers and parameter ",
+                 "servers serve");
+  if (job_over_) return;  // a later fit() in the same program: the coordinator already ended the job
+  const std::string address = address_of(config_.task);
+  std::unique_ptr<PsService> ps_service;
+  std::unique_ptr<WorkerService> worker_service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(-1);
+  builder.SetMaxSendMessageSize(-1);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a port in use is an error, not shared
+  if (config_.task.type == "ps") {
+    ps_service = std::make_unique<PsService>(*this);
+    builder.RegisterService(ps_service.get());
+  } else {
+    worker_service = std::make_unique<WorkerService>(*this);
+    builder.RegisterService(worker_service.get());
+  }
+  const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0)
+    DTRAIN_THROW(IoError, task_name_, " cannot listen on ", address, " (TF_CONFIG's address for it; is the port ",
+                 "in use?)");
+  heard();
+  const auto poll = std::chrono::milliseconds(100);
+  for (;;) {
+    if (ps_service ? ps_service->wait_stopped(poll) : worker_service->wait_stopped(poll)) break;
+    if (silence() > coordinator_timeout_) {
+      server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+      DTRAIN_THROW(PeerFailure, task_name_, ": the coordinator (", describe({"chief", 0}), ") has not been heard ",
+                   "from for ", std::chrono::duration<double>(coordinator_timeout_).count(),
+                   " s; it died or was stopped, so this task stops too");
+    }
+  }
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  job_over_ = true;
+}
+
+PsRuntime& PsBackend::alive() const {
+  if (!runtime)
+    DTRAIN_THROW(InvalidArgument, "fit: the ParameterServerStrategy this model was made under is gone; keep the ",
+                 "strategy alive while the model trains");
+  return *runtime;
+}
+
+bool PsBackend::coordinates() const { return alive().config_.task.type == "chief"; }
+int PsBackend::num_remote_workers() const { return alive().config_.cluster.num_tasks("worker"); }
+int PsBackend::remote_worker_index() const {
+  const cluster::TaskId& task = alive().config_.task;
+  return task.type == "worker" ? task.index : -1;
+}
+
+std::string PsBackend::describe() const {
+  const PsRuntime& rt = alive();
+  const int workers = rt.config_.cluster.num_tasks("worker"), ps = rt.config_.cluster.num_tasks("ps");
+  return dtrain::detail::concat(workers, workers == 1 ? " worker, " : " workers, ", ps, " ps, ",
+                                rt.options_.consistency.description());
+}
+
+void PsBackend::serve(Steps steps) {
+  PsRuntime& rt = alive();
+  if (rt.config_.task.type == "worker") rt.functions_[std::string(kFitFunction)].steps = std::move(steps);
+  rt.serve();
+}
+
+void PsBackend::train(std::int64_t steps, int steps_per_closure, const Finished& finished) {
+  PsRuntime& rt = alive();
+  const Consistency& mode = rt.options_.consistency;
+  if (steps_per_closure < 1 || static_cast<std::uint32_t>(steps_per_closure) > ParameterStore::kMaxStepsPerClosure)
+    DTRAIN_THROW(InvalidArgument, "fit: steps_per_execution must be in [1, ", ParameterStore::kMaxStepsPerClosure,
+                 "], got ", steps_per_closure);
+  if (steps_per_closure > 1 && mode.kind != Consistency::Kind::ASYNC)
+    DTRAIN_THROW(InvalidArgument, "fit: steps_per_execution ", steps_per_closure, " under ", mode.description(),
+                 " consistency: the coordinator orders closures, not the steps inside one, so only async ",
+                 "training runs several steps to a closure; use steps_per_execution 1");
+  Coordinator& coordinator = rt.coordinator();
+  struct Scheduled {
+    std::int64_t first;
+    int steps;
+    std::shared_ptr<Closure> closure;
+  };
+  std::vector<Scheduled> scheduled;
+  for (std::int64_t first = 0; first < steps; first += steps_per_closure) {
+    const int n = static_cast<int>(std::min<std::int64_t>(steps_per_closure, steps - first));
+    scheduled.push_back({first, n, coordinator.schedule({std::string(kFitFunction), false}, {}, n)});
+  }
+  std::exception_ptr failure;
+  for (const Scheduled& s : scheduled) {
+    std::unique_lock lock(s.closure->mutex);
+    s.closure->finished.wait(lock, [&] { return s.closure->done; });
+    if (s.closure->error) {
+      failure = s.closure->error;
+      break;
+    }
+    const std::vector<double> figures = s.closure->figures;
+    lock.unlock();
+    finished(s.first, s.steps, figures);
+  }
+  // Waits for the rest and raises the first error (once: the next join starts clean),
+  // then brings this process's variables up to date.
+  coordinator.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
+std::string PsBackend::statistics() const {
+  const ClusterCoordinator::Statistics s = alive().coordinator().statistics();
+  std::int64_t pushes = 0, weighted = 0;
+  for (std::size_t k = 0; k < s.staleness_counts.size(); ++k) {
+    pushes += s.staleness_counts[k];
+    weighted += s.staleness_counts[k] * static_cast<std::int64_t>(k);
+  }
+  std::ostringstream o;
+  o << "closures " << s.closures_finished << " (" << s.closures_rerun << " run again after " << s.workers_lost
+    << " lost worker" << (s.workers_lost == 1 ? "" : "s") << "), updates applied " << s.pushes_applied << ", refused "
+    << s.pushes_refused << ", dropped " << s.pushes_dropped;
+  if (pushes > 0)
+    o << ", staleness mean " << std::fixed << std::setprecision(2) << static_cast<double>(weighted) / static_cast<double>(pushes)
+      << " max " << s.staleness_counts.size() - 1;
+  return o.str();
+}
+
 }  // namespace detail
 
 // ---------------------------------------------------------------- public API
@@ -1174,17 +1372,12 @@ bool RemoteValue::done() const {
 }
 
 ClusterCoordinator::ClusterCoordinator(ParameterServerStrategy& strategy) : runtime_(strategy.runtime_) {
-  if (strategy.is_chief()) coordinator_ = std::make_unique<detail::Coordinator>(runtime_);
+  if (strategy.is_chief()) runtime_->coordinator();  // its heartbeat starts now
 }
 
 ClusterCoordinator::~ClusterCoordinator() = default;
 
-detail::Coordinator& ClusterCoordinator::coordinator() const {
-  if (!coordinator_)
-    DTRAIN_THROW(InvalidArgument, "ClusterCoordinator: ", runtime_->task_name_, " is not the coordinator; only the ",
-                 "chief schedules closures (workers and parameter servers call serve())");
-  return *coordinator_;
-}
+detail::Coordinator& ClusterCoordinator::coordinator() const { return runtime_->coordinator(); }
 
 RemoteValue ClusterCoordinator::schedule(const RemoteFunction& fn) {
   if (fn.takes_iterator)
@@ -1207,46 +1400,10 @@ void ClusterCoordinator::wait_for_workers(int count, double timeout_seconds) {
 bool ClusterCoordinator::done() const { return coordinator().done(); }
 ClusterCoordinator::Statistics ClusterCoordinator::statistics() const { return coordinator().statistics(); }
 
-void ClusterCoordinator::serve() {
-  if (coordinator_)
-    DTRAIN_THROW(InvalidArgument, "ClusterCoordinator::serve: the chief coordinates; workers and parameter ",
-                 "servers serve");
-  detail::PsRuntime& rt = *runtime_;
-  const std::string address = rt.address_of(rt.config_.task);
-  std::unique_ptr<detail::PsService> ps;
-  std::unique_ptr<detail::WorkerService> worker;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(-1);
-  builder.SetMaxSendMessageSize(-1);
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a port in use is an error, not shared
-  if (rt.config_.task.type == "ps") {
-    ps = std::make_unique<detail::PsService>(rt);
-    builder.RegisterService(ps.get());
-  } else {
-    worker = std::make_unique<detail::WorkerService>(rt);
-    builder.RegisterService(worker.get());
-  }
-  const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0)
-    DTRAIN_THROW(IoError, rt.task_name_, " cannot listen on ", address, " (TF_CONFIG's address for it; is the port ",
-                 "in use?)");
-  rt.heard();
-  const auto poll = std::chrono::milliseconds(100);
-  for (;;) {
-    if (ps ? ps->wait_stopped(poll) : worker->wait_stopped(poll)) break;
-    if (rt.silence() > rt.coordinator_timeout_) {
-      server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-      DTRAIN_THROW(PeerFailure, rt.task_name_, ": the coordinator (", rt.describe({"chief", 0}), ") has not been heard ",
-                   "from for ", std::chrono::duration<double>(rt.coordinator_timeout_).count(),
-                   " s; it died or was stopped, so this task stops too");
-    }
-  }
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-}
+void ClusterCoordinator::serve() { runtime_->serve(); }
 
 RemoteFunction ClusterCoordinator::define(const std::string& name, IteratorFunction fn) {
+  detail::check_name(name);
   if (!fn) DTRAIN_THROW(InvalidArgument, "ClusterCoordinator::define('", name, "'): the function is empty");
   if (!runtime_->functions_.emplace(name, detail::PsRuntime::Function{std::move(fn), {}}).second)
     DTRAIN_THROW(InvalidArgument, "ClusterCoordinator::define: a function named '", name, "' is already defined");
@@ -1254,6 +1411,7 @@ RemoteFunction ClusterCoordinator::define(const std::string& name, IteratorFunct
 }
 
 RemoteFunction ClusterCoordinator::define(const std::string& name, PlainFunction fn) {
+  detail::check_name(name);
   if (!fn) DTRAIN_THROW(InvalidArgument, "ClusterCoordinator::define('", name, "'): the function is empty");
   if (!runtime_->functions_.emplace(name, detail::PsRuntime::Function{{}, std::move(fn)}).second)
     DTRAIN_THROW(InvalidArgument, "ClusterCoordinator::define: a function named '", name, "' is already defined");

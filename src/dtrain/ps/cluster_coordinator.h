@@ -156,13 +156,16 @@ class ClusterCoordinator {
   using IteratorFunction = std::function<std::vector<Tensor>(data::Iterator&)>;
   using PlainFunction = std::function<std::vector<Tensor>()>;
 
+  // The chief has one coordinator per strategy, which model.fit() shares: every
+  // ClusterCoordinator made from the strategy is a handle on it. When the strategy and
+  // every handle are gone, it tells every worker and ps that the job is over (waiting
+  // for nothing).
   explicit ClusterCoordinator(ParameterServerStrategy& strategy);
-  // On the chief: waits for nothing, tells every worker and ps to stop.
   ~ClusterCoordinator();
   ClusterCoordinator(const ClusterCoordinator&) = delete;
   ClusterCoordinator& operator=(const ClusterCoordinator&) = delete;
 
-  // Every task: `fn` under `name` (unique). Inside fn, optimizer.apply_gradients pushes
+  // Every task: `fn` under `name` (unique; "model.fit" is fit()'s). Inside fn, optimizer.apply_gradients pushes
   // the gradients to the parameter servers instead of applying them.
   RemoteFunction define(const std::string& name, IteratorFunction fn);
   RemoteFunction define(const std::string& name, PlainFunction fn);
@@ -209,7 +212,6 @@ class ClusterCoordinator {
   detail::Coordinator& coordinator() const;
 
   std::shared_ptr<detail::PsRuntime> runtime_;
-  std::unique_ptr<detail::Coordinator> coordinator_;  // on the chief, made by the first schedule()
 };
 
 }  // namespace dtrain::distribute

@@ -43,8 +43,12 @@ const ParameterStore::Shard& ParameterStore::find(const ShardKey& key, const std
 ParameterStore::PushResult ParameterStore::push(const Push& push) {
   std::lock_guard lock(mutex_);
   if (!created_) DTRAIN_THROW(InvalidArgument, push.task, " pushed gradients before the coordinator placed any variable");
+  if (push.step >= kMaxStepsPerClosure)
+    DTRAIN_THROW(InvalidArgument, push.task, " pushed step ", push.step, " of closure ", push.closure, "; a closure runs at most ",
+                 kMaxStepsPerClosure, " steps");
+  const std::uint64_t once = push.closure * kMaxStepsPerClosure + push.step;
   const auto fenced = fenced_.find(push.task);
-  if (applied_.contains(push.closure) || (fenced != fenced_.end() && push.incarnation <= fenced->second)) {
+  if (applied_.contains(once) || (fenced != fenced_.end() && push.incarnation <= fenced->second)) {
     ++stats_.pushes_refused;
     return {false, version_};
   }
@@ -72,7 +76,7 @@ ParameterStore::PushResult ParameterStore::push(const Push& push) {
     DTRAIN_THROW(InvalidArgument, push.task, "'s optimizer ", push.optimizer_json, " differs from the one the ",
                  "first push brought, ", optimizer_json_, " (every worker must compile the same optimizer)");
   }
-  applied_.insert(push.closure);
+  applied_.insert(once);
   const std::int64_t staleness = std::max<std::int64_t>(0, version_ - push.pulled_version);
   if (aggregate_ == 0) {
     apply();

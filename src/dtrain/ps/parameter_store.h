@@ -47,8 +47,11 @@ class ParameterStore {
     return version_;
   }
 
+  // A closure runs at most this many steps, each pushing once.
+  static constexpr std::uint32_t kMaxStepsPerClosure = 1u << 16;
   struct Push {
     std::uint64_t closure = 0;
+    std::uint32_t step = 0;  // the closure's step, below kMaxStepsPerClosure
     std::string task;            // who pushes, for errors
     std::uint64_t incarnation = 0;  // the worker's, as the coordinator last found it
     std::string optimizer_json;  // the worker's optimizer: the first push makes this one
@@ -59,7 +62,7 @@ class ParameterStore {
     bool applied = false;  // false: the closure's gradients were applied before
     std::int64_t version = 0;
   };
-  // Applies the gradients once per closure: a closure run again (its worker died after
+  // Applies the gradients once per closure and step: a closure run again (its worker died after
   // pushing) is refused, and so is a push from an incarnation of a task fenced off. A gradient for a shard not held here, or of another shape, is an
   // InvalidArgument naming the task and the shard, and nothing is applied.
   PushResult push(const Push& push);
@@ -92,7 +95,7 @@ class ParameterStore {
   std::vector<Shard> shards_;
   std::shared_ptr<optim::Optimizer> optimizer_;
   std::string optimizer_json_;
-  std::unordered_set<std::uint64_t> applied_;
+  std::unordered_set<std::uint64_t> applied_;  // closure * kMaxStepsPerClosure + step, once applied
   std::unordered_map<std::string, std::uint64_t> fenced_;  // task -> last refused incarnation
   std::int64_t version_ = 0;
   Statistics stats_;

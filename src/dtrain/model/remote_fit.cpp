@@ -1,0 +1,158 @@
+// fit() under a strategy whose steps run in other processes (ParameterServerStrategy):
+// the coordinator's epochs, callbacks, progress and validation, and the workers' steps.
+#include <iostream>
+
+#include "dtrain/core/clock.h"
+#include "dtrain/model/batch_sources.h"
+#include "dtrain/model/progress.h"
+#include "dtrain/model/sequential.h"
+#include "dtrain/model/trainer.h"
+
+namespace dtrain {
+namespace {
+
+void check_remote_options(const StrategyBackend& strategy, const FitOptions& opt) {
+  if (opt.gradient_accumulation_steps != 1)
+    DTRAIN_THROW(InvalidArgument, "fit under ", strategy.name(), ": gradient_accumulation_steps ",
+                 opt.gradient_accumulation_steps, " is not available (every step pushes its gradients, and the ",
+                 "parameter servers apply each push); raise the batch size instead");
+  if (opt.steps_per_execution < 1)
+    DTRAIN_THROW(InvalidArgument, "fit: steps_per_execution must be >= 1, got ", opt.steps_per_execution);
+}
+
+}  // namespace
+
+void Sequential::build_for(const Tensor& x) {
+  if (built()) return;
+  const dtrain::detail::ScopedStrategy in_scope(strategy_);
+  build(Shape(std::vector<std::int64_t>(x.shape().dims().begin() + 1, x.shape().dims().end())));
+}
+
+History Sequential::serve_remote_fit(RemoteTraining& remote, BatchSource* batches, const FitOptions& opt) {
+  check_remote_options(*strategy_, opt);
+  profile::Profiler profiler;
+  Trainer trainer(*this, 1, profiler);
+  int pass = 0;
+  bool started = false;
+  // The figures of each closure: rows, the loss's (total, count), each metric's.
+  std::vector<double> figures;
+  remote.serve([&](int steps, const std::function<void(int)>& before_step) {
+    if (!batches) DTRAIN_THROW(InternalError, "fit: a task with no input was given a closure of training steps");
+    if (!started) {
+      batches->begin_epoch(pass);
+      started = true;
+    }
+    reset_metrics();
+    metrics::Mean loss_mean;
+    double rows = 0;
+    Tensor x, y;
+    for (int i = 0; i < steps; ++i) {
+      before_step(i);
+      if (!batches->next(x, y)) {
+        batches->begin_epoch(++pass);
+        if (!batches->next(x, y))
+          DTRAIN_THROW(InvalidArgument, "fit: worker ", remote.remote_worker_index(), "'s share of the input has no batch");
+      }
+      trainer.step(x, y, loss_mean);
+      rows += static_cast<double>(x.dim(0));
+    }
+    figures.assign({rows, loss_mean.total(), loss_mean.count()});
+    for (const auto& m : metrics_) figures.insert(figures.end(), {m->total(), m->count()});
+    return figures;
+  });
+  return History();
+}
+
+History Sequential::coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps, const FitOptions& opt) {
+  check_remote_options(*strategy_, opt);
+  std::ostream& out = opt.out ? *opt.out : std::cout;
+  const int verbose = detail::resolve_verbose(opt.verbose, out);
+  detail::Progress progress(out, verbose, steps);
+  auto history = std::make_shared<History>();
+  std::vector<std::shared_ptr<Callback>> callbacks{history};
+  for (const auto& c : opt.callbacks) {
+    if (!c) DTRAIN_THROW(InvalidArgument, "fit: a callback is null");
+    callbacks.push_back(c);
+  }
+  for (auto& c : callbacks) c->set_model(this);
+  stop_training = false;
+  non_finite_.reset();
+  struct OnError {
+    const std::vector<std::shared_ptr<Callback>>& callbacks;
+    int exceptions = std::uncaught_exceptions();
+    ~OnError() {
+      if (std::uncaught_exceptions() > exceptions)
+        for (const auto& c : callbacks) c->on_train_error();
+    }
+  } on_error{callbacks};
+  Logs logs;
+  resume_.reset();
+  fit_epoch_ = opt.initial_epoch;
+  fit_batch_ = fit_pending_ = 0;
+  fit_loss_ = nullptr;
+  struct ClearLoss {
+    const metrics::Mean*& p;
+    ~ClearLoss() { p = nullptr; }
+  } clear_loss{fit_loss_};
+  for (auto& c : callbacks) c->on_train_begin(logs);
+  if (resume_)
+    DTRAIN_THROW(Unsupported, "fit under ", strategy_->name(), " cannot resume from a backup: the optimizer's slots ",
+                 "live on the parameter servers, which this version does not save");
+  if (verbose > 0)
+    out << strategy_->name() << ": " << remote.describe() << "; " << steps << " steps an epoch, "
+        << opt.steps_per_execution << " to a closure\n";
+  const std::size_t expected = 3 + 2 * metrics_.size();
+  const Logs no_logs;
+  for (int epoch = opt.initial_epoch; epoch < opt.epochs && !stop_training; ++epoch) {
+    reset_metrics();
+    metrics::Mean loss_mean("loss");
+    fit_loss_ = &loss_mean;
+    fit_epoch_ = epoch;
+    fit_batch_ = 0;
+    logs.clear();
+    for (auto& c : callbacks) c->on_epoch_begin(epoch, logs);
+    progress.epoch_begin(epoch, opt.epochs);
+    const auto start = Clock::now();
+    double samples = 0;
+    remote.train(steps, opt.steps_per_execution, [&](std::int64_t first, int n, const std::vector<double>& figures) {
+      if (figures.size() != expected)
+        DTRAIN_THROW(InternalError, "fit: a closure returned ", figures.size(), " figures, not ", expected,
+                     " (did every task compile the same metrics?)");
+      samples += figures[0];
+      loss_mean.merge(figures[1], figures[2]);
+      for (std::size_t i = 0; i < metrics_.size(); ++i) metrics_[i]->merge(figures[3 + 2 * i], figures[4 + 2 * i]);
+      fit_batch_ = first + n;
+      logs.set("loss", loss_mean.result());
+      for (auto& m : metrics_) logs.set(m->name(), m->result());
+      if (!non_finite_ && !std::isfinite(loss_mean.result())) {
+        non_finite_ = NonFinite{epoch, fit_batch_ - 1, "loss", loss_mean.result()};
+        history->non_finite = non_finite_;
+      }
+      // A closure's batch callbacks run when it ends: its first step begins, its last ends.
+      for (auto& c : callbacks) c->on_train_batch_begin(first, no_logs);
+      for (auto& c : callbacks) c->on_train_batch_end(fit_batch_ - 1, logs);
+      progress.update(fit_batch_, logs);
+    });
+    const double train_seconds = seconds_since(start);
+    // The trained values are here now: validation runs once, on the coordinator.
+    if (opt.validation_dataset) {
+      Logs val = run_evaluation(*opt.validation_dataset, "val_");
+      for (const auto& [k, v] : val.items()) logs.set(k, v);
+    } else if (opt.validation_data) {
+      Logs val = run_evaluation(opt.validation_data->first, opt.validation_data->second, opt.batch_size, "val_");
+      for (const auto& [k, v] : val.items()) logs.set(k, v);
+    }
+    const double epoch_seconds = seconds_since(start);
+    history->epoch_seconds.push_back(epoch_seconds);
+    history->samples_per_second.push_back(samples / train_seconds);
+    history->input_wait_seconds.push_back(0.0);  // the workers wait for their input, not the coordinator
+    history->profile.push_back(profile::Totals{});
+    progress.epoch_end(logs, epoch_seconds, fit_batch_);
+    for (auto& c : callbacks) c->on_epoch_end(epoch, logs);
+  }
+  if (verbose > 0) out << strategy_->name() << ": " << remote.statistics() << "\n";
+  for (auto& c : callbacks) c->on_train_end(logs);
+  return *history;
+}
+
+}  // namespace dtrain

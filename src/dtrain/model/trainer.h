@@ -1,0 +1,255 @@
+// One training step of fit(), on one device or on a strategy's replicas. Internal to the
+// model layer (sequential.cpp, remote_fit.cpp).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "dtrain/autograd/tape.h"
+#include "dtrain/core/clock.h"
+#include "dtrain/core/threads.h"
+#include "dtrain/kernels/backend.h"
+#include "dtrain/model/sequential.h"
+#include "dtrain/profile/profiler.h"
+
+namespace dtrain {
+namespace detail {
+
+// A loss tensor's mean, as a number.
+double mean_value(const Tensor& loss);
+
+// What workers compare before training together: each variable's name, dtype and shape,
+// then the model's configuration (hashed), so a mismatch names a variable where it can.
+std::vector<std::string> describe(const Sequential& model);
+
+}  // namespace detail
+
+// One training step: forward, backward and, at the end of each group of
+// gradient_accumulation_steps batches, the update. On one device the step is the plain
+// GradientTape step; under a strategy with several replicas, each replica takes its rows
+// of the global batch, its gradients go to the strategy's bucket reducer as backward
+// produces them, and the replicas then update their shares of the shared variables.
+class Sequential::Trainer {
+ public:
+  Trainer(Sequential& model, int accumulation_steps, profile::Profiler& profiler)
+      : model_(model), k_(accumulation_steps), profiler_(profiler) {}
+
+  // Adds the batch's loss and metrics to loss_mean and the model's metrics. Multi-worker:
+  // x is the global batch (every worker takes its rows), or with global_rows >= 0 this
+  // worker's own part of a global batch of that many rows (undefined when it has none).
+  // Batches accumulated since the last update.
+  int pending() const { return static_cast<int>(micro_ % k_); }
+
+  void step(const Tensor& x, const Tensor& y, metrics::Mean& loss_mean, std::int64_t global_rows = -1) {
+    const bool update = ++micro_ % k_ == 0;
+    if (model_.strategy_ && model_.strategy_->num_replicas_in_sync() > 1) {
+      step_replicas(x, y, update, loss_mean, global_rows);
+      return;
+    }
+    profile::Track& loop = profiler_.loop();
+    const Clock::time_point start = Clock::now();
+    GradientTape tape;
+    Tensor y_pred = model_(x, /*training=*/true);
+    Tensor loss = (*model_.loss_)(y, y_pred);
+    if (vars_.empty()) vars_ = model_.trainable_variables();
+    Clock::time_point forward_end = Clock::now(), backward_end;
+    loop.add(profile::Phase::forward, start, forward_end);
+    if (k_ == 1) {
+      std::vector<Tensor> grads = tape.gradient(loss, vars_);
+      backward_end = Clock::now();
+      model_.optimizer_->apply_gradients(grads, vars_);
+    } else {
+      // The update uses the mean of the group's gradients, summed in buffers made once.
+      const std::vector<Tensor> grads = tape.gradient(scale(loss, 1.0f / static_cast<float>(k_)), vars_);
+      if (buffers_.empty()) buffers_.resize(grads.size());
+      if (group_.empty()) group_.resize(grads.size());
+      for (std::size_t i = 0; i < grads.size(); ++i) {
+        if (!grads[i].defined()) continue;
+        if (!buffers_[i].defined()) buffers_[i] = Tensor::empty(grads[i].shape());
+        if (group_[i].defined()) kernels::backend().binary(kernels::Binary::add, buffers_[i], grads[i], buffers_[i]);
+        else buffers_[i].copy_from(grads[i]);
+        group_[i] = buffers_[i];
+      }
+      backward_end = Clock::now();
+      if (update) {
+        model_.optimizer_->apply_gradients(group_, vars_);
+        std::fill(group_.begin(), group_.end(), Tensor());
+      }
+    }
+    const Clock::time_point optimizer_end = Clock::now();
+    loop.add(profile::Phase::backward, forward_end, backward_end);
+    loop.add(profile::Phase::optimizer, backward_end, optimizer_end);
+    record(y, y_pred, detail::mean_value(loss), x.dim(0), loss_mean);
+    loop.add(profile::Phase::metrics, optimizer_end, Clock::now());
+  }
+
+ private:
+  struct Output {
+    std::int64_t begin = 0, end = 0;  // the replica's rows of the global batch
+    Tensor y_pred;
+    double loss = 0.0;
+    Clock::time_point done{};  // when the replica's work ended
+  };
+
+  void record(const Tensor& y, const Tensor& y_pred, double loss, std::int64_t rows, metrics::Mean& loss_mean) {
+    loss_mean.update_state(loss, static_cast<double>(rows));
+    for (auto& m : model_.metrics_) m->update_state(y, y_pred);
+  }
+
+  void step_replicas(const Tensor& x, const Tensor& y, bool update, metrics::Mean& loss_mean, std::int64_t global_rows) {
+    StrategyBackend& strategy = *model_.strategy_;
+    const int replicas = strategy.num_replicas(), in_sync = strategy.num_replicas_in_sync();
+    const bool own = global_rows >= 0;  // x is this worker's part of the global batch
+    const std::int64_t local_rows = x.defined() ? x.dim(0) : 0;
+    const std::int64_t rows = own ? global_rows : local_rows;
+    if (micro_ == 1 && rows < in_sync)
+      DTRAIN_THROW(InvalidArgument, "fit: the global batch has ", rows, " rows, fewer than the ", in_sync,
+                   " replicas of ", strategy.name(), "; batch_size is the global batch (e.g. 32 * num_replicas_in_sync)");
+    const Clock::time_point setup_start = Clock::now();
+    if (!model_.built()) {
+      // Replicas share the weights, so they are made here, once, before the replicas run.
+      if (!x.defined())
+        DTRAIN_THROW(InvalidArgument, "fit: worker ", strategy.worker_index(),
+                     "'s dataset is empty, so it cannot build the model; build it before fit()");
+      std::vector<std::int64_t> dims(x.shape().dims().begin() + 1, x.shape().dims().end());
+      model_.build(Shape(dims));
+    }
+    if (vars_.empty()) {
+      vars_ = model_.trainable_variables();
+      // Every worker checks that the others built the same model and takes the chief's weights.
+      if (strategy.num_workers() > 1) strategy.synchronize_variables(model_.variables(), detail::describe(model_));
+    }
+    if (!reducer_) {
+      reducer_ = strategy.gradient_reducer(vars_, dense_layers());
+      outputs_.resize(static_cast<std::size_t>(replicas));
+      for (int r = 0; r < replicas; ++r)
+        tracks_.push_back(&profiler_.add_track(
+            strategy.num_workers() > 1 ? detail::concat("worker ", strategy.worker_index(), " replica ", r)
+                                       : detail::concat("replica ", r),
+            profile::TrackKind::replica));
+      profile::Track* comm = strategy.num_workers() > 1
+                                 ? &profiler_.add_track(detail::concat("worker ", strategy.worker_index(), " communication"),
+                                                        profile::TrackKind::communication)
+                                 : nullptr;
+      reducer_->set_profile(tracks_, comm);
+      profiler_.loop().add(profile::Phase::setup, setup_start, Clock::now(), "build the model and gradient buckets");
+    }
+    // Replicas update their own share of every variable when the optimizer allows it.
+    const Clock::time_point prepare_start = Clock::now();
+    const bool shared = update && model_.optimizer_->begin_shared_update(vars_);
+    profiler_.loop().add(profile::Phase::optimizer, prepare_start, Clock::now(), "prepare the shared update");
+    // As evenly as possible, the first replicas taking one row more: over every worker's
+    // replicas for a global batch, over this worker's for its own part.
+    const int parts = own ? replicas : in_sync, first = own ? 0 : strategy.worker_index() * replicas;
+    std::int64_t next_row = 0;
+    for (int g = 0; g < first + replicas; ++g) {
+      const std::int64_t begin = next_row;
+      next_row += local_rows / parts + (g < local_rows % parts ? 1 : 0);
+      if (g >= first) outputs_[static_cast<std::size_t>(g - first)] = Output{begin, next_row, Tensor(), 0.0};
+    }
+    row_bounds_.assign(1, outputs_.front().begin);
+    for (const Output& out : outputs_) row_bounds_.push_back(out.end);
+    reducer_->begin_step(update, row_bounds_);
+    // A mean over the batch becomes each replica's share of the global mean; a sum stays a sum.
+    const bool mean_loss = model_.loss_->reduction() == losses::Reduction::sum_over_batch_size;
+    const float scale_by = 1.0f / ((mean_loss ? static_cast<float>(rows) : 1.0f) * static_cast<float>(k_));
+    const Clock::time_point handed_over = Clock::now();
+    strategy.run([&](int r) {
+      Output& out = outputs_[static_cast<std::size_t>(r)];
+      profile::Track& track = *tracks_[static_cast<std::size_t>(r)];
+      const std::int64_t begin = out.begin, end = out.end;
+      try {
+        const Clock::time_point start = Clock::now();
+        track.add(profile::Phase::replica_start, handed_over, start);
+        Clock::time_point forward_end = start;
+        if (begin == end) {  // a short last batch leaves this replica nothing to do
+          for (std::size_t i = 0; i < vars_.size(); ++i) reducer_->gradient_ready(r, i, Tensor());
+        } else {
+          const ScopedDenseGradientsTogether together(reducer_->dense_gradients_together(r));
+          GradientTape tape;
+          out.y_pred = model_(x.slice(begin, end), /*training=*/true);
+          Tensor loss = (*model_.loss_)(y.slice(begin, end), out.y_pred);
+          out.loss = detail::mean_value(loss);
+          forward_end = Clock::now();
+          track.add(profile::Phase::forward, start, forward_end);
+          // The replicas' gradients then add up to the gradient of the global batch's mean.
+          tape.gradient(scale(loss, (mean_loss ? static_cast<float>(end - begin) : 1.0f) * scale_by), vars_,
+                        [&](std::size_t i, const Tensor& g) { reducer_->gradient_ready(r, i, g); });
+        }
+        // Buckets summed on the way count as communication (the reducer's own record).
+        track.add(profile::Phase::backward, forward_end, Clock::now());
+        reducer_->finish(r);
+        out.done = Clock::now();
+        if (shared) {
+          model_.optimizer_->apply_share(reducer_->reduced(r), vars_, r, replicas);
+          const Clock::time_point optimizer_start = out.done;
+          out.done = Clock::now();
+          track.add(profile::Phase::optimizer, optimizer_start, out.done);
+        }
+      } catch (...) {
+        reducer_->abort(r, message_of(std::current_exception()));
+        throw;
+      }
+    });
+    // A replica done before the others waited for the slowest of them.
+    const Clock::time_point joined = Clock::now();
+    for (std::size_t r = 0; r < outputs_.size(); ++r)
+      tracks_[r]->add(profile::Phase::straggler_wait, outputs_[r].done, joined, "waiting for the other replicas");
+    profile::Track& loop = profiler_.loop();
+    const Clock::time_point optimizer_start = joined;
+    // The training thread's small work between the replicas' runs (the end of a shared
+    // update, metrics) runs on it alone: on the compute pool it would leave pool threads
+    // spinning on the cores the replica threads wake up on next, delaying their start by
+    // up to milliseconds. An update that is not shared keeps every core.
+    if (update && !shared) model_.optimizer_->apply_gradients(reducer_->reduced(0), vars_);
+    const ScopedThreads alone(1);
+    if (update && shared) model_.optimizer_->end_shared_update();
+    const Clock::time_point optimizer_end = Clock::now();
+    loop.add(profile::Phase::optimizer, optimizer_start, optimizer_end);
+    for (const Output& out : outputs_)
+      if (out.y_pred.defined()) record(y.slice(out.begin, out.end), out.y_pred, out.loss, out.end - out.begin, loss_mean);
+    loop.add(profile::Phase::metrics, optimizer_end, Clock::now());
+  }
+
+  // The dense layers whose gradients the replicas may compute together: float32 ones,
+  // each met once, with a trainable kernel (and bias, when trainable).
+  std::vector<DenseVariables> dense_layers() const {
+    auto index_of = [&](const Variable* v) {
+      const auto it = std::find(vars_.begin(), vars_.end(), v);
+      return it == vars_.end() ? DenseVariables::kNone : static_cast<std::size_t>(it - vars_.begin());
+    };
+    std::vector<DenseVariables> out;
+    std::set<const nn::Layer*> seen;
+    for (const auto& layer : model_.layers_) {
+      auto* dense = dynamic_cast<nn::Dense*>(layer.get());
+      if (!seen.insert(layer.get()).second) {
+        // The same layer twice: its gradient sums two uses, so it goes through the buckets.
+        if (dense) std::erase_if(out, [&](const DenseVariables& d) { return d.kernel == index_of(&dense->kernel()); });
+        continue;
+      }
+      if (dense == nullptr || dense->dtype_policy().compute_dtype != DType::f32) continue;
+      const std::size_t kernel = index_of(&dense->kernel());
+      if (kernel == DenseVariables::kNone) continue;
+      out.push_back({kernel, dense->bias() ? index_of(dense->bias()) : DenseVariables::kNone});
+    }
+    return out;
+  }
+
+  Sequential& model_;
+  int k_;
+  profile::Profiler& profiler_;
+  std::vector<profile::Track*> tracks_;  // [replica]
+  std::int64_t micro_ = 0;
+  std::vector<Variable*> vars_;
+  std::vector<Tensor> buffers_;  // one device, accumulating: a sum buffer per variable
+  std::vector<Tensor> group_;    // buffers_[i] once the group has a gradient for it, else undefined
+  std::unique_ptr<GradientReducer> reducer_;
+  std::vector<Output> outputs_;  // [replica]
+  std::vector<std::int64_t> row_bounds_;  // replica r's rows: [row_bounds_[r], row_bounds_[r + 1])
+};
+
+}  // namespace dtrain

@@ -1,0 +1,166 @@
+// model.fit under ParameterServerStrategy, every task a thread of this process running the
+// same program (build, compile, fit) over 127.0.0.1: one worker gives one device's fit,
+// two workers count every step once, and what cannot work is refused by name.
+#include <gtest/gtest.h>
+
+#include "common/compare.h"
+#include "common/error_message.h"
+#include "dtrain/dtrain.h"
+#include "ps/local_cluster.h"
+
+namespace dtrain {
+namespace {
+
+using distribute::ClusterCoordinator;
+using distribute::ParameterServerOptions;
+using distribute::ParameterServerStrategy;
+using testing::LocalCluster;
+using testing::Tasks;
+
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kUnderTsan = true;  // every step of an in-process cluster is slow there
+#else
+constexpr bool kUnderTsan = false;
+#endif
+
+constexpr std::int64_t kFeatures = 12, kBatch = 16;
+const std::int64_t kSamples = kUnderTsan ? 64 : 160;
+
+struct Data {
+  Tensor x, y, x_val, y_val;
+};
+Data make_data() {
+  data::Split train = data::make_synthetic(kSamples, kFeatures, 10, 5, data::SyntheticLabels::teacher);
+  data::Split val = data::make_synthetic(64, kFeatures, 10, 6, data::SyntheticLabels::teacher);
+  return {train.x, train.y, val.x, val.y};
+}
+
+std::unique_ptr<Sequential> compiled_model() {
+  auto model = std::make_unique<Sequential>();
+  model->add<nn::Dense>(16, "relu", nn::DenseOptions{.seed = 1});
+  model->add<nn::Dense>(10, "softmax", nn::DenseOptions{.seed = 2});
+  model->build(Shape{kFeatures});
+  model->compile(std::make_shared<optim::Adam>(0.01f), std::make_shared<losses::SparseCategoricalCrossentropy>(),
+                 {"accuracy"});
+  return model;
+}
+
+ParameterServerOptions options(distribute::Consistency mode = {}) {
+  ParameterServerOptions o;
+  o.consistency = mode;
+  o.coordinator_timeout_seconds = 30;  // a task whose chief failed stops by itself
+  o.rpc_timeout_seconds = 20;
+  return o;
+}
+
+struct Fitted {
+  std::unique_ptr<Sequential> model;
+  History history;
+  ClusterCoordinator::Statistics stats;
+};
+
+// The one program every task runs: build and compile under scope(), then fit. `fit` is
+// called with the model; on the chief the coordinator's statistics are kept too.
+Fitted run_task(const cluster::TfConfig& config, const ParameterServerOptions& o,
+                const std::function<History(Sequential&)>& fit) {
+  ParameterServerStrategy strategy(config, o);
+  Fitted out;
+  {
+    auto scope = strategy.scope();
+    out.model = compiled_model();
+  }
+  out.history = fit(*out.model);
+  if (strategy.is_chief()) out.stats = ClusterCoordinator(strategy).statistics();
+  return out;
+}
+
+// Runs the program on a chief, `workers` workers and `num_ps` ps; returns the chief's.
+Fitted fit_on_cluster(int workers, int num_ps, const ParameterServerOptions& o,
+                      const std::function<History(Sequential&)>& fit) {
+  LocalCluster cluster(workers, num_ps);
+  Tasks tasks;
+  for (int p = 0; p < num_ps; ++p) tasks.add([&, p] { run_task(cluster.config("ps", p), o, fit); });
+  for (int w = 0; w < workers; ++w) tasks.add([&, w] { run_task(cluster.config("worker", w), o, fit); });
+  Fitted chief = run_task(cluster.config("chief", 0), o, fit);
+  tasks.join();
+  EXPECT_EQ(tasks.errors(), std::vector<std::string>{});
+  return chief;
+}
+
+TEST(ParameterServerFit, OneWorkerGivesOneDevicesFitWithOneAndSeveralStepsToAClosure) {
+  const Data d = make_data();
+  FitOptions fit_options{.epochs = kUnderTsan ? 1 : 2, .batch_size = kBatch, .seed = 3, .verbose = 0};
+  fit_options.validation_data = std::make_pair(d.x_val, d.y_val);
+  auto reference = compiled_model();
+  const History expected = reference->fit(d.x, d.y, fit_options);
+  const std::int64_t steps_per_epoch = kSamples / kBatch;
+  for (int per_closure : {1, 3}) {
+    SCOPED_TRACE(std::to_string(per_closure) + " steps to a closure");
+    FitOptions o = fit_options;
+    o.steps_per_execution = per_closure;
+    Fitted chief = fit_on_cluster(1, 1, options(), [&](Sequential& m) { return m.fit(d.x, d.y, o); });
+    EXPECT_LE(testing::relative_difference(*chief.model, *reference), 1e-5);
+    for (const char* key : {"loss", "accuracy", "val_loss", "val_accuracy"}) {
+      ASSERT_EQ(chief.history.history[key].size(), expected.history.at(key).size()) << key;
+      for (std::size_t e = 0; e < expected.history.at(key).size(); ++e)
+        EXPECT_NEAR(chief.history.history[key][e], expected.history.at(key)[e], 1e-5) << key << " epoch " << e;
+    }
+    // Every step pushed once, and each push was applied once.
+    EXPECT_EQ(chief.stats.pushes_applied, fit_options.epochs * steps_per_epoch);
+    EXPECT_EQ(chief.stats.closures_finished,
+              fit_options.epochs * ((steps_per_epoch + per_closure - 1) / per_closure));
+    EXPECT_EQ(chief.stats.pushes_refused, 0);
+  }
+}
+
+TEST(ParameterServerFit, TwoWorkersFitADatasetAndEveryStepCountsOnce) {
+  const Data d = make_data();
+  const int epochs = kUnderTsan ? 1 : 3;
+  auto fit = [&](Sequential& m) {
+    FitOptions o{.epochs = epochs, .steps_per_execution = 2, .verbose = 0};
+    o.validation_dataset = data::Dataset::from_tensor_slices({d.x_val, d.y_val}).batch(32);
+    return m.fit(data::Dataset::from_tensor_slices({d.x, d.y}).shuffle(kSamples, 4).batch(kBatch), o);
+  };
+  Fitted chief = fit_on_cluster(2, 1, options(), fit);
+  const std::int64_t steps = kSamples / kBatch;  // the dataset's length: each epoch's steps
+  EXPECT_EQ(chief.stats.pushes_applied, epochs * steps);
+  EXPECT_EQ(chief.stats.closures_finished, epochs * ((steps + 1) / 2));
+  EXPECT_EQ(chief.stats.pushes_refused, 0);
+  ASSERT_EQ(chief.history.history["loss"].size(), static_cast<std::size_t>(epochs));
+  ASSERT_EQ(chief.history.history["val_accuracy"].size(), static_cast<std::size_t>(epochs));
+  // Validation ran on the chief with the values the parameter servers hold after the
+  // last epoch: evaluating the chief's model again gives the same figure.
+  const Logs again = chief.model->evaluate(d.x_val, d.y_val, {.batch_size = 32});
+  EXPECT_NEAR(again.at("accuracy"), chief.history.history["val_accuracy"].back(), 1e-6);
+  if (kUnderTsan) return;
+  EXPECT_LT(chief.history.history["loss"].back(), chief.history.history["loss"].front());
+}
+
+TEST(ParameterServerFit, WhatCannotWorkIsRefusedByName) {
+  const Data d = make_data();
+  LocalCluster cluster(1, 1);  // nobody serves: each error comes before any closure is sent
+  {
+    ParameterServerStrategy strategy(cluster.config("chief", 0), options(distribute::Consistency::sync()));
+    std::unique_ptr<Sequential> model;
+    {
+      auto scope = strategy.scope();
+      model = compiled_model();
+    }
+    auto names = [](const std::string& message, std::initializer_list<const char*> parts) {
+      for (const char* part : parts) EXPECT_NE(message.find(part), std::string::npos) << part << " in: " << message;
+    };
+    names(testing::message_of<InvalidArgument>(
+              [&] { model->fit(d.x, d.y, {.batch_size = kBatch, .steps_per_execution = 2, .verbose = 0}); }),
+          {"steps_per_execution 2 under sync", "async"});
+    names(testing::message_of<InvalidArgument>(
+              [&] { model->fit(d.x, d.y, {.batch_size = kBatch, .gradient_accumulation_steps = 2, .verbose = 0}); }),
+          {"ParameterServerStrategy", "gradient_accumulation_steps 2"});
+    names(testing::message_of<InvalidArgument>([&] {
+            model->fit(data::Dataset::from_tensor_slices({d.x, d.y}).batch(kBatch).repeat(), {.verbose = 0});
+          }),
+          {"length is unknown", "steps_per_epoch"});
+  }
+}
+
+}  // namespace
+}  // namespace dtrain
