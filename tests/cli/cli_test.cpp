@@ -130,7 +130,7 @@ TEST_F(Cli, MirroredFromTheFileOrTheFlagMatchesOneDevice) {
   EXPECT_EQ(acc["gradient_accumulation_steps"], 3);
   EXPECT_EQ(acc["strategy"], "MirroredStrategy");
   EXPECT_NE(acc["history"], a["history"]);
-  EXPECT_EQ(run("fit " + tiny_config() + " --strategy parameter_server").code, 2);
+  EXPECT_EQ(run("fit " + tiny_config() + " --strategy parameter_servers").code, 2);  // not a strategy
 }
 
 TEST_F(Cli, LaunchRunsTasksWithPrefixedOutputAndReportsAFailure) {
@@ -408,7 +408,7 @@ TEST_F(Cli, BadConfigsNameTheKey) {
       {R"(, "epochs": 4294967297)", "epochs: must be in [0, 1000000]"},
       {R"(, "seed": 18446744073709551615)", "seed: the integer 18446744073709551615 is too large"},
       {R"(, "dtype_policy": "mixed_float16")", "dtype_policy: dtype policy 'mixed_float16' is not supported"},
-      {R"(, "strategy": "tpu")", "strategy: expected \"default\", \"one_device\", \"mirrored\" or \"multi_worker\""},
+      {R"(, "strategy": "tpu")", "strategy: expected \"default\", \"one_device\", \"mirrored\", \"multi_worker\" or \"parameter_server\""},
       {R"(, "replicas": 2)", "replicas: replicas 2 needs strategy \"mirrored\""},
       {R"(, "gradient_accumulation_steps": 0)", "gradient_accumulation_steps: must be in [1, 1000000]"},
       {R"(, "metrics": ["acuracy"])", "metrics[0]: unknown metric 'acuracy'; expected accuracy, sparse_categorical_accuracy"},

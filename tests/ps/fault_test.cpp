@@ -38,9 +38,11 @@ class ParameterServerFaults : public testing::TempDirTest {
   // Starts every task of a cluster (chief, `workers`, `num_ps`) running ps_task with
   // `args`; waits at most `limit` seconds for the chief, then at most `limit` more for the
   // tasks it leaves to stop by themselves, except `abandoned` (killed or stopped by the
-  // test's plan), which is killed.
+  // test's plan), which is killed. With `restart_args`, `abandoned` is instead waited for
+  // (it kills itself) and started again with those arguments, as a task that must end well.
   std::map<std::string, Process> run(int workers, int num_ps, std::vector<std::string> args,
-                                     const std::string& abandoned, double limit = 60) {
+                                     std::string abandoned, double limit = 60,
+                                     std::vector<std::string> restart_args = {}) {
     const int total = 1 + workers + num_ps;
     const cluster::ClusterSpec spec = cluster::local_cluster(workers, num_ps, true, cluster::free_ports(total));
     args.insert(args.begin(), DTRAIN_PS_TASK);
@@ -54,6 +56,21 @@ class ParameterServerFaults : public testing::TempDirTest {
           args, {{"TF_CONFIG", tf_config}, {"DTRAIN_CLUSTER_TOKEN", "ps-fault-test"}, {"OMP_NUM_THREADS", "1"}}, log);
       p.pidfd = static_cast<int>(syscall(SYS_pidfd_open, p.pid, 0));
       tasks[p.task] = p;
+    }
+    if (!restart_args.empty()) {
+      Process& first = tasks.at(abandoned);
+      wait_for({abandoned}, tasks, limit);
+      restarted_status_ = first.status;
+      restart_args.insert(restart_args.begin(), DTRAIN_PS_TASK);
+      cluster::TaskId id{abandoned.substr(0, abandoned.find(':')), std::stoi(abandoned.substr(abandoned.find(':') + 1))};
+      first.pid = testing::spawn(restart_args,
+                                 {{"TF_CONFIG", cluster::tf_config_json(spec, id)},
+                                  {"DTRAIN_CLUSTER_TOKEN", "ps-fault-test"},
+                                  {"OMP_NUM_THREADS", "1"}},
+                                 (dir_ / (abandoned + ".log")).string());
+      first.pidfd = static_cast<int>(syscall(SYS_pidfd_open, first.pid, 0));
+      first.status = -1;
+      abandoned.clear();
     }
     wait_for({"chief:0"}, tasks, limit);
     std::vector<std::string> rest;
@@ -100,6 +117,8 @@ class ParameterServerFaults : public testing::TempDirTest {
     }
   }
 
+  int restarted_status_ = -1;  // how the restarted task's first process ended
+
   static bool exited_ok(const Process& p) { return p.status >= 0 && WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0; }
 
   // "stats scheduled=40 ..." from the chief's log, as numbers.
@@ -135,6 +154,30 @@ TEST_F(ParameterServerFaults, AWorkerKilledAfterItsPushHasItsClosureRunAgainAndC
   // The coordinator's end stopped the others.
   EXPECT_TRUE(exited_ok(tasks.at("worker:0"))) << tasks.at("worker:0").log;
   EXPECT_TRUE(exited_ok(tasks.at("ps:0"))) << tasks.at("ps:0").log;
+}
+
+// A worker that comes back rejoins: started again after a SIGKILL, it answers the
+// coordinator, pulls the current weights with its first closure and takes closures again.
+// Under ssp(0) the other worker cannot run ahead of it, so it takes about half of the
+// closures scheduled after it is back.
+TEST_F(ParameterServerFaults, AWorkerStartedAgainAfterASigkillRejoinsAndTakesClosures) {
+  constexpr int kSteps = 20, kThen = 20;
+  auto tasks = run(2, 1,
+                   {"--steps", std::to_string(kSteps), "--then-steps", std::to_string(kThen), "--ssp", "0",
+                    "--kill-task", "worker:1", "--fault-at", "3"},
+                   "worker:1", 60, {"--ssp", "0"});
+  EXPECT_TRUE(WIFSIGNALED(restarted_status_) && WTERMSIG(restarted_status_) == SIGKILL);
+  const Process& chief = tasks.at("chief:0");
+  ASSERT_TRUE(exited_ok(chief)) << chief.log;
+  auto s = stats(chief.log);
+  EXPECT_EQ(s["finished"], kSteps + kThen) << chief.log;
+  EXPECT_EQ(s["lost"], 1);
+  EXPECT_EQ(s["applied"], kSteps + kThen);  // each closure counted once
+  // Two closures before the kill; after the rejoin, at least kThen / 2 - 1 of the rest.
+  EXPECT_GE(s["worker1"], 2 + kThen / 2 - 1) << chief.log;
+  EXPECT_EQ(s["worker0"] + s["worker1"], kSteps + kThen);
+  EXPECT_TRUE(exited_ok(tasks.at("worker:1"))) << tasks.at("worker:1").log;
+  EXPECT_TRUE(exited_ok(tasks.at("worker:0"))) << tasks.at("worker:0").log;
 }
 
 TEST_F(ParameterServerFaults, AHungWorkerIsFoundByItsMissedHeartbeatsAndItsClosureRunsElsewhere) {

@@ -7,6 +7,9 @@
 // before the coordinator hears back (the worst moment: the closure must run again and its
 // gradients must not count twice); --stop-task stops it (SIGSTOP, a hung process) before it
 // pushes; --chief-dies-after N makes the chief SIGKILL itself once N closures are done.
+// --then-steps N: after joining, the chief waits until every worker answers again (one
+// killed and started again rejoins) and schedules N more closures. --ssp K: ssp(K)
+// consistency instead of async.
 // The chief checks that every closure returned one finite loss. An error goes to stderr
 // with exit code 1.
 #include <signal.h>
@@ -30,6 +33,8 @@ struct Args {
   double worker_timeout = 2;
   double coordinator_timeout = 20;
   int chief_dies_after = 0;  // > 0: the chief SIGKILLs itself once that many closures are done
+  int then_steps = 0;
+  int ssp = -1;  // >= 0: ssp(ssp) consistency
 };
 
 Args parse(int argc, char** argv) {
@@ -43,6 +48,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--worker-timeout") a.worker_timeout = std::stod(v);
     else if (k == "--coordinator-timeout") a.coordinator_timeout = std::stod(v);
     else if (k == "--chief-dies-after") a.chief_dies_after = std::stoi(v);
+    else if (k == "--then-steps") a.then_steps = std::stoi(v);
+    else if (k == "--ssp") a.ssp = std::stoi(v);
     else throw InvalidArgument("ps_task: unknown option " + k);
   }
   return a;
@@ -53,6 +60,7 @@ int run(const Args& args) {
   options.worker_timeout_seconds = args.worker_timeout;
   options.coordinator_timeout_seconds = args.coordinator_timeout;
   options.rpc_timeout_seconds = 20;
+  if (args.ssp >= 0) options.consistency = distribute::Consistency::ssp(args.ssp);
   distribute::ParameterServerStrategy strategy(options);
   distribute::ClusterCoordinator coordinator(strategy);
   const std::string me = strategy.task().to_string();
@@ -102,6 +110,11 @@ int run(const Args& args) {
     ::raise(SIGKILL);
   }
   coordinator.join();
+  if (args.then_steps > 0) {
+    coordinator.wait_for_workers(strategy.num_workers());
+    for (int s = 0; s < args.then_steps; ++s) values.push_back(coordinator.schedule(train_step, it));
+    coordinator.join();
+  }
   // Every closure has its result, the loss of one batch, however often it ran: a finite
   // scalar. Anything else fails the task, and with it the parent test.
   for (std::size_t i = 0; i < values.size(); ++i) {
@@ -111,10 +124,13 @@ int run(const Args& args) {
                           " values instead of one finite loss");
   }
   const auto st = coordinator.statistics();
-  std::printf("stats scheduled=%lld finished=%lld rerun=%lld lost=%lld applied=%lld refused=%lld\n",
+  std::printf("stats scheduled=%lld finished=%lld rerun=%lld lost=%lld applied=%lld refused=%lld",
               static_cast<long long>(st.closures_scheduled), static_cast<long long>(st.closures_finished),
               static_cast<long long>(st.closures_rerun), static_cast<long long>(st.workers_lost),
               static_cast<long long>(st.pushes_applied), static_cast<long long>(st.pushes_refused));
+  for (std::size_t w = 0; w < st.closures_per_worker.size(); ++w)
+    std::printf(" worker%zu=%lld", w, static_cast<long long>(st.closures_per_worker[w]));
+  std::printf("\n");
   std::fflush(stdout);
   return 0;
 }

@@ -523,9 +523,10 @@ void check_model_fits_data(const RunConfig& c, const Shape& row) {
 }
 
 void check_strategy(const std::string& strategy, int replicas) {
-  if (strategy != "default" && strategy != "one_device" && strategy != "mirrored" && strategy != "multi_worker")
-    DTRAIN_THROW(InvalidArgument, "expected \"default\", \"one_device\", \"mirrored\" or \"multi_worker\", got \"",
-                 strategy, "\"");
+  if (strategy != "default" && strategy != "one_device" && strategy != "mirrored" && strategy != "multi_worker" &&
+      strategy != "parameter_server")
+    DTRAIN_THROW(InvalidArgument, "expected \"default\", \"one_device\", \"mirrored\", \"multi_worker\" or ",
+                 "\"parameter_server\", got \"", strategy, "\"");
   if (replicas > 0 && strategy != "mirrored" && strategy != "multi_worker")
     DTRAIN_THROW(InvalidArgument, "replicas ", replicas, " needs strategy \"mirrored\" or \"multi_worker\", not \"",
                  strategy, "\"");

@@ -31,6 +31,7 @@ class SlowWorker : public Callback {
   explicit SlowWorker(double factor);
   void on_train_batch_begin(std::int64_t batch, const Logs& logs) override;
   void on_train_batch_end(std::int64_t batch, const Logs& logs) override;
+  bool runs_on_workers() const override { return true; }
   double factor() const { return factor_; }
   std::int64_t batches_slowed() const { return batches_; }
   double seconds_added() const { return seconds_; }
@@ -62,6 +63,7 @@ class SignalAtStep : public Callback {
  public:
   SignalAtStep(int signal, std::int64_t step, bool armed);
   void on_train_batch_begin(std::int64_t batch, const Logs& logs) override;
+  bool runs_on_workers() const override { return true; }
   int signal() const { return signal_; }
   std::int64_t step() const { return step_; }
   bool armed() const { return armed_; }

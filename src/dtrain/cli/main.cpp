@@ -28,6 +28,7 @@
 #include "dtrain/core/percentile.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/distribute/strategy.h"
+#include "dtrain/ps/cluster_coordinator.h"
 
 namespace {
 
@@ -75,6 +76,9 @@ struct Overrides {
   bool keep_checkpoints = false;
   // multi_worker only
   std::string compression, communication;
+  // parameter_server only
+  std::string consistency;  // async, ssp:K, sync, sync:B
+  int steps_per_execution = 1;
   // multi_worker and mirrored
   double collective_timeout = -1;
   bool no_overlap = false;
@@ -119,6 +123,28 @@ std::unique_ptr<distribute::Strategy> make_strategy(const cli::RunConfig& c, con
                                                           communication_options(o));
   if (c.strategy == "one_device") return std::make_unique<distribute::OneDeviceStrategy>();
   return nullptr;
+}
+
+// --consistency: async, ssp:K (K >= 0) or sync[:B] (B backup workers).
+distribute::Consistency parse_consistency(const std::string& text) {
+  if (text.empty() || text == "async") return distribute::Consistency::async();
+  const auto colon = text.find(':');
+  const std::string kind = text.substr(0, colon);
+  int n = 0;
+  if (colon != std::string::npos) {
+    const std::string number = text.substr(colon + 1);
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(number.c_str(), &end, 10);
+    if (number.empty() || *end != '\0' || errno == ERANGE || v < 0 || v > 1'000'000 ||
+        !std::isdigit(static_cast<unsigned char>(number[0])))
+      DTRAIN_THROW(InvalidArgument, "--consistency '", text, "': expected a number of 0 or more after the colon");
+    n = static_cast<int>(v);
+  }
+  if (kind == "ssp" && colon != std::string::npos) return distribute::Consistency::ssp(n);
+  if (kind == "sync") return distribute::Consistency::sync(n);
+  DTRAIN_THROW(InvalidArgument, "--consistency '", text, "': expected async, ssp:K (K closures of staleness) or ",
+               "sync[:B] (B backup workers)");
 }
 
 // This binary's path (for the processes it starts).
@@ -225,19 +251,35 @@ int run_fit(const std::string& path, const Overrides& o) {
     d.train.y = d.train.y.slice(0, rows);
   }
   std::unique_ptr<distribute::Strategy> strategy = make_strategy(c, o);
+  // parameter_server: every task of the job (chief, workers, ps) runs this same command;
+  // the chief coordinates, reports and writes files.
+  std::unique_ptr<distribute::ParameterServerStrategy> ps;
+  if (c.strategy == "parameter_server") {
+    if (!checkpoint.dir.empty())
+      DTRAIN_THROW(InvalidArgument, "--checkpoint-dir with --strategy parameter_server: not available in this ",
+                   "version (the optimizer's slots live on the parameter servers, which do not save them yet)");
+    distribute::ParameterServerOptions options;
+    options.consistency = parse_consistency(o.consistency);
+    ps = std::make_unique<distribute::ParameterServerStrategy>(cluster::tf_config_from_environment(), options);
+  } else if (!o.consistency.empty() || o.steps_per_execution != 1) {
+    DTRAIN_THROW(InvalidArgument, o.consistency.empty() ? "--steps-per-execution" : "--consistency",
+                 " needs --strategy parameter_server");
+  }
   // Under multi_worker, the chief alone writes files; every worker trains and reports.
-  const bool chief = !strategy || strategy->worker_index() == 0;
+  const bool chief = ps ? ps->is_chief() : !strategy || strategy->worker_index() == 0;
   std::unique_ptr<Sequential> model;
   {
     std::optional<dtrain::detail::ScopedStrategy> scope;
     if (strategy) scope.emplace(strategy->scope());
+    if (ps) scope.emplace(ps->scope());
     model = cli::build_model(c);
     model->compile(cli::build_optimizer(c), cli::build_loss(c), c.metrics);
     // A backup is restored into built weights, before the first batch would build them.
     if (!checkpoint.dir.empty() && !model->built())
       model->build(Shape(std::vector<std::int64_t>(d.train.x.shape().dims().begin() + 1, d.train.x.shape().dims().end())));
   }
-  const int worker_index = strategy ? strategy->worker_index() : 0;
+  const int worker_index = ps ? (ps->task().type == "worker" ? ps->task().index : -1)
+                           : strategy ? strategy->worker_index() : 0;
   const int replicas = strategy ? strategy->num_replicas_in_sync() : 1;
   const int threads_per_replica = strategy ? strategy->threads_per_replica() : num_threads();
   std::string where = std::to_string(num_threads()) + " threads";
@@ -247,6 +289,9 @@ int run_fit(const std::string& path, const Overrides& o) {
   if (strategy && strategy->num_workers() > 1)
     where += " (" + std::to_string(strategy->num_workers()) + " workers, this is worker " +
              std::to_string(strategy->worker_index()) + ")";
+  if (ps)
+    where = ps->name() + " (" + std::to_string(ps->num_workers()) + " workers, " + std::to_string(ps->num_ps()) +
+            " ps, " + parse_consistency(o.consistency).description() + "; this is " + ps->task().to_string() + ")";
   std::printf("dtrain fit %s: %lld training samples, batch %lld, %d epochs, %s, %s\n", path.c_str(),
               static_cast<long long>(d.train.x.dim(0)), static_cast<long long>(c.batch_size), c.epochs, where.c_str(),
               model_policy(*model).c_str());
@@ -262,6 +307,7 @@ int run_fit(const std::string& path, const Overrides& o) {
                           .shuffle = c.shuffle,
                           .seed = c.seed,
                           .gradient_accumulation_steps = c.gradient_accumulation_steps,
+                          .steps_per_execution = o.steps_per_execution,
                           .callbacks = {memory},
                           .verbose = c.verbose};
   if (c.data.pipeline) fit_options.steps_per_epoch = o.steps_per_epoch;
@@ -271,11 +317,11 @@ int run_fit(const std::string& path, const Overrides& o) {
   std::shared_ptr<TerminateOnNaN> terminate;
   if (c.terminate_on_nan) fit_options.callbacks.push_back(terminate = std::make_shared<TerminateOnNaN>(&std::cout));
   std::shared_ptr<cli::SlowWorker> slow;
-  if (fault.worker == worker_index) fit_options.callbacks.push_back(slow = std::make_shared<cli::SlowWorker>(fault.factor));
+  if (worker_index >= 0 && fault.worker == worker_index) fit_options.callbacks.push_back(slow = std::make_shared<cli::SlowWorker>(fault.factor));
   // Testing: this worker kills itself, or is preempted, at one batch of the job's first start.
   std::vector<std::shared_ptr<cli::SignalAtStep>> signals;
   for (const cli::FaultSignal& f : {kill, term})
-    if (f.worker == worker_index) {
+    if (worker_index >= 0 && f.worker == worker_index) {
       signals.push_back(std::make_shared<cli::SignalAtStep>(f.signal, f.step, first_start_of_job()));
       fit_options.callbacks.push_back(signals.back());
     }
@@ -293,11 +339,15 @@ int run_fit(const std::string& path, const Overrides& o) {
     // the launcher sends the others once one of them has left.
     static train::PreemptionWatcher until_exit;
   }
+  // A launched job's workers all take part from the first closure (each finds the chief
+  // when it starts; a later one would only join part-way through).
+  if (ps && chief) distribute::ClusterCoordinator(*ps).wait_for_workers(ps->num_workers(), 120);
   History h = c.data.pipeline ? model->fit(cli::build_pipeline(c, d.train), fit_options)
                               : model->fit(d.train.x, d.train.y, fit_options);
   const bool stopped = terminate && terminate->stopped_at();
   Logs test;
-  if (d.test.x.defined() && !stopped) {
+  // Under parameter_server the chief alone holds the trained values when fit returns.
+  if (d.test.x.defined() && !stopped && (!ps || chief)) {
     test = model->evaluate(d.test.x, d.test.y, {.batch_size = std::max<std::int64_t>(c.batch_size, 256)});
     std::string line = "test:";
     for (const auto& [k, v] : test.items()) line += " " + k + " " + std::to_string(v);
@@ -315,9 +365,23 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["config"] = path;
     j["threads"] = num_threads();
     j["dtype_policy"] = model_policy(*model);
-    j["strategy"] = strategy ? strategy->name() : "default";
+    j["strategy"] = ps ? ps->name() : strategy ? strategy->name() : "default";
     j["replicas"] = replicas;  // in sync, over every worker
-    j["workers"] = strategy ? strategy->num_workers() : 1;
+    j["workers"] = ps ? ps->num_workers() : strategy ? strategy->num_workers() : 1;
+    if (ps) {
+      j["ps"] = ps->num_ps();
+      j["consistency"] = parse_consistency(o.consistency).description();
+      j["steps_per_execution"] = o.steps_per_execution;
+      const distribute::ClusterCoordinator::Statistics s = distribute::ClusterCoordinator(*ps).statistics();
+      j["closures"] = s.closures_finished;
+      j["closures_rerun"] = s.closures_rerun;
+      j["workers_lost"] = s.workers_lost;
+      j["updates_applied"] = s.pushes_applied;
+      j["updates_refused"] = s.pushes_refused;
+      j["updates_dropped"] = s.pushes_dropped;
+      j["staleness_counts"] = s.staleness_counts;
+      j["closures_per_worker"] = s.closures_per_worker;
+    }
     j["threads_per_replica"] = threads_per_replica;
     j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
     j["seed"] = c.seed;
@@ -448,8 +512,8 @@ int main(int argc, char** argv) {
   };
   auto add_strategy_flags = [&](CLI::App* cmd) {
     cmd->add_option("--strategy", o.strategy,
-                    "default, one_device, mirrored or multi_worker (reads TF_CONFIG; overrides the config)")
-        ->check(CLI::IsMember({"default", "one_device", "mirrored", "multi_worker"}));
+                    "default, one_device, mirrored, multi_worker or parameter_server (the last two read TF_CONFIG; overrides the config)")
+        ->check(CLI::IsMember({"default", "one_device", "mirrored", "multi_worker", "parameter_server"}));
     cmd->add_option("--replicas", o.replicas,
                     "Replicas of the mirrored strategy (0 = one per core), or of each multi_worker process")
         ->check(CLI::Range(0, 4096));
@@ -464,6 +528,12 @@ int main(int argc, char** argv) {
                     "(default 60)")
         ->check(CLI::Range(0.001, 86400.0));
     cmd->add_flag("--no-overlap", o.no_overlap, "multi_worker: send gradient buckets only after backward");
+    cmd->add_option("--consistency", o.consistency,
+                    "parameter_server: async (default), ssp:K (a worker at most K closures ahead of the slowest) or "
+                    "sync[:B] (each update the mean of the first N-B workers' gradients)");
+    cmd->add_option("--steps-per-execution", o.steps_per_execution,
+                    "parameter_server: training steps in each closure a worker runs (async only; default 1)")
+        ->check(CLI::Range(1, 65535));
     cmd->add_option("--gradient-accumulation-steps", o.accumulation,
                     "Average the gradients of this many batches into one update")
         ->check(CLI::Range(1, 1'000'000));
@@ -599,10 +669,12 @@ int main(int argc, char** argv) {
       // `dtrain launch ... fit CONFIG`: the tasks run this dtrain.
       if (!command.empty() && (command.front() == "fit" || command.front() == "evaluate" || command.front() == "probe-link"))
         command.insert(command.begin(), "/proc/self/exe");
-      // `launch ... fit` trains one model on every task: multi_worker unless said otherwise.
+      // `launch ... fit` trains one model on every task: multi_worker unless said otherwise,
+      // parameter_server (with a chief to coordinate) when there are parameter servers.
       if (command.size() > 1 && command[1] == "fit" &&
           std::none_of(command.begin(), command.end(), [](const std::string& a) { return a.rfind("--strategy", 0) == 0; }))
-        command.insert(command.end(), {"--strategy", "multi_worker"});
+        command.insert(command.end(), {"--strategy", launch_options.ps > 0 ? "parameter_server" : "multi_worker"});
+      if (command.size() > 1 && command[1] == "fit" && launch_options.ps > 0) launch_options.chief = true;
       if (!command.empty() && command.front() == "/proc/self/exe") command.front() = self_path();
       launch_options.command = command;
       return cluster::launch(launch_options).exit_code;

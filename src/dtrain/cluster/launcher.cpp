@@ -67,6 +67,7 @@ struct Task {
   bool running = false;
   int status = 0;
   int stopped_by = 0;    // the signal that stopped it (SIGSTOP, SIGTSTP, ...) while it is stopped
+  bool left_behind = false;  // a parameter-server job's worker that failed and the job went on without
 };
 
 // Restores the launcher's signal handlers when launch() returns.
@@ -305,8 +306,10 @@ struct Attempt {
 
 // Starts every task with `env` ("NAME=value", TF_CONFIG added per task) on fresh ports,
 // and watches them until every one has ended. `launch_started` is the deadline's origin.
+// `restarts`: the restarts of the launch so far, which a parameter-server job's workers
+// started again alone add to (with their causes and times in `result`).
 Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock::time_point launch_started,
-                    std::ostream& out, std::ostream& err) {
+                    std::ostream& out, std::ostream& err, LaunchResult& launch_result) {
   const int total = o.workers + o.ps + (o.chief ? 1 : 0);
   const ClusterSpec cluster = local_cluster(o.workers, o.ps, o.chief, free_ports(total));
   std::vector<Task> tasks;
@@ -361,6 +364,47 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
       if (t.running && t.id.type != "ps") return true;
     return false;
   };
+  // A parameter-server job outlives its workers: the chief runs a lost worker's closures
+  // on the others, and a worker started again rejoins. Whether the job went on after
+  // worker `t` failed (false: it was the last worker, and the job fails).
+  const bool ps_job = o.ps > 0 && o.chief;
+  auto worker_failed = [&](Task& t) {
+    const std::string cause = t.id.to_string() + " " + describe(t.status);
+    // What it wrote before it died comes first; what it started dies with it.
+    for (pollfd p{t.out, POLLIN, 0}; t.out >= 0 && poll(&p, 1, 0) > 0;) {
+      char buf[4096];
+      const ssize_t n = read(t.out, buf, sizeof buf);
+      if (n <= 0) break;
+      emit_lines(t, buf, static_cast<std::size_t>(n), out, false);
+    }
+    emit_lines(t, "", 0, out, true);
+    if (t.out >= 0) close(t.out);
+    t.out = -1;
+    kill(-t.pid, SIGKILL);
+    if (launch_result.restarts < o.max_restarts) {
+      ++launch_result.restarts;
+      launch_result.restart_causes.push_back(cause);
+      launch_result.restart_detected_seconds.push_back(seconds_between(launch_started, Clock::now()));
+      err << "dtrain launch: " << cause << "; the parameter-server job goes on, and " << t.id.to_string()
+          << " starts again (restart " << launch_result.restarts << " of " << o.max_restarts << ")\n";
+      std::vector<std::string> task_env = env;
+      for (std::string& e : task_env)
+        if (e.rfind("DTRAIN_RESTART_COUNT=", 0) == 0) e = "DTRAIN_RESTART_COUNT=" + std::to_string(launch_result.restarts);
+      task_env.push_back("TF_CONFIG=" + tf_config_json(cluster, t.id));
+      t.status = t.stopped_by = 0;
+      start(t, o.command, task_env);
+      launch_result.restart_started_seconds.push_back(seconds_between(launch_started, Clock::now()));
+      return true;
+    }
+    for (const Task& other : tasks)
+      if (other.running && other.id.type == "worker") {
+        err << "dtrain launch: " << cause << "; the parameter-server job goes on without it"
+            << (o.max_restarts > 0 ? " (no restarts left)" : " (--max-restarts 0)") << "\n";
+        t.left_behind = true;
+        return true;
+      }
+    return false;
+  };
   for (;;) {
     // Output first, so a task's last words come before the launcher's verdict.
     std::vector<pollfd> fds;
@@ -401,6 +445,7 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
     // Reap whoever ended; note who was stopped or continued.
     for (Task& t : tasks) {
       if (!t.running || !poll_task(t)) continue;
+      if (ps_job && t.id.type == "worker" && failed(t.status) && !stopping_since && worker_failed(t)) continue;
       if (failed(t.status) && result.failed_task.empty() && !(stopping_since && t.id.type == "ps")) {
         if (!stopping_since) {
           // A task that stopped before this one gave up has been reported by now.
@@ -475,7 +520,7 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
   if (result.failed_task.empty() && !result.deadline_passed) {
     // Stopped by a forwarded signal: a trainer that did not finish cleanly still counts.
     for (const Task& t : tasks)
-      if (t.id.type != "ps" && failed(t.status)) {
+      if (t.id.type != "ps" && !t.left_behind && failed(t.status)) {
         result.failed_task = t.id.to_string();
         result.how = describe(t.status);
         break;
@@ -523,7 +568,7 @@ LaunchResult launch(const LaunchOptions& o) {
     std::vector<std::string> env = common_env;
     env.push_back("DTRAIN_CLUSTER_TOKEN=" + job_token());
     env.push_back("DTRAIN_RESTART_COUNT=" + std::to_string(attempt));
-    Attempt a = run_attempt(o, env, started, out, err);
+    Attempt a = run_attempt(o, env, started, out, err, result);
     if (attempt > 0) result.restart_started_seconds.push_back(seconds_between(started, a.started_at));
     result.failed_task = a.failed_task;
     result.how = a.how;

@@ -13,14 +13,21 @@
 //
 // Restarts (LaunchOptions::max_restarts): after a failure the whole job starts again, with
 // fresh ports and token, as torchrun does; it is not elastic (the cluster keeps its size)
-// and no task is restarted alone. Every task gets DTRAIN_RESTART_COUNT (0 on the first
-// start, k on the k-th restart, as torchrun's TORCHELASTIC_RESTART_COUNT) and, when
-// restarts are allowed, DTRAIN_PROGRESS_FILE: a file in a private directory of the launch
-// that a program making progress replaces atomically (write a temporary, rename it) with a
-// line such as its last checkpoint's step. Once a program has written it, a restarted job
-// that fails again before the file changes is not restarted any more: it would only fail
-// the same way. A task that exits with code 75 (EX_TEMPFAIL) was preempted: it saved a
-// checkpoint and stopped, and the job may be restarted from there.
+// and no task is restarted alone (parameter-server jobs aside: below). Every task gets
+// DTRAIN_RESTART_COUNT (0 on the first start, k on the k-th restart, as torchrun's
+// TORCHELASTIC_RESTART_COUNT) and, when restarts are allowed, DTRAIN_PROGRESS_FILE: a file
+// in a private directory of the launch that a program making progress replaces atomically
+// (write a temporary, rename it) with a line such as its last checkpoint's step. Once a
+// program has written it, a restarted job that fails again before the file changes is not
+// restarted any more: it would only fail the same way. A task that exits with code 75
+// (EX_TEMPFAIL) was preempted: it saved a checkpoint and stopped, and the job may be
+// restarted from there.
+//
+// A parameter-server job (--ps with a chief) is the exception: a worker that fails does
+// not stop it, since the chief runs the lost worker's closures on the others. The
+// launcher says so and starts that worker alone again, with its TF_CONFIG, while restarts
+// are left (each counts as one); it rejoins the job. The job stops when the chief or a ps
+// fails, or when its last worker does with no restart left.
 #pragma once
 
 #include <iosfwd>

@@ -44,6 +44,11 @@ class Callback {
   // fit() is leaving with an exception instead of reaching on_train_end: release what
   // on_train_begin took (a signal handler, a thread). Must not throw.
   virtual void on_train_error() noexcept {}
+  // Under a strategy whose steps run in other processes (ParameterServerStrategy), fit's
+  // callbacks run on the coordinator, after each closure. A callback that answers true
+  // here runs on every worker instead, around each step the worker trains (batch numbers
+  // count that worker's steps), and never on the coordinator.
+  virtual bool runs_on_workers() const { return false; }
 
  protected:
   Sequential* model_ = nullptr;

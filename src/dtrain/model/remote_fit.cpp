@@ -32,6 +32,12 @@ History Sequential::serve_remote_fit(RemoteTraining& remote, BatchSource* batche
   check_remote_options(*strategy_, opt);
   profile::Profiler profiler;
   Trainer trainer(*this, 1, profiler);
+  std::vector<std::shared_ptr<Callback>> here;
+  for (const auto& c : opt.callbacks)
+    if (c && c->runs_on_workers()) here.push_back(c);
+  for (auto& c : here) c->set_model(this);
+  std::int64_t step_here = 0;  // this worker's steps, for its callbacks
+  const Logs no_logs;
   int pass = 0;
   bool started = false;
   // The figures of each closure: rows, the loss's (total, count), each metric's.
@@ -53,7 +59,10 @@ History Sequential::serve_remote_fit(RemoteTraining& remote, BatchSource* batche
         if (!batches->next(x, y))
           DTRAIN_THROW(InvalidArgument, "fit: worker ", remote.remote_worker_index(), "'s share of the input has no batch");
       }
+      for (auto& c : here) c->on_train_batch_begin(step_here, no_logs);
       trainer.step(x, y, loss_mean);
+      for (auto& c : here) c->on_train_batch_end(step_here, no_logs);
+      ++step_here;
       rows += static_cast<double>(x.dim(0));
     }
     figures.assign({rows, loss_mean.total(), loss_mean.count()});
@@ -74,6 +83,7 @@ History Sequential::coordinate_remote_fit(RemoteTraining& remote, std::int64_t s
     if (!c) DTRAIN_THROW(InvalidArgument, "fit: a callback is null");
     callbacks.push_back(c);
   }
+  std::erase_if(callbacks, [](const std::shared_ptr<Callback>& c) { return c->runs_on_workers(); });
   for (auto& c : callbacks) c->set_model(this);
   stop_training = false;
   non_finite_.reset();

@@ -1,0 +1,114 @@
+// `dtrain launch --workers N --ps M fit CONFIG`: every task runs the same command under
+// ParameterServerStrategy; the chief reports. A worker killed mid-job is restarted alone
+// while the job goes on, or the job goes on without it; what the strategy cannot do yet is
+// refused by name.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/cli_process.h"
+#include "common/temp_dir.h"
+
+namespace {
+
+using Result = dtrain::testing::CliResult;
+
+constexpr int kSeconds = 120;  // each launch's deadline (--timeout)
+// 600 samples in batches of 32: 19 steps an epoch, 3 epochs.
+constexpr std::int64_t kStepsPerEpoch = 19, kEpochs = 3;
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+class ParameterServerCli : public dtrain::testing::TempDirTest {
+ protected:
+  std::string config() {
+    return write("tiny.json", R"({
+      "model": {"input_shape": [8], "layers": [
+        {"class_name": "Dense", "config": {"units": 16, "activation": "relu"}},
+        {"class_name": "Dense", "config": {"units": 3}}]},
+      "loss": {"name": "sparse_categorical_crossentropy", "from_logits": true},
+      "optimizer": {"name": "adam", "learning_rate": 0.01},
+      "metrics": ["accuracy"],
+      "data": {"source": "synthetic", "samples": 600, "test_samples": 200, "features": 8, "classes": 3, "labels": "teacher"},
+      "epochs": 3, "batch_size": 32, "seed": 4})");
+  }
+  Result launch(const std::string& launch_flags, const std::string& fit_flags) {
+    return dtrain::testing::run_cli("launch --timeout " + std::to_string(kSeconds) + " " + launch_flags + " fit " +
+                                    config() + " --threads 1 " + fit_flags);
+  }
+  nlohmann::json summary() { return nlohmann::json::parse(std::ifstream(dir_ / "s.json")); }
+  std::string summary_flag() { return " --summary " + (dir_ / "s.json").string(); }
+};
+
+TEST_F(ParameterServerCli, LaunchWithParameterServersTrainsEveryStepOnceAndTheChiefReports) {
+  const Result r = launch("--workers 2 --ps 1", "--verbose 2 --steps-per-execution 2" + summary_flag());
+  ASSERT_EQ(r.code, 0) << r.output;
+  // Every task ran the command; the chief alone trained to the end and tested.
+  for (const char* task : {"chief:0", "worker:0", "worker:1", "ps:0"})
+    EXPECT_TRUE(contains(r.output, std::string("[") + task + "] dtrain fit ")) << task << "\n" << r.output;
+  EXPECT_TRUE(contains(r.output, "ParameterServerStrategy (2 workers, 1 ps, async; this is chief:0)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[chief:0] Epoch 3/3")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[chief:0] test: loss")) << r.output;
+  EXPECT_FALSE(contains(r.output, "[worker:0] test:")) << r.output;
+  const nlohmann::json s = summary();
+  EXPECT_EQ(s["strategy"], "ParameterServerStrategy");
+  EXPECT_EQ(s["workers"], 2);
+  EXPECT_EQ(s["ps"], 1);
+  EXPECT_EQ(s["consistency"], "async");
+  EXPECT_EQ(s["updates_applied"], kEpochs * kStepsPerEpoch);  // one push per step, each applied once
+  EXPECT_EQ(s["closures"], kEpochs * ((kStepsPerEpoch + 1) / 2));
+  EXPECT_EQ(s["closures_rerun"], 0);
+  EXPECT_EQ(s["history"]["loss"].size(), 3u);
+  // The teacher's labels are learnable: a model that trained at all is far above chance (1/3).
+  EXPECT_GT(s["test"]["accuracy"].get<double>(), 0.6) << s.dump();
+}
+
+// The worker kills itself at its 4th step (ssp:1 keeps the other from taking every step
+// first): the launcher starts it again alone, the chief reruns its closure, and every step
+// of the job is applied exactly once.
+TEST_F(ParameterServerCli, AKilledWorkerIsRestartedAloneAndTheJobFinishes) {
+  const Result r =
+      launch("--workers 2 --ps 1 --max-restarts 1", "--verbose 0 --consistency ssp:1 --fault-kill worker:1:3" + summary_flag());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "dtrain launch: worker:1 was killed by signal 9 (SIGKILL); the parameter-server job "
+                                 "goes on, and worker:1 starts again (restart 1 of 1)"))
+      << r.output;
+  const nlohmann::json s = summary();
+  EXPECT_EQ(s["consistency"], "ssp(1)");
+  EXPECT_EQ(s["updates_applied"], kEpochs * kStepsPerEpoch);
+  EXPECT_EQ(s["closures"], kEpochs * kStepsPerEpoch);
+  EXPECT_EQ(s["workers_lost"], 1);
+  EXPECT_EQ(s["closures_rerun"], 1);
+  EXPECT_EQ(s["updates_refused"], 0);  // it died before its push
+}
+
+TEST_F(ParameterServerCli, WithoutRestartsTheJobGoesOnWithoutTheKilledWorker) {
+  const Result r = launch("--workers 2 --ps 1", "--verbose 0 --consistency ssp:1 --fault-kill worker:1:3" + summary_flag());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "dtrain launch: worker:1 was killed by signal 9 (SIGKILL); the parameter-server job "
+                                 "goes on without it (--max-restarts 0)"))
+      << r.output;
+  const nlohmann::json s = summary();
+  EXPECT_EQ(s["updates_applied"], kEpochs * kStepsPerEpoch);
+  EXPECT_EQ(s["closures_per_worker"][1], 3);  // the three steps before its death
+}
+
+TEST_F(ParameterServerCli, WhatItCannotDoIsRefusedByName) {
+  Result r = dtrain::testing::run_cli("fit " + config() + " --strategy parameter_server --checkpoint-dir " +
+                                      (dir_ / "ckpt").string());
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--checkpoint-dir with --strategy parameter_server")) << r.output;
+  r = dtrain::testing::run_cli("fit " + config() + " --consistency sync:1");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--consistency needs --strategy parameter_server")) << r.output;
+  r = dtrain::testing::run_cli("fit " + config() + " --strategy parameter_server --consistency ssp:x");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--consistency 'ssp:x'")) << r.output;
+  r = dtrain::testing::run_cli("fit " + config() + " --strategy parameter_server");  // no TF_CONFIG
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "TF_CONFIG")) << r.output;
+}
+
+}  // namespace
