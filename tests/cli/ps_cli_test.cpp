@@ -61,6 +61,9 @@ TEST_F(ParameterServerCli, LaunchWithParameterServersTrainsEveryStepOnceAndTheCh
   EXPECT_EQ(s["closures"], kEpochs * ((kStepsPerEpoch + 1) / 2));
   EXPECT_EQ(s["closures_rerun"], 0);
   EXPECT_EQ(s["history"]["loss"].size(), 3u);
+  EXPECT_EQ(s["ps_phases"]["steps"], kEpochs * kStepsPerEpoch);
+  EXPECT_GT(s["ps_phases"]["pull_seconds"].get<double>(), 0.0);
+  EXPECT_TRUE(contains(r.output, "; a step on a worker: pull ")) << r.output;
   // The teacher's labels are learnable: a model that trained at all is far above chance (1/3).
   EXPECT_GT(s["test"]["accuracy"].get<double>(), 0.6) << s.dump();
 }

@@ -110,6 +110,12 @@ TEST(ParameterServerFit, OneWorkerGivesOneDevicesFitWithOneAndSeveralStepsToAClo
     EXPECT_EQ(chief.stats.closures_finished,
               fit_options.epochs * ((steps_per_epoch + per_closure - 1) / per_closure));
     EXPECT_EQ(chief.stats.pushes_refused, 0);
+    // Where the steps' time went was measured on the worker and at the ps.
+    EXPECT_EQ(chief.stats.steps_finished, fit_options.epochs * steps_per_epoch);
+    EXPECT_GT(chief.stats.pull_seconds, 0.0);
+    EXPECT_GT(chief.stats.push_seconds, 0.0);
+    EXPECT_GT(chief.stats.run_seconds, chief.stats.pull_seconds + chief.stats.push_seconds);
+    EXPECT_GT(chief.stats.apply_seconds, 0.0);
   }
 }
 

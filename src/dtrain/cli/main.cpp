@@ -381,6 +381,10 @@ int run_fit(const std::string& path, const Overrides& o) {
       j["updates_dropped"] = s.pushes_dropped;
       j["staleness_counts"] = s.staleness_counts;
       j["closures_per_worker"] = s.closures_per_worker;
+      // Seconds over the job: on the workers (pull, push, whole closures), at the ps.
+      j["ps_phases"] = {{"steps", s.steps_finished},     {"pull_seconds", s.pull_seconds},
+                        {"push_seconds", s.push_seconds}, {"worker_seconds", s.run_seconds},
+                        {"apply_seconds", s.apply_seconds}, {"queue_seconds", s.queue_seconds}};
     }
     j["threads_per_replica"] = threads_per_replica;
     j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;

@@ -135,6 +135,19 @@ Shape shard_shape(const Shape& whole, std::int64_t rows) {
   return Shape(dims);
 }
 
+// Adds the seconds of its own lifetime to `total`.
+class ScopedSeconds {
+ public:
+  explicit ScopedSeconds(double& total) : total_(total), start_(Clock::now()) {}
+  ~ScopedSeconds() { total_ += std::chrono::duration<double>(Clock::now() - start_).count(); }
+  ScopedSeconds(const ScopedSeconds&) = delete;
+  ScopedSeconds& operator=(const ScopedSeconds&) = delete;
+
+ private:
+  double& total_;
+  Clock::time_point start_;
+};
+
 // A pair of fixed-size waits for several asynchronous calls.
 class Latch {
  public:
@@ -517,6 +530,7 @@ class PsService final : public wire::ParameterServer::Service {
     reply->set_pushes_refused(st.pushes_refused);
     reply->set_pushes_dropped(st.pushes_dropped);
     reply->set_apply_seconds(st.apply_seconds);
+    reply->set_queue_seconds(st.queue_seconds);
     for (std::int64_t c : st.staleness_counts) reply->add_staleness_counts(c);
     return grpc::Status::OK;
   }
@@ -613,6 +627,7 @@ class PushSink final : public optim::detail::GradientSink {
       rows->set_values(bytes.data(), bytes.size());
     }
     std::vector<wire::PushReply> replies;
+    const ScopedSeconds timed(push_seconds);
     runtime_.call_every_ps(requests, replies, "pushing to",
                            [](auto& stub, auto* context, auto* request, auto* reply, auto done) {
                              stub.async()->Push(context, request, reply, std::move(done));
@@ -627,6 +642,9 @@ class PushSink final : public optim::detail::GradientSink {
   const std::vector<std::int64_t>& versions_;
   std::uint32_t step_ = 0;
   bool pushed_ = false;
+
+ public:
+  double push_seconds = 0;  // spent pushing, over the closure
 };
 
 class WorkerService final : public wire::Worker::Service {
@@ -644,6 +662,7 @@ class WorkerService final : public wire::Worker::Service {
                                    (known.empty() ? "none" : known) +
                                    "); every task must define the same functions before serve()"};
     }
+    const auto run_start = Clock::now();
     try {
       data::Iterator* it = nullptr;
       if (request->dataset() >= 0) it = &iterator(request->dataset(), request->iterator());
@@ -651,18 +670,29 @@ class WorkerService final : public wire::Worker::Service {
         vars_ = runtime_.variables();
         placement_ = runtime_.placement(vars_);
       }
-      std::vector<std::int64_t> versions = runtime_.pull(vars_, placement_);
+      double pull_seconds = 0;
+      std::vector<std::int64_t> versions;
+      {
+        const ScopedSeconds timed(pull_seconds);
+        versions = runtime_.pull(vars_, placement_);
+      }
       PushSink sink(runtime_, vars_, placement_, request->closure(), request->incarnation(), versions);
       optim::detail::ScopedGradientSink scoped(&sink);
       if (fn->second.steps) {
         // fit()'s closure: each step after the first trains on the weights as they are then.
         const std::vector<double> figures = fn->second.steps(request->steps(), [&](int step) {
-          if (step > 0) versions = runtime_.pull(vars_, placement_);
+          if (step > 0) {
+            const ScopedSeconds timed(pull_seconds);
+            versions = runtime_.pull(vars_, placement_);
+          }
           sink.next_step(static_cast<std::uint32_t>(step));
         });
         reply->mutable_figures()->Add(figures.begin(), figures.end());
-        return grpc::Status::OK;
       }
+      reply->set_pull_seconds(pull_seconds);
+      reply->set_push_seconds(sink.push_seconds);
+      reply->set_run_seconds(std::chrono::duration<double>(Clock::now() - run_start).count());
+      if (fn->second.steps) return grpc::Status::OK;
       const std::vector<Tensor> results = it ? fn->second.with_iterator(*it) : fn->second.plain();
       for (const Tensor& t : results) {
         wire::TensorValue* out = reply->add_results();
@@ -977,6 +1007,10 @@ void Coordinator::dispatch(int w) {
       }
       closure->finish(std::move(results), nullptr, {reply.figures().begin(), reply.figures().end()});
       std::lock_guard lock(mutex_);
+      stats_.pull_seconds += reply.pull_seconds();
+      stats_.push_seconds += reply.push_seconds();
+      stats_.run_seconds += reply.run_seconds();
+      stats_.steps_finished += std::max(1, closure->steps);
       --running_;
       ++stats_.closures_finished;
       ++stats_.closures_per_worker[static_cast<std::size_t>(w)];
@@ -1148,6 +1182,8 @@ ClusterCoordinator::Statistics Coordinator::statistics() const {
     s.pushes_applied += reply.pushes_applied();
     s.pushes_refused += reply.pushes_refused();
     s.pushes_dropped += reply.pushes_dropped();
+    s.apply_seconds += reply.apply_seconds();
+    s.queue_seconds += reply.queue_seconds();
     if (s.staleness_counts.size() < static_cast<std::size_t>(reply.staleness_counts_size()))
       s.staleness_counts.resize(static_cast<std::size_t>(reply.staleness_counts_size()), 0);
     for (int i = 0; i < reply.staleness_counts_size(); ++i)
@@ -1318,6 +1354,15 @@ std::string PsBackend::statistics() const {
   if (pushes > 0)
     o << ", staleness mean " << std::fixed << std::setprecision(2) << static_cast<double>(weighted) / static_cast<double>(pushes)
       << " max " << s.staleness_counts.size() - 1;
+  if (s.steps_finished > 0 && s.pushes_applied > 0) {
+    // Where a step's time went, on the workers and at the parameter servers.
+    const double steps = static_cast<double>(s.steps_finished), ms = 1000.0;
+    o << std::fixed << std::setprecision(2) << "; a step on a worker: pull " << s.pull_seconds / steps * ms
+      << " ms, compute " << (s.run_seconds - s.pull_seconds - s.push_seconds) / steps * ms << " ms, push "
+      << s.push_seconds / steps * ms << " ms; a push at a ps: queued "
+      << s.queue_seconds / static_cast<double>(s.pushes_applied + s.pushes_refused + s.pushes_dropped) * ms
+      << " ms, applied in " << s.apply_seconds / static_cast<double>(s.pushes_applied) * ms << " ms";
+  }
   return o.str();
 }
 

@@ -199,6 +199,12 @@ class ClusterCoordinator {
     std::int64_t pushes_dropped = 0;  // SYNC: arrived after the update they were computed for
     std::vector<std::int64_t> staleness_counts;  // over every ps: [s] pushes s versions behind
     std::vector<std::int64_t> closures_per_worker;  // finished, by worker index
+    // Seconds, summed over the closures that finished: on the workers, pulling the weights,
+    // pushing the gradients and the whole run (the rest is the steps' own work); over
+    // every ps, applying pushes and pushes waiting for the store (queueing).
+    double pull_seconds = 0, push_seconds = 0, run_seconds = 0;
+    std::int64_t steps_finished = 0;  // the finished closures' steps (fit's run several each)
+    double apply_seconds = 0, queue_seconds = 0;
   };
   // The chief: counts so far (asks every ps).
   Statistics statistics() const;

@@ -41,7 +41,9 @@ const ParameterStore::Shard& ParameterStore::find(const ShardKey& key, const std
 }
 
 ParameterStore::PushResult ParameterStore::push(const Push& push) {
+  const auto arrived = std::chrono::steady_clock::now();
   std::lock_guard lock(mutex_);
+  stats_.queue_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count();
   if (!created_) DTRAIN_THROW(InvalidArgument, push.task, " pushed gradients before the coordinator placed any variable");
   if (push.step >= kMaxStepsPerClosure)
     DTRAIN_THROW(InvalidArgument, push.task, " pushed step ", push.step, " of closure ", push.closure, "; a closure runs at most ",

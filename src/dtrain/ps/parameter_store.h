@@ -77,6 +77,7 @@ class ParameterStore {
     std::int64_t pushes_refused = 0;
     std::int64_t pushes_dropped = 0;  // synchronous: computed from an older version
     double apply_seconds = 0;
+    double queue_seconds = 0;  // pushes waiting for the store (another push or a pull holds it)
     std::vector<std::int64_t> staleness_counts;  // [s]: pushes computed s versions behind
   };
   Statistics statistics() const;
