@@ -3,6 +3,9 @@
 // the chief schedules --warmup then --steps closures and prints one line:
 //   ParameterServerStrategy <mode> <samples/s> samples/s, <pushes> pushes applied, staleness p50 <s> max <s>
 // A straggler (--slow-worker K --slow-factor F) repeats its forward and backward F times.
+// --push-only MB: instead, a model of one MB-megabyte variable whose closures compute
+// nothing (a gradient of ones, plain SGD): each closure is one pull and one push, and the
+// line gives closures/s and the megabytes/s they moved both ways.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -18,6 +21,7 @@ struct Args {
   int steps = 200, warmup = 20, batch = 64;
   std::string mode = "async";
   int slow_worker = -1, slow_factor = 1;
+  int push_only_mb = 0;
 };
 
 distribute::Consistency parse_mode(const std::string& m) {
@@ -34,11 +38,21 @@ int run(const Args& args) {
   distribute::ClusterCoordinator coordinator(strategy);
   if (strategy.task().type == "ps") return coordinator.serve(), 0;
   std::unique_ptr<Sequential> model;
-  std::unique_ptr<optim::Adam> optimizer;
+  std::unique_ptr<optim::Optimizer> optimizer;
+  std::vector<Tensor> ones;
   {
     auto scope = strategy.scope();
-    model = bench::large_mlp();
-    optimizer = std::make_unique<optim::Adam>(1e-3f);
+    if (args.push_only_mb > 0) {
+      // A [MB * 1024, 256] float32 kernel: MB megabytes.
+      model = std::make_unique<Sequential>();
+      model->add<nn::Dense>(256, "linear", nn::DenseOptions{.use_bias = false, .seed = 1});
+      model->build(Shape{std::int64_t{args.push_only_mb} * 1024});
+      optimizer = std::make_unique<optim::SGD>(1e-6f);
+      for (Variable* v : model->trainable_variables()) ones.push_back(Tensor::full(v->shape(), 1.0f));
+    } else {
+      model = bench::large_mlp();
+      optimizer = std::make_unique<optim::Adam>(1e-3f);
+    }
   }
   const int me = strategy.task().index;
   auto per_worker = coordinator.create_per_worker_dataset([&] {
@@ -48,8 +62,12 @@ int run(const Args& args) {
   losses::SparseCategoricalCrossentropy loss_fn;
   const int repeats = strategy.task().type == "worker" && me == args.slow_worker ? args.slow_factor : 1;
   auto train_step = coordinator.define("train_step", [&](data::Iterator& it) {
-    std::optional<data::Element> batch = it.next();
     const auto vars = model->trainable_variables();
+    if (args.push_only_mb > 0) {
+      optimizer->apply_gradients(ones, vars);
+      return std::vector<Tensor>{};
+    }
+    std::optional<data::Element> batch = it.next();
     std::vector<Tensor> grads;
     for (int r = 0; r < repeats; ++r) {
       GradientTape tape;
@@ -69,6 +87,11 @@ int run(const Args& args) {
   coordinator.join();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const auto st = coordinator.statistics();
+  if (args.push_only_mb > 0) {
+    std::printf("ParameterServerStrategy push-only %d MB: %.1f closures/s, %.0f MB/s pulled and pushed\n",
+                args.push_only_mb, args.steps / seconds, 2.0 * args.push_only_mb * args.steps / seconds);
+    return 0;
+  }
   std::int64_t total = 0, max_staleness = 0, median = -1, seen = 0;
   for (std::size_t s = 0; s < st.staleness_counts.size(); ++s) {
     total += st.staleness_counts[s];
@@ -96,6 +119,7 @@ int main(int argc, char** argv) {
       else if (k == "--mode") a.mode = v;
       else if (k == "--slow-worker") a.slow_worker = std::stoi(v);
       else if (k == "--slow-factor") a.slow_factor = std::stoi(v);
+      else if (k == "--push-only") a.push_only_mb = std::stoi(v);
       else throw InvalidArgument("bench_parameter_server: unknown option " + k);
     }
     return run(a);

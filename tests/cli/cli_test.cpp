@@ -29,15 +29,7 @@ Result run(const std::string& args, const std::string& env = "") { return dtrain
 class Cli : public dtrain::testing::TempDirTest {
  protected:
   std::string tiny_config(const std::string& extra = "") {
-    return write("tiny.json", R"({
-      "model": {"input_shape": [8], "layers": [
-        {"class_name": "Dense", "config": {"units": 16, "activation": "relu"}},
-        {"class_name": "Dense", "config": {"units": 3}}]},
-      "loss": {"name": "sparse_categorical_crossentropy", "from_logits": true},
-      "optimizer": {"name": "adam", "learning_rate": 0.01},
-      "metrics": ["accuracy"],
-      "data": {"source": "synthetic", "samples": 600, "test_samples": 200, "features": 8, "classes": 3, "labels": "teacher"},
-      "epochs": 3, "batch_size": 32, "seed": 4)" + extra + "}");
+    return write("tiny.json", dtrain::testing::tiny_config_json(extra));
   }
 };
 

@@ -23,17 +23,7 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 
 class ParameterServerCli : public dtrain::testing::TempDirTest {
  protected:
-  std::string config() {
-    return write("tiny.json", R"({
-      "model": {"input_shape": [8], "layers": [
-        {"class_name": "Dense", "config": {"units": 16, "activation": "relu"}},
-        {"class_name": "Dense", "config": {"units": 3}}]},
-      "loss": {"name": "sparse_categorical_crossentropy", "from_logits": true},
-      "optimizer": {"name": "adam", "learning_rate": 0.01},
-      "metrics": ["accuracy"],
-      "data": {"source": "synthetic", "samples": 600, "test_samples": 200, "features": 8, "classes": 3, "labels": "teacher"},
-      "epochs": 3, "batch_size": 32, "seed": 4})");
-  }
+  std::string config() { return write("tiny.json", dtrain::testing::tiny_config_json()); }
   Result launch(const std::string& launch_flags, const std::string& fit_flags) {
     return dtrain::testing::run_cli("launch --timeout " + std::to_string(kSeconds) + " " + launch_flags + " fit " +
                                     config() + " --threads 1 " + fit_flags);

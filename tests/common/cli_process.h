@@ -33,6 +33,20 @@ inline CliResult run_cli(const std::string& args, const std::string& env = "", i
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, WIFSIGNALED(status) ? WTERMSIG(status) : 0};
 }
 
+// A small config the command-line tests train in a second: a 2-layer MLP on 600
+// synthetic rows of 8 features, 3 classes, 3 epochs of batches of 32; `extra` adds keys.
+inline std::string tiny_config_json(const std::string& extra = "") {
+  return R"({
+      "model": {"input_shape": [8], "layers": [
+        {"class_name": "Dense", "config": {"units": 16, "activation": "relu"}},
+        {"class_name": "Dense", "config": {"units": 3}}]},
+      "loss": {"name": "sparse_categorical_crossentropy", "from_logits": true},
+      "optimizer": {"name": "adam", "learning_rate": 0.01},
+      "metrics": ["accuracy"],
+      "data": {"source": "synthetic", "samples": 600, "test_samples": 200, "features": 8, "classes": 3, "labels": "teacher"},
+      "epochs": 3, "batch_size": 32, "seed": 4)" + extra + "}";
+}
+
 inline std::string be32(std::uint32_t v) {
   return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
 }

@@ -18,15 +18,12 @@ namespace {
 using distribute::ClusterCoordinator;
 using distribute::ParameterServerOptions;
 using distribute::ParameterServerStrategy;
+using testing::kUnderTsan;
 using testing::LocalCluster;
 using testing::Tasks;
 
 ParameterServerOptions options(distribute::Partitioner partitioner = {}) {
-  ParameterServerOptions o;
-  o.variable_partitioner = std::move(partitioner);
-  o.coordinator_timeout_seconds = 30;  // a task whose chief failed stops by itself
-  o.rpc_timeout_seconds = 20;
-  return o;
+  return testing::ps_options(std::move(partitioner));
 }
 
 std::unique_ptr<Sequential> mlp(std::int64_t features, std::int64_t hidden) {
@@ -59,13 +56,7 @@ struct Trainer {
 
 constexpr std::int64_t kFeatures = 12, kHidden = 16, kBatch = 16;
 
-// Under ThreadSanitizer every step of these in-process clusters (a dozen gRPC threads
-// each) takes about half a second: the tests take fewer steps there, with the same checks.
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kUnderTsan = true;
-#else
-constexpr bool kUnderTsan = false;
-#endif
+// Fewer steps under ThreadSanitizer (testing::kUnderTsan), with the same checks.
 constexpr int scaled(int steps, int under_tsan) { return kUnderTsan ? under_tsan : steps; }
 #if defined(__SANITIZE_ADDRESS__)
 constexpr bool kUnderAsan = true;

@@ -14,14 +14,9 @@ namespace {
 using distribute::ClusterCoordinator;
 using distribute::ParameterServerOptions;
 using distribute::ParameterServerStrategy;
+using testing::kUnderTsan;
 using testing::LocalCluster;
 using testing::Tasks;
-
-#if defined(__SANITIZE_THREAD__)
-constexpr bool kUnderTsan = true;  // every step of an in-process cluster is slow there
-#else
-constexpr bool kUnderTsan = false;
-#endif
 
 constexpr std::int64_t kFeatures = 12, kBatch = 16;
 const std::int64_t kSamples = kUnderTsan ? 64 : 160;
@@ -45,13 +40,7 @@ std::unique_ptr<Sequential> compiled_model() {
   return model;
 }
 
-ParameterServerOptions options(distribute::Consistency mode = {}) {
-  ParameterServerOptions o;
-  o.consistency = mode;
-  o.coordinator_timeout_seconds = 30;  // a task whose chief failed stops by itself
-  o.rpc_timeout_seconds = 20;
-  return o;
-}
+ParameterServerOptions options(distribute::Consistency mode = {}) { return testing::ps_options({}, mode); }
 
 struct Fitted {
   std::unique_ptr<Sequential> model;

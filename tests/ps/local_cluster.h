@@ -10,8 +10,28 @@
 
 #include "dtrain/cluster/launcher.h"
 #include "dtrain/cluster/tf_config.h"
+#include "dtrain/ps/cluster_coordinator.h"
 
 namespace dtrain::testing {
+
+// Under ThreadSanitizer every step of an in-process cluster (a dozen gRPC threads a task)
+// takes about half a second: the tests take fewer steps there, with the same checks.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kUnderTsan = true;
+#else
+inline constexpr bool kUnderTsan = false;
+#endif
+
+// The tests' options: a task whose chief failed stops by itself, and no call waits long.
+inline distribute::ParameterServerOptions ps_options(distribute::Partitioner partitioner = {},
+                                                     distribute::Consistency mode = {}) {
+  distribute::ParameterServerOptions o;
+  o.variable_partitioner = std::move(partitioner);
+  o.consistency = mode;
+  o.coordinator_timeout_seconds = 30;
+  o.rpc_timeout_seconds = 20;
+  return o;
+}
 
 // A chief, `workers` workers and `ps` parameter servers on free 127.0.0.1 ports.
 class LocalCluster {

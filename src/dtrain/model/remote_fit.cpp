@@ -78,32 +78,12 @@ History Sequential::coordinate_remote_fit(RemoteTraining& remote, std::int64_t s
   const int verbose = detail::resolve_verbose(opt.verbose, out);
   detail::Progress progress(out, verbose, steps);
   auto history = std::make_shared<History>();
-  std::vector<std::shared_ptr<Callback>> callbacks{history};
-  for (const auto& c : opt.callbacks) {
-    if (!c) DTRAIN_THROW(InvalidArgument, "fit: a callback is null");
-    callbacks.push_back(c);
-  }
+  std::vector<std::shared_ptr<Callback>> callbacks = begin_fit(history, opt);
   std::erase_if(callbacks, [](const std::shared_ptr<Callback>& c) { return c->runs_on_workers(); });
-  for (auto& c : callbacks) c->set_model(this);
-  stop_training = false;
   non_finite_.reset();
-  struct OnError {
-    const std::vector<std::shared_ptr<Callback>>& callbacks;
-    int exceptions = std::uncaught_exceptions();
-    ~OnError() {
-      if (std::uncaught_exceptions() > exceptions)
-        for (const auto& c : callbacks) c->on_train_error();
-    }
-  } on_error{callbacks};
+  const detail::TrainErrorGuard on_error(callbacks);
+  const detail::ClearOnExit clear_loss(fit_loss_);
   Logs logs;
-  resume_.reset();
-  fit_epoch_ = opt.initial_epoch;
-  fit_batch_ = fit_pending_ = 0;
-  fit_loss_ = nullptr;
-  struct ClearLoss {
-    const metrics::Mean*& p;
-    ~ClearLoss() { p = nullptr; }
-  } clear_loss{fit_loss_};
   for (auto& c : callbacks) c->on_train_begin(logs);
   if (resume_)
     DTRAIN_THROW(Unsupported, "fit under ", strategy_->name(), " cannot resume from a backup: the optimizer's slots ",
@@ -132,8 +112,7 @@ History Sequential::coordinate_remote_fit(RemoteTraining& remote, std::int64_t s
       loss_mean.merge(figures[1], figures[2]);
       for (std::size_t i = 0; i < metrics_.size(); ++i) metrics_[i]->merge(figures[3 + 2 * i], figures[4 + 2 * i]);
       fit_batch_ = first + n;
-      logs.set("loss", loss_mean.result());
-      for (auto& m : metrics_) logs.set(m->name(), m->result());
+      set_epoch_logs(logs, loss_mean);
       if (!non_finite_ && !std::isfinite(loss_mean.result())) {
         non_finite_ = NonFinite{epoch, fit_batch_ - 1, "loss", loss_mean.result()};
         history->non_finite = non_finite_;

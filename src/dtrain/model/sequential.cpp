@@ -270,13 +270,7 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   detail::Progress progress(out, verbose, source.steps());
 
   auto history = std::make_shared<History>();
-  std::vector<std::shared_ptr<Callback>> callbacks{history};
-  for (const auto& c : opt.callbacks) {
-    if (!c) DTRAIN_THROW(InvalidArgument, "fit: a callback is null");
-    callbacks.push_back(c);
-  }
-  for (auto& c : callbacks) c->set_model(this);
-  stop_training = false;
+  const std::vector<std::shared_ptr<Callback>> callbacks = begin_fit(history, opt);
   // The step profile is always kept; a trace of its phases only for a ProfilerCallback.
   std::vector<const ProfilerCallback*> tracers;
   for (const auto& c : callbacks)
@@ -309,20 +303,8 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
       rethrow_with_context(std::current_exception(), "fit (validation_dataset): ");
     }
   }
-  // Callbacks hear of an exception that ends fit (on_train_end is not called then).
-  struct OnError {
-    const std::vector<std::shared_ptr<Callback>>& callbacks;
-    int exceptions = std::uncaught_exceptions();
-    ~OnError() {
-      if (std::uncaught_exceptions() > exceptions)
-        for (const auto& c : callbacks) c->on_train_error();
-    }
-  } on_error{callbacks};
+  const detail::TrainErrorGuard on_error(callbacks);
   Logs logs;
-  resume_.reset();
-  fit_epoch_ = opt.initial_epoch;
-  fit_batch_ = fit_pending_ = 0;
-  fit_loss_ = nullptr;
   for (auto& c : callbacks) c->on_train_begin(logs);
   const std::optional<FitPosition> resume = std::exchange(resume_, std::nullopt);
   const std::size_t totals_expected = 2 + 2 * metrics_.size();
@@ -331,10 +313,7 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
     DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit cannot resume at epoch ", resume->epoch, ", batch ",
                  resume->batch, " with ", resume->totals.size(), " metric totals (this fit starts at epoch ",
                  opt.initial_epoch, " and keeps ", totals_expected, ")");
-  struct ClearLoss {  // fit_loss_ points into the loop; no dangling pointer after fit
-    const metrics::Mean*& p;
-    ~ClearLoss() { p = nullptr; }
-  } clear_loss{fit_loss_};
+  const detail::ClearOnExit clear_loss(fit_loss_);  // fit_loss_ points into the loop
 
   for (int epoch = resume ? resume->epoch : opt.initial_epoch; epoch < opt.epochs && !stop_training; ++epoch) {
     reset_metrics();
@@ -355,8 +334,7 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
         // The epoch's figures so far, as its last trained batch left them: an epoch resumed
         // at its end trains no batch that would set them, and its end reports them.
         if (resume->totals[1] > 0) {
-          logs.set("loss", loss_mean.result());
-          for (auto& m : metrics_) logs.set(m->name(), m->result());
+          set_epoch_logs(logs, loss_mean);
         }
       }
     } else {
@@ -410,8 +388,7 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
       samples += rows;
       if (step == 0 && epoch == opt.initial_epoch && workers > 1 && verbose > 0)
         out << shard_plan(*strategy_, source.input_plan(), samples) << "\n";
-      logs.set("loss", loss_mean.result());
-      for (auto& m : metrics_) logs.set(m->name(), m->result());
+      set_epoch_logs(logs, loss_mean);
       const bool was_finite = !non_finite_;
       check_finite(epoch, step, loss_mean.result());
       if (was_finite && non_finite_) {
@@ -431,8 +408,7 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
       out << "(epoch " << epoch + 1 << " was complete in the checkpoint; only its end runs again)\n";
     if (workers > 1) {
       merge_over_workers(loss_mean);
-      logs.set("loss", loss_mean.result());
-      for (auto& m : metrics_) logs.set(m->name(), m->result());
+      set_epoch_logs(logs, loss_mean);
     }
     const double train_seconds = seconds_since(start);
     if (validation) {
@@ -462,6 +438,27 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
     profiler.write_trace(path, worker, workers > 1 ? detail::concat("worker ", worker) : std::string("dtrain fit"));
   for (auto& c : callbacks) c->on_train_end(logs);
   return *history;
+}
+
+std::vector<std::shared_ptr<Callback>> Sequential::begin_fit(const std::shared_ptr<History>& history,
+                                                             const FitOptions& opt) {
+  std::vector<std::shared_ptr<Callback>> callbacks{history};
+  for (const auto& c : opt.callbacks) {
+    if (!c) DTRAIN_THROW(InvalidArgument, "fit: a callback is null");
+    callbacks.push_back(c);
+  }
+  for (auto& c : callbacks) c->set_model(this);
+  stop_training = false;
+  resume_.reset();
+  fit_epoch_ = opt.initial_epoch;
+  fit_batch_ = fit_pending_ = 0;
+  fit_loss_ = nullptr;
+  return callbacks;
+}
+
+void Sequential::set_epoch_logs(Logs& logs, const metrics::Mean& loss_mean) const {
+  logs.set("loss", loss_mean.result());
+  for (const auto& m : metrics_) logs.set(m->name(), m->result());
 }
 
 FitPosition Sequential::fit_position() const {

@@ -43,6 +43,7 @@ struct FitOptions {
   // Under ParameterServerStrategy: the steps a worker runs in one closure (Keras passes
   // steps_per_execution to compile()), amortising the coordinator's scheduling; each step
   // still pulls the weights and pushes its gradients. Several need async consistency.
+  // Other strategies train the same steps either way and ignore it.
   int steps_per_execution = 1;
   std::vector<std::shared_ptr<Callback>> callbacks;
   // 0 silent, 1 a live progress bar, 2 one line per epoch; -1 ("auto") is 1 on a terminal
@@ -176,6 +177,11 @@ class Sequential {
   History serve_remote_fit(RemoteTraining& remote, BatchSource* batches, const FitOptions& options);
   // Builds the model for batches like `x` under its strategy's scope, if not built yet.
   void build_for(const Tensor& x);
+  // What every fit() does first: its callbacks (`history` first, then the given ones, none
+  // null), each told the model; stop_training cleared; the fit position at initial_epoch.
+  std::vector<std::shared_ptr<Callback>> begin_fit(const std::shared_ptr<History>& history, const FitOptions& options);
+  // The epoch's loss and metrics so far, into `logs`.
+  void set_epoch_logs(Logs& logs, const metrics::Mean& loss_mean) const;
   // After a step: records the first non-finite loss or weights in non_finite_.
   void check_finite(int epoch, std::int64_t batch, double loss);
   class Trainer;  // one training step, on one device or on a strategy's replicas

@@ -26,6 +26,35 @@ double mean_value(const Tensor& loss);
 // then the model's configuration (hashed), so a mismatch names a variable where it can.
 std::vector<std::string> describe(const Sequential& model);
 
+// Tells fit's callbacks when fit leaves with an exception (on_train_end is not called then).
+class TrainErrorGuard {
+ public:
+  explicit TrainErrorGuard(const std::vector<std::shared_ptr<Callback>>& callbacks) : callbacks_(callbacks) {}
+  ~TrainErrorGuard() {
+    if (std::uncaught_exceptions() > exceptions_)
+      for (const auto& c : callbacks_) c->on_train_error();
+  }
+  TrainErrorGuard(const TrainErrorGuard&) = delete;
+  TrainErrorGuard& operator=(const TrainErrorGuard&) = delete;
+
+ private:
+  const std::vector<std::shared_ptr<Callback>>& callbacks_;
+  int exceptions_ = std::uncaught_exceptions();
+};
+
+// Sets a pointer into fit's loop back to null when fit ends, however it ends.
+template <typename T>
+class ClearOnExit {
+ public:
+  explicit ClearOnExit(T*& p) : p_(p) {}
+  ~ClearOnExit() { p_ = nullptr; }
+  ClearOnExit(const ClearOnExit&) = delete;
+  ClearOnExit& operator=(const ClearOnExit&) = delete;
+
+ private:
+  T*& p_;
+};
+
 }  // namespace detail
 
 // One training step: forward, backward and, at the end of each group of

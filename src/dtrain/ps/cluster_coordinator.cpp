@@ -1332,7 +1332,13 @@ void PsBackend::train(std::int64_t steps, int steps_per_closure, const Finished&
     }
     const std::vector<double> figures = s.closure->figures;
     lock.unlock();
-    finished(s.first, s.steps, figures);
+    try {
+      finished(s.first, s.steps, figures);
+    } catch (...) {
+      // A callback stopped fit: the closures still out end before it leaves.
+      failure = std::current_exception();
+      break;
+    }
   }
   // Waits for the rest and raises the first error (once: the next join starts clean),
   // then brings this process's variables up to date.
