@@ -22,8 +22,8 @@ for r in $(seq "$rounds"); do
   line16=$(OMP_NUM_THREADS=1 "$dtrain" launch --chief --workers 2 --ps 1 -- "$bench" --push-only 16 --steps 60 --warmup 5 |
     sed -n 's/^\[chief:0\] \(ParameterServerStrategy push-only.*\)/\1/p')
   probe=$(OMP_NUM_THREADS=1 "$dtrain" launch --workers 2 probe-link 2>&1 |
-    sed -n 's/^\[worker:0\] link between 2 workers: \([0-9.]*\) \([A-Za-z/]*\) per direction.*/\1 \2/p')
-  echo "round $r: $line1 | $line16 | loopback link $probe per direction"
+    sed -n 's/^\[worker:0\] link between 2 workers: .*(\([0-9.]*\) GB\/s) per direction.*/\1/p')
+  echo "round $r: $line1 | $line16 | loopback link $probe GB/s per direction"
   one+=("$(sed 's/.*: \([0-9.]*\) closures.*/\1/' <<<"$line1")")
   one_mb+=("$(sed 's/.*closures\/s, \([0-9]*\) MB.*/\1/' <<<"$line1")")
   sixteen+=("$(sed 's/.*: \([0-9.]*\) closures.*/\1/' <<<"$line16")")
@@ -31,4 +31,5 @@ for r in $(seq "$rounds"); do
   link+=("$probe")
 done
 echo "median: 1 MB model $(median "${one[@]}") closures/s ($(median "${one_mb[@]}") MB/s both ways)," \
-  "16 MB model $(median "${sixteen[@]}") closures/s ($(median "${sixteen_mb[@]}") MB/s); loopback: ${link[*]}"
+  "16 MB model $(median "${sixteen[@]}") closures/s ($(median "${sixteen_mb[@]}") MB/s);" \
+  "loopback $(median "${link[@]}") GB/s per direction"
