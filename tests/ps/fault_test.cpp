@@ -137,7 +137,10 @@ class ParameterServerFaults : public testing::TempDirTest {
 
 TEST_F(ParameterServerFaults, AWorkerKilledAfterItsPushHasItsClosureRunAgainAndCountedOnce) {
   constexpr int kSteps = 40;
-  auto tasks = run(2, 1, {"--steps", std::to_string(kSteps), "--kill-task", "worker:1", "--fault-at", "2"}, "worker:1");
+  // ssp(0) makes the workers take turns, so worker:1 reaches its planted fault whatever
+  // the load (async, worker:0 may take every closure first).
+  auto tasks = run(2, 1, {"--steps", std::to_string(kSteps), "--ssp", "0", "--kill-task", "worker:1", "--fault-at", "2"},
+                   "worker:1");
   const Process& chief = tasks.at("chief:0");
   ASSERT_TRUE(exited_ok(chief)) << chief.log;
   const Process& killed = tasks.at("worker:1");
@@ -183,7 +186,7 @@ TEST_F(ParameterServerFaults, AWorkerStartedAgainAfterASigkillRejoinsAndTakesClo
 TEST_F(ParameterServerFaults, AHungWorkerIsFoundByItsMissedHeartbeatsAndItsClosureRunsElsewhere) {
   constexpr int kSteps = 30;
   auto tasks = run(2, 1,
-                   {"--steps", std::to_string(kSteps), "--stop-task", "worker:1", "--fault-at", "2",
+                   {"--steps", std::to_string(kSteps), "--ssp", "0", "--stop-task", "worker:1", "--fault-at", "2",
                     "--worker-timeout", "1.5"},
                    "worker:1");
   const Process& chief = tasks.at("chief:0");

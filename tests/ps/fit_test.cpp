@@ -131,6 +131,27 @@ TEST(ParameterServerFit, TwoWorkersFitADatasetAndEveryStepCountsOnce) {
   EXPECT_LT(chief.history.history["loss"].back(), chief.history.history["loss"].front());
 }
 
+// stop_training set by a callback stops the coordinator handing out steps: fit ends after
+// the closures already out (two a worker ahead), not at the end of the epoch.
+TEST(ParameterServerFit, StopTrainingEndsFitWithinAFewClosures) {
+  const Data d = make_data();
+  constexpr std::int64_t kStopAfter = 3;
+  auto fit = [&](Sequential& m) {
+    auto stop = std::make_shared<LambdaCallback>();
+    stop->batch_end = [&m](std::int64_t batch, const Logs&) {
+      if (batch + 1 >= kStopAfter) m.stop_training = true;
+    };
+    return m.fit(d.x, d.y, {.epochs = 3, .batch_size = kBatch, .callbacks = {stop}, .verbose = 0});
+  };
+  Fitted chief = fit_on_cluster(1, 1, options(), fit);
+  EXPECT_EQ(chief.history.history["loss"].size(), 1u);
+  EXPECT_GE(chief.stats.closures_finished, kStopAfter);
+  EXPECT_LE(chief.stats.closures_finished, kStopAfter + 2);
+  if (!kUnderTsan) {
+    EXPECT_LT(chief.stats.closures_finished, kSamples / kBatch);  // within the first epoch
+  }
+}
+
 TEST(ParameterServerFit, WhatCannotWorkIsRefusedByName) {
   const Data d = make_data();
   LocalCluster cluster(1, 1);  // nobody serves: each error comes before any closure is sent
@@ -154,6 +175,14 @@ TEST(ParameterServerFit, WhatCannotWorkIsRefusedByName) {
             model->fit(data::Dataset::from_tensor_slices({d.x, d.y}).batch(kBatch).repeat(), {.verbose = 0});
           }),
           {"length is unknown", "steps_per_epoch"});
+    auto schedule = std::make_shared<LearningRateScheduler>([](int, double lr) { return lr / 2; });
+    names(testing::message_of<InvalidArgument>(
+              [&] { model->fit(d.x, d.y, {.batch_size = kBatch, .callbacks = {schedule}, .verbose = 0}); }),
+          {"LearningRateScheduler", "learning-rate schedule"});
+    // The first fit above began (and stopped at its first closure): the workers serve one
+    // fit's input for the whole job.
+    names(testing::message_of<InvalidArgument>([&] { model->fit(d.x, d.y, {.batch_size = kBatch, .verbose = 0}); }),
+          {"runs once per strategy"});
   }
 }
 

@@ -274,8 +274,9 @@ int run_fit(const std::string& path, const Overrides& o) {
     if (ps) scope.emplace(ps->scope());
     model = cli::build_model(c);
     model->compile(cli::build_optimizer(c), cli::build_loss(c), c.metrics);
-    // A backup is restored into built weights, before the first batch would build them.
-    if (!checkpoint.dir.empty() && !model->built())
+    // A backup is restored into built weights, before the first batch would build them;
+    // a parameter-server job's chief places them on the ps before the first batch too.
+    if ((!checkpoint.dir.empty() || ps) && !model->built())
       model->build(Shape(std::vector<std::int64_t>(d.train.x.shape().dims().begin() + 1, d.train.x.shape().dims().end())));
   }
   const int worker_index = ps ? (ps->task().type == "worker" ? ps->task().index : -1)
@@ -393,6 +394,12 @@ int run_fit(const std::string& path, const Overrides& o) {
     // run trained.
     j["optimizer_iterations"] = model->optimizer().iterations();
     j["steps_trained"] = steps_trained;
+    if (ps) {
+      // The optimizer steps on the parameter servers, and batch callbacks run once a closure.
+      const distribute::ClusterCoordinator::Statistics s = distribute::ClusterCoordinator(*ps).statistics();
+      j["optimizer_iterations"] = nullptr;
+      j["steps_trained"] = s.steps_finished;
+    }
     if (backup) {
       j["checkpoint_dir"] = checkpoint.dir;
       j["resumed_from"] = backup->resumed_from() ? json(*backup->resumed_from()) : json(nullptr);

@@ -381,6 +381,12 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
     if (t.out >= 0) close(t.out);
     t.out = -1;
     kill(-t.pid, SIGKILL);
+    // Once the chief is done, the job is over: nothing is left for the worker to do.
+    const auto chief = std::find_if(tasks.begin(), tasks.end(), [](const Task& x) { return x.id.type == "chief"; });
+    if (chief != tasks.end() && !chief->running) {
+      t.left_behind = true;
+      return !failed(chief->status);
+    }
     if (launch_result.restarts < o.max_restarts) {
       ++launch_result.restarts;
       launch_result.restart_causes.push_back(cause);
@@ -568,8 +574,13 @@ LaunchResult launch(const LaunchOptions& o) {
     std::vector<std::string> env = common_env;
     env.push_back("DTRAIN_CLUSTER_TOKEN=" + job_token());
     env.push_back("DTRAIN_RESTART_COUNT=" + std::to_string(attempt));
+    // A job restart's start goes before the lone worker restarts made during this attempt.
+    const std::size_t job_restart_at = result.restart_started_seconds.size();
     Attempt a = run_attempt(o, env, started, out, err, result);
-    if (attempt > 0) result.restart_started_seconds.push_back(seconds_between(started, a.started_at));
+    if (attempt > 0)
+      result.restart_started_seconds.insert(
+          result.restart_started_seconds.begin() + static_cast<std::ptrdiff_t>(job_restart_at),
+          seconds_between(started, a.started_at));
     result.failed_task = a.failed_task;
     result.how = a.how;
     result.deadline_passed = a.deadline_passed;

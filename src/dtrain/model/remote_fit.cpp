@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "dtrain/core/clock.h"
+#include "dtrain/core/threads.h"
 #include "dtrain/model/batch_sources.h"
 #include "dtrain/model/progress.h"
 #include "dtrain/model/sequential.h"
@@ -12,6 +13,11 @@ namespace dtrain {
 namespace {
 
 void check_remote_options(const StrategyBackend& strategy, const FitOptions& opt) {
+  for (const auto& c : opt.callbacks)
+    if (dynamic_cast<const LearningRateScheduler*>(c.get()))
+      DTRAIN_THROW(InvalidArgument, "fit under ", strategy.name(), ": LearningRateScheduler changes the optimizer on ",
+                   "the coordinator, while the parameter servers apply updates with the workers' optimizer; give ",
+                   "the optimizer a learning-rate schedule (optim::ExponentialDecay, ...) instead");
   if (opt.gradient_accumulation_steps != 1)
     DTRAIN_THROW(InvalidArgument, "fit under ", strategy.name(), ": gradient_accumulation_steps ",
                  opt.gradient_accumulation_steps, " is not available (every step pushes its gradients, and the ",
@@ -32,6 +38,8 @@ History Sequential::serve_remote_fit(RemoteTraining& remote, BatchSource* batche
   check_remote_options(*strategy_, opt);
   profile::Profiler profiler;
   Trainer trainer(*this, 1, profiler);
+  // The steps run on the server's threads: with this thread's compute threads.
+  const int threads = num_threads();
   std::vector<std::shared_ptr<Callback>> here;
   for (const auto& c : opt.callbacks)
     if (c && c->runs_on_workers()) here.push_back(c);
@@ -43,7 +51,10 @@ History Sequential::serve_remote_fit(RemoteTraining& remote, BatchSource* batche
   // The figures of each closure: rows, the loss's (total, count), each metric's.
   std::vector<double> figures;
   remote.serve([&](int steps, const std::function<void(int)>& before_step) {
-    if (!batches) DTRAIN_THROW(InternalError, "fit: a task with no input was given a closure of training steps");
+    if (!batches)
+      DTRAIN_THROW(InternalError, "fit: a task that is not a worker (", remote.describe(),
+                   ") was given a closure of training steps");
+    const ScopedThreads compute(threads);
     if (!started) {
       batches->begin_epoch(pass);
       started = true;
@@ -74,6 +85,7 @@ History Sequential::serve_remote_fit(RemoteTraining& remote, BatchSource* batche
 
 History Sequential::coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps, const FitOptions& opt) {
   check_remote_options(*strategy_, opt);
+  remote.begin_fit();
   std::ostream& out = opt.out ? *opt.out : std::cout;
   const int verbose = detail::resolve_verbose(opt.verbose, out);
   detail::Progress progress(out, verbose, steps);
@@ -106,8 +118,9 @@ History Sequential::coordinate_remote_fit(RemoteTraining& remote, std::int64_t s
     double samples = 0;
     remote.train(steps, opt.steps_per_execution, [&](std::int64_t first, int n, const std::vector<double>& figures) {
       if (figures.size() != expected)
-        DTRAIN_THROW(InternalError, "fit: a closure returned ", figures.size(), " figures, not ", expected,
-                     " (did every task compile the same metrics?)");
+        DTRAIN_THROW(InvalidArgument, "fit: the closure of steps ", first, " to ", first + n - 1, " returned ",
+                     figures.size(), " figures, not the ", expected, " of this model's loss and ", metrics_.size(),
+                     " metrics: every task must compile the same metrics");
       samples += figures[0];
       loss_mean.merge(figures[1], figures[2]);
       for (std::size_t i = 0; i < metrics_.size(); ++i) metrics_[i]->merge(figures[3 + 2 * i], figures[4 + 2 * i]);
@@ -121,6 +134,7 @@ History Sequential::coordinate_remote_fit(RemoteTraining& remote, std::int64_t s
       for (auto& c : callbacks) c->on_train_batch_begin(first, no_logs);
       for (auto& c : callbacks) c->on_train_batch_end(fit_batch_ - 1, logs);
       progress.update(fit_batch_, logs);
+      return !stop_training;
     });
     const double train_seconds = seconds_since(start);
     // The trained values are here now: validation runs once, on the coordinator.

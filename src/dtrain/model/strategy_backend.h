@@ -76,12 +76,16 @@ class RemoteTraining {
   // A worker or parameter server: answers the coordinator, running `steps` for each of
   // its closures, until the coordinator ends the job.
   virtual void serve(Steps steps) = 0;
+  // The coordinator, at the start of each fit(): the workers serve one fit's steps (its
+  // input, options and callbacks) for the whole job, so a second fit is refused by name.
+  virtual void begin_fit() = 0;
   // Called on the coordinator as each closure ends, in the order they were handed out:
-  // its first step, its number of steps and its figures.
-  using Finished = std::function<void(std::int64_t first_step, int steps, const std::vector<double>& figures)>;
+  // its first step, its number of steps and its figures; returns false to stop handing
+  // out steps (fit's stop_training).
+  using Finished = std::function<bool(std::int64_t first_step, int steps, const std::vector<double>& figures)>;
   // The coordinator: runs `steps` steps on the workers, `steps_per_closure` to a closure,
-  // then copies the trained values into this process's variables. Rethrows the first
-  // error a closure raised.
+  // a few closures ahead of those finished, then copies the trained values into this
+  // process's variables. Rethrows the first error a closure raised.
   virtual void train(std::int64_t steps, int steps_per_closure, const Finished& finished) = 0;
   // The coordinator: what the job has done so far, in one line (closures rerun, pushes
   // applied and refused, staleness).

@@ -224,11 +224,13 @@ class PsBackend final : public StrategyBackend, public RemoteTraining {
   int remote_worker_index() const override;
   std::string describe() const override;
   void serve(Steps steps) override;
+  void begin_fit() override;
   void train(std::int64_t steps, int steps_per_closure, const Finished& finished) override;
   std::string statistics() const override;
 
   // Set while the strategy lives (a model may outlive it).
   PsRuntime* runtime = nullptr;
+  bool fitted = false;  // the chief began a fit
 
  private:
   PsRuntime& alive() const;
@@ -660,7 +662,9 @@ class WorkerService final : public wire::Worker::Service {
       for (const auto& [name, f] : runtime_.functions_) known += (known.empty() ? "'" : ", '") + name + "'";
       return {kNoSuchFunction, runtime_.task_name_ + " has no function '" + request->function() + "' (it defined " +
                                    (known.empty() ? "none" : known) +
-                                   "); every task must define the same functions before serve()"};
+                                   (request->function() == kFitFunction
+                                        ? "); the chief runs model.fit, so every worker must call model.fit too"
+                                        : "); every task must define the same functions before serve()")};
     }
     const auto run_start = Clock::now();
     try {
@@ -689,11 +693,11 @@ class WorkerService final : public wire::Worker::Service {
         });
         reply->mutable_figures()->Add(figures.begin(), figures.end());
       }
+      std::vector<Tensor> results;
+      if (!fn->second.steps) results = it ? fn->second.with_iterator(*it) : fn->second.plain();
       reply->set_pull_seconds(pull_seconds);
       reply->set_push_seconds(sink.push_seconds);
       reply->set_run_seconds(std::chrono::duration<double>(Clock::now() - run_start).count());
-      if (fn->second.steps) return grpc::Status::OK;
-      const std::vector<Tensor> results = it ? fn->second.with_iterator(*it) : fn->second.plain();
       for (const Tensor& t : results) {
         wire::TensorValue* out = reply->add_results();
         const Tensor value = t.dtype() == DType::bf16 ? t.astype(DType::f32) : t;
@@ -983,7 +987,7 @@ void Coordinator::dispatch(int w) {
       workers_[static_cast<std::size_t>(w)].in_flight = nullptr;
       if (stopping_) {
         --running_;
-        closure->finish({}, made<Cancelled>("the ClusterCoordinator was destroyed while the closure ran"));
+        closure->finish({}, made<Cancelled>("the job ended (the strategy was destroyed) while the closure ran"));
         return;
       }
     }
@@ -1203,7 +1207,7 @@ Coordinator::~Coordinator() {
   for (std::thread& t : dispatchers_) t.join();
   heartbeat_.join();
   for (const auto& c : queue_)
-    c->finish({}, made<Cancelled>("the ClusterCoordinator was destroyed before the closure ran"));
+    c->finish({}, made<Cancelled>("the job ended (the strategy was destroyed) before the closure ran"));
   // Tell every task the job is over (those that cannot be reached stop by themselves).
   wire::ShutdownRequest request;
   runtime_->fill(request.mutable_caller());
@@ -1301,6 +1305,15 @@ void PsBackend::serve(Steps steps) {
   rt.serve();
 }
 
+void PsBackend::begin_fit() {
+  alive();
+  if (fitted)
+    DTRAIN_THROW(InvalidArgument, "fit under ParameterServerStrategy runs once per strategy: the workers serve the ",
+                 "first fit's input, options and callbacks until the job ends; to train on, give the first fit more ",
+                 "epochs, or make a new strategy (a new job) for another fit");
+  fitted = true;
+}
+
 void PsBackend::train(std::int64_t steps, int steps_per_closure, const Finished& finished) {
   PsRuntime& rt = alive();
   const Consistency& mode = rt.options_.consistency;
@@ -1317,13 +1330,22 @@ void PsBackend::train(std::int64_t steps, int steps_per_closure, const Finished&
     int steps;
     std::shared_ptr<Closure> closure;
   };
-  std::vector<Scheduled> scheduled;
-  for (std::int64_t first = 0; first < steps; first += steps_per_closure) {
-    const int n = static_cast<int>(std::min<std::int64_t>(steps_per_closure, steps - first));
-    scheduled.push_back({first, n, coordinator.schedule({std::string(kFitFunction), false}, {}, n)});
-  }
+  // Two closures a worker ahead of those finished: enough that no worker waits for the
+  // coordinator, few enough that a stop (an error, stop_training) ends training soon.
+  const std::size_t ahead = 2 * static_cast<std::size_t>(rt.config_.cluster.num_tasks("worker"));
+  std::deque<Scheduled> scheduled;
+  std::int64_t next = 0;
+  auto top_up = [&] {
+    while (next < steps && scheduled.size() < ahead) {
+      const int n = static_cast<int>(std::min<std::int64_t>(steps_per_closure, steps - next));
+      scheduled.push_back({next, n, coordinator.schedule({std::string(kFitFunction), false}, {}, n)});
+      next += n;
+    }
+  };
   std::exception_ptr failure;
-  for (const Scheduled& s : scheduled) {
+  for (top_up(); !scheduled.empty(); top_up()) {
+    const Scheduled s = scheduled.front();
+    scheduled.pop_front();
     std::unique_lock lock(s.closure->mutex);
     s.closure->finished.wait(lock, [&] { return s.closure->done; });
     if (s.closure->error) {
@@ -1333,9 +1355,9 @@ void PsBackend::train(std::int64_t steps, int steps_per_closure, const Finished&
     const std::vector<double> figures = s.closure->figures;
     lock.unlock();
     try {
-      finished(s.first, s.steps, figures);
+      if (!finished(s.first, s.steps, figures)) break;  // stop_training: no more steps
     } catch (...) {
-      // A callback stopped fit: the closures still out end before it leaves.
+      // A callback failed: the few closures still out end before fit leaves.
       failure = std::current_exception();
       break;
     }
