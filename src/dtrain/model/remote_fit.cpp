@@ -106,13 +106,8 @@ History Sequential::coordinate_remote_fit(RemoteTraining& remote, std::int64_t s
   const std::size_t expected = 3 + 2 * metrics_.size();
   const Logs no_logs;
   for (int epoch = opt.initial_epoch; epoch < opt.epochs && !stop_training; ++epoch) {
-    reset_metrics();
     metrics::Mean loss_mean("loss");
-    fit_loss_ = &loss_mean;
-    fit_epoch_ = epoch;
-    fit_batch_ = 0;
-    logs.clear();
-    for (auto& c : callbacks) c->on_epoch_begin(epoch, logs);
+    begin_epoch(epoch, loss_mean, logs, callbacks);
     progress.epoch_begin(epoch, opt.epochs);
     const auto start = Clock::now();
     double samples = 0;

@@ -316,13 +316,8 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   const detail::ClearOnExit clear_loss(fit_loss_);  // fit_loss_ points into the loop
 
   for (int epoch = resume ? resume->epoch : opt.initial_epoch; epoch < opt.epochs && !stop_training; ++epoch) {
-    reset_metrics();
     metrics::Mean loss_mean("loss");
-    fit_loss_ = &loss_mean;
-    fit_epoch_ = epoch;
-    fit_batch_ = 0;
-    logs.clear();
-    for (auto& c : callbacks) c->on_epoch_begin(epoch, logs);
+    begin_epoch(epoch, loss_mean, logs, callbacks);
     progress.epoch_begin(epoch, opt.epochs);
     std::int64_t step = 0, samples = 0;
     if (resume && epoch == resume->epoch) {
@@ -454,6 +449,16 @@ std::vector<std::shared_ptr<Callback>> Sequential::begin_fit(const std::shared_p
   fit_batch_ = fit_pending_ = 0;
   fit_loss_ = nullptr;
   return callbacks;
+}
+
+void Sequential::begin_epoch(int epoch, const metrics::Mean& loss_mean, Logs& logs,
+                             const std::vector<std::shared_ptr<Callback>>& callbacks) {
+  reset_metrics();
+  fit_loss_ = &loss_mean;
+  fit_epoch_ = epoch;
+  fit_batch_ = 0;
+  logs.clear();
+  for (auto& c : callbacks) c->on_epoch_begin(epoch, logs);
 }
 
 void Sequential::set_epoch_logs(Logs& logs, const metrics::Mean& loss_mean) const {

@@ -182,6 +182,10 @@ class Sequential {
   std::vector<std::shared_ptr<Callback>> begin_fit(const std::shared_ptr<History>& history, const FitOptions& options);
   // The epoch's loss and metrics so far, into `logs`.
   void set_epoch_logs(Logs& logs, const metrics::Mean& loss_mean) const;
+  // The start of each of fit's epochs: metrics cleared, the fit position at the epoch's
+  // start (its loss in `loss_mean`), `logs` emptied, the callbacks told.
+  void begin_epoch(int epoch, const metrics::Mean& loss_mean, Logs& logs,
+                   const std::vector<std::shared_ptr<Callback>>& callbacks);
   // After a step: records the first non-finite loss or weights in non_finite_.
   void check_finite(int epoch, std::int64_t batch, double loss);
   class Trainer;  // one training step, on one device or on a strategy's replicas
