@@ -10,8 +10,9 @@
 // --then-steps N: after joining, the chief waits until every worker answers again (one
 // killed and started again rejoins) and schedules N more closures. --ssp K: ssp(K)
 // consistency instead of async.
-// The chief checks that every closure returned one finite loss. An error goes to stderr
-// with exit code 1.
+// The chief checks that every closure returned one finite loss. The task runs as one
+// gtest test: a failed check or an error ends it with exit code 1.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -55,7 +56,7 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-int run(const Args& args) {
+void run(const Args& args) {
   distribute::ParameterServerOptions options;
   options.worker_timeout_seconds = args.worker_timeout;
   options.coordinator_timeout_seconds = args.coordinator_timeout;
@@ -66,7 +67,7 @@ int run(const Args& args) {
   const std::string me = strategy.task().to_string();
   if (strategy.task().type == "ps") {
     coordinator.serve();
-    return 0;
+    return;
   }
   std::unique_ptr<Sequential> model;
   std::unique_ptr<optim::Adam> optimizer;
@@ -99,7 +100,7 @@ int run(const Args& args) {
   });
   if (strategy.task().type == "worker") {
     coordinator.serve();
-    return 0;
+    return;
   }
   coordinator.wait_for_workers(strategy.num_workers());  // the planted fault needs worker:1 at work
   auto it = per_worker.iterator();
@@ -119,9 +120,9 @@ int run(const Args& args) {
   // scalar. Anything else fails the task, and with it the parent test.
   for (std::size_t i = 0; i < values.size(); ++i) {
     const std::vector<Tensor>& result = values[i].fetch();
-    if (result.size() != 1 || result[0].numel() != 1 || !std::isfinite(result[0].item()))
-      throw InternalError("ps_task: closure " + std::to_string(i) + " returned " + std::to_string(result.size()) +
-                          " values instead of one finite loss");
+    ASSERT_EQ(result.size(), 1u) << "closure " << i;
+    ASSERT_EQ(result[0].numel(), 1) << "closure " << i;
+    EXPECT_TRUE(std::isfinite(result[0].item())) << "closure " << i << " returned loss " << result[0].item();
   }
   const auto st = coordinator.statistics();
   std::printf("stats scheduled=%lld finished=%lld rerun=%lld lost=%lld applied=%lld refused=%lld",
@@ -132,16 +133,24 @@ int run(const Args& args) {
     std::printf(" worker%zu=%lld", w, static_cast<long long>(st.closures_per_worker[w]));
   std::printf("\n");
   std::fflush(stdout);
-  return 0;
+  return;
 }
+
+Args args;
+
+// The task as one test: an error (a failed check, or an exception such as the coordinator
+// falling silent) fails it, and the process exits 1.
+TEST(PsTask, PlaysItsPart) { run(args); }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
   try {
-    return run(parse(argc, argv));
+    args = parse(argc, argv);
   } catch (const std::exception& e) {
     std::cerr << "ps_task: " << e.what() << "\n";
     return 1;
   }
+  return RUN_ALL_TESTS();
 }

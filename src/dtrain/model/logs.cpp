@@ -28,4 +28,8 @@ double Logs::at(const std::string& name) const {
   DTRAIN_THROW(InvalidArgument, "no log named '", name, "' (available: ", keys.empty() ? "none" : keys, ")");
 }
 
+void Logs::update(const Logs& other) {
+  for (const auto& [k, v] : other.items()) set(k, v);
+}
+
 }  // namespace dtrain

@@ -11,6 +11,8 @@ namespace dtrain {
 class Logs {
  public:
   void set(const std::string& name, double value);
+  // Sets every value of `other` (Python's dict.update).
+  void update(const Logs& other);
   bool contains(const std::string& name) const;
   // Throws InvalidArgument naming the key and the keys present.
   double at(const std::string& name) const;

@@ -134,11 +134,9 @@ History Sequential::coordinate_remote_fit(RemoteTraining& remote, std::int64_t s
     const double train_seconds = seconds_since(start);
     // The trained values are here now: validation runs once, on the coordinator.
     if (opt.validation_dataset) {
-      Logs val = run_evaluation(*opt.validation_dataset, "val_");
-      for (const auto& [k, v] : val.items()) logs.set(k, v);
+      logs.update(run_evaluation(*opt.validation_dataset, "val_"));
     } else if (opt.validation_data) {
-      Logs val = run_evaluation(opt.validation_data->first, opt.validation_data->second, opt.batch_size, "val_");
-      for (const auto& [k, v] : val.items()) logs.set(k, v);
+      logs.update(run_evaluation(opt.validation_data->first, opt.validation_data->second, opt.batch_size, "val_"));
     }
     const double epoch_seconds = seconds_since(start);
     history->epoch_seconds.push_back(epoch_seconds);

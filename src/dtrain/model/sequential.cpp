@@ -410,11 +410,9 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
       // Per-worker validation data is evaluated by every worker and summed; global data
       // is evaluated whole everywhere, giving every worker the same figures.
       DatasetBatches batches(*validation, 0, "evaluate");
-      Logs val = run_evaluation(batches, "val_", workers > 1 && batches.per_worker());
-      for (const auto& [k, v] : val.items()) logs.set(k, v);
+      logs.update(run_evaluation(batches, "val_", workers > 1 && batches.per_worker()));
     } else if (opt.validation_data) {
-      Logs val = run_evaluation(opt.validation_data->first, opt.validation_data->second, opt.batch_size, "val_");
-      for (const auto& [k, v] : val.items()) logs.set(k, v);
+      logs.update(run_evaluation(opt.validation_data->first, opt.validation_data->second, opt.batch_size, "val_"));
     }
     const double epoch_seconds = seconds_since(start);
     history->epoch_seconds.push_back(epoch_seconds);
