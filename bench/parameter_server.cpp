@@ -6,6 +6,7 @@
 // --push-only MB: instead, a model of one MB-megabyte variable whose closures compute
 // nothing (a gradient of ones, plain SGD): each closure is one pull and one push, and the
 // line gives closures/s and the megabytes/s they moved both ways.
+// --shared-memory 0: values and gradients through gRPC even where the tasks share a host.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -22,6 +23,7 @@ struct Args {
   std::string mode = "async";
   int slow_worker = -1, slow_factor = 1;
   int push_only_mb = 0;
+  bool shared_memory = true;
 };
 
 distribute::Consistency parse_mode(const std::string& m) {
@@ -34,6 +36,7 @@ distribute::Consistency parse_mode(const std::string& m) {
 int run(const Args& args) {
   distribute::ParameterServerOptions options;
   options.consistency = parse_mode(args.mode);
+  options.shared_memory = args.shared_memory;
   distribute::ParameterServerStrategy strategy(options);
   distribute::ClusterCoordinator coordinator(strategy);
   if (strategy.task().type == "ps") return coordinator.serve(), 0;
@@ -120,6 +123,7 @@ int main(int argc, char** argv) {
       else if (k == "--slow-worker") a.slow_worker = std::stoi(v);
       else if (k == "--slow-factor") a.slow_factor = std::stoi(v);
       else if (k == "--push-only") a.push_only_mb = std::stoi(v);
+      else if (k == "--shared-memory") a.shared_memory = v != "0";
       else throw InvalidArgument("bench_parameter_server: unknown option " + k);
     }
     return run(a);

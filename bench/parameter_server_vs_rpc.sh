@@ -3,7 +3,9 @@
 # batch 64, Adam: dtrain's ParameterServerStrategy (bench_parameter_server under
 # `dtrain launch --chief --workers 2 --ps 1`) against a PyTorch parameter server over
 # torch.distributed.rpc (bench/peers/pytorch_ps.py), taking turns ROUNDS times; prints
-# each round and the medians of global samples/s.
+# each round and the medians of global samples/s. dtrain runs twice a round: as it is (the
+# tasks share this host, so values and gradients go through shared memory) and with
+# `--shared-memory 0` (through gRPC messages, as between hosts).
 #
 #   bench/parameter_server_vs_rpc.sh [ROUNDS=5] [extra bench_parameter_server flags...]
 set -euo pipefail
@@ -17,17 +19,24 @@ bench="$here/build/release/bench/bench_parameter_server"
 /usr/bin/python3 -c "import torch" 2>/dev/null ||
   { echo "parameter_server_vs_rpc.sh: /usr/bin/python3 has no torch; run scripts/install-deps.sh --peers" >&2; exit 1; }
 
-ours=() theirs=()
+ours=() grpc=() theirs=()
+run_ours() {
+  OMP_NUM_THREADS=1 "$dtrain" launch --chief --workers 2 --ps 1 -- "$bench" --steps 200 "$@" |
+    sed -n 's/^\[chief:0\] ParameterServerStrategy [a-z0-9()]* \([0-9]*\) samples.*/\1/p'
+}
 for r in $(seq "$rounds"); do
-  d=$(OMP_NUM_THREADS=1 "$dtrain" launch --chief --workers 2 --ps 1 -- "$bench" --steps 200 "$@" |
-    sed -n 's/^\[chief:0\] ParameterServerStrategy [a-z0-9()]* \([0-9]*\) samples.*/\1/p')
+  d=$(run_ours "$@")
+  g=$(run_ours --shared-memory 0 "$@")
   t=$(/usr/bin/python3 "$here/bench/peers/pytorch_ps.py" --workers 2 --steps 200 2>/dev/null |
     /usr/bin/python3 -c 'import json,sys; print(round(json.loads(sys.stdin.readlines()[-1])["samples_per_second"]))')
-  echo "round $r: dtrain $d samples/s, PyTorch RPC $t samples/s"
+  echo "round $r: dtrain $d samples/s (gRPC only: $g), PyTorch RPC $t samples/s"
   ours+=("$d")
+  grpc+=("$g")
   theirs+=("$t")
 done
 source "$here/bench/median.sh"
 m_ours=$(median "${ours[@]}")
+m_grpc=$(median "${grpc[@]}")
 m_theirs=$(median "${theirs[@]}")
-echo "median: dtrain $m_ours samples/s, PyTorch RPC $m_theirs samples/s, ratio $(awk "BEGIN {printf \"%.2f\", $m_ours / $m_theirs}")"
+echo "median: dtrain $m_ours samples/s (gRPC only: $m_grpc), PyTorch RPC $m_theirs samples/s," \
+  "ratio $(awk "BEGIN {printf \"%.2f\", $m_ours / $m_theirs}") ($(awk "BEGIN {printf \"%.2f\", $m_grpc / $m_theirs}") through gRPC)"

@@ -5,10 +5,12 @@
 # `dtrain probe-link` measures between two processes in the same run. ROUNDS rounds,
 # taking turns; prints each round and the medians.
 #
-#   bench/ps_push_throughput.sh [ROUNDS=3]
+#   bench/ps_push_throughput.sh [ROUNDS=3] [extra bench_parameter_server flags...]
+# (`--shared-memory 0`: through gRPC messages, as between hosts.)
 set -euo pipefail
 
 rounds=${1:-3}
+shift || true
 here=$(cd "$(dirname "$0")/.." && pwd)
 dtrain="$here/build/release/dtrain"
 bench="$here/build/release/bench/bench_parameter_server"
@@ -17,9 +19,9 @@ source "$here/bench/median.sh"
 
 one=() sixteen=() one_mb=() sixteen_mb=() link=()
 for r in $(seq "$rounds"); do
-  line1=$(OMP_NUM_THREADS=1 "$dtrain" launch --chief --workers 2 --ps 1 -- "$bench" --push-only 1 --steps 400 --warmup 20 |
+  line1=$(OMP_NUM_THREADS=1 "$dtrain" launch --chief --workers 2 --ps 1 -- "$bench" --push-only 1 --steps 400 --warmup 20 "$@" |
     sed -n 's/^\[chief:0\] \(ParameterServerStrategy push-only.*\)/\1/p')
-  line16=$(OMP_NUM_THREADS=1 "$dtrain" launch --chief --workers 2 --ps 1 -- "$bench" --push-only 16 --steps 60 --warmup 5 |
+  line16=$(OMP_NUM_THREADS=1 "$dtrain" launch --chief --workers 2 --ps 1 -- "$bench" --push-only 16 --steps 60 --warmup 5 "$@" |
     sed -n 's/^\[chief:0\] \(ParameterServerStrategy push-only.*\)/\1/p')
   probe=$(OMP_NUM_THREADS=1 "$dtrain" launch --workers 2 probe-link 2>&1 |
     sed -n 's/^\[worker:0\] link between 2 workers: .*(\([0-9.]*\) GB\/s) per direction.*/\1/p')

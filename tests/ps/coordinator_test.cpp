@@ -102,12 +102,14 @@ struct ClusterRun {
   std::vector<float> losses;
 };
 ClusterRun train_on_cluster(int workers, int num_ps, distribute::Partitioner partitioner, int steps,
-                            distribute::Consistency mode = {}, std::chrono::milliseconds straggler_delay = {}) {
+                            distribute::Consistency mode = {}, std::chrono::milliseconds straggler_delay = {},
+                            bool shared_memory = true) {
   LocalCluster cluster(workers, num_ps);
   ClusterRun run;
   Tasks tasks;
   ParameterServerOptions o = options(partitioner);
   o.consistency = mode;
+  o.shared_memory = shared_memory;
   for (int p = 0; p < num_ps; ++p) tasks.add([&, p] { ps_program(cluster.config("ps", p), o); });
   // The last worker is the straggler, if any.
   for (int w = 0; w < workers; ++w)
@@ -149,16 +151,24 @@ TEST(ParameterServerStrategy, OneWorkerGivesOneDevicesWeightsForEveryPartitioner
   struct Case {
     int num_ps;
     distribute::Partitioner partitioner;
+    bool shared_memory = true;  // false: values and gradients in gRPC messages
   };
   const std::vector<Case> cases = {{1, {}},
+                                   {1, {}, false},
                                    {2, {}},
                                    {2, distribute::FixedShardsPartitioner(2)},
                                    {3, distribute::FixedShardsPartitioner(5)},  // the 3-row kernel in 3 shards
+                                   {3, distribute::FixedShardsPartitioner(5), false},
                                    {3, distribute::MinSizePartitioner(64, 3)}};
   for (const Case& c : cases) {
     if (kUnderTsan && c.num_ps == 2) continue;
-    SCOPED_TRACE(std::to_string(c.num_ps) + " ps, " + c.partitioner.description());
-    ClusterRun run = train_on_cluster(1, c.num_ps, c.partitioner, kSteps);
+    SCOPED_TRACE(std::to_string(c.num_ps) + " ps, " + c.partitioner.description() +
+                 (c.shared_memory ? ", shared memory" : ", gRPC only"));
+    ClusterRun run = train_on_cluster(1, c.num_ps, c.partitioner, kSteps, {}, {}, c.shared_memory);
+    // Every task shares this host: with shared memory on, no value or gradient goes
+    // through a message.
+    EXPECT_GT(c.shared_memory ? run.stats.shared_memory_bytes : run.stats.message_bytes, 0);
+    EXPECT_EQ(c.shared_memory ? run.stats.message_bytes : run.stats.shared_memory_bytes, 0);
     EXPECT_LE(testing::relative_difference(*run.trainer->model, *reference.model), 1e-5);
     ASSERT_EQ(run.losses.size(), reference_losses.size());
     for (int s = 0; s < kSteps; ++s) EXPECT_NEAR(run.losses[s], reference_losses[s], 1e-5) << "step " << s;

@@ -385,7 +385,8 @@ int run_fit(const std::string& path, const Overrides& o) {
       // Seconds over the job: on the workers (pull, push, whole closures), at the ps.
       j["ps_phases"] = {{"steps", s.steps_finished},     {"pull_seconds", s.pull_seconds},
                         {"push_seconds", s.push_seconds}, {"worker_seconds", s.run_seconds},
-                        {"apply_seconds", s.apply_seconds}, {"queue_seconds", s.queue_seconds}};
+                        {"apply_seconds", s.apply_seconds}, {"queue_seconds", s.queue_seconds},
+                        {"shared_memory_bytes", s.shared_memory_bytes}, {"message_bytes", s.message_bytes}};
     }
     j["threads_per_replica"] = threads_per_replica;
     j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;

@@ -58,18 +58,6 @@ std::string read_link(const char* path) {
   return n > 0 ? std::string(buffer, static_cast<std::size_t>(n)) : std::string("?");
 }
 
-// What ranks must have in common to share a segment: the kernel (its boot), the network
-// namespace (namespaces that emulate hosts keep their links) and the process namespace
-// (peers' pids are watched). Read once per process.
-const std::string& host_identity() {
-  static const std::string identity = [] {
-    std::string boot;
-    std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-    return (boot.empty() ? "?" : boot) + " " + read_link("/proc/self/ns/net") + " " + read_link("/proc/self/ns/pid");
-  }();
-  return identity;
-}
-
 using detail::bytes_of;
 using detail::rank_name;
 using detail::string_of;
@@ -172,46 +160,16 @@ Offered share_segment(gloo::rendezvous::Store& store, const std::string& key, in
   why_not.clear();
   const std::string& identity = host_identity();
   Offered out;
-  std::string name;
-  struct Unlink {
-    std::string& name;
-    int lock = -1;  // holds the creator's lock on the segment while it is named
-    ~Unlink() {
-      if (!name.empty()) ::shm_unlink(name.c_str());
-      if (lock >= 0) ::close(lock);
-    }
-  } unlink{name};
-  auto map = [&](int fd) -> std::string {
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-    ::close(fd);
-    if (p == MAP_FAILED) return std::string("cannot map it: ") + std::strerror(errno);
-    out.mapping = SharedMapping(p, bytes);
-    return "";
-  };
+  NamedSegment made;  // rank 0's: its name goes when this function returns
   std::string problem = refuse;  // this rank's, if any
   if (problem.empty() && identity.find('?') != std::string::npos)
     problem = "cannot tell which host and namespaces this process is in (/proc: " + identity + ")";
   if (rank == 0) {
-    std::random_device random;
-    std::ostringstream n;
-    n << "/dtrain-" << ::getpid() << "-" << std::hex << random() << random();
-    auto create = [&]() -> std::string {
-      remove_orphaned_segments();
-      const int fd = ::shm_open(n.str().c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-      if (fd < 0) return "cannot create " + n.str() + " in /dev/shm: " + std::strerror(errno);
-      name = n.str();
-      if (::flock(fd, LOCK_EX) == 0) unlink.lock = ::dup(fd);
-      // Reserved up front: a /dev/shm too small is this message, not a SIGBUS mid-step.
-      if (const int e = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); e != 0) {
-        ::close(fd);
-        return "cannot reserve " + std::to_string((bytes + (1u << 20) - 1) >> 20) + " MiB in /dev/shm: " +
-               std::strerror(e);
-      }
-      if (std::string failed = map(fd); !failed.empty()) return failed;
-      return "";
-    };
-    if (problem.empty()) problem = create();
-    store.set(key + "/offer", bytes_of(problem.empty() ? "segment " + name + " " + identity : "none " + problem));
+    if (problem.empty()) {
+      made = NamedSegment::create(bytes, problem);
+      out.mapping = std::move(made.mapping);
+    }
+    store.set(key + "/offer", bytes_of(problem.empty() ? "segment " + made.name() + " " + identity : "none " + problem));
   } else {
     try {
       store.wait({key + "/offer"}, timeout);
@@ -231,14 +189,9 @@ Offered share_segment(gloo::rendezvous::Store& store, const std::string& key, in
       if (theirs != identity)
         return "not on " + rank_name(names, 0) + "'s host, or in another network or process namespace (" + identity +
                " against " + theirs + ")";
-      const int fd = ::shm_open(segment.c_str(), O_RDWR, 0);
-      if (fd < 0) return "cannot open " + segment + ": " + std::strerror(errno);
-      struct stat st {};
-      if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes) {
-        ::close(fd);
-        return segment + " is not the size this rank expects";
-      }
-      return map(fd);
+      std::string failed;
+      out.mapping = open_segment(segment, bytes, failed);
+      return failed;
     };
     if (problem.empty()) problem = attach();
   }
@@ -267,6 +220,18 @@ Offered share_segment(gloo::rendezvous::Store& store, const std::string& key, in
 
 }  // namespace
 
+// What ranks must have in common to share a segment: the kernel (its boot), the network
+// namespace (namespaces that emulate hosts keep their links) and the process namespace
+// (peers' pids are watched). Read once per process.
+const std::string& host_identity() {
+  static const std::string identity = [] {
+    std::string boot;
+    std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+    return (boot.empty() ? "?" : boot) + " " + read_link("/proc/self/ns/net") + " " + read_link("/proc/self/ns/pid");
+  }();
+  return identity;
+}
+
 SharedMapping::~SharedMapping() {
   if (base_) ::munmap(base_, bytes_);
 }
@@ -281,6 +246,80 @@ SharedMapping& SharedMapping::operator=(SharedMapping&& other) noexcept {
     bytes_ = std::exchange(other.bytes_, 0);
   }
   return *this;
+}
+
+NamedSegment NamedSegment::create(std::size_t bytes, std::string& why_not) {
+  why_not.clear();
+  remove_orphaned_segments();
+  std::random_device random;
+  std::ostringstream n;
+  n << "/dtrain-" << ::getpid() << "-" << std::hex << random() << random();
+  NamedSegment made;
+  const int fd = ::shm_open(n.str().c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) {
+    why_not = "cannot create " + n.str() + " in /dev/shm: " + std::strerror(errno);
+    return made;
+  }
+  made.name_ = n.str();
+  if (::flock(fd, LOCK_EX) == 0) made.lock_ = ::dup(fd);
+  // Reserved up front: a /dev/shm too small is this message, not a SIGBUS mid-step.
+  if (const int e = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); e != 0) {
+    ::close(fd);
+    why_not = "cannot reserve " + std::to_string((bytes + (1u << 20) - 1) >> 20) + " MiB in /dev/shm: " + std::strerror(e);
+    return made;
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    why_not = std::string("cannot map it: ") + std::strerror(errno);
+    return made;
+  }
+  made.mapping = SharedMapping(p, bytes);
+  return made;
+}
+
+NamedSegment::~NamedSegment() { remove_name(); }
+
+NamedSegment::NamedSegment(NamedSegment&& other) noexcept
+    : mapping(std::move(other.mapping)), name_(std::exchange(other.name_, {})), lock_(std::exchange(other.lock_, -1)) {}
+
+NamedSegment& NamedSegment::operator=(NamedSegment&& other) noexcept {
+  if (this != &other) {
+    remove_name();
+    mapping = std::move(other.mapping);
+    name_ = std::exchange(other.name_, {});
+    lock_ = std::exchange(other.lock_, -1);
+  }
+  return *this;
+}
+
+void NamedSegment::remove_name() {
+  if (!name_.empty()) ::shm_unlink(name_.c_str());
+  name_.clear();
+  if (lock_ >= 0) ::close(lock_);
+  lock_ = -1;
+}
+
+SharedMapping open_segment(const std::string& name, std::size_t bytes, std::string& why_not) {
+  why_not.clear();
+  const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    why_not = "cannot open " + name + ": " + std::strerror(errno);
+    return {};
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes) {
+    ::close(fd);
+    why_not = name + " is not the size this process expects";
+    return {};
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    why_not = std::string("cannot map ") + name + ": " + std::strerror(errno);
+    return {};
+  }
+  return SharedMapping(p, bytes);
 }
 
 SharedBuffer::SharedBuffer(SharedMapping mapping, int rank, int size, std::size_t count, std::size_t stride)

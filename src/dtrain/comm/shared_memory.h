@@ -55,6 +55,37 @@ class SharedMapping {
   std::size_t bytes_ = 0;
 };
 
+// What processes must have in common to share a segment: the kernel (its boot), the
+// network namespace (namespaces that emulate hosts keep their links) and the process
+// namespace. Read once per process; a part it cannot read is "?".
+const std::string& host_identity();
+
+// A segment this process made: mapped here, and named in /dev/shm ("/dtrain-PID-HEX") until
+// remove_name() or destruction, so that others can open it meanwhile. The segments of
+// processes that died before removing their names are removed by the next create().
+class NamedSegment {
+ public:
+  NamedSegment() = default;
+  // `bytes` zeros, reserved up front (a /dev/shm too small is `why_not`, not a SIGBUS
+  // later); an unmapped segment and `why_not` where it cannot be had.
+  static NamedSegment create(std::size_t bytes, std::string& why_not);
+  ~NamedSegment();
+  NamedSegment(NamedSegment&& other) noexcept;
+  NamedSegment& operator=(NamedSegment&& other) noexcept;
+  const std::string& name() const { return name_; }
+  void remove_name();  // the mapping stays
+
+  SharedMapping mapping;
+
+ private:
+  std::string name_;
+  int lock_ = -1;  // held while named: a live creator in another process namespace keeps its segment
+};
+
+// Maps the segment `name` made by another process, which must hold exactly `bytes`; an
+// unmapped one and `why_not` otherwise.
+SharedMapping open_segment(const std::string& name, std::size_t bytes, std::string& why_not);
+
 // `count` floats per rank, every rank's copy mapped into every rank.
 class SharedBuffer {
  public:

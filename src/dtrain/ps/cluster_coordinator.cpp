@@ -18,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include "dtrain/comm/shared_memory.h"
 #include "dtrain/core/error.h"
 #include "dtrain/distribute/worker_comm.h"
 #include "dtrain/model/compile_config.h"
@@ -288,6 +289,25 @@ class PsRuntime final : public dtrain::detail::VariableTracker {
   // Pulls every shard into `vars`; returns each ps's version.
   std::vector<std::int64_t> pull(const std::vector<Variable*>& vars, const std::vector<ShardPlacement>& placement);
 
+  // A segment of shared memory a ps on this host made for this task: values are pulled
+  // into its first area and gradients pushed from its second, with only small messages
+  // through gRPC.
+  struct Lane {
+    comm::SharedMapping mapping;  // unmapped: none (yet)
+    std::string segment;
+    std::map<std::pair<int, int>, std::uint64_t> offsets;  // (variable, shard) -> offset in each area
+    std::uint64_t gradients_offset = 0;
+    std::string why_not;  // set: the ps cannot share memory with this task; gRPC only
+    char* values(std::pair<int, int> shard) const { return mapping.base() + offsets.at(shard); }
+    char* gradients(std::pair<int, int> shard) const { return values(shard) + gradients_offset; }
+  };
+  // Held through each pull and push: the lanes and their areas are used by one at a time.
+  std::mutex lanes_mutex_;
+  // The lane to ps p for the shards `placement` puts there, attached on first use; null
+  // where shared memory is off, the ps is on another host or the segment cannot be had.
+  Lane* lane(int p, const std::vector<Variable*>& vars, const std::vector<ShardPlacement>& placement);
+  void drop_lane(int p) { lanes_.at(static_cast<std::size_t>(p)) = Lane{}; }
+
   cluster::TfConfig config_;
   ParameterServerOptions options_;
   std::string token_;
@@ -317,6 +337,7 @@ class PsRuntime final : public dtrain::detail::VariableTracker {
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<wire::ParameterServer::Stub>> ps_stubs_;
   std::vector<std::unique_ptr<wire::Worker::Stub>> worker_stubs_;
+  std::vector<Lane> lanes_;  // [ps]
   std::atomic<Clock::rep> last_heard_{Clock::now().time_since_epoch().count()};
   std::mutex coordinator_mutex_;
   std::unique_ptr<Coordinator> coordinator_;
@@ -350,6 +371,7 @@ PsRuntime::PsRuntime(cluster::TfConfig config, ParameterServerOptions options)
   coordinator_timeout_ = seconds_or(options_.coordinator_timeout_seconds, 30);
   ps_stubs_.resize(static_cast<std::size_t>(c.num_tasks("ps")));
   worker_stubs_.resize(static_cast<std::size_t>(c.num_tasks("worker")));
+  lanes_.resize(static_cast<std::size_t>(c.num_tasks("ps")));
   dtrain::detail::track_variables(backend_->id(), this);
   backend_->runtime = this;
 }
@@ -423,11 +445,62 @@ void PsRuntime::call_every_ps(const std::vector<Request>& requests, std::vector<
       throw_status(statuses[i], task_name_ + " " + doing + " " + describe({"ps", static_cast<int>(i)}));
 }
 
+PsRuntime::Lane* PsRuntime::lane(int p, const std::vector<Variable*>& vars,
+                                  const std::vector<ShardPlacement>& placement) {
+  Lane& lane = lanes_.at(static_cast<std::size_t>(p));
+  if (!options_.shared_memory || !lane.why_not.empty()) return nullptr;
+  if (lane.mapping) return &lane;
+  wire::AttachRequest request;
+  fill(request.mutable_caller());
+  request.set_host(comm::host_identity());
+  wire::AttachReply reply;
+  grpc::ClientContext context;
+  set_deadline(context, rpc_timeout_);
+  // A failed call is tried again next time; the pull or push through gRPC says what is wrong.
+  if (!ps(p).Attach(&context, request, &reply).ok()) return nullptr;
+  if (reply.segment().empty()) {
+    lane.why_not = reply.why_not();
+    return nullptr;
+  }
+  // The segment must fit this task's shards exactly; where it does not (another model),
+  // the pulls through gRPC name the difference.
+  std::size_t on_p = 0;
+  for (const ShardPlacement& s : placement) on_p += s.ps == p;
+  for (const wire::SegmentPlace& place : reply.places()) {
+    const auto v = static_cast<std::size_t>(place.variable());
+    const auto at = std::find_if(placement.begin(), placement.end(), [&](const ShardPlacement& s) {
+      return s.index == v && static_cast<int>(s.shard) == place.shard() && s.ps == p;
+    });
+    if (at == placement.end() || v >= vars.size() ||
+        rows_bytes(vars[v]->value(), at->row_begin, at->row_end).size() != place.bytes() ||
+        place.offset() + place.bytes() > reply.gradients_offset() ||
+        reply.gradients_offset() + place.offset() + place.bytes() > reply.bytes()) {
+      lane.why_not = describe({"ps", p}) + " holds shards this task's model does not";
+      return nullptr;
+    }
+    lane.offsets[{place.variable(), place.shard()}] = place.offset();
+  }
+  if (lane.offsets.size() != on_p) {
+    lane = Lane{.why_not = describe({"ps", p}) + " holds other shards than this task's model places there"};
+    return nullptr;
+  }
+  lane.mapping = comm::open_segment(reply.segment(), reply.bytes(), lane.why_not);
+  if (!lane.mapping) return nullptr;
+  lane.segment = reply.segment();
+  lane.gradients_offset = reply.gradients_offset();
+  return &lane;
+}
+
 std::vector<std::int64_t> PsRuntime::pull(const std::vector<Variable*>& vars,
                                           const std::vector<ShardPlacement>& placement) {
   const int num_ps = config_.cluster.num_tasks("ps");
+  std::lock_guard lanes_lock(lanes_mutex_);
   std::vector<wire::PullRequest> requests(static_cast<std::size_t>(num_ps));
-  for (wire::PullRequest& r : requests) fill(r.mutable_caller());
+  for (int p = 0; p < num_ps; ++p) {
+    wire::PullRequest& r = requests[static_cast<std::size_t>(p)];
+    fill(r.mutable_caller());
+    if (const Lane* l = lane(p, vars, placement)) r.set_segment(l->segment);
+  }
   std::vector<wire::PullReply> replies;
   call_every_ps(requests, replies, "pulling from", [](auto& stub, auto* context, auto* request, auto* reply, auto done) {
     stub.async()->Pull(context, request, reply, std::move(done));
@@ -436,6 +509,17 @@ std::vector<std::int64_t> PsRuntime::pull(const std::vector<Variable*>& vars,
   for (int p = 0; p < num_ps; ++p) {
     const auto i = static_cast<std::size_t>(p);
     versions[i] = replies[i].version();
+    if (replies[i].in_segment()) {
+      const Lane& l = lanes_[i];
+      for (const ShardPlacement& s : placement) {
+        if (s.ps != p) continue;
+        const std::string_view target = rows_bytes(vars[s.index]->mutable_value(), s.row_begin, s.row_end);
+        std::memcpy(const_cast<char*>(target.data()), l.values({static_cast<int>(s.index), static_cast<int>(s.shard)}),
+                    target.size());
+      }
+      continue;
+    }
+    if (!requests[i].segment().empty()) drop_lane(p);  // the ps started again: attach anew next time
     for (const wire::Rows& rows : replies[i].shards()) {
       const auto v = static_cast<std::size_t>(rows.variable());
       const ShardPlacement* where = nullptr;
@@ -477,6 +561,50 @@ class PsService final : public wire::ParameterServer::Service {
                           Variable(names[rows.variable()] + "/part_" + std::to_string(rows.shard()), value));
     }
     store_.create(request->job(), std::move(shards), request->aggregate());
+    std::lock_guard lock(segments_mutex_);
+    segments_.clear();  // laid out for the shards before: every task attaches again
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Attach(grpc::ServerContext*, const wire::AttachRequest* request, wire::AttachReply* reply) override {
+    if (auto s = runtime_.check(request->caller()); !s.ok()) return s;
+    if (!store_.created())
+      return {grpc::StatusCode::FAILED_PRECONDITION, runtime_.task_name_ + " holds no variables yet"};
+    if (!runtime_.options_.shared_memory) {
+      reply->set_why_not(runtime_.task_name_ + " keeps to gRPC (shared_memory is off)");
+      return grpc::Status::OK;
+    }
+    const std::string& here = comm::host_identity();
+    if (request->host() != here || here.find('?') != std::string::npos) {
+      reply->set_why_not(request->caller().task() + " is not on " + runtime_.task_name_ +
+                         "'s host, or in another network or process namespace");
+      return grpc::Status::OK;
+    }
+    auto segment = std::make_shared<Segment>();
+    std::uint64_t offset = 0;
+    store_.read([&](const ParameterStore::ShardKey& key, const Tensor& value) {
+      wire::SegmentPlace* place = reply->add_places();
+      place->set_variable(key.variable);
+      place->set_shard(key.shard);
+      place->set_offset(offset);
+      place->set_bytes(value.nbytes());
+      segment->places[{key.variable, key.shard}] = {offset, value.nbytes()};
+      offset += (value.nbytes() + 63) / 64 * 64;  // each shard on whole cache lines
+    });
+    segment->gradients_offset = std::max<std::uint64_t>(4096, (offset + 4095) / 4096 * 4096);
+    std::string why_not;
+    segment->memory = comm::NamedSegment::create(2 * segment->gradients_offset, why_not);
+    if (!segment->memory.mapping) {
+      reply->clear_places();
+      reply->set_why_not(runtime_.task_name_ + ": " + why_not);
+      return grpc::Status::OK;
+    }
+    segment->name = segment->memory.name();
+    reply->set_segment(segment->name);
+    reply->set_bytes(2 * segment->gradients_offset);
+    reply->set_gradients_offset(segment->gradients_offset);
+    std::lock_guard lock(segments_mutex_);
+    segments_[request->caller().task()] = std::move(segment);
     return grpc::Status::OK;
   }
 
@@ -484,12 +612,32 @@ class PsService final : public wire::ParameterServer::Service {
     if (auto s = runtime_.check(request->caller()); !s.ok()) return s;
     if (!store_.created())
       return {grpc::StatusCode::FAILED_PRECONDITION, runtime_.task_name_ + " holds no variables yet"};
+    if (const auto segment = segment_of(request->caller().task(), request->segment())) {
+      std::lock_guard lock(segment->mutex);
+      segment->memory.remove_name();  // the task has mapped it
+      bool laid_out = true;
+      reply->set_version(store_.read([&](const ParameterStore::ShardKey& key, const Tensor& value) {
+        const auto place = segment->places.find({key.variable, key.shard});
+        if (place == segment->places.end() || place->second.second != value.nbytes()) {
+          laid_out = false;
+          return;
+        }
+        std::memcpy(segment->memory.mapping.base() + place->second.first, value.raw_data(), value.nbytes());
+        shared_memory_bytes_ += static_cast<std::int64_t>(value.nbytes());
+      }));
+      if (!laid_out)
+        return {grpc::StatusCode::INTERNAL, runtime_.task_name_ + ": a shard has no place in " +
+                                                request->caller().task() + "'s segment"};
+      reply->set_in_segment(true);
+      return grpc::Status::OK;
+    }
     const std::int64_t version = store_.read([&](const ParameterStore::ShardKey& key, const Tensor& value) {
       wire::Rows* rows = reply->add_shards();
       rows->set_variable(key.variable);
       rows->set_shard(key.shard);
       for (std::int64_t d : value.shape().dims()) rows->add_shape(d);
       rows->set_values(value.raw_data(), value.nbytes());
+      message_bytes_ += static_cast<std::int64_t>(value.nbytes());
     });
     reply->set_version(version);
     return grpc::Status::OK;
@@ -504,14 +652,40 @@ class PsService final : public wire::ParameterServer::Service {
     push.incarnation = request->incarnation();
     push.optimizer_json = request->optimizer();
     push.pulled_version = request->pulled_version();
+    std::shared_ptr<Segment> segment;
+    std::unique_lock<std::mutex> segment_lock;
+    if (!request->segment().empty()) {
+      segment = segment_of(push.task, request->segment());
+      if (!segment) {
+        reply->set_detached(true);
+        return grpc::Status::OK;
+      }
+      segment_lock = std::unique_lock(segment->mutex);
+      segment->memory.remove_name();
+    }
     for (const wire::Rows& rows : request->gradients()) {
       const Shape shape = shape_of(rows.shape());
-      if (rows.values().size() != static_cast<std::size_t>(shape.numel()) * sizeof(float))
+      const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * sizeof(float);
+      if (segment) {
+        // Read where it lies: the ps copies nothing.
+        const auto place = segment->places.find({rows.variable(), rows.shard()});
+        if (place == segment->places.end() || place->second.second != bytes)
+          return {kInvalidArgument, push.task + " pushed a gradient for a " + shape.to_string() + " shard " +
+                                        std::to_string(rows.shard()) + " of variable " +
+                                        std::to_string(rows.variable()) + " that its segment has no place for"};
+        char* at = segment->memory.mapping.base() + segment->gradients_offset + place->second.first;
+        push.gradients.emplace_back(ParameterStore::ShardKey{rows.variable(), rows.shard()},
+                                    Tensor::over(at, shape, DType::f32, segment));
+        shared_memory_bytes_ += static_cast<std::int64_t>(bytes);
+        continue;
+      }
+      if (rows.values().size() != bytes)
         return {kInvalidArgument, push.task + " pushed a gradient of " + std::to_string(rows.values().size()) +
                                       " bytes for a " + shape.to_string() + " shard"};
       Tensor grad = Tensor::empty(shape);
       std::memcpy(grad.raw_data(), rows.values().data(), rows.values().size());
       push.gradients.emplace_back(ParameterStore::ShardKey{rows.variable(), rows.shard()}, std::move(grad));
+      message_bytes_ += static_cast<std::int64_t>(bytes);
     }
     try {
       const ParameterStore::PushResult result = store_.push(push);
@@ -533,6 +707,8 @@ class PsService final : public wire::ParameterServer::Service {
     reply->set_pushes_dropped(st.pushes_dropped);
     reply->set_apply_seconds(st.apply_seconds);
     reply->set_queue_seconds(st.queue_seconds);
+    reply->set_shared_memory_bytes(shared_memory_bytes_.load());
+    reply->set_message_bytes(message_bytes_.load());
     for (std::int64_t c : st.staleness_counts) reply->add_staleness_counts(c);
     return grpc::Status::OK;
   }
@@ -565,8 +741,28 @@ class PsService final : public wire::ParameterServer::Service {
   }
 
  private:
+  // A task's segment: the values area from 0, the gradients area from gradients_offset,
+  // each shard at the same offset in both.
+  struct Segment {
+    comm::NamedSegment memory;  // named until the task first uses it
+    std::string name;
+    std::map<std::pair<int, int>, std::pair<std::uint64_t, std::uint64_t>> places;  // (variable, shard) -> (offset, bytes)
+    std::uint64_t gradients_offset = 0;
+    std::mutex mutex;  // one pull or push of the task's at a time
+  };
+  // The segment `task` attached to as `name`, or null (none named, or not the current one).
+  std::shared_ptr<Segment> segment_of(const std::string& task, const std::string& name) {
+    if (name.empty()) return nullptr;
+    std::lock_guard lock(segments_mutex_);
+    const auto it = segments_.find(task);
+    return it == segments_.end() || it->second->name != name ? nullptr : it->second;
+  }
+
   PsRuntime& runtime_;
   ParameterStore store_;
+  std::mutex segments_mutex_;
+  std::map<std::string, std::shared_ptr<Segment>> segments_;  // by task
+  std::atomic<std::int64_t> shared_memory_bytes_{0}, message_bytes_{0};  // pulled and pushed
   std::mutex mutex_;
   std::condition_variable changed_;
   bool stopped_ = false;
@@ -607,33 +803,52 @@ class PushSink final : public optim::detail::GradientSink {
     }
     const std::string optimizer_json = optimizer_to_json(optimizer).dump();
     const int num_ps = runtime_.config_.cluster.num_tasks("ps");
-    std::vector<wire::PushRequest> requests(static_cast<std::size_t>(num_ps));
-    for (int p = 0; p < num_ps; ++p) {
-      wire::PushRequest& r = requests[static_cast<std::size_t>(p)];
+    std::lock_guard lanes_lock(runtime_.lanes_mutex_);
+    // To ps p: the gradients of its shards, written into the lane where there is one.
+    auto request_to = [&](int p, const PsRuntime::Lane* lane) {
+      wire::PushRequest r;
       runtime_.fill(r.mutable_caller());
       r.set_closure(closure_);
       r.set_step(step_);
       r.set_incarnation(incarnation_);
       r.set_optimizer(optimizer_json);
       r.set_pulled_version(versions_[static_cast<std::size_t>(p)]);
-    }
-    for (const ShardPlacement& s : placement_) {
-      const std::size_t v = s.index;
-      if (!by_variable[v]) continue;
-      wire::Rows* rows = requests[static_cast<std::size_t>(s.ps)].add_gradients();
-      rows->set_variable(static_cast<int>(v));
-      rows->set_shard(static_cast<int>(s.shard));
-      const Shape shape = shard_shape(vars_[v]->shape(), s.row_end - s.row_begin);
-      for (std::int64_t d : shape.dims()) rows->add_shape(d);
-      const std::string_view bytes = rows_bytes(*by_variable[v], s.row_begin, s.row_end);
-      rows->set_values(bytes.data(), bytes.size());
-    }
-    std::vector<wire::PushReply> replies;
+      if (lane) r.set_segment(lane->segment);
+      for (const ShardPlacement& s : placement_) {
+        const std::size_t v = s.index;
+        if (s.ps != p || !by_variable[v]) continue;
+        wire::Rows* rows = r.add_gradients();
+        rows->set_variable(static_cast<int>(v));
+        rows->set_shard(static_cast<int>(s.shard));
+        const Shape shape = shard_shape(vars_[v]->shape(), s.row_end - s.row_begin);
+        for (std::int64_t d : shape.dims()) rows->add_shape(d);
+        const std::string_view bytes = rows_bytes(*by_variable[v], s.row_begin, s.row_end);
+        if (lane)
+          std::memcpy(lane->gradients({static_cast<int>(v), static_cast<int>(s.shard)}), bytes.data(), bytes.size());
+        else
+          rows->set_values(bytes.data(), bytes.size());
+      }
+      return r;
+    };
     const ScopedSeconds timed(push_seconds);
+    std::vector<wire::PushRequest> requests;
+    for (int p = 0; p < num_ps; ++p) requests.push_back(request_to(p, runtime_.lane(p, vars_, placement_)));
+    std::vector<wire::PushReply> replies;
     runtime_.call_every_ps(requests, replies, "pushing to",
                            [](auto& stub, auto* context, auto* request, auto* reply, auto done) {
                              stub.async()->Push(context, request, reply, std::move(done));
                            });
+    for (int p = 0; p < num_ps; ++p) {
+      if (!replies[static_cast<std::size_t>(p)].detached()) continue;
+      // The ps started again and read nothing: the values go in the message this time.
+      runtime_.drop_lane(p);
+      const wire::PushRequest again = request_to(p, nullptr);
+      wire::PushReply reply;
+      grpc::ClientContext context;
+      set_deadline(context, runtime_.rpc_timeout_);
+      if (const grpc::Status status = runtime_.ps(p).Push(&context, again, &reply); !status.ok())
+        throw_status(status, runtime_.task_name_ + " pushing to " + runtime_.describe({"ps", p}));
+    }
   }
 
  private:
@@ -1188,6 +1403,8 @@ ClusterCoordinator::Statistics Coordinator::statistics() const {
     s.pushes_dropped += reply.pushes_dropped();
     s.apply_seconds += reply.apply_seconds();
     s.queue_seconds += reply.queue_seconds();
+    s.shared_memory_bytes += reply.shared_memory_bytes();
+    s.message_bytes += reply.message_bytes();
     if (s.staleness_counts.size() < static_cast<std::size_t>(reply.staleness_counts_size()))
       s.staleness_counts.resize(static_cast<std::size_t>(reply.staleness_counts_size()), 0);
     for (int i = 0; i < reply.staleness_counts_size(); ++i)
@@ -1391,6 +1608,11 @@ std::string PsBackend::statistics() const {
       << s.queue_seconds / static_cast<double>(s.pushes_applied + s.pushes_refused + s.pushes_dropped) * ms
       << " ms, applied in " << s.apply_seconds / static_cast<double>(s.pushes_applied) * ms << " ms";
   }
+  if (const std::int64_t moved = s.shared_memory_bytes + s.message_bytes; moved > 0 && s.steps_finished > 0)
+    o << std::fixed << std::setprecision(2) << "; moved "
+      << static_cast<double>(moved) / static_cast<double>(s.steps_finished) / 1e6 << " MB a step, "
+      << std::setprecision(0) << 100.0 * static_cast<double>(s.shared_memory_bytes) / static_cast<double>(moved)
+      << "% through shared memory";
   return o.str();
 }
 

@@ -78,6 +78,11 @@ struct ParameterServerOptions {
   double coordinator_timeout_seconds = 0;
   // The job's cluster token; empty: DTRAIN_CLUSTER_TOKEN, else one derived from TF_CONFIG.
   std::string token;
+  // A task on the same host as a ps (same kernel, network and process namespaces) pulls
+  // values and pushes gradients through shared memory the ps makes for it, with only the
+  // small messages through gRPC; false: everything through gRPC. A ps on another host
+  // always goes through gRPC.
+  bool shared_memory = true;
 };
 
 namespace detail {
@@ -205,6 +210,9 @@ class ClusterCoordinator {
     double pull_seconds = 0, push_seconds = 0, run_seconds = 0;
     std::int64_t steps_finished = 0;  // the finished closures' steps (fit's run several each)
     double apply_seconds = 0, queue_seconds = 0;
+    // Values pulled and gradients pushed over every ps, in bytes: through shared memory
+    // (tasks on a ps's host) and in gRPC messages.
+    std::int64_t shared_memory_bytes = 0, message_bytes = 0;
   };
   // The chief: counts so far (asks every ps).
   Statistics statistics() const;
