@@ -88,11 +88,29 @@ TEST_F(ParameterServerCli, WithoutRestartsTheJobGoesOnWithoutTheKilledWorker) {
   EXPECT_EQ(s["closures_per_worker"][1], 3);  // the three steps before its death
 }
 
+// The ps kills itself at its 29th update, in the second epoch: the launcher starts the
+// whole job again, the chief restores the backup of epoch 1 (values, Adam's slots and
+// iteration count) onto the new ps, and the job trains epochs 2 and 3 again. The updates
+// the dead ps applied in epoch 2 are lost with it and made again, so the optimizer has
+// taken exactly one update per step of the job.
+TEST_F(ParameterServerCli, AKilledPsRestartsTheJobFromItsLatestBackup) {
+  const Result r = launch("--workers 2 --ps 1 --max-restarts 1",
+                          "--verbose 2 --fault-kill ps:0:29 --checkpoint-dir " + (dir_ / "ckpt").string() + summary_flag());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "fault injection: sending SIGKILL to this parameter server after 29 updates")) << r.output;
+  EXPECT_TRUE(contains(r.output, "dtrain launch: ps:0 was killed by signal 9 (SIGKILL); restarting the job (restart 1 of 1)"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "[chief:0] BackupAndRestore: resuming from ")) << r.output;
+  const nlohmann::json s = summary();
+  EXPECT_EQ(s["updates_applied"], (kEpochs - 1) * kStepsPerEpoch);  // this start's: epochs 2 and 3
+  EXPECT_EQ(s["optimizer_iterations"], kEpochs * kStepsPerEpoch);
+  EXPECT_GT(s["test"]["accuracy"].get<double>(), 0.6) << s.dump();
+}
+
 TEST_F(ParameterServerCli, WhatItCannotDoIsRefusedByName) {
-  Result r = dtrain::testing::run_cli("fit " + config() + " --strategy parameter_server --checkpoint-dir " +
-                                      (dir_ / "ckpt").string());
+  Result r = dtrain::testing::run_cli("fit " + config() + " --fault-kill ps:0:3");
   EXPECT_EQ(r.code, 1) << r.output;
-  EXPECT_TRUE(contains(r.output, "--checkpoint-dir with --strategy parameter_server")) << r.output;
+  EXPECT_TRUE(contains(r.output, "a ps task exists only under --strategy parameter_server")) << r.output;
   r = dtrain::testing::run_cli("fit " + config() + " --consistency sync:1");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "--consistency needs --strategy parameter_server")) << r.output;

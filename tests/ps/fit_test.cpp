@@ -2,6 +2,9 @@
 // same program (build, compile, fit) over 127.0.0.1: one worker gives one device's fit,
 // two workers count every step once, and what cannot work is refused by name.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include "common/compare.h"
 #include "common/error_message.h"
@@ -129,6 +132,55 @@ TEST(ParameterServerFit, TwoWorkersFitADatasetAndEveryStepCountsOnce) {
   EXPECT_NEAR(again.at("accuracy"), chief.history.history["val_accuracy"].back(), 1e-6);
   if (kUnderTsan) return;
   EXPECT_LT(chief.history.history["loss"].back(), chief.history.history["loss"].front());
+}
+
+// A job restored from a backup goes on as the job left alone: the chief restores the
+// values, Adam's slots and its iteration count from the backup of epoch 2 and places them
+// on the new job's ps, which trains the third epoch. (One worker on unshuffled rows: its
+// steps are one device's whatever the job's start.)
+TEST(ParameterServerFit, ABackupRestoredIntoANewJobGoesOnAsTheJobLeftAlone) {
+  const Data d = make_data();
+  const int epochs = kUnderTsan ? 2 : 3;
+  const FitOptions fit_options{.epochs = epochs, .batch_size = kBatch, .shuffle = false, .verbose = 0};
+  auto reference = compiled_model();
+  reference->fit(d.x, d.y, fit_options);
+  const std::int64_t steps = kSamples / kBatch;
+
+  const std::string dir = ::testing::TempDir() + "ps_backup_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  auto fit_with_backup = [&](int until_epoch) {
+    return [&, until_epoch](Sequential& m) {
+      FitOptions o = fit_options;
+      o.epochs = until_epoch;
+      train::BackupAndRestoreOptions backup;
+      backup.delete_checkpoint = false;
+      backup.out = nullptr;
+      o.callbacks = {std::make_shared<train::BackupAndRestore>(dir, backup)};
+      return m.fit(d.x, d.y, o);
+    };
+  };
+  const Fitted first = fit_on_cluster(1, 1, options(), fit_with_backup(epochs - 1));
+  EXPECT_EQ(first.model->optimizer().iterations(), (epochs - 1) * steps);  // fit gathers the ps's state
+  const Fitted resumed = fit_on_cluster(1, 1, options(), fit_with_backup(epochs));
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(resumed.stats.pushes_applied, steps);  // the new job trained the last epoch only
+  EXPECT_EQ(resumed.history.history.at("loss").size(), 1u);
+  EXPECT_EQ(resumed.model->optimizer().iterations(), epochs * steps);
+  EXPECT_LE(testing::relative_difference(*resumed.model, *reference), 1e-5);
+  // The slots too: Adam's moments on the chief are the one device's.
+  const auto expected_vars = reference->trainable_variables(), got_vars = resumed.model->trainable_variables();
+  ASSERT_EQ(got_vars.size(), expected_vars.size());
+  for (std::size_t v = 0; v < got_vars.size(); ++v) {
+    const auto expected = reference->optimizer().slots(*expected_vars[v]);
+    const auto got = resumed.model->optimizer().slots(*got_vars[v]);
+    ASSERT_EQ(got.size(), expected.size()) << got_vars[v]->name();
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const std::vector<float> a = got[i].second->to_vector(), b = expected[i].second->to_vector();
+      ASSERT_EQ(a.size(), b.size());
+      for (std::size_t j = 0; j < a.size(); ++j)
+        ASSERT_NEAR(a[j], b[j], 1e-5 + 1e-4 * std::abs(b[j])) << got_vars[v]->name() << " slot " << got[i].first << " [" << j << "]";
+    }
+  }
 }
 
 // stop_training set by a callback stops the coordinator handing out steps: fit ends after

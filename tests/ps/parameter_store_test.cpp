@@ -65,6 +65,53 @@ TEST(ParameterStore, AdamOnShardsIsAdamOnTheWholeVariable) {
   EXPECT_EQ(store.statistics().version, 4);
 }
 
+// A store created from another's snapshot (a job restored from a checkpoint) goes on with
+// Adam's moments and step count: 2 + 2 pushes give the 4-step Adam of the whole variable.
+TEST(ParameterStore, AStoreRestoredFromASnapshotGoesOnAsTheStoreLeftAlone) {
+  const Tensor initial = ramp(Shape{5, 3}, -1.0f, 0.13f);
+  ParameterStore first;
+  two_shards(first, initial);
+  Variable whole("w", initial.clone());
+  optim::Adam reference(0.05f);
+  auto grad_at = [](std::uint64_t step) { return ramp(Shape{5, 3}, 0.3f * static_cast<float>(step), -0.07f); };
+  for (std::uint64_t step = 1; step <= 4; ++step) {
+    std::vector<Variable*> vars{&whole};
+    reference.apply_gradients(std::vector<Tensor>{grad_at(step)}, vars);
+  }
+  for (std::uint64_t step = 1; step <= 2; ++step) ASSERT_TRUE(first.push(push_of(step, grad_at(step))).applied);
+  const ParameterStore::Snapshot saved = first.snapshot();
+  ASSERT_EQ(saved.optimizer.iterations, 2);
+  ASSERT_EQ(saved.optimizer.slots.size(), 4u);  // m and v of each shard
+  auto restore_into = [&](ParameterStore& store, ParameterStore::OptimizerState state) {
+    std::vector<std::pair<Key, Variable>> shards;
+    for (const auto& [key, value] : saved.values) shards.emplace_back(key, Variable("w/part", value.clone()));
+    store.create(2, std::move(shards), 0, std::move(state));
+  };
+  ParameterStore restored;
+  restore_into(restored, saved.optimizer);
+  for (std::uint64_t step = 3; step <= 4; ++step) ASSERT_TRUE(restored.push(push_of(step, grad_at(step))).applied);
+  EXPECT_EQ(stored(restored), whole.value().to_vector());
+  EXPECT_EQ(restored.snapshot().optimizer.iterations, 4);
+  // Without the moments the same pushes end elsewhere: the check above can fail.
+  ParameterStore forgetful;
+  restore_into(forgetful, {});
+  for (std::uint64_t step = 3; step <= 4; ++step) ASSERT_TRUE(forgetful.push(push_of(step, grad_at(step))).applied);
+  EXPECT_NE(stored(forgetful), whole.value().to_vector());
+  // A slot of another shape is refused by name, and the store is left as it was.
+  ParameterStore::OptimizerState bad = saved.optimizer;
+  bad.slots[1].value = Tensor::zeros(Shape{2, 3});
+  ParameterStore untouched;
+  two_shards(untouched, initial);
+  try {
+    restore_into(untouched, bad);
+    FAIL() << "a slot of the wrong shape was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("restored slot '" + bad.slots[1].name + "' [2, 3] of shard"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(stored(untouched), initial.to_vector());
+}
+
 TEST(ParameterStore, AClosureRunTwiceCountsOnce) {
   const Tensor initial = ramp(Shape{5, 3}, 0.5f, 0.01f);
   ParameterStore once, twice;

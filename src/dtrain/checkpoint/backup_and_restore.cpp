@@ -106,6 +106,7 @@ void BackupAndRestore::on_train_begin(const Logs& /*logs*/) {
 
 std::string BackupAndRestore::save(const FitPosition& position) {
   saving_ = position;
+  model_->gather_remote_state();
   const std::string path = manager_->save(steps_done_);
   ++saves_;
   if (options_.on_save) options_.on_save(path, steps_done_);

@@ -246,6 +246,7 @@ void ModelCheckpoint::save(int epoch, std::optional<std::int64_t> batch, const L
   }
   const StrategyBackend* strategy = model_->distribute_strategy().get();
   if (strategy && strategy->worker_index() != 0) return;
+  model_->gather_remote_state();
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) {
     std::error_code ec;

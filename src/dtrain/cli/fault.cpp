@@ -36,15 +36,18 @@ void SlowWorker::on_train_batch_end(std::int64_t, const Logs&) {
   seconds_ += std::chrono::duration<double>(extra).count();
 }
 
-FaultSignal parse_fault_signal(const std::string& flag, const std::string& text, int signal) {
+FaultSignal parse_fault_signal(const std::string& flag, const std::string& text, int signal, bool allow_ps) {
   if (text.empty()) return {};
-  int worker = -1, used = 0;
+  const bool ps = allow_ps && text.rfind("ps:", 0) == 0;
+  int task = -1, used = 0;
   long long step = -1;
-  if (std::sscanf(text.c_str(), "worker:%d:%lld%n", &worker, &step, &used) != 2 ||
-      static_cast<std::size_t>(used) != text.size() || worker < 0 || step < 0 || text.find_first_of(" +-") != std::string::npos)
+  if (std::sscanf(text.c_str(), ps ? "ps:%d:%lld%n" : "worker:%d:%lld%n", &task, &step, &used) != 2 ||
+      static_cast<std::size_t>(used) != text.size() || task < 0 || step < 0 || (ps && step < 1) ||
+      text.find_first_of(" +-") != std::string::npos)
     DTRAIN_THROW(InvalidArgument, flag, " '", text,
-                 "': expected worker:INDEX:STEP (the 0-based training batch of that worker's process), e.g. worker:1:7");
-  return {worker, static_cast<std::int64_t>(step), signal};
+                 "': expected worker:INDEX:STEP (the 0-based training batch of that worker's process), e.g. worker:1:7",
+                 allow_ps ? ", or ps:INDEX:N (that parameter server, once it has applied N >= 1 updates)" : "");
+  return {task, static_cast<std::int64_t>(step), signal, ps};
 }
 
 SignalAtStep::SignalAtStep(int signal, std::int64_t step, bool armed) : signal_(signal), step_(step), armed_(armed) {

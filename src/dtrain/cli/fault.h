@@ -48,10 +48,14 @@ struct FaultSignal {
   int worker = -1;         // -1: no fault
   std::int64_t step = -1;  // 0-based count of the batches this process trained, over all epochs
   int signal = 0;          // SIGKILL or SIGTERM
+  // --fault-kill ps:K:N: parameter server K (not a worker) kills itself once it has applied
+  // N updates (`step` holds N).
+  bool ps = false;
 };
 
-// "worker:K:S" with K >= 0 and S >= 0; "" is no fault. The error names `flag`.
-FaultSignal parse_fault_signal(const std::string& flag, const std::string& text, int signal);
+// "worker:K:S" with K >= 0 and S >= 0 (with `allow_ps`, also "ps:K:N"); "" is no fault.
+// The error names `flag`.
+FaultSignal parse_fault_signal(const std::string& flag, const std::string& text, int signal, bool allow_ps = false);
 
 // Sends `signal` to this process at the start of the training batch `step` (counted from
 // 0 over every epoch of this process's fit), with raise(): SIGKILL is a real, uncatchable

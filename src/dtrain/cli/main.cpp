@@ -238,7 +238,7 @@ int run_fit(const std::string& path, const Overrides& o) {
   cli::RunConfig c = cli::load_config(path);
   apply(o, c);
   const cli::FaultSlow fault = cli::parse_fault_slow(o.fault_slow);
-  const cli::FaultSignal kill = cli::parse_fault_signal("--fault-kill", o.fault_kill, SIGKILL);
+  const cli::FaultSignal kill = cli::parse_fault_signal("--fault-kill", o.fault_kill, SIGKILL, /*allow_ps=*/true);
   const cli::FaultSignal term = cli::parse_fault_signal("--fault-term", o.fault_term, SIGTERM);
   const cli::CheckpointConfig checkpoint = checkpoint_config(c, o);
   prepare(c);
@@ -255,15 +255,23 @@ int run_fit(const std::string& path, const Overrides& o) {
   // the chief coordinates, reports and writes files.
   std::unique_ptr<distribute::ParameterServerStrategy> ps;
   if (c.strategy == "parameter_server") {
-    if (!checkpoint.dir.empty())
-      DTRAIN_THROW(InvalidArgument, "--checkpoint-dir with --strategy parameter_server: not available in this ",
-                   "version (the optimizer's slots live on the parameter servers, which do not save them yet)");
     distribute::ParameterServerOptions options;
     options.consistency = parse_consistency(o.consistency);
-    ps = std::make_unique<distribute::ParameterServerStrategy>(cluster::tf_config_from_environment(), options);
+    const cluster::TfConfig config = cluster::tf_config_from_environment();
+    if (kill.ps && config.task.type == "ps" && config.task.index == kill.worker && first_start_of_job())
+      options.on_update = [n = kill.step](std::int64_t updates) {
+        if (updates != n) return;
+        std::printf("fault injection: sending SIGKILL to this parameter server after %lld updates\n",
+                    static_cast<long long>(n));
+        std::fflush(stdout);
+        std::raise(SIGKILL);
+      };
+    ps = std::make_unique<distribute::ParameterServerStrategy>(config, options);
   } else if (!o.consistency.empty() || o.steps_per_execution != 1) {
     DTRAIN_THROW(InvalidArgument, o.consistency.empty() ? "--steps-per-execution" : "--consistency",
                  " needs --strategy parameter_server");
+  } else if (kill.ps) {
+    DTRAIN_THROW(InvalidArgument, "--fault-kill ", o.fault_kill, ": a ps task exists only under --strategy parameter_server");
   }
   // Under multi_worker, the chief alone writes files; every worker trains and reports.
   const bool chief = ps ? ps->is_chief() : !strategy || strategy->worker_index() == 0;
@@ -322,14 +330,17 @@ int run_fit(const std::string& path, const Overrides& o) {
   // Testing: this worker kills itself, or is preempted, at one batch of the job's first start.
   std::vector<std::shared_ptr<cli::SignalAtStep>> signals;
   for (const cli::FaultSignal& f : {kill, term})
-    if (worker_index >= 0 && f.worker == worker_index) {
+    if (!f.ps && worker_index >= 0 && f.worker == worker_index) {
       signals.push_back(std::make_shared<cli::SignalAtStep>(f.signal, f.step, first_start_of_job()));
       fit_options.callbacks.push_back(signals.back());
     }
   // Saves to resume from: a run started again with the same folder continues where this one
   // stopped (BackupAndRestore says from where), and SIGTERM saves and stops with Preempted.
+  // Under parameter_server the chief alone saves (it gathers the values and the optimizer's
+  // slots from the ps), and the launcher starts the whole job again from its latest backup
+  // when a ps or the chief fails.
   std::shared_ptr<train::BackupAndRestore> backup;
-  if (!checkpoint.dir.empty()) {
+  if (!checkpoint.dir.empty() && (!ps || chief)) {
     train::BackupAndRestoreOptions options;
     if (checkpoint.every > 0) options.save_freq = checkpoint.every;
     options.delete_checkpoint = !checkpoint.keep;
@@ -396,10 +407,9 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["optimizer_iterations"] = model->optimizer().iterations();
     j["steps_trained"] = steps_trained;
     if (ps) {
-      // The optimizer steps on the parameter servers, and batch callbacks run once a closure.
-      const distribute::ClusterCoordinator::Statistics s = distribute::ClusterCoordinator(*ps).statistics();
-      j["optimizer_iterations"] = nullptr;
-      j["steps_trained"] = s.steps_finished;
+      // Batch callbacks run once a closure; the optimizer's count is the parameter servers',
+      // which fit copied here at its end.
+      j["steps_trained"] = distribute::ClusterCoordinator(*ps).statistics().steps_finished;
     }
     if (backup) {
       j["checkpoint_dir"] = checkpoint.dir;

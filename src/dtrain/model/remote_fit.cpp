@@ -34,6 +34,11 @@ void Sequential::build_for(const Tensor& x) {
   build(Shape(std::vector<std::int64_t>(x.shape().dims().begin() + 1, x.shape().dims().end())));
 }
 
+void Sequential::gather_remote_state() {
+  RemoteTraining* remote = strategy_ ? strategy_->remote_training() : nullptr;
+  if (remote && remote->coordinates() && compiled()) remote->gather(optimizer());
+}
+
 History Sequential::serve_remote_fit(RemoteTraining& remote, BatchSource* batches, const FitOptions& opt) {
   check_remote_options(*strategy_, opt);
   profile::Profiler profiler;
@@ -85,7 +90,7 @@ History Sequential::serve_remote_fit(RemoteTraining& remote, BatchSource* batche
 
 History Sequential::coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps, const FitOptions& opt) {
   check_remote_options(*strategy_, opt);
-  remote.begin_fit();
+  remote.begin_fit(optimizer());
   std::ostream& out = opt.out ? *opt.out : std::cout;
   const int verbose = detail::resolve_verbose(opt.verbose, out);
   detail::Progress progress(out, verbose, steps);
@@ -97,21 +102,22 @@ History Sequential::coordinate_remote_fit(RemoteTraining& remote, std::int64_t s
   const detail::ClearOnExit clear_loss(fit_loss_);
   Logs logs;
   for (auto& c : callbacks) c->on_train_begin(logs);
-  if (resume_)
-    DTRAIN_THROW(Unsupported, "fit under ", strategy_->name(), " cannot resume from a backup: the optimizer's slots ",
-                 "live on the parameter servers, which this version does not save");
+  // A backup restored by on_train_begin: its values and optimizer state go to the
+  // parameter servers with the first closure, and the epoch goes on from its position.
+  const std::optional<FitPosition> resume = take_resume(opt, steps);
   if (verbose > 0)
     out << strategy_->name() << ": " << remote.describe() << "; " << steps << " steps an epoch, "
         << opt.steps_per_execution << " to a closure\n";
   const std::size_t expected = 3 + 2 * metrics_.size();
   const Logs no_logs;
-  for (int epoch = opt.initial_epoch; epoch < opt.epochs && !stop_training; ++epoch) {
+  for (int epoch = resume ? resume->epoch : opt.initial_epoch; epoch < opt.epochs && !stop_training; ++epoch) {
     metrics::Mean loss_mean("loss");
     begin_epoch(epoch, loss_mean, logs, callbacks);
     progress.epoch_begin(epoch, opt.epochs);
+    const std::int64_t first_step = resume && epoch == resume->epoch ? resume_epoch(*resume, loss_mean, logs) : 0;
     const auto start = Clock::now();
     double samples = 0;
-    remote.train(steps, opt.steps_per_execution, [&](std::int64_t first, int n, const std::vector<double>& figures) {
+    remote.train(first_step, steps, opt.steps_per_execution, [&](std::int64_t first, int n, const std::vector<double>& figures) {
       if (figures.size() != expected)
         DTRAIN_THROW(InvalidArgument, "fit: the closure of steps ", first, " to ", first + n - 1, " returned ",
                      figures.size(), " figures, not the ", expected, " of this model's loss and ", metrics_.size(),
@@ -147,6 +153,9 @@ History Sequential::coordinate_remote_fit(RemoteTraining& remote, std::int64_t s
     for (auto& c : callbacks) c->on_epoch_end(epoch, logs);
   }
   if (verbose > 0) out << strategy_->name() << ": " << remote.statistics() << "\n";
+  // The optimizer here takes the state the parameter servers trained (its iteration count,
+  // its slots), as model.optimizer() does after any other fit.
+  remote.gather(optimizer());
   for (auto& c : callbacks) c->on_train_end(logs);
   return *history;
 }

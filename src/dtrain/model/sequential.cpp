@@ -306,13 +306,7 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   const detail::TrainErrorGuard on_error(callbacks);
   Logs logs;
   for (auto& c : callbacks) c->on_train_begin(logs);
-  const std::optional<FitPosition> resume = std::exchange(resume_, std::nullopt);
-  const std::size_t totals_expected = 2 + 2 * metrics_.size();
-  if (resume && (resume->epoch < opt.initial_epoch || resume->batch < 0 ||
-                 (!resume->totals.empty() && resume->totals.size() != totals_expected)))
-    DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit cannot resume at epoch ", resume->epoch, ", batch ",
-                 resume->batch, " with ", resume->totals.size(), " metric totals (this fit starts at epoch ",
-                 opt.initial_epoch, " and keeps ", totals_expected, ")");
+  const std::optional<FitPosition> resume = take_resume(opt, 0);
   const detail::ClearOnExit clear_loss(fit_loss_);  // fit_loss_ points into the loop
 
   for (int epoch = resume ? resume->epoch : opt.initial_epoch; epoch < opt.epochs && !stop_training; ++epoch) {
@@ -322,16 +316,7 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
     std::int64_t step = 0, samples = 0;
     if (resume && epoch == resume->epoch) {
       source.resume_at(opt.initial_epoch, epoch, resume->batch);
-      step = fit_batch_ = resume->batch;
-      if (!resume->totals.empty()) {
-        loss_mean.merge(resume->totals[0], resume->totals[1]);
-        for (std::size_t i = 0; i < metrics_.size(); ++i) metrics_[i]->merge(resume->totals[2 + 2 * i], resume->totals[3 + 2 * i]);
-        // The epoch's figures so far, as its last trained batch left them: an epoch resumed
-        // at its end trains no batch that would set them, and its end reports them.
-        if (resume->totals[1] > 0) {
-          set_epoch_logs(logs, loss_mean);
-        }
-      }
+      step = resume_epoch(*resume, loss_mean, logs);
     } else {
       source.begin_epoch(epoch);
     }
@@ -474,6 +459,30 @@ FitPosition Sequential::fit_position() const {
 }
 
 void Sequential::resume_fit_at(FitPosition position) { resume_ = std::move(position); }
+
+std::optional<FitPosition> Sequential::take_resume(const FitOptions& opt, std::int64_t steps) {
+  std::optional<FitPosition> resume = std::exchange(resume_, std::nullopt);
+  const std::size_t totals_expected = 2 + 2 * metrics_.size();
+  if (resume && (resume->epoch < opt.initial_epoch || resume->batch < 0 || (steps > 0 && resume->batch > steps) ||
+                 (!resume->totals.empty() && resume->totals.size() != totals_expected)))
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit cannot resume at epoch ", resume->epoch, ", batch ",
+                 resume->batch, " with ", resume->totals.size(), " metric totals (this fit starts at epoch ",
+                 opt.initial_epoch, steps > 0 ? ", has " + std::to_string(steps) + " steps an epoch" : std::string(),
+                 " and keeps ", totals_expected, ")");
+  return resume;
+}
+
+std::int64_t Sequential::resume_epoch(const FitPosition& resume, metrics::Mean& loss_mean, Logs& logs) {
+  fit_batch_ = resume.batch;
+  if (!resume.totals.empty()) {
+    loss_mean.merge(resume.totals[0], resume.totals[1]);
+    for (std::size_t i = 0; i < metrics_.size(); ++i) metrics_[i]->merge(resume.totals[2 + 2 * i], resume.totals[3 + 2 * i]);
+    // The epoch's figures so far, as its last trained batch left them: an epoch resumed at
+    // its end trains no batch that would set them, and its end reports them.
+    if (resume.totals[1] > 0) set_epoch_logs(logs, loss_mean);
+  }
+  return fit_batch_;
+}
 
 void Sequential::check_finite(int epoch, std::int64_t batch, double loss) {
   if (non_finite_) return;

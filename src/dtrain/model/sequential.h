@@ -161,6 +161,10 @@ class Sequential {
   // by drawing them again from a fresh iterator, so its pipeline must be deterministic, as
   // it is with seeded shuffles) and resumes the epoch's loss and metrics from the totals.
   void resume_fit_at(FitPosition position);
+  // Under a strategy that trains in other processes (ParameterServerStrategy's chief): copies
+  // the values and the optimizer's state held there into this model and its optimizer, so
+  // that a checkpoint taken now holds them. Elsewhere the state is here already: nothing.
+  void gather_remote_state();
 
   // The first step of the current (or last) fit() whose loss or updated weights were not
   // finite; fit checks both after every step. TerminateOnNaN stops training on it.
@@ -186,6 +190,12 @@ class Sequential {
   // start (its loss in `loss_mean`), `logs` emptied, the callbacks told.
   void begin_epoch(int epoch, const metrics::Mean& loss_mean, Logs& logs,
                    const std::vector<std::shared_ptr<Callback>>& callbacks);
+  // The position a restored backup left (resume_, taken), checked against this fit's first
+  // epoch and, where known (> 0), its steps an epoch.
+  std::optional<FitPosition> take_resume(const FitOptions& options, std::int64_t steps);
+  // The resumed epoch's start: the fit position at the backup's batch (returned), its loss
+  // and metric totals merged back, and `logs` as its last trained batch left them.
+  std::int64_t resume_epoch(const FitPosition& resume, metrics::Mean& loss_mean, Logs& logs);
   // After a step: records the first non-finite loss or weights in non_finite_.
   void check_finite(int epoch, std::int64_t batch, double loss);
   class Trainer;  // one training step, on one device or on a strategy's replicas

@@ -17,6 +17,9 @@
 #include "dtrain/profile/profiler.h"
 
 namespace dtrain {
+namespace optim {
+class Optimizer;
+}
 
 // A dense layer's variables, as indices into the list a GradientReducer sums: replicas
 // that share the weights may compute their gradients together (dense_together.h).
@@ -78,15 +81,21 @@ class RemoteTraining {
   virtual void serve(Steps steps) = 0;
   // The coordinator, at the start of each fit(): the workers serve one fit's steps (its
   // input, options and callbacks) for the whole job, so a second fit is refused by name.
-  virtual void begin_fit() = 0;
+  // The variables are placed with `optimizer`'s slots and iteration count where it has
+  // them when training starts (a fit resumed from a checkpoint).
+  virtual void begin_fit(optim::Optimizer& optimizer) = 0;
   // Called on the coordinator as each closure ends, in the order they were handed out:
   // its first step, its number of steps and its figures; returns false to stop handing
   // out steps (fit's stop_training).
   using Finished = std::function<bool(std::int64_t first_step, int steps, const std::vector<double>& figures)>;
-  // The coordinator: runs `steps` steps on the workers, `steps_per_closure` to a closure,
-  // a few closures ahead of those finished, then copies the trained values into this
-  // process's variables. Rethrows the first error a closure raised.
-  virtual void train(std::int64_t steps, int steps_per_closure, const Finished& finished) = 0;
+  // The coordinator: runs steps [first_step, steps) on the workers, `steps_per_closure` to a
+  // closure, a few closures ahead of those finished, then copies the trained values into
+  // this process's variables. Rethrows the first error a closure raised.
+  virtual void train(std::int64_t first_step, std::int64_t steps, int steps_per_closure, const Finished& finished) = 0;
+  // The coordinator: copies the values and the optimizer's state (slots, iteration count)
+  // held remotely into this process's variables and `optimizer`, each remote holder's at
+  // one moment: for a checkpoint.
+  virtual void gather(optim::Optimizer& optimizer) = 0;
   // The coordinator: what the job has done so far, in one line (closures rerun, pushes
   // applied and refused, staleness).
   virtual std::string statistics() const = 0;

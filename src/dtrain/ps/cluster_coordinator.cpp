@@ -225,13 +225,15 @@ class PsBackend final : public StrategyBackend, public RemoteTraining {
   int remote_worker_index() const override;
   std::string describe() const override;
   void serve(Steps steps) override;
-  void begin_fit() override;
-  void train(std::int64_t steps, int steps_per_closure, const Finished& finished) override;
+  void begin_fit(optim::Optimizer& optimizer) override;
+  void train(std::int64_t first_step, std::int64_t steps, int steps_per_closure, const Finished& finished) override;
+  void gather(optim::Optimizer& optimizer) override;
   std::string statistics() const override;
 
   // Set while the strategy lives (a model may outlive it).
   PsRuntime* runtime = nullptr;
   bool fitted = false;  // the chief began a fit
+  optim::Optimizer* restoring = nullptr;  // begin_fit's, until its first closure
 
  private:
   PsRuntime& alive() const;
@@ -560,7 +562,25 @@ class PsService final : public wire::ParameterServer::Service {
       shards.emplace_back(ParameterStore::ShardKey{rows.variable(), rows.shard()},
                           Variable(names[rows.variable()] + "/part_" + std::to_string(rows.shard()), value));
     }
-    store_.create(request->job(), std::move(shards), request->aggregate());
+    ParameterStore::OptimizerState restored;
+    restored.optimizer_json = request->optimizer();
+    restored.iterations = request->iterations();
+    for (const wire::SlotRows& slot : request->slots()) {
+      const ParameterStore::ShardKey key{slot.variable(), slot.shard()};
+      const auto shard = std::find_if(shards.begin(), shards.end(), [&](const auto& s) { return s.first == key; });
+      if (shard == shards.end() || slot.values().size() != shard->second.value().nbytes())
+        return {kInvalidArgument, "slot '" + slot.slot() + "' of shard " + std::to_string(slot.shard()) +
+                                      " of variable " + std::to_string(slot.variable()) +
+                                      (shard == shards.end() ? " names no shard placed here" : " has the wrong number of bytes")};
+      Tensor value = Tensor::empty(shard->second.shape());
+      std::memcpy(value.raw_data(), slot.values().data(), slot.values().size());
+      restored.slots.push_back({key, slot.slot(), std::move(value)});
+    }
+    try {
+      store_.create(request->job(), std::move(shards), request->aggregate(), std::move(restored));
+    } catch (...) {
+      return status_of(std::current_exception());
+    }
     std::lock_guard lock(segments_mutex_);
     segments_.clear();  // laid out for the shards before: every task attaches again
     return grpc::Status::OK;
@@ -691,6 +711,7 @@ class PsService final : public wire::ParameterServer::Service {
       const ParameterStore::PushResult result = store_.push(push);
       reply->set_applied(result.applied);
       reply->set_version(result.version);
+      if (result.applied && runtime_.options_.on_update) runtime_.options_.on_update(result.version);
     } catch (...) {
       return status_of(std::current_exception());
     }
@@ -710,6 +731,31 @@ class PsService final : public wire::ParameterServer::Service {
     reply->set_shared_memory_bytes(shared_memory_bytes_.load());
     reply->set_message_bytes(message_bytes_.load());
     for (std::int64_t c : st.staleness_counts) reply->add_staleness_counts(c);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetState(grpc::ServerContext*, const wire::StateRequest* request, wire::State* reply) override {
+    if (auto s = runtime_.check(request->caller()); !s.ok()) return s;
+    if (!store_.created())
+      return {grpc::StatusCode::FAILED_PRECONDITION, runtime_.task_name_ + " holds no variables yet"};
+    const ParameterStore::Snapshot snapshot = store_.snapshot();
+    for (const auto& [key, value] : snapshot.values) {
+      wire::Rows* rows = reply->add_values();
+      rows->set_variable(key.variable);
+      rows->set_shard(key.shard);
+      for (std::int64_t d : value.shape().dims()) rows->add_shape(d);
+      rows->set_values(value.raw_data(), value.nbytes());
+    }
+    const ParameterStore::OptimizerState& state = snapshot.optimizer;
+    reply->set_optimizer(state.optimizer_json);
+    reply->set_iterations(state.iterations);
+    for (const ParameterStore::OptimizerState::Slot& slot : state.slots) {
+      wire::SlotRows* rows = reply->add_slots();
+      rows->set_slot(slot.name);
+      rows->set_variable(slot.key.variable);
+      rows->set_shard(slot.key.shard);
+      rows->set_values(slot.value.raw_data(), slot.value.nbytes());
+    }
     return grpc::Status::OK;
   }
 
@@ -988,6 +1034,12 @@ class Coordinator {
   }
   ClusterCoordinator::Statistics statistics() const;
   void wait_for_workers(int count, std::chrono::duration<double> timeout);
+  // fit() on the chief, before its first closure: where `optimizer` has state (a backup
+  // was restored), the parameter servers take this process's values and that state, as a
+  // new job (nothing has run yet). gather() copies every ps's values and optimizer state
+  // into this process's variables and `optimizer` (for a checkpoint).
+  void restore(optim::Optimizer& optimizer);
+  void gather(optim::Optimizer& optimizer);
 
  private:
   struct WorkerState {
@@ -1006,6 +1058,10 @@ class Coordinator {
   void heartbeat_loop();
   std::shared_ptr<Closure> take(int w);
   bool may_start(int w) const;
+
+  // Places the variables on the parameter servers as a new job, with `restored`'s slots and
+  // iteration count where it is not null. Under mutex_.
+  void place(optim::Optimizer* restored);
 
   PsRuntime* runtime_;  // which owns this coordinator
   std::vector<Variable*> vars_;
@@ -1039,6 +1095,19 @@ void Coordinator::start() {
                  "the chief; build the model inside the scope before scheduling");
   placement_ = runtime_->placement(vars_);
   model_ = PsRuntime::model_description(vars_);
+  place(nullptr);
+  for (int w = 0; w < static_cast<int>(workers_.size()); ++w) dispatchers_.emplace_back([this, w] { dispatch(w); });
+}
+
+void Coordinator::restore(optim::Optimizer& optimizer) {
+  std::lock_guard lock(mutex_);
+  if (!started_) start();
+  bool has_state = optimizer.iterations() > 0;
+  for (Variable* v : vars_) has_state = has_state || !optimizer.slots(*v).empty();
+  if (has_state) place(&optimizer);
+}
+
+void Coordinator::place(optim::Optimizer* restored) {
   const int num_ps = runtime_->config_.cluster.num_tasks("ps");
   std::uint64_t job = std::random_device{}();
   job = (job << 32) ^ std::random_device{}();
@@ -1065,6 +1134,21 @@ void Coordinator::start() {
       const std::string_view bytes = rows_bytes(vars_[v]->mutable_value(), s.row_begin, s.row_end);
       rows->set_values(bytes.data(), bytes.size());
     }
+    if (restored) {
+      request.set_optimizer(optimizer_to_json(*restored).dump());
+      request.set_iterations(restored->iterations());
+      for (const ShardPlacement& s : placement_) {
+        if (s.ps != p) continue;
+        for (const auto& [name, slot] : restored->slots(*vars_[s.index])) {
+          wire::SlotRows* rows = request.add_slots();
+          rows->set_slot(name);
+          rows->set_variable(static_cast<int>(s.index));
+          rows->set_shard(static_cast<int>(s.shard));
+          const std::string_view bytes = rows_bytes(*slot, s.row_begin, s.row_end);
+          rows->set_values(bytes.data(), bytes.size());
+        }
+      }
+    }
     grpc::ClientContext context;
     set_deadline(context, runtime_->rpc_timeout_);
     context.set_wait_for_ready(true);  // the ps may still be starting
@@ -1072,7 +1156,6 @@ void Coordinator::start() {
     const grpc::Status status = runtime_->ps(p).Create(&context, request, &reply);
     if (!status.ok()) throw_status(status, "placing the variables on " + runtime_->describe({"ps", p}));
   }
-  for (int w = 0; w < static_cast<int>(workers_.size()); ++w) dispatchers_.emplace_back([this, w] { dispatch(w); });
 }
 
 std::shared_ptr<Closure> Coordinator::schedule(const RemoteFunction& fn, PerWorkerIterator it, int steps) {
@@ -1384,6 +1467,55 @@ void Coordinator::join() {
   runtime_->pull(vars_, placement_);
 }
 
+void Coordinator::gather(optim::Optimizer& optimizer) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!started_) return;
+  }
+  std::int64_t iterations = -1;
+  for (int p = 0; p < runtime_->config_.cluster.num_tasks("ps"); ++p) {
+    wire::StateRequest request;
+    runtime_->fill(request.mutable_caller());
+    wire::State reply;
+    grpc::ClientContext context;
+    set_deadline(context, runtime_->rpc_timeout_);
+    const std::string what = "copying the values and optimizer state of " + runtime_->describe({"ps", p});
+    if (const grpc::Status status = runtime_->ps(p).GetState(&context, request, &reply); !status.ok())
+      throw_status(status, what);
+    // Rows [begin, end) of `whole` take `bytes`, which must fit exactly.
+    auto copy_rows = [&](Tensor& whole, const ShardPlacement& s, const std::string& bytes, const std::string& name) {
+      const std::string_view target = rows_bytes(whole, s.row_begin, s.row_end);
+      if (bytes.size() != target.size())
+        DTRAIN_THROW(InvalidArgument, what, ": ", bytes.size(), " bytes for shard ", s.shard, " of ", name,
+                     ", which takes ", target.size());
+      std::memcpy(const_cast<char*>(target.data()), bytes.data(), target.size());
+    };
+    auto placed = [&](int variable, int shard) -> const ShardPlacement& {
+      for (const ShardPlacement& s : placement_)
+        if (static_cast<int>(s.index) == variable && s.shard == shard && s.ps == p) return s;
+      DTRAIN_THROW(InvalidArgument, what, ": it holds shard ", shard, " of variable ", variable,
+                   ", which the chief's model does not place there");
+    };
+    for (const wire::Rows& rows : reply.values()) {
+      const ShardPlacement& s = placed(rows.variable(), rows.shard());
+      copy_rows(vars_[s.index]->mutable_value(), s, rows.values(), "'" + vars_[s.index]->name() + "'");
+    }
+    if (reply.optimizer().empty()) continue;
+    iterations = std::max(iterations, reply.iterations());
+    for (const wire::SlotRows& rows : reply.slots()) {
+      const ShardPlacement& s = placed(rows.variable(), rows.shard());
+      Tensor* whole = nullptr;
+      for (const auto& [name, slot] : optimizer.slots(*vars_[s.index], /*create=*/true))
+        if (name == rows.slot()) whole = slot;
+      if (whole == nullptr)
+        DTRAIN_THROW(InvalidArgument, what, ": slot '", rows.slot(), "' of '", vars_[s.index]->name(),
+                     "' is not one of the chief's optimizer ", optimizer.name());
+      copy_rows(*whole, s, rows.values(), "slot '" + rows.slot() + "' of '" + vars_[s.index]->name() + "'");
+    }
+  }
+  if (iterations >= 0) optimizer.set_iterations(iterations);
+}
+
 ClusterCoordinator::Statistics Coordinator::statistics() const {
   ClusterCoordinator::Statistics s;
   {
@@ -1522,16 +1654,19 @@ void PsBackend::serve(Steps steps) {
   rt.serve();
 }
 
-void PsBackend::begin_fit() {
-  alive();
+void PsBackend::gather(optim::Optimizer& optimizer) { alive().coordinator().gather(optimizer); }
+
+void PsBackend::begin_fit(optim::Optimizer& optimizer) {
+  PsRuntime& rt = alive();
   if (fitted)
     DTRAIN_THROW(InvalidArgument, "fit under ParameterServerStrategy runs once per strategy: the workers serve the ",
                  "first fit's input, options and callbacks until the job ends; to train on, give the first fit more ",
                  "epochs, or make a new strategy (a new job) for another fit");
   fitted = true;
+  restoring = &optimizer;
 }
 
-void PsBackend::train(std::int64_t steps, int steps_per_closure, const Finished& finished) {
+void PsBackend::train(std::int64_t first_step, std::int64_t steps, int steps_per_closure, const Finished& finished) {
   PsRuntime& rt = alive();
   const Consistency& mode = rt.options_.consistency;
   if (steps_per_closure < 1 || static_cast<std::uint32_t>(steps_per_closure) > ParameterStore::kMaxStepsPerClosure)
@@ -1550,8 +1685,10 @@ void PsBackend::train(std::int64_t steps, int steps_per_closure, const Finished&
   // Two closures a worker ahead of those finished: enough that no worker waits for the
   // coordinator, few enough that a stop (an error, stop_training) ends training soon.
   const std::size_t ahead = 2 * static_cast<std::size_t>(rt.config_.cluster.num_tasks("worker"));
+  // The first closure of the fit starts from what on_train_begin restored, if anything.
+  if (optim::Optimizer* o = std::exchange(restoring, nullptr)) coordinator.restore(*o);
   std::deque<Scheduled> scheduled;
-  std::int64_t next = 0;
+  std::int64_t next = first_step;
   auto top_up = [&] {
     while (next < steps && scheduled.size() < ahead) {
       const int n = static_cast<int>(std::min<std::int64_t>(steps_per_closure, steps - next));

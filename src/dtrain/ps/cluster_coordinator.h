@@ -83,6 +83,9 @@ struct ParameterServerOptions {
   // small messages through gRPC; false: everything through gRPC. A ps on another host
   // always goes through gRPC.
   bool shared_memory = true;
+  // Called on a ps after each update it applies, with the count of updates applied so far
+  // (for monitoring and fault injection; it runs on the ps's RPC thread, so keep it short).
+  std::function<void(std::int64_t updates)> on_update;
 };
 
 namespace detail {

@@ -1,6 +1,7 @@
 // A parameter server's shards and their updates.
 #include "dtrain/ps/parameter_store.h"
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -10,7 +11,39 @@
 
 namespace dtrain::distribute {
 
+std::shared_ptr<optim::Optimizer> ParameterStore::make_optimizer(const std::string& json, const std::string& who) {
+  std::shared_ptr<optim::Optimizer> made = optimizer_from_json(nlohmann::json::parse(json), "optimizer");
+  if (made->options().clipnorm || made->options().global_clipnorm)
+    DTRAIN_THROW(InvalidArgument, who, "'s optimizer clips gradients (clipnorm or global_clipnorm): under ",
+                 "ParameterServerStrategy each parameter server updates its own shards, so no norm over a whole ",
+                 "variable or over every variable exists there; clip the gradients in the step function instead");
+  return made;
+}
+
 void ParameterStore::create(std::uint64_t job, std::vector<std::pair<ShardKey, Variable>> shards, int aggregate) {
+  create(job, std::move(shards), aggregate, OptimizerState{});
+}
+
+void ParameterStore::create(std::uint64_t job, std::vector<std::pair<ShardKey, Variable>> shards, int aggregate,
+                            OptimizerState restored) {
+  std::shared_ptr<optim::Optimizer> optimizer;
+  if (!restored.optimizer_json.empty()) {
+    // Built and filled before anything here changes: a bad state leaves the store as it was.
+    optimizer = make_optimizer(restored.optimizer_json, "the coordinator");
+    optimizer->set_iterations(restored.iterations);
+    for (const OptimizerState::Slot& given : restored.slots) {
+      const auto shard = std::find_if(shards.begin(), shards.end(), [&](const auto& s) { return s.first == given.key; });
+      Tensor* slot = nullptr;
+      if (shard != shards.end())
+        for (auto& [name, t] : optimizer->slots(shard->second, /*create=*/true))
+          if (name == given.name) slot = t;
+      if (slot == nullptr || !(given.value.shape() == slot->shape()))
+        DTRAIN_THROW(InvalidArgument, "the coordinator restored slot '", given.name, "' ", given.value.shape().to_string(),
+                     " of shard ", given.key.shard, " of variable ", given.key.variable, ", which ",
+                     slot ? "has another shape here" : "this parameter server's optimizer has no place for");
+      *slot = given.value.clone();
+    }
+  }
   std::lock_guard lock(mutex_);
   if (created_ && job == job_) return;
   aggregate_ = aggregate;
@@ -20,8 +53,8 @@ void ParameterStore::create(std::uint64_t job, std::vector<std::pair<ShardKey, V
   for (auto& [key, value] : shards) shards_.push_back(Shard{key, std::move(value)});
   job_ = job;
   created_ = true;
-  optimizer_.reset();
-  optimizer_json_.clear();
+  optimizer_ = std::move(optimizer);
+  optimizer_json_ = restored.optimizer_json;
   applied_.clear();
   fenced_.clear();
   version_ = 0;
@@ -67,12 +100,7 @@ ParameterStore::PushResult ParameterStore::push(const Push& push) {
     vars_.push_back(&s.value);
   }
   if (!optimizer_) {
-    std::shared_ptr<optim::Optimizer> made = optimizer_from_json(nlohmann::json::parse(push.optimizer_json), "optimizer");
-    if (made->options().clipnorm || made->options().global_clipnorm)
-      DTRAIN_THROW(InvalidArgument, push.task, "'s optimizer clips gradients (clipnorm or global_clipnorm): under ",
-                   "ParameterServerStrategy each parameter server updates its own shards, so no norm over a whole ",
-                   "variable or over every variable exists there; clip the gradients in the step function instead");
-    optimizer_ = std::move(made);
+    optimizer_ = make_optimizer(push.optimizer_json, push.task);
     optimizer_json_ = push.optimizer_json;
   } else if (push.optimizer_json != optimizer_json_) {
     DTRAIN_THROW(InvalidArgument, push.task, "'s optimizer ", push.optimizer_json, " differs from the one the ",
@@ -132,6 +160,20 @@ void ParameterStore::fence(const std::string& task, std::uint64_t incarnation) {
   std::lock_guard lock(mutex_);
   std::uint64_t& last = fenced_[task];
   last = std::max(last, incarnation);
+}
+
+ParameterStore::Snapshot ParameterStore::snapshot() const {
+  std::lock_guard lock(mutex_);
+  Snapshot snapshot;
+  for (const Shard& s : shards_) snapshot.values.emplace_back(s.key, s.value.value().clone());
+  if (!optimizer_) return snapshot;
+  OptimizerState& state = snapshot.optimizer;
+  state.optimizer_json = optimizer_json_;
+  state.iterations = optimizer_->iterations();
+  for (const Shard& s : shards_)
+    for (auto& [name, slot] : optimizer_->slots(s.value))
+      state.slots.push_back({s.key, name, slot->clone()});
+  return snapshot;
 }
 
 ParameterStore::Statistics ParameterStore::statistics() const {

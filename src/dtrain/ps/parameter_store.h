@@ -35,8 +35,31 @@ class ParameterStore {
   // from an older version arrives too late and is dropped (backup workers), and so is a
   // task's second one for the same update. 0: every push is applied as it arrives
   // (asynchronous).
+  // The optimizer's state for the shards: its Keras JSON, iteration count and slots.
+  struct OptimizerState {
+    std::string optimizer_json;  // empty: none
+    std::int64_t iterations = 0;
+    struct Slot {
+      ShardKey key;
+      std::string name;  // "m", "v", "momentum"
+      Tensor value;
+    };
+    std::vector<Slot> slots;
+  };
+  // `restored` (a job restored from a checkpoint): the optimizer starts from this state
+  // instead of from the first push (slots not given start as zeros); a slot for a shard not
+  // held here, or of another shape, is an error naming it, and nothing is created.
+  void create(std::uint64_t job, std::vector<std::pair<ShardKey, Variable>> shards, int aggregate,
+              OptimizerState restored);
   void create(std::uint64_t job, std::vector<std::pair<ShardKey, Variable>> shards, int aggregate = 0);
   bool created() const;
+  // A copy of every shard's value and of the optimizer's state (empty before the first
+  // update of a job not restored), taken at one version.
+  struct Snapshot {
+    std::vector<std::pair<ShardKey, Tensor>> values;
+    OptimizerState optimizer;
+  };
+  Snapshot snapshot() const;
 
   // Calls fn(key, value) for every shard under the lock, so the values are one version;
   // returns that version (updates applied so far).
@@ -88,6 +111,8 @@ class ParameterStore {
     mutable Variable value;
   };
   const Shard& find(const ShardKey& key, const std::string& task) const;
+  // The optimizer `json` describes, refused where it clips by norm (errors begin with `who`).
+  static std::shared_ptr<optim::Optimizer> make_optimizer(const std::string& json, const std::string& who);
   void apply();  // grads_ to vars_, one more version
 
   mutable std::mutex mutex_;
