@@ -162,7 +162,13 @@ TEST(ParameterServerFit, ABackupRestoredIntoANewJobGoesOnAsTheJobLeftAlone) {
   const Fitted first = fit_on_cluster(1, 1, options(), fit_with_backup(epochs - 1));
   EXPECT_EQ(first.model->optimizer().iterations(), (epochs - 1) * steps);  // fit gathers the ps's state
   const Fitted resumed = fit_on_cluster(1, 1, options(), fit_with_backup(epochs));
+  // The same job once more: the backup of its last epoch leaves nothing to train, and the
+  // model ends as restored (not as the new job's ps were first given it).
+  const Fitted again = fit_on_cluster(1, 1, options(), fit_with_backup(epochs));
   std::filesystem::remove_all(dir);
+  EXPECT_EQ(again.stats.pushes_applied, 0);
+  EXPECT_EQ(again.model->optimizer().iterations(), epochs * steps);
+  EXPECT_LE(testing::relative_difference(*again.model, *reference), 1e-5);
   EXPECT_EQ(resumed.stats.pushes_applied, steps);  // the new job trained the last epoch only
   EXPECT_EQ(resumed.history.history.at("loss").size(), 1u);
   EXPECT_EQ(resumed.model->optimizer().iterations(), epochs * steps);

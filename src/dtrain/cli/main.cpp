@@ -258,6 +258,9 @@ int run_fit(const std::string& path, const Overrides& o) {
     distribute::ParameterServerOptions options;
     options.consistency = parse_consistency(o.consistency);
     const cluster::TfConfig config = cluster::tf_config_from_environment();
+    if (kill.ps && kill.worker >= config.cluster.num_tasks("ps"))
+      DTRAIN_THROW(InvalidArgument, "--fault-kill ", o.fault_kill, ": the job has ", config.cluster.num_tasks("ps"),
+                   " ps task(s), numbered from 0");
     if (kill.ps && config.task.type == "ps" && config.task.index == kill.worker && first_start_of_job())
       options.on_update = [n = kill.step](std::int64_t updates) {
         if (updates != n) return;
@@ -575,7 +578,8 @@ int main(int argc, char** argv) {
       ->group("Testing");
   fit->add_option("--fault-kill", o.fault_kill,
                   "Testing: worker K sends itself SIGKILL at the start of its training batch S (worker:K:S, S counted "
-                  "from 0 over every epoch), on the job's first start only (DTRAIN_RESTART_COUNT unset or 0)")
+                  "from 0 over every epoch), or under --strategy parameter_server ps K once it has applied N updates "
+                  "(ps:K:N); on the job's first start only (DTRAIN_RESTART_COUNT unset or 0)")
       ->group("Testing");
   fit->add_option("--fault-term", o.fault_term,
                   "Testing: as --fault-kill, with SIGTERM (a preemption notice: with --checkpoint-dir, every worker "

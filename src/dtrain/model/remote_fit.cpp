@@ -90,7 +90,7 @@ History Sequential::serve_remote_fit(RemoteTraining& remote, BatchSource* batche
 
 History Sequential::coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps, const FitOptions& opt) {
   check_remote_options(*strategy_, opt);
-  remote.begin_fit(optimizer());
+  remote.begin_fit();
   std::ostream& out = opt.out ? *opt.out : std::cout;
   const int verbose = detail::resolve_verbose(opt.verbose, out);
   detail::Progress progress(out, verbose, steps);
@@ -105,6 +105,7 @@ History Sequential::coordinate_remote_fit(RemoteTraining& remote, std::int64_t s
   // A backup restored by on_train_begin: its values and optimizer state go to the
   // parameter servers with the first closure, and the epoch goes on from its position.
   const std::optional<FitPosition> resume = take_resume(opt, steps);
+  remote.place(optimizer(), resume.has_value());
   if (verbose > 0)
     out << strategy_->name() << ": " << remote.describe() << "; " << steps << " steps an epoch, "
         << opt.steps_per_execution << " to a closure\n";

@@ -81,9 +81,11 @@ class RemoteTraining {
   virtual void serve(Steps steps) = 0;
   // The coordinator, at the start of each fit(): the workers serve one fit's steps (its
   // input, options and callbacks) for the whole job, so a second fit is refused by name.
-  // The variables are placed with `optimizer`'s slots and iteration count where it has
-  // them when training starts (a fit resumed from a checkpoint).
-  virtual void begin_fit(optim::Optimizer& optimizer) = 0;
+  virtual void begin_fit() = 0;
+  // The coordinator, once the callbacks began (a backup may have been restored), before the
+  // first step: the variables are placed with this process's values and, where `restored`,
+  // with `optimizer`'s slots and iteration count.
+  virtual void place(optim::Optimizer& optimizer, bool restored) = 0;
   // Called on the coordinator as each closure ends, in the order they were handed out:
   // its first step, its number of steps and its figures; returns false to stop handing
   // out steps (fit's stop_training).

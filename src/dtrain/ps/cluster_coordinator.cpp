@@ -4,6 +4,8 @@
 #include "dtrain/ps/cluster_coordinator.h"
 
 #include <grpcpp/grpcpp.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -112,6 +114,10 @@ std::string shape_text(const Shape& s) { return s.to_string(); }
 Shape shape_of(const google::protobuf::RepeatedField<std::int64_t>& dims) {
   return Shape(std::vector<std::int64_t>(dims.begin(), dims.end()));
 }
+
+// What a task and a ps must share for the ps's segment to serve the task: the host and its
+// namespaces, and the user (a segment is made readable by its owner only).
+std::string attach_identity() { return comm::host_identity() + " uid " + std::to_string(::geteuid()); }
 
 // The name fit() defines its closures' function under on every worker.
 constexpr std::string_view kFitFunction = "model.fit";
@@ -225,7 +231,8 @@ class PsBackend final : public StrategyBackend, public RemoteTraining {
   int remote_worker_index() const override;
   std::string describe() const override;
   void serve(Steps steps) override;
-  void begin_fit(optim::Optimizer& optimizer) override;
+  void begin_fit() override;
+  void place(optim::Optimizer& optimizer, bool restored) override;
   void train(std::int64_t first_step, std::int64_t steps, int steps_per_closure, const Finished& finished) override;
   void gather(optim::Optimizer& optimizer) override;
   std::string statistics() const override;
@@ -233,7 +240,6 @@ class PsBackend final : public StrategyBackend, public RemoteTraining {
   // Set while the strategy lives (a model may outlive it).
   PsRuntime* runtime = nullptr;
   bool fitted = false;  // the chief began a fit
-  optim::Optimizer* restoring = nullptr;  // begin_fit's, until its first closure
 
  private:
   PsRuntime& alive() const;
@@ -337,6 +343,7 @@ class PsRuntime final : public dtrain::detail::VariableTracker {
   std::vector<Variable*> vars_;
   std::mutex channels_mutex_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
+  std::mutex stubs_mutex_;
   std::vector<std::unique_ptr<wire::ParameterServer::Stub>> ps_stubs_;
   std::vector<std::unique_ptr<wire::Worker::Stub>> worker_stubs_;
   std::vector<Lane> lanes_;  // [ps]
@@ -416,12 +423,14 @@ std::shared_ptr<grpc::Channel> PsRuntime::channel(const cluster::TaskId& task) {
 }
 
 wire::ParameterServer::Stub& PsRuntime::ps(int i) {
+  std::lock_guard lock(stubs_mutex_);  // the chief reaches it from fit's thread and the heartbeat's
   auto& stub = ps_stubs_.at(static_cast<std::size_t>(i));
   if (!stub) stub = wire::ParameterServer::NewStub(channel({"ps", i}));
   return *stub;
 }
 
 wire::Worker::Stub& PsRuntime::worker(int i) {
+  std::lock_guard lock(stubs_mutex_);
   auto& stub = worker_stubs_.at(static_cast<std::size_t>(i));
   if (!stub) stub = wire::Worker::NewStub(channel({"worker", i}));
   return *stub;
@@ -454,7 +463,7 @@ PsRuntime::Lane* PsRuntime::lane(int p, const std::vector<Variable*>& vars,
   if (lane.mapping) return &lane;
   wire::AttachRequest request;
   fill(request.mutable_caller());
-  request.set_host(comm::host_identity());
+  request.set_host(attach_identity());
   wire::AttachReply reply;
   grpc::ClientContext context;
   set_deadline(context, rpc_timeout_);
@@ -473,21 +482,23 @@ PsRuntime::Lane* PsRuntime::lane(int p, const std::vector<Variable*>& vars,
     const auto at = std::find_if(placement.begin(), placement.end(), [&](const ShardPlacement& s) {
       return s.index == v && static_cast<int>(s.shard) == place.shard() && s.ps == p;
     });
+    // Each shard within the values area, and the gradients area no larger than it.
     if (at == placement.end() || v >= vars.size() ||
         rows_bytes(vars[v]->value(), at->row_begin, at->row_end).size() != place.bytes() ||
-        place.offset() + place.bytes() > reply.gradients_offset() ||
-        reply.gradients_offset() + place.offset() + place.bytes() > reply.bytes()) {
+        reply.gradients_offset() > reply.bytes() / 2 || place.bytes() > reply.gradients_offset() ||
+        place.offset() > reply.gradients_offset() - place.bytes()) {
       lane.why_not = describe({"ps", p}) + " holds shards this task's model does not";
-      return nullptr;
+      break;
     }
     lane.offsets[{place.variable(), place.shard()}] = place.offset();
   }
-  if (lane.offsets.size() != on_p) {
+  if (lane.offsets.size() != on_p)
     lane = Lane{.why_not = describe({"ps", p}) + " holds other shards than this task's model places there"};
+  if (lane.why_not.empty()) lane.mapping = comm::open_segment(reply.segment(), reply.bytes(), lane.why_not);
+  if (!lane.mapping) {
+    ::shm_unlink(reply.segment().c_str());  // refused: the ps would keep its name until the job ends
     return nullptr;
   }
-  lane.mapping = comm::open_segment(reply.segment(), reply.bytes(), lane.why_not);
-  if (!lane.mapping) return nullptr;
   lane.segment = reply.segment();
   lane.gradients_offset = reply.gradients_offset();
   return &lane;
@@ -511,7 +522,7 @@ std::vector<std::int64_t> PsRuntime::pull(const std::vector<Variable*>& vars,
   for (int p = 0; p < num_ps; ++p) {
     const auto i = static_cast<std::size_t>(p);
     versions[i] = replies[i].version();
-    if (replies[i].in_segment()) {
+    if (replies[i].in_segment() && !requests[i].segment().empty()) {
       const Lane& l = lanes_[i];
       for (const ShardPlacement& s : placement) {
         if (s.ps != p) continue;
@@ -594,10 +605,10 @@ class PsService final : public wire::ParameterServer::Service {
       reply->set_why_not(runtime_.task_name_ + " keeps to gRPC (shared_memory is off)");
       return grpc::Status::OK;
     }
-    const std::string& here = comm::host_identity();
+    const std::string here = attach_identity();
     if (request->host() != here || here.find('?') != std::string::npos) {
       reply->set_why_not(request->caller().task() + " is not on " + runtime_.task_name_ +
-                         "'s host, or in another network or process namespace");
+                         "'s host, or in another network or process namespace, or runs as another user");
       return grpc::Status::OK;
     }
     auto segment = std::make_shared<Segment>();
@@ -1034,11 +1045,12 @@ class Coordinator {
   }
   ClusterCoordinator::Statistics statistics() const;
   void wait_for_workers(int count, std::chrono::duration<double> timeout);
-  // fit() on the chief, before its first closure: where `optimizer` has state (a backup
-  // was restored), the parameter servers take this process's values and that state, as a
-  // new job (nothing has run yet). gather() copies every ps's values and optimizer state
-  // into this process's variables and `optimizer` (for a checkpoint).
-  void restore(optim::Optimizer& optimizer);
+  // fit() on the chief, before its first closure: the variables are placed, and where a
+  // backup was `restored`, with this process's values and `optimizer`'s state (as a new
+  // job, if waiting for the workers placed them already: nothing has run yet). gather()
+  // copies every ps's values and optimizer state into this process's variables and
+  // `optimizer` (for a checkpoint).
+  void place(optim::Optimizer& optimizer, bool restored);
   void gather(optim::Optimizer& optimizer);
 
  private:
@@ -1049,7 +1061,7 @@ class Coordinator {
     grpc::ClientContext* in_flight = nullptr;  // the Run under way, for the heartbeat to cancel
   };
 
-  void start();
+  void start(optim::Optimizer* restored = nullptr);
   void dispatch(int w);
   enum class Reached { yes, no, refused };
   Reached connect(int w, std::uint64_t& incarnation);
@@ -1061,7 +1073,7 @@ class Coordinator {
 
   // Places the variables on the parameter servers as a new job, with `restored`'s slots and
   // iteration count where it is not null. Under mutex_.
-  void place(optim::Optimizer* restored);
+  void place_variables(optim::Optimizer* restored);
 
   PsRuntime* runtime_;  // which owns this coordinator
   std::vector<Variable*> vars_;
@@ -1086,7 +1098,7 @@ class Coordinator {
   std::thread heartbeat_;
 };
 
-void Coordinator::start() {
+void Coordinator::start(optim::Optimizer* restored) {
   // Called under mutex_ by the first schedule().
   started_ = true;
   vars_ = runtime_->variables();
@@ -1095,19 +1107,19 @@ void Coordinator::start() {
                  "the chief; build the model inside the scope before scheduling");
   placement_ = runtime_->placement(vars_);
   model_ = PsRuntime::model_description(vars_);
-  place(nullptr);
+  place_variables(restored);
   for (int w = 0; w < static_cast<int>(workers_.size()); ++w) dispatchers_.emplace_back([this, w] { dispatch(w); });
 }
 
-void Coordinator::restore(optim::Optimizer& optimizer) {
+void Coordinator::place(optim::Optimizer& optimizer, bool restored) {
   std::lock_guard lock(mutex_);
-  if (!started_) start();
-  bool has_state = optimizer.iterations() > 0;
-  for (Variable* v : vars_) has_state = has_state || !optimizer.slots(*v).empty();
-  if (has_state) place(&optimizer);
+  if (!started_)
+    start(restored ? &optimizer : nullptr);
+  else if (restored)
+    place_variables(&optimizer);
 }
 
-void Coordinator::place(optim::Optimizer* restored) {
+void Coordinator::place_variables(optim::Optimizer* restored) {
   const int num_ps = runtime_->config_.cluster.num_tasks("ps");
   std::uint64_t job = std::random_device{}();
   job = (job << 32) ^ std::random_device{}();
@@ -1656,14 +1668,17 @@ void PsBackend::serve(Steps steps) {
 
 void PsBackend::gather(optim::Optimizer& optimizer) { alive().coordinator().gather(optimizer); }
 
-void PsBackend::begin_fit(optim::Optimizer& optimizer) {
-  PsRuntime& rt = alive();
+void PsBackend::place(optim::Optimizer& optimizer, bool restored) {
+  alive().coordinator().place(optimizer, restored);
+}
+
+void PsBackend::begin_fit() {
+  alive();
   if (fitted)
     DTRAIN_THROW(InvalidArgument, "fit under ParameterServerStrategy runs once per strategy: the workers serve the ",
                  "first fit's input, options and callbacks until the job ends; to train on, give the first fit more ",
                  "epochs, or make a new strategy (a new job) for another fit");
   fitted = true;
-  restoring = &optimizer;
 }
 
 void PsBackend::train(std::int64_t first_step, std::int64_t steps, int steps_per_closure, const Finished& finished) {
@@ -1685,8 +1700,6 @@ void PsBackend::train(std::int64_t first_step, std::int64_t steps, int steps_per
   // Two closures a worker ahead of those finished: enough that no worker waits for the
   // coordinator, few enough that a stop (an error, stop_training) ends training soon.
   const std::size_t ahead = 2 * static_cast<std::size_t>(rt.config_.cluster.num_tasks("worker"));
-  // The first closure of the fit starts from what on_train_begin restored, if anything.
-  if (optim::Optimizer* o = std::exchange(restoring, nullptr)) coordinator.restore(*o);
   std::deque<Scheduled> scheduled;
   std::int64_t next = first_step;
   auto top_up = [&] {
