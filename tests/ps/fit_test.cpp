@@ -237,7 +237,7 @@ TEST(ParameterServerFit, WhatCannotWorkIsRefusedByName) {
     names(testing::message_of<InvalidArgument>(
               [&] { model->fit(d.x, d.y, {.batch_size = kBatch, .callbacks = {schedule}, .verbose = 0}); }),
           {"LearningRateScheduler", "learning-rate schedule"});
-    // The first fit above began (and stopped at its first closure): the workers serve one
+    // The first fit above began (and stopped before placing anything): the workers serve one
     // fit's input for the whole job.
     names(testing::message_of<InvalidArgument>([&] { model->fit(d.x, d.y, {.batch_size = kBatch, .verbose = 0}); }),
           {"runs once per strategy"});

@@ -90,7 +90,7 @@ History Sequential::serve_remote_fit(RemoteTraining& remote, BatchSource* batche
 
 History Sequential::coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps, const FitOptions& opt) {
   check_remote_options(*strategy_, opt);
-  remote.begin_fit();
+  remote.begin_fit(opt.steps_per_execution);
   std::ostream& out = opt.out ? *opt.out : std::cout;
   const int verbose = detail::resolve_verbose(opt.verbose, out);
   detail::Progress progress(out, verbose, steps);

@@ -80,8 +80,9 @@ class RemoteTraining {
   // its closures, until the coordinator ends the job.
   virtual void serve(Steps steps) = 0;
   // The coordinator, at the start of each fit(): the workers serve one fit's steps (its
-  // input, options and callbacks) for the whole job, so a second fit is refused by name.
-  virtual void begin_fit() = 0;
+  // input, options and callbacks) for the whole job, so a second fit is refused by name;
+  // so are steps_per_closure the consistency mode cannot order.
+  virtual void begin_fit(int steps_per_closure) = 0;
   // The coordinator, once the callbacks began (a backup may have been restored), before the
   // first step: the variables are placed with this process's values and, where `restored`,
   // with `optimizer`'s slots and iteration count.

@@ -231,7 +231,7 @@ class PsBackend final : public StrategyBackend, public RemoteTraining {
   int remote_worker_index() const override;
   std::string describe() const override;
   void serve(Steps steps) override;
-  void begin_fit() override;
+  void begin_fit(int steps_per_closure) override;
   void place(optim::Optimizer& optimizer, bool restored) override;
   void train(std::int64_t first_step, std::int64_t steps, int steps_per_closure, const Finished& finished) override;
   void gather(optim::Optimizer& optimizer) override;
@@ -1672,18 +1672,13 @@ void PsBackend::place(optim::Optimizer& optimizer, bool restored) {
   alive().coordinator().place(optimizer, restored);
 }
 
-void PsBackend::begin_fit() {
-  alive();
+void PsBackend::begin_fit(int steps_per_closure) {
+  const Consistency& mode = alive().options_.consistency;
   if (fitted)
     DTRAIN_THROW(InvalidArgument, "fit under ParameterServerStrategy runs once per strategy: the workers serve the ",
                  "first fit's input, options and callbacks until the job ends; to train on, give the first fit more ",
                  "epochs, or make a new strategy (a new job) for another fit");
   fitted = true;
-}
-
-void PsBackend::train(std::int64_t first_step, std::int64_t steps, int steps_per_closure, const Finished& finished) {
-  PsRuntime& rt = alive();
-  const Consistency& mode = rt.options_.consistency;
   if (steps_per_closure < 1 || static_cast<std::uint32_t>(steps_per_closure) > ParameterStore::kMaxStepsPerClosure)
     DTRAIN_THROW(InvalidArgument, "fit: steps_per_execution must be in [1, ", ParameterStore::kMaxStepsPerClosure,
                  "], got ", steps_per_closure);
@@ -1691,6 +1686,10 @@ void PsBackend::train(std::int64_t first_step, std::int64_t steps, int steps_per
     DTRAIN_THROW(InvalidArgument, "fit: steps_per_execution ", steps_per_closure, " under ", mode.description(),
                  " consistency: the coordinator orders closures, not the steps inside one, so only async ",
                  "training runs several steps to a closure; use steps_per_execution 1");
+}
+
+void PsBackend::train(std::int64_t first_step, std::int64_t steps, int steps_per_closure, const Finished& finished) {
+  PsRuntime& rt = alive();
   Coordinator& coordinator = rt.coordinator();
   struct Scheduled {
     std::int64_t first;
