@@ -248,6 +248,22 @@ SharedMapping& SharedMapping::operator=(SharedMapping&& other) noexcept {
   return *this;
 }
 
+namespace {
+
+// `bytes` of the segment open as `fd` (named `name` in errors), mapped and populated; the
+// descriptor is closed either way.
+SharedMapping map_and_close(int fd, std::size_t bytes, const std::string& name, std::string& why_not) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    why_not = "cannot map " + name + ": " + std::strerror(errno);
+    return {};
+  }
+  return SharedMapping(p, bytes);
+}
+
+}  // namespace
+
 NamedSegment NamedSegment::create(std::size_t bytes, std::string& why_not) {
   why_not.clear();
   remove_orphaned_segments();
@@ -268,13 +284,7 @@ NamedSegment NamedSegment::create(std::size_t bytes, std::string& why_not) {
     why_not = "cannot reserve " + std::to_string((bytes + (1u << 20) - 1) >> 20) + " MiB in /dev/shm: " + std::strerror(e);
     return made;
   }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) {
-    why_not = std::string("cannot map it: ") + std::strerror(errno);
-    return made;
-  }
-  made.mapping = SharedMapping(p, bytes);
+  made.mapping = map_and_close(fd, bytes, made.name_, why_not);
   return made;
 }
 
@@ -313,13 +323,7 @@ SharedMapping open_segment(const std::string& name, std::size_t bytes, std::stri
     why_not = name + " is not the size this process expects";
     return {};
   }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) {
-    why_not = std::string("cannot map ") + name + ": " + std::strerror(errno);
-    return {};
-  }
-  return SharedMapping(p, bytes);
+  return map_and_close(fd, bytes, name, why_not);
 }
 
 SharedBuffer::SharedBuffer(SharedMapping mapping, int rank, int size, std::size_t count, std::size_t stride)

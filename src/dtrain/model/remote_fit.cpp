@@ -103,7 +103,7 @@ History Sequential::coordinate_remote_fit(RemoteTraining& remote, std::int64_t s
   Logs logs;
   for (auto& c : callbacks) c->on_train_begin(logs);
   // A backup restored by on_train_begin: its values and optimizer state go to the
-  // parameter servers with the first closure, and the epoch goes on from its position.
+  // parameter servers now, before any step, and the epoch goes on from its position.
   const std::optional<FitPosition> resume = take_resume(opt, steps);
   remote.place(optimizer(), resume.has_value());
   if (verbose > 0)

@@ -16,6 +16,7 @@
 #include <iomanip>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -135,11 +136,54 @@ std::string_view rows_bytes(const Tensor& t, std::int64_t begin, std::int64_t en
           static_cast<std::size_t>((end - begin) * row) * sizeof(float)};
 }
 
+std::string_view all_bytes(const Tensor& t) { return {static_cast<const char*>(t.raw_data()), t.nbytes()}; }
+
 Shape shard_shape(const Shape& whole, std::int64_t rows) {
   if (whole.rank() == 0) return whole;
   std::vector<std::int64_t> dims(whole.dims().begin(), whole.dims().end());
   dims[0] = rows;
   return Shape(dims);
+}
+
+// One shard's rows added to a message: its place, its shape and, where given, its bytes
+// (a push through shared memory sends none).
+wire::Rows* add_rows(google::protobuf::RepeatedPtrField<wire::Rows>* to, int variable, int shard, const Shape& shape,
+                     std::optional<std::string_view> values) {
+  wire::Rows* rows = to->Add();
+  rows->set_variable(variable);
+  rows->set_shard(shard);
+  for (std::int64_t d : shape.dims()) rows->add_shape(d);
+  if (values) rows->set_values(values->data(), values->size());
+  return rows;
+}
+
+// One optimizer slot of one shard added to a message.
+void add_slot(google::protobuf::RepeatedPtrField<wire::SlotRows>* to, const std::string& slot, int variable, int shard,
+              std::string_view values) {
+  wire::SlotRows* rows = to->Add();
+  rows->set_slot(slot);
+  rows->set_variable(variable);
+  rows->set_shard(shard);
+  rows->set_values(values.data(), values.size());
+}
+
+// The placement of shard `shard` of variable `variable` on ps `ps`, or null.
+const ShardPlacement* find_placement(const std::vector<ShardPlacement>& placement, std::size_t variable,
+                                     std::int64_t shard, int ps) {
+  for (const ShardPlacement& s : placement)
+    if (s.index == variable && s.shard == shard && s.ps == ps) return &s;
+  return nullptr;
+}
+
+// `bytes` into rows [s.row_begin, s.row_end) of `whole`, which they must fill exactly;
+// the error begins with `context` and names `what` (a variable or a slot).
+void copy_rows(Tensor& whole, const ShardPlacement& s, std::string_view bytes, const std::string& context,
+               const std::string& what) {
+  const std::string_view target = rows_bytes(whole, s.row_begin, s.row_end);
+  if (bytes.size() != target.size())
+    DTRAIN_THROW(InvalidArgument, context, ": ", bytes.size(), " bytes for shard ", s.shard, " of ", what,
+                 ", which takes ", target.size());
+  std::memcpy(const_cast<char*>(target.data()), bytes.data(), target.size());
 }
 
 // Adds the seconds of its own lifetime to `total`.
@@ -294,6 +338,16 @@ class PsRuntime final : public dtrain::detail::VariableTracker {
   template <typename Request, typename Reply, typename Start>
   void call_every_ps(const std::vector<Request>& requests, std::vector<Reply>& replies, const char* doing,
                      Start start);
+  // One call to ps p, `method` of its stub, with the RPC deadline (the request's caller is
+  // filled here); a failure throws, beginning with `doing`.
+  template <typename Request, typename Reply, typename Method>
+  void call_ps(int p, Method method, Request& request, Reply& reply, const std::string& doing) {
+    fill(request.mutable_caller());
+    grpc::ClientContext context;
+    set_deadline(context, rpc_timeout_);
+    if (const grpc::Status status = (ps(p).*method)(&context, request, &reply); !status.ok())
+      throw_status(status, doing);
+  }
   // Pulls every shard into `vars`; returns each ps's version.
   std::vector<std::int64_t> pull(const std::vector<Variable*>& vars, const std::vector<ShardPlacement>& placement);
 
@@ -479,11 +533,9 @@ PsRuntime::Lane* PsRuntime::lane(int p, const std::vector<Variable*>& vars,
   for (const ShardPlacement& s : placement) on_p += s.ps == p;
   for (const wire::SegmentPlace& place : reply.places()) {
     const auto v = static_cast<std::size_t>(place.variable());
-    const auto at = std::find_if(placement.begin(), placement.end(), [&](const ShardPlacement& s) {
-      return s.index == v && static_cast<int>(s.shard) == place.shard() && s.ps == p;
-    });
+    const ShardPlacement* at = find_placement(placement, v, place.shard(), p);
     // Each shard within the values area, and the gradients area no larger than it.
-    if (at == placement.end() || v >= vars.size() ||
+    if (at == nullptr || v >= vars.size() ||
         rows_bytes(vars[v]->value(), at->row_begin, at->row_end).size() != place.bytes() ||
         reply.gradients_offset() > reply.bytes() / 2 || place.bytes() > reply.gradients_offset() ||
         place.offset() > reply.gradients_offset() - place.bytes()) {
@@ -535,18 +587,12 @@ std::vector<std::int64_t> PsRuntime::pull(const std::vector<Variable*>& vars,
     if (!requests[i].segment().empty()) drop_lane(p);  // the ps started again: attach anew next time
     for (const wire::Rows& rows : replies[i].shards()) {
       const auto v = static_cast<std::size_t>(rows.variable());
-      const ShardPlacement* where = nullptr;
-      for (const ShardPlacement& s : placement)
-        if (s.index == v && s.shard == rows.shard()) where = &s;
-      if (v >= vars.size() || where == nullptr || where->ps != p)
+      const ShardPlacement* where = find_placement(placement, v, rows.shard(), p);
+      if (v >= vars.size() || where == nullptr)
         DTRAIN_THROW(InvalidArgument, task_name_, ": ", describe({"ps", p}), " holds shard ", rows.shard(),
                      " of variable ", v, ", which this task's model does not place there (another model?)");
-      Tensor& value = vars[v]->mutable_value();
-      const std::string_view target = rows_bytes(value, where->row_begin, where->row_end);
-      if (rows.values().size() != target.size())
-        DTRAIN_THROW(InvalidArgument, task_name_, ": ", describe({"ps", p}), " sent ", rows.values().size(),
-                     " bytes for shard ", rows.shard(), " of '", vars[v]->name(), "', which takes ", target.size());
-      std::memcpy(const_cast<char*>(target.data()), rows.values().data(), target.size());
+      copy_rows(vars[v]->mutable_value(), *where, rows.values(), task_name_ + ": " + describe({"ps", p}) + " sent",
+                "'" + vars[v]->name() + "'");
     }
   }
   return versions;
@@ -663,11 +709,7 @@ class PsService final : public wire::ParameterServer::Service {
       return grpc::Status::OK;
     }
     const std::int64_t version = store_.read([&](const ParameterStore::ShardKey& key, const Tensor& value) {
-      wire::Rows* rows = reply->add_shards();
-      rows->set_variable(key.variable);
-      rows->set_shard(key.shard);
-      for (std::int64_t d : value.shape().dims()) rows->add_shape(d);
-      rows->set_values(value.raw_data(), value.nbytes());
+      add_rows(reply->mutable_shards(), key.variable, key.shard, value.shape(), all_bytes(value));
       message_bytes_ += static_cast<std::int64_t>(value.nbytes());
     });
     reply->set_version(version);
@@ -750,23 +792,13 @@ class PsService final : public wire::ParameterServer::Service {
     if (!store_.created())
       return {grpc::StatusCode::FAILED_PRECONDITION, runtime_.task_name_ + " holds no variables yet"};
     const ParameterStore::Snapshot snapshot = store_.snapshot();
-    for (const auto& [key, value] : snapshot.values) {
-      wire::Rows* rows = reply->add_values();
-      rows->set_variable(key.variable);
-      rows->set_shard(key.shard);
-      for (std::int64_t d : value.shape().dims()) rows->add_shape(d);
-      rows->set_values(value.raw_data(), value.nbytes());
-    }
+    for (const auto& [key, value] : snapshot.values)
+      add_rows(reply->mutable_values(), key.variable, key.shard, value.shape(), all_bytes(value));
     const ParameterStore::OptimizerState& state = snapshot.optimizer;
     reply->set_optimizer(state.optimizer_json);
     reply->set_iterations(state.iterations);
-    for (const ParameterStore::OptimizerState::Slot& slot : state.slots) {
-      wire::SlotRows* rows = reply->add_slots();
-      rows->set_slot(slot.name);
-      rows->set_variable(slot.key.variable);
-      rows->set_shard(slot.key.shard);
-      rows->set_values(slot.value.raw_data(), slot.value.nbytes());
-    }
+    for (const ParameterStore::OptimizerState::Slot& slot : state.slots)
+      add_slot(reply->mutable_slots(), slot.name, slot.key.variable, slot.key.shard, all_bytes(slot.value));
     return grpc::Status::OK;
   }
 
@@ -874,16 +906,12 @@ class PushSink final : public optim::detail::GradientSink {
       for (const ShardPlacement& s : placement_) {
         const std::size_t v = s.index;
         if (s.ps != p || !by_variable[v]) continue;
-        wire::Rows* rows = r.add_gradients();
-        rows->set_variable(static_cast<int>(v));
-        rows->set_shard(static_cast<int>(s.shard));
-        const Shape shape = shard_shape(vars_[v]->shape(), s.row_end - s.row_begin);
-        for (std::int64_t d : shape.dims()) rows->add_shape(d);
         const std::string_view bytes = rows_bytes(*by_variable[v], s.row_begin, s.row_end);
         if (lane)
           std::memcpy(lane->gradients({static_cast<int>(v), static_cast<int>(s.shard)}), bytes.data(), bytes.size());
-        else
-          rows->set_values(bytes.data(), bytes.size());
+        add_rows(r.mutable_gradients(), static_cast<int>(v), static_cast<int>(s.shard),
+                 shard_shape(vars_[v]->shape(), s.row_end - s.row_begin),
+                 lane ? std::nullopt : std::optional<std::string_view>(bytes));
       }
       return r;
     };
@@ -899,12 +927,10 @@ class PushSink final : public optim::detail::GradientSink {
       if (!replies[static_cast<std::size_t>(p)].detached()) continue;
       // The ps started again and read nothing: the values go in the message this time.
       runtime_.drop_lane(p);
-      const wire::PushRequest again = request_to(p, nullptr);
+      wire::PushRequest again = request_to(p, nullptr);
       wire::PushReply reply;
-      grpc::ClientContext context;
-      set_deadline(context, runtime_.rpc_timeout_);
-      if (const grpc::Status status = runtime_.ps(p).Push(&context, again, &reply); !status.ok())
-        throw_status(status, runtime_.task_name_ + " pushing to " + runtime_.describe({"ps", p}));
+      runtime_.call_ps(p, &wire::ParameterServer::Stub::Push, again, reply,
+                       runtime_.task_name_ + " pushing to " + runtime_.describe({"ps", p}));
     }
   }
 
@@ -1138,27 +1164,18 @@ void Coordinator::place_variables(optim::Optimizer* restored) {
     for (const ShardPlacement& s : placement_) {
       if (s.ps != p) continue;
       const std::size_t v = s.index;
-      wire::Rows* rows = request.add_shards();
-      rows->set_variable(static_cast<int>(v));
-      rows->set_shard(static_cast<int>(s.shard));
-      const Shape shape = shard_shape(vars_[v]->shape(), s.row_end - s.row_begin);
-      for (std::int64_t d : shape.dims()) rows->add_shape(d);
-      const std::string_view bytes = rows_bytes(vars_[v]->mutable_value(), s.row_begin, s.row_end);
-      rows->set_values(bytes.data(), bytes.size());
+      add_rows(request.mutable_shards(), static_cast<int>(v), static_cast<int>(s.shard),
+               shard_shape(vars_[v]->shape(), s.row_end - s.row_begin),
+               rows_bytes(vars_[v]->value(), s.row_begin, s.row_end));
     }
     if (restored) {
       request.set_optimizer(optimizer_to_json(*restored).dump());
       request.set_iterations(restored->iterations());
       for (const ShardPlacement& s : placement_) {
         if (s.ps != p) continue;
-        for (const auto& [name, slot] : restored->slots(*vars_[s.index])) {
-          wire::SlotRows* rows = request.add_slots();
-          rows->set_slot(name);
-          rows->set_variable(static_cast<int>(s.index));
-          rows->set_shard(static_cast<int>(s.shard));
-          const std::string_view bytes = rows_bytes(*slot, s.row_begin, s.row_end);
-          rows->set_values(bytes.data(), bytes.size());
-        }
+        for (const auto& [name, slot] : restored->slots(*vars_[s.index]))
+          add_slot(request.mutable_slots(), name, static_cast<int>(s.index), static_cast<int>(s.shard),
+                   rows_bytes(*slot, s.row_begin, s.row_end));
       }
     }
     grpc::ClientContext context;
@@ -1487,30 +1504,17 @@ void Coordinator::gather(optim::Optimizer& optimizer) {
   std::int64_t iterations = -1;
   for (int p = 0; p < runtime_->config_.cluster.num_tasks("ps"); ++p) {
     wire::StateRequest request;
-    runtime_->fill(request.mutable_caller());
     wire::State reply;
-    grpc::ClientContext context;
-    set_deadline(context, runtime_->rpc_timeout_);
     const std::string what = "copying the values and optimizer state of " + runtime_->describe({"ps", p});
-    if (const grpc::Status status = runtime_->ps(p).GetState(&context, request, &reply); !status.ok())
-      throw_status(status, what);
-    // Rows [begin, end) of `whole` take `bytes`, which must fit exactly.
-    auto copy_rows = [&](Tensor& whole, const ShardPlacement& s, const std::string& bytes, const std::string& name) {
-      const std::string_view target = rows_bytes(whole, s.row_begin, s.row_end);
-      if (bytes.size() != target.size())
-        DTRAIN_THROW(InvalidArgument, what, ": ", bytes.size(), " bytes for shard ", s.shard, " of ", name,
-                     ", which takes ", target.size());
-      std::memcpy(const_cast<char*>(target.data()), bytes.data(), target.size());
-    };
+    runtime_->call_ps(p, &wire::ParameterServer::Stub::GetState, request, reply, what);
     auto placed = [&](int variable, int shard) -> const ShardPlacement& {
-      for (const ShardPlacement& s : placement_)
-        if (static_cast<int>(s.index) == variable && s.shard == shard && s.ps == p) return s;
+      if (const ShardPlacement* s = find_placement(placement_, static_cast<std::size_t>(variable), shard, p)) return *s;
       DTRAIN_THROW(InvalidArgument, what, ": it holds shard ", shard, " of variable ", variable,
                    ", which the chief's model does not place there");
     };
     for (const wire::Rows& rows : reply.values()) {
       const ShardPlacement& s = placed(rows.variable(), rows.shard());
-      copy_rows(vars_[s.index]->mutable_value(), s, rows.values(), "'" + vars_[s.index]->name() + "'");
+      copy_rows(vars_[s.index]->mutable_value(), s, rows.values(), what, "'" + vars_[s.index]->name() + "'");
     }
     if (reply.optimizer().empty()) continue;
     iterations = std::max(iterations, reply.iterations());
@@ -1522,7 +1526,7 @@ void Coordinator::gather(optim::Optimizer& optimizer) {
       if (whole == nullptr)
         DTRAIN_THROW(InvalidArgument, what, ": slot '", rows.slot(), "' of '", vars_[s.index]->name(),
                      "' is not one of the chief's optimizer ", optimizer.name());
-      copy_rows(*whole, s, rows.values(), "slot '" + rows.slot() + "' of '" + vars_[s.index]->name() + "'");
+      copy_rows(*whole, s, rows.values(), what, "slot '" + rows.slot() + "' of '" + vars_[s.index]->name() + "'");
     }
   }
   if (iterations >= 0) optimizer.set_iterations(iterations);
@@ -1536,12 +1540,9 @@ ClusterCoordinator::Statistics Coordinator::statistics() const {
   }
   for (int p = 0; p < runtime_->config_.cluster.num_tasks("ps"); ++p) {
     wire::StatisticsRequest request;
-    runtime_->fill(request.mutable_caller());
     wire::Statistics reply;
-    grpc::ClientContext context;
-    set_deadline(context, runtime_->rpc_timeout_);
-    const grpc::Status status = runtime_->ps(p).GetStatistics(&context, request, &reply);
-    if (!status.ok()) throw_status(status, "asking " + runtime_->describe({"ps", p}) + " for its statistics");
+    runtime_->call_ps(p, &wire::ParameterServer::Stub::GetStatistics, request, reply,
+                      "asking " + runtime_->describe({"ps", p}) + " for its statistics");
     s.pushes_applied += reply.pushes_applied();
     s.pushes_refused += reply.pushes_refused();
     s.pushes_dropped += reply.pushes_dropped();
