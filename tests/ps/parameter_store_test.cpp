@@ -49,19 +49,26 @@ std::vector<float> stored(const ParameterStore& store) {
   return out;
 }
 
+// The gradient of step `step` (from 1) in the tests that train a [5, 3] variable.
+Tensor grad_at(std::uint64_t step) { return ramp(Shape{5, 3}, 0.3f * static_cast<float>(step), -0.07f); }
+
+// Adam on the whole variable, from `initial`, for steps 1..steps: the reference.
+std::vector<float> whole_adam(const Tensor& initial, std::uint64_t steps) {
+  Variable whole("w", initial.clone());
+  optim::Adam reference(0.05f);
+  for (std::uint64_t step = 1; step <= steps; ++step) {
+    std::vector<Variable*> vars{&whole};
+    reference.apply_gradients(std::vector<Tensor>{grad_at(step)}, vars);
+  }
+  return whole.value().to_vector();
+}
+
 TEST(ParameterStore, AdamOnShardsIsAdamOnTheWholeVariable) {
   const Tensor initial = ramp(Shape{5, 3}, -1.0f, 0.13f);
   ParameterStore store;
   two_shards(store, initial);
-  Variable whole("w", initial.clone());
-  optim::Adam reference(0.05f);
-  for (std::uint64_t step = 1; step <= 4; ++step) {
-    const Tensor grad = ramp(Shape{5, 3}, 0.3f * static_cast<float>(step), -0.07f);
-    ASSERT_TRUE(store.push(push_of(step, grad)).applied);
-    std::vector<Variable*> vars{&whole};
-    reference.apply_gradients(std::vector<Tensor>{grad}, vars);
-  }
-  EXPECT_EQ(stored(store), whole.value().to_vector());  // elementwise: bit for bit
+  for (std::uint64_t step = 1; step <= 4; ++step) ASSERT_TRUE(store.push(push_of(step, grad_at(step))).applied);
+  EXPECT_EQ(stored(store), whole_adam(initial, 4));  // elementwise: bit for bit
   EXPECT_EQ(store.statistics().version, 4);
 }
 
@@ -71,13 +78,7 @@ TEST(ParameterStore, AStoreRestoredFromASnapshotGoesOnAsTheStoreLeftAlone) {
   const Tensor initial = ramp(Shape{5, 3}, -1.0f, 0.13f);
   ParameterStore first;
   two_shards(first, initial);
-  Variable whole("w", initial.clone());
-  optim::Adam reference(0.05f);
-  auto grad_at = [](std::uint64_t step) { return ramp(Shape{5, 3}, 0.3f * static_cast<float>(step), -0.07f); };
-  for (std::uint64_t step = 1; step <= 4; ++step) {
-    std::vector<Variable*> vars{&whole};
-    reference.apply_gradients(std::vector<Tensor>{grad_at(step)}, vars);
-  }
+  const std::vector<float> expected = whole_adam(initial, 4);
   for (std::uint64_t step = 1; step <= 2; ++step) ASSERT_TRUE(first.push(push_of(step, grad_at(step))).applied);
   const ParameterStore::Snapshot saved = first.snapshot();
   ASSERT_EQ(saved.optimizer.iterations, 2);
@@ -90,13 +91,13 @@ TEST(ParameterStore, AStoreRestoredFromASnapshotGoesOnAsTheStoreLeftAlone) {
   ParameterStore restored;
   restore_into(restored, saved.optimizer);
   for (std::uint64_t step = 3; step <= 4; ++step) ASSERT_TRUE(restored.push(push_of(step, grad_at(step))).applied);
-  EXPECT_EQ(stored(restored), whole.value().to_vector());
+  EXPECT_EQ(stored(restored), expected);
   EXPECT_EQ(restored.snapshot().optimizer.iterations, 4);
   // Without the moments the same pushes end elsewhere: the check above can fail.
   ParameterStore forgetful;
   restore_into(forgetful, {});
   for (std::uint64_t step = 3; step <= 4; ++step) ASSERT_TRUE(forgetful.push(push_of(step, grad_at(step))).applied);
-  EXPECT_NE(stored(forgetful), whole.value().to_vector());
+  EXPECT_NE(stored(forgetful), expected);
   // A slot of another shape is refused by name, and the store is left as it was.
   ParameterStore::OptimizerState bad = saved.optimizer;
   bad.slots[1].value = Tensor::zeros(Shape{2, 3});
