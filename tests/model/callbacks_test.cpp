@@ -285,5 +285,20 @@ TEST_F(Fixture, FiniteTrainingRecordsNothing) {
   EXPECT_FALSE(stop->stopped_at().has_value());
 }
 
+// A batch callback's calls under ParameterServerStrategy's closures end several batches
+// each; counted as Keras counts them, across epochs and a mid-epoch resume.
+TEST(BatchesSeen, CountsTheBatchesEachCallEnds) {
+  BatchesSeen seen;
+  // An epoch of 10 batches in closures of 3: calls end batches 2, 5, 8 and 9.
+  EXPECT_EQ(seen.after(2), 3);
+  EXPECT_EQ(seen.after(5), 3);
+  EXPECT_EQ(seen.after(8), 3);
+  EXPECT_EQ(seen.after(9), 1);
+  EXPECT_EQ(seen.after(2), 3);  // the next epoch starts again at 0
+  EXPECT_EQ(seen.after(3), 1);  // one batch a call, as a local fit calls
+  seen.restart(6);              // resumed after batch 6 of an epoch
+  EXPECT_EQ(seen.after(9), 3);
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -161,6 +161,27 @@ TEST(ParameterServerFit, ABackupRestoredIntoANewJobGoesOnAsTheJobLeftAlone) {
   };
   const Fitted first = fit_on_cluster(1, 1, options(), fit_with_backup(epochs - 1));
   EXPECT_EQ(first.model->optimizer().iterations(), (epochs - 1) * steps);  // fit gathers the ps's state
+  {
+    // Closures of 3 steps: the backup counts every step, and saves every 4 of them.
+    std::shared_ptr<train::BackupAndRestore> counted;
+    const std::string counted_dir = dir + "_counted";
+    fit_on_cluster(1, 1, options(), [&](Sequential& m) {
+      FitOptions o = fit_options;
+      o.steps_per_execution = 3;
+      train::BackupAndRestoreOptions backup;
+      backup.save_freq = 4;
+      backup.out = nullptr;
+      auto made = std::make_shared<train::BackupAndRestore>(counted_dir, backup);
+      // The chief's (only its thread writes `counted`): the callback runs there.
+      if (RemoteTraining* remote = m.distribute_strategy()->remote_training(); remote->coordinates()) counted = made;
+      o.callbacks = {made};
+      return m.fit(d.x, d.y, o);
+    });
+    std::filesystem::remove_all(counted_dir);
+    ASSERT_NE(counted, nullptr);
+    EXPECT_EQ(counted->steps_done(), epochs * steps);
+    EXPECT_EQ(counted->saves(), epochs * steps / 4);
+  }
   const Fitted resumed = fit_on_cluster(1, 1, options(), fit_with_backup(epochs));
   // The same job once more: the backup of its last epoch leaves nothing to train, and the
   // model ends as restored (not as the new job's ps were first given it).

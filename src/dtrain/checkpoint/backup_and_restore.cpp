@@ -39,6 +39,7 @@ void BackupAndRestore::on_train_begin(const Logs& /*logs*/) {
   const int in_sync = strategy ? strategy->num_replicas_in_sync() : 1;
   preempted_ = false;
   steps_done_ = 0;
+  seen_.restart();
   resumed_from_.reset();
   // What fit itself keeps: the position to resume at and the batches done in all. Each
   // worker's metric totals are summed into the saved ones; on restore the chief takes the
@@ -69,6 +70,7 @@ void BackupAndRestore::on_train_begin(const Logs& /*logs*/) {
     p.totals = j.at("totals").get<std::vector<double>>();
     if (worker != 0) std::fill(p.totals.begin(), p.totals.end(), 0.0);
     steps_done_ = j.at("steps_done").get<std::int64_t>();
+    seen_.restart(p.batch - 1);
     model.resume_fit_at(std::move(p));
   };
   // "fit" first: restore checks the objects in order, and the job's shape (workers,
@@ -113,8 +115,9 @@ std::string BackupAndRestore::save(const FitPosition& position) {
   return path;
 }
 
-void BackupAndRestore::on_train_batch_end(std::int64_t /*batch*/, const Logs& /*logs*/) {
-  ++steps_done_;
+void BackupAndRestore::on_train_batch_end(std::int64_t batch, const Logs& /*logs*/) {
+  const std::int64_t before = steps_done_;
+  steps_done_ += seen_.after(batch);
   StrategyBackend* strategy = model_->distribute_strategy().get();
   const int workers = strategy ? strategy->num_workers() : 1;
   if (watcher_ && !preempted_) {
@@ -132,7 +135,7 @@ void BackupAndRestore::on_train_batch_end(std::int64_t /*batch*/, const Logs& /*
                  path, " after ", steps_done_,
                  " training batches; run the same job again to resume there");
   }
-  if (!options_.save_freq.per_epoch() && steps_done_ % options_.save_freq.batches() == 0)
+  if (!options_.save_freq.per_epoch() && steps_done_ / options_.save_freq.batches() > before / options_.save_freq.batches())
     save(model_->fit_position());
 }
 

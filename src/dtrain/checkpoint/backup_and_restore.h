@@ -77,6 +77,7 @@ class BackupAndRestore : public Callback {
   std::unique_ptr<PreemptionWatcher> watcher_;
   FitPosition saving_;  // the position the save under way records
   std::int64_t steps_done_ = 0;
+  BatchesSeen seen_;
   std::int64_t saves_ = 0;
   bool preempted_ = false;
   std::optional<std::string> resumed_from_;

@@ -195,6 +195,7 @@ std::string ModelCheckpoint::path_for(int epoch, std::optional<std::int64_t> bat
 void ModelCheckpoint::on_train_begin(const Logs& /*logs*/) {
   if (!model_) DTRAIN_THROW(InvalidArgument, "ModelCheckpoint: not attached to a model");
   batches_since_save_ = 0;
+  seen_.restart();
   warned_missing_monitor_ = false;
 }
 
@@ -203,7 +204,8 @@ void ModelCheckpoint::on_epoch_begin(int epoch, const Logs& /*logs*/) { epoch_ =
 void ModelCheckpoint::on_train_batch_end(std::int64_t batch, const Logs& logs) {
   if (options_.save_freq.per_epoch()) return;
   // Counted across epochs, as Keras counts them: every N-th training batch of the fit.
-  if (++batches_since_save_ < options_.save_freq.batches()) return;
+  batches_since_save_ += seen_.after(batch);
+  if (batches_since_save_ < options_.save_freq.batches()) return;
   batches_since_save_ = 0;
   save(epoch_, batch, logs);
 }

@@ -79,6 +79,7 @@ class ModelCheckpoint : public Callback {
   double best_;
   int epoch_ = 0;                    // the epoch under way (0-based)
   std::int64_t batches_since_save_ = 0;
+  BatchesSeen seen_;
   bool warned_missing_monitor_ = false;
   std::optional<std::string> last_saved_;
 };

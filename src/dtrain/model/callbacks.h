@@ -54,6 +54,24 @@ class Callback {
   Sequential* model_ = nullptr;
 };
 
+// The training batches a batch callback's calls stand for, counted as Keras counts them:
+// one call may end several batches (under ParameterServerStrategy a closure of
+// steps_per_execution steps ends with its last), and the index starts again each epoch.
+class BatchesSeen {
+ public:
+  // The batches that ended with batch `batch` (0-based within its epoch) since the last call.
+  std::int64_t after(std::int64_t batch) {
+    const std::int64_t n = batch > last_ ? batch - last_ : batch + 1;
+    last_ = batch;
+    return n;
+  }
+  // The next call's batches count from batch `last` + 1 (a fit resumed mid-epoch).
+  void restart(std::int64_t last = -1) { last_ = last; }
+
+ private:
+  std::int64_t last_ = -1;
+};
+
 // Records every epoch's logs: history["loss"][epoch], ... fit() returns one.
 class History : public Callback {
  public:
