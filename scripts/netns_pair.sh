@@ -42,3 +42,40 @@ netns_pair_up() {
       { echo "tc cannot rate-limit a veth here (no tbf qdisc)"; return 1; }
   done
 }
+
+# A star of "hosts": namespace HUB holds a bridge, and each namespace NS_i is joined to it
+# by a veth pair rate-limited at RATE on both ends, so that each host has its own link of
+# that rate in each direction (a switch with RATE ports). NS_i gets 169.254.78.(i+1)/24.
+#
+#   netns_star_up HUB RATE NS_0 NS_1 ...
+#   netns_star_down HUB NS_0 NS_1 ...
+netns_star_down() {
+  local ns
+  for ns in "$@"; do ip netns del "$ns" 2>/dev/null || true; done
+}
+
+netns_star_up() {
+  local hub=$1 rate=$2
+  shift 2
+  netns_star_down "$hub" "$@"
+  ip netns add "$hub" 2>/dev/null || { echo "cannot create network namespaces here (ip netns add failed)"; return 1; }
+  ip -n "$hub" link add br0 type bridge || { echo "cannot create a bridge in $hub"; return 1; }
+  ip -n "$hub" link set br0 up
+  local i=0 ns host port
+  for ns in "$@"; do
+    host="h$(cksum <<<"$ns" | cut -d' ' -f1)" port="p$(cksum <<<"$ns" | cut -d' ' -f1)"
+    ip netns add "$ns" || { echo "ip netns add $ns failed"; return 1; }
+    ip link add "$host" netns "$ns" type veth peer name "$port" netns "$hub" 2>/dev/null ||
+      { echo "cannot create a veth pair here"; return 1; }
+    ip -n "$ns" link set lo up
+    ip -n "$ns" addr add "169.254.78.$((i + 1))/24" dev "$host" || { echo "cannot address $host in $ns"; return 1; }
+    ip -n "$ns" link set "$host" up
+    ip -n "$hub" link set "$port" master br0 || { echo "cannot attach $port to the bridge"; return 1; }
+    ip -n "$hub" link set "$port" up
+    # Uplink limited on the host's end, downlink on the switch's.
+    ip netns exec "$ns" tc qdisc add dev "$host" root tbf rate "$rate" burst 256kb latency 400ms 2>/dev/null &&
+      ip netns exec "$hub" tc qdisc add dev "$port" root tbf rate "$rate" burst 256kb latency 400ms 2>/dev/null ||
+      { echo "tc cannot rate-limit a veth here (no tbf qdisc)"; return 1; }
+    i=$((i + 1))
+  done
+}
