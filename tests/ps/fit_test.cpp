@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 
 #include "common/compare.h"
 #include "common/error_message.h"
@@ -208,6 +211,29 @@ TEST(ParameterServerFit, ABackupRestoredIntoANewJobGoesOnAsTheJobLeftAlone) {
         ASSERT_NEAR(a[j], b[j], 1e-5 + 1e-4 * std::abs(b[j])) << got_vars[v]->name() << " slot " << got[i].first << " [" << j << "]";
     }
   }
+}
+
+// --profile under the strategy: the worker writes its steps' trace, the pull of the
+// weights and the push of the gradients among their phases.
+TEST(ParameterServerFit, AWorkerTracesItsStepsWithThePullAndThePush) {
+  const Data d = make_data();
+  const std::string path = ::testing::TempDir() + "ps_trace_" + std::to_string(::getpid()) + ".json";
+  std::filesystem::remove(path);
+  fit_on_cluster(1, 1, options(), [&](Sequential& m) {
+    FitOptions o{.epochs = 1, .batch_size = kBatch, .verbose = 0};
+    o.callbacks = {std::make_shared<ProfilerCallback>(path)};
+    return m.fit(d.x, d.y, o);
+  });
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path << " was not written";
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::filesystem::remove(path);
+  std::map<std::string, int> events;
+  for (const auto& e : trace.at("traceEvents"))
+    if (e.value("ph", "") == "X") ++events[e.value("name", "")];
+  const int steps = static_cast<int>(kSamples / kBatch);
+  for (const char* phase : {"pull", "forward", "backward", "push"})
+    EXPECT_EQ(events[phase], steps) << phase << " in " << trace.dump().substr(0, 400);
 }
 
 // stop_training set by a callback stops the coordinator handing out steps: fit ends after

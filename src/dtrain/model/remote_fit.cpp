@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "dtrain/core/clock.h"
+#include "dtrain/core/files.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/model/batch_sources.h"
 #include "dtrain/model/progress.h"
@@ -41,8 +42,22 @@ void Sequential::gather_remote_state() {
 
 History Sequential::serve_remote_fit(RemoteTraining& remote, BatchSource* batches, const FitOptions& opt) {
   check_remote_options(*strategy_, opt);
-  profile::Profiler profiler;
+  // A ProfilerCallback's trace: each worker writes its own steps' phases (pull, input
+  // wait, forward, backward, push), worker 0's at the callback's path.
+  const int worker = remote.remote_worker_index();
+  std::string trace_path;
+  profile::ProfilerOptions profile_options;
+  for (const auto& c : opt.callbacks)
+    if (const auto* p = dynamic_cast<const ProfilerCallback*>(c.get()); p && worker >= 0) {
+      trace_path = p->path_for_worker(worker);
+      check_replaceable(trace_path, "fit: the trace file");
+      profile_options.trace = true;
+      profile_options.max_trace_steps = p->max_steps();
+    }
+  profile::Profiler profiler(profile_options);
+  profile::Track& loop = profiler.loop();
   Trainer trainer(*this, 1, profiler);
+  trainer.updates_are_pushes();
   // The steps run on the server's threads: with this thread's compute threads.
   const int threads = num_threads();
   std::vector<std::shared_ptr<Callback>> here;
@@ -69,22 +84,29 @@ History Sequential::serve_remote_fit(RemoteTraining& remote, BatchSource* batche
     double rows = 0;
     Tensor x, y;
     for (int i = 0; i < steps; ++i) {
+      profiler.begin_step();
+      const Clock::time_point pull_start = Clock::now();
       before_step(i);
+      const Clock::time_point input_start = Clock::now();
+      loop.add(profile::Phase::pull, pull_start, input_start);
       if (!batches->next(x, y)) {
         batches->begin_epoch(++pass);
         if (!batches->next(x, y))
-          DTRAIN_THROW(InvalidArgument, "fit: worker ", remote.remote_worker_index(), "'s share of the input has no batch");
+          DTRAIN_THROW(InvalidArgument, "fit: worker ", worker, "'s share of the input has no batch");
       }
+      loop.add(profile::Phase::input_wait, input_start, Clock::now());
       for (auto& c : here) c->on_train_batch_begin(step_here, no_logs);
       trainer.step(x, y, loss_mean);
       for (auto& c : here) c->on_train_batch_end(step_here, no_logs);
       ++step_here;
       rows += static_cast<double>(x.dim(0));
+      profiler.end_step(x.dim(0));
     }
     figures.assign({rows, loss_mean.total(), loss_mean.count()});
     for (const auto& m : metrics_) figures.insert(figures.end(), {m->total(), m->count()});
     return figures;
   });
+  if (!trace_path.empty()) profiler.write_trace(trace_path, worker, "worker " + std::to_string(worker));
   return History();
 }
 

@@ -74,7 +74,7 @@ class RemoteTraining {
   virtual std::string describe() const = 0;
 
   // Runs one closure on a worker: `steps` training steps, calling before_step(i) before
-  // step i (which brings the weights up to date); returns the closure's figures.
+  // step i (which pulls the current weights); returns the closure's figures.
   using Steps = std::function<std::vector<double>(int steps, const std::function<void(int)>& before_step)>;
   // A worker or parameter server: answers the coordinator, running `steps` for each of
   // its closures, until the coordinator ends the job.

@@ -72,6 +72,9 @@ class Sequential::Trainer {
   // worker's own part of a global batch of that many rows (undefined when it has none).
   // Batches accumulated since the last update.
   int pending() const { return static_cast<int>(micro_ % k_); }
+  // A ParameterServerStrategy worker's update is the push of its gradients to the
+  // parameter servers (which apply them): profiled as such.
+  void updates_are_pushes() { update_phase_ = profile::Phase::push; }
 
   void step(const Tensor& x, const Tensor& y, metrics::Mean& loss_mean, std::int64_t global_rows = -1) {
     const bool update = ++micro_ % k_ == 0;
@@ -111,7 +114,7 @@ class Sequential::Trainer {
     }
     const Clock::time_point optimizer_end = Clock::now();
     loop.add(profile::Phase::backward, forward_end, backward_end);
-    loop.add(profile::Phase::optimizer, backward_end, optimizer_end);
+    loop.add(update_phase_, backward_end, optimizer_end);
     record(y, y_pred, detail::mean_value(loss), x.dim(0), loss_mean);
     loop.add(profile::Phase::metrics, optimizer_end, Clock::now());
   }
@@ -270,6 +273,7 @@ class Sequential::Trainer {
 
   Sequential& model_;
   int k_;
+  profile::Phase update_phase_ = profile::Phase::optimizer;
   profile::Profiler& profiler_;
   std::vector<profile::Track*> tracks_;  // [replica]
   std::int64_t micro_ = 0;

@@ -974,19 +974,18 @@ class WorkerService final : public wire::Worker::Service {
       }
       double pull_seconds = 0;
       std::vector<std::int64_t> versions;
-      {
+      auto pull = [&] {
         const ScopedSeconds timed(pull_seconds);
         versions = runtime_.pull(vars_, placement_);
-      }
+      };
+      if (!fn->second.steps) pull();
       PushSink sink(runtime_, vars_, placement_, request->closure(), request->incarnation(), versions);
       optim::detail::ScopedGradientSink scoped(&sink);
       if (fn->second.steps) {
-        // fit()'s closure: each step after the first trains on the weights as they are then.
+        // fit()'s closure: each step trains on the weights as they are when it starts (the
+        // pull is the step's first phase in the worker's profile).
         const std::vector<double> figures = fn->second.steps(request->steps(), [&](int step) {
-          if (step > 0) {
-            const ScopedSeconds timed(pull_seconds);
-            versions = runtime_.pull(vars_, placement_);
-          }
+          pull();
           sink.next_step(static_cast<std::uint32_t>(step));
         });
         reply->mutable_figures()->Add(figures.begin(), figures.end());
