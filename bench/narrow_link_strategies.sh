@@ -47,22 +47,7 @@ run() {
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || true; done
-  /usr/bin/python3 - "$name" "$slow" "$work/s.json" <<'PY'
-import json, sys
-name, slow, path = sys.argv[1:]
-try:
-    s = json.load(open(path))
-except Exception:
-    print(f"| {name} | {slow} | failed | | |"); sys.exit()
-if "ps_phases" in s:
-    p = s["ps_phases"]
-    moved = (p["shared_memory_bytes"] + p["message_bytes"]) / max(1, p["steps"])
-else:
-    n = s["workers"]
-    moved = 2 * (n - 1) / n * s["gradient_bytes_per_step"] * 2  # sent and received
-print(f"| {name} | {slow} | {s['epoch_samples_per_second'][-1]:.0f} | {s['test']['accuracy']:.4f} "
-      f"| {moved / 1e6:.2f} |")
-PY
+  /usr/bin/python3 "$here/bench/strategy_row.py" "$name" "$slow" "$work/s.json" moved
   rm -f "$work/s.json"
 }
 

@@ -26,15 +26,7 @@ run() {  # NAME SLOW LAUNCH_FLAGS... -- FIT_FLAGS...
   [ "$slow" = yes ] && fault=(--fault-slow worker:2:3x)
   OMP_NUM_THREADS=1 "$dtrain" launch "${launch[@]}" fit "$here/examples/configs/fashion_mnist.json" --epochs "$epochs" \
     --threads 1 --verbose 0 --summary "$work/s.json" "${fault[@]}" "$@" >/dev/null 2>&1 || true
-  /usr/bin/python3 - "$name" "$slow" "$work/s.json" <<'PY'
-import json, sys
-name, slow, path = sys.argv[1:]
-try:
-    s = json.load(open(path))
-except Exception:
-    print(f"| {name} | {slow} | failed | | |"); sys.exit()
-print(f"| {name} | {slow} | {s['epoch_samples_per_second'][-1]:.0f} | {s['test']['accuracy']:.4f} | {s['wall_seconds']:.1f} |")
-PY
+  /usr/bin/python3 "$here/bench/strategy_row.py" "$name" "$slow" "$work/s.json" wall
   rm -f "$work/s.json"
 }
 
