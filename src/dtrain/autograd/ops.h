@@ -71,6 +71,41 @@ Tensor reduce_mean(const Tensor& x, std::vector<int> axes, bool keepdims = false
 
 // --- shapes (op_shape.cpp)
 Tensor reshape(const Tensor& x, const Shape& shape);  // -1 is not inferred: give the full shape
+// The tensors joined along `axis` (negative counts from the end); every other axis must agree.
+Tensor concatenate(std::span<const Tensor> xs, int axis = -1);
+inline Tensor concatenate(std::initializer_list<Tensor> xs, int axis = -1) {
+  return concatenate(std::span<const Tensor>(xs.begin(), xs.size()), axis);
+}
+// Zeros around channels-last images x [N, H, W, C]: `top` rows above, `bottom` below,
+// `left` and `right` columns beside.
+Tensor zero_pad2d(const Tensor& x, std::int64_t top, std::int64_t bottom, std::int64_t left, std::int64_t right);
+
+// --- convolution and pooling over channels-last images (op_conv.cpp)
+using kernels::Conv2dOptions;
+using kernels::Pool2dOptions;
+// act(conv(x, kernel) + bias): x [N, H, W, C], kernel [KH, KW, C / groups, F], bias [F] or
+// undefined (options.bias is ignored: the bias is this argument). relu, sigmoid and tanh are
+// fused into the convolution. compute bf16 runs the convolutions (forward and backward) on
+// bfloat16 copies of their inputs, accumulating in float32.
+Tensor conv2d(const Tensor& x, const Tensor& kernel, const Tensor& bias, const Conv2dOptions& options,
+              DType compute = DType::f32);
+Tensor pool2d(const Tensor& x, const Pool2dOptions& options);
+
+// --- normalization (op_norm.cpp)
+// Batch normalization in training over every axis but the last (channels): each channel
+// normalized by the batch's mean and (biased) variance, then y = xhat * gamma + beta (an
+// undefined gamma is ones, beta zeros). Inside a strategy's run() with `synchronized` and
+// several replicas in sync, the statistics (and, backward, the sums the input gradient
+// needs) are those of the global batch, summed over every replica of every worker.
+// `batch_mean` and `batch_variance` receive the statistics used, [C], for moving averages.
+Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon, bool synchronized,
+                  Tensor* batch_mean = nullptr, Tensor* batch_variance = nullptr);
+// Batch normalization with given statistics (inference): y = (x - mean) / sqrt(variance +
+// epsilon) * gamma + beta; no gradient flows to mean and variance.
+Tensor batch_norm_inference(const Tensor& x, const Tensor& mean, const Tensor& variance, const Tensor& gamma,
+                            const Tensor& beta, float epsilon);
+// Layer normalization over the last axis (Keras's LayerNormalization(axis=-1)).
+Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon);
 
 // --- losses from logits and helpers (op_loss.cpp)
 // Per-example -sum(target * log_softmax(logits)): target is i32 labels [B] or f32

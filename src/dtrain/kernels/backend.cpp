@@ -31,6 +31,16 @@ const char* primitive_name(Primitive op) {
     case Primitive::one_hot: return "one_hot";
     case Primitive::sgd_update: return "sgd_update";
     case Primitive::adam_update: return "adam_update";
+    case Primitive::conv2d: return "conv2d";
+    case Primitive::conv2d_backward_data: return "conv2d_backward_data";
+    case Primitive::conv2d_backward_weights: return "conv2d_backward_weights";
+    case Primitive::pool2d: return "pool2d";
+    case Primitive::pool2d_backward: return "pool2d_backward";
+    case Primitive::channel_sums: return "channel_sums";
+    case Primitive::channel_affine: return "channel_affine";
+    case Primitive::layer_norm: return "layer_norm";
+    case Primitive::layer_norm_backward: return "layer_norm_backward";
+    case Primitive::copy_block: return "copy_block";
   }
   return "?";
 }

@@ -23,7 +23,8 @@ enum class Reduce : std::uint8_t { sum, mean, max };
 enum class Primitive : std::uint8_t {
   matmul, unary, unary_backward, binary, reduce, softmax, softmax_backward, convert, fill,
   axpby, sum_squares, softmax_cross_entropy, softmax_cross_entropy_backward, dropout,
-  argmax, one_hot, sgd_update, adam_update,
+  argmax, one_hot, sgd_update, adam_update, conv2d, conv2d_backward_data, conv2d_backward_weights,
+  pool2d, pool2d_backward, channel_sums, channel_affine, layer_norm, layer_norm_backward, copy_block,
 };
 
 struct MatmulOptions {
@@ -38,6 +39,42 @@ struct MatmulOptions {
   // gradient so.
   std::int64_t column_begin = 0;
   std::int64_t column_end = -1;
+};
+
+// A 2-D convolution over channels-last images: x [N, H, W, C], kernel [KH, KW, C / groups, F]
+// (Keras's layout; the F filters are groups blocks of F / groups, block g reading channels
+// [g * C / groups, (g + 1) * C / groups)), y [N, OH, OW, F] with
+// OH = (H + pad_begin[0] + pad_end[0] - dilation[0] * (KH - 1) - 1) / stride[0] + 1, and
+// the same along W.
+struct Conv2dOptions {
+  std::int64_t stride[2] = {1, 1};
+  std::int64_t dilation[2] = {1, 1};   // 1: adjacent taps (Keras's dilation_rate)
+  std::int64_t pad_begin[2] = {0, 0};  // zeros above and left of the image
+  std::int64_t pad_end[2] = {0, 0};    // zeros below and right of it
+  std::int64_t groups = 1;
+  const Tensor* bias = nullptr;        // [F], added before the activation (forward only)
+  Activation activation = Activation::linear;  // forward only
+};
+
+enum class Pool : std::uint8_t { max, average };
+
+// Pooling over channels-last images, x [N, H, W, C] -> y [N, OH, OW, C] (sizes as for a
+// convolution with a window of `window` and no dilation). Average pooling divides by the
+// taps inside the image, not the padding (Keras's "same" padding).
+struct Pool2dOptions {
+  Pool kind = Pool::max;
+  std::int64_t window[2] = {2, 2};
+  std::int64_t stride[2] = {2, 2};
+  std::int64_t pad_begin[2] = {0, 0};
+  std::int64_t pad_end[2] = {0, 0};
+};
+
+// Where a block of a tensor's elements lies: element (i, j, k) of an
+// [outer, rows, width] block is element offset + i * outer_stride + j * row_stride + k.
+struct Block {
+  std::int64_t offset = 0;
+  std::int64_t outer_stride = 0;
+  std::int64_t row_stride = 0;
 };
 
 // Hyper-parameters of one fused optimizer pass, already resolved for this step.
@@ -106,6 +143,45 @@ class Backend {
   virtual void argmax(const Tensor& x, Tensor& out) = 0;
   // out[b, c] = (labels[b] == c); labels i32 [B] inside [0, C), out f32 [B, C].
   virtual void one_hot(const Tensor& labels, Tensor& out) = 0;
+
+  // y = conv(x, kernel) + bias, then the activation (Conv2dOptions). x and kernel float32 or
+  // both bfloat16 (accumulated in float32); y float32.
+  virtual void conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const Conv2dOptions& options) = 0;
+  // dx = the gradient of conv's input for the gradient dy of its output (bias and activation
+  // ignored: dy is taken after them). dy and kernel alike in dtype; dx float32.
+  virtual void conv2d_backward_data(const Tensor& dy, const Tensor& kernel, Tensor& dx,
+                                    const Conv2dOptions& options) = 0;
+  // dkernel (and dbias [F] when not null) for dy; x and dy alike in dtype; outputs float32.
+  virtual void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dkernel, Tensor* dbias,
+                                       const Conv2dOptions& options) = 0;
+  // Bytes of the record max pooling keeps for its backward (where each maximum was);
+  // average pooling keeps none (0).
+  virtual std::size_t pool2d_workspace_bytes(const Shape& x, const Pool2dOptions& options) = 0;
+  // y = pooling of x; `workspace` (uint8, pool2d_workspace_bytes long) receives max
+  // pooling's record and may be null for average pooling or where no backward follows.
+  virtual void pool2d(const Tensor& x, Tensor& y, Tensor* workspace, const Pool2dOptions& options) = 0;
+  virtual void pool2d_backward(const Tensor& dy, const Tensor* workspace, Tensor& dx, const Pool2dOptions& options) = 0;
+  // Sums over every axis but the last (channels) of a [..., C], accumulated in double:
+  // sums[0, c] = Σ a[., c] and sums[1, c] = Σ a[., c] * (b[., c] - center[c]); b like a,
+  // center [C], sums [2, C]. (a = b = x and center 0: a batch's moments; a = dy, b = x and
+  // center the mean: batch normalization's backward.)
+  virtual void channel_sums(const Tensor& a, const Tensor& b, const Tensor& center, Tensor& sums) = 0;
+  // y[., c] = x[., c] * scale[c] + shift[c], plus x2[., c] * scale2[c] when x2 is given
+  // (x2 like x): batch normalization's forward and backward, one pass each.
+  virtual void channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y,
+                              const Tensor* x2 = nullptr, const Tensor* scale2 = nullptr) = 0;
+  // Normalizes each row of x [R, D] over its D values: y = (x - mean) * inv_std * gamma + beta
+  // with inv_std = 1 / sqrt(var + epsilon); mean and inv_std [R] are kept for backward. An
+  // undefined gamma is ones, an undefined beta zeros.
+  virtual void layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon, Tensor& y,
+                          Tensor& mean, Tensor& inv_std) = 0;
+  // dx for dy, and (when not null) dgamma and dbeta [D].
+  virtual void layer_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
+                                   const Tensor& inv_std, Tensor& dx, Tensor* dgamma, Tensor* dbeta) = 0;
+  // Copies an [outer, rows, width] block of src's elements into dst (same dtype): the
+  // moves behind concatenation, padding and cropping.
+  virtual void copy_block(const Tensor& src, const Block& from, Tensor& dst, const Block& to, std::int64_t outer,
+                          std::int64_t rows, std::int64_t width) = 0;
 
   // One fused pass over the parameters: read w, g and the slots once, write them once.
   // Returns whether every weight written is finite (checked in the same pass, for fit's

@@ -46,6 +46,22 @@ class CpuBackend final : public Backend {
   void one_hot(const Tensor& labels, Tensor& out) override;
   bool sgd_update(Tensor& w, const Tensor& g, Tensor* velocity, const SgdUpdate& p) override;
   bool adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& p) override;
+  void conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const Conv2dOptions& options) override;
+  void conv2d_backward_data(const Tensor& dy, const Tensor& kernel, Tensor& dx, const Conv2dOptions& options) override;
+  void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dkernel, Tensor* dbias,
+                               const Conv2dOptions& options) override;
+  std::size_t pool2d_workspace_bytes(const Shape& x, const Pool2dOptions& options) override;
+  void pool2d(const Tensor& x, Tensor& y, Tensor* workspace, const Pool2dOptions& options) override;
+  void pool2d_backward(const Tensor& dy, const Tensor* workspace, Tensor& dx, const Pool2dOptions& options) override;
+  void channel_sums(const Tensor& a, const Tensor& b, const Tensor& center, Tensor& sums) override;
+  void channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y, const Tensor* x2,
+                      const Tensor* scale2) override;
+  void layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon, Tensor& y, Tensor& mean,
+                  Tensor& inv_std) override;
+  void layer_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
+                           const Tensor& inv_std, Tensor& dx, Tensor* dgamma, Tensor* dbeta) override;
+  void copy_block(const Tensor& src, const Block& from, Tensor& dst, const Block& to, std::int64_t outer,
+                  std::int64_t rows, std::int64_t width) override;
 
   PrimitiveCacheStats cache_stats() const;
 

@@ -1,0 +1,275 @@
+// Normalization and block copies on plain loops: batch normalization's per-channel sums and
+// affine passes (kept apart so that a synchronized batch norm can sum its statistics over
+// replicas between them), layer normalization, and the block copy behind concatenation
+// and padding. Channels-last tensors are [rows, C] here, C the last axis.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "dtrain/core/multiversion.h"
+#include "dtrain/core/threads.h"
+#include "dtrain/kernels/cpu_backend.h"
+
+namespace dtrain::kernels {
+namespace {
+
+constexpr std::int64_t kRowGrain = 256;  // rows per chunk below which a loop stays serial
+
+// The channel count of a channels-last tensor and its rows (every other axis).
+std::int64_t channels_of(const Tensor& t) { return t.rank() == 0 ? 1 : t.dim(-1); }
+std::int64_t rows_of(const Tensor& t) {
+  const std::int64_t c = channels_of(t);
+  return c == 0 ? 0 : t.numel() / c;
+}
+
+void check_channel_vector(const Tensor* v, std::int64_t c, const char* op, const char* what) {
+  if (v == nullptr || !v->defined()) return;
+  v->check_dtype(DType::f32, op);
+  if (!(v->shape() == Shape{c}))
+    DTRAIN_THROW(InvalidArgument, op, ": ", what, " is ", v->shape().to_string(), ", expected [", c, "]");
+}
+
+DTRAIN_MULTIVERSION
+void channel_sums_rows(const float* a, const float* b, const float* center, std::int64_t c, std::int64_t begin,
+                       std::int64_t end, double* s0, double* s1) {
+  // Blocks of rows summed in float, then folded into double: vectorised, and as precise
+  // as the double sums for any batch a layer sees.
+  constexpr std::int64_t kBlock = 64;
+  std::vector<float> p0(static_cast<std::size_t>(c)), p1(static_cast<std::size_t>(c));
+  for (std::int64_t r0 = begin; r0 < end; r0 += kBlock) {
+    std::fill(p0.begin(), p0.end(), 0.0f);
+    std::fill(p1.begin(), p1.end(), 0.0f);
+    const std::int64_t r1 = std::min(end, r0 + kBlock);
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float* ar = a + r * c;
+      const float* br = b + r * c;
+      float* q0 = p0.data();
+      float* q1 = p1.data();
+#pragma omp simd
+      for (std::int64_t j = 0; j < c; ++j) {
+        q0[j] += ar[j];
+        q1[j] += ar[j] * (br[j] - center[j]);
+      }
+    }
+    for (std::int64_t j = 0; j < c; ++j) {
+      s0[j] += p0[static_cast<std::size_t>(j)];
+      s1[j] += p1[static_cast<std::size_t>(j)];
+    }
+  }
+}
+
+DTRAIN_MULTIVERSION
+void channel_affine_rows(const float* x, const float* scale, const float* shift, const float* x2, const float* scale2,
+                         float* y, std::int64_t c, std::int64_t begin, std::int64_t end) {
+  for (std::int64_t r = begin; r < end; ++r) {
+    const float* xr = x + r * c;
+    float* yr = y + r * c;
+    if (x2) {
+      const float* zr = x2 + r * c;
+#pragma omp simd
+      for (std::int64_t j = 0; j < c; ++j) yr[j] = xr[j] * scale[j] + shift[j] + zr[j] * scale2[j];
+    } else {
+#pragma omp simd
+      for (std::int64_t j = 0; j < c; ++j) yr[j] = xr[j] * scale[j] + shift[j];
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::channel_sums(const Tensor& a, const Tensor& b, const Tensor& center, Tensor& sums) {
+  a.check_dtype(DType::f32, "channel_sums");
+  b.check_dtype(DType::f32, "channel_sums");
+  check_same_shape(a, b, "channel_sums");
+  sums.check_dtype(DType::f32, "channel_sums (output)");
+  const std::int64_t c = channels_of(a), rows = rows_of(a);
+  check_channel_vector(&center, c, "channel_sums", "center");
+  if (!(sums.shape() == Shape{2, c}))
+    DTRAIN_THROW(InvalidArgument, "channel_sums: sums is ", sums.shape().to_string(), ", expected [2, ", c, "]");
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  const float* pc = center.data<float>();
+  // Each thread sums its rows into its own partials; they are added in thread order.
+  const int threads = kParallelLoops ? std::max(1, std::min<int>(omp_get_max_threads(),
+                                                                 static_cast<int>(rows / kRowGrain)))
+                                     : 1;
+  std::vector<double> partial(static_cast<std::size_t>(2 * c * threads), 0.0);
+  auto body = [&](int t, int nt) {
+    const std::int64_t begin = rows * t / nt, end = rows * (t + 1) / nt;
+    double* s = partial.data() + 2 * c * t;
+    if (begin < end) channel_sums_rows(pa, pb, pc, c, begin, end, s, s + c);
+  };
+  if (threads <= 1 || omp_in_parallel()) {
+    body(0, 1);
+  } else {
+#pragma omp parallel num_threads(threads)
+    body(omp_get_thread_num(), omp_get_num_threads());
+  }
+  float* out = sums.data<float>();
+  for (std::int64_t j = 0; j < 2 * c; ++j) {
+    double total = 0.0;
+    for (int t = 0; t < threads; ++t) total += partial[static_cast<std::size_t>(2 * c * t + j)];
+    out[j] = static_cast<float>(total);
+  }
+}
+
+void CpuBackend::channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y, const Tensor* x2,
+                                const Tensor* scale2) {
+  x.check_dtype(DType::f32, "channel_affine");
+  y.check_dtype(DType::f32, "channel_affine (output)");
+  check_same_shape(x, y, "channel_affine");
+  const std::int64_t c = channels_of(x), rows = rows_of(x);
+  if (!scale.defined() || !shift.defined())
+    DTRAIN_THROW(InvalidArgument, "channel_affine: needs a scale and a shift");
+  check_channel_vector(&scale, c, "channel_affine", "scale");
+  check_channel_vector(&shift, c, "channel_affine", "shift");
+  if ((x2 == nullptr) != (scale2 == nullptr))
+    DTRAIN_THROW(InvalidArgument, "channel_affine: a second input needs its own scale, and only then");
+  if (x2) {
+    x2->check_dtype(DType::f32, "channel_affine");
+    check_same_shape(x, *x2, "channel_affine");
+    check_channel_vector(scale2, c, "channel_affine", "second scale");
+  }
+  const float* px = x.data<float>();
+  const float* ps = scale.data<float>();
+  const float* pt = shift.data<float>();
+  const float* pz = x2 ? x2->data<float>() : nullptr;
+  const float* pz_scale = scale2 ? scale2->data<float>() : nullptr;
+  float* py = y.data<float>();
+  parallel_for(rows, std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(c, 1)),
+               [&](std::int64_t begin, std::int64_t end) {
+                 channel_affine_rows(px, ps, pt, pz, pz_scale, py, c, begin, end);
+               });
+}
+
+void CpuBackend::layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon, Tensor& y,
+                            Tensor& mean, Tensor& inv_std) {
+  x.check_dtype(DType::f32, "layer_norm");
+  y.check_dtype(DType::f32, "layer_norm (output)");
+  check_same_shape(x, y, "layer_norm");
+  const std::int64_t d = channels_of(x), rows = rows_of(x);
+  check_channel_vector(&gamma, d, "layer_norm", "gamma");
+  check_channel_vector(&beta, d, "layer_norm", "beta");
+  if (!(mean.shape() == Shape{rows}) || !(inv_std.shape() == Shape{rows}))
+    DTRAIN_THROW(InvalidArgument, "layer_norm: mean and inv_std must be [", rows, "], got ",
+                 mean.shape().to_string(), " and ", inv_std.shape().to_string());
+  const float* px = x.data<float>();
+  const float* pg = gamma.defined() ? gamma.data<float>() : nullptr;
+  const float* pb = beta.defined() ? beta.data<float>() : nullptr;
+  float* py = y.data<float>();
+  float* pm = mean.data<float>();
+  float* ps = inv_std.data<float>();
+  parallel_for(rows, std::max<std::int64_t>(1, 8192 / std::max<std::int64_t>(d, 1)),
+               [&](std::int64_t begin, std::int64_t end) {
+                 for (std::int64_t r = begin; r < end; ++r) {
+                   const float* xr = px + r * d;
+                   double sum = 0.0;
+                   for (std::int64_t j = 0; j < d; ++j) sum += xr[j];
+                   const double mu = d ? sum / static_cast<double>(d) : 0.0;
+                   double var = 0.0;  // two passes: no cancellation
+                   for (std::int64_t j = 0; j < d; ++j) var += (xr[j] - mu) * (xr[j] - mu);
+                   var = d ? var / static_cast<double>(d) : 0.0;
+                   const float m = static_cast<float>(mu);
+                   const float s = static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(epsilon)));
+                   pm[r] = m;
+                   ps[r] = s;
+                   float* yr = py + r * d;
+                   for (std::int64_t j = 0; j < d; ++j) {
+                     const float h = (xr[j] - m) * s;
+                     yr[j] = h * (pg ? pg[j] : 1.0f) + (pb ? pb[j] : 0.0f);
+                   }
+                 }
+               });
+}
+
+void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
+                                     const Tensor& inv_std, Tensor& dx, Tensor* dgamma, Tensor* dbeta) {
+  x.check_dtype(DType::f32, "layer_norm_backward");
+  dy.check_dtype(DType::f32, "layer_norm_backward");
+  check_same_shape(x, dy, "layer_norm_backward");
+  check_same_shape(x, dx, "layer_norm_backward");
+  const std::int64_t d = channels_of(x), rows = rows_of(x);
+  check_channel_vector(&gamma, d, "layer_norm_backward", "gamma");
+  check_channel_vector(dgamma, d, "layer_norm_backward", "dgamma");
+  check_channel_vector(dbeta, d, "layer_norm_backward", "dbeta");
+  if (!(mean.shape() == Shape{rows}) || !(inv_std.shape() == Shape{rows}))
+    DTRAIN_THROW(InvalidArgument, "layer_norm_backward: mean and inv_std must be [", rows, "]");
+  const float* px = x.data<float>();
+  const float* pdy = dy.data<float>();
+  const float* pg = gamma.defined() ? gamma.data<float>() : nullptr;
+  const float* pm = mean.data<float>();
+  const float* ps = inv_std.data<float>();
+  float* pdx = dx.data<float>();
+  // dx = inv_std * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma, row by row.
+  parallel_for(rows, std::max<std::int64_t>(1, 8192 / std::max<std::int64_t>(d, 1)),
+               [&](std::int64_t begin, std::int64_t end) {
+                 for (std::int64_t r = begin; r < end; ++r) {
+                   const float* xr = px + r * d;
+                   const float* gr = pdy + r * d;
+                   const float m = pm[r], s = ps[r];
+                   double sg = 0.0, sgh = 0.0;
+                   for (std::int64_t j = 0; j < d; ++j) {
+                     const float g = gr[j] * (pg ? pg[j] : 1.0f);
+                     sg += g;
+                     sgh += g * (xr[j] - m) * s;
+                   }
+                   const float mg = d ? static_cast<float>(sg / static_cast<double>(d)) : 0.0f;
+                   const float mgh = d ? static_cast<float>(sgh / static_cast<double>(d)) : 0.0f;
+                   float* dr = pdx + r * d;
+                   for (std::int64_t j = 0; j < d; ++j) {
+                     const float g = gr[j] * (pg ? pg[j] : 1.0f);
+                     dr[j] = s * (g - mg - (xr[j] - m) * s * mgh);
+                   }
+                 }
+               });
+  if (dgamma || dbeta) {
+    // Column sums over the rows, in double, on the calling thread's order (deterministic).
+    std::vector<double> g0(static_cast<std::size_t>(d), 0.0), g1(static_cast<std::size_t>(d), 0.0);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* xr = px + r * d;
+      const float* gr = pdy + r * d;
+      const float m = pm[r], s = ps[r];
+      for (std::int64_t j = 0; j < d; ++j) {
+        g0[static_cast<std::size_t>(j)] += gr[j] * (xr[j] - m) * s;
+        g1[static_cast<std::size_t>(j)] += gr[j];
+      }
+    }
+    if (dgamma)
+      for (std::int64_t j = 0; j < d; ++j) dgamma->data<float>()[j] = static_cast<float>(g0[static_cast<std::size_t>(j)]);
+    if (dbeta)
+      for (std::int64_t j = 0; j < d; ++j) dbeta->data<float>()[j] = static_cast<float>(g1[static_cast<std::size_t>(j)]);
+  }
+}
+
+void CpuBackend::copy_block(const Tensor& src, const Block& from, Tensor& dst, const Block& to, std::int64_t outer,
+                            std::int64_t rows, std::int64_t width) {
+  src.check_defined("copy_block");
+  dst.check_defined("copy_block");
+  if (src.dtype() != dst.dtype())
+    DTRAIN_THROW(InvalidArgument, "copy_block: source and destination differ in dtype (", dtype_name(src.dtype()),
+                 " and ", dtype_name(dst.dtype()), ")");
+  if (outer <= 0 || rows <= 0 || width <= 0) return;
+  auto check = [&](const Tensor& t, const Block& b, const char* which) {
+    const std::int64_t last = b.offset + (outer - 1) * b.outer_stride + (rows - 1) * b.row_stride + width;
+    if (b.offset < 0 || b.outer_stride < 0 || b.row_stride < 0 || last > t.numel())
+      DTRAIN_THROW(InvalidArgument, "copy_block: a [", outer, ", ", rows, ", ", width, "] block at offset ", b.offset,
+                   " (strides ", b.outer_stride, ", ", b.row_stride, ") does not fit the ", which, " ",
+                   t.shape().to_string());
+  };
+  check(src, from, "source");
+  check(dst, to, "destination");
+  const std::size_t elem = dtype_size(src.dtype());
+  const char* ps = static_cast<const char*>(src.raw_data());
+  char* pd = static_cast<char*>(dst.raw_data());
+  parallel_for(outer * rows, std::max<std::int64_t>(1, 16384 / width), [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t k = begin; k < end; ++k) {
+      const std::int64_t i = k / rows, j = k % rows;
+      std::memcpy(pd + (to.offset + i * to.outer_stride + j * to.row_stride) * static_cast<std::int64_t>(elem),
+                  ps + (from.offset + i * from.outer_stride + j * from.row_stride) * static_cast<std::int64_t>(elem),
+                  static_cast<std::size_t>(width) * elem);
+    }
+  });
+}
+
+}  // namespace dtrain::kernels
