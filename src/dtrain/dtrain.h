@@ -25,6 +25,8 @@
 #include "dtrain/model/callbacks.h"
 #include "dtrain/model/safetensors.h"
 #include "dtrain/model/saving.h"
+#include "dtrain/model/functional.h"
+#include "dtrain/model/model.h"
 #include "dtrain/model/sequential.h"
 #include "dtrain/nn/layers.h"
 #include "dtrain/optim/optimizer.h"

@@ -51,7 +51,7 @@ Logs logs_of(std::initializer_list<std::pair<const char*, double>> items) {
   return l;
 }
 
-std::vector<float> first_kernel(const Sequential& m) { return m.variables()[0]->value().to_vector(); }
+std::vector<float> first_kernel(const Model& m) { return m.variables()[0]->value().to_vector(); }
 
 // Sets every weight of `m` to `value`, so that a file shows which epoch it was saved at.
 void fill(Sequential& m, float value) {

@@ -36,7 +36,7 @@ std::unique_ptr<Sequential> mlp() {
 }
 
 // Every weight's bits, so that -0 and 0 (or two NaNs) are not taken for each other.
-std::vector<std::vector<std::uint32_t>> bits(const Sequential& m) {
+std::vector<std::vector<std::uint32_t>> bits(const Model& m) {
   std::vector<std::vector<std::uint32_t>> out;
   for (Variable* v : m.variables()) {
     out.emplace_back();

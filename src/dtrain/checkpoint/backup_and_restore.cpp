@@ -32,7 +32,7 @@ BackupAndRestore::~BackupAndRestore() = default;
 
 void BackupAndRestore::on_train_begin(const Logs& /*logs*/) {
   if (!model_) DTRAIN_THROW(InvalidArgument, "BackupAndRestore: not attached to a model");
-  Sequential& model = *model_;
+  Model& model = *model_;
   StrategyBackend* strategy = model.distribute_strategy().get();
   const int workers = strategy ? strategy->num_workers() : 1;
   const int worker = strategy ? strategy->worker_index() : 0;

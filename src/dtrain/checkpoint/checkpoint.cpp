@@ -21,10 +21,10 @@ struct Overloaded : Ts... {
 template <class... Ts>
 Overloaded(Ts...) -> Overloaded<Ts...>;
 
-std::vector<const Sequential*> models_of(const std::vector<std::pair<std::string, Trackable>>& objects) {
-  std::vector<const Sequential*> out;
+std::vector<const Model*> models_of(const std::vector<std::pair<std::string, Trackable>>& objects) {
+  std::vector<const Model*> out;
   for (const auto& [name, t] : objects)
-    if (const auto* m = std::get_if<Sequential*>(&t.object())) out.push_back(*m);
+    if (const auto* m = std::get_if<Model*>(&t.object())) out.push_back(*m);
   return out;
 }
 
@@ -83,7 +83,7 @@ Checkpoint::Checkpoint(std::vector<std::pair<std::string, Trackable>> objects) :
 }
 
 StrategyBackend* Checkpoint::multi_worker() const {
-  for (const Sequential* m : models_of(objects_))
+  for (const Model* m : models_of(objects_))
     if (m->distribute_strategy() && m->distribute_strategy()->num_workers() > 1) return m->distribute_strategy().get();
   return nullptr;
 }
@@ -91,7 +91,7 @@ StrategyBackend* Checkpoint::multi_worker() const {
 NamedTensors Checkpoint::capture() const {
   NamedTensors out;
   auto add = [&](std::string key, const Tensor& t) { out.tensors.emplace_back(std::move(key), t); };
-  const std::vector<const Sequential*> models = models_of(objects_);
+  const std::vector<const Model*> models = models_of(objects_);
   StrategyBackend* workers = multi_worker();
   nlohmann::json state = nlohmann::json::object();
   state["format"] = kFormat;
@@ -103,7 +103,7 @@ NamedTensors Checkpoint::capture() const {
   for (const auto& [name, trackable] : objects_) {
     nlohmann::json& o = objects[name];
     std::visit(Overloaded{
-                   [&](Sequential* m) {
+                   [&](Model* m) {
                      o["kind"] = "model";
                      o["name"] = m->name();
                      nlohmann::json& rng = o["rng"] = nlohmann::json::object();
@@ -144,7 +144,7 @@ NamedTensors Checkpoint::capture() const {
                      o["kind"] = "optimizer";
                      o["class"] = opt->name();
                      o["iterations"] = opt->iterations();
-                     for (const Sequential* m : models)
+                     for (const Model* m : models)
                        for (Variable* v : m->variables())
                          for (const auto& [slot, t] : opt->slots(*v)) add(slot_key(name, *v, slot), *t);
                    },
@@ -253,7 +253,7 @@ RestoreStatus Checkpoint::restore(const std::string& path, RestoreOptions option
   for (const auto& [k, t] : data.tensors) tensors[k] = &t;
   std::set<std::string> taken;
   const nlohmann::json& objects = state["objects"];
-  const std::vector<const Sequential*> models = models_of(objects_);
+  const std::vector<const Model*> models = models_of(objects_);
 
   // Pass 1 checks, pass 2 applies: nothing changes unless everything fits.
   std::vector<std::function<void()>> apply;
@@ -289,7 +289,7 @@ RestoreStatus Checkpoint::restore(const std::string& path, RestoreOptions option
     for (const auto& [name, trackable] : objects_) {
       std::visit(
           Overloaded{
-              [&](Sequential* m) {
+              [&](Model* m) {
                 const nlohmann::json* o = object_for(name, "model");
                 for (Variable* v : m->variables()) {
                   const Tensor* t = tensor_for(name + "/" + v->name(), v->shape(), v->dtype(),
@@ -327,7 +327,7 @@ RestoreStatus Checkpoint::restore(const std::string& path, RestoreOptions option
                 const std::int64_t iterations = (*o).at("iterations").get<std::int64_t>();
                 apply.push_back([opt, iterations] { opt->set_iterations(iterations); });
                 const std::vector<std::string> slot_names = opt->slot_names_in_order();
-                for (const Sequential* m : models)
+                for (const Model* m : models)
                   for (Variable* v : m->variables()) {
                     // A variable never updated has no slots in the file; it starts from zeros.
                     if (!tensors.count(slot_key(name, *v, slot_names.empty() ? "" : slot_names[0]))) continue;

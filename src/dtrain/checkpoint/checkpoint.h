@@ -42,7 +42,7 @@ struct JsonState {
 // The objects are held by reference: they must outlive the checkpoint.
 class Trackable {
  public:
-  Trackable(Sequential& model) : object_(&model) {}
+  Trackable(Model& model) : object_(&model) {}
   Trackable(optim::Optimizer& optimizer) : object_(&optimizer) {}
   Trackable(data::Iterator& iterator) : object_(&iterator) {}
   Trackable(Variable& variable) : object_(&variable) {}
@@ -50,7 +50,7 @@ class Trackable {
   Trackable(std::int64_t& value) : object_(&value) {}
   Trackable(JsonState state) : object_(std::move(state)) {}
 
-  using Object = std::variant<Sequential*, optim::Optimizer*, data::Iterator*, Variable*, Generator*, std::int64_t*,
+  using Object = std::variant<Model*, optim::Optimizer*, data::Iterator*, Variable*, Generator*, std::int64_t*,
                               JsonState>;
   const Object& object() const { return object_; }
 

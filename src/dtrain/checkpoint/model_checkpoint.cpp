@@ -9,7 +9,7 @@
 
 #include "dtrain/core/error.h"
 #include "dtrain/model/monitor.h"
-#include "dtrain/model/sequential.h"
+#include "dtrain/model/model.h"
 
 namespace dtrain::train {
 namespace {

@@ -272,11 +272,7 @@ std::string files_key(const DataConfig& d, bool test) {
 // built. Throws the first layer's InvalidArgument that does not take its input.
 Shape output_shape(const RunConfig& c, const Shape& row) {
   DTRAIN_CHECK(c.unbuilt_model != nullptr, "a RunConfig from load_config");
-  std::vector<std::int64_t> dims{1};
-  for (std::int64_t e : row.dims()) dims.push_back(e);
-  Shape s(dims);
-  for (const auto& l : c.unbuilt_model->layers()) s = l->compute_output_shape(s);
-  return s;
+  return c.unbuilt_model->output_shape(row);
 }
 
 // The number of classes the model's output tells apart for rows of shape `row` (which the
@@ -471,7 +467,7 @@ std::string input_shape_key(const RunConfig& c) {
 // layers that take the input shape it declares.
 void check_model(const RunConfig& c) {
   const std::string layers_key = c.model_config_path + ".layers";
-  if (c.unbuilt_model->layers().empty()) throw_in_file<InvalidArgument>(c.file, layers_key, "expected at least one layer, got []");
+  if (c.unbuilt_model->layers.empty()) throw_in_file<InvalidArgument>(c.file, layers_key, "expected at least one layer, got []");
   if (!c.model_input_shape) return;
   try {
     output_shape(c, *c.model_input_shape);
@@ -499,8 +495,8 @@ void check_model_fits_data(const RunConfig& c, const Shape& row) {
                                    "for " + data + "'s rows of shape " + row.to_string() + ": " + e.what());
   }
   if (c.data.source != "synthetic" && c.data.source != "fashion_mnist") return;  // checked as the files are read
-  const std::size_t last = c.unbuilt_model->layers().size() - 1;
-  const bool dense = dynamic_cast<const nn::Dense*>(c.unbuilt_model->layers()[last].get()) != nullptr;
+  const std::size_t last = c.unbuilt_model->output_layer();
+  const bool dense = dynamic_cast<const nn::Dense*>(c.unbuilt_model->layers[last].get()) != nullptr;
   const std::string last_key = at + ".layers[" + std::to_string(last) + "]" + (dense ? ".config.units" : "");
   const std::int64_t classes = c.data.source == "synthetic" ? c.data.classes : 10;
   const std::string where = c.data.source == "synthetic" ? " (data.classes)" : " (Fashion-MNIST)";
@@ -608,8 +604,8 @@ RunConfig load_config(const std::string& path) {
       return drawing_no_seeds(
           [&] { return unbuilt_model_from_json(c.model_json, c.model_path, c.dtype_policy, c.model_config_path); });
     });
-    c.unbuilt_model = std::move(m.model);
     c.model_input_shape = m.input_shape;
+    c.unbuilt_model = std::make_shared<const UnbuiltModel>(std::move(m));
     build_loss(c);
     build_optimizer(c);
     check_model(c);
@@ -618,7 +614,7 @@ RunConfig load_config(const std::string& path) {
   return c;
 }
 
-std::unique_ptr<Sequential> build_model(const RunConfig& c) {
+std::unique_ptr<Model> build_model(const RunConfig& c) {
   return in_file(c.file, "model", [&] {
     return model_from_json(c.model_json, c.model_path, c.dtype_policy, c.model_config_path);
   });

@@ -12,6 +12,7 @@
 #include "dtrain/data/dataset.h"
 #include "dtrain/data/datasets.h"
 #include "dtrain/model/sequential.h"
+#include "dtrain/model/serialization.h"
 
 namespace dtrain::cli {
 
@@ -52,12 +53,12 @@ struct RunConfig {
   nlohmann::json model_json;
   std::string model_path = "model";
   // Where the model's {"layers", "input_shape"} object is in the file, for messages:
-  // "model" in the short form, "model.config" in Sequential::to_json()'s.
+  // "model" in the short form, "model.config" in Model::to_json()'s.
   std::string model_config_path = "model.config";
   // The model's layers as load_config made them, once and never built (no weights, no seed
   // drawn from the training sequence): the checks of the model against the data take its
   // shapes from them. Copies of the config share them.
-  std::shared_ptr<const Sequential> unbuilt_model;
+  std::shared_ptr<const UnbuiltModel> unbuilt_model;
   std::optional<Shape> model_input_shape;  // the input shape the model declares, if any
   nlohmann::json loss_json, optimizer_json;
   std::vector<std::string> metrics;
@@ -97,7 +98,7 @@ RunConfig load_config(const std::string& path);
 nlohmann::json read_json_file(const std::string& path, const std::string& unreadable);
 
 // The pieces, built from a validated config.
-std::unique_ptr<Sequential> build_model(const RunConfig& c);
+std::unique_ptr<Model> build_model(const RunConfig& c);
 std::shared_ptr<losses::Loss> build_loss(const RunConfig& c);
 std::shared_ptr<optim::Optimizer> build_optimizer(const RunConfig& c);
 // The data the config names, in memory, each file read once. File sources: x float32

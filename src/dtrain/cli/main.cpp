@@ -165,7 +165,7 @@ json logs_json(const Logs& logs) {
 // Builds (for summary) without loading the data: the input shape comes from the model JSON,
 // or else from the data section (a file source reads its first training row, an IDX file
 // its header), which the model is then checked against.
-void ensure_built(Sequential& m, const cli::RunConfig& c) {
+void ensure_built(Model& m, const cli::RunConfig& c) {
   if (m.built()) return;
   const Shape row = cli::input_shape(c);
   cli::check_model_fits_data(c, row);
@@ -173,7 +173,7 @@ void ensure_built(Sequential& m, const cli::RunConfig& c) {
 }
 
 // The layers' dtype policy: one name when they agree, "per layer" when they do not.
-std::string model_policy(const Sequential& m) {
+std::string model_policy(const Model& m) {
   std::string name;
   for (const auto& l : m.layers()) {
     if (name.empty()) name = l->dtype_policy().name;
@@ -278,7 +278,7 @@ int run_fit(const std::string& path, const Overrides& o) {
   }
   // Under multi_worker, the chief alone writes files; every worker trains and reports.
   const bool chief = ps ? ps->is_chief() : !strategy || strategy->worker_index() == 0;
-  std::unique_ptr<Sequential> model;
+  std::unique_ptr<Model> model;
   {
     std::optional<dtrain::detail::ScopedStrategy> scope;
     if (strategy) scope.emplace(strategy->scope());

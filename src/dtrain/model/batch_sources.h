@@ -14,13 +14,13 @@
 #include "dtrain/core/clock.h"
 #include "dtrain/core/rng.h"
 #include "dtrain/data/dataset.h"
-#include "dtrain/model/sequential.h"
+#include "dtrain/model/model.h"
 
 namespace dtrain {
 
 // Where fit() gets its batches from: in-memory tensors (gathered by a shuffled index
 // order) or a Dataset (one iterator per epoch).
-class Sequential::BatchSource {
+class Model::BatchSource {
  public:
   virtual ~BatchSource() = default;
   virtual void begin_epoch(int epoch) = 0;
@@ -42,7 +42,7 @@ class Sequential::BatchSource {
 
 namespace detail {
 
-class TensorBatches : public Sequential::BatchSource {
+class TensorBatches : public Model::BatchSource {
  public:
   // on_compute_pool: the gather is split over the training thread's compute threads.
   TensorBatches(Tensor x, Tensor y, std::int64_t batch, bool shuffle, std::uint64_t seed, bool on_compute_pool = true)
@@ -99,7 +99,7 @@ class TensorBatches : public Sequential::BatchSource {
 // Elements must be (x, y) batches; x's shape after the batch axis builds the model.
 void split_element(const data::Element& e, Tensor& x, Tensor& y, const char* who);
 
-class DatasetBatches : public Sequential::BatchSource {
+class DatasetBatches : public Model::BatchSource {
  public:
   // `shard`: the pipeline this worker runs (data::auto_shard).
   DatasetBatches(data::WorkerShard shard, std::int64_t steps_per_epoch, const char* who = "fit")

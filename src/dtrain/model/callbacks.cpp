@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "dtrain/model/monitor.h"
-#include "dtrain/model/sequential.h"
+#include "dtrain/model/model.h"
 
 namespace dtrain {
 

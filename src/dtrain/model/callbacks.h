@@ -18,7 +18,7 @@
 
 namespace dtrain {
 
-class Sequential;
+class Model;
 
 // The first training step at which fit() saw a loss that was not finite, or weights that
 // an update had made non-finite (a NaN or Inf gradient, or a step that overflowed).
@@ -34,7 +34,7 @@ struct NonFinite {
 class Callback {
  public:
   virtual ~Callback() = default;
-  virtual void set_model(Sequential* model) { model_ = model; }
+  virtual void set_model(Model* model) { model_ = model; }
   virtual void on_train_begin(const Logs& /*logs*/) {}
   virtual void on_train_end(const Logs& /*logs*/) {}
   virtual void on_epoch_begin(int /*epoch*/, const Logs& /*logs*/) {}
@@ -51,7 +51,7 @@ class Callback {
   virtual bool runs_on_workers() const { return false; }
 
  protected:
-  Sequential* model_ = nullptr;
+  Model* model_ = nullptr;
 };
 
 // The training batches a batch callback's calls stand for, counted as Keras counts them:

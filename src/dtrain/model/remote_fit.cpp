@@ -7,7 +7,7 @@
 #include "dtrain/core/threads.h"
 #include "dtrain/model/batch_sources.h"
 #include "dtrain/model/progress.h"
-#include "dtrain/model/sequential.h"
+#include "dtrain/model/model.h"
 #include "dtrain/model/trainer.h"
 
 namespace dtrain {
@@ -29,18 +29,18 @@ void check_remote_options(const StrategyBackend& strategy, const FitOptions& opt
 
 }  // namespace
 
-void Sequential::build_for(const Tensor& x) {
+void Model::build_for(const Tensor& x) {
   if (built()) return;
   const dtrain::detail::ScopedStrategy in_scope(strategy_);
   build(Shape(std::vector<std::int64_t>(x.shape().dims().begin() + 1, x.shape().dims().end())));
 }
 
-void Sequential::gather_remote_state() {
+void Model::gather_remote_state() {
   RemoteTraining* remote = strategy_ ? strategy_->remote_training() : nullptr;
   if (remote && remote->coordinates() && compiled()) remote->gather(optimizer());
 }
 
-History Sequential::serve_remote_fit(RemoteTraining& remote, BatchSource* batches, const FitOptions& opt) {
+History Model::serve_remote_fit(RemoteTraining& remote, BatchSource* batches, const FitOptions& opt) {
   check_remote_options(*strategy_, opt);
   // A ProfilerCallback's trace: each worker writes its own steps' phases (pull, input
   // wait, forward, backward, push), worker 0's at the callback's path.
@@ -110,7 +110,7 @@ History Sequential::serve_remote_fit(RemoteTraining& remote, BatchSource* batche
   return History();
 }
 
-History Sequential::coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps, const FitOptions& opt) {
+History Model::coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps, const FitOptions& opt) {
   check_remote_options(*strategy_, opt);
   remote.begin_fit(opt.steps_per_execution);
   std::ostream& out = opt.out ? *opt.out : std::cout;

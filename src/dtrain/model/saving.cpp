@@ -31,7 +31,7 @@ std::string what_it_is(const NamedTensors& data) {
     return "it is a training checkpoint (train::Checkpoint); restore it with Checkpoint::restore into the "
            "objects it was saved from";
   if (data.metadata.count("format") && data.metadata.at("format") == "dtrain")
-    return "it holds weights only (Sequential::save_weights); build the model in code and call load_weights";
+    return "it holds weights only (Model::save_weights); build the model in code and call load_weights";
   return "it is not a file model.save() wrote";
 }
 
@@ -62,7 +62,7 @@ const Tensor& tensor_like(const std::string& path, const NamedTensors& data, con
 
 // Recompiles `model` as the file says and puts back the optimizer's iteration count and
 // slots. Returns the slot tensors it used.
-std::set<std::string> restore_compile(const std::string& path, const NamedTensors& data, Sequential& model) {
+std::set<std::string> restore_compile(const std::string& path, const NamedTensors& data, Model& model) {
   const json compile = json_part(path, data, kCompileKey);
   std::shared_ptr<optim::Optimizer> optimizer;
   std::shared_ptr<losses::Loss> loss;
@@ -116,7 +116,7 @@ std::set<std::string> restore_compile(const std::string& path, const NamedTensor
 
 }  // namespace
 
-void Sequential::save(const std::string& path) const {
+void Model::save(const std::string& path) const {
   NamedTensors data;
   for (Variable* v : variables()) data.tensors.emplace_back(v->name(), v->value());
   data.metadata[kModelKey] = to_json();
@@ -140,7 +140,7 @@ void Sequential::save(const std::string& path) const {
 
 namespace models {
 
-std::unique_ptr<Sequential> load_model(const std::string& path, bool compile) {
+std::unique_ptr<Model> load_model(const std::string& path, bool compile) {
   const auto not_a_model = [&](const NamedTensors& data) {
     DTRAIN_THROW(IoError, path, ": not a saved model: its __metadata__ has no \"", kModelKey,
                  "\" (the model's architecture, which model.save() writes); ", what_it_is(data));
@@ -159,7 +159,7 @@ std::unique_ptr<Sequential> load_model(const std::string& path, bool compile) {
   if (!data.metadata.count(kModelKey)) not_a_model(data);
 
   const json model_json = json_part(path, data, kModelKey);
-  std::unique_ptr<Sequential> model =
+  std::unique_ptr<Model> model =
       reading(path, [&] { return model_from_json(model_json, std::string("__metadata__.") + kModelKey); });
 
   std::set<std::string> used;

@@ -1,11 +1,11 @@
-// Keras's whole-model file: Sequential::save writes it, load_model reads it back into a new
+// Keras's whole-model file: Model::save writes it, load_model reads it back into a new
 // model, without the code that built the first one. Not a checkpoint of a training run
 // (train::Checkpoint, BackupAndRestore): no epoch, no input position.
 //
 // The file is safetensors with checksums (save_checked), so other frameworks read its
 // tensors: every variable by name ("dense/kernel"), every optimizer slot as
 // "optimizer/<variable>/<slot>" ("optimizer/dense/kernel/m"). Its __metadata__ holds
-//   dtrain.model                 the model's JSON (Sequential::to_json)
+//   dtrain.model                 the model's JSON (Model::to_json)
 //   dtrain.compile               {"optimizer", "loss", "metrics"} (compile_config.h's forms)
 //   dtrain.optimizer_iterations  the optimizer's update count, as decimal text
 //   dtrain.layer_rng             {layer name: its random streams}, for layers that have any
@@ -28,6 +28,6 @@ namespace dtrain::models {
 // checkpoint) is an IoError naming the file and what it lacks; a damaged file, load_checked's
 // IoError; a file whose parts do not fit together (a variable missing, a slot of the wrong
 // shape), an IoError naming the file and the tensor.
-std::unique_ptr<Sequential> load_model(const std::string& path, bool compile = true);
+std::unique_ptr<Model> load_model(const std::string& path, bool compile = true);
 
 }  // namespace dtrain::models

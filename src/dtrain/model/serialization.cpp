@@ -2,7 +2,11 @@
 // initializers as their string names (Keras accepts both strings and objects).
 #include <nlohmann/json.hpp>
 
+#include <map>
+#include <unordered_map>
+
 #include "dtrain/model/json_reader.h"
+#include "dtrain/model/sequential.h"
 #include "dtrain/model/serialization.h"
 
 namespace dtrain {
@@ -30,6 +34,69 @@ json layer_to_json(const nn::Layer& layer) {
   } else if (auto* s = dynamic_cast<const nn::Rescaling*>(&layer)) {
     config["scale"] = s->scale();
     config["offset"] = s->offset();
+  } else if (auto* dw = dynamic_cast<const nn::DepthwiseConv2D*>(&layer)) {
+    const nn::Conv2DOptions& o = dw->options();
+    config["kernel_size"] = dw->kernel_size();
+    config["strides"] = o.strides;
+    config["padding"] = o.padding;
+    config["depth_multiplier"] = dw->depth_multiplier();
+    config["data_format"] = "channels_last";
+    config["dilation_rate"] = o.dilation_rate;
+    config["activation"] = o.activation.empty() ? "linear" : o.activation;
+    config["use_bias"] = o.use_bias;
+    config["depthwise_initializer"] = o.kernel_initializer;
+    config["bias_initializer"] = o.bias_initializer;
+    config["seed"] = seed_json(o.seed);
+  } else if (auto* cv = dynamic_cast<const nn::Conv2D*>(&layer)) {
+    const nn::Conv2DOptions& o = cv->options();
+    config["filters"] = cv->filters();
+    config["kernel_size"] = cv->kernel_size();
+    config["strides"] = o.strides;
+    config["padding"] = o.padding;
+    config["data_format"] = "channels_last";
+    config["dilation_rate"] = o.dilation_rate;
+    config["groups"] = o.groups;
+    config["activation"] = o.activation.empty() ? "linear" : o.activation;
+    config["use_bias"] = o.use_bias;
+    config["kernel_initializer"] = o.kernel_initializer;
+    config["bias_initializer"] = o.bias_initializer;
+    config["seed"] = seed_json(o.seed);
+  } else if (auto* p = dynamic_cast<const nn::Pooling2D*>(&layer)) {
+    config["pool_size"] = p->pool_size();
+    config["strides"] = p->strides();
+    config["padding"] = p->padding();
+    config["data_format"] = "channels_last";
+  } else if (auto* g = dynamic_cast<const nn::GlobalAveragePooling2D*>(&layer)) {
+    config["data_format"] = "channels_last";
+    config["keepdims"] = g->keepdims();
+  } else if (auto* bn = dynamic_cast<const nn::BatchNormalization*>(&layer)) {
+    const nn::BatchNormalizationOptions& o = bn->options();
+    config["axis"] = o.axis;
+    config["momentum"] = o.momentum;
+    config["epsilon"] = o.epsilon;
+    config["center"] = o.center;
+    config["scale"] = o.scale;
+    config["synchronized"] = o.synchronized;
+    config["beta_initializer"] = o.beta_initializer;
+    config["gamma_initializer"] = o.gamma_initializer;
+    config["moving_mean_initializer"] = o.moving_mean_initializer;
+    config["moving_variance_initializer"] = o.moving_variance_initializer;
+  } else if (auto* ln = dynamic_cast<const nn::LayerNormalization*>(&layer)) {
+    const nn::LayerNormalizationOptions& o = ln->options();
+    config["axis"] = o.axis;
+    config["epsilon"] = o.epsilon;
+    config["center"] = o.center;
+    config["scale"] = o.scale;
+    config["beta_initializer"] = o.beta_initializer;
+    config["gamma_initializer"] = o.gamma_initializer;
+  } else if (auto* rs = dynamic_cast<const nn::Reshape*>(&layer)) {
+    config["target_shape"] = rs->target_shape();
+  } else if (auto* zp = dynamic_cast<const nn::ZeroPadding2D*>(&layer)) {
+    config["padding"] = zp->padding();
+    config["data_format"] = "channels_last";
+  } else if (dynamic_cast<const nn::Add*>(&layer)) {
+  } else if (auto* cc = dynamic_cast<const nn::Concatenate*>(&layer)) {
+    config["axis"] = cc->axis();
   } else {
     DTRAIN_THROW(InvalidArgument, "layer '", layer.name(), "' (", layer.class_name(), ") cannot be written to JSON");
   }
@@ -55,9 +122,72 @@ std::string initializer_name(const JsonReader& r, const std::string& key, const 
 
 std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& c, const JsonReader& r);
 
+// Keras's pairs: an integer for both axes, or [height, width].
+nn::Pair get_pair(const JsonReader& c, const std::string& key, std::optional<nn::Pair> fallback = std::nullopt) {
+  if (!c.has(key)) {
+    if (fallback) return *fallback;
+    c.fail(key, "is required");
+  }
+  const json& v = c.raw()[key];
+  if (v.is_number_integer()) return {v.get<std::int64_t>(), v.get<std::int64_t>()};
+  if (v.is_array() && v.size() == 2 && v[0].is_number_integer() && v[1].is_number_integer())
+    return {v[0].get<std::int64_t>(), v[1].get<std::int64_t>()};
+  c.fail(key, "expected an integer or a pair [height, width] of integers, got " + v.dump());
+}
+
+void expect_channels_last(const JsonReader& c) {
+  if (c.has("data_format") && c.get_string("data_format") != "channels_last")
+    c.fail("data_format", "only \"channels_last\" images ([batch, height, width, channels]) are supported, got \"" +
+                              c.get_string("data_format") + "\"");
+}
+
+// Regularizers, constraints and the like: accepted when null (Keras writes them so).
+void expect_unset(const JsonReader& c, std::initializer_list<const char*> keys) {
+  for (const char* k : keys)
+    if (c.has(k)) c.fail(k, std::string("is not supported (only null), got ") + c.raw()[k].dump());
+}
+
+std::optional<std::uint64_t> get_seed(const JsonReader& c) {
+  if (auto s = c.get_optional_int("seed")) return static_cast<std::uint64_t>(*s);
+  return std::nullopt;
+}
+
+std::shared_ptr<nn::Layer> make_conv_layer(const std::string& cls, const JsonReader& c) {
+  const bool depthwise = cls == "DepthwiseConv2D";
+  if (depthwise)
+    c.expect_keys({"name", "trainable", "dtype", "kernel_size", "strides", "padding", "depth_multiplier", "data_format",
+                   "dilation_rate", "activation", "use_bias", "depthwise_initializer", "bias_initializer",
+                   "depthwise_regularizer", "bias_regularizer", "activity_regularizer", "depthwise_constraint",
+                   "bias_constraint", "seed"});
+  else
+    c.expect_keys({"name", "trainable", "dtype", "filters", "kernel_size", "strides", "padding", "data_format",
+                   "dilation_rate", "groups", "activation", "use_bias", "kernel_initializer", "bias_initializer",
+                   "kernel_regularizer", "bias_regularizer", "activity_regularizer", "kernel_constraint",
+                   "bias_constraint", "seed"});
+  expect_channels_last(c);
+  expect_unset(c, {"kernel_regularizer", "bias_regularizer", "activity_regularizer", "kernel_constraint",
+                   "bias_constraint", "depthwise_regularizer", "depthwise_constraint"});
+  nn::Conv2DOptions o;
+  o.name = c.get_string("name", depthwise ? "depthwise_conv2d" : "conv2d");
+  o.strides = get_pair(c, "strides", nn::Pair{1, 1});
+  o.padding = c.get_string("padding", "valid");
+  o.dilation_rate = get_pair(c, "dilation_rate", nn::Pair{1, 1});
+  const std::string act = c.get_string("activation", "linear");
+  o.activation = act == "linear" ? "" : act;
+  o.use_bias = c.get_bool("use_bias", true);
+  o.kernel_initializer = initializer_name(c, depthwise ? "depthwise_initializer" : "kernel_initializer", "glorot_uniform");
+  o.bias_initializer = initializer_name(c, "bias_initializer", "zeros");
+  o.seed = get_seed(c);
+  const nn::Pair kernel = get_pair(c, "kernel_size");
+  if (depthwise) return std::make_shared<nn::DepthwiseConv2D>(kernel, c.get_int("depth_multiplier", 1), o);
+  o.groups = c.get_int("groups", 1);
+  return std::make_shared<nn::Conv2D>(c.get_int("filters"), kernel, o);
+}
+
 // A layer from {"class_name", "config"}; "trainable": false freezes its weights once built.
-std::shared_ptr<nn::Layer> layer_from_json(const JsonReader& r, const std::string& dtype_policy) {
-  r.expect_keys({"class_name", "config"});
+std::shared_ptr<nn::Layer> layer_from_json(const JsonReader& r, const std::string& dtype_policy, bool in_graph = false) {
+  if (in_graph) r.expect_keys({"class_name", "config", "name", "inbound_nodes", "module", "registered_name"});
+  else r.expect_keys({"class_name", "config"});
   const std::string cls = r.get_string("class_name");
   static const json kNoConfig = json::object();  // outlives the reader that refers to it
   const JsonReader c = r.has("config") ? r.child("config") : JsonReader(kNoConfig, r.key_path("config"));
@@ -125,6 +255,105 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       c.expect_keys({"name", "trainable", "dtype"});
       return std::make_shared<nn::Flatten>(c.get_string("name", "flatten"));
     }
+    if (cls == "Conv2D" || cls == "DepthwiseConv2D") return make_conv_layer(cls, c);
+    if (cls == "MaxPooling2D" || cls == "AveragePooling2D") {
+      c.expect_keys({"name", "trainable", "dtype", "pool_size", "strides", "padding", "data_format"});
+      expect_channels_last(c);
+      const nn::Pair pool = get_pair(c, "pool_size", nn::Pair{2, 2});
+      const std::optional<nn::Pair> strides = c.has("strides") ? std::optional(get_pair(c, "strides")) : std::nullopt;
+      const std::string padding = c.get_string("padding", "valid");
+      if (cls == "MaxPooling2D")
+        return std::make_shared<nn::MaxPooling2D>(pool, strides, padding, c.get_string("name", "max_pooling2d"));
+      return std::make_shared<nn::AveragePooling2D>(pool, strides, padding, c.get_string("name", "average_pooling2d"));
+    }
+    if (cls == "GlobalAveragePooling2D") {
+      c.expect_keys({"name", "trainable", "dtype", "data_format", "keepdims"});
+      expect_channels_last(c);
+      return std::make_shared<nn::GlobalAveragePooling2D>(c.get_bool("keepdims", false),
+                                                          c.get_string("name", "global_average_pooling2d"));
+    }
+    if (cls == "BatchNormalization") {
+      c.expect_keys({"name", "trainable", "dtype", "axis", "momentum", "epsilon", "center", "scale", "synchronized",
+                     "beta_initializer", "gamma_initializer", "moving_mean_initializer", "moving_variance_initializer",
+                     "beta_regularizer", "gamma_regularizer", "beta_constraint", "gamma_constraint"});
+      expect_unset(c, {"beta_regularizer", "gamma_regularizer", "beta_constraint", "gamma_constraint"});
+      nn::BatchNormalizationOptions o;
+      o.name = c.get_string("name", "batch_normalization");
+      // Keras writes axis as an integer or a list of one.
+      if (c.has("axis")) {
+        const json& a = c.raw()["axis"];
+        if (a.is_array() && a.size() == 1 && a[0].is_number_integer()) o.axis = a[0].get<int>();
+        else o.axis = c.get_int32("axis", -1, -8, 8);
+      }
+      o.momentum = static_cast<float>(c.get_number("momentum", 0.99));
+      o.epsilon = static_cast<float>(c.get_number("epsilon", 1e-3));
+      o.center = c.get_bool("center", true);
+      o.scale = c.get_bool("scale", true);
+      o.synchronized = c.get_bool("synchronized", false);
+      o.beta_initializer = initializer_name(c, "beta_initializer", "zeros");
+      o.gamma_initializer = initializer_name(c, "gamma_initializer", "ones");
+      o.moving_mean_initializer = initializer_name(c, "moving_mean_initializer", "zeros");
+      o.moving_variance_initializer = initializer_name(c, "moving_variance_initializer", "ones");
+      return std::make_shared<nn::BatchNormalization>(o);
+    }
+    if (cls == "LayerNormalization") {
+      c.expect_keys({"name", "trainable", "dtype", "axis", "epsilon", "center", "scale", "beta_initializer",
+                     "gamma_initializer", "beta_regularizer", "gamma_regularizer", "beta_constraint",
+                     "gamma_constraint"});
+      expect_unset(c, {"beta_regularizer", "gamma_regularizer", "beta_constraint", "gamma_constraint"});
+      nn::LayerNormalizationOptions o;
+      o.name = c.get_string("name", "layer_normalization");
+      if (c.has("axis")) {
+        const json& a = c.raw()["axis"];
+        if (a.is_array() && a.size() == 1 && a[0].is_number_integer()) o.axis = a[0].get<int>();
+        else o.axis = c.get_int32("axis", -1, -8, 8);
+      }
+      o.epsilon = static_cast<float>(c.get_number("epsilon", 1e-3));
+      o.center = c.get_bool("center", true);
+      o.scale = c.get_bool("scale", true);
+      o.beta_initializer = initializer_name(c, "beta_initializer", "zeros");
+      o.gamma_initializer = initializer_name(c, "gamma_initializer", "ones");
+      return std::make_shared<nn::LayerNormalization>(o);
+    }
+    if (cls == "Reshape") {
+      c.expect_keys({"name", "trainable", "dtype", "target_shape"});
+      const JsonReader t = c.child("target_shape");
+      t.expect_array();
+      std::vector<std::int64_t> target;
+      for (std::size_t i = 0; i < t.size(); ++i) {
+        if (!t.raw()[i].is_number_integer()) t.fail("", "expected integers, got " + t.raw().dump());
+        target.push_back(t.raw()[i].get<std::int64_t>());
+      }
+      return std::make_shared<nn::Reshape>(target, c.get_string("name", "reshape"));
+    }
+    if (cls == "ZeroPadding2D") {
+      c.expect_keys({"name", "trainable", "dtype", "padding", "data_format"});
+      expect_channels_last(c);
+      nn::ZeroPadding2D::Padding2 pad{{{1, 1}, {1, 1}}};
+      if (c.has("padding")) {
+        const json& v = c.raw()["padding"];
+        if (v.is_array() && v.size() == 2 && v[0].is_array() && v[1].is_array() && v[0].size() == 2 &&
+            v[1].size() == 2) {
+          for (int i = 0; i < 2; ++i)
+            for (int j = 0; j < 2; ++j) {
+              if (!v[i][j].is_number_integer()) c.fail("padding", "expected integers, got " + v.dump());
+              pad[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)] = v[i][j].get<std::int64_t>();
+            }
+        } else {
+          const nn::Pair p = get_pair(c, "padding");
+          pad = {{{p[0], p[0]}, {p[1], p[1]}}};
+        }
+      }
+      return std::make_shared<nn::ZeroPadding2D>(pad, c.get_string("name", "zero_padding2d"));
+    }
+    if (cls == "Add") {
+      c.expect_keys({"name", "trainable", "dtype"});
+      return std::make_shared<nn::Add>(c.get_string("name", "add"));
+    }
+    if (cls == "Concatenate") {
+      c.expect_keys({"name", "trainable", "dtype", "axis"});
+      return std::make_shared<nn::Concatenate>(c.get_int32("axis", -1, -8, 8), c.get_string("name", "concatenate"));
+    }
     if (cls == "Rescaling") {
       c.expect_keys({"name", "trainable", "dtype", "scale", "offset"});
       return std::make_shared<nn::Rescaling>(static_cast<float>(c.get_number("scale")),
@@ -135,64 +364,330 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
     if (std::string(e.what()).rfind(c.path(), 0) == 0) throw;  // already names its path
     DTRAIN_THROW(InvalidArgument, c.path(), ": ", e.what());
   }
-  r.fail("class_name", "unknown layer class '" + cls + "' (expected Dense, Activation, Dropout, Flatten or Rescaling)");
+  r.fail("class_name", "unknown layer class '" + cls +
+                           "' (expected Dense, Activation, Dropout, Flatten, Rescaling, Conv2D, DepthwiseConv2D, "
+                           "MaxPooling2D, AveragePooling2D, GlobalAveragePooling2D, BatchNormalization, "
+                           "LayerNormalization, Reshape, ZeroPadding2D, Add or Concatenate)");
 }
 
 }  // namespace
 
-std::string Sequential::to_json(int indent) const {
-  json layers = json::array();
-  for (const auto& l : layers_) layers.push_back(layer_to_json(*l));
-  json config = {{"name", name_}, {"layers", layers}};
-  if (input_shape_) {
-    json shape = json::array({nullptr});
-    for (auto d : input_shape_->dims()) shape.push_back(d);
-    config["build_input_shape"] = shape;
+namespace {
+
+// A shape without the batch axis from a list of positive extents, skipping `skip` leading
+// entries (a batch axis written as null).
+Shape shape_from(const JsonReader& s, std::size_t skip) {
+  s.expect_array();
+  std::vector<std::int64_t> dims;
+  for (std::size_t i = skip; i < s.size(); ++i) {
+    const json& d = s.raw()[i];
+    if (!d.is_number_integer() || d.get<std::int64_t>() <= 0)
+      s.fail("", "expected positive integer extents, got " + s.raw().dump());
+    dims.push_back(d.get<std::int64_t>());
   }
-  return json{{"class_name", "Sequential"}, {"config", config}}.dump(indent);
+  return Shape(dims);
+}
+
+// The (layer name, node index) pairs a node reads, from tf.keras's [[name, node, tensor,
+// {}], ...] or Keras 3's {"args": [...keras tensors...], "kwargs": {}}.
+void collect_history(const json& v, std::vector<std::pair<std::string, int>>& out) {
+  if (v.is_object()) {
+    if (v.contains("class_name") && v["class_name"] == "__keras_tensor__") {
+      const json& h = v["config"]["keras_history"];
+      out.emplace_back(h[0].get<std::string>(), h[1].get<int>());
+      return;
+    }
+    if (v.contains("args")) collect_history(v["args"], out);
+    return;
+  }
+  if (v.is_array()) {
+    if (v.size() >= 3 && v[0].is_string() && v[1].is_number_integer()) {
+      out.emplace_back(v[0].get<std::string>(), v[1].get<int>());
+      return;
+    }
+    for (const json& e : v) collect_history(e, out);
+  }
+}
+
+std::vector<std::pair<std::string, int>> node_inputs(const JsonReader& node) {
+  std::vector<std::pair<std::string, int>> out;
+  try {
+    collect_history(node.raw(), out);
+  } catch (const json::exception& e) {
+    node.fail("", std::string("is not a node of tf.keras's or Keras 3's format: ") + e.what());
+  }
+  if (out.empty()) node.fail("", "names no input tensor: " + node.raw().dump());
+  return out;
+}
+
+// input_layers / output_layers: [[name, node, tensor], ...] or one [name, node, tensor].
+std::vector<std::pair<std::string, int>> endpoints(const JsonReader& c, const std::string& key) {
+  const JsonReader e = c.child(key);
+  e.expect_array();
+  std::vector<std::pair<std::string, int>> out;
+  const json& v = e.raw();
+  auto one = [&](const json& t) {
+    if (!t.is_array() || t.size() < 2 || !t[0].is_string() || !t[1].is_number_integer())
+      e.fail("", "expected [layer name, node index, tensor index] entries, got " + v.dump());
+    out.emplace_back(t[0].get<std::string>(), t[1].get<int>());
+  };
+  if (!v.empty() && v[0].is_string()) one(v);
+  else for (const json& t : v) one(t);
+  if (out.empty()) e.fail("", "names no tensor");
+  return out;
+}
+
+UnbuiltModel functional_from_json(const JsonReader& c, const std::string& dtype_policy) {
+  c.expect_keys({"name", "layers", "input_layers", "output_layers", "trainable"});
+  UnbuiltModel out;
+  out.class_name = "Functional";
+  out.name = c.get_string("name", "model");
+  const JsonReader layers = c.child("layers");
+  layers.expect_array();
+  // Each layer's config and inbound nodes; Inputs become calls with no layer.
+  std::unordered_map<std::string, std::size_t> by_name;  // entry index
+  std::vector<std::vector<std::vector<std::pair<std::string, int>>>> inbound;  // [entry][node] inputs
+  std::vector<int> layer_of;  // [entry] index into out.layers, -1 for an InputLayer
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const JsonReader e = layers.element(i);
+    e.expect_object();
+    const std::string cls = e.get_string("class_name");
+    std::string name;
+    if (cls == "InputLayer") {
+      e.expect_keys({"class_name", "config", "name", "inbound_nodes", "module", "registered_name"});
+      const JsonReader ic = e.child("config");
+      ic.expect_keys({"batch_input_shape", "batch_shape", "input_shape", "shape", "dtype", "sparse", "ragged", "name"});
+      name = ic.get_string("name", e.get_string("name", "input"));
+      UnbuiltModel::Call call;
+      for (const char* key : {"batch_input_shape", "batch_shape"})
+        if (ic.has(key)) call.input_shape = shape_from(ic.child(key), 1);
+      for (const char* key : {"input_shape", "shape"})
+        if (ic.has(key)) call.input_shape = shape_from(ic.child(key), 0);
+      if (!call.input_shape) ic.fail("batch_input_shape", "an InputLayer needs its shape");
+      if (ic.get_bool("sparse", false) || ic.get_bool("ragged", false)) ic.fail("sparse", "sparse and ragged inputs are not supported");
+      call.name = name;
+      out.calls.push_back(call);
+      layer_of.push_back(-1);
+      inbound.push_back({});
+    } else {
+      auto layer = layer_from_json(e, dtype_policy, /*in_graph=*/true);
+      name = layer->name();
+      layer_of.push_back(static_cast<int>(out.layers.size()));
+      out.layers.push_back(layer);
+      std::vector<std::vector<std::pair<std::string, int>>> nodes;
+      if (e.has("inbound_nodes")) {
+        const JsonReader in = e.child("inbound_nodes");
+        in.expect_array();
+        for (std::size_t k = 0; k < in.size(); ++k) nodes.push_back(node_inputs(in.element(k)));
+      }
+      inbound.push_back(nodes);
+    }
+    if (!by_name.emplace(name, i).second) layers.element(i).fail("name", "names a second layer '" + name + "'");
+  }
+  // Calls in an order where every input exists: (entry, node) -> call index.
+  std::map<std::pair<std::string, int>, std::size_t> made;
+  for (std::size_t i = 0; i < layers.size(); ++i)
+    if (layer_of[i] < 0) made[{out.calls[made.size()].name, 0}] = made.size();
+  std::vector<std::size_t> next(layers.size(), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      while (next[i] < inbound[i].size()) {
+        UnbuiltModel::Call call;
+        call.layer = layer_of[i];
+        bool ready = true;
+        for (const auto& ref : inbound[i][next[i]]) {
+          const auto it = made.find(ref);
+          if (it == made.end()) {
+            ready = false;
+            break;
+          }
+          call.inputs.push_back(it->second);
+        }
+        if (!ready) break;
+        made[{out.layers[static_cast<std::size_t>(layer_of[i])]->name(), static_cast<int>(next[i])}] = out.calls.size();
+        out.calls.push_back(call);
+        ++next[i];
+        progress = true;
+      }
+    }
+  }
+  for (std::size_t i = 0; i < layers.size(); ++i)
+    if (next[i] < inbound[i].size()) {
+      std::string missing;
+      for (const auto& ref : inbound[i][next[i]])
+        if (!made.count(ref)) missing = ref.first + "' node " + std::to_string(ref.second);
+      layers.element(i).fail("inbound_nodes", "node " + std::to_string(next[i]) + " reads layer '" + missing +
+                                                  ", which no layer of the model makes (or only in a cycle)");
+    }
+  auto resolve = [&](const std::string& key) {
+    std::vector<std::size_t> calls;
+    for (const auto& ref : endpoints(c, key)) {
+      const auto it = made.find(ref);
+      if (it == made.end())
+        c.fail(key, "names layer '" + ref.first + "' node " + std::to_string(ref.second) + ", which the model does not have");
+      calls.push_back(it->second);
+    }
+    return calls;
+  };
+  out.inputs = resolve("input_layers");
+  out.outputs = resolve("output_layers");
+  for (std::size_t k : out.inputs)
+    if (out.calls[k].layer >= 0) c.fail("input_layers", "names a layer that is not an InputLayer");
+  out.input_shape = out.calls[out.inputs.front()].input_shape;
+  return out;
+}
+
+}  // namespace
+
+Shape UnbuiltModel::output_shape(const Shape& row) const {
+  auto with_batch = [](const Shape& s) {
+    std::vector<std::int64_t> dims{1};
+    for (auto d : s.dims()) dims.push_back(d);
+    return Shape(dims);
+  };
+  if (calls.empty()) {
+    Shape s = with_batch(row);
+    for (const auto& l : layers) s = l->compute_output_shape(s);
+    return s;
+  }
+  std::vector<Shape> shapes(calls.size());
+  for (std::size_t k = 0; k < calls.size(); ++k) {
+    const Call& call = calls[k];
+    if (call.layer < 0) {
+      shapes[k] = with_batch(k == inputs.front() ? row : *call.input_shape);
+      continue;
+    }
+    std::vector<Shape> in;
+    for (std::size_t j : call.inputs) in.push_back(shapes[j]);
+    shapes[k] = layers[static_cast<std::size_t>(call.layer)]->compute_output_shape_of(in);
+  }
+  return shapes[outputs.front()];
+}
+
+std::size_t UnbuiltModel::output_layer() const {
+  if (calls.empty()) return layers.size() - 1;
+  const int l = calls[outputs.front()].layer;
+  return l < 0 ? 0 : static_cast<std::size_t>(l);
+}
+
+std::unique_ptr<Model> UnbuiltModel::build() {
+  if (calls.empty()) {
+    auto model = std::make_unique<Sequential>(name);
+    for (auto& l : layers) model->add(l);
+    if (input_shape) model->build(*input_shape);
+    return model;
+  }
+  std::vector<KerasTensor> made(calls.size());
+  for (std::size_t k = 0; k < calls.size(); ++k) {
+    const Call& call = calls[k];
+    if (call.layer < 0) {
+      made[k] = Input(*call.input_shape, call.name);
+      continue;
+    }
+    std::vector<KerasTensor> in;
+    for (std::size_t j : call.inputs) in.push_back(made[j]);
+    made[k] = call_layer(layers[static_cast<std::size_t>(call.layer)], in);
+  }
+  std::vector<KerasTensor> ins, outs;
+  for (std::size_t k : inputs) ins.push_back(made[k]);
+  for (std::size_t k : outputs) outs.push_back(made[k]);
+  return std::make_unique<Model>(ins, outs, name);
+}
+
+std::string Model::to_json(int indent) const {
+  if (!functional()) {
+    json layers = json::array();
+    for (const auto& l : layers_) layers.push_back(layer_to_json(*l));
+    json config = {{"name", name_}, {"layers", layers}};
+    if (input_shape_) {
+      json shape = json::array({nullptr});
+      for (auto d : input_shape_->dims()) shape.push_back(d);
+      config["build_input_shape"] = shape;
+    }
+    return json{{"class_name", "Sequential"}, {"config", config}}.dump(indent);
+  }
+  // tf.keras's functional format: each layer with the nodes that call it, each node a list
+  // of the tensors it reads as [layer name, node index, tensor index, {}].
+  std::unordered_map<const GraphNode*, int> node_index;  // a node's index among its layer's
+  std::unordered_map<const nn::Layer*, int> calls;
+  std::unordered_map<const nn::Layer*, json> inbound;
+  json layers = json::array();
+  auto ref = [&](const KerasTensor& t) { return json::array({t.name(), node_index.at(t.node().get()), 0, json::object()}); };
+  for (const auto& n : graph_) {
+    if (!n->layer) {
+      node_index[n.get()] = 0;
+      json shape = json::array({nullptr});
+      for (int d = 1; d < n->shape.rank(); ++d) shape.push_back(n->shape[d]);
+      layers.push_back({{"class_name", "InputLayer"},
+                        {"config", {{"batch_input_shape", shape}, {"dtype", dtype_name(n->dtype)}, {"sparse", false},
+                                    {"ragged", false}, {"name", n->name}}},
+                        {"name", n->name},
+                        {"inbound_nodes", json::array()}});
+      continue;
+    }
+    node_index[n.get()] = calls[n->layer.get()]++;
+    json node = json::array();
+    for (const KerasTensor& in : n->inputs) node.push_back(ref(in));
+    inbound[n->layer.get()].push_back(node);
+  }
+  for (const auto& l : layers_) {
+    json entry = layer_to_json(*l);
+    entry["name"] = l->name();
+    entry["inbound_nodes"] = inbound[l.get()];
+    layers.push_back(entry);
+  }
+  json ins = json::array(), outs = json::array();
+  for (const KerasTensor& t : inputs_) ins.push_back({t.name(), node_index.at(t.node().get()), 0});
+  for (const KerasTensor& t : outputs_) outs.push_back({t.name(), node_index.at(t.node().get()), 0});
+  json config = {{"name", name_}, {"layers", layers}, {"input_layers", ins}, {"output_layers", outs}};
+  return json{{"class_name", "Functional"}, {"config", config}}.dump(indent);
 }
 
 UnbuiltModel unbuilt_model_from_json(const nlohmann::json& value, const std::string& path,
                                      const std::string& dtype_policy, const std::string& config_path) {
   const JsonReader r(value, path);
-  r.expect_keys({"class_name", "config"});
-  if (r.get_string("class_name") != "Sequential")
-    r.fail("class_name", "only Sequential models are supported, got '" + r.get_string("class_name") + "'");
+  r.expect_keys({"class_name", "config", "module", "registered_name", "build_config", "compile_config"});
+  const std::string cls = r.get_string("class_name");
   const JsonReader c(r.child("config").raw(), config_path.empty() ? r.key_path("config") : config_path);
-  c.expect_keys({"name", "layers", "build_input_shape", "input_shape"});
+  if (cls == "Functional" || cls == "Model") return functional_from_json(c, dtype_policy);
+  if (cls != "Sequential")
+    r.fail("class_name", "expected a Sequential or a Functional model, got '" + cls + "'");
+  c.expect_keys({"name", "layers", "build_input_shape", "input_shape", "trainable"});
   UnbuiltModel out;
-  out.model = std::make_unique<Sequential>(c.get_string("name", "sequential"));
+  out.class_name = "Sequential";
+  out.name = c.get_string("name", "sequential");
   const JsonReader layers = c.child("layers");
   layers.expect_array();
-  for (std::size_t i = 0; i < layers.size(); ++i) out.model->add(layer_from_json(layers.element(i), dtype_policy));
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    // Keras 3 writes a Sequential's input as an InputLayer entry first.
+    const JsonReader e = layers.element(i);
+    if (e.raw().is_object() && e.raw().value("class_name", "") == "InputLayer") {
+      const JsonReader ic = e.child("config");
+      for (const char* key : {"batch_input_shape", "batch_shape"})
+        if (ic.has(key)) out.input_shape = shape_from(ic.child(key), 1);
+      continue;
+    }
+    out.layers.push_back(layer_from_json(e, dtype_policy));
+  }
   // build_input_shape includes the batch axis (null); input_shape does not.
   for (const char* key : {"build_input_shape", "input_shape"}) {
     if (!c.has(key)) continue;
-    const JsonReader s = c.child(key);
-    s.expect_array();
-    std::vector<std::int64_t> dims;
-    for (std::size_t i = std::string(key) == "build_input_shape" ? 1 : 0; i < s.size(); ++i) {
-      const json& d = s.raw()[i];
-      if (!d.is_number_integer() || d.get<std::int64_t>() <= 0)
-        s.fail("", "expected positive integer extents, got " + s.raw().dump());
-      dims.push_back(d.get<std::int64_t>());
-    }
-    if (out.input_shape && *out.input_shape != Shape(dims))
-      s.fail("", "gives rows of shape " + Shape(dims).to_string() + ", but build_input_shape gives " +
-                     out.input_shape->to_string());
-    out.input_shape = Shape(dims);
+    const Shape dims = shape_from(c.child(key), std::string(key) == "build_input_shape" ? 1 : 0);
+    if (out.input_shape && *out.input_shape != dims)
+      c.child(key).fail("", "gives rows of shape " + dims.to_string() + ", but build_input_shape gives " +
+                                out.input_shape->to_string());
+    out.input_shape = dims;
   }
   return out;
 }
 
-std::unique_ptr<Sequential> model_from_json(const nlohmann::json& value, const std::string& path,
-                                            const std::string& dtype_policy, const std::string& config_path) {
-  UnbuiltModel m = unbuilt_model_from_json(value, path, dtype_policy, config_path);
-  if (m.input_shape) m.model->build(*m.input_shape);
-  return std::move(m.model);
+std::unique_ptr<Model> model_from_json(const nlohmann::json& value, const std::string& path,
+                                       const std::string& dtype_policy, const std::string& config_path) {
+  return unbuilt_model_from_json(value, path, dtype_policy, config_path).build();
 }
 
-std::unique_ptr<Sequential> model_from_json(const std::string& text) {
+std::unique_ptr<Model> model_from_json(const std::string& text) {
   return model_from_json(parse_json(text, "model JSON"), "");
 }
 

@@ -7,22 +7,43 @@
 #include <optional>
 #include <string>
 
-#include "dtrain/model/sequential.h"
+#include "dtrain/model/model.h"
 
 namespace dtrain {
 
 // A non-empty `dtype_policy` is every layer's policy, over what the layers' configs say.
 // `config_path` names the "config" object in messages (default: path + ".config"), for a
 // file that writes it elsewhere (the dtrain command's short form puts it at "model").
-std::unique_ptr<Sequential> model_from_json(const nlohmann::json& value, const std::string& path,
+std::unique_ptr<Model> model_from_json(const nlohmann::json& value, const std::string& path,
                                             const std::string& dtype_policy = "", const std::string& config_path = "");
 
-// The same model with its layers made but not built: no weight is allocated (a layer that
+// The model with its layers made but not built: no weight is allocated (a layer that
 // draws its seed when made, as Dropout does, still draws it). For tools that check the
 // model's shapes before building it for training.
 struct UnbuiltModel {
-  std::unique_ptr<Sequential> model;
-  std::optional<Shape> input_shape;  // the one the JSON declares (input_shape or build_input_shape), if any
+  std::string class_name;  // "Sequential" or "Functional"
+  std::string name;
+  // A Sequential's stack; a functional model's layers in its JSON's order.
+  std::vector<std::shared_ptr<nn::Layer>> layers;
+  std::optional<Shape> input_shape;  // the one the JSON declares (input_shape, build_input_shape, its Input), if any
+  // A functional model's graph: its calls of layers (and its Inputs, layer -1), each after
+  // the calls it reads; the calls that are its inputs and outputs.
+  struct Call {
+    int layer = -1;
+    std::vector<std::size_t> inputs;
+    std::optional<Shape> input_shape;  // an Input's
+    std::string name;                  // an Input's
+  };
+  std::vector<Call> calls;
+  std::vector<std::size_t> inputs, outputs;
+
+  // The (first) output's shape, batch axis 1, for input rows of `row` (the first input's),
+  // checked layer by layer without building any.
+  Shape output_shape(const Shape& row) const;
+  // The index in `layers` of the layer that makes the (first) output.
+  std::size_t output_layer() const;
+  // The model, built (for its declared input shape, where a Sequential has one).
+  std::unique_ptr<Model> build();
 };
 UnbuiltModel unbuilt_model_from_json(const nlohmann::json& value, const std::string& path,
                                      const std::string& dtype_policy = "", const std::string& config_path = "");

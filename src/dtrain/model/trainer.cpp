@@ -15,7 +15,7 @@ double mean_value(const Tensor& loss) {
   return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
 }
 
-std::vector<std::string> describe(const Sequential& model) {
+std::vector<std::string> describe(const Model& model) {
   // Initialisers' seeds may differ: every worker starts from the chief's values anyway.
   static const std::regex seed(R"re("seed":\s*(-?[0-9]+|null))re");
   const std::uint64_t hash = fnv1a(std::regex_replace(model.to_json(0), seed, ""));

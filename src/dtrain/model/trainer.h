@@ -13,7 +13,7 @@
 #include "dtrain/core/clock.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/kernels/backend.h"
-#include "dtrain/model/sequential.h"
+#include "dtrain/model/model.h"
 #include "dtrain/profile/profiler.h"
 
 namespace dtrain {
@@ -24,7 +24,7 @@ double mean_value(const Tensor& loss);
 
 // What workers compare before training together: each variable's name, dtype and shape,
 // then the model's configuration (hashed), so a mismatch names a variable where it can.
-std::vector<std::string> describe(const Sequential& model);
+std::vector<std::string> describe(const Model& model);
 
 // Tells fit's callbacks when fit leaves with an exception (on_train_end is not called then).
 class TrainErrorGuard {
@@ -62,9 +62,9 @@ class ClearOnExit {
 // GradientTape step; under a strategy with several replicas, each replica takes its rows
 // of the global batch, its gradients go to the strategy's bucket reducer as backward
 // produces them, and the replicas then update their shares of the shared variables.
-class Sequential::Trainer {
+class Model::Trainer {
  public:
-  Trainer(Sequential& model, int accumulation_steps, profile::Profiler& profiler)
+  Trainer(Model& model, int accumulation_steps, profile::Profiler& profiler)
       : model_(model), k_(accumulation_steps), profiler_(profiler) {}
 
   // Adds the batch's loss and metrics to loss_mean and the model's metrics. Multi-worker:
@@ -271,7 +271,7 @@ class Sequential::Trainer {
     return out;
   }
 
-  Sequential& model_;
+  Model& model_;
   int k_;
   profile::Phase update_phase_ = profile::Phase::optimizer;
   profile::Profiler& profiler_;

@@ -34,6 +34,31 @@ Tensor Layer::operator()(const Tensor& x, bool training) {
   return call(x, training);
 }
 
+Tensor Layer::operator()(std::span<const Tensor> inputs, bool training) {
+  if (!takes_several_inputs()) {
+    if (inputs.size() != 1) fail("takes one input, got " + std::to_string(inputs.size()));
+    return (*this)(inputs[0], training);
+  }
+  std::vector<Shape> shapes;
+  for (const Tensor& x : inputs) {
+    x.check_defined(name_.c_str());
+    shapes.push_back(x.shape());
+  }
+  compute_output_shape_of(shapes);  // checks the inputs against each other
+  if (!input_shape_) input_shape_ = shapes.front();
+  return call_several(inputs, training);
+}
+
+Shape Layer::compute_output_shape_of(std::span<const Shape> input_shapes) const {
+  if (input_shapes.size() != 1) fail("takes one input, got " + std::to_string(input_shapes.size()));
+  return compute_output_shape(input_shapes[0]);
+}
+
+Tensor Layer::call_several(std::span<const Tensor> inputs, bool training) {
+  if (inputs.size() != 1) fail("takes one input, got " + std::to_string(inputs.size()));
+  return call(inputs[0], training);
+}
+
 void Layer::set_name(std::string name) {
   if (built()) fail("cannot be renamed after it is built");
   name_ = std::move(name);

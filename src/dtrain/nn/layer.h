@@ -25,6 +25,12 @@ class Layer {
 
   // Builds on the first call, then runs the layer. `training` switches dropout and the like.
   Tensor operator()(const Tensor& x, bool training = false);
+  // Layers that join several inputs (Add, Concatenate) take them as a list; any other layer
+  // takes a list of one.
+  Tensor operator()(std::span<const Tensor> inputs, bool training = false);
+  virtual bool takes_several_inputs() const { return false; }
+  // The output shape for a list of input shapes (one, unless takes_several_inputs()).
+  virtual Shape compute_output_shape_of(std::span<const Shape> input_shapes) const;
 
   // Creates the weights for inputs of `input_shape` (its first axis is the batch and is
   // not fixed). Calling it twice with a different shape is an error naming the layer.
@@ -56,6 +62,8 @@ class Layer {
  protected:
   virtual void build_weights(const Shape& /*input_shape*/) {}
   virtual Tensor call(const Tensor& x, bool training) = 0;
+  // Layers that take several inputs override this (their call() of one input is not used).
+  virtual Tensor call_several(std::span<const Tensor> inputs, bool training);
   Variable& add_weight(const std::string& name, Tensor initial, bool trainable = true);
   // An InvalidArgument that starts with "layer '<name>' (<class>): ".
   [[noreturn]] void fail(const std::string& message) const;

@@ -1,4 +1,5 @@
-// The core Keras layers: Dense, Activation, Dropout, Flatten, Rescaling.
+// The Keras layers: core (Dense, Activation, Dropout, Flatten, Rescaling), convolution,
+// pooling, normalization, reshaping and merging.
 #pragma once
 
 #include "dtrain/nn/dense.h"
@@ -7,3 +8,8 @@
 #include "dtrain/nn/flatten.h"
 #include "dtrain/nn/policy.h"
 #include "dtrain/nn/rescaling.h"
+#include "dtrain/nn/conv.h"
+#include "dtrain/nn/merge.h"
+#include "dtrain/nn/normalization.h"
+#include "dtrain/nn/pooling.h"
+#include "dtrain/nn/reshaping.h"

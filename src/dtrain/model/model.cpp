@@ -1,4 +1,4 @@
-// Sequential: layer stack, compile, the fit loop, evaluation, prediction and summary.
+// Model: layer stack or graph, compile, the fit loop, evaluation, prediction and summary.
 #include "dtrain/model/sequential.h"
 
 #include <algorithm>
@@ -7,12 +7,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <numeric>
 #include <regex>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include "dtrain/core/clock.h"
 #include "dtrain/core/files.h"
@@ -40,9 +42,96 @@ std::string with_commas(std::int64_t n) {
 
 }  // namespace
 
-Sequential::Sequential(std::string name) : name_(std::move(name)) {}
+Model::Model(std::string name) : name_(std::move(name)) {}
 
-Sequential::Sequential(std::vector<std::shared_ptr<nn::Layer>> layers, std::string name) : name_(std::move(name)) {
+Model::Model(std::vector<KerasTensor> inputs, std::vector<KerasTensor> outputs, std::string name)
+    : name_(std::move(name)), inputs_(std::move(inputs)), outputs_(std::move(outputs)) {
+  if (inputs_.empty() || outputs_.empty())
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "': a functional model needs at least one input and one output");
+  std::set<const GraphNode*> input_nodes;
+  for (const KerasTensor& t : inputs_) {
+    if (!t.defined() || t.node()->layer)
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "': its inputs must be Input() tensors, got ",
+                   t.defined() ? "the output of layer '" + t.name() + "'" : std::string("an undefined tensor"));
+    if (!input_nodes.insert(t.node().get()).second)
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "': Input '", t.name(), "' is given twice");
+  }
+  // Depth-first from the outputs: every node after the nodes it reads.
+  std::set<const GraphNode*> done, open;
+  std::function<void(const std::shared_ptr<const GraphNode>&)> visit = [&](const std::shared_ptr<const GraphNode>& n) {
+    if (done.count(n.get())) return;
+    if (!n->layer && !input_nodes.count(n.get()))
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "': its outputs depend on Input '", n->name,
+                   "', which is not among the model's inputs");
+    open.insert(n.get());
+    for (const KerasTensor& in : n->inputs) visit(in.node());
+    open.erase(n.get());
+    done.insert(n.get());
+    graph_.push_back(n);
+  };
+  for (const KerasTensor& t : outputs_) {
+    if (!t.defined()) DTRAIN_THROW(InvalidArgument, "model '", name_, "': an output is an undefined tensor");
+    visit(t.node());
+  }
+  for (const KerasTensor& t : inputs_)
+    if (!done.count(t.node().get()))
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "': no output depends on Input '", t.name(), "'");
+  std::set<const nn::Layer*> seen;
+  std::set<std::string> names;
+  for (const auto& n : graph_) {
+    if (!n->layer || !seen.insert(n->layer.get()).second) continue;
+    if (!names.insert(n->layer->name()).second)
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "': two different layers are named '", n->layer->name(),
+                   "'; layer names must be unique in a model (name them, or let them take their defaults)");
+    layers_.push_back(n->layer);
+  }
+  for (const KerasTensor& t : inputs_) names.insert(t.name());
+  if (names.size() != layers_.size() + inputs_.size())
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "': an Input has the name of a layer or of another Input");
+  const Shape& first = inputs_.front().shape();
+  input_shape_ = Shape(std::vector<std::int64_t>(first.dims().begin() + 1, first.dims().end()));
+}
+
+int Model::calls_of(const nn::Layer* layer) const {
+  if (!functional()) return static_cast<int>(std::count_if(layers_.begin(), layers_.end(),
+                                                           [&](const auto& l) { return l.get() == layer; }));
+  return static_cast<int>(std::count_if(graph_.begin(), graph_.end(), [&](const auto& n) { return n->layer.get() == layer; }));
+}
+
+std::vector<Tensor> Model::operator()(std::span<const Tensor> inputs, bool training) {
+  if (!functional()) {
+    if (inputs.size() != 1)
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "' takes one input, got ", inputs.size());
+    return {(*this)(inputs[0], training)};
+  }
+  if (inputs.size() != inputs_.size())
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "' takes ", inputs_.size(), " inputs, got ", inputs.size());
+  std::unordered_map<const GraphNode*, Tensor> values;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& x = inputs[i];
+    x.check_defined(name_.c_str());
+    const Shape& want = inputs_[i].shape();
+    bool fits = x.rank() == want.rank();
+    for (int d = 1; fits && d < want.rank(); ++d) fits = x.dim(d) == want[d];
+    if (!fits)
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "': input '", inputs_[i].name(), "' takes rows shaped ",
+                   Shape(std::vector<std::int64_t>(want.dims().begin() + 1, want.dims().end())).to_string(),
+                   ", got a batch ", x.shape().to_string());
+    values[inputs_[i].node().get()] = x;
+  }
+  std::vector<Tensor> args;
+  for (const auto& n : graph_) {
+    if (!n->layer) continue;
+    args.clear();
+    for (const KerasTensor& in : n->inputs) args.push_back(values.at(in.node().get()));
+    values[n.get()] = (*n->layer)(std::span<const Tensor>(args), training);
+  }
+  std::vector<Tensor> out;
+  for (const KerasTensor& t : outputs_) out.push_back(values.at(t.node().get()));
+  return out;
+}
+
+Sequential::Sequential(std::vector<std::shared_ptr<nn::Layer>> layers, std::string name) : Model(std::move(name)) {
   for (auto& l : layers) add(std::move(l));
 }
 
@@ -66,7 +155,14 @@ void Sequential::add(std::shared_ptr<nn::Layer> layer) {
   layers_.push_back(std::move(layer));
 }
 
-void Sequential::build(const Shape& input_shape) {
+void Model::build(const Shape& input_shape) {
+  if (functional()) {
+    // Built by its graph, for the inputs its Input declares.
+    if (!(*input_shape_ == input_shape))
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "' takes inputs ", input_shape_->to_string(),
+                   " (without the batch axis; its Input), not ", input_shape.to_string());
+    return;
+  }
   if (layers_.empty()) DTRAIN_THROW(InvalidArgument, "model '", name_, "' has no layers");
   std::vector<std::int64_t> dims{1};
   for (auto d : input_shape.dims()) dims.push_back(d);
@@ -88,7 +184,8 @@ void Sequential::build(const Shape& input_shape) {
   input_shape_ = input_shape;
 }
 
-Shape Sequential::output_shape() const {
+Shape Model::output_shape() const {
+  if (functional()) return outputs_.front().shape();
   if (!input_shape_) DTRAIN_THROW(InvalidArgument, "model '", name_, "' is not built yet: call build(input_shape) or fit()");
   std::vector<std::int64_t> dims{1};
   for (auto d : input_shape_->dims()) dims.push_back(d);
@@ -97,7 +194,13 @@ Shape Sequential::output_shape() const {
   return s;
 }
 
-Tensor Sequential::operator()(const Tensor& x, bool training) {
+Tensor Model::operator()(const Tensor& x, bool training) {
+  if (functional()) {
+    if (inputs_.size() != 1 || outputs_.size() != 1)
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "' has ", inputs_.size(), " inputs and ", outputs_.size(),
+                   " outputs; call it with a list of inputs");
+    return (*this)(std::span<const Tensor>(&x, 1), training).front();
+  }
   x.check_defined(name_.c_str());
   if (!input_shape_) {
     std::vector<std::int64_t> dims(x.shape().dims().begin() + (x.rank() > 0 ? 1 : 0), x.shape().dims().end());
@@ -108,7 +211,7 @@ Tensor Sequential::operator()(const Tensor& x, bool training) {
   return h;
 }
 
-void Sequential::compile(std::shared_ptr<optim::Optimizer> optimizer, std::shared_ptr<losses::Loss> loss,
+void Model::compile(std::shared_ptr<optim::Optimizer> optimizer, std::shared_ptr<losses::Loss> loss,
                          const std::vector<std::string>& metric_names) {
   if (!optimizer || !loss) DTRAIN_THROW(InvalidArgument, "model '", name_, "': compile() needs an optimizer and a loss");
   const bool sparse = dynamic_cast<losses::SparseCategoricalCrossentropy*>(loss.get()) != nullptr;
@@ -119,51 +222,51 @@ void Sequential::compile(std::shared_ptr<optim::Optimizer> optimizer, std::share
   metrics_ = std::move(ms);
 }
 
-void Sequential::compile(const std::string& optimizer, const std::string& loss,
+void Model::compile(const std::string& optimizer, const std::string& loss,
                          const std::vector<std::string>& metric_names, bool from_logits) {
   compile(std::shared_ptr<optim::Optimizer>(optim::get(optimizer)),
           std::shared_ptr<losses::Loss>(losses::get(loss, from_logits)), metric_names);
 }
 
-void Sequential::check_compiled(const char* what) const {
+void Model::check_compiled(const char* what) const {
   if (!compiled()) DTRAIN_THROW(InvalidArgument, "model '", name_, "': call compile() before ", what, "()");
 }
 
-optim::Optimizer& Sequential::optimizer() const {
+optim::Optimizer& Model::optimizer() const {
   check_compiled("optimizer");
   return *optimizer_;
 }
 
-losses::Loss& Sequential::loss() const {
+losses::Loss& Model::loss() const {
   check_compiled("loss");
   return *loss_;
 }
 
-std::vector<metrics::Metric*> Sequential::metrics() const {
+std::vector<metrics::Metric*> Model::metrics() const {
   std::vector<metrics::Metric*> out;
   for (const auto& m : metrics_) out.push_back(m.get());
   return out;
 }
 
-void Sequential::reset_metrics() {
+void Model::reset_metrics() {
   for (auto& m : metrics_) m->reset_state();
 }
 
-std::vector<Variable*> Sequential::variables() const {
+std::vector<Variable*> Model::variables() const {
   std::vector<Variable*> out;
   for (const auto& l : layers_)
     for (Variable* v : l->variables()) out.push_back(v);
   return out;
 }
 
-std::vector<Variable*> Sequential::trainable_variables() const {
+std::vector<Variable*> Model::trainable_variables() const {
   std::vector<Variable*> out;
   for (const auto& l : layers_)
     for (Variable* v : l->trainable_variables()) out.push_back(v);
   return out;
 }
 
-std::int64_t Sequential::count_params() const {
+std::int64_t Model::count_params() const {
   std::int64_t n = 0;
   for (const auto& l : layers_) n += l->count_params();
   return n;
@@ -190,7 +293,7 @@ void check_fit_options(const FitOptions& opt) {
 
 }  // namespace
 
-History Sequential::fit(const Tensor& x_all, const Tensor& y_all, const FitOptions& opt) {
+History Model::fit(const Tensor& x_all, const Tensor& y_all, const FitOptions& opt) {
   check_compiled("fit");
   check_fit_options(opt);
   x_all.check_defined("fit (x)");
@@ -233,7 +336,7 @@ History Sequential::fit(const Tensor& x_all, const Tensor& y_all, const FitOptio
   return run_fit(source, o);
 }
 
-History Sequential::fit(const data::Dataset& dataset, const FitOptions& opt) {
+History Model::fit(const data::Dataset& dataset, const FitOptions& opt) {
   check_compiled("fit");
   check_fit_options(opt);
   if (opt.validation_split > 0.0)
@@ -264,7 +367,7 @@ History Sequential::fit(const data::Dataset& dataset, const FitOptions& opt) {
   return run_fit(source, opt);
 }
 
-History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
+History Model::run_fit(BatchSource& source, const FitOptions& opt) {
   std::ostream& out = opt.out ? *opt.out : std::cout;
   const int verbose = detail::resolve_verbose(opt.verbose, out);
   detail::Progress progress(out, verbose, source.steps());
@@ -418,7 +521,7 @@ History Sequential::run_fit(BatchSource& source, const FitOptions& opt) {
   return *history;
 }
 
-std::vector<std::shared_ptr<Callback>> Sequential::begin_fit(const std::shared_ptr<History>& history,
+std::vector<std::shared_ptr<Callback>> Model::begin_fit(const std::shared_ptr<History>& history,
                                                              const FitOptions& opt) {
   std::vector<std::shared_ptr<Callback>> callbacks{history};
   for (const auto& c : opt.callbacks) {
@@ -434,7 +537,7 @@ std::vector<std::shared_ptr<Callback>> Sequential::begin_fit(const std::shared_p
   return callbacks;
 }
 
-void Sequential::begin_epoch(int epoch, const metrics::Mean& loss_mean, Logs& logs,
+void Model::begin_epoch(int epoch, const metrics::Mean& loss_mean, Logs& logs,
                              const std::vector<std::shared_ptr<Callback>>& callbacks) {
   reset_metrics();
   fit_loss_ = &loss_mean;
@@ -444,12 +547,12 @@ void Sequential::begin_epoch(int epoch, const metrics::Mean& loss_mean, Logs& lo
   for (auto& c : callbacks) c->on_epoch_begin(epoch, logs);
 }
 
-void Sequential::set_epoch_logs(Logs& logs, const metrics::Mean& loss_mean) const {
+void Model::set_epoch_logs(Logs& logs, const metrics::Mean& loss_mean) const {
   logs.set("loss", loss_mean.result());
   for (const auto& m : metrics_) logs.set(m->name(), m->result());
 }
 
-FitPosition Sequential::fit_position() const {
+FitPosition Model::fit_position() const {
   FitPosition p{fit_epoch_, fit_batch_, {}, fit_pending_};
   if (fit_loss_) {
     p.totals = {fit_loss_->total(), fit_loss_->count()};
@@ -458,9 +561,9 @@ FitPosition Sequential::fit_position() const {
   return p;
 }
 
-void Sequential::resume_fit_at(FitPosition position) { resume_ = std::move(position); }
+void Model::resume_fit_at(FitPosition position) { resume_ = std::move(position); }
 
-std::optional<FitPosition> Sequential::take_resume(const FitOptions& opt, std::int64_t steps) {
+std::optional<FitPosition> Model::take_resume(const FitOptions& opt, std::int64_t steps) {
   std::optional<FitPosition> resume = std::exchange(resume_, std::nullopt);
   const std::size_t totals_expected = 2 + 2 * metrics_.size();
   if (resume && (resume->epoch < opt.initial_epoch || resume->batch < 0 || (steps > 0 && resume->batch > steps) ||
@@ -472,7 +575,7 @@ std::optional<FitPosition> Sequential::take_resume(const FitOptions& opt, std::i
   return resume;
 }
 
-std::int64_t Sequential::resume_epoch(const FitPosition& resume, metrics::Mean& loss_mean, Logs& logs) {
+std::int64_t Model::resume_epoch(const FitPosition& resume, metrics::Mean& loss_mean, Logs& logs) {
   fit_batch_ = resume.batch;
   if (!resume.totals.empty()) {
     loss_mean.merge(resume.totals[0], resume.totals[1]);
@@ -484,7 +587,7 @@ std::int64_t Sequential::resume_epoch(const FitPosition& resume, metrics::Mean& 
   return fit_batch_;
 }
 
-void Sequential::check_finite(int epoch, std::int64_t batch, double loss) {
+void Model::check_finite(int epoch, std::int64_t batch, double loss) {
   if (non_finite_) return;
   if (!std::isfinite(loss)) {
     non_finite_ = NonFinite{epoch, batch, "loss", loss};
@@ -495,7 +598,7 @@ void Sequential::check_finite(int epoch, std::int64_t batch, double loss) {
   if (optimizer_->take_non_finite()) non_finite_ = NonFinite{epoch, batch, "weights", loss};
 }
 
-std::vector<profile::WorkerSummary> Sequential::gather_profile(const profile::Profiler& profiler) {
+std::vector<profile::WorkerSummary> Model::gather_profile(const profile::Profiler& profiler) {
   profile::WorkerSummary mine{profiler.steady(), profiler.step_percentile(0.5), profiler.step_percentile(0.9)};
   const int workers = strategy_ ? strategy_->num_workers() : 1;
   if (workers == 1) return {mine};
@@ -510,7 +613,7 @@ std::vector<profile::WorkerSummary> Sequential::gather_profile(const profile::Pr
   return all;
 }
 
-void Sequential::merge_over_workers(metrics::Mean& loss_mean) {
+void Model::merge_over_workers(metrics::Mean& loss_mean) {
   std::vector<double> totals{loss_mean.total(), loss_mean.count()};
   for (auto& m : metrics_) totals.insert(totals.end(), {m->total(), m->count()});
   strategy_->sum_over_workers(totals);
@@ -522,7 +625,7 @@ void Sequential::merge_over_workers(metrics::Mean& loss_mean) {
   }
 }
 
-Logs Sequential::run_evaluation(BatchSource& source, const std::string& prefix, bool across_workers) {
+Logs Model::run_evaluation(BatchSource& source, const std::string& prefix, bool across_workers) {
   reset_metrics();
   metrics::Mean loss_mean;
   source.begin_epoch(0);
@@ -545,12 +648,12 @@ Logs Sequential::run_evaluation(BatchSource& source, const std::string& prefix, 
   return logs;
 }
 
-Logs Sequential::run_evaluation(const data::Dataset& dataset, const std::string& prefix) {
+Logs Model::run_evaluation(const data::Dataset& dataset, const std::string& prefix) {
   DatasetBatches batches(dataset, 0, "evaluate");
   return run_evaluation(batches, prefix);
 }
 
-Logs Sequential::evaluate(const data::Dataset& dataset, const EvaluateOptions& opt) {
+Logs Model::evaluate(const data::Dataset& dataset, const EvaluateOptions& opt) {
   check_compiled("evaluate");
   const auto start = Clock::now();
   Logs logs = run_evaluation(dataset, "");
@@ -560,7 +663,7 @@ Logs Sequential::evaluate(const data::Dataset& dataset, const EvaluateOptions& o
   return logs;
 }
 
-Logs Sequential::run_evaluation(const Tensor& x, const Tensor& y, std::int64_t batch_size, const std::string& prefix) {
+Logs Model::run_evaluation(const Tensor& x, const Tensor& y, std::int64_t batch_size, const std::string& prefix) {
   if (x.rank() < 1 || y.rank() < 1 || x.dim(0) != y.dim(0))
     DTRAIN_THROW(InvalidArgument, "model '", name_, "': evaluation needs x and y with the same number of samples, got x ",
                  x.shape().to_string(), " and y ", y.shape().to_string());
@@ -570,7 +673,7 @@ Logs Sequential::run_evaluation(const Tensor& x, const Tensor& y, std::int64_t b
   return run_evaluation(batches, prefix);
 }
 
-Logs Sequential::evaluate(const Tensor& x, const Tensor& y, const EvaluateOptions& opt) {
+Logs Model::evaluate(const Tensor& x, const Tensor& y, const EvaluateOptions& opt) {
   check_compiled("evaluate");
   x.check_defined("evaluate (x)");
   y.check_defined("evaluate (y)");
@@ -585,7 +688,7 @@ Logs Sequential::evaluate(const Tensor& x, const Tensor& y, const EvaluateOption
   return logs;
 }
 
-Tensor Sequential::predict(const Tensor& x, std::int64_t batch_size) {
+Tensor Model::predict(const Tensor& x, std::int64_t batch_size) {
   x.check_defined("predict (x)");
   if (batch_size <= 0) DTRAIN_THROW(InvalidArgument, "predict: batch_size must be positive, got ", batch_size);
   if (x.rank() < 1) DTRAIN_THROW(InvalidArgument, "predict: x needs a batch axis, got a scalar");
@@ -600,23 +703,49 @@ Tensor Sequential::predict(const Tensor& x, std::int64_t batch_size) {
   return out;
 }
 
-std::string Sequential::summary() const {
+std::string Model::summary() const {
   if (!input_shape_)
     DTRAIN_THROW(InvalidArgument, "model '", name_, "': summary() needs a built model: call build(input_shape) or fit() first");
   std::ostringstream o;
-  const std::string rule(65, '_'), double_rule(65, '=');
+  const int width = functional() ? 98 : 65;
+  const std::string rule(static_cast<std::size_t>(width), '_'), double_rule(static_cast<std::size_t>(width), '=');
   o << "Model: \"" << name_ << "\"\n" << rule << "\n";
-  o << std::left << std::setw(29) << " Layer (type)" << std::setw(26) << "Output Shape" << "Param #\n" << double_rule << "\n";
-  std::vector<std::int64_t> dims{1};
-  for (auto d : input_shape_->dims()) dims.push_back(d);
-  Shape s(dims);
+  o << std::left << std::setw(29) << " Layer (type)" << std::setw(26) << "Output Shape" << (functional() ? std::setw(12) : std::setw(0))
+    << "Param #" << (functional() ? "Connected to" : "") << "\n" << double_rule << "\n";
+  auto line = [&](const std::string& what, const Shape& shape, std::int64_t params, const std::string& connected) {
+    o << std::left << std::setw(29) << (" " + what) << std::setw(26) << shape_with_batch(shape);
+    if (functional()) o << std::setw(12) << with_commas(params) << connected;
+    else o << with_commas(params);
+    o << "\n";
+  };
+  if (functional()) {
+    std::set<const nn::Layer*> counted;
+    for (std::size_t i = 0; i < graph_.size(); ++i) {
+      const GraphNode& n = *graph_[i];
+      std::string connected;
+      for (const KerasTensor& in : n.inputs) connected += (connected.empty() ? "" : ", ") + in.name();
+      if (n.layer) {
+        const bool first = counted.insert(n.layer.get()).second;
+        line(n.layer->name() + " (" + n.layer->class_name() + ")", n.shape, first ? n.layer->count_params() : 0,
+             connected);
+      } else {
+        line(n.name + " (InputLayer)", n.shape, 0, "");
+      }
+      if (i + 1 < graph_.size()) o << "\n";
+    }
+  } else {
+    std::vector<std::int64_t> dims{1};
+    for (auto d : input_shape_->dims()) dims.push_back(d);
+    Shape s(dims);
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const auto& l = layers_[i];
+      s = l->compute_output_shape(s);
+      line(l->name() + " (" + l->class_name() + ")", s, l->count_params(), "");
+      if (i + 1 < layers_.size()) o << "\n";
+    }
+  }
   std::int64_t trainable = 0, total = 0;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const auto& l = layers_[i];
-    s = l->compute_output_shape(s);
-    o << std::left << std::setw(29) << (" " + l->name() + " (" + l->class_name() + ")") << std::setw(26)
-      << shape_with_batch(s) << with_commas(l->count_params()) << "\n";
-    if (i + 1 < layers_.size()) o << "\n";
+  for (const auto& l : layers_) {
     total += l->count_params();
     for (Variable* v : l->trainable_variables()) trainable += v->numel();
   }
@@ -627,7 +756,7 @@ std::string Sequential::summary() const {
   return o.str();
 }
 
-void Sequential::save_weights(const std::string& path) const {
+void Model::save_weights(const std::string& path) const {
   NamedTensors data;
   for (Variable* v : variables()) data.tensors.emplace_back(v->name(), v->value());
   data.metadata["format"] = "dtrain";
@@ -635,7 +764,7 @@ void Sequential::save_weights(const std::string& path) const {
   save_safetensors(path, data);
 }
 
-void Sequential::load_weights(const std::string& path) {
+void Model::load_weights(const std::string& path) {
   const NamedTensors data = load_safetensors(path);
   const std::vector<Variable*> vars = variables();
   if (vars.empty())

@@ -1,0 +1,248 @@
+// Model: Keras's model, with compile / fit / evaluate / predict / summary, JSON configs
+// and safetensors weights, built either as a Sequential stack (sequential.h) or as a
+// functional graph (functional.h: Model(inputs, outputs)). The training step inside fit()
+// is the same GradientTape step a custom loop writes.
+#pragma once
+
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtrain/data/dataset.h"
+#include "dtrain/losses/losses.h"
+#include "dtrain/metrics/metrics.h"
+#include "dtrain/model/callbacks.h"
+#include "dtrain/model/functional.h"
+#include "dtrain/model/strategy_backend.h"
+#include "dtrain/nn/layers.h"
+#include "dtrain/optim/optimizer.h"
+
+namespace dtrain {
+
+struct FitOptions {
+  int epochs = 1;
+  std::int64_t batch_size = 32;
+  // Evaluated at the end of every epoch; takes precedence over validation_split.
+  std::optional<std::pair<Tensor, Tensor>> validation_data;
+  // The same, as a Dataset of (x, y) batches (for fit on a Dataset).
+  std::optional<data::Dataset> validation_dataset;
+  // fit on a Dataset: batches per epoch, drawn from one iterator across epochs (0: one
+  // full pass per epoch).
+  std::int64_t steps_per_epoch = 0;
+  // The last fraction of x and y (before any shuffling) is held out for validation.
+  double validation_split = 0.0;
+  bool shuffle = true;
+  std::uint64_t seed = 0;  // shuffling order: a pure function of (seed, epoch)
+  // Gradients of this many consecutive batches are averaged into one update (Keras 3's
+  // gradient_accumulation_steps; the effective batch is this times batch_size). Under a
+  // strategy, replicas sum them only once per update. Groups carry across epochs; an
+  // incomplete group at the end of fit is not applied (as in Keras).
+  int gradient_accumulation_steps = 1;
+  int initial_epoch = 0;
+  // Under ParameterServerStrategy: the steps a worker runs in one closure (Keras passes
+  // steps_per_execution to compile()), amortising the coordinator's scheduling; each step
+  // still pulls the weights and pushes its gradients. Several need async consistency.
+  // Other strategies train the same steps either way and ignore it.
+  int steps_per_execution = 1;
+  std::vector<std::shared_ptr<Callback>> callbacks;
+  // 0 silent, 1 a live progress bar, 2 one line per epoch; -1 ("auto") is 1 on a terminal
+  // and 2 otherwise, so logs get no carriage-return spam. Above 0, each epoch's line is
+  // followed by its step-phase shares, and training ends with the profile's table
+  // (docs/profiling.md).
+  int verbose = -1;
+  std::ostream* out = nullptr;  // defaults to std::cout
+};
+
+struct EvaluateOptions {
+  std::int64_t batch_size = 32;
+  int verbose = 0;
+  std::ostream* out = nullptr;
+};
+
+// Where fit() stands, for checkpoints (BackupAndRestore): after the batch that training
+// last finished, `batch` batches of `epoch` are trained (0-based epoch; at the end of an
+// epoch, the next epoch with batch 0).
+struct FitPosition {
+  int epoch = 0;
+  std::int64_t batch = 0;
+  // The epoch's running loss (total, count), then each compiled metric's (total, count):
+  // this worker's own until the epoch's end, where the workers' are summed.
+  std::vector<double> totals;
+  // Batches whose gradients are accumulated (gradient_accumulation_steps) but not yet
+  // applied; a checkpoint is only consistent where this is 0.
+  int pending_batches = 0;
+};
+
+// A model belongs to the strategy whose scope() was open when it was created
+// (distribute::Strategy); fit() then splits each global batch across its replicas.
+class Model {
+ public:
+  // The functional graph from `inputs` to `outputs` (Keras's Model(inputs, outputs)). Every
+  // output must depend on the inputs only; layer names must be unique in the model.
+  Model(std::vector<KerasTensor> inputs, std::vector<KerasTensor> outputs, std::string name = "model");
+  Model(const KerasTensor& input, const KerasTensor& output, std::string name = "model")
+      : Model(std::vector<KerasTensor>{input}, std::vector<KerasTensor>{output}, std::move(name)) {}
+  virtual ~Model() = default;
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  // Builds every layer for inputs of `input_shape` (without the batch axis), like
+  // Keras's input_shape argument; summary() needs it.
+  void build(const Shape& input_shape);
+  bool built() const { return input_shape_.has_value(); }
+  std::optional<Shape> input_shape() const { return input_shape_; }
+  Shape output_shape() const;
+
+  Tensor operator()(const Tensor& x, bool training = false);
+  // A functional model of several inputs or outputs: one tensor per input, in order.
+  std::vector<Tensor> operator()(std::span<const Tensor> inputs, bool training = false);
+  // Whether the model is a functional graph (else a Sequential stack).
+  bool functional() const { return !graph_.empty(); }
+  const std::vector<KerasTensor>& inputs() const { return inputs_; }
+  const std::vector<KerasTensor>& outputs() const { return outputs_; }
+  // How many times the model calls `layer` in one forward pass (a shared layer: more than once).
+  int calls_of(const nn::Layer* layer) const;
+
+  void compile(std::shared_ptr<optim::Optimizer> optimizer, std::shared_ptr<losses::Loss> loss,
+               const std::vector<std::string>& metrics = {});
+  // Keras's strings: compile("adam", "sparse_categorical_crossentropy", {"accuracy"}).
+  void compile(const std::string& optimizer, const std::string& loss, const std::vector<std::string>& metrics = {},
+               bool from_logits = false);
+  bool compiled() const { return optimizer_ != nullptr; }
+
+  History fit(const Tensor& x, const Tensor& y, const FitOptions& options = {});
+  // A Dataset of (x, y) batches; batch_size, shuffle and seed belong to the pipeline then.
+  // Each epoch is a new pass (iteration = epoch), unless steps_per_epoch is set.
+  History fit(const data::Dataset& dataset, const FitOptions& options = {});
+  Logs evaluate(const Tensor& x, const Tensor& y, const EvaluateOptions& options = {});
+  Logs evaluate(const data::Dataset& dataset, const EvaluateOptions& options = {});
+  Tensor predict(const Tensor& x, std::int64_t batch_size = 32);
+
+  // The Keras-style table (layer, output shape, parameters; totals).
+  std::string summary() const;
+
+  const std::string& name() const { return name_; }
+  const std::vector<std::shared_ptr<nn::Layer>>& layers() const { return layers_; }
+  std::vector<Variable*> variables() const;
+  std::vector<Variable*> trainable_variables() const;
+  std::int64_t count_params() const;
+  optim::Optimizer& optimizer() const;
+  losses::Loss& loss() const;
+  std::vector<metrics::Metric*> metrics() const;
+
+  // Keras's JSON: a Sequential as {"class_name": "Sequential", "config": {"name", "layers",
+  // "build_input_shape"}}; a functional model as tf.keras writes it, {"class_name":
+  // "Functional", "config": {"name", "layers" (each with its "inbound_nodes"),
+  // "input_layers", "output_layers"}}.
+  std::string to_json(int indent = 2) const;
+  // Weights in the safetensors layout (JSON header + raw little-endian tensors), keyed by
+  // variable name ("dense/kernel"). Written to a temporary file and renamed into place, so a
+  // failed save never leaves a half-written file where a good one was.
+  void save_weights(const std::string& path) const;
+  // Every variable must be in the file with its shape; errors name the file and the key.
+  void load_weights(const std::string& path);
+  // Keras's model.save: the architecture (to_json), every variable, and, when compiled, the
+  // optimizer (its class, hyperparameters, schedule, iteration count and slots), the loss
+  // and the metric names, in one checksummed safetensors file written durably
+  // (save_checked). dtrain::models::load_model (model/saving.h) reads it back without the
+  // code that built the model.
+  void save(const std::string& path) const;
+
+  // The strategy the model was created under (null: the default strategy). TensorFlow's
+  // model.distribute_strategy.
+  const std::shared_ptr<StrategyBackend>& distribute_strategy() const { return strategy_; }
+
+  // Set by a callback to end fit(): after the current batch on one worker, after the
+  // current epoch under several (where every worker has the same figures to decide on).
+  bool stop_training = false;
+
+  // Where the fit() under way stands (called from its callbacks).
+  FitPosition fit_position() const;
+  // Its pending_batches alone, without gathering the metric totals (read every batch).
+  int fit_pending_batches() const { return fit_pending_; }
+  // Makes the next fit() continue from `position` instead of its first epoch: called by a
+  // callback's on_train_begin (BackupAndRestore) with a saved position. fit() then starts
+  // at that epoch, skips the batches already trained (in-memory data: by index; a Dataset:
+  // by drawing them again from a fresh iterator, so its pipeline must be deterministic, as
+  // it is with seeded shuffles) and resumes the epoch's loss and metrics from the totals.
+  void resume_fit_at(FitPosition position);
+  // Under a strategy that trains in other processes (ParameterServerStrategy's chief): copies
+  // the values and the optimizer's state held there into this model and its optimizer, so
+  // that a checkpoint taken now holds them. Elsewhere the state is here already: nothing.
+  void gather_remote_state();
+
+  // The first step of the current (or last) fit() whose loss or updated weights were not
+  // finite; fit checks both after every step. TerminateOnNaN stops training on it.
+  const std::optional<NonFinite>& non_finite() const { return non_finite_; }
+
+  class BatchSource;  // where fit() draws batches from (batch_sources.h)
+
+ protected:
+  explicit Model(std::string name);
+  // The layers of a Sequential stack, in order (functional: the graph's, each once).
+  std::vector<std::shared_ptr<nn::Layer>> layers_;
+  std::optional<Shape> input_shape_;
+  std::string name_;
+
+ private:
+  History run_fit(BatchSource& source, const FitOptions& options);
+  // fit() under a strategy whose steps run in other processes (remote_fit.cpp): the
+  // coordinator hands out `steps` steps an epoch; a worker trains on `batches` (null on a
+  // task that runs no steps) as each closure asks.
+  History coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps, const FitOptions& options);
+  History serve_remote_fit(RemoteTraining& remote, BatchSource* batches, const FitOptions& options);
+  // Builds the model for batches like `x` under its strategy's scope, if not built yet.
+  void build_for(const Tensor& x);
+  // What every fit() does first: its callbacks (`history` first, then the given ones, none
+  // null), each told the model; stop_training cleared; the fit position at initial_epoch.
+  std::vector<std::shared_ptr<Callback>> begin_fit(const std::shared_ptr<History>& history, const FitOptions& options);
+  // The epoch's loss and metrics so far, into `logs`.
+  void set_epoch_logs(Logs& logs, const metrics::Mean& loss_mean) const;
+  // The start of each of fit's epochs: metrics cleared, the fit position at the epoch's
+  // start (its loss in `loss_mean`), `logs` emptied, the callbacks told.
+  void begin_epoch(int epoch, const metrics::Mean& loss_mean, Logs& logs,
+                   const std::vector<std::shared_ptr<Callback>>& callbacks);
+  // The position a restored backup left (resume_, taken), checked against this fit's first
+  // epoch and, where known (> 0), its steps an epoch.
+  std::optional<FitPosition> take_resume(const FitOptions& options, std::int64_t steps);
+  // The resumed epoch's start: the fit position at the backup's batch (returned), its loss
+  // and metric totals merged back, and `logs` as its last trained batch left them.
+  std::int64_t resume_epoch(const FitPosition& resume, metrics::Mean& loss_mean, Logs& logs);
+  // After a step: records the first non-finite loss or weights in non_finite_.
+  void check_finite(int epoch, std::int64_t batch, double loss);
+  class Trainer;  // one training step, on one device or on a strategy's replicas
+  // across_workers: fit's validation on per-worker data, summed over the workers.
+  Logs run_evaluation(BatchSource& source, const std::string& prefix, bool across_workers = false);
+  // The loss and metrics over every worker's rows (multi-worker: their totals summed).
+  void merge_over_workers(metrics::Mean& loss_mean);
+  // This worker's step profile over all of training, and every other worker's.
+  std::vector<profile::WorkerSummary> gather_profile(const profile::Profiler& profiler);
+  Logs run_evaluation(const data::Dataset& dataset, const std::string& prefix);
+  void check_compiled(const char* what) const;
+  void reset_metrics();
+  Logs run_evaluation(const Tensor& x, const Tensor& y, std::int64_t batch_size, const std::string& prefix);
+
+  // The functional graph's nodes in an order that computes every input before its use.
+  std::vector<std::shared_ptr<const GraphNode>> graph_;
+  std::vector<KerasTensor> inputs_, outputs_;
+  std::shared_ptr<optim::Optimizer> optimizer_;
+  std::shared_ptr<losses::Loss> loss_;
+  std::vector<std::unique_ptr<metrics::Metric>> metrics_;
+  std::shared_ptr<StrategyBackend> strategy_ = current_strategy();
+  std::optional<NonFinite> non_finite_;
+  // fit()'s position, kept up to date for fit_position() without allocating per step.
+  int fit_epoch_ = 0;
+  std::int64_t fit_batch_ = 0;
+  int fit_pending_ = 0;
+  const metrics::Mean* fit_loss_ = nullptr;  // the epoch's loss accumulator, during fit()
+  std::optional<FitPosition> resume_;
+};
+
+// Builds a model from to_json()'s output (or the same structure written by hand).
+// Errors name the JSON path of the offending key ("config.layers[1].config.units").
+std::unique_ptr<Model> model_from_json(const std::string& json);
+
+}  // namespace dtrain
