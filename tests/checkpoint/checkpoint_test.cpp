@@ -404,7 +404,8 @@ class TwoWorkers : public StrategyBackend {
     }
   }
   void run(const std::function<void(int)>& fn) override { fn(0); }
-  std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const>, std::span<const DenseVariables>) override {
+  std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const>, std::span<const DenseVariables>,
+                                                    bool) override {
     return nullptr;
   }
 

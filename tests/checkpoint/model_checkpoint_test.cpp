@@ -242,7 +242,8 @@ class SecondWorker final : public StrategyBackend {
   int num_workers() const override { return 2; }
   int worker_index() const override { return 1; }
   void run(const std::function<void(int)>& fn) override { fn(0); }
-  std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const>, std::span<const DenseVariables>) override {
+  std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const>, std::span<const DenseVariables>,
+                                                    bool) override {
     DTRAIN_THROW(Unsupported, "not for training");
   }
 };

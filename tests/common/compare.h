@@ -10,7 +10,7 @@
 namespace dtrain::testing {
 
 // max over variables of |a - b| / |b| (L2 norms); the models must have the same variables.
-inline double relative_difference(const Sequential& a, const Sequential& b) {
+inline double relative_difference(const Model& a, const Model& b) {
   const auto va = a.variables(), vb = b.variables();
   if (va.size() != vb.size()) return INFINITY;
   double worst = 0;

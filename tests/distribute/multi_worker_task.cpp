@@ -16,6 +16,7 @@
 #include <iostream>
 #include <string>
 
+#include "common/small_cnn.h"
 #include "dtrain/dtrain.h"
 
 namespace {
@@ -38,6 +39,9 @@ struct Args {
   // >= 0: set_random_seed(seed) first, layers without seeds of their own, and the weights
   // as built saved to OUT/<task>.initial.safetensors.
   long long seed = -1;
+  // "cnn": the small residual CNN of tests/common/small_cnn.h (synchronized batch norms)
+  // on its random images, instead of the MLP.
+  std::string model = "mlp";
 };
 
 Args parse(int argc, char** argv) {
@@ -61,6 +65,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--uneven") a.uneven = v == "1";
     else if (k == "--files") a.files = std::stoi(v);
     else if (k == "--seed") a.seed = std::stoll(v);
+    else if (k == "--model") a.model = v;
     else throw std::invalid_argument("unknown option " + k);
   }
   return a;
@@ -94,21 +99,38 @@ void run(const Args& a) {
   distribute::MultiWorkerMirroredStrategy strategy(config, comm, devices);
   const std::string task = config.task.to_string();
 
-  std::unique_ptr<Sequential> model;
+  std::unique_ptr<Model> model;
+  if (a.model == "cnn") {
+    {
+      auto scope = strategy.scope();
+      model = dtrain::testing::small_cnn(/*synchronized=*/true);
+    }
+    const auto [x, y] = dtrain::testing::random_images(a.steps * a.batch, 7);
+    FitOptions fit;
+    fit.batch_size = a.batch;
+    fit.shuffle = false;
+    fit.verbose = 0;
+    model->fit(x, y, fit);
+    EXPECT_EQ(model->optimizer().iterations(), a.steps) << task;
+    model->save_weights(a.out + "/" + task + ".safetensors");
+    std::cout << "done " << task << " steps=" << model->optimizer().iterations() << std::endl;
+    return;
+  }
   {
     auto scope = strategy.scope();
-    model = std::make_unique<Sequential>();
+    auto mlp = std::make_unique<Sequential>();
     // Worker-specific seeds: the chief's weights must reach every worker. With --seed,
     // none: the layers draw from the seed sequence, which must give one process's weights.
     const auto seed = static_cast<std::uint64_t>(strategy.worker_index()) * 100;
     auto seeded = [&](std::uint64_t s) {
       return a.seed >= 0 ? nn::DenseOptions{} : nn::DenseOptions{.seed = seed + s};
     };
-    model->add<nn::Dense>(a.hidden, "relu", seeded(1));
-    model->add<nn::Dense>(a.hidden + (task == a.mismatch_task ? 1 : 0), "relu", seeded(2));
-    model->add<nn::Dense>(10, "softmax", seeded(3));
-    model->compile("adam", "sparse_categorical_crossentropy", {"accuracy"});
-    model->build(Shape{a.features});
+    mlp->add<nn::Dense>(a.hidden, "relu", seeded(1));
+    mlp->add<nn::Dense>(a.hidden + (task == a.mismatch_task ? 1 : 0), "relu", seeded(2));
+    mlp->add<nn::Dense>(10, "softmax", seeded(3));
+    mlp->compile("adam", "sparse_categorical_crossentropy", {"accuracy"});
+    mlp->build(Shape{a.features});
+    model = std::move(mlp);
   }
   if (a.seed >= 0) model->save_weights(a.out + "/" + task + ".initial.safetensors");
   FitOptions fit;

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "common/compare.h"
+#include "common/small_cnn.h"
 #include "common/spawn.h"
 #include "common/temp_dir.h"
 #include "dtrain/dtrain.h"
@@ -201,6 +202,33 @@ TEST_F(MultiWorker, TwoAndThreeWorkersReachOneProcessWeightsWithAndWithoutOverla
           EXPECT_EQ(relative_difference(*saved(results[w].task), *chief), 0.0)
               << results[w].task << " ended with other weights than " << results[0].task;
       }
+    }
+  }
+}
+
+// Synchronized batch norms sum their statistics over every worker's replicas inside the
+// step, forward and backward: 2 and 3 workers (1 and 2 replicas each) end at one process's
+// weights and moving statistics.
+TEST_F(MultiWorker, SynchronizedBatchNormReachesOneProcessWeights) {
+  const auto [x, y] = testing::random_images(8 * 24, 7);
+  auto reference = testing::small_cnn(true);
+  FitOptions o = quiet(24);
+  reference->fit(x, y, o);
+  for (int workers : {2, 3}) {
+    for (const char* replicas : {"1", "2"}) {
+      const std::vector<TaskResult> results =
+          run_cluster(workers, {"--model", "cnn", "--steps", "8", "--batch", "24", "--replicas", replicas});
+      for (const TaskResult& r : results) ASSERT_TRUE(r.exited_ok()) << describe(results);
+      std::vector<std::unique_ptr<Model>> ended;
+      for (const TaskResult& r : results) {
+        ended.push_back(testing::small_cnn(true));
+        ended.back()->load_weights((dir_ / (r.task + ".safetensors")).string());
+      }
+      const double diff = relative_difference(*ended[0], *reference);
+      EXPECT_LE(diff, 1e-4) << workers << " workers of " << replicas << " replicas";
+      RecordProperty("relative_difference_" + std::to_string(workers) + "x" + replicas, std::to_string(diff));
+      for (std::size_t w = 1; w < ended.size(); ++w)
+        EXPECT_EQ(relative_difference(*ended[w], *ended[0]), 0.0) << results[w].task;
     }
   }
 }

@@ -19,6 +19,8 @@ class Variable {
   Variable& operator=(const Variable&) = default;
 
   const std::string& name() const { return name_; }
+  // Its layer was renamed (a functional model makes its layers' names unique).
+  void set_name(std::string name) { name_ = std::move(name); }
   bool trainable() const { return trainable_; }
   void set_trainable(bool t) { trainable_ = t; }
   const Shape& shape() const { return value_.shape(); }

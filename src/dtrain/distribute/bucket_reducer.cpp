@@ -78,20 +78,16 @@ BucketReducer::BucketReducer(int replicas, std::span<Variable* const> vars, std:
     // The first bucket summed in a round starts the round's job on the communication
     // thread: after whatever collectives the replicas made before backward.
     all_reduce_->on_summed([this](std::size_t bucket) {
-      std::uint64_t start = 0;
+      std::uint64_t round = 0;
       {
         std::lock_guard lock(summed_mutex_);
-        const std::uint64_t round = ++summed_round_[bucket];
-        if (round > started_round_) start = started_round_ = round;
+        round = ++summed_round_[bucket];
       }
       summed_cv_.notify_all();
-      if (!start) return;
-      cross_.workers->submit([this, start](comm::GlooGroup& group) { reduce_across_workers(group, start); });
-      {
-        std::lock_guard lock(summed_mutex_);
-        submitted_round_ = start;
-      }
-      summed_cv_.notify_all();
+      // Without overlap the round starts once backward is over (finish()): collectives the
+      // replicas make inside backward (a synchronized batch norm's) then find the
+      // communication thread free, in the same order on every worker.
+      if (cross_.overlap) start_round(round);
     });
   }
   for (auto& s : states_) {
@@ -159,6 +155,20 @@ void BucketReducer::wait_summed(std::size_t bucket, std::uint64_t round) {
                  std::chrono::duration<double>(timeout_).count(), " s for this process's replicas to sum bucket ",
                  bucket, " (of ", outputs_.size(), "); a replica is stuck in its input or in user code?");
   if (summed_round_[bucket] < round) DTRAIN_THROW(PeerFailure, "gradient all-reduce abandoned: ", stopped_);
+}
+
+void BucketReducer::start_round(std::uint64_t round) {
+  {
+    std::lock_guard lock(summed_mutex_);
+    if (round <= started_round_) return;  // another replica started it
+    started_round_ = round;
+  }
+  cross_.workers->submit([this, round](comm::GlooGroup& group) { reduce_across_workers(group, round); });
+  {
+    std::lock_guard lock(summed_mutex_);
+    submitted_round_ = round;
+  }
+  summed_cv_.notify_all();
 }
 
 void BucketReducer::reduce_across_workers(comm::GlooGroup& group, std::uint64_t round) {
@@ -250,6 +260,7 @@ void BucketReducer::finish(int replica) {
   if (together_) together_->finish(replica);
   if (!reduce_) return;
   all_reduce_->finish(replica);
+  if (cross_.workers && !cross_.overlap) start_round(state.rounds + 1);
   // Every chunk is summed, so nobody reads this replica's gradients any more.
   std::fill(state.held.begin(), state.held.end(), Tensor());
   const Clock::time_point summed = Clock::now();

@@ -77,6 +77,9 @@ class BucketReducer final : public GradientReducer {
     std::uint64_t rounds = 0;         // reductions finished (multi-worker)
   };
   // On the communication thread: each bucket, once summed here, summed over the workers.
+  // The round's sums across workers, submitted to the communication thread once (by
+  // whichever replica or bucket gets there first).
+  void start_round(std::uint64_t round);
   void reduce_across_workers(comm::GlooGroup& group, std::uint64_t round);
   void wait_summed(std::size_t bucket, std::uint64_t round);
   void stop_waiting(const std::string& why);

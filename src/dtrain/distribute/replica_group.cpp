@@ -133,9 +133,11 @@ std::string ReplicaGroup::transport() const { return options_.workers ? options_
 bool ReplicaGroup::shares_memory() const { return options_.workers && options_.workers->shares_memory(); }
 
 std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variable* const> vars,
-                                                              std::span<const DenseVariables> dense) {
+                                                              std::span<const DenseVariables> dense,
+                                                              bool collectives_in_backward) {
+  const bool overlap = options_.overlap && !collectives_in_backward;
   return std::make_unique<BucketReducer>(num_replicas(), vars, options_.bucket_bytes,
-                                         CrossWorker{options_.workers.get(), options_.overlap, options_.wire}, dense,
+                                         CrossWorker{options_.workers.get(), overlap, options_.wire}, dense,
                                          options_.timeout);
 }
 

@@ -50,7 +50,8 @@ class ReplicaGroup final : public StrategyBackend, public CrossReplica {
   const GroupOptions& options() const { return options_; }
   void run(const std::function<void(int replica)>& fn) override;
   std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const> vars,
-                                                    std::span<const DenseVariables> dense) override;
+                                                    std::span<const DenseVariables> dense,
+                                                    bool collectives_in_backward) override;
   void synchronize_variables(std::span<Variable* const> vars, const std::vector<std::string>& description) override;
   void sum_over_workers(std::span<double> values) override;
 

@@ -49,7 +49,10 @@ Model::Model(std::vector<KerasTensor> inputs, std::vector<KerasTensor> outputs, 
   if (inputs_.empty() || outputs_.empty())
     DTRAIN_THROW(InvalidArgument, "model '", name_, "': a functional model needs at least one input and one output");
   std::set<const GraphNode*> input_nodes;
+  std::set<std::string> names;
   for (const KerasTensor& t : inputs_) {
+    if (t.defined() && !t.node()->layer && !names.insert(t.name()).second)
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "': two Inputs are named '", t.name(), "'");
     if (!t.defined() || t.node()->layer)
       DTRAIN_THROW(InvalidArgument, "model '", name_, "': its inputs must be Input() tensors, got ",
                    t.defined() ? "the output of layer '" + t.name() + "'" : std::string("an undefined tensor"));
@@ -77,17 +80,19 @@ Model::Model(std::vector<KerasTensor> inputs, std::vector<KerasTensor> outputs, 
     if (!done.count(t.node().get()))
       DTRAIN_THROW(InvalidArgument, "model '", name_, "': no output depends on Input '", t.name(), "'");
   std::set<const nn::Layer*> seen;
-  std::set<std::string> names;
   for (const auto& n : graph_) {
     if (!n->layer || !seen.insert(n->layer.get()).second) continue;
-    if (!names.insert(n->layer->name()).second)
-      DTRAIN_THROW(InvalidArgument, "model '", name_, "': two different layers are named '", n->layer->name(),
-                   "'; layer names must be unique in a model (name them, or let them take their defaults)");
+    // Keras names layers uniquely as it makes them (conv2d, conv2d_1, ...); here a name
+    // already taken in the model gets the next free suffix, weights included.
+    if (names.count(n->layer->name())) {
+      const std::string base = n->layer->name();
+      int k = 1;
+      while (names.count(base + "_" + std::to_string(k))) ++k;
+      n->layer->rename(base + "_" + std::to_string(k));
+    }
+    names.insert(n->layer->name());
     layers_.push_back(n->layer);
   }
-  for (const KerasTensor& t : inputs_) names.insert(t.name());
-  if (names.size() != layers_.size() + inputs_.size())
-    DTRAIN_THROW(InvalidArgument, "model '", name_, "': an Input has the name of a layer or of another Input");
   const Shape& first = inputs_.front().shape();
   input_shape_ = Shape(std::vector<std::int64_t>(first.dims().begin() + 1, first.dims().end()));
 }

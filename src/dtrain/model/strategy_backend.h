@@ -142,8 +142,12 @@ class StrategyBackend {
   // replica, once every replica has returned.
   virtual void run(const std::function<void(int replica)>& fn) = 0;
   // `dense`: the model's dense layers whose gradients the replicas may compute together.
+  // `collectives_in_backward`: the replicas' backward passes make cross-replica calls of
+  // their own (a synchronized batch norm's sums), so the gradients' sums across workers
+  // must not hold the communication thread while backward runs.
   virtual std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const> vars,
-                                                            std::span<const DenseVariables> dense) = 0;
+                                                            std::span<const DenseVariables> dense,
+                                                            bool collectives_in_backward = false) = 0;
 
  protected:
   StrategyBackend();

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -156,7 +155,7 @@ class Model::Trainer {
       if (strategy.num_workers() > 1) strategy.synchronize_variables(model_.variables(), detail::describe(model_));
     }
     if (!reducer_) {
-      reducer_ = strategy.gradient_reducer(vars_, dense_layers());
+      reducer_ = strategy.gradient_reducer(vars_, dense_layers(), synchronizes_batch_norm());
       outputs_.resize(static_cast<std::size_t>(replicas));
       for (int r = 0; r < replicas; ++r)
         tracks_.push_back(&profiler_.add_track(
@@ -247,6 +246,14 @@ class Model::Trainer {
     loop.add(profile::Phase::metrics, optimizer_end, Clock::now());
   }
 
+  // Whether a layer sums over the replicas inside backward (a synchronized batch norm).
+  bool synchronizes_batch_norm() const {
+    for (const auto& layer : model_.layers_)
+      if (auto* bn = dynamic_cast<const nn::BatchNormalization*>(layer.get()); bn && bn->options().synchronized)
+        return true;
+    return false;
+  }
+
   // The dense layers whose gradients the replicas may compute together: float32 ones,
   // each met once, with a trainable kernel (and bias, when trainable).
   std::vector<DenseVariables> dense_layers() const {
@@ -255,15 +262,11 @@ class Model::Trainer {
       return it == vars_.end() ? DenseVariables::kNone : static_cast<std::size_t>(it - vars_.begin());
     };
     std::vector<DenseVariables> out;
-    std::set<const nn::Layer*> seen;
     for (const auto& layer : model_.layers_) {
       auto* dense = dynamic_cast<nn::Dense*>(layer.get());
-      if (!seen.insert(layer.get()).second) {
-        // The same layer twice: its gradient sums two uses, so it goes through the buckets.
-        if (dense) std::erase_if(out, [&](const DenseVariables& d) { return d.kernel == index_of(&dense->kernel()); });
+      // A layer called twice (a shared layer) sums two uses: its gradients go through the buckets.
+      if (dense == nullptr || model_.calls_of(layer.get()) != 1 || dense->dtype_policy().compute_dtype != DType::f32)
         continue;
-      }
-      if (dense == nullptr || dense->dtype_policy().compute_dtype != DType::f32) continue;
       const std::size_t kernel = index_of(&dense->kernel());
       if (kernel == DenseVariables::kNone) continue;
       out.push_back({kernel, dense->bias() ? index_of(dense->bias()) : DenseVariables::kNone});

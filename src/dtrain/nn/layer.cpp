@@ -64,6 +64,14 @@ void Layer::set_name(std::string name) {
   name_ = std::move(name);
 }
 
+void Layer::rename(const std::string& name) {
+  for (auto& w : weights_) {
+    const std::string& old = w->name();
+    w->set_name(name + old.substr(name_.size()));  // "<layer>/<weight>"
+  }
+  name_ = name;
+}
+
 Variable& Layer::add_weight(const std::string& name, Tensor initial, bool trainable) {
   weights_.push_back(std::make_unique<Variable>(name_ + "/" + name, std::move(initial), trainable && trainable_));
   return *weights_.back();

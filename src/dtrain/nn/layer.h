@@ -42,6 +42,8 @@ class Layer {
 
   const std::string& name() const { return name_; }
   void set_name(std::string name);
+  // The same for a built layer: its weights are renamed with it ("conv2d_1/kernel").
+  void rename(const std::string& name);
   std::vector<Variable*> variables();
   std::vector<Variable*> trainable_variables();
   // Freezes (false) or unfreezes the layer's weights, now and when they are created.

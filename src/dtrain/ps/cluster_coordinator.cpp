@@ -265,7 +265,8 @@ class PsBackend final : public StrategyBackend, public RemoteTraining {
   std::string name() const override { return "ParameterServerStrategy"; }
   int num_replicas() const override { return 1; }
   void run(const std::function<void(int)>& fn) override { fn(0); }
-  std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const>, std::span<const DenseVariables>) override {
+  std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const>, std::span<const DenseVariables>,
+                                                    bool) override {
     DTRAIN_THROW(InternalError, "ParameterServerStrategy: no gradient reducer (its workers train as one device does)");
   }
   RemoteTraining* remote_training() override { return this; }
