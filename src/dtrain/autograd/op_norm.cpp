@@ -23,14 +23,19 @@ CrossReplica* synchronizing(bool synchronized) {
   return synchronized && context.cross != nullptr && context.num_replicas_in_sync > 1 ? context.cross : nullptr;
 }
 
-// values summed over every replica, with `count` appended and summed alongside.
-std::vector<float> sum_over_replicas(CrossReplica& cross, const Tensor& values, double count) {
+// values summed over every replica, with `count` appended and summed alongside; the call
+// is timed for the step's profile.
+std::vector<float> sum_over_replicas(CrossReplica& cross, const Tensor& values, double count, bool backward) {
   Tensor packed = Tensor::empty({values.numel() + 1});
   std::copy_n(values.data<float>(), values.numel(), packed.data<float>());
   packed.data<float>()[values.numel()] = static_cast<float>(count);
+  const auto start = std::chrono::steady_clock::now();
   const std::vector<Tensor> summed = cross.all_reduce_sum(std::span<const Tensor>(&packed, 1));
   const float* p = summed.front().data<float>();
-  return std::vector<float>(p, p + packed.numel());
+  std::vector<float> out(p, p + packed.numel());
+  timed_cross_replica_calls().push_back({start, std::chrono::steady_clock::now(), backward,
+                                         backward ? "sync batch norm (gradient sums)" : "sync batch norm (statistics)"});
+  return out;
 }
 
 void check_channel_param(const Tensor& p, std::int64_t c, const char* op, const char* what) {
@@ -46,7 +51,7 @@ float at(const Tensor& t, std::int64_t i, float otherwise) { return t.defined() 
 }  // namespace
 
 Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon, bool synchronized,
-                  Tensor* batch_mean, Tensor* batch_variance) {
+                  Tensor* batch_mean, Tensor* batch_variance, bool relu) {
   detail::check_float(x, "batch_norm");
   if (x.rank() < 2)
     DTRAIN_THROW(InvalidArgument, "batch_norm: expects [batch, ..., channels], got ", x.shape().to_string());
@@ -61,7 +66,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
   std::vector<float> total(sums.data<float>(), sums.data<float>() + 2 * c);
   double n = static_cast<double>(rows);
   if (cross) {
-    total = sum_over_replicas(*cross, sums, n);
+    total = sum_over_replicas(*cross, sums, n, false);
     n = total.back();
   }
   if (n <= 0.0)
@@ -79,12 +84,18 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
     shift.data<float>()[j] = static_cast<float>(at(beta, j, 0.0f) - m * at(gamma, j, 1.0f) * s);
   }
   Tensor y = Tensor::empty(x.shape());
-  be.channel_affine(x, scale, shift, y);
+  be.channel_affine(x, scale, shift, y, nullptr, nullptr, relu);
   if (batch_mean) *batch_mean = mean;
   if (batch_variance) *batch_variance = variance;
   detail::record(y, [&] {
-    return [x, mean, inv_std, scale, n, c, synchronized](const Tensor& dy, BackwardContext& ctx) {
-      auto& b = detail::backend_of(dy);
+    return [x, y, mean, inv_std, scale, n, c, synchronized, relu](const Tensor& relu_dy, BackwardContext& ctx) {
+      auto& b = detail::backend_of(relu_dy);
+      // A fused relu's derivative first: the gradient of the batch norm's own output.
+      Tensor dy = relu_dy;
+      if (relu) {
+        dy = Tensor::empty(y.shape());
+        b.unary_backward(kernels::Unary::relu, y, relu_dy, dy);
+      }
       Tensor dsums = Tensor::empty({2, c});
       b.channel_sums(dy, x, mean, dsums);
       const float* s = dsums.data<float>();
@@ -101,7 +112,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
       // Every replica joins the sums, whatever it needs: they all run the same graph.
       CrossReplica* others = synchronizing(synchronized);
       std::vector<float> dtotal(s, s + 2 * c);
-      if (others) dtotal = sum_over_replicas(*others, dsums, 0.0);
+      if (others) dtotal = sum_over_replicas(*others, dsums, 0.0, true);
       if (!ctx.needs(0)) return;
       Tensor k = Tensor::empty({c}), bx = Tensor::empty({c});
       for (std::int64_t j = 0; j < c; ++j) {
@@ -120,7 +131,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
 }
 
 Tensor batch_norm_inference(const Tensor& x, const Tensor& mean, const Tensor& variance, const Tensor& gamma,
-                            const Tensor& beta, float epsilon) {
+                            const Tensor& beta, float epsilon, bool relu) {
   detail::check_float(x, "batch_norm_inference");
   if (x.rank() < 1) DTRAIN_THROW(InvalidArgument, "batch_norm_inference: expects [..., channels], got a scalar");
   const std::int64_t c = x.dim(-1);
@@ -139,11 +150,16 @@ Tensor batch_norm_inference(const Tensor& x, const Tensor& mean, const Tensor& v
   }
   auto& be = detail::backend_of(x);
   Tensor y = Tensor::empty(x.shape());
-  be.channel_affine(x, scale, shift, y);
+  be.channel_affine(x, scale, shift, y, nullptr, nullptr, relu);
   const Tensor m = mean.clone();  // the moving statistics change after this step
   detail::record(y, [&] {
-    return [x, m, inv_std, scale, c](const Tensor& dy, BackwardContext& ctx) {
-      auto& b = detail::backend_of(dy);
+    return [x, y, m, inv_std, scale, c, relu](const Tensor& relu_dy, BackwardContext& ctx) {
+      auto& b = detail::backend_of(relu_dy);
+      Tensor dy = relu_dy;
+      if (relu) {
+        dy = Tensor::empty(y.shape());
+        b.unary_backward(kernels::Unary::relu, y, relu_dy, dy);
+      }
       if (ctx.needs(3) || ctx.needs(4)) {
         Tensor sums = Tensor::empty({2, c});
         b.channel_sums(dy, x, m, sums);

@@ -98,12 +98,13 @@ Tensor pool2d(const Tensor& x, const Pool2dOptions& options);
 // several replicas in sync, the statistics (and, backward, the sums the input gradient
 // needs) are those of the global batch, summed over every replica of every worker.
 // `batch_mean` and `batch_variance` receive the statistics used, [C], for moving averages.
+// With `relu`, max(y, 0) in the same pass (a relu that follows the batch norm, fused).
 Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon, bool synchronized,
-                  Tensor* batch_mean = nullptr, Tensor* batch_variance = nullptr);
+                  Tensor* batch_mean = nullptr, Tensor* batch_variance = nullptr, bool relu = false);
 // Batch normalization with given statistics (inference): y = (x - mean) / sqrt(variance +
 // epsilon) * gamma + beta; no gradient flows to mean and variance.
 Tensor batch_norm_inference(const Tensor& x, const Tensor& mean, const Tensor& variance, const Tensor& gamma,
-                            const Tensor& beta, float epsilon);
+                            const Tensor& beta, float epsilon, bool relu = false);
 // Layer normalization over the last axis (Keras's LayerNormalization(axis=-1)).
 Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon);
 

@@ -17,6 +17,11 @@ std::uint64_t& scope_slot() {
 }  // namespace
 
 const ReplicaContext& replica_context() { return context_slot(); }
+
+std::vector<TimedCrossReplicaCall>& timed_cross_replica_calls() {
+  thread_local std::vector<TimedCrossReplicaCall> calls;
+  return calls;
+}
 std::uint64_t creation_scope() { return scope_slot(); }
 
 namespace detail {

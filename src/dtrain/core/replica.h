@@ -8,6 +8,7 @@
 // A strategy is named here only by a number: 0 is the default strategy.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -40,6 +41,17 @@ struct ReplicaContext {
   int num_replicas_in_sync = 1;
   CrossReplica* cross = nullptr;  // set inside run() of a strategy with several replicas
 };
+
+// A cross-replica call made inside a replica's forward or backward pass (a synchronized
+// batch norm's sums), timed for the step's profile.
+struct TimedCrossReplicaCall {
+  std::chrono::steady_clock::time_point start, end;
+  bool backward = false;  // made inside backward (else forward)
+  const char* what = "";
+};
+// This thread's calls since the last drain: the trainer moves them into the replica's
+// profile track after each step.
+std::vector<TimedCrossReplicaCall>& timed_cross_replica_calls();
 
 // The calling thread's replica context (strategy 0 outside run()).
 const ReplicaContext& replica_context();

@@ -167,9 +167,10 @@ class Backend {
   // center the mean: batch normalization's backward.)
   virtual void channel_sums(const Tensor& a, const Tensor& b, const Tensor& center, Tensor& sums) = 0;
   // y[., c] = x[., c] * scale[c] + shift[c], plus x2[., c] * scale2[c] when x2 is given
-  // (x2 like x): batch normalization's forward and backward, one pass each.
+  // (x2 like x), then max(y, 0) when `relu`: batch normalization's forward (with a relu
+  // after it fused) and backward, one pass each.
   virtual void channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y,
-                              const Tensor* x2 = nullptr, const Tensor* scale2 = nullptr) = 0;
+                              const Tensor* x2 = nullptr, const Tensor* scale2 = nullptr, bool relu = false) = 0;
   // Normalizes each row of x [R, D] over its D values: y = (x - mean) * inv_std * gamma + beta
   // with inv_std = 1 / sqrt(var + epsilon); mean and inv_std [R] are kept for backward. An
   // undefined gamma is ones, an undefined beta zeros.

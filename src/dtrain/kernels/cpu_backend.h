@@ -55,7 +55,7 @@ class CpuBackend final : public Backend {
   void pool2d_backward(const Tensor& dy, const Tensor* workspace, Tensor& dx, const Pool2dOptions& options) override;
   void channel_sums(const Tensor& a, const Tensor& b, const Tensor& center, Tensor& sums) override;
   void channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y, const Tensor* x2,
-                      const Tensor* scale2) override;
+                      const Tensor* scale2, bool relu) override;
   void layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon, Tensor& y, Tensor& mean,
                   Tensor& inv_std) override;
   void layer_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "dtrain/core/multiversion.h"
@@ -61,17 +62,18 @@ void channel_sums_rows(const float* a, const float* b, const float* center, std:
 
 DTRAIN_MULTIVERSION
 void channel_affine_rows(const float* x, const float* scale, const float* shift, const float* x2, const float* scale2,
-                         float* y, std::int64_t c, std::int64_t begin, std::int64_t end) {
+                         float* y, std::int64_t c, std::int64_t begin, std::int64_t end, bool relu) {
+  const float floor = relu ? 0.0f : -std::numeric_limits<float>::infinity();
   for (std::int64_t r = begin; r < end; ++r) {
     const float* xr = x + r * c;
     float* yr = y + r * c;
     if (x2) {
       const float* zr = x2 + r * c;
 #pragma omp simd
-      for (std::int64_t j = 0; j < c; ++j) yr[j] = xr[j] * scale[j] + shift[j] + zr[j] * scale2[j];
+      for (std::int64_t j = 0; j < c; ++j) yr[j] = std::max(xr[j] * scale[j] + shift[j] + zr[j] * scale2[j], floor);
     } else {
 #pragma omp simd
-      for (std::int64_t j = 0; j < c; ++j) yr[j] = xr[j] * scale[j] + shift[j];
+      for (std::int64_t j = 0; j < c; ++j) yr[j] = std::max(xr[j] * scale[j] + shift[j], floor);
     }
   }
 }
@@ -115,7 +117,7 @@ void CpuBackend::channel_sums(const Tensor& a, const Tensor& b, const Tensor& ce
 }
 
 void CpuBackend::channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y, const Tensor* x2,
-                                const Tensor* scale2) {
+                                const Tensor* scale2, bool relu) {
   x.check_dtype(DType::f32, "channel_affine");
   y.check_dtype(DType::f32, "channel_affine (output)");
   check_same_shape(x, y, "channel_affine");
@@ -139,7 +141,7 @@ void CpuBackend::channel_affine(const Tensor& x, const Tensor& scale, const Tens
   float* py = y.data<float>();
   parallel_for(rows, std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(c, 1)),
                [&](std::int64_t begin, std::int64_t end) {
-                 channel_affine_rows(px, ps, pt, pz, pz_scale, py, c, begin, end);
+                 channel_affine_rows(px, ps, pt, pz, pz_scale, py, c, begin, end, relu);
                });
 }
 

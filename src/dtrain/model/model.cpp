@@ -95,12 +95,35 @@ Model::Model(std::vector<KerasTensor> inputs, std::vector<KerasTensor> outputs, 
   }
   const Shape& first = inputs_.front().shape();
   input_shape_ = Shape(std::vector<std::int64_t>(first.dims().begin() + 1, first.dims().end()));
+  // Batch norms followed by a relu and nothing else run the relu in their own pass.
+  std::unordered_map<const GraphNode*, int> readers;
+  for (const auto& n : graph_)
+    for (const KerasTensor& in : n->inputs) ++readers[in.node().get()];
+  for (const KerasTensor& t : outputs_) ++readers[t.node().get()];
+  std::unordered_map<const GraphNode*, std::size_t> index;
+  for (std::size_t i = 0; i < graph_.size(); ++i) index[graph_[i].get()] = i;
+  fused_relu_.assign(graph_.size(), 0);
+  runs_relu_.assign(graph_.size(), 0);
+  for (std::size_t i = 0; i < graph_.size(); ++i) {
+    const GraphNode& n = *graph_[i];
+    if (n.inputs.size() != 1 || !is_relu(n.layer.get())) continue;
+    const GraphNode* from = n.inputs[0].node().get();
+    if (readers[from] == 1 && dynamic_cast<const nn::BatchNormalization*>(from->layer.get())) {
+      fused_relu_[i] = 1;
+      runs_relu_[index.at(from)] = 1;
+    }
+  }
 }
 
 int Model::calls_of(const nn::Layer* layer) const {
   if (!functional()) return static_cast<int>(std::count_if(layers_.begin(), layers_.end(),
                                                            [&](const auto& l) { return l.get() == layer; }));
   return static_cast<int>(std::count_if(graph_.begin(), graph_.end(), [&](const auto& n) { return n->layer.get() == layer; }));
+}
+
+bool Model::is_relu(const nn::Layer* layer) {
+  const auto* a = dynamic_cast<const nn::Activation*>(layer);
+  return a != nullptr && a->activation() == "relu";
 }
 
 std::vector<Tensor> Model::operator()(std::span<const Tensor> inputs, bool training) {
@@ -125,11 +148,18 @@ std::vector<Tensor> Model::operator()(std::span<const Tensor> inputs, bool train
     values[inputs_[i].node().get()] = x;
   }
   std::vector<Tensor> args;
-  for (const auto& n : graph_) {
+  for (std::size_t i = 0; i < graph_.size(); ++i) {
+    const auto& n = graph_[i];
     if (!n->layer) continue;
     args.clear();
     for (const KerasTensor& in : n->inputs) args.push_back(values.at(in.node().get()));
-    values[n.get()] = (*n->layer)(std::span<const Tensor>(args), training);
+    if (fused_relu_[i]) {
+      values[n.get()] = args[0];  // the batch norm before it applied the relu
+    } else if (runs_relu_[i]) {
+      values[n.get()] = static_cast<nn::BatchNormalization&>(*n->layer).call_then_relu(args[0], training);
+    } else {
+      values[n.get()] = (*n->layer)(std::span<const Tensor>(args), training);
+    }
   }
   std::vector<Tensor> out;
   for (const KerasTensor& t : outputs_) out.push_back(values.at(t.node().get()));
@@ -212,7 +242,17 @@ Tensor Model::operator()(const Tensor& x, bool training) {
     build(Shape(dims));
   }
   Tensor h = x;
-  for (const auto& l : layers_) h = (*l)(h, training);
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    // A batch norm and the relu after it run as one pass.
+    auto* bn = dynamic_cast<nn::BatchNormalization*>(layers_[i].get());
+    if (bn && i + 1 < layers_.size() && is_relu(layers_[i + 1].get())) {
+      h = bn->call_then_relu(h, training);
+      layers_[i + 1]->build(h.shape());
+      ++i;
+      continue;
+    }
+    h = (*layers_[i])(h, training);
+  }
   return h;
 }
 

@@ -225,8 +225,13 @@ class Model {
   void reset_metrics();
   Logs run_evaluation(const Tensor& x, const Tensor& y, std::int64_t batch_size, const std::string& prefix);
 
+  static bool is_relu(const nn::Layer* layer);
   // The functional graph's nodes in an order that computes every input before its use.
   std::vector<std::shared_ptr<const GraphNode>> graph_;
+  // [node] a batch norm whose output only an Activation("relu") reads: it runs the relu
+  // fused, and that relu node passes its value on (graph_ order).
+  std::vector<char> fused_relu_;
+  std::vector<char> runs_relu_;  // [node] the batch norms that run such a relu
   std::vector<KerasTensor> inputs_, outputs_;
   std::shared_ptr<optim::Optimizer> optimizer_;
   std::shared_ptr<losses::Loss> loss_;

@@ -10,6 +10,7 @@
 
 #include "dtrain/autograd/tape.h"
 #include "dtrain/core/clock.h"
+#include "dtrain/core/replica.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/kernels/backend.h"
 #include "dtrain/model/model.h"
@@ -211,8 +212,14 @@ class Model::Trainer {
           tape.gradient(scale(loss, (mean_loss ? static_cast<float>(end - begin) : 1.0f) * scale_by), vars_,
                         [&](std::size_t i, const Tensor& g) { reducer_->gradient_ready(r, i, g); });
         }
-        // Buckets summed on the way count as communication (the reducer's own record).
+        // Buckets summed on the way count as communication (the reducer's own record), and
+        // so do the layers' own sums over the replicas (a synchronized batch norm's).
         track.add(profile::Phase::backward, forward_end, Clock::now());
+        for (const TimedCrossReplicaCall& call : timed_cross_replica_calls())
+          track.add_nested(profile::Phase::communication,
+                           call.backward ? profile::Phase::backward : profile::Phase::forward, call.start, call.end,
+                           call.what);
+        timed_cross_replica_calls().clear();
         reducer_->finish(r);
         out.done = Clock::now();
         if (shared) {

@@ -48,14 +48,22 @@ Variable& BatchNormalization::moving_variance() {
   return *moving_variance_;
 }
 
-Tensor BatchNormalization::call(const Tensor& x, bool training) {
+Tensor BatchNormalization::call(const Tensor& x, bool training) { return normalize(x, training, false); }
+
+Tensor BatchNormalization::call_then_relu(const Tensor& x, bool training) {
+  x.check_defined(name().c_str());
+  build(x.shape());
+  return normalize(x, training, true);
+}
+
+Tensor BatchNormalization::normalize(const Tensor& x, bool training, bool relu) {
   const Tensor gamma = gamma_ ? gamma_->value() : Tensor();
   const Tensor beta = beta_ ? beta_->value() : Tensor();
   if (!training)
     return batch_norm_inference(x, moving_mean_->mutable_value(), moving_variance_->mutable_value(), gamma, beta,
-                                options_.epsilon);
+                                options_.epsilon, relu);
   Tensor mean, variance;
-  Tensor y = batch_norm(x, gamma, beta, options_.epsilon, options_.synchronized, &mean, &variance);
+  Tensor y = batch_norm(x, gamma, beta, options_.epsilon, options_.synchronized, &mean, &variance, relu);
   const ReplicaContext& replica = replica_context();
   const std::int64_t c = mean.numel();
   if (!options_.synchronized && replica.cross != nullptr && replica.num_replicas_in_sync > 1) {
@@ -63,7 +71,10 @@ Tensor BatchNormalization::call(const Tensor& x, bool training) {
     Tensor both = Tensor::empty({2 * c});
     std::copy_n(mean.data<float>(), c, both.data<float>());
     std::copy_n(variance.data<float>(), c, both.data<float>() + c);
+    const auto start = std::chrono::steady_clock::now();
     const Tensor sum = replica.cross->all_reduce_sum(std::span<const Tensor>(&both, 1)).front();
+    timed_cross_replica_calls().push_back(
+        {start, std::chrono::steady_clock::now(), false, "batch norm (moving statistics' mean)"});
     mean = Tensor::empty({c});
     variance = Tensor::empty({c});
     const float inv = 1.0f / static_cast<float>(replica.num_replicas_in_sync);

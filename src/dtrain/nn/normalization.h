@@ -45,12 +45,17 @@ class BatchNormalization : public Layer {
   Variable* beta() { return beta_; }
   Variable& moving_mean();
   Variable& moving_variance();
+  // The layer, then a relu, in one pass over the values (a model runs an Activation("relu")
+  // that only reads this layer's output so); builds on the first call as operator() does.
+  Tensor call_then_relu(const Tensor& x, bool training);
 
  protected:
   void build_weights(const Shape& input_shape) override;
   Tensor call(const Tensor& x, bool training) override;
 
  private:
+  Tensor normalize(const Tensor& x, bool training, bool relu);
+
   BatchNormalizationOptions options_;
   Variable* gamma_ = nullptr;
   Variable* beta_ = nullptr;

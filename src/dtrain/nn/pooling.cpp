@@ -59,7 +59,14 @@ Shape GlobalAveragePooling2D::compute_output_shape(const Shape& input_shape) con
 }
 
 Tensor GlobalAveragePooling2D::call(const Tensor& x, bool /*training*/) {
-  return reduce_mean(x, {1, 2}, keepdims_);
+  // One average-pooling window over the whole image: oneDNN's pooling runs it in its JIT
+  // kernels (its reduction primitive takes a reference path for these axes, 30x slower).
+  Pool2dOptions o;
+  o.kind = kernels::Pool::average;
+  o.window[0] = o.stride[0] = x.dim(1);
+  o.window[1] = o.stride[1] = x.dim(2);
+  const Tensor y = pool2d(x, o);
+  return keepdims_ ? y : reshape(y, compute_output_shape(x.shape()));
 }
 
 }  // namespace dtrain::nn
