@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 
 #include "common/gradcheck.h"
 
@@ -278,6 +279,49 @@ TEST(ShapeOps, ConcatenateAndPadding) {
   // x[0, 0, 0, :] lands at p[0, 1, 2, :].
   EXPECT_EQ(p.data<float>()[(1 * 6 + 2) * 2], x.data<float>()[0]);
   expect_gradients_match([](const Inputs& in) { return zero_pad2d(in[0], 1, 0, 2, 1); }, {x}, {0});
+}
+
+}  // namespace
+}  // namespace dtrain
+
+namespace dtrain {
+namespace {
+
+// The fused relu gives what a relu after the batch norm gives, forward and backward (whose
+// gradients the finite-difference tests above check; differences across relu's kink would
+// only test the step size).
+std::vector<std::vector<float>> gradients_of(const std::function<Tensor(const Inputs&)>& f, const Inputs& in) {
+  GradientTape tape;
+  for (const Tensor& t : in) tape.watch(t);
+  const Tensor y = f(in);
+  const Tensor r = testing::random_tensor(y.shape(), 99, 0.5f, 1.5f);
+  std::vector<std::vector<float>> out;
+  for (const Tensor& g : tape.gradient(reduce_sum(mul(y, r)), std::span<const Tensor>(in))) out.push_back(g.to_vector());
+  return out;
+}
+
+void expect_same(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].size(), b[i].size());
+    for (std::size_t j = 0; j < a[i].size(); ++j) EXPECT_NEAR(a[i][j], b[i][j], 1e-6) << "input " << i << " element " << j;
+  }
+}
+
+TEST(NormOps, BatchNormWithAFusedReluIsBatchNormThenRelu) {
+  const Tensor x = testing::random_tensor({4, 3, 5}, 61, -2.0f, 2.0f);
+  const Tensor gamma = testing::random_tensor({5}, 62, 0.5f, 1.5f), beta = testing::random_tensor({5}, 63);
+  const Inputs in{x, gamma, beta};
+  EXPECT_EQ(batch_norm(x, gamma, beta, 1e-3f, false, nullptr, nullptr, /*relu=*/true).to_vector(),
+            relu(batch_norm(x, gamma, beta, 1e-3f, false)).to_vector());
+  expect_same(gradients_of([](const Inputs& v) { return batch_norm(v[0], v[1], v[2], 1e-3f, false, nullptr, nullptr, true); }, in),
+              gradients_of([](const Inputs& v) { return relu(batch_norm(v[0], v[1], v[2], 1e-3f, false)); }, in));
+  const Tensor mean = testing::random_tensor({5}, 64), variance = testing::random_tensor({5}, 65, 0.5f, 2.0f);
+  EXPECT_EQ(batch_norm_inference(x, mean, variance, gamma, beta, 1e-3f, true).to_vector(),
+            relu(batch_norm_inference(x, mean, variance, gamma, beta, 1e-3f)).to_vector());
+  expect_same(
+      gradients_of([=](const Inputs& v) { return batch_norm_inference(v[0], mean, variance, v[1], v[2], 1e-3f, true); }, in),
+      gradients_of([=](const Inputs& v) { return relu(batch_norm_inference(v[0], mean, variance, v[1], v[2], 1e-3f)); }, in));
 }
 
 }  // namespace

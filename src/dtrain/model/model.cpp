@@ -752,13 +752,18 @@ std::string Model::summary() const {
   if (!input_shape_)
     DTRAIN_THROW(InvalidArgument, "model '", name_, "': summary() needs a built model: call build(input_shape) or fit() first");
   std::ostringstream o;
-  const int width = functional() ? 98 : 65;
+  // The first column fits the longest "name (Class)" (29 wide at least, as Keras's).
+  std::size_t first = 29;
+  for (const auto& l : layers_) first = std::max(first, l->name().size() + l->class_name().size() + 5);
+  for (const KerasTensor& t : inputs_) first = std::max(first, t.name().size() + 16);
+  const int col = static_cast<int>(first);
+  const int width = col + (functional() ? 69 : 36);
   const std::string rule(static_cast<std::size_t>(width), '_'), double_rule(static_cast<std::size_t>(width), '=');
   o << "Model: \"" << name_ << "\"\n" << rule << "\n";
-  o << std::left << std::setw(29) << " Layer (type)" << std::setw(26) << "Output Shape" << (functional() ? std::setw(12) : std::setw(0))
+  o << std::left << std::setw(col) << " Layer (type)" << std::setw(26) << "Output Shape" << (functional() ? std::setw(12) : std::setw(0))
     << "Param #" << (functional() ? "Connected to" : "") << "\n" << double_rule << "\n";
   auto line = [&](const std::string& what, const Shape& shape, std::int64_t params, const std::string& connected) {
-    o << std::left << std::setw(29) << (" " + what) << std::setw(26) << shape_with_batch(shape);
+    o << std::left << std::setw(col) << (" " + what) << std::setw(26) << shape_with_batch(shape);
     if (functional()) o << std::setw(12) << with_commas(params) << connected;
     else o << with_commas(params);
     o << "\n";

@@ -2,6 +2,8 @@
 // initializers as their string names (Keras accepts both strings and objects).
 #include <nlohmann/json.hpp>
 
+#include <charconv>
+#include <cstdlib>
 #include <map>
 #include <unordered_map>
 
@@ -15,6 +17,14 @@ namespace {
 using nlohmann::json;
 
 json seed_json(const std::optional<std::uint64_t>& seed) { return seed ? json(*seed) : json(nullptr); }
+
+// A float as the shortest decimal that reads back as the same float (0.001, not
+// 0.0010000000474974513).
+json float_json(float f) {
+  char text[32];
+  const auto end = std::to_chars(text, text + sizeof text, f).ptr;
+  return json(std::strtod(std::string(text, end).c_str(), nullptr));
+}
 
 json layer_to_json(const nn::Layer& layer) {
   json config = {{"name", layer.name()}, {"trainable", layer.trainable()}, {"dtype", layer.dtype_policy().name}};
@@ -72,8 +82,8 @@ json layer_to_json(const nn::Layer& layer) {
   } else if (auto* bn = dynamic_cast<const nn::BatchNormalization*>(&layer)) {
     const nn::BatchNormalizationOptions& o = bn->options();
     config["axis"] = o.axis;
-    config["momentum"] = o.momentum;
-    config["epsilon"] = o.epsilon;
+    config["momentum"] = float_json(o.momentum);
+    config["epsilon"] = float_json(o.epsilon);
     config["center"] = o.center;
     config["scale"] = o.scale;
     config["synchronized"] = o.synchronized;
@@ -84,7 +94,7 @@ json layer_to_json(const nn::Layer& layer) {
   } else if (auto* ln = dynamic_cast<const nn::LayerNormalization*>(&layer)) {
     const nn::LayerNormalizationOptions& o = ln->options();
     config["axis"] = o.axis;
-    config["epsilon"] = o.epsilon;
+    config["epsilon"] = float_json(o.epsilon);
     config["center"] = o.center;
     config["scale"] = o.scale;
     config["beta_initializer"] = o.beta_initializer;
