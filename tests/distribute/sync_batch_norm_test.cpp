@@ -50,5 +50,24 @@ TEST(SyncBatchNorm, MirroredReplicasGiveOneDevicesWeightsAndMovingStatistics) {
   EXPECT_GT(relative_difference(*model, *reference), 1e-3);
 }
 
+// A last batch of 3 rows leaves one of 4 replicas without rows: with batch norms summing
+// over the replicas that is an error naming the rows, not a wait until the timeout.
+TEST(SyncBatchNorm, AReplicaWithoutRowsIsAnErrorNotAWait) {
+  const auto [x, y] = random_images(35, 8);
+  MirroredStrategy strategy(4);
+  std::unique_ptr<Model> model;
+  {
+    auto scope = strategy.scope();
+    model = small_cnn(true);
+  }
+  try {
+    model->fit(x, y, quiet(32));
+    FAIL() << "fit accepted a batch that leaves a replica without rows";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("a batch of 3 rows leaves replica 3 without rows"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace dtrain

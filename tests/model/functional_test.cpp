@@ -84,6 +84,17 @@ TEST(ConvLayers, BatchNormMovingStatisticsAfterStepsByHand) {
   EXPECT_NEAR(y.item(), (2.0 - mean) / std::sqrt(var + 1e-3), 1e-5);
 }
 
+TEST(ConvLayers, AFrozenBatchNormRunsInInferenceMode) {
+  nn::BatchNormalization bn;
+  const Tensor x = Tensor::from_vector({2, 1}, {1.0f, 3.0f});
+  bn.build(x.shape());
+  bn.set_trainable(false);
+  // As Keras: normalized by the moving statistics (0 and 1), which do not move.
+  const Tensor y = bn(x, /*training=*/true);
+  EXPECT_NEAR(y.data<float>()[1], 3.0 / std::sqrt(1.0 + 1e-3), 1e-5);
+  EXPECT_EQ(bn.moving_mean().value().item(), 0.0f);
+}
+
 TEST(Functional, ResidualGraphRunsAsItsLayersComposed) {
   auto model = small_cnn(false);
   ASSERT_TRUE(model->functional());
@@ -160,6 +171,26 @@ TEST(Functional, JsonRoundTripGivesTheSameModel) {
   Model twice(a, shared(shared(a)));
   auto loaded = model_from_json(twice.to_json());
   EXPECT_EQ(loaded->calls_of(loaded->layers()[0].get()), 2);
+}
+
+TEST(Functional, ReadsKeras3NodesAndNamesAMalformedOne) {
+  // Keras 3 writes each node as {"args": [keras tensors], "kwargs": {}}, and module,
+  // registered_name and build_config beside each layer's config.
+  const std::string keras3 = R"({"class_name": "Functional", "config": {"name": "m", "layers": [
+    {"class_name": "InputLayer", "config": {"batch_shape": [null, 4], "dtype": "float32", "name": "x"}, "name": "x", "inbound_nodes": []},
+    {"module": "keras.layers", "class_name": "Dense", "config": {"name": "d", "units": 3}, "registered_name": null,
+     "build_config": {"input_shape": [null, 4]}, "name": "d",
+     "inbound_nodes": [{"args": [{"class_name": "__keras_tensor__", "config": {"shape": [null, 4], "dtype": "float32", "keras_history": ["x", 0, 0]}}], "kwargs": {}}]},
+    {"class_name": "Add", "config": {"name": "sum"}, "name": "sum",
+     "inbound_nodes": [{"args": [[{"class_name": "__keras_tensor__", "config": {"keras_history": ["d", 0, 0]}},
+                                  {"class_name": "__keras_tensor__", "config": {"keras_history": ["d", 0, 0]}}]], "kwargs": {}}]}],
+    "input_layers": [["x", 0, 0]], "output_layers": [["sum", 0, 0]]}})";
+  auto model = model_from_json(keras3);
+  EXPECT_EQ(model->output_shape(), (Shape{1, 3}));
+  std::string broken = keras3;
+  broken.replace(broken.find(R"("keras_history": ["x", 0, 0])"), 28, R"("keras_history": ["x"])");
+  EXPECT_NE(error_of([&] { model_from_json(broken); }).find("config.layers[1].inbound_nodes[0]"), std::string::npos)
+      << error_of([&] { model_from_json(broken); });
 }
 
 TEST(Functional, SavedModelLoadsWithoutTheCode) {

@@ -497,7 +497,8 @@ void check_model_fits_data(const RunConfig& c, const Shape& row) {
   if (c.data.source != "synthetic" && c.data.source != "fashion_mnist") return;  // checked as the files are read
   const std::size_t last = c.unbuilt_model->output_layer();
   const bool dense = dynamic_cast<const nn::Dense*>(c.unbuilt_model->layers[last].get()) != nullptr;
-  const std::string last_key = at + ".layers[" + std::to_string(last) + "]" + (dense ? ".config.units" : "");
+  const std::string last_key =
+      at + ".layers[" + std::to_string(c.unbuilt_model->json_index[last]) + "]" + (dense ? ".config.units" : "");
   const std::int64_t classes = c.data.source == "synthetic" ? c.data.classes : 10;
   const std::string where = c.data.source == "synthetic" ? " (data.classes)" : " (Fashion-MNIST)";
   const std::string loss = c.loss_json.is_string()                                       ? c.loss_json.get<std::string>()

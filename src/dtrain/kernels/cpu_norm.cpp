@@ -251,7 +251,9 @@ void CpuBackend::copy_block(const Tensor& src, const Block& from, Tensor& dst, c
   if (src.dtype() != dst.dtype())
     DTRAIN_THROW(InvalidArgument, "copy_block: source and destination differ in dtype (", dtype_name(src.dtype()),
                  " and ", dtype_name(dst.dtype()), ")");
-  if (outer <= 0 || rows <= 0 || width <= 0) return;
+  if (outer < 0 || rows < 0 || width < 0)
+    DTRAIN_THROW(InvalidArgument, "copy_block: a block of [", outer, ", ", rows, ", ", width, "] elements");
+  if (outer == 0 || rows == 0 || width == 0) return;
   auto check = [&](const Tensor& t, const Block& b, const char* which) {
     const std::int64_t last = b.offset + (outer - 1) * b.outer_stride + (rows - 1) * b.row_stride + width;
     if (b.offset < 0 || b.outer_stride < 0 || b.row_stride < 0 || last > t.numel())

@@ -60,15 +60,13 @@ Model::Model(std::vector<KerasTensor> inputs, std::vector<KerasTensor> outputs, 
       DTRAIN_THROW(InvalidArgument, "model '", name_, "': Input '", t.name(), "' is given twice");
   }
   // Depth-first from the outputs: every node after the nodes it reads.
-  std::set<const GraphNode*> done, open;
+  std::set<const GraphNode*> done;
   std::function<void(const std::shared_ptr<const GraphNode>&)> visit = [&](const std::shared_ptr<const GraphNode>& n) {
     if (done.count(n.get())) return;
     if (!n->layer && !input_nodes.count(n.get()))
       DTRAIN_THROW(InvalidArgument, "model '", name_, "': its outputs depend on Input '", n->name,
                    "', which is not among the model's inputs");
-    open.insert(n.get());
     for (const KerasTensor& in : n->inputs) visit(in.node());
-    open.erase(n.get());
     done.insert(n.get());
     graph_.push_back(n);
   };

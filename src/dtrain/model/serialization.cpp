@@ -166,7 +166,7 @@ std::shared_ptr<nn::Layer> make_conv_layer(const std::string& cls, const JsonRea
   const bool depthwise = cls == "DepthwiseConv2D";
   if (depthwise)
     c.expect_keys({"name", "trainable", "dtype", "kernel_size", "strides", "padding", "depth_multiplier", "data_format",
-                   "dilation_rate", "activation", "use_bias", "depthwise_initializer", "bias_initializer",
+                   "dilation_rate", "groups", "activation", "use_bias", "depthwise_initializer", "bias_initializer",
                    "depthwise_regularizer", "bias_regularizer", "activity_regularizer", "depthwise_constraint",
                    "bias_constraint", "seed"});
   else
@@ -189,15 +189,19 @@ std::shared_ptr<nn::Layer> make_conv_layer(const std::string& cls, const JsonRea
   o.bias_initializer = initializer_name(c, "bias_initializer", "zeros");
   o.seed = get_seed(c);
   const nn::Pair kernel = get_pair(c, "kernel_size");
-  if (depthwise) return std::make_shared<nn::DepthwiseConv2D>(kernel, c.get_int("depth_multiplier", 1), o);
+  if (depthwise) {
+    if (c.get_int("groups", 1) != 1) c.fail("groups", "a DepthwiseConv2D takes groups 1 (tf.keras writes it so)");
+    return std::make_shared<nn::DepthwiseConv2D>(kernel, c.get_int("depth_multiplier", 1), o);
+  }
   o.groups = c.get_int("groups", 1);
   return std::make_shared<nn::Conv2D>(c.get_int("filters"), kernel, o);
 }
 
 // A layer from {"class_name", "config"}; "trainable": false freezes its weights once built.
 std::shared_ptr<nn::Layer> layer_from_json(const JsonReader& r, const std::string& dtype_policy, bool in_graph = false) {
-  if (in_graph) r.expect_keys({"class_name", "config", "name", "inbound_nodes", "module", "registered_name"});
-  else r.expect_keys({"class_name", "config"});
+  // Keras 3 adds module, registered_name and build_config to every layer's entry.
+  if (in_graph) r.expect_keys({"class_name", "config", "name", "inbound_nodes", "module", "registered_name", "build_config"});
+  else r.expect_keys({"class_name", "config", "module", "registered_name", "build_config"});
   const std::string cls = r.get_string("class_name");
   static const json kNoConfig = json::object();  // outlives the reader that refers to it
   const JsonReader c = r.has("config") ? r.child("config") : JsonReader(kNoConfig, r.key_path("config"));
@@ -307,9 +311,10 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       return std::make_shared<nn::BatchNormalization>(o);
     }
     if (cls == "LayerNormalization") {
-      c.expect_keys({"name", "trainable", "dtype", "axis", "epsilon", "center", "scale", "beta_initializer",
-                     "gamma_initializer", "beta_regularizer", "gamma_regularizer", "beta_constraint",
-                     "gamma_constraint"});
+      c.expect_keys({"name", "trainable", "dtype", "axis", "epsilon", "center", "scale", "rms_scaling",
+                     "beta_initializer", "gamma_initializer", "beta_regularizer", "gamma_regularizer",
+                     "beta_constraint", "gamma_constraint"});
+      if (c.get_bool("rms_scaling", false)) c.fail("rms_scaling", "RMS scaling is not supported (only false)");
       expect_unset(c, {"beta_regularizer", "gamma_regularizer", "beta_constraint", "gamma_constraint"});
       nn::LayerNormalizationOptions o;
       o.name = c.get_string("name", "layer_normalization");
@@ -402,12 +407,16 @@ Shape shape_from(const JsonReader& s, std::size_t skip) {
 // {}], ...] or Keras 3's {"args": [...keras tensors...], "kwargs": {}}.
 void collect_history(const json& v, std::vector<std::pair<std::string, int>>& out) {
   if (v.is_object()) {
-    if (v.contains("class_name") && v["class_name"] == "__keras_tensor__") {
-      const json& h = v["config"]["keras_history"];
-      out.emplace_back(h[0].get<std::string>(), h[1].get<int>());
+    if (v.contains("class_name") && v.at("class_name") == "__keras_tensor__") {
+      const json* h = nullptr;
+      if (v.contains("config") && v.at("config").is_object() && v.at("config").contains("keras_history"))
+        h = &v.at("config").at("keras_history");
+      if (!h || !h->is_array() || h->size() < 2 || !h->at(0).is_string() || !h->at(1).is_number_integer())
+        throw std::invalid_argument("a __keras_tensor__ without a keras_history [layer, node, tensor]: " + v.dump());
+      out.emplace_back(h->at(0).get<std::string>(), h->at(1).get<int>());
       return;
     }
-    if (v.contains("args")) collect_history(v["args"], out);
+    if (v.contains("args")) collect_history(v.at("args"), out);
     return;
   }
   if (v.is_array()) {
@@ -423,7 +432,7 @@ std::vector<std::pair<std::string, int>> node_inputs(const JsonReader& node) {
   std::vector<std::pair<std::string, int>> out;
   try {
     collect_history(node.raw(), out);
-  } catch (const json::exception& e) {
+  } catch (const std::exception& e) {
     node.fail("", std::string("is not a node of tf.keras's or Keras 3's format: ") + e.what());
   }
   if (out.empty()) node.fail("", "names no input tensor: " + node.raw().dump());
@@ -476,6 +485,11 @@ UnbuiltModel functional_from_json(const JsonReader& c, const std::string& dtype_
       if (!call.input_shape) ic.fail("batch_input_shape", "an InputLayer needs its shape");
       if (ic.get_bool("sparse", false) || ic.get_bool("ragged", false)) ic.fail("sparse", "sparse and ragged inputs are not supported");
       call.name = name;
+      if (ic.has("dtype")) {
+        const std::string dt = ic.raw()["dtype"].is_string() ? ic.get_string("dtype") : "";
+        if (dt == "uint8") call.dtype = DType::u8;
+        else if (dt != "float32") ic.fail("dtype", "an Input takes float32 or uint8 rows, got " + ic.raw()["dtype"].dump());
+      }
       out.calls.push_back(call);
       layer_of.push_back(-1);
       inbound.push_back({});
@@ -484,6 +498,7 @@ UnbuiltModel functional_from_json(const JsonReader& c, const std::string& dtype_
       name = layer->name();
       layer_of.push_back(static_cast<int>(out.layers.size()));
       out.layers.push_back(layer);
+      out.json_index.push_back(i);
       std::vector<std::vector<std::pair<std::string, int>>> nodes;
       if (e.has("inbound_nodes")) {
         const JsonReader in = e.child("inbound_nodes");
@@ -592,7 +607,7 @@ std::unique_ptr<Model> UnbuiltModel::build() {
   for (std::size_t k = 0; k < calls.size(); ++k) {
     const Call& call = calls[k];
     if (call.layer < 0) {
-      made[k] = Input(*call.input_shape, call.name);
+      made[k] = Input(*call.input_shape, call.name, call.dtype);
       continue;
     }
     std::vector<KerasTensor> in;
@@ -679,6 +694,7 @@ UnbuiltModel unbuilt_model_from_json(const nlohmann::json& value, const std::str
       continue;
     }
     out.layers.push_back(layer_from_json(e, dtype_policy));
+    out.json_index.push_back(i);
   }
   // build_input_shape includes the batch axis (null); input_shape does not.
   for (const char* key : {"build_input_shape", "input_shape"}) {

@@ -25,6 +25,7 @@ struct UnbuiltModel {
   std::string name;
   // A Sequential's stack; a functional model's layers in its JSON's order.
   std::vector<std::shared_ptr<nn::Layer>> layers;
+  std::vector<std::size_t> json_index;  // [layer] its index in the JSON's "layers", for messages
   std::optional<Shape> input_shape;  // the one the JSON declares (input_shape, build_input_shape, its Input), if any
   // A functional model's graph: its calls of layers (and its Inputs, layer -1), each after
   // the calls it reads; the calls that are its inputs and outputs.
@@ -33,6 +34,7 @@ struct UnbuiltModel {
     std::vector<std::size_t> inputs;
     std::optional<Shape> input_shape;  // an Input's
     std::string name;                  // an Input's
+    DType dtype = DType::f32;          // an Input's
   };
   std::vector<Call> calls;
   std::vector<std::size_t> inputs, outputs;

@@ -185,6 +185,16 @@ class Model::Trainer {
     }
     row_bounds_.assign(1, outputs_.front().begin);
     for (const Output& out : outputs_) row_bounds_.push_back(out.end);
+    // A batch norm sums over the replicas inside forward: a replica without rows would
+    // leave the others waiting at that sum.
+    if (has_batch_norm())
+      for (std::size_t r = 0; r < outputs_.size(); ++r)
+        if (outputs_[r].begin == outputs_[r].end)
+          DTRAIN_THROW(InvalidArgument, "fit: a batch of ", own ? local_rows : rows, own ? " rows on worker " : " rows",
+                       own ? std::to_string(strategy.worker_index()) : std::string(), " leaves replica ", r,
+                       " without rows, and the model's BatchNormalization layers sum their statistics over every "
+                       "replica; make every global batch at least ", in_sync,
+                       " rows (drop_remainder on the dataset, or a sample count the batch size divides)");
     reducer_->begin_step(update, row_bounds_);
     // A mean over the batch becomes each replica's share of the global mean; a sum stays a sum.
     const bool mean_loss = model_.loss_->reduction() == losses::Reduction::sum_over_batch_size;
@@ -197,6 +207,7 @@ class Model::Trainer {
       try {
         const Clock::time_point start = Clock::now();
         track.add(profile::Phase::replica_start, handed_over, start);
+        timed_cross_replica_calls().clear();  // calls made outside fit's steps are not this step's
         Clock::time_point forward_end = start;
         if (begin == end) {  // a short last batch leaves this replica nothing to do
           for (std::size_t i = 0; i < vars_.size(); ++i) reducer_->gradient_ready(r, i, Tensor());
@@ -251,6 +262,12 @@ class Model::Trainer {
     for (const Output& out : outputs_)
       if (out.y_pred.defined()) record(y.slice(out.begin, out.end), out.y_pred, out.loss, out.end - out.begin, loss_mean);
     loop.add(profile::Phase::metrics, optimizer_end, Clock::now());
+  }
+
+  bool has_batch_norm() const {
+    for (const auto& layer : model_.layers_)
+      if (dynamic_cast<const nn::BatchNormalization*>(layer.get())) return true;
+    return false;
   }
 
   // Whether a layer sums over the replicas inside backward (a synchronized batch norm).

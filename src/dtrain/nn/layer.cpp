@@ -44,8 +44,7 @@ Tensor Layer::operator()(std::span<const Tensor> inputs, bool training) {
     x.check_defined(name_.c_str());
     shapes.push_back(x.shape());
   }
-  compute_output_shape_of(shapes);  // checks the inputs against each other
-  if (!input_shape_) input_shape_ = shapes.front();
+  compute_output_shape_of(shapes);  // checks the inputs against each other (no weights to build)
   return call_several(inputs, training);
 }
 

@@ -59,7 +59,9 @@ Tensor BatchNormalization::call_then_relu(const Tensor& x, bool training) {
 Tensor BatchNormalization::normalize(const Tensor& x, bool training, bool relu) {
   const Tensor gamma = gamma_ ? gamma_->value() : Tensor();
   const Tensor beta = beta_ ? beta_->value() : Tensor();
-  if (!training)
+  // A frozen batch norm runs in inference mode, as Keras's does (fine-tuning keeps the
+  // moving statistics and normalizes by them).
+  if (!training || !trainable())
     return batch_norm_inference(x, moving_mean_->mutable_value(), moving_variance_->mutable_value(), gamma, beta,
                                 options_.epsilon, relu);
   Tensor mean, variance;

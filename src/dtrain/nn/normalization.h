@@ -3,16 +3,17 @@
 //
 // BatchNormalization in training normalizes by the batch's mean and (biased) variance and
 // moves its moving statistics towards them: moving = moving * momentum + batch * (1 -
-// momentum), as Keras 3 does; at inference it normalizes by the moving statistics. Under a
-// strategy with several replicas:
+// momentum), as Keras 3 does; at inference, and whenever the layer is frozen
+// (set_trainable(false)), it normalizes by the moving statistics. Under a strategy with
+// several replicas:
 // - synchronized = true (Keras 3's synchronized, TensorFlow's SyncBatchNormalization):
 //   every replica normalizes by the statistics of the whole global batch, summed over the
 //   replicas of every worker in forward and again in backward, so the model trains as on
 //   one device;
 // - synchronized = false: each replica normalizes by its own rows' statistics (a smaller
-//   batch for the statistics, and no communication inside the step); the moving
-//   statistics then move towards the mean of the replicas' statistics, as a Keras variable
-//   with MEAN aggregation does.
+//   batch for the statistics); the moving statistics then move towards the mean of the
+//   replicas' statistics, as a Keras variable with MEAN aggregation does (one small
+//   all-reduce in forward).
 #pragma once
 
 #include <mutex>
