@@ -18,10 +18,10 @@ bench="$here/build/release/bench/bench_resnet"
   { echo "resnet_vs_pytorch.sh: /usr/bin/python3 has no torch; run scripts/install-deps.sh --peers" >&2; exit 1; }
 cd "$here"
 source bench/median.sh
+# The first step measurement's $1, reading the whole output (so the writer never meets a closed pipe).
 field() { /usr/bin/python3 -c "import json,sys
-for line in sys.stdin:
-    j = json.loads(line)
-    if j.get('bench', 'resnet_step') == 'resnet_step' and '$1' in j: print(round(j['$1'])); break"; }
+found = [json.loads(l) for l in sys.stdin if l.startswith('{')]
+print(round(next(j['$1'] for j in found if j.get('bench', 'resnet_step') == 'resnet_step' and '$1' in j)))"; }
 
 for threads in 1 2; do
   for precision in f32 bf16; do

@@ -75,6 +75,10 @@ class CpuBackend final : public Backend {
   // axes (row sums); returns false for other layouts. dims_x and dims_y have equal rank.
   bool reduce_contiguous(Reduce op, const Tensor& x, const std::vector<std::int64_t>& dims_x,
                          const std::vector<std::int64_t>& dims_y, Tensor& y);
+  // float32 <-> bfloat16 (x and y of those dtypes, one each), rounding to nearest even.
+  void convert_loops(const Tensor& x, Tensor& y);
+  // A float32 copy of bfloat16 t (convolutions where oneDNN has none in bfloat16).
+  Tensor widened(const Tensor& t);
   // y = alpha * x + beta from uint8 x, in one pass (unary linear on bytes).
   void linear_from_bytes(const Tensor& x, float alpha, float beta, Tensor& y);
 };

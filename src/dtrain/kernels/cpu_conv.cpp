@@ -153,6 +153,13 @@ class Scratch {
 
 }  // namespace
 
+// bfloat16 widened to float32 (exactly) through oneDNN's reorder.
+Tensor CpuBackend::widened(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape());
+  convert(t, out);
+  return out;
+}
+
 void CpuBackend::conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const Conv2dOptions& o) {
   x.check_defined("conv2d");
   kernel.check_defined("conv2d");
@@ -170,7 +177,7 @@ void CpuBackend::conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const 
   if (y.numel() == 0) return;
   if (x.dtype() == DType::bf16 && !dnn_->native_bf16_conv) {
     // bfloat16 widens to float32 exactly, and float32 products of bfloat16 values are exact.
-    conv2d(x.astype(DType::f32), kernel.astype(DType::f32), y, o);
+    conv2d(widened(x), widened(kernel), y, o);
     return;
   }
   const dt type = to_dnnl(x.dtype());
@@ -217,7 +224,7 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& kernel, Te
     return;
   }
   if (dy.dtype() == DType::bf16 && !dnn_->native_bf16_conv) {
-    conv2d_backward_data(dy.astype(DType::f32), kernel.astype(DType::f32), dx, o);
+    conv2d_backward_data(widened(dy), widened(kernel), dx, o);
     return;
   }
   const dt type = to_dnnl(dy.dtype());
@@ -272,7 +279,7 @@ void CpuBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tens
     return;
   }
   if (x.dtype() == DType::bf16 && !dnn_->native_bf16_conv) {
-    conv2d_backward_weights(x.astype(DType::f32), dy.astype(DType::f32), dkernel, dbias, o);
+    conv2d_backward_weights(widened(x), widened(dy), dkernel, dbias, o);
     return;
   }
   const dt type = to_dnnl(x.dtype());

@@ -2,6 +2,7 @@
 // the OpenMP pool through parallel_for; hot ones are compiled for several ISAs and picked
 // at run time (target_clones), so the default build stays portable.
 #include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -58,6 +59,23 @@ double sum_squares_loop(const float* x, std::int64_t begin, std::int64_t end) {
     total += partial;
   }
   return total;
+}
+
+DTRAIN_MULTIVERSION
+void f32_to_bf16_loop(const float* x, std::uint16_t* y, std::int64_t begin, std::int64_t end) {
+#pragma omp simd
+  for (std::int64_t i = begin; i < end; ++i) {
+    const std::uint32_t u = std::bit_cast<std::uint32_t>(x[i]);
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // nearest even
+    y[i] = static_cast<std::uint16_t>(nan ? (u >> 16) | 0x40u : rounded);  // a NaN stays a (quiet) NaN
+  }
+}
+
+DTRAIN_MULTIVERSION
+void bf16_to_f32_loop(const std::uint16_t* x, float* y, std::int64_t begin, std::int64_t end) {
+#pragma omp simd
+  for (std::int64_t i = begin; i < end; ++i) y[i] = std::bit_cast<float>(static_cast<std::uint32_t>(x[i]) << 16);
 }
 
 // 1 when x is NaN or infinite (all exponent bits set). The update loops OR it over the
@@ -175,6 +193,19 @@ void check_same_f32(const Tensor& a, const Tensor& b, const char* op) {
 }
 
 }  // namespace
+
+void CpuBackend::convert_loops(const Tensor& x, Tensor& y) {
+  const std::int64_t n = x.numel();
+  if (x.dtype() == DType::f32) {
+    const float* px = x.data<float>();
+    auto* py = static_cast<std::uint16_t*>(y.raw_data());
+    parallel_for(n, kGrain, [&](std::int64_t b, std::int64_t e) { f32_to_bf16_loop(px, py, b, e); });
+  } else {
+    const auto* px = static_cast<const std::uint16_t*>(x.raw_data());
+    float* py = y.data<float>();
+    parallel_for(n, kGrain, [&](std::int64_t b, std::int64_t e) { bf16_to_f32_loop(px, py, b, e); });
+  }
+}
 
 bool CpuBackend::supports(Primitive op, DType dtype) const {
   switch (op) {
