@@ -15,7 +15,7 @@ using testing::random_images;
 using testing::relative_difference;
 using testing::small_cnn;
 
-FitOptions quiet(std::int64_t batch) {
+FitOptions sync_fit(std::int64_t batch) {
   FitOptions o;
   o.batch_size = batch;
   o.shuffle = false;
@@ -26,7 +26,7 @@ FitOptions quiet(std::int64_t batch) {
 TEST(SyncBatchNorm, MirroredReplicasGiveOneDevicesWeightsAndMovingStatistics) {
   const auto [x, y] = random_images(6 * 32, 7);
   auto reference = small_cnn(true);
-  reference->fit(x, y, quiet(32));
+  reference->fit(x, y, sync_fit(32));
   for (int replicas : {2, 4}) {
     MirroredStrategy strategy(replicas);
     std::unique_ptr<Model> model;
@@ -34,7 +34,7 @@ TEST(SyncBatchNorm, MirroredReplicasGiveOneDevicesWeightsAndMovingStatistics) {
       auto scope = strategy.scope();
       model = small_cnn(true);
     }
-    model->fit(x, y, quiet(32));
+    model->fit(x, y, sync_fit(32));
     const double diff = relative_difference(*model, *reference);  // the moving statistics included
     EXPECT_LE(diff, 1e-5) << replicas << " replicas";
     RecordProperty("relative_difference_" + std::to_string(replicas), std::to_string(diff));
@@ -46,7 +46,7 @@ TEST(SyncBatchNorm, MirroredReplicasGiveOneDevicesWeightsAndMovingStatistics) {
     auto scope = strategy.scope();
     model = small_cnn(false);
   }
-  model->fit(x, y, quiet(32));
+  model->fit(x, y, sync_fit(32));
   EXPECT_GT(relative_difference(*model, *reference), 1e-3);
 }
 
@@ -61,7 +61,7 @@ TEST(SyncBatchNorm, AReplicaWithoutRowsIsAnErrorNotAWait) {
     model = small_cnn(true);
   }
   try {
-    model->fit(x, y, quiet(32));
+    model->fit(x, y, sync_fit(32));
     FAIL() << "fit accepted a batch that leaves a replica without rows";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("a batch of 3 rows leaves replica 3 without rows"), std::string::npos)

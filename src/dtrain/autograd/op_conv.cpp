@@ -9,17 +9,6 @@
 namespace dtrain {
 namespace {
 
-kernels::Unary unary_of(Activation a) {
-  switch (a) {
-    case Activation::relu: return kernels::Unary::relu;
-    case Activation::sigmoid: return kernels::Unary::sigmoid;
-    case Activation::tanh: return kernels::Unary::tanh;
-    case Activation::gelu: return kernels::Unary::gelu;
-    case Activation::linear: break;
-  }
-  return kernels::Unary::linear;
-}
-
 Shape conv_output_shape(const Tensor& x, const Tensor& kernel, const Conv2dOptions& o) {
   if (x.rank() != 4 || kernel.rank() != 4)
     DTRAIN_THROW(InvalidArgument, "conv2d: expects images [N, H, W, C] and a kernel [KH, KW, C / groups, F], got ",
@@ -70,7 +59,7 @@ Tensor conv2d(const Tensor& x, const Tensor& kernel, const Tensor& bias, const C
       Tensor dz = dy;
       if (activation != Activation::linear) {
         dz = Tensor::empty(z.shape());
-        b.unary_backward(unary_of(activation), z, dy, dz);
+        b.unary_backward(detail::unary_of(activation), z, dy, dz);
       }
       const Tensor dzc = detail::converted(dz, kc.dtype());
       if (ctx.needs(1) || ctx.needs(2)) {

@@ -11,17 +11,6 @@ namespace {
 
 thread_local DenseGradientsTogether* together_ = nullptr;
 
-kernels::Unary unary_of(Activation a) {
-  switch (a) {
-    case Activation::relu: return kernels::Unary::relu;
-    case Activation::sigmoid: return kernels::Unary::sigmoid;
-    case Activation::tanh: return kernels::Unary::tanh;
-    case Activation::gelu: return kernels::Unary::gelu;
-    case Activation::linear: break;
-  }
-  return kernels::Unary::linear;
-}
-
 }  // namespace
 
 DenseGradientsTogether* dense_gradients_together() { return together_; }
@@ -73,7 +62,7 @@ Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activati
       Tensor dz = dy2;
       if (activation != Activation::linear) {
         dz = Tensor::empty(z.shape());
-        b.unary_backward(unary_of(activation), z, dy2, dz);
+        b.unary_backward(detail::unary_of(activation), z, dy2, dz);
       }
       // Under a strategy whose replicas share the weights, the weight gradients of every
       // replica's rows at once (dense_together.h).

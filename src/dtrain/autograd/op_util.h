@@ -28,6 +28,18 @@ inline Tensor sum_to_shape(const Tensor& grad, const Shape& shape) {
 
 inline void check_float(const Tensor& x, const char* op) { x.check_dtype(DType::f32, op); }
 
+// The element-wise function of a fused activation (its derivative, backward).
+inline kernels::Unary unary_of(Activation a) {
+  switch (a) {
+    case Activation::relu: return kernels::Unary::relu;
+    case Activation::sigmoid: return kernels::Unary::sigmoid;
+    case Activation::tanh: return kernels::Unary::tanh;
+    case Activation::gelu: return kernels::Unary::gelu;
+    case Activation::linear: break;
+  }
+  return kernels::Unary::linear;
+}
+
 // t in `dtype` through the backend's conversion (t itself when it already has that dtype).
 inline Tensor converted(const Tensor& t, DType dtype) {
   if (t.dtype() == dtype) return t;

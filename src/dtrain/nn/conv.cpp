@@ -1,18 +1,11 @@
 // Conv2D and DepthwiseConv2D: weights at build, one fused op per call.
 #include "dtrain/nn/conv.h"
 
+#include "dtrain/nn/dense.h"
 #include "dtrain/nn/initializers.h"
 
 namespace dtrain::nn {
 namespace {
-
-Activation fused_activation(const std::string& name) {
-  if (name == "relu") return Activation::relu;
-  if (name == "sigmoid") return Activation::sigmoid;
-  if (name == "tanh") return Activation::tanh;
-  if (name == "gelu") return Activation::gelu;
-  return Activation::linear;
-}
 
 std::string pair_text(const Pair& p) { return "(" + std::to_string(p[0]) + ", " + std::to_string(p[1]) + ")"; }
 

@@ -4,17 +4,15 @@
 #include "dtrain/nn/initializers.h"
 
 namespace dtrain::nn {
-namespace {
 
-Activation fused_activation(const std::string& name) {
+kernels::Activation fused_activation(const std::string& name) {
+  using kernels::Activation;
   if (name == "relu") return Activation::relu;
   if (name == "sigmoid") return Activation::sigmoid;
   if (name == "tanh") return Activation::tanh;
   if (name == "gelu") return Activation::gelu;
   return Activation::linear;
 }
-
-}  // namespace
 
 Dense::Dense(std::int64_t units, std::string activation, DenseOptions options)
     : Layer(options.name), units_(units), activation_(std::move(activation)), options_(std::move(options)) {

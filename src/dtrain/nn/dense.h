@@ -16,6 +16,10 @@ struct DenseOptions {
   std::string name = "dense";
 };
 
+// The activation a matmul or convolution can apply in its own pass, by Keras name
+// (linear for any other: softmax runs after it).
+kernels::Activation fused_activation(const std::string& name);
+
 class Dense : public Layer {
  public:
   explicit Dense(std::int64_t units, std::string activation = "", DenseOptions options = {});
