@@ -48,6 +48,22 @@ void check_channel_param(const Tensor& p, std::int64_t c, const char* op, const 
 
 float at(const Tensor& t, std::int64_t i, float otherwise) { return t.defined() ? t.data<float>()[i] : otherwise; }
 
+// gamma's and beta's gradients from the sums [Σdy, Σdy (x - mean)] of channel_sums, into
+// inputs `gamma_input` and `gamma_input + 1` where they are needed.
+void add_scale_shift_gradients(BackwardContext& ctx, int gamma_input, const float* sums, const Tensor& inv_std,
+                               std::int64_t c) {
+  if (ctx.needs(gamma_input)) {
+    Tensor dgamma = Tensor::empty({c});
+    for (std::int64_t j = 0; j < c; ++j) dgamma.data<float>()[j] = sums[c + j] * inv_std.data<float>()[j];
+    ctx.add(gamma_input, dgamma);
+  }
+  if (ctx.needs(gamma_input + 1)) {
+    Tensor dbeta = Tensor::empty({c});
+    std::copy_n(sums, c, dbeta.data<float>());
+    ctx.add(gamma_input + 1, dbeta);
+  }
+}
+
 }  // namespace
 
 Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon, bool synchronized,
@@ -99,16 +115,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
       Tensor dsums = Tensor::empty({2, c});
       b.channel_sums(dy, x, mean, dsums);
       const float* s = dsums.data<float>();
-      if (ctx.needs(1)) {
-        Tensor dgamma = Tensor::empty({c});
-        for (std::int64_t j = 0; j < c; ++j) dgamma.data<float>()[j] = s[c + j] * inv_std.data<float>()[j];
-        ctx.add(1, dgamma);
-      }
-      if (ctx.needs(2)) {
-        Tensor dbeta = Tensor::empty({c});
-        std::copy_n(s, c, dbeta.data<float>());
-        ctx.add(2, dbeta);
-      }
+      add_scale_shift_gradients(ctx, 1, s, inv_std, c);
       // Every replica joins the sums, whatever it needs: they all run the same graph.
       CrossReplica* others = synchronizing(synchronized);
       std::vector<float> dtotal(s, s + 2 * c);
@@ -163,17 +170,7 @@ Tensor batch_norm_inference(const Tensor& x, const Tensor& mean, const Tensor& v
       if (ctx.needs(3) || ctx.needs(4)) {
         Tensor sums = Tensor::empty({2, c});
         b.channel_sums(dy, x, m, sums);
-        const float* s = sums.data<float>();
-        if (ctx.needs(3)) {
-          Tensor dgamma = Tensor::empty({c});
-          for (std::int64_t j = 0; j < c; ++j) dgamma.data<float>()[j] = s[c + j] * inv_std.data<float>()[j];
-          ctx.add(3, dgamma);
-        }
-        if (ctx.needs(4)) {
-          Tensor dbeta = Tensor::empty({c});
-          std::copy_n(s, c, dbeta.data<float>());
-          ctx.add(4, dbeta);
-        }
+        add_scale_shift_gradients(ctx, 3, sums.data<float>(), inv_std, c);
       }
       if (ctx.needs(0)) {
         Tensor dx = Tensor::empty(dy.shape());

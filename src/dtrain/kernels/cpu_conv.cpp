@@ -195,13 +195,8 @@ void CpuBackend::conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const 
   Scratch blocked(e.weights == user_wei ? 0 : e.weights.get_size());
   dnnl::memory weights = dnn_->mem(user_wei, kernel);
   if (blocked.data()) {
-    reorder_key.add(1);
-    const Entry& r = dnn_->get(reorder_key, [&] {
-      return OneDnn::entry_of<dnnl::reorder>(
-          dnnl::reorder::primitive_desc(dnn_->engine, user_wei, dnn_->engine, e.weights, user_scratchpad_attr()));
-    });
     weights = dnnl::memory(e.weights, dnn_->engine, blocked.data());
-    dnn_->execute(r, {{DNNL_ARG_FROM, dnn_->mem(user_wei, kernel)}, {DNNL_ARG_TO, weights}});
+    dnn_->reorder(reorder_key, 0, user_wei, dnn_->mem(user_wei, kernel), e.weights, weights);
   }
   if (o.bias) {
     dnn_->execute(e, {{DNNL_ARG_SRC, dnn_->mem(src, x)}, {DNNL_ARG_WEIGHTS, weights},
@@ -246,13 +241,8 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& kernel, Te
   Scratch blocked(e.weights == user_wei ? 0 : e.weights.get_size());
   dnnl::memory weights = dnn_->mem(user_wei, kernel);
   if (blocked.data()) {
-    reorder_key.add(1);
-    const Entry& r = dnn_->get(reorder_key, [&] {
-      return OneDnn::entry_of<dnnl::reorder>(
-          dnnl::reorder::primitive_desc(dnn_->engine, user_wei, dnn_->engine, e.weights, user_scratchpad_attr()));
-    });
     weights = dnnl::memory(e.weights, dnn_->engine, blocked.data());
-    dnn_->execute(r, {{DNNL_ARG_FROM, dnn_->mem(user_wei, kernel)}, {DNNL_ARG_TO, weights}});
+    dnn_->reorder(reorder_key, 0, user_wei, dnn_->mem(user_wei, kernel), e.weights, weights);
   }
   dnn_->execute(e, {{DNNL_ARG_DIFF_DST, dnn_->mem(diff_dst, dy)}, {DNNL_ARG_WEIGHTS, weights},
                     {DNNL_ARG_DIFF_SRC, dnn_->mem(diff_src, dx)}});
@@ -313,14 +303,7 @@ void CpuBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tens
     dnn_->execute(e, {{DNNL_ARG_SRC, dnn_->mem(src, x)}, {DNNL_ARG_DIFF_DST, dnn_->mem(diff_dst, dy)},
                       {DNNL_ARG_DIFF_WEIGHTS, weights}});
   }
-  if (blocked.data()) {
-    reorder_key.add(1);
-    const Entry& r = dnn_->get(reorder_key, [&] {
-      return OneDnn::entry_of<dnnl::reorder>(
-          dnnl::reorder::primitive_desc(dnn_->engine, e.weights, dnn_->engine, user_wei, user_scratchpad_attr()));
-    });
-    dnn_->execute(r, {{DNNL_ARG_FROM, weights}, {DNNL_ARG_TO, dnn_->mem(user_wei, dkernel)}});
-  }
+  if (blocked.data()) dnn_->reorder(reorder_key, 1, e.weights, weights, user_wei, dnn_->mem(user_wei, dkernel));
 }
 
 std::size_t CpuBackend::pool2d_workspace_bytes(const Shape& x, const Pool2dOptions& o) {

@@ -268,6 +268,17 @@ struct CpuBackend::OneDnn {
       DTRAIN_THROW(InternalError, "oneDNN primitive execution failed with status ", static_cast<int>(status));
   }
 
+  // Copies between memory of layout `from` and of layout `to` through a reorder cached
+  // under `key` (the primitive's own key: a direction is added to it).
+  void reorder(Key key, int direction, const dnnl::memory::desc& from, const dnnl::memory& source,
+               const dnnl::memory::desc& to, const dnnl::memory& target) {
+    key.add(1000 + direction);
+    const Entry& r = get(key, [&] {
+      return entry_of<dnnl::reorder>(dnnl::reorder::primitive_desc(engine, from, engine, to, onednn::user_scratchpad_attr()));
+    });
+    execute(r, {{DNNL_ARG_FROM, source}, {DNNL_ARG_TO, target}});
+  }
+
   // The tensor's memory from its element `offset` on.
   dnnl::memory mem(const dnnl::memory::desc& d, const Tensor& t, std::int64_t offset = 0) {
     const auto bytes = offset * static_cast<std::int64_t>(dtype_size(t.dtype()));
