@@ -135,6 +135,20 @@ void add_pool_key(Key& key, int kind, const PoolShapes& s, Pool pool) {
       .add_dims(s.pad_l).add_dims(s.pad_r);
 }
 
+// The forward pooling primitive for these shapes, with its workspace's layout (`dnn` is
+// the backend's primitive cache).
+template <typename Dnn>
+const Entry& pool_forward_entry(Dnn& dnn, const PoolShapes& s, Pool kind) {
+  Key key;
+  add_pool_key(key, 23, s, kind);
+  return dnn.get(key, [&] {
+    auto pd = pool_forward_desc(s, kind, dnn.engine);
+    Entry entry = Dnn::template entry_of<dnnl::pooling_forward>(pd);
+    entry.workspace = pd.workspace_desc();
+    return entry;
+  });
+}
+
 // Memory from the caching allocator for the length of one kernel call.
 class Scratch {
  public:
@@ -309,14 +323,7 @@ void CpuBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tens
 std::size_t CpuBackend::pool2d_workspace_bytes(const Shape& x, const Pool2dOptions& o) {
   if (o.kind != Pool::max) return 0;
   const PoolShapes s = pool_shapes(x, nullptr, o, "pool2d");
-  Key key;
-  add_pool_key(key, 23, s, o.kind);
-  const Entry& e = dnn_->get(key, [&] {
-    auto pd = pool_forward_desc(s, o.kind, dnn_->engine);
-    Entry entry = OneDnn::entry_of<dnnl::pooling_forward>(pd);
-    entry.workspace = pd.workspace_desc();
-    return entry;
-  });
+  const Entry& e = pool_forward_entry(*dnn_, s, o.kind);
   return e.workspace.get_size();
 }
 
@@ -324,14 +331,7 @@ void CpuBackend::pool2d(const Tensor& x, Tensor& y, Tensor* workspace, const Poo
   x.check_dtype(DType::f32, "pool2d");
   y.check_dtype(DType::f32, "pool2d (output)");
   const PoolShapes s = pool_shapes(x.shape(), &y.shape(), o, "pool2d");
-  Key key;
-  add_pool_key(key, 23, s, o.kind);
-  const Entry& e = dnn_->get(key, [&] {
-    auto pd = pool_forward_desc(s, o.kind, dnn_->engine);
-    Entry entry = OneDnn::entry_of<dnnl::pooling_forward>(pd);
-    entry.workspace = pd.workspace_desc();
-    return entry;
-  });
+  const Entry& e = pool_forward_entry(*dnn_, s, o.kind);
   if (y.numel() == 0) return;
   const dnnl::memory::desc src(s.src, dt::f32, tag::nhwc), dst(s.dst, dt::f32, tag::nhwc);
   const std::size_t ws_bytes = e.workspace.get_size();

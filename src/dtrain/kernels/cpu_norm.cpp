@@ -33,20 +33,17 @@ void check_channel_vector(const Tensor* v, std::int64_t c, const char* op, const
 
 DTRAIN_MULTIVERSION
 void channel_sums_rows(const float* a, const float* b, const float* center, std::int64_t c, std::int64_t begin,
-                       std::int64_t end, double* s0, double* s1) {
-  // Blocks of rows summed in float, then folded into double: vectorised, and as precise
-  // as the double sums for any batch a layer sees.
+                       std::int64_t end, double* s0, double* s1, float* q0, float* q1) {
+  // Blocks of rows summed in float (q0, q1: c floats each), then folded into double:
+  // vectorised, and as precise as the double sums for any batch a layer sees.
   constexpr std::int64_t kBlock = 64;
-  std::vector<float> p0(static_cast<std::size_t>(c)), p1(static_cast<std::size_t>(c));
   for (std::int64_t r0 = begin; r0 < end; r0 += kBlock) {
-    std::fill(p0.begin(), p0.end(), 0.0f);
-    std::fill(p1.begin(), p1.end(), 0.0f);
+    std::fill(q0, q0 + c, 0.0f);
+    std::fill(q1, q1 + c, 0.0f);
     const std::int64_t r1 = std::min(end, r0 + kBlock);
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* ar = a + r * c;
       const float* br = b + r * c;
-      float* q0 = p0.data();
-      float* q1 = p1.data();
 #pragma omp simd
       for (std::int64_t j = 0; j < c; ++j) {
         q0[j] += ar[j];
@@ -54,8 +51,8 @@ void channel_sums_rows(const float* a, const float* b, const float* center, std:
       }
     }
     for (std::int64_t j = 0; j < c; ++j) {
-      s0[j] += p0[static_cast<std::size_t>(j)];
-      s1[j] += p1[static_cast<std::size_t>(j)];
+      s0[j] += q0[j];
+      s1[j] += q1[j];
     }
   }
 }
@@ -96,11 +93,17 @@ void CpuBackend::channel_sums(const Tensor& a, const Tensor& b, const Tensor& ce
   const int threads = kParallelLoops ? std::max(1, std::min<int>(omp_get_max_threads(),
                                                                  static_cast<int>(rows / kRowGrain)))
                                      : 1;
-  std::vector<double> partial(static_cast<std::size_t>(2 * c * threads), 0.0);
+  // Per thread: 2c double sums and 2c float block sums, from the caching allocator.
+  const std::size_t per_thread = static_cast<std::size_t>(2 * c) * (sizeof(double) + sizeof(float));
+  const std::size_t bytes = per_thread * static_cast<std::size_t>(threads);
+  char* scratch = static_cast<char*>(cpu_allocator().allocate(bytes));
+  std::fill(scratch, scratch + bytes, 0);
+  auto partial = [&](int t) { return reinterpret_cast<double*>(scratch + per_thread * static_cast<std::size_t>(t)); };
   auto body = [&](int t, int nt) {
     const std::int64_t begin = rows * t / nt, end = rows * (t + 1) / nt;
-    double* s = partial.data() + 2 * c * t;
-    if (begin < end) channel_sums_rows(pa, pb, pc, c, begin, end, s, s + c);
+    double* s = partial(t);
+    float* q = reinterpret_cast<float*>(s + 2 * c);
+    if (begin < end) channel_sums_rows(pa, pb, pc, c, begin, end, s, s + c, q, q + c);
   };
   if (threads <= 1 || omp_in_parallel()) {
     body(0, 1);
@@ -111,9 +114,10 @@ void CpuBackend::channel_sums(const Tensor& a, const Tensor& b, const Tensor& ce
   float* out = sums.data<float>();
   for (std::int64_t j = 0; j < 2 * c; ++j) {
     double total = 0.0;
-    for (int t = 0; t < threads; ++t) total += partial[static_cast<std::size_t>(2 * c * t + j)];
+    for (int t = 0; t < threads; ++t) total += partial(t)[j];
     out[j] = static_cast<float>(total);
   }
+  cpu_allocator().deallocate(scratch, bytes);
 }
 
 void CpuBackend::channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y, const Tensor* x2,

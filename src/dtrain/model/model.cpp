@@ -773,8 +773,8 @@ std::string Model::summary() const {
       std::string connected;
       for (const KerasTensor& in : n.inputs) connected += (connected.empty() ? "" : ", ") + in.name();
       if (n.layer) {
-        const bool first = counted.insert(n.layer.get()).second;
-        line(n.layer->name() + " (" + n.layer->class_name() + ")", n.shape, first ? n.layer->count_params() : 0,
+        const bool new_layer = counted.insert(n.layer.get()).second;
+        line(n.layer->name() + " (" + n.layer->class_name() + ")", n.shape, new_layer ? n.layer->count_params() : 0,
              connected);
       } else {
         line(n.name + " (InputLayer)", n.shape, 0, "");

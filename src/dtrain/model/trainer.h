@@ -157,6 +157,7 @@ class Model::Trainer {
     }
     if (!reducer_) {
       reducer_ = strategy.gradient_reducer(vars_, dense_layers(), synchronizes_batch_norm());
+      has_batch_norm_ = has_batch_norm();
       outputs_.resize(static_cast<std::size_t>(replicas));
       for (int r = 0; r < replicas; ++r)
         tracks_.push_back(&profiler_.add_track(
@@ -187,7 +188,7 @@ class Model::Trainer {
     for (const Output& out : outputs_) row_bounds_.push_back(out.end);
     // A batch norm sums over the replicas inside forward: a replica without rows would
     // leave the others waiting at that sum.
-    if (has_batch_norm())
+    if (has_batch_norm_)
       for (std::size_t r = 0; r < outputs_.size(); ++r)
         if (outputs_[r].begin == outputs_[r].end)
           DTRAIN_THROW(InvalidArgument, "fit: a batch of ", own ? local_rows : rows, own ? " rows on worker " : " rows",
@@ -308,6 +309,7 @@ class Model::Trainer {
   std::vector<Tensor> buffers_;  // one device, accumulating: a sum buffer per variable
   std::vector<Tensor> group_;    // buffers_[i] once the group has a gradient for it, else undefined
   std::unique_ptr<GradientReducer> reducer_;
+  bool has_batch_norm_ = false;  // the model's, found with the reducer
   std::vector<Output> outputs_;  // [replica]
   std::vector<std::int64_t> row_bounds_;  // replica r's rows: [row_bounds_[r], row_bounds_[r + 1])
 };
