@@ -54,6 +54,15 @@ TEST_F(ParameterServerCli, LaunchWithParameterServersTrainsEveryStepOnceAndTheCh
   EXPECT_EQ(s["ps_phases"]["steps"], kEpochs * kStepsPerEpoch);
   EXPECT_GT(s["ps_phases"]["pull_seconds"].get<double>(), 0.0);
   EXPECT_TRUE(contains(r.output, "; a step on a worker: pull ")) << r.output;
+  // fit's end-of-training tables: a row per worker with its pull and push, a row per ps.
+  EXPECT_TRUE(contains(r.output, "[chief:0] Where the workers' steps' time went:")) << r.output;
+  EXPECT_TRUE(contains(r.output, "| push | pull |")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[chief:0] | ps | updates applied |")) << r.output;
+  EXPECT_TRUE(contains(r.output, "[chief:0] | 0 | " + std::to_string(kEpochs * kStepsPerEpoch) + " | 0 | 0 | "))
+      << r.output;
+  ASSERT_EQ(s["profile"].size(), 2u) << s.dump();
+  ASSERT_EQ(s["ps_phases"]["per_ps"].size(), 1u) << s.dump();
+  EXPECT_EQ(s["ps_phases"]["per_ps"][0]["updates_applied"], kEpochs * kStepsPerEpoch);
   // The teacher's labels are learnable: a model that trained at all is far above chance (1/3).
   EXPECT_GT(s["test"]["accuracy"].get<double>(), 0.6) << s.dump();
 }

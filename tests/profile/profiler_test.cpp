@@ -168,6 +168,39 @@ TEST(Summary, TravelsAsNumbersAndFormatsATable) {
   EXPECT_NE(line.find("other 5.0%"), std::string::npos) << line;
 }
 
+// A parameter-server worker's steps: pull and push, no all-reduce, no optimizer (the ps
+// applies the updates). The table shows what it has and none of what it lacks.
+TEST(Summary, AParameterServerWorkersTableShowsPullAndPushAndNoAllReduce) {
+  Totals closure;
+  StepRecord step;
+  step.wall = 0.010;
+  step.samples = 128;
+  step.phases[static_cast<std::size_t>(Phase::pull)] = 0.002;
+  step.phases[static_cast<std::size_t>(Phase::forward)] = 0.003;
+  step.phases[static_cast<std::size_t>(Phase::backward)] = 0.003;
+  step.phases[static_cast<std::size_t>(Phase::push)] = 0.0015;
+  closure.add(step);
+  closure.add(step);
+  Totals worker;  // two closures of two steps
+  worker.add(closure);
+  worker.add(closure);
+  EXPECT_EQ(worker.steps, 4);
+  EXPECT_EQ(worker.samples, 512);
+  EXPECT_NEAR(worker.wall, 0.040, 1e-15);
+  EXPECT_NEAR(worker.unaccounted(), 4 * 0.0005, 1e-12);
+
+  const std::string table = summary_table({WorkerSummary{worker, 0.010, 0.010}});
+  EXPECT_NE(table.find("| pull |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| push |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| 0 | 4 | 12800 | 10.00 | 10.00 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| 20.0% |"), std::string::npos) << table;  // pull
+  for (const char* absent : {"communication", "bus GB/s", "optimizer", "straggler"})
+    EXPECT_EQ(table.find(absent), std::string::npos) << absent << "\n" << table;
+  const std::string line = phase_shares(worker);
+  EXPECT_NE(line.find("push 15.0%, pull 20.0%"), std::string::npos) << line;
+  EXPECT_EQ(line.find("communication"), std::string::npos) << line;
+}
+
 // A worker's row from seconds per step (10 steps).
 WorkerSummary row(double step, double input, double compute, double comm, double optimizer, double bytes = 0,
                   double transfer = 0) {

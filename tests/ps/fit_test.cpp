@@ -133,6 +133,24 @@ TEST(ParameterServerFit, TwoWorkersFitADatasetAndEveryStepCountsOnce) {
   // last epoch: evaluating the chief's model again gives the same figure.
   const Logs again = chief.model->evaluate(d.x_val, d.y_val, {.batch_size = 32});
   EXPECT_NEAR(again.at("accuracy"), chief.history.history["val_accuracy"].back(), 1e-6);
+  // The workers' steps reach the chief's history: each epoch's, summed over the workers,
+  // and a row per worker for fit's table (after the first epoch when there were several),
+  // with the pull and the push timed and no all-reduce.
+  ASSERT_EQ(chief.history.profile.size(), static_cast<std::size_t>(epochs));
+  for (const profile::Totals& t : chief.history.profile) {
+    EXPECT_EQ(t.steps, steps);
+    EXPECT_EQ(t.samples, kSamples);
+    EXPECT_GT(t.phases[static_cast<std::size_t>(profile::Phase::pull)], 0.0);
+    EXPECT_GT(t.phases[static_cast<std::size_t>(profile::Phase::push)], 0.0);
+    EXPECT_EQ(t.bytes, 0u);
+  }
+  ASSERT_EQ(chief.history.profile_summary.size(), 2u);
+  std::int64_t summed = 0;
+  for (const profile::WorkerSummary& w : chief.history.profile_summary) {
+    summed += w.totals.steps;
+    if (w.totals.steps > 0) EXPECT_GT(w.step_p90, 0.0);
+  }
+  EXPECT_EQ(summed, epochs > 1 ? (epochs - 1) * steps : steps);
   if (kUnderTsan) return;
   EXPECT_LT(chief.history.history["loss"].back(), chief.history.history["loss"].front());
 }

@@ -401,6 +401,13 @@ int run_fit(const std::string& path, const Overrides& o) {
                         {"push_seconds", s.push_seconds}, {"worker_seconds", s.run_seconds},
                         {"apply_seconds", s.apply_seconds}, {"queue_seconds", s.queue_seconds},
                         {"shared_memory_bytes", s.shared_memory_bytes}, {"message_bytes", s.message_bytes}};
+      json per_ps = json::array();
+      for (const auto& p : s.per_ps)
+        per_ps.push_back({{"updates_applied", p.pushes_applied}, {"updates_refused", p.pushes_refused},
+                          {"updates_dropped", p.pushes_dropped}, {"apply_seconds", p.apply_seconds},
+                          {"queue_seconds", p.queue_seconds}, {"staleness_counts", p.staleness_counts},
+                          {"shared_memory_bytes", p.shared_memory_bytes}, {"message_bytes", p.message_bytes}});
+      j["ps_phases"]["per_ps"] = std::move(per_ps);
     }
     j["threads_per_replica"] = threads_per_replica;
     j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;

@@ -82,9 +82,11 @@ class History : public Callback {
   // samples per second of each epoch (validation excluded).
   std::vector<double> epoch_seconds;
   std::vector<double> samples_per_second;
-  // Seconds each epoch's training loop waited for its input batches.
+  // Seconds each epoch's training loop waited for its input batches (under
+  // ParameterServerStrategy, the chief's history sums every worker's).
   std::vector<double> input_wait_seconds;
-  // Where each epoch's training steps spent their time, on this worker (phases, bytes).
+  // Where each epoch's training steps spent their time, on this worker (phases, bytes;
+  // under ParameterServerStrategy, the chief's sums the workers' steps).
   std::vector<profile::Totals> profile;
   // Over the epochs after the first (all of training when there was one), a row per
   // worker (every worker gets every row): what fit's end-of-training table shows.

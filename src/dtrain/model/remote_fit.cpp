@@ -1,9 +1,11 @@
 // fit() under a strategy whose steps run in other processes (ParameterServerStrategy):
 // the coordinator's epochs, callbacks, progress and validation, and the workers' steps.
+#include <algorithm>
 #include <iostream>
 
 #include "dtrain/core/clock.h"
 #include "dtrain/core/files.h"
+#include "dtrain/core/percentile.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/model/batch_sources.h"
 #include "dtrain/model/progress.h"
@@ -80,8 +82,10 @@ History Model::serve_remote_fit(RemoteTraining& remote, BatchSource* batches, co
   const Logs no_logs;
   int pass = 0;
   bool started = false;
-  // The figures of each closure: rows, the loss's (total, count), each metric's.
+  // The figures of each closure: rows, the loss's (total, count), each metric's, then its
+  // steps' profile (totals, then each step's wall time) for fit's table on the coordinator.
   std::vector<double> figures;
+  std::vector<double> walls;
   remote.serve([&](int steps, const std::function<void(int)>& before_step) {
     if (!batches)
       DTRAIN_THROW(InternalError, "fit: a task that is not a worker (", remote.describe(),
@@ -94,6 +98,8 @@ History Model::serve_remote_fit(RemoteTraining& remote, BatchSource* batches, co
     reset_metrics();
     metrics::Mean loss_mean;
     double rows = 0;
+    profile::Totals totals;
+    walls.clear();
     Tensor x, y;
     for (int i = 0; i < steps; ++i) {
       profiler.begin_step();
@@ -112,10 +118,16 @@ History Model::serve_remote_fit(RemoteTraining& remote, BatchSource* batches, co
       for (auto& c : here) c->on_train_batch_end(step_here, no_logs);
       ++step_here;
       rows += static_cast<double>(x.dim(0));
-      profiler.end_step(x.dim(0));
+      const profile::StepRecord& record = profiler.end_step(x.dim(0));
+      totals.add(record);
+      walls.push_back(record.wall);
     }
     figures.assign({rows, loss_mean.total(), loss_mean.count()});
     for (const auto& m : metrics_) figures.insert(figures.end(), {m->total(), m->count()});
+    const std::size_t at = figures.size();
+    figures.resize(at + profile::WorkerSummary::kValues);
+    profile::WorkerSummary{totals}.to_values(std::span<double>(figures).subspan(at));
+    figures.insert(figures.end(), walls.begin(), walls.end());
     return figures;
   });
   if (!trace_path.empty()) profiler.write_trace(trace_path, worker, "worker " + std::to_string(worker));
@@ -144,7 +156,15 @@ History Model::coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps,
   if (verbose > 0)
     out << strategy_->name() << ": " << remote.describe() << "; " << steps << " steps an epoch, "
         << opt.steps_per_execution << " to a closure\n";
-  const std::size_t expected = 3 + 2 * metrics_.size();
+  // A closure's figures: the loss's and metrics' (`expected`), its profile, its walls.
+  const std::size_t expected = 3 + 2 * metrics_.size(), profiled = expected + profile::WorkerSummary::kValues;
+  // The workers' steps, as fit's table shows them: after the first epoch where there are
+  // several (as one process's profile), with each step's wall time for the percentiles.
+  const int workers = remote.num_remote_workers();
+  std::vector<profile::Totals> all(static_cast<std::size_t>(workers)), steady(all.size());
+  std::vector<std::vector<double>> all_walls(all.size()), steady_walls(all.size());
+  int epochs_run = 0;
+  double training_seconds = 0;  // the epochs' training, validation excluded
   const Logs no_logs;
   for (int epoch = resume ? resume->epoch : opt.initial_epoch; epoch < opt.epochs && !stop_training; ++epoch) {
     metrics::Mean loss_mean("loss");
@@ -153,11 +173,28 @@ History Model::coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps,
     const std::int64_t first_step = resume && epoch == resume->epoch ? resume_epoch(*resume, loss_mean, logs) : 0;
     const auto start = Clock::now();
     double samples = 0;
-    remote.train(first_step, steps, opt.steps_per_execution, [&](std::int64_t first, int n, const std::vector<double>& figures) {
-      if (figures.size() != expected)
+    profile::Totals epoch_totals;
+    ++epochs_run;
+    remote.train(first_step, steps, opt.steps_per_execution, [&](std::int64_t first, int n, int worker,
+                                                                  const std::vector<double>& figures) {
+      if (figures.size() != profiled + static_cast<std::size_t>(n))
         DTRAIN_THROW(InvalidArgument, "fit: the closure of steps ", first, " to ", first + n - 1, " returned ",
-                     figures.size(), " figures, not the ", expected, " of this model's loss and ", metrics_.size(),
-                     " metrics: every task must compile the same metrics");
+                     figures.size(), " figures, not the ", profiled + static_cast<std::size_t>(n),
+                     " of this model's loss, ", metrics_.size(), " metrics and ", n,
+                     " steps' profile: every task must compile the same metrics");
+      const std::span<const double> profiled_part = std::span<const double>(figures).subspan(expected);
+      const profile::Totals closure = profile::WorkerSummary::from_values(profiled_part).totals;
+      const std::span<const double> closure_walls = profiled_part.subspan(profile::WorkerSummary::kValues);
+      epoch_totals.add(closure);
+      if (worker >= 0 && worker < workers) {
+        const auto w = static_cast<std::size_t>(worker);
+        all[w].add(closure);
+        all_walls[w].insert(all_walls[w].end(), closure_walls.begin(), closure_walls.end());
+        if (epochs_run > 1) {
+          steady[w].add(closure);
+          steady_walls[w].insert(steady_walls[w].end(), closure_walls.begin(), closure_walls.end());
+        }
+      }
       samples += figures[0];
       loss_mean.merge(figures[1], figures[2]);
       for (std::size_t i = 0; i < metrics_.size(); ++i) metrics_[i]->merge(figures[3 + 2 * i], figures[4 + 2 * i]);
@@ -174,6 +211,7 @@ History Model::coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps,
       return !stop_training;
     });
     const double train_seconds = seconds_since(start);
+    training_seconds += train_seconds;
     // The trained values are here now: validation runs once, on the coordinator.
     if (opt.validation_dataset) {
       logs.update(run_evaluation(*opt.validation_dataset, "val_"));
@@ -183,12 +221,23 @@ History Model::coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps,
     const double epoch_seconds = seconds_since(start);
     history->epoch_seconds.push_back(epoch_seconds);
     history->samples_per_second.push_back(samples / train_seconds);
-    history->input_wait_seconds.push_back(0.0);  // the workers wait for their input, not the coordinator
-    history->profile.push_back(profile::Totals{});
+    // The workers' input waits and phases, summed over the closures of the epoch.
+    history->input_wait_seconds.push_back(epoch_totals.phases[static_cast<std::size_t>(profile::Phase::input_wait)]);
+    history->profile.push_back(epoch_totals);
     progress.epoch_end(logs, epoch_seconds, fit_batch_);
+    if (verbose > 0 && epoch_totals.steps > 0) out << "  " << profile::phase_shares(epoch_totals) << " (the workers' steps)\n";
     for (auto& c : callbacks) c->on_epoch_end(epoch, logs);
   }
-  if (verbose > 0) out << strategy_->name() << ": " << remote.statistics() << "\n";
+  const std::vector<profile::Totals>& shown = epochs_run > 1 ? steady : all;
+  const std::vector<std::vector<double>>& shown_walls = epochs_run > 1 ? steady_walls : all_walls;
+  for (std::size_t w = 0; w < shown.size(); ++w)
+    history->profile_summary.push_back({shown[w], percentile(shown_walls[w], 0.5), percentile(shown_walls[w], 0.9)});
+  if (verbose > 0) {
+    out << strategy_->name() << ": " << remote.statistics() << "\n";
+    if (std::any_of(shown.begin(), shown.end(), [](const profile::Totals& t) { return t.steps > 0; }))
+      out << "\nWhere the workers' steps' time went:\n" << profile::summary_table(history->profile_summary)
+          << "\nThe parameter servers:\n" << remote.servers_table(training_seconds);
+  }
   // The optimizer here takes the state the parameter servers trained (its iteration count,
   // its slots), as model.optimizer() does after any other fit.
   remote.gather(optimizer());

@@ -88,9 +88,10 @@ class RemoteTraining {
   // with `optimizer`'s slots and iteration count.
   virtual void place(optim::Optimizer& optimizer, bool restored) = 0;
   // Called on the coordinator as each closure ends, in the order they were handed out:
-  // its first step, its number of steps and its figures; returns false to stop handing
-  // out steps (fit's stop_training).
-  using Finished = std::function<bool(std::int64_t first_step, int steps, const std::vector<double>& figures)>;
+  // its first step, its number of steps, the worker that ran it and its figures; returns
+  // false to stop handing out steps (fit's stop_training).
+  using Finished =
+      std::function<bool(std::int64_t first_step, int steps, int worker, const std::vector<double>& figures)>;
   // The coordinator: runs steps [first_step, steps) on the workers, `steps_per_closure` to a
   // closure, a few closures ahead of those finished, then copies the trained values into
   // this process's variables. Rethrows the first error a closure raised.
@@ -102,6 +103,10 @@ class RemoteTraining {
   // The coordinator: what the job has done so far, in one line (closures rerun, pushes
   // applied and refused, staleness).
   virtual std::string statistics() const = 0;
+  // The coordinator: a table with a row per remote holder of the variables (a parameter
+  // server's updates, apply and queueing times, staleness, its busy share of
+  // `training_seconds`), for fit's end.
+  virtual std::string servers_table(double training_seconds) const = 0;
 };
 
 class StrategyBackend {

@@ -75,6 +75,16 @@ void Totals::add(const StepRecord& r) {
   samples += r.samples;
 }
 
+void Totals::add(const Totals& other) {
+  steps += other.steps;
+  wall += other.wall;
+  for (int p = 0; p < kPhases; ++p) phases[static_cast<std::size_t>(p)] += other.phases[static_cast<std::size_t>(p)];
+  communication_total += other.communication_total;
+  transfer += other.transfer;
+  bytes += other.bytes;
+  samples += other.samples;
+}
+
 double Totals::unaccounted() const {
   double covered = 0;
   for (double s : phases) covered += s;

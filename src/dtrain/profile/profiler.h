@@ -98,6 +98,7 @@ struct Totals {
   std::uint64_t bytes = 0;
   std::int64_t samples = 0;
   void add(const StepRecord& r);
+  void add(const Totals& other);  // another run of steps (another worker's, another closure's)
   double share(Phase p) const { return wall > 0 ? phases[static_cast<int>(p)] / wall : 0.0; }
   // Wall time not covered by any phase (thread start-up and joins, the step's own overhead).
   double unaccounted() const;

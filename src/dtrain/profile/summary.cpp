@@ -1,6 +1,7 @@
 // The per-epoch line and the end-of-training table.
 #include "dtrain/profile/summary.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "dtrain/profile/format.h"
@@ -16,10 +17,11 @@ constexpr Phase kShown[] = {Phase::setup,         Phase::input_wait, Phase::repl
                             Phase::backward,      Phase::communication, Phase::straggler_wait, Phase::optimizer,
                             Phase::push,          Phase::pull,          Phase::metrics};
 
-// Phases a line or table leaves out where they took no time.
+// Phases a line or table leaves out where they took no time (communication on one
+// device, the optimizer where parameter servers apply the updates).
 bool optional(Phase p) {
   return p == Phase::push || p == Phase::pull || p == Phase::straggler_wait || p == Phase::setup ||
-         p == Phase::replica_start;
+         p == Phase::replica_start || p == Phase::communication || p == Phase::optimizer;
 }
 
 }  // namespace
@@ -77,12 +79,16 @@ std::string summary_table(const std::vector<WorkerSummary>& workers) {
   for (Phase p : kShown)
     for (const WorkerSummary& w : workers)
       shown[static_cast<int>(p)] |= !optional(p) || w.totals.phases[static_cast<std::size_t>(p)] > 0;
+  // The all-reduce's own columns where some worker summed with others.
+  const bool reduced = std::any_of(workers.begin(), workers.end(), [](const WorkerSummary& w) {
+    return w.totals.communication_total > 0 || w.totals.bytes > 0;
+  });
   std::ostringstream o;
   o << "| worker | steps | samples/s | step p50 ms | step p90 ms |";
   for (Phase p : kShown)
     if (shown[static_cast<int>(p)]) o << " " << phase_name(p) << (p == Phase::communication ? " (exposed)" : "") << " |";
-  o << " other | communication (total) | MB all-reduced per step | bus GB/s |\n|";
-  int columns = 9;
+  o << " other |" << (reduced ? " communication (total) | MB all-reduced per step | bus GB/s |" : "") << "\n|";
+  int columns = reduced ? 9 : 6;
   for (bool b : shown) columns += b;
   for (int c = 0; c < columns; ++c) o << "---|";
   o << "\n";
@@ -93,9 +99,11 @@ std::string summary_table(const std::vector<WorkerSummary>& workers) {
       << fixed(w.step_p50 * 1000, 2) << " | " << fixed(w.step_p90 * 1000, 2) << " |";
     for (Phase p : kShown)
       if (shown[static_cast<int>(p)]) o << " " << percent(t.share(p)) << " |";
-    o << " " << percent(t.wall > 0 ? t.unaccounted() / t.wall : 0) << " | "
-      << percent(t.wall > 0 ? t.communication_total / t.wall : 0) << " | " << fixed(w.bytes_per_step() / 1e6, 2)
-      << " | " << (n > 1 ? fixed(w.bus_bandwidth(n) / 1e9, 2) : std::string("-")) << " |\n";
+    o << " " << percent(t.wall > 0 ? t.unaccounted() / t.wall : 0) << " |";
+    if (reduced)
+      o << " " << percent(t.wall > 0 ? t.communication_total / t.wall : 0) << " | " << fixed(w.bytes_per_step() / 1e6, 2)
+        << " | " << (n > 1 ? fixed(w.bus_bandwidth(n) / 1e9, 2) : std::string("-")) << " |";
+    o << "\n";
   }
   return o.str();
 }

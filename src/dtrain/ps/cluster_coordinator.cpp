@@ -244,12 +244,14 @@ struct Closure {
   bool done = false;
   std::vector<Tensor> results;
   std::vector<double> figures;  // fit()'s closures: what the worker's steps measured
+  int worker = -1;              // the worker whose run finished it
   std::exception_ptr error;
 
-  void finish(std::vector<Tensor> values, std::exception_ptr failure, std::vector<double> measured = {}) {
+  void finish(std::vector<Tensor> values, std::exception_ptr failure, std::vector<double> measured = {}, int by = -1) {
     std::lock_guard lock(mutex);
     results = std::move(values);
     figures = std::move(measured);
+    worker = by;
     error = std::move(failure);
     done = true;
     finished.notify_all();
@@ -281,6 +283,7 @@ class PsBackend final : public StrategyBackend, public RemoteTraining {
   void train(std::int64_t first_step, std::int64_t steps, int steps_per_closure, const Finished& finished) override;
   void gather(optim::Optimizer& optimizer) override;
   std::string statistics() const override;
+  std::string servers_table(double training_seconds) const override;
 
   // Set while the strategy lives (a model may outlive it).
   PsRuntime* runtime = nullptr;
@@ -1336,7 +1339,7 @@ void Coordinator::dispatch(int w) {
         fail(closure, made<InternalError>(malformed));
         continue;
       }
-      closure->finish(std::move(results), nullptr, {reply.figures().begin(), reply.figures().end()});
+      closure->finish(std::move(results), nullptr, {reply.figures().begin(), reply.figures().end()}, w);
       std::lock_guard lock(mutex_);
       stats_.pull_seconds += reply.pull_seconds();
       stats_.push_seconds += reply.push_seconds();
@@ -1543,17 +1546,24 @@ ClusterCoordinator::Statistics Coordinator::statistics() const {
     wire::Statistics reply;
     runtime_->call_ps(p, &wire::ParameterServer::Stub::GetStatistics, request, reply,
                       "asking " + runtime_->describe({"ps", p}) + " for its statistics");
-    s.pushes_applied += reply.pushes_applied();
-    s.pushes_refused += reply.pushes_refused();
-    s.pushes_dropped += reply.pushes_dropped();
-    s.apply_seconds += reply.apply_seconds();
-    s.queue_seconds += reply.queue_seconds();
-    s.shared_memory_bytes += reply.shared_memory_bytes();
-    s.message_bytes += reply.message_bytes();
-    if (s.staleness_counts.size() < static_cast<std::size_t>(reply.staleness_counts_size()))
-      s.staleness_counts.resize(static_cast<std::size_t>(reply.staleness_counts_size()), 0);
-    for (int i = 0; i < reply.staleness_counts_size(); ++i)
-      s.staleness_counts[static_cast<std::size_t>(i)] += reply.staleness_counts(i);
+    ClusterCoordinator::Statistics::Ps& ps = s.per_ps.emplace_back();
+    ps.pushes_applied = reply.pushes_applied();
+    ps.pushes_refused = reply.pushes_refused();
+    ps.pushes_dropped = reply.pushes_dropped();
+    ps.apply_seconds = reply.apply_seconds();
+    ps.queue_seconds = reply.queue_seconds();
+    ps.shared_memory_bytes = reply.shared_memory_bytes();
+    ps.message_bytes = reply.message_bytes();
+    ps.staleness_counts.assign(reply.staleness_counts().begin(), reply.staleness_counts().end());
+    s.pushes_applied += ps.pushes_applied;
+    s.pushes_refused += ps.pushes_refused;
+    s.pushes_dropped += ps.pushes_dropped;
+    s.apply_seconds += ps.apply_seconds;
+    s.queue_seconds += ps.queue_seconds;
+    s.shared_memory_bytes += ps.shared_memory_bytes;
+    s.message_bytes += ps.message_bytes;
+    if (s.staleness_counts.size() < ps.staleness_counts.size()) s.staleness_counts.resize(ps.staleness_counts.size(), 0);
+    for (std::size_t i = 0; i < ps.staleness_counts.size(); ++i) s.staleness_counts[i] += ps.staleness_counts[i];
   }
   return s;
 }
@@ -1720,9 +1730,10 @@ void PsBackend::train(std::int64_t first_step, std::int64_t steps, int steps_per
       break;
     }
     const std::vector<double> figures = s.closure->figures;
+    const int worker = s.closure->worker;
     lock.unlock();
     try {
-      if (!finished(s.first, s.steps, figures)) break;  // stop_training: no more steps
+      if (!finished(s.first, s.steps, worker, figures)) break;  // stop_training: no more steps
     } catch (...) {
       // A callback failed: the few closures still out end before fit leaves.
       failure = std::current_exception();
@@ -1763,6 +1774,31 @@ std::string PsBackend::statistics() const {
       << static_cast<double>(moved) / static_cast<double>(s.steps_finished) / 1e6 << " MB a step, "
       << std::setprecision(0) << 100.0 * static_cast<double>(s.shared_memory_bytes) / static_cast<double>(moved)
       << "% through shared memory";
+  return o.str();
+}
+
+std::string PsBackend::servers_table(double training_seconds) const {
+  const ClusterCoordinator::Statistics s = alive().coordinator().statistics();
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(2)
+    << "| ps | updates applied | refused | dropped | apply ms | queued ms | busy applying | staleness mean | "
+       "staleness max | MB pulled and pushed per update |\n|---|---|---|---|---|---|---|---|---|---|\n";
+  for (std::size_t p = 0; p < s.per_ps.size(); ++p) {
+    const ClusterCoordinator::Statistics::Ps& ps = s.per_ps[p];
+    const std::int64_t arrived = ps.pushes_applied + ps.pushes_refused + ps.pushes_dropped;
+    std::int64_t counted = 0, weighted = 0;
+    for (std::size_t k = 0; k < ps.staleness_counts.size(); ++k) {
+      counted += ps.staleness_counts[k];
+      weighted += ps.staleness_counts[k] * static_cast<std::int64_t>(k);
+    }
+    auto per = [](double total, std::int64_t n) { return n > 0 ? total / static_cast<double>(n) : 0.0; };
+    o << "| " << p << " | " << ps.pushes_applied << " | " << ps.pushes_refused << " | " << ps.pushes_dropped << " | "
+      << per(ps.apply_seconds * 1000, ps.pushes_applied) << " | " << per(ps.queue_seconds * 1000, arrived) << " | "
+      << std::setprecision(1) << (training_seconds > 0 ? 100.0 * ps.apply_seconds / training_seconds : 0.0) << "% | "
+      << std::setprecision(2) << per(static_cast<double>(weighted), counted) << " | "
+      << (ps.staleness_counts.empty() ? 0 : ps.staleness_counts.size() - 1) << " | "
+      << per(static_cast<double>(ps.shared_memory_bytes + ps.message_bytes) / 1e6, arrived) << " |\n";
+  }
   return o.str();
 }
 

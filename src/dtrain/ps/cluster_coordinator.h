@@ -216,6 +216,14 @@ class ClusterCoordinator {
     // Values pulled and gradients pushed over every ps, in bytes: through shared memory
     // (tasks on a ps's host) and in gRPC messages.
     std::int64_t shared_memory_bytes = 0, message_bytes = 0;
+    // The same figures ps by ps (the sums above are over these).
+    struct Ps {
+      std::int64_t pushes_applied = 0, pushes_refused = 0, pushes_dropped = 0;
+      double apply_seconds = 0, queue_seconds = 0;
+      std::int64_t shared_memory_bytes = 0, message_bytes = 0;
+      std::vector<std::int64_t> staleness_counts;
+    };
+    std::vector<Ps> per_ps;
   };
   // The chief: counts so far (asks every ps).
   Statistics statistics() const;
