@@ -15,6 +15,7 @@
 #include "common/cli_process.h"
 #include "common/temp_dir.h"
 #include "dtrain/cli/config.h"
+#include "dtrain/core/threads.h"
 #include "dtrain/data/dataset.h"
 
 namespace {
@@ -194,6 +195,31 @@ TEST_F(Cli, DoctorRunsEachScaleAndNamesAPlantedStraggler) {
   EXPECT_NE(r.output.find("--fault-slow 'worker:1:slow': expected worker:INDEX:FACTORx"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("running"), std::string::npos) << r.output;
   EXPECT_EQ(run("doctor " + tiny_config() + " --replicas 0").code, 2);
+}
+
+// Two workers given every core each share this host's cores with each other: the doctor
+// names that first, with the threads asked and the cores there, whatever else it sees;
+// every scale is measured in rounds and the table shows their spread.
+TEST_F(Cli, DoctorNamesSharedCoresFirstAndShowsEachScalesSpread) {
+  const int cores = dtrain::available_cores();
+  const Result r = run("doctor " + tiny_config() + " --workers 1,2 --replicas 1 --steps 3 --rounds 3 " +
+                       "--threads-per-worker " + std::to_string(cores));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("a warm-up epoch and 3 measured per scale"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| 1 | 1 | 32 | " + std::to_string(cores) + " / " + std::to_string(cores) + " | "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("| 2 | 1 | 64 | " + std::to_string(2 * cores) + " / " + std::to_string(cores) + " | "),
+            std::string::npos)
+      << r.output;
+  const std::size_t diagnosis = r.output.find("Diagnosis (at the largest scale):\n- ");
+  ASSERT_NE(diagnosis, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.compare(diagnosis + 34, 14, "- shared cores"), 0) << r.output.substr(diagnosis);
+  EXPECT_NE(r.output.find("asked for " + std::to_string(2 * cores) + " compute thread(s) on " + std::to_string(cores) +
+                          " core(s) on one host"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(run("doctor " + tiny_config() + " --rounds 0").code, 2);
 }
 
 TEST_F(Cli, FaultSlowIsACallbackOnTheNamedWorkerOnly) {

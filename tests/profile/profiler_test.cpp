@@ -1,6 +1,8 @@
 #include "dtrain/profile/profiler.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include <set>
@@ -261,9 +263,96 @@ TEST(Diagnosis, NamesEachPlantedCause) {
   EXPECT_EQ(causes(diagnose({optimizer})), std::vector<std::string>{"optimizer-bound"});
 
   const std::string table = scaling_table({one, slow_link});
-  EXPECT_NE(table.find("| 1 | 1 | 64 | 1000 | 1.00 | 10.00 |"), std::string::npos) << table;
-  EXPECT_NE(table.find("| 2 | 1 | 128 | 900 | 0.90 | 20.00 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| 1 | 1 | 64 | - | 1000 | - | 1.00 | 10.00 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| 2 | 1 | 128 | - | 900 | - | 0.90 | 20.00 |"), std::string::npos) << table;
   EXPECT_NE(format_findings({}).find("No single cause"), std::string::npos);
+}
+
+// The communication finding quotes the table's shares, each as its column shows it.
+TEST(Diagnosis, TheCommunicationFindingQuotesTheTablesShares) {
+  const ScaleRun one{.workers = 1, .replicas = 1, .global_batch = 64, .samples_per_second = 1000,
+                     .rows = {row(0.010, 0.0002, 0.008, 0, 0.0015)}};
+  ScaleRun two{.workers = 2, .replicas = 1, .global_batch = 128, .samples_per_second = 1100,
+               .rows = {row(0.020, 0.0002, 0.010, 0.0052, 0.0015, 8e6, 0.004),
+                        row(0.020, 0.0002, 0.010, 0.0052, 0.0015, 8e6, 0.004)}};
+  for (WorkerSummary& w : two.rows) w.totals.phases[static_cast<std::size_t>(Phase::straggler_wait)] = 10 * 0.0012;
+  const std::string table = scaling_table({one, two});
+  EXPECT_NE(table.find("| 26% | 6% |"), std::string::npos) << table;  // communication (exposed), straggler wait
+  const std::vector<Finding> f = diagnose({one, two});
+  ASSERT_EQ(causes(f), std::vector<std::string>{"communication-bound"}) << format_findings(f);
+  EXPECT_NE(f[0].evidence.find("communication (exposed) is 26% of each step and straggler wait 6%"), std::string::npos)
+      << f[0].evidence;
+  EXPECT_EQ(f[0].evidence.find("32%"), std::string::npos) << f[0].evidence;
+}
+
+// Resources first: a scale that computes on no more cores than the first is named for
+// it before anything else, with the threads asked and the cores there; threads beyond
+// the cores are named where the cores did grow.
+TEST(Diagnosis, SharedCoresAreNamedFirstWithTheThreadsAndTheCores) {
+  ScaleRun one{.workers = 1, .replicas = 1, .global_batch = 64, .samples_per_second = 1000,
+               .rows = {row(0.010, 0.0002, 0.008, 0, 0.0015)}, .host_threads = 2, .host_cores = 2};
+  // Two workers of one thread each on the same two cores: 0.86x, and the link looks busy.
+  ScaleRun two{.workers = 2, .replicas = 1, .global_batch = 128, .samples_per_second = 860,
+               .rows = {row(0.024, 0.0002, 0.012, 0.009, 0.0015, 8e6, 0.008),
+                        row(0.024, 0.0002, 0.012, 0.009, 0.0015, 8e6, 0.008)},
+               .host_threads = 2, .host_cores = 2};
+  std::vector<Finding> f = diagnose({one, two});
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f[0].cause, "shared cores") << format_findings(f);
+  EXPECT_NE(f[0].evidence.find("2 compute thread(s) on 2 core(s) on one host"), std::string::npos) << f[0].evidence;
+  EXPECT_NE(f[0].evidence.find("0.86x"), std::string::npos) << f[0].evidence;
+  // The same two workers on two hosts of two cores each have twice the cores: not named.
+  ScaleRun apart = two;
+  apart.hosts = 2;
+  apart.samples_per_second = 1700;
+  f = diagnose({one, apart});
+  const std::vector<std::string> named = causes(f);
+  EXPECT_TRUE(std::find(named.begin(), named.end(), "shared cores") == named.end()) << format_findings(f);
+  // Four threads asked of two cores, the first run having used one: oversubscribed.
+  one.host_threads = 1;
+  ScaleRun crowded = two;
+  crowded.host_threads = 4;
+  f = diagnose({one, crowded});
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f[0].cause, "oversubscribed") << format_findings(f);
+  EXPECT_NE(f[0].evidence.find("4 compute thread(s) on 2 core(s)"), std::string::npos) << f[0].evidence;
+}
+
+// A speedup above what the cores allow, or inside the rounds' spread, is in doubt: the
+// table marks it, says why, and the diagnosis says so before drawing on it.
+TEST(Diagnosis, ASpeedupTheCoresCannotGiveOrTheNoiseCoversIsInDoubt) {
+  ScaleRun one{.workers = 1, .replicas = 1, .global_batch = 64, .samples_per_second = 1000,
+               .rows = {row(0.010, 0.0002, 0.008, 0, 0.0015)}, .host_threads = 1, .host_cores = 2,
+               .rounds = {990, 1000, 1010}};
+  ScaleRun two{.workers = 1, .replicas = 2, .global_batch = 128, .samples_per_second = 26710,
+               .rows = {row(0.010, 0.0002, 0.008, 0, 0.0015)}, .host_threads = 2, .host_cores = 2,
+               .rounds = {26000, 26710, 27000}};
+  std::vector<ScaleRun> runs{one, two};
+  EXPECT_DOUBLE_EQ(speedup_the_cores_allow(one, two), 2.0);
+  EXPECT_EQ(check_trust(runs), std::vector<std::size_t>{1});
+  EXPECT_NE(runs[1].doubt.find("a speedup of 26.71x is more than the 2.00x its cores allow"), std::string::npos)
+      << runs[1].doubt;
+  const std::string table = scaling_table(runs);
+  EXPECT_NE(table.find("| 26.71 (in doubt) |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| 1 / 2 | 1000 | 2% |"), std::string::npos) << table;
+  EXPECT_NE(table.find("In doubt, 1 worker(s) x 2 replica(s): a speedup of 26.71x"), std::string::npos) << table;
+  std::vector<Finding> f = diagnose(runs);
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f[0].cause, "figures in doubt") << format_findings(f);
+
+  // 1.9x on twice the cores is believed.
+  runs[1].samples_per_second = 1900;
+  runs[1].rounds = {1880, 1900, 1920};
+  EXPECT_TRUE(check_trust(runs).empty()) << runs[1].doubt;
+  // 1.05x with rounds spread 20%: whether it is faster is within the noise.
+  runs[1].samples_per_second = 1050;
+  runs[1].rounds = {950, 1050, 1160};
+  EXPECT_EQ(check_trust(runs), std::vector<std::size_t>{1});
+  EXPECT_NE(runs[1].doubt.find("spread 20% and 2%, more than the 5% between them"), std::string::npos) << runs[1].doubt;
+  // One round each: no spread to judge by, and nothing above the cores: believed.
+  runs[0].rounds = {1000};
+  runs[1].rounds = {1050};
+  EXPECT_TRUE(check_trust(runs).empty()) << runs[1].doubt;
 }
 
 }  // namespace

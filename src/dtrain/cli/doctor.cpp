@@ -19,6 +19,7 @@
 #include "dtrain/cluster/launcher.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/files.h"
+#include "dtrain/core/percentile.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/distribute/strategy.h"
 #include "dtrain/profile/format.h"
@@ -113,6 +114,12 @@ profile::ScaleRun scale_run_from_summary(const std::string& summary_path) {
     run.shared_memory = j.value("shared_memory", false);
     const double cores = j.value("host_cores", 0.0);
     if (cores > 0) run.oversubscription = std::max(1.0, j.value("host_threads", 0.0) / cores);
+    run.host_threads = j.value("host_threads", 0);
+    run.host_cores = j.value("host_cores", 0);
+    run.hosts = std::max(1, j.value("hosts", 1));
+    // The rounds: each epoch after the first (which warms up).
+    if (j.contains("epoch_samples_per_second") && j["epoch_samples_per_second"].size() > 1)
+      run.rounds.assign(j["epoch_samples_per_second"].begin() + 1, j["epoch_samples_per_second"].end());
     run.rows = profile_from_json(j["profile"]);
   } catch (const json::exception& e) {
     DTRAIN_THROW(IoError, "doctor: ", summary_path, ": a field is not as fit writes it: ", e.what());
@@ -188,27 +195,54 @@ void launch_or_throw(int threads, const std::vector<std::string>& command, int w
                  "); its last output:\n", tail_lines(output.str(), 8));
 }
 
-// Every scale of the job, each a local launch of `dtrain fit`.
+// One scale of the job, a local launch of `dtrain fit`: a warm-up epoch, then `rounds`.
+profile::ScaleRun run_scale(const DoctorOptions& o, const TempDir& dir, int w, int r, std::int64_t per_replica) {
+  const std::string summary = (dir.path / ("scale-" + std::to_string(w) + "x" + std::to_string(r) + ".json")).string();
+  std::vector<std::string> fit{o.self, "fit", o.config, "--strategy", w > 1 ? "multi_worker" : "mirrored",
+                               "--replicas", std::to_string(r), "--batch-size", std::to_string(per_replica * w * r),
+                               "--epochs", std::to_string(1 + o.rounds), "--steps-per-epoch", std::to_string(o.steps),
+                               "--verbose", "0", "--summary", summary};
+  if (!o.fault_slow.empty()) fit.insert(fit.end(), {"--fault-slow", o.fault_slow});
+  launch_or_throw(threads_per_worker(o), fit, w,
+                  "the run at " + std::to_string(w) + " worker(s) x " + std::to_string(r) + " replica(s)");
+  return scale_run_from_summary(summary);
+}
+
+// `again` measured a second time: its rounds join the first's, samples/s is the median of
+// them all, and the step profile is the later one's.
+void merge_rounds(profile::ScaleRun& run, const profile::ScaleRun& again) {
+  std::vector<double> rounds = run.rounds;
+  rounds.insert(rounds.end(), again.rounds.begin(), again.rounds.end());
+  run = again;
+  run.rounds = std::move(rounds);
+  if (!run.rounds.empty()) run.samples_per_second = median(run.rounds);
+}
+
+// Every scale of the job; a scale whose speedup cannot be trusted (check_trust) is
+// measured again, with the first run, once; a doubt that remains stays on the run.
 std::vector<profile::ScaleRun> run_scales(const DoctorOptions& o, const TempDir& dir, std::ostream& out) {
   const std::int64_t per_replica = o.batch_size > 0 ? o.batch_size : load_config(o.config).batch_size;
-  const int threads = threads_per_worker(o);
-  out << "dtrain doctor " << o.config << ": " << o.steps << " steps per epoch, 2 epochs per scale (the first warms "
-      << "up), " << per_replica << " rows per replica per step, " << threads
-      << " thread(s) per worker\n" << std::flush;
+  out << "dtrain doctor " << o.config << ": " << o.steps << " steps per epoch, a warm-up epoch and " << o.rounds
+      << " measured per scale, " << per_replica << " rows per replica per step, " << threads_per_worker(o)
+      << " thread(s) per worker, " << available_cores() << " core(s) here\n" << std::flush;
   std::vector<profile::ScaleRun> runs;
   for (int w : o.workers) {
     for (int r : o.replicas) {
-      const std::string summary = (dir.path / ("scale-" + std::to_string(w) + "x" + std::to_string(r) + ".json")).string();
       out << "  running " << w << " worker(s) x " << r << " replica(s)...\n" << std::flush;
-      std::vector<std::string> fit{o.self, "fit", o.config, "--strategy", w > 1 ? "multi_worker" : "mirrored",
-                                   "--replicas", std::to_string(r), "--batch-size", std::to_string(per_replica * w * r),
-                                   "--epochs", "2", "--steps-per-epoch", std::to_string(o.steps), "--verbose", "0",
-                                   "--summary", summary};
-      if (!o.fault_slow.empty()) fit.insert(fit.end(), {"--fault-slow", o.fault_slow});
-      launch_or_throw(threads, fit, w, "the run at " + std::to_string(w) + " worker(s) x " + std::to_string(r) + " replica(s)");
-      runs.push_back(scale_run_from_summary(summary));
+      runs.push_back(run_scale(o, dir, w, r, per_replica));
     }
   }
+  const std::vector<std::size_t> doubted = profile::check_trust(runs);
+  if (doubted.empty()) return runs;
+  std::vector<std::size_t> again{0};
+  again.insert(again.end(), doubted.begin(), doubted.end());
+  for (std::size_t i : again) {
+    profile::ScaleRun& run = runs[i];
+    out << "  measuring " << run.workers << " worker(s) x " << run.replicas << " replica(s) again"
+        << (i == 0 ? " (the first run, against which speedups are taken)" : ": " + run.doubt) << "...\n" << std::flush;
+    merge_rounds(run, run_scale(o, dir, run.workers, run.replicas, per_replica));
+  }
+  for (std::size_t i : profile::check_trust(runs)) runs[i].doubt += " (measured twice)";
   return runs;
 }
 
@@ -261,6 +295,7 @@ std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& o
   if (measure) {
     if (o.config.empty()) DTRAIN_THROW(InvalidArgument, "doctor: give a CONFIG to run, or --runs SUMMARY,...");
     if (o.steps < 1) DTRAIN_THROW(InvalidArgument, "doctor: --steps must be >= 1, got ", o.steps);
+    if (o.rounds < 1) DTRAIN_THROW(InvalidArgument, "doctor: --rounds must be >= 1, got ", o.rounds);
     if (o.replicas.empty() || o.workers.empty())
       DTRAIN_THROW(InvalidArgument, "doctor: --replicas and --workers need at least one value each");
     for (int v : o.replicas)
@@ -277,6 +312,7 @@ std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& o
     runs = run_scales(o, dir, out);
   } else {
     for (const std::string& path : o.runs) runs.push_back(scale_run_from_summary(path));
+    profile::check_trust(runs);
     out << "dtrain doctor: " << runs.size() << " run(s) from their summaries\n";
   }
 

@@ -19,7 +19,8 @@ struct DoctorOptions {
   std::string config;  // the job
   std::vector<int> replicas{1, 2};  // per worker
   std::vector<int> workers{1};
-  int steps = 20;                 // per epoch; two epochs per scale, the first a warm-up
+  int steps = 20;                 // per epoch; a warm-up epoch, then `rounds` measured
+  int rounds = 3;                 // epochs measured at each scale, for the spread
   std::int64_t batch_size = 0;    // per replica; 0: the config's batch_size
   // Threads of each worker at every scale; 0: the cores divided by the most workers
   // tried (so that 1 worker and N workers compute alike), or OMP_NUM_THREADS when set.

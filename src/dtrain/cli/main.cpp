@@ -483,6 +483,8 @@ int run_fit(const std::string& path, const Overrides& o) {
     const int host_threads = threads_per_replica * local_replicas * on_this_host;
     j["host_threads"] = host_threads;  // compute threads of this host's workers
     j["host_cores"] = available_cores();
+    // The hosts the workers ran on, taking every host to hold as many as this one.
+    j["hosts"] = strategy ? (strategy->num_workers() + on_this_host - 1) / on_this_host : 1;
     j["spare_core"] = host_threads < available_cores();
     write_json(o.summary, j);
   }
@@ -611,8 +613,12 @@ int main(int argc, char** argv) {
   doctor->add_option("--workers", doctor_options.workers, "Worker processes to try, e.g. 1,2")
       ->delimiter(',')
       ->check(CLI::Range(1, 256));
-  doctor->add_option("--steps", doctor_options.steps, "Steps per epoch of each run (two epochs, the first a warm-up)")
+  doctor->add_option("--steps", doctor_options.steps,
+                     "Steps per epoch of each run (a warm-up epoch, then --rounds epochs measured)")
       ->check(CLI::Range(1, 1'000'000));
+  doctor->add_option("--rounds", doctor_options.rounds,
+                     "Epochs measured at each scale after the warm-up, for the spread of its samples/s (default 3)")
+      ->check(CLI::Range(1, 1000));
   doctor->add_option("--batch-size", doctor_options.batch_size,
                      "Rows per replica per step (default: the config's batch_size); the global batch grows with "
                      "the replicas, as batch_size = 32 * num_replicas_in_sync does")

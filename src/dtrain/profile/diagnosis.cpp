@@ -42,22 +42,73 @@ StepSeconds step_seconds(const WorkerSummary& w) {
   return s;
 }
 
+double ScaleRun::spread() const {
+  if (rounds.size() < 2) return 0.0;
+  const double mid = dtrain::median(rounds);
+  const auto [lo, hi] = std::minmax_element(rounds.begin(), rounds.end());
+  return mid > 0 ? (*hi - *lo) / mid : 0.0;
+}
+
+double speedup_the_cores_allow(const ScaleRun& base, const ScaleRun& run) {
+  const int b = base.cores_computing(), r = run.cores_computing();
+  return b > 0 && r > 0 ? static_cast<double>(r) / b : 0.0;
+}
+
+std::vector<std::size_t> check_trust(std::vector<ScaleRun>& runs) {
+  std::vector<std::size_t> doubted;
+  if (runs.empty()) return doubted;
+  const ScaleRun& base = runs.front();
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    ScaleRun& r = runs[i];
+    r.doubt.clear();
+    if (i == 0 || base.samples_per_second <= 0) continue;
+    const double speedup = r.samples_per_second / base.samples_per_second;
+    const double noise = base.spread() + r.spread();
+    const double allowed = speedup_the_cores_allow(base, r);
+    if (allowed > 0 && speedup > allowed * (1.15 + noise)) {
+      r.doubt = format("a speedup of %.2fx is more than the %.2fx its cores allow (%.0f against %.0f computing): another "
+                       "load on the machine slowed the first run, or this one ran alone",
+                       speedup, allowed, r.cores_computing(), base.cores_computing());
+    } else if (r.rounds.size() > 1 && base.rounds.size() > 1 && noise > std::abs(speedup - 1)) {
+      r.doubt = format("its rounds and the first run's spread %.0f%% and %.0f%%, more than the %.0f%% between them: ",
+                       100 * r.spread(), 100 * base.spread(), 100 * std::abs(speedup - 1)) +
+                "whether it is faster or slower is within the noise";
+    }
+    if (!r.doubt.empty()) doubted.push_back(i);
+  }
+  return doubted;
+}
+
 std::string scaling_table(const std::vector<ScaleRun>& runs) {
   std::ostringstream o;
-  o << "| workers | replicas per worker | global batch | samples/s | speedup | step ms | input wait | replica start | "
-       "forward + backward | communication (exposed) | straggler wait | optimizer | other |\n"
-       "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  o << "| workers | replicas per worker | global batch | threads / cores | samples/s | spread | speedup | step ms | "
+       "input wait | replica start | forward + backward | communication (exposed) | straggler wait | optimizer | other |\n"
+       "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   const double base = runs.empty() ? 0 : runs.front().samples_per_second;
+  std::string doubts;
   for (const ScaleRun& r : runs) {
     if (r.rows.empty()) continue;
     const StepSeconds s = step_seconds(r.rows.front());
     const double step = std::max(s.step, 1e-12);
-    o << "| " << r.workers << " | " << r.replicas << " | " << r.global_batch << " | "
-      << detail::fixed(r.samples_per_second, 0) << " | " << detail::fixed(base > 0 ? r.samples_per_second / base : 0, 2)
+    const std::string resources =
+        r.host_cores > 0 ? (r.hosts > 1 ? std::to_string(r.hosts) + " x " : std::string()) +
+                               std::to_string(r.host_threads) + " / " + std::to_string(r.host_cores)
+                         : std::string("-");
+    o << "| " << r.workers << " | " << r.replicas << " | " << r.global_batch << " | " << resources << " | "
+      << detail::fixed(r.samples_per_second, 0) << " | "
+      << (r.rounds.size() > 1 ? pct(r.spread()) : std::string("-")) << " | "
+      << detail::fixed(base > 0 ? r.samples_per_second / base : 0, 2) << (r.doubt.empty() ? "" : " (in doubt)")
       << " | " << detail::fixed(s.step * 1000, 2) << " | " << pct(s.input / step) << " | " << pct(s.start / step) << " | "
       << pct(s.compute() / step) << " | " << pct(s.comm / step) << " | " << pct(s.straggler / step) << " | "
       << pct(s.optimizer / step) << " | " << pct(s.other() / step) << " |\n";
+    if (!r.doubt.empty())
+      doubts += "In doubt, " + std::to_string(r.workers) + " worker(s) x " + std::to_string(r.replicas) +
+                " replica(s): " + r.doubt + ".\n";
   }
+  if (runs.size() > 0 && runs.front().host_cores > 0)
+    o << "(threads / cores: the compute threads the workers of one host asked for, and the cores there; spread: "
+         "the range of the rounds' samples/s over their median)\n";
+  o << doubts;
   return o.str();
 }
 
@@ -72,6 +123,43 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
   const std::string where =
       format("at %.0f worker(s) x %.0f replica(s), global batch %.0f", big->workers, big->replicas,
              static_cast<double>(big->global_batch));
+
+  // Resources first: a scale that adds no cores cannot compute faster, whatever else it
+  // shows; threads beyond the cores take turns on them.
+  const ScaleRun& base = runs.front();
+  const bool oversubscribed = big->host_cores > 0 && big->host_threads > big->host_cores;
+  const std::string threads_there =
+      std::to_string(big->host_threads) + " compute thread(s) on " + std::to_string(big->host_cores) + " core(s)" +
+      (big->hosts > 1 ? " on each of its " + std::to_string(big->hosts) + " hosts" : std::string(" on one host"));
+  if (&base != big && big->replicas_in_sync() > base.replicas_in_sync() && base.cores_computing() > 0 &&
+      big->cores_computing() > 0 && big->cores_computing() <= base.cores_computing()) {
+    const double speedup = base.samples_per_second > 0 ? big->samples_per_second / base.samples_per_second : 0;
+    out.push_back(
+        {big->hosts == 1 ? "shared cores" : "no more compute",
+         where + ", the workers and replicas asked for " + threads_there + ", computing on " +
+             std::to_string(big->cores_computing()) + " core(s), no more than the " +
+             std::to_string(base.cores_computing()) + " the run at " + std::to_string(base.workers) + " worker(s) x " +
+             std::to_string(base.replicas) + " replica(s) computed on (" + std::to_string(base.host_threads) +
+             " thread(s)): distributing added communication and no compute" +
+             (speedup > 0 ? format(", and the job ran at %.2fx its samples/s", speedup) : std::string()),
+         "scale onto cores the job does not use yet: workers on other machines (dtrain launch on each, or TF_CONFIG), "
+         "or on this host one process with all " +
+             std::to_string(big->host_cores) +
+             " cores (--threads) is as fast as the job gets here; every replica or worker added on the same cores "
+             "only divides them"});
+  } else if (oversubscribed) {
+    out.push_back({"oversubscribed", where + ", the workers and replicas asked for " + threads_there +
+                                         ": the threads take turns, each computing at a fraction of a core",
+                   "keep the workers x replicas x threads per replica of one host within its " +
+                       std::to_string(big->host_cores) +
+                       " cores (each replica computes with at least one thread): fewer replicas per worker, or "
+                       "fewer threads per worker (--threads-per-worker for the doctor, OMP_NUM_THREADS or --threads "
+                       "for dtrain fit)"});
+  }
+  if (!big->doubt.empty())
+    out.push_back({"figures in doubt", where + ": " + big->doubt,
+                   "run the doctor on a machine nothing else loads, with more steps (--steps) or rounds (--rounds); "
+                   "no conclusion is drawn here from this run's speedup"});
 
   if (s.input / step >= 0.10)
     out.push_back({"input-bound",
@@ -126,8 +214,11 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
                           2.0 * static_cast<double>(big->global_batch), 2 * step / (step + s.compute() + s.input))});
 
   if (big->replicas_in_sync() > 1 && exposed / step >= 0.25) {
-    std::string evidence = "communication not hidden behind compute is " + pct(exposed / step) + " of each step (" +
-                           ms(exposed) + " of " + ms(s.step) + ") " + where;
+    // The shares are the table's (worker 0's row), each as its column shows it.
+    std::string evidence = "communication (exposed) is " + pct(s.comm / step) + " of each step" +
+                           (s.straggler > 0 ? " and straggler wait " + pct(s.straggler / step) : std::string()) +
+                           " (" + ms(exposed) + " of " + ms(s.step) + " not hidden behind compute" +
+                           (straggler_excess > 0 ? ", the straggler's own lateness left out" : "") + ") " + where;
     std::string fix;
     if (s.bytes > 0) {
       evidence += format("; %.1f MB all-reduced per step in %.2f ms", s.bytes / 1e6, s.transfer * 1000);

@@ -30,7 +30,22 @@ struct ScaleRun {
   // The communication thread had a core no compute thread used; without one, moving the
   // bytes takes its time from backward and hides nothing.
   bool spare_core = true;
+  // The compute threads the workers on one host asked for, and that host's cores (0: not
+  // known); the workers ran on `hosts` such hosts.
+  int host_threads = 0, host_cores = 0, hosts = 1;
+  // The samples/s of each round (each epoch after the warm-up), for the spread.
+  std::vector<double> rounds;
+  // Why this run's figures are not to be concluded from (set by check_trust); empty when
+  // they can be.
+  std::string doubt;
   int replicas_in_sync() const { return workers * replicas; }
+  // The cores that computed: on each host, the threads asked or the cores there, whichever
+  // is fewer (0: not known).
+  int cores_computing() const {
+    return host_threads > 0 && host_cores > 0 ? hosts * std::min(host_threads, host_cores) : 0;
+  }
+  // The rounds' spread, (max - min) / median (0 with fewer than two rounds).
+  double spread() const;
 };
 
 // One worker's seconds per step by phase, setup (a one-off of the first step) left out.
@@ -52,11 +67,24 @@ struct Finding {
   std::string fix;       // what to do, with the predicted gain where there is one
 };
 
-// | workers | replicas per worker | global batch | samples/s | speedup | phase shares ... |
-// (speedup against the first run).
+// | workers | replicas per worker | threads / cores | global batch | samples/s | spread |
+// speedup | phase shares ... | (speedup against the first run; a run in doubt is marked and
+// its doubt is said under the table).
 std::string scaling_table(const std::vector<ScaleRun>& runs);
 
-// Findings for the runs, most important first: input-bound (input wait >= 10% of the
+// What the cores allow `run` against `base`: the ratio of their cores computing (0 when
+// either is not known).
+double speedup_the_cores_allow(const ScaleRun& base, const ScaleRun& run);
+// Whether each run's speedup against the first can be concluded from: not when it is
+// above what the cores allow (by more than 15% and the spread), nor when the two runs'
+// spreads are wider than its distance from 1. Sets each run's `doubt`; returns the indices
+// of the runs in doubt (the doctor measures them again once).
+std::vector<std::size_t> check_trust(std::vector<ScaleRun>& runs);
+
+// Findings for the runs, most important first: the resources (shared cores: the run
+// with the most replicas computed on no more cores than the first; oversubscribed: more
+// compute threads than cores on a host), untrusted figures (a doubt check_trust set on
+// that run), input-bound (input wait >= 10% of the
 // step), straggler (a worker whose own time, its step less its waits for the others, is
 // > 20% above the median, named), too little work per replica (compute below
 // communication and start-up), communication-bound (exposed communication >= 25%),
