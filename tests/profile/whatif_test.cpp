@@ -117,7 +117,7 @@ TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
   // One bucket: nothing hides; 10 ms + 4 ms of ring.
   EXPECT_NEAR(checks[0].prediction.step, 0.014, 1e-12);
   EXPECT_NEAR(checks[0].error, (128 / 0.014 - 8000) / 8000, 1e-9);
-  EXPECT_NE(model_check_table(checks).find("| 2 | 1 | 8000 | 9143 | +14.3% | 9.00, 9.00 |"), std::string::npos)
+  EXPECT_NE(model_check_table(checks).find("| 2 | 1 | 8000 | 9143 | +14.3% | 9.00, 9.00 | - |"), std::string::npos)
       << model_check_table(checks);
   EXPECT_NE(message_of([&] { step_model(two); }).find("one worker"), std::string::npos);
   // Two workers of one host sharing its cores twice over compute twice as long.
@@ -127,6 +127,13 @@ TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
   ASSERT_EQ(shared.size(), 1u);
   EXPECT_NEAR(shared[0].prediction.step, 0.001 + 0.018 + 0.004, 1e-12);
   EXPECT_NEAR(shared[0].compute_alone, 0.009, 1e-12);
+  // Where it misses by more than 15% the table says why: here the run's compute took 1x
+  // the one-worker run's where the model allowed 2x.
+  EXPECT_GT(std::abs(shared[0].error), 0.15);
+  EXPECT_NE(model_check_table(shared).find("| forward + backward took 1.00x the one-worker run's where the model "
+                                           "allowed 2.00x (threads beyond the cores contend more than their ratio) |"),
+            std::string::npos)
+      << model_check_table(shared);
 
   Report report;
   report.title = "dtrain doctor <job>";

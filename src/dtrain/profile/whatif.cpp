@@ -250,6 +250,16 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     c.error = (c.prediction.samples_per_second - c.measured) / c.measured;
     c.compute_alone = alone;
     c.compute_measured = step_seconds(r.rows.front()).compute();
+    if (std::abs(c.error) > 0.15) {
+      const double modelled = alone * slower;
+      if (modelled > 0 && std::abs(c.compute_measured / modelled - 1) > 0.15)
+        c.why = "forward + backward took " + detail::fixed(c.compute_measured / alone, 2) +
+                "x the one-worker run's where the model allowed " + detail::fixed(slower, 2) + "x" +
+                (r.oversubscription > 1 ? " (threads beyond the cores contend more than their ratio)"
+                                        : " (other load, or caches and memory bandwidth shared)");
+      else if (!r.doubt.empty())
+        c.why = "the run's figures are in doubt";
+    }
     out.push_back(c);
   }
   return out;
@@ -258,12 +268,13 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
 std::string model_check_table(const std::vector<Check>& checks) {
   std::ostringstream o;
   o << "| workers | replicas per worker | measured samples/s | predicted | error | forward + backward ms: one worker, "
-       "this run |\n|---|---|---|---|---|---|\n";
+       "this run | where it misses by more than 15%, why |\n|---|---|---|---|---|---|---|\n";
   for (const Check& c : checks)
     o << "| " << c.workers << " | " << c.replicas << " | " << detail::fixed(c.measured, 0)
       << " | " << detail::fixed(c.prediction.samples_per_second, 0) << " | " << (c.error >= 0 ? "+" : "")
       << detail::percent(c.error, 1) << " | " << detail::fixed(c.compute_alone * 1000, 2) << ", "
-      << detail::fixed(c.compute_measured * 1000, 2) << " |\n";
+      << detail::fixed(c.compute_measured * 1000, 2) << " | "
+      << (std::abs(c.error) <= 0.15 ? std::string("-") : c.why.empty() ? std::string("not known") : c.why) << " |\n";
   return o.str();
 }
 

@@ -101,6 +101,9 @@ struct Check {
   // Forward + backward per step at one worker, and as the run measured it: where they
   // differ (workers sharing one host's cores), the model cannot know it.
   double compute_alone = 0, compute_measured = 0;
+  // Where the prediction misses by more than 15%, what the model did not know (empty
+  // where it lands within 15%, or no cause is seen).
+  std::string why;
 };
 std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& link);
 std::string model_check_table(const std::vector<Check>& checks);
