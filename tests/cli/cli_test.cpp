@@ -222,6 +222,39 @@ TEST_F(Cli, DoctorNamesSharedCoresFirstAndShowsEachScalesSpread) {
   EXPECT_EQ(run("doctor " + tiny_config() + " --rounds 0").code, 2);
 }
 
+// Run both and compare (seed 004): on equal workers the all-reduce reaches the loss
+// sooner (the ps's pulls and pushes cost more than the tiny model's compute); with worker 1
+// made fifty times slower every synchronous step runs at its pace, the ps's other worker
+// does not wait, and the recommendation turns to the ps, saying why.
+TEST_F(Cli, DoctorComparesStrategiesAndAStragglerTurnsItsRecommendation) {
+  std::string cfg = dtrain::testing::tiny_config_json();
+  const std::string small = R"("samples": 600, "test_samples": 200)";
+  ASSERT_NE(cfg.find(small), std::string::npos);
+  cfg.replace(cfg.find(small), small.size(), R"("samples": 2000, "test_samples": 2000)");
+  const std::string path = write("compare.json", cfg);
+  const std::string both = "doctor " + path + " --strategies multi_worker,parameter_server --workers 2 --epochs 6";
+  Result r = run(both);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("| strategy | workers | wall-clock per epoch s |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| ParameterServerStrategy (async) | 2 |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Recommendation: MultiWorkerMirroredStrategy reaches loss "), std::string::npos) << r.output;
+  r = run(both + " --fault-slow worker:1:50x");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("Recommendation: ParameterServerStrategy (async) reaches loss "), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("of each step for the slowest worker"), std::string::npos) << r.output;
+  // A strategy it does not know, or a mode on one that takes none, fails before any run.
+  r = run("doctor " + path + " --strategies multi_worker,horovod");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--strategies 'horovod': expected mirrored, multi_worker or parameter_server"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("running"), std::string::npos) << r.output;
+  r = run("doctor " + path + " --strategies mirrored:sync");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("only parameter_server takes a consistency mode"), std::string::npos) << r.output;
+}
+
 TEST_F(Cli, FaultSlowIsACallbackOnTheNamedWorkerOnly) {
   // It slows every training batch of the worker it names, and says how many in the
   // summary; on another worker it does nothing.

@@ -128,6 +128,63 @@ profile::ScaleRun scale_run_from_summary(const std::string& summary_path) {
   return run;
 }
 
+profile::StrategyRun strategy_run_from_summary(const std::string& summary_path, const std::string& kind,
+                                               const std::string& label) {
+  const json j = read_json_file(summary_path, "doctor: no summary at " + summary_path);
+  if (j.is_discarded() || !j.contains("history") || !j.contains("epoch_seconds"))
+    DTRAIN_THROW(IoError, "doctor: ", summary_path, " is not a summary of dtrain fit (no history or epoch_seconds)");
+  profile::StrategyRun run;
+  run.label = label;
+  run.kind = kind;
+  try {
+    run.workers = std::max(1, j.value("workers", 1));
+    run.epoch_seconds = j["epoch_seconds"].get<std::vector<double>>();
+    const json& h = j["history"];
+    run.loss_name = h.contains("val_loss") ? "val_loss" : "loss";
+    run.loss = h.at(run.loss_name).get<std::vector<double>>();
+    run.samples_per_second = j.value("samples_per_second", 0.0);
+    const json test = j.value("test", json::object());
+    run.test_samples = j.value("test_samples", std::int64_t{0});
+    for (const char* m : {"accuracy", "sparse_categorical_accuracy", "categorical_accuracy", "binary_accuracy"}) {
+      if (test.contains(m)) {
+        run.metric = m;
+        run.final_metric = test[m].get<double>();
+        break;
+      }
+      if (h.contains(m) && !h[m].empty()) {
+        run.metric = m;
+        run.final_metric = h[m].back().get<double>();
+        run.test_samples = 0;  // a training epoch's, whose rows the summary does not give
+        break;
+      }
+    }
+    // Each worker's shares of its step; the most any worker waited.
+    for (const profile::WorkerSummary& w : profile_from_json(j.value("profile", json::array()))) {
+      const profile::Totals& t = w.totals;
+      if (t.wall <= 0) continue;
+      auto share = [&](profile::Phase p) { return t.phases[static_cast<std::size_t>(p)] / t.wall; };
+      const double waiting = kind == "parameter_server" ? share(profile::Phase::pull) + share(profile::Phase::push)
+                                                        : share(profile::Phase::communication) +
+                                                              share(profile::Phase::straggler_wait);
+      run.wait_share = std::max(run.wait_share, waiting);
+      run.straggler_share = std::max(run.straggler_share, share(profile::Phase::straggler_wait));
+    }
+    if (kind == "parameter_server") {
+      const json& ps = j.at("ps_phases");
+      const double steps = ps.value("steps", 0.0);
+      if (steps > 0) run.bytes_per_worker_step = (ps.value("shared_memory_bytes", 0.0) + ps.value("message_bytes", 0.0)) / steps;
+    } else if (kind == "multi_worker" && run.workers > 1 && !j["profile"].empty()) {
+      // A ring all-reduce: each worker sends 2(n-1)/n of the bytes and receives as many.
+      const double n = run.workers;
+      run.bytes_per_worker_step = 4 * (n - 1) / n * j["profile"][0].value("bytes_all_reduced_per_step", 0.0);
+    }
+  } catch (const json::exception& e) {
+    DTRAIN_THROW(IoError, "doctor: ", summary_path, ": a field is not as fit writes it: ", e.what());
+  }
+  if (run.loss.empty()) DTRAIN_THROW(IoError, "doctor: ", summary_path, " has no epoch in its history");
+  return run;
+}
+
 profile::Link run_probe_link(const std::string& output, std::ostream& out) {
   const cluster::TfConfig config = cluster::tf_config_from_environment();
   const std::size_t workers = config.cluster.training_tasks().size();
@@ -179,13 +236,9 @@ int threads_per_worker(const DoctorOptions& o) {
   return std::max(1, available_cores() / *std::max_element(o.workers.begin(), o.workers.end()));
 }
 
-// Runs `command` on `workers` local processes of `threads` compute threads each; its
-// failure is an error naming `what`.
-void launch_or_throw(int threads, const std::vector<std::string>& command, int workers, const std::string& what) {
-  cluster::LaunchOptions launch;
-  launch.workers = workers;
-  launch.threads_per_task = threads;
-  launch.command = command;
+// Runs a local job (its output kept aside); its failure is an error naming `what`, with
+// the job's last lines.
+void launch_or_throw(cluster::LaunchOptions launch, const std::string& what) {
   std::ostringstream output;
   launch.out = &output;
   launch.err = &output;
@@ -193,6 +246,15 @@ void launch_or_throw(int threads, const std::vector<std::string>& command, int w
   if (result.exit_code != 0)
     DTRAIN_THROW(InvalidArgument, "doctor: ", what, " failed (", result.failed_task, " ", result.how,
                  "); its last output:\n", tail_lines(output.str(), 8));
+}
+
+// `command` on `workers` local processes of `threads` compute threads each.
+void launch_or_throw(int threads, const std::vector<std::string>& command, int workers, const std::string& what) {
+  cluster::LaunchOptions launch;
+  launch.workers = workers;
+  launch.threads_per_task = threads;
+  launch.command = command;
+  launch_or_throw(std::move(launch), what);
 }
 
 // One scale of the job, a local launch of `dtrain fit`: a warm-up epoch, then `rounds`.
@@ -288,9 +350,88 @@ std::optional<LinkChoice> choose_link(const DoctorOptions& o, const profile::Wha
   return c;
 }
 
+// `parameter_server:ssp:2` -> ("parameter_server", "ssp:2").
+std::pair<std::string, std::string> split_strategy(const std::string& spec) {
+  const std::size_t colon = spec.find(':');
+  std::pair<std::string, std::string> out{spec.substr(0, colon), colon == std::string::npos ? "" : spec.substr(colon + 1)};
+  if (out.first != "mirrored" && out.first != "multi_worker" && out.first != "parameter_server")
+    DTRAIN_THROW(InvalidArgument, "doctor: --strategies '", spec,
+                 "': expected mirrored, multi_worker or parameter_server[:async|ssp:K|sync[:B]]");
+  if (!out.second.empty() && out.first != "parameter_server")
+    DTRAIN_THROW(InvalidArgument, "doctor: --strategies '", spec, "': only parameter_server takes a consistency mode");
+  return out;
+}
+
+// Each strategy trains the job for o.epochs whole epochs at the most workers asked: one
+// process of that many replicas (mirrored), that many workers of one replica
+// (multi_worker), or that many workers with one ps and a chief (parameter_server). Every
+// update is on the same batch (`per_replica` rows times the workers: a ps worker computes
+// a whole one a step), so each epoch applies as many updates whatever the strategy, and
+// every worker or replica has the same threads.
+std::vector<profile::StrategyRun> run_strategies(const DoctorOptions& o, const TempDir& dir, std::ostream& out) {
+  const std::int64_t per_replica = o.batch_size > 0 ? o.batch_size : load_config(o.config).batch_size;
+  const int n = std::max(2, *std::max_element(o.workers.begin(), o.workers.end()));
+  const int threads = threads_per_worker(o);
+  out << "dtrain doctor " << o.config << ": " << o.strategies.size() << " strategies, " << o.epochs
+      << " epoch(s) each, " << n << " replicas or workers, every update on a batch of " << per_replica * n
+      << " rows, " << threads << " thread(s) a worker, " << available_cores() << " core(s) here\n" << std::flush;
+  std::vector<profile::StrategyRun> runs;
+  for (std::size_t i = 0; i < o.strategies.size(); ++i) {
+    const auto [kind, mode] = split_strategy(o.strategies[i]);
+    const std::string summary = (dir.path / ("strategy-" + std::to_string(i) + ".json")).string();
+    std::vector<std::string> fit{o.self, "fit", o.config, "--epochs", std::to_string(o.epochs), "--verbose", "0",
+                                 "--summary", summary, "--strategy", kind};
+    cluster::LaunchOptions launch;
+    launch.threads_per_task = threads;
+    std::string label;
+    if (kind == "mirrored") {
+      fit.insert(fit.end(), {"--replicas", std::to_string(n), "--batch-size", std::to_string(per_replica * n)});
+      launch.workers = 1;
+      launch.threads_per_task = threads * n;  // the cores the n workers would have had
+      label = "MirroredStrategy (" + std::to_string(n) + " replicas)";
+    } else if (kind == "multi_worker") {
+      fit.insert(fit.end(), {"--replicas", "1", "--batch-size", std::to_string(per_replica * n)});
+      launch.workers = n;
+      label = "MultiWorkerMirroredStrategy";
+    } else {
+      fit.insert(fit.end(), {"--batch-size", std::to_string(per_replica * n)});
+      if (!mode.empty()) fit.insert(fit.end(), {"--consistency", mode});
+      launch.workers = n;
+      launch.ps = 1;
+      launch.chief = true;
+      label = "ParameterServerStrategy (" + (mode.empty() ? std::string("async") : mode) + ")";
+    }
+    if (!o.fault_slow.empty()) fit.insert(fit.end(), {"--fault-slow", o.fault_slow});
+    launch.command = fit;
+    out << "  running " << label << "...\n" << std::flush;
+    launch_or_throw(std::move(launch), "the run of " + label);
+    runs.push_back(strategy_run_from_summary(summary, kind, label));
+  }
+  return runs;
+}
+
+void compare_strategies(const DoctorOptions& o, std::ostream& out) {
+  if (o.config.empty()) DTRAIN_THROW(InvalidArgument, "doctor: --strategies needs a CONFIG to run");
+  if (o.epochs < 1) DTRAIN_THROW(InvalidArgument, "doctor: --epochs must be >= 1, got ", o.epochs);
+  for (const std::string& s : o.strategies) split_strategy(s);  // a bad name fails before any run
+  parse_fault_slow(o.fault_slow);
+  TempDir dir;
+  const std::vector<profile::StrategyRun> runs = run_strategies(o, dir, out);
+  const double target = o.target_loss > 0 ? o.target_loss : profile::common_target(runs);
+  out << "\n" << profile::strategies_table(runs, target) << "\n(time to " << runs.front().loss_name << " "
+      << profile::detail::fixed(target, 4) << ": "
+      << (o.target_loss > 0 ? "as given" : "the loss every strategy reached")
+      << ", at the end of the epoch that reached it)\n\nRecommendation: "
+      << profile::recommend(runs, target).reason << ".\n";
+}
+
 }  // namespace
 
 std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& out) {
+  if (!o.strategies.empty()) {
+    compare_strategies(o, out);
+    return {};
+  }
   const bool measure = o.runs.empty();
   if (measure) {
     if (o.config.empty()) DTRAIN_THROW(InvalidArgument, "doctor: give a CONFIG to run, or --runs SUMMARY,...");

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/profile/diagnosis.h"
+#include "dtrain/profile/strategies.h"
 #include "dtrain/profile/whatif.h"
 
 namespace dtrain::cli {
@@ -31,6 +32,12 @@ struct DoctorOptions {
   std::string what_if;  // "workers=16,link=10Gbit,latency=50us", each part optional
   std::string report;   // an HTML page to write
   std::string fault_slow;  // testing: every run's fit --fault-slow (cli/fault.h)
+  // Run both and compare: each of mirrored, multi_worker and parameter_server[:MODE] (a
+  // consistency mode: async, ssp:K, sync[:B]) trains the job for `epochs` whole epochs at
+  // the most workers asked (at least 2); empty: the scaling study instead.
+  std::vector<std::string> strategies;
+  int epochs = 3;
+  double target_loss = 0;  // 0: the loss every strategy reached
 };
 
 // fit's step profile as `dtrain fit --summary` writes it under "profile": a row per
@@ -46,6 +53,11 @@ profile::ScaleRun scale_run_from_summary(const std::string& summary_path);
 // workers as the gradient all-reduce sees it; the chief prints it and writes it as JSON
 // to `output` (when not empty).
 profile::Link run_probe_link(const std::string& output, std::ostream& out);
+
+// A strategy's run of the job from its chief's summary: `kind` is mirrored, multi_worker
+// or parameter_server, `label` what the table calls it.
+profile::StrategyRun strategy_run_from_summary(const std::string& summary_path, const std::string& kind,
+                                               const std::string& label);
 
 // Runs every scale, prints the table and the findings to `out`; returns them too.
 std::vector<profile::Finding> run_doctor(const DoctorOptions& options, std::ostream& out);

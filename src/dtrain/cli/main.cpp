@@ -435,6 +435,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     if (sps.size() > 1) sps.erase(sps.begin());
     j["samples_per_second"] = percentile(sps, 0.5);
     j["test"] = logs_json(test);
+    j["test_samples"] = d.test.x.defined() && !test.empty() ? d.test.x.dim(0) : 0;
     j["wall_seconds"] = wall;
     j["epoch_rss_mb"] = rss;  // resident memory after each epoch
     j["epoch_input_wait_seconds"] = h.input_wait_seconds;
@@ -633,6 +634,15 @@ int main(int argc, char** argv) {
   doctor->add_option("--what-if", doctor_options.what_if,
                      "Predict another scale or link: workers=16,link=10Gbit,latency=50us (each part optional)");
   doctor->add_option("--report", doctor_options.report, "Write the study as one self-contained HTML page here");
+  doctor->add_option("--strategies", doctor_options.strategies,
+                     "Run both and compare: each of mirrored, multi_worker, parameter_server[:async|ssp:K|sync:B] "
+                     "trains the job for --epochs epochs at the most --workers (at least 2)")
+      ->delimiter(',');
+  doctor->add_option("--epochs", doctor_options.epochs, "With --strategies: whole epochs each strategy trains (default 3)")
+      ->check(CLI::Range(1, 100000));
+  doctor->add_option("--target-loss", doctor_options.target_loss,
+                     "With --strategies: the loss to time each strategy to (default: the loss every one reached)")
+      ->check(CLI::PositiveNumber);
   doctor->add_option("--fault-slow", doctor_options.fault_slow,
                      "Testing: passed to every run's fit (worker:K:Fx), to see a planted straggler diagnosed")
       ->group("Testing");
