@@ -98,7 +98,10 @@ Recommendation recommend(const std::vector<StrategyRun>& runs, double target) {
   if (runner_up) {
     const StrategyRun& other = runs[*runner_up];
     const auto to = time_to_loss(other, target);
-    if (t && to && *t > 0) why << ", " << fixed(*to / *t, 2) << "x sooner than " << other.label << " (" << seconds(*to) << ")";
+    // Within 10% the order is not worth a word more than that: one run's noise covers it.
+    if (t && to && *t > 0)
+      why << ", " << fixed(*to / *t, 2) << "x sooner than " << other.label << " (" << seconds(*to) << ")"
+          << (*to / *t < 1.10 ? ", which is within 10%: as good a choice here" : "");
   }
   if (chosen.final_metric >= 0)
     why << ", and ends at " << chosen.metric << " " << metric_text(chosen)
