@@ -435,6 +435,11 @@ int run_fit(const std::string& path, const Overrides& o) {
     if (sps.size() > 1) sps.erase(sps.begin());
     j["samples_per_second"] = percentile(sps, 0.5);
     j["test"] = logs_json(test);
+    if (const GradientNoise& g = h.gradient_noise; g.steps > 0)
+      j["gradient_noise"] = {{"steps_sampled", g.steps},     {"small_batch", g.small_batch},
+                             {"big_batch", g.big_batch},     {"gradient_sq", g.gradient_sq},
+                             {"trace", g.trace},             {"noise_scale", g.noise_scale()},
+                             {"efficiency", g.efficiency(g.big_batch)}};
     j["test_samples"] = d.test.x.defined() && !test.empty() ? d.test.x.dim(0) : 0;
     j["wall_seconds"] = wall;
     j["epoch_rss_mb"] = rss;  // resident memory after each epoch

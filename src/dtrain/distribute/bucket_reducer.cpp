@@ -126,6 +126,10 @@ void BucketReducer::begin_step(bool reduce, std::span<const std::int64_t> row_bo
   // every step after one that did not reduce.
   if (together_) together_->begin_step(row_bounds, /*accumulate=*/!reduce_);
   reduce_ = reduce;
+  // Set before the replicas run, read on the communication thread in the round they start.
+  measuring_ = reduce && measure_next_;
+  if (reduce) measure_next_ = false;
+  if (measuring_) local_sq_ = global_sq_ = 0;
 }
 
 DenseGradientsTogether* BucketReducer::dense_gradients_together(int replica) {
@@ -178,9 +182,12 @@ void BucketReducer::reduce_across_workers(comm::GlooGroup& group, std::uint64_t 
   for (std::size_t b = 0; b < outputs_.size(); ++b) {
     wait_summed(b, round);
     const auto count = static_cast<std::size_t>(outputs_[b].numel());
+    // The gradients only, not the flags after them.
+    if (measuring_) local_sq_ += comm::sum_of_squares(outputs_[b].data<float>(), flags_at_[b]);
     const Clock::time_point start = Clock::now();
     if (shared_) group.allreduce(*shared_, shared_at_[b], count);
     else group.allreduce(outputs_[b].data<float>(), count, b, cross_.wire);
+    if (measuring_) global_sq_ += comm::sum_of_squares(outputs_[b].data<float>(), flags_at_[b]);
     if (comm_track_) {
       // The wait for a late peer is its own phase; the rest moved the bytes.
       const Clock::time_point joined = start + group.last_peer_wait();

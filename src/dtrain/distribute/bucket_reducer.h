@@ -54,6 +54,9 @@ class BucketReducer final : public GradientReducer {
     return states_[static_cast<std::size_t>(replica)].reduced;
   }
   void abort(int replica, const std::string& why) override;
+  bool measures_gradient_norms() const override { return cross_.workers != nullptr; }
+  void measure_gradient_norms() override { measure_next_ = true; }
+  std::pair<double, double> gradient_norms() const override { return {local_sq_, global_sq_}; }
   void set_profile(std::span<profile::Track* const> replicas, profile::Track* communication) override {
     tracks_.assign(replicas.begin(), replicas.end());
     comm_track_ = communication;
@@ -98,6 +101,11 @@ class BucketReducer final : public GradientReducer {
   std::vector<Tensor> views_;                       // [variable] the sum, shaped like it
   std::vector<profile::Track*> tracks_;             // [replica], empty when not profiled
   profile::Track* comm_track_ = nullptr;
+  // The gradient noise scale's two squared norms: asked for the next reducing step
+  // (measure_next_), measured in this round (measuring_, read by the communication thread
+  // after the round's job was submitted), their last values.
+  bool measure_next_ = false, measuring_ = false;
+  double local_sq_ = 0, global_sq_ = 0;
 
   // Multi-worker: which round each bucket's in-process sum is complete for.
   CrossWorker cross_;

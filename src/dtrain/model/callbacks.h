@@ -72,6 +72,29 @@ class BatchesSeen {
   std::int64_t last_ = -1;
 };
 
+// The gradient noise scale (McCandlish et al. 2018, "An Empirical Model of Large-Batch
+// Training"), measured where several workers train: each sampled step gives the squared
+// norm of this worker's mean gradient (its `small_batch` rows) and of the all-reduced one
+// (the `big_batch` rows of the global batch), from which the true gradient's squared norm
+// and the trace of the per-example gradients' covariance follow without bias:
+//   |G|^2 ~ (B |G_B|^2 - b |G_b|^2) / (B - b),   tr(S) ~ (|G_b|^2 - |G_B|^2) / (1/b - 1/B).
+// Their means over the sampled steps give B_noise = tr(S) / |G|^2, the critical batch:
+// a step on B rows makes the progress of 1 / (1 + B_noise / B) steps on a noiseless
+// gradient, and a sample 1 / (1 + B / B_noise) of a sample's best.
+struct GradientNoise {
+  std::int64_t steps = 0;               // steps sampled
+  double small_batch = 0, big_batch = 0;  // rows: one worker's, the global batch's (last sampled)
+  double gradient_sq = 0;  // mean estimate of |G|^2
+  double trace = 0;        // mean estimate of tr(S)
+  // B_noise, in samples (0 when not measured or the estimate is not positive).
+  double noise_scale() const { return steps > 0 && gradient_sq > 0 && trace > 0 ? trace / gradient_sq : 0.0; }
+  // The share of a sample's best progress a sample makes in a batch of `batch` rows.
+  double efficiency(double batch) const {
+    const double b = noise_scale();
+    return b > 0 ? b / (b + batch) : 0.0;
+  }
+};
+
 // Records every epoch's logs: history["loss"][epoch], ... fit() returns one.
 class History : public Callback {
  public:
@@ -93,6 +116,9 @@ class History : public Callback {
   std::vector<profile::WorkerSummary> profile_summary;
   // The first step whose loss or weights were not finite; empty when every one was.
   std::optional<NonFinite> non_finite;
+  // Measured every GradientNoise-sampled step where several workers all-reduce (steps 0
+  // where it was not: one process, or gradient accumulation).
+  GradientNoise gradient_noise;
 };
 
 // Keeps a trace of every phase of fit's first `max_steps` steps on every thread

@@ -558,6 +558,16 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
     history->profile_summary = gather_profile(profiler);
     if (verbose > 0 && worker == 0) out << "\nWhere the training steps' time went:\n" << profile::summary_table(history->profile_summary);
   }
+  history->gradient_noise = trainer.gradient_noise();
+  if (const GradientNoise& g = history->gradient_noise; verbose > 0 && worker == 0 && g.steps > 0) {
+    if (g.noise_scale() > 0)
+      out << "Gradient noise scale: about " << std::llround(g.noise_scale()) << " samples (the critical batch), from "
+          << g.steps << " sampled steps; a sample in this global batch of " << std::llround(g.big_batch)
+          << " makes " << std::llround(100 * g.efficiency(g.big_batch)) << "% of a sample's best progress\n";
+    else
+      out << "Gradient noise scale: not measurable from " << g.steps
+          << " sampled steps (the gradients' noise did not show above their mean; train longer)\n";
+  }
   for (const std::string& path : trace_paths)
     profiler.write_trace(path, worker, workers > 1 ? detail::concat("worker ", worker) : std::string("dtrain fit"));
   for (auto& c : callbacks) c->on_train_end(logs);

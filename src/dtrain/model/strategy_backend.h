@@ -53,6 +53,13 @@ class GradientReducer {
   virtual const std::vector<Tensor>& reduced(int replica) const = 0;
   // A replica failed: nobody waits for it any more.
   virtual void abort(int replica, const std::string& why) = 0;
+  // Between workers, for the gradient noise scale: asked before begin_step, the reducing
+  // step that follows measures the squared norm of this worker's sum of its replicas'
+  // gradients and of the sum over every worker (no flags, no other variables), readable
+  // after finish() as {local, global}. False where there is no second sum (one process).
+  virtual bool measures_gradient_norms() const { return false; }
+  virtual void measure_gradient_norms() {}
+  virtual std::pair<double, double> gradient_norms() const { return {0.0, 0.0}; }
   // Where the reducer times its work, before the first step: replicas[r] is replica r's
   // thread (its summing, nested in backward, and its waits); `communication` the thread
   // that talks to other processes (ignored within one process).

@@ -75,6 +75,11 @@ class Model::Trainer {
   // A ParameterServerStrategy worker's update is the push of its gradients to the
   // parameter servers (which apply them): profiled as such.
   void updates_are_pushes() { update_phase_ = profile::Phase::push; }
+  // The gradient noise scale's measurements so far (steps 0 where none were made).
+  const GradientNoise& gradient_noise() const { return noise_; }
+  // Every this many reducing steps between workers, the reducer measures the two norms:
+  // two passes over the gradients on the communication thread, a tenth of them a step.
+  static constexpr std::int64_t kNoiseEvery = 10;
 
   void step(const Tensor& x, const Tensor& y, metrics::Mean& loss_mean, std::int64_t global_rows = -1) {
     const bool update = ++micro_ % k_ == 0;
@@ -196,6 +201,10 @@ class Model::Trainer {
                        " without rows, and the model's BatchNormalization layers sum their statistics over every "
                        "replica; make every global batch at least ", in_sync,
                        " rows (drop_remainder on the dataset, or a sample count the batch size divides)");
+    // The noise scale needs one step's gradient over two batch sizes: not accumulated.
+    const bool measure_noise =
+        update && k_ == 1 && reducer_->measures_gradient_norms() && reducer_steps_++ % kNoiseEvery == 0;
+    if (measure_noise) reducer_->measure_gradient_norms();
     reducer_->begin_step(update, row_bounds_);
     // A mean over the batch becomes each replica's share of the global mean; a sum stays a sum.
     const bool mean_loss = model_.loss_->reduction() == losses::Reduction::sum_over_batch_size;
@@ -255,6 +264,7 @@ class Model::Trainer {
     // update, metrics) runs on it alone: on the compute pool it would leave pool threads
     // spinning on the cores the replica threads wake up on next, delaying their start by
     // up to milliseconds. An update that is not shared keeps every core.
+    if (measure_noise) add_noise_sample(row_bounds_.back() - row_bounds_.front(), rows);
     if (update && !shared) model_.optimizer_->apply_gradients(reducer_->reduced(0), vars_);
     const ScopedThreads alone(1);
     if (update && shared) model_.optimizer_->end_shared_update();
@@ -263,6 +273,24 @@ class Model::Trainer {
     for (const Output& out : outputs_)
       if (out.y_pred.defined()) record(y.slice(out.begin, out.end), out.y_pred, out.loss, out.end - out.begin, loss_mean);
     loop.add(profile::Phase::metrics, optimizer_end, Clock::now());
+  }
+
+  // One sampled step: this worker's `small` rows and the global batch's `big`. The
+  // gradients summed are each replica's share of the global mean (a mean loss) or plain
+  // sums (a summed loss); both become means before the estimate.
+  void add_noise_sample(std::int64_t small, std::int64_t big) {
+    if (small <= 0 || big <= small) return;
+    const auto [local_sq, global_sq] = reducer_->gradient_norms();
+    const double b = static_cast<double>(small), B = static_cast<double>(big);
+    const bool mean_loss = model_.loss_->reduction() == losses::Reduction::sum_over_batch_size;
+    const double small_sq = mean_loss ? local_sq * (B / b) * (B / b) : local_sq / (b * b);
+    const double big_sq = mean_loss ? global_sq : global_sq / (B * B);
+    const double n = static_cast<double>(noise_.steps);
+    noise_.gradient_sq = (noise_.gradient_sq * n + (B * big_sq - b * small_sq) / (B - b)) / (n + 1);
+    noise_.trace = (noise_.trace * n + (small_sq - big_sq) / (1 / b - 1 / B)) / (n + 1);
+    noise_.small_batch = b;
+    noise_.big_batch = B;
+    ++noise_.steps;
   }
 
   bool has_batch_norm() const {
@@ -312,6 +340,8 @@ class Model::Trainer {
   bool has_batch_norm_ = false;  // the model's, found with the reducer
   std::vector<Output> outputs_;  // [replica]
   std::vector<std::int64_t> row_bounds_;  // replica r's rows: [row_bounds_[r], row_bounds_[r + 1])
+  std::int64_t reducer_steps_ = 0;        // reducing steps, for the noise scale's sampling
+  GradientNoise noise_;
 };
 
 }  // namespace dtrain
