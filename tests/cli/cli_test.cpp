@@ -219,6 +219,9 @@ TEST_F(Cli, DoctorNamesSharedCoresFirstAndShowsEachScalesSpread) {
                           " core(s) on one host"),
             std::string::npos)
       << r.output;
+  // Seed 003's question, each scale's time to one loss, follows the scaling table.
+  EXPECT_NE(r.output.find("Time to accuracy: does each scale reach a loss as many times sooner"), std::string::npos)
+      << r.output;
   EXPECT_EQ(run("doctor " + tiny_config() + " --rounds 0").code, 2);
 }
 

@@ -318,6 +318,47 @@ TEST(Diagnosis, SharedCoresAreNamedFirstWithTheThreadsAndTheCores) {
   EXPECT_NE(f[0].evidence.find("4 compute thread(s) on 2 core(s)"), std::string::npos) << f[0].evidence;
 }
 
+// Seed 003's question: each scale's time to the loss every scale reached, against the
+// first's, with each global batch's statistical efficiency and goodput where the noise
+// scale is known; and the batch it suggests.
+TEST(Diagnosis, TimeToAccuracyAndTheBatchTheNoiseScaleSuggests) {
+  ScaleRun one{.workers = 1, .replicas = 1, .global_batch = 64, .samples_per_second = 1000,
+               .rows = {row(0.010, 0.0002, 0.008, 0, 0.0015)}};
+  one.loss = {0.9, 0.7, 0.6};
+  one.epoch_seconds = {1.0, 1.0, 1.0};
+  one.steps_trained = 30;
+  one.final_accuracy = 0.8;
+  ScaleRun two = one;
+  two.workers = 2;
+  two.global_batch = 128;
+  two.samples_per_second = 1800;
+  two.loss = {0.8, 0.6, 0.5};
+  two.noise_scale = 192;
+  const double noise = job_noise_scale({one, two});
+  EXPECT_DOUBLE_EQ(noise, 192.0);
+  const std::string table = time_to_accuracy_table({one, two}, noise);
+  // The target is 0.6 (the first run's lowest): reached at 3 s, and at 2 s by two workers.
+  EXPECT_NE(table.find("time to loss 0.6000 s"), std::string::npos) << table;
+  EXPECT_NE(table.find("| 1 | 1 | 64 | 1920 | 3.00 | 0.6000 | 80.0% | 3.00 | 1.00x | 75% | 750 |"), std::string::npos)
+      << table;
+  EXPECT_NE(table.find("| 2 | 1 | 128 | 3840 | 3.00 | 0.5000 | 80.0% | 2.00 | 1.50x | 60% | 1080 |"),
+            std::string::npos)
+      << table;
+  EXPECT_EQ(time_to_accuracy_table({one, two}, 0).find("efficiency"), std::string::npos);
+
+  // 128 rows against a critical batch of 192: near it, keep it.
+  EXPECT_NE(batch_advice({one, two}, 192).find("the batch is near it"), std::string::npos) << batch_advice({one, two}, 192);
+  // Against 1000: well below; 500 rows per replica (global 1000), the rate times 7.81.
+  const std::string below = batch_advice({one, two}, 1000);
+  EXPECT_NE(below.find("raise the global batch toward 1000 (500 rows per replica: --batch-size 1000)"),
+            std::string::npos)
+      << below;
+  EXPECT_NE(below.find("times 7.81"), std::string::npos) << below;
+  // Against 32: past it.
+  EXPECT_NE(batch_advice({one, two}, 32).find("the batch is past it"), std::string::npos);
+  EXPECT_TRUE(batch_advice({one, two}, 0).empty());
+}
+
 // A speedup above what the cores allow, or inside the rounds' spread, is in doubt: the
 // table marks it, says why, and the diagnosis says so before drawing on it.
 TEST(Diagnosis, ASpeedupTheCoresCannotGiveOrTheNoiseCoversIsInDoubt) {

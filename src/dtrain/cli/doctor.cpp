@@ -121,6 +121,16 @@ profile::ScaleRun scale_run_from_summary(const std::string& summary_path) {
     if (j.contains("epoch_samples_per_second") && j["epoch_samples_per_second"].size() > 1)
       run.rounds.assign(j["epoch_samples_per_second"].begin() + 1, j["epoch_samples_per_second"].end());
     run.rows = profile_from_json(j["profile"]);
+    // Training progress (validation's loss where there was one).
+    const json h = j.value("history", json::object());
+    const char* loss = h.contains("val_loss") ? "val_loss" : "loss";
+    if (h.contains(loss)) run.loss = h[loss].get<std::vector<double>>();
+    run.epoch_seconds = j.value("epoch_seconds", std::vector<double>{});
+    run.steps_trained = j.value("steps_trained", std::int64_t{0});
+    const json test = j.value("test", json::object());
+    if (test.contains("accuracy")) run.final_accuracy = test["accuracy"].get<double>();
+    else if (h.contains("accuracy") && !h["accuracy"].empty()) run.final_accuracy = h["accuracy"].back().get<double>();
+    if (j.contains("gradient_noise")) run.noise_scale = j["gradient_noise"].value("noise_scale", 0.0);
   } catch (const json::exception& e) {
     DTRAIN_THROW(IoError, "doctor: ", summary_path, ": a field is not as fit writes it: ", e.what());
   }
@@ -460,6 +470,21 @@ std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& o
   out << "\n" << profile::scaling_table(runs) << "\nDiagnosis (at the largest scale):\n";
   std::vector<profile::Finding> findings = profile::diagnose(runs);
   out << profile::format_findings(findings);
+  // Samples/s is not the whole story: how soon each scale reached a loss, and what each
+  // global batch's samples are worth.
+  const double noise_scale = profile::job_noise_scale(runs);
+  out << "\nTime to accuracy: does each scale reach a loss as many times sooner as it has replicas?\n"
+      << profile::time_to_accuracy_table(runs, noise_scale);
+  if (noise_scale > 0)
+    out << "(statistical efficiency: a sample's share of its best progress, B_noise / (B_noise + global batch), with "
+           "the gradient noise scale the largest run with several workers measured; goodput: samples/s times it)\n"
+        << profile::batch_advice(runs, noise_scale);
+  else if (most_workers(runs) > 1)
+    out << "(the runs at several workers measured no positive gradient noise scale in so few steps: more --steps "
+           "for each global batch's statistical efficiency)\n";
+  else
+    out << "(no run had several workers, so no gradient noise scale was measured: add --workers 1,2 for each global "
+           "batch's statistical efficiency)\n";
 
   const std::optional<LinkChoice> link = choose_link(o, what_if, runs, dir, out);
   const std::string link_words = link ? link->words : std::string();

@@ -2,11 +2,13 @@
 #include "dtrain/profile/diagnosis.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
 #include "dtrain/core/percentile.h"
 #include "dtrain/profile/format.h"
+#include "dtrain/profile/strategies.h"
 #include "dtrain/profile/whatif.h"
 
 namespace dtrain::profile {
@@ -244,6 +246,82 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
                    "batch: a larger batch or gradient accumulation spreads it over more samples; SGD with momentum "
                    "moves a third less memory than Adam"});
   return out;
+}
+
+double job_noise_scale(const std::vector<ScaleRun>& runs) {
+  const ScaleRun* from = nullptr;
+  for (const ScaleRun& r : runs)
+    if (r.noise_scale > 0 && (!from || r.replicas_in_sync() > from->replicas_in_sync())) from = &r;
+  return from ? from->noise_scale : 0.0;
+}
+
+std::string time_to_accuracy_table(const std::vector<ScaleRun>& runs, double noise_scale) {
+  std::vector<StrategyRun> as_runs;
+  for (const ScaleRun& r : runs) {
+    StrategyRun s;
+    s.loss = r.loss;
+    s.epoch_seconds = r.epoch_seconds;
+    as_runs.push_back(std::move(s));
+  }
+  const double target = common_target(as_runs);
+  std::ostringstream o;
+  o << "| workers | replicas per worker | global batch | samples seen | training s | loss reached | accuracy | time to loss "
+    << detail::fixed(target, 4) << " s | sooner than the first |"
+    << (noise_scale > 0 ? " statistical efficiency | goodput samples/s |" : "") << "\n|---|---|---|---|---|---|---|---|---|"
+    << (noise_scale > 0 ? "---|---|" : "") << "\n";
+  std::optional<double> first;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const ScaleRun& r = runs[i];
+    double seconds = 0;
+    for (double s : r.epoch_seconds) seconds += s;
+    const std::optional<double> t = time_to_loss(r.epoch_seconds, r.loss, target);
+    if (i == 0) first = t;
+    const double samples = static_cast<double>(r.global_batch) * static_cast<double>(r.steps_trained);
+    o << "| " << r.workers << " | " << r.replicas << " | " << r.global_batch << " | "
+      << detail::fixed(samples, 0) << " | " << detail::fixed(seconds, 2) << " | "
+      << (r.loss.empty() ? std::string("-") : detail::fixed(r.loss.back(), 4)) << " | "
+      << (r.final_accuracy >= 0 ? detail::percent(r.final_accuracy, 1) : std::string("-")) << " | "
+      << (t ? detail::fixed(*t, 2) : std::string("not reached")) << " | "
+      << (t && first && *t > 0 ? detail::fixed(*first / *t, 2) + "x" : std::string("-")) << " |";
+    if (noise_scale > 0) {
+      const double efficiency = noise_scale / (noise_scale + static_cast<double>(r.global_batch));
+      o << " " << detail::percent(efficiency, 0) << " | " << detail::fixed(r.samples_per_second * efficiency, 0) << " |";
+    }
+    o << "\n";
+  }
+  return o.str();
+}
+
+std::string batch_advice(const std::vector<ScaleRun>& runs, double noise_scale) {
+  if (noise_scale <= 0 || runs.empty()) return {};
+  const ScaleRun* big = &runs.front();
+  for (const ScaleRun& r : runs)
+    if (r.replicas_in_sync() > big->replicas_in_sync()) big = &r;
+  const double B = static_cast<double>(big->global_batch), critical = noise_scale;
+  const double efficiency = critical / (critical + B);
+  std::ostringstream o;
+  o << "The gradient noise scale is about " << detail::fixed(critical, 0)
+    << " samples (the critical batch: beyond it a larger batch buys little progress per step). At the largest scale's "
+       "global batch of "
+    << big->global_batch << " a sample makes " << detail::percent(efficiency, 0) << " of its best progress";
+  const int replicas = big->replicas_in_sync();
+  if (B < critical / 2) {
+    const double per_replica = std::ceil(critical / replicas);
+    o << "; the batch is well below it: raise the global batch toward " << detail::fixed(critical, 0) << " ("
+      << detail::fixed(per_replica, 0) << " rows per replica: --batch-size " << detail::fixed(per_replica * replicas, 0)
+      << ") and scale the learning rate with it (the linear rule, times "
+      << detail::fixed(per_replica * replicas / B, 2)
+      << ", with gradual warmup over the first epochs: optim::gradual_warmup), which spreads each step's communication "
+         "and update over more samples at "
+      << detail::percent(critical / (critical + per_replica * replicas), 0) << " efficiency.\n";
+  } else if (B > 2 * critical) {
+    o << "; the batch is past it: each added replica adds samples/s but little progress, so time to a loss falls "
+         "far less than the samples/s rise; a smaller per-replica batch (or fewer replicas) reaches it in about the "
+         "same time with less compute.\n";
+  } else {
+    o << "; the batch is near it, where samples/s and progress per sample are balanced: keep it.\n";
+  }
+  return o.str();
 }
 
 std::string format_findings(const std::vector<Finding>& findings) {

@@ -38,6 +38,12 @@ struct ScaleRun {
   // Why this run's figures are not to be concluded from (set by check_trust); empty when
   // they can be.
   std::string doubt;
+  // Training progress: each epoch's loss and wall-clock (the warm-up's included), the
+  // final accuracy (-1: none), and the gradient noise scale the run measured (0: none).
+  std::vector<double> loss, epoch_seconds;
+  std::int64_t steps_trained = 0;
+  double final_accuracy = -1;
+  double noise_scale = 0;
   int replicas_in_sync() const { return workers * replicas; }
   // The cores that computed: on each host, the threads asked or the cores there, whichever
   // is fewer (0: not known).
@@ -93,5 +99,20 @@ std::vector<std::size_t> check_trust(std::vector<ScaleRun>& runs);
 std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs);
 
 std::string format_findings(const std::vector<Finding>& findings);
+
+// The job's gradient noise scale: the one measured by the run with the most replicas in
+// sync that measured one (0: none did).
+double job_noise_scale(const std::vector<ScaleRun>& runs);
+
+// Time to accuracy (seed 003: does N times the devices reach a loss N times sooner?):
+// | workers | replicas | global batch | samples seen | training s | loss reached | accuracy |
+// time to loss L s | sooner than the first | statistical efficiency | goodput samples/s |
+// with L the loss every run reached, and with `noise_scale` > 0 each global batch's
+// statistical efficiency B_noise / (B_noise + B) and goodput (samples/s times it).
+std::string time_to_accuracy_table(const std::vector<ScaleRun>& runs, double noise_scale);
+
+// The global batch and learning rate the noise scale suggests for the largest run, in
+// words (empty without a noise scale).
+std::string batch_advice(const std::vector<ScaleRun>& runs, double noise_scale);
 
 }  // namespace dtrain::profile

@@ -32,13 +32,17 @@ std::string metric_text(const StrategyRun& r) {
 
 double StrategyRun::median_epoch_seconds() const { return median(epoch_seconds); }
 
-std::optional<double> time_to_loss(const StrategyRun& run, double target) {
+std::optional<double> time_to_loss(std::span<const double> epoch_seconds, std::span<const double> loss, double target) {
   double elapsed = 0;
-  for (std::size_t e = 0; e < run.loss.size() && e < run.epoch_seconds.size(); ++e) {
-    elapsed += run.epoch_seconds[e];
-    if (run.loss[e] <= target) return elapsed;
+  for (std::size_t e = 0; e < loss.size() && e < epoch_seconds.size(); ++e) {
+    elapsed += epoch_seconds[e];
+    if (loss[e] <= target) return elapsed;
   }
   return std::nullopt;
+}
+
+std::optional<double> time_to_loss(const StrategyRun& run, double target) {
+  return time_to_loss(run.epoch_seconds, run.loss, target);
 }
 
 double common_target(const std::vector<StrategyRun>& runs) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@ struct StrategyRun {
 
 // Seconds from the start of training until `loss` first fell to `target`, at the end of
 // the epoch where it did (epochs are the resolution); none when it never did.
+std::optional<double> time_to_loss(std::span<const double> epoch_seconds, std::span<const double> loss, double target);
 std::optional<double> time_to_loss(const StrategyRun& run, double target);
 
 // The loss every run reached: the highest of their lowest losses.
