@@ -357,6 +357,14 @@ TEST(Diagnosis, TimeToAccuracyAndTheBatchTheNoiseScaleSuggests) {
   // Against 32: past it.
   EXPECT_NE(batch_advice({one, two}, 32).find("the batch is past it"), std::string::npos);
   EXPECT_TRUE(batch_advice({one, two}, 0).empty());
+
+  // The what-if in time: 8 workers at 7000 samples/s against one at 1000, 64 rows each,
+  // noise scale 192: efficiency 75% at 64 rows, 192 / 704 = 27% at 512; 7 x 0.364 = 2.55x.
+  const std::string in_time = time_to_loss_what_if(1000, 7000, 8, 64, 192);
+  EXPECT_NE(in_time.find("about 2.55x sooner than one worker (7.00x the samples/s, each sample worth 0.36x as much"),
+            std::string::npos)
+      << in_time;
+  EXPECT_TRUE(time_to_loss_what_if(1000, 7000, 8, 64, 0).empty());
 }
 
 // A speedup above what the cores allow, or inside the rounds' spread, is in doubt: the

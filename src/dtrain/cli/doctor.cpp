@@ -514,6 +514,9 @@ std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& o
     report.what_if = profile::what_if_report(model, workers, link->link);
     for (int n = 1; n < workers; n *= 2) report.curve.push_back(profile::predict(model, n, link->link));
     report.curve.push_back(profile::predict(model, workers, link->link));
+    report.what_if += profile::time_to_loss_what_if(report.curve.front().samples_per_second,
+                                                    report.curve.back().samples_per_second, workers,
+                                                    static_cast<double>(one->global_batch), noise_scale);
     out << "\n" << report.what_if;
   }
   if (!o.report.empty()) {

@@ -292,6 +292,20 @@ std::string time_to_accuracy_table(const std::vector<ScaleRun>& runs, double noi
   return o.str();
 }
 
+std::string time_to_loss_what_if(double rate_one, double rate, int workers, double batch_one, double noise_scale) {
+  if (noise_scale <= 0 || rate_one <= 0 || batch_one <= 0) return {};
+  const double batch = batch_one * workers;
+  const double e_one = noise_scale / (noise_scale + batch_one), e = noise_scale / (noise_scale + batch);
+  const double sooner = rate * e / (rate_one * e_one);
+  std::ostringstream o;
+  o << "Time to the same loss at " << workers << " worker(s): about " << detail::fixed(sooner, 2)
+    << "x sooner than one worker (" << detail::fixed(rate / rate_one, 2) << "x the samples/s, each sample worth "
+    << detail::fixed(e / e_one, 2) << "x as much: statistical efficiency " << detail::percent(e_one, 0) << " at a global batch of "
+    << detail::fixed(batch_one, 0) << ", " << detail::percent(e, 0) << " at " << detail::fixed(batch, 0)
+    << ", with a gradient noise scale of " << detail::fixed(noise_scale, 0) << ").\n";
+  return o.str();
+}
+
 std::string batch_advice(const std::vector<ScaleRun>& runs, double noise_scale) {
   if (noise_scale <= 0 || runs.empty()) return {};
   const ScaleRun* big = &runs.front();

@@ -111,6 +111,13 @@ double job_noise_scale(const std::vector<ScaleRun>& runs);
 // statistical efficiency B_noise / (B_noise + B) and goodput (samples/s times it).
 std::string time_to_accuracy_table(const std::vector<ScaleRun>& runs, double noise_scale);
 
+// The what-if in time to the same loss: `workers` workers at `rate` samples/s against
+// one at `rate_one`, each taking `batch_one` rows a step; the number of samples a loss
+// takes grows by 1 + B / B_noise (McCandlish et al.), so it is reached
+// (rate x efficiency(B)) / (rate_one x efficiency(batch_one)) times sooner. In words,
+// with the parts (empty without a noise scale).
+std::string time_to_loss_what_if(double rate_one, double rate, int workers, double batch_one, double noise_scale);
+
 // The global batch and learning rate the noise scale suggests for the largest run, in
 // words (empty without a noise scale).
 std::string batch_advice(const std::vector<ScaleRun>& runs, double noise_scale);
