@@ -162,6 +162,46 @@ TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
   EXPECT_NE(html.find("predicted 9143 samples/s"), std::string::npos);
   EXPECT_NE(html.find("<b>communication-bound</b>"), std::string::npos);
   EXPECT_NE(html.find("<td>--gradient-accumulation-steps 4</td>"), std::string::npos);
+  // The runs measured on the what-if's curve: 8000 / (2 x 6400) = 62%.
+  EXPECT_NE(html.find("<title>measured, 2×1: 62%</title>"), std::string::npos);
+
+  // With each run's loss: a chart of loss against time, and the time-to-accuracy table.
+  report.runs[0].loss = {0.9, 0.6};
+  report.runs[0].epoch_seconds = {1.0, 1.0};
+  report.runs[1].loss = {0.8, 0.5};
+  report.runs[1].epoch_seconds = {1.5, 1.5};
+  report.noise_scale = 100;
+  const std::string with_loss = html_report(report);
+  EXPECT_NE(with_loss.find("Loss against time, each scale"), std::string::npos);
+  EXPECT_NE(with_loss.find("<title>2×1, epoch 2: loss 0.5000 at 3.00 s</title>"), std::string::npos);
+  EXPECT_NE(with_loss.find("<h2>Time to accuracy</h2>"), std::string::npos);
+  EXPECT_NE(with_loss.find("<th>statistical efficiency</th>"), std::string::npos);
+}
+
+// --strategies --report: the loss of each strategy against time with the target dashed,
+// the comparison and the recommendation; no scaling study.
+TEST(WhatIf, AStrategiesReportChartsEachStrategysLossAndRecommends) {
+  StrategyRun a;
+  a.label = "MultiWorkerMirroredStrategy";
+  a.kind = "multi_worker";
+  a.epoch_seconds = {1, 1};
+  a.loss = {0.7, 0.4};
+  StrategyRun b = a;
+  b.label = "ParameterServerStrategy (async)";
+  b.kind = "parameter_server";
+  b.epoch_seconds = {2, 2};
+  Report report;
+  report.title = "dtrain doctor job --strategies";
+  report.strategies = {a, b};
+  report.target_loss = 0.4;
+  const std::string html = html_report(report);
+  EXPECT_NE(html.find("Loss against time, each strategy"), std::string::npos);
+  EXPECT_NE(html.find("<title>target loss 0.4000</title>"), std::string::npos);
+  EXPECT_NE(html.find("<title>ParameterServerStrategy (async), epoch 2: loss 0.4000 at 4.00 s</title>"),
+            std::string::npos);
+  EXPECT_NE(html.find("Recommendation: MultiWorkerMirroredStrategy reaches loss 0.4000 in 2.00 s"), std::string::npos);
+  EXPECT_EQ(html.find("Diagnosis"), std::string::npos);
+  EXPECT_EQ(html.find("<script"), std::string::npos);
 }
 
 }  // namespace

@@ -433,6 +433,14 @@ void compare_strategies(const DoctorOptions& o, std::ostream& out) {
       << (o.target_loss > 0 ? "as given" : "the loss every strategy reached")
       << ", at the end of the epoch that reached it)\n\nRecommendation: "
       << profile::recommend(runs, target).reason << ".\n";
+  if (!o.report.empty()) {
+    profile::Report report;
+    report.title = "dtrain doctor " + o.config + " --strategies";
+    report.strategies = runs;
+    report.target_loss = target;
+    write_file_replacing(o.report, profile::html_report(report), "doctor: the report");
+    out << "\nreport written to " << o.report << "\n";
+  }
 }
 
 }  // namespace
@@ -494,6 +502,7 @@ std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& o
   report.runs = runs;
   report.findings = findings;
   report.link = link_words;
+  report.noise_scale = noise_scale;
   if (link) {
     report.checks = profile::model_check(runs, link->link);
     if (!report.checks.empty())

@@ -187,7 +187,59 @@ std::string phases_chart(const Report& r) {
   return svg.done();
 }
 
-// The what-if model's efficiency at 1, 2, 4, ... workers.
+// One line of loss against training time.
+struct LossSeries {
+  std::string label;
+  std::vector<double> seconds, loss;  // at each epoch's end, from the start of training
+};
+
+const char* const kSeriesColours[] = {"#3b6ea5", "#d9822b", "#4c9a5f", "#b04a5a", "#8c6bb1", "#5bc0de", "#777777"};
+
+// Each series' loss at the end of each epoch against the time since training began, and
+// the target they were timed to (dashed).
+std::string loss_chart(const std::string& title, const std::vector<LossSeries>& series, double target) {
+  Svg svg(title);
+  double right = 0, top = 0;
+  for (const LossSeries& s : series) {
+    for (double t : s.seconds) right = std::max(right, t);
+    for (double l : s.loss) top = std::max(top, l);
+  }
+  right = nice_ceiling(right);
+  top = nice_ceiling(top);
+  svg.y_axis(top, "", top < 1 ? 2 : 1);
+  for (int i = 0; i <= 4; ++i) svg.x_label(kLeft + kPlotW * i / 4, fixed(right * i / 4, 1));
+  auto x_of = [&](double t) { return kLeft + kPlotW * t / right; };
+  auto y_of = [&](double l) { return kTop + kPlotH - kPlotH * l / top; };
+  for (std::size_t k = 0; k < series.size(); ++k) {
+    const LossSeries& s = series[k];
+    const char* colour = kSeriesColours[k % std::size(kSeriesColours)];
+    std::string points;
+    for (std::size_t e = 0; e < s.loss.size() && e < s.seconds.size(); ++e) {
+      points += (e ? " " : "") + fixed(x_of(s.seconds[e]), 1) + "," + fixed(y_of(s.loss[e]), 1);
+      svg.o << "<circle cx=\"" << fixed(x_of(s.seconds[e]), 1) << "\" cy=\"" << fixed(y_of(s.loss[e]), 1)
+            << "\" r=\"3\" fill=\"" << colour << "\"><title>" << escape(s.label) << ", epoch " << e + 1 << ": loss "
+            << fixed(s.loss[e], 4) << " at " << fixed(s.seconds[e], 2) << " s</title></circle>\n";
+    }
+    svg.o << "<polyline points=\"" << points << "\" fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"2\"/>\n";
+    svg.legend(static_cast<int>(k), colour, s.label);
+  }
+  if (target > 0 && target <= top)
+    svg.o << "<line x1=\"" << kLeft << "\" x2=\"" << kLeft + kPlotW << "\" y1=\"" << fixed(y_of(target), 1) << "\" y2=\""
+          << fixed(y_of(target), 1) << "\" stroke=\"" << kIdeal << "\" stroke-dasharray=\"4 2\"><title>target loss "
+          << fixed(target, 4) << "</title></line>\n";
+  svg.x_title("seconds of training (loss at each epoch's end)");
+  return svg.done();
+}
+
+std::vector<double> cumulative(const std::vector<double>& seconds) {
+  std::vector<double> out;
+  double sum = 0;
+  for (double s : seconds) out.push_back(sum += s);
+  return out;
+}
+
+// The what-if model's efficiency at 1, 2, 4, ... workers, with the runs' measured
+// efficiency (against the run at one worker of as many replicas) on it.
 std::string curve_chart(const Report& r) {
   Svg svg("Predicted scaling efficiency");
   svg.y_axis(100, "%", 0);
@@ -205,6 +257,24 @@ std::string curve_chart(const Report& r) {
   }
   svg.o << "<polyline points=\"" << line << "\" fill=\"none\" stroke=\"" << kPredicted << "\" stroke-width=\"2\"/>\n";
   svg.legend(0, kPredicted, "model");
+  bool measured = false;
+  for (const ScaleRun& run : r.runs) {
+    const auto one = std::find_if(r.runs.begin(), r.runs.end(), [&](const ScaleRun& o) {
+      return o.workers == 1 && o.replicas == run.replicas && o.samples_per_second > 0;
+    });
+    if (one == r.runs.end()) continue;
+    // Where the run's worker count sits on the curve's axis (1, 2, 4, ..., the what-if's).
+    for (std::size_t i = 0; i < r.curve.size(); ++i) {
+      if (r.curve[i].workers != run.workers) continue;
+      const double efficiency = run.samples_per_second / (one->samples_per_second * run.workers);
+      const double x = kLeft + kPlotW * (n > 1 ? static_cast<double>(i) / (n - 1) : 0.5);
+      svg.o << "<circle cx=\"" << fixed(x, 1) << "\" cy=\"" << fixed(kTop + kPlotH - kPlotH * std::min(1.0, efficiency), 1)
+            << "\" r=\"5\" fill=\"" << kMeasured << "\"><title>measured, " << label(run) << ": "
+            << detail::percent(efficiency, 0) << "</title></circle>\n";
+      measured = true;
+    }
+  }
+  if (measured) svg.legend(1, kMeasured, "measured");
   svg.x_title("workers");
   return svg.done();
 }
@@ -262,9 +332,27 @@ std::string html_report(const Report& r) {
        "</style></head><body>\n<h1>"
     << escape(r.title) << "</h1>\n";
   if (!r.runs.empty()) {
+    std::vector<LossSeries> losses;
+    for (const ScaleRun& run : r.runs)
+      if (!run.loss.empty()) losses.push_back({label(run), cumulative(run.epoch_seconds), run.loss});
     o << "<div class=\"charts\">\n" << throughput_chart(r) << efficiency_chart(r) << phases_chart(r);
+    if (!losses.empty()) o << loss_chart("Loss against time, each scale", losses, 0);
     if (!r.curve.empty()) o << curve_chart(r);
     o << "</div>\n<h2>Scaling</h2>\n" << markdown_html(scaling_table(r.runs));
+    if (!losses.empty())
+      o << "<h2>Time to accuracy</h2>\n" << markdown_html(time_to_accuracy_table(r.runs, r.noise_scale))
+        << markdown_html(batch_advice(r.runs, r.noise_scale));
+  }
+  if (!r.strategies.empty()) {
+    std::vector<LossSeries> losses;
+    for (const StrategyRun& run : r.strategies) losses.push_back({run.label, cumulative(run.epoch_seconds), run.loss});
+    o << "<div class=\"charts\">\n" << loss_chart("Loss against time, each strategy", losses, r.target_loss)
+      << "</div>\n<h2>Strategies</h2>\n" << markdown_html(strategies_table(r.strategies, r.target_loss)) << "<p>"
+      << escape("Recommendation: " + recommend(r.strategies, r.target_loss).reason + ".") << "</p>\n";
+  }
+  if (r.runs.empty()) {  // a comparison of strategies has no diagnosis of scales
+    o << "</body></html>\n";
+    return o.str();
   }
   o << "<h2>Diagnosis</h2>\n";
   if (r.findings.empty()) o << "<p>" << escape(format_findings(r.findings)) << "</p>\n";

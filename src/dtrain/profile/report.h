@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dtrain/profile/diagnosis.h"
+#include "dtrain/profile/strategies.h"
 #include "dtrain/profile/whatif.h"
 
 namespace dtrain::profile {
@@ -19,6 +20,10 @@ struct Report {
   std::string link;                 // the link the model used, in words
   std::vector<Prediction> curve;    // predicted at 1, 2, 4, ... workers (what-if)
   std::string what_if;              // what_if_report's text
+  double noise_scale = 0;           // the job's gradient noise scale (0: not measured)
+  // --strategies: each strategy's run, and the loss they were timed to.
+  std::vector<StrategyRun> strategies;
+  double target_loss = 0;
 };
 
 std::string html_report(const Report& report);
