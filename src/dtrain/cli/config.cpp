@@ -3,6 +3,9 @@
 #include "dtrain/cli/config.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
@@ -668,6 +671,28 @@ Shape input_shape(const RunConfig& c) {
     }
     return *read_rows(c.data, c.data.train_files, 1, !regression(c)).row_shape;
   });
+}
+
+// --consistency: async, ssp:K (K >= 0) or sync[:B] (B backup workers).
+distribute::Consistency parse_consistency(const std::string& text) {
+  if (text.empty() || text == "async") return distribute::Consistency::async();
+  const auto colon = text.find(':');
+  const std::string kind = text.substr(0, colon);
+  int n = 0;
+  if (colon != std::string::npos) {
+    const std::string number = text.substr(colon + 1);
+    char* end = nullptr;
+    errno = 0;
+    const long v = std::strtol(number.c_str(), &end, 10);
+    if (number.empty() || *end != '\0' || errno == ERANGE || v < 0 || v > 1'000'000 ||
+        !std::isdigit(static_cast<unsigned char>(number[0])))
+      DTRAIN_THROW(InvalidArgument, "--consistency '", text, "': expected a number of 0 or more after the colon");
+    n = static_cast<int>(v);
+  }
+  if (kind == "ssp" && colon != std::string::npos) return distribute::Consistency::ssp(n);
+  if (kind == "sync") return distribute::Consistency::sync(n);
+  DTRAIN_THROW(InvalidArgument, "--consistency '", text, "': expected async, ssp:K (K closures of staleness) or ",
+               "sync[:B] (B backup workers)");
 }
 
 }  // namespace dtrain::cli

@@ -13,6 +13,7 @@
 #include "dtrain/data/datasets.h"
 #include "dtrain/model/sequential.h"
 #include "dtrain/model/serialization.h"
+#include "dtrain/ps/cluster_coordinator.h"
 
 namespace dtrain::cli {
 
@@ -119,5 +120,9 @@ Shape input_shape(const RunConfig& c);
 void check_model_fits_data(const RunConfig& c, const Shape& row);
 // The training Dataset the config's pipeline describes (requires c.data.pipeline).
 data::Dataset build_pipeline(const RunConfig& c, const data::Split& train);
+
+// --consistency (and a --strategies parameter_server mode): async, ssp:K (K >= 0) or
+// sync[:B] (B backup workers); an error names the text.
+distribute::Consistency parse_consistency(const std::string& text);
 
 }  // namespace dtrain::cli

@@ -39,6 +39,26 @@ std::string tail_lines(const std::string& text, int lines) {
   return text.substr(at + 1);
 }
 
+// The metric a summary's run ended at: on the test data where it was tested, else the last
+// epoch's; the first of the accuracies the run has. {name, value, test rows}; value -1:
+// none.
+struct FinalMetric {
+  std::string name;
+  double value = -1;
+  std::int64_t rows = 0;
+};
+FinalMetric final_metric(const json& j) {
+  const json test = j.value("test", json::object()), h = j.value("history", json::object());
+  for (const char* m : {"accuracy", "sparse_categorical_accuracy", "categorical_accuracy", "binary_accuracy"}) {
+    if (test.contains(m)) return {m, test[m].get<double>(), j.value("test_samples", std::int64_t{0})};
+    if (h.contains(m) && !h[m].empty()) return {m, h[m].back().get<double>(), 0};
+  }
+  return {};
+}
+
+// The loss a run is timed by: validation's where there was one.
+std::string loss_name(const json& history) { return history.contains("val_loss") ? "val_loss" : "loss"; }
+
 struct TempDir {
   std::filesystem::path path =
       std::filesystem::temp_directory_path() / ("dtrain-doctor-" + std::to_string(::getpid()));
@@ -123,13 +143,10 @@ profile::ScaleRun scale_run_from_summary(const std::string& summary_path) {
     run.rows = profile_from_json(j["profile"]);
     // Training progress (validation's loss where there was one).
     const json h = j.value("history", json::object());
-    const char* loss = h.contains("val_loss") ? "val_loss" : "loss";
-    if (h.contains(loss)) run.loss = h[loss].get<std::vector<double>>();
+    if (h.contains(loss_name(h))) run.loss = h[loss_name(h)].get<std::vector<double>>();
     run.epoch_seconds = j.value("epoch_seconds", std::vector<double>{});
     run.steps_trained = j.value("steps_trained", std::int64_t{0});
-    const json test = j.value("test", json::object());
-    if (test.contains("accuracy")) run.final_accuracy = test["accuracy"].get<double>();
-    else if (h.contains("accuracy") && !h["accuracy"].empty()) run.final_accuracy = h["accuracy"].back().get<double>();
+    run.final_accuracy = final_metric(j).value;
     if (j.contains("gradient_noise")) run.noise_scale = j["gradient_noise"].value("noise_scale", 0.0);
   } catch (const json::exception& e) {
     DTRAIN_THROW(IoError, "doctor: ", summary_path, ": a field is not as fit writes it: ", e.what());
@@ -150,24 +167,13 @@ profile::StrategyRun strategy_run_from_summary(const std::string& summary_path, 
     run.workers = std::max(1, j.value("workers", 1));
     run.epoch_seconds = j["epoch_seconds"].get<std::vector<double>>();
     const json& h = j["history"];
-    run.loss_name = h.contains("val_loss") ? "val_loss" : "loss";
+    run.loss_name = loss_name(h);
     run.loss = h.at(run.loss_name).get<std::vector<double>>();
     run.samples_per_second = j.value("samples_per_second", 0.0);
-    const json test = j.value("test", json::object());
-    run.test_samples = j.value("test_samples", std::int64_t{0});
-    for (const char* m : {"accuracy", "sparse_categorical_accuracy", "categorical_accuracy", "binary_accuracy"}) {
-      if (test.contains(m)) {
-        run.metric = m;
-        run.final_metric = test[m].get<double>();
-        break;
-      }
-      if (h.contains(m) && !h[m].empty()) {
-        run.metric = m;
-        run.final_metric = h[m].back().get<double>();
-        run.test_samples = 0;  // a training epoch's, whose rows the summary does not give
-        break;
-      }
-    }
+    const FinalMetric m = final_metric(j);
+    run.metric = m.name;
+    run.final_metric = m.value;
+    run.test_samples = m.rows;
     // Each worker's shares of its step; the most any worker waited.
     for (const profile::WorkerSummary& w : profile_from_json(j.value("profile", json::array()))) {
       const profile::Totals& t = w.totals;
@@ -324,6 +330,21 @@ int most_workers(const std::vector<profile::ScaleRun>& runs) {
   return most;
 }
 
+// Under the time-to-accuracy table: what its efficiencies come from, and the batch the
+// noise scale suggests; or why there are none.
+void report_time_to_accuracy(const std::vector<profile::ScaleRun>& runs, double noise_scale, std::ostream& out) {
+  if (noise_scale > 0)
+    out << "(statistical efficiency: a sample's share of its best progress, B_noise / (B_noise + global batch), with "
+           "the gradient noise scale the largest run with several workers measured; goodput: samples/s times it)\n"
+        << profile::batch_advice(runs, noise_scale);
+  else if (most_workers(runs) > 1)
+    out << "(the runs at several workers measured no positive gradient noise scale in so few steps: more --steps "
+           "for each global batch's statistical efficiency)\n";
+  else
+    out << "(no run had several workers, so no gradient noise scale was measured: add --workers 1,2 for each global "
+           "batch's statistical efficiency)\n";
+}
+
 struct LinkChoice {
   profile::Link link;
   std::string words;  // the link and where it came from
@@ -369,6 +390,7 @@ std::pair<std::string, std::string> split_strategy(const std::string& spec) {
                  "': expected mirrored, multi_worker or parameter_server[:async|ssp:K|sync[:B]]");
   if (!out.second.empty() && out.first != "parameter_server")
     DTRAIN_THROW(InvalidArgument, "doctor: --strategies '", spec, "': only parameter_server takes a consistency mode");
+  if (!out.second.empty()) parse_consistency(out.second);
   return out;
 }
 
@@ -381,7 +403,10 @@ std::pair<std::string, std::string> split_strategy(const std::string& spec) {
 std::vector<profile::StrategyRun> run_strategies(const DoctorOptions& o, const TempDir& dir, std::ostream& out) {
   const std::int64_t per_replica = o.batch_size > 0 ? o.batch_size : load_config(o.config).batch_size;
   const int n = std::max(2, *std::max_element(o.workers.begin(), o.workers.end()));
-  const int threads = threads_per_worker(o);
+  // As for the scales: given, else OMP_NUM_THREADS, else the cores shared by the n workers.
+  DoctorOptions shared = o;
+  shared.workers = {n};
+  const int threads = threads_per_worker(shared);
   out << "dtrain doctor " << o.config << ": " << o.strategies.size() << " strategies, " << o.epochs
       << " epoch(s) each, " << n << " replicas or workers, every update on a batch of " << per_replica * n
       << " rows, " << threads << " thread(s) a worker, " << available_cores() << " core(s) here\n" << std::flush;
@@ -481,18 +506,12 @@ std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& o
   // Samples/s is not the whole story: how soon each scale reached a loss, and what each
   // global batch's samples are worth.
   const double noise_scale = profile::job_noise_scale(runs);
-  out << "\nTime to accuracy: does each scale reach a loss as many times sooner as it has replicas?\n"
-      << profile::time_to_accuracy_table(runs, noise_scale);
-  if (noise_scale > 0)
-    out << "(statistical efficiency: a sample's share of its best progress, B_noise / (B_noise + global batch), with "
-           "the gradient noise scale the largest run with several workers measured; goodput: samples/s times it)\n"
-        << profile::batch_advice(runs, noise_scale);
-  else if (most_workers(runs) > 1)
-    out << "(the runs at several workers measured no positive gradient noise scale in so few steps: more --steps "
-           "for each global batch's statistical efficiency)\n";
-  else
-    out << "(no run had several workers, so no gradient noise scale was measured: add --workers 1,2 for each global "
-           "batch's statistical efficiency)\n";
+  const bool progress = std::any_of(runs.begin(), runs.end(), [](const profile::ScaleRun& r) { return !r.loss.empty(); });
+  if (progress) {
+    out << "\nTime to accuracy: does each scale reach a loss as many times sooner as it has replicas?\n"
+        << profile::time_to_accuracy_table(runs, noise_scale);
+    report_time_to_accuracy(runs, noise_scale, out);
+  }
 
   const std::optional<LinkChoice> link = choose_link(o, what_if, runs, dir, out);
   const std::string link_words = link ? link->words : std::string();

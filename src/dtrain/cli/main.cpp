@@ -125,28 +125,6 @@ std::unique_ptr<distribute::Strategy> make_strategy(const cli::RunConfig& c, con
   return nullptr;
 }
 
-// --consistency: async, ssp:K (K >= 0) or sync[:B] (B backup workers).
-distribute::Consistency parse_consistency(const std::string& text) {
-  if (text.empty() || text == "async") return distribute::Consistency::async();
-  const auto colon = text.find(':');
-  const std::string kind = text.substr(0, colon);
-  int n = 0;
-  if (colon != std::string::npos) {
-    const std::string number = text.substr(colon + 1);
-    char* end = nullptr;
-    errno = 0;
-    const long v = std::strtol(number.c_str(), &end, 10);
-    if (number.empty() || *end != '\0' || errno == ERANGE || v < 0 || v > 1'000'000 ||
-        !std::isdigit(static_cast<unsigned char>(number[0])))
-      DTRAIN_THROW(InvalidArgument, "--consistency '", text, "': expected a number of 0 or more after the colon");
-    n = static_cast<int>(v);
-  }
-  if (kind == "ssp" && colon != std::string::npos) return distribute::Consistency::ssp(n);
-  if (kind == "sync") return distribute::Consistency::sync(n);
-  DTRAIN_THROW(InvalidArgument, "--consistency '", text, "': expected async, ssp:K (K closures of staleness) or ",
-               "sync[:B] (B backup workers)");
-}
-
 // This binary's path (for the processes it starts).
 std::string self_path() {
   char self[4096];
@@ -256,7 +234,7 @@ int run_fit(const std::string& path, const Overrides& o) {
   std::unique_ptr<distribute::ParameterServerStrategy> ps;
   if (c.strategy == "parameter_server") {
     distribute::ParameterServerOptions options;
-    options.consistency = parse_consistency(o.consistency);
+    options.consistency = cli::parse_consistency(o.consistency);
     const cluster::TfConfig config = cluster::tf_config_from_environment();
     if (kill.ps && kill.worker >= config.cluster.num_tasks("ps"))
       DTRAIN_THROW(InvalidArgument, "--fault-kill ", o.fault_kill, ": the job has ", config.cluster.num_tasks("ps"),
@@ -303,7 +281,7 @@ int run_fit(const std::string& path, const Overrides& o) {
              std::to_string(strategy->worker_index()) + ")";
   if (ps)
     where = ps->name() + " (" + std::to_string(ps->num_workers()) + " workers, " + std::to_string(ps->num_ps()) +
-            " ps, " + parse_consistency(o.consistency).description() + "; this is " + ps->task().to_string() + ")";
+            " ps, " + cli::parse_consistency(o.consistency).description() + "; this is " + ps->task().to_string() + ")";
   std::printf("dtrain fit %s: %lld training samples, batch %lld, %d epochs, %s, %s\n", path.c_str(),
               static_cast<long long>(d.train.x.dim(0)), static_cast<long long>(c.batch_size), c.epochs, where.c_str(),
               model_policy(*model).c_str());
@@ -385,7 +363,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["workers"] = ps ? ps->num_workers() : strategy ? strategy->num_workers() : 1;
     if (ps) {
       j["ps"] = ps->num_ps();
-      j["consistency"] = parse_consistency(o.consistency).description();
+      j["consistency"] = cli::parse_consistency(o.consistency).description();
       j["steps_per_execution"] = o.steps_per_execution;
       const distribute::ClusterCoordinator::Statistics s = distribute::ClusterCoordinator(*ps).statistics();
       j["closures"] = s.closures_finished;
@@ -640,7 +618,7 @@ int main(int argc, char** argv) {
                      "Predict another scale or link: workers=16,link=10Gbit,latency=50us (each part optional)");
   doctor->add_option("--report", doctor_options.report, "Write the study as one self-contained HTML page here");
   doctor->add_option("--strategies", doctor_options.strategies,
-                     "Run both and compare: each of mirrored, multi_worker, parameter_server[:async|ssp:K|sync:B] "
+                     "Run both and compare: each of mirrored, multi_worker, parameter_server[:async|ssp:K|sync[:B]] "
                      "trains the job for --epochs epochs at the most --workers (at least 2)")
       ->delimiter(',');
   doctor->add_option("--epochs", doctor_options.epochs, "With --strategies: whole epochs each strategy trains (default 3)")

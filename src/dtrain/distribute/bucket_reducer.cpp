@@ -187,14 +187,15 @@ void BucketReducer::reduce_across_workers(comm::GlooGroup& group, std::uint64_t 
     const Clock::time_point start = Clock::now();
     if (shared_) group.allreduce(*shared_, shared_at_[b], count);
     else group.allreduce(outputs_[b].data<float>(), count, b, cross_.wire);
-    if (measuring_) global_sq_ += comm::sum_of_squares(outputs_[b].data<float>(), flags_at_[b]);
+    const Clock::time_point end = Clock::now();
     if (comm_track_) {
       // The wait for a late peer is its own phase; the rest moved the bytes.
       const Clock::time_point joined = start + group.last_peer_wait();
       if (joined > start) comm_track_->add(profile::Phase::straggler_wait, start, joined, "waiting for peers");
-      comm_track_->add(profile::Phase::communication, joined, Clock::now(), "all-reduce across workers");
+      comm_track_->add(profile::Phase::communication, joined, end, "all-reduce across workers");
       comm_track_->add_bytes(comm::wire_bytes(count, cross_.wire));
     }
+    if (measuring_) global_sq_ += comm::sum_of_squares(outputs_[b].data<float>(), flags_at_[b]);
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include "dtrain/autograd/variable.h"
 #include "dtrain/model/logs.h"
+#include "dtrain/profile/diagnosis.h"
 #include "dtrain/profile/summary.h"
 
 namespace dtrain {
@@ -89,10 +90,7 @@ struct GradientNoise {
   // B_noise, in samples (0 when not measured or the estimate is not positive).
   double noise_scale() const { return steps > 0 && gradient_sq > 0 && trace > 0 ? trace / gradient_sq : 0.0; }
   // The share of a sample's best progress a sample makes in a batch of `batch` rows.
-  double efficiency(double batch) const {
-    const double b = noise_scale();
-    return b > 0 ? b / (b + batch) : 0.0;
-  }
+  double efficiency(double batch) const { return profile::statistical_efficiency(noise_scale(), batch); }
 };
 
 // Records every epoch's logs: history["loss"][epoch], ... fit() returns one.

@@ -178,10 +178,11 @@ History Model::coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps,
     remote.train(first_step, steps, opt.steps_per_execution, [&](std::int64_t first, int n, int worker,
                                                                   const std::vector<double>& figures) {
       if (figures.size() != profiled + static_cast<std::size_t>(n))
-        DTRAIN_THROW(InvalidArgument, "fit: the closure of steps ", first, " to ", first + n - 1, " returned ",
-                     figures.size(), " figures, not the ", profiled + static_cast<std::size_t>(n),
-                     " of this model's loss, ", metrics_.size(), " metrics and ", n,
-                     " steps' profile: every task must compile the same metrics");
+        DTRAIN_THROW(InvalidArgument, "fit: worker ", worker, " returned ", figures.size(),
+                     " figures for the closure of steps ", first, " to ", first + n - 1, ", not the ",
+                     profiled + static_cast<std::size_t>(n), " of this model's loss, ", metrics_.size(),
+                     " metrics and ", n, " steps' profile: every task must compile the same metrics, and run the "
+                     "same dtrain");
       const std::span<const double> profiled_part = std::span<const double>(figures).subspan(expected);
       const profile::Totals closure = profile::WorkerSummary::from_values(profiled_part).totals;
       const std::span<const double> closure_walls = profiled_part.subspan(profile::WorkerSummary::kValues);

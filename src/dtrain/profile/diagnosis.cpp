@@ -284,7 +284,7 @@ std::string time_to_accuracy_table(const std::vector<ScaleRun>& runs, double noi
       << (t ? detail::fixed(*t, 2) : std::string("not reached")) << " | "
       << (t && first && *t > 0 ? detail::fixed(*first / *t, 2) + "x" : std::string("-")) << " |";
     if (noise_scale > 0) {
-      const double efficiency = noise_scale / (noise_scale + static_cast<double>(r.global_batch));
+      const double efficiency = statistical_efficiency(noise_scale, static_cast<double>(r.global_batch));
       o << " " << detail::percent(efficiency, 0) << " | " << detail::fixed(r.samples_per_second * efficiency, 0) << " |";
     }
     o << "\n";
@@ -295,7 +295,7 @@ std::string time_to_accuracy_table(const std::vector<ScaleRun>& runs, double noi
 std::string time_to_loss_what_if(double rate_one, double rate, int workers, double batch_one, double noise_scale) {
   if (noise_scale <= 0 || rate_one <= 0 || batch_one <= 0) return {};
   const double batch = batch_one * workers;
-  const double e_one = noise_scale / (noise_scale + batch_one), e = noise_scale / (noise_scale + batch);
+  const double e_one = statistical_efficiency(noise_scale, batch_one), e = statistical_efficiency(noise_scale, batch);
   const double sooner = rate * e / (rate_one * e_one);
   std::ostringstream o;
   o << "Time to the same loss at " << workers << " worker(s): about " << detail::fixed(sooner, 2)
@@ -312,7 +312,7 @@ std::string batch_advice(const std::vector<ScaleRun>& runs, double noise_scale) 
   for (const ScaleRun& r : runs)
     if (r.replicas_in_sync() > big->replicas_in_sync()) big = &r;
   const double B = static_cast<double>(big->global_batch), critical = noise_scale;
-  const double efficiency = critical / (critical + B);
+  const double efficiency = statistical_efficiency(critical, B);
   std::ostringstream o;
   o << "The gradient noise scale is about " << detail::fixed(critical, 0)
     << " samples (the critical batch: beyond it a larger batch buys little progress per step). At the largest scale's "
@@ -327,7 +327,7 @@ std::string batch_advice(const std::vector<ScaleRun>& runs, double noise_scale) 
       << detail::fixed(per_replica * replicas / B, 2)
       << ", with gradual warmup over the first epochs: optim::gradual_warmup), which spreads each step's communication "
          "and update over more samples at "
-      << detail::percent(critical / (critical + per_replica * replicas), 0) << " efficiency.\n";
+      << detail::percent(statistical_efficiency(critical, per_replica * replicas), 0) << " efficiency.\n";
   } else if (B > 2 * critical) {
     o << "; the batch is past it: each added replica adds samples/s but little progress, so time to a loss falls "
          "far less than the samples/s rise; a smaller per-replica batch (or fewer replicas) reaches it in about the "

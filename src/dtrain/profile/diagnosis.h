@@ -73,7 +73,7 @@ struct Finding {
   std::string fix;       // what to do, with the predicted gain where there is one
 };
 
-// | workers | replicas per worker | threads / cores | global batch | samples/s | spread |
+// | workers | replicas per worker | global batch | threads / cores | samples/s | spread |
 // speedup | phase shares ... | (speedup against the first run; a run in doubt is marked and
 // its doubt is said under the table).
 std::string scaling_table(const std::vector<ScaleRun>& runs);
@@ -99,6 +99,12 @@ std::vector<std::size_t> check_trust(std::vector<ScaleRun>& runs);
 std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs);
 
 std::string format_findings(const std::vector<Finding>& findings);
+
+// A sample's share of its best progress in a batch of `batch` rows, for a gradient noise
+// scale of `noise_scale` samples: B_noise / (B_noise + B) (0 without a noise scale).
+inline double statistical_efficiency(double noise_scale, double batch) {
+  return noise_scale > 0 ? noise_scale / (noise_scale + batch) : 0.0;
+}
 
 // The job's gradient noise scale: the one measured by the run with the most replicas in
 // sync that measured one (0: none did).

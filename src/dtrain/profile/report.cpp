@@ -202,7 +202,8 @@ std::string loss_chart(const std::string& title, const std::vector<LossSeries>& 
   double right = 0, top = 0;
   for (const LossSeries& s : series) {
     for (double t : s.seconds) right = std::max(right, t);
-    for (double l : s.loss) top = std::max(top, l);
+    for (double l : s.loss)
+      if (std::isfinite(l)) top = std::max(top, l);
   }
   right = nice_ceiling(right);
   top = nice_ceiling(top);
@@ -215,7 +216,8 @@ std::string loss_chart(const std::string& title, const std::vector<LossSeries>& 
     const char* colour = kSeriesColours[k % std::size(kSeriesColours)];
     std::string points;
     for (std::size_t e = 0; e < s.loss.size() && e < s.seconds.size(); ++e) {
-      points += (e ? " " : "") + fixed(x_of(s.seconds[e]), 1) + "," + fixed(y_of(s.loss[e]), 1);
+      if (!std::isfinite(s.loss[e])) continue;  // a diverged epoch: no point
+      points += (points.empty() ? "" : " ") + fixed(x_of(s.seconds[e]), 1) + "," + fixed(y_of(s.loss[e]), 1);
       svg.o << "<circle cx=\"" << fixed(x_of(s.seconds[e]), 1) << "\" cy=\"" << fixed(y_of(s.loss[e]), 1)
             << "\" r=\"3\" fill=\"" << colour << "\"><title>" << escape(s.label) << ", epoch " << e + 1 << ": loss "
             << fixed(s.loss[e], 4) << " at " << fixed(s.seconds[e], 2) << " s</title></circle>\n";

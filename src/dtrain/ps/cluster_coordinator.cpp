@@ -1746,20 +1746,29 @@ void PsBackend::train(std::int64_t first_step, std::int64_t steps, int steps_per
   if (failure) std::rethrow_exception(failure);
 }
 
+namespace {
+
+// The mean of staleness counts ([s]: pushes s versions behind); -1 when there are none.
+double mean_staleness(const std::vector<std::int64_t>& counts) {
+  std::int64_t pushes = 0, weighted = 0;
+  for (std::size_t k = 0; k < counts.size(); ++k) {
+    pushes += counts[k];
+    weighted += counts[k] * static_cast<std::int64_t>(k);
+  }
+  return pushes > 0 ? static_cast<double>(weighted) / static_cast<double>(pushes) : -1.0;
+}
+
+}  // namespace
+
 std::string PsBackend::statistics() const {
   const ClusterCoordinator::Statistics s = alive().coordinator().statistics();
-  std::int64_t pushes = 0, weighted = 0;
-  for (std::size_t k = 0; k < s.staleness_counts.size(); ++k) {
-    pushes += s.staleness_counts[k];
-    weighted += s.staleness_counts[k] * static_cast<std::int64_t>(k);
-  }
+  const double stale = mean_staleness(s.staleness_counts);
   std::ostringstream o;
   o << "closures " << s.closures_finished << " (" << s.closures_rerun << " run again after " << s.workers_lost
     << " lost worker" << (s.workers_lost == 1 ? "" : "s") << "), updates applied " << s.pushes_applied << ", refused "
     << s.pushes_refused << ", dropped " << s.pushes_dropped;
-  if (pushes > 0)
-    o << ", staleness mean " << std::fixed << std::setprecision(2) << static_cast<double>(weighted) / static_cast<double>(pushes)
-      << " max " << s.staleness_counts.size() - 1;
+  if (stale >= 0)
+    o << ", staleness mean " << std::fixed << std::setprecision(2) << stale << " max " << s.staleness_counts.size() - 1;
   if (s.steps_finished > 0 && s.pushes_applied > 0) {
     // Where a step's time went, on the workers and at the parameter servers.
     const double steps = static_cast<double>(s.steps_finished), ms = 1000.0;
@@ -1782,20 +1791,15 @@ std::string PsBackend::servers_table(double training_seconds) const {
   std::ostringstream o;
   o << std::fixed << std::setprecision(2)
     << "| ps | updates applied | refused | dropped | apply ms | queued ms | busy applying | staleness mean | "
-       "staleness max | MB pulled and pushed per update |\n|---|---|---|---|---|---|---|---|---|---|\n";
+       "staleness max | MB pulled and pushed per push |\n|---|---|---|---|---|---|---|---|---|---|\n";
   for (std::size_t p = 0; p < s.per_ps.size(); ++p) {
     const ClusterCoordinator::Statistics::Ps& ps = s.per_ps[p];
     const std::int64_t arrived = ps.pushes_applied + ps.pushes_refused + ps.pushes_dropped;
-    std::int64_t counted = 0, weighted = 0;
-    for (std::size_t k = 0; k < ps.staleness_counts.size(); ++k) {
-      counted += ps.staleness_counts[k];
-      weighted += ps.staleness_counts[k] * static_cast<std::int64_t>(k);
-    }
     auto per = [](double total, std::int64_t n) { return n > 0 ? total / static_cast<double>(n) : 0.0; };
     o << "| " << p << " | " << ps.pushes_applied << " | " << ps.pushes_refused << " | " << ps.pushes_dropped << " | "
       << per(ps.apply_seconds * 1000, ps.pushes_applied) << " | " << per(ps.queue_seconds * 1000, arrived) << " | "
       << std::setprecision(1) << (training_seconds > 0 ? 100.0 * ps.apply_seconds / training_seconds : 0.0) << "% | "
-      << std::setprecision(2) << per(static_cast<double>(weighted), counted) << " | "
+      << std::setprecision(2) << std::max(0.0, mean_staleness(ps.staleness_counts)) << " | "
       << (ps.staleness_counts.empty() ? 0 : ps.staleness_counts.size() - 1) << " | "
       << per(static_cast<double>(ps.shared_memory_bytes + ps.message_bytes) / 1e6, arrived) << " |\n";
   }
