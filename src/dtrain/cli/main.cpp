@@ -80,6 +80,7 @@ struct Overrides {
   std::string consistency;  // async, ssp:K, sync, sync:B
   int steps_per_execution = 1;
   // multi_worker and mirrored
+  int gradient_noise_every = 10;  // multi_worker: every this many steps (0: never)
   double collective_timeout = -1;
   bool no_overlap = false;
 };
@@ -298,6 +299,7 @@ int run_fit(const std::string& path, const Overrides& o) {
                           .seed = c.seed,
                           .gradient_accumulation_steps = c.gradient_accumulation_steps,
                           .steps_per_execution = o.steps_per_execution,
+                          .gradient_noise_every = o.gradient_noise_every,
                           .callbacks = {memory},
                           .verbose = c.verbose};
   if (c.data.pipeline) fit_options.steps_per_epoch = o.steps_per_epoch;
@@ -552,6 +554,9 @@ int main(int argc, char** argv) {
     cmd->add_option("--steps-per-execution", o.steps_per_execution,
                     "parameter_server: training steps in each closure a worker runs (async only; default 1)")
         ->check(CLI::Range(1, 65535));
+    cmd->add_option("--gradient-noise-every", o.gradient_noise_every,
+                    "multi_worker: measure the gradient noise scale every this many steps (default 10; 0: never)")
+        ->check(CLI::Range(0, 1'000'000));
     cmd->add_option("--gradient-accumulation-steps", o.accumulation,
                     "Average the gradients of this many batches into one update")
         ->check(CLI::Range(1, 1'000'000));

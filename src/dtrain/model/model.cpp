@@ -437,6 +437,10 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
   // Variables made by a lazy build belong to the model's strategy, as in Keras.
   dtrain::detail::ScopedStrategy in_scope(strategy_);
   Trainer trainer(*this, opt.gradient_accumulation_steps, profiler);
+  if (opt.gradient_noise_every < 0)
+    DTRAIN_THROW(InvalidArgument, "fit: gradient_noise_every must be >= 0 (0: not measured), got ",
+                 opt.gradient_noise_every);
+  trainer.measure_noise_every(opt.gradient_noise_every);
   non_finite_.reset();
   if (optimizer_) optimizer_->take_non_finite();  // what earlier training wrote is not this run's
   const bool own_batches = workers > 1 && source.per_worker();

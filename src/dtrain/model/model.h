@@ -47,6 +47,10 @@ struct FitOptions {
   // still pulls the weights and pushes its gradients. Several need async consistency.
   // Other strategies train the same steps either way and ignore it.
   int steps_per_execution = 1;
+  // Where several workers all-reduce: every this many updates, the squared norms of a
+  // worker's gradient and of the all-reduced one, for the gradient noise scale
+  // (History::gradient_noise); 0 measures nothing.
+  int gradient_noise_every = 10;
   std::vector<std::shared_ptr<Callback>> callbacks;
   // 0 silent, 1 a live progress bar, 2 one line per epoch; -1 ("auto") is 1 on a terminal
   // and 2 otherwise, so logs get no carriage-return spam. Above 0, each epoch's line is

@@ -77,9 +77,9 @@ class Model::Trainer {
   void updates_are_pushes() { update_phase_ = profile::Phase::push; }
   // The gradient noise scale's measurements so far (steps 0 where none were made).
   const GradientNoise& gradient_noise() const { return noise_; }
-  // Every this many reducing steps between workers, the reducer measures the two norms:
-  // two passes over the gradients on the communication thread, a tenth of them a step.
-  static constexpr std::int64_t kNoiseEvery = 10;
+  // Every this many reducing steps between workers (0: never), the reducer measures the
+  // two norms: two passes over the gradients on the communication thread.
+  void measure_noise_every(int steps) { noise_every_ = steps; }
 
   void step(const Tensor& x, const Tensor& y, metrics::Mean& loss_mean, std::int64_t global_rows = -1) {
     const bool update = ++micro_ % k_ == 0;
@@ -203,7 +203,7 @@ class Model::Trainer {
                        " rows (drop_remainder on the dataset, or a sample count the batch size divides)");
     // The noise scale needs one step's gradient over two batch sizes: not accumulated.
     const bool measure_noise =
-        update && k_ == 1 && reducer_->measures_gradient_norms() && reducer_steps_++ % kNoiseEvery == 0;
+        update && k_ == 1 && noise_every_ > 0 && reducer_->measures_gradient_norms() && reducer_steps_++ % noise_every_ == 0;
     if (measure_noise) reducer_->measure_gradient_norms();
     reducer_->begin_step(update, row_bounds_);
     // A mean over the batch becomes each replica's share of the global mean; a sum stays a sum.
@@ -341,6 +341,7 @@ class Model::Trainer {
   std::vector<Output> outputs_;  // [replica]
   std::vector<std::int64_t> row_bounds_;  // replica r's rows: [row_bounds_[r], row_bounds_[r + 1])
   std::int64_t reducer_steps_ = 0;        // reducing steps, for the noise scale's sampling
+  int noise_every_ = 10;
   GradientNoise noise_;
 };
 
