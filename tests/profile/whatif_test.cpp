@@ -134,6 +134,15 @@ TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
                                            "allowed 2.00x (threads beyond the cores contend more than their ratio) |"),
             std::string::npos)
       << model_check_table(shared);
+  // A run far slower than predicted with the same compute: the miss is in what the model
+  // did not know (communication or fixed costs), and the table says so.
+  ScaleRun slow = two;
+  slow.samples_per_second = 4000;  // a 32 ms step against 14 ms predicted
+  const std::vector<Check> missed = model_check({one, slow}, Link{1e9, 0});
+  ASSERT_EQ(missed.size(), 1u);
+  EXPECT_NE(missed[0].why.find("the step took 18.00 ms more than predicted, beyond what compute explains"),
+            std::string::npos)
+      << missed[0].why;
 
   Report report;
   report.title = "dtrain doctor <job>";

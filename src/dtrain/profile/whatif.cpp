@@ -251,14 +251,22 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     c.compute_alone = alone;
     c.compute_measured = step_seconds(r.rows.front()).compute();
     if (std::abs(c.error) > 0.15) {
-      const double modelled = alone * slower;
-      if (modelled > 0 && std::abs(c.compute_measured / modelled - 1) > 0.15)
+      // What the step missed by, and how much of it compute that changed explains.
+      const double measured_step = static_cast<double>(r.global_batch) / c.measured;
+      const double missed = measured_step - c.prediction.step;
+      const double modelled = alone * slower, compute_excess = c.compute_measured - modelled;
+      if (modelled > 0 && std::abs(c.compute_measured / modelled - 1) > 0.15 &&
+          std::abs(compute_excess) >= 0.5 * std::abs(missed))
         c.why = "forward + backward took " + detail::fixed(c.compute_measured / alone, 2) +
                 "x the one-worker run's where the model allowed " + detail::fixed(slower, 2) + "x" +
                 (r.oversubscription > 1 ? " (threads beyond the cores contend more than their ratio)"
                                         : " (other load, or caches and memory bandwidth shared)");
       else if (!r.doubt.empty())
         c.why = "the run's figures are in doubt";
+      else if (missed > 0)
+        c.why = "the step took " + detail::ms(missed) + " more than predicted, beyond what compute explains: "
+                "communication or fixed costs the model did not know (the link's latency: " +
+                detail::fixed(link.latency_seconds * 1e6, 0) + " us a message)";
     }
     out.push_back(c);
   }
