@@ -185,7 +185,7 @@ TEST_F(Cli, DoctorRunsEachScaleAndNamesAPlantedStraggler) {
   // Worker 1 made fifty times slower is named, and worker 0 is not: the assertion is on
   // which worker, with a margin no scheduler noise on a busy machine comes near (the rule
   // needs 1.5x between two workers).
-  r = run("doctor " + tiny_config() + " --replicas 1 --workers 2 --steps 10 --fault-slow worker:1:50x");
+  r = run("doctor " + tiny_config() + " --replicas 1 --workers 2 --steps 10 --rounds 1 --fault-slow worker:1:50x");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("- straggler: worker:1 works"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("straggler: worker:0"), std::string::npos) << r.output;
@@ -408,7 +408,7 @@ TEST_F(Cli, ProbeLinkMeasuresTheLinkBetweenWorkers) {
 TEST_F(Cli, DoctorPredictsOtherScalesChecksItsModelAndWritesAReport) {
   const std::string cfg = tiny_config();
   const auto html = (dir_ / "r.html").string(), one = (dir_ / "one.json").string();
-  Result r = run("doctor " + cfg + " --replicas 1 --workers 1,2 --steps 3 --threads-per-worker 1 "
+  Result r = run("doctor " + cfg + " --replicas 1 --workers 1,2 --steps 3 --rounds 1 --threads-per-worker 1 "
                  "--what-if workers=8,link=1Gbit,latency=20us --report " + html);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("1 thread(s) per worker"), std::string::npos) << r.output;
