@@ -539,7 +539,7 @@ std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& o
       DTRAIN_THROW(InvalidArgument, "doctor: the run at one worker does not say its gradient bytes (a summary from an "
                    "older dtrain fit?)");
     const int workers = what_if.workers.value_or(std::max(2, most_workers(runs)));
-    report.what_if = profile::what_if_report(model, workers, link->link);
+    report.what_if = profile::what_if_report(model, workers, link->link, noise_scale);
     for (int n = 1; n < workers; n *= 2) report.curve.push_back(profile::predict(model, n, link->link));
     report.curve.push_back(profile::predict(model, workers, link->link));
     report.what_if += profile::time_to_loss_what_if(report.curve.front().samples_per_second,

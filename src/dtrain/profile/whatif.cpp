@@ -177,7 +177,7 @@ std::vector<Scenario> fixes_at(const StepModel& m, int workers, const Link& link
   acc.step = per_batch + (m.local_sum + acc.exposed + m.optimizer) / k;
   acc.samples_per_second = acc.step > 0 ? static_cast<double>(m.batch) * workers / acc.step : 0;
   acc.efficiency = acc.step > 0 ? (per_batch + (m.local_sum + m.optimizer) / k) / acc.step : 0;
-  out.push_back({"--gradient-accumulation-steps 4", acc});
+  out.push_back({"--gradient-accumulation-steps 4", acc, k});
 
   // Twice the rows: input, forward and backward double; the bytes do not, and the longer
   // backward hides more of them.
@@ -186,38 +186,49 @@ std::vector<Scenario> fixes_at(const StepModel& m, int workers, const Link& link
   twice.backward *= 2;
   twice.fixed += m.input;
   twice.batch *= 2;
-  out.push_back({"twice the batch per replica", predict(twice, workers, link)});
+  out.push_back({"twice the batch per replica", predict(twice, workers, link), 2});
   return out;
 }
 
-std::string what_if_report(const StepModel& m, int workers, const Link& link) {
+std::string what_if_report(const StepModel& m, int workers, const Link& link, double noise_scale) {
+  const bool goodput = noise_scale > 0;
+  // What a fix is worth: samples/s, or with a noise scale the progress they make.
+  auto worth = [&](const Scenario& s) {
+    const double rows = static_cast<double>(m.batch) * workers * s.batch_factor;
+    return s.prediction.samples_per_second * (goodput ? statistical_efficiency(noise_scale, rows) : 1.0);
+  };
   std::ostringstream o;
   o << "What if: " << workers << " worker(s) x " << m.replicas << " replica(s), " << m.batch
     << " rows per worker per step, link " << format_rate(link.bytes_per_second) << ", latency "
     << detail::fixed(link.latency_seconds * 1e6, 0) << " us per message; "
     << detail::fixed(m.gradient_bytes / 1e6, 1) << " MB of gradients in " << m.buckets << " bucket(s) per step\n"
-    << "| | step ms | all-reduce ms | exposed ms | samples/s | efficiency |\n|---|---|---|---|---|---|\n";
+    << "| | step ms | all-reduce ms | exposed ms | samples/s | efficiency |" << (goodput ? " goodput samples/s |" : "")
+    << "\n|---|---|---|---|---|---|" << (goodput ? "---|" : "") << "\n";
   const std::vector<Scenario> scenarios = fixes_at(m, workers, link);
   for (const Scenario& s : scenarios) {
     const Prediction& p = s.prediction;
     o << "| " << s.name << " | " << detail::fixed(p.step * 1000, 2) << " | " << detail::fixed(p.ring * 1000, 2)
       << " | " << detail::fixed(p.exposed * 1000, 2) << " | " << detail::fixed(p.samples_per_second, 0) << " | "
-      << detail::percent(p.efficiency, 0) << " |\n";
+      << detail::percent(p.efficiency, 0) << " |";
+    if (goodput) o << " " << detail::fixed(worth(s), 0) << " |";
+    o << "\n";
   }
   const Prediction& base = scenarios.front().prediction;
-  const auto best = std::max_element(scenarios.begin() + 1, scenarios.end(), [](const Scenario& a, const Scenario& b) {
-    return a.prediction.samples_per_second < b.prediction.samples_per_second;
-  });
-  const double gain = best->prediction.samples_per_second / std::max(base.samples_per_second, 1e-12);
+  const auto best = std::max_element(scenarios.begin() + 1, scenarios.end(),
+                                     [&](const Scenario& a, const Scenario& b) { return worth(a) < worth(b); });
+  const double gain = worth(*best) / std::max(worth(scenarios.front()), 1e-12);
+  const std::string gained = goodput ? "x the goodput" : "x the samples/s";
   if (base.exposed < 0.05 * base.step)
     o << "At " << workers << " workers the all-reduce hides behind backward (" << ms(base.exposed)
       << " exposed per step): the job scales at " << detail::percent(base.efficiency, 0)
       << " efficiency; a fix to communication would gain little (the best, " << best->name << ": "
-      << detail::fixed(gain, 2) << "x).\n";
+      << detail::fixed(gain, 2) << gained << ").\n";
   else
     o << "At " << workers << " workers " << ms(base.exposed) << " of each " << ms(base.step)
       << " step is all-reduce not hidden behind backward; the fix that matters most there: " << best->name << " ("
-      << detail::fixed(gain, 2) << "x the samples/s).\n";
+      << detail::fixed(gain, 2) << gained << ")"
+      << (goodput ? ", the fixes ranked by goodput: samples/s times the statistical efficiency of their updates' rows" : "")
+      << ".\n";
   return o.str();
 }
 

@@ -83,11 +83,15 @@ Prediction predict(const StepModel& model, int workers, const Link& link);
 struct Scenario {
   std::string name;
   Prediction prediction;
+  double batch_factor = 1;  // the rows of an update, against as measured
 };
 std::vector<Scenario> fixes_at(const StepModel& model, int workers, const Link& link);
 
-// The what-if table for `workers` and the fix that gains most there, in words.
-std::string what_if_report(const StepModel& model, int workers, const Link& link);
+// The what-if table for `workers` and the fix that gains most there, in words. With a
+// gradient noise scale (> 0) the table adds each fix's goodput (samples/s times the
+// statistical efficiency of its update's rows) and the fix is chosen by it: a fix that
+// grows the batch buys samples/s with less progress per sample.
+std::string what_if_report(const StepModel& model, int workers, const Link& link, double noise_scale = 0);
 
 // Each run at several workers predicted from the run at one worker with the same replicas
 // per worker, its forward and backward slowed by the ratio of the two runs' oversubscription
