@@ -7,8 +7,7 @@
 #include "dtrain/kernels/onednn_internal.h"
 
 namespace dtrain::kernels {
-using namespace onednn;
-using dt = dnnl::memory::data_type;
+using namespace onednn;  // dt among them
 using tag = dnnl::memory::format_tag;
 
 namespace {

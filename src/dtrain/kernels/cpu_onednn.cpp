@@ -9,9 +9,7 @@
 #include <limits>
 
 namespace dtrain::kernels {
-using namespace onednn;
-using dnnl::algorithm;
-using dt = dnnl::memory::data_type;
+using namespace onednn;  // dt and algorithm among them
 
 CpuBackend::CpuBackend() : dnn_(std::make_unique<OneDnn>()) {
   // dtrain keeps each primitive it builds (above), so oneDNN's own process-wide cache of
