@@ -128,7 +128,8 @@ TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
   EXPECT_NE(message_of([&] { step_model(two); }).find("one worker"), std::string::npos);
   // Two workers of one host sharing its cores twice over compute twice as long.
   ScaleRun crowded = two;
-  crowded.oversubscription = 2;
+  crowded.host_threads = 4;  // on 2 cores
+  crowded.host_cores = 2;
   const std::vector<Check> shared = model_check({one, crowded}, Link{1e9, 0});
   ASSERT_EQ(shared.size(), 1u);
   EXPECT_NEAR(shared[0].prediction.step, 0.001 + 0.018 + 0.004, 1e-12);

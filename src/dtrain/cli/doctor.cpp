@@ -132,8 +132,6 @@ profile::ScaleRun scale_run_from_summary(const std::string& summary_path) {
     run.spare_core = j.value("spare_core", true);
     run.compressed = j.value("compression", std::string("none")) != "none";
     run.shared_memory = j.value("shared_memory", false);
-    const double cores = j.value("host_cores", 0.0);
-    if (cores > 0) run.oversubscription = std::max(1.0, j.value("host_threads", 0.0) / cores);
     run.host_threads = j.value("host_threads", 0);
     run.host_cores = j.value("host_cores", 0);
     run.hosts = std::max(1, j.value("hosts", 1));

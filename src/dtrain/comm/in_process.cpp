@@ -72,20 +72,6 @@ constexpr int kMaxReplicas = 256;
 
 void add_into(float* out, const float* in, std::size_t n) { add_loop(out, in, n); }
 
-double sum_of_squares(const float* in, std::size_t n) {
-  double total = 0;
-  for (std::size_t begin = 0; begin < n; begin += 4096) {
-    const std::size_t end = std::min(n, begin + 4096);
-    float lanes[8] = {};
-    std::size_t i = begin;
-    for (; i + 8 <= end; i += 8)
-      for (int k = 0; k < 8; ++k) lanes[k] += in[i + static_cast<std::size_t>(k)] * in[i + static_cast<std::size_t>(k)];
-    for (; i < end; ++i) lanes[0] += in[i] * in[i];
-    for (float l : lanes) total += l;
-  }
-  return total;
-}
-
 std::string never_arrived(std::string_view what, int replica, std::chrono::milliseconds waited, int replicas,
                           const std::function<bool(int)>& absent, std::span<const std::string> devices) {
   std::string list;

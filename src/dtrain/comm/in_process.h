@@ -35,10 +35,6 @@ namespace dtrain::comm {
 // out[i] += in[i] for i < n, vectorised for the CPU it runs on.
 void add_into(float* out, const float* in, std::size_t n);
 
-// The sum of in[i]^2 for i < n, in double (eight float lanes of partial sums, each added in
-// double every 4096 values).
-double sum_of_squares(const float* in, std::size_t n);
-
 // The message of a Timeout at an in-process wait: "WHAT: replica R waited S s, and
 // replica(s) A, B never arrived (stuck in their input or in user code?)", listing each
 // replica r < replicas for which absent(r) holds, followed by " (DEVICE)" where `devices`

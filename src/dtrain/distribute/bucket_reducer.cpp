@@ -5,8 +5,10 @@
 
 #include "dtrain/comm/shared_memory.h"
 #include "dtrain/core/clock.h"
+#include "dtrain/core/threads.h"
 #include "dtrain/distribute/strategy.h"
 #include "dtrain/distribute/worker_comm.h"
+#include "dtrain/kernels/backend.h"
 
 namespace dtrain::distribute::detail {
 
@@ -175,6 +177,13 @@ void BucketReducer::start_round(std::uint64_t round) {
   summed_cv_.notify_all();
 }
 
+// The squared norm of bucket b's gradients (not the flags after them), on the calling
+// thread alone: the communication thread must not start a team of compute threads.
+double BucketReducer::squared_norm(std::size_t b) const {
+  const ScopedThreads alone(1);
+  return kernels::backend().sum_squares(outputs_[b].slice(0, static_cast<std::int64_t>(flags_at_[b])));
+}
+
 void BucketReducer::reduce_across_workers(comm::GlooGroup& group, std::uint64_t round) {
   // Buckets go in index order on every worker: the order backward completes them.
   if (!cross_.overlap)
@@ -182,8 +191,7 @@ void BucketReducer::reduce_across_workers(comm::GlooGroup& group, std::uint64_t 
   for (std::size_t b = 0; b < outputs_.size(); ++b) {
     wait_summed(b, round);
     const auto count = static_cast<std::size_t>(outputs_[b].numel());
-    // The gradients only, not the flags after them.
-    if (measuring_) local_sq_ += comm::sum_of_squares(outputs_[b].data<float>(), flags_at_[b]);
+    if (measuring_) local_sq_ += squared_norm(b);
     const Clock::time_point start = Clock::now();
     if (shared_) group.allreduce(*shared_, shared_at_[b], count);
     else group.allreduce(outputs_[b].data<float>(), count, b, cross_.wire);
@@ -195,7 +203,7 @@ void BucketReducer::reduce_across_workers(comm::GlooGroup& group, std::uint64_t 
       comm_track_->add(profile::Phase::communication, joined, end, "all-reduce across workers");
       comm_track_->add_bytes(comm::wire_bytes(count, cross_.wire));
     }
-    if (measuring_) global_sq_ += comm::sum_of_squares(outputs_[b].data<float>(), flags_at_[b]);
+    if (measuring_) global_sq_ += squared_norm(b);
   }
 }
 

@@ -84,6 +84,7 @@ class BucketReducer final : public GradientReducer {
   // whichever replica or bucket gets there first).
   void start_round(std::uint64_t round);
   void reduce_across_workers(comm::GlooGroup& group, std::uint64_t round);
+  double squared_norm(std::size_t bucket) const;
   void wait_summed(std::size_t bucket, std::uint64_t round);
   void stop_waiting(const std::string& why);
   bool together(std::size_t index) const { return together_ && together_->covers(index); }

@@ -166,7 +166,7 @@ class Scratch {
 
 }  // namespace
 
-// bfloat16 widened to float32 (exactly) through oneDNN's reorder.
+// bfloat16 widened to float32 (exactly) by convert's vectorised loop.
 Tensor CpuBackend::widened(const Tensor& t) {
   Tensor out = Tensor::empty(t.shape());
   convert(t, out);

@@ -160,9 +160,16 @@ History Model::coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps,
   const std::size_t expected = 3 + 2 * metrics_.size(), profiled = expected + profile::WorkerSummary::kValues;
   // The workers' steps, as fit's table shows them: after the first epoch where there are
   // several (as one process's profile), with each step's wall time for the percentiles.
+  struct Steps {
+    profile::Totals totals;
+    std::vector<double> walls;
+    void add(const profile::Totals& t, std::span<const double> w) {
+      totals.add(t);
+      walls.insert(walls.end(), w.begin(), w.end());
+    }
+  };
   const int workers = remote.num_remote_workers();
-  std::vector<profile::Totals> all(static_cast<std::size_t>(workers)), steady(all.size());
-  std::vector<std::vector<double>> all_walls(all.size()), steady_walls(all.size());
+  std::vector<Steps> all(static_cast<std::size_t>(workers)), steady(all.size());
   int epochs_run = 0;
   double training_seconds = 0;  // the epochs' training, validation excluded
   const Logs no_logs;
@@ -189,12 +196,8 @@ History Model::coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps,
       epoch_totals.add(closure);
       if (worker >= 0 && worker < workers) {
         const auto w = static_cast<std::size_t>(worker);
-        all[w].add(closure);
-        all_walls[w].insert(all_walls[w].end(), closure_walls.begin(), closure_walls.end());
-        if (epochs_run > 1) {
-          steady[w].add(closure);
-          steady_walls[w].insert(steady_walls[w].end(), closure_walls.begin(), closure_walls.end());
-        }
+        all[w].add(closure, closure_walls);
+        if (epochs_run > 1) steady[w].add(closure, closure_walls);
       }
       samples += figures[0];
       loss_mean.merge(figures[1], figures[2]);
@@ -229,13 +232,12 @@ History Model::coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps,
     if (verbose > 0 && epoch_totals.steps > 0) out << "  " << profile::phase_shares(epoch_totals) << " (the workers' steps)\n";
     for (auto& c : callbacks) c->on_epoch_end(epoch, logs);
   }
-  const std::vector<profile::Totals>& shown = epochs_run > 1 ? steady : all;
-  const std::vector<std::vector<double>>& shown_walls = epochs_run > 1 ? steady_walls : all_walls;
-  for (std::size_t w = 0; w < shown.size(); ++w)
-    history->profile_summary.push_back({shown[w], percentile(shown_walls[w], 0.5), percentile(shown_walls[w], 0.9)});
+  const std::vector<Steps>& shown = epochs_run > 1 ? steady : all;
+  for (const Steps& s : shown)
+    history->profile_summary.push_back({s.totals, percentile(s.walls, 0.5), percentile(s.walls, 0.9)});
   if (verbose > 0) {
     out << strategy_->name() << ": " << remote.statistics() << "\n";
-    if (std::any_of(shown.begin(), shown.end(), [](const profile::Totals& t) { return t.steps > 0; }))
+    if (std::any_of(shown.begin(), shown.end(), [](const Steps& s) { return s.totals.steps > 0; }))
       out << "\nWhere the workers' steps' time went:\n" << profile::summary_table(history->profile_summary)
           << "\nThe parameter servers:\n" << remote.servers_table(training_seconds);
   }

@@ -256,14 +256,7 @@ double job_noise_scale(const std::vector<ScaleRun>& runs) {
 }
 
 std::string time_to_accuracy_table(const std::vector<ScaleRun>& runs, double noise_scale) {
-  std::vector<StrategyRun> as_runs;
-  for (const ScaleRun& r : runs) {
-    StrategyRun s;
-    s.loss = r.loss;
-    s.epoch_seconds = r.epoch_seconds;
-    as_runs.push_back(std::move(s));
-  }
-  const double target = common_target(as_runs);
+  const double target = common_target(runs);
   std::ostringstream o;
   o << "| workers | replicas per worker | global batch | samples seen | training s | loss reached | accuracy | time to loss "
     << detail::fixed(target, 4) << " s | sooner than the first |"

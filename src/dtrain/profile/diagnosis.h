@@ -24,9 +24,6 @@ struct ScaleRun {
   bool overlap = true;  // buckets start while backward runs
   bool compressed = false;  // the buckets went between workers as 16-bit values
   bool shared_memory = false;  // the workers summed through shared memory, not over a link
-  // The host's compute threads over its cores, at least 1: workers sharing one host's
-  // cores beyond what it has compute this much slower.
-  double oversubscription = 1;
   // The communication thread had a core no compute thread used; without one, moving the
   // bytes takes its time from backward and hides nothing.
   bool spare_core = true;
@@ -49,6 +46,11 @@ struct ScaleRun {
   // is fewer (0: not known).
   int cores_computing() const {
     return host_threads > 0 && host_cores > 0 ? hosts * std::min(host_threads, host_cores) : 0;
+  }
+  // The host's compute threads over its cores, at least 1 (1 when not known): workers
+  // sharing one host's cores beyond what it has compute this much slower.
+  double oversubscription() const {
+    return host_cores > 0 ? std::max(1.0, static_cast<double>(host_threads) / host_cores) : 1.0;
   }
   // The rounds' spread, (max - min) / median (0 with fewer than two rounds).
   double spread() const;

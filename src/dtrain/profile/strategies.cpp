@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <sstream>
 
 #include "dtrain/core/percentile.h"
@@ -43,13 +42,6 @@ std::optional<double> time_to_loss(std::span<const double> epoch_seconds, std::s
 
 std::optional<double> time_to_loss(const StrategyRun& run, double target) {
   return time_to_loss(run.epoch_seconds, run.loss, target);
-}
-
-double common_target(const std::vector<StrategyRun>& runs) {
-  double target = -std::numeric_limits<double>::infinity();
-  for (const StrategyRun& r : runs)
-    if (!r.loss.empty()) target = std::max(target, *std::min_element(r.loss.begin(), r.loss.end()));
-  return std::isfinite(target) ? target : 0.0;
 }
 
 double metric_tolerance(const std::vector<StrategyRun>& runs) {

@@ -4,6 +4,7 @@
 // recommends one with the reason in words.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -36,8 +37,20 @@ struct StrategyRun {
 std::optional<double> time_to_loss(std::span<const double> epoch_seconds, std::span<const double> loss, double target);
 std::optional<double> time_to_loss(const StrategyRun& run, double target);
 
-// The loss every run reached: the highest of their lowest losses.
-double common_target(const std::vector<StrategyRun>& runs);
+// The loss every run reached: the highest of their lowest losses (0 when none has one).
+// Runs: anything with a `loss` vector (StrategyRun, ScaleRun).
+template <typename Runs = std::vector<StrategyRun>>
+double common_target(const Runs& runs) {
+  double target = 0;
+  bool any = false;
+  for (const auto& r : runs) {
+    if (r.loss.empty()) continue;
+    const double lowest = *std::min_element(r.loss.begin(), r.loss.end());
+    target = any ? std::max(target, lowest) : lowest;
+    any = true;
+  }
+  return target;
+}
 
 struct Recommendation {
   std::size_t index = 0;  // into the runs

@@ -249,7 +249,7 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     // Workers sharing this host's cores beyond what it has compute slower than the run
     // at one worker did, by the ratio of threads to cores (workers with machines of
     // their own, which the what-if describes, do not).
-    const double slower = r.oversubscription / std::max(1.0, one->oversubscription);
+    const double slower = r.oversubscription() / one->oversubscription();
     const double alone = m.forward + m.backward;
     m.forward *= slower;
     m.backward *= slower;
@@ -270,7 +270,7 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
           std::abs(compute_excess) >= 0.5 * std::abs(missed))
         c.why = "forward + backward took " + detail::fixed(c.compute_measured / alone, 2) +
                 "x the one-worker run's where the model allowed " + detail::fixed(slower, 2) + "x" +
-                (r.oversubscription > 1 ? " (threads beyond the cores contend more than their ratio)"
+                (r.oversubscription() > 1 ? " (threads beyond the cores contend more than their ratio)"
                                         : " (other load, or caches and memory bandwidth shared)");
       else if (!r.doubt.empty())
         c.why = "the run's figures are in doubt";
