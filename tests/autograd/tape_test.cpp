@@ -1,6 +1,9 @@
 // GradientTape semantics, as TensorFlow users know them.
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <thread>
+
 #include "dtrain/autograd/ops.h"
 #include "dtrain/autograd/variable.h"
 
@@ -112,6 +115,32 @@ TEST(GradientTape, OutputGradientShapeIsChecked) {
   tape.watch(x);
   Tensor y = square(x);
   EXPECT_THROW(tape.gradient(y, std::vector<Tensor>{x}, Tensor::zeros({3})), InvalidArgument);
+}
+
+// stop() is the end of Python's `with` block: what followed is not recorded, gradient()
+// still answers, the tape may be destroyed on another thread, and only its own thread may
+// stop it.
+TEST(GradientTape, StoppedTapeAnswersFromItsRecordOnly) {
+  Variable w("w", Tensor::from_vector({2}, {3, 4}));
+  auto tape = std::make_unique<GradientTape>();
+  Tensor y = reduce_sum(square(w.value()));
+  std::thread other([&] { EXPECT_THROW(tape->stop(), InvalidArgument); });
+  other.join();
+  tape->stop();
+  EXPECT_TRUE(tape->stopped());
+  const std::size_t recorded = tape->num_recorded();
+  Tensor after = mul(y, Tensor::scalar(2.0f));
+  EXPECT_EQ(tape->num_recorded(), recorded);
+  EXPECT_FALSE(GradientTape::should_record(std::vector<const Tensor*>{&y}));
+  Variable* vars[] = {&w};
+  EXPECT_EQ(tape->gradient(y, vars)[0].to_vector(), (std::vector<float>{6, 8}));
+  std::thread([t = std::move(tape)]() mutable { t.reset(); }).join();
+  // This thread's live tapes no longer hold it: a new tape records as usual.
+  GradientTape next;
+  Tensor z = square(w.value());
+  EXPECT_GT(next.num_recorded(), 0u);
+  (void)after;
+  (void)z;
 }
 
 // on_ready reports each variable once its gradient is final, while backward still runs:

@@ -31,10 +31,22 @@ GradientTape::GradientTape(bool persistent) : persistent_(persistent) {
 }
 
 GradientTape::~GradientTape() {
+  if (stopped_) return;
   auto& tapes = live_tapes();
   // Usually the last one; a tape destroyed out of order is still removed.
   auto it = std::find(tapes.rbegin(), tapes.rend(), this);
   if (it != tapes.rend()) tapes.erase(std::next(it).base());
+}
+
+void GradientTape::stop() {
+  if (stopped_) return;
+  auto& tapes = live_tapes();
+  auto it = std::find(tapes.rbegin(), tapes.rend(), this);
+  if (it == tapes.rend())
+    DTRAIN_THROW(InvalidArgument, "GradientTape::stop: called on a thread other than the one that made the tape");
+  tapes.erase(std::next(it).base());
+  recording_ = false;
+  stopped_ = true;
 }
 
 void GradientTape::watch(const Tensor& t) {

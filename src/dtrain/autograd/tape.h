@@ -81,6 +81,12 @@ class GradientTape {
     bool was_;
   };
   Pause stop_recording() { return Pause(*this); }
+  // Ends recording for good, as leaving TensorFlow's `with GradientTape()` block does: the
+  // tape leaves this thread's live tapes, so it may then be destroyed on any thread, and
+  // gradient() still answers from its record. Called on the thread that made the tape (an
+  // InvalidArgument otherwise); a second call does nothing.
+  void stop();
+  bool stopped() const { return stopped_; }
 
   std::size_t num_recorded() const { return entries_.size(); }
 
@@ -108,6 +114,7 @@ class GradientTape {
 
   bool persistent_;
   bool recording_ = true;
+  bool stopped_ = false;
   bool used_ = false;
   std::unordered_set<std::uint64_t> watched_;
   std::vector<Entry> entries_;
