@@ -1,0 +1,25 @@
+"""dtrain: train neural networks on one core, many cores, many processes and many machines.
+
+The package speaks TensorFlow's names, so that a TensorFlow program runs on dtrain with its
+import line changed (``import dtrain as tf``). Python only describes the job: fit, the input
+pipeline and every strategy run in dtrain's C++ engine, without the GIL.
+"""
+from . import _dtrain
+from ._dtrain import Tensor, Variable, errors
+from ._core import (
+    DType, float32, bfloat16, int32, int64, uint8, bool_ as bool, float64,
+    constant, convert_to_tensor, zeros, ones, fill, zeros_like, ones_like, function,
+    reduce_sum, reduce_mean, matmul, add, subtract, multiply, divide, square, sqrt, exp, log, abs,
+    reshape, one_hot, clip_by_value, stop_gradient, TensorSpec, GradientTape,
+)
+from . import nn, random, data, distribute, keras, config
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Tensor", "Variable", "errors", "DType", "float32", "bfloat16", "int32", "int64", "uint8", "float64",
+    "constant", "convert_to_tensor", "zeros", "ones", "fill", "zeros_like", "ones_like", "function",
+    "reduce_sum", "reduce_mean", "matmul", "add", "subtract", "multiply", "divide", "square", "sqrt", "exp", "log",
+    "abs", "reshape", "one_hot", "clip_by_value", "stop_gradient", "TensorSpec", "GradientTape",
+    "nn", "random", "data", "distribute", "keras", "config",
+]

@@ -1,0 +1,168 @@
+"""tf.data: Dataset pipelines run by dtrain's C++ threads.
+
+Elements are tensors or tuples of tensors. Python functions given to from_generator, map
+and filter run on the pipeline's threads, one call at a time per function, holding the GIL.
+"""
+from . import _dtrain
+from ._core import TensorSpec, _dtype_name
+
+_data = _dtrain.data
+AUTOTUNE = _data.AUTOTUNE
+INFINITE_CARDINALITY = _data.INFINITE_CARDINALITY
+UNKNOWN_CARDINALITY = _data.UNKNOWN_CARDINALITY
+
+
+class experimental:  # noqa: N801 (TensorFlow's module name)
+    AUTOTUNE = _data.AUTOTUNE
+    AutoShardPolicy = _data.AutoShardPolicy
+    INFINITE_CARDINALITY = _data.INFINITE_CARDINALITY
+    UNKNOWN_CARDINALITY = _data.UNKNOWN_CARDINALITY
+
+
+class _DistributeOptions:
+    def __init__(self):
+        self.auto_shard_policy = _data.AutoShardPolicy.AUTO
+
+
+class Options:
+    """tf.data.Options: of its fields, experimental_distribute.auto_shard_policy applies."""
+
+    def __init__(self):
+        self.experimental_distribute = _DistributeOptions()
+
+
+def _flatten(value):
+    """A tuple or list of components, or one component."""
+    if isinstance(value, (tuple, list)):
+        return list(value), True
+    if isinstance(value, dict):
+        raise TypeError("dtrain's datasets take tensors or tuples of tensors, not dicts")
+    return [value], False
+
+
+class Dataset:
+    """tf.data.Dataset over dtrain's pipeline. Iterating gives tensors (or tuples of them)."""
+
+    def __init__(self, cpp, is_tuple):
+        self._cpp = cpp
+        self._tuple = is_tuple  # None: by the number of components
+
+    def _derive(self, cpp, is_tuple=...):
+        return Dataset(cpp, self._tuple if is_tuple is ... else is_tuple)
+
+    # --- sources
+    @staticmethod
+    def from_tensor_slices(tensors, name=None):
+        del name
+        parts, is_tuple = _flatten(tensors)
+        return Dataset(_data._Dataset.from_tensor_slices(parts), is_tuple)
+
+    @staticmethod
+    def from_tensors(tensors, name=None):
+        raise NotImplementedError("Dataset.from_tensors is not supported by dtrain; use from_tensor_slices")
+
+    @staticmethod
+    def from_generator(generator, output_types=None, output_shapes=None, args=None, output_signature=None, name=None):
+        del output_shapes, name
+        if output_signature is not None:
+            specs, is_tuple = _flatten(output_signature)
+            dtypes = [_dtype_name(s.dtype if isinstance(s, TensorSpec) else s) for s in specs]
+        elif output_types is not None:
+            types, is_tuple = _flatten(output_types)
+            dtypes = [_dtype_name(t) for t in types]
+        else:
+            raise TypeError("Dataset.from_generator needs output_signature (or output_types)")
+        make = generator if not args else (lambda: generator(*args))
+        return Dataset(_data._Dataset.from_generator(make, dtypes), is_tuple)
+
+    @staticmethod
+    def range(*args, **kwargs):
+        del kwargs
+        start, stop, step = 0, None, 1
+        if len(args) == 1:
+            stop = args[0]
+        elif len(args) == 2:
+            start, stop = args
+        else:
+            start, stop, step = args
+        return Dataset(_data._Dataset.range(int(start), int(stop), int(step)), False)
+
+    # --- transformations
+    def map(self, map_func, num_parallel_calls=None, deterministic=None, name=None):
+        del name
+        parallel = 0 if num_parallel_calls is None else int(num_parallel_calls)
+        return self._derive(self._cpp.map(map_func, parallel, True if deterministic is None else bool(deterministic)), None)
+
+    def filter(self, predicate, name=None):
+        del name
+        return self._derive(self._cpp.filter(predicate))
+
+    def shuffle(self, buffer_size, seed=None, reshuffle_each_iteration=True, name=None):
+        del name
+        return self._derive(self._cpp.shuffle(int(buffer_size), seed, bool(reshuffle_each_iteration)))
+
+    def batch(self, batch_size, drop_remainder=False, num_parallel_calls=None, deterministic=None, name=None):
+        del num_parallel_calls, deterministic, name
+        return self._derive(self._cpp.batch(int(batch_size), bool(drop_remainder)))
+
+    def unbatch(self, name=None):
+        del name
+        return self._derive(self._cpp.unbatch())
+
+    def repeat(self, count=None, name=None):
+        del name
+        return self._derive(self._cpp.repeat(-1 if count is None else int(count)))
+
+    def take(self, count, name=None):
+        del name
+        return self._derive(self._cpp.take(int(count)))
+
+    def skip(self, count, name=None):
+        del name
+        return self._derive(self._cpp.skip(int(count)))
+
+    def shard(self, num_shards, index, name=None):
+        del name
+        return self._derive(self._cpp.shard(int(num_shards), int(index)))
+
+    def cache(self, filename="", name=None):
+        del name
+        if filename:
+            raise NotImplementedError("Dataset.cache(filename) is not supported by dtrain; cache() keeps it in memory")
+        return self._derive(self._cpp.cache())
+
+    def prefetch(self, buffer_size, name=None):
+        del name
+        return self._derive(self._cpp.prefetch(int(buffer_size)))
+
+    def with_options(self, options, name=None):
+        del name
+        return self._derive(self._cpp.with_shard_policy(options.experimental_distribute.auto_shard_policy))
+
+    # --- inspection and iteration
+    def cardinality(self):
+        return self._cpp.cardinality()
+
+    def __len__(self):
+        n = self._cpp.cardinality()
+        if n < 0:
+            raise TypeError("The dataset's length is " + ("infinite" if n == INFINITE_CARDINALITY else "unknown"))
+        return n
+
+    def _element(self, parts):
+        if self._tuple or (self._tuple is None and len(parts) > 1):
+            return tuple(parts)
+        return parts[0]
+
+    def __iter__(self):
+        it = self._cpp.make_iterator(0)
+        while True:
+            try:
+                parts = it.next()
+            except StopIteration:
+                return
+            yield self._element(parts)
+
+    def as_numpy_iterator(self):
+        for element in self:
+            yield tuple(t.numpy() for t in element) if isinstance(element, tuple) else element.numpy()

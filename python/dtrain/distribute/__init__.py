@@ -1,0 +1,242 @@
+"""tf.distribute: MirroredStrategy, MultiWorkerMirroredStrategy and OneDeviceStrategy over
+dtrain's replicas and workers, with scope, run, reduce and distributed datasets.
+
+A replica is a thread with its share of the cores. ``strategy.run(fn)`` calls the Python
+``fn`` on every replica's thread: Python takes turns (the GIL), while every dtrain call
+inside ``fn`` (the model, the loss, ``tape.gradient``, ``apply_gradients``) runs without
+it, so the replicas' kernels and their cross-replica sums run side by side.
+"""
+import contextlib
+import threading
+import weakref
+
+from .. import _dtrain
+from ..data import Dataset
+from . import cluster_resolver, experimental
+
+_d = _dtrain.distribute
+ReduceOp = _d.ReduceOp
+
+_stack = []  # the strategies whose scope is open, innermost last
+
+
+class PerReplica:
+    """One value per replica, as strategy.run returns with several replicas."""
+
+    def __init__(self, values):
+        self.values = tuple(values)
+
+    def __repr__(self):
+        return "PerReplica:{" + ", ".join(f"{i}: {v!r}" for i, v in enumerate(self.values)) + "}"
+
+
+def _regroup(values):
+    """Per-replica results into one structure whose leaves are PerReplica (TensorFlow's
+    regrouping): a tuple of results gives a tuple of PerReplica."""
+    first = values[0]
+    if isinstance(first, (tuple, list)) and all(isinstance(v, type(first)) and len(v) == len(first) for v in values):
+        return type(first)(_regroup([v[i] for v in values]) for i in range(len(first)))
+    if isinstance(first, dict) and all(isinstance(v, dict) and v.keys() == first.keys() for v in values):
+        return {k: _regroup([v[k] for v in values]) for k in first}
+    if first is None and all(v is None for v in values):
+        return None
+    return PerReplica(values)
+
+
+def _local(value, replica):
+    """Replica `replica`'s part of a structure that may hold PerReplica leaves."""
+    if isinstance(value, PerReplica):
+        return value.values[replica]
+    if isinstance(value, tuple):
+        return tuple(_local(v, replica) for v in value)
+    if isinstance(value, list):
+        return [_local(v, replica) for v in value]
+    if isinstance(value, dict):
+        return {k: _local(v, replica) for k, v in value.items()}
+    return value
+
+
+class DistributedDataset:
+    """A dataset whose global batches are split across the strategy's replicas (and, with
+    several workers, across the workers as its auto-shard policy says)."""
+
+    def __init__(self, strategy, dataset):
+        self._strategy = strategy
+        self._dataset = dataset
+        self._cpp = strategy._cpp.distribute_dataset(dataset._cpp)
+
+    def __iter__(self):
+        it = self._cpp.make_iterator(0)
+        one = self._strategy._cpp.num_local_replicas == 1
+        while True:
+            try:
+                replicas = it.next()
+            except StopIteration:
+                return
+            elements = [self._dataset._element(parts) for parts in replicas]
+            yield elements[0] if one else _regroup(elements)
+
+
+class Strategy:
+    """The base of dtrain's strategies: tf.distribute.Strategy."""
+
+    def __init__(self, cpp):
+        self._cpp = cpp
+        self._models = weakref.WeakSet()  # made in this scope: built on their first call in run()
+        self._pending = set()  # models unbuilt when the run under way started
+        self._merged = set()  # (thread, model) pairs that took part in their model's build
+
+    @property
+    def num_replicas_in_sync(self):
+        return self._cpp.num_replicas_in_sync
+
+    @property
+    def extended(self):
+        return self
+
+    @property
+    def worker_devices(self):
+        return tuple(self._cpp.devices)
+
+    @property
+    def cluster_resolver(self):
+        return None
+
+    @contextlib.contextmanager
+    def scope(self):
+        """Models, layers, optimizers and variables made inside belong to this strategy."""
+        scope = _d._Scope(self._cpp.backend())
+        scope.enter()
+        _stack.append(self)
+        try:
+            yield self
+        finally:
+            _stack.pop()
+            scope.exit()
+
+    def run(self, fn, args=(), kwargs=None, options=None):
+        """fn(*args, **kwargs) on every replica at once. PerReplica arguments (a distributed
+        batch) are unwrapped, each replica taking its own; others go to every replica as
+        they are. With one replica the result itself, else PerReplica results."""
+        del options
+        kwargs = kwargs or {}
+        n = self._cpp.num_local_replicas
+        per_args = [tuple(_local(a, r) for a in args) for r in range(n)]
+        per_kwargs = [{k: _local(v, r) for k, v in kwargs.items()} for r in range(n)]
+        self._pending = {m for m in self._models if not m.built}
+        self._merged = set()
+        try:
+            results = self._cpp.run_replicas(fn, per_args, per_kwargs)
+        finally:
+            self._pending = set()
+        return results[0] if n == 1 else _regroup(results)
+
+    def _build_in_replica(self, model, build):
+        """A model first called inside run(): every replica's first call meets the others in
+        a merge_call, where replica 0 builds the shared weights (as TensorFlow creates
+        variables in a replica context)."""
+        if model not in self._pending or not _d._in_replica():
+            return False
+        key = (threading.get_ident(), id(model))
+        if key not in self._merged:
+            self._merged.add(key)
+            _d._merge_call(build)
+        return True
+
+    def reduce(self, reduce_op, value, axis=None):
+        """Combines a per-replica value (or a structure of them) with SUM or MEAN, over every
+        replica of every worker; ``axis`` also reduces along that axis."""
+        if isinstance(reduce_op, str):
+            reduce_op = ReduceOp.SUM if reduce_op.upper() == "SUM" else ReduceOp.MEAN
+        if isinstance(value, PerReplica):
+            return self._cpp.reduce(reduce_op, list(value.values), axis)
+        if isinstance(value, (tuple, list)):
+            return type(value)(self.reduce(reduce_op, v, axis) for v in value)
+        if isinstance(value, dict):
+            return {k: self.reduce(reduce_op, v, axis) for k, v in value.items()}
+        if value is None:
+            return None
+        if self._cpp.num_local_replicas == 1:
+            return self._cpp.reduce(reduce_op, [value], axis)
+        return self._cpp.reduce(reduce_op, [value], axis)  # dtrain names the mismatch
+
+    def gather(self, value, axis=0):
+        values = list(value.values) if isinstance(value, PerReplica) else [value]
+        return self._cpp.gather(values, axis)
+
+    def experimental_local_results(self, value):
+        return value.values if isinstance(value, PerReplica) else (value,)
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        del options
+        if not isinstance(dataset, Dataset):
+            raise TypeError("experimental_distribute_dataset takes a tf.data.Dataset")
+        return DistributedDataset(self, dataset)
+
+    def distribute_datasets_from_function(self, dataset_fn, options=None):
+        raise NotImplementedError("distribute_datasets_from_function is not supported by dtrain; "
+                                  "use experimental_distribute_dataset")
+
+
+class MirroredStrategy(Strategy):
+    """Synchronous replicas in this process, one per core by default
+    (devices: "/cpu:0", "/cpu:1", ... or their number)."""
+
+    def __init__(self, devices=None, cross_device_ops=None, communication_options=None):
+        del cross_device_ops
+        o = communication_options or experimental.CommunicationOptions()
+        super().__init__(_d._MirroredStrategy(devices, o.bytes_per_pack, o.timeout_seconds or 0.0))
+
+
+class OneDeviceStrategy(Strategy):
+    def __init__(self, device="/cpu:0"):
+        super().__init__(_d._OneDeviceStrategy(device))
+
+
+class MultiWorkerMirroredStrategy(Strategy):
+    """Synchronous replicas in several processes, which TF_CONFIG names; without TF_CONFIG
+    one worker that trains at once."""
+
+    def __init__(self, cluster_resolver=None, communication_options=None):
+        if cluster_resolver is not None and not isinstance(cluster_resolver, _resolver_types()):
+            raise TypeError("MultiWorkerMirroredStrategy: dtrain reads the cluster from TF_CONFIG "
+                            "(cluster_resolver may be a TFConfigClusterResolver)")
+        o = communication_options or experimental.CommunicationOptions()
+        super().__init__(_d._MultiWorkerMirroredStrategy(o.bytes_per_pack, o.timeout_seconds or 0.0, o.compression,
+                                                         o.implementation, True))
+        self._resolver = cluster_resolver or cluster_resolver_module().TFConfigClusterResolver()
+
+    @property
+    def cluster_resolver(self):
+        return self._resolver
+
+
+def _resolver_types():
+    return (cluster_resolver.TFConfigClusterResolver,)
+
+
+def cluster_resolver_module():
+    return cluster_resolver
+
+
+_default = None
+
+
+def get_strategy():
+    """The strategy whose scope is open, else the default strategy (one replica)."""
+    global _default
+    if _stack:
+        return _stack[-1]
+    if _default is None:
+        _default = Strategy(_d._DefaultStrategy())
+    return _default
+
+
+def has_strategy():
+    return bool(_stack)
+
+
+def in_cross_replica_context():
+    return True
+
+

@@ -1,0 +1,6 @@
+"""tf.keras over dtrain: Sequential models, layers, optimizers, losses, metrics, callbacks."""
+from . import layers, optimizers, losses, metrics, callbacks, utils, models, initializers, datasets
+from .models import Model, Sequential, Input
+
+__all__ = ["layers", "optimizers", "losses", "metrics", "callbacks", "utils", "models", "initializers", "datasets",
+           "Model", "Sequential", "Input"]

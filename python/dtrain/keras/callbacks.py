@@ -1,0 +1,69 @@
+"""tf.keras.callbacks. Subclass Callback in Python: fit calls its methods between batches
+(holding the GIL for them) with Keras's arguments, and ``self.model`` is the model."""
+from .. import _dtrain
+
+_c = _dtrain.keras.callbacks
+Callback = _c.Callback
+EarlyStopping = _c.EarlyStopping
+TerminateOnNaN = _c.TerminateOnNaN
+CSVLogger = _c.CSVLogger
+LearningRateScheduler = _c.LearningRateScheduler
+ModelCheckpoint = _c.ModelCheckpoint
+BackupAndRestore = _c.BackupAndRestore
+
+
+class History:
+    """What fit returns: ``history`` maps each log ("loss", "accuracy", "val_loss", ...) to
+    its value at the end of every epoch; ``epoch`` lists the epochs trained."""
+
+    def __init__(self):
+        self.history = {}
+        self.epoch = []
+        self.params = {}
+        self.model = None
+        self.epoch_seconds = []
+        self.samples_per_second = []
+
+    def _set(self, cpp):
+        self.history = cpp.history
+        self.epoch = list(cpp.epoch)
+        self.epoch_seconds = list(cpp.epoch_seconds)
+        self.samples_per_second = list(cpp.samples_per_second)
+
+
+class LambdaCallback(Callback):
+    """Callback from plain functions (on_epoch_end=lambda epoch, logs: ...)."""
+
+    def __init__(self, on_epoch_begin=None, on_epoch_end=None, on_batch_begin=None, on_batch_end=None,
+                 on_train_begin=None, on_train_end=None, **kwargs):
+        super().__init__()
+        self._fns = {"on_epoch_begin": on_epoch_begin, "on_epoch_end": on_epoch_end,
+                     "on_train_batch_begin": on_batch_begin or kwargs.pop("on_train_batch_begin", None),
+                     "on_train_batch_end": on_batch_end or kwargs.pop("on_train_batch_end", None),
+                     "on_train_begin": on_train_begin, "on_train_end": on_train_end}
+        if kwargs:
+            raise TypeError("LambdaCallback: unexpected argument(s) " + ", ".join(sorted(kwargs)))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._fns["on_epoch_begin"]:
+            self._fns["on_epoch_begin"](epoch, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._fns["on_epoch_end"]:
+            self._fns["on_epoch_end"](epoch, logs)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._fns["on_train_batch_begin"]:
+            self._fns["on_train_batch_begin"](batch, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._fns["on_train_batch_end"]:
+            self._fns["on_train_batch_end"](batch, logs)
+
+    def on_train_begin(self, logs=None):
+        if self._fns["on_train_begin"]:
+            self._fns["on_train_begin"](logs)
+
+    def on_train_end(self, logs=None):
+        if self._fns["on_train_end"]:
+            self._fns["on_train_end"](logs)

@@ -1,0 +1,307 @@
+"""tf.keras.Model and Sequential over dtrain's Model.
+
+A Sequential becomes a dtrain model (from its Keras JSON, as the dtrain command makes one)
+when it is first built, compiled, called or trained, under the strategy whose scope was
+open when the Sequential was made: its weights then belong to that strategy, as in
+TensorFlow."""
+import json
+import sys
+
+from .. import _dtrain
+from . import callbacks as callbacks_module
+from . import layers as layers_module
+from . import losses as losses_module
+from . import metrics as metrics_module
+from . import optimizers as optimizers_module
+from . import utils
+
+_k = _dtrain.keras
+_d = _dtrain.distribute
+
+
+class Model:
+    """A Keras model. Make one as Sequential([...]), or load one with load_model."""
+
+    def __init__(self, *args, **kwargs):
+        if args or kwargs.get("inputs") is not None or kwargs.get("outputs") is not None:
+            raise NotImplementedError("dtrain's Python package builds Sequential models; "
+                                      "a functional Model(inputs, outputs) is not supported yet")
+        from .. import distribute
+
+        self._name = kwargs.get("name") or "model"
+        self._cpp = None
+        self._backend = _d._current_backend()
+        self._strategy = distribute.get_strategy()
+        self._strategy._models.add(self)
+        self._layers = []
+        self._steps_per_execution = 1
+        self._optimizer = None
+        self._loss = None
+
+    @classmethod
+    def _wrap(cls, cpp):
+        model = Model.__new__(Model)
+        Model.__init__(model, name=cpp.name)
+        model._cpp = cpp
+        for built in cpp.layers:
+            layer = layers_module.Layer()
+            layer.class_name = built.class_name
+            layer._built = built
+            model._layers.append(layer)
+        return model
+
+    # --- the dtrain model
+    def _keras_json(self):
+        raise NotImplementedError
+
+    def _model(self):
+        if self._cpp is None:
+            scope = _d._Scope(self._backend)
+            scope.enter()
+            try:
+                self._cpp = _k._Model.from_json(json.dumps(self._keras_json()))
+            finally:
+                scope.exit()
+            for layer, built in zip(self._layers, self._cpp.layers):
+                layer._built = built
+        return self._cpp
+
+    def _built_model(self, inputs):
+        model = self._model()
+        if self._strategy._pending and self._strategy._build_in_replica(self, lambda: self._build_for(inputs)):
+            return model
+        if not model.built:
+            self._build_for(inputs)
+        return model
+
+    def _build_for(self, inputs):
+        if not self._model().built:
+            self.build((None, *_dtrain.convert_to_tensor(inputs).shape[1:]))
+
+    def build(self, input_shape):
+        model = self._model()
+        if model.built:
+            return
+        scope = _d._Scope(self._backend)
+        scope.enter()
+        try:
+            model.build([int(d) for d in tuple(input_shape)[1:]])
+        finally:
+            scope.exit()
+
+    @property
+    def built(self):
+        return self._cpp is not None and self._cpp.built
+
+    @property
+    def name(self):
+        return self._cpp.name if self._cpp is not None else self._name
+
+    @property
+    def layers(self):
+        self._model()
+        return list(self._layers)
+
+    @property
+    def weights(self):
+        return self._model().variables
+
+    variables = weights
+
+    @property
+    def trainable_variables(self):
+        return self._model().trainable_variables
+
+    trainable_weights = trainable_variables
+
+    @property
+    def stop_training(self):
+        return self._model().stop_training
+
+    @stop_training.setter
+    def stop_training(self, value):
+        self._model().stop_training = bool(value)
+
+    @property
+    def optimizer(self):
+        return self._optimizer
+
+    @property
+    def input_shape(self):
+        shape = self._model().input_shape
+        return None if shape is None else (None, *shape)
+
+    @property
+    def output_shape(self):
+        return (None, *self._model().output_shape[1:])
+
+    @property
+    def distribute_strategy(self):
+        from .. import distribute
+
+        return distribute.get_strategy()
+
+    def count_params(self):
+        return self._model().count_params()
+
+    def get_weights(self):
+        return [v.numpy() for v in self.weights]
+
+    def set_weights(self, weights):
+        variables = self.weights
+        if len(weights) != len(variables):
+            raise ValueError(f"model '{self.name}': {len(weights)} arrays for {len(variables)} weights")
+        for v, w in zip(variables, weights):
+            v.assign(w)
+
+    def summary(self, print_fn=None, **kwargs):
+        del kwargs
+        (print_fn or print)(self._model().summary())
+
+    def to_json(self, **kwargs):
+        del kwargs
+        return self._model().to_json(2)
+
+    # --- training
+    def compile(self, optimizer="rmsprop", loss=None, metrics=None, loss_weights=None, weighted_metrics=None,
+                run_eagerly=None, steps_per_execution=None, jit_compile=None, **kwargs):
+        """optimizer and loss as Keras names or objects; metrics as names or Metric objects."""
+        del run_eagerly, jit_compile
+        for name, value in (("loss_weights", loss_weights), ("weighted_metrics", weighted_metrics)):
+            if value is not None:
+                raise NotImplementedError(f"compile({name}=...) is not supported by dtrain")
+        if kwargs:
+            raise TypeError("compile: unexpected argument(s) " + ", ".join(sorted(kwargs)))
+        if loss is None:
+            raise ValueError("compile: a loss is needed (a name such as 'sparse_categorical_crossentropy', or a Loss)")
+        self._optimizer = optimizers_module.get(optimizer)
+        self._loss = losses_module.get(loss)
+        names = [metrics_module._name_of(m) for m in (metrics or [])]
+        self._steps_per_execution = int(steps_per_execution or 1)
+        self._model().compile(self._optimizer, self._loss, names)
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
+            validation_data=None, shuffle=True, class_weight=None, sample_weight=None, initial_epoch=0,
+            steps_per_epoch=None, validation_steps=None, validation_batch_size=None, validation_freq=1,
+            max_queue_size=10, workers=1, use_multiprocessing=False, gradient_accumulation_steps=1):
+        """Trains in C++ without the GIL; Python callbacks take it for their calls. Ctrl-C
+        ends training after the batch under way and raises KeyboardInterrupt."""
+        del max_queue_size, workers, use_multiprocessing
+        for name, value in (("class_weight", class_weight), ("sample_weight", sample_weight),
+                            ("validation_steps", validation_steps), ("validation_batch_size", validation_batch_size)):
+            if value is not None:
+                raise NotImplementedError(f"fit({name}=...) is not supported by dtrain")
+        if validation_freq != 1:
+            raise NotImplementedError("fit(validation_freq=...) is not supported by dtrain: it validates every epoch")
+        model = self._model()
+        x = _unwrap_dataset(x)
+        validation_data = _unwrap_dataset(validation_data)
+        if isinstance(validation_data, list):
+            validation_data = tuple(validation_data)
+        given = list(callbacks or [])
+        for c in given:
+            if isinstance(c, callbacks_module.Callback):
+                c.model = self
+        history = callbacks_module.History()
+        history.model = self
+        history.params = {"epochs": epochs, "steps": steps_per_epoch, "verbose": verbose}
+        cpp = model.fit(x, y, 32 if batch_size is None else int(batch_size), int(epochs), verbose, given,
+                        float(validation_split), validation_data, bool(shuffle), utils._fit_seed(), int(initial_epoch),
+                        int(steps_per_epoch or 0), int(gradient_accumulation_steps), self._steps_per_execution)
+        history._set(cpp)
+        sys.stdout.flush()
+        return history
+
+    def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", return_dict=False, **kwargs):
+        del kwargs
+        data = _unwrap_dataset(x)
+        model = self._model() if isinstance(data, _dtrain.data._Dataset) else self._built_model(x)
+        logs = model.evaluate(data, y, 32 if batch_size is None else int(batch_size), 1 if verbose == "auto" else int(verbose))
+        if return_dict:
+            return logs
+        values = list(logs.values())
+        return values[0] if len(values) == 1 else values
+
+    def predict(self, x, batch_size=None, verbose="auto", **kwargs):
+        del verbose, kwargs
+        return self._built_model(x).predict(x, 32 if batch_size is None else int(batch_size))
+
+    def __call__(self, inputs, training=False, mask=None):
+        del mask
+        return self._built_model(inputs)(inputs, bool(training))
+
+    # --- files
+    def save_weights(self, filepath, overwrite=True, **kwargs):
+        del overwrite, kwargs
+        self._model().save_weights(str(filepath))
+
+    def load_weights(self, filepath, **kwargs):
+        del kwargs
+        self._model().load_weights(str(filepath))
+
+    def save(self, filepath, overwrite=True, **kwargs):
+        del overwrite, kwargs
+        self._model().save(str(filepath))
+
+
+class Sequential(Model):
+    """A linear stack of layers (tf.keras.Sequential)."""
+
+    def __init__(self, layers=None, name=None, trainable=True):
+        super().__init__(name=name or "sequential")
+        self._input_shape = None
+        if not trainable:
+            raise NotImplementedError("Sequential(trainable=False) is not supported by dtrain; freeze its layers")
+        for layer in layers or []:
+            self.add(layer)
+        if self._input_shape is not None:
+            self.build((None, *self._input_shape))
+
+    def add(self, layer):
+        if self._cpp is not None:
+            raise ValueError(f"Sequential '{self.name}': layers are added before the model is built")
+        if isinstance(layer, Input):
+            self._input_shape = layer.shape[1:]
+            return
+        if not isinstance(layer, layers_module.Layer):
+            raise TypeError(f"Sequential.add: expected a tf.keras.layers layer, got {type(layer).__name__}")
+        if isinstance(layer, layers_module.InputLayer):
+            self._input_shape = layer._input_shape
+            return
+        if layer._built is not None:
+            raise ValueError(f"layer '{layer.name}' belongs to a model already")
+        if not self._layers and layer._input_shape is not None:
+            self._input_shape = layer._input_shape
+        self._layers.append(layer)
+
+    def _keras_json(self):
+        config = {"name": self._name, "layers": [layer._keras_json() for layer in self._layers]}
+        if self._input_shape is not None:
+            config["build_input_shape"] = [None, *self._input_shape]
+        return {"class_name": "Sequential", "config": config}
+
+
+class Input:
+    """tf.keras.Input(shape=...): gives a Sequential its input shape."""
+
+    def __init__(self, shape=None, batch_size=None, name=None, dtype=None, **kwargs):
+        del batch_size, name, dtype, kwargs
+        self.shape = (None, *tuple(shape))
+
+
+def _unwrap_dataset(x):
+    from ..data import Dataset
+    from ..distribute import DistributedDataset
+
+    if isinstance(x, DistributedDataset):
+        return x._dataset._cpp
+    if isinstance(x, Dataset):
+        return x._cpp
+    return x
+
+
+def load_model(filepath, compile=True, **kwargs):  # noqa: A002 (Keras's argument name)
+    """A model that Model.save wrote, made under the strategy whose scope is open."""
+    del kwargs
+    return Model._wrap(_k._load_model(str(filepath), bool(compile)))
+

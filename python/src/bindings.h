@@ -1,0 +1,30 @@
+// The dtrain Python module's C++ side (_dtrain): what each binding file defines, and the
+// conversions they share. Python's own files (python/dtrain/) give these TensorFlow's names.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include "dtrain/dtrain.h"
+
+namespace dtrain::python {
+
+namespace py = pybind11;
+
+// A tensor from a dtrain Tensor, a numpy array or anything numpy.asarray takes. An array
+// already C-contiguous and of the tensor's dtype is shared, not copied (the tensor keeps it
+// alive); float64 becomes float32, and the signed integers and bool become int32 (a value
+// outside int32 is a ValueError naming `what`), as TensorFlow's Keras converts inputs.
+// `dtype` ("float32", "int32", "uint8"; empty: from the data) asks for one dtype.
+Tensor to_tensor(py::handle value, const char* what, const std::string& dtype = "");
+// The tensor's values as a numpy array sharing its storage (bfloat16: converted to float32).
+py::array to_numpy(const Tensor& t);
+DType dtype_from_name(const std::string& name, const char* what);
+
+void bind_errors(py::module_& m);
+void bind_tensors(py::module_& m);
+void bind_keras(py::module_& m);
+void bind_data(py::module_& m);
+void bind_distribute(py::module_& m);
+
+}  // namespace dtrain::python

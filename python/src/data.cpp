@@ -1,0 +1,158 @@
+// tf.data: the Dataset pipeline, run by dtrain's C++ threads. Python functions given to
+// from_generator, map and filter run there too, each call taking the GIL.
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+
+namespace dtrain::python {
+namespace {
+
+// A Python object owned by C++ that may be released on a thread without the GIL.
+std::shared_ptr<py::object> hold(py::object object) {
+  return std::shared_ptr<py::object>(new py::object(std::move(object)), [](py::object* p) {
+    if (!Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+}
+
+// One component per tensor: a tuple or list is several, anything else one. `dtypes`
+// (one per component, "" for any) converts them.
+data::Element element_of(py::handle value, const std::vector<std::string>& dtypes, const char* what) {
+  data::Element out;
+  if (py::isinstance<py::tuple>(value) || py::isinstance<py::list>(value)) {
+    std::size_t i = 0;
+    for (py::handle part : value) {
+      out.push_back(to_tensor(part, what, i < dtypes.size() ? dtypes[i] : ""));
+      ++i;
+    }
+  } else {
+    out.push_back(to_tensor(value, what, dtypes.empty() ? "" : dtypes[0]));
+  }
+  if (!dtypes.empty() && out.size() != dtypes.size())
+    throw py::value_error(std::string(what) + ": an element of " + std::to_string(out.size()) +
+                          " component(s) where the signature has " + std::to_string(dtypes.size()));
+  return out;
+}
+
+py::list components(const data::Element& e) {
+  py::list out;
+  for (const Tensor& t : e) out.append(py::cast(t));
+  return out;
+}
+
+// Calls fn with an element's components as positional arguments.
+py::object call_with(const py::object& fn, const data::Element& e) {
+  py::tuple args(e.size());
+  for (std::size_t i = 0; i < e.size(); ++i) args[i] = py::cast(e[i]);
+  return fn(*args);
+}
+
+// An iterator's threads may be waiting for the GIL (a Python generator or map function):
+// it is advanced and stopped without it.
+class PyIterator {
+ public:
+  explicit PyIterator(data::Iterator it) : it_(std::move(it)) {}
+  ~PyIterator() {
+    py::gil_scoped_release release;
+    it_.reset();
+  }
+  PyIterator(const PyIterator&) = delete;
+  PyIterator& operator=(const PyIterator&) = delete;
+  py::list next() {
+    std::optional<data::Element> e;
+    {
+      py::gil_scoped_release release;
+      e = it_->next();
+    }
+    if (!e) throw py::stop_iteration();
+    return components(*e);
+  }
+
+ private:
+  std::optional<data::Iterator> it_;
+};
+
+}  // namespace
+
+void bind_data(py::module_& m) {
+  py::module_ d = m.def_submodule("data", "tf.data's Dataset over dtrain's pipeline");
+  d.attr("AUTOTUNE") = data::AUTOTUNE;
+  d.attr("INFINITE_CARDINALITY") = data::kInfiniteCardinality;
+  d.attr("UNKNOWN_CARDINALITY") = data::kUnknownCardinality;
+
+  py::enum_<data::AutoShardPolicy>(d, "AutoShardPolicy")
+      .value("AUTO", data::AutoShardPolicy::AUTO)
+      .value("FILE", data::AutoShardPolicy::FILE)
+      .value("DATA", data::AutoShardPolicy::DATA)
+      .value("OFF", data::AutoShardPolicy::OFF);
+
+  py::class_<PyIterator>(d, "_Iterator").def("next", &PyIterator::next);
+
+  py::class_<data::Dataset>(d, "_Dataset")
+      .def_static("from_tensor_slices", [](py::list tensors) {
+        std::vector<Tensor> ts;
+        for (py::handle t : tensors) ts.push_back(to_tensor(t, "Dataset.from_tensor_slices"));
+        return data::Dataset::from_tensor_slices(std::move(ts));
+      })
+      .def_static("from_generator", [](py::function make, std::vector<std::string> dtypes) {
+        struct State {
+          std::shared_ptr<py::object> make, iterator;
+        };
+        auto state = std::make_shared<State>(State{hold(std::move(make)), nullptr});
+        return data::Dataset::from_generator([state, dtypes](std::int64_t index) -> std::optional<data::Element> {
+          py::gil_scoped_acquire gil;
+          if (index == 0 || !state->iterator) state->iterator = hold(py::iter((*state->make)()));
+          py::object it = *state->iterator;
+          PyObject* item = PyIter_Next(it.ptr());
+          if (!item) {
+            if (PyErr_Occurred()) throw py::error_already_set();
+            return std::nullopt;
+          }
+          return element_of(py::reinterpret_steal<py::object>(item), dtypes, "Dataset.from_generator");
+        });
+      })
+      .def_static("range", [](std::int64_t start, std::int64_t stop, std::int64_t step) {
+        return data::Dataset::range(start, stop, step);
+      })
+      .def_static("from_idx", &data::Dataset::from_idx)
+      .def("map", [](const data::Dataset& ds, py::function fn, std::int64_t parallel, bool deterministic) {
+        auto f = hold(std::move(fn));
+        return ds.map([f](const data::Element& e) {
+          py::gil_scoped_acquire gil;
+          return element_of(call_with(*f, e), {}, "Dataset.map");
+        }, parallel, deterministic);
+      })
+      .def("filter", [](const data::Dataset& ds, py::function fn) {
+        auto f = hold(std::move(fn));
+        return ds.filter([f](const data::Element& e) {
+          py::gil_scoped_acquire gil;
+          py::object keep = call_with(*f, e);
+          if (py::isinstance<Tensor>(keep)) return keep.cast<Tensor>().item() != 0.0f;
+          return keep.cast<bool>();
+        });
+      })
+      .def("shuffle", [](const data::Dataset& ds, std::int64_t buffer, std::optional<std::uint64_t> seed, bool reshuffle) {
+        return ds.shuffle(buffer, seed, reshuffle);
+      })
+      .def("batch", &data::Dataset::batch)
+      .def("unbatch", &data::Dataset::unbatch)
+      .def("repeat", &data::Dataset::repeat)
+      .def("take", &data::Dataset::take)
+      .def("skip", &data::Dataset::skip)
+      .def("shard", &data::Dataset::shard)
+      .def("cache", &data::Dataset::cache)
+      .def("prefetch", &data::Dataset::prefetch)
+      .def("with_shard_policy", [](const data::Dataset& ds, data::AutoShardPolicy policy) {
+        data::DatasetOptions o = ds.options();
+        o.auto_shard_policy = policy;
+        return ds.with_options(o);
+      })
+      .def("cardinality", &data::Dataset::cardinality)
+      .def("make_iterator", [](const data::Dataset& ds, std::uint64_t iteration) {
+        py::gil_scoped_release release;
+        return std::make_unique<PyIterator>(ds.make_iterator(iteration));
+      }, py::arg("iteration") = 0);
+}
+
+}  // namespace dtrain::python

@@ -1,0 +1,230 @@
+// tf.distribute: the strategies, their scope, strategy.run over Python functions, reduce,
+// and distributed datasets. A Python step function runs on every replica's thread, each
+// taking the GIL for its Python and releasing it inside every dtrain call, so the replicas'
+// kernels (and their cross-replica waits) run side by side while their Python takes turns.
+#include <pybind11/stl.h>
+
+#include <numeric>
+
+#include "bindings.h"
+
+namespace dtrain::python {
+namespace {
+
+using distribute::Strategy;
+
+// `with strategy.scope():` as an object: entered and left from Python.
+class Scope {
+ public:
+  explicit Scope(std::shared_ptr<StrategyBackend> backend) : backend_(std::move(backend)) {}
+  void enter() {
+    if (scoped_) throw py::value_error("strategy.scope(): this scope was entered already");
+    scoped_.emplace(backend_);
+  }
+  void exit() { scoped_.reset(); }
+
+ private:
+  std::shared_ptr<StrategyBackend> backend_;
+  std::optional<dtrain::detail::ScopedStrategy> scoped_;
+};
+
+// fn(*args[r], **kwargs[r]) on each replica r at once; their results, in replica order.
+// A Python exception in any replica is raised as itself once every replica returned.
+py::list run_replicas(const Strategy& strategy, const py::function& fn, const py::list& args, const py::list& kwargs) {
+  const int n = strategy.num_local_replicas();
+  if (static_cast<int>(args.size()) != n || static_cast<int>(kwargs.size()) != n)
+    throw py::value_error("strategy.run: arguments for " + std::to_string(args.size()) + " replicas where there are " +
+                          std::to_string(n));
+  std::vector<PyObject*> results(static_cast<std::size_t>(n), nullptr);
+  std::vector<std::unique_ptr<py::error_already_set>> errors(static_cast<std::size_t>(n));
+  std::vector<int> replicas(static_cast<std::size_t>(n));
+  std::iota(replicas.begin(), replicas.end(), 0);
+  std::exception_ptr failure;
+  {
+    py::gil_scoped_release release;
+    try {
+      strategy.run([&](const int& r) {
+        py::gil_scoped_acquire gil;
+        const auto i = static_cast<std::size_t>(r);
+        try {
+          py::object out = fn(*py::tuple(args[i]), **py::dict(kwargs[i]));
+          results[i] = out.release().ptr();
+        } catch (py::error_already_set& e) {
+          const std::string message = e.what();
+          errors[i] = std::make_unique<py::error_already_set>(std::move(e));
+          throw Error(message);  // releases the replicas waiting for this one
+        }
+      }, distribute::PerReplica<int>(replicas));
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  py::list out;
+  for (PyObject* r : results) {
+    py::object value = r ? py::reinterpret_steal<py::object>(r) : py::none();
+    out.append(value);
+  }
+  if (failure) {
+    for (auto& e : errors)
+      if (e) throw *e;
+    std::rethrow_exception(failure);
+  }
+  return out;
+}
+
+distribute::PerReplica<Tensor> per_replica(const py::list& values, const char* what) {
+  std::vector<Tensor> ts;
+  for (py::handle v : values) ts.push_back(to_tensor(v, what));
+  return distribute::PerReplica<Tensor>(std::move(ts));
+}
+
+class PyDistributedIterator {
+ public:
+  explicit PyDistributedIterator(distribute::DistributedDataset::Iterator it) : it_(std::move(it)) {}
+  ~PyDistributedIterator() {
+    py::gil_scoped_release release;
+    it_.reset();
+  }
+  PyDistributedIterator(const PyDistributedIterator&) = delete;
+  PyDistributedIterator& operator=(const PyDistributedIterator&) = delete;
+  // [replica][component]
+  py::list next() {
+    std::optional<distribute::PerReplica<data::Element>> batch;
+    {
+      py::gil_scoped_release release;
+      batch = it_->next();
+    }
+    if (!batch) throw py::stop_iteration();
+    py::list out;
+    for (const data::Element& e : batch->values()) {
+      py::list parts;
+      for (const Tensor& t : e) parts.append(py::cast(t));
+      out.append(parts);
+    }
+    return out;
+  }
+
+ private:
+  std::optional<distribute::DistributedDataset::Iterator> it_;
+};
+
+distribute::CommunicationOptions communication(std::size_t bytes_per_pack, double timeout_seconds,
+                                               const std::string& compression, const std::string& implementation) {
+  distribute::CommunicationOptions o;
+  o.bytes_per_pack = bytes_per_pack;
+  o.timeout_seconds = timeout_seconds;
+  if (compression == "none" || compression.empty()) o.compression = distribute::Compression::NONE;
+  else if (compression == "bf16") o.compression = distribute::Compression::BF16;
+  else if (compression == "fp16") o.compression = distribute::Compression::FP16;
+  else throw py::value_error("CommunicationOptions: compression is 'none', 'bf16' or 'fp16', got '" + compression + "'");
+  if (implementation == "auto" || implementation.empty()) o.implementation = distribute::CommunicationImplementation::AUTO;
+  else if (implementation == "ring") o.implementation = distribute::CommunicationImplementation::RING;
+  else throw py::value_error("CommunicationOptions: implementation is 'auto' or 'ring', got '" + implementation + "'");
+  return o;
+}
+
+}  // namespace
+
+void bind_distribute(py::module_& m) {
+  py::module_ d = m.def_submodule("distribute", "tf.distribute's strategies");
+  py::enum_<distribute::ReduceOp>(d, "ReduceOp")
+      .value("SUM", distribute::ReduceOp::SUM)
+      .value("MEAN", distribute::ReduceOp::MEAN);
+
+  py::class_<StrategyBackend, std::shared_ptr<StrategyBackend>>(d, "_Backend")
+      .def_property_readonly("name", &StrategyBackend::name)
+      .def_property_readonly("num_replicas", &StrategyBackend::num_replicas);
+  d.def("_current_backend", &current_strategy);
+  d.def("_in_replica", [] { return replica_context().cross != nullptr; });
+  // TensorFlow's merge_call: every replica calls it; fn runs once, on replica 0, outside
+  // the replica context (where a model can build its shared weights), while the others wait.
+  d.def("_merge_call", [](py::function fn) {
+    CrossReplica* cross = replica_context().cross;
+    if (!cross) return void(fn());
+    std::unique_ptr<py::error_already_set> error;
+    try {
+      py::gil_scoped_release release;
+      cross->merge_call([&] {
+        py::gil_scoped_acquire gil;
+        try {
+          fn();
+        } catch (py::error_already_set& e) {
+          const std::string message = e.what();
+          error = std::make_unique<py::error_already_set>(std::move(e));
+          throw Error(message);
+        }
+      });
+    } catch (const Error&) {
+      if (error) throw *error;
+      throw;
+    }
+  });
+  py::class_<Scope>(d, "_Scope")
+      .def(py::init<std::shared_ptr<StrategyBackend>>())
+      .def("enter", &Scope::enter)
+      .def("exit", &Scope::exit);
+
+  py::class_<PyDistributedIterator>(d, "_DistributedIterator").def("next", &PyDistributedIterator::next);
+  py::class_<distribute::DistributedDataset>(d, "_DistributedDataset")
+      .def_property_readonly("num_replicas", &distribute::DistributedDataset::num_replicas)
+      .def("make_iterator", [](const distribute::DistributedDataset& ds, std::uint64_t iteration) {
+        py::gil_scoped_release release;
+        return std::make_unique<PyDistributedIterator>(ds.make_iterator(iteration));
+      }, py::arg("iteration") = 0);
+
+  py::class_<Strategy, std::shared_ptr<Strategy>>(d, "_Strategy")
+      .def_property_readonly("num_replicas_in_sync", &Strategy::num_replicas_in_sync)
+      .def_property_readonly("name", &Strategy::name)
+      .def_property_readonly("devices", &Strategy::devices)
+      .def_property_readonly("num_local_replicas", &Strategy::num_local_replicas)
+      .def_property_readonly("num_workers", &Strategy::num_workers)
+      .def_property_readonly("worker_index", &Strategy::worker_index)
+      .def_property_readonly("threads_per_replica", &Strategy::threads_per_replica)
+      .def("backend", &Strategy::backend)
+      .def("run_replicas", &run_replicas)
+      .def("reduce", [](const Strategy& s, distribute::ReduceOp op, const py::list& values, std::optional<int> axis) {
+        const distribute::PerReplica<Tensor> v = per_replica(values, "strategy.reduce");
+        py::gil_scoped_release release;
+        return s.reduce(op, v, axis);
+      }, py::arg("op"), py::arg("values"), py::arg("axis") = py::none())
+      .def("gather", [](const Strategy& s, const py::list& values, int axis) {
+        const distribute::PerReplica<Tensor> v = per_replica(values, "strategy.gather");
+        py::gil_scoped_release release;
+        return s.gather(v, axis);
+      }, py::arg("values"), py::arg("axis") = 0)
+      .def("distribute_dataset", [](const Strategy& s, const data::Dataset& ds) {
+        return s.experimental_distribute_dataset(ds);
+      });
+  py::class_<distribute::DefaultStrategy, Strategy, std::shared_ptr<distribute::DefaultStrategy>>(d, "_DefaultStrategy")
+      .def(py::init<>());
+  py::class_<distribute::OneDeviceStrategy, Strategy, std::shared_ptr<distribute::OneDeviceStrategy>>(d, "_OneDeviceStrategy")
+      .def(py::init<const std::string&>(), py::arg("device") = "/cpu:0");
+  py::class_<distribute::MirroredStrategy, Strategy, std::shared_ptr<distribute::MirroredStrategy>>(d, "_MirroredStrategy")
+      .def(py::init([](py::object devices, std::size_t bytes_per_pack, double timeout_seconds) {
+             const distribute::CommunicationOptions o = communication(bytes_per_pack, timeout_seconds, "", "");
+             if (devices.is_none()) {  // one replica per core
+               if (bytes_per_pack == 0 && timeout_seconds == 0) return std::make_shared<distribute::MirroredStrategy>();
+               return std::make_shared<distribute::MirroredStrategy>(num_threads(), o);
+             }
+             if (py::isinstance<py::int_>(devices))
+               return std::make_shared<distribute::MirroredStrategy>(devices.cast<int>(), o);
+             return std::make_shared<distribute::MirroredStrategy>(devices.cast<std::vector<std::string>>(), o);
+           }),
+           py::arg("devices") = py::none(), py::arg("bytes_per_pack") = 0, py::arg("timeout_seconds") = 0.0);
+  py::class_<distribute::MultiWorkerMirroredStrategy, Strategy, std::shared_ptr<distribute::MultiWorkerMirroredStrategy>>(
+      d, "_MultiWorkerMirroredStrategy")
+      .def(py::init([](std::size_t bytes_per_pack, double timeout_seconds, const std::string& compression,
+                       const std::string& implementation, bool overlap) {
+             distribute::CommunicationOptions o = communication(bytes_per_pack, timeout_seconds, compression, implementation);
+             o.overlap = overlap;
+             py::gil_scoped_release release;  // joining waits for the other workers
+             return std::make_shared<distribute::MultiWorkerMirroredStrategy>(o);
+           }),
+           py::arg("bytes_per_pack") = 0, py::arg("timeout_seconds") = 0.0, py::arg("compression") = "none",
+           py::arg("implementation") = "auto", py::arg("overlap") = true)
+      .def_property_readonly("task_type", &distribute::MultiWorkerMirroredStrategy::task_type)
+      .def_property_readonly("task_id", &distribute::MultiWorkerMirroredStrategy::task_id)
+      .def_property_readonly("is_chief", &distribute::MultiWorkerMirroredStrategy::is_chief);
+}
+
+}  // namespace dtrain::python

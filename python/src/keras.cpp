@@ -1,0 +1,473 @@
+// Keras: layers and models (made from Keras's JSON, as the dtrain command makes them),
+// compile / fit / evaluate / predict, optimizers and schedules, losses, metrics and
+// callbacks, Python subclasses of Callback included. fit runs without the GIL; Python
+// callbacks take it for their calls, and Ctrl-C ends fit after the batch under way.
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "bindings.h"
+#include "dtrain/model/serialization.h"
+
+namespace dtrain::python {
+namespace {
+
+py::dict logs_dict(const Logs& logs) {
+  py::dict d;
+  for (const auto& [name, value] : logs.items()) d[py::str(name)] = value;
+  return d;
+}
+
+// A Callback whose methods a Python subclass may override (Keras's signatures:
+// on_epoch_end(self, epoch, logs=None), ...).
+class PyCallback : public Callback {
+ public:
+  void on_train_begin(const Logs& logs) override { call("on_train_begin", logs); }
+  void on_train_end(const Logs& logs) override { call("on_train_end", logs); }
+  void on_epoch_begin(int epoch, const Logs& logs) override { call("on_epoch_begin", logs, epoch); }
+  void on_epoch_end(int epoch, const Logs& logs) override { call("on_epoch_end", logs, epoch); }
+  void on_train_batch_begin(std::int64_t batch, const Logs& logs) override {
+    call("on_train_batch_begin", logs, batch);
+  }
+  void on_train_batch_end(std::int64_t batch, const Logs& logs) override { call("on_train_batch_end", logs, batch); }
+
+ private:
+  template <typename... Index>
+  void call(const char* name, const Logs& logs, Index... index) {
+    py::gil_scoped_acquire gil;
+    py::function override = py::get_override(static_cast<const Callback*>(this), name);
+    if (override) override(index..., logs_dict(logs));
+  }
+};
+
+// Added to every fit from Python: Python's signal handlers run between batches (fit holds
+// no GIL), and a KeyboardInterrupt ends fit after the batch under way, raised once fit is out.
+class InterruptCheck : public Callback {
+ public:
+  void on_train_batch_end(std::int64_t, const Logs&) override {
+    py::gil_scoped_acquire gil;
+    if (PyErr_CheckSignals() != 0) {
+      error_ = std::make_unique<py::error_already_set>();
+      if (model_) model_->stop_training = true;
+    }
+  }
+  // Raises what a signal handler raised (KeyboardInterrupt), with the GIL held.
+  void raise_if_interrupted() {
+    if (!error_) return;
+    std::unique_ptr<py::error_already_set> e = std::move(error_);
+    throw *e;
+  }
+
+ private:
+  std::unique_ptr<py::error_already_set> error_;
+};
+
+std::vector<std::shared_ptr<Callback>> callbacks_of(py::handle callbacks) {
+  std::vector<std::shared_ptr<Callback>> out;
+  if (callbacks.is_none()) return out;
+  for (py::handle c : callbacks) {
+    if (!py::isinstance<Callback>(c))
+      throw py::type_error("fit: callbacks must be tf.keras.callbacks.Callback objects, got " +
+                           py::str(py::type::handle_of(c).attr("__name__")).cast<std::string>());
+    out.push_back(c.cast<std::shared_ptr<Callback>>());
+  }
+  return out;
+}
+
+py::dict history_dict(const History& h) {
+  py::dict d;
+  for (const auto& [name, values] : h.history) d[py::str(name)] = py::cast(values);
+  return d;
+}
+
+int verbose_of(py::handle verbose) {
+  if (py::isinstance<py::str>(verbose)) {
+    const std::string v = verbose.cast<std::string>();
+    if (v == "auto") return -1;
+    throw py::value_error("verbose: 'auto', 0, 1 or 2, got '" + v + "'");
+  }
+  return verbose.cast<int>();
+}
+
+struct FitArguments {
+  py::object x, y;
+  std::int64_t batch_size;
+  int epochs;
+  py::object verbose;
+  py::object callbacks;
+  double validation_split;
+  py::object validation_data;
+  bool shuffle;
+  std::uint64_t seed;
+  int initial_epoch;
+  std::int64_t steps_per_epoch;
+  int gradient_accumulation_steps;
+  int steps_per_execution;
+};
+
+std::shared_ptr<History> run_fit(Model& model, const FitArguments& a) {
+  FitOptions options;
+  options.epochs = a.epochs;
+  options.batch_size = a.batch_size;
+  options.validation_split = a.validation_split;
+  options.shuffle = a.shuffle;
+  options.seed = a.seed;
+  options.initial_epoch = a.initial_epoch;
+  options.steps_per_epoch = a.steps_per_epoch;
+  options.gradient_accumulation_steps = a.gradient_accumulation_steps;
+  options.steps_per_execution = a.steps_per_execution;
+  options.verbose = verbose_of(a.verbose);
+  options.callbacks = callbacks_of(a.callbacks);
+  auto interrupt = std::make_shared<InterruptCheck>();
+  options.callbacks.push_back(interrupt);
+  if (!a.validation_data.is_none()) {
+    if (py::isinstance<data::Dataset>(a.validation_data)) {
+      options.validation_dataset = a.validation_data.cast<data::Dataset>();
+    } else {
+      py::tuple v = a.validation_data.cast<py::tuple>();
+      if (v.size() < 2) throw py::value_error("fit: validation_data is (x_val, y_val)");
+      options.validation_data = std::make_pair(to_tensor(v[0], "validation_data x"), to_tensor(v[1], "validation_data y"));
+    }
+  }
+  py::module_::import("sys").attr("stdout").attr("flush")();
+  History result;
+  if (py::isinstance<data::Dataset>(a.x)) {
+    if (!a.y.is_none()) throw py::value_error("fit: y is given inside the dataset; pass y=None with a Dataset");
+    const data::Dataset dataset = a.x.cast<data::Dataset>();
+    py::gil_scoped_release release;
+    result = model.fit(dataset, options);
+  } else {
+    if (a.y.is_none()) throw py::value_error("fit: y (the targets) is missing; give y, or a Dataset of (x, y)");
+    const Tensor x = to_tensor(a.x, "fit x"), y = to_tensor(a.y, "fit y");
+    py::gil_scoped_release release;
+    result = model.fit(x, y, options);
+  }
+  interrupt->raise_if_interrupted();
+  return std::make_shared<History>(std::move(result));
+}
+
+std::shared_ptr<Model> model_from(const std::string& json, const std::string& dtype_policy) {
+  const nlohmann::json value = nlohmann::json::parse(json, nullptr, false);
+  if (value.is_discarded()) throw py::value_error("model config: not valid JSON");
+  return std::shared_ptr<Model>(dtrain::model_from_json(value, "model", dtype_policy).release());
+}
+
+std::shared_ptr<optim::LearningRateSchedule> schedule_of(py::handle lr) {
+  if (py::isinstance<optim::LearningRateSchedule>(lr)) return lr.cast<std::shared_ptr<optim::LearningRateSchedule>>();
+  return std::make_shared<optim::Constant>(lr.cast<float>());
+}
+
+optim::OptimizerOptions optimizer_options(py::object clipnorm, py::object global_clipnorm, float weight_decay) {
+  optim::OptimizerOptions o;
+  if (!clipnorm.is_none()) o.clipnorm = clipnorm.cast<float>();
+  if (!global_clipnorm.is_none()) o.global_clipnorm = global_clipnorm.cast<float>();
+  o.weight_decay = weight_decay;
+  return o;
+}
+
+void apply_gradients(optim::Optimizer& optimizer, py::handle grads_and_vars) {
+  std::vector<Tensor> grads;
+  std::vector<Variable*> vars;
+  for (py::handle pair : grads_and_vars) {
+    py::tuple gv = py::reinterpret_borrow<py::object>(pair).cast<py::tuple>();
+    if (gv.size() != 2) throw py::value_error("apply_gradients: takes (gradient, variable) pairs");
+    if (gv[0].is_none()) continue;  // a variable the loss does not depend on, as TensorFlow skips it
+    Variable& v = gv[1].cast<Variable&>();
+    grads.push_back(to_tensor(gv[0], v.name().c_str()));
+    vars.push_back(&v);
+  }
+  if (vars.empty()) throw py::value_error("apply_gradients: no gradient was given for any variable");
+  py::gil_scoped_release release;
+  optimizer.apply_gradients(grads, vars);
+}
+
+losses::Reduction reduction_of(const std::string& name) { return losses::reduction_from_name(name); }
+
+}  // namespace
+
+void bind_keras(py::module_& m) {
+  py::module_ k = m.def_submodule("keras", "Keras's models, layers, optimizers, losses, metrics and callbacks");
+
+  py::class_<nn::Layer, std::shared_ptr<nn::Layer>>(k, "Layer")
+      .def_property_readonly("name", &nn::Layer::name)
+      .def_property_readonly("class_name", &nn::Layer::class_name)
+      .def_property_readonly("built", &nn::Layer::built)
+      .def_property("trainable", &nn::Layer::trainable, &nn::Layer::set_trainable)
+      .def_property_readonly("variables", &nn::Layer::variables, py::return_value_policy::reference_internal)
+      .def_property_readonly("weights", &nn::Layer::variables, py::return_value_policy::reference_internal)
+      .def_property_readonly("trainable_variables", &nn::Layer::trainable_variables,
+                             py::return_value_policy::reference_internal)
+      .def("__call__", [](nn::Layer& layer, py::handle x, bool training) {
+        const Tensor t = to_tensor(x, layer.name().c_str());
+        py::gil_scoped_release release;
+        return layer(t, training);
+      }, py::arg("inputs"), py::arg("training") = false);
+
+  py::class_<Model, std::shared_ptr<Model>>(k, "_Model")
+      .def_static("from_json", &model_from, py::arg("json"), py::arg("dtype_policy") = "")
+      .def("build", [](Model& model, std::vector<std::int64_t> row) { model.build(Shape(row)); })
+      .def_property_readonly("built", &Model::built)
+      .def_property_readonly("name", &Model::name)
+      .def("__call__", [](Model& model, py::handle x, bool training) {
+        const Tensor t = to_tensor(x, "model input");
+        py::gil_scoped_release release;
+        return model(t, training);
+      }, py::arg("inputs"), py::arg("training") = false)
+      .def("compile", [](Model& model, std::shared_ptr<optim::Optimizer> optimizer, std::shared_ptr<losses::Loss> loss,
+                         std::vector<std::string> metrics) { model.compile(std::move(optimizer), std::move(loss), metrics); })
+      .def("compile_names", [](Model& model, const std::string& optimizer, const std::string& loss,
+                               std::vector<std::string> metrics, bool from_logits) {
+        model.compile(optimizer, loss, metrics, from_logits);
+      })
+      .def_property_readonly("compiled", &Model::compiled)
+      .def("fit", [](Model& model, py::object x, py::object y, std::int64_t batch_size, int epochs, py::object verbose,
+                     py::object callbacks, double validation_split, py::object validation_data, bool shuffle,
+                     std::uint64_t seed, int initial_epoch, std::int64_t steps_per_epoch, int accumulation,
+                     int steps_per_execution) {
+        return run_fit(model, FitArguments{x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data,
+                                           shuffle, seed, initial_epoch, steps_per_epoch, accumulation, steps_per_execution});
+      })
+      .def("evaluate", [](Model& model, py::object x, py::object y, std::int64_t batch_size, int verbose) {
+        EvaluateOptions options{.batch_size = batch_size, .verbose = verbose};
+        Logs logs;
+        py::module_::import("sys").attr("stdout").attr("flush")();
+        if (py::isinstance<data::Dataset>(x)) {
+          const data::Dataset dataset = x.cast<data::Dataset>();
+          py::gil_scoped_release release;
+          logs = model.evaluate(dataset, options);
+        } else {
+          const Tensor tx = to_tensor(x, "evaluate x"), ty = to_tensor(y, "evaluate y");
+          py::gil_scoped_release release;
+          logs = model.evaluate(tx, ty, options);
+        }
+        return logs_dict(logs);
+      })
+      .def("predict", [](Model& model, py::handle x, std::int64_t batch_size) {
+        const Tensor t = to_tensor(x, "predict x");
+        Tensor out;
+        {
+          py::gil_scoped_release release;
+          out = model.predict(t, batch_size);
+        }
+        return to_numpy(out);
+      })
+      .def("summary", &Model::summary)
+      .def("to_json", &Model::to_json, py::arg("indent") = 2)
+      .def("save_weights", &Model::save_weights, py::call_guard<py::gil_scoped_release>())
+      .def("load_weights", &Model::load_weights, py::call_guard<py::gil_scoped_release>())
+      .def("save", &Model::save, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("layers", &Model::layers)
+      .def_property_readonly("variables", &Model::variables, py::return_value_policy::reference_internal)
+      .def_property_readonly("trainable_variables", &Model::trainable_variables,
+                             py::return_value_policy::reference_internal)
+      .def("count_params", &Model::count_params)
+      .def_readwrite("stop_training", &Model::stop_training)
+      .def_property_readonly("input_shape", [](const Model& model) -> py::object {
+        if (!model.input_shape()) return py::none();
+        return py::tuple(py::cast(model.input_shape()->to_vector()));
+      })
+      .def_property_readonly("output_shape", [](const Model& model) { return py::tuple(py::cast(model.output_shape().to_vector())); });
+  k.def("_load_fashion_mnist", [](const std::string& dir) {
+    data::Classification d;
+    {
+      py::gil_scoped_release release;
+      d = data::load_fashion_mnist(dir, DType::u8);
+    }
+    auto images = [](const Tensor& t) { return to_numpy(t.reshape(Shape{t.dim(0), 28, 28})); };
+    auto labels = [](const Tensor& t) { return py::array(to_numpy(t).attr("astype")("uint8")); };
+    return py::make_tuple(py::make_tuple(images(d.train.x), labels(d.train.y)),
+                          py::make_tuple(images(d.test.x), labels(d.test.y)));
+  }, py::arg("dir") = "");
+  k.def("_load_model", [](const std::string& path, bool compile) {
+    return std::shared_ptr<Model>(models::load_model(path, compile).release());
+  });
+
+  py::class_<History, std::shared_ptr<History>>(k, "_History")
+      .def_property_readonly("history", &history_dict)
+      .def_readonly("epoch", &History::epoch)
+      .def_readonly("epoch_seconds", &History::epoch_seconds)
+      .def_readonly("samples_per_second", &History::samples_per_second);
+
+  // Optimizers and schedules.
+  py::module_ o = k.def_submodule("optimizers");
+  py::module_ s = o.def_submodule("schedules");
+  py::class_<optim::LearningRateSchedule, std::shared_ptr<optim::LearningRateSchedule>>(s, "LearningRateSchedule")
+      .def("__call__", [](const optim::LearningRateSchedule& l, std::int64_t step) { return l(step); });
+  py::class_<optim::ExponentialDecay, optim::LearningRateSchedule, std::shared_ptr<optim::ExponentialDecay>>(s, "ExponentialDecay")
+      .def(py::init<float, std::int64_t, float, bool>(), py::arg("initial_learning_rate"), py::arg("decay_steps"),
+           py::arg("decay_rate"), py::arg("staircase") = false);
+  py::class_<optim::PiecewiseConstantDecay, optim::LearningRateSchedule, std::shared_ptr<optim::PiecewiseConstantDecay>>(
+      s, "PiecewiseConstantDecay")
+      .def(py::init<std::vector<std::int64_t>, std::vector<float>>(), py::arg("boundaries"), py::arg("values"));
+  py::class_<optim::CosineDecay, optim::LearningRateSchedule, std::shared_ptr<optim::CosineDecay>>(s, "CosineDecay")
+      .def(py::init<float, std::int64_t, float>(), py::arg("initial_learning_rate"), py::arg("decay_steps"),
+           py::arg("alpha") = 0.0f);
+
+  py::class_<optim::Optimizer, std::shared_ptr<optim::Optimizer>>(o, "Optimizer")
+      .def_property_readonly("name", &optim::Optimizer::name)
+      .def_property("iterations", &optim::Optimizer::iterations, &optim::Optimizer::set_iterations)
+      .def_property("learning_rate", &optim::Optimizer::learning_rate, [](optim::Optimizer& opt, py::handle lr) {
+        opt.set_learning_rate(schedule_of(lr));
+      })
+      .def("apply_gradients", &apply_gradients, py::arg("grads_and_vars"));
+  py::class_<optim::SGD, optim::Optimizer, std::shared_ptr<optim::SGD>>(o, "SGD")
+      .def(py::init([](py::handle lr, float momentum, bool nesterov, py::object clipnorm, py::object global_clipnorm,
+                       float weight_decay) {
+             return std::make_shared<optim::SGD>(schedule_of(lr), momentum, nesterov,
+                                                 optimizer_options(clipnorm, global_clipnorm, weight_decay));
+           }),
+           py::arg("learning_rate") = 0.01f, py::arg("momentum") = 0.0f, py::arg("nesterov") = false,
+           py::arg("clipnorm") = py::none(), py::arg("global_clipnorm") = py::none(), py::arg("weight_decay") = 0.0f);
+  py::class_<optim::Adam, optim::Optimizer, std::shared_ptr<optim::Adam>>(o, "Adam")
+      .def(py::init([](py::handle lr, float beta_1, float beta_2, float epsilon, py::object clipnorm,
+                       py::object global_clipnorm, float weight_decay) {
+             return std::make_shared<optim::Adam>(schedule_of(lr), optim::AdamOptions{beta_1, beta_2, epsilon},
+                                                  optimizer_options(clipnorm, global_clipnorm, weight_decay));
+           }),
+           py::arg("learning_rate") = 0.001f, py::arg("beta_1") = 0.9f, py::arg("beta_2") = 0.999f,
+           py::arg("epsilon") = 1e-7f, py::arg("clipnorm") = py::none(), py::arg("global_clipnorm") = py::none(),
+           py::arg("weight_decay") = 0.0f);
+  py::class_<optim::AdamW, optim::Adam, std::shared_ptr<optim::AdamW>>(o, "AdamW")
+      .def(py::init([](py::handle lr, float weight_decay, float beta_1, float beta_2, float epsilon, py::object clipnorm,
+                       py::object global_clipnorm) {
+             return std::make_shared<optim::AdamW>(schedule_of(lr), weight_decay, optim::AdamOptions{beta_1, beta_2, epsilon},
+                                                   optimizer_options(clipnorm, global_clipnorm, 0.0f));
+           }),
+           py::arg("learning_rate") = 0.001f, py::arg("weight_decay") = 0.004f, py::arg("beta_1") = 0.9f,
+           py::arg("beta_2") = 0.999f, py::arg("epsilon") = 1e-7f, py::arg("clipnorm") = py::none(),
+           py::arg("global_clipnorm") = py::none());
+
+  // Losses: classes, called as loss(y_true, y_pred).
+  py::module_ l = k.def_submodule("losses");
+  py::class_<losses::Loss, std::shared_ptr<losses::Loss>>(l, "Loss")
+      .def_property_readonly("name", &losses::Loss::name)
+      .def_property_readonly("reduction", [](const losses::Loss& loss) { return std::string(losses::reduction_name(loss.reduction())); })
+      .def("__call__", [](const losses::Loss& loss, py::handle y_true, py::handle y_pred) {
+        const Tensor t = to_tensor(y_true, "y_true"), p = to_tensor(y_pred, "y_pred");
+        py::gil_scoped_release release;
+        return loss(t, p);
+      }, py::arg("y_true"), py::arg("y_pred"))
+      .def("call", [](const losses::Loss& loss, py::handle y_true, py::handle y_pred) {
+        const Tensor t = to_tensor(y_true, "y_true"), p = to_tensor(y_pred, "y_pred");
+        py::gil_scoped_release release;
+        return loss.call(t, p);
+      }, py::arg("y_true"), py::arg("y_pred"));
+  py::class_<losses::SparseCategoricalCrossentropy, losses::Loss, std::shared_ptr<losses::SparseCategoricalCrossentropy>>(
+      l, "SparseCategoricalCrossentropy")
+      .def(py::init([](bool from_logits, const std::string& reduction, const std::string& name) {
+             return std::make_shared<losses::SparseCategoricalCrossentropy>(from_logits, reduction_of(reduction), name);
+           }),
+           py::arg("from_logits") = false, py::arg("reduction") = "sum_over_batch_size",
+           py::arg("name") = "sparse_categorical_crossentropy");
+  py::class_<losses::CategoricalCrossentropy, losses::Loss, std::shared_ptr<losses::CategoricalCrossentropy>>(
+      l, "CategoricalCrossentropy")
+      .def(py::init([](bool from_logits, float label_smoothing, const std::string& reduction, const std::string& name) {
+             return std::make_shared<losses::CategoricalCrossentropy>(from_logits, label_smoothing, reduction_of(reduction), name);
+           }),
+           py::arg("from_logits") = false, py::arg("label_smoothing") = 0.0f, py::arg("reduction") = "sum_over_batch_size",
+           py::arg("name") = "categorical_crossentropy");
+  py::class_<losses::MeanSquaredError, losses::Loss, std::shared_ptr<losses::MeanSquaredError>>(l, "MeanSquaredError")
+      .def(py::init([](const std::string& reduction, const std::string& name) {
+             return std::make_shared<losses::MeanSquaredError>(reduction_of(reduction), name);
+           }),
+           py::arg("reduction") = "sum_over_batch_size", py::arg("name") = "mean_squared_error");
+
+  // Metrics, for custom loops (compile takes their names).
+  py::module_ mt = k.def_submodule("metrics");
+  py::class_<metrics::Metric, std::shared_ptr<metrics::Metric>>(mt, "Metric")
+      .def_property_readonly("name", &metrics::Metric::name)
+      .def("update_state", [](metrics::Metric& metric, py::handle y_true, py::handle y_pred) {
+        const Tensor t = to_tensor(y_true, "y_true");
+        const Tensor p = y_pred.is_none() ? Tensor() : to_tensor(y_pred, "y_pred");
+        py::gil_scoped_release release;
+        metric.update_state(t, p);
+      }, py::arg("y_true"), py::arg("y_pred") = py::none())
+      .def("result", &metrics::Metric::result)
+      .def("reset_state", &metrics::Metric::reset_state)
+      .def("reset_states", &metrics::Metric::reset_state);
+  py::class_<metrics::SparseCategoricalAccuracy, metrics::Metric, std::shared_ptr<metrics::SparseCategoricalAccuracy>>(
+      mt, "SparseCategoricalAccuracy")
+      .def(py::init<std::string>(), py::arg("name") = "sparse_categorical_accuracy");
+  py::class_<metrics::CategoricalAccuracy, metrics::Metric, std::shared_ptr<metrics::CategoricalAccuracy>>(
+      mt, "CategoricalAccuracy")
+      .def(py::init<std::string>(), py::arg("name") = "categorical_accuracy");
+  py::class_<metrics::Mean, metrics::Metric, std::shared_ptr<metrics::Mean>>(mt, "Mean")
+      .def(py::init<std::string>(), py::arg("name") = "mean");
+
+  // Callbacks.
+  py::module_ c = k.def_submodule("callbacks");
+  py::class_<Callback, PyCallback, std::shared_ptr<Callback>>(c, "Callback", py::dynamic_attr())
+      .def(py::init<>())
+      .def("on_train_begin", [](Callback&, py::object) {}, py::arg("logs") = py::none())
+      .def("on_train_end", [](Callback&, py::object) {}, py::arg("logs") = py::none())
+      .def("on_epoch_begin", [](Callback&, int, py::object) {}, py::arg("epoch"), py::arg("logs") = py::none())
+      .def("on_epoch_end", [](Callback&, int, py::object) {}, py::arg("epoch"), py::arg("logs") = py::none())
+      .def("on_train_batch_begin", [](Callback&, std::int64_t, py::object) {}, py::arg("batch"), py::arg("logs") = py::none())
+      .def("on_train_batch_end", [](Callback&, std::int64_t, py::object) {}, py::arg("batch"), py::arg("logs") = py::none());
+  py::class_<EarlyStopping, Callback, std::shared_ptr<EarlyStopping>>(c, "EarlyStopping")
+      .def(py::init([](const std::string& monitor, double min_delta, int patience, int /*verbose*/, const std::string& mode,
+                       std::optional<double> baseline, bool restore_best_weights, int start_from_epoch) {
+             return std::make_shared<EarlyStopping>(EarlyStoppingOptions{monitor, min_delta, patience, mode, baseline,
+                                                                         restore_best_weights, start_from_epoch});
+           }),
+           py::arg("monitor") = "val_loss", py::arg("min_delta") = 0.0, py::arg("patience") = 0, py::arg("verbose") = 0,
+           py::arg("mode") = "auto", py::arg("baseline") = py::none(), py::arg("restore_best_weights") = false,
+           py::arg("start_from_epoch") = 0)
+      .def_property_readonly("stopped_epoch", &EarlyStopping::stopped_epoch)
+      .def_property_readonly("best_epoch", &EarlyStopping::best_epoch);
+  py::class_<TerminateOnNaN, Callback, std::shared_ptr<TerminateOnNaN>>(c, "TerminateOnNaN")
+      .def(py::init([] { return std::make_shared<TerminateOnNaN>(&std::cout); }));
+  py::class_<CSVLogger, Callback, std::shared_ptr<CSVLogger>>(c, "CSVLogger")
+      .def(py::init([](const std::string& filename, const std::string& separator, bool append) {
+             if (separator.size() != 1) throw py::value_error("CSVLogger: separator is one character");
+             return std::make_shared<CSVLogger>(filename, separator[0], append);
+           }),
+           py::arg("filename"), py::arg("separator") = ",", py::arg("append") = false);
+  py::class_<LearningRateScheduler, Callback, std::shared_ptr<LearningRateScheduler>>(c, "LearningRateScheduler")
+      .def(py::init([](py::function schedule) {
+             // Called on fit's thread, which holds no GIL.
+             auto fn = [schedule = std::make_shared<py::function>(std::move(schedule))](int epoch, double lr) {
+               py::gil_scoped_acquire gil;
+               return (*schedule)(epoch, lr).cast<double>();
+             };
+             return std::make_shared<LearningRateScheduler>(fn);
+           }),
+           py::arg("schedule"));
+  py::class_<train::ModelCheckpoint, Callback, std::shared_ptr<train::ModelCheckpoint>>(c, "ModelCheckpoint")
+      .def(py::init([](const std::string& filepath, const std::string& monitor, int verbose, bool save_best_only,
+                       bool save_weights_only, const std::string& mode, py::object save_freq,
+                       std::optional<double> initial_value_threshold) {
+             train::ModelCheckpointOptions options;
+             options.monitor = monitor;
+             options.verbose = verbose;
+             options.save_best_only = save_best_only;
+             options.save_weights_only = save_weights_only;
+             options.mode = mode;
+             if (py::isinstance<py::int_>(save_freq)) options.save_freq = save_freq.cast<std::int64_t>();
+             else if (save_freq.cast<std::string>() != "epoch")
+               throw py::value_error("ModelCheckpoint: save_freq is 'epoch' or a number of batches");
+             options.initial_value_threshold = initial_value_threshold;
+             return std::make_shared<train::ModelCheckpoint>(filepath, options);
+           }),
+           py::arg("filepath"), py::arg("monitor") = "val_loss", py::arg("verbose") = 0, py::arg("save_best_only") = false,
+           py::arg("save_weights_only") = false, py::arg("mode") = "auto", py::arg("save_freq") = "epoch",
+           py::arg("initial_value_threshold") = py::none());
+  py::class_<train::BackupAndRestore, Callback, std::shared_ptr<train::BackupAndRestore>>(c, "BackupAndRestore")
+      .def(py::init([](const std::string& backup_dir, py::object save_freq, bool delete_checkpoint,
+                       bool save_before_preemption) {
+             train::BackupAndRestoreOptions options;
+             if (py::isinstance<py::int_>(save_freq)) options.save_freq = save_freq.cast<std::int64_t>();
+             else if (save_freq.cast<std::string>() != "epoch")
+               throw py::value_error("BackupAndRestore: save_freq is 'epoch' or a number of batches");
+             options.delete_checkpoint = delete_checkpoint;
+             options.save_before_preemption = save_before_preemption;
+             return std::make_shared<train::BackupAndRestore>(backup_dir, options);
+           }),
+           py::arg("backup_dir"), py::arg("save_freq") = "epoch", py::arg("delete_checkpoint") = true,
+           py::arg("save_before_preemption") = true)
+      .def_property_readonly("resumed_from", &train::BackupAndRestore::resumed_from);
+}
+
+}  // namespace dtrain::python

@@ -1,0 +1,392 @@
+// Tensors and numpy, variables, the ops a custom loop writes, GradientTape, and dtrain's
+// errors as Python exceptions.
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <optional>
+
+#include "bindings.h"
+
+namespace dtrain::python {
+namespace {
+
+// Keeps a Python object alive for as long as a tensor uses its memory; the last tensor
+// to go may be on a thread without the GIL.
+std::shared_ptr<const void> keep_alive(py::object object) {
+  PyObject* raw = object.release().ptr();
+  return std::shared_ptr<const void>(raw, [](const void* p) {
+    if (!Py_IsInitialized()) return;  // the interpreter is gone, and its memory with it
+    py::gil_scoped_acquire gil;
+    Py_DECREF(static_cast<PyObject*>(const_cast<void*>(p)));
+  });
+}
+
+Shape shape_of(const py::array& a, const char* what) {
+  if (a.ndim() > Shape::kMaxRank)
+    throw py::value_error(std::string(what) + ": an array of rank " + std::to_string(a.ndim()) +
+                          ", above dtrain's largest rank " + std::to_string(Shape::kMaxRank));
+  std::vector<std::int64_t> dims(a.shape(), a.shape() + a.ndim());
+  return Shape(dims);
+}
+
+std::string numpy_dtype_name(const py::array& a) { return py::str(a.dtype()).cast<std::string>(); }
+
+// The dtype a numpy array becomes without a requested one.
+DType natural_dtype(const py::array& a, const char* what) {
+  const char kind = a.dtype().kind();
+  if (kind == 'f') return DType::f32;
+  if (kind == 'i' || kind == 'b') return DType::i32;
+  if (kind == 'u') return a.dtype().itemsize() == 1 ? DType::u8 : DType::i32;
+  throw py::type_error(std::string(what) + ": an array of " + numpy_dtype_name(a) +
+                       ", which dtrain cannot train on (it takes numbers: float32, int32, uint8)");
+}
+
+const char* numpy_name(DType t) {
+  switch (t) {
+    case DType::f32: return "float32";
+    case DType::i32: return "int32";
+    case DType::u8: return "uint8";
+    case DType::bf16: return "float32";  // converted on the way out
+  }
+  return "float32";
+}
+
+// Integers that do not fit int32 are refused rather than wrapped.
+void check_int32_range(const py::array& a, const char* what) {
+  const char kind = a.dtype().kind();
+  if ((kind != 'i' && kind != 'u') || a.dtype().itemsize() < 4 || a.size() == 0) return;
+  if (kind == 'i' && a.dtype().itemsize() == 4) return;
+  const py::object lo = a.attr("min")(), hi = a.attr("max")();
+  if (lo.cast<long long>() < INT32_MIN || hi.cast<long long>() > INT32_MAX)
+    throw py::value_error(std::string(what) + ": values from " + py::str(lo).cast<std::string>() + " to " +
+                          py::str(hi).cast<std::string>() + " do not fit int32");
+}
+
+}  // namespace
+
+DType dtype_from_name(const std::string& name, const char* what) {
+  if (name == "float32" || name == "float") return DType::f32;
+  if (name == "int32" || name == "int64" || name == "int" || name == "bool") return DType::i32;
+  if (name == "uint8") return DType::u8;
+  if (name == "bfloat16") return DType::bf16;
+  throw py::type_error(std::string(what) + ": dtype '" + name +
+                       "' is not one dtrain has (float32, bfloat16, int32, int64 as int32, uint8)");
+}
+
+Tensor to_tensor(py::handle value, const char* what, const std::string& dtype) {
+  if (py::isinstance<Tensor>(value)) {
+    Tensor t = value.cast<Tensor>();
+    if (dtype.empty()) return t;
+    const DType want = dtype_from_name(dtype, what);
+    return t.dtype() == want ? t : t.astype(want);
+  }
+  if (py::isinstance<Variable>(value)) return to_tensor(py::cast(value.cast<Variable&>().value()), what, dtype);
+  py::array a = py::array::ensure(value);
+  if (!a)
+    throw py::type_error(std::string(what) + ": expected a tensor, an array or a number, got " +
+                         py::str(py::type::handle_of(value).attr("__name__")).cast<std::string>());
+  const DType want = dtype.empty() ? natural_dtype(a, what) : dtype_from_name(dtype, what);
+  if (want == DType::bf16) return to_tensor(a, what, "float32").astype(DType::bf16);
+  if (want != DType::f32) {
+    if (a.dtype().kind() == 'f')
+      throw py::type_error(std::string(what) + ": an array of " + numpy_dtype_name(a) + " where " +
+                           numpy_name(want) + " is asked for");
+    check_int32_range(a, what);
+  }
+  const Shape shape = shape_of(a, what);
+  const bool exact = a.dtype().is(py::dtype(numpy_name(want))) &&
+                     (a.flags() & py::array::c_style) == py::array::c_style;
+  if (!exact) a = py::array(a.attr("astype")(py::dtype(numpy_name(want)), py::arg("order") = "C"));
+  void* data = const_cast<void*>(a.data());
+  return Tensor::over(data, shape, want, keep_alive(std::move(a)));
+}
+
+py::array to_numpy(const Tensor& tensor) {
+  tensor.check_defined("numpy");
+  const Tensor t = tensor.dtype() == DType::bf16 ? tensor.astype(DType::f32) : tensor;
+  std::vector<py::ssize_t> shape(t.shape().dims().begin(), t.shape().dims().end());
+  py::capsule owner(new Tensor(t), [](void* p) { delete static_cast<Tensor*>(p); });
+  return py::array(py::dtype(numpy_name(t.dtype())), shape, t.raw_data(), owner);
+}
+
+namespace {
+
+Tensor value_of(py::handle v, const char* what) { return to_tensor(v, what); }
+
+bool is_number(py::handle v) { return py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v); }
+
+// a OP b where either side may be a number (filled out to the other's shape and dtype) or
+// anything to_tensor takes.
+template <typename Op>
+Tensor binary(py::handle a, py::handle b, Op op, const char* what) {
+  if (is_number(a) && is_number(b)) throw py::type_error(std::string(what) + ": needs a tensor on one side");
+  Tensor ta = is_number(a) ? Tensor() : value_of(a, what);
+  Tensor tb = is_number(b) ? Tensor() : value_of(b, what);
+  if (!ta.defined()) ta = Tensor::full(tb.shape(), a.cast<float>()).astype(tb.dtype());
+  if (!tb.defined()) tb = Tensor::full(ta.shape(), b.cast<float>()).astype(ta.dtype());
+  if (ta.dtype() != tb.dtype()) tb = tb.astype(ta.dtype());
+  py::gil_scoped_release release;
+  return op(ta, tb);
+}
+
+std::optional<std::vector<int>> axes_of(py::object axis) {
+  if (axis.is_none()) return std::nullopt;
+  if (py::isinstance<py::int_>(axis)) return std::vector<int>{axis.cast<int>()};
+  return axis.cast<std::vector<int>>();
+}
+
+template <typename Reduce>
+Tensor reduce(py::handle x, py::object axis, bool keepdims, Reduce op, const char* what) {
+  Tensor t = value_of(x, what);
+  std::optional<std::vector<int>> axes = axes_of(std::move(axis));
+  py::gil_scoped_release release;
+  if (!axes) {
+    Tensor all = op(t, std::vector<int>(), false);
+    return keepdims ? all.reshape(Shape(std::vector<std::int64_t>(static_cast<size_t>(t.rank()), 1))) : all;
+  }
+  return op(t, *axes, keepdims);
+}
+
+Shape shape_from(py::handle shape, const char* what) {
+  if (py::isinstance<Tensor>(shape)) return shape.cast<Tensor>().shape();
+  if (py::isinstance<py::int_>(shape)) return Shape{shape.cast<std::int64_t>()};
+  try {
+    return Shape(shape.cast<std::vector<std::int64_t>>());
+  } catch (const py::cast_error&) {
+    throw py::type_error(std::string(what) + ": a shape is a tuple of ints");
+  }
+}
+
+// GradientTape as Python's `with` uses it: made on entry, stopped on exit (its record
+// kept for gradient() after the block, as TensorFlow allows).
+class PyTape {
+ public:
+  explicit PyTape(bool persistent) : persistent_(persistent) {}
+  void enter() {
+    if (tape_) throw py::value_error("GradientTape: this tape was entered already; make a new one for each block");
+    tape_ = std::make_unique<GradientTape>(persistent_);
+  }
+  void exit() { live().stop(); }
+  void watch(py::handle x) {
+    if (py::isinstance<py::list>(x) || py::isinstance<py::tuple>(x)) {
+      for (py::handle item : x) watch(item);
+      return;
+    }
+    if (py::isinstance<Variable>(x)) return live().watch(x.cast<Variable&>());
+    live().watch(to_tensor(x, "GradientTape.watch"));
+  }
+  py::list gradient(py::handle target, py::handle sources, py::handle output_gradients) {
+    GradientTape& tape = live();
+    const Tensor y = to_tensor(target, "GradientTape.gradient target");
+    std::vector<Tensor> xs;
+    for (py::handle s : sources) {
+      if (py::isinstance<Variable>(s))
+        xs.push_back(s.cast<Variable&>().mutable_value());  // the same identity, not read again
+      else
+        xs.push_back(to_tensor(s, "GradientTape.gradient sources"));
+    }
+    Tensor seed;
+    if (!output_gradients.is_none()) seed = to_tensor(output_gradients, "GradientTape.gradient output_gradients");
+    std::vector<Tensor> grads;
+    {
+      py::gil_scoped_release release;
+      grads = tape.gradient(y, xs, seed);
+    }
+    py::list out;
+    for (Tensor& g : grads) out.append(g.defined() ? py::cast(std::move(g)) : py::none());
+    return out;
+  }
+
+ private:
+  GradientTape& live() {
+    if (!tape_) throw py::value_error("GradientTape: used outside its `with` block before entering it");
+    return *tape_;
+  }
+  bool persistent_;
+  std::unique_ptr<GradientTape> tape_;
+};
+
+}  // namespace
+
+void bind_errors(py::module_& m) {
+  py::module_ errors = m.def_submodule("errors", "dtrain's errors, as TensorFlow's tf.errors names them");
+  // Most general first: pybind11 tries the last registered first.
+  py::register_exception<Error>(errors, "OpError", PyExc_RuntimeError);
+  py::register_exception<InternalError>(errors, "InternalError", PyExc_RuntimeError);
+  py::register_exception<PeerFailure>(errors, "PeerFailureError", PyExc_RuntimeError);
+  py::register_exception<Cancelled>(errors, "CancelledError", PyExc_RuntimeError);
+  py::register_exception<Preempted>(errors, "PreemptedError", PyExc_RuntimeError);
+  py::register_exception<Unavailable>(errors, "UnavailableError", PyExc_ConnectionError);
+  py::register_exception<Timeout>(errors, "DeadlineExceededError", PyExc_TimeoutError);
+  py::register_exception<Unsupported>(errors, "UnimplementedError", PyExc_NotImplementedError);
+  py::register_exception<IoError>(errors, "IoError", PyExc_OSError);
+  py::register_exception<InvalidArgument>(errors, "InvalidArgumentError", PyExc_ValueError);
+  errors.attr("PREEMPTED_EXIT_CODE") = kPreemptedExitCode;
+}
+
+void bind_tensors(py::module_& m) {
+  py::class_<Tensor>(m, "Tensor", "A dense row-major array: dtrain's tf.Tensor")
+      .def(py::init([](py::handle value, const std::string& dtype) { return to_tensor(value, "Tensor", dtype).clone(); }),
+           py::arg("value"), py::arg("dtype") = "")
+      .def_property_readonly("shape", [](const Tensor& t) { return py::tuple(py::cast(t.shape().to_vector())); })
+      .def_property_readonly("dtype", [](const Tensor& t) { return std::string(dtype_name(t.dtype())); })
+      .def_property_readonly("ndim", &Tensor::rank)
+      .def("numpy", &to_numpy, "The values as a numpy array sharing this tensor's memory")
+      .def("__array__", [](const Tensor& t, py::object dtype, py::object /*copy*/) {
+             py::array a = to_numpy(t);
+             return dtype.is_none() ? a : py::array(a.attr("astype")(dtype));
+           }, py::arg("dtype") = py::none(), py::arg("copy") = py::none())
+      .def("item", [](const Tensor& t) { return to_numpy(t).attr("item")(); })
+      .def("__float__", [](const Tensor& t) { return static_cast<double>(t.item()); })
+      .def("__int__", [](const Tensor& t) { return static_cast<long long>(t.item()); })
+      .def("__len__", [](const Tensor& t) {
+        if (t.rank() == 0) throw py::type_error("len() of a scalar tensor");
+        return t.dim(0);
+      })
+      .def("__getitem__", [](const Tensor& t, py::object index) {
+        py::object part = to_numpy(t)[std::move(index)];
+        return to_tensor(py::array::ensure(part), "Tensor[...]").clone();
+      })
+      .def("__repr__", [](const Tensor& t) {
+        return "<dtrain.Tensor: shape=" + py::repr(py::tuple(py::cast(t.shape().to_vector()))).cast<std::string>() +
+               ", dtype=" + std::string(dtype_name(t.dtype())) + ", numpy=" +
+               py::repr(to_numpy(t)).cast<std::string>() + ">";
+      })
+      .def("__add__", [](py::object a, py::object b) { return binary(a, b, dtrain::add, "+"); })
+      .def("__radd__", [](py::object a, py::object b) { return binary(a, b, dtrain::add, "+"); })
+      .def("__sub__", [](py::object a, py::object b) { return binary(a, b, dtrain::sub, "-"); })
+      .def("__rsub__", [](py::object a, py::object b) { return binary(b, a, dtrain::sub, "-"); })
+      .def("__mul__", [](py::object a, py::object b) { return binary(a, b, dtrain::mul, "*"); })
+      .def("__rmul__", [](py::object a, py::object b) { return binary(a, b, dtrain::mul, "*"); })
+      .def("__truediv__", [](py::object a, py::object b) { return binary(a, b, dtrain::div, "/"); })
+      .def("__matmul__", [](py::object a, py::object b) {
+        return binary(a, b, [](const Tensor& x, const Tensor& y) { return dtrain::matmul(x, y); }, "@");
+      })
+      .def("__neg__", [](const Tensor& t) { return dtrain::affine(t, -1.0f); });
+
+  py::class_<Variable>(m, "Variable", "A named, mutable tensor that training updates")
+      .def(py::init([](py::handle initial_value, bool trainable, const std::string& name, const std::string& dtype) {
+             return std::make_unique<Variable>(name, to_tensor(initial_value, "Variable", dtype).clone(), trainable);
+           }),
+           py::arg("initial_value"), py::arg("trainable") = true, py::arg("name") = "Variable", py::arg("dtype") = "")
+      .def_property_readonly("name", &Variable::name)
+      .def_property_readonly("shape", [](const Variable& v) { return py::tuple(py::cast(v.shape().to_vector())); })
+      .def_property_readonly("dtype", [](const Variable& v) { return std::string(dtype_name(v.dtype())); })
+      .def_property("trainable", &Variable::trainable, &Variable::set_trainable)
+      .def("value", [](const Variable& v) { return v.value(); }, "The current value (watched by live tapes)")
+      .def("read_value", [](const Variable& v) { return v.value(); })
+      .def("numpy", [](Variable& v) { return to_numpy(v.mutable_value().clone()); }, "A copy of the current value")
+      .def("__array__", [](Variable& v, py::object dtype, py::object) {
+             py::array a = to_numpy(v.mutable_value().clone());
+             return dtype.is_none() ? a : py::array(a.attr("astype")(dtype));
+           }, py::arg("dtype") = py::none(), py::arg("copy") = py::none())
+      .def("assign", [](Variable& v, py::handle value) {
+        v.assign(to_tensor(value, v.name().c_str(), std::string(dtype_name(v.dtype()))));
+      })
+      .def("assign_add", [](Variable& v, py::handle delta) {
+        v.assign(dtrain::add(v.mutable_value(), to_tensor(delta, v.name().c_str(), std::string(dtype_name(v.dtype())))));
+      })
+      .def("assign_sub", [](Variable& v, py::handle delta) {
+        v.assign(dtrain::sub(v.mutable_value(), to_tensor(delta, v.name().c_str(), std::string(dtype_name(v.dtype())))));
+      })
+      .def("__repr__", [](Variable& v) {
+        return "<dtrain.Variable '" + v.name() + "' shape=" +
+               py::repr(py::tuple(py::cast(v.shape().to_vector()))).cast<std::string>() + " dtype=" +
+               std::string(dtype_name(v.dtype())) + ">";
+      })
+      .def("__add__", [](py::object a, py::object b) { return binary(a, b, dtrain::add, "+"); })
+      .def("__sub__", [](py::object a, py::object b) { return binary(a, b, dtrain::sub, "-"); })
+      .def("__mul__", [](py::object a, py::object b) { return binary(a, b, dtrain::mul, "*"); })
+      .def("__neg__", [](const Variable& v) { return dtrain::affine(v.value(), -1.0f); });
+
+  m.def("convert_to_tensor", [](py::handle value, const std::string& dtype) { return to_tensor(value, "convert_to_tensor", dtype); },
+        py::arg("value"), py::arg("dtype") = "");
+
+  py::module_ o = m.def_submodule("ops", "The ops a custom loop writes (each recorded by live tapes)");
+  auto unary = [&o](const char* name, Tensor (*fn)(const Tensor&)) {
+    o.def(name, [fn, name](py::handle x) {
+      Tensor t = value_of(x, name);
+      py::gil_scoped_release release;
+      return fn(t);
+    });
+  };
+  unary("relu", dtrain::relu);
+  unary("sigmoid", dtrain::sigmoid);
+  unary("tanh", dtrain::tanh);
+  unary("exp", dtrain::exp);
+  unary("log", dtrain::log);
+  unary("square", dtrain::square);
+  unary("sqrt", dtrain::sqrt);
+  unary("abs", dtrain::abs);
+  unary("softmax", dtrain::softmax);
+  unary("log_softmax", dtrain::log_softmax);
+  unary("stop_gradient", dtrain::stop_gradient);
+  o.def("add", [](py::handle a, py::handle b) { return binary(a, b, dtrain::add, "add"); });
+  o.def("subtract", [](py::handle a, py::handle b) { return binary(a, b, dtrain::sub, "subtract"); });
+  o.def("multiply", [](py::handle a, py::handle b) { return binary(a, b, dtrain::mul, "multiply"); });
+  o.def("divide", [](py::handle a, py::handle b) { return binary(a, b, dtrain::div, "divide"); });
+  o.def("matmul", [](py::handle a, py::handle b, bool ta, bool tb) {
+    Tensor x = value_of(a, "matmul"), y = value_of(b, "matmul");
+    py::gil_scoped_release release;
+    return dtrain::matmul(x, y, ta, tb);
+  }, py::arg("a"), py::arg("b"), py::arg("transpose_a") = false, py::arg("transpose_b") = false);
+  o.def("reduce_sum", [](py::handle x, py::object axis, bool keepdims) {
+    return reduce(x, std::move(axis), keepdims, [](const Tensor& t, std::vector<int> axes, bool keep) {
+      return axes.empty() ? dtrain::reduce_sum(t) : dtrain::reduce_sum(t, std::move(axes), keep);
+    }, "reduce_sum");
+  }, py::arg("input_tensor"), py::arg("axis") = py::none(), py::arg("keepdims") = false);
+  o.def("reduce_mean", [](py::handle x, py::object axis, bool keepdims) {
+    return reduce(x, std::move(axis), keepdims, [](const Tensor& t, std::vector<int> axes, bool keep) {
+      return axes.empty() ? dtrain::reduce_mean(t) : dtrain::reduce_mean(t, std::move(axes), keep);
+    }, "reduce_mean");
+  }, py::arg("input_tensor"), py::arg("axis") = py::none(), py::arg("keepdims") = false);
+  o.def("reshape", [](py::handle x, py::handle shape) {
+    Tensor t = value_of(x, "reshape");
+    std::vector<std::int64_t> dims = shape_from(shape, "reshape").to_vector();
+    std::int64_t known = 1;
+    int unknown = -1;
+    for (size_t i = 0; i < dims.size(); ++i) {
+      if (dims[i] == -1) {
+        if (unknown >= 0) throw py::value_error("reshape: at most one -1 in the shape");
+        unknown = static_cast<int>(i);
+      } else {
+        known *= dims[i];
+      }
+    }
+    if (unknown >= 0 && known > 0) dims[static_cast<size_t>(unknown)] = t.numel() / known;
+    return dtrain::reshape(t, Shape(dims));
+  });
+  o.def("clip_by_value", [](py::handle x, float lo, float hi) { return dtrain::clip_by_value(value_of(x, "clip_by_value"), lo, hi); });
+  o.def("one_hot", [](py::handle labels, std::int64_t depth) { return dtrain::one_hot(value_of(labels, "one_hot"), depth); });
+  o.def("zeros", [](py::handle shape, const std::string& dtype) {
+    return Tensor::zeros(shape_from(shape, "zeros"), dtype_from_name(dtype, "zeros"));
+  }, py::arg("shape"), py::arg("dtype") = "float32");
+  o.def("fill", [](py::handle shape, float value) { return Tensor::full(shape_from(shape, "fill"), value); });
+  o.def("zeros_like", [](py::handle x) {
+    const Tensor t = value_of(x, "zeros_like");
+    return Tensor::zeros(t.shape(), t.dtype());
+  });
+  o.def("ones_like", [](py::handle x) {
+    const Tensor t = value_of(x, "ones_like");
+    return Tensor::full(t.shape(), 1.0f).astype(t.dtype());
+  });
+  o.def("compute_average_loss", [](py::handle per_example_loss, std::int64_t global_batch_size) {
+    Tensor t = value_of(per_example_loss, "compute_average_loss");
+    py::gil_scoped_release release;
+    return distribute::compute_average_loss(t, global_batch_size);
+  }, py::arg("per_example_loss"), py::arg("global_batch_size") = -1);
+
+  py::class_<PyTape>(m, "_GradientTape")
+      .def(py::init<bool>(), py::arg("persistent") = false)
+      .def("enter", &PyTape::enter)
+      .def("exit", &PyTape::exit)
+      .def("watch", &PyTape::watch)
+      .def("gradient", &PyTape::gradient, py::arg("target"), py::arg("sources"), py::arg("output_gradients") = py::none());
+
+  m.def("set_random_seed", &set_random_seed, py::arg("seed"));
+  m.def("next_seed", &next_seed);
+  m.def("set_num_threads", &set_num_threads, py::arg("n"));
+  m.def("num_threads", &num_threads);
+}
+
+}  // namespace dtrain::python

@@ -1,0 +1,225 @@
+"""The package's own behaviour: numpy without copies, gradients against finite differences,
+callbacks, Ctrl-C, errors as Python exceptions that name the thing, datasets, strategy.run."""
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import dtrain as tf
+
+
+def test_arrays_of_the_tensors_dtype_are_shared_not_copied():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = tf.convert_to_tensor(a)
+    assert t.shape == (3, 4) and t.dtype == "float32"
+    assert np.shares_memory(t.numpy(), a)
+    a[0, 0] = 42.0
+    assert t.numpy()[0, 0] == 42.0
+    # The other way: the array numpy() gives is the tensor's memory.
+    u = tf.matmul(t, tf.ones((4, 2)))
+    assert np.shares_memory(u.numpy(), u.numpy())
+    np.testing.assert_array_equal(u.numpy(), a @ np.ones((4, 2), np.float32))
+
+
+def test_other_arrays_convert_as_keras_converts_inputs():
+    assert tf.convert_to_tensor(np.ones((2, 2))).dtype == "float32"  # float64
+    labels = tf.convert_to_tensor(np.array([1, 2, 3], dtype=np.int64))
+    assert labels.dtype == "int32" and list(labels.numpy()) == [1, 2, 3]
+    assert tf.convert_to_tensor(np.ones((4, 3), np.float32)[:, 1]).numpy().flags.c_contiguous
+    with pytest.raises(ValueError, match="fit y: values from 0 to 5000000000 do not fit int32"):
+        tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(1,))]).fit(
+            np.zeros((2, 1), np.float32), np.array([0, 5_000_000_000]), verbose=0)
+    with pytest.raises(TypeError, match="fit x: an array of object"):
+        model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(1,))])
+        model.compile("adam", "mse")
+        model.fit(np.array([[object()]]), np.zeros((1, 2), np.float32), verbose=0)
+
+
+def test_the_tapes_gradient_matches_finite_differences():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(5, 4)).astype(np.float32)
+    w = tf.Variable(rng.normal(size=(4, 3)).astype(np.float32), name="w")
+
+    def loss_of(values):
+        return float(np.sum(np.tanh(x.astype(np.float64) @ values) ** 2))
+
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.square(tf.nn.tanh(tf.matmul(x, w))))
+    grad = tape.gradient(loss, w).numpy()  # after the block, as TensorFlow allows
+    base = w.numpy().astype(np.float64)
+    eps = 1e-3
+    for i, j in [(0, 0), (1, 2), (3, 1)]:
+        up, down = base.copy(), base.copy()
+        up[i, j] += eps
+        down[i, j] -= eps
+        numeric = (loss_of(up) - loss_of(down)) / (2 * eps)
+        assert abs(grad[i, j] - numeric) <= 1e-2 * max(1.0, abs(numeric))
+
+
+def test_a_tape_answers_once_unless_persistent():
+    v = tf.Variable(np.array([2.0], np.float32))
+    with tf.GradientTape(persistent=True) as tape:
+        y = v * v
+    assert tape.gradient(y, v).numpy()[0] == pytest.approx(4.0)
+    assert tape.gradient(y, v).numpy()[0] == pytest.approx(4.0)
+    with tf.GradientTape() as once:
+        z = v * v
+    once.gradient(z, v)
+    with pytest.raises(ValueError):
+        once.gradient(z, v)
+    # A source the target does not depend on has no gradient (None), as in TensorFlow.
+    with tf.GradientTape() as tape2:
+        y2 = v * 3.0
+    assert tape2.gradient(y2, [v, tf.Variable(np.ones(1, np.float32))])[1] is None
+
+
+def _data(n=2000, features=20, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, features)).astype(np.float32)
+    return x, (x[:, 0] + x[:, 1] > 0).astype(np.int64)
+
+
+def _model(features=20):
+    model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu", input_shape=(features,)),
+                                 tf.keras.layers.Dense(2, activation="softmax")])
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
+def test_python_callbacks_see_keras_logs_and_stop_training():
+    x, y = _data()
+    model = _model()
+    seen = []
+
+    class StopAt(tf.keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen.append((epoch, sorted(logs)))
+            if epoch == 2:
+                self.model.stop_training = True
+
+    history = model.fit(x, y, epochs=10, validation_split=0.1, verbose=0, callbacks=[StopAt()])
+    assert history.epoch == [0, 1, 2]
+    assert seen == [(e, ["accuracy", "loss", "val_accuracy", "val_loss"]) for e in range(3)]
+    assert sorted(history.history) == ["accuracy", "loss", "val_accuracy", "val_loss"]
+    assert history.history["accuracy"][-1] > history.history["accuracy"][0]
+
+
+def test_an_exception_in_a_callback_is_raised_as_itself():
+    x, y = _data()
+
+    class Fails(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 5:
+                raise LookupError("callback gave up at batch 5")
+
+    with pytest.raises(LookupError, match="batch 5"):
+        _model().fit(x, y, epochs=1, verbose=0, callbacks=[Fails()])
+
+
+def test_ctrl_c_ends_fit_after_the_batch_under_way():
+    x, y = _data()
+    model = _model()
+
+    class Interrupt(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        model.fit(x, y, epochs=5, batch_size=32, verbose=0, callbacks=[Interrupt()])
+    # Batches 0..3 were trained, and the one the signal arrived during; no more.
+    assert 4 <= model.optimizer.iterations <= 5
+
+
+def test_bad_input_names_the_thing():
+    x, y = _data()
+    model = _model()
+    with pytest.raises(ValueError, match=r"same number of samples.*\[2000, 20\].*\[10\]"):
+        model.fit(x, y[:10], verbose=0)
+    with pytest.raises(ValueError, match=r"layer 'dense'.*\[3, 7\]"):
+        model(np.zeros((3, 7), np.float32))
+    with pytest.raises(ValueError, match="optimizer 'rmsprop'"):
+        _model().compile(optimizer="rmsprop", loss="mse")
+    with pytest.raises(TypeError, match="loss: dtrain trains with its own losses"):
+        _model().compile(optimizer="adam", loss=lambda a, b: a)
+    with pytest.raises(OSError, match="/no/such/file.safetensors"):
+        model.load_weights("/no/such/file.safetensors")
+    with pytest.raises(TypeError, match="dtype 'complex64'"):
+        tf.zeros((2,), dtype="complex64")
+
+
+def test_datasets_keep_their_elements_structure_and_order():
+    x = np.arange(10, dtype=np.float32).reshape(10, 1)
+    y = np.arange(10)
+    pairs = list(tf.data.Dataset.from_tensor_slices((x, y)).batch(4))
+    assert [len(p[1]) for p in pairs] == [4, 4, 2] and isinstance(pairs[0], tuple)
+    doubled = tf.data.Dataset.from_tensor_slices(x).map(lambda v: v * 2.0).filter(lambda v: float(v.numpy()[0]) > 5)
+    assert [float(v.numpy()[0]) for v in doubled] == [6.0, 8.0, 10.0, 12.0, 14.0, 16.0, 18.0]
+    a = [int(v.numpy()) for v in tf.data.Dataset.range(20).shuffle(20, seed=7)]
+    b = [int(v.numpy()) for v in tf.data.Dataset.range(20).shuffle(20, seed=7)]
+    assert a == b and sorted(a) == list(range(20)) and a != list(range(20))
+
+    def rows():
+        for i in range(5):
+            yield np.full((3,), i, np.float32), i
+
+    gen = tf.data.Dataset.from_generator(rows, output_signature=(tf.TensorSpec((3,), tf.float32), tf.TensorSpec((), tf.int32)))
+    batches = list(gen.batch(2))
+    assert [b[1].numpy().tolist() for b in batches] == [[0, 1], [2, 3], [4]]
+    assert batches[0][0].shape == (2, 3)
+    assert len(list(gen)) == 5  # a second pass calls the generator again
+
+
+def _custom_loop(strategy, x, y, global_batch, steps):
+    """The seeds' loop with compute_average_loss, as TensorFlow's guide writes it."""
+    tf.keras.utils.set_random_seed(11)
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="relu", input_shape=(x.shape[1],)),
+                                     tf.keras.layers.Dense(3)])
+        optimizer = tf.keras.optimizers.SGD(0.1)
+        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+
+    def step(inputs, labels):
+        with tf.GradientTape() as tape:
+            loss = tf.nn.compute_average_loss(loss_fn(labels, model(inputs, training=True)), global_batch_size=global_batch)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    data = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch))
+    total = []
+    for i, (inputs, labels) in enumerate(data):
+        if i == steps:
+            break
+        total.append(float(strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(step, args=(inputs, labels)), axis=None)))
+    return model.get_weights(), total
+
+
+def test_two_replicas_running_a_python_step_equal_one_device_on_the_global_batch():
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(256, 6)).astype(np.float32)
+    y = rng.integers(0, 3, 256)
+    one, loss_one = _custom_loop(tf.distribute.OneDeviceStrategy(), x, y, 32, 8)
+    two, loss_two = _custom_loop(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]), x, y, 32, 8)
+    np.testing.assert_allclose(loss_two, loss_one, rtol=1e-5)
+    for a, b in zip(one, two):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+
+
+def test_a_python_exception_in_a_replica_is_raised_as_itself():
+    strategy = tf.distribute.MirroredStrategy(2)
+
+    def step(v):
+        raise KeyError("replica step failed")
+
+    with pytest.raises(KeyError, match="replica step failed"):
+        strategy.run(step, args=(1,))
+
+
+def test_python_minus_m_dtrain_is_the_command(python_run):
+    from conftest import SOURCE
+
+    code, output = python_run("-m", "dtrain", "summary", str(SOURCE / "examples/configs/seed_small.json"))
+    assert code == 0, output
+    assert "dense" in output and "Total params" in output
