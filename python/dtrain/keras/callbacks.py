@@ -44,26 +44,24 @@ class LambdaCallback(Callback):
         if kwargs:
             raise TypeError("LambdaCallback: unexpected argument(s) " + ", ".join(sorted(kwargs)))
 
+    def _call(self, name, *args):
+        if self._fns[name]:
+            self._fns[name](*args)
+
     def on_epoch_begin(self, epoch, logs=None):
-        if self._fns["on_epoch_begin"]:
-            self._fns["on_epoch_begin"](epoch, logs)
+        self._call("on_epoch_begin", epoch, logs)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self._fns["on_epoch_end"]:
-            self._fns["on_epoch_end"](epoch, logs)
+        self._call("on_epoch_end", epoch, logs)
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self._fns["on_train_batch_begin"]:
-            self._fns["on_train_batch_begin"](batch, logs)
+        self._call("on_train_batch_begin", batch, logs)
 
     def on_train_batch_end(self, batch, logs=None):
-        if self._fns["on_train_batch_end"]:
-            self._fns["on_train_batch_end"](batch, logs)
+        self._call("on_train_batch_end", batch, logs)
 
     def on_train_begin(self, logs=None):
-        if self._fns["on_train_begin"]:
-            self._fns["on_train_begin"](logs)
+        self._call("on_train_begin", logs)
 
     def on_train_end(self, logs=None):
-        if self._fns["on_train_end"]:
-            self._fns["on_train_end"](logs)
+        self._call("on_train_end", logs)

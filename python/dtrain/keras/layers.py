@@ -6,6 +6,14 @@ Once its model is built, a layer answers for its dtrain layer (name, weights, ca
 from .initializers import Initializer
 
 
+def assign_all(owner, variables, weights):
+    """Keras's set_weights: one array per variable, in order; `owner` names them in errors."""
+    if len(weights) != len(variables):
+        raise ValueError(f"{owner}: {len(weights)} arrays for {len(variables)} weights")
+    for v, w in zip(variables, weights):
+        v.assign(w)
+
+
 def _keras_value(value):
     if isinstance(value, Initializer):
         return value.get_config()
@@ -86,11 +94,7 @@ class Layer:
         return [v.numpy() for v in self.weights]
 
     def set_weights(self, weights):
-        variables = self.weights
-        if len(weights) != len(variables):
-            raise ValueError(f"layer '{self.name}': {len(weights)} arrays for {len(variables)} weights")
-        for v, w in zip(variables, weights):
-            v.assign(w)
+        assign_all(f"layer '{self.name}'", self.weights, weights)
 
     def __call__(self, inputs, training=False):
         return self._layer()(inputs, training)

@@ -148,11 +148,7 @@ class Model:
         return [v.numpy() for v in self.weights]
 
     def set_weights(self, weights):
-        variables = self.weights
-        if len(weights) != len(variables):
-            raise ValueError(f"model '{self.name}': {len(weights)} arrays for {len(variables)} weights")
-        for v, w in zip(variables, weights):
-            v.assign(w)
+        layers_module.assign_all(f"model '{self.name}'", self.weights, weights)
 
     def summary(self, print_fn=None, **kwargs):
         del kwargs
