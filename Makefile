@@ -30,7 +30,7 @@ test-tsan:
 	$(MAKE) test PRESET=tsan
 
 # Every reader of outside bytes under libFuzzer, briefly: the inputs it once failed on,
-# then 15 s of fuzzing each (scripts/fuzz.sh runs longer).
+# then 10 s of fuzzing each (scripts/fuzz.sh runs longer).
 fuzz:
 	$(MAKE) test PRESET=fuzz
 
