@@ -20,6 +20,8 @@ Tensor to_tensor(py::handle value, const char* what, const std::string& dtype = 
 // The tensor's values as a numpy array sharing its storage (bfloat16: converted to float32).
 py::array to_numpy(const Tensor& t);
 DType dtype_from_name(const std::string& name, const char* what);
+// A Python object owned by C++ that may be released on a thread without the GIL.
+std::shared_ptr<py::object> hold(py::object object);
 
 void bind_errors(py::module_& m);
 void bind_tensors(py::module_& m);

@@ -7,15 +7,6 @@
 namespace dtrain::python {
 namespace {
 
-// A Python object owned by C++ that may be released on a thread without the GIL.
-std::shared_ptr<py::object> hold(py::object object) {
-  return std::shared_ptr<py::object>(new py::object(std::move(object)), [](py::object* p) {
-    if (!Py_IsInitialized()) return;
-    py::gil_scoped_acquire gil;
-    delete p;
-  });
-}
-
 // One component per tensor: a tuple or list is several, anything else one. `dtypes`
 // (one per component, "" for any) converts them.
 data::Element element_of(py::handle value, const std::vector<std::string>& dtypes, const char* what) {

@@ -428,7 +428,7 @@ void bind_keras(py::module_& m) {
   py::class_<LearningRateScheduler, Callback, std::shared_ptr<LearningRateScheduler>>(c, "LearningRateScheduler")
       .def(py::init([](py::function schedule) {
              // Called on fit's thread, which holds no GIL.
-             auto fn = [schedule = std::make_shared<py::function>(std::move(schedule))](int epoch, double lr) {
+             auto fn = [schedule = hold(std::move(schedule))](int epoch, double lr) {
                py::gil_scoped_acquire gil;
                return (*schedule)(epoch, lr).cast<double>();
              };

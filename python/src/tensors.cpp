@@ -64,6 +64,14 @@ void check_int32_range(const py::array& a, const char* what) {
 
 }  // namespace
 
+std::shared_ptr<py::object> hold(py::object object) {
+  return std::shared_ptr<py::object>(new py::object(std::move(object)), [](py::object* p) {
+    if (!Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+}
+
 DType dtype_from_name(const std::string& name, const char* what) {
   if (name == "float32" || name == "float") return DType::f32;
   if (name == "int32" || name == "int64" || name == "int" || name == "bool") return DType::i32;
