@@ -12,7 +12,7 @@ from ._core import (
     reduce_sum, reduce_mean, matmul, add, subtract, multiply, divide, square, sqrt, exp, log, abs,
     reshape, one_hot, clip_by_value, stop_gradient, TensorSpec, GradientTape,
 )
-from . import nn, random, data, distribute, keras, config
+from . import nn, random, data, distribute, keras, config, train
 
 __version__ = "0.1.0"
 
@@ -21,5 +21,5 @@ __all__ = [
     "constant", "convert_to_tensor", "zeros", "ones", "fill", "zeros_like", "ones_like", "function",
     "reduce_sum", "reduce_mean", "matmul", "add", "subtract", "multiply", "divide", "square", "sqrt", "exp", "log",
     "abs", "reshape", "one_hot", "clip_by_value", "stop_gradient", "TensorSpec", "GradientTape",
-    "nn", "random", "data", "distribute", "keras", "config",
+    "nn", "random", "data", "distribute", "keras", "config", "train",
 ]

@@ -155,14 +155,25 @@ class Dataset:
         return parts[0]
 
     def __iter__(self):
-        it = self._cpp.make_iterator(0)
-        while True:
-            try:
-                parts = it.next()
-            except StopIteration:
-                return
-            yield self._element(parts)
+        return DatasetIterator(self)
 
     def as_numpy_iterator(self):
         for element in self:
             yield tuple(t.numpy() for t in element) if isinstance(element, tuple) else element.numpy()
+
+
+class DatasetIterator:
+    """A pass over a Dataset; tf.train.Checkpoint can save and restore its position."""
+
+    def __init__(self, dataset):
+        self._dataset = dataset
+        self._cpp = dataset._cpp.make_iterator(0)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self._dataset._element(self._cpp.next())
+
+    def get_next(self):
+        return next(self)

@@ -23,10 +23,30 @@ DType dtype_from_name(const std::string& name, const char* what);
 // A Python object owned by C++ that may be released on a thread without the GIL.
 std::shared_ptr<py::object> hold(py::object object);
 
+// An iterator's threads may be waiting for the GIL (a Python generator or map function):
+// it is advanced and stopped without it.
+class PyIterator {
+ public:
+  explicit PyIterator(data::Iterator it) : it_(std::move(it)) {}
+  ~PyIterator() {
+    py::gil_scoped_release release;
+    it_.reset();
+  }
+  PyIterator(const PyIterator&) = delete;
+  PyIterator& operator=(const PyIterator&) = delete;
+  // The next element's components; StopIteration at the end.
+  py::list next();
+  data::Iterator& iterator() { return *it_; }
+
+ private:
+  std::optional<data::Iterator> it_;
+};
+
 void bind_errors(py::module_& m);
 void bind_tensors(py::module_& m);
 void bind_keras(py::module_& m);
 void bind_data(py::module_& m);
 void bind_distribute(py::module_& m);
+void bind_train(py::module_& m);
 
 }  // namespace dtrain::python

@@ -39,32 +39,18 @@ py::object call_with(const py::object& fn, const data::Element& e) {
   return fn(*args);
 }
 
-// An iterator's threads may be waiting for the GIL (a Python generator or map function):
-// it is advanced and stopped without it.
-class PyIterator {
- public:
-  explicit PyIterator(data::Iterator it) : it_(std::move(it)) {}
-  ~PyIterator() {
-    py::gil_scoped_release release;
-    it_.reset();
-  }
-  PyIterator(const PyIterator&) = delete;
-  PyIterator& operator=(const PyIterator&) = delete;
-  py::list next() {
-    std::optional<data::Element> e;
-    {
-      py::gil_scoped_release release;
-      e = it_->next();
-    }
-    if (!e) throw py::stop_iteration();
-    return components(*e);
-  }
-
- private:
-  std::optional<data::Iterator> it_;
-};
 
 }  // namespace
+
+py::list PyIterator::next() {
+  std::optional<data::Element> e;
+  {
+    py::gil_scoped_release release;
+    e = it_->next();
+  }
+  if (!e) throw py::stop_iteration();
+  return components(*e);
+}
 
 void bind_data(py::module_& m) {
   py::module_ d = m.def_submodule("data", "tf.data's Dataset over dtrain's pipeline");

@@ -8,4 +8,5 @@ PYBIND11_MODULE(_dtrain, m) {
   dtrain::python::bind_keras(m);
   dtrain::python::bind_data(m);
   dtrain::python::bind_distribute(m);
+  dtrain::python::bind_train(m);
 }
