@@ -78,6 +78,54 @@ distribute::PerReplica<Tensor> per_replica(const py::list& values, const char* w
   return distribute::PerReplica<Tensor>(std::move(ts));
 }
 
+// The parameter-server strategy's scope (it is not a distribute::Strategy).
+class PsScope {
+ public:
+  explicit PsScope(std::shared_ptr<distribute::ParameterServerStrategy> strategy) : strategy_(std::move(strategy)) {}
+  void enter() {
+    if (scoped_) throw py::value_error("strategy.scope(): this scope was entered already");
+    scoped_.emplace(strategy_->scope());
+  }
+  void exit() { scoped_.reset(); }
+
+ private:
+  std::shared_ptr<distribute::ParameterServerStrategy> strategy_;
+  std::optional<dtrain::detail::ScopedStrategy> scoped_;
+};
+
+// The iterator a closure's function gets on a worker: the per-worker dataset's, owned there.
+class BorrowedIterator {
+ public:
+  explicit BorrowedIterator(data::Iterator& it) : it_(&it) {}
+  py::list next() {
+    std::optional<data::Element> e;
+    {
+      py::gil_scoped_release release;
+      e = it_->next();
+    }
+    if (!e) throw py::stop_iteration();
+    py::list out;
+    for (const Tensor& t : *e) out.append(py::cast(t));
+    return out;
+  }
+
+ private:
+  data::Iterator* it_;
+};
+
+// A Python step function's results as the tensors a closure carries back: a tensor, a
+// number, or a tuple or list of them (None: nothing).
+std::vector<Tensor> closure_results(const py::object& out) {
+  std::vector<Tensor> results;
+  if (out.is_none()) return results;
+  if (py::isinstance<py::tuple>(out) || py::isinstance<py::list>(out)) {
+    for (py::handle v : out) results.push_back(to_tensor(v, "a scheduled function's result"));
+  } else {
+    results.push_back(to_tensor(out, "a scheduled function's result"));
+  }
+  return results;
+}
+
 class PyDistributedIterator {
  public:
   explicit PyDistributedIterator(distribute::DistributedDataset::Iterator it) : it_(std::move(it)) {}
@@ -195,6 +243,83 @@ void bind_distribute(py::module_& m) {
       .def("distribute_dataset", [](const Strategy& s, const data::Dataset& ds) {
         return s.experimental_distribute_dataset(ds);
       });
+  // ParameterServerStrategy and ClusterCoordinator.
+  py::class_<distribute::ParameterServerStrategy, std::shared_ptr<distribute::ParameterServerStrategy>>(
+      d, "_ParameterServerStrategy")
+      .def(py::init([](const std::string& kind, int staleness, int backup_workers, double rpc_timeout_seconds) {
+             distribute::ParameterServerOptions o;
+             if (kind == "async") o.consistency = distribute::Consistency::async();
+             else if (kind == "ssp") o.consistency = distribute::Consistency::ssp(staleness);
+             else if (kind == "sync") o.consistency = distribute::Consistency::sync(backup_workers);
+             else throw py::value_error("ParameterServerStrategy: consistency is async, ssp:K or sync[:B], got '" + kind + "'");
+             o.rpc_timeout_seconds = rpc_timeout_seconds;
+             py::gil_scoped_release release;
+             return std::make_shared<distribute::ParameterServerStrategy>(o);
+           }),
+           py::arg("consistency") = "async", py::arg("staleness") = 0, py::arg("backup_workers") = 0,
+           py::arg("rpc_timeout_seconds") = 0.0)
+      .def_property_readonly("task_type", [](const distribute::ParameterServerStrategy& s) { return s.task().type; })
+      .def_property_readonly("task_id", [](const distribute::ParameterServerStrategy& s) { return s.task().index; })
+      .def_property_readonly("is_chief", &distribute::ParameterServerStrategy::is_chief)
+      .def_property_readonly("num_workers", &distribute::ParameterServerStrategy::num_workers)
+      .def_property_readonly("num_ps", &distribute::ParameterServerStrategy::num_ps)
+      .def("end_job", &distribute::ParameterServerStrategy::end_job, py::call_guard<py::gil_scoped_release>());
+  py::class_<PsScope>(d, "_PsScope")
+      .def(py::init<std::shared_ptr<distribute::ParameterServerStrategy>>())
+      .def("enter", &PsScope::enter)
+      .def("exit", &PsScope::exit);
+  py::class_<BorrowedIterator>(d, "_WorkerIterator").def("next", &BorrowedIterator::next);
+  py::class_<distribute::RemoteFunction>(d, "_RemoteFunction")
+      .def_readonly("name", &distribute::RemoteFunction::name);
+  py::class_<distribute::PerWorkerIterator>(d, "_PerWorkerIterator");
+  py::class_<distribute::PerWorkerDataset>(d, "_PerWorkerDataset")
+      .def("iterator", &distribute::PerWorkerDataset::iterator);
+  py::class_<distribute::RemoteValue>(d, "_RemoteValue")
+      .def("fetch", [](const distribute::RemoteValue& v) {
+        std::vector<Tensor> out;
+        {
+          py::gil_scoped_release release;
+          out = v.fetch();
+        }
+        return out;
+      })
+      .def("done", &distribute::RemoteValue::done);
+  py::class_<distribute::ClusterCoordinator, std::shared_ptr<distribute::ClusterCoordinator>>(d, "_ClusterCoordinator")
+      .def(py::init([](std::shared_ptr<distribute::ParameterServerStrategy> s) {
+             // Kept alive by the coordinator object: it is a handle on the strategy's runtime.
+             return std::make_shared<distribute::ClusterCoordinator>(*s);
+           }),
+           py::keep_alive<1, 2>())
+      .def("define_iterator_function", [](distribute::ClusterCoordinator& c, const std::string& name, py::function fn) {
+        auto f = hold(std::move(fn));
+        return c.define(name, distribute::ClusterCoordinator::IteratorFunction([f](data::Iterator& it) {
+          py::gil_scoped_acquire gil;
+          return closure_results((*f)(py::cast(BorrowedIterator(it))));
+        }));
+      })
+      .def("define_function", [](distribute::ClusterCoordinator& c, const std::string& name, py::function fn) {
+        auto f = hold(std::move(fn));
+        return c.define(name, distribute::ClusterCoordinator::PlainFunction([f] {
+          py::gil_scoped_acquire gil;
+          return closure_results((*f)());
+        }));
+      })
+      .def("create_per_worker_dataset", [](distribute::ClusterCoordinator& c, py::function dataset_fn) {
+        auto f = hold(std::move(dataset_fn));
+        return c.create_per_worker_dataset([f] {
+          py::gil_scoped_acquire gil;
+          py::object ds = (*f)();
+          if (py::hasattr(ds, "_cpp")) ds = ds.attr("_cpp");
+          return ds.cast<data::Dataset>();
+        });
+      })
+      .def("schedule", [](distribute::ClusterCoordinator& c, const distribute::RemoteFunction& fn) { return c.schedule(fn); })
+      .def("schedule_with", [](distribute::ClusterCoordinator& c, const distribute::RemoteFunction& fn,
+                               const distribute::PerWorkerIterator& it) { return c.schedule(fn, it); })
+      .def("join", &distribute::ClusterCoordinator::join, py::call_guard<py::gil_scoped_release>())
+      .def("done", &distribute::ClusterCoordinator::done)
+      .def("serve", &distribute::ClusterCoordinator::serve, py::call_guard<py::gil_scoped_release>());
+
   py::class_<distribute::DefaultStrategy, Strategy, std::shared_ptr<distribute::DefaultStrategy>>(d, "_DefaultStrategy")
       .def(py::init<>());
   py::class_<distribute::OneDeviceStrategy, Strategy, std::shared_ptr<distribute::OneDeviceStrategy>>(d, "_OneDeviceStrategy")

@@ -13,6 +13,7 @@ import weakref
 from .. import _dtrain
 from ..data import Dataset
 from . import cluster_resolver, experimental
+from .parameter_server import ClusterCoordinator, InputContext, ParameterServerStrategy, RemoteValue
 
 _d = _dtrain.distribute
 ReduceOp = _d.ReduceOp
@@ -240,3 +241,8 @@ def in_cross_replica_context():
     return True
 
 
+
+
+class coordinator:  # noqa: N801 (TensorFlow's module name: tf.distribute.coordinator)
+    ClusterCoordinator = ClusterCoordinator
+    RemoteValue = RemoteValue

@@ -20,3 +20,10 @@ class CommunicationOptions:
         self.timeout_seconds = timeout_seconds
         self.implementation = implementation
         self.compression = compression
+
+
+class coordinator:  # noqa: N801 (TensorFlow's module name)
+    from .parameter_server import ClusterCoordinator, RemoteValue  # noqa: F401
+
+
+from .parameter_server import ParameterServerStrategy  # noqa: E402,F401

@@ -393,6 +393,8 @@ class PsRuntime final : public dtrain::detail::VariableTracker {
   // The chief's one coordinator, shared by fit() and every ClusterCoordinator (made on
   // first use; the job ends when the runtime does).
   Coordinator& coordinator();
+  // The chief: ends the job now (ParameterServerStrategy::end_job).
+  void end_job();
   // Workers and parameter servers: answers the coordinator until it ends the job.
   void serve();
 
@@ -408,6 +410,7 @@ class PsRuntime final : public dtrain::detail::VariableTracker {
   std::atomic<Clock::rep> last_heard_{Clock::now().time_since_epoch().count()};
   std::mutex coordinator_mutex_;
   std::unique_ptr<Coordinator> coordinator_;
+  bool ended_ = false;     // the chief ended the job (end_job): no coordinator any more
   bool job_over_ = false;  // serve() returned because the coordinator ended the job
 };
 
@@ -1601,11 +1604,22 @@ PsRuntime::~PsRuntime() {
   dtrain::detail::track_variables(backend_->id(), nullptr);
 }
 
+void PsRuntime::end_job() {
+  std::unique_ptr<Coordinator> ending;
+  {
+    std::lock_guard lock(coordinator_mutex_);
+    ended_ = true;
+    ending = std::move(coordinator_);
+  }
+  ending.reset();  // cancels what is queued and tells every task the job is over
+}
+
 Coordinator& PsRuntime::coordinator() {
   if (config_.task.type != "chief")
     DTRAIN_THROW(InvalidArgument, "ClusterCoordinator: ", task_name_, " is not the coordinator; only the chief ",
                  "schedules closures (workers and parameter servers call serve())");
   std::lock_guard lock(coordinator_mutex_);
+  if (ended_) DTRAIN_THROW(InvalidArgument, "ClusterCoordinator: the job has ended (end_job); nothing more can be scheduled");
   if (!coordinator_) coordinator_ = std::make_unique<Coordinator>(this);
   return *coordinator_;
 }
@@ -1817,6 +1831,11 @@ ParameterServerStrategy::ParameterServerStrategy(const cluster::TfConfig& config
     : runtime_(std::make_shared<detail::PsRuntime>(config, std::move(options))) {}
 
 ParameterServerStrategy::~ParameterServerStrategy() = default;
+
+void ParameterServerStrategy::end_job() {
+  if (!is_chief()) DTRAIN_THROW(InvalidArgument, "end_job: ", task().to_string(), " is not the chief");
+  runtime_->end_job();
+}
 
 dtrain::detail::ScopedStrategy ParameterServerStrategy::scope() const {
   return dtrain::detail::ScopedStrategy(runtime_->backend_);

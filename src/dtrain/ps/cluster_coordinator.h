@@ -114,6 +114,11 @@ class ParameterServerStrategy {
   std::vector<Variable*> variables() const;
   // Where each shard of variables() lives.
   std::vector<ShardPlacement> placement() const;
+  // The chief: ends the job now, as destroying the strategy and every coordinator handle
+  // does: closures still queued are cancelled, and every worker and ps is told to stop
+  // serving. For a program whose strategy outlives its training (a Python program's,
+  // kept until the interpreter exits). Nothing can be scheduled afterwards.
+  void end_job();
 
  private:
   friend class ClusterCoordinator;

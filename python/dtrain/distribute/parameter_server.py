@@ -1,0 +1,254 @@
+"""ParameterServerStrategy and ClusterCoordinator: variables held by the "ps" tasks,
+closures run by the "worker" tasks, scheduled by the "chief" (docs/parameter_server.md).
+
+dtrain cannot send a Python function to another process, so every task runs the same
+program and functions travel by name: each task defines a scheduled function when the
+program first schedules it. Hence the rule for a program's tasks:
+- a ps serves from the moment it makes the strategy, and its program ends with the job;
+- a worker runs the program up to its first ``coordinator.schedule`` (or ``join``), or its
+  ``model.fit``, then runs what the chief sends until the job ends, and its program ends
+  there; so every function the chief schedules must be scheduled (or passed to
+  ``coordinator.define``) before the first ``schedule``'s point is reached on the workers.
+"""
+import atexit
+import contextlib
+import sys
+import weakref
+
+from .. import _dtrain
+from ..data import Dataset
+
+_d = _dtrain.distribute
+
+
+def _consistency(text):
+    """'async', 'ssp:K' or 'sync[:B]' into (kind, staleness, backup workers)."""
+    kind, _, number = text.partition(":")
+    try:
+        if kind == "async" and not number:
+            return "async", 0, 0
+        if kind == "ssp" and number:
+            return "ssp", int(number), 0
+        if kind == "sync":
+            return "sync", 0, int(number) if number else 0
+    except ValueError:
+        pass
+    raise ValueError(f"ParameterServerStrategy: consistency is 'async', 'ssp:K' or 'sync[:B]', got '{text}'")
+
+
+class InputContext:
+    """What distribute_datasets_from_function's function is told: dtrain's workers each run
+    the whole function (a per-worker dataset), so one pipeline, this one."""
+
+    def __init__(self):
+        self.num_input_pipelines = 1
+        self.input_pipeline_id = 0
+        self.num_replicas_in_sync = 1
+
+    def get_per_replica_batch_size(self, global_batch_size):
+        return global_batch_size
+
+
+class ParameterServerStrategy:
+    """tf.distribute.ParameterServerStrategy over the cluster TF_CONFIG names (a chief, workers
+    and ps). ``consistency`` is dtrain's: 'async' (TensorFlow's), 'ssp:K' or 'sync[:B]'."""
+
+    def __init__(self, cluster_resolver=None, variable_partitioner=None, consistency="async"):
+        if variable_partitioner is not None:
+            raise NotImplementedError("ParameterServerStrategy(variable_partitioner=...) is not supported by dtrain's "
+                                      "Python package yet; variables are dealt whole to the ps in turn")
+        from . import cluster_resolver as resolvers
+
+        self._resolver = cluster_resolver or resolvers.TFConfigClusterResolver()
+        self._cpp = _d._ParameterServerStrategy(*_consistency(consistency))
+        self._models = weakref.WeakSet()
+        self._pending = set()
+        if self._cpp.task_type == "ps":
+            ClusterCoordinator(self)._cpp.serve()
+            sys.exit(0)
+        if self._cpp.is_chief:
+            # The workers and ps serve until the chief ends the job: at the latest when
+            # this program ends (Python may never destroy the strategy itself).
+            atexit.register(self._cpp.end_job)
+
+    @property
+    def cluster_resolver(self):
+        return self._resolver
+
+    @property
+    def extended(self):
+        return self
+
+    @property
+    def num_replicas_in_sync(self):
+        return 1
+
+    @contextlib.contextmanager
+    def scope(self):
+        from . import _stack
+
+        scope = _d._PsScope(self._cpp)
+        scope.enter()
+        _stack.append(self)
+        try:
+            yield self
+        finally:
+            _stack.pop()
+            scope.exit()
+
+    def run(self, fn, args=(), kwargs=None, options=None):
+        """Inside a scheduled function: runs fn on this worker (one replica)."""
+        del options
+        return fn(*args, **(kwargs or {}))
+
+    def reduce(self, reduce_op, value, axis=None):
+        del reduce_op
+        if axis is None:
+            return value
+        return _dtrain.ops.reduce_sum(value, axis, False)
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        del options
+        return dataset
+
+    def distribute_datasets_from_function(self, dataset_fn, options=None):
+        del options
+        return dataset_fn(InputContext())
+
+    def _build_in_replica(self, model, build):
+        del model, build
+        return False
+
+
+class RemoteValue:
+    """A scheduled closure's result; fetch() waits for it and gives numpy values."""
+
+    def __init__(self, cpp):
+        self._cpp = cpp
+
+    def fetch(self):
+        values = [t.numpy() for t in self._cpp.fetch()]
+        if not values:
+            return None
+        return values[0] if len(values) == 1 else tuple(values)
+
+    def done(self):
+        return self._cpp.done()
+
+
+class PerWorkerValues:
+    """A per-worker dataset's iterator, as schedule's arguments name it: each worker draws
+    from its own; the chief only passes it to schedule."""
+
+    def __init__(self, cpp):
+        self._cpp = cpp
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        raise TypeError("a per-worker iterator is read by the workers: pass it to coordinator.schedule")
+
+
+class PerWorkerDataset:
+    def __init__(self, cpp):
+        self._cpp = cpp
+
+    def __iter__(self):
+        return PerWorkerValues(self._cpp.iterator())
+
+
+class _WorkerIterator:
+    """The per-worker dataset's iterator on the worker running a closure."""
+
+    def __init__(self, cpp):
+        self._cpp = cpp
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        parts = self._cpp.next()
+        return tuple(parts) if len(parts) > 1 else parts[0]
+
+    def get_next(self):
+        return next(self)
+
+
+class ClusterCoordinator:
+    """tf.distribute.coordinator.ClusterCoordinator: schedule closures on the workers."""
+
+    def __init__(self, strategy):
+        if not isinstance(strategy, ParameterServerStrategy):
+            raise TypeError("ClusterCoordinator takes a ParameterServerStrategy")
+        self.strategy = strategy
+        self._cpp = _d._ClusterCoordinator(strategy._cpp)
+        self._defined = {}
+
+    def define(self, fn, takes_iterator=True):
+        """Defines fn under its qualified name on this task (schedule does it the first time
+        it meets fn); a worker must define every function the chief schedules before it
+        serves."""
+        remote = self._defined.get(fn)
+        if remote is None:
+            name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
+            if takes_iterator:
+                remote = self._cpp.define_iterator_function(name, lambda it: fn(_WorkerIterator(it)))
+            else:
+                remote = self._cpp.define_function(name, fn)
+            self._defined[fn] = remote
+        return remote
+
+    def create_per_worker_dataset(self, dataset_fn):
+        """Each worker builds the dataset with dataset_fn() (a Dataset also works)."""
+        if isinstance(dataset_fn, Dataset):
+            dataset = dataset_fn
+            dataset_fn = lambda: dataset  # noqa: E731
+        return PerWorkerDataset(self._cpp.create_per_worker_dataset(lambda: _as_dataset(dataset_fn())))
+
+    def schedule(self, fn, args=None, kwargs=None):
+        """Queues fn on some worker; returns its RemoteValue. fn takes no arguments, or a
+        per-worker dataset's iterator."""
+        if kwargs:
+            raise NotImplementedError("schedule(kwargs=...) is not supported by dtrain: give fn at most one "
+                                      "argument, a per-worker iterator")
+        args = tuple(args or ())
+        if len(args) > 1 or (args and not isinstance(args[0], PerWorkerValues)):
+            raise TypeError("schedule: dtrain's closures take no arguments or one per-worker dataset iterator")
+        remote = self.define(fn, takes_iterator=bool(args))
+        self._serve_unless_chief()
+        if args:
+            return RemoteValue(self._cpp.schedule_with(remote, args[0]._cpp))
+        return RemoteValue(self._cpp.schedule(remote))
+
+    def join(self):
+        self._serve_unless_chief()
+        self._cpp.join()
+
+    def done(self):
+        return self._cpp.done()
+
+    def fetch(self, val):
+        if isinstance(val, RemoteValue):
+            return val.fetch()
+        if isinstance(val, (list, tuple)):
+            return type(val)(self.fetch(v) for v in val)
+        if isinstance(val, dict):
+            return {k: self.fetch(v) for k, v in val.items()}
+        return val
+
+    def _serve_unless_chief(self):
+        if self.strategy._cpp.is_chief:
+            return
+        self._cpp.serve()
+        sys.exit(0)
+
+
+def _as_dataset(value):
+    from . import DistributedDataset
+
+    if isinstance(value, DistributedDataset):
+        return value._dataset
+    if not isinstance(value, Dataset):
+        raise TypeError(f"create_per_worker_dataset: the function returned a {type(value).__name__}, not a Dataset")
+    return value
