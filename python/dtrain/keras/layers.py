@@ -3,6 +3,8 @@ way the dtrain command builds one from a JSON file: so a model built from Python
 same model in a config file get the same weights from the same seed.
 
 Once its model is built, a layer answers for its dtrain layer (name, weights, call)."""
+import re
+
 from .initializers import Initializer
 
 
@@ -97,10 +99,79 @@ class Layer:
         assign_all(f"layer '{self.name}'", self.weights, weights)
 
     def __call__(self, inputs, training=False):
+        if _symbolic(inputs):
+            return self._call_symbolic(inputs)
         return self._layer()(inputs, training)
+
+    # --- the functional API: calls on KerasTensors record the graph
+    def _call_symbolic(self, inputs):
+        if self._built is not None:
+            raise ValueError(f"layer '{self.name}' belongs to a built model; make a new layer for a new graph")
+        if "name" not in self._config:
+            self._config["name"] = _unique_name(_snake(self.class_name))
+        self._nodes = getattr(self, "_nodes", [])
+        refs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        self._nodes.append(refs)
+        return KerasTensor(self, self._config["name"], len(self._nodes) - 1)
+
+    def _graph_json(self):
+        nodes = [[[r.layer_name, r.node_index, 0, {}] for r in refs] for refs in getattr(self, "_nodes", [])]
+        return {"class_name": self.class_name, "name": self._config["name"], "config": dict(self._config),
+                "inbound_nodes": nodes}
 
     def __repr__(self):
         return f"<{self.class_name} '{self.name}'>"
+
+
+_names = {}
+
+
+def _unique_name(base):
+    """Keras's layer names: dense, dense_1, dense_2, ... over the program."""
+    n = _names.get(base, 0)
+    _names[base] = n + 1
+    return base if n == 0 else f"{base}_{n}"
+
+
+def _snake(class_name):
+    return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", class_name).lower()
+
+
+def _symbolic(value):
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(isinstance(v, KerasTensor) for v in value)
+    return isinstance(value, KerasTensor)
+
+
+class KerasTensor:
+    """A symbolic output of a layer call in the functional API (or an Input)."""
+
+    def __init__(self, layer, layer_name, node_index, shape=None):
+        self._keras_layer = layer  # a Layer, or the Input itself
+        self.layer_name = layer_name
+        self.node_index = node_index
+        self.shape = shape
+
+    def __repr__(self):
+        return f"<KerasTensor from '{self.layer_name}' node {self.node_index}>"
+
+
+class Input(KerasTensor):
+    """tf.keras.Input(shape=...): a functional model's input (and a Sequential's shape)."""
+
+    def __init__(self, shape=None, batch_size=None, name=None, dtype=None, **kwargs):
+        del batch_size
+        if kwargs.get("batch_shape") is not None:
+            shape = tuple(kwargs.pop("batch_shape"))[1:]
+        if shape is None:
+            raise ValueError("Input: give its shape (without the batch axis)")
+        super().__init__(self, name or _unique_name("input"), 0, (None, *tuple(shape)))
+        self.dtype = "float32" if dtype is None else str(getattr(dtype, "name", dtype))
+
+    def _graph_json(self):
+        return {"class_name": "InputLayer", "name": self.layer_name,
+                "config": {"batch_input_shape": list(self.shape), "dtype": self.dtype, "name": self.layer_name},
+                "inbound_nodes": []}
 
 
 def _layer_class(name, args=(), doc=""):
@@ -131,3 +202,6 @@ class InputLayer(Layer):
     def __init__(self, input_shape=None, shape=None, name=None, **kwargs):
         super().__init__(name=name, **kwargs)
         self._input_shape = tuple(shape if shape is not None else input_shape)
+
+Add = _layer_class("Add")
+Concatenate = _layer_class("Concatenate", ("axis",))

@@ -23,10 +23,13 @@ class Model:
     """A Keras model. Make one as Sequential([...]), or load one with load_model."""
 
     def __init__(self, *args, **kwargs):
-        if args or kwargs.get("inputs") is not None or kwargs.get("outputs") is not None:
-            raise NotImplementedError("dtrain's Python package builds Sequential models; "
-                                      "a functional Model(inputs, outputs) is not supported yet")
         from .. import distribute
+
+        inputs = args[0] if len(args) > 0 else kwargs.pop("inputs", None)
+        outputs = args[1] if len(args) > 1 else kwargs.pop("outputs", None)
+        self._graph = None
+        if inputs is not None or outputs is not None:
+            self._graph = _Graph(inputs, outputs)
 
         self._name = kwargs.get("name") or "model"
         self._cpp = None
@@ -37,6 +40,9 @@ class Model:
         self._steps_per_execution = 1
         self._optimizer = None
         self._loss = None
+        if self._graph is not None:
+            self._layers = self._graph.layers
+            self._model()  # built now, as Keras builds a functional model
 
     @classmethod
     def _wrap(cls, cpp):
@@ -52,7 +58,9 @@ class Model:
 
     # --- the dtrain model
     def _keras_json(self):
-        raise NotImplementedError
+        if self._graph is None:
+            raise TypeError("Model() needs inputs and outputs (the functional API), or use Sequential")
+        return self._graph.keras_json(self._name)
 
     def _model(self):
         if self._cpp is None:
@@ -62,8 +70,13 @@ class Model:
                 self._cpp = _k._Model.from_json(json.dumps(self._keras_json()))
             finally:
                 scope.exit()
-            for layer, built in zip(self._layers, self._cpp.layers):
-                layer._built = built
+            if self._graph is not None:
+                by_name = {built.name: built for built in self._cpp.layers}
+                for layer in self._layers:
+                    layer._built = by_name[layer._config["name"]]
+            else:
+                for layer, built in zip(self._layers, self._cpp.layers):
+                    layer._built = built
         return self._cpp
 
     def _built_model(self, inputs):
@@ -256,7 +269,7 @@ class Sequential(Model):
     def add(self, layer):
         if self._cpp is not None:
             raise ValueError(f"Sequential '{self.name}': layers are added before the model is built")
-        if isinstance(layer, Input):
+        if isinstance(layer, layers_module.Input):
             self._input_shape = layer.shape[1:]
             return
         if not isinstance(layer, layers_module.Layer):
@@ -277,12 +290,47 @@ class Sequential(Model):
         return {"class_name": "Sequential", "config": config}
 
 
-class Input:
-    """tf.keras.Input(shape=...): gives a Sequential its input shape."""
+Input = layers_module.Input
 
-    def __init__(self, shape=None, batch_size=None, name=None, dtype=None, **kwargs):
-        del batch_size, name, dtype, kwargs
-        self.shape = (None, *tuple(shape))
+
+class _Graph:
+    """A functional model's layers and calls, from its outputs back to its inputs, as
+    tf.keras's Functional JSON."""
+
+    def __init__(self, inputs, outputs):
+        self.inputs = list(inputs) if isinstance(inputs, (list, tuple)) else [inputs]
+        self.outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+        for t in self.inputs + self.outputs:
+            if not isinstance(t, layers_module.KerasTensor):
+                raise TypeError("Model(inputs, outputs): inputs and outputs are tensors from tf.keras.Input and layer calls")
+        for t in self.inputs:
+            if not isinstance(t, layers_module.Input):
+                raise TypeError(f"Model(inputs, ...): {t!r} is not a tf.keras.Input")
+        self.entries = []  # Inputs and layers, each once, every one after what it reads
+        seen = set()
+
+        def visit(owner):
+            if id(owner) in seen:
+                return
+            seen.add(id(owner))
+            for refs in getattr(owner, "_nodes", []):
+                for ref in refs:
+                    visit(ref._keras_layer)
+            self.entries.append(owner)
+
+        for t in self.outputs:
+            visit(t._keras_layer)
+        missing = [e for e in self.entries if isinstance(e, layers_module.Input) and e not in self.inputs]
+        if missing:
+            raise ValueError(f"Model(inputs, outputs): the outputs read {missing[0]!r}, which is not among the inputs")
+        self.layers = [e for e in self.entries if not isinstance(e, layers_module.Input)]
+
+    def keras_json(self, name):
+        return {"class_name": "Functional", "config": {
+            "name": name,
+            "layers": [e._graph_json() for e in self.inputs + [e for e in self.entries if e not in self.inputs]],
+            "input_layers": [[t.layer_name, 0, 0] for t in self.inputs],
+            "output_layers": [[t.layer_name, t.node_index, 0] for t in self.outputs]}}
 
 
 def _unwrap_dataset(x):
