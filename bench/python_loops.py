@@ -9,7 +9,9 @@ fit: the config examples/configs/seed_large.json describes (10000 random rows, b
 Adam), samples/s as the median epoch after the first, as `dtrain fit --summary` reports it.
 loop: the seeds' loop under MultiWorkerMirroredStrategy without TF_CONFIG (one worker, as
 their examples run on one machine), each step's batch from a batched Dataset, 20 untimed
-steps then 200 timed, as bench/peers/pytorch_train.py times PyTorch's eager loop.
+steps then 200 timed, as bench/peers/pytorch_train.py times PyTorch's eager loop. With
+--replicas N: the same step on N MirroredStrategy replicas (a distributed dataset of N
+times the batch, the loss divided by the global batch), for what the GIL costs them.
 """
 import argparse
 import json
@@ -47,22 +49,32 @@ def run_fit(args):
 
 def run_loop(args):
     x, y, sizes, batch = data(args.model)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    if args.replicas > 1:
+        # Several replicas: the global batch split over them, each loss divided by it.
+        strategy = tf.distribute.MirroredStrategy(args.replicas)
+        batch *= args.replicas
+    else:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).repeat()
     with strategy.scope():
         model = model_of(sizes)
         optimizer = tf.keras.optimizers.Adam()
-        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy()
+        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(
+            reduction="none" if args.replicas > 1 else "sum_over_batch_size")
 
         @tf.function
         def train_step(inputs, labels):
             with tf.GradientTape() as tape:
                 logits = model(inputs)
                 loss = loss_fn(labels, logits)
+                if args.replicas > 1:
+                    loss = tf.nn.compute_average_loss(loss, global_batch_size=batch)
             gradients = tape.gradient(loss, model.trainable_variables)
             optimizer.apply_gradients(zip(gradients, model.trainable_variables))
             return loss
 
+        if args.replicas > 1:
+            dataset = strategy.experimental_distribute_dataset(dataset)
         batches = iter(dataset)
         for _ in range(args.warmup):
             inputs, labels = next(batches)
@@ -83,12 +95,15 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--replicas", type=int, default=1,
+                   help="loop: MirroredStrategy replicas, each a share of the threads (1: the seeds' one worker)")
     args = p.parse_args()
     if args.threads:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.keras.utils.set_random_seed(0)
     out = run_fit(args) if args.mode == "fit" else run_loop(args)
-    out.update(mode=args.mode, model="seed_large" if args.mode == "fit" else args.model, threads=args.threads)
+    out.update(mode=args.mode, model="seed_large" if args.mode == "fit" else args.model, threads=args.threads,
+               replicas=args.replicas)
     print(json.dumps(out))
 
 
