@@ -333,7 +333,14 @@ void bind_distribute(py::module_& m) {
              }
              if (py::isinstance<py::int_>(devices))
                return std::make_shared<distribute::MirroredStrategy>(devices.cast<int>(), o);
-             return std::make_shared<distribute::MirroredStrategy>(devices.cast<std::vector<std::string>>(), o);
+             std::vector<std::string> names;
+             for (py::handle device : devices) {
+               if (!py::isinstance<py::str>(device))
+                 throw py::type_error("MirroredStrategy: devices are names such as '/cpu:0', got " +
+                                      py::repr(device).cast<std::string>());
+               names.push_back(device.cast<std::string>());
+             }
+             return std::make_shared<distribute::MirroredStrategy>(names, o);
            }),
            py::arg("devices") = py::none(), py::arg("bytes_per_pack") = 0, py::arg("timeout_seconds") = 0.0);
   py::class_<distribute::MultiWorkerMirroredStrategy, Strategy, std::shared_ptr<distribute::MultiWorkerMirroredStrategy>>(

@@ -156,7 +156,18 @@ std::shared_ptr<Model> model_from(const std::string& json, const std::string& dt
 
 std::shared_ptr<optim::LearningRateSchedule> schedule_of(py::handle lr) {
   if (py::isinstance<optim::LearningRateSchedule>(lr)) return lr.cast<std::shared_ptr<optim::LearningRateSchedule>>();
+  if (!py::isinstance<py::float_>(lr) && !py::isinstance<py::int_>(lr))
+    throw py::type_error("learning_rate: a number or a tf.keras.optimizers.schedules schedule, got " +
+                         py::repr(lr).cast<std::string>());
   return std::make_shared<optim::Constant>(lr.cast<float>());
+}
+
+// Keras's save_freq: "epoch" or a number of batches.
+train::SaveFreq save_freq_of(py::handle value, const char* what) {
+  if (py::isinstance<py::int_>(value)) return value.cast<std::int64_t>();
+  if (py::isinstance<py::str>(value) && value.cast<std::string>() == "epoch") return "epoch";
+  throw py::value_error(std::string(what) + ": save_freq is 'epoch' or a number of batches, got " +
+                        py::repr(value).cast<std::string>());
 }
 
 optim::OptimizerOptions optimizer_options(py::object clipnorm, py::object global_clipnorm, float weight_decay) {
@@ -445,9 +456,7 @@ void bind_keras(py::module_& m) {
              options.save_best_only = save_best_only;
              options.save_weights_only = save_weights_only;
              options.mode = mode;
-             if (py::isinstance<py::int_>(save_freq)) options.save_freq = save_freq.cast<std::int64_t>();
-             else if (save_freq.cast<std::string>() != "epoch")
-               throw py::value_error("ModelCheckpoint: save_freq is 'epoch' or a number of batches");
+             options.save_freq = save_freq_of(save_freq, "ModelCheckpoint");
              options.initial_value_threshold = initial_value_threshold;
              return std::make_shared<train::ModelCheckpoint>(filepath, options);
            }),
@@ -458,9 +467,7 @@ void bind_keras(py::module_& m) {
       .def(py::init([](const std::string& backup_dir, py::object save_freq, bool delete_checkpoint,
                        bool save_before_preemption) {
              train::BackupAndRestoreOptions options;
-             if (py::isinstance<py::int_>(save_freq)) options.save_freq = save_freq.cast<std::int64_t>();
-             else if (save_freq.cast<std::string>() != "epoch")
-               throw py::value_error("BackupAndRestore: save_freq is 'epoch' or a number of batches");
+             options.save_freq = save_freq_of(save_freq, "BackupAndRestore");
              options.delete_checkpoint = delete_checkpoint;
              options.save_before_preemption = save_before_preemption;
              return std::make_shared<train::BackupAndRestore>(backup_dir, options);

@@ -223,3 +223,38 @@ def test_python_minus_m_dtrain_is_the_command(python_run):
     code, output = python_run("-m", "dtrain", "summary", str(SOURCE / "examples/configs/seed_small.json"))
     assert code == 0, output
     assert "dense" in output and "Total params" in output
+
+
+@pytest.mark.parametrize("call", [
+    lambda: tf.keras.Sequential([tf.keras.layers.Dense("ten", input_shape=(3,))]),
+    lambda: tf.keras.Sequential([tf.keras.layers.Dense(4, activation="swish-ish", input_shape=(3,))]),
+    lambda: tf.keras.Sequential([tf.keras.layers.Dense(4, input_shape=(3,), bogus=1)]),
+    lambda: tf.data.Dataset.from_tensor_slices((np.zeros((3, 2)), np.zeros(4))),
+    lambda: _model().fit(*_data(), batch_size=0, verbose=0),
+    lambda: _model().fit(*_data(), epochs=-1, verbose=0),
+    lambda: tf.Variable(np.zeros((2, 2), np.float32)).assign(np.zeros((3,), np.float32)),
+    lambda: tf.reshape(tf.zeros((2, 3)), (4, 2)),
+    lambda: tf.matmul(tf.zeros((2, 3)), tf.zeros((2, 3))),
+    lambda: tf.keras.losses.SparseCategoricalCrossentropy()(np.array([0, 9]), np.zeros((2, 3), np.float32)),
+    lambda: tf.distribute.MirroredStrategy(["/gpu:0"]),
+    lambda: tf.distribute.MirroredStrategy(0),
+    lambda: tf.keras.optimizers.Adam(learning_rate="fast"),
+    lambda: tf.data.Dataset.range(4).batch(0),
+    lambda: tf.keras.models.load_model("/no/such/model.safetensors"),
+    lambda: tf.train.Checkpoint(model=_model()).restore("/no/such/ckpt.safetensors"),
+])
+def test_bad_arguments_are_python_errors_not_crashes(call):
+    with pytest.raises((ValueError, TypeError, OSError, NotImplementedError)):
+        call()
+
+
+@pytest.mark.parametrize("call", [
+    lambda: tf.keras.callbacks.ModelCheckpoint("m.safetensors", save_freq=[3]),
+    lambda: tf.keras.callbacks.BackupAndRestore("backup", save_freq="often"),
+    lambda: tf.distribute.MirroredStrategy([0, 1]),
+    lambda: tf.keras.optimizers.SGD(learning_rate=None),
+])
+def test_arguments_of_the_wrong_kind_name_themselves(call):
+    with pytest.raises((ValueError, TypeError)) as error:
+        call()
+    assert any(word in str(error.value) for word in ("save_freq", "devices", "learning_rate"))

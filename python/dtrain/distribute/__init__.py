@@ -13,6 +13,7 @@ import weakref
 from .. import _dtrain
 from ..data import Dataset
 from . import cluster_resolver, experimental
+from . import cluster_resolver as _resolvers
 from .parameter_server import ClusterCoordinator, InputContext, ParameterServerStrategy, RemoteValue
 
 _d = _dtrain.distribute
@@ -157,9 +158,8 @@ class Strategy:
             return {k: self.reduce(reduce_op, v, axis) for k, v in value.items()}
         if value is None:
             return None
-        if self._cpp.num_local_replicas == 1:
-            return self._cpp.reduce(reduce_op, [value], axis)
-        return self._cpp.reduce(reduce_op, [value], axis)  # dtrain names the mismatch
+        # A plain value: one replica's (with several, dtrain says it is not per-replica).
+        return self._cpp.reduce(reduce_op, [value], axis)
 
     def gather(self, value, axis=0):
         values = list(value.values) if isinstance(value, PerReplica) else [value]
@@ -199,25 +199,17 @@ class MultiWorkerMirroredStrategy(Strategy):
     one worker that trains at once."""
 
     def __init__(self, cluster_resolver=None, communication_options=None):
-        if cluster_resolver is not None and not isinstance(cluster_resolver, _resolver_types()):
+        if cluster_resolver is not None and not isinstance(cluster_resolver, _resolvers.TFConfigClusterResolver):
             raise TypeError("MultiWorkerMirroredStrategy: dtrain reads the cluster from TF_CONFIG "
                             "(cluster_resolver may be a TFConfigClusterResolver)")
         o = communication_options or experimental.CommunicationOptions()
         super().__init__(_d._MultiWorkerMirroredStrategy(o.bytes_per_pack, o.timeout_seconds or 0.0, o.compression,
                                                          o.implementation, True))
-        self._resolver = cluster_resolver or cluster_resolver_module().TFConfigClusterResolver()
+        self._resolver = cluster_resolver or _resolvers.TFConfigClusterResolver()
 
     @property
     def cluster_resolver(self):
         return self._resolver
-
-
-def _resolver_types():
-    return (cluster_resolver.TFConfigClusterResolver,)
-
-
-def cluster_resolver_module():
-    return cluster_resolver
 
 
 _default = None
@@ -238,7 +230,8 @@ def has_strategy():
 
 
 def in_cross_replica_context():
-    return True
+    """False inside strategy.run's function on a replica's thread."""
+    return not _d._in_replica()
 
 
 
