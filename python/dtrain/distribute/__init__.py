@@ -22,6 +22,18 @@ ReduceOp = _d.ReduceOp
 _stack = []  # the strategies whose scope is open, innermost last
 
 
+@contextlib.contextmanager
+def _scoped(strategy, scope):
+    """`with strategy.scope():` for any strategy, given its C++ scope."""
+    scope.enter()
+    _stack.append(strategy)
+    try:
+        yield strategy
+    finally:
+        _stack.pop()
+        scope.exit()
+
+
 class PerReplica:
     """One value per replica, as strategy.run returns with several replicas."""
 
@@ -104,17 +116,9 @@ class Strategy:
     def cluster_resolver(self):
         return None
 
-    @contextlib.contextmanager
     def scope(self):
         """Models, layers, optimizers and variables made inside belong to this strategy."""
-        scope = _d._Scope(self._cpp.backend())
-        scope.enter()
-        _stack.append(self)
-        try:
-            yield self
-        finally:
-            _stack.pop()
-            scope.exit()
+        return _scoped(self, _d._Scope(self._cpp.backend()))
 
     def run(self, fn, args=(), kwargs=None, options=None):
         """fn(*args, **kwargs) on every replica at once. PerReplica arguments (a distributed

@@ -11,7 +11,6 @@ program first schedules it. Hence the rule for a program's tasks:
   ``coordinator.define``) before the first ``schedule``'s point is reached on the workers.
 """
 import atexit
-import contextlib
 import sys
 import weakref
 
@@ -83,18 +82,11 @@ class ParameterServerStrategy:
     def num_replicas_in_sync(self):
         return 1
 
-    @contextlib.contextmanager
     def scope(self):
-        from . import _stack
+        """Variables made inside live on the parameter servers."""
+        from . import _scoped
 
-        scope = _d._PsScope(self._cpp)
-        scope.enter()
-        _stack.append(self)
-        try:
-            yield self
-        finally:
-            _stack.pop()
-            scope.exit()
+        return _scoped(self, _d._PsScope(self._cpp))
 
     def run(self, fn, args=(), kwargs=None, options=None):
         """Inside a scheduled function: runs fn on this worker (one replica)."""
