@@ -59,7 +59,8 @@ def constant(value, dtype=None, shape=None, name=None):
     del name
     array = np.asarray(value, dtype=None if dtype is None else np.dtype(_numpy_of(dtype)))
     if shape is not None:
-        array = np.broadcast_to(array, tuple(shape)).copy()
+        shape = tuple(shape)
+        array = array.reshape(shape) if array.size == int(np.prod(shape)) else np.broadcast_to(array, shape).copy()
     return _dtrain.Tensor(array, _dtype_name(dtype))
 
 

@@ -3,6 +3,8 @@
 Elements are tensors or tuples of tensors. Python functions given to from_generator, map
 and filter run on the pipeline's threads, one call at a time per function, holding the GIL.
 """
+import numpy as np
+
 from . import _dtrain
 from ._core import TensorSpec, _dtype_name
 
@@ -141,7 +143,8 @@ class Dataset:
 
     # --- inspection and iteration
     def cardinality(self):
-        return self._cpp.cardinality()
+        """A scalar int32 tensor: the count, INFINITE_CARDINALITY or UNKNOWN_CARDINALITY."""
+        return _dtrain.convert_to_tensor(np.int32(self._cpp.cardinality()))
 
     def __len__(self):
         n = self._cpp.cardinality()

@@ -34,5 +34,8 @@ def uniform(shape, minval=0, maxval=None, dtype=float32, seed=None, name=None):
 
 
 def set_seed(seed):
-    """tf.random.set_seed: restarts dtrain's seed sequence (as tf.keras.utils.set_random_seed)."""
-    _dtrain.set_random_seed(int(seed))
+    """tf.random.set_seed: the global seed, as tf.keras.utils.set_random_seed sets it (the
+    initializers, tf.random's draws and fit's shuffling)."""
+    from .keras import utils
+
+    utils.set_random_seed(seed)

@@ -48,6 +48,11 @@ def _cpp_object(name, value):
         return value._cpp
     if isinstance(value, (_dtrain.Variable, _dtrain.keras.optimizers.Optimizer)):
         return value
+    from .distribute import DistributedIterator
+
+    if isinstance(value, DistributedIterator):
+        raise TypeError(f"Checkpoint: '{name}' is a distributed dataset's iterator, which dtrain cannot track yet; "
+                        "track the dataset's own iterator, or resume with BackupAndRestore in fit")
     raise TypeError(f"Checkpoint: '{name}' is a {type(value).__name__}; "
                     "it tracks models, optimizers, variables and dataset iterators")
 

@@ -258,3 +258,24 @@ def test_arguments_of_the_wrong_kind_name_themselves(call):
     with pytest.raises((ValueError, TypeError)) as error:
         call()
     assert any(word in str(error.value) for word in ("save_freq", "devices", "learning_rate"))
+
+
+def test_keras_forms_that_tutorials_use():
+    x, y = _data(256)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation=tf.nn.relu, input_shape=(20,)),
+                                 tf.keras.layers.Dense(2, activation=tf.keras.activations.softmax)])
+    assert model.layers[0].get_config()["activation"] == "relu"
+    with pytest.raises(ValueError, match="give an optimizer"):
+        model.compile(loss="sparse_categorical_crossentropy")
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(50)
+    assert int(dataset.cardinality().numpy()) == 6
+    predictions = model.predict(dataset)
+    np.testing.assert_allclose(predictions, model.predict(x), rtol=1e-5, atol=1e-6)
+    assert tf.constant([1, 2, 3, 4], shape=[2, 2]).shape == (2, 2)
+    strategy = tf.distribute.MirroredStrategy(2)
+    it = iter(strategy.experimental_distribute_dataset(dataset))
+    first = it.get_next()
+    assert len(first[0].values) == 2 and first[0].values[0].shape == (25, 20)
+    with pytest.raises(TypeError, match="distributed dataset's iterator"):
+        tf.train.Checkpoint(iterator=it)

@@ -80,15 +80,27 @@ class DistributedDataset:
         self._cpp = strategy._cpp.distribute_dataset(dataset._cpp)
 
     def __iter__(self):
-        it = self._cpp.make_iterator(0)
-        one = self._strategy._cpp.num_local_replicas == 1
-        while True:
-            try:
-                replicas = it.next()
-            except StopIteration:
-                return
-            elements = [self._dataset._element(parts) for parts in replicas]
-            yield elements[0] if one else _regroup(elements)
+        return DistributedIterator(self)
+
+
+class DistributedIterator:
+    """A pass over a DistributedDataset: each element a global batch split over the replicas
+    (PerReplica parts; with one replica the batch itself)."""
+
+    def __init__(self, dataset):
+        self._dataset = dataset._dataset
+        self._cpp = dataset._cpp.make_iterator(0)
+        self._one = dataset._strategy._cpp.num_local_replicas == 1
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        elements = [self._dataset._element(parts) for parts in self._cpp.next()]
+        return elements[0] if self._one else _regroup(elements)
+
+    def get_next(self):
+        return next(self)
 
 
 class Strategy:

@@ -94,10 +94,12 @@ class ParameterServerStrategy:
         return fn(*args, **(kwargs or {}))
 
     def reduce(self, reduce_op, value, axis=None):
-        del reduce_op
+        """Inside a closure one replica holds the value: without an axis it is the value;
+        with one, its SUM or MEAN along that axis."""
         if axis is None:
             return value
-        return _dtrain.ops.reduce_sum(value, axis, False)
+        mean = reduce_op == _d.ReduceOp.MEAN or str(reduce_op).upper().endswith("MEAN")
+        return (_dtrain.ops.reduce_mean if mean else _dtrain.ops.reduce_sum)(value, axis, False)
 
     def experimental_distribute_dataset(self, dataset, options=None):
         del options

@@ -1,6 +1,6 @@
 """tf.keras over dtrain: Sequential models, layers, optimizers, losses, metrics, callbacks."""
-from . import layers, optimizers, losses, metrics, callbacks, utils, models, initializers, datasets
+from . import layers, optimizers, losses, metrics, callbacks, utils, models, initializers, datasets, activations
 from .models import Model, Sequential, Input
 
-__all__ = ["layers", "optimizers", "losses", "metrics", "callbacks", "utils", "models", "initializers", "datasets",
+__all__ = ["layers", "optimizers", "losses", "metrics", "callbacks", "utils", "models", "initializers", "datasets", "activations",
            "Model", "Sequential", "Input"]

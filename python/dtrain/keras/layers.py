@@ -19,6 +19,8 @@ def assign_all(owner, variables, weights):
 def _keras_value(value):
     if isinstance(value, Initializer):
         return value.get_config()
+    if callable(value):  # activation=tf.nn.relu: Keras saves it by name
+        return value.__name__
     if isinstance(value, tuple):
         return list(value)
     return value

@@ -7,6 +7,8 @@ TensorFlow."""
 import json
 import sys
 
+import numpy as np
+
 from .. import _dtrain
 from . import callbacks as callbacks_module
 from . import layers as layers_module
@@ -172,7 +174,7 @@ class Model:
         return self._model().to_json(2)
 
     # --- training
-    def compile(self, optimizer="rmsprop", loss=None, metrics=None, loss_weights=None, weighted_metrics=None,
+    def compile(self, optimizer=None, loss=None, metrics=None, loss_weights=None, weighted_metrics=None,
                 run_eagerly=None, steps_per_execution=None, jit_compile=None, **kwargs):
         """optimizer and loss as Keras names or objects; metrics as names or Metric objects."""
         del run_eagerly, jit_compile
@@ -181,6 +183,9 @@ class Model:
                 raise NotImplementedError(f"compile({name}=...) is not supported by dtrain")
         if kwargs:
             raise TypeError("compile: unexpected argument(s) " + ", ".join(sorted(kwargs)))
+        if optimizer is None:
+            raise ValueError("compile: give an optimizer ('adam', 'sgd', 'adamw' or an Optimizer); dtrain has no "
+                             "RMSprop, Keras's default")
         if loss is None:
             raise ValueError("compile: a loss is needed (a name such as 'sparse_categorical_crossentropy', or a Loss)")
         self._optimizer = optimizers_module.get(optimizer)
@@ -231,8 +236,22 @@ class Model:
         values = list(logs.values())
         return values[0] if len(values) == 1 else values
 
-    def predict(self, x, batch_size=None, verbose="auto", **kwargs):
+    def predict(self, x, batch_size=None, verbose="auto", steps=None, **kwargs):
+        """Predictions as a numpy array; on a Dataset, of each element's inputs (its first
+        component when it holds (x, y)), batch by batch as the dataset gives them."""
         del verbose, kwargs
+        from ..data import Dataset
+
+        if isinstance(x, Dataset):
+            parts = []
+            for i, element in enumerate(x):
+                if steps is not None and i >= steps:
+                    break
+                inputs = element[0] if isinstance(element, tuple) else element
+                parts.append(self._built_model(inputs).predict(inputs, len(inputs)))
+            if not parts:
+                raise ValueError("predict: the dataset gave no batch")
+            return np.concatenate(parts)
         return self._built_model(x).predict(x, 32 if batch_size is None else int(batch_size))
 
     def __call__(self, inputs, training=False, mask=None):
