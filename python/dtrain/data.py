@@ -165,18 +165,22 @@ class Dataset:
             yield tuple(t.numpy() for t in element) if isinstance(element, tuple) else element.numpy()
 
 
-class DatasetIterator:
+class IteratorBase:
+    """What every iterator of the package shares: it is its own iterator, get_next is next."""
+
+    def __iter__(self):
+        return self
+
+    def get_next(self):
+        return next(self)
+
+
+class DatasetIterator(IteratorBase):
     """A pass over a Dataset; tf.train.Checkpoint can save and restore its position."""
 
     def __init__(self, dataset):
         self._dataset = dataset
         self._cpp = dataset._cpp.make_iterator(0)
 
-    def __iter__(self):
-        return self
-
     def __next__(self):
         return self._dataset._element(self._cpp.next())
-
-    def get_next(self):
-        return next(self)

@@ -20,6 +20,9 @@ Tensor to_tensor(py::handle value, const char* what, const std::string& dtype = 
 // The tensor's values as a numpy array sharing its storage (bfloat16: converted to float32).
 py::array to_numpy(const Tensor& t);
 DType dtype_from_name(const std::string& name, const char* what);
+// The iterator's next element as a list of its tensors (advanced without the GIL: its
+// threads may need it); StopIteration at the end.
+py::list next_components(data::Iterator& it);
 // A Python object owned by C++ that may be released on a thread without the GIL.
 std::shared_ptr<py::object> hold(py::object object);
 

@@ -42,15 +42,17 @@ py::object call_with(const py::object& fn, const data::Element& e) {
 
 }  // namespace
 
-py::list PyIterator::next() {
+py::list next_components(data::Iterator& it) {
   std::optional<data::Element> e;
   {
     py::gil_scoped_release release;
-    e = it_->next();
+    e = it.next();
   }
   if (!e) throw py::stop_iteration();
   return components(*e);
 }
+
+py::list PyIterator::next() { return next_components(*it_); }
 
 void bind_data(py::module_& m) {
   py::module_ d = m.def_submodule("data", "tf.data's Dataset over dtrain's pipeline");

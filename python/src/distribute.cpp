@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "bindings.h"
+#include "dtrain/cli/config.h"
 
 namespace dtrain::python {
 namespace {
@@ -28,6 +29,21 @@ class Scope {
   std::optional<dtrain::detail::ScopedStrategy> scoped_;
 };
 
+// Calls fn with the GIL, from a thread that does not hold it (a replica's). A Python
+// exception is kept in `error`, to be raised as itself once the GIL is back with the
+// caller, and thrown on as a dtrain Error so that replicas waiting for this one are released.
+template <typename Fn>
+void call_python(Fn&& fn, std::unique_ptr<py::error_already_set>& error) {
+  py::gil_scoped_acquire gil;
+  try {
+    fn();
+  } catch (py::error_already_set& e) {
+    const std::string message = e.what();
+    error = std::make_unique<py::error_already_set>(std::move(e));
+    throw Error(message);
+  }
+}
+
 // fn(*args[r], **kwargs[r]) on each replica r at once; their results, in replica order.
 // A Python exception in any replica is raised as itself once every replica returned.
 py::list run_replicas(const Strategy& strategy, const py::function& fn, const py::list& args, const py::list& kwargs) {
@@ -44,16 +60,8 @@ py::list run_replicas(const Strategy& strategy, const py::function& fn, const py
     py::gil_scoped_release release;
     try {
       strategy.run([&](const int& r) {
-        py::gil_scoped_acquire gil;
         const auto i = static_cast<std::size_t>(r);
-        try {
-          py::object out = fn(*py::tuple(args[i]), **py::dict(kwargs[i]));
-          results[i] = out.release().ptr();
-        } catch (py::error_already_set& e) {
-          const std::string message = e.what();
-          errors[i] = std::make_unique<py::error_already_set>(std::move(e));
-          throw Error(message);  // releases the replicas waiting for this one
-        }
+        call_python([&] { results[i] = fn(*py::tuple(args[i]), **py::dict(kwargs[i])).release().ptr(); }, errors[i]);
       }, distribute::PerReplica<int>(replicas));
     } catch (...) {
       failure = std::current_exception();
@@ -78,36 +86,12 @@ distribute::PerReplica<Tensor> per_replica(const py::list& values, const char* w
   return distribute::PerReplica<Tensor>(std::move(ts));
 }
 
-// The parameter-server strategy's scope (it is not a distribute::Strategy).
-class PsScope {
- public:
-  explicit PsScope(std::shared_ptr<distribute::ParameterServerStrategy> strategy) : strategy_(std::move(strategy)) {}
-  void enter() {
-    if (scoped_) throw py::value_error("strategy.scope(): this scope was entered already");
-    scoped_.emplace(strategy_->scope());
-  }
-  void exit() { scoped_.reset(); }
-
- private:
-  std::shared_ptr<distribute::ParameterServerStrategy> strategy_;
-  std::optional<dtrain::detail::ScopedStrategy> scoped_;
-};
 
 // The iterator a closure's function gets on a worker: the per-worker dataset's, owned there.
 class BorrowedIterator {
  public:
   explicit BorrowedIterator(data::Iterator& it) : it_(&it) {}
-  py::list next() {
-    std::optional<data::Element> e;
-    {
-      py::gil_scoped_release release;
-      e = it_->next();
-    }
-    if (!e) throw py::stop_iteration();
-    py::list out;
-    for (const Tensor& t : *e) out.append(py::cast(t));
-    return out;
-  }
+  py::list next() { return next_components(*it_); }
 
  private:
   data::Iterator* it_;
@@ -192,16 +176,7 @@ void bind_distribute(py::module_& m) {
     std::unique_ptr<py::error_already_set> error;
     try {
       py::gil_scoped_release release;
-      cross->merge_call([&] {
-        py::gil_scoped_acquire gil;
-        try {
-          fn();
-        } catch (py::error_already_set& e) {
-          const std::string message = e.what();
-          error = std::make_unique<py::error_already_set>(std::move(e));
-          throw Error(message);
-        }
-      });
+      cross->merge_call([&] { call_python([&] { fn(); }, error); });
     } catch (const Error&) {
       if (error) throw *error;
       throw;
@@ -246,28 +221,25 @@ void bind_distribute(py::module_& m) {
   // ParameterServerStrategy and ClusterCoordinator.
   py::class_<distribute::ParameterServerStrategy, std::shared_ptr<distribute::ParameterServerStrategy>>(
       d, "_ParameterServerStrategy")
-      .def(py::init([](const std::string& kind, int staleness, int backup_workers, double rpc_timeout_seconds) {
+      .def(py::init([](const std::string& consistency, double rpc_timeout_seconds) {
              distribute::ParameterServerOptions o;
-             if (kind == "async") o.consistency = distribute::Consistency::async();
-             else if (kind == "ssp") o.consistency = distribute::Consistency::ssp(staleness);
-             else if (kind == "sync") o.consistency = distribute::Consistency::sync(backup_workers);
-             else throw py::value_error("ParameterServerStrategy: consistency is async, ssp:K or sync[:B], got '" + kind + "'");
+             o.consistency = cli::parse_consistency(consistency);  // as the command's --consistency
              o.rpc_timeout_seconds = rpc_timeout_seconds;
              py::gil_scoped_release release;
              return std::make_shared<distribute::ParameterServerStrategy>(o);
            }),
-           py::arg("consistency") = "async", py::arg("staleness") = 0, py::arg("backup_workers") = 0,
-           py::arg("rpc_timeout_seconds") = 0.0)
+           py::arg("consistency") = "async", py::arg("rpc_timeout_seconds") = 0.0)
       .def_property_readonly("task_type", [](const distribute::ParameterServerStrategy& s) { return s.task().type; })
       .def_property_readonly("task_id", [](const distribute::ParameterServerStrategy& s) { return s.task().index; })
       .def_property_readonly("is_chief", &distribute::ParameterServerStrategy::is_chief)
       .def_property_readonly("num_workers", &distribute::ParameterServerStrategy::num_workers)
       .def_property_readonly("num_ps", &distribute::ParameterServerStrategy::num_ps)
       .def("end_job", &distribute::ParameterServerStrategy::end_job, py::call_guard<py::gil_scoped_release>());
-  py::class_<PsScope>(d, "_PsScope")
-      .def(py::init<std::shared_ptr<distribute::ParameterServerStrategy>>())
-      .def("enter", &PsScope::enter)
-      .def("exit", &PsScope::exit);
+  // The backend its scope opens (a _Scope then opens it as any strategy's).
+  d.def("_ps_backend", [](const distribute::ParameterServerStrategy& s) {
+    const auto scope = s.scope();
+    return current_strategy();
+  });
   py::class_<BorrowedIterator>(d, "_WorkerIterator").def("next", &BorrowedIterator::next);
   py::class_<distribute::RemoteFunction>(d, "_RemoteFunction")
       .def_readonly("name", &distribute::RemoteFunction::name);

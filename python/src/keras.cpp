@@ -91,58 +91,36 @@ int verbose_of(py::handle verbose) {
   return verbose.cast<int>();
 }
 
-struct FitArguments {
-  py::object x, y;
-  std::int64_t batch_size;
-  int epochs;
-  py::object verbose;
-  py::object callbacks;
-  double validation_split;
-  py::object validation_data;
-  bool shuffle;
-  std::uint64_t seed;
-  int initial_epoch;
-  std::int64_t steps_per_epoch;
-  int gradient_accumulation_steps;
-  int steps_per_execution;
-};
+// Python's own buffered output first, so that fit's lines (written by C++) come after it.
+void flush_python_stdout() { py::module_::import("sys").attr("stdout").attr("flush")(); }
 
-std::shared_ptr<History> run_fit(Model& model, const FitArguments& a) {
-  FitOptions options;
-  options.epochs = a.epochs;
-  options.batch_size = a.batch_size;
-  options.validation_split = a.validation_split;
-  options.shuffle = a.shuffle;
-  options.seed = a.seed;
-  options.initial_epoch = a.initial_epoch;
-  options.steps_per_epoch = a.steps_per_epoch;
-  options.gradient_accumulation_steps = a.gradient_accumulation_steps;
-  options.steps_per_execution = a.steps_per_execution;
-  options.verbose = verbose_of(a.verbose);
-  options.callbacks = callbacks_of(a.callbacks);
+// fit on numpy arrays or tensors (x, y) or on a Dataset (x, y None), without the GIL; what
+// a Ctrl-C during it raised is raised once it is out.
+std::shared_ptr<History> run_fit(Model& model, const py::object& x, const py::object& y,
+                                 const py::object& validation_data, FitOptions options) {
   auto interrupt = std::make_shared<InterruptCheck>();
   options.callbacks.push_back(interrupt);
-  if (!a.validation_data.is_none()) {
-    if (py::isinstance<data::Dataset>(a.validation_data)) {
-      options.validation_dataset = a.validation_data.cast<data::Dataset>();
+  if (!validation_data.is_none()) {
+    if (py::isinstance<data::Dataset>(validation_data)) {
+      options.validation_dataset = validation_data.cast<data::Dataset>();
     } else {
-      py::tuple v = a.validation_data.cast<py::tuple>();
+      py::tuple v = validation_data.cast<py::tuple>();
       if (v.size() < 2) throw py::value_error("fit: validation_data is (x_val, y_val)");
       options.validation_data = std::make_pair(to_tensor(v[0], "validation_data x"), to_tensor(v[1], "validation_data y"));
     }
   }
-  py::module_::import("sys").attr("stdout").attr("flush")();
+  flush_python_stdout();
   History result;
-  if (py::isinstance<data::Dataset>(a.x)) {
-    if (!a.y.is_none()) throw py::value_error("fit: y is given inside the dataset; pass y=None with a Dataset");
-    const data::Dataset dataset = a.x.cast<data::Dataset>();
+  if (py::isinstance<data::Dataset>(x)) {
+    if (!y.is_none()) throw py::value_error("fit: y is given inside the dataset; pass y=None with a Dataset");
+    const data::Dataset dataset = x.cast<data::Dataset>();
     py::gil_scoped_release release;
     result = model.fit(dataset, options);
   } else {
-    if (a.y.is_none()) throw py::value_error("fit: y (the targets) is missing; give y, or a Dataset of (x, y)");
-    const Tensor x = to_tensor(a.x, "fit x"), y = to_tensor(a.y, "fit y");
+    if (y.is_none()) throw py::value_error("fit: y (the targets) is missing; give y, or a Dataset of (x, y)");
+    const Tensor tx = to_tensor(x, "fit x"), ty = to_tensor(y, "fit y");
     py::gil_scoped_release release;
-    result = model.fit(x, y, options);
+    result = model.fit(tx, ty, options);
   }
   interrupt->raise_if_interrupted();
   return std::make_shared<History>(std::move(result));
@@ -237,13 +215,23 @@ void bind_keras(py::module_& m) {
                      py::object callbacks, double validation_split, py::object validation_data, bool shuffle,
                      std::uint64_t seed, int initial_epoch, std::int64_t steps_per_epoch, int accumulation,
                      int steps_per_execution) {
-        return run_fit(model, FitArguments{x, y, batch_size, epochs, verbose, callbacks, validation_split, validation_data,
-                                           shuffle, seed, initial_epoch, steps_per_epoch, accumulation, steps_per_execution});
+        return run_fit(model, x, y, validation_data,
+                       FitOptions{.epochs = epochs,
+                                  .batch_size = batch_size,
+                                  .steps_per_epoch = steps_per_epoch,
+                                  .validation_split = validation_split,
+                                  .shuffle = shuffle,
+                                  .seed = seed,
+                                  .gradient_accumulation_steps = accumulation,
+                                  .initial_epoch = initial_epoch,
+                                  .steps_per_execution = steps_per_execution,
+                                  .callbacks = callbacks_of(callbacks),
+                                  .verbose = verbose_of(verbose)});
       })
       .def("evaluate", [](Model& model, py::object x, py::object y, std::int64_t batch_size, int verbose) {
         EvaluateOptions options{.batch_size = batch_size, .verbose = verbose};
         Logs logs;
-        py::module_::import("sys").attr("stdout").attr("flush")();
+        flush_python_stdout();
         if (py::isinstance<data::Dataset>(x)) {
           const data::Dataset dataset = x.cast<data::Dataset>();
           py::gil_scoped_release release;

@@ -10,17 +10,6 @@
 namespace dtrain::python {
 namespace {
 
-// Keeps a Python object alive for as long as a tensor uses its memory; the last tensor
-// to go may be on a thread without the GIL.
-std::shared_ptr<const void> keep_alive(py::object object) {
-  PyObject* raw = object.release().ptr();
-  return std::shared_ptr<const void>(raw, [](const void* p) {
-    if (!Py_IsInitialized()) return;  // the interpreter is gone, and its memory with it
-    py::gil_scoped_acquire gil;
-    Py_DECREF(static_cast<PyObject*>(const_cast<void*>(p)));
-  });
-}
-
 Shape shape_of(const py::array& a, const char* what) {
   if (a.ndim() > Shape::kMaxRank)
     throw py::value_error(std::string(what) + ": an array of rank " + std::to_string(a.ndim()) +
@@ -82,13 +71,12 @@ DType dtype_from_name(const std::string& name, const char* what) {
 }
 
 Tensor to_tensor(py::handle value, const char* what, const std::string& dtype) {
-  if (py::isinstance<Tensor>(value)) {
-    Tensor t = value.cast<Tensor>();
+  if (py::isinstance<Tensor>(value) || py::isinstance<Variable>(value)) {
+    Tensor t = py::isinstance<Tensor>(value) ? value.cast<Tensor>() : value.cast<Variable&>().value();
     if (dtype.empty()) return t;
     const DType want = dtype_from_name(dtype, what);
     return t.dtype() == want ? t : t.astype(want);
   }
-  if (py::isinstance<Variable>(value)) return to_tensor(py::cast(value.cast<Variable&>().value()), what, dtype);
   py::array a = py::array::ensure(value);
   if (!a)
     throw py::type_error(std::string(what) + ": expected a tensor, an array or a number, got " +
@@ -106,7 +94,7 @@ Tensor to_tensor(py::handle value, const char* what, const std::string& dtype) {
                      (a.flags() & py::array::c_style) == py::array::c_style;
   if (!exact) a = py::array(a.attr("astype")(py::dtype(numpy_name(want)), py::arg("order") = "C"));
   void* data = const_cast<void*>(a.data());
-  return Tensor::over(data, shape, want, keep_alive(std::move(a)));
+  return Tensor::over(data, shape, want, hold(std::move(a)));  // the tensor keeps the array alive
 }
 
 py::array to_numpy(const Tensor& tensor) {
@@ -119,8 +107,6 @@ py::array to_numpy(const Tensor& tensor) {
 
 namespace {
 
-Tensor value_of(py::handle v, const char* what) { return to_tensor(v, what); }
-
 bool is_number(py::handle v) { return py::isinstance<py::float_>(v) || py::isinstance<py::int_>(v); }
 
 // a OP b where either side may be a number (filled out to the other's shape and dtype) or
@@ -128,8 +114,8 @@ bool is_number(py::handle v) { return py::isinstance<py::float_>(v) || py::isins
 template <typename Op>
 Tensor binary(py::handle a, py::handle b, Op op, const char* what) {
   if (is_number(a) && is_number(b)) throw py::type_error(std::string(what) + ": needs a tensor on one side");
-  Tensor ta = is_number(a) ? Tensor() : value_of(a, what);
-  Tensor tb = is_number(b) ? Tensor() : value_of(b, what);
+  Tensor ta = is_number(a) ? Tensor() : to_tensor(a, what);
+  Tensor tb = is_number(b) ? Tensor() : to_tensor(b, what);
   if (!ta.defined()) ta = Tensor::full(tb.shape(), a.cast<float>()).astype(tb.dtype());
   if (!tb.defined()) tb = Tensor::full(ta.shape(), b.cast<float>()).astype(ta.dtype());
   if (ta.dtype() != tb.dtype()) tb = tb.astype(ta.dtype());
@@ -145,7 +131,7 @@ std::optional<std::vector<int>> axes_of(py::object axis) {
 
 template <typename Reduce>
 Tensor reduce(py::handle x, py::object axis, bool keepdims, Reduce op, const char* what) {
-  Tensor t = value_of(x, what);
+  Tensor t = to_tensor(x, what);
   std::optional<std::vector<int>> axes = axes_of(std::move(axis));
   py::gil_scoped_release release;
   if (!axes) {
@@ -313,7 +299,7 @@ void bind_tensors(py::module_& m) {
   py::module_ o = m.def_submodule("ops", "The ops a custom loop writes (each recorded by live tapes)");
   auto unary = [&o](const char* name, Tensor (*fn)(const Tensor&)) {
     o.def(name, [fn, name](py::handle x) {
-      Tensor t = value_of(x, name);
+      Tensor t = to_tensor(x, name);
       py::gil_scoped_release release;
       return fn(t);
     });
@@ -334,7 +320,7 @@ void bind_tensors(py::module_& m) {
   o.def("multiply", [](py::handle a, py::handle b) { return binary(a, b, dtrain::mul, "multiply"); });
   o.def("divide", [](py::handle a, py::handle b) { return binary(a, b, dtrain::div, "divide"); });
   o.def("matmul", [](py::handle a, py::handle b, bool ta, bool tb) {
-    Tensor x = value_of(a, "matmul"), y = value_of(b, "matmul");
+    Tensor x = to_tensor(a, "matmul"), y = to_tensor(b, "matmul");
     py::gil_scoped_release release;
     return dtrain::matmul(x, y, ta, tb);
   }, py::arg("a"), py::arg("b"), py::arg("transpose_a") = false, py::arg("transpose_b") = false);
@@ -349,7 +335,7 @@ void bind_tensors(py::module_& m) {
     }, "reduce_mean");
   }, py::arg("input_tensor"), py::arg("axis") = py::none(), py::arg("keepdims") = false);
   o.def("reshape", [](py::handle x, py::handle shape) {
-    Tensor t = value_of(x, "reshape");
+    Tensor t = to_tensor(x, "reshape");
     std::vector<std::int64_t> dims = shape_from(shape, "reshape").to_vector();
     std::int64_t known = 1;
     int unknown = -1;
@@ -364,22 +350,22 @@ void bind_tensors(py::module_& m) {
     if (unknown >= 0 && known > 0) dims[static_cast<size_t>(unknown)] = t.numel() / known;
     return dtrain::reshape(t, Shape(dims));
   });
-  o.def("clip_by_value", [](py::handle x, float lo, float hi) { return dtrain::clip_by_value(value_of(x, "clip_by_value"), lo, hi); });
-  o.def("one_hot", [](py::handle labels, std::int64_t depth) { return dtrain::one_hot(value_of(labels, "one_hot"), depth); });
+  o.def("clip_by_value", [](py::handle x, float lo, float hi) { return dtrain::clip_by_value(to_tensor(x, "clip_by_value"), lo, hi); });
+  o.def("one_hot", [](py::handle labels, std::int64_t depth) { return dtrain::one_hot(to_tensor(labels, "one_hot"), depth); });
   o.def("zeros", [](py::handle shape, const std::string& dtype) {
     return Tensor::zeros(shape_from(shape, "zeros"), dtype_from_name(dtype, "zeros"));
   }, py::arg("shape"), py::arg("dtype") = "float32");
   o.def("fill", [](py::handle shape, float value) { return Tensor::full(shape_from(shape, "fill"), value); });
   o.def("zeros_like", [](py::handle x) {
-    const Tensor t = value_of(x, "zeros_like");
+    const Tensor t = to_tensor(x, "zeros_like");
     return Tensor::zeros(t.shape(), t.dtype());
   });
   o.def("ones_like", [](py::handle x) {
-    const Tensor t = value_of(x, "ones_like");
+    const Tensor t = to_tensor(x, "ones_like");
     return Tensor::full(t.shape(), 1.0f).astype(t.dtype());
   });
   o.def("compute_average_loss", [](py::handle per_example_loss, std::int64_t global_batch_size) {
-    Tensor t = value_of(per_example_loss, "compute_average_loss");
+    Tensor t = to_tensor(per_example_loss, "compute_average_loss");
     py::gil_scoped_release release;
     return distribute::compute_average_loss(t, global_batch_size);
   }, py::arg("per_example_loss"), py::arg("global_batch_size") = -1);

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import dtrain as tf
+from loops import train_custom_loop
 
 
 def test_arrays_of_the_tensors_dtype_are_shared_not_copied():
@@ -172,28 +173,13 @@ def test_datasets_keep_their_elements_structure_and_order():
 
 
 def _custom_loop(strategy, x, y, global_batch, steps):
-    """The seeds' loop with compute_average_loss, as TensorFlow's guide writes it."""
     tf.keras.utils.set_random_seed(11)
     with strategy.scope():
         model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="relu", input_shape=(x.shape[1],)),
                                      tf.keras.layers.Dense(3)])
         optimizer = tf.keras.optimizers.SGD(0.1)
-        loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-
-    def step(inputs, labels):
-        with tf.GradientTape() as tape:
-            loss = tf.nn.compute_average_loss(loss_fn(labels, model(inputs, training=True)), global_batch_size=global_batch)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    data = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch))
-    total = []
-    for i, (inputs, labels) in enumerate(data):
-        if i == steps:
-            break
-        total.append(float(strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(step, args=(inputs, labels)), axis=None)))
-    return model.get_weights(), total
+    losses = train_custom_loop(strategy, model, optimizer, x, y, global_batch, steps)
+    return model.get_weights(), losses
 
 
 def test_two_replicas_running_a_python_step_equal_one_device_on_the_global_batch():

@@ -5,14 +5,17 @@ import sys
 
 import numpy as np
 
-from conftest import run_python
+from conftest import HERE, run_python
 
 SCRIPT = r'''
 import sys
 import numpy as np
 import dtrain as tf
 
-mode, out = sys.argv[1], sys.argv[2]
+mode, out, tests = sys.argv[1], sys.argv[2], sys.argv[3]
+sys.path.insert(0, tests)
+from loops import train_custom_loop
+
 tf.keras.utils.set_random_seed(3)
 strategy = tf.distribute.MultiWorkerMirroredStrategy() if mode == "multi" else tf.distribute.OneDeviceStrategy()
 rng = np.random.default_rng(9)
@@ -23,20 +26,7 @@ with strategy.scope():
     model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu", input_shape=(8,)),
                                  tf.keras.layers.Dense(2)])
     optimizer = tf.keras.optimizers.SGD(0.05)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-
-def step(inputs, labels):
-    with tf.GradientTape() as tape:
-        loss = tf.nn.compute_average_loss(loss_fn(labels, model(inputs, training=True)), global_batch_size=global_batch)
-    grads = tape.gradient(loss, model.trainable_variables)
-    optimizer.apply_gradients(zip(grads, model.trainable_variables))
-    return loss
-
-dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
-losses = []
-for inputs, labels in strategy.experimental_distribute_dataset(dataset):
-    per_replica = strategy.run(step, args=(inputs, labels))
-    losses.append(float(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)))
+losses = train_custom_loop(strategy, model, optimizer, x, y, global_batch)
 with strategy.scope():
     model.compile(optimizer=tf.keras.optimizers.SGD(0.05),
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
@@ -50,10 +40,10 @@ print("worker", index, "of", strategy._cpp.num_workers, "accuracy", history.hist
 def test_two_workers_from_python_reach_one_processs_weights(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
-    code, output = run_python(script, "one", str(tmp_path / "one"), timeout=120)
+    code, output = run_python(script, "one", str(tmp_path / "one"), str(HERE), timeout=120)
     assert code == 0, output
     code, output = run_python("-m", "dtrain", "launch", "--workers", "2", "--timeout", "100", "--",
-                              sys.executable, str(script), "multi", str(tmp_path / "multi"), timeout=150)
+                              sys.executable, str(script), "multi", str(tmp_path / "multi"), str(HERE), timeout=150)
     assert code == 0, output
     assert "worker 0 of 2" in output and "worker 1 of 2" in output, output
     one = np.load(tmp_path / "one.0.npy")

@@ -11,7 +11,7 @@ import threading
 import weakref
 
 from .. import _dtrain
-from ..data import Dataset
+from ..data import Dataset, IteratorBase
 from . import cluster_resolver, experimental
 from . import cluster_resolver as _resolvers
 from .parameter_server import ClusterCoordinator, InputContext, ParameterServerStrategy, RemoteValue
@@ -83,7 +83,7 @@ class DistributedDataset:
         return DistributedIterator(self)
 
 
-class DistributedIterator:
+class DistributedIterator(IteratorBase):
     """A pass over a DistributedDataset: each element a global batch split over the replicas
     (PerReplica parts; with one replica the batch itself)."""
 
@@ -92,15 +92,9 @@ class DistributedIterator:
         self._cpp = dataset._cpp.make_iterator(0)
         self._one = dataset._strategy._cpp.num_local_replicas == 1
 
-    def __iter__(self):
-        return self
-
     def __next__(self):
         elements = [self._dataset._element(parts) for parts in self._cpp.next()]
         return elements[0] if self._one else _regroup(elements)
-
-    def get_next(self):
-        return next(self)
 
 
 class Strategy:

@@ -15,24 +15,9 @@ import sys
 import weakref
 
 from .. import _dtrain
-from ..data import Dataset
+from ..data import Dataset, IteratorBase
 
 _d = _dtrain.distribute
-
-
-def _consistency(text):
-    """'async', 'ssp:K' or 'sync[:B]' into (kind, staleness, backup workers)."""
-    kind, _, number = text.partition(":")
-    try:
-        if kind == "async" and not number:
-            return "async", 0, 0
-        if kind == "ssp" and number:
-            return "ssp", int(number), 0
-        if kind == "sync":
-            return "sync", 0, int(number) if number else 0
-    except ValueError:
-        pass
-    raise ValueError(f"ParameterServerStrategy: consistency is 'async', 'ssp:K' or 'sync[:B]', got '{text}'")
 
 
 class InputContext:
@@ -59,7 +44,7 @@ class ParameterServerStrategy:
         from . import cluster_resolver as resolvers
 
         self._resolver = cluster_resolver or resolvers.TFConfigClusterResolver()
-        self._cpp = _d._ParameterServerStrategy(*_consistency(consistency))
+        self._cpp = _d._ParameterServerStrategy(consistency)
         self._models = weakref.WeakSet()
         self._pending = set()
         if self._cpp.task_type == "ps":
@@ -86,7 +71,7 @@ class ParameterServerStrategy:
         """Variables made inside live on the parameter servers."""
         from . import _scoped
 
-        return _scoped(self, _d._PsScope(self._cpp))
+        return _scoped(self, _d._Scope(_d._ps_backend(self._cpp)))
 
     def run(self, fn, args=(), kwargs=None, options=None):
         """Inside a scheduled function: runs fn on this worker (one replica)."""
@@ -152,21 +137,15 @@ class PerWorkerDataset:
         return PerWorkerValues(self._cpp.iterator())
 
 
-class _WorkerIterator:
+class _WorkerIterator(IteratorBase):
     """The per-worker dataset's iterator on the worker running a closure."""
 
     def __init__(self, cpp):
         self._cpp = cpp
 
-    def __iter__(self):
-        return self
-
     def __next__(self):
         parts = self._cpp.next()
         return tuple(parts) if len(parts) > 1 else parts[0]
-
-    def get_next(self):
-        return next(self)
 
 
 class ClusterCoordinator:

@@ -31,20 +31,22 @@ GradientTape::GradientTape(bool persistent) : persistent_(persistent) {
 }
 
 GradientTape::~GradientTape() {
-  if (stopped_) return;
+  if (!stopped_) leave_live_tapes();
+}
+
+bool GradientTape::leave_live_tapes() {
   auto& tapes = live_tapes();
-  // Usually the last one; a tape destroyed out of order is still removed.
+  // Usually the last one; a tape destroyed or stopped out of order is still removed.
   auto it = std::find(tapes.rbegin(), tapes.rend(), this);
-  if (it != tapes.rend()) tapes.erase(std::next(it).base());
+  if (it == tapes.rend()) return false;
+  tapes.erase(std::next(it).base());
+  return true;
 }
 
 void GradientTape::stop() {
   if (stopped_) return;
-  auto& tapes = live_tapes();
-  auto it = std::find(tapes.rbegin(), tapes.rend(), this);
-  if (it == tapes.rend())
+  if (!leave_live_tapes())
     DTRAIN_THROW(InvalidArgument, "GradientTape::stop: called on a thread other than the one that made the tape");
-  tapes.erase(std::next(it).base());
   recording_ = false;
   stopped_ = true;
 }

@@ -109,6 +109,8 @@ class GradientTape {
   };
 
   void accumulate(std::uint64_t id, const Tensor& grad);
+  // Removes this tape from the calling thread's live tapes; false when it is not among them.
+  bool leave_live_tapes();
   std::vector<Tensor> run_backward(const Tensor& target, std::span<const std::uint64_t> sources,
                                    const Tensor& output_gradient, const GradientReadyFn* on_ready = nullptr);
 

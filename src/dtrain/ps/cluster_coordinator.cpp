@@ -1599,7 +1599,7 @@ Coordinator::~Coordinator() {
 // ---------------------------------------------------------------- the runtime's roles
 
 PsRuntime::~PsRuntime() {
-  coordinator_.reset();  // ends the job while everything it uses is still here
+  end_job();  // while everything the coordinator uses is still here
   backend_->runtime = nullptr;
   dtrain::detail::track_variables(backend_->id(), nullptr);
 }
