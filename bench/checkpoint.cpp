@@ -15,6 +15,7 @@
 #include "dtrain/checkpoint/backup_and_restore.h"
 #include "dtrain/checkpoint/checkpoint.h"
 #include "dtrain/checkpoint/manager.h"
+#include "dtrain/core/threads.h"
 #include "dtrain/data/datasets.h"
 #include "models.h"
 #include "timing.h"
@@ -76,6 +77,13 @@ int main(int argc, char** argv) {
   const double copy = median_of(samples, [&] {
     for (std::size_t i = 0; i < copies.size(); ++i) copies[i].copy_from(snap.data.tensors[i].second);
   });
+  // The same copy shared among the compute threads, tensor by tensor, as save()'s is.
+  const double copy_threads = median_of(samples, [&] {
+    parallel_for(static_cast<std::int64_t>(copies.size()), 1, [&](std::int64_t b, std::int64_t e) {
+      for (auto i = static_cast<std::size_t>(b); i < static_cast<std::size_t>(e); ++i)
+        copies[i].copy_from(snap.data.tensors[i].second);
+    });
+  });
   const double snapshot = median_of(samples, [&] { ckpt.snapshot(snap); });
   const std::string path = dir + "/sync.safetensors";
   const double save = median_of(samples, [&] { ckpt.write(path); });
@@ -98,7 +106,7 @@ int main(int argc, char** argv) {
   train::CheckpointManager manager(ckpt, dir + "/async", {.max_to_keep = 2, .async = true});
   NamedTensors plain_copy{{}, snap.data.metadata};
   for (std::size_t i = 0; i < copies.size(); ++i) plain_copy.tensors.emplace_back(snap.data.tensors[i].first, copies[i]);
-  std::vector<double> call, without, extra, baseline_extra;
+  std::vector<double> call, without, extra, baseline_extra, cold_copy;
   step();
   for (int i = 0; i < 4 * samples; ++i) {  // the pairs' differences are small against their spread
     without.push_back(ten_steps());
@@ -112,6 +120,7 @@ int main(int argc, char** argv) {
     const double base = ten_steps();
     t0 = bench::now();
     for (std::size_t k = 0; k < copies.size(); ++k) copies[k].copy_from(snap.data.tensors[k].second);
+    cold_copy.push_back(bench::now() - t0);  // the yardstick where save() is called: after steps
     std::thread writer([&] {
       ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
       save_checked(dir + "/baseline.safetensors", plain_copy, /*sync_folder=*/false);
@@ -128,6 +137,7 @@ int main(int argc, char** argv) {
   // batch 128): training seconds with and without it, in pairs in this process, each pair's
   // order the other way round from the last.
   const data::Classification fm = data::load_fashion_mnist();
+  std::vector<double> costs, in_save, waiting, writer_cpu;  // fractions of the fit's seconds
   auto fashion = [&](bool backup) {
     set_random_seed(0);
     Sequential m;
@@ -143,6 +153,17 @@ int main(int argc, char** argv) {
     const History h = m.fit(fm.train.x, fm.train.y, o);
     double s = 0;
     for (double e : h.epoch_seconds) s += e;
+    if (backup) {
+      const auto* b = static_cast<const train::BackupAndRestore*>(o.callbacks[0].get());
+      const train::SaveStatistics st = b->save_statistics();
+      // All a save can take from training, apart from its effect on the caches: the time
+      // the training thread spends in save(), and the writer's CPU time, which is taken
+      // from the training threads at most once.
+      costs.push_back((st.seconds_in_save + st.writer_cpu_seconds) / s);
+      in_save.push_back(st.seconds_in_save / s);
+      waiting.push_back(st.seconds_waiting / s);
+      writer_cpu.push_back(st.writer_cpu_seconds / s);
+    }
     return s;
   };
   std::vector<double> ratios, with_backup, plain_fit;
@@ -163,18 +184,29 @@ int main(int argc, char** argv) {
   std::printf("%-44s %10s %10s\n", "what", "ms", "MB/s");
   auto row = [&](const char* what, double s) { std::printf("%-44s %10.2f %10.0f\n", what, s * 1e3, mb / s); };
   row("copy the state once", copy);
+  row("  the same on every compute thread", copy_threads);
   row("snapshot (what save() copies)", snapshot);
   row("synchronous save (checksums, fsync, rename)", save);
   row("write+fsync of the same bytes (the disk)", disk);
   row("restore (read, verify, assign)", restore);
   row("async save(): the call on the training thread", bench::median(call));
+  const train::SaveStatistics& st = manager.statistics();
+  std::printf("%-44s %10.2f\n", "  its writer's CPU time per save", st.writer_cpu_seconds / static_cast<double>(st.saves) * 1e3);
+  std::printf("%-44s %10.2f\n", "  its writer's wall time per save", st.writer_seconds / static_cast<double>(st.saves) * 1e3);
+  row("copy the state once, right after 10 steps", bench::median(cold_copy));
   std::printf("%-44s %10.2f\n", "training step (batch 64)", plain * 1e3);
   std::printf("%-44s %10.2f\n", "10 steps with a background save, extra", stall * 1e3);
   std::printf("%-44s %10.2f\n", "  the same, page-cache writer (baseline)", bench::median(baseline_extra) * 1e3);
   std::printf("stall (all it costs training) %.2f ms against %.2f ms to copy the state once; save at %.0f%% of the disk's rate\n",
               stall * 1e3, copy * 1e3, 100.0 * disk / save);
+  std::printf("  against the copy right after steps: the call %.2fx, all it costs %.2fx\n",
+              bench::median(call) / bench::median(cold_copy), stall / bench::median(cold_copy));
   std::printf("Fashion-MNIST, 10 epochs: %.2f s, with BackupAndRestore(save_freq=100) %.2f s; overhead %+.1f%% "
               "(median of %zu pairs' ratios)\n",
               bench::median(plain_fit), bench::median(with_backup), 100.0 * (bench::median(ratios) - 1.0), ratios.size());
+  std::printf("  its saves' own cost: %.2f%% of the fit (in save() %.2f%%, of which waiting %.2f%%; writer CPU %.2f%%), "
+              "median of %zu fits\n",
+              100.0 * bench::median(costs), 100.0 * bench::median(in_save), 100.0 * bench::median(waiting),
+              100.0 * bench::median(writer_cpu), costs.size());
   return 0;
 }

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -218,9 +219,10 @@ TEST(CheckedFiles, APackedCopyIsWrittenWithItsDataAtA4096ByteOffsetAndReadsBackT
   // The copy is the state at the snapshot, whatever the live tensors do next.
   live.tensors[2].second.data<float>()[10] = 1e6f;
   live.tensors[0].second.data<float>()[0] = 0;
-  EXPECT_TRUE(packed.checksums.empty());
-  add_checksums(packed);
+  ASSERT_EQ(packed.checksums.size(), 4u);  // computed as the tensors were copied
+  add_checksums(packed);  // nothing left to compute
   ASSERT_EQ(packed.checksums.size(), 4u);
+  EXPECT_EQ(packed.checksums[0], tensor_checksum(Tensor::from_vector({3}, {1.5f, -2, 4})));
   EXPECT_EQ(packed.checksums[1], tensor_checksum(live.tensors[1].second));
   EXPECT_EQ(packed.checksums[2], tensor_checksum(Tensor::from_vector({3000}, big)));
 
@@ -248,6 +250,41 @@ TEST(CheckedFiles, APackedCopyIsWrittenWithItsDataAtA4096ByteOffsetAndReadsBackT
     EXPECT_EQ(back.metadata.at("dtrain.state"), "{}");
     fs::remove(path);
   }
+}
+
+TEST(CheckedFiles, APackedCopyOfSeveralMegabytesHasEachTensorsBytesAndItsOneShotChecksum) {
+  // Tensors that end inside a 64 KB chunk, a u8 tensor of odd length, an empty one: a state
+  // large enough to be shared among the compute threads and held in huge pages.
+  NamedTensors live;
+  auto filled = [](std::int64_t n, float scale) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 977) * scale - 3.0f;
+    return v;
+  };
+  live.tensors.emplace_back("w0", Tensor::from_vector({700, 1001}, filled(700 * 1001, 0.25f)));
+  live.tensors.emplace_back("odd", Tensor::zeros({(1 << 20) + 3}, DType::u8));
+  live.tensors.emplace_back("empty", Tensor::zeros({0}));
+  live.tensors.emplace_back("w1", Tensor::from_vector({16411}, filled(16411, -0.5f)));
+  live.tensors.emplace_back("w2", Tensor::from_vector({300, 1000}, filled(300 * 1000, 2.0f)));
+  auto* odd = static_cast<unsigned char*>(live.tensors[1].second.raw_data());
+  for (int i = 0; i < (1 << 20) + 3; i += 4099) odd[i] = static_cast<unsigned char>(i);
+  CheckedTensors packed;
+  pack(live, packed);
+  ASSERT_EQ(packed.checksums.size(), live.tensors.size());
+  for (std::size_t i = 0; i < live.tensors.size(); ++i) {
+    SCOPED_TRACE(live.tensors[i].first);
+    const Tensor& want = live.tensors[i].second;
+    const Tensor& got = packed.data.tensors[i].second;
+    ASSERT_EQ(got.nbytes(), want.nbytes());
+    EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), static_cast<std::size_t>(want.nbytes())), 0);
+    EXPECT_EQ(packed.checksums[i], tensor_checksum(want));
+  }
+  // One changed byte, and the next snapshot's checksum of that tensor alone changes.
+  const std::vector<std::uint64_t> before = packed.checksums;
+  live.tensors[3].second.data<float>()[16410] = 1e9f;
+  pack(live, packed);
+  for (std::size_t i = 0; i < live.tensors.size(); ++i)
+    EXPECT_EQ(packed.checksums[i] == before[i], i != 3) << live.tensors[i].first;
 }
 
 TEST(Weights, FailedSaveKeepsThePreviousFile) {

@@ -67,6 +67,8 @@ class BackupAndRestore : public Callback {
   std::int64_t steps_done() const { return steps_done_; }
   // Backups saved by this process.
   std::int64_t saves() const { return saves_; }
+  // What they cost: time on the training thread and the writer's (complete once fit returns).
+  SaveStatistics save_statistics() const { return manager_ ? manager_->statistics() : SaveStatistics{}; }
 
  private:
   std::string save(const FitPosition& position);  // the backup's path

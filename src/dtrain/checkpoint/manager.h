@@ -36,6 +36,19 @@ struct SkippedCheckpoint {
   std::string reason;
 };
 
+// Where the saves' time went, for a user who asks what checkpointing costs training.
+struct SaveStatistics {
+  std::int64_t saves = 0;
+  // On the thread that called save(): taking the snapshot, and waiting for the previous
+  // save's write, of which `seconds_waiting`. Async saves only.
+  double seconds_in_save = 0;
+  double seconds_waiting = 0;
+  // The background writer, over the saves whose write has ended: its CPU time (header,
+  // the write's system time, fsync, rename, index) and its wall time (mostly the disk).
+  double writer_cpu_seconds = 0;
+  double writer_seconds = 0;
+};
+
 struct RestoredCheckpoint {
   std::optional<std::string> path;  // empty: there was none to restore (a fresh start)
   std::int64_t number = 0;
@@ -70,6 +83,8 @@ class CheckpointManager {
   RestoredCheckpoint restore_latest(RestoreOptions options = {});
   // Deletes every checkpoint and the index (BackupAndRestore's delete_checkpoint).
   void delete_all();
+  // Read on the thread that calls save().
+  const SaveStatistics& statistics() const { return statistics_; }
 
  private:
   struct Entry {
@@ -101,6 +116,8 @@ class CheckpointManager {
   std::uint64_t pending_digest_check_ = 0;  // multi-worker: the digest of the save last written
   bool digest_pending_ = false;
   std::thread writer_;
+  SaveStatistics statistics_;
+  double writer_cpu_seconds_ = 0, writer_seconds_ = 0;  // the writer's, taken into statistics_ when joined
 };
 
 }  // namespace dtrain::train

@@ -1,6 +1,8 @@
 // Wall-clock intervals, as every layer that times its work measures them.
 #pragma once
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -26,6 +28,12 @@ inline double seconds_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 inline double seconds_since(Clock::time_point t) { return seconds_between(t, Clock::now()); }
+// CPU time the calling thread has used, in seconds (user and system).
+inline double thread_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
 // A span of `s` seconds in the clock's units (a deadline's offset).
 inline Clock::duration clock_seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));

@@ -8,7 +8,6 @@
 // since its threads use the stage's state (see docs/data.md).
 #include <algorithm>
 #include <cmath>
-#include <ctime>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -16,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "dtrain/core/clock.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/data/dataset_internal.h"
 
@@ -27,13 +27,6 @@ namespace {
 IteratorContext below(IteratorContext ctx, std::shared_ptr<const std::atomic<bool>> flag) {
   ctx.background = std::move(flag);
   return ctx;
-}
-
-// CPU time of the calling thread, to tell a producer that computes from one that waits.
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
 // What save() waits at most for a stage to pause.

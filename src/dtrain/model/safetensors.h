@@ -43,9 +43,9 @@ struct CheckedTensors {
   std::shared_ptr<void> block;
   std::size_t block_bytes = 0;  // its capacity, a multiple of 4096
 };
-// Copies `from` into `into`'s block (kept from the last call when large enough), leaving
-// the checksums to add_checksums, which a writer thread calls: the copy is all the caller
-// pays.
+// Copies `from` into `into`'s block (kept from the last call when large enough) and
+// computes every tensor's checksum as it copies, sharing the tensors among the compute
+// threads (core/threads.h): all that is left to a writer thread is the write itself.
 void pack(const NamedTensors& from, CheckedTensors& into);
 // Computes the checksums `tensors` lacks.
 void add_checksums(CheckedTensors& tensors);
