@@ -254,6 +254,13 @@ TEST_F(TempDirTest, AsyncSavesWriteWhatWasThereAtTheStep) {
   }
   manager.sync();
   ASSERT_EQ(manager.checkpoints().size(), 3u);
+  // Every save counted, and the writer's time taken in once its writes have ended.
+  const SaveStatistics& st = manager.statistics();
+  EXPECT_EQ(st.saves, 3);
+  EXPECT_GT(st.seconds_in_save, 0.0);
+  EXPECT_LE(st.seconds_waiting, st.seconds_in_save);
+  EXPECT_GT(st.writer_seconds, 0.0);
+  EXPECT_GT(st.writer_cpu_seconds, 0.0);
   for (int i = 0; i < 3; ++i) {
     auto b = mlp(9);
     Checkpoint cb{{"model", *b}};
