@@ -135,6 +135,8 @@ class CheckpointCli : public dtrain::testing::TempDirTest {
     EXPECT_EQ(j["optimizer_iterations"], reference.iterations);
     EXPECT_EQ(j["steps_done"], kSteps);
     EXPECT_TRUE(j["resumed_from"].is_string()) << j.dump();
+    ASSERT_TRUE(j.contains("checkpoint_saves")) << j.dump();
+    EXPECT_GT(j["checkpoint_saves"]["saves"].get<std::int64_t>(), 0) << j.dump();  // the run saved as it went
     EXPECT_EQ(before + j["steps_trained"].get<std::int64_t>(), kSteps)
         << "resumed after " << before << " steps and trained " << j["steps_trained"];
   }
