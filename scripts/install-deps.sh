@@ -15,6 +15,7 @@ packages=(
   clang libclang-rt-14-dev libomp-dev     # the fuzz preset: libFuzzer and the sanitizers, OpenMP for clang
   dataset-fashion-mnist
   pybind11-dev python3-dev python3-numpy python3-pytest   # the Python package (python/) and its tests
+  chromium-headless-shell                 # the doctor's HTML report, opened in a real browser by a test
 )
 
 # `--peers` adds what the side-by-side benchmarks need: PyTorch (run with /usr/bin/python3)
