@@ -242,10 +242,19 @@ TEST(Diagnosis, NamesEachPlantedCause) {
   ScaleRun slow_link{.workers = 2, .replicas = 1, .global_batch = 128, .samples_per_second = 900,
                      .rows = {row(0.020, 0.0002, 0.008, 0.010, 0.0015, 8e6, 0.009),
                               row(0.020, 0.0002, 0.008, 0.010, 0.0015, 8e6, 0.009)}};
+  // Most of the wait is the bytes crossing the link: the link is named first.
   const std::vector<Finding> comm = diagnose({one, slow_link});
-  EXPECT_EQ(causes(comm), (std::vector<std::string>{"too little work per replica", "communication-bound"}));
-  EXPECT_NE(comm.back().evidence.find("8.0 MB all-reduced per step"), std::string::npos) << comm.back().evidence;
-  EXPECT_NE(comm.back().fix.find("--compression bf16"), std::string::npos) << comm.back().fix;
+  EXPECT_EQ(causes(comm), (std::vector<std::string>{"communication-bound", "too little work per replica"}));
+  EXPECT_NE(comm.front().evidence.find("8.0 MB all-reduced per step"), std::string::npos) << comm.front().evidence;
+  EXPECT_NE(comm.front().fix.find("--compression bf16"), std::string::npos) << comm.front().fix;
+
+  // Replicas with a few rows each on a fast link: each round's fixed cost, not its 4 KB,
+  // outweighs their compute, and their small share of work is named first.
+  ScaleRun small_batch{.workers = 2, .replicas = 1, .global_batch = 8, .samples_per_second = 900,
+                       .rows = {row(0.004, 0.0001, 0.001, 0.0025, 0.0004, 4e3, 0.0001),
+                                row(0.004, 0.0001, 0.001, 0.0025, 0.0004, 4e3, 0.0001)}};
+  EXPECT_EQ(causes(diagnose({one, small_batch})),
+            (std::vector<std::string>{"too little work per replica", "communication-bound"}));
 
   // Worker 1 computes three times as long; worker 0 waits for it in communication. The
   // straggler is named by its own time (step less waits), and its wait is not blamed on

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include "dtrain/core/percentile.h"
@@ -206,14 +207,15 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
 
   const double exposed = std::max(0.0, s.comm + s.straggler - straggler_excess);
   const double overhead = exposed + s.start;
+  std::optional<Finding> too_little, communication;
   if (big->replicas_in_sync() > 1 && s.compute() < overhead)
-    out.push_back({"too little work per replica",
+    too_little = Finding{"too little work per replica",
                    "each replica computes " + ms(s.compute()) + " per step but spends " + ms(overhead) +
                        " on communication and starting up " + where,
                    format("give each replica more rows: at twice the per-replica batch (global %.0f) the same "
                           "communication is spread over twice the samples, about %.2fx the samples/s; or train on "
                           "fewer replicas",
-                          2.0 * static_cast<double>(big->global_batch), 2 * step / (step + s.compute() + s.input))});
+                          2.0 * static_cast<double>(big->global_batch), 2 * step / (step + s.compute() + s.input))};
 
   if (big->replicas_in_sync() > 1 && exposed / step >= 0.25) {
     // The shares are the table's (worker 0's row), each as its column shows it.
@@ -236,8 +238,16 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
                   "batches, about %.2fx the samples/s); a larger per-replica batch spreads the same bytes over more "
                   "samples (twice the batch: about %.2fx)",
                   step * k_steps / (k_steps * per_micro + exposed + s.optimizer), 2 * step / (step + s.compute() + s.input));
-    out.push_back({"communication-bound", evidence, fix});
+    communication = Finding{"communication-bound", evidence, fix};
   }
+  // Both say the step waits on communication more than it computes. Where most of that
+  // wait is the bytes crossing the link (a narrow or slow link), the link is the cause and
+  // is named first; where it is the fixed cost of each round (few bytes, any link), the
+  // replicas' small share of work is.
+  const bool link_bound = communication && s.transfer >= 0.5 * exposed;
+  if (link_bound) out.push_back(*communication);
+  if (too_little) out.push_back(*too_little);
+  if (communication && !link_bound) out.push_back(*communication);
 
   if (s.optimizer / step >= 0.25)
     out.push_back({"optimizer-bound",
