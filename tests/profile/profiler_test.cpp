@@ -411,6 +411,22 @@ TEST(Diagnosis, ASpeedupTheCoresCannotGiveOrTheNoiseCoversIsInDoubt) {
   runs[0].rounds = {1000};
   runs[1].rounds = {1050};
   EXPECT_TRUE(check_trust(runs).empty()) << runs[1].doubt;
+
+  // An input-bound job on the same cores: 3 ms of each 3.5 ms step waits for the input,
+  // paid per step, so twice the global batch may run at up to 2 x 3.5 / (1 + 3) = 1.75x
+  // the samples/s with no more cores. 1.6x is believed; 2.5x is not.
+  ScaleRun input{.workers = 1, .replicas = 1, .global_batch = 32, .samples_per_second = 9000,
+                 .rows = {row(0.0035, 0.003, 0.0005, 0, 0)}, .host_threads = 2, .host_cores = 2};
+  ScaleRun same_cores{.workers = 1, .replicas = 2, .global_batch = 64, .samples_per_second = 14400,
+                      .rows = {row(0.0040, 0.003, 0.0005, 0.0005, 0)}, .host_threads = 2, .host_cores = 2};
+  std::vector<ScaleRun> input_runs{input, same_cores};
+  EXPECT_TRUE(check_trust(input_runs).empty()) << input_runs[1].doubt;
+  input_runs[1].samples_per_second = 22500;
+  EXPECT_EQ(check_trust(input_runs), std::vector<std::size_t>{1});
+  EXPECT_NE(input_runs[1].doubt.find("a speedup of 2.50x is more than the 1.75x its cores allow (2 against 2 "
+                                     "computing, with its per-step costs spread over a 2x larger batch)"),
+            std::string::npos)
+      << input_runs[1].doubt;
 }
 
 }  // namespace

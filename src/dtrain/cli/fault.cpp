@@ -11,13 +11,22 @@ namespace dtrain::cli {
 
 FaultSlow parse_fault_slow(const std::string& text) {
   if (text.empty()) return {};
+  if (text.rfind("input:", 0) == 0) {
+    double ms = 0;
+    int used = 0;
+    if (std::sscanf(text.c_str(), "input:%lfms%n", &ms, &used) != 1 || static_cast<std::size_t>(used) != text.size() ||
+        !(ms > 0 && ms <= 10000))
+      DTRAIN_THROW(InvalidArgument, "--fault-slow '", text,
+                   "': expected input:DELAYms with a delay above 0 and at most 10000 ms, e.g. input:5ms");
+    return {.input_delay_ms = ms};
+  }
   int worker = -1, used = 0;
   double factor = 0;
   char x = 0;
   if (std::sscanf(text.c_str(), "worker:%d:%lf%c%n", &worker, &factor, &x, &used) != 3 || x != 'x' ||
       static_cast<std::size_t>(used) != text.size() || worker < 0 || !(factor >= 1.0 && factor <= 1000.0))
     DTRAIN_THROW(InvalidArgument, "--fault-slow '", text,
-                 "': expected worker:INDEX:FACTORx with a factor from 1 to 1000, e.g. worker:1:3x");
+                 "': expected worker:INDEX:FACTORx with a factor from 1 to 1000, e.g. worker:1:3x, or input:DELAYms");
   return {worker, factor};
 }
 

@@ -1,5 +1,6 @@
 // The CLI's one fault-injection facility, for tests and for trying things by hand:
-// `--fault-slow worker:K:Fx` makes worker K a straggler (for the doctor), `--fault-kill`
+// `--fault-slow worker:K:Fx` makes worker K a straggler and `--fault-slow input:Dms` delays
+// every batch's input (both for the doctor), `--fault-kill`
 // and `--fault-term worker:K:S` make worker K send itself SIGKILL or SIGTERM at batch S
 // (for checkpoints and restarts). Each is a callback the CLI installs, so nothing inside
 // the library's training step knows about faults.
@@ -14,11 +15,15 @@
 namespace dtrain::cli {
 
 struct FaultSlow {
-  int worker = -1;      // -1: no fault
+  int worker = -1;      // -1: no straggler
   double factor = 1.0;  // the worker's steps take this many times as long
+  // "input:Dms": every worker's batches reach its training step D ms late (the input
+  // pipeline, at its end, sleeps that long per batch), for the doctor to find input-bound.
+  double input_delay_ms = 0;
 };
 
-// "worker:K:Fx" with K >= 0 and F in [1, 1000]; "" is no fault. The error names the flag.
+// "worker:K:Fx" with K >= 0 and F in [1, 1000], or "input:Dms" with D in (0, 10000];
+// "" is no fault. The error names the flag.
 FaultSlow parse_fault_slow(const std::string& text);
 
 // On the worker it is installed on, after every training batch: sleeps (factor - 1) times

@@ -14,6 +14,8 @@
 #include <iostream>
 #include <numeric>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
 #include <unistd.h>
 
 #include "dtrain/checkpoint/backup_and_restore.h"
@@ -223,6 +225,8 @@ int run_fit(const std::string& path, const Overrides& o) {
   prepare(c);
   const auto wall_start = Clock::now();
   data::Classification d = cli::load_data(c);
+  // A planted input delay needs batches that come through a pipeline.
+  if (fault.input_delay_ms > 0 && !c.data.pipeline) c.data.pipeline = cli::PipelineConfig{};
   if (o.steps_per_epoch > 0 && !c.data.pipeline) {
     // On tensors, an epoch of N steps trains on the first N global batches.
     const std::int64_t rows = std::min(d.train.x.dim(0), o.steps_per_epoch * c.batch_size);
@@ -337,8 +341,17 @@ int run_fit(const std::string& path, const Overrides& o) {
   // A launched job's workers all take part from the first closure (each finds the chief
   // when it starts; a later one would only join part-way through).
   if (ps && chief) distribute::ClusterCoordinator(*ps).wait_for_workers(ps->num_workers(), 120);
-  History h = c.data.pipeline ? model->fit(cli::build_pipeline(c, d.train), fit_options)
-                              : model->fit(d.train.x, d.train.y, fit_options);
+  std::optional<data::Dataset> pipeline;
+  if (c.data.pipeline) pipeline = cli::build_pipeline(c, d.train);
+  if (fault.input_delay_ms > 0) {
+    // The fault itself, at the pipeline's end (after any prefetch), so the step waits for it.
+    const auto delay = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(fault.input_delay_ms));
+    pipeline = pipeline->map([delay](const data::Element& batch) {
+      std::this_thread::sleep_for(delay);
+      return batch;
+    });
+  }
+  History h = pipeline ? model->fit(*pipeline, fit_options) : model->fit(d.train.x, d.train.y, fit_options);
   const bool stopped = terminate && terminate->stopped_at();
   Logs test;
   // Under parameter_server the chief alone holds the trained values when fit returns.
@@ -457,6 +470,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     if (slow)
       j["fault_slow"] = {{"worker", fault.worker}, {"factor", fault.factor}, {"batches_slowed", slow->batches_slowed()},
                          {"seconds_added", slow->seconds_added()}};
+    if (fault.input_delay_ms > 0) j["fault_slow"] = {{"input_delay_ms", fault.input_delay_ms}};
     for (const auto& f : signals)
       j[f->signal() == SIGKILL ? "fault_kill" : "fault_term"] = {
           {"worker", worker_index}, {"step", f->step()}, {"armed", f->armed()}, {"fired", f->fired()}};
@@ -590,7 +604,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 2));
   fit->add_option("--fault-slow", o.fault_slow,
                   "Testing: make worker K's training steps take F times as long (worker:K:Fx), a straggler for the "
-                  "doctor to find")
+                  "doctor to find; or delay every batch's input by D ms (input:Dms), an input-bound job")
       ->group("Testing");
   fit->add_option("--fault-kill", o.fault_kill,
                   "Testing: worker K sends itself SIGKILL at the start of its training batch S (worker:K:S, S counted "
@@ -650,7 +664,8 @@ int main(int argc, char** argv) {
                      "With --strategies: the loss to time each strategy to (default: the loss every one reached)")
       ->check(CLI::PositiveNumber);
   doctor->add_option("--fault-slow", doctor_options.fault_slow,
-                     "Testing: passed to every run's fit (worker:K:Fx), to see a planted straggler diagnosed")
+                     "Testing: passed to every run's fit (worker:K:Fx or input:Dms), to see a planted straggler or "
+                     "input delay diagnosed")
       ->group("Testing");
   std::string probe_output;
   CLI::App* probe = app.add_subcommand(

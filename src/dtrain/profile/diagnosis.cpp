@@ -67,11 +67,24 @@ std::vector<std::size_t> check_trust(std::vector<ScaleRun>& runs) {
     if (i == 0 || base.samples_per_second <= 0) continue;
     const double speedup = r.samples_per_second / base.samples_per_second;
     const double noise = base.spread() + r.spread();
-    const double allowed = speedup_the_cores_allow(base, r);
+    const double cores = speedup_the_cores_allow(base, r);
+    // What does not compute (input, start, communication, the update) is paid per step,
+    // and a larger global batch spreads it over more rows: where it weighs, samples/s may
+    // grow by up to the batch's ratio with no more cores (an input-bound job, say).
+    double allowed = cores;
+    if (cores > 0 && !base.rows.empty() && base.global_batch > 0 && r.global_batch > base.global_batch) {
+      const StepSeconds s = step_seconds(base.rows.front());
+      const double g = static_cast<double>(r.global_batch) / static_cast<double>(base.global_batch);
+      const double compute = s.compute(), other = std::max(0.0, s.step - compute);
+      if (compute + other > 0) allowed = std::max(cores, g * (compute + other) / (compute * g / cores + other));
+    }
     if (allowed > 0 && speedup > allowed * (1.15 + noise)) {
-      r.doubt = format("a speedup of %.2fx is more than the %.2fx its cores allow (%.0f against %.0f computing): another "
-                       "load on the machine slowed the first run, or this one ran alone",
-                       speedup, allowed, r.cores_computing(), base.cores_computing());
+      r.doubt = format("a speedup of %.2fx is more than the %.2fx its cores allow (%.0f against %.0f computing", speedup,
+                       allowed, r.cores_computing(), base.cores_computing()) +
+                (allowed > cores * 1.005 ? format(", with its per-step costs spread over a %.0fx larger batch",
+                                                   static_cast<double>(r.global_batch) / base.global_batch)
+                                         : std::string()) +
+                "): another load on the machine slowed the first run, or this one ran alone";
     } else if (r.rounds.size() > 1 && base.rounds.size() > 1 && noise > std::abs(speedup - 1)) {
       r.doubt = format("its rounds and the first run's spread %.0f%% and %.0f%%, more than the %.0f%% between them: ",
                        100 * r.spread(), 100 * base.spread(), 100 * std::abs(speedup - 1)) +
