@@ -201,7 +201,9 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
     const double median = dtrain::median(own);
     const double fastest = *std::min_element(own.begin(), own.end());
     for (std::size_t k = 0; k < own.size(); ++k) {
-      if (median <= 0 || own[k] <= 1.2 * median) continue;
+      // Slower by a fifth, and by enough to matter: a tenth of the step (on steps of tens of
+      // microseconds, the scheduler alone makes one worker a fifth slower now and then).
+      if (median <= 0 || own[k] <= 1.2 * median || own[k] - median < 0.1 * step) continue;
       straggler_excess = std::max(straggler_excess, own[k] - fastest);
       double others_wait = 0;
       for (std::size_t j = 0; j < own.size(); ++j)
@@ -255,9 +257,9 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
   }
   // Both say the step waits on communication more than it computes. Where most of that
   // wait is the bytes crossing the link (a narrow or slow link), the link is the cause and
-  // is named first; where it is the fixed cost of each round (few bytes, any link), the
-  // replicas' small share of work is.
-  const bool link_bound = communication && s.transfer >= 0.5 * exposed;
+  // is named first; where it is the fixed cost of each round (few bytes, any link), or the
+  // workers share memory (no link to blame), the replicas' small share of work is.
+  const bool link_bound = communication && !big->shared_memory && s.transfer >= 0.5 * exposed;
   if (link_bound) out.push_back(*communication);
   if (too_little) out.push_back(*too_little);
   if (communication && !link_bound) out.push_back(*communication);
