@@ -56,7 +56,7 @@ for run in $(seq 1 $runs); do
     ns=$([ $i = 0 ] && echo "$a" || echo "$b")
     ip netns exec "$ns" env TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"worker\", \"index\": $i}}" \
       OMP_NUM_THREADS=1 DTRAIN_CLUSTER_TOKEN="narrow-$tag-$run" \
-      timeout 240 "$dtrain" fit "$dir/job.json" --strategy multi_worker --steps-per-epoch 5 --collective-timeout 60 \
+      timeout 60 "$dtrain" fit "$dir/job.json" --strategy multi_worker --steps-per-epoch 5 --collective-timeout 60 \
       --verbose 0 --summary "$dir/two.json" >"$dir/worker-$i.log" 2>&1 &
     pids+=($!)
   done

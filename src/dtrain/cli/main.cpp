@@ -226,7 +226,13 @@ int run_fit(const std::string& path, const Overrides& o) {
   const auto wall_start = Clock::now();
   data::Classification d = cli::load_data(c);
   // A planted input delay needs batches that come through a pipeline.
-  if (fault.input_delay_ms > 0 && !c.data.pipeline) c.data.pipeline = cli::PipelineConfig{};
+  if (fault.input_delay_ms > 0 && !c.data.pipeline) {
+    if (c.validation_split > 0)
+      DTRAIN_THROW(InvalidArgument, "--fault-slow ", o.fault_slow,
+                   ": an input delay feeds fit through a pipeline, which takes no validation_split");
+    // As fit would have shuffled the tensors: the whole training set, each epoch.
+    c.data.pipeline = cli::PipelineConfig{.shuffle = c.shuffle ? d.train.x.dim(0) : 0};
+  }
   if (o.steps_per_epoch > 0 && !c.data.pipeline) {
     // On tensors, an epoch of N steps trains on the first N global batches.
     const std::int64_t rows = std::min(d.train.x.dim(0), o.steps_per_epoch * c.batch_size);
@@ -343,7 +349,7 @@ int run_fit(const std::string& path, const Overrides& o) {
   if (ps && chief) distribute::ClusterCoordinator(*ps).wait_for_workers(ps->num_workers(), 120);
   std::optional<data::Dataset> pipeline;
   if (c.data.pipeline) pipeline = cli::build_pipeline(c, d.train);
-  if (fault.input_delay_ms > 0) {
+  if (fault.input_delay_ms > 0 && pipeline) {
     // The fault itself, at the pipeline's end (after any prefetch), so the step waits for it.
     const auto delay = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(fault.input_delay_ms));
     pipeline = pipeline->map([delay](const data::Element& batch) {

@@ -81,7 +81,7 @@ std::vector<std::size_t> check_trust(std::vector<ScaleRun>& runs) {
     if (allowed > 0 && speedup > allowed * (1.15 + noise)) {
       r.doubt = format("a speedup of %.2fx is more than the %.2fx its cores allow (%.0f against %.0f computing", speedup,
                        allowed, r.cores_computing(), base.cores_computing()) +
-                (allowed > cores * 1.005 ? format(", with its per-step costs spread over a %.0fx larger batch",
+                (allowed > cores * 1.005 ? format(", with its per-step costs spread over a %.2gx larger batch",
                                                    static_cast<double>(r.global_batch) / base.global_batch)
                                          : std::string()) +
                 "): another load on the machine slowed the first run, or this one ran alone";
