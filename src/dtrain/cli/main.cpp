@@ -367,17 +367,17 @@ int run_fit(const std::string& path, const Overrides& o) {
     for (const auto& [k, v] : test.items()) line += " " + k + " " + std::to_string(v);
     std::printf("%s\n", line.c_str());
   }
-  if (backup && chief && c.verbose != 0 && backup->saves() > 0) {
-    // What the backups took from training: the training thread's time in save() (the
-    // snapshot, and any wait for the last write) and the writer's CPU time.
-    const train::SaveStatistics st = backup->save_statistics();
+  // What the backups took from training: the training thread's time in save() (the
+  // snapshot, and any wait for the last write) and the writer's CPU time.
+  const train::SaveStatistics saves = backup ? backup->save_statistics() : train::SaveStatistics{};
+  if (backup && chief && c.verbose != 0 && saves.saves > 0) {
     double trained = 0;
     for (double e : h.epoch_seconds) trained += e;
     std::printf("checkpoints: %lld saves to %s; %.0f ms on the training thread (%.0f ms waiting for a write), "
                 "writer %.0f ms of CPU: %.1f%% of training\n",
-                static_cast<long long>(st.saves), checkpoint.dir.c_str(), st.seconds_in_save * 1e3,
-                st.seconds_waiting * 1e3, st.writer_cpu_seconds * 1e3,
-                trained > 0 ? 100.0 * (st.seconds_in_save + st.writer_cpu_seconds) / trained : 0.0);
+                static_cast<long long>(saves.saves), checkpoint.dir.c_str(), saves.seconds_in_save * 1e3,
+                saves.seconds_waiting * 1e3, saves.writer_cpu_seconds * 1e3,
+                trained > 0 ? 100.0 * (saves.seconds_in_save + saves.writer_cpu_seconds) / trained : 0.0);
   }
   if (!o.save_weights.empty() && chief && !stopped) {
     model->save_weights(o.save_weights);
@@ -436,12 +436,11 @@ int run_fit(const std::string& path, const Overrides& o) {
       j["checkpoint_dir"] = checkpoint.dir;
       j["resumed_from"] = backup->resumed_from() ? json(*backup->resumed_from()) : json(nullptr);
       j["steps_done"] = backup->steps_done();  // training batches over every run of this fit
-      const train::SaveStatistics st = backup->save_statistics();
-      j["checkpoint_saves"] = {{"saves", st.saves},
-                               {"seconds_in_save", st.seconds_in_save},
-                               {"seconds_waiting", st.seconds_waiting},
-                               {"writer_cpu_seconds", st.writer_cpu_seconds},
-                               {"writer_seconds", st.writer_seconds}};
+      j["checkpoint_saves"] = {{"saves", saves.saves},
+                               {"seconds_in_save", saves.seconds_in_save},
+                               {"seconds_waiting", saves.seconds_waiting},
+                               {"writer_cpu_seconds", saves.writer_cpu_seconds},
+                               {"writer_seconds", saves.writer_seconds}};
     }
     j["epochs"] = h.epoch.size();
     j["batch_size"] = c.batch_size;

@@ -39,9 +39,10 @@ std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to *
 std::shared_ptr<void> aligned_block(std::size_t bytes) {
   constexpr std::size_t kHugePage = std::size_t{2} << 20;
   const bool huge = bytes >= kHugePage;
-  void* p = std::aligned_alloc(huge ? kHugePage : kDirectAlignment, huge ? round_up(bytes, kHugePage) : bytes);
+  const std::size_t size = huge ? round_up(bytes, kHugePage) : bytes;
+  void* p = std::aligned_alloc(huge ? kHugePage : kDirectAlignment, size);
   if (!p) throw std::bad_alloc();
-  if (huge) ::madvise(p, round_up(bytes, kHugePage), MADV_HUGEPAGE);  // a hint: refused, it changes nothing
+  if (huge) ::madvise(p, size, MADV_HUGEPAGE);  // a hint: refused, it changes nothing
   return {p, std::free};
 }
 
