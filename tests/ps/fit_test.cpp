@@ -46,6 +46,22 @@ std::unique_ptr<Sequential> compiled_model() {
   return model;
 }
 
+// The same with a batch norm between the layers: moving statistics that each step's forward
+// pass changes on the worker.
+std::unique_ptr<Sequential> compiled_model_with_batch_norm() {
+  auto model = std::make_unique<Sequential>();
+  model->add<nn::Dense>(16, "linear", nn::DenseOptions{.seed = 1});
+  model->add<nn::BatchNormalization>(nn::BatchNormalizationOptions{.momentum = 0.9f});
+  model->add<nn::Activation>("relu");
+  model->add<nn::Dense>(10, "softmax", nn::DenseOptions{.seed = 2});
+  model->build(Shape{kFeatures});
+  model->compile(std::make_shared<optim::Adam>(0.01f), std::make_shared<losses::SparseCategoricalCrossentropy>(),
+                 {"accuracy"});
+  return model;
+}
+
+using ModelMaker = std::function<std::unique_ptr<Sequential>()>;
+
 ParameterServerOptions options(distribute::Consistency mode = {}) { return testing::ps_options({}, mode); }
 
 struct Fitted {
@@ -57,12 +73,12 @@ struct Fitted {
 // The one program every task runs: build and compile under scope(), then fit. `fit` is
 // called with the model; on the chief the coordinator's statistics are kept too.
 Fitted run_task(const cluster::TfConfig& config, const ParameterServerOptions& o,
-                const std::function<History(Sequential&)>& fit) {
+                const std::function<History(Sequential&)>& fit, const ModelMaker& make = compiled_model) {
   ParameterServerStrategy strategy(config, o);
   Fitted out;
   {
     auto scope = strategy.scope();
-    out.model = compiled_model();
+    out.model = make();
   }
   out.history = fit(*out.model);
   if (strategy.is_chief()) out.stats = ClusterCoordinator(strategy).statistics();
@@ -71,12 +87,12 @@ Fitted run_task(const cluster::TfConfig& config, const ParameterServerOptions& o
 
 // Runs the program on a chief, `workers` workers and `num_ps` ps; returns the chief's.
 Fitted fit_on_cluster(int workers, int num_ps, const ParameterServerOptions& o,
-                      const std::function<History(Sequential&)>& fit) {
+                      const std::function<History(Sequential&)>& fit, const ModelMaker& make = compiled_model) {
   LocalCluster cluster(workers, num_ps);
   Tasks tasks;
-  for (int p = 0; p < num_ps; ++p) tasks.add([&, p] { run_task(cluster.config("ps", p), o, fit); });
-  for (int w = 0; w < workers; ++w) tasks.add([&, w] { run_task(cluster.config("worker", w), o, fit); });
-  Fitted chief = run_task(cluster.config("chief", 0), o, fit);
+  for (int p = 0; p < num_ps; ++p) tasks.add([&, p] { run_task(cluster.config("ps", p), o, fit, make); });
+  for (int w = 0; w < workers; ++w) tasks.add([&, w] { run_task(cluster.config("worker", w), o, fit, make); });
+  Fitted chief = run_task(cluster.config("chief", 0), o, fit, make);
   tasks.join();
   EXPECT_EQ(tasks.errors(), std::vector<std::string>{});
   return chief;
@@ -111,6 +127,40 @@ TEST(ParameterServerFit, OneWorkerGivesOneDevicesFitWithOneAndSeveralStepsToAClo
     EXPECT_GT(chief.stats.push_seconds, 0.0);
     EXPECT_GT(chief.stats.run_seconds, chief.stats.pull_seconds + chief.stats.push_seconds);
     EXPECT_GT(chief.stats.apply_seconds, 0.0);
+  }
+}
+
+// Batch norm's moving statistics live on the parameter servers like the weights: each step
+// pushes what its forward pass changed in them with its gradients, so one worker gives one
+// device's weights and moving statistics, in every mode, whether the statistics are whole
+// on one ps or split over several.
+TEST(ParameterServerFit, BatchNormsMovingStatisticsFollowOneDevice) {
+  const Data d = make_data();
+  FitOptions fit_options{.epochs = kUnderTsan ? 1 : 2, .batch_size = kBatch, .seed = 3, .verbose = 0};
+  fit_options.validation_data = std::make_pair(d.x_val, d.y_val);
+  auto reference = compiled_model_with_batch_norm();
+  const History expected = reference->fit(d.x, d.y, fit_options);
+  auto* norm = dynamic_cast<nn::BatchNormalization*>(reference->layers()[1].get());
+  ASSERT_NE(norm, nullptr);
+  // The moving statistics left their initial values, so the check below can fail.
+  ASSERT_NE(norm->moving_mean().value().to_vector(), std::vector<float>(16, 0.0f));
+  struct Case {
+    const char* name;
+    int num_ps;
+    ParameterServerOptions options;
+  };
+  for (const Case& c : {Case{"async, 1 ps", 1, options()},
+                        Case{"sync, 2 ps, 3 shards a variable", 2,
+                             testing::ps_options(distribute::FixedShardsPartitioner(3),
+                                                 distribute::Consistency::sync())}}) {
+    SCOPED_TRACE(c.name);
+    Fitted chief = fit_on_cluster(1, c.num_ps, c.options,
+                                  [&](Sequential& m) { return m.fit(d.x, d.y, fit_options); },
+                                  compiled_model_with_batch_norm);
+    EXPECT_LE(testing::relative_difference(*chief.model, *reference), 1e-5);
+    // Validation ran in inference mode on the statistics the parameter servers hold.
+    for (std::size_t e = 0; e < expected.history.at("val_loss").size(); ++e)
+      EXPECT_NEAR(chief.history.history["val_loss"][e], expected.history.at("val_loss")[e], 1e-5) << "epoch " << e;
   }
 }
 

@@ -197,5 +197,59 @@ TEST(ParameterStore, WorkersWithAnotherOptimizerOrClippingAreRefused) {
   }
 }
 
+// A step's change to a non-trainable variable (batch norm's moving statistics) is added
+// with its closure's gradients: once, even when the closure runs again; nothing from a
+// refused or malformed push; and, when updates are synchronous, the mean of the changes
+// that made the update.
+TEST(ParameterStore, AStepsChangeToAMovingStatisticIsAddedOnceAndAveragedWhenSynchronous) {
+  const Tensor initial = ramp(Shape{5, 3}, 0.5f, 0.01f);
+  const Tensor moving = ramp(Shape{4}, 1.0f, 0.5f);
+  auto make = [&](ParameterStore& store, int aggregate) {
+    std::vector<std::pair<Key, Variable>> shards;
+    shards.emplace_back(Key{0, 0}, Variable("w/part_0", initial.slice(0, 3).clone()));
+    shards.emplace_back(Key{0, 1}, Variable("w/part_1", initial.slice(3, 5).clone()));
+    shards.emplace_back(Key{1, 0}, Variable("moving_mean", moving.clone(), false));
+    store.create(1, std::move(shards), aggregate);
+  };
+  auto moving_now = [](const ParameterStore& store) {
+    std::vector<float> out;
+    store.read([&](const Key& key, const Tensor& v) {
+      if (key.variable == 1) out = v.to_vector();
+    });
+    return out;
+  };
+  auto with_change = [](ParameterStore::Push p, const Tensor& change) {
+    p.changes = {{Key{1, 0}, change.clone()}};
+    return p;
+  };
+  const Tensor c1 = Tensor::from_vector(Shape{4}, {0.25f, -0.5f, 1.0f, 0.0f});
+  const Tensor c2 = Tensor::from_vector(Shape{4}, {0.75f, 0.5f, -3.0f, 2.0f});
+  const Tensor grad = ramp(Shape{5, 3}, 1.0f, 0.1f);
+
+  ParameterStore async;
+  make(async, 0);
+  ASSERT_TRUE(async.push(with_change(push_of(1, grad), c1)).applied);
+  EXPECT_EQ(moving_now(async), (std::vector<float>{1.25f, 1.0f, 3.0f, 2.5f}));
+  // The closure run again elsewhere: refused, its change too.
+  EXPECT_FALSE(async.push(with_change(push_of(1, grad, "worker:1"), c2)).applied);
+  EXPECT_EQ(moving_now(async), (std::vector<float>{1.25f, 1.0f, 3.0f, 2.5f}));
+  // A change of another shape names the variable's shard and changes nothing.
+  try {
+    async.push(with_change(push_of(2, grad), Tensor::zeros(Shape{3})));
+    FAIL() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("[3] change for 'moving_mean'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(moving_now(async), (std::vector<float>{1.25f, 1.0f, 3.0f, 2.5f}));
+  EXPECT_EQ(async.statistics().version, 1);
+
+  ParameterStore sync;
+  make(sync, 2);
+  ASSERT_TRUE(sync.push(with_change(push_of(1, grad, "worker:0"), c1)).applied);
+  EXPECT_EQ(moving_now(sync), moving.to_vector());  // the update waits for the second worker
+  ASSERT_TRUE(sync.push(with_change(push_of(2, grad, "worker:1"), c2)).applied);
+  EXPECT_EQ(moving_now(sync), (std::vector<float>{1.5f, 1.5f, 1.0f, 3.5f}));
+}
+
 }  // namespace
 }  // namespace dtrain::distribute

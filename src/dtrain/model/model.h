@@ -198,8 +198,6 @@ class Model {
   // task that runs no steps) as each closure asks.
   History coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps, const FitOptions& options);
   History serve_remote_fit(RemoteTraining& remote, BatchSource* batches, const FitOptions& options);
-  // Refuses layers the parameter servers cannot train yet (batch norm), naming them.
-  void check_remote_layers() const;
   // Builds the model for batches like `x` under its strategy's scope, if not built yet.
   void build_for(const Tensor& x);
   // What every fit() does first: its callbacks (`history` first, then the given ones, none

@@ -42,19 +42,7 @@ void Model::gather_remote_state() {
   if (remote && remote->coordinates() && compiled()) remote->gather(optimizer());
 }
 
-// A batch norm's moving statistics change in the worker's forward pass, outside the
-// gradients the parameter servers apply: they would stay at their initial values there.
-void Model::check_remote_layers() const {
-  for (const auto& l : layers_)
-    if (dynamic_cast<const nn::BatchNormalization*>(l.get()))
-      DTRAIN_THROW(Unsupported, "layer '", l->name(),
-                   "' (BatchNormalization): its moving statistics are updated by the forward pass, which "
-                   "ParameterServerStrategy's parameter servers do not see yet; train this model under "
-                   "MirroredStrategy or MultiWorkerMirroredStrategy (synchronized=true for one device's answer)");
-}
-
 History Model::serve_remote_fit(RemoteTraining& remote, BatchSource* batches, const FitOptions& opt) {
-  check_remote_layers();
   check_remote_options(*strategy_, opt);
   // A ProfilerCallback's trace: each worker writes its own steps' phases (pull, input
   // wait, forward, backward, push), worker 0's at the callback's path.
@@ -135,7 +123,6 @@ History Model::serve_remote_fit(RemoteTraining& remote, BatchSource* batches, co
 }
 
 History Model::coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps, const FitOptions& opt) {
-  check_remote_layers();
   check_remote_options(*strategy_, opt);
   remote.begin_fit(opt.steps_per_execution);
   std::ostream& out = opt.out ? *opt.out : std::cout;

@@ -767,6 +767,16 @@ class PsService final : public wire::ParameterServer::Service {
       push.gradients.emplace_back(ParameterStore::ShardKey{rows.variable(), rows.shard()}, std::move(grad));
       message_bytes_ += static_cast<std::int64_t>(bytes);
     }
+    for (const wire::Rows& rows : request->changes()) {
+      const Shape shape = shape_of(rows.shape());
+      if (rows.values().size() != static_cast<std::size_t>(shape.numel()) * sizeof(float))
+        return {kInvalidArgument, push.task + " pushed a change of " + std::to_string(rows.values().size()) +
+                                      " bytes for a " + shape.to_string() + " shard"};
+      Tensor change = Tensor::empty(shape);
+      std::memcpy(change.raw_data(), rows.values().data(), rows.values().size());
+      push.changes.emplace_back(ParameterStore::ShardKey{rows.variable(), rows.shard()}, std::move(change));
+      message_bytes_ += static_cast<std::int64_t>(rows.values().size());
+    }
     try {
       const ParameterStore::PushResult result = store_.push(push);
       reply->set_applied(result.applied);
@@ -880,6 +890,18 @@ class PushSink final : public optim::detail::GradientSink {
     pushed_ = false;
   }
 
+  // After each pull: the non-trainable variables' values (batch norm's moving statistics),
+  // so that the push can send what the step changed in them.
+  void pulled() {
+    pulled_.resize(vars_.size());
+    for (std::size_t v = 0; v < vars_.size(); ++v) {
+      if (vars_[v]->trainable()) continue;
+      const Tensor& now = vars_[v]->value();
+      if (!pulled_[v].defined() || !(pulled_[v].shape() == now.shape())) pulled_[v] = Tensor::empty(now.shape());
+      pulled_[v].copy_from(now);
+    }
+  }
+
   void push(const optim::Optimizer& optimizer, std::span<const Tensor> grads, std::span<Variable* const> vars) override {
     if (pushed_)
       DTRAIN_THROW(InvalidArgument, runtime_.task_name_, ": a closure applied gradients twice; under ",
@@ -896,6 +918,19 @@ class PushSink final : public optim::detail::GradientSink {
         DTRAIN_THROW(InvalidArgument, optimizer.name(), ": gradient ", grads[i].shape().to_string(),
                      " does not match variable '", vars[i]->name(), "' ", vars[i]->shape().to_string());
       by_variable[static_cast<std::size_t>(it - vars_.begin())] = &grads[i];
+    }
+    // The non-trainable variables the step changed: their change since the pull.
+    std::vector<bool> changed(vars_.size(), false);
+    for (std::size_t v = 0; v < pulled_.size(); ++v) {
+      if (!pulled_[v].defined()) continue;
+      const float* now = vars_[v]->value().data<float>();
+      float* change = pulled_[v].data<float>();  // becomes the change: pulled_ is refilled by the next pull
+      bool any = false;
+      for (std::int64_t i = 0; i < pulled_[v].numel(); ++i) {
+        change[i] = now[i] - change[i];
+        any = any || change[i] != 0.0f;
+      }
+      changed[v] = any;
     }
     const std::string optimizer_json = optimizer_to_json(optimizer).dump();
     const int num_ps = runtime_.config_.cluster.num_tasks("ps");
@@ -920,6 +955,11 @@ class PushSink final : public optim::detail::GradientSink {
                  shard_shape(vars_[v]->shape(), s.row_end - s.row_begin),
                  lane ? std::nullopt : std::optional<std::string_view>(bytes));
       }
+      for (const ShardPlacement& s : placement_)
+        if (s.ps == p && changed[s.index])
+          add_rows(r.mutable_changes(), static_cast<int>(s.index), static_cast<int>(s.shard),
+                   shard_shape(vars_[s.index]->shape(), s.row_end - s.row_begin),
+                   rows_bytes(pulled_[s.index], s.row_begin, s.row_end));
       return r;
     };
     const ScopedSeconds timed(push_seconds);
@@ -949,6 +989,7 @@ class PushSink final : public optim::detail::GradientSink {
   const std::vector<std::int64_t>& versions_;
   std::uint32_t step_ = 0;
   bool pushed_ = false;
+  std::vector<Tensor> pulled_;  // [variable]: non-trainable ones' pulled values, then their change
 
  public:
   double push_seconds = 0;  // spent pushing, over the closure
@@ -981,12 +1022,13 @@ class WorkerService final : public wire::Worker::Service {
       }
       double pull_seconds = 0;
       std::vector<std::int64_t> versions;
+      PushSink sink(runtime_, vars_, placement_, request->closure(), request->incarnation(), versions);
       auto pull = [&] {
         const ScopedSeconds timed(pull_seconds);
         versions = runtime_.pull(vars_, placement_);
+        sink.pulled();
       };
       if (!fn->second.steps) pull();
-      PushSink sink(runtime_, vars_, placement_, request->closure(), request->incarnation(), versions);
       optim::detail::ScopedGradientSink scoped(&sink);
       if (fn->second.steps) {
         // fit()'s closure: each step trains on the weights as they are when it starts (the

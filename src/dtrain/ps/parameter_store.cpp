@@ -48,6 +48,7 @@ void ParameterStore::create(std::uint64_t job, std::vector<std::pair<ShardKey, V
   if (created_ && job == job_) return;
   aggregate_ = aggregate;
   sums_.assign(shards.size(), Tensor());
+  change_sums_.assign(shards.size(), Tensor());
   contributors_.clear();
   shards_.clear();
   for (auto& [key, value] : shards) shards_.push_back(Shard{key, std::move(value)});
@@ -99,6 +100,14 @@ ParameterStore::PushResult ParameterStore::push(const Push& push) {
     grads_.push_back(grad);
     vars_.push_back(&s.value);
   }
+  changes_.clear();
+  for (const auto& [key, change] : push.changes) {
+    const Shard& s = find(key, push.task);
+    if (!(change.shape() == s.value.shape()))
+      DTRAIN_THROW(InvalidArgument, push.task, " pushed a ", change.shape().to_string(), " change for '",
+                   s.value.name(), "', whose shard here is ", s.value.shape().to_string());
+    changes_.emplace_back(static_cast<std::size_t>(&s - shards_.data()), change);
+  }
   if (!optimizer_) {
     optimizer_ = make_optimizer(push.optimizer_json, push.task);
     optimizer_json_ = push.optimizer_json;
@@ -110,6 +119,8 @@ ParameterStore::PushResult ParameterStore::push(const Push& push) {
   const std::int64_t staleness = std::max<std::int64_t>(0, version_ - push.pulled_version);
   if (aggregate_ == 0) {
     apply();
+    for (auto& [shard, change] : changes_)
+      kernels::backend().axpby(1.0f, change, 1.0f, shards_[shard].value.mutable_value());
     if (stats_.staleness_counts.size() <= static_cast<std::size_t>(staleness))
       stats_.staleness_counts.resize(static_cast<std::size_t>(staleness) + 1, 0);
     ++stats_.staleness_counts[static_cast<std::size_t>(staleness)];
@@ -129,6 +140,12 @@ ParameterStore::PushResult ParameterStore::push(const Push& push) {
     else
       kernels::backend().axpby(1.0f, grads_[i], 1.0f, sums_[s]);
   }
+  for (auto& [shard, change] : changes_) {
+    if (!change_sums_[shard].defined())
+      change_sums_[shard] = change.clone();
+    else
+      kernels::backend().axpby(1.0f, change, 1.0f, change_sums_[shard]);
+  }
   contributors_.insert(push.task);
   ++stats_.pushes_applied;
   if (static_cast<int>(contributors_.size()) < aggregate_) return {true, version_};
@@ -142,9 +159,12 @@ ParameterStore::PushResult ParameterStore::push(const Push& push) {
     vars_.push_back(&shards_[s].value);
   }
   apply();
+  for (std::size_t s = 0; s < shards_.size(); ++s)
+    if (change_sums_[s].defined()) kernels::backend().axpby(mean, change_sums_[s], 1.0f, shards_[s].value.mutable_value());
   if (stats_.staleness_counts.empty()) stats_.staleness_counts.assign(1, 0);
   stats_.staleness_counts[0] += static_cast<std::int64_t>(contributors_.size());
   for (Tensor& t : sums_) t = Tensor();
+  for (Tensor& t : change_sums_) t = Tensor();
   contributors_.clear();
   return {true, version_};
 }

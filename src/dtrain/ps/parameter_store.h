@@ -79,6 +79,10 @@ class ParameterStore {
     std::uint64_t incarnation = 0;  // the worker's, as the coordinator last found it
     std::string optimizer_json;  // the worker's optimizer: the first push makes this one
     std::vector<std::pair<ShardKey, Tensor>> gradients;
+    // What the step changed in non-trainable variables (batch norm's moving statistics),
+    // added to the values here with the gradients' update (TensorFlow's assign_sub of
+    // a moving average, computed on the worker).
+    std::vector<std::pair<ShardKey, Tensor>> changes;
     std::int64_t pulled_version = 0;
   };
   struct PushResult {
@@ -133,6 +137,8 @@ class ParameterStore {
   // the tasks that gave them.
   int aggregate_ = 0;
   std::vector<Tensor> sums_;  // [shard], undefined until a gradient came
+  std::vector<Tensor> change_sums_;  // [shard], the same for changes
+  std::vector<std::pair<std::size_t, Tensor>> changes_;  // (shard index, change) of one push
   std::unordered_set<std::string> contributors_;
 };
 
