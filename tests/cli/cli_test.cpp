@@ -298,6 +298,40 @@ TEST_F(Cli, DoctorComparesStrategiesAndAStragglerTurnsItsRecommendation) {
   EXPECT_NE(r.output.find("only parameter_server takes a consistency mode"), std::string::npos) << r.output;
 }
 
+// A ps hot spot: with two ps and each variable whole on one of them, dealt in turn, the
+// one large kernel (256 x 512) puts nearly every byte on ps:0, and the doctor names that
+// first in each of ten runs. Split over both by --partitioner fixed:2, the bytes are even
+// and it is not named.
+TEST_F(Cli, DoctorNamesAPlantedPsHotSpotFirstAndNotOnceThePartitionerSplitsIt) {
+  nlohmann::json cfg = nlohmann::json::parse(dtrain::testing::tiny_config_json());
+  cfg["model"]["input_shape"] = {256};
+  cfg["model"]["layers"][0]["config"]["units"] = 512;
+  cfg["data"]["features"] = 256;
+  cfg["data"]["samples"] = 320;
+  const std::string path = write("hot.json", cfg.dump());
+  const std::string doctor = "doctor " + path + " --strategies parameter_server --workers 2 --ps 2 --epochs 1";
+  const std::string findings = "Findings for ParameterServerStrategy (async, 2 ps):\n";
+  for (int k = 0; k < kPlantedRuns; ++k) {
+    SCOPED_TRACE("run " + std::to_string(k + 1) + " of " + std::to_string(kPlantedRuns));
+    const Result r = run(doctor);
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find(findings + "- ps hot spot: ps:0 moved "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("--partitioner fixed:2"), std::string::npos) << r.output;
+  }
+  const Result split = run(doctor + " --partitioner fixed:2");
+  ASSERT_EQ(split.code, 0) << split.output;
+  EXPECT_NE(split.output.find("ParameterServerStrategy (async, 2 ps, FixedShardsPartitioner(num_shards=2))"), std::string::npos) << split.output;
+  EXPECT_EQ(split.output.find("ps hot spot"), std::string::npos) << split.output;
+  // The flags belong to --strategies, and a malformed partitioner fails before any run.
+  Result bad = run("doctor " + path + " --ps 2");
+  EXPECT_EQ(bad.code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("--ps is for the parameter_server runs of --strategies"), std::string::npos) << bad.output;
+  bad = run(doctor + " --partitioner min_size:12q");
+  EXPECT_EQ(bad.code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("--partitioner 'min_size:12q': BYTES '12q' is not a number"), std::string::npos) << bad.output;
+  EXPECT_EQ(bad.output.find("running"), std::string::npos) << bad.output;
+}
+
 // The gradient noise scale two workers measure (each step: one worker's gradient and the
 // all-reduced one) against the one worked out from every example's own gradient. The
 // learning rate is 1e-30, so the weights never move and every sampled step measures the

@@ -70,6 +70,27 @@ TEST_F(ParameterServerCli, LaunchWithParameterServersTrainsEveryStepOnceAndTheCh
 // The worker kills itself at its 4th step (ssp:1 keeps the other from taking every step
 // first): the launcher starts it again alone, the chief reruns its closure, and every step
 // of the job is applied exactly once.
+// --partitioner splits each variable over the ps on its first axis: two ps then move
+// nearly the same bytes, where whole variables dealt in turn put the 8 x 16 kernel and the
+// 16 x 3 kernel both on ps:0.
+TEST_F(ParameterServerCli, APartitionerSplitsTheBytesEvenlyOverTheParameterServers) {
+  auto shares = [&](const std::string& flags) {
+    const Result r = launch("--workers 1 --ps 2", "--strategy parameter_server --verbose 0" + flags + summary_flag());
+    EXPECT_EQ(r.code, 0) << r.output;
+    std::vector<double> bytes;
+    const nlohmann::json s = summary();
+    for (const auto& p : s.at("ps_phases").at("per_ps"))
+      bytes.push_back(p.at("shared_memory_bytes").get<double>() + p.at("message_bytes").get<double>());
+    return bytes;
+  };
+  const std::vector<double> whole = shares(""), split = shares(" --partitioner fixed:2");
+  ASSERT_EQ(whole.size(), 2u);
+  ASSERT_EQ(split.size(), 2u);
+  EXPECT_GT(whole[0], 2 * whole[1]);  // kernels (128 + 48 floats) against biases (16 + 3)
+  EXPECT_NEAR(split[0] / (split[0] + split[1]), 0.5, 0.05);
+  EXPECT_EQ(summary()["partitioner"], "FixedShardsPartitioner(num_shards=2)");
+}
+
 TEST_F(ParameterServerCli, AKilledWorkerIsRestartedAloneAndTheJobFinishes) {
   const Result r =
       launch("--workers 2 --ps 1 --max-restarts 1", "--verbose 0 --consistency ssp:1 --fault-kill worker:1:3" + summary_flag());
@@ -126,6 +147,14 @@ TEST_F(ParameterServerCli, WhatItCannotDoIsRefusedByName) {
   r = dtrain::testing::run_cli("fit " + config() + " --strategy parameter_server --consistency ssp:x");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "--consistency 'ssp:x'")) << r.output;
+  r = dtrain::testing::run_cli("fit " + config() + " --partitioner fixed:2");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--partitioner needs --strategy parameter_server")) << r.output;
+  for (const char* bad : {"fixed:0", "fixed", "min_size:1x", "max_size:4k:2:3", "even:2"}) {
+    r = dtrain::testing::run_cli("fit " + config() + " --strategy parameter_server --partitioner " + bad);
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_TRUE(contains(r.output, std::string("--partitioner '") + bad + "'")) << r.output;
+  }
   r = dtrain::testing::run_cli("fit " + config() + " --strategy parameter_server");  // no TF_CONFIG
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_TRUE(contains(r.output, "TF_CONFIG")) << r.output;

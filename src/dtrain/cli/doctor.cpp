@@ -187,6 +187,9 @@ profile::StrategyRun strategy_run_from_summary(const std::string& summary_path, 
       const json& ps = j.at("ps_phases");
       const double steps = ps.value("steps", 0.0);
       if (steps > 0) run.bytes_per_worker_step = (ps.value("shared_memory_bytes", 0.0) + ps.value("message_bytes", 0.0)) / steps;
+      for (const json& p : ps.value("per_ps", json::array()))
+        run.ps.push_back({p.value("apply_seconds", 0.0),
+                          p.value("shared_memory_bytes", 0.0) + p.value("message_bytes", 0.0)});
     } else if (kind == "multi_worker" && run.workers > 1 && !j["profile"].empty()) {
       // A ring all-reduce: each worker sends 2(n-1)/n of the bytes and receives as many.
       const double n = run.workers;
@@ -429,10 +432,13 @@ std::vector<profile::StrategyRun> run_strategies(const DoctorOptions& o, const T
     } else {
       fit.insert(fit.end(), {"--batch-size", std::to_string(per_replica * n)});
       if (!mode.empty()) fit.insert(fit.end(), {"--consistency", mode});
+      if (!o.partitioner.empty()) fit.insert(fit.end(), {"--partitioner", o.partitioner});
       launch.workers = n;
-      launch.ps = 1;
+      launch.ps = o.ps;
       launch.chief = true;
-      label = "ParameterServerStrategy (" + (mode.empty() ? std::string("async") : mode) + ")";
+      label = "ParameterServerStrategy (" + (mode.empty() ? std::string("async") : mode) +
+              (o.ps > 1 ? ", " + std::to_string(o.ps) + " ps" : "") +
+              (o.partitioner.empty() ? "" : ", " + parse_partitioner(o.partitioner).description()) + ")";
     }
     if (!o.fault_slow.empty()) fit.insert(fit.end(), {"--fault-slow", o.fault_slow});
     launch.command = fit;
@@ -447,6 +453,7 @@ void compare_strategies(const DoctorOptions& o, std::ostream& out) {
   if (o.config.empty()) DTRAIN_THROW(InvalidArgument, "doctor: --strategies needs a CONFIG to run");
   if (o.epochs < 1) DTRAIN_THROW(InvalidArgument, "doctor: --epochs must be >= 1, got ", o.epochs);
   for (const std::string& s : o.strategies) split_strategy(s);  // a bad name fails before any run
+  parse_partitioner(o.partitioner);
   parse_fault_slow(o.fault_slow);
   TempDir dir;
   const std::vector<profile::StrategyRun> runs = run_strategies(o, dir, out);
@@ -456,6 +463,9 @@ void compare_strategies(const DoctorOptions& o, std::ostream& out) {
       << (o.target_loss > 0 ? "as given" : "the loss every strategy reached")
       << ", at the end of the epoch that reached it)\n\nRecommendation: "
       << profile::recommend(runs, target).reason << ".\n";
+  for (const profile::StrategyRun& r : runs)
+    if (const std::vector<profile::Finding> findings = profile::strategy_findings(r); !findings.empty())
+      out << "\nFindings for " << r.label << ":\n" << profile::format_findings(findings);
   if (!o.report.empty()) {
     profile::Report report;
     report.title = "dtrain doctor " + o.config + " --strategies";
@@ -473,6 +483,9 @@ std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& o
     compare_strategies(o, out);
     return {};
   }
+  if (o.ps != 1 || !o.partitioner.empty())
+    DTRAIN_THROW(InvalidArgument, "doctor: ", o.ps != 1 ? "--ps" : "--partitioner",
+                 " is for the parameter_server runs of --strategies");
   const bool measure = o.runs.empty();
   if (measure) {
     if (o.config.empty()) DTRAIN_THROW(InvalidArgument, "doctor: give a CONFIG to run, or --runs SUMMARY,...");

@@ -38,6 +38,8 @@ struct DoctorOptions {
   std::vector<std::string> strategies;
   int epochs = 3;
   double target_loss = 0;  // 0: the loss every strategy reached
+  int ps = 1;               // parameter servers of each parameter_server run
+  std::string partitioner;  // their fit --partitioner (empty: each variable whole)
 };
 
 // fit's step profile as `dtrain fit --summary` writes it under "profile": a row per

@@ -80,6 +80,7 @@ struct Overrides {
   std::string compression, communication;
   // parameter_server only
   std::string consistency;  // async, ssp:K, sync, sync:B
+  std::string partitioner;  // fixed:N, min_size:BYTES[:MAX], max_size:BYTES[:MAX]
   int steps_per_execution = 1;
   // multi_worker and mirrored
   int gradient_noise_every = 10;  // multi_worker: every this many steps (0: never)
@@ -246,6 +247,7 @@ int run_fit(const std::string& path, const Overrides& o) {
   if (c.strategy == "parameter_server") {
     distribute::ParameterServerOptions options;
     options.consistency = cli::parse_consistency(o.consistency);
+    options.variable_partitioner = cli::parse_partitioner(o.partitioner);
     const cluster::TfConfig config = cluster::tf_config_from_environment();
     if (kill.ps && kill.worker >= config.cluster.num_tasks("ps"))
       DTRAIN_THROW(InvalidArgument, "--fault-kill ", o.fault_kill, ": the job has ", config.cluster.num_tasks("ps"),
@@ -259,8 +261,9 @@ int run_fit(const std::string& path, const Overrides& o) {
         std::raise(SIGKILL);
       };
     ps = std::make_unique<distribute::ParameterServerStrategy>(config, options);
-  } else if (!o.consistency.empty() || o.steps_per_execution != 1) {
-    DTRAIN_THROW(InvalidArgument, o.consistency.empty() ? "--steps-per-execution" : "--consistency",
+  } else if (!o.consistency.empty() || !o.partitioner.empty() || o.steps_per_execution != 1) {
+    DTRAIN_THROW(InvalidArgument,
+                 !o.consistency.empty() ? "--consistency" : !o.partitioner.empty() ? "--partitioner" : "--steps-per-execution",
                  " needs --strategy parameter_server");
   } else if (kill.ps) {
     DTRAIN_THROW(InvalidArgument, "--fault-kill ", o.fault_kill, ": a ps task exists only under --strategy parameter_server");
@@ -292,7 +295,9 @@ int run_fit(const std::string& path, const Overrides& o) {
              std::to_string(strategy->worker_index()) + ")";
   if (ps)
     where = ps->name() + " (" + std::to_string(ps->num_workers()) + " workers, " + std::to_string(ps->num_ps()) +
-            " ps, " + cli::parse_consistency(o.consistency).description() + "; this is " + ps->task().to_string() + ")";
+            " ps, " + cli::parse_consistency(o.consistency).description() +
+            (o.partitioner.empty() ? "" : ", " + cli::parse_partitioner(o.partitioner).description()) + "; this is " +
+            ps->task().to_string() + ")";
   std::printf("dtrain fit %s: %lld training samples, batch %lld, %d epochs, %s, %s\n", path.c_str(),
               static_cast<long long>(d.train.x.dim(0)), static_cast<long long>(c.batch_size), c.epochs, where.c_str(),
               model_policy(*model).c_str());
@@ -397,6 +402,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     if (ps) {
       j["ps"] = ps->num_ps();
       j["consistency"] = cli::parse_consistency(o.consistency).description();
+      j["partitioner"] = cli::parse_partitioner(o.partitioner).description();
       j["steps_per_execution"] = o.steps_per_execution;
       const distribute::ClusterCoordinator::Statistics s = distribute::ClusterCoordinator(*ps).statistics();
       j["closures"] = s.closures_finished;
@@ -588,6 +594,10 @@ int main(int argc, char** argv) {
     cmd->add_option("--consistency", o.consistency,
                     "parameter_server: async (default), ssp:K (a worker at most K closures ahead of the slowest) or "
                     "sync[:B] (each update the mean of the first N-B workers' gradients)");
+    cmd->add_option("--partitioner", o.partitioner,
+                    "parameter_server: how variables are split over the ps on axis 0: fixed:N, "
+                    "min_size:BYTES[:MAX_SHARDS] or max_size:BYTES[:MAX_SHARDS] (BYTES may end in k or m; default: "
+                    "each variable whole, dealt to the ps in turn)");
     cmd->add_option("--steps-per-execution", o.steps_per_execution,
                     "parameter_server: training steps in each closure a worker runs (async only; default 1)")
         ->check(CLI::Range(1, 65535));
@@ -668,6 +678,11 @@ int main(int argc, char** argv) {
   doctor->add_option("--target-loss", doctor_options.target_loss,
                      "With --strategies: the loss to time each strategy to (default: the loss every one reached)")
       ->check(CLI::PositiveNumber);
+  doctor->add_option("--ps", doctor_options.ps, "With --strategies: parameter servers of the parameter_server runs (default 1)")
+      ->check(CLI::Range(1, 64));
+  doctor->add_option("--partitioner", doctor_options.partitioner,
+                     "With --strategies: the parameter_server runs' fit --partitioner (fixed:N, min_size:BYTES[:MAX], "
+                     "max_size:BYTES[:MAX])");
   doctor->add_option("--fault-slow", doctor_options.fault_slow,
                      "Testing: passed to every run's fit (worker:K:Fx or input:Dms), to see a planted straggler or "
                      "input delay diagnosed")

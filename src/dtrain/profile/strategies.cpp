@@ -127,6 +127,45 @@ Recommendation recommend(const std::vector<StrategyRun>& runs, double target) {
   return out;
 }
 
+std::vector<Finding> strategy_findings(const StrategyRun& run) {
+  std::vector<Finding> out;
+  if (run.kind != "parameter_server") return out;
+  const std::size_t n = run.ps.size();
+  double bytes = 0, training = 0;
+  for (const PsLoad& p : run.ps) bytes += p.bytes;
+  for (double s : run.epoch_seconds) training += s;
+  std::size_t hot = 0;
+  for (std::size_t p = 1; p < n; ++p)
+    if (run.ps[p].bytes > run.ps[hot].bytes) hot = p;
+  const double share = bytes > 0 ? run.ps[hot].bytes / bytes : 0;
+  // 1.5 times an even share (75% of two ps, 50% of three): every pull and push waits for
+  // that ps's larger part, so the others idle while it works.
+  if (n >= 2 && share >= 1.5 / static_cast<double>(n) && run.wait_share >= 0.05) {
+    std::ostringstream evidence, others;
+    auto busy = [&](const PsLoad& p) { return training > 0 ? p.apply_seconds / training : 0.0; };
+    evidence << "ps:" << hot << " moved " << detail::percent(share, 0) << " of the values pulled and gradients pushed ("
+             << "an even split is " << detail::percent(1.0 / static_cast<double>(n), 0) << " each) and spent "
+             << detail::percent(busy(run.ps[hot]), 0) << " of the training time applying updates";
+    for (std::size_t p = 0; p < n; ++p)
+      if (p != hot) others << (others.tellp() > 0 ? ", " : "") << "ps:" << p << " " << detail::percent(busy(run.ps[p]), 0);
+    evidence << " (" << others.str() << "); the workers spend " << detail::percent(run.wait_share, 0)
+             << " of each step pulling and pushing, each pull and push as slow as its part on ps:" << hot;
+    out.push_back({"ps hot spot", evidence.str(),
+                   "split the large variables over the " + std::to_string(n) + " ps on their first axis: --partitioner "
+                   "fixed:" + std::to_string(n) + " (or min_size:256k:" + std::to_string(n) +
+                   "; FixedShardsPartitioner / MinSizePartitioner in ParameterServerOptions::variable_partitioner), "
+                   "which gives each ps an even share of every large variable"});
+  } else if (run.wait_share >= 0.25) {
+    out.push_back({"waiting on the parameter servers",
+                   "the workers spend " + detail::percent(run.wait_share, 0) +
+                       " of each step pulling the weights and pushing the gradients (" +
+                       bytes_text(run.bytes_per_worker_step) + " moved per worker step)",
+                   "a larger batch moves the same bytes for more rows; with workers on other hosts, more ps "
+                   "(and a partitioner) spread the bytes over more links"});
+  }
+  return out;
+}
+
 std::string strategies_table(const std::vector<StrategyRun>& runs, double target) {
   std::string loss_name = runs.empty() ? "loss" : runs.front().loss_name;
   std::string metric = "final metric";

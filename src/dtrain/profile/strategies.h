@@ -11,7 +11,15 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/profile/diagnosis.h"
+
 namespace dtrain::profile {
+
+// One parameter server's share of a run (the summary's ps_phases.per_ps).
+struct PsLoad {
+  double apply_seconds = 0;  // applying updates
+  double bytes = 0;          // values pulled from it and gradients pushed to it
+};
 
 // One strategy's run of the job, as its chief's summary gives it.
 struct StrategyRun {
@@ -29,8 +37,14 @@ struct StrategyRun {
   // Shares of a worker's step: waiting on the others (exposed communication, straggler
   // wait) for the synchronous strategies; pulling and pushing for the ps.
   double wait_share = 0, straggler_share = 0;
+  std::vector<PsLoad> ps;  // parameter_server: each ps's share
   double median_epoch_seconds() const;
 };
+
+// What one run shows on its own, most telling first: for a parameter-server run, a ps hot
+// spot (one ps moving well over its even share of the bytes while the workers wait on
+// pulls and pushes), else the workers' wait on the ps when it is a large share of the step.
+std::vector<Finding> strategy_findings(const StrategyRun& run);
 
 // Seconds from the start of training until `loss` first fell to `target`, at the end of
 // the epoch where it did (epochs are the resolution); none when it never did.
