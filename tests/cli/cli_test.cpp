@@ -355,6 +355,22 @@ TEST_F(Cli, TwoWorkersMeasureTheGradientNoiseScaleOfTheirExamples) {
   EXPECT_EQ(g.at("steps_sampled"), 60 * 2048 / 64 / 10 + (60 * 2048 / 64 % 10 ? 1 : 0));
   EXPECT_EQ(g.at("small_batch"), 32);
   EXPECT_EQ(g.at("big_batch"), 64);
+  // Each epoch's own estimate: together, the epochs' sampled steps and means are the fit's.
+  ASSERT_EQ(g.at("per_epoch").size(), 60u);
+  double steps = 0, gradient_sq_sum = 0, trace_sum = 0;
+  for (const auto& e : g.at("per_epoch")) {
+    const double n = e.at("steps_sampled").get<double>();
+    steps += n;
+    gradient_sq_sum += n * e.at("gradient_sq").get<double>();
+    trace_sum += n * e.at("trace").get<double>();
+    if (n > 0 && e.at("gradient_sq").get<double>() > 0 && e.at("trace").get<double>() > 0)
+      EXPECT_NEAR(e.at("noise_scale").get<double>(), e.at("trace").get<double>() / e.at("gradient_sq").get<double>(),
+                  1e-9 * e.at("noise_scale").get<double>());
+  }
+  EXPECT_EQ(steps, g.at("steps_sampled").get<double>());
+  EXPECT_NEAR(gradient_sq_sum / steps, g.at("gradient_sq").get<double>(), 1e-9 * g.at("gradient_sq").get<double>());
+  EXPECT_NEAR(trace_sum / steps, g.at("trace").get<double>(), 1e-9 * g.at("trace").get<double>());
+  EXPECT_NE(r.output.find("  by epoch: "), std::string::npos) << r.output;
 
   // The truth, from every training example's gradient at the saved (= initial) weights.
   const dtrain::cli::RunConfig c = dtrain::cli::load_config(cfg);

@@ -283,6 +283,7 @@ TEST(ParameterServerFit, ABackupRestoredIntoANewJobGoesOnAsTheJobLeftAlone) {
 
 // --profile under the strategy: the worker writes its steps' trace, the pull of the
 // weights and the push of the gradients among their phases.
+// --profile under the strategy: each worker traces its steps, and each ps the pushes it took.
 TEST(ParameterServerFit, AWorkerTracesItsStepsWithThePullAndThePush) {
   const Data d = make_data();
   const std::string path = ::testing::TempDir() + "ps_trace_" + std::to_string(::getpid()) + ".json";
@@ -302,6 +303,37 @@ TEST(ParameterServerFit, AWorkerTracesItsStepsWithThePullAndThePush) {
   const int steps = static_cast<int>(kSamples / kBatch);
   for (const char* phase : {"pull", "forward", "backward", "push"})
     EXPECT_EQ(events[phase], steps) << phase << " in " << trace.dump().substr(0, 400);
+  // The ps traced each push it took: its queueing and its apply, on the workers' clock
+  // (each apply lies inside the worker's traced time, each after its queueing).
+  const std::string ps_path = path.substr(0, path.size() - 5) + ".ps-0.json";
+  std::ifstream ps_in(ps_path);
+  ASSERT_TRUE(ps_in) << ps_path << " was not written";
+  const nlohmann::json ps_trace = nlohmann::json::parse(ps_in);
+  std::filesystem::remove(ps_path);
+  double first = 1e300, last = 0;
+  for (const auto& e : trace.at("traceEvents"))
+    if (e.value("ph", "") == "X") {
+      first = std::min(first, e.at("ts").get<double>());
+      last = std::max(last, e.at("ts").get<double>() + e.at("dur").get<double>());
+    }
+  int applies = 0, queued = 0;
+  for (const auto& e : ps_trace.at("traceEvents")) {
+    if (e.value("ph", "") != "X") continue;
+    const double ts = e.at("ts").get<double>(), dur = e.at("dur").get<double>();
+    EXPECT_GE(dur, 0.0) << e.dump();
+    if (e.at("name") == "apply worker:0") {
+      ++applies;
+      EXPECT_GE(ts, first) << e.dump();
+      EXPECT_LE(ts + dur, last) << e.dump();
+      EXPECT_EQ(e.at("args").at("staleness"), 0) << e.dump();  // one worker: never behind
+    } else if (e.at("name") == "queued") {
+      ++queued;
+    } else {
+      ADD_FAILURE() << "unexpected event " << e.dump();
+    }
+  }
+  EXPECT_EQ(applies, steps);
+  EXPECT_EQ(queued, steps);
 }
 
 // stop_training set by a callback stops the coordinator handing out steps: fit ends after

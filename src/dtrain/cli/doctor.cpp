@@ -145,7 +145,11 @@ profile::ScaleRun scale_run_from_summary(const std::string& summary_path) {
     run.epoch_seconds = j.value("epoch_seconds", std::vector<double>{});
     run.steps_trained = j.value("steps_trained", std::int64_t{0});
     run.final_accuracy = final_metric(j).value;
-    if (j.contains("gradient_noise")) run.noise_scale = j["gradient_noise"].value("noise_scale", 0.0);
+    if (j.contains("gradient_noise")) {
+      run.noise_scale = j["gradient_noise"].value("noise_scale", 0.0);
+      for (const json& e : j["gradient_noise"].value("per_epoch", json::array()))
+        run.noise_per_epoch.push_back(e.value("noise_scale", 0.0));
+    }
   } catch (const json::exception& e) {
     DTRAIN_THROW(IoError, "doctor: ", summary_path, ": a field is not as fit writes it: ", e.what());
   }
@@ -334,10 +338,19 @@ int most_workers(const std::vector<profile::ScaleRun>& runs) {
 // Under the time-to-accuracy table: what its efficiencies come from, and the batch the
 // noise scale suggests; or why there are none.
 void report_time_to_accuracy(const std::vector<profile::ScaleRun>& runs, double noise_scale, std::ostream& out) {
-  if (noise_scale > 0)
+  if (noise_scale > 0) {
     out << "(statistical efficiency: a sample's share of its best progress, B_noise / (B_noise + global batch), with "
-           "the gradient noise scale the largest run with several workers measured; goodput: samples/s times it)\n"
-        << profile::batch_advice(runs, noise_scale);
+           "the gradient noise scale the largest run with several workers measured; goodput: samples/s times it)\n";
+    // How it moved during training: it grows as the loss falls, and the critical batch with it.
+    for (const profile::ScaleRun& r : runs) {
+      if (r.noise_scale != noise_scale || r.noise_per_epoch.size() < 2) continue;
+      out << "gradient noise scale by epoch at " << r.workers << " worker(s) x " << r.replicas << " replica(s):";
+      for (double e : r.noise_per_epoch) out << " " << (e > 0 ? std::to_string(std::llround(e)) : std::string("-"));
+      out << " samples (the first epoch is the warm-up)\n";
+      break;
+    }
+    out << profile::batch_advice(runs, noise_scale);
+  }
   else if (most_workers(runs) > 1)
     out << "(the runs at several workers measured no positive gradient noise scale in so few steps: more --steps "
            "for each global batch's statistical efficiency)\n";

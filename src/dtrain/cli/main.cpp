@@ -462,6 +462,16 @@ int run_fit(const std::string& path, const Overrides& o) {
                              {"big_batch", g.big_batch},     {"gradient_sq", g.gradient_sq},
                              {"trace", g.trace},             {"noise_scale", g.noise_scale()},
                              {"efficiency", g.efficiency(g.big_batch)}};
+    // Each epoch's own estimate (0 where its sampled steps gave none).
+    if (h.gradient_noise.steps > 0) {
+      json per_epoch = json::array();
+      for (const GradientNoise& e : h.gradient_noise_per_epoch)
+        per_epoch.push_back({{"steps_sampled", e.steps},
+                             {"gradient_sq", e.gradient_sq},
+                             {"trace", e.trace},
+                             {"noise_scale", e.noise_scale()}});
+      j["gradient_noise"]["per_epoch"] = std::move(per_epoch);
+    }
     j["test_samples"] = d.test.x.defined() && !test.empty() ? d.test.x.dim(0) : 0;
     j["wall_seconds"] = wall;
     j["epoch_rss_mb"] = rss;  // resident memory after each epoch

@@ -159,12 +159,20 @@ ProfilerCallback::ProfilerCallback(std::string path, std::int64_t max_steps)
   if (max_steps_ < 1) DTRAIN_THROW(InvalidArgument, "ProfilerCallback: max_steps must be >= 1, got ", max_steps_);
 }
 
-std::string ProfilerCallback::path_for_worker(int worker) const {
-  if (worker == 0) return path_;
-  const std::size_t slash = path_.find_last_of('/');
-  std::size_t dot = path_.find_last_of('.');
-  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) dot = path_.size();
-  return path_.substr(0, dot) + ".worker-" + std::to_string(worker) + path_.substr(dot);
+namespace {
+// `path` with `.tag` before its extension: t.json -> t.worker-1.json.
+std::string tagged(const std::string& path, const std::string& tag) {
+  const std::size_t slash = path.find_last_of('/');
+  std::size_t dot = path.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) dot = path.size();
+  return path.substr(0, dot) + "." + tag + path.substr(dot);
 }
+}  // namespace
+
+std::string ProfilerCallback::path_for_worker(int worker) const {
+  return worker == 0 ? path_ : tagged(path_, "worker-" + std::to_string(worker));
+}
+
+std::string ProfilerCallback::path_for_ps(int ps) const { return tagged(path_, "ps-" + std::to_string(ps)); }
 
 }  // namespace dtrain

@@ -91,6 +91,16 @@ struct GradientNoise {
   double noise_scale() const { return steps > 0 && gradient_sq > 0 && trace > 0 ? trace / gradient_sq : 0.0; }
   // The share of a sample's best progress a sample makes in a batch of `batch` rows.
   double efficiency(double batch) const { return profile::statistical_efficiency(noise_scale(), batch); }
+  // The steps sampled since `earlier` (this measurement as it was then), with their own means.
+  GradientNoise since(const GradientNoise& earlier) const {
+    GradientNoise out = *this;
+    out.steps = steps - earlier.steps;
+    if (out.steps <= 0) return {0, small_batch, big_batch, 0, 0};
+    const double n = static_cast<double>(out.steps), was = static_cast<double>(earlier.steps);
+    out.gradient_sq = (gradient_sq * static_cast<double>(steps) - earlier.gradient_sq * was) / n;
+    out.trace = (trace * static_cast<double>(steps) - earlier.trace * was) / n;
+    return out;
+  }
 };
 
 // Records every epoch's logs: history["loss"][epoch], ... fit() returns one.
@@ -115,8 +125,10 @@ class History : public Callback {
   // The first step whose loss or weights were not finite; empty when every one was.
   std::optional<NonFinite> non_finite;
   // Measured every GradientNoise-sampled step where several workers all-reduce (steps 0
-  // where it was not: one process, or gradient accumulation).
+  // where it was not: one process, or gradient accumulation), over the whole fit and each
+  // epoch's own (the noise scale grows as the loss falls).
   GradientNoise gradient_noise;
+  std::vector<GradientNoise> gradient_noise_per_epoch;
 };
 
 // Keeps a trace of every phase of fit's first `max_steps` steps on every thread
@@ -131,6 +143,8 @@ class ProfilerCallback : public Callback {
   const std::string& path() const { return path_; }
   std::int64_t max_steps() const { return max_steps_; }
   std::string path_for_worker(int worker) const;
+  // A parameter server's trace of the pushes it took: PATH.ps-N.json.
+  std::string path_for_ps(int ps) const;
 
  private:
   std::string path_;

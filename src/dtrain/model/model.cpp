@@ -461,6 +461,7 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
 
   for (int epoch = resume ? resume->epoch : opt.initial_epoch; epoch < opt.epochs && !stop_training; ++epoch) {
     metrics::Mean loss_mean("loss");
+    const GradientNoise noise_before = trainer.gradient_noise();
     begin_epoch(epoch, loss_mean, logs, callbacks);
     progress.epoch_begin(epoch, opt.epochs);
     std::int64_t step = 0, samples = 0;
@@ -554,6 +555,7 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
     history->samples_per_second.push_back(static_cast<double>(samples) / train_seconds);
     history->input_wait_seconds.push_back(source.input_wait());
     history->profile.push_back(profiler.epoch());
+    history->gradient_noise_per_epoch.push_back(trainer.gradient_noise().since(noise_before));
     progress.epoch_end(logs, epoch_seconds, step);
     if (verbose > 0 && worker == 0) out << "  " << profile::phase_shares(profiler.epoch()) << "\n";
     for (auto& c : callbacks) c->on_epoch_end(epoch, logs);
@@ -571,6 +573,12 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
     else
       out << "Gradient noise scale: not measurable from " << g.steps
           << " sampled steps (the gradients' noise did not show above their mean; train longer)\n";
+    if (history->gradient_noise_per_epoch.size() > 1) {
+      out << "  by epoch:";
+      for (const GradientNoise& e : history->gradient_noise_per_epoch)
+        out << " " << (e.noise_scale() > 0 ? std::to_string(std::llround(e.noise_scale())) : std::string("-"));
+      out << " samples\n";
+    }
   }
   for (const std::string& path : trace_paths)
     profiler.write_trace(path, worker, workers > 1 ? detail::concat("worker ", worker) : std::string("dtrain fit"));

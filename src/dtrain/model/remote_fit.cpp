@@ -46,16 +46,25 @@ History Model::serve_remote_fit(RemoteTraining& remote, BatchSource* batches, co
   check_remote_options(*strategy_, opt);
   // A ProfilerCallback's trace: each worker writes its own steps' phases (pull, input
   // wait, forward, backward, push), worker 0's at the callback's path.
-  const int worker = remote.remote_worker_index();
-  std::string trace_path;
+  const int worker = remote.remote_worker_index(), ps = remote.remote_ps_index();
+  std::string trace_path, server_trace_path;
   profile::ProfilerOptions profile_options;
-  for (const auto& c : opt.callbacks)
-    if (const auto* p = dynamic_cast<const ProfilerCallback*>(c.get()); p && worker >= 0) {
+  for (const auto& c : opt.callbacks) {
+    const auto* p = dynamic_cast<const ProfilerCallback*>(c.get());
+    if (p && worker >= 0) {
       trace_path = p->path_for_worker(worker);
       check_replaceable(trace_path, "fit: the trace file");
       profile_options.trace = true;
       profile_options.max_trace_steps = p->max_steps();
     }
+    // A parameter server traces the pushes it takes: each one's queueing and applying.
+    if (p && ps >= 0) {
+      server_trace_path = p->path_for_ps(ps);
+      check_replaceable(server_trace_path, "fit: the parameter server's trace file");
+      remote.trace_server(static_cast<std::size_t>(p->max_steps()) *
+                          static_cast<std::size_t>(std::max(1, remote.num_remote_workers())));
+    }
+  }
   profile::Profiler profiler(profile_options);
   profile::Track& loop = profiler.loop();
   Trainer trainer(*this, 1, profiler);
@@ -119,6 +128,7 @@ History Model::serve_remote_fit(RemoteTraining& remote, BatchSource* batches, co
     return figures;
   });
   if (!trace_path.empty()) profiler.write_trace(trace_path, worker, "worker " + std::to_string(worker));
+  if (!server_trace_path.empty()) remote.write_server_trace(server_trace_path);
   return History();
 }
 

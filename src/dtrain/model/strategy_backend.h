@@ -86,6 +86,13 @@ class RemoteTraining {
   // A worker or parameter server: answers the coordinator, running `steps` for each of
   // its closures, until the coordinator ends the job.
   virtual void serve(Steps steps) = 0;
+  // Which parameter server this process is (-1: none).
+  virtual int remote_ps_index() const { return -1; }
+  // A parameter server, before serve(): keep the first `max_pushes` pushes' queueing and
+  // applying for a trace, which write_server_trace writes afterwards as Chrome trace
+  // events (timestamps comparable with the workers' traces on the same host).
+  virtual void trace_server(std::size_t /*max_pushes*/) {}
+  virtual void write_server_trace(const std::string& /*path*/) const {}
   // The coordinator, at the start of each fit(): the workers serve one fit's steps (its
   // input, options and callbacks) for the whole job, so a second fit is refused by name;
   // so are steps_per_closure the consistency mode cannot order.

@@ -41,6 +41,7 @@ struct ScaleRun {
   std::int64_t steps_trained = 0;
   double final_accuracy = -1;
   double noise_scale = 0;
+  std::vector<double> noise_per_epoch;  // each epoch's own (0: none measured that epoch)
   int replicas_in_sync() const { return workers * replicas; }
   // The cores that computed: on each host, the threads asked or the cores there, whichever
   // is fewer (0: not known).

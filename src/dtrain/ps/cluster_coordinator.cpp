@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <iomanip>
@@ -18,11 +19,13 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
 #include "dtrain/comm/shared_memory.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/files.h"
 #include "dtrain/distribute/worker_comm.h"
 #include "dtrain/model/compile_config.h"
 #include "dtrain/optim/optimizer.h"
@@ -278,6 +281,9 @@ class PsBackend final : public StrategyBackend, public RemoteTraining {
   int remote_worker_index() const override;
   std::string describe() const override;
   void serve(Steps steps) override;
+  int remote_ps_index() const override;
+  void trace_server(std::size_t max_pushes) override;
+  void write_server_trace(const std::string& path) const override;
   void begin_fit(int steps_per_closure) override;
   void place(optim::Optimizer& optimizer, bool restored) override;
   void train(std::int64_t first_step, std::int64_t steps, int steps_per_closure, const Finished& finished) override;
@@ -397,6 +403,19 @@ class PsRuntime final : public dtrain::detail::VariableTracker {
   void end_job();
   // Workers and parameter servers: answers the coordinator until it ends the job.
   void serve();
+
+  // A parameter server's trace of the pushes it received (RemoteTraining::trace_server).
+  struct PushEvent {
+    std::string task;
+    ParameterStore::PushResult result;
+  };
+  void record_push(const std::string& task, const ParameterStore::PushResult& result) {
+    std::lock_guard lock(push_trace_mutex_);
+    if (push_trace_.size() < push_trace_max_) push_trace_.push_back({task, result});
+  }
+  std::size_t push_trace_max_ = 0;  // set before serve(): 0, no trace
+  mutable std::mutex push_trace_mutex_;
+  std::vector<PushEvent> push_trace_;
 
  private:
   mutable std::mutex vars_mutex_;
@@ -779,6 +798,7 @@ class PsService final : public wire::ParameterServer::Service {
     }
     try {
       const ParameterStore::PushResult result = store_.push(push);
+      if (runtime_.push_trace_max_ > 0) runtime_.record_push(push.task, result);
       reply->set_applied(result.applied);
       reply->set_version(result.version);
       if (result.applied && runtime_.options_.on_update) runtime_.options_.on_update(result.version);
@@ -1711,6 +1731,45 @@ PsRuntime& PsBackend::alive() const {
     DTRAIN_THROW(InvalidArgument, "fit: the ParameterServerStrategy this model was made under is gone; keep the ",
                  "strategy alive while the model trains");
   return *runtime;
+}
+
+int PsBackend::remote_ps_index() const {
+  const cluster::TaskId& task = alive().config_.task;
+  return task.type == "ps" ? task.index : -1;
+}
+
+void PsBackend::trace_server(std::size_t max_pushes) { alive().push_trace_max_ = max_pushes; }
+
+// Chrome trace events: on thread 0 each push the store took, as "apply" (with its task and
+// staleness), "refused" (a closure's second run, a fenced task) or "dropped" (too late for
+// its synchronous update); on thread 1 + k, worker k's pushes queueing for the store.
+void PsBackend::write_server_trace(const std::string& path) const {
+  const PsRuntime& r = alive();
+  const int pid = 1000 + r.config_.task.index;
+  auto micros = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::micro>(t.time_since_epoch()).count();
+  };
+  nlohmann::json events = nlohmann::json::array();
+  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"tid", 0}, {"args", {{"name", r.task_name_}}}});
+  events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", 0}, {"args", {{"name", "updates"}}}});
+  std::set<int> queues;
+  std::lock_guard lock(r.push_trace_mutex_);
+  for (const PsRuntime::PushEvent& e : r.push_trace_) {
+    const ParameterStore::PushResult& p = e.result;
+    const char* outcome = p.applied ? "apply" : p.dropped ? "dropped" : "refused";
+    events.push_back({{"ph", "X"}, {"cat", "ps apply"}, {"name", std::string(outcome) + " " + e.task},
+                      {"pid", pid}, {"tid", 0}, {"ts", micros(p.locked)}, {"dur", micros(p.done) - micros(p.locked)},
+                      {"args", {{"task", e.task}, {"staleness", p.staleness}, {"version", p.version}}}});
+    // "worker:K" queues on thread 1 + K; anything else (the chief) on thread 1000.
+    const int tid = e.task.rfind("worker:", 0) == 0 ? 1 + std::atoi(e.task.c_str() + 7) : 1000;
+    if (queues.insert(tid).second)
+      events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", tid},
+                        {"args", {{"name", "queued: " + e.task}}}});
+    events.push_back({{"ph", "X"}, {"cat", "ps queue"}, {"name", "queued"}, {"pid", pid}, {"tid", tid},
+                      {"ts", micros(p.arrived)}, {"dur", micros(p.locked) - micros(p.arrived)}});
+  }
+  write_file_replacing(path, nlohmann::json{{"displayTimeUnit", "ms"}, {"traceEvents", std::move(events)}}.dump() + "\n",
+                       "fit: the parameter server's trace");
 }
 
 bool PsBackend::coordinates() const { return alive().config_.task.type == "chief"; }

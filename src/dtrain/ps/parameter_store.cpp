@@ -75,9 +75,18 @@ const ParameterStore::Shard& ParameterStore::find(const ShardKey& key, const std
 }
 
 ParameterStore::PushResult ParameterStore::push(const Push& push) {
-  const auto arrived = std::chrono::steady_clock::now();
+  PushResult result;
+  result.arrived = std::chrono::steady_clock::now();
   std::lock_guard lock(mutex_);
-  stats_.queue_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - arrived).count();
+  result.locked = std::chrono::steady_clock::now();
+  stats_.queue_seconds += std::chrono::duration<double>(result.locked - result.arrived).count();
+  // Every answer: whether applied, the version now, and when the store was done with it.
+  auto answer = [&](bool applied) {
+    result.applied = applied;
+    result.version = version_;
+    result.done = std::chrono::steady_clock::now();
+    return result;
+  };
   if (!created_) DTRAIN_THROW(InvalidArgument, push.task, " pushed gradients before the coordinator placed any variable");
   if (push.step >= kMaxStepsPerClosure)
     DTRAIN_THROW(InvalidArgument, push.task, " pushed step ", push.step, " of closure ", push.closure, "; a closure runs at most ",
@@ -86,7 +95,7 @@ ParameterStore::PushResult ParameterStore::push(const Push& push) {
   const auto fenced = fenced_.find(push.task);
   if (applied_.contains(once) || (fenced != fenced_.end() && push.incarnation <= fenced->second)) {
     ++stats_.pushes_refused;
-    return {false, version_};
+    return answer(false);
   }
   grads_.clear();
   vars_.clear();
@@ -117,6 +126,7 @@ ParameterStore::PushResult ParameterStore::push(const Push& push) {
   }
   applied_.insert(once);
   const std::int64_t staleness = std::max<std::int64_t>(0, version_ - push.pulled_version);
+  result.staleness = staleness;
   if (aggregate_ == 0) {
     apply();
     for (auto& [shard, change] : changes_)
@@ -125,12 +135,13 @@ ParameterStore::PushResult ParameterStore::push(const Push& push) {
       stats_.staleness_counts.resize(static_cast<std::size_t>(staleness) + 1, 0);
     ++stats_.staleness_counts[static_cast<std::size_t>(staleness)];
     ++stats_.pushes_applied;
-    return {true, version_};
+    return answer(true);
   }
   // Synchronous: gather; the first `aggregate_` gradients of this version make the update.
   if (staleness > 0 || contributors_.contains(push.task)) {
     ++stats_.pushes_dropped;
-    return {false, version_};
+    result.dropped = true;
+    return answer(false);
   }
   for (std::size_t i = 0; i < grads_.size(); ++i) {
     if (!grads_[i].defined()) continue;
@@ -148,7 +159,7 @@ ParameterStore::PushResult ParameterStore::push(const Push& push) {
   }
   contributors_.insert(push.task);
   ++stats_.pushes_applied;
-  if (static_cast<int>(contributors_.size()) < aggregate_) return {true, version_};
+  if (static_cast<int>(contributors_.size()) < aggregate_) return answer(true);
   grads_.clear();
   vars_.clear();
   const float mean = 1.0f / static_cast<float>(contributors_.size());
@@ -166,7 +177,7 @@ ParameterStore::PushResult ParameterStore::push(const Push& push) {
   for (Tensor& t : sums_) t = Tensor();
   for (Tensor& t : change_sums_) t = Tensor();
   contributors_.clear();
-  return {true, version_};
+  return answer(true);
 }
 
 void ParameterStore::apply() {

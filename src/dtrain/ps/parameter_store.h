@@ -4,6 +4,7 @@
 // serialised by one lock, each push applied whole as it arrives.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -88,6 +89,11 @@ class ParameterStore {
   struct PushResult {
     bool applied = false;  // false: the closure's gradients were applied before
     std::int64_t version = 0;
+    bool dropped = false;        // synchronous: computed from an older version, or a second one
+    std::int64_t staleness = 0;  // versions behind the store when it arrived
+    // When the push reached the store, had its lock (the time between: queueing) and was
+    // done with, for a parameter server's trace.
+    std::chrono::steady_clock::time_point arrived, locked, done;
   };
   // Applies the gradients once per closure and step: a closure run again (its worker died after
   // pushing) is refused, and so is a push from an incarnation of a task fenced off. A gradient for a shard not held here, or of another shape, is an
