@@ -98,12 +98,26 @@ Fitted fit_on_cluster(int workers, int num_ps, const ParameterServerOptions& o,
   return chief;
 }
 
+// One device's fit of the data, the reference the one-worker jobs below must give.
+struct OneDevice {
+  FitOptions fit_options;
+  std::unique_ptr<Sequential> model;
+  History history;
+};
+OneDevice one_device_fit(const Data& d, const ModelMaker& make) {
+  OneDevice one{.fit_options = {.epochs = kUnderTsan ? 1 : 2, .batch_size = kBatch, .seed = 3, .verbose = 0},
+                .model = make()};
+  one.fit_options.validation_data = std::make_pair(d.x_val, d.y_val);
+  one.history = one.model->fit(d.x, d.y, one.fit_options);
+  return one;
+}
+
 TEST(ParameterServerFit, OneWorkerGivesOneDevicesFitWithOneAndSeveralStepsToAClosure) {
   const Data d = make_data();
-  FitOptions fit_options{.epochs = kUnderTsan ? 1 : 2, .batch_size = kBatch, .seed = 3, .verbose = 0};
-  fit_options.validation_data = std::make_pair(d.x_val, d.y_val);
-  auto reference = compiled_model();
-  const History expected = reference->fit(d.x, d.y, fit_options);
+  const OneDevice one = one_device_fit(d, compiled_model);
+  const FitOptions& fit_options = one.fit_options;
+  const Sequential* reference = one.model.get();
+  const History& expected = one.history;
   const std::int64_t steps_per_epoch = kSamples / kBatch;
   for (int per_closure : {1, 3}) {
     SCOPED_TRACE(std::to_string(per_closure) + " steps to a closure");
@@ -136,10 +150,10 @@ TEST(ParameterServerFit, OneWorkerGivesOneDevicesFitWithOneAndSeveralStepsToAClo
 // on one ps or split over several.
 TEST(ParameterServerFit, BatchNormsMovingStatisticsFollowOneDevice) {
   const Data d = make_data();
-  FitOptions fit_options{.epochs = kUnderTsan ? 1 : 2, .batch_size = kBatch, .seed = 3, .verbose = 0};
-  fit_options.validation_data = std::make_pair(d.x_val, d.y_val);
-  auto reference = compiled_model_with_batch_norm();
-  const History expected = reference->fit(d.x, d.y, fit_options);
+  const OneDevice one = one_device_fit(d, compiled_model_with_batch_norm);
+  const FitOptions& fit_options = one.fit_options;
+  Sequential* reference = one.model.get();
+  const History& expected = one.history;
   auto* norm = dynamic_cast<nn::BatchNormalization*>(reference->layers()[1].get());
   ASSERT_NE(norm, nullptr);
   // The moving statistics left their initial values, so the check below can fail.
