@@ -67,9 +67,6 @@ TEST_F(ParameterServerCli, LaunchWithParameterServersTrainsEveryStepOnceAndTheCh
   EXPECT_GT(s["test"]["accuracy"].get<double>(), 0.6) << s.dump();
 }
 
-// The worker kills itself at its 4th step (ssp:1 keeps the other from taking every step
-// first): the launcher starts it again alone, the chief reruns its closure, and every step
-// of the job is applied exactly once.
 // --partitioner splits each variable over the ps on its first axis: two ps then move
 // nearly the same bytes, where whole variables dealt in turn put the 8 x 16 kernel and the
 // 16 x 3 kernel both on ps:0.
@@ -91,6 +88,9 @@ TEST_F(ParameterServerCli, APartitionerSplitsTheBytesEvenlyOverTheParameterServe
   EXPECT_EQ(summary()["partitioner"], "FixedShardsPartitioner(num_shards=2)");
 }
 
+// The worker kills itself at its 4th step (ssp:1 keeps the other from taking every step
+// first): the launcher starts it again alone, the chief reruns its closure, and every step
+// of the job is applied exactly once.
 TEST_F(ParameterServerCli, AKilledWorkerIsRestartedAloneAndTheJobFinishes) {
   const Result r =
       launch("--workers 2 --ps 1 --max-restarts 1", "--verbose 0 --consistency ssp:1 --fault-kill worker:1:3" + summary_flag());

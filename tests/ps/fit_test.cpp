@@ -295,9 +295,8 @@ TEST(ParameterServerFit, ABackupRestoredIntoANewJobGoesOnAsTheJobLeftAlone) {
   }
 }
 
-// --profile under the strategy: the worker writes its steps' trace, the pull of the
-// weights and the push of the gradients among their phases.
-// --profile under the strategy: each worker traces its steps, and each ps the pushes it took.
+// --profile under the strategy: each worker traces its steps (the pull of the weights and
+// the push of the gradients among their phases), and each ps the pushes it took.
 TEST(ParameterServerFit, AWorkerTracesItsStepsWithThePullAndThePush) {
   const Data d = make_data();
   const std::string path = ::testing::TempDir() + "ps_trace_" + std::to_string(::getpid()) + ".json";

@@ -249,6 +249,13 @@ TEST(ParameterStore, AStepsChangeToAMovingStatisticIsAddedOnceAndAveragedWhenSyn
   EXPECT_EQ(moving_now(sync), moving.to_vector());  // the update waits for the second worker
   ASSERT_TRUE(sync.push(with_change(push_of(2, grad, "worker:1"), c2)).applied);
   EXPECT_EQ(moving_now(sync), (std::vector<float>{1.5f, 1.5f, 1.0f, 3.5f}));
+  // A push computed from the version before that update is dropped, its change with it.
+  ParameterStore::Push late = with_change(push_of(3, grad, "worker:0"), c1);
+  late.pulled_version = 0;
+  const ParameterStore::PushResult dropped = sync.push(late);
+  EXPECT_TRUE(dropped.dropped);
+  EXPECT_FALSE(dropped.applied);
+  EXPECT_EQ(moving_now(sync), (std::vector<float>{1.5f, 1.5f, 1.0f, 3.5f}));
 }
 
 }  // namespace

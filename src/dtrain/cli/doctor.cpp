@@ -465,8 +465,13 @@ std::vector<profile::StrategyRun> run_strategies(const DoctorOptions& o, const T
 void compare_strategies(const DoctorOptions& o, std::ostream& out) {
   if (o.config.empty()) DTRAIN_THROW(InvalidArgument, "doctor: --strategies needs a CONFIG to run");
   if (o.epochs < 1) DTRAIN_THROW(InvalidArgument, "doctor: --epochs must be >= 1, got ", o.epochs);
-  for (const std::string& s : o.strategies) split_strategy(s);  // a bad name fails before any run
+  bool any_ps = false;
+  for (const std::string& s : o.strategies)  // a bad name fails before any run
+    any_ps = split_strategy(s).first == "parameter_server" || any_ps;
   parse_partitioner(o.partitioner);
+  if (!any_ps && (o.ps != 1 || !o.partitioner.empty()))
+    DTRAIN_THROW(InvalidArgument, "doctor: ", o.ps != 1 ? "--ps" : "--partitioner",
+                 " is for the parameter_server runs of --strategies, and none is listed");
   parse_fault_slow(o.fault_slow);
   TempDir dir;
   const std::vector<profile::StrategyRun> runs = run_strategies(o, dir, out);

@@ -152,9 +152,9 @@ std::vector<Finding> strategy_findings(const StrategyRun& run) {
              << " of each step pulling and pushing, each pull and push as slow as its part on ps:" << hot;
     out.push_back({"ps hot spot", evidence.str(),
                    "split the large variables over the " + std::to_string(n) + " ps on their first axis: --partitioner "
-                   "fixed:" + std::to_string(n) + " (or min_size:256k:" + std::to_string(n) +
-                   "; FixedShardsPartitioner / MinSizePartitioner in ParameterServerOptions::variable_partitioner), "
-                   "which gives each ps an even share of every large variable"});
+                   "fixed:" + std::to_string(n) + " (FixedShardsPartitioner in ParameterServerOptions::"
+                   "variable_partitioner), which gives each ps an even share of every variable; min_size:BYTES:" +
+                   std::to_string(n) + " splits only those above BYTES"});
   } else if (run.wait_share >= 0.25) {
     out.push_back({"waiting on the parameter servers",
                    "the workers spend " + detail::percent(run.wait_share, 0) +
