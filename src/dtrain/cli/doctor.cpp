@@ -465,13 +465,8 @@ std::vector<profile::StrategyRun> run_strategies(const DoctorOptions& o, const T
 void compare_strategies(const DoctorOptions& o, std::ostream& out) {
   if (o.config.empty()) DTRAIN_THROW(InvalidArgument, "doctor: --strategies needs a CONFIG to run");
   if (o.epochs < 1) DTRAIN_THROW(InvalidArgument, "doctor: --epochs must be >= 1, got ", o.epochs);
-  bool any_ps = false;
-  for (const std::string& s : o.strategies)  // a bad name fails before any run
-    any_ps = split_strategy(s).first == "parameter_server" || any_ps;
+  for (const std::string& s : o.strategies) split_strategy(s);  // a bad name fails before any run
   parse_partitioner(o.partitioner);
-  if (!any_ps && (o.ps != 1 || !o.partitioner.empty()))
-    DTRAIN_THROW(InvalidArgument, "doctor: ", o.ps != 1 ? "--ps" : "--partitioner",
-                 " is for the parameter_server runs of --strategies, and none is listed");
   parse_fault_slow(o.fault_slow);
   TempDir dir;
   const std::vector<profile::StrategyRun> runs = run_strategies(o, dir, out);
@@ -497,13 +492,16 @@ void compare_strategies(const DoctorOptions& o, std::ostream& out) {
 }  // namespace
 
 std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& out) {
+  const bool parameter_server_runs = std::any_of(o.strategies.begin(), o.strategies.end(), [](const std::string& s) {
+    return s.rfind("parameter_server", 0) == 0;
+  });
+  if (!parameter_server_runs && (o.ps != 1 || !o.partitioner.empty()))
+    DTRAIN_THROW(InvalidArgument, "doctor: ", o.ps != 1 ? "--ps" : "--partitioner",
+                 " is for the parameter_server runs of --strategies, and none is listed");
   if (!o.strategies.empty()) {
     compare_strategies(o, out);
     return {};
   }
-  if (o.ps != 1 || !o.partitioner.empty())
-    DTRAIN_THROW(InvalidArgument, "doctor: ", o.ps != 1 ? "--ps" : "--partitioner",
-                 " is for the parameter_server runs of --strategies");
   const bool measure = o.runs.empty();
   if (measure) {
     if (o.config.empty()) DTRAIN_THROW(InvalidArgument, "doctor: give a CONFIG to run, or --runs SUMMARY,...");

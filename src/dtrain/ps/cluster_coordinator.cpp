@@ -742,6 +742,22 @@ class PsService final : public wire::ParameterServer::Service {
     return grpc::Status::OK;
   }
 
+  // One shard's values in a push message (a gradient or a change), copied out into `into`;
+  // values of another size than the shape's are refused naming `task`.
+  grpc::Status take_from_message(const wire::Rows& rows, const std::string& task, const char* what,
+                                 std::vector<std::pair<ParameterStore::ShardKey, Tensor>>& into) {
+    const Shape shape = shape_of(rows.shape());
+    if (rows.values().size() != static_cast<std::size_t>(shape.numel()) * sizeof(float))
+      return {kInvalidArgument, task + " pushed a " + what + " of " + std::to_string(rows.values().size()) +
+                                    " bytes for a " + shape.to_string() + " shard " + std::to_string(rows.shard()) +
+                                    " of variable " + std::to_string(rows.variable())};
+    Tensor values = Tensor::empty(shape);
+    std::memcpy(values.raw_data(), rows.values().data(), rows.values().size());
+    into.emplace_back(ParameterStore::ShardKey{rows.variable(), rows.shard()}, std::move(values));
+    message_bytes_ += static_cast<std::int64_t>(rows.values().size());
+    return grpc::Status::OK;
+  }
+
   grpc::Status Push(grpc::ServerContext*, const wire::PushRequest* request, wire::PushReply* reply) override {
     if (auto s = runtime_.check(request->caller()); !s.ok()) return s;
     ParameterStore::Push push;
@@ -778,24 +794,10 @@ class PsService final : public wire::ParameterServer::Service {
         shared_memory_bytes_ += static_cast<std::int64_t>(bytes);
         continue;
       }
-      if (rows.values().size() != bytes)
-        return {kInvalidArgument, push.task + " pushed a gradient of " + std::to_string(rows.values().size()) +
-                                      " bytes for a " + shape.to_string() + " shard"};
-      Tensor grad = Tensor::empty(shape);
-      std::memcpy(grad.raw_data(), rows.values().data(), rows.values().size());
-      push.gradients.emplace_back(ParameterStore::ShardKey{rows.variable(), rows.shard()}, std::move(grad));
-      message_bytes_ += static_cast<std::int64_t>(bytes);
+      if (grpc::Status s = take_from_message(rows, push.task, "gradient", push.gradients); !s.ok()) return s;
     }
-    for (const wire::Rows& rows : request->changes()) {
-      const Shape shape = shape_of(rows.shape());
-      if (rows.values().size() != static_cast<std::size_t>(shape.numel()) * sizeof(float))
-        return {kInvalidArgument, push.task + " pushed a change of " + std::to_string(rows.values().size()) +
-                                      " bytes for a " + shape.to_string() + " shard"};
-      Tensor change = Tensor::empty(shape);
-      std::memcpy(change.raw_data(), rows.values().data(), rows.values().size());
-      push.changes.emplace_back(ParameterStore::ShardKey{rows.variable(), rows.shard()}, std::move(change));
-      message_bytes_ += static_cast<std::int64_t>(rows.values().size());
-    }
+    for (const wire::Rows& rows : request->changes())
+      if (grpc::Status s = take_from_message(rows, push.task, "change", push.changes); !s.ok()) return s;
     try {
       const ParameterStore::PushResult result = store_.push(push);
       if (runtime_.push_trace_max_ > 0) runtime_.record_push(push.task, result);
@@ -940,7 +942,7 @@ class PushSink final : public optim::detail::GradientSink {
       by_variable[static_cast<std::size_t>(it - vars_.begin())] = &grads[i];
     }
     // The non-trainable variables the step changed: their change since the pull.
-    std::vector<bool> changed(vars_.size(), false);
+    changed_.assign(vars_.size(), false);
     for (std::size_t v = 0; v < pulled_.size(); ++v) {
       if (!pulled_[v].defined()) continue;
       const float* now = vars_[v]->value().data<float>();
@@ -950,7 +952,7 @@ class PushSink final : public optim::detail::GradientSink {
         change[i] = now[i] - change[i];
         any = any || change[i] != 0.0f;
       }
-      changed[v] = any;
+      changed_[v] = any;
     }
     const std::string optimizer_json = optimizer_to_json(optimizer).dump();
     const int num_ps = runtime_.config_.cluster.num_tasks("ps");
@@ -976,7 +978,7 @@ class PushSink final : public optim::detail::GradientSink {
                  lane ? std::nullopt : std::optional<std::string_view>(bytes));
       }
       for (const ShardPlacement& s : placement_)
-        if (s.ps == p && changed[s.index])
+        if (s.ps == p && changed_[s.index])
           add_rows(r.mutable_changes(), static_cast<int>(s.index), static_cast<int>(s.shard),
                    shard_shape(vars_[s.index]->shape(), s.row_end - s.row_begin),
                    rows_bytes(pulled_[s.index], s.row_begin, s.row_end));
@@ -1010,6 +1012,7 @@ class PushSink final : public optim::detail::GradientSink {
   std::uint32_t step_ = 0;
   bool pushed_ = false;
   std::vector<Tensor> pulled_;  // [variable]: non-trainable ones' pulled values, then their change
+  std::vector<bool> changed_;   // [variable]: the step changed it (kept to allocate nothing per step)
 
  public:
   double push_seconds = 0;  // spent pushing, over the closure

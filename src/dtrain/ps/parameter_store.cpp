@@ -143,20 +143,16 @@ ParameterStore::PushResult ParameterStore::push(const Push& push) {
     result.dropped = true;
     return answer(false);
   }
-  for (std::size_t i = 0; i < grads_.size(); ++i) {
-    if (!grads_[i].defined()) continue;
-    const std::size_t s = indices_[i];
-    if (!sums_[s].defined())
-      sums_[s] = grads_[i].clone();
+  // `x` added into `sum`, which the first one starts.
+  auto accumulate = [](Tensor& sum, const Tensor& x) {
+    if (!sum.defined())
+      sum = x.clone();
     else
-      kernels::backend().axpby(1.0f, grads_[i], 1.0f, sums_[s]);
-  }
-  for (auto& [shard, change] : changes_) {
-    if (!change_sums_[shard].defined())
-      change_sums_[shard] = change.clone();
-    else
-      kernels::backend().axpby(1.0f, change, 1.0f, change_sums_[shard]);
-  }
+      kernels::backend().axpby(1.0f, x, 1.0f, sum);
+  };
+  for (std::size_t i = 0; i < grads_.size(); ++i)
+    if (grads_[i].defined()) accumulate(sums_[indices_[i]], grads_[i]);
+  for (auto& [shard, change] : changes_) accumulate(change_sums_[shard], change);
   contributors_.insert(push.task);
   ++stats_.pushes_applied;
   if (static_cast<int>(contributors_.size()) < aggregate_) return answer(true);
