@@ -7,7 +7,7 @@
 #include <numeric>
 
 #include "bindings.h"
-#include "dtrain/cli/config.h"
+#include "dtrain/cli/strategy_flags.h"
 
 namespace dtrain::python {
 namespace {

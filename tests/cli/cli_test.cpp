@@ -369,9 +369,10 @@ TEST_F(Cli, TwoWorkersMeasureTheGradientNoiseScaleOfTheirExamples) {
     steps += n;
     gradient_sq_sum += n * e.at("gradient_sq").get<double>();
     trace_sum += n * e.at("trace").get<double>();
-    if (n > 0 && e.at("gradient_sq").get<double>() > 0 && e.at("trace").get<double>() > 0)
+    if (n > 0 && e.at("gradient_sq").get<double>() > 0 && e.at("trace").get<double>() > 0) {
       EXPECT_NEAR(e.at("noise_scale").get<double>(), e.at("trace").get<double>() / e.at("gradient_sq").get<double>(),
                   1e-9 * std::abs(e.at("noise_scale").get<double>()));
+    }
   }
   EXPECT_EQ(steps, g.at("steps_sampled").get<double>());
   EXPECT_NEAR(gradient_sq_sum / steps, g.at("gradient_sq").get<double>(),

@@ -13,7 +13,6 @@
 #include "dtrain/data/datasets.h"
 #include "dtrain/model/sequential.h"
 #include "dtrain/model/serialization.h"
-#include "dtrain/ps/cluster_coordinator.h"
 
 namespace dtrain::cli {
 
@@ -120,13 +119,5 @@ Shape input_shape(const RunConfig& c);
 void check_model_fits_data(const RunConfig& c, const Shape& row);
 // The training Dataset the config's pipeline describes (requires c.data.pipeline).
 data::Dataset build_pipeline(const RunConfig& c, const data::Split& train);
-
-// --consistency (and a --strategies parameter_server mode): async, ssp:K (K >= 0) or
-// sync[:B] (B backup workers); an error names the text.
-distribute::Consistency parse_consistency(const std::string& text);
-// --partitioner: fixed:N, min_size:BYTES[:MAX_SHARDS] or max_size:BYTES[:MAX_SHARDS]
-// (BYTES may end in k or m), TensorFlow's three partitioners; empty: none (each variable
-// whole on one ps, dealt in turn). An error names the text.
-distribute::Partitioner parse_partitioner(const std::string& text);
 
 }  // namespace dtrain::cli

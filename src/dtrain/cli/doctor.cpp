@@ -16,6 +16,7 @@
 
 #include "dtrain/cli/config.h"
 #include "dtrain/cli/fault.h"
+#include "dtrain/cli/strategy_flags.h"
 #include "dtrain/cluster/launcher.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/files.h"

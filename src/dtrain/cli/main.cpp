@@ -22,6 +22,7 @@
 #include "dtrain/cli/config.h"
 #include "dtrain/cli/doctor.h"
 #include "dtrain/cli/fault.h"
+#include "dtrain/cli/strategy_flags.h"
 #include "dtrain/cli/traces.h"
 #include "dtrain/cluster/launcher.h"
 #include "dtrain/core/allocator.h"
