@@ -425,6 +425,13 @@ TEST_F(Cli, FaultSlowIsACallbackOnTheNamedWorkerOnly) {
   EXPECT_EQ(j["fault_slow"]["batches_slowed"], 8);
   ASSERT_EQ(run("fit " + tiny_config() + " --epochs 1 --verbose 0 --fault-slow worker:1:2x --summary " + other).code, 0);
   EXPECT_FALSE(nlohmann::json::parse(std::ifstream(other)).contains("fault_slow"));
+  // The chief's summary names a straggler on another worker (the doctor's model needs it).
+  ASSERT_EQ(run("launch --workers 2 fit " + tiny_config() + " --strategy multi_worker --epochs 1 --steps-per-epoch 2 "
+                "--verbose 0 --fault-slow worker:1:3x --summary " + other).code, 0);
+  const auto chief = nlohmann::json::parse(std::ifstream(other));
+  EXPECT_EQ(chief["fault_slow"]["worker"], 1) << chief.dump();
+  EXPECT_EQ(chief["fault_slow"]["factor"], 3.0) << chief.dump();
+  EXPECT_FALSE(chief["fault_slow"].contains("batches_slowed")) << chief.dump();
   r = run("fit " + tiny_config() + " --fault-slow worker:0:0.5x");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("a factor from 1 to 1000"), std::string::npos) << r.output;

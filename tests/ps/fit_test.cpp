@@ -212,7 +212,9 @@ TEST(ParameterServerFit, TwoWorkersFitADatasetAndEveryStepCountsOnce) {
   std::int64_t summed = 0;
   for (const profile::WorkerSummary& w : chief.history.profile_summary) {
     summed += w.totals.steps;
-    if (w.totals.steps > 0) EXPECT_GT(w.step_p90, 0.0);
+    if (w.totals.steps > 0) {
+      EXPECT_GT(w.step_p90, 0.0);
+    }
   }
   EXPECT_EQ(summed, epochs > 1 ? (epochs - 1) * steps : steps);
   if (kUnderTsan) return;

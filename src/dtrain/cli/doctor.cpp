@@ -136,6 +136,7 @@ profile::ScaleRun scale_run_from_summary(const std::string& summary_path) {
     run.host_threads = j.value("host_threads", 0);
     run.host_cores = j.value("host_cores", 0);
     run.hosts = std::max(1, j.value("hosts", 1));
+    if (j.contains("fault_slow")) run.straggler_factor = std::max(1.0, j["fault_slow"].value("factor", 1.0));
     // The rounds: each epoch after the first (which warms up).
     if (j.contains("epoch_samples_per_second") && j["epoch_samples_per_second"].size() > 1)
       run.rounds.assign(j["epoch_samples_per_second"].begin() + 1, j["epoch_samples_per_second"].end());

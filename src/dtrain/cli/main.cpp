@@ -489,9 +489,12 @@ int run_fit(const std::string& path, const Overrides& o) {
                                                                                                               : "-inf")},
                                           {"terminated", stopped}}
                                    : json(nullptr);
-    if (slow)
-      j["fault_slow"] = {{"worker", fault.worker}, {"factor", fault.factor}, {"batches_slowed", slow->batches_slowed()},
-                         {"seconds_added", slow->seconds_added()}};
+    // The straggler, in the chief's summary wherever it is; what it did, where it is the chief.
+    if (fault.worker >= 0 && fault.worker < j["workers"].get<int>()) j["fault_slow"] = {{"worker", fault.worker}, {"factor", fault.factor}};
+    if (slow) {
+      j["fault_slow"]["batches_slowed"] = slow->batches_slowed();
+      j["fault_slow"]["seconds_added"] = slow->seconds_added();
+    }
     if (fault.input_delay_ms > 0) j["fault_slow"] = {{"input_delay_ms", fault.input_delay_ms}};
     for (const auto& f : signals)
       j[f->signal() == SIGKILL ? "fault_kill" : "fault_term"] = {

@@ -153,7 +153,7 @@ Prediction predict(const StepModel& m, int workers, const Link& link) {
   const double k = std::max(1, m.buckets);
   p.exposed = m.overlap && m.spare_core ? std::max(p.ring / k, p.ring - m.backward * (k - 1) / k) : p.ring;
   const double alone = m.fixed + m.forward + m.backward + m.local_sum;
-  p.step = alone + p.exposed;
+  p.step = (alone + p.exposed) * (workers > 1 ? m.straggler : 1.0);
   p.samples_per_second = p.step > 0 ? static_cast<double>(m.batch) * workers / p.step : 0;
   p.efficiency = p.step > 0 ? alone / p.step : 0;
   return p;
@@ -246,6 +246,7 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     m.overlap = r.overlap;
     m.spare_core = r.spare_core;
     m.compressed = r.compressed;
+    m.straggler = r.straggler_factor;
     // Workers sharing this host's cores beyond what it has compute slower than the run
     // at one worker did, by the ratio of threads to cores (workers with machines of
     // their own, which the what-if describes, do not).
