@@ -1,7 +1,9 @@
 // --fault-slow, --fault-kill, --fault-term: faults made by callbacks.
 #include "dtrain/cli/fault.h"
 
+#include <algorithm>
 #include <csignal>
+#include <ctime>
 #include <cstdio>
 #include <thread>
 
@@ -35,14 +37,28 @@ SlowWorker::SlowWorker(double factor) : factor_(factor) {
     DTRAIN_THROW(InvalidArgument, "SlowWorker: the factor must be from 1 to 1000, got ", factor);
 }
 
-void SlowWorker::on_train_batch_begin(std::int64_t, const Logs&) { batch_start_ = Clock::now(); }
+namespace {
+
+// The calling thread's CPU time: what it computed, not what it waited for.
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+}  // namespace
+
+void SlowWorker::on_train_batch_begin(std::int64_t, const Logs&) { batch_cpu_start_ = thread_cpu_seconds(); }
 
 void SlowWorker::on_train_batch_end(std::int64_t, const Logs&) {
-  // The injected fault itself, not a wait for anything: a worker with slower cores.
-  const Clock::duration extra = std::chrono::duration_cast<Clock::duration>((factor_ - 1.0) * (Clock::now() - batch_start_));
-  std::this_thread::sleep_for(extra);
+  // The injected fault itself, not a wait for anything: a worker with slower cores. The
+  // training thread's CPU time over the batch (its share of forward, backward and the
+  // update; blocked waits for the other workers or the ps cost none) made `factor` times
+  // as long.
+  const double extra = (factor_ - 1.0) * std::max(0.0, thread_cpu_seconds() - batch_cpu_start_);
+  std::this_thread::sleep_for(std::chrono::duration<double>(extra));
   ++batches_;
-  seconds_ += std::chrono::duration<double>(extra).count();
+  seconds_ += extra;
 }
 
 FaultSignal parse_fault_signal(const std::string& flag, const std::string& text, int signal, bool allow_ps) {

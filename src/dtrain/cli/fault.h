@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <string>
 
-#include "dtrain/core/clock.h"
 #include "dtrain/model/callbacks.h"
 
 namespace dtrain::cli {
@@ -27,9 +26,10 @@ struct FaultSlow {
 FaultSlow parse_fault_slow(const std::string& text);
 
 // On the worker it is installed on, after every training batch: sleeps (factor - 1) times
-// the time the batch took (from on_train_batch_begin to on_train_batch_end), so that its
-// steps take `factor` times as long and the other workers wait for it in their next
-// collective. The sleep shows in the step profile as callback time (the metrics phase),
+// the CPU time the training thread spent on the batch (from on_train_batch_begin to
+// on_train_batch_end), so that its computing takes `factor` times as long, as on slower
+// cores, and the other workers wait for it in their next collective. Time the thread
+// spent blocked (on the other workers, the ps, the link) is not made longer. The sleep shows in the step profile as callback time (the metrics phase),
 // not as compute. It counts what it did, so that tests assert on counts, not durations.
 class SlowWorker : public Callback {
  public:
@@ -43,7 +43,7 @@ class SlowWorker : public Callback {
 
  private:
   double factor_;
-  Clock::time_point batch_start_{};
+  double batch_cpu_start_ = 0;
   std::int64_t batches_ = 0;
   double seconds_ = 0;
 };

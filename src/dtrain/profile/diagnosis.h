@@ -42,7 +42,7 @@ struct ScaleRun {
   double final_accuracy = -1;
   double noise_scale = 0;
   std::vector<double> noise_per_epoch;  // each epoch's own (0: none measured that epoch)
-  // A worker made this many times slower (fit --fault-slow worker:K:Fx; 1: none).
+  // A worker made to compute this many times as long (fit --fault-slow worker:K:Fx; 1: none).
   double straggler_factor = 1;
   int replicas_in_sync() const { return workers * replicas; }
   // The cores that computed: on each host, the threads asked or the cores there, whichever

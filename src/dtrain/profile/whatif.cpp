@@ -151,9 +151,11 @@ Prediction predict(const StepModel& m, int workers, const Link& link) {
   p.workers = workers;
   p.ring = ring_seconds(m.gradient_bytes, m.buckets, workers, link);
   const double k = std::max(1, m.buckets);
-  p.exposed = m.overlap && m.spare_core ? std::max(p.ring / k, p.ring - m.backward * (k - 1) / k) : p.ring;
+  // The slowest worker computes `straggler` times as long; the ring waits for its buckets.
+  const double slower = workers > 1 ? m.straggler : 1.0;
+  p.exposed = m.overlap && m.spare_core ? std::max(p.ring / k, p.ring - slower * m.backward * (k - 1) / k) : p.ring;
   const double alone = m.fixed + m.forward + m.backward + m.local_sum;
-  p.step = (alone + p.exposed) * (workers > 1 ? m.straggler : 1.0);
+  p.step = m.input + slower * (alone - m.input) + p.exposed;
   p.samples_per_second = p.step > 0 ? static_cast<double>(m.batch) * workers / p.step : 0;
   p.efficiency = p.step > 0 ? alone / p.step : 0;
   return p;

@@ -58,8 +58,9 @@ struct StepModel {
   bool compressed = false;  // already 16-bit on the wire
   std::int64_t batch = 0;  // rows per worker per step
   int replicas = 1;        // per worker
-  // One worker's steps take this many times as long as the others' (1: none); every
-  // synchronous step waits for it, so the step is this many times the model's.
+  // One worker computes this many times as long as the others (1: none): everything of
+  // its step but the input wait and the ring, as on slower cores. Every synchronous step
+  // waits for it.
   double straggler = 1;
 };
 // From `one_worker` (a run at 1 worker; its worker 0). InvalidArgument when it has more,

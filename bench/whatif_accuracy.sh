@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# How close the doctor's model check comes to the step times it predicts, over the runs
+# this machine can make: 2 to 4 workers on one host (loopback), and 2 workers as two
+# "hosts" in network namespaces joined by links limited with tbf (each pinned to a core
+# of its own, as two one-core machines), each with and without a straggler (worker 1
+# made 2x slower with --fault-slow). Per case and round: the job at one worker (pinned
+# as one of the case's workers is), the job at N workers (N times the rows per step),
+# `dtrain probe-link` between them, then `dtrain doctor --runs ONE,N --what-if LINK`,
+# whose model check gives measured and predicted samples/s. Prints a markdown table of
+# the medians over the rounds; --update-docs also writes it into docs/profiling.md
+# between its whatif-accuracy markers. Needs root for the namespaces (without root, only
+# the loopback cases run).
+#
+#   bench/whatif_accuracy.sh [--update-docs]   ROUNDS=3 RATES="20mbit 100mbit 1gbit"
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+dtrain="$here/build/release/dtrain"
+config="$here/examples/configs/fashion_mnist.json"
+[ -x "$dtrain" ] || { echo "whatif_accuracy.sh: build first (make build): $dtrain is missing" >&2; exit 1; }
+update_docs=no
+[ "${1:-}" = --update-docs ] && update_docs=yes
+rounds=${ROUNDS:-3}
+rows=256  # per worker per step
+fit=(fit "$config" --epochs 3 --steps-per-epoch 10 --threads 1 --verbose 0)
+. "$here/scripts/netns_pair.sh"
+a=dtrain_wia_a b=dtrain_wia_b
+addr_a=169.254.81.1 addr_b=169.254.81.2 port=29460
+dir=$(mktemp -d)
+trap 'netns_pair_down "$a" "$b"; rm -rf "$dir"' EXIT
+namespaces=yes
+[ "$(id -u)" = 0 ] || namespaces=no
+
+# Runs "$@" as worker 0 and 1 of a two-host cluster, worker i in namespace i on core i.
+on_both() {
+  local pids=() i ns token="wia-$RANDOM"
+  local cluster="{\"worker\": [\"$addr_a:$port\", \"$addr_b:$port\"]}"
+  for i in 0 1; do
+    ns=$([ $i = 0 ] && echo "$a" || echo "$b")
+    ip netns exec "$ns" env TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"worker\", \"index\": $i}}" \
+      OMP_NUM_THREADS=1 DTRAIN_CLUSTER_TOKEN="$token" taskset -c "$i" "$@" >"$dir/out-$i.log" 2>&1 &
+    pids+=($!)
+  done
+  local failed=0
+  for p in "${pids[@]}"; do wait "$p" || failed=1; done
+  [ $failed = 0 ] || { cat "$dir"/out-*.log >&2; exit 1; }
+}
+
+# One round of a case: prints "measured predicted why" from the doctor's model check.
+# WHERE is loopback or a tbf rate; SLOW is none or a --fault-slow.
+round() {
+  local workers=$1 where=$2 slow=$3 fault=() link
+  [ "$slow" = none ] || fault=(--fault-slow "$slow")
+  rm -f "$dir/one.json" "$dir/many.json"
+  if [ "$where" = loopback ]; then
+    OMP_NUM_THREADS=1 "$dtrain" "${fit[@]}" --batch-size $rows --summary "$dir/one.json" >/dev/null
+    OMP_NUM_THREADS=1 "$dtrain" launch --workers "$workers" "${fit[@]}" --strategy multi_worker \
+      --batch-size $((rows * workers)) --summary "$dir/many.json" "${fault[@]}" >/dev/null
+    OMP_NUM_THREADS=1 "$dtrain" launch --workers "$workers" probe-link >"$dir/out-0.log" 2>&1
+  else
+    OMP_NUM_THREADS=1 taskset -c 0 "$dtrain" "${fit[@]}" --batch-size $rows --summary "$dir/one.json" >/dev/null
+    on_both "$dtrain" "${fit[@]}" --strategy multi_worker --batch-size $((rows * 2)) --summary "$dir/many.json" \
+      "${fault[@]}"
+    on_both "$dtrain" probe-link
+  fi
+  link=$(grep -o 'link=[^ ]*' "$dir/out-0.log" | head -1)
+  "$dtrain" doctor --runs "$dir/one.json,$dir/many.json" --what-if "$link" >"$dir/doctor.txt"
+  # | workers | replicas | measured | predicted | error | compute | why |
+  grep -A3 "^Model check" "$dir/doctor.txt" | tail -1 |
+    awk -F' [|] ' -v link="${link#link=}" '{ sub(/ [|]$/, "", $7); print $3, $4, link, $7 }'
+}
+
+# Medians over the rounds, as a table row.
+case_row() {
+  local label=$1 workers=$2 where=$3 slow=$4 r
+  : >"$dir/rounds"
+  for r in $(seq "$rounds"); do round "$workers" "$where" "$slow" >>"$dir/rounds"; done
+  python3 - "$label" "$workers" "$slow" "$dir/rounds" <<'EOF'
+import statistics, sys
+label, workers, slow, path = sys.argv[1:]
+rows = [line.split(" ", 3) for line in open(path) if line.strip()]
+measured = statistics.median(float(r[0]) for r in rows)
+predicted = statistics.median(float(r[1]) for r in rows)
+errors = [(float(r[1]) - float(r[0])) / float(r[0]) for r in rows]
+error = (predicted - measured) / measured
+worst = max(errors, key=abs)
+link = rows[len(rows) // 2][2]
+whys = sorted({r[3].strip() for r in rows if r[3].strip() not in ("-", "")})
+straggler = "-" if slow == "none" else "worker:1 2x"
+print(f"| {label} | {workers} | {straggler} | {measured:.0f} | {predicted:.0f} | {error:+.1%} | {worst:+.1%} | "
+      f"{link} | {'; '.join(whys) if abs(error) > 0.15 or abs(worst) > 0.15 else '-'} |")
+EOF
+}
+
+table() {
+  echo "| link | workers | straggler | measured samples/s | predicted | error (medians) | worst round | link the doctor used | where it misses by more than 15%, why |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+  local workers slow rate
+  for slow in none worker:1:2x; do
+    for workers in 2 3 4; do case_row "one host (loopback)" "$workers" loopback "$slow"; done
+  done
+  [ $namespaces = yes ] || return 0
+  for rate in ${RATES:-20mbit 100mbit 1gbit}; do
+    netns_pair_up "$a" "$b" "$addr_a" "$addr_b" "$rate" >&2 || return 0
+    for slow in none worker:1:2x; do case_row "tbf $rate, two namespaces" 2 "$rate" "$slow"; done
+    netns_pair_down "$a" "$b"
+  done
+}
+
+table | tee "$dir/table.md"
+if [ $update_docs = yes ]; then
+  python3 - "$here/docs/profiling.md" "$dir/table.md" "$rounds" "$(date -u +%Y-%m-%d)" <<'EOF'
+import sys
+doc, table, rounds, day = sys.argv[1:]
+text = open(doc).read()
+begin, end = "<!-- whatif-accuracy:begin -->", "<!-- whatif-accuracy:end -->"
+if begin not in text or end not in text:
+    sys.exit(f"{doc}: no {begin} ... {end} markers to write the table between")
+head, rest = text.split(begin, 1)
+_, tail = rest.split(end, 1)
+body = (f"\n`bench/whatif_accuracy.sh --update-docs` on {day}, medians of {rounds} rounds "
+        f"(seeds' Fashion-MNIST MLP, 256 rows per worker per step, one thread per worker):\n\n"
+        + open(table).read() + "\n")
+open(doc, "w").write(head + begin + body + end + tail)
+EOF
+fi
