@@ -3,8 +3,9 @@
 # Sourced by the tests and benchmarks that need one; needs root.
 #
 #   . scripts/netns_pair.sh
-#   netns_pair_up NS_A NS_B ADDR_A ADDR_B RATE [LATENCY]   (as tc writes them: 20mbit, 1gbit;
-#                                                          tbf's queue limit, default 400ms)
+#   netns_pair_up NS_A NS_B ADDR_A ADDR_B RATE [LATENCY [BURST]]   (as tc writes them: 20mbit,
+#                      1gbit; tbf's queue limit, default 400ms; its bucket, default 256kb: what
+#                      goes at the veth's own speed after the link was idle)
 #   ip netns exec NS_A ...
 #   netns_pair_down NS_A NS_B
 # The addresses (link-local, 169.254.x.y) exist only inside the namespaces. netns_pair_up
@@ -23,7 +24,7 @@ netns_pair_down() {
 }
 
 netns_pair_up() {
-  local a=$1 b=$2 addr_a=$3 addr_b=$4 rate=$5 latency=${6:-400ms}
+  local a=$1 b=$2 addr_a=$3 addr_b=$4 rate=$5 latency=${6:-400ms} burst=${7:-256kb}
   # Device names are at most 15 bytes: named after a checksum of the namespace's name.
   local va="v$(cksum <<<"$a" | cut -d' ' -f1)" vb="v$(cksum <<<"$b" | cut -d' ' -f1)"
   netns_pair_down "$a" "$b"
@@ -38,7 +39,7 @@ netns_pair_up() {
     ip -n "$ns" addr add "$addr/30" dev "$dev" || { echo "cannot give $dev the address $addr"; return 1; }
     ip -n "$ns" link set "$dev" up || { echo "cannot bring up $dev in $ns"; return 1; }
     # Each direction is limited on its sender's side.
-    ip netns exec "$ns" tc qdisc add dev "$dev" root tbf rate "$rate" burst 256kb latency "$latency" 2>/dev/null ||
+    ip netns exec "$ns" tc qdisc add dev "$dev" root tbf rate "$rate" burst "$burst" latency "$latency" 2>/dev/null ||
       { echo "tc cannot rate-limit a veth here (no tbf qdisc)"; return 1; }
   done
 }

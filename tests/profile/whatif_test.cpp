@@ -141,6 +141,14 @@ TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
                                            "allowed 2.00x (threads beyond the cores contend more than their ratio) |"),
             std::string::npos)
       << model_check_table(shared);
+  // Computing as slowly as the ratio allows, and still a step far longer: the workers'
+  // time-slicing is what the model did not know.
+  ScaleRun sliced = crowded;
+  sliced.rows = {row(0.040, 0.018, 0.006), row(0.040, 0.018, 0.006)};
+  sliced.samples_per_second = 128 / 0.040;
+  const std::vector<Check> waited_for_cores = model_check({one, sliced}, Link{1e9, 0});
+  ASSERT_EQ(waited_for_cores.size(), 1u);
+  EXPECT_EQ(waited_for_cores[0].why.rfind("4 compute threads time-sliced on 2 cores", 0), 0u) << waited_for_cores[0].why;
   // A planted straggler computing 3x as long: every synchronous step waits for it; the
   // ring (one bucket) starts once it is done.
   ScaleRun straggled = two;

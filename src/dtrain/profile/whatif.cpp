@@ -275,6 +275,10 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
                 "x the one-worker run's where the model allowed " + detail::fixed(slower, 2) + "x" +
                 (r.oversubscription() > 1 ? " (threads beyond the cores contend more than their ratio)"
                                         : " (other load, or caches and memory bandwidth shared)");
+      else if (r.oversubscription() > 1 && missed > 0)
+        c.why = std::to_string(r.host_threads) + " compute threads time-sliced on " + std::to_string(r.host_cores) +
+                " cores, with each worker's communication thread: a synchronous step waits for the last worker "
+                "the scheduler runs, which costs more than the " + detail::fixed(slower, 2) + "x the model allows";
       else if (!r.doubt.empty())
         c.why = "the run's figures are in doubt";
       else if (missed > 0)
