@@ -11,7 +11,7 @@
 # between its whatif-accuracy markers. Needs root for the namespaces (without root, only
 # the loopback cases run).
 #
-#   bench/whatif_accuracy.sh [--update-docs]   ROUNDS=3 RATES="20mbit 100mbit 1gbit" WHERE=all|loopback|namespaces
+#   bench/whatif_accuracy.sh [--update-docs]   ROUNDS=3 RATES="20mbit 100mbit 1gbit" WHERE=all|loopback|namespaces|ps
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -26,8 +26,12 @@ fit=(fit "$config" --epochs 3 --steps-per-epoch 10 --threads 1 --verbose 0)
 . "$here/scripts/netns_pair.sh"
 a=dtrain_wia_a b=dtrain_wia_b
 addr_a=169.254.81.1 addr_b=169.254.81.2 port=29460
+# Under the ps: the two workers, the ps and the chief, each a host on a switch.
+hub=dtrain_wia_hub
+hosts=(dtrain_wia_w0 dtrain_wia_w1 dtrain_wia_ps dtrain_wia_chief)
+star_addr() { echo "169.254.78.$(($1 + 1)):$port"; }  # of hosts[i]
 dir=$(mktemp -d)
-trap 'netns_pair_down "$a" "$b"; rm -rf "$dir"' EXIT
+trap 'netns_pair_down "$a" "$b"; netns_star_down "$hub" "${hosts[@]}"; rm -rf "$dir"' EXIT
 namespaces=yes
 [ "$(id -u)" = 0 ] || namespaces=no
 
@@ -85,11 +89,49 @@ round() {
     awk -F' [|] ' -v link="${link#link=}" '{ sub(/ [|]$/, "", $7); print $3, $4, link, $7 }'
 }
 
-# Medians over the rounds, as a table row.
+# Runs TASKS ("type:index:host ..."; a worker is pinned to the core of its index) of the
+# cluster CLUSTER on the star's hosts, each "$@", the first one writing OUT_0.log.
+on_star() {
+  local cluster=$1 tasks=$2 pids=() t type index host pin token="wia-$RANDOM"
+  shift 2
+  for t in $tasks; do
+    IFS=: read -r type index host <<<"$t"
+    pin=()
+    [ "$type" = worker ] && pin=(taskset -c "$index")
+    ip netns exec "${hosts[$host]}" env TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$type\", \"index\": $index}}" \
+      OMP_NUM_THREADS=1 DTRAIN_CLUSTER_TOKEN="$token" "${pin[@]}" "$@" >"$dir/out-$type$index.log" 2>&1 &
+    pids+=($!)
+  done
+  local failed=0
+  for p in "${pids[@]}"; do wait "$p" || failed=1; done
+  [ $failed = 0 ] || { cat "$dir"/out-*.log >&2; exit 1; }
+}
+
+# One round under the ps (2 workers, 1 ps, CONSISTENCY) on the star: "measured predicted
+# link why", as round prints.
+ps_round() {
+  local consistency=$1 slow=$2 fault=() link
+  [ "$slow" = none ] || fault=(--fault-slow "$slow")
+  rm -f "$dir/one.json" "$dir/many.json"
+  reference yes
+  on_star "{\"chief\": [\"$(star_addr 3)\"], \"worker\": [\"$(star_addr 0)\", \"$(star_addr 1)\"], \"ps\": [\"$(star_addr 2)\"]}" \
+    "chief:0:3 worker:0:0 worker:1:1 ps:0:2" "$dtrain" "${fit[@]}" --strategy parameter_server \
+    --consistency "$consistency" --batch-size $rows --summary "$dir/many.json" "${fault[@]}"
+  on_star "{\"worker\": [\"$(star_addr 0)\", \"$(star_addr 1)\"]}" "worker:0:0 worker:1:1" "$dtrain" probe-link
+  link=$(grep -o 'link=[^ ]*' "$dir/out-worker0.log" | head -1)
+  "$dtrain" doctor --runs "$dir/one.json,$dir/many.json" --what-if "$link" >"$dir/doctor.txt"
+  grep -A3 "^Model check" "$dir/doctor.txt" | tail -1 |
+    awk -F' [|] ' -v link="${link#link=}" '{ sub(/ [|]$/, "", $7); print $3, $4, link, $7 }'
+}
+
+# Medians over the rounds, as a table row. WORKERS "ps:CONSISTENCY" is a ps case.
 case_row() {
   local label=$1 workers=$2 where=$3 slow=$4 r
   : >"$dir/rounds"
-  for r in $(seq "$rounds"); do round "$workers" "$where" "$slow" >>"$dir/rounds"; done
+  for r in $(seq "$rounds"); do
+    if [ "${workers#ps:}" != "$workers" ]; then ps_round "${workers#ps:}" "$slow"; else round "$workers" "$where" "$slow"; fi \
+      >>"$dir/rounds"
+  done
   python3 - "$label" "$workers" "$slow" "$dir/rounds" <<'EOF'
 import statistics, sys
 label, workers, slow, path = sys.argv[1:]
@@ -102,6 +144,8 @@ worst = max(errors, key=abs)
 link = rows[len(rows) // 2][2]
 whys = sorted({r[3].strip() for r in rows if r[3].strip() not in ("-", "")})
 straggler = "-" if slow == "none" else "worker:1 2x"
+if workers.startswith("ps:"):
+    workers = f"2, 1 ps, {workers[3:]}"
 print(f"| {label} | {workers} | {straggler} | {measured:.0f} | {predicted:.0f} | {error:+.1%} | {worst:+.1%} | "
       f"{link} | {'; '.join(whys) if abs(error) > 0.15 or abs(worst) > 0.15 else '-'} |")
 EOF
@@ -112,17 +156,26 @@ table() {
   echo "|---|---|---|---|---|---|---|---|---|"
   local workers slow rate
   local where=${WHERE:-all}
-  if [ "$where" != namespaces ]; then
+  if [ "$where" = all ] || [ "$where" = loopback ]; then
     for slow in none worker:1:2x; do
       for workers in 2 3 4; do case_row "one host (loopback)" "$workers" loopback "$slow"; done
     done
   fi
   [ $namespaces = yes ] && [ "$where" != loopback ] || return 0
-  for rate in ${RATES:-20mbit 100mbit 1gbit}; do
+  [ "$where" = ps ] || for rate in ${RATES:-20mbit 100mbit 1gbit}; do
     # A small bucket (one GSO packet): a real link sends nothing faster after it was idle.
     netns_pair_up "$a" "$b" "$addr_a" "$addr_b" "$rate" 400ms 64kb >&2 || return 0
     for slow in none worker:1:2x; do case_row "tbf $rate, two namespaces" 2 "$rate" "$slow"; done
     netns_pair_down "$a" "$b"
+  done
+  for rate in ${RATES:-20mbit 100mbit 1gbit}; do
+    NETNS_BURST=64kb netns_star_up "$hub" "$rate" "${hosts[@]}" >&2 || return 0
+    for consistency in async sync; do
+      for slow in none worker:1:2x; do
+        case_row "tbf $rate, ps: 2 workers, ps and chief on a switch" "ps:$consistency" "$rate" "$slow"
+      done
+    done
+    netns_star_down "$hub" "${hosts[@]}"
   done
 }
 

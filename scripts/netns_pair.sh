@@ -48,7 +48,7 @@ netns_pair_up() {
 # by a veth pair rate-limited at RATE on both ends, so that each host has its own link of
 # that rate in each direction (a switch with RATE ports). NS_i gets 169.254.78.(i+1)/24.
 #
-#   netns_star_up HUB RATE NS_0 NS_1 ...
+#   netns_star_up HUB RATE NS_0 NS_1 ...      (NETNS_BURST: tbf's bucket, default 256kb)
 #   netns_star_down HUB NS_0 NS_1 ...
 netns_star_down() {
   local ns
@@ -74,8 +74,10 @@ netns_star_up() {
     ip -n "$hub" link set "$port" master br0 || { echo "cannot attach $port to the bridge"; return 1; }
     ip -n "$hub" link set "$port" up
     # Uplink limited on the host's end, downlink on the switch's.
-    ip netns exec "$ns" tc qdisc add dev "$host" root tbf rate "$rate" burst 256kb latency 400ms 2>/dev/null &&
-      ip netns exec "$hub" tc qdisc add dev "$port" root tbf rate "$rate" burst 256kb latency 400ms 2>/dev/null ||
+    ip netns exec "$ns" tc qdisc add dev "$host" root tbf rate "$rate" burst "${NETNS_BURST:-256kb}" latency 400ms \
+      2>/dev/null &&
+      ip netns exec "$hub" tc qdisc add dev "$port" root tbf rate "$rate" burst "${NETNS_BURST:-256kb}" latency 400ms \
+        2>/dev/null ||
       { echo "tc cannot rate-limit a veth here (no tbf qdisc)"; return 1; }
     i=$((i + 1))
   done

@@ -111,6 +111,64 @@ WorkerSummary row(double step, double compute, double comm) {
   return w;
 }
 
+TEST(WhatIf, AParameterServerStepIsTheClosurePlusAPullAndAPushBoundedByThePsLink) {
+  StepModel m;
+  m.fixed = 0.002;  // 1 ms of it input wait, 1 ms the optimizer (which moves to the ps)
+  m.input = 0.001;
+  m.optimizer = 0.001;
+  m.forward = 0.003;
+  m.backward = 0.005;
+  m.gradient_bytes = 1e6;
+  m.batch = 100;
+  const Link link{1e8, 0};  // 10 ms each way
+  // One worker: 9 ms of closure + 20 ms of pull and push + 1 ms of apply, nobody to wait for.
+  EXPECT_NEAR(predict_ps(m, 1, 1, "async", link).step, 0.030, 1e-12);
+  // Async workers queue for the ps's link: more workers, more samples/s, each worker
+  // slower, and never more closures than the ps link carries (100 a second).
+  const double two = predict_ps(m, 2, 1, "async", link).samples_per_second;
+  const double four = predict_ps(m, 4, 1, "async", link).samples_per_second;
+  EXPECT_GT(two, 100 / 0.030);
+  EXPECT_LT(two, 2 * 100 / 0.030);
+  EXPECT_GT(four, two);
+  EXPECT_LT(four, 100 * 100);
+  EXPECT_NEAR(predict_ps(m, 64, 1, "async", link).samples_per_second, 100 * 100, 0.02 * 100 * 100);
+  // Two ps each carry half: four workers go faster than with one.
+  EXPECT_GT(predict_ps(m, 4, 2, "async", link).samples_per_second, four);
+  // Nothing shared (no bytes, no optimizer): each worker at its own pace exactly. A
+  // straggler computing 3x as long (1 ms input + 24 ms): async sums the paces, ssp holds
+  // every worker to the straggler's.
+  StepModel alone = m;
+  alone.gradient_bytes = 0;
+  alone.fixed = 0.001;
+  alone.optimizer = 0;
+  alone.straggler = 3;
+  EXPECT_NEAR(predict_ps(alone, 2, 1, "async", link).samples_per_second, 100 * (1 / 0.009 + 1 / 0.025), 1e-6);
+  EXPECT_NEAR(predict_ps(alone, 2, 1, "ssp(2)", link).samples_per_second, 100 * 2 / 0.025, 1e-6);
+  m.straggler = 3;
+  EXPECT_LT(predict_ps(m, 2, 1, "async", link).samples_per_second, two);
+  // Sync: both workers' bytes through the one ps link together (20 ms each way), the update
+  // waiting for the straggler, or, with a backup worker, not.
+  EXPECT_NEAR(predict_ps(m, 2, 1, "sync", link).samples_per_second, 100 * 2 / (0.025 + 0.040 + 0.001), 1e-6);
+  EXPECT_NEAR(predict_ps(m, 2, 1, "sync with 1 backup worker", link).samples_per_second,
+              100 * 2 / (0.009 + 0.040 + 0.001), 1e-6);
+  EXPECT_NE(message_of([&] { predict_ps(m, 2, 0, "async", link); }).find("ps"), std::string::npos);
+
+  // The model check predicts a ps run from the one-worker run on a closure's rows.
+  const ScaleRun one{.workers = 1, .replicas = 1, .global_batch = 64, .samples_per_second = 6400,
+                     .rows = {row(0.010, 0.009, 0)}, .gradient_bytes = 1e6, .buckets = 1};
+  ScaleRun ps_run{.workers = 2, .replicas = 1, .global_batch = 64, .samples_per_second = 4000,
+                  .rows = {row(0.030, 0.009, 0), row(0.030, 0.009, 0)}, .gradient_bytes = 1e6, .buckets = 1};
+  ps_run.ps = 1;
+  ps_run.consistency = "async";
+  const std::vector<Check> checks = model_check({one, ps_run}, link);
+  ASSERT_EQ(checks.size(), 1u);
+  // From the one-worker run on a closure's rows (64, not 128), under the ps's model.
+  EXPECT_NEAR(checks[0].prediction.samples_per_second, predict_ps(step_model(one), 2, 1, "async", link).samples_per_second,
+              1e-9);
+  EXPECT_NE(model_check_table(checks).find("| 2, 1 ps async | 1 | 4000 |"), std::string::npos)
+      << model_check_table(checks);
+}
+
 TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
   const ScaleRun one{.workers = 1, .replicas = 1, .global_batch = 64, .samples_per_second = 6400,
                      .rows = {row(0.010, 0.009, 0)}, .gradient_bytes = 4e6, .buckets = 1};

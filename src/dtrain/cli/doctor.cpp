@@ -136,6 +136,8 @@ profile::ScaleRun scale_run_from_summary(const std::string& summary_path) {
     run.host_threads = j.value("host_threads", 0);
     run.host_cores = j.value("host_cores", 0);
     run.hosts = std::max(1, j.value("hosts", 1));
+    run.ps = j.value("ps", 0);
+    run.consistency = j.value("consistency", std::string());
     if (j.contains("fault_slow")) run.straggler_factor = std::max(1.0, j["fault_slow"].value("factor", 1.0));
     // The rounds: each epoch after the first (which warms up).
     if (j.contains("epoch_samples_per_second") && j["epoch_samples_per_second"].size() > 1)

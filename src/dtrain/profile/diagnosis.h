@@ -44,6 +44,10 @@ struct ScaleRun {
   std::vector<double> noise_per_epoch;  // each epoch's own (0: none measured that epoch)
   // A worker made to compute this many times as long (fit --fault-slow worker:K:Fx; 1: none).
   double straggler_factor = 1;
+  // Under ParameterServerStrategy: its ps tasks and consistency ("async", "ssp(2)",
+  // "sync", "sync with 1 backup worker"); 0 and empty for all-reduce or one device.
+  int ps = 0;
+  std::string consistency;
   int replicas_in_sync() const { return workers * replicas; }
   // The cores that computed: on each host, the threads asked or the cores there, whichever
   // is fewer (0: not known).

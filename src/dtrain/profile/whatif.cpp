@@ -2,6 +2,7 @@
 #include "dtrain/profile/whatif.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -161,6 +162,74 @@ Prediction predict(const StepModel& m, int workers, const Link& link) {
   return p;
 }
 
+Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string& consistency, const Link& link) {
+  if (workers < 1 || ps < 1)
+    DTRAIN_THROW(InvalidArgument, "what-if: a parameter-server step needs workers and ps, got ", workers, " and ", ps);
+  if (m.gradient_bytes > 0 && !(link.bytes_per_second > 0))
+    DTRAIN_THROW(InvalidArgument, "what-if: a link of ", link.bytes_per_second, " bytes/s cannot move the variables");
+  const double n = workers;
+  // One way over a worker's own link: a message to each ps, sent together.
+  const double one_way = link.latency_seconds + m.gradient_bytes / link.bytes_per_second;
+  const double apply = m.optimizer / ps;
+  // What a worker computes (the input wait included, the optimizer not); the straggler,
+  // the last worker, computes `straggler` times as long.
+  const double compute = m.fixed - m.optimizer + m.forward + m.backward + m.local_sum;
+  std::vector<double> own(static_cast<std::size_t>(workers), compute);
+  if (workers > 1) own.back() = m.input + m.straggler * (compute - m.input);
+  // Each ps's link carries every worker's part of its share, each way.
+  const double share = m.gradient_bytes / ps;
+  double paces = 0;  // closures per second, over every worker
+  if (consistency.rfind("sync", 0) == 0) {
+    int backup = 0;
+    if (const std::size_t with = consistency.find("with "); with != std::string::npos)
+      backup = std::atoi(consistency.c_str() + with + 5);
+    std::sort(own.begin(), own.end());
+    const double waited_for = own[static_cast<std::size_t>(std::clamp(workers - backup, 1, workers) - 1)];
+    const double each_way = std::max(one_way, link.latency_seconds + n * share / link.bytes_per_second);
+    paces = n / (waited_for + 2 * each_way + apply);
+  } else {
+    // Each worker at its own pace, meeting the others at the ps: a closed queueing network
+    // solved by Schweitzer's approximate mean value analysis. A worker's cycle is its
+    // closure and the latencies (its own), then the ps's link each way and its applying,
+    // which the workers share (TCP shares a link as processor sharing does, for which the
+    // mean values hold). Its own link moves the rest of the bytes, to the other ps.
+    const std::array<double, 3> demand{share / link.bytes_per_second, share / link.bytes_per_second, apply};
+    const double own_link = 2 * (link.latency_seconds + (m.gradient_bytes - share) / link.bytes_per_second);
+    std::vector<std::array<double, 3>> queued(own.size(), {0, 0, 0});
+    std::vector<double> pace(own.size(), 0);
+    for (int iteration = 0; iteration < 10000; ++iteration) {
+      std::array<double, 3> total{0, 0, 0};
+      for (const auto& q : queued)
+        for (std::size_t k = 0; k < 3; ++k) total[k] += q[k];
+      double moved = 0;
+      for (std::size_t w = 0; w < own.size(); ++w) {
+        std::array<double, 3> residence{};
+        double cycle = own[w] + own_link;
+        for (std::size_t k = 0; k < 3; ++k) cycle += residence[k] = demand[k] * (1 + total[k] - queued[w][k]);
+        pace[w] = 1 / cycle;
+        for (std::size_t k = 0; k < 3; ++k) {
+          const double q = pace[w] * residence[k];
+          moved = std::max(moved, std::abs(q - queued[w][k]));
+          queued[w][k] = q;
+        }
+      }
+      if (moved < 1e-12) break;
+    }
+    // ssp(K): in the long run nobody gets more than K closures ahead of the slowest.
+    if (consistency.rfind("ssp", 0) == 0) std::fill(pace.begin(), pace.end(), *std::min_element(pace.begin(), pace.end()));
+    for (double x : pace) paces += x;
+  }
+  Prediction p;
+  p.workers = workers;
+  p.step = n / paces;
+  p.ring = 2 * one_way;
+  p.exposed = std::max(0.0, p.step - compute);
+  p.samples_per_second = static_cast<double>(m.batch) * paces;
+  const double alone = m.fixed + m.forward + m.backward + m.local_sum;
+  p.efficiency = alone > 0 ? p.samples_per_second * alone / (n * static_cast<double>(m.batch)) : 0;
+  return p;
+}
+
 std::vector<Scenario> fixes_at(const StepModel& m, int workers, const Link& link) {
   std::vector<Scenario> out;
   out.push_back({"as measured", predict(m, workers, link)});
@@ -238,8 +307,11 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
   std::vector<Check> out;
   for (const ScaleRun& r : runs) {
     if (r.workers < 2 || r.samples_per_second <= 0) continue;
+    // The partner: one worker of as many replicas, on the rows one worker computes a step
+    // (under the ps, a closure has the whole batch).
     const auto one = std::find_if(runs.begin(), runs.end(), [&](const ScaleRun& o) {
-      return o.workers == 1 && o.replicas == r.replicas && !o.rows.empty() && o.global_batch * r.workers == r.global_batch;
+      return o.workers == 1 && o.ps == 0 && o.replicas == r.replicas && !o.rows.empty() &&
+             o.global_batch * (r.ps > 0 ? 1 : r.workers) == r.global_batch;
     });
     if (one == runs.end()) continue;
     StepModel m = step_model(*one);
@@ -260,7 +332,9 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     c.workers = r.workers;
     c.replicas = r.replicas;
     c.measured = r.samples_per_second;
-    c.prediction = predict(m, r.workers, link);
+    c.ps = r.ps;
+    c.consistency = r.consistency;
+    c.prediction = r.ps > 0 ? predict_ps(m, r.workers, r.ps, r.consistency, link) : predict(m, r.workers, link);
     c.error = (c.prediction.samples_per_second - c.measured) / c.measured;
     c.compute_alone = alone;
     c.compute_measured = step_seconds(r.rows.front()).compute();
@@ -296,7 +370,8 @@ std::string model_check_table(const std::vector<Check>& checks) {
   o << "| workers | replicas per worker | measured samples/s | predicted | error | forward + backward ms: one worker, "
        "this run | where it misses by more than 15%, why |\n|---|---|---|---|---|---|---|\n";
   for (const Check& c : checks)
-    o << "| " << c.workers << " | " << c.replicas << " | " << detail::fixed(c.measured, 0)
+    o << "| " << c.workers << (c.ps > 0 ? ", " + std::to_string(c.ps) + " ps " + c.consistency : std::string())
+      << " | " << c.replicas << " | " << detail::fixed(c.measured, 0)
       << " | " << detail::fixed(c.prediction.samples_per_second, 0) << " | " << (c.error >= 0 ? "+" : "")
       << detail::percent(c.error, 1) << " | " << detail::fixed(c.compute_alone * 1000, 2) << ", "
       << detail::fixed(c.compute_measured * 1000, 2) << " | "

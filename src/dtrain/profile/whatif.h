@@ -81,6 +81,20 @@ struct Prediction {
 double ring_seconds(double bytes, int buckets, int workers, const Link& link);
 Prediction predict(const StepModel& model, int workers, const Link& link);
 
+// A step under ParameterServerStrategy: each worker computes its closure (everything of
+// the one-worker step but the optimizer, which runs on the ps), pulls the variables and
+// pushes the gradients (latency and the bytes over its own link each way), and waits
+// for its push to be applied (the optimizer's time, spread over the ps). `ps` tasks hold
+// an even share each, and each one's link carries every worker's part of it.
+//   async: each worker at its own pace, queueing for the ps links and the ps's applying
+//          as the others use them (approximate mean value analysis of the closed
+//          network the workers and the ps form);
+//   ssp(K): in the long run every worker at the slowest worker's pace;
+//   sync [with B backup workers]: every update waits for the (N - B)th fastest worker,
+//          and the workers pull and push together through the ps links.
+// The step is the mean time between a worker's closures; samples/s counts every worker's.
+Prediction predict_ps(const StepModel& model, int workers, int ps, const std::string& consistency, const Link& link);
+
 // The model at `workers` as is and with each fix: the buckets as bf16 on the wire (unless
 // they already are 16-bit), gradients accumulated over 4 batches, twice the batch per
 // replica.
@@ -103,6 +117,8 @@ std::string what_if_report(const StepModel& model, int workers, const Link& link
 // partner are left out; empty when none has one.
 struct Check {
   int workers = 0, replicas = 0;  // the run's
+  int ps = 0;                     // under the ps: its ps tasks and consistency
+  std::string consistency;
   double measured = 0;            // its samples/s
   Prediction prediction;
   double error = 0;  // (predicted - measured) / measured samples/s
