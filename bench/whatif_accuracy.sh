@@ -179,7 +179,23 @@ table() {
   done
 }
 
-table | tee "$dir/table.md"
+table >"$dir/table.md"
+# How many cases land within 15%, and the median miss, over all and over each kind of case.
+python3 - "$dir/table.md" >>"$dir/table.md" <<'EOF'
+import statistics, sys
+rows = [r for r in (line.split(" | ") for line in open(sys.argv[1]) if line.startswith("| ")) if r[5][:1] in ("+", "-")]
+def line(name, keep):
+    errors = [abs(float(r[5].rstrip("%"))) for r in rows if keep(r)]
+    if errors:
+        within = sum(e <= 15 for e in errors)
+        print(f"- {name}: {within} of {len(errors)} within 15%, median miss {statistics.median(errors):.1f}%")
+print()
+line("all cases", lambda r: True)
+line("one host", lambda r: "loopback" in r[0])
+line("all-reduce between namespaces", lambda r: "two namespaces" in r[0])
+line("parameter server between namespaces", lambda r: "ps:" in r[0])
+EOF
+cat "$dir/table.md"
 if [ $update_docs = yes ]; then
   python3 - "$here/docs/profiling.md" "$dir/table.md" "$rounds" "$(date -u +%Y-%m-%d)" <<'EOF'
 import sys

@@ -303,6 +303,17 @@ std::string what_if_report(const StepModel& m, int workers, const Link& link, do
   return o.str();
 }
 
+namespace {
+
+// A worker's pull and push per step (0 outside the ps).
+double pull_and_push(const WorkerSummary& w) {
+  const Totals& t = w.totals;
+  const double phases = t.phases[static_cast<std::size_t>(Phase::pull)] + t.phases[static_cast<std::size_t>(Phase::push)];
+  return t.steps > 0 ? phases / static_cast<double>(t.steps) : 0.0;
+}
+
+}  // namespace
+
 std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& link) {
   std::vector<Check> out;
   for (const ScaleRun& r : runs) {
@@ -340,7 +351,8 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     c.compute_measured = step_seconds(r.rows.front()).compute();
     if (std::abs(c.error) > 0.15) {
       // What the step missed by, and how much of it compute that changed explains.
-      const double measured_step = static_cast<double>(r.global_batch) / c.measured;
+      // (Under the ps, the step is the time between one worker's closures.)
+      const double measured_step = static_cast<double>(r.global_batch) * (r.ps > 0 ? r.workers : 1) / c.measured;
       const double missed = measured_step - c.prediction.step;
       const double modelled = alone * slower, compute_excess = c.compute_measured - modelled;
       if (modelled > 0 && std::abs(c.compute_measured / modelled - 1) > 0.15 &&
@@ -349,6 +361,11 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
                 "x the one-worker run's where the model allowed " + detail::fixed(slower, 2) + "x" +
                 (r.oversubscription() > 1 ? " (threads beyond the cores contend more than their ratio)"
                                         : " (other load, or caches and memory bandwidth shared)");
+      else if (const double moved = pull_and_push(r.rows.front());
+               r.ps > 0 && missed > 0 && moved - c.prediction.ring >= 0.5 * missed)
+        c.why = "pull and push took " + detail::ms(moved) + " a closure where the link moves the bytes in " +
+                detail::ms(c.prediction.ring) + ": the CPU time of gRPC and the ps (serializing, applying, on cores "
+                "the workers share) is not in the model";
       else if (r.oversubscription() > 1 && missed > 0)
         c.why = std::to_string(r.host_threads) + " compute threads time-sliced on " + std::to_string(r.host_cores) +
                 " cores, with each worker's communication thread: a synchronous step waits for the last worker "
