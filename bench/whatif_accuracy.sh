@@ -35,21 +35,6 @@ trap 'netns_pair_down "$a" "$b"; netns_star_down "$hub" "${hosts[@]}"; rm -rf "$
 namespaces=yes
 [ "$(id -u)" = 0 ] || namespaces=no
 
-# Runs "$@" as worker 0 and 1 of a two-host cluster, worker i in namespace i on core i.
-on_both() {
-  local pids=() i ns token="wia-$RANDOM"
-  local cluster="{\"worker\": [\"$addr_a:$port\", \"$addr_b:$port\"]}"
-  for i in 0 1; do
-    ns=$([ $i = 0 ] && echo "$a" || echo "$b")
-    ip netns exec "$ns" env TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"worker\", \"index\": $i}}" \
-      OMP_NUM_THREADS=1 DTRAIN_CLUSTER_TOKEN="$token" taskset -c "$i" "$@" >"$dir/out-$i.log" 2>&1 &
-    pids+=($!)
-  done
-  local failed=0
-  for p in "${pids[@]}"; do wait "$p" || failed=1; done
-  [ $failed = 0 ] || { cat "$dir"/out-*.log >&2; exit 1; }
-}
-
 # The job at one worker, beside a twin of it on the other core (each on a core of its own
 # where PIN is yes): the two cores of this machine share caches, memory and perhaps a
 # physical core, so that a worker computes slower while the other core computes too. The
@@ -75,30 +60,31 @@ round() {
     reference no
     OMP_NUM_THREADS=1 "$dtrain" launch --workers "$workers" "${fit[@]}" --strategy multi_worker \
       --batch-size $((rows * workers)) --summary "$dir/many.json" "${fault[@]}" >/dev/null
-    OMP_NUM_THREADS=1 "$dtrain" launch --workers "$workers" probe-link >"$dir/out-0.log" 2>&1
+    OMP_NUM_THREADS=1 "$dtrain" launch --workers "$workers" probe-link >"$dir/out-worker0.log" 2>&1
   else
     reference yes
-    on_both "$dtrain" "${fit[@]}" --strategy multi_worker --batch-size $((rows * 2)) --summary "$dir/many.json" \
-      "${fault[@]}"
-    on_both "$dtrain" probe-link
+    local pair="{\"worker\": [\"$addr_a:$port\", \"$addr_b:$port\"]}"
+    on_hosts "$pair" "worker:0:$a worker:1:$b" "$dtrain" "${fit[@]}" --strategy multi_worker \
+      --batch-size $((rows * 2)) --summary "$dir/many.json" "${fault[@]}"
+    on_hosts "$pair" "worker:0:$a worker:1:$b" "$dtrain" probe-link
   fi
-  link=$(grep -o 'link=[^ ]*' "$dir/out-0.log" | head -1)
+  link=$(grep -o 'link=[^ ]*' "$dir/out-worker0.log" | head -1)
   "$dtrain" doctor --runs "$dir/one.json,$dir/many.json" --what-if "$link" >"$dir/doctor.txt"
   # | workers | replicas | measured | predicted | error | compute | why |
   grep -A3 "^Model check" "$dir/doctor.txt" | tail -1 |
     awk -F' [|] ' -v link="${link#link=}" '{ sub(/ [|]$/, "", $7); print $3, $4, link, $7 }'
 }
 
-# Runs TASKS ("type:index:host ..."; a worker is pinned to the core of its index) of the
-# cluster CLUSTER on the star's hosts, each "$@", the first one writing OUT_0.log.
-on_star() {
-  local cluster=$1 tasks=$2 pids=() t type index host pin token="wia-$RANDOM"
+# Runs TASKS ("type:index:namespace ...") of the cluster CLUSTER, each "$@" in its
+# namespace, a worker pinned to the core of its index; task T writes out-T.log.
+on_hosts() {
+  local cluster=$1 tasks=$2 pids=() t type index ns pin token="wia-$RANDOM"
   shift 2
   for t in $tasks; do
-    IFS=: read -r type index host <<<"$t"
+    IFS=: read -r type index ns <<<"$t"
     pin=()
     [ "$type" = worker ] && pin=(taskset -c "$index")
-    ip netns exec "${hosts[$host]}" env TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$type\", \"index\": $index}}" \
+    ip netns exec "$ns" env TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"$type\", \"index\": $index}}" \
       OMP_NUM_THREADS=1 DTRAIN_CLUSTER_TOKEN="$token" "${pin[@]}" "$@" >"$dir/out-$type$index.log" 2>&1 &
     pids+=($!)
   done
@@ -114,10 +100,11 @@ ps_round() {
   [ "$slow" = none ] || fault=(--fault-slow "$slow")
   rm -f "$dir/one.json" "$dir/many.json"
   reference yes
-  on_star "{\"chief\": [\"$(star_addr 3)\"], \"worker\": [\"$(star_addr 0)\", \"$(star_addr 1)\"], \"ps\": [\"$(star_addr 2)\"]}" \
-    "chief:0:3 worker:0:0 worker:1:1 ps:0:2" "$dtrain" "${fit[@]}" --strategy parameter_server \
+  on_hosts "{\"chief\": [\"$(star_addr 3)\"], \"worker\": [\"$(star_addr 0)\", \"$(star_addr 1)\"], \"ps\": [\"$(star_addr 2)\"]}" \
+    "chief:0:${hosts[3]} worker:0:${hosts[0]} worker:1:${hosts[1]} ps:0:${hosts[2]}" "$dtrain" "${fit[@]}" --strategy parameter_server \
     --consistency "$consistency" --batch-size $rows --summary "$dir/many.json" "${fault[@]}"
-  on_star "{\"worker\": [\"$(star_addr 0)\", \"$(star_addr 1)\"]}" "worker:0:0 worker:1:1" "$dtrain" probe-link
+  on_hosts "{\"worker\": [\"$(star_addr 0)\", \"$(star_addr 1)\"]}" "worker:0:${hosts[0]} worker:1:${hosts[1]}" \
+    "$dtrain" probe-link
   link=$(grep -o 'link=[^ ]*' "$dir/out-worker0.log" | head -1)
   "$dtrain" doctor --runs "$dir/one.json,$dir/many.json" --what-if "$link" >"$dir/doctor.txt"
   grep -A3 "^Model check" "$dir/doctor.txt" | tail -1 |

@@ -112,10 +112,8 @@ WorkerSummary row(double step, double compute, double comm) {
 }
 
 TEST(WhatIf, AParameterServerStepIsTheClosurePlusAPullAndAPushBoundedByThePsLink) {
-  StepModel m;
-  m.fixed = 0.002;  // 1 ms of it input wait, 1 ms the optimizer (which moves to the ps)
-  m.input = 0.001;
-  m.optimizer = 0.001;
+  StepModel m = model();  // 2 ms fixed: 1 ms of it the optimizer (which moves to the ps)...
+  m.input = 0.001;          // ...and 1 ms input wait
   m.forward = 0.003;
   m.backward = 0.005;
   m.gradient_bytes = 1e6;
