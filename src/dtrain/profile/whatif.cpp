@@ -167,34 +167,46 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
     DTRAIN_THROW(InvalidArgument, "what-if: a parameter-server step needs workers and ps, got ", workers, " and ", ps);
   if (m.gradient_bytes > 0 && !(link.bytes_per_second > 0))
     DTRAIN_THROW(InvalidArgument, "what-if: a link of ", link.bytes_per_second, " bytes/s cannot move the variables");
+  const bool sync = consistency.rfind("sync", 0) == 0, ssp = consistency.rfind("ssp", 0) == 0;
+  if (!sync && !ssp && !consistency.empty() && consistency != "async")
+    DTRAIN_THROW(InvalidArgument, "what-if: unknown consistency '", consistency, "' (async, ssp(K), sync [with B backup workers])");
   const double n = workers;
+  // Seconds to move `bytes` over a link (none for no bytes).
+  auto over_link = [&](double bytes) { return bytes > 0 ? bytes / link.bytes_per_second : 0.0; };
   // One way over a worker's own link: a message to each ps, sent together.
-  const double one_way = link.latency_seconds + m.gradient_bytes / link.bytes_per_second;
+  const double one_way = link.latency_seconds + over_link(m.gradient_bytes);
   const double apply = m.optimizer / ps;
   // What a worker computes (the input wait included, the optimizer not); the straggler,
   // the last worker, computes `straggler` times as long.
-  const double compute = m.fixed - m.optimizer + m.forward + m.backward + m.local_sum;
+  const double compute = std::max(0.0, m.fixed - m.optimizer) + m.forward + m.backward + m.local_sum;
   std::vector<double> own(static_cast<std::size_t>(workers), compute);
   if (workers > 1) own.back() = m.input + m.straggler * (compute - m.input);
   // Each ps's link carries every worker's part of its share, each way.
   const double share = m.gradient_bytes / ps;
-  double paces = 0;  // closures per second, over every worker
-  if (consistency.rfind("sync", 0) == 0) {
+  double paces = 0;     // closures per second, over every worker
+  double transfer = 0;  // a worker's pull and push, queueing included
+  if (sync) {
     int backup = 0;
     if (const std::size_t with = consistency.find("with "); with != std::string::npos)
       backup = std::atoi(consistency.c_str() + with + 5);
-    std::sort(own.begin(), own.end());
-    const double waited_for = own[static_cast<std::size_t>(std::clamp(workers - backup, 1, workers) - 1)];
-    const double each_way = std::max(one_way, link.latency_seconds + n * share / link.bytes_per_second);
-    paces = n / (waited_for + 2 * each_way + apply);
+    std::vector<double> sorted = own;
+    std::sort(sorted.begin(), sorted.end());
+    const double waited_for = sorted[static_cast<std::size_t>(std::clamp(workers - backup, 1, workers) - 1)];
+    const double each_way = std::max(one_way, link.latency_seconds + over_link(n * share));
+    transfer = 2 * each_way;
+    // Each update comes every `round`; a worker slower than that (a backup covers it)
+    // goes at its own pace, its late gradients dropped.
+    const double round = waited_for + transfer + apply;
+    for (double c : own) paces += 1 / std::max(round, c + transfer + apply);
   } else {
     // Each worker at its own pace, meeting the others at the ps: a closed queueing network
     // solved by Schweitzer's approximate mean value analysis. A worker's cycle is its
     // closure and the latencies (its own), then the ps's link each way and its applying,
     // which the workers share (TCP shares a link as processor sharing does, for which the
     // mean values hold). Its own link moves the rest of the bytes, to the other ps.
-    const std::array<double, 3> demand{share / link.bytes_per_second, share / link.bytes_per_second, apply};
-    const double own_link = 2 * (link.latency_seconds + (m.gradient_bytes - share) / link.bytes_per_second);
+    const std::array<double, 3> demand{over_link(share), over_link(share), apply};
+    const double own_link = 2 * (link.latency_seconds + over_link(m.gradient_bytes - share));
+    std::vector<double> moving(own.size(), 0);  // each worker's pull and push
     std::vector<std::array<double, 3>> queued(own.size(), {0, 0, 0});
     std::vector<double> pace(own.size(), 0);
     for (int iteration = 0; iteration < 10000; ++iteration) {
@@ -207,6 +219,7 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
         double cycle = own[w] + own_link;
         for (std::size_t k = 0; k < 3; ++k) cycle += residence[k] = demand[k] * (1 + total[k] - queued[w][k]);
         pace[w] = 1 / cycle;
+        moving[w] = own_link + residence[0] + residence[1];
         for (std::size_t k = 0; k < 3; ++k) {
           const double q = pace[w] * residence[k];
           moved = std::max(moved, std::abs(q - queued[w][k]));
@@ -216,13 +229,14 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
       if (moved < 1e-12) break;
     }
     // ssp(K): in the long run nobody gets more than K closures ahead of the slowest.
-    if (consistency.rfind("ssp", 0) == 0) std::fill(pace.begin(), pace.end(), *std::min_element(pace.begin(), pace.end()));
+    if (ssp) std::fill(pace.begin(), pace.end(), *std::min_element(pace.begin(), pace.end()));
     for (double x : pace) paces += x;
+    for (double t : moving) transfer += t / n;
   }
   Prediction p;
   p.workers = workers;
   p.step = n / paces;
-  p.ring = 2 * one_way;
+  p.ring = transfer;
   p.exposed = std::max(0.0, p.step - compute);
   p.samples_per_second = static_cast<double>(m.batch) * paces;
   const double alone = m.fixed + m.forward + m.backward + m.local_sum;
@@ -321,7 +335,8 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     // The partner: one worker of as many replicas, on the rows one worker computes a step
     // (under the ps, a closure has the whole batch).
     const auto one = std::find_if(runs.begin(), runs.end(), [&](const ScaleRun& o) {
-      return o.workers == 1 && o.ps == 0 && o.replicas == r.replicas && !o.rows.empty() &&
+      // (A run slowed by a planted straggler is no partner: the model would slow it twice.)
+      return o.workers == 1 && o.ps == 0 && o.straggler_factor <= 1 && o.replicas == r.replicas && !o.rows.empty() &&
              o.global_batch * (r.ps > 0 ? 1 : r.workers) == r.global_batch;
     });
     if (one == runs.end()) continue;
@@ -363,10 +378,10 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
                                         : " (other load, or caches and memory bandwidth shared)");
       else if (const double moved = pull_and_push(r.rows.front());
                r.ps > 0 && missed > 0 && moved - c.prediction.ring >= 0.5 * missed)
-        c.why = "pull and push took " + detail::ms(moved) + " a closure where the link moves the bytes in " +
+        c.why = "pull and push took " + detail::ms(moved) + " a closure where the model, queueing included, has " +
                 detail::ms(c.prediction.ring) + ": the CPU time of gRPC and the ps (serializing, applying, on cores "
                 "the workers share) is not in the model";
-      else if (r.oversubscription() > 1 && missed > 0)
+      else if (r.ps == 0 && r.oversubscription() > 1 && missed > 0)
         c.why = std::to_string(r.host_threads) + " compute threads time-sliced on " + std::to_string(r.host_cores) +
                 " cores, with each worker's communication thread: a synchronous step waits for the last worker "
                 "the scheduler runs, which costs more than the " + detail::fixed(slower, 2) + "x the model allows";

@@ -70,7 +70,7 @@ StepModel step_model(const ScaleRun& one_worker);
 struct Prediction {
   int workers = 1;
   double step = 0;      // seconds
-  double ring = 0;      // the all-reduce between workers, hidden or not
+  double ring = 0;      // the all-reduce between workers, hidden or not (under the ps: the pull and push)
   double exposed = 0;   // its part not hidden behind backward
   double samples_per_second = 0;
   double efficiency = 0;  // samples/s against `workers` times one worker's
@@ -91,7 +91,9 @@ Prediction predict(const StepModel& model, int workers, const Link& link);
 //          network the workers and the ps form);
 //   ssp(K): in the long run every worker at the slowest worker's pace;
 //   sync [with B backup workers]: every update waits for the (N - B)th fastest worker,
-//          and the workers pull and push together through the ps links.
+//          and the workers pull and push together through the ps links; a worker
+//          slower than that goes at its own pace, its gradients dropped.
+// An unknown consistency is InvalidArgument.
 // The step is the mean time between a worker's closures; samples/s counts every worker's.
 Prediction predict_ps(const StepModel& model, int workers, int ps, const std::string& consistency, const Link& link);
 
