@@ -54,7 +54,7 @@ reference() {
 # One round of a case: prints "measured predicted why" from the doctor's model check.
 # WHERE is loopback or a tbf rate; SLOW is none or a --fault-slow.
 round() {
-  local workers=$1 where=$2 slow=$3 fault=() link
+  local workers=$1 where=$2 slow=$3 fault=()
   [ "$slow" = none ] || fault=(--fault-slow "$slow")
   rm -f "$dir/one.json" "$dir/many.json"
   if [ "$where" = loopback ]; then
@@ -69,6 +69,13 @@ round() {
       --batch-size $((rows * 2)) --summary "$dir/many.json" "${fault[@]}"
     on_hosts "$pair" "worker:0:$a worker:1:$b" "$dtrain" probe-link
   fi
+  check_row
+}
+
+# The doctor's model check of many.json from one.json, with the link worker 0's probe
+# printed: "measured predicted link why".
+check_row() {
+  local link
   link=$(grep -o 'link=[^ ]*' "$dir/out-worker0.log" | head -1)
   "$dtrain" doctor --runs "$dir/one.json,$dir/many.json" --what-if "$link" >"$dir/doctor.txt"
   # | workers | replicas | measured | predicted | error | compute | why |
@@ -97,7 +104,7 @@ on_hosts() {
 # One round under the ps (2 workers, 1 ps, CONSISTENCY) on the star: "measured predicted
 # link why", as round prints.
 ps_round() {
-  local consistency=$1 slow=$2 fault=() link
+  local consistency=$1 slow=$2 fault=()
   [ "$slow" = none ] || fault=(--fault-slow "$slow")
   rm -f "$dir/one.json" "$dir/many.json"
   reference yes
@@ -106,10 +113,7 @@ ps_round() {
     --consistency "$consistency" --batch-size $rows --summary "$dir/many.json" "${fault[@]}"
   on_hosts "{\"worker\": [\"$(star_addr 0)\", \"$(star_addr 1)\"]}" "worker:0:${hosts[0]} worker:1:${hosts[1]}" \
     "$dtrain" probe-link
-  link=$(grep -o 'link=[^ ]*' "$dir/out-worker0.log" | head -1)
-  "$dtrain" doctor --runs "$dir/one.json,$dir/many.json" --what-if "$link" >"$dir/doctor.txt"
-  grep -A3 "^Model check" "$dir/doctor.txt" | tail -1 |
-    awk -F' [|] ' -v link="${link#link=}" '{ sub(/ [|]$/, "", $7); print $3, $4, link, $7 }'
+  check_row
 }
 
 # Medians over the rounds, as a table row. WORKERS "ps:CONSISTENCY" is a ps case.

@@ -490,7 +490,8 @@ int run_fit(const std::string& path, const Overrides& o) {
                                           {"terminated", stopped}}
                                    : json(nullptr);
     // The straggler, in the chief's summary wherever it is; what it did, where it is the chief.
-    if (fault.worker >= 0 && fault.worker < j["workers"].get<int>()) j["fault_slow"] = {{"worker", fault.worker}, {"factor", fault.factor}};
+    if (fault.worker >= 0 && fault.worker < j["workers"].get<int>())
+      j["fault_slow"] = {{"worker", fault.worker}, {"factor", fault.factor}};
     if (slow) {
       j["fault_slow"]["batches_slowed"] = slow->batches_slowed();
       j["fault_slow"]["seconds_added"] = slow->seconds_added();

@@ -40,6 +40,8 @@ StepSeconds step_seconds(const WorkerSummary& w) {
   s.comm = phase(Phase::communication);
   s.straggler = phase(Phase::straggler_wait);
   s.optimizer = phase(Phase::optimizer);
+  s.pull = phase(Phase::pull);
+  s.push = phase(Phase::push);
   s.transfer = t.transfer / n;
   s.bytes = w.bytes_per_step();
   return s;

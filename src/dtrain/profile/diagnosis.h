@@ -67,6 +67,7 @@ struct ScaleRun {
 struct StepSeconds {
   double step = 0, input = 0, start = 0, forward = 0, backward = 0, comm = 0, straggler = 0, optimizer = 0;
   double transfer = 0, bytes = 0;
+  double pull = 0, push = 0;  // under the ps
   double compute() const { return forward + backward; }
   // The step less its waits for other workers: what this worker itself took.
   double own() const { return std::max(0.0, step - comm - straggler); }

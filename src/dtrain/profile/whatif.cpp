@@ -147,6 +147,14 @@ double ring_seconds(double bytes, int buckets, int workers, const Link& link) {
   return latency + transfer;
 }
 
+namespace {
+
+// `work` (a worker's step without the ring, its input wait included) as the straggler does
+// it: all but the input wait `straggler` times as long.
+double straggling(const StepModel& m, double work) { return m.input + m.straggler * (work - m.input); }
+
+}  // namespace
+
 Prediction predict(const StepModel& m, int workers, const Link& link) {
   Prediction p;
   p.workers = workers;
@@ -156,7 +164,7 @@ Prediction predict(const StepModel& m, int workers, const Link& link) {
   const double slower = workers > 1 ? m.straggler : 1.0;
   p.exposed = m.overlap && m.spare_core ? std::max(p.ring / k, p.ring - slower * m.backward * (k - 1) / k) : p.ring;
   const double alone = m.fixed + m.forward + m.backward + m.local_sum;
-  p.step = m.input + slower * (alone - m.input) + p.exposed;
+  p.step = (workers > 1 ? straggling(m, alone) : alone) + p.exposed;
   p.samples_per_second = p.step > 0 ? static_cast<double>(m.batch) * workers / p.step : 0;
   p.efficiency = p.step > 0 ? alone / p.step : 0;
   return p;
@@ -169,7 +177,8 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
     DTRAIN_THROW(InvalidArgument, "what-if: a link of ", link.bytes_per_second, " bytes/s cannot move the variables");
   const bool sync = consistency.rfind("sync", 0) == 0, ssp = consistency.rfind("ssp", 0) == 0;
   if (!sync && !ssp && !consistency.empty() && consistency != "async")
-    DTRAIN_THROW(InvalidArgument, "what-if: unknown consistency '", consistency, "' (async, ssp(K), sync [with B backup workers])");
+    DTRAIN_THROW(InvalidArgument, "what-if: unknown consistency '", consistency,
+                 "' (async, ssp(K), sync [with B backup workers])");
   const double n = workers;
   // Seconds to move `bytes` over a link (none for no bytes).
   auto over_link = [&](double bytes) { return bytes > 0 ? bytes / link.bytes_per_second : 0.0; };
@@ -180,7 +189,7 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
   // the last worker, computes `straggler` times as long.
   const double compute = std::max(0.0, m.fixed - m.optimizer) + m.forward + m.backward + m.local_sum;
   std::vector<double> own(static_cast<std::size_t>(workers), compute);
-  if (workers > 1) own.back() = m.input + m.straggler * (compute - m.input);
+  if (workers > 1) own.back() = straggling(m, compute);
   // Each ps's link carries every worker's part of its share, each way.
   const double share = m.gradient_bytes / ps;
   double paces = 0;     // closures per second, over every worker
@@ -317,17 +326,6 @@ std::string what_if_report(const StepModel& m, int workers, const Link& link, do
   return o.str();
 }
 
-namespace {
-
-// A worker's pull and push per step (0 outside the ps).
-double pull_and_push(const WorkerSummary& w) {
-  const Totals& t = w.totals;
-  const double phases = t.phases[static_cast<std::size_t>(Phase::pull)] + t.phases[static_cast<std::size_t>(Phase::push)];
-  return t.steps > 0 ? phases / static_cast<double>(t.steps) : 0.0;
-}
-
-}  // namespace
-
 std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& link) {
   std::vector<Check> out;
   for (const ScaleRun& r : runs) {
@@ -363,7 +361,8 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     c.prediction = r.ps > 0 ? predict_ps(m, r.workers, r.ps, r.consistency, link) : predict(m, r.workers, link);
     c.error = (c.prediction.samples_per_second - c.measured) / c.measured;
     c.compute_alone = alone;
-    c.compute_measured = step_seconds(r.rows.front()).compute();
+    const StepSeconds first = step_seconds(r.rows.front());
+    c.compute_measured = first.compute();
     if (std::abs(c.error) > 0.15) {
       // What the step missed by, and how much of it compute that changed explains.
       // (Under the ps, the step is the time between one worker's closures.)
@@ -376,7 +375,7 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
                 "x the one-worker run's where the model allowed " + detail::fixed(slower, 2) + "x" +
                 (r.oversubscription() > 1 ? " (threads beyond the cores contend more than their ratio)"
                                         : " (other load, or caches and memory bandwidth shared)");
-      else if (const double moved = pull_and_push(r.rows.front());
+      else if (const double moved = first.pull + first.push;
                r.ps > 0 && missed > 0 && moved - c.prediction.ring >= 0.5 * missed)
         c.why = "pull and push took " + detail::ms(moved) + " a closure where the model, queueing included, has " +
                 detail::ms(c.prediction.ring) + ": the CPU time of gRPC and the ps (serializing, applying, on cores "
