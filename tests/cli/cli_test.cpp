@@ -265,6 +265,40 @@ TEST_F(Cli, DoctorNamesAPlantedInputDelayFirst) {
   EXPECT_NE(bad.output.find("--fault-slow 'input:5': expected input:DELAYms"), std::string::npos) << bad.output;
 }
 
+// One row per replica of a 512-wide MLP trained with Adam: each step's compute is a few
+// matrix-vector products, while the all-reduce and the update move every weight whatever
+// the batch. The doctor names the batch first, with the rows, in every run; the fix asks
+// for more rows per replica. Under a sanitizer Adam's update alone takes most of a step
+// and the first one of two workers many seconds: two short runs of a 128-wide MLP check
+// the path there, the ten are the release build's.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr int kSmallBatchRuns = 2;
+constexpr int kSmallBatchUnits = 128;
+#else
+constexpr int kSmallBatchRuns = kPlantedRuns;
+constexpr int kSmallBatchUnits = 512;
+#endif
+TEST_F(Cli, DoctorNamesAPlantedSmallBatchPerReplicaFirst) {
+  nlohmann::json cfg = nlohmann::json::parse(dtrain::testing::tiny_config_json());
+  cfg["model"]["input_shape"] = {256};
+  const nlohmann::json wide = {{"class_name", "Dense"}, {"config", {{"units", kSmallBatchUnits}, {"activation", "relu"}}}};
+  cfg["model"]["layers"] = {wide, wide, {{"class_name", "Dense"}, {"config", {{"units", 3}}}}};
+  cfg["data"]["features"] = 256;
+  cfg["data"]["samples"] = 256;
+  cfg["data"]["test_samples"] = 32;
+  const std::string path = write("small_batch.json", cfg.dump());
+  for (int k = 0; k < kSmallBatchRuns; ++k) {
+    SCOPED_TRACE("run " + std::to_string(k + 1) + " of " + std::to_string(kSmallBatchRuns));
+    const Result r = run("doctor " + path + " --workers 1,2 --replicas 1 --threads-per-worker 1 --batch-size 1 "
+                         "--steps 30 --rounds 1");
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_EQ(first_finding(r.output).rfind("- too small a batch per replica: each replica computes ", 0), 0u)
+        << r.output;
+    EXPECT_NE(first_finding(r.output).find(" on its 1 row(s), and the step spends "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("Fix: give each replica more rows: "), std::string::npos) << r.output;
+  }
+}
+
 // Run both and compare (seed 004): on equal workers the all-reduce reaches the loss
 // sooner (the ps's pulls and pushes cost more than the tiny model's compute); with worker 1
 // made fifty times slower every synchronous step runs at its pace, the ps's other worker

@@ -244,7 +244,7 @@ TEST(Diagnosis, NamesEachPlantedCause) {
                               row(0.020, 0.0002, 0.008, 0.010, 0.0015, 8e6, 0.009)}};
   // Most of the wait is the bytes crossing the link: the link is named first.
   const std::vector<Finding> comm = diagnose({one, slow_link});
-  EXPECT_EQ(causes(comm), (std::vector<std::string>{"communication-bound", "too little work per replica"}));
+  EXPECT_EQ(causes(comm), (std::vector<std::string>{"communication-bound", "too small a batch per replica"}));
   EXPECT_NE(comm.front().evidence.find("8.0 MB all-reduced per step"), std::string::npos) << comm.front().evidence;
   EXPECT_NE(comm.front().fix.find("--compression bf16"), std::string::npos) << comm.front().fix;
 
@@ -254,7 +254,7 @@ TEST(Diagnosis, NamesEachPlantedCause) {
                        .rows = {row(0.004, 0.0001, 0.001, 0.0025, 0.0004, 4e3, 0.0001),
                                 row(0.004, 0.0001, 0.001, 0.0025, 0.0004, 4e3, 0.0001)}};
   EXPECT_EQ(causes(diagnose({one, small_batch})),
-            (std::vector<std::string>{"too little work per replica", "communication-bound"}));
+            (std::vector<std::string>{"too small a batch per replica", "communication-bound"}));
 
   // Worker 1 computes three times as long; worker 0 waits for it in communication. The
   // straggler is named by its own time (step less waits), and its wait is not blamed on

@@ -222,17 +222,36 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
     }
   }
 
+  // What a step spends whatever its batch: exposed communication (each round's fixed cost
+  // and its bytes), the replicas' start and the optimizer's update. Where it outweighs
+  // the replicas' compute, the batch each replica gets is too small to pay for it.
   const double exposed = std::max(0.0, s.comm + s.straggler - straggler_excess);
-  const double overhead = exposed + s.start;
-  std::optional<Finding> too_little, communication;
-  if (big->replicas_in_sync() > 1 && s.compute() < overhead)
-    too_little = Finding{"too little work per replica",
-                   "each replica computes " + ms(s.compute()) + " per step but spends " + ms(overhead) +
-                       " on communication and starting up " + where,
-                   format("give each replica more rows: at twice the per-replica batch (global %.0f) the same "
-                          "communication is spread over twice the samples, about %.2fx the samples/s; or train on "
-                          "fewer replicas",
-                          2.0 * static_cast<double>(big->global_batch), 2 * step / (step + s.compute() + s.input))};
+  const double fixed = exposed + s.start + s.optimizer;
+  std::optional<Finding> too_small, communication;
+  if (big->replicas_in_sync() > 1 && s.compute() < fixed) {
+    const double rows = static_cast<double>(big->global_batch) / big->replicas_in_sync();
+    std::string parts = "communication " + ms(exposed);
+    if (ms(s.optimizer) != ms(0)) parts += ", the optimizer's update " + ms(s.optimizer);
+    if (ms(s.start) != ms(0)) parts += ", starting the replicas " + ms(s.start);
+    // Compute grows at most in proportion to the rows, so it takes at least this many for
+    // it to outweigh that work.
+    const double enough = std::ceil(rows * fixed / std::max(s.compute(), 1e-12));
+    const std::string twice =
+        format("at twice the per-replica batch (global %.0f) the same work is spread over twice the samples, about "
+               "%.2fx the samples/s",
+               2.0 * static_cast<double>(big->global_batch), 2 * step / (step + s.compute() + s.input));
+    too_small = Finding{
+        "too small a batch per replica",
+        "each replica computes " + ms(s.compute()) + " per step on its " + detail::fixed(rows, 0) +
+            " row(s), and the step spends " + ms(fixed) + " on work that does not grow with the batch (" + parts +
+            ") " + where,
+        "give each replica more rows: " +
+            (enough > 2 * rows ? format("it takes at least about %.0f (a global batch of %.0f) for its compute to "
+                                        "outweigh that work; ",
+                                        enough, enough * big->replicas_in_sync())
+                               : std::string()) +
+            twice + "; or train on fewer replicas"};
+  }
 
   if (big->replicas_in_sync() > 1 && exposed / step >= 0.25) {
     // The shares are the table's (worker 0's row), each as its column shows it.
@@ -257,13 +276,15 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
                   step * k_steps / (k_steps * per_micro + exposed + s.optimizer), 2 * step / (step + s.compute() + s.input));
     communication = Finding{"communication-bound", evidence, fix};
   }
-  // Both say the step waits on communication more than it computes. Where most of that
-  // wait is the bytes crossing the link (a narrow or slow link), the link is the cause and
-  // is named first; where it is the fixed cost of each round (few bytes, any link), or the
-  // workers share memory (no link to blame), the replicas' small share of work is.
-  const bool link_bound = communication && !big->shared_memory && s.transfer >= 0.5 * exposed;
+  // Both say the step waits on more than it computes. Where moving the bytes alone takes
+  // longer than the replicas' compute and is most of the wait (a narrow or slow link), the
+  // link is the cause and is named first: no batch a replica can hold hides it. Where it
+  // is the fixed cost of each round, the optimizer or the start (few bytes, any link), or
+  // the workers share memory (no link to blame), the replicas' small batch is.
+  const bool link_bound = communication && !big->shared_memory && s.transfer >= 0.5 * exposed &&
+                          (!too_small || s.transfer > s.compute());
   if (link_bound) out.push_back(*communication);
-  if (too_little) out.push_back(*too_little);
+  if (too_small) out.push_back(*too_small);
   if (communication && !link_bound) out.push_back(*communication);
 
   if (s.optimizer / step >= 0.25)

@@ -102,10 +102,11 @@ std::vector<std::size_t> check_trust(std::vector<ScaleRun>& runs);
 // compute threads than cores on a host), untrusted figures (a doubt check_trust set on
 // that run), input-bound (input wait >= 10% of the
 // step), straggler (a worker whose own time, its step less its waits for the others, is
-// > 20% above the median, named), too little work per replica (compute below
-// communication and start-up), communication-bound (exposed communication >= 25%),
-// optimizer-bound (optimizer >= 25%). Judged on the run
-// with the most replicas in sync; empty when nothing stands out.
+// > 20% above the median, named), too small a batch per replica (compute below what the
+// step spends whatever its batch: exposed communication, start-up, the update),
+// communication-bound (exposed communication >= 25%; named before the batch where moving
+// the bytes over a link takes longer than the compute), optimizer-bound (optimizer >=
+// 25%). Judged on the run with the most replicas in sync; empty when nothing stands out.
 std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs);
 
 std::string format_findings(const std::vector<Finding>& findings);
