@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # How close the doctor's model check comes to the step times it predicts, over the runs
-# this machine can make: 2 to 4 workers on one host (loopback), and 2 workers as two
+# this machine can make: 2 and 4 replicas in one process (MirroredStrategy, one thread
+# each), 2 to 4 workers on one host (loopback), and 2 workers as two
 # "hosts" in network namespaces joined by links limited with tbf (each pinned to a core
 # of its own, as two one-core machines), each with and without a straggler (worker 1
 # made 2x slower with --fault-slow). Per case and round: the job at one worker (pinned
@@ -11,7 +12,7 @@
 # between its whatif-accuracy markers. Needs root for the namespaces (without root, only
 # the loopback cases run).
 #
-#   bench/whatif_accuracy.sh [--update-docs]   ROUNDS=3 RATES="20mbit 100mbit 1gbit" WHERE=all|loopback|namespaces|ps
+#   bench/whatif_accuracy.sh [--update-docs]   ROUNDS=3 RATES="20mbit 100mbit 1gbit" WHERE=all|mirrored|loopback|namespaces|ps
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -56,7 +57,7 @@ reference() {
 round() {
   local workers=$1 where=$2 slow=$3 fault=()
   [ "$slow" = none ] || fault=(--fault-slow "$slow")
-  rm -f "$dir/one.json" "$dir/many.json"
+  rm -f "$dir/one.json" "$dir/many.json" "$dir/out-worker0.log"
   if [ "$where" = loopback ]; then
     reference no
     OMP_NUM_THREADS=1 "$dtrain" launch --workers "$workers" "${fit[@]}" --strategy multi_worker \
@@ -73,14 +74,28 @@ round() {
 }
 
 # The doctor's model check of many.json from one.json, with the link worker 0's probe
-# printed: "measured predicted link why".
+# printed (none for replicas in one process): "measured predicted link why".
 check_row() {
-  local link
-  link=$(grep -o 'link=[^ ]*' "$dir/out-worker0.log" | head -1)
-  "$dtrain" doctor --runs "$dir/one.json,$dir/many.json" --what-if "$link" >"$dir/doctor.txt"
+  local link=link=- what_if=()
+  if [ -e "$dir/out-worker0.log" ]; then
+    link=$(grep -o 'link=[^ ]*' "$dir/out-worker0.log" | head -1)
+    what_if=(--what-if "$link")
+  fi
+  "$dtrain" doctor --runs "$dir/one.json,$dir/many.json" "${what_if[@]}" >"$dir/doctor.txt"
   # | workers | replicas | measured | predicted | error | compute | why |
   grep -A3 "^Model check" "$dir/doctor.txt" | tail -1 |
     awk -F' [|] ' -v link="${link#link=}" '{ sub(/ [|]$/, "", $7); print $3, $4, link, $7 }'
+}
+
+# One round of MirroredStrategy: REPLICAS replicas of one thread each in one process,
+# against one replica (beside its twin, as the loopback cases).
+mirrored_round() {
+  local replicas=$1
+  rm -f "$dir/one.json" "$dir/many.json" "$dir/out-worker0.log"
+  reference no
+  OMP_NUM_THREADS=1 "$dtrain" "${fit[@]}" --strategy mirrored --replicas "$replicas" \
+    --batch-size $((rows * replicas)) --summary "$dir/many.json" >/dev/null
+  check_row
 }
 
 # Runs TASKS ("type:index:namespace ...") of the cluster CLUSTER, each "$@" in its
@@ -106,7 +121,7 @@ on_hosts() {
 ps_round() {
   local consistency=$1 slow=$2 fault=()
   [ "$slow" = none ] || fault=(--fault-slow "$slow")
-  rm -f "$dir/one.json" "$dir/many.json"
+  rm -f "$dir/one.json" "$dir/many.json" "$dir/out-worker0.log"
   reference yes
   on_hosts "{\"chief\": [\"$(star_addr 3)\"], \"worker\": [\"$(star_addr 0)\", \"$(star_addr 1)\"], \"ps\": [\"$(star_addr 2)\"]}" \
     "chief:0:${hosts[3]} worker:0:${hosts[0]} worker:1:${hosts[1]} ps:0:${hosts[2]}" "$dtrain" "${fit[@]}" --strategy parameter_server \
@@ -116,13 +131,17 @@ ps_round() {
   check_row
 }
 
-# Medians over the rounds, as a table row. WORKERS "ps:CONSISTENCY" is a ps case.
+# Medians over the rounds, as a table row. WORKERS "ps:CONSISTENCY" is a ps case,
+# "mirrored:R" R replicas in one process.
 case_row() {
   local label=$1 workers=$2 where=$3 slow=$4 r
   : >"$dir/rounds"
   for r in $(seq "$rounds"); do
-    if [ "${workers#ps:}" != "$workers" ]; then ps_round "${workers#ps:}" "$slow"; else round "$workers" "$where" "$slow"; fi \
-      >>"$dir/rounds"
+    case $workers in
+      ps:*) ps_round "${workers#ps:}" "$slow" ;;
+      mirrored:*) mirrored_round "${workers#mirrored:}" ;;
+      *) round "$workers" "$where" "$slow" ;;
+    esac >>"$dir/rounds"
   done
   python3 - "$label" "$workers" "$slow" "$dir/rounds" <<'EOF'
 import statistics, sys
@@ -138,6 +157,8 @@ whys = sorted({r[3].strip() for r in rows if r[3].strip() not in ("-", "")})
 straggler = "-" if slow == "none" else "worker:1 2x"
 if workers.startswith("ps:"):
     workers = f"2, 1 ps, {workers[3:]}"
+elif workers.startswith("mirrored:"):
+    workers = f"1, {workers[9:]} replicas"
 print(f"| {label} | {workers} | {straggler} | {measured:.0f} | {predicted:.0f} | {error:+.1%} | {worst:+.1%} | "
       f"{link} | {'; '.join(whys) if abs(error) > 0.15 or abs(worst) > 0.15 else '-'} |")
 EOF
@@ -146,8 +167,12 @@ EOF
 table() {
   echo "| link | workers | straggler | measured samples/s | predicted | error (medians) | worst round | link the doctor used | where it misses by more than 15%, why |"
   echo "|---|---|---|---|---|---|---|---|---|"
-  local workers slow rate
+  local workers slow rate replicas
   local where=${WHERE:-all}
+  if [ "$where" = all ] || [ "$where" = mirrored ]; then
+    for replicas in 2 4; do case_row "one process (MirroredStrategy)" "mirrored:$replicas" - none; done
+  fi
+  [ "$where" != mirrored ] || return 0
   if [ "$where" = all ] || [ "$where" = loopback ]; then
     for slow in none worker:1:2x; do
       for workers in 2 3 4; do case_row "one host (loopback)" "$workers" loopback "$slow"; done
@@ -185,7 +210,8 @@ def line(name, keep):
         print(f"- {name}: {within} of {len(errors)} within 15%, median miss {statistics.median(errors):.1f}%")
 print()
 line("all cases", lambda r: True)
-line("one host", lambda r: "loopback" in r[0])
+line("replicas in one process", lambda r: "MirroredStrategy" in r[0])
+line("workers on one host", lambda r: "loopback" in r[0])
 line("all-reduce between namespaces", lambda r: "two namespaces" in r[0])
 line("parameter server between namespaces", lambda r: "ps:" in r[0])
 EOF

@@ -240,6 +240,37 @@ TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
             std::string::npos)
       << missed[0].why;
 
+  // MirroredStrategy: replicas of one process predicted from one replica on its rows, with
+  // no link. Two replicas on the two cores one replica's two threads had compute twice
+  // the rows in twice the time; on four cores, in the same time.
+  ScaleRun single = one;
+  single.host_threads = 2;
+  single.host_cores = 4;
+  ScaleRun mirrored{.workers = 1, .replicas = 2, .global_batch = 128, .samples_per_second = 6000,
+                    .rows = {row(0.020, 0.018, 0)}};
+  mirrored.host_threads = 2;
+  mirrored.host_cores = 4;
+  std::vector<Check> replicas = model_check({single, mirrored}, Link{});
+  ASSERT_EQ(replicas.size(), 1u);
+  EXPECT_NEAR(replicas[0].prediction.step, 0.001 + 2 * 0.009, 1e-12);
+  EXPECT_NEAR(replicas[0].prediction.samples_per_second, 128 / 0.019, 1e-6);
+  EXPECT_NE(model_check_table(replicas).find("| 1 | 2 | 6000 | 6737 | +12.3% | 9.00, 18.00 | - |"), std::string::npos)
+      << model_check_table(replicas);
+  mirrored.host_threads = 4;
+  replicas = model_check({single, mirrored}, Link{});
+  ASSERT_EQ(replicas.size(), 1u);
+  EXPECT_NEAR(replicas[0].prediction.step, 0.010, 1e-12);
+  // Computing twice as long as that allows: the table says the replicas' compute is what
+  // the model did not know.
+  EXPECT_EQ(replicas[0].why.rfind("forward + backward took 2.00x the one-worker run's where the model allowed 1.00x "
+                                  "(the replicas of one process wait for each other",
+                                  0),
+            0u)
+      << replicas[0].why;
+  // A run of replicas on a different number of rows each has no partner.
+  mirrored.global_batch = 256;
+  EXPECT_TRUE(model_check({single, mirrored}, Link{}).empty());
+
   Report report;
   report.title = "dtrain doctor <job>";
   report.runs = {one, two};

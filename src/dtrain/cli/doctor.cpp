@@ -553,12 +553,15 @@ std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& o
   report.findings = findings;
   report.link = link_words;
   report.noise_scale = noise_scale;
-  if (link) {
-    report.checks = profile::model_check(runs, link->link);
-    if (!report.checks.empty())
-      out << "\nModel check: each run at several workers predicted from the run at one worker and the link ("
-          << link_words << "):\n" << profile::model_check_table(report.checks);
-  }
+  // Replicas in one process need no link; runs at several workers are checked only with one.
+  report.checks = profile::model_check(runs, link ? link->link : profile::Link{});
+  if (!link)
+    std::erase_if(report.checks, [](const profile::Check& c) { return c.workers > 1; });
+  if (!report.checks.empty())
+    out << "\nModel check: each run predicted from the run at one worker (of one replica, for replicas in one "
+           "process)"
+        << (link ? " and the link (" + link_words + ")" : std::string()) << ":\n"
+        << profile::model_check_table(report.checks);
   if (what_if.workers || what_if.link) {
     if (!link) DTRAIN_THROW(InvalidArgument, "doctor: --what-if needs link= (no run at several workers measured one)");
     const profile::ScaleRun* one = nullptr;

@@ -329,13 +329,16 @@ std::string what_if_report(const StepModel& m, int workers, const Link& link, do
 std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& link) {
   std::vector<Check> out;
   for (const ScaleRun& r : runs) {
-    if (r.workers < 2 || r.samples_per_second <= 0) continue;
-    // The partner: one worker of as many replicas, on the rows one worker computes a step
-    // (under the ps, a closure has the whole batch).
+    // MirroredStrategy's replicas in one process are checked against one replica.
+    const bool mirrored = r.workers == 1 && r.replicas > 1 && r.ps == 0;
+    if ((r.workers < 2 && !mirrored) || r.samples_per_second <= 0) continue;
+    // The partner: one worker of as many replicas (of one, for replicas in one process),
+    // on the rows one worker computes a step (under the ps, a closure has the whole batch).
     const auto one = std::find_if(runs.begin(), runs.end(), [&](const ScaleRun& o) {
       // (A run slowed by a planted straggler is no partner: the model would slow it twice.)
-      return o.workers == 1 && o.ps == 0 && o.straggler_factor <= 1 && o.replicas == r.replicas && !o.rows.empty() &&
-             o.global_batch * (r.ps > 0 ? 1 : r.workers) == r.global_batch;
+      if (o.workers != 1 || o.ps != 0 || o.straggler_factor > 1 || o.rows.empty()) return false;
+      if (mirrored) return o.replicas == 1 && o.global_batch * r.replicas == r.global_batch;
+      return o.replicas == r.replicas && o.global_batch * (r.ps > 0 ? 1 : r.workers) == r.global_batch;
     });
     if (one == runs.end()) continue;
     StepModel m = step_model(*one);
@@ -347,8 +350,18 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     m.straggler = r.straggler_factor;
     // Workers sharing this host's cores beyond what it has compute slower than the run
     // at one worker did, by the ratio of threads to cores (workers with machines of
-    // their own, which the what-if describes, do not).
-    const double slower = r.oversubscription() / one->oversubscription();
+    // their own, which the what-if describes, do not). Replicas in one process each
+    // compute the one replica's rows, all of them on the cores the one replica had or
+    // on more: R replicas on C_R cores take R x C_1 / C_R times as long (at least as
+    // long). Their gradients need no sum of their own: the dense layers' are computed
+    // together, the others' buckets summed in memory, both inside the measured phases.
+    double slower = r.oversubscription() / one->oversubscription();
+    if (mirrored) {
+      m.batch = r.global_batch;
+      m.replicas = r.replicas;
+      const double cores_one = one->cores_computing(), cores = r.cores_computing();
+      slower = std::max(1.0, r.replicas * (cores_one > 0 && cores > 0 ? cores_one / cores : 1.0));
+    }
     const double alone = m.forward + m.backward;
     m.forward *= slower;
     m.backward *= slower;
@@ -374,7 +387,9 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
         c.why = "forward + backward took " + detail::fixed(c.compute_measured / alone, 2) +
                 "x the one-worker run's where the model allowed " + detail::fixed(slower, 2) + "x" +
                 (r.oversubscription() > 1 ? " (threads beyond the cores contend more than their ratio)"
-                                        : " (other load, or caches and memory bandwidth shared)");
+                 : mirrored ? " (the replicas of one process wait for each other at each dense layer's gradient, "
+                              "and share its caches and memory bandwidth)"
+                            : " (other load, or caches and memory bandwidth shared)");
       else if (const double moved = first.pull + first.push;
                r.ps > 0 && missed > 0 && moved - c.prediction.ring >= 0.5 * missed)
         c.why = "pull and push took " + detail::ms(moved) + " a closure where the model, queueing included, has " +
@@ -382,8 +397,9 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
                 "the workers share) is not in the model";
       else if (r.ps == 0 && r.oversubscription() > 1 && missed > 0)
         c.why = std::to_string(r.host_threads) + " compute threads time-sliced on " + std::to_string(r.host_cores) +
-                " cores, with each worker's communication thread: a synchronous step waits for the last worker "
-                "the scheduler runs, which costs more than the " + detail::fixed(slower, 2) + "x the model allows";
+                (mirrored ? " cores: a step waits for the last replica the scheduler runs, which costs more than the "
+                          : " cores, with each worker's communication thread: a synchronous step waits for the last "
+                            "worker the scheduler runs, which costs more than the ") + detail::fixed(slower, 2) + "x the model allows";
       else if (!r.doubt.empty())
         c.why = "the run's figures are in doubt";
       else if (missed > 0)

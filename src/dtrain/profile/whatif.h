@@ -115,7 +115,10 @@ std::string what_if_report(const StepModel& model, int workers, const Link& link
 
 // Each run at several workers predicted from the run at one worker with the same replicas
 // per worker, its forward and backward slowed by the ratio of the two runs' oversubscription
-// (compute threads over cores of the host, when above 1): | workers | replicas | measured | predicted | error | compute |. Runs without such a
+// (compute threads over cores of the host, when above 1); each run of several replicas in
+// one process (MirroredStrategy) from the run of one replica, its forward and backward
+// slowed by how many more replicas share each core computing:
+// | workers | replicas | measured | predicted | error | compute |. Runs without such a
 // partner are left out; empty when none has one.
 struct Check {
   int workers = 0, replicas = 0;  // the run's
