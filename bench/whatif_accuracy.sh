@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # How close the doctor's model check comes to the step times it predicts, over the runs
-# this machine can make: 2 and 4 replicas in one process (MirroredStrategy, one thread
-# each), 2 to 4 workers on one host (loopback), and 2 workers as two
+# this machine can make: 2 and 4 replicas in one process (MirroredStrategy, sharing a
+# thread per core), 2 to 4 workers on one host (loopback), and 2 workers as two
 # "hosts" in network namespaces joined by links limited with tbf (each pinned to a core
 # of its own, as two one-core machines), each with and without a straggler (worker 1
 # made 2x slower with --fault-slow). Per case and round: the job at one worker (pinned
@@ -23,7 +23,7 @@ update_docs=no
 [ "${1:-}" = --update-docs ] && update_docs=yes
 rounds=${ROUNDS:-3}
 rows=1024  # per worker per step
-fit=(fit "$config" --epochs 3 --steps-per-epoch 10 --threads 1 --verbose 0)
+fit=(fit "$config" --epochs 3 --steps-per-epoch 10 --verbose 0)  # with --threads
 . "$here/scripts/netns_pair.sh"
 a=dtrain_wia_a b=dtrain_wia_b
 addr_a=169.254.81.1 addr_b=169.254.81.2 port=29460
@@ -45,7 +45,7 @@ reference() {
   local pin=$1 i twin=() pids=()
   for i in 0 1; do
     [ "$pin" = yes ] && twin=(taskset -c "$i") || twin=()
-    OMP_NUM_THREADS=1 "${twin[@]}" "$dtrain" "${fit[@]}" --batch-size $rows --summary "$dir/one-$i.json" >/dev/null &
+    OMP_NUM_THREADS=1 "${twin[@]}" "$dtrain" "${fit[@]}" --threads 1 --batch-size $rows --summary "$dir/one-$i.json" >/dev/null &
     pids+=($!)
   done
   for i in "${pids[@]}"; do wait "$i" || { echo "whatif_accuracy.sh: the one-worker run failed" >&2; exit 1; }; done
@@ -60,13 +60,13 @@ round() {
   rm -f "$dir/one.json" "$dir/many.json" "$dir/out-worker0.log"
   if [ "$where" = loopback ]; then
     reference no
-    OMP_NUM_THREADS=1 "$dtrain" launch --workers "$workers" "${fit[@]}" --strategy multi_worker \
+    OMP_NUM_THREADS=1 "$dtrain" launch --workers "$workers" "${fit[@]}" --threads 1 --strategy multi_worker \
       --batch-size $((rows * workers)) --summary "$dir/many.json" "${fault[@]}" >/dev/null
     OMP_NUM_THREADS=1 "$dtrain" launch --workers "$workers" probe-link >"$dir/out-worker0.log" 2>&1
   else
     reference yes
     local pair="{\"worker\": [\"$addr_a:$port\", \"$addr_b:$port\"]}"
-    on_hosts "$pair" "worker:0:$a worker:1:$b" "$dtrain" "${fit[@]}" --strategy multi_worker \
+    on_hosts "$pair" "worker:0:$a worker:1:$b" "$dtrain" "${fit[@]}" --threads 1 --strategy multi_worker \
       --batch-size $((rows * 2)) --summary "$dir/many.json" "${fault[@]}"
     on_hosts "$pair" "worker:0:$a worker:1:$b" "$dtrain" probe-link
   fi
@@ -87,13 +87,14 @@ check_row() {
     awk -F' [|] ' -v link="${link#link=}" '{ sub(/ [|]$/, "", $7); print $3, $4, link, $7 }'
 }
 
-# One round of MirroredStrategy: REPLICAS replicas of one thread each in one process,
-# against one replica (beside its twin, as the loopback cases).
+# One round of MirroredStrategy, as `dtrain doctor --replicas 1,R` runs it: one replica with
+# a thread per core, then REPLICAS replicas sharing those threads in one process.
 mirrored_round() {
-  local replicas=$1
+  local replicas=$1 cores
+  cores=$(nproc)
   rm -f "$dir/one.json" "$dir/many.json" "$dir/out-worker0.log"
-  reference no
-  OMP_NUM_THREADS=1 "$dtrain" "${fit[@]}" --strategy mirrored --replicas "$replicas" \
+  OMP_NUM_THREADS=$cores "$dtrain" "${fit[@]}" --threads "$cores" --batch-size $rows --summary "$dir/one.json" >/dev/null
+  OMP_NUM_THREADS=$cores "$dtrain" "${fit[@]}" --threads "$cores" --strategy mirrored --replicas "$replicas" \
     --batch-size $((rows * replicas)) --summary "$dir/many.json" >/dev/null
   check_row
 }
@@ -124,7 +125,7 @@ ps_round() {
   rm -f "$dir/one.json" "$dir/many.json" "$dir/out-worker0.log"
   reference yes
   on_hosts "{\"chief\": [\"$(star_addr 3)\"], \"worker\": [\"$(star_addr 0)\", \"$(star_addr 1)\"], \"ps\": [\"$(star_addr 2)\"]}" \
-    "chief:0:${hosts[3]} worker:0:${hosts[0]} worker:1:${hosts[1]} ps:0:${hosts[2]}" "$dtrain" "${fit[@]}" --strategy parameter_server \
+    "chief:0:${hosts[3]} worker:0:${hosts[0]} worker:1:${hosts[1]} ps:0:${hosts[2]}" "$dtrain" "${fit[@]}" --threads 1 --strategy parameter_server \
     --consistency "$consistency" --batch-size $rows --summary "$dir/many.json" "${fault[@]}"
   on_hosts "{\"worker\": [\"$(star_addr 0)\", \"$(star_addr 1)\"]}" "worker:0:${hosts[0]} worker:1:${hosts[1]}" \
     "$dtrain" probe-link
