@@ -6,8 +6,9 @@
 # of its own, as two one-core machines), each with and without a straggler (worker 1
 # made 2x slower with --fault-slow). Per case and round: the job at one worker (pinned
 # as one of the case's workers is), the job at N workers (N times the rows per step),
-# `dtrain probe-link` between them, then `dtrain doctor --runs ONE,N --what-if LINK`,
-# whose model check gives measured and predicted samples/s. Prints a markdown table of
+# `dtrain probe-link` between them, then `dtrain doctor --runs ONE,N --what-if LINK`
+# (without a link for replicas in one process), whose model check gives measured and
+# predicted samples/s. Prints a markdown table of
 # the medians over the rounds; --update-docs also writes it into docs/profiling.md
 # between its whatif-accuracy markers. Needs root for the namespaces (without root, only
 # the loopback cases run).
@@ -21,6 +22,10 @@ config="$here/examples/configs/fashion_mnist.json"
 [ -x "$dtrain" ] || { echo "whatif_accuracy.sh: build first (make build): $dtrain is missing" >&2; exit 1; }
 update_docs=no
 [ "${1:-}" = --update-docs ] && update_docs=yes
+if [ $update_docs = yes ] && [ "${WHERE:-all}" != all ]; then
+  echo "whatif_accuracy.sh: --update-docs writes the whole table: leave WHERE unset (all)" >&2
+  exit 2
+fi
 rounds=${ROUNDS:-3}
 rows=1024  # per worker per step
 fit=(fit "$config" --epochs 3 --steps-per-epoch 10 --verbose 0)  # with --threads
@@ -83,6 +88,11 @@ check_row() {
   fi
   "$dtrain" doctor --runs "$dir/one.json,$dir/many.json" "${what_if[@]}" >"$dir/doctor.txt"
   # | workers | replicas | measured | predicted | error | compute | why |
+  grep -q "^Model check" "$dir/doctor.txt" || {
+    cat "$dir/doctor.txt" >&2
+    echo "whatif_accuracy.sh: the doctor checked no model (above)" >&2
+    exit 1
+  }
   grep -A3 "^Model check" "$dir/doctor.txt" | tail -1 |
     awk -F' [|] ' -v link="${link#link=}" '{ sub(/ [|]$/, "", $7); print $3, $4, link, $7 }'
 }
@@ -232,7 +242,8 @@ if begin not in text or end not in text:
 head, rest = text.split(begin, 1)
 _, tail = rest.split(end, 1)
 body = (f"\n`bench/whatif_accuracy.sh --update-docs` on {day}, medians of {rounds} rounds "
-        f"(seeds' Fashion-MNIST MLP, 1024 rows per worker per step, one thread per worker):\n\n"
+        f"(seeds' Fashion-MNIST MLP, 1024 rows per worker or replica per step, one thread per worker; "
+        f"MirroredStrategy's replicas share a thread per core):\n\n"
         + open(table).read() + "\n")
 open(doc, "w").write(head + begin + body + end + tail)
 EOF

@@ -65,6 +65,17 @@ TEST_F(ParameterServerCli, LaunchWithParameterServersTrainsEveryStepOnceAndTheCh
   EXPECT_EQ(s["ps_phases"]["per_ps"][0]["updates_applied"], kEpochs * kStepsPerEpoch);
   // The teacher's labels are learnable: a model that trained at all is far above chance (1/3).
   EXPECT_GT(s["test"]["accuracy"].get<double>(), 0.6) << s.dump();
+
+  // The doctor reads the run beside one at one worker. A ps run all-reduces nothing, so
+  // no link comes with it: the model is checked only once a link is given.
+  const std::string one = (dir_ / "one.json").string(), runs = one + "," + (dir_ / "s.json").string();
+  ASSERT_EQ(dtrain::testing::run_cli("fit " + config() + " --threads 1 --verbose 0 --summary " + one).code, 0);
+  Result doctor = dtrain::testing::run_cli("doctor --runs " + runs);
+  ASSERT_EQ(doctor.code, 0) << doctor.output;
+  EXPECT_FALSE(contains(doctor.output, "Model check")) << doctor.output;
+  doctor = dtrain::testing::run_cli("doctor --runs " + runs + " --what-if link=1Gbit");
+  ASSERT_EQ(doctor.code, 0) << doctor.output;
+  EXPECT_TRUE(contains(doctor.output, "| 2, 1 ps async | 1 | ")) << doctor.output;
 }
 
 // --partitioner splits each variable over the ps on its first axis: two ps then move

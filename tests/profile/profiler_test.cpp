@@ -253,8 +253,39 @@ TEST(Diagnosis, NamesEachPlantedCause) {
   ScaleRun small_batch{.workers = 2, .replicas = 1, .global_batch = 8, .samples_per_second = 900,
                        .rows = {row(0.004, 0.0001, 0.001, 0.0025, 0.0004, 4e3, 0.0001),
                                 row(0.004, 0.0001, 0.001, 0.0025, 0.0004, 4e3, 0.0001)}};
-  EXPECT_EQ(causes(diagnose({one, small_batch})),
-            (std::vector<std::string>{"too small a batch per replica", "communication-bound"}));
+  const std::vector<Finding> small = diagnose({one, small_batch});
+  EXPECT_EQ(causes(small), (std::vector<std::string>{"too small a batch per replica", "communication-bound"}));
+  // 4 rows computing 1 ms against 2.9 ms of that work: about 12 rows would balance them.
+  EXPECT_EQ(small.front().fix.rfind("give each replica more rows: about 12 (a global batch of 24) would let its "
+                                    "compute outweigh that work; at twice the per-replica batch (global 16)",
+                                    0),
+            0u)
+      << small.front().fix;
+
+  // Two rows per replica on a link: moving the bytes is most of the 3 ms wait but less
+  // than the 4 ms of compute, and with the update (2 ms) the step spends more than it
+  // computes on work a larger batch would spread. The batch is named first, with its
+  // parts and the rows that would balance them (2 x 5 / 4, rounded up: 3).
+  ScaleRun few_rows{.workers = 2, .replicas = 1, .global_batch = 4, .samples_per_second = 400,
+                    .rows = {row(0.010, 0.0001, 0.004, 0.003, 0.002, 1e6, 0.002),
+                             row(0.010, 0.0001, 0.004, 0.003, 0.002, 1e6, 0.002)}};
+  const std::vector<Finding> few = diagnose({one, few_rows});
+  EXPECT_EQ(causes(few), (std::vector<std::string>{"too small a batch per replica", "communication-bound"}));
+  EXPECT_EQ(few.front().evidence.rfind("each replica computes 4.00 ms per step on its 2 row(s), and the step spends "
+                                       "5.00 ms on work that does not grow with the batch (communication 3.00 ms, the "
+                                       "optimizer's update 2.00 ms) at 2 worker(s)",
+                                       0),
+            0u)
+      << few.front().evidence;
+  // 3 rows are within twice the batch: only the doubling is offered.
+  EXPECT_EQ(few.front().fix.rfind("give each replica more rows: at twice the per-replica batch (global 8)", 0), 0u)
+      << few.front().fix;
+  // The same rows with the bytes taking longer (4.5 ms of a 5 ms wait) than the compute:
+  // the link comes first.
+  few_rows.rows = {row(0.012, 0.0001, 0.004, 0.005, 0.002, 1e6, 0.0045),
+                   row(0.012, 0.0001, 0.004, 0.005, 0.002, 1e6, 0.0045)};
+  EXPECT_EQ(causes(diagnose({one, few_rows})),
+            (std::vector<std::string>{"communication-bound", "too small a batch per replica"}));
 
   // Worker 1 computes three times as long; worker 0 waits for it in communication. The
   // straggler is named by its own time (step less waits), and its wait is not blamed on

@@ -555,12 +555,8 @@ std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& o
   report.noise_scale = noise_scale;
   // Replicas in one process need no link; runs at several workers are checked only with one.
   report.checks = profile::model_check(runs, link ? link->link : profile::Link{});
-  if (!link)
-    std::erase_if(report.checks, [](const profile::Check& c) { return c.workers > 1; });
   if (!report.checks.empty())
-    out << "\nModel check: each run predicted from the run at one worker (of one replica, for replicas in one "
-           "process)"
-        << (link ? " and the link (" + link_words + ")" : std::string()) << ":\n"
+    out << "\nModel check: " << profile::model_check_heading(link_words) << ":\n"
         << profile::model_check_table(report.checks);
   if (what_if.workers || what_if.link) {
     if (!link) DTRAIN_THROW(InvalidArgument, "doctor: --what-if needs link= (no run at several workers measured one)");

@@ -228,14 +228,20 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
   const double exposed = std::max(0.0, s.comm + s.straggler - straggler_excess);
   const double fixed = exposed + s.start + s.optimizer;
   std::optional<Finding> too_small, communication;
-  if (big->replicas_in_sync() > 1 && s.compute() < fixed) {
-    const double rows = static_cast<double>(big->global_batch) / big->replicas_in_sync();
-    std::string parts = "communication " + ms(exposed);
-    if (ms(s.optimizer) != ms(0)) parts += ", the optimizer's update " + ms(s.optimizer);
-    if (ms(s.start) != ms(0)) parts += ", starting the replicas " + ms(s.start);
-    // Compute grows at most in proportion to the rows, so it takes at least this many for
-    // it to outweigh that work.
-    const double enough = std::ceil(rows * fixed / std::max(s.compute(), 1e-12));
+  const double rows = static_cast<double>(big->global_batch) / big->replicas_in_sync();
+  if (big->replicas_in_sync() > 1 && s.compute() > 0 && rows > 0 && s.compute() < fixed) {
+    // Each part as the table's columns show it (exposed communication with the straggler
+    // wait where there is one, less a straggler's own lateness).
+    std::vector<std::string> parts;
+    if (ms(exposed) != ms(0))
+      parts.push_back((s.straggler > 0 ? "communication and straggler wait " : "communication ") + ms(exposed));
+    if (ms(s.optimizer) != ms(0)) parts.push_back("the optimizer's update " + ms(s.optimizer));
+    if (ms(s.start) != ms(0)) parts.push_back("starting the replicas " + ms(s.start));
+    std::string listed;
+    for (const std::string& part : parts) listed += (listed.empty() ? "" : ", ") + part;
+    // Were compute to grow in proportion to the rows, and that work to stay as it is,
+    // this many would balance them.
+    const double enough = std::ceil(rows * fixed / s.compute());
     const std::string twice =
         format("at twice the per-replica batch (global %.0f) the same work is spread over twice the samples, about "
                "%.2fx the samples/s",
@@ -243,11 +249,11 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
     too_small = Finding{
         "too small a batch per replica",
         "each replica computes " + ms(s.compute()) + " per step on its " + detail::fixed(rows, 0) +
-            " row(s), and the step spends " + ms(fixed) + " on work that does not grow with the batch (" + parts +
+            " row(s), and the step spends " + ms(fixed) + " on work that does not grow with the batch (" + listed +
             ") " + where,
         "give each replica more rows: " +
-            (enough > 2 * rows ? format("it takes at least about %.0f (a global batch of %.0f) for its compute to "
-                                        "outweigh that work; ",
+            (enough > 2 * rows ? format("about %.0f (a global batch of %.0f) would let its compute outweigh that "
+                                        "work; ",
                                         enough, enough * big->replicas_in_sync())
                                : std::string()) +
             twice + "; or train on fewer replicas"};

@@ -27,6 +27,12 @@ std::string escape(const std::string& text) {
   return out;
 }
 
+// A sentence's words with its first letter upper case.
+std::string capitalized(std::string words) {
+  if (!words.empty() && words[0] >= 'a' && words[0] <= 'z') words[0] = static_cast<char>(words[0] - 'a' + 'A');
+  return words;
+}
+
 std::string label(const ScaleRun& r) { return std::to_string(r.workers) + "\u00d7" + std::to_string(r.replicas); }
 
 // A round number at or above v, for an axis top: 1, 1.5, 2, 3, 4, 5, 6 or 8 times a power of ten.
@@ -364,8 +370,7 @@ std::string html_report(const Report& r) {
       << escape(f.fix) << ".</span></li>\n";
   o << "</ul>\n";
   if (!r.checks.empty())
-    o << "<h2>Model check</h2>\n<p>Each run at several workers predicted from the run at one worker and the link ("
-      << escape(r.link) << ").</p>\n"
+    o << "<h2>Model check</h2>\n<p>" << escape(capitalized(model_check_heading(r.link))) << ".</p>\n"
       << markdown_html(model_check_table(r.checks));
   if (!r.what_if.empty()) o << "<h2>What if</h2>\n" << markdown_html(r.what_if);
   o << "</body></html>\n";

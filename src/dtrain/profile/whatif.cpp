@@ -329,9 +329,11 @@ std::string what_if_report(const StepModel& m, int workers, const Link& link, do
 std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& link) {
   std::vector<Check> out;
   for (const ScaleRun& r : runs) {
-    // MirroredStrategy's replicas in one process are checked against one replica.
+    // MirroredStrategy's replicas in one process are checked against one replica; runs
+    // at several workers only with a link to move their bytes.
     const bool mirrored = r.workers == 1 && r.replicas > 1 && r.ps == 0;
     if ((r.workers < 2 && !mirrored) || r.samples_per_second <= 0) continue;
+    if (r.workers > 1 && !(link.bytes_per_second > 0)) continue;
     // The partner: one worker of as many replicas (of one, for replicas in one process),
     // on the rows one worker computes a step (under the ps, a closure has the whole batch).
     const auto one = std::find_if(runs.begin(), runs.end(), [&](const ScaleRun& o) {
@@ -402,6 +404,11 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
                             "worker the scheduler runs, which costs more than the ") + detail::fixed(slower, 2) + "x the model allows";
       else if (!r.doubt.empty())
         c.why = "the run's figures are in doubt";
+      else if (missed > 0 && mirrored)
+        c.why = "the step took " + detail::ms(missed) + " more than predicted, beyond what compute explains: the "
+                "replicas' waits for each other and the sum of the buckets the dense layers do not compute together (" +
+                detail::ms(first.comm + first.straggler) + " of communication and straggler wait a step in this run), "
+                "which one replica does not show";
       else if (missed > 0)
         c.why = "the step took " + detail::ms(missed) + " more than predicted, beyond what compute explains: "
                 "communication or fixed costs the model did not know (the link's latency: " +
@@ -410,6 +417,11 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     out.push_back(c);
   }
   return out;
+}
+
+std::string model_check_heading(const std::string& link_words) {
+  return "each run predicted from the run at one worker (of one replica, for replicas in one process)" +
+         (link_words.empty() ? std::string() : " and the link (" + link_words + ")");
 }
 
 std::string model_check_table(const std::vector<Check>& checks) {

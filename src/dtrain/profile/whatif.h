@@ -119,7 +119,8 @@ std::string what_if_report(const StepModel& model, int workers, const Link& link
 // one process (MirroredStrategy) from the run of one replica, its forward and backward
 // slowed by how many more replicas share each core computing:
 // | workers | replicas | measured | predicted | error | compute |. Runs without such a
-// partner are left out; empty when none has one.
+// partner are left out, and runs at several workers when `link` has no bandwidth; empty
+// when none is left.
 struct Check {
   int workers = 0, replicas = 0;  // the run's
   int ps = 0;                     // under the ps: its ps tasks and consistency
@@ -136,5 +137,8 @@ struct Check {
 };
 std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& link);
 std::string model_check_table(const std::vector<Check>& checks);
+// What the check predicts from, in words ("each run predicted from ..."), with the link's
+// words where there is one.
+std::string model_check_heading(const std::string& link_words);
 
 }  // namespace dtrain::profile
