@@ -96,7 +96,12 @@ TEST_F(ParameterServerCli, APartitionerSplitsTheBytesEvenlyOverTheParameterServe
   ASSERT_EQ(split.size(), 2u);
   EXPECT_GT(whole[0], 2 * whole[1]);  // kernels (128 + 48 floats) against biases (16 + 3)
   EXPECT_NEAR(split[0] / (split[0] + split[1]), 0.5, 0.05);
-  EXPECT_EQ(summary()["partitioner"], "FixedShardsPartitioner(num_shards=2)");
+  const nlohmann::json s = summary();
+  EXPECT_EQ(s["partitioner"], "FixedShardsPartitioner(num_shards=2)");
+  // Each ps applies its part of every update: the job's count is the updates, not their
+  // sum over the ps.
+  EXPECT_EQ(s["updates_applied"], kEpochs * kStepsPerEpoch);
+  for (const auto& p : s["ps_phases"]["per_ps"]) EXPECT_EQ(p["updates_applied"], kEpochs * kStepsPerEpoch);
 }
 
 // The worker kills itself at its 4th step (ssp:1 keeps the other from taking every step
