@@ -8,10 +8,9 @@
 # as one of the case's workers is), the job at N workers (N times the rows per step),
 # `dtrain probe-link` between them, then `dtrain doctor --runs ONE,N --what-if LINK`
 # (without a link for replicas in one process), whose model check gives measured and
-# predicted samples/s. Prints a markdown table of
-# the medians over the rounds; --update-docs also writes it into docs/profiling.md
-# between its whatif-accuracy markers. Needs root for the namespaces (without root, only
-# the loopback cases run).
+# predicted samples/s. Prints a markdown table of the medians over the rounds;
+# --update-docs also writes it into docs/profiling.md between its whatif-accuracy markers.
+# Needs root for the namespaces (without root, only the loopback cases run).
 #
 #   bench/whatif_accuracy.sh [--update-docs]   ROUNDS=3 RATES="20mbit 100mbit 1gbit" WHERE=all|mirrored|loopback|namespaces|ps
 set -euo pipefail

@@ -266,9 +266,9 @@ TEST(Diagnosis, NamesEachPlantedCause) {
   // than the 4 ms of compute, and with the update (2 ms) the step spends more than it
   // computes on work a larger batch would spread. The batch is named first, with its
   // parts and the rows that would balance them (2 x 5 / 4, rounded up: 3).
+  const WorkerSummary short_bytes = row(0.010, 0.0001, 0.004, 0.003, 0.002, 1e6, 0.002);
   ScaleRun few_rows{.workers = 2, .replicas = 1, .global_batch = 4, .samples_per_second = 400,
-                    .rows = {row(0.010, 0.0001, 0.004, 0.003, 0.002, 1e6, 0.002),
-                             row(0.010, 0.0001, 0.004, 0.003, 0.002, 1e6, 0.002)}};
+                    .rows = {short_bytes, short_bytes}};
   const std::vector<Finding> few = diagnose({one, few_rows});
   EXPECT_EQ(causes(few), (std::vector<std::string>{"too small a batch per replica", "communication-bound"}));
   EXPECT_EQ(few.front().evidence.rfind("each replica computes 4.00 ms per step on its 2 row(s), and the step spends "
@@ -282,8 +282,8 @@ TEST(Diagnosis, NamesEachPlantedCause) {
       << few.front().fix;
   // The same rows with the bytes taking longer (4.5 ms of a 5 ms wait) than the compute:
   // the link comes first.
-  few_rows.rows = {row(0.012, 0.0001, 0.004, 0.005, 0.002, 1e6, 0.0045),
-                   row(0.012, 0.0001, 0.004, 0.005, 0.002, 1e6, 0.0045)};
+  const WorkerSummary long_bytes = row(0.012, 0.0001, 0.004, 0.005, 0.002, 1e6, 0.0045);
+  few_rows.rows = {long_bytes, long_bytes};
   EXPECT_EQ(causes(diagnose({one, few_rows})),
             (std::vector<std::string>{"communication-bound", "too small a batch per replica"}));
 

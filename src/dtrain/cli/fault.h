@@ -30,7 +30,8 @@ FaultSlow parse_fault_slow(const std::string& text);
 // on_train_batch_end), so that its computing takes `factor` times as long, as on slower
 // cores, and the other workers wait for it in their next collective. Time the thread
 // spent blocked (on the other workers, the ps, the link) is not made longer. The sleep
-// shows in the step profile as callback time (the metrics phase), not as compute. It counts what it did, so that tests assert on counts, not durations.
+// shows in the step profile as callback time (the metrics phase), not as compute. It
+// counts what it did, so that tests assert on counts, not durations.
 class SlowWorker : public Callback {
  public:
   explicit SlowWorker(double factor);

@@ -409,9 +409,10 @@ int run_fit(const std::string& path, const Overrides& o) {
       j["closures"] = s.closures_finished;
       j["closures_rerun"] = s.closures_rerun;
       j["workers_lost"] = s.workers_lost;
-      j["updates_applied"] = s.updates_applied;  // each ps's own count: ps_phases.per_ps
-      j["updates_refused"] = s.updates_refused;
-      j["updates_dropped"] = s.updates_dropped;
+      using Ps = distribute::ClusterCoordinator::Statistics::Ps;  // each one's count: ps_phases.per_ps
+      j["updates_applied"] = s.updates(&Ps::pushes_applied);
+      j["updates_refused"] = s.updates(&Ps::pushes_refused);
+      j["updates_dropped"] = s.updates(&Ps::pushes_dropped);
       j["staleness_counts"] = s.staleness_counts;
       j["closures_per_worker"] = s.closures_per_worker;
       // Seconds over the job: on the workers (pull, push, whole closures), at the ps.

@@ -227,6 +227,8 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
   // the replicas' compute, the batch each replica gets is too small to pay for it.
   const double exposed = std::max(0.0, s.comm + s.straggler - straggler_excess);
   const double fixed = exposed + s.start + s.optimizer;
+  // Samples/s at twice the per-replica batch: the step gains another compute and input.
+  const double at_twice_batch = 2 * step / (step + s.compute() + s.input);
   std::optional<Finding> too_small, communication;
   const double rows = static_cast<double>(big->global_batch) / big->replicas_in_sync();
   if (big->replicas_in_sync() > 1 && s.compute() > 0 && rows > 0 && s.compute() < fixed) {
@@ -245,7 +247,7 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
     const std::string twice =
         format("at twice the per-replica batch (global %.0f) the same work is spread over twice the samples, about "
                "%.2fx the samples/s",
-               2.0 * static_cast<double>(big->global_batch), 2 * step / (step + s.compute() + s.input));
+               2.0 * static_cast<double>(big->global_batch), at_twice_batch);
     too_small = Finding{
         "too small a batch per replica",
         "each replica computes " + ms(s.compute()) + " per step on its " + detail::fixed(rows, 0) +
@@ -279,7 +281,7 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
     fix += format("accumulate gradients over 4 batches (--gradient-accumulation-steps 4: one reduction per 4 "
                   "batches, about %.2fx the samples/s); a larger per-replica batch spreads the same bytes over more "
                   "samples (twice the batch: about %.2fx)",
-                  step * k_steps / (k_steps * per_micro + exposed + s.optimizer), 2 * step / (step + s.compute() + s.input));
+                  step * k_steps / (k_steps * per_micro + exposed + s.optimizer), at_twice_batch);
     communication = Finding{"communication-bound", evidence, fix};
   }
   // Both say the step waits on more than it computes. Where moving the bytes alone takes

@@ -401,18 +401,19 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
         c.why = std::to_string(r.host_threads) + " compute threads time-sliced on " + std::to_string(r.host_cores) +
                 (mirrored ? " cores: a step waits for the last replica the scheduler runs, which costs more than the "
                           : " cores, with each worker's communication thread: a synchronous step waits for the last "
-                            "worker the scheduler runs, which costs more than the ") + detail::fixed(slower, 2) + "x the model allows";
+                            "worker the scheduler runs, which costs more than the ") +
+                detail::fixed(slower, 2) + "x the model allows";
       else if (!r.doubt.empty())
         c.why = "the run's figures are in doubt";
-      else if (missed > 0 && mirrored)
-        c.why = "the step took " + detail::ms(missed) + " more than predicted, beyond what compute explains: the "
-                "replicas' waits for each other and the sum of the buckets the dense layers do not compute together (" +
-                detail::ms(first.comm + first.straggler) + " of communication and straggler wait a step in this run), "
-                "which one replica does not show";
       else if (missed > 0)
-        c.why = "the step took " + detail::ms(missed) + " more than predicted, beyond what compute explains: "
-                "communication or fixed costs the model did not know (the link's latency: " +
-                detail::fixed(link.latency_seconds * 1e6, 0) + " us a message)";
+        c.why = "the step took " + detail::ms(missed) + " more than predicted, beyond what compute explains: " +
+                (mirrored ? "the replicas' waits for each other and the sum of the buckets the dense layers do not "
+                            "compute together (" +
+                                detail::ms(first.comm + first.straggler) +
+                                " of communication and straggler wait a step in this run), which one replica does "
+                                "not show"
+                          : "communication or fixed costs the model did not know (the link's latency: " +
+                                detail::fixed(link.latency_seconds * 1e6, 0) + " us a message)");
     }
     out.push_back(c);
   }

@@ -1626,9 +1626,6 @@ ClusterCoordinator::Statistics Coordinator::statistics() const {
     s.pushes_applied += ps.pushes_applied;
     s.pushes_refused += ps.pushes_refused;
     s.pushes_dropped += ps.pushes_dropped;
-    s.updates_applied = std::max(s.updates_applied, ps.pushes_applied);
-    s.updates_refused = std::max(s.updates_refused, ps.pushes_refused);
-    s.updates_dropped = std::max(s.updates_dropped, ps.pushes_dropped);
     s.apply_seconds += ps.apply_seconds;
     s.queue_seconds += ps.queue_seconds;
     s.shared_memory_bytes += ps.shared_memory_bytes;
@@ -1883,11 +1880,12 @@ double mean_staleness(const std::vector<std::int64_t>& counts) {
 
 std::string PsBackend::statistics() const {
   const ClusterCoordinator::Statistics s = alive().coordinator().statistics();
+  using Ps = ClusterCoordinator::Statistics::Ps;
   const double stale = mean_staleness(s.staleness_counts);
   std::ostringstream o;
   o << "closures " << s.closures_finished << " (" << s.closures_rerun << " run again after " << s.workers_lost
-    << " lost worker" << (s.workers_lost == 1 ? "" : "s") << "), updates applied " << s.updates_applied << ", refused "
-    << s.updates_refused << ", dropped " << s.updates_dropped;
+    << " lost worker" << (s.workers_lost == 1 ? "" : "s") << "), updates applied " << s.updates(&Ps::pushes_applied)
+    << ", refused " << s.updates(&Ps::pushes_refused) << ", dropped " << s.updates(&Ps::pushes_dropped);
   if (stale >= 0)
     o << ", staleness mean " << std::fixed << std::setprecision(2) << stale << " max " << s.staleness_counts.size() - 1;
   if (s.steps_finished > 0 && s.pushes_applied > 0) {

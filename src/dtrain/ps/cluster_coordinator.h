@@ -29,6 +29,7 @@
 // See docs/parameter_server.md.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -210,9 +211,6 @@ class ClusterCoordinator {
     std::int64_t pushes_applied = 0;  // over every ps
     std::int64_t pushes_refused = 0;  // a closure's second run, a fenced worker's
     std::int64_t pushes_dropped = 0;  // SYNC: arrived after the update they were computed for
-    // The job's updates: a push brings every ps its shards' part, which each applies
-    // (refuses, drops) on its own, so these are the most any one ps counted.
-    std::int64_t updates_applied = 0, updates_refused = 0, updates_dropped = 0;
     std::vector<std::int64_t> staleness_counts;  // over every ps: [s] pushes s versions behind
     std::vector<std::int64_t> closures_per_worker;  // finished, by worker index
     // Seconds, summed over the closures that finished: on the workers, pulling the weights,
@@ -232,6 +230,13 @@ class ClusterCoordinator {
       std::vector<std::int64_t> staleness_counts;
     };
     std::vector<Ps> per_ps;
+    // The job's updates applied (refused, dropped: `count`): a push brings every ps its
+    // shards' part, which each counts on its own, so the most any one ps counted.
+    std::int64_t updates(std::int64_t Ps::*count) const {
+      std::int64_t most = 0;
+      for (const Ps& p : per_ps) most = std::max(most, p.*count);
+      return most;
+    }
   };
   // The chief: counts so far (asks every ps).
   Statistics statistics() const;
