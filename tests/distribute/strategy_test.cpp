@@ -151,6 +151,26 @@ TEST(MirroredStrategy, AccumulationOverAShortLastBatchAndADenseWithoutBiasMatchO
   EXPECT_LE(relative_difference(*model, *reference), 1e-5);
 }
 
+TEST(MirroredStrategy, MixedBfloat16MatchesOneDevice) {
+  // Under mixed_bfloat16 dense multiplies bfloat16 copies, and each replica computes its
+  // own weight gradients, which the replicas then sum; each product of bfloat16 values is
+  // exact in float32, so only the order of the float32 sums differs from one device's.
+  // 3 replicas, a short last batch.
+  const nn::ScopedGlobalPolicy policy("mixed_bfloat16");
+  data::Split d = data::make_synthetic(100, 20, 10, 4, data::SyntheticLabels::teacher);
+  auto reference = large_mlp(20, 32);
+  reference->fit(d.x, d.y, quiet(48, 2));
+  MirroredStrategy strategy(3);
+  std::unique_ptr<Sequential> model;
+  {
+    auto scope = strategy.scope();
+    model = large_mlp(20, 32);
+  }
+  model->fit(d.x, d.y, quiet(48, 2));
+  EXPECT_EQ(model->optimizer().iterations(), 6);
+  EXPECT_LE(relative_difference(*model, *reference), 1e-5);
+}
+
 TEST(MirroredStrategy, FitOnADatasetMatchesFitOnTensors) {
   data::Split d = data::make_synthetic(96, 12, 10, 8, data::SyntheticLabels::teacher);
   MirroredStrategy strategy(2);
