@@ -33,12 +33,18 @@ class DenseTogether::Hook final : public DenseGradientsTogether {
       DTRAIN_THROW(InternalError, "dense gradients together: replica ", replica_, " has ", mine,
                    " rows of the batch but gave ", rows, " rows of x and ", dz.dim(0), " of dz for '",
                    owner_.vars_[layer.kernel]->name(), "'");
-    layer.x[r] = x;
-    layer.dz[r] = dz;
+    const std::int64_t per_row = rows / mine;
+    const std::int64_t total = owner_.bounds_.back() * per_row, first = owner_.bounds_[r] * per_row;
     {
-      std::lock_guard lock(owner_.ones_mutex_);
-      if (owner_.ones_.numel() < rows) owner_.ones_ = Tensor::full({rows}, 1.0f);
+      std::lock_guard lock(owner_.buffers_mutex_);
+      if (!layer.x.defined() || layer.x.dim(0) != total) {
+        layer.x = Tensor::empty({total, x.dim(1)});
+        layer.dz = Tensor::empty({total, dz.dim(1)});
+        layer.ones = Tensor::full({1, total}, 1.0f);
+      }
     }
+    layer.x.slice(first, first + rows).copy_from(x);
+    layer.dz.slice(first, first + rows).copy_from(dz);
     try {
       owner_.layer_barrier_.arrive_and_wait(replica_);
     } catch (const Timeout&) {
@@ -65,8 +71,6 @@ DenseTogether::DenseTogether(int replicas, std::span<Variable* const> vars, std:
     l.bias = d.bias;
     l.step_used.assign(static_cast<std::size_t>(replicas), 0);
     l.group_done.assign(static_cast<std::size_t>(replicas), 0);
-    l.x.resize(static_cast<std::size_t>(replicas));
-    l.dz.resize(static_cast<std::size_t>(replicas));
     for (const std::size_t k : {d.kernel, d.bias})
       if (k != DenseVariables::kNone) gradients_[k] = Tensor::zeros(vars[k]->shape());
     // The bias gradient as the [1, out] product it is computed as.
@@ -114,36 +118,15 @@ int DenseTogether::spins_for(int threads) const {
 
 void DenseTogether::compute_block(int r, Layer& layer) {
   layer.group_done[static_cast<std::size_t>(r)] = group_;
-  const std::int64_t out = layer.dz[static_cast<std::size_t>(r)].dim(1), p = part_[static_cast<std::size_t>(r)];
+  const std::int64_t out = layer.dz.dim(1), p = part_[static_cast<std::size_t>(r)];
   const std::int64_t begin = out * p / parts_, end = out * (p + 1) / parts_;
   if (begin == end) return;
-  Tensor ones;
-  {
-    // Every replica at this layer has made it long enough; one ahead at the next may
-    // replace it by a longer one.
-    std::lock_guard lock(ones_mutex_);
-    ones = ones_;
-  }
   auto& backend = kernels::backend();
-  // The sum over the replicas' rows, one product per replica into the same block.
-  bool first = !accumulate_;
-  for (std::size_t q = 0; q < part_.size(); ++q) {
-    if (part_[q] < 0) continue;
-    const Tensor& x = layer.x[q];
-    const Tensor& dz = layer.dz[q];
-    backend.matmul(x, dz, gradients_[layer.kernel],
-                   {.transpose_a = true, .accumulate = !first, .column_begin = begin, .column_end = end});
-    if (layer.bias != DenseVariables::kNone)
-      backend.matmul(ones.slice(0, x.dim(0)).reshape({1, x.dim(0)}), dz, layer.bias_row,
-                     {.accumulate = !first, .column_begin = begin, .column_end = end});
-    first = false;
-  }
-}
-
-void DenseTogether::finish(int r) {
-  finish_barrier_.arrive_and_wait(r);
-  const auto mine = static_cast<std::size_t>(r);
-  for (Layer& l : layers_) l.x[mine] = l.dz[mine] = Tensor();
+  backend.matmul(layer.x, layer.dz, gradients_[layer.kernel],
+                 {.transpose_a = true, .accumulate = accumulate_, .column_begin = begin, .column_end = end});
+  if (layer.bias != DenseVariables::kNone)
+    backend.matmul(layer.ones, layer.dz, layer.bias_row,
+                   {.accumulate = accumulate_, .column_begin = begin, .column_end = end});
 }
 
 }  // namespace dtrain::distribute::detail

@@ -1,9 +1,9 @@
 // The replicas of one process compute the weight gradients of the model's dense layers
-// together (autograd/dense_together.h): each hands over its rows of the layer's input and
-// output gradient (the tensors its backward holds, not copies), and after a barrier
-// computes its block of the gradient's columns over every replica's rows, straight into
-// the one gradient the update reads. Nothing is summed afterwards. For BucketReducer,
-// whose buckets leave these variables out.
+// together (autograd/dense_together.h): each copies its rows of the layer's input and
+// output gradient into buffers that hold the whole batch, and after a barrier computes
+// its block of the gradient's columns over every row, straight into the one gradient the
+// update reads. Nothing is summed afterwards, and the product over the whole batch runs
+// faster than one per replica. For BucketReducer, whose buckets leave these variables out.
 // Internal to the distribute layer.
 #pragma once
 
@@ -37,9 +37,8 @@ class DenseTogether {
   void begin_step(std::span<const std::int64_t> row_bounds, bool accumulate);
   // Set on replica r's thread during its backward pass.
   DenseGradientsTogether* replica(int r);
-  // Every replica, with rows this step or not: returns once all blocks are computed, and
-  // lets go of the rows it handed over.
-  void finish(int r);
+  // Every replica, with rows this step or not: returns once all blocks are computed.
+  void finish(int r) { finish_barrier_.arrive_and_wait(r); }
   // A replica failed: nobody waits for it.
   void abort(int r, const std::string& why) {
     layer_barrier_.abort(r, why);
@@ -51,12 +50,8 @@ class DenseTogether {
   struct Layer {
     std::size_t kernel, bias;
     const void* key = nullptr;  // the kernel's values this step, as dense's backward sees them
-    // [replica] its rows of x [rows, in] and dz [rows, out], float32 (under
-    // mixed_bfloat16 dense computes with a copy of the kernel, which takes() does not
-    // know, and computes its own gradients): read by every replica after the layer's
-    // barrier, held until finish(). Autograd writes no tensor in place during backward,
-    // so they stay as handed over.
-    std::vector<Tensor> x, dz;
+    Tensor x, dz;               // [rows, in] and [rows, out]: every replica's rows
+    Tensor ones;                // [1, rows], for the bias gradient's column sums
     Tensor bias_row;            // the bias gradient, viewed as [1, out]
     std::vector<std::uint64_t> step_used;   // [replica] the last step its backward reached the layer
     std::vector<std::uint64_t> group_done;  // [replica] the last group it computed its block in
@@ -74,7 +69,6 @@ class DenseTogether {
   std::vector<Tensor> gradients_;  // [variable] the shared gradients; undefined: not covered
   std::vector<std::unique_ptr<DenseGradientsTogether>> hooks_;  // [replica]
   std::vector<std::int64_t> bounds_;
-  Tensor ones_;  // [most rows a replica has had], for the bias gradient's column sums
   // The replicas with rows this step share the layers' columns; one without rows (a short
   // last batch) has no backward pass to take part in and waits at finish() alone.
   std::vector<int> part_;  // [replica] its place among those with rows, or -1
@@ -82,7 +76,7 @@ class DenseTogether {
   int parts_ = 0;
   bool accumulate_ = false;
   std::uint64_t step_ = 0, group_ = 0;  // counted from 1
-  std::mutex ones_mutex_;  // the first replica with more rows than ones_ has makes it longer
+  std::mutex buffers_mutex_;  // the first replica at a layer sizes its buffers for the step
   comm::InProcessBarrier layer_barrier_;   // the replicas with rows, at each layer
   comm::InProcessBarrier finish_barrier_;  // every replica, after backward (the step barrier)
 };
