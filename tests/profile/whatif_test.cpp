@@ -181,6 +181,19 @@ TEST(WhatIf, AParameterServerStepIsTheClosurePlusAPullAndAPushBoundedByThePsLink
   EXPECT_EQ(slow_checks[0].why.rfind("pull and push took 60.00 ms a closure where the model, queueing included, has ", 0),
             0u)
       << slow_checks[0].why;
+  // As slow with pull and push no longer than the model's: the time went elsewhere, to
+  // what the ps, gRPC and the chief's dispatch cost.
+  for (WorkerSummary& w : slow_ps.rows) {
+    w.totals.phases[static_cast<std::size_t>(Phase::pull)] = 10 * 0.005;
+    w.totals.phases[static_cast<std::size_t>(Phase::push)] = 10 * 0.005;
+  }
+  const std::vector<Check> elsewhere = model_check({one, slow_ps}, link);
+  ASSERT_EQ(elsewhere.size(), 1u);
+  EXPECT_NE(elsewhere[0].why.find("beyond what compute explains: what the ps, gRPC and the chief's dispatch of "
+                                  "closures cost, on cores the workers share, which the model leaves out (10.00 ms of "
+                                  "pull and push a closure in this run, "),
+            std::string::npos)
+      << elsewhere[0].why;
 }
 
 TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
@@ -234,11 +247,30 @@ TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
   // did not know (communication or fixed costs), and the table says so.
   ScaleRun slow = two;
   slow.samples_per_second = 4000;  // a 32 ms step against 14 ms predicted
+  slow.hosts = 2;
   const std::vector<Check> missed = model_check({one, slow}, Link{1e9, 0});
   ASSERT_EQ(missed.size(), 1u);
-  EXPECT_NE(missed[0].why.find("the step took 18.00 ms more than predicted, beyond what compute explains"),
-            std::string::npos)
+  EXPECT_EQ(missed[0].why.rfind("the step took 18.00 ms more than predicted, beyond what compute explains: "
+                                "communication or fixed costs the model did not know (the link's latency: 0 us",
+                                0),
+            0u)
       << missed[0].why;
+  // The same two workers on one host over loopback: their bytes are the kernel's copies on
+  // the cores they compute on, with the waits that show it.
+  slow.hosts = 1;
+  const std::vector<Check> on_one_host = model_check({one, slow}, Link{1e9, 0});
+  ASSERT_EQ(on_one_host.size(), 1u);
+  EXPECT_NE(on_one_host[0].why.find("beyond what compute explains: on one host the kernel copies the workers' bytes "
+                                    "over loopback on the cores they compute and prepare input on"),
+            std::string::npos)
+      << on_one_host[0].why;
+  EXPECT_NE(on_one_host[0].why.find("(0.00 ms of input wait and 6.00 ms of communication and straggler wait a step in "
+                                    "this run, 0.00 ms of input wait in the one-worker run)"),
+            std::string::npos)
+      << on_one_host[0].why;
+  // Through shared memory there is no loopback to blame.
+  slow.shared_memory = true;
+  EXPECT_EQ(model_check({one, slow}, Link{1e9, 0})[0].why.find("loopback"), std::string::npos);
 
   // MirroredStrategy: replicas of one process predicted from one replica on its rows, with
   // no link. Two replicas on the two cores one replica's two threads had compute twice

@@ -378,6 +378,9 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     c.compute_alone = alone;
     const StepSeconds first = step_seconds(r.rows.front());
     c.compute_measured = first.compute();
+    // Workers of one host over TCP: the kernel copies their bytes on the cores they
+    // compute on, through the caches they share; the probe measured it on idle cores.
+    const bool loopback = r.workers > 1 && r.hosts == 1 && !r.shared_memory && r.ps == 0;
     if (std::abs(c.error) > 0.15) {
       // What the step missed by, and how much of it compute that changed explains.
       // (Under the ps, the step is the time between one worker's closures.)
@@ -391,6 +394,8 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
                 (r.oversubscription() > 1 ? " (threads beyond the cores contend more than their ratio)"
                  : mirrored ? " (the replicas of one process wait for each other at each dense layer's gradient, "
                               "and share its caches and memory bandwidth)"
+                 : loopback ? " (the workers of one host share its caches and memory bandwidth, and the kernel copies "
+                              "their bytes over loopback on the cores they compute on)"
                             : " (other load, or caches and memory bandwidth shared)");
       else if (const double moved = first.pull + first.push;
                r.ps > 0 && missed > 0 && moved - c.prediction.ring >= 0.5 * missed)
@@ -412,6 +417,16 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
                                 detail::ms(first.comm + first.straggler) +
                                 " of communication and straggler wait a step in this run), which one replica does "
                                 "not show"
+                : loopback ? "on one host the kernel copies the workers' bytes over loopback on the cores they compute "
+                             "and prepare input on, which the probe, on idle cores, did not see (" +
+                                 detail::ms(first.input) + " of input wait and " +
+                                 detail::ms(first.comm + first.straggler) +
+                                 " of communication and straggler wait a step in this run, " + detail::ms(m.input) +
+                                 " of input wait in the one-worker run)"
+                : r.ps > 0 ? "what the ps, gRPC and the chief's dispatch of closures cost, on cores the workers "
+                             "share, which the model leaves out (" +
+                                 detail::ms(first.pull + first.push) + " of pull and push a closure in this run, " +
+                                 detail::ms(c.prediction.ring) + " in the model)"
                           : "communication or fixed costs the model did not know (the link's latency: " +
                                 detail::fixed(link.latency_seconds * 1e6, 0) + " us a message)");
     }
