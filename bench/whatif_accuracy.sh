@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # How close the doctor's model check comes to the step times it predicts, over the runs
 # this machine can make: 2 and 4 replicas in one process (MirroredStrategy, sharing a
-# thread per core), 2 to 4 workers on one host (loopback), and 2 workers as two
-# "hosts" in network namespaces joined by links limited with tbf (each pinned to a core
-# of its own, as two one-core machines), each with and without a straggler (worker 1
-# made 2x slower with --fault-slow). Per case and round: the job at one worker (pinned
-# as one of the case's workers is), the job at N workers (N times the rows per step),
-# `dtrain probe-link` between them, then `dtrain doctor --runs ONE,N --what-if LINK`
-# (without a link for replicas in one process), whose model check gives measured and
-# predicted samples/s. Prints a markdown table of the medians over the rounds;
-# --update-docs also writes it into docs/profiling.md between its whatif-accuracy markers.
-# Needs root for the namespaces (without root, only the loopback cases run).
+# thread per core); 2 to 4 workers on one host (which sum through shared memory; WHERE
+# names them loopback, the link their probe measures); and 2 workers as two "hosts" in
+# network namespaces joined by links limited with tbf (each pinned to a core of its own,
+# as two one-core machines), under all-reduce and under one and two ps. Each with and
+# without a straggler (worker 1 made 2x slower with --fault-slow), but for two ps. Per
+# case and round: the job at one worker (pinned as one of the case's workers is), the
+# job at N workers (N times the rows per step), `dtrain probe-link` between them, then
+# `dtrain doctor --runs ONE,N --what-if LINK` (without a link for replicas in one
+# process), whose model check gives measured and predicted samples/s. Prints a markdown
+# table of the medians over the rounds; --update-docs also writes it into
+# docs/profiling.md between its whatif-accuracy markers. About 20 minutes.
+# Needs root for the namespaces (without root, only the one-process and one-host cases run).
 #
 #   bench/whatif_accuracy.sh [--update-docs]   ROUNDS=3 RATES="20mbit 100mbit 1gbit" WHERE=all|mirrored|loopback|namespaces|ps
 set -euo pipefail
@@ -27,13 +29,18 @@ if [ $update_docs = yes ] && [ "${WHERE:-all}" != all ]; then
 fi
 rounds=${ROUNDS:-3}
 rows=1024  # per worker per step
-fit=(fit "$config" --epochs 3 --steps-per-epoch 10 --verbose 0)  # with --threads
+# Steps per epoch: where a step takes milliseconds, 100 (two measured epochs of about a
+# second or more, so that a slow spell of this machine does not make a case's figure);
+# on the 20 and 100 Mbit/s links, whose steps take 40 ms to a second, 10.
+steps_of() { case $1 in 20mbit | 100mbit) echo 10 ;; *) echo 100 ;; esac; }
+fit=()  # fit CONFIG --epochs --steps-per-epoch --verbose, set by case_row; with --threads
 . "$here/scripts/netns_pair.sh"
 a=dtrain_wia_a b=dtrain_wia_b
 addr_a=169.254.81.1 addr_b=169.254.81.2 port=29460
-# Under the ps: the two workers, the ps and the chief, each a host on a switch.
+# Under the ps: the two workers, the ps (a second one for the cases of two) and the chief,
+# each a host on a switch.
 hub=dtrain_wia_hub
-hosts=(dtrain_wia_w0 dtrain_wia_w1 dtrain_wia_ps dtrain_wia_chief)
+hosts=(dtrain_wia_w0 dtrain_wia_w1 dtrain_wia_ps dtrain_wia_chief dtrain_wia_ps1)
 star_addr() { echo "169.254.78.$(($1 + 1)):$port"; }  # of hosts[i]
 dir=$(mktemp -d)
 trap 'netns_pair_down "$a" "$b"; netns_star_down "$hub" "${hosts[@]}"; rm -rf "$dir"' EXIT
@@ -126,29 +133,33 @@ on_hosts() {
   [ $failed = 0 ] || { cat "$dir"/out-*.log >&2; exit 1; }
 }
 
-# One round under the ps (2 workers, 1 ps, CONSISTENCY) on the star: "measured predicted
-# link why", as round prints.
+# One round under PS_COUNT ps (1 or 2; 2 workers, CONSISTENCY) on the star: "measured
+# predicted link why", as round prints.
 ps_round() {
-  local consistency=$1 slow=$2 fault=()
+  local consistency=$1 slow=$2 ps_count=$3 fault=()
   [ "$slow" = none ] || fault=(--fault-slow "$slow")
+  local ps="\"$(star_addr 2)\"" ps_tasks="ps:0:${hosts[2]}"
+  local split=()  # two ps each hold half of every variable
+  [ "$ps_count" = 1 ] || { ps+=", \"$(star_addr 4)\"" ps_tasks+=" ps:1:${hosts[4]}" split=(--partitioner fixed:2); }
   rm -f "$dir/one.json" "$dir/many.json" "$dir/out-worker0.log"
   reference yes
-  on_hosts "{\"chief\": [\"$(star_addr 3)\"], \"worker\": [\"$(star_addr 0)\", \"$(star_addr 1)\"], \"ps\": [\"$(star_addr 2)\"]}" \
-    "chief:0:${hosts[3]} worker:0:${hosts[0]} worker:1:${hosts[1]} ps:0:${hosts[2]}" "$dtrain" "${fit[@]}" --threads 1 --strategy parameter_server \
-    --consistency "$consistency" --batch-size $rows --summary "$dir/many.json" "${fault[@]}"
+  on_hosts "{\"chief\": [\"$(star_addr 3)\"], \"worker\": [\"$(star_addr 0)\", \"$(star_addr 1)\"], \"ps\": [$ps]}" \
+    "chief:0:${hosts[3]} worker:0:${hosts[0]} worker:1:${hosts[1]} $ps_tasks" "$dtrain" "${fit[@]}" --threads 1 --strategy parameter_server \
+    --consistency "$consistency" --batch-size $rows --summary "$dir/many.json" "${fault[@]}" "${split[@]}"
   on_hosts "{\"worker\": [\"$(star_addr 0)\", \"$(star_addr 1)\"]}" "worker:0:${hosts[0]} worker:1:${hosts[1]}" \
     "$dtrain" probe-link
   check_row
 }
 
-# Medians over the rounds, as a table row. WORKERS "ps:CONSISTENCY" is a ps case,
-# "mirrored:R" R replicas in one process.
+# Medians over the rounds, as a table row. WORKERS "ps:CONSISTENCY:PS" is a case of PS
+# ps, "mirrored:R" R replicas in one process.
 case_row() {
-  local label=$1 workers=$2 where=$3 slow=$4 r
+  local label=$1 workers=$2 where=$3 slow=$4 r _ consistency ps_count
+  fit=(fit "$config" --epochs 3 --steps-per-epoch "$(steps_of "$where")" --verbose 0)
   : >"$dir/rounds"
   for r in $(seq "$rounds"); do
     case $workers in
-      ps:*) ps_round "${workers#ps:}" "$slow" ;;
+      ps:*) IFS=: read -r _ consistency ps_count <<<"$workers"; ps_round "$consistency" "$slow" "$ps_count" ;;
       mirrored:*) mirrored_round "${workers#mirrored:}" ;;
       *) round "$workers" "$where" "$slow" ;;
     esac >>"$dir/rounds"
@@ -166,7 +177,8 @@ link = rows[len(rows) // 2][2]
 whys = sorted({r[3].strip() for r in rows if r[3].strip() not in ("-", "")})
 straggler = "-" if slow == "none" else "worker:1 2x"
 if workers.startswith("ps:"):
-    workers = f"2, 1 ps, {workers[3:]}"
+    _, consistency, ps_count = workers.split(":")
+    workers = f"2, {ps_count} ps, {consistency}"
 elif workers.startswith("mirrored:"):
     workers = f"1, {workers[9:]} replicas"
 print(f"| {label} | {workers} | {straggler} | {measured:.0f} | {predicted:.0f} | {error:+.1%} | {worst:+.1%} | "
@@ -185,7 +197,7 @@ table() {
   [ "$where" != mirrored ] || return 0
   if [ "$where" = all ] || [ "$where" = loopback ]; then
     for slow in none worker:1:2x; do
-      for workers in 2 3 4; do case_row "one host (loopback)" "$workers" loopback "$slow"; done
+      for workers in 2 3 4; do case_row "one host (shared memory)" "$workers" loopback "$slow"; done
     done
   fi
   [ $namespaces = yes ] && [ "$where" != loopback ] || return 0
@@ -199,8 +211,9 @@ table() {
     NETNS_BURST=64kb netns_star_up "$hub" "$rate" "${hosts[@]}" >&2 || { : >"$dir/incomplete"; return 0; }
     for consistency in async sync; do
       for slow in none worker:1:2x; do
-        case_row "tbf $rate, ps: 2 workers, ps and chief on a switch" "ps:$consistency" "$rate" "$slow"
+        case_row "tbf $rate, ps: 2 workers, ps and chief on a switch" "ps:$consistency:1" "$rate" "$slow"
       done
+      case_row "tbf $rate, ps: 2 workers, 2 ps and chief on a switch" "ps:$consistency:2" "$rate" none
     done
     netns_star_down "$hub" "${hosts[@]}"
   done
@@ -221,7 +234,7 @@ def line(name, keep):
 print()
 line("all cases", lambda r: True)
 line("replicas in one process", lambda r: "MirroredStrategy" in r[0])
-line("workers on one host", lambda r: "loopback" in r[0])
+line("workers on one host", lambda r: "one host" in r[0])
 line("all-reduce between namespaces", lambda r: "two namespaces" in r[0])
 line("parameter server between namespaces", lambda r: "ps:" in r[0])
 EOF
@@ -241,7 +254,8 @@ if begin not in text or end not in text:
 head, rest = text.split(begin, 1)
 _, tail = rest.split(end, 1)
 body = (f"\n`bench/whatif_accuracy.sh --update-docs` on {day}, medians of {rounds} rounds "
-        f"(seeds' Fashion-MNIST MLP, 1024 rows per worker or replica per step, one thread per worker; "
+        f"(seeds' Fashion-MNIST MLP, 1024 rows per worker or replica per step, one thread per worker, "
+        f"a warm-up epoch and two measured of 100 steps (10 at 20 and 100 Mbit/s); "
         f"MirroredStrategy's replicas share a thread per core):\n\n"
         + open(table).read() + "\n")
 open(doc, "w").write(head + begin + body + end + tail)
