@@ -31,7 +31,7 @@ rounds=${ROUNDS:-3}
 rows=1024  # per worker per step
 # Steps per epoch: where a step takes milliseconds, 100 (two measured epochs of about a
 # second or more, so that a slow spell of this machine does not make a case's figure);
-# on the 20 and 100 Mbit/s links, whose steps take 40 ms to a second, 10.
+# on the 20 and 100 Mbit/s links, whose steps take 0.1 to 1.5 s, 10.
 steps_of() { case $1 in 20mbit | 100mbit) echo 10 ;; *) echo 100 ;; esac; }
 fit=()  # fit CONFIG --epochs --steps-per-epoch --verbose, set by case_row; with --threads
 . "$here/scripts/netns_pair.sh"
@@ -189,7 +189,7 @@ EOF
 table() {
   echo "| link | workers | straggler | measured samples/s | predicted | error (medians) | worst round | link the doctor used | where it misses by more than 15%, why |"
   echo "|---|---|---|---|---|---|---|---|---|"
-  local workers slow rate replicas
+  local workers slow rate replicas consistency
   local where=${WHERE:-all}
   if [ "$where" = all ] || [ "$where" = mirrored ]; then
     for replicas in 2 4; do case_row "one process (MirroredStrategy)" "mirrored:$replicas" - none; done

@@ -387,7 +387,8 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
       const double measured_step = static_cast<double>(r.global_batch) * (r.ps > 0 ? r.workers : 1) / c.measured;
       const double missed = measured_step - c.prediction.step;
       const double modelled = alone * slower, compute_excess = c.compute_measured - modelled;
-      if (modelled > 0 && std::abs(c.compute_measured / modelled - 1) > 0.15 &&
+      // Compute explains the miss only where it moved the same way as the step.
+      if (modelled > 0 && std::abs(c.compute_measured / modelled - 1) > 0.15 && compute_excess * missed > 0 &&
           std::abs(compute_excess) >= 0.5 * std::abs(missed))
         c.why = "forward + backward took " + detail::fixed(c.compute_measured / alone, 2) +
                 "x the one-worker run's where the model allowed " + detail::fixed(slower, 2) + "x" +
@@ -423,8 +424,8 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
                                  detail::ms(first.comm + first.straggler) +
                                  " of communication and straggler wait a step in this run, " + detail::ms(m.input) +
                                  " of input wait in the one-worker run)"
-                : r.ps > 0 ? "what the ps, gRPC and the chief's dispatch of closures cost, on cores the workers "
-                             "share, which the model leaves out (" +
+                : r.ps > 0 ? "the CPU time of the ps, gRPC and the chief's dispatch of closures, which the model "
+                             "leaves out (" +
                                  detail::ms(first.pull + first.push) + " of pull and push a closure in this run, " +
                                  detail::ms(c.prediction.ring) + " in the model)"
                           : "communication or fixed costs the model did not know (the link's latency: " +
