@@ -326,6 +326,31 @@ std::string what_if_report(const StepModel& m, int workers, const Link& link, do
   return o.str();
 }
 
+namespace {
+
+// What a run's step spent beyond what the model and its compute explain, by the kind of
+// run: replicas of one process, workers of one host over loopback, under the ps, or other.
+std::string unexplained(const ScaleRun& r, bool mirrored, bool loopback, const StepSeconds& first,
+                        double one_worker_input, double model_ring, const Link& link) {
+  const std::string waits = detail::ms(first.comm + first.straggler) + " of communication and straggler wait a step";
+  if (mirrored)
+    return "the replicas' waits for each other and the sum of the buckets the dense layers do not compute together (" +
+           waits + " in this run), which one replica does not show";
+  if (loopback)
+    return "on one host the kernel copies the workers' bytes over loopback on the cores they compute and prepare "
+           "input on, which the probe, on idle cores, did not see (" +
+           detail::ms(first.input) + " of input wait and " + waits + " in this run, " + detail::ms(one_worker_input) +
+           " of input wait in the one-worker run)";
+  if (r.ps > 0)
+    return "the CPU time of the ps, gRPC and the chief's dispatch of closures, which the model leaves out (" +
+           detail::ms(first.pull + first.push) + " of pull and push a closure in this run, " + detail::ms(model_ring) +
+           " in the model)";
+  return "communication or fixed costs the model did not know (the link's latency: " +
+         detail::fixed(link.latency_seconds * 1e6, 0) + " us a message)";
+}
+
+}  // namespace
+
 std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& link) {
   std::vector<Check> out;
   for (const ScaleRun& r : runs) {
@@ -387,6 +412,7 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
       const double measured_step = static_cast<double>(r.global_batch) * (r.ps > 0 ? r.workers : 1) / c.measured;
       const double missed = measured_step - c.prediction.step;
       const double modelled = alone * slower, compute_excess = c.compute_measured - modelled;
+      const double moved = first.pull + first.push;  // under the ps
       // Compute explains the miss only where it moved the same way as the step.
       if (modelled > 0 && std::abs(c.compute_measured / modelled - 1) > 0.15 && compute_excess * missed > 0 &&
           std::abs(compute_excess) >= 0.5 * std::abs(missed))
@@ -398,8 +424,7 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
                  : loopback ? " (the workers of one host share its caches and memory bandwidth, and the kernel copies "
                               "their bytes over loopback on the cores they compute on)"
                             : " (other load, or caches and memory bandwidth shared)");
-      else if (const double moved = first.pull + first.push;
-               r.ps > 0 && missed > 0 && moved - c.prediction.ring >= 0.5 * missed)
+      else if (r.ps > 0 && missed > 0 && moved - c.prediction.ring >= 0.5 * missed)
         c.why = "pull and push took " + detail::ms(moved) + " a closure where the model, queueing included, has " +
                 detail::ms(c.prediction.ring) + ": the CPU time of gRPC and the ps (serializing, applying, on cores "
                 "the workers share) is not in the model";
@@ -413,23 +438,7 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
         c.why = "the run's figures are in doubt";
       else if (missed > 0)
         c.why = "the step took " + detail::ms(missed) + " more than predicted, beyond what compute explains: " +
-                (mirrored ? "the replicas' waits for each other and the sum of the buckets the dense layers do not "
-                            "compute together (" +
-                                detail::ms(first.comm + first.straggler) +
-                                " of communication and straggler wait a step in this run), which one replica does "
-                                "not show"
-                : loopback ? "on one host the kernel copies the workers' bytes over loopback on the cores they compute "
-                             "and prepare input on, which the probe, on idle cores, did not see (" +
-                                 detail::ms(first.input) + " of input wait and " +
-                                 detail::ms(first.comm + first.straggler) +
-                                 " of communication and straggler wait a step in this run, " + detail::ms(m.input) +
-                                 " of input wait in the one-worker run)"
-                : r.ps > 0 ? "the CPU time of the ps, gRPC and the chief's dispatch of closures, which the model "
-                             "leaves out (" +
-                                 detail::ms(first.pull + first.push) + " of pull and push a closure in this run, " +
-                                 detail::ms(c.prediction.ring) + " in the model)"
-                          : "communication or fixed costs the model did not know (the link's latency: " +
-                                detail::fixed(link.latency_seconds * 1e6, 0) + " us a message)");
+                unexplained(r, mirrored, loopback, first, m.input, c.prediction.ring, link);
     }
     out.push_back(c);
   }
