@@ -170,6 +170,9 @@ void run(const Args& a) {
   ASSERT_EQ(history.profile_summary.size(), static_cast<std::size_t>(strategy.num_workers())) << task;
   for (const profile::WorkerSummary& w : history.profile_summary) {
     EXPECT_EQ(w.totals.steps, steps) << task;
+    // ...and each of its steps' own work, for the doctor's replay.
+    ASSERT_EQ(static_cast<std::int64_t>(w.step_work.size()), w.totals.steps) << task;
+    for (double work : w.step_work) EXPECT_GT(work, 0.0) << task;
     if (strategy.num_workers() > 1) {
       EXPECT_GT(w.totals.bytes, 0u) << task;
       EXPECT_GT(w.totals.transfer, 0.0) << task;

@@ -41,6 +41,15 @@ void expect_phases_cover_the_steps(const History& h, std::int64_t steps) {
   for (Phase p : {Phase::forward, Phase::backward, Phase::optimizer, Phase::metrics})
     EXPECT_GT(share(t, p), 0.0) << profile::phase_name(p);
   EXPECT_LE(h.profile_summary[0].step_p50, h.profile_summary[0].step_p90);
+  // Each steady step's own work, for the doctor's replay: one per step, within the step.
+  const std::vector<double>& work = h.profile_summary[0].step_work;
+  ASSERT_EQ(static_cast<std::int64_t>(work.size()), steps);
+  double worked = 0;
+  for (double w : work) {
+    EXPECT_GT(w, 0.0);
+    worked += w;
+  }
+  EXPECT_LE(worked, t.wall * (1 + 1e-9));
 }
 
 class FitProfileTrace : public testing::TempDirTest {};

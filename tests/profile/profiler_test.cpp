@@ -54,6 +54,10 @@ TEST(Profiler, ReducesTracksIntoTheStepsPhases) {
   EXPECT_EQ(r.bytes, 1000u);
   EXPECT_EQ(r.samples, 64);
   EXPECT_GT(r.wall, 0.0);
+  // The step's own work: the loop's 0.1 ms, then the slowest replica's: replica 0's 3.5 ms
+  // of forward and backward (its bucket sum and waits are communication), not replica 1's 4.
+  EXPECT_NEAR(r.work, 100e-6 + 4e-3, 1e-12);
+  const double first_work = r.work;  // (r is the profiler's last step, which the next replaces)
 
   // The next step starts from zero; totals add up.
   profiler.begin_step();
@@ -68,6 +72,18 @@ TEST(Profiler, ReducesTracksIntoTheStepsPhases) {
   profiler.begin_epoch();
   EXPECT_EQ(profiler.epoch().steps, 0);
   EXPECT_EQ(profiler.total().steps, 2);
+  // The steady steps' work: after the first epoch, as many as asked for.
+  EXPECT_EQ(profiler.steady_work(10), (std::vector<double>{first_work, 250e-6}));  // one epoch: all steps
+  profiler.begin_epoch();
+  for (const double work : {1e-3, 2e-3, 3e-3}) {
+    profiler.begin_step();
+    profiler.loop().add(Phase::forward, t, t + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(work)));
+    profiler.end_step(64);
+  }
+  const std::vector<double> steady = profiler.steady_work(2);
+  ASSERT_EQ(steady.size(), 2u);
+  EXPECT_NEAR(steady[0], 1e-3, 1e-9);
+  EXPECT_NEAR(steady[1], 2e-3, 1e-9);
 }
 
 TEST(Profiler, StepPercentiles) {

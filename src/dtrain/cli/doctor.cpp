@@ -91,6 +91,7 @@ json profile_json(const std::vector<profile::WorkerSummary>& workers) {
                     {"transfer_seconds_per_step", t.transfer / steps},
                     {"bytes_all_reduced_per_step", w.bytes_per_step()},
                     {"bus_bandwidth_bytes_per_second", w.bus_bandwidth(static_cast<int>(workers.size()))}});
+    if (!w.step_work.empty()) rows.back()["step_work_seconds"] = w.step_work;
   }
   return rows;
 }
@@ -112,6 +113,7 @@ std::vector<profile::WorkerSummary> profile_from_json(const json& rows) {
     t.samples = static_cast<std::int64_t>(row.at("samples_per_second").get<double>() * t.wall + 0.5);
     w.step_p50 = row.at("step_seconds_p50").get<double>();
     w.step_p90 = row.at("step_seconds_p90").get<double>();
+    if (row.contains("step_work_seconds")) w.step_work = row["step_work_seconds"].get<std::vector<double>>();
     out.push_back(w);
   }
   return out;

@@ -15,6 +15,17 @@ namespace {
 constexpr int index_of(Phase p) { return static_cast<int>(p); }
 
 double micros(Clock::time_point from, Clock::time_point to) { return seconds_between(from, to) * 1e6; }
+
+// A track's step less what it spent communicating, waiting for peers, pushing and pulling.
+double own_work(const PhaseSeconds& s) {
+  double work = 0;
+  for (int p = 0; p < kPhases; ++p) {
+    const auto phase = static_cast<Phase>(p);
+    if (phase != Phase::communication && phase != Phase::straggler_wait && phase != Phase::push && phase != Phase::pull)
+      work += s[static_cast<std::size_t>(p)];
+  }
+  return work;
+}
 // Trace times count from the steady clock's epoch, which every process on a host shares:
 // the traces of a host's workers line up without any rebasing.
 double micros_since_epoch(Clock::time_point t) { return micros(Clock::time_point{}, t); }
@@ -119,15 +130,18 @@ const StepRecord& Profiler::end_step(std::int64_t samples) {
   r.samples = samples;
   int replicas = 0;
   PhaseSeconds replica_sum{};
+  double slowest_replica = 0;
   double replica_waits = 0, comm_thread = 0, comm_thread_straggler = 0;
   for (const auto& t : tracks_) {
     r.bytes += t->bytes_;
     switch (t->kind_) {
       case TrackKind::loop:
         for (int p = 0; p < kPhases; ++p) r.phases[static_cast<std::size_t>(p)] += t->seconds_[static_cast<std::size_t>(p)];
+        r.work += own_work(t->seconds_);
         break;
       case TrackKind::replica:
         ++replicas;
+        slowest_replica = std::max(slowest_replica, own_work(t->seconds_));
         for (int p = 0; p < kPhases; ++p) replica_sum[static_cast<std::size_t>(p)] += t->seconds_[static_cast<std::size_t>(p)];
         replica_waits += t->waited_for_comm_;
         break;
@@ -137,6 +151,7 @@ const StepRecord& Profiler::end_step(std::int64_t samples) {
         break;
     }
   }
+  r.work += slowest_replica;
   if (replicas > 0) {
     for (int p = 0; p < kPhases; ++p)
       r.phases[static_cast<std::size_t>(p)] += replica_sum[static_cast<std::size_t>(p)] / replicas;
@@ -159,12 +174,20 @@ const StepRecord& Profiler::end_step(std::int64_t samples) {
   total_.add(r);
   if (epochs_ > 1) steady_.add(r);
   step_walls_.push_back(r.wall);
+  step_works_.push_back(r.work);
   if (options_.trace && total_.steps <= options_.max_trace_steps) {
     step_spans_.emplace_back(micros_since_epoch(step_start_), micros(step_start_, now));
     if (total_.steps == options_.max_trace_steps)
       for (auto& t : tracks_) t->tracing_ = false;
   }
   return last_;
+}
+
+std::vector<double> Profiler::steady_work(std::size_t max_steps) const {
+  const std::size_t from = epochs_ > 1 ? steady_from_ : 0;
+  const std::size_t to = std::min(step_works_.size(), from + max_steps);
+  if (to <= from) return {};
+  return {step_works_.begin() + static_cast<std::ptrdiff_t>(from), step_works_.begin() + static_cast<std::ptrdiff_t>(to)};
 }
 
 double Profiler::step_percentile(double q) const {

@@ -34,6 +34,8 @@ enum class Phase : std::uint8_t {
   replica_start,   // from the step's hand-off to the replica threads until each one ran
 };
 inline constexpr int kPhases = 11;
+// The steady steps whose work a run's summary keeps, for the doctor's replay of the run.
+inline constexpr std::size_t kStepsReplayed = 1000;
 const char* phase_name(Phase phase);  // "input wait", "forward", ...
 
 using PhaseSeconds = std::array<double, kPhases>;
@@ -86,6 +88,9 @@ struct StepRecord {
   double transfer = 0;             // the part that moved bytes between processes
   std::uint64_t bytes = 0;         // all-reduced with other processes
   std::int64_t samples = 0;        // global batch rows
+  // The step's own work on its critical path: the loop's phases and the slowest replica's,
+  // each less its communication, waits for peers, pushes and pulls.
+  double work = 0;
 };
 
 // Totals over a run of steps (an epoch, or all of training).
@@ -131,6 +136,9 @@ class Profiler {
   // The steady state: the steps after the first epoch when there were several (the
   // first warms up: setup, kernels' first calls, cold caches), else all of them.
   const Totals& steady() const { return epochs_ > 1 ? steady_ : total_; }
+  // Each steady step's work (StepRecord::work), the first `max_steps` of them (the
+  // summaries keep kStepsReplayed).
+  std::vector<double> steady_work(std::size_t max_steps) const;
   std::int64_t steps() const { return total_.steps; }
 
   // Chrome trace-event JSON ({"traceEvents": [...]}): one track per thread, process `pid`
@@ -146,6 +154,7 @@ class Profiler {
   Totals epoch_, total_, steady_;
   int epochs_ = 0;
   std::vector<double> step_walls_;
+  std::vector<double> step_works_;  // [step], beside step_walls_
   std::size_t steady_from_ = 0;  // step_walls_ index of the steady state's first step
   std::vector<std::pair<double, double>> step_spans_;  // [step] start and duration, µs, traced steps
 };

@@ -14,6 +14,9 @@ namespace dtrain::profile {
 struct WorkerSummary {
   Totals totals;
   double step_p50 = 0, step_p90 = 0;  // seconds
+  // Each steady step's own work on its critical path (Profiler::steady_work), for the
+  // doctor's replay of the run; empty where not kept (under the ps, or an older summary).
+  std::vector<double> step_work;
 
   double samples_per_second() const { return totals.wall > 0 ? static_cast<double>(totals.samples) / totals.wall : 0; }
   double bytes_per_step() const { return totals.steps ? static_cast<double>(totals.bytes) / totals.steps : 0; }
