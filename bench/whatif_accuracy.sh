@@ -9,7 +9,8 @@
 # case and round: the job at one worker (pinned as one of the case's workers is), the
 # job at N workers (N times the rows per step), `dtrain probe-link` between them, then
 # `dtrain doctor --runs ONE,N --what-if LINK` (without a link for replicas in one
-# process), whose model check gives measured and predicted samples/s. Prints a markdown
+# process), whose model check gives measured and predicted samples/s, and the run replayed
+# from its own steps (each step's measured work, communication and waits from the model). Prints a markdown
 # table of the medians over the rounds; --update-docs also writes it into
 # docs/profiling.md between its whatif-accuracy markers. About 20 minutes.
 # Needs root for the namespaces (without root, only the one-process and one-host cases run).
@@ -63,7 +64,7 @@ reference() {
   mv "$dir/one-0.json" "$dir/one.json"
 }
 
-# One round of a case: prints "measured predicted why" from the doctor's model check.
+# One round of a case: prints "measured predicted replayed link why" from the doctor's model check.
 # WHERE is loopback or a tbf rate; SLOW is none or a --fault-slow.
 round() {
   local workers=$1 where=$2 slow=$3 fault=()
@@ -85,7 +86,7 @@ round() {
 }
 
 # The doctor's model check of many.json from one.json, with the link worker 0's probe
-# printed (none for replicas in one process): "measured predicted link why".
+# printed (none for replicas in one process): "measured predicted replayed link why".
 check_row() {
   local link=link=- what_if=()
   if [ -e "$dir/out-worker0.log" ]; then
@@ -93,14 +94,14 @@ check_row() {
     what_if=(--what-if "$link")
   fi
   "$dtrain" doctor --runs "$dir/one.json,$dir/many.json" "${what_if[@]}" >"$dir/doctor.txt"
-  # | workers | replicas | measured | predicted | error | compute | why |
+  # | workers | replicas | measured | predicted | error | replayed | error | compute | why |
   grep -q "^Model check" "$dir/doctor.txt" || {
     cat "$dir/doctor.txt" >&2
     echo "whatif_accuracy.sh: the doctor checked no model (above)" >&2
     exit 1
   }
   grep -A3 "^Model check" "$dir/doctor.txt" | tail -1 |
-    awk -F' [|] ' -v link="${link#link=}" '{ sub(/ [|]$/, "", $7); print $3, $4, link, $7 }'
+    awk -F' [|] ' -v link="${link#link=}" '{ sub(/ [|]$/, "", $9); print $3, $4, $6, link, $9 }'
 }
 
 # One round of MirroredStrategy, as `dtrain doctor --replicas 1,R` runs it: one replica with
@@ -134,7 +135,7 @@ on_hosts() {
 }
 
 # One round under PS_COUNT ps (1 or 2; 2 workers, CONSISTENCY) on the star: "measured
-# predicted link why", as round prints.
+# predicted replayed link why", as round prints.
 ps_round() {
   local consistency=$1 slow=$2 ps_count=$3 fault=()
   [ "$slow" = none ] || fault=(--fault-slow "$slow")
@@ -167,14 +168,16 @@ case_row() {
   python3 - "$label" "$workers" "$slow" "$dir/rounds" <<'EOF'
 import statistics, sys
 label, workers, slow, path = sys.argv[1:]
-rows = [line.split(" ", 3) for line in open(path) if line.strip()]
+rows = [line.split(" ", 4) for line in open(path) if line.strip()]
 measured = statistics.median(float(r[0]) for r in rows)
 predicted = statistics.median(float(r[1]) for r in rows)
 errors = [(float(r[1]) - float(r[0])) / float(r[0]) for r in rows]
 error = (predicted - measured) / measured
 worst = max(errors, key=abs)
-link = rows[len(rows) // 2][2]
-whys = sorted({r[3].strip() for r in rows if r[3].strip() not in ("-", "")})
+replays = [float(r[2]) for r in rows if r[2] != "-"]
+replay = f"{(statistics.median(replays) - measured) / measured:+.1%}" if len(replays) == len(rows) else "-"
+link = rows[len(rows) // 2][3]
+whys = sorted({r[4].strip() for r in rows if r[4].strip() not in ("-", "")})
 straggler = "-" if slow == "none" else "worker:1 2x"
 if workers.startswith("ps:"):
     _, consistency, ps_count = workers.split(":")
@@ -182,13 +185,13 @@ if workers.startswith("ps:"):
 elif workers.startswith("mirrored:"):
     workers = f"1, {workers[9:]} replicas"
 print(f"| {label} | {workers} | {straggler} | {measured:.0f} | {predicted:.0f} | {error:+.1%} | {worst:+.1%} | "
-      f"{link} | {'; '.join(whys) if abs(error) > 0.15 or abs(worst) > 0.15 else '-'} |")
+      f"{replay} | {link} | {'; '.join(whys) if abs(error) > 0.15 or abs(worst) > 0.15 else '-'} |")
 EOF
 }
 
 table() {
-  echo "| link | workers | straggler | measured samples/s | predicted | error (medians) | worst round | link the doctor used | where it misses by more than 15%, why |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "| link | workers | straggler | measured samples/s | predicted | error (medians) | worst round | replayed from its own steps: error | link the doctor used | where the prediction misses by more than 15%, why |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
   local workers slow rate replicas consistency
   local where=${WHERE:-all}
   if [ "$where" = all ] || [ "$where" = mirrored ]; then
@@ -226,11 +229,15 @@ complete=yes
 python3 - "$dir/table.md" >>"$dir/table.md" <<'EOF'
 import statistics, sys
 rows = [r for r in (line.split(" | ") for line in open(sys.argv[1]) if line.startswith("| ")) if r[5][:1] in ("+", "-")]
+def misses(column, keep):
+    errors = [abs(float(r[column].rstrip("%"))) for r in rows if keep(r) and r[column][:1] in ("+", "-")]
+    if not errors:
+        return "none"
+    within = sum(e <= 15 for e in errors)
+    return f"{within} of {len(errors)} within 15%, median miss {statistics.median(errors):.1f}%"
 def line(name, keep):
-    errors = [abs(float(r[5].rstrip("%"))) for r in rows if keep(r)]
-    if errors:
-        within = sum(e <= 15 for e in errors)
-        print(f"- {name}: {within} of {len(errors)} within 15%, median miss {statistics.median(errors):.1f}%")
+    if any(keep(r) for r in rows):
+        print(f"- {name}: predicted {misses(5, keep)}; replayed {misses(7, keep)}")
 print()
 line("all cases", lambda r: True)
 line("replicas in one process", lambda r: "MirroredStrategy" in r[0])

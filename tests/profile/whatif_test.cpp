@@ -208,7 +208,7 @@ TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
   // One bucket: nothing hides; 10 ms + 4 ms of ring.
   EXPECT_NEAR(checks[0].prediction.step, 0.014, 1e-12);
   EXPECT_NEAR(checks[0].error, (128 / 0.014 - 8000) / 8000, 1e-9);
-  EXPECT_NE(model_check_table(checks).find("| 2 | 1 | 8000 | 9143 | +14.3% | 9.00, 9.00 | - |"), std::string::npos)
+  EXPECT_NE(model_check_table(checks).find("| 2 | 1 | 8000 | 9143 | +14.3% | - | - | 9.00, 9.00 | - |"), std::string::npos)
       << model_check_table(checks);
   EXPECT_NE(message_of([&] { step_model(two); }).find("one worker"), std::string::npos);
   // Two workers of one host sharing its cores twice over compute twice as long.
@@ -292,7 +292,7 @@ TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
   ASSERT_EQ(replicas.size(), 1u);
   EXPECT_NEAR(replicas[0].prediction.step, 0.001 + 2 * 0.009, 1e-12);
   EXPECT_NEAR(replicas[0].prediction.samples_per_second, 128 / 0.019, 1e-6);
-  EXPECT_NE(model_check_table(replicas).find("| 1 | 2 | 6000 | 6737 | +12.3% | 9.00, 18.00 | - |"), std::string::npos)
+  EXPECT_NE(model_check_table(replicas).find("| 1 | 2 | 6000 | 6737 | +12.3% | - | - | 9.00, 18.00 | - |"), std::string::npos)
       << model_check_table(replicas);
   mirrored.host_threads = 4;
   replicas = model_check({single, mirrored}, Link{});
@@ -354,6 +354,83 @@ TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
 
 // --strategies --report: the loss of each strategy against time with the target dashed,
 // the comparison and the recommendation; no scaling study.
+TEST(WhatIf, AReplayWaitsForEachStepsSlowestWorkerAndTakesTheRingFromTheLink) {
+  const Link link{1e9, 0};
+  // Two workers taking turns to be slow: every step waits for the 20 ms one (the mean of
+  // each worker's work, 15 ms, would hide that), then the ring: one bucket, 4 ms, exposed.
+  ScaleRun two{.workers = 2, .replicas = 1, .global_batch = 128, .samples_per_second = 5000,
+               .rows = {row(0.025, 0.009, 0.010), row(0.025, 0.009, 0.010)}, .gradient_bytes = 4e6, .buckets = 1};
+  two.rows[0].step_work = {0.010, 0.020, 0.010, 0.020};
+  two.rows[1].step_work = {0.020, 0.010, 0.020, 0.010};
+  const StepModel unused = model();
+  std::optional<Prediction> p = replay(two, unused, link);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_NEAR(p->step, 0.020 + 0.004, 1e-12);
+  EXPECT_NEAR(p->samples_per_second, 128 / 0.024, 1e-9);
+  // Four buckets: backward (6 ms) hides all of the ring but the last bucket's 1 ms.
+  two.buckets = 4;
+  EXPECT_NEAR(replay(two, unused, link)->step, 0.020 + 0.001, 1e-12);
+  // No overlap: all of it exposed.
+  two.overlap = false;
+  EXPECT_NEAR(replay(two, unused, link)->step, 0.020 + 0.004, 1e-12);
+  // Workers that kept different numbers of steps are replayed over the steps they share.
+  two.rows[1].step_work.resize(1);
+  EXPECT_NEAR(replay(two, unused, link)->step, 0.020 + 0.004, 1e-12);
+  // Nothing to replay without the steps, or without a link between workers.
+  two.rows[1].step_work.clear();
+  EXPECT_FALSE(replay(two, unused, link).has_value());
+  two.rows[1].step_work = {0.010};
+  EXPECT_FALSE(replay(two, unused, Link{}).has_value());
+  // Replicas in one process: their own steps, no link.
+  ScaleRun mirrored{.workers = 1, .replicas = 2, .global_batch = 128, .samples_per_second = 6000,
+                    .rows = {row(0.020, 0.018, 0)}};
+  mirrored.rows[0].step_work = {0.012, 0.014};
+  EXPECT_NEAR(replay(mirrored, unused, Link{})->step, 0.013, 1e-12);
+
+  // Under the ps: each worker's own closure less its pull and push (here 9 ms and, for a
+  // worker twice as slow, 19 ms), through the ps's model with the run at one worker's
+  // applying.
+  StepModel m = model();
+  m.gradient_bytes = 1e6;
+  m.batch = 64;
+  ScaleRun ps_run{.workers = 2, .replicas = 1, .global_batch = 64, .samples_per_second = 3000,
+                  .rows = {row(0.029, 0.009, 0), row(0.039, 0.019, 0)}, .gradient_bytes = 1e6, .buckets = 1};
+  ps_run.ps = 1;
+  ps_run.consistency = "sync";
+  for (WorkerSummary& w : ps_run.rows) {
+    w.totals.phases[static_cast<std::size_t>(Phase::pull)] = 10 * 0.010;
+    w.totals.phases[static_cast<std::size_t>(Phase::push)] = 10 * 0.010;
+  }
+  StepModel own = m;
+  own.closures = {0.009, 0.019};
+  const std::optional<Prediction> ps = replay(ps_run, m, link);
+  ASSERT_TRUE(ps.has_value());
+  EXPECT_NEAR(ps->samples_per_second, predict_ps(own, 2, 1, "sync", link).samples_per_second, 1e-9);
+  // Sync: every update waits for the 19 ms worker, then both workers' bytes through the ps
+  // link (2 ms each way), then the 1 ms of applying.
+  EXPECT_NEAR(ps->samples_per_second, 2 * 64 / (0.019 + 0.004 + 0.001), 1e-6);
+
+  // The model check replays each run beside predicting it; where the prediction misses and
+  // the replay does not, the why says that the run's own work made the difference.
+  const ScaleRun one{.workers = 1, .replicas = 1, .global_batch = 64, .samples_per_second = 6400,
+                     .rows = {row(0.010, 0.009, 0)}, .gradient_bytes = 4e6, .buckets = 1};
+  ScaleRun crowded{.workers = 2, .replicas = 1, .global_batch = 128, .samples_per_second = 128 / 0.030,
+                   .rows = {row(0.030, 0.027, 0.002), row(0.030, 0.027, 0.002)}, .gradient_bytes = 4e6, .buckets = 1};
+  crowded.rows[0].step_work = {0.026, 0.025};
+  crowded.rows[1].step_work = {0.024, 0.027};
+  const std::vector<Check> checks = model_check({one, crowded}, link);
+  ASSERT_EQ(checks.size(), 1u);
+  ASSERT_TRUE(checks[0].replayed.has_value());
+  EXPECT_NEAR(checks[0].replayed->step, 0.0265 + 0.004, 1e-12);
+  EXPECT_NEAR(checks[0].replay_error, (0.030 / 0.0305 - 1), 1e-9);
+  EXPECT_GT(checks[0].error, 0.15);  // 14 ms predicted from the one worker's 10
+  EXPECT_NE(checks[0].why.find("replayed from its own steps it lands within 1.6%: its steps' own work, which the "
+                               "one-worker run did not show, made the difference"),
+            std::string::npos)
+      << checks[0].why;
+  EXPECT_NE(model_check_table(checks).find(" | 4197 | -1.6% | "), std::string::npos) << model_check_table(checks);
+}
+
 TEST(WhatIf, AStrategiesReportChartsEachStrategysLossAndRecommends) {
   StrategyRun a;
   a.label = "MultiWorkerMirroredStrategy";

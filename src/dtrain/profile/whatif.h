@@ -62,6 +62,10 @@ struct StepModel {
   // its step but the input wait and the ring, as on slower cores. Every synchronous step
   // waits for it.
   double straggler = 1;
+  // Under the ps, each worker's own closure as a run measured it, pulls and pushes left
+  // out (the replay of that run); empty: every worker's is the model's, the straggler's
+  // `straggler` times as long.
+  std::vector<double> closures;
 };
 // From `one_worker` (a run at 1 worker; its worker 0). InvalidArgument when it has more,
 // or no step time.
@@ -113,14 +117,26 @@ std::vector<Scenario> fixes_at(const StepModel& model, int workers, const Link& 
 // grows the batch buys samples/s with less progress per sample.
 std::string what_if_report(const StepModel& model, int workers, const Link& link, double noise_scale = 0);
 
+// A run replayed from its own steps, as dPRO (MLSys 2022) replays a job from its traces:
+// each step's work as the run measured it on each worker (its critical path: the loop's
+// phases and its slowest replica's, less communication and waits), the all-reduce's ring
+// from `link` with the overlap `predict` gives it, and every synchronous step waiting for
+// its slowest worker: the mean over the steps of (the slowest worker's work + the exposed
+// ring). Under the ps, each worker's mean closure less its pulls and pushes, through
+// `predict_ps` with `model` (the ps's applying, from the run at one worker). What it
+// does not take from the run: the communication, the waits for other workers, and which
+// worker is the slowest at each step. Nothing (nullopt) where the run kept no steps'
+// work, or several workers have no link.
+std::optional<Prediction> replay(const ScaleRun& run, const StepModel& model, const Link& link);
+
 // Each run at several workers predicted from the run at one worker with the same replicas
 // per worker, its forward and backward slowed by the ratio of the two runs' oversubscription
 // (compute threads over cores of the host, when above 1); each run of several replicas in
 // one process (MirroredStrategy) from the run of one replica, its forward and backward
 // slowed by how many more replicas share each core computing:
-// | workers | replicas | measured | predicted | error | compute |. Runs without such a
-// partner are left out, and runs at several workers when `link` has no bandwidth; empty
-// when none is left.
+// | workers | replicas | measured | predicted | error | replayed | error | compute |, each
+// run also replayed from its own steps (`replay`). Runs without such a partner are left
+// out, and runs at several workers when `link` has no bandwidth; empty when none is left.
 struct Check {
   int workers = 0, replicas = 0;  // the run's
   int ps = 0;                     // under the ps: its ps tasks and consistency
@@ -128,6 +144,8 @@ struct Check {
   double measured = 0;            // its samples/s
   Prediction prediction;
   double error = 0;  // (predicted - measured) / measured samples/s
+  std::optional<Prediction> replayed;  // the run replayed from its own steps
+  double replay_error = 0;             // its error, as `error`
   // Forward + backward per step at one worker, and as the run measured it: where they
   // differ (workers sharing one host's cores), the model cannot know it.
   double compute_alone = 0, compute_measured = 0;
