@@ -229,11 +229,23 @@ def scaling_report(dtrain, chromium, work):
                   "Loss against time, each scale", "Predicted scaling efficiency"):
         check(title in charts, f"scaling: no chart '{title}' among {list(charts)}")
 
-    bars = [m for m in charts["Throughput against scale"]["marks"] if m["tag"] == "rect"]
+    marks = charts["Throughput against scale"]["marks"]
+    bars = [m for m in marks if m["tag"] == "rect" and not m["tip"].startswith("replayed")]
     proportional(bars, lambda t: number(t, r": (\d+) samples/s"), "throughput")
     for bar in bars:  # the figure the doctor printed in its table
         figure = str(int(number(bar["tip"], r": (\d+) samples/s")))
         check(figure in done.stdout, f"throughput: '{bar['tip']}', but the doctor's output lacks {figure}")
+    # The model check's points (predicted, replayed) at their figures on the bars' scale.
+    scale = bars[0]["h"] / number(bars[0]["tip"], r": (\d+) samples/s")
+    points = [m for m in marks if m["tip"].startswith(("predicted", "replayed"))]
+    check(any(m["tip"].startswith("replayed") for m in points), "throughput: no run replayed from its own steps")
+    for m in points:
+        inside_plot(m, "throughput")
+        value = number(m["tip"], r" (\d+) samples/s")
+        check(str(int(value)) in done.stdout, f"throughput: '{m['tip']}', but the doctor's output lacks {int(value)}")
+        centre = m["y"] + m["h"] / 2
+        check(abs(TOP + PLOT_H - centre - value * scale) <= 0.5 * scale + 1,
+              f"throughput: '{m['tip']}' drawn at y {centre:.1f}, not at its figure on the bars' scale")
     check(charts["Throughput against scale"]["lines"] == [len(bars)], "throughput: no linear-scaling line")
     proportional(charts["Scaling efficiency"]["marks"], lambda t: number(t, r": (\d+)% of linear"), "efficiency")
 

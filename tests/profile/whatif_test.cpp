@@ -338,6 +338,13 @@ TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
   EXPECT_NE(html.find("<td>--gradient-accumulation-steps 4</td>"), std::string::npos);
   // The runs measured on the what-if's curve: 8000 / (2 x 6400) = 62%.
   EXPECT_NE(html.find("<title>measured, 2×1: 62%</title>"), std::string::npos);
+  // A run replayed from its own steps: a square beside the model's point, and in the legend.
+  EXPECT_EQ(html.find(">replayed</text>"), std::string::npos);
+  Report replayed = report;
+  replayed.checks[0].replayed = Prediction{.workers = 2, .step = 0.016, .samples_per_second = 7900};
+  const std::string with_replay = html_report(replayed);
+  EXPECT_NE(with_replay.find("<title>replayed from its own steps 7900 samples/s</title></rect>"), std::string::npos);
+  EXPECT_NE(with_replay.find(">replayed</text>"), std::string::npos);
 
   // With each run's loss: a chart of loss against time, and the time-to-accuracy table.
   report.runs[0].loss = {0.9, 0.6};
@@ -424,10 +431,20 @@ TEST(WhatIf, AReplayWaitsForEachStepsSlowestWorkerAndTakesTheRingFromTheLink) {
   EXPECT_NEAR(checks[0].replayed->step, 0.0265 + 0.004, 1e-12);
   EXPECT_NEAR(checks[0].replay_error, (0.030 / 0.0305 - 1), 1e-9);
   EXPECT_GT(checks[0].error, 0.15);  // 14 ms predicted from the one worker's 10
-  EXPECT_NE(checks[0].why.find("replayed from its own steps it lands within 1.6%: its steps' own work, which the "
-                               "one-worker run did not show, made the difference"),
+  EXPECT_NE(checks[0].why.find("; replayed from its own steps it lands within 1.6%: a step's own work (26.50 ms "
+                               "against 10.00 ms in the one-worker run) made the difference, not communication or the "
+                               "waits for other workers"),
             std::string::npos)
       << checks[0].why;
+  // Where the prediction's why would have been communication the model did not know, the
+  // replay, whose communication is the model's, says it was the work instead.
+  crowded.rows = {row(0.030, 0.009, 0.002), row(0.030, 0.009, 0.002)};
+  crowded.rows[0].step_work = {0.026, 0.025};
+  crowded.rows[1].step_work = {0.024, 0.027};
+  const std::vector<Check> work_not_link = model_check({one, crowded}, link);
+  ASSERT_EQ(work_not_link.size(), 1u);
+  EXPECT_EQ(work_not_link[0].why.rfind("replayed from its own steps it lands within 1.6%: a step's own work", 0), 0u)
+      << work_not_link[0].why;
   EXPECT_NE(model_check_table(checks).find(" | 4197 | -1.6% | "), std::string::npos) << model_check_table(checks);
 }
 

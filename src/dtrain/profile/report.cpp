@@ -94,6 +94,7 @@ struct Svg {
 const char* kMeasured = "#3b6ea5";
 const char* kIdeal = "#888888";
 const char* kPredicted = "#d9822b";
+const char* kReplayed = "#4e9a52";
 
 // Samples/s at each scale against linear scaling from the first run, and the model's
 // prediction where the model check made one.
@@ -103,7 +104,8 @@ std::string throughput_chart(const Report& r) {
   const double per_replica = base.samples_per_second / std::max(1, base.replicas_in_sync());
   double top = 0;
   for (const ScaleRun& run : r.runs) top = std::max({top, run.samples_per_second, per_replica * run.replicas_in_sync()});
-  for (const Check& c : r.checks) top = std::max(top, c.prediction.samples_per_second);
+  for (const Check& c : r.checks)
+    top = std::max({top, c.prediction.samples_per_second, c.replayed ? c.replayed->samples_per_second : 0.0});
   top = nice_ceiling(top);
   svg.y_axis(top, "", 0);
   const double slot = kPlotW / static_cast<double>(r.runs.size());
@@ -116,17 +118,26 @@ std::string throughput_chart(const Report& r) {
              label(run) + ": " + fixed(run.samples_per_second, 0) + " samples/s");
     svg.x_label(x + slot / 2, label(run));
     ideal += (i ? " " : "") + fixed(x + slot / 2, 1) + "," + fixed(y_of(per_replica * run.replicas_in_sync()), 1);
-    for (const Check& c : r.checks)
-      if (c.workers == run.workers && c.replicas == run.replicas)
-        svg.o << "<circle cx=\"" << x + slot / 2 << "\" cy=\"" << y_of(c.prediction.samples_per_second)
-              << "\" r=\"5\" fill=\"" << kPredicted << "\"><title>predicted " << fixed(c.prediction.samples_per_second, 0)
-              << " samples/s</title></circle>\n";
+    for (const Check& c : r.checks) {
+      if (c.workers != run.workers || c.replicas != run.replicas) continue;
+      const double cx = x + slot / 2;
+      svg.o << "<circle cx=\"" << cx << "\" cy=\"" << y_of(c.prediction.samples_per_second) << "\" r=\"5\" fill=\""
+            << kPredicted << "\"><title>predicted " << fixed(c.prediction.samples_per_second, 0)
+            << " samples/s</title></circle>\n";
+      if (!c.replayed) continue;
+      const double cy = y_of(c.replayed->samples_per_second);
+      svg.o << "<rect x=\"" << cx - 4 << "\" y=\"" << cy - 4 << "\" width=\"8\" height=\"8\" fill=\"" << kReplayed
+            << "\"><title>replayed from its own steps " << fixed(c.replayed->samples_per_second, 0)
+            << " samples/s</title></rect>\n";
+    }
   }
   svg.o << "<polyline points=\"" << ideal << "\" fill=\"none\" stroke=\"" << kIdeal
         << "\" stroke-width=\"2\" stroke-dasharray=\"4 2\"/>\n";
   svg.legend(0, kMeasured, "measured");
   svg.legend(1, kIdeal, "linear scaling", true);
   if (!r.checks.empty()) svg.legend(2, kPredicted, "model");
+  if (std::any_of(r.checks.begin(), r.checks.end(), [](const Check& c) { return c.replayed.has_value(); }))
+    svg.legend(3, kReplayed, "replayed");
   svg.x_title("workers \u00d7 replicas per worker (samples/s)");
   return svg.done();
 }

@@ -443,6 +443,7 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     // Workers of one host over TCP: the kernel copies their bytes on the cores they
     // compute on, through the caches they share; the probe measured it on idle cores.
     const bool loopback = r.workers > 1 && r.hosts == 1 && !r.shared_memory && r.ps == 0;
+    const bool replay_explains = std::abs(c.error) > 0.15 && c.replayed && std::abs(c.replay_error) <= 0.15;
     if (std::abs(c.error) > 0.15) {
       // What the step missed by, and how much of it compute that changed explains.
       // (Under the ps, the step is the time between one worker's closures.)
@@ -473,16 +474,29 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
                 detail::fixed(slower, 2) + "x the model allows";
       else if (!r.doubt.empty())
         c.why = "the run's figures are in doubt";
+      else if (replay_explains)
+        c.why.clear();  // the replay says it, below
       else if (missed > 0)
         c.why = "the step took " + detail::ms(missed) + " more than predicted, beyond what compute explains: " +
                 unexplained(r, mirrored, loopback, first, m.input, c.prediction.ring, link);
     }
     // Where the run's own steps explain it, the miss was in what the one-worker run showed
     // of this run's work, not in communication or the waits.
-    if (std::abs(c.error) > 0.15 && c.replayed && std::abs(c.replay_error) <= 0.15)
+    if (replay_explains) {
+      const StepSeconds o = step_seconds(one->rows.front());
+      double work = c.replayed->step - c.replayed->exposed;
+      if (r.ps > 0) {
+        work = 0;
+        for (const WorkerSummary& w : r.rows) {
+          const StepSeconds s = step_seconds(w);
+          work += std::max(0.0, s.own() - s.pull - s.push) / static_cast<double>(r.rows.size());
+        }
+      }
       c.why = (c.why.empty() ? std::string() : c.why + "; ") + "replayed from its own steps it lands within " +
-              detail::percent(std::abs(c.replay_error), 1) +
-              ": its steps' own work, which the one-worker run did not show, made the difference";
+              detail::percent(std::abs(c.replay_error), 1) + ": " + (r.ps > 0 ? "a closure's" : "a step's") +
+              " own work (" + detail::ms(work) + " against " + detail::ms(o.own() - (r.ps > 0 ? o.optimizer : 0.0)) +
+              " in the one-worker run) made the difference, not communication or the waits for other workers";
+    }
     out.push_back(c);
   }
   return out;
