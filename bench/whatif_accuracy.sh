@@ -230,7 +230,7 @@ python3 - "$dir/table.md" >>"$dir/table.md" <<'EOF'
 import statistics, sys
 rows = [r for r in (line.split(" | ") for line in open(sys.argv[1]) if line.startswith("| ")) if r[5][:1] in ("+", "-")]
 def misses(column, keep):
-    errors = [abs(float(r[column].rstrip("%"))) for r in rows if keep(r) and r[column][:1] in ("+", "-")]
+    errors = [abs(float(r[column].rstrip("%"))) for r in rows if keep(r) and r[column][:2].lstrip("+-")[:1].isdigit()]
     if not errors:
         return "none"
     within = sum(e <= 15 for e in errors)

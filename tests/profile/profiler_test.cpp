@@ -54,15 +54,20 @@ TEST(Profiler, ReducesTracksIntoTheStepsPhases) {
   EXPECT_EQ(r.bytes, 1000u);
   EXPECT_EQ(r.samples, 64);
   EXPECT_GT(r.wall, 0.0);
-  // The step's own work: the loop's 0.1 ms, then the slowest replica's: replica 0's 3.5 ms
-  // of forward and backward (its bucket sum and waits are communication), not replica 1's 4.
-  EXPECT_NEAR(r.work, 100e-6 + 4e-3, 1e-12);
+  // The step's own work: the loop's 0.1 ms, then the slowest replica's: replica 1's 4 ms of
+  // forward and backward, not replica 0's 3.5 (its bucket sum and waits are communication).
+  // The intervals are given, not lived: the step's wall, as measured, is most likely shorter
+  // than its phases, which leaves no time between the records; any it did take beyond the
+  // loop's 0.1 ms and the longest replica's 5 ms is the step's own too.
+  EXPECT_NEAR(r.work, 100e-6 + 4e-3 + std::max(0.0, r.wall - 100e-6 - 5e-3), 1e-12);
   const double first_work = r.work;  // (r is the profiler's last step, which the next replaces)
 
   // The next step starts from zero; totals add up.
   profiler.begin_step();
   profiler.loop().add(Phase::optimizer, t, t + microseconds(250));
   const StepRecord& second = profiler.end_step(64);
+  const double second_work = second.work;
+  EXPECT_NEAR(second_work, 250e-6 + std::max(0.0, second.wall - 250e-6), 1e-12);
   EXPECT_EQ(second.phases[static_cast<std::size_t>(Phase::forward)], 0.0);
   EXPECT_NEAR(seconds(second, Phase::optimizer), 250e-6, 1e-12);
   EXPECT_EQ(profiler.total().steps, 2);
@@ -73,17 +78,21 @@ TEST(Profiler, ReducesTracksIntoTheStepsPhases) {
   EXPECT_EQ(profiler.epoch().steps, 0);
   EXPECT_EQ(profiler.total().steps, 2);
   // The steady steps' work: after the first epoch, as many as asked for.
-  EXPECT_EQ(profiler.steady_work(10), (std::vector<double>{first_work, 250e-6}));  // one epoch: all steps
+  EXPECT_EQ(profiler.steady_work(10), (std::vector<double>{first_work, second_work}));  // one epoch: all steps
   profiler.begin_epoch();
-  for (const double work : {1e-3, 2e-3, 3e-3}) {
+  for (const double work : {1.0, 2.0, 3.0}) {  // seconds: longer than any step's wall here
     profiler.begin_step();
     profiler.loop().add(Phase::forward, t, t + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(work)));
     profiler.end_step(64);
   }
   const std::vector<double> steady = profiler.steady_work(2);
   ASSERT_EQ(steady.size(), 2u);
-  EXPECT_NEAR(steady[0], 1e-3, 1e-9);
-  EXPECT_NEAR(steady[1], 2e-3, 1e-9);
+  EXPECT_NEAR(steady[0], 1.0, 1e-9);
+  EXPECT_NEAR(steady[1], 2.0, 1e-9);
+  // A step with no phases at all: every moment of it is its own.
+  profiler.begin_step();
+  const StepRecord& bare = profiler.end_step(64);
+  EXPECT_EQ(bare.work, bare.wall);
 }
 
 TEST(Profiler, StepPercentiles) {

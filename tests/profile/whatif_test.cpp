@@ -359,8 +359,6 @@ TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
   EXPECT_NE(with_loss.find("<th>statistical efficiency</th>"), std::string::npos);
 }
 
-// --strategies --report: the loss of each strategy against time with the target dashed,
-// the comparison and the recommendation; no scaling study.
 TEST(WhatIf, AReplayWaitsForEachStepsSlowestWorkerAndTakesTheRingFromTheLink) {
   const Link link{1e9, 0};
   // Two workers taking turns to be slow: every step waits for the 20 ms one (the mean of
@@ -369,30 +367,41 @@ TEST(WhatIf, AReplayWaitsForEachStepsSlowestWorkerAndTakesTheRingFromTheLink) {
                .rows = {row(0.025, 0.009, 0.010), row(0.025, 0.009, 0.010)}, .gradient_bytes = 4e6, .buckets = 1};
   two.rows[0].step_work = {0.010, 0.020, 0.010, 0.020};
   two.rows[1].step_work = {0.020, 0.010, 0.020, 0.010};
-  const StepModel unused = model();
-  std::optional<Prediction> p = replay(two, unused, link);
+  StepModel partner = model();  // the run at one worker: its buckets' sum, its applying
+  std::optional<Prediction> p = replay(two, partner, link);
   ASSERT_TRUE(p.has_value());
   EXPECT_NEAR(p->step, 0.020 + 0.004, 1e-12);
   EXPECT_NEAR(p->samples_per_second, 128 / 0.024, 1e-9);
   // Four buckets: backward (6 ms) hides all of the ring but the last bucket's 1 ms.
   two.buckets = 4;
-  EXPECT_NEAR(replay(two, unused, link)->step, 0.020 + 0.001, 1e-12);
+  EXPECT_NEAR(replay(two, partner, link)->step, 0.020 + 0.001, 1e-12);
   // No overlap: all of it exposed.
   two.overlap = false;
-  EXPECT_NEAR(replay(two, unused, link)->step, 0.020 + 0.004, 1e-12);
+  EXPECT_NEAR(replay(two, partner, link)->step, 0.020 + 0.004, 1e-12);
+  // Each worker sums its own replicas' buckets as the run at one worker did.
+  partner.local_sum = 0.002;
+  EXPECT_NEAR(replay(two, partner, link)->step, 0.020 + 0.002 + 0.004, 1e-12);
+  partner.local_sum = 0;
   // Workers that kept different numbers of steps are replayed over the steps they share.
-  two.rows[1].step_work.resize(1);
-  EXPECT_NEAR(replay(two, unused, link)->step, 0.020 + 0.004, 1e-12);
+  two.rows[1].step_work = {0.030};
+  EXPECT_NEAR(replay(two, partner, link)->step, 0.030 + 0.004, 1e-12);
   // Nothing to replay without the steps, or without a link between workers.
   two.rows[1].step_work.clear();
-  EXPECT_FALSE(replay(two, unused, link).has_value());
+  EXPECT_FALSE(replay(two, partner, link).has_value());
   two.rows[1].step_work = {0.010};
-  EXPECT_FALSE(replay(two, unused, Link{}).has_value());
+  EXPECT_FALSE(replay(two, partner, Link{}).has_value());
+  // ...or without a row for each worker, or with a worker of no steps.
+  ScaleRun short_of_rows = two;
+  short_of_rows.rows.pop_back();
+  EXPECT_FALSE(replay(short_of_rows, partner, link).has_value());
+  ScaleRun stepless = two;
+  stepless.rows[1].totals.steps = 0;
+  EXPECT_FALSE(replay(stepless, partner, link).has_value());
   // Replicas in one process: their own steps, no link.
   ScaleRun mirrored{.workers = 1, .replicas = 2, .global_batch = 128, .samples_per_second = 6000,
                     .rows = {row(0.020, 0.018, 0)}};
   mirrored.rows[0].step_work = {0.012, 0.014};
-  EXPECT_NEAR(replay(mirrored, unused, Link{})->step, 0.013, 1e-12);
+  EXPECT_NEAR(replay(mirrored, partner, Link{})->step, 0.013, 1e-12);
 
   // Under the ps: each worker's own closure less its pull and push (here 9 ms and, for a
   // worker twice as slow, 19 ms), through the ps's model with the run at one worker's
@@ -448,6 +457,8 @@ TEST(WhatIf, AReplayWaitsForEachStepsSlowestWorkerAndTakesTheRingFromTheLink) {
   EXPECT_NE(model_check_table(checks).find(" | 4197 | -1.6% | "), std::string::npos) << model_check_table(checks);
 }
 
+// --strategies --report: the loss of each strategy against time with the target dashed,
+// the comparison and the recommendation; no scaling study.
 TEST(WhatIf, AStrategiesReportChartsEachStrategysLossAndRecommends) {
   StrategyRun a;
   a.label = "MultiWorkerMirroredStrategy";

@@ -71,6 +71,8 @@ struct StepSeconds {
   double compute() const { return forward + backward; }
   // The step less its waits for other workers: what this worker itself took.
   double own() const { return std::max(0.0, step - comm - straggler); }
+  // Under the ps: what of a closure was this worker's own, its pull and push left out.
+  double closure_work() const { return std::max(0.0, own() - pull - push); }
   // The step's time in its phases, and what is left of the step beyond them (never negative).
   double accounted() const { return input + start + compute() + comm + straggler + optimizer; }
   double other() const { return std::max(0.0, step - accounted()); }

@@ -16,14 +16,17 @@ constexpr int index_of(Phase p) { return static_cast<int>(p); }
 
 double micros(Clock::time_point from, Clock::time_point to) { return seconds_between(from, to) * 1e6; }
 
-// A track's step less what it spent communicating, waiting for peers, pushing and pulling.
+// A track's phases, and of them its own work: less what it spent communicating, waiting
+// for peers, pushing and pulling, and the first step's setup.
+double all_phases(const PhaseSeconds& s) {
+  double all = 0;
+  for (double x : s) all += x;
+  return all;
+}
 double own_work(const PhaseSeconds& s) {
-  double work = 0;
-  for (int p = 0; p < kPhases; ++p) {
-    const auto phase = static_cast<Phase>(p);
-    if (phase != Phase::communication && phase != Phase::straggler_wait && phase != Phase::push && phase != Phase::pull)
-      work += s[static_cast<std::size_t>(p)];
-  }
+  double work = all_phases(s);
+  for (Phase p : {Phase::communication, Phase::straggler_wait, Phase::push, Phase::pull, Phase::setup})
+    work -= s[static_cast<std::size_t>(index_of(p))];
   return work;
 }
 // Trace times count from the steady clock's epoch, which every process on a host shares:
@@ -130,7 +133,7 @@ const StepRecord& Profiler::end_step(std::int64_t samples) {
   r.samples = samples;
   int replicas = 0;
   PhaseSeconds replica_sum{};
-  double slowest_replica = 0;
+  double slowest_replica = 0, loop_phases = 0, longest_replica = 0;
   double replica_waits = 0, comm_thread = 0, comm_thread_straggler = 0;
   for (const auto& t : tracks_) {
     r.bytes += t->bytes_;
@@ -138,10 +141,12 @@ const StepRecord& Profiler::end_step(std::int64_t samples) {
       case TrackKind::loop:
         for (int p = 0; p < kPhases; ++p) r.phases[static_cast<std::size_t>(p)] += t->seconds_[static_cast<std::size_t>(p)];
         r.work += own_work(t->seconds_);
+        loop_phases += all_phases(t->seconds_);
         break;
       case TrackKind::replica:
         ++replicas;
         slowest_replica = std::max(slowest_replica, own_work(t->seconds_));
+        longest_replica = std::max(longest_replica, all_phases(t->seconds_));
         for (int p = 0; p < kPhases; ++p) replica_sum[static_cast<std::size_t>(p)] += t->seconds_[static_cast<std::size_t>(p)];
         replica_waits += t->waited_for_comm_;
         break;
@@ -151,7 +156,9 @@ const StepRecord& Profiler::end_step(std::int64_t samples) {
         break;
     }
   }
-  r.work += slowest_replica;
+  // The step's own work: the loop's, the slowest replica's, and the time between the
+  // records (a thread stopped by the scheduler between two phases), which no peer caused.
+  r.work += slowest_replica + std::max(0.0, r.wall - loop_phases - longest_replica);
   if (replicas > 0) {
     for (int p = 0; p < kPhases; ++p)
       r.phases[static_cast<std::size_t>(p)] += replica_sum[static_cast<std::size_t>(p)] / replicas;

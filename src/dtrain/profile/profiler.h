@@ -89,7 +89,8 @@ struct StepRecord {
   std::uint64_t bytes = 0;         // all-reduced with other processes
   std::int64_t samples = 0;        // global batch rows
   // The step's own work on its critical path: the loop's phases and the slowest replica's,
-  // each less its communication, waits for peers, pushes and pulls.
+  // each less its communication, waits for peers, pushes, pulls and setup, and the time
+  // between the records (the loop's and the longest replica's phases short of the wall).
   double work = 0;
 };
 
@@ -137,7 +138,7 @@ class Profiler {
   // first warms up: setup, kernels' first calls, cold caches), else all of them.
   const Totals& steady() const { return epochs_ > 1 ? steady_ : total_; }
   // Each steady step's work (StepRecord::work), the first `max_steps` of them (the
-  // summaries keep kStepsReplayed).
+  // summaries keep the first kStepsReplayed).
   std::vector<double> steady_work(std::size_t max_steps) const;
   std::int64_t steps() const { return total_.steps; }
 

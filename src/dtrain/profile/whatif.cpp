@@ -5,6 +5,7 @@
 #include <array>
 #include <cctype>
 #include <cmath>
+#include <numeric>
 #include <cstdlib>
 #include <sstream>
 
@@ -153,16 +154,22 @@ namespace {
 // it: all but the input wait `straggler` times as long.
 double straggling(const StepModel& m, double work) { return m.input + m.straggler * (work - m.input); }
 
+// The part of a `ring` in `buckets` that backward (the slowest worker's) does not hide: it
+// starts once backward made the first bucket, and only with overlap on a core of its own.
+double exposed_ring(double ring, int buckets, double backward, bool overlap, bool spare_core) {
+  const double k = std::max(1, buckets);
+  return overlap && spare_core ? std::max(ring / k, ring - backward * (k - 1) / k) : ring;
+}
+
 }  // namespace
 
 Prediction predict(const StepModel& m, int workers, const Link& link) {
   Prediction p;
   p.workers = workers;
   p.ring = ring_seconds(m.gradient_bytes, m.buckets, workers, link);
-  const double k = std::max(1, m.buckets);
   // The slowest worker computes `straggler` times as long; the ring waits for its buckets.
   const double slower = workers > 1 ? m.straggler : 1.0;
-  p.exposed = m.overlap && m.spare_core ? std::max(p.ring / k, p.ring - slower * m.backward * (k - 1) / k) : p.ring;
+  p.exposed = exposed_ring(p.ring, m.buckets, slower * m.backward, m.overlap, m.spare_core);
   const double alone = m.fixed + m.forward + m.backward + m.local_sum;
   p.step = (workers > 1 ? straggling(m, alone) : alone) + p.exposed;
   p.samples_per_second = p.step > 0 ? static_cast<double>(m.batch) * workers / p.step : 0;
@@ -190,7 +197,11 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
   const double compute = std::max(0.0, m.fixed - m.optimizer) + m.forward + m.backward + m.local_sum;
   std::vector<double> own(static_cast<std::size_t>(workers), compute);
   if (workers > 1) own.back() = straggling(m, compute);
-  if (m.closures.size() == own.size()) own = m.closures;
+  double computed = compute;  // a worker's, on the mean
+  if (m.closures.size() == own.size()) {
+    own = m.closures;
+    computed = std::accumulate(own.begin(), own.end(), 0.0) / n;
+  }
   // Each ps's link carries every worker's part of its share, each way.
   const double share = m.gradient_bytes / ps;
   double paces = 0;     // closures per second, over every worker
@@ -247,7 +258,7 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
   p.workers = workers;
   p.step = n / paces;
   p.ring = transfer;
-  p.exposed = std::max(0.0, p.step - compute);
+  p.exposed = std::max(0.0, p.step - computed);
   p.samples_per_second = static_cast<double>(m.batch) * paces;
   const double alone = m.fixed + m.forward + m.backward + m.local_sum;
   p.efficiency = alone > 0 ? p.samples_per_second * alone / (n * static_cast<double>(m.batch)) : 0;
@@ -353,13 +364,14 @@ std::string unexplained(const ScaleRun& r, bool mirrored, bool loopback, const S
 }  // namespace
 
 std::optional<Prediction> replay(const ScaleRun& r, const StepModel& m, const Link& link) {
-  if (r.rows.empty() || (r.workers > 1 && !(link.bytes_per_second > 0))) return std::nullopt;
+  // A row per worker, each with steps, and a link between several workers.
+  if (r.rows.size() != static_cast<std::size_t>(r.workers) || (r.workers > 1 && !(link.bytes_per_second > 0)))
+    return std::nullopt;
+  for (const WorkerSummary& w : r.rows)
+    if (w.totals.steps < 1) return std::nullopt;
   if (r.ps > 0) {
     StepModel own = m;
-    for (const WorkerSummary& w : r.rows) {
-      const StepSeconds s = step_seconds(w);
-      own.closures.push_back(std::max(0.0, s.own() - s.pull - s.push));
-    }
+    for (const WorkerSummary& w : r.rows) own.closures.push_back(step_seconds(w).closure_work());
     return predict_ps(own, r.workers, r.ps, r.consistency, link);
   }
   std::size_t steps = r.rows.front().step_work.size();
@@ -369,20 +381,22 @@ std::optional<Prediction> replay(const ScaleRun& r, const StepModel& m, const Li
     backward = std::max(backward, step_seconds(w).backward);
   }
   if (steps == 0) return std::nullopt;
-  Prediction p;
-  p.workers = r.workers;
-  p.ring = ring_seconds(r.gradient_bytes, r.buckets, r.workers, link);
-  const double k = std::max(1, r.buckets);
-  p.exposed = r.overlap && r.spare_core ? std::max(p.ring / k, p.ring - backward * (k - 1) / k) : p.ring;
   double slowest = 0;  // summed over the steps
   for (std::size_t s = 0; s < steps; ++s) {
     double work = 0;
     for (const WorkerSummary& w : r.rows) work = std::max(work, w.step_work[s]);
     slowest += work;
   }
-  p.step = slowest / static_cast<double>(steps) + p.exposed;
+  Prediction p;
+  p.workers = r.workers;
+  p.ring = ring_seconds(r.gradient_bytes, r.buckets, r.workers, link);
+  p.exposed = exposed_ring(p.ring, r.buckets, backward, r.overlap, r.spare_core);
+  // The sum of each worker's own replicas' buckets, as the model has it.
+  const double work = slowest / static_cast<double>(steps) + m.local_sum;
+  p.step = work + p.exposed;
+  if (!(p.step > 0)) return std::nullopt;
   p.samples_per_second = static_cast<double>(r.global_batch) / p.step;
-  p.efficiency = p.step > 0 ? (p.step - p.exposed) / p.step : 0;
+  p.efficiency = work / p.step;
   return p;
 }
 
@@ -483,19 +497,23 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     // Where the run's own steps explain it, the miss was in what the one-worker run showed
     // of this run's work, not in communication or the waits.
     if (replay_explains) {
-      const StepSeconds o = step_seconds(one->rows.front());
-      double work = c.replayed->step - c.replayed->exposed;
+      // This run's own work a step (a closure's under the ps, on the mean over the workers)
+      // against its partner's, each as the replay takes it.
+      double work = 0, partner = 0;
       if (r.ps > 0) {
-        work = 0;
-        for (const WorkerSummary& w : r.rows) {
-          const StepSeconds s = step_seconds(w);
-          work += std::max(0.0, s.own() - s.pull - s.push) / static_cast<double>(r.rows.size());
-        }
+        for (const WorkerSummary& w : r.rows) work += step_seconds(w).closure_work() / static_cast<double>(r.workers);
+        partner = step_seconds(one->rows.front()).own() - m.optimizer;
+      } else {
+        work = c.replayed->step - c.replayed->exposed - m.local_sum;
+        const std::vector<double>& steps = one->rows.front().step_work;
+        partner = steps.empty() ? step_seconds(one->rows.front()).own()
+                                : std::accumulate(steps.begin(), steps.end(), 0.0) / static_cast<double>(steps.size());
       }
       c.why = (c.why.empty() ? std::string() : c.why + "; ") + "replayed from its own steps it lands within " +
               detail::percent(std::abs(c.replay_error), 1) + ": " + (r.ps > 0 ? "a closure's" : "a step's") +
-              " own work (" + detail::ms(work) + " against " + detail::ms(o.own() - (r.ps > 0 ? o.optimizer : 0.0)) +
-              " in the one-worker run) made the difference, not communication or the waits for other workers";
+              " own work (" + detail::ms(work) + " against " + detail::ms(partner) + " in the " +
+              (mirrored ? "one-replica" : "one-worker") +
+              " run) made the difference, not communication or the waits for other workers";
     }
     out.push_back(c);
   }

@@ -118,15 +118,16 @@ std::vector<Scenario> fixes_at(const StepModel& model, int workers, const Link& 
 std::string what_if_report(const StepModel& model, int workers, const Link& link, double noise_scale = 0);
 
 // A run replayed from its own steps, as dPRO (MLSys 2022) replays a job from its traces:
-// each step's work as the run measured it on each worker (its critical path: the loop's
-// phases and its slowest replica's, less communication and waits), the all-reduce's ring
-// from `link` with the overlap `predict` gives it, and every synchronous step waiting for
-// its slowest worker: the mean over the steps of (the slowest worker's work + the exposed
-// ring). Under the ps, each worker's mean closure less its pulls and pushes, through
-// `predict_ps` with `model` (the ps's applying, from the run at one worker). What it
-// does not take from the run: the communication, the waits for other workers, and which
-// worker is the slowest at each step. Nothing (nullopt) where the run kept no steps'
-// work, or several workers have no link.
+// each step's work as the run measured it on each worker (WorkerSummary::step_work: its
+// critical path, less communication and waits), the all-reduce's ring from `link` with
+// the overlap `predict` gives it, and every synchronous step waiting for that step's
+// slowest worker: the mean over the steps of (the slowest worker's work + the sum of a
+// worker's own replicas' buckets, `model.local_sum` + the exposed ring). Under the ps,
+// each worker's mean closure less its pull and push (StepSeconds::closure_work), through
+// `predict_ps` with `model`'s applying (from the run at one worker). What it does not take
+// from the run: the communication and the waits for other workers (and under the ps, the
+// order of the workers' closures). Nothing (nullopt) without a row with steps for every
+// worker, without the steps' work (all-reduce), or with several workers and no link.
 std::optional<Prediction> replay(const ScaleRun& run, const StepModel& model, const Link& link);
 
 // Each run at several workers predicted from the run at one worker with the same replicas
