@@ -666,26 +666,28 @@ void Model::check_finite(int epoch, std::int64_t batch, double loss) {
 std::vector<profile::WorkerSummary> Model::gather_profile(const profile::Profiler& profiler) {
   profile::WorkerSummary mine{profiler.steady(), profiler.step_percentile(0.5), profiler.step_percentile(0.9),
                               profiler.steady_work(profile::kStepsReplayed)};
-  const int workers = strategy_ ? strategy_->num_workers() : 1;
+  const auto workers = static_cast<std::size_t>(strategy_ ? strategy_->num_workers() : 1);
   if (workers == 1) return {mine};
-  // Every worker fills its own slot; the sum over workers is then everyone's table.
+  // Every worker fills its own slot of `k` values; the sum over workers is then everyone's.
+  auto everyones = [&](std::size_t k, const std::function<void(std::span<double>)>& fill) {
+    std::vector<double> slots(k * workers, 0.0);
+    fill(std::span(slots).subspan(k * static_cast<std::size_t>(strategy_->worker_index()), k));
+    strategy_->sum_over_workers(slots);
+    return slots;
+  };
   const std::size_t k = profile::WorkerSummary::kValues;
-  std::vector<double> values(k * static_cast<std::size_t>(workers), 0.0);
-  mine.to_values(std::span(values).subspan(k * static_cast<std::size_t>(strategy_->worker_index()), k));
-  strategy_->sum_over_workers(values);
+  const std::vector<double> values = everyones(k, [&](std::span<double> slot) { mine.to_values(slot); });
+  // Each worker's steps' work: a count, then the steps.
+  const std::size_t n = 1 + profile::kStepsReplayed;
+  const std::vector<double> works = everyones(n, [&](std::span<double> slot) {
+    slot[0] = static_cast<double>(mine.step_work.size());
+    std::copy(mine.step_work.begin(), mine.step_work.end(), slot.begin() + 1);
+  });
   std::vector<profile::WorkerSummary> all;
-  for (int w = 0; w < workers; ++w)
-    all.push_back(profile::WorkerSummary::from_values(std::span<const double>(values).subspan(k * static_cast<std::size_t>(w), k)));
-  // Each worker's steps' work the same way: a count, then the steps, in a slot of its own.
-  const std::size_t slot = 1 + profile::kStepsReplayed;
-  std::vector<double> works(slot * static_cast<std::size_t>(workers), 0.0);
-  const std::size_t at = slot * static_cast<std::size_t>(strategy_->worker_index());
-  works[at] = static_cast<double>(mine.step_work.size());
-  std::copy(mine.step_work.begin(), mine.step_work.end(), works.begin() + static_cast<std::ptrdiff_t>(at + 1));
-  strategy_->sum_over_workers(works);
-  for (std::size_t w = 0; w < all.size(); ++w) {
-    const auto first = works.begin() + static_cast<std::ptrdiff_t>(slot * w + 1);
-    all[w].step_work.assign(first, first + static_cast<std::ptrdiff_t>(works[slot * w]));
+  for (std::size_t w = 0; w < workers; ++w) {
+    all.push_back(profile::WorkerSummary::from_values(std::span<const double>(values).subspan(k * w, k)));
+    const auto first = works.begin() + static_cast<std::ptrdiff_t>(n * w + 1);
+    all.back().step_work.assign(first, first + static_cast<std::ptrdiff_t>(works[n * w]));
   }
   return all;
 }

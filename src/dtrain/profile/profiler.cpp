@@ -16,18 +16,18 @@ constexpr int index_of(Phase p) { return static_cast<int>(p); }
 
 double micros(Clock::time_point from, Clock::time_point to) { return seconds_between(from, to) * 1e6; }
 
-// A track's phases, and of them its own work: less what it spent communicating, waiting
-// for peers, pushing and pulling, and the first step's setup.
-double all_phases(const PhaseSeconds& s) {
-  double all = 0;
-  for (double x : s) all += x;
-  return all;
-}
-double own_work(const PhaseSeconds& s) {
-  double work = all_phases(s);
+// A track's step: all its phases, and of them its own work (less what it spent
+// communicating, waiting for peers, pushing and pulling, and the first step's setup).
+struct TrackStep {
+  double all = 0, work = 0;
+};
+TrackStep track_step(const PhaseSeconds& s) {
+  TrackStep t;
+  for (double x : s) t.all += x;
+  t.work = t.all;
   for (Phase p : {Phase::communication, Phase::straggler_wait, Phase::push, Phase::pull, Phase::setup})
-    work -= s[static_cast<std::size_t>(index_of(p))];
-  return work;
+    t.work -= s[static_cast<std::size_t>(index_of(p))];
+  return t;
 }
 // Trace times count from the steady clock's epoch, which every process on a host shares:
 // the traces of a host's workers line up without any rebasing.
@@ -138,18 +138,22 @@ const StepRecord& Profiler::end_step(std::int64_t samples) {
   for (const auto& t : tracks_) {
     r.bytes += t->bytes_;
     switch (t->kind_) {
-      case TrackKind::loop:
+      case TrackKind::loop: {
         for (int p = 0; p < kPhases; ++p) r.phases[static_cast<std::size_t>(p)] += t->seconds_[static_cast<std::size_t>(p)];
-        r.work += own_work(t->seconds_);
-        loop_phases += all_phases(t->seconds_);
+        const TrackStep loop = track_step(t->seconds_);
+        r.work += loop.work;
+        loop_phases += loop.all;
         break;
-      case TrackKind::replica:
+      }
+      case TrackKind::replica: {
         ++replicas;
-        slowest_replica = std::max(slowest_replica, own_work(t->seconds_));
-        longest_replica = std::max(longest_replica, all_phases(t->seconds_));
+        const TrackStep replica = track_step(t->seconds_);
+        slowest_replica = std::max(slowest_replica, replica.work);
+        longest_replica = std::max(longest_replica, replica.all);
         for (int p = 0; p < kPhases; ++p) replica_sum[static_cast<std::size_t>(p)] += t->seconds_[static_cast<std::size_t>(p)];
         replica_waits += t->waited_for_comm_;
         break;
+      }
       case TrackKind::communication:
         comm_thread += t->seconds_[static_cast<std::size_t>(index_of(Phase::communication))];
         comm_thread_straggler += t->seconds_[static_cast<std::size_t>(index_of(Phase::straggler_wait))];
