@@ -270,13 +270,17 @@ TEST_F(Cli, DoctorNamesAPlantedInputDelayFirst) {
 // the batch. The doctor names the batch first, with the rows, in every run; the fix asks
 // for more rows per replica. Under a sanitizer Adam's update alone takes most of a step
 // and the first one of two workers many seconds: two short runs of a 128-wide MLP check
-// the path there, the ten are the release build's.
+// the path there, the ten are the release build's. A step of one row takes about 2 ms:
+// 100 of them a measured epoch, so that a moment's load from a test beside it cannot put
+// the one-worker run's figures in doubt (30 steps, 60 ms, once did).
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr int kSmallBatchRuns = 2;
 constexpr int kSmallBatchUnits = 128;
+constexpr int kSmallBatchSteps = 30;
 #else
 constexpr int kSmallBatchRuns = kPlantedRuns;
 constexpr int kSmallBatchUnits = 512;
+constexpr int kSmallBatchSteps = 100;
 #endif
 TEST_F(Cli, DoctorNamesAPlantedSmallBatchPerReplicaFirst) {
   nlohmann::json cfg = nlohmann::json::parse(dtrain::testing::tiny_config_json());
@@ -290,7 +294,7 @@ TEST_F(Cli, DoctorNamesAPlantedSmallBatchPerReplicaFirst) {
   for (int k = 0; k < kSmallBatchRuns; ++k) {
     SCOPED_TRACE("run " + std::to_string(k + 1) + " of " + std::to_string(kSmallBatchRuns));
     const Result r = run("doctor " + path + " --workers 1,2 --replicas 1 --threads-per-worker 1 --batch-size 1 "
-                         "--steps 30 --rounds 1");
+                         "--steps " + std::to_string(kSmallBatchSteps) + " --rounds 1");
     ASSERT_EQ(r.code, 0) << r.output;
     EXPECT_EQ(first_finding(r.output).rfind("- too small a batch per replica: each replica computes ", 0), 0u)
         << r.output;
