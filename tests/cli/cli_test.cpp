@@ -542,6 +542,13 @@ TEST_F(Cli, ProbeLinkMeasuresTheLinkBetweenWorkers) {
   EXPECT_EQ(j["samples"][0]["bytes"], 1024);
   EXPECT_EQ(j["samples"][1]["bytes"], 1 << 20);
   EXPECT_GE(j["samples"][2]["bytes"].get<double>(), 1 << 20);
+  // The 1 MiB again after a rest of 20 to 100 ms; the burst it found (none, likely, here).
+  EXPECT_GE(j["burst_bytes"].get<double>(), 0.0);
+  EXPECT_EQ(j["rested"]["bytes"], 1 << 20);
+  EXPECT_GE(j["rested"]["rest_seconds"].get<double>(), 0.02);
+  EXPECT_LE(j["rested"]["rest_seconds"].get<double>(), 0.1);
+  EXPECT_GT(j["rested"]["seconds"].get<double>(), 0.0);
+  EXPECT_NE(r.output.find("ms of rest: 1048576 B in "), std::string::npos) << r.output;
   // Alone there is no link to measure.
   r = run("probe-link", "-u TF_CONFIG");
   EXPECT_EQ(r.code, 1) << r.output;

@@ -649,5 +649,15 @@ TEST(LinkMeasurement, FitsTheRingsCostToTheSmallestAndLargestSample) {
   EXPECT_THROW(Link::fit(2, {{1024, 1e-4}, {1024, 2e-4}}), InvalidArgument);
 }
 
+// A transfer of 100 ms back to back that takes 94 ms after a rest saved what 6 ms carry;
+// a saving within the timings' noise, or under 3%, is none.
+TEST(LinkMeasurement, ABurstIsWhatATransferAfterARestSavedBeyondTheNoise) {
+  using Link = MultiWorkerMirroredStrategy::LinkMeasurement;
+  EXPECT_NEAR(Link::burst(0.100, 0.001, 0.094, 1e7), 6e4, 1e-6);
+  EXPECT_EQ(Link::burst(0.100, 0.001, 0.098, 1e7), 0);  // 2%
+  EXPECT_EQ(Link::burst(0.100, 0.004, 0.094, 1e7), 0);  // within twice the deviation
+  EXPECT_EQ(Link::burst(0.100, 0.001, 0.120, 1e7), 0);  // slower after the rest
+}
+
 }  // namespace
 }  // namespace dtrain::distribute

@@ -98,6 +98,58 @@ TEST(WhatIf, BackwardHidesWhatItCanOfTheRing) {
       << ranked;
 }
 
+// A link that sends a burst at once after a rest (a rate limiter's token bucket, as tc
+// tbf's and clouds' are): the rest refills it at the link's rate, up to its depth.
+TEST(WhatIf, ALinkThatRestedSendsABurstAtOnce) {
+  EXPECT_DOUBLE_EQ(parse_bytes("64KB"), 64e3);
+  EXPECT_DOUBLE_EQ(parse_bytes("256KiB"), 256 * 1024.0);
+  EXPECT_DOUBLE_EQ(parse_bytes("1MB"), 1e6);
+  EXPECT_DOUBLE_EQ(parse_bytes("4096"), 4096);
+  for (const char* bad : {"big", "64Kbit", "-1KB", "1GB"})
+    EXPECT_NE(message_of([&] { parse_bytes(bad); }).find(std::string("'") + bad + "'"), std::string::npos) << bad;
+  EXPECT_DOUBLE_EQ(*parse_what_if("link=20Mbit,burst=64KB").burst, 64e3);
+  EXPECT_NE(message_of([] { parse_what_if("burst=lots"); }).find("'lots'"), std::string::npos);
+  EXPECT_EQ(link_words(Link{12.5e6, 20e-6}), "100 Mbit/s (12.5 MB/s), 20 us latency");
+  EXPECT_EQ(link_words(Link{12.5e6, 20e-6, 65536}), "100 Mbit/s (12.5 MB/s), 20 us latency, 65.5 KB burst after idle");
+
+  const Link link{1e6, 0, 50e3};  // 1 MB/s, 50 KB at once
+  EXPECT_DOUBLE_EQ(transfer_seconds(1e6, link, 0), 1.0);     // no rest, no burst
+  EXPECT_DOUBLE_EQ(transfer_seconds(1e6, link, 0.02), 0.98);  // 20 ms refill 20 KB
+  EXPECT_DOUBLE_EQ(transfer_seconds(1e6, link, 1), 0.95);     // a full bucket
+  EXPECT_DOUBLE_EQ(transfer_seconds(30e3, link, 1), 0);       // all of it at once
+  EXPECT_DOUBLE_EQ(transfer_seconds(1e6, Link{1e6, 0}, 1), 1.0);  // a wire
+  // The ring: each worker's 2(n-1)/n of the bytes, the burst saved once.
+  EXPECT_DOUBLE_EQ(ring_seconds(1e6, 1, 4, link, 1), 1.45);
+  EXPECT_DOUBLE_EQ(ring_seconds(1e6, 1, 4, link), 1.5);
+
+  // model() at 2 workers over 1 GB/s with 1 MB at once: the links rest for the step's 14 ms
+  // of work less the 4 ms of ring hidden behind backward, which refills the bucket; the
+  // ring takes 9 ms, 5 of them exposed.
+  const Prediction two = predict(model(), 2, Link{1e9, 0, 1e6});
+  EXPECT_NEAR(two.ring, 0.009, 1e-12);
+  EXPECT_NEAR(two.exposed, 0.005, 1e-12);
+  EXPECT_NEAR(two.step, 0.019, 1e-12);
+
+  // Under the ps (the closure of 9 ms, 1 MB each way over 100 MB/s, 1 ms to apply): half a
+  // megabyte at once. One async worker: its pull and push take 5 ms each.
+  StepModel m = model();
+  m.input = 0.001;
+  m.forward = 0.003;
+  m.backward = 0.005;
+  m.gradient_bytes = 1e6;
+  m.batch = 100;
+  const Link bursting{1e8, 0, 5e5};
+  EXPECT_NEAR(predict_ps(m, 1, 1, "async", bursting).samples_per_second, 100 / 0.020, 1e-6);
+  EXPECT_GT(predict_ps(m, 2, 1, "async", bursting).samples_per_second,
+            predict_ps(m, 2, 1, "async", Link{1e8, 0}).samples_per_second);
+  // Sync: the ps link carries both workers' 2 MB each way, 15 ms with the burst: a round of
+  // 9 + 30 + 1 ms.
+  EXPECT_NEAR(predict_ps(m, 2, 1, "sync", bursting).samples_per_second, 100 * 2 / 0.040, 1e-6);
+  // Every 10 closures (0.2 s) the chief copies the values: 1 MB over its link, 5 ms.
+  m.closures_per_epoch = 10;
+  EXPECT_NEAR(predict_ps(m, 2, 1, "sync", bursting).samples_per_second, 100 * 2 / 0.040 * 0.2 / 0.205, 1e-6);
+}
+
 // A worker's row from seconds per step (10 steps): forward a third of compute.
 WorkerSummary row(double step, double compute, double comm) {
   WorkerSummary w;

@@ -220,14 +220,18 @@ profile::Link run_probe_link(const std::string& output, std::ostream& out) {
                  std::getenv("TF_CONFIG") ? workers : 0, "); run one per worker, or: dtrain launch --workers 2 probe-link");
   distribute::MultiWorkerMirroredStrategy strategy(config);
   const distribute::MultiWorkerMirroredStrategy::LinkMeasurement m = strategy.measure_link();
-  const profile::Link link{m.bytes_per_second, m.latency_seconds};
+  const profile::Link link{m.bytes_per_second, m.latency_seconds, m.burst_bytes};
   if (!strategy.is_chief()) return link;
   out << "link between " << strategy.num_workers() << " workers: " << profile::format_rate(link.bytes_per_second)
       << " per direction, " << std::fixed << std::setprecision(1) << link.latency_seconds * 1e6
-      << " us per message\n  all-reduce medians:";
+      << " us per message, " << link.burst_bytes / 1e3 << " KB at once after a rest\n  all-reduce medians:";
   for (const auto& s : m.samples) out << " " << s.bytes << " B in " << std::setprecision(3) << s.seconds * 1e3 << " ms;";
+  out << " after " << std::setprecision(0) << m.rest_seconds * 1e3 << " ms of rest: " << m.rested.bytes << " B in "
+      << std::setprecision(3) << m.rested.seconds * 1e3 << " ms";
   out << "\n  for the doctor: --what-if link=" << std::setprecision(3) << link.bytes_per_second * 8 / 1e6
-      << "Mbit,latency=" << std::setprecision(1) << link.latency_seconds * 1e6 << "us\n";
+      << "Mbit,latency=" << std::setprecision(1) << link.latency_seconds * 1e6 << "us";
+  if (link.burst_bytes > 0) out << ",burst=" << std::setprecision(1) << link.burst_bytes / 1e3 << "KB";
+  out << "\n";
   if (!output.empty()) {
     json samples = json::array();
     for (const auto& s : m.samples) samples.push_back({{"bytes", s.bytes}, {"seconds", s.seconds}});
@@ -235,6 +239,9 @@ profile::Link run_probe_link(const std::string& output, std::ostream& out) {
                          json{{"workers", strategy.num_workers()},
                               {"bytes_per_second", link.bytes_per_second},
                               {"latency_seconds", link.latency_seconds},
+                              {"burst_bytes", link.burst_bytes},
+                              {"rested", {{"rest_seconds", m.rest_seconds}, {"bytes", m.rested.bytes},
+                                          {"seconds", m.rested.seconds}}},
                               {"samples", samples}}
                                  .dump(2) +
                              "\n",
@@ -251,7 +258,10 @@ profile::Link link_from_file(const std::string& path) {
   if (j.is_discarded() || !positive("bytes_per_second") || !positive("latency_seconds") ||
       !(j["bytes_per_second"].get<double>() > 0))
     DTRAIN_THROW(IoError, "doctor: ", path, " is not a link probe's output (bytes_per_second > 0, latency_seconds)");
-  return {j["bytes_per_second"].get<double>(), j["latency_seconds"].get<double>()};
+  const json burst = j.value("burst_bytes", json(0.0));
+  if (!burst.is_number() || burst.get<double>() < 0)
+    DTRAIN_THROW(IoError, "doctor: ", path, ": burst_bytes is ", burst.dump(), ", not a size in bytes");
+  return {j["bytes_per_second"].get<double>(), j["latency_seconds"].get<double>(), burst.get<double>()};
 }
 
 // The compute threads of every worker at every scale, as machines of one size would have:
@@ -396,8 +406,8 @@ std::optional<LinkChoice> choose_link(const DoctorOptions& o, const profile::Wha
   }
   if (!c) return c;
   if (what_if.latency) c->link.latency_seconds = *what_if.latency;
-  c->words = profile::format_rate(c->link.bytes_per_second) + ", " +
-             profile::detail::fixed(c->link.latency_seconds * 1e6, 0) + " us latency, " + c->words;
+  if (what_if.burst) c->link.burst_bytes = *what_if.burst;
+  c->words = profile::link_words(c->link) + ", " + c->words;
   return c;
 }
 

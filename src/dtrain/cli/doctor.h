@@ -29,7 +29,7 @@ struct DoctorOptions {
   // Summaries (`dtrain fit --summary`, each from a run's chief) to diagnose instead of
   // running the config: runs made elsewhere, on real hosts.
   std::vector<std::string> runs;
-  std::string what_if;  // "workers=16,link=10Gbit,latency=50us", each part optional
+  std::string what_if;  // "workers=16,link=10Gbit,latency=50us,burst=64KB", each part optional
   std::string report;   // an HTML page to write
   std::string fault_slow;  // testing: every run's fit --fault-slow (cli/fault.h)
   // Run both and compare: each of mirrored, multi_worker and parameter_server[:MODE] (a

@@ -683,7 +683,8 @@ int main(int argc, char** argv) {
                      "Diagnose these fit --summary files (each from a run's chief) instead of running CONFIG")
       ->delimiter(',');
   doctor->add_option("--what-if", doctor_options.what_if,
-                     "Predict another scale or link: workers=16,link=10Gbit,latency=50us (each part optional)");
+                     "Predict another scale or link: workers=16,link=10Gbit,latency=50us,burst=64KB (each part "
+                     "optional; burst: what the link sends at once after a rest)");
   doctor->add_option("--report", doctor_options.report, "Write the study as one self-contained HTML page here");
   doctor->add_option("--strategies", doctor_options.strategies,
                      "Run both and compare: each of mirrored, multi_worker, parameter_server[:async|ssp:K|sync[:B]] "

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <regex>
 #include <set>
+#include <thread>
 
 #include "dtrain/autograd/ops.h"
 #include "dtrain/core/clock.h"
@@ -309,21 +310,31 @@ MultiWorkerMirroredStrategy::LinkMeasurement MultiWorkerMirroredStrategy::measur
   if (n < 2)
     DTRAIN_THROW(InvalidArgument, "measure_link: TF_CONFIG lists ", n,
                  " worker; the link is between workers, so it needs at least 2");
-  // Zeros stay zeros however often they are summed.
-  auto median_seconds = [&](std::int64_t floats, int repeats) {
+  // Zeros stay zeros however often they are summed. Each all-reduce after `rest` seconds
+  // in which no worker sends (all start resting together, after a small all-reduce).
+  std::vector<double> seconds;
+  auto median_seconds = [&](std::int64_t floats, int repeats, double rest = 0) {
     Tensor buffer = Tensor::zeros(Shape{floats});
     group().sum_over_workers(buffer);  // first use: Gloo's buffers for this size
-    std::vector<double> seconds;
+    seconds.clear();
     for (int i = 0; i < repeats; ++i) {
+      if (rest > 0) {
+        std::vector<double> together{0};
+        group().sum_over_workers(together);
+        std::this_thread::sleep_for(std::chrono::duration<double>(rest));
+      }
       const Clock::time_point start = Clock::now();
       group().sum_over_workers(buffer);
       seconds.push_back(seconds_since(start));
     }
-    return percentile(std::move(seconds), 0.5);
+    return percentile(seconds, 0.5);
   };
   const std::int64_t small = 256, middle = 1 << 18;  // 1 KiB, 1 MiB
   const double t_small = median_seconds(small, 41);
   const double t_middle = median_seconds(middle, 5);
+  std::vector<double> deviations;
+  for (double x : seconds) deviations.push_back(std::abs(x - t_middle));
+  const double deviation = percentile(deviations, 0.5);
   // Every worker must all-reduce the same size: the large one comes from the mean of the
   // workers' middle timings, which the all-reduce makes the same everywhere.
   std::vector<double> mean{t_middle};
@@ -332,10 +343,25 @@ MultiWorkerMirroredStrategy::LinkMeasurement MultiWorkerMirroredStrategy::measur
   const std::int64_t large =
       std::clamp<std::int64_t>(static_cast<std::int64_t>(static_cast<double>(middle) * scale), middle, 1 << 24);
   const double t_large = large == middle ? t_middle : median_seconds(large, 3);
+  LinkMeasurement m = LinkMeasurement::fit(n, {{static_cast<std::size_t>(small) * 4, t_small},
+                                               {static_cast<std::size_t>(middle) * 4, t_middle},
+                                               {static_cast<std::size_t>(large) * 4, t_large}});
+  // A rest as long as the middle buffer takes refills a bucket as deep as it, up to 0.1 s
+  // (below TCP's shortest retransmission timeout, after which it would start the
+  // connection's window afresh); every worker rests as long as the chief's timing says
+  // (it is summed with the others' zeros).
+  std::vector<double> rest{is_chief() ? std::clamp(t_middle, 0.02, 0.1) : 0.0};
+  group().sum_over_workers(rest);
+  m.rest_seconds = rest[0];
+  m.rested = {static_cast<std::size_t>(middle) * 4, median_seconds(middle, 3, m.rest_seconds)};
+  m.burst_bytes = LinkMeasurement::burst(t_middle, deviation, m.rested.seconds, m.bytes_per_second);
+  return m;
+}
 
-  return LinkMeasurement::fit(n, {{static_cast<std::size_t>(small) * 4, t_small},
-                                   {static_cast<std::size_t>(middle) * 4, t_middle},
-                                   {static_cast<std::size_t>(large) * 4, t_large}});
+double MultiWorkerMirroredStrategy::LinkMeasurement::burst(double busy, double deviation, double rested,
+                                                            double bytes_per_second) {
+  const double saved = busy - rested;
+  return saved > std::max(2 * deviation, 0.03 * busy) ? saved * bytes_per_second : 0;
 }
 
 MultiWorkerMirroredStrategy::LinkMeasurement MultiWorkerMirroredStrategy::LinkMeasurement::fit(

@@ -238,18 +238,29 @@ class MultiWorkerMirroredStrategy final : public Strategy {
   // The link to the other workers as the gradient all-reduce sees it (the communication
   // thread's hand-off and Gloo's ring included): all-reduces of a small and a large
   // buffer, their median times fitted to the ring's cost, 2(N-1) messages of latency
-  // plus 2(N-1)/N of the bytes at the bandwidth. Every worker must call it; it takes
-  // about a second on a fast link (the large buffer is sized to take about 0.25 s).
+  // plus 2(N-1)/N of the bytes at the bandwidth. Then the 1 MiB buffer again after the
+  // links rested (as long as it takes to send, 20 to 100 ms): where it goes faster than
+  // back to back, by more than twice the back-to-back timings' median deviation, the link
+  // sends a burst at once after a rest (a rate limiter's token bucket, as clouds' and tc
+  // tbf's are), of the bytes the time saved would carry. Every worker must call it; it takes about a second
+  // on a fast link (the large buffer is sized to take about 0.25 s).
   struct LinkMeasurement {
     double bytes_per_second = 0;  // per direction
     double latency_seconds = 0;   // per message
+    double burst_bytes = 0;       // sent at once after a rest
     struct Sample {
       std::size_t bytes;
       double seconds;  // median
     };
     std::vector<Sample> samples;
+    Sample rested{0, 0};       // the middle buffer after a rest
+    double rest_seconds = 0;   // how long the links rested
     // The fit of the smallest and the largest sample to the ring's cost among `workers`.
     static LinkMeasurement fit(int workers, std::vector<Sample> samples);
+    // The burst: the bytes at `bytes_per_second` of the time a transfer of `busy` seconds
+    // back to back (their median deviation `deviation`) saved after a rest, taking
+    // `rested`; 0 where it saved no more than twice the deviation or 3% of `busy`.
+    static double burst(double busy, double deviation, double rested, double bytes_per_second);
   };
   LinkMeasurement measure_link() const;
 

@@ -80,6 +80,34 @@ double parse_duration(const std::string& text) {
   DTRAIN_THROW(InvalidArgument, "latency '", text, "' is not a duration: write it as 50us, 0.2ms or 1s");
 }
 
+double parse_bytes(const std::string& text) {
+  double value = 0;
+  std::string unit;
+  if (split_number(text, value, unit)) {
+    std::string lower = unit;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (lower.empty() || lower == "b") return value;
+    if (lower == "kb") return value * 1e3;
+    if (lower == "mb") return value * 1e6;
+    if (lower == "kib") return value * 1024;
+    if (lower == "mib") return value * 1024 * 1024;
+  }
+  DTRAIN_THROW(InvalidArgument, "burst '", text, "' is not a size in bytes: write it as 64KB, 256KiB or 1MB");
+}
+
+std::string link_words(const Link& link) {
+  std::string words = format_rate(link.bytes_per_second) + ", " + detail::fixed(link.latency_seconds * 1e6, 0) +
+                      " us latency";
+  if (link.burst_bytes > 0) words += ", " + detail::fixed(link.burst_bytes / 1e3, 1) + " KB burst after idle";
+  return words;
+}
+
+double transfer_seconds(double bytes, const Link& link, double idle) {
+  if (!(bytes > 0)) return 0;
+  const double refilled = std::min(link.burst_bytes, link.bytes_per_second * std::max(0.0, idle));
+  return std::max(0.0, bytes - refilled) / link.bytes_per_second;
+}
+
 std::string format_rate(double bytes_per_second) {
   const double bits = bytes_per_second * 8;
   std::string b = bits >= 1e9 ? detail::fixed(bits / 1e9, 1) + " Gbit/s" : detail::fixed(bits / 1e6, 0) + " Mbit/s";
@@ -108,8 +136,10 @@ WhatIf parse_what_if(const std::string& text) {
       w.link = parse_rate(value);
     } else if (key == "latency") {
       w.latency = parse_duration(value);
+    } else if (key == "burst") {
+      w.burst = parse_bytes(value);
     } else {
-      DTRAIN_THROW(InvalidArgument, "--what-if: unknown key '", key, "' (known: workers, link, latency)");
+      DTRAIN_THROW(InvalidArgument, "--what-if: unknown key '", key, "' (known: workers, link, latency, burst)");
     }
   }
   return w;
@@ -138,14 +168,16 @@ StepModel step_model(const ScaleRun& one) {
   return m;
 }
 
-double ring_seconds(double bytes, int buckets, int workers, const Link& link) {
+double ring_seconds(double bytes, int buckets, int workers, const Link& link, double idle) {
   if (workers < 2) return 0;
   if (bytes > 0 && !(link.bytes_per_second > 0))
     DTRAIN_THROW(InvalidArgument, "what-if: a link of ", link.bytes_per_second, " bytes/s cannot move the gradients");
   const double n = workers;
   const double latency = 2 * (n - 1) * std::max(1, buckets) * link.latency_seconds;
-  const double transfer = bytes > 0 ? 2 * (n - 1) / n * bytes / link.bytes_per_second : 0;
-  return latency + transfer;
+  // Every worker sends its 2(n-1)/n of the bytes, the first of them in a burst where the
+  // links rested; each of the ring's steps waits for the one before it, so the burst is
+  // saved once.
+  return latency + transfer_seconds(2 * (n - 1) / n * bytes, link, idle);
 }
 
 namespace {
@@ -161,17 +193,28 @@ double exposed_ring(double ring, int buckets, double backward, bool overlap, boo
   return overlap && spare_core ? std::max(ring / k, ring - backward * (k - 1) / k) : ring;
 }
 
+// `p`'s ring and its exposed part, after a step's `work` (the slowest worker's, the ring
+// left out): the links rest from one step's ring to the next's, for the work less the
+// part of the ring hidden behind it, and send a burst's worth at once after that.
+void ring_after(Prediction& p, double bytes, int buckets, int workers, const Link& link, double work,
+                double backward, bool overlap, bool spare_core) {
+  const double steady = ring_seconds(bytes, buckets, workers, link);
+  const double rest = std::max(0.0, work - (steady - exposed_ring(steady, buckets, backward, overlap, spare_core)));
+  p.ring = ring_seconds(bytes, buckets, workers, link, rest);
+  p.exposed = exposed_ring(p.ring, buckets, backward, overlap, spare_core);
+}
+
 }  // namespace
 
 Prediction predict(const StepModel& m, int workers, const Link& link) {
   Prediction p;
   p.workers = workers;
-  p.ring = ring_seconds(m.gradient_bytes, m.buckets, workers, link);
+  const double alone = m.fixed + m.forward + m.backward + m.local_sum;
+  const double work = workers > 1 ? straggling(m, alone) : alone;
   // The slowest worker computes `straggler` times as long; the ring waits for its buckets.
   const double slower = workers > 1 ? m.straggler : 1.0;
-  p.exposed = exposed_ring(p.ring, m.buckets, slower * m.backward, m.overlap, m.spare_core);
-  const double alone = m.fixed + m.forward + m.backward + m.local_sum;
-  p.step = (workers > 1 ? straggling(m, alone) : alone) + p.exposed;
+  ring_after(p, m.gradient_bytes, m.buckets, workers, link, work, slower * m.backward, m.overlap, m.spare_core);
+  p.step = work + p.exposed;
   p.samples_per_second = p.step > 0 ? static_cast<double>(m.batch) * workers / p.step : 0;
   p.efficiency = p.step > 0 ? alone / p.step : 0;
   return p;
@@ -213,7 +256,11 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
     std::vector<double> sorted = own;
     std::sort(sorted.begin(), sorted.end());
     const double waited_for = sorted[static_cast<std::size_t>(std::clamp(workers - backup, 1, workers) - 1)];
-    const double each_way = std::max(one_way, link.latency_seconds + over_link(n * share));
+    // Each way the links rest for the rest of the round (the other way, the computing and
+    // the applying), and send a burst's worth at once after it.
+    const double rest = waited_for + apply + std::max(one_way, link.latency_seconds + over_link(n * share));
+    const double each_way = link.latency_seconds + std::max(transfer_seconds(m.gradient_bytes, link, rest),
+                                                            transfer_seconds(n * share, link, rest));
     transfer = 2 * each_way;
     // Each update comes every `round`; a worker slower than that (a backup covers it)
     // goes at its own pace, its late gradients dropped.
@@ -225,8 +272,10 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
     // closure and the latencies (its own), then the ps's link each way and its applying,
     // which the workers share (TCP shares a link as processor sharing does, for which the
     // mean values hold). Its own link moves the rest of the bytes, to the other ps.
-    const std::array<double, 3> demand{over_link(share), over_link(share), apply};
-    const double own_link = 2 * (link.latency_seconds + over_link(m.gradient_bytes - share));
+    // A ps link rests between the workers' visits, for (1 - its use) / visits per second
+    // on the mean, and sends a burst's worth at once after it; a worker's own link rests
+    // while it computes.
+    std::array<double, 3> demand{over_link(share), over_link(share), apply};
     std::vector<double> moving(own.size(), 0);  // each worker's pull and push
     std::vector<std::array<double, 3>> queued(own.size(), {0, 0, 0});
     std::vector<double> pace(own.size(), 0);
@@ -237,6 +286,7 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
       double moved = 0;
       for (std::size_t w = 0; w < own.size(); ++w) {
         std::array<double, 3> residence{};
+        const double own_link = 2 * (link.latency_seconds + transfer_seconds(m.gradient_bytes - share, link, own[w]));
         double cycle = own[w] + own_link;
         for (std::size_t k = 0; k < 3; ++k) cycle += residence[k] = demand[k] * (1 + total[k] - queued[w][k]);
         pace[w] = 1 / cycle;
@@ -247,12 +297,25 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
           queued[w][k] = q;
         }
       }
+      const double visits = std::accumulate(pace.begin(), pace.end(), 0.0);
+      const double rest = std::max(0.0, 1 - visits * demand[0]) / visits;
+      const double burst_demand = transfer_seconds(share, link, rest);
+      moved = std::max(moved, std::abs(burst_demand - demand[0]));
+      demand[0] = demand[1] = burst_demand;
       if (moved < 1e-12) break;
     }
     // ssp(K): in the long run nobody gets more than K closures ahead of the slowest.
     if (ssp) std::fill(pace.begin(), pace.end(), *std::min_element(pace.begin(), pace.end()));
     for (double x : pace) paces += x;
     for (double t : moving) transfer += t / n;
+  }
+  if (m.closures_per_epoch > 0) {
+    // The copy after the epoch's closures, on links that rested (or carried other bytes)
+    // while the workers computed.
+    const double epoch = static_cast<double>(m.closures_per_epoch) / paces;
+    const double copy = link.latency_seconds + std::max(transfer_seconds(m.gradient_bytes, link, computed),
+                                                        transfer_seconds(share, link, computed));
+    paces *= epoch / (epoch + copy);
   }
   Prediction p;
   p.workers = workers;
@@ -389,10 +452,9 @@ std::optional<Prediction> replay(const ScaleRun& r, const StepModel& m, const Li
   }
   Prediction p;
   p.workers = r.workers;
-  p.ring = ring_seconds(r.gradient_bytes, r.buckets, r.workers, link);
-  p.exposed = exposed_ring(p.ring, r.buckets, backward, r.overlap, r.spare_core);
   // The sum of each worker's own replicas' buckets, as the model has it.
   const double work = slowest / static_cast<double>(steps) + m.local_sum;
+  ring_after(p, r.gradient_bytes, r.buckets, r.workers, link, work, backward, r.overlap, r.spare_core);
   p.step = work + p.exposed;
   if (!(p.step > 0)) return std::nullopt;
   p.samples_per_second = static_cast<double>(r.global_batch) / p.step;
@@ -424,6 +486,8 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     m.spare_core = r.spare_core;
     m.compressed = r.compressed;
     m.straggler = r.straggler_factor;
+    if (r.ps > 0 && !r.epoch_seconds.empty())
+      m.closures_per_epoch = r.steps_trained / static_cast<std::int64_t>(r.epoch_seconds.size());
     // Workers sharing this host's cores beyond what it has compute slower than the run
     // at one worker did, by the ratio of threads to cores (workers with machines of
     // their own, which the what-if describes, do not). Replicas in one process each

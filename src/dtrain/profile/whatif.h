@@ -26,21 +26,37 @@ namespace dtrain::profile {
 struct Link {
   double bytes_per_second = 0;
   double latency_seconds = 0;  // per message
+  // What the link sends at once after it was idle: the depth of a rate limiter's token
+  // bucket (a cloud's or tc tbf's), refilled at `bytes_per_second` while nothing is sent.
+  // 0: a wire that sends nothing faster after a pause.
+  double burst_bytes = 0;
 };
+
+// Seconds to move `bytes` over `link` one way after it was idle for `idle` seconds: a
+// burst's worth of them (as much as the bucket refilled, at most `burst_bytes`) at once,
+// the rest at the link's rate. Latency not included.
+double transfer_seconds(double bytes, const Link& link, double idle);
 
 // "10Gbit", "100mbit", "2.5Gbit/s", "1.25GB/s", "800MB/s" -> bytes per second;
 // InvalidArgument naming the text when it is none of these.
 double parse_rate(const std::string& text);
 // "50us", "0.2ms", "1s" -> seconds.
 double parse_duration(const std::string& text);
+// "64KB", "256KiB", "1MB", "4096B" (or "4096") -> bytes: KB and MB are 1000 and 10^6
+// bytes, KiB and MiB 1024 and 2^20; InvalidArgument naming the text otherwise.
+double parse_bytes(const std::string& text);
 // "10.0 Gbit/s (1.25 GB/s)".
 std::string format_rate(double bytes_per_second);
+// The link in words: "95 Mbit/s (11.8 MB/s), 0 us latency" and, with a burst,
+// ", 65.5 KB burst after idle".
+std::string link_words(const Link& link);
 
-// `--what-if workers=16,link=10Gbit,latency=50us`: each part optional.
+// `--what-if workers=16,link=10Gbit,latency=50us,burst=64KB`: each part optional.
 struct WhatIf {
   std::optional<int> workers;
   std::optional<double> link;     // bytes per second
   std::optional<double> latency;  // seconds
+  std::optional<double> burst;    // bytes (Link::burst_bytes)
 };
 WhatIf parse_what_if(const std::string& text);
 
@@ -66,6 +82,9 @@ struct StepModel {
   // out (the replay of that run); empty: every worker's is the model's, the straggler's
   // `straggler` times as long.
   std::vector<double> closures;
+  // Under the ps, the closures of an epoch, at whose end the chief copies the trained
+  // values from the ps (0: no epochs counted).
+  std::int64_t closures_per_epoch = 0;
 };
 // From `one_worker` (a run at 1 worker; its worker 0). InvalidArgument when it has more,
 // or no step time.
@@ -80,9 +99,10 @@ struct Prediction {
   double efficiency = 0;  // samples/s against `workers` times one worker's
 };
 
-// The ring all-reduce of `bytes` in `buckets` among `workers` (0 for one worker);
-// InvalidArgument for bytes over a link of no bandwidth.
-double ring_seconds(double bytes, int buckets, int workers, const Link& link);
+// The ring all-reduce of `bytes` in `buckets` among `workers` (0 for one worker), on
+// links idle for `idle` seconds before it (Link::burst_bytes); InvalidArgument for bytes
+// over a link of no bandwidth.
+double ring_seconds(double bytes, int buckets, int workers, const Link& link, double idle = 0);
 Prediction predict(const StepModel& model, int workers, const Link& link);
 
 // A step under ParameterServerStrategy: each worker computes its closure (everything of
@@ -97,6 +117,8 @@ Prediction predict(const StepModel& model, int workers, const Link& link);
 //   sync [with B backup workers]: every update waits for the (N - B)th fastest worker,
 //          and the workers pull and push together through the ps links; a worker
 //          slower than that goes at its own pace, its gradients dropped.
+// With `closures_per_epoch`, every epoch ends with the chief's copy of the trained values
+// (over its own link, and each ps's share over that ps's), which the workers wait for.
 // An unknown consistency is InvalidArgument.
 // The step is the mean time between a worker's closures; samples/s counts every worker's.
 Prediction predict_ps(const StepModel& model, int workers, int ps, const std::string& consistency, const Link& link);
