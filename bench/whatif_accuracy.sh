@@ -205,7 +205,8 @@ table() {
   fi
   [ $namespaces = yes ] && [ "$where" != loopback ] || return 0
   [ "$where" = ps ] || for rate in ${RATES:-20mbit 100mbit 1gbit}; do
-    # A small bucket (one GSO packet): a real link sends nothing faster after it was idle.
+    # A small bucket (one GSO packet, 64 KiB): what the link sends at once after a rest,
+    # which probe-link measures and the model gives every transfer after one.
     netns_pair_up "$a" "$b" "$addr_a" "$addr_b" "$rate" 400ms 64kb >&2 || { : >"$dir/incomplete"; return 0; }
     for slow in none worker:1:2x; do case_row "tbf $rate, two namespaces" 2 "$rate" "$slow"; done
     netns_pair_down "$a" "$b"

@@ -99,6 +99,14 @@ void run(const Args& a) {
   distribute::MultiWorkerMirroredStrategy strategy(config, comm, devices);
   const std::string task = config.task.to_string();
 
+  if (a.model == "link") {
+    // The link probe: every worker measures; over TCP it looks for a burst after a rest.
+    const distribute::MultiWorkerMirroredStrategy::LinkMeasurement m = strategy.measure_link();
+    std::cout << "done " << task << " bandwidth=" << m.bytes_per_second << " burst=" << m.burst_bytes
+              << " rest=" << m.rest_seconds << " rested_bytes=" << m.rested.bytes
+              << " rested_seconds=" << m.rested.seconds << std::endl;
+    return;
+  }
   std::unique_ptr<Model> model;
   if (a.model == "cnn") {
     {

@@ -446,6 +446,29 @@ TEST_F(MultiWorker, LauncherNamesTheStoppedChiefNotTheFirstWorkerToGiveUp) {
       << err.str();
 }
 
+// The link probe: over TCP every worker all-reduces 1 MiB again after resting 20 to 100 ms
+// together (a collective out of step would hang them); through shared memory there is no
+// rate limiter to look for.
+TEST_F(MultiWorker, TheLinkProbeLooksForABurstAfterARestOverTcpOnly) {
+  for (const char* communication : {"ring", "auto"}) {
+    const std::vector<TaskResult> results = run_cluster(2, {"--model", "link", "--communication", communication});
+    for (const TaskResult& r : results) {
+      ASSERT_TRUE(r.exited_ok()) << describe(results);
+      const std::size_t at = r.log.find(" rest=");
+      ASSERT_NE(at, std::string::npos) << r.log;
+      const double rest = std::stod(r.log.substr(at + 6));
+      if (communication == std::string("ring")) {
+        EXPECT_GE(rest, 0.02) << r.log;
+        EXPECT_LE(rest, 0.1) << r.log;
+        EXPECT_NE(r.log.find(" rested_bytes=1048576 "), std::string::npos) << r.log;
+      } else {
+        EXPECT_EQ(rest, 0.0) << r.log;
+        EXPECT_NE(r.log.find(" burst=0 "), std::string::npos) << r.log;
+      }
+    }
+  }
+}
+
 TEST_F(MultiWorker, WrongTokenIsRefused) {
   std::vector<std::string> args = size_args();
   args.insert(args.end(), {"--timeout", "5"});

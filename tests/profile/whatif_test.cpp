@@ -145,9 +145,21 @@ TEST(WhatIf, ALinkThatRestedSendsABurstAtOnce) {
   // Sync: the ps link carries both workers' 2 MB each way, 15 ms with the burst: a round of
   // 9 + 30 + 1 ms.
   EXPECT_NEAR(predict_ps(m, 2, 1, "sync", bursting).samples_per_second, 100 * 2 / 0.040, 1e-6);
-  // Every 10 closures (0.2 s) the chief copies the values: 1 MB over its link, 5 ms.
-  m.closures_per_epoch = 10;
+  // Every 10 steps (0.2 s) the chief copies the values: 1 MB over its link, 5 ms.
+  m.steps_per_epoch = 10;
   EXPECT_NEAR(predict_ps(m, 2, 1, "sync", bursting).samples_per_second, 100 * 2 / 0.040 * 0.2 / 0.205, 1e-6);
+
+  // A burst larger than a round refills: never more bytes than the link's rate carries. A
+  // closure of 1 ms, 500 KB each way, 10 ms of burst. Sync: the ps link moves 1 MB each
+  // way in 4.5 ms after resting 5.5 ms, a round of 10 ms, 100 MB/s.
+  StepModel quick;
+  quick.fixed = 0.001;
+  quick.gradient_bytes = 5e5;
+  quick.batch = 100;
+  const Link deep{1e8, 0, 1e6};
+  EXPECT_NEAR(predict_ps(quick, 2, 1, "sync", deep).samples_per_second, 100 * 2 / 0.010, 1e-6);
+  // One async worker: 2 ms each way after resting 3 ms, 500 KB every 5 ms.
+  EXPECT_NEAR(predict_ps(quick, 1, 1, "async", deep).samples_per_second, 100 / 0.005, 1e-6);
 }
 
 // A worker's row from seconds per step (10 steps): forward a third of compute.
@@ -220,6 +232,15 @@ TEST(WhatIf, AParameterServerStepIsTheClosurePlusAPullAndAPushBoundedByThePsLink
               1e-9);
   EXPECT_NE(model_check_table(checks).find("| 2, 1 ps async | 1 | 4000 |"), std::string::npos)
       << model_check_table(checks);
+  // A run of two epochs of 10 steps: each ends with the chief's copy of the values.
+  ScaleRun epochs = ps_run;
+  epochs.epoch_seconds = {1.0, 1.0};
+  epochs.steps_trained = 20;
+  StepModel per_epoch = step_model(one);
+  per_epoch.steps_per_epoch = 10;
+  EXPECT_NEAR(model_check({one, epochs}, link)[0].prediction.samples_per_second,
+              predict_ps(per_epoch, 2, 1, "async", link).samples_per_second, 1e-9);
+  EXPECT_LT(predict_ps(per_epoch, 2, 1, "async", link).samples_per_second, checks[0].prediction.samples_per_second);
   // Far slower, with pull and push (60 ms a closure) taking what the link (20 ms) does
   // not explain: the ps's and gRPC's CPU time is what the model did not know.
   ScaleRun slow_ps = ps_run;

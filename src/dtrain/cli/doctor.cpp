@@ -226,8 +226,11 @@ profile::Link run_probe_link(const std::string& output, std::ostream& out) {
       << " per direction, " << std::fixed << std::setprecision(1) << link.latency_seconds * 1e6
       << " us per message, " << link.burst_bytes / 1e3 << " KB at once after a rest\n  all-reduce medians:";
   for (const auto& s : m.samples) out << " " << s.bytes << " B in " << std::setprecision(3) << s.seconds * 1e3 << " ms;";
-  out << " after " << std::setprecision(0) << m.rest_seconds * 1e3 << " ms of rest: " << m.rested.bytes << " B in "
-      << std::setprecision(3) << m.rested.seconds * 1e3 << " ms";
+  if (m.rest_seconds > 0)
+    out << " after " << std::setprecision(0) << m.rest_seconds * 1e3 << " ms of rest: " << m.rested.bytes << " B in "
+        << std::setprecision(3) << m.rested.seconds * 1e3 << " ms";
+  else
+    out << " (summed through shared memory: no burst to look for)";
   out << "\n  for the doctor: --what-if link=" << std::setprecision(3) << link.bytes_per_second * 8 / 1e6
       << "Mbit,latency=" << std::setprecision(1) << link.latency_seconds * 1e6 << "us";
   if (link.burst_bytes > 0) out << ",burst=" << std::setprecision(1) << link.burst_bytes / 1e3 << "KB";
@@ -235,17 +238,14 @@ profile::Link run_probe_link(const std::string& output, std::ostream& out) {
   if (!output.empty()) {
     json samples = json::array();
     for (const auto& s : m.samples) samples.push_back({{"bytes", s.bytes}, {"seconds", s.seconds}});
-    write_file_replacing(output,
-                         json{{"workers", strategy.num_workers()},
-                              {"bytes_per_second", link.bytes_per_second},
-                              {"latency_seconds", link.latency_seconds},
-                              {"burst_bytes", link.burst_bytes},
-                              {"rested", {{"rest_seconds", m.rest_seconds}, {"bytes", m.rested.bytes},
-                                          {"seconds", m.rested.seconds}}},
-                              {"samples", samples}}
-                                 .dump(2) +
-                             "\n",
-                         "probe-link: the measurement");
+    json j{{"workers", strategy.num_workers()},
+           {"bytes_per_second", link.bytes_per_second},
+           {"latency_seconds", link.latency_seconds},
+           {"burst_bytes", link.burst_bytes},
+           {"samples", samples}};
+    if (m.rest_seconds > 0)
+      j["rested"] = {{"rest_seconds", m.rest_seconds}, {"bytes", m.rested.bytes}, {"seconds", m.rested.seconds}};
+    write_file_replacing(output, j.dump(2) + "\n", "probe-link: the measurement");
   }
   return link;
 }

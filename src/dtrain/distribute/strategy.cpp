@@ -312,11 +312,10 @@ MultiWorkerMirroredStrategy::LinkMeasurement MultiWorkerMirroredStrategy::measur
                  " worker; the link is between workers, so it needs at least 2");
   // Zeros stay zeros however often they are summed. Each all-reduce after `rest` seconds
   // in which no worker sends (all start resting together, after a small all-reduce).
-  std::vector<double> seconds;
-  auto median_seconds = [&](std::int64_t floats, int repeats, double rest = 0) {
+  auto timings = [&](std::int64_t floats, int repeats, double rest = 0) {
     Tensor buffer = Tensor::zeros(Shape{floats});
     group().sum_over_workers(buffer);  // first use: Gloo's buffers for this size
-    seconds.clear();
+    std::vector<double> seconds;
     for (int i = 0; i < repeats; ++i) {
       if (rest > 0) {
         std::vector<double> together{0};
@@ -327,13 +326,14 @@ MultiWorkerMirroredStrategy::LinkMeasurement MultiWorkerMirroredStrategy::measur
       group().sum_over_workers(buffer);
       seconds.push_back(seconds_since(start));
     }
-    return percentile(seconds, 0.5);
+    return seconds;
   };
   const std::int64_t small = 256, middle = 1 << 18;  // 1 KiB, 1 MiB
-  const double t_small = median_seconds(small, 41);
-  const double t_middle = median_seconds(middle, 5);
+  const double t_small = percentile(timings(small, 41), 0.5);
+  const std::vector<double> middles = timings(middle, 5);
+  const double t_middle = percentile(middles, 0.5);
   std::vector<double> deviations;
-  for (double x : seconds) deviations.push_back(std::abs(x - t_middle));
+  for (double x : middles) deviations.push_back(std::abs(x - t_middle));
   const double deviation = percentile(deviations, 0.5);
   // Every worker must all-reduce the same size: the large one comes from the mean of the
   // workers' middle timings, which the all-reduce makes the same everywhere.
@@ -342,10 +342,13 @@ MultiWorkerMirroredStrategy::LinkMeasurement MultiWorkerMirroredStrategy::measur
   const double scale = 0.25 / std::max(mean[0] / n, 1e-6);
   const std::int64_t large =
       std::clamp<std::int64_t>(static_cast<std::int64_t>(static_cast<double>(middle) * scale), middle, 1 << 24);
-  const double t_large = large == middle ? t_middle : median_seconds(large, 3);
+  const double t_large = large == middle ? t_middle : percentile(timings(large, 3), 0.5);
   LinkMeasurement m = LinkMeasurement::fit(n, {{static_cast<std::size_t>(small) * 4, t_small},
                                                {static_cast<std::size_t>(middle) * 4, t_middle},
                                                {static_cast<std::size_t>(large) * 4, t_large}});
+  // Workers that sum through shared memory have no rate limiter between them to look for
+  // (and every worker knows it alike).
+  if (group().shares_memory()) return m;
   // A rest as long as the middle buffer takes refills a bucket as deep as it, up to 0.1 s
   // (below TCP's shortest retransmission timeout, after which it would start the
   // connection's window afresh); every worker rests as long as the chief's timing says
@@ -353,7 +356,7 @@ MultiWorkerMirroredStrategy::LinkMeasurement MultiWorkerMirroredStrategy::measur
   std::vector<double> rest{is_chief() ? std::clamp(t_middle, 0.02, 0.1) : 0.0};
   group().sum_over_workers(rest);
   m.rest_seconds = rest[0];
-  m.rested = {static_cast<std::size_t>(middle) * 4, median_seconds(middle, 3, m.rest_seconds)};
+  m.rested = {static_cast<std::size_t>(middle) * 4, percentile(timings(middle, 3, m.rest_seconds), 0.5)};
   m.burst_bytes = LinkMeasurement::burst(t_middle, deviation, m.rested.seconds, m.bytes_per_second);
   return m;
 }

@@ -238,12 +238,13 @@ class MultiWorkerMirroredStrategy final : public Strategy {
   // The link to the other workers as the gradient all-reduce sees it (the communication
   // thread's hand-off and Gloo's ring included): all-reduces of a small and a large
   // buffer, their median times fitted to the ring's cost, 2(N-1) messages of latency
-  // plus 2(N-1)/N of the bytes at the bandwidth. Then the 1 MiB buffer again after the
-  // links rested (as long as it takes to send, 20 to 100 ms): where it goes faster than
-  // back to back, by more than twice the back-to-back timings' median deviation, the link
-  // sends a burst at once after a rest (a rate limiter's token bucket, as clouds' and tc
-  // tbf's are), of the bytes the time saved would carry. Every worker must call it; it takes about a second
-  // on a fast link (the large buffer is sized to take about 0.25 s).
+  // plus 2(N-1)/N of the bytes at the bandwidth. Then the 1 MiB buffer again, three
+  // times, after the links rested as long as it takes to send (20 to 100 ms): where it
+  // goes faster than back to back, by more than twice the back-to-back timings' median
+  // deviation and 3%, the link sends a burst at once after a rest (a rate limiter's
+  // token bucket, as clouds' and tc tbf's are) of the bytes the time saved would carry.
+  // Every worker must call it; it takes about a second on a fast link (the large buffer
+  // is sized to take about 0.25 s, the rests add up to 0.3 s).
   struct LinkMeasurement {
     double bytes_per_second = 0;  // per direction
     double latency_seconds = 0;   // per message

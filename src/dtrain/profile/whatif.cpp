@@ -108,6 +108,20 @@ double transfer_seconds(double bytes, const Link& link, double idle) {
   return std::max(0.0, bytes - refilled) / link.bytes_per_second;
 }
 
+namespace {
+
+// A transfer of `bytes` each way every round, the round's `others` seconds (and the other
+// way's transfer, as long) between: the link rests for others + t before each, so that t
+// solves t = T - min(burst time, others + t), T the bytes at the link's rate. Where the
+// rest refills the whole burst, t = T - burst time; where not, t = (T - others) / 2.
+double round_trip_transfer(double bytes, const Link& link, double others) {
+  if (!(bytes > 0)) return 0;
+  const double whole = bytes / link.bytes_per_second, burst = link.burst_bytes / link.bytes_per_second;
+  return others + whole >= 2 * burst ? std::max(0.0, whole - burst) : std::max(0.0, (whole - others) / 2);
+}
+
+}  // namespace
+
 std::string format_rate(double bytes_per_second) {
   const double bits = bytes_per_second * 8;
   std::string b = bits >= 1e9 ? detail::fixed(bits / 1e9, 1) + " Gbit/s" : detail::fixed(bits / 1e6, 0) + " Mbit/s";
@@ -232,8 +246,6 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
   const double n = workers;
   // Seconds to move `bytes` over a link (none for no bytes).
   auto over_link = [&](double bytes) { return bytes > 0 ? bytes / link.bytes_per_second : 0.0; };
-  // One way over a worker's own link: a message to each ps, sent together.
-  const double one_way = link.latency_seconds + over_link(m.gradient_bytes);
   const double apply = m.optimizer / ps;
   // What a worker computes (the input wait included, the optimizer not); the straggler,
   // the last worker, computes `straggler` times as long.
@@ -256,11 +268,11 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
     std::vector<double> sorted = own;
     std::sort(sorted.begin(), sorted.end());
     const double waited_for = sorted[static_cast<std::size_t>(std::clamp(workers - backup, 1, workers) - 1)];
-    // Each way the links rest for the rest of the round (the other way, the computing and
-    // the applying), and send a burst's worth at once after it.
-    const double rest = waited_for + apply + std::max(one_way, link.latency_seconds + over_link(n * share));
-    const double each_way = link.latency_seconds + std::max(transfer_seconds(m.gradient_bytes, link, rest),
-                                                            transfer_seconds(n * share, link, rest));
+    // Each way the links rest for the rest of the round (the computing, the applying and
+    // the other way), and send a burst's worth at once after it.
+    const double others = waited_for + apply + 2 * link.latency_seconds;
+    const double each_way = link.latency_seconds + std::max(round_trip_transfer(m.gradient_bytes, link, others),
+                                                            round_trip_transfer(n * share, link, others));
     transfer = 2 * each_way;
     // Each update comes every `round`; a worker slower than that (a backup covers it)
     // goes at its own pace, its late gradients dropped.
@@ -297,9 +309,12 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
           queued[w][k] = q;
         }
       }
+      // The ps link's rest before a visit, as the mean over the visits (the queueing's
+      // unevenness left aside); half way to it each time, as the rest and the transfer
+      // pull each other back and forth.
       const double visits = std::accumulate(pace.begin(), pace.end(), 0.0);
       const double rest = std::max(0.0, 1 - visits * demand[0]) / visits;
-      const double burst_demand = transfer_seconds(share, link, rest);
+      const double burst_demand = (demand[0] + transfer_seconds(share, link, rest)) / 2;
       moved = std::max(moved, std::abs(burst_demand - demand[0]));
       demand[0] = demand[1] = burst_demand;
       if (moved < 1e-12) break;
@@ -309,10 +324,10 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
     for (double x : pace) paces += x;
     for (double t : moving) transfer += t / n;
   }
-  if (m.closures_per_epoch > 0) {
-    // The copy after the epoch's closures, on links that rested (or carried other bytes)
-    // while the workers computed.
-    const double epoch = static_cast<double>(m.closures_per_epoch) / paces;
+  if (m.steps_per_epoch > 0) {
+    // The copy after the epoch's steps goes the pulls' way: the chief's link rested all
+    // epoch, a ps's at least while the workers computed their last steps.
+    const double epoch = static_cast<double>(m.steps_per_epoch) / paces;
     const double copy = link.latency_seconds + std::max(transfer_seconds(m.gradient_bytes, link, computed),
                                                         transfer_seconds(share, link, computed));
     paces *= epoch / (epoch + copy);
@@ -368,9 +383,8 @@ std::string what_if_report(const StepModel& m, int workers, const Link& link, do
   };
   std::ostringstream o;
   o << "What if: " << workers << " worker(s) x " << m.replicas << " replica(s), " << m.batch
-    << " rows per worker per step, link " << format_rate(link.bytes_per_second) << ", latency "
-    << detail::fixed(link.latency_seconds * 1e6, 0) << " us per message; "
-    << detail::fixed(m.gradient_bytes / 1e6, 1) << " MB of gradients in " << m.buckets << " bucket(s) per step\n"
+    << " rows per worker per step, link " << link_words(link) << "; " << detail::fixed(m.gradient_bytes / 1e6, 1)
+    << " MB of gradients in " << m.buckets << " bucket(s) per step\n"
     << "| | step ms | all-reduce ms | exposed ms | samples/s | efficiency |" << (goodput ? " goodput samples/s |" : "")
     << "\n|---|---|---|---|---|---|" << (goodput ? "---|" : "") << "\n";
   const std::vector<Scenario> scenarios = fixes_at(m, workers, link);
@@ -487,7 +501,7 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     m.compressed = r.compressed;
     m.straggler = r.straggler_factor;
     if (r.ps > 0 && !r.epoch_seconds.empty())
-      m.closures_per_epoch = r.steps_trained / static_cast<std::int64_t>(r.epoch_seconds.size());
+      m.steps_per_epoch = r.steps_trained / static_cast<std::int64_t>(r.epoch_seconds.size());
     // Workers sharing this host's cores beyond what it has compute slower than the run
     // at one worker did, by the ratio of threads to cores (workers with machines of
     // their own, which the what-if describes, do not). Replicas in one process each

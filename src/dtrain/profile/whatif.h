@@ -82,9 +82,9 @@ struct StepModel {
   // out (the replay of that run); empty: every worker's is the model's, the straggler's
   // `straggler` times as long.
   std::vector<double> closures;
-  // Under the ps, the closures of an epoch, at whose end the chief copies the trained
-  // values from the ps (0: no epochs counted).
-  std::int64_t closures_per_epoch = 0;
+  // Under the ps, the steps of an epoch (closures of one step each), at whose end the
+  // chief copies the trained values from the ps (0: no epochs counted).
+  std::int64_t steps_per_epoch = 0;
 };
 // From `one_worker` (a run at 1 worker; its worker 0). InvalidArgument when it has more,
 // or no step time.
@@ -117,7 +117,7 @@ Prediction predict(const StepModel& model, int workers, const Link& link);
 //   sync [with B backup workers]: every update waits for the (N - B)th fastest worker,
 //          and the workers pull and push together through the ps links; a worker
 //          slower than that goes at its own pace, its gradients dropped.
-// With `closures_per_epoch`, every epoch ends with the chief's copy of the trained values
+// With `steps_per_epoch`, every epoch ends with the chief's copy of the trained values
 // (over its own link, and each ps's share over that ps's), which the workers wait for.
 // An unknown consistency is InvalidArgument.
 // The step is the mean time between a worker's closures; samples/s counts every worker's.
