@@ -193,6 +193,8 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
   // for the others (communication, straggler wait): compute, but also its input, its
   // optimizer and whatever else slows it (other load on its machine).
   double straggler_excess = 0;
+  double straggler_gain = 0;  // the samples/s at the median worker's pace, against now
+  const std::size_t first_straggler = out.size();
   if (big->rows.size() > 1) {
     std::vector<StepSeconds> seconds;
     std::vector<double> own;
@@ -207,6 +209,7 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
       // microseconds, the scheduler alone makes one worker a fifth slower now and then).
       if (median <= 0 || own[k] <= 1.2 * median || own[k] - median < 0.1 * step) continue;
       straggler_excess = std::max(straggler_excess, own[k] - fastest);
+      straggler_gain = std::max(straggler_gain, s.step / std::max(s.step - (own[k] - median), 1e-12));
       double others_wait = 0;
       for (std::size_t j = 0; j < own.size(); ++j)
         if (j != k) others_wait = std::max(others_wait, seconds[j].straggler + seconds[j].comm);
@@ -292,7 +295,12 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
   const bool link_bound = communication && !big->shared_memory && s.transfer >= 0.5 * exposed &&
                           (!too_small || s.transfer > s.compute());
   if (link_bound) out.push_back(*communication);
-  if (too_small) out.push_back(*too_small);
+  // A small batch whose fix gains more than a straggler's is named before it: with few
+  // rows a step, the scheduler alone makes one worker of a shared host slower now and then.
+  if (too_small && !link_bound && at_twice_batch > straggler_gain && straggler_gain > 0)
+    out.insert(out.begin() + static_cast<std::ptrdiff_t>(first_straggler), *too_small);
+  else if (too_small)
+    out.push_back(*too_small);
   if (communication && !link_bound) out.push_back(*communication);
 
   if (s.optimizer / step >= 0.25)
