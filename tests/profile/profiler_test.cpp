@@ -289,7 +289,8 @@ TEST(Diagnosis, NamesEachPlantedCause) {
 
   // The same few rows with worker 1 working 2.5 ms a step against worker 0's 1 ms: a
   // straggler whose fix (the median's pace: 1.23x the samples/s) gains less than twice the
-  // batch (1.57x) is named after the batch.
+  // batch (1.39x, the straggler's 1.5 ms of lateness left out of the step) is named after
+  // the batch. (A straggler ten times slower is named first: Cli's planted straggler.)
   ScaleRun uneven = small_batch;
   uneven.rows = {row(0.004, 0.0001, 0.001, 0.0030, 0.0004, 4e3, 0.0001),
                  row(0.004, 0.0001, 0.001, 0.0015, 0.0004, 4e3, 0.0001)};

@@ -297,7 +297,10 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
   if (link_bound) out.push_back(*communication);
   // A small batch whose fix gains more than a straggler's is named before it: with few
   // rows a step, the scheduler alone makes one worker of a shared host slower now and then.
-  if (too_small && !link_bound && at_twice_batch > straggler_gain && straggler_gain > 0)
+  // Its gain here leaves the straggler's lateness out of the step, as its finding does.
+  const double punctual = std::max(step - straggler_excess, 1e-12);
+  const double small_gain = 2 * punctual / (punctual + s.compute() + s.input);
+  if (too_small && !link_bound && small_gain > straggler_gain && straggler_gain > 0)
     out.insert(out.begin() + static_cast<std::ptrdiff_t>(first_straggler), *too_small);
   else if (too_small)
     out.push_back(*too_small);
