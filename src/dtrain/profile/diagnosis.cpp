@@ -231,7 +231,8 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
   const double exposed = std::max(0.0, s.comm + s.straggler - straggler_excess);
   const double fixed = exposed + s.start + s.optimizer;
   // Samples/s at twice the per-replica batch: the step gains another compute and input.
-  const double at_twice_batch = 2 * step / (step + s.compute() + s.input);
+  auto twice_batch_gain = [&](double of_step) { return 2 * of_step / (of_step + s.compute() + s.input); };
+  const double at_twice_batch = twice_batch_gain(step);
   std::optional<Finding> too_small, communication;
   const double rows = static_cast<double>(big->global_batch) / big->replicas_in_sync();
   if (big->replicas_in_sync() > 1 && s.compute() > 0 && rows > 0 && s.compute() < fixed) {
@@ -298,8 +299,7 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
   // A small batch whose fix gains more than a straggler's is named before it: with few
   // rows a step, the scheduler alone makes one worker of a shared host slower now and then.
   // Its gain here leaves the straggler's lateness out of the step, as its finding does.
-  const double punctual = std::max(step - straggler_excess, 1e-12);
-  const double small_gain = 2 * punctual / (punctual + s.compute() + s.input);
+  const double small_gain = twice_batch_gain(std::max(step - straggler_excess, 1e-12));
   if (too_small && !link_bound && small_gain > straggler_gain && straggler_gain > 0)
     out.insert(out.begin() + static_cast<std::ptrdiff_t>(first_straggler), *too_small);
   else if (too_small)

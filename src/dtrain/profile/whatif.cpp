@@ -244,8 +244,6 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
     DTRAIN_THROW(InvalidArgument, "what-if: unknown consistency '", consistency,
                  "' (async, ssp(K), sync [with B backup workers])");
   const double n = workers;
-  // Seconds to move `bytes` over a link (none for no bytes).
-  auto over_link = [&](double bytes) { return bytes > 0 ? bytes / link.bytes_per_second : 0.0; };
   const double apply = m.optimizer / ps;
   // What a worker computes (the input wait included, the optimizer not); the straggler,
   // the last worker, computes `straggler` times as long.
@@ -287,7 +285,7 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
     // A ps link rests between the workers' visits, for (1 - its use) / visits per second
     // on the mean, and sends a burst's worth at once after it; a worker's own link rests
     // while it computes.
-    std::array<double, 3> demand{over_link(share), over_link(share), apply};
+    std::array<double, 3> demand{transfer_seconds(share, link, 0), transfer_seconds(share, link, 0), apply};
     std::vector<double> moving(own.size(), 0);  // each worker's pull and push
     std::vector<std::array<double, 3>> queued(own.size(), {0, 0, 0});
     std::vector<double> pace(own.size(), 0);
