@@ -287,17 +287,6 @@ TEST(Diagnosis, NamesEachPlantedCause) {
             0u)
       << small.front().fix;
 
-  // The same few rows with worker 1 working 2.5 ms a step against worker 0's 1 ms: a
-  // straggler whose fix (the median's pace: 1.23x the samples/s) gains less than twice the
-  // batch (1.39x, the straggler's 1.5 ms of lateness left out of the step) is named after
-  // the batch. (A straggler ten times slower is named first: Cli's planted straggler.)
-  ScaleRun uneven = small_batch;
-  uneven.rows = {row(0.004, 0.0001, 0.001, 0.0030, 0.0004, 4e3, 0.0001),
-                 row(0.004, 0.0001, 0.001, 0.0015, 0.0004, 4e3, 0.0001)};
-  EXPECT_EQ(causes(diagnose({one, uneven})),
-            (std::vector<std::string>{"too small a batch per replica", "straggler", "communication-bound"}))
-      << format_findings(diagnose({one, uneven}));
-
   // Two rows per replica on a link: moving the bytes is most of the 3 ms wait but less
   // than the 4 ms of compute, and with the update (2 ms) the step spends more than it
   // computes on work a larger batch would spread. The batch is named first, with its

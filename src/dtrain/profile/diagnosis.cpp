@@ -193,8 +193,6 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
   // for the others (communication, straggler wait): compute, but also its input, its
   // optimizer and whatever else slows it (other load on its machine).
   double straggler_excess = 0;
-  double straggler_gain = 0;  // the samples/s at the median worker's pace, against now
-  const std::size_t first_straggler = out.size();
   if (big->rows.size() > 1) {
     std::vector<StepSeconds> seconds;
     std::vector<double> own;
@@ -209,7 +207,6 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
       // microseconds, the scheduler alone makes one worker a fifth slower now and then).
       if (median <= 0 || own[k] <= 1.2 * median || own[k] - median < 0.1 * step) continue;
       straggler_excess = std::max(straggler_excess, own[k] - fastest);
-      straggler_gain = std::max(straggler_gain, s.step / std::max(s.step - (own[k] - median), 1e-12));
       double others_wait = 0;
       for (std::size_t j = 0; j < own.size(); ++j)
         if (j != k) others_wait = std::max(others_wait, seconds[j].straggler + seconds[j].comm);
@@ -231,8 +228,7 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
   const double exposed = std::max(0.0, s.comm + s.straggler - straggler_excess);
   const double fixed = exposed + s.start + s.optimizer;
   // Samples/s at twice the per-replica batch: the step gains another compute and input.
-  auto twice_batch_gain = [&](double of_step) { return 2 * of_step / (of_step + s.compute() + s.input); };
-  const double at_twice_batch = twice_batch_gain(step);
+  const double at_twice_batch = 2 * step / (step + s.compute() + s.input);
   std::optional<Finding> too_small, communication;
   const double rows = static_cast<double>(big->global_batch) / big->replicas_in_sync();
   if (big->replicas_in_sync() > 1 && s.compute() > 0 && rows > 0 && s.compute() < fixed) {
@@ -296,14 +292,7 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
   const bool link_bound = communication && !big->shared_memory && s.transfer >= 0.5 * exposed &&
                           (!too_small || s.transfer > s.compute());
   if (link_bound) out.push_back(*communication);
-  // A small batch whose fix gains more than a straggler's is named before it: with few
-  // rows a step, the scheduler alone makes one worker of a shared host slower now and then.
-  // Its gain here leaves the straggler's lateness out of the step, as its finding does.
-  const double small_gain = twice_batch_gain(std::max(step - straggler_excess, 1e-12));
-  if (too_small && !link_bound && small_gain > straggler_gain && straggler_gain > 0)
-    out.insert(out.begin() + static_cast<std::ptrdiff_t>(first_straggler), *too_small);
-  else if (too_small)
-    out.push_back(*too_small);
+  if (too_small) out.push_back(*too_small);
   if (communication && !link_bound) out.push_back(*communication);
 
   if (s.optimizer / step >= 0.25)
