@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "dtrain/core/percentile.h"
 #include "dtrain/profile/diagnosis.h"
 #include "dtrain/profile/summary.h"
 
@@ -320,8 +321,48 @@ TEST(Diagnosis, NamesEachPlantedCause) {
                     row(0.026, 0.0002, 0.024, 0.0005, 0.0015, 8e6, 0.001)};
   const std::vector<Finding> s = diagnose({one, straggler});
   ASSERT_EQ(causes(s), std::vector<std::string>{"straggler"}) << format_findings(s);
-  EXPECT_NE(s[0].evidence.find("worker:1 works 25.50 ms per step (compute 24.00 ms)"), std::string::npos)
+  EXPECT_NE(s[0].evidence.find("worker:1 works 25.50 ms per step (compute 24.00 ms), 2.5x the other workers' median "
+                               "10.00 ms"),
+            std::string::npos)
       << s[0].evidence;
+  EXPECT_NE(s[0].fix.find("At the others' pace a step would take about 10.50 ms"), std::string::npos) << s[0].fix;
+  // With each step's work kept: slower step after step, it is still the straggler.
+  straggler.rows[0].step_work.assign(40, 0.0095);
+  straggler.rows[1].step_work.assign(40, 0.0255);
+  ASSERT_EQ(causes(diagnose({one, straggler})), std::vector<std::string>{"straggler"});
+  // The same mean from typical steps and a few long stops (the scheduler, a moment's
+  // other load): no straggler; the wait goes to the communication it was spent in.
+  straggler.rows[1].step_work.assign(40, 0.0095);
+  for (int k = 0; k < 4; ++k) straggler.rows[1].step_work[static_cast<std::size_t>(10 * k)] = 0.1695;
+  EXPECT_NEAR(dtrain::median(straggler.rows[1].step_work), 0.0095, 1e-12);
+  const std::vector<Finding> stops = diagnose({one, straggler});
+  const std::vector<std::string> named = causes(stops);
+  EXPECT_EQ(std::find(named.begin(), named.end(), "straggler"), named.end()) << format_findings(stops);
+  // 1.6x as long, step after step: a straggler between workers of their own cores; on one
+  // host whose cores the workers' compute threads fill, what the scheduler alone gives one
+  // of them (a straggler there takes twice as long).
+  ScaleRun uneven = slow_link;
+  uneven.rows = {row(0.020, 0.0002, 0.008, 0.0095, 0.0015, 8e6, 0.001),
+                 row(0.020, 0.0002, 0.0141, 0.0034, 0.0015, 8e6, 0.001)};
+  uneven.rows[0].step_work.assign(40, 0.0097);
+  uneven.rows[1].step_work.assign(40, 0.0158);
+  const auto named_in = [&](const ScaleRun& run) {
+    const std::vector<Finding> f = diagnose({one, run});
+    const std::vector<std::string> c = causes(f);
+    return testing::AssertionResult(std::find(c.begin(), c.end(), "straggler") != c.end()) << format_findings(f);
+  };
+  EXPECT_TRUE(named_in(uneven));
+  uneven.host_threads = 2;
+  uneven.host_cores = 2;
+  EXPECT_FALSE(named_in(uneven));
+  uneven.host_cores = 4;  // a core to spare
+  EXPECT_TRUE(named_in(uneven));
+  uneven.host_cores = 2;
+  uneven.rows = {row(0.022, 0.0002, 0.008, 0.0115, 0.0015, 8e6, 0.001),  // twice as long and more
+                 row(0.022, 0.0002, 0.020, 0.0003, 0.0015, 8e6, 0.001)};
+  uneven.rows[0].step_work.assign(40, 0.0097);
+  uneven.rows[1].step_work.assign(40, 0.0214);
+  EXPECT_TRUE(named_in(uneven));
 
   ScaleRun optimizer = one;
   optimizer.rows = {row(0.010, 0.0002, 0.006, 0, 0.0035)};
