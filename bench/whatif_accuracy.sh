@@ -177,7 +177,20 @@ worst = max(errors, key=abs)
 replays = [float(r[2]) for r in rows if r[2] != "-"]
 replay = f"{(statistics.median(replays) - measured) / measured:+.1%}" if len(replays) == len(rows) else "-"
 link = rows[len(rows) // 2][3]
-whys = sorted({r[4].strip() for r in rows if r[4].strip() not in ("-", "")})
+# Why, in the words of one round: where the medians miss by more than 15%, of the rounds
+# that missed by as much the one whose error is nearest the median error; where only some
+# round does, the worst one.
+def why(r):
+    text = r[4].strip()
+    return "not known" if text in ("-", "") else text
+missed = [k for k in range(len(rows)) if abs(errors[k]) > 0.15] or list(range(len(rows)))
+nearest = min(missed, key=lambda k: abs(errors[k] - statistics.median(errors)))
+if abs(error) > 0.15:
+    whys = why(rows[nearest])
+elif abs(worst) > 0.15:
+    whys = f"the worst round ({worst:+.1%}): " + why(rows[errors.index(worst)])
+else:
+    whys = "-"
 straggler = "-" if slow == "none" else "worker:1 2x"
 if workers.startswith("ps:"):
     _, consistency, ps_count = workers.split(":")
@@ -185,7 +198,7 @@ if workers.startswith("ps:"):
 elif workers.startswith("mirrored:"):
     workers = f"1, {workers[9:]} replicas"
 print(f"| {label} | {workers} | {straggler} | {measured:.0f} | {predicted:.0f} | {error:+.1%} | {worst:+.1%} | "
-      f"{replay} | {link} | {'; '.join(whys) if abs(error) > 0.15 or abs(worst) > 0.15 else '-'} |")
+      f"{replay} | {link} | {whys} |")
 EOF
 }
 
