@@ -12,7 +12,7 @@
 # process), whose model check gives measured and predicted samples/s, and the run replayed
 # from its own steps (each step's measured work, communication and waits from the model). Prints a markdown
 # table of the medians over the rounds; --update-docs also writes it into
-# docs/profiling.md between its whatif-accuracy markers. About 20 minutes.
+# docs/profiling.md between its whatif-accuracy markers. About 25 minutes (ROUNDS=5: 40).
 # Needs root for the namespaces (without root, only the one-process and one-host cases run).
 #
 #   bench/whatif_accuracy.sh [--update-docs]   ROUNDS=3 RATES="20mbit 100mbit 1gbit" WHERE=all|mirrored|loopback|namespaces|ps
