@@ -274,14 +274,20 @@ TEST_F(Cli, DoctorNamesAPlantedInputDelayFirst) {
 // the path there, the ten are the release build's. A step of one row takes about 2 ms:
 // 100 of them a measured epoch, so that a moment's load from a test beside it cannot put
 // the one-worker run's figures in doubt (30 steps, 60 ms, once did).
+// Under a sanitizer the instrumented kernels also compute a row slower against the update
+// and the sums than a release build does (on an AMD EPYC guest, a 1-row step's compute
+// under AddressSanitizer outweighed them): there the runs check the doctor's path and the
+// finding's words where it is named; which cause comes first is the release build's check.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr int kSmallBatchRuns = 2;
 constexpr int kSmallBatchUnits = 128;
 constexpr int kSmallBatchSteps = 30;
+constexpr bool kSmallBatchRanked = false;
 #else
 constexpr int kSmallBatchRuns = kPlantedRuns;
 constexpr int kSmallBatchUnits = 512;
 constexpr int kSmallBatchSteps = 100;
+constexpr bool kSmallBatchRanked = true;
 #endif
 TEST_F(Cli, DoctorNamesAPlantedSmallBatchPerReplicaFirst) {
   nlohmann::json cfg = nlohmann::json::parse(dtrain::testing::tiny_config_json());
@@ -297,9 +303,14 @@ TEST_F(Cli, DoctorNamesAPlantedSmallBatchPerReplicaFirst) {
     const Result r = run("doctor " + path + " --workers 1,2 --replicas 1 --threads-per-worker 1 --batch-size 1 "
                          "--steps " + std::to_string(kSmallBatchSteps) + " --rounds 1");
     ASSERT_EQ(r.code, 0) << r.output;
-    EXPECT_EQ(first_finding(r.output).rfind("- too small a batch per replica: each replica computes ", 0), 0u)
-        << r.output;
-    EXPECT_NE(first_finding(r.output).find(" on its 1 row(s), and the step spends "), std::string::npos) << r.output;
+    ASSERT_NE(r.output.find("Diagnosis (at the largest scale):\n"), std::string::npos) << r.output;
+    if (kSmallBatchRanked) {
+      EXPECT_EQ(first_finding(r.output).rfind("- too small a batch per replica: each replica computes ", 0), 0u)
+          << r.output;
+    }
+    const std::size_t found = r.output.find("- too small a batch per replica: each replica computes ");
+    if (found == std::string::npos) continue;  // not named in this sanitizer run (the release build asserts it)
+    EXPECT_NE(r.output.find(" on its 1 row(s), and the step spends ", found), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("Fix: give each replica more rows: "), std::string::npos) << r.output;
   }
 }
