@@ -345,6 +345,7 @@ TEST(Diagnosis, NamesEachPlantedCause) {
                  row(0.020, 0.0002, 0.0141, 0.0034, 0.0015, 8e6, 0.001)};
   uneven.rows[0].step_work.assign(40, 0.0097);
   uneven.rows[1].step_work.assign(40, 0.0158);
+  const std::vector<WorkerSummary> one_and_a_half = uneven.rows;
   const auto named_in = [&](const ScaleRun& run) {
     const std::vector<Finding> f = diagnose({one, run});
     const std::vector<std::string> c = causes(f);
@@ -363,10 +364,7 @@ TEST(Diagnosis, NamesEachPlantedCause) {
   uneven.rows[1].step_work.assign(40, 0.0214);
   EXPECT_TRUE(named_in(uneven));
   // 1.6x on each of two hosts whose cores are full: no host's scheduler made it.
-  uneven.rows = {row(0.020, 0.0002, 0.008, 0.0095, 0.0015, 8e6, 0.001),
-                 row(0.020, 0.0002, 0.0141, 0.0034, 0.0015, 8e6, 0.001)};
-  uneven.rows[0].step_work.assign(40, 0.0097);
-  uneven.rows[1].step_work.assign(40, 0.0158);
+  uneven.rows = one_and_a_half;
   uneven.hosts = 2;
   uneven.host_threads = 1;
   uneven.host_cores = 1;
