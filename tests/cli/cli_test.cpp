@@ -185,8 +185,8 @@ std::string first_finding(const std::string& output) {
 }
 
 // Each planted cause is named first in every one of 10 doctor runs (the narrow link's
-// runs are in narrow_link_test.sh).
-constexpr int kPlantedRuns = 10;
+// runs are in narrow_link_test.sh); under a sanitizer, in 2 (tests/CMakeLists.txt).
+constexpr int kPlantedRuns = DTRAIN_PLANTED_RUNS;
 
 TEST_F(Cli, DoctorRunsEachScaleAndNamesAPlantedStraggler) {
   Result r = run("doctor " + tiny_config() + " --replicas 1,2 --steps 3");
@@ -279,12 +279,10 @@ TEST_F(Cli, DoctorNamesAPlantedInputDelayFirst) {
 // under AddressSanitizer outweighed them): there the runs check the doctor's path and the
 // finding's words where it is named; which cause comes first is the release build's check.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr int kSmallBatchRuns = 2;
 constexpr int kSmallBatchUnits = 128;
 constexpr int kSmallBatchSteps = 30;
 constexpr bool kSmallBatchRanked = false;
 #else
-constexpr int kSmallBatchRuns = kPlantedRuns;
 constexpr int kSmallBatchUnits = 512;
 constexpr int kSmallBatchSteps = 100;
 constexpr bool kSmallBatchRanked = true;
@@ -298,8 +296,8 @@ TEST_F(Cli, DoctorNamesAPlantedSmallBatchPerReplicaFirst) {
   cfg["data"]["samples"] = 256;
   cfg["data"]["test_samples"] = 32;
   const std::string path = write("small_batch.json", cfg.dump());
-  for (int k = 0; k < kSmallBatchRuns; ++k) {
-    SCOPED_TRACE("run " + std::to_string(k + 1) + " of " + std::to_string(kSmallBatchRuns));
+  for (int k = 0; k < kPlantedRuns; ++k) {
+    SCOPED_TRACE("run " + std::to_string(k + 1) + " of " + std::to_string(kPlantedRuns));
     const Result r = run("doctor " + path + " --workers 1,2 --replicas 1 --threads-per-worker 1 --batch-size 1 "
                          "--steps " + std::to_string(kSmallBatchSteps) + " --rounds 1");
     ASSERT_EQ(r.code, 0) << r.output;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Two workers joined by a narrow emulated link are diagnosed communication-bound, that
-# cause named first, in 10 runs of 10.
+# cause named first, in every one of 10 runs (RUNS; 2 under a sanitizer, tests/CMakeLists.txt).
 #
 # The workers run in two network namespaces made here, joined by a veth pair whose ends
 # are rate-limited with `tc qdisc ... tbf` (20 Mbit/s each way); the addresses exist only
@@ -8,7 +8,7 @@
 # chief's summary. Where namespaces cannot be made (no root, no iproute2), the test is
 # skipped (exit 77) with a message saying why.
 #
-#   tests/cli/narrow_link_test.sh DTRAIN_BINARY
+#   tests/cli/narrow_link_test.sh DTRAIN_BINARY [RUNS]   (10 unless given)
 set -euo pipefail
 
 dtrain=$1
@@ -48,8 +48,8 @@ cat >"$dir/job.json" <<'EOF'
 EOF
 
 cluster="{\"worker\": [\"$addr_a:$port\", \"$addr_b:$port\"]}"
-# The cause must be named first in every one of 10 runs, each a fresh pair of workers.
-runs=10
+# The cause must be named first in every one of the runs, each a fresh pair of workers.
+runs=${2:-10}
 for run in $(seq 1 $runs); do
   rm -f "$dir/two.json"
   for i in 0 1; do
