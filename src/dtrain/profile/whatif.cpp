@@ -281,7 +281,9 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
     // solved by Schweitzer's approximate mean value analysis. A worker's cycle is its
     // closure and the latencies (its own), then the ps's link each way and its applying,
     // which the workers share (TCP shares a link as processor sharing does, for which the
-    // mean values hold). Its own link moves the rest of the bytes, to the other ps.
+    // mean values hold). Its own link moves every ps's share at once, each way: beyond
+    // the ps link's share, the rest of the bytes, with no burst of their own (the one its
+    // rest gives goes to them all).
     // A ps link rests between the workers' visits, for (1 - its use) / visits per second
     // on the mean, and sends a burst's worth at once after it; a worker's own link rests
     // while it computes.
@@ -296,7 +298,8 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
       double moved = 0;
       for (std::size_t w = 0; w < own.size(); ++w) {
         std::array<double, 3> residence{};
-        const double own_link = 2 * (link.latency_seconds + transfer_seconds(m.gradient_bytes - share, link, own[w]));
+        const double own_link = 2 * (link.latency_seconds + transfer_seconds(m.gradient_bytes, link, own[w]) -
+                                     transfer_seconds(share, link, own[w]));
         double cycle = own[w] + own_link;
         for (std::size_t k = 0; k < 3; ++k) cycle += residence[k] = demand[k] * (1 + total[k] - queued[w][k]);
         pace[w] = 1 / cycle;
