@@ -164,6 +164,15 @@ TEST(WhatIf, ALinkThatRestedSendsABurstAtOnce) {
   EXPECT_NEAR(predict_ps(quick, 2, 1, "sync", deep).samples_per_second, 100 * 2 / 0.010, 1e-6);
   // One async worker: 2 ms each way after resting 3 ms, 500 KB every 5 ms.
   EXPECT_NEAR(predict_ps(quick, 1, 1, "async", deep).samples_per_second, 100 / 0.005, 1e-6);
+  // The chief's dispatch, 1 ms a closure. Over a wire, one more millisecond of every
+  // closure: one async worker's 1 + 5 + 5 ms, and a sync round's 1 + 2 x 10 ms.
+  quick.dispatch = 0.001;
+  EXPECT_NEAR(predict_ps(quick, 1, 1, "async", Link{1e8, 0}).samples_per_second, 100 / 0.012, 1e-6);
+  EXPECT_NEAR(predict_ps(quick, 2, 1, "sync", Link{1e8, 0}).samples_per_second, 100 * 2 / 0.022, 1e-6);
+  // Over the deep bucket the links rest 1 ms longer and send 100 KB more at once, which
+  // the rest took: a closure every 5 ms, a round every 10, as without it.
+  EXPECT_NEAR(predict_ps(quick, 1, 1, "async", deep).samples_per_second, 100 / 0.005, 1e-6);
+  EXPECT_NEAR(predict_ps(quick, 2, 1, "sync", deep).samples_per_second, 100 * 2 / 0.010, 1e-6);
 }
 
 // A worker's row from seconds per step (10 steps): forward a third of compute.
@@ -245,6 +254,14 @@ TEST(WhatIf, AParameterServerStepIsTheClosurePlusAPullAndAPushBoundedByThePsLink
   EXPECT_NEAR(model_check({one, epochs}, link)[0].prediction.samples_per_second,
               predict_ps(per_epoch, 2, 1, "async", link).samples_per_second, 1e-9);
   EXPECT_LT(predict_ps(per_epoch, 2, 1, "async", link).samples_per_second, checks[0].prediction.samples_per_second);
+  // Replayed, each closure also waits for the chief's dispatch as the run measured it; the
+  // prediction from one worker knows none.
+  ScaleRun dispatched = ps_run;
+  dispatched.dispatch = 0.002;
+  const Check with_dispatch = model_check({one, dispatched}, link)[0];
+  ASSERT_TRUE(with_dispatch.replayed.has_value() && checks[0].replayed.has_value());
+  EXPECT_LT(with_dispatch.replayed->samples_per_second, checks[0].replayed->samples_per_second);
+  EXPECT_NEAR(with_dispatch.prediction.samples_per_second, checks[0].prediction.samples_per_second, 1e-9);
   // Far slower, with pull and push (60 ms a closure) taking what the link (20 ms) does
   // not explain: the ps's and gRPC's CPU time is what the model did not know.
   ScaleRun slow_ps = ps_run;
@@ -271,6 +288,11 @@ TEST(WhatIf, AParameterServerStepIsTheClosurePlusAPullAndAPushBoundedByThePsLink
                                   "closure in this run, "),
             std::string::npos)
       << elsewhere[0].why;
+  slow_ps.dispatch = 0.0015;
+  EXPECT_NE(model_check({one, slow_ps}, link)[0].why.find(
+                " in the model; the chief's dispatch took 1.50 ms a closure, which the replay counts)"),
+            std::string::npos)
+      << model_check({one, slow_ps}, link)[0].why;
 }
 
 TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {

@@ -415,9 +415,11 @@ int run_fit(const std::string& path, const Overrides& o) {
       j["updates_dropped"] = s.updates(&Ps::pushes_dropped);
       j["staleness_counts"] = s.staleness_counts;
       j["closures_per_worker"] = s.closures_per_worker;
-      // Seconds over the job: on the workers (pull, push, whole closures), at the ps.
+      // Seconds over the job: on the workers (pull, push, whole closures), the chief's
+      // dispatch of them, at the ps.
       j["ps_phases"] = {{"steps", s.steps_finished},     {"pull_seconds", s.pull_seconds},
                         {"push_seconds", s.push_seconds}, {"worker_seconds", s.run_seconds},
+                        {"dispatch_seconds", s.dispatch_seconds},
                         {"apply_seconds", s.apply_seconds}, {"queue_seconds", s.queue_seconds},
                         {"shared_memory_bytes", s.shared_memory_bytes}, {"message_bytes", s.message_bytes}};
       json per_ps = json::array();

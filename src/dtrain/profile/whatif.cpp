@@ -266,22 +266,23 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
     std::vector<double> sorted = own;
     std::sort(sorted.begin(), sorted.end());
     const double waited_for = sorted[static_cast<std::size_t>(std::clamp(workers - backup, 1, workers) - 1)];
-    // Each way the links rest for the rest of the round (the computing, the applying and
-    // the other way), and send a burst's worth at once after it.
-    const double others = waited_for + apply + 2 * link.latency_seconds;
+    // Each way the links rest for the rest of the round (the computing, the applying, the
+    // dispatch and the other way), and send a burst's worth at once after it.
+    const double others = waited_for + apply + m.dispatch + 2 * link.latency_seconds;
     const double each_way = link.latency_seconds + std::max(round_trip_transfer(m.gradient_bytes, link, others),
                                                             round_trip_transfer(n * share, link, others));
     transfer = 2 * each_way;
     // Each update comes every `round`; a worker slower than that (a backup covers it)
     // goes at its own pace, its late gradients dropped.
-    const double round = waited_for + transfer + apply;
-    for (double c : own) paces += 1 / std::max(round, c + transfer + apply);
+    const double round = waited_for + transfer + apply + m.dispatch;
+    for (double c : own) paces += 1 / std::max(round, c + transfer + apply + m.dispatch);
   } else {
     // Each worker at its own pace, meeting the others at the ps: a closed queueing network
     // solved by Schweitzer's approximate mean value analysis. A worker's cycle is its
-    // closure and the latencies (its own), then the ps's link each way and its applying,
-    // which the workers share (TCP shares a link as processor sharing does, for which the
-    // mean values hold). Its own link moves every ps's share at once, each way: beyond
+    // closure, the chief's dispatch and the latencies (its own), then the ps's link each
+    // way and its applying, which the workers share (TCP shares a link as processor
+    // sharing does, for which the mean values hold). Its own link moves every ps's share
+    // at once, each way: beyond
     // the ps link's share, the rest of the bytes, with no burst of their own (the one its
     // rest gives goes to them all).
     // A ps link rests between the workers' visits, for (1 - its use) / visits per second
@@ -300,7 +301,7 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
         std::array<double, 3> residence{};
         const double own_link = 2 * (link.latency_seconds + transfer_seconds(m.gradient_bytes, link, own[w]) -
                                      transfer_seconds(share, link, own[w]));
-        double cycle = own[w] + own_link;
+        double cycle = own[w] + m.dispatch + own_link;
         for (std::size_t k = 0; k < 3; ++k) cycle += residence[k] = demand[k] * (1 + total[k] - queued[w][k]);
         pace[w] = 1 / cycle;
         moving[w] = own_link + residence[0] + residence[1];
@@ -434,7 +435,10 @@ std::string unexplained(const ScaleRun& r, bool mirrored, bool loopback, const S
   if (r.ps > 0)
     return "the CPU time of the ps, gRPC and the chief's dispatch of closures, which the model leaves out (" +
            detail::ms(first.pull + first.push) + " of pull and push a closure in this run, " + detail::ms(model_ring) +
-           " in the model)";
+           " in the model" +
+           (r.dispatch > 0 ? "; the chief's dispatch took " + detail::ms(r.dispatch) + " a closure, which the replay counts"
+                           : std::string()) +
+           ")";
   return "communication or fixed costs the model did not know (the link's latency: " +
          detail::fixed(link.latency_seconds * 1e6, 0) + " us a message)";
 }
@@ -450,6 +454,7 @@ std::optional<Prediction> replay(const ScaleRun& r, const StepModel& m, const Li
   if (r.ps > 0) {
     StepModel own = m;
     for (const WorkerSummary& w : r.rows) own.closures.push_back(step_seconds(w).closure_work());
+    own.dispatch = r.dispatch;
     return predict_ps(own, r.workers, r.ps, r.consistency, link);
   }
   std::size_t steps = r.rows.front().step_work.size();

@@ -82,6 +82,9 @@ struct StepModel {
   // out (the replay of that run); empty: every worker's is the model's, the straggler's
   // `straggler` times as long.
   std::vector<double> closures;
+  // Under the ps, what the chief's dispatch adds to each closure: its call to the worker
+  // less the worker's run (0: none known, as from a run at one worker without the ps).
+  double dispatch = 0;
   // Under the ps, the steps of an epoch (closures of one step each), at whose end the
   // chief copies the trained values from the ps (0: no epochs counted).
   std::int64_t steps_per_epoch = 0;
@@ -117,6 +120,8 @@ Prediction predict(const StepModel& model, int workers, const Link& link);
 //   sync [with B backup workers]: every update waits for the (N - B)th fastest worker,
 //          and the workers pull and push together through the ps links; a worker
 //          slower than that goes at its own pace, its gradients dropped.
+// Each closure also waits for the chief's dispatch (`dispatch`): a worker's cycle, and a
+// synchronous round, which the chief dispatches once its last push came back.
 // With `steps_per_epoch`, every epoch ends with the chief's copy of the trained values
 // (over its own link, and each ps's share over that ps's), which the workers wait for.
 // An unknown consistency is InvalidArgument.
@@ -145,8 +150,9 @@ std::string what_if_report(const StepModel& model, int workers, const Link& link
 // the overlap `predict` gives it, and every synchronous step waiting for that step's
 // slowest worker: the mean over the steps of (the slowest worker's work + the sum of a
 // worker's own replicas' buckets, `model.local_sum` + the exposed ring). Under the ps,
-// each worker's mean closure less its pull and push (StepSeconds::closure_work), through
-// `predict_ps` with `model`'s applying (from the run at one worker). What it does not take
+// each worker's mean closure less its pull and push (StepSeconds::closure_work) and the
+// chief's dispatch as the run measured it (ScaleRun::dispatch), through `predict_ps` with
+// `model`'s applying (from the run at one worker). What it does not take
 // from the run: the communication and the waits for other workers (and under the ps, the
 // order of the workers' closures). Nothing (nullopt) without a row with steps for every
 // worker, without the steps' work (all-reduce), or with several workers and no link.

@@ -1379,7 +1379,9 @@ void Coordinator::dispatch(int w) {
       std::lock_guard lock(mutex_);
       workers_[static_cast<std::size_t>(w)].in_flight = &context;
     }
+    const auto sent = Clock::now();
     const grpc::Status status = runtime_->worker(w).Run(&context, request, &reply);
+    const double call_seconds = std::chrono::duration<double>(Clock::now() - sent).count();
     {
       std::lock_guard lock(mutex_);
       workers_[static_cast<std::size_t>(w)].in_flight = nullptr;
@@ -1412,6 +1414,7 @@ void Coordinator::dispatch(int w) {
       stats_.pull_seconds += reply.pull_seconds();
       stats_.push_seconds += reply.push_seconds();
       stats_.run_seconds += reply.run_seconds();
+      stats_.dispatch_seconds += std::max(0.0, call_seconds - reply.run_seconds());
       stats_.steps_finished += std::max(1, closure->steps);
       --running_;
       ++stats_.closures_finished;
