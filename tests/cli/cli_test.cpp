@@ -278,7 +278,7 @@ TEST_F(Cli, DoctorNamesAPlantedInputDelayFirst) {
 // and the sums than a release build does (on an AMD EPYC guest, a 1-row step's compute
 // under AddressSanitizer outweighed them): there the runs check the doctor's path and the
 // finding's words where it is named; which cause comes first is the release build's check.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if DTRAIN_SANITIZED
 constexpr int kSmallBatchUnits = 128;
 constexpr int kSmallBatchSteps = 30;
 constexpr bool kSmallBatchRanked = false;

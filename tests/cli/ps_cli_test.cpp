@@ -53,7 +53,7 @@ TEST_F(ParameterServerCli, LaunchWithParameterServersTrainsEveryStepOnceAndTheCh
   EXPECT_EQ(s["history"]["loss"].size(), 3u);
   EXPECT_EQ(s["ps_phases"]["steps"], kEpochs * kStepsPerEpoch);
   EXPECT_GT(s["ps_phases"]["pull_seconds"].get<double>(), 0.0);
-  EXPECT_GT(s["ps_phases"]["dispatch_seconds"].get<double>(), 0.0);
+  EXPECT_GT(s.at("ps_phases").at("dispatch_seconds").get<double>(), 0.0);
   EXPECT_TRUE(contains(r.output, "; a step on a worker: pull ")) << r.output;
   // fit's end-of-training tables: a row per worker with its pull and push, a row per ps.
   EXPECT_TRUE(contains(r.output, "[chief:0] Where the workers' steps' time went:")) << r.output;

@@ -140,8 +140,12 @@ profile::ScaleRun scale_run_from_summary(const std::string& summary_path) {
     run.hosts = std::max(1, j.value("hosts", 1));
     run.ps = j.value("ps", 0);
     run.consistency = j.value("consistency", std::string());
-    if (const double closures = j.value("closures", 0.0); run.ps > 0 && closures > 0)
-      run.dispatch = j.at("ps_phases").value("dispatch_seconds", 0.0) / closures;
+    if (run.ps > 0) {
+      // Spread over the steps (a closure of fit runs steps_per_execution of them).
+      const json phases = j.value("ps_phases", json::object());
+      if (const double steps = phases.value("steps", 0.0); steps > 0)
+        run.dispatch = phases.value("dispatch_seconds", 0.0) / steps;
+    }
     if (j.contains("fault_slow")) run.straggler_factor = std::max(1.0, j["fault_slow"].value("factor", 1.0));
     // The rounds: each epoch after the first (which warms up).
     if (j.contains("epoch_samples_per_second") && j["epoch_samples_per_second"].size() > 1)

@@ -48,8 +48,9 @@ struct ScaleRun {
   // "sync", "sync with 1 backup worker"); 0 and empty for all-reduce or one device.
   int ps = 0;
   std::string consistency;
-  // Under the ps: what the chief's dispatch adds to a closure, on the mean (its call that
-  // ran the closure less the worker's run; the summary's ps_phases.dispatch_seconds).
+  // Under the ps: what the chief's dispatch adds to a step, on the mean (its calls that ran
+  // the closures less the workers' runs, the summary's ps_phases.dispatch_seconds, over
+  // their steps).
   double dispatch = 0;
   int replicas_in_sync() const { return workers * replicas; }
   // The cores that computed: on each host, the threads asked or the cores there, whichever

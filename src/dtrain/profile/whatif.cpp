@@ -282,12 +282,11 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
     // closure, the chief's dispatch and the latencies (its own), then the ps's link each
     // way and its applying, which the workers share (TCP shares a link as processor
     // sharing does, for which the mean values hold). Its own link moves every ps's share
-    // at once, each way: beyond
-    // the ps link's share, the rest of the bytes, with no burst of their own (the one its
-    // rest gives goes to them all).
+    // at once, each way: beyond the ps link's share, the rest of the bytes, with no burst
+    // of their own (the one its rest gives goes to them all).
     // A ps link rests between the workers' visits, for (1 - its use) / visits per second
     // on the mean, and sends a burst's worth at once after it; a worker's own link rests
-    // while it computes.
+    // while it computes and waits for the chief.
     std::array<double, 3> demand{transfer_seconds(share, link, 0), transfer_seconds(share, link, 0), apply};
     std::vector<double> moving(own.size(), 0);  // each worker's pull and push
     std::vector<std::array<double, 3>> queued(own.size(), {0, 0, 0});
@@ -299,8 +298,9 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
       double moved = 0;
       for (std::size_t w = 0; w < own.size(); ++w) {
         std::array<double, 3> residence{};
-        const double own_link = 2 * (link.latency_seconds + transfer_seconds(m.gradient_bytes, link, own[w]) -
-                                     transfer_seconds(share, link, own[w]));
+        const double rest = own[w] + m.dispatch;
+        const double own_link = 2 * (link.latency_seconds + transfer_seconds(m.gradient_bytes, link, rest) -
+                                     transfer_seconds(share, link, rest));
         double cycle = own[w] + m.dispatch + own_link;
         for (std::size_t k = 0; k < 3; ++k) cycle += residence[k] = demand[k] * (1 + total[k] - queued[w][k]);
         pace[w] = 1 / cycle;
@@ -597,7 +597,8 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
               detail::percent(std::abs(c.replay_error), 1) + ": " + (r.ps > 0 ? "a closure's" : "a step's") +
               " own work (" + detail::ms(work) + " against " + detail::ms(partner) + " in the " +
               (mirrored ? "one-replica" : "one-worker") +
-              " run) made the difference, not communication or the waits for other workers";
+              " run)" + (r.ps > 0 && r.dispatch > 0 ? " and the chief's dispatch (" + detail::ms(r.dispatch) + " a closure)" : "") +
+              " made the difference, not communication or the waits for other workers";
     }
     out.push_back(c);
   }

@@ -121,7 +121,7 @@ Prediction predict(const StepModel& model, int workers, const Link& link);
 //          and the workers pull and push together through the ps links; a worker
 //          slower than that goes at its own pace, its gradients dropped.
 // Each closure also waits for the chief's dispatch (`dispatch`): a worker's cycle, and a
-// synchronous round, which the chief dispatches once its last push came back.
+// synchronous round, which the chief dispatches once the round's last push came back.
 // With `steps_per_epoch`, every epoch ends with the chief's copy of the trained values
 // (over its own link, and each ps's share over that ps's), which the workers wait for.
 // An unknown consistency is InvalidArgument.
@@ -152,10 +152,10 @@ std::string what_if_report(const StepModel& model, int workers, const Link& link
 // worker's own replicas' buckets, `model.local_sum` + the exposed ring). Under the ps,
 // each worker's mean closure less its pull and push (StepSeconds::closure_work) and the
 // chief's dispatch as the run measured it (ScaleRun::dispatch), through `predict_ps` with
-// `model`'s applying (from the run at one worker). What it does not take
-// from the run: the communication and the waits for other workers (and under the ps, the
-// order of the workers' closures). Nothing (nullopt) without a row with steps for every
-// worker, without the steps' work (all-reduce), or with several workers and no link.
+// `model`'s applying (from the run at one worker). What it does not take from the run:
+// the communication and the waits for other workers (and under the ps, the order of the
+// workers' closures). Nothing (nullopt) without a row with steps for every worker,
+// without the steps' work (all-reduce), or with several workers and no link.
 std::optional<Prediction> replay(const ScaleRun& run, const StepModel& model, const Link& link);
 
 // Each run at several workers predicted from the run at one worker with the same replicas

@@ -217,8 +217,9 @@ class ClusterCoordinator {
     // pushing the gradients and the whole run (the rest is the steps' own work); over
     // every ps, applying pushes and pushes waiting for the store (queueing).
     double pull_seconds = 0, push_seconds = 0, run_seconds = 0;
-    // The chief's dispatch, summed over the same closures: each call that ran one less the
-    // worker's run (the request and the reply on their way, and gRPC at both ends).
+    // The chief's dispatch, summed over the same closures (the first epoch's included):
+    // each call that ran one less the worker's run: the request and the reply on their
+    // way, gRPC at both ends, the worker's wait to start it and its results' encoding.
     double dispatch_seconds = 0;
     std::int64_t steps_finished = 0;  // the finished closures' steps (fit's run several each)
     double apply_seconds = 0, queue_seconds = 0;
