@@ -432,13 +432,13 @@ std::string unexplained(const ScaleRun& r, bool mirrored, bool loopback, const S
            "input on, which the probe, on idle cores, did not see (" +
            detail::ms(first.input) + " of input wait and " + waits + " in this run, " + detail::ms(one_worker_input) +
            " of input wait in the one-worker run)";
-  if (r.ps > 0)
+  if (r.ps > 0) {
+    const std::string dispatch =
+        r.dispatch > 0 ? "; the chief's dispatch took " + detail::ms(r.dispatch) + " a closure, which the replay counts" : "";
     return "the CPU time of the ps, gRPC and the chief's dispatch of closures, which the model leaves out (" +
            detail::ms(first.pull + first.push) + " of pull and push a closure in this run, " + detail::ms(model_ring) +
-           " in the model" +
-           (r.dispatch > 0 ? "; the chief's dispatch took " + detail::ms(r.dispatch) + " a closure, which the replay counts"
-                           : std::string()) +
-           ")";
+           " in the model" + dispatch + ")";
+  }
   return "communication or fixed costs the model did not know (the link's latency: " +
          detail::fixed(link.latency_seconds * 1e6, 0) + " us a message)";
 }
@@ -593,12 +593,13 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
         partner = steps.empty() ? step_seconds(one->rows.front()).own()
                                 : std::accumulate(steps.begin(), steps.end(), 0.0) / static_cast<double>(steps.size());
       }
+      const std::string dispatched =
+          r.ps > 0 && r.dispatch > 0 ? " and the chief's dispatch (" + detail::ms(r.dispatch) + " a closure)" : "";
       c.why = (c.why.empty() ? std::string() : c.why + "; ") + "replayed from its own steps it lands within " +
               detail::percent(std::abs(c.replay_error), 1) + ": " + (r.ps > 0 ? "a closure's" : "a step's") +
               " own work (" + detail::ms(work) + " against " + detail::ms(partner) + " in the " +
               (mirrored ? "one-replica" : "one-worker") +
-              " run)" + (r.ps > 0 && r.dispatch > 0 ? " and the chief's dispatch (" + detail::ms(r.dispatch) + " a closure)" : "") +
-              " made the difference, not communication or the waits for other workers";
+              " run)" + dispatched + " made the difference, not communication or the waits for other workers";
     }
     out.push_back(c);
   }
