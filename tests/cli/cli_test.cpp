@@ -278,15 +278,9 @@ TEST_F(Cli, DoctorNamesAPlantedInputDelayFirst) {
 // and the sums than a release build does (on an AMD EPYC guest, a 1-row step's compute
 // under AddressSanitizer outweighed them): there the runs check the doctor's path and the
 // finding's words where it is named; which cause comes first is the release build's check.
-#if DTRAIN_SANITIZED
-constexpr int kSmallBatchUnits = 128;
-constexpr int kSmallBatchSteps = 30;
-constexpr bool kSmallBatchRanked = false;
-#else
-constexpr int kSmallBatchUnits = 512;
-constexpr int kSmallBatchSteps = 100;
-constexpr bool kSmallBatchRanked = true;
-#endif
+constexpr bool kSmallBatchRanked = !DTRAIN_SANITIZED;
+constexpr int kSmallBatchUnits = kSmallBatchRanked ? 512 : 128;
+constexpr int kSmallBatchSteps = kSmallBatchRanked ? 100 : 30;
 TEST_F(Cli, DoctorNamesAPlantedSmallBatchPerReplicaFirst) {
   nlohmann::json cfg = nlohmann::json::parse(dtrain::testing::tiny_config_json());
   cfg["model"]["input_shape"] = {256};

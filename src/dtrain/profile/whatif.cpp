@@ -274,8 +274,9 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
     transfer = 2 * each_way;
     // Each update comes every `round`; a worker slower than that (a backup covers it)
     // goes at its own pace, its late gradients dropped.
-    const double round = waited_for + transfer + apply + m.dispatch;
-    for (double c : own) paces += 1 / std::max(round, c + transfer + apply + m.dispatch);
+    const double after = transfer + apply + m.dispatch;  // a closure's, after its computing
+    const double round = waited_for + after;
+    for (double c : own) paces += 1 / std::max(round, c + after);
   } else {
     // Each worker at its own pace, meeting the others at the ps: a closed queueing network
     // solved by Schweitzer's approximate mean value analysis. A worker's cycle is its
@@ -301,7 +302,7 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
         const double rest = own[w] + m.dispatch;
         const double own_link = 2 * (link.latency_seconds + transfer_seconds(m.gradient_bytes, link, rest) -
                                      transfer_seconds(share, link, rest));
-        double cycle = own[w] + m.dispatch + own_link;
+        double cycle = rest + own_link;
         for (std::size_t k = 0; k < 3; ++k) cycle += residence[k] = demand[k] * (1 + total[k] - queued[w][k]);
         pace[w] = 1 / cycle;
         moving[w] = own_link + residence[0] + residence[1];
