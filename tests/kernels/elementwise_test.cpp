@@ -14,11 +14,11 @@ using testing::random_tensor;
 TEST(Unary, MatchesStdFunctions) {
   Tensor x = random_tensor({1000}, 1, 0.1f, 3.0f);
   const auto v = x.to_vector();
-  struct Case {
+  struct UnaryCase {
     Unary op;
     std::function<float(float)> f;
   };
-  const Case cases[] = {
+  const UnaryCase cases[] = {
       {Unary::relu, [](float a) { return std::max(a, 0.0f); }},
       {Unary::sigmoid, [](float a) { return 1.0f / (1.0f + std::exp(-a)); }},
       {Unary::tanh, [](float a) { return std::tanh(a); }},

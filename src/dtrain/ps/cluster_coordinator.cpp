@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <iomanip>
+#include <latch>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -200,25 +201,6 @@ class ScopedSeconds {
  private:
   double& total_;
   Clock::time_point start_;
-};
-
-// A pair of fixed-size waits for several asynchronous calls.
-class Latch {
- public:
-  explicit Latch(std::size_t count) : left_(count) {}
-  void count_down() {
-    std::lock_guard lock(mutex_);
-    if (--left_ == 0) done_.notify_all();
-  }
-  void wait() {
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [&] { return left_ == 0; });
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable done_;
-  std::size_t left_;
 };
 
 // The first line where a worker's model description differs from the chief's.
@@ -522,7 +504,7 @@ void PsRuntime::call_every_ps(const std::vector<Request>& requests, std::vector<
   replies.resize(requests.size());
   std::vector<grpc::ClientContext> contexts(requests.size());
   std::vector<grpc::Status> statuses(requests.size());
-  Latch latch(requests.size());
+  std::latch latch(static_cast<std::ptrdiff_t>(requests.size()));
   for (std::size_t i = 0; i < requests.size(); ++i) {
     set_deadline(contexts[i], rpc_timeout_);
     start(ps(static_cast<int>(i)), &contexts[i], &requests[i], &replies[i], [&, i](grpc::Status s) {
