@@ -154,6 +154,44 @@ TEST_F(ParameterServerCli, AKilledPsRestartsTheJobFromItsLatestBackup) {
   EXPECT_GT(s["test"]["accuracy"].get<double>(), 0.6) << s.dump();
 }
 
+// A ps holds variables and never a batch: of the data it reads the rows' shape (a csv's
+// first row), so its host needs no copy of the data set. Here the ps's copy of the
+// training file breaks after its first row, and the job trains all the same.
+TEST_F(ParameterServerCli, APsReadsOnlyTheRowsShapeOfTheData) {
+  std::string rows = "a,b,label\n";
+  for (int i = 0; i < 64; ++i) {
+    const int a = i % 8, b = i / 8;
+    rows += std::to_string(a) + "," + std::to_string(b) + "," + (a > b ? "1" : "0") + "\n";
+  }
+  const std::string first = rows.substr(0, rows.find('\n', rows.find('\n') + 1) + 1);
+  const auto config_of = [&](const std::string& name, const std::string& csv) {
+    return write(name + ".json", R"({"model": {"layers": [
+        {"class_name": "Dense", "config": {"units": 8, "activation": "relu"}},
+        {"class_name": "Dense", "config": {"units": 2}}]},
+      "loss": {"name": "sparse_categorical_crossentropy", "from_logits": true},
+      "optimizer": {"name": "adam", "learning_rate": 0.05},
+      "data": {"source": "csv", "train": ")" + write(name + ".csv", csv) + R"(", "label_column": "label"},
+      "epochs": 2, "batch_size": 16, "seed": 3})");
+  };
+  const std::string whole = config_of("whole", rows), broken = config_of("broken", first + "1,2,3,4\n");
+  // Read whole, the ps's copy is refused by name.
+  Result r = dtrain::testing::run_cli("fit " + broken + " --verbose 0");
+  ASSERT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "broken.csv")) << r.output;
+  // The ps runs on the broken copy, the chief and the worker on the whole file.
+  const std::string fit = std::string(DTRAIN_BINARY) + " fit \"$c\" --threads 1 --strategy parameter_server " +
+                          "--verbose 0" + summary_flag();
+  r = dtrain::testing::run_cli("launch --timeout " + std::to_string(kSeconds) +
+                               " --workers 1 --ps 1 --chief -- sh -c 'case \"$TF_CONFIG\" in *\\\"type\\\":\\\"ps\\\"*) c=" +
+                               broken + ";; *) c=" + whole + ";; esac; exec " + fit + "'");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[ps:0] dtrain fit " + broken + ": the training samples stay with the workers"))
+      << r.output;
+  const nlohmann::json s = summary();
+  EXPECT_EQ(s["updates_applied"], 2 * 4);  // 64 rows in batches of 16, 2 epochs
+  EXPECT_EQ(s["history"]["loss"].size(), 2u);
+}
+
 TEST_F(ParameterServerCli, WhatItCannotDoIsRefusedByName) {
   Result r = dtrain::testing::run_cli("fit " + config() + " --fault-kill ps:0:3");
   EXPECT_EQ(r.code, 1) << r.output;

@@ -226,16 +226,28 @@ int run_fit(const std::string& path, const Overrides& o) {
   const cli::CheckpointConfig checkpoint = checkpoint_config(c, o);
   prepare(c);
   const auto wall_start = Clock::now();
-  data::Classification d = cli::load_data(c);
+  // A parameter server holds variables and never a batch: of the data it reads the rows'
+  // shape alone (an IDX header, a first row), so its host needs no copy of the data set.
+  const bool serves_variables =
+      c.strategy == "parameter_server" && cluster::tf_config_from_environment().task.type == "ps";
+  data::Classification d;
+  Shape row;
+  if (serves_variables) {
+    row = cli::input_shape(c);
+    cli::check_model_fits_data(c, row);
+  } else {
+    d = cli::load_data(c);
+    row = Shape(std::vector<std::int64_t>(d.train.x.shape().dims().begin() + 1, d.train.x.shape().dims().end()));
+  }
   // A planted input delay needs batches that come through a pipeline.
-  if (fault.input_delay_ms > 0 && !c.data.pipeline) {
+  if (fault.input_delay_ms > 0 && !c.data.pipeline && !serves_variables) {
     if (c.validation_split > 0)
       DTRAIN_THROW(InvalidArgument, "--fault-slow ", o.fault_slow,
                    ": an input delay feeds fit through a pipeline, which takes no validation_split");
     // As fit would have shuffled the tensors: the whole training set, each epoch.
     c.data.pipeline = cli::PipelineConfig{.shuffle = c.shuffle ? d.train.x.dim(0) : 0};
   }
-  if (o.steps_per_epoch > 0 && !c.data.pipeline) {
+  if (o.steps_per_epoch > 0 && !c.data.pipeline && !serves_variables) {
     // On tensors, an epoch of N steps trains on the first N global batches.
     const std::int64_t rows = std::min(d.train.x.dim(0), o.steps_per_epoch * c.batch_size);
     d.train.x = d.train.x.slice(0, rows);
@@ -280,8 +292,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     model->compile(cli::build_optimizer(c), cli::build_loss(c), c.metrics);
     // A backup is restored into built weights, before the first batch would build them;
     // a parameter-server job's chief places them on the ps before the first batch too.
-    if ((!checkpoint.dir.empty() || ps) && !model->built())
-      model->build(Shape(std::vector<std::int64_t>(d.train.x.shape().dims().begin() + 1, d.train.x.shape().dims().end())));
+    if ((!checkpoint.dir.empty() || ps) && !model->built()) model->build(row);
   }
   const int worker_index = ps ? (ps->task().type == "worker" ? ps->task().index : -1)
                            : strategy ? strategy->worker_index() : 0;
@@ -299,9 +310,10 @@ int run_fit(const std::string& path, const Overrides& o) {
             " ps, " + cli::parse_consistency(o.consistency).description() +
             (o.partitioner.empty() ? "" : ", " + cli::parse_partitioner(o.partitioner).description()) + "; this is " +
             ps->task().to_string() + ")";
-  std::printf("dtrain fit %s: %lld training samples, batch %lld, %d epochs, %s, %s\n", path.c_str(),
-              static_cast<long long>(d.train.x.dim(0)), static_cast<long long>(c.batch_size), c.epochs, where.c_str(),
-              model_policy(*model).c_str());
+  const std::string samples = serves_variables ? "the training samples stay with the workers"
+                                                : std::to_string(d.train.x.dim(0)) + " training samples";
+  std::printf("dtrain fit %s: %s, batch %lld, %d epochs, %s, %s\n", path.c_str(), samples.c_str(),
+              static_cast<long long>(c.batch_size), c.epochs, where.c_str(), model_policy(*model).c_str());
   std::fflush(stdout);
   std::vector<double> rss;
   std::int64_t steps_trained = 0;  // by this process, in this run (a resumed one included)
@@ -354,7 +366,12 @@ int run_fit(const std::string& path, const Overrides& o) {
   // when it starts; a later one would only join part-way through).
   if (ps && chief) distribute::ClusterCoordinator(*ps).wait_for_workers(ps->num_workers(), 120);
   std::optional<data::Dataset> pipeline;
-  if (c.data.pipeline) pipeline = cli::build_pipeline(c, d.train);
+  if (serves_variables) {
+    pipeline = data::Dataset::range(0);  // served from, never read: the workers draw the batches
+    fit_options.validation_split = 0;
+  } else if (c.data.pipeline) {
+    pipeline = cli::build_pipeline(c, d.train);
+  }
   if (fault.input_delay_ms > 0 && pipeline) {
     // The fault itself, at the pipeline's end (after any prefetch), so the step waits for it.
     const auto delay = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(fault.input_delay_ms));
