@@ -1694,8 +1694,10 @@ void PsRuntime::serve() {
     // the freed top of its heaps back to the kernel each time and fault the pages in again,
     // zeroed, at the next call: a ps that holds nothing else made a 2-worker job 17% slower
     // at 1 Gbit/s (docs/parameter_server.md). The ps keeps what it freed, up to 256 MiB.
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+    if constexpr (!DTRAIN_SANITIZED) {
+      mallopt(M_MMAP_THRESHOLD, 32 << 20);
+      mallopt(M_TRIM_THRESHOLD, 256 << 20);
+    }
     ps_service = std::make_unique<PsService>(*this);
     builder.RegisterService(ps_service.get());
   } else {
