@@ -16,6 +16,8 @@
 # Needs root for the namespaces (without root, only the one-process and one-host cases run).
 #
 #   bench/whatif_accuracy.sh [--update-docs]   ROUNDS=3 RATES="20mbit 100mbit 1gbit" WHERE=all|mirrored|loopback|namespaces|ps
+#   KEEP=DIR keeps each round's runs and link (DIR/NNN/: one.json, many.json, link, case),
+#   for bench/whatif_recheck.sh to check a changed model on the same runs.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -100,6 +102,14 @@ check_row() {
     what_if=(--what-if "$link")
   fi
   "$dtrain" doctor --runs "$dir/one.json,$dir/many.json" "${what_if[@]}" >"$dir/doctor.txt"
+  if [ -n "${KEEP:-}" ]; then
+    local kept
+    kept="$KEEP/$(printf %03d "$(find "$KEEP" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | wc -l)")"
+    mkdir -p "$kept"
+    cp "$dir/one.json" "$dir/many.json" "$kept/"
+    echo "${link#link=}" >"$kept/link"
+    echo "$case_label" >"$kept/case"
+  fi
   # | workers | replicas | measured | predicted | error | replayed | error | compute | why |
   grep -q "^Model check" "$dir/doctor.txt" || {
     cat "$dir/doctor.txt" >&2
@@ -162,6 +172,7 @@ ps_round() {
 # ps, "mirrored:R" R replicas in one process.
 case_row() {
   local label=$1 workers=$2 where=$3 slow=$4 r _ consistency ps_count
+  case_label="$label | $workers | $slow"
   fit=(fit "$config" --epochs 3 --steps-per-epoch "$(steps_of "$where")" --verbose 0)
   : >"$dir/rounds"
   for r in $(seq "$rounds"); do
@@ -181,11 +192,13 @@ errors = [(float(r[1]) - float(r[0])) / float(r[0]) for r in rows]
 error = (predicted - measured) / measured
 worst = max(errors, key=abs)
 replays = [float(r[2]) for r in rows if r[2] != "-"]
-replay = f"{(statistics.median(replays) - measured) / measured:+.1%}" if len(replays) == len(rows) else "-"
+replayed = (statistics.median(replays) - measured) / measured if len(replays) == len(rows) else None
+replay = f"{replayed:+.1%}" if replayed is not None else "-"
 link = rows[len(rows) // 2][3]
 # Why, in the words of one round: where the medians miss by more than 15%, of the rounds
-# that missed by as much the one whose error is nearest the median error; where only some
-# round does, the worst one.
+# that missed by as much the one whose error is nearest the median error; where only the
+# replay's median does, the round whose replay is nearest it; where only some round
+# misses, the worst one.
 def why(r):
     text = r[4].strip()
     return "not known" if text in ("-", "") else text
@@ -193,6 +206,8 @@ missed = [k for k in range(len(rows)) if abs(errors[k]) > 0.15] or list(range(le
 nearest = min(missed, key=lambda k: abs(errors[k] - statistics.median(errors)))
 if abs(error) > 0.15:
     whys = why(rows[nearest])
+elif replayed is not None and abs(replayed) > 0.15:
+    whys = why(min(rows, key=lambda r: abs((float(r[2]) - measured) / measured - replayed)))
 elif abs(worst) > 0.15:
     whys = f"the worst round ({worst:+.1%}): " + why(rows[errors.index(worst)])
 else:
@@ -209,7 +224,7 @@ EOF
 }
 
 table() {
-  echo "| link | workers | straggler | measured samples/s | predicted | error (medians) | worst round | replayed from its own steps: error | link the doctor used | where the prediction misses by more than 15%, why |"
+  echo "| link | workers | straggler | measured samples/s | predicted | error (medians) | worst round | replayed from its own steps: error | link the doctor used | where the prediction or the replay misses by more than 15%, why |"
   echo "|---|---|---|---|---|---|---|---|---|---|"
   local workers slow rate replicas consistency
   local where=${WHERE:-all}

@@ -293,6 +293,40 @@ TEST(WhatIf, AParameterServerStepIsTheClosurePlusAPullAndAPushBoundedByThePsLink
   EXPECT_NE(dispatched_why.find(" in the model; the chief's dispatch took 1.50 ms a closure, which the replay counts)"),
             std::string::npos)
       << dispatched_why;
+
+  // Far faster, pull and push (4 ms a closure) far shorter than the model's sharing of the
+  // ps's link: TCP served the workers one after the other.
+  ScaleRun fast_ps = ps_run;
+  fast_ps.samples_per_second = 2 * 64 / 0.015;
+  for (WorkerSummary& w : fast_ps.rows) {
+    w.totals.phases[static_cast<std::size_t>(Phase::pull)] = 10 * 0.002;
+    w.totals.phases[static_cast<std::size_t>(Phase::push)] = 10 * 0.002;
+  }
+  const Check fast = model_check({one, fast_ps}, link)[0];
+  EXPECT_LT(fast.error, -0.15);
+  EXPECT_EQ(fast.why.rfind("pull and push took 4.00 ms a closure where the model, queueing included, has ", 0), 0u)
+      << fast.why;
+  EXPECT_NE(fast.why.find("TCP did not share the ps's link evenly"), std::string::npos) << fast.why;
+  // Predicted right but replayed 15% slow, its closures' own work longer and its pull and
+  // push shorter than the model's: the table gives the replay's why.
+  ScaleRun replay_only = fast_ps;
+  replay_only.samples_per_second = checks[0].prediction.samples_per_second;
+  for (WorkerSummary& w : replay_only.rows) {
+    w.totals.wall = 10 * 0.040;
+    w.totals.phases[static_cast<std::size_t>(Phase::forward)] = 10 * 0.010;
+    w.totals.phases[static_cast<std::size_t>(Phase::backward)] = 10 * 0.020;
+  }
+  const Check replayed_slow = model_check({one, replay_only}, link)[0];
+  EXPECT_LE(std::abs(replayed_slow.error), 0.15);
+  ASSERT_TRUE(replayed_slow.replayed.has_value());
+  EXPECT_LT(replayed_slow.replay_error, -0.15);
+  EXPECT_EQ(replayed_slow.why.rfind("replayed from its own steps it misses too: pull and push took 4.00 ms", 0), 0u)
+      << replayed_slow.why;
+  EXPECT_NE(model_check_table({replayed_slow}).find(replayed_slow.why), std::string::npos);
+  // Within 15% both ways: no why in the table.
+  Check within = replayed_slow;
+  within.replay_error = 0.1;
+  EXPECT_NE(model_check_table({within}).find(" | - |\n"), std::string::npos) << model_check_table({within});
 }
 
 TEST(WhatIf, ModelCheckPredictsEachMultiWorkerRunFromItsOneWorkerPartner) {
