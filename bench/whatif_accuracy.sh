@@ -16,8 +16,9 @@
 # Needs root for the namespaces (without root, only the one-process and one-host cases run).
 #
 #   bench/whatif_accuracy.sh [--update-docs]   ROUNDS=3 RATES="20mbit 100mbit 1gbit" WHERE=all|mirrored|loopback|namespaces|ps
-#   KEEP=DIR keeps each round's runs and link (DIR/NNN/: one.json, many.json, link, case),
-#   for bench/whatif_recheck.sh to check a changed model on the same runs.
+#   KEEP=DIR keeps each round's runs and link (DIR/NNN/: one.json, many.json, link, case);
+#   FROM=DIR checks the model again on rounds so kept (the same WHERE, RATES and ROUNDS),
+#   measuring nothing: a change to the model tried on the same runs, in seconds.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -55,6 +56,15 @@ dir=$(mktemp -d)
 trap 'netns_pair_down "$a" "$b"; netns_star_down "$hub" "${hosts[@]}"; rm -rf "$dir"' EXIT
 namespaces=yes
 [ "$(id -u)" = 0 ] || namespaces=no
+kept_next=0  # with FROM: the next kept round
+if [ -n "${FROM:-}" ]; then
+  [ -e "$FROM/day" ] || { echo "whatif_accuracy.sh: FROM=$FROM holds no rounds kept with KEEP" >&2; exit 2; }
+  namespaces=yes  # the runs were made; nothing is set up
+  netns_pair_up() { :; }
+  netns_pair_down() { :; }
+  netns_star_up() { :; }
+  netns_star_down() { :; }
+fi
 
 # The job at one worker, beside a twin of it on the other core (each on a core of its own
 # where PIN is yes): the two cores of this machine share caches, memory and perhaps a
@@ -104,6 +114,7 @@ check_row() {
   "$dtrain" doctor --runs "$dir/one.json,$dir/many.json" "${what_if[@]}" >"$dir/doctor.txt"
   if [ -n "${KEEP:-}" ]; then
     local kept
+    [ -e "$KEEP/day" ] || { mkdir -p "$KEEP" && date -u +%Y-%m-%d >"$KEEP/day"; }
     kept="$KEEP/$(printf %03d "$(find "$KEEP" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | wc -l)")"
     mkdir -p "$kept"
     cp "$dir/one.json" "$dir/many.json" "$kept/"
@@ -168,6 +179,23 @@ ps_round() {
   check_row
 }
 
+# With FROM: the next kept round of the case, checked again ("measured predicted replayed
+# link why", as round prints).
+kept_round() {
+  local from
+  from="$FROM/$(printf %03d "$kept_next")"
+  kept_next=$((kept_next + 1))
+  [ -e "$from/case" ] && [ "$(cat "$from/case")" = "$case_label" ] || {
+    echo "whatif_accuracy.sh: $from is not a round of '$case_label' (were FROM's rounds kept with other" \
+      "WHERE, RATES or ROUNDS?)" >&2
+    exit 1
+  }
+  cp "$from/one.json" "$from/many.json" "$dir/"
+  rm -f "$dir/out-worker0.log"
+  [ "$(cat "$from/link")" = - ] || echo "link=$(cat "$from/link")" >"$dir/out-worker0.log"
+  check_row
+}
+
 # Medians over the rounds, as a table row. WORKERS "ps:CONSISTENCY:PS" is a case of PS
 # ps, "mirrored:R" R replicas in one process.
 case_row() {
@@ -176,7 +204,8 @@ case_row() {
   fit=(fit "$config" --epochs 3 --steps-per-epoch "$(steps_of "$where")" --verbose 0)
   : >"$dir/rounds"
   for r in $(seq "$rounds"); do
-    case $workers in
+    case ${FROM:+kept}$workers in
+      kept*) kept_round ;;
       ps:*) IFS=: read -r _ consistency ps_count <<<"$workers"; ps_round "$consistency" "$slow" "$ps_count" ;;
       mirrored:*) mirrored_round "${workers#mirrored:}" ;;
       *) round "$workers" "$where" "$slow" ;;
@@ -196,13 +225,16 @@ replayed = (statistics.median(replays) - measured) / measured if len(replays) ==
 replay = f"{replayed:+.1%}" if replayed is not None else "-"
 link = rows[len(rows) // 2][3]
 # Why, in the words of one round: where the medians miss by more than 15%, of the rounds
-# that missed by as much the one whose error is nearest the median error; where only the
+# that missed by as much (and whose replay did, where its median does) the one whose error
+# is nearest the median error; where only the
 # replay's median does, the round whose replay is nearest it; where only some round
 # misses, the worst one.
 def why(r):
     text = r[4].strip()
     return "not known" if text in ("-", "") else text
 missed = [k for k in range(len(rows)) if abs(errors[k]) > 0.15] or list(range(len(rows)))
+if replayed is not None and abs(replayed) > 0.15:  # of those, one whose replay missed too
+    missed = [k for k in missed if abs(float(rows[k][2]) - measured) / measured > 0.15] or missed
 nearest = min(missed, key=lambda k: abs(errors[k] - statistics.median(errors)))
 if abs(error) > 0.15:
     whys = why(rows[nearest])
@@ -285,16 +317,17 @@ if [ $update_docs = yes ] && [ $complete = no ]; then
     "docs/profiling.md is left as it was" >&2
   exit 1
 elif [ $update_docs = yes ]; then
-  python3 - "$here/docs/profiling.md" "$dir/table.md" "$rounds" "$(date -u +%Y-%m-%d)" <<'EOF'
+  python3 - "$here/docs/profiling.md" "$dir/table.md" "$rounds" "$(date -u +%Y-%m-%d)" "${FROM:+$(cat "$FROM/day")}" <<'EOF'
 import sys
-doc, table, rounds, day = sys.argv[1:]
+doc, table, rounds, day, kept = sys.argv[1:]
 text = open(doc).read()
 begin, end = "<!-- whatif-accuracy:begin -->", "<!-- whatif-accuracy:end -->"
 if begin not in text or end not in text:
     sys.exit(f"{doc}: no {begin} ... {end} markers to write the table between")
 head, rest = text.split(begin, 1)
 _, tail = rest.split(end, 1)
-body = (f"\n`bench/whatif_accuracy.sh --update-docs` on {day}, medians of {rounds} rounds "
+made = f"on {day}" if not kept else f"on the runs of {kept} (kept with KEEP, checked again with FROM on {day})"
+body = (f"\n`bench/whatif_accuracy.sh --update-docs` {made}, medians of {rounds} rounds "
         f"(seeds' Fashion-MNIST MLP, 1024 rows per worker or replica per step, one thread per worker, "
         f"a warm-up epoch and two measured of 100 steps (10 at 20 and 100 Mbit/s); "
         f"MirroredStrategy's replicas share a thread per core):\n\n"

@@ -602,12 +602,20 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
         c.why = "the step took " + detail::ms(missed) + " more than predicted, beyond what compute explains: " +
                 unexplained(r, mirrored, loopback, first, m.input, c.prediction.ring, link);
     }
-    // Under the ps, where the replay misses and the prediction does not: its pulls and
-    // pushes against the run's.
-    if (r.ps > 0 && std::abs(c.error) <= 0.15 && c.replayed && std::abs(c.replay_error) > 0.15) {
-      const double measured_step = static_cast<double>(r.global_batch) * r.workers / c.measured;
-      const std::string moving = transfer_why(r, measured_step - c.replayed->step, c.replayed->ring);
-      if (!moving.empty()) c.why = "replayed from its own steps it misses too: " + moving;
+    // Where the replay misses and the prediction does not: under the ps, its pulls and
+    // pushes against the run's; workers of one host beyond its cores, their sums.
+    if (std::abs(c.error) <= 0.15 && c.replayed && std::abs(c.replay_error) > 0.15) {
+      const double measured_step = static_cast<double>(r.global_batch) * (r.ps > 0 ? r.workers : 1) / c.measured;
+      const double missed = measured_step - c.replayed->step;
+      std::string reason;
+      if (r.ps > 0)
+        reason = transfer_why(r, missed, c.replayed->ring);
+      else if (!mirrored && r.hosts == 1 && r.oversubscription() > 1 && missed > 0)
+        reason = std::to_string(r.host_threads) + " compute threads time-sliced on " + std::to_string(r.host_cores) +
+                 " cores with each worker's communication thread: a sum waits for the communication thread of a "
+                 "worker the scheduler has not run yet, where the replay takes the sums from the link the probe "
+                 "measured on idle cores";
+      if (!reason.empty()) c.why = "replayed from its own steps it misses: " + reason;
     }
     // Where the run's own steps explain it, the miss was in what the one-worker run showed
     // of this run's work, not in communication or the waits.
