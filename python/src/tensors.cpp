@@ -212,6 +212,7 @@ void bind_errors(py::module_& m) {
   py::register_exception<Preempted>(errors, "PreemptedError", PyExc_RuntimeError);
   py::register_exception<Unavailable>(errors, "UnavailableError", PyExc_ConnectionError);
   py::register_exception<Timeout>(errors, "DeadlineExceededError", PyExc_TimeoutError);
+  py::register_exception<ResourceExhausted>(errors, "ResourceExhaustedError", PyExc_MemoryError);
   py::register_exception<Unsupported>(errors, "UnimplementedError", PyExc_NotImplementedError);
   py::register_exception<IoError>(errors, "IoError", PyExc_OSError);
   py::register_exception<InvalidArgument>(errors, "InvalidArgumentError", PyExc_ValueError);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 #include "dtrain/core/tensor.h"
 
@@ -19,6 +20,30 @@ TEST(Tensor, FromVectorChecksCount) {
   Tensor t = Tensor::from_vector({2, 2}, {1, 2, 3, 4});
   EXPECT_EQ(t.to_vector(), (std::vector<float>{1, 2, 3, 4}));
   EXPECT_THROW(Tensor::from_vector({2, 2}, {1, 2, 3}), InvalidArgument);
+}
+
+TEST(Tensor, MoreBytesThanMemoryAddressesIsRefusedNamingTheShape) {
+  // 2^62 float32 elements: 2^64 bytes, which a 64-bit byte count wraps to 0.
+  const std::int64_t quarter = std::int64_t{1} << 31;
+  try {
+    Tensor::empty({quarter, quarter});
+    FAIL() << "a 2^64-byte tensor was allocated";
+  } catch (const dtrain::ResourceExhausted& e) {
+    EXPECT_NE(std::string(e.what()).find("float32 tensor of shape [2147483648, 2147483648] holds more bytes than "
+                                         "memory can address"),
+              std::string::npos)
+        << e.what();
+  }
+  // Within what memory addresses but more than it holds: the bytes named, not a bare
+  // std::bad_alloc. (The sanitizers' allocators end the process on such a request.)
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  try {
+    Tensor::empty({std::int64_t{1} << 50});
+    FAIL() << "4 PiB were allocated";
+  } catch (const dtrain::ResourceExhausted& e) {
+    EXPECT_NE(std::string(e.what()).find("out of memory: 4503599627370496 bytes"), std::string::npos) << e.what();
+  }
+#endif
 }
 
 TEST(Tensor, SliceSharesStorageWithoutCopy) {

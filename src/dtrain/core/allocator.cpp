@@ -1,6 +1,8 @@
 // Size-bucketed block cache over aligned_alloc.
 #include "dtrain/core/allocator.h"
 
+#include "dtrain/core/error.h"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -53,7 +55,9 @@ void* CachingAllocator::allocate(std::size_t bytes) {
     // Cached blocks of other sizes may be what stands between us and success.
     release_cached();
     p = system_allocate(size);
-    if (p == nullptr) throw std::bad_alloc();
+    if (p == nullptr)
+      DTRAIN_THROW(ResourceExhausted, "out of memory: ", bytes, " bytes (", static_cast<double>(bytes) / 1e9,
+                   " GB) could not be allocated");
   }
   std::lock_guard lock(mutex_);
   ++stats_.system_allocations;

@@ -1,6 +1,8 @@
 // Out-of-line part of the check macros.
 #include "dtrain/core/error.h"
 
+#include <new>
+
 namespace dtrain {
 
 void rethrow_with_context(const std::exception_ptr& error, const std::string& context) {
@@ -25,6 +27,10 @@ void rethrow_with_context(const std::exception_ptr& error, const std::string& co
     throw Unavailable(head + e.what());
   } catch (const Cancelled& e) {
     throw Cancelled(head + e.what());
+  } catch (const ResourceExhausted& e) {
+    throw ResourceExhausted(head + e.what());
+  } catch (const std::bad_alloc&) {
+    throw ResourceExhausted(head + "out of memory");
   } catch (const std::exception& e) {
     throw Error(head + e.what());
   } catch (...) {

@@ -53,6 +53,13 @@ class Cancelled : public Error {
   using Error::Error;
 };
 
+// Memory ran out, or a tensor asked for more than memory can hold: the message names the
+// bytes (TensorFlow's ResourceExhaustedError).
+class ResourceExhausted : public Error {
+ public:
+  using Error::Error;
+};
+
 // An internal invariant did not hold: a bug in dtrain, reported instead of aborting.
 class InternalError : public Error {
  public:

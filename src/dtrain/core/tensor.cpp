@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 namespace dtrain {
@@ -32,13 +33,27 @@ Storage::~Storage() {
 Tensor::Tensor(std::shared_ptr<Storage> storage, std::size_t offset, Shape shape, DType dtype)
     : storage_(std::move(storage)), offset_(offset), shape_(shape), dtype_(dtype), id_(next_tensor_id()) {}
 
+namespace {
+
+// A tensor's bytes, refused where they pass what memory can address (a wrapped count would
+// allocate a few bytes and write far beyond them).
+std::size_t bytes_of(const Shape& shape, DType dtype) {
+  const auto numel = static_cast<std::size_t>(shape.numel());
+  if (numel > std::numeric_limits<std::size_t>::max() / 2 / dtype_size(dtype))
+    DTRAIN_THROW(ResourceExhausted, "a ", dtype_name(dtype), " tensor of shape ", shape.to_string(),
+                 " holds more bytes than memory can address");
+  return numel * dtype_size(dtype);
+}
+
+}  // namespace
+
 Tensor Tensor::empty(const Shape& shape, DType dtype) {
-  const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+  const std::size_t bytes = bytes_of(shape, dtype);
   return Tensor(std::make_shared<Storage>(bytes, cpu_allocator(), Device{}), 0, shape, dtype);
 }
 
 Tensor Tensor::over(void* data, const Shape& shape, DType dtype, std::shared_ptr<const void> owner) {
-  const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+  const std::size_t bytes = bytes_of(shape, dtype);
   return Tensor(std::make_shared<Storage>(data, bytes, std::move(owner), Device{}), 0, shape, dtype);
 }
 
