@@ -168,6 +168,16 @@ TEST(Rescaling, ScalesBytesAndFloatsAndPassesGradients) {
   EXPECT_THROW(Rescaling{INFINITY}, InvalidArgument);
 }
 
+TEST(Pooling2D, RejectsAPoolSizeOrStrideOfZeroNamingTheLayer) {
+  // Checked while only the pooling part of the layer is built: its name still comes out.
+  EXPECT_NE(message_of([] { MaxPooling2D({0, 2}, std::nullopt, "valid", "pool"); })
+                .find("layer 'pool' (MaxPooling2D): pool_size must be positive, got (0, 2)"),
+            std::string::npos);
+  EXPECT_NE(message_of([] { AveragePooling2D({2, 2}, Pair{0, 1}); })
+                .find("(AveragePooling2D): strides must be positive, got (0, 1)"),
+            std::string::npos);
+}
+
 TEST(Flatten, KeepsBatchAxis) {
   Flatten f;
   Tensor x = testing::random_tensor({2, 3, 4}, 5);

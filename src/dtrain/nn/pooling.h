@@ -12,6 +12,11 @@ namespace dtrain::nn {
 class Pooling2D : public Layer {
  public:
   Shape compute_output_shape(const Shape& input_shape) const override;
+  // Defined here, not in the two subclasses: the constructor's checks name the class
+  // while only this part of the layer is built.
+  std::string class_name() const override {
+    return kind_ == kernels::Pool::max ? "MaxPooling2D" : "AveragePooling2D";
+  }
   const Pair& pool_size() const { return pool_size_; }
   const Pair& strides() const { return strides_; }
   const std::string& padding() const { return padding_; }
@@ -33,7 +38,6 @@ class MaxPooling2D : public Pooling2D {
   explicit MaxPooling2D(Pair pool_size = {2, 2}, std::optional<Pair> strides = std::nullopt,
                         std::string padding = "valid", std::string name = "max_pooling2d")
       : Pooling2D(kernels::Pool::max, pool_size, strides, std::move(padding), std::move(name)) {}
-  std::string class_name() const override { return "MaxPooling2D"; }
 };
 
 class AveragePooling2D : public Pooling2D {
@@ -41,7 +45,6 @@ class AveragePooling2D : public Pooling2D {
   explicit AveragePooling2D(Pair pool_size = {2, 2}, std::optional<Pair> strides = std::nullopt,
                             std::string padding = "valid", std::string name = "average_pooling2d")
       : Pooling2D(kernels::Pool::average, pool_size, strides, std::move(padding), std::move(name)) {}
-  std::string class_name() const override { return "AveragePooling2D"; }
 };
 
 // The mean over height and width: [batch, H, W, C] -> [batch, C] ([batch, 1, 1, C] with keepdims).
