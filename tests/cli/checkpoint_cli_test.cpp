@@ -283,6 +283,40 @@ TEST_F(CheckpointCli, ResumingWithAnotherNumberOfWorkersIsRefused) {
   EXPECT_EQ(backups_in(dir), kept) << "a refused backup is left as it was";
 }
 
+// Backups of another model are not resumed from, written over or deleted: the run is
+// refused naming the first, and the files stay. Nor is another program's index written
+// over.
+TEST_F(CheckpointCli, AnotherModelsBackupsAndAnotherProgramsIndexAreRefusedAndKept) {
+  const std::string dir = path("ckpt");
+  const Result killed = fit(backup_flags(dir, "first") + " --fault-kill worker:0:17");
+  ASSERT_EQ(killed.signal, SIGKILL) << killed.output;
+  const std::vector<std::int64_t> kept = backups_in(dir);
+  ASSERT_FALSE(kept.empty());
+  std::string wider = bytes_of(config());
+  const std::string narrow = "\"units\": 32";
+  wider.replace(wider.find(narrow), narrow.size(), "\"units\": 48");
+  const std::string other = write("wider.json", wider);
+  const Result refused = dtrain::testing::run_cli(
+      "fit " + other + " --threads 1 --verbose 0 --checkpoint-dir " + dir + " --checkpoint-every 3", "", kSeconds);
+  EXPECT_EQ(refused.code, 1) << refused.output;
+  EXPECT_TRUE(contains(refused.output, "BackupAndRestore: " + dir + " holds " + std::to_string(kept.size()) +
+                                           " backup(s), none of which model 'sequential' can resume from (" + dir +
+                                           "/backup-" + std::to_string(kept.back()) + ".safetensors: "))
+      << refused.output;
+  EXPECT_TRUE(contains(refused.output, "they are left as they are")) << refused.output;
+  EXPECT_EQ(backups_in(dir), kept) << "another model's backups are kept";
+
+  const std::string foreign = path("tf_ckpt");
+  fs::create_directories(foreign);
+  { std::ofstream(foreign + "/checkpoint") << "model_checkpoint_path: \"ckpt-3\"\n"; }
+  const Result not_ours = fit("--checkpoint-dir " + foreign + " --checkpoint-every 3");
+  EXPECT_EQ(not_ours.code, 1) << not_ours.output;
+  EXPECT_TRUE(contains(not_ours.output, foreign + "/checkpoint: not a dtrain checkpoint index (it begins "
+                                                  "'model_checkpoint_path: \"ckpt-3\"'; another program's?)"))
+      << not_ours.output;
+  EXPECT_EQ(bytes_of(foreign + "/checkpoint"), "model_checkpoint_path: \"ckpt-3\"\n");
+}
+
 // The newest backup cut short: the run says it skipped it and resumes from the one before.
 TEST_F(CheckpointCli, ADamagedNewestBackupIsSkippedForTheOneBefore) {
   const Reference reference = uninterrupted("reference", false, "", "");
@@ -322,20 +356,20 @@ TEST_F(CheckpointCli, ConfigKeyFlagsFaultsAndTheProgressFile) {
   };
   // The config's folder, every 4 batches, kept: the last backup is of step 36.
   const std::string dir = path("from_config");
-  Result r = run("fit " + with_checkpoint("keep", {{"dir", dir}, {"every", 4}, {"keep", true}}) + " --summary " +
+  Result r = run("fit " + with_checkpoint("keeping", {{"dir", dir}, {"every", 4}, {"keep", true}}) + " --summary " +
                  path("keep.json"));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(backups_in(dir), (std::vector<std::int64_t>{32, 36}));
   EXPECT_EQ(summary("keep.json")["resumed_from"], nullptr);
   // Run again, it resumes at the end: nothing left to train.
-  r = run("fit " + with_checkpoint("keep", {{"dir", dir}, {"every", 4}, {"keep", true}}) + " --summary " + path("again.json"));
+  r = run("fit " + with_checkpoint("keeping", {{"dir", dir}, {"every", 4}, {"keep", true}}) + " --summary " + path("again.json"));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(resumed_steps(r.output), kSteps) << r.output;
   EXPECT_EQ(summary("again.json")["steps_trained"], 0);
   EXPECT_EQ(summary("again.json")["optimizer_iterations"], kSteps);
   // Flags override the config: another folder, per epoch.
   const std::string flag_dir = path("from_flags");
-  r = run("fit " + with_checkpoint("keep", {{"dir", dir}, {"every", 4}}) + " --checkpoint-dir " + flag_dir +
+  r = run("fit " + with_checkpoint("keeping", {{"dir", dir}, {"every", 4}}) + " --checkpoint-dir " + flag_dir +
           " --checkpoint-every epoch --keep-checkpoints");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(backups_in(flag_dir), (std::vector<std::int64_t>{24, 36}));

@@ -95,6 +95,13 @@ void BackupAndRestore::on_train_begin(const Logs& /*logs*/) {
                    "' is not built yet; build it (model.build(input_shape)) before fit() so the backup can be restored");
   } else {
     const RestoredCheckpoint restored = manager_->restore_latest();
+    // Backups none of which this model resumes from (another model's, or all damaged) are
+    // kept: this job would write over them and delete them at its end.
+    if (!restored.path && !restored.skipped.empty())
+      DTRAIN_THROW(InvalidArgument, "BackupAndRestore: ", dir_, " holds ", restored.skipped.size(),
+                   " backup(s), none of which model '", model.name(), "' can resume from (", restored.skipped.front().path,
+                   ": ", restored.skipped.front().reason,
+                   "); they are left as they are: give another backup folder, or remove them to start afresh");
     if (restored.path) {
       resumed_from_ = restored.path;
       if (options_.out && worker == 0)

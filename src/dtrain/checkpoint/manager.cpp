@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <ostream>
 #include <regex>
 
@@ -51,8 +52,23 @@ void CheckpointManager::read_index() {
   kept_.clear();
   std::ifstream in(path_of(kIndex));
   if (!in) return;
+  std::ostringstream whole;
+  whole << in.rdbuf();
+  const std::string text = whole.str();
+  const std::size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) return;
+  // Another program's index by that name (TensorFlow's, say) is not written over, nor are
+  // the checkpoints it lists deleted with this folder's.
+  auto foreign = [&](const std::string& what) {
+    DTRAIN_THROW(InvalidArgument, path_of(kIndex), ": not a dtrain checkpoint index (", what,
+                 "; another program's?); give dtrain another checkpoint folder, so that nothing in this one is "
+                 "written over");
+  };
+  if (text[first] != '{') foreign("it begins '" + text.substr(first, std::min<std::size_t>(40, text.find('\n', first) - first)) + "'");
   try {
-    const nlohmann::json index = nlohmann::json::parse(in);
+    const nlohmann::json index = nlohmann::json::parse(text);
+    if (index.is_object() && index.contains("format") && index["format"] != kIndexFormat)
+      foreign("its format is " + index["format"].dump() + ", not '" + std::string(kIndexFormat) + "'");
     if (index.value("format", "") != kIndexFormat) return;
     for (const auto& e : index.at("checkpoints"))
       kept_.push_back({e.at("file").get<std::string>(), e.at("number").get<std::int64_t>(), e.at("time").get<double>()});
