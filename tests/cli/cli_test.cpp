@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <nlohmann/json.hpp>
@@ -26,6 +27,11 @@ namespace fs = std::filesystem;
 using Result = dtrain::testing::CliResult;
 
 Result run(const std::string& args, const std::string& env = "") { return dtrain::testing::run_cli(args, env); }
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
 
 class Cli : public dtrain::testing::TempDirTest {
  protected:
@@ -61,6 +67,38 @@ TEST_F(Cli, FitWritesSummaryAndIsDeterministic) {
   EXPECT_GT(a["test"]["accuracy"].get<double>(), 0.8);
   EXPECT_EQ(a["history"], b["history"]);  // same seed, same numbers
   EXPECT_EQ(a["test"], b["test"]);
+}
+
+// What a run writes at its end is checked before it trains, and folders given where a file
+// is read are named as such.
+TEST_F(Cli, OutputsAndFoldersAreCheckedBeforeTraining) {
+  const std::string cfg = tiny_config();
+  const std::string before = read_file(cfg);
+  const std::string folder = (dir_ / "a_folder").string();
+  std::filesystem::create_directories(folder);
+  struct Case {
+    std::string flags, error;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--summary " + cfg, "--summary " + cfg + ": is the config being run, which the run would write over"},
+           {"--save-weights " + cfg, "--save-weights " + cfg + ": is the config being run"},
+           {"--summary " + folder, "--summary " + folder + ": is a folder; give a file's path"},
+           {"--profile " + folder + "/no/t.json", "--profile " + folder + "/no/t.json: its folder " + folder +
+                                                      "/no does not exist"}}) {
+    const Result r = run("fit " + cfg + " --verbose 0 " + c.flags);
+    EXPECT_EQ(r.code, 1) << c.flags << ": " << r.output;
+    EXPECT_NE(r.output.find(c.error), std::string::npos) << c.flags << ": " << r.output;
+    EXPECT_EQ(r.output.find("Epoch"), std::string::npos) << "refused before training: " << r.output;
+  }
+  EXPECT_EQ(read_file(cfg), before) << "the config is as it was";
+  const Result weights = run("evaluate " + cfg + " --weights " + folder);
+  EXPECT_EQ(weights.code, 1) << weights.output;
+  EXPECT_NE(weights.output.find(folder + ": is a folder, not a safetensors file"), std::string::npos) << weights.output;
+  const Result config = run("fit " + folder);
+  EXPECT_EQ(config.code, 1) << config.output;
+  EXPECT_NE(config.output.find(folder + ": is a folder, not a config file"), std::string::npos) << config.output;
+  const Result runs = run("doctor --runs " + folder + "," + folder);
+  EXPECT_NE(runs.output.find(folder + " is a folder"), std::string::npos) << runs.output;
 }
 
 TEST_F(Cli, FlagsOverrideTheFile) {

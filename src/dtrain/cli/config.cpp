@@ -531,12 +531,16 @@ void check_strategy(const std::string& strategy, int replicas) {
 }
 
 nlohmann::json read_json_file(const std::string& path, const std::string& unreadable) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) DTRAIN_THROW(IoError, unreadable, ": ", path, " is a folder");
   std::ifstream in(path);
   if (!in) DTRAIN_THROW(IoError, unreadable);
   return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
 }
 
 RunConfig load_config(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) DTRAIN_THROW(IoError, path, ": is a folder, not a config file");
   std::ifstream in(path);
   if (!in) DTRAIN_THROW(IoError, path, ": cannot open the config file");
   std::stringstream buf;

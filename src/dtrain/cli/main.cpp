@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -217,7 +218,26 @@ void prepare(const cli::RunConfig& c) {
   set_random_seed(c.seed);
 }
 
+// The files a run writes at its end, checked before it trains: a folder, a missing folder,
+// or the config itself (which the run would write over) is refused naming the flag.
+void check_outputs(const std::string& config, const Overrides& o) {
+  namespace fs = std::filesystem;
+  for (const auto& [flag, out] : {std::pair<const char*, const std::string&>{"--summary", o.summary},
+                                  {"--save-weights", o.save_weights},
+                                  {"--profile", o.profile}}) {
+    if (out.empty()) continue;
+    std::error_code ec;
+    if (fs::is_directory(out, ec)) DTRAIN_THROW(InvalidArgument, flag, " ", out, ": is a folder; give a file's path");
+    if (fs::exists(out, ec) && fs::equivalent(out, config, ec))
+      DTRAIN_THROW(InvalidArgument, flag, " ", out, ": is the config being run, which the run would write over");
+    const fs::path folder = fs::path(out).parent_path();
+    if (!folder.empty() && !fs::is_directory(folder, ec))
+      DTRAIN_THROW(InvalidArgument, flag, " ", out, ": its folder ", folder.string(), " does not exist");
+  }
+}
+
 int run_fit(const std::string& path, const Overrides& o) {
+  check_outputs(path, o);
   cli::RunConfig c = cli::load_config(path);
   apply(o, c);
   const cli::FaultSlow fault = cli::parse_fault_slow(o.fault_slow);
@@ -562,6 +582,7 @@ int run_fit(const std::string& path, const Overrides& o) {
 }
 
 int run_evaluate(const std::string& path, const Overrides& o) {
+  check_outputs(path, o);
   cli::RunConfig c = cli::load_config(path);
   apply(o, c);
   prepare(c);

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <new>
 #include <nlohmann/json.hpp>
@@ -311,6 +312,8 @@ void save_checked(const std::string& path, const CheckedTensors& tensors, bool s
 }
 
 NamedTensors load_safetensors(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) DTRAIN_THROW(IoError, path, ": is a folder, not a safetensors file");
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) DTRAIN_THROW(IoError, path, ": cannot open (", std::strerror(errno), ")");
   const std::int64_t size = in.tellg();
@@ -318,6 +321,7 @@ NamedTensors load_safetensors(const std::string& path) {
   if (size < 8) DTRAIN_THROW(IoError, path, ": truncated: ", size, " bytes, too short for a safetensors header");
   unsigned char len[8];
   in.read(reinterpret_cast<char*>(len), 8);
+  if (!in) DTRAIN_THROW(IoError, path, ": cannot read its first 8 bytes (", std::strerror(errno), ")");
   std::uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<std::uint64_t>(len[i]) << (8 * i);
   if (n > static_cast<std::uint64_t>(size - 8))
