@@ -283,10 +283,10 @@ TEST_F(CheckpointCli, ResumingWithAnotherNumberOfWorkersIsRefused) {
   EXPECT_EQ(backups_in(dir), kept) << "a refused backup is left as it was";
 }
 
-// Backups of another model are not resumed from, written over or deleted: the run is
-// refused naming the first, and the files stay. Nor is another program's index written
+// Backups of another model, or of another batch size, are not resumed from, written over
+// or deleted: the run is refused naming the first, and the files stay. Nor is another program's index written
 // over.
-TEST_F(CheckpointCli, AnotherModelsBackupsAndAnotherProgramsIndexAreRefusedAndKept) {
+TEST_F(CheckpointCli, AnotherModelsOrBatchSizesBackupsAndAnotherProgramsIndexAreRefusedAndKept) {
   const std::string dir = path("ckpt");
   const Result killed = fit(backup_flags(dir, "first") + " --fault-kill worker:0:17");
   ASSERT_EQ(killed.signal, SIGKILL) << killed.output;
@@ -305,6 +305,13 @@ TEST_F(CheckpointCli, AnotherModelsBackupsAndAnotherProgramsIndexAreRefusedAndKe
       << refused.output;
   EXPECT_TRUE(contains(refused.output, "they are left as they are")) << refused.output;
   EXPECT_EQ(backups_in(dir), kept) << "another model's backups are kept";
+  // The same model with another batch size: its epochs have other batches, and the saved
+  // position would fall in another epoch.
+  const Result rebatched = fit("--checkpoint-dir " + dir + " --checkpoint-every 3 --batch-size 24");
+  EXPECT_EQ(rebatched.code, 1) << rebatched.output;
+  EXPECT_TRUE(contains(rebatched.output, "the backup was made by a fit of 12 batches an epoch, and this fit has 6"))
+      << rebatched.output;
+  EXPECT_EQ(backups_in(dir), kept);
 
   const std::string foreign = path("tf_ckpt");
   fs::create_directories(foreign);

@@ -52,6 +52,7 @@ void BackupAndRestore::on_train_begin(const Logs& /*logs*/) {
                           {"batch", p.batch},
                           {"totals", p.totals},
                           {"steps_done", steps_done_},
+                          {"steps_per_epoch", p.steps},
                           {"num_workers", workers},
                           {"num_replicas_in_sync", strategy ? strategy->num_replicas_in_sync() : 1}};
   };
@@ -68,6 +69,7 @@ void BackupAndRestore::on_train_begin(const Logs& /*logs*/) {
     p.epoch = j.at("epoch").get<int>();
     p.batch = j.at("batch").get<std::int64_t>();
     p.totals = j.at("totals").get<std::vector<double>>();
+    p.steps = j.value("steps_per_epoch", std::int64_t{0});  // 0 in backups from before it was saved
     if (worker != 0) std::fill(p.totals.begin(), p.totals.end(), 0.0);
     steps_done_ = j.at("steps_done").get<std::int64_t>();
     seen_.restart(p.batch - 1);
@@ -149,7 +151,7 @@ void BackupAndRestore::on_train_batch_end(std::int64_t batch, const Logs& /*logs
 void BackupAndRestore::on_epoch_end(int epoch, const Logs& /*logs*/) {
   if (!options_.save_freq.per_epoch()) return;
   if (model_->fit_pending_batches() != 0) return;
-  save(FitPosition{epoch + 1, 0, {}, 0});
+  save(FitPosition{epoch + 1, 0, {}, 0, model_->fit_position().steps});
 }
 
 void BackupAndRestore::on_train_error() noexcept {

@@ -456,7 +456,7 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
   const detail::TrainErrorGuard on_error(callbacks);
   Logs logs;
   for (auto& c : callbacks) c->on_train_begin(logs);
-  const std::optional<FitPosition> resume = take_resume(opt, 0);
+  const std::optional<FitPosition> resume = take_resume(opt, source.steps());
   const detail::ClearOnExit clear_loss(fit_loss_);  // fit_loss_ points into the loop
 
   for (int epoch = resume ? resume->epoch : opt.initial_epoch; epoch < opt.epochs && !stop_training; ++epoch) {
@@ -618,7 +618,7 @@ void Model::set_epoch_logs(Logs& logs, const metrics::Mean& loss_mean) const {
 }
 
 FitPosition Model::fit_position() const {
-  FitPosition p{fit_epoch_, fit_batch_, {}, fit_pending_};
+  FitPosition p{fit_epoch_, fit_batch_, {}, fit_pending_, fit_steps_};
   if (fit_loss_) {
     p.totals = {fit_loss_->total(), fit_loss_->count()};
     for (const auto& m : metrics_) p.totals.insert(p.totals.end(), {m->total(), m->count()});
@@ -630,6 +630,12 @@ void Model::resume_fit_at(FitPosition position) { resume_ = std::move(position);
 
 std::optional<FitPosition> Model::take_resume(const FitOptions& opt, std::int64_t steps) {
   std::optional<FitPosition> resume = std::exchange(resume_, std::nullopt);
+  fit_steps_ = steps;
+  if (resume && resume->steps > 0 && steps > 0 && resume->steps != steps)
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "': the backup was made by a fit of ", resume->steps,
+                 " batches an epoch, and this fit has ", steps,
+                 ": its position would fall in another epoch than the one saved (were the batch size or the data "
+                 "changed?); run it as before, or start afresh with another backup folder");
   const std::size_t totals_expected = 2 + 2 * metrics_.size();
   if (resume && (resume->epoch < opt.initial_epoch || resume->batch < 0 || (steps > 0 && resume->batch > steps) ||
                  (!resume->totals.empty() && resume->totals.size() != totals_expected)))

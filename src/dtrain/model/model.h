@@ -78,6 +78,9 @@ struct FitPosition {
   // Batches whose gradients are accumulated (gradient_accumulation_steps) but not yet
   // applied; a checkpoint is only consistent where this is 0.
   int pending_batches = 0;
+  // The epoch's batches (0: not known): a run resumed with another batch size or data
+  // would put the position in another epoch than the one saved.
+  std::int64_t steps = 0;
 };
 
 // A model belongs to the strategy whose scope() was open when it was created
@@ -246,6 +249,7 @@ class Model {
   int fit_epoch_ = 0;
   std::int64_t fit_batch_ = 0;
   int fit_pending_ = 0;
+  std::int64_t fit_steps_ = 0;  // the epoch's batches (0: not known)
   const metrics::Mean* fit_loss_ = nullptr;  // the epoch's loss accumulator, during fit()
   std::optional<FitPosition> resume_;
 };
