@@ -226,9 +226,8 @@ replay = f"{replayed:+.1%}" if replayed is not None else "-"
 link = rows[len(rows) // 2][3]
 # Why, in the words of one round: where the medians miss by more than 15%, of the rounds
 # that missed by as much (and whose replay did, where its median does) the one whose error
-# is nearest the median error; where only the
-# replay's median does, the round whose replay is nearest it; where only some round
-# misses, the worst one.
+# is nearest the median error; where only the replay's median does, the round whose replay
+# is nearest it; where only some round misses, the worst one.
 def why(r):
     text = r[4].strip()
     return "not known" if text in ("-", "") else text

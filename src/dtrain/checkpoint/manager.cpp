@@ -64,7 +64,10 @@ void CheckpointManager::read_index() {
                  "; another program's?); give dtrain another checkpoint folder, so that nothing in this one is "
                  "written over");
   };
-  if (text[first] != '{') foreign("it begins '" + text.substr(first, std::min<std::size_t>(40, text.find('\n', first) - first)) + "'");
+  if (text[first] != '{') {
+    const std::size_t line = std::min<std::size_t>(40, text.find('\n', first) - first);
+    foreign("it begins '" + text.substr(first, line) + "'");
+  }
   try {
     const nlohmann::json index = nlohmann::json::parse(text);
     if (index.is_object() && index.contains("format") && index["format"] != kIndexFormat)
