@@ -148,6 +148,10 @@ def test_bad_input_names_the_thing():
         model.load_weights("/no/such/file.safetensors")
     with pytest.raises(TypeError, match="dtype 'complex64'"):
         tf.zeros((2,), dtype="complex64")
+    with pytest.raises(TypeError, match=r"metrics must be a list .* got 'accuracy'"):
+        _model().compile(optimizer="adam", loss="mse", metrics="accuracy")
+    with pytest.raises(MemoryError, match=r"shape \[2147483648, 2147483648\] holds more bytes than memory"):
+        tf.zeros((2**31, 2**31))
 
 
 def test_datasets_keep_their_elements_structure_and_order():

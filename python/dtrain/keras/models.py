@@ -190,6 +190,9 @@ class Model:
             raise ValueError("compile: a loss is needed (a name such as 'sparse_categorical_crossentropy', or a Loss)")
         self._optimizer = optimizers_module.get(optimizer)
         self._loss = losses_module.get(loss)
+        if isinstance(metrics, (str, dict)) or (metrics is not None and not isinstance(metrics, (list, tuple))):
+            raise TypeError(f"compile: metrics must be a list of names or Metric objects, got {metrics!r} "
+                            f"(as in metrics=['accuracy'])")
         names = [metrics_module._name_of(m) for m in (metrics or [])]
         self._steps_per_execution = int(steps_per_execution or 1)
         self._model().compile(self._optimizer, self._loss, names)
