@@ -36,7 +36,7 @@ TEST(Tensor, MoreBytesThanMemoryAddressesIsRefusedNamingTheShape) {
   }
   // Within what memory addresses but more than it holds: the bytes named, not a bare
   // std::bad_alloc. (The sanitizers' allocators end the process on such a request.)
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if !DTRAIN_SANITIZED
   try {
     Tensor::empty({std::int64_t{1} << 50});
     FAIL() << "4 PiB were allocated";

@@ -630,7 +630,7 @@ void Model::resume_fit_at(FitPosition position) { resume_ = std::move(position);
 
 std::optional<FitPosition> Model::take_resume(const FitOptions& opt, std::int64_t steps) {
   std::optional<FitPosition> resume = std::exchange(resume_, std::nullopt);
-  fit_steps_ = steps;
+  fit_steps_ = steps;  // for fit_position(), which a backup saves
   if (resume && resume->steps > 0 && steps > 0 && resume->steps != steps)
     DTRAIN_THROW(InvalidArgument, "model '", name_, "': the backup was made by a fit of ", resume->steps,
                  " batches an epoch, and this fit has ", steps,
