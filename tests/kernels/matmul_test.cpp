@@ -127,6 +127,42 @@ TEST(Matmul, Accumulates) {
   expect_close(out.to_vector(), want, 1e-4f);
 }
 
+// An `a` past the bytes one oneDNN call takes (2 GiB; here lowered to a few rows) is
+// multiplied in parts, along M as it is stored, along K transposed: the same result.
+TEST(Matmul, AnOperandPastTheKernelsOffsetsIsMultipliedInParts) {
+  CpuBackend& cpu = cpu_backend();
+  const std::int64_t M = 23, K = 31, N = 6;
+  cpu.set_matmul_part_bytes(5 * K * 4);  // 5 rows of a [M, K] in float32; 5 rows of 23 of aᵀ
+  struct Restore {
+    ~Restore() { cpu_backend().set_matmul_part_bytes(std::numeric_limits<std::int32_t>::max()); }
+  } restore;
+  Tensor bias = random_tensor({N}, 9);
+  for (const bool ta : {false, true})
+    for (const bool accumulate : {false, true}) {
+      Tensor a = random_tensor(ta ? Shape{K, M} : Shape{M, K}, 10);
+      Tensor b = random_tensor({K, N}, 11);
+      Tensor c = random_tensor({M, N}, 12);
+      const std::vector<float> before = c.to_vector();
+      // Stored as is, the parts take a bias and an activation too.
+      MatmulOptions o{.transpose_a = ta, .bias = ta || accumulate ? nullptr : &bias,
+                      .activation = ta || accumulate ? Activation::linear : Activation::relu, .accumulate = accumulate};
+      std::vector<float> want = reference(a, b, o, M, K, N);
+      if (accumulate)
+        for (std::size_t i = 0; i < want.size(); ++i) want[i] += before[i];
+      cpu.matmul(a, b, c, o);
+      SCOPED_TRACE(std::string(ta ? "a transposed" : "a as stored") + (accumulate ? ", accumulating" : ""));
+      expect_close(c.to_vector(), want, 1e-4f);
+    }
+  // What cannot be split is refused, naming the operand.
+  Tensor wide = random_tensor({2, 200}, 13), b = random_tensor({200, 3}, 14), c = Tensor::empty({2, 3});
+  try {
+    cpu.matmul(wide, b, c, {});
+    FAIL() << "expected ResourceExhausted";
+  } catch (const ResourceExhausted& e) {
+    EXPECT_NE(std::string(e.what()).find("a [2, 200] has rows of more than 620 bytes"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Matmul, Bfloat16InputsMatchRoundedReference) {
   Tensor a = random_tensor({16, 32}, 8).astype(DType::bf16);
   Tensor b = random_tensor({32, 8}, 9).astype(DType::bf16);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -64,8 +65,12 @@ class CpuBackend final : public Backend {
                   std::int64_t rows, std::int64_t width) override;
 
   PrimitiveCacheStats cache_stats() const;
+  // The most bytes of matmul's `a` one oneDNN call takes (its kernels' offsets are 32-bit);
+  // a larger one is multiplied in parts. Tests lower it to check the parts.
+  void set_matmul_part_bytes(std::int64_t bytes) { matmul_part_bytes_ = bytes; }
 
  private:
+  std::int64_t matmul_part_bytes_ = std::numeric_limits<std::int32_t>::max();
   struct OneDnn;  // engine and primitive cache; defined in cpu_onednn.cpp
   std::unique_ptr<OneDnn> dnn_;
 

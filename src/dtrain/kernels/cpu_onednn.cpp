@@ -77,6 +77,33 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matmu
     return;
   }
 
+  // oneDNN's kernels reach into `a` with 32-bit offsets and fault past 2 GiB (16 rows of
+  // 40M features): such an `a` is multiplied in parts of less, summed where they split K.
+  if (const std::int64_t most = matmul_part_bytes_; static_cast<std::int64_t>(a.nbytes()) > most) {
+    const auto row_bytes = static_cast<std::int64_t>(a.nbytes()) / a.dim(0);  // of a as stored
+    if (row_bytes > most)
+      DTRAIN_THROW(ResourceExhausted, "matmul: a ", a.shape().to_string(), o.transpose_a ? "ᵀ" : "",
+                   " has rows of more than ", most, " bytes each, past what the matrix kernels address");
+    const std::int64_t rows = most / row_bytes;
+    if (!o.transpose_a) {  // parts of M: rows of a and c
+      for (std::int64_t i = 0; i < M; i += rows) {
+        Tensor part = c.slice(i, std::min(M, i + rows));
+        matmul(a.slice(i, std::min(M, i + rows)), b, part, o);
+      }
+      return;
+    }
+    // a is stored [K, M]: parts of K, rows of a and of b, each summed into c.
+    if (o.transpose_b || o.bias || o.activation != Activation::linear || block)
+      DTRAIN_THROW(ResourceExhausted, "matmul: a ", a.shape().to_string(),
+                   "ᵀ of more than ", most,
+                   " bytes is multiplied in parts only with b untransposed, no bias and no activation");
+    MatmulOptions part = o;
+    for (std::int64_t k = 0; k < K; k += rows) {
+      matmul(a.slice(k, std::min(K, k + rows)), b.slice(k, std::min(K, k + rows)), c, part);
+      part.accumulate = true;
+    }
+    return;
+  }
   if (a.dtype() == DType::bf16 && !dnn_->native_bf16_matmul) {
     // bfloat16 to float32 is exact, and so is the product of two bfloat16 values in
     // float32, so float32 operands give what a bfloat16 matmul accumulating in float32 gives.
