@@ -178,6 +178,52 @@ TEST(Pooling2D, RejectsAPoolSizeOrStrideOfZeroNamingTheLayer) {
             std::string::npos);
 }
 
+TEST(Conv2D, ADepthwiseLayersChecksNameItsOwnClass) {
+  EXPECT_NE(message_of([] { DepthwiseConv2D(Pair{0, 3}, 1, {.name = "dw"}); })
+                .find("layer 'dw' (DepthwiseConv2D): kernel_size must be positive, got (0, 3)"),
+            std::string::npos);
+  EXPECT_NE(message_of([] { Conv2D(4, Pair{0, 3}, {.name = "c"}); }).find("layer 'c' (Conv2D): kernel_size"),
+            std::string::npos);
+}
+
+// A stride past the image takes its first window alone, as Keras computes it; oneDNN
+// refuses such strides, so they reach it as the image's extent.
+TEST(Conv2D, AStridePastTheImageTakesTheFirstWindow) {
+  const Tensor x = testing::random_tensor({2, 5, 4, 3}, 21);
+  for (const std::int64_t stride : {std::int64_t{5}, std::int64_t{1} << 40}) {
+    Conv2D conv(2, 2, {.strides = {stride, stride}, .seed = 22});
+    MaxPooling2D pool({2, 2}, Pair{stride, stride});
+    const Tensor y = conv(x), p = pool(x);
+    ASSERT_EQ(y.shape(), Shape({2, 1, 1, 2})) << stride;
+    ASSERT_EQ(p.shape(), Shape({2, 1, 1, 3})) << stride;
+    // The first window by hand: the kernel over the 2x2 pixels at the corner, plus the bias.
+    const std::vector<float> xv = x.to_vector(), k = conv.kernel().value().to_vector(), yv = y.to_vector();
+    for (int n = 0; n < 2; ++n)
+      for (int f = 0; f < 2; ++f) {
+        double want = conv.bias()->value().to_vector()[f];
+        float largest = -INFINITY;
+        for (int i = 0; i < 2; ++i)
+          for (int j = 0; j < 2; ++j)
+            for (int c = 0; c < 3; ++c) {
+              const float v = xv[((n * 5 + i) * 4 + j) * 3 + c];
+              want += static_cast<double>(v) * k[((i * 2 + j) * 3 + c) * 2 + f];
+              if (c == f) largest = std::max(largest, v);
+            }
+        EXPECT_NEAR(yv[n * 2 + f], want, 1e-5) << "stride " << stride;
+        EXPECT_EQ(p.to_vector()[n * 3 + f], largest) << "stride " << stride;
+      }
+  }
+}
+
+TEST(Reshape, ATargetShapeWithTwoUnknownsIsNamedAsWritten) {
+  EXPECT_NE(message_of([] { Reshape({-1, -1, 1}, "r"); })
+                .find("layer 'r' (Reshape): target_shape may hold one -1, got [-1, -1, 1]"),
+            std::string::npos);
+  EXPECT_NE(message_of([] { Reshape({-1, 0}); }).find("must be positive (or one -1), got [-1, 0]"), std::string::npos);
+  Reshape r({-1, 5});
+  EXPECT_NE(message_of([&] { r.compute_output_shape({2, 8}); }).find("to [-1, 5]"), std::string::npos);
+}
+
 TEST(Flatten, KeepsBatchAxis) {
   Flatten f;
   Tensor x = testing::random_tensor({2, 3, 4}, 5);

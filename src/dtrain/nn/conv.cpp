@@ -27,9 +27,16 @@ std::array<std::int64_t, 2> same_padding(std::int64_t size, std::int64_t window,
   return {total / 2, total - total / 2};
 }
 
+std::int64_t stride_within(std::int64_t stride, std::int64_t padded) {
+  return std::min(stride, std::max<std::int64_t>(padded, 1));
+}
+
 Conv2D::Conv2D(std::int64_t filters, Pair kernel_size, Conv2DOptions options)
+    : Conv2D(filters, kernel_size, std::move(options), "Conv2D") {}
+
+Conv2D::Conv2D(std::int64_t filters, Pair kernel_size, Conv2DOptions options, const char* class_name)
     : Layer(options.name), filters_(filters), kernel_size_(kernel_size), options_(std::move(options)),
-      groups_(options_.groups) {
+      groups_(options_.groups), class_name_(class_name) {
   if (filters_ <= 0) fail("filters must be positive, got " + std::to_string(filters_));
   if (kernel_size_[0] < 1 || kernel_size_[1] < 1) fail("kernel_size must be positive, got " + pair_text(kernel_size_));
   if (options_.strides[0] < 1 || options_.strides[1] < 1) fail("strides must be positive, got " + pair_text(options_.strides));
@@ -68,6 +75,7 @@ Conv2dOptions Conv2D::conv_options(const Shape& input_shape) const {
       o.pad_begin[i] = pad[0];
       o.pad_end[i] = pad[1];
     }
+    o.stride[i] = stride_within(o.stride[i], input_shape[1 + i] + o.pad_begin[i] + o.pad_end[i]);
   }
   return o;
 }
@@ -117,7 +125,8 @@ DepthwiseConv2D::DepthwiseConv2D(Pair kernel_size, std::int64_t depth_multiplier
                if (options.name == "conv2d") options.name = "depthwise_conv2d";
                options.groups = 1;
                return std::move(options);
-             }()),
+             }(),
+             "DepthwiseConv2D"),
       depth_multiplier_(depth_multiplier) {
   if (depth_multiplier_ <= 0) fail("depth_multiplier must be positive, got " + std::to_string(depth_multiplier_));
 }

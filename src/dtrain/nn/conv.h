@@ -20,6 +20,10 @@ const char* padding_name(Padding padding);
 std::array<std::int64_t, 2> same_padding(std::int64_t size, std::int64_t window, std::int64_t stride,
                                          std::int64_t dilation);
 
+// A stride past the `padded` extent of an axis (its pixels and zeros) as that extent:
+// either takes the first window alone, and oneDNN refuses strides far past the image.
+std::int64_t stride_within(std::int64_t stride, std::int64_t padded);
+
 using Pair = std::array<std::int64_t, 2>;
 
 struct Conv2DOptions {
@@ -42,7 +46,9 @@ class Conv2D : public Layer {
       : Conv2D(filters, Pair{kernel_size, kernel_size}, std::move(options)) {}
 
   Shape compute_output_shape(const Shape& input_shape) const override;
-  std::string class_name() const override { return "Conv2D"; }
+  // DepthwiseConv2D's too: the constructor's checks name the class while only this part
+  // of the layer is built.
+  std::string class_name() const override { return class_name_; }
 
   std::int64_t filters() const { return filters_; }
   const Pair& kernel_size() const { return kernel_size_; }
@@ -51,6 +57,7 @@ class Conv2D : public Layer {
   Variable* bias() { return bias_; }
 
  protected:
+  Conv2D(std::int64_t filters, Pair kernel_size, Conv2DOptions options, const char* class_name);
   void build_weights(const Shape& input_shape) override;
   Tensor call(const Tensor& x, bool training) override;
   // The kernel's shape for `channels` input channels, and the oneDNN options for an input.
@@ -63,6 +70,9 @@ class Conv2D : public Layer {
   std::int64_t groups_;  // of the convolution (DepthwiseConv2D: the input channels)
   Variable* kernel_ = nullptr;
   Variable* bias_ = nullptr;
+
+ private:
+  const char* class_name_;
 };
 
 // Each input channel convolved with its own depth_multiplier filters:
@@ -74,7 +84,6 @@ class DepthwiseConv2D : public Conv2D {
       : DepthwiseConv2D(Pair{kernel_size, kernel_size}, depth_multiplier, std::move(options)) {}
 
   Shape compute_output_shape(const Shape& input_shape) const override;
-  std::string class_name() const override { return "DepthwiseConv2D"; }
   std::int64_t depth_multiplier() const { return depth_multiplier_; }
 
  protected:

@@ -30,6 +30,7 @@ Pool2dOptions Pooling2D::pool_options(const Shape& input_shape) const {
       o.pad_begin[i] = pad[0];
       o.pad_end[i] = pad[1];
     }
+    o.stride[i] = stride_within(o.stride[i], input_shape[1 + i] + o.pad_begin[i] + o.pad_end[i]);
   }
   return o;
 }
