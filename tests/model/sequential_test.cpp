@@ -251,5 +251,34 @@ TEST(Sequential, MisuseIsAClearError) {
   }
 }
 
+std::string fit_error(Sequential& m, const Tensor& x, const Tensor& y, const FitOptions& o) {
+  try {
+    m.fit(x, y, o);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Options that would train nothing are refused before a step, naming the option.
+TEST(Sequential, OptionsThatWouldTrainNothingAreNamed) {
+  auto m = small_model(1);
+  m->compile("sgd", "sparse_categorical_crossentropy", {}, true);
+  m->build({10});
+  const Tensor x = Tensor::full({64, 10}, 0.5f), y = Tensor::zeros({64}, DType::i32);
+  const auto kernel = [&] { return m->variables()[0]->value().to_vector(); };
+  const std::vector<float> before = kernel();
+  // 2 epochs of 4 batches: an accumulation of 9 would never reach its update.
+  std::string e = fit_error(*m, x, y, {.epochs = 2, .batch_size = 16, .gradient_accumulation_steps = 9, .verbose = 0});
+  EXPECT_NE(e.find("gradient_accumulation_steps 9 is more than the 8 batch(es) this fit trains (2 epoch(s) of 4)"),
+            std::string::npos) << e;
+  EXPECT_EQ(kernel(), before);
+  e = fit_error(*m, x, y, {.batch_size = 16, .validation_split = 0.999, .verbose = 0});
+  EXPECT_NE(e.find("validation_split 0.999 of 64 samples leaves no training samples"), std::string::npos) << e;
+  // Exactly the fit's batches is one update.
+  m->fit(x, y, {.epochs = 2, .batch_size = 16, .gradient_accumulation_steps = 8, .verbose = 0});
+  EXPECT_NE(kernel(), before);
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -354,6 +354,9 @@ History Model::fit(const Tensor& x_all, const Tensor& y_all, const FitOptions& o
     y = y_all.slice(0, split);
     o.validation_data = std::make_pair(x_all.slice(split, x_all.dim(0)), y_all.slice(split, y_all.dim(0)));
   }
+  if (x.dim(0) == 0 && x_all.dim(0) > 0)
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit()'s validation_split ", opt.validation_split, " of ",
+                 x_all.dim(0), " samples leaves no training samples");
   if (x.dim(0) == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() got no training samples");
   // Under several replicas, the training thread's compute threads would still be spinning
   // (OpenMP's wait policy) on the cores the replica threads are about to wake up on,
@@ -457,6 +460,17 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
   Logs logs;
   for (auto& c : callbacks) c->on_train_begin(logs);
   const std::optional<FitPosition> resume = take_resume(opt, source.steps());
+  // An accumulation longer than all the batches left to train would apply no update.
+  if (const std::int64_t steps = source.steps(); steps > 0 && steps < opt.gradient_accumulation_steps) {
+    const int first = resume ? resume->epoch : opt.initial_epoch;
+    const std::int64_t epochs = std::max(0, opt.epochs - first);
+    const std::int64_t batches = steps * epochs - (resume ? resume->batch : 0);
+    if (batches > 0 && batches < opt.gradient_accumulation_steps)
+      DTRAIN_THROW(InvalidArgument, "fit: gradient_accumulation_steps ", opt.gradient_accumulation_steps,
+                   " is more than the ", batches, " batch(es) this fit trains (", epochs, " epoch(s) of ", steps,
+                   "): no update would be applied; accumulate at most ", batches,
+                   " batches, or train more epochs or smaller batches");
+  }
   const detail::ClearOnExit clear_loss(fit_loss_);  // fit_loss_ points into the loop
 
   for (int epoch = resume ? resume->epoch : opt.initial_epoch; epoch < opt.epochs && !stop_training; ++epoch) {
