@@ -578,6 +578,25 @@ TEST_F(Files, CsvColumnsLabelsAndErrors) {
   expect_resumes_exactly(Dataset::csv({f, write("b.csv", "x,y,label\n7,8,0\n")}), 2);
 }
 
+// Numbers as spreadsheets write them: a leading '+', a value beyond float32's range (as
+// float32 holds it), and a header after a UTF-8 byte order mark.
+TEST_F(Files, CsvTakesSignedAndTinyNumbersAndAByteOrderMark) {
+  const std::string f = write("signed.csv", "\xEF\xBB\xBFlabel,x,y\n1,+1.5,1e-50\n0,-2,+3e2\n");
+  Iterator it = Dataset::csv({f}, {.label_column = "label"}).make_iterator();
+  auto e = it.next();
+  EXPECT_EQ((*e)[0].to_vector(), (std::vector<float>{1.5f, 0.0f}));
+  EXPECT_EQ((*e)[1].item(), 1.0f);
+  EXPECT_EQ(it.next()->at(0).to_vector(), (std::vector<float>{-2, 300}));
+  // Past float32's largest it is inf, refused as any non-finite value; '+' alone or twice
+  // is still no number.
+  std::string m = message_of([&] { values(Dataset::csv({write("big.csv", "a\n1e50\n")})); });
+  EXPECT_NE(m.find("'1e50' is not a finite number"), std::string::npos) << m;
+  for (const char* field : {"+", "++1", "+-1"}) {
+    m = message_of([&] { values(Dataset::csv({write("plus.csv", std::string("a\n") + field + "\n")})); });
+    EXPECT_NE(m.find(std::string("'") + field + "' is not a number"), std::string::npos) << m;
+  }
+}
+
 TEST_F(Files, RecordsRoundTripAndCorruptionNamesTheOffset) {
   const std::string path = (dir_ / "r.rec").string();
   {

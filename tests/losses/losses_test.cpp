@@ -62,6 +62,15 @@ TEST(CategoricalCrossentropy, LogitsProbabilitiesAndSmoothing) {
   for (int i = 0; i < 12; ++i) smooth -= (t[i] * 0.8 + 0.05) * l[i];
   EXPECT_NEAR(CategoricalCrossentropy(true, 0.2f)(target, logits).item(), smooth / 3, 1e-5);
   EXPECT_THROW(CategoricalCrossentropy(true)(Tensor::zeros({3, 3}), logits), InvalidArgument);
+  // Class numbers, as a CSV's label column gives them, are named as such.
+  try {
+    CategoricalCrossentropy(true)(labels({0, 2, 1}), logits);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("the targets are class numbers (int32 [3]) where it needs one-hot rows like "
+                                         "the predictions [3, 4]; sparse_categorical_crossentropy takes class numbers"),
+              std::string::npos) << e.what();
+  }
 }
 
 TEST(MeanSquaredError, PerExampleMeanOverLastAxis) {

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <charconv>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -179,6 +180,25 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
+// A CSV field as a float32, as the number it writes: a leading '+' is allowed, and a
+// value beyond float32's range becomes what float32 holds for it (1e-50 is 0, 1e50 is
+// inf, which the caller refuses unless non-finite values are allowed). False when the
+// field is not a number.
+bool parse_field(std::string_view f, float& v) {
+  if (f.size() > 1 && f.front() == '+' && f[1] != '-' && f[1] != '+') f.remove_prefix(1);
+  if (f.empty()) return false;
+  const auto [p, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
+  if (p != f.data() + f.size()) return false;
+  if (ec == std::errc()) return true;
+  if (ec != std::errc::result_out_of_range) return false;
+  // A number all the same (from_chars read all of it): strtod gives its nearest double,
+  // +-HUGE_VAL or +-0 beyond double's range.
+  const std::string text(f);
+  const double d = std::strtod(text.c_str(), nullptr);
+  v = static_cast<float>(d);
+  return true;
+}
+
 class CsvIterator : public IteratorBase {
  public:
   CsvIterator(std::vector<std::string> files, CsvOptions o) : files_(std::move(files)), options_(std::move(o)) {}
@@ -198,6 +218,7 @@ class CsvIterator : public IteratorBase {
         continue;
       }
       ++line_;
+      if (line_ == 1 && line.starts_with("\xEF\xBB\xBF")) line.erase(0, 3);  // a UTF-8 byte order mark
       if (trim(line).empty()) continue;
       if (line_ == 1 && options_.header) {
         read_header(line);
@@ -264,8 +285,7 @@ class CsvIterator : public IteratorBase {
         DTRAIN_THROW(IoError, path(), ":", line_, ": column ", col, " is past the ", fields.size(), " fields of the line");
       const std::string_view f = trim(fields[col]);
       float v = 0;
-      auto [p, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
-      if (ec != std::errc() || p != f.data() + f.size() || f.empty())
+      if (!parse_field(f, v))
         DTRAIN_THROW(IoError, path(), ":", line_, ": column ", col + 1, ": '", std::string(f), "' is not a number");
       if (!std::isfinite(v) && !options_.allow_non_finite)
         DTRAIN_THROW(IoError, path(), ":", line_, ": column ", col + 1, ": '", std::string(f),

@@ -74,6 +74,12 @@ CategoricalCrossentropy::CategoricalCrossentropy(bool from_logits, float label_s
 }
 
 Tensor CategoricalCrossentropy::call(const Tensor& y_true, const Tensor& y_pred) const {
+  y_true.check_defined(name().c_str());
+  if (y_true.dtype() != DType::f32 && y_pred.rank() == 2 &&
+      (y_true.rank() == 1 || (y_true.rank() == 2 && y_true.dim(1) == 1 && y_pred.dim(1) != 1)))
+    DTRAIN_THROW(InvalidArgument, name(), ": the targets are class numbers (", dtype_name(y_true.dtype()), " ",
+                 y_true.shape().to_string(), ") where it needs one-hot rows like the predictions ",
+                 y_pred.shape().to_string(), "; sparse_categorical_crossentropy takes class numbers");
   y_true.check_dtype(DType::f32, name().c_str());
   if (y_pred.rank() != 2 || !(y_true.shape() == y_pred.shape()))
     DTRAIN_THROW(InvalidArgument, name(), ": targets ", y_true.shape().to_string(), " do not match predictions ",
