@@ -418,9 +418,10 @@ TEST_F(CheckpointCli, ConfigKeyFlagsFaultsAndTheProgressFile) {
   EXPECT_EQ(j["fault_kill"], (nlohmann::json{{"worker", 0}, {"step", 3}, {"armed", false}, {"fired", 0}}));
   EXPECT_EQ(j["fault_term"], (nlohmann::json{{"worker", 0}, {"step", 4}, {"armed", false}, {"fired", 0}}));
   EXPECT_FALSE(contains(r.output, "fault injection")) << r.output;
-  // A fault for another worker is not installed here.
+  // A fault for a worker the job lacks would plant nothing: it is refused.
   r = run("fit " + base + " --fault-kill worker:1:3");
-  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "--fault-kill worker:1:3: the job has 1 worker(s), numbered from 0")) << r.output;
 
   // DTRAIN_PROGRESS_FILE: replaced at every save with the steps done.
   const std::string progress = path("progress");

@@ -101,6 +101,24 @@ TEST_F(Cli, OutputsAndFoldersAreCheckedBeforeTraining) {
   EXPECT_NE(runs.output.find(folder + " is a folder"), std::string::npos) << runs.output;
 }
 
+// Flags whose values would plant or train nothing, or overflow, are named or taken as meant.
+TEST_F(Cli, FaultsOnAbsentWorkersAreRefusedAndHugeStepCountsTakeEveryRow) {
+  const std::string cfg = tiny_config();
+  for (const std::string flag : {"--fault-slow worker:5:2x", "--fault-kill worker:1:3", "--fault-term worker:2:3"}) {
+    const Result r = run("fit " + cfg + " --verbose 0 " + flag);
+    EXPECT_EQ(r.code, 1) << flag << ": " << r.output;
+    EXPECT_NE(r.output.find(flag.substr(0, flag.find(' ')) + " " + flag.substr(flag.find(' ') + 1) +
+                            ": the job has 1 worker(s), numbered from 0"),
+              std::string::npos)
+        << r.output;
+  }
+  // More steps than the data's batches: an epoch is every row (600 of batch 32: 19 steps).
+  const auto s = (dir_ / "s.json").string();
+  const Result r = run("fit " + cfg + " --epochs 1 --verbose 0 --steps-per-epoch 9223372036854775000 --summary " + s);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("600 training samples"), std::string::npos) << r.output;
+}
+
 TEST_F(Cli, FlagsOverrideTheFile) {
   const auto s = (dir_ / "s.json").string();
   ASSERT_EQ(run("fit " + tiny_config() + " --epochs 1 --batch-size 100 --threads 1 --seed 9 --verbose 0 --summary " + s).code, 0);
@@ -495,7 +513,7 @@ TEST_F(Cli, TwoWorkersMeasureTheGradientNoiseScaleOfTheirExamples) {
 
 TEST_F(Cli, FaultSlowIsACallbackOnTheNamedWorkerOnly) {
   // It slows every training batch of the worker it names, and says how many in the
-  // summary; on another worker it does nothing.
+  // summary; on another worker it does nothing, and a worker the job lacks is refused.
   const auto s = (dir_ / "s.json").string(), other = (dir_ / "other.json").string();
   Result r = run("fit " + tiny_config() + " --epochs 2 --steps-per-epoch 4 --verbose 0 --fault-slow worker:0:2x --summary " + s);
   ASSERT_EQ(r.code, 0) << r.output;
@@ -503,13 +521,14 @@ TEST_F(Cli, FaultSlowIsACallbackOnTheNamedWorkerOnly) {
   EXPECT_EQ(j["fault_slow"]["worker"], 0);
   EXPECT_EQ(j["fault_slow"]["factor"], 2.0);
   EXPECT_EQ(j["fault_slow"]["batches_slowed"], 8);
-  ASSERT_EQ(run("fit " + tiny_config() + " --epochs 1 --verbose 0 --fault-slow worker:1:2x --summary " + other).code, 0);
-  EXPECT_FALSE(nlohmann::json::parse(std::ifstream(other)).contains("fault_slow"));
+  r = run("fit " + tiny_config() + " --epochs 1 --verbose 0 --fault-slow worker:1:2x");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--fault-slow worker:1:2x: the job has 1 worker(s)"), std::string::npos) << r.output;
   // The chief's summary names a straggler on another worker (the doctor's model needs it).
   ASSERT_EQ(run("launch --workers 2 fit " + tiny_config() + " --strategy multi_worker --epochs 1 --steps-per-epoch 2 "
                 "--verbose 0 --fault-slow worker:1:3x --summary " + other).code, 0);
   const auto chief = nlohmann::json::parse(std::ifstream(other));
-  EXPECT_EQ(chief["fault_slow"]["worker"], 1) << chief.dump();
+  EXPECT_EQ(chief["fault_slow"]["worker"], 1) << chief.dump();  // worker 0, the chief, was not slowed:
   EXPECT_EQ(chief["fault_slow"]["factor"], 3.0) << chief.dump();
   EXPECT_FALSE(chief["fault_slow"].contains("batches_slowed")) << chief.dump();
   r = run("fit " + tiny_config() + " --fault-slow worker:0:0.5x");
@@ -1041,6 +1060,12 @@ TEST_F(FileSources, BadInputNamesTheKeyAndTheFile) {
        {"data.train_images: ", images, "20 images", "19 labels"}},
       {R"({"source": "records", "train": ")" + odd + R"("})",
        {"data.train: " + odd + ": record 0: expected (features, scalar label), got (float32 [4])"}},
+      // An empty test split is found out before training, not when it is evaluated after it.
+      {R"({"source": "idx", "train_images": ")" + images + R"(", "train_labels": ")" + labels + R"(", "test_images": ")" +
+           idx_images("no-images", 0, 0) + R"(", "test_labels": ")" + idx_labels("no-labels", 0, 0) + R"("})",
+       {"data.test_images: " + (dir_ / "no-images").string() + " holds no samples"}},
+      {csv_with(R"("label_column": "label", "test": ")" + write("header-only.csv", "a,b,c,d,label\n") + "\""),
+       {"data.test: " + (dir_ / "header-only.csv").string() + " holds no rows"}},
   };
   for (const Case& c : cases) {
     Result r = run("fit " + config("bad.json", c.data));

@@ -133,7 +133,10 @@ void check_csv_columns(const JsonReader& d, const std::string& key, const std::v
     std::ifstream in(file);
     std::string line;
     bool found = false;
-    while (!found && std::getline(in, line)) found = line.find_first_not_of(" \t\r") != std::string::npos;
+    for (bool first = true; !found && std::getline(in, line); first = false) {
+      if (first && line.starts_with("\xEF\xBB\xBF")) line.erase(0, 3);  // a UTF-8 byte order mark
+      found = line.find_first_not_of(" \t\r") != std::string::npos;
+    }
     if (!found) d.fail(key, "'" + file + "' has no lines");
     const std::vector<std::string> names = csv_fields(line, o.delimiter);
     auto check = [&](const std::string& column_key, const std::string& column) {
@@ -441,6 +444,15 @@ data::Classification load_files(const RunConfig& c, const Shape& row) {
     const Rows test = has_test ? read(true) : Rows{};
     out.train = to_split(train, class_labels);
     if (has_test) out.test = to_split(test, class_labels);
+  }
+  // An empty split is found out now, not after training (the test split's evaluation).
+  for (const bool test : {false, true}) {
+    const std::vector<std::string>& files = test ? d.test_files : d.train_files;
+    if (const data::Split& s = test ? out.test : out.train; s.x.defined() && s.x.dim(0) == 0)
+      throw_in_file<InvalidArgument>(
+          c.file, files_key(d, test),
+          (files.size() == 1 || d.source == "idx" ? files[0] + " holds" : "its " + std::to_string(files.size()) + " files hold") +
+              " no samples" + (test ? " (leave the test files out to train without a test split)" : ""));
   }
   if (has_test && row_shape_of(out.test.x) != row_shape_of(out.train.x))
     throw_in_file<InvalidArgument>(c.file, files_key(d, true),

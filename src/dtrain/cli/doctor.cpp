@@ -300,6 +300,14 @@ void launch_or_throw(int threads, const std::vector<std::string>& command, int w
   launch_or_throw(std::move(launch), what);
 }
 
+// The planted fault of `--fault-slow`, to a run of `workers` workers: a straggler only
+// where the run has its worker (fit refuses one it lacks: a run at fewer workers, or of
+// replicas in one process, has none to slow), an input delay to every run.
+void add_fault_slow(std::vector<std::string>& fit, const std::string& fault_slow, int workers) {
+  if (fault_slow.empty() || parse_fault_slow(fault_slow).worker >= workers) return;
+  fit.insert(fit.end(), {"--fault-slow", fault_slow});
+}
+
 // One scale of the job, a local launch of `dtrain fit`: a warm-up epoch, then `rounds`.
 profile::ScaleRun run_scale(const DoctorOptions& o, const TempDir& dir, int w, int r, std::int64_t per_replica) {
   const std::string summary = (dir.path / ("scale-" + std::to_string(w) + "x" + std::to_string(r) + ".json")).string();
@@ -307,7 +315,7 @@ profile::ScaleRun run_scale(const DoctorOptions& o, const TempDir& dir, int w, i
                                "--replicas", std::to_string(r), "--batch-size", std::to_string(per_replica * w * r),
                                "--epochs", std::to_string(1 + o.rounds), "--steps-per-epoch", std::to_string(o.steps),
                                "--verbose", "0", "--summary", summary};
-  if (!o.fault_slow.empty()) fit.insert(fit.end(), {"--fault-slow", o.fault_slow});
+  add_fault_slow(fit, o.fault_slow, w);
   launch_or_throw(threads_per_worker(o), fit, w,
                   "the run at " + std::to_string(w) + " worker(s) x " + std::to_string(r) + " replica(s)");
   return scale_run_from_summary(summary);
@@ -475,7 +483,7 @@ std::vector<profile::StrategyRun> run_strategies(const DoctorOptions& o, const T
               (o.ps > 1 ? ", " + std::to_string(o.ps) + " ps" : "") +
               (o.partitioner.empty() ? "" : ", " + parse_partitioner(o.partitioner).description()) + ")";
     }
-    if (!o.fault_slow.empty()) fit.insert(fit.end(), {"--fault-slow", o.fault_slow});
+    add_fault_slow(fit, o.fault_slow, launch.workers);
     launch.command = fit;
     out << "  running " << label << "...\n" << std::flush;
     launch_or_throw(std::move(launch), "the run of " + label);

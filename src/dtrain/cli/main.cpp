@@ -269,7 +269,10 @@ int run_fit(const std::string& path, const Overrides& o) {
   }
   if (o.steps_per_epoch > 0 && !c.data.pipeline && !serves_variables) {
     // On tensors, an epoch of N steps trains on the first N global batches.
-    const std::int64_t rows = std::min(d.train.x.dim(0), o.steps_per_epoch * c.batch_size);
+    // (more steps than the rows' batches: every row, without overflowing the product)
+    const std::int64_t rows = o.steps_per_epoch > d.train.x.dim(0) / c.batch_size
+                                  ? d.train.x.dim(0)
+                                  : std::min(d.train.x.dim(0), o.steps_per_epoch * c.batch_size);
     d.train.x = d.train.x.slice(0, rows);
     d.train.y = d.train.y.slice(0, rows);
   }
@@ -316,6 +319,15 @@ int run_fit(const std::string& path, const Overrides& o) {
   }
   const int worker_index = ps ? (ps->task().type == "worker" ? ps->task().index : -1)
                            : strategy ? strategy->worker_index() : 0;
+  // A planted fault on a worker the job does not have would silently plant nothing.
+  const int job_workers = ps ? ps->num_workers() : strategy ? strategy->num_workers() : 1;
+  const auto check_fault_worker = [&](const char* flag, const std::string& text, int planted) {
+    if (planted >= job_workers)
+      DTRAIN_THROW(InvalidArgument, flag, " ", text, ": the job has ", job_workers, " worker(s), numbered from 0");
+  };
+  check_fault_worker("--fault-slow", o.fault_slow, fault.worker);
+  if (!kill.ps) check_fault_worker("--fault-kill", o.fault_kill, kill.worker);
+  check_fault_worker("--fault-term", o.fault_term, term.worker);
   const int replicas = strategy ? strategy->num_replicas_in_sync() : 1;
   const int threads_per_replica = strategy ? strategy->threads_per_replica() : num_threads();
   std::string where = std::to_string(num_threads()) + " threads";
