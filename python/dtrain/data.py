@@ -14,6 +14,27 @@ INFINITE_CARDINALITY = _data.INFINITE_CARDINALITY
 UNKNOWN_CARDINALITY = _data.UNKNOWN_CARDINALITY
 
 
+def _shapes_checked(elements, shapes, is_tuple):
+    """The generator's elements, each checked against the signature's shapes (None: any
+    size), as TensorFlow checks them: a wrong one is named, not trained on."""
+    for index, element in enumerate(elements):
+        parts = list(element) if is_tuple and isinstance(element, (tuple, list)) else [element]
+        if len(parts) != len(shapes):
+            raise _dtrain.errors.InvalidArgumentError(
+                f"Dataset.from_generator: element {index} has {len(parts)} component(s) where the signature "
+                f"gives {len(shapes)}")
+        for component, (part, want) in enumerate(zip(parts, shapes)):
+            if want is None:
+                continue
+            got = np.shape(part)
+            if len(got) != len(want) or any(w is not None and w != g for g, w in zip(got, want)):
+                where = f"element {index}" + (f", component {component}," if is_tuple else "")
+                raise _dtrain.errors.InvalidArgumentError(
+                    f"Dataset.from_generator: {where} has shape {tuple(got)}, not the signature's "
+                    f"{tuple(want)} (None: any size)")
+        yield element
+
+
 class experimental:  # noqa: N801 (TensorFlow's module name)
     AUTOTUNE = _data.AUTOTUNE
     AutoShardPolicy = _data.AutoShardPolicy
@@ -65,16 +86,27 @@ class Dataset:
 
     @staticmethod
     def from_generator(generator, output_types=None, output_shapes=None, args=None, output_signature=None, name=None):
-        del output_shapes, name
+        del name
+        shapes = None
         if output_signature is not None:
             specs, is_tuple = _flatten(output_signature)
             dtypes = [_dtype_name(s.dtype if isinstance(s, TensorSpec) else s) for s in specs]
+            shapes = [s.shape if isinstance(s, TensorSpec) else None for s in specs]
         elif output_types is not None:
             types, is_tuple = _flatten(output_types)
             dtypes = [_dtype_name(t) for t in types]
+            if output_shapes is not None:
+                shapes = list(output_shapes) if is_tuple else [output_shapes]
+                if len(shapes) != len(dtypes):
+                    raise ValueError(f"Dataset.from_generator: output_shapes has {len(shapes)} component(s), "
+                                     f"output_types {len(dtypes)}")
+                shapes = [None if s is None else tuple(s) for s in shapes]
         else:
             raise TypeError("Dataset.from_generator needs output_signature (or output_types)")
         make = generator if not args else (lambda: generator(*args))
+        if shapes is not None and any(s is not None for s in shapes):
+            unchecked = make
+            make = lambda: _shapes_checked(unchecked(), shapes, is_tuple)  # noqa: E731
         return Dataset(_data._Dataset.from_generator(make, dtypes), is_tuple)
 
     @staticmethod

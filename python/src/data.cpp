@@ -85,8 +85,12 @@ void bind_data(py::module_& m) {
           py::object it = *state->iterator;
           PyObject* item = PyIter_Next(it.ptr());
           if (!item) {
-            if (PyErr_Occurred()) throw py::error_already_set();
-            return std::nullopt;
+            if (!PyErr_Occurred()) return std::nullopt;
+            py::error_already_set error;
+            // A ValueError (InvalidArgumentError among them: a shape the signature refuses)
+            // stays one through the pipeline.
+            if (error.matches(PyExc_ValueError)) DTRAIN_THROW(InvalidArgument, py::str(error.value()).cast<std::string>());
+            throw error;
           }
           return element_of(py::reinterpret_steal<py::object>(item), dtypes, "Dataset.from_generator");
         });

@@ -287,7 +287,10 @@ void bind_keras(py::module_& m) {
       .def_property_readonly("history", &history_dict)
       .def_readonly("epoch", &History::epoch)
       .def_readonly("epoch_seconds", &History::epoch_seconds)
-      .def_readonly("samples_per_second", &History::samples_per_second);
+      .def_readonly("samples_per_second", &History::samples_per_second)
+      .def_property_readonly("non_finite", [](const History& h) -> py::object {
+        return h.non_finite ? py::object(py::str(h.non_finite->to_string())) : py::object(py::none());
+      });
 
   // Optimizers and schedules.
   py::module_ o = k.def_submodule("optimizers");

@@ -152,6 +152,34 @@ def test_bad_input_names_the_thing():
         _model().compile(optimizer="adam", loss="mse", metrics="accuracy")
     with pytest.raises(MemoryError, match=r"shape \[2147483648, 2147483648\] holds more bytes than memory"):
         tf.zeros((2**31, 2**31))
+    # Counts are whole numbers, as range() takes them: 2.9 epochs is not 2.
+    with pytest.raises(TypeError, match="fit: epochs must be a whole number, got 2.9"):
+        model.fit(x, y, epochs=2.9, verbose=0)
+    with pytest.raises(TypeError, match="fit: batch_size must be a whole number, got 32.5"):
+        model.fit(x, y, batch_size=32.5, verbose=0)
+    model.fit(x[:64], y[:64], epochs=np.int64(1), batch_size=np.int32(32), verbose=0)  # numpy integers are whole
+    # A generator's element of another shape than its signature's is named, not trained on.
+
+    def rows():
+        yield np.zeros((20,), np.float32), 1
+        yield np.zeros((21,), np.float32), 1
+
+    wrong = tf.data.Dataset.from_generator(rows, output_signature=(tf.TensorSpec((20,), tf.float32),
+                                                                   tf.TensorSpec((), tf.int32)))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"element 1, component 0, has shape \(21,\), not the signature's \(20,\)"):
+        list(wrong)
+
+
+def test_history_names_the_first_step_that_was_not_finite():
+    x, y = _data()
+    model = _model()
+    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
+    assert model.fit(x[:64], y[:64], batch_size=32, verbose=0).non_finite is None
+    x = x[:64].copy()
+    x[40] = np.nan  # in the second batch
+    history = model.fit(x, y[:64], batch_size=32, shuffle=False, verbose=0)
+    assert history.non_finite is not None and "epoch 1, batch 2" in history.non_finite, history.non_finite
 
 
 def test_datasets_keep_their_elements_structure_and_order():

@@ -14,7 +14,9 @@ BackupAndRestore = _c.BackupAndRestore
 
 class History:
     """What fit returns: ``history`` maps each log ("loss", "accuracy", "val_loss", ...) to
-    its value at the end of every epoch; ``epoch`` lists the epochs trained."""
+    its value at the end of every epoch; ``epoch`` lists the epochs trained. ``non_finite``
+    names the first step whose loss or weights were not finite ("the loss was nan at epoch
+    2, batch 8"), None when every one was."""
 
     def __init__(self):
         self.history = {}
@@ -23,12 +25,14 @@ class History:
         self.model = None
         self.epoch_seconds = []
         self.samples_per_second = []
+        self.non_finite = None
 
     def _set(self, cpp):
         self.history = cpp.history
         self.epoch = list(cpp.epoch)
         self.epoch_seconds = list(cpp.epoch_seconds)
         self.samples_per_second = list(cpp.samples_per_second)
+        self.non_finite = cpp.non_finite
 
 
 class LambdaCallback(Callback):

@@ -5,6 +5,7 @@ when it is first built, compiled, called or trained, under the strategy whose sc
 open when the Sequential was made: its weights then belong to that strategy, as in
 TensorFlow."""
 import json
+import operator
 import sys
 
 import numpy as np
@@ -194,7 +195,10 @@ class Model:
             raise TypeError(f"compile: metrics must be a list of names or Metric objects, got {metrics!r} "
                             f"(as in metrics=['accuracy'])")
         names = [metrics_module._name_of(m) for m in (metrics or [])]
-        self._steps_per_execution = int(steps_per_execution or 1)
+        self._steps_per_execution = (1 if steps_per_execution is None
+                                     else _whole("compile", "steps_per_execution", steps_per_execution))
+        if self._steps_per_execution < 1:
+            raise ValueError(f"compile: steps_per_execution must be >= 1, got {self._steps_per_execution}")
         self._model().compile(self._optimizer, self._loss, names)
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
@@ -222,9 +226,12 @@ class Model:
         history = callbacks_module.History()
         history.model = self
         history.params = {"epochs": epochs, "steps": steps_per_epoch, "verbose": verbose}
-        cpp = model.fit(x, y, 32 if batch_size is None else int(batch_size), int(epochs), verbose, given,
-                        float(validation_split), validation_data, bool(shuffle), utils._fit_seed(), int(initial_epoch),
-                        int(steps_per_epoch or 0), int(gradient_accumulation_steps), self._steps_per_execution)
+        cpp = model.fit(x, y, 32 if batch_size is None else _whole("fit", "batch_size", batch_size),
+                        _whole("fit", "epochs", epochs), verbose, given, float(validation_split), validation_data,
+                        bool(shuffle), utils._fit_seed(), _whole("fit", "initial_epoch", initial_epoch),
+                        0 if steps_per_epoch is None else _whole("fit", "steps_per_epoch", steps_per_epoch),
+                        _whole("fit", "gradient_accumulation_steps", gradient_accumulation_steps),
+                        self._steps_per_execution)
         history._set(cpp)
         sys.stdout.flush()
         return history
@@ -233,7 +240,8 @@ class Model:
         del kwargs
         data = _unwrap_dataset(x)
         model = self._model() if isinstance(data, _dtrain.data._Dataset) else self._built_model(x)
-        logs = model.evaluate(data, y, 32 if batch_size is None else int(batch_size), 1 if verbose == "auto" else int(verbose))
+        batch = 32 if batch_size is None else _whole("evaluate", "batch_size", batch_size)
+        logs = model.evaluate(data, y, batch, 1 if verbose == "auto" else int(verbose))
         if return_dict:
             return logs
         values = list(logs.values())
@@ -255,7 +263,7 @@ class Model:
             if not parts:
                 raise ValueError("predict: the dataset gave no batch")
             return np.concatenate(parts)
-        return self._built_model(x).predict(x, 32 if batch_size is None else int(batch_size))
+        return self._built_model(x).predict(x, 32 if batch_size is None else _whole("predict", "batch_size", batch_size))
 
     def __call__(self, inputs, training=False, mask=None):
         del mask
@@ -353,6 +361,17 @@ class _Graph:
             "layers": [e._graph_json() for e in self.inputs + [e for e in self.entries if e not in self.inputs]],
             "input_layers": [[t.layer_name, 0, 0] for t in self.inputs],
             "output_layers": [[t.layer_name, t.node_index, 0] for t in self.outputs]}}
+
+
+def _whole(fn, name, value):
+    """A count given to ``fn``: an int (numpy's too), as range() takes it; 2.9 epochs is a
+    TypeError, as in Keras, not 2."""
+    if isinstance(value, bool):
+        raise TypeError(f"{fn}: {name} must be a whole number, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{fn}: {name} must be a whole number, got {value!r}") from None
 
 
 def _unwrap_dataset(x):
