@@ -3,12 +3,17 @@
 // not saved models, damaged ones and ones whose parts disagree are errors naming the file.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <bit>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "common/error_message.h"
 #include "common/temp_dir.h"
+#include "dtrain/core/files.h"
 #include "dtrain/data/datasets.h"
 #include "dtrain/model/compile_config.h"
 #include "dtrain/model/safetensors.h"
@@ -157,6 +162,39 @@ TEST(CompileConfig, UnknownClassesAreNamed) {
   EXPECT_NE(message_of<InvalidArgument>([] { optimizer_from_json(json{{"name", "sgd"}, {"beta_1", 0.9}}, "x.opt"); })
                 .find("x.opt.beta_1: unknown key"),
             std::string::npos);
+}
+
+// A path that is a FIFO (or a device such as /dev/null) is written through, never renamed
+// over: writing through a file beside it replaced /dev/null with a regular file.
+TEST_F(ModelSaving, AFifoIsWrittenThroughAndStaysAFifo) {
+  const std::string fifo = path("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto read_all = [&] {
+    std::ifstream in(fifo, std::ios::binary);  // waits for the writer
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  auto m = mlp();
+  std::string weights, summary;
+  {
+    std::thread reader([&] { weights = read_all(); });
+    m->save_weights(fifo);
+    reader.join();
+  }
+  {
+    std::thread reader([&] { summary = read_all(); });
+    write_file_replacing(fifo, "{\"a\": 1}", "the summary");
+    reader.join();
+  }
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
+  EXPECT_FALSE(std::filesystem::exists(fifo + ".partial"));
+  // The whole safetensors file came through: its header's length, the header, the weights.
+  ASSERT_GT(weights.size(), 8u);
+  std::uint64_t header = 0;
+  std::memcpy(&header, weights.data(), 8);
+  std::size_t values = 0;
+  for (Variable* v : m->variables()) values += static_cast<std::size_t>(v->value().numel());
+  EXPECT_EQ(weights.size(), 8 + header + 4 * values);
+  EXPECT_EQ(summary, "{\"a\": 1}");
 }
 
 TEST_F(ModelSaving, LoadWithoutCompileGivesTheWeightsAndNoOptimizer) {

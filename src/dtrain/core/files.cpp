@@ -2,6 +2,7 @@
 #include "dtrain/core/files.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "dtrain/core/error.h"
@@ -14,13 +15,28 @@ std::string partial_of(const std::string& path) { return path + ".partial"; }
 
 }  // namespace
 
+bool is_special_file(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(path, ec);
+  return !ec && std::filesystem::exists(status) && !std::filesystem::is_regular_file(status) &&
+         !std::filesystem::is_directory(status);
+}
+
 void check_replaceable(const std::string& path, std::string_view what) {
+  if (is_special_file(path)) return;  // opened only to be written: a FIFO would wait for a reader
   const std::string partial = partial_of(path);
   if (!std::ofstream(partial)) DTRAIN_THROW(IoError, what, ": cannot write ", path);
   std::remove(partial.c_str());
 }
 
 void write_file_replacing(const std::string& path, std::string_view content, std::string_view what) {
+  if (is_special_file(path)) {  // /dev/null stays a device: renaming over it would replace it
+    std::ofstream out(path, std::ios::binary);
+    out.write(content.data(), static_cast<std::streamsize>(content.size()));
+    out.flush();
+    if (!out) DTRAIN_THROW(IoError, what, ": cannot write ", path);
+    return;
+  }
   const std::string partial = partial_of(path);
   bool ok = false;
   {

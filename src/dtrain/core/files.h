@@ -6,9 +6,14 @@
 
 namespace dtrain {
 
+// Whether `path` names something other than a regular file or a folder: a device such as
+// /dev/null, a FIFO, a socket. Such a path is written to in place, never replaced.
+bool is_special_file(const std::string& path);
+
 // Writes `content` to `path` through PATH.partial, renamed into place once complete: a
-// reader sees the old file or the new one, and a failed write leaves the old one. Throws
-// IoError "<what>: cannot write PATH" when it cannot.
+// reader sees the old file or the new one, and a failed write leaves the old one (a
+// special file is written in place). Throws IoError "<what>: cannot write PATH" when it
+// cannot.
 void write_file_replacing(const std::string& path, std::string_view content, std::string_view what);
 
 // Whether write_file_replacing(path, ...) could start: the same IoError now if not, so that

@@ -21,7 +21,9 @@
 #include <xxhash.h>
 #include <xxh_x86dispatch.h>
 
+#include "dtrain/core/files.h"
 #include "dtrain/core/threads.h"
+#include "dtrain/model/json_reader.h"
 
 namespace dtrain {
 namespace {
@@ -160,6 +162,15 @@ void write_file(const std::string& path, const NamedTensors& data, const nlohman
   if (block) {
     head = aligned_block(prefix.size());
     std::memcpy(head.get(), prefix.data(), prefix.size());
+  }
+  if (is_special_file(path)) {  // /dev/null stays a device: renaming over it would replace it
+    std::ofstream out(path, std::ios::binary);
+    out.write(prefix.data(), static_cast<std::streamsize>(prefix.size()));
+    for (const auto& [name, t] : data.tensors)
+      out.write(static_cast<const char*>(t.raw_data()), static_cast<std::streamsize>(t.nbytes()));
+    out.flush();
+    if (!out) DTRAIN_THROW(IoError, path, ": writing failed");
+    return;
   }
   std::string tmp = path + ".tmp-XXXXXX";  // unique per call: concurrent saves never share it
   const int fd = ::mkstemp(tmp.data());
@@ -335,7 +346,9 @@ NamedTensors load_safetensors(const std::string& path) {
     DTRAIN_THROW(IoError, path, ": header holds a NUL byte at offset ", 8 + nul, " (its padding must be spaces)");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(text);
+    header = nlohmann::json::parse(text, json_depth_limit(path + ": header"));
+  } catch (const InvalidArgument& e) {  // nested too deep
+    DTRAIN_THROW(IoError, e.what());
   } catch (const nlohmann::json::parse_error& e) {
     DTRAIN_THROW(IoError, path, ": header is not valid JSON at byte ", 8 + e.byte, ": ", e.what());
   } catch (const nlohmann::json::exception& e) {  // a number too large for a double (1e999)
