@@ -76,6 +76,7 @@ TEST_F(Cli, OutputsAndFoldersAreCheckedBeforeTraining) {
   const std::string before = read_file(cfg);
   const std::string folder = (dir_ / "a_folder").string();
   std::filesystem::create_directories(folder);
+  const std::string out = (dir_ / "out.json").string(), dotted = (dir_ / "." / "out.json").string();
   struct Case {
     std::string flags, error;
   };
@@ -84,7 +85,10 @@ TEST_F(Cli, OutputsAndFoldersAreCheckedBeforeTraining) {
            {"--save-weights " + cfg, "--save-weights " + cfg + ": is the config being run"},
            {"--summary " + folder, "--summary " + folder + ": is a folder; give a file's path"},
            {"--profile " + folder + "/no/t.json", "--profile " + folder + "/no/t.json: its folder " + folder +
-                                                      "/no does not exist"}}) {
+                                                      "/no does not exist"},
+           {"--summary " + out + " --save-weights " + dotted,
+            "--save-weights " + dotted + ": is --summary's file too: one would write over the other"},
+           {"--summary " + out + " --profile " + out, "--profile " + out + ": is --summary's file too"}}) {
     const Result r = run("fit " + cfg + " --verbose 0 " + c.flags);
     EXPECT_EQ(r.code, 1) << c.flags << ": " << r.output;
     EXPECT_NE(r.output.find(c.error), std::string::npos) << c.flags << ": " << r.output;
@@ -117,6 +121,18 @@ TEST_F(Cli, FaultsOnAbsentWorkersAreRefusedAndHugeStepCountsTakeEveryRow) {
   const Result r = run("fit " + cfg + " --epochs 1 --verbose 0 --steps-per-epoch 9223372036854775000 --summary " + s);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("600 training samples"), std::string::npos) << r.output;
+}
+
+// A config nested deeper than any real one is refused before it is walked (100,000 levels
+// overflowed the stack); one of 512 levels is the deepest taken.
+TEST_F(Cli, ADeeplyNestedConfigIsRefusedNotRecursedInto) {
+  const std::string deep = write("deep.json", "{\"model\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
+  Result r = run("summary " + deep);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find(deep + ": JSON nested more than 512 arrays or objects deep"), std::string::npos) << r.output;
+  const std::string just = write("just.json", "{\"model\": " + std::string(511, '[') + std::string(511, ']') + "}");
+  r = run("summary " + just);
+  EXPECT_EQ(r.output.find("nested more than"), std::string::npos) << r.output;
 }
 
 TEST_F(Cli, FlagsOverrideTheFile) {
@@ -1064,6 +1080,8 @@ TEST_F(FileSources, BadInputNamesTheKeyAndTheFile) {
       {R"({"source": "idx", "train_images": ")" + images + R"(", "train_labels": ")" + labels + R"(", "test_images": ")" +
            idx_images("no-images", 0, 0) + R"(", "test_labels": ")" + idx_labels("no-labels", 0, 0) + R"("})",
        {"data.test_images: " + (dir_ / "no-images").string() + " holds no samples"}},
+      {R"({"source": "csv", "train": ")" + write("label-only.csv", "label\n0\n1\n") + R"(", "label_column": "label"})",
+       {"data.train: the rows of " + (dir_ / "label-only.csv").string() + " have shape [0]: no features to train on"}},
       {csv_with(R"("label_column": "label", "test": ")" + write("header-only.csv", "a,b,c,d,label\n") + "\""),
        {"data.test: " + (dir_ / "header-only.csv").string() + " holds no rows"}},
   };

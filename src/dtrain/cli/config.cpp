@@ -454,6 +454,10 @@ data::Classification load_files(const RunConfig& c, const Shape& row) {
           (files.size() == 1 || d.source == "idx" ? files[0] + " holds" : "its " + std::to_string(files.size()) + " files hold") +
               " no samples" + (test ? " (leave the test files out to train without a test split)" : ""));
   }
+  if (row_shape_of(out.train.x).numel() == 0)
+    throw_in_file<InvalidArgument>(c.file, files_key(d, false),
+                                   "the rows of " + d.train_files[0] + " have shape " +
+                                       row_shape_of(out.train.x).to_string() + ": no features to train on");
   if (has_test && row_shape_of(out.test.x) != row_shape_of(out.train.x))
     throw_in_file<InvalidArgument>(c.file, files_key(d, true),
                                    "the rows of " + d.test_files[0] + " have shape " + row_shape_of(out.test.x).to_string() +
@@ -547,7 +551,7 @@ nlohmann::json read_json_file(const std::string& path, const std::string& unread
   if (std::filesystem::is_directory(path, ec)) DTRAIN_THROW(IoError, unreadable, ": ", path, " is a folder");
   std::ifstream in(path);
   if (!in) DTRAIN_THROW(IoError, unreadable);
-  return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return nlohmann::json::parse(in, json_depth_limit(path), /*allow_exceptions=*/false);
 }
 
 RunConfig load_config(const std::string& path) {

@@ -220,16 +220,34 @@ void prepare(const cli::RunConfig& c) {
 
 // The files a run writes at its end, checked before it trains: a folder, a missing folder,
 // or the config itself (which the run would write over) is refused naming the flag.
-void check_outputs(const std::string& config, const Overrides& o) {
+// What the run writes at its end, checked before it starts: not a folder, in a folder
+// that exists, and none over another output, the config, the data or the weights it reads
+// (a device such as /dev/null is written in place, and may take several).
+void check_outputs(const std::string& config, const Overrides& o, const cli::RunConfig& c) {
   namespace fs = std::filesystem;
+  std::vector<std::pair<std::string, std::string>> inputs{{"the config being run", config}};
+  for (const std::string& f : c.data.train_files) inputs.emplace_back("a training file of the config", f);
+  for (const std::string& f : c.data.test_files) inputs.emplace_back("a test file of the config", f);
+  if (!o.weights.empty()) inputs.emplace_back("the --weights being read", o.weights);
+  const auto same = [](const std::string& a, const std::string& b) {
+    std::error_code ec, ec2;
+    if (fs::exists(a, ec) && fs::exists(b, ec2)) return fs::equivalent(a, b, ec);
+    return fs::weakly_canonical(a, ec) == fs::weakly_canonical(b, ec2) && !ec && !ec2;
+  };
+  std::vector<std::pair<const char*, std::string>> written;
   for (const auto& [flag, out] : {std::pair<const char*, const std::string&>{"--summary", o.summary},
                                   {"--save-weights", o.save_weights},
                                   {"--profile", o.profile}}) {
     if (out.empty()) continue;
     std::error_code ec;
     if (fs::is_directory(out, ec)) DTRAIN_THROW(InvalidArgument, flag, " ", out, ": is a folder; give a file's path");
-    if (fs::exists(out, ec) && fs::equivalent(out, config, ec))
-      DTRAIN_THROW(InvalidArgument, flag, " ", out, ": is the config being run, which the run would write over");
+    if (is_special_file(out)) continue;
+    for (const auto& [what, in] : inputs)
+      if (same(out, in)) DTRAIN_THROW(InvalidArgument, flag, " ", out, ": is ", what, ", which the run would write over");
+    for (const auto& [other, path] : written)
+      if (same(out, path))
+        DTRAIN_THROW(InvalidArgument, flag, " ", out, ": is ", other, "'s file too: one would write over the other");
+    written.emplace_back(flag, out);
     const fs::path folder = fs::path(out).parent_path();
     if (!folder.empty() && !fs::is_directory(folder, ec))
       DTRAIN_THROW(InvalidArgument, flag, " ", out, ": its folder ", folder.string(), " does not exist");
@@ -237,9 +255,9 @@ void check_outputs(const std::string& config, const Overrides& o) {
 }
 
 int run_fit(const std::string& path, const Overrides& o) {
-  check_outputs(path, o);
   cli::RunConfig c = cli::load_config(path);
   apply(o, c);
+  check_outputs(path, o, c);
   const cli::FaultSlow fault = cli::parse_fault_slow(o.fault_slow);
   const cli::FaultSignal kill = cli::parse_fault_signal("--fault-kill", o.fault_kill, SIGKILL, /*allow_ps=*/true);
   const cli::FaultSignal term = cli::parse_fault_signal("--fault-term", o.fault_term, SIGTERM);
@@ -594,9 +612,9 @@ int run_fit(const std::string& path, const Overrides& o) {
 }
 
 int run_evaluate(const std::string& path, const Overrides& o) {
-  check_outputs(path, o);
   cli::RunConfig c = cli::load_config(path);
   apply(o, c);
+  check_outputs(path, o, c);
   prepare(c);
   data::Classification d = cli::load_data(c);
   auto model = cli::build_model(c);

@@ -3,9 +3,17 @@
 
 namespace dtrain {
 
+nlohmann::json::parser_callback_t json_depth_limit(const std::string& source) {
+  return [source](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+    if (depth > kMaxJsonDepth)
+      DTRAIN_THROW(InvalidArgument, source, ": JSON nested more than ", kMaxJsonDepth, " arrays or objects deep");
+    return true;
+  };
+}
+
 nlohmann::json parse_json(const std::string& text, const std::string& source) {
   try {
-    return nlohmann::json::parse(text);
+    return nlohmann::json::parse(text, json_depth_limit(source));
   } catch (const nlohmann::json::parse_error& e) {
     DTRAIN_THROW(InvalidArgument, source, ": invalid JSON at byte ", e.byte, ": ", e.what());
   } catch (const nlohmann::json::exception& e) {  // a number too large for a double (1e999)

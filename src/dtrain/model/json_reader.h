@@ -53,7 +53,16 @@ class JsonReader {
 // key is said already.
 bool names_json_path(const std::string& message, const std::string& path);
 
-// Parses text as JSON; a syntax error is an InvalidArgument naming `source` and the byte.
+// The deepest nesting of arrays and objects a document read from outside may have: the
+// code that walks a document recurses, and a config nested 100,000 deep overflowed the
+// stack. No config or header of dtrain's comes near it.
+inline constexpr int kMaxJsonDepth = 512;
+// A parser callback that refuses a document nested deeper, naming `source` (the error is
+// `Error`, which the caller may rethrow as its own kind).
+nlohmann::json::parser_callback_t json_depth_limit(const std::string& source);
+
+// Parses text as JSON; a syntax error, or nesting deeper than kMaxJsonDepth, is an
+// InvalidArgument naming `source` (and the byte).
 nlohmann::json parse_json(const std::string& text, const std::string& source);
 
 }  // namespace dtrain
