@@ -215,6 +215,41 @@ TEST(Conv2D, AStridePastTheImageTakesTheFirstWindow) {
   }
 }
 
+// Under "same", a window wider than every output's reach pools the whole image at every
+// output: 2^28 gives what 64 gives (each channel's largest value, or its mean), at once.
+TEST(Pooling2D, AWindowPastTheImageUnderSamePoolsTheWholeImage) {
+  const Tensor x = testing::random_tensor({2, 5, 4, 3}, 31);
+  const std::vector<float> xv = x.to_vector();
+  const Pair huge{std::int64_t{1} << 28, std::int64_t{1} << 28};
+  for (const Pair strides : {Pair{1, 1}, Pair{2, 3}}) {
+    MaxPooling2D max_huge(huge, strides, "same"), max_wide({64, 64}, strides, "same");
+    AveragePooling2D avg_huge(huge, strides, "same"), avg_wide({64, 64}, strides, "same");
+    const Tensor m = max_huge(x), a = avg_huge(x);
+    EXPECT_EQ(m.to_vector(), max_wide(x).to_vector());
+    EXPECT_EQ(a.to_vector(), avg_wide(x).to_vector());
+    const std::vector<float> mv = m.to_vector(), av = a.to_vector();
+    const std::int64_t per_image = m.numel() / 2;
+    for (std::int64_t i = 0; i < m.numel(); ++i) {
+      const std::int64_t n = i / per_image, c = i % 3;
+      float largest = -INFINITY;
+      double sum = 0;
+      for (std::int64_t p = 0; p < 20; ++p) {
+        largest = std::max(largest, xv[(n * 20 + p) * 3 + c]);
+        sum += xv[(n * 20 + p) * 3 + c];
+      }
+      EXPECT_EQ(mv[i], largest) << i;
+      EXPECT_NEAR(av[i], sum / 20, 1e-5) << i;
+    }
+  }
+}
+
+// Settings oneDNN refuses (a dilation far past the image under "same") name the layer.
+TEST(Conv2D, WhatOneDnnRefusesNamesTheLayer) {
+  Conv2D conv(2, 3, {.padding = "same", .dilation_rate = {std::int64_t{1} << 40, 1}, .name = "wide"});
+  const std::string m = message_of([&] { conv(testing::random_tensor({1, 4, 4, 1}, 3)); });
+  EXPECT_NE(m.find("layer 'wide' (Conv2D) on [1, 4, 4, 1]: oneDNN could not build a primitive"), std::string::npos) << m;
+}
+
 TEST(Reshape, ATargetShapeWithTwoUnknownsIsNamedAsWritten) {
   EXPECT_NE(message_of([] { Reshape({-1, -1, 1}, "r"); })
                 .find("layer 'r' (Reshape): target_shape may hold one -1, got [-1, -1, 1]"),

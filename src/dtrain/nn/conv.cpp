@@ -21,7 +21,7 @@ const char* padding_name(Padding padding) { return padding == Padding::same ? "s
 
 std::array<std::int64_t, 2> same_padding(std::int64_t size, std::int64_t window, std::int64_t stride,
                                          std::int64_t dilation) {
-  const std::int64_t out = (size + stride - 1) / stride;
+  const std::int64_t out = size / stride + (size % stride != 0 ? 1 : 0);  // (no overflow for a stride near 2^63)
   const std::int64_t span = dilation * (window - 1) + 1;
   const std::int64_t total = std::max<std::int64_t>(0, (out - 1) * stride + span - size);
   return {total / 2, total - total / 2};

@@ -31,7 +31,12 @@ void Layer::build(const Shape& input_shape) {
 Tensor Layer::operator()(const Tensor& x, bool training) {
   x.check_defined(name_.c_str());
   build(x.shape());
-  return call(x, training);
+  try {
+    return call(x, training);
+  } catch (const Unsupported&) {  // oneDNN refused the layer's settings: say which layer
+    rethrow_with_context(std::current_exception(),
+                         "layer '" + name_ + "' (" + class_name() + ") on " + x.shape().to_string());
+  }
 }
 
 Tensor Layer::operator()(std::span<const Tensor> inputs, bool training) {

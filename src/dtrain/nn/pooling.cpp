@@ -23,10 +23,17 @@ Pool2dOptions Pooling2D::pool_options(const Shape& input_shape) const {
   o.kind = kind_;
   const bool same = padding_from_name(padding_) == Padding::same;
   for (int i = 0; i < 2; ++i) {
+    const std::int64_t size = input_shape[1 + i];
     o.window[i] = pool_size_[i];
     o.stride[i] = strides_[i];
     if (same) {
-      const auto pad = same_padding(input_shape[1 + i], pool_size_[i], strides_[i], 1);
+      // A window as wide as `whole` covers all of the axis for every output, and so does a
+      // wider one: padding is never pooled, so the narrower gives the same values, where
+      // oneDNN's time grows with the window (2^28 ran for minutes on an 8 x 8 image).
+      const std::int64_t outputs = size / o.stride[i] + (size % o.stride[i] != 0 ? 1 : 0);
+      const std::int64_t whole = size + (outputs - 1) * o.stride[i] + 1;
+      o.window[i] = std::min(o.window[i], whole);
+      const auto pad = same_padding(size, o.window[i], o.stride[i], 1);
       o.pad_begin[i] = pad[0];
       o.pad_end[i] = pad[1];
     }
