@@ -98,6 +98,19 @@ TEST(Losses, GradientsMatchFiniteDifferences) {
       [target](const std::vector<Tensor>& in) { return MeanSquaredError()(target, in[0]); }, {probs}, {0});
 }
 
+// Probabilities that are NaN (a model whose weights went NaN) give a NaN loss, not the
+// loss of the clipped probabilities (ln of the classes): clipping keeps NaN, as in
+// TensorFlow.
+TEST(Losses, NaNProbabilitiesGiveANaNLoss) {
+  const Tensor nan = Tensor::full({2, 4}, NAN);
+  EXPECT_TRUE(std::isnan(SparseCategoricalCrossentropy(false)(labels({0, 3}), nan).item()));
+  EXPECT_TRUE(std::isnan(CategoricalCrossentropy(false)(Tensor::zeros({2, 4}), nan).item()));
+  const std::vector<float> clipped = clip_by_value(Tensor::from_vector({3}, {NAN, -2.0f, 5.0f}), -1.0f, 1.0f).to_vector();
+  EXPECT_TRUE(std::isnan(clipped[0]));
+  EXPECT_EQ(clipped[1], -1.0f);
+  EXPECT_EQ(clipped[2], 1.0f);
+}
+
 TEST(Losses, EmptyBatchIsZeroNotNaN) {
   EXPECT_EQ(SparseCategoricalCrossentropy(true)(labels({}), Tensor::zeros({0, 3})).item(), 0.0f);
 }

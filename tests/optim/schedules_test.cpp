@@ -59,5 +59,32 @@ TEST(Schedules, LinearWarmupThenWrapped) {
   EXPECT_THROW(LinearWarmup(nullptr, 4), InvalidArgument);
 }
 
+// A negative or NaN rate would climb the loss or make every weight NaN: every schedule
+// refuses one, as a constant learning rate does, naming the schedule and the argument.
+TEST(Schedules, RefuseANegativeOrNotFiniteRate) {
+  const auto message = [](auto make) {
+    try {
+      make();
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  const std::string nan = message([] { ExponentialDecay(NAN, 10, 0.5f); });
+  EXPECT_NE(nan.find("ExponentialDecay: initial_learning_rate must be a finite number >= 0, got nan"),
+            std::string::npos) << nan;
+  EXPECT_NE(message([] { ExponentialDecay(-0.5f, 10, 0.5f); }).find("initial_learning_rate"), std::string::npos);
+  EXPECT_NE(message([] { ExponentialDecay(0.5f, 10, INFINITY); }).find("decay_rate"), std::string::npos);
+  EXPECT_NE(message([] { PiecewiseConstantDecay({1}, {0.1f, -0.1f}); }).find("PiecewiseConstantDecay: each of values"),
+            std::string::npos);
+  EXPECT_NE(message([] { CosineDecay(-1.0f, 10); }).find("CosineDecay: initial_learning_rate"), std::string::npos);
+  EXPECT_NE(message([] { CosineDecay(1.0f, 10, -0.1f); }).find("CosineDecay: alpha"), std::string::npos);
+  EXPECT_NE(message([] { LinearWarmup(std::make_shared<Constant>(0.1f), 4, -0.01f); })
+                .find("LinearWarmup: initial_learning_rate"),
+            std::string::npos);
+  EXPECT_NE(message([] { Constant(-0.1f); }).find("learning rate must be a finite number >= 0"), std::string::npos);
+  EXPECT_EQ(message([] { ExponentialDecay(0.0f, 10, 0.5f); }), "(accepted)");  // 0 trains nothing, but is not wrong
+}
+
 }  // namespace
 }  // namespace dtrain::optim

@@ -6,6 +6,8 @@
 // allocator, so executing a cached primitive allocates no tensor memory.
 #include "dtrain/kernels/onednn_internal.h"
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace dtrain::kernels {
@@ -155,8 +157,14 @@ void CpuBackend::unary(Unary op, const Tensor& x, Tensor& y, float alpha, float 
   check_same_shape(x, y, "unary");
   const std::int64_t n = x.numel();
   if (n == 0) return;
-  // relu's alpha would be its negative slope; only linear and clip take parameters.
-  if (op != Unary::linear && op != Unary::clip) {
+  if (op == Unary::clip) {  // oneDNN's clip maps NaN into the range; NaN stays NaN, as in TensorFlow
+    const float* in = x.data<float>();
+    float* out = y.data<float>();
+    for (std::int64_t i = 0; i < n; ++i) out[i] = std::isnan(in[i]) ? in[i] : std::min(std::max(in[i], alpha), beta);
+    return;
+  }
+  // relu's alpha would be its negative slope; only linear takes parameters.
+  if (op != Unary::linear) {
     alpha = 0.0f;
     beta = 0.0f;
   }

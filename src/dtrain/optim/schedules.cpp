@@ -9,17 +9,28 @@
 #include "dtrain/core/error.h"
 
 namespace dtrain::optim {
+namespace {
+
+// Every rate a schedule gives is one of these, or between two of them: a negative one
+// would climb the loss, and a NaN would make every weight NaN.
+void check_rate(const char* schedule, const char* what, float rate) {
+  if (!(rate >= 0.0f) || !std::isfinite(rate))
+    DTRAIN_THROW(InvalidArgument, schedule, ": ", what, " must be a finite number >= 0, got ", rate);
+}
+
+}  // namespace
 
 Constant::Constant(float learning_rate) : learning_rate_(learning_rate) {
-  if (!(learning_rate >= 0.0f) || !std::isfinite(learning_rate))
-    DTRAIN_THROW(InvalidArgument, "learning rate must be a finite number >= 0, got ", learning_rate);
+  check_rate("Constant", "learning rate", learning_rate);
 }
 std::string Constant::describe() const { return dtrain::detail::concat("Constant(", learning_rate_, ")"); }
 
 ExponentialDecay::ExponentialDecay(float initial, std::int64_t decay_steps, float decay_rate, bool staircase)
     : initial_(initial), decay_steps_(decay_steps), decay_rate_(decay_rate), staircase_(staircase) {
   if (decay_steps <= 0) DTRAIN_THROW(InvalidArgument, "ExponentialDecay: decay_steps must be positive, got ", decay_steps);
-  if (!(decay_rate > 0.0f)) DTRAIN_THROW(InvalidArgument, "ExponentialDecay: decay_rate must be positive, got ", decay_rate);
+  if (!(decay_rate > 0.0f) || !std::isfinite(decay_rate))
+    DTRAIN_THROW(InvalidArgument, "ExponentialDecay: decay_rate must be a finite number > 0, got ", decay_rate);
+  check_rate("ExponentialDecay", "initial_learning_rate", initial);
 }
 
 float ExponentialDecay::operator()(std::int64_t step) const {
@@ -40,6 +51,7 @@ PiecewiseConstantDecay::PiecewiseConstantDecay(std::vector<std::int64_t> boundar
                  boundaries_.size(), " boundaries and ", values_.size(), " values");
   if (!std::is_sorted(boundaries_.begin(), boundaries_.end()))
     DTRAIN_THROW(InvalidArgument, "PiecewiseConstantDecay: boundaries must be increasing");
+  for (const float v : values_) check_rate("PiecewiseConstantDecay", "each of values", v);
 }
 
 float PiecewiseConstantDecay::operator()(std::int64_t step) const {
@@ -57,6 +69,8 @@ std::string PiecewiseConstantDecay::describe() const {
 CosineDecay::CosineDecay(float initial, std::int64_t decay_steps, float alpha)
     : initial_(initial), decay_steps_(decay_steps), alpha_(alpha) {
   if (decay_steps <= 0) DTRAIN_THROW(InvalidArgument, "CosineDecay: decay_steps must be positive, got ", decay_steps);
+  check_rate("CosineDecay", "initial_learning_rate", initial);
+  check_rate("CosineDecay", "alpha", alpha);  // its last rate's fraction of the first
 }
 
 float CosineDecay::operator()(std::int64_t step) const {
@@ -73,6 +87,7 @@ LinearWarmup::LinearWarmup(std::shared_ptr<LearningRateSchedule> after, std::int
     : after_(std::move(after)), warmup_steps_(warmup_steps), initial_(initial) {
   if (!after_) DTRAIN_THROW(InvalidArgument, "LinearWarmup: needs a schedule to warm up to");
   if (warmup_steps < 0) DTRAIN_THROW(InvalidArgument, "LinearWarmup: warmup_steps must be >= 0, got ", warmup_steps);
+  check_rate("LinearWarmup", "initial_learning_rate", initial);
 }
 
 float LinearWarmup::operator()(std::int64_t step) const {
