@@ -171,6 +171,22 @@ def test_bad_input_names_the_thing():
         list(wrong)
 
 
+def test_layer_arguments_and_inputs_as_numpy_and_keras_give_them():
+    # numpy's scalars are arguments like Python's; a number JSON cannot hold is named.
+    layer = tf.keras.layers.Dense(np.int64(4), input_shape=(3,))
+    assert tf.keras.Sequential([layer]).count_params() == 16
+    with pytest.raises(ValueError, match="Dropout: rate must be a finite number, got nan"):
+        tf.keras.layers.Dropout(float("nan"))
+    with pytest.raises(ValueError, match="BatchNormalization: epsilon must be a finite number, got inf"):
+        tf.keras.layers.BatchNormalization(epsilon=np.float32("inf"))
+    # Integers and booleans are cast to float32 for the first layer, as Keras casts them.
+    model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])
+    want = model.predict(np.array([[1, 0, 3]], np.float32), verbose=0)
+    np.testing.assert_array_equal(model.predict([[1, 0, 3]], verbose=0), want)
+    np.testing.assert_array_equal(model.predict(np.array([[True, False, True]]), verbose=0),
+                                  model.predict(np.array([[1, 0, 1]], np.float32), verbose=0))
+
+
 def test_history_names_the_first_step_that_was_not_finite():
     x, y = _data()
     model = _model()

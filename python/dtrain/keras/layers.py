@@ -3,7 +3,10 @@ way the dtrain command builds one from a JSON file: so a model built from Python
 same model in a config file get the same weights from the same seed.
 
 Once its model is built, a layer answers for its dtrain layer (name, weights, call)."""
+import math
 import re
+
+import numpy as np
 
 from .initializers import Initializer
 
@@ -16,13 +19,20 @@ def assign_all(owner, variables, weights):
         v.assign(w)
 
 
-def _keras_value(value):
+def _keras_value(value, where):
+    """A layer argument as its config holds it: numpy's scalars as Python's, tuples as
+    lists; a number that is not finite (which JSON cannot hold) is a ValueError naming
+    ``where``."""
     if isinstance(value, Initializer):
         return value.get_config()
     if callable(value):  # activation=tf.nn.relu: Keras saves it by name
         return value.__name__
-    if isinstance(value, tuple):
-        return list(value)
+    if isinstance(value, (tuple, list)):
+        return [_keras_value(v, where) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} must be a finite number, got {value}")
     return value
 
 
@@ -48,7 +58,8 @@ class Layer:
             input_shape = tuple(batch_input_shape)[1:]
         config.update(kwargs)
         self._input_shape = None if input_shape is None else tuple(input_shape)
-        self._config = {k: _keras_value(v) for k, v in config.items() if v is not None}
+        self._config = {k: _keras_value(v, f"{type(self).__name__}: {k}")
+                        for k, v in config.items() if v is not None}
         self._built = None  # the dtrain layer, once a model is built
 
     def get_config(self):

@@ -215,10 +215,12 @@ class Model:
         if validation_freq != 1:
             raise NotImplementedError("fit(validation_freq=...) is not supported by dtrain: it validates every epoch")
         model = self._model()
-        x = _unwrap_dataset(x)
+        x = _model_input(_unwrap_dataset(x))
         validation_data = _unwrap_dataset(validation_data)
         if isinstance(validation_data, list):
             validation_data = tuple(validation_data)
+        if isinstance(validation_data, tuple) and validation_data:
+            validation_data = (_model_input(validation_data[0]), *validation_data[1:])
         given = list(callbacks or [])
         for c in given:
             if isinstance(c, callbacks_module.Callback):
@@ -238,7 +240,7 @@ class Model:
 
     def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", return_dict=False, **kwargs):
         del kwargs
-        data = _unwrap_dataset(x)
+        data = x = _model_input(_unwrap_dataset(x))
         model = self._model() if isinstance(data, _dtrain.data._Dataset) else self._built_model(x)
         batch = 32 if batch_size is None else _whole("evaluate", "batch_size", batch_size)
         logs = model.evaluate(data, y, batch, 1 if verbose == "auto" else int(verbose))
@@ -263,6 +265,7 @@ class Model:
             if not parts:
                 raise ValueError("predict: the dataset gave no batch")
             return np.concatenate(parts)
+        x = _model_input(x)
         return self._built_model(x).predict(x, 32 if batch_size is None else _whole("predict", "batch_size", batch_size))
 
     def __call__(self, inputs, training=False, mask=None):
@@ -361,6 +364,17 @@ class _Graph:
             "layers": [e._graph_json() for e in self.inputs + [e for e in self.entries if e not in self.inputs]],
             "input_layers": [[t.layer_name, 0, 0] for t in self.inputs],
             "output_layers": [[t.layer_name, t.node_index, 0] for t in self.outputs]}}
+
+
+def _model_input(x):
+    """A model's input as Keras casts it: integers and booleans (a list of ints, an int64
+    array) to float32, which the first layer computes in; uint8 images stay bytes, which
+    Rescaling takes as they are."""
+    if isinstance(x, (list, tuple)) and x and not isinstance(x[0], (np.ndarray, _dtrain.Tensor)):
+        x = np.asarray(x)
+    if isinstance(x, np.ndarray) and x.dtype.kind in "iub" and x.dtype != np.uint8:
+        return x.astype(np.float32)
+    return x
 
 
 def _whole(fn, name, value):
