@@ -154,6 +154,16 @@ TEST(Weights, BadFilesAreNamedErrorsAndLeaveTheModelAlone) {
   e = message_of([&] { m->load_weights(path.string()); });
   EXPECT_NE(e.find("has no tensor 'dense/bias'"), std::string::npos) << e;
   EXPECT_EQ(m->variables()[0]->value().to_vector(), before);  // nothing was half-loaded
+
+  // Every variable's tensor and more: another model's weights, refused whole.
+  m->save_weights(path.string());
+  NamedTensors more = load_safetensors(path.string());
+  more.tensors.emplace_back("dense_9/bias", Tensor::zeros({3}));
+  save_safetensors(path.string(), more);
+  e = message_of([&] { m->load_weights(path.string()); });
+  EXPECT_NE(e.find("holds 1 tensor(s) model '" + m->name() + "' has no variable for ('dense_9/bias')"),
+            std::string::npos) << e;
+  EXPECT_EQ(m->variables()[0]->value().to_vector(), before);
   fs::remove(path);
 }
 

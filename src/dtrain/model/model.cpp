@@ -548,7 +548,8 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
       // Several workers stop together at the end of the epoch, on figures they share.
       if (stop_training && workers == 1) break;
     }
-    if (step == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() got no training batches in epoch ", epoch);
+    if (step == 0)
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() got no training batches in epoch ", epoch + 1);
     if (samples == 0 && verbose > 0 && worker == 0)
       out << "(epoch " << epoch + 1 << " was complete in the checkpoint; only its end runs again)\n";
     if (workers > 1) {
@@ -881,6 +882,17 @@ void Model::load_weights(const std::string& path) {
       DTRAIN_THROW(IoError, path, ": tensor '", v->name(), "' is ", dtype_name(t->dtype()), " ", t->shape().to_string(),
                    ", but the model's variable is ", dtype_name(v->dtype()), " ", v->shape().to_string());
   }
+  // A tensor the model has no variable for: the weights of another model, which would
+  // leave part of this one as it was.
+  std::set<std::string> names;
+  for (const Variable* v : vars) names.insert(v->name());
+  std::string extra;
+  int extras = 0;
+  for (const auto& [name, t] : data.tensors)
+    if (!names.contains(name) && ++extras <= 3) extra += (extra.empty() ? "'" : ", '") + name + "'";
+  if (extras > 0)
+    DTRAIN_THROW(IoError, path, ": holds ", extras, " tensor(s) model '", name_, "' has no variable for (", extra,
+                 extras > 3 ? ", ..." : "", "): the weights of another model?");
   for (Variable* v : vars) v->assign(*data.find(v->name()));
 }
 
