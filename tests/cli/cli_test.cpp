@@ -106,7 +106,7 @@ TEST_F(Cli, OutputsAndFoldersAreCheckedBeforeTraining) {
 }
 
 // Flags whose values would plant or train nothing, or overflow, are named or taken as meant.
-TEST_F(Cli, FaultsOnAbsentWorkersAreRefusedAndHugeStepCountsTakeEveryRow) {
+TEST_F(Cli, FaultsOnAbsentWorkersAndWorkersFlagsAloneAreRefusedAndHugeStepCountsTakeEveryRow) {
   const std::string cfg = tiny_config();
   for (const std::string flag : {"--fault-slow worker:5:2x", "--fault-kill worker:1:3", "--fault-term worker:2:3"}) {
     const Result r = run("fit " + cfg + " --verbose 0 " + flag);
@@ -116,6 +116,16 @@ TEST_F(Cli, FaultsOnAbsentWorkersAreRefusedAndHugeStepCountsTakeEveryRow) {
               std::string::npos)
         << r.output;
   }
+  // Flags that shape what workers send each other need several workers; a timeout is a number.
+  for (const std::string flag : {"--compression fp16", "--communication ring", "--no-overlap"}) {
+    const Result r = run("fit " + cfg + " --verbose 0 " + flag);
+    EXPECT_EQ(r.code, 1) << flag << ": " << r.output;
+    EXPECT_NE(r.output.find(flag.substr(0, flag.find(' ')) + " needs --strategy multi_worker"), std::string::npos)
+        << r.output;
+  }
+  const Result nan = run("fit " + cfg + " --verbose 0 --collective-timeout nan");
+  EXPECT_NE(nan.code, 0) << nan.output;
+  EXPECT_NE(nan.output.find("--collective-timeout: expected a finite number, got nan"), std::string::npos) << nan.output;
   // More steps than the data's batches: an epoch is every row (600 of batch 32: 19 steps).
   const auto s = (dir_ / "s.json").string();
   const Result r = run("fit " + cfg + " --epochs 1 --verbose 0 --steps-per-epoch 9223372036854775000 --summary " + s);
@@ -1080,6 +1090,8 @@ TEST_F(FileSources, BadInputNamesTheKeyAndTheFile) {
       {R"({"source": "idx", "train_images": ")" + images + R"(", "train_labels": ")" + labels + R"(", "test_images": ")" +
            idx_images("no-images", 0, 0) + R"(", "test_labels": ")" + idx_labels("no-labels", 0, 0) + R"("})",
        {"data.test_images: " + (dir_ / "no-images").string() + " holds no samples"}},
+      {R"({"source": "csv", "train": ")" + write("old-mac.csv", "a,b,c,d,label\r1,2,3,4,0\r") + R"(", "label_column": "label"})",
+       {"data.train: '" + (dir_ / "old-mac.csv").string() + "' ends its lines in a carriage return alone"}},
       {R"({"source": "csv", "train": ")" + write("label-only.csv", "label\n0\n1\n") + R"(", "label_column": "label"})",
        {"data.train: the rows of " + (dir_ / "label-only.csv").string() + " have shape [0]: no features to train on"}},
       {csv_with(R"("label_column": "label", "test": ")" + write("header-only.csv", "a,b,c,d,label\n") + "\""),

@@ -138,6 +138,8 @@ void check_csv_columns(const JsonReader& d, const std::string& key, const std::v
       found = line.find_first_not_of(" \t\r") != std::string::npos;
     }
     if (!found) d.fail(key, "'" + file + "' has no lines");
+    if (const auto cr = line.find('\r'); cr != std::string::npos && cr + 1 < line.size())
+      d.fail(key, "'" + file + "' ends its lines in a carriage return alone; dtrain reads LF or CRLF line endings");
     const std::vector<std::string> names = csv_fields(line, o.delimiter);
     auto check = [&](const std::string& column_key, const std::string& column) {
       if (o.header && std::find(names.begin(), names.end(), column) != names.end()) return;

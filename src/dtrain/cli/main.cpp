@@ -322,6 +322,12 @@ int run_fit(const std::string& path, const Overrides& o) {
   } else if (kill.ps) {
     DTRAIN_THROW(InvalidArgument, "--fault-kill ", o.fault_kill, ": a ps task exists only under --strategy parameter_server");
   }
+  // How workers send each other gradients: without several workers there is nothing to send.
+  if (c.strategy != "multi_worker")
+    for (const auto& [flag, given] : {std::pair{"--compression", !o.compression.empty() && o.compression != "none"},
+                                      std::pair{"--communication", !o.communication.empty()},
+                                      std::pair{"--no-overlap", o.no_overlap}})
+      if (given) DTRAIN_THROW(InvalidArgument, flag, " needs --strategy multi_worker (the gradients workers send each other)");
   // Under multi_worker, the chief alone writes files; every worker trains and reports.
   const bool chief = ps ? ps->is_chief() : !strategy || strategy->worker_index() == 0;
   std::unique_ptr<Model> model;
@@ -675,7 +681,13 @@ int main(int argc, char** argv) {
     cmd->add_option("--collective-timeout", o.collective_timeout,
                     "Seconds any collective waits for the other workers (multi_worker) or replicas (mirrored) "
                     "(default 60)")
-        ->check(CLI::Range(0.001, 86400.0));
+        ->check(CLI::Range(0.001, 86400.0))
+        ->check(CLI::Validator(
+            [](std::string& text) {  // NaN passes the range's comparisons
+              return std::isfinite(std::strtod(text.c_str(), nullptr)) ? std::string()
+                                                                         : "expected a finite number, got " + text;
+            },
+            "SECONDS"));
     cmd->add_flag("--no-overlap", o.no_overlap, "multi_worker: send gradient buckets only after backward");
     cmd->add_option("--consistency", o.consistency,
                     "parameter_server: async (default), ssp:K (a worker at most K closures ahead of the slowest) or "
