@@ -171,6 +171,8 @@ class Dataset:
 
     def with_options(self, options, name=None):
         del name
+        if not isinstance(options, Options):
+            raise TypeError(f"Dataset.with_options takes a tf.data.Options, got {type(options).__name__}")
         return self._derive(self._cpp.with_shard_policy(options.experimental_distribute.auto_shard_policy))
 
     # --- inspection and iteration

@@ -169,6 +169,10 @@ def test_bad_input_names_the_thing():
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"element 1, component 0, has shape \(21,\), not the signature's \(20,\)"):
         list(wrong)
+    with pytest.raises(NotImplementedError, match=r"validation_data=\(x, y, sample_weight\)"):
+        model.fit(x, y, validation_data=(x, y, np.ones(len(y))), verbose=0)
+    with pytest.raises(TypeError, match="with_options takes a tf.data.Options, got dict"):
+        tf.data.Dataset.range(3).with_options({"deterministic": True})
 
 
 def test_layer_arguments_and_inputs_as_numpy_and_keras_give_them():

@@ -219,6 +219,9 @@ class Model:
         validation_data = _unwrap_dataset(validation_data)
         if isinstance(validation_data, list):
             validation_data = tuple(validation_data)
+        if isinstance(validation_data, tuple) and len(validation_data) == 3:
+            raise NotImplementedError("fit(validation_data=(x, y, sample_weight)) is not supported by dtrain: "
+                                      "give (x, y)")
         if isinstance(validation_data, tuple) and validation_data:
             validation_data = (_model_input(validation_data[0]), *validation_data[1:])
         given = list(callbacks or [])
