@@ -111,7 +111,17 @@ void bind_data(py::module_& m) {
         return ds.filter([f](const data::Element& e) {
           py::gil_scoped_acquire gil;
           py::object keep = call_with(*f, e);
-          if (py::isinstance<Tensor>(keep)) return keep.cast<Tensor>().item() != 0.0f;
+          if (py::isinstance<Tensor>(keep)) {
+            const Tensor t = keep.cast<Tensor>();
+            if (t.numel() != 1)
+              DTRAIN_THROW(InvalidArgument, "Dataset.filter: the predicate must return one bool, got a tensor of shape ",
+                           t.shape().to_string());
+            return t.item() != 0.0f;
+          }
+          // A bool, Python's or numpy's; 3 or None is a mistake, not a truth value.
+          if (!py::isinstance<py::bool_>(keep) && py::str(py::type::handle_of(keep).attr("__name__")).cast<std::string>() != "bool_")
+            DTRAIN_THROW(InvalidArgument, "Dataset.filter: the predicate must return a bool, got ",
+                         py::repr(keep).cast<std::string>().substr(0, 80));
           return keep.cast<bool>();
         });
       })

@@ -75,6 +75,9 @@ Tensor to_tensor(py::handle value, const char* what, const std::string& dtype) {
     Tensor t = py::isinstance<Tensor>(value) ? value.cast<Tensor>() : value.cast<Variable&>().value();
     if (dtype.empty()) return t;
     const DType want = dtype_from_name(dtype, what);
+    if ((t.dtype() == DType::f32 || t.dtype() == DType::bf16) && (want == DType::i32 || want == DType::u8))
+      throw py::type_error(std::string(what) + ": a " + std::string(dtype_name(t.dtype())) + " tensor where " +
+                           numpy_name(want) + " is asked for (it would be truncated)");
     return t.dtype() == want ? t : t.astype(want);
   }
   py::array a = py::array::ensure(value);
@@ -90,8 +93,10 @@ Tensor to_tensor(py::handle value, const char* what, const std::string& dtype) {
     check_int32_range(a, what);
   }
   const Shape shape = shape_of(a, what);
+  // A read-only array (a memmap opened "r", np.frombuffer of bytes) is copied: the tensor's
+  // memory is written through .numpy() and by ops in place.
   const bool exact = a.dtype().is(py::dtype(numpy_name(want))) &&
-                     (a.flags() & py::array::c_style) == py::array::c_style;
+                     (a.flags() & py::array::c_style) == py::array::c_style && a.writeable();
   if (!exact) a = py::array(a.attr("astype")(py::dtype(numpy_name(want)), py::arg("order") = "C"));
   void* data = const_cast<void*>(a.data());
   return Tensor::over(data, shape, want, hold(std::move(a)));  // the tensor keeps the array alive
@@ -202,6 +207,42 @@ class PyTape {
 
 }  // namespace
 
+namespace {
+
+// `text` with every byte that is not part of valid UTF-8 written as \xNN: a message that
+// quotes a damaged file's bytes reached Python with no message at all.
+std::string valid_utf8(const std::string& text) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    bool ok = n > 0 && i + n <= text.size();
+    for (std::size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
+    if (ok) {
+      out.append(text, i, n);
+      i += n;
+    } else {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 0xF];
+      ++i;
+    }
+  }
+  return out;
+}
+
+template <typename Kind>
+void rethrow_valid(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Kind& e) {
+    throw Kind(valid_utf8(e.what()));
+  }
+}
+
+}  // namespace
+
 void bind_errors(py::module_& m) {
   py::module_ errors = m.def_submodule("errors", "dtrain's errors, as TensorFlow's tf.errors names them");
   // Most general first: pybind11 tries the last registered first.
@@ -217,6 +258,22 @@ void bind_errors(py::module_& m) {
   py::register_exception<IoError>(errors, "IoError", PyExc_OSError);
   py::register_exception<InvalidArgument>(errors, "InvalidArgumentError", PyExc_ValueError);
   errors.attr("PREEMPTED_EXIT_CODE") = kPreemptedExitCode;
+  // Tried first (the last registered is): a message that is not UTF-8 is made so, and the
+  // same kind of error goes on to the translators above.
+  py::register_exception_translator([](std::exception_ptr error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (valid_utf8(what) == what) throw;
+      if (dynamic_cast<const InvalidArgument*>(&e)) rethrow_valid<InvalidArgument>(error);
+      if (dynamic_cast<const IoError*>(&e)) rethrow_valid<IoError>(error);
+      if (dynamic_cast<const ResourceExhausted*>(&e)) rethrow_valid<ResourceExhausted>(error);
+      if (dynamic_cast<const Unsupported*>(&e)) rethrow_valid<Unsupported>(error);
+      if (dynamic_cast<const InternalError*>(&e)) rethrow_valid<InternalError>(error);
+      throw Error(valid_utf8(what));
+    }
+  });
 }
 
 void bind_tensors(py::module_& m) {
@@ -337,7 +394,19 @@ void bind_tensors(py::module_& m) {
   }, py::arg("input_tensor"), py::arg("axis") = py::none(), py::arg("keepdims") = false);
   o.def("reshape", [](py::handle x, py::handle shape) {
     Tensor t = to_tensor(x, "reshape");
-    std::vector<std::int64_t> dims = shape_from(shape, "reshape").to_vector();
+    // Read as numbers, not as a Shape, which refuses the -1 to be worked out.
+    std::vector<std::int64_t> dims;
+    if (py::isinstance<py::int_>(shape)) {
+      dims = {shape.cast<std::int64_t>()};
+    } else if (py::isinstance<Tensor>(shape)) {
+      dims = shape_from(shape, "reshape").to_vector();
+    } else {
+      try {
+        dims = shape.cast<std::vector<std::int64_t>>();
+      } catch (const py::cast_error&) {
+        throw py::type_error("reshape: a shape is a tuple of ints");
+      }
+    }
     std::int64_t known = 1;
     int unknown = -1;
     for (size_t i = 0; i < dims.size(); ++i) {

@@ -191,6 +191,40 @@ def test_layer_arguments_and_inputs_as_numpy_and_keras_give_them():
                                   model.predict(np.array([[1, 0, 1]], np.float32), verbose=0))
 
 
+def test_what_a_tensorflow_user_tries_is_done_or_named(tmp_path):
+    # A read-only array is copied: writing through .numpy() segfaulted on a read-only memmap.
+    frozen = np.frombuffer(bytes(16), np.float32)
+    t = tf.convert_to_tensor(frozen)
+    t.numpy()[0] = 5.0
+    assert frozen[0] == 0.0 and float(t.numpy()[0]) == 5.0
+    with pytest.raises(TypeError, match="a float32 tensor where int32 is asked for"):
+        tf.convert_to_tensor(tf.constant([1.5]), dtype=tf.int32)
+    assert tf.reshape(tf.zeros((2, 3)), [-1]).shape == (6,)
+    # A batch past the data is all of it.
+    assert [len(b) for b in tf.data.Dataset.range(5).batch(2**62)] == [5]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="predicate must return a bool, got None"):
+        list(tf.data.Dataset.range(3).filter(lambda v: None))
+    # evaluate(steps=) on an endless dataset stops there; what it cannot do is named.
+    x, y = _data(64)
+    model = _model()
+    endless = tf.data.Dataset.from_tensor_slices((x, y)).batch(16).repeat()
+    assert np.isfinite(model.evaluate(endless, steps=2, verbose=0)[0])
+    with pytest.raises(NotImplementedError, match="evaluate.sample_weight"):
+        model.evaluate(x, y, sample_weight=np.ones(64), verbose=0)
+    with pytest.raises(ValueError, match="reduce_op must be SUM or MEAN.*'max'"):
+        tf.distribute.get_strategy().reduce("max", tf.constant(1.0), axis=None)
+    with pytest.raises(ValueError, match="global_batch_size must be a whole number > 0, got -2"):
+        tf.nn.compute_average_loss(tf.constant([1.0, 2.0]), global_batch_size=-2)
+    # A damaged file's bytes quoted in a message reach Python, written \xNN.
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    data = bytearray(open(path, "rb").read())
+    data[8] = 0xFB
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(OSError, match=r"m.keras: header is not valid JSON.*\\xfb"):
+        tf.keras.models.load_model(path)
+
+
 def test_history_names_the_first_step_that_was_not_finite():
     x, y = _data()
     model = _model()

@@ -159,7 +159,11 @@ class Strategy:
         """Combines a per-replica value (or a structure of them) with SUM or MEAN, over every
         replica of every worker; ``axis`` also reduces along that axis."""
         if isinstance(reduce_op, str):
+            if reduce_op.upper() not in ("SUM", "MEAN"):
+                raise ValueError(f"reduce: reduce_op must be SUM or MEAN (tf.distribute.ReduceOp), got {reduce_op!r}")
             reduce_op = ReduceOp.SUM if reduce_op.upper() == "SUM" else ReduceOp.MEAN
+        elif not isinstance(reduce_op, ReduceOp):
+            raise TypeError(f"reduce: reduce_op must be tf.distribute.ReduceOp.SUM or MEAN, got {reduce_op!r}")
         if isinstance(value, PerReplica):
             return self._cpp.reduce(reduce_op, list(value.values), axis)
         if isinstance(value, (tuple, list)):

@@ -241,8 +241,18 @@ class Model:
         sys.stdout.flush()
         return history
 
-    def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", return_dict=False, **kwargs):
+    def evaluate(self, x=None, y=None, batch_size=None, verbose="auto", return_dict=False, sample_weight=None,
+                 steps=None, callbacks=None, **kwargs):
         del kwargs
+        for name, value in (("sample_weight", sample_weight), ("callbacks", callbacks)):
+            if value is not None:
+                raise NotImplementedError(f"evaluate({name}=...) is not supported by dtrain")
+        if steps is not None:
+            from ..data import Dataset
+
+            if not isinstance(x, Dataset):
+                raise ValueError("evaluate: steps counts a Dataset's batches; on arrays give batch_size")
+            x = x.take(_whole("evaluate", "steps", steps))
         data = x = _model_input(_unwrap_dataset(x))
         model = self._model() if isinstance(data, _dtrain.data._Dataset) else self._built_model(x)
         batch = 32 if batch_size is None else _whole("evaluate", "batch_size", batch_size)

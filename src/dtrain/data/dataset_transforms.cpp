@@ -284,7 +284,7 @@ class BatchIterator : public UnaryIterator {
       return b;
     }
     std::vector<Element> items;
-    items.reserve(static_cast<std::size_t>(size_));
+    items.reserve(static_cast<std::size_t>(std::min<std::int64_t>(size_, 4096)));  // a batch of 2^62 gathers what comes
     while (static_cast<std::int64_t>(items.size()) < size_) {
       std::optional<Element> e = in_->next();
       if (!e) break;
