@@ -291,6 +291,12 @@ void bind_tensors(py::module_& m) {
       .def("item", [](const Tensor& t) { return to_numpy(t).attr("item")(); })
       .def("__float__", [](const Tensor& t) { return static_cast<double>(t.item()); })
       .def("__int__", [](const Tensor& t) { return static_cast<long long>(t.item()); })
+      .def("__bool__", [](const Tensor& t) {  // `if tensor:` of several values is a mistake, as in TensorFlow
+        if (t.numel() != 1)
+          throw py::value_error("the truth value of a tensor of shape " + t.shape().to_string() +
+                                " is ambiguous: test one value, or reduce the tensor to one first");
+        return t.item() != 0.0f;
+      })
       .def("__len__", [](const Tensor& t) {
         if (t.rank() == 0) throw py::type_error("len() of a scalar tensor");
         return t.dim(0);

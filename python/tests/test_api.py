@@ -157,6 +157,8 @@ def test_bad_input_names_the_thing():
         model.fit(x, y, epochs=2.9, verbose=0)
     with pytest.raises(TypeError, match="fit: batch_size must be a whole number, got 32.5"):
         model.fit(x, y, batch_size=32.5, verbose=0)
+    with pytest.raises(ValueError, match=r"fit: epochs must be below 2\*\*31, got 2147483648"):
+        model.fit(x, y, epochs=2**31, verbose=0)
     model.fit(x[:64], y[:64], epochs=np.int64(1), batch_size=np.int32(32), verbose=0)  # numpy integers are whole
     # A generator's element of another shape than its signature's is named, not trained on.
 
@@ -187,6 +189,7 @@ def test_layer_arguments_and_inputs_as_numpy_and_keras_give_them():
     model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])
     want = model.predict(np.array([[1, 0, 3]], np.float32), verbose=0)
     np.testing.assert_array_equal(model.predict([[1, 0, 3]], verbose=0), want)
+    np.testing.assert_array_equal(model(np.array([[1, 0, 3]])).numpy(), want)
     np.testing.assert_array_equal(model.predict(np.array([[True, False, True]]), verbose=0),
                                   model.predict(np.array([[1, 0, 1]], np.float32), verbose=0))
 
@@ -200,6 +203,9 @@ def test_what_a_tensorflow_user_tries_is_done_or_named(tmp_path):
     with pytest.raises(TypeError, match="a float32 tensor where int32 is asked for"):
         tf.convert_to_tensor(tf.constant([1.5]), dtype=tf.int32)
     assert tf.reshape(tf.zeros((2, 3)), [-1]).shape == (6,)
+    with pytest.raises(ValueError, match=r"truth value of a tensor of shape \[2\] is ambiguous"):
+        bool(tf.constant([1.0, 2.0]))
+    assert bool(tf.constant(2.0)) and not bool(tf.constant([0.0]))
     # A batch past the data is all of it.
     assert [len(b) for b in tf.data.Dataset.range(5).batch(2**62)] == [5]
     with pytest.raises(tf.errors.InvalidArgumentError, match="predicate must return a bool, got None"):

@@ -283,6 +283,7 @@ class Model:
 
     def __call__(self, inputs, training=False, mask=None):
         del mask
+        inputs = _model_input(inputs)
         return self._built_model(inputs)(inputs, bool(training))
 
     # --- files
@@ -396,9 +397,12 @@ def _whole(fn, name, value):
     if isinstance(value, bool):
         raise TypeError(f"{fn}: {name} must be a whole number, got {value!r}")
     try:
-        return operator.index(value)
+        whole = operator.index(value)
     except TypeError:
         raise TypeError(f"{fn}: {name} must be a whole number, got {value!r}") from None
+    if name in ("epochs", "initial_epoch", "gradient_accumulation_steps", "steps_per_execution") and whole >= 2**31:
+        raise ValueError(f"{fn}: {name} must be below 2**31, got {whole}")
+    return whole
 
 
 def _unwrap_dataset(x):
