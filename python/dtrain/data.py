@@ -214,7 +214,12 @@ class DatasetIterator(IteratorBase):
 
     def __init__(self, dataset):
         self._dataset = dataset
-        self._cpp = dataset._cpp.make_iterator(0)
+        # Each pass over the dataset is the next epoch of its pipeline: a shuffle with
+        # reshuffle_each_iteration gives each pass its own order, as in TensorFlow (a
+        # restored iterator takes the pass it was saved in).
+        passes = getattr(dataset, "_passes", 0)
+        dataset._passes = passes + 1
+        self._cpp = dataset._cpp.make_iterator(passes)
 
     def __next__(self):
         return self._dataset._element(self._cpp.next())

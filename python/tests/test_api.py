@@ -206,6 +206,17 @@ def test_what_a_tensorflow_user_tries_is_done_or_named(tmp_path):
     with pytest.raises(ValueError, match=r"truth value of a tensor of shape \[2\] is ambiguous"):
         bool(tf.constant([1.0, 2.0]))
     assert bool(tf.constant(2.0)) and not bool(tf.constant([0.0]))
+    # Each pass over a reshuffling dataset has its own order, and an iterator checkpointed in
+    # one pass and restored into another resumes the saved pass.
+    ds = tf.data.Dataset.range(20).shuffle(20, seed=3)
+    assert [int(v) for v in ds] != [int(v) for v in ds]
+    it = iter(ds)
+    [next(it) for _ in range(3)]
+    saved = tf.train.Checkpoint(iterator=it).save(str(tmp_path / "it"))
+    rest = [int(v) for v in it]
+    later = iter(ds)
+    tf.train.Checkpoint(iterator=later).restore(saved)
+    assert [int(v) for v in later] == rest
     # A batch past the data is all of it.
     assert [len(b) for b in tf.data.Dataset.range(5).batch(2**62)] == [5]
     with pytest.raises(tf.errors.InvalidArgumentError, match="predicate must return a bool, got None"):

@@ -174,8 +174,8 @@ TEST(Dataset, RowStatesAreCheckedOnRestore) {
   const Dataset ds = Dataset::from_tensor_slices({Tensor::from_vector({6}, iota(6))}).shuffle(4, 1);
   Iterator it = ds.make_iterator();
   it.next();
-  IteratorState s = it.save();  // counter, next row, buffer length, buffered rows
-  ASSERT_EQ(s.values.size(), 3u + 3u);  // four filled, one drawn
+  IteratorState s = it.save();  // counter, next row, buffer length, buffered rows, seed
+  ASSERT_EQ(s.values.size(), 3u + 3u + 1u);  // four filled, one drawn
   s.values[4] = s.values[3];     // the same row twice
   Iterator again = ds.make_iterator();
   EXPECT_THROW(again.restore(s), InvalidArgument);
@@ -186,6 +186,27 @@ TEST(Dataset, RowStatesAreCheckedOnRestore) {
   EXPECT_FALSE(empty.shuffle(10, 1).batch(4).make_iterator().next());
   EXPECT_FALSE(empty.batch(4, true).make_iterator().next());
   EXPECT_FALSE(empty.shuffle(10, 1).make_iterator().next());
+}
+
+// A shuffle saved in one pass (epoch) resumes that pass's order when restored into an
+// iterator of another pass, whichever shuffle (of elements, or of tensor slices' rows);
+// a state saved without the seed takes the restoring iterator's.
+TEST(Dataset, AShuffleRestoredInAnotherPassResumesTheSavedPass) {
+  const Dataset by_rows = Dataset::from_tensor_slices({Tensor::from_vector({20}, iota(20))}).shuffle(8, 5);
+  const Dataset by_elements = Dataset::range(20).shuffle(8, 5);
+  for (const Dataset* ds : {&by_rows, &by_elements}) {
+    Iterator pass2 = ds->make_iterator(2);
+    for (int i = 0; i < 5; ++i) pass2.next();
+    const IteratorState saved = pass2.save();
+    std::vector<float> rest, resumed;
+    while (auto e = pass2.next()) rest.push_back((*e)[0].astype(DType::f32).item());
+    Iterator pass7 = ds->make_iterator(7);
+    pass7.restore(saved);
+    while (auto e = pass7.next()) resumed.push_back((*e)[0].astype(DType::f32).item());
+    EXPECT_EQ(resumed, rest) << (ds == &by_rows ? "rows" : "elements");
+    // Passes differ in order: the seed is what made the resumed one the saved pass's.
+    EXPECT_NE(values(*ds, 2), values(*ds, 7));
+  }
 }
 
 TEST(Dataset, GatherRowsChecksEveryRow) {

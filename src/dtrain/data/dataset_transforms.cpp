@@ -142,19 +142,25 @@ class ShuffleIterator : public UnaryIterator {
     if (buffer_.empty()) return std::nullopt;
     return draw_from(buffer_, gen_);
   }
+  // values: generator counter, upstream done, buffer length, each buffered element's arity,
+  // the generator's seed (that of the pass saved: an iterator of another pass resumes it).
   IteratorState save() const override {
     IteratorState s{{static_cast<std::int64_t>(gen_.counter()), upstream_done_ ? 1 : 0,
                      static_cast<std::int64_t>(buffer_.size())},
                     {},
                     {in_->save()}};
     save_elements(buffer_, s);
+    s.values.push_back(static_cast<std::int64_t>(gen_.seed()));
     return s;
   }
   void restore(const IteratorState& s) override {
     check_state(s, 3, 1, "shuffle");
-    gen_ = Generator(gen_.seed(), static_cast<std::uint64_t>(s.values[0]));
+    const auto held = static_cast<std::size_t>(s.values[2]);
+    buffer_ = load_elements(s, 3, held, "shuffle");
+    // A state saved before the seed was kept has none: this iterator's own.
+    const std::uint64_t seed = s.values.size() > 3 + held ? static_cast<std::uint64_t>(s.values[3 + held]) : gen_.seed();
+    gen_ = Generator(seed, static_cast<std::uint64_t>(s.values[0]));
     upstream_done_ = s.values[1] != 0;
-    buffer_ = load_elements(s, 3, static_cast<std::size_t>(s.values[2]), "shuffle");
     in_->restore(s.children[0]);
   }
 
@@ -182,27 +188,32 @@ class RowShuffleIterator : public IteratorBase {
     if (drawn_.empty()) return std::nullopt;
     return gather_rows(rows_.tensors, drawn_, /*on_compute_pool=*/ctx_.on_consumer_thread());
   }
-  // values: generator counter, next row to enter the buffer, buffer length, the buffer.
+  // values: generator counter, next row to enter the buffer, buffer length, the buffer, the
+  // generator's seed (as ShuffleIterator's).
   IteratorState save() const override {
     IteratorState s{{static_cast<std::int64_t>(gen_.counter()), next_row_, static_cast<std::int64_t>(buffer_.size())}, {}, {}};
     s.values.insert(s.values.end(), buffer_.begin(), buffer_.end());
+    s.values.push_back(static_cast<std::int64_t>(gen_.seed()));
     return s;
   }
   void restore(const IteratorState& s) override {
     check_state(s, 3, 0, "shuffle");
     const std::int64_t next = s.values[1], held = s.values[2];
-    if (next < 0 || next > rows_.count() || held < 0 || held > size_ || s.values.size() != 3 + static_cast<std::size_t>(held))
+    const bool seeded = held >= 0 && s.values.size() == 4 + static_cast<std::size_t>(held);
+    if (next < 0 || next > rows_.count() || held < 0 || held > size_ ||
+        (!seeded && s.values.size() != 3 + static_cast<std::size_t>(held)))
       DTRAIN_THROW(InvalidArgument, "shuffle: the saved iterator state does not belong to this pipeline (next row ", next,
                    ", ", held, " buffered rows, for ", rows_.count(), " rows and a buffer of ", size_, ")");
-    std::vector<std::int64_t> held_rows(s.values.begin() + 3, s.values.end());
+    std::vector<std::int64_t> held_rows(s.values.begin() + 3, s.values.begin() + 3 + held);
     std::sort(held_rows.begin(), held_rows.end());
     for (std::size_t i = 0; i < held_rows.size(); ++i)
       if (held_rows[i] < 0 || held_rows[i] >= next || (i > 0 && held_rows[i] == held_rows[i - 1]))
         DTRAIN_THROW(InvalidArgument, "shuffle: the saved iterator state holds row ", held_rows[i],
                      " twice or outside [0, ", next, ")");
-    gen_ = Generator(gen_.seed(), static_cast<std::uint64_t>(s.values[0]));
+    gen_ = Generator(seeded ? static_cast<std::uint64_t>(s.values.back()) : gen_.seed(),
+                     static_cast<std::uint64_t>(s.values[0]));
     next_row_ = next;
-    buffer_.assign(s.values.begin() + 3, s.values.end());
+    buffer_.assign(s.values.begin() + 3, s.values.begin() + 3 + held);
   }
 
  private:
