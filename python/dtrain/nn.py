@@ -15,6 +15,10 @@ def compute_average_loss(per_example_loss, sample_weight=None, global_batch_size
         raise NotImplementedError("compute_average_loss(sample_weight=...) is not supported by dtrain")
     if global_batch_size is None:
         return _dtrain.ops.compute_average_loss(per_example_loss, -1)
-    if isinstance(global_batch_size, bool) or int(global_batch_size) != global_batch_size or global_batch_size <= 0:
+    try:
+        value = float(global_batch_size)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if isinstance(global_batch_size, bool) or not value.is_integer() or value <= 0:
         raise ValueError(f"compute_average_loss: global_batch_size must be a whole number > 0, got {global_batch_size!r}")
-    return _dtrain.ops.compute_average_loss(per_example_loss, int(global_batch_size))
+    return _dtrain.ops.compute_average_loss(per_example_loss, int(value))

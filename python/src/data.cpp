@@ -119,7 +119,7 @@ void bind_data(py::module_& m) {
             return t.item() != 0.0f;
           }
           // A bool, Python's or numpy's; 3 or None is a mistake, not a truth value.
-          if (!py::isinstance<py::bool_>(keep) && py::str(py::type::handle_of(keep).attr("__name__")).cast<std::string>() != "bool_")
+          if (!py::isinstance<py::bool_>(keep) && !py::isinstance(keep, py::module_::import("numpy").attr("bool_")))
             DTRAIN_THROW(InvalidArgument, "Dataset.filter: the predicate must return a bool, got ",
                          py::repr(keep).cast<std::string>().substr(0, 80));
           return keep.cast<bool>();

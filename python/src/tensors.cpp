@@ -209,27 +209,16 @@ class PyTape {
 
 namespace {
 
-// `text` with every byte that is not part of valid UTF-8 written as \xNN: a message that
-// quotes a damaged file's bytes reached Python with no message at all.
+// `text` with every byte that Python's strict UTF-8 decoder refuses written as \xNN: a
+// message that quotes a damaged file's bytes reached Python with no message at all.
+// Called with the GIL held (exception translators are).
 std::string valid_utf8(const std::string& text) {
-  std::string out;
-  for (std::size_t i = 0; i < text.size();) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    const std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    bool ok = n > 0 && i + n <= text.size();
-    for (std::size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(text[i + k]) >> 6) == 0x2;
-    if (ok) {
-      out.append(text, i, n);
-      i += n;
-    } else {
-      static const char* hex = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 0xF];
-      ++i;
-    }
+  PyObject* decoded = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "backslashreplace");
+  if (!decoded) {
+    PyErr_Clear();
+    return text;
   }
-  return out;
+  return py::reinterpret_steal<py::str>(decoded).cast<std::string>();
 }
 
 template <typename Kind>
@@ -271,6 +260,11 @@ void bind_errors(py::module_& m) {
       if (dynamic_cast<const ResourceExhausted*>(&e)) rethrow_valid<ResourceExhausted>(error);
       if (dynamic_cast<const Unsupported*>(&e)) rethrow_valid<Unsupported>(error);
       if (dynamic_cast<const InternalError*>(&e)) rethrow_valid<InternalError>(error);
+      if (dynamic_cast<const Timeout*>(&e)) rethrow_valid<Timeout>(error);
+      if (dynamic_cast<const PeerFailure*>(&e)) rethrow_valid<PeerFailure>(error);
+      if (dynamic_cast<const Unavailable*>(&e)) rethrow_valid<Unavailable>(error);
+      if (dynamic_cast<const Cancelled*>(&e)) rethrow_valid<Cancelled>(error);
+      if (dynamic_cast<const Preempted*>(&e)) rethrow_valid<Preempted>(error);
       throw Error(valid_utf8(what));
     }
   });
@@ -419,8 +413,8 @@ void bind_tensors(py::module_& m) {
       if (dims[i] == -1) {
         if (unknown >= 0) throw py::value_error("reshape: at most one -1 in the shape");
         unknown = static_cast<int>(i);
-      } else {
-        known *= dims[i];
+      } else if (__builtin_mul_overflow(known, dims[i], &known)) {
+        throw py::value_error("reshape: the shape holds more values than a tensor can");
       }
     }
     if (unknown >= 0 && known > 0) dims[static_cast<size_t>(unknown)] = t.numel() / known;

@@ -153,10 +153,19 @@ TEST(Matmul, AnOperandPastTheKernelsOffsetsIsMultipliedInParts) {
       SCOPED_TRACE(std::string(ta ? "a transposed" : "a as stored") + (accumulate ? ", accumulating" : ""));
       expect_close(c.to_vector(), want, 1e-4f);
     }
+  // Transposed, a block of columns (a replica's share of a weight gradient) is split too.
+  Tensor a = random_tensor({K, M}, 15), b = random_tensor({K, N}, 16), c = random_tensor({M, N}, 17);
+  const std::vector<float> before = c.to_vector(), full = reference(a, b, {.transpose_a = true}, M, K, N);
+  cpu.matmul(a, b, c, {.transpose_a = true, .column_begin = 2, .column_end = 5});
+  const std::vector<float> got = c.to_vector();
+  for (std::int64_t i = 0; i < M * N; ++i) {
+    const bool inside = i % N >= 2 && i % N < 5;
+    ASSERT_NEAR(got[i], inside ? full[i] : before[i], 1e-4f * (1 + std::fabs(full[i]))) << i;
+  }
   // What cannot be split is refused, naming the operand.
-  Tensor wide = random_tensor({2, 200}, 13), b = random_tensor({200, 3}, 14), c = Tensor::empty({2, 3});
+  Tensor wide = random_tensor({2, 200}, 13), b3 = random_tensor({200, 3}, 14), c3 = Tensor::empty({2, 3});
   try {
-    cpu.matmul(wide, b, c, {});
+    cpu.matmul(wide, b3, c3, {});
     FAIL() << "expected ResourceExhausted";
   } catch (const ResourceExhausted& e) {
     EXPECT_NE(std::string(e.what()).find("a [2, 200] has rows of more than 620 bytes"), std::string::npos) << e.what();

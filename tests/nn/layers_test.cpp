@@ -223,6 +223,7 @@ TEST(Pooling2D, AWindowPastTheImageUnderSamePoolsTheWholeImage) {
   const Pair huge{std::int64_t{1} << 28, std::int64_t{1} << 28};
   for (const Pair strides : {Pair{1, 1}, Pair{2, 3}}) {
     MaxPooling2D max_huge(huge, strides, "same"), max_wide({64, 64}, strides, "same");
+    EXPECT_THROW(max_huge.compute_output_shape({1, 0, 4, 3}), InvalidArgument);  // no pixels to pool
     AveragePooling2D avg_huge(huge, strides, "same"), avg_wide({64, 64}, strides, "same");
     const Tensor m = max_huge(x), a = avg_huge(x);
     EXPECT_EQ(m.to_vector(), max_wide(x).to_vector());

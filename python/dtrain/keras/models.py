@@ -400,8 +400,8 @@ def _whole(fn, name, value):
         whole = operator.index(value)
     except TypeError:
         raise TypeError(f"{fn}: {name} must be a whole number, got {value!r}") from None
-    if name in ("epochs", "initial_epoch", "gradient_accumulation_steps", "steps_per_execution") and whole >= 2**31:
-        raise ValueError(f"{fn}: {name} must be below 2**31, got {whole}")
+    if name in ("epochs", "initial_epoch", "gradient_accumulation_steps", "steps_per_execution") and not -2**31 <= whole < 2**31:
+        raise ValueError(f"{fn}: {name} must fit in 32 bits, got {whole}")
     return whole
 
 

@@ -182,20 +182,22 @@ std::string_view trim(std::string_view s) {
 
 // A CSV field as a float32, as the number it writes: a leading '+' is allowed, and a
 // value beyond float32's range becomes what float32 holds for it (1e-50 is 0, 1e50 is
-// inf, which the caller refuses unless non-finite values are allowed). False when the
-// field is not a number.
-bool parse_field(std::string_view f, float& v) {
+// inf, which the caller refuses unless non-finite values are allowed; `beyond` says so).
+// False when the field is not a number.
+bool parse_field(std::string_view f, float& v, bool& beyond) {
+  beyond = false;
   if (f.size() > 1 && f.front() == '+' && f[1] != '-' && f[1] != '+') f.remove_prefix(1);
   if (f.empty()) return false;
   const auto [p, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
   if (p != f.data() + f.size()) return false;
   if (ec == std::errc()) return true;
   if (ec != std::errc::result_out_of_range) return false;
-  // A number all the same (from_chars read all of it): strtod gives its nearest double,
-  // +-HUGE_VAL or +-0 beyond double's range.
-  const std::string text(f);
-  const double d = std::strtod(text.c_str(), nullptr);
+  // A number all the same (from_chars read all of it), as a double (from_chars does not
+  // follow the locale); strtod only past double's range too, for its +-HUGE_VAL or +-0.
+  double d = 0;
+  if (std::from_chars(f.data(), f.data() + f.size(), d).ec != std::errc()) d = std::strtod(std::string(f).c_str(), nullptr);
   v = static_cast<float>(d);
+  beyond = std::isinf(v);
   return true;
 }
 
@@ -285,8 +287,12 @@ class CsvIterator : public IteratorBase {
         DTRAIN_THROW(IoError, path(), ":", line_, ": column ", col, " is past the ", fields.size(), " fields of the line");
       const std::string_view f = trim(fields[col]);
       float v = 0;
-      if (!parse_field(f, v))
+      bool beyond = false;
+      if (!parse_field(f, v, beyond))
         DTRAIN_THROW(IoError, path(), ":", line_, ": column ", col + 1, ": '", std::string(f), "' is not a number");
+      if (beyond && !options_.allow_non_finite)
+        DTRAIN_THROW(IoError, path(), ":", line_, ": column ", col + 1, ": '", std::string(f),
+                     "' is beyond float32's range (CsvOptions::allow_non_finite accepts it as inf)");
       if (!std::isfinite(v) && !options_.allow_non_finite)
         DTRAIN_THROW(IoError, path(), ":", line_, ": column ", col + 1, ": '", std::string(f),
                      "' is not a finite number (CsvOptions::allow_non_finite accepts it)");

@@ -95,7 +95,7 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matmu
       return;
     }
     // a is stored [K, M]: parts of K, rows of a and of b, each summed into c.
-    if (o.transpose_b || o.bias || o.activation != Activation::linear || block)
+    if (o.transpose_b || o.bias || o.activation != Activation::linear)
       DTRAIN_THROW(ResourceExhausted, "matmul: a ", a.shape().to_string(),
                    "ᵀ of more than ", most,
                    " bytes is multiplied in parts only with b untransposed, no bias and no activation");

@@ -58,7 +58,7 @@ bool names_json_path(const std::string& message, const std::string& path);
 // stack. No config or header of dtrain's comes near it.
 inline constexpr int kMaxJsonDepth = 512;
 // A parser callback that refuses a document nested deeper, naming `source` (the error is
-// `Error`, which the caller may rethrow as its own kind).
+// InvalidArgument, which the caller may rethrow as its own kind).
 nlohmann::json::parser_callback_t json_depth_limit(const std::string& source);
 
 // Parses text as JSON; a syntax error, or nesting deeper than kMaxJsonDepth, is an

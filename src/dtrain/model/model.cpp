@@ -888,8 +888,9 @@ void Model::load_weights(const std::string& path) {
   for (const Variable* v : vars) names.insert(v->name());
   std::string extra;
   int extras = 0;
-  for (const auto& [name, t] : data.tensors)
-    if (!names.contains(name) && ++extras <= 3) extra += (extra.empty() ? "'" : ", '") + name + "'";
+  for (const auto& [name, t] : data.tensors)  // (a saved model's optimizer slots are its own)
+    if (!names.contains(name) && !name.starts_with("optimizer/") && ++extras <= 3)
+      extra += (extra.empty() ? "'" : ", '") + name + "'";
   if (extras > 0)
     DTRAIN_THROW(IoError, path, ": holds ", extras, " tensor(s) model '", name_, "' has no variable for (", extra,
                  extras > 3 ? ", ..." : "", "): the weights of another model?");

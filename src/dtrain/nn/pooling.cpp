@@ -32,7 +32,7 @@ Pool2dOptions Pooling2D::pool_options(const Shape& input_shape) const {
       // oneDNN's time grows with the window (2^28 ran for minutes on an 8 x 8 image).
       const std::int64_t outputs = size / o.stride[i] + (size % o.stride[i] != 0 ? 1 : 0);
       const std::int64_t whole = size + (outputs - 1) * o.stride[i] + 1;
-      o.window[i] = std::min(o.window[i], whole);
+      if (size > 0) o.window[i] = std::min(o.window[i], whole);
       const auto pad = same_padding(size, o.window[i], o.stride[i], 1);
       o.pad_begin[i] = pad[0];
       o.pad_end[i] = pad[1];
