@@ -371,3 +371,11 @@ def test_keras_forms_that_tutorials_use():
     assert len(first[0].values) == 2 and first[0].values[0].shape == (25, 20)
     with pytest.raises(TypeError, match="distributed dataset's iterator"):
         tf.train.Checkpoint(iterator=it)
+    # Each pass over a distributed dataset is its next epoch too: a custom loop's epochs reshuffle.
+    shuffled = strategy.experimental_distribute_dataset(tf.data.Dataset.range(40).shuffle(40, seed=2).batch(8))
+
+    def order():
+        return [int(v) for batch in shuffled for part in batch.values for v in part.numpy()]
+
+    first, second = order(), order()
+    assert first != second and sorted(first) == sorted(second) == list(range(40))

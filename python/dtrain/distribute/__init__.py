@@ -89,7 +89,10 @@ class DistributedIterator(IteratorBase):
 
     def __init__(self, dataset):
         self._dataset = dataset._dataset
-        self._cpp = dataset._cpp.make_iterator(0)
+        # Each pass is the next epoch, as over a Dataset: a shuffle reshuffles.
+        passes = getattr(dataset, "_passes", 0)
+        dataset._passes = passes + 1
+        self._cpp = dataset._cpp.make_iterator(passes)
         self._one = dataset._strategy._cpp.num_local_replicas == 1
 
     def __next__(self):
