@@ -199,6 +199,16 @@ class Dataset:
             yield tuple(t.numpy() for t in element) if isinstance(element, tuple) else element.numpy()
 
 
+def _next_pass(dataset):
+    """The pass a new iterator over `dataset` (a Dataset or a distributed one) makes: each is
+    the next epoch of its pipeline, so a shuffle with reshuffle_each_iteration gives each
+    pass its own order, as in TensorFlow (a restored iterator resumes the pass it was saved
+    in)."""
+    passes = getattr(dataset, "_passes", 0)
+    dataset._passes = passes + 1
+    return passes
+
+
 class IteratorBase:
     """What every iterator of the package shares: it is its own iterator, get_next is next."""
 
@@ -214,12 +224,7 @@ class DatasetIterator(IteratorBase):
 
     def __init__(self, dataset):
         self._dataset = dataset
-        # Each pass over the dataset is the next epoch of its pipeline: a shuffle with
-        # reshuffle_each_iteration gives each pass its own order, as in TensorFlow (a
-        # restored iterator takes the pass it was saved in).
-        passes = getattr(dataset, "_passes", 0)
-        dataset._passes = passes + 1
-        self._cpp = dataset._cpp.make_iterator(passes)
+        self._cpp = dataset._cpp.make_iterator(_next_pass(dataset))
 
     def __next__(self):
         return self._dataset._element(self._cpp.next())

@@ -108,7 +108,8 @@ void bind_data(py::module_& m) {
       })
       .def("filter", [](const data::Dataset& ds, py::function fn) {
         auto f = hold(std::move(fn));
-        return ds.filter([f](const data::Element& e) {
+        auto numpy_bool = hold(py::module_::import("numpy").attr("bool_"));  // looked up once, not per element
+        return ds.filter([f, numpy_bool](const data::Element& e) {
           py::gil_scoped_acquire gil;
           py::object keep = call_with(*f, e);
           if (py::isinstance<Tensor>(keep)) {
@@ -119,7 +120,7 @@ void bind_data(py::module_& m) {
             return t.item() != 0.0f;
           }
           // A bool, Python's or numpy's; 3 or None is a mistake, not a truth value.
-          if (!py::isinstance<py::bool_>(keep) && !py::isinstance(keep, py::module_::import("numpy").attr("bool_")))
+          if (!py::isinstance<py::bool_>(keep) && !py::isinstance(keep, *numpy_bool))
             DTRAIN_THROW(InvalidArgument, "Dataset.filter: the predicate must return a bool, got ",
                          py::repr(keep).cast<std::string>().substr(0, 80));
           return keep.cast<bool>();

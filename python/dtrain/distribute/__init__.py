@@ -11,7 +11,7 @@ import threading
 import weakref
 
 from .. import _dtrain
-from ..data import Dataset, IteratorBase
+from ..data import Dataset, IteratorBase, _next_pass
 from . import cluster_resolver, experimental
 from . import cluster_resolver as _resolvers
 from .parameter_server import ClusterCoordinator, InputContext, ParameterServerStrategy, RemoteValue
@@ -89,10 +89,7 @@ class DistributedIterator(IteratorBase):
 
     def __init__(self, dataset):
         self._dataset = dataset._dataset
-        # Each pass is the next epoch, as over a Dataset: a shuffle reshuffles.
-        passes = getattr(dataset, "_passes", 0)
-        dataset._passes = passes + 1
-        self._cpp = dataset._cpp.make_iterator(passes)
+        self._cpp = dataset._cpp.make_iterator(_next_pass(dataset))
         self._one = dataset._strategy._cpp.num_local_replicas == 1
 
     def __next__(self):

@@ -196,7 +196,7 @@ class Model:
                             f"(as in metrics=['accuracy'])")
         names = [metrics_module._name_of(m) for m in (metrics or [])]
         self._steps_per_execution = (1 if steps_per_execution is None
-                                     else _whole("compile", "steps_per_execution", steps_per_execution))
+                                     else _whole("compile", "steps_per_execution", steps_per_execution, int32=True))
         if self._steps_per_execution < 1:
             raise ValueError(f"compile: steps_per_execution must be >= 1, got {self._steps_per_execution}")
         self._model().compile(self._optimizer, self._loss, names)
@@ -232,10 +232,11 @@ class Model:
         history.model = self
         history.params = {"epochs": epochs, "steps": steps_per_epoch, "verbose": verbose}
         cpp = model.fit(x, y, 32 if batch_size is None else _whole("fit", "batch_size", batch_size),
-                        _whole("fit", "epochs", epochs), verbose, given, float(validation_split), validation_data,
-                        bool(shuffle), utils._fit_seed(), _whole("fit", "initial_epoch", initial_epoch),
+                        _whole("fit", "epochs", epochs, int32=True), verbose, given, float(validation_split),
+                        validation_data, bool(shuffle), utils._fit_seed(),
+                        _whole("fit", "initial_epoch", initial_epoch, int32=True),
                         0 if steps_per_epoch is None else _whole("fit", "steps_per_epoch", steps_per_epoch),
-                        _whole("fit", "gradient_accumulation_steps", gradient_accumulation_steps),
+                        _whole("fit", "gradient_accumulation_steps", gradient_accumulation_steps, int32=True),
                         self._steps_per_execution)
         history._set(cpp)
         sys.stdout.flush()
@@ -391,16 +392,16 @@ def _model_input(x):
     return x
 
 
-def _whole(fn, name, value):
+def _whole(fn, name, value, int32=False):
     """A count given to ``fn``: an int (numpy's too), as range() takes it; 2.9 epochs is a
-    TypeError, as in Keras, not 2."""
+    TypeError, as in Keras, not 2. With ``int32``, one the C++ side holds in 32 bits."""
     if isinstance(value, bool):
         raise TypeError(f"{fn}: {name} must be a whole number, got {value!r}")
     try:
         whole = operator.index(value)
     except TypeError:
         raise TypeError(f"{fn}: {name} must be a whole number, got {value!r}") from None
-    if name in ("epochs", "initial_epoch", "gradient_accumulation_steps", "steps_per_execution") and not -2**31 <= whole < 2**31:
+    if int32 and not -2**31 <= whole < 2**31:
         raise ValueError(f"{fn}: {name} must fit in 32 bits, got {whole}")
     return whole
 

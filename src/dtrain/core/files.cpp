@@ -22,6 +22,13 @@ bool is_special_file(const std::string& path) {
          !std::filesystem::is_directory(status);
 }
 
+void write_through(const std::string& path, std::span<const std::string_view> parts, std::string_view what) {
+  std::ofstream out(path, std::ios::binary);
+  for (const std::string_view part : parts) out.write(part.data(), static_cast<std::streamsize>(part.size()));
+  out.flush();
+  if (!out) DTRAIN_THROW(IoError, what, ": cannot write ", path);
+}
+
 void check_replaceable(const std::string& path, std::string_view what) {
   if (is_special_file(path)) return;  // opened only to be written: a FIFO would wait for a reader
   const std::string partial = partial_of(path);
@@ -31,10 +38,7 @@ void check_replaceable(const std::string& path, std::string_view what) {
 
 void write_file_replacing(const std::string& path, std::string_view content, std::string_view what) {
   if (is_special_file(path)) {  // /dev/null stays a device: renaming over it would replace it
-    std::ofstream out(path, std::ios::binary);
-    out.write(content.data(), static_cast<std::streamsize>(content.size()));
-    out.flush();
-    if (!out) DTRAIN_THROW(IoError, what, ": cannot write ", path);
+    write_through(path, {&content, 1}, what);
     return;
   }
   const std::string partial = partial_of(path);

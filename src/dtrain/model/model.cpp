@@ -23,6 +23,7 @@
 #include "dtrain/model/batch_sources.h"
 #include "dtrain/model/progress.h"
 #include "dtrain/model/safetensors.h"
+#include "dtrain/model/saving.h"
 #include "dtrain/model/trainer.h"
 
 namespace dtrain {
@@ -889,7 +890,7 @@ void Model::load_weights(const std::string& path) {
   std::string extra;
   int extras = 0;
   for (const auto& [name, t] : data.tensors)  // (a saved model's optimizer slots are its own)
-    if (!names.contains(name) && !name.starts_with("optimizer/") && ++extras <= 3)
+    if (!names.contains(name) && !models::is_slot_key(name) && ++extras <= 3)
       extra += (extra.empty() ? "'" : ", '") + name + "'";
   if (extras > 0)
     DTRAIN_THROW(IoError, path, ": holds ", extras, " tensor(s) model '", name_, "' has no variable for (", extra,

@@ -164,12 +164,9 @@ void write_file(const std::string& path, const NamedTensors& data, const nlohman
     std::memcpy(head.get(), prefix.data(), prefix.size());
   }
   if (is_special_file(path)) {  // /dev/null stays a device: renaming over it would replace it
-    std::ofstream out(path, std::ios::binary);
-    out.write(prefix.data(), static_cast<std::streamsize>(prefix.size()));
-    for (const auto& [name, t] : data.tensors)
-      out.write(static_cast<const char*>(t.raw_data()), static_cast<std::streamsize>(t.nbytes()));
-    out.flush();
-    if (!out) DTRAIN_THROW(IoError, path, ": writing failed");
+    std::vector<std::string_view> parts{prefix};
+    for (const auto& [name, t] : data.tensors) parts.emplace_back(static_cast<const char*>(t.raw_data()), t.nbytes());
+    write_through(path, parts, "safetensors");
     return;
   }
   std::string tmp = path + ".tmp-XXXXXX";  // unique per call: concurrent saves never share it

@@ -23,7 +23,11 @@ constexpr const char* kCompileKey = "dtrain.compile";
 constexpr const char* kIterationsKey = "dtrain.optimizer_iterations";
 constexpr const char* kLayerRngKey = "dtrain.layer_rng";
 
-std::string slot_key(const Variable& v, const std::string& slot) { return "optimizer/" + v.name() + "/" + slot; }
+constexpr std::string_view kSlotPrefix = "optimizer/";
+
+std::string slot_key(const Variable& v, const std::string& slot) {
+  return std::string(kSlotPrefix) + v.name() + "/" + slot;
+}
 
 // What a file without the model's JSON is, for the message.
 std::string what_it_is(const NamedTensors& data) {
@@ -191,13 +195,15 @@ std::unique_ptr<Model> load_model(const std::string& path, bool compile) {
   // and the weights disagree. Slots are left out only when not compiling.
   for (const auto& [name, t] : data.tensors) {
     if (used.count(name)) continue;
-    if (name.rfind("optimizer/", 0) == 0 && !(compile && data.metadata.count(kCompileKey))) continue;
+    if (is_slot_key(name) && !(compile && data.metadata.count(kCompileKey))) continue;
     DTRAIN_THROW(IoError, path, ": holds tensor '", name, "', which ",
-                 name.rfind("optimizer/", 0) == 0 ? "is no slot of the optimizer's variables"
+                 is_slot_key(name) ? "is no slot of the optimizer's variables"
                                                    : "the model described in the file has no variable for");
   }
   return model;
 }
+
+bool is_slot_key(const std::string& name) { return name.starts_with(kSlotPrefix); }
 
 }  // namespace models
 }  // namespace dtrain

@@ -30,4 +30,8 @@ namespace dtrain::models {
 // shape), an IoError naming the file and the tensor.
 std::unique_ptr<Model> load_model(const std::string& path, bool compile = true);
 
+// Whether a tensor of such a file is an optimizer slot ("optimizer/dense/kernel/m"), which
+// the file holds beside the model's variables.
+bool is_slot_key(const std::string& name);
+
 }  // namespace dtrain::models

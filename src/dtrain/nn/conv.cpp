@@ -19,9 +19,13 @@ Padding padding_from_name(const std::string& name) {
 
 const char* padding_name(Padding padding) { return padding == Padding::same ? "same" : "valid"; }
 
+std::int64_t same_outputs(std::int64_t size, std::int64_t stride) {
+  return size / stride + (size % stride != 0 ? 1 : 0);
+}
+
 std::array<std::int64_t, 2> same_padding(std::int64_t size, std::int64_t window, std::int64_t stride,
                                          std::int64_t dilation) {
-  const std::int64_t out = size / stride + (size % stride != 0 ? 1 : 0);  // (no overflow for a stride near 2^63)
+  const std::int64_t out = same_outputs(size, stride);
   const std::int64_t span = dilation * (window - 1) + 1;
   const std::int64_t total = std::max<std::int64_t>(0, (out - 1) * stride + span - size);
   return {total / 2, total - total / 2};

@@ -16,6 +16,9 @@ namespace dtrain::nn {
 enum class Padding : std::uint8_t { valid, same };
 Padding padding_from_name(const std::string& name);
 const char* padding_name(Padding padding);
+// The outputs of one axis of `size` pixels under "same" at `stride`: ceil(size / stride),
+// without the overflow of (size + stride - 1) for a stride near 2^63.
+std::int64_t same_outputs(std::int64_t size, std::int64_t stride);
 // Zeros before and after one axis of `size` pixels for a window of `window` taps.
 std::array<std::int64_t, 2> same_padding(std::int64_t size, std::int64_t window, std::int64_t stride,
                                          std::int64_t dilation);

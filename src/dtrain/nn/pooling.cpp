@@ -30,8 +30,7 @@ Pool2dOptions Pooling2D::pool_options(const Shape& input_shape) const {
       // A window as wide as `whole` covers all of the axis for every output, and so does a
       // wider one: padding is never pooled, so the narrower gives the same values, where
       // oneDNN's time grows with the window (2^28 ran for minutes on an 8 x 8 image).
-      const std::int64_t outputs = size / o.stride[i] + (size % o.stride[i] != 0 ? 1 : 0);
-      const std::int64_t whole = size + (outputs - 1) * o.stride[i] + 1;
+      const std::int64_t whole = size + (same_outputs(size, o.stride[i]) - 1) * o.stride[i] + 1;
       if (size > 0) o.window[i] = std::min(o.window[i], whole);
       const auto pad = same_padding(size, o.window[i], o.stride[i], 1);
       o.pad_begin[i] = pad[0];
