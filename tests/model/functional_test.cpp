@@ -1,6 +1,7 @@
 // Convolutional layers and the functional API: shapes as Keras gives them, batch
 // normalization's moving statistics by hand, graphs that run, train, save and load.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -159,7 +160,9 @@ TEST(Functional, JsonRoundTripGivesTheSameModel) {
   auto again = model_from_json(json);
   ASSERT_TRUE(again->functional());
   EXPECT_EQ(again->to_json(), json);
-  const auto path = (std::filesystem::temp_directory_path() / "dtrain_functional_weights.safetensors").string();
+  const auto path =
+      (std::filesystem::temp_directory_path() / ("dtrain_functional_weights_" + std::to_string(::getpid()) + ".safetensors"))
+          .string();
   model->save_weights(path);
   again->load_weights(path);
   std::filesystem::remove(path);
@@ -200,7 +203,9 @@ TEST(Functional, SavedModelLoadsWithoutTheCode) {
   o.batch_size = 8;
   o.verbose = 0;
   model->fit(x, y, o);
-  const auto path = (std::filesystem::temp_directory_path() / "dtrain_functional_model.safetensors").string();
+  const auto path =
+      (std::filesystem::temp_directory_path() / ("dtrain_functional_model_" + std::to_string(::getpid()) + ".safetensors"))
+          .string();
   model->save(path);
   auto loaded = models::load_model(path);
   std::filesystem::remove(path);
