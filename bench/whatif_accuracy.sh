@@ -43,7 +43,20 @@ steps_of() { case $1 in 20mbit | 100mbit) echo 10 ;; *) echo 100 ;; esac; }
 # kernel that wakes it late (6.18 on AMD EPYC) then carried 580 Mbit/s where the link was
 # to carry 1 Gbit/s (925 with two packets).
 burst_of() { case $1 in 1gbit) echo 128kb ;; *) echo 64kb ;; esac; }
-fit=()  # fit CONFIG --epochs --steps-per-epoch --verbose, set by case_row; with --threads
+train_rows=60000  # Fashion-MNIST's training set
+# A run's fit command for ROWS rows a step: epochs of steps_of's steps, or of as many whole
+# batches as the training set holds where that is fewer (58 of one worker's 1024 rows, 29
+# of two workers', 19 of three, 14 of four: an epoch of in-memory data ends with its rows),
+# and after the warm-up epoch as many as give two epochs of steps_of's steps (200 steps at
+# four workers as at one, where three epochs gave 28). Sets fit; WHERE_NOW is the case's.
+fit=()
+fit_for() {
+  local per steps
+  per=$(steps_of "$where_now")
+  steps=$((train_rows / $1))
+  [ "$steps" -lt "$per" ] || steps=$per
+  fit=(fit "$config" --epochs $((1 + (2 * per + steps - 1) / steps)) --steps-per-epoch "$steps" --verbose 0)
+}
 . "$here/scripts/netns_pair.sh"
 a=dtrain_wia_a b=dtrain_wia_b
 addr_a=169.254.81.1 addr_b=169.254.81.2 port=29460
@@ -75,6 +88,7 @@ reference() {
   local pin=$1 i twin=() pids=()
   for i in 0 1; do
     [ "$pin" = yes ] && twin=(taskset -c "$i") || twin=()
+    fit_for $rows
     OMP_NUM_THREADS=1 "${twin[@]}" "$dtrain" "${fit[@]}" --threads 1 --batch-size $rows --summary "$dir/one-$i.json" >/dev/null &
     pids+=($!)
   done
@@ -90,11 +104,13 @@ round() {
   rm -f "$dir/one.json" "$dir/many.json" "$dir/out-worker0.log"
   if [ "$where" = loopback ]; then
     reference no
+    fit_for $((rows * workers))
     OMP_NUM_THREADS=1 "$dtrain" launch --workers "$workers" "${fit[@]}" --threads 1 --strategy multi_worker \
       --batch-size $((rows * workers)) --summary "$dir/many.json" "${fault[@]}" >/dev/null
     OMP_NUM_THREADS=1 "$dtrain" launch --workers "$workers" probe-link >"$dir/out-worker0.log" 2>&1
   else
     reference yes
+    fit_for $((rows * 2))
     local pair="{\"worker\": [\"$addr_a:$port\", \"$addr_b:$port\"]}"
     on_hosts "$pair" "worker:0:$a worker:1:$b" "$dtrain" "${fit[@]}" --threads 1 --strategy multi_worker \
       --batch-size $((rows * 2)) --summary "$dir/many.json" "${fault[@]}"
@@ -137,7 +153,9 @@ mirrored_round() {
   local replicas=$1 cores
   cores=$(nproc)
   rm -f "$dir/one.json" "$dir/many.json" "$dir/out-worker0.log"
+  fit_for $rows
   OMP_NUM_THREADS=$cores "$dtrain" "${fit[@]}" --threads "$cores" --batch-size $rows --summary "$dir/one.json" >/dev/null
+  fit_for $((rows * replicas))
   OMP_NUM_THREADS=$cores "$dtrain" "${fit[@]}" --threads "$cores" --strategy mirrored --replicas "$replicas" \
     --batch-size $((rows * replicas)) --summary "$dir/many.json" >/dev/null
   check_row
@@ -171,6 +189,9 @@ ps_round() {
   [ "$ps_count" = 1 ] || { ps+=", \"$(star_addr 4)\"" ps_tasks+=" ps:1:${hosts[4]}" split=(--partitioner fixed:2); }
   rm -f "$dir/one.json" "$dir/many.json" "$dir/out-worker0.log"
   reference yes
+  # A closure is one step of 1024 rows, read from a pipeline that does not end with the
+  # training set: epochs of steps_of's closures.
+  fit=(fit "$config" --epochs 3 --steps-per-epoch "$(steps_of "$where_now")" --verbose 0)
   on_hosts "{\"chief\": [\"$(star_addr 3)\"], \"worker\": [\"$(star_addr 0)\", \"$(star_addr 1)\"], \"ps\": [$ps]}" \
     "chief:0:${hosts[3]} worker:0:${hosts[0]} worker:1:${hosts[1]} $ps_tasks" "$dtrain" "${fit[@]}" --threads 1 --strategy parameter_server \
     --consistency "$consistency" --batch-size $rows --summary "$dir/many.json" "${fault[@]}" "${split[@]}"
@@ -201,7 +222,7 @@ kept_round() {
 case_row() {
   local label=$1 workers=$2 where=$3 slow=$4 r _ consistency ps_count
   case_label="$label | $workers | $slow"
-  fit=(fit "$config" --epochs 3 --steps-per-epoch "$(steps_of "$where")" --verbose 0)
+  where_now=$where
   : >"$dir/rounds"
   for r in $(seq "$rounds"); do
     case ${FROM:+kept}$workers in
@@ -328,7 +349,8 @@ _, tail = rest.split(end, 1)
 made = f"on {day}" if not kept else f"on the runs of {kept} (kept with KEEP, checked again with FROM on {day})"
 body = (f"\n`bench/whatif_accuracy.sh --update-docs` {made}, medians of {rounds} rounds "
         f"(seeds' Fashion-MNIST MLP, 1024 rows per worker or replica per step, one thread per worker, "
-        f"a warm-up epoch and two measured of 100 steps (10 at 20 and 100 Mbit/s); "
+        f"a warm-up epoch and 200 measured steps or more (20 at 20 and 100 Mbit/s; epochs of the whole "
+        f"batches the training set holds where that is under 100 steps); "
         f"MirroredStrategy's replicas share a thread per core):\n\n"
         + open(table).read() + "\n")
 open(doc, "w").write(head + begin + body + end + tail)
