@@ -174,9 +174,12 @@ class PyTape {
     if (py::isinstance<Variable>(x)) return live().watch(x.cast<Variable&>());
     live().watch(to_tensor(x, "GradientTape.watch"));
   }
+  // A target may be a list or tuple of them (nested too): the gradient of their sum, as
+  // TensorFlow gives it; output_gradients is then a list of as many (None: ones).
   py::list gradient(py::handle target, py::handle sources, py::handle output_gradients) {
     GradientTape& tape = live();
-    const Tensor y = to_tensor(target, "GradientTape.gradient target");
+    std::vector<Tensor> ys, seeds;
+    targets_and_seeds(target, py::reinterpret_borrow<py::object>(output_gradients), ys, seeds);
     std::vector<Tensor> xs;
     for (py::handle s : sources) {
       if (py::isinstance<Variable>(s))
@@ -184,12 +187,10 @@ class PyTape {
       else
         xs.push_back(to_tensor(s, "GradientTape.gradient sources"));
     }
-    Tensor seed;
-    if (!output_gradients.is_none()) seed = to_tensor(output_gradients, "GradientTape.gradient output_gradients");
     std::vector<Tensor> grads;
     {
       py::gil_scoped_release release;
-      grads = tape.gradient(y, xs, seed);
+      grads = tape.gradient(ys, xs, seeds);
     }
     py::list out;
     for (Tensor& g : grads) out.append(g.defined() ? py::cast(std::move(g)) : py::none());
@@ -197,6 +198,30 @@ class PyTape {
   }
 
  private:
+  static bool is_sequence(py::handle x) { return py::isinstance<py::list>(x) || py::isinstance<py::tuple>(x); }
+  // The tensors of `target` (a tensor or a nested list or tuple of them) in order, and each
+  // one's output gradient from `seed`, which has the target's structure: a tensor, array or
+  // nested list of numbers where the target has a tensor, None (ones) anywhere. A single
+  // target's output gradient may also come as a list of one tensor, as TensorFlow takes it.
+  static void targets_and_seeds(py::handle target, py::object seed, std::vector<Tensor>& ys,
+                                std::vector<Tensor>& seeds) {
+    if (is_sequence(target)) {
+      const std::size_t n = py::len(target);
+      if (!seed.is_none() && (!is_sequence(seed) || py::len(seed) != n))
+        throw py::value_error("GradientTape.gradient: output_gradients must have the target's structure, a list of " +
+                              std::to_string(n) + " there, got " + py::repr(seed).cast<std::string>());
+      for (std::size_t i = 0; i < n; ++i)
+        targets_and_seeds(py::object(target[py::int_(i)]), seed.is_none() ? py::none() : py::object(seed[py::int_(i)]),
+                          ys, seeds);
+      return;
+    }
+    ys.push_back(to_tensor(target, "GradientTape.gradient target"));
+    if (is_sequence(seed) && py::len(seed) == 1) {
+      py::object only = seed[py::int_(0)];
+      if (py::isinstance<Tensor>(only) || py::isinstance<py::array>(only)) seed = only;
+    }
+    seeds.push_back(seed.is_none() ? Tensor() : to_tensor(seed, "GradientTape.gradient output_gradients"));
+  }
   GradientTape& live() {
     if (!tape_) throw py::value_error("GradientTape: used outside its `with` block before entering it");
     return *tape_;

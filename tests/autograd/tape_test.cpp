@@ -117,6 +117,25 @@ TEST(GradientTape, OutputGradientShapeIsChecked) {
   EXPECT_THROW(tape.gradient(y, std::vector<Tensor>{x}, Tensor::zeros({3})), InvalidArgument);
 }
 
+// Several targets: the gradient of their sum, where one target feeds another and where
+// each has its own output gradient; a non-persistent tape still answers once.
+TEST(GradientTape, SeveralTargetsGiveTheGradientOfTheirSum) {
+  Tensor x = Tensor::from_vector({2}, {3, -1});
+  GradientTape tape;
+  tape.watch(x);
+  Tensor h = square(x);        // 2x
+  Tensor y = affine(h, 2.0f);  // 4x, through h
+  Tensor z = reduce_sum(x);    // 1
+  const Tensor targets[] = {h, y, z};
+  const Tensor seeds[] = {Tensor::from_vector({2}, {1, 0}), Tensor(), Tensor()};
+  const Tensor sources[] = {x};
+  EXPECT_THROW(tape.gradient(targets, sources, std::span<const Tensor>(seeds, 2)), InvalidArgument);
+  const auto g = tape.gradient(targets, sources, seeds);
+  // x = 3: 2*3*1 + 4*3 + 1 = 19; x = -1: 2*(-1)*0 + 4*(-1) + 1 = -3.
+  EXPECT_EQ(g[0].to_vector(), (std::vector<float>{19, -3}));
+  EXPECT_THROW(tape.gradient(targets, sources), InvalidArgument);
+}
+
 // stop() is the end of Python's `with` block: what followed is not recorded, gradient()
 // still answers, the tape may be destroyed on another thread, and only its own thread may
 // stop it.

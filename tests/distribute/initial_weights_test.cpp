@@ -117,5 +117,23 @@ TEST(MultiWorkerMirroredStrategy, WithoutTfConfigIsOneLocalWorkerThatTrainsAtOnc
   }
 }
 
+// Two replicas update the variables they share in shares, one thread each: nothing holds
+// a variable's storage then, so each update writes in place and copies no variable.
+TEST(MirroredStrategy, FitUpdatesTheVariablesInPlace) {
+  data::Split d = data::make_synthetic(4 * 32, 8, 3, 5, data::SyntheticLabels::teacher);
+  auto model = build_under([] { return std::make_unique<distribute::MirroredStrategy>(2); });
+  FitOptions fit;
+  fit.batch_size = 32;
+  fit.verbose = 0;
+  model->fit(d.x, d.y, fit);
+  std::vector<const void*> storage;
+  for (const Variable* v : model->variables()) storage.push_back(v->value().raw_data());
+  const auto before = weights_of(*model);
+  model->fit(d.x, d.y, fit);
+  EXPECT_NE(weights_of(*model), before);
+  for (std::size_t i = 0; i < storage.size(); ++i)
+    EXPECT_EQ(model->variables()[i]->value().raw_data(), storage[i]) << model->variables()[i]->name();
+}
+
 }  // namespace
 }  // namespace dtrain

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "dtrain/autograd/ops.h"
 #include "dtrain/optim/optimizer.h"
 
 namespace dtrain::optim {
@@ -15,6 +16,40 @@ TEST(SGD, PlainStepIsLearningRateTimesGradient) {
   EXPECT_NEAR(w.value().to_vector()[0], 0.9f, 1e-7);
   EXPECT_NEAR(w.value().to_vector()[1], 2.1f, 1e-7);
   EXPECT_EQ(sgd.iterations(), 1);
+}
+
+// A persistent tape asked after an update (a GAN's generator loss, through the
+// discriminator the step just updated): the gradient is of the values the tape read, as
+// TensorFlow's copy on write gives it, and the update still lands. Without a reader left,
+// the update writes in place, as every step of fit does.
+TEST(SGD, AnUpdateLeavesWhatATapeReadBeforeIt) {
+  Variable d("d", Tensor::from_vector({2}, {3, 4}));
+  Variable g("g", Tensor::from_vector({2}, {1, 1}));
+  GradientTape tape(/*persistent=*/true);
+  const Tensor loss_d = reduce_sum(mul(d.value(), d.value()));  // d/dd: 2d
+  const Tensor loss_g = reduce_sum(mul(d.value(), g.value()));  // d/dg: d
+  Variable* ds[] = {&d};
+  Variable* gs[] = {&g};
+  SGD sgd(0.5f);
+  const std::vector<Tensor> grad_d = tape.gradient(loss_d, ds);
+  EXPECT_EQ(grad_d[0].to_vector(), (std::vector<float>{6, 8}));
+  sgd.apply_gradients(grad_d, ds);
+  EXPECT_EQ(d.value().to_vector(), (std::vector<float>{0, 0}));
+  EXPECT_EQ(tape.gradient(loss_g, gs)[0].to_vector(), (std::vector<float>{3, 4}));
+  EXPECT_EQ(tape.gradient(loss_d, ds)[0].to_vector(), (std::vector<float>{6, 8}));
+  // The same through assign().
+  Variable a("a", Tensor::from_vector({2}, {5, 6}));
+  GradientTape tape_a;
+  const Tensor loss_a = reduce_sum(mul(a.value(), g.value()));
+  a.assign(Tensor::from_vector({2}, {7, 7}));
+  EXPECT_EQ(tape_a.gradient(loss_a, gs)[0].to_vector(), (std::vector<float>{5, 6}));
+  EXPECT_EQ(a.value().to_vector(), (std::vector<float>{7, 7}));
+
+  Variable w("w", Tensor::from_vector({2}, {1, 2}));
+  const void* storage = w.value().raw_data();
+  Variable* ws[] = {&w};
+  sgd.apply_gradients(std::vector<Tensor>{Tensor::from_vector({2}, {1, 1})}, ws);
+  EXPECT_EQ(w.value().raw_data(), storage);
 }
 
 TEST(SGD, MomentumFollowsKerasFormula) {

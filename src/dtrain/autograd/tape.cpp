@@ -105,6 +105,13 @@ void GradientTape::accumulate(std::uint64_t id, const Tensor& grad) {
 
 namespace {
 
+std::vector<std::uint64_t> tensor_ids(std::span<const Tensor> sources) {
+  std::vector<std::uint64_t> ids;
+  ids.reserve(sources.size());
+  for (const Tensor& t : sources) ids.push_back(t.id());
+  return ids;
+}
+
 std::vector<std::uint64_t> variable_ids(std::span<Variable* const> sources) {
   std::vector<std::uint64_t> ids;
   ids.reserve(sources.size());
@@ -119,33 +126,42 @@ std::vector<std::uint64_t> variable_ids(std::span<Variable* const> sources) {
 
 std::vector<Tensor> GradientTape::gradient(const Tensor& target, std::span<Variable* const> sources,
                                            const Tensor& output_gradient) {
-  return run_backward(target, variable_ids(sources), output_gradient);
+  return run_backward({&target, 1}, variable_ids(sources), {&output_gradient, 1});
 }
 
 std::vector<Tensor> GradientTape::gradient(const Tensor& target, std::span<Variable* const> sources,
                                            const GradientReadyFn& on_ready, const Tensor& output_gradient) {
-  return run_backward(target, variable_ids(sources), output_gradient, on_ready ? &on_ready : nullptr);
+  return run_backward({&target, 1}, variable_ids(sources), {&output_gradient, 1}, on_ready ? &on_ready : nullptr);
 }
 
 std::vector<Tensor> GradientTape::gradient(const Tensor& target, std::span<const Tensor> sources,
                                            const Tensor& output_gradient) {
-  std::vector<std::uint64_t> ids;
-  ids.reserve(sources.size());
-  for (const Tensor& t : sources) ids.push_back(t.id());
-  return run_backward(target, ids, output_gradient);
+  return run_backward({&target, 1}, tensor_ids(sources), {&output_gradient, 1});
 }
 
-std::vector<Tensor> GradientTape::run_backward(const Tensor& target, std::span<const std::uint64_t> sources,
-                                               const Tensor& output_gradient, const GradientReadyFn* on_ready) {
-  target.check_defined("GradientTape::gradient (target)");
+std::vector<Tensor> GradientTape::gradient(std::span<const Tensor> targets, std::span<const Tensor> sources,
+                                           std::span<const Tensor> output_gradients) {
+  if (!output_gradients.empty() && output_gradients.size() != targets.size())
+    DTRAIN_THROW(InvalidArgument, "GradientTape::gradient: ", output_gradients.size(), " output gradients for ",
+                 targets.size(), " targets");
+  return run_backward(targets, tensor_ids(sources), output_gradients);
+}
+
+std::vector<Tensor> GradientTape::run_backward(std::span<const Tensor> targets, std::span<const std::uint64_t> sources,
+                                               std::span<const Tensor> output_gradients,
+                                               const GradientReadyFn* on_ready) {
+  if (targets.empty()) DTRAIN_THROW(InvalidArgument, "GradientTape::gradient: no target");
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    targets[i].check_defined("GradientTape::gradient (target)");
+    if (i < output_gradients.size() && output_gradients[i].defined()) {
+      check_same_shape(output_gradients[i], targets[i], "GradientTape::gradient (output_gradient)");
+      output_gradients[i].check_dtype(targets[i].dtype(), "GradientTape::gradient (output_gradient)");
+    }
+  }
   if (used_ && !persistent_)
     DTRAIN_THROW(InvalidArgument,
                  "GradientTape::gradient: a non-persistent tape computes gradients only once; "
                  "construct it with GradientTape(/*persistent=*/true) to call gradient() again");
-  if (output_gradient.defined()) {
-    check_same_shape(output_gradient, target, "GradientTape::gradient (output_gradient)");
-    output_gradient.check_dtype(target.dtype(), "GradientTape::gradient (output_gradient)");
-  }
   used_ = true;
   // Partial sums never survive a failed call (a persistent tape may be asked again).
   grads_.clear();
@@ -154,7 +170,11 @@ std::vector<Tensor> GradientTape::run_backward(const Tensor& target, std::span<c
     ~ClearOnExit() { grads.clear(); }
   } clear_on_exit{grads_};
   std::vector<Tensor> result(sources.size());
-  grads_.emplace(target.id(), output_gradient.defined() ? output_gradient : Tensor::full(target.shape(), 1.0f));
+  // Several targets are summed: one that is also another's input, or given twice, adds up.
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    const bool given = i < output_gradients.size() && output_gradients[i].defined();
+    accumulate(targets[i].id(), given ? output_gradients[i] : Tensor::full(targets[i].shape(), 1.0f));
+  }
   // For on_ready: a source's gradient is final once the earliest recorded op reading it
   // has run its backward. `pending` holds (that op's index, source) latest op first;
   // sources no op reads come last, with no gradient.

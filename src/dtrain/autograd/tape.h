@@ -69,6 +69,10 @@ class GradientTape {
   std::vector<Tensor> gradient(const Tensor& target, std::initializer_list<Tensor> sources) {
     return gradient(target, std::span<const Tensor>(sources.begin(), sources.size()));
   }
+  // Of several targets, the gradient of their sum, as TensorFlow takes a list of targets:
+  // each target starts from its output gradient (ones where that is undefined or not given).
+  std::vector<Tensor> gradient(std::span<const Tensor> targets, std::span<const Tensor> sources,
+                               std::span<const Tensor> output_gradients = {});
 
   // Pauses recording on this tape for the lifetime of the returned guard
   // (TensorFlow's `with tape.stop_recording()`).
@@ -111,8 +115,8 @@ class GradientTape {
   void accumulate(std::uint64_t id, const Tensor& grad);
   // Removes this tape from the calling thread's live tapes; false when it is not among them.
   bool leave_live_tapes();
-  std::vector<Tensor> run_backward(const Tensor& target, std::span<const std::uint64_t> sources,
-                                   const Tensor& output_gradient, const GradientReadyFn* on_ready = nullptr);
+  std::vector<Tensor> run_backward(std::span<const Tensor> targets, std::span<const std::uint64_t> sources,
+                                   std::span<const Tensor> output_gradients, const GradientReadyFn* on_ready = nullptr);
 
   bool persistent_;
   bool recording_ = true;

@@ -58,7 +58,7 @@ void Variable::assign(const Tensor& v) {
     DTRAIN_THROW(InvalidArgument, "Variable '", name_, "': cannot assign a ", dtype_name(v.dtype()), " ",
                  v.shape().to_string(), " value to a ", dtype_name(value_.dtype()), " ",
                  value_.shape().to_string(), " variable");
-  value_.copy_from(v);
+  value_for_update().copy_from(v);
 }
 
 }  // namespace dtrain

@@ -1,6 +1,9 @@
 // Variable: a named, mutable tensor that training updates (a layer's kernel, a bias).
 // Reading value() inside a GradientTape makes the tape watch it when it is trainable.
-// assign() writes in place, so the value keeps its identity and its storage.
+// assign() and optimizers write in place, so the value keeps its identity and its storage;
+// where a tensor read from the variable before still holds that storage (a tape's record
+// of the read), the write goes to a copy first, and the read keeps the values it saw, as
+// TensorFlow's variables copy on write.
 // A variable belongs to the strategy whose scope() was open when it was created; a
 // replica of another strategy reading it is an error naming it.
 #pragma once
@@ -37,6 +40,12 @@ class Variable {
   const Tensor& value() const;
   // The value for in-place updates by optimizers and loaders; not watched.
   Tensor& mutable_value() { return value_; }
+  // The same, for an update: first made a storage of its own where a tensor read from the
+  // variable still holds its storage (Tensor::unshare).
+  Tensor& value_for_update() {
+    value_.unshare();
+    return value_;
+  }
 
   // Copies `v` into the variable; shapes and dtypes must match (an error names the variable).
   void assign(const Tensor& v);

@@ -140,6 +140,13 @@ Tensor Tensor::clone() const {
   return t;
 }
 
+void Tensor::unshare() {
+  if (!storage_ || storage_.use_count() == 1) return;
+  Tensor own = clone();
+  storage_ = std::move(own.storage_);
+  offset_ = 0;
+}
+
 void Tensor::copy_from(const Tensor& src) {
   check_defined("Tensor::copy_from");
   src.check_dtype(dtype_, "Tensor::copy_from");

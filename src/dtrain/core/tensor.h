@@ -105,6 +105,10 @@ class Tensor {
   // Copies values from a tensor of the same shape and dtype into this one's storage.
   void copy_from(const Tensor& src);
   bool shares_storage_with(const Tensor& other) const { return storage_ == other.storage_; }
+  // Before an in-place write: where another tensor holds this one's storage (a tape's
+  // record of a read, a value kept elsewhere), moves this handle to a copy of the values,
+  // keeping its identity, so that the write changes no one else's values.
+  void unshare();
 
   std::vector<float> to_vector() const;  // any dtype, converted to float
   float item() const;                     // the value of a one-element tensor

@@ -99,7 +99,7 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
       const double norm = std::sqrt(norms_[i]);
       if (norm > *options_.clipnorm) scale = static_cast<float>(*options_.clipnorm / norm);
     }
-    if (!update(vars[i]->mutable_value(), grads[i], slots_of(*vars[i]), lr, scale))
+    if (!update(vars[i]->value_for_update(), grads[i], slots_of(*vars[i]), lr, scale))
       wrote_non_finite_.store(true, std::memory_order_relaxed);
   }
   ++iterations_;
@@ -121,6 +121,7 @@ bool Optimizer::begin_shared_update(std::span<Variable* const> vars) {
       DTRAIN_THROW(InvalidArgument, name_, ": variable '", v->name(), "' is ", dtype_name(v->dtype()),
                    "; optimizers update float32 variables");
     slots_of(*v);  // created here, on one thread, before the shares run
+    v->value_for_update();  // and the value, where a tape's record holds it, copied here
   }
   shared_lr_ = learning_rate();
   return true;
@@ -138,6 +139,7 @@ void Optimizer::apply_share(std::span<const Tensor> grads, std::span<Variable* c
     if (begin >= end) continue;
     const Shape flat{n};
     auto piece = [&](const Tensor& t) { return t.reshape(flat).slice(begin, end); };
+    // In place: begin_shared_update left no other tensor holding the value's storage.
     Tensor value = piece(vars[i]->mutable_value());
     // find(), not [], so concurrent shares only read the map (begin_shared_update filled it).
     const auto found = slots_.find(vars[i]->id());
