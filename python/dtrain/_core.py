@@ -1,5 +1,6 @@
 """Tensors, dtypes, the ops a custom loop writes, GradientTape and tf.function."""
 import functools
+import operator
 
 import numpy as np
 
@@ -46,6 +47,23 @@ def _dtype_name(dtype):
         name = np.dtype(dtype).name
     return {"float64": "float32", "float16": "float32", "int64": "int32", "int16": "int32", "int8": "int32",
             "bool": "int32"}.get(name, name)
+
+
+def _whole(fn, name, value, int32=False):
+    """A count given to ``fn``: an int (numpy's too, or an integer tensor of one value), as
+    range() takes it; 2.9 epochs is a TypeError, as in Keras, not 2. With ``int32``, one
+    the C++ side holds in 32 bits."""
+    if isinstance(value, _dtrain.Tensor) and value.dtype == "int32" and value.numpy().size == 1:
+        value = int(value.numpy().reshape(()))
+    if isinstance(value, bool):
+        raise TypeError(f"{fn}: {name} must be a whole number, got {value!r}")
+    try:
+        whole = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{fn}: {name} must be a whole number, got {value!r}") from None
+    if int32 and not -2**31 <= whole < 2**31:
+        raise ValueError(f"{fn}: {name} must fit in 32 bits, got {whole}")
+    return whole
 
 
 def convert_to_tensor(value, dtype=None, name=None):

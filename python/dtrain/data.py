@@ -6,7 +6,7 @@ and filter run on the pipeline's threads, one call at a time per function, holdi
 import numpy as np
 
 from . import _dtrain
-from ._core import TensorSpec, _dtype_name
+from ._core import TensorSpec, _dtype_name, _whole
 
 _data = _dtrain.data
 AUTOTUNE = _data.AUTOTUNE
@@ -110,16 +110,19 @@ class Dataset:
         return Dataset(_data._Dataset.from_generator(make, dtypes), is_tuple)
 
     @staticmethod
-    def range(*args, **kwargs):
-        del kwargs
-        start, stop, step = 0, None, 1
-        if len(args) == 1:
-            stop = args[0]
-        elif len(args) == 2:
-            start, stop = args
-        else:
-            start, stop, step = args
-        return Dataset(_data._Dataset.range(int(start), int(stop), int(step)), False)
+    def range(*args, output_type=None, name=None):
+        """Dataset.range(stop), (start, stop) or (start, stop, step), as Python's range: whole
+        numbers (2.5 is a TypeError, as TensorFlow refuses it). Elements are int32, which
+        holds TensorFlow's int64 here as labels are held."""
+        del name
+        if _dtype_name(output_type) not in ("", "int32"):
+            raise NotImplementedError(f"Dataset.range(output_type={output_type!r}) is not supported by dtrain: "
+                                      "its elements are integers (int32); map a cast for others")
+        if not 1 <= len(args) <= 3:
+            raise TypeError(f"Dataset.range takes 1 to 3 arguments (start, stop, step), got {len(args)}")
+        start, stop, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
+        return Dataset(_data._Dataset.range(*(_whole("Dataset.range", what, value) for what, value in
+                                              (("start", start), ("stop", stop), ("step", step)))), False)
 
     # --- transformations
     def map(self, map_func, num_parallel_calls=None, deterministic=None, name=None):
@@ -133,11 +136,12 @@ class Dataset:
 
     def shuffle(self, buffer_size, seed=None, reshuffle_each_iteration=True, name=None):
         del name
-        return self._derive(self._cpp.shuffle(int(buffer_size), seed, bool(reshuffle_each_iteration)))
+        size = _whole("shuffle", "buffer_size", buffer_size)
+        return self._derive(self._cpp.shuffle(size, seed, bool(reshuffle_each_iteration)))
 
     def batch(self, batch_size, drop_remainder=False, num_parallel_calls=None, deterministic=None, name=None):
         del num_parallel_calls, deterministic, name
-        return self._derive(self._cpp.batch(int(batch_size), bool(drop_remainder)))
+        return self._derive(self._cpp.batch(_whole("batch", "batch_size", batch_size), bool(drop_remainder)))
 
     def unbatch(self, name=None):
         del name
@@ -145,19 +149,19 @@ class Dataset:
 
     def repeat(self, count=None, name=None):
         del name
-        return self._derive(self._cpp.repeat(-1 if count is None else int(count)))
+        return self._derive(self._cpp.repeat(-1 if count is None else _whole("repeat", "count", count)))
 
     def take(self, count, name=None):
         del name
-        return self._derive(self._cpp.take(int(count)))
+        return self._derive(self._cpp.take(_whole("take", "count", count)))
 
     def skip(self, count, name=None):
         del name
-        return self._derive(self._cpp.skip(int(count)))
+        return self._derive(self._cpp.skip(_whole("skip", "count", count)))
 
     def shard(self, num_shards, index, name=None):
         del name
-        return self._derive(self._cpp.shard(int(num_shards), int(index)))
+        return self._derive(self._cpp.shard(_whole("shard", "num_shards", num_shards), _whole("shard", "index", index)))
 
     def cache(self, filename="", name=None):
         del name
@@ -167,7 +171,7 @@ class Dataset:
 
     def prefetch(self, buffer_size, name=None):
         del name
-        return self._derive(self._cpp.prefetch(int(buffer_size)))
+        return self._derive(self._cpp.prefetch(_whole("prefetch", "buffer_size", buffer_size)))
 
     def with_options(self, options, name=None):
         del name

@@ -346,11 +346,12 @@ void bind_keras(py::module_& m) {
   py::class_<losses::Loss, std::shared_ptr<losses::Loss>>(l, "Loss")
       .def_property_readonly("name", &losses::Loss::name)
       .def_property_readonly("reduction", [](const losses::Loss& loss) { return std::string(losses::reduction_name(loss.reduction())); })
-      .def("__call__", [](const losses::Loss& loss, py::handle y_true, py::handle y_pred) {
+      .def("__call__", [](const losses::Loss& loss, py::handle y_true, py::handle y_pred, py::handle sample_weight) {
         const Tensor t = to_tensor(y_true, "y_true"), p = to_tensor(y_pred, "y_pred");
+        const Tensor w = sample_weight.is_none() ? Tensor() : to_tensor(sample_weight, "sample_weight");
         py::gil_scoped_release release;
-        return loss(t, p);
-      }, py::arg("y_true"), py::arg("y_pred"))
+        return w.defined() ? loss(t, p, w) : loss(t, p);
+      }, py::arg("y_true"), py::arg("y_pred"), py::arg("sample_weight") = py::none())
       .def("call", [](const losses::Loss& loss, py::handle y_true, py::handle y_pred) {
         const Tensor t = to_tensor(y_true, "y_true"), p = to_tensor(y_pred, "y_pred");
         py::gil_scoped_release release;
@@ -380,12 +381,17 @@ void bind_keras(py::module_& m) {
   py::module_ mt = k.def_submodule("metrics");
   py::class_<metrics::Metric, std::shared_ptr<metrics::Metric>>(mt, "Metric")
       .def_property_readonly("name", &metrics::Metric::name)
-      .def("update_state", [](metrics::Metric& metric, py::handle y_true, py::handle y_pred) {
+      .def("update_state", [](metrics::Metric& metric, py::handle y_true, py::handle y_pred, py::handle sample_weight) {
+        if (!sample_weight.is_none()) {
+          PyErr_SetString(PyExc_NotImplementedError, (metric.name() + ".update_state(sample_weight=...) is not "
+                                                      "supported by dtrain: metrics count every example once").c_str());
+          throw py::error_already_set();
+        }
         const Tensor t = to_tensor(y_true, "y_true");
         const Tensor p = y_pred.is_none() ? Tensor() : to_tensor(y_pred, "y_pred");
         py::gil_scoped_release release;
         metric.update_state(t, p);
-      }, py::arg("y_true"), py::arg("y_pred") = py::none())
+      }, py::arg("y_true"), py::arg("y_pred") = py::none(), py::arg("sample_weight") = py::none())
       .def("result", &metrics::Metric::result)
       .def("reset_state", &metrics::Metric::reset_state)
       .def("reset_states", &metrics::Metric::reset_state);
@@ -432,7 +438,23 @@ void bind_keras(py::module_& m) {
              // Called on fit's thread, which holds no GIL.
              auto fn = [schedule = hold(std::move(schedule))](int epoch, double lr) {
                py::gil_scoped_acquire gil;
-               return (*schedule)(epoch, lr).cast<double>();
+               // schedule(epoch, lr), or schedule(epoch) where it takes one argument, as Keras
+               // calls it; what it returns must be a number (a float, an int, a tensor of one).
+               py::object rate;
+               try {
+                 rate = (*schedule)(epoch, lr);
+               } catch (py::error_already_set& e) {
+                 if (!e.matches(PyExc_TypeError)) throw;
+                 rate = (*schedule)(epoch);
+               }
+               PyObject* number = PyNumber_Float(rate.ptr());
+               if (number == nullptr) {
+                 PyErr_Clear();
+                 throw py::type_error("LearningRateScheduler: the schedule returned " +
+                                      py::repr(rate).cast<std::string>() + " for epoch " + std::to_string(epoch) +
+                                      "; it must return the learning rate, a number");
+               }
+               return py::reinterpret_steal<py::float_>(number).cast<double>();
              };
              return std::make_shared<LearningRateScheduler>(fn);
            }),

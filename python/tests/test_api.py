@@ -75,6 +75,58 @@ def test_a_tape_answers_once_unless_persistent():
     assert tape2.gradient(y2, [v, tf.Variable(np.ones(1, np.float32))])[1] is None
 
 
+def test_an_update_between_the_record_and_gradient_leaves_what_the_tape_read():
+    # A GAN's step with one persistent tape: the discriminator is updated first, then the
+    # generator's gradient goes through the discriminator's weights as the tape read them.
+    d = tf.Variable(np.array([3.0, 4.0], np.float32))
+    g = tf.Variable(np.array([1.0, 1.0], np.float32))
+    with tf.GradientTape(persistent=True) as tape:
+        d_loss = tf.reduce_sum(d * d)
+        g_loss = tf.reduce_sum(d * g)
+    tf.keras.optimizers.SGD(0.5).apply_gradients([(tape.gradient(d_loss, d), d)])
+    np.testing.assert_allclose(d.numpy(), [0.0, 0.0])
+    np.testing.assert_allclose(tape.gradient(g_loss, g).numpy(), [3.0, 4.0])
+    d.assign([9.0, 9.0])
+    np.testing.assert_allclose(tape.gradient(g_loss, g).numpy(), [3.0, 4.0])
+
+
+def test_a_loss_weighs_each_example_by_its_sample_weight_as_keras_does():
+    y_true = np.array([[1.0, 1.0], [2.0, 0.0], [0.0, 3.0]], np.float32)
+    y_pred = tf.Variable(np.zeros((3, 2), np.float32))
+    per_example = np.mean(y_true ** 2, axis=1)  # [1, 2, 4.5]
+    weights = np.array([1.0, 0.0, 2.0], np.float32)
+    mse = tf.keras.losses.MeanSquaredError()
+    with tf.GradientTape() as tape:
+        loss = mse(y_true, y_pred, sample_weight=weights)
+    assert float(loss) == pytest.approx(np.sum(per_example * weights) / 3)  # over the batch, not the weights
+    # d/dpred of w_i * mean_j (y - pred)^2 / 3 = -w_i * (y - pred) / 3
+    np.testing.assert_allclose(tape.gradient(loss, y_pred).numpy(), -weights[:, None] * y_true / 3, rtol=1e-6)
+    assert float(mse(y_true, y_pred, sample_weight=weights[:, None])) == pytest.approx(float(loss))
+    assert float(mse(y_true, y_pred, sample_weight=2.0)) == pytest.approx(2 * np.mean(per_example))
+    none = tf.keras.losses.MeanSquaredError(reduction="none")
+    np.testing.assert_allclose(none(y_true, y_pred, sample_weight=weights).numpy(), per_example * weights)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"sample_weight of shape \[2\] does not fit"):
+        mse(y_true, y_pred, sample_weight=np.ones(2, np.float32))
+    with pytest.raises(NotImplementedError, match=r"update_state\(sample_weight=...\) is not supported"):
+        tf.keras.metrics.Mean().update_state(np.ones(3, np.float32), sample_weight=weights)
+
+
+def test_a_list_of_targets_gives_the_gradient_of_their_sum():
+    v = tf.Variable(np.array([2.0, -1.0], np.float32))
+    with tf.GradientTape(persistent=True) as tape:
+        y1 = v * v               # d/dv: 2v
+        y2 = tf.reduce_sum(v * 3.0)  # 3
+        y3 = y1 * 5.0            # 10v, and y1 is a target too
+    np.testing.assert_allclose(tape.gradient([y1, y2], v).numpy(), [7.0, 1.0])
+    np.testing.assert_allclose(tape.gradient((y1, [y3]), v).numpy(), [24.0, -12.0])
+    # Each target's own output gradient, in the targets' structure; None is ones.
+    for seeds in ([tf.constant([1.0, 0.0]), None], [[1.0, 0.0], None]):
+        np.testing.assert_allclose(tape.gradient([y1, y2], v, output_gradients=seeds).numpy(), [7.0, 3.0])
+    np.testing.assert_allclose(tape.gradient(y1, v, output_gradients=[tf.constant([0.0, 1.0])]).numpy(), [0.0, -2.0])
+    with pytest.raises(ValueError, match="the target's structure, a list of 2 there"):
+        tape.gradient([y1, y2], v, output_gradients=[tf.constant([1.0, 1.0])])
+
+
 def _data(n=2000, features=20, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, features)).astype(np.float32)
@@ -219,6 +271,16 @@ def test_what_a_tensorflow_user_tries_is_done_or_named(tmp_path):
     assert [int(v) for v in later] == rest
     # A batch past the data is all of it.
     assert [len(b) for b in tf.data.Dataset.range(5).batch(2**62)] == [5]
+    # Counts are whole numbers, as TensorFlow takes them: 2.5 is named, not truncated; an
+    # integer tensor counts; range's output_type is an integer type.
+    for make, what in ((lambda: tf.data.Dataset.range(2.5), "Dataset.range: stop"),
+                       (lambda: tf.data.Dataset.range(5).batch(2.5), "batch: batch_size"),
+                       (lambda: tf.data.Dataset.range(5).take(1.5), "take: count")):
+        with pytest.raises(TypeError, match=what + " must be a whole number, got"):
+            make()
+    assert [int(v) for v in tf.data.Dataset.range(1, 9, 3, output_type=tf.int64).take(tf.constant(2))] == [1, 4]
+    with pytest.raises(NotImplementedError, match="output_type=tf.float32"):
+        tf.data.Dataset.range(3, output_type=tf.float32)
     assert [int(v) for v in tf.data.Dataset.range(5).filter(lambda v: v.numpy() > 2)] == [3, 4]  # numpy's bool
     with pytest.raises(tf.errors.InvalidArgumentError, match="predicate must return a bool, got None"):
         list(tf.data.Dataset.range(3).filter(lambda v: None))
@@ -229,6 +291,21 @@ def test_what_a_tensorflow_user_tries_is_done_or_named(tmp_path):
     assert np.isfinite(model.evaluate(endless, steps=2, verbose=0)[0])
     with pytest.raises(NotImplementedError, match="evaluate.sample_weight"):
         model.evaluate(x, y, sample_weight=np.ones(64), verbose=0)
+    # LearningRateScheduler calls schedule(epoch) where it takes one argument, as Keras does,
+    # and names a schedule that returns no number.
+    opt = tf.keras.optimizers.SGD(0.1)
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
+    model.fit(x, y, epochs=2, verbose=0,
+              callbacks=[tf.keras.callbacks.LearningRateScheduler(lambda epoch: 0.5 / (epoch + 1))])
+    assert opt.learning_rate == pytest.approx(0.25)
+    with pytest.raises(TypeError, match="the schedule returned None for epoch 0; it must return the learning rate"):
+        model.fit(x, y, verbose=0, callbacks=[tf.keras.callbacks.LearningRateScheduler(lambda epoch, lr: None)])
+    # A Dataset's batches are its own: a batch_size beside it is named, not ignored.
+    for call in (lambda: model.fit(endless, batch_size=8, steps_per_epoch=1, verbose=0),
+                 lambda: model.evaluate(endless, batch_size=8, steps=1, verbose=0),
+                 lambda: model.predict(endless.take(1), batch_size=8)):
+        with pytest.raises(ValueError, match=r"batch_size is for arrays.*dataset.batch\(8\)"):
+            call()
     with pytest.raises(ValueError, match="reduce_op must be SUM or MEAN.*'max'"):
         tf.distribute.get_strategy().reduce("max", tf.constant(1.0), axis=None)
     with pytest.raises(ValueError, match="global_batch_size must be a whole number > 0, got -2"):

@@ -5,12 +5,12 @@ when it is first built, compiled, called or trained, under the strategy whose sc
 open when the Sequential was made: its weights then belong to that strategy, as in
 TensorFlow."""
 import json
-import operator
 import sys
 
 import numpy as np
 
 from .. import _dtrain
+from .._core import _whole
 from . import callbacks as callbacks_module
 from . import layers as layers_module
 from . import losses as losses_module
@@ -214,6 +214,7 @@ class Model:
                 raise NotImplementedError(f"fit({name}=...) is not supported by dtrain")
         if validation_freq != 1:
             raise NotImplementedError("fit(validation_freq=...) is not supported by dtrain: it validates every epoch")
+        _no_batch_size_for_datasets("fit", x, batch_size)
         model = self._model()
         x = _model_input(_unwrap_dataset(x))
         validation_data = _unwrap_dataset(validation_data)
@@ -248,6 +249,7 @@ class Model:
         for name, value in (("sample_weight", sample_weight), ("callbacks", callbacks)):
             if value is not None:
                 raise NotImplementedError(f"evaluate({name}=...) is not supported by dtrain")
+        _no_batch_size_for_datasets("evaluate", x, batch_size)
         if steps is not None:
             from ..data import Dataset
 
@@ -269,6 +271,7 @@ class Model:
         del verbose, kwargs
         from ..data import Dataset
 
+        _no_batch_size_for_datasets("predict", x, batch_size)
         if isinstance(x, Dataset):
             parts = []
             for i, element in enumerate(x):
@@ -392,18 +395,14 @@ def _model_input(x):
     return x
 
 
-def _whole(fn, name, value, int32=False):
-    """A count given to ``fn``: an int (numpy's too), as range() takes it; 2.9 epochs is a
-    TypeError, as in Keras, not 2. With ``int32``, one the C++ side holds in 32 bits."""
-    if isinstance(value, bool):
-        raise TypeError(f"{fn}: {name} must be a whole number, got {value!r}")
-    try:
-        whole = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{fn}: {name} must be a whole number, got {value!r}") from None
-    if int32 and not -2**31 <= whole < 2**31:
-        raise ValueError(f"{fn}: {name} must fit in 32 bits, got {whole}")
-    return whole
+def _no_batch_size_for_datasets(fn, x, batch_size):
+    """A Dataset gives its own batches: a batch_size beside it would be silently ignored."""
+    from ..data import Dataset
+    from ..distribute import DistributedDataset
+
+    if batch_size is not None and isinstance(x, (Dataset, DistributedDataset)):
+        raise ValueError(f"{fn}: batch_size is for arrays; a Dataset's batches are its own "
+                         f"(batch it with dataset.batch({batch_size}) instead)")
 
 
 def _unwrap_dataset(x):

@@ -44,7 +44,23 @@ const char* reduction_name(Reduction r) {
 
 Tensor Loss::operator()(const Tensor& y_true, const Tensor& y_pred) const {
   y_pred.check_defined(name_.c_str());
-  Tensor per_example = call(y_true, y_pred);
+  return reduced(call(y_true, y_pred));
+}
+
+Tensor Loss::operator()(const Tensor& y_true, const Tensor& y_pred, const Tensor& sample_weight) const {
+  y_pred.check_defined(name_.c_str());
+  sample_weight.check_defined(name_.c_str());
+  const Tensor per_example = call(y_true, y_pred);
+  Tensor weight = sample_weight.dtype() == DType::f32 ? sample_weight : sample_weight.astype(DType::f32);
+  if (weight.rank() == 2 && weight.dim(1) == 1) weight = reshape(weight, Shape{weight.dim(0)});
+  if (weight.numel() != 1 && !(weight.shape() == per_example.shape()))
+    DTRAIN_THROW(InvalidArgument, name_, ": sample_weight of shape ", sample_weight.shape().to_string(),
+                 " does not fit the batch's ", per_example.shape().to_string(), " losses (give one weight per example, ",
+                 "or one for all)");
+  return reduced(mul(per_example, weight));
+}
+
+Tensor Loss::reduced(const Tensor& per_example) const {
   switch (reduction_) {
     case Reduction::none: return per_example;
     case Reduction::sum: return reduce_sum(per_example);

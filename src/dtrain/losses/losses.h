@@ -21,6 +21,10 @@ class Loss {
 
   // The reduced loss: a scalar, or [batch] with Reduction::none.
   Tensor operator()(const Tensor& y_true, const Tensor& y_pred) const;
+  // The same with each example's loss weighted by `sample_weight` (a scalar, [batch] or
+  // [batch, 1]) before the reduction, as Keras weighs them: sum_over_batch_size divides
+  // the weighted sum by the batch's size, not by the weights' sum.
+  Tensor operator()(const Tensor& y_true, const Tensor& y_pred, const Tensor& sample_weight) const;
   // Per-example losses [batch].
   virtual Tensor call(const Tensor& y_true, const Tensor& y_pred) const = 0;
 
@@ -28,6 +32,8 @@ class Loss {
   const std::string& name() const { return name_; }
 
  private:
+  Tensor reduced(const Tensor& per_example) const;
+
   Reduction reduction_;
   std::string name_;
 };
