@@ -103,6 +103,13 @@ TEST_F(Cli, OutputsAndFoldersAreCheckedBeforeTraining) {
   EXPECT_NE(config.output.find(folder + ": is a folder, not a config file"), std::string::npos) << config.output;
   const Result runs = run("doctor --runs " + folder + "," + folder);
   EXPECT_NE(runs.output.find(folder + " is a folder"), std::string::npos) << runs.output;
+  // An empty path (an unset shell variable) is refused, not taken as the flag left out.
+  for (const std::string flag : {"--summary", "--save-weights", "--profile", "--checkpoint-dir"}) {
+    const Result empty = run("fit " + cfg + " --verbose 0 " + flag + " ''");
+    EXPECT_NE(empty.code, 0) << flag << ": " << empty.output;
+    EXPECT_NE(empty.output.find(flag + ": expected a path, got an empty one"), std::string::npos) << empty.output;
+    EXPECT_EQ(empty.output.find("Epoch"), std::string::npos) << "refused before training: " << empty.output;
+  }
 }
 
 // Flags whose values would plant or train nothing, or overflow, are named or taken as meant.
@@ -1005,6 +1012,16 @@ TEST_F(FileSources, FitRegressesOnFractionalCsvLabels) {
   const auto loss = nlohmann::json::parse(std::ifstream(s))["history"]["loss"];
   EXPECT_LT(loss.back().get<double>(), 0.01) << loss.dump();
   EXPECT_LT(loss.back().get<double>(), loss.front().get<double>() / 10) << loss.dump();
+  // A last layer of three units for the one label value a row: named before training,
+  // with its key, not a shape error at the first step.
+  std::string wide = read_file(cfg);
+  wide.replace(wide.find(R"("units": 1)"), std::string(R"("units": 1)").size(), R"("units": 3)");
+  r = run("fit " + write("wide.json", wide) + " --verbose 0");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("model.layers[0].config.units: the loss mse regresses the one label value each row of the "
+                          "data (csv) has, but the model's output has shape [1, 3] for one row"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST_F(FileSources, FitFromCsvLearnsTheRuleAndSummaryReadsTheFirstRow) {

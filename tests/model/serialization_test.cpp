@@ -184,6 +184,18 @@ TEST(Weights, ImpossibleShapesAreRejected) {
   fs::remove(path);
 }
 
+// A header naming one tensor twice (a hand-edited or concatenated file) is named so, not
+// read as one of them, nor as two tensors that overlap.
+TEST(Weights, ATensorNamedTwiceIsNamed) {
+  const auto path = temp_path("twice.safetensors");
+  const std::string header = R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                             R"("w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
+  write_safetensors_bytes(path, header, 8);
+  const std::string e = message_of<IoError>([&] { load_safetensors(path.string()); });
+  EXPECT_NE(e.find(path.string() + ": header names tensor 'w' twice"), std::string::npos) << e;
+  fs::remove(path);
+}
+
 // Like fuzz/regressions/fuzz_tf_config/number-overflow: a number too large for a double
 // in the header is an IoError naming the file, not the JSON library's out_of_range.
 TEST(Weights, HeaderNumberTooLargeForADoubleIsAnIoError) {

@@ -513,11 +513,20 @@ void check_model_fits_data(const RunConfig& c, const Shape& row) {
     throw_in_file<InvalidArgument>(c.file, at + ".layers",
                                    "for " + data + "'s rows of shape " + row.to_string() + ": " + e.what());
   }
-  if (c.data.source != "synthetic" && c.data.source != "fashion_mnist") return;  // checked as the files are read
   const std::size_t last = c.unbuilt_model->output_layer();
   const bool dense = dynamic_cast<const nn::Dense*>(c.unbuilt_model->layers[last].get()) != nullptr;
   const std::string last_key =
       at + ".layers[" + std::to_string(c.unbuilt_model->json_index[last]) + "]" + (dense ? ".config.units" : "");
+  if (c.data.source != "synthetic" && c.data.source != "fashion_mnist") {
+    // A file gives each row one label: a class number, checked as the files are read, or
+    // under mse the one value to regress on, which one output per row must meet.
+    if (regression(c) && !(out.rank() == 2 && out[1] == 1))
+      throw_in_file<InvalidArgument>(c.file, last_key,
+                                     "the loss mse regresses the one label value each row of " + data +
+                                         " has, but the model's output has shape " + out.to_string() +
+                                         " for one row: it needs [1, 1] (end with a Dense of 1 unit)");
+    return;
+  }
   const std::int64_t classes = c.data.source == "synthetic" ? c.data.classes : 10;
   const std::string where = c.data.source == "synthetic" ? " (data.classes)" : " (Fashion-MNIST)";
   const std::string loss = c.loss_json.is_string()                                       ? c.loss_json.get<std::string>()

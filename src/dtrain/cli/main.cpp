@@ -652,6 +652,11 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   Overrides o;
   std::string config;
+  // A path flag given "" (an unset shell variable) names no file: refused, not taken as
+  // the flag left out.
+  const CLI::Validator a_path(
+      [](std::string& text) { return text.empty() ? std::string("expected a path, got an empty one") : std::string(); },
+      "PATH");
 
   auto add_run_flags = [&](CLI::App* cmd) {
     cmd->add_option("config", config, "JSON config file")->required();
@@ -661,7 +666,7 @@ int main(int argc, char** argv) {
     cmd->add_option("--threads", o.threads, "Compute threads (0 = every core)")->check(CLI::Range(0, 4096));
     cmd->add_option("--seed", o.seed, "Seed for weights, shuffling and synthetic data")
         ->check(CLI::Range(std::int64_t{0}, INT64_MAX));
-    cmd->add_option("--summary", o.summary, "Write a machine-readable JSON summary here");
+    cmd->add_option("--summary", o.summary, "Write a machine-readable JSON summary here")->check(a_path);
     cmd->add_option("--dtype-policy", o.dtype_policy, "Override the config's dtype_policy")
         ->check(CLI::IsMember({"float32", "mixed_bfloat16"}));
   };
@@ -709,10 +714,11 @@ int main(int argc, char** argv) {
   CLI::App* fit = app.add_subcommand("fit", "Train the model CONFIG describes");
   add_run_flags(fit);
   add_strategy_flags(fit);
-  fit->add_option("--save-weights", o.save_weights, "Save the trained weights (safetensors) here");
+  fit->add_option("--save-weights", o.save_weights, "Save the trained weights (safetensors) here")->check(a_path);
   fit->add_option("--profile", o.profile,
                   "Write a Chrome trace of every step phase here (Perfetto, chrome://tracing); worker K of several "
-                  "writes NAME.worker-K.json");
+                  "writes NAME.worker-K.json")
+      ->check(a_path);
   fit->add_option("--verbose", o.verbose, "0 silent, 1 progress bar, 2 one line per epoch (default: auto)")
       ->check(CLI::Range(0, 2));
   fit->add_option("--fault-slow", o.fault_slow,
@@ -730,7 +736,8 @@ int main(int argc, char** argv) {
       ->group("Testing");
   fit->add_option("--checkpoint-dir", o.checkpoint_dir,
                   "Save what training needs to resume in this folder (BackupAndRestore); a run started again with "
-                  "the same folder resumes where the last one stopped. SIGTERM saves and stops (exit code 75)");
+                  "the same folder resumes where the last one stopped. SIGTERM saves and stops (exit code 75)")
+      ->check(a_path);
   fit->add_option("--checkpoint-every", o.checkpoint_every,
                   "Save every N training batches, or \"epoch\" (default: at the end of every epoch)");
   fit->add_flag("--keep-checkpoints", o.keep_checkpoints,
@@ -767,7 +774,8 @@ int main(int argc, char** argv) {
   doctor->add_option("--what-if", doctor_options.what_if,
                      "Predict another scale or link: workers=16,link=10Gbit,latency=50us,burst=64KB (each part "
                      "optional; burst: what the link sends at once after a rest)");
-  doctor->add_option("--report", doctor_options.report, "Write the study as one self-contained HTML page here");
+  doctor->add_option("--report", doctor_options.report, "Write the study as one self-contained HTML page here")
+      ->check(a_path);
   doctor->add_option("--strategies", doctor_options.strategies,
                      "Run both and compare: each of mirrored, multi_worker, parameter_server[:async|ssp:K|sync[:B]] "
                      "trains the job for --epochs epochs at the most --workers (at least 2)")
@@ -789,7 +797,7 @@ int main(int argc, char** argv) {
   std::string probe_output;
   CLI::App* probe = app.add_subcommand(
       "probe-link", "Measure the link between workers (run one per worker: dtrain launch --workers 2 probe-link)");
-  probe->add_option("--output", probe_output, "Write the measurement as JSON here (the chief)");
+  probe->add_option("--output", probe_output, "Write the measurement as JSON here (the chief)")->check(a_path);
   cli::MergeOptions merge_options;
   CLI::App* merge = app.add_subcommand(
       "merge-traces", "Merge the workers' traces (fit --profile) into one: merge-traces OUT.json IN.json...");
@@ -799,7 +807,7 @@ int main(int argc, char** argv) {
                   "Line the traces up on their first common step's end (traces from different hosts)");
   CLI::App* evaluate = app.add_subcommand("evaluate", "Evaluate saved weights on CONFIG's test data");
   add_run_flags(evaluate);
-  evaluate->add_option("--weights", o.weights, "Weights file (safetensors)")->required();
+  evaluate->add_option("--weights", o.weights, "Weights file (safetensors)")->required()->check(a_path);
   CLI::App* summary = app.add_subcommand("summary", "Print the model's layer table");
   summary->add_option("config", config, "JSON config file")->required();
   cluster::LaunchOptions launch_options;

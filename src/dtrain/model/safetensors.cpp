@@ -15,6 +15,7 @@
 #include <fstream>
 #include <new>
 #include <nlohmann/json.hpp>
+#include <set>
 // libxxhash's _dispatch functions pick AVX2 or AVX-512 at run time (the build itself targets
 // baseline x86-64), hashing at about twice the rate of its SSE2 code.
 #define XXH_STATIC_LINKING_ONLY
@@ -342,9 +343,17 @@ NamedTensors load_safetensors(const std::string& path) {
   if (const auto nul = text.find('\0'); nul != std::string::npos)
     DTRAIN_THROW(IoError, path, ": header holds a NUL byte at offset ", 8 + nul, " (its padding must be spaces)");
   nlohmann::json header;
+  // A name given twice would otherwise leave one of the two, silently.
+  const auto depth_limit = json_depth_limit(path + ": header");
+  std::set<std::string> names;
+  auto check = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (event == nlohmann::json::parse_event_t::key && depth == 1 && !names.insert(parsed.get<std::string>()).second)
+      DTRAIN_THROW(InvalidArgument, path, ": header names tensor '", parsed.get<std::string>(), "' twice");
+    return depth_limit(depth, event, parsed);
+  };
   try {
-    header = nlohmann::json::parse(text, json_depth_limit(path + ": header"));
-  } catch (const InvalidArgument& e) {  // nested too deep
+    header = nlohmann::json::parse(text, check);
+  } catch (const InvalidArgument& e) {  // nested too deep, or a name twice
     DTRAIN_THROW(IoError, e.what());
   } catch (const nlohmann::json::parse_error& e) {
     DTRAIN_THROW(IoError, path, ": header is not valid JSON at byte ", 8 + e.byte, ": ", e.what());
