@@ -115,7 +115,8 @@ class Dataset:
         numbers (2.5 is a TypeError, as TensorFlow refuses it). Elements are int32, which
         holds TensorFlow's int64 here as labels are held."""
         del name
-        if _dtype_name(output_type) not in ("", "int32"):
+        named = "" if output_type is None else getattr(output_type, "name", None) or str(np.dtype(output_type))
+        if named not in ("", "int32", "int64"):
             raise NotImplementedError(f"Dataset.range(output_type={output_type!r}) is not supported by dtrain: "
                                       "its elements are integers (int32); map a cast for others")
         if not 1 <= len(args) <= 3:

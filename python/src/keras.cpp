@@ -156,6 +156,15 @@ optim::OptimizerOptions optimizer_options(py::object clipnorm, py::object global
   return o;
 }
 
+// Metrics count every example once: a weight given to update_state is refused by name,
+// not dropped.
+void refuse_sample_weight(const metrics::Metric& metric, py::handle sample_weight) {
+  if (sample_weight.is_none()) return;
+  PyErr_SetString(PyExc_NotImplementedError, (metric.name() + ".update_state(sample_weight=...) is not supported by "
+                                              "dtrain: metrics count every example once").c_str());
+  throw py::error_already_set();
+}
+
 void apply_gradients(optim::Optimizer& optimizer, py::handle grads_and_vars) {
   std::vector<Tensor> grads;
   std::vector<Variable*> vars;
@@ -382,11 +391,7 @@ void bind_keras(py::module_& m) {
   py::class_<metrics::Metric, std::shared_ptr<metrics::Metric>>(mt, "Metric")
       .def_property_readonly("name", &metrics::Metric::name)
       .def("update_state", [](metrics::Metric& metric, py::handle y_true, py::handle y_pred, py::handle sample_weight) {
-        if (!sample_weight.is_none()) {
-          PyErr_SetString(PyExc_NotImplementedError, (metric.name() + ".update_state(sample_weight=...) is not "
-                                                      "supported by dtrain: metrics count every example once").c_str());
-          throw py::error_already_set();
-        }
+        refuse_sample_weight(metric, sample_weight);
         const Tensor t = to_tensor(y_true, "y_true");
         const Tensor p = y_pred.is_none() ? Tensor() : to_tensor(y_pred, "y_pred");
         py::gil_scoped_release release;
@@ -401,8 +406,15 @@ void bind_keras(py::module_& m) {
   py::class_<metrics::CategoricalAccuracy, metrics::Metric, std::shared_ptr<metrics::CategoricalAccuracy>>(
       mt, "CategoricalAccuracy")
       .def(py::init<std::string>(), py::arg("name") = "categorical_accuracy");
+  // Keras's Mean.update_state(values, sample_weight): a second value is a weight, refused.
   py::class_<metrics::Mean, metrics::Metric, std::shared_ptr<metrics::Mean>>(mt, "Mean")
-      .def(py::init<std::string>(), py::arg("name") = "mean");
+      .def(py::init<std::string>(), py::arg("name") = "mean")
+      .def("update_state", [](metrics::Mean& metric, py::handle values, py::handle sample_weight) {
+        refuse_sample_weight(metric, sample_weight);
+        const Tensor v = to_tensor(values, "values");
+        py::gil_scoped_release release;
+        metric.update_state(v, Tensor());
+      }, py::arg("values"), py::arg("sample_weight") = py::none());
 
   // Callbacks.
   py::module_ c = k.def_submodule("callbacks");
@@ -438,7 +450,7 @@ void bind_keras(py::module_& m) {
              // Called on fit's thread, which holds no GIL.
              auto fn = [schedule = hold(std::move(schedule))](int epoch, double lr) {
                py::gil_scoped_acquire gil;
-               // schedule(epoch, lr), or schedule(epoch) where it takes one argument, as Keras
+               // schedule(epoch, lr), or schedule(epoch) where that call is a TypeError, as Keras
                // calls it; what it returns must be a number (a float, an int, a tensor of one).
                py::object rate;
                try {
@@ -447,7 +459,8 @@ void bind_keras(py::module_& m) {
                  if (!e.matches(PyExc_TypeError)) throw;
                  rate = (*schedule)(epoch);
                }
-               PyObject* number = PyNumber_Float(rate.ptr());
+               PyObject* number =
+                   py::isinstance<py::str>(rate) || py::isinstance<py::bytes>(rate) ? nullptr : PyNumber_Float(rate.ptr());
                if (number == nullptr) {
                  PyErr_Clear();
                  throw py::type_error("LearningRateScheduler: the schedule returned " +

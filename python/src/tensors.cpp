@@ -207,6 +207,7 @@ class PyTape {
                                 std::vector<Tensor>& seeds) {
     if (is_sequence(target)) {
       const std::size_t n = py::len(target);
+      if (n == 1 && !seed.is_none() && !is_sequence(seed)) seed = py::make_tuple(seed);  // [y] with g
       if (!seed.is_none() && (!is_sequence(seed) || py::len(seed) != n))
         throw py::value_error("GradientTape.gradient: output_gradients must have the target's structure, a list of " +
                               std::to_string(n) + " there, got " + py::repr(seed).cast<std::string>());
@@ -218,7 +219,7 @@ class PyTape {
     ys.push_back(to_tensor(target, "GradientTape.gradient target"));
     if (is_sequence(seed) && py::len(seed) == 1) {
       py::object only = seed[py::int_(0)];
-      if (py::isinstance<Tensor>(only) || py::isinstance<py::array>(only)) seed = only;
+      if (py::isinstance<Tensor>(only) || py::isinstance<Variable>(only) || py::isinstance<py::array>(only)) seed = only;
     }
     seeds.push_back(seed.is_none() ? Tensor() : to_tensor(seed, "GradientTape.gradient output_gradients"));
   }

@@ -107,8 +107,12 @@ def test_a_loss_weighs_each_example_by_its_sample_weight_as_keras_does():
     np.testing.assert_allclose(none(y_true, y_pred, sample_weight=weights).numpy(), per_example * weights)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"sample_weight of shape \[2\] does not fit"):
         mse(y_true, y_pred, sample_weight=np.ones(2, np.float32))
+    # A one-element weight of any rank is one weight for all: the losses keep their shape.
+    assert none(y_true, y_pred, sample_weight=np.full((1, 1, 1), 2.0, np.float32)).shape == (3,)
     with pytest.raises(NotImplementedError, match=r"update_state\(sample_weight=...\) is not supported"):
         tf.keras.metrics.Mean().update_state(np.ones(3, np.float32), sample_weight=weights)
+    with pytest.raises(NotImplementedError, match=r"update_state\(sample_weight=...\) is not supported"):
+        tf.keras.metrics.Mean().update_state(np.ones(3, np.float32), weights)  # Keras's second argument
 
 
 def test_a_list_of_targets_gives_the_gradient_of_their_sum():
@@ -125,6 +129,8 @@ def test_a_list_of_targets_gives_the_gradient_of_their_sum():
     np.testing.assert_allclose(tape.gradient(y1, v, output_gradients=[tf.constant([0.0, 1.0])]).numpy(), [0.0, -2.0])
     with pytest.raises(ValueError, match="the target's structure, a list of 2 there"):
         tape.gradient([y1, y2], v, output_gradients=[tf.constant([1.0, 1.0])])
+    # A list of one target may take its output gradient bare.
+    np.testing.assert_allclose(tape.gradient([y1], v, output_gradients=tf.constant([0.0, 1.0])).numpy(), [0.0, -2.0])
 
 
 def _data(n=2000, features=20, seed=0):
@@ -279,8 +285,9 @@ def test_what_a_tensorflow_user_tries_is_done_or_named(tmp_path):
         with pytest.raises(TypeError, match=what + " must be a whole number, got"):
             make()
     assert [int(v) for v in tf.data.Dataset.range(1, 9, 3, output_type=tf.int64).take(tf.constant(2))] == [1, 4]
-    with pytest.raises(NotImplementedError, match="output_type=tf.float32"):
-        tf.data.Dataset.range(3, output_type=tf.float32)
+    for other in (tf.float32, tf.bool, np.int16):
+        with pytest.raises(NotImplementedError, match="Dataset.range.output_type="):
+            tf.data.Dataset.range(3, output_type=other)
     assert [int(v) for v in tf.data.Dataset.range(5).filter(lambda v: v.numpy() > 2)] == [3, 4]  # numpy's bool
     with pytest.raises(tf.errors.InvalidArgumentError, match="predicate must return a bool, got None"):
         list(tf.data.Dataset.range(3).filter(lambda v: None))
@@ -298,8 +305,10 @@ def test_what_a_tensorflow_user_tries_is_done_or_named(tmp_path):
     model.fit(x, y, epochs=2, verbose=0,
               callbacks=[tf.keras.callbacks.LearningRateScheduler(lambda epoch: 0.5 / (epoch + 1))])
     assert opt.learning_rate == pytest.approx(0.25)
-    with pytest.raises(TypeError, match="the schedule returned None for epoch 0; it must return the learning rate"):
-        model.fit(x, y, verbose=0, callbacks=[tf.keras.callbacks.LearningRateScheduler(lambda epoch, lr: None)])
+    for returned in (None, "0.1"):
+        with pytest.raises(TypeError, match=f"the schedule returned {returned!r} for epoch 0; it must return"):
+            model.fit(x, y, verbose=0,
+                      callbacks=[tf.keras.callbacks.LearningRateScheduler(lambda epoch, lr, r=returned: r)])
     # A Dataset's batches are its own: a batch_size beside it is named, not ignored.
     for call in (lambda: model.fit(endless, batch_size=8, steps_per_epoch=1, verbose=0),
                  lambda: model.evaluate(endless, batch_size=8, steps=1, verbose=0),

@@ -105,7 +105,7 @@ TEST_F(Cli, OutputsAndFoldersAreCheckedBeforeTraining) {
   EXPECT_NE(runs.output.find(folder + " is a folder"), std::string::npos) << runs.output;
   // An empty path (an unset shell variable) is refused, not taken as the flag left out.
   for (const std::string flag : {"--summary", "--save-weights", "--profile", "--checkpoint-dir"}) {
-    const Result empty = run("fit " + cfg + " --verbose 0 " + flag + " ''");
+    const Result empty = run("fit " + cfg + " --verbose 2 " + flag + " ''");
     EXPECT_NE(empty.code, 0) << flag << ": " << empty.output;
     EXPECT_NE(empty.output.find(flag + ": expected a path, got an empty one"), std::string::npos) << empty.output;
     EXPECT_EQ(empty.output.find("Epoch"), std::string::npos) << "refused before training: " << empty.output;

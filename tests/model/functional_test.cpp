@@ -160,9 +160,8 @@ TEST(Functional, JsonRoundTripGivesTheSameModel) {
   auto again = model_from_json(json);
   ASSERT_TRUE(again->functional());
   EXPECT_EQ(again->to_json(), json);
-  const auto path =
-      (std::filesystem::temp_directory_path() / ("dtrain_functional_weights_" + std::to_string(::getpid()) + ".safetensors"))
-          .string();
+  const std::string name = "dtrain_functional_weights_" + std::to_string(::getpid()) + ".safetensors";
+  const auto path = (std::filesystem::temp_directory_path() / name).string();
   model->save_weights(path);
   again->load_weights(path);
   std::filesystem::remove(path);
@@ -203,9 +202,8 @@ TEST(Functional, SavedModelLoadsWithoutTheCode) {
   o.batch_size = 8;
   o.verbose = 0;
   model->fit(x, y, o);
-  const auto path =
-      (std::filesystem::temp_directory_path() / ("dtrain_functional_model_" + std::to_string(::getpid()) + ".safetensors"))
-          .string();
+  const std::string name = "dtrain_functional_model_" + std::to_string(::getpid()) + ".safetensors";
+  const auto path = (std::filesystem::temp_directory_path() / name).string();
   model->save(path);
   auto loaded = models::load_model(path);
   std::filesystem::remove(path);

@@ -193,6 +193,10 @@ TEST(Weights, ATensorNamedTwiceIsNamed) {
   write_safetensors_bytes(path, header, 8);
   const std::string e = message_of<IoError>([&] { load_safetensors(path.string()); });
   EXPECT_NE(e.find(path.string() + ": header names tensor 'w' twice"), std::string::npos) << e;
+  const std::string metadata = R"({"__metadata__":{"a":"1"},"__metadata__":{"a":"2"}})";
+  write_safetensors_bytes(path, metadata, 0);
+  const std::string m = message_of<IoError>([&] { load_safetensors(path.string()); });
+  EXPECT_NE(m.find(path.string() + ": header names the key '__metadata__' twice"), std::string::npos) << m;
   fs::remove(path);
 }
 

@@ -52,6 +52,7 @@ Tensor Loss::operator()(const Tensor& y_true, const Tensor& y_pred, const Tensor
   sample_weight.check_defined(name_.c_str());
   const Tensor per_example = call(y_true, y_pred);
   Tensor weight = sample_weight.dtype() == DType::f32 ? sample_weight : sample_weight.astype(DType::f32);
+  if (weight.numel() == 1 && weight.rank() > 0) weight = reshape(weight, Shape{});
   if (weight.rank() == 2 && weight.dim(1) == 1) weight = reshape(weight, Shape{weight.dim(0)});
   if (weight.numel() != 1 && !(weight.shape() == per_example.shape()))
     DTRAIN_THROW(InvalidArgument, name_, ": sample_weight of shape ", sample_weight.shape().to_string(),

@@ -348,7 +348,8 @@ NamedTensors load_safetensors(const std::string& path) {
   std::set<std::string> names;
   auto check = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
     if (event == nlohmann::json::parse_event_t::key && depth == 1 && !names.insert(parsed.get<std::string>()).second)
-      DTRAIN_THROW(InvalidArgument, path, ": header names tensor '", parsed.get<std::string>(), "' twice");
+      DTRAIN_THROW(InvalidArgument, path, ": header names ", parsed == "__metadata__" ? "the key '" : "tensor '",
+                   parsed.get<std::string>(), "' twice");
     return depth_limit(depth, event, parsed);
   };
   try {
