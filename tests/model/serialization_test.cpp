@@ -51,6 +51,30 @@ TEST(ModelJson, AcceptsKerasInitializerObjects) {
   EXPECT_EQ(m->count_params(), 18);
 }
 
+// A seeded initializer object fixes the kernel whatever the global seed, as in Keras: the
+// same kernel as the layer's own "seed", kept as that in the model's JSON.
+TEST(ModelJson, ASeededInitializerFixesTheKernel) {
+  auto model_with = [](const std::string& dense_config) {
+    auto m = model_from_json(R"({"class_name": "Sequential", "config": {"name": "k", "layers": [
+        {"class_name": "Dense", "config": {"units": 3, )" + dense_config + R"(}}], "build_input_shape": [null, 5]}})");
+    return m->variables()[0]->value().to_vector();
+  };
+  const std::string seeded = R"("kernel_initializer": {"class_name": "GlorotUniform", "config": {"seed": 3}})";
+  set_random_seed(1);
+  const auto first = model_with(seeded);
+  set_random_seed(2);
+  EXPECT_EQ(model_with(seeded), first);
+  EXPECT_EQ(model_with(R"("seed": 3)"), first);
+  set_random_seed(2);
+  const auto unseeded = model_with(R"("kernel_initializer": {"class_name": "GlorotUniform", "config": {"seed": null}})");
+  EXPECT_NE(unseeded, first);
+  const std::string e = message_of<InvalidArgument>(
+      [&] { model_with(R"("kernel_initializer": {"class_name": "GlorotUniform", "config": {"seed": "x"}})"); });
+  EXPECT_NE(e.find("kernel_initializer.config.seed: expected a whole number >= 0 or null, got \"x\""),
+            std::string::npos)
+      << e;
+}
+
 TEST(ModelJson, DTypePoliciesRoundTripAndAreChecked) {
   auto m = model_from_json(R"({"class_name": "Sequential", "config": {"name": "k", "layers": [
       {"class_name": "Dense", "config": {"units": 3, "dtype": "mixed_bfloat16"}},

@@ -157,9 +157,20 @@ void expect_unset(const JsonReader& c, std::initializer_list<const char*> keys) 
     if (c.has(k)) c.fail(k, std::string("is not supported (only null), got ") + c.raw()[k].dump());
 }
 
-std::optional<std::uint64_t> get_seed(const JsonReader& c) {
+// The layer's own "seed", else the seed of its kernel's initializer object
+// ({"class_name": "GlorotUniform", "config": {"seed": 3}}), which in Keras fixes the
+// kernel's values whatever the global seed; a null seed is none.
+std::optional<std::uint64_t> get_seed(const JsonReader& c, const std::string& kernel_key) {
   if (auto s = c.get_optional_int("seed")) return static_cast<std::uint64_t>(*s);
-  return std::nullopt;
+  if (!c.has(kernel_key)) return std::nullopt;
+  const json& init = c.raw()[kernel_key];
+  if (!init.is_object() || !init.contains("config") || !init["config"].is_object() || !init["config"].contains("seed"))
+    return std::nullopt;
+  const json& seed = init["config"]["seed"];
+  if (seed.is_null()) return std::nullopt;
+  if (!seed.is_number_integer() || seed.get<std::int64_t>() < 0)
+    c.fail(kernel_key + ".config.seed", "expected a whole number >= 0 or null, got " + seed.dump());
+  return seed.get<std::uint64_t>();
 }
 
 std::shared_ptr<nn::Layer> make_conv_layer(const std::string& cls, const JsonReader& c) {
@@ -187,7 +198,7 @@ std::shared_ptr<nn::Layer> make_conv_layer(const std::string& cls, const JsonRea
   o.use_bias = c.get_bool("use_bias", true);
   o.kernel_initializer = initializer_name(c, depthwise ? "depthwise_initializer" : "kernel_initializer", "glorot_uniform");
   o.bias_initializer = initializer_name(c, "bias_initializer", "zeros");
-  o.seed = get_seed(c);
+  o.seed = get_seed(c, depthwise ? "depthwise_initializer" : "kernel_initializer");
   const nn::Pair kernel = get_pair(c, "kernel_size");
   if (depthwise) {
     if (c.get_int("groups", 1) != 1) c.fail("groups", "a DepthwiseConv2D takes groups 1 (tf.keras writes it so)");
@@ -233,7 +244,7 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       o.use_bias = c.get_bool("use_bias", true);
       o.kernel_initializer = initializer_name(c, "kernel_initializer", "glorot_uniform");
       o.bias_initializer = initializer_name(c, "bias_initializer", "zeros");
-      if (auto s = c.get_optional_int("seed")) o.seed = static_cast<std::uint64_t>(*s);
+      o.seed = get_seed(c, "kernel_initializer");
       std::string act = c.get_string("activation", "linear");
       const std::int64_t units = c.get_int("units");
       if (units <= 0) c.fail("units", "must be a positive integer, got " + std::to_string(units));
