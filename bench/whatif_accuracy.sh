@@ -48,13 +48,15 @@ train_rows=60000  # Fashion-MNIST's training set
 # batches as the training set holds where that is fewer (58 of one worker's 1024 rows, 29
 # of two workers', 19 of three, 14 of four: an epoch of in-memory data ends with its rows),
 # and after the warm-up epoch as many as give two epochs of steps_of's steps (200 steps at
-# four workers as at one, where three epochs gave 28). Sets fit; WHERE_NOW is the case's.
+# four workers as at one, where three epochs gave 28). ROWS 0: a pipeline that does not end
+# with the training set (the ps's closures), epochs of steps_of's steps. Sets fit;
+# WHERE_NOW is the case's.
 fit=()
 fit_for() {
   local per steps
   per=$(steps_of "$where_now")
-  steps=$((train_rows / $1))
-  [ "$steps" -lt "$per" ] || steps=$per
+  steps=$per
+  [ "$1" = 0 ] || [ $((train_rows / $1)) -ge "$per" ] || steps=$((train_rows / $1))
   fit=(fit "$config" --epochs $((1 + (2 * per + steps - 1) / steps)) --steps-per-epoch "$steps" --verbose 0)
 }
 . "$here/scripts/netns_pair.sh"
@@ -86,9 +88,9 @@ fi
 # run it starts from is measured under the same sharing.
 reference() {
   local pin=$1 i twin=() pids=()
+  fit_for $rows
   for i in 0 1; do
     [ "$pin" = yes ] && twin=(taskset -c "$i") || twin=()
-    fit_for $rows
     OMP_NUM_THREADS=1 "${twin[@]}" "$dtrain" "${fit[@]}" --threads 1 --batch-size $rows --summary "$dir/one-$i.json" >/dev/null &
     pids+=($!)
   done
@@ -189,9 +191,7 @@ ps_round() {
   [ "$ps_count" = 1 ] || { ps+=", \"$(star_addr 4)\"" ps_tasks+=" ps:1:${hosts[4]}" split=(--partitioner fixed:2); }
   rm -f "$dir/one.json" "$dir/many.json" "$dir/out-worker0.log"
   reference yes
-  # A closure is one step of 1024 rows, read from a pipeline that does not end with the
-  # training set: epochs of steps_of's closures.
-  fit=(fit "$config" --epochs 3 --steps-per-epoch "$(steps_of "$where_now")" --verbose 0)
+  fit_for 0  # a closure is one step of 1024 rows, from a pipeline
   on_hosts "{\"chief\": [\"$(star_addr 3)\"], \"worker\": [\"$(star_addr 0)\", \"$(star_addr 1)\"], \"ps\": [$ps]}" \
     "chief:0:${hosts[3]} worker:0:${hosts[0]} worker:1:${hosts[1]} $ps_tasks" "$dtrain" "${fit[@]}" --threads 1 --strategy parameter_server \
     --consistency "$consistency" --batch-size $rows --summary "$dir/many.json" "${fault[@]}" "${split[@]}"

@@ -53,8 +53,9 @@ def _whole(fn, name, value, int32=False):
     """A count given to ``fn``: an int (numpy's too, or an integer tensor of one value), as
     range() takes it; 2.9 epochs is a TypeError, as in Keras, not 2. With ``int32``, one
     the C++ side holds in 32 bits."""
-    if isinstance(value, _dtrain.Tensor) and value.dtype == "int32" and value.numpy().size == 1:
-        value = int(value.numpy().reshape(()))
+    if isinstance(value, _dtrain.Tensor) and value.dtype == "int32":
+        array = value.numpy()
+        value = int(array.reshape(())) if array.size == 1 else value
     if isinstance(value, bool):
         raise TypeError(f"{fn}: {name} must be a whole number, got {value!r}")
     try:

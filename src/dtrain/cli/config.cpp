@@ -532,7 +532,7 @@ void check_model_fits_data(const RunConfig& c, const Shape& row) {
   const std::string loss = c.loss_json.is_string()                                       ? c.loss_json.get<std::string>()
                            : c.loss_json.is_object() && c.loss_json.contains("name") ? c.loss_json["name"].get<std::string>()
                                                                                       : "";
-  if (loss == "mse" || loss == "mean_squared_error" || loss == "categorical_crossentropy")
+  if (regression(c) || loss == "categorical_crossentropy")
     throw_in_file<InvalidArgument>(c.file, "loss",
                                    loss + " needs " + (loss == "categorical_crossentropy" ? "one-hot labels" : "values to regress on") +
                                        ", but " + data + " has labels that are class numbers; use sparse_categorical_crossentropy");
