@@ -142,10 +142,10 @@ TEST(WhatIf, ALinkThatRestedSendsABurstAtOnce) {
   EXPECT_NEAR(predict_ps(m, 1, 1, "async", bursting).samples_per_second, 100 / 0.020, 1e-6);
   EXPECT_GT(predict_ps(m, 2, 1, "async", bursting).samples_per_second,
             predict_ps(m, 2, 1, "async", Link{1e8, 0}).samples_per_second);
-  // Over two ps its own link still carries the whole megabyte each way, with one burst for
-  // both halves: 5 ms each way again (each ps's link sends its half at once), and 0.5 ms to
-  // apply on each ps. Not a burst per half, which would move it all at once.
-  EXPECT_NEAR(predict_ps(m, 1, 2, "async", bursting).samples_per_second, 100 / 0.0195, 1e-6);
+  // Over two ps its own link still carries the whole megabyte each way, as a flow to each
+  // ps, which meet there: no burst (as measured between namespaces), 10 ms each way, and
+  // 0.5 ms to apply on each ps. Not a burst per half either, which would move it all at once.
+  EXPECT_NEAR(predict_ps(m, 1, 2, "async", bursting).samples_per_second, 100 / 0.0295, 1e-6);
   // Sync: the ps link carries both workers' 2 MB each way, 15 ms with the burst: a round of
   // 9 + 30 + 1 ms.
   EXPECT_NEAR(predict_ps(m, 2, 1, "sync", bursting).samples_per_second, 100 * 2 / 0.040, 1e-6);
