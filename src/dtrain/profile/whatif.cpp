@@ -290,11 +290,12 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
     // closure, the chief's dispatch and the latencies (its own), then the ps's link each
     // way and its applying, which the workers share (TCP shares a link as processor
     // sharing does, for which the mean values hold). Its own link moves every ps's share
-    // at once, each way: beyond the ps link's share, the rest of the bytes, with no burst
-    // of their own (the one its rest gives goes to them all).
+    // at once, each way, alongside them: a pull or push takes as long as the slower of its
+    // visit to the ps's link (queueing included) and all its bytes over its own link.
     // A ps link rests between the workers' visits, for (1 - its use) / visits per second
-    // on the mean, and sends a burst's worth at once after it; a worker's own link rests
-    // while it computes and waits for the chief.
+    // on the mean, and sends a burst's worth at once after it; each way of a worker's own
+    // link rests while it computes, waits for the chief and the ps's applying, and moves
+    // the other way.
     std::array<double, 3> demand{transfer_seconds(share, link, 0), transfer_seconds(share, link, 0), apply};
     std::vector<double> moving(own.size(), 0);  // each worker's pull and push
     std::vector<std::array<double, 3>> queued(own.size(), {0, 0, 0});
@@ -307,12 +308,13 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
       for (std::size_t w = 0; w < own.size(); ++w) {
         std::array<double, 3> residence{};
         const double rest = own[w] + m.dispatch;
-        const double own_link = 2 * (link.latency_seconds + transfer_seconds(m.gradient_bytes, link, rest) -
-                                     transfer_seconds(share, link, rest));
-        double cycle = rest + own_link;
-        for (std::size_t k = 0; k < 3; ++k) cycle += residence[k] = demand[k] * (1 + total[k] - queued[w][k]);
-        pace[w] = 1 / cycle;
-        moving[w] = own_link + residence[0] + residence[1];
+        for (std::size_t k = 0; k < 3; ++k) residence[k] = demand[k] * (1 + total[k] - queued[w][k]);
+        const double other_way = moving[w] / 2 - link.latency_seconds;  // the last iteration's
+        const double own_link = transfer_seconds(m.gradient_bytes, link, rest + residence[2] + other_way);
+        const double now = 2 * link.latency_seconds + std::max(residence[0], own_link) + std::max(residence[1], own_link);
+        moved = std::max(moved, std::abs(now - moving[w]));
+        moving[w] = now;
+        pace[w] = 1 / (rest + moving[w] + residence[2]);
         for (std::size_t k = 0; k < 3; ++k) {
           const double q = pace[w] * residence[k];
           moved = std::max(moved, std::abs(q - queued[w][k]));
