@@ -2,6 +2,7 @@
 #include "dtrain/losses/losses.h"
 
 #include <cmath>
+#include <vector>
 
 namespace dtrain::losses {
 namespace {
@@ -53,11 +54,19 @@ Tensor Loss::operator()(const Tensor& y_true, const Tensor& y_pred, const Tensor
   const Tensor per_example = call(y_true, y_pred);
   Tensor weight = sample_weight.dtype() == DType::f32 ? sample_weight : sample_weight.astype(DType::f32);
   if (weight.numel() == 1 && weight.rank() > 0) weight = reshape(weight, Shape{});
-  if (weight.rank() == 2 && weight.dim(1) == 1) weight = reshape(weight, Shape{weight.dim(0)});
-  if (weight.numel() != 1 && !(weight.shape() == per_example.shape()))
+  std::vector<std::int64_t> dims = weight.shape().to_vector();
+  if (weight.rank() == per_example.rank() + 1 && dims.back() == 1) dims.pop_back();  // [batch, 1] for [batch]
+  // As in Keras, a weight per example weighs every loss value of it (losses [batch, steps]
+  // and a weight [batch] or [batch, 1]); or a weight per loss value.
+  const auto losses = per_example.shape().dims();
+  bool fits = dims.size() <= losses.size();
+  dims.resize(losses.size(), 1);
+  for (std::size_t i = 0; fits && i < dims.size(); ++i) fits = dims[i] == losses[i] || dims[i] == 1;
+  if (weight.numel() != 1 && !fits)
     DTRAIN_THROW(InvalidArgument, name_, ": sample_weight of shape ", sample_weight.shape().to_string(),
                  " does not fit the batch's ", per_example.shape().to_string(), " losses (give one weight per example, ",
-                 "or one for all)");
+                 "one per loss value, or one for all)");
+  if (weight.numel() != 1) weight = reshape(weight, Shape(dims));
   return reduced(mul(per_example, weight));
 }
 

@@ -22,8 +22,9 @@ class Loss {
   // The reduced loss: a scalar, or [batch] with Reduction::none.
   Tensor operator()(const Tensor& y_true, const Tensor& y_pred) const;
   // The same with each example's loss weighted by `sample_weight` (a scalar, [batch] or
-  // [batch, 1]) before the reduction, as Keras weighs them: sum_over_batch_size divides
-  // the weighted sum by the batch's size, not by the weights' sum.
+  // [batch, 1], or a weight per loss value where an example has several) before the
+  // reduction, as Keras weighs them: sum_over_batch_size divides the weighted sum by the
+  // number of loss values, not by the weights' sum.
   Tensor operator()(const Tensor& y_true, const Tensor& y_pred, const Tensor& sample_weight) const;
   // Per-example losses [batch].
   virtual Tensor call(const Tensor& y_true, const Tensor& y_pred) const = 0;
