@@ -11,8 +11,10 @@ from ._core import (
     constant, convert_to_tensor, zeros, ones, fill, zeros_like, ones_like, function,
     reduce_sum, reduce_mean, matmul, add, subtract, multiply, divide, square, sqrt, exp, log, abs,
     reshape, one_hot, clip_by_value, stop_gradient, TensorSpec, GradientTape,
+    equal, not_equal, less, less_equal, greater, greater_equal, argmax, argmin, reduce_all, reduce_any, cast,
+    shape, size, rank, range,
 )
-from . import nn, random, data, distribute, keras, config, train
+from . import nn, math, random, data, distribute, keras, config, train
 
 __version__ = "0.1.0"
 
@@ -21,5 +23,7 @@ __all__ = [
     "constant", "convert_to_tensor", "zeros", "ones", "fill", "zeros_like", "ones_like", "function",
     "reduce_sum", "reduce_mean", "matmul", "add", "subtract", "multiply", "divide", "square", "sqrt", "exp", "log",
     "abs", "reshape", "one_hot", "clip_by_value", "stop_gradient", "TensorSpec", "GradientTape",
-    "nn", "random", "data", "distribute", "keras", "config", "train",
+    "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "argmax", "argmin", "reduce_all",
+    "reduce_any", "cast", "shape", "size", "rank", "range",
+    "nn", "math", "random", "data", "distribute", "keras", "config", "train",
 ]

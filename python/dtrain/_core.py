@@ -157,6 +157,221 @@ def clip_by_value(t, clip_value_min, clip_value_max, name=None):
     return _ops.clip_by_value(t, float(clip_value_min), float(clip_value_max))
 
 
+# --- ops without a gradient (TensorFlow records none for them either): computed on the
+# values, their results recorded by no tape. dtrain holds booleans as int32 0 and 1.
+
+def _values(x, fn):
+    """x's values as a numpy array: a tensor's, a variable's, an array's or a number's."""
+    if isinstance(x, (_dtrain.Tensor, _dtrain.Variable)):
+        return x.numpy()
+    try:
+        return np.asarray(x)
+    except (TypeError, ValueError):
+        raise TypeError(f"{fn}: expected a tensor, an array or a number, got {type(x).__name__}") from None
+
+
+def _int_tensor(array):
+    return _dtrain.Tensor(np.ascontiguousarray(array, dtype=np.int32), "int32")
+
+
+def _broadcast(fn, a, b):
+    try:
+        return np.broadcast_shapes(a.shape, b.shape)
+    except ValueError:
+        raise _dtrain.errors.InvalidArgumentError(
+            f"{fn}: shapes {list(a.shape)} and {list(b.shape)} do not broadcast") from None
+
+
+def _comparison(fn, op):
+    def compare(x, y, name=None):
+        del name
+        a, b = _values(x, fn), _values(y, fn)
+        _broadcast(fn, a, b)
+        return _int_tensor(op(a, b))
+
+    compare.__name__ = fn
+    compare.__doc__ = f"tf.math.{fn}: element-wise, with broadcasting; 1 where it holds, 0 where not (int32)."
+    return compare
+
+
+equal = _comparison("equal", np.equal)
+not_equal = _comparison("not_equal", np.not_equal)
+less = _comparison("less", np.less)
+less_equal = _comparison("less_equal", np.less_equal)
+greater = _comparison("greater", np.greater)
+greater_equal = _comparison("greater_equal", np.greater_equal)
+
+
+def _axis(fn, axis, rank):
+    axis = _whole(fn, "axis", axis)
+    if not -rank <= axis < max(rank, 1):
+        raise _dtrain.errors.InvalidArgumentError(f"{fn}: axis {axis} is out of range for a tensor of rank {rank}")
+    return axis
+
+
+def _arg(fn, pick):
+    def arg(input, axis=None, output_type=int64, name=None):  # noqa: A002 (TensorFlow's argument name)
+        del name
+        if _dtype_name(output_type) != "int32":
+            raise TypeError(f"{fn}: output_type must be tf.int64 or tf.int32, got {output_type!r}")
+        a = _values(input, fn)
+        if a.ndim == 0:
+            raise _dtrain.errors.InvalidArgumentError(f"{fn}: a scalar has no axis to search")
+        axis = _axis(fn, 0 if axis is None else axis, a.ndim)
+        if a.shape[axis] == 0:
+            raise _dtrain.errors.InvalidArgumentError(f"{fn}: axis {axis} of shape {list(a.shape)} is empty")
+        return _int_tensor(pick(a, axis=axis))
+
+    arg.__name__ = fn
+    arg.__doc__ = f"tf.math.{fn}: the index along ``axis`` (default 0), the first where several tie (int32)."
+    return arg
+
+
+argmax = _arg("argmax", np.argmax)
+argmin = _arg("argmin", np.argmin)
+
+
+def _truth(fn, op):
+    def reduce(input_tensor, axis=None, keepdims=False, name=None):
+        del name
+        a = _values(input_tensor, fn) != 0
+        if axis is not None:
+            axes = [axis] if not isinstance(axis, (list, tuple)) else list(axis)
+            axis = tuple(_axis(fn, x, a.ndim) for x in axes)
+        return _int_tensor(op(a, axis=axis, keepdims=bool(keepdims)))
+
+    reduce.__name__ = fn
+    reduce.__doc__ = f"tf.math.{fn}: over ``axis`` (every axis by default); 1 or 0 (int32)."
+    return reduce
+
+
+reduce_all = _truth("reduce_all", np.all)
+reduce_any = _truth("reduce_any", np.any)
+
+
+def cast(x, dtype, name=None):
+    """tf.cast: to the same dtype, ``x`` itself; to an integer dtype, truncated toward
+    zero as TensorFlow does (a value outside int32, or not finite, is named); to bool,
+    1 where not zero. Recorded by no tape: a gradient stops at a cast to another dtype
+    (TensorFlow's also stops at integers, but flows between float32 and bfloat16)."""
+    del name
+    want = _dtype_name(dtype)
+    if (dtype.name if isinstance(dtype, DType) else dtype if isinstance(dtype, str) else np.dtype(dtype).name) == "bool":
+        return _int_tensor(_values(x, "cast") != 0)
+    if isinstance(x, (_dtrain.Tensor, _dtrain.Variable)) and x.dtype == want:
+        return x if isinstance(x, _dtrain.Tensor) else x.value()
+    a = _values(x, "cast")
+    if want in ("int32", "uint8") and a.dtype.kind in "fc":
+        a = np.real(a)
+        bad = ~np.isfinite(a)
+        info = np.iinfo(np.int32 if want == "int32" else np.uint8)
+        bad |= (np.trunc(np.where(bad, 0, a)) < info.min) | (np.trunc(np.where(bad, 0, a)) > info.max)
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise _dtrain.errors.InvalidArgumentError(
+                f"cast: value {float(a[where])} at {list(where)} does not fit in {want}")
+        a = np.trunc(a)
+    return convert_to_tensor(a.astype(np.float32) if want in ("float32", "bfloat16") else a.astype(
+        np.int32 if want == "int32" else np.dtype(want)), want)
+
+
+def shape(input, out_type=int32, name=None):  # noqa: A002 (TensorFlow's argument name)
+    """tf.shape: the dimensions as an int32 tensor."""
+    del name, out_type
+    dims = input.shape if isinstance(input, (_dtrain.Tensor, _dtrain.Variable)) else np.shape(input)
+    return _int_tensor(np.array(dims, dtype=np.int64).reshape(len(dims)))
+
+
+def size(input, out_type=int32, name=None):  # noqa: A002
+    """tf.size: the number of elements, an int32 scalar."""
+    del name, out_type
+    dims = input.shape if isinstance(input, (_dtrain.Tensor, _dtrain.Variable)) else np.shape(input)
+    return _int_tensor(np.array(int(np.prod(dims, dtype=np.int64))))
+
+
+def rank(input, name=None):  # noqa: A002
+    """tf.rank: the number of dimensions, an int32 scalar."""
+    del name
+    dims = input.shape if isinstance(input, (_dtrain.Tensor, _dtrain.Variable)) else np.shape(input)
+    return _int_tensor(np.array(len(dims)))
+
+
+def range(start, limit=None, delta=1, dtype=None, name="range"):  # noqa: A001 (TensorFlow's name)
+    """tf.range: int32 where start, limit and delta are whole numbers, float32 where not."""
+    del name
+    if limit is None:
+        start, limit = 0, start
+    values = [v.numpy().item() if isinstance(v, _dtrain.Tensor) else v for v in (start, limit, delta)]
+    if values[2] == 0:
+        raise _dtrain.errors.InvalidArgumentError("range: delta must not be 0")
+    whole = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values)
+    want = _dtype_name(dtype) or ("int32" if whole else "float32")
+    if want not in ("int32", "float32"):
+        raise TypeError(f"range: dtype must be an integer or float type, got {dtype!r}")
+    a = np.arange(*values, dtype=np.float64 if want == "float32" else np.int64)
+    if want == "int32" and a.size and not (-2**31 <= a.min() and a.max() < 2**31):
+        raise _dtrain.errors.InvalidArgumentError("range: its values do not fit in int32")
+    return _int_tensor(a) if want == "int32" else _dtrain.Tensor(a.astype(np.float32), "float32")
+
+
+def _array_like(x):
+    return isinstance(x, (_dtrain.Tensor, _dtrain.Variable, np.ndarray, np.generic, int, float, list, tuple))
+
+
+def _tensor_equals(a, b):
+    # TensorFlow's ==: element-wise; False (a scalar) against None or where the shapes do
+    # not broadcast. Against anything else (pytest.approx, a string), the other side's ==.
+    if b is None:
+        return False
+    if not _array_like(b):
+        return NotImplemented
+    try:
+        x, y = _values(a, "=="), _values(b, "==")
+        np.broadcast_shapes(x.shape, y.shape)
+    except (TypeError, ValueError):
+        return _int_tensor(np.array(0))
+    return _int_tensor(np.equal(x, y))
+
+
+def _tensor_differs(a, b):
+    if b is None:
+        return True
+    same = _tensor_equals(a, b)
+    return same if same is NotImplemented else _int_tensor(same.numpy() == 0)
+
+
+def _unhashable(self):
+    raise TypeError(f"{type(self).__name__} is unhashable (== compares its values): use .ref() as the key")
+
+
+class _Reference:
+    """A tensor's or variable's identity as a hashable key (TensorFlow's ``x.ref()``)."""
+
+    def __init__(self, target):
+        self._target = target
+
+    def deref(self):
+        return self._target
+
+    def __eq__(self, other):
+        return isinstance(other, _Reference) and other._target is self._target
+
+    def __hash__(self):
+        return id(self._target)
+
+
+for _cls in (_dtrain.Tensor, _dtrain.Variable):
+    _cls.__eq__ = _tensor_equals
+    _cls.__ne__ = _tensor_differs
+    _cls.__lt__ = lambda a, b: less(a, b) if _array_like(b) else NotImplemented
+    _cls.__le__ = lambda a, b: less_equal(a, b) if _array_like(b) else NotImplemented
+    _cls.__gt__ = lambda a, b: greater(a, b) if _array_like(b) else NotImplemented
+    _cls.__ge__ = lambda a, b: greater_equal(a, b) if _array_like(b) else NotImplemented
+    _cls.__hash__ = _unhashable
+    _cls.ref = lambda self: _Reference(self)
+del _cls
+
+
 class TensorSpec:
     """The shape and dtype of one component (tf.data.Dataset.from_generator's signature)."""
 

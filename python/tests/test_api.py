@@ -115,6 +115,30 @@ def test_a_loss_weighs_each_example_by_its_sample_weight_as_keras_does():
         tf.keras.metrics.Mean().update_state(np.ones(3, np.float32), weights)  # Keras's second argument
 
 
+def test_a_weight_per_example_weighs_each_of_its_loss_values_as_keras_does():
+    # Losses of three examples over two steps each ([3, 2]): a weight per example weighs
+    # both of its steps; a weight per step each one.
+    rng = np.random.default_rng(3)
+    y_true = rng.normal(size=(3, 2, 4)).astype(np.float32)
+    y_pred = rng.normal(size=(3, 2, 4)).astype(np.float32)
+    per_value = np.mean((y_true - y_pred) ** 2, axis=-1)
+    weights = np.array([1.0, 0.0, 2.0], np.float32)
+    mse = tf.keras.losses.MeanSquaredError()
+    none = tf.keras.losses.MeanSquaredError(reduction="none")
+    np.testing.assert_allclose(none(y_true, y_pred, sample_weight=weights).numpy(), per_value * weights[:, None],
+                               rtol=1e-6)
+    assert float(mse(y_true, y_pred, sample_weight=weights)) == pytest.approx(np.mean(per_value * weights[:, None]))
+    assert float(mse(y_true, y_pred, sample_weight=weights[:, None])) == pytest.approx(
+        np.mean(per_value * weights[:, None]))
+    steps = np.array([[1.0, 0.5], [0.0, 1.0], [2.0, 0.0]], np.float32)
+    assert float(mse(y_true, y_pred, sample_weight=steps)) == pytest.approx(np.mean(per_value * steps))
+    assert float(mse(y_true, y_pred, sample_weight=steps[:, :, None])) == pytest.approx(np.mean(per_value * steps))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"sample_weight of shape \[2\] does not fit the batch's \[3, 2\]"):
+        mse(y_true, y_pred, sample_weight=np.ones(2, np.float32))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"sample_weight of shape \[3, 1, 2\] does not fit"):
+        mse(y_true, y_pred, sample_weight=np.ones((3, 1, 2), np.float32))
+
+
 def test_a_list_of_targets_gives_the_gradient_of_their_sum():
     v = tf.Variable(np.array([2.0, -1.0], np.float32))
     with tf.GradientTape(persistent=True) as tape:
@@ -144,6 +168,70 @@ def _model(features=20):
                                  tf.keras.layers.Dense(2, activation="softmax")])
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
+
+
+def test_comparisons_argmax_and_cast_give_a_custom_loops_accuracy_as_tensorflow_does():
+    logits = tf.constant([[0.1, 2.0, -1.0], [3.0, 0.0, 0.5], [0.0, 0.0, 4.0], [1.0, 1.0, 0.0]])
+    labels = tf.constant([1, 2, 2, 0])
+    predicted = tf.argmax(logits, axis=1)
+    np.testing.assert_array_equal(predicted.numpy(), [1, 0, 2, 0])  # a tie gives the first
+    hits = tf.cast(tf.equal(predicted, labels), tf.float32)
+    assert hits.dtype == "float32"
+    assert float(tf.reduce_mean(hits)) == pytest.approx(0.75)
+    np.testing.assert_array_equal((predicted == labels).numpy(), [1, 0, 1, 1])
+    np.testing.assert_array_equal((predicted != labels).numpy(), [0, 1, 0, 0])
+    np.testing.assert_array_equal(tf.math.argmin(logits, 1).numpy(), [2, 1, 0, 2])
+    np.testing.assert_array_equal(tf.argmax(logits).numpy(), [1, 0, 2])  # axis 0, as TensorFlow's default
+    # Comparisons broadcast, against numbers and arrays too; a scalar's is a truth value.
+    x = tf.constant([1.0, 2.0, 3.0])
+    np.testing.assert_array_equal((x > 1.5).numpy(), [0, 1, 1])
+    np.testing.assert_array_equal((2.0 <= x).numpy(), [0, 1, 1])
+    np.testing.assert_array_equal(tf.math.less(x, np.array([[2.0], [4.0]])).numpy(), [[1, 0, 0], [1, 1, 1]])
+    assert bool(tf.constant(0.0) == 0) and not bool(tf.constant(1.0) == 0)
+    assert bool(tf.reduce_all(x > 0)) and not bool(tf.reduce_any(x > 3))
+    np.testing.assert_array_equal(tf.reduce_any(tf.constant([[0, 1], [0, 0]]), axis=1).numpy(), [1, 0])
+    assert (x == None) is False and (x != None) is True  # noqa: E711 (TensorFlow's answer to it)
+    assert not bool(x == tf.constant([1.0, 2.0]))  # shapes that do not broadcast: False, as TensorFlow's ==
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"equal: shapes \[3\] and \[2\] do not broadcast"):
+        tf.equal(x, [1.0, 2.0])
+    # A variable compares by its values too; both are keys only through ref(), as in TensorFlow.
+    v = tf.Variable([1.0, 5.0])
+    np.testing.assert_array_equal((v == [1.0, 4.0]).numpy(), [1, 0])
+    with pytest.raises(TypeError, match=r"unhashable.*\.ref\(\)"):
+        {v: 1}
+    with pytest.raises(TypeError, match=r"unhashable"):
+        {x}
+    assert {v.ref(): 1}[v.ref()] == 1 and v.ref().deref() is v and v.ref() != tf.Variable([1.0, 5.0]).ref()
+    # cast: to integers truncated toward zero, to bool where not zero; the same dtype is the tensor itself.
+    np.testing.assert_array_equal(tf.cast(tf.constant([-1.7, 2.9, 0.0]), tf.int32).numpy(), [-1, 2, 0])
+    np.testing.assert_array_equal(tf.cast(tf.constant([-1.7, 0.0]), tf.bool).numpy(), [1, 0])
+    assert tf.cast(x, tf.float32) is x
+    assert tf.cast(labels, "float32").dtype == "float32"
+    assert tf.cast(x, tf.bfloat16).dtype == "bfloat16"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"cast: value inf at \[1\] does not fit in int32"):
+        tf.cast(tf.constant([1.0, float("inf")]), tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"cast: value 30000000000.0 at \[0\] does not fit in int32"):
+        tf.cast(np.array([3e10]), tf.int32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"argmax: axis 2 is out of range for a tensor of rank 2"):
+        tf.argmax(logits, axis=2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"argmax: axis 1 of shape \[2, 0\] is empty"):
+        tf.argmax(np.zeros((2, 0), np.float32), axis=1)
+    with pytest.raises(TypeError, match=r"argmax: axis must be a whole number"):
+        tf.argmax(logits, axis=1.5)
+    # shape, size, rank and range, as int32 tensors.
+    np.testing.assert_array_equal(tf.shape(logits).numpy(), [4, 3])
+    assert int(tf.size(logits)) == 12 and int(tf.rank(logits)) == 2
+    np.testing.assert_array_equal(tf.range(4).numpy(), [0, 1, 2, 3])
+    np.testing.assert_array_equal(tf.range(1, 7, 2).numpy(), [1, 3, 5])
+    np.testing.assert_allclose(tf.range(0.0, 1.0, 0.25).numpy(), [0.0, 0.25, 0.5, 0.75])
+    assert tf.range(3).dtype == "int32" and tf.range(3, dtype=tf.float32).dtype == "float32"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"range: delta must not be 0"):
+        tf.range(0, 3, 0)
+    # None of them is recorded: the tape gives no gradient through a comparison.
+    w = tf.Variable([1.0, -2.0])
+    with tf.GradientTape() as tape:
+        y = tf.reduce_sum(tf.cast(w > 0, tf.float32) * w)
+    np.testing.assert_allclose(tape.gradient(y, w).numpy(), [1.0, 0.0])
 
 
 def test_python_callbacks_see_keras_logs_and_stop_training():
