@@ -204,9 +204,9 @@ greater_equal = _comparison("greater_equal", np.greater_equal)
 
 def _axis(fn, axis, rank):
     axis = _whole(fn, "axis", axis)
-    if not -rank <= axis < max(rank, 1):
+    if not -rank <= axis < rank:
         raise _dtrain.errors.InvalidArgumentError(f"{fn}: axis {axis} is out of range for a tensor of rank {rank}")
-    return axis
+    return axis % rank
 
 
 def _arg(fn, pick):
@@ -236,8 +236,12 @@ def _truth(fn, op):
         del name
         a = _values(input_tensor, fn) != 0
         if axis is not None:
+            if isinstance(axis, (_dtrain.Tensor, np.ndarray)):
+                axis = _values(axis, fn).ravel().tolist()
             axes = [axis] if not isinstance(axis, (list, tuple)) else list(axis)
             axis = tuple(_axis(fn, x, a.ndim) for x in axes)
+            if len(set(axis)) != len(axis):
+                raise _dtrain.errors.InvalidArgumentError(f"{fn}: axis {list(axes)} names an axis twice")
         return _int_tensor(op(a, axis=axis, keepdims=bool(keepdims)))
 
     reduce.__name__ = fn
@@ -251,8 +255,8 @@ reduce_any = _truth("reduce_any", np.any)
 
 def cast(x, dtype, name=None):
     """tf.cast: to the same dtype, ``x`` itself; to an integer dtype, truncated toward
-    zero as TensorFlow does (a value outside int32, or not finite, is named); to bool,
-    1 where not zero. Recorded by no tape: a gradient stops at a cast to another dtype
+    zero as TensorFlow does (a value outside int32, or not finite, is named; integers
+    cast to uint8 wrap, as TensorFlow's do); to bool, 1 where not zero. Recorded by no tape: a gradient stops at a cast to another dtype
     (TensorFlow's also stops at integers, but flows between float32 and bfloat16)."""
     del name
     want = _dtype_name(dtype)
@@ -261,6 +265,9 @@ def cast(x, dtype, name=None):
     if isinstance(x, (_dtrain.Tensor, _dtrain.Variable)) and x.dtype == want:
         return x if isinstance(x, _dtrain.Tensor) else x.value()
     a = _values(x, "cast")
+    if want == "int32" and a.dtype.kind in "iu" and a.size and not (-2**31 <= a.min() and a.max() < 2**31):
+        where = tuple(int(i) for i in np.argwhere((a < -2**31) | (a >= 2**31))[0])
+        raise _dtrain.errors.InvalidArgumentError(f"cast: value {int(a[where])} at {list(where)} does not fit in int32")
     if want in ("int32", "uint8") and a.dtype.kind in "fc":
         a = np.real(a)
         bad = ~np.isfinite(a)
@@ -297,18 +304,32 @@ def rank(input, name=None):  # noqa: A002
 
 
 def range(start, limit=None, delta=1, dtype=None, name="range"):  # noqa: A001 (TensorFlow's name)
-    """tf.range: int32 where start, limit and delta are whole numbers, float32 where not."""
+    """tf.range: int32 where start, limit and delta are whole numbers, float32 where not;
+    with a ``dtype``, each of them cast to it first, as TensorFlow does."""
     del name
     if limit is None:
         start, limit = 0, start
-    values = [v.numpy().item() if isinstance(v, _dtrain.Tensor) else v for v in (start, limit, delta)]
-    if values[2] == 0:
-        raise _dtrain.errors.InvalidArgumentError("range: delta must not be 0")
-    whole = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values)
+    values = []
+    for what, v in (("start", start), ("limit", limit), ("delta", delta)):
+        value = _values(v, "range")
+        if value.size != 1 or isinstance(v, bool) or value.dtype.kind not in "iuf":
+            raise TypeError(f"range: {what} must be a number, got {v!r}")
+        values.append(value.reshape(()).item())
+    whole = all(isinstance(v, int) for v in values)
     want = _dtype_name(dtype) or ("int32" if whole else "float32")
     if want not in ("int32", "float32"):
         raise TypeError(f"range: dtype must be an integer or float type, got {dtype!r}")
-    a = np.arange(*values, dtype=np.float64 if want == "float32" else np.int64)
+    if want == "int32":
+        values = [int(v) for v in values]  # truncated toward zero, as a cast is
+    begin, end, step = values
+    if not all(np.isfinite(v) for v in values):
+        raise _dtrain.errors.InvalidArgumentError(f"range: start, limit and delta must be finite, got {values}")
+    if step == 0:
+        raise _dtrain.errors.InvalidArgumentError("range: delta must not be 0")
+    if (step > 0 and begin > end) or (step < 0 and begin < end):
+        raise _dtrain.errors.InvalidArgumentError(
+            f"range: start {begin} does not reach limit {end} by delta {step}")
+    a = np.arange(begin, end, step, dtype=np.float64 if want == "float32" else np.int64)
     if want == "int32" and a.size and not (-2**31 <= a.min() and a.max() < 2**31):
         raise _dtrain.errors.InvalidArgumentError("range: its values do not fit in int32")
     return _int_tensor(a) if want == "int32" else _dtrain.Tensor(a.astype(np.float32), "float32")

@@ -227,6 +227,21 @@ def test_comparisons_argmax_and_cast_give_a_custom_loops_accuracy_as_tensorflow_
     assert tf.range(3).dtype == "int32" and tf.range(3, dtype=tf.float32).dtype == "float32"
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"range: delta must not be 0"):
         tf.range(0, 3, 0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"range: delta must not be 0"):
+        tf.range(0.0, 1.0, 0.25, dtype=tf.int32)  # each cast to int32 first, as TensorFlow does
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"range: start 0 does not reach limit 3 by delta -1"):
+        tf.range(0, 3, -1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"range: start, limit and delta must be finite"):
+        tf.range(0.0, float("inf"))
+    np.testing.assert_array_equal(tf.range(tf.Variable(3)).numpy(), [0, 1, 2])
+    assert tf.range(np.array(3)).dtype == "int32" and tf.range(3, 0, -1).numpy().tolist() == [3, 2, 1]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"cast: value 1099511627776 at \[0\] does not fit in int32"):
+        tf.cast(np.array([2**40]), tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"reduce_all: axis 0 is out of range for a tensor of rank 0"):
+        tf.reduce_all(tf.constant(1.0), axis=0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"reduce_any: axis \[1, -1\] names an axis twice"):
+        tf.reduce_any(tf.constant([[0, 1]]), axis=[1, -1])
+    np.testing.assert_array_equal(tf.reduce_all(tf.constant([[1, 1], [0, 1]]), axis=tf.constant([-1])).numpy(), [1, 0])
     # None of them is recorded: the tape gives no gradient through a comparison.
     w = tf.Variable([1.0, -2.0])
     with tf.GradientTape() as tape:

@@ -146,6 +146,11 @@ TEST(WhatIf, ALinkThatRestedSendsABurstAtOnce) {
   // ps, which meet there: no burst (as measured between namespaces), 10 ms each way, and
   // 0.5 ms to apply on each ps. Not a burst per half either, which would move it all at once.
   EXPECT_NEAR(predict_ps(m, 1, 2, "async", bursting).samples_per_second, 100 / 0.0295, 1e-6);
+  // Two workers over the two ps: each ps's link carries both workers' halves in the time
+  // each worker's own link carries its megabyte, so neither waits for the other there:
+  // 10 ms each way, as alone (and a few microseconds in the queue to apply).
+  EXPECT_NEAR(predict_ps(m, 2, 2, "async", bursting).samples_per_second, 2 * 100 / 0.0295, 2 * 100 / 0.0295 * 1e-3);
+  EXPECT_LT(predict_ps(m, 2, 2, "async", bursting).samples_per_second, 2 * 100 / 0.0295);
   // Sync: the ps link carries both workers' 2 MB each way, 15 ms with the burst: a round of
   // 9 + 30 + 1 ms.
   EXPECT_NEAR(predict_ps(m, 2, 1, "sync", bursting).samples_per_second, 100 * 2 / 0.040, 1e-6);

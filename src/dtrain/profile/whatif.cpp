@@ -240,7 +240,7 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
   if (m.gradient_bytes > 0 && !(given.bytes_per_second > 0))
     DTRAIN_THROW(InvalidArgument, "what-if: a link of ", given.bytes_per_second, " bytes/s cannot move the variables");
   // A pull or push split among several ps is a TCP flow to each, and they meet at the
-  // worker's link (and several workers' at each ps's): no burst after a rest then. Measured
+  // worker's link (and, from several workers, at each ps's): no burst after a rest then. Measured
   // here between namespaces at 20 Mbit/s to 1 Gbit/s, a pull from two ps took 0.96 to 1.06
   // of its bytes' time at the link's rate and a push 1.03 to 1.16, where one flow to one
   // peer saves the burst (the all-reduce's ring).
@@ -293,10 +293,11 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
     // at once, each way, alongside them: a pull or push takes as long as the slower of its
     // visit to the ps's link (queueing included) and all its bytes over its own link.
     // A ps link rests between the workers' visits, for (1 - its use) / visits per second
-    // on the mean, and sends a burst's worth at once after it; each way of a worker's own
-    // link rests while it computes, waits for the chief and the ps's applying, and moves
-    // the other way.
+    // on the mean, and sends a burst's worth at once after it. With one ps, its link
+    // carries all of a worker's bytes and others' too, so the worker's own link is never
+    // the slower; over several ps (no burst, above) it takes all the bytes at its rate.
     std::array<double, 3> demand{transfer_seconds(share, link, 0), transfer_seconds(share, link, 0), apply};
+    const double own_link = ps > 1 ? transfer_seconds(m.gradient_bytes, link, 0) : 0;  // each way
     std::vector<double> moving(own.size(), 0);  // each worker's pull and push
     std::vector<std::array<double, 3>> queued(own.size(), {0, 0, 0});
     std::vector<double> pace(own.size(), 0);
@@ -309,11 +310,7 @@ Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string
         std::array<double, 3> residence{};
         const double rest = own[w] + m.dispatch;
         for (std::size_t k = 0; k < 3; ++k) residence[k] = demand[k] * (1 + total[k] - queued[w][k]);
-        const double other_way = moving[w] / 2 - link.latency_seconds;  // the last iteration's
-        const double own_link = transfer_seconds(m.gradient_bytes, link, rest + residence[2] + other_way);
-        const double now = 2 * link.latency_seconds + std::max(residence[0], own_link) + std::max(residence[1], own_link);
-        moved = std::max(moved, std::abs(now - moving[w]));
-        moving[w] = now;
+        moving[w] = 2 * link.latency_seconds + std::max(residence[0], own_link) + std::max(residence[1], own_link);
         pace[w] = 1 / (rest + moving[w] + residence[2]);
         for (std::size_t k = 0; k < 3; ++k) {
           const double q = pace[w] * residence[k];
