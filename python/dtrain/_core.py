@@ -381,7 +381,46 @@ class _Reference:
         return id(self._target)
 
 
+def _power(x, exponent):
+    """x ** exponent, recorded by live tapes: a whole exponent as products (and a quotient
+    where it is negative), 0.5 as sqrt, another as exp(exponent * log(x)), which is not
+    finite where x < 0 (TensorFlow's pow gives NaN there)."""
+    if isinstance(exponent, (_dtrain.Tensor, _dtrain.Variable, np.ndarray, list, tuple)):
+        return _ops.exp(_ops.multiply(exponent, _ops.log(x)))
+    if not isinstance(exponent, (int, float, np.integer, np.floating)) or isinstance(exponent, bool):
+        return NotImplemented
+    if exponent == 0.5:
+        return _ops.sqrt(x)
+    if float(exponent).is_integer() and -64 <= exponent <= 64:
+        n = int(exponent) if exponent > 0 else -int(exponent)
+        result, base = None, x
+        while n:  # square and multiply: ~2 log2(n) products
+            if n & 1:
+                result = base if result is None else _ops.multiply(result, base)
+            n >>= 1
+            if n:
+                base = _ops.square(base)
+        if result is None:
+            return _ops.ones_like(x)
+        return _ops.divide(1.0, result) if exponent < 0 else result
+    return _ops.exp(_ops.multiply(_ops.log(x), float(exponent)))
+
+
+def _power_of(x, base):
+    """base ** x for a number or array base: exp(x * log(base))."""
+    if not _array_like(base) or isinstance(base, (_dtrain.Tensor, _dtrain.Variable)):
+        return NotImplemented
+    return _ops.exp(_ops.multiply(x, convert_to_tensor(np.log(np.asarray(base, np.float32)))))
+
+
 for _cls in (_dtrain.Tensor, _dtrain.Variable):
+    _cls.__pow__ = _power
+    _cls.__rpow__ = _power_of
+    _cls.__radd__ = lambda a, b: _ops.add(b, a)
+    _cls.__rsub__ = lambda a, b: _ops.subtract(b, a)
+    _cls.__rmul__ = lambda a, b: _ops.multiply(b, a)
+    _cls.__truediv__ = lambda a, b: _ops.divide(a, b)
+    _cls.__rtruediv__ = lambda a, b: _ops.divide(b, a)
     _cls.__eq__ = _tensor_equals
     _cls.__ne__ = _tensor_differs
     _cls.__lt__ = lambda a, b: less(a, b) if _array_like(b) else NotImplemented

@@ -249,6 +249,38 @@ def test_comparisons_argmax_and_cast_give_a_custom_loops_accuracy_as_tensorflow_
     np.testing.assert_allclose(tape.gradient(y, w).numpy(), [1.0, 0.0])
 
 
+def test_powers_and_numbers_on_the_left_are_recorded_as_tensorflow_records_them():
+    v = tf.Variable([1.5, 2.0, 3.0])
+    x = np.array([1.5, 2.0, 3.0])
+    with tf.GradientTape(persistent=True) as tape:
+        square = tf.reduce_sum(v ** 2)
+        cube = tf.reduce_sum((v - 1.0) ** 3)
+        inverse = tf.reduce_sum(v ** -2)
+        root = tf.reduce_sum(v ** 0.5)
+        other = tf.reduce_sum(v ** 1.5)
+        exponential = tf.reduce_sum(2.0 ** v)
+        left = tf.reduce_sum(1.0 / v + 2.0 * v - (3.0 - v) + (1.0 + v))
+    np.testing.assert_allclose(float(square), np.sum(x ** 2), rtol=1e-6)
+    np.testing.assert_allclose(tape.gradient(square, v).numpy(), 2 * x, rtol=1e-6)
+    np.testing.assert_allclose(tape.gradient(cube, v).numpy(), 3 * (x - 1) ** 2, rtol=1e-6)
+    np.testing.assert_allclose(float(inverse), np.sum(x ** -2.0), rtol=1e-6)
+    np.testing.assert_allclose(tape.gradient(inverse, v).numpy(), -2 * x ** -3.0, rtol=1e-5)
+    np.testing.assert_allclose(tape.gradient(root, v).numpy(), 0.5 * x ** -0.5, rtol=1e-5)
+    np.testing.assert_allclose(float(other), np.sum(x ** 1.5), rtol=1e-5)
+    np.testing.assert_allclose(tape.gradient(other, v).numpy(), 1.5 * x ** 0.5, rtol=1e-5)
+    np.testing.assert_allclose(float(exponential), np.sum(2.0 ** x), rtol=1e-5)
+    np.testing.assert_allclose(tape.gradient(exponential, v).numpy(), np.log(2.0) * 2.0 ** x, rtol=1e-5)
+    np.testing.assert_allclose(float(left), np.sum(1 / x + 2 * x - (3 - x) + (1 + x)), rtol=1e-6)
+    np.testing.assert_allclose(tape.gradient(left, v).numpy(), -1 / x ** 2 + 4, rtol=1e-5)
+    np.testing.assert_allclose((tf.constant(x) ** 0).numpy(), np.ones(3))
+    np.testing.assert_allclose((tf.constant(x) ** tf.constant([2.0, 1.0, 0.5])).numpy(), x ** [2.0, 1.0, 0.5],
+                               rtol=1e-5)
+    assert not np.isfinite(float(tf.constant(-2.0) ** 1.5))  # NaN in TensorFlow
+    np.testing.assert_allclose((v / 2.0).numpy(), x / 2)
+    with pytest.raises(TypeError):
+        v ** "2"
+
+
 def test_python_callbacks_see_keras_logs_and_stop_training():
     x, y = _data()
     model = _model()
