@@ -414,6 +414,9 @@ def _power_of(x, base):
 
 
 for _cls in (_dtrain.Tensor, _dtrain.Variable):
+    # numpy on the left (rows @ kernel, array == tensor) defers to these operators, which
+    # tapes record, instead of reading the values through __array__, as TensorFlow's.
+    _cls.__array_priority__ = 100
     _cls.__pow__ = _power
     _cls.__rpow__ = _power_of
     _cls.__radd__ = lambda a, b: _ops.add(b, a)
@@ -421,6 +424,8 @@ for _cls in (_dtrain.Tensor, _dtrain.Variable):
     _cls.__rmul__ = lambda a, b: _ops.multiply(b, a)
     _cls.__truediv__ = lambda a, b: _ops.divide(a, b)
     _cls.__rtruediv__ = lambda a, b: _ops.divide(b, a)
+    _cls.__matmul__ = lambda a, b: _ops.matmul(a, b, False, False)
+    _cls.__rmatmul__ = lambda a, b: _ops.matmul(b, a, False, False)
     _cls.__eq__ = _tensor_equals
     _cls.__ne__ = _tensor_differs
     _cls.__lt__ = lambda a, b: less(a, b) if _array_like(b) else NotImplemented

@@ -277,6 +277,19 @@ def test_powers_and_numbers_on_the_left_are_recorded_as_tensorflow_records_them(
                                rtol=1e-5)
     assert not np.isfinite(float(tf.constant(-2.0) ** 1.5))  # NaN in TensorFlow
     np.testing.assert_allclose((v / 2.0).numpy(), x / 2)
+    kernel = tf.Variable(np.arange(6, dtype=np.float32).reshape(3, 2))
+    rows = np.ones((2, 3), np.float32)
+    with tf.GradientTape() as tape:
+        product = tf.reduce_sum(rows @ kernel) + tf.reduce_sum(kernel @ tf.constant(np.ones((2, 1), np.float32)))
+    np.testing.assert_allclose(float(product), rows.sum(0) @ kernel.numpy().sum(1) + kernel.numpy().sum())
+    np.testing.assert_allclose(tape.gradient(product, kernel).numpy(), np.full((3, 2), 3.0))
+    # numpy on the left defers to them too: a tensor, recorded, not numpy's array.
+    with tf.GradientTape() as tape:
+        mixed = x * v + np.ones(3) - v
+        total = tf.reduce_sum(mixed)
+    assert isinstance(mixed, tf.Tensor)
+    np.testing.assert_allclose(tape.gradient(total, v).numpy(), x - 1, rtol=1e-6)
+    assert isinstance(np.array([1.0, 2.0, 4.0]) == tf.constant([1.0, 2.0, 3.0]), tf.Tensor)
     with pytest.raises(TypeError):
         v ** "2"
 
