@@ -50,11 +50,11 @@ train_rows=60000  # Fashion-MNIST's training set
 # and after the warm-up epoch as many as give two epochs of steps_of's steps (200 steps at
 # four workers as at one, where three epochs gave 28). ROWS 0: a pipeline that does not end
 # with the training set (the ps's closures), epochs of steps_of's steps. Sets fit;
-# WHERE_NOW is the case's.
+# WHERE (the link) is the calling case_row's.
 fit=()
 fit_for() {
   local per steps
-  per=$(steps_of "$where_now")
+  per=$(steps_of "$where")
   steps=$per
   [ "$1" = 0 ] || [ $((train_rows / $1)) -ge "$per" ] || steps=$((train_rows / $1))
   fit=(fit "$config" --epochs $((1 + (2 * per + steps - 1) / steps)) --steps-per-epoch "$steps" --verbose 0)
@@ -222,7 +222,6 @@ kept_round() {
 case_row() {
   local label=$1 workers=$2 where=$3 slow=$4 r _ consistency ps_count
   case_label="$label | $workers | $slow"
-  where_now=$where
   : >"$dir/rounds"
   for r in $(seq "$rounds"); do
     case ${FROM:+kept}$workers in

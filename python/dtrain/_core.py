@@ -35,16 +35,19 @@ bool_ = DType("bool", np.bool_)
 float64 = DType("float64", np.float64)  # computed in float32
 
 
+def _raw_dtype_name(dtype):
+    """'float32', 'int64', 'bool', ... as a DType, a numpy dtype or a string names it."""
+    if isinstance(dtype, DType):
+        return dtype.name
+    return dtype if isinstance(dtype, str) else np.dtype(dtype).name
+
+
 def _dtype_name(dtype):
-    """'float32', 'int32', ... for a DType, a numpy dtype or a string; '' for None."""
+    """The dtype dtrain holds for a DType, a numpy dtype or a string ('float32', 'int32',
+    ...; int64 and bool as int32); '' for None."""
     if dtype is None:
         return ""
-    if isinstance(dtype, DType):
-        name = dtype.name
-    elif isinstance(dtype, str):
-        name = dtype
-    else:
-        name = np.dtype(dtype).name
+    name = _raw_dtype_name(dtype)
     return {"float64": "float32", "float16": "float32", "int64": "int32", "int16": "int32", "int8": "int32",
             "bool": "int32"}.get(name, name)
 
@@ -256,51 +259,49 @@ reduce_any = _truth("reduce_any", np.any)
 def cast(x, dtype, name=None):
     """tf.cast: to the same dtype, ``x`` itself; to an integer dtype, truncated toward
     zero as TensorFlow does (a value outside int32, or not finite, is named; integers
-    cast to uint8 wrap, as TensorFlow's do); to bool, 1 where not zero. Recorded by no tape: a gradient stops at a cast to another dtype
-    (TensorFlow's also stops at integers, but flows between float32 and bfloat16)."""
+    cast to uint8 wrap, as TensorFlow's do); to bool, 1 where not zero. Recorded by no
+    tape: a gradient stops at a cast to another dtype (TensorFlow's also stops at
+    integers, but flows between float32 and bfloat16)."""
     del name
     want = _dtype_name(dtype)
-    if (dtype.name if isinstance(dtype, DType) else dtype if isinstance(dtype, str) else np.dtype(dtype).name) == "bool":
+    if _raw_dtype_name(dtype) == "bool":
         return _int_tensor(_values(x, "cast") != 0)
     if isinstance(x, (_dtrain.Tensor, _dtrain.Variable)) and x.dtype == want:
         return x if isinstance(x, _dtrain.Tensor) else x.value()
     a = _values(x, "cast")
-    if want == "int32" and a.dtype.kind in "iu" and a.size and not (-2**31 <= a.min() and a.max() < 2**31):
-        where = tuple(int(i) for i in np.argwhere((a < -2**31) | (a >= 2**31))[0])
-        raise _dtrain.errors.InvalidArgumentError(f"cast: value {int(a[where])} at {list(where)} does not fit in int32")
-    if want in ("int32", "uint8") and a.dtype.kind in "fc":
-        a = np.real(a)
-        bad = ~np.isfinite(a)
-        info = np.iinfo(np.int32 if want == "int32" else np.uint8)
-        bad |= (np.trunc(np.where(bad, 0, a)) < info.min) | (np.trunc(np.where(bad, 0, a)) > info.max)
+    checked = want == "int32" or (want == "uint8" and a.dtype.kind in "fc")
+    if checked and a.dtype.kind in "iufc":
+        a = np.trunc(np.real(a)) if a.dtype.kind in "fc" else a
+        info = np.iinfo(want)
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(a) | (a < info.min) | (a > info.max)
         if bad.any():
             where = tuple(int(i) for i in np.argwhere(bad)[0])
             raise _dtrain.errors.InvalidArgumentError(
-                f"cast: value {float(a[where])} at {list(where)} does not fit in {want}")
-        a = np.trunc(a)
-    return convert_to_tensor(a.astype(np.float32) if want in ("float32", "bfloat16") else a.astype(
-        np.int32 if want == "int32" else np.dtype(want)), want)
+                f"cast: value {a[where].item()} at {list(where)} does not fit in {want}")
+    return convert_to_tensor(a.astype(np.float32 if want == "bfloat16" else want), want)
+
+
+def _dims(x):
+    return x.shape if isinstance(x, (_dtrain.Tensor, _dtrain.Variable)) else np.shape(x)
 
 
 def shape(input, out_type=int32, name=None):  # noqa: A002 (TensorFlow's argument name)
     """tf.shape: the dimensions as an int32 tensor."""
     del name, out_type
-    dims = input.shape if isinstance(input, (_dtrain.Tensor, _dtrain.Variable)) else np.shape(input)
-    return _int_tensor(np.array(dims, dtype=np.int64).reshape(len(dims)))
+    return _int_tensor(np.array(_dims(input), dtype=np.int64))
 
 
 def size(input, out_type=int32, name=None):  # noqa: A002
     """tf.size: the number of elements, an int32 scalar."""
     del name, out_type
-    dims = input.shape if isinstance(input, (_dtrain.Tensor, _dtrain.Variable)) else np.shape(input)
-    return _int_tensor(np.array(int(np.prod(dims, dtype=np.int64))))
+    return _int_tensor(np.array(int(np.prod(_dims(input), dtype=np.int64))))
 
 
 def rank(input, name=None):  # noqa: A002
     """tf.rank: the number of dimensions, an int32 scalar."""
     del name
-    dims = input.shape if isinstance(input, (_dtrain.Tensor, _dtrain.Variable)) else np.shape(input)
-    return _int_tensor(np.array(len(dims)))
+    return _int_tensor(np.array(len(_dims(input))))
 
 
 def range(start, limit=None, delta=1, dtype=None, name="range"):  # noqa: A001 (TensorFlow's name)
@@ -319,19 +320,19 @@ def range(start, limit=None, delta=1, dtype=None, name="range"):  # noqa: A001 (
     want = _dtype_name(dtype) or ("int32" if whole else "float32")
     if want not in ("int32", "float32"):
         raise TypeError(f"range: dtype must be an integer or float type, got {dtype!r}")
-    if want == "int32":
-        values = [int(v) for v in values]  # truncated toward zero, as a cast is
-    begin, end, step = values
     if not all(np.isfinite(v) for v in values):
         raise _dtrain.errors.InvalidArgumentError(f"range: start, limit and delta must be finite, got {values}")
+    if want == "int32":
+        values = [int(v) for v in values]  # truncated toward zero, as a cast is
+        if not all(-2**31 <= v < 2**31 for v in values):
+            raise _dtrain.errors.InvalidArgumentError(f"range: {values} do not fit in int32")
+    begin, end, step = values
     if step == 0:
         raise _dtrain.errors.InvalidArgumentError("range: delta must not be 0")
     if (step > 0 and begin > end) or (step < 0 and begin < end):
         raise _dtrain.errors.InvalidArgumentError(
             f"range: start {begin} does not reach limit {end} by delta {step}")
     a = np.arange(begin, end, step, dtype=np.float64 if want == "float32" else np.int64)
-    if want == "int32" and a.size and not (-2**31 <= a.min() and a.max() < 2**31):
-        raise _dtrain.errors.InvalidArgumentError("range: its values do not fit in int32")
     return _int_tensor(a) if want == "int32" else _dtrain.Tensor(a.astype(np.float32), "float32")
 
 
@@ -347,18 +348,20 @@ def _tensor_equals(a, b):
     if not _array_like(b):
         return NotImplemented
     try:
-        x, y = _values(a, "=="), _values(b, "==")
-        np.broadcast_shapes(x.shape, y.shape)
+        return equal(a, b)
     except (TypeError, ValueError):
         return _int_tensor(np.array(0))
-    return _int_tensor(np.equal(x, y))
 
 
 def _tensor_differs(a, b):
     if b is None:
         return True
-    same = _tensor_equals(a, b)
-    return same if same is NotImplemented else _int_tensor(same.numpy() == 0)
+    if not _array_like(b):
+        return NotImplemented
+    try:
+        return not_equal(a, b)
+    except (TypeError, ValueError):
+        return _int_tensor(np.array(1))
 
 
 def _unhashable(self):
@@ -385,13 +388,12 @@ def _power(x, exponent):
     """x ** exponent, recorded by live tapes: a whole exponent as products (and a quotient
     where it is negative), 0.5 as sqrt, another as exp(exponent * log(x)), which is not
     finite where x < 0 (TensorFlow's pow gives NaN there)."""
-    if isinstance(exponent, (_dtrain.Tensor, _dtrain.Variable, np.ndarray, list, tuple)):
-        return _ops.exp(_ops.multiply(exponent, _ops.log(x)))
-    if not isinstance(exponent, (int, float, np.integer, np.floating)) or isinstance(exponent, bool):
+    if not _array_like(exponent) or isinstance(exponent, bool):
         return NotImplemented
-    if exponent == 0.5:
+    number = isinstance(exponent, (int, float, np.integer, np.floating))
+    if number and exponent == 0.5:
         return _ops.sqrt(x)
-    if float(exponent).is_integer() and -64 <= exponent <= 64:
+    if number and float(exponent).is_integer() and -64 <= exponent <= 64:
         n = int(exponent) if exponent > 0 else -int(exponent)
         result, base = None, x
         while n:  # square and multiply: ~2 log2(n) products
@@ -403,12 +405,12 @@ def _power(x, exponent):
         if result is None:
             return _ops.ones_like(x)
         return _ops.divide(1.0, result) if exponent < 0 else result
-    return _ops.exp(_ops.multiply(_ops.log(x), float(exponent)))
+    return _ops.exp(_ops.multiply(_ops.log(x), exponent))
 
 
 def _power_of(x, base):
     """base ** x for a number or array base: exp(x * log(base))."""
-    if not _array_like(base) or isinstance(base, (_dtrain.Tensor, _dtrain.Variable)):
+    if not _array_like(base):
         return NotImplemented
     return _ops.exp(_ops.multiply(x, convert_to_tensor(np.log(np.asarray(base, np.float32)))))
 
@@ -419,22 +421,13 @@ for _cls in (_dtrain.Tensor, _dtrain.Variable):
     _cls.__array_priority__ = 100
     _cls.__pow__ = _power
     _cls.__rpow__ = _power_of
-    _cls.__radd__ = lambda a, b: _ops.add(b, a)
-    _cls.__rsub__ = lambda a, b: _ops.subtract(b, a)
-    _cls.__rmul__ = lambda a, b: _ops.multiply(b, a)
-    _cls.__truediv__ = lambda a, b: _ops.divide(a, b)
-    _cls.__rtruediv__ = lambda a, b: _ops.divide(b, a)
-    _cls.__matmul__ = lambda a, b: _ops.matmul(a, b, False, False)
-    _cls.__rmatmul__ = lambda a, b: _ops.matmul(b, a, False, False)
     _cls.__eq__ = _tensor_equals
     _cls.__ne__ = _tensor_differs
-    _cls.__lt__ = lambda a, b: less(a, b) if _array_like(b) else NotImplemented
-    _cls.__le__ = lambda a, b: less_equal(a, b) if _array_like(b) else NotImplemented
-    _cls.__gt__ = lambda a, b: greater(a, b) if _array_like(b) else NotImplemented
-    _cls.__ge__ = lambda a, b: greater_equal(a, b) if _array_like(b) else NotImplemented
+    for _name, _op in (("__lt__", less), ("__le__", less_equal), ("__gt__", greater), ("__ge__", greater_equal)):
+        setattr(_cls, _name, lambda a, b, op=_op: op(a, b) if _array_like(b) else NotImplemented)
     _cls.__hash__ = _unhashable
     _cls.ref = lambda self: _Reference(self)
-del _cls
+del _cls, _name, _op
 
 
 class TensorSpec:

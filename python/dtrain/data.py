@@ -6,7 +6,7 @@ and filter run on the pipeline's threads, one call at a time per function, holdi
 import numpy as np
 
 from . import _dtrain
-from ._core import TensorSpec, _dtype_name, _whole
+from ._core import TensorSpec, _dtype_name, _raw_dtype_name, _whole
 
 _data = _dtrain.data
 AUTOTUNE = _data.AUTOTUNE
@@ -115,7 +115,7 @@ class Dataset:
         numbers (2.5 is a TypeError, as TensorFlow refuses it). Elements are int32, which
         holds TensorFlow's int64 here as labels are held."""
         del name
-        named = "" if output_type is None else getattr(output_type, "name", None) or str(np.dtype(output_type))
+        named = "" if output_type is None else _raw_dtype_name(output_type)
         if named not in ("", "int32", "int64"):
             raise NotImplementedError(f"Dataset.range(output_type={output_type!r}) is not supported by dtrain: "
                                       "its elements are integers (int32); map a cast for others")

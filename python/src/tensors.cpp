@@ -123,6 +123,10 @@ Tensor binary(py::handle a, py::handle b, Op op, const char* what) {
   Tensor tb = is_number(b) ? Tensor() : to_tensor(b, what);
   if (!ta.defined()) ta = Tensor::full(tb.shape(), a.cast<float>()).astype(tb.dtype());
   if (!tb.defined()) tb = Tensor::full(ta.shape(), b.cast<float>()).astype(ta.dtype());
+  // Of two dtypes, a tensor's or variable's rules over an array's (numpy's ints on the
+  // left of a float tensor), and the left one's over the right one's.
+  const auto given = [](py::handle x) { return py::isinstance<Tensor>(x) || py::isinstance<Variable>(x); };
+  if (ta.dtype() != tb.dtype() && !given(a) && given(b)) ta = ta.astype(tb.dtype());
   if (ta.dtype() != tb.dtype()) tb = tb.astype(ta.dtype());
   py::gil_scoped_release release;
   return op(ta, tb);
@@ -296,8 +300,30 @@ void bind_errors(py::module_& m) {
   });
 }
 
+namespace {
+
+// + - * / @ of a tensor or variable with a number, an array, a tensor or a variable on
+// either side, each recorded by live tapes (** and the comparisons: dtrain/_core.py).
+template <typename Class>
+void bind_arithmetic(Class& c) {
+  const auto matmul = [](const Tensor& x, const Tensor& y) { return dtrain::matmul(x, y); };
+  c.def("__add__", [](py::object a, py::object b) { return binary(a, b, dtrain::add, "+"); })
+      .def("__radd__", [](py::object a, py::object b) { return binary(b, a, dtrain::add, "+"); })
+      .def("__sub__", [](py::object a, py::object b) { return binary(a, b, dtrain::sub, "-"); })
+      .def("__rsub__", [](py::object a, py::object b) { return binary(b, a, dtrain::sub, "-"); })
+      .def("__mul__", [](py::object a, py::object b) { return binary(a, b, dtrain::mul, "*"); })
+      .def("__rmul__", [](py::object a, py::object b) { return binary(b, a, dtrain::mul, "*"); })
+      .def("__truediv__", [](py::object a, py::object b) { return binary(a, b, dtrain::div, "/"); })
+      .def("__rtruediv__", [](py::object a, py::object b) { return binary(b, a, dtrain::div, "/"); })
+      .def("__matmul__", [matmul](py::object a, py::object b) { return binary(a, b, matmul, "@"); })
+      .def("__rmatmul__", [matmul](py::object a, py::object b) { return binary(b, a, matmul, "@"); });
+}
+
+}  // namespace
+
 void bind_tensors(py::module_& m) {
-  py::class_<Tensor>(m, "Tensor", "A dense row-major array: dtrain's tf.Tensor")
+  py::class_<Tensor> tensor(m, "Tensor", "A dense row-major array: dtrain's tf.Tensor");
+  tensor
       .def(py::init([](py::handle value, const std::string& dtype) { return to_tensor(value, "Tensor", dtype).clone(); }),
            py::arg("value"), py::arg("dtype") = "")
       .def_property_readonly("shape", [](const Tensor& t) { return py::tuple(py::cast(t.shape().to_vector())); })
@@ -330,19 +356,11 @@ void bind_tensors(py::module_& m) {
                ", dtype=" + std::string(dtype_name(t.dtype())) + ", numpy=" +
                py::repr(to_numpy(t)).cast<std::string>() + ">";
       })
-      .def("__add__", [](py::object a, py::object b) { return binary(a, b, dtrain::add, "+"); })
-      .def("__radd__", [](py::object a, py::object b) { return binary(a, b, dtrain::add, "+"); })
-      .def("__sub__", [](py::object a, py::object b) { return binary(a, b, dtrain::sub, "-"); })
-      .def("__rsub__", [](py::object a, py::object b) { return binary(b, a, dtrain::sub, "-"); })
-      .def("__mul__", [](py::object a, py::object b) { return binary(a, b, dtrain::mul, "*"); })
-      .def("__rmul__", [](py::object a, py::object b) { return binary(a, b, dtrain::mul, "*"); })
-      .def("__truediv__", [](py::object a, py::object b) { return binary(a, b, dtrain::div, "/"); })
-      .def("__matmul__", [](py::object a, py::object b) {
-        return binary(a, b, [](const Tensor& x, const Tensor& y) { return dtrain::matmul(x, y); }, "@");
-      })
       .def("__neg__", [](const Tensor& t) { return dtrain::affine(t, -1.0f); });
+  bind_arithmetic(tensor);
 
-  py::class_<Variable>(m, "Variable", "A named, mutable tensor that training updates")
+  py::class_<Variable> variable(m, "Variable", "A named, mutable tensor that training updates");
+  variable
       .def(py::init([](py::handle initial_value, bool trainable, const std::string& name, const std::string& dtype) {
              return std::make_unique<Variable>(name, to_tensor(initial_value, "Variable", dtype).clone(), trainable);
            }),
@@ -372,10 +390,8 @@ void bind_tensors(py::module_& m) {
                py::repr(py::tuple(py::cast(v.shape().to_vector()))).cast<std::string>() + " dtype=" +
                std::string(dtype_name(v.dtype())) + ">";
       })
-      .def("__add__", [](py::object a, py::object b) { return binary(a, b, dtrain::add, "+"); })
-      .def("__sub__", [](py::object a, py::object b) { return binary(a, b, dtrain::sub, "-"); })
-      .def("__mul__", [](py::object a, py::object b) { return binary(a, b, dtrain::mul, "*"); })
       .def("__neg__", [](const Variable& v) { return dtrain::affine(v.value(), -1.0f); });
+  bind_arithmetic(variable);
 
   m.def("convert_to_tensor", [](py::handle value, const std::string& dtype) { return to_tensor(value, "convert_to_tensor", dtype); },
         py::arg("value"), py::arg("dtype") = "");

@@ -290,6 +290,7 @@ def test_powers_and_numbers_on_the_left_are_recorded_as_tensorflow_records_them(
     assert isinstance(mixed, tf.Tensor)
     np.testing.assert_allclose(tape.gradient(total, v).numpy(), x - 1, rtol=1e-6)
     assert isinstance(np.array([1.0, 2.0, 4.0]) == tf.constant([1.0, 2.0, 3.0]), tf.Tensor)
+    np.testing.assert_allclose((np.array([1, 2]) * tf.constant([0.5, 0.25])).numpy(), [0.5, 0.5])  # the tensor's dtype
     with pytest.raises(TypeError):
         v ** "2"
 

@@ -12,6 +12,12 @@
 
 namespace dtrain::testing {
 
+// A path in the temporary directory that names this process, so that runs at once do
+// not collide: /tmp/dtrain_<pid>_<name>.
+inline std::filesystem::path temp_path(const std::string& name) {
+  return std::filesystem::temp_directory_path() / ("dtrain_" + std::to_string(::getpid()) + "_" + name);
+}
+
 class TempDirTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -19,7 +25,7 @@ class TempDirTest : public ::testing::Test {
     // name, not a folder within another, so that TearDown removes all of it.
     std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::replace(name.begin(), name.end(), '/', '_');
-    dir_ = std::filesystem::temp_directory_path() / ("dtrain_" + std::to_string(::getpid()) + "_" + name);
+    dir_ = temp_path(name);
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }

@@ -1,12 +1,12 @@
 // Convolutional layers and the functional API: shapes as Keras gives them, batch
 // normalization's moving statistics by hand, graphs that run, train, save and load.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 
 #include "common/small_cnn.h"
+#include "common/temp_dir.h"
 #include "dtrain/model/saving.h"
 #include "dtrain/model/sequential.h"
 
@@ -160,8 +160,7 @@ TEST(Functional, JsonRoundTripGivesTheSameModel) {
   auto again = model_from_json(json);
   ASSERT_TRUE(again->functional());
   EXPECT_EQ(again->to_json(), json);
-  const std::string name = "dtrain_functional_weights_" + std::to_string(::getpid()) + ".safetensors";
-  const auto path = (std::filesystem::temp_directory_path() / name).string();
+  const auto path = dtrain::testing::temp_path("functional_weights.safetensors").string();
   model->save_weights(path);
   again->load_weights(path);
   std::filesystem::remove(path);
@@ -202,8 +201,7 @@ TEST(Functional, SavedModelLoadsWithoutTheCode) {
   o.batch_size = 8;
   o.verbose = 0;
   model->fit(x, y, o);
-  const std::string name = "dtrain_functional_model_" + std::to_string(::getpid()) + ".safetensors";
-  const auto path = (std::filesystem::temp_directory_path() / name).string();
+  const auto path = dtrain::testing::temp_path("functional_model.safetensors").string();
   model->save(path);
   auto loaded = models::load_model(path);
   std::filesystem::remove(path);

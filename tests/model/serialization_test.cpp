@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "common/error_message.h"
+#include "common/temp_dir.h"
 #include "dtrain/data/datasets.h"
 #include "dtrain/model/json_reader.h"
 #include "dtrain/model/safetensors.h"
@@ -15,10 +16,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path temp_path(const std::string& name) {
-  return fs::temp_directory_path() / ("dtrain_" + std::to_string(::getpid()) + "_" + name);
-}
-
+using dtrain::testing::temp_path;
 using dtrain::testing::message_of;
 
 std::unique_ptr<Sequential> make_model() {

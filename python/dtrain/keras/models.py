@@ -397,10 +397,7 @@ def _model_input(x):
 
 def _no_batch_size_for_datasets(fn, x, batch_size):
     """A Dataset gives its own batches: a batch_size beside it would be silently ignored."""
-    from ..data import Dataset
-    from ..distribute import DistributedDataset
-
-    if batch_size is not None and isinstance(x, (Dataset, DistributedDataset)):
+    if batch_size is not None and _unwrap_dataset(x) is not x:
         raise ValueError(f"{fn}: batch_size is for arrays; a Dataset's batches are its own "
                          f"(batch it with dataset.batch({batch_size}) instead)")
 

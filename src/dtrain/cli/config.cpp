@@ -380,10 +380,16 @@ Rows read_rows(const DataConfig& d, const std::vector<std::string>& files, std::
 }
 
 // A regression (the loss mse) takes its labels as values; the other losses, as classes.
-bool regression(const RunConfig& c) {
+// The loss's name, given alone or as {"name": ...}; "" where it names none.
+std::string loss_name(const RunConfig& c) {
   const json& loss = c.loss_json;
   const json name = loss.is_object() && loss.contains("name") ? loss["name"] : loss;
-  return name.is_string() && (name.get<std::string>() == "mse" || name.get<std::string>() == "mean_squared_error");
+  return name.is_string() ? name.get<std::string>() : "";
+}
+
+bool regression(const RunConfig& c) {
+  const std::string name = loss_name(c);
+  return name == "mse" || name == "mean_squared_error";
 }
 
 data::Split to_split(const Rows& rows, bool integer_labels) {
@@ -529,9 +535,7 @@ void check_model_fits_data(const RunConfig& c, const Shape& row) {
   }
   const std::int64_t classes = c.data.source == "synthetic" ? c.data.classes : 10;
   const std::string where = c.data.source == "synthetic" ? " (data.classes)" : " (Fashion-MNIST)";
-  const std::string loss = c.loss_json.is_string()                                       ? c.loss_json.get<std::string>()
-                           : c.loss_json.is_object() && c.loss_json.contains("name") ? c.loss_json["name"].get<std::string>()
-                                                                                      : "";
+  const std::string loss = loss_name(c);
   if (regression(c) || loss == "categorical_crossentropy")
     throw_in_file<InvalidArgument>(c.file, "loss",
                                    loss + " needs " + (loss == "categorical_crossentropy" ? "one-hot labels" : "values to regress on") +

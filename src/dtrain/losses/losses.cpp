@@ -53,7 +53,7 @@ Tensor Loss::operator()(const Tensor& y_true, const Tensor& y_pred, const Tensor
   sample_weight.check_defined(name_.c_str());
   const Tensor per_example = call(y_true, y_pred);
   Tensor weight = sample_weight.dtype() == DType::f32 ? sample_weight : sample_weight.astype(DType::f32);
-  if (weight.numel() == 1 && weight.rank() > 0) weight = reshape(weight, Shape{});
+  if (weight.numel() == 1) return reduced(mul(per_example, weight.rank() > 0 ? reshape(weight, Shape{}) : weight));
   std::vector<std::int64_t> dims = weight.shape().to_vector();
   if (weight.rank() == per_example.rank() + 1 && dims.back() == 1) dims.pop_back();  // [batch, 1] for [batch]
   // As in Keras, a weight per example weighs every loss value of it (losses [batch, steps]
@@ -62,12 +62,11 @@ Tensor Loss::operator()(const Tensor& y_true, const Tensor& y_pred, const Tensor
   bool fits = dims.size() <= losses.size();
   dims.resize(losses.size(), 1);
   for (std::size_t i = 0; fits && i < dims.size(); ++i) fits = dims[i] == losses[i] || dims[i] == 1;
-  if (weight.numel() != 1 && !fits)
+  if (!fits)
     DTRAIN_THROW(InvalidArgument, name_, ": sample_weight of shape ", sample_weight.shape().to_string(),
                  " does not fit the batch's ", per_example.shape().to_string(), " losses (give one weight per example, ",
                  "one per loss value, or one for all)");
-  if (weight.numel() != 1) weight = reshape(weight, Shape(dims));
-  return reduced(mul(per_example, weight));
+  return reduced(mul(per_example, reshape(weight, Shape(dims))));
 }
 
 Tensor Loss::reduced(const Tensor& per_example) const {

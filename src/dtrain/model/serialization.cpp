@@ -196,9 +196,10 @@ std::shared_ptr<nn::Layer> make_conv_layer(const std::string& cls, const JsonRea
   const std::string act = c.get_string("activation", "linear");
   o.activation = act == "linear" ? "" : act;
   o.use_bias = c.get_bool("use_bias", true);
-  o.kernel_initializer = initializer_name(c, depthwise ? "depthwise_initializer" : "kernel_initializer", "glorot_uniform");
+  const std::string kernel_key = depthwise ? "depthwise_initializer" : "kernel_initializer";
+  o.kernel_initializer = initializer_name(c, kernel_key, "glorot_uniform");
   o.bias_initializer = initializer_name(c, "bias_initializer", "zeros");
-  o.seed = get_seed(c, depthwise ? "depthwise_initializer" : "kernel_initializer");
+  o.seed = get_seed(c, kernel_key);
   const nn::Pair kernel = get_pair(c, "kernel_size");
   if (depthwise) {
     if (c.get_int("groups", 1) != 1) c.fail("groups", "a DepthwiseConv2D takes groups 1 (tf.keras writes it so)");

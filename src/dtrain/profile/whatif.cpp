@@ -234,17 +234,16 @@ Prediction predict(const StepModel& m, int workers, const Link& link) {
   return p;
 }
 
-Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string& consistency, const Link& given) {
+Prediction predict_ps(const StepModel& m, int workers, int ps, const std::string& consistency, Link link) {
   if (workers < 1 || ps < 1)
     DTRAIN_THROW(InvalidArgument, "what-if: a parameter-server step needs workers and ps, got ", workers, " and ", ps);
-  if (m.gradient_bytes > 0 && !(given.bytes_per_second > 0))
-    DTRAIN_THROW(InvalidArgument, "what-if: a link of ", given.bytes_per_second, " bytes/s cannot move the variables");
+  if (m.gradient_bytes > 0 && !(link.bytes_per_second > 0))
+    DTRAIN_THROW(InvalidArgument, "what-if: a link of ", link.bytes_per_second, " bytes/s cannot move the variables");
   // A pull or push split among several ps is a TCP flow to each, and they meet at the
   // worker's link (and, from several workers, at each ps's): no burst after a rest then. Measured
   // here between namespaces at 20 Mbit/s to 1 Gbit/s, a pull from two ps took 0.96 to 1.06
   // of its bytes' time at the link's rate and a push 1.03 to 1.16, where one flow to one
   // peer saves the burst (the all-reduce's ring).
-  Link link = given;
   if (ps > 1) link.burst_bytes = 0;
   const bool sync = consistency.rfind("sync", 0) == 0, ssp = consistency.rfind("ssp", 0) == 0;
   if (!sync && !ssp && !consistency.empty() && consistency != "async")

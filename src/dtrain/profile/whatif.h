@@ -126,7 +126,7 @@ Prediction predict(const StepModel& model, int workers, const Link& link);
 // (over its own link, and each ps's share over that ps's), which the workers wait for.
 // An unknown consistency is InvalidArgument.
 // The step is the mean time between a worker's closures; samples/s counts every worker's.
-Prediction predict_ps(const StepModel& model, int workers, int ps, const std::string& consistency, const Link& link);
+Prediction predict_ps(const StepModel& model, int workers, int ps, const std::string& consistency, Link link);
 
 // The model at `workers` as is and with each fix: the buckets as bf16 on the wire (unless
 // they already are 16-bit), gradients accumulated over 4 batches, twice the batch per
