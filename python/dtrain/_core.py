@@ -340,28 +340,25 @@ def _array_like(x):
     return isinstance(x, (_dtrain.Tensor, _dtrain.Variable, np.ndarray, np.generic, int, float, list, tuple))
 
 
-def _tensor_equals(a, b):
-    # TensorFlow's ==: element-wise; False (a scalar) against None or where the shapes do
-    # not broadcast. Against anything else (pytest.approx, a string), the other side's ==.
-    if b is None:
-        return False
-    if not _array_like(b):
-        return NotImplemented
-    try:
-        return equal(a, b)
-    except (TypeError, ValueError):
-        return _int_tensor(np.array(0))
+def _by_value(op, apart):
+    """TensorFlow's == (``apart`` False) or != (True): element-wise; against None, or
+    where the shapes do not broadcast, ``apart`` (a scalar). Against anything else
+    (pytest.approx, a string), the other side's operator."""
+    def compare(a, b):
+        if b is None:
+            return apart
+        if not _array_like(b):
+            return NotImplemented
+        try:
+            return op(a, b)
+        except (TypeError, ValueError):
+            return _int_tensor(np.array(int(apart)))
+
+    return compare
 
 
-def _tensor_differs(a, b):
-    if b is None:
-        return True
-    if not _array_like(b):
-        return NotImplemented
-    try:
-        return not_equal(a, b)
-    except (TypeError, ValueError):
-        return _int_tensor(np.array(1))
+_tensor_equals = _by_value(equal, False)
+_tensor_differs = _by_value(not_equal, True)
 
 
 def _unhashable(self):
