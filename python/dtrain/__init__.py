@@ -12,9 +12,12 @@ from ._core import (
     reduce_sum, reduce_mean, matmul, add, subtract, multiply, divide, square, sqrt, exp, log, abs,
     reshape, one_hot, clip_by_value, stop_gradient, TensorSpec, GradientTape,
     equal, not_equal, less, less_equal, greater, greater_equal, argmax, argmin, reduce_all, reduce_any, cast,
-    shape, size, rank, range,
+    shape, size, rank, range, device,
 )
-from . import nn, math, random, data, distribute, keras, config, train
+from . import nn, math, random, data, distribute, keras, config, train, test
+
+# TensorFlow's default placement: weights and steps on the first GPU where one is present.
+_dtrain._set_default_placement("auto")
 
 __version__ = "0.1.0"
 
@@ -24,6 +27,6 @@ __all__ = [
     "reduce_sum", "reduce_mean", "matmul", "add", "subtract", "multiply", "divide", "square", "sqrt", "exp", "log",
     "abs", "reshape", "one_hot", "clip_by_value", "stop_gradient", "TensorSpec", "GradientTape",
     "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "argmax", "argmin", "reduce_all",
-    "reduce_any", "cast", "shape", "size", "rank", "range",
-    "nn", "math", "random", "data", "distribute", "keras", "config", "train",
+    "reduce_any", "cast", "shape", "size", "rank", "range", "device",
+    "nn", "math", "random", "data", "distribute", "keras", "config", "train", "test",
 ]

@@ -427,6 +427,25 @@ for _cls in (_dtrain.Tensor, _dtrain.Variable):
 del _cls, _name, _op
 
 
+class device:  # noqa: N801 (TensorFlow's name)
+    """``with tf.device('/GPU:0'):``: weights, variables and constants made inside live on that
+    device ('/CPU:0', '/GPU:1', 'cuda', ...), and fit trains there. Without it they live on
+    the first GPU where one is present, else on the CPU, as in TensorFlow. A GPU that is not
+    here is an InvalidArgumentError naming what was found."""
+
+    def __init__(self, device_name):
+        self._name = device_name
+        self._saved = []
+
+    def __enter__(self):
+        self._saved.append(_dtrain._exchange_placement(self._name))
+        return self
+
+    def __exit__(self, *exc):
+        _dtrain._exchange_placement(self._saved.pop())
+        return False
+
+
 class TensorSpec:
     """The shape and dtype of one component (tf.data.Dataset.from_generator's signature)."""
 

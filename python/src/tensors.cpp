@@ -104,7 +104,9 @@ Tensor to_tensor(py::handle value, const char* what, const std::string& dtype) {
 
 py::array to_numpy(const Tensor& tensor) {
   tensor.check_defined("numpy");
-  const Tensor t = tensor.dtype() == DType::bf16 ? tensor.astype(DType::f32) : tensor;
+  // A GPU tensor's values are copied to the host (sharing is for the CPU's).
+  const Tensor host = tensor.to(Device::cpu());
+  const Tensor t = host.dtype() == DType::bf16 ? host.astype(DType::f32) : host;
   std::vector<py::ssize_t> shape(t.shape().dims().begin(), t.shape().dims().end());
   py::capsule owner(new Tensor(t), [](void* p) { delete static_cast<Tensor*>(p); });
   return py::array(py::dtype(numpy_name(t.dtype())), shape, t.raw_data(), owner);
@@ -128,6 +130,12 @@ Tensor binary(py::handle a, py::handle b, Op op, const char* what) {
   const auto given = [](py::handle x) { return py::isinstance<Tensor>(x) || py::isinstance<Variable>(x); };
   if (ta.dtype() != tb.dtype() && !given(a) && given(b)) ta = ta.astype(tb.dtype());
   if (ta.dtype() != tb.dtype()) tb = tb.astype(ta.dtype());
+  // As TensorFlow's eager ops: an op with an operand on a GPU runs there, and an operand
+  // on the host (an array, a number, a tf.constant) is copied to it first.
+  if (!(ta.device() == tb.device())) {
+    if (ta.on_cpu()) ta = ta.to(tb.device());
+    else if (tb.on_cpu()) tb = tb.to(ta.device());
+  }
   py::gil_scoped_release release;
   return op(ta, tb);
 }
@@ -329,6 +337,7 @@ void bind_tensors(py::module_& m) {
       .def_property_readonly("shape", [](const Tensor& t) { return py::tuple(py::cast(t.shape().to_vector())); })
       .def_property_readonly("dtype", [](const Tensor& t) { return std::string(dtype_name(t.dtype())); })
       .def_property_readonly("ndim", &Tensor::rank)
+      .def_property_readonly("device", [](const Tensor& t) { return "/job:localhost/replica:0/task:0" + t.device().tf_name(); })
       .def("numpy", &to_numpy, "The values as a numpy array sharing this tensor's memory")
       .def("__array__", [](const Tensor& t, py::object dtype, py::object /*copy*/) {
              py::array a = to_numpy(t);
@@ -362,7 +371,11 @@ void bind_tensors(py::module_& m) {
   py::class_<Variable> variable(m, "Variable", "A named, mutable tensor that training updates");
   variable
       .def(py::init([](py::handle initial_value, bool trainable, const std::string& name, const std::string& dtype) {
-             return std::make_unique<Variable>(name, to_tensor(initial_value, "Variable", dtype).clone(), trainable);
+             // Made where the placement says (`with tf.device(...)`, a GPU by default where one is).
+             const Tensor initial = to_tensor(initial_value, "Variable", dtype);
+             const Device where = placement();
+             return std::make_unique<Variable>(name, initial.device() == where ? initial.clone() : initial.to(where),
+                                               trainable);
            }),
            py::arg("initial_value"), py::arg("trainable") = true, py::arg("name") = "Variable", py::arg("dtype") = "")
       .def_property_readonly("name", &Variable::name)
@@ -492,6 +505,33 @@ void bind_tensors(py::module_& m) {
   m.def("set_random_seed", &set_random_seed, py::arg("seed"));
   m.def("next_seed", &next_seed);
   m.def("set_num_threads", &set_num_threads, py::arg("n"));
+  // Devices (tf.config, tf.device): what this process has and where things are placed.
+  m.def("_gpu_count", [] { return device_count(DeviceType::cuda); });
+  m.def("_built_with_cuda", [] {
+    const DeviceRuntime* r = device_runtime(DeviceType::cuda);
+    return r != nullptr && std::string(r->name()) == "CUDA";
+  });
+  m.def("_describe_gpus", [] { return describe_devices(DeviceType::cuda); });
+  m.def("_set_default_placement", [](const std::string& spec) { set_default_placement(spec); });
+  m.def("_placement", [] { return placement().tf_name(); });
+  m.def("_exchange_placement", [](py::object device) {
+    std::optional<Device> d;
+    if (!device.is_none()) d = parse_device(device.cast<std::string>());
+    const std::optional<Device> before = dtrain::detail::exchange_placement(d);
+    return before ? py::object(py::str(before->tf_name())) : py::object(py::none());
+  });
+  m.def("_set_tensor_float_32", &kernels::set_tensor_float_32_execution, py::arg("enabled"));
+  m.def("_tensor_float_32", &kernels::tensor_float_32_execution);
+  m.def("_memory_info", [](const std::string& device) {
+    const Device d = parse_device(device);
+    check_device(d);
+    if (d.is_cpu()) throw py::value_error("get_memory_info: '" + device + "' is the CPU; it takes a GPU ('GPU:0')");
+    const DeviceMemoryStats s = device_runtime(d.type)->memory_stats(d.index);
+    py::dict out;
+    out["current"] = s.bytes_in_use;
+    out["peak"] = s.peak_bytes_in_use;
+    return out;
+  });
   m.def("num_threads", &num_threads);
 }
 

@@ -13,11 +13,11 @@ bool saves_output(Unary op) {
 
 Tensor unary_op(Unary op, const Tensor& x, const char* name, float alpha = 1.0f, float beta = 0.0f) {
   detail::check_float(x, name);
-  Tensor y = Tensor::empty(x.shape());
+  Tensor y = detail::empty_on(x, x.shape());
   detail::backend_of(x).unary(op, x, y, alpha, beta);
   detail::record(y, [&] {
     return [op, saved = saves_output(op) ? y : x, alpha, beta](const Tensor& dy, BackwardContext& ctx) {
-      Tensor dx = Tensor::empty(dy.shape());
+      Tensor dx = detail::empty_on(dy, dy.shape());
       detail::backend_of(dy).unary_backward(op, saved, dy, dx, alpha, beta);
       ctx.add(0, dx);
     };
@@ -27,11 +27,11 @@ Tensor unary_op(Unary op, const Tensor& x, const char* name, float alpha = 1.0f,
 
 Tensor softmax_op(const Tensor& x, bool log) {
   detail::check_float(x, log ? "log_softmax" : "softmax");
-  Tensor y = Tensor::empty(x.shape());
+  Tensor y = detail::empty_on(x, x.shape());
   detail::backend_of(x).softmax(x, y, log);
   detail::record(y, [&] {
     return [y, log](const Tensor& dy, BackwardContext& ctx) {
-      Tensor dx = Tensor::empty(dy.shape());
+      Tensor dx = detail::empty_on(dy, dy.shape());
       detail::backend_of(dy).softmax_backward(y, dy, dx, log);
       ctx.add(0, dx);
     };

@@ -44,11 +44,11 @@ Tensor conv2d(const Tensor& x, const Tensor& kernel, const Tensor& bias, const C
   if (!fused) o.activation = Activation::linear;
   auto& be = detail::backend_of(x);
   const Tensor xc = detail::converted(x, compute), kc = detail::converted(kernel, compute);
-  Tensor z = Tensor::empty(out_shape);
+  Tensor z = detail::empty_on(x, out_shape);
   be.conv2d(xc, kc, z, o);
   Tensor y = z;
   if (!fused) {
-    y = Tensor::empty(out_shape);
+    y = detail::empty_on(x, out_shape);
     be.unary(kernels::Unary::gelu, z, y);
   }
   o.bias = nullptr;
@@ -58,19 +58,19 @@ Tensor conv2d(const Tensor& x, const Tensor& kernel, const Tensor& bias, const C
       auto& b = detail::backend_of(dy);
       Tensor dz = dy;
       if (activation != Activation::linear) {
-        dz = Tensor::empty(z.shape());
+        dz = detail::empty_on(dy, z.shape());
         b.unary_backward(detail::unary_of(activation), z, dy, dz);
       }
       const Tensor dzc = detail::converted(dz, kc.dtype());
       if (ctx.needs(1) || ctx.needs(2)) {
-        Tensor dk = Tensor::empty(kc.shape());
-        Tensor db = ctx.needs(2) ? Tensor::empty({kc.dim(3)}) : Tensor();
+        Tensor dk = detail::empty_on(dy, kc.shape());
+        Tensor db = ctx.needs(2) ? detail::empty_on(dy, {kc.dim(3)}) : Tensor();
         b.conv2d_backward_weights(xc, dzc, dk, ctx.needs(2) ? &db : nullptr, o);
         if (ctx.needs(1)) ctx.add(1, dk);
         if (ctx.needs(2)) ctx.add(2, db);
       }
       if (ctx.needs(0)) {
-        Tensor dx = Tensor::empty(xc.shape());
+        Tensor dx = detail::empty_on(dy, xc.shape());
         b.conv2d_backward_data(dzc, kc, dx, o);
         ctx.add(0, dx);
       }
@@ -93,16 +93,16 @@ Tensor pool2d(const Tensor& x, const Pool2dOptions& o) {
     out[i] = (padded - o.window[i]) / o.stride[i] + 1;
   }
   auto& be = detail::backend_of(x);
-  Tensor y = Tensor::empty({x.dim(0), out[0], out[1], x.dim(3)});
+  Tensor y = detail::empty_on(x, {x.dim(0), out[0], out[1], x.dim(3)});
   const std::array<const Tensor*, 1> inputs{&x};
   const bool recording = GradientTape::should_record(inputs);
   Tensor workspace;
   if (recording && o.kind == kernels::Pool::max)
-    workspace = Tensor::empty({static_cast<std::int64_t>(be.pool2d_workspace_bytes(x.shape(), o))}, DType::u8);
+    workspace = detail::empty_on(x, {static_cast<std::int64_t>(be.pool2d_workspace_bytes(x.shape(), o))}, DType::u8);
   be.pool2d(x, y, workspace.defined() ? &workspace : nullptr, o);
   if (recording) {
     GradientTape::record(inputs, y, [workspace, o, shape = x.shape()](const Tensor& dy, BackwardContext& ctx) {
-      Tensor dx = Tensor::empty(shape);
+      Tensor dx = detail::empty_on(dy, shape);
       detail::backend_of(dy).pool2d_backward(dy, workspace.defined() ? &workspace : nullptr, dx, o);
       ctx.add(0, dx);
     });

@@ -45,11 +45,11 @@ Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activati
   const Tensor xc = detail::converted(x2, compute), kc = detail::converted(kernel, compute);
   // gelu's derivative needs its input, so it runs as a second pass over z.
   const bool fused = activation != Activation::gelu;
-  Tensor z = Tensor::empty({rows, out});
+  Tensor z = detail::empty_on(x, {rows, out});
   be.matmul(xc, kc, z, {.bias = bias.defined() ? &bias : nullptr, .activation = fused ? activation : Activation::linear});
   Tensor y2 = z;
   if (!fused) {
-    y2 = Tensor::empty({rows, out});
+    y2 = detail::empty_on(x, {rows, out});
     be.unary(kernels::Unary::gelu, z, y2);
   }
   Tensor y = y2.reshape(out_shape);
@@ -61,7 +61,7 @@ Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activati
       const Tensor dy2 = dy.reshape(z.shape());
       Tensor dz = dy2;
       if (activation != Activation::linear) {
-        dz = Tensor::empty(z.shape());
+        dz = detail::empty_on(dy, z.shape());
         b.unary_backward(detail::unary_of(activation), z, dy2, dz);
       }
       // Under a strategy whose replicas share the weights, the weight gradients of every
@@ -75,7 +75,7 @@ Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activati
       }
       if (ctx.needs(2)) {
         if (!db_all.defined()) {
-          db_all = Tensor::empty({kc.dim(1)});
+          db_all = detail::empty_on(dy, {kc.dim(1)});
           b.reduce(kernels::Reduce::sum, dz, db_all);
         }
         ctx.add(2, db_all);
@@ -83,12 +83,12 @@ Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activati
       const bool own_dw = ctx.needs(1) && !with_others;
       const Tensor dzc = ctx.needs(0) || own_dw ? detail::converted(dz, kc.dtype()) : Tensor();
       if (own_dw) {
-        Tensor dw = Tensor::empty(kc.shape());
+        Tensor dw = detail::empty_on(dy, kc.shape());
         b.matmul(xc, dzc, dw, {.transpose_a = true});
         ctx.add(1, dw);
       }
       if (ctx.needs(0)) {
-        Tensor dx = Tensor::empty(xc.shape());
+        Tensor dx = detail::empty_on(dy, xc.shape());
         b.matmul(dzc, kc, dx, {.transpose_b = true});
         ctx.add(0, dx.reshape(x_shape));
       }

@@ -8,7 +8,7 @@ namespace {
 Tensor binary_forward(kernels::Binary op, const Tensor& a, const Tensor& b, const char* name) {
   detail::check_float(a, name);
   detail::check_float(b, name);
-  Tensor c = Tensor::empty(broadcast_shapes(a.shape(), b.shape(), name));
+  Tensor c = detail::empty_on(a, broadcast_shapes(a.shape(), b.shape(), name));
   detail::backend_of(a).binary(op, a, b, c);
   return c;
 }
@@ -32,7 +32,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
     return [sa = a.shape(), sb = b.shape()](const Tensor& dc, BackwardContext& ctx) {
       if (ctx.needs(0)) ctx.add(0, detail::sum_to_shape(dc, sa));
       if (ctx.needs(1)) {
-        Tensor neg = Tensor::empty(dc.shape());
+        Tensor neg = detail::empty_on(dc, dc.shape());
         detail::backend_of(dc).axpby(-1.0f, dc, 0.0f, neg);
         ctx.add(1, detail::sum_to_shape(neg, sb));
       }
@@ -47,12 +47,12 @@ Tensor mul(const Tensor& a, const Tensor& b) {
     return [a, b](const Tensor& dc, BackwardContext& ctx) {
       auto& be = detail::backend_of(dc);
       if (ctx.needs(0)) {  // da = dc * b
-        Tensor t = Tensor::empty(dc.shape());
+        Tensor t = detail::empty_on(dc, dc.shape());
         be.binary(kernels::Binary::mul, dc, b, t);
         ctx.add(0, detail::sum_to_shape(t, a.shape()));
       }
       if (ctx.needs(1)) {  // db = dc * a
-        Tensor t = Tensor::empty(dc.shape());
+        Tensor t = detail::empty_on(dc, dc.shape());
         be.binary(kernels::Binary::mul, dc, a, t);
         ctx.add(1, detail::sum_to_shape(t, b.shape()));
       }
@@ -66,11 +66,11 @@ Tensor div(const Tensor& a, const Tensor& b) {
   detail::record(c, [&] {
     return [a, b, c](const Tensor& dc, BackwardContext& ctx) {
       auto& be = detail::backend_of(dc);
-      Tensor t = Tensor::empty(dc.shape());
+      Tensor t = detail::empty_on(dc, dc.shape());
       be.binary(kernels::Binary::div, dc, b, t);  // dc / b
       if (ctx.needs(0)) ctx.add(0, detail::sum_to_shape(t, a.shape()));
       if (ctx.needs(1)) {  // db = -(dc / b) * c, since c = a / b
-        Tensor u = Tensor::empty(dc.shape());
+        Tensor u = detail::empty_on(dc, dc.shape());
         be.binary(kernels::Binary::mul, t, c, u);
         be.axpby(-1.0f, u, 0.0f, u);
         ctx.add(1, detail::sum_to_shape(u, b.shape()));
@@ -82,11 +82,11 @@ Tensor div(const Tensor& a, const Tensor& b) {
 
 Tensor affine(const Tensor& x, float alpha, float beta) {
   detail::check_float(x, "affine");
-  Tensor y = Tensor::empty(x.shape());
+  Tensor y = detail::empty_on(x, x.shape());
   detail::backend_of(x).unary(kernels::Unary::linear, x, y, alpha, beta);
   detail::record(y, [&] {
     return [alpha](const Tensor& dy, BackwardContext& ctx) {
-      Tensor dx = Tensor::empty(dy.shape());
+      Tensor dx = detail::empty_on(dy, dy.shape());
       detail::backend_of(dy).axpby(alpha, dy, 0.0f, dx);
       ctx.add(0, dx);
     };
@@ -97,7 +97,7 @@ Tensor affine(const Tensor& x, float alpha, float beta) {
 Tensor rescale(const Tensor& x, float scale, float offset) {
   x.check_defined("rescale");
   if (x.dtype() != DType::u8) return affine(x, scale, offset);
-  Tensor y = Tensor::empty(x.shape());
+  Tensor y = detail::empty_on(x, x.shape());
   detail::backend_of(x).unary(kernels::Unary::linear, x, y, scale, offset);
   return y;
 }

@@ -39,7 +39,7 @@ Tensor reduce_op(const Tensor& x, std::vector<int> axes, bool keepdims, bool mea
       if (!std::binary_search(axes.begin(), axes.end(), i)) dims.push_back(x.dim(i));
     out_shape = Shape(dims);
   }
-  Tensor y = Tensor::empty(kept);
+  Tensor y = detail::empty_on(x, kept);
   detail::backend_of(x).reduce(mean ? kernels::Reduce::mean : kernels::Reduce::sum, x, y);
   y = y.reshape(out_shape);
   const std::int64_t count = kept.numel() == 0 ? 0 : x.numel() / kept.numel();
@@ -49,11 +49,11 @@ Tensor reduce_op(const Tensor& x, std::vector<int> axes, bool keepdims, bool mea
       auto& be = detail::backend_of(dy);
       Tensor g = dy.reshape(kept);
       if (mean) {
-        Tensor scaled = Tensor::empty(kept);
+        Tensor scaled = detail::empty_on(dy, kept);
         be.axpby(count ? 1.0f / static_cast<float>(count) : 0.0f, g, 0.0f, scaled);
         g = scaled;
       }
-      Tensor dx = Tensor::empty(x_shape);
+      Tensor dx = detail::empty_on(dy, x_shape);
       be.fill(dx, 0.0f);
       be.binary(kernels::Binary::add, dx, g, dx);  // broadcast g over the reduced axes
       ctx.add(0, dx);

@@ -30,6 +30,9 @@ Tensor concatenate(std::span<const Tensor> xs, int axis) {
   for (std::size_t i = 0; i < xs.size(); ++i) {
     const Tensor& x = xs[i];
     x.check_defined("concatenate");
+    if (!(x.device() == first.device()))
+      DTRAIN_THROW(InvalidArgument, "concatenate: tensor ", i, " is on ", x.device().to_string(), ", tensor 0 on ",
+                   first.device().to_string());
     bool fits = x.rank() == rank && x.dtype() == first.dtype();
     for (int d = 0; fits && d < rank; ++d) fits = d == a || x.dim(d) == first.dim(d);
     if (!fits)
@@ -41,7 +44,7 @@ Tensor concatenate(std::span<const Tensor> xs, int axis) {
   std::int64_t outer = 1, inner = 1;
   for (int d = 0; d < a; ++d) outer *= first.dim(d);
   for (int d = a + 1; d < rank; ++d) inner *= first.dim(d);
-  Tensor y = Tensor::empty(first.shape().with_dim(a, total), first.dtype());
+  Tensor y = detail::empty_on(first, first.shape().with_dim(a, total), first.dtype());
   auto& be = detail::backend_of(first);
   std::vector<std::int64_t> begins;
   std::int64_t at = 0;
@@ -60,7 +63,7 @@ Tensor concatenate(std::span<const Tensor> xs, int axis) {
       auto& b = detail::backend_of(dy);
       for (std::size_t i = 0; i < shapes.size(); ++i) {
         if (!ctx.needs(static_cast<int>(i))) continue;
-        Tensor dx = Tensor::empty(shapes[i]);
+        Tensor dx = detail::empty_on(dy, shapes[i], dy.dtype());
         const std::int64_t width = shapes[i][a] * inner;
         b.copy_block(dy, {begins[i] * inner, total * inner, 0}, dx, {0, width, 0}, outer, 1, width);
         ctx.add(static_cast<int>(i), dx);
@@ -79,13 +82,13 @@ Tensor zero_pad2d(const Tensor& x, std::int64_t top, std::int64_t bottom, std::i
                  right, ")");
   const std::int64_t n = x.dim(0), h = x.dim(1), w = x.dim(2), c = x.dim(3);
   const std::int64_t ph = h + top + bottom, pw = w + left + right;
-  Tensor y = Tensor::zeros({n, ph, pw, c}, x.dtype());
+  Tensor y = Tensor::zeros({n, ph, pw, c}, x.dtype(), x.device());
   const kernels::Block image{0, h * w * c, w * c};
   const kernels::Block padded{(top * pw + left) * c, ph * pw * c, pw * c};
   detail::backend_of(x).copy_block(x, image, y, padded, n, h, w * c);
   detail::record(y, [&] {
     return [shape = x.shape(), image, padded, n, h, w, c](const Tensor& dy, BackwardContext& ctx) {
-      Tensor dx = Tensor::empty(shape);
+      Tensor dx = detail::empty_on(dy, shape, dy.dtype());
       detail::backend_of(dy).copy_block(dy, padded, dx, image, n, h, w * c);
       ctx.add(0, dx);
     };

@@ -9,6 +9,12 @@ namespace dtrain::detail {
 
 inline kernels::Backend& backend_of(const Tensor& t) { return kernels::backend(t.device()); }
 
+// A new tensor of `shape` (float32 unless given) on `like`'s device: an op's outputs live
+// where its inputs do.
+inline Tensor empty_on(const Tensor& like, const Shape& shape, DType dtype = DType::f32) {
+  return Tensor::empty(shape, dtype, like.device());
+}
+
 // Records `backward` for `output` if a live tape watches one of `inputs`. The backward
 // function is only built (capturing tensors) when something records.
 template <typename MakeBackward, typename... Inputs>
@@ -21,7 +27,7 @@ void record(const Tensor& output, MakeBackward&& make_backward, const Inputs&...
 // Sums a broadcast gradient back down to `shape` (the identity when shapes agree).
 inline Tensor sum_to_shape(const Tensor& grad, const Shape& shape) {
   if (grad.shape() == shape) return grad;
-  Tensor out = Tensor::empty(shape);
+  Tensor out = empty_on(grad, shape);
   backend_of(grad).reduce(kernels::Reduce::sum, grad, out);
   return out;
 }
@@ -43,7 +49,7 @@ inline kernels::Unary unary_of(Activation a) {
 // t in `dtype` through the backend's conversion (t itself when it already has that dtype).
 inline Tensor converted(const Tensor& t, DType dtype) {
   if (t.dtype() == dtype) return t;
-  Tensor out = Tensor::empty(t.shape(), dtype);
+  Tensor out = empty_on(t, t.shape(), dtype);
   backend_of(t).convert(t, out);
   return out;
 }

@@ -14,6 +14,13 @@ std::vector<GradientTape*>& live_tapes() {
   return tapes;
 }
 
+// The gradient of a target with respect to itself, on the target's device.
+Tensor ones_like(const Tensor& target) {
+  Tensor ones = Tensor::empty(target.shape(), DType::f32, target.device());
+  kernels::backend(target.device()).fill(ones, 1.0f);
+  return ones;
+}
+
 }  // namespace
 
 void BackwardContext::add(int input, const Tensor& grad) {
@@ -98,7 +105,7 @@ void GradientTape::accumulate(std::uint64_t id, const Tensor& grad) {
   auto [it, inserted] = grads_.try_emplace(id, grad);
   if (inserted) return;
   // Out of place: a backward function may hand the same tensor to several inputs.
-  Tensor sum = Tensor::empty(grad.shape());
+  Tensor sum = Tensor::empty(grad.shape(), DType::f32, grad.device());
   kernels::backend(grad.device()).binary(kernels::Binary::add, it->second, grad, sum);
   it->second = sum;
 }
@@ -173,7 +180,7 @@ std::vector<Tensor> GradientTape::run_backward(std::span<const Tensor> targets, 
   // Several targets are summed: one that is also another's input, or given twice, adds up.
   for (std::size_t i = 0; i < targets.size(); ++i) {
     const bool given = i < output_gradients.size() && output_gradients[i].defined();
-    accumulate(targets[i].id(), given ? output_gradients[i] : Tensor::full(targets[i].shape(), 1.0f));
+    accumulate(targets[i].id(), given ? output_gradients[i] : ones_like(targets[i]));
   }
   // For on_ready: a source's gradient is final once the earliest recorded op reading it
   // has run its backward. `pending` holds (that op's index, source) latest op first;

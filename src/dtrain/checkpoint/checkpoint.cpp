@@ -90,7 +90,8 @@ StrategyBackend* Checkpoint::multi_worker() const {
 
 NamedTensors Checkpoint::capture() const {
   NamedTensors out;
-  auto add = [&](std::string key, const Tensor& t) { out.tensors.emplace_back(std::move(key), t); };
+  // Values on a GPU are saved from host copies: a checkpoint does not depend on the device.
+  auto add = [&](std::string key, const Tensor& t) { out.tensors.emplace_back(std::move(key), t.to(Device::cpu())); };
   const std::vector<const Model*> models = models_of(objects_);
   StrategyBackend* workers = multi_worker();
   nlohmann::json state = nlohmann::json::object();

@@ -73,6 +73,7 @@ struct Overrides {
   int accumulation = -1;
   std::int64_t steps_per_epoch = 0;
   std::string save_weights, summary, weights, dtype_policy, strategy, profile;
+  std::string device = "auto";  // cpu, gpu (or a name like /GPU:1) or auto: a GPU where one is present
   std::string fault_slow;  // testing: worker:K:Fx (cli/fault.h)
   std::string fault_kill, fault_term;  // testing: worker:K:S (cli/fault.h)
   // Checkpoints (BackupAndRestore): override the config's "checkpoint".
@@ -254,10 +255,30 @@ void check_outputs(const std::string& config, const Overrides& o, const cli::Run
   }
 }
 
+// Where the run's weights and steps live: --device, with "auto" the first GPU where one is
+// present and the run has one device (the strategies' replicas and workers run on CPUs).
+Device run_device(const std::string& flag, const cli::RunConfig& c) {
+  const bool one_device = c.strategy.empty() || c.strategy == "default" || c.strategy == "one_device";
+  if (flag == "auto") return one_device ? resolve_device("auto") : Device::cpu();
+  const Device d = resolve_device(flag);
+  if (!d.is_cpu() && !one_device)
+    DTRAIN_THROW(InvalidArgument, "--device ", flag, ": --strategy ", c.strategy,
+                 " trains on CPUs; on a GPU, train with one device (no --strategy, or one_device)");
+  return d;
+}
+
+// "cuda:0 (NVIDIA H200)" for a GPU, "" for the CPU.
+std::string device_description(Device d) {
+  if (d.is_cpu()) return "";
+  return d.to_string() + " (" + device_runtime(d.type)->properties(d.index).name + ")";
+}
+
 int run_fit(const std::string& path, const Overrides& o) {
   cli::RunConfig c = cli::load_config(path);
   apply(o, c);
   check_outputs(path, o, c);
+  const Device device = run_device(o.device, c);
+  const DevicePlacement placed(device);
   const cli::FaultSlow fault = cli::parse_fault_slow(o.fault_slow);
   const cli::FaultSignal kill = cli::parse_fault_signal("--fault-kill", o.fault_kill, SIGKILL, /*allow_ps=*/true);
   const cli::FaultSignal term = cli::parse_fault_signal("--fault-term", o.fault_term, SIGTERM);
@@ -354,7 +375,7 @@ int run_fit(const std::string& path, const Overrides& o) {
   check_fault_worker("--fault-term", o.fault_term, term.worker);
   const int replicas = strategy ? strategy->num_replicas_in_sync() : 1;
   const int threads_per_replica = strategy ? strategy->threads_per_replica() : num_threads();
-  std::string where = std::to_string(num_threads()) + " threads";
+  std::string where = device.is_cpu() ? std::to_string(num_threads()) + " threads" : device_description(device);
   if (strategy)
     where = strategy->name() + " " + std::to_string(replicas) + " replica" + (replicas > 1 ? "s" : "") + " x " +
             std::to_string(threads_per_replica) + " thread" + (threads_per_replica > 1 ? "s" : "");
@@ -469,6 +490,8 @@ int run_fit(const std::string& path, const Overrides& o) {
     json j;
     j["config"] = path;
     j["threads"] = num_threads();
+    j["device"] = device.to_string();
+    if (!device.is_cpu()) j["device_name"] = device_runtime(device.type)->properties(device.index).name;
     j["dtype_policy"] = model_policy(*model);
     j["strategy"] = ps ? ps->name() : strategy ? strategy->name() : "default";
     j["replicas"] = replicas;  // in sync, over every worker
@@ -621,6 +644,7 @@ int run_evaluate(const std::string& path, const Overrides& o) {
   cli::RunConfig c = cli::load_config(path);
   apply(o, c);
   check_outputs(path, o, c);
+  const DevicePlacement placed(run_device(o.device, c));
   prepare(c);
   data::Classification d = cli::load_data(c);
   auto model = cli::build_model(c);
@@ -664,6 +688,9 @@ int main(int argc, char** argv) {
     cmd->add_option("--batch-size", o.batch_size, "Override the config's batch_size (global)")
         ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 31));
     cmd->add_option("--threads", o.threads, "Compute threads (0 = every core)")->check(CLI::Range(0, 4096));
+    cmd->add_option("--device", o.device,
+                    "cpu, gpu (or a GPU by name: /GPU:1, cuda:1) or auto: the first GPU where one is present "
+                    "(default auto)");
     cmd->add_option("--seed", o.seed, "Seed for weights, shuffling and synthetic data")
         ->check(CLI::Range(std::int64_t{0}, INT64_MAX));
     cmd->add_option("--summary", o.summary, "Write a machine-readable JSON summary here")->check(a_path);

@@ -27,6 +27,8 @@ void rethrow_with_context(const std::exception_ptr& error, const std::string& co
     throw Unavailable(head + e.what());
   } catch (const Cancelled& e) {
     throw Cancelled(head + e.what());
+  } catch (const DeviceError& e) {
+    throw DeviceError(head + e.what());
   } catch (const ResourceExhausted& e) {
     throw ResourceExhausted(head + e.what());
   } catch (const std::bad_alloc&) {

@@ -66,6 +66,14 @@ class InternalError : public Error {
   using Error::Error;
 };
 
+// A device (a GPU) failed: the message names the call, the operation and its sizes, and
+// the device. After some failures (an illegal address in a kernel) the device can run
+// nothing more in this process; the message says so.
+class DeviceError : public Error {
+ public:
+  using Error::Error;
+};
+
 // The backend cannot run this operation with these arguments (dtype, device).
 class Unsupported : public Error {
  public:

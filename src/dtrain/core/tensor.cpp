@@ -1,7 +1,9 @@
 // Tensor construction, views and conversions.
 #include "dtrain/core/tensor.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -16,18 +18,42 @@ std::uint64_t next_tensor_id() {
 
 }  // namespace
 
-std::string Device::to_string() const {
-  return (type == DeviceType::cpu ? "cpu:" : "cuda:") + std::to_string(index);
+namespace {
+
+DeviceRuntime& runtime_of(Device device) {
+  DeviceRuntime* r = device_runtime(device.type);
+  if (r == nullptr) check_device(device);  // names what was found
+  return *r;
 }
 
-Storage::Storage(std::size_t bytes, CachingAllocator& allocator, Device device)
-    : data_(allocator.allocate(bytes)), bytes_(bytes), allocator_(&allocator), device_(device) {}
+}  // namespace
+
+Storage::Storage(std::size_t bytes, Device device, bool pinned)
+    : data_(nullptr), bytes_(bytes), source_(Source::cpu_cache), device_(device) {
+  if (!device.is_cpu()) {
+    check_device(device);
+    runtime_ = &runtime_of(device);
+    data_ = runtime_->allocate(device.index, bytes);
+    source_ = Source::device;
+  } else if (DeviceRuntime* r = pinned ? device_runtime(DeviceType::cuda) : nullptr; r && r->count() > 0) {
+    runtime_ = r;
+    data_ = r->allocate_host(bytes);
+    source_ = Source::pinned;
+  } else {
+    data_ = cpu_allocator().allocate(bytes);
+  }
+}
 
 Storage::Storage(void* data, std::size_t bytes, std::shared_ptr<const void> owner, Device device)
-    : data_(data), bytes_(bytes), allocator_(nullptr), owner_(std::move(owner)), device_(device) {}
+    : data_(data), bytes_(bytes), source_(Source::owner), owner_(std::move(owner)), device_(device) {}
 
 Storage::~Storage() {
-  if (allocator_) allocator_->deallocate(data_, bytes_);
+  switch (source_) {
+    case Source::cpu_cache: cpu_allocator().deallocate(data_, bytes_); break;
+    case Source::device: runtime_->deallocate(device_.index, data_, bytes_); break;
+    case Source::pinned: runtime_->deallocate_host(data_, bytes_); break;
+    case Source::owner: break;
+  }
 }
 
 Tensor::Tensor(std::shared_ptr<Storage> storage, std::size_t offset, Shape shape, DType dtype)
@@ -47,9 +73,14 @@ std::size_t bytes_of(const Shape& shape, DType dtype) {
 
 }  // namespace
 
-Tensor Tensor::empty(const Shape& shape, DType dtype) {
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   const std::size_t bytes = bytes_of(shape, dtype);
-  return Tensor(std::make_shared<Storage>(bytes, cpu_allocator(), Device{}), 0, shape, dtype);
+  return Tensor(std::make_shared<Storage>(bytes, device), 0, shape, dtype);
+}
+
+Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
+  const std::size_t bytes = bytes_of(shape, dtype);
+  return Tensor(std::make_shared<Storage>(bytes, Device{}, /*pinned=*/true), 0, shape, dtype);
 }
 
 Tensor Tensor::over(void* data, const Shape& shape, DType dtype, std::shared_ptr<const void> owner) {
@@ -57,9 +88,10 @@ Tensor Tensor::over(void* data, const Shape& shape, DType dtype, std::shared_ptr
   return Tensor(std::make_shared<Storage>(data, bytes, std::move(owner), Device{}), 0, shape, dtype);
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype) {
-  Tensor t = empty(shape, dtype);
-  std::memset(t.raw_data(), 0, t.nbytes());
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  if (device.is_cpu()) std::memset(t.raw_data(), 0, t.nbytes());
+  else if (t.nbytes()) runtime_of(device).zero(device.index, t.raw_device_data(), t.nbytes());
   return t;
 }
 
@@ -90,6 +122,11 @@ Tensor Tensor::from_vector(const Shape& shape, std::span<const float> values) {
 
 Tensor Tensor::from_vector(const Shape& shape, std::span<const std::int32_t> values) {
   return tensor_from_values(shape, values);
+}
+
+void Tensor::refuse_host_access() const {
+  DTRAIN_THROW(InvalidArgument, "a ", dtype_name(dtype_), " tensor of shape ", shape_.to_string(), " is on ",
+               device().to_string(), ", where host code cannot read or write it; copy it to the CPU first (to(cpu))");
 }
 
 void Tensor::check_defined(const char* op) const {
@@ -135,8 +172,16 @@ Tensor Tensor::reshape(const Shape& shape) const {
 
 Tensor Tensor::clone() const {
   check_defined("Tensor::clone");
-  Tensor t = empty(shape_, dtype_);
-  if (nbytes()) std::memcpy(t.raw_data(), raw_data(), nbytes());
+  Tensor t = empty(shape_, dtype_, device());
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to(Device target) const {
+  check_defined("Tensor::to");
+  if (device() == target) return *this;
+  Tensor t = empty(shape_, dtype_, target);
+  t.copy_from(*this);
   return t;
 }
 
@@ -151,12 +196,19 @@ void Tensor::copy_from(const Tensor& src) {
   check_defined("Tensor::copy_from");
   src.check_dtype(dtype_, "Tensor::copy_from");
   check_same_shape(*this, src, "Tensor::copy_from");
-  if (nbytes() && raw_data() != src.raw_data()) std::memmove(raw_data(), src.raw_data(), nbytes());
+  if (nbytes() == 0 || raw_device_data() == src.raw_device_data()) return;
+  if (on_cpu() && src.on_cpu()) {
+    std::memmove(raw_data(), src.raw_data(), nbytes());
+    return;
+  }
+  const Device other = on_cpu() ? src.device() : device();
+  runtime_of(other).copy(raw_device_data(), device(), src.raw_device_data(), src.device(), nbytes());
 }
 
 Tensor Tensor::astype(DType dtype) const {
   check_defined("Tensor::astype");
   if (dtype == dtype_) return clone();
+  if (!on_cpu()) return to(Device::cpu()).astype(dtype).to(device());
   Tensor out = empty(shape_, dtype);
   const std::int64_t n = numel();
   if (dtype_ == DType::f32 && dtype == DType::bf16) {
@@ -170,6 +222,11 @@ Tensor Tensor::astype(DType dtype) const {
     const float* s = data<float>();
     std::int32_t* d = out.data<std::int32_t>();
     for (std::int64_t i = 0; i < n; ++i) d[i] = static_cast<std::int32_t>(s[i]);
+  } else if (dtype_ == DType::f32 && dtype == DType::u8) {  // truncated and kept in [0, 255]
+    const float* s = data<float>();
+    std::uint8_t* d = out.data<std::uint8_t>();
+    for (std::int64_t i = 0; i < n; ++i)
+      d[i] = static_cast<std::uint8_t>(std::clamp(std::isnan(s[i]) ? 0.0f : s[i], 0.0f, 255.0f));
   } else {
     return astype(DType::f32).astype(dtype);
   }
@@ -178,6 +235,7 @@ Tensor Tensor::astype(DType dtype) const {
 
 std::vector<float> Tensor::to_vector() const {
   check_defined("Tensor::to_vector");
+  if (!on_cpu()) return to(Device::cpu()).to_vector();
   const std::int64_t n = numel();
   std::vector<float> v(static_cast<std::size_t>(n));
   switch (dtype_) {

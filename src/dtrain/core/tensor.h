@@ -1,7 +1,11 @@
-// Tensor: a dense, contiguous, row-major array with a Shape and a DType over shared,
-// 64-byte-aligned storage from the caching allocator. Copying a Tensor copies the handle
-// (both refer to the same values and keep the same id); clone() copies the values.
-// It is not differentiable by itself: autograd records operations on tensors by id.
+// Tensor: a dense, contiguous, row-major array with a Shape and a DType over shared
+// storage on one device: 64-byte-aligned host memory from the CPU's caching allocator, or
+// a GPU's memory from its runtime's cache (core/device.h). Copying a Tensor copies the
+// handle (both refer to the same values and keep the same id); clone() copies the values.
+// Host code reads values through data<T>(), which refuses a tensor on another device;
+// kernels of that device take device_data<T>(). Copies between devices are explicit: to(),
+// copy_from(), to_vector(). It is not differentiable by itself: autograd records
+// operations on tensors by id.
 #pragma once
 
 #include <cstddef>
@@ -12,26 +16,20 @@
 #include <vector>
 
 #include "dtrain/core/allocator.h"
+#include "dtrain/core/device.h"
 #include "dtrain/core/dtype.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/shape.h"
 
 namespace dtrain {
 
-enum class DeviceType : std::uint8_t { cpu, cuda };
-
-struct Device {
-  DeviceType type = DeviceType::cpu;
-  int index = 0;
-  friend bool operator==(const Device&, const Device&) = default;
-  std::string to_string() const;
-};
-
 // A block of memory owned by one allocator, freed back to it when the last view goes; or
 // memory something else owns (a shared memory segment), kept alive by `owner` as long.
 class Storage {
  public:
-  Storage(std::size_t bytes, CachingAllocator& allocator, Device device);
+  // `bytes` on `device`, from its caching allocator; pinned: page-locked host memory
+  // (device must be the CPU) that a GPU copies from and to without staging.
+  Storage(std::size_t bytes, Device device, bool pinned = false);
   Storage(void* data, std::size_t bytes, std::shared_ptr<const void> owner, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
@@ -40,11 +38,14 @@ class Storage {
   void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
+  bool pinned() const { return source_ == Source::pinned; }
 
  private:
+  enum class Source : std::uint8_t { cpu_cache, device, pinned, owner };
   void* data_;
   std::size_t bytes_;
-  CachingAllocator* allocator_;  // null: owner_'s memory
+  Source source_;
+  DeviceRuntime* runtime_ = nullptr;  // what gave device or pinned memory
   std::shared_ptr<const void> owner_;
   Device device_;
 };
@@ -53,8 +54,11 @@ class Tensor {
  public:
   Tensor() = default;  // undefined: defined() is false
 
-  static Tensor empty(const Shape& shape, DType dtype = DType::f32);  // values unset
-  static Tensor zeros(const Shape& shape, DType dtype = DType::f32);
+  static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = {});  // values unset
+  static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = {});
+  // A CPU tensor in page-locked memory, which a GPU copies from and to asynchronously (the
+  // input pipeline's last stage). Where no GPU runtime is present, ordinary memory.
+  static Tensor empty_pinned(const Shape& shape, DType dtype = DType::f32);
   // A tensor over memory that `owner` keeps alive (at least shape's bytes at `data`).
   static Tensor over(void* data, const Shape& shape, DType dtype, std::shared_ptr<const void> owner);
   static Tensor full(const Shape& shape, float value);
@@ -69,6 +73,8 @@ class Tensor {
   const Shape& shape() const { return shape_; }
   DType dtype() const { return dtype_; }
   Device device() const { return storage_ ? storage_->device() : Device{}; }
+  bool on_cpu() const { return !storage_ || storage_->device().is_cpu(); }
+  bool pinned() const { return storage_ && storage_->pinned(); }
   int rank() const { return shape_.rank(); }
   std::int64_t numel() const { return shape_.numel(); }
   std::int64_t dim(int axis) const { return shape_[axis]; }
@@ -78,6 +84,8 @@ class Tensor {
   // freshly computed tensor and every view.
   std::uint64_t id() const { return id_; }
 
+  // The values, for host code: a tensor on another device is an InvalidArgument naming it
+  // (copy it to the CPU first).
   template <typename T>
   T* data() {
     check_dtype(dtype_of<T>(), "data");
@@ -89,6 +97,16 @@ class Tensor {
     return static_cast<const T*>(raw_data());
   }
   void* raw_data() const {
+    if (!on_cpu()) refuse_host_access();
+    return raw_device_data();
+  }
+  // The values where they are, for the kernels and copies of the tensor's own device.
+  template <typename T>
+  T* device_data() const {
+    check_dtype(dtype_of<T>(), "device_data");
+    return static_cast<T*>(raw_device_data());
+  }
+  void* raw_device_data() const {
     return storage_ ? static_cast<char*>(storage_->data()) + offset_ : nullptr;
   }
 
@@ -99,10 +117,16 @@ class Tensor {
   Tensor row(std::int64_t i, const Shape& row_shape) const;
   // Same values seen with another shape of equal element count (no copy).
   Tensor reshape(const Shape& shape) const;
+  // A copy of the values on the same device.
   Tensor clone() const;
-  // A converted copy (f32 <-> bf16 rounds to nearest even; f32 -> i32 truncates).
+  // The tensor on `device`: this one where it is there already, else a copy.
+  Tensor to(Device device) const;
+  // A converted copy on the same device (f32 <-> bf16 rounds to nearest even; f32 -> i32
+  // truncates; f32 -> u8 truncates into [0, 255]). On a GPU it goes through host memory:
+  // not for a training step.
   Tensor astype(DType dtype) const;
-  // Copies values from a tensor of the same shape and dtype into this one's storage.
+  // Copies values from a tensor of the same shape and dtype into this one's storage; the
+  // two may be on different devices (an explicit copy between them).
   void copy_from(const Tensor& src);
   bool shares_storage_with(const Tensor& other) const { return storage_ == other.storage_; }
   // Before an in-place write: where another tensor holds this one's storage (a tape's
@@ -110,7 +134,9 @@ class Tensor {
   // keeping its identity, so that the write changes no one else's values.
   void unshare();
 
-  std::vector<float> to_vector() const;  // any dtype, converted to float
+  // Any dtype, converted to float; a tensor on a GPU is copied to the host first (after the
+  // work queued on it).
+  std::vector<float> to_vector() const;
   float item() const;                     // the value of a one-element tensor
   std::string to_string(std::int64_t max_values = 16) const;
 
@@ -118,6 +144,7 @@ class Tensor {
   void check_defined(const char* op) const;
 
  private:
+  [[noreturn]] void refuse_host_access() const;
   Tensor(std::shared_ptr<Storage> storage, std::size_t offset, Shape shape, DType dtype);
 
   std::shared_ptr<Storage> storage_;

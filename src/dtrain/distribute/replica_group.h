@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +35,8 @@ struct GroupOptions {
   // gradient all-reduce) before it fails naming those that never came: the strategy's
   // CommunicationOptions::timeout_seconds.
   std::chrono::milliseconds timeout = kDefaultTimeout;
+  // Where scope() places variables (OneDeviceStrategy on a GPU); nullopt: unchanged.
+  std::optional<Device> placement;
 };
 
 class ReplicaGroup final : public StrategyBackend, public CrossReplica {
@@ -42,6 +45,7 @@ class ReplicaGroup final : public StrategyBackend, public CrossReplica {
   ~ReplicaGroup() override;
 
   std::string name() const override { return options_.name; }
+  std::optional<Device> placement() const override { return options_.placement; }
   int num_replicas() const override { return static_cast<int>(options_.devices.size()); }
   int num_workers() const override;
   int worker_index() const override;

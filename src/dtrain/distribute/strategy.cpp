@@ -27,7 +27,8 @@ int parse_cpu_device(const std::string& device) {
   static const std::regex gpu(R"(gpu:\d+$)", std::regex::icase);
   std::smatch m;
   if (std::regex_search(device, gpu))
-    DTRAIN_THROW(Unsupported, "device '", device, "': this build of dtrain runs on CPUs only; use \"/cpu:N\"");
+    DTRAIN_THROW(Unsupported, "device '", device, "': replicas on GPUs are not in dtrain yet; one GPU trains under ",
+                 "OneDeviceStrategy(\"/gpu:0\") or no strategy, and replicas run on \"/cpu:N\"");
   if (!std::regex_match(device, m, cpu))
     DTRAIN_THROW(InvalidArgument, "device '", device, "' is not a CPU device name; expected \"/cpu:N\"");
   return std::stoi(m[3].str());
@@ -249,8 +250,26 @@ DistributedDataset Strategy::experimental_distribute_dataset(const data::Dataset
 DefaultStrategy::DefaultStrategy()
     : Strategy(make_group("_DefaultDistributionStrategy", {"/cpu:0"}, {})) {}
 
-OneDeviceStrategy::OneDeviceStrategy(const std::string& device)
-    : Strategy(make_group("OneDeviceStrategy", {device}, {})) {}
+namespace {
+
+// One replica on `device`: the CPU's logical devices as MirroredStrategy's, or a GPU, where
+// scope() places the variables.
+std::shared_ptr<detail::ReplicaGroup> one_device_group(const std::string& device) {
+  const Device d = parse_device(device);
+  if (d.is_cpu()) return make_group("OneDeviceStrategy", {device}, {});
+  check_device(d);
+  detail::GroupOptions o;
+  o.name = "OneDeviceStrategy";
+  o.devices = {"/gpu:" + std::to_string(d.index)};
+  o.threads_per_replica = std::max(1, num_threads());
+  o.bucket_bytes = detail::kDefaultBucketBytes;
+  o.placement = d;
+  return std::make_shared<detail::ReplicaGroup>(std::move(o));
+}
+
+}  // namespace
+
+OneDeviceStrategy::OneDeviceStrategy(const std::string& device) : Strategy(one_device_group(device)) {}
 
 MirroredStrategy::MirroredStrategy() : MirroredStrategy(available_cores()) {}
 

@@ -182,7 +182,8 @@ class DefaultStrategy final : public Strategy {
   DefaultStrategy();
 };
 
-// One replica on one device (tf.distribute.OneDeviceStrategy("/cpu:0")), using all cores.
+// One replica on one device, using all cores (tf.distribute.OneDeviceStrategy("/cpu:0")),
+// or on a GPU ("/gpu:0"), where scope() places the variables it sees made.
 class OneDeviceStrategy final : public Strategy {
  public:
   explicit OneDeviceStrategy(const std::string& device = "/cpu:0");

@@ -1,15 +1,52 @@
 // Device -> backend dispatch.
 #include "dtrain/kernels/backend.h"
 
+#include <array>
+#include <atomic>
+
 #include "dtrain/kernels/cpu_backend.h"
 
+#if DTRAIN_CUDA
+#include "dtrain/kernels/cuda/cuda_backend.h"
+#endif
+
 namespace dtrain::kernels {
+namespace {
+
+constexpr int kMaxOverrides = 8;
+std::array<std::atomic<Backend*>, kMaxOverrides>& overrides() {
+  static std::array<std::atomic<Backend*>, kMaxOverrides> backends{};
+  return backends;
+}
+
+std::atomic<bool>& tf32() {
+  static std::atomic<bool> enabled{false};
+  return enabled;
+}
+
+}  // namespace
 
 Backend& backend(Device device) {
   if (device.type == DeviceType::cpu) return cpu_backend();
-  DTRAIN_THROW(Unsupported, "no compute backend for device ", device.to_string(),
-               " in this build");
+  if (device.index >= 0 && device.index < kMaxOverrides)
+    if (Backend* b = overrides()[static_cast<std::size_t>(device.index)].load(std::memory_order_acquire)) return *b;
+#if DTRAIN_CUDA
+  return cuda_backend(device.index);
+#else
+  check_device(device);  // names what was found: no CUDA in this build
+  DTRAIN_THROW(Unsupported, "no compute backend for device ", device.to_string(), " in this build");
+#endif
 }
+
+void set_backend(Device device, Backend* b) {
+  if (device.is_cpu() || device.index < 0 || device.index >= kMaxOverrides)
+    DTRAIN_THROW(InvalidArgument, "set_backend: only the backends of cuda:0 to cuda:", kMaxOverrides - 1,
+                 " can be replaced, not ", device.to_string());
+  overrides()[static_cast<std::size_t>(device.index)].store(b, std::memory_order_release);
+}
+
+void set_tensor_float_32_execution(bool enabled) { tf32().store(enabled, std::memory_order_relaxed); }
+bool tensor_float_32_execution() { return tf32().load(std::memory_order_relaxed); }
 
 const char* primitive_name(Primitive op) {
   switch (op) {

@@ -1,7 +1,10 @@
 // The compute backend behind one narrow interface: a short list of primitives that each
-// device implements (CPU now through oneDNN and plain loops; CUDA later). Everything
-// else in dtrain is composed from these. Kernels know nothing of autograd: they read
-// inputs and write outputs that the caller allocated, and never allocate results.
+// device implements (the CPU through oneDNN and plain loops; CUDA GPUs through cuBLASLt,
+// cuDNN and dtrain's own kernels). Everything else in dtrain is composed from these.
+// Kernels know nothing of autograd: they read inputs and write outputs that the caller
+// allocated (on the backend's device: operands on another are an error naming both), and
+// never allocate results. A GPU backend queues its work in order on its device's stream
+// and returns before it has run; reading a result on the host waits for it.
 #pragma once
 
 #include <cstdint>
@@ -187,13 +190,30 @@ class Backend {
   // One fused pass over the parameters: read w, g and the slots once, write them once.
   // Returns whether every weight written is finite (checked in the same pass, for fit's
   // report of a diverging run).
+  // A backend whose kernels run after the call returns (a GPU's) returns true and reports
+  // through take_deferred_non_finite() instead.
   virtual bool sgd_update(Tensor& w, const Tensor& g, Tensor* velocity, const SgdUpdate& p) = 0;
   virtual bool adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& p) = 0;
+  // Whether an update since the last call wrote a NaN or an infinity that its return value
+  // could not report; waits for the updates queued so far, and clears the record.
+  virtual bool take_deferred_non_finite() { return false; }
+  // Waits for the work queued on the backend's device (nothing to wait for on the CPU).
+  virtual void synchronize() {}
 };
 
-// The backend that runs tensors on `device`. Throws Unsupported for a device this build
-// has no backend for.
+// The backend that runs tensors on `device`. Throws InvalidArgument naming what was found
+// for a device that is not here, Unsupported for one this build has no backend for.
 Backend& backend(Device device = Device{});
+// Replaces the backend of `device` until called again with null (the tests' stand-in GPU);
+// not thread-safe against kernels running.
+void set_backend(Device device, Backend* backend);
+
+// TensorFlow's tf.config.experimental.enable_tensor_float_32_execution: float32 matrix
+// products on a GPU's tensor cores with 10-bit mantissas (TF32), ~8x the float32 rate at
+// about 1e-3 relative error. Off by default: float32 products are exact float32. A
+// process-wide setting, as TensorFlow's is.
+void set_tensor_float_32_execution(bool enabled);
+bool tensor_float_32_execution();
 
 const char* primitive_name(Primitive op);
 

@@ -9,6 +9,7 @@
 
 #include "dtrain/core/multiversion.h"
 #include "dtrain/core/threads.h"
+#include "dtrain/kernels/checks.h"
 #include "dtrain/kernels/cpu_backend.h"
 
 namespace dtrain::kernels {
@@ -186,12 +187,6 @@ void reduce_cols_loop(const float* x, float* y, std::int64_t cols, std::int64_t 
   }
 }
 
-void check_same_f32(const Tensor& a, const Tensor& b, const char* op) {
-  a.check_dtype(DType::f32, op);
-  b.check_dtype(DType::f32, op);
-  check_same_shape(a, b, op);
-}
-
 }  // namespace
 
 void CpuBackend::convert_loops(const Tensor& x, Tensor& y) {
@@ -291,6 +286,7 @@ bool CpuBackend::reduce_contiguous(Reduce op, const Tensor& x, const std::vector
 }
 
 void CpuBackend::fill(Tensor& y, float value) {
+  check_devices("fill", device(), {&y});
   y.check_dtype(DType::f32, "fill");
   float* p = y.data<float>();
   parallel_for(y.numel(), kGrain, [&](std::int64_t begin, std::int64_t end) {
@@ -299,6 +295,7 @@ void CpuBackend::fill(Tensor& y, float value) {
 }
 
 void CpuBackend::axpby(float alpha, const Tensor& x, float beta, Tensor& y) {
+  check_devices("axpby", device(), {&x, &y});
   check_same_f32(x, y, "axpby");
   const float* px = x.data<float>();
   float* py = y.data<float>();
@@ -318,6 +315,7 @@ void CpuBackend::linear_from_bytes(const Tensor& x, float alpha, float beta, Ten
 }
 
 double CpuBackend::sum_squares(const Tensor& x) {
+  check_devices("sum_squares", device(), {&x});
   x.check_dtype(DType::f32, "sum_squares");
   const float* p = x.data<float>();
   const std::int64_t n = x.numel();
@@ -338,18 +336,9 @@ double CpuBackend::sum_squares(const Tensor& x) {
 
 void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& target, Tensor& loss,
                                        Tensor& log_probs) {
-  logits.check_dtype(DType::f32, "softmax_cross_entropy");
-  if (logits.rank() != 2)
-    DTRAIN_THROW(InvalidArgument, "softmax_cross_entropy: logits must be [batch, classes], got ",
-                 logits.shape().to_string());
+  check_devices("softmax_cross_entropy", device(), {&logits, &target, &loss, &log_probs});
+  const bool sparse = check_softmax_cross_entropy(logits, target, loss, log_probs);
   const std::int64_t B = logits.dim(0), C = logits.dim(1);
-  const bool sparse = target.dtype() == DType::i32;
-  if (sparse ? !(target.shape() == Shape{B}) : !(target.shape() == logits.shape()))
-    DTRAIN_THROW(InvalidArgument, "softmax_cross_entropy: targets of shape ", target.shape().to_string(), " (",
-                 dtype_name(target.dtype()), ") do not match logits ", logits.shape().to_string(),
-                 sparse ? ": integer labels must be [batch]" : ": distributions must be [batch, classes]");
-  if (!(loss.shape() == Shape{B})) DTRAIN_THROW(InvalidArgument, "softmax_cross_entropy: loss must be [", B, "]");
-  check_same_f32(logits, log_probs, "softmax_cross_entropy (log_probs)");
   if (sparse) {  // validate before the parallel loop: nothing may throw inside it
     const std::int32_t* labels = target.data<std::int32_t>();
     for (std::int64_t b = 0; b < B; ++b)
@@ -387,8 +376,8 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& targe
 
 void CpuBackend::softmax_cross_entropy_backward(const Tensor& log_probs, const Tensor& target,
                                                 const Tensor& dloss, Tensor& dlogits) {
-  check_same_f32(log_probs, dlogits, "softmax_cross_entropy_backward");
-  dloss.check_dtype(DType::f32, "softmax_cross_entropy_backward (dloss)");
+  check_devices("softmax_cross_entropy_backward", device(), {&log_probs, &target, &dloss, &dlogits});
+  check_softmax_cross_entropy_backward(log_probs, dloss, dlogits);
   const std::int64_t B = log_probs.dim(0), C = log_probs.dim(1);
   const bool sparse = target.dtype() == DType::i32;
   const float* lp = log_probs.data<float>();
@@ -413,10 +402,8 @@ void CpuBackend::softmax_cross_entropy_backward(const Tensor& log_probs, const T
 }
 
 void CpuBackend::dropout(const Tensor& x, float rate, const Generator& generator, Tensor& y, Tensor& mask) {
-  check_same_f32(x, y, "dropout");
-  check_same_f32(x, mask, "dropout (mask)");
-  if (!(rate >= 0.0f && rate < 1.0f))
-    DTRAIN_THROW(InvalidArgument, "dropout: rate ", rate, " must be in [0, 1)");
+  check_devices("dropout", device(), {&x, &y, &mask});
+  check_dropout(x, rate, y, mask);
   const float* px = x.data<float>();
   float* py = y.data<float>();
   float* pm = mask.data<float>();
@@ -426,11 +413,8 @@ void CpuBackend::dropout(const Tensor& x, float rate, const Generator& generator
 }
 
 void CpuBackend::argmax(const Tensor& x, Tensor& out) {
-  x.check_dtype(DType::f32, "argmax");
-  out.check_dtype(DType::i32, "argmax (output)");
-  if (x.rank() != 2 || !(out.shape() == Shape{x.dim(0)}))
-    DTRAIN_THROW(InvalidArgument, "argmax: expects x [batch, classes] and out [batch], got ",
-                 x.shape().to_string(), " and ", out.shape().to_string());
+  check_devices("argmax", device(), {&x, &out});
+  check_argmax(x, out);
   const std::int64_t B = x.dim(0), C = x.dim(1);
   const float* p = x.data<float>();
   std::int32_t* o = out.data<std::int32_t>();
@@ -443,11 +427,8 @@ void CpuBackend::argmax(const Tensor& x, Tensor& out) {
 }
 
 void CpuBackend::one_hot(const Tensor& labels, Tensor& out) {
-  labels.check_dtype(DType::i32, "one_hot");
-  out.check_dtype(DType::f32, "one_hot (output)");
-  if (labels.rank() != 1 || out.rank() != 2 || out.dim(0) != labels.dim(0))
-    DTRAIN_THROW(InvalidArgument, "one_hot: expects labels [batch] and out [batch, classes], got ",
-                 labels.shape().to_string(), " and ", out.shape().to_string());
+  check_devices("one_hot", device(), {&labels, &out});
+  check_one_hot(labels, out);
   const std::int64_t B = out.dim(0), C = out.dim(1);
   const std::int32_t* l = labels.data<std::int32_t>();
   float* o = out.data<float>();
@@ -459,8 +440,8 @@ void CpuBackend::one_hot(const Tensor& labels, Tensor& out) {
 }
 
 bool CpuBackend::sgd_update(Tensor& w, const Tensor& g, Tensor* velocity, const SgdUpdate& p) {
-  check_same_f32(w, g, "sgd_update");
-  if (velocity) check_same_f32(w, *velocity, "sgd_update (velocity)");
+  check_devices("sgd_update", device(), {&w, &g, velocity});
+  check_sgd_update(w, g, velocity);
   float* pw = w.data<float>();
   const float* pg = g.data<float>();
   float* pv = velocity ? velocity->data<float>() : nullptr;
@@ -474,14 +455,9 @@ bool CpuBackend::sgd_update(Tensor& w, const Tensor& g, Tensor* velocity, const 
 }
 
 bool CpuBackend::adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& p) {
-  check_same_f32(w, g, "adam_update");
-  check_same_f32(w, m, "adam_update (m)");
-  check_same_f32(w, v, "adam_update (v)");
-  if (p.step < 1) DTRAIN_THROW(InvalidArgument, "adam_update: step must be >= 1, got ", p.step);
-  // Keras's form: the bias corrections fold into the step size.
-  const double t = static_cast<double>(p.step);
-  const float step_size = static_cast<float>(p.learning_rate * std::sqrt(1.0 - std::pow(p.beta_2, t)) /
-                                             (1.0 - std::pow(p.beta_1, t)));
+  check_devices("adam_update", device(), {&w, &g, &m, &v});
+  check_adam_update(w, g, m, v, p);
+  const float step_size = adam_step_size(p);
   float* pw = w.data<float>();
   const float* pg = g.data<float>();
   float* pm = m.data<float>();

@@ -10,26 +10,13 @@
 
 #include "dtrain/core/multiversion.h"
 #include "dtrain/core/threads.h"
+#include "dtrain/kernels/checks.h"
 #include "dtrain/kernels/cpu_backend.h"
 
 namespace dtrain::kernels {
 namespace {
 
 constexpr std::int64_t kRowGrain = 256;  // rows per chunk below which a loop stays serial
-
-// The channel count of a channels-last tensor and its rows (every other axis).
-std::int64_t channels_of(const Tensor& t) { return t.rank() == 0 ? 1 : t.dim(-1); }
-std::int64_t rows_of(const Tensor& t) {
-  const std::int64_t c = channels_of(t);
-  return c == 0 ? 0 : t.numel() / c;
-}
-
-void check_channel_vector(const Tensor* v, std::int64_t c, const char* op, const char* what) {
-  if (v == nullptr || !v->defined()) return;
-  v->check_dtype(DType::f32, op);
-  if (!(v->shape() == Shape{c}))
-    DTRAIN_THROW(InvalidArgument, op, ": ", what, " is ", v->shape().to_string(), ", expected [", c, "]");
-}
 
 DTRAIN_MULTIVERSION
 void channel_sums_rows(const float* a, const float* b, const float* center, std::int64_t c, std::int64_t begin,
@@ -78,14 +65,9 @@ void channel_affine_rows(const float* x, const float* scale, const float* shift,
 }  // namespace
 
 void CpuBackend::channel_sums(const Tensor& a, const Tensor& b, const Tensor& center, Tensor& sums) {
-  a.check_dtype(DType::f32, "channel_sums");
-  b.check_dtype(DType::f32, "channel_sums");
-  check_same_shape(a, b, "channel_sums");
-  sums.check_dtype(DType::f32, "channel_sums (output)");
+  check_devices("channel_sums", device(), {&a, &b, &center, &sums});
+  check_channel_sums(a, b, center, sums);
   const std::int64_t c = channels_of(a), rows = rows_of(a);
-  check_channel_vector(&center, c, "channel_sums", "center");
-  if (!(sums.shape() == Shape{2, c}))
-    DTRAIN_THROW(InvalidArgument, "channel_sums: sums is ", sums.shape().to_string(), ", expected [2, ", c, "]");
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   const float* pc = center.data<float>();
@@ -122,21 +104,9 @@ void CpuBackend::channel_sums(const Tensor& a, const Tensor& b, const Tensor& ce
 
 void CpuBackend::channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y, const Tensor* x2,
                                 const Tensor* scale2, bool relu) {
-  x.check_dtype(DType::f32, "channel_affine");
-  y.check_dtype(DType::f32, "channel_affine (output)");
-  check_same_shape(x, y, "channel_affine");
+  check_devices("channel_affine", device(), {&x, &scale, &shift, &y, x2, scale2});
+  check_channel_affine(x, scale, shift, y, x2, scale2);
   const std::int64_t c = channels_of(x), rows = rows_of(x);
-  if (!scale.defined() || !shift.defined())
-    DTRAIN_THROW(InvalidArgument, "channel_affine: needs a scale and a shift");
-  check_channel_vector(&scale, c, "channel_affine", "scale");
-  check_channel_vector(&shift, c, "channel_affine", "shift");
-  if ((x2 == nullptr) != (scale2 == nullptr))
-    DTRAIN_THROW(InvalidArgument, "channel_affine: a second input needs its own scale, and only then");
-  if (x2) {
-    x2->check_dtype(DType::f32, "channel_affine");
-    check_same_shape(x, *x2, "channel_affine");
-    check_channel_vector(scale2, c, "channel_affine", "second scale");
-  }
   const float* px = x.data<float>();
   const float* ps = scale.data<float>();
   const float* pt = shift.data<float>();
@@ -151,15 +121,9 @@ void CpuBackend::channel_affine(const Tensor& x, const Tensor& scale, const Tens
 
 void CpuBackend::layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon, Tensor& y,
                             Tensor& mean, Tensor& inv_std) {
-  x.check_dtype(DType::f32, "layer_norm");
-  y.check_dtype(DType::f32, "layer_norm (output)");
-  check_same_shape(x, y, "layer_norm");
+  check_devices("layer_norm", device(), {&x, &gamma, &beta, &y, &mean, &inv_std});
+  check_layer_norm(x, gamma, beta, y, mean, inv_std);
   const std::int64_t d = channels_of(x), rows = rows_of(x);
-  check_channel_vector(&gamma, d, "layer_norm", "gamma");
-  check_channel_vector(&beta, d, "layer_norm", "beta");
-  if (!(mean.shape() == Shape{rows}) || !(inv_std.shape() == Shape{rows}))
-    DTRAIN_THROW(InvalidArgument, "layer_norm: mean and inv_std must be [", rows, "], got ",
-                 mean.shape().to_string(), " and ", inv_std.shape().to_string());
   const float* px = x.data<float>();
   const float* pg = gamma.defined() ? gamma.data<float>() : nullptr;
   const float* pb = beta.defined() ? beta.data<float>() : nullptr;
@@ -191,16 +155,9 @@ void CpuBackend::layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& 
 
 void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
                                      const Tensor& inv_std, Tensor& dx, Tensor* dgamma, Tensor* dbeta) {
-  x.check_dtype(DType::f32, "layer_norm_backward");
-  dy.check_dtype(DType::f32, "layer_norm_backward");
-  check_same_shape(x, dy, "layer_norm_backward");
-  check_same_shape(x, dx, "layer_norm_backward");
+  check_devices("layer_norm_backward", device(), {&x, &dy, &gamma, &mean, &inv_std, &dx, dgamma, dbeta});
+  check_layer_norm_backward(x, dy, gamma, mean, inv_std, dx, dgamma, dbeta);
   const std::int64_t d = channels_of(x), rows = rows_of(x);
-  check_channel_vector(&gamma, d, "layer_norm_backward", "gamma");
-  check_channel_vector(dgamma, d, "layer_norm_backward", "dgamma");
-  check_channel_vector(dbeta, d, "layer_norm_backward", "dbeta");
-  if (!(mean.shape() == Shape{rows}) || !(inv_std.shape() == Shape{rows}))
-    DTRAIN_THROW(InvalidArgument, "layer_norm_backward: mean and inv_std must be [", rows, "]");
   const float* px = x.data<float>();
   const float* pdy = dy.data<float>();
   const float* pg = gamma.defined() ? gamma.data<float>() : nullptr;
@@ -250,23 +207,8 @@ void CpuBackend::layer_norm_backward(const Tensor& x, const Tensor& dy, const Te
 
 void CpuBackend::copy_block(const Tensor& src, const Block& from, Tensor& dst, const Block& to, std::int64_t outer,
                             std::int64_t rows, std::int64_t width) {
-  src.check_defined("copy_block");
-  dst.check_defined("copy_block");
-  if (src.dtype() != dst.dtype())
-    DTRAIN_THROW(InvalidArgument, "copy_block: source and destination differ in dtype (", dtype_name(src.dtype()),
-                 " and ", dtype_name(dst.dtype()), ")");
-  if (outer < 0 || rows < 0 || width < 0)
-    DTRAIN_THROW(InvalidArgument, "copy_block: a block of [", outer, ", ", rows, ", ", width, "] elements");
-  if (outer == 0 || rows == 0 || width == 0) return;
-  auto check = [&](const Tensor& t, const Block& b, const char* which) {
-    const std::int64_t last = b.offset + (outer - 1) * b.outer_stride + (rows - 1) * b.row_stride + width;
-    if (b.offset < 0 || b.outer_stride < 0 || b.row_stride < 0 || last > t.numel())
-      DTRAIN_THROW(InvalidArgument, "copy_block: a [", outer, ", ", rows, ", ", width, "] block at offset ", b.offset,
-                   " (strides ", b.outer_stride, ", ", b.row_stride, ") does not fit the ", which, " ",
-                   t.shape().to_string());
-  };
-  check(src, from, "source");
-  check(dst, to, "destination");
+  check_devices("copy_block", device(), {&src, &dst});
+  if (!check_copy_block(src, from, dst, to, outer, rows, width)) return;
   const std::size_t elem = dtype_size(src.dtype());
   const char* ps = static_cast<const char*>(src.raw_data());
   char* pd = static_cast<char*>(dst.raw_data());

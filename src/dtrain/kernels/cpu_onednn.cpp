@@ -6,6 +6,8 @@
 // allocator, so executing a cached primitive allocates no tensor memory.
 #include "dtrain/kernels/onednn_internal.h"
 
+#include "dtrain/kernels/checks.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -28,39 +30,9 @@ PrimitiveCacheStats CpuBackend::cache_stats() const {
 
 // a[M,K] (or [K,M] transposed) · b[K,N] (or [N,K] transposed) -> c[M,N].
 void CpuBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& o) {
-  a.check_defined("matmul");
-  b.check_defined("matmul");
-  c.check_dtype(DType::f32, "matmul (output)");
-  if (a.rank() != 2 || b.rank() != 2 || c.rank() != 2)
-    DTRAIN_THROW(InvalidArgument, "matmul: expects 2-D operands, got a ", a.shape().to_string(), ", b ",
-                 b.shape().to_string(), ", c ", c.shape().to_string());
-  if (a.dtype() != b.dtype() || (a.dtype() != DType::f32 && a.dtype() != DType::bf16))
-    DTRAIN_THROW(InvalidArgument, "matmul: operands must both be float32 or both bfloat16, got ",
-                 dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
-  const std::int64_t M = o.transpose_a ? a.dim(1) : a.dim(0);
-  const std::int64_t K = o.transpose_a ? a.dim(0) : a.dim(1);
-  const std::int64_t Kb = o.transpose_b ? b.dim(1) : b.dim(0);
-  const std::int64_t width = o.transpose_b ? b.dim(0) : b.dim(1);  // b's and c's columns
-  const bool block = o.column_begin != 0 || o.column_end != -1;
-  const std::int64_t col0 = o.column_begin, col1 = o.column_end == -1 ? width : o.column_end;
-  if (block && (o.transpose_b || o.bias || o.activation != Activation::linear || col0 < 0 || col1 < col0 ||
-                col1 > width))
-    DTRAIN_THROW(InvalidArgument, "matmul: columns [", col0, ", ", col1, ") of b ", b.shape().to_string(),
-                 o.transpose_b ? "ᵀ" : "", o.bias ? " with a bias" : "",
-                 ": a column block needs b untransposed, no bias or activation, and 0 <= begin <= end <= ", width);
-  const std::int64_t N = col1 - col0;
-  if (K != Kb || c.dim(0) != M || c.dim(1) != width)
-    DTRAIN_THROW(InvalidArgument, "matmul: shapes do not agree: a ", a.shape().to_string(),
-                 o.transpose_a ? "ᵀ" : "", " · b ", b.shape().to_string(), o.transpose_b ? "ᵀ" : "",
-                 " -> c ", c.shape().to_string());
-  if (o.bias) {
-    o.bias->check_dtype(DType::f32, "matmul (bias)");
-    if (o.bias->numel() != N)
-      DTRAIN_THROW(InvalidArgument, "matmul: bias has shape ", o.bias->shape().to_string(),
-                   ", expected [", N, "]");
-  }
-  if (o.accumulate && (o.activation != Activation::linear || o.bias))
-    DTRAIN_THROW(InvalidArgument, "matmul: accumulate cannot be combined with a bias or activation");
+  check_devices("matmul", device(), {&a, &b, &c, o.bias});
+  const MatmulDims d = check_matmul(a, b, c, o);
+  const std::int64_t M = d.m, K = d.k, N = d.n, width = d.width, col0 = d.column_begin, col1 = d.column_end;
   if (M == 0 || N == 0) return;
   if (K == 0) {  // an empty sum: act(bias) or unchanged when accumulating
     if (o.accumulate) return;
@@ -148,13 +120,12 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matmu
 }
 
 void CpuBackend::unary(Unary op, const Tensor& x, Tensor& y, float alpha, float beta) {
+  check_devices("unary", device(), {&x, &y});
+  check_unary(op, x, y);
   if (op == Unary::linear && x.dtype() == DType::u8) {
     linear_from_bytes(x, alpha, beta, y);
     return;
   }
-  x.check_dtype(DType::f32, "unary");
-  y.check_dtype(DType::f32, "unary (output)");
-  check_same_shape(x, y, "unary");
   const std::int64_t n = x.numel();
   if (n == 0) return;
   if (op == Unary::clip) {  // oneDNN's clip maps NaN into the range; NaN stays NaN, as in TensorFlow
@@ -180,11 +151,8 @@ void CpuBackend::unary(Unary op, const Tensor& x, Tensor& y, float alpha, float 
 
 void CpuBackend::unary_backward(Unary op, const Tensor& saved, const Tensor& dy, Tensor& dx, float alpha,
                                 float beta) {
-  saved.check_dtype(DType::f32, "unary_backward");
-  dy.check_dtype(DType::f32, "unary_backward (dy)");
-  dx.check_dtype(DType::f32, "unary_backward (dx)");
-  check_same_shape(saved, dy, "unary_backward");
-  check_same_shape(dy, dx, "unary_backward");
+  check_devices("unary_backward", device(), {&saved, &dy, &dx});
+  check_unary_backward(saved, dy, dx);
   const std::int64_t n = dy.numel();
   if (n == 0) return;
   if (op == Unary::linear) {  // the derivative is the constant alpha
@@ -211,13 +179,8 @@ void CpuBackend::unary_backward(Unary op, const Tensor& saved, const Tensor& dy,
 }
 
 void CpuBackend::binary(Binary op, const Tensor& a, const Tensor& b, Tensor& c) {
-  a.check_dtype(DType::f32, "binary");
-  b.check_dtype(DType::f32, "binary");
-  c.check_dtype(DType::f32, "binary (output)");
-  const Shape out = broadcast_shapes(a.shape(), b.shape(), "binary");
-  if (!(out == c.shape()))
-    DTRAIN_THROW(InvalidArgument, "binary: output shape ", c.shape().to_string(), " is not the broadcast of ",
-                 a.shape().to_string(), " and ", b.shape().to_string(), " (", out.to_string(), ")");
+  check_devices("binary", device(), {&a, &b, &c});
+  check_binary(a, b, c);
   if (c.numel() == 0) return;
   const bool commutes = op == Binary::add || op == Binary::mul || op == Binary::max || op == Binary::min;
   const Tensor* src0 = &a;
@@ -247,18 +210,9 @@ void CpuBackend::binary(Binary op, const Tensor& a, const Tensor& b, Tensor& c) 
 }
 
 void CpuBackend::reduce(Reduce op, const Tensor& x, Tensor& y) {
-  x.check_dtype(DType::f32, "reduce");
-  y.check_dtype(DType::f32, "reduce (output)");
-  const int rank = std::max(1, x.rank());
-  if (y.rank() > x.rank())
-    DTRAIN_THROW(InvalidArgument, "reduce: output shape ", y.shape().to_string(), " has a higher rank than input ",
-                 x.shape().to_string());
-  const auto dx = dims_of(x.shape());
-  const auto dy = padded_dims(y.shape(), rank);
-  for (int i = 0; i < rank; ++i)
-    if (dy[i] != dx[i] && dy[i] != 1)
-      DTRAIN_THROW(InvalidArgument, "reduce: cannot reduce shape ", x.shape().to_string(), " to ",
-                   y.shape().to_string(), " (axis ", i, ")");
+  check_devices("reduce", device(), {&x, &y});
+  const ReduceDims dims = check_reduce(x, y);
+  const dnnl::memory::dims dx(dims.x.begin(), dims.x.end()), dy(dims.y.begin(), dims.y.end());
   if (y.numel() == 0) return;
   if (x.numel() == 0) {
     fill(y, op == Reduce::max ? -std::numeric_limits<float>::infinity()
@@ -287,10 +241,8 @@ void CpuBackend::reduce(Reduce op, const Tensor& x, Tensor& y) {
 }
 
 void CpuBackend::softmax(const Tensor& x, Tensor& y, bool log) {
-  x.check_dtype(DType::f32, "softmax");
-  y.check_dtype(DType::f32, "softmax (output)");
-  check_same_shape(x, y, "softmax");
-  if (x.rank() == 0) DTRAIN_THROW(InvalidArgument, "softmax: needs at least one axis, got a scalar");
+  check_devices("softmax", device(), {&x, &y});
+  check_softmax(x, y, "softmax");
   if (x.numel() == 0) return;
   const auto d = dims_of(x.shape());
   const auto md = plain_desc(d, dt::f32);
@@ -306,10 +258,9 @@ void CpuBackend::softmax(const Tensor& x, Tensor& y, bool log) {
 }
 
 void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx, bool log) {
-  y.check_dtype(DType::f32, "softmax_backward");
-  check_same_shape(y, dy, "softmax_backward");
-  check_same_shape(y, dx, "softmax_backward");
-  if (y.rank() == 0) DTRAIN_THROW(InvalidArgument, "softmax_backward: needs at least one axis");
+  check_devices("softmax_backward", device(), {&y, &dy, &dx});
+  check_softmax(y, dy, "softmax_backward");
+  check_softmax(y, dx, "softmax_backward");
   if (y.numel() == 0) return;
   const auto d = dims_of(y.shape());
   const auto md = plain_desc(d, dt::f32);
@@ -329,13 +280,8 @@ void CpuBackend::softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx,
 }
 
 void CpuBackend::convert(const Tensor& x, Tensor& y) {
-  x.check_defined("convert");
-  y.check_defined("convert");
-  check_same_shape(x, y, "convert");
-  auto floating = [](DType d) { return d == DType::f32 || d == DType::bf16; };
-  if (!floating(x.dtype()) || !floating(y.dtype()))
-    DTRAIN_THROW(InvalidArgument, "convert: supports float32 <-> bfloat16, got ", dtype_name(x.dtype()), " -> ",
-                 dtype_name(y.dtype()));
+  check_devices("convert", device(), {&x, &y});
+  check_convert(x, y);
   const std::int64_t n = x.numel();
   if (n == 0) return;
   if (x.dtype() == y.dtype()) {

@@ -52,7 +52,9 @@ Tensor Loss::operator()(const Tensor& y_true, const Tensor& y_pred, const Tensor
   y_pred.check_defined(name_.c_str());
   sample_weight.check_defined(name_.c_str());
   const Tensor per_example = call(y_true, y_pred);
-  Tensor weight = sample_weight.dtype() == DType::f32 ? sample_weight : sample_weight.astype(DType::f32);
+  // The weights join the losses' device (given from the host for a model on a GPU).
+  Tensor weight = (sample_weight.dtype() == DType::f32 ? sample_weight : sample_weight.astype(DType::f32))
+                      .to(per_example.device());
   if (weight.numel() == 1) return reduced(mul(per_example, weight.rank() > 0 ? reshape(weight, Shape{}) : weight));
   std::vector<std::int64_t> dims = weight.shape().to_vector();
   if (weight.rank() == per_example.rank() + 1 && dims.back() == 1) dims.pop_back();  // [batch, 1] for [batch]
@@ -75,7 +77,7 @@ Tensor Loss::reduced(const Tensor& per_example) const {
     case Reduction::sum: return reduce_sum(per_example);
     case Reduction::sum_over_batch_size:
       // An empty batch has loss 0, not NaN.
-      if (per_example.numel() == 0) return Tensor::scalar(0.0f);
+      if (per_example.numel() == 0) return Tensor::scalar(0.0f).to(per_example.device());
       return reduce_mean(per_example);
   }
   return per_example;

@@ -8,13 +8,14 @@
 namespace dtrain::metrics {
 namespace {
 
+// Each row's class, computed on the predictions' device and read on the host.
 Tensor argmax_of(const Tensor& y_pred, const std::string& metric) {
   y_pred.check_dtype(DType::f32, metric.c_str());
   if (y_pred.rank() != 2)
     DTRAIN_THROW(InvalidArgument, metric, ": predictions must be [batch, classes], got ", y_pred.shape().to_string());
-  Tensor idx = Tensor::empty({y_pred.dim(0)}, DType::i32);
+  Tensor idx = Tensor::empty({y_pred.dim(0)}, DType::i32, y_pred.device());
   kernels::backend(y_pred.device()).argmax(y_pred, idx);
-  return idx;
+  return idx.to(Device::cpu());
 }
 
 }  // namespace
@@ -28,8 +29,9 @@ void SparseCategoricalAccuracy::update_state(const Tensor& y_true, const Tensor&
   const std::int32_t* p = pred.data<std::int32_t>();
   const std::int64_t n = pred.numel();
   double correct = 0;
-  if (y_true.dtype() == DType::i32) {  // the usual case, without a copy
-    const std::int32_t* labels = y_true.data<std::int32_t>();
+  if (y_true.dtype() == DType::i32) {  // the usual case, without a conversion
+    const Tensor on_host = y_true.to(Device::cpu());
+    const std::int32_t* labels = on_host.data<std::int32_t>();
     for (std::int64_t i = 0; i < n; ++i) correct += p[i] == labels[i] ? 1 : 0;
   } else {
     const std::vector<float> labels = y_true.to_vector();

@@ -134,9 +134,10 @@ std::vector<Tensor> Model::operator()(std::span<const Tensor> inputs, bool train
   if (inputs.size() != inputs_.size())
     DTRAIN_THROW(InvalidArgument, "model '", name_, "' takes ", inputs_.size(), " inputs, got ", inputs.size());
   std::unordered_map<const GraphNode*, Tensor> values;
+  const Device where = device();
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    const Tensor& x = inputs[i];
-    x.check_defined(name_.c_str());
+    inputs[i].check_defined(name_.c_str());
+    const Tensor x = inputs[i].to(where);
     const Shape& want = inputs_[i].shape();
     bool fits = x.rank() == want.rank();
     for (int d = 1; fits && d < want.rank(); ++d) fits = x.dim(d) == want[d];
@@ -240,7 +241,7 @@ Tensor Model::operator()(const Tensor& x, bool training) {
     std::vector<std::int64_t> dims(x.shape().dims().begin() + (x.rank() > 0 ? 1 : 0), x.shape().dims().end());
     build(Shape(dims));
   }
-  Tensor h = x;
+  Tensor h = x.to(device());
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     // A batch norm and the relu after it run as one pass.
     auto* bn = dynamic_cast<nn::BatchNormalization*>(layers_[i].get());
@@ -294,6 +295,13 @@ std::vector<metrics::Metric*> Model::metrics() const {
 
 void Model::reset_metrics() {
   for (auto& m : metrics_) m->reset_state();
+}
+
+Device Model::device() const {
+  if (device_) return *device_;
+  for (const auto& l : layers_)
+    for (Variable* v : l->variables()) return *(device_ = v->value_device());  // weights stay where made
+  return placement();
 }
 
 std::vector<Variable*> Model::variables() const {
@@ -735,7 +743,7 @@ Logs Model::run_evaluation(BatchSource& source, const std::string& prefix, bool 
   while (source.next(xb, yb)) {
     ++batches;
     Tensor y_pred = (*this)(xb, /*training=*/false);
-    loss_mean.update_state(mean_value((*loss_)(yb, y_pred)), static_cast<double>(xb.dim(0)));
+    loss_mean.update_state(mean_value((*loss_)(yb.to(y_pred.device()), y_pred)), static_cast<double>(xb.dim(0)));
     for (auto& m : metrics_) m->update_state(yb, y_pred);
   }
   if (across_workers) {
@@ -864,7 +872,8 @@ std::string Model::summary() const {
 
 void Model::save_weights(const std::string& path) const {
   NamedTensors data;
-  for (Variable* v : variables()) data.tensors.emplace_back(v->name(), v->value());
+  // Weights on a GPU are written from host copies: the file does not depend on the device.
+  for (Variable* v : variables()) data.tensors.emplace_back(v->name(), v->value().to(Device::cpu()));
   data.metadata["format"] = "dtrain";
   data.metadata["model"] = name_;
   save_safetensors(path, data);

@@ -103,9 +103,14 @@ class Model {
   std::optional<Shape> input_shape() const { return input_shape_; }
   Shape output_shape() const;
 
+  // Inputs on another device than the model's weights are copied to theirs first (as
+  // Keras copies NumPy arrays to the GPU); inside the model nothing is copied.
   Tensor operator()(const Tensor& x, bool training = false);
   // A functional model of several inputs or outputs: one tensor per input, in order.
   std::vector<Tensor> operator()(std::span<const Tensor> inputs, bool training = false);
+  // Where the model's weights are (its first variable's device); before they exist, where
+  // they would be made: the calling thread's placement (core/device.h).
+  Device device() const;
   // Whether the model is a functional graph (else a Sequential stack).
   bool functional() const { return !graph_.empty(); }
   const std::vector<KerasTensor>& inputs() const { return inputs_; }
@@ -244,6 +249,7 @@ class Model {
   std::shared_ptr<losses::Loss> loss_;
   std::vector<std::unique_ptr<metrics::Metric>> metrics_;
   std::shared_ptr<StrategyBackend> strategy_ = current_strategy();
+  mutable std::optional<Device> device_;  // the weights' device, once they exist
   std::optional<NonFinite> non_finite_;
   // fit()'s position, kept up to date for fit_position() without allocating per step.
   int fit_epoch_ = 0;

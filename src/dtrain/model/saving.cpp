@@ -122,7 +122,8 @@ std::set<std::string> restore_compile(const std::string& path, const NamedTensor
 
 void Model::save(const std::string& path) const {
   NamedTensors data;
-  for (Variable* v : variables()) data.tensors.emplace_back(v->name(), v->value());
+  // Weights and slots on a GPU are written from host copies: the file does not depend on the device.
+  for (Variable* v : variables()) data.tensors.emplace_back(v->name(), v->value().to(Device::cpu()));
   data.metadata[kModelKey] = to_json();
   json rng = json::object();
   for (const auto& l : layers_)
@@ -137,7 +138,7 @@ void Model::save(const std::string& path) const {
         json{{"optimizer", optimizer_to_json(*optimizer_)}, {"loss", loss_to_json(*loss_)}, {"metrics", metric_names}}.dump();
     data.metadata[kIterationsKey] = std::to_string(optimizer_->iterations());
     for (Variable* v : variables())
-      for (const auto& [slot, t] : optimizer_->slots(*v)) data.tensors.emplace_back(slot_key(*v, slot), *t);
+      for (const auto& [slot, t] : optimizer_->slots(*v)) data.tensors.emplace_back(slot_key(*v, slot), t->to(Device::cpu()));
   }
   save_checked(path, data);
 }

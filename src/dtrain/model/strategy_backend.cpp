@@ -26,12 +26,17 @@ namespace detail {
 
 ScopedStrategy::ScopedStrategy(std::shared_ptr<StrategyBackend> strategy)
     : saved_(current_slot()), saved_scope_(creation_scope()) {
+  if (strategy && strategy->placement()) {
+    saved_placement_ = detail::exchange_placement(strategy->placement());
+    placed_ = true;
+  }
   detail::set_creation_scope(strategy ? strategy->id() : 0);
   current_slot() = std::move(strategy);
 }
 
 ScopedStrategy::ScopedStrategy(ScopedStrategy&& other) noexcept
-    : active_(other.active_), saved_(std::move(other.saved_)), saved_scope_(other.saved_scope_) {
+    : active_(other.active_), saved_(std::move(other.saved_)), saved_scope_(other.saved_scope_),
+      placed_(other.placed_), saved_placement_(other.saved_placement_) {
   other.active_ = false;
 }
 
@@ -39,6 +44,7 @@ ScopedStrategy::~ScopedStrategy() {
   if (!active_) return;
   current_slot() = std::move(saved_);
   detail::set_creation_scope(saved_scope_);
+  if (placed_) detail::exchange_placement(saved_placement_);
 }
 
 }  // namespace detail

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -155,6 +156,9 @@ class StrategyBackend {
   std::uint64_t id() const { return id_; }
   // Non-null when training steps run in other processes (fit then goes through it).
   virtual RemoteTraining* remote_training() { return nullptr; }
+  // Where scope() places the variables it sees made (OneDeviceStrategy("/gpu:0"): cuda:0);
+  // nullopt leaves the placement as it was.
+  virtual std::optional<Device> placement() const { return std::nullopt; }
 
   // Runs fn(replica) on every replica at once and returns when all are done. A failure
   // stops the other replicas' cross-replica calls; the first one is rethrown, naming its
@@ -193,6 +197,8 @@ class ScopedStrategy {
   bool active_ = true;
   std::shared_ptr<StrategyBackend> saved_;
   std::uint64_t saved_scope_;
+  bool placed_ = false;                   // the strategy set a placement
+  std::optional<Device> saved_placement_;  // the one it replaced
 };
 }  // namespace detail
 

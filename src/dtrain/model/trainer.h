@@ -88,10 +88,18 @@ class Model::Trainer {
       return;
     }
     profile::Track& loop = profiler_.loop();
-    const Clock::time_point start = Clock::now();
+    Clock::time_point start = Clock::now();
+    // On a GPU the batch goes to the weights' device first: an explicit copy, its own phase.
+    const Device device = model_.device();
+    const Tensor xd = x.to(device), yd = y.to(device);
+    if (!device.is_cpu()) {
+      const Clock::time_point copied = Clock::now();
+      loop.add(profile::Phase::to_device, start, copied);
+      start = copied;
+    }
     GradientTape tape;
-    Tensor y_pred = model_(x, /*training=*/true);
-    Tensor loss = (*model_.loss_)(y, y_pred);
+    Tensor y_pred = model_(xd, /*training=*/true);
+    Tensor loss = (*model_.loss_)(yd, y_pred);
     if (vars_.empty()) vars_ = model_.trainable_variables();
     Clock::time_point forward_end = Clock::now(), backward_end;
     loop.add(profile::Phase::forward, start, forward_end);
@@ -106,8 +114,9 @@ class Model::Trainer {
       if (group_.empty()) group_.resize(grads.size());
       for (std::size_t i = 0; i < grads.size(); ++i) {
         if (!grads[i].defined()) continue;
-        if (!buffers_[i].defined()) buffers_[i] = Tensor::empty(grads[i].shape());
-        if (group_[i].defined()) kernels::backend().binary(kernels::Binary::add, buffers_[i], grads[i], buffers_[i]);
+        if (!buffers_[i].defined()) buffers_[i] = Tensor::empty(grads[i].shape(), DType::f32, grads[i].device());
+        if (group_[i].defined())
+          kernels::backend(grads[i].device()).binary(kernels::Binary::add, buffers_[i], grads[i], buffers_[i]);
         else buffers_[i].copy_from(grads[i]);
         group_[i] = buffers_[i];
       }
@@ -120,8 +129,16 @@ class Model::Trainer {
     const Clock::time_point optimizer_end = Clock::now();
     loop.add(profile::Phase::backward, forward_end, backward_end);
     loop.add(update_phase_, backward_end, optimizer_end);
-    record(y, y_pred, detail::mean_value(loss), x.dim(0), loss_mean);
-    loop.add(profile::Phase::metrics, optimizer_end, Clock::now());
+    // The loss's value waits for the GPU's queued work: on a GPU, the host's forward,
+    // backward and optimizer phases were launches, and this wait is the rest of the work.
+    const double loss_value = detail::mean_value(loss);
+    Clock::time_point metrics_start = optimizer_end;
+    if (!device.is_cpu()) {
+      metrics_start = Clock::now();
+      loop.add(profile::Phase::device_wait, optimizer_end, metrics_start);
+    }
+    record(y, y_pred, loss_value, x.dim(0), loss_mean);
+    loop.add(profile::Phase::metrics, metrics_start, Clock::now());
   }
 
  private:

@@ -1,6 +1,7 @@
 // Layer building, input checks and weight bookkeeping.
 #include "dtrain/nn/layer.h"
 
+#include "dtrain/core/block_cache.h"
 #include "dtrain/core/replica.h"
 
 namespace dtrain::nn {
@@ -31,7 +32,12 @@ void Layer::build(const Shape& input_shape) {
 Tensor Layer::operator()(const Tensor& x, bool training) {
   x.check_defined(name_.c_str());
   build(x.shape());
+  const AllocationTag tag(&tag_);
   try {
+    // An input from another device joins the weights (as Keras copies NumPy inputs to the
+    // GPU); the ops inside never copy.
+    if (!weights_.empty() && !(x.device() == weights_.front()->value_device()))
+      return call(x.to(weights_.front()->value_device()), training);
     return call(x, training);
   } catch (const Unsupported&) {  // oneDNN refused the layer's settings: say which layer
     rethrow_with_context(std::current_exception(),
@@ -50,6 +56,7 @@ Tensor Layer::operator()(std::span<const Tensor> inputs, bool training) {
     shapes.push_back(x.shape());
   }
   compute_output_shape_of(shapes);  // checks the inputs against each other (no weights to build)
+  const AllocationTag tag(&tag_);
   return call_several(inputs, training);
 }
 
@@ -66,6 +73,7 @@ Tensor Layer::call_several(std::span<const Tensor> inputs, bool training) {
 void Layer::set_name(std::string name) {
   if (built()) fail("cannot be renamed after it is built");
   name_ = std::move(name);
+  tag_ = "layer '" + name_ + "'";
 }
 
 void Layer::rename(const std::string& name) {
@@ -74,10 +82,14 @@ void Layer::rename(const std::string& name) {
     w->set_name(name + old.substr(name_.size()));  // "<layer>/<weight>"
   }
   name_ = name;
+  tag_ = "layer '" + name_ + "'";
 }
 
 Variable& Layer::add_weight(const std::string& name, Tensor initial, bool trainable) {
-  weights_.push_back(std::make_unique<Variable>(name_ + "/" + name, std::move(initial), trainable && trainable_));
+  // Created on the host by the initializers, the weights live where the placement says
+  // (TensorFlow's `with tf.device(...)`, a GPU by default where fit or Python ran "auto").
+  weights_.push_back(
+      std::make_unique<Variable>(name_ + "/" + name, initial.to(placement()), trainable && trainable_));
   return *weights_.back();
 }
 

@@ -18,12 +18,14 @@ namespace dtrain::nn {
 class Layer {
  public:
   // The layer takes the global dtype policy in force when it is created.
-  explicit Layer(std::string name) : name_(std::move(name)), policy_(global_policy()) {}
+  explicit Layer(std::string name)
+      : name_(std::move(name)), tag_("layer '" + name_ + "'"), policy_(global_policy()) {}
   virtual ~Layer() = default;
   Layer(const Layer&) = delete;
   Layer& operator=(const Layer&) = delete;
 
   // Builds on the first call, then runs the layer. `training` switches dropout and the like.
+  // An input on another device than the layer's weights is copied to theirs first.
   Tensor operator()(const Tensor& x, bool training = false);
   // Layers that join several inputs (Add, Concatenate) take them as a list; any other layer
   // takes a list of one.
@@ -72,6 +74,7 @@ class Layer {
 
  private:
   std::string name_;
+  std::string tag_;  // "layer 'name'": who asks for memory while the layer runs (AllocationTag)
   bool trainable_ = true;
   DTypePolicy policy_;
   std::optional<Shape> input_shape_;

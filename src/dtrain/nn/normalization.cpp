@@ -2,6 +2,7 @@
 #include "dtrain/nn/normalization.h"
 
 #include "dtrain/core/replica.h"
+#include "dtrain/kernels/backend.h"
 #include "dtrain/nn/initializers.h"
 
 namespace dtrain::nn {
@@ -88,13 +89,13 @@ Tensor BatchNormalization::normalize(const Tensor& x, bool training, bool relu) 
   // Every replica holds the same figures now; the first of each process writes them into
   // the variables the replicas share (outside any tape).
   if (replica.replica_id == 0) {
-    float* mm = moving_mean_->mutable_value().data<float>();
-    float* mv = moving_variance_->mutable_value().data<float>();
+    // moving = moving * momentum + batch * (1 - momentum), on the variables' device.
     const float m = options_.momentum;
-    for (std::int64_t j = 0; j < c; ++j) {
-      mm[j] = mm[j] * m + mean.data<float>()[j] * (1.0f - m);
-      mv[j] = mv[j] * m + variance.data<float>()[j] * (1.0f - m);
-    }
+    Tensor& mm = moving_mean_->mutable_value();
+    Tensor& mv = moving_variance_->mutable_value();
+    auto& be = kernels::backend(mm.device());
+    be.axpby(1.0f - m, mean, m, mm);
+    be.axpby(1.0f - m, variance, m, mv);
   }
   return y;
 }

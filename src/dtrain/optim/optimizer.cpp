@@ -72,17 +72,17 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
     if (!(grads[i].shape() == vars[i]->shape()) || grads[i].dtype() != vars[i]->dtype() ||
         !(grads[i].device() == vars[i]->value_device()))
       DTRAIN_THROW(InvalidArgument, name_, ": gradient ", dtype_name(grads[i].dtype()), " ",
-                   grads[i].shape().to_string(), " does not match variable '", vars[i]->name(), "' ",
-                   dtype_name(vars[i]->dtype()), " ", vars[i]->shape().to_string());
+                   grads[i].shape().to_string(), " on ", grads[i].device().to_string(), " does not match variable '",
+                   vars[i]->name(), "' ", dtype_name(vars[i]->dtype()), " ", vars[i]->shape().to_string(), " on ",
+                   vars[i]->value_device().to_string());
   }
   // Norms cost a pass over every gradient, so they are computed only when clipping needs them.
   if (options_.clipnorm || options_.global_clipnorm) {
-    auto& be = kernels::backend();
     norms_.assign(vars.size(), 0.0);  // the member keeps its capacity: no allocation per step
     double total = 0.0;
     for (size_t i = 0; i < vars.size(); ++i) {
       if (!grads[i].defined()) continue;
-      norms_[i] = be.sum_squares(grads[i]);
+      norms_[i] = kernels::backend(grads[i].device()).sum_squares(grads[i]);
       total += norms_[i];
     }
     last_global_norm_ = std::sqrt(total);
@@ -101,15 +101,29 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
     }
     if (!update(vars[i]->value_for_update(), grads[i], slots_of(*vars[i]), lr, scale))
       wrote_non_finite_.store(true, std::memory_order_relaxed);
+    note_device(vars[i]->value_device());
   }
   ++iterations_;
+}
+
+void Optimizer::note_device(Device device) {
+  if (device.is_cpu()) return;
+  for (const Device& d : deferred_devices_)
+    if (d == device) return;
+  deferred_devices_.push_back(device);
+}
+
+bool Optimizer::take_non_finite() {
+  bool bad = wrote_non_finite_.exchange(false, std::memory_order_relaxed);
+  for (const Device& d : deferred_devices_) bad |= kernels::backend(d).take_deferred_non_finite();
+  return bad;
 }
 
 std::vector<Tensor>& Optimizer::slots_of(const Variable& v) {
   if (slot_count_ < 0) slot_count_ = static_cast<int>(slot_names().size());  // fixed at construction
   auto& slots = slots_[v.id()];
   if (slots.empty())  // first update of this variable
-    for (int s = 0; s < slot_count_; ++s) slots.push_back(Tensor::zeros(v.shape()));
+    for (int s = 0; s < slot_count_; ++s) slots.push_back(Tensor::zeros(v.shape(), DType::f32, v.value_device()));
   return slots;
 }
 

@@ -62,7 +62,8 @@ class Optimizer {
 
   // Whether some update has written a NaN or an infinity into a variable since the last
   // call (checked in the update's own pass, so it costs no extra read); the call clears it.
-  bool take_non_finite() { return wrote_non_finite_.exchange(false, std::memory_order_relaxed); }
+  // On a GPU it waits for the updates queued so far.
+  bool take_non_finite();
 
   // Per-variable state ("m", "v", "momentum"), for checkpoints. Empty before the first
   // update, unless `create` (a checkpoint being restored): then made as zeros.
@@ -87,6 +88,9 @@ class Optimizer {
   int slot_count_ = -1;  // slot_names().size(), read once (virtual: not in the constructor)
   float shared_lr_ = 0.0f;  // the learning rate of the shared update under way
   std::atomic<bool> wrote_non_finite_{false};  // set by any share's update
+  // Devices whose updates report non-finite weights later (GPUs: kernels run after the call).
+  std::vector<Device> deferred_devices_;
+  void note_device(Device device);
   std::vector<Tensor>& slots_of(const Variable& v);
   // Keyed by the variable's value identity (tensor ids are never reused), not its address.
   std::unordered_map<std::uint64_t, std::vector<Tensor>> slots_;

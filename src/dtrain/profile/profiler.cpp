@@ -59,6 +59,8 @@ const char* phase_name(Phase phase) {
     case Phase::metrics: return "metrics";
     case Phase::setup: return "setup";
     case Phase::replica_start: return "replica start";
+    case Phase::to_device: return "to device";
+    case Phase::device_wait: return "device wait";
   }
   return "?";
 }

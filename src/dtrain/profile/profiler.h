@@ -32,8 +32,10 @@ enum class Phase : std::uint8_t {
   metrics,         // loss and metrics bookkeeping, callbacks, progress
   setup,           // the first step's building: model, gradient buckets, workers' agreement
   replica_start,   // from the step's hand-off to the replica threads until each one ran
+  to_device,       // copying the batch to the GPU the model trains on
+  device_wait,     // the host waited for the GPU to finish the step's queued work
 };
-inline constexpr int kPhases = 11;
+inline constexpr int kPhases = 13;
 // The steady steps whose work a run's summary keeps, for the doctor's replay of the run.
 inline constexpr std::size_t kStepsReplayed = 1000;
 const char* phase_name(Phase phase);  // "input wait", "forward", ...

@@ -13,15 +13,17 @@ using detail::fixed;
 using detail::percent;
 
 // The phases a table shows, in step order (push and pull only where some worker has them).
-constexpr Phase kShown[] = {Phase::setup,         Phase::input_wait, Phase::replica_start, Phase::forward,
-                            Phase::backward,      Phase::communication, Phase::straggler_wait, Phase::optimizer,
-                            Phase::push,          Phase::pull,          Phase::metrics};
+constexpr Phase kShown[] = {Phase::setup,          Phase::input_wait, Phase::to_device,      Phase::replica_start,
+                            Phase::forward,        Phase::backward,   Phase::communication,  Phase::straggler_wait,
+                            Phase::optimizer,      Phase::push,       Phase::pull,           Phase::device_wait,
+                            Phase::metrics};
 
 // Phases a line or table leaves out where they took no time (communication on one
 // device, the optimizer where parameter servers apply the updates).
 bool optional(Phase p) {
   return p == Phase::push || p == Phase::pull || p == Phase::straggler_wait || p == Phase::setup ||
-         p == Phase::replica_start || p == Phase::communication || p == Phase::optimizer;
+         p == Phase::replica_start || p == Phase::communication || p == Phase::optimizer || p == Phase::to_device ||
+         p == Phase::device_wait;
 }
 
 }  // namespace

@@ -1,0 +1,87 @@
+"""Devices as TensorFlow's programs ask about them: tf.config, tf.device, tf.test and
+OneDeviceStrategy. Where this machine has no GPU, asking for one is an error naming what
+was found; where it has one, the same program trains there."""
+import numpy as np
+import pytest
+
+import dtrain as tf
+
+HAS_GPU = bool(tf.config.list_physical_devices("GPU"))
+
+
+def test_the_cpu_is_listed_and_gpus_as_the_machine_has_them():
+    cpus = tf.config.list_physical_devices("CPU")
+    assert cpus == [tf.config.PhysicalDevice("/physical_device:CPU:0", "CPU")]
+    assert cpus[0].device_type == "CPU"
+    gpus = tf.config.list_physical_devices("GPU")
+    assert all(g.device_type == "GPU" and g.name.startswith("/physical_device:GPU:") for g in gpus)
+    assert tf.config.list_physical_devices() == cpus + gpus
+    assert [d.name for d in tf.config.list_logical_devices("CPU")] == ["/device:CPU:0"]
+    assert tf.test.is_gpu_available() == HAS_GPU
+    assert tf.test.gpu_device_name() == ("/device:GPU:0" if HAS_GPU else "")
+    assert isinstance(tf.test.is_built_with_cuda(), bool)
+    if not HAS_GPU:
+        assert "no GPU" in tf.config.describe_gpus()
+    with pytest.raises(ValueError, match="device_type"):
+        tf.config.list_physical_devices("TPU")
+
+
+def test_tensors_say_where_they_are_and_the_cpu_placement_nests():
+    t = tf.constant([1.0, 2.0])
+    assert t.device.endswith("/device:CPU:0") or t.device.endswith("/device:GPU:0")
+    with tf.device("/CPU:0"):
+        v = tf.Variable(np.ones((2, 2), np.float32))
+        with tf.device("cpu"):
+            w = tf.Variable(np.ones((2,), np.float32))
+        model = tf.keras.Sequential([tf.keras.layers.Dense(2, input_shape=(3,))])
+        model.build((None, 3))
+    assert v.value().device.endswith("/device:CPU:0") and w.value().device.endswith("/device:CPU:0")
+    assert all(x.value().device.endswith("/device:CPU:0") for x in model.weights)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
+def test_asking_for_a_gpu_where_there_is_none_names_what_was_found():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cuda:0.*no GPU"):
+        with tf.device("/GPU:0"):
+            pass
+    with pytest.raises(tf.errors.InvalidArgumentError, match="no GPU"):
+        tf.distribute.OneDeviceStrategy("/gpu:0")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not a device name"):
+        with tf.device("/TPU:0"):
+            pass
+    # The failed scope left the placement as it was.
+    assert tf.Variable(np.ones(2, np.float32)).value().device.endswith("/device:CPU:0")
+
+
+def test_tensor_float_32_is_off_until_asked_for():
+    assert tf.config.experimental.tensor_float_32_execution_enabled() is False
+    tf.config.experimental.enable_tensor_float_32_execution(True)
+    try:
+        assert tf.config.experimental.tensor_float_32_execution_enabled() is True
+    finally:
+        tf.config.experimental.enable_tensor_float_32_execution(False)
+    # TensorFlow's programs set memory growth before using a GPU: accepted.
+    for gpu in tf.config.list_physical_devices("GPU"):
+        tf.config.experimental.set_memory_growth(gpu, True)
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+def test_a_model_trains_on_the_gpu_as_on_the_cpu():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((256, 8)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32)
+
+    def trained(device):
+        with tf.device(device):
+            tf.keras.utils.set_random_seed(3)
+            model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu", input_shape=(8,)),
+                                         tf.keras.layers.Dense(2)])
+            model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            model.fit(x, y, epochs=2, batch_size=32, verbose=0, shuffle=False)
+        return model
+
+    on_gpu, on_cpu = trained("/GPU:0"), trained("/CPU:0")
+    assert on_gpu.weights[0].value().device.endswith("GPU:0")
+    for a, b in zip(on_gpu.weights, on_cpu.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
+    assert tf.config.experimental.get_memory_info("GPU:0")["current"] > 0

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, in two halves:
+#
+#   scripts/gpu-check.sh prepare   on a machine with the CUDA toolkit (no GPU needed): builds
+#                                  the release preset, and packs into .gpu/ the GPU tests, the
+#                                  GPU benchmark and the dtrain command (stripped), the Debian
+#                                  libraries they load, and Fashion-MNIST.
+#   scripts/gpu-check.sh run       on the GPU machine, from the repository's root with .gpu/
+#                                  beside it: unpacks, finds CUDA's libraries, runs the GPU
+#                                  tests (ctest's `gpu` label: test_conformance, test_gpu),
+#                                  whole runs on Fashion-MNIST (an MLP to >= 88%, and a run
+#                                  killed and resumed to the same bytes), compute-sanitizer,
+#                                  the GPU benchmark beside PyTorch's, then prints one table.
+#
+# `run` needs none of dtrain's build dependencies: the GPU machine has CUDA's runtime
+# libraries, a driver and PyTorch, and nothing else. Everything it prints also goes to
+# $OUT/gpu-check.log when OUT is set. docs/gpu.md records each run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+prepare() {
+  set -e
+  local build=build/release
+  cmake --preset release >/dev/null
+  cmake --build --preset release --target test_conformance test_gpu bench_gpu_mlp dtrain_command
+  rm -rf .gpu
+  mkdir -p .gpu/bundle/bin .gpu/bundle/lib .gpu/fashion-mnist
+  for b in tests/test_conformance tests/test_gpu bench/bench_gpu_mlp dtrain; do
+    cp "$build/$b" .gpu/bundle/bin/
+  done
+  strip --strip-debug .gpu/bundle/bin/*
+  # The libraries the binaries load from Debian (oneDNN, gRPC, Gloo, ...), and the C++
+  # runtime they were built against; glibc and CUDA's own libraries come from the machine.
+  ldd .gpu/bundle/bin/* | awk '/=> \// {print $3}' | sort -u |
+    grep -v -E '/(libc|libm|libpthread|libdl|librt|libresolv)\.so|ld-linux|libcuda\.so' |
+    while read -r lib; do cp -L "$lib" .gpu/bundle/lib/; done
+  strip --strip-unneeded .gpu/bundle/lib/* 2>/dev/null || true
+  tar -C .gpu -cJf .gpu/bundle.tar.xz bundle
+  rm -rf .gpu/bundle
+  cp /usr/share/datasets/fashion-mnist/*.gz .gpu/fashion-mnist/
+  git rev-parse HEAD >.gpu/commit
+  git status --porcelain --untracked-files=no | grep -q . && echo "(with uncommitted changes)" >>.gpu/commit
+  echo "gpu-check: .gpu/ holds $(du -sh .gpu | cut -f1) for commit $(head -c 12 .gpu/commit)"
+}
+
+# Each check adds a row: name, result, figures.
+rows=()
+row() { rows+=("| $1 | $2 | $3 |"); }
+
+log=/dev/null
+say() { echo "$@" | tee -a "$log"; }
+
+run() {
+  [ -n "${OUT:-}" ] && log="$OUT/gpu-check.log" && : >"$log"
+  [ -f .gpu/bundle.tar.xz ] || { say "gpu-check: no .gpu/bundle.tar.xz: run 'scripts/gpu-check.sh prepare' first and carry .gpu"; exit 2; }
+  local root=/tmp/dtrain-gpu
+  rm -rf "$root" && mkdir -p "$root" && tar -C "$root" -xJf .gpu/bundle.tar.xz
+  local bin=$root/bundle/bin
+  say "== commit $(cat .gpu/commit | tr '\n' ' ')"
+  say "== $(date -u +%Y-%m-%dT%H:%M:%SZ) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1)"
+  # CUDA's libraries where this machine keeps them: the toolkit's folder or PyTorch's wheels.
+  local cuda_libs=""
+  for pattern in 'libcublasLt.so.13' 'libcudnn.so.9' 'libnccl.so.2'; do
+    local found
+    found=$(find /usr/local/cuda*/lib* /usr/local/cuda*/targets/*/lib /usr/lib/x86_64-linux-gnu /opt /usr/local/lib \
+                 -name "$pattern" -print -quit 2>/dev/null)
+    [ -n "$found" ] && cuda_libs="$cuda_libs:$(dirname "$found")"
+    say "   $pattern: ${found:-not found}"
+  done
+  export LD_LIBRARY_PATH="$root/bundle/lib$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export DTRAIN_FASHION_MNIST_DIR=$PWD/.gpu/fashion-mnist
+
+  # 1. The GPU tests: every primitive against the CPU backend and a double reference, and
+  # placement, copies, fit, checkpoints and out-of-memory on the GPU.
+  for t in test_conformance test_gpu; do
+    say "== $t"
+    local out
+    out=$(timeout 240 "$bin/$t" --gtest_brief=1 2>&1)
+    local rc=$?
+    echo "$out" | tee -a "$log" | tail -25
+    local passed failed skipped
+    passed=$(echo "$out" | grep -oP '\[  PASSED  \] \K[0-9]+' | tail -1)
+    failed=$(echo "$out" | grep -oP '\[  FAILED  \] \K[0-9]+(?= test)' | tail -1)
+    skipped=$(echo "$out" | grep -oP '\[  SKIPPED \] \K[0-9]+(?= test)' | tail -1)
+    row "$t" "$([ $rc -eq 0 ] && echo passed || echo "FAILED (exit $rc)")" \
+        "${passed:-0} passed, ${failed:-0} failed, ${skipped:-0} skipped"
+  done
+
+  # 2. Whole runs on Fashion-MNIST: the MLP config on the GPU, its test accuracy; then the
+  # same run killed at a step and resumed from its checkpoint, against an uninterrupted one.
+  say "== fashion_mnist MLP on the GPU"
+  local fit_out
+  fit_out=$(timeout 120 "$bin/dtrain" fit examples/configs/fashion_mnist.json --device gpu --verbose 2 \
+            --summary /tmp/fm.json 2>&1)
+  echo "$fit_out" | tee -a "$log" | tail -8
+  local acc
+  acc=$(echo "$fit_out" | grep -oP '^test:.*accuracy \K[0-9.]+' | tail -1)
+  row "Fashion-MNIST MLP, 10 epochs" "$(awk -v a="${acc:-0}" 'BEGIN {print (a >= 0.88 ? "passed" : "FAILED")}')" \
+      "test accuracy ${acc:-none} (>= 0.88 asked)"
+  say "== a run killed at step 300 and resumed, against one uninterrupted"
+  rm -rf /tmp/ck /tmp/whole.safetensors /tmp/resumed.safetensors
+  local common=(fit examples/configs/fashion_mnist.json --device gpu --epochs 2 --verbose 0)
+  timeout 120 "$bin/dtrain" "${common[@]}" --save-weights /tmp/whole.safetensors >>"$log" 2>&1
+  timeout 120 "$bin/dtrain" "${common[@]}" --checkpoint-dir /tmp/ck --checkpoint-every 100 \
+    --fault-kill worker:0:300 >>"$log" 2>&1
+  timeout 120 "$bin/dtrain" "${common[@]}" --checkpoint-dir /tmp/ck --checkpoint-every 100 \
+    --save-weights /tmp/resumed.safetensors >>"$log" 2>&1
+  if cmp -s /tmp/whole.safetensors /tmp/resumed.safetensors; then
+    row "killed at step 300, resumed" passed "weights equal to the uninterrupted run's, byte for byte"
+  else
+    row "killed at step 300, resumed" FAILED "weights differ from the uninterrupted run's (or a run failed: see the log)"
+  fi
+
+  # 3. compute-sanitizer over the CUDA backend's conformance tests (memcheck, racecheck).
+  for tool in memcheck racecheck; do
+    say "== compute-sanitizer --tool $tool"
+    local s_out
+    s_out=$(timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 3 "$bin/test_conformance" \
+            --gtest_filter='*/cuda:-*TensorsPastTwoGibibytes*' --gtest_brief=1 2>&1)
+    local src=$?
+    echo "$s_out" | tail -6 | tee -a "$log"
+    local summary
+    summary=$(echo "$s_out" | grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' | tail -1)
+    row "compute-sanitizer $tool" "$([ $src -eq 0 ] && echo clean || echo "FAILED (exit $src)")" "${summary:-no summary}"
+  done
+
+  # 4. The benchmark, dtrain then PyTorch on the same GPU.
+  say "== bench_gpu_mlp"
+  timeout 180 "$bin/bench_gpu_mlp" --quick 2>&1 | tee -a "$log"
+  say "== PyTorch (bench/peers/pytorch_gpu_mlp.py)"
+  (unset LD_LIBRARY_PATH; timeout 150 python3 bench/peers/pytorch_gpu_mlp.py --quick 2>&1) | tee -a "$log"
+
+  say ""
+  say "| check | result | figures |"
+  say "|---|---|---|"
+  for r in "${rows[@]}"; do say "$r"; done
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  run) run ;;
+  *) echo "usage: scripts/gpu-check.sh prepare|run" >&2; exit 2 ;;
+esac

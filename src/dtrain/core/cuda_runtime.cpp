@@ -1,0 +1,243 @@
+// CUDA's runtime API behind DeviceRuntime. The runtime is linked statically, so a binary
+// built with CUDA runs where no driver is installed: count() is then 0, with CUDA's reason.
+#include "dtrain/core/cuda_runtime.h"
+
+#include <unistd.h>
+
+#include <cstring>
+
+#include "dtrain/core/error.h"
+
+namespace dtrain::detail {
+
+void check_cuda(cudaError_t status, std::string_view call, int device) {
+  if (status == cudaSuccess) return;
+  // Clears the error where it is not sticky, so the next call does not report it again.
+  (void)cudaGetLastError();
+  const bool sticky = status == cudaErrorIllegalAddress || status == cudaErrorLaunchFailure ||
+                      status == cudaErrorIllegalInstruction || status == cudaErrorMisalignedAddress ||
+                      status == cudaErrorHardwareStackError || status == cudaErrorAssert;
+  const std::string where = Device::cuda(device).to_string();
+  if (status == cudaErrorMemoryAllocation)
+    DTRAIN_THROW(ResourceExhausted, "out of memory on ", where, " in ", call, " (", cudaGetErrorName(status), ")");
+  DTRAIN_THROW(DeviceError, "CUDA error on ", where, " in ", call, ": ", cudaGetErrorString(status), " (",
+               cudaGetErrorName(status), ")",
+               sticky ? "; a kernel queued before this call failed and the device can run nothing more in this "
+                        "process (run with CUDA_LAUNCH_BLOCKING=1 to stop at the kernel at fault)"
+                      : "");
+}
+
+struct CudaRuntime::PerDevice {
+  std::once_flag made;  // the stream and the cache
+  int index = 0;
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<BlockCache> cache;
+  DeviceProperties properties;
+};
+
+CudaRuntime::CudaRuntime() = default;
+
+CudaRuntime::~CudaRuntime() {
+  // Leaked on purpose by cuda_runtime(): tensors in static objects may be freed at exit,
+  // after CUDA's own teardown, where a call would fail.
+}
+
+void CudaRuntime::probe() {
+  std::call_once(probed_, [this] {
+    int n = 0;
+    const cudaError_t status = cudaGetDeviceCount(&n);
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      absence_ = std::string("cudaGetDeviceCount says '") + cudaGetErrorString(status) + "' (" +
+                 cudaGetErrorName(status) + ")";
+      n = 0;
+    } else if (n == 0) {
+      absence_ = "cudaGetDeviceCount found no CUDA device";
+    }
+    count_ = n;
+    for (int i = 0; i < n; ++i) {
+      auto d = std::make_unique<PerDevice>();
+      d->index = i;
+      cudaDeviceProp p{};
+      check_cuda(cudaGetDeviceProperties(&p, i), "cudaGetDeviceProperties", i);
+      d->properties.name = p.name;
+      d->properties.total_memory = p.totalGlobalMem;
+      d->properties.multiprocessors = p.multiProcessorCount;
+      d->properties.compute_capability = p.major * 10 + p.minor;
+      devices_.push_back(std::move(d));
+    }
+  });
+}
+
+int CudaRuntime::count() {
+  probe();
+  return count_;
+}
+
+std::string CudaRuntime::absence() {
+  probe();
+  return absence_;
+}
+
+CudaRuntime::PerDevice& CudaRuntime::device(int index) {
+  probe();
+  if (index < 0 || index >= count_)
+    DTRAIN_THROW(InvalidArgument, "device cuda:", index, " is not here; found ", describe_devices(DeviceType::cuda));
+  return *devices_[static_cast<std::size_t>(index)];
+}
+
+DeviceProperties CudaRuntime::properties(int index) { return device(index).properties; }
+
+void CudaRuntime::use(int index) {
+  int current = -1;
+  check_cuda(cudaGetDevice(&current), "cudaGetDevice", index);
+  if (current != index) check_cuda(cudaSetDevice(index), "cudaSetDevice", index);
+}
+
+cudaStream_t CudaRuntime::stream(int index) {
+  PerDevice& d = device(index);
+  use(index);
+  std::call_once(d.made, [&d, index] {
+    check_cuda(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", index);
+    d.cache = std::make_unique<BlockCache>(
+        Device::cuda(index).to_string(),
+        BlockCache::Source{
+            [index](std::size_t bytes) -> void* {
+              void* p = nullptr;
+              const cudaError_t status = cudaMalloc(&p, bytes);
+              if (status == cudaErrorMemoryAllocation) {
+                (void)cudaGetLastError();
+                return nullptr;
+              }
+              check_cuda(status, "cudaMalloc", index);
+              return p;
+            },
+            [index](void* p) { check_cuda(cudaFree(p), "cudaFree", index); },
+            [index]() -> std::pair<std::size_t, std::size_t> {
+              std::size_t free = 0, total = 0;
+              check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo", index);
+              return {free, total};
+            },
+            [stream = d.stream, index] { check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize", index); }});
+  });
+  return d.stream;
+}
+
+void* CudaRuntime::allocate(int index, std::size_t bytes) {
+  stream(index);  // makes the device current and its cache
+  return device(index).cache->allocate(bytes);
+}
+
+void CudaRuntime::deallocate(int index, void* data, std::size_t bytes) {
+  device(index).cache->deallocate(data, bytes);
+}
+
+DeviceMemoryStats CudaRuntime::memory_stats(int index) {
+  stream(index);
+  return device(index).cache->stats();
+}
+
+void CudaRuntime::release_cached(int index) {
+  stream(index);
+  device(index).cache->release_cached();
+}
+
+void* CudaRuntime::allocate_host(std::size_t bytes) {
+  {
+    std::lock_guard lock(host_mutex_);
+    if (!host_) {
+      host_ = std::make_unique<BlockCache>(
+          "pinned host memory",
+          BlockCache::Source{
+              [](std::size_t n) -> void* {
+                void* p = nullptr;
+                const cudaError_t status = cudaHostAlloc(&p, n, cudaHostAllocPortable);
+                if (status == cudaErrorMemoryAllocation) {
+                  (void)cudaGetLastError();
+                  return nullptr;
+                }
+                check_cuda(status, "cudaHostAlloc", 0);
+                return p;
+              },
+              [](void* p) { check_cuda(cudaFreeHost(p), "cudaFreeHost", 0); },
+              []() -> std::pair<std::size_t, std::size_t> {
+                const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+                return {static_cast<std::size_t>(sysconf(_SC_AVPHYS_PAGES)) * page,
+                        static_cast<std::size_t>(sysconf(_SC_PHYS_PAGES)) * page};
+              },
+              // Pinned blocks are read by copies queued on the devices' streams.
+              [this] {
+                for (int i = 0; i < count_; ++i) synchronize(i);
+              }});
+    }
+  }
+  return host_->allocate(bytes);
+}
+
+void CudaRuntime::deallocate_host(void* data, std::size_t bytes) { host_->deallocate(data, bytes); }
+
+namespace {
+
+bool is_pinned(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+}
+
+}  // namespace
+
+void CudaRuntime::copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memmove(dst, src, bytes);
+    return;
+  }
+  if (dst_device.is_cpu()) {  // device to host: the host wants the values now
+    cudaStream_t s = stream(src_device.index);
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s),
+               detail::concat("cudaMemcpyAsync(device to host, ", bytes, " bytes)"), src_device.index);
+    check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (after a copy to the host)", src_device.index);
+    return;
+  }
+  if (src_device.is_cpu()) {
+    // From pageable memory CUDA returns once the bytes are staged, so the source may be
+    // reused at once; from pinned memory the copy runs later, so it is waited for.
+    cudaStream_t s = stream(dst_device.index);
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s),
+               detail::concat("cudaMemcpyAsync(host to device, ", bytes, " bytes)"), dst_device.index);
+    if (is_pinned(src))
+      check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (after a copy from pinned memory)", dst_device.index);
+    return;
+  }
+  if (dst_device.index == src_device.index) {
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream(dst_device.index)),
+               detail::concat("cudaMemcpyAsync(device to device, ", bytes, " bytes)"), dst_device.index);
+    return;
+  }
+  // Between GPUs: after the source's queued work, in the destination's order.
+  synchronize(src_device.index);
+  check_cuda(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, bytes, stream(dst_device.index)),
+             detail::concat("cudaMemcpyPeerAsync(", src_device.to_string(), " to ", dst_device.to_string(), ", ",
+                            bytes, " bytes)"),
+             dst_device.index);
+}
+
+void CudaRuntime::zero(int index, void* data, std::size_t bytes) {
+  check_cuda(cudaMemsetAsync(data, 0, bytes, stream(index)), detail::concat("cudaMemsetAsync(", bytes, " bytes)"),
+             index);
+}
+
+void CudaRuntime::synchronize(int index) {
+  check_cuda(cudaStreamSynchronize(stream(index)), "cudaStreamSynchronize", index);
+}
+
+CudaRuntime& cuda_runtime() {
+  // Leaked on purpose: tensors in static objects may be freed after main returns.
+  static CudaRuntime* runtime = new CudaRuntime();
+  return *runtime;
+}
+
+}  // namespace dtrain::detail

@@ -1,0 +1,65 @@
+// The CUDA runtime behind DeviceRuntime: per device, one compute stream that every kernel,
+// copy and zeroing joins in order, and a BlockCache of its memory; one cache of pinned host
+// memory; CUDA's status codes turned into dtrain's errors. Only code built with the CUDA
+// toolkit (DTRAIN_CUDA) includes this header.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dtrain/core/block_cache.h"
+#include "dtrain/core/device.h"
+
+namespace dtrain::detail {
+
+// Throws DeviceError naming `call` (with its arguments, as the caller spells them), the
+// device and CUDA's own name for `status`, unless it is cudaSuccess. An error that leaves
+// the device unusable (an illegal address) says so, with how to find the kernel at fault.
+void check_cuda(cudaError_t status, std::string_view call, int device);
+
+class CudaRuntime final : public DeviceRuntime {
+ public:
+  CudaRuntime();
+  ~CudaRuntime() override;
+
+  const char* name() const override { return "CUDA"; }
+  int count() override;
+  std::string absence() override;
+  DeviceProperties properties(int index) override;
+  void* allocate(int index, std::size_t bytes) override;
+  void deallocate(int index, void* data, std::size_t bytes) override;
+  DeviceMemoryStats memory_stats(int index) override;
+  void release_cached(int index) override;
+  void* allocate_host(std::size_t bytes) override;
+  void deallocate_host(void* data, std::size_t bytes) override;
+  void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) override;
+  void zero(int index, void* data, std::size_t bytes) override;
+  void synchronize(int index) override;
+
+  // The device's compute stream (made on first use, non-blocking with the legacy stream);
+  // also makes the device current on the calling thread.
+  cudaStream_t stream(int index);
+  // Makes `index` the calling thread's current device.
+  void use(int index);
+
+ private:
+  struct PerDevice;
+  PerDevice& device(int index);
+  void probe();
+
+  std::once_flag probed_;
+  int count_ = 0;
+  std::string absence_;
+  std::vector<std::unique_ptr<PerDevice>> devices_;
+  std::mutex host_mutex_;
+  std::unique_ptr<BlockCache> host_;
+};
+
+CudaRuntime& cuda_runtime();
+
+}  // namespace dtrain::detail

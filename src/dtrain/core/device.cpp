@@ -1,0 +1,193 @@
+// Device names, the runtime registry, and the calling thread's placement.
+#include "dtrain/core/device.h"
+
+#include <array>
+#include <cctype>
+#include <cstdio>
+#include <mutex>
+#include <optional>
+
+#include "dtrain/core/block_cache.h"
+#include "dtrain/core/error.h"
+
+#if DTRAIN_CUDA
+#include "dtrain/core/cuda_runtime.h"
+#endif
+
+namespace dtrain {
+
+std::string Device::to_string() const {
+  return (type == DeviceType::cpu ? "cpu:" : "cuda:") + std::to_string(index);
+}
+
+std::string Device::tf_name() const {
+  return (type == DeviceType::cpu ? "/device:CPU:" : "/device:GPU:") + std::to_string(index);
+}
+
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+
+[[noreturn]] void bad_name(std::string_view name) {
+  DTRAIN_THROW(InvalidArgument, "device '", name,
+               "' is not a device name; expected \"/GPU:0\", \"/CPU:0\", \"gpu\", \"cuda:0\" or \"cpu\"");
+}
+
+}  // namespace
+
+Device parse_device(std::string_view name) {
+  std::string s = lower(name);
+  // TensorFlow's full names: /job:localhost/replica:0/task:0/device:GPU:0.
+  if (starts_with(s, "/job:")) {
+    const auto at = s.find("/device:");
+    if (at == std::string::npos) bad_name(name);
+    s = s.substr(at);
+  }
+  for (std::string_view prefix : {"/physical_device:", "/device:", "device:", "/"})
+    if (starts_with(s, prefix)) {
+      s = s.substr(prefix.size());
+      break;
+    }
+  std::string_view kind = s, number;
+  if (const auto colon = s.find(':'); colon != std::string::npos) {
+    kind = std::string_view(s).substr(0, colon);
+    number = std::string_view(s).substr(colon + 1);
+    if (number.empty() || number.size() > 6) bad_name(name);
+    for (char c : number)
+      if (!std::isdigit(static_cast<unsigned char>(c))) bad_name(name);
+  }
+  const int index = number.empty() ? 0 : std::stoi(std::string(number));
+  if (kind == "cpu") return Device::cpu();
+  if (kind == "gpu" || kind == "cuda") return Device::cuda(index);
+  bad_name(name);
+}
+
+namespace {
+
+std::array<DeviceRuntime*, 2>& overrides() {
+  static std::array<DeviceRuntime*, 2> runtimes{};
+  return runtimes;
+}
+
+}  // namespace
+
+DeviceRuntime* device_runtime(DeviceType type) {
+  if (type == DeviceType::cpu) return nullptr;
+  if (DeviceRuntime* r = overrides()[static_cast<int>(type)]) return r;
+#if DTRAIN_CUDA
+  return &detail::cuda_runtime();
+#else
+  return nullptr;
+#endif
+}
+
+void set_device_runtime(DeviceType type, DeviceRuntime* runtime) {
+  if (type == DeviceType::cpu) DTRAIN_THROW(InvalidArgument, "set_device_runtime: the CPU has no runtime to replace");
+  overrides()[static_cast<int>(type)] = runtime;
+}
+
+int device_count(DeviceType type) {
+  if (type == DeviceType::cpu) return 1;
+  DeviceRuntime* r = device_runtime(type);
+  return r ? r->count() : 0;
+}
+
+std::string describe_devices(DeviceType type) {
+  if (type == DeviceType::cpu) return "cpu:0";
+  DeviceRuntime* r = device_runtime(type);
+  if (r == nullptr) return "no GPU: this build of dtrain has no CUDA backend (built without the CUDA toolkit or with -DDTRAIN_CUDA=OFF)";
+  const int n = r->count();
+  if (n == 0) return "no GPU: " + r->absence();
+  std::string out;
+  for (int i = 0; i < n; ++i) {
+    const DeviceProperties p = r->properties(i);
+    char capability[16];
+    std::snprintf(capability, sizeof capability, "%d.%d", p.compute_capability / 10, p.compute_capability % 10);
+    out += (i ? ", " : "") + Device::cuda(i).to_string() + " (" + p.name + ", " + format_bytes(p.total_memory) +
+           ", compute capability " + capability + ")";
+  }
+  return out;
+}
+
+void check_device(Device device) {
+  if (device.is_cpu()) return;
+  const int n = device_count(device.type);
+  if (device.index < 0 || device.index >= n)
+    DTRAIN_THROW(InvalidArgument, "device ", device.to_string(), " (", device.tf_name(), ") is not here; found ",
+                 describe_devices(device.type));
+}
+
+Device resolve_device(std::string_view spec) {
+  const std::string s = lower(spec);
+  if (s == "auto") return device_count(DeviceType::cuda) > 0 ? Device::cuda(0) : Device::cpu();
+  const Device d = parse_device(spec);
+  check_device(d);
+  return d;
+}
+
+namespace {
+
+struct Placement {
+  bool set = false;  // a guard is active
+  Device device;
+};
+
+Placement& placement_slot() {
+  thread_local Placement placement;
+  return placement;
+}
+
+struct DefaultPlacement {
+  std::mutex mutex;
+  std::string spec = "cpu";
+  std::optional<Device> resolved = Device::cpu();
+};
+
+DefaultPlacement& default_placement() {
+  static DefaultPlacement* placement = new DefaultPlacement();  // leaked: read during exit
+  return *placement;
+}
+
+}  // namespace
+
+namespace detail {
+std::optional<Device> exchange_placement(std::optional<Device> device) {
+  if (device) check_device(*device);
+  Placement& slot = placement_slot();
+  std::optional<Device> before = slot.set ? std::optional<Device>(slot.device) : std::nullopt;
+  slot = device ? Placement{true, *device} : Placement{};
+  return before;
+}
+}  // namespace detail
+
+void set_default_placement(std::string_view spec) {
+  const std::string s = lower(spec);
+  if (s != "auto") (void)parse_device(spec);  // a bad name is refused now, not at first use
+  DefaultPlacement& d = default_placement();
+  std::lock_guard lock(d.mutex);
+  d.spec = std::string(spec);
+  d.resolved.reset();
+}
+
+Device placement() {
+  if (placement_slot().set) return placement_slot().device;
+  DefaultPlacement& d = default_placement();
+  std::lock_guard lock(d.mutex);
+  if (!d.resolved) d.resolved = resolve_device(d.spec);
+  return *d.resolved;
+}
+
+DevicePlacement::DevicePlacement(Device device) : saved_(placement_slot().device), saved_set_(placement_slot().set) {
+  check_device(device);
+  placement_slot() = {true, device};
+}
+
+DevicePlacement::~DevicePlacement() { placement_slot() = {saved_set_, saved_}; }
+
+}  // namespace dtrain

@@ -1,0 +1,140 @@
+// Devices: where a tensor's values live (the CPU or a CUDA GPU), TensorFlow's names for
+// them, the runtime behind each kind of non-CPU device (its memory, copies to and from it,
+// the order of the work queued on it), and where new weights are placed. It holds no
+// kernels: computing on a device is kernels/'s business.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace dtrain {
+
+enum class DeviceType : std::uint8_t { cpu, cuda };
+
+struct Device {
+  DeviceType type = DeviceType::cpu;
+  int index = 0;  // always 0 for the CPU: its memory is one
+
+  static Device cpu() { return {}; }
+  static Device cuda(int index = 0) { return {DeviceType::cuda, index}; }
+  bool is_cpu() const { return type == DeviceType::cpu; }
+  friend bool operator==(const Device&, const Device&) = default;
+  // "cpu:0", "cuda:1" (PyTorch's spelling, used in dtrain's messages).
+  std::string to_string() const;
+  // "/device:CPU:0", "/device:GPU:1" (TensorFlow's).
+  std::string tf_name() const;
+};
+
+// A device named as TensorFlow or PyTorch names it: "/GPU:0", "/gpu:0", "GPU:0", "gpu",
+// "cuda", "cuda:1", "/device:GPU:1", "/job:localhost/replica:0/task:0/device:GPU:0", and the
+// same for the CPU ("/cpu:0", "cpu", ...). Every CPU index names the CPU's one memory, cpu:0.
+// Whether the device exists is not checked here (check_device). Throws InvalidArgument
+// naming the text.
+Device parse_device(std::string_view name);
+
+struct DeviceProperties {
+  std::string name;                // "NVIDIA H200"
+  std::size_t total_memory = 0;    // bytes
+  int multiprocessors = 0;
+  int compute_capability = 0;      // 90 for 9.0 (Hopper)
+};
+
+// A device's memory as its caching allocator sees it.
+struct DeviceMemoryStats {
+  std::size_t bytes_in_use = 0;       // handed out to live tensors
+  std::size_t bytes_cached = 0;       // held by the cache for reuse, not in use
+  std::size_t peak_bytes_in_use = 0;
+  std::size_t device_free = 0;        // the device's own count of free bytes
+  std::size_t device_total = 0;
+  std::uint64_t device_allocations = 0;  // calls that reached the device's allocator
+  std::uint64_t allocations = 0;         // all allocations
+};
+
+// The runtime behind one kind of device. Work for a device is queued in order (one queue a
+// device: its compute stream); copies and zeroing join that order. Every call names the
+// device by index; errors name the device and the call that failed.
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+  virtual const char* name() const = 0;  // "CUDA"
+  virtual int count() = 0;
+  // Why count() is 0, in one line (empty when it is not 0).
+  virtual std::string absence() = 0;
+  virtual DeviceProperties properties(int index) = 0;
+  // At least `bytes` of the device's memory; a ResourceExhausted naming the bytes asked,
+  // in use, cached and free, and the current allocation tag (a layer) when it cannot.
+  virtual void* allocate(int index, std::size_t bytes) = 0;
+  // Returns memory to the cache; work already queued that uses it may still run (the
+  // cache hands it out again only to work queued after it).
+  virtual void deallocate(int index, void* data, std::size_t bytes) = 0;
+  virtual DeviceMemoryStats memory_stats(int index) = 0;
+  // Gives the cache's unused memory back to the device.
+  virtual void release_cached(int index) = 0;
+  // Page-locked host memory, which the devices copy from and to without staging (cached
+  // too); deallocate_host takes what allocate_host gave, with its size.
+  virtual void* allocate_host(std::size_t bytes) = 0;
+  virtual void deallocate_host(void* data, std::size_t bytes) = 0;
+  // Copies `bytes` between any two of the CPU and this runtime's devices, after the work
+  // queued on the device before it; returns once the host memory involved may be read or
+  // reused.
+  virtual void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) = 0;
+  // Sets `bytes` at `data` to zero, queued on the device.
+  virtual void zero(int index, void* data, std::size_t bytes) = 0;
+  // Waits for everything queued on the device.
+  virtual void synchronize(int index) = 0;
+};
+
+// The runtime of `type`'s devices: null for the CPU and where this build has none.
+DeviceRuntime* device_runtime(DeviceType type);
+// Replaces the runtime of `type` until called again with null (the build's own again):
+// the tests' stand-in GPU over host memory. Not thread-safe against tensors in use.
+void set_device_runtime(DeviceType type, DeviceRuntime* runtime);
+
+// How many devices of `type` this process can use (1 for the CPU).
+int device_count(DeviceType type);
+// One line on what was found: "cuda:0 (NVIDIA H200, 139.7 GiB, compute capability 9.0)",
+// or why there is no GPU ("no GPU: this build of dtrain has no CUDA backend").
+std::string describe_devices(DeviceType type);
+// Throws InvalidArgument naming what was found unless `device` exists.
+void check_device(Device device);
+
+// "cpu", "gpu" or "auto" (also any name parse_device takes): auto is the first GPU where
+// one is present, else the CPU, as TensorFlow places its variables and ops by default.
+// Asking for a GPU where there is none is an InvalidArgument naming what was found.
+Device resolve_device(std::string_view spec);
+
+// Where new weights are created and where fit() trains: the calling thread's placement,
+// TensorFlow's `with tf.device(...)`. It is ambient state, not a parameter, because layers
+// create their weights lazily, at their first call, deep inside code (a model's call, a
+// functional graph's build) that has no device to pass on; docs/architecture.md lists it.
+// The innermost DevicePlacement guard's device on this thread; where there is none, the
+// process's default placement.
+Device placement();
+
+// The placement of threads without a guard, as resolve_device takes it ("cpu", "auto",
+// "/GPU:0", ...): the CPU unless set. The dtrain command and the Python package set "auto",
+// TensorFlow's default; "auto" is resolved when a placement is first asked for.
+void set_default_placement(std::string_view spec);
+
+namespace detail {
+// Sets the calling thread's guarded placement (nullopt: no guard) and returns the one it
+// replaces: for scopes that are not a DevicePlacement object (a strategy's scope()).
+std::optional<Device> exchange_placement(std::optional<Device> device);
+}  // namespace detail
+
+class DevicePlacement {
+ public:
+  explicit DevicePlacement(Device device);
+  ~DevicePlacement();
+  DevicePlacement(const DevicePlacement&) = delete;
+  DevicePlacement& operator=(const DevicePlacement&) = delete;
+
+ private:
+  Device saved_;
+  bool saved_set_;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,65 @@
+// What every backend checks before it runs a primitive, written once so that a bad call
+// gets the same message on every device: dtypes, shapes, and that every operand is on the
+// backend's device (dtrain never copies between devices implicitly). Each returns the
+// sizes the primitive then works with. Internal to the kernels layer.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "dtrain/kernels/backend.h"
+
+namespace dtrain::kernels {
+
+// Every defined operand of `op` on `device`, else an InvalidArgument naming both devices.
+void check_devices(const char* op, Device device, std::initializer_list<const Tensor*> operands);
+
+struct MatmulDims {
+  std::int64_t m = 0, k = 0, n = 0;  // op(a)[m, k] · op(b)[k, n] over the block's n columns
+  std::int64_t width = 0;            // b's and c's columns
+  std::int64_t column_begin = 0, column_end = 0;
+};
+MatmulDims check_matmul(const Tensor& a, const Tensor& b, const Tensor& c, const MatmulOptions& o);
+
+// x and y for unary (x float32, or uint8 for linear).
+void check_unary(Unary op, const Tensor& x, const Tensor& y);
+void check_unary_backward(const Tensor& saved, const Tensor& dy, const Tensor& dx);
+void check_binary(const Tensor& a, const Tensor& b, const Tensor& c);
+
+// The reduction's dims: x's (a scalar as [1]) and y's padded to x's rank.
+struct ReduceDims {
+  std::vector<std::int64_t> x, y;
+};
+ReduceDims check_reduce(const Tensor& x, const Tensor& y);
+
+void check_softmax(const Tensor& x, const Tensor& y, const char* op);
+// Whether the targets are sparse (int32 labels) rather than distributions.
+bool check_softmax_cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& loss,
+                                 const Tensor& log_probs);
+void check_softmax_cross_entropy_backward(const Tensor& log_probs, const Tensor& dloss, const Tensor& dlogits);
+void check_convert(const Tensor& x, const Tensor& y);
+void check_same_f32(const Tensor& a, const Tensor& b, const char* op);
+void check_dropout(const Tensor& x, float rate, const Tensor& y, const Tensor& mask);
+void check_argmax(const Tensor& x, const Tensor& out);
+void check_one_hot(const Tensor& labels, const Tensor& out);
+void check_sgd_update(const Tensor& w, const Tensor& g, const Tensor* velocity);
+void check_adam_update(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v, const AdamUpdate& p);
+// Keras's Adam step size: the bias corrections folded into the learning rate.
+float adam_step_size(const AdamUpdate& p);
+
+// The channel count of a channels-last tensor (its last axis) and its rows (every other).
+std::int64_t channels_of(const Tensor& t);
+std::int64_t rows_of(const Tensor& t);
+void check_channel_sums(const Tensor& a, const Tensor& b, const Tensor& center, const Tensor& sums);
+void check_channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift, const Tensor& y, const Tensor* x2,
+                          const Tensor* scale2);
+void check_layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& y, const Tensor& mean,
+                      const Tensor& inv_std);
+void check_layer_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
+                               const Tensor& inv_std, const Tensor& dx, const Tensor* dgamma, const Tensor* dbeta);
+// Whether there is anything to copy.
+bool check_copy_block(const Tensor& src, const Block& from, const Tensor& dst, const Block& to, std::int64_t outer,
+                      std::int64_t rows, std::int64_t width);
+
+}  // namespace dtrain::kernels

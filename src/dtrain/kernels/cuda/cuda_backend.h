@@ -1,0 +1,89 @@
+// The CUDA backend: matrix products through cuBLASLt (float32 exact unless TF32 is asked
+// for; bfloat16 on tensor cores, accumulated in float32), dtrain's own kernels (launch.h)
+// for everything element-wise, row-wise and reduced, all queued on the device's compute
+// stream. Convolution and pooling (cuDNN) are not in this backend yet: they are an
+// Unsupported error naming the op and the device. Only built with DTRAIN_CUDA.
+#pragma once
+
+#include <memory>
+
+#include "dtrain/kernels/backend.h"
+#include "dtrain/kernels/cuda/launch.h"
+
+namespace dtrain::kernels {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int index);
+  ~CudaBackend() override;
+
+  Device device() const override { return Device::cuda(index_); }
+  bool supports(Primitive op, DType dtype) const override;
+
+  void matmul(const Tensor& a, const Tensor& b, Tensor& c, const MatmulOptions& options) override;
+  void unary(Unary op, const Tensor& x, Tensor& y, float alpha, float beta) override;
+  void unary_backward(Unary op, const Tensor& saved, const Tensor& dy, Tensor& dx, float alpha,
+                      float beta) override;
+  void binary(Binary op, const Tensor& a, const Tensor& b, Tensor& c) override;
+  void reduce(Reduce op, const Tensor& x, Tensor& y) override;
+  void softmax(const Tensor& x, Tensor& y, bool log) override;
+  void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx, bool log) override;
+  void convert(const Tensor& x, Tensor& y) override;
+  void fill(Tensor& y, float value) override;
+  void axpby(float alpha, const Tensor& x, float beta, Tensor& y) override;
+  double sum_squares(const Tensor& x) override;
+  void softmax_cross_entropy(const Tensor& logits, const Tensor& target, Tensor& loss,
+                             Tensor& log_probs) override;
+  void softmax_cross_entropy_backward(const Tensor& log_probs, const Tensor& target,
+                                      const Tensor& dloss, Tensor& dlogits) override;
+  void dropout(const Tensor& x, float rate, const Generator& generator, Tensor& y,
+               Tensor& mask) override;
+  void argmax(const Tensor& x, Tensor& out) override;
+  void one_hot(const Tensor& labels, Tensor& out) override;
+  bool sgd_update(Tensor& w, const Tensor& g, Tensor* velocity, const SgdUpdate& p) override;
+  bool adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& p) override;
+  bool take_deferred_non_finite() override;
+  void synchronize() override;
+  void conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const Conv2dOptions& options) override;
+  void conv2d_backward_data(const Tensor& dy, const Tensor& kernel, Tensor& dx, const Conv2dOptions& options) override;
+  void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dkernel, Tensor* dbias,
+                               const Conv2dOptions& options) override;
+  std::size_t pool2d_workspace_bytes(const Shape& x, const Pool2dOptions& options) override;
+  void pool2d(const Tensor& x, Tensor& y, Tensor* workspace, const Pool2dOptions& options) override;
+  void pool2d_backward(const Tensor& dy, const Tensor* workspace, Tensor& dx, const Pool2dOptions& options) override;
+  void channel_sums(const Tensor& a, const Tensor& b, const Tensor& center, Tensor& sums) override;
+  void channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y, const Tensor* x2,
+                      const Tensor* scale2, bool relu) override;
+  void layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon, Tensor& y, Tensor& mean,
+                  Tensor& inv_std) override;
+  void layer_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
+                           const Tensor& inv_std, Tensor& dx, Tensor* dgamma, Tensor* dbeta) override;
+  void copy_block(const Tensor& src, const Block& from, Tensor& dst, const Block& to, std::int64_t outer,
+                  std::int64_t rows, std::int64_t width) override;
+
+ private:
+  // The stream and sizes kernels are launched with; first reports a data fault that an
+  // earlier kernel found (a label out of range) as an InvalidArgument.
+  cuda::Launch launch();
+  void report_faults();
+  [[noreturn]] void unsupported(const char* op) const;
+  // Device scratch of `bytes`, from the device's cache (returned when the tensor goes).
+  Tensor scratch(std::size_t bytes);
+
+  int index_;
+  cuda::Launch launch_;
+  // Host-mapped flags the kernels write: the updates' non-finite flag and a data fault.
+  struct Flags {
+    int non_finite;
+    cuda::DataFault fault;
+  };
+  Flags* flags_ = nullptr;        // host's view
+  Flags* device_flags_ = nullptr; // the kernels' view of the same memory
+  struct Blas;                    // cuBLASLt handle, workspace and chosen algorithms
+  std::unique_ptr<Blas> blas_;
+};
+
+// The backend of cuda:index (made on first use; the device must exist).
+CudaBackend& cuda_backend(int index);
+
+}  // namespace dtrain::kernels

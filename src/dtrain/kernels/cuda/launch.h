@@ -1,0 +1,115 @@
+// dtrain's own CUDA kernels, as host functions that queue them: raw device pointers and
+// sizes in, nothing allocated, every launch checked (a failed launch throws DeviceError
+// naming the kernel and its sizes). The CUDA backend (cuda_backend.cpp) checks shapes,
+// dtypes and devices before calling these; they trust what they are given. Launch shapes
+// come from the sizes alone, and no result depends on them.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "dtrain/kernels/element_math.h"
+
+namespace dtrain::kernels::cuda {
+
+// Where a kernel runs: the device's compute stream and, for messages, its index and the
+// multiprocessor count that sizes grid-stride launches.
+struct Launch {
+  cudaStream_t stream = nullptr;
+  int device = 0;
+  int multiprocessors = 1;
+};
+
+// Throws DeviceError naming `kernel` and its sizes when the launch just made failed.
+// Defined in cuda_backend.cpp.
+void check_launch(const char* kernel, std::int64_t elements, const Launch& l);
+
+// A failure a kernel finds in its data (a label out of range), written to host-mapped
+// memory and turned into an InvalidArgument by the backend at its next call.
+struct DataFault {
+  int code;          // 0: none; else which (below)
+  long long a, b, c; // what it names
+};
+enum : int { kFaultNone = 0, kFaultLabel = 1, kFaultOneHotLabel = 2 };
+
+constexpr int kMaxRank = 8;
+// An operand's strides over the output's index space (0 on a broadcast axis).
+struct Broadcast {
+  int rank = 0;
+  long long dims[kMaxRank] = {};
+  long long stride_a[kMaxRank] = {};
+  long long stride_b[kMaxRank] = {};
+};
+
+enum class BinaryOp : std::uint8_t { add, sub, mul, div, max, min };
+
+// ---- elementwise.cu
+void unary(const Launch& l, math::UnaryOp op, const float* x, float* y, std::int64_t n, float alpha, float beta);
+void unary_backward(const Launch& l, math::UnaryOp op, const float* saved, const float* dy, float* dx, std::int64_t n,
+                    float alpha, float beta);
+// c = a op b with a and b of c's shape (same), b a scalar (scalar_b), or broadcast (general).
+void binary_same(const Launch& l, BinaryOp op, const float* a, const float* b, float* c, std::int64_t n);
+void binary_broadcast(const Launch& l, BinaryOp op, const float* a, const float* b, float* c, std::int64_t n,
+                      const Broadcast& shape);
+void fill(const Launch& l, float* y, std::int64_t n, float value);
+void axpby(const Launch& l, float alpha, const float* x, float beta, float* y, std::int64_t n);
+void linear_from_bytes(const Launch& l, const std::uint8_t* x, float alpha, float beta, float* y, std::int64_t n);
+void f32_to_bf16(const Launch& l, const float* x, std::uint16_t* y, std::int64_t n);
+void bf16_to_f32(const Launch& l, const std::uint16_t* x, float* y, std::int64_t n);
+void dropout(const Launch& l, const float* x, float* y, float* mask, std::int64_t n, float rate,
+             std::uint64_t mixed_seed, std::uint64_t counter);
+// c[i, col_begin:col_end] = bias ? bias[j - col_begin] : 0 over M rows of c (row stride
+// `width`), then the activation: a matmul's empty sum (K = 0).
+void bias_rows(const Launch& l, const float* bias, float* c, std::int64_t m, std::int64_t width, std::int64_t col_begin,
+               std::int64_t col_end, math::UnaryOp activation);
+// The optimizers' fused passes; *non_finite is set to 1 (host-mapped) when a weight written
+// is NaN or infinite.
+void sgd(const Launch& l, float* w, const float* g, float* velocity, std::int64_t n, float lr, float momentum,
+         bool nesterov, float decay, float gradient_scale, int* non_finite);
+void adam(const Launch& l, float* w, const float* g, float* m, float* v, std::int64_t n, float beta_1, float beta_2,
+          float step_size, float epsilon, float decay, float gradient_scale, int* non_finite);
+
+// ---- reduce.cu
+enum class ReduceOp : std::uint8_t { sum, mean, max };
+// y[o] = op over the reduced axes of x, for x's dims `dims` (rank <= 8) of which `reduced`
+// flags the reduced ones; y holds the kept axes in order.
+void reduce(const Launch& l, ReduceOp op, const float* x, float* y, int rank, const long long* dims,
+            const bool* reduced);
+// Σ x² in double, into *result (device memory, overwritten).
+void sum_squares(const Launch& l, const float* x, std::int64_t n, double* result);
+// out[r] = first index of the row's largest value in x[rows, cols].
+void argmax(const Launch& l, const float* x, std::int32_t* out, std::int64_t rows, std::int64_t cols);
+void one_hot(const Launch& l, const std::int32_t* labels, float* out, std::int64_t rows, std::int64_t classes,
+             DataFault* fault);
+// Over a [rows, c] tensor: sums[j] = Σ a[., j], sums[c + j] = Σ a[., j] * (b[., j] - center[j]),
+// accumulated in double. `partials` holds chunks * 2c doubles of device scratch.
+void channel_sums(const Launch& l, const float* a, const float* b, const float* center, float* sums, std::int64_t rows,
+                  std::int64_t c, double* partials, int chunks);
+int channel_sum_chunks(std::int64_t rows);
+void channel_affine(const Launch& l, const float* x, const float* scale, const float* shift, const float* x2,
+                    const float* scale2, float* y, std::int64_t rows, std::int64_t c, bool relu);
+
+// ---- rows.cu (row-wise kernels over the last axis)
+void softmax(const Launch& l, const float* x, float* y, std::int64_t rows, std::int64_t cols, bool log);
+void softmax_backward(const Launch& l, const float* y, const float* dy, float* dx, std::int64_t rows, std::int64_t cols,
+                      bool log);
+// labels (sparse) or dist (dense) is null.
+void softmax_cross_entropy(const Launch& l, const float* logits, const std::int32_t* labels, const float* dist,
+                           float* loss, float* log_probs, std::int64_t rows, std::int64_t cols, DataFault* fault);
+void softmax_cross_entropy_backward(const Launch& l, const float* log_probs, const std::int32_t* labels,
+                                    const float* dist, const float* dloss, float* dlogits, std::int64_t rows,
+                                    std::int64_t cols);
+void layer_norm(const Launch& l, const float* x, const float* gamma, const float* beta, float epsilon, float* y,
+                float* mean, float* inv_std, std::int64_t rows, std::int64_t d);
+// dgamma and dbeta may be null; `partials` holds chunks * 2d doubles of scratch when either is not.
+void layer_norm_backward(const Launch& l, const float* x, const float* dy, const float* gamma, const float* mean,
+                         const float* inv_std, float* dx, float* dgamma, float* dbeta, std::int64_t rows,
+                         std::int64_t d, double* partials, int chunks);
+int layer_norm_chunks(std::int64_t rows);
+// An [outer, rows, width] block of `element` bytes each, between strided places.
+void copy_block(const Launch& l, const void* src, long long from_offset, long long from_outer, long long from_row,
+                void* dst, long long to_offset, long long to_outer, long long to_row, std::int64_t outer,
+                std::int64_t rows, std::int64_t width, int element);
+
+}  // namespace dtrain::kernels::cuda

@@ -1,0 +1,146 @@
+// The per-element arithmetic of the kernels, written once for the host and for CUDA
+// devices: conversions to and from bfloat16, the draw behind dropout's mask, activations
+// and their derivatives, and the optimizers' updates. The CUDA kernels call these; the CPU
+// tests check them against the CPU backend, so the two backends compute one formula (where
+// compilers fuse multiply-adds differently, the last bit may still differ). It includes no
+// dtrain header, so that nvcc reads it without the rest of the library.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define DTRAIN_HD __host__ __device__ __forceinline__
+#else
+#define DTRAIN_HD inline
+#endif
+
+namespace dtrain::kernels::math {
+
+DTRAIN_HD std::uint32_t bits_of(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+#endif
+}
+
+DTRAIN_HD float float_of(std::uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+#endif
+}
+
+// float32 -> bfloat16, nearest even; a NaN stays a (quiet) NaN.
+DTRAIN_HD std::uint16_t to_bf16(float x) {
+  const std::uint32_t u = bits_of(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+DTRAIN_HD float from_bf16(std::uint16_t b) { return float_of(static_cast<std::uint32_t>(b) << 16); }
+
+// NaN or infinite: all exponent bits set.
+DTRAIN_HD bool not_finite(float x) { return (bits_of(x) & 0x7f800000u) == 0x7f800000u; }
+
+// SplitMix64's finaliser (core/rng.h's mix64, which the host's Generator uses).
+DTRAIN_HD std::uint64_t mix64(std::uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Generator(seed, counter).uniform_at(i), given mixed_seed = mix64(seed): uniform in
+// [0, 1) with 24 bits. Dropout's draw for element i, on either backend.
+DTRAIN_HD float uniform_at(std::uint64_t mixed_seed, std::uint64_t counter, std::uint64_t i) {
+  return static_cast<float>(mix64(mixed_seed ^ (counter + i)) >> 40) * (1.0f / 16777216.0f);
+}
+
+// The unary functions (kernels::Unary, in its order) and their derivatives. Derivatives
+// read what backend.h says they read: the output for relu, sigmoid, tanh, exp and sqrt,
+// the input for the others.
+enum class UnaryOp : std::uint8_t { linear, relu, sigmoid, tanh, gelu, exp, log, square, sqrt, abs, clip };
+
+DTRAIN_HD float gelu(float x) {  // exact: x * Φ(x), as oneDNN's gelu_erf
+  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+}
+
+DTRAIN_HD float gelu_derivative(float x) {
+  const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
+  const float pdf = 0.39894228040143268f * expf(-0.5f * x * x);
+  return cdf + x * pdf;
+}
+
+DTRAIN_HD float unary(UnaryOp op, float x, float alpha, float beta) {
+  switch (op) {
+    case UnaryOp::linear: return alpha * x + beta;
+    case UnaryOp::relu: return x > 0.0f ? x : (x != x ? x : 0.0f);
+    case UnaryOp::sigmoid: return 1.0f / (1.0f + expf(-x));
+    case UnaryOp::tanh: return tanhf(x);
+    case UnaryOp::gelu: return gelu(x);
+    case UnaryOp::exp: return expf(x);
+    case UnaryOp::log: return logf(x);
+    case UnaryOp::square: return x * x;
+    case UnaryOp::sqrt: return sqrtf(x);
+    case UnaryOp::abs: return fabsf(x);
+    case UnaryOp::clip: return x != x ? x : fminf(fmaxf(x, alpha), beta);
+  }
+  return x;
+}
+
+// dx for dy, from `saved` (the forward's output or input, as above).
+DTRAIN_HD float unary_backward(UnaryOp op, float saved, float dy, float alpha, float beta) {
+  switch (op) {
+    case UnaryOp::linear: return alpha * dy;
+    case UnaryOp::relu: return saved > 0.0f ? dy : 0.0f;
+    case UnaryOp::sigmoid: return dy * saved * (1.0f - saved);
+    case UnaryOp::tanh: return dy * (1.0f - saved * saved);
+    case UnaryOp::gelu: return dy * gelu_derivative(saved);
+    case UnaryOp::exp: return dy * saved;
+    case UnaryOp::log: return dy / saved;
+    case UnaryOp::square: return dy * 2.0f * saved;
+    case UnaryOp::sqrt: return dy / (2.0f * saved);
+    case UnaryOp::abs: return saved > 0.0f ? dy : (saved < 0.0f ? -dy : 0.0f);
+    case UnaryOp::clip: return saved > alpha && saved < beta ? dy : 0.0f;
+  }
+  return dy;
+}
+
+// Keras's Adam (AdamW with decay != 0) on one element; step_size carries the bias
+// corrections (learning_rate * sqrt(1 - b2^t) / (1 - b1^t)) and decay is lr * weight_decay.
+// Returns the new weight; m and v are updated in place.
+DTRAIN_HD float adam(float w, float g, float& m, float& v, float b1, float one_minus_b1, float b2, float one_minus_b2,
+                     float step_size, float epsilon, float decay, float gradient_scale) {
+  const float gi = g * gradient_scale;
+  const float mi = b1 * m + one_minus_b1 * gi;
+  const float vi = b2 * v + one_minus_b2 * gi * gi;
+  m = mi;
+  v = vi;
+  const float wi = w - decay * w;
+  return wi - step_size * mi / (sqrtf(vi) + epsilon);
+}
+
+// Keras's SGD on one element: plain (no velocity), with momentum, or Nesterov's.
+DTRAIN_HD float sgd(float w, float g, float* velocity, float lr, float momentum, bool nesterov, float decay,
+                    float gradient_scale) {
+  if (velocity == nullptr) return w - decay * w - lr * gradient_scale * g;
+  if (nesterov) {
+    const float gi = gradient_scale * g;
+    const float vi = momentum * *velocity - lr * gi;
+    *velocity = vi;
+    return w - decay * w + momentum * vi - lr * gi;
+  }
+  const float vi = momentum * *velocity - lr * gradient_scale * g;
+  *velocity = vi;
+  return w - decay * w + vi;
+}
+
+}  // namespace dtrain::kernels::math

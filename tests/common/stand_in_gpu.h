@@ -1,0 +1,277 @@
+// A GPU for tests, wherever they run: the machine's first CUDA GPU when it has one, else a
+// stand-in cuda:0 whose memory is host memory and whose kernels are the CPU backend's. On
+// the stand-in, everything above the kernels (placement, copies between devices, fit,
+// checkpoints, the optimizer's deferred non-finite report) runs as it does on a GPU, and a
+// host read of a GPU tensor outside the runtime and the backend throws, as Tensor::data
+// refuses it: CI's check that nothing reads device memory directly. What it cannot check
+// is CUDA itself; the same tests then run on the GPU in scripts/gpu-check.sh.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "dtrain/core/block_cache.h"
+#include "dtrain/core/device.h"
+#include "dtrain/kernels/backend.h"
+#include "dtrain/kernels/cpu_backend.h"
+
+namespace dtrain::testing {
+
+class StandInRuntime final : public DeviceRuntime {
+ public:
+  StandInRuntime()
+      : cache_("cuda:0 (stand-in)",
+               BlockCache::Source{[this](std::size_t n) -> void* {
+                                    if (limit_ && used_ + n > limit_) return nullptr;
+                                    used_ += n;
+                                    return std::aligned_alloc(256, (n + 255) / 256 * 256);
+                                  },
+                                  [this](void* p) {
+                                    std::free(p);
+                                    // Sizes are not tracked per block: the limit is a test's
+                                    // budget for fresh allocations only.
+                                  },
+                                  [this]() -> std::pair<std::size_t, std::size_t> {
+                                    return {limit_ ? limit_ - std::min(limit_, used_) : 0, limit_};
+                                  },
+                                  [] {}}) {}
+  const char* name() const override { return "stand-in"; }
+  int count() override { return 1; }
+  std::string absence() override { return ""; }
+  DeviceProperties properties(int) override { return {"stand-in GPU (host memory)", limit_, 1, 90}; }
+  void* allocate(int, std::size_t bytes) override { return cache_.allocate(bytes); }
+  void deallocate(int, void* data, std::size_t bytes) override { cache_.deallocate(data, bytes); }
+  DeviceMemoryStats memory_stats(int) override { return cache_.stats(); }
+  void release_cached(int) override { cache_.release_cached(); }
+  void* allocate_host(std::size_t bytes) override { return cpu_allocator().allocate(bytes); }
+  void deallocate_host(void* data, std::size_t bytes) override { cpu_allocator().deallocate(data, bytes); }
+  void copy(void* dst, Device, const void* src, Device, std::size_t bytes) override {
+    if (bytes) std::memmove(dst, src, bytes);
+  }
+  void zero(int, void* data, std::size_t bytes) override { std::memset(data, 0, bytes); }
+  void synchronize(int) override {}
+  // Fresh allocations beyond this many bytes fail (0: no limit), as a full GPU's would.
+  void set_limit(std::size_t bytes) { limit_ = bytes; }
+
+ private:
+  std::size_t limit_ = 0, used_ = 0;
+  BlockCache cache_;
+};
+
+// cuda:0's primitives on the CPU backend, over host views of the stand-in's memory.
+class StandInBackend final : public kernels::Backend {
+ public:
+  Device device() const override { return Device::cuda(0); }
+  bool supports(kernels::Primitive op, DType dtype) const override { return cpu().supports(op, dtype); }
+
+  void matmul(const Tensor& a, const Tensor& b, Tensor& c, const kernels::MatmulOptions& o) override {
+    check({&a, &b, &c, o.bias});
+    Tensor hc = host(c), bias = o.bias ? host(*o.bias) : Tensor();
+    kernels::MatmulOptions h = o;
+    h.bias = o.bias ? &bias : nullptr;
+    cpu().matmul(host(a), host(b), hc, h);
+  }
+  void unary(kernels::Unary op, const Tensor& x, Tensor& y, float alpha, float beta) override {
+    check({&x, &y});
+    Tensor hy = host(y);
+    cpu().unary(op, host(x), hy, alpha, beta);
+  }
+  void unary_backward(kernels::Unary op, const Tensor& saved, const Tensor& dy, Tensor& dx, float alpha,
+                      float beta) override {
+    check({&saved, &dy, &dx});
+    Tensor h = host(dx);
+    cpu().unary_backward(op, host(saved), host(dy), h, alpha, beta);
+  }
+  void binary(kernels::Binary op, const Tensor& a, const Tensor& b, Tensor& c) override {
+    check({&a, &b, &c});
+    Tensor h = host(c);
+    cpu().binary(op, host(a), host(b), h);
+  }
+  void reduce(kernels::Reduce op, const Tensor& x, Tensor& y) override {
+    check({&x, &y});
+    Tensor h = host(y);
+    cpu().reduce(op, host(x), h);
+  }
+  void softmax(const Tensor& x, Tensor& y, bool log) override {
+    check({&x, &y});
+    Tensor h = host(y);
+    cpu().softmax(host(x), h, log);
+  }
+  void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx, bool log) override {
+    check({&y, &dy, &dx});
+    Tensor h = host(dx);
+    cpu().softmax_backward(host(y), host(dy), h, log);
+  }
+  void convert(const Tensor& x, Tensor& y) override {
+    check({&x, &y});
+    Tensor h = host(y);
+    cpu().convert(host(x), h);
+  }
+  void fill(Tensor& y, float value) override {
+    check({&y});
+    Tensor h = host(y);
+    cpu().fill(h, value);
+  }
+  void axpby(float alpha, const Tensor& x, float beta, Tensor& y) override {
+    check({&x, &y});
+    Tensor h = host(y);
+    cpu().axpby(alpha, host(x), beta, h);
+  }
+  double sum_squares(const Tensor& x) override {
+    check({&x});
+    return cpu().sum_squares(host(x));
+  }
+  void softmax_cross_entropy(const Tensor& logits, const Tensor& target, Tensor& loss, Tensor& log_probs) override {
+    check({&logits, &target, &loss, &log_probs});
+    Tensor hl = host(loss), hp = host(log_probs);
+    cpu().softmax_cross_entropy(host(logits), host(target), hl, hp);
+  }
+  void softmax_cross_entropy_backward(const Tensor& log_probs, const Tensor& target, const Tensor& dloss,
+                                      Tensor& dlogits) override {
+    check({&log_probs, &target, &dloss, &dlogits});
+    Tensor h = host(dlogits);
+    cpu().softmax_cross_entropy_backward(host(log_probs), host(target), host(dloss), h);
+  }
+  void dropout(const Tensor& x, float rate, const Generator& generator, Tensor& y, Tensor& mask) override {
+    check({&x, &y, &mask});
+    Tensor hy = host(y), hm = host(mask);
+    cpu().dropout(host(x), rate, generator, hy, hm);
+  }
+  void argmax(const Tensor& x, Tensor& out) override {
+    check({&x, &out});
+    Tensor h = host(out);
+    cpu().argmax(host(x), h);
+  }
+  void one_hot(const Tensor& labels, Tensor& out) override {
+    check({&labels, &out});
+    Tensor h = host(out);
+    cpu().one_hot(host(labels), h);
+  }
+  // As a GPU's: the update returns at once and a non-finite weight is told later.
+  bool sgd_update(Tensor& w, const Tensor& g, Tensor* velocity, const kernels::SgdUpdate& p) override {
+    check({&w, &g, velocity});
+    Tensor hw = host(w), hv = velocity ? host(*velocity) : Tensor();
+    deferred_bad_ |= !cpu().sgd_update(hw, host(g), velocity ? &hv : nullptr, p);
+    return true;
+  }
+  bool adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const kernels::AdamUpdate& p) override {
+    check({&w, &g, &m, &v});
+    Tensor hw = host(w), hm = host(m), hv = host(v);
+    deferred_bad_ |= !cpu().adam_update(hw, host(g), hm, hv, p);
+    return true;
+  }
+  bool take_deferred_non_finite() override { return std::exchange(deferred_bad_, false); }
+  void conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const kernels::Conv2dOptions& o) override {
+    check({&x, &kernel, &y, o.bias});
+    Tensor hy = host(y), bias = o.bias ? host(*o.bias) : Tensor();
+    kernels::Conv2dOptions h = o;
+    h.bias = o.bias ? &bias : nullptr;
+    cpu().conv2d(host(x), host(kernel), hy, h);
+  }
+  void conv2d_backward_data(const Tensor& dy, const Tensor& kernel, Tensor& dx, const kernels::Conv2dOptions& o) override {
+    check({&dy, &kernel, &dx});
+    Tensor h = host(dx);
+    cpu().conv2d_backward_data(host(dy), host(kernel), h, o);
+  }
+  void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dkernel, Tensor* dbias,
+                               const kernels::Conv2dOptions& o) override {
+    check({&x, &dy, &dkernel, dbias});
+    Tensor hk = host(dkernel), hb = dbias ? host(*dbias) : Tensor();
+    cpu().conv2d_backward_weights(host(x), host(dy), hk, dbias ? &hb : nullptr, o);
+  }
+  std::size_t pool2d_workspace_bytes(const Shape& x, const kernels::Pool2dOptions& o) override {
+    return cpu().pool2d_workspace_bytes(x, o);
+  }
+  void pool2d(const Tensor& x, Tensor& y, Tensor* workspace, const kernels::Pool2dOptions& o) override {
+    check({&x, &y, workspace});
+    Tensor hy = host(y), hw = workspace ? host(*workspace) : Tensor();
+    cpu().pool2d(host(x), hy, workspace ? &hw : nullptr, o);
+  }
+  void pool2d_backward(const Tensor& dy, const Tensor* workspace, Tensor& dx, const kernels::Pool2dOptions& o) override {
+    check({&dy, workspace, &dx});
+    Tensor hd = host(dx), hw = workspace ? host(*workspace) : Tensor();
+    cpu().pool2d_backward(host(dy), workspace ? &hw : nullptr, hd, o);
+  }
+  void channel_sums(const Tensor& a, const Tensor& b, const Tensor& center, Tensor& sums) override {
+    check({&a, &b, &center, &sums});
+    Tensor h = host(sums);
+    cpu().channel_sums(host(a), host(b), host(center), h);
+  }
+  void channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y, const Tensor* x2,
+                      const Tensor* scale2, bool relu) override {
+    check({&x, &scale, &shift, &y, x2, scale2});
+    Tensor hy = host(y), h2 = x2 ? host(*x2) : Tensor(), hs2 = scale2 ? host(*scale2) : Tensor();
+    cpu().channel_affine(host(x), host(scale), host(shift), hy, x2 ? &h2 : nullptr, scale2 ? &hs2 : nullptr, relu);
+  }
+  void layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon, Tensor& y, Tensor& mean,
+                  Tensor& inv_std) override {
+    check({&x, &gamma, &beta, &y, &mean, &inv_std});
+    Tensor hy = host(y), hm = host(mean), hs = host(inv_std);
+    cpu().layer_norm(host(x), host(gamma), host(beta), epsilon, hy, hm, hs);
+  }
+  void layer_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
+                           const Tensor& inv_std, Tensor& dx, Tensor* dgamma, Tensor* dbeta) override {
+    check({&x, &dy, &gamma, &mean, &inv_std, &dx, dgamma, dbeta});
+    Tensor hx = host(dx), hg = dgamma ? host(*dgamma) : Tensor(), hb = dbeta ? host(*dbeta) : Tensor();
+    cpu().layer_norm_backward(host(x), host(dy), host(gamma), host(mean), host(inv_std), hx, dgamma ? &hg : nullptr,
+                              dbeta ? &hb : nullptr);
+  }
+  void copy_block(const Tensor& src, const kernels::Block& from, Tensor& dst, const kernels::Block& to,
+                  std::int64_t outer, std::int64_t rows, std::int64_t width) override {
+    check({&src, &dst});
+    Tensor h = host(dst);
+    cpu().copy_block(host(src), from, h, to, outer, rows, width);
+  }
+
+ private:
+  static kernels::CpuBackend& cpu() { return kernels::cpu_backend(); }
+  // A CPU view of a stand-in tensor's memory (undefined stays undefined).
+  static Tensor host(const Tensor& t) {
+    if (!t.defined()) return t;
+    return Tensor::over(t.raw_device_data(), t.shape(), t.dtype(), nullptr);
+  }
+  // As a GPU backend: every operand on cuda:0.
+  void check(std::initializer_list<const Tensor*> operands) const {
+    for (const Tensor* t : operands)
+      if (t != nullptr && t->defined() && !(t->device() == device()))
+        DTRAIN_THROW(InvalidArgument, "an operand of shape ", t->shape().to_string(), " is on ",
+                     t->device().to_string(), ", the others on ", device().to_string());
+  }
+  bool deferred_bad_ = false;
+};
+
+// Whether this machine has a real GPU for dtrain (built with CUDA, and one found).
+inline bool real_gpu_present() {
+  DeviceRuntime* r = device_runtime(DeviceType::cuda);
+  return r != nullptr && std::string(r->name()) == "CUDA" && r->count() > 0;
+}
+
+// cuda:0 for the guard's life: the real one where present, else the stand-in.
+class GpuForTests {
+ public:
+  GpuForTests() {
+    if (real_gpu_present()) return;
+    runtime_ = std::make_unique<StandInRuntime>();
+    backend_ = std::make_unique<StandInBackend>();
+    set_device_runtime(DeviceType::cuda, runtime_.get());
+    kernels::set_backend(Device::cuda(0), backend_.get());
+  }
+  ~GpuForTests() {
+    if (!runtime_) return;
+    kernels::set_backend(Device::cuda(0), nullptr);
+    set_device_runtime(DeviceType::cuda, nullptr);
+  }
+  GpuForTests(const GpuForTests&) = delete;
+  GpuForTests& operator=(const GpuForTests&) = delete;
+
+  bool stand_in() const { return runtime_ != nullptr; }
+  StandInRuntime* stand_in_runtime() { return runtime_.get(); }
+
+ private:
+  std::unique_ptr<StandInRuntime> runtime_;
+  std::unique_ptr<StandInBackend> backend_;
+};
+
+}  // namespace dtrain::testing

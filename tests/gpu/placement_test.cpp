@@ -1,0 +1,241 @@
+// Training on a GPU as TensorFlow users expect it: weights where the placement says, inputs
+// copied to them, nothing read on the host behind the caller's back, checkpoints that do not
+// depend on the device, out-of-memory errors that name the layer. The same tests run on a
+// real GPU (scripts/gpu-check.sh) and, in CI, on the stand-in GPU (common/stand_in_gpu.h).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/compare.h"
+#include "common/error_message.h"
+#include "common/gradcheck.h"
+#include "common/stand_in_gpu.h"
+#include "common/temp_dir.h"
+#include "dtrain/dtrain.h"
+
+namespace dtrain {
+namespace {
+
+using testing::GpuForTests;
+
+class Gpu : public testing::TempDirTest {
+ protected:
+  GpuForTests gpu_;  // first member: it outlives every tensor the test makes
+  const Device cuda0 = Device::cuda(0);
+  // On the stand-in the GPU computes with the CPU's kernels: results are the CPU's, bit
+  // for bit. On a real GPU they agree to rounding, within `on_gpu`.
+  double tolerance(double on_gpu) const { return gpu_.stand_in() ? 0.0 : on_gpu; }
+};
+
+std::unique_ptr<Sequential> mlp(const std::string& policy = "float32", float dropout = 0.0f) {
+  nn::ScopedGlobalPolicy p(policy);
+  auto m = std::make_unique<Sequential>();
+  m->add<nn::Dense>(32, "relu", nn::DenseOptions{.seed = 1});
+  if (dropout > 0) m->add<nn::Dropout>(dropout, 7);
+  m->add<nn::Dense>(16, "tanh", nn::DenseOptions{.seed = 2});
+  m->add<nn::Dense>(4, "", nn::DenseOptions{.seed = 3});
+  m->compile("adam", "sparse_categorical_crossentropy", {"accuracy"}, /*from_logits=*/true);
+  return m;
+}
+
+FitOptions quiet(int epochs) {
+  FitOptions o;
+  o.epochs = epochs;
+  o.batch_size = 64;
+  o.verbose = 0;
+  return o;
+}
+
+TEST_F(Gpu, HostCodeCannotReadAGpuTensorAndCopiesRoundTrip) {
+  const Tensor host = Tensor::from_vector({2, 3}, {1, 2, 3, 4, 5, 6});
+  const Tensor on_gpu = host.to(cuda0);
+  EXPECT_EQ(on_gpu.device(), cuda0);
+  EXPECT_FALSE(on_gpu.on_cpu());
+  EXPECT_EQ(on_gpu.to(cuda0).raw_device_data(), on_gpu.raw_device_data());  // already there: no copy
+  const std::string m = testing::message_of([&] { (void)on_gpu.data<float>(); });
+  EXPECT_NE(m.find("cuda:0"), std::string::npos) << m;
+  EXPECT_NE(m.find("[2, 3]"), std::string::npos) << m;
+  EXPECT_EQ(on_gpu.to_vector(), host.to_vector());
+  EXPECT_EQ(on_gpu.slice(1, 2).to_vector(), (std::vector<float>{4, 5, 6}));
+  const Tensor copy = on_gpu.clone();
+  EXPECT_EQ(copy.device(), cuda0);
+  EXPECT_NE(copy.raw_device_data(), on_gpu.raw_device_data());
+  Tensor back = Tensor::empty({2, 3});
+  back.copy_from(copy);
+  EXPECT_EQ(back.to_vector(), host.to_vector());
+  EXPECT_EQ(Tensor::zeros({5}, DType::f32, cuda0).to_vector(), std::vector<float>(5, 0.0f));
+  const Tensor half = on_gpu.astype(DType::bf16);
+  EXPECT_EQ(half.device(), cuda0);
+  EXPECT_EQ(half.dtype(), DType::bf16);
+  EXPECT_EQ(half.to_vector(), host.to_vector());  // small integers are exact in bfloat16
+  EXPECT_FLOAT_EQ(on_gpu.slice(1, 2).reshape({3}).to(Device::cpu()).data<float>()[2], 6.0f);
+}
+
+TEST_F(Gpu, OpsRunWhereTheirInputsAreAndNameAMixOfDevices) {
+  const Tensor a = Tensor::from_vector({3}, {1, 2, 3}).to(cuda0), b = Tensor::from_vector({3}, {4, 5, 6});
+  const Tensor c = add(a, b.to(cuda0));
+  EXPECT_EQ(c.device(), cuda0);
+  EXPECT_EQ(c.to_vector(), (std::vector<float>{5, 7, 9}));
+  const std::string m = testing::message_of([&] { add(a, b); });
+  EXPECT_NE(m.find("cpu:0"), std::string::npos) << m;
+  EXPECT_NE(m.find("cuda:0"), std::string::npos) << m;
+  // Gradients come back on the variables' device.
+  Variable v("v", Tensor::from_vector({3}, {1, -2, 3}).to(cuda0));
+  GradientTape tape;
+  const Tensor loss = reduce_sum(square(v.value()));
+  const std::vector<Tensor> grads = tape.gradient(loss, std::vector<Variable*>{&v});
+  EXPECT_EQ(grads[0].device(), cuda0);
+  EXPECT_EQ(grads[0].to_vector(), (std::vector<float>{2, -4, 6}));
+}
+
+TEST_F(Gpu, WeightsAreMadeWhereThePlacementSaysAndInputsFollowThem) {
+  auto model = mlp();
+  {
+    DevicePlacement on_gpu(cuda0);
+    model->build({10});
+  }
+  EXPECT_EQ(model->device(), cuda0);
+  for (const Variable* v : model->variables()) EXPECT_EQ(v->value_device(), cuda0) << v->name();
+  const Tensor x = testing::random_tensor({5, 10}, 4);
+  const Tensor y = (*model)(x);  // a host batch is copied to the weights' device
+  EXPECT_EQ(y.device(), cuda0);
+  const Tensor p = model->predict(x, 2);  // predictions come back to the host
+  EXPECT_TRUE(p.on_cpu());
+  const std::vector<float> yv = y.to_vector(), pv = p.to_vector();
+  for (std::size_t i = 0; i < yv.size(); ++i) EXPECT_NEAR(pv[i], yv[i], 1e-6) << i;
+  auto on_cpu = mlp();
+  on_cpu->build({10});
+  EXPECT_EQ(on_cpu->device(), Device::cpu());
+}
+
+// The same seeds, data and batches on the GPU and on the CPU: the same training.
+TEST_F(Gpu, FitOnTheGpuTrainsAsOnTheCpu) {
+  const data::Split d = data::make_synthetic(640, 10, 4, 5, data::SyntheticLabels::teacher);
+  auto cpu = mlp(), gpu = mlp();
+  const History hc = cpu->fit(d.x, d.y, quiet(3));
+  History hg;
+  {
+    DevicePlacement on_gpu(cuda0);
+    hg = gpu->fit(d.x, d.y, quiet(3));
+  }
+  EXPECT_EQ(gpu->device(), cuda0);
+  EXPECT_LE(testing::relative_difference(*gpu, *cpu), tolerance(1e-4));
+  for (std::size_t e = 0; e < 3; ++e) {
+    EXPECT_NEAR(hg.history.at("loss")[e], hc.history.at("loss")[e], tolerance(1e-4) * hc.history.at("loss")[e]);
+    EXPECT_NEAR(hg.history.at("accuracy")[e], hc.history.at("accuracy")[e], tolerance(1e-2));
+  }
+  EXPECT_LT(hg.history.at("loss")[2], hg.history.at("loss")[0]);
+  // The batches' copies to the GPU and the waits for it are phases of the step; the CPU has neither.
+  EXPECT_GT(hg.profile.back().phases[static_cast<int>(profile::Phase::to_device)], 0.0);
+  EXPECT_EQ(hc.profile.back().phases[static_cast<int>(profile::Phase::to_device)], 0.0);
+  EXPECT_EQ(hc.profile.back().phases[static_cast<int>(profile::Phase::device_wait)], 0.0);
+  // Evaluation on the GPU agrees too.
+  const Logs ec = cpu->evaluate(d.x, d.y), eg = gpu->evaluate(d.x, d.y);
+  EXPECT_NEAR(eg.at("loss"), ec.at("loss"), tolerance(1e-4) * ec.at("loss"));
+}
+
+// Mixed precision (bfloat16 matmuls) and dropout's masks: the masks are the same function of
+// the seed on either device, so the runs still agree.
+TEST_F(Gpu, MixedPrecisionAndDropoutTrainAsOnTheCpu) {
+  const data::Split d = data::make_synthetic(256, 10, 4, 6, data::SyntheticLabels::teacher);
+  auto cpu = mlp("mixed_bfloat16", 0.25f), gpu = mlp("mixed_bfloat16", 0.25f);
+  cpu->fit(d.x, d.y, quiet(2));
+  {
+    DevicePlacement on_gpu(cuda0);
+    gpu->fit(d.x, d.y, quiet(2));
+  }
+  EXPECT_LE(testing::relative_difference(*gpu, *cpu), tolerance(2e-3));
+}
+
+// After its first steps a training step asks the device's allocator for nothing: every
+// buffer comes back from the cache.
+TEST_F(Gpu, ThePlannedStepAllocatesNothingAfterWarmUp) {
+  const data::Split d = data::make_synthetic(512, 10, 4, 7);
+  auto model = mlp();
+  DevicePlacement on_gpu(cuda0);
+  model->fit(d.x, d.y, quiet(1));
+  DeviceRuntime& runtime = *device_runtime(DeviceType::cuda);
+  const DeviceMemoryStats before = runtime.memory_stats(0);
+  model->fit(d.x, d.y, quiet(2));
+  const DeviceMemoryStats after = runtime.memory_stats(0);
+  EXPECT_EQ(after.device_allocations, before.device_allocations);
+  EXPECT_GT(after.allocations, before.allocations);  // the step did allocate, from the cache
+}
+
+// A checkpoint saved from a GPU restores on the CPU to the same bytes, and the other way round.
+TEST_F(Gpu, WeightsAndCheckpointsMoveBetweenDevicesBitForBit) {
+  const std::string dir = dir_.string();
+  const data::Split d = data::make_synthetic(256, 10, 4, 8);
+  auto gpu = mlp();
+  {
+    DevicePlacement on_gpu(cuda0);
+    gpu->fit(d.x, d.y, quiet(1));
+  }
+  gpu->save_weights(dir + "/w.safetensors");
+  gpu->save(dir + "/model.safetensors");
+  auto cpu = mlp();
+  cpu->build({10});
+  cpu->load_weights(dir + "/w.safetensors");
+  EXPECT_EQ(testing::relative_difference(*cpu, *gpu), 0.0);
+  const auto restored = models::load_model(dir + "/model.safetensors");
+  EXPECT_EQ(testing::relative_difference(*restored, *gpu), 0.0);
+  EXPECT_EQ(restored->optimizer().iterations(), gpu->optimizer().iterations());
+  // A checkpoint of the GPU's model and optimizer, restored into a CPU model...
+  train::Checkpoint saved{{"model", *gpu}, {"optimizer", gpu->optimizer()}};
+  const std::string path = saved.save(dir + "/ckpt");
+  auto again = mlp();
+  again->build({10});
+  train::Checkpoint into{{"model", *again}, {"optimizer", again->optimizer()}};
+  into.restore(path);
+  EXPECT_EQ(testing::relative_difference(*again, *gpu), 0.0);
+  // ...and a CPU model's weights loaded into one on the GPU.
+  auto back = mlp();
+  {
+    DevicePlacement on_gpu(cuda0);
+    back->build({10});
+  }
+  back->load_weights(dir + "/w.safetensors");
+  EXPECT_EQ(back->device(), cuda0);
+  EXPECT_EQ(testing::relative_difference(*back, *gpu), 0.0);
+}
+
+// A weight that becomes NaN on the GPU is reported at the end of its step, as on the CPU,
+// though the GPU's update returned before it ran.
+TEST_F(Gpu, AWeightThatBecomesNaNIsReportedAtItsStep) {
+  data::Split d = data::make_synthetic(128, 10, 4, 9);
+  d.x.data<float>()[64 * 10 + 3] = std::numeric_limits<float>::infinity();  // batch 1's gradients
+  auto model = mlp();
+  model->compile(std::make_shared<optim::SGD>(0.1f), std::make_shared<losses::SparseCategoricalCrossentropy>(true));
+  DevicePlacement on_gpu(cuda0);
+  FitOptions o = quiet(1);
+  o.shuffle = false;
+  const History h = model->fit(d.x, d.y, o);
+  ASSERT_TRUE(h.non_finite.has_value());
+  EXPECT_EQ(h.non_finite->batch, 1);
+}
+
+// Running out of GPU memory names the bytes asked, in use, cached and free, and the layer.
+TEST_F(Gpu, OutOfMemoryNamesTheLayerAndTheBytes) {
+  // An output of rows x 65536 floats: past what the stand-in is given, or past an H200.
+  const std::int64_t rows = gpu_.stand_in() ? 256 : std::int64_t{1} << 20;
+  if (gpu_.stand_in()) gpu_.stand_in_runtime()->set_limit(std::size_t{48} << 20);
+  Sequential model;
+  model.add<nn::Dense>(65536, "", nn::DenseOptions{.seed = 1, .name = "wide"});
+  DevicePlacement on_gpu(cuda0);
+  model.build({16});
+  const Tensor x = Tensor::zeros({rows, 16});
+  try {
+    (void)model(x);
+    FAIL() << "no error";
+  } catch (const ResourceExhausted& e) {
+    const std::string m = e.what();
+    for (const char* part : {"out of memory on cuda:0", "layer 'wide' asked for", "in use by tensors", "cached",
+                             "free of"})
+      EXPECT_NE(m.find(part), std::string::npos) << part << " in: " << m;
+  }
+}
+
+}  // namespace
+}  // namespace dtrain

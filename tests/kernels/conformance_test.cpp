@@ -1,0 +1,650 @@
+// One description of each primitive, run on every backend this machine has: each backend's
+// result against a reference computed here in double precision and, on a GPU, against the
+// CPU backend's on the same inputs. The shapes include the adversarial ones: an empty batch,
+// one row, odd sizes, rows longer than a block of threads. Tolerances are written beside
+// each op with their reason. On a machine without a GPU the CUDA instance skips, saying why.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "common/gradcheck.h"
+#include "dtrain/core/rng.h"
+#include "dtrain/kernels/backend.h"
+#include "dtrain/kernels/element_math.h"
+
+namespace dtrain::kernels {
+namespace {
+
+using testing::random_tensor;
+
+struct BackendCase {
+  const char* name;
+  Device device;
+};
+
+class Conformance : public ::testing::TestWithParam<BackendCase> {
+ protected:
+  void SetUp() override {
+    if (!device().is_cpu() && device_count(DeviceType::cuda) == 0)
+      GTEST_SKIP() << "the CUDA backend has no GPU to run on: " << describe_devices(DeviceType::cuda);
+  }
+  Device device() const { return GetParam().device; }
+  bool gpu() const { return !device().is_cpu(); }
+  Backend& be() { return backend(device()); }
+  // A host tensor's copy on the backend's device.
+  Tensor on(const Tensor& host) const { return host.to(device()); }
+  Tensor out(const Shape& shape, DType dtype = DType::f32) const { return Tensor::empty(shape, dtype, device()); }
+};
+
+// |got - want| <= atol + rtol * |want| for every element, where want is the reference.
+void expect_near(const std::vector<float>& got, const std::vector<double>& want, double rtol, double atol,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(want[i])) {
+      ASSERT_TRUE(std::isnan(got[i])) << what << " [" << i << "]: " << got[i] << ", want NaN";
+      continue;
+    }
+    if (std::isinf(want[i])) {
+      ASSERT_EQ(got[i], want[i]) << what << " [" << i << "]";
+      continue;
+    }
+    ASSERT_LE(std::fabs(got[i] - want[i]), atol + rtol * std::fabs(want[i]))
+        << what << " [" << i << "]: got " << got[i] << ", want " << want[i];
+  }
+}
+
+std::vector<double> as_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+// On a GPU, the same call on the CPU backend: the two backends' results agree within
+// `rtol` of each value plus `atol` (float32 everywhere: 1e-5 relative, as documented).
+void expect_same_as_cpu(const Tensor& got, const Tensor& cpu, double rtol, double atol, const std::string& what) {
+  expect_near(got.to_vector(), as_double(cpu.to_vector()), rtol, atol, what + " (against the CPU backend)");
+}
+
+// ---- matmul
+
+std::vector<double> matmul_reference(const Tensor& a, const Tensor& b, const MatmulOptions& o, std::int64_t M,
+                                     std::int64_t K, std::int64_t N) {
+  const auto va = a.to_vector(), vb = b.to_vector();
+  const std::vector<float> bias = o.bias ? o.bias->to_vector() : std::vector<float>(static_cast<std::size_t>(N), 0.0f);
+  std::vector<double> c(static_cast<std::size_t>(M * N));
+  for (std::int64_t i = 0; i < M; ++i)
+    for (std::int64_t j = 0; j < N; ++j) {
+      double s = bias[static_cast<std::size_t>(j)];
+      for (std::int64_t k = 0; k < K; ++k)
+        s += static_cast<double>(o.transpose_a ? va[k * M + i] : va[i * K + k]) *
+             (o.transpose_b ? vb[j * K + k] : vb[k * N + j]);
+      switch (o.activation) {
+        case Activation::relu: s = std::max(s, 0.0); break;
+        case Activation::sigmoid: s = 1.0 / (1.0 + std::exp(-s)); break;
+        case Activation::tanh: s = std::tanh(s); break;
+        case Activation::gelu: s = 0.5 * s * (1.0 + std::erf(s / std::sqrt(2.0))); break;
+        case Activation::linear: break;
+      }
+      c[static_cast<std::size_t>(i * N + j)] = s;
+    }
+  return c;
+}
+
+TEST_P(Conformance, MatmulMatchesDoubleReference) {
+  struct Case {
+    std::int64_t m, k, n;
+  };
+  // Float32 sums of K products: each within K * 2^-24 of exact, in practice far less.
+  for (const Case s : {Case{1, 1, 1}, Case{0, 5, 3}, Case{4, 0, 3}, Case{7, 13, 5}, Case{33, 70, 45},
+                       Case{64, 1024, 129}, Case{5, 3000, 2}})
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true})
+        for (const Activation act : {Activation::linear, Activation::relu, Activation::sigmoid, Activation::gelu}) {
+          const Tensor a = random_tensor(ta ? Shape{s.k, s.m} : Shape{s.m, s.k}, 1);
+          const Tensor b = random_tensor(tb ? Shape{s.n, s.k} : Shape{s.k, s.n}, 2);
+          const Tensor bias = random_tensor({s.n}, 3);
+          const Tensor da = on(a), db = on(b), dbias = on(bias);
+          Tensor c = out({s.m, s.n});
+          MatmulOptions o{.transpose_a = ta, .transpose_b = tb, .bias = &dbias, .activation = act};
+          be().matmul(da, db, c, o);
+          MatmulOptions ho = o;
+          ho.bias = &bias;
+          const std::string what = "matmul " + std::to_string(s.m) + "x" + std::to_string(s.k) + "x" +
+                                   std::to_string(s.n) + (ta ? " ta" : "") + (tb ? " tb" : "") + " act " +
+                                   std::to_string(static_cast<int>(act));
+          expect_near(c.to_vector(), matmul_reference(a, b, ho, s.m, s.k, s.n), 2e-5, 2e-5 * std::sqrt(double(s.k)),
+                      what);
+          if (gpu()) {
+            Tensor cc = Tensor::empty({s.m, s.n});
+            backend().matmul(a, b, cc, ho);
+            expect_same_as_cpu(c, cc, 1e-5, 1e-5 * std::sqrt(double(s.k)), what);
+          }
+        }
+}
+
+TEST_P(Conformance, MatmulAccumulatesAndWritesColumnBlocks) {
+  const std::int64_t M = 17, K = 40, N = 23, begin = 5, end = 19;
+  const Tensor a = random_tensor({M, K}, 4), b = random_tensor({K, N}, 5), c0 = random_tensor({M, N}, 6);
+  std::vector<double> want = as_double(c0.to_vector());
+  Tensor c = on(c0.clone());
+  be().matmul(on(a), on(b), c, {.accumulate = true, .column_begin = begin, .column_end = end});
+  const std::vector<double> full = matmul_reference(a, b, {}, M, K, N);
+  for (std::int64_t i = 0; i < M; ++i)
+    for (std::int64_t j = begin; j < end; ++j) want[static_cast<std::size_t>(i * N + j)] += full[static_cast<std::size_t>(i * N + j)];
+  expect_near(c.to_vector(), want, 2e-5, 1e-4, "matmul accumulated into columns [5, 19)");
+}
+
+// bfloat16 operands: exact products of the rounded values, summed in float32; the reference
+// rounds the inputs the same way, so only the summation differs.
+TEST_P(Conformance, MatmulInBfloat16RoundsTheOperandsOnly) {
+  const std::int64_t M = 31, K = 257, N = 19;
+  const Tensor a = random_tensor({M, K}, 7), b = random_tensor({K, N}, 8);
+  const Tensor a16 = a.astype(DType::bf16), b16 = b.astype(DType::bf16);
+  Tensor c = out({M, N});
+  be().matmul(on(a16), on(b16), c, {});
+  expect_near(c.to_vector(), matmul_reference(a16.astype(DType::f32), b16.astype(DType::f32), {}, M, K, N), 1e-5,
+              1e-4, "bf16 matmul");
+}
+
+// ---- element-wise
+
+double unary_reference(Unary op, double x, double alpha, double beta) {
+  switch (op) {
+    case Unary::linear: return alpha * x + beta;
+    case Unary::relu: return x > 0 ? x : 0;
+    case Unary::sigmoid: return 1 / (1 + std::exp(-x));
+    case Unary::tanh: return std::tanh(x);
+    case Unary::gelu: return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0)));
+    case Unary::exp: return std::exp(x);
+    case Unary::log: return std::log(x);
+    case Unary::square: return x * x;
+    case Unary::sqrt: return std::sqrt(x);
+    case Unary::abs: return std::fabs(x);
+    case Unary::clip: return std::min(std::max(x, alpha), beta);
+  }
+  return 0;
+}
+
+double unary_derivative(Unary op, double x, double alpha, double beta) {
+  switch (op) {
+    case Unary::linear: return alpha;
+    case Unary::relu: return x > 0 ? 1 : 0;
+    case Unary::sigmoid: {
+      const double s = 1 / (1 + std::exp(-x));
+      return s * (1 - s);
+    }
+    case Unary::tanh: return 1 - std::tanh(x) * std::tanh(x);
+    case Unary::gelu:
+      return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
+    case Unary::exp: return std::exp(x);
+    case Unary::log: return 1 / x;
+    case Unary::square: return 2 * x;
+    case Unary::sqrt: return 0.5 / std::sqrt(x);
+    case Unary::abs: return x > 0 ? 1 : -1;
+    case Unary::clip: return x > alpha && x < beta ? 1 : 0;
+  }
+  return 0;
+}
+
+// What unary_backward reads for each op: the output or the input (backend.h).
+bool reads_output(Unary op) {
+  return op == Unary::relu || op == Unary::sigmoid || op == Unary::tanh || op == Unary::exp || op == Unary::sqrt;
+}
+
+TEST_P(Conformance, UnaryFunctionsAndTheirDerivatives) {
+  // Transcendentals in float32 differ between math libraries by a few ulp: 1e-5 relative;
+  // oneDNN's gelu_erf is a polynomial within 5e-5, and its log within 5e-6 absolute.
+  for (const std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{100003}})
+    for (int k = 0; k <= static_cast<int>(Unary::clip); ++k) {
+      const auto op = static_cast<Unary>(k);
+      const bool positive = op == Unary::log || op == Unary::sqrt;
+      const Tensor x = testing::random_away_from({n}, 10 + k, positive ? 0.05f : -4.0f, 4.0f, {0.0f, -0.5f, 0.5f});
+      const float alpha = op == Unary::clip ? -0.5f : (op == Unary::linear ? 1.5f : 1.0f);
+      const float beta = op == Unary::clip ? 0.5f : (op == Unary::linear ? -0.25f : 0.0f);
+      Tensor y = out({n});
+      be().unary(op, on(x), y, alpha, beta);
+      const std::vector<float> xv = x.to_vector();
+      std::vector<double> want(xv.size()), dwant(xv.size());
+      for (std::size_t i = 0; i < xv.size(); ++i) {
+        want[i] = unary_reference(op, xv[i], alpha, beta);
+        dwant[i] = 0.75 * unary_derivative(op, xv[i], alpha, beta);
+      }
+      const std::string what = "unary " + std::to_string(k) + " on " + std::to_string(n);
+      expect_near(y.to_vector(), want, op == Unary::gelu ? 5e-5 : 1e-5, op == Unary::log ? 5e-6 : 1e-6, what);
+      const Tensor saved = reads_output(op) ? y : on(x);
+      Tensor dx = out({n});
+      be().unary_backward(op, saved, on(Tensor::full({n}, 0.75f)), dx, alpha, beta);
+      expect_near(dx.to_vector(), dwant, 2e-5, 1e-6, what + " backward");
+    }
+}
+
+TEST_P(Conformance, UnaryLinearReadsBytesAndWorksInPlace) {
+  Tensor bytes = Tensor::empty({300}, DType::u8);
+  for (int i = 0; i < 300; ++i) bytes.data<std::uint8_t>()[i] = static_cast<std::uint8_t>(i * 7);
+  Tensor y = out({300});
+  be().unary(Unary::linear, on(bytes), y, 1.0f / 255.0f, 0.0f);
+  std::vector<double> want(300);
+  for (int i = 0; i < 300; ++i) want[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i * 7) / 255.0;
+  expect_near(y.to_vector(), want, 1e-6, 0, "linear from bytes");
+  be().unary(Unary::square, y, y, 1.0f, 0.0f);  // in place
+  for (double& w : want) w *= w;
+  expect_near(y.to_vector(), want, 1e-6, 0, "square in place");
+}
+
+double binary_reference(Binary op, double a, double b) {
+  switch (op) {
+    case Binary::add: return a + b;
+    case Binary::sub: return a - b;
+    case Binary::mul: return a * b;
+    case Binary::div: return a / b;
+    case Binary::max: return std::max(a, b);
+    case Binary::min: return std::min(a, b);
+  }
+  return 0;
+}
+
+TEST_P(Conformance, BinaryOpsBroadcastEitherOperand) {
+  struct Case {
+    Shape a, b;
+  };
+  for (const Case& s : {Case{{4, 5}, {4, 5}}, Case{{4, 5}, {5}}, Case{{5}, {4, 5}}, Case{{4, 1}, {1, 5}},
+                        Case{{3, 1, 5}, {4, 1}}, Case{{2, 3}, {}}, Case{{0, 3}, {3}}, Case{{7, 1, 1, 3}, {2, 5, 1}}})
+    for (int k = 0; k <= static_cast<int>(Binary::min); ++k) {
+      const auto op = static_cast<Binary>(k);
+      const Tensor a = random_tensor(s.a, 20), b = testing::random_away_from(s.b, 21, -2.0f, 2.0f, {0.0f}, 0.1f);
+      const Shape c_shape = broadcast_shapes(s.a, s.b, "test");
+      Tensor c = out(c_shape);
+      be().binary(op, on(a), on(b), c);
+      // The reference broadcasts by index arithmetic.
+      const auto av = a.to_vector(), bv = b.to_vector();
+      std::vector<double> want(static_cast<std::size_t>(c_shape.numel()));
+      const auto strides = c_shape.strides();
+      for (std::int64_t i = 0; i < c_shape.numel(); ++i) {
+        std::int64_t ia = 0, ib = 0, sa = 1, sb = 1;
+        for (int d = c_shape.rank() - 1; d >= 0; --d) {
+          const std::int64_t idx = i / strides[d] % c_shape[d];
+          const int da = s.a.rank() - c_shape.rank() + d, db = s.b.rank() - c_shape.rank() + d;
+          if (da >= 0) {
+            ia += (s.a[da] == 1 ? 0 : idx) * sa;
+            sa *= s.a[da];
+          }
+          if (db >= 0) {
+            ib += (s.b[db] == 1 ? 0 : idx) * sb;
+            sb *= s.b[db];
+          }
+        }
+        want[static_cast<std::size_t>(i)] = binary_reference(op, av[static_cast<std::size_t>(ia)], bv[static_cast<std::size_t>(ib)]);
+      }
+      expect_near(c.to_vector(), want, 1e-6, 1e-7,
+                  "binary " + std::to_string(k) + " " + s.a.to_string() + " with " + s.b.to_string());
+    }
+}
+
+TEST_P(Conformance, ReductionsOverAnyAxes) {
+  const Shape x_shape{6, 7, 9};
+  const Tensor x = random_tensor(x_shape, 30);
+  const auto xv = x.to_vector();
+  for (int mask = 1; mask < 8; ++mask)
+    for (int k = 0; k <= static_cast<int>(Reduce::max); ++k) {
+      const auto op = static_cast<Reduce>(k);
+      Shape y_shape = x_shape;
+      for (int d = 0; d < 3; ++d)
+        if (mask & (1 << d)) y_shape.set(d, 1);
+      Tensor y = out(y_shape);
+      be().reduce(op, on(x), y);
+      std::vector<double> want(static_cast<std::size_t>(y_shape.numel()), op == Reduce::max ? -INFINITY : 0.0);
+      std::vector<int> count(want.size(), 0);
+      for (int i = 0; i < 6; ++i)
+        for (int j = 0; j < 7; ++j)
+          for (int l = 0; l < 9; ++l) {
+            const int o = ((mask & 1) ? 0 : i) * static_cast<int>(y_shape[1] * y_shape[2]) +
+                          ((mask & 2) ? 0 : j) * static_cast<int>(y_shape[2]) + ((mask & 4) ? 0 : l);
+            const double v = xv[static_cast<std::size_t>((i * 7 + j) * 9 + l)];
+            want[static_cast<std::size_t>(o)] = op == Reduce::max ? std::max(want[static_cast<std::size_t>(o)], v)
+                                                                  : want[static_cast<std::size_t>(o)] + v;
+            ++count[static_cast<std::size_t>(o)];
+          }
+      if (op == Reduce::mean)
+        for (std::size_t o = 0; o < want.size(); ++o) want[o] /= count[o];
+      expect_near(y.to_vector(), want, 1e-5, 1e-6, "reduce " + std::to_string(k) + " axes " + std::to_string(mask));
+    }
+  // A reduction with many values per output, and an empty input.
+  const Tensor big = random_tensor({3, 50001}, 31);
+  Tensor sums = out({3, 1});
+  be().reduce(Reduce::sum, on(big), sums);
+  const auto bv = big.to_vector();
+  std::vector<double> want(3, 0.0);
+  for (std::size_t i = 0; i < bv.size(); ++i) want[i / 50001] += bv[i];
+  expect_near(sums.to_vector(), want, 1e-5, 1e-3, "row sums of 50001");
+  Tensor empty_max = out({1});
+  be().reduce(Reduce::max, on(Tensor::empty({0})), empty_max);
+  EXPECT_EQ(empty_max.to_vector()[0], -std::numeric_limits<float>::infinity());
+}
+
+TEST_P(Conformance, SoftmaxAndLogSoftmaxWithTheirBackward) {
+  for (const Shape& s : {Shape{0, 5}, Shape{1, 1}, Shape{37, 10}, Shape{4, 1000}, Shape{3, 5000}})
+    for (const bool log : {false, true}) {
+      const Tensor x = random_tensor(s, 40, -6.0f, 6.0f), dy = random_tensor(s, 41);
+      Tensor y = out(s), dx = out(s);
+      be().softmax(on(x), y, log);
+      be().softmax_backward(y, on(dy), dx, log);
+      const std::int64_t rows = s[0], cols = s[1];
+      const auto xv = x.to_vector(), gv = dy.to_vector();
+      std::vector<double> want(xv.size()), dwant(xv.size());
+      for (std::int64_t r = 0; r < rows; ++r) {
+        double mx = -INFINITY, sum = 0, dot = 0, gsum = 0;
+        for (std::int64_t c = 0; c < cols; ++c) mx = std::max(mx, double(xv[r * cols + c]));
+        for (std::int64_t c = 0; c < cols; ++c) sum += std::exp(xv[r * cols + c] - mx);
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const double p = std::exp(xv[r * cols + c] - mx) / sum;
+          want[r * cols + c] = log ? xv[r * cols + c] - mx - std::log(sum) : p;
+          dot += gv[r * cols + c] * p;
+          gsum += gv[r * cols + c];
+        }
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const double p = std::exp(xv[r * cols + c] - mx) / sum;
+          dwant[r * cols + c] = log ? gv[r * cols + c] - p * gsum : p * (gv[r * cols + c] - dot);
+        }
+      }
+      const std::string what = std::string(log ? "log_softmax " : "softmax ") + s.to_string();
+      // oneDNN's log is within a few 1e-6 absolute of a log-probability near 0.
+      expect_near(y.to_vector(), want, 2e-6, 5e-6, what);
+      expect_near(dx.to_vector(), dwant, 2e-5, 2e-6, what + " backward");
+    }
+}
+
+TEST_P(Conformance, SoftmaxCrossEntropySparseAndDenseWithBackward) {
+  for (const Shape& s : {Shape{0, 4}, Shape{1, 3}, Shape{64, 10}, Shape{5, 2000}})
+    for (const bool sparse : {true, false}) {
+      const std::int64_t rows = s[0], cols = s[1];
+      const Tensor logits = random_tensor(s, 50, -5.0f, 5.0f);
+      std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));
+      Generator g(51);
+      for (auto& l : labels) l = static_cast<std::int32_t>(g.below(static_cast<std::uint64_t>(cols)));
+      Tensor dist = random_tensor(s, 52, 0.0f, 1.0f);
+      const Tensor target = sparse ? Tensor::from_vector({rows}, labels) : dist;
+      Tensor loss = out({rows}), lp = out(s), dlogits = out(s);
+      be().softmax_cross_entropy(on(logits), on(target), loss, lp);
+      const Tensor dloss = random_tensor({rows}, 53);
+      be().softmax_cross_entropy_backward(lp, on(target), on(dloss), dlogits);
+      const auto xv = logits.to_vector(), tv = dist.to_vector(), dl = dloss.to_vector();
+      std::vector<double> want(static_cast<std::size_t>(rows)), dwant(xv.size());
+      for (std::int64_t r = 0; r < rows; ++r) {
+        double mx = -INFINITY, sum = 0, total = 0;
+        for (std::int64_t c = 0; c < cols; ++c) mx = std::max(mx, double(xv[r * cols + c]));
+        for (std::int64_t c = 0; c < cols; ++c) sum += std::exp(xv[r * cols + c] - mx);
+        const double lse = mx + std::log(sum);
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const double t = sparse ? (c == labels[static_cast<std::size_t>(r)]) : tv[r * cols + c];
+          want[static_cast<std::size_t>(r)] -= t * (xv[r * cols + c] - lse);
+          total += t;
+        }
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const double t = sparse ? (c == labels[static_cast<std::size_t>(r)]) : tv[r * cols + c];
+          dwant[r * cols + c] = dl[static_cast<std::size_t>(r)] * (std::exp(xv[r * cols + c] - lse) * total - t);
+        }
+      }
+      const std::string what = std::string(sparse ? "sparse" : "dense") + " cross-entropy " + s.to_string();
+      expect_near(loss.to_vector(), want, 1e-5, 1e-5, what);
+      expect_near(dlogits.to_vector(), dwant, 1e-5, 1e-6, what + " backward");
+    }
+}
+
+// A label outside [0, classes) is an error naming it and its row; on a GPU it is found by the
+// kernel and told at the backend's next call.
+TEST_P(Conformance, ALabelOutOfRangeIsNamed) {
+  Tensor loss = out({3}), lp = out({3, 4});
+  const Tensor labels = Tensor::from_vector({3}, std::vector<std::int32_t>{1, 7, 0});
+  const auto fail = [&] {
+    be().softmax_cross_entropy(on(random_tensor({3, 4}, 1)), on(labels), loss, lp);
+    be().synchronize();
+    be().fill(loss, 0.0f);
+  };
+  try {
+    fail();
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("label 7 at row 1"), std::string::npos) << m;
+  }
+  be().fill(loss, 0.0f);  // the backend works on after it
+  be().synchronize();
+}
+
+TEST_P(Conformance, ConversionsToAndFromBfloat16RoundToNearestEven) {
+  const std::vector<float> special{0.0f, -0.0f, 1.0f, 1.00390625f /* a tie: rounds to 1 */, 1.01171875f /* tie up */,
+                                   std::numeric_limits<float>::infinity(), -3e38f, 1e-40f,
+                                   std::numeric_limits<float>::quiet_NaN()};
+  Tensor x = Tensor::from_vector({static_cast<std::int64_t>(special.size())}, special);
+  Tensor h = out(x.shape(), DType::bf16), back = out(x.shape());
+  be().convert(on(x), h);
+  be().convert(h, back);
+  const auto got = back.to_vector();
+  for (std::size_t i = 0; i < special.size(); ++i) {
+    const float want = math::from_bf16(math::to_bf16(special[i]));
+    if (std::isnan(want)) EXPECT_TRUE(std::isnan(got[i]));
+    else EXPECT_EQ(got[i], want) << special[i];
+  }
+  EXPECT_EQ(got[3], 1.0f);
+  EXPECT_EQ(got[4], 1.015625f);
+}
+
+TEST_P(Conformance, FillAxpbyAndSumOfSquares) {
+  const Tensor x = random_tensor({1001}, 60);
+  Tensor y = out({1001});
+  be().fill(y, std::numeric_limits<float>::quiet_NaN());
+  be().axpby(2.0f, on(x), 0.0f, y);  // beta 0 ignores the NaNs
+  std::vector<double> want = as_double(x.to_vector());
+  for (double& w : want) w *= 2;
+  expect_near(y.to_vector(), want, 1e-7, 0, "axpby with beta 0");
+  be().axpby(1.0f, on(x), -0.5f, y);  // y = x - y / 2 = 0
+  expect_near(y.to_vector(), std::vector<double>(1001, 0.0), 0, 1e-7, "axpby");
+  double squares = 0;
+  for (float v : x.to_vector()) squares += double(v) * v;
+  EXPECT_NEAR(be().sum_squares(on(x)), squares, 1e-6 * squares);  // float partial sums, folded in double
+  EXPECT_EQ(be().sum_squares(out({0})), 0.0);
+}
+
+// The mask is the same function of (seed, counter, element) on every backend.
+TEST_P(Conformance, DropoutDrawsTheSameMaskAsTheGenerator) {
+  const std::int64_t n = 70001;
+  const Generator g(99, 12345);
+  const Tensor x = random_tensor({n}, 61);
+  Tensor y = out({n}), mask = out({n});
+  be().dropout(on(x), 0.3f, g, y, mask);
+  const auto m = mask.to_vector(), yv = y.to_vector(), xv = x.to_vector();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float want = g.uniform_at(static_cast<std::uint64_t>(i)) >= 0.3f ? 1.0f / 0.7f : 0.0f;
+    ASSERT_EQ(m[static_cast<std::size_t>(i)], want) << i;
+    ASSERT_EQ(yv[static_cast<std::size_t>(i)], xv[static_cast<std::size_t>(i)] * want) << i;
+  }
+}
+
+TEST_P(Conformance, ArgmaxTakesTheFirstOfTiesAndOneHotMarksLabels) {
+  const Tensor x = Tensor::from_vector({3, 4}, {1, 3, 3, 2, -1, -1, -1, -1, 0, 0, 5, 5});
+  Tensor idx = out({3}, DType::i32);
+  be().argmax(on(x), idx);
+  EXPECT_EQ(idx.to_vector(), (std::vector<float>{1, 0, 2}));
+  Tensor hot = out({3, 4});
+  be().one_hot(on(Tensor::from_vector({3}, std::vector<std::int32_t>{3, 0, 2})), hot);
+  EXPECT_EQ(hot.to_vector(), (std::vector<float>{0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 1, 0}));
+}
+
+TEST_P(Conformance, OptimizerUpdatesFollowKerasRules) {
+  const std::int64_t n = 20011;
+  for (int rule = 0; rule < 4; ++rule) {
+    Tensor w = on(random_tensor({n}, 70)), m = Tensor::zeros({n}, DType::f32, device()),
+           v = Tensor::zeros({n}, DType::f32, device()), vel = Tensor::zeros({n}, DType::f32, device());
+    std::vector<double> rw = as_double(w.to_vector()), rm(n, 0), rv(n, 0), rvel(n, 0);
+    for (int step = 1; step <= 3; ++step) {
+      const Tensor g = random_tensor({n}, 70 + step);
+      const auto gv = g.to_vector();
+      if (rule == 0) {
+        AdamUpdate p{.learning_rate = 0.01f, .step = step, .weight_decay = 0.1f, .gradient_scale = 0.5f};
+        be().adam_update(w, on(g), m, v, p);
+        const double a = 0.01 * std::sqrt(1 - std::pow(0.999, step)) / (1 - std::pow(0.9, step));
+        for (std::int64_t i = 0; i < n; ++i) {
+          const double gi = 0.5 * gv[static_cast<std::size_t>(i)];
+          rm[i] = 0.9 * rm[i] + 0.1 * gi;
+          rv[i] = 0.999 * rv[i] + 0.001 * gi * gi;
+          rw[i] -= 0.01 * 0.1 * rw[i];
+          rw[i] -= a * rm[i] / (std::sqrt(rv[i]) + 1e-7);
+        }
+      } else {
+        const SgdUpdate p{.learning_rate = 0.1f, .momentum = rule == 1 ? 0.0f : 0.9f, .nesterov = rule == 3,
+                          .weight_decay = 0.01f};
+        be().sgd_update(w, on(g), rule == 1 ? nullptr : &vel, p);
+        for (std::int64_t i = 0; i < n; ++i) {
+          const double gi = gv[static_cast<std::size_t>(i)];
+          rw[i] -= 0.1 * 0.01 * rw[i];
+          if (rule == 1) {
+            rw[i] -= 0.1 * gi;
+          } else {
+            rvel[i] = 0.9 * rvel[i] - 0.1 * gi;
+            rw[i] += rule == 3 ? 0.9 * rvel[i] - 0.1 * gi : rvel[i];
+          }
+        }
+      }
+    }
+    be().take_deferred_non_finite();
+    expect_near(w.to_vector(), rw, 1e-5, 1e-6, "update rule " + std::to_string(rule));
+  }
+}
+
+// A NaN written by an update is reported: at once by a backend that runs the update before
+// returning, through take_deferred_non_finite() by one whose kernels run later.
+TEST_P(Conformance, ANonFiniteWeightIsReported) {
+  Tensor w = on(random_tensor({5000}, 80)), m = Tensor::zeros({5000}, DType::f32, device()),
+         v = Tensor::zeros({5000}, DType::f32, device());
+  Tensor g = random_tensor({5000}, 81);
+  be().take_deferred_non_finite();
+  EXPECT_TRUE(be().adam_update(w, on(g), m, v, AdamUpdate{}) && !be().take_deferred_non_finite());
+  g.data<float>()[4321] = std::numeric_limits<float>::infinity();
+  const bool at_once = be().adam_update(w, on(g), m, v, AdamUpdate{});
+  EXPECT_TRUE(!at_once || be().take_deferred_non_finite());
+  EXPECT_FALSE(be().take_deferred_non_finite());  // told once
+}
+
+TEST_P(Conformance, BatchNormSumsAndAffine) {
+  const std::int64_t rows = 2049, c = 45;
+  const Tensor a = random_tensor({rows, c}, 90), b = random_tensor({rows, c}, 91), center = random_tensor({c}, 92);
+  Tensor sums = out({2, c});
+  be().channel_sums(on(a), on(b), on(center), sums);
+  const auto av = a.to_vector(), bv = b.to_vector(), cv = center.to_vector();
+  std::vector<double> want(static_cast<std::size_t>(2 * c), 0.0);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < c; ++j) {
+      want[j] += av[r * c + j];
+      want[c + j] += double(av[r * c + j]) * (bv[r * c + j] - cv[j]);
+    }
+  expect_near(sums.to_vector(), want, 1e-6, 1e-5, "channel_sums");
+  const Tensor scale = random_tensor({c}, 93), shift = random_tensor({c}, 94), scale2 = random_tensor({c}, 95);
+  Tensor y = out({rows, c});
+  const Tensor db = on(b), ds2 = on(scale2);
+  be().channel_affine(on(a), on(scale), on(shift), y, &db, &ds2, /*relu=*/true);
+  const auto sv = scale.to_vector(), tv = shift.to_vector(), s2 = scale2.to_vector();
+  std::vector<double> ywant(av.size());
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < c; ++j)
+      ywant[r * c + j] = std::max(0.0, double(av[r * c + j]) * sv[j] + tv[j] + double(bv[r * c + j]) * s2[j]);
+  expect_near(y.to_vector(), ywant, 1e-6, 1e-6, "channel_affine with a second input and relu");
+}
+
+TEST_P(Conformance, LayerNormForwardAndBackward) {
+  for (const Shape& s : {Shape{1, 7}, Shape{65, 300}, Shape{3, 4099}}) {
+    const std::int64_t rows = s[0], d = s[1];
+    const Tensor x = random_tensor(s, 100, -3.0f, 3.0f), gamma = random_tensor({d}, 101), beta = random_tensor({d}, 102);
+    const Tensor dy = random_tensor(s, 103);
+    Tensor y = out(s), mean = out({rows}), inv_std = out({rows});
+    be().layer_norm(on(x), on(gamma), on(beta), 1e-3f, y, mean, inv_std);
+    Tensor dx = out(s), dgamma = out({d}), dbeta = out({d});
+    be().layer_norm_backward(on(x), on(dy), on(gamma), mean, inv_std, dx, &dgamma, &dbeta);
+    const auto xv = x.to_vector(), gv = gamma.to_vector(), bv = beta.to_vector(), dv = dy.to_vector();
+    std::vector<double> ywant(xv.size()), dxwant(xv.size()), dgwant(static_cast<std::size_t>(d), 0.0),
+        dbwant(static_cast<std::size_t>(d), 0.0);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double mu = 0, var = 0;
+      for (std::int64_t j = 0; j < d; ++j) mu += xv[r * d + j];
+      mu /= d;
+      for (std::int64_t j = 0; j < d; ++j) var += (xv[r * d + j] - mu) * (xv[r * d + j] - mu);
+      var /= d;
+      const double is = 1 / std::sqrt(var + 1e-3);
+      double sg = 0, sgh = 0;
+      for (std::int64_t j = 0; j < d; ++j) {
+        const double h = (xv[r * d + j] - mu) * is;
+        ywant[r * d + j] = h * gv[j] + bv[j];
+        sg += dv[r * d + j] * gv[j];
+        sgh += dv[r * d + j] * gv[j] * h;
+        dgwant[j] += dv[r * d + j] * h;
+        dbwant[j] += dv[r * d + j];
+      }
+      for (std::int64_t j = 0; j < d; ++j) {
+        const double h = (xv[r * d + j] - mu) * is;
+        dxwant[r * d + j] = is * (dv[r * d + j] * gv[j] - sg / d - h * sgh / d);
+      }
+    }
+    const std::string what = "layer_norm " + s.to_string();
+    expect_near(y.to_vector(), ywant, 1e-5, 1e-5, what);
+    expect_near(dx.to_vector(), dxwant, 1e-4, 1e-5, what + " dx");
+    expect_near(dgamma.to_vector(), dgwant, 1e-5, 1e-4, what + " dgamma");
+    expect_near(dbeta.to_vector(), dbwant, 1e-5, 1e-4, what + " dbeta");
+  }
+}
+
+TEST_P(Conformance, CopyBlockMovesStridedRowsOfEveryDtype) {
+  for (const DType dtype : {DType::f32, DType::bf16, DType::u8, DType::i32}) {
+    const Tensor src = random_tensor({2, 5, 8}, 110, 0.0f, 100.0f).astype(dtype);
+    Tensor dst = Tensor::zeros({2, 7, 10}, dtype, device());
+    // rows 1..3 of each outer block, 6 values from column 2, into rows 2..4 from column 1
+    be().copy_block(on(src), {.offset = 8 + 2, .outer_stride = 40, .row_stride = 8}, dst,
+                    {.offset = 20 + 1, .outer_stride = 70, .row_stride = 10}, 2, 3, 6);
+    const auto s = src.to_vector(), d = dst.to_vector();
+    for (int i = 0; i < 2; ++i)
+      for (int r = 0; r < 7; ++r)
+        for (int col = 0; col < 10; ++col) {
+          const bool inside = r >= 2 && r < 5 && col >= 1 && col < 7;
+          const float want = inside ? s[static_cast<std::size_t>(i * 40 + (r - 1) * 8 + col + 1)] : 0.0f;
+          ASSERT_EQ(d[static_cast<std::size_t>(i * 70 + r * 10 + col)], want)
+              << dtype_name(dtype) << " at " << i << "," << r << "," << col;
+        }
+  }
+}
+
+// Operands on two devices are an error naming both (nothing is copied behind the caller).
+TEST_P(Conformance, OperandsOnAnotherDeviceAreNamed) {
+  if (!gpu()) GTEST_SKIP() << "one device: nothing to mix";
+  Tensor c = out({2, 2});
+  try {
+    be().binary(Binary::add, on(Tensor::full({2, 2}, 1.0f)), Tensor::full({2, 2}, 1.0f), c);
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("cpu:0"), std::string::npos) << m;
+    EXPECT_NE(m.find(device().to_string()), std::string::npos) << m;
+  }
+}
+
+// Past 2^31 bytes: 64-bit offsets in every kernel's indexing (a GPU's memory allows it).
+TEST_P(Conformance, TensorsPastTwoGibibytes) {
+  if (!gpu()) GTEST_SKIP() << "on the CPU this is the matmul test's parts (Matmul.AnOperandPast...)";
+  const std::int64_t n = (std::int64_t{1} << 29) + 7;  // 2 GiB + 28 bytes of float32
+  Tensor x = Tensor::empty({n}, DType::f32, device());
+  be().fill(x, 1.5f);
+  Tensor y = Tensor::empty({n}, DType::f32, device());
+  be().unary(Unary::square, x, y, 1.0f, 0.0f);
+  be().axpby(1.0f, x, 1.0f, y);  // 2.25 + 1.5
+  Tensor tail = Tensor::empty({4});
+  tail.copy_from(y.slice(n - 4, n));
+  EXPECT_EQ(tail.to_vector(), (std::vector<float>{3.75f, 3.75f, 3.75f, 3.75f}));
+  EXPECT_NEAR(be().sum_squares(x), 2.25 * static_cast<double>(n), 1e-6 * 2.25 * static_cast<double>(n));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance,
+                         ::testing::Values(BackendCase{"cpu", Device::cpu()}, BackendCase{"cuda", Device::cuda(0)}),
+                         [](const ::testing::TestParamInfo<BackendCase>& p) { return std::string(p.param.name); });
+
+}  // namespace
+}  // namespace dtrain::kernels
