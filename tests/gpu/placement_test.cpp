@@ -11,6 +11,7 @@
 #include "common/compare.h"
 #include "common/error_message.h"
 #include "common/gradcheck.h"
+#include "common/small_cnn.h"
 #include "common/stand_in_gpu.h"
 #include "common/temp_dir.h"
 #include "dtrain/dtrain.h"
@@ -147,6 +148,28 @@ TEST_F(Gpu, MixedPrecisionAndDropoutTrainAsOnTheCpu) {
     gpu->fit(d.x, d.y, quiet(2));
   }
   EXPECT_LE(testing::relative_difference(*gpu, *cpu), tolerance(2e-3));
+}
+
+// A residual CNN (convolutions, batch norm with a fused relu, max and global average
+// pooling, an addition) trains on the GPU as on the CPU; its moving statistics too.
+TEST_F(Gpu, AConvNetWithBatchNormTrainsAsOnTheCpu) {
+  const auto [x, y] = testing::random_images(64, 3);
+  auto cpu = testing::small_cnn(false);
+  std::unique_ptr<Model> gpu;
+  {
+    DevicePlacement on_gpu(cuda0);
+    gpu = testing::small_cnn(false);
+  }
+  cpu->fit(x, y, quiet(2));
+  {
+    DevicePlacement on_gpu(cuda0);
+    gpu->fit(x, y, quiet(2));
+  }
+  EXPECT_EQ(gpu->device(), cuda0);
+  EXPECT_LE(testing::relative_difference(*gpu, *cpu), tolerance(1e-3));
+  const Tensor pc = cpu->predict(x), pg = gpu->predict(x);
+  const std::vector<float> a = pc.to_vector(), b = pg.to_vector();
+  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], tolerance(1e-3) * (1 + std::fabs(a[i]))) << i;
 }
 
 // After its first steps a training step asks the device's allocator for nothing: every

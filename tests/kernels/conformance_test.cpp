@@ -16,6 +16,7 @@
 #include "common/gradcheck.h"
 #include "dtrain/core/rng.h"
 #include "dtrain/kernels/backend.h"
+#include "dtrain/kernels/checks.h"
 #include "dtrain/kernels/element_math.h"
 
 namespace dtrain::kernels {
@@ -611,6 +612,187 @@ TEST_P(Conformance, CopyBlockMovesStridedRowsOfEveryDtype) {
               << dtype_name(dtype) << " at " << i << "," << r << "," << col;
         }
   }
+}
+
+// ---- convolution and pooling
+
+struct ConvCase {
+  std::int64_t n, h, w, c, kh, kw, f;
+  Conv2dOptions o;
+  const char* name;
+};
+
+Conv2dOptions conv_options(std::int64_t stride, std::int64_t dilation, std::int64_t pb_h, std::int64_t pe_h,
+                           std::int64_t pb_w, std::int64_t pe_w, std::int64_t groups) {
+  Conv2dOptions o;
+  o.stride[0] = o.stride[1] = stride;
+  o.dilation[0] = o.dilation[1] = dilation;
+  o.pad_begin[0] = pb_h;
+  o.pad_end[0] = pe_h;
+  o.pad_begin[1] = pb_w;
+  o.pad_end[1] = pe_w;
+  o.groups = groups;
+  return o;
+}
+
+const ConvCase kConvCases[] = {
+    {2, 7, 6, 4, 3, 3, 6, conv_options(1, 1, 1, 1, 1, 1, 1), "3x3 same"},
+    {2, 8, 8, 3, 3, 3, 5, conv_options(2, 1, 0, 1, 0, 1, 1), "3x3 stride 2, uneven padding"},
+    {1, 9, 7, 2, 3, 2, 4, conv_options(1, 2, 2, 2, 1, 1, 1), "dilation 2"},
+    {2, 5, 5, 4, 3, 3, 6, conv_options(1, 1, 1, 1, 1, 1, 2), "two groups"},
+    {2, 6, 6, 3, 3, 3, 6, conv_options(1, 1, 1, 1, 1, 1, 3), "depthwise, multiplier 2"},
+    {3, 4, 4, 8, 1, 1, 16, conv_options(1, 1, 0, 0, 0, 0, 1), "1x1"},
+    {0, 5, 5, 2, 3, 3, 2, conv_options(1, 1, 1, 1, 1, 1, 1), "an empty batch"},
+};
+
+struct ConvReference {
+  std::vector<double> y, dx, dk, db;
+};
+
+// y = conv(x, k) + bias; and for dy: dx, dk and db, by the definitions, in double.
+ConvReference conv_reference(const ConvCase& s, const Tensor& x, const Tensor& k, const Tensor& bias,
+                             const Tensor& dy) {
+  const auto xv = x.to_vector(), kv = k.to_vector(), bv = bias.to_vector(), gv = dy.to_vector();
+  const Conv2dOptions& o = s.o;
+  const std::int64_t oh_n = conv_out(s.h, s.kh, o.stride[0], o.dilation[0], o.pad_begin[0], o.pad_end[0]);
+  const std::int64_t ow_n = conv_out(s.w, s.kw, o.stride[1], o.dilation[1], o.pad_begin[1], o.pad_end[1]);
+  const std::int64_t cg = s.c / o.groups, fg = s.f / o.groups;
+  ConvReference r;
+  r.y.assign(static_cast<std::size_t>(s.n * oh_n * ow_n * s.f), 0.0);
+  r.dx.assign(xv.size(), 0.0);
+  r.dk.assign(kv.size(), 0.0);
+  r.db.assign(static_cast<std::size_t>(s.f), 0.0);
+  for (std::int64_t n = 0; n < s.n; ++n)
+    for (std::int64_t oh = 0; oh < oh_n; ++oh)
+      for (std::int64_t ow = 0; ow < ow_n; ++ow)
+        for (std::int64_t f = 0; f < s.f; ++f) {
+          const std::int64_t out = ((n * oh_n + oh) * ow_n + ow) * s.f + f, g = f / fg;
+          double sum = bv[static_cast<std::size_t>(f)];
+          const double grad = gv[static_cast<std::size_t>(out)];
+          r.db[static_cast<std::size_t>(f)] += grad;
+          for (std::int64_t kh = 0; kh < s.kh; ++kh)
+            for (std::int64_t kw = 0; kw < s.kw; ++kw) {
+              const std::int64_t ih = oh * o.stride[0] - o.pad_begin[0] + kh * o.dilation[0];
+              const std::int64_t iw = ow * o.stride[1] - o.pad_begin[1] + kw * o.dilation[1];
+              if (ih < 0 || ih >= s.h || iw < 0 || iw >= s.w) continue;
+              for (std::int64_t ci = 0; ci < cg; ++ci) {
+                const auto xi = static_cast<std::size_t>(((n * s.h + ih) * s.w + iw) * s.c + g * cg + ci);
+                const auto ki = static_cast<std::size_t>(((kh * s.kw + kw) * cg + ci) * s.f + f);
+                sum += double(xv[xi]) * kv[ki];
+                r.dx[xi] += grad * kv[ki];
+                r.dk[ki] += grad * xv[xi];
+              }
+            }
+          r.y[static_cast<std::size_t>(out)] = sum;
+        }
+  return r;
+}
+
+TEST_P(Conformance, ConvolutionsForwardAndBackward) {
+  for (const ConvCase& s : kConvCases)
+    for (const DType dtype : {DType::f32, DType::bf16}) {
+      const Conv2dOptions& o = s.o;
+      const std::int64_t oh = conv_out(s.h, s.kh, o.stride[0], o.dilation[0], o.pad_begin[0], o.pad_end[0]);
+      const std::int64_t ow = conv_out(s.w, s.kw, o.stride[1], o.dilation[1], o.pad_begin[1], o.pad_end[1]);
+      // bfloat16 operands: the reference takes the same rounded values.
+      const Tensor x = random_tensor({s.n, s.h, s.w, s.c}, 120).astype(dtype).astype(DType::f32);
+      const Tensor k = random_tensor({s.kh, s.kw, s.c / o.groups, s.f}, 121).astype(dtype).astype(DType::f32);
+      const Tensor bias = random_tensor({s.f}, 122), dy = random_tensor({s.n, oh, ow, s.f}, 123).astype(dtype).astype(DType::f32);
+      const ConvReference r = conv_reference(s, x, k, bias, dy);
+      const Tensor xd = on(x.astype(dtype)), kd = on(k.astype(dtype)), dyd = on(dy.astype(dtype)), bd = on(bias);
+      Tensor y = out({s.n, oh, ow, s.f}), dx = out({s.n, s.h, s.w, s.c}), dk = out(k.shape()), db = out({s.f});
+      Conv2dOptions with_bias = o;
+      with_bias.bias = &bd;
+      be().conv2d(xd, kd, y, with_bias);
+      be().conv2d_backward_data(dyd, kd, dx, o);
+      be().conv2d_backward_weights(xd, dyd, dk, &db, o);
+      // A GPU's bfloat16 convolutions round their result to bfloat16 (8 bits): 1e-2 relative.
+      const double rtol = dtype == DType::bf16 && gpu() ? 1e-2 : 2e-5, atol = dtype == DType::bf16 && gpu() ? 1e-2 : 2e-5;
+      const std::string what = std::string("conv2d ") + s.name + " (" + std::string(dtype_name(dtype)) + ")";
+      expect_near(y.to_vector(), r.y, rtol, atol, what);
+      expect_near(dx.to_vector(), r.dx, rtol, atol, what + " dx");
+      expect_near(dk.to_vector(), r.dk, rtol, atol * 10, what + " dkernel");
+      expect_near(db.to_vector(), r.db, 1e-5, 1e-4, what + " dbias");
+    }
+}
+
+TEST_P(Conformance, ConvolutionFusesItsActivation) {
+  const ConvCase& s = kConvCases[0];
+  const Tensor x = random_tensor({s.n, s.h, s.w, s.c}, 124), k = random_tensor({s.kh, s.kw, s.c, s.f}, 125);
+  Tensor y = out({s.n, s.h, s.w, s.f});
+  Conv2dOptions o = s.o;
+  o.activation = Activation::tanh;
+  be().conv2d(on(x), on(k), y, o);
+  const ConvReference r = conv_reference(s, x, k, Tensor::zeros({s.f}), Tensor::zeros({s.n, s.h, s.w, s.f}));
+  std::vector<double> want = r.y;
+  for (double& v : want) v = std::tanh(v);
+  expect_near(y.to_vector(), want, 2e-5, 2e-5, "conv2d with tanh");
+}
+
+TEST_P(Conformance, PoolingMaxAndAverageWithTheirBackward) {
+  struct Case {
+    Shape x;
+    Pool2dOptions o;
+  };
+  auto opts = [](Pool kind, std::int64_t window, std::int64_t stride, std::int64_t pb, std::int64_t pe) {
+    Pool2dOptions o;
+    o.kind = kind;
+    o.window[0] = o.window[1] = window;
+    o.stride[0] = o.stride[1] = stride;
+    o.pad_begin[0] = o.pad_begin[1] = pb;
+    o.pad_end[0] = o.pad_end[1] = pe;
+    return o;
+  };
+  for (const Pool kind : {Pool::max, Pool::average})
+    for (const Case& c : {Case{{2, 6, 6, 3}, opts(kind, 2, 2, 0, 0)}, Case{{1, 7, 5, 2}, opts(kind, 3, 2, 1, 1)},
+                          Case{{2, 5, 5, 4}, opts(kind, 3, 1, 1, 1)}, Case{{1, 4, 4, 1}, opts(kind, 2, 2, 0, 1)}}) {
+      const std::int64_t n = c.x[0], h = c.x[1], w = c.x[2], ch = c.x[3];
+      const Pool2dOptions& o = c.o;
+      const std::int64_t oh = conv_out(h, o.window[0], o.stride[0], 1, o.pad_begin[0], o.pad_end[0]);
+      const std::int64_t ow = conv_out(w, o.window[1], o.stride[1], 1, o.pad_begin[1], o.pad_end[1]);
+      const Tensor x = random_tensor(c.x, 130), dy = random_tensor({n, oh, ow, ch}, 131);
+      const auto xv = x.to_vector(), gv = dy.to_vector();
+      std::vector<double> want(static_cast<std::size_t>(n * oh * ow * ch)), dwant(xv.size(), 0.0);
+      for (std::int64_t b = 0; b < n; ++b)
+        for (std::int64_t i = 0; i < oh; ++i)
+          for (std::int64_t j = 0; j < ow; ++j)
+            for (std::int64_t k = 0; k < ch; ++k) {
+              const auto o_at = static_cast<std::size_t>(((b * oh + i) * ow + j) * ch + k);
+              double best = -INFINITY, sum = 0;
+              std::size_t arg = 0;
+              int taps = 0;
+              for (std::int64_t a = 0; a < o.window[0]; ++a)
+                for (std::int64_t e = 0; e < o.window[1]; ++e) {
+                  const std::int64_t ih = i * o.stride[0] - o.pad_begin[0] + a, iw = j * o.stride[1] - o.pad_begin[1] + e;
+                  if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
+                  const auto at = static_cast<std::size_t>(((b * h + ih) * w + iw) * ch + k);
+                  if (xv[at] > best) {
+                    best = xv[at];
+                    arg = at;
+                  }
+                  sum += xv[at];
+                  ++taps;
+                }
+              want[o_at] = kind == Pool::max ? best : sum / taps;
+              if (kind == Pool::max) {
+                dwant[arg] += gv[o_at];
+              } else {
+                for (std::int64_t a = 0; a < o.window[0]; ++a)
+                  for (std::int64_t e = 0; e < o.window[1]; ++e) {
+                    const std::int64_t ih = i * o.stride[0] - o.pad_begin[0] + a, iw = j * o.stride[1] - o.pad_begin[1] + e;
+                    if (ih >= 0 && ih < h && iw >= 0 && iw < w)
+                      dwant[static_cast<std::size_t>(((b * h + ih) * w + iw) * ch + k)] += gv[o_at] / taps;
+                  }
+              }
+            }
+      Tensor y = out({n, oh, ow, ch}), dx = out(c.x);
+      Tensor ws = out({static_cast<std::int64_t>(be().pool2d_workspace_bytes(c.x, o))}, DType::u8);
+      be().pool2d(on(x), y, kind == Pool::max ? &ws : nullptr, o);
+      be().pool2d_backward(on(dy), kind == Pool::max ? &ws : nullptr, dx, o);
+      const std::string what = std::string(kind == Pool::max ? "max" : "average") + " pooling of " + c.x.to_string();
+      expect_near(y.to_vector(), want, 1e-6, 1e-7, what);
+      expect_near(dx.to_vector(), dwant, 1e-6, 1e-6, what + " backward");
+    }
 }
 
 // Operands on two devices are an error naming both (nothing is copied behind the caller).

@@ -58,6 +58,28 @@ void check_layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, 
                       const Tensor& inv_std);
 void check_layer_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
                                const Tensor& inv_std, const Tensor& dx, const Tensor* dgamma, const Tensor* dbeta);
+// A convolution's sizes: x [n, h, w, c], kernel [kh, kw, c / groups, f], y [n, oh, ow, f].
+struct ConvDims {
+  std::int64_t n, h, w, c, kh, kw, f, oh, ow, groups;
+};
+// x, kernel and y's shapes against each other and the options (`op` names the caller).
+ConvDims check_conv2d_shapes(const Shape& x, const Shape& kernel, const Shape& y, const Conv2dOptions& o, const char* op);
+// Each convolution primitive's operands: dtypes that agree, float32 outputs, a bias [f].
+ConvDims check_conv2d(const Tensor& x, const Tensor& kernel, const Tensor& y, const Conv2dOptions& o);
+ConvDims check_conv2d_backward_data(const Tensor& dy, const Tensor& kernel, const Tensor& dx, const Conv2dOptions& o);
+ConvDims check_conv2d_backward_weights(const Tensor& x, const Tensor& dy, const Tensor& dkernel, const Tensor* dbias,
+                                       const Conv2dOptions& o);
+// The output extent of a window of `k` taps `dilation` apart over `in` padded values.
+std::int64_t conv_out(std::int64_t in, std::int64_t k, std::int64_t stride, std::int64_t dilation, std::int64_t pad_b,
+                      std::int64_t pad_e);
+
+// Pooling's sizes: x [n, h, w, c], y [n, oh, ow, c].
+struct PoolDims {
+  std::int64_t n, h, w, c, oh, ow;
+};
+// x (and y when given) against the options.
+PoolDims check_pool2d_shapes(const Shape& x, const Shape* y, const Pool2dOptions& o, const char* op);
+
 // Whether there is anything to copy.
 bool check_copy_block(const Tensor& src, const Block& from, const Tensor& dst, const Block& to, std::int64_t outer,
                       std::int64_t rows, std::int64_t width);

@@ -6,60 +6,31 @@
 // small, so their reorder costs little next to the convolution.
 #include "dtrain/kernels/onednn_internal.h"
 
+#include "dtrain/kernels/checks.h"
+
 namespace dtrain::kernels {
 using namespace onednn;  // dt among them
 using tag = dnnl::memory::format_tag;
 
 namespace {
 
-// What oneDNN needs to describe one convolution, from dtrain's shapes and options.
 struct ConvShapes {
   dnnl::memory::dims src, weights, dst, bias, strides, dilates, pad_l, pad_r;
   tag weights_tag;
 };
 
-std::int64_t conv_out(std::int64_t in, std::int64_t k, std::int64_t stride, std::int64_t dilation,
-                      std::int64_t pad_b, std::int64_t pad_e) {
-  const std::int64_t span = dilation * (k - 1) + 1;
-  const std::int64_t padded = in + pad_b + pad_e;
-  return padded < span ? 0 : (padded - span) / stride + 1;
-}
-
-std::string describe(const Conv2dOptions& o) {
-  return detail::concat("strides (", o.stride[0], ", ", o.stride[1], "), dilation (", o.dilation[0], ", ",
-                        o.dilation[1], "), padding (", o.pad_begin[0], ", ", o.pad_end[0], ", ", o.pad_begin[1], ", ",
-                        o.pad_end[1], "), groups ", o.groups);
-}
-
-// Checks x [N, H, W, C], kernel [KH, KW, C / groups, F] and y [N, OH, OW, F] against each
-// other and the options; `op` names the caller in the error.
+// What oneDNN needs to describe one convolution, from the checked sizes.
 ConvShapes conv_shapes(const Shape& x, const Shape& k, const Shape& y, const Conv2dOptions& o, const char* op) {
-  auto fail = [&](const std::string& why) {
-    DTRAIN_THROW(InvalidArgument, op, ": ", why, " (input ", x.to_string(), ", kernel ", k.to_string(), ", output ",
-                 y.to_string(), ", ", describe(o), ")");
-  };
-  if (x.rank() != 4 || k.rank() != 4 || y.rank() != 4)
-    fail("expects 4-D input [N, H, W, C], kernel [KH, KW, C / groups, F] and output [N, OH, OW, F]");
-  for (int i = 0; i < 2; ++i)
-    if (o.stride[i] < 1 || o.dilation[i] < 1 || o.pad_begin[i] < 0 || o.pad_end[i] < 0)
-      fail("strides and dilation must be >= 1 and padding >= 0");
-  const std::int64_t g = o.groups, n = x[0], c = x[3], f = k[3];
-  if (g < 1 || c % g != 0 || f % g != 0) fail("groups must divide the input channels and the filters");
-  if (k[2] * g != c) fail("the kernel's third axis must be the input channels / groups");
-  if (k[0] < 1 || k[1] < 1) fail("the kernel window must be at least 1x1");
-  const std::int64_t oh = conv_out(x[1], k[0], o.stride[0], o.dilation[0], o.pad_begin[0], o.pad_end[0]);
-  const std::int64_t ow = conv_out(x[2], k[1], o.stride[1], o.dilation[1], o.pad_begin[1], o.pad_end[1]);
-  if (!(y == Shape{n, oh, ow, f}))
-    fail(detail::concat("the output must be [", n, ", ", oh, ", ", ow, ", ", f, "]"));
+  const ConvDims d = check_conv2d_shapes(x, k, y, o, op);
   ConvShapes s;
-  s.src = {n, c, x[1], x[2]};
-  s.dst = {n, f, oh, ow};
-  s.bias = {f};
-  if (g == 1) {
-    s.weights = {f, c, k[0], k[1]};
+  s.src = {d.n, d.c, d.h, d.w};
+  s.dst = {d.n, d.f, d.oh, d.ow};
+  s.bias = {d.f};
+  if (d.groups == 1) {
+    s.weights = {d.f, d.c, d.kh, d.kw};
     s.weights_tag = tag::hwio;
   } else {
-    s.weights = {g, f / g, c / g, k[0], k[1]};
+    s.weights = {d.groups, d.f / d.groups, d.c / d.groups, d.kh, d.kw};
     s.weights_tag = tag::hwigo;
   }
   s.strides = {o.stride[0], o.stride[1]};
@@ -101,24 +72,8 @@ struct PoolShapes {
 };
 
 PoolShapes pool_shapes(const Shape& x, const Shape* y, const Pool2dOptions& o, const char* op) {
-  auto where = [&] {
-    return detail::concat(" (input ", x.to_string(), y ? ", output " + y->to_string() : std::string(), ", window (",
-                          o.window[0], ", ", o.window[1], "), strides (", o.stride[0], ", ", o.stride[1],
-                          "), padding (", o.pad_begin[0], ", ", o.pad_end[0], ", ", o.pad_begin[1], ", ", o.pad_end[1],
-                          "))");
-  };
-  if (x.rank() != 4) DTRAIN_THROW(InvalidArgument, op, ": expects a 4-D input [N, H, W, C]", where());
-  for (int i = 0; i < 2; ++i)
-    if (o.window[i] < 1 || o.stride[i] < 1 || o.pad_begin[i] < 0 || o.pad_end[i] < 0 || o.pad_begin[i] >= o.window[i] ||
-        o.pad_end[i] >= o.window[i])
-      DTRAIN_THROW(InvalidArgument, op, ": the window and strides must be >= 1 and the padding smaller than the window",
-                   where());
-  const std::int64_t oh = conv_out(x[1], o.window[0], o.stride[0], 1, o.pad_begin[0], o.pad_end[0]);
-  const std::int64_t ow = conv_out(x[2], o.window[1], o.stride[1], 1, o.pad_begin[1], o.pad_end[1]);
-  if (oh < 1 || ow < 1) DTRAIN_THROW(InvalidArgument, op, ": the window is larger than the padded image", where());
-  if (y && !(*y == Shape{x[0], oh, ow, x[3]}))
-    DTRAIN_THROW(InvalidArgument, op, ": the output must be [", x[0], ", ", oh, ", ", ow, ", ", x[3], "]", where());
-  return {{x[0], x[3], x[1], x[2]}, {x[0], x[3], oh, ow}, {o.stride[0], o.stride[1]}, {o.window[0], o.window[1]},
+  const PoolDims d = check_pool2d_shapes(x, y, o, op);
+  return {{d.n, d.c, d.h, d.w}, {d.n, d.c, d.oh, d.ow}, {o.stride[0], o.stride[1]}, {o.window[0], o.window[1]},
           {o.pad_begin[0], o.pad_begin[1]}, {o.pad_end[0], o.pad_end[1]}};
 }
 
@@ -174,19 +129,9 @@ Tensor CpuBackend::widened(const Tensor& t) {
 }
 
 void CpuBackend::conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const Conv2dOptions& o) {
-  x.check_defined("conv2d");
-  kernel.check_defined("conv2d");
-  y.check_dtype(DType::f32, "conv2d (output)");
+  check_devices("conv2d", device(), {&x, &kernel, &y, o.bias});
+  check_conv2d(x, kernel, y, o);
   const ConvShapes s = conv_shapes(x.shape(), kernel.shape(), y.shape(), o, "conv2d");
-  if (x.dtype() != kernel.dtype() || (x.dtype() != DType::f32 && x.dtype() != DType::bf16))
-    DTRAIN_THROW(InvalidArgument, "conv2d: input and kernel must both be float32 or both bfloat16, got ",
-                 dtype_name(x.dtype()), " and ", dtype_name(kernel.dtype()));
-  if (o.bias) {
-    o.bias->check_dtype(DType::f32, "conv2d (bias)");
-    if (!(o.bias->shape() == Shape{kernel.dim(3)}))
-      DTRAIN_THROW(InvalidArgument, "conv2d: bias ", o.bias->shape().to_string(), " does not match the kernel's ",
-                   kernel.dim(3), " filters");
-  }
   if (y.numel() == 0) return;
   if (x.dtype() == DType::bf16 && !dnn_->native_bf16_conv) {
     // bfloat16 widens to float32 exactly, and float32 products of bfloat16 values are exact.
@@ -220,12 +165,9 @@ void CpuBackend::conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const 
 }
 
 void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& kernel, Tensor& dx, const Conv2dOptions& o) {
-  dy.check_defined("conv2d_backward_data");
-  kernel.check_defined("conv2d_backward_data");
-  dx.check_dtype(DType::f32, "conv2d_backward_data (output)");
+  check_devices("conv2d_backward_data", device(), {&dy, &kernel, &dx});
+  check_conv2d_backward_data(dy, kernel, dx, o);
   const ConvShapes s = conv_shapes(dx.shape(), kernel.shape(), dy.shape(), o, "conv2d_backward_data");
-  if (dy.dtype() != kernel.dtype() || (dy.dtype() != DType::f32 && dy.dtype() != DType::bf16))
-    DTRAIN_THROW(InvalidArgument, "conv2d_backward_data: gradient and kernel must both be float32 or both bfloat16");
   if (dx.numel() == 0) return;
   if (dy.numel() == 0) {
     fill(dx, 0.0f);
@@ -263,18 +205,9 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& kernel, Te
 
 void CpuBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dkernel, Tensor* dbias,
                                          const Conv2dOptions& o) {
-  x.check_defined("conv2d_backward_weights");
-  dy.check_defined("conv2d_backward_weights");
-  dkernel.check_dtype(DType::f32, "conv2d_backward_weights (kernel gradient)");
+  check_devices("conv2d_backward_weights", device(), {&x, &dy, &dkernel, dbias});
+  check_conv2d_backward_weights(x, dy, dkernel, dbias, o);
   const ConvShapes s = conv_shapes(x.shape(), dkernel.shape(), dy.shape(), o, "conv2d_backward_weights");
-  if (x.dtype() != dy.dtype() || (x.dtype() != DType::f32 && x.dtype() != DType::bf16))
-    DTRAIN_THROW(InvalidArgument, "conv2d_backward_weights: input and gradient must both be float32 or both bfloat16");
-  if (dbias) {
-    dbias->check_dtype(DType::f32, "conv2d_backward_weights (bias gradient)");
-    if (!(dbias->shape() == Shape{dkernel.dim(3)}))
-      DTRAIN_THROW(InvalidArgument, "conv2d_backward_weights: bias gradient ", dbias->shape().to_string(),
-                   " does not match the kernel's ", dkernel.dim(3), " filters");
-  }
   if (dkernel.numel() == 0) return;
   if (dy.numel() == 0 || x.numel() == 0) {
     fill(dkernel, 0.0f);
@@ -327,6 +260,7 @@ std::size_t CpuBackend::pool2d_workspace_bytes(const Shape& x, const Pool2dOptio
 }
 
 void CpuBackend::pool2d(const Tensor& x, Tensor& y, Tensor* workspace, const Pool2dOptions& o) {
+  check_devices("pool2d", device(), {&x, &y, workspace});
   x.check_dtype(DType::f32, "pool2d");
   y.check_dtype(DType::f32, "pool2d (output)");
   const PoolShapes s = pool_shapes(x.shape(), &y.shape(), o, "pool2d");
@@ -353,6 +287,7 @@ void CpuBackend::pool2d(const Tensor& x, Tensor& y, Tensor* workspace, const Poo
 }
 
 void CpuBackend::pool2d_backward(const Tensor& dy, const Tensor* workspace, Tensor& dx, const Pool2dOptions& o) {
+  check_devices("pool2d_backward", device(), {&dy, workspace, &dx});
   dy.check_dtype(DType::f32, "pool2d_backward");
   dx.check_dtype(DType::f32, "pool2d_backward (output)");
   const PoolShapes s = pool_shapes(dx.shape(), &dy.shape(), o, "pool2d_backward");

@@ -19,6 +19,17 @@ namespace dtrain::kernels {
 
 namespace cuda {
 
+math::UnaryOp activation_op(Activation a) {
+  switch (a) {
+    case Activation::relu: return math::UnaryOp::relu;
+    case Activation::sigmoid: return math::UnaryOp::sigmoid;
+    case Activation::tanh: return math::UnaryOp::tanh;
+    case Activation::gelu: return math::UnaryOp::gelu;
+    case Activation::linear: break;
+  }
+  return math::UnaryOp::linear;
+}
+
 void check_launch(const char* kernel, std::int64_t elements, const Launch& l) {
   const cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess)
@@ -31,16 +42,6 @@ void check_launch(const char* kernel, std::int64_t elements, const Launch& l) {
 namespace {
 
 math::UnaryOp math_op(Unary op) { return static_cast<math::UnaryOp>(op); }
-math::UnaryOp math_op(Activation a) {
-  switch (a) {
-    case Activation::relu: return math::UnaryOp::relu;
-    case Activation::sigmoid: return math::UnaryOp::sigmoid;
-    case Activation::tanh: return math::UnaryOp::tanh;
-    case Activation::gelu: return math::UnaryOp::gelu;
-    case Activation::linear: break;
-  }
-  return math::UnaryOp::linear;
-}
 
 // The largest power of two (up to 256) that divides the address: what cuBLASLt's kernels
 // may assume of an operand's alignment.
@@ -136,11 +137,6 @@ void CudaBackend::report_faults() {
                device().to_string(), " by a kernel queued earlier)");
 }
 
-void CudaBackend::unsupported(const char* op) const {
-  DTRAIN_THROW(Unsupported, op, " is not in the CUDA backend yet (", device().to_string(),
-               "): convolution and pooling on the GPU come with cuDNN; train this model on the CPU for now");
-}
-
 Tensor CudaBackend::scratch(std::size_t bytes) {
   return Tensor::empty({static_cast<std::int64_t>(bytes)}, DType::u8, device());
 }
@@ -148,12 +144,10 @@ Tensor CudaBackend::scratch(std::size_t bytes) {
 bool CudaBackend::supports(Primitive op, DType dtype) const {
   switch (op) {
     case Primitive::matmul:
-    case Primitive::convert: return dtype == DType::f32 || dtype == DType::bf16;
+    case Primitive::convert:
     case Primitive::conv2d:
     case Primitive::conv2d_backward_data:
-    case Primitive::conv2d_backward_weights:
-    case Primitive::pool2d:
-    case Primitive::pool2d_backward: return false;
+    case Primitive::conv2d_backward_weights: return dtype == DType::f32 || dtype == DType::bf16;
     default: return dtype == DType::f32;
   }
 }
@@ -169,7 +163,7 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matm
   if (d.k == 0) {  // an empty sum: act(bias), or unchanged when accumulating
     if (!o.accumulate)
       cuda::bias_rows(l, o.bias ? o.bias->device_data<float>() : nullptr, c.device_data<float>(), d.m, d.width,
-                      d.column_begin, d.column_end, math_op(o.activation));
+                      d.column_begin, d.column_end, cuda::activation_op(o.activation));
     return;
   }
   const bool bf16 = a.dtype() == DType::bf16;
@@ -258,7 +252,7 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matm
                        blas_->workspace.raw_device_data(), Blas::kWorkspaceBytes, l.stream),
              "cublasLtMatmul", what, index_);
   if (o.activation != Activation::linear && !relu)
-    cuda::unary(l, math_op(o.activation), c.device_data<float>(), c.device_data<float>(), c.numel(), 1.0f, 0.0f);
+    cuda::unary(l, cuda::activation_op(o.activation), c.device_data<float>(), c.device_data<float>(), c.numel(), 1.0f, 0.0f);
 }
 
 // ---- element-wise
@@ -507,21 +501,6 @@ void CudaBackend::copy_block(const Tensor& src, const Block& from, Tensor& dst, 
   cuda::copy_block(launch(), src.raw_device_data(), from.offset, from.outer_stride, from.row_stride,
                    dst.raw_device_data(), to.offset, to.outer_stride, to.row_stride, outer, rows, width,
                    static_cast<int>(dtype_size(src.dtype())));
-}
-
-// ---- convolution and pooling: cuDNN's, in a later part of the backend
-
-void CudaBackend::conv2d(const Tensor&, const Tensor&, Tensor&, const Conv2dOptions&) { unsupported("conv2d"); }
-void CudaBackend::conv2d_backward_data(const Tensor&, const Tensor&, Tensor&, const Conv2dOptions&) {
-  unsupported("conv2d_backward_data");
-}
-void CudaBackend::conv2d_backward_weights(const Tensor&, const Tensor&, Tensor&, Tensor*, const Conv2dOptions&) {
-  unsupported("conv2d_backward_weights");
-}
-std::size_t CudaBackend::pool2d_workspace_bytes(const Shape&, const Pool2dOptions&) { unsupported("pool2d"); }
-void CudaBackend::pool2d(const Tensor&, Tensor&, Tensor*, const Pool2dOptions&) { unsupported("pool2d"); }
-void CudaBackend::pool2d_backward(const Tensor&, const Tensor*, Tensor&, const Pool2dOptions&) {
-  unsupported("pool2d_backward");
 }
 
 CudaBackend& cuda_backend(int index) {

@@ -1,13 +1,14 @@
 // The CUDA backend: matrix products through cuBLASLt (float32 exact unless TF32 is asked
-// for; bfloat16 on tensor cores, accumulated in float32), dtrain's own kernels (launch.h)
-// for everything element-wise, row-wise and reduced, all queued on the device's compute
-// stream. Convolution and pooling (cuDNN) are not in this backend yet: they are an
-// Unsupported error naming the op and the device. Only built with DTRAIN_CUDA.
+// for; bfloat16 on tensor cores, accumulated in float32), convolutions through cuDNN
+// (cuda_conv.cpp), dtrain's own kernels (launch.h) for everything element-wise, row-wise,
+// reduced and pooled, all queued on the device's compute stream. Only built with DTRAIN_CUDA.
 #pragma once
 
 #include <memory>
+#include <mutex>
 
 #include "dtrain/kernels/backend.h"
+#include "dtrain/kernels/checks.h"
 #include "dtrain/kernels/cuda/launch.h"
 
 namespace dtrain::kernels {
@@ -61,14 +62,20 @@ class CudaBackend final : public Backend {
   void copy_block(const Tensor& src, const Block& from, Tensor& dst, const Block& to, std::int64_t outer,
                   std::int64_t rows, std::int64_t width) override;
 
+  struct Dnn;  // cuDNN's handle and the convolutions' descriptors and algorithms (cuda_conv.cpp)
+
  private:
   // The stream and sizes kernels are launched with; first reports a data fault that an
   // earlier kernel found (a label out of range) as an InvalidArgument.
   cuda::Launch launch();
   void report_faults();
-  [[noreturn]] void unsupported(const char* op) const;
   // Device scratch of `bytes`, from the device's cache (returned when the tensor goes).
   Tensor scratch(std::size_t bytes);
+  Dnn& dnn();
+  // x with zeros around it where a convolution pads unevenly (cuDNN pads evenly only).
+  Tensor padded_input(const Tensor& x, const ConvDims& d, const Conv2dOptions& o);
+  // Keras's kernel [KH, KW, C / groups, F] transposed to cuDNN's [F, KH, KW, C / groups].
+  Tensor filters_of(const Tensor& kernel, const ConvDims& d);
 
   int index_;
   cuda::Launch launch_;
@@ -81,7 +88,17 @@ class CudaBackend final : public Backend {
   Flags* device_flags_ = nullptr; // the kernels' view of the same memory
   struct Blas;                    // cuBLASLt handle, workspace and chosen algorithms
   std::unique_ptr<Blas> blas_;
+  struct DnnDeleter {
+    void operator()(Dnn* d) const;
+  };
+  std::once_flag dnn_made_;
+  std::unique_ptr<Dnn, DnnDeleter> dnn_;
 };
+
+namespace cuda {
+// The element-wise function of a fused activation.
+math::UnaryOp activation_op(Activation a);
+}  // namespace cuda
 
 // The backend of cuda:index (made on first use; the device must exist).
 CudaBackend& cuda_backend(int index);

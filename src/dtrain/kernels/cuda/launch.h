@@ -112,4 +112,25 @@ void copy_block(const Launch& l, const void* src, long long from_offset, long lo
                 void* dst, long long to_offset, long long to_outer, long long to_row, std::int64_t outer,
                 std::int64_t rows, std::int64_t width, int element);
 
+// ---- layout.cu
+// dst[j, i] = src[i, j] for src [rows, cols], each float32 or bfloat16 (converted on the
+// way): a kernel's Keras layout [KH, KW, C, F] to cuDNN's [F, KH, KW, C] and back.
+void transpose(const Launch& l, const void* src, bool src_bf16, void* dst, bool dst_bf16, std::int64_t rows,
+               std::int64_t cols);
+// y[r, j] = act(y[r, j] + bias[j]) over y [rows, cols] (bias may be null).
+void bias_activation(const Launch& l, float* y, const float* bias, std::int64_t rows, std::int64_t cols,
+                     math::UnaryOp activation);
+
+// ---- pool.cu: pooling over channels-last images, the window's taps outside the image left
+// out (max ignores them, average divides by the taps inside).
+struct PoolShape {
+  long long n, h, w, c, oh, ow;
+  long long window[2], stride[2], pad[2];  // pad: rows and columns before the image
+};
+// `argmax` (null: not kept) records each output's input position within its image (h * w + w).
+void max_pool(const Launch& l, const float* x, float* y, std::int32_t* argmax, const PoolShape& s);
+void max_pool_backward(const Launch& l, const float* dy, const std::int32_t* argmax, float* dx, const PoolShape& s);
+void average_pool(const Launch& l, const float* x, float* y, const PoolShape& s);
+void average_pool_backward(const Launch& l, const float* dy, float* dx, const PoolShape& s);
+
 }  // namespace dtrain::kernels::cuda

@@ -62,4 +62,44 @@ const CublasLt& cublaslt() {
   return table;
 }
 
+const Cudnn& cudnn() {
+  static Cudnn table;
+  static std::once_flag once;
+  static std::string failure;
+  std::call_once(once, [] {
+    constexpr const char* lib = "libcudnn.so.9";
+    try {
+      void* h = open_library(lib, "a convolution on the GPU (cuDNN)");
+      bind(h, lib, "cudnnCreate", table.create);
+      bind(h, lib, "cudnnDestroy", table.destroy);
+      bind(h, lib, "cudnnSetStream", table.set_stream);
+      bind(h, lib, "cudnnGetErrorString", table.error_string);
+      bind(h, lib, "cudnnCreateTensorDescriptor", table.tensor_create);
+      bind(h, lib, "cudnnSetTensor4dDescriptor", table.tensor_set);
+      bind(h, lib, "cudnnDestroyTensorDescriptor", table.tensor_destroy);
+      bind(h, lib, "cudnnCreateFilterDescriptor", table.filter_create);
+      bind(h, lib, "cudnnSetFilter4dDescriptor", table.filter_set);
+      bind(h, lib, "cudnnDestroyFilterDescriptor", table.filter_destroy);
+      bind(h, lib, "cudnnCreateConvolutionDescriptor", table.conv_create);
+      bind(h, lib, "cudnnSetConvolution2dDescriptor", table.conv_set);
+      bind(h, lib, "cudnnSetConvolutionGroupCount", table.conv_groups);
+      bind(h, lib, "cudnnSetConvolutionMathType", table.conv_math);
+      bind(h, lib, "cudnnDestroyConvolutionDescriptor", table.conv_destroy);
+      bind(h, lib, "cudnnGetConvolutionForwardAlgorithm_v7", table.forward_algorithms);
+      bind(h, lib, "cudnnGetConvolutionForwardWorkspaceSize", table.forward_workspace);
+      bind(h, lib, "cudnnConvolutionForward", table.forward);
+      bind(h, lib, "cudnnGetConvolutionBackwardDataAlgorithm_v7", table.backward_data_algorithms);
+      bind(h, lib, "cudnnGetConvolutionBackwardDataWorkspaceSize", table.backward_data_workspace);
+      bind(h, lib, "cudnnConvolutionBackwardData", table.backward_data);
+      bind(h, lib, "cudnnGetConvolutionBackwardFilterAlgorithm_v7", table.backward_filter_algorithms);
+      bind(h, lib, "cudnnGetConvolutionBackwardFilterWorkspaceSize", table.backward_filter_workspace);
+      bind(h, lib, "cudnnConvolutionBackwardFilter", table.backward_filter);
+    } catch (const Error& e) {
+      failure = e.what();
+    }
+  });
+  if (!failure.empty()) throw Unsupported(failure);
+  return table;
+}
+
 }  // namespace dtrain::kernels::cuda

@@ -1,0 +1,62 @@
+// Layout kernels for the convolutions: a 2-D transpose through shared-memory tiles (each
+// side read and written along rows), and a bias with an activation over channels-last rows.
+#include "dtrain/kernels/cuda/common.cuh"
+
+namespace dtrain::kernels::cuda {
+namespace {
+
+constexpr int kTile = 32;
+
+__device__ __forceinline__ float load(const void* p, bool bf16, std::int64_t i) {
+  return bf16 ? math::from_bf16(static_cast<const std::uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+__device__ __forceinline__ void store(void* p, bool bf16, std::int64_t i, float v) {
+  if (bf16) static_cast<std::uint16_t*>(p)[i] = math::to_bf16(v);
+  else static_cast<float*>(p)[i] = v;
+}
+
+// Block (32 x 8 threads) moves one 32 x 32 tile; the +1 column avoids bank conflicts.
+__global__ void transpose_kernel(const void* src, bool src_bf16, void* dst, bool dst_bf16, std::int64_t rows,
+                                 std::int64_t cols) {
+  __shared__ float tile[kTile][kTile + 1];
+  const std::int64_t col0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
+  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.y) * kTile;
+  for (int k = threadIdx.y; k < kTile; k += blockDim.y) {
+    const std::int64_t r = row0 + k, c = col0 + threadIdx.x;
+    if (r < rows && c < cols) tile[k][threadIdx.x] = load(src, src_bf16, r * cols + c);
+  }
+  __syncthreads();
+  for (int k = threadIdx.y; k < kTile; k += blockDim.y) {
+    const std::int64_t c = col0 + k, r = row0 + threadIdx.x;  // dst is [cols, rows]
+    if (r < rows && c < cols) store(dst, dst_bf16, c * rows + r, tile[threadIdx.x][k]);
+  }
+}
+
+__global__ void bias_activation_kernel(float* y, const float* bias, std::int64_t n, std::int64_t cols,
+                                       math::UnaryOp activation) {
+  DTRAIN_GRID_STRIDE(i, n) {
+    const float v = y[i] + (bias ? bias[i % cols] : 0.0f);
+    y[i] = math::unary(activation, v, 1.0f, 0.0f);
+  }
+}
+
+}  // namespace
+
+void transpose(const Launch& l, const void* src, bool src_bf16, void* dst, bool dst_bf16, std::int64_t rows,
+               std::int64_t cols) {
+  if (rows * cols == 0) return;
+  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
+  transpose_kernel<<<grid, dim3(kTile, 8), 0, l.stream>>>(src, src_bf16, dst, dst_bf16, rows, cols);
+  check_launch("transpose", rows * cols, l);
+}
+
+void bias_activation(const Launch& l, float* y, const float* bias, std::int64_t rows, std::int64_t cols,
+                     math::UnaryOp activation) {
+  const std::int64_t n = rows * cols;
+  if (n == 0) return;
+  bias_activation_kernel<<<blocks_for(n, l), kThreads, 0, l.stream>>>(y, bias, n, cols, activation);
+  check_launch("bias and activation", n, l);
+}
+
+}  // namespace dtrain::kernels::cuda
