@@ -217,12 +217,14 @@ void CudaRuntime::copy(void* dst, Device dst_device, const void* src, Device src
                detail::concat("cudaMemcpyAsync(device to device, ", bytes, " bytes)"), dst_device.index);
     return;
   }
-  // Between GPUs: after the source's queued work, in the destination's order.
+  // Between GPUs: after the source's queued work, and done before returning, so that the
+  // source's memory may be reused by its own device's next work at once.
   synchronize(src_device.index);
   check_cuda(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, bytes, stream(dst_device.index)),
              detail::concat("cudaMemcpyPeerAsync(", src_device.to_string(), " to ", dst_device.to_string(), ", ",
                             bytes, " bytes)"),
              dst_device.index);
+  synchronize(dst_device.index);
 }
 
 void CudaRuntime::zero(int index, void* data, std::size_t bytes) {

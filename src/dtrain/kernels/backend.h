@@ -148,7 +148,9 @@ class Backend {
   virtual void one_hot(const Tensor& labels, Tensor& out) = 0;
 
   // y = conv(x, kernel) + bias, then the activation (Conv2dOptions). x and kernel float32 or
-  // both bfloat16 (accumulated in float32); y float32.
+  // both bfloat16 (accumulated in float32); y float32. The CUDA backend rounds a bfloat16
+  // convolution's result (and its two gradients below) to bfloat16 before widening it, as
+  // TensorFlow's and PyTorch's mixed precision do on GPUs; the CPU's stays float32.
   virtual void conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const Conv2dOptions& options) = 0;
   // dx = the gradient of conv's input for the gradient dy of its output (bias and activation
   // ignored: dy is taken after them). dy and kernel alike in dtype; dx float32.

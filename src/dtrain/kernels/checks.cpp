@@ -132,9 +132,22 @@ bool check_softmax_cross_entropy(const Tensor& logits, const Tensor& target, con
   return sparse;
 }
 
-void check_softmax_cross_entropy_backward(const Tensor& log_probs, const Tensor& dloss, const Tensor& dlogits) {
+void check_softmax_cross_entropy_backward(const Tensor& log_probs, const Tensor& target, const Tensor& dloss,
+                                          const Tensor& dlogits) {
   check_same_f32(log_probs, dlogits, "softmax_cross_entropy_backward");
   dloss.check_dtype(DType::f32, "softmax_cross_entropy_backward (dloss)");
+  if (log_probs.rank() != 2)
+    DTRAIN_THROW(InvalidArgument, "softmax_cross_entropy_backward: log_probs must be [batch, classes], got ",
+                 log_probs.shape().to_string());
+  const std::int64_t B = log_probs.dim(0);
+  const bool sparse = target.dtype() == DType::i32;
+  if (!sparse) target.check_dtype(DType::f32, "softmax_cross_entropy_backward (targets)");
+  if (sparse ? !(target.shape() == Shape{B}) : !(target.shape() == log_probs.shape()))
+    DTRAIN_THROW(InvalidArgument, "softmax_cross_entropy_backward: targets of shape ", target.shape().to_string(),
+                 " do not match log_probs ", log_probs.shape().to_string());
+  if (!(dloss.shape() == Shape{B}))
+    DTRAIN_THROW(InvalidArgument, "softmax_cross_entropy_backward: dloss is ", dloss.shape().to_string(),
+                 ", expected [", B, "]");
 }
 
 void check_convert(const Tensor& x, const Tensor& y) {

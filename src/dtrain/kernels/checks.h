@@ -37,7 +37,8 @@ void check_softmax(const Tensor& x, const Tensor& y, const char* op);
 // Whether the targets are sparse (int32 labels) rather than distributions.
 bool check_softmax_cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& loss,
                                  const Tensor& log_probs);
-void check_softmax_cross_entropy_backward(const Tensor& log_probs, const Tensor& dloss, const Tensor& dlogits);
+void check_softmax_cross_entropy_backward(const Tensor& log_probs, const Tensor& target, const Tensor& dloss,
+                                          const Tensor& dlogits);
 void check_convert(const Tensor& x, const Tensor& y);
 void check_same_f32(const Tensor& a, const Tensor& b, const char* op);
 void check_dropout(const Tensor& x, float rate, const Tensor& y, const Tensor& mask);

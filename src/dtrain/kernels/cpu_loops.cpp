@@ -377,7 +377,7 @@ void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& targe
 void CpuBackend::softmax_cross_entropy_backward(const Tensor& log_probs, const Tensor& target,
                                                 const Tensor& dloss, Tensor& dlogits) {
   check_devices("softmax_cross_entropy_backward", device(), {&log_probs, &target, &dloss, &dlogits});
-  check_softmax_cross_entropy_backward(log_probs, dloss, dlogits);
+  check_softmax_cross_entropy_backward(log_probs, target, dloss, dlogits);
   const std::int64_t B = log_probs.dim(0), C = log_probs.dim(1);
   const bool sparse = target.dtype() == DType::i32;
   const float* lp = log_probs.data<float>();

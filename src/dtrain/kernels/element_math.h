@@ -82,7 +82,7 @@ DTRAIN_HD float gelu_derivative(float x) {
 DTRAIN_HD float unary(UnaryOp op, float x, float alpha, float beta) {
   switch (op) {
     case UnaryOp::linear: return alpha * x + beta;
-    case UnaryOp::relu: return x > 0.0f ? x : (x != x ? x : 0.0f);
+    case UnaryOp::relu: return x > 0.0f ? x : 0.0f;  // NaN -> 0, as oneDNN's and cuBLASLt's epilogue
     case UnaryOp::sigmoid: return 1.0f / (1.0f + expf(-x));
     case UnaryOp::tanh: return tanhf(x);
     case UnaryOp::gelu: return gelu(x);

@@ -30,8 +30,11 @@ __device__ __forceinline__ T warp_sum(T v) {
   return v;
 }
 
+// The larger of two values, NaN where either is (fmaxf would drop it).
+__device__ __forceinline__ float max_or_nan(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
+
 __device__ __forceinline__ float warp_max(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1) v = max_or_nan(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 

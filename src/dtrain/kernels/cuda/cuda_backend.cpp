@@ -127,6 +127,8 @@ cuda::Launch CudaBackend::launch() {
 void CudaBackend::report_faults() {
   volatile cuda::DataFault& f = flags_->fault;
   if (f.code == cuda::kFaultNone) return;
+  // The kernel that claimed the record may still be writing it: wait for it (rarely needed).
+  detail::check_cuda(cudaStreamSynchronize(launch_.stream), "cudaStreamSynchronize (a kernel's fault report)", index_);
   const int code = f.code;
   const long long a = f.a, b = f.b, c = f.c;
   f.code = cuda::kFaultNone;
@@ -221,16 +223,25 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matm
     check_blas(lt.layout_create(&p.c, CUDA_R_32F, static_cast<std::uint64_t>(d.n), static_cast<std::uint64_t>(d.m),
                                 d.width),
                "cublasLtMatrixLayoutCreate", what, index_);
+    // The heuristic reads the bias pointer's alignment from the descriptor (cublasLt.h).
+    if (o.bias) {
+      const void* bias = o.bias->raw_device_data();
+      check_blas(lt.desc_set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+                 "cublasLtMatmulDescSetAttribute", what, index_);
+    }
     cublasLtMatmulPreference_t pref = nullptr;
     check_blas(lt.preference_create(&pref), "cublasLtMatmulPreferenceCreate", what, index_);
     const std::uint64_t workspace = Blas::kWorkspaceBytes;
     const std::uint32_t align_a = static_cast<std::uint32_t>(key.v[13]), align_b = static_cast<std::uint32_t>(key.v[12]),
                         align_c = static_cast<std::uint32_t>(key.v[14]);
-    lt.preference_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace);
-    lt.preference_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a);
-    lt.preference_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b);
-    lt.preference_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c);
-    lt.preference_set(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c);
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> prefs[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c}};
+    cublasStatus_t set = lt.preference_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace);
+    for (const auto& [attribute, value] : prefs)
+      if (set == CUBLAS_STATUS_SUCCESS) set = lt.preference_set(pref, attribute, value, sizeof(std::uint32_t));
+    if (set != CUBLAS_STATUS_SUCCESS) lt.preference_destroy(pref);
+    check_blas(set, "cublasLtMatmulPreferenceSetAttribute", what, index_);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t status = lt.heuristic(blas_->handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
@@ -388,7 +399,7 @@ void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& targ
 void CudaBackend::softmax_cross_entropy_backward(const Tensor& log_probs, const Tensor& target, const Tensor& dloss,
                                                  Tensor& dlogits) {
   check_devices("softmax_cross_entropy_backward", device(), {&log_probs, &target, &dloss, &dlogits});
-  check_softmax_cross_entropy_backward(log_probs, dloss, dlogits);
+  check_softmax_cross_entropy_backward(log_probs, target, dloss, dlogits);
   const bool sparse = target.dtype() == DType::i32;
   cuda::softmax_cross_entropy_backward(launch(), log_probs.device_data<float>(),
                                        sparse ? target.device_data<std::int32_t>() : nullptr,

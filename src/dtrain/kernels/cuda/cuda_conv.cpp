@@ -57,6 +57,8 @@ struct CudaBackend::Dnn {
     cudnnConvolutionDescriptor_t conv = nullptr;
     int forward = -1, backward_data = -1, backward_filter = -1;
     std::size_t forward_bytes = 0, backward_data_bytes = 0, backward_filter_bytes = 0;
+    // The math type each algorithm was ranked with: cuDNN picks a kernel by both.
+    cudnnMathType_t forward_math{}, backward_data_math{}, backward_filter_math{};
   };
   cudnnHandle_t handle = nullptr;
   std::mutex mutex;
@@ -79,6 +81,11 @@ Prepared prepared(const ConvDims& d, const Conv2dOptions& o) {
 }
 
 }  // namespace
+
+// FMA_MATH keeps float32 exact (cuDNN's default math allows TF32 on Ampere and later).
+static cudnnMathType_t plan_math(DType dtype, bool tf32) {
+  return dtype == DType::bf16 ? CUDNN_TENSOR_OP_MATH : (tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
+}
 
 // Makes (once) the descriptors of a convolution and returns them, under the lock the caller holds.
 static CudaBackend::Dnn::Plan& plan_for(CudaBackend::Dnn& dnn, const ConvDims& d, const Conv2dOptions& o, DType dtype,
@@ -111,20 +118,20 @@ static CudaBackend::Dnn::Plan& plan_for(CudaBackend::Dnn& dnn, const ConvDims& d
                          CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
             "cudnnSetConvolution2dDescriptor", what, device);
   check_dnn(lib.conv_groups(plan.conv, static_cast<int>(d.groups)), "cudnnSetConvolutionGroupCount", what, device);
-  // FMA_MATH keeps float32 exact (cuDNN's default math allows TF32 on Ampere and later).
-  const cudnnMathType_t math = dtype == DType::bf16 ? CUDNN_TENSOR_OP_MATH : (tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
-  check_dnn(lib.conv_math(plan.conv, math), "cudnnSetConvolutionMathType", what, device);
+  check_dnn(lib.conv_math(plan.conv, plan_math(dtype, tf32)), "cudnnSetConvolutionMathType", what, device);
   return dnn.plans.emplace(key, plan).first->second;
 }
 
-// The first of cuDNN's ranked algorithms that ran, is deterministic, and needs at most 1 GiB.
+// The first of cuDNN's ranked algorithms that ran, is deterministic, needs at most 1 GiB and
+// keeps the math asked for (FMA: float32 exact); its workspace and math type.
 template <typename Perf>
-static int choose(const Perf* results, int count, std::size_t& bytes, const std::string& what, const char* direction,
-                  int device) {
+static int choose(const Perf* results, int count, cudnnMathType_t asked, std::size_t& bytes, cudnnMathType_t& math,
+                  const std::string& what, const char* direction, int device) {
   for (int i = 0; i < count; ++i)
     if (results[i].status == CUDNN_STATUS_SUCCESS && results[i].determinism == CUDNN_DETERMINISTIC &&
-        results[i].memory <= (std::size_t{1} << 30)) {
+        results[i].memory <= (std::size_t{1} << 30) && (asked != CUDNN_FMA_MATH || results[i].mathType == CUDNN_FMA_MATH)) {
       bytes = results[i].memory;
+      math = results[i].mathType;
       return static_cast<int>(results[i].algo);
     }
   DTRAIN_THROW(DeviceError, "cuDNN has no deterministic ", direction, " algorithm on ", Device::cuda(device).to_string(),
@@ -180,8 +187,10 @@ void CudaBackend::conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const
       int count = 0;
       check_dnn(lib.forward_algorithms(dn.handle, p.x, p.w, p.conv, p.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, results),
                 "cudnnGetConvolutionForwardAlgorithm_v7", what, index_);
-      p.forward = choose(results, count, p.forward_bytes, what, "forward", index_);
+      p.forward = choose(results, count, plan_math(x.dtype(), tensor_float_32_execution()), p.forward_bytes,
+                         p.forward_math, what, "forward", index_);
     }
+    check_dnn(lib.conv_math(p.conv, p.forward_math), "cudnnSetConvolutionMathType", what, index_);
     Tensor workspace = scratch(p.forward_bytes);
     const float alpha = 1.0f, beta = 0.0f;
     check_dnn(lib.forward(dn.handle, &alpha, p.x, xp.raw_device_data(), p.w, w.raw_device_data(), p.conv,
@@ -223,8 +232,10 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& kernel, T
       check_dnn(lib.backward_data_algorithms(dn.handle, p.w, p.y, p.conv, p.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
                                              &count, results),
                 "cudnnGetConvolutionBackwardDataAlgorithm_v7", what, index_);
-      p.backward_data = choose(results, count, p.backward_data_bytes, what, "backward-data", index_);
+      p.backward_data = choose(results, count, plan_math(dy.dtype(), tensor_float_32_execution()),
+                               p.backward_data_bytes, p.backward_data_math, what, "backward-data", index_);
     }
+    check_dnn(lib.conv_math(p.conv, p.backward_data_math), "cudnnSetConvolutionMathType", what, index_);
     Tensor workspace = scratch(p.backward_data_bytes);
     const float alpha = 1.0f, beta = 0.0f;
     check_dnn(lib.backward_data(dn.handle, &alpha, p.w, w.raw_device_data(), p.y, dy.raw_device_data(), p.conv,
@@ -271,8 +282,10 @@ void CudaBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, Ten
       check_dnn(lib.backward_filter_algorithms(dn.handle, p.x, p.y, p.conv, p.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
                                                &count, results),
                 "cudnnGetConvolutionBackwardFilterAlgorithm_v7", what, index_);
-      p.backward_filter = choose(results, count, p.backward_filter_bytes, what, "backward-filter", index_);
+      p.backward_filter = choose(results, count, plan_math(x.dtype(), tensor_float_32_execution()),
+                                 p.backward_filter_bytes, p.backward_filter_math, what, "backward-filter", index_);
     }
+    check_dnn(lib.conv_math(p.conv, p.backward_filter_math), "cudnnSetConvolutionMathType", what, index_);
     Tensor workspace = scratch(p.backward_filter_bytes);
     const float alpha = 1.0f, beta = 0.0f;
     check_dnn(lib.backward_filter(dn.handle, &alpha, p.x, xp.raw_device_data(), p.y, dy.raw_device_data(), p.conv,

@@ -16,21 +16,26 @@ __device__ __forceinline__ void store(void* p, bool bf16, std::int64_t i, float 
   else static_cast<float*>(p)[i] = v;
 }
 
-// Block (32 x 8 threads) moves one 32 x 32 tile; the +1 column avoids bank conflicts.
+// Block (32 x 8 threads) moves 32 x 32 tiles, grid-striding over both grid axes (their
+// limits are 2^31 - 1 and 65535 blocks); the +1 column avoids bank conflicts.
 __global__ void transpose_kernel(const void* src, bool src_bf16, void* dst, bool dst_bf16, std::int64_t rows,
                                  std::int64_t cols) {
   __shared__ float tile[kTile][kTile + 1];
-  const std::int64_t col0 = static_cast<std::int64_t>(blockIdx.x) * kTile;
-  const std::int64_t row0 = static_cast<std::int64_t>(blockIdx.y) * kTile;
-  for (int k = threadIdx.y; k < kTile; k += blockDim.y) {
-    const std::int64_t r = row0 + k, c = col0 + threadIdx.x;
-    if (r < rows && c < cols) tile[k][threadIdx.x] = load(src, src_bf16, r * cols + c);
-  }
-  __syncthreads();
-  for (int k = threadIdx.y; k < kTile; k += blockDim.y) {
-    const std::int64_t c = col0 + k, r = row0 + threadIdx.x;  // dst is [cols, rows]
-    if (r < rows && c < cols) store(dst, dst_bf16, c * rows + r, tile[threadIdx.x][k]);
-  }
+  const std::int64_t tiles_x = (cols + kTile - 1) / kTile, tiles_y = (rows + kTile - 1) / kTile;
+  for (std::int64_t ty = blockIdx.y; ty < tiles_y; ty += gridDim.y)
+    for (std::int64_t tx = blockIdx.x; tx < tiles_x; tx += gridDim.x) {
+      const std::int64_t col0 = tx * kTile, row0 = ty * kTile;
+      __syncthreads();  // the previous tile is written out
+      for (int k = threadIdx.y; k < kTile; k += blockDim.y) {
+        const std::int64_t r = row0 + k, c = col0 + threadIdx.x;
+        if (r < rows && c < cols) tile[k][threadIdx.x] = load(src, src_bf16, r * cols + c);
+      }
+      __syncthreads();
+      for (int k = threadIdx.y; k < kTile; k += blockDim.y) {
+        const std::int64_t c = col0 + k, r = row0 + threadIdx.x;  // dst is [cols, rows]
+        if (r < rows && c < cols) store(dst, dst_bf16, c * rows + r, tile[threadIdx.x][k]);
+      }
+    }
 }
 
 __global__ void bias_activation_kernel(float* y, const float* bias, std::int64_t n, std::int64_t cols,
@@ -46,7 +51,8 @@ __global__ void bias_activation_kernel(float* y, const float* bias, std::int64_t
 void transpose(const Launch& l, const void* src, bool src_bf16, void* dst, bool dst_bf16, std::int64_t rows,
                std::int64_t cols) {
   if (rows * cols == 0) return;
-  const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));
+  const dim3 grid(static_cast<unsigned>(std::min<std::int64_t>((cols + kTile - 1) / kTile, 1 << 20)),
+                  static_cast<unsigned>(std::min<std::int64_t>((rows + kTile - 1) / kTile, 65535)));
   transpose_kernel<<<grid, dim3(kTile, 8), 0, l.stream>>>(src, src_bf16, dst, dst_bf16, rows, cols);
   check_launch("transpose", rows * cols, l);
 }
