@@ -157,6 +157,53 @@ TEST(MirroredStrategy, AccumulationOverAShortLastBatchAndADenseWithoutBiasMatchO
   EXPECT_LE(relative_difference(*model, *reference), 1e-5);
 }
 
+// Regularization penalties join the loss once per global batch, whatever the replicas and
+// however the last batch splits (2/1/1, and 1/1/0 which leaves a replica none): weight
+// penalties whole, the activity penalty as one mean over the global batch. For a mean loss
+// and for a summed one; evaluate reports the loss with the penalties, as Keras does.
+TEST(MirroredStrategy, RegularizedFitMatchesOneDevice) {
+  auto model_of = [](losses::Reduction reduction) {
+    auto m = std::make_unique<Sequential>();
+    m->add<nn::Dense>(16, "relu",
+                      nn::DenseOptions{.seed = 1, .kernel_regularizer = nn::Regularizer::L1L2(1e-3f, 1e-2f),
+                                       .bias_regularizer = nn::Regularizer::L2(0.05f),
+                                       .kernel_constraint = Constraint::max_norm(1.0f)});
+    m->layers().back()->set_activity_regularizer(nn::Regularizer::L1(1e-2f));
+    m->add<nn::Dense>(10, "softmax", nn::DenseOptions{.seed = 2, .kernel_regularizer = nn::Regularizer::L2(0.1f)});
+    m->compile(optim::get("adam"), std::make_shared<losses::SparseCategoricalCrossentropy>(false, reduction));
+    m->build(Shape{12});
+    return m;
+  };
+  for (const losses::Reduction reduction : {losses::Reduction::sum_over_batch_size, losses::Reduction::sum}) {
+    for (const std::int64_t rows : {100, 50}) {
+      const data::Split d = data::make_synthetic(rows, 12, 10, 5, data::SyntheticLabels::teacher);
+      auto reference = model_of(reduction);
+      const History expected = reference->fit(d.x, d.y, quiet(48, 2));
+      MirroredStrategy strategy(3);
+      std::unique_ptr<Sequential> model;
+      {
+        auto scope = strategy.scope();
+        model = model_of(reduction);
+      }
+      const History h = model->fit(d.x, d.y, quiet(48, 2));
+      const char* which = reduction == losses::Reduction::sum ? "sum" : "mean";
+      EXPECT_LE(relative_difference(*model, *reference), 1e-5) << rows << " rows, " << which;
+      EXPECT_NEAR(h.history.at("loss").back(), expected.history.at("loss").back(),
+                  1e-5 * std::abs(expected.history.at("loss").back()))
+          << rows << " rows, " << which;
+    }
+  }
+  // evaluate: the loss plus the penalties (the activity one of the evaluated batch).
+  const data::Split d = data::make_synthetic(32, 12, 10, 6, data::SyntheticLabels::teacher);
+  auto model = model_of(losses::Reduction::sum_over_batch_size);
+  const double with = model->evaluate(d.x, d.y, {.batch_size = 32, .verbose = 0}).at("loss");
+  double penalties = 0;
+  for (const Tensor& t : model->losses()) penalties += t.item();
+  const double plain = model->loss()(d.y, (*model)(d.x)).item();
+  EXPECT_GT(penalties, 0.01);
+  EXPECT_NEAR(with, plain + penalties, 1e-5 * with);
+}
+
 TEST(MirroredStrategy, FitOnADatasetMatchesFitOnTensors) {
   data::Split d = data::make_synthetic(96, 12, 10, 8, data::SyntheticLabels::teacher);
   MirroredStrategy strategy(2);

@@ -125,6 +125,44 @@ TEST(Dense, GradientsReachKernelAndBias) {
   EXPECT_EQ(grads[1].shape(), Shape({2}));
 }
 
+// layer.losses: l1 * Σ|w| + l2 * Σw² for each regularized weight, the activity penalty of
+// the last call divided by its rows; their gradients are Keras's l1 * sign(w) + 2 * l2 * w
+// (the activity one reaching the kernel through the output).
+TEST(Regularizers, PenaltiesAndTheirGradients) {
+  Dense d(2, "linear", {.seed = 3, .kernel_regularizer = Regularizer::L1L2(0.02f, 0.3f),
+                        .bias_regularizer = Regularizer::from_name("l2")});
+  d.set_activity_regularizer(Regularizer::L1(0.5f));
+  d.build(Shape{4, 3});
+  d.bias()->assign(Tensor::from_vector({2}, {0.25f, -0.5f}));
+  const std::vector<float> k = d.kernel().value().to_vector();
+  double l1 = 0, l2 = 0;
+  for (float v : k) l1 += std::fabs(v), l2 += double(v) * v;
+  std::vector<Tensor> losses = d.losses();
+  ASSERT_EQ(losses.size(), 2u);  // no call yet: no activity penalty
+  EXPECT_NEAR(losses[0].item(), 0.02 * l1 + 0.3 * l2, 1e-6);
+  EXPECT_NEAR(losses[1].item(), 0.01 * (0.0625 + 0.25), 1e-7);
+
+  const Tensor x = testing::random_tensor({4, 3}, 9);
+  GradientTape tape;
+  const Tensor y = d(x, true);
+  losses = d.losses();
+  ASSERT_EQ(losses.size(), 3u);
+  double activity = 0;
+  for (float v : y.to_vector()) activity += std::fabs(v);
+  EXPECT_NEAR(losses[2].item(), 0.5 * activity / 4, 1e-6);
+
+  Variable* vars[] = {&d.kernel()};
+  const Tensor g = tape.gradient(add_n(losses), vars)[0];
+  // d(activity)/dk[i][j] = 0.5 / 4 * Σ_rows sign(y[r][j]) * x[r][i]
+  const std::vector<float> xv = x.to_vector(), yv = y.to_vector(), gv = g.to_vector();
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 2; ++j) {
+      double expected = 0.02 * (k[i * 2 + j] > 0 ? 1 : -1) + 0.6 * k[i * 2 + j];
+      for (int r = 0; r < 4; ++r) expected += 0.5 / 4 * (yv[r * 2 + j] > 0 ? 1 : -1) * xv[r * 3 + i];
+      EXPECT_NEAR(gv[i * 2 + j], expected, 1e-5) << i << "," << j;
+    }
+}
+
 TEST(Activation, AppliesByName) {
   Activation a("relu");
   EXPECT_EQ(a(Tensor::from_vector({1, 3}, {-1, 0, 2})).to_vector(), (std::vector<float>{0, 0, 2}));

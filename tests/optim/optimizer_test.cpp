@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "dtrain/autograd/ops.h"
@@ -152,6 +153,68 @@ TEST(Optimizer, ScheduleDrivesLearningRate) {
   for (int i = 0; i < 3; ++i) sgd.apply_gradients({{Tensor::from_vector({1}, {1}), &w}});
   EXPECT_NEAR(w.value().item(), -(1 + 0.5 + 0.25), 1e-6);
   EXPECT_NEAR(sgd.learning_rate(), 0.125f, 1e-7);
+}
+
+// Keras's constraints on the updated values, norms over `axis` with its epsilon 1e-7.
+std::vector<double> keras_constrained(const Constraint& c, const std::vector<double>& w, int rows, int cols) {
+  std::vector<double> out = w;
+  if (c.kind == Constraint::Kind::non_neg) {
+    for (double& v : out) v = v < 0 ? 0 : v;
+    return out;
+  }
+  const bool over_rows = c.axis == std::vector<int>{0};  // one norm per column, else per row
+  for (int k = 0; k < (over_rows ? cols : rows); ++k) {
+    auto at = [&](int i) -> double& { return over_rows ? out[i * cols + k] : out[k * cols + i]; };
+    double sq = 0;
+    for (int i = 0; i < (over_rows ? rows : cols); ++i) sq += at(i) * at(i);
+    const double norm = std::sqrt(sq);
+    double desired = 1.0;
+    if (c.kind == Constraint::Kind::max_norm) desired = std::min<double>(norm, c.max_value);
+    if (c.kind == Constraint::Kind::min_max_norm)
+      desired = c.rate * std::clamp<double>(norm, c.min_value, c.max_value) + (1 - c.rate) * norm;
+    for (int i = 0; i < (over_rows ? rows : cols); ++i) at(i) *= desired / (1e-7 + norm);
+  }
+  return out;
+}
+
+// The constraint is applied to the value the update wrote, once per update, by
+// apply_gradients and by the replicas' shared update alike.
+TEST(Constraints, ApplyAfterEachUpdateAsKerasDoes) {
+  const std::vector<float> start{3, -1, 0.5f, 2, -0.2f, 1};  // [3, 2]
+  const std::vector<float> grad{1, 0.5f, -2, 1, 0, -1};
+  for (const Constraint& c : {Constraint::max_norm(1.5f), Constraint::non_neg(), Constraint::unit_norm({1}),
+                              Constraint::min_max_norm(2.0f, 2.5f, 0.5f)}) {
+    std::vector<double> expected(6);
+    for (int i = 0; i < 6; ++i) expected[i] = static_cast<double>(start[i]) - 0.1 * grad[i];
+    expected = keras_constrained(c, expected, 3, 2);
+    for (const bool shared : {false, true}) {
+      Variable w("w", Tensor::from_vector({3, 2}, start));
+      w.set_constraint(c);
+      Variable* vars[] = {&w};
+      const std::vector<Tensor> grads{Tensor::from_vector({3, 2}, grad)};
+      SGD sgd(0.1f);
+      if (shared && sgd.begin_shared_update(vars)) {
+        sgd.apply_share(grads, vars, 0, 2);
+        sgd.apply_share(grads, vars, 1, 2);
+        sgd.end_shared_update();
+      } else {
+        sgd.apply_gradients(grads, vars);
+      }
+      const std::vector<float> got = w.value().to_vector();
+      for (int i = 0; i < 6; ++i) EXPECT_NEAR(got[i], expected[i], 1e-6) << c.class_name() << " " << i;
+    }
+  }
+  Variable w("dense/kernel", Tensor::zeros({3, 2}));
+  const std::string message = [&] {
+    try {
+      w.set_constraint(Constraint::max_norm(2.0f, {0, 1, 2}));
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  }();
+  EXPECT_NE(message.find("dense/kernel"), std::string::npos) << message;
+  EXPECT_NE(message.find("axis 2"), std::string::npos) << message;
 }
 
 TEST(Optimizer, InvalidHyperparameters) {

@@ -26,6 +26,17 @@ Tensor add(const Tensor& a, const Tensor& b) {
   return c;
 }
 
+Tensor add_n(std::span<const Tensor> xs) {
+  if (xs.empty()) DTRAIN_THROW(InvalidArgument, "add_n: needs at least one tensor");
+  for (std::size_t i = 1; i < xs.size(); ++i)
+    if (!(xs[i].shape() == xs[0].shape()))
+      DTRAIN_THROW(InvalidArgument, "add_n: tensor ", i, " is ", xs[i].shape().to_string(), ", tensor 0 ",
+                   xs[0].shape().to_string(), "; add_n adds tensors of one shape");
+  Tensor total = xs[0];
+  for (std::size_t i = 1; i < xs.size(); ++i) total = add(total, xs[i]);
+  return total;
+}
+
 Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor c = binary_forward(kernels::Binary::sub, a, b, "sub");
   detail::record(c, [&] {

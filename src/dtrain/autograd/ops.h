@@ -26,6 +26,8 @@ Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activati
 
 // --- element-wise with NumPy broadcasting (op_elementwise.cpp)
 Tensor add(const Tensor& a, const Tensor& b);
+// The sum of one or more tensors of one shape (tf.add_n); each one's gradient is the sum's.
+Tensor add_n(std::span<const Tensor> xs);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);

@@ -53,6 +53,21 @@ const Tensor& Variable::value() const {
   return value_;
 }
 
+void Variable::set_constraint(std::optional<Constraint> c) {
+  if (c && c->kind != Constraint::Kind::non_neg)
+    for (int a : c->axis)
+      if (a >= value_.rank() || a < -value_.rank())
+        DTRAIN_THROW(InvalidArgument, "variable '", name_, "': ", c->class_name(), "'s axis ", a,
+                     " is outside its shape ", value_.shape().to_string());
+  constraint_ = std::move(c);
+}
+
+void Variable::apply_constraint() {
+  if (!constraint_) return;
+  const Tensor next = constrained(*constraint_, value_);
+  value_for_update().copy_from(next);
+}
+
 void Variable::assign(const Tensor& v) {
   if (!(v.shape() == value_.shape()) || v.dtype() != value_.dtype())
     DTRAIN_THROW(InvalidArgument, "Variable '", name_, "': cannot assign a ", dtype_name(v.dtype()), " ",

@@ -8,8 +8,10 @@
 // replica of another strategy reading it is an error naming it.
 #pragma once
 
+#include <optional>
 #include <string>
 
+#include "dtrain/autograd/constraint.h"
 #include "dtrain/core/tensor.h"
 
 namespace dtrain {
@@ -50,11 +52,19 @@ class Variable {
   // Copies `v` into the variable; shapes and dtypes must match (an error names the variable).
   void assign(const Tensor& v);
 
+  // Keras's constraint (kernel_constraint, ...), which optimizers apply after updating the
+  // variable; an axis outside the variable's rank is an InvalidArgument naming both.
+  const std::optional<Constraint>& constraint() const { return constraint_; }
+  void set_constraint(std::optional<Constraint> c);
+  // Replaces the value with its constrained value (nothing without a constraint).
+  void apply_constraint();
+
  private:
   std::string name_;
   Tensor value_;
   bool trainable_;
   std::uint64_t strategy_;
+  std::optional<Constraint> constraint_;
   // Whether a tracker (below) was told of this variable; copies are not tracked.
   struct Tracked {
     bool on = false;

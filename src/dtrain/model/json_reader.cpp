@@ -41,13 +41,17 @@ void JsonReader::expect_array() const {
 }
 
 void JsonReader::expect_keys(std::initializer_list<const char*> allowed) const {
+  expect_keys(std::vector<std::string>(allowed.begin(), allowed.end()));
+}
+
+void JsonReader::expect_keys(const std::vector<std::string>& allowed) const {
   expect_object();
   for (auto it = value_.begin(); it != value_.end(); ++it) {
     bool ok = false;
-    for (const char* a : allowed) ok |= it.key() == a;
+    for (const std::string& a : allowed) ok |= it.key() == a;
     if (!ok) {
       std::string list;
-      for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+      for (const std::string& a : allowed) list += (list.empty() ? "" : ", ") + a;
       fail(it.key(), "unknown key (expected one of: " + list + ")");
     }
   }

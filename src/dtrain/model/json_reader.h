@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dtrain/core/error.h"
 
@@ -25,6 +26,7 @@ class JsonReader {
 
   // Throws InvalidArgument unless this is an object whose keys are all in `allowed`.
   void expect_keys(std::initializer_list<const char*> allowed) const;
+  void expect_keys(const std::vector<std::string>& allowed) const;
   void expect_object() const;
   void expect_array() const;
   std::size_t size() const { return value_.size(); }

@@ -311,6 +311,13 @@ std::vector<Variable*> Model::variables() const {
   return out;
 }
 
+std::vector<Tensor> Model::losses() const {
+  std::vector<Tensor> out;
+  for (const auto& l : layers_)
+    for (Tensor& t : l->losses()) out.push_back(std::move(t));
+  return out;
+}
+
 std::vector<Variable*> Model::trainable_variables() const {
   std::vector<Variable*> out;
   for (const auto& l : layers_)
@@ -743,7 +750,10 @@ Logs Model::run_evaluation(BatchSource& source, const std::string& prefix, bool 
   while (source.next(xb, yb)) {
     ++batches;
     Tensor y_pred = (*this)(xb, /*training=*/false);
-    loss_mean.update_state(mean_value((*loss_)(yb.to(y_pred.device()), y_pred)), static_cast<double>(xb.dim(0)));
+    Tensor loss = (*loss_)(yb.to(y_pred.device()), y_pred);
+    // As Keras reports it: with the regularization penalties (model.losses).
+    if (const std::vector<Tensor> penalties = losses(); !penalties.empty()) loss = add(loss, add_n(penalties));
+    loss_mean.update_state(mean_value(loss), static_cast<double>(xb.dim(0)));
     for (auto& m : metrics_) m->update_state(yb, y_pred);
   }
   if (across_workers) {

@@ -140,6 +140,10 @@ class Model {
   const std::vector<std::shared_ptr<nn::Layer>>& layers() const { return layers_; }
   std::vector<Variable*> variables() const;
   std::vector<Variable*> trainable_variables() const;
+  // Keras's model.losses: every layer's regularization penalties (on the weights' current
+  // values, recorded by live tapes) and activity penalties (of the last call). fit adds
+  // their sum to the loss it minimizes and reports, once per global batch under a strategy.
+  std::vector<Tensor> losses() const;
   std::int64_t count_params() const;
   optim::Optimizer& optimizer() const;
   losses::Loss& loss() const;

@@ -26,15 +26,47 @@ json float_json(float f) {
   return json(std::strtod(std::string(text, end).c_str(), nullptr));
 }
 
+// Keras's {"class_name": "L2", "config": {"l2": 0.01}}, or null.
+json regularizer_json(const std::optional<nn::Regularizer>& r) {
+  if (!r) return nullptr;
+  json config = json::object();
+  if (r->kind != nn::Regularizer::Kind::l2) config["l1"] = float_json(r->l1);
+  if (r->kind != nn::Regularizer::Kind::l1) config["l2"] = float_json(r->l2);
+  return {{"class_name", r->class_name()}, {"config", config}};
+}
+
+// Keras's {"class_name": "MaxNorm", "config": {"max_value": 2, "axis": 0}}, or null.
+json constraint_json(const std::optional<Constraint>& c) {
+  if (!c) return nullptr;
+  json config = json::object();
+  const json axis = c->axis.size() == 1 ? json(c->axis[0]) : json(c->axis);
+  switch (c->kind) {
+    case Constraint::Kind::max_norm: config = {{"max_value", float_json(c->max_value)}, {"axis", axis}}; break;
+    case Constraint::Kind::unit_norm: config = {{"axis", axis}}; break;
+    case Constraint::Kind::min_max_norm:
+      config = {{"min_value", float_json(c->min_value)}, {"max_value", float_json(c->max_value)},
+                {"rate", float_json(c->rate)}, {"axis", axis}};
+      break;
+    case Constraint::Kind::non_neg: break;
+  }
+  return {{"class_name", c->class_name()}, {"config", config}};
+}
+
 json layer_to_json(const nn::Layer& layer) {
   json config = {{"name", layer.name()}, {"trainable", layer.trainable()}, {"dtype", layer.dtype_policy().name}};
+  if (layer.activity_regularizer()) config["activity_regularizer"] = regularizer_json(layer.activity_regularizer());
   if (auto* d = dynamic_cast<const nn::Dense*>(&layer)) {
+    const nn::DenseOptions& o = d->options();
     config["units"] = d->units();
     config["activation"] = d->activation().empty() ? "linear" : d->activation();
-    config["use_bias"] = d->options().use_bias;
-    config["kernel_initializer"] = d->options().kernel_initializer;
-    config["bias_initializer"] = d->options().bias_initializer;
-    config["seed"] = seed_json(d->options().seed);
+    config["use_bias"] = o.use_bias;
+    config["kernel_initializer"] = o.kernel_initializer;
+    config["bias_initializer"] = o.bias_initializer;
+    config["kernel_regularizer"] = regularizer_json(o.kernel_regularizer);
+    config["bias_regularizer"] = regularizer_json(o.bias_regularizer);
+    config["kernel_constraint"] = constraint_json(o.kernel_constraint);
+    config["bias_constraint"] = constraint_json(o.bias_constraint);
+    config["seed"] = seed_json(o.seed);
   } else if (auto* a = dynamic_cast<const nn::Activation*>(&layer)) {
     config["activation"] = a->activation();
   } else if (auto* dr = dynamic_cast<const nn::Dropout*>(&layer)) {
@@ -56,6 +88,10 @@ json layer_to_json(const nn::Layer& layer) {
     config["use_bias"] = o.use_bias;
     config["depthwise_initializer"] = o.kernel_initializer;
     config["bias_initializer"] = o.bias_initializer;
+    config["depthwise_regularizer"] = regularizer_json(o.kernel_regularizer);
+    config["bias_regularizer"] = regularizer_json(o.bias_regularizer);
+    config["depthwise_constraint"] = constraint_json(o.kernel_constraint);
+    config["bias_constraint"] = constraint_json(o.bias_constraint);
     config["seed"] = seed_json(o.seed);
   } else if (auto* cv = dynamic_cast<const nn::Conv2D*>(&layer)) {
     const nn::Conv2DOptions& o = cv->options();
@@ -70,6 +106,10 @@ json layer_to_json(const nn::Layer& layer) {
     config["use_bias"] = o.use_bias;
     config["kernel_initializer"] = o.kernel_initializer;
     config["bias_initializer"] = o.bias_initializer;
+    config["kernel_regularizer"] = regularizer_json(o.kernel_regularizer);
+    config["bias_regularizer"] = regularizer_json(o.bias_regularizer);
+    config["kernel_constraint"] = constraint_json(o.kernel_constraint);
+    config["bias_constraint"] = constraint_json(o.bias_constraint);
     config["seed"] = seed_json(o.seed);
   } else if (auto* p = dynamic_cast<const nn::Pooling2D*>(&layer)) {
     config["pool_size"] = p->pool_size();
@@ -91,6 +131,10 @@ json layer_to_json(const nn::Layer& layer) {
     config["gamma_initializer"] = o.gamma_initializer;
     config["moving_mean_initializer"] = o.moving_mean_initializer;
     config["moving_variance_initializer"] = o.moving_variance_initializer;
+    config["beta_regularizer"] = regularizer_json(o.beta_regularizer);
+    config["gamma_regularizer"] = regularizer_json(o.gamma_regularizer);
+    config["beta_constraint"] = constraint_json(o.beta_constraint);
+    config["gamma_constraint"] = constraint_json(o.gamma_constraint);
   } else if (auto* ln = dynamic_cast<const nn::LayerNormalization*>(&layer)) {
     const nn::LayerNormalizationOptions& o = ln->options();
     config["axis"] = o.axis;
@@ -99,6 +143,10 @@ json layer_to_json(const nn::Layer& layer) {
     config["scale"] = o.scale;
     config["beta_initializer"] = o.beta_initializer;
     config["gamma_initializer"] = o.gamma_initializer;
+    config["beta_regularizer"] = regularizer_json(o.beta_regularizer);
+    config["gamma_regularizer"] = regularizer_json(o.gamma_regularizer);
+    config["beta_constraint"] = constraint_json(o.beta_constraint);
+    config["gamma_constraint"] = constraint_json(o.gamma_constraint);
   } else if (auto* rs = dynamic_cast<const nn::Reshape*>(&layer)) {
     config["target_shape"] = rs->target_shape();
   } else if (auto* zp = dynamic_cast<const nn::ZeroPadding2D*>(&layer)) {
@@ -119,6 +167,11 @@ std::string initializer_name(const JsonReader& r, const std::string& key, const 
   const json& v = r.raw()[key];
   if (v.is_string()) return v.get<std::string>();
   if (v.is_object() && v.contains("class_name") && v["class_name"].is_string()) {
+    // Keras 3.15 writes the variance-scaling initializers' input_axes and output_axes.
+    if (v.contains("config") && v["config"].is_object())
+      for (const char* k : {"input_axes", "output_axes"})
+        if (v["config"].contains(k) && !v["config"][k].is_null())
+          r.fail(key + ".config." + k, "is not supported (only null), got " + v["config"][k].dump());
     // GlorotUniform -> glorot_uniform
     std::string out;
     for (char c : v["class_name"].get<std::string>()) {
@@ -151,10 +204,117 @@ void expect_channels_last(const JsonReader& c) {
                               c.get_string("data_format") + "\"");
 }
 
-// Regularizers, constraints and the like: accepted when null (Keras writes them so).
+// Keys Keras writes as null where the feature is off (noise_shape, quantization_config,
+// ...): a value dtrain cannot honour is one line naming the key and the value.
 void expect_unset(const JsonReader& c, std::initializer_list<const char*> keys) {
   for (const char* k : keys)
     if (c.has(k)) c.fail(k, std::string("is not supported (only null), got ") + c.raw()[k].dump());
+}
+
+// The keys every layer's config may hold, as tf.keras 2 and Keras 3 write them, then the
+// layer's own: tf.keras 2 writes the first layer's batch_input_shape, and dynamic where it
+// is true (dtrain runs every layer eagerly); Keras 3.4+ writes activity_regularizer here
+// where it is set.
+std::vector<std::string> layer_keys(std::initializer_list<const char*> own) {
+  std::vector<std::string> out{"name", "trainable", "dtype", "batch_input_shape", "batch_shape", "dynamic",
+                               "activity_regularizer"};
+  out.insert(out.end(), own.begin(), own.end());
+  return out;
+}
+
+// A {"class_name", "config"} object as tf.keras 2 writes it, or Keras 3's with module and
+// registered_name: its class name and config (empty when it has none).
+std::pair<std::string, JsonReader> keras_object(const JsonReader& c, const std::string& key) {
+  const JsonReader o = c.child(key);
+  o.expect_keys({"class_name", "config", "module", "registered_name"});
+  static const json kEmpty = json::object();
+  return {o.get_string("class_name"), o.has("config") ? o.child("config") : JsonReader(kEmpty, o.key_path("config"))};
+}
+
+// tf.keras.regularizers: null, "l1" / "l2" / "l1_l2" (tf.keras 2: 0.01 each) / "l1l2"
+// (Keras 3's snake case of L1L2: 0 each), or an L1, L2 or L1L2 object.
+std::optional<nn::Regularizer> get_regularizer(const JsonReader& c, const std::string& key) {
+  if (!c.has(key)) return std::nullopt;
+  const json& v = c.raw()[key];
+  if (v.is_string()) {
+    const std::string name = v.get<std::string>();
+    if (name == "l1l2") return nn::Regularizer::L1L2();
+    try {
+      return nn::Regularizer::from_name(name);
+    } catch (const InvalidArgument& e) {
+      c.fail(key, e.what());
+    }
+  }
+  if (!v.is_object()) c.fail(key, "expected a regularizer: a name or {\"class_name\": ...}, got " + v.dump());
+  const auto [cls, config] = keras_object(c, key);
+  // L1 and L2 also took the old keyword "l".
+  const double l = config.get_number("l", -1.0);
+  if (cls == "L1" || cls == "l1") {
+    config.expect_keys({"l1", "l"});
+    return nn::Regularizer::L1(static_cast<float>(l >= 0 ? l : config.get_number("l1", 0.01)));
+  }
+  if (cls == "L2" || cls == "l2") {
+    config.expect_keys({"l2", "l"});
+    return nn::Regularizer::L2(static_cast<float>(l >= 0 ? l : config.get_number("l2", 0.01)));
+  }
+  if (cls == "L1L2" || cls == "l1_l2") {
+    config.expect_keys({"l1", "l2"});
+    return nn::Regularizer::L1L2(static_cast<float>(config.get_number("l1", 0.0)),
+                                 static_cast<float>(config.get_number("l2", 0.0)));
+  }
+  c.fail(key + ".class_name", "unknown regularizer '" + cls + "' (expected L1, L2 or L1L2)");
+}
+
+// tf.keras.constraints: null, "max_norm" / "non_neg" / "unit_norm" / "min_max_norm", or a
+// MaxNorm, NonNeg, UnitNorm or MinMaxNorm object.
+std::optional<Constraint> get_constraint(const JsonReader& c, const std::string& key) {
+  if (!c.has(key)) return std::nullopt;
+  const json& v = c.raw()[key];
+  if (v.is_string()) {
+    try {
+      return Constraint::from_name(v.get<std::string>());
+    } catch (const InvalidArgument& e) {
+      c.fail(key, e.what());
+    }
+  }
+  if (!v.is_object()) c.fail(key, "expected a constraint: a name or {\"class_name\": ...}, got " + v.dump());
+  const auto [cls, config] = keras_object(c, key);
+  Constraint out;
+  try {
+    out = Constraint::from_name(cls);
+  } catch (const InvalidArgument& e) {
+    c.fail(key + ".class_name", e.what());
+  }
+  if (out.kind == Constraint::Kind::non_neg) {
+    config.expect_keys({});
+    return out;
+  }
+  if (config.has("axis")) {
+    const json& a = config.raw()["axis"];
+    out.axis.clear();
+    if (a.is_number_integer()) {
+      out.axis.push_back(a.get<int>());
+    } else if (a.is_array() && !a.empty()) {
+      for (const json& e : a) {
+        if (!e.is_number_integer()) config.fail("axis", "expected an integer or a list of integers, got " + a.dump());
+        out.axis.push_back(e.get<int>());
+      }
+    } else {
+      config.fail("axis", "expected an integer or a list of integers, got " + a.dump());
+    }
+  }
+  if (out.kind == Constraint::Kind::unit_norm) {
+    config.expect_keys({"axis"});
+  } else if (out.kind == Constraint::Kind::max_norm) {
+    config.expect_keys({"max_value", "axis"});
+    out.max_value = static_cast<float>(config.get_number("max_value", 2.0));
+  } else {
+    config.expect_keys({"min_value", "max_value", "rate", "axis"});
+    out.min_value = static_cast<float>(config.get_number("min_value", 0.0));
+    out.max_value = static_cast<float>(config.get_number("max_value", 1.0));
+    out.rate = static_cast<float>(config.get_number("rate", 1.0));
+  }
+  return out;
 }
 
 // The layer's own "seed", else the seed of its kernel's initializer object
@@ -176,19 +336,23 @@ std::optional<std::uint64_t> get_seed(const JsonReader& c, const std::string& ke
 std::shared_ptr<nn::Layer> make_conv_layer(const std::string& cls, const JsonReader& c) {
   const bool depthwise = cls == "DepthwiseConv2D";
   if (depthwise)
-    c.expect_keys({"name", "trainable", "dtype", "kernel_size", "strides", "padding", "depth_multiplier", "data_format",
-                   "dilation_rate", "groups", "activation", "use_bias", "depthwise_initializer", "bias_initializer",
-                   "depthwise_regularizer", "bias_regularizer", "activity_regularizer", "depthwise_constraint",
-                   "bias_constraint", "seed"});
+    c.expect_keys(layer_keys({"kernel_size", "strides", "padding", "depth_multiplier", "data_format", "dilation_rate",
+                              "groups", "activation", "use_bias", "depthwise_initializer", "bias_initializer",
+                              "depthwise_regularizer", "bias_regularizer", "depthwise_constraint", "bias_constraint",
+                              "seed", "lora_rank", "lora_alpha"}));
   else
-    c.expect_keys({"name", "trainable", "dtype", "filters", "kernel_size", "strides", "padding", "data_format",
-                   "dilation_rate", "groups", "activation", "use_bias", "kernel_initializer", "bias_initializer",
-                   "kernel_regularizer", "bias_regularizer", "activity_regularizer", "kernel_constraint",
-                   "bias_constraint", "seed"});
+    c.expect_keys(layer_keys({"filters", "kernel_size", "strides", "padding", "data_format", "dilation_rate", "groups",
+                              "activation", "use_bias", "kernel_initializer", "bias_initializer", "kernel_regularizer",
+                              "bias_regularizer", "kernel_constraint", "bias_constraint", "seed", "lora_rank",
+                              "lora_alpha"}));
   expect_channels_last(c);
-  expect_unset(c, {"kernel_regularizer", "bias_regularizer", "activity_regularizer", "kernel_constraint",
-                   "bias_constraint", "depthwise_regularizer", "depthwise_constraint"});
+  expect_unset(c, {"lora_rank", "lora_alpha"});
   nn::Conv2DOptions o;
+  const std::string weights = depthwise ? "depthwise" : "kernel";
+  o.kernel_regularizer = get_regularizer(c, weights + "_regularizer");
+  o.bias_regularizer = get_regularizer(c, "bias_regularizer");
+  o.kernel_constraint = get_constraint(c, weights + "_constraint");
+  o.bias_constraint = get_constraint(c, "bias_constraint");
   o.name = c.get_string("name", depthwise ? "depthwise_conv2d" : "conv2d");
   o.strides = get_pair(c, "strides", nn::Pair{1, 1});
   o.padding = c.get_string("padding", "valid");
@@ -220,6 +384,7 @@ std::shared_ptr<nn::Layer> layer_from_json(const JsonReader& r, const std::strin
   c.expect_object();
   auto layer = make_layer(cls, c, r);
   if (!c.get_bool("trainable", true)) layer->set_trainable(false);
+  layer->set_activity_regularizer(get_regularizer(c, "activity_regularizer"));
   // "dtype": a policy name, or Keras 3's {"class_name": "DTypePolicy", "config": {"name": ...}};
   // without one the layer keeps the global policy. An override replaces both.
   if (!dtype_policy.empty() || c.has("dtype")) {
@@ -238,9 +403,15 @@ std::shared_ptr<nn::Layer> layer_from_json(const JsonReader& r, const std::strin
 std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& c, const JsonReader& r) {
   try {
     if (cls == "Dense") {
-      c.expect_keys({"name", "trainable", "dtype", "units", "activation", "use_bias", "kernel_initializer",
-                     "bias_initializer", "seed"});
+      c.expect_keys(layer_keys({"units", "activation", "use_bias", "kernel_initializer", "bias_initializer",
+                                "kernel_regularizer", "bias_regularizer", "kernel_constraint", "bias_constraint", "seed",
+                                "quantization_config", "lora_rank", "lora_alpha"}));
+      expect_unset(c, {"quantization_config", "lora_rank", "lora_alpha"});
       nn::DenseOptions o;
+      o.kernel_regularizer = get_regularizer(c, "kernel_regularizer");
+      o.bias_regularizer = get_regularizer(c, "bias_regularizer");
+      o.kernel_constraint = get_constraint(c, "kernel_constraint");
+      o.bias_constraint = get_constraint(c, "bias_constraint");
       o.name = c.get_string("name", "dense");
       o.use_bias = c.get_bool("use_bias", true);
       o.kernel_initializer = initializer_name(c, "kernel_initializer", "glorot_uniform");
@@ -261,7 +432,7 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       }
     }
     if (cls == "Activation") {
-      c.expect_keys({"name", "trainable", "dtype", "activation"});
+      c.expect_keys(layer_keys({"activation"}));
       try {
         return std::make_shared<nn::Activation>(c.get_string("activation"), c.get_string("name", "activation"));
       } catch (const InvalidArgument& e) {
@@ -270,7 +441,8 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       }
     }
     if (cls == "Dropout") {
-      c.expect_keys({"name", "trainable", "dtype", "rate", "seed"});
+      c.expect_keys(layer_keys({"rate", "seed", "noise_shape"}));
+      expect_unset(c, {"noise_shape"});
       std::optional<std::uint64_t> seed;
       if (auto s = c.get_optional_int("seed")) seed = static_cast<std::uint64_t>(*s);
       const double rate = c.get_number("rate");
@@ -278,12 +450,13 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       return std::make_shared<nn::Dropout>(static_cast<float>(rate), seed, c.get_string("name", "dropout"));
     }
     if (cls == "Flatten") {
-      c.expect_keys({"name", "trainable", "dtype"});
+      c.expect_keys(layer_keys({"data_format"}));
+      expect_channels_last(c);
       return std::make_shared<nn::Flatten>(c.get_string("name", "flatten"));
     }
     if (cls == "Conv2D" || cls == "DepthwiseConv2D") return make_conv_layer(cls, c);
     if (cls == "MaxPooling2D" || cls == "AveragePooling2D") {
-      c.expect_keys({"name", "trainable", "dtype", "pool_size", "strides", "padding", "data_format"});
+      c.expect_keys(layer_keys({"pool_size", "strides", "padding", "data_format"}));
       expect_channels_last(c);
       const nn::Pair pool = get_pair(c, "pool_size", nn::Pair{2, 2});
       const std::optional<nn::Pair> strides = c.has("strides") ? std::optional(get_pair(c, "strides")) : std::nullopt;
@@ -293,17 +466,23 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       return std::make_shared<nn::AveragePooling2D>(pool, strides, padding, c.get_string("name", "average_pooling2d"));
     }
     if (cls == "GlobalAveragePooling2D") {
-      c.expect_keys({"name", "trainable", "dtype", "data_format", "keepdims"});
+      c.expect_keys(layer_keys({"data_format", "keepdims"}));
       expect_channels_last(c);
       return std::make_shared<nn::GlobalAveragePooling2D>(c.get_bool("keepdims", false),
                                                           c.get_string("name", "global_average_pooling2d"));
     }
     if (cls == "BatchNormalization") {
-      c.expect_keys({"name", "trainable", "dtype", "axis", "momentum", "epsilon", "center", "scale", "synchronized",
-                     "beta_initializer", "gamma_initializer", "moving_mean_initializer", "moving_variance_initializer",
-                     "beta_regularizer", "gamma_regularizer", "beta_constraint", "gamma_constraint"});
-      expect_unset(c, {"beta_regularizer", "gamma_regularizer", "beta_constraint", "gamma_constraint"});
+      c.expect_keys(layer_keys({"axis", "momentum", "epsilon", "center", "scale", "synchronized", "beta_initializer",
+                                "gamma_initializer", "moving_mean_initializer", "moving_variance_initializer",
+                                "beta_regularizer", "gamma_regularizer", "beta_constraint", "gamma_constraint",
+                                "renorm", "renorm_clipping", "renorm_momentum", "virtual_batch_size"}));
+      if (c.get_bool("renorm", false)) c.fail("renorm", "true is not supported (batch renormalization; only false)");
+      expect_unset(c, {"virtual_batch_size"});
       nn::BatchNormalizationOptions o;
+      o.beta_regularizer = get_regularizer(c, "beta_regularizer");
+      o.gamma_regularizer = get_regularizer(c, "gamma_regularizer");
+      o.beta_constraint = get_constraint(c, "beta_constraint");
+      o.gamma_constraint = get_constraint(c, "gamma_constraint");
       o.name = c.get_string("name", "batch_normalization");
       // Keras writes axis as an integer or a list of one.
       if (c.has("axis")) {
@@ -323,12 +502,15 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       return std::make_shared<nn::BatchNormalization>(o);
     }
     if (cls == "LayerNormalization") {
-      c.expect_keys({"name", "trainable", "dtype", "axis", "epsilon", "center", "scale", "rms_scaling",
-                     "beta_initializer", "gamma_initializer", "beta_regularizer", "gamma_regularizer",
-                     "beta_constraint", "gamma_constraint"});
-      if (c.get_bool("rms_scaling", false)) c.fail("rms_scaling", "RMS scaling is not supported (only false)");
-      expect_unset(c, {"beta_regularizer", "gamma_regularizer", "beta_constraint", "gamma_constraint"});
+      c.expect_keys(layer_keys({"axis", "epsilon", "center", "scale", "rms_scaling", "beta_initializer",
+                                "gamma_initializer", "beta_regularizer", "gamma_regularizer", "beta_constraint",
+                                "gamma_constraint"}));
+      if (c.get_bool("rms_scaling", false)) c.fail("rms_scaling", "true is not supported (RMS scaling; only false)");
       nn::LayerNormalizationOptions o;
+      o.beta_regularizer = get_regularizer(c, "beta_regularizer");
+      o.gamma_regularizer = get_regularizer(c, "gamma_regularizer");
+      o.beta_constraint = get_constraint(c, "beta_constraint");
+      o.gamma_constraint = get_constraint(c, "gamma_constraint");
       o.name = c.get_string("name", "layer_normalization");
       if (c.has("axis")) {
         const json& a = c.raw()["axis"];
@@ -343,7 +525,7 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       return std::make_shared<nn::LayerNormalization>(o);
     }
     if (cls == "Reshape") {
-      c.expect_keys({"name", "trainable", "dtype", "target_shape"});
+      c.expect_keys(layer_keys({"target_shape"}));
       const JsonReader t = c.child("target_shape");
       t.expect_array();
       std::vector<std::int64_t> target;
@@ -354,7 +536,7 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       return std::make_shared<nn::Reshape>(target, c.get_string("name", "reshape"));
     }
     if (cls == "ZeroPadding2D") {
-      c.expect_keys({"name", "trainable", "dtype", "padding", "data_format"});
+      c.expect_keys(layer_keys({"padding", "data_format"}));
       expect_channels_last(c);
       nn::ZeroPadding2D::Padding2 pad{{{1, 1}, {1, 1}}};
       if (c.has("padding")) {
@@ -374,15 +556,18 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       return std::make_shared<nn::ZeroPadding2D>(pad, c.get_string("name", "zero_padding2d"));
     }
     if (cls == "Add") {
-      c.expect_keys({"name", "trainable", "dtype"});
+      c.expect_keys(layer_keys({}));
       return std::make_shared<nn::Add>(c.get_string("name", "add"));
     }
     if (cls == "Concatenate") {
-      c.expect_keys({"name", "trainable", "dtype", "axis"});
+      c.expect_keys(layer_keys({"axis"}));
       return std::make_shared<nn::Concatenate>(c.get_int32("axis", -1, -8, 8), c.get_string("name", "concatenate"));
     }
     if (cls == "Rescaling") {
-      c.expect_keys({"name", "trainable", "dtype", "scale", "offset"});
+      c.expect_keys(layer_keys({"scale", "offset"}));
+      for (const char* k : {"scale", "offset"})
+        if (c.has(k) && !c.raw()[k].is_number())
+          c.fail(k, std::string("is one number for every channel in dtrain, got ") + c.raw()[k].dump());
       return std::make_shared<nn::Rescaling>(static_cast<float>(c.get_number("scale")),
                                              static_cast<float>(c.get_number("offset", 0.0)),
                                              c.get_string("name", "rescaling"));
@@ -415,6 +600,20 @@ Shape shape_from(const JsonReader& s, std::size_t skip) {
   return Shape(dims);
 }
 
+// A node's call arguments beside its inputs (tf.keras's kwargs dict, Keras 3's "kwargs"):
+// only those that change nothing: training unset or false, mask unset.
+void check_call_kwargs(const json& kwargs) {
+  if (kwargs.is_null()) return;
+  if (!kwargs.is_object()) throw std::invalid_argument("call arguments are not an object: " + kwargs.dump());
+  for (auto it = kwargs.begin(); it != kwargs.end(); ++it) {
+    const bool harmless = (it.key() == "training" && (it.value().is_null() || it.value() == false)) ||
+                          (it.key() == "mask" && it.value().is_null());
+    if (!harmless)
+      throw std::invalid_argument("a call with " + it.key() + "=" + it.value().dump() +
+                                  " is not supported (training false and mask null only)");
+  }
+}
+
 // The (layer name, node index) pairs a node reads, from tf.keras's [[name, node, tensor,
 // {}], ...] or Keras 3's {"args": [...keras tensors...], "kwargs": {}}.
 void collect_history(const json& v, std::vector<std::pair<std::string, int>>& out) {
@@ -428,11 +627,13 @@ void collect_history(const json& v, std::vector<std::pair<std::string, int>>& ou
       out.emplace_back(h->at(0).get<std::string>(), h->at(1).get<int>());
       return;
     }
+    if (v.contains("kwargs")) check_call_kwargs(v.at("kwargs"));
     if (v.contains("args")) collect_history(v.at("args"), out);
     return;
   }
   if (v.is_array()) {
     if (v.size() >= 3 && v[0].is_string() && v[1].is_number_integer()) {
+      if (v.size() >= 4) check_call_kwargs(v[3]);
       out.emplace_back(v[0].get<std::string>(), v[1].get<int>());
       return;
     }
@@ -487,7 +688,11 @@ UnbuiltModel functional_from_json(const JsonReader& c, const std::string& dtype_
     if (cls == "InputLayer") {
       e.expect_keys({"class_name", "config", "name", "inbound_nodes", "module", "registered_name"});
       const JsonReader ic = e.child("config");
-      ic.expect_keys({"batch_input_shape", "batch_shape", "input_shape", "shape", "dtype", "sparse", "ragged", "name"});
+      if (ic.has("type_spec"))
+        ic.fail("type_spec", "an Input described by a TypeSpec is not supported; give its shape and dtype");
+      ic.expect_keys(
+          {"batch_input_shape", "batch_shape", "input_shape", "shape", "dtype", "sparse", "ragged", "name", "optional"});
+      if (ic.get_bool("optional", false)) ic.fail("optional", "true is not supported (optional inputs; only false)");
       name = ic.get_string("name", e.get_string("name", "input"));
       UnbuiltModel::Call call;
       for (const char* key : {"batch_input_shape", "batch_shape"})
@@ -495,7 +700,8 @@ UnbuiltModel functional_from_json(const JsonReader& c, const std::string& dtype_
       for (const char* key : {"input_shape", "shape"})
         if (ic.has(key)) call.input_shape = shape_from(ic.child(key), 0);
       if (!call.input_shape) ic.fail("batch_input_shape", "an InputLayer needs its shape");
-      if (ic.get_bool("sparse", false) || ic.get_bool("ragged", false)) ic.fail("sparse", "sparse and ragged inputs are not supported");
+      if (ic.get_bool("sparse", false)) ic.fail("sparse", "true is not supported (sparse inputs; only false)");
+      if (ic.get_bool("ragged", false)) ic.fail("ragged", "true is not supported (ragged inputs; only false)");
       call.name = name;
       if (ic.has("dtype")) {
         const std::string dt = ic.raw()["dtype"].is_string() ? ic.get_string("dtype") : "";
@@ -684,13 +890,17 @@ std::string Model::to_json(int indent) const {
 UnbuiltModel unbuilt_model_from_json(const nlohmann::json& value, const std::string& path,
                                      const std::string& dtype_policy, const std::string& config_path) {
   const JsonReader r(value, path);
-  r.expect_keys({"class_name", "config", "module", "registered_name", "build_config", "compile_config"});
+  // tf.keras 2's to_json() adds keras_version and backend; Keras 3 module,
+  // registered_name, build_config and compile_config (a .keras archive's config.json too).
+  r.expect_keys({"class_name", "config", "module", "registered_name", "build_config", "compile_config",
+                 "keras_version", "backend"});
   const std::string cls = r.get_string("class_name");
   const JsonReader c(r.child("config").raw(), config_path.empty() ? r.key_path("config") : config_path);
   if (cls == "Functional" || cls == "Model") return functional_from_json(c, dtype_policy);
   if (cls != "Sequential")
     r.fail("class_name", "expected a Sequential or a Functional model, got '" + cls + "'");
-  c.expect_keys({"name", "layers", "build_input_shape", "input_shape", "trainable"});
+  c.expect_keys({"name", "layers", "build_input_shape", "input_shape", "trainable", "dtype", "activity_regularizer"});
+  expect_unset(c, {"activity_regularizer"});
   UnbuiltModel out;
   out.class_name = "Sequential";
   out.name = c.get_string("name", "sequential");
@@ -707,6 +917,10 @@ UnbuiltModel unbuilt_model_from_json(const nlohmann::json& value, const std::str
     }
     out.layers.push_back(layer_from_json(e, dtype_policy));
     out.json_index.push_back(i);
+    // tf.keras 2 writes the input's shape on the first layer too (batch_input_shape).
+    if (out.layers.size() == 1 && !out.input_shape && e.has("config"))
+      for (const char* key : {"batch_input_shape", "batch_shape"})
+        if (e.child("config").has(key)) out.input_shape = shape_from(e.child("config").child(key), 1);
   }
   // build_input_shape includes the batch axis (null); input_shape does not.
   for (const char* key : {"build_input_shape", "input_shape"}) {

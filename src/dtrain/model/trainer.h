@@ -99,7 +99,7 @@ class Model::Trainer {
     }
     GradientTape tape;
     Tensor y_pred = model_(xd, /*training=*/true);
-    Tensor loss = (*model_.loss_)(yd, y_pred);
+    Tensor loss = with_penalties((*model_.loss_)(yd, y_pred), 1.0f);
     if (vars_.empty()) vars_ = model_.trainable_variables();
     Clock::time_point forward_end = Clock::now(), backward_end;
     loop.add(profile::Phase::forward, start, forward_end);
@@ -148,6 +148,15 @@ class Model::Trainer {
     double loss = 0.0;
     Clock::time_point done{};  // when the replica's work ended
   };
+
+  // The loss plus `share` of the model's regularization penalties (model.losses), as Keras
+  // minimizes and reports it.
+  Tensor with_penalties(const Tensor& loss, float share) {
+    const std::vector<Tensor> penalties = model_.losses();
+    if (penalties.empty()) return loss;
+    const Tensor total = add_n(penalties);
+    return add(loss, share == 1.0f ? total : scale(total, share));
+  }
 
   void record(const Tensor& y, const Tensor& y_pred, double loss, std::int64_t rows, metrics::Mean& loss_mean) {
     loss_mean.update_state(loss, static_cast<double>(rows));
@@ -242,7 +251,11 @@ class Model::Trainer {
           const ScopedDenseGradientsTogether together(reducer_->dense_gradients_together(r));
           GradientTape tape;
           out.y_pred = model_(x.slice(begin, end), /*training=*/true);
-          Tensor loss = (*model_.loss_)(y.slice(begin, end), out.y_pred);
+          // The penalties count once per global batch: each replica takes its rows' share
+          // (for a mean, through the scaling below), which also makes the activity penalties
+          // (means over the replica's rows) one mean over the global batch.
+          Tensor loss = with_penalties((*model_.loss_)(y.slice(begin, end), out.y_pred),
+                                       mean_loss ? 1.0f : static_cast<float>(end - begin) / static_cast<float>(rows));
           out.loss = detail::mean_value(loss);
           forward_end = Clock::now();
           track.add(profile::Phase::forward, start, forward_end);
@@ -287,8 +300,21 @@ class Model::Trainer {
     if (update && shared) model_.optimizer_->end_shared_update();
     const Clock::time_point optimizer_end = Clock::now();
     loop.add(profile::Phase::optimizer, optimizer_start, optimizer_end);
-    for (const Output& out : outputs_)
-      if (out.y_pred.defined()) record(y.slice(out.begin, out.end), out.y_pred, out.loss, out.end - out.begin, loss_mean);
+    if (mean_loss) {
+      for (const Output& out : outputs_)
+        if (out.y_pred.defined()) record(y.slice(out.begin, out.end), out.y_pred, out.loss, out.end - out.begin, loss_mean);
+    } else {
+      // A summed loss is the global batch's sum, as one device reports it: this worker's
+      // replicas' sums, weighted so that the workers' means merge into that sum.
+      double sum = 0.0;
+      for (const Output& out : outputs_)
+        if (out.y_pred.defined()) {
+          sum += out.loss;
+          for (auto& m : model_.metrics_) m->update_state(y.slice(out.begin, out.end), out.y_pred);
+        }
+      const std::int64_t mine = row_bounds_.back() - row_bounds_.front();
+      if (mine > 0) loss_mean.update_state(sum * static_cast<double>(rows) / static_cast<double>(mine), static_cast<double>(mine));
+    }
     loop.add(profile::Phase::metrics, optimizer_end, Clock::now());
   }
 
@@ -337,6 +363,8 @@ class Model::Trainer {
       // A layer called twice (a shared layer) sums two uses: its gradients go through the buckets.
       if (dense == nullptr || model_.calls_of(layer.get()) != 1 || dense->dtype_policy().compute_dtype != DType::f32)
         continue;
+      // So does one whose weights a regularizer reads too (their penalty's gradient).
+      if (dense->options().kernel_regularizer || dense->options().bias_regularizer) continue;
       const std::size_t kernel = index_of(&dense->kernel());
       if (kernel == DenseVariables::kNone) continue;
       out.push_back({kernel, dense->bias() ? index_of(dense->bias()) : DenseVariables::kNone});

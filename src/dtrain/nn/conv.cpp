@@ -107,8 +107,11 @@ Shape Conv2D::compute_output_shape(const Shape& input_shape) const {
 
 void Conv2D::build_weights(const Shape& input_shape) {
   Generator g(options_.seed ? *options_.seed : next_seed());
-  kernel_ = &add_weight("kernel", initialize(options_.kernel_initializer, kernel_shape(input_shape[3]), g));
-  if (options_.use_bias) bias_ = &add_weight("bias", initialize(options_.bias_initializer, {filters_}, g));
+  kernel_ = &add_weight("kernel", initialize(options_.kernel_initializer, kernel_shape(input_shape[3]), g), true,
+                        options_.kernel_regularizer, options_.kernel_constraint);
+  if (options_.use_bias)
+    bias_ = &add_weight("bias", initialize(options_.bias_initializer, {filters_}, g), true, options_.bias_regularizer,
+                        options_.bias_constraint);
 }
 
 Variable& Conv2D::kernel() {
@@ -153,9 +156,11 @@ Shape DepthwiseConv2D::compute_output_shape(const Shape& input_shape) const {
 
 void DepthwiseConv2D::build_weights(const Shape& input_shape) {
   Generator g(options_.seed ? *options_.seed : next_seed());
-  kernel_ = &add_weight("kernel", initialize(options_.kernel_initializer, kernel_shape(input_shape[3]), g));
+  kernel_ = &add_weight("kernel", initialize(options_.kernel_initializer, kernel_shape(input_shape[3]), g), true,
+                        options_.kernel_regularizer, options_.kernel_constraint);
   if (options_.use_bias)
-    bias_ = &add_weight("bias", initialize(options_.bias_initializer, {input_shape[3] * depth_multiplier_}, g));
+    bias_ = &add_weight("bias", initialize(options_.bias_initializer, {input_shape[3] * depth_multiplier_}, g), true,
+                        options_.bias_regularizer, options_.bias_constraint);
 }
 
 Tensor DepthwiseConv2D::call(const Tensor& x, bool /*training*/) {

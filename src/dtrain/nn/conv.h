@@ -40,6 +40,9 @@ struct Conv2DOptions {
   std::string bias_initializer = "zeros";
   std::optional<std::uint64_t> seed;  // unset: the next of set_random_seed's sequence
   std::string name = "conv2d";
+  // DepthwiseConv2D's depthwise_regularizer and depthwise_constraint are its kernel's.
+  std::optional<Regularizer> kernel_regularizer, bias_regularizer;  // penalties in losses()
+  std::optional<Constraint> kernel_constraint, bias_constraint;     // applied after each update
 };
 
 class Conv2D : public Layer {

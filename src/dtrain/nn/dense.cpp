@@ -33,8 +33,11 @@ Shape Dense::compute_output_shape(const Shape& input_shape) const {
 void Dense::build_weights(const Shape& input_shape) {
   Generator g(options_.seed ? *options_.seed : next_seed());
   const std::int64_t in = input_shape[-1];
-  kernel_ = &add_weight("kernel", initialize(options_.kernel_initializer, {in, units_}, g));
-  if (options_.use_bias) bias_ = &add_weight("bias", initialize(options_.bias_initializer, {units_}, g));
+  kernel_ = &add_weight("kernel", initialize(options_.kernel_initializer, {in, units_}, g), true,
+                        options_.kernel_regularizer, options_.kernel_constraint);
+  if (options_.use_bias)
+    bias_ = &add_weight("bias", initialize(options_.bias_initializer, {units_}, g), true, options_.bias_regularizer,
+                        options_.bias_constraint);
 }
 
 Variable& Dense::kernel() {

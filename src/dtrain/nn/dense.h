@@ -14,6 +14,8 @@ struct DenseOptions {
   std::string bias_initializer = "zeros";
   std::optional<std::uint64_t> seed;  // unset: the next of set_random_seed's sequence
   std::string name = "dense";
+  std::optional<Regularizer> kernel_regularizer, bias_regularizer;  // penalties in losses()
+  std::optional<Constraint> kernel_constraint, bias_constraint;     // applied after each update
 };
 
 // The activation a matmul or convolution can apply in its own pass, by Keras name

@@ -36,9 +36,10 @@ Tensor Layer::operator()(const Tensor& x, bool training) {
   try {
     // An input from another device joins the weights (as Keras copies NumPy inputs to the
     // GPU); the ops inside never copy.
-    if (!weights_.empty() && !(x.device() == weights_.front()->value_device()))
-      return call(x.to(weights_.front()->value_device()), training);
-    return call(x, training);
+    const bool moved = !weights_.empty() && !(x.device() == weights_.front()->value_device());
+    Tensor y = call(moved ? x.to(weights_.front()->value_device()) : x, training);
+    regularize_activity(y);
+    return y;
   } catch (const Unsupported&) {  // oneDNN refused the layer's settings: say which layer
     rethrow_with_context(std::current_exception(),
                          "layer '" + name_ + "' (" + class_name() + ") on " + x.shape().to_string());
@@ -57,7 +58,9 @@ Tensor Layer::operator()(std::span<const Tensor> inputs, bool training) {
   }
   compute_output_shape_of(shapes);  // checks the inputs against each other (no weights to build)
   const AllocationTag tag(&tag_);
-  return call_several(inputs, training);
+  Tensor y = call_several(inputs, training);
+  regularize_activity(y);
+  return y;
 }
 
 Shape Layer::compute_output_shape_of(std::span<const Shape> input_shapes) const {
@@ -85,12 +88,47 @@ void Layer::rename(const std::string& name) {
   tag_ = "layer '" + name_ + "'";
 }
 
-Variable& Layer::add_weight(const std::string& name, Tensor initial, bool trainable) {
+Variable& Layer::add_weight(const std::string& name, Tensor initial, bool trainable,
+                            std::optional<Regularizer> regularizer, std::optional<Constraint> constraint) {
   // Created on the host by the initializers, the weights live where the placement says
   // (TensorFlow's `with tf.device(...)`, a GPU by default where fit or Python ran "auto").
-  weights_.push_back(
-      std::make_unique<Variable>(name_ + "/" + name, initial.to(placement()), trainable && trainable_));
+  auto v = std::make_unique<Variable>(name_ + "/" + name, initial.to(placement()), trainable && trainable_);
+  try {
+    v->set_constraint(std::move(constraint));
+  } catch (const InvalidArgument& e) {
+    fail(e.what());
+  }
+  weights_.push_back(std::move(v));
+  regularizers_.push_back(std::move(regularizer));
   return *weights_.back();
+}
+
+void Layer::regularize_activity(const Tensor& y) {
+  if (!activity_regularizer_) return;
+  // tf.keras divides the penalty by the batch's rows, so it does not grow with the batch.
+  const float rows = y.rank() > 0 ? static_cast<float>(std::max<std::int64_t>(1, y.dim(0))) : 1.0f;
+  Tensor penalty = scale(regularization(*activity_regularizer_, y), 1.0f / rows);
+  const auto replica = static_cast<std::size_t>(replica_context().replica_id);
+  const std::lock_guard lock(activity_mutex_);
+  if (activity_losses_.size() <= replica) activity_losses_.resize(replica + 1);
+  activity_losses_[replica].assign(1, std::move(penalty));
+}
+
+std::vector<Tensor> Layer::losses() const {
+  std::vector<Tensor> out;
+  for (std::size_t i = 0; i < weights_.size(); ++i)
+    if (regularizers_[i]) out.push_back(regularization(*regularizers_[i], weights_[i]->value()));
+  const auto replica = static_cast<std::size_t>(replica_context().replica_id);
+  const std::lock_guard lock(activity_mutex_);
+  if (replica < activity_losses_.size())
+    out.insert(out.end(), activity_losses_[replica].begin(), activity_losses_[replica].end());
+  return out;
+}
+
+std::optional<Regularizer> Layer::regularizer_of(const Variable& v) const {
+  for (std::size_t i = 0; i < weights_.size(); ++i)
+    if (weights_[i].get() == &v) return regularizers_[i];
+  return std::nullopt;
 }
 
 void Layer::set_dtype_policy(std::string_view name) {

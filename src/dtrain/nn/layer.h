@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -12,6 +13,7 @@
 #include "dtrain/autograd/ops.h"
 #include "dtrain/autograd/variable.h"
 #include "dtrain/nn/policy.h"
+#include "dtrain/nn/regularizers.h"
 
 namespace dtrain::nn {
 
@@ -57,6 +59,17 @@ class Layer {
   std::int64_t count_params() const;
   std::optional<Shape> input_shape() const { return input_shape_; }
 
+  // Keras's layer.losses: each weight regularizer's penalty on the weight's current value
+  // (recorded by live tapes), then the activity regularizer's penalty on the last call's
+  // output (its mean over the batch's rows, as tf.keras takes it).
+  std::vector<Tensor> losses() const;
+  // The penalty on the layer's output (every layer takes one, as in Keras); before or after
+  // it is built.
+  void set_activity_regularizer(std::optional<Regularizer> r) { activity_regularizer_ = std::move(r); }
+  const std::optional<Regularizer>& activity_regularizer() const { return activity_regularizer_; }
+  // The regularizer of weight `v` of this layer (none: nullopt).
+  std::optional<Regularizer> regularizer_of(const Variable& v) const;
+
   // The position of every random stream the layer draws from while training (Dropout's
   // masks), as integers a checkpoint saves; set_rng_state puts a saved one back, so that a
   // resumed run draws the masks the uninterrupted one would have. Empty for most layers.
@@ -68,7 +81,11 @@ class Layer {
   virtual Tensor call(const Tensor& x, bool training) = 0;
   // Layers that take several inputs override this (their call() of one input is not used).
   virtual Tensor call_several(std::span<const Tensor> inputs, bool training);
-  Variable& add_weight(const std::string& name, Tensor initial, bool trainable = true);
+  // A weight of this layer, with the regularizer whose penalty joins losses() and the
+  // constraint optimizers apply after each update, where given.
+  Variable& add_weight(const std::string& name, Tensor initial, bool trainable = true,
+                       std::optional<Regularizer> regularizer = std::nullopt,
+                       std::optional<Constraint> constraint = std::nullopt);
   // An InvalidArgument that starts with "layer '<name>' (<class>): ".
   [[noreturn]] void fail(const std::string& message) const;
 
@@ -79,6 +96,14 @@ class Layer {
   DTypePolicy policy_;
   std::optional<Shape> input_shape_;
   std::vector<std::unique_ptr<Variable>> weights_;
+  std::vector<std::optional<Regularizer>> regularizers_;  // [weight]
+  std::optional<Regularizer> activity_regularizer_;
+  // The last call's activity penalties, per replica of the strategy running (replicas
+  // share the layer and call it at once).
+  mutable std::mutex activity_mutex_;
+  std::vector<std::vector<Tensor>> activity_losses_;  // [replica id]
+  // The last call's activity penalty on `y`, kept for losses().
+  void regularize_activity(const Tensor& y);
 };
 
 }  // namespace dtrain::nn

@@ -33,8 +33,12 @@ Shape BatchNormalization::compute_output_shape(const Shape& input_shape) const {
 void BatchNormalization::build_weights(const Shape& input_shape) {
   const Shape c{input_shape[-1]};
   Generator g(0);  // the initializers here are constants
-  if (options_.scale) gamma_ = &add_weight("gamma", initialize(options_.gamma_initializer, c, g));
-  if (options_.center) beta_ = &add_weight("beta", initialize(options_.beta_initializer, c, g));
+  if (options_.scale)
+    gamma_ = &add_weight("gamma", initialize(options_.gamma_initializer, c, g), true, options_.gamma_regularizer,
+                         options_.gamma_constraint);
+  if (options_.center)
+    beta_ = &add_weight("beta", initialize(options_.beta_initializer, c, g), true, options_.beta_regularizer,
+                        options_.beta_constraint);
   moving_mean_ = &add_weight("moving_mean", initialize(options_.moving_mean_initializer, c, g), false);
   moving_variance_ = &add_weight("moving_variance", initialize(options_.moving_variance_initializer, c, g), false);
 }
@@ -120,8 +124,12 @@ Shape LayerNormalization::compute_output_shape(const Shape& input_shape) const {
 void LayerNormalization::build_weights(const Shape& input_shape) {
   const Shape d{input_shape[-1]};
   Generator g(0);
-  if (options_.scale) gamma_ = &add_weight("gamma", initialize(options_.gamma_initializer, d, g));
-  if (options_.center) beta_ = &add_weight("beta", initialize(options_.beta_initializer, d, g));
+  if (options_.scale)
+    gamma_ = &add_weight("gamma", initialize(options_.gamma_initializer, d, g), true, options_.gamma_regularizer,
+                         options_.gamma_constraint);
+  if (options_.center)
+    beta_ = &add_weight("beta", initialize(options_.beta_initializer, d, g), true, options_.beta_regularizer,
+                        options_.beta_constraint);
 }
 
 Tensor LayerNormalization::call(const Tensor& x, bool /*training*/) {

@@ -34,6 +34,8 @@ struct BatchNormalizationOptions {
   std::string moving_mean_initializer = "zeros";
   std::string moving_variance_initializer = "ones";
   std::string name = "batch_normalization";
+  std::optional<Regularizer> beta_regularizer, gamma_regularizer;  // penalties in losses()
+  std::optional<Constraint> beta_constraint, gamma_constraint;     // applied after each update
 };
 
 class BatchNormalization : public Layer {
@@ -72,6 +74,8 @@ struct LayerNormalizationOptions {
   std::string beta_initializer = "zeros";
   std::string gamma_initializer = "ones";
   std::string name = "layer_normalization";
+  std::optional<Regularizer> beta_regularizer, gamma_regularizer;
+  std::optional<Constraint> beta_constraint, gamma_constraint;
 };
 
 class LayerNormalization : public Layer {

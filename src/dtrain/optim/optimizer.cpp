@@ -101,8 +101,15 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
     }
     if (!update(vars[i]->value_for_update(), grads[i], slots_of(*vars[i]), lr, scale))
       wrote_non_finite_.store(true, std::memory_order_relaxed);
+    vars[i]->apply_constraint();
     note_device(vars[i]->value_device());
   }
+  ++iterations_;
+}
+
+void Optimizer::end_shared_update() {
+  for (Variable* v : shared_vars_) v->apply_constraint();
+  shared_vars_.clear();
   ++iterations_;
 }
 
@@ -137,6 +144,7 @@ bool Optimizer::begin_shared_update(std::span<Variable* const> vars) {
     slots_of(*v);  // created here, on one thread, before the shares run
     v->value_for_update();  // and the value, where a tape's record holds it, copied here
   }
+  shared_vars_.assign(vars.begin(), vars.end());
   shared_lr_ = learning_rate();
   return true;
 }

@@ -1,6 +1,7 @@
 // Optimizers with Keras's names, defaults and update formulas. apply_gradients() clips
 // (clipnorm per variable, global_clipnorm over all) by folding a scale into the update,
-// then runs one fused, multithreaded pass per variable over its value, gradient and slots.
+// then runs one fused, multithreaded pass per variable over its value, gradient and slots,
+// and applies the variable's constraint after it, as Keras does.
 // Slots are created on the first update and reused: a steady-state step allocates nothing.
 #pragma once
 
@@ -58,7 +59,8 @@ class Optimizer {
   // begin_shared_update() returns false and the caller uses apply_gradients().
   bool begin_shared_update(std::span<Variable* const> vars);
   void apply_share(std::span<const Tensor> grads, std::span<Variable* const> vars, int share, int shares);
-  void end_shared_update() { ++iterations_; }
+  // Also applies the variables' constraints (which need each whole variable).
+  void end_shared_update();
 
   // Whether some update has written a NaN or an infinity into a variable since the last
   // call (checked in the update's own pass, so it costs no extra read); the call clears it.
@@ -88,6 +90,7 @@ class Optimizer {
   int slot_count_ = -1;  // slot_names().size(), read once (virtual: not in the constructor)
   float shared_lr_ = 0.0f;  // the learning rate of the shared update under way
   std::atomic<bool> wrote_non_finite_{false};  // set by any share's update
+  std::vector<Variable*> shared_vars_;  // of the shared update under way, for their constraints
   // Devices whose updates report non-finite weights later (GPUs: kernels run after the call).
   std::vector<Device> deferred_devices_;
   void note_device(Device device);
