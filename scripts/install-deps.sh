@@ -15,6 +15,8 @@ packages=(
   clang libclang-rt-14-dev libomp-dev     # the fuzz preset: libFuzzer and the sanitizers, OpenMP for clang
   dataset-fashion-mnist
   pybind11-dev python3-dev python3-numpy python3-pytest   # the Python package (python/) and its tests
+  python3-h5py                            # the weights inside Keras's .keras archives
+  python3-cloudpickle                     # a parameter-server chief ships the program's functions to its workers
   chromium-headless-shell                 # the doctor's HTML report, opened in a real browser by a test
 )
 

@@ -9,7 +9,7 @@ from ._dtrain import Tensor, Variable, errors
 from ._core import (
     DType, float32, bfloat16, int32, int64, uint8, bool_ as bool, float64,
     constant, convert_to_tensor, zeros, ones, fill, zeros_like, ones_like, function,
-    reduce_sum, reduce_mean, matmul, add, subtract, multiply, divide, square, sqrt, exp, log, abs,
+    reduce_sum, reduce_mean, matmul, add, add_n, subtract, multiply, divide, square, sqrt, exp, log, abs,
     reshape, one_hot, clip_by_value, stop_gradient, TensorSpec, GradientTape,
     equal, not_equal, less, less_equal, greater, greater_equal, argmax, argmin, reduce_all, reduce_any, cast,
     shape, size, rank, range, device,
@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Tensor", "Variable", "errors", "DType", "float32", "bfloat16", "int32", "int64", "uint8", "float64",
     "constant", "convert_to_tensor", "zeros", "ones", "fill", "zeros_like", "ones_like", "function",
-    "reduce_sum", "reduce_mean", "matmul", "add", "subtract", "multiply", "divide", "square", "sqrt", "exp", "log",
+    "reduce_sum", "reduce_mean", "matmul", "add", "add_n", "subtract", "multiply", "divide", "square", "sqrt", "exp", "log",
     "abs", "reshape", "one_hot", "clip_by_value", "stop_gradient", "TensorSpec", "GradientTape",
     "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "argmax", "argmin", "reduce_all",
     "reduce_any", "cast", "shape", "size", "rank", "range", "device",

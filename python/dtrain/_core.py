@@ -134,6 +134,14 @@ def matmul(a, b, transpose_a=False, transpose_b=False, name=None):
 
 
 add = _ops.add
+
+
+def add_n(inputs, name=None):
+    """The element-wise sum of a list of tensors of one shape."""
+    del name
+    return _ops.add_n(list(inputs))
+
+
 subtract = _ops.subtract
 multiply = _ops.multiply
 divide = _ops.divide

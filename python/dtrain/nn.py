@@ -8,6 +8,18 @@ softmax = _dtrain.ops.softmax
 log_softmax = _dtrain.ops.log_softmax
 
 
+def scale_regularization_loss(regularization_loss):
+    """The regularization loss divided by the replicas in sync (inside strategy.run), so
+    that the replicas' gradients add up to it once."""
+    return _dtrain.ops.scale_regularization_loss(regularization_loss)
+
+
+def l2_loss(t, name=None):
+    """sum(t ** 2) / 2."""
+    del name
+    return _dtrain.ops.multiply(_dtrain.ops.reduce_sum(_dtrain.ops.square(t), None, False), 0.5)
+
+
 def compute_average_loss(per_example_loss, sample_weight=None, global_batch_size=None):
     """sum(per_example_loss) / global_batch_size: each replica's share of the mean over the
     global batch (without one: this replica's batch times the replicas in sync)."""

@@ -48,6 +48,7 @@ class PyIterator {
 void bind_errors(py::module_& m);
 void bind_tensors(py::module_& m);
 void bind_keras(py::module_& m);
+void bind_own_layers(py::module_& keras);
 void bind_data(py::module_& m);
 void bind_distribute(py::module_& m);
 void bind_train(py::module_& m);

@@ -195,6 +195,7 @@ void bind_keras(py::module_& m) {
       .def_property("trainable", &nn::Layer::trainable, &nn::Layer::set_trainable)
       .def_property_readonly("variables", &nn::Layer::variables, py::return_value_policy::reference_internal)
       .def_property_readonly("weights", &nn::Layer::variables, py::return_value_policy::reference_internal)
+      .def_property_readonly("losses", &nn::Layer::losses)
       .def_property_readonly("trainable_variables", &nn::Layer::trainable_variables,
                              py::return_value_policy::reference_internal)
       .def("__call__", [](nn::Layer& layer, py::handle x, bool training) {
@@ -202,6 +203,8 @@ void bind_keras(py::module_& m) {
         py::gil_scoped_release release;
         return layer(t, training);
       }, py::arg("inputs"), py::arg("training") = false);
+
+  bind_own_layers(k);
 
   py::class_<Model, std::shared_ptr<Model>>(k, "_Model")
       .def_static("from_json", &model_from, py::arg("json"), py::arg("dtype_policy") = "")
@@ -271,6 +274,7 @@ void bind_keras(py::module_& m) {
       .def_property_readonly("trainable_variables", &Model::trainable_variables,
                              py::return_value_policy::reference_internal)
       .def("count_params", &Model::count_params)
+      .def_property_readonly("losses", &Model::losses)
       .def_readwrite("stop_training", &Model::stop_training)
       .def_property_readonly("input_shape", [](const Model& model) -> py::object {
         if (!model.input_shape()) return py::none();
@@ -349,6 +353,23 @@ void bind_keras(py::module_& m) {
            py::arg("learning_rate") = 0.001f, py::arg("weight_decay") = 0.004f, py::arg("beta_1") = 0.9f,
            py::arg("beta_2") = 0.999f, py::arg("epsilon") = 1e-7f, py::arg("clipnorm") = py::none(),
            py::arg("global_clipnorm") = py::none());
+  py::class_<optim::RMSprop, optim::Optimizer, std::shared_ptr<optim::RMSprop>>(o, "RMSprop")
+      .def(py::init([](py::handle lr, float rho, float momentum, float epsilon, bool centered, py::object clipnorm,
+                       py::object global_clipnorm, float weight_decay) {
+             return std::make_shared<optim::RMSprop>(schedule_of(lr), optim::RMSpropOptions{rho, momentum, epsilon, centered},
+                                                     optimizer_options(clipnorm, global_clipnorm, weight_decay));
+           }),
+           py::arg("learning_rate") = 0.001f, py::arg("rho") = 0.9f, py::arg("momentum") = 0.0f,
+           py::arg("epsilon") = 1e-7f, py::arg("centered") = false, py::arg("clipnorm") = py::none(),
+           py::arg("global_clipnorm") = py::none(), py::arg("weight_decay") = 0.0f);
+  py::class_<optim::Adagrad, optim::Optimizer, std::shared_ptr<optim::Adagrad>>(o, "Adagrad")
+      .def(py::init([](py::handle lr, float initial_accumulator_value, float epsilon, py::object clipnorm,
+                       py::object global_clipnorm, float weight_decay) {
+             return std::make_shared<optim::Adagrad>(schedule_of(lr), initial_accumulator_value, epsilon,
+                                                     optimizer_options(clipnorm, global_clipnorm, weight_decay));
+           }),
+           py::arg("learning_rate") = 0.001f, py::arg("initial_accumulator_value") = 0.1f, py::arg("epsilon") = 1e-7f,
+           py::arg("clipnorm") = py::none(), py::arg("global_clipnorm") = py::none(), py::arg("weight_decay") = 0.0f);
 
   // Losses: classes, called as loss(y_true, y_pred).
   py::module_ l = k.def_submodule("losses");
@@ -398,6 +419,11 @@ void bind_keras(py::module_& m) {
         metric.update_state(t, p);
       }, py::arg("y_true"), py::arg("y_pred") = py::none(), py::arg("sample_weight") = py::none())
       .def("result", &metrics::Metric::result)
+      // Keras's metric(y_true, y_pred): update_state, then the result.
+      .def("__call__", [](py::object self, py::args args, py::kwargs kwargs) {
+        self.attr("update_state")(*args, **kwargs);
+        return self.attr("result")();
+      })
       .def("reset_state", &metrics::Metric::reset_state)
       .def("reset_states", &metrics::Metric::reset_state);
   py::class_<metrics::SparseCategoricalAccuracy, metrics::Metric, std::shared_ptr<metrics::SparseCategoricalAccuracy>>(

@@ -344,6 +344,11 @@ void bind_tensors(py::module_& m) {
              return dtype.is_none() ? a : py::array(a.attr("astype")(dtype));
            }, py::arg("dtype") = py::none(), py::arg("copy") = py::none())
       .def("item", [](const Tensor& t) { return to_numpy(t).attr("item")(); })
+      // f"{loss:.4f}" on a scalar, as on a number (and on TensorFlow's eager tensors).
+      .def("__format__", [](const Tensor& t, const std::string& spec) {
+        py::object value = t.numel() == 1 ? to_numpy(t).attr("item")() : py::object(py::str(to_numpy(t)));
+        return value.attr("__format__")(spec).cast<std::string>();
+      })
       .def("__float__", [](const Tensor& t) { return static_cast<double>(t.item()); })
       .def("__int__", [](const Tensor& t) { return static_cast<long long>(t.item()); })
       .def("__bool__", [](const Tensor& t) {  // `if tensor:` of several values is a mistake, as in TensorFlow
@@ -494,6 +499,15 @@ void bind_tensors(py::module_& m) {
     py::gil_scoped_release release;
     return distribute::compute_average_loss(t, global_batch_size);
   }, py::arg("per_example_loss"), py::arg("global_batch_size") = -1);
+
+  o.def("scale_regularization_loss", [](py::handle loss) {
+    return distribute::scale_regularization_loss(to_tensor(loss, "scale_regularization_loss"));
+  });
+  o.def("add_n", [](py::handle inputs) {
+    std::vector<Tensor> ts;
+    for (py::handle x : inputs) ts.push_back(to_tensor(x, "add_n"));
+    return dtrain::add_n(ts);
+  });
 
   py::class_<PyTape>(m, "_GradientTape")
       .def(py::init<bool>(), py::arg("persistent") = false)

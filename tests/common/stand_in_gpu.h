@@ -162,6 +162,14 @@ class StandInBackend final : public kernels::Backend {
     deferred_bad_ |= !cpu().adam_update(hw, host(g), hm, hv, p);
     return true;
   }
+  bool rmsprop_update(Tensor& w, const Tensor& g, Tensor& v, Tensor* momentum, Tensor* average,
+                      const kernels::RmspropUpdate& p) override {
+    check({&w, &g, &v, momentum, average});
+    Tensor hw = host(w), hv = host(v), hm = momentum ? host(*momentum) : Tensor(),
+           ha = average ? host(*average) : Tensor();
+    deferred_bad_ |= !cpu().rmsprop_update(hw, host(g), hv, momentum ? &hm : nullptr, average ? &ha : nullptr, p);
+    return true;
+  }
   bool take_deferred_non_finite() override { return std::exchange(deferred_bad_, false); }
   void conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const kernels::Conv2dOptions& o) override {
     check({&x, &kernel, &y, o.bias});

@@ -515,6 +515,45 @@ TEST_P(Conformance, OptimizerUpdatesFollowKerasRules) {
   }
 }
 
+// RMSprop (plain, with momentum, centered with momentum) and Adagrad (its accumulator from
+// 0.1), epsilon inside the root.
+TEST_P(Conformance, RmspropAndAdagradFollowKeras3) {
+  const std::int64_t n = 20011;
+  for (int rule = 0; rule < 4; ++rule) {
+    const bool adagrad = rule == 3, with_momentum = rule == 1 || rule == 2, centered = rule == 2;
+    Tensor w = on(random_tensor({n}, 75)), v = on(Tensor::full({n}, adagrad ? 0.1f : 0.0f)),
+           mom = Tensor::zeros({n}, DType::f32, device()), avg = Tensor::zeros({n}, DType::f32, device());
+    std::vector<double> rw = as_double(w.to_vector()), rv(n, adagrad ? 0.1 : 0.0), rm(n, 0), ra(n, 0);
+    const double rho = adagrad ? 1.0 : 0.8, weight = adagrad ? 1.0 : 0.2;
+    for (int step = 1; step <= 3; ++step) {
+      const Tensor g = random_tensor({n}, 75 + step);
+      const auto gv = g.to_vector();
+      RmspropUpdate p{.learning_rate = 0.01f, .rho = static_cast<float>(rho), .square_weight = static_cast<float>(weight),
+                      .momentum = 0.5f, .epsilon = 1e-3f, .weight_decay = 0.1f, .gradient_scale = 0.5f};
+      be().rmsprop_update(w, on(g), v, with_momentum ? &mom : nullptr, centered ? &avg : nullptr, p);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double gi = 0.5 * gv[static_cast<std::size_t>(i)];
+        rv[i] = rho * rv[i] + weight * gi * gi;
+        double denominator = rv[i];
+        if (centered) {
+          ra[i] = rho * ra[i] + weight * gi;
+          denominator -= ra[i] * ra[i];
+        }
+        const double increment = 0.01 * gi / std::sqrt(denominator + 1e-3);
+        rw[i] -= 0.01 * 0.1 * rw[i];
+        if (with_momentum) {
+          rm[i] = 0.5 * rm[i] + increment;
+          rw[i] -= rm[i];
+        } else {
+          rw[i] -= increment;
+        }
+      }
+    }
+    be().take_deferred_non_finite();
+    expect_near(w.to_vector(), rw, 1e-5, 1e-6, "rmsprop rule " + std::to_string(rule));
+  }
+}
+
 // A NaN written by an update is reported: at once by a backend that runs the update before
 // returning, through take_deferred_non_finite() by one whose kernels run later.
 TEST_P(Conformance, ANonFiniteWeightIsReported) {

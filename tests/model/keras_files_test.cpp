@@ -50,9 +50,9 @@ TEST_P(KerasFiles, LoadRunAndWriteBack) {
   EXPECT_EQ(out[0].shape(), file.output);
   for (float v : out[0].to_vector()) EXPECT_TRUE(std::isfinite(v));
 
-  const std::string json = model->to_json();
-  auto back = model_from_json(json);
-  EXPECT_EQ(back->to_json(), json);
+  const std::string written = model->to_json();
+  auto back = model_from_json(written);
+  EXPECT_EQ(back->to_json(), written);
   EXPECT_EQ(back->count_params(), file.params);
   (*back)(std::span<const Tensor>(inputs));  // the activity penalties are the last call's
   EXPECT_EQ(back->losses().size(), model->losses().size());
@@ -66,8 +66,8 @@ INSTANTIATE_TEST_SUITE_P(
                       KerasFile{"keras_3_3_functional.json", 220, {{2, 10}}, {2, 4}},
                       KerasFile{"keras_3_5_sequential.json", 205, {{2, 8, 8, 2}}, {2, 5}},
                       KerasFile{"keras_3_15_sequential.json", 16, {{2, 3}}, {2, 2}}),
-    [](const ::testing::TestParamInfo<KerasFile>& info) {
-      std::string name = info.param.name;
+    [](const ::testing::TestParamInfo<KerasFile>& param) {
+      std::string name = param.param.name;
       return name.substr(0, name.find('.'));
     });
 
@@ -143,8 +143,8 @@ std::string changed(const std::string& file, const std::function<void(nlohmann::
   return j.dump();
 }
 
-void expect_named(const std::string& json, const std::vector<std::string>& parts) {
-  const std::string message = message_of([&] { model_from_json(json); });
+void expect_named(const std::string& text, const std::vector<std::string>& parts) {
+  const std::string message = message_of([&] { model_from_json(text); });
   EXPECT_EQ(message.find('\n'), std::string::npos) << message;
   for (const std::string& part : parts) EXPECT_NE(message.find(part), std::string::npos) << message;
 }

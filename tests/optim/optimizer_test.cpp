@@ -217,6 +217,52 @@ TEST(Constraints, ApplyAfterEachUpdateAsKerasDoes) {
   EXPECT_NE(message.find("axis 2"), std::string::npos) << message;
 }
 
+// Keras 3's RMSprop: centered with momentum, slot by slot, against the formula in double.
+TEST(RMSprop, CenteredWithMomentumFollowsKeras3) {
+  Variable w("w", Tensor::from_vector({2}, {1.0f, -0.5f}));
+  RMSprop opt(0.01f, {.rho = 0.8f, .momentum = 0.5f, .epsilon = 1e-3f, .centered = true});
+  double rw[2] = {1.0, -0.5}, v[2] = {0, 0}, a[2] = {0, 0}, m[2] = {0, 0};
+  const float grads[3][2] = {{0.3f, -1.0f}, {-0.2f, 0.4f}, {0.7f, 0.1f}};
+  for (const auto& g : grads) {
+    opt.apply_gradients({{Tensor::from_vector({2}, {g[0], g[1]}), &w}});
+    for (int i = 0; i < 2; ++i) {
+      v[i] = 0.8 * v[i] + 0.2 * g[i] * g[i];
+      a[i] = 0.8 * a[i] + 0.2 * g[i];
+      m[i] = 0.5 * m[i] + 0.01 * g[i] / std::sqrt(v[i] - a[i] * a[i] + 1e-3);
+      rw[i] -= m[i];
+    }
+  }
+  EXPECT_NEAR(w.value().to_vector()[0], rw[0], 1e-6);
+  EXPECT_NEAR(w.value().to_vector()[1], rw[1], 1e-6);
+  const auto slots = opt.slots(w);
+  ASSERT_EQ(slots.size(), 3u);
+  EXPECT_EQ(slots[0].first, "velocity");
+  EXPECT_EQ(slots[1].first, "momentum");
+  EXPECT_EQ(slots[2].first, "average_gradient");
+  EXPECT_EQ(get("rmsprop")->name(), "RMSprop");
+}
+
+// Adagrad's accumulator starts at initial_accumulator_value, in updates and in the slot a
+// checkpoint restores into.
+TEST(Adagrad, AccumulatorStartsAtItsInitialValue) {
+  Variable w("w", Tensor::from_vector({1}, {2.0f}));
+  Adagrad opt(0.1f, 0.25f);
+  double rw = 2.0, acc = 0.25;
+  for (float g : {1.0f, -0.5f}) {
+    opt.apply_gradients({{Tensor::from_vector({1}, {g}), &w}});
+    acc += double(g) * g;
+    rw -= 0.1 * g / std::sqrt(acc + 1e-7);
+  }
+  EXPECT_NEAR(w.value().item(), rw, 1e-6);
+  Variable fresh("fresh", Tensor::zeros({3}));
+  Adagrad other;
+  const auto slots = other.slots(fresh, /*create=*/true);
+  ASSERT_EQ(slots.size(), 1u);
+  EXPECT_EQ(slots[0].second->to_vector(), (std::vector<float>{0.1f, 0.1f, 0.1f}));
+  EXPECT_THROW(Adagrad(0.1f, -1.0f), InvalidArgument);
+  EXPECT_THROW(RMSprop(0.1f, {.rho = 1.0f}), InvalidArgument);
+}
+
 TEST(Optimizer, InvalidHyperparameters) {
   EXPECT_THROW(SGD(-1.0f), InvalidArgument);
   EXPECT_THROW(SGD(0.1f, 1.5f), InvalidArgument);

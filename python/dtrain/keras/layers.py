@@ -2,13 +2,27 @@
 way the dtrain command builds one from a JSON file: so a model built from Python and the
 same model in a config file get the same weights from the same seed.
 
-Once its model is built, a layer answers for its dtrain layer (name, weights, call)."""
+Once its model is built, a layer answers for its dtrain layer (name, weights, call). A layer
+called on tensors outside a model (inside a layer of your own, say) becomes a dtrain layer
+of its own at that first call.
+
+A subclass of Layer that defines call() is a layer of your own, as in Keras: build() makes
+its weights with add_weight(), call() computes with tf's ops and other layers. dtrain runs
+it as one of its layers (fit, evaluate, checkpoints, every strategy), its Python under the
+GIL; the built-in layers it calls run in C++ without it."""
+import inspect
+import json
 import math
 import re
 
 import numpy as np
 
+from .. import _dtrain
+from . import constraints as constraints_module
+from . import regularizers as regularizers_module
 from .initializers import Initializer
+
+_k = _dtrain.keras
 
 
 def assign_all(owner, variables, weights):
@@ -25,6 +39,10 @@ def _keras_value(value, where):
     ``where``."""
     if isinstance(value, Initializer):
         return value.get_config()
+    if isinstance(value, regularizers_module.Regularizer):
+        return regularizers_module.serialize(value)
+    if isinstance(value, constraints_module.Constraint):
+        return constraints_module.serialize(value)
     if callable(value):  # activation=tf.nn.relu: Keras saves it by name
         return value.__name__
     if isinstance(value, (tuple, list)):
@@ -43,6 +61,9 @@ class Layer:
     _args = ()  # positional arguments, in Keras's order
 
     def __init__(self, *args, **kwargs):
+        if type(self).class_name is None:  # a layer of your own
+            _init_own(self, type(self).__name__, *args, **kwargs)
+            return
         if len(args) > len(self._args):
             raise TypeError(f"{type(self).__name__} takes at most {len(self._args)} positional arguments")
         config = dict(zip(self._args, args))
@@ -66,7 +87,41 @@ class Layer:
         return dict(self._config)
 
     def _keras_json(self):
+        if _is_own(self):
+            raise NotImplementedError(f"layer '{self.name}' ({type(self).__name__}) is written in Python and has no "
+                                      "Keras JSON dtrain can read; save the model's weights or a checkpoint")
         return {"class_name": self.class_name, "config": dict(self._config)}
+
+    def _standalone(self):
+        """This layer's dtrain layer, made now where no model made it."""
+        if self._built is None:
+            if _is_own(self):
+                return _own_layer(self)
+            if "name" not in self._config:
+                self._config["name"] = _unique_name(_snake(self.class_name))
+            self._built = _k._layer_from_config(json.dumps(self._keras_json()))
+        return self._built
+
+    # --- layers of your own (Keras's subclassing API)
+    def build(self, input_shape):
+        """Makes the weights (add_weight) for inputs of input_shape; the first call runs it."""
+        del input_shape
+
+    def call(self, inputs, training=None):
+        raise NotImplementedError(f"{type(self).__name__}: a layer of your own defines call(self, inputs)")
+
+    def add_weight(self, *args, **kwargs):
+        return _add_weight(self, *args, **kwargs)
+
+    def __setattr__(self, name, value):
+        _track(self, name, value)
+        object.__setattr__(self, name, value)
+
+    def _dtrain_build(self, input_shape):
+        _dtrain_build(self, input_shape)
+
+    def _dtrain_call(self, x, training):
+        return _dtrain_call(self, x, training)
 
     # --- the built layer
     def _layer(self):
@@ -81,6 +136,10 @@ class Layer:
     @property
     def built(self):
         return self._built is not None and self._built.built
+
+    @built.setter
+    def built(self, value):  # a build() of your own may say self.built = True, as Keras's do
+        del value
 
     @property
     def weights(self):
@@ -105,19 +164,30 @@ class Layer:
         else:
             self._config["trainable"] = bool(value)
 
+    @property
+    def losses(self):
+        """The penalties of the layer's regularizers: each weight's, and the activity
+        regularizer's of the last call."""
+        return self._layer().losses if self._built is not None else []
+
     def get_weights(self):
         return [v.numpy() for v in self.weights]
 
     def set_weights(self, weights):
         assign_all(f"layer '{self.name}'", self.weights, weights)
 
-    def __call__(self, inputs, training=False):
+    def __call__(self, inputs, training=False, **kwargs):
+        if kwargs:
+            raise TypeError(f"layer '{self.name}': unexpected argument(s) {', '.join(sorted(kwargs))}")
         if _symbolic(inputs):
             return self._call_symbolic(inputs)
-        return self._layer()(inputs, training)
+        return self._standalone()(inputs, bool(training))
 
     # --- the functional API: calls on KerasTensors record the graph
     def _call_symbolic(self, inputs):
+        if _is_own(self):
+            raise NotImplementedError(f"layer '{self.name}' ({type(self).__name__}) is written in Python: use it in a "
+                                      "Sequential or a subclassed Model; a functional graph holds only built-in layers")
         if self._built is not None:
             raise ValueError(f"layer '{self.name}' belongs to a built model; make a new layer for a new graph")
         if "name" not in self._config:
@@ -134,6 +204,186 @@ class Layer:
 
     def __repr__(self):
         return f"<{self.class_name} '{self.name}'>"
+
+
+# --- what layers and models of your own share (Model uses these too)
+
+def _is_own(layer):
+    return getattr(layer, "_own", False)
+
+
+def _init_own(owner, class_name, trainable=True, name=None, dtype=None, dynamic=False, activity_regularizer=None,
+              input_shape=None, input_dim=None, batch_input_shape=None, **kwargs):
+    """Keras's Layer.__init__ arguments for a layer or model of your own."""
+    del dynamic
+    if kwargs:
+        raise TypeError(f"{class_name}: unexpected argument(s) {', '.join(sorted(kwargs))}")
+    if dtype not in (None, "float32") and getattr(dtype, "name", None) != "float32":
+        raise NotImplementedError(f"{class_name}(dtype={dtype!r}): a layer of your own computes in float32 in dtrain")
+    object.__setattr__(owner, "_own", True)
+    object.__setattr__(owner, "_sublayers", [])
+    object.__setattr__(owner, "_tracked", set())
+    if input_dim is not None:
+        input_shape = (input_dim,)
+    if batch_input_shape is not None:
+        input_shape = tuple(batch_input_shape)[1:]
+    owner._input_shape = None if input_shape is None else tuple(input_shape)
+    object.__setattr__(owner, "_auto_name", name is None)
+    object.__setattr__(owner, "_sub_names", {})
+    owner._config = {"name": name or _unique_name(_snake(class_name)), "trainable": bool(trainable)}
+    owner._activity_regularizer = regularizers_module.get(activity_regularizer)
+    owner._built = None
+
+
+def _own_layer(owner):
+    """The dtrain layer that runs owner's build and call (made once)."""
+    if owner._built is None:
+        # A model's own layer is named after its class, not the model (classifier_1), so
+        # that every instance names its weights and random streams alike.
+        name = _snake(type(owner).__name__) if hasattr(owner, "_cpp") else owner._config["name"]
+        built = _k._PyLayer(owner, name, type(owner).__name__)
+        if owner._activity_regularizer is not None:
+            built._set_activity_regularizer(json.dumps(regularizers_module.serialize(owner._activity_regularizer)))
+        if not owner._config.get("trainable", True):
+            built.trainable = False
+        object.__setattr__(owner, "_built", built)
+    return owner._built
+
+
+def _layers_in(value):
+    if isinstance(value, Layer) or getattr(value, "_own", False):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [v for item in value for v in _layers_in(item)]
+    if isinstance(value, dict):
+        return [v for item in value.values() for v in _layers_in(item)]
+    return []
+
+
+def _track(owner, name, value):
+    """Keras's attribute tracking: layers assigned to a layer of your own (alone, in lists,
+    tuples or dicts) are its sublayers."""
+    if name.startswith("_") or not _is_own(owner):
+        return
+    for layer in _layers_in(value):
+        if layer is not owner and not any(layer is s for s in owner._sublayers):
+            owner._sublayers.append(layer)
+            _name_sublayer(owner, layer)
+
+
+def _name_sublayer(owner, layer):
+    """A sublayer not named by its maker is named in its owner's order (dense, dense_1, ...;
+    under a layer of your own inside a model, "<layer>/dense"), so that every instance of a
+    model names its weights alike and a checkpoint of one restores into another."""
+    if getattr(layer, "_built", None) is not None:
+        return
+    if _is_own(layer):
+        if not layer._auto_name:
+            return
+    elif "name" in layer._config:
+        return
+    base = _snake(layer.class_name if layer.class_name else type(layer).__name__)
+    count = owner._sub_names.get(base, 0)
+    owner._sub_names[base] = count + 1
+    name = base if count == 0 else f"{base}_{count}"
+    if not hasattr(owner, "_cpp"):  # a layer (not a model) prefixes its sublayers' names with its own
+        name = f"{owner._config['name']}/{name}"
+    layer._config["name"] = name
+
+
+def _track_built(owner):
+    """Tells owner's dtrain layer of the sublayers built so far (their weights become its)."""
+    built = owner._built
+    for sub in owner._sublayers:
+        cpp = getattr(sub, "_built", None)
+        if cpp is not None and id(cpp) not in owner._tracked:
+            built._track(cpp)
+            owner._tracked.add(id(cpp))
+
+
+def _dtrain_build(owner, input_shape):
+    owner.build(tuple(input_shape))
+    _track_built(owner)
+
+
+def _takes_training(call):
+    try:
+        parameters = inspect.signature(call).parameters
+    except (TypeError, ValueError):
+        return False
+    return "training" in parameters or any(p.kind == p.VAR_KEYWORD for p in parameters.values())
+
+
+def _dtrain_call(owner, x, training):
+    y = owner.call(x, training=bool(training)) if _takes_training(owner.call) else owner.call(x)
+    _track_built(owner)
+    if isinstance(y, (list, tuple, dict)):
+        raise NotImplementedError(f"{type(owner).__name__}.call returned a {type(y).__name__}; "
+                                  "a layer or model of your own returns one tensor in dtrain")
+    return y if isinstance(y, _dtrain.Tensor) else _dtrain.convert_to_tensor(y, "float32")
+
+
+_INITIALIZER_NAMES = {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros", "ones",
+                      "random_normal", "random_uniform", "truncated_normal"}
+
+
+def _add_weight(owner, *args, shape=None, initializer=None, dtype=None, trainable=True, regularizer=None,
+                constraint=None, name=None, **kwargs):
+    """Keras's add_weight, with either Keras 2's order (name, shape, ...) or Keras 3's
+    (shape, initializer, ...)."""
+    for key in ("use_resource", "synchronization", "aggregation", "autocast", "experimental_autocast", "caching_device",
+                "partitioner"):
+        kwargs.pop(key, None)
+    if kwargs:
+        raise TypeError(f"add_weight: unexpected argument(s) {', '.join(sorted(kwargs))}")
+    args = list(args)
+    if args and isinstance(args[0], str):  # Keras 2: add_weight(name, shape, dtype, initializer, ...)
+        name = args.pop(0)
+        if args:
+            shape = args.pop(0)
+        if args:
+            dtype = args.pop(0)
+        if args:
+            initializer = args.pop(0)
+    elif args:  # Keras 3: add_weight(shape, initializer, dtype, trainable, ...)
+        shape = args.pop(0)
+        if args:
+            initializer = args.pop(0)
+        if args:
+            dtype = args.pop(0)
+    if args:
+        raise TypeError("add_weight: give the arguments after shape and initializer by name")
+    if dtype is not None and getattr(dtype, "name", dtype) not in ("float32",):
+        raise NotImplementedError(f"add_weight(dtype={dtype!r}): dtrain's weights are float32")
+    shape = [] if shape is None else [int(d) for d in shape]
+    count = owner.__dict__.get("_weights_made", 0)
+    object.__setattr__(owner, "_weights_made", count + 1)
+    if name is None:
+        name = "variable" if count == 0 else f"variable_{count}"
+    seed = None
+    if initializer is None:
+        initializer = "glorot_uniform"
+    if isinstance(initializer, Initializer):
+        seed = initializer.config.get("seed")
+        initializer = initializer if callable(initializer) else initializer.class_name
+    if isinstance(initializer, str):
+        snake = _snake(initializer) if initializer[:1].isupper() else initializer
+        snake = {"random_normal": "random_normal", "normal": "random_normal", "uniform": "random_uniform",
+                 "zero": "zeros", "one": "ones"}.get(snake, snake)
+        if snake not in _INITIALIZER_NAMES:
+            raise ValueError(f"add_weight '{name}': initializer '{initializer}' is not one dtrain has "
+                             f"({', '.join(sorted(_INITIALIZER_NAMES))}) ; give a function of (shape, dtype) instead")
+        values = snake
+    elif callable(initializer):
+        values = np.asarray(initializer(tuple(shape), dtype="float32"), dtype=np.float32).reshape(shape)
+    else:
+        values = np.asarray(initializer, dtype=np.float32).reshape(shape)
+    reg = regularizers_module.get(regularizer)
+    con = constraints_module.get(constraint)
+    return _own_layer(owner)._add_weight(
+        name, shape, values, seed, bool(trainable),
+        json.dumps(None if reg is None else regularizers_module.serialize(reg)),
+        json.dumps(None if con is None else constraints_module.serialize(con)))
 
 
 _names = {}

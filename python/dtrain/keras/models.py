@@ -3,7 +3,12 @@
 A Sequential becomes a dtrain model (from its Keras JSON, as the dtrain command makes one)
 when it is first built, compiled, called or trained, under the strategy whose scope was
 open when the Sequential was made: its weights then belong to that strategy, as in
-TensorFlow."""
+TensorFlow.
+
+A subclass of Model that defines call() is a model of your own (Keras's subclassing API):
+its layers are the attributes it assigns, its call() runs as one dtrain layer (under the
+GIL; the built-in layers it calls run in C++ without it), and fit, evaluate, predict,
+custom loops, checkpoints and every strategy take it as they take any model."""
 import json
 import sys
 
@@ -28,6 +33,14 @@ class Model:
     def __init__(self, *args, **kwargs):
         from .. import distribute
 
+        own = type(self).call is not Model.call
+        if own:  # a model of your own: Layer's arguments (name, trainable, ...)
+            if args:
+                raise TypeError(f"{type(self).__name__}: Model.__init__ of a subclass takes keyword arguments only")
+            layers_module._init_own(self, type(self).__name__, **kwargs)
+            kwargs = {"name": self._config["name"]}
+        else:
+            object.__setattr__(self, "_own", False)
         inputs = args[0] if len(args) > 0 else kwargs.pop("inputs", None)
         outputs = args[1] if len(args) > 1 else kwargs.pop("outputs", None)
         self._graph = None
@@ -47,6 +60,38 @@ class Model:
             self._layers = self._graph.layers
             self._model()  # built now, as Keras builds a functional model
 
+    # --- a model of your own (Keras's subclassing API)
+    def call(self, inputs, training=None):
+        raise NotImplementedError("Model.call: a model of your own defines call(self, inputs, training=None)")
+
+    def build(self, input_shape):
+        """Builds the model for inputs of input_shape (the batch axis first)."""
+        model = self._model()
+        if model.built:
+            return
+        scope = _d._Scope(self._backend)
+        scope.enter()
+        try:
+            model.build([int(d) for d in tuple(input_shape)[1:]])
+        finally:
+            scope.exit()
+
+    def add_weight(self, *args, **kwargs):
+        return layers_module._add_weight(self, *args, **kwargs)
+
+    def __setattr__(self, name, value):
+        layers_module._track(self, name, value)
+        object.__setattr__(self, name, value)
+
+    def _dtrain_build(self, input_shape):
+        # The model's own build(), when it has one, gets the input shape, as in Keras.
+        if type(self).build is not Model.build:
+            type(self).build(self, tuple(input_shape))
+        layers_module._track_built(self)
+
+    def _dtrain_call(self, x, training):
+        return layers_module._dtrain_call(self, x, training)
+
     @classmethod
     def _wrap(cls, cpp):
         model = Model.__new__(Model)
@@ -61,22 +106,32 @@ class Model:
 
     # --- the dtrain model
     def _keras_json(self):
+        if self._own:
+            raise NotImplementedError(f"model '{self.name}' ({type(self).__name__}) is written in Python and has no "
+                                      "Keras JSON; save its weights (save_weights) or a checkpoint")
         if self._graph is None:
             raise TypeError("Model() needs inputs and outputs (the functional API), or use Sequential")
         return self._graph.keras_json(self._name)
+
+    def _make_cpp(self):
+        if self._own:
+            return _k._sequential(self._name, [layers_module._own_layer(self)])
+        return _k._Model.from_json(json.dumps(self._keras_json()))
 
     def _model(self):
         if self._cpp is None:
             scope = _d._Scope(self._backend)
             scope.enter()
             try:
-                self._cpp = _k._Model.from_json(json.dumps(self._keras_json()))
+                self._cpp = self._make_cpp()
             finally:
                 scope.exit()
             if self._graph is not None:
                 by_name = {built.name: built for built in self._cpp.layers}
                 for layer in self._layers:
                     layer._built = by_name[layer._config["name"]]
+            elif self._own:
+                pass  # its layers are built by its call
             else:
                 for layer, built in zip(self._layers, self._cpp.layers):
                     layer._built = built
@@ -94,17 +149,6 @@ class Model:
         if not self._model().built:
             self.build((None, *_dtrain.convert_to_tensor(inputs).shape[1:]))
 
-    def build(self, input_shape):
-        model = self._model()
-        if model.built:
-            return
-        scope = _d._Scope(self._backend)
-        scope.enter()
-        try:
-            model.build([int(d) for d in tuple(input_shape)[1:]])
-        finally:
-            scope.exit()
-
     @property
     def built(self):
         return self._cpp is not None and self._cpp.built
@@ -115,6 +159,8 @@ class Model:
 
     @property
     def layers(self):
+        if self._own:
+            return list(self._sublayers)
         self._model()
         return list(self._layers)
 
@@ -129,6 +175,12 @@ class Model:
         return self._model().trainable_variables
 
     trainable_weights = trainable_variables
+
+    @property
+    def losses(self):
+        """Keras's model.losses: the layers' regularization penalties, as scalar tensors
+        (recorded by live tapes, so a custom loop can add tf.add_n(model.losses))."""
+        return list(self._model().losses)
 
     @property
     def stop_training(self):
@@ -172,10 +224,12 @@ class Model:
 
     def to_json(self, **kwargs):
         del kwargs
+        if self._own:
+            self._keras_json()  # says why
         return self._model().to_json(2)
 
     # --- training
-    def compile(self, optimizer=None, loss=None, metrics=None, loss_weights=None, weighted_metrics=None,
+    def compile(self, optimizer="rmsprop", loss=None, metrics=None, loss_weights=None, weighted_metrics=None,
                 run_eagerly=None, steps_per_execution=None, jit_compile=None, **kwargs):
         """optimizer and loss as Keras names or objects; metrics as names or Metric objects."""
         del run_eagerly, jit_compile
@@ -185,8 +239,7 @@ class Model:
         if kwargs:
             raise TypeError("compile: unexpected argument(s) " + ", ".join(sorted(kwargs)))
         if optimizer is None:
-            raise ValueError("compile: give an optimizer ('adam', 'sgd', 'adamw' or an Optimizer); dtrain has no "
-                             "RMSprop, Keras's default")
+            optimizer = "rmsprop"
         if loss is None:
             raise ValueError("compile: a loss is needed (a name such as 'sparse_categorical_crossentropy', or a Loss)")
         self._optimizer = optimizers_module.get(optimizer)
@@ -334,6 +387,12 @@ class Sequential(Model):
             self._input_shape = layer._input_shape
         self._layers.append(layer)
 
+    def _make_cpp(self):
+        # Layers of your own have no Keras JSON: the stack is made of the layers themselves.
+        if any(layers_module._is_own(layer) for layer in self._layers):
+            return _k._sequential(self._name, [layer._standalone() for layer in self._layers])
+        return super()._make_cpp()
+
     def _keras_json(self):
         config = {"name": self._name, "layers": [layer._keras_json() for layer in self._layers]}
         if self._input_shape is not None:
@@ -414,7 +473,90 @@ def _unwrap_dataset(x):
 
 
 def load_model(filepath, compile=True, **kwargs):  # noqa: A002 (Keras's argument name)
-    """A model that Model.save wrote, made under the strategy whose scope is open."""
+    """A model that Model.save wrote, or a .keras archive Keras wrote (its config.json, its
+    model.weights.h5 and, with compile, its compile_config), made under the strategy whose
+    scope is open. Model.save writes dtrain's own file (safetensors), whatever its name."""
     del kwargs
-    return Model._wrap(_k._load_model(str(filepath), bool(compile)))
+    import zipfile
+
+    path = str(filepath)
+    # Keras's .keras is a zip archive; Model.save writes dtrain's own file whatever the name.
+    if path.endswith(".keras") and zipfile.is_zipfile(path):
+        return _load_keras_archive(path, compile)
+    return Model._wrap(_k._load_model(path, bool(compile)))
+
+
+def model_from_json(json_string, custom_objects=None):
+    """A model from the JSON Keras's to_json() writes (tf.keras 2.x and Keras 3)."""
+    if custom_objects:
+        raise NotImplementedError("model_from_json(custom_objects=...): dtrain reads the layers it has")
+    return Model._wrap(_model_from_text(json_string))
+
+
+def _model_from_text(text):
+    """The dtrain model of a Keras JSON text, made under the strategy whose scope is open."""
+    scope = _d._Scope(_d._current_backend())
+    scope.enter()
+    try:
+        return _k._Model.from_json(text if isinstance(text, str) else json.dumps(text))
+    finally:
+        scope.exit()
+
+
+def _keras_weights(h5, model, path):
+    """Each layer's arrays from a .keras archive's model.weights.h5 (Keras 3 keeps them at
+    layers/<layer name>/vars/<index>, trainable ones first, in the layer's own order)."""
+    arrays = []
+    for layer in model.layers:
+        n = len(layer.variables)
+        if n == 0:
+            continue
+        group = None
+        for base in ("layers", "_layers"):
+            candidate = f"{base}/{layer.name}/vars"
+            if candidate in h5:
+                group = h5[candidate]
+                break
+        if group is None:
+            raise ValueError(f"{path}: model.weights.h5 has no layers/{layer.name}/vars for layer '{layer.name}'")
+        if len(group) != n:
+            raise ValueError(f"{path}: model.weights.h5 holds {len(group)} arrays for layer '{layer.name}', "
+                             f"which has {n} weights")
+        for i in range(n):
+            arrays.append(np.asarray(group[str(i)]))
+    return arrays
+
+
+def _load_keras_archive(path, compile):  # noqa: A002
+    import zipfile
+
+    try:
+        archive = zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile) as e:
+        raise OSError(f"{path}: not a .keras archive ({e})") from None
+    with archive:
+        names = set(archive.namelist())
+        if "config.json" not in names:
+            raise OSError(f"{path}: a .keras archive holds config.json; this one has {sorted(names)}")
+        config = json.loads(archive.read("config.json"))
+        compile_config = config.get("compile_config") if isinstance(config, dict) else None
+        model = Model._wrap(_model_from_text(json.dumps(config)))
+        if "model.weights.h5" in names:
+            try:
+                import h5py
+            except ImportError:
+                raise ImportError(f"{path}: reading its weights needs h5py (Debian's python3-h5py)") from None
+            import io
+
+            with h5py.File(io.BytesIO(archive.read("model.weights.h5")), "r") as h5:
+                model.set_weights(_keras_weights(h5, model, path))
+    if compile and compile_config:
+        loss = compile_config.get("loss")
+        if isinstance(loss, dict):
+            loss = loss.get("config", {}).get("name") or loss.get("class_name")
+        metrics = [m if isinstance(m, str) else (m.get("config", {}).get("name") or m.get("class_name"))
+                   for m in (compile_config.get("metrics") or [])]
+        model.compile(optimizer=optimizers_module.get(compile_config.get("optimizer") or "rmsprop"),
+                      loss=loss, metrics=metrics or None)
+    return model
 

@@ -1,4 +1,4 @@
-"""tf.keras.optimizers: SGD, Adam, AdamW and learning-rate schedules."""
+"""tf.keras.optimizers: SGD, Adam, AdamW, RMSprop, Adagrad and learning-rate schedules."""
 from .. import _dtrain
 
 _o = _dtrain.keras.optimizers
@@ -6,18 +6,56 @@ Optimizer = _o.Optimizer
 SGD = _o.SGD
 Adam = _o.Adam
 AdamW = _o.AdamW
+RMSprop = _o.RMSprop
+Adagrad = _o.Adagrad
 schedules = _o.schedules
 
-_BY_NAME = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
+_BY_NAME = {"sgd": SGD, "adam": Adam, "adamw": AdamW, "rmsprop": RMSprop, "adagrad": Adagrad}
 
 
 def get(identifier):
-    """An optimizer from a Keras name ('adam', 'sgd', 'adamw') or an Optimizer."""
+    """An optimizer from a Keras name ('rmsprop', 'adam', 'sgd', ...), its config dict
+    ({"class_name": "Adam", "config": {...}}) or an Optimizer."""
     if isinstance(identifier, Optimizer):
         return identifier
     if isinstance(identifier, str):
         cls = _BY_NAME.get(identifier.lower())
         if cls is None:
-            raise ValueError(f"optimizer '{identifier}' is not one dtrain has (sgd, adam, adamw)")
+            raise ValueError(f"optimizer '{identifier}' is not one dtrain has ({', '.join(_BY_NAME)})")
         return cls()
+    if isinstance(identifier, dict) and "class_name" in identifier:
+        return deserialize(identifier)
     raise TypeError(f"optimizer: expected a name or a tf.keras.optimizers.Optimizer, got {type(identifier).__name__}")
+
+
+# The config keys Keras versions write that dtrain has no counterpart for: each is dropped
+# at the values listed (its default), and any other value is an error naming it.
+_INERT = {"name": None, "clipvalue": (None,), "use_ema": (False, None), "ema_momentum": None,
+          "ema_overwrite_frequency": None, "jit_compile": None, "is_legacy_optimizer": None,
+          "loss_scale_factor": (None,), "gradient_accumulation_steps": (None, 1), "decay": (0.0, None),
+          "amsgrad": (False, None)}
+
+
+def deserialize(config):
+    """An optimizer from Keras's serialized form (a compile_config's "optimizer")."""
+    name = str(config.get("class_name", "")).lower()
+    cls = _BY_NAME.get(name)
+    if cls is None:
+        raise ValueError(f"optimizer '{config.get('class_name')}' is not one dtrain has ({', '.join(_BY_NAME)})")
+    kwargs = dict(config.get("config") or {})
+    for key, allowed in _INERT.items():
+        if key not in kwargs:
+            continue
+        value = kwargs.pop(key)
+        if allowed is not None and value not in allowed:
+            raise ValueError(f"optimizer {config.get('class_name')}: {key}={value!r} is not supported by dtrain")
+    if kwargs.get("weight_decay") is None:
+        kwargs.pop("weight_decay", None)
+    if isinstance(kwargs.get("learning_rate"), dict):
+        raise ValueError(f"optimizer {config.get('class_name')}: a serialized learning-rate schedule is not read; "
+                         "give the schedule object")
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"optimizer {config.get('class_name')}: {str(e).splitlines()[0]} "
+                         f"(given {sorted(kwargs)})") from None

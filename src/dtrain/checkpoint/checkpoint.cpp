@@ -2,6 +2,7 @@
 #include "dtrain/checkpoint/checkpoint.h"
 
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -107,6 +108,9 @@ NamedTensors Checkpoint::capture() const {
                    [&](Model* m) {
                      o["kind"] = "model";
                      o["name"] = m->name();
+                     // What a model not yet built when restored is built for (TensorFlow
+                     // restores such a model's weights when it is built).
+                     if (m->input_shape()) o["input_shape"] = m->input_shape()->to_vector();
                      nlohmann::json& rng = o["rng"] = nlohmann::json::object();
                      if (!workers) {
                        for (const auto& layer : m->layers()) {
@@ -205,6 +209,14 @@ void Checkpoint::snapshot(Snapshot& into, bool copy) const {
 }
 
 void Checkpoint::write_snapshot(Snapshot& snapshot, const std::string& path, bool sync_folder) {
+  // As TensorFlow does, save("dir/ckpt") makes dir.
+  if (const std::filesystem::path parent = std::filesystem::path(path).parent_path(); !parent.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+    if (ec || !std::filesystem::is_directory(parent))
+      DTRAIN_THROW(IoError, path, ": cannot make its folder ", parent.string(), " (",
+                   ec ? ec.message() : "not a folder", ")");
+  }
   add_checksums(snapshot);
   save_checked(path, snapshot, sync_folder);
 }
@@ -255,6 +267,18 @@ RestoreStatus Checkpoint::restore(const std::string& path, RestoreOptions option
   std::set<std::string> taken;
   const nlohmann::json& objects = state["objects"];
   const std::vector<const Model*> models = models_of(objects_);
+
+  // A model not built yet is built as it was when saved, so that its weights can be restored.
+  for (const auto& [name, trackable] : objects_) {
+    Model* const* model = std::get_if<Model*>(&trackable.object());
+    if (!model || (*model)->built()) continue;
+    const nlohmann::json& o = objects.contains(name) ? objects[name] : nlohmann::json();
+    if (!o.is_object() || !o.contains("input_shape") || !o["input_shape"].is_array())
+      DTRAIN_THROW(InvalidArgument, path, ": model '", (*model)->name(), "' (tracked as '", name,
+                   "') is not built and the file does not say its input shape; build it (model.build(input_shape) or "
+                   "one call) before restoring");
+    (*model)->build(Shape(o["input_shape"].get<std::vector<std::int64_t>>()));
+  }
 
   // Pass 1 checks, pass 2 applies: nothing changes unless everything fits.
   std::vector<std::function<void()>> apply;

@@ -418,6 +418,12 @@ Tensor compute_average_loss(const Tensor& per_example_loss, std::int64_t global_
   return scale(reduce_sum(per_example_loss), 1.0f / static_cast<float>(global_batch_size));
 }
 
+Tensor scale_regularization_loss(const Tensor& regularization_loss) {
+  regularization_loss.check_defined("scale_regularization_loss");
+  const int replicas = replica_context().num_replicas_in_sync;
+  return replicas == 1 ? regularization_loss : scale(regularization_loss, 1.0f / static_cast<float>(replicas));
+}
+
 std::vector<data::Element> split_batch(const data::Element& batch, int replicas) {
   if (batch.empty()) DTRAIN_THROW(InvalidArgument, "split_batch: the element has no components");
   std::int64_t rows = -1;

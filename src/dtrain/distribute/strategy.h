@@ -275,6 +275,9 @@ class MultiWorkerMirroredStrategy final : public Strategy {
 // (tf.nn.compute_average_loss). global_batch_size < 0: this replica's batch times the
 // number of replicas in sync.
 Tensor compute_average_loss(const Tensor& per_example_loss, std::int64_t global_batch_size = -1);
+// A regularization loss (the sum of model.losses) divided by the replicas in sync
+// (tf.nn.scale_regularization_loss): the replicas' gradients then add up to it once.
+Tensor scale_regularization_loss(const Tensor& regularization_loss);
 
 // A global batch's rows for each of `replicas`, as views: sizes differ by at most one,
 // the first replicas taking the extra rows.

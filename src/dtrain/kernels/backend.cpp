@@ -68,6 +68,7 @@ const char* primitive_name(Primitive op) {
     case Primitive::one_hot: return "one_hot";
     case Primitive::sgd_update: return "sgd_update";
     case Primitive::adam_update: return "adam_update";
+    case Primitive::rmsprop_update: return "rmsprop_update";
     case Primitive::conv2d: return "conv2d";
     case Primitive::conv2d_backward_data: return "conv2d_backward_data";
     case Primitive::conv2d_backward_weights: return "conv2d_backward_weights";

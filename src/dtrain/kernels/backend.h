@@ -26,7 +26,7 @@ enum class Reduce : std::uint8_t { sum, mean, max };
 enum class Primitive : std::uint8_t {
   matmul, unary, unary_backward, binary, reduce, softmax, softmax_backward, convert, fill,
   axpby, sum_squares, softmax_cross_entropy, softmax_cross_entropy_backward, dropout,
-  argmax, one_hot, sgd_update, adam_update, conv2d, conv2d_backward_data, conv2d_backward_weights,
+  argmax, one_hot, sgd_update, adam_update, rmsprop_update, conv2d, conv2d_backward_data, conv2d_backward_weights,
   pool2d, pool2d_backward, channel_sums, channel_affine, layer_norm, layer_norm_backward, copy_block,
 };
 
@@ -96,6 +96,21 @@ struct AdamUpdate {
   float epsilon = 1e-7f;
   std::int64_t step = 1;           // 1-based, for bias correction
   float weight_decay = 0.0f;       // decoupled (AdamW): w -= lr * wd * w
+  float gradient_scale = 1.0f;
+};
+
+// RMSprop and Adagrad, one form: v = rho * v + square_weight * g² (RMSprop: 1 - rho;
+// Adagrad: rho 1 and weight 1, v its accumulator); centered RMSprop also keeps
+// a = rho * a + square_weight * g and uses v - a²; the step is lr * g / sqrt(v + epsilon),
+// epsilon inside the root as Keras 3 and tf.keras 2.11+ take it; with momentum
+// m = momentum * m + step and w -= m, else w -= step.
+struct RmspropUpdate {
+  float learning_rate = 0.001f;
+  float rho = 0.9f;
+  float square_weight = 0.1f;
+  float momentum = 0.0f;           // used where a momentum slot is given
+  float epsilon = 1e-7f;
+  float weight_decay = 0.0f;       // decoupled: w -= lr * wd * w
   float gradient_scale = 1.0f;
 };
 
@@ -196,6 +211,9 @@ class Backend {
   // through take_deferred_non_finite() instead.
   virtual bool sgd_update(Tensor& w, const Tensor& g, Tensor* velocity, const SgdUpdate& p) = 0;
   virtual bool adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& p) = 0;
+  // `momentum` and `average` (centered) may be null.
+  virtual bool rmsprop_update(Tensor& w, const Tensor& g, Tensor& v, Tensor* momentum, Tensor* average,
+                              const RmspropUpdate& p) = 0;
   // Whether an update since the last call wrote a NaN or an infinity that its return value
   // could not report; waits for the updates queued so far, and clears the record.
   virtual bool take_deferred_non_finite() { return false; }

@@ -195,6 +195,14 @@ void check_adam_update(const Tensor& w, const Tensor& g, const Tensor& m, const 
   if (p.step < 1) DTRAIN_THROW(InvalidArgument, "adam_update: step must be >= 1, got ", p.step);
 }
 
+void check_rmsprop_update(const Tensor& w, const Tensor& g, const Tensor& v, const Tensor* momentum,
+                          const Tensor* average) {
+  check_same_f32(w, g, "rmsprop_update");
+  check_same_f32(w, v, "rmsprop_update (velocity)");
+  if (momentum) check_same_f32(w, *momentum, "rmsprop_update (momentum)");
+  if (average) check_same_f32(w, *average, "rmsprop_update (average_gradient)");
+}
+
 float adam_step_size(const AdamUpdate& p) {
   const double t = static_cast<double>(p.step);
   return static_cast<float>(p.learning_rate * std::sqrt(1.0 - std::pow(p.beta_2, t)) / (1.0 - std::pow(p.beta_1, t)));

@@ -48,6 +48,8 @@ void check_sgd_update(const Tensor& w, const Tensor& g, const Tensor* velocity);
 void check_adam_update(const Tensor& w, const Tensor& g, const Tensor& m, const Tensor& v, const AdamUpdate& p);
 // Keras's Adam step size: the bias corrections folded into the learning rate.
 float adam_step_size(const AdamUpdate& p);
+void check_rmsprop_update(const Tensor& w, const Tensor& g, const Tensor& v, const Tensor* momentum,
+                          const Tensor* average);
 
 // The channel count of a channels-last tensor (its last axis) and its rows (every other).
 std::int64_t channels_of(const Tensor& t);

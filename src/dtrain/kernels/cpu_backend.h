@@ -47,6 +47,8 @@ class CpuBackend final : public Backend {
   void one_hot(const Tensor& labels, Tensor& out) override;
   bool sgd_update(Tensor& w, const Tensor& g, Tensor* velocity, const SgdUpdate& p) override;
   bool adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& p) override;
+  bool rmsprop_update(Tensor& w, const Tensor& g, Tensor& v, Tensor* momentum, Tensor* average,
+                      const RmspropUpdate& p) override;
   void conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const Conv2dOptions& options) override;
   void conv2d_backward_data(const Tensor& dy, const Tensor& kernel, Tensor& dx, const Conv2dOptions& options) override;
   void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dkernel, Tensor* dbias,

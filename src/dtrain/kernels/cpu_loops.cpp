@@ -108,6 +108,39 @@ bool adam_loop(float* w, const float* g, float* m, float* v, std::int64_t begin,
   return bad == 0;
 }
 
+// RmspropUpdate's formula; the slots a given optimizer lacks are compiled out.
+template <bool kMomentum, bool kCentered>
+DTRAIN_MULTIVERSION bool rmsprop_loop(float* w, const float* g, float* v, float* mom, float* avg, std::int64_t begin,
+                                      std::int64_t end, const RmspropUpdate& p, float decay) {
+  const float rho = p.rho, square_weight = p.square_weight, momentum = p.momentum, lr = p.learning_rate;
+  const float eps = p.epsilon, gscale = p.gradient_scale;
+  std::uint32_t bad = 0;
+#pragma omp simd reduction(| : bad)
+  for (std::int64_t i = begin; i < end; ++i) {
+    const float gi = g[i] * gscale;
+    const float vi = rho * v[i] + square_weight * gi * gi;
+    v[i] = vi;
+    float denominator = vi;
+    if constexpr (kCentered) {
+      const float ai = rho * avg[i] + square_weight * gi;
+      avg[i] = ai;
+      denominator = vi - ai * ai;
+    }
+    const float step = lr * gi / std::sqrt(denominator + eps);
+    float out = w[i] - decay * w[i];
+    if constexpr (kMomentum) {
+      const float mi = momentum * mom[i] + step;
+      mom[i] = mi;
+      out -= mi;
+    } else {
+      out -= step;
+    }
+    w[i] = out;
+    bad |= not_finite(out);
+  }
+  return bad == 0;
+}
+
 DTRAIN_MULTIVERSION
 bool sgd_loop(float* w, const float* g, float* vel, std::int64_t begin, std::int64_t end, float lr,
               float momentum, bool nesterov, float decay, float gscale) {
@@ -467,6 +500,25 @@ bool CpuBackend::adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, c
   parallel_for(w.numel(), kGrain, [&](std::int64_t begin, std::int64_t end) {
     if (!adam_loop(pw, pg, pm, pv, begin, end, p.beta_1, p.beta_2, step_size, p.epsilon, decay, p.gradient_scale))
       finite.store(false, std::memory_order_relaxed);
+  });
+  return finite.load(std::memory_order_relaxed);
+}
+
+bool CpuBackend::rmsprop_update(Tensor& w, const Tensor& g, Tensor& v, Tensor* momentum, Tensor* average,
+                                const RmspropUpdate& p) {
+  check_devices("rmsprop_update", device(), {&w, &g, &v, momentum, average});
+  check_rmsprop_update(w, g, v, momentum, average);
+  float* pw = w.data<float>();
+  const float* pg = g.data<float>();
+  float* pv = v.data<float>();
+  float* pm = momentum ? momentum->data<float>() : nullptr;
+  float* pa = average ? average->data<float>() : nullptr;
+  const float decay = p.learning_rate * p.weight_decay;
+  auto loop = pm ? (pa ? &rmsprop_loop<true, true> : &rmsprop_loop<true, false>)
+                 : (pa ? &rmsprop_loop<false, true> : &rmsprop_loop<false, false>);
+  std::atomic<bool> finite{true};
+  parallel_for(w.numel(), kGrain, [&](std::int64_t begin, std::int64_t end) {
+    if (!loop(pw, pg, pv, pm, pa, begin, end, p, decay)) finite.store(false, std::memory_order_relaxed);
   });
   return finite.load(std::memory_order_relaxed);
 }

@@ -128,6 +128,27 @@ DTRAIN_HD float adam(float w, float g, float& m, float& v, float b1, float one_m
   return wi - step_size * mi / (sqrtf(vi) + epsilon);
 }
 
+// RmspropUpdate's formula on one element (decay is lr * weight_decay); momentum and
+// average null where the optimizer keeps no such slot.
+DTRAIN_HD float rmsprop(float w, float g, float& v, float* momentum_slot, float* average, float rho, float square_weight,
+                        float momentum, float lr, float epsilon, float decay, float gradient_scale) {
+  const float gi = g * gradient_scale;
+  const float vi = rho * v + square_weight * gi * gi;
+  v = vi;
+  float denominator = vi;
+  if (average != nullptr) {
+    const float ai = rho * *average + square_weight * gi;
+    *average = ai;
+    denominator = vi - ai * ai;
+  }
+  const float step = lr * gi / sqrtf(denominator + epsilon);
+  const float wi = w - decay * w;
+  if (momentum_slot == nullptr) return wi - step;
+  const float mi = momentum * *momentum_slot + step;
+  *momentum_slot = mi;
+  return wi - mi;
+}
+
 // Keras's SGD on one element: plain (no velocity), with momentum, or Nesterov's.
 DTRAIN_HD float sgd(float w, float g, float* velocity, float lr, float momentum, bool nesterov, float decay,
                     float gradient_scale) {

@@ -102,6 +102,12 @@ std::shared_ptr<optim::Optimizer> optimizer_from_json(const json& value, const s
   const std::string name = r.get_string("name");
   if (name == "sgd")
     r.expect_keys({"name", "learning_rate", "momentum", "nesterov", "weight_decay", "clipnorm", "global_clipnorm"});
+  else if (name == "rmsprop")
+    r.expect_keys({"name", "learning_rate", "rho", "momentum", "epsilon", "centered", "weight_decay", "clipnorm",
+                   "global_clipnorm"});
+  else if (name == "adagrad")
+    r.expect_keys({"name", "learning_rate", "initial_accumulator_value", "epsilon", "weight_decay", "clipnorm",
+                   "global_clipnorm"});
   else
     r.expect_keys({"name", "learning_rate", "beta_1", "beta_2", "epsilon", "weight_decay", "clipnorm", "global_clipnorm"});
   optim::OptimizerOptions o;
@@ -115,7 +121,8 @@ std::shared_ptr<optim::Optimizer> optimizer_from_json(const json& value, const s
     try {
       return make();
     } catch (const InvalidArgument& e) {
-      for (const char* key : {"momentum", "beta_1", "beta_2", "epsilon", "weight_decay", "global_clipnorm", "clipnorm"})
+      for (const char* key : {"momentum", "beta_1", "beta_2", "rho", "initial_accumulator_value", "epsilon",
+                              "weight_decay", "global_clipnorm", "clipnorm"})
         if (r.has(key) && std::string(e.what()).find(key) != std::string::npos) r.fail(key, e.what());
       r.fail("", e.what());
     }
@@ -126,6 +133,20 @@ std::shared_ptr<optim::Optimizer> optimizer_from_json(const json& value, const s
       return std::make_shared<optim::SGD>(lr, static_cast<float>(r.get_number("momentum", 0.0)), r.get_bool("nesterov", false), o);
     });
   }
+  if (name == "rmsprop" || name == "adagrad") o.weight_decay = static_cast<float>(r.get_number("weight_decay", 0.0));
+  if (name == "rmsprop") {
+    optim::RMSpropOptions p;
+    p.rho = static_cast<float>(r.get_number("rho", p.rho));
+    p.momentum = static_cast<float>(r.get_number("momentum", p.momentum));
+    p.epsilon = static_cast<float>(r.get_number("epsilon", p.epsilon));
+    p.centered = r.get_bool("centered", false);
+    return at_key([&] { return std::make_shared<optim::RMSprop>(lr, p, o); });
+  }
+  if (name == "adagrad")
+    return at_key([&] {
+      return std::make_shared<optim::Adagrad>(lr, static_cast<float>(r.get_number("initial_accumulator_value", 0.1)),
+                                              static_cast<float>(r.get_number("epsilon", 1e-7)), o);
+    });
   optim::AdamOptions a;
   a.beta_1 = static_cast<float>(r.get_number("beta_1", a.beta_1));
   a.beta_2 = static_cast<float>(r.get_number("beta_2", a.beta_2));
@@ -138,7 +159,7 @@ std::shared_ptr<optim::Optimizer> optimizer_from_json(const json& value, const s
     return at_key([&] {
       return std::make_shared<optim::AdamW>(lr, static_cast<float>(r.get_number("weight_decay", 0.004)), a, o);
     });
-  r.fail("name", "unknown optimizer '" + name + "' (expected sgd, adam or adamw)");
+  r.fail("name", "unknown optimizer '" + name + "' (expected sgd, adam, adamw, rmsprop or adagrad)");
 }
 
 std::shared_ptr<losses::Loss> loss_from_json(const json& value, const std::string& path) {
@@ -209,9 +230,21 @@ json optimizer_to_json(const optim::Optimizer& optimizer) {
            {"beta_1", float_json(a.beta_1)},
            {"beta_2", float_json(a.beta_2)},
            {"epsilon", float_json(a.epsilon)}};
+  } else if (type == typeid(optim::RMSprop)) {
+    const optim::RMSpropOptions& p = static_cast<const optim::RMSprop&>(optimizer).rmsprop_options();
+    out = {{"name", "rmsprop"},
+           {"rho", float_json(p.rho)},
+           {"momentum", float_json(p.momentum)},
+           {"epsilon", float_json(p.epsilon)},
+           {"centered", p.centered}};
+  } else if (type == typeid(optim::Adagrad)) {
+    const auto& a = static_cast<const optim::Adagrad&>(optimizer);
+    out = {{"name", "adagrad"},
+           {"initial_accumulator_value", float_json(a.initial_accumulator_value())},
+           {"epsilon", float_json(a.epsilon())}};
   } else {
     DTRAIN_THROW(InvalidArgument, "the optimizer '", optimizer.name(),
-                 "' has no JSON form (only dtrain's own SGD, Adam and AdamW have one)");
+                 "' has no JSON form (only dtrain's own SGD, Adam, AdamW, RMSprop and Adagrad have one)");
   }
   out["learning_rate"] = schedule_to_json(optimizer.learning_rate_schedule());
   const optim::OptimizerOptions& o = optimizer.options();

@@ -23,9 +23,10 @@ namespace dtrain {
 // "CosineDecay" | "PiecewiseConstantDecay" | "LinearWarmup", "config": {...}}.
 std::shared_ptr<optim::LearningRateSchedule> schedule_from_json(const nlohmann::json& value, const std::string& path);
 
-// "sgd", "adam", "adamw" (Keras's defaults), or {"name", "learning_rate", "momentum",
-// "nesterov" (sgd), "beta_1", "beta_2", "epsilon" (adam, adamw), "weight_decay",
-// "clipnorm", "global_clipnorm"}.
+// "sgd", "adam", "adamw", "rmsprop", "adagrad" (Keras's defaults), or {"name",
+// "learning_rate", "momentum", "nesterov" (sgd), "beta_1", "beta_2", "epsilon" (adam,
+// adamw), "rho", "momentum", "epsilon", "centered" (rmsprop), "initial_accumulator_value",
+// "epsilon" (adagrad), "weight_decay", "clipnorm", "global_clipnorm"}.
 std::shared_ptr<optim::Optimizer> optimizer_from_json(const nlohmann::json& value, const std::string& path);
 
 // "sparse_categorical_crossentropy", "categorical_crossentropy", "mse" /

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <unordered_map>
@@ -172,6 +173,14 @@ std::string initializer_name(const JsonReader& r, const std::string& key, const 
       for (const char* k : {"input_axes", "output_axes"})
         if (v["config"].contains(k) && !v["config"][k].is_null())
           r.fail(key + ".config." + k, "is not supported (only null), got " + v["config"][k].dump());
+    // RandomNormal, RandomUniform and TruncatedNormal at Keras's defaults only.
+    if (v.contains("config") && v["config"].is_object())
+      for (const auto& [k, fixed] : {std::pair<const char*, double>{"mean", 0.0}, {"stddev", 0.05}, {"minval", -0.05},
+                                     {"maxval", 0.05}})
+        if (v["config"].contains(k) &&
+            !(v["config"][k].is_number() && std::abs(v["config"][k].get<double>() - fixed) < 1e-9))
+          r.fail(key + ".config." + k,
+                 "is not supported (only Keras's default " + json(fixed).dump() + "), got " + v["config"][k].dump());
     // GlorotUniform -> glorot_uniform
     std::string out;
     for (char c : v["class_name"].get<std::string>()) {
@@ -937,6 +946,20 @@ UnbuiltModel unbuilt_model_from_json(const nlohmann::json& value, const std::str
 std::unique_ptr<Model> model_from_json(const nlohmann::json& value, const std::string& path,
                                        const std::string& dtype_policy, const std::string& config_path) {
   return unbuilt_model_from_json(value, path, dtype_policy, config_path).build();
+}
+
+std::shared_ptr<nn::Layer> layer_from_json(const nlohmann::json& entry, const std::string& path) {
+  return layer_from_json(JsonReader(entry, path), "");
+}
+
+std::optional<nn::Regularizer> regularizer_from_json(const nlohmann::json& config, const std::string& key,
+                                                     const std::string& path) {
+  return get_regularizer(JsonReader(config, path), key);
+}
+
+std::optional<Constraint> constraint_from_json(const nlohmann::json& config, const std::string& key,
+                                               const std::string& path) {
+  return get_constraint(JsonReader(config, path), key);
 }
 
 std::unique_ptr<Model> model_from_json(const std::string& text) {

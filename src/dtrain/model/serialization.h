@@ -47,6 +47,15 @@ struct UnbuiltModel {
   // The model, built (for its declared input shape, where a Sequential has one).
   std::unique_ptr<Model> build();
 };
+// One layer from its Keras entry {"class_name", "config"}, not built (for layers called
+// outside a model: a Python layer's own sublayers).
+std::shared_ptr<nn::Layer> layer_from_json(const nlohmann::json& entry, const std::string& path);
+// A regularizer or constraint as a layer's config holds it at `key` (absent or null: none).
+std::optional<nn::Regularizer> regularizer_from_json(const nlohmann::json& config, const std::string& key,
+                                                     const std::string& path);
+std::optional<Constraint> constraint_from_json(const nlohmann::json& config, const std::string& key,
+                                               const std::string& path);
+
 UnbuiltModel unbuilt_model_from_json(const nlohmann::json& value, const std::string& path,
                                      const std::string& dtype_policy = "", const std::string& config_path = "");
 

@@ -39,19 +39,36 @@ void fill_truncated_normal(Tensor& t, float stddev, Generator& g) {
 }  // namespace
 
 void check_initializer_name(const std::string& name) {
-  for (const char* k : {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros", "ones"})
+  for (const char* k : {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros", "ones", "random_normal",
+                        "random_uniform", "truncated_normal"})
     if (name == k) return;
   DTRAIN_THROW(InvalidArgument, "unknown initializer '", name,
-               "'; expected one of glorot_uniform, glorot_normal, he_uniform, he_normal, zeros, ones");
+               "'; expected one of glorot_uniform, glorot_normal, he_uniform, he_normal, zeros, ones, "
+               "random_normal, random_uniform, truncated_normal");
 }
 
 Tensor initialize(const std::string& name, const Shape& shape, Generator& g) {
   check_initializer_name(name);
   if (name == "zeros") return Tensor::zeros(shape);
   if (name == "ones") return Tensor::full(shape, 1.0f);
+  Tensor t = Tensor::empty(shape);
+  // Keras's RandomNormal, RandomUniform and TruncatedNormal at their defaults (0.05).
+  if (name == "random_normal" || name == "truncated_normal") {
+    const bool truncated = name == "truncated_normal";
+    float* p = t.data<float>();
+    for (std::int64_t i = 0, n = t.numel(); i < n; ++i) {
+      float z;
+      do z = g.normal(); while (truncated && std::fabs(z) > 2.0f);
+      p[i] = 0.05f * z;
+    }
+    return t;
+  }
+  if (name == "random_uniform") {
+    fill_uniform(t, 0.05f, g);
+    return t;
+  }
   double fan_in = 1, fan_out = 1;
   fans(shape, fan_in, fan_out);
-  Tensor t = Tensor::empty(shape);
   if (name == "glorot_uniform") fill_uniform(t, static_cast<float>(std::sqrt(6.0 / (fan_in + fan_out))), g);
   else if (name == "he_uniform") fill_uniform(t, static_cast<float>(std::sqrt(6.0 / fan_in)), g);
   else if (name == "glorot_normal") fill_truncated_normal(t, static_cast<float>(std::sqrt(2.0 / (fan_in + fan_out))), g);

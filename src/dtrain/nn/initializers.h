@@ -10,7 +10,8 @@
 namespace dtrain::nn {
 
 // "glorot_uniform" (Keras's Dense default), "glorot_normal", "he_uniform", "he_normal",
-// "zeros", "ones". An unknown name is an InvalidArgument listing these.
+// "zeros", "ones", and "random_normal", "random_uniform", "truncated_normal" with Keras's
+// defaults (stddev 0.05, limits ±0.05). An unknown name is an InvalidArgument listing these.
 Tensor initialize(const std::string& initializer, const Shape& shape, Generator& generator);
 void check_initializer_name(const std::string& initializer);
 

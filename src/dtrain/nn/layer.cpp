@@ -119,9 +119,13 @@ std::vector<Tensor> Layer::losses() const {
   for (std::size_t i = 0; i < weights_.size(); ++i)
     if (regularizers_[i]) out.push_back(regularization(*regularizers_[i], weights_[i]->value()));
   const auto replica = static_cast<std::size_t>(replica_context().replica_id);
-  const std::lock_guard lock(activity_mutex_);
-  if (replica < activity_losses_.size())
-    out.insert(out.end(), activity_losses_[replica].begin(), activity_losses_[replica].end());
+  {
+    const std::lock_guard lock(activity_mutex_);
+    if (replica < activity_losses_.size())
+      out.insert(out.end(), activity_losses_[replica].begin(), activity_losses_[replica].end());
+  }
+  for (const auto& l : sublayers_)
+    for (Tensor& t : l->losses()) out.push_back(std::move(t));
   return out;
 }
 
@@ -145,24 +149,36 @@ void Layer::set_rng_state(std::span<const std::uint64_t> state) {
 void Layer::set_trainable(bool trainable) {
   trainable_ = trainable;
   for (auto& w : weights_) w->set_trainable(trainable);
+  for (auto& l : sublayers_) l->set_trainable(trainable);
+}
+
+void Layer::track_sublayer(std::shared_ptr<Layer> sublayer) {
+  if (!sublayer || sublayer.get() == this) fail("cannot track itself or nothing as a sublayer");
+  for (const auto& l : sublayers_)
+    if (l == sublayer) return;
+  if (!trainable_) sublayer->set_trainable(false);
+  sublayers_.push_back(std::move(sublayer));
 }
 
 std::vector<Variable*> Layer::variables() {
   std::vector<Variable*> out;
   for (auto& w : weights_) out.push_back(w.get());
+  for (auto& l : sublayers_)
+    for (Variable* v : l->variables()) out.push_back(v);
   return out;
 }
 
 std::vector<Variable*> Layer::trainable_variables() {
   std::vector<Variable*> out;
-  for (auto& w : weights_)
-    if (w->trainable()) out.push_back(w.get());
+  for (Variable* v : variables())
+    if (v->trainable()) out.push_back(v);
   return out;
 }
 
 std::int64_t Layer::count_params() const {
   std::int64_t n = 0;
   for (const auto& w : weights_) n += w->numel();
+  for (const auto& l : sublayers_) n += l->count_params();
   return n;
 }
 

@@ -88,6 +88,10 @@ class Layer {
                        std::optional<Constraint> constraint = std::nullopt);
   // An InvalidArgument that starts with "layer '<name>' (<class>): ".
   [[noreturn]] void fail(const std::string& message) const;
+  // A layer this one calls (a layer written in Python calls built-in ones): its weights,
+  // penalties and trainability count as this layer's. Tracked once however often given.
+  void track_sublayer(std::shared_ptr<Layer> sublayer);
+  const std::vector<std::shared_ptr<Layer>>& sublayers() const { return sublayers_; }
 
  private:
   std::string name_;
@@ -97,6 +101,7 @@ class Layer {
   std::optional<Shape> input_shape_;
   std::vector<std::unique_ptr<Variable>> weights_;
   std::vector<std::optional<Regularizer>> regularizers_;  // [weight]
+  std::vector<std::shared_ptr<Layer>> sublayers_;
   std::optional<Regularizer> activity_regularizer_;
   // The last call's activity penalties, per replica of the strategy running (replicas
   // share the layer and call it at once).

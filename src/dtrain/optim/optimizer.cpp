@@ -130,7 +130,11 @@ std::vector<Tensor>& Optimizer::slots_of(const Variable& v) {
   if (slot_count_ < 0) slot_count_ = static_cast<int>(slot_names().size());  // fixed at construction
   auto& slots = slots_[v.id()];
   if (slots.empty())  // first update of this variable
-    for (int s = 0; s < slot_count_; ++s) slots.push_back(Tensor::zeros(v.shape(), DType::f32, v.value_device()));
+    for (int s = 0; s < slot_count_; ++s) {
+      const float initial = slot_initial_value(static_cast<std::size_t>(s));
+      slots.push_back(initial == 0.0f ? Tensor::zeros(v.shape(), DType::f32, v.value_device())
+                                      : Tensor::full(v.shape(), initial).to(v.value_device()));
+    }
   return slots;
 }
 
@@ -167,9 +171,9 @@ void Optimizer::apply_share(std::span<const Tensor> grads, std::span<Variable* c
     const auto found = slots_.find(vars[i]->id());
     DTRAIN_CHECK(found != slots_.end(), "apply_share before begin_shared_update");
     const std::vector<Tensor>& all = found->second;
-    DTRAIN_CHECK_LE(all.size(), size_t{2});
-    Tensor slots[2];
-    for (size_t s = 0; s < all.size() && s < 2; ++s) slots[s] = piece(all[s]);
+    DTRAIN_CHECK_LE(all.size(), size_t{3});
+    Tensor slots[3];
+    for (size_t s = 0; s < all.size(); ++s) slots[s] = piece(all[s]);
     if (!update(value, piece(grads[i]), std::span<Tensor>(slots, all.size()), shared_lr_, 1.0f))
       wrote_non_finite_.store(true, std::memory_order_relaxed);
   }
@@ -189,7 +193,9 @@ std::unique_ptr<Optimizer> get(const std::string& name) {
   if (name == "sgd") return std::make_unique<SGD>();
   if (name == "adam") return std::make_unique<Adam>();
   if (name == "adamw") return std::make_unique<AdamW>();
-  DTRAIN_THROW(InvalidArgument, "unknown optimizer '", name, "'; expected sgd, adam or adamw");
+  if (name == "rmsprop") return std::make_unique<RMSprop>();
+  if (name == "adagrad") return std::make_unique<Adagrad>();
+  DTRAIN_THROW(InvalidArgument, "unknown optimizer '", name, "'; expected sgd, adam, adamw, rmsprop or adagrad");
 }
 
 }  // namespace dtrain::optim

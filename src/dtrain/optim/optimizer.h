@@ -75,6 +75,8 @@ class Optimizer {
 
  protected:
   virtual std::vector<std::string> slot_names() const = 0;
+  // The value slot `slot` starts from (Adagrad's accumulator: 0.1).
+  virtual float slot_initial_value(std::size_t /*slot*/) const { return 0.0f; }
   // One fused update of `value` (a variable, or a share of its elements) with gradient g
   // scaled by grad_scale; slots are the same share of the variable's slots. Returns
   // whether every value written is finite.
@@ -151,6 +153,53 @@ class AdamW final : public Adam {
         OptimizerOptions options = {});
 };
 
+struct RMSpropOptions {
+  float rho = 0.9f;
+  float momentum = 0.0f;
+  float epsilon = 1e-7f;
+  bool centered = false;
+};
+
+// Keras 3 (and tf.keras 2.11+): v = rho v + (1-rho) g²; centered: a = rho a + (1-rho) g and
+// v - a² below; step = lr * g / sqrt(v + epsilon); with momentum m = momentum m + step,
+// w -= m; else w -= step. Slots "velocity", then "momentum" and "average_gradient" where
+// used. Keras's default optimizer.
+class RMSprop final : public Optimizer {
+ public:
+  explicit RMSprop(float learning_rate = 0.001f, RMSpropOptions rmsprop = {}, OptimizerOptions options = {});
+  RMSprop(std::shared_ptr<LearningRateSchedule> learning_rate, RMSpropOptions rmsprop = {},
+          OptimizerOptions options = {});
+  const RMSpropOptions& rmsprop_options() const { return rmsprop_; }
+
+ protected:
+  std::vector<std::string> slot_names() const override;
+  bool update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) override;
+
+ private:
+  RMSpropOptions rmsprop_;
+};
+
+// Keras 3 (and tf.keras 2.11+): acc += g²; w -= lr * g / sqrt(acc + epsilon), the
+// accumulator ("accumulator") starting at initial_accumulator_value.
+class Adagrad final : public Optimizer {
+ public:
+  explicit Adagrad(float learning_rate = 0.001f, float initial_accumulator_value = 0.1f, float epsilon = 1e-7f,
+                   OptimizerOptions options = {});
+  Adagrad(std::shared_ptr<LearningRateSchedule> learning_rate, float initial_accumulator_value = 0.1f,
+          float epsilon = 1e-7f, OptimizerOptions options = {});
+  float initial_accumulator_value() const { return initial_; }
+  float epsilon() const { return epsilon_; }
+
+ protected:
+  std::vector<std::string> slot_names() const override { return {"accumulator"}; }
+  float slot_initial_value(std::size_t /*slot*/) const override { return initial_; }
+  bool update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) override;
+
+ private:
+  float initial_;
+  float epsilon_;
+};
+
 namespace detail {
 // Where apply_gradients() sends the gradients instead of applying them, set on a thread:
 // a ParameterServerStrategy worker's closure pushes them to the parameter servers, whose
@@ -173,7 +222,7 @@ class ScopedGradientSink {
 };
 }  // namespace detail
 
-// "sgd", "adam", "adamw" with Keras's defaults.
+// "sgd", "adam", "adamw", "rmsprop", "adagrad" with Keras's defaults.
 std::unique_ptr<Optimizer> get(const std::string& name);
 
 }  // namespace dtrain::optim

@@ -445,6 +445,17 @@ bool CudaBackend::adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, 
   return true;
 }
 
+bool CudaBackend::rmsprop_update(Tensor& w, const Tensor& g, Tensor& v, Tensor* momentum, Tensor* average,
+                                 const RmspropUpdate& p) {
+  check_devices("rmsprop_update", device(), {&w, &g, &v, momentum, average});
+  check_rmsprop_update(w, g, v, momentum, average);
+  cuda::rmsprop(launch(), w.device_data<float>(), g.device_data<float>(), v.device_data<float>(),
+                momentum ? momentum->device_data<float>() : nullptr, average ? average->device_data<float>() : nullptr,
+                w.numel(), p.rho, p.square_weight, p.momentum, p.learning_rate, p.epsilon,
+                p.learning_rate * p.weight_decay, p.gradient_scale, &device_flags_->non_finite);
+  return true;
+}
+
 void CudaBackend::synchronize() {
   detail::check_cuda(cudaStreamSynchronize(launch_.stream), "cudaStreamSynchronize", index_);
   report_faults();

@@ -43,6 +43,8 @@ class CudaBackend final : public Backend {
   void one_hot(const Tensor& labels, Tensor& out) override;
   bool sgd_update(Tensor& w, const Tensor& g, Tensor* velocity, const SgdUpdate& p) override;
   bool adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, const AdamUpdate& p) override;
+  bool rmsprop_update(Tensor& w, const Tensor& g, Tensor& v, Tensor* momentum, Tensor* average,
+                      const RmspropUpdate& p) override;
   bool take_deferred_non_finite() override;
   void synchronize() override;
   void conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const Conv2dOptions& options) override;

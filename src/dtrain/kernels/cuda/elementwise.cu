@@ -108,6 +108,21 @@ __global__ void sgd_kernel(float* w, const float* g, float* velocity, std::int64
   if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *non_finite = 1;
 }
 
+__global__ void rmsprop_kernel(float* w, const float* g, float* v, float* momentum, float* average, std::int64_t n,
+                               float rho, float square_weight, float momentum_factor, float lr, float epsilon,
+                               float decay, float gradient_scale, int* non_finite) {
+  bool bad = false;
+  DTRAIN_GRID_STRIDE(i, n) {
+    float vi = v[i];
+    const float out = math::rmsprop(w[i], g[i], vi, momentum ? momentum + i : nullptr, average ? average + i : nullptr,
+                                    rho, square_weight, momentum_factor, lr, epsilon, decay, gradient_scale);
+    v[i] = vi;
+    w[i] = out;
+    bad |= math::not_finite(out);
+  }
+  if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *non_finite = 1;
+}
+
 __global__ void adam_kernel(float* w, const float* g, float* m, float* v, std::int64_t n, float b1,
                             float one_minus_b1, float b2, float one_minus_b2, float step_size, float epsilon,
                             float decay, float gradient_scale, int* non_finite) {
@@ -215,6 +230,16 @@ void adam(const Launch& l, float* w, const float* g, float* m, float* v, std::in
                                                            1.0f - beta_2, step_size, epsilon, decay, gradient_scale,
                                                            non_finite);
   check_launch("adam_update", n, l);
+}
+
+void rmsprop(const Launch& l, float* w, const float* g, float* v, float* momentum, float* average, std::int64_t n,
+             float rho, float square_weight, float momentum_factor, float lr, float epsilon, float decay,
+             float gradient_scale, int* non_finite) {
+  if (n == 0) return;
+  rmsprop_kernel<<<blocks_for(n, l), kThreads, 0, l.stream>>>(w, g, v, momentum, average, n, rho, square_weight,
+                                                              momentum_factor, lr, epsilon, decay, gradient_scale,
+                                                              non_finite);
+  check_launch("rmsprop_update", n, l);
 }
 
 }  // namespace dtrain::kernels::cuda

@@ -69,6 +69,10 @@ void sgd(const Launch& l, float* w, const float* g, float* velocity, std::int64_
          bool nesterov, float decay, float gradient_scale, int* non_finite);
 void adam(const Launch& l, float* w, const float* g, float* m, float* v, std::int64_t n, float beta_1, float beta_2,
           float step_size, float epsilon, float decay, float gradient_scale, int* non_finite);
+// RmspropUpdate's formula (RMSprop and Adagrad); momentum and average may be null.
+void rmsprop(const Launch& l, float* w, const float* g, float* v, float* momentum, float* average, std::int64_t n,
+             float rho, float square_weight, float momentum_factor, float lr, float epsilon, float decay,
+             float gradient_scale, int* non_finite);
 
 // ---- reduce.cu
 enum class ReduceOp : std::uint8_t { sum, mean, max };
