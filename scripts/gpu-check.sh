@@ -10,7 +10,8 @@
 #                                  tests (ctest's `gpu` label: test_conformance, test_gpu),
 #                                  whole runs on Fashion-MNIST (the MLP to >= 88%, the residual
 #                                  CNN to >= 92.5%, a run killed and resumed to the same
-#                                  bytes), compute-sanitizer,
+#                                  bytes), compute-sanitizer, TensorBoard's own reader over
+#                                  the event files a run wrote,
 #                                  the GPU benchmark beside PyTorch's, then prints one table.
 #
 # `run` needs none of dtrain's build dependencies: the GPU machine has CUDA's runtime
@@ -136,7 +137,20 @@ run() {
     row "compute-sanitizer $tool" "$([ $src -eq 0 ] && echo clean || echo "FAILED (exit $src)")" "${summary:-no summary}"
   done
 
-  # 4. The benchmark, dtrain then PyTorch on the same GPU.
+  # 4. TensorBoard's own event reader (this machine has the tensorboard package) over the
+  # files dtrain fit --tensorboard wrote, CRCs and protocol buffers included.
+  say "== TensorBoard's reader"
+  rm -rf /tmp/tb
+  timeout 120 "$bin/dtrain" fit examples/configs/fashion_mnist.json --device gpu --epochs 2 --verbose 0 \
+    --tensorboard /tmp/tb >>"$log" 2>&1
+  local tb_out
+  tb_out=$( (unset LD_LIBRARY_PATH; timeout 60 python3 scripts/read-tensorboard-events.py /tmp/tb 2) 2>&1)
+  local tb_rc=$?
+  echo "$tb_out" | tail -4 | tee -a "$log"
+  row "TensorBoard reads dtrain's event files" "$([ $tb_rc -eq 0 ] && echo passed || echo "FAILED (exit $tb_rc)")" \
+      "$(echo "$tb_out" | grep -c 'epoch_loss at steps') runs read"
+
+  # 5. The benchmark, dtrain then PyTorch on the same GPU.
   say "== bench_gpu_mlp"
   timeout 180 "$bin/bench_gpu_mlp" --quick 2>&1 | tee -a "$log"
   say "== PyTorch (bench/peers/pytorch_gpu_mlp.py)"

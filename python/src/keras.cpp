@@ -463,6 +463,21 @@ void bind_keras(py::module_& m) {
            py::arg("start_from_epoch") = 0)
       .def_property_readonly("stopped_epoch", &EarlyStopping::stopped_epoch)
       .def_property_readonly("best_epoch", &EarlyStopping::best_epoch);
+  py::class_<TensorBoard, Callback, std::shared_ptr<TensorBoard>>(c, "_TensorBoard")
+      .def(py::init([](const std::string& log_dir, int histogram_freq, std::int64_t update_freq,
+                       bool write_steps_per_second, std::int64_t profile_first, std::int64_t profile_last) {
+             return std::make_shared<TensorBoard>(TensorBoardOptions{log_dir, histogram_freq, update_freq,
+                                                                     write_steps_per_second, profile_first, profile_last});
+           }),
+           py::arg("log_dir"), py::arg("histogram_freq"), py::arg("update_freq"), py::arg("write_steps_per_second"),
+           py::arg("profile_first"), py::arg("profile_last"))
+      .def_property_readonly("log_dir", [](const TensorBoard& t) { return t.options().log_dir; });
+  py::module_ tb = m.def_submodule("tensorboard", "Event files, for tests and tools");
+  tb.def("read_records", [](const std::string& path) {
+    py::list out;
+    for (const std::string& r : tensorboard::read_records(path)) out.append(py::bytes(r));
+    return out;
+  });
   py::class_<TerminateOnNaN, Callback, std::shared_ptr<TerminateOnNaN>>(c, "TerminateOnNaN")
       .def(py::init([] { return std::make_shared<TerminateOnNaN>(&std::cout); }));
   py::class_<CSVLogger, Callback, std::shared_ptr<CSVLogger>>(c, "CSVLogger")

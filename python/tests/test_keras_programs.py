@@ -290,3 +290,84 @@ def test_the_multi_worker_keras_tutorial_resumes_after_a_preempted_worker(tmp_pa
     # Both workers train the two epochs left, and end on the same figures.
     lines = sorted(line.split("] ", 1)[1] for line in output.splitlines() if "epochs 2 accuracy" in line)
     assert len(lines) == 2 and lines[0].split("epochs")[1] == lines[1].split("epochs")[1], output[-3000:]
+
+
+def _tags(path):
+    """The (tag, step) pairs of an event file's summaries, every record's CRCs checked."""
+    from dtrain import _dtrain
+
+    def fields(message):
+        at, out = 0, []
+        while at < len(message):
+            key, shift = 0, 0
+            while True:
+                b = message[at]
+                at += 1
+                key |= (b & 0x7F) << shift
+                shift += 7
+                if b < 0x80:
+                    break
+            field, wire = key >> 3, key & 7
+            if wire == 0:
+                value, shift = 0, 0
+                while True:
+                    b = message[at]
+                    at += 1
+                    value |= (b & 0x7F) << shift
+                    shift += 7
+                    if b < 0x80:
+                        break
+            elif wire == 1:
+                value, at = message[at:at + 8], at + 8
+            elif wire == 5:
+                value, at = message[at:at + 4], at + 4
+            else:
+                n, shift = 0, 0
+                while True:
+                    b = message[at]
+                    at += 1
+                    n |= (b & 0x7F) << shift
+                    shift += 7
+                    if b < 0x80:
+                        break
+                value, at = message[at:at + n], at + n
+            out.append((field, value))
+        return out
+
+    found = []
+    for record in _dtrain.tensorboard.read_records(str(path))[1:]:
+        event = dict(fields(record))
+        for field, value in fields(event[5]):
+            if field == 1:
+                found.append((dict(fields(value))[1].decode(), event.get(2, 0)))
+    return found
+
+
+def test_the_tensorboard_callback_writes_event_files_tensorboard_reads(tmp_path):
+    x, y = _data(320)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="relu", input_shape=(8,)),
+                                 tf.keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    board = tf.keras.callbacks.TensorBoard(log_dir=str(tmp_path / "logs"), histogram_freq=1, update_freq=4,
+                                           profile_batch=(1, 3), write_steps_per_second=True)
+    model.fit(x, y, batch_size=32, epochs=2, validation_split=0.2, callbacks=[board], verbose=0)
+    train = sorted((tmp_path / "logs" / "train").glob("events.out.tfevents.*"))
+    validation = sorted((tmp_path / "logs" / "validation").glob("events.out.tfevents.*"))
+    assert len(train) == 1 and len(validation) == 1
+    tags = _tags(train[0])
+    assert [s for t, s in tags if t == "epoch_loss"] == [0, 1]
+    assert [s for t, s in tags if t == "batch_loss"] == [4, 8, 12, 16]  # 8 batches an epoch
+    assert [s for t, s in tags if t == "dense/kernel/histogram"] == [0, 1]
+    assert ("run_config", 0) in tags and ("epoch_steps_per_second", 1) in tags
+    assert [s for t, s in _tags(validation[0]) if t == "epoch_accuracy"] == [0, 1]
+    assert len(list((tmp_path / "logs" / "train" / "plugins" / "profile").glob("*/dtrain.trace.json.gz"))) == 1
+    with pytest.raises(ValueError, match="update_freq"):
+        tf.keras.callbacks.TensorBoard(update_freq="sometimes")
+    try:
+        from tensorboard.backend.event_processing import event_accumulator
+    except ImportError:
+        return  # TensorBoard itself reads them in scripts/gpu-check.sh, on a machine that has it
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "logs" / "train"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("epoch_loss")] == [0, 1]

@@ -28,6 +28,7 @@
 #include "dtrain/model/functional.h"
 #include "dtrain/model/model.h"
 #include "dtrain/model/sequential.h"
+#include "dtrain/model/tensorboard.h"
 #include "dtrain/nn/layers.h"
 #include "dtrain/optim/optimizer.h"
 #include "dtrain/profile/profiler.h"

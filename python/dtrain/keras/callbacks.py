@@ -12,6 +12,42 @@ ModelCheckpoint = _c.ModelCheckpoint
 BackupAndRestore = _c.BackupAndRestore
 
 
+def TensorBoard(log_dir="logs", histogram_freq=0, write_graph=True, write_images=False,  # noqa: N802 (Keras's name)
+                write_steps_per_second=False, update_freq="epoch", profile_batch=0, embeddings_freq=0,
+                embeddings_metadata=None, **kwargs):
+    """Keras's TensorBoard: event files under log_dir/train and log_dir/validation (worker
+    K of a multi-worker job: log_dir/worker_K/...) with the epochs' metrics, batch metrics
+    every update_freq batches, weight histograms every histogram_freq epochs, the run's
+    config as text, and for profile_batch a trace of fit's first steps where TensorBoard's
+    profile plugin looks. write_graph is accepted (dtrain writes the model's JSON in the
+    run's config instead); images and embeddings are not written."""
+    del write_graph
+    if kwargs:
+        raise TypeError("TensorBoard: unexpected argument(s) " + ", ".join(sorted(kwargs)))
+    for name, value in (("write_images", write_images), ("embeddings_freq", embeddings_freq),
+                        ("embeddings_metadata", embeddings_metadata)):
+        if value:
+            raise NotImplementedError(f"TensorBoard({name}=...) is not supported by dtrain")
+    if update_freq == "epoch":
+        every = 0
+    elif update_freq == "batch":
+        every = 1
+    elif isinstance(update_freq, int) and not isinstance(update_freq, bool) and update_freq >= 1:
+        every = update_freq
+    else:
+        raise ValueError(f"TensorBoard: update_freq must be 'epoch', 'batch' or a number >= 1, got {update_freq!r}")
+    if isinstance(profile_batch, str):
+        parts = [p for p in profile_batch.split(",") if p.strip()]
+        profile_batch = tuple(int(p) for p in parts) if parts else 0
+    if isinstance(profile_batch, (tuple, list)):
+        if len(profile_batch) != 2:
+            raise ValueError(f"TensorBoard: profile_batch is a batch or a (first, last) pair, got {profile_batch!r}")
+        first, last = int(profile_batch[0]), int(profile_batch[1])
+    else:
+        first = last = int(profile_batch)
+    return _c._TensorBoard(str(log_dir), int(histogram_freq), every, bool(write_steps_per_second), first, last)
+
+
 class History:
     """What fit returns: ``history`` maps each log ("loss", "accuracy", "val_loss", ...) to
     its value at the end of every epoch; ``epoch`` lists the epochs trained. ``non_finite``

@@ -32,6 +32,7 @@
 #include "dtrain/core/percentile.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/distribute/strategy.h"
+#include "dtrain/model/tensorboard.h"
 #include "dtrain/ps/cluster_coordinator.h"
 
 namespace {
@@ -72,7 +73,7 @@ struct Overrides {
   int replicas = -1;
   int accumulation = -1;
   std::int64_t steps_per_epoch = 0;
-  std::string save_weights, summary, weights, dtype_policy, strategy, profile;
+  std::string save_weights, summary, weights, dtype_policy, strategy, profile, tensorboard;
   std::string device = "auto";  // cpu, gpu (or a name like /GPU:1) or auto: a GPU where one is present
   std::string fault_slow;  // testing: worker:K:Fx (cli/fault.h)
   std::string fault_kill, fault_term;  // testing: worker:K:S (cli/fault.h)
@@ -409,6 +410,8 @@ int run_fit(const std::string& path, const Overrides& o) {
                           .verbose = c.verbose};
   if (c.data.pipeline) fit_options.steps_per_epoch = o.steps_per_epoch;
   if (!o.profile.empty()) fit_options.callbacks.push_back(std::make_shared<ProfilerCallback>(o.profile));
+  if (!o.tensorboard.empty())
+    fit_options.callbacks.push_back(std::make_shared<TensorBoard>(TensorBoardOptions{.log_dir = o.tensorboard}));
   // A run whose loss or weights stop being finite cannot recover: end it there (the
   // config's "terminate_on_nan": false trains on, as Keras does without the callback).
   std::shared_ptr<TerminateOnNaN> terminate;
@@ -745,6 +748,10 @@ int main(int argc, char** argv) {
   fit->add_option("--profile", o.profile,
                   "Write a Chrome trace of every step phase here (Perfetto, chrome://tracing); worker K of several "
                   "writes NAME.worker-K.json")
+      ->check(a_path);
+  fit->add_option("--tensorboard", o.tensorboard,
+                  "Write TensorBoard event files here: DIR/train and DIR/validation (worker K of several: "
+                  "DIR/worker_K/...), the epochs' metrics and the run's config")
       ->check(a_path);
   fit->add_option("--verbose", o.verbose, "0 silent, 1 progress bar, 2 one line per epoch (default: auto)")
       ->check(CLI::Range(0, 2));

@@ -20,6 +20,7 @@
 namespace dtrain {
 
 class Model;
+class ProfilerCallback;
 
 // The first training step at which fit() saw a loss that was not finite, or weights that
 // an update had made non-finite (a NaN or Inf gradient, or a step that overflowed).
@@ -50,6 +51,9 @@ class Callback {
   // here runs on every worker instead, around each step the worker trains (batch numbers
   // count that worker's steps), and never on the coordinator.
   virtual bool runs_on_workers() const { return false; }
+  // A callback that wants a trace of fit's phases (ProfilerCallback, TensorBoard's
+  // profile_batch) says where, as a ProfilerCallback.
+  virtual const ProfilerCallback* tracer() const { return nullptr; }
 
  protected:
   Model* model_ = nullptr;
@@ -140,6 +144,7 @@ class History : public Callback {
 class ProfilerCallback : public Callback {
  public:
   explicit ProfilerCallback(std::string path, std::int64_t max_steps = 1000);
+  const ProfilerCallback* tracer() const override { return this; }
   const std::string& path() const { return path_; }
   std::int64_t max_steps() const { return max_steps_; }
   std::string path_for_worker(int worker) const;

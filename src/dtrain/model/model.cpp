@@ -439,7 +439,7 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
   // The step profile is always kept; a trace of its phases only for a ProfilerCallback.
   std::vector<const ProfilerCallback*> tracers;
   for (const auto& c : callbacks)
-    if (const auto* p = dynamic_cast<const ProfilerCallback*>(c.get())) tracers.push_back(p);
+    if (const ProfilerCallback* p = c->tracer()) tracers.push_back(p);
   const int workers = strategy_ ? strategy_->num_workers() : 1;
   const int worker = strategy_ ? strategy_->worker_index() : 0;
   // A trace that could not be written is found out now, not after training.
