@@ -221,20 +221,37 @@ void bind_distribute(py::module_& m) {
   // ParameterServerStrategy and ClusterCoordinator.
   py::class_<distribute::ParameterServerStrategy, std::shared_ptr<distribute::ParameterServerStrategy>>(
       d, "_ParameterServerStrategy")
-      .def(py::init([](const std::string& consistency, double rpc_timeout_seconds) {
+      .def(py::init([](const std::string& consistency, double rpc_timeout_seconds,
+                       std::optional<distribute::Partitioner> partitioner) {
              distribute::ParameterServerOptions o;
              o.consistency = cli::parse_consistency(consistency);  // as the command's --consistency
              o.rpc_timeout_seconds = rpc_timeout_seconds;
+             if (partitioner) o.variable_partitioner = *partitioner;
              py::gil_scoped_release release;
              return std::make_shared<distribute::ParameterServerStrategy>(o);
            }),
-           py::arg("consistency") = "async", py::arg("rpc_timeout_seconds") = 0.0)
+           py::arg("consistency") = "async", py::arg("rpc_timeout_seconds") = 0.0, py::arg("partitioner") = py::none())
       .def_property_readonly("task_type", [](const distribute::ParameterServerStrategy& s) { return s.task().type; })
       .def_property_readonly("task_id", [](const distribute::ParameterServerStrategy& s) { return s.task().index; })
       .def_property_readonly("is_chief", &distribute::ParameterServerStrategy::is_chief)
       .def_property_readonly("num_workers", &distribute::ParameterServerStrategy::num_workers)
       .def_property_readonly("num_ps", &distribute::ParameterServerStrategy::num_ps)
-      .def("end_job", &distribute::ParameterServerStrategy::end_job, py::call_guard<py::gil_scoped_release>());
+      .def("end_job", &distribute::ParameterServerStrategy::end_job, py::call_guard<py::gil_scoped_release>())
+      // (variable, shard, shards, ps task) of each shard placed so far.
+      .def("placement", [](const distribute::ParameterServerStrategy& s) {
+        std::vector<std::tuple<std::string, std::int64_t, std::int64_t, int>> out;
+        for (const distribute::ShardPlacement& p : s.placement()) out.emplace_back(p.variable, p.shard, p.num_shards, p.ps);
+        return out;
+      });
+  // tf.distribute.experimental.partitioners' rules (ps/partitioner.h).
+  py::class_<distribute::Partitioner>(d, "_Partitioner")
+      .def_static("fixed_shards", &distribute::FixedShardsPartitioner, py::arg("num_shards"))
+      .def_static("min_size", &distribute::MinSizePartitioner, py::arg("min_shard_bytes"), py::arg("max_shards"))
+      .def_static("max_size", &distribute::MaxSizePartitioner, py::arg("max_shard_bytes"), py::arg("max_shards"))
+      .def("num_shards", [](const distribute::Partitioner& p, std::vector<std::int64_t> shape, const std::string& dtype) {
+        return p.num_shards(Shape(shape), dtype_from_name(dtype, "partitioner dtype"));
+      })
+      .def_property_readonly("description", &distribute::Partitioner::description);
   // The backend its scope opens (a _Scope then opens it as any strategy's).
   d.def("_ps_backend", [](const distribute::ParameterServerStrategy& s) {
     const auto scope = s.scope();

@@ -16,14 +16,21 @@ y = np.argmax(x[:, :4], axis=1)
 '''
 
 FIT = DATA + r'''
-strategy = tf.distribute.ParameterServerStrategy(tf.distribute.cluster_resolver.TFConfigClusterResolver())
+strategy = tf.distribute.ParameterServerStrategy(
+    tf.distribute.cluster_resolver.TFConfigClusterResolver(),
+    variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(min_shard_bytes=1024,
+                                                                                     max_shards=2))
 with strategy.scope():
-    model = tf.keras.Sequential([tf.keras.layers.Dense(32, activation="relu", input_shape=(20,)),
+    model = tf.keras.Sequential([tf.keras.layers.Dense(32, activation="relu", input_shape=(20,),
+                                                       kernel_constraint=tf.keras.constraints.MaxNorm(1.0, axis=1)),
                                  tf.keras.layers.Dense(4, activation="softmax")])
     model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 history = model.fit(x, y, epochs=5, batch_size=32, verbose=0)
 if strategy.cluster_resolver.task_type == "chief":
     print("chief accuracy", history.history["accuracy"][-1])
+    for variable, shard, shards, ps in strategy._cpp.placement():
+        print("shard", variable, shard, shards, ps)
+    print("largest row norm", float(np.sqrt((model.layers[0].kernel.numpy() ** 2).sum(axis=1)).max()))
 '''
 
 LOOP = DATA + r'''
@@ -67,10 +74,10 @@ print("chief accuracy", accuracy.result())
 '''
 
 
-def _launch(tmp_path, program):
+def _launch(tmp_path, program, ps=1):
     script = tmp_path / "job.py"
     script.write_text(program)
-    return run_python("-m", "dtrain", "launch", "--chief", "--workers", "2", "--ps", "1", "--timeout", "100", "--",
+    return run_python("-m", "dtrain", "launch", "--chief", "--workers", "2", "--ps", str(ps), "--timeout", "100", "--",
                       sys.executable, str(script), timeout=150)
 
 
@@ -81,10 +88,32 @@ def _chief_accuracy(output):
 
 
 def test_model_fit_trains_on_the_parameter_servers(tmp_path):
-    code, output = _launch(tmp_path, FIT)
+    code, output = _launch(tmp_path, FIT, ps=2)
     assert code == 0, output[-3000:]
     # One device reaches about 0.85 in these 5 epochs; asynchronous updates from two workers as much.
     assert _chief_accuracy(output) >= 0.75
+    # The partitioner split the 2,560-byte kernel in two, one shard on each ps; the rest stayed whole.
+    shards = re.findall(r"^\[chief:0\] shard (\S+) (\d) (\d) (\d)$", output, re.M)
+    kernel = [s for s in shards if s[0].endswith("/kernel") and s[0].startswith("dense/")]
+    assert sorted(kernel) == [(kernel[0][0], "0", "2", "0"), (kernel[0][0], "1", "2", "1")], shards
+    assert all(s[2] == "1" for s in shards if s not in kernel), shards
+    # Each ps applied the kernel's MaxNorm to its rows.
+    assert float(re.search(r"largest row norm (\S+)", output).group(1)) <= 1.0 + 1e-5
+
+
+def test_partitioners_give_shards_per_axis_by_tensorflows_rules():
+    import dtrain as tf
+    p = tf.distribute.experimental.partitioners
+    assert p.FixedShardsPartitioner(2)([10, 3], tf.float32) == [2, 1]
+    assert p.FixedShardsPartitioner(4)([3], tf.float32) == [3]  # at most one shard per row
+    # TensorFlow's documented examples.
+    assert p.MinSizePartitioner(min_shard_bytes=4, max_shards=2)([6, 1], tf.float32) == [2, 1]
+    assert p.MinSizePartitioner(min_shard_bytes=4, max_shards=10)([6, 1], tf.float32) == [6, 1]
+    assert p.MaxSizePartitioner(max_shard_bytes=4)([6, 1], tf.float32) == [6, 1]
+    assert p.MaxSizePartitioner(max_shard_bytes=4, max_shards=2)([6, 1], tf.float32) == [2, 1]
+    assert p.MaxSizePartitioner(max_shard_bytes=1024)([6, 1], tf.float32) == [1, 1]
+    with __import__("pytest").raises(TypeError, match="partitioners"):
+        tf.distribute.ParameterServerStrategy(variable_partitioner=lambda shape, dtype: [2, 1])
 
 
 def test_the_coordinators_custom_loop_trains_and_every_task_ends(tmp_path):

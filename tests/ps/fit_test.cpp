@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -372,6 +374,55 @@ TEST(ParameterServerFit, StopTrainingEndsFitWithinAFewClosures) {
   if (!kUnderTsan) {
     EXPECT_LT(chief.stats.closures_finished, kSamples / kBatch);  // within the first epoch
   }
+}
+
+// Constraints run where the variables live: each ps applies them to its shards after each
+// update, so one worker with every variable split over two ps gives one device's constrained fit.
+std::unique_ptr<Sequential> compiled_constrained_model(std::optional<Constraint> kernel_constraint) {
+  auto model = std::make_unique<Sequential>();
+  model->add<nn::Dense>(16, "relu", nn::DenseOptions{.seed = 1, .kernel_constraint = kernel_constraint});
+  model->add<nn::Dense>(10, "softmax", nn::DenseOptions{.seed = 2, .kernel_constraint = Constraint::non_neg()});
+  model->build(Shape{kFeatures});
+  model->compile(std::make_shared<optim::Adam>(0.05f), std::make_shared<losses::SparseCategoricalCrossentropy>(),
+                 {"accuracy"});
+  return model;
+}
+
+TEST(ParameterServerFit, ConstraintsApplyOnTheParameterServersToEachShard) {
+  const Data d = make_data();
+  // MaxNorm over axis 1 bounds each row of the kernel: a shard of rows holds whole rows.
+  constexpr float kMaxNorm = 0.5f;  // below every row's norm as initialized
+  const ModelMaker make = [] { return compiled_constrained_model(Constraint::max_norm(kMaxNorm, {1})); };
+  const OneDevice one = one_device_fit(d, make);
+  Fitted chief = fit_on_cluster(1, 2, testing::ps_options(distribute::FixedShardsPartitioner(2)),
+                                [&](Sequential& m) { return m.fit(d.x, d.y, one.fit_options); }, make);
+  EXPECT_LE(testing::relative_difference(*chief.model, *one.model), 1e-5);
+  const Tensor kernel = chief.model->layers()[0]->variables()[0]->value();
+  const std::vector<float> k = kernel.to_vector();
+  const std::int64_t rows = kernel.shape()[0], cols = kernel.shape()[1];
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double norm = 0;
+    for (std::int64_t c = 0; c < cols; ++c) norm += double(k[r * cols + c]) * k[r * cols + c];
+    EXPECT_LE(std::sqrt(norm), kMaxNorm + 1e-5) << "row " << r;
+  }
+  const std::vector<float> w = chief.model->layers()[1]->variables()[0]->value().to_vector();
+  EXPECT_GE(*std::min_element(w.begin(), w.end()), 0.0f);
+  EXPECT_GT(std::count(w.begin(), w.end(), 0.0f), 0) << "NonNeg clipped nothing: the test shows nothing";
+}
+
+TEST(ParameterServerFit, ANormAcrossShardsIsRefusedNamingTheVariable) {
+  const Data d = make_data();
+  LocalCluster cluster(1, 2);  // nobody serves: the error comes before anything is placed
+  ParameterServerStrategy strategy(cluster.config("chief", 0), testing::ps_options(distribute::FixedShardsPartitioner(2)));
+  std::unique_ptr<Sequential> model;
+  {
+    auto scope = strategy.scope();
+    model = compiled_constrained_model(Constraint::max_norm());  // Keras's default: axis 0
+  }
+  const std::string message = testing::message_of<InvalidArgument>(
+      [&] { model->fit(d.x, d.y, {.batch_size = kBatch, .verbose = 0}); });
+  for (const char* part : {"/kernel'", "2 shards", "MaxNorm", "axis 0"})
+    EXPECT_NE(message.find(part), std::string::npos) << part << " in: " << message;
 }
 
 TEST(ParameterServerFit, WhatCannotWorkIsRefusedByName) {

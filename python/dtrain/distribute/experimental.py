@@ -22,6 +22,9 @@ class CommunicationOptions:
         self.compression = compression
 
 
+from . import partitioners  # noqa: E402,F401 (tf.distribute.experimental.partitioners)
+
+
 class coordinator:  # noqa: N801 (TensorFlow's module name)
     from .parameter_server import ClusterCoordinator, RemoteValue  # noqa: F401
 

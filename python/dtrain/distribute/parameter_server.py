@@ -38,13 +38,17 @@ class ParameterServerStrategy:
     and ps). ``consistency`` is dtrain's: 'async' (TensorFlow's), 'ssp:K' or 'sync[:B]'."""
 
     def __init__(self, cluster_resolver=None, variable_partitioner=None, consistency="async"):
-        if variable_partitioner is not None:
-            raise NotImplementedError("ParameterServerStrategy(variable_partitioner=...) is not supported by dtrain's "
-                                      "Python package yet; variables are dealt whole to the ps in turn")
         from . import cluster_resolver as resolvers
+        from .partitioners import Partitioner
 
+        if variable_partitioner is not None and not isinstance(variable_partitioner, Partitioner):
+            raise TypeError("ParameterServerStrategy(variable_partitioner=...): give one of "
+                            "tf.distribute.experimental.partitioners' partitioners (dtrain does not call a function "
+                            "of your own for it)")
         self._resolver = cluster_resolver or resolvers.TFConfigClusterResolver()
-        self._cpp = _d._ParameterServerStrategy(consistency)
+        self._partitioner = variable_partitioner
+        self._cpp = _d._ParameterServerStrategy(consistency, 0.0,
+                                                None if variable_partitioner is None else variable_partitioner._cpp)
         self._models = weakref.WeakSet()
         self._pending = set()
         if self._cpp.task_type == "ps":

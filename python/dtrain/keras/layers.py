@@ -141,6 +141,20 @@ class Layer:
     def built(self, value):  # a build() of your own may say self.built = True, as Keras's do
         del value
 
+    # Keras's names for a built-in layer's weights: layer.kernel, layer.bias, ...
+    _WEIGHT_NAMES = frozenset(("kernel", "bias", "gamma", "beta", "moving_mean", "moving_variance", "embeddings",
+                               "depthwise_kernel", "pointwise_kernel"))
+
+    def __getattr__(self, name):  # only for names the instance and class lack
+        if name in Layer._WEIGHT_NAMES:
+            built = self.__dict__.get("_built")
+            for v in built.variables if built is not None else []:
+                if v.name.rsplit("/", 1)[-1] == name:
+                    return v
+            raise AttributeError(f"{self.class_name} layer '{self.name}' has no {name}"
+                                 + (" yet: it is made when the layer is built" if built is None else ""))
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
     @property
     def weights(self):
         return self._layer().variables if self._built is not None else []

@@ -217,7 +217,7 @@ Tensor Tensor::astype(DType dtype) const {
     for (std::int64_t i = 0; i < n; ++i) d[i] = bfloat16(s[i]);
   } else if (dtype == DType::f32) {
     std::vector<float> v = to_vector();
-    std::memcpy(out.raw_data(), v.data(), out.nbytes());
+    if (n) std::memcpy(out.raw_data(), v.data(), out.nbytes());
   } else if (dtype_ == DType::f32 && dtype == DType::i32) {
     const float* s = data<float>();
     std::int32_t* d = out.data<std::int32_t>();

@@ -962,6 +962,8 @@ std::optional<Constraint> constraint_from_json(const nlohmann::json& config, con
   return get_constraint(JsonReader(config, path), key);
 }
 
+nlohmann::json constraint_to_json(const std::optional<Constraint>& constraint) { return constraint_json(constraint); }
+
 std::unique_ptr<Model> model_from_json(const std::string& text) {
   return model_from_json(parse_json(text, "model JSON"), "");
 }

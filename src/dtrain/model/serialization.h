@@ -55,6 +55,8 @@ std::optional<nn::Regularizer> regularizer_from_json(const nlohmann::json& confi
                                                      const std::string& path);
 std::optional<Constraint> constraint_from_json(const nlohmann::json& config, const std::string& key,
                                                const std::string& path);
+// Keras's {"class_name": "MaxNorm", "config": {...}}, or null.
+nlohmann::json constraint_to_json(const std::optional<Constraint>& constraint);
 
 UnbuiltModel unbuilt_model_from_json(const nlohmann::json& value, const std::string& path,
                                      const std::string& dtype_policy = "", const std::string& config_path = "");

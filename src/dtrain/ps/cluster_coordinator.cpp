@@ -30,6 +30,7 @@
 #include "dtrain/core/files.h"
 #include "dtrain/distribute/worker_comm.h"
 #include "dtrain/model/compile_config.h"
+#include "dtrain/model/serialization.h"
 #include "dtrain/optim/optimizer.h"
 #include "dtrain/ps/parameter_store.h"
 #include "dtrain/ps/ps.grpc.pb.h"
@@ -616,7 +617,17 @@ class PsService final : public wire::ParameterServer::Service {
   grpc::Status Create(grpc::ServerContext*, const wire::CreateRequest* request, wire::CreateReply*) override {
     if (auto s = runtime_.check(request->caller()); !s.ok()) return s;
     std::map<int, std::string> names;
-    for (const wire::VariableInfo& v : request->variables()) names[v.variable()] = v.name();
+    std::map<int, std::optional<Constraint>> constraints;
+    try {
+      for (const wire::VariableInfo& v : request->variables()) {
+        names[v.variable()] = v.name();
+        if (!v.constraint().empty())
+          constraints[v.variable()] = constraint_from_json({{"constraint", nlohmann::json::parse(v.constraint())}},
+                                                           "constraint", "variable '" + v.name() + "'");
+      }
+    } catch (...) {
+      return status_of(std::current_exception());
+    }
     std::vector<std::pair<ParameterStore::ShardKey, Variable>> shards;
     for (const wire::Rows& rows : request->shards()) {
       const Shape shape = shape_of(rows.shape());
@@ -625,8 +636,11 @@ class PsService final : public wire::ParameterServer::Service {
                                       std::to_string(rows.variable()) + " has the wrong number of bytes"};
       Tensor value = Tensor::empty(shape);
       std::memcpy(value.raw_data(), rows.values().data(), rows.values().size());
-      shards.emplace_back(ParameterStore::ShardKey{rows.variable(), rows.shard()},
-                          Variable(names[rows.variable()] + "/part_" + std::to_string(rows.shard()), value));
+      Variable shard(names[rows.variable()] + "/part_" + std::to_string(rows.shard()), value);
+      // Each shard keeps its variable's constraint: the coordinator placed whole every
+      // variable whose constraint needs norms across shards.
+      if (const auto c = constraints.find(rows.variable()); c != constraints.end()) shard.set_constraint(c->second);
+      shards.emplace_back(ParameterStore::ShardKey{rows.variable(), rows.shard()}, std::move(shard));
     }
     ParameterStore::OptimizerState restored;
     restored.optimizer_json = request->optimizer();
@@ -1201,6 +1215,18 @@ void Coordinator::place(optim::Optimizer& optimizer, bool restored) {
 
 void Coordinator::place_variables(optim::Optimizer* restored) {
   const int num_ps = runtime_->config_.cluster.num_tasks("ps");
+  // Each ps applies a constraint to the shards it holds: a norm over axis 0 would span shards.
+  for (const ShardPlacement& s : placement_) {
+    const std::optional<Constraint>& c = vars_[s.index]->constraint();
+    if (!c || s.num_shards < 2 || c->kind == Constraint::Kind::non_neg) continue;
+    const int rank = vars_[s.index]->shape().rank();
+    for (int a : c->axis)
+      if (a == 0 || a + rank == 0)
+        DTRAIN_THROW(InvalidArgument, "ParameterServerStrategy: variable '", vars_[s.index]->name(), "' is split into ",
+                     s.num_shards, " shards along axis 0, and its ", c->class_name(),
+                     " constraint takes norms over axis 0, across the shards, which no parameter server holds together; "
+                     "keep it in one shard (a variable_partitioner that leaves it whole) or constrain other axes");
+  }
   std::uint64_t job = std::random_device{}();
   job = (job << 32) ^ std::random_device{}();
   for (int p = 0; p < num_ps; ++p) {
@@ -1214,6 +1240,7 @@ void Coordinator::place_variables(optim::Optimizer* restored) {
       info->set_variable(static_cast<int>(v));
       info->set_name(vars_[v]->name());
       for (std::int64_t d : vars_[v]->shape().dims()) info->add_shape(d);
+      if (const std::optional<Constraint>& c = vars_[v]->constraint()) info->set_constraint(constraint_to_json(c).dump());
     }
     for (const ShardPlacement& s : placement_) {
       if (s.ps != p) continue;
