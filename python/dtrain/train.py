@@ -11,6 +11,7 @@ import re
 
 from . import _dtrain
 from .data import DatasetIterator
+from .distribute.server import ClusterSpec  # noqa: F401 (tf.train.ClusterSpec)
 
 _t = _dtrain.train
 

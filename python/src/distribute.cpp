@@ -222,21 +222,28 @@ void bind_distribute(py::module_& m) {
   py::class_<distribute::ParameterServerStrategy, std::shared_ptr<distribute::ParameterServerStrategy>>(
       d, "_ParameterServerStrategy")
       .def(py::init([](const std::string& consistency, double rpc_timeout_seconds,
-                       std::optional<distribute::Partitioner> partitioner) {
+                       std::optional<distribute::Partitioner> partitioner, const std::string& tf_config) {
              distribute::ParameterServerOptions o;
              o.consistency = cli::parse_consistency(consistency);  // as the command's --consistency
              o.rpc_timeout_seconds = rpc_timeout_seconds;
              if (partitioner) o.variable_partitioner = *partitioner;
+             // tf_config: a cluster and task given in Python (a ClusterSpec), in TF_CONFIG's form.
+             const cluster::TfConfig config = tf_config.empty() ? cluster::tf_config_from_environment()
+                                                                : cluster::parse_tf_config(tf_config, "the cluster spec");
              py::gil_scoped_release release;
-             return std::make_shared<distribute::ParameterServerStrategy>(o);
+             return std::make_shared<distribute::ParameterServerStrategy>(config, o);
            }),
-           py::arg("consistency") = "async", py::arg("rpc_timeout_seconds") = 0.0, py::arg("partitioner") = py::none())
+           py::arg("consistency") = "async", py::arg("rpc_timeout_seconds") = 0.0, py::arg("partitioner") = py::none(),
+           py::arg("tf_config") = "")
       .def_property_readonly("task_type", [](const distribute::ParameterServerStrategy& s) { return s.task().type; })
       .def_property_readonly("task_id", [](const distribute::ParameterServerStrategy& s) { return s.task().index; })
       .def_property_readonly("is_chief", &distribute::ParameterServerStrategy::is_chief)
       .def_property_readonly("num_workers", &distribute::ParameterServerStrategy::num_workers)
       .def_property_readonly("num_ps", &distribute::ParameterServerStrategy::num_ps)
       .def("end_job", &distribute::ParameterServerStrategy::end_job, py::call_guard<py::gil_scoped_release>())
+      .def("set_partitioner", [](distribute::ParameterServerStrategy& s, const distribute::Partitioner& p) {
+        s.set_variable_partitioner(p);
+      })
       // (variable, shard, shards, ps task) of each shard placed so far.
       .def("placement", [](const distribute::ParameterServerStrategy& s) {
         std::vector<std::tuple<std::string, std::int64_t, std::int64_t, int>> out;
@@ -307,7 +314,26 @@ void bind_distribute(py::module_& m) {
                                const distribute::PerWorkerIterator& it) { return c.schedule(fn, it); })
       .def("join", &distribute::ClusterCoordinator::join, py::call_guard<py::gil_scoped_release>())
       .def("done", &distribute::ClusterCoordinator::done)
-      .def("serve", &distribute::ClusterCoordinator::serve, py::call_guard<py::gil_scoped_release>());
+      .def("serve", py::overload_cast<>(&distribute::ClusterCoordinator::serve), py::call_guard<py::gil_scoped_release>())
+      // tf.distribute.Server(...).join() on a worker: `load(bytes)` runs the chief's program.
+      .def("serve_programs", [](distribute::ClusterCoordinator& c, py::function load) {
+        auto f = hold(std::move(load));
+        py::gil_scoped_release release;
+        c.serve([f](const std::string& bytes) {
+          py::gil_scoped_acquire gil;
+          try {
+            (*f)(py::bytes(bytes));
+          } catch (py::error_already_set& e) {
+            // Made into dtrain's error here, under the GIL: the Python exception stays behind.
+            DTRAIN_THROW(InvalidArgument, "loading the chief's program: ", e.what());
+          }
+        });
+      })
+      .def("ship", [](distribute::ClusterCoordinator& c, py::bytes program, const std::string& error) {
+        std::string bytes = program;
+        py::gil_scoped_release release;
+        c.ship(std::move(bytes), error);
+      }, py::arg("program"), py::arg("error") = "");
 
   py::class_<distribute::DefaultStrategy, Strategy, std::shared_ptr<distribute::DefaultStrategy>>(d, "_DefaultStrategy")
       .def(py::init<>());

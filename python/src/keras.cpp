@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bindings.h"
+#include "dtrain/model/compile_config.h"
 #include "dtrain/model/serialization.h"
 
 namespace dtrain::python {
@@ -406,6 +407,13 @@ void bind_keras(py::module_& m) {
              return std::make_shared<losses::MeanSquaredError>(reduction_of(reduction), name);
            }),
            py::arg("reduction") = "sum_over_batch_size", py::arg("name") = "mean_squared_error");
+
+  // Optimizers and losses as the JSON compile_config.h reads: how pickle sends them to
+  // another process (tf.distribute.Server's workers).
+  o.def("_to_json", [](const optim::Optimizer& opt) { return optimizer_to_json(opt).dump(); });
+  o.def("_from_json", [](const std::string& text) { return optimizer_from_json(nlohmann::json::parse(text), "optimizer"); });
+  l.def("_to_json", [](const losses::Loss& loss) { return loss_to_json(loss).dump(); });
+  l.def("_from_json", [](const std::string& text) { return loss_from_json(nlohmann::json::parse(text), "loss"); });
 
   // Metrics, for custom loops (compile takes their names).
   py::module_ mt = k.def_submodule("metrics");

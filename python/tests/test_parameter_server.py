@@ -74,11 +74,11 @@ print("chief accuracy", accuracy.result())
 '''
 
 
-def _launch(tmp_path, program, ps=1):
+def _launch(tmp_path, program, ps=1, env=None):
     script = tmp_path / "job.py"
     script.write_text(program)
     return run_python("-m", "dtrain", "launch", "--chief", "--workers", "2", "--ps", str(ps), "--timeout", "100", "--",
-                      sys.executable, str(script), timeout=150)
+                      sys.executable, str(script), timeout=150, env=env)
 
 
 def _chief_accuracy(output):
@@ -121,3 +121,130 @@ def test_the_coordinators_custom_loop_trains_and_every_task_ends(tmp_path):
     assert code == 0, output[-3000:]
     assert len(re.findall(r"^\[chief:0\] epoch \d loss", output, re.M)) == 4
     assert _chief_accuracy(output) >= 0.85
+
+
+# TensorFlow's shape of a parameter-server program: the workers and the ps start a
+# tf.distribute.Server and join it, never reaching the training code below; the chief ships
+# them its model, its dataset_fn and its step_fn by value.
+SERVERS = DATA + r'''
+import os, sys
+cluster_resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+if cluster_resolver.task_type in ("worker", "ps"):
+    server = tf.distribute.Server(cluster_resolver.cluster_spec(), job_name=cluster_resolver.task_type,
+                                  task_index=cluster_resolver.task_id,
+                                  protocol=cluster_resolver.rpc_layer or "grpc", start=True)
+    server.join()
+    print("served")
+    sys.exit(0)
+'''
+
+SERVERS_FIT = SERVERS + r'''
+strategy = tf.distribute.ParameterServerStrategy(
+    cluster_resolver,
+    variable_partitioner=tf.distribute.experimental.partitioners.MinSizePartitioner(min_shard_bytes=1024,
+                                                                                     max_shards=2))
+
+def dataset_fn(input_context):
+    return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2048).batch(32).repeat()
+
+with strategy.scope():
+    model = tf.keras.Sequential([tf.keras.layers.Dense(32, activation="relu", input_shape=(20,)),
+                                 tf.keras.layers.Dense(4, activation="softmax")])
+    model.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"], steps_per_execution=4)
+out = os.environ["OUT"]
+callbacks = [tf.keras.callbacks.ModelCheckpoint(filepath=os.path.join(out, "ckpt", "weights.{epoch:02d}.h5"),
+                                                save_weights_only=True),
+             tf.keras.callbacks.BackupAndRestore(backup_dir=os.path.join(out, "backup")),
+             tf.keras.callbacks.TensorBoard(log_dir=os.path.join(out, "logs"))]
+history = model.fit(tf.keras.utils.experimental.DatasetCreator(dataset_fn), epochs=4, steps_per_epoch=64,
+                    callbacks=callbacks, verbose=0)
+print("chief accuracy", history.history["accuracy"][-1])
+print("shards", sorted(n for n, shard, shards, ps in strategy._cpp.placement() if shards == 2 and shard == 0))
+'''
+
+SERVERS_LOOP = SERVERS + r'''
+strategy = tf.distribute.ParameterServerStrategy(cluster_resolver)
+coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+with strategy.scope():
+    model = tf.keras.Sequential([tf.keras.layers.Dense(32, activation="relu", input_shape=(20,)),
+                                 tf.keras.layers.Dense(4)])
+    optimizer = tf.keras.optimizers.Adam(0.01)
+loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+GLOBAL_BATCH = 32
+
+def dataset_fn(input_context):
+    batch = input_context.get_per_replica_batch_size(GLOBAL_BATCH)
+    return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2048).batch(batch).repeat()
+
+@tf.function
+def per_worker_dataset_fn():
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+per_worker_iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
+
+@tf.function
+def step_fn(iterator):
+    def replica_fn(batch_data, labels):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(batch_data, training=True))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        return loss
+    batch_data, labels = next(iterator)
+    losses = strategy.run(replica_fn, args=(batch_data, labels))
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+for epoch in range(4):
+    values = [coordinator.schedule(step_fn, args=(per_worker_iterator,)) for _ in range(64)]
+    coordinator.join()
+accuracy = tf.keras.metrics.SparseCategoricalAccuracy()
+accuracy.update_state(y, model(x))
+print("chief accuracy", accuracy.result())
+'''
+
+
+def test_servers_that_join_run_the_fit_the_chief_ships(tmp_path):
+    code, output = _launch(tmp_path, SERVERS_FIT, ps=2, env={"OUT": str(tmp_path)})
+    assert code == 0, output[-3000:]
+    assert _chief_accuracy(output) >= 0.75
+    # Every worker and ps served until the chief ended the job, then its join() returned.
+    assert sorted(re.findall(r"^\[(\w+:\d)\] served$", output, re.M)) == ["ps:0", "ps:1", "worker:0", "worker:1"]
+    assert re.search(r"^\[chief:0\] shards \['dense/kernel'\]$", output, re.M), output[-3000:]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [f"weights.{e:02d}.h5" for e in range(1, 5)]
+    assert any((tmp_path / "logs" / "train").glob("events.out.tfevents.*"))
+
+
+def test_servers_that_join_run_the_step_fn_the_chief_schedules(tmp_path):
+    code, output = _launch(tmp_path, SERVERS_LOOP)
+    assert code == 0, output[-3000:]
+    assert _chief_accuracy(output) >= 0.85
+    assert sorted(re.findall(r"^\[(\w+:\d)\] served$", output, re.M)) == ["ps:0", "worker:0", "worker:1"]
+
+
+SERVERS_UNPICKLABLE = SERVERS + r'''
+strategy = tf.distribute.ParameterServerStrategy(cluster_resolver)
+coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+with strategy.scope():
+    model = tf.keras.Sequential([tf.keras.layers.Dense(4, input_shape=(20,))])
+accuracy = tf.keras.metrics.SparseCategoricalAccuracy()  # a dtrain object pickle cannot send
+
+def step_fn():
+    accuracy.update_state(y[:32], model(x[:32]))
+    return accuracy.result()
+
+try:
+    coordinator.schedule(step_fn).fetch()
+except tf.errors.InvalidArgumentError as e:
+    print("refused:", e)
+'''
+
+
+def test_what_cannot_be_shipped_is_named_and_every_task_ends(tmp_path):
+    code, output = _launch(tmp_path, SERVERS_UNPICKLABLE)
+    assert code == 0, output[-3000:]
+    refused = re.search(r"^\[chief:0\] refused: (.*)$", output, re.M)
+    assert refused, output[-3000:]
+    for part in ("worker:", "tf.distribute.Server", "function '__main__.step_fn' cannot be sent", "pickle"):
+        assert part in refused.group(1), refused.group(1)
+    assert sorted(re.findall(r"^\[(\w+:\d)\] served$", output, re.M)) == ["ps:0", "worker:0", "worker:1"]

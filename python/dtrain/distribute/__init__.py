@@ -15,6 +15,7 @@ from ..data import Dataset, IteratorBase, _next_pass
 from . import cluster_resolver, experimental
 from . import cluster_resolver as _resolvers
 from .parameter_server import ClusterCoordinator, InputContext, ParameterServerStrategy, RemoteValue
+from .server import Server
 
 _d = _dtrain.distribute
 ReduceOp = _d.ReduceOp

@@ -1,9 +1,10 @@
 """ParameterServerStrategy and ClusterCoordinator: variables held by the "ps" tasks,
 closures run by the "worker" tasks, scheduled by the "chief" (docs/parameter_server.md).
 
-dtrain cannot send a Python function to another process, so every task runs the same
-program and functions travel by name: each task defines a scheduled function when the
-program first schedules it. Hence the rule for a program's tasks:
+A worker started with tf.distribute.Server(...).join() runs no program: the chief ships
+its models, functions and datasets by value (server.py). Otherwise every task runs the
+same program and functions travel by name: each task defines a scheduled function when the
+program first schedules it. Hence the rule for such a program's tasks:
 - a ps serves from the moment it makes the strategy, and its program ends with the job;
 - a worker runs the program up to its first ``coordinator.schedule`` (or ``join``), or its
   ``model.fit``, then runs what the chief sends until the job ends, and its program ends
@@ -12,7 +13,6 @@ program first schedules it. Hence the rule for a program's tasks:
 """
 import atexit
 import sys
-import weakref
 
 from .. import _dtrain
 from ..data import Dataset, IteratorBase
@@ -37,27 +37,54 @@ class ParameterServerStrategy:
     """tf.distribute.ParameterServerStrategy over the cluster TF_CONFIG names (a chief, workers
     and ps). ``consistency`` is dtrain's: 'async' (TensorFlow's), 'ssp:K' or 'sync[:B]'."""
 
-    def __init__(self, cluster_resolver=None, variable_partitioner=None, consistency="async"):
+    def __init__(self, cluster_resolver=None, variable_partitioner=None, consistency="async", _tf_config=None):
         from . import cluster_resolver as resolvers
         from .partitioners import Partitioner
+        from .server import _Program, _tf_config as tf_config_of
 
         if variable_partitioner is not None and not isinstance(variable_partitioner, Partitioner):
             raise TypeError("ParameterServerStrategy(variable_partitioner=...): give one of "
                             "tf.distribute.experimental.partitioners' partitioners (dtrain does not call a function "
                             "of your own for it)")
         self._resolver = cluster_resolver or resolvers.TFConfigClusterResolver()
+        config = _tf_config or ""
+        if not config and not isinstance(self._resolver, resolvers.TFConfigClusterResolver):
+            # A resolver of the cluster given in Python (SimpleClusterResolver): this process
+            # is its task, the chief unless it says otherwise.
+            config = tf_config_of(self._resolver.cluster_spec(), self._resolver.task_type or "chief",
+                                  self._resolver.task_id or 0)
         self._partitioner = variable_partitioner
         self._cpp = _d._ParameterServerStrategy(consistency, 0.0,
-                                                None if variable_partitioner is None else variable_partitioner._cpp)
-        self._models = weakref.WeakSet()
+                                                None if variable_partitioner is None else variable_partitioner._cpp,
+                                                config)
+        self._models = _Made()  # in the order made: the program shipped to workers names them so
         self._pending = set()
+        self._program = None
+        if _tf_config is not None:  # tf.distribute.Server's task: it serves in join()
+            return
         if self._cpp.task_type == "ps":
             ClusterCoordinator(self)._cpp.serve()
             sys.exit(0)
         if self._cpp.is_chief:
+            self._program = _Program(self)
+            self._shipper = _d._ClusterCoordinator(self._cpp)
             # The workers and ps serve until the chief ends the job: at the latest when
             # this program ends (Python may never destroy the strategy itself).
             atexit.register(self._cpp.end_job)
+
+    @classmethod
+    def _for_task(cls, tf_config):
+        return cls(_tf_config=tf_config)
+
+    def _ship(self, what, entry):
+        """The chief: adds to the program shipped to workers that run none of their own."""
+        if self._program is not None:
+            self._program.add(what, entry, self._shipper)
+
+    def _ship_fit(self, model, **fit_args):
+        if self._program is not None:
+            self._ship(f"model.fit of model '{model.name}'",
+                       ("fit", model, getattr(model, "_compile_args", None), fit_args))
 
     @property
     def cluster_resolver(self):
@@ -101,6 +128,13 @@ class ParameterServerStrategy:
     def _build_in_replica(self, model, build):
         del model, build
         return False
+
+
+class _Made(list):
+    """The models made under the strategy's scope, in order (Model.__init__ adds each)."""
+
+    def add(self, model):
+        self.append(model)
 
 
 class RemoteValue:
@@ -169,15 +203,22 @@ class ClusterCoordinator:
         remote = self._defined.get(fn)
         if remote is None:
             name = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
-            if takes_iterator:
-                remote = self._cpp.define_iterator_function(name, lambda it: fn(_WorkerIterator(it)))
-            else:
-                remote = self._cpp.define_function(name, fn)
-            self._defined[fn] = remote
+            remote = self._define_as(name, fn, takes_iterator)
+            self.strategy._ship(f"function '{name}'", ("function", name, fn, takes_iterator))
+        return remote
+
+    def _define_as(self, name, fn, takes_iterator):
+        if takes_iterator:
+            remote = self._cpp.define_iterator_function(name, lambda it: fn(_WorkerIterator(it)))
+        else:
+            remote = self._cpp.define_function(name, fn)
+        self._defined[fn] = remote
         return remote
 
     def create_per_worker_dataset(self, dataset_fn):
         """Each worker builds the dataset with dataset_fn() (a Dataset also works)."""
+        self.strategy._ship(f"per-worker dataset function '{getattr(dataset_fn, '__qualname__', dataset_fn)}'",
+                            ("dataset", dataset_fn))
         if isinstance(dataset_fn, Dataset):
             dataset = dataset_fn
             dataset_fn = lambda: dataset  # noqa: E731

@@ -8,8 +8,12 @@ _P = _dtrain.distribute._Partitioner
 
 
 class Partitioner:
-    def __init__(self, cpp):
+    def __init__(self, cpp, *args):
         self._cpp = cpp
+        self._args = args  # the constructor's: how pickle sends it to a worker
+
+    def __reduce__(self):
+        return type(self), self._args
 
     def __call__(self, shape, dtype):
         dims = [int(d) for d in shape]
@@ -24,7 +28,7 @@ class FixedShardsPartitioner(Partitioner):
     """num_shards shards (one per row where a variable has fewer rows)."""
 
     def __init__(self, num_shards):
-        super().__init__(_P.fixed_shards(int(num_shards)))
+        super().__init__(_P.fixed_shards(int(num_shards)), num_shards)
 
 
 class MinSizePartitioner(Partitioner):
@@ -32,7 +36,7 @@ class MinSizePartitioner(Partitioner):
 
     def __init__(self, min_shard_bytes=256 << 10, max_shards=1, bytes_per_string=16):
         del bytes_per_string  # dtrain's variables hold numbers only
-        super().__init__(_P.min_size(int(min_shard_bytes), int(max_shards)))
+        super().__init__(_P.min_size(int(min_shard_bytes), int(max_shards)), min_shard_bytes, max_shards)
 
 
 class MaxSizePartitioner(Partitioner):
@@ -41,4 +45,5 @@ class MaxSizePartitioner(Partitioner):
 
     def __init__(self, max_shard_bytes, max_shards=None, bytes_per_string=16):
         del bytes_per_string
-        super().__init__(_P.max_size(int(max_shard_bytes), 0 if max_shards is None else int(max_shards)))
+        super().__init__(_P.max_size(int(max_shard_bytes), 0 if max_shards is None else int(max_shards)),
+                         max_shard_bytes, max_shards)

@@ -1,5 +1,7 @@
 """tf.keras.losses: the classes (called as loss(y_true, y_pred)) and the functions, which
 return one loss per example."""
+import copyreg
+
 from .. import _dtrain
 
 _l = _dtrain.keras.losses
@@ -59,3 +61,16 @@ def get(identifier):
         return cls()
     raise TypeError(f"loss: dtrain trains with its own losses (a name or a tf.keras.losses.Loss), "
                     f"not the Python function {getattr(identifier, '__name__', identifier)!r}")
+
+
+def _from_json(text):
+    return _l._from_json(text)
+
+
+def _reduce(loss):
+    """pickle's way to send a loss to another process: its JSON (name, from_logits, ...)."""
+    return _from_json, (_l._to_json(loss),)
+
+
+for _cls in (SparseCategoricalCrossentropy, CategoricalCrossentropy, MeanSquaredError):
+    copyreg.pickle(_cls, _reduce)

@@ -252,6 +252,7 @@ class Model:
                                      else _whole("compile", "steps_per_execution", steps_per_execution, int32=True))
         if self._steps_per_execution < 1:
             raise ValueError(f"compile: steps_per_execution must be >= 1, got {self._steps_per_execution}")
+        self._compile_args = (self._optimizer, self._loss, names, self._steps_per_execution)
         self._model().compile(self._optimizer, self._loss, names)
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
@@ -267,6 +268,11 @@ class Model:
                 raise NotImplementedError(f"fit({name}=...) is not supported by dtrain")
         if validation_freq != 1:
             raise NotImplementedError("fit(validation_freq=...) is not supported by dtrain: it validates every epoch")
+        ship = getattr(self._strategy, "_ship_fit", None)
+        if ship is not None:  # the chief of a ParameterServerStrategy: workers that run no program get this fit
+            ship(self, x=x, y=y, batch_size=batch_size, shuffle=shuffle, steps_per_epoch=steps_per_epoch,
+                 seed=utils._fit_seed())
+        x = utils._created_dataset(x)
         _no_batch_size_for_datasets("fit", x, batch_size)
         model = self._model()
         x = _model_input(_unwrap_dataset(x))

@@ -1,4 +1,6 @@
 """tf.keras.optimizers: SGD, Adam, AdamW, RMSprop, Adagrad and learning-rate schedules."""
+import copyreg
+
 from .. import _dtrain
 
 _o = _dtrain.keras.optimizers
@@ -59,3 +61,17 @@ def deserialize(config):
     except TypeError as e:
         raise ValueError(f"optimizer {config.get('class_name')}: {str(e).splitlines()[0]} "
                          f"(given {sorted(kwargs)})") from None
+
+
+def _from_json(text):
+    return _o._from_json(text)
+
+
+def _reduce(optimizer):
+    """pickle's way to send an optimizer to another process (tf.distribute.Server's workers):
+    its Keras JSON, with its learning-rate schedule; its slots stay where they are."""
+    return _from_json, (_o._to_json(optimizer),)
+
+
+for _cls in (SGD, Adam, AdamW, RMSprop, Adagrad):
+    copyreg.pickle(_cls, _reduce)

@@ -61,6 +61,9 @@ constexpr grpc::StatusCode kParameterServerUnavailable = grpc::StatusCode::FAILE
 constexpr grpc::StatusCode kClosureFailed = grpc::StatusCode::ABORTED;
 constexpr grpc::StatusCode kNoSuchFunction = grpc::StatusCode::NOT_FOUND;
 constexpr grpc::StatusCode kWrongToken = grpc::StatusCode::PERMISSION_DENIED;
+// A worker that loads programs lacks the version a Run names: the coordinator sends it again
+// with its bytes.
+constexpr grpc::StatusCode kNeedsProgram = grpc::StatusCode::OUT_OF_RANGE;
 
 bool is_application_error(grpc::StatusCode code) {
   return code == kInvalidArgument || code == kParameterServerUnavailable || code == kClosureFailed ||
@@ -385,8 +388,21 @@ class PsRuntime final : public dtrain::detail::VariableTracker {
   Coordinator& coordinator();
   // The chief: ends the job now (ParameterServerStrategy::end_job).
   void end_job();
-  // Workers and parameter servers: answers the coordinator until it ends the job.
+  // Workers and parameter servers: answers the coordinator until it ends the job. Called
+  // again while serving (a shipped program's fit on the serving thread), serves on there.
   void serve();
+  // Until the job ends: the coordinator's silence, and programs to load (serving thread).
+  void wait_serving();
+
+  // --- a worker that loads the chief's programs (ClusterCoordinator::serve(ProgramLoader))
+  ClusterCoordinator::ProgramLoader loader_;
+  // A Run handler: has the serving thread load `version` (unless it holds it); throws the
+  // load's error.
+  void load_program(std::uint64_t version, const std::string& bytes);
+  std::uint64_t program_loaded() {
+    std::lock_guard lock(program_mutex_);
+    return program_loaded_;
+  }
 
   // A parameter server's trace of the pushes it received (RemoteTraining::trace_server).
   struct PushEvent {
@@ -415,6 +431,14 @@ class PsRuntime final : public dtrain::detail::VariableTracker {
   std::unique_ptr<Coordinator> coordinator_;
   bool ended_ = false;     // the chief ended the job (end_job): no coordinator any more
   bool job_over_ = false;  // serve() returned because the coordinator ended the job
+  std::function<bool(Clock::duration)> wait_stopped_;  // set while serving
+  std::mutex program_mutex_;
+  std::condition_variable program_changed_;
+  std::uint64_t program_wanted_ = 0, program_loading_ = 0, program_loaded_ = 0, program_failed_ = 0;
+  std::string program_bytes_;
+  std::exception_ptr program_error_;
+  // The serving thread: loads the version a Run waits for, if one does.
+  void load_wanted_program();
 };
 
 PsRuntime::PsRuntime(cluster::TfConfig config, ParameterServerOptions options)
@@ -1022,6 +1046,22 @@ class WorkerService final : public wire::Worker::Service {
   grpc::Status Run(grpc::ServerContext*, const wire::RunRequest* request, wire::RunReply* reply) override {
     if (auto s = runtime_.check(request->caller()); !s.ok()) return s;
     std::lock_guard run_lock(run_mutex_);  // one closure at a time
+    if (runtime_.loader_ && request->program() != 0 && request->program() != runtime_.program_loaded()) {
+      if (request->program_bytes().empty())
+        return {kNeedsProgram, runtime_.task_name_ + " does not hold the chief's program " +
+                                   std::to_string(request->program())};
+      try {
+        runtime_.load_program(request->program(), request->program_bytes());
+        vars_.clear();  // the program made (more) variables
+        const std::string model = PsRuntime::model_description(runtime_.variables());
+        if (model != request->model())
+          DTRAIN_THROW(InvalidArgument, "the chief's program, loaded here, built another model than the chief's: ",
+                       first_difference(model, request->model()),
+                       "; make every variable under strategy.scope() on the chief before scheduling");
+      } catch (...) {
+        return status_of(std::current_exception());
+      }
+    }
     const auto fn = runtime_.functions_.find(request->function());
     if (fn == runtime_.functions_.end()) {
       std::string known;
@@ -1080,6 +1120,7 @@ class WorkerService final : public wire::Worker::Service {
   grpc::Status Ping(grpc::ServerContext*, const wire::PingRequest* request, wire::PingReply* reply) override {
     if (auto s = runtime_.check(request->caller()); !s.ok()) return s;
     reply->set_model(PsRuntime::model_description(runtime_.variables()));
+    reply->set_loads_programs(static_cast<bool>(runtime_.loader_));
     return grpc::Status::OK;
   }
 
@@ -1146,6 +1187,12 @@ class Coordinator {
   // `optimizer` (for a checkpoint).
   void place(optim::Optimizer& optimizer, bool restored);
   void gather(optim::Optimizer& optimizer);
+  void ship(std::string program, std::string error) {
+    std::lock_guard lock(mutex_);
+    program_bytes_ = std::make_shared<const std::string>(std::move(program));
+    program_error_ = std::move(error);
+    ++program_version_;
+  }
 
  private:
   struct WorkerState {
@@ -1153,6 +1200,7 @@ class Coordinator {
     std::uint64_t incarnation = 0;
     Clock::time_point last_answer;
     grpc::ClientContext* in_flight = nullptr;  // the Run under way, for the heartbeat to cancel
+    bool loads_programs = false;  // started with tf.distribute.Server: it runs the program shipped
   };
 
   void start(optim::Optimizer* restored = nullptr);
@@ -1190,6 +1238,10 @@ class Coordinator {
   ClusterCoordinator::Statistics stats_;
   std::vector<std::thread> dispatchers_;
   std::thread heartbeat_;
+  // The program shipped to workers that load programs (ship()); version 0: none.
+  std::uint64_t program_version_ = 0;
+  std::shared_ptr<const std::string> program_bytes_;
+  std::string program_error_;
 };
 
 void Coordinator::start(optim::Optimizer* restored) {
@@ -1332,7 +1384,8 @@ Coordinator::Reached Coordinator::connect(int w, std::uint64_t& incarnation) {
     return Reached::refused;
   }
   if (!status.ok()) return Reached::no;
-  if (reply.model() != model_) {
+  // A worker that loads programs builds the model when it loads the chief's (its Run checks it).
+  if (!reply.loads_programs() && reply.model() != model_) {
     fail(nullptr, made<InvalidArgument>(dtrain::detail::concat(
                       runtime_->describe({"worker", w}), " built another model than the chief: ",
                       first_difference(reply.model(), model_),
@@ -1347,6 +1400,7 @@ Coordinator::Reached Coordinator::connect(int w, std::uint64_t& incarnation) {
   if (slowest >= 0) progress_[static_cast<std::size_t>(w)] = std::max(progress_[static_cast<std::size_t>(w)], slowest);
   WorkerState& state = workers_[static_cast<std::size_t>(w)];
   state.connected = true;
+  state.loads_programs = reply.loads_programs();
   state.incarnation = incarnation;
   state.last_answer = Clock::now();
   changed_.notify_all();
@@ -1356,6 +1410,7 @@ Coordinator::Reached Coordinator::connect(int w, std::uint64_t& incarnation) {
 void Coordinator::dispatch(int w) {
   std::uint64_t incarnation = 0;
   bool connected = false;
+  std::uint64_t holds_program = 0;  // the program version the worker loaded, as far as known here
   const cluster::TaskId task{"worker", w};
   for (;;) {
     {
@@ -1382,6 +1437,24 @@ void Coordinator::dispatch(int w) {
     request.set_dataset(closure->function.takes_iterator ? closure->iterator.dataset : -1);
     request.set_iterator(closure->iterator.iterator);
     request.set_steps(closure->steps);
+    {
+      std::unique_lock lock(mutex_);
+      if (workers_[static_cast<std::size_t>(w)].loads_programs) {
+        if (!program_error_.empty() || program_version_ == 0) {
+          const std::string why = program_version_ == 0 ? "the chief shipped no program (run the training program "
+                                                          "with dtrain's Python package on the chief)"
+                                                        : program_error_;
+          lock.unlock();
+          fail(closure, made<InvalidArgument>(dtrain::detail::concat(
+                            runtime_->describe(task), " runs the program the chief ships (tf.distribute.Server), and ",
+                            why)));
+          continue;
+        }
+        request.set_program(program_version_);
+        request.set_model(model_);
+        if (holds_program != program_version_) request.set_program_bytes(*program_bytes_);
+      }
+    }
     wire::RunReply reply;
     grpc::ClientContext context;
     set_deadline(context, std::chrono::hours(1));  // a hung worker is found by the heartbeat sooner
@@ -1401,7 +1474,16 @@ void Coordinator::dispatch(int w) {
         return;
       }
     }
+    if (status.error_code() == kNeedsProgram) {  // it came back without it: send it again, with the bytes
+      holds_program = 0;
+      std::lock_guard lock(mutex_);
+      --running_;
+      queue_.push_front(closure);
+      changed_.notify_all();
+      continue;
+    }
     if (status.ok()) {
+      holds_program = request.program();
       std::vector<Tensor> results;
       std::string malformed;
       for (const wire::TensorValue& v : reply.results()) {
@@ -1437,6 +1519,7 @@ void Coordinator::dispatch(int w) {
     } else {
       lost(w, incarnation, closure, status.error_message());
       connected = false;
+      holds_program = 0;
     }
   }
 }
@@ -1707,6 +1790,17 @@ void PsRuntime::serve() {
     DTRAIN_THROW(InvalidArgument, "ClusterCoordinator::serve: the chief coordinates; workers and parameter ",
                  "servers serve");
   if (job_over_) return;  // a later fit() in the same program: the coordinator already ended the job
+  if (wait_stopped_) {
+    // A shipped program's fit, loaded on this serving thread: its steps are defined, so the
+    // Run that waits for the load may go on; this thread serves on until the job ends.
+    {
+      std::lock_guard lock(program_mutex_);
+      if (program_loading_ != 0) program_loaded_ = program_loading_;
+      program_changed_.notify_all();
+    }
+    wait_serving();
+    return;
+  }
   const std::string address = address_of(config_.task);
   std::unique_ptr<PsService> ps_service;
   std::unique_ptr<WorkerService> worker_service;
@@ -1727,27 +1821,85 @@ void PsRuntime::serve() {
     }
     ps_service = std::make_unique<PsService>(*this);
     builder.RegisterService(ps_service.get());
+    wait_stopped_ = [&](Clock::duration d) { return ps_service->wait_stopped(d); };
   } else {
     worker_service = std::make_unique<WorkerService>(*this);
     builder.RegisterService(worker_service.get());
+    wait_stopped_ = [&](Clock::duration d) { return worker_service->wait_stopped(d); };
   }
   const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0)
+  if (!server || port == 0) {
+    wait_stopped_ = nullptr;
     DTRAIN_THROW(IoError, task_name_, " cannot listen on ", address, " (TF_CONFIG's address for it; is the port ",
                  "in use?)");
+  }
   heard();
+  try {
+    wait_serving();
+  } catch (...) {
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    wait_stopped_ = nullptr;
+    throw;
+  }
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  wait_stopped_ = nullptr;
+  std::lock_guard lock(program_mutex_);
+  job_over_ = true;
+  program_changed_.notify_all();  // a Run still waiting for a load gives up
+}
+
+void PsRuntime::wait_serving() {
   const auto poll = std::chrono::milliseconds(100);
   for (;;) {
-    if (ps_service ? ps_service->wait_stopped(poll) : worker_service->wait_stopped(poll)) break;
-    if (silence() > coordinator_timeout_) {
-      server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    if (wait_stopped_(loader_ ? std::chrono::milliseconds(5) : poll)) return;
+    if (loader_) load_wanted_program();
+    if (silence() > coordinator_timeout_)
       DTRAIN_THROW(PeerFailure, task_name_, ": the coordinator (", describe({"chief", 0}), ") has not been heard ",
                    "from for ", std::chrono::duration<double>(coordinator_timeout_).count(),
                    " s; it died or was stopped, so this task stops too");
-    }
   }
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  job_over_ = true;
+}
+
+void PsRuntime::load_wanted_program() {
+  std::string bytes;
+  std::uint64_t version = 0;
+  {
+    std::lock_guard lock(program_mutex_);
+    if (program_wanted_ == 0 || program_wanted_ == program_loaded_ || program_wanted_ == program_failed_) return;
+    version = program_loading_ = program_wanted_;
+    bytes = std::move(program_bytes_);
+    program_bytes_.clear();
+  }
+  std::exception_ptr error;
+  try {
+    loader_(bytes);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  std::lock_guard lock(program_mutex_);
+  program_loading_ = 0;
+  if (error) {
+    program_failed_ = version;
+    program_error_ = error;
+  } else {
+    program_loaded_ = version;
+  }
+  program_changed_.notify_all();
+}
+
+void PsRuntime::load_program(std::uint64_t version, const std::string& bytes) {
+  std::unique_lock lock(program_mutex_);
+  if (program_loaded_ == version) return;
+  program_wanted_ = version;
+  program_bytes_ = bytes;
+  program_failed_ = 0;
+  program_error_ = nullptr;
+  // The serving thread loads it between its polls; a load that trains serves on inside
+  // it and marks the version loaded first.
+  program_changed_.wait(lock, [&] { return program_loaded_ == version || program_failed_ == version || job_over_; });
+  if (program_failed_ == version) std::rethrow_exception(program_error_);
+  if (program_loaded_ != version)
+    DTRAIN_THROW(Cancelled, task_name_, ": the job ended while the chief's program was loading");
 }
 
 PsRuntime& PsBackend::alive() const {
@@ -1973,6 +2125,9 @@ std::vector<Variable*> ParameterServerStrategy::variables() const { return runti
 std::vector<ShardPlacement> ParameterServerStrategy::placement() const {
   return runtime_->placement(runtime_->variables());
 }
+void ParameterServerStrategy::set_variable_partitioner(Partitioner partitioner) {
+  runtime_->options_.variable_partitioner = std::move(partitioner);
+}
 
 std::string Consistency::description() const {
   switch (kind) {
@@ -2031,6 +2186,19 @@ bool ClusterCoordinator::done() const { return coordinator().done(); }
 ClusterCoordinator::Statistics ClusterCoordinator::statistics() const { return coordinator().statistics(); }
 
 void ClusterCoordinator::serve() { runtime_->serve(); }
+
+void ClusterCoordinator::serve(ProgramLoader load) {
+  if (runtime_->config_.task.type != "worker")
+    DTRAIN_THROW(InvalidArgument, "ClusterCoordinator::serve(load): only a worker loads the chief's program (",
+                 runtime_->task_name_, " is not one)");
+  if (!load) DTRAIN_THROW(InvalidArgument, "ClusterCoordinator::serve(load): the loader is empty");
+  runtime_->loader_ = std::move(load);
+  runtime_->serve();
+}
+
+void ClusterCoordinator::ship(std::string program, std::string error) {
+  coordinator().ship(std::move(program), std::move(error));
+}
 
 RemoteFunction ClusterCoordinator::define(const std::string& name, IteratorFunction fn) {
   detail::check_name(name);

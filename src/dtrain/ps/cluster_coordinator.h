@@ -115,6 +115,9 @@ class ParameterServerStrategy {
   std::vector<Variable*> variables() const;
   // Where each shard of variables() lives.
   std::vector<ShardPlacement> placement() const;
+  // A worker that loads the chief's program (ClusterCoordinator::serve(ProgramLoader)):
+  // the chief's partitioner, set by the program before it builds the model.
+  void set_variable_partitioner(Partitioner partitioner);
   // The chief: ends the job now, as destroying the strategy and every coordinator handle
   // does: closures still queued are cancelled, and every worker and ps is told to stop
   // serving. For a program whose strategy outlives its training (a Python program's,
@@ -249,6 +252,19 @@ class ClusterCoordinator {
   // returns. Throws PeerFailure when the coordinator falls silent for
   // coordinator_timeout_seconds.
   void serve();
+
+  // A worker that runs no program of its own (tf.distribute.Server(...).join()): serves as
+  // serve() does, and loads the program the chief ships with its closures by calling
+  // `load` with its bytes on this thread, before the first closure that needs it runs. A
+  // load that trains (a shipped fit) serves on inside it. The loaded program must build
+  // the chief's model under scope(); a closure whose program fails to load fails with
+  // the load's error.
+  using ProgramLoader = std::function<void(const std::string& bytes)>;
+  void serve(ProgramLoader load);
+  // The chief: the program every worker that loads programs is sent (replacing the last;
+  // a worker loads each version once). Where the program could not be made, `error` says
+  // why, and a closure sent to such a worker fails with it.
+  void ship(std::string program, std::string error = {});
 
  private:
   detail::Coordinator& coordinator() const;
