@@ -325,7 +325,7 @@ void bind_distribute(py::module_& m) {
             (*f)(py::bytes(bytes));
           } catch (py::error_already_set& e) {
             // Made into dtrain's error here, under the GIL: the Python exception stays behind.
-            DTRAIN_THROW(InvalidArgument, "loading the chief's program: ", e.what());
+            DTRAIN_THROW(InvalidArgument, e.what());
           }
         });
       })

@@ -179,6 +179,101 @@ TEST(ParameterServerStrategy, OneWorkerGivesOneDevicesWeightsForEveryPartitioner
   }
 }
 
+// A worker that runs no program of its own (tf.distribute.Server's): it loads the program
+// the chief ships, here the hidden width as text, once per version, on its serving thread.
+struct LoadingWorker {
+  std::unique_ptr<Trainer> trainer;
+  int loads = 0;
+  void run(cluster::TfConfig config, ParameterServerOptions o) {
+    ParameterServerStrategy strategy(config, std::move(o));
+    ClusterCoordinator coordinator(strategy);
+    coordinator.serve([&](const std::string& program) {
+      ++loads;
+      if (program.rfind("fail", 0) == 0) DTRAIN_THROW(InvalidArgument, "the program says: ", program);
+      if (trainer) return;  // a later version adds nothing here
+      const std::int64_t hidden = std::stoll(program);
+      {
+        auto scope = strategy.scope();
+        trainer = std::make_unique<Trainer>(kFeatures, hidden);
+      }
+      coordinator.create_per_worker_dataset([] { return dataset(5, 40); });
+      coordinator.define("train_step", [this](data::Iterator& it) { return std::vector<Tensor>{trainer->step(it)}; });
+    });
+  }
+};
+
+struct ShippedRun {
+  std::unique_ptr<Trainer> trainer;
+  std::vector<float> losses;
+  std::string error;
+  int loads = 0;
+};
+ShippedRun train_shipped(const std::vector<std::string>& programs, int steps) {
+  LocalCluster cluster(1, 1);
+  ShippedRun run;
+  LoadingWorker worker;
+  Tasks tasks;
+  const ParameterServerOptions o = options();
+  tasks.add([&] { ps_program(cluster.config("ps", 0), o); });
+  tasks.add([&] { worker.run(cluster.config("worker", 0), o); });
+  {
+    ParameterServerStrategy strategy(cluster.config("chief", 0), o);
+    ClusterCoordinator coordinator(strategy);
+    {
+      auto scope = strategy.scope();
+      run.trainer = std::make_unique<Trainer>(kFeatures, kHidden);
+    }
+    auto it = coordinator.create_per_worker_dataset([] { return dataset(5, 40); }).iterator();
+    auto train_step = coordinator.define("train_step", [](data::Iterator&) { return std::vector<Tensor>{}; });
+    std::vector<distribute::RemoteValue> values;
+    try {
+      for (const std::string& program : programs) {
+        coordinator.ship(program);
+        for (int s = 0; s < steps; ++s) values.push_back(coordinator.schedule(train_step, it));
+        coordinator.join();
+      }
+      for (const auto& v : values) run.losses.push_back(v.fetch().at(0).item());
+    } catch (const Error& e) {
+      run.error = e.what();
+    }
+  }
+  tasks.join();
+  EXPECT_EQ(tasks.errors(), std::vector<std::string>{});
+  run.loads = worker.loads;
+  return run;
+}
+
+TEST(ParameterServerStrategy, AWorkerThatLoadsTheChiefsProgramTrainsAsOneDevice) {
+  constexpr int kSteps = scaled(10, 3);
+  Trainer reference(kFeatures, kHidden);
+  std::vector<float> reference_losses;
+  {
+    data::Iterator it = dataset(5, 40).make_iterator();
+    for (int s = 0; s < 2 * kSteps; ++s) reference_losses.push_back(reference.step(it).item());
+  }
+  // Two versions: the worker loads each once, however many closures it runs.
+  ShippedRun run = train_shipped({std::to_string(kHidden), std::to_string(kHidden) + " again"}, kSteps);
+  ASSERT_EQ(run.error, "");
+  EXPECT_EQ(run.loads, 2);
+  EXPECT_LE(testing::relative_difference(*run.trainer->model, *reference.model), 1e-5);
+  ASSERT_EQ(run.losses.size(), reference_losses.size());
+  for (std::size_t s = 0; s < reference_losses.size(); ++s)
+    EXPECT_NEAR(run.losses[s], reference_losses[s], 1e-5) << "step " << s;
+}
+
+TEST(ParameterServerStrategy, AProgramThatFailsToLoadOrBuildsAnotherModelIsNamed) {
+  {
+    const ShippedRun run = train_shipped({"fail: no such model"}, 2);
+    for (const char* part : {"worker:0", "loading the chief's program", "the program says: fail: no such model"})
+      EXPECT_NE(run.error.find(part), std::string::npos) << part << " in: " << run.error;
+  }
+  {
+    const ShippedRun run = train_shipped({std::to_string(kHidden + 1)}, 2);
+    for (const char* part : {"worker:0", "built another model than the chief's", "dense"})
+      EXPECT_NE(run.error.find(part), std::string::npos) << part << " in: " << run.error;
+  }
+}
+
 TEST(ParameterServerStrategy, TwoWorkersTrainAsynchronouslyAndEveryClosureCountsOnce) {
   constexpr int kSteps = scaled(100, 24);
   ClusterRun run = train_on_cluster(2, 2, distribute::FixedShardsPartitioner(2), kSteps);

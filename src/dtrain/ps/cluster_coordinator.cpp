@@ -1873,8 +1873,10 @@ void PsRuntime::load_wanted_program() {
   std::exception_ptr error;
   try {
     loader_(bytes);
+  } catch (const std::exception& e) {
+    error = made<InvalidArgument>(task_name_ + " loading the chief's program: " + e.what());
   } catch (...) {
-    error = std::current_exception();
+    error = made<InvalidArgument>(task_name_ + " loading the chief's program: an unknown error");
   }
   std::lock_guard lock(program_mutex_);
   program_loading_ = 0;
