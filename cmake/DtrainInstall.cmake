@@ -9,7 +9,7 @@ install(TARGETS dtrain ${layer_targets} EXPORT dtrainTargets
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(TARGETS dtrain_command RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/src/dtrain DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-        FILES_MATCHING PATTERN "*.h" PATTERN "cli" EXCLUDE)
+        FILES_MATCHING PATTERN "*.h" PATTERN "cli" EXCLUDE PATTERN "internal" EXCLUDE)
 install(EXPORT dtrainTargets NAMESPACE dtrain:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/dtrain)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/dtrainConfig.cmake.in
   ${PROJECT_BINARY_DIR}/dtrainConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/dtrain)
