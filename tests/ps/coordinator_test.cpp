@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <latch>
 #include <thread>
 
 #include "common/compare.h"
@@ -404,8 +405,14 @@ TEST(ParameterServerStrategy, AWorkerWithAnotherModelIsNamedWithTheFirstDifferen
 TEST(ParameterServerStrategy, AFunctionAWorkerLacksIsAnErrorNamingBothAndCancelsTheQueue) {
   LocalCluster cluster(1, 1);
   Tasks tasks;
+  // The worker starts once every closure is queued, so the five behind the first are
+  // still queued when it fails.
+  std::latch queued(1);
   tasks.add([&] { ps_program(cluster.config("ps", 0), options()); });
-  tasks.add([&] { worker_program(cluster.config("worker", 0), options(), 5); });
+  tasks.add([&] {
+    queued.wait();
+    worker_program(cluster.config("worker", 0), options(), 5);
+  });
   ParameterServerStrategy strategy(cluster.config("chief", 0), options());
   ClusterCoordinator coordinator(strategy);
   std::unique_ptr<Trainer> trainer;
@@ -418,6 +425,7 @@ TEST(ParameterServerStrategy, AFunctionAWorkerLacksIsAnErrorNamingBothAndCancels
   auto first = coordinator.schedule(missing);
   std::vector<distribute::RemoteValue> behind;
   for (int i = 0; i < 5; ++i) behind.push_back(coordinator.schedule(missing));
+  queued.count_down();
   EXPECT_THROW(coordinator.join(), InvalidArgument);
   try {
     first.fetch();
@@ -428,7 +436,7 @@ TEST(ParameterServerStrategy, AFunctionAWorkerLacksIsAnErrorNamingBothAndCancels
     EXPECT_NE(what.find("no function 'evaluate'"), std::string::npos) << what;
     EXPECT_NE(what.find("'train_step'"), std::string::npos) << what;
   }
-  // The ones queued behind it were cancelled (some may have run before the error came back).
+  // The ones queued behind it were cancelled.
   int cancelled = 0;
   for (const auto& v : behind) {
     try {
@@ -438,7 +446,7 @@ TEST(ParameterServerStrategy, AFunctionAWorkerLacksIsAnErrorNamingBothAndCancels
     } catch (const InvalidArgument&) {
     }
   }
-  EXPECT_GE(cancelled, 1);
+  EXPECT_EQ(cancelled, 5);
   // The error was raised once: the coordinator goes on.
   EXPECT_NO_THROW(coordinator.join());
 }
