@@ -33,17 +33,19 @@ if strategy.cluster_resolver.task_type == "chief":
     print("largest row norm", float(np.sqrt((model.layers[0].kernel.numpy() ** 2).sum(axis=1)).max()))
 '''
 
-LOOP = DATA + r'''
-strategy = tf.distribute.ParameterServerStrategy()
+# TensorFlow's custom loop: a per-worker dataset and a step_fn the chief schedules.
+LOOP_BODY = r'''
 coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
 with strategy.scope():
     model = tf.keras.Sequential([tf.keras.layers.Dense(32, activation="relu", input_shape=(20,)),
                                  tf.keras.layers.Dense(4)])
     optimizer = tf.keras.optimizers.Adam(0.01)
 loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+GLOBAL_BATCH = 32
 
 def dataset_fn(input_context):
-    return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2048).batch(32).repeat()
+    batch = input_context.get_per_replica_batch_size(GLOBAL_BATCH)
+    return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2048).batch(batch).repeat()
 
 @tf.function
 def per_worker_dataset_fn():
@@ -72,6 +74,8 @@ accuracy = tf.keras.metrics.SparseCategoricalAccuracy()
 accuracy.update_state(y, model(x))
 print("chief accuracy", accuracy.result())
 '''
+
+LOOP = DATA + "strategy = tf.distribute.ParameterServerStrategy()\n" + LOOP_BODY
 
 
 def _launch(tmp_path, program, ps=1, env=None):
@@ -163,45 +167,7 @@ print("chief accuracy", history.history["accuracy"][-1])
 print("shards", sorted(n for n, shard, shards, ps in strategy._cpp.placement() if shards == 2 and shard == 0))
 '''
 
-SERVERS_LOOP = SERVERS + r'''
-strategy = tf.distribute.ParameterServerStrategy(cluster_resolver)
-coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-with strategy.scope():
-    model = tf.keras.Sequential([tf.keras.layers.Dense(32, activation="relu", input_shape=(20,)),
-                                 tf.keras.layers.Dense(4)])
-    optimizer = tf.keras.optimizers.Adam(0.01)
-loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-GLOBAL_BATCH = 32
-
-def dataset_fn(input_context):
-    batch = input_context.get_per_replica_batch_size(GLOBAL_BATCH)
-    return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(2048).batch(batch).repeat()
-
-@tf.function
-def per_worker_dataset_fn():
-    return strategy.distribute_datasets_from_function(dataset_fn)
-
-per_worker_iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset_fn))
-
-@tf.function
-def step_fn(iterator):
-    def replica_fn(batch_data, labels):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(batch_data, training=True))
-        gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
-        return loss
-    batch_data, labels = next(iterator)
-    losses = strategy.run(replica_fn, args=(batch_data, labels))
-    return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
-
-for epoch in range(4):
-    values = [coordinator.schedule(step_fn, args=(per_worker_iterator,)) for _ in range(64)]
-    coordinator.join()
-accuracy = tf.keras.metrics.SparseCategoricalAccuracy()
-accuracy.update_state(y, model(x))
-print("chief accuracy", accuracy.result())
-'''
+SERVERS_LOOP = SERVERS + "strategy = tf.distribute.ParameterServerStrategy(cluster_resolver)\n" + LOOP_BODY
 
 
 def test_servers_that_join_run_the_fit_the_chief_ships(tmp_path):

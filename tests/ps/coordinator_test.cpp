@@ -141,14 +141,21 @@ ClusterRun train_on_cluster(int workers, int num_ps, distribute::Partitioner par
   return run;
 }
 
+// One device's `steps` steps on the data every worker reads: its model and its losses.
+struct OneDeviceSteps {
+  Trainer trainer{kFeatures, kHidden};
+  std::vector<float> losses;
+  explicit OneDeviceSteps(int steps) {
+    data::Iterator it = dataset(5, 40).make_iterator();
+    for (int s = 0; s < steps; ++s) losses.push_back(trainer.step(it).item());
+  }
+};
+
 TEST(ParameterServerStrategy, OneWorkerGivesOneDevicesWeightsForEveryPartitioner) {
   constexpr int kSteps = scaled(20, 5);
-  Trainer reference(kFeatures, kHidden);
-  std::vector<float> reference_losses;
-  {
-    data::Iterator it = dataset(5, 40).make_iterator();
-    for (int s = 0; s < kSteps; ++s) reference_losses.push_back(reference.step(it).item());
-  }
+  const OneDeviceSteps one(kSteps);
+  const Trainer& reference = one.trainer;
+  const std::vector<float>& reference_losses = one.losses;
   struct Case {
     int num_ps;
     distribute::Partitioner partitioner;
@@ -246,20 +253,14 @@ ShippedRun train_shipped(const std::vector<std::string>& programs, int steps) {
 
 TEST(ParameterServerStrategy, AWorkerThatLoadsTheChiefsProgramTrainsAsOneDevice) {
   constexpr int kSteps = scaled(10, 3);
-  Trainer reference(kFeatures, kHidden);
-  std::vector<float> reference_losses;
-  {
-    data::Iterator it = dataset(5, 40).make_iterator();
-    for (int s = 0; s < 2 * kSteps; ++s) reference_losses.push_back(reference.step(it).item());
-  }
+  const OneDeviceSteps one(2 * kSteps);
   // Two versions: the worker loads each once, however many closures it runs.
   ShippedRun run = train_shipped({std::to_string(kHidden), std::to_string(kHidden) + " again"}, kSteps);
   ASSERT_EQ(run.error, "");
   EXPECT_EQ(run.loads, 2);
-  EXPECT_LE(testing::relative_difference(*run.trainer->model, *reference.model), 1e-5);
-  ASSERT_EQ(run.losses.size(), reference_losses.size());
-  for (std::size_t s = 0; s < reference_losses.size(); ++s)
-    EXPECT_NEAR(run.losses[s], reference_losses[s], 1e-5) << "step " << s;
+  EXPECT_LE(testing::relative_difference(*run.trainer->model, *one.trainer.model), 1e-5);
+  ASSERT_EQ(run.losses.size(), one.losses.size());
+  for (std::size_t s = 0; s < one.losses.size(); ++s) EXPECT_NEAR(run.losses[s], one.losses[s], 1e-5) << "step " << s;
 }
 
 TEST(ParameterServerStrategy, AProgramThatFailsToLoadOrBuildsAnotherModelIsNamed) {

@@ -108,10 +108,12 @@ bool adam_loop(float* w, const float* g, float* m, float* v, std::int64_t begin,
   return bad == 0;
 }
 
-// RmspropUpdate's formula; the slots a given optimizer lacks are compiled out.
+// RmspropUpdate's formula; the slots a given optimizer lacks are compiled out. Inlined into
+// a multiversioned function for each case below (clang clones no template).
 template <bool kMomentum, bool kCentered>
-DTRAIN_MULTIVERSION bool rmsprop_loop(float* w, const float* g, float* v, float* mom, float* avg, std::int64_t begin,
-                                      std::int64_t end, const RmspropUpdate& p, float decay) {
+[[gnu::always_inline]] inline bool rmsprop_body(float* w, const float* g, float* v, float* mom, float* avg,
+                                                std::int64_t begin, std::int64_t end, const RmspropUpdate& p,
+                                                float decay) {
   const float rho = p.rho, square_weight = p.square_weight, momentum = p.momentum, lr = p.learning_rate;
   const float eps = p.epsilon, gscale = p.gradient_scale;
   std::uint32_t bad = 0;
@@ -140,6 +142,17 @@ DTRAIN_MULTIVERSION bool rmsprop_loop(float* w, const float* g, float* v, float*
   }
   return bad == 0;
 }
+
+#define DTRAIN_RMSPROP_CASE(name, momentum, centered)                                                              \
+  DTRAIN_MULTIVERSION bool name(float* w, const float* g, float* v, float* mom, float* avg, std::int64_t begin,     \
+                                std::int64_t end, const RmspropUpdate& p, float decay) {                          \
+    return rmsprop_body<momentum, centered>(w, g, v, mom, avg, begin, end, p, decay);                             \
+  }
+DTRAIN_RMSPROP_CASE(rmsprop_plain, false, false)
+DTRAIN_RMSPROP_CASE(rmsprop_centered, false, true)
+DTRAIN_RMSPROP_CASE(rmsprop_momentum, true, false)
+DTRAIN_RMSPROP_CASE(rmsprop_momentum_centered, true, true)
+#undef DTRAIN_RMSPROP_CASE
 
 DTRAIN_MULTIVERSION
 bool sgd_loop(float* w, const float* g, float* vel, std::int64_t begin, std::int64_t end, float lr,
@@ -514,11 +527,17 @@ bool CpuBackend::rmsprop_update(Tensor& w, const Tensor& g, Tensor& v, Tensor* m
   float* pm = momentum ? momentum->data<float>() : nullptr;
   float* pa = average ? average->data<float>() : nullptr;
   const float decay = p.learning_rate * p.weight_decay;
-  auto loop = pm ? (pa ? &rmsprop_loop<true, true> : &rmsprop_loop<true, false>)
-                 : (pa ? &rmsprop_loop<false, true> : &rmsprop_loop<false, false>);
+  auto loop = [&](std::int64_t begin, std::int64_t end) {
+    if (pm) {
+      return pa ? rmsprop_momentum_centered(pw, pg, pv, pm, pa, begin, end, p, decay)
+                : rmsprop_momentum(pw, pg, pv, pm, pa, begin, end, p, decay);
+    }
+    return pa ? rmsprop_centered(pw, pg, pv, pm, pa, begin, end, p, decay)
+              : rmsprop_plain(pw, pg, pv, pm, pa, begin, end, p, decay);
+  };
   std::atomic<bool> finite{true};
   parallel_for(w.numel(), kGrain, [&](std::int64_t begin, std::int64_t end) {
-    if (!loop(pw, pg, pv, pm, pa, begin, end, p, decay)) finite.store(false, std::memory_order_relaxed);
+    if (!loop(begin, end)) finite.store(false, std::memory_order_relaxed);
   });
   return finite.load(std::memory_order_relaxed);
 }

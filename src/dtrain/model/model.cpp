@@ -298,9 +298,9 @@ void Model::reset_metrics() {
 }
 
 Device Model::device() const {
-  if (device_) return *device_;
+  // Looked up on each call, not cached: replicas call the model from their own threads.
   for (const auto& l : layers_)
-    for (Variable* v : l->variables()) return *(device_ = v->value_device());  // weights stay where made
+    for (Variable* v : l->variables()) return v->value_device();  // weights stay where made
   return placement();
 }
 

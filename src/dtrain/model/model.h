@@ -253,7 +253,6 @@ class Model {
   std::shared_ptr<losses::Loss> loss_;
   std::vector<std::unique_ptr<metrics::Metric>> metrics_;
   std::shared_ptr<StrategyBackend> strategy_ = current_strategy();
-  mutable std::optional<Device> device_;  // the weights' device, once they exist
   std::optional<NonFinite> non_finite_;
   // fit()'s position, kept up to date for fit_position() without allocating per step.
   int fit_epoch_ = 0;

@@ -291,19 +291,10 @@ class PsService final : public wire::ParameterServer::Service {
   bool stopped_ = false;
 };
 
-// The service as the runtime serves it.
-class PsServiceRole final : public RoleService {
- public:
-  explicit PsServiceRole(PsRuntime& runtime) : service_(runtime) {}
-  grpc::Service* service() override { return &service_; }
-  bool wait_stopped(Clock::duration d) override { return service_.wait_stopped(d); }
-
- private:
-  PsService service_;
-};
-
 }  // namespace
 
-std::unique_ptr<RoleService> make_ps_service(PsRuntime& runtime) { return std::make_unique<PsServiceRole>(runtime); }
+std::unique_ptr<RoleService> make_ps_service(PsRuntime& runtime) {
+  return std::make_unique<ServiceRole<PsService>>(runtime);
+}
 
 }  // namespace dtrain::distribute::detail

@@ -247,19 +247,10 @@ class WorkerService final : public wire::Worker::Service {
   bool stopped_ = false;
 };
 
-// The service as the runtime serves it.
-class WorkerServiceRole final : public RoleService {
- public:
-  explicit WorkerServiceRole(PsRuntime& runtime) : service_(runtime) {}
-  grpc::Service* service() override { return &service_; }
-  bool wait_stopped(Clock::duration d) override { return service_.wait_stopped(d); }
-
- private:
-  WorkerService service_;
-};
-
 }  // namespace
 
-std::unique_ptr<RoleService> make_worker_service(PsRuntime& runtime) { return std::make_unique<WorkerServiceRole>(runtime); }
+std::unique_ptr<RoleService> make_worker_service(PsRuntime& runtime) {
+  return std::make_unique<ServiceRole<WorkerService>>(runtime);
+}
 
 }  // namespace dtrain::distribute::detail

@@ -470,5 +470,17 @@ class RoleService {
 std::unique_ptr<RoleService> make_ps_service(PsRuntime& runtime);     // ps_service.cpp
 std::unique_ptr<RoleService> make_worker_service(PsRuntime& runtime);  // worker_service.cpp
 
+// A service S (made from the runtime, with S::wait_stopped) as a RoleService.
+template <typename S>
+class ServiceRole final : public RoleService {
+ public:
+  explicit ServiceRole(PsRuntime& runtime) : service_(runtime) {}
+  grpc::Service* service() override { return &service_; }
+  bool wait_stopped(Clock::duration d) override { return service_.wait_stopped(d); }
+
+ private:
+  S service_;
+};
+
 }  // namespace detail
 }  // namespace dtrain::distribute
