@@ -35,6 +35,7 @@ fuzz:
 	$(MAKE) test PRESET=fuzz
 
 bench: build
+	cmake --build --preset $(PRESET) --target benchmarks -j $(JOBS)
 	./build/$(PRESET)/bench/bench_matmul
 	./build/$(PRESET)/bench/bench_mlp_step
 

@@ -13,6 +13,7 @@ shift || true
 here=$(cd "$(dirname "$0")/.." && pwd)
 dtrain="$here/build/release/dtrain"
 bench="$here/build/release/bench/bench_multi_worker"
+(cd "$here" && cmake --build --preset release --target bench_multi_worker >/dev/null)  # built on demand
 [ -x "$bench" ] || { echo "multi_worker_vs_ddp.sh: build first (make build)" >&2; exit 1; }
 /usr/bin/python3 -c "import torch" 2>/dev/null ||
   { echo "multi_worker_vs_ddp.sh: /usr/bin/python3 has no torch; run scripts/install-deps.sh --peers" >&2; exit 1; }

@@ -12,6 +12,7 @@ rate=${1:-1gbit}
 shift || true
 here=$(cd "$(dirname "$0")/.." && pwd)
 bench="$here/build/release/bench/bench_multi_worker"
+(cd "$here" && cmake --build --preset release --target bench_multi_worker >/dev/null)  # built on demand
 . "$here/scripts/netns_pair.sh"
 netns_bench_ready netns_link.sh "$bench"
 a=dtrain_link_a b=dtrain_link_b

@@ -15,6 +15,7 @@ shift || true
 here=$(cd "$(dirname "$0")/.." && pwd)
 dtrain="$here/build/release/dtrain"
 bench="$here/build/release/bench/bench_parameter_server"
+(cd "$here" && cmake --build --preset release --target bench_parameter_server >/dev/null)  # built on demand
 [ -x "$bench" ] || { echo "parameter_server_vs_rpc.sh: build first (make build)" >&2; exit 1; }
 /usr/bin/python3 -c "import torch" 2>/dev/null ||
   { echo "parameter_server_vs_rpc.sh: /usr/bin/python3 has no torch; run scripts/install-deps.sh --peers" >&2; exit 1; }

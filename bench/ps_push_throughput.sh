@@ -14,6 +14,7 @@ shift || true
 here=$(cd "$(dirname "$0")/.." && pwd)
 dtrain="$here/build/release/dtrain"
 bench="$here/build/release/bench/bench_parameter_server"
+(cd "$here" && cmake --build --preset release --target bench_parameter_server >/dev/null)  # built on demand
 [ -x "$bench" ] || { echo "ps_push_throughput.sh: build first (make build)" >&2; exit 1; }
 source "$here/bench/median.sh"
 

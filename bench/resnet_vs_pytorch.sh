@@ -13,6 +13,7 @@ set -euo pipefail
 rounds=${1:-3}
 here=$(cd "$(dirname "$0")/.." && pwd)
 bench="$here/build/release/bench/bench_resnet"
+(cd "$here" && cmake --build --preset release --target bench_resnet >/dev/null)  # built on demand
 [ -x "$bench" ] || { echo "resnet_vs_pytorch.sh: build first (make build)" >&2; exit 1; }
 /usr/bin/python3 -c "import torch" 2>/dev/null ||
   { echo "resnet_vs_pytorch.sh: /usr/bin/python3 has no torch; run scripts/install-deps.sh --peers" >&2; exit 1; }
