@@ -350,23 +350,14 @@ def _add_weight(owner, *args, shape=None, initializer=None, dtype=None, trainabl
         kwargs.pop(key, None)
     if kwargs:
         raise TypeError(f"add_weight: unexpected argument(s) {', '.join(sorted(kwargs))}")
-    args = list(args)
-    if args and isinstance(args[0], str):  # Keras 2: add_weight(name, shape, dtype, initializer, ...)
-        name = args.pop(0)
-        if args:
-            shape = args.pop(0)
-        if args:
-            dtype = args.pop(0)
-        if args:
-            initializer = args.pop(0)
-    elif args:  # Keras 3: add_weight(shape, initializer, dtype, trainable, ...)
-        shape = args.pop(0)
-        if args:
-            initializer = args.pop(0)
-        if args:
-            dtype = args.pop(0)
-    if args:
+    # Keras 2: add_weight(name, shape, dtype, initializer, ...); Keras 3: (shape, initializer, dtype, ...).
+    order = ("name", "shape", "dtype", "initializer") if args and isinstance(args[0], str) else \
+        ("shape", "initializer", "dtype")
+    if len(args) > len(order):
         raise TypeError("add_weight: give the arguments after shape and initializer by name")
+    given = dict(zip(order, args))
+    name, shape = given.get("name", name), given.get("shape", shape)
+    dtype, initializer = given.get("dtype", dtype), given.get("initializer", initializer)
     if dtype is not None and getattr(dtype, "name", dtype) not in ("float32",):
         raise NotImplementedError(f"add_weight(dtype={dtype!r}): dtrain's weights are float32")
     shape = [] if shape is None else [int(d) for d in shape]

@@ -300,7 +300,7 @@ void Model::reset_metrics() {
 Device Model::device() const {
   // Looked up on each call, not cached: replicas call the model from their own threads.
   for (const auto& l : layers_)
-    for (Variable* v : l->variables()) return v->value_device();  // weights stay where made
+    if (const Variable* v = l->first_variable()) return v->value_device();  // weights stay where made
   return placement();
 }
 

@@ -168,6 +168,13 @@ std::vector<Variable*> Layer::variables() {
   return out;
 }
 
+Variable* Layer::first_variable() const {
+  if (!weights_.empty()) return weights_.front().get();
+  for (const auto& l : sublayers_)
+    if (Variable* v = l->first_variable()) return v;
+  return nullptr;
+}
+
 std::vector<Variable*> Layer::trainable_variables() {
   std::vector<Variable*> out;
   for (Variable* v : variables())

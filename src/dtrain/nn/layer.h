@@ -50,6 +50,8 @@ class Layer {
   void rename(const std::string& name);
   std::vector<Variable*> variables();
   std::vector<Variable*> trainable_variables();
+  // The first of variables(), or null, without gathering them (for a step's device lookup).
+  Variable* first_variable() const;
   // Freezes (false) or unfreezes the layer's weights, now and when they are created.
   void set_trainable(bool trainable);
   bool trainable() const { return trainable_; }
