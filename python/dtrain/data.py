@@ -54,31 +54,100 @@ class Options:
         self.experimental_distribute = _DistributeOptions()
 
 
+_ONE = "."  # the structure of one tensor
+
+
 def _flatten(value):
-    """A tuple or list of components, or one component."""
+    """An element's components, depth first (a dict's in the order of its sorted keys, as
+    tf.nest flattens it), and its structure: _ONE, a tuple of structures (a tuple or list)
+    or a dict of them."""
     if isinstance(value, (tuple, list)):
-        return list(value), True
+        parts, structure = [], []
+        for item in value:
+            flat, inner = _flatten(item)
+            parts += flat
+            structure.append(inner)
+        return parts, tuple(structure)
     if isinstance(value, dict):
-        raise TypeError("dtrain's datasets take tensors or tuples of tensors, not dicts")
-    return [value], False
+        parts, structure = [], {}
+        for key in sorted(value):
+            flat, inner = _flatten(value[key])
+            parts += flat
+            structure[key] = inner
+        return parts, structure
+    return [value], _ONE
+
+
+def _count(structure):
+    if structure == _ONE:
+        return 1
+    values = structure.values() if isinstance(structure, dict) else structure
+    return sum(_count(s) for s in values)
+
+
+def _unflatten(parts, structure):
+    """The element of `structure` whose components are `parts` (as _flatten gives them)."""
+    if len(parts) != _count(structure):
+        raise _dtrain.errors.InvalidArgumentError(
+            f"Dataset: an element of {len(parts)} component(s) where its structure has {_count(structure)}")
+    it = iter(parts)
+
+    def build(s):
+        if s == _ONE:
+            return next(it)
+        if isinstance(s, dict):
+            return {key: build(inner) for key, inner in s.items()}
+        return tuple(build(inner) for inner in s)
+
+    return build(structure)
+
+
+def _args(element):
+    """A function's arguments for an element, as tf.data calls map and filter functions: a
+    tuple's items, or the element alone."""
+    return element if isinstance(element, tuple) else (element,)
+
+
+class _Structure:
+    """The structure of what a map function returns: known once it has been called."""
+
+    def __init__(self):
+        self.value = None
 
 
 class Dataset:
-    """tf.data.Dataset over dtrain's pipeline. Iterating gives tensors (or tuples of them)."""
+    """tf.data.Dataset over dtrain's pipeline. Iterating gives tensors, or tuples and dicts
+    of them (nested as the source gave them); the pipeline holds their components."""
 
-    def __init__(self, cpp, is_tuple):
+    def __init__(self, cpp, structure):
         self._cpp = cpp
-        self._tuple = is_tuple  # None: by the number of components
+        # What _flatten gives (_ONE, tuples and dicts of it), or a _Structure a map function
+        # fills in; unknown (None) elements are a tuple of their components when they have
+        # several.
+        self._structure = structure
 
-    def _derive(self, cpp, is_tuple=...):
-        return Dataset(cpp, self._tuple if is_tuple is ... else is_tuple)
+    def _derive(self, cpp, structure=...):
+        return Dataset(cpp, self._structure if structure is ... else structure)
+
+    def _element_structure(self, resolve=False):
+        """The elements' structure; with resolve, a map function's is found by making the
+        first element when no element was made yet."""
+        s = self._structure
+        if isinstance(s, _Structure):
+            if s.value is None and resolve:
+                try:
+                    self._cpp.make_iterator(0).next()
+                except StopIteration:
+                    pass
+            return s.value
+        return s
 
     # --- sources
     @staticmethod
     def from_tensor_slices(tensors, name=None):
         del name
-        parts, is_tuple = _flatten(tensors)
-        return Dataset(_data._Dataset.from_tensor_slices(parts), is_tuple)
+        parts, structure = _flatten(tensors)
+        return Dataset(_data._Dataset.from_tensor_slices(parts), structure)
 
     @staticmethod
     def from_tensors(tensors, name=None):
@@ -89,14 +158,14 @@ class Dataset:
         del name
         shapes = None
         if output_signature is not None:
-            specs, is_tuple = _flatten(output_signature)
+            specs, structure = _flatten(output_signature)
             dtypes = [_dtype_name(s.dtype if isinstance(s, TensorSpec) else s) for s in specs]
             shapes = [s.shape if isinstance(s, TensorSpec) else None for s in specs]
         elif output_types is not None:
-            types, is_tuple = _flatten(output_types)
+            types, structure = _flatten(output_types)
             dtypes = [_dtype_name(t) for t in types]
             if output_shapes is not None:
-                shapes = list(output_shapes) if is_tuple else [output_shapes]
+                shapes = list(output_shapes) if isinstance(structure, tuple) else [output_shapes]
                 if len(shapes) != len(dtypes):
                     raise ValueError(f"Dataset.from_generator: output_shapes has {len(shapes)} component(s), "
                                      f"output_types {len(dtypes)}")
@@ -104,10 +173,14 @@ class Dataset:
         else:
             raise TypeError("Dataset.from_generator needs output_signature (or output_types)")
         make = generator if not args else (lambda: generator(*args))
+        if not isinstance(structure, tuple) or any(s != _ONE for s in structure):
+            # Nested elements reach the pipeline as their components.
+            nested = make
+            make = lambda: (_flatten(e)[0] for e in nested())  # noqa: E731
         if shapes is not None and any(s is not None for s in shapes):
             unchecked = make
-            make = lambda: _shapes_checked(unchecked(), shapes, is_tuple)  # noqa: E731
-        return Dataset(_data._Dataset.from_generator(make, dtypes), is_tuple)
+            make = lambda: _shapes_checked(unchecked(), shapes, structure != _ONE)  # noqa: E731
+        return Dataset(_data._Dataset.from_generator(make, dtypes), structure)
 
     @staticmethod
     def range(*args, output_type=None, name=None):
@@ -123,17 +196,26 @@ class Dataset:
             raise TypeError(f"Dataset.range takes 1 to 3 arguments (start, stop, step), got {len(args)}")
         start, stop, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
         return Dataset(_data._Dataset.range(*(_whole("Dataset.range", what, value) for what, value in
-                                              (("start", start), ("stop", stop), ("step", step)))), False)
+                                              (("start", start), ("stop", stop), ("step", step)))), _ONE)
 
     # --- transformations
     def map(self, map_func, num_parallel_calls=None, deterministic=None, name=None):
+        """map_func gets an element's parts as TensorFlow passes them (a tuple's items, or
+        the element), and may return tensors, or tuples and dicts of them."""
         del name
         parallel = 0 if num_parallel_calls is None else int(num_parallel_calls)
-        return self._derive(self._cpp.map(map_func, parallel, True if deterministic is None else bool(deterministic)), None)
+        made = _Structure()
+
+        def call(*parts):
+            parts, structure = _flatten(map_func(*_args(self._element(parts))))
+            made.value = structure
+            return parts
+
+        return self._derive(self._cpp.map(call, parallel, True if deterministic is None else bool(deterministic)), made)
 
     def filter(self, predicate, name=None):
         del name
-        return self._derive(self._cpp.filter(predicate))
+        return self._derive(self._cpp.filter(lambda *parts: predicate(*_args(self._element(parts)))))
 
     def shuffle(self, buffer_size, seed=None, reshuffle_each_iteration=True, name=None):
         del name
@@ -192,16 +274,18 @@ class Dataset:
         return n
 
     def _element(self, parts):
-        if self._tuple or (self._tuple is None and len(parts) > 1):
-            return tuple(parts)
-        return parts[0]
+        structure = self._element_structure()
+        if structure is None:
+            return tuple(parts) if len(parts) > 1 else parts[0]
+        return _unflatten(list(parts), structure)
 
     def __iter__(self):
         return DatasetIterator(self)
 
     def as_numpy_iterator(self):
         for element in self:
-            yield tuple(t.numpy() for t in element) if isinstance(element, tuple) else element.numpy()
+            parts, structure = _flatten(element)
+            yield _unflatten([t.numpy() for t in parts], structure)
 
 
 def _next_pass(dataset):

@@ -106,6 +106,19 @@ void bind_data(py::module_& m) {
           return element_of(call_with(*f, e), {}, "Dataset.map");
         }, parallel, deterministic);
       })
+      // The components at `indices`, in that order (a model's inputs, then its targets).
+      .def("_select", [](const data::Dataset& ds, std::vector<std::size_t> indices) {
+        return ds.map([indices](const data::Element& e) {
+          data::Element out;
+          out.reserve(indices.size());
+          for (std::size_t i : indices) {
+            if (i >= e.size())
+              DTRAIN_THROW(InvalidArgument, "Dataset: an element of ", e.size(), " component(s) has no component ", i);
+            out.push_back(e[i]);
+          }
+          return out;
+        });
+      })
       .def("filter", [](const data::Dataset& ds, py::function fn) {
         auto f = hold(std::move(fn));
         auto numpy_bool = hold(py::module_::import("numpy").attr("bool_"));  // looked up once, not per element

@@ -95,8 +95,19 @@ int verbose_of(py::handle verbose) {
 // Python's own buffered output first, so that fit's lines (written by C++) come after it.
 void flush_python_stdout() { py::module_::import("sys").attr("stdout").attr("flush")(); }
 
-// fit on numpy arrays or tensors (x, y) or on a Dataset (x, y None), without the GIL; what
-// a Ctrl-C during it raised is raised once it is out.
+// The model's inputs or targets from Python: a list of arrays or tensors, one for each.
+std::vector<Tensor> tensors_of(const py::handle& list, const char* what) {
+  std::vector<Tensor> out;
+  for (py::handle t : list) out.push_back(to_tensor(t, what));
+  return out;
+}
+
+TensorData data_of(const py::handle& x, const py::handle& y, const std::string& who) {
+  return TensorData(tensors_of(x, (who + " x").c_str()), tensors_of(y, (who + " y").c_str()));
+}
+
+// fit on lists of numpy arrays or tensors (x: one per input, y: one per output) or on a
+// Dataset (x, y None), without the GIL; what a Ctrl-C during it raised is raised once it is out.
 std::shared_ptr<History> run_fit(Model& model, const py::object& x, const py::object& y,
                                  const py::object& validation_data, FitOptions options) {
   auto interrupt = std::make_shared<InterruptCheck>();
@@ -107,7 +118,7 @@ std::shared_ptr<History> run_fit(Model& model, const py::object& x, const py::ob
     } else {
       py::tuple v = validation_data.cast<py::tuple>();
       if (v.size() < 2) throw py::value_error("fit: validation_data is (x_val, y_val)");
-      options.validation_data = std::make_pair(to_tensor(v[0], "validation_data x"), to_tensor(v[1], "validation_data y"));
+      options.validation_data = data_of(v[0], v[1], "validation_data");
     }
   }
   flush_python_stdout();
@@ -119,9 +130,9 @@ std::shared_ptr<History> run_fit(Model& model, const py::object& x, const py::ob
     result = model.fit(dataset, options);
   } else {
     if (y.is_none()) throw py::value_error("fit: y (the targets) is missing; give y, or a Dataset of (x, y)");
-    const Tensor tx = to_tensor(x, "fit x"), ty = to_tensor(y, "fit y");
+    const TensorData d = data_of(x, y, "fit");
     py::gil_scoped_release release;
-    result = model.fit(tx, ty, options);
+    result = model.fit(d, options);
   }
   interrupt->raise_if_interrupted();
   return std::make_shared<History>(std::move(result));
@@ -217,8 +228,27 @@ void bind_keras(py::module_& m) {
         py::gil_scoped_release release;
         return model(t, training);
       }, py::arg("inputs"), py::arg("training") = false)
+      // A model of several inputs or outputs: a list of inputs in, a list of outputs out.
+      .def("call_all", [](Model& model, py::handle xs, bool training) {
+        const std::vector<Tensor> ts = tensors_of(xs, "model input");
+        py::gil_scoped_release release;
+        return model(ts, training);
+      }, py::arg("inputs"), py::arg("training") = false)
+      .def_property_readonly("num_inputs", &Model::num_inputs)
+      .def_property_readonly("num_outputs", &Model::num_outputs)
+      .def_property_readonly("input_names", [](const Model& model) {
+        std::vector<std::string> names;
+        for (const KerasTensor& t : model.inputs()) names.push_back(t.name());
+        return names;
+      })
+      .def_property_readonly("output_names", &Model::output_names)
       .def("compile", [](Model& model, std::shared_ptr<optim::Optimizer> optimizer, std::shared_ptr<losses::Loss> loss,
                          std::vector<std::string> metrics) { model.compile(std::move(optimizer), std::move(loss), metrics); })
+      .def("compile_outputs", [](Model& model, std::shared_ptr<optim::Optimizer> optimizer,
+                                 std::vector<std::shared_ptr<losses::Loss>> losses,
+                                 std::vector<std::vector<std::string>> metrics, std::vector<double> loss_weights) {
+        model.compile(std::move(optimizer), std::move(losses), metrics, std::move(loss_weights));
+      })
       .def("compile_names", [](Model& model, const std::string& optimizer, const std::string& loss,
                                std::vector<std::string> metrics, bool from_logits) {
         model.compile(optimizer, loss, metrics, from_logits);
@@ -250,9 +280,9 @@ void bind_keras(py::module_& m) {
           py::gil_scoped_release release;
           logs = model.evaluate(dataset, options);
         } else {
-          const Tensor tx = to_tensor(x, "evaluate x"), ty = to_tensor(y, "evaluate y");
+          const TensorData d = data_of(x, y, "evaluate");
           py::gil_scoped_release release;
-          logs = model.evaluate(tx, ty, options);
+          logs = model.evaluate(d, options);
         }
         return logs_dict(logs);
       })
@@ -264,6 +294,17 @@ void bind_keras(py::module_& m) {
           out = model.predict(t, batch_size);
         }
         return to_numpy(out);
+      })
+      .def("predict_all", [](Model& model, py::handle xs, std::int64_t batch_size) {
+        const std::vector<Tensor> ts = tensors_of(xs, "predict x");
+        std::vector<Tensor> out;
+        {
+          py::gil_scoped_release release;
+          out = model.predict(ts, batch_size);
+        }
+        py::list arrays;
+        for (const Tensor& t : out) arrays.append(to_numpy(t));
+        return arrays;
       })
       .def("summary", &Model::summary)
       .def("to_json", &Model::to_json, py::arg("indent") = 2)

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/compare.h"
+#include "common/two_headed.h"
 #include "dtrain/core/replica.h"
 #include "dtrain/distribute/bucket_reducer.h"
 #include "dtrain/dtrain.h"
@@ -202,6 +203,37 @@ TEST(MirroredStrategy, RegularizedFitMatchesOneDevice) {
   const double plain = model->loss()(d.y, (*model)(d.x)).item();
   EXPECT_GT(penalties, 0.01);
   EXPECT_NEAR(with, plain + penalties, 1e-5 * with);
+}
+
+// A model of two inputs and two outputs: each replica takes its rows of every input and
+// target, and the weighted sum of the outputs' losses (and each output's own, logged) comes
+// out as one device's, for a mean loss and a summed one, over an odd split (17 rows: 6/6/5).
+TEST(MirroredStrategy, SeveralInputsAndOutputsMatchOneDevice) {
+  for (const losses::Reduction reduction : {losses::Reduction::sum_over_batch_size, losses::Reduction::sum}) {
+    auto compiled = [&](std::unique_ptr<Model> m) {
+      m->compile(std::make_shared<optim::SGD>(0.05f),
+                 {std::make_shared<losses::SparseCategoricalCrossentropy>(true, reduction),
+                  std::make_shared<losses::MeanSquaredError>(reduction)},
+                 {{"accuracy"}, {}}, {1.0, 0.5});
+      return m;
+    };
+    const TensorData d = testing::two_headed_data(51);
+    auto reference = compiled(testing::two_headed());
+    const History expected = reference->fit(d, quiet(17, 2));
+    MirroredStrategy strategy(3);
+    std::unique_ptr<Model> model;
+    {
+      auto scope = strategy.scope();
+      model = compiled(testing::two_headed());
+    }
+    const History h = model->fit(d, quiet(17, 2));
+    const char* which = reduction == losses::Reduction::sum ? "sum" : "mean";
+    EXPECT_LE(relative_difference(*model, *reference), 1e-5) << which;
+    for (const char* key : {"loss", "kind_loss", "size_loss", "kind_accuracy"})
+      EXPECT_NEAR(h.history.at(key).back(), expected.history.at(key).back(),
+                  1e-5 * std::max(1.0, std::abs(expected.history.at(key).back())))
+          << key << ", " << which;
+  }
 }
 
 TEST(MirroredStrategy, FitOnADatasetMatchesFitOnTensors) {

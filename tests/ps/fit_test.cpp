@@ -13,6 +13,7 @@
 
 #include "common/compare.h"
 #include "common/error_message.h"
+#include "common/two_headed.h"
 #include "dtrain/dtrain.h"
 #include "ps/local_cluster.h"
 
@@ -62,12 +63,12 @@ std::unique_ptr<Sequential> compiled_model_with_batch_norm() {
   return model;
 }
 
-using ModelMaker = std::function<std::unique_ptr<Sequential>()>;
+using ModelMaker = std::function<std::unique_ptr<Model>()>;
 
 ParameterServerOptions options(distribute::Consistency mode = {}) { return testing::ps_options({}, mode); }
 
 struct Fitted {
-  std::unique_ptr<Sequential> model;
+  std::unique_ptr<Model> model;
   History history;
   ClusterCoordinator::Statistics stats;
 };
@@ -75,7 +76,7 @@ struct Fitted {
 // The one program every task runs: build and compile under scope(), then fit. `fit` is
 // called with the model; on the chief the coordinator's statistics are kept too.
 Fitted run_task(const cluster::TfConfig& config, const ParameterServerOptions& o,
-                const std::function<History(Sequential&)>& fit, const ModelMaker& make = compiled_model) {
+                const std::function<History(Model&)>& fit, const ModelMaker& make = compiled_model) {
   ParameterServerStrategy strategy(config, o);
   Fitted out;
   {
@@ -89,7 +90,7 @@ Fitted run_task(const cluster::TfConfig& config, const ParameterServerOptions& o
 
 // Runs the program on a chief, `workers` workers and `num_ps` ps; returns the chief's.
 Fitted fit_on_cluster(int workers, int num_ps, const ParameterServerOptions& o,
-                      const std::function<History(Sequential&)>& fit, const ModelMaker& make = compiled_model) {
+                      const std::function<History(Model&)>& fit, const ModelMaker& make = compiled_model) {
   LocalCluster cluster(workers, num_ps);
   Tasks tasks;
   for (int p = 0; p < num_ps; ++p) tasks.add([&, p] { run_task(cluster.config("ps", p), o, fit, make); });
@@ -103,7 +104,7 @@ Fitted fit_on_cluster(int workers, int num_ps, const ParameterServerOptions& o,
 // One device's fit of the data, the reference the one-worker jobs below must give.
 struct OneDevice {
   FitOptions fit_options;
-  std::unique_ptr<Sequential> model;
+  std::unique_ptr<Model> model;
   History history;
 };
 OneDevice one_device_fit(const Data& d, const ModelMaker& make) {
@@ -118,14 +119,14 @@ TEST(ParameterServerFit, OneWorkerGivesOneDevicesFitWithOneAndSeveralStepsToAClo
   const Data d = make_data();
   const OneDevice one = one_device_fit(d, compiled_model);
   const FitOptions& fit_options = one.fit_options;
-  const Sequential* reference = one.model.get();
+  const Model* reference = one.model.get();
   const History& expected = one.history;
   const std::int64_t steps_per_epoch = kSamples / kBatch;
   for (int per_closure : {1, 3}) {
     SCOPED_TRACE(std::to_string(per_closure) + " steps to a closure");
     FitOptions o = fit_options;
     o.steps_per_execution = per_closure;
-    Fitted chief = fit_on_cluster(1, 1, options(), [&](Sequential& m) { return m.fit(d.x, d.y, o); });
+    Fitted chief = fit_on_cluster(1, 1, options(), [&](Model& m) { return m.fit(d.x, d.y, o); });
     EXPECT_LE(testing::relative_difference(*chief.model, *reference), 1e-5);
     for (const char* key : {"loss", "accuracy", "val_loss", "val_accuracy"}) {
       ASSERT_EQ(chief.history.history[key].size(), expected.history.at(key).size()) << key;
@@ -152,11 +153,29 @@ TEST(ParameterServerFit, OneWorkerGivesOneDevicesFitWithOneAndSeveralStepsToAClo
 // pushes what its forward pass changed in them with its gradients, so one worker gives one
 // device's weights and moving statistics, in every mode, whether the statistics are whole
 // on one ps or split over several.
+// A model of two inputs and two outputs: the worker's steps take every input and target,
+// and each output's loss and metrics come back to the chief's logs.
+TEST(ParameterServerFit, SeveralInputsAndOutputsGiveOneDevicesFit) {
+  const TensorData d = testing::two_headed_data(kSamples);
+  auto make = [] {
+    auto m = testing::two_headed();
+    testing::compile_two_headed(*m, 0.05f);
+    return m;
+  };
+  const FitOptions o{.epochs = 2, .batch_size = kBatch, .seed = 3, .verbose = 0};
+  auto reference = make();
+  const History expected = reference->fit(d, o);
+  Fitted chief = fit_on_cluster(1, 1, options(), [&](Model& m) { return m.fit(d, o); }, make);
+  EXPECT_LE(testing::relative_difference(*chief.model, *reference), 1e-5);
+  for (const char* key : {"loss", "kind_loss", "size_loss", "kind_accuracy"})
+    EXPECT_NEAR(chief.history.history.at(key).back(), expected.history.at(key).back(), 1e-4) << key;
+}
+
 TEST(ParameterServerFit, BatchNormsMovingStatisticsFollowOneDevice) {
   const Data d = make_data();
   const OneDevice one = one_device_fit(d, compiled_model_with_batch_norm);
   const FitOptions& fit_options = one.fit_options;
-  Sequential* reference = one.model.get();
+  Model* reference = one.model.get();
   const History& expected = one.history;
   auto* norm = dynamic_cast<nn::BatchNormalization*>(reference->layers()[1].get());
   ASSERT_NE(norm, nullptr);
@@ -173,7 +192,7 @@ TEST(ParameterServerFit, BatchNormsMovingStatisticsFollowOneDevice) {
                                                  distribute::Consistency::sync())}}) {
     SCOPED_TRACE(c.name);
     Fitted chief = fit_on_cluster(1, c.num_ps, c.options,
-                                  [&](Sequential& m) { return m.fit(d.x, d.y, fit_options); },
+                                  [&](Model& m) { return m.fit(d.x, d.y, fit_options); },
                                   compiled_model_with_batch_norm);
     EXPECT_LE(testing::relative_difference(*chief.model, *reference), 1e-5);
     // Validation ran in inference mode on the statistics the parameter servers hold.
@@ -185,7 +204,7 @@ TEST(ParameterServerFit, BatchNormsMovingStatisticsFollowOneDevice) {
 TEST(ParameterServerFit, TwoWorkersFitADatasetAndEveryStepCountsOnce) {
   const Data d = make_data();
   const int epochs = kUnderTsan ? 1 : 3;
-  auto fit = [&](Sequential& m) {
+  auto fit = [&](Model& m) {
     FitOptions o{.epochs = epochs, .steps_per_execution = 2, .verbose = 0};
     o.validation_dataset = data::Dataset::from_tensor_slices({d.x_val, d.y_val}).batch(32);
     return m.fit(data::Dataset::from_tensor_slices({d.x, d.y}).shuffle(kSamples, 4).batch(kBatch), o);
@@ -240,7 +259,7 @@ TEST(ParameterServerFit, ABackupRestoredIntoANewJobGoesOnAsTheJobLeftAlone) {
   const std::string dir = ::testing::TempDir() + "ps_backup_" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
   auto fit_with_backup = [&](int until_epoch) {
-    return [&, until_epoch](Sequential& m) {
+    return [&, until_epoch](Model& m) {
       FitOptions o = fit_options;
       o.epochs = until_epoch;
       train::BackupAndRestoreOptions backup;
@@ -256,7 +275,7 @@ TEST(ParameterServerFit, ABackupRestoredIntoANewJobGoesOnAsTheJobLeftAlone) {
     // Closures of 3 steps: the backup counts every step, and saves every 4 of them.
     std::shared_ptr<train::BackupAndRestore> counted;
     const std::string counted_dir = dir + "_counted";
-    fit_on_cluster(1, 1, options(), [&](Sequential& m) {
+    fit_on_cluster(1, 1, options(), [&](Model& m) {
       FitOptions o = fit_options;
       o.steps_per_execution = 3;
       train::BackupAndRestoreOptions backup;
@@ -307,7 +326,7 @@ TEST(ParameterServerFit, AWorkerTracesItsStepsWithThePullAndThePush) {
   const Data d = make_data();
   const std::string path = ::testing::TempDir() + "ps_trace_" + std::to_string(::getpid()) + ".json";
   std::filesystem::remove(path);
-  fit_on_cluster(1, 1, options(), [&](Sequential& m) {
+  fit_on_cluster(1, 1, options(), [&](Model& m) {
     FitOptions o{.epochs = 1, .batch_size = kBatch, .verbose = 0};
     o.callbacks = {std::make_shared<ProfilerCallback>(path)};
     return m.fit(d.x, d.y, o);
@@ -360,7 +379,7 @@ TEST(ParameterServerFit, AWorkerTracesItsStepsWithThePullAndThePush) {
 TEST(ParameterServerFit, StopTrainingEndsFitWithinAFewClosures) {
   const Data d = make_data();
   constexpr std::int64_t kStopAfter = 3;
-  auto fit = [&](Sequential& m) {
+  auto fit = [&](Model& m) {
     auto stop = std::make_shared<LambdaCallback>();
     stop->batch_end = [&m](std::int64_t batch, const Logs&) {
       if (batch + 1 >= kStopAfter) m.stop_training = true;
@@ -395,7 +414,7 @@ TEST(ParameterServerFit, ConstraintsApplyOnTheParameterServersToEachShard) {
   const ModelMaker make = [] { return compiled_constrained_model(Constraint::max_norm(kMaxNorm, {1})); };
   const OneDevice one = one_device_fit(d, make);
   Fitted chief = fit_on_cluster(1, 2, testing::ps_options(distribute::FixedShardsPartitioner(2)),
-                                [&](Sequential& m) { return m.fit(d.x, d.y, one.fit_options); }, make);
+                                [&](Model& m) { return m.fit(d.x, d.y, one.fit_options); }, make);
   EXPECT_LE(testing::relative_difference(*chief.model, *one.model), 1e-5);
   const Tensor kernel = chief.model->layers()[0]->variables()[0]->value();
   const std::vector<float> k = kernel.to_vector();

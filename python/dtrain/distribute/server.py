@@ -242,8 +242,9 @@ class _Loader:
             from ..keras import utils
 
             _, model, compile_args, fit_args = entry
-            optimizer, loss, metrics, steps_per_execution = compile_args
-            model.compile(optimizer=optimizer, loss=loss, metrics=metrics, steps_per_execution=steps_per_execution)
+            optimizer, loss, metrics, steps_per_execution, loss_weights = compile_args
+            model.compile(optimizer=optimizer, loss=loss, metrics=metrics, steps_per_execution=steps_per_execution,
+                          loss_weights=loss_weights)
             utils.set_random_seed(fit_args.pop("seed"))
             model.fit(verbose=0, **fit_args)
         else:

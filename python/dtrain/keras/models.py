@@ -231,11 +231,13 @@ class Model:
     # --- training
     def compile(self, optimizer="rmsprop", loss=None, metrics=None, loss_weights=None, weighted_metrics=None,
                 run_eagerly=None, steps_per_execution=None, jit_compile=None, **kwargs):
-        """optimizer and loss as Keras names or objects; metrics as names or Metric objects."""
+        """optimizer and loss as Keras names or objects; metrics as names or Metric objects.
+        A model of several outputs takes a loss for each (a list in the outputs' order, or a
+        dict keyed by output name; one loss is every output's), loss_weights likewise, and
+        metrics as a list for every output, a list of lists, or a dict by output name."""
         del run_eagerly, jit_compile
-        for name, value in (("loss_weights", loss_weights), ("weighted_metrics", weighted_metrics)):
-            if value is not None:
-                raise NotImplementedError(f"compile({name}=...) is not supported by dtrain")
+        if weighted_metrics is not None:
+            raise NotImplementedError("compile(weighted_metrics=...) is not supported by dtrain")
         if kwargs:
             raise TypeError("compile: unexpected argument(s) " + ", ".join(sorted(kwargs)))
         if optimizer is None:
@@ -243,17 +245,29 @@ class Model:
         if loss is None:
             raise ValueError("compile: a loss is needed (a name such as 'sparse_categorical_crossentropy', or a Loss)")
         self._optimizer = optimizers_module.get(optimizer)
-        self._loss = losses_module.get(loss)
-        if isinstance(metrics, (str, dict)) or (metrics is not None and not isinstance(metrics, (list, tuple))):
-            raise TypeError(f"compile: metrics must be a list of names or Metric objects, got {metrics!r} "
-                            f"(as in metrics=['accuracy'])")
-        names = [metrics_module._name_of(m) for m in (metrics or [])]
         self._steps_per_execution = (1 if steps_per_execution is None
                                      else _whole("compile", "steps_per_execution", steps_per_execution, int32=True))
         if self._steps_per_execution < 1:
             raise ValueError(f"compile: steps_per_execution must be >= 1, got {self._steps_per_execution}")
-        self._compile_args = (self._optimizer, self._loss, names, self._steps_per_execution)
-        self._model().compile(self._optimizer, self._loss, names)
+        model = self._model()
+        outputs = list(model.output_names)
+        several = model.num_outputs > 1 or isinstance(loss, (list, tuple, dict)) or loss_weights is not None
+        if not several:
+            if isinstance(metrics, (str, dict)) or (metrics is not None and not isinstance(metrics, (list, tuple))):
+                raise TypeError(f"compile: metrics must be a list of names or Metric objects, got {metrics!r} "
+                                f"(as in metrics=['accuracy'])")
+            self._loss = losses_module.get(loss)
+            names = [metrics_module._name_of(m) for m in (metrics or [])]
+            self._compile_args = (self._optimizer, self._loss, names, self._steps_per_execution, None)
+            model.compile(self._optimizer, self._loss, names)
+            return
+        losses = [losses_module.get(one) for one in _per_output("loss", loss, outputs, needed=True)]
+        weights = None if loss_weights is None else [
+            1.0 if w is None else float(w) for w in _per_output("loss_weights", loss_weights, outputs, needed=False)]
+        metric_lists = _metrics_per_output(metrics, outputs)
+        self._loss = losses[0] if len(losses) == 1 else losses
+        self._compile_args = (self._optimizer, self._loss, metric_lists, self._steps_per_execution, weights)
+        model.compile_outputs(self._optimizer, losses, metric_lists, weights or [])
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None, validation_split=0.0,
             validation_data=None, shuffle=True, class_weight=None, sample_weight=None, initial_epoch=0,
@@ -275,15 +289,16 @@ class Model:
         x = utils._created_dataset(x)
         _no_batch_size_for_datasets("fit", x, batch_size)
         model = self._model()
-        x = _model_input(_unwrap_dataset(x))
-        validation_data = _unwrap_dataset(validation_data)
         if isinstance(validation_data, list):
             validation_data = tuple(validation_data)
         if isinstance(validation_data, tuple) and len(validation_data) == 3:
             raise NotImplementedError("fit(validation_data=(x, y, sample_weight)) is not supported by dtrain: "
                                       "give (x, y)")
-        if isinstance(validation_data, tuple) and validation_data:
-            validation_data = (_model_input(validation_data[0]), *validation_data[1:])
+        if isinstance(validation_data, tuple) and len(validation_data) == 2:
+            validation_data = self._arrays("fit (validation_data)", *validation_data)
+        else:
+            validation_data = self._dataset_for(validation_data, "fit (validation_data)")
+        x, y = self._data("fit", x, y)
         given = list(callbacks or [])
         for c in given:
             if isinstance(c, callbacks_module.Callback):
@@ -315,10 +330,10 @@ class Model:
             if not isinstance(x, Dataset):
                 raise ValueError("evaluate: steps counts a Dataset's batches; on arrays give batch_size")
             x = x.take(_whole("evaluate", "steps", steps))
-        data = x = _model_input(_unwrap_dataset(x))
-        model = self._model() if isinstance(data, _dtrain.data._Dataset) else self._built_model(x)
+        x, y = self._data("evaluate", x, y)
+        model = self._model() if isinstance(x, _dtrain.data._Dataset) else self._built_model(x[0])
         batch = 32 if batch_size is None else _whole("evaluate", "batch_size", batch_size)
-        logs = model.evaluate(data, y, batch, 1 if verbose == "auto" else int(verbose))
+        logs = model.evaluate(x, y, batch, 1 if verbose == "auto" else int(verbose))
         if return_dict:
             return logs
         values = list(logs.values())
@@ -337,17 +352,143 @@ class Model:
                 if steps is not None and i >= steps:
                     break
                 inputs = element[0] if isinstance(element, tuple) else element
-                parts.append(self._built_model(inputs).predict(inputs, len(inputs)))
+                parts.append(self._predict(inputs, None))
             if not parts:
                 raise ValueError("predict: the dataset gave no batch")
+            if isinstance(parts[0], list):
+                return [np.concatenate([p[o] for p in parts]) for o in range(len(parts[0]))]
             return np.concatenate(parts)
-        x = _model_input(x)
-        return self._built_model(x).predict(x, 32 if batch_size is None else _whole("predict", "batch_size", batch_size))
+        return self._predict(x, 32 if batch_size is None else _whole("predict", "batch_size", batch_size))
+
+    def _predict(self, x, batch_size):
+        """One array, or a list of one per output for a model of several."""
+        inputs = self._input_list(x, "predict")
+        model = self._built_model(inputs[0])
+        if batch_size is None:
+            batch_size = max(1, len(inputs[0]))
+        if model.num_inputs == 1 and model.num_outputs == 1:
+            return model.predict(inputs[0], batch_size)
+        return model.predict_all(inputs, batch_size)
 
     def __call__(self, inputs, training=False, mask=None):
         del mask
-        inputs = _model_input(inputs)
-        return self._built_model(inputs)(inputs, bool(training))
+        model = self._model()
+        if model.num_inputs == 1 and model.num_outputs == 1 and not isinstance(inputs, dict):
+            inputs = _model_input(inputs[0] if _one_array_list(inputs) else inputs)
+            return self._built_model(inputs)(inputs, bool(training))
+        outputs = model.call_all(self._input_list(inputs, "model call"), bool(training))
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    # --- several inputs and outputs
+    def _input_list(self, x, who):
+        """x as one array or tensor per model input, in the model's order, as Keras takes it:
+        one array, a list in the inputs' order, or a dict by Input name (keys that name no
+        input are ignored, with a warning, as Keras ignores them)."""
+        model = self._model()
+        n = model.num_inputs
+        names = list(model.input_names)
+        if isinstance(x, dict):
+            if not names:
+                raise ValueError(f"{who}: model '{self.name}' takes one input, not a dict; give it the array")
+            return [_model_input(v) for v in _by_name(x, names, who, "input", warn_extra=True)]
+        if isinstance(x, (list, tuple)) and (n > 1 or _one_array_list(x)):
+            if len(x) != n:
+                raise ValueError(f"{who}: model '{self.name}' takes {n} input(s) ({', '.join(names)}), got a list "
+                                 f"of {len(x)}")
+            return [_model_input(v) for v in x]
+        if n > 1:
+            raise ValueError(f"{who}: model '{self.name}' takes {n} inputs ({', '.join(names)}); give a list in "
+                             f"that order or a dict by name, not one array")
+        return [_model_input(x)]
+
+    def _target_list(self, y, who):
+        """y as one target per model output, in the model's order: one array, a list in the
+        outputs' order, or a dict by output name (the name of the layer making it)."""
+        model = self._model()
+        n = model.num_outputs
+        names = list(model.output_names)
+        if isinstance(y, dict):
+            return _by_name(y, names, who, "output", warn_extra=False)
+        if isinstance(y, (list, tuple)) and (n > 1 or _one_array_list(y)):
+            if len(y) != n:
+                raise ValueError(f"{who}: model '{self.name}' has {n} output(s) ({', '.join(names)}), got a list "
+                                 f"of {len(y)} targets")
+            return list(y)
+        if n > 1:
+            raise ValueError(f"{who}: model '{self.name}' has {n} outputs ({', '.join(names)}); give a target for "
+                             f"each, as a list in that order or a dict by name")
+        return [y]
+
+    def _arrays(self, who, x, y):
+        if y is None:
+            raise ValueError(f"{who}: y (the targets) is missing; give y, or a Dataset of (x, y)")
+        return self._input_list(x, who), self._target_list(y, who)
+
+    def _data(self, who, x, y):
+        """fit's and evaluate's x and y: (a C++ dataset, None) or (inputs, targets) lists."""
+        dataset = self._dataset_for(x, who)
+        if dataset is not x:
+            if y is not None:
+                raise ValueError(f"{who}: y is given inside the dataset; pass y=None with a Dataset")
+            return dataset, None
+        return self._arrays(who, x, y)
+
+    def _dataset_for(self, x, who):
+        """A Dataset (or distributed one) as the C++ pipeline fit reads: its elements'
+        components in the model's order, its inputs then its targets. Anything else as it is."""
+        from ..data import Dataset
+        from ..distribute import DistributedDataset
+
+        if isinstance(x, DistributedDataset):
+            x = x._dataset
+        if not isinstance(x, Dataset):
+            return x
+        structure = x._element_structure(resolve=True)
+        order = self._component_order(structure, who)
+        return x._cpp if order is None else x._cpp._select(order)
+
+    def _component_order(self, structure, who):
+        """Where each of the model's inputs and targets is among an element's components
+        (None: where they are already). Elements are (inputs, targets) as Keras reads them."""
+        from ..data import _ONE, _count
+
+        model = self._model()
+        if model.num_inputs == 1 and model.num_outputs == 1 and (structure is None or structure == (_ONE, _ONE)):
+            return None
+        if not isinstance(structure, tuple) or len(structure) != 2:
+            if isinstance(structure, tuple) and len(structure) == 3:
+                raise NotImplementedError(f"{who}: dataset elements of (x, y, sample_weight) are not supported by "
+                                          "dtrain: give (x, y)")
+            raise ValueError(f"{who}: dataset elements must be (inputs, targets) for model '{self.name}', which "
+                             f"takes {model.num_inputs} input(s) and has {model.num_outputs} output(s)")
+        first = 0
+        positions = []
+        for part, names, what in ((structure[0], list(model.input_names), "input"),
+                                  (structure[1], list(model.output_names), "output")):
+            count = model.num_inputs if what == "input" else model.num_outputs
+            if isinstance(part, dict):
+                keys = list(part)
+                starts, at = {}, first
+                for key in keys:
+                    starts[key] = at
+                    at += _count(part[key])
+                index = {key: i for i, key in enumerate(keys)}
+                picked = _by_name(index, names, who, what, warn_extra=what == "input")
+                for key in (keys[i] for i in picked):
+                    if part[key] != _ONE:
+                        raise ValueError(f"{who}: the dataset's {what} '{key}' is nested; give one tensor for it")
+                    positions.append(starts[key])
+                first = at
+            else:
+                leaves = [part] if part == _ONE else list(part)
+                if len(leaves) != count or any(leaf != _ONE for leaf in leaves):
+                    raise ValueError(f"{who}: model '{self.name}' takes {model.num_inputs} input(s) and has "
+                                     f"{model.num_outputs} output(s), but the dataset's elements hold "
+                                     f"{_count(part)} {what} component(s) {_describe(part)}")
+                positions += range(first, first + count)
+                first += count
+        return None if positions == list(range(first)) else positions
+
 
     # --- files
     def save_weights(self, filepath, overwrite=True, **kwargs):
@@ -458,6 +599,76 @@ def _model_input(x):
     if isinstance(x, np.ndarray) and x.dtype.kind in "iub" and x.dtype != np.uint8:
         return x.astype(np.float32)
     return x
+
+
+def _one_array_list(x):
+    """A list holding one array or tensor: Keras's way of giving a one-input model's input."""
+    return isinstance(x, (list, tuple)) and len(x) == 1 and isinstance(x[0], (np.ndarray, _dtrain.Tensor))
+
+
+def _by_name(values, names, who, what, warn_extra):
+    """A dict's values in the order of `names` (the model's inputs or outputs)."""
+    missing = [n for n in names if n not in values]
+    if missing:
+        raise ValueError(f"{who}: the dict has no {what} '{missing[0]}' (the model's {what}s: {', '.join(names)}; "
+                         f"the dict's keys: {', '.join(map(str, values))})")
+    extra = [k for k in values if k not in names]
+    if extra and not warn_extra:
+        raise ValueError(f"{who}: the dict's key '{extra[0]}' names no {what} of the model ({', '.join(names)})")
+    if extra:
+        import warnings
+
+        warnings.warn(f"{who}: the dict's keys {extra} name no input of the model ({', '.join(names)}); they are "
+                      "ignored", stacklevel=3)
+    return [values[n] for n in names]
+
+
+def _describe(structure):
+    from ..data import _ONE
+
+    if structure == _ONE:
+        return "(one tensor)"
+    if isinstance(structure, dict):
+        return "(a dict: " + ", ".join(map(str, structure)) + ")"
+    return f"(a tuple of {len(structure)})"
+
+
+def _per_output(what, value, outputs, needed):
+    """compile's loss or loss_weights as a list: one for all outputs, or one for each."""
+    if isinstance(value, dict):
+        unknown = [k for k in value if k not in outputs]
+        if unknown:
+            raise ValueError(f"compile({what}=...): '{unknown[0]}' names no output of the model "
+                             f"({', '.join(outputs)})")
+        missing = [o for o in outputs if o not in value]
+        if missing and needed:
+            raise ValueError(f"compile({what}=...): output '{missing[0]}' has no loss; dtrain trains every output "
+                             f"(the model's outputs: {', '.join(outputs)})")
+        return [value.get(o) for o in outputs]
+    if isinstance(value, (list, tuple)):
+        if len(value) != len(outputs):
+            raise ValueError(f"compile({what}=...): {len(value)} given for the model's {len(outputs)} output(s) "
+                             f"({', '.join(outputs)})")
+        return list(value)
+    return [value]
+
+
+def _metrics_per_output(metrics, outputs):
+    """compile's metrics as one list of names for each output (or one list for all)."""
+    if metrics is None:
+        return []
+    if isinstance(metrics, dict):
+        lists = _per_output("metrics", metrics, outputs, needed=False)
+        return [[metrics_module._name_of(m) for m in
+                 ([] if ms is None else ms if isinstance(ms, (list, tuple)) else [ms])] for ms in lists]
+    if isinstance(metrics, str) or not isinstance(metrics, (list, tuple)):
+        raise TypeError(f"compile: metrics must be a list, a list of lists or a dict by output name, got {metrics!r}")
+    if metrics and all(isinstance(m, (list, tuple)) for m in metrics):
+        if len(metrics) not in (1, len(outputs)):
+            raise ValueError(f"compile(metrics=...): {len(metrics)} lists for the model's {len(outputs)} output(s) "
+                             f"({', '.join(outputs)})")
+        return [[metrics_module._name_of(m) for m in ms] for ms in metrics]
+    return [[metrics_module._name_of(m) for m in metrics]]
 
 
 def _no_batch_size_for_datasets(fn, x, batch_size):

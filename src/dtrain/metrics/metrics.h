@@ -17,6 +17,8 @@ class Metric {
   virtual double result() const { return count_ == 0 ? 0.0 : total_ / count_; }
   virtual void reset_state() { total_ = count_ = 0.0; }
   const std::string& name() const { return name_; }
+  // A model of several outputs names each output's metrics after it ("score_accuracy").
+  void set_name(std::string name) { name_ = std::move(name); }
   // Raw accumulators, so distributed runs can sum them across replicas before result().
   double total() const { return total_; }
   double count() const { return count_; }

@@ -5,15 +5,25 @@
 
 namespace dtrain::detail {
 
-// Elements must be (x, y) batches; x's shape after the batch axis builds the model.
-void split_element(const data::Element& e, Tensor& x, Tensor& y, const char* who) {
-  if (e.size() != 2)
-    DTRAIN_THROW(InvalidArgument, who, ": dataset elements must be (x, y) pairs, got ", e.size(), " components");
-  if (e[0].rank() < 1 || e[1].rank() < 1 || e[0].dim(0) != e[1].dim(0))
-    DTRAIN_THROW(InvalidArgument, who, ": dataset elements must be batches (x [batch, ...], y [batch, ...]), got x ",
-                 e[0].shape().to_string(), " and y ", e[1].shape().to_string(), "; add .batch(n) to the pipeline");
-  x = e[0];
-  y = e[1];
+void split_element(const data::Element& e, std::size_t inputs, std::size_t outputs, TensorData& batch, const char* who) {
+  if (e.size() != inputs + outputs) {
+    if (inputs + outputs == 2)
+      DTRAIN_THROW(InvalidArgument, who, ": dataset elements must be (x, y) pairs, got ", e.size(), " components");
+    DTRAIN_THROW(InvalidArgument, who, ": the model takes ", inputs, " input(s) and has ", outputs,
+                 " output(s), so dataset elements must hold ", inputs + outputs,
+                 " components (the inputs, then a target for each output), got ", e.size());
+  }
+  for (std::size_t i = 0; i < e.size(); ++i)
+    if (e[i].rank() < 1 || e[i].dim(0) != e[0].dim(0)) {
+      if (e.size() == 2)
+        DTRAIN_THROW(InvalidArgument, who, ": dataset elements must be batches (x [batch, ...], y [batch, ...]), got x ",
+                     e[0].shape().to_string(), " and y ", e[1].shape().to_string(), "; add .batch(n) to the pipeline");
+      DTRAIN_THROW(InvalidArgument, who, ": dataset elements must be batches with the same rows in every component, ",
+                   "got component 0 ", e[0].shape().to_string(), " and component ", i, " ", e[i].shape().to_string(),
+                   "; add .batch(n) to the pipeline");
+    }
+  batch.x.assign(e.begin(), e.begin() + static_cast<std::ptrdiff_t>(inputs));
+  batch.y.assign(e.begin() + static_cast<std::ptrdiff_t>(inputs), e.end());
 }
 
 std::string shard_plan(const StrategyBackend& strategy, const std::string& input_plan, std::int64_t first_batch) {

@@ -27,7 +27,8 @@ class Model::BatchSource {
   // Instead of begin_epoch(epoch) when fit resumes there: the epoch's batches from
   // `batch` on. `first_epoch` is the epoch fit was asked to start at (initial_epoch).
   virtual void resume_at(int first_epoch, int epoch, std::int64_t batch) = 0;
-  virtual bool next(Tensor& x, Tensor& y) = 0;
+  // The next batch: the model's inputs and targets (undefined where a worker has none).
+  virtual bool next(TensorData& batch) = 0;
   virtual std::int64_t steps() const = 0;  // per epoch; -1 when unknown
   virtual double input_wait() const = 0;   // seconds waited for batches this epoch
   // Multi-worker: true when the batches are this worker's own part of each global batch
@@ -45,9 +46,12 @@ namespace detail {
 class TensorBatches : public Model::BatchSource {
  public:
   // on_compute_pool: the gather is split over the training thread's compute threads.
-  TensorBatches(Tensor x, Tensor y, std::int64_t batch, bool shuffle, std::uint64_t seed, bool on_compute_pool = true)
-      : x_(std::move(x)), y_(std::move(y)), sources_{x_, y_}, batch_(batch), shuffle_(shuffle), seed_(seed),
-        on_compute_pool_(on_compute_pool), order_(shuffle ? static_cast<size_t>(x_.dim(0)) : 0) {}
+  TensorBatches(TensorData data, std::int64_t batch, bool shuffle, std::uint64_t seed, bool on_compute_pool = true)
+      : data_(std::move(data)), rows_(data_.rows()), batch_(batch), shuffle_(shuffle), seed_(seed),
+        on_compute_pool_(on_compute_pool), order_(shuffle ? static_cast<size_t>(rows_) : 0) {
+    sources_ = data_.x;
+    sources_.insert(sources_.end(), data_.y.begin(), data_.y.end());
+  }
   void begin_epoch(int epoch) override {
     begin_ = 0;
     wait_ = 0;
@@ -60,33 +64,35 @@ class TensorBatches : public Model::BatchSource {
   }
   void resume_at(int /*first_epoch*/, int epoch, std::int64_t batch) override {
     begin_epoch(epoch);
-    begin_ = std::min(x_.dim(0), batch * batch_);  // the order is a function of (seed, epoch)
+    begin_ = std::min(rows_, batch * batch_);  // the order is a function of (seed, epoch)
   }
-  bool next(Tensor& xb, Tensor& yb) override {
-    const std::int64_t n = x_.dim(0);
-    if (begin_ >= n) return false;
+  bool next(TensorData& b) override {
+    if (begin_ >= rows_) return false;
     const auto t0 = Clock::now();
-    const std::int64_t end = std::min(n, begin_ + batch_);
+    const std::int64_t end = std::min(rows_, begin_ + batch_);
+    const std::size_t inputs = data_.x.size();
+    b.x.resize(inputs);
+    b.y.resize(data_.y.size());
     if (shuffle_) {
-      data::Element b = data::gather_rows(
+      data::Element gathered = data::gather_rows(
           sources_, std::span(order_).subspan(static_cast<std::size_t>(begin_), static_cast<std::size_t>(end - begin_)),
           on_compute_pool_);
-      xb = std::move(b[0]);
-      yb = std::move(b[1]);
+      for (std::size_t i = 0; i < gathered.size(); ++i) (i < inputs ? b.x[i] : b.y[i - inputs]) = std::move(gathered[i]);
     } else {
-      xb = x_.slice(begin_, end);
-      yb = y_.slice(begin_, end);
+      for (std::size_t i = 0; i < sources_.size(); ++i)
+        (i < inputs ? b.x[i] : b.y[i - inputs]) = sources_[i].slice(begin_, end);
     }
     begin_ = end;
     wait_ += seconds_since(t0);
     return true;
   }
-  std::int64_t steps() const override { return x_.dim(0) / batch_ + (x_.dim(0) % batch_ != 0 ? 1 : 0); }
+  std::int64_t steps() const override { return rows_ / batch_ + (rows_ % batch_ != 0 ? 1 : 0); }
   double input_wait() const override { return wait_; }
 
  private:
-  Tensor x_, y_;
-  const std::vector<Tensor> sources_;  // {x_, y_}, for gathering shuffled rows
+  TensorData data_;
+  std::int64_t rows_;
+  std::vector<Tensor> sources_;  // the inputs, then the targets, for gathering shuffled rows
   std::int64_t batch_;
   bool shuffle_;
   std::uint64_t seed_;
@@ -96,18 +102,20 @@ class TensorBatches : public Model::BatchSource {
   double wait_ = 0;
 };
 
-// Elements must be (x, y) batches; x's shape after the batch axis builds the model.
-void split_element(const data::Element& e, Tensor& x, Tensor& y, const char* who);
+// Elements must be batches of the model's inputs, then its targets (`inputs` of them
+// first): (x, y) for a model of one input and one output.
+void split_element(const data::Element& e, std::size_t inputs, std::size_t outputs, TensorData& batch, const char* who);
 
 class DatasetBatches : public Model::BatchSource {
  public:
   // `shard`: the pipeline this worker runs (data::auto_shard).
-  DatasetBatches(data::WorkerShard shard, std::int64_t steps_per_epoch, const char* who = "fit")
+  // `model`'s inputs and outputs tell how an element splits into inputs and targets.
+  DatasetBatches(const Model& model, data::WorkerShard shard, std::int64_t steps_per_epoch, const char* who = "fit")
       : ds_(std::move(shard.dataset)), own_batches_(shard.own_batches), plan_(std::move(shard.plan)),
-        steps_per_epoch_(steps_per_epoch), who_(who) {}
+        inputs_(model.num_inputs()), outputs_(model.num_outputs()), steps_per_epoch_(steps_per_epoch), who_(who) {}
   // The whole dataset, as one process reads it.
-  DatasetBatches(const data::Dataset& ds, std::int64_t steps_per_epoch, const char* who)
-      : DatasetBatches(data::auto_shard(ds, 1, 0), steps_per_epoch, who) {}
+  DatasetBatches(const Model& model, const data::Dataset& ds, std::int64_t steps_per_epoch, const char* who)
+      : DatasetBatches(model, data::auto_shard(ds, 1, 0), steps_per_epoch, who) {}
   void begin_epoch(int epoch) override {
     // A fixed number of steps draws from one iterator across epochs, as Keras does with
     // steps_per_epoch; otherwise every epoch is a new pass over the data.
@@ -131,7 +139,7 @@ class DatasetBatches : public Model::BatchSource {
     taken_ = batch;
     wait_at_epoch_start_ = it_->stats().wait_seconds;
   }
-  bool next(Tensor& x, Tensor& y) override {
+  bool next(TensorData& batch) override {
     if (steps_per_epoch_ > 0 && taken_ >= steps_per_epoch_) return false;
     std::optional<data::Element> e = it_->next();
     if (!e) {
@@ -140,7 +148,7 @@ class DatasetBatches : public Model::BatchSource {
                      " steps_per_epoch; add .repeat() to the pipeline");
       return false;
     }
-    split_element(*e, x, y, who_);
+    split_element(*e, inputs_, outputs_, batch, who_);
     ++taken_;
     return true;
   }
@@ -157,6 +165,7 @@ class DatasetBatches : public Model::BatchSource {
   data::Dataset ds_;
   bool own_batches_;
   std::string plan_;
+  std::size_t inputs_, outputs_;
   std::int64_t steps_per_epoch_;
   const char* who_;  // the caller, for error messages
   std::optional<data::Iterator> it_;

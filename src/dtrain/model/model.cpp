@@ -35,6 +35,12 @@ std::string shape_with_batch(const Shape& s) {
   return out + (s.rank() == 1 ? ",)" : ")");
 }
 
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
 std::string with_commas(std::int64_t n) {
   std::string s = std::to_string(n);
   for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<size_t>(i), ",");
@@ -257,14 +263,120 @@ Tensor Model::operator()(const Tensor& x, bool training) {
 }
 
 void Model::compile(std::shared_ptr<optim::Optimizer> optimizer, std::shared_ptr<losses::Loss> loss,
-                         const std::vector<std::string>& metric_names) {
-  if (!optimizer || !loss) DTRAIN_THROW(InvalidArgument, "model '", name_, "': compile() needs an optimizer and a loss");
-  const bool sparse = dynamic_cast<losses::SparseCategoricalCrossentropy*>(loss.get()) != nullptr;
+                    const std::vector<std::string>& metric_names) {
+  compile(std::move(optimizer), std::vector<std::shared_ptr<losses::Loss>>{std::move(loss)}, {metric_names});
+}
+
+void Model::compile(std::shared_ptr<optim::Optimizer> optimizer, std::vector<std::shared_ptr<losses::Loss>> losses,
+                    const std::vector<std::vector<std::string>>& metric_names, std::vector<double> loss_weights) {
+  const std::size_t outputs = num_outputs();
+  if (!optimizer || losses.empty() || std::any_of(losses.begin(), losses.end(), [](const auto& l) { return !l; }))
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "': compile() needs an optimizer and a loss");
+  const std::vector<std::string> names = output_names();
+  auto counted = [&](std::size_t given, const char* what) {
+    if (given != 1 && given != outputs)
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "': compile() got ", given, " ", what, " for the model's ",
+                   outputs, " output(s) (", joined(names), "); give one for each output, or one for all");
+  };
+  counted(losses.size(), "losses");
+  if (!metric_names.empty()) counted(metric_names.size(), "metric lists");
+  if (!loss_weights.empty()) counted(loss_weights.size(), "loss weights");
+  // One loss, metric list or weight given for a model of several outputs is every output's.
+  losses.resize(outputs, losses.front());
+  std::vector<std::vector<std::string>> per_output = metric_names;
+  if (per_output.empty()) per_output.emplace_back();
+  per_output.resize(outputs, per_output.front());
+  loss_weights.resize(outputs, loss_weights.empty() ? 1.0 : loss_weights.front());
+  for (std::size_t o = 0; o < outputs; ++o) {
+    if (!std::isfinite(loss_weights[o]))
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "': compile()'s loss weight for output '", names[o], "' is ",
+                   loss_weights[o], ", not a number");
+    // The replicas' and workers' shares of a loss follow its reduction, one for the whole sum.
+    if (losses[o]->reduction() != losses[0]->reduction())
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "': output '", names[o], "'s loss ", losses[o]->name(),
+                   " reduces ", losses[o]->reduction() == losses::Reduction::sum ? "by a sum" : "by a mean",
+                   " and output '", names[0], "'s ", losses[0]->name(), " the other way; give every output's loss ",
+                   "the same reduction");
+  }
   std::vector<std::unique_ptr<metrics::Metric>> ms;
-  for (const auto& m : metric_names) ms.push_back(metrics::get(m, sparse));
+  std::vector<MetricRole> roles;
+  std::set<std::string> taken{"loss"};
+  auto add = [&](std::unique_ptr<metrics::Metric> m, MetricRole role) {
+    if (outputs > 1) m->set_name(names[role.output] + "_" + m->name());
+    if (!taken.insert(m->name()).second)
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "': compile() would log '", m->name(), "' twice; give each output's ",
+                   "metrics once");
+    ms.push_back(std::move(m));
+    roles.push_back(role);
+  };
+  // Keras logs each output's own loss before the metrics, when there are several.
+  if (outputs > 1)
+    for (std::size_t o = 0; o < outputs; ++o) add(std::make_unique<metrics::Mean>("loss"), MetricRole{o, true});
+  for (std::size_t o = 0; o < outputs; ++o) {
+    const bool sparse = dynamic_cast<losses::SparseCategoricalCrossentropy*>(losses[o].get()) != nullptr;
+    for (const auto& m : per_output[o]) add(metrics::get(m, sparse), MetricRole{o, false});
+  }
   optimizer_ = std::move(optimizer);
-  loss_ = std::move(loss);
+  loss_ = losses.front();
+  losses_ = std::move(losses);
+  loss_weights_ = std::move(loss_weights);
+  compiled_metrics_ = metric_names.empty() ? std::vector<std::vector<std::string>>{{}} : metric_names;
   metrics_ = std::move(ms);
+  metric_roles_ = std::move(roles);
+}
+
+std::vector<std::string> Model::output_names() const {
+  if (!functional()) return {layers_.empty() ? name_ : layers_.back()->name()};
+  std::vector<std::string> out;
+  for (const KerasTensor& t : outputs_) out.push_back(t.layer() ? t.layer()->name() : t.name());
+  return out;
+}
+
+Tensor Model::compute_loss(std::span<const Tensor> y, std::span<const Tensor> y_pred, std::vector<Tensor>* each) const {
+  if (y.size() != y_pred.size())
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "': ", y.size(), " target(s) for its ", y_pred.size(), " output(s)");
+  if (y.size() == 1 && loss_weights_.front() == 1.0) return (*loss_)(y[0].to(y_pred[0].device()), y_pred[0]);
+  Tensor total;
+  if (each) each->clear();
+  for (std::size_t o = 0; o < y.size(); ++o) {
+    Tensor own = (*losses_[o])(y[o].to(y_pred[o].device()), y_pred[o]);
+    const Tensor weighted = loss_weights_[o] == 1.0 ? own : scale(own, static_cast<float>(loss_weights_[o]));
+    total = total.defined() ? add(total, weighted) : weighted;
+    if (each) each->push_back(std::move(own));
+  }
+  return total;
+}
+
+void Model::update_metrics(std::span<const Tensor> y, std::span<const Tensor> y_pred) {
+  for (std::size_t i = 0; i < metrics_.size(); ++i)
+    if (!metric_roles_[i].loss) metrics_[i]->update_state(y[metric_roles_[i].output], y_pred[metric_roles_[i].output]);
+}
+
+void Model::update_output_losses(std::span<const double> output_losses, double rows) {
+  for (std::size_t i = 0; i < metrics_.size(); ++i)
+    if (metric_roles_[i].loss)
+      static_cast<metrics::Mean&>(*metrics_[i]).update_state(output_losses[metric_roles_[i].output], rows);
+}
+
+void Model::check_data(const TensorData& data, const char* who) const {
+  const std::size_t inputs = num_inputs(), outputs = num_outputs();
+  if (data.x.size() != inputs || data.y.size() != outputs)
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "': ", who, "() got ", data.x.size(), " input(s) and ", data.y.size(),
+                 " target(s); the model takes ", inputs, " input(s) and has ", outputs, " output(s) (",
+                 joined(output_names()), ")");
+  const std::vector<std::string> names = output_names();
+  auto what = [&](std::size_t i) {
+    if (i < inputs) return inputs == 1 ? std::string("x") : "input " + std::to_string(i) + (functional() ? " ('" + inputs_[i].name() + "')" : "");
+    return outputs == 1 ? std::string("y") : "the target of output '" + names[i - inputs] + "'";
+  };
+  for (std::size_t i = 0; i < inputs + outputs; ++i) {
+    const Tensor& t = i < inputs ? data.x[i] : data.y[i - inputs];
+    t.check_defined((std::string(who) + " (" + what(i) + ")").c_str());
+    if (t.rank() < 1 || t.dim(0) != data.x[0].dim(0) || data.x[0].rank() < 1)
+      DTRAIN_THROW(InvalidArgument, "model '", name_, "': ", who, "() needs ", inputs + outputs == 2 ? "x and y" : "every input and target",
+                   " with the same number of samples, got ", what(0), " ", data.x[0].shape().to_string(), " and ", what(i),
+                   " ", t.shape().to_string());
+  }
 }
 
 void Model::compile(const std::string& optimizer, const std::string& loss,
@@ -352,49 +464,58 @@ void check_fit_options(const FitOptions& opt) {
 
 }  // namespace
 
-History Model::fit(const Tensor& x_all, const Tensor& y_all, const FitOptions& opt) {
+History Model::fit(const Tensor& x, const Tensor& y, const FitOptions& opt) { return fit(TensorData(x, y), opt); }
+
+namespace {
+
+TensorData rows_of(const TensorData& d, std::int64_t begin, std::int64_t end) {
+  TensorData out;
+  for (const Tensor& t : d.x) out.x.push_back(t.slice(begin, end));
+  for (const Tensor& t : d.y) out.y.push_back(t.slice(begin, end));
+  return out;
+}
+
+}  // namespace
+
+History Model::fit(const TensorData& all, const FitOptions& opt) {
   check_compiled("fit");
   check_fit_options(opt);
-  x_all.check_defined("fit (x)");
-  y_all.check_defined("fit (y)");
-  if (x_all.rank() < 1 || y_all.rank() < 1 || x_all.dim(0) != y_all.dim(0))
-    DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() needs x and y with the same number of samples, got x ",
-                 x_all.shape().to_string(), " and y ", y_all.shape().to_string());
+  check_data(all, "fit");
+  if (opt.validation_data) check_data(*opt.validation_data, "fit (validation_data)");
   // Keras holds out the last fraction of the data, before shuffling.
-  Tensor x = x_all, y = y_all;
+  const std::int64_t n = all.rows();
+  TensorData data = all;
   FitOptions o = opt;
   // Given validation data (either form) overrides validation_split, as in Keras.
   if (!opt.validation_data && !opt.validation_dataset && opt.validation_split > 0.0) {
-    const auto split = static_cast<std::int64_t>(static_cast<double>(x_all.dim(0)) * (1.0 - opt.validation_split));
-    x = x_all.slice(0, split);
-    y = y_all.slice(0, split);
-    o.validation_data = std::make_pair(x_all.slice(split, x_all.dim(0)), y_all.slice(split, y_all.dim(0)));
+    const auto split = static_cast<std::int64_t>(static_cast<double>(n) * (1.0 - opt.validation_split));
+    data = rows_of(all, 0, split);
+    o.validation_data = rows_of(all, split, n);
   }
-  if (x.dim(0) == 0 && x_all.dim(0) > 0)
-    DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit()'s validation_split ", opt.validation_split, " of ",
-                 x_all.dim(0), " samples leaves no training samples");
-  if (x.dim(0) == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() got no training samples");
+  if (data.rows() == 0 && n > 0)
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit()'s validation_split ", opt.validation_split, " of ", n,
+                 " samples leaves no training samples");
+  if (data.rows() == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() got no training samples");
   // Under several replicas, the training thread's compute threads would still be spinning
   // (OpenMP's wait policy) on the cores the replica threads are about to wake up on,
   // delaying their start by milliseconds; the gather stays on the training thread there.
   if (RemoteTraining* remote = strategy_ ? strategy_->remote_training() : nullptr) {
-    build_for(x);
+    build_for(data.x.front());
     // An epoch is one pass over the data, shared out among the workers' closures; each
     // worker draws its batches from its own contiguous share of the rows.
-    if (remote->coordinates()) return coordinate_remote_fit(*remote, (x.dim(0) + opt.batch_size - 1) / opt.batch_size, o);
+    if (remote->coordinates()) return coordinate_remote_fit(*remote, (data.rows() + opt.batch_size - 1) / opt.batch_size, o);
     std::unique_ptr<BatchSource> mine;
     if (const int w = remote->remote_worker_index(); w >= 0) {
-      const std::int64_t n = x.dim(0), workers = remote->num_remote_workers();
-      const std::int64_t begin = n * w / workers, end = n * (w + 1) / workers;
+      const std::int64_t rows = data.rows(), workers = remote->num_remote_workers();
+      const std::int64_t begin = rows * w / workers, end = rows * (w + 1) / workers;
       if (begin == end)
-        DTRAIN_THROW(InvalidArgument, "fit: ", n, " training samples leave worker ", w, " of ", workers, " none");
-      mine = std::make_unique<TensorBatches>(x.slice(begin, end), y.slice(begin, end), opt.batch_size, opt.shuffle,
-                                             opt.seed);
+        DTRAIN_THROW(InvalidArgument, "fit: ", rows, " training samples leave worker ", w, " of ", workers, " none");
+      mine = std::make_unique<TensorBatches>(rows_of(data, begin, end), opt.batch_size, opt.shuffle, opt.seed);
     }
     return serve_remote_fit(*remote, mine.get(), o);
   }
   const bool replicas_here = strategy_ && strategy_->num_replicas() > 1;
-  TensorBatches source(x, y, opt.batch_size, opt.shuffle, opt.seed, /*on_compute_pool=*/!replicas_here);
+  TensorBatches source(std::move(data), opt.batch_size, opt.shuffle, opt.seed, /*on_compute_pool=*/!replicas_here);
   return run_fit(source, o);
 }
 
@@ -408,9 +529,9 @@ History Model::fit(const data::Dataset& dataset, const FitOptions& opt) {
       // Every task builds the same model before the coordinator compares them.
       std::optional<data::Element> first = dataset.make_iterator(0).next();
       if (!first) DTRAIN_THROW(InvalidArgument, "fit: the dataset is empty");
-      Tensor x, y;
-      detail::split_element(*first, x, y, "fit");
-      build_for(x);
+      TensorData batch;
+      detail::split_element(*first, num_inputs(), num_outputs(), batch, "fit");
+      build_for(batch.x.front());
     }
     if (remote->coordinates()) {
       const std::int64_t steps = opt.steps_per_epoch > 0 ? opt.steps_per_epoch : dataset.cardinality();
@@ -422,10 +543,10 @@ History Model::fit(const data::Dataset& dataset, const FitOptions& opt) {
     // A worker starts a new pass over its share whenever it runs out.
     std::unique_ptr<BatchSource> mine;
     if (const int w = remote->remote_worker_index(); w >= 0)
-      mine = std::make_unique<DatasetBatches>(data::auto_shard(dataset, remote->num_remote_workers(), w), 0);
+      mine = std::make_unique<DatasetBatches>(*this, data::auto_shard(dataset, remote->num_remote_workers(), w), 0);
     return serve_remote_fit(*remote, mine.get(), opt);
   }
-  DatasetBatches source(worker_shard(strategy_.get(), dataset), opt.steps_per_epoch);
+  DatasetBatches source(*this, worker_shard(strategy_.get(), dataset), opt.steps_per_epoch);
   return run_fit(source, opt);
 }
 
@@ -503,7 +624,7 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
     }
     profiler.begin_epoch();
     const auto start = Clock::now();
-    Tensor xb, yb;
+    TensorData batch;
     // Batch logs hold the same keys all epoch: set() overwrites them in place.
     const Logs no_logs;
     for (;;) {
@@ -512,7 +633,7 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
       std::exception_ptr input_error;
       const Clock::time_point input_start = Clock::now();
       try {
-        have = source.next(xb, yb);
+        have = source.next(batch);
       } catch (...) {
         if (!own_batches) throw;
         input_error = std::current_exception();  // the others hear of it first
@@ -524,8 +645,11 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
         // Workers with data of their own agree, step by step, on the global batch; those
         // whose data ran out take part with nothing until every worker's has. A worker
         // whose input failed says so here, so that the others stop too.
-        if (!have) xb = yb = Tensor();
-        std::array<double, 3> agree{have ? 1.0 : 0.0, have ? static_cast<double>(xb.dim(0)) : 0.0,
+        if (!have) {
+          for (Tensor& t : batch.x) t = Tensor();
+          for (Tensor& t : batch.y) t = Tensor();
+        }
+        std::array<double, 3> agree{have ? 1.0 : 0.0, have ? static_cast<double>(batch.rows()) : 0.0,
                                     input_error ? 1.0 : 0.0};
         strategy_->sum_over_workers(agree);
         if (input_error) std::rethrow_exception(input_error);
@@ -541,11 +665,11 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
       Clock::time_point phase_start = Clock::now();
       for (auto& c : callbacks) c->on_train_batch_begin(step, no_logs);
       loop.add(profile::Phase::metrics, phase_start, Clock::now(), "callbacks");
-      trainer.step(xb, yb, loss_mean, global_rows);
+      trainer.step(batch, loss_mean, global_rows);
       fit_batch_ = step + 1;
       fit_pending_ = trainer.pending();
       phase_start = Clock::now();
-      const std::int64_t rows = global_rows >= 0 ? global_rows : xb.dim(0);
+      const std::int64_t rows = global_rows >= 0 ? global_rows : batch.rows();
       samples += rows;
       if (step == 0 && epoch == opt.initial_epoch && workers > 1 && verbose > 0)
         out << shard_plan(*strategy_, source.input_plan(), samples) << "\n";
@@ -576,10 +700,10 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
     if (validation) {
       // Per-worker validation data is evaluated by every worker and summed; global data
       // is evaluated whole everywhere, giving every worker the same figures.
-      DatasetBatches batches(*validation, 0, "evaluate");
+      DatasetBatches batches(*this, *validation, 0, "evaluate");
       logs.update(run_evaluation(batches, "val_", workers > 1 && batches.per_worker()));
     } else if (opt.validation_data) {
-      logs.update(run_evaluation(opt.validation_data->first, opt.validation_data->second, opt.batch_size, "val_"));
+      logs.update(run_evaluation(*opt.validation_data, opt.batch_size, "val_"));
     }
     const double epoch_seconds = seconds_since(start);
     history->epoch_seconds.push_back(epoch_seconds);
@@ -746,15 +870,21 @@ Logs Model::run_evaluation(BatchSource& source, const std::string& prefix, bool 
   metrics::Mean loss_mean;
   source.begin_epoch(0);
   std::int64_t batches = 0;
-  Tensor xb, yb;
-  while (source.next(xb, yb)) {
+  TensorData batch;
+  std::vector<Tensor> each;
+  std::vector<double> values;
+  while (source.next(batch)) {
     ++batches;
-    Tensor y_pred = (*this)(xb, /*training=*/false);
-    Tensor loss = (*loss_)(yb.to(y_pred.device()), y_pred);
+    const std::vector<Tensor> y_pred = (*this)(batch.x, /*training=*/false);
+    Tensor loss = compute_loss(batch.y, y_pred, &each);
     // As Keras reports it: with the regularization penalties (model.losses).
     if (const std::vector<Tensor> penalties = losses(); !penalties.empty()) loss = add(loss, add_n(penalties));
-    loss_mean.update_state(mean_value(loss), static_cast<double>(xb.dim(0)));
-    for (auto& m : metrics_) m->update_state(yb, y_pred);
+    const auto rows = static_cast<double>(batch.rows());
+    loss_mean.update_state(mean_value(loss), rows);
+    update_metrics(batch.y, y_pred);
+    values.clear();
+    for (const Tensor& l : each) values.push_back(mean_value(l));
+    update_output_losses(values, rows);
   }
   if (across_workers) {
     merge_over_workers(loss_mean);
@@ -768,7 +898,7 @@ Logs Model::run_evaluation(BatchSource& source, const std::string& prefix, bool 
 }
 
 Logs Model::run_evaluation(const data::Dataset& dataset, const std::string& prefix) {
-  DatasetBatches batches(dataset, 0, "evaluate");
+  DatasetBatches batches(*this, dataset, 0, "evaluate");
   return run_evaluation(batches, prefix);
 }
 
@@ -782,25 +912,25 @@ Logs Model::evaluate(const data::Dataset& dataset, const EvaluateOptions& opt) {
   return logs;
 }
 
-Logs Model::run_evaluation(const Tensor& x, const Tensor& y, std::int64_t batch_size, const std::string& prefix) {
-  if (x.rank() < 1 || y.rank() < 1 || x.dim(0) != y.dim(0))
-    DTRAIN_THROW(InvalidArgument, "model '", name_, "': evaluation needs x and y with the same number of samples, got x ",
-                 x.shape().to_string(), " and y ", y.shape().to_string());
+Logs Model::run_evaluation(const TensorData& data, std::int64_t batch_size, const std::string& prefix) {
+  check_data(data, "evaluate");
   if (batch_size <= 0) DTRAIN_THROW(InvalidArgument, "evaluate: batch_size must be positive, got ", batch_size);
-  if (x.dim(0) == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': evaluation got no samples");
-  TensorBatches batches(x, y, batch_size, /*shuffle=*/false, 0);
+  if (data.rows() == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': evaluation got no samples");
+  TensorBatches batches(data, batch_size, /*shuffle=*/false, 0);
   return run_evaluation(batches, prefix);
 }
 
 Logs Model::evaluate(const Tensor& x, const Tensor& y, const EvaluateOptions& opt) {
+  return evaluate(TensorData(x, y), opt);
+}
+
+Logs Model::evaluate(const TensorData& data, const EvaluateOptions& opt) {
   check_compiled("evaluate");
-  x.check_defined("evaluate (x)");
-  y.check_defined("evaluate (y)");
   const auto start = Clock::now();
-  Logs logs = run_evaluation(x, y, opt.batch_size, "");
+  Logs logs = run_evaluation(data, opt.batch_size, "");
   std::ostream& out = opt.out ? *opt.out : std::cout;
   if (detail::resolve_verbose(opt.verbose, out) > 0) {
-    const std::int64_t steps = (x.dim(0) + opt.batch_size - 1) / opt.batch_size;
+    const std::int64_t steps = (data.rows() + opt.batch_size - 1) / opt.batch_size;
     out << steps << "/" << steps << " - " << detail::format_duration(seconds_since(start)) << detail::format_logs(logs)
         << "\n";
   }
@@ -808,17 +938,38 @@ Logs Model::evaluate(const Tensor& x, const Tensor& y, const EvaluateOptions& op
 }
 
 Tensor Model::predict(const Tensor& x, std::int64_t batch_size) {
-  x.check_defined("predict (x)");
+  if (num_outputs() != 1)
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "' has ", num_outputs(), " outputs; predict() on a list of inputs ",
+                 "gives one tensor for each");
+  return predict(std::span<const Tensor>(&x, 1), batch_size).front();
+}
+
+std::vector<Tensor> Model::predict(std::span<const Tensor> x, std::int64_t batch_size) {
+  if (x.size() != num_inputs())
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "': predict() got ", x.size(), " input(s); the model takes ", num_inputs());
+  for (const Tensor& t : x) t.check_defined("predict (x)");
   if (batch_size <= 0) DTRAIN_THROW(InvalidArgument, "predict: batch_size must be positive, got ", batch_size);
-  if (x.rank() < 1) DTRAIN_THROW(InvalidArgument, "predict: x needs a batch axis, got a scalar");
-  Tensor out;
-  for (std::int64_t begin = 0; begin < x.dim(0); begin += batch_size) {
-    const std::int64_t end = std::min(x.dim(0), begin + batch_size);
-    Tensor y = (*this)(x.slice(begin, end), /*training=*/false);
-    if (!out.defined()) out = Tensor::empty(y.shape().with_dim(0, x.dim(0)), y.dtype());
-    out.slice(begin, end).copy_from(y);
+  for (const Tensor& t : x)
+    if (t.rank() < 1 || t.dim(0) != x[0].dim(0))
+      DTRAIN_THROW(InvalidArgument, "predict: every input needs a batch axis with the same rows, got ",
+                   x[0].shape().to_string(), " and ", t.shape().to_string());
+  const std::int64_t n = x[0].dim(0);
+  std::vector<Tensor> out(num_outputs()), part(x.size());
+  for (std::int64_t begin = 0; begin < n; begin += batch_size) {
+    const std::int64_t end = std::min(n, begin + batch_size);
+    for (std::size_t i = 0; i < x.size(); ++i) part[i] = x[i].slice(begin, end);
+    const std::vector<Tensor> y = (*this)(part, /*training=*/false);
+    for (std::size_t o = 0; o < y.size(); ++o) {
+      if (!out[o].defined()) out[o] = Tensor::empty(y[o].shape().with_dim(0, n), y[o].dtype());
+      out[o].slice(begin, end).copy_from(y[o]);
+    }
   }
-  if (!out.defined()) out = Tensor::empty(output_shape().with_dim(0, 0));
+  if (n == 0) {
+    if (functional())
+      for (std::size_t o = 0; o < out.size(); ++o) out[o] = Tensor::empty(outputs_[o].shape().with_dim(0, 0), outputs_[o].dtype());
+    else
+      out[0] = Tensor::empty(output_shape().with_dim(0, 0));
+  }
   return out;
 }
 

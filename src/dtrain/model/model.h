@@ -22,11 +22,24 @@
 
 namespace dtrain {
 
+// Tensors for a model: one per model input (x) and one target per model output (y), in
+// the model's order, every one with the same rows. A model of one input and one output
+// takes a plain (x, y) pair.
+struct TensorData {
+  TensorData() = default;
+  TensorData(Tensor x_, Tensor y_) : x{std::move(x_)}, y{std::move(y_)} {}
+  TensorData(std::pair<Tensor, Tensor> xy) : TensorData(std::move(xy.first), std::move(xy.second)) {}  // NOLINT
+  TensorData(std::vector<Tensor> x_, std::vector<Tensor> y_) : x(std::move(x_)), y(std::move(y_)) {}
+  std::vector<Tensor> x, y;
+  // The first input's rows (0 when there is none, or it is undefined).
+  std::int64_t rows() const { return !x.empty() && x[0].defined() && x[0].rank() > 0 ? x[0].dim(0) : 0; }
+};
+
 struct FitOptions {
   int epochs = 1;
   std::int64_t batch_size = 32;
   // Evaluated at the end of every epoch; takes precedence over validation_split.
-  std::optional<std::pair<Tensor, Tensor>> validation_data;
+  std::optional<TensorData> validation_data;
   // The same, as a Dataset of (x, y) batches (for fit on a Dataset).
   std::optional<data::Dataset> validation_dataset;
   // fit on a Dataset: batches per epoch, drawn from one iterator across epochs (0: one
@@ -115,23 +128,42 @@ class Model {
   bool functional() const { return !graph_.empty(); }
   const std::vector<KerasTensor>& inputs() const { return inputs_; }
   const std::vector<KerasTensor>& outputs() const { return outputs_; }
+  std::size_t num_inputs() const { return functional() ? inputs_.size() : 1; }
+  std::size_t num_outputs() const { return functional() ? outputs_.size() : 1; }
+  // Each output's name, as Keras's model.output_names: the layer that makes it.
+  std::vector<std::string> output_names() const;
   // How many times the model calls `layer` in one forward pass (a shared layer: more than once).
   int calls_of(const nn::Layer* layer) const;
 
+  // On a model of several outputs, the loss and the metrics apply to each output.
   void compile(std::shared_ptr<optim::Optimizer> optimizer, std::shared_ptr<losses::Loss> loss,
                const std::vector<std::string>& metrics = {});
+  // A model of several outputs, as Keras compiles one: a loss for each output (or one for
+  // all), each weighted by loss_weights (empty: 1 each) in the loss fit minimizes and
+  // reports as "loss"; metrics[i] are output i's (or metrics[0] every output's). Logs then
+  // name each output's own loss and metrics after the layer that makes the output
+  // ("score_loss", "score_accuracy"), as Keras names them.
+  void compile(std::shared_ptr<optim::Optimizer> optimizer, std::vector<std::shared_ptr<losses::Loss>> losses,
+               const std::vector<std::vector<std::string>>& metrics, std::vector<double> loss_weights = {});
   // Keras's strings: compile("adam", "sparse_categorical_crossentropy", {"accuracy"}).
   void compile(const std::string& optimizer, const std::string& loss, const std::vector<std::string>& metrics = {},
                bool from_logits = false);
   bool compiled() const { return optimizer_ != nullptr; }
 
   History fit(const Tensor& x, const Tensor& y, const FitOptions& options = {});
+  // Several inputs or outputs: a tensor for each, in the model's order.
+  History fit(const TensorData& data, const FitOptions& options = {});
   // A Dataset of (x, y) batches; batch_size, shuffle and seed belong to the pipeline then.
   // Each epoch is a new pass (iteration = epoch), unless steps_per_epoch is set.
   History fit(const data::Dataset& dataset, const FitOptions& options = {});
+  // A Dataset's elements hold the model's inputs and then its targets, one component each:
+  // (x, y) for one input and one output.
   Logs evaluate(const Tensor& x, const Tensor& y, const EvaluateOptions& options = {});
+  Logs evaluate(const TensorData& data, const EvaluateOptions& options = {});
   Logs evaluate(const data::Dataset& dataset, const EvaluateOptions& options = {});
   Tensor predict(const Tensor& x, std::int64_t batch_size = 32);
+  // One tensor per output, from one per input.
+  std::vector<Tensor> predict(std::span<const Tensor> x, std::int64_t batch_size = 32);
 
   // The Keras-style table (layer, output shape, parameters; totals).
   std::string summary() const;
@@ -146,7 +178,12 @@ class Model {
   std::vector<Tensor> losses() const;
   std::int64_t count_params() const;
   optim::Optimizer& optimizer() const;
-  losses::Loss& loss() const;
+  losses::Loss& loss() const;  // the first output's
+  // Each output's loss and its weight, as compiled.
+  const std::vector<std::shared_ptr<losses::Loss>>& output_losses() const { return losses_; }
+  const std::vector<double>& loss_weights() const { return loss_weights_; }
+  // The metric names compiled for each output (one list for a model of one output).
+  const std::vector<std::vector<std::string>>& compiled_metrics() const { return compiled_metrics_; }
   std::vector<metrics::Metric*> metrics() const;
 
   // Keras's JSON: a Sequential as {"class_name": "Sequential", "config": {"name", "layers",
@@ -212,6 +249,17 @@ class Model {
   History serve_remote_fit(RemoteTraining& remote, BatchSource* batches, const FitOptions& options);
   // Builds the model for batches like `x` under its strategy's scope, if not built yet.
   void build_for(const Tensor& x);
+  // The loss fit minimizes for a batch's predictions (without the penalties): the weighted
+  // sum of each output's loss. With several outputs, each one's own loss goes to `each`.
+  Tensor compute_loss(std::span<const Tensor> y, std::span<const Tensor> y_pred, std::vector<Tensor>* each) const;
+  // The reduction every output's loss shares (compile checks that they share one).
+  losses::Reduction loss_reduction() const { return loss_->reduction(); }
+  // Each compiled metric's update for a batch (its rows' targets and predictions); the
+  // outputs' own losses (several outputs) take `output_losses`, weighted by `rows`.
+  void update_metrics(std::span<const Tensor> y, std::span<const Tensor> y_pred);
+  void update_output_losses(std::span<const double> output_losses, double rows);
+  // Checks `data` against the model's inputs and outputs: counts, and the same rows throughout.
+  void check_data(const TensorData& data, const char* who) const;
   // What every fit() does first: its callbacks (`history` first, then the given ones, none
   // null), each told the model; stop_training cleared; the fit position at initial_epoch.
   std::vector<std::shared_ptr<Callback>> begin_fit(const std::shared_ptr<History>& history, const FitOptions& options);
@@ -239,7 +287,7 @@ class Model {
   Logs run_evaluation(const data::Dataset& dataset, const std::string& prefix);
   void check_compiled(const char* what) const;
   void reset_metrics();
-  Logs run_evaluation(const Tensor& x, const Tensor& y, std::int64_t batch_size, const std::string& prefix);
+  Logs run_evaluation(const TensorData& data, std::int64_t batch_size, const std::string& prefix);
 
   static bool is_relu(const nn::Layer* layer);
   // The functional graph's nodes in an order that computes every input before its use.
@@ -250,8 +298,18 @@ class Model {
   std::vector<char> runs_relu_;  // [node] the batch norms that run such a relu
   std::vector<KerasTensor> inputs_, outputs_;
   std::shared_ptr<optim::Optimizer> optimizer_;
-  std::shared_ptr<losses::Loss> loss_;
+  std::shared_ptr<losses::Loss> loss_;  // losses_[0]
+  std::vector<std::shared_ptr<losses::Loss>> losses_;  // [output]
+  std::vector<double> loss_weights_;                   // [output]
+  std::vector<std::vector<std::string>> compiled_metrics_;
   std::vector<std::unique_ptr<metrics::Metric>> metrics_;
+  // What each of metrics_ measures: an output's (index) targets and predictions, or (loss)
+  // that output's own loss.
+  struct MetricRole {
+    std::size_t output = 0;
+    bool loss = false;
+  };
+  std::vector<MetricRole> metric_roles_;  // [metric]
   std::shared_ptr<StrategyBackend> strategy_ = current_strategy();
   std::optional<NonFinite> non_finite_;
   // fit()'s position, kept up to date for fit_position() without allocating per step.

@@ -97,25 +97,25 @@ History Model::serve_remote_fit(RemoteTraining& remote, BatchSource* batches, co
     double rows = 0;
     profile::Totals totals;
     walls.clear();
-    Tensor x, y;
+    TensorData batch;
     for (int i = 0; i < steps; ++i) {
       profiler.begin_step();
       const Clock::time_point pull_start = Clock::now();
       before_step(i);
       const Clock::time_point input_start = Clock::now();
       loop.add(profile::Phase::pull, pull_start, input_start);
-      if (!batches->next(x, y)) {
+      if (!batches->next(batch)) {
         batches->begin_epoch(++pass);
-        if (!batches->next(x, y))
+        if (!batches->next(batch))
           DTRAIN_THROW(InvalidArgument, "fit: worker ", worker, "'s share of the input has no batch");
       }
       loop.add(profile::Phase::input_wait, input_start, Clock::now());
       for (auto& c : here) c->on_train_batch_begin(step_here, no_logs);
-      trainer.step(x, y, loss_mean);
+      trainer.step(batch, loss_mean);
       for (auto& c : here) c->on_train_batch_end(step_here, no_logs);
       ++step_here;
-      rows += static_cast<double>(x.dim(0));
-      const profile::StepRecord& record = profiler.end_step(x.dim(0));
+      rows += static_cast<double>(batch.rows());
+      const profile::StepRecord& record = profiler.end_step(batch.rows());
       totals.add(record);
       walls.push_back(record.wall);
     }
@@ -217,7 +217,7 @@ History Model::coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps,
     if (opt.validation_dataset) {
       logs.update(run_evaluation(*opt.validation_dataset, "val_"));
     } else if (opt.validation_data) {
-      logs.update(run_evaluation(opt.validation_data->first, opt.validation_data->second, opt.batch_size, "val_"));
+      logs.update(run_evaluation(*opt.validation_data, opt.batch_size, "val_"));
     }
     const double epoch_seconds = seconds_since(start);
     history->epoch_seconds.push_back(epoch_seconds);

@@ -69,23 +69,49 @@ const Tensor& tensor_like(const std::string& path, const NamedTensors& data, con
 std::set<std::string> restore_compile(const std::string& path, const NamedTensors& data, Model& model) {
   const json compile = json_part(path, data, kCompileKey);
   std::shared_ptr<optim::Optimizer> optimizer;
-  std::shared_ptr<losses::Loss> loss;
-  std::vector<std::string> metrics;
+  std::vector<std::shared_ptr<losses::Loss>> losses;
+  std::vector<std::vector<std::string>> metrics;
+  std::vector<double> loss_weights;
   reading(path, [&] {
     const std::string at = std::string("__metadata__.") + kCompileKey;
     const JsonReader r(compile, at);
-    r.expect_keys({"optimizer", "loss", "metrics"});
+    r.expect_keys({"optimizer", "loss", "metrics", "loss_weights"});
     optimizer = optimizer_from_json(r.child("optimizer").raw(), r.key_path("optimizer"));
-    loss = loss_from_json(r.child("loss").raw(), r.key_path("loss"));
-    if (r.has("metrics")) {
-      const JsonReader m = r.child("metrics");
+    // A model of several outputs keeps a loss, a metric list and a weight for each.
+    const bool several = r.child("loss").raw().is_array();
+    if (several) {
+      const JsonReader l = r.child("loss");
+      for (std::size_t i = 0; i < l.size(); ++i) losses.push_back(loss_from_json(l.raw()[i], l.element(i).path()));
+    } else {
+      losses.push_back(loss_from_json(r.child("loss").raw(), r.key_path("loss")));
+    }
+    auto names = [](const JsonReader& m) {
       m.expect_array();
+      std::vector<std::string> out;
       for (std::size_t i = 0; i < m.size(); ++i) {
         if (!m.raw()[i].is_string()) m.element(i).fail("", "expected a metric name, got " + m.raw()[i].dump());
-        metrics.push_back(m.raw()[i].get<std::string>());
+        out.push_back(m.raw()[i].get<std::string>());
+      }
+      return out;
+    };
+    if (r.has("metrics")) {
+      const JsonReader m = r.child("metrics");
+      if (several) {
+        m.expect_array();
+        for (std::size_t i = 0; i < m.size(); ++i) metrics.push_back(names(m.element(i)));
+      } else {
+        metrics.push_back(names(m));
       }
     }
-    model.compile(optimizer, loss, metrics);
+    if (r.has("loss_weights")) {
+      const JsonReader w = r.child("loss_weights");
+      w.expect_array();
+      for (std::size_t i = 0; i < w.size(); ++i) {
+        if (!w.raw()[i].is_number()) w.element(i).fail("", "expected a number, got " + w.raw()[i].dump());
+        loss_weights.push_back(w.raw()[i].get<double>());
+      }
+    }
+    model.compile(optimizer, losses, metrics, loss_weights);
     return 0;
   });
 
@@ -130,12 +156,19 @@ void Model::save(const std::string& path) const {
     if (auto state = l->rng_state(); !state.empty()) rng[l->name()] = state;
   if (!rng.empty()) data.metadata[kLayerRngKey] = rng.dump();
   if (compiled()) {
-    json metric_names = json::array();
-    for (const auto& m : metrics_) metric_names.push_back(m->name());
     // Serialized before anything is written, so that an optimizer or a loss with no JSON
-    // form fails the save with the file untouched.
-    data.metadata[kCompileKey] =
-        json{{"optimizer", optimizer_to_json(*optimizer_)}, {"loss", loss_to_json(*loss_)}, {"metrics", metric_names}}.dump();
+    // form fails the save with the file untouched. One output keeps the plain form.
+    json compile{{"optimizer", optimizer_to_json(*optimizer_)}};
+    if (losses_.size() == 1 && loss_weights_.front() == 1.0) {
+      compile["loss"] = loss_to_json(*loss_);
+      compile["metrics"] = compiled_metrics_.front();
+    } else {
+      compile["loss"] = json::array();
+      for (const auto& l : losses_) compile["loss"].push_back(loss_to_json(*l));
+      compile["metrics"] = compiled_metrics_;
+      compile["loss_weights"] = loss_weights_;
+    }
+    data.metadata[kCompileKey] = compile.dump();
     data.metadata[kIterationsKey] = std::to_string(optimizer_->iterations());
     for (Variable* v : variables())
       for (const auto& [slot, t] : optimizer_->slots(*v)) data.tensors.emplace_back(slot_key(*v, slot), t->to(Device::cpu()));

@@ -81,25 +81,28 @@ class Model::Trainer {
   // two norms: two passes over the gradients on the communication thread.
   void measure_noise_every(int steps) { noise_every_ = steps; }
 
-  void step(const Tensor& x, const Tensor& y, metrics::Mean& loss_mean, std::int64_t global_rows = -1) {
+  void step(const TensorData& batch, metrics::Mean& loss_mean, std::int64_t global_rows = -1) {
     const bool update = ++micro_ % k_ == 0;
     if (model_.strategy_ && model_.strategy_->num_replicas_in_sync() > 1) {
-      step_replicas(x, y, update, loss_mean, global_rows);
+      step_replicas(batch, update, loss_mean, global_rows);
       return;
     }
     profile::Track& loop = profiler_.loop();
     Clock::time_point start = Clock::now();
     // On a GPU the batch goes to the weights' device first: an explicit copy, its own phase.
     const Device device = model_.device();
-    const Tensor xd = x.to(device), yd = y.to(device);
+    on_device_.x.resize(batch.x.size());
+    on_device_.y.resize(batch.y.size());
+    for (std::size_t i = 0; i < batch.x.size(); ++i) on_device_.x[i] = batch.x[i].to(device);
+    for (std::size_t i = 0; i < batch.y.size(); ++i) on_device_.y[i] = batch.y[i].to(device);
     if (!device.is_cpu()) {
       const Clock::time_point copied = Clock::now();
       loop.add(profile::Phase::to_device, start, copied);
       start = copied;
     }
     GradientTape tape;
-    Tensor y_pred = model_(xd, /*training=*/true);
-    Tensor loss = with_penalties((*model_.loss_)(yd, y_pred), 1.0f);
+    const std::vector<Tensor> y_pred = model_(on_device_.x, /*training=*/true);
+    Tensor loss = with_penalties(model_.compute_loss(on_device_.y, y_pred, &output_losses_), 1.0f);
     if (vars_.empty()) vars_ = model_.trainable_variables();
     Clock::time_point forward_end = Clock::now(), backward_end;
     loop.add(profile::Phase::forward, start, forward_end);
@@ -137,17 +140,37 @@ class Model::Trainer {
       metrics_start = Clock::now();
       loop.add(profile::Phase::device_wait, optimizer_end, metrics_start);
     }
-    record(y, y_pred, loss_value, x.dim(0), loss_mean);
+    const double rows = static_cast<double>(batch.rows());
+    loss_mean.update_state(loss_value, rows);
+    model_.update_metrics(batch.y, y_pred);
+    model_.update_output_losses(loss_values(output_losses_), rows);
+    on_device_.x.clear();  // the batch is not held until the next step
+    on_device_.y.clear();
     loop.add(profile::Phase::metrics, metrics_start, Clock::now());
   }
 
  private:
   struct Output {
     std::int64_t begin = 0, end = 0;  // the replica's rows of the global batch
-    Tensor y_pred;
+    std::vector<Tensor> y_pred;       // empty: the replica had no rows
     double loss = 0.0;
+    std::vector<double> output_losses;  // each output's own (several outputs)
     Clock::time_point done{};  // when the replica's work ended
   };
+
+  // Each loss's mean, as numbers (several outputs; nothing for one).
+  std::span<const double> loss_values(const std::vector<Tensor>& losses) {
+    values_.clear();
+    for (const Tensor& l : losses) values_.push_back(detail::mean_value(l));
+    return values_;
+  }
+
+  static std::vector<Tensor> rows_of(const std::vector<Tensor>& ts, std::int64_t begin, std::int64_t end) {
+    std::vector<Tensor> out;
+    out.reserve(ts.size());
+    for (const Tensor& t : ts) out.push_back(t.slice(begin, end));
+    return out;
+  }
 
   // The loss plus `share` of the model's regularization penalties (model.losses), as Keras
   // minimizes and reports it.
@@ -158,16 +181,11 @@ class Model::Trainer {
     return add(loss, share == 1.0f ? total : scale(total, share));
   }
 
-  void record(const Tensor& y, const Tensor& y_pred, double loss, std::int64_t rows, metrics::Mean& loss_mean) {
-    loss_mean.update_state(loss, static_cast<double>(rows));
-    for (auto& m : model_.metrics_) m->update_state(y, y_pred);
-  }
-
-  void step_replicas(const Tensor& x, const Tensor& y, bool update, metrics::Mean& loss_mean, std::int64_t global_rows) {
+  void step_replicas(const TensorData& batch, bool update, metrics::Mean& loss_mean, std::int64_t global_rows) {
     StrategyBackend& strategy = *model_.strategy_;
     const int replicas = strategy.num_replicas(), in_sync = strategy.num_replicas_in_sync();
     const bool own = global_rows >= 0;  // x is this worker's part of the global batch
-    const std::int64_t local_rows = x.defined() ? x.dim(0) : 0;
+    const std::int64_t local_rows = batch.rows();
     const std::int64_t rows = own ? global_rows : local_rows;
     if (micro_ == 1 && rows < in_sync)
       DTRAIN_THROW(InvalidArgument, "fit: the global batch has ", rows, " rows, fewer than the ", in_sync,
@@ -175,9 +193,10 @@ class Model::Trainer {
     const Clock::time_point setup_start = Clock::now();
     if (!model_.built()) {
       // Replicas share the weights, so they are made here, once, before the replicas run.
-      if (!x.defined())
+      if (local_rows == 0)
         DTRAIN_THROW(InvalidArgument, "fit: worker ", strategy.worker_index(),
                      "'s dataset is empty, so it cannot build the model; build it before fit()");
+      const Tensor& x = batch.x.front();
       std::vector<std::int64_t> dims(x.shape().dims().begin() + 1, x.shape().dims().end());
       model_.build(Shape(dims));
     }
@@ -213,7 +232,13 @@ class Model::Trainer {
     for (int g = 0; g < first + replicas; ++g) {
       const std::int64_t begin = next_row;
       next_row += local_rows / parts + (g < local_rows % parts ? 1 : 0);
-      if (g >= first) outputs_[static_cast<std::size_t>(g - first)] = Output{begin, next_row, Tensor(), 0.0};
+      if (g >= first) {
+        Output& out = outputs_[static_cast<std::size_t>(g - first)];
+        out.begin = begin;
+        out.end = next_row;
+        out.y_pred.clear();
+        out.loss = 0.0;
+      }
     }
     row_bounds_.assign(1, outputs_.front().begin);
     for (const Output& out : outputs_) row_bounds_.push_back(out.end);
@@ -233,7 +258,7 @@ class Model::Trainer {
     if (measure_noise) reducer_->measure_gradient_norms();
     reducer_->begin_step(update, row_bounds_);
     // A mean over the batch becomes each replica's share of the global mean; a sum stays a sum.
-    const bool mean_loss = model_.loss_->reduction() == losses::Reduction::sum_over_batch_size;
+    const bool mean_loss = model_.loss_reduction() == losses::Reduction::sum_over_batch_size;
     const float scale_by = 1.0f / ((mean_loss ? static_cast<float>(rows) : 1.0f) * static_cast<float>(k_));
     const Clock::time_point handed_over = Clock::now();
     strategy.run([&](int r) {
@@ -250,13 +275,16 @@ class Model::Trainer {
         } else {
           const ScopedDenseGradientsTogether together(reducer_->dense_gradients_together(r));
           GradientTape tape;
-          out.y_pred = model_(x.slice(begin, end), /*training=*/true);
+          out.y_pred = model_(rows_of(batch.x, begin, end), /*training=*/true);
           // The penalties count once per global batch: each replica takes its rows' share
           // (for a mean, through the scaling below), which also makes the activity penalties
           // (means over the replica's rows) one mean over the global batch.
-          Tensor loss = with_penalties((*model_.loss_)(y.slice(begin, end), out.y_pred),
+          std::vector<Tensor> each;
+          Tensor loss = with_penalties(model_.compute_loss(rows_of(batch.y, begin, end), out.y_pred, &each),
                                        mean_loss ? 1.0f : static_cast<float>(end - begin) / static_cast<float>(rows));
           out.loss = detail::mean_value(loss);
+          out.output_losses.clear();
+          for (const Tensor& l : each) out.output_losses.push_back(detail::mean_value(l));
           forward_end = Clock::now();
           track.add(profile::Phase::forward, start, forward_end);
           // The replicas' gradients then add up to the gradient of the global batch's mean.
@@ -302,18 +330,30 @@ class Model::Trainer {
     loop.add(profile::Phase::optimizer, optimizer_start, optimizer_end);
     if (mean_loss) {
       for (const Output& out : outputs_)
-        if (out.y_pred.defined()) record(y.slice(out.begin, out.end), out.y_pred, out.loss, out.end - out.begin, loss_mean);
+        if (!out.y_pred.empty()) {
+          const auto n = static_cast<double>(out.end - out.begin);
+          loss_mean.update_state(out.loss, n);
+          model_.update_metrics(rows_of(batch.y, out.begin, out.end), out.y_pred);
+          model_.update_output_losses(out.output_losses, n);
+        }
     } else {
       // A summed loss is the global batch's sum, as one device reports it: this worker's
       // replicas' sums, weighted so that the workers' means merge into that sum.
       double sum = 0.0;
+      values_.assign(model_.num_outputs(), 0.0);
       for (const Output& out : outputs_)
-        if (out.y_pred.defined()) {
+        if (!out.y_pred.empty()) {
           sum += out.loss;
-          for (auto& m : model_.metrics_) m->update_state(y.slice(out.begin, out.end), out.y_pred);
+          for (std::size_t o = 0; o < out.output_losses.size(); ++o) values_[o] += out.output_losses[o];
+          model_.update_metrics(rows_of(batch.y, out.begin, out.end), out.y_pred);
         }
       const std::int64_t mine = row_bounds_.back() - row_bounds_.front();
-      if (mine > 0) loss_mean.update_state(sum * static_cast<double>(rows) / static_cast<double>(mine), static_cast<double>(mine));
+      if (mine > 0) {
+        const double share = static_cast<double>(rows) / static_cast<double>(mine);
+        for (double& v : values_) v *= share;
+        loss_mean.update_state(sum * share, static_cast<double>(mine));
+        model_.update_output_losses(values_, static_cast<double>(mine));
+      }
     }
     loop.add(profile::Phase::metrics, optimizer_end, Clock::now());
   }
@@ -325,7 +365,7 @@ class Model::Trainer {
     if (small <= 0 || big <= small) return;
     const auto [local_sq, global_sq] = reducer_->gradient_norms();
     const double b = static_cast<double>(small), B = static_cast<double>(big);
-    const bool mean_loss = model_.loss_->reduction() == losses::Reduction::sum_over_batch_size;
+    const bool mean_loss = model_.loss_reduction() == losses::Reduction::sum_over_batch_size;
     const double small_sq = mean_loss ? local_sq * (B / b) * (B / b) : local_sq / (b * b);
     const double big_sq = mean_loss ? global_sq : global_sq / (B * B);
     const double n = static_cast<double>(noise_.steps);
@@ -384,6 +424,9 @@ class Model::Trainer {
   std::unique_ptr<GradientReducer> reducer_;
   bool has_batch_norm_ = false;  // the model's, found with the reducer
   std::vector<Output> outputs_;  // [replica]
+  TensorData on_device_;                // one device: the batch on the weights' device
+  std::vector<Tensor> output_losses_;   // one device: each output's own loss (several outputs)
+  std::vector<double> values_;          // loss values, reused
   std::vector<std::int64_t> row_bounds_;  // replica r's rows: [row_bounds_[r], row_bounds_[r + 1])
   std::int64_t reducer_steps_ = 0;        // reducing steps, for the noise scale's sampling
   int noise_every_ = 10;
