@@ -226,6 +226,23 @@ class StandInBackend final : public kernels::Backend {
     cpu().layer_norm_backward(host(x), host(dy), host(gamma), host(mean), host(inv_std), hx, dgamma ? &hg : nullptr,
                               dbeta ? &hb : nullptr);
   }
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, const kernels::AttentionOptions& o, Tensor& out,
+                 Tensor& lse) override {
+    check({&q, &k, &v, &out, &lse, o.mask});
+    Tensor ho = host(out), hl = host(lse), mask = o.mask ? host(*o.mask) : Tensor();
+    kernels::AttentionOptions h = o;
+    h.mask = o.mask ? &mask : nullptr;
+    cpu().attention(host(q), host(k), host(v), h, ho, hl);
+  }
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, const kernels::AttentionOptions& o, Tensor& dq, Tensor& dk,
+                          Tensor& dv) override {
+    check({&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv, o.mask});
+    Tensor hq = host(dq), hk = host(dk), hv = host(dv), mask = o.mask ? host(*o.mask) : Tensor();
+    kernels::AttentionOptions h = o;
+    h.mask = o.mask ? &mask : nullptr;
+    cpu().attention_backward(host(q), host(k), host(v), host(out), host(lse), host(dout), h, hq, hk, hv);
+  }
   void copy_block(const Tensor& src, const kernels::Block& from, Tensor& dst, const kernels::Block& to,
                   std::int64_t outer, std::int64_t rows, std::int64_t width) override {
     check({&src, &dst});

@@ -634,6 +634,66 @@ TEST_P(Conformance, LayerNormForwardAndBackward) {
   }
 }
 
+// Attention against its definition in double (forward), and on a GPU against the CPU
+// backend (backward; the CPU's is checked against finite differences in the autograd
+// tests), with a mask, causality and dropout over more queries and keys than one block.
+TEST_P(Conformance, AttentionForwardAndBackward) {
+  const std::int64_t B = 2, T = 45, S = 80, H = 2, D = 6, Dv = 5;
+  const Tensor q = random_tensor({B, T, H, D}, 200), k = random_tensor({B, S, H, D}, 201),
+               v = random_tensor({B, S, H, Dv}, 202), dout = random_tensor({B, T, H, Dv}, 203);
+  Tensor mask = random_tensor({B, T, S}, 204, 0.0f, 1.0f);
+  for (std::int64_t i = 0; i < mask.numel(); ++i) mask.data<float>()[i] = mask.data<float>()[i] < 0.25f ? 0.0f : 1.0f;
+  for (std::int64_t s = 0; s < S; ++s) mask.data<float>()[3 * S + s] = 0.0f;  // batch 0's query 3 sees nothing
+  for (const bool causal : {false, true}) {
+    const Tensor m = on(mask);
+    AttentionOptions o{.scale = 0.4f, .causal = causal, .mask = &m, .dropout_rate = 0.2f,
+                       .dropout_generator = Generator(5, 7)};
+    Tensor y = out({B, T, H, Dv}), lse = out({B, T, H});
+    be().attention(on(q), on(k), on(v), o, y, lse);
+    const auto qv = q.to_vector(), kv = k.to_vector(), vv = v.to_vector(), mv = mask.to_vector();
+    std::vector<double> want(static_cast<std::size_t>(B * T * H * Dv), 0.0);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t t = 0; t < T; ++t) {
+          std::vector<double> w(static_cast<std::size_t>(S), 0.0);
+          double top = -INFINITY, sum = 0;
+          for (std::int64_t s = 0; s < S; ++s) {
+            if ((causal && s > t) || mv[(b * T + t) * S + s] == 0.0f) continue;
+            double x = 0;
+            for (std::int64_t d = 0; d < D; ++d) x += double(qv[((b * T + t) * H + h) * D + d]) * kv[((b * S + s) * H + h) * D + d];
+            w[s] = 0.4 * x;
+            top = std::max(top, w[s]);
+          }
+          if (top == -INFINITY) continue;
+          for (std::int64_t s = 0; s < S; ++s)
+            if (!((causal && s > t) || mv[(b * T + t) * S + s] == 0.0f)) sum += (w[s] = std::exp(w[s] - top));
+            else w[s] = 0;
+          for (std::int64_t s = 0; s < S; ++s) {
+            const auto i = static_cast<std::uint64_t>(((b * H + h) * T + t) * S + s);
+            const double kept = o.dropout_generator.uniform_at(i) >= 0.2f ? w[s] / sum / 0.8 : 0.0;
+            for (std::int64_t j = 0; j < Dv; ++j) want[((b * T + t) * H + h) * Dv + j] += kept * vv[((b * S + s) * H + h) * Dv + j];
+          }
+        }
+    expect_near(y.to_vector(), want, 1e-5, 1e-5, causal ? "causal attention" : "attention");
+    EXPECT_EQ(lse.to_vector()[3 * H], -INFINITY) << "a query that sees no key";
+    Tensor dq = out(q.shape()), dk = out(k.shape()), dv = out(v.shape());
+    be().attention_backward(on(q), on(k), on(v), y, lse, on(dout), o, dq, dk, dv);
+    if (gpu()) {
+      AttentionOptions h = o;
+      h.mask = &mask;
+      Tensor hy = Tensor::empty(y.shape()), hl = Tensor::empty(lse.shape()), hq = Tensor::empty(q.shape()),
+             hk = Tensor::empty(k.shape()), hv = Tensor::empty(v.shape());
+      backend(Device::cpu()).attention(q, k, v, h, hy, hl);
+      backend(Device::cpu()).attention_backward(q, k, v, hy, hl, dout, h, hq, hk, hv);
+      expect_same_as_cpu(dq, hq, 1e-4, 1e-5, "attention dq");
+      expect_same_as_cpu(dk, hk, 1e-4, 1e-5, "attention dk");
+      expect_same_as_cpu(dv, hv, 1e-4, 1e-5, "attention dv");
+    }
+    const auto g = dq.to_vector();
+    for (std::int64_t j = 0; j < D; ++j) EXPECT_EQ(g[static_cast<std::size_t>(3 * H * D + j)], 0.0f) << "no gradient for it";
+  }
+}
+
 TEST_P(Conformance, CopyBlockMovesStridedRowsOfEveryDtype) {
   for (const DType dtype : {DType::f32, DType::bf16, DType::u8, DType::i32}) {
     const Tensor src = random_tensor({2, 5, 8}, 110, 0.0f, 100.0f).astype(dtype);

@@ -117,6 +117,19 @@ Tensor softmax_cross_entropy_with_logits(const Tensor& target, const Tensor& log
 // f32 [B, C] one-hot rows from i32 labels [B] (not differentiable).
 Tensor one_hot(const Tensor& labels, std::int64_t classes);
 
+// --- attention (op_attention.cpp): scaled dot-product attention over heads, fused.
+struct AttentionCall {
+  float scale = 1.0f;            // multiplies q · k (Keras: 1 / sqrt(key_dim))
+  bool causal = false;           // a query sees no key after it
+  Tensor mask;                   // [batch, queries, keys] or [queries, keys]; nonzero: may see (undefined: all)
+  float dropout_rate = 0.0f;     // of the attention weights
+  Generator dropout_generator{0};  // draws the weights dropped (kernels/backend.h's AttentionOptions)
+};
+// q [B, T, H, D], k [B, S, H, D], v [B, S, H, Dv] -> [B, T, H, Dv]: each head's softmax over
+// the keys a query may see of scale · q · k, applied to v. A query that may see no key
+// gets zeros. Memory grows with T and S, not with T × S (the weights are never stored).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionCall& call = {});
+
 // --- dropout (op_dropout.cpp): inverted dropout with a seeded, thread-count-independent mask.
 Tensor dropout(const Tensor& x, float rate, const Generator& generator);
 

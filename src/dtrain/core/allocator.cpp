@@ -90,6 +90,11 @@ AllocatorStats CachingAllocator::stats() const {
   return stats_;
 }
 
+void CachingAllocator::reset_peak() {
+  std::lock_guard lock(mutex_);
+  stats_.peak_bytes_in_use = stats_.bytes_in_use;
+}
+
 CachingAllocator& cpu_allocator() {
   // Intentionally leaked: tensors held in static objects may be freed after main returns.
   static CachingAllocator* allocator = new CachingAllocator();

@@ -40,6 +40,8 @@ class CachingAllocator {
   // Gives every cached (unused) block back to the system.
   void release_cached();
   AllocatorStats stats() const;
+  // Starts peak_bytes_in_use again from what is in use now (to measure one computation's peak).
+  void reset_peak();
 
   // Blocks of at least this size start on a 2 MiB boundary and are marked for transparent
   // huge pages: a batch gathered from rows scattered over hundreds of MiB, or a 4 MiB

@@ -79,6 +79,8 @@ const char* primitive_name(Primitive op) {
     case Primitive::layer_norm: return "layer_norm";
     case Primitive::layer_norm_backward: return "layer_norm_backward";
     case Primitive::copy_block: return "copy_block";
+    case Primitive::attention: return "attention";
+    case Primitive::attention_backward: return "attention_backward";
   }
   return "?";
 }

@@ -28,6 +28,7 @@ enum class Primitive : std::uint8_t {
   axpby, sum_squares, softmax_cross_entropy, softmax_cross_entropy_backward, dropout,
   argmax, one_hot, sgd_update, adam_update, rmsprop_update, conv2d, conv2d_backward_data, conv2d_backward_weights,
   pool2d, pool2d_backward, channel_sums, channel_affine, layer_norm, layer_norm_backward, copy_block,
+  attention, attention_backward,
 };
 
 struct MatmulOptions {
@@ -112,6 +113,25 @@ struct RmspropUpdate {
   float epsilon = 1e-7f;
   float weight_decay = 0.0f;       // decoupled: w -= lr * wd * w
   float gradient_scale = 1.0f;
+};
+
+// Scaled dot-product attention over q [B, T, H, D], k [B, S, H, D] and v [B, S, H, Dv]
+// (batch, position, head, depth: the layout of a dense projection's output split into
+// heads, so no transpose is needed): out[b, t, h] = Σ_s P[t, s] · v[b, s, h], P each
+// query's softmax over the keys it may see of scale · q[b, t, h] · k[b, s, h]. A key is
+// hidden from a query where the mask is 0, or (causal) where s > t. A query that may see no
+// key gets zeros and no gradient. Kernels make each query's scores one block of keys at a
+// time (an online softmax), never all T × S of them: memory grows with the sequence, not
+// with its square.
+struct AttentionOptions {
+  float scale = 1.0f;
+  bool causal = false;
+  const Tensor* mask = nullptr;  // [B, T, S] float32: nonzero where the query may see the key
+  // Dropout of the weights P: weight (b, h, t, s) is kept where
+  // dropout_generator.uniform_at(((b * H + h) * T + t) * S + s) >= rate, and scaled by
+  // 1 / (1 - rate); backward draws the same.
+  float dropout_rate = 0.0f;
+  Generator dropout_generator{0};
 };
 
 class Backend {
@@ -199,6 +219,14 @@ class Backend {
   // dx for dy, and (when not null) dgamma and dbeta [D].
   virtual void layer_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
                                    const Tensor& inv_std, Tensor& dx, Tensor* dgamma, Tensor* dbeta) = 0;
+  // out [B, T, H, Dv] and lse [B, T, H], each query's log-sum-exp of its visible scores
+  // (-inf where it sees none), which backward reads instead of the weights.
+  virtual void attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options,
+                         Tensor& out, Tensor& lse) = 0;
+  // dq, dk and dv for dout, from the forward's operands, out and lse.
+  virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                  const Tensor& lse, const Tensor& dout, const AttentionOptions& options, Tensor& dq,
+                                  Tensor& dk, Tensor& dv) = 0;
   // Copies an [outer, rows, width] block of src's elements into dst (same dtype): the
   // moves behind concatenation, padding and cropping.
   virtual void copy_block(const Tensor& src, const Block& from, Tensor& dst, const Block& to, std::int64_t outer,

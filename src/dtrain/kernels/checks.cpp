@@ -283,6 +283,40 @@ void check_layer_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& 
     DTRAIN_THROW(InvalidArgument, "layer_norm_backward: mean and inv_std must be [", rows, "]");
 }
 
+void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, const Tensor& out,
+                     const Tensor& lse) {
+  for (const Tensor* t : {&q, &k, &v, &out, &lse}) t->check_dtype(DType::f32, "attention");
+  if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4)
+    DTRAIN_THROW(InvalidArgument, "attention: q, k and v must be [batch, length, heads, depth], got ", q.shape().to_string(),
+                 ", ", k.shape().to_string(), " and ", v.shape().to_string());
+  const std::int64_t b = q.dim(0), t = q.dim(1), h = q.dim(2), s = k.dim(1);
+  if (k.dim(0) != b || v.dim(0) != b || k.dim(2) != h || v.dim(2) != h || k.dim(3) != q.dim(3) || v.dim(1) != s)
+    DTRAIN_THROW(InvalidArgument, "attention: q ", q.shape().to_string(), ", k ", k.shape().to_string(), " and v ",
+                 v.shape().to_string(), " do not match (k [batch, keys, heads, q's depth], v [batch, keys, heads, any])");
+  if (!(out.shape() == Shape{b, t, h, v.dim(3)}) || !(lse.shape() == Shape{b, t, h}))
+    DTRAIN_THROW(InvalidArgument, "attention: out must be ", Shape{b, t, h, v.dim(3)}.to_string(), " and lse ",
+                 Shape{b, t, h}.to_string(), ", got ", out.shape().to_string(), " and ", lse.shape().to_string());
+  if (o.mask) {
+    o.mask->check_dtype(DType::f32, "attention (mask)");
+    if (!(o.mask->shape() == Shape{b, t, s}))
+      DTRAIN_THROW(InvalidArgument, "attention: the mask must be ", Shape{b, t, s}.to_string(),
+                   " ([batch, queries, keys]), got ", o.mask->shape().to_string());
+  }
+  if (!(o.dropout_rate >= 0.0f && o.dropout_rate < 1.0f))
+    DTRAIN_THROW(InvalidArgument, "attention: dropout rate must be in [0, 1), got ", o.dropout_rate);
+}
+
+void check_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                              const Tensor& dout, const AttentionOptions& o, const Tensor& dq, const Tensor& dk,
+                              const Tensor& dv) {
+  check_attention(q, k, v, o, out, lse);
+  dout.check_dtype(DType::f32, "attention_backward");
+  check_same_shape(out, dout, "attention_backward");
+  check_same_shape(q, dq, "attention_backward");
+  check_same_shape(k, dk, "attention_backward");
+  check_same_shape(v, dv, "attention_backward");
+}
+
 std::int64_t conv_out(std::int64_t in, std::int64_t k, std::int64_t stride, std::int64_t dilation, std::int64_t pad_b,
                       std::int64_t pad_e) {
   const std::int64_t span = dilation * (k - 1) + 1;

@@ -84,6 +84,13 @@ struct PoolDims {
 PoolDims check_pool2d_shapes(const Shape& x, const Shape* y, const Pool2dOptions& o, const char* op);
 
 // Whether there is anything to copy.
+// Attention's operands, outputs and (backward) gradients: shapes, dtypes and the mask.
+void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, const Tensor& out,
+                     const Tensor& lse);
+void check_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                              const Tensor& dout, const AttentionOptions& o, const Tensor& dq, const Tensor& dk,
+                              const Tensor& dv);
+
 bool check_copy_block(const Tensor& src, const Block& from, const Tensor& dst, const Block& to, std::int64_t outer,
                       std::int64_t rows, std::int64_t width);
 

@@ -41,6 +41,17 @@ void check_launch(const char* kernel, std::int64_t elements, const Launch& l) {
 
 namespace {
 
+// A query's warp holds kMaxAttentionDepth values of q's and v's depth.
+void check_attention_depth(const Tensor& q, const Tensor& v) {
+  if (q.dim(3) > cuda::kMaxAttentionDepth || v.dim(3) > cuda::kMaxAttentionDepth)
+    DTRAIN_THROW(InvalidArgument, "attention on a GPU: key and value depths up to ", cuda::kMaxAttentionDepth,
+                 " per head, got ", q.dim(3), " and ", v.dim(3));
+}
+
+}  // namespace
+
+namespace {
+
 math::UnaryOp math_op(Unary op) { return static_cast<math::UnaryOp>(op); }
 
 // The largest power of two (up to 256) that divides the address: what cuBLASLt's kernels
@@ -514,6 +525,31 @@ void CudaBackend::layer_norm_backward(const Tensor& x, const Tensor& dy, const T
                             dgamma ? dgamma->device_data<float>() : nullptr, dbeta ? dbeta->device_data<float>() : nullptr,
                             rows, d, partials.defined() ? static_cast<double*>(partials.raw_device_data()) : nullptr,
                             chunks);
+}
+
+void CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, Tensor& out,
+                            Tensor& lse) {
+  check_devices("attention", device(), {&q, &k, &v, &out, &lse, o.mask});
+  check_attention(q, k, v, o, out, lse);
+  check_attention_depth(q, v);
+  cuda::attention(launch(), q.device_data<float>(), k.device_data<float>(), v.device_data<float>(),
+                  o.mask ? o.mask->device_data<float>() : nullptr, q.dim(0), q.dim(2), q.dim(1), k.dim(1), q.dim(3),
+                  v.dim(3), o.scale, o.causal, o.dropout_rate, math::mix64(o.dropout_generator.seed()),
+                  o.dropout_generator.counter(), out.device_data<float>(), lse.device_data<float>());
+}
+
+void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                     const Tensor& lse, const Tensor& dout, const AttentionOptions& o, Tensor& dq,
+                                     Tensor& dk, Tensor& dv) {
+  check_devices("attention_backward", device(), {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv, o.mask});
+  check_attention_backward(q, k, v, out, lse, dout, o, dq, dk, dv);
+  check_attention_depth(q, v);
+  cuda::attention_backward(launch(), q.device_data<float>(), k.device_data<float>(), v.device_data<float>(),
+                           o.mask ? o.mask->device_data<float>() : nullptr, out.device_data<float>(),
+                           lse.device_data<float>(), dout.device_data<float>(), q.dim(0), q.dim(2), q.dim(1), k.dim(1),
+                           q.dim(3), v.dim(3), o.scale, o.causal, o.dropout_rate,
+                           math::mix64(o.dropout_generator.seed()), o.dropout_generator.counter(),
+                           dq.device_data<float>(), dk.device_data<float>(), dv.device_data<float>());
 }
 
 void CudaBackend::copy_block(const Tensor& src, const Block& from, Tensor& dst, const Block& to, std::int64_t outer,

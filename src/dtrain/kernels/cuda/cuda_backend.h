@@ -61,6 +61,11 @@ class CudaBackend final : public Backend {
                   Tensor& inv_std) override;
   void layer_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,
                            const Tensor& inv_std, Tensor& dx, Tensor* dgamma, Tensor* dbeta) override;
+  void attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& options, Tensor& out,
+                 Tensor& lse) override;
+  void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, const AttentionOptions& options, Tensor& dq, Tensor& dk,
+                          Tensor& dv) override;
   void copy_block(const Tensor& src, const Block& from, Tensor& dst, const Block& to, std::int64_t outer,
                   std::int64_t rows, std::int64_t width) override;
 

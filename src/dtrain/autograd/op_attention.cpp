@@ -1,0 +1,51 @@
+// Scaled dot-product attention as one op: forward and backward are the backend's fused
+// attention kernels (no T × S matrix of weights is kept for backward; the kernels recompute
+// the weights from each query's log-sum-exp).
+#include "dtrain/autograd/op_util.h"
+
+namespace dtrain {
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionCall& call) {
+  for (const Tensor* t : {&q, &k, &v}) detail::check_float(*t, "attention");
+  if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4)
+    DTRAIN_THROW(InvalidArgument, "attention: q, k and v must be [batch, length, heads, depth], got ",
+                 q.shape().to_string(), ", ", k.shape().to_string(), " and ", v.shape().to_string());
+  // The mask as the kernels read it: float32 [B, T, S] on q's device, a [T, S] one repeated.
+  Tensor mask;
+  if (call.mask.defined()) {
+    const std::int64_t b = q.dim(0), t = q.dim(1), s = k.dim(1);
+    Tensor m = call.mask.dtype() == DType::f32 ? call.mask : call.mask.to(Device::cpu()).astype(DType::f32);
+    if (m.shape() == Shape{t, s}) {
+      Tensor whole = Tensor::empty(Shape{b, t, s}, DType::f32, m.device());
+      for (std::int64_t i = 0; i < b; ++i) whole.slice(i, i + 1).copy_from(m.reshape({1, t, s}));
+      m = whole;
+    }
+    if (!(m.shape() == Shape{b, t, s}))
+      DTRAIN_THROW(InvalidArgument, "attention: the mask must be [batch, queries, keys] = ", Shape{b, t, s}.to_string(),
+                   " (or [queries, keys]), got ", call.mask.shape().to_string());
+    mask = m.to(q.device());
+  }
+  kernels::AttentionOptions o{.scale = call.scale,
+                              .causal = call.causal,
+                              .mask = mask.defined() ? &mask : nullptr,
+                              .dropout_rate = call.dropout_rate,
+                              .dropout_generator = call.dropout_generator};
+  Tensor out = detail::empty_on(q, {q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
+  Tensor lse = detail::empty_on(q, {q.dim(0), q.dim(1), q.dim(2)});
+  detail::backend_of(q).attention(q, k, v, o, out, lse);
+  detail::record(out, [&] {
+    return [q, k, v, out, lse, mask, o](const Tensor& dout, BackwardContext& ctx) {
+      kernels::AttentionOptions ob = o;
+      ob.mask = mask.defined() ? &mask : nullptr;
+      Tensor dq = detail::empty_on(dout, q.shape()), dk = detail::empty_on(dout, k.shape()),
+             dv = detail::empty_on(dout, v.shape());
+      detail::backend_of(dout).attention_backward(q, k, v, out, lse, dout, ob, dq, dk, dv);
+      if (ctx.needs(0)) ctx.add(0, dq);
+      if (ctx.needs(1)) ctx.add(1, dk);
+      if (ctx.needs(2)) ctx.add(2, dv);
+    };
+  }, q, k, v);
+  return out;
+}
+
+}  // namespace dtrain
