@@ -226,6 +226,16 @@ class StandInBackend final : public kernels::Backend {
     cpu().layer_norm_backward(host(x), host(dy), host(gamma), host(mean), host(inv_std), hx, dgamma ? &hg : nullptr,
                               dbeta ? &hb : nullptr);
   }
+  void gather_rows(const Tensor& table, const Tensor& ids, Tensor& out) override {
+    check({&table, &ids, &out});
+    Tensor h = host(out);
+    cpu().gather_rows(host(table), host(ids), h);
+  }
+  void scatter_add_rows(const Tensor& ids, const Tensor& rows, Tensor& table) override {
+    check({&ids, &rows, &table});
+    Tensor h = host(table);
+    cpu().scatter_add_rows(host(ids), host(rows), h);
+  }
   void attention(const Tensor& q, const Tensor& k, const Tensor& v, const kernels::AttentionOptions& o, Tensor& out,
                  Tensor& lse) override {
     check({&q, &k, &v, &out, &lse, o.mask});

@@ -1,6 +1,8 @@
-// Scaled dot-product attention as one op: forward and backward are the backend's fused
+// Embedding lookups, and scaled dot-product attention as one op: forward and backward are the backend's fused
 // attention kernels (no T × S matrix of weights is kept for backward; the kernels recompute
 // the weights from each query's log-sum-exp).
+#include <cmath>
+
 #include "dtrain/autograd/op_util.h"
 
 namespace dtrain {
@@ -46,6 +48,47 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     };
   }, q, k, v);
   return out;
+}
+
+}  // namespace dtrain
+
+namespace dtrain {
+
+Tensor embedding_lookup(const Tensor& table, const Tensor& ids, const char* who) {
+  detail::check_float(table, who);
+  if (table.rank() != 2) DTRAIN_THROW(InvalidArgument, who, ": the table must be [vocabulary, depth], got ", table.shape().to_string());
+  if (ids.dtype() != DType::f32 && ids.dtype() != DType::i32 && ids.dtype() != DType::u8)
+    DTRAIN_THROW(InvalidArgument, who, ": ids must be integers (int32, or float32 holding whole numbers), got ",
+                 dtype_name(ids.dtype()));
+  // Checked on the host, naming the first bad id: a lookup outside the table is a mistake
+  // in the data, not something to clamp.
+  const std::int64_t vocabulary = table.dim(0), n = ids.numel();
+  const Tensor host = ids.to(Device::cpu());
+  Tensor checked = Tensor::empty(Shape{n}, DType::i32);
+  std::int32_t* out = checked.data<std::int32_t>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double id = host.dtype() == DType::f32   ? static_cast<double>(host.data<float>()[i])
+                      : host.dtype() == DType::i32 ? static_cast<double>(host.data<std::int32_t>()[i])
+                                                   : static_cast<double>(host.data<std::uint8_t>()[i]);
+    if (!(id >= 0 && id < static_cast<double>(vocabulary)) || id != std::floor(id))
+      DTRAIN_THROW(InvalidArgument, who, ": id ", id, " at position ", i, " of ids ", ids.shape().to_string(),
+                   " is not a whole number in [0, ", vocabulary, ") (the input_dim)");
+    out[i] = static_cast<std::int32_t>(id);
+  }
+  const Tensor flat = checked.to(table.device());
+  std::vector<std::int64_t> dims(ids.shape().dims().begin(), ids.shape().dims().end());
+  dims.push_back(table.dim(1));
+  Tensor rows = detail::empty_on(table, {n, table.dim(1)});
+  detail::backend_of(table).gather_rows(table, flat, rows);
+  Tensor y = rows.reshape(Shape(dims));
+  detail::record(y, [&] {
+    return [flat, shape = table.shape(), n](const Tensor& dy, BackwardContext& ctx) {
+      Tensor dtable = Tensor::zeros(shape, DType::f32, dy.device());
+      detail::backend_of(dy).scatter_add_rows(flat, dy.reshape({n, shape[1]}), dtable);
+      ctx.add(0, dtable);
+    };
+  }, table);
+  return y;
 }
 
 }  // namespace dtrain

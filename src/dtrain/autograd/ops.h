@@ -130,6 +130,11 @@ struct AttentionCall {
 // gets zeros. Memory grows with T and S, not with T × S (the weights are never stored).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionCall& call = {});
 
+// Rows of table [V, D] picked by ids (any shape; int32, or float32 holding whole numbers)
+// -> ids' shape + [D]; an id outside [0, V) is an InvalidArgument naming it and `who`.
+// Gradients flow to the table only (repeated ids add up).
+Tensor embedding_lookup(const Tensor& table, const Tensor& ids, const char* who = "embedding");
+
 // --- dropout (op_dropout.cpp): inverted dropout with a seeded, thread-count-independent mask.
 Tensor dropout(const Tensor& x, float rate, const Generator& generator);
 

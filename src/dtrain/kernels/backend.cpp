@@ -81,6 +81,8 @@ const char* primitive_name(Primitive op) {
     case Primitive::copy_block: return "copy_block";
     case Primitive::attention: return "attention";
     case Primitive::attention_backward: return "attention_backward";
+    case Primitive::gather_rows: return "gather_rows";
+    case Primitive::scatter_add_rows: return "scatter_add_rows";
   }
   return "?";
 }

@@ -28,7 +28,7 @@ enum class Primitive : std::uint8_t {
   axpby, sum_squares, softmax_cross_entropy, softmax_cross_entropy_backward, dropout,
   argmax, one_hot, sgd_update, adam_update, rmsprop_update, conv2d, conv2d_backward_data, conv2d_backward_weights,
   pool2d, pool2d_backward, channel_sums, channel_affine, layer_norm, layer_norm_backward, copy_block,
-  attention, attention_backward,
+  attention, attention_backward, gather_rows, scatter_add_rows,
 };
 
 struct MatmulOptions {
@@ -227,6 +227,11 @@ class Backend {
   virtual void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                   const Tensor& lse, const Tensor& dout, const AttentionOptions& options, Tensor& dq,
                                   Tensor& dk, Tensor& dv) = 0;
+  // out[i] = table[ids[i]] for table [V, D], ids [N] int32 (each in [0, V): the caller checks),
+  // out [N, D]: an embedding lookup.
+  virtual void gather_rows(const Tensor& table, const Tensor& ids, Tensor& out) = 0;
+  // table[ids[i]] += rows[i] for every i (ids repeated add up): an embedding's gradient.
+  virtual void scatter_add_rows(const Tensor& ids, const Tensor& rows, Tensor& table) = 0;
   // Copies an [outer, rows, width] block of src's elements into dst (same dtype): the
   // moves behind concatenation, padding and cropping.
   virtual void copy_block(const Tensor& src, const Block& from, Tensor& dst, const Block& to, std::int64_t outer,

@@ -283,6 +283,15 @@ void check_layer_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& 
     DTRAIN_THROW(InvalidArgument, "layer_norm_backward: mean and inv_std must be [", rows, "]");
 }
 
+void check_rows_by_id(const Tensor& table, const Tensor& ids, const Tensor& rows, const char* op) {
+  table.check_dtype(DType::f32, op);
+  rows.check_dtype(DType::f32, op);
+  ids.check_dtype(DType::i32, op);
+  if (table.rank() != 2 || ids.rank() != 1 || rows.rank() != 2 || rows.dim(0) != ids.dim(0) || rows.dim(1) != table.dim(1))
+    DTRAIN_THROW(InvalidArgument, op, ": expects a table [V, D], ids [N] and rows [N, D], got ", table.shape().to_string(),
+                 ", ", ids.shape().to_string(), " and ", rows.shape().to_string());
+}
+
 void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, const Tensor& out,
                      const Tensor& lse) {
   for (const Tensor* t : {&q, &k, &v, &out, &lse}) t->check_dtype(DType::f32, "attention");

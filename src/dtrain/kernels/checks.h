@@ -84,6 +84,9 @@ struct PoolDims {
 PoolDims check_pool2d_shapes(const Shape& x, const Shape* y, const Pool2dOptions& o, const char* op);
 
 // Whether there is anything to copy.
+// gather_rows' and scatter_add_rows' shapes: table [V, D], ids [N] int32, rows [N, D].
+void check_rows_by_id(const Tensor& table, const Tensor& ids, const Tensor& rows, const char* op);
+
 // Attention's operands, outputs and (backward) gradients: shapes, dtypes and the mask.
 void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, const Tensor& out,
                      const Tensor& lse);

@@ -1,7 +1,8 @@
-// Scaled dot-product attention on plain loops, flash-attention style: each block of queries
-// meets the keys one block at a time with an online softmax (a running maximum and sum per
-// query), so no T × S matrix of scores or weights is ever made; backward recomputes each
-// block's weights from the forward's log-sum-exp. Operands are [batch, position, head,
+// Scaled dot-product attention and embedding lookups on plain loops. Attention runs
+// flash-attention style: each block of queries meets the keys one block at a time with an
+// online softmax (a running maximum and sum per query), so no T × S matrix of scores or
+// weights is ever made; backward recomputes each block's weights from the forward's
+// log-sum-exp. Operands are [batch, position, head,
 // depth]: one head's rows are `heads * depth` apart. Forward runs (batch, head, query
 // block) tasks in parallel; backward runs (batch, head) pairs, each owning its gradients.
 #include <algorithm>
@@ -181,6 +182,32 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
         }
       }
     }
+  });
+}
+
+void CpuBackend::gather_rows(const Tensor& table, const Tensor& ids, Tensor& out) {
+  check_devices("gather_rows", device(), {&table, &ids, &out});
+  check_rows_by_id(table, ids, out, "gather_rows");
+  const std::int64_t n = ids.dim(0), d = table.dim(1);
+  const float* pt = table.data<float>();
+  const std::int32_t* pi = ids.data<std::int32_t>();
+  float* po = out.data<float>();
+  parallel_for(n, std::max<std::int64_t>(1, 16384 / std::max<std::int64_t>(d, 1)), [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) std::copy(pt + pi[i] * d, pt + (pi[i] + 1) * d, po + i * d);
+  });
+}
+
+void CpuBackend::scatter_add_rows(const Tensor& ids, const Tensor& rows, Tensor& table) {
+  check_devices("scatter_add_rows", device(), {&ids, &rows, &table});
+  check_rows_by_id(table, ids, rows, "scatter_add_rows");
+  const std::int64_t n = ids.dim(0), d = table.dim(1);
+  const std::int32_t* pi = ids.data<std::int32_t>();
+  const float* pr = rows.data<float>();
+  float* pt = table.data<float>();
+  // Threads take columns, each adding every row in order: no two threads write one
+  // element, and the sums' order (so their bits) does not depend on the thread count.
+  parallel_for(d, 16, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = 0; i < n; ++i) add_scaled(pt + pi[i] * d + begin, 1.0f, pr + i * d + begin, end - begin);
   });
 }
 

@@ -68,6 +68,8 @@ class CpuBackend final : public Backend {
   void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                           const Tensor& dout, const AttentionOptions& options, Tensor& dq, Tensor& dk,
                           Tensor& dv) override;
+  void gather_rows(const Tensor& table, const Tensor& ids, Tensor& out) override;
+  void scatter_add_rows(const Tensor& ids, const Tensor& rows, Tensor& table) override;
   void copy_block(const Tensor& src, const Block& from, Tensor& dst, const Block& to, std::int64_t outer,
                   std::int64_t rows, std::int64_t width) override;
 

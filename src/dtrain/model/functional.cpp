@@ -51,6 +51,7 @@ KerasTensor call_layer(const std::shared_ptr<nn::Layer>& layer, const std::vecto
   node->shape = layer->compute_output_shape_of(shapes);  // checks the inputs, naming the layer
   // Keras builds a layer on its first call, symbolic or not: the weights exist from here.
   if (!layer->takes_several_inputs()) layer->build(shapes.front());
+  else if (!layer->built()) layer->build_several(shapes);
   node->layer = layer;
   node->inputs = inputs;
   return KerasTensor(std::move(node));

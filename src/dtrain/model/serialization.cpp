@@ -153,6 +153,38 @@ json layer_to_json(const nn::Layer& layer) {
   } else if (auto* zp = dynamic_cast<const nn::ZeroPadding2D*>(&layer)) {
     config["padding"] = zp->padding();
     config["data_format"] = "channels_last";
+  } else if (auto* em = dynamic_cast<const nn::Embedding*>(&layer)) {
+    const nn::EmbeddingOptions& o = em->options();
+    config["input_dim"] = em->input_dim();
+    config["output_dim"] = em->output_dim();
+    config["embeddings_initializer"] = o.embeddings_initializer;
+    config["embeddings_regularizer"] = regularizer_json(o.embeddings_regularizer);
+    config["embeddings_constraint"] = constraint_json(o.embeddings_constraint);
+    config["mask_zero"] = false;
+    config["seed"] = seed_json(o.seed);
+  } else if (auto* pe = dynamic_cast<const nn::PositionEmbedding*>(&layer)) {
+    config["sequence_length"] = pe->sequence_length();
+    config["initializer"] = pe->initializer();
+    config["seed"] = seed_json(pe->seed());
+  } else if (auto* g1 = dynamic_cast<const nn::GlobalAveragePooling1D*>(&layer)) {
+    config["data_format"] = "channels_last";
+    config["keepdims"] = g1->keepdims();
+  } else if (auto* mha = dynamic_cast<const nn::MultiHeadAttention*>(&layer)) {
+    const nn::MultiHeadAttentionOptions& o = mha->options();
+    config["num_heads"] = mha->num_heads();
+    config["key_dim"] = mha->key_dim();
+    config["value_dim"] = mha->value_dim();
+    config["dropout"] = float_json(o.dropout);
+    config["use_bias"] = o.use_bias;
+    config["output_shape"] = o.output_shape > 0 ? json(o.output_shape) : json(nullptr);
+    config["attention_axes"] = nullptr;
+    config["kernel_initializer"] = o.kernel_initializer;
+    config["bias_initializer"] = o.bias_initializer;
+    config["kernel_regularizer"] = regularizer_json(o.kernel_regularizer);
+    config["bias_regularizer"] = regularizer_json(o.bias_regularizer);
+    config["kernel_constraint"] = constraint_json(o.kernel_constraint);
+    config["bias_constraint"] = constraint_json(o.bias_constraint);
+    config["seed"] = seed_json(o.seed);
   } else if (dynamic_cast<const nn::Add*>(&layer)) {
   } else if (auto* cc = dynamic_cast<const nn::Concatenate*>(&layer)) {
     config["axis"] = cc->axis();
@@ -564,6 +596,68 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       }
       return std::make_shared<nn::ZeroPadding2D>(pad, c.get_string("name", "zero_padding2d"));
     }
+    if (cls == "Embedding") {
+      c.expect_keys(layer_keys({"input_dim", "output_dim", "embeddings_initializer", "embeddings_regularizer",
+                                "embeddings_constraint", "mask_zero", "input_length", "sparse", "lora_rank",
+                                "lora_alpha", "seed"}));
+      expect_unset(c, {"lora_rank", "lora_alpha"});
+      if (c.get_bool("mask_zero", false))
+        c.fail("mask_zero", "true is not supported (a padding mask carried to later layers); pass the mask to "
+                            "MultiHeadAttention as attention_mask instead");
+      if (c.get_bool("sparse", false)) c.fail("sparse", "true is not supported (sparse gradients; only false)");
+      nn::EmbeddingOptions o;
+      o.embeddings_initializer = initializer_name(c, "embeddings_initializer", "uniform");
+      o.embeddings_regularizer = get_regularizer(c, "embeddings_regularizer");
+      o.embeddings_constraint = get_constraint(c, "embeddings_constraint");
+      o.seed = get_seed(c, "embeddings_initializer");
+      o.name = c.get_string("name", "embedding");
+      const std::int64_t in = c.get_int("input_dim"), out = c.get_int("output_dim");
+      if (in <= 0 || out <= 0) c.fail("input_dim", "input_dim and output_dim must be positive integers");
+      return std::make_shared<nn::Embedding>(in, out, o);
+    }
+    if (cls == "PositionEmbedding") {
+      c.expect_keys(layer_keys({"sequence_length", "initializer", "seed"}));
+      const std::int64_t n = c.get_int("sequence_length");
+      if (n <= 0) c.fail("sequence_length", "must be a positive integer, got " + std::to_string(n));
+      return std::make_shared<nn::PositionEmbedding>(n, initializer_name(c, "initializer", "glorot_uniform"),
+                                                     get_seed(c, "initializer"), c.get_string("name", "position_embedding"));
+    }
+    if (cls == "GlobalAveragePooling1D") {
+      c.expect_keys(layer_keys({"data_format", "keepdims"}));
+      expect_channels_last(c);
+      return std::make_shared<nn::GlobalAveragePooling1D>(c.get_bool("keepdims", false),
+                                                          c.get_string("name", "global_average_pooling1d"));
+    }
+    if (cls == "MultiHeadAttention") {
+      c.expect_keys(layer_keys({"num_heads", "key_dim", "value_dim", "dropout", "use_bias", "output_shape",
+                                "attention_axes", "kernel_initializer", "bias_initializer", "kernel_regularizer",
+                                "bias_regularizer", "kernel_constraint", "bias_constraint", "seed", "query_shape",
+                                "key_shape", "value_shape", "flash_attention"}));
+      if (c.has("attention_axes") && !c.raw()["attention_axes"].is_null()) {
+        const json& axes = c.raw()["attention_axes"];
+        if (!(axes.is_array() && axes.size() == 1 && axes[0].is_number_integer() && axes[0].get<int>() == 1))
+          c.fail("attention_axes", "attention over the sequence axis only (null or [1]), got " + axes.dump());
+      }
+      nn::MultiHeadAttentionOptions o;
+      o.name = c.get_string("name", "multi_head_attention");
+      if (c.has("value_dim") && !c.raw()["value_dim"].is_null()) o.value_dim = c.get_int("value_dim");
+      o.dropout = static_cast<float>(c.get_number("dropout", 0.0));
+      o.use_bias = c.get_bool("use_bias", true);
+      if (c.has("output_shape") && !c.raw()["output_shape"].is_null()) {
+        const json& os = c.raw()["output_shape"];
+        if (os.is_number_integer()) o.output_shape = os.get<std::int64_t>();
+        else if (os.is_array() && os.size() == 1 && os[0].is_number_integer()) o.output_shape = os[0].get<std::int64_t>();
+        else c.fail("output_shape", "one number of output features, got " + os.dump());
+      }
+      o.kernel_initializer = initializer_name(c, "kernel_initializer", "glorot_uniform");
+      o.bias_initializer = initializer_name(c, "bias_initializer", "zeros");
+      o.kernel_regularizer = get_regularizer(c, "kernel_regularizer");
+      o.bias_regularizer = get_regularizer(c, "bias_regularizer");
+      o.kernel_constraint = get_constraint(c, "kernel_constraint");
+      o.bias_constraint = get_constraint(c, "bias_constraint");
+      o.seed = get_seed(c, "kernel_initializer");
+      return std::make_shared<nn::MultiHeadAttention>(c.get_int("num_heads"), c.get_int("key_dim"), o);
+    }
     if (cls == "Add") {
       c.expect_keys(layer_keys({}));
       return std::make_shared<nn::Add>(c.get_string("name", "add"));
@@ -588,7 +682,8 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
   r.fail("class_name", "unknown layer class '" + cls +
                            "' (expected Dense, Activation, Dropout, Flatten, Rescaling, Conv2D, DepthwiseConv2D, "
                            "MaxPooling2D, AveragePooling2D, GlobalAveragePooling2D, BatchNormalization, "
-                           "LayerNormalization, Reshape, ZeroPadding2D, Add or Concatenate)");
+                           "LayerNormalization, Reshape, ZeroPadding2D, Add, Concatenate, Embedding, "
+                           "PositionEmbedding, MultiHeadAttention or GlobalAveragePooling1D)");
 }
 
 }  // namespace
@@ -609,23 +704,43 @@ Shape shape_from(const JsonReader& s, std::size_t skip) {
   return Shape(dims);
 }
 
-// A node's call arguments beside its inputs (tf.keras's kwargs dict, Keras 3's "kwargs"):
-// only those that change nothing: training unset or false, mask unset.
-void check_call_kwargs(const json& kwargs) {
+// What a node's call says beside its input tensors.
+struct NodeCall {
+  std::vector<std::pair<std::string, int>> inputs;  // (layer name, node index), in call order
+  bool use_causal_mask = false;
+};
+
+void collect_history(const json& v, NodeCall& out);
+
+// A node's call arguments beside its first inputs (tf.keras's kwargs dict, Keras 3's
+// "kwargs"): tensors given as value and key (MultiHeadAttention's, after the query),
+// use_causal_mask, and those that change nothing: training unset or false, mask and
+// attention_mask unset, return_attention_scores false.
+void read_call_kwargs(const json& kwargs, NodeCall& out) {
   if (kwargs.is_null()) return;
   if (!kwargs.is_object()) throw std::invalid_argument("call arguments are not an object: " + kwargs.dump());
+  for (const char* tensor : {"value", "key"})
+    if (kwargs.contains(tensor) && !kwargs.at(tensor).is_null()) collect_history(kwargs.at(tensor), out);
   for (auto it = kwargs.begin(); it != kwargs.end(); ++it) {
-    const bool harmless = (it.key() == "training" && (it.value().is_null() || it.value() == false)) ||
-                          (it.key() == "mask" && it.value().is_null());
+    const std::string& k = it.key();
+    const json& v = it.value();
+    if (k == "value" || k == "key") continue;
+    if (k == "use_causal_mask" && v.is_boolean()) {
+      out.use_causal_mask = out.use_causal_mask || v.get<bool>();
+      continue;
+    }
+    const bool harmless = ((k == "training" || k == "return_attention_scores") && (v.is_null() || v == false)) ||
+                          ((k == "mask" || k == "attention_mask") && v.is_null());
     if (!harmless)
-      throw std::invalid_argument("a call with " + it.key() + "=" + it.value().dump() +
-                                  " is not supported (training false and mask null only)");
+      throw std::invalid_argument("a call with " + k + "=" + v.dump() +
+                                  " is not supported (training false, mask and attention_mask null, "
+                                  "return_attention_scores false, use_causal_mask, value and key only)");
   }
 }
 
 // The (layer name, node index) pairs a node reads, from tf.keras's [[name, node, tensor,
-// {}], ...] or Keras 3's {"args": [...keras tensors...], "kwargs": {}}.
-void collect_history(const json& v, std::vector<std::pair<std::string, int>>& out) {
+// {kwargs}], ...] or Keras 3's {"args": [...keras tensors...], "kwargs": {}}.
+void collect_history(const json& v, NodeCall& out) {
   if (v.is_object()) {
     if (v.contains("class_name") && v.at("class_name") == "__keras_tensor__") {
       const json* h = nullptr;
@@ -633,31 +748,31 @@ void collect_history(const json& v, std::vector<std::pair<std::string, int>>& ou
         h = &v.at("config").at("keras_history");
       if (!h || !h->is_array() || h->size() < 2 || !h->at(0).is_string() || !h->at(1).is_number_integer())
         throw std::invalid_argument("a __keras_tensor__ without a keras_history [layer, node, tensor]: " + v.dump());
-      out.emplace_back(h->at(0).get<std::string>(), h->at(1).get<int>());
+      out.inputs.emplace_back(h->at(0).get<std::string>(), h->at(1).get<int>());
       return;
     }
-    if (v.contains("kwargs")) check_call_kwargs(v.at("kwargs"));
     if (v.contains("args")) collect_history(v.at("args"), out);
+    if (v.contains("kwargs")) read_call_kwargs(v.at("kwargs"), out);
     return;
   }
   if (v.is_array()) {
     if (v.size() >= 3 && v[0].is_string() && v[1].is_number_integer()) {
-      if (v.size() >= 4) check_call_kwargs(v[3]);
-      out.emplace_back(v[0].get<std::string>(), v[1].get<int>());
+      out.inputs.emplace_back(v[0].get<std::string>(), v[1].get<int>());
+      if (v.size() >= 4) read_call_kwargs(v[3], out);
       return;
     }
     for (const json& e : v) collect_history(e, out);
   }
 }
 
-std::vector<std::pair<std::string, int>> node_inputs(const JsonReader& node) {
-  std::vector<std::pair<std::string, int>> out;
+NodeCall node_inputs(const JsonReader& node) {
+  NodeCall out;
   try {
     collect_history(node.raw(), out);
   } catch (const std::exception& e) {
     node.fail("", std::string("is not a node of tf.keras's or Keras 3's format: ") + e.what());
   }
-  if (out.empty()) node.fail("", "names no input tensor: " + node.raw().dump());
+  if (out.inputs.empty()) node.fail("", "names no input tensor: " + node.raw().dump());
   return out;
 }
 
@@ -730,7 +845,16 @@ UnbuiltModel functional_from_json(const JsonReader& c, const std::string& dtype_
       if (e.has("inbound_nodes")) {
         const JsonReader in = e.child("inbound_nodes");
         in.expect_array();
-        for (std::size_t k = 0; k < in.size(); ++k) nodes.push_back(node_inputs(in.element(k)));
+        for (std::size_t k = 0; k < in.size(); ++k) {
+          NodeCall call = node_inputs(in.element(k));
+          // use_causal_mask is a call argument in Keras; dtrain keeps it with the layer.
+          if (call.use_causal_mask) {
+            auto* mha = dynamic_cast<nn::MultiHeadAttention*>(layer.get());
+            if (!mha) in.element(k).fail("", "use_causal_mask on a layer that is not a MultiHeadAttention");
+            mha->set_use_causal_mask(true);
+          }
+          nodes.push_back(std::move(call.inputs));
+        }
       }
       inbound.push_back(nodes);
     }
@@ -881,6 +1005,8 @@ std::string Model::to_json(int indent) const {
     node_index[n.get()] = calls[n->layer.get()]++;
     json node = json::array();
     for (const KerasTensor& in : n->inputs) node.push_back(ref(in));
+    if (auto* mha = dynamic_cast<const nn::MultiHeadAttention*>(n->layer.get()); mha && mha->options().use_causal_mask)
+      node[0][3]["use_causal_mask"] = true;
     inbound[n->layer.get()].push_back(node);
   }
   for (const auto& l : layers_) {

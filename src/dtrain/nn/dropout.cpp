@@ -10,12 +10,12 @@ Dropout::Dropout(float rate, std::optional<std::uint64_t> seed, std::string name
   if (!(rate >= 0.0f && rate < 1.0f)) fail("rate must be in [0, 1), got " + std::to_string(rate));
 }
 
-Tensor Dropout::call(const Tensor& x, bool training) {
-  if (!training || rate_ == 0.0f) return x;
+Generator Dropout::draw(std::uint64_t n) {
   const ReplicaContext& replica = replica_context();
   Generator* g = &generator_;
+  std::unique_lock lock(replica_mutex_, std::defer_lock);
   if (replica.num_replicas_in_sync > 1) {
-    std::lock_guard lock(replica_mutex_);
+    lock.lock();
     // Streams are numbered by the replica's place among all processes' replicas, so every
     // replica of a multi-worker job draws its own masks.
     const auto id = static_cast<std::size_t>(replica.replica_id);
@@ -24,9 +24,14 @@ Tensor Dropout::call(const Tensor& x, bool training) {
       replica_generators_.push_back(generator_.fork(first + replica_generators_.size()));
     g = &replica_generators_[id];
   }
-  Tensor y = dropout(x, rate_, *g);
-  g->advance(static_cast<std::uint64_t>(x.numel()));  // fresh mask next call
-  return y;
+  const Generator now = *g;
+  g->advance(n);  // a fresh mask next call
+  return now;
+}
+
+Tensor Dropout::call(const Tensor& x, bool training) {
+  if (!training || rate_ == 0.0f) return x;
+  return dropout(x, rate_, draw(static_cast<std::uint64_t>(x.numel())));
 }
 
 std::vector<std::uint64_t> Dropout::rng_state() const {

@@ -23,6 +23,10 @@ class Dropout : public Layer {
   std::optional<std::uint64_t> seed() const { return seed_; }
   // The generator's position: a checkpoint saves it to resume the same masks.
   Generator& generator() { return generator_; }
+  // The stream for a mask of `n` values drawn now (this replica's own under a strategy),
+  // as it stands before the draw; the stream moves past them. Layers that drop inside
+  // their own kernels (attention's weights) draw their masks so.
+  Generator draw(std::uint64_t n);
   // [seed, counter] of the layer's generator, the number of replica streams, then each
   // one's [seed, counter].
   std::vector<std::uint64_t> rng_state() const override;

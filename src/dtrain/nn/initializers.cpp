@@ -40,11 +40,11 @@ void fill_truncated_normal(Tensor& t, float stddev, Generator& g) {
 
 void check_initializer_name(const std::string& name) {
   for (const char* k : {"glorot_uniform", "glorot_normal", "he_uniform", "he_normal", "zeros", "ones", "random_normal",
-                        "random_uniform", "truncated_normal"})
+                        "random_uniform", "uniform", "truncated_normal"})
     if (name == k) return;
   DTRAIN_THROW(InvalidArgument, "unknown initializer '", name,
                "'; expected one of glorot_uniform, glorot_normal, he_uniform, he_normal, zeros, ones, "
-               "random_normal, random_uniform, truncated_normal");
+               "random_normal, random_uniform (or uniform), truncated_normal");
 }
 
 Tensor initialize(const std::string& name, const Shape& shape, Generator& g) {
@@ -63,7 +63,7 @@ Tensor initialize(const std::string& name, const Shape& shape, Generator& g) {
     }
     return t;
   }
-  if (name == "random_uniform") {
+  if (name == "random_uniform" || name == "uniform") {  // Keras's "uniform": RandomUniform
     fill_uniform(t, 0.05f, g);
     return t;
   }

@@ -56,7 +56,8 @@ Tensor Layer::operator()(std::span<const Tensor> inputs, bool training) {
     x.check_defined(name_.c_str());
     shapes.push_back(x.shape());
   }
-  compute_output_shape_of(shapes);  // checks the inputs against each other (no weights to build)
+  compute_output_shape_of(shapes);  // checks the inputs against each other
+  if (!built()) build_several(shapes);
   const AllocationTag tag(&tag_);
   Tensor y = call_several(inputs, training);
   regularize_activity(y);

@@ -35,6 +35,9 @@ class Layer {
   virtual bool takes_several_inputs() const { return false; }
   // The output shape for a list of input shapes (one, unless takes_several_inputs()).
   virtual Shape compute_output_shape_of(std::span<const Shape> input_shapes) const;
+  // A layer of several inputs with weights (MultiHeadAttention) makes them here, for the
+  // shapes of its first call; the others have nothing to build.
+  virtual void build_several(std::span<const Shape> /*input_shapes*/) {}
 
   // Creates the weights for inputs of `input_shape` (its first axis is the batch and is
   // not fixed). Calling it twice with a different shape is an error naming the layer.

@@ -1,7 +1,9 @@
 // The Keras layers: core (Dense, Activation, Dropout, Flatten, Rescaling), convolution,
-// pooling, normalization, reshaping and merging.
+// pooling, normalization, reshaping, merging, and the transformer's (Embedding,
+// MultiHeadAttention, GlobalAveragePooling1D).
 #pragma once
 
+#include "dtrain/nn/attention.h"
 #include "dtrain/nn/dense.h"
 #include "dtrain/nn/activation.h"
 #include "dtrain/nn/dropout.h"

@@ -3,7 +3,8 @@
 // an online softmax (a running maximum and sum), so no T × S matrix of scores is made; the
 // lanes split the depth of the dot products and of the value rows. Backward recomputes each
 // weight from the forward's log-sum-exp; a query's warp adds its share of dk and dv with
-// atomics (their sums' order, and so their last bits, vary from run to run).
+// atomics (their sums' order, and so their last bits, vary from run to run). Embedding
+// lookups (gather_rows) and their gradients (scatter_add_rows, with atomics) live here too.
 #include "dtrain/kernels/cuda/common.cuh"
 
 namespace dtrain::kernels::cuda {
@@ -117,6 +118,15 @@ __global__ void attention_backward_kernel(const float* q, const float* k, const 
   }
 }
 
+__global__ void gather_rows_kernel(const float* table, const std::int32_t* ids, float* out, long long n, long long d) {
+  DTRAIN_GRID_STRIDE(i, n * d) out[i] = table[static_cast<long long>(ids[i / d]) * d + i % d];
+}
+
+__global__ void scatter_add_rows_kernel(const std::int32_t* ids, const float* rows, float* table, long long n,
+                                        long long d) {
+  DTRAIN_GRID_STRIDE(i, n * d) atomicAdd(table + static_cast<long long>(ids[i / d]) * d + i % d, rows[i]);
+}
+
 unsigned warp_blocks(long long rows, const Launch& l) {
   return blocks_for(rows * kWarp, l);
 }
@@ -149,6 +159,20 @@ void attention_backward(const Launch& l, const float* q, const float* k, const f
       q, k, v, mask, out, lse, dout, Sizes{batch, heads, queries, keys, depth, value_depth}, scale, causal ? 1 : 0,
       rate, mixed_seed, counter, dq, dk, dv);
   check_launch("attention_backward", rows * keys, l);
+}
+
+void gather_rows(const Launch& l, const float* table, const std::int32_t* ids, float* out, std::int64_t n,
+                 std::int64_t d) {
+  if (n * d == 0) return;
+  gather_rows_kernel<<<blocks_for(n * d, l), kThreads, 0, l.stream>>>(table, ids, out, n, d);
+  check_launch("gather_rows", n * d, l);
+}
+
+void scatter_add_rows(const Launch& l, const std::int32_t* ids, const float* rows, float* table, std::int64_t n,
+                      std::int64_t d) {
+  if (n * d == 0) return;
+  scatter_add_rows_kernel<<<blocks_for(n * d, l), kThreads, 0, l.stream>>>(ids, rows, table, n, d);
+  check_launch("scatter_add_rows", n * d, l);
 }
 
 }  // namespace dtrain::kernels::cuda

@@ -552,6 +552,20 @@ void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Ten
                            dq.device_data<float>(), dk.device_data<float>(), dv.device_data<float>());
 }
 
+void CudaBackend::gather_rows(const Tensor& table, const Tensor& ids, Tensor& out) {
+  check_devices("gather_rows", device(), {&table, &ids, &out});
+  check_rows_by_id(table, ids, out, "gather_rows");
+  cuda::gather_rows(launch(), table.device_data<float>(), ids.device_data<std::int32_t>(), out.device_data<float>(),
+                    ids.dim(0), table.dim(1));
+}
+
+void CudaBackend::scatter_add_rows(const Tensor& ids, const Tensor& rows, Tensor& table) {
+  check_devices("scatter_add_rows", device(), {&ids, &rows, &table});
+  check_rows_by_id(table, ids, rows, "scatter_add_rows");
+  cuda::scatter_add_rows(launch(), ids.device_data<std::int32_t>(), rows.device_data<float>(), table.device_data<float>(),
+                         ids.dim(0), table.dim(1));
+}
+
 void CudaBackend::copy_block(const Tensor& src, const Block& from, Tensor& dst, const Block& to, std::int64_t outer,
                              std::int64_t rows, std::int64_t width) {
   check_devices("copy_block", device(), {&src, &dst});

@@ -57,6 +57,11 @@ void attention_backward(const Launch& l, const float* q, const float* k, const f
                         float scale, bool causal, float rate, std::uint64_t mixed_seed, std::uint64_t counter,
                         float* dq, float* dk, float* dv);
 
+void gather_rows(const Launch& l, const float* table, const std::int32_t* ids, float* out, std::int64_t n,
+                 std::int64_t d);
+void scatter_add_rows(const Launch& l, const std::int32_t* ids, const float* rows, float* table, std::int64_t n,
+                      std::int64_t d);
+
 // ---- elementwise.cu
 void unary(const Launch& l, math::UnaryOp op, const float* x, float* y, std::int64_t n, float alpha, float beta);
 void unary_backward(const Launch& l, math::UnaryOp op, const float* saved, const float* dy, float* dx, std::int64_t n,

@@ -1,0 +1,181 @@
+// Embedding, GlobalAveragePooling1D and MultiHeadAttention.
+#include "dtrain/nn/attention.h"
+
+#include <cmath>
+
+#include "dtrain/nn/initializers.h"
+
+namespace dtrain::nn {
+
+Embedding::Embedding(std::int64_t input_dim, std::int64_t output_dim, EmbeddingOptions options)
+    : Layer(options.name), input_dim_(input_dim), output_dim_(output_dim), options_(std::move(options)) {
+  if (input_dim <= 0 || output_dim <= 0)
+    fail("input_dim and output_dim must be positive, got " + std::to_string(input_dim) + " and " +
+         std::to_string(output_dim));
+}
+
+Shape Embedding::compute_output_shape(const Shape& input_shape) const {
+  if (input_shape.rank() < 1) fail("expects ids [batch, ...], got a scalar");
+  std::vector<std::int64_t> dims(input_shape.dims().begin(), input_shape.dims().end());
+  dims.push_back(output_dim_);
+  return Shape(dims);
+}
+
+void Embedding::build_weights(const Shape& /*input_shape*/) {
+  Generator g(options_.seed ? *options_.seed : next_seed());
+  embeddings_ = &add_weight("embeddings", initialize(options_.embeddings_initializer, {input_dim_, output_dim_}, g), true,
+                            options_.embeddings_regularizer, options_.embeddings_constraint);
+}
+
+Tensor Embedding::call(const Tensor& x, bool /*training*/) {
+  const std::string who = "layer '" + name() + "' (Embedding)";
+  return embedding_lookup(embeddings_->value(), x, who.c_str());
+}
+
+PositionEmbedding::PositionEmbedding(std::int64_t sequence_length, std::string initializer,
+                                     std::optional<std::uint64_t> seed, std::string name)
+    : Layer(std::move(name)), length_(sequence_length), initializer_(std::move(initializer)), seed_(seed) {
+  if (sequence_length <= 0) fail("sequence_length must be positive, got " + std::to_string(sequence_length));
+  check_initializer_name(initializer_);
+}
+
+Shape PositionEmbedding::compute_output_shape(const Shape& input_shape) const {
+  if (input_shape.rank() != 3 || input_shape[1] != length_)
+    fail("expects [batch, " + std::to_string(length_) + " (its sequence_length), features], got " +
+         input_shape.to_string());
+  return input_shape;
+}
+
+void PositionEmbedding::build_weights(const Shape& input_shape) {
+  Generator g(seed_ ? *seed_ : next_seed());
+  table_ = &add_weight("embeddings", initialize(initializer_, {length_, input_shape[2]}, g));
+}
+
+Tensor PositionEmbedding::call(const Tensor& x, bool /*training*/) {
+  // Zeros of the batch's shape plus the table: the table's rows for every sequence, its
+  // gradient their sum over the batch.
+  return add(Tensor::zeros(x.shape(), DType::f32, x.device()), reshape(table_->value(), {1, length_, x.dim(2)}));
+}
+
+Shape GlobalAveragePooling1D::compute_output_shape(const Shape& input_shape) const {
+  if (input_shape.rank() != 3) fail("expects [batch, steps, features], got " + input_shape.to_string());
+  if (keepdims_) return {input_shape[0], 1, input_shape[2]};
+  return {input_shape[0], input_shape[2]};
+}
+
+Tensor GlobalAveragePooling1D::call(const Tensor& x, bool /*training*/) {
+  const Tensor y = reduce_mean(x, {1});
+  return reshape(y, compute_output_shape(x.shape()).with_dim(0, x.dim(0)));
+}
+
+MultiHeadAttention::MultiHeadAttention(std::int64_t num_heads, std::int64_t key_dim, MultiHeadAttentionOptions options)
+    : Layer(options.name), heads_(num_heads), key_dim_(key_dim), options_(std::move(options)),
+      dropout_(std::max(0.0f, std::min(options_.dropout, 0.999f)), options_.seed ? std::optional(*options_.seed + 1) : std::nullopt,
+               options_.name + "_dropout") {
+  if (num_heads <= 0 || key_dim <= 0)
+    fail("num_heads and key_dim must be positive, got " + std::to_string(num_heads) + " and " + std::to_string(key_dim));
+  if (options_.value_dim < 0 || options_.output_shape < 0)
+    fail("value_dim and output_shape must be positive (0: the defaults)");
+  if (!(options_.dropout >= 0.0f && options_.dropout < 1.0f))
+    fail("dropout must be in [0, 1), got " + std::to_string(options_.dropout));
+}
+
+Shape MultiHeadAttention::compute_output_shape(const Shape& query_shape) const {
+  if (query_shape.rank() != 3)
+    fail("expects a query [batch, length, features], got " + query_shape.to_string() +
+         " (attention over other axes, Keras's attention_axes, is not supported)");
+  return query_shape.with_dim(2, options_.output_shape > 0 ? options_.output_shape : query_shape[2]);
+}
+
+Shape MultiHeadAttention::compute_output_shape_of(std::span<const Shape> shapes) const {
+  if (shapes.size() < 2 || shapes.size() > 3)
+    fail("is called on [query, value] or [query, value, key], got " + std::to_string(shapes.size()) + " tensor(s)");
+  for (const Shape& s : shapes)
+    if (s.rank() != 3) fail("expects query, value and key [batch, length, features], got " + s.to_string());
+  const Shape& value = shapes[1];
+  const Shape& key = shapes.size() > 2 ? shapes[2] : shapes[1];
+  if (key[1] != value[1])
+    fail("expects a key and a value of one length, got " + key.to_string() + " and " + value.to_string());
+  if (built() && (value[2] != value_features_ || key[2] != key_features_ || shapes[0][2] != query_kernel_->shape()[0]))
+    fail("was built for query, value and key of " + std::to_string(query_kernel_->shape()[0]) + ", " +
+         std::to_string(value_features_) + " and " + std::to_string(key_features_) + " features, got " +
+         shapes[0].to_string() + ", " + value.to_string() + " and " + key.to_string());
+  return compute_output_shape(shapes[0]);
+}
+
+void MultiHeadAttention::build_several(std::span<const Shape> shapes) {
+  compute_output_shape_of(shapes);
+  value_features_ = shapes[1][2];
+  key_features_ = shapes.size() > 2 ? shapes[2][2] : shapes[1][2];
+  build(shapes[0]);
+}
+
+void MultiHeadAttention::build_weights(const Shape& query_shape) {
+  if (value_features_ == 0) value_features_ = key_features_ = query_shape[2];  // built from the query alone: self-attention
+  Generator g(options_.seed ? *options_.seed : next_seed());
+  const std::int64_t out = options_.output_shape > 0 ? options_.output_shape : query_shape[2], dv = value_dim();
+  auto kernel = [&](const std::string& name, Shape shape) {
+    return &add_weight(name + "/kernel", initialize(options_.kernel_initializer, shape, g), true,
+                       options_.kernel_regularizer, options_.kernel_constraint);
+  };
+  auto bias = [&](const std::string& name, Shape shape) -> Variable* {
+    if (!options_.use_bias) return nullptr;
+    return &add_weight(name + "/bias", initialize(options_.bias_initializer, shape, g), true, options_.bias_regularizer,
+                       options_.bias_constraint);
+  };
+  // Keras's order: each projection's kernel, then its bias.
+  query_kernel_ = kernel("query", {query_shape[2], heads_, key_dim_});
+  query_bias_ = bias("query", {heads_, key_dim_});
+  key_kernel_ = kernel("key", {key_features_, heads_, key_dim_});
+  key_bias_ = bias("key", {heads_, key_dim_});
+  value_kernel_ = kernel("value", {value_features_, heads_, dv});
+  value_bias_ = bias("value", {heads_, dv});
+  output_kernel_ = kernel("attention_output", {heads_, dv, out});
+  output_bias_ = bias("attention_output", {out});
+}
+
+Tensor MultiHeadAttention::project(const Tensor& x, const Variable& kernel, const Variable* bias) const {
+  const Shape& k = kernel.shape();
+  const Tensor w = reshape(kernel.value(), {k[0], k[1] * k[2]});
+  const Tensor b = bias ? reshape(bias->value(), {k[1] * k[2]}) : Tensor();
+  return reshape(dense(x, w, b, Activation::linear, dtype_policy().compute_dtype), {x.dim(0), x.dim(1), k[1], k[2]});
+}
+
+Tensor MultiHeadAttention::attend(const Tensor& query, const Tensor& value, const Tensor& key,
+                                  const Tensor& attention_mask, bool use_causal_mask, bool training) {
+  const std::array<Tensor, 3> given{query, value, key.defined() ? key : value};
+  if (!built()) {
+    const std::array<Shape, 3> shapes{given[0].shape(), given[1].shape(), given[2].shape()};
+    build_several(shapes);
+  }
+  const Device where = query_kernel_->value_device();
+  const Tensor q_in = given[0].to(where), v_in = given[1].to(where), k_in = given[2].to(where);
+  const std::array<Shape, 3> shapes{q_in.shape(), v_in.shape(), k_in.shape()};
+  compute_output_shape_of(shapes);
+  const Tensor q = project(q_in, *query_kernel_, query_bias_);
+  const Tensor k = project(k_in, *key_kernel_, key_bias_);
+  const Tensor v = project(v_in, *value_kernel_, value_bias_);
+  AttentionCall call{.scale = 1.0f / std::sqrt(static_cast<float>(key_dim_)),
+                     .causal = use_causal_mask,
+                     .mask = attention_mask,
+                     .dropout_rate = training ? options_.dropout : 0.0f};
+  if (call.dropout_rate > 0.0f)
+    call.dropout_generator =
+        dropout_.draw(static_cast<std::uint64_t>(q_in.dim(0) * heads_ * q_in.dim(1) * k_in.dim(1)));
+  const Tensor o = scaled_dot_product_attention(q, k, v, call);  // [B, T, H, Dv]
+  const Shape& ok = output_kernel_->shape();
+  const Tensor w = reshape(output_kernel_->value(), {ok[0] * ok[1], ok[2]});
+  return dense(reshape(o, {o.dim(0), o.dim(1), ok[0] * ok[1]}), w, output_bias_ ? output_bias_->value() : Tensor(),
+               Activation::linear, dtype_policy().compute_dtype);
+}
+
+Tensor MultiHeadAttention::call(const Tensor& x, bool training) {
+  return attend(x, x, Tensor(), Tensor(), options_.use_causal_mask, training);
+}
+
+Tensor MultiHeadAttention::call_several(std::span<const Tensor> inputs, bool training) {
+  return attend(inputs[0], inputs[1], inputs.size() > 2 ? inputs[2] : Tensor(), Tensor(), options_.use_causal_mask,
+                training);
+}
+
+}  // namespace dtrain::nn
