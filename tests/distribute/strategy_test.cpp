@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/compare.h"
+#include "common/tiny_transformer.h"
 #include "common/two_headed.h"
 #include "dtrain/core/replica.h"
 #include "dtrain/distribute/bucket_reducer.h"
@@ -234,6 +235,43 @@ TEST(MirroredStrategy, SeveralInputsAndOutputsMatchOneDevice) {
                   1e-5 * std::max(1.0, std::abs(expected.history.at(key).back())))
           << key << ", " << which;
   }
+}
+
+// A transformer (embedding, learned positions, causal multi-head attention with dropout of
+// its weights, layer norms, GELU): replicas give one device's weights without dropout;
+// with it, each replica draws its own masks (the weights then differ, and stay finite).
+TEST(MirroredStrategy, ATransformerMatchesOneDevice) {
+  const testing::TokenData d = testing::ordered_pairs(96);
+  auto compiled = [](std::unique_ptr<Model> m) {
+    m->compile(std::make_shared<optim::Adam>(0.01f), std::make_shared<losses::SparseCategoricalCrossentropy>(true),
+               {"accuracy"});
+    return m;
+  };
+  auto reference = compiled(testing::tiny_transformer(12, 16, /*causal=*/true));
+  reference->fit(d.ids, d.labels, quiet(32, 2));
+  MirroredStrategy strategy(2);
+  std::unique_ptr<Model> model, dropped;
+  {
+    auto scope = strategy.scope();
+    model = compiled(testing::tiny_transformer(12, 16, /*causal=*/true));
+    dropped = compiled(testing::tiny_transformer(12, 16, /*causal=*/true, /*dropout=*/0.2f));
+  }
+  model->fit(d.ids, d.labels, quiet(32, 2));
+  // Per value, not relative: the keys' bias gets no gradient (a shift of all of a query's
+  // scores leaves its softmax as it is), so it stays at rounding's scale, near 0.
+  auto largest_difference = [](const Model& a, const Model& b) {
+    double worst = 0;
+    for (std::size_t i = 0; i < a.variables().size(); ++i) {
+      const std::vector<float> x = a.variables()[i]->value().to_vector(), y = b.variables()[i]->value().to_vector();
+      for (std::size_t j = 0; j < x.size(); ++j) worst = std::max(worst, double(std::abs(x[j] - y[j])));
+    }
+    return worst;
+  };
+  ASSERT_EQ(model->variables().size(), reference->variables().size());
+  EXPECT_LE(largest_difference(*model, *reference), 1e-5);
+  const History h = dropped->fit(d.ids, d.labels, quiet(32, 2));
+  EXPECT_TRUE(std::isfinite(h.history.at("loss").back()));
+  EXPECT_GT(largest_difference(*dropped, *reference), 1e-3) << "dropout changed nothing";
 }
 
 TEST(MirroredStrategy, FitOnADatasetMatchesFitOnTensors) {
