@@ -169,6 +169,18 @@ void bind_own_layers(py::module_& k) {
             regularizer_from_json(config, "regularizer", "layer '" + layer.name() + "' activity_regularizer"));
       });
   // A built-in layer made outside a model, from its Keras entry {"class_name", "config"}.
+  // MultiHeadAttention called on tensors with Keras's keywords (a functional graph keeps
+  // use_causal_mask with the layer instead).
+  k.def("_attend", [](const std::shared_ptr<nn::Layer>& layer, py::handle query, py::handle value, py::handle key,
+                      py::handle mask, bool causal, bool training) {
+    auto* mha = dynamic_cast<nn::MultiHeadAttention*>(layer.get());
+    if (!mha) throw py::type_error("layer '" + layer->name() + "' is not a MultiHeadAttention");
+    const Tensor q = to_tensor(query, "MultiHeadAttention query"), v = to_tensor(value, "MultiHeadAttention value");
+    const Tensor kt = key.is_none() ? Tensor() : to_tensor(key, "MultiHeadAttention key");
+    const Tensor m = mask.is_none() ? Tensor() : to_tensor(mask, "MultiHeadAttention attention_mask");
+    py::gil_scoped_release release;
+    return mha->attend(q, v, kt, m, causal, training);
+  });
   k.def("_layer_from_config", [](const std::string& entry) {
     return layer_from_json(nlohmann::json::parse(entry), "layer");
   });

@@ -464,6 +464,52 @@ MaxPool2D = MaxPooling2D
 AvgPool2D = AveragePooling2D
 
 
+Embedding = _layer_class("Embedding", ("input_dim", "output_dim"),
+                         "Embedding(input_dim, output_dim, embeddings_initializer='uniform', ...): ids to vectors")
+GlobalAveragePooling1D = _layer_class("GlobalAveragePooling1D")
+GlobalAvgPool1D = GlobalAveragePooling1D
+PositionEmbedding = _layer_class("PositionEmbedding", ("sequence_length",),
+                                 "keras_hub.layers.PositionEmbedding(sequence_length): learned position vectors, "
+                                 "added to the input by the caller (x + PositionEmbedding(n)(x))")
+
+
+class MultiHeadAttention(Layer):
+    """tf.keras.layers.MultiHeadAttention(num_heads, key_dim, value_dim=None, dropout=0.0,
+    use_bias=True, output_shape=None, ...), called as Keras calls it: mha(query, value,
+    key=None, attention_mask=None, use_causal_mask=False)."""
+
+    class_name = "MultiHeadAttention"
+    _args = ("num_heads", "key_dim", "value_dim", "dropout", "use_bias", "output_shape")
+
+    def __call__(self, query, value=None, key=None, attention_mask=None, return_attention_scores=False,
+                 training=None, use_causal_mask=False, **kwargs):
+        if kwargs:
+            raise TypeError(f"layer '{self.name}': unexpected argument(s) {', '.join(sorted(kwargs))}")
+        if return_attention_scores:
+            raise NotImplementedError("MultiHeadAttention(return_attention_scores=True) is not supported by dtrain: "
+                                      "its fused attention never makes the scores")
+        if value is None:
+            raise TypeError(f"layer '{self.name}': MultiHeadAttention is called on a query and a value")
+        tensors = [query, value] + ([] if key is None else [key])
+        if _symbolic(tensors):
+            if attention_mask is not None:
+                raise NotImplementedError("MultiHeadAttention(attention_mask=...) on a functional graph's tensors is "
+                                          "not supported by dtrain: use use_causal_mask, or call the layer on "
+                                          "tensors in a layer or model of your own")
+            node = len(getattr(self, "_nodes", []))
+            if use_causal_mask:
+                self._causal = getattr(self, "_causal", set()) | {node}
+            return self._call_symbolic(tensors)
+        layer = self._standalone()
+        return _k._attend(layer, query, value, key, attention_mask, bool(use_causal_mask), bool(training))
+
+    def _graph_json(self):
+        entry = super()._graph_json()
+        for node in getattr(self, "_causal", ()):
+            entry["inbound_nodes"][node][0][3]["use_causal_mask"] = True
+        return entry
+
+
 class InputLayer(Layer):
     class_name = "InputLayer"
 

@@ -829,8 +829,10 @@ UnbuiltModel functional_from_json(const JsonReader& c, const std::string& dtype_
       call.name = name;
       if (ic.has("dtype")) {
         const std::string dt = ic.raw()["dtype"].is_string() ? ic.get_string("dtype") : "";
+        // Integer inputs (token ids) are held as float32, as fit casts them: exact up to 2^24.
         if (dt == "uint8") call.dtype = DType::u8;
-        else if (dt != "float32") ic.fail("dtype", "an Input takes float32 or uint8 rows, got " + ic.raw()["dtype"].dump());
+        else if (dt != "float32" && dt != "int32" && dt != "int64")
+          ic.fail("dtype", "an Input takes float32, int32, int64 or uint8 rows, got " + ic.raw()["dtype"].dump());
       }
       out.calls.push_back(call);
       layer_of.push_back(-1);

@@ -1,0 +1,93 @@
+"""The transformer's layers from Python, as Keras programs write them: Embedding,
+PositionEmbedding, MultiHeadAttention called with Keras's keywords, LayerNormalization,
+GlobalAveragePooling1D; attention against numpy from the layer's own weights; a functional
+classifier that learns token order, its JSON round trip, and eager calls in a model of
+your own."""
+import numpy as np
+import pytest
+
+import dtrain as tf
+
+
+def _attention_in_numpy(layer, query, value, causal, mask=None):
+    qk, qb, kk, kb, vk, vb, ok, ob = [w.numpy() for w in layer.weights]
+    q = np.einsum("btf,fhd->bthd", query, qk) + qb
+    k = np.einsum("bsf,fhd->bshd", value, kk) + kb
+    v = np.einsum("bsf,fhd->bshd", value, vk) + vb
+    scores = np.einsum("bthd,bshd->bhts", q, k) / np.sqrt(q.shape[-1])
+    seen = np.ones(scores.shape[-2:], bool)
+    if causal:
+        seen = np.tril(seen)
+    seen = seen[None, None] if mask is None else (seen[None] & mask.astype(bool))[:, None]
+    scores = np.where(seen, scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    heads = np.einsum("bhts,bshd->bthd", weights, v)
+    return np.einsum("bthd,hdo->bto", heads, ok) + ob
+
+
+def test_multi_head_attention_is_keras_attention_from_its_weights():
+    rng = np.random.default_rng(0)
+    query = rng.normal(size=(2, 5, 6)).astype(np.float32)
+    value = rng.normal(size=(2, 7, 4)).astype(np.float32)
+    mha = tf.keras.layers.MultiHeadAttention(num_heads=2, key_dim=3, bias_initializer="random_normal")
+    out = mha(query, value).numpy()
+    assert out.shape == (2, 5, 6)
+    assert [w.shape for w in mha.weights][:2] == [(6, 2, 3), (2, 3)]
+    np.testing.assert_allclose(out, _attention_in_numpy(mha, query, value, False), rtol=1e-4, atol=1e-5)
+    mask = rng.random((2, 5, 7)) < 0.7
+    mask[:, :, 0] = True
+    np.testing.assert_allclose(mha(query, value, attention_mask=mask).numpy(),
+                               _attention_in_numpy(mha, query, value, False, mask), rtol=1e-4, atol=1e-5)
+    square = tf.keras.layers.MultiHeadAttention(num_heads=2, key_dim=3)
+    np.testing.assert_allclose(square(query, query, use_causal_mask=True).numpy(),
+                               _attention_in_numpy(square, query, query, True), rtol=1e-4, atol=1e-5)
+    with pytest.raises(NotImplementedError, match="return_attention_scores"):
+        square(query, query, return_attention_scores=True)
+
+
+def _classifier(length=12, vocabulary=16):
+    tf.keras.utils.set_random_seed(5)
+    ids = tf.keras.Input(shape=(length,), dtype="int32", name="ids")
+    x = tf.keras.layers.Embedding(vocabulary, 16)(ids)
+    x = tf.keras.layers.Add()([x, tf.keras.layers.PositionEmbedding(length)(x)])
+    h = tf.keras.layers.LayerNormalization(epsilon=1e-6)(x)
+    h = tf.keras.layers.MultiHeadAttention(num_heads=2, key_dim=8, dropout=0.1)(h, h, use_causal_mask=True)
+    x = tf.keras.layers.Add()([x, h])
+    h = tf.keras.layers.LayerNormalization(epsilon=1e-6)(x)
+    h = tf.keras.layers.Dense(32, activation="gelu")(h)
+    x = tf.keras.layers.Add()([x, tf.keras.layers.Dense(16)(h)])
+    outputs = tf.keras.layers.Dense(2)(tf.keras.layers.GlobalAveragePooling1D()(x))
+    return tf.keras.Model(ids, outputs)
+
+
+def _ordered_pairs(rows, length=12, vocabulary=16, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, vocabulary, size=(rows, length))
+    labels = np.zeros(rows, np.int32)
+    for r in range(rows):
+        a, b = rng.choice(length, 2, replace=False)
+        ids[r, a], ids[r, b] = 1, 2
+        labels[r] = int(a < b)
+    return ids.astype(np.int32), labels
+
+
+def test_a_keras_transformer_classifier_learns_token_order_and_round_trips_its_json():
+    x, y = _ordered_pairs(512)
+    x_test, y_test = _ordered_pairs(256, seed=1)
+    model = _classifier()
+    model.compile(optimizer=tf.keras.optimizers.Adam(0.01),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.fit(x, y, batch_size=32, epochs=12, verbose=0)
+    assert model.evaluate(x_test, y_test, verbose=0, return_dict=True)["accuracy"] > 0.9
+    text = model.to_json()
+    assert '"use_causal_mask": true' in text and '"MultiHeadAttention"' in text
+    again = tf.keras.models.model_from_json(text)
+    again.set_weights(model.get_weights())
+    np.testing.assert_allclose(again.predict(x_test[:8]), model.predict(x_test[:8]), rtol=1e-5, atol=1e-6)
+
+
+def test_an_id_outside_the_table_is_named():
+    layer = tf.keras.layers.Embedding(10, 4, name="tokens")
+    with pytest.raises(ValueError, match="'tokens'.*id 12 at position 2"):
+        layer(np.array([[1, 2, 12]], np.int32))
