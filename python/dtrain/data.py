@@ -1,7 +1,9 @@
 """tf.data: Dataset pipelines run by dtrain's C++ threads.
 
-Elements are tensors or tuples of tensors. Python functions given to from_generator, map
-and filter run on the pipeline's threads, one call at a time per function, holding the GIL.
+Elements are tensors, or tuples and dicts of them, nested as TensorFlow's are; the C++
+pipeline holds their components in order (a dict's by sorted key). Python functions given
+to from_generator, map and filter run on the pipeline's threads, one call at a time per
+function, holding the GIL.
 """
 import numpy as np
 

@@ -7,6 +7,7 @@
 // block) tasks in parallel; backward runs (batch, head) pairs, each owning its gradients.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -35,6 +36,99 @@ void add_scaled(float* y, float alpha, const float* x, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
+// Sixteen floats as one value (GCC's vector extension): four of them hold 64 running sums
+// in registers on every x86-64 (one zmm each with AVX-512, two ymm with AVX2), which plain
+// arrays did not (the compiler kept them in memory, each step waiting on the last store).
+typedef float Floats16 __attribute__((vector_size(64)));
+
+inline Floats16 load16(const float* p) {
+  Floats16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline void store16(float* p, Floats16 v) { std::memcpy(p, &v, sizeof v); }
+
+static_assert(kKeyBlock == 64, "row_times_block holds a block's 64 sums in four Floats16");
+
+// out[j] = Σ_d a[d] · bt[d][j] for the 64 columns of a block stored transposed (bt
+// [depth, kKeyBlock], zeros past its keys).
+DTRAIN_MULTIVERSION
+void row_times_block(const float* a, const float* bt, std::int64_t depth, float* out) {
+  Floats16 s0{}, s1{}, s2{}, s3{};
+  for (std::int64_t d = 0; d < depth; ++d) {
+    const float x = a[d];
+    const float* row = bt + d * kKeyBlock;
+    s0 += x * load16(row);
+    s1 += x * load16(row + 16);
+    s2 += x * load16(row + 32);
+    s3 += x * load16(row + 48);
+  }
+  store16(out, s0);
+  store16(out + 16, s1);
+  store16(out + 32, s2);
+  store16(out + 48, s3);
+}
+
+// acc[0, width) += Σ_j w[j] · x[j * stride + c] over the n rows of a block: 64 columns at a
+// time held in registers across the rows.
+DTRAIN_MULTIVERSION
+void add_weighted_rows(const float* w, std::int64_t n, const float* x, std::int64_t stride, std::int64_t width,
+                       float* acc) {
+  std::int64_t c0 = 0;
+  for (; c0 + 64 <= width; c0 += 64) {
+    Floats16 a0 = load16(acc + c0), a1 = load16(acc + c0 + 16), a2 = load16(acc + c0 + 32), a3 = load16(acc + c0 + 48);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float wj = w[j];
+      const float* xr = x + j * stride + c0;
+      a0 += wj * load16(xr);
+      a1 += wj * load16(xr + 16);
+      a2 += wj * load16(xr + 32);
+      a3 += wj * load16(xr + 48);
+    }
+    store16(acc + c0, a0);
+    store16(acc + c0 + 16, a1);
+    store16(acc + c0 + 32, a2);
+    store16(acc + c0 + 48, a3);
+  }
+  if (c0 < width)
+    for (std::int64_t j = 0; j < n; ++j)
+      if (w[j] != 0.0f) add_scaled(acc + c0, w[j], x + j * stride + c0, width - c0);
+}
+
+// e^x for x <= 0 (scores less their maximum), written so that loops over it vectorise:
+// 2^n · e^r with n = round(x / ln 2), r = x − n · ln 2 (in two parts, exact), e^r by
+// Cephes's degree-6 polynomial (relative error below 2e-7); 0 below −87 and for −inf.
+inline float exp_nonpositive(float x) {
+  const bool zero = !(x >= -87.0f);
+  const float c = zero ? -87.0f : x;
+  const float n = std::floor(c * 1.44269504088896341f + 0.5f);
+  const float r = c - n * 0.693359375f + n * 2.12194440e-4f;
+  float e = 1.9875691500e-4f;
+  e = e * r + 1.3981999507e-3f;
+  e = e * r + 8.3334519073e-3f;
+  e = e * r + 4.1665795894e-2f;
+  e = e * r + 1.6666665459e-1f;
+  e = e * r + 5.0000001201e-1f;
+  e = e * r * r + r + 1.0f;
+  const auto bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return zero ? 0.0f : e * scale;
+}
+
+// w[j] = e^(x[j] − shift) for j < n, their sum returned; −inf scores give 0.
+DTRAIN_MULTIVERSION
+float exp_row(const float* x, float shift, std::int64_t n, float* w) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (std::int64_t j = 0; j < n; ++j) {
+    w[j] = exp_nonpositive(x[j] - shift);
+    sum += w[j];
+  }
+  return sum;
+}
+
 // Sizes and pointers of one call, and the rules every loop shares.
 struct Problem {
   std::int64_t batch, heads, queries, keys, depth, value_depth;
@@ -51,6 +145,17 @@ struct Problem {
   // Row (b, position, h) of a [batch, length, heads, width] tensor.
   std::int64_t row(std::int64_t b, std::int64_t length, std::int64_t position, std::int64_t h) const {
     return (b * length + position) * heads + h;
+  }
+  // Keys (or values) [s0, s1) of (b, h), `width` wide, copied transposed into out
+  // [width, kKeyBlock], zeros past s1.
+  void transpose_block(const float* x, std::int64_t width, std::int64_t b, std::int64_t h, std::int64_t s0,
+                       std::int64_t s1, float* out) const {
+    for (std::int64_t s = s0; s < s1; ++s) {
+      const float* r = x + row(b, keys, s, h) * width;
+      for (std::int64_t d = 0; d < width; ++d) out[d * kKeyBlock + (s - s0)] = r[d];
+    }
+    if (s1 - s0 < kKeyBlock)
+      for (std::int64_t d = 0; d < width; ++d) std::fill(out + d * kKeyBlock + (s1 - s0), out + (d + 1) * kKeyBlock, 0.0f);
   }
   // The keys a block of queries ending before `query_end` may see: causal hides the rest.
   std::int64_t key_end(std::int64_t query_end) const { return o->causal ? std::min(keys, query_end) : keys; }
@@ -78,7 +183,7 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, co
   const std::int64_t d = p.depth, dv = p.value_depth;
   parallel_for(p.batch * p.heads * blocks, 1, [&](std::int64_t begin, std::int64_t end) {
     std::vector<float> scores(kQueryBlock * kKeyBlock), m(kQueryBlock), l(kQueryBlock),
-        acc(static_cast<std::size_t>(kQueryBlock * dv));
+        acc(static_cast<std::size_t>(kQueryBlock * dv)), kt(static_cast<std::size_t>(d * kKeyBlock));
     for (std::int64_t task = begin; task < end; ++task) {
       const std::int64_t bh = task / blocks, b = bh / p.heads, h = bh % p.heads;
       const std::int64_t t0 = (task % blocks) * kQueryBlock, t1 = std::min(p.queries, t0 + kQueryBlock);
@@ -88,15 +193,26 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, co
       const std::int64_t s_end = p.key_end(t1);
       for (std::int64_t s0 = 0; s0 < s_end; s0 += kKeyBlock) {
         const std::int64_t s1 = std::min(s_end, s0 + kKeyBlock);
+        p.transpose_block(p.k, d, b, h, s0, s1, kt.data());
         for (std::int64_t t = t0; t < t1; ++t) {
           const auto r = static_cast<std::size_t>(t - t0);
           const float* qt = p.q + p.row(b, p.queries, t, h) * d;
           float* sr = scores.data() + r * kKeyBlock;
+          row_times_block(qt, kt.data(), d, sr);
+          const std::int64_t n = s1 - s0;
           float block_max = kNoScore;
-          for (std::int64_t s = s0; s < s1; ++s) {
-            const float x = p.visible(b, t, s) ? o.scale * dot(qt, p.k + p.row(b, p.keys, s, h) * d, d) : kNoScore;
-            sr[s - s0] = x;
-            block_max = std::max(block_max, x);
+          if (!p.mask && (!o.causal || s1 - 1 <= t)) {  // every key of the block is visible to t
+#pragma omp simd reduction(max : block_max)
+            for (std::int64_t j = 0; j < n; ++j) {
+              sr[j] *= o.scale;
+              block_max = std::max(block_max, sr[j]);
+            }
+          } else {
+            for (std::int64_t s = s0; s < s1; ++s) {
+              const float x = p.visible(b, t, s) ? o.scale * sr[s - s0] : kNoScore;
+              sr[s - s0] = x;
+              block_max = std::max(block_max, x);
+            }
           }
           if (block_max == kNoScore) continue;  // this block hides every key from t
           const float m_new = std::max(m[r], block_max);
@@ -106,13 +222,11 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, co
             l[r] *= rescale;
             for (std::int64_t j = 0; j < dv; ++j) ar[j] *= rescale;
           }
-          for (std::int64_t s = s0; s < s1; ++s) {
-            if (sr[s - s0] == kNoScore) continue;
-            const float w = std::exp(sr[s - s0] - m_new);
-            l[r] += w;  // the softmax's sum counts every visible weight, dropped or not
-            const float used = w * p.kept(b, h, t, s);
-            if (used != 0.0f) add_scaled(ar, used, p.v + p.row(b, p.keys, s, h) * dv, dv);
-          }
+          // The softmax's sum counts every visible weight, dropped or not.
+          l[r] += exp_row(sr, m_new, n, sr);
+          if (o.dropout_rate > 0.0f)
+            for (std::int64_t s = s0; s < s1; ++s) sr[s - s0] *= p.kept(b, h, t, s);
+          add_weighted_rows(sr, n, p.v + p.row(b, p.keys, s0, h) * dv, p.heads * dv, dv, ar);
           m[r] = m_new;
         }
       }
@@ -144,7 +258,8 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
   // dS = P ⊙ (dP − rowsum(dO ⊙ O)), dP = dO · Vᵀ (times dropout's factor), with P
   // recomputed from lse; dV = P'ᵀ dO (P' the dropped weights), dQ = scale · dS K, dK = scale · dSᵀ Q.
   parallel_for(p.batch * p.heads, 1, [&](std::int64_t begin, std::int64_t end) {
-    std::vector<float> row_dot(static_cast<std::size_t>(p.queries));
+    std::vector<float> row_dot(static_cast<std::size_t>(p.queries)), kt(static_cast<std::size_t>(d * kKeyBlock)),
+        vt(static_cast<std::size_t>(vd * kKeyBlock)), scores(kKeyBlock), dp(kKeyBlock), ds(kKeyBlock);
     for (std::int64_t bh = begin; bh < end; ++bh) {
       const std::int64_t b = bh / p.heads, h = bh % p.heads;
       for (std::int64_t t = 0; t < p.queries; ++t) {
@@ -161,23 +276,28 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
         const std::int64_t t1 = std::min(p.queries, t0 + kQueryBlock), s_end = p.key_end(t1);
         for (std::int64_t s0 = 0; s0 < s_end; s0 += kKeyBlock) {
           const std::int64_t s1 = std::min(s_end, s0 + kKeyBlock);
+          p.transpose_block(p.k, d, b, h, s0, s1, kt.data());
+          p.transpose_block(p.v, vd, b, h, s0, s1, vt.data());
           for (std::int64_t t = t0; t < t1; ++t) {
             const std::int64_t qrow = p.row(b, p.queries, t, h);
             if (pl[qrow] == kNoScore) continue;  // t saw no key: no gradient
             const float* qt = p.q + qrow * d;
             const float* dot_t = pdo + qrow * vd;
+            row_times_block(qt, kt.data(), d, scores.data());
+            row_times_block(dot_t, vt.data(), vd, dp.data());
             for (std::int64_t s = s0; s < s1; ++s) {
+              const auto j = static_cast<std::size_t>(s - s0);
+              ds[j] = 0.0f;
               if (!p.visible(b, t, s)) continue;
               const std::int64_t krow = p.row(b, p.keys, s, h);
-              const float w = std::exp(o.scale * dot(qt, p.k + krow * d, d) - pl[qrow]);
+              const float w = exp_nonpositive(o.scale * scores[j] - pl[qrow]);
               if (w == 0.0f) continue;
               const float factor = p.kept(b, h, t, s);
               if (factor != 0.0f) add_scaled(pdv + krow * vd, w * factor, dot_t, vd);
-              const float ds = w * (dot(dot_t, p.v + krow * vd, vd) * factor - row_dot[static_cast<std::size_t>(t)]);
-              if (ds == 0.0f) continue;
-              add_scaled(pdq + qrow * d, o.scale * ds, p.k + krow * d, d);
-              add_scaled(pdk + krow * d, o.scale * ds, qt, d);
+              ds[j] = o.scale * w * (dp[j] * factor - row_dot[static_cast<std::size_t>(t)]);
+              if (ds[j] != 0.0f) add_scaled(pdk + krow * d, ds[j], qt, d);
             }
+            add_weighted_rows(ds.data(), s1 - s0, p.k + p.row(b, p.keys, s0, h) * d, p.heads * d, d, pdq + qrow * d);
           }
         }
       }
