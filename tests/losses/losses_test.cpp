@@ -46,6 +46,22 @@ TEST(SparseCategoricalCrossentropy, AcceptsFloatAndColumnLabels) {
   EXPECT_THROW(loss(labels({0, 1, 1}), logits), InvalidArgument);
 }
 
+// A sequence's logits [batch, steps, classes] with labels [batch, steps] (a language
+// model's): a loss per step, the mean over every step, its gradient the rows' own.
+TEST(SparseCategoricalCrossentropy, ASequenceGivesALossPerStep) {
+  const Tensor logits = testing::random_tensor({2, 3, 4}, 1), ids = labels({0, 3, 1, 2, 2, 0}).reshape({2, 3});
+  const std::vector<float> flat = SparseCategoricalCrossentropy(true, Reduction::none)(ids.reshape({6}), logits.reshape({6, 4})).to_vector();
+  const Tensor per_step = SparseCategoricalCrossentropy(true, Reduction::none)(ids, logits);
+  EXPECT_EQ(per_step.shape(), (Shape{2, 3}));
+  EXPECT_EQ(per_step.to_vector(), flat);
+  double mean = 0;
+  for (float v : flat) mean += v / 6;
+  EXPECT_NEAR(SparseCategoricalCrossentropy(true)(ids, logits).item(), mean, 1e-6);
+  testing::expect_gradients_match([&](const std::vector<Tensor>& in) { return SparseCategoricalCrossentropy(true)(ids, in[0]); },
+                                  {logits}, {0});
+  EXPECT_THROW(SparseCategoricalCrossentropy(true)(labels({0, 1, 2}), logits), InvalidArgument);
+}
+
 TEST(CategoricalCrossentropy, LogitsProbabilitiesAndSmoothing) {
   Tensor logits = testing::random_tensor({3, 4}, 1);
   Tensor target = Tensor::from_vector({3, 4}, {0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0.5f, 0.5f});

@@ -17,6 +17,15 @@ TEST(SparseCategoricalAccuracy, AccumulatesAcrossBatches) {
   EXPECT_THROW(acc.update_state(Tensor::zeros({2}), pred), InvalidArgument);
 }
 
+TEST(SparseCategoricalAccuracy, CountsEveryStepOfASequence) {
+  SparseCategoricalAccuracy acc;
+  // [batch 1, steps 3, classes 2]: steps predict 1, 0, 1; labels 1, 1, 1.
+  const Tensor pred = Tensor::from_vector({1, 3, 2}, {0.1f, 0.9f, 0.8f, 0.2f, 0.3f, 0.7f});
+  acc.update_state(Tensor::from_vector({1, 3}, std::vector<std::int32_t>{1, 1, 1}), pred);
+  EXPECT_NEAR(acc.result(), 2.0 / 3.0, 1e-12);
+  EXPECT_THROW(acc.update_state(Tensor::from_vector({2}, std::vector<std::int32_t>{1, 1}), pred), InvalidArgument);
+}
+
 TEST(CategoricalAccuracy, ComparesArgmaxes) {
   CategoricalAccuracy acc;
   acc.update_state(Tensor::from_vector({2, 3}, {0, 0, 1, 1, 0, 0}), Tensor::from_vector({2, 3}, {1, 2, 3, 1, 2, 3}));

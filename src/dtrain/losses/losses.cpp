@@ -1,6 +1,8 @@
 // Losses composed from autograd ops; cross-entropy from logits uses the fused kernel.
 #include "dtrain/losses/losses.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <vector>
 
@@ -87,6 +89,18 @@ SparseCategoricalCrossentropy::SparseCategoricalCrossentropy(bool from_logits, R
     : Loss(reduction, std::move(name)), from_logits_(from_logits) {}
 
 Tensor SparseCategoricalCrossentropy::call(const Tensor& y_true, const Tensor& y_pred) const {
+  // A sequence's predictions [batch, steps, ..., classes] with labels [batch, steps, ...]:
+  // a loss per step ([batch, steps, ...]), as Keras gives it, which the reduction averages.
+  if (y_pred.rank() >= 3) {
+    y_true.check_defined(name().c_str());
+    const std::int64_t classes = y_pred.dim(-1), steps = y_pred.numel() / std::max<std::int64_t>(classes, 1);
+    Shape per_step(std::vector<std::int64_t>(y_pred.shape().dims().begin(), y_pred.shape().dims().end() - 1));
+    if (y_true.numel() != steps || (!(y_true.shape() == per_step) && !(y_true.shape() == y_pred.shape().with_dim(-1, 1))))
+      DTRAIN_THROW(InvalidArgument, name(), ": labels ", y_true.shape().to_string(), " do not match predictions ",
+                   y_pred.shape().to_string(), " (expected labels ", per_step.to_string(), ")");
+    const Tensor flat = call(y_true.reshape({steps}), reshape(y_pred, {steps, classes}));
+    return reshape(flat, per_step);
+  }
   const Tensor labels = sparse_labels(y_true, y_pred, name());
   if (from_logits_) return softmax_cross_entropy_with_logits(labels, y_pred);
   // Keras: log of the clipped probabilities, used as logits (which renormalises them).

@@ -1,6 +1,8 @@
 // Metric accumulation through the backend's argmax.
 #include "dtrain/metrics/metrics.h"
 
+#include <algorithm>
+
 #include <vector>
 
 #include "dtrain/kernels/backend.h"
@@ -21,6 +23,15 @@ Tensor argmax_of(const Tensor& y_pred, const std::string& metric) {
 }  // namespace
 
 void SparseCategoricalAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred) {
+  // A sequence's predictions [batch, steps, ..., classes]: every step counts.
+  if (y_pred.rank() >= 3) {
+    const std::int64_t classes = y_pred.dim(-1), steps = y_pred.numel() / std::max<std::int64_t>(classes, 1);
+    if (!y_true.defined() || y_true.numel() != steps)
+      DTRAIN_THROW(InvalidArgument, name(), ": labels ", y_true.defined() ? y_true.shape().to_string() : "undefined",
+                   " do not match predictions ", y_pred.shape().to_string());
+    update_state(y_true.reshape({steps}), y_pred.reshape({steps, classes}));
+    return;
+  }
   const Tensor pred = argmax_of(y_pred, name());
   y_true.check_defined(name().c_str());
   if (y_true.numel() != y_pred.dim(0) || (y_true.rank() == 2 && y_true.dim(1) != 1) || y_true.rank() > 2)
