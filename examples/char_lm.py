@@ -3,13 +3,17 @@ learned positions, pre-norm blocks of causal multi-head attention and a GELU fee
 trained on a text file, as TensorFlow's text-generation tutorial trains one. It reports
 bits per character on held-out text (the last tenth of the file) and samples text.
 
-The default corpus is Debian's fortunes-min (/usr/share/games/fortunes: fortunes,
-literature and riddles, 98 kB), read where the package installs it.
+Corpora from Debian packages, read where they install them (nothing is downloaded):
+--corpus gcide (the default) takes the first --bytes of the GNU Collaborative International
+Dictionary of English (dict-gcide: /usr/share/dictd/gcide.dict.dz, 40 MB of text);
+--corpus fortunes the fortune cookies of fortunes-min (/usr/share/games/fortunes: 98 kB);
+--files any text files.
 
-    PYTHONPATH=build/release/python python3 examples/char_lm.py [--epochs 12] [--length 64]
-        [--files PATH ...] [--generate 300] [--temperature 0.8] [--mirrored]
+    PYTHONPATH=build/release/python python3 examples/char_lm.py [--corpus gcide] [--bytes 2000000]
+        [--epochs 3] [--length 64] [--generate 300] [--temperature 0.8] [--mirrored]
 """
 import argparse
+import gzip
 import math
 import sys
 
@@ -17,18 +21,27 @@ import numpy as np
 
 import dtrain as tf
 
-DEFAULT_FILES = ["/usr/share/games/fortunes/fortunes", "/usr/share/games/fortunes/literature",
-                 "/usr/share/games/fortunes/riddles"]
+CORPORA = {
+    "gcide": (["/usr/share/dictd/gcide.dict.dz"], "dict-gcide"),
+    "fortunes": (["/usr/share/games/fortunes/fortunes", "/usr/share/games/fortunes/literature",
+                  "/usr/share/games/fortunes/riddles"], "fortunes-min"),
+}
 
 
-def read_corpus(files):
-    parts = []
+def read_corpus(files, package, limit):
+    """The files' bytes, one after the other (a .dz dictionary is gzip), at most `limit`."""
+    parts, size = [], 0
     for path in files:
         try:
-            with open(path, "rb") as f:
-                parts.append(f.read())
+            opener = gzip.open if path.endswith(".dz") else open
+            with opener(path, "rb") as f:
+                parts.append(f.read(limit - size))
         except OSError as e:
-            sys.exit(f"char_lm: cannot read {path} ({e.strerror}); install fortunes-min or give --files")
+            sys.exit(f"char_lm: cannot read {path} ({e}); install {package} (scripts/install-deps.sh --corpora) "
+                     "or give --files")
+        size += len(parts[-1])
+        if size >= limit:
+            break
     return np.frombuffer(b"".join(parts), np.uint8).astype(np.int32)
 
 
@@ -72,16 +85,19 @@ def generate(model, prompt, count, length, temperature, seed=0):
 
 def main():
     a = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    a.add_argument("--files", nargs="+", default=DEFAULT_FILES)
+    a.add_argument("--corpus", choices=sorted(CORPORA), default="gcide")
+    a.add_argument("--files", nargs="+", help="text files to train on instead of a corpus")
+    a.add_argument("--bytes", type=int, default=2_000_000, help="at most this much of the text")
     a.add_argument("--length", type=int, default=64)
     a.add_argument("--batch", type=int, default=32)
-    a.add_argument("--epochs", type=int, default=12)
+    a.add_argument("--epochs", type=int, default=3)
     a.add_argument("--generate", type=int, default=300)
     a.add_argument("--temperature", type=float, default=0.8)
     a.add_argument("--prompt", default="The ")
     a.add_argument("--mirrored", action="store_true", help="train under MirroredStrategy (one replica per core)")
     args = a.parse_args()
-    ids = read_corpus(args.files)
+    files, package = (args.files, "the files") if args.files else CORPORA[args.corpus]
+    ids = read_corpus(files, package, args.bytes)
     held_out = len(ids) // 10
     train, test = ids[:-held_out], ids[-held_out:]
     print(f"{len(ids)} bytes: {len(train)} to train on, {len(test)} held out")
@@ -91,8 +107,9 @@ def main():
         model = language_model(args.length)
         model.compile(optimizer=tf.keras.optimizers.Adam(3e-3),
                       loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-    model.fit(windows(train, args.length, args.batch, shuffle=True), epochs=args.epochs, verbose=2)
-    nats = model.evaluate(windows(test, args.length, args.batch, shuffle=False), verbose=0, return_dict=True)["loss"]
+    held = windows(test, args.length, args.batch, shuffle=False)
+    model.fit(windows(train, args.length, args.batch, shuffle=True), epochs=args.epochs, validation_data=held, verbose=2)
+    nats = model.evaluate(held, verbose=0, return_dict=True)["loss"]
     print(f"held-out loss {nats:.4f} nats per byte, {nats / math.log(2):.3f} bits per character")
     if args.generate > 0:
         print(generate(model, args.prompt, args.generate, args.length, args.temperature))

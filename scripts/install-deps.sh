@@ -23,9 +23,15 @@ packages=(
 # `--peers` adds what the side-by-side benchmarks need: PyTorch (run with /usr/bin/python3)
 # and OpenBLAS, without which Debian's torch falls back to the slow reference BLAS.
 # iperf3 measures the loopback link beside the all-reduce benchmarks.
-if [ "${1:-}" = "--peers" ]; then
-  packages+=(python3-torch python3-numpy libopenblas0-pthread iperf3)
-fi
+# `--corpora` adds the text the language-model example trains on: the GNU Collaborative
+# International Dictionary of English and the fortune cookies (examples/char_lm.py).
+for flag in "$@"; do
+  case "$flag" in
+    --peers) packages+=(python3-torch python3-numpy libopenblas0-pthread iperf3) ;;
+    --corpora) packages+=(dict-gcide fortunes-min) ;;
+    *) echo "install-deps: unknown option $flag (--peers, --corpora)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do
