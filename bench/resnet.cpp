@@ -95,14 +95,7 @@ int main(int argc, char** argv) {
     const Tensor loss = model->loss()(y, (*model)(x, /*training=*/true));
     model->optimizer().apply_gradients(tape.gradient(loss, vars), vars);
   };
-  for (int i = 0; i < 5; ++i) step();
-  std::vector<double> times;
-  for (int i = 0; i < steps; ++i) {
-    const double t0 = now();
-    step();
-    times.push_back(now() - t0);
-  }
-  const double step_s = median(times);
+  const double step_s = median_step_seconds(step, 5, steps);
   std::cout << nlohmann::json{{"bench", "resnet_step"}, {"threads", omp_get_max_threads()}, {"batch", batch},
                               {"bf16", bf16}, {"step_ms", step_s * 1e3}, {"samples_per_second", batch / step_s}}
                    .dump()

@@ -75,4 +75,17 @@ inline int int_flag(int argc, char** argv, const char* flag, int fallback) {
   return fallback;
 }
 
+// The median seconds of `steps` calls of step(), each timed alone, after `warmup` untimed ones.
+template <typename Fn>
+double median_step_seconds(Fn&& step, int warmup, int steps) {
+  for (int i = 0; i < warmup; ++i) step();
+  std::vector<double> times;
+  for (int i = 0; i < steps; ++i) {
+    const double t0 = now();
+    step();
+    times.push_back(now() - t0);
+  }
+  return median(times);
+}
+
 }  // namespace dtrain::bench

@@ -18,6 +18,7 @@
 #include "dtrain/cli/config.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/data/dataset.h"
+#include "dtrain/data/datasets.h"
 
 namespace {
 
@@ -67,6 +68,43 @@ TEST_F(Cli, FitWritesSummaryAndIsDeterministic) {
   EXPECT_GT(a["test"]["accuracy"].get<double>(), 0.8);
   EXPECT_EQ(a["history"], b["history"]);  // same seed, same numbers
   EXPECT_EQ(a["test"], b["test"]);
+}
+
+// The text source: the example language model's config on a small text of our own (the
+// example reads Debian's dictionary), trained and tested in bits per byte; the windows'
+// targets are their inputs shifted by one; what cannot be a language model is named.
+TEST_F(Cli, ALanguageModelTrainsOnWindowsOfText) {
+  std::string text;
+  while (text.size() < 12000) text += "the cat sat on the mat, and the dog sat on the log. ";
+  const std::string corpus = write("corpus.txt", text);
+  nlohmann::json config = nlohmann::json::parse(read_file(std::string(DTRAIN_EXAMPLE_CONFIGS) + "/char_lm.json"));
+  config["data"] = {{"source", "text"}, {"files", {corpus}}, {"length", 64}, {"held_out", 0.1}};
+  config["epochs"] = 3;
+  config["batch_size"] = 16;
+  const std::string cfg = write("lm.json", config.dump());
+  const auto summary = (dir_ / "lm_summary.json").string();
+  Result r = run("fit " + cfg + " --verbose 2 --summary " + summary);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("bits per byte"), std::string::npos) << r.output;
+  const auto s = nlohmann::json::parse(std::ifstream(summary));
+  // A repeated sentence is nearly all predictable: far below 8 bits a byte.
+  EXPECT_LT(s["test"]["loss"].get<double>() / std::log(2.0), 2.0) << r.output;
+
+  const dtrain::data::Classification d = dtrain::data::text_windows({corpus}, 64, 1000, 0.25);
+  ASSERT_EQ(d.train.x.shape(), (dtrain::Shape{12, 64}));
+  ASSERT_EQ(d.test.x.shape(), (dtrain::Shape{3, 64}));
+  EXPECT_EQ(d.train.x.data<float>()[1], static_cast<float>(d.train.y.data<std::int32_t>()[0]));
+  EXPECT_EQ(d.test.y.data<std::int32_t>()[3 * 64 - 1], static_cast<std::int32_t>(text[15 * 64]));
+
+  config["loss"] = "mse";
+  Result bad = run("fit " + write("bad.json", config.dump()));
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.output.find("sparse_categorical_crossentropy"), std::string::npos) << bad.output;
+  config["loss"] = {{"name", "sparse_categorical_crossentropy"}, {"from_logits", true}};
+  config["data"]["length"] = 32;  // the model's positions are 64
+  bad = run("fit " + write("bad2.json", config.dump()));
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.output.find("64"), std::string::npos) << bad.output;
 }
 
 // What a run writes at its end is checked before it trains, and folders given where a file

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/compare.h"
+#include "common/quiet_fit.h"
 #include "common/tiny_transformer.h"
 #include "common/two_headed.h"
 #include "dtrain/core/replica.h"
@@ -34,16 +35,8 @@ std::unique_ptr<Sequential> large_mlp(std::int64_t features = 1024, std::int64_t
   return model;
 }
 
+using testing::quiet;
 using testing::relative_difference;
-
-FitOptions quiet(std::int64_t batch, int epochs = 1) {
-  FitOptions o;
-  o.batch_size = batch;
-  o.epochs = epochs;
-  o.shuffle = false;
-  o.verbose = 0;
-  return o;
-}
 
 TEST(MirroredStrategy, FitMatchesOneDeviceWithOneTwoAndFourReplicas) {
   // 20 steps of a global batch of 64.

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "common/compare.h"
+#include "common/quiet_fit.h"
 #include "common/two_headed.h"
 #include "common/temp_dir.h"
 #include "dtrain/autograd/tape.h"
@@ -16,18 +17,10 @@ namespace dtrain {
 namespace {
 
 using testing::compile_two_headed;
+using testing::quiet;
 using testing::relative_difference;
 using testing::two_headed;
 using testing::two_headed_data;
-
-FitOptions quiet(std::int64_t batch, int epochs = 1) {
-  FitOptions o;
-  o.batch_size = batch;
-  o.epochs = epochs;
-  o.shuffle = false;
-  o.verbose = 0;
-  return o;
-}
 
 TEST(MultiIO, FitStepIsTheHandWrittenStepOnTheWeightedLosses) {
   const TensorData d = two_headed_data(24);

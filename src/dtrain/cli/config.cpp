@@ -210,8 +210,11 @@ DataConfig data_from(const JsonReader& d) {
     d.expect_keys({"source", "train_images", "train_labels", "test_images", "test_labels", "pipeline"});
   else if (c.source == "records")
     d.expect_keys({"source", "train", "test", "pipeline"});
+  else if (c.source == "text")
+    d.expect_keys({"source", "files", "length", "bytes", "held_out", "pipeline"});
   else
-    d.fail("source", "expected \"synthetic\", \"fashion_mnist\", \"csv\", \"idx\" or \"records\", got \"" + c.source + "\"");
+    d.fail("source", "expected \"synthetic\", \"fashion_mnist\", \"csv\", \"idx\", \"records\" or \"text\", got \"" +
+                         c.source + "\"");
   if (d.has("pipeline")) c.pipeline = pipeline_from(d.child("pipeline"));
 
   if (c.source == "fashion_mnist") c.path = d.get_string("path", "");
@@ -262,6 +265,15 @@ DataConfig data_from(const JsonReader& d) {
   if (c.source == "records") {
     c.train_files = files_at(d, "train");
     if (d.has("test")) c.test_files = files_at(d, "test");
+  }
+  if (c.source == "text") {
+    c.train_files = files_at(d, "files");
+    c.text_length = d.get_int("length", 64);
+    if (c.text_length <= 0) d.fail("length", "must be a positive number of bytes, got " + std::to_string(c.text_length));
+    c.text_bytes = d.get_int("bytes", -1);
+    if (c.text_bytes == 0 || c.text_bytes < -1) d.fail("bytes", "must be positive (leave it out for whole files)");
+    c.held_out = d.get_number("held_out", 0.1);
+    if (!(c.held_out >= 0.0 && c.held_out < 1.0)) d.fail("held_out", "must be in [0, 1)");
   }
   return c;
 }
@@ -508,6 +520,25 @@ void check_model(const RunConfig& c) {
 void check_model_fits_data(const RunConfig& c, const Shape& row) {
   const std::string& at = c.model_config_path;
   const std::string data = "the data (" + c.data.source + ")";
+  if (c.data.source == "text") {
+    // A language model: a distribution over the 256 byte values at every position.
+    Shape out;
+    try {
+      out = output_shape(c, row);
+    } catch (const InvalidArgument& e) {
+      throw_in_file<InvalidArgument>(c.file, at + ".layers", "for " + data + "'s windows of shape " + row.to_string() +
+                                                                 ": " + e.what());
+    }
+    if (loss_name(c) != "sparse_categorical_crossentropy")
+      throw_in_file<InvalidArgument>(c.file, "loss", "the text source's targets are the next bytes (class numbers); "
+                                                     "use sparse_categorical_crossentropy");
+    if (out.rank() != 3 || out[1] != row[0] || out[2] < 256)
+      throw_in_file<InvalidArgument>(c.file, at + ".layers",
+                                     "a language model over " + data + " gives [1, " + std::to_string(row[0]) +
+                                         ", 256] (a score for each byte value at each position) for one window; this "
+                                         "model gives " + out.to_string());
+    return;
+  }
   if (c.model_input_shape && *c.model_input_shape != row)
     throw_in_file<InvalidArgument>(c.file, input_shape_key(c),
                                    "the model takes rows of shape " + c.model_input_shape->to_string() + ", but " + data +
@@ -682,6 +713,10 @@ data::Classification load_data(const RunConfig& c) {
   check_model_fits_data(c, row);
   if (c.data.source == "fashion_mnist") return data::load_fashion_mnist(c.data.path);
   if (is_file_source(c.data.source)) return load_files(c, row);
+  if (c.data.source == "text")
+    return in_file(c.file, "data.files", [&] {
+      return data::text_windows(c.data.train_files, c.data.text_length, c.data.text_bytes, c.data.held_out);
+    });
   data::Classification d;
   d.classes = c.data.classes;
   // Test data comes from the same generator, after the training rows.
@@ -697,6 +732,7 @@ data::Classification load_data(const RunConfig& c) {
 Shape input_shape(const RunConfig& c) {
   if (c.data.source == "fashion_mnist") return Shape{784};
   if (c.data.source == "synthetic") return Shape{c.data.features};
+  if (c.data.source == "text") return Shape{c.data.text_length};
   return in_file(c.file, files_key(c.data, false), [&] {
     if (c.data.source == "idx") {
       const data::IdxHeader h = data::read_idx_header(c.data.train_files[0], 3);

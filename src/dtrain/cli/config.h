@@ -28,7 +28,7 @@ struct PipelineConfig {
 // Where the data comes from. The file sources (csv, idx, records) are read into memory
 // whole; nothing here streams from disk.
 struct DataConfig {
-  std::string source = "synthetic";  // "fashion_mnist", "synthetic", "csv", "idx" or "records"
+  std::string source = "synthetic";  // "fashion_mnist", "synthetic", "csv", "idx", "records" or "text"
   std::string path;                  // fashion_mnist: directory ("" = default)
   std::int64_t samples = 1000, test_samples = 0, features = 100, classes = 10;
   data::SyntheticLabels labels = data::SyntheticLabels::random;
@@ -36,6 +36,10 @@ struct DataConfig {
   // read in order; idx: {images, labels}. No test files: no test split.
   std::vector<std::string> train_files, test_files;
   data::CsvOptions csv;  // csv: label_column (always set), header, delimiter, select_columns
+  // text (a language model's windows, data::text_windows): the window's bytes, at most this
+  // many bytes of the files (-1: all), and the share held out as the test split.
+  std::int64_t text_length = 64, text_bytes = -1;
+  double held_out = 0.1;
   std::optional<PipelineConfig> pipeline;
 };
 

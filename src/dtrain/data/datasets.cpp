@@ -80,4 +80,45 @@ Split make_synthetic(std::int64_t samples, std::int64_t features, std::int64_t c
   return s;
 }
 
+Classification text_windows(const std::vector<std::string>& files, std::int64_t length, std::int64_t limit,
+                            double held_out) {
+  if (files.empty()) DTRAIN_THROW(InvalidArgument, "text_windows: no files given");
+  if (length <= 0) DTRAIN_THROW(InvalidArgument, "text_windows: the window length must be positive, got ", length);
+  if (!(held_out >= 0.0 && held_out < 1.0))
+    DTRAIN_THROW(InvalidArgument, "text_windows: held_out must be in [0, 1), got ", held_out);
+  std::vector<std::uint8_t> text;
+  std::string names;
+  for (const std::string& path : files) {
+    if (limit >= 0 && static_cast<std::int64_t>(text.size()) >= limit) break;
+    const std::vector<std::uint8_t> part =
+        read_file_bytes(path, limit < 0 ? -1 : limit - static_cast<std::int64_t>(text.size()));
+    text.insert(text.end(), part.begin(), part.end());
+    names += (names.empty() ? "" : ", ") + path;
+  }
+  // Windows of length + 1 bytes side by side: each gives its first `length` bytes and the
+  // `length` after its first.
+  const std::int64_t windows = (static_cast<std::int64_t>(text.size()) - 1) / length;
+  const auto test = static_cast<std::int64_t>(static_cast<double>(windows) * held_out);
+  if (windows - test < 1 || (held_out > 0.0 && test < 1))
+    DTRAIN_THROW(InvalidArgument, "text_windows: ", text.size(), " bytes of ", names, " make ", windows,
+                 " window(s) of ", length, " bytes, too few for a training split and a held-out share of ", held_out);
+  auto split = [&](std::int64_t first, std::int64_t count) {
+    Split s{Tensor::empty(Shape{count, length}), Tensor::empty(Shape{count, length}, DType::i32)};
+    float* x = s.x.data<float>();
+    std::int32_t* y = s.y.data<std::int32_t>();
+    for (std::int64_t w = 0; w < count; ++w)
+      for (std::int64_t t = 0; t < length; ++t) {
+        const auto at = static_cast<std::size_t>((first + w) * length + t);
+        x[w * length + t] = static_cast<float>(text[at]);
+        y[w * length + t] = static_cast<std::int32_t>(text[at + 1]);
+      }
+    return s;
+  };
+  Classification out;
+  out.classes = 256;
+  out.train = split(0, windows - test);
+  if (test > 0) out.test = split(windows - test, test);
+  return out;
+}
+
 }  // namespace dtrain::data

@@ -40,4 +40,12 @@ enum class SyntheticLabels {
 Split make_synthetic(std::int64_t samples, std::int64_t features, std::int64_t classes, std::uint64_t seed,
                      SyntheticLabels labels = SyntheticLabels::random);
 
+// A language model's data from text: the first `limit` bytes of `files`, one after the other
+// (gzip where they are), cut into windows of `length` bytes (x, float32 [count, length],
+// byte values) and the bytes that follow each (y, int32 [count, length]: x shifted by one),
+// the last `held_out` share of the windows as the test split; 256 classes. A text too
+// short for one window of each split is an InvalidArgument naming the files and the sizes.
+Classification text_windows(const std::vector<std::string>& files, std::int64_t length, std::int64_t limit = -1,
+                            double held_out = 0.1);
+
 }  // namespace dtrain::data

@@ -185,4 +185,19 @@ Tensor read_idx_labels(const std::string& path, std::int64_t classes) {
   return t;
 }
 
+std::vector<std::uint8_t> read_file_bytes(const std::string& path, std::int64_t limit) {
+  GzPtr f = open_gz(path);
+  std::vector<std::uint8_t> out;
+  constexpr std::int64_t kChunk = 1 << 20;
+  while (limit < 0 || static_cast<std::int64_t>(out.size()) < limit) {
+    const std::int64_t want = limit < 0 ? kChunk : std::min(kChunk, limit - static_cast<std::int64_t>(out.size()));
+    const std::size_t at = out.size();
+    out.resize(at + static_cast<std::size_t>(want));
+    const std::int64_t got = read_up_to(f.get(), path, out.data() + at, want, static_cast<std::int64_t>(at), "text");
+    out.resize(at + static_cast<std::size_t>(got));
+    if (got < want) break;
+  }
+  return out;
+}
+
 }  // namespace dtrain::data

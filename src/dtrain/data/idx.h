@@ -35,4 +35,9 @@ struct IdxHeader {
 // that multiply without overflow. Throws IoError naming the file.
 IdxHeader read_idx_header(const std::string& path, int expected_rank);
 
+// The first `limit` bytes of a file (all of it with a negative limit), gunzipped where it is
+// gzip (a dictzip .dz dictionary is): zlib reads plain files as they are. IoError names the
+// file, and the offset of corrupt compressed data.
+std::vector<std::uint8_t> read_file_bytes(const std::string& path, std::int64_t limit = -1);
+
 }  // namespace dtrain::data

@@ -374,6 +374,20 @@ std::optional<std::uint64_t> get_seed(const JsonReader& c, const std::string& ke
   return seed.get<std::uint64_t>();
 }
 
+// The keys every layer with a kernel and a bias takes (Dense, Conv2D, MultiHeadAttention):
+// `kernel` names the kernel's ("kernel", or DepthwiseConv2D's "depthwise").
+template <typename Options>
+void read_kernel_and_bias(const JsonReader& c, Options& o, const std::string& kernel = "kernel") {
+  o.kernel_regularizer = get_regularizer(c, kernel + "_regularizer");
+  o.bias_regularizer = get_regularizer(c, "bias_regularizer");
+  o.kernel_constraint = get_constraint(c, kernel + "_constraint");
+  o.bias_constraint = get_constraint(c, "bias_constraint");
+  o.use_bias = c.get_bool("use_bias", true);
+  o.kernel_initializer = initializer_name(c, kernel + "_initializer", "glorot_uniform");
+  o.bias_initializer = initializer_name(c, "bias_initializer", "zeros");
+  o.seed = get_seed(c, kernel + "_initializer");
+}
+
 std::shared_ptr<nn::Layer> make_conv_layer(const std::string& cls, const JsonReader& c) {
   const bool depthwise = cls == "DepthwiseConv2D";
   if (depthwise)
@@ -389,22 +403,13 @@ std::shared_ptr<nn::Layer> make_conv_layer(const std::string& cls, const JsonRea
   expect_channels_last(c);
   expect_unset(c, {"lora_rank", "lora_alpha"});
   nn::Conv2DOptions o;
-  const std::string weights = depthwise ? "depthwise" : "kernel";
-  o.kernel_regularizer = get_regularizer(c, weights + "_regularizer");
-  o.bias_regularizer = get_regularizer(c, "bias_regularizer");
-  o.kernel_constraint = get_constraint(c, weights + "_constraint");
-  o.bias_constraint = get_constraint(c, "bias_constraint");
+  read_kernel_and_bias(c, o, depthwise ? "depthwise" : "kernel");
   o.name = c.get_string("name", depthwise ? "depthwise_conv2d" : "conv2d");
   o.strides = get_pair(c, "strides", nn::Pair{1, 1});
   o.padding = c.get_string("padding", "valid");
   o.dilation_rate = get_pair(c, "dilation_rate", nn::Pair{1, 1});
   const std::string act = c.get_string("activation", "linear");
   o.activation = act == "linear" ? "" : act;
-  o.use_bias = c.get_bool("use_bias", true);
-  const std::string kernel_key = depthwise ? "depthwise_initializer" : "kernel_initializer";
-  o.kernel_initializer = initializer_name(c, kernel_key, "glorot_uniform");
-  o.bias_initializer = initializer_name(c, "bias_initializer", "zeros");
-  o.seed = get_seed(c, kernel_key);
   const nn::Pair kernel = get_pair(c, "kernel_size");
   if (depthwise) {
     if (c.get_int("groups", 1) != 1) c.fail("groups", "a DepthwiseConv2D takes groups 1 (tf.keras writes it so)");
@@ -449,15 +454,8 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
                                 "quantization_config", "lora_rank", "lora_alpha"}));
       expect_unset(c, {"quantization_config", "lora_rank", "lora_alpha"});
       nn::DenseOptions o;
-      o.kernel_regularizer = get_regularizer(c, "kernel_regularizer");
-      o.bias_regularizer = get_regularizer(c, "bias_regularizer");
-      o.kernel_constraint = get_constraint(c, "kernel_constraint");
-      o.bias_constraint = get_constraint(c, "bias_constraint");
+      read_kernel_and_bias(c, o);
       o.name = c.get_string("name", "dense");
-      o.use_bias = c.get_bool("use_bias", true);
-      o.kernel_initializer = initializer_name(c, "kernel_initializer", "glorot_uniform");
-      o.bias_initializer = initializer_name(c, "bias_initializer", "zeros");
-      o.seed = get_seed(c, "kernel_initializer");
       std::string act = c.get_string("activation", "linear");
       const std::int64_t units = c.get_int("units");
       if (units <= 0) c.fail("units", "must be a positive integer, got " + std::to_string(units));
@@ -506,11 +504,13 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
         return std::make_shared<nn::MaxPooling2D>(pool, strides, padding, c.get_string("name", "max_pooling2d"));
       return std::make_shared<nn::AveragePooling2D>(pool, strides, padding, c.get_string("name", "average_pooling2d"));
     }
-    if (cls == "GlobalAveragePooling2D") {
+    if (cls == "GlobalAveragePooling2D" || cls == "GlobalAveragePooling1D") {
       c.expect_keys(layer_keys({"data_format", "keepdims"}));
       expect_channels_last(c);
-      return std::make_shared<nn::GlobalAveragePooling2D>(c.get_bool("keepdims", false),
-                                                          c.get_string("name", "global_average_pooling2d"));
+      const bool keepdims = c.get_bool("keepdims", false);
+      if (cls == "GlobalAveragePooling1D")
+        return std::make_shared<nn::GlobalAveragePooling1D>(keepdims, c.get_string("name", "global_average_pooling1d"));
+      return std::make_shared<nn::GlobalAveragePooling2D>(keepdims, c.get_string("name", "global_average_pooling2d"));
     }
     if (cls == "BatchNormalization") {
       c.expect_keys(layer_keys({"axis", "momentum", "epsilon", "center", "scale", "synchronized", "beta_initializer",
@@ -622,12 +622,6 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       return std::make_shared<nn::PositionEmbedding>(n, initializer_name(c, "initializer", "glorot_uniform"),
                                                      get_seed(c, "initializer"), c.get_string("name", "position_embedding"));
     }
-    if (cls == "GlobalAveragePooling1D") {
-      c.expect_keys(layer_keys({"data_format", "keepdims"}));
-      expect_channels_last(c);
-      return std::make_shared<nn::GlobalAveragePooling1D>(c.get_bool("keepdims", false),
-                                                          c.get_string("name", "global_average_pooling1d"));
-    }
     if (cls == "MultiHeadAttention") {
       c.expect_keys(layer_keys({"num_heads", "key_dim", "value_dim", "dropout", "use_bias", "output_shape",
                                 "attention_axes", "kernel_initializer", "bias_initializer", "kernel_regularizer",
@@ -642,20 +636,13 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       o.name = c.get_string("name", "multi_head_attention");
       if (c.has("value_dim") && !c.raw()["value_dim"].is_null()) o.value_dim = c.get_int("value_dim");
       o.dropout = static_cast<float>(c.get_number("dropout", 0.0));
-      o.use_bias = c.get_bool("use_bias", true);
       if (c.has("output_shape") && !c.raw()["output_shape"].is_null()) {
         const json& os = c.raw()["output_shape"];
         if (os.is_number_integer()) o.output_shape = os.get<std::int64_t>();
         else if (os.is_array() && os.size() == 1 && os[0].is_number_integer()) o.output_shape = os[0].get<std::int64_t>();
         else c.fail("output_shape", "one number of output features, got " + os.dump());
       }
-      o.kernel_initializer = initializer_name(c, "kernel_initializer", "glorot_uniform");
-      o.bias_initializer = initializer_name(c, "bias_initializer", "zeros");
-      o.kernel_regularizer = get_regularizer(c, "kernel_regularizer");
-      o.bias_regularizer = get_regularizer(c, "bias_regularizer");
-      o.kernel_constraint = get_constraint(c, "kernel_constraint");
-      o.bias_constraint = get_constraint(c, "bias_constraint");
-      o.seed = get_seed(c, "kernel_initializer");
+      read_kernel_and_bias(c, o);
       return std::make_shared<nn::MultiHeadAttention>(c.get_int("num_heads"), c.get_int("key_dim"), o);
     }
     if (cls == "Add") {
