@@ -115,3 +115,28 @@ def test_a_causal_language_model_learns_a_sequence_from_windows_of_text():
     # Every byte after the first few of a window follows from the ones before it.
     assert history.history["accuracy"][-1] > 0.85
     assert char_lm.generate(model, "the cat ", 16, 16, temperature=0.1).startswith("the cat sat on the")
+
+
+def test_the_encoder_classifier_example_reads_dictionary_entries_and_trains():
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location(
+        "pos_classifier", os.path.join(os.environ.get("DTRAIN_SOURCE_DIR", "."), "examples", "pos_classifier.py"))
+    pos = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pos)
+    text = ('Abjure \\Ab*jure"\\, v. t. [imp. & p. p. {Abjured}; p. pr. & vb.\n   n. {Abjuring}.]\n'
+            '   1. To renounce upon oath; to forswear.\n   [1913 Webster]\n\n'
+            'Abjurer \\Ab*jur"er\\, n.\n   One who abjures.\n   [1913 Webster]\n\n'
+            '00-database-info\n   not an entry\n\n'
+            'Abjectly \\Ab"ject*ly\\, adv.\n   In an abject manner; meanly.\n   [1913 Webster]\n')
+    pairs = pos.entries(text)
+    assert pairs == [("1. To renounce upon oath; to forswear.", 2), ("One who abjures.", 0),
+                     ("In an abject manner; meanly.", 3)]
+    x, y = pos.encode(pairs * 8, 24)
+    assert x.shape == (24, 24) and bytes(x[1, :16].astype(np.uint8)) == b"One who abjures."
+    tf.keras.utils.set_random_seed(0)
+    model = pos.encoder_classifier(24, width=16, heads=2, blocks=1)
+    model.compile(optimizer=tf.keras.optimizers.Adam(1e-2),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    assert model.fit(x, y, batch_size=8, epochs=15, verbose=0).history["accuracy"][-1] == 1.0

@@ -1110,9 +1110,14 @@ TEST_F(FileSources, BadInputNamesTheKeyAndTheFile) {
     std::vector<std::string> expect;  // every one is in the error line
   };
   const Case cases[] = {
-      {R"({"source": "parquet"})", {"data.source: expected \"synthetic\", \"fashion_mnist\", \"csv\", \"idx\" or \"records\""}},
+      {R"({"source": "parquet"})", {"data.source: expected \"synthetic\", \"fashion_mnist\", \"csv\", \"idx\", \"records\" or \"text\""}},
       {csv_with(R"("label_column": "label", "samples": 10)"), {"data.samples: unknown key"}},
       {R"({"source": "synthetic", "train": "x.csv"})", {"data.train: unknown key"}},
+      {R"({"source": "text"})", {"data.files: is required"}},
+      {R"({"source": "text", "files": ")" + absent + R"("})", {"data.files: no file '" + absent + "'"}},
+      {R"({"source": "text", "files": ")" + train + R"(", "length": 0})", {"data.length: must be a positive"}},
+      {R"({"source": "text", "files": ")" + train + R"(", "held_out": 1})", {"data.held_out: must be in [0, 1)"}},
+      {R"({"source": "text", "files": ")" + train + R"(", "train": "x"})", {"data.train: unknown key"}},
       {R"({"source": "records", "train": ")" + train + R"(", "label_column": "label"})", {"data.label_column: unknown key"}},
       {R"({"source": "idx", "train": ")" + train + R"("})", {"data.train: unknown key"}},
       {csv_with(R"("header": true)"), {"data.label_column: is required"}},
