@@ -16,7 +16,9 @@
 #include <iostream>
 #include <string>
 
+#include "common/quiet_fit.h"
 #include "common/small_cnn.h"
+#include "common/tiny_transformer.h"
 #include "dtrain/dtrain.h"
 
 namespace {
@@ -108,6 +110,19 @@ void run(const Args& a) {
     return;
   }
   std::unique_ptr<Model> model;
+  if (a.model == "transformer") {
+    {
+      auto scope = strategy.scope();
+      model = dtrain::testing::tiny_transformer(12, 16, /*causal=*/true);
+      model->compile(std::make_shared<optim::Adam>(0.01f), std::make_shared<losses::SparseCategoricalCrossentropy>(true));
+    }
+    const dtrain::testing::TokenData d = dtrain::testing::ordered_pairs(a.steps * a.batch);
+    model->fit(d.ids, d.labels, dtrain::testing::quiet(a.batch));
+    EXPECT_EQ(model->optimizer().iterations(), a.steps) << task;
+    model->save_weights(a.out + "/" + task + ".safetensors");
+    std::cout << "done " << task << " steps=" << model->optimizer().iterations() << std::endl;
+    return;
+  }
   if (a.model == "cnn") {
     {
       auto scope = strategy.scope();

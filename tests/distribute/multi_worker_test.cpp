@@ -23,6 +23,7 @@
 
 #include "common/compare.h"
 #include "common/small_cnn.h"
+#include "common/tiny_transformer.h"
 #include "common/spawn.h"
 #include "common/temp_dir.h"
 #include "dtrain/dtrain.h"
@@ -231,6 +232,30 @@ TEST_F(MultiWorker, SynchronizedBatchNormReachesOneProcessWeights) {
         EXPECT_EQ(relative_difference(*ended[w], *ended[0]), 0.0) << results[w].task;
     }
   }
+}
+
+// A transformer (embedding, learned positions, causal attention, layer norms, GELU): two
+// workers end at one process's weights (per value: the keys' bias, which gets no gradient,
+// stays at rounding's scale), every worker exactly the chief's.
+TEST_F(MultiWorker, ATransformerReachesOneProcessWeights) {
+  const testing::TokenData d = testing::ordered_pairs(6 * 16);
+  auto reference = testing::tiny_transformer(12, 16, /*causal=*/true);
+  reference->compile(std::make_shared<optim::Adam>(0.01f), std::make_shared<losses::SparseCategoricalCrossentropy>(true));
+  reference->fit(d.ids, d.labels, quiet(16));
+  const std::vector<TaskResult> results = run_cluster(2, {"--model", "transformer", "--steps", "6", "--batch", "16"});
+  for (const TaskResult& r : results) ASSERT_TRUE(r.exited_ok()) << describe(results);
+  std::vector<std::unique_ptr<Model>> ended;
+  for (const TaskResult& r : results) {
+    ended.push_back(testing::tiny_transformer(12, 16, true));
+    ended.back()->load_weights((dir_ / (r.task + ".safetensors")).string());
+  }
+  double worst = 0;
+  for (std::size_t i = 0; i < reference->variables().size(); ++i) {
+    const std::vector<float> a = ended[0]->variables()[i]->value().to_vector(), b = reference->variables()[i]->value().to_vector();
+    for (std::size_t j = 0; j < a.size(); ++j) worst = std::max(worst, double(std::abs(a[j] - b[j])));
+  }
+  EXPECT_LE(worst, 1e-4);
+  EXPECT_EQ(relative_difference(*ended[1], *ended[0]), 0.0);
 }
 
 TEST_F(MultiWorker, WorkersMeetThroughARedisServer) {
