@@ -99,7 +99,7 @@ void add_weighted_rows(const float* w, std::int64_t n, const float* x, std::int6
 // e^x for x <= 0 (scores less their maximum), written so that loops over it vectorise:
 // 2^n · e^r with n = round(x / ln 2), r = x − n · ln 2 (in two parts, exact), e^r by
 // Cephes's degree-6 polynomial (relative error below 2e-7); 0 below −87 and for −inf.
-inline float exp_nonpositive(float x) {
+[[gnu::always_inline]] inline float exp_nonpositive(float x) {
   const bool zero = !(x >= -87.0f);
   const float c = zero ? -87.0f : x;
   const float n = std::floor(c * 1.44269504088896341f + 0.5f);
@@ -169,6 +169,22 @@ struct Problem {
     return o->dropout_generator.uniform_at(i) >= o->dropout_rate ? keep_scale : 0.0f;
   }
 };
+
+// A backward row's weights for keys [s0, s1): e^(scale · score − lse) where the key is
+// visible to t, else 0; one vector loop where the whole block is visible.
+DTRAIN_MULTIVERSION
+void weights_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t s0, std::int64_t s1,
+                 float scale, float lse, const float* scores, float* w) {
+  (void)h;
+  const std::int64_t n = s1 - s0;
+  if (!p.mask && (!p.o->causal || s1 - 1 <= t)) {
+#pragma omp simd
+    for (std::int64_t j = 0; j < n; ++j) w[j] = exp_nonpositive(scale * scores[j] - lse);
+    return;
+  }
+  for (std::int64_t s = s0; s < s1; ++s)
+    w[s - s0] = p.visible(b, t, s) ? exp_nonpositive(scale * scores[s - s0] - lse) : 0.0f;
+}
 
 }  // namespace
 
@@ -259,7 +275,8 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
   // recomputed from lse; dV = P'ᵀ dO (P' the dropped weights), dQ = scale · dS K, dK = scale · dSᵀ Q.
   parallel_for(p.batch * p.heads, 1, [&](std::int64_t begin, std::int64_t end) {
     std::vector<float> row_dot(static_cast<std::size_t>(p.queries)), kt(static_cast<std::size_t>(d * kKeyBlock)),
-        vt(static_cast<std::size_t>(vd * kKeyBlock)), scores(kKeyBlock), dp(kKeyBlock), ds(kKeyBlock);
+        vt(static_cast<std::size_t>(vd * kKeyBlock)), scores(kKeyBlock), dp(kKeyBlock), ds(kKeyBlock), w(kKeyBlock),
+        f(kKeyBlock), weights_t(kKeyBlock * kQueryBlock), ds_t(kKeyBlock * kQueryBlock);
     for (std::int64_t bh = begin; bh < end; ++bh) {
       const std::int64_t b = bh / p.heads, h = bh % p.heads;
       for (std::int64_t t = 0; t < p.queries; ++t) {
@@ -278,26 +295,39 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
           const std::int64_t s1 = std::min(s_end, s0 + kKeyBlock);
           p.transpose_block(p.k, d, b, h, s0, s1, kt.data());
           p.transpose_block(p.v, vd, b, h, s0, s1, vt.data());
+          // Each key's share of dv and dk sums over the block's queries: kept per key
+          // (transposed: [key][query]) and added once the block's queries are done.
+          std::fill(weights_t.begin(), weights_t.end(), 0.0f);
+          std::fill(ds_t.begin(), ds_t.end(), 0.0f);
+          const std::int64_t n = s1 - s0;
           for (std::int64_t t = t0; t < t1; ++t) {
             const std::int64_t qrow = p.row(b, p.queries, t, h);
             if (pl[qrow] == kNoScore) continue;  // t saw no key: no gradient
+            const auto r = static_cast<std::size_t>(t - t0);
             const float* qt = p.q + qrow * d;
             const float* dot_t = pdo + qrow * vd;
             row_times_block(qt, kt.data(), d, scores.data());
             row_times_block(dot_t, vt.data(), vd, dp.data());
-            for (std::int64_t s = s0; s < s1; ++s) {
-              const auto j = static_cast<std::size_t>(s - s0);
-              ds[j] = 0.0f;
-              if (!p.visible(b, t, s)) continue;
-              const std::int64_t krow = p.row(b, p.keys, s, h);
-              const float w = exp_nonpositive(o.scale * scores[j] - pl[qrow]);
-              if (w == 0.0f) continue;
-              const float factor = p.kept(b, h, t, s);
-              if (factor != 0.0f) add_scaled(pdv + krow * vd, w * factor, dot_t, vd);
-              ds[j] = o.scale * w * (dp[j] * factor - row_dot[static_cast<std::size_t>(t)]);
-              if (ds[j] != 0.0f) add_scaled(pdk + krow * d, ds[j], qt, d);
+            // The weights (each recomputed from the forward's log-sum-exp; 0 where hidden),
+            // each times dropout's factor, and the scores' gradients.
+            weights_row(p, b, h, t, s0, s1, o.scale, pl[qrow], scores.data(), w.data());
+            for (std::int64_t s = s0; s < s1; ++s) f[static_cast<std::size_t>(s - s0)] = p.kept(b, h, t, s);
+            const float rd = row_dot[static_cast<std::size_t>(t)];
+#pragma omp simd
+            for (std::int64_t j = 0; j < n; ++j) ds[j] = o.scale * w[j] * (dp[j] * f[j] - rd);
+            for (std::int64_t j = 0; j < n; ++j) {
+              weights_t[static_cast<std::size_t>(j) * kQueryBlock + r] = w[j] * f[j];
+              ds_t[static_cast<std::size_t>(j) * kQueryBlock + r] = ds[j];
             }
-            add_weighted_rows(ds.data(), s1 - s0, p.k + p.row(b, p.keys, s0, h) * d, p.heads * d, d, pdq + qrow * d);
+            add_weighted_rows(ds.data(), n, p.k + p.row(b, p.keys, s0, h) * d, p.heads * d, d, pdq + qrow * d);
+          }
+          const std::int64_t nq = t1 - t0;
+          const std::int64_t first_query = p.row(b, p.queries, t0, h);
+          for (std::int64_t s = s0; s < s1; ++s) {
+            const std::int64_t krow = p.row(b, p.keys, s, h);
+            const auto j = static_cast<std::size_t>(s - s0) * kQueryBlock;
+            add_weighted_rows(weights_t.data() + j, nq, pdo + first_query * vd, p.heads * vd, vd, pdv + krow * vd);
+            add_weighted_rows(ds_t.data() + j, nq, p.q + first_query * d, p.heads * d, d, pdk + krow * d);
           }
         }
       }
