@@ -53,6 +53,20 @@ json constraint_json(const std::optional<Constraint>& c) {
   return {{"class_name", c->class_name()}, {"config", config}};
 }
 
+// The kernel-and-bias keys of Dense, Conv2D, DepthwiseConv2D ("depthwise") and
+// MultiHeadAttention, as read_kernel_and_bias reads them back.
+template <typename Options>
+void write_kernel_and_bias(json& config, const Options& o, const std::string& kernel = "kernel") {
+  config["use_bias"] = o.use_bias;
+  config[kernel + "_initializer"] = o.kernel_initializer;
+  config["bias_initializer"] = o.bias_initializer;
+  config[kernel + "_regularizer"] = regularizer_json(o.kernel_regularizer);
+  config["bias_regularizer"] = regularizer_json(o.bias_regularizer);
+  config[kernel + "_constraint"] = constraint_json(o.kernel_constraint);
+  config["bias_constraint"] = constraint_json(o.bias_constraint);
+  config["seed"] = seed_json(o.seed);
+}
+
 json layer_to_json(const nn::Layer& layer) {
   json config = {{"name", layer.name()}, {"trainable", layer.trainable()}, {"dtype", layer.dtype_policy().name}};
   if (layer.activity_regularizer()) config["activity_regularizer"] = regularizer_json(layer.activity_regularizer());
@@ -60,14 +74,7 @@ json layer_to_json(const nn::Layer& layer) {
     const nn::DenseOptions& o = d->options();
     config["units"] = d->units();
     config["activation"] = d->activation().empty() ? "linear" : d->activation();
-    config["use_bias"] = o.use_bias;
-    config["kernel_initializer"] = o.kernel_initializer;
-    config["bias_initializer"] = o.bias_initializer;
-    config["kernel_regularizer"] = regularizer_json(o.kernel_regularizer);
-    config["bias_regularizer"] = regularizer_json(o.bias_regularizer);
-    config["kernel_constraint"] = constraint_json(o.kernel_constraint);
-    config["bias_constraint"] = constraint_json(o.bias_constraint);
-    config["seed"] = seed_json(o.seed);
+    write_kernel_and_bias(config, o);
   } else if (auto* a = dynamic_cast<const nn::Activation*>(&layer)) {
     config["activation"] = a->activation();
   } else if (auto* dr = dynamic_cast<const nn::Dropout*>(&layer)) {
@@ -86,14 +93,7 @@ json layer_to_json(const nn::Layer& layer) {
     config["data_format"] = "channels_last";
     config["dilation_rate"] = o.dilation_rate;
     config["activation"] = o.activation.empty() ? "linear" : o.activation;
-    config["use_bias"] = o.use_bias;
-    config["depthwise_initializer"] = o.kernel_initializer;
-    config["bias_initializer"] = o.bias_initializer;
-    config["depthwise_regularizer"] = regularizer_json(o.kernel_regularizer);
-    config["bias_regularizer"] = regularizer_json(o.bias_regularizer);
-    config["depthwise_constraint"] = constraint_json(o.kernel_constraint);
-    config["bias_constraint"] = constraint_json(o.bias_constraint);
-    config["seed"] = seed_json(o.seed);
+    write_kernel_and_bias(config, o, "depthwise");
   } else if (auto* cv = dynamic_cast<const nn::Conv2D*>(&layer)) {
     const nn::Conv2DOptions& o = cv->options();
     config["filters"] = cv->filters();
@@ -104,14 +104,7 @@ json layer_to_json(const nn::Layer& layer) {
     config["dilation_rate"] = o.dilation_rate;
     config["groups"] = o.groups;
     config["activation"] = o.activation.empty() ? "linear" : o.activation;
-    config["use_bias"] = o.use_bias;
-    config["kernel_initializer"] = o.kernel_initializer;
-    config["bias_initializer"] = o.bias_initializer;
-    config["kernel_regularizer"] = regularizer_json(o.kernel_regularizer);
-    config["bias_regularizer"] = regularizer_json(o.bias_regularizer);
-    config["kernel_constraint"] = constraint_json(o.kernel_constraint);
-    config["bias_constraint"] = constraint_json(o.bias_constraint);
-    config["seed"] = seed_json(o.seed);
+    write_kernel_and_bias(config, o);
   } else if (auto* p = dynamic_cast<const nn::Pooling2D*>(&layer)) {
     config["pool_size"] = p->pool_size();
     config["strides"] = p->strides();
@@ -175,16 +168,9 @@ json layer_to_json(const nn::Layer& layer) {
     config["key_dim"] = mha->key_dim();
     config["value_dim"] = mha->value_dim();
     config["dropout"] = float_json(o.dropout);
-    config["use_bias"] = o.use_bias;
     config["output_shape"] = o.output_shape > 0 ? json(o.output_shape) : json(nullptr);
     config["attention_axes"] = nullptr;
-    config["kernel_initializer"] = o.kernel_initializer;
-    config["bias_initializer"] = o.bias_initializer;
-    config["kernel_regularizer"] = regularizer_json(o.kernel_regularizer);
-    config["bias_regularizer"] = regularizer_json(o.bias_regularizer);
-    config["kernel_constraint"] = constraint_json(o.kernel_constraint);
-    config["bias_constraint"] = constraint_json(o.bias_constraint);
-    config["seed"] = seed_json(o.seed);
+    write_kernel_and_bias(config, o);
   } else if (dynamic_cast<const nn::Add*>(&layer)) {
   } else if (auto* cc = dynamic_cast<const nn::Concatenate*>(&layer)) {
     config["axis"] = cc->axis();
