@@ -8,6 +8,12 @@ softmax = _dtrain.ops.softmax
 log_softmax = _dtrain.ops.log_softmax
 
 
+def gelu(features, approximate=False, name=None):
+    """GELU: exact (x · Φ(x)), or with approximate its tanh form, as tf.nn.gelu."""
+    del name
+    return _dtrain.ops.gelu(features, bool(approximate))
+
+
 def scale_regularization_loss(regularization_loss):
     """The regularization loss divided by the replicas in sync (inside strategy.run), so
     that the replicas' gradients add up to it once."""

@@ -433,6 +433,11 @@ void bind_tensors(py::module_& m) {
   unary("softmax", dtrain::softmax);
   unary("log_softmax", dtrain::log_softmax);
   unary("stop_gradient", dtrain::stop_gradient);
+  o.def("gelu", [](py::handle x, bool approximate) {
+    Tensor t = to_tensor(x, "gelu");
+    py::gil_scoped_release release;
+    return dtrain::gelu(t, approximate);
+  }, py::arg("features"), py::arg("approximate") = false);
   o.def("add", [](py::handle a, py::handle b) { return binary(a, b, dtrain::add, "add"); });
   o.def("subtract", [](py::handle a, py::handle b) { return binary(a, b, dtrain::sub, "subtract"); });
   o.def("multiply", [](py::handle a, py::handle b) { return binary(a, b, dtrain::mul, "multiply"); });

@@ -140,3 +140,21 @@ def test_the_encoder_classifier_example_reads_dictionary_entries_and_trains():
     model.compile(optimizer=tf.keras.optimizers.Adam(1e-2),
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     assert model.fit(x, y, batch_size=8, epochs=15, verbose=0).history["accuracy"][-1] == 1.0
+
+
+def test_gelu_exact_and_tanh_as_tensorflow_gives_them():
+    import math
+
+    x = np.linspace(-4, 4, 33).astype(np.float32)
+    exact = [0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x]
+    tanh_form = [0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3))) for v in x]
+    np.testing.assert_allclose(tf.nn.gelu(x).numpy(), exact, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(tf.nn.gelu(x, approximate=True).numpy(), tanh_form, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(tf.keras.activations.gelu(x, approximate=True).numpy(), tanh_form, rtol=1e-4, atol=1e-5)
+    v = tf.Variable(x)
+    with tf.GradientTape() as tape:
+        y = tf.reduce_sum(tf.nn.gelu(v, approximate=True))
+    grad = tape.gradient(y, v).numpy()
+    t = np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))
+    want = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * x ** 2)
+    np.testing.assert_allclose(grad, want, rtol=1e-4, atol=1e-5)

@@ -125,6 +125,12 @@ TEST(Gradcheck, UnaryFunctions) {
   expect_gradients_match([](const Inputs& in) { return sigmoid(in[0]); }, {random_tensor(s, 12, -3, 3)}, {0});
   expect_gradients_match([](const Inputs& in) { return tanh(in[0]); }, {random_tensor(s, 13, -2, 2)}, {0});
   expect_gradients_match([](const Inputs& in) { return gelu(in[0]); }, {random_tensor(s, 14, -3, 3)}, {0});
+  expect_gradients_match([](const Inputs& in) { return gelu(in[0], /*approximate=*/true); }, {random_tensor(s, 19, -3, 3)},
+                         {0});
+  // The tanh form stays within 1e-3 of the exact one, as the approximation promises.
+  const Tensor x = random_tensor({200}, 20, -4, 4);
+  const std::vector<float> exact = gelu(x).to_vector(), approx = gelu(x, true).to_vector();
+  for (std::size_t i = 0; i < exact.size(); ++i) EXPECT_NEAR(approx[i], exact[i], 1e-3) << i;
   expect_gradients_match([](const Inputs& in) { return exp(in[0]); }, {random_tensor(s, 15, -1, 1)}, {0});
   expect_gradients_match([](const Inputs& in) { return log(in[0]); }, {random_tensor(s, 16, 0.5f, 2)}, {0});
   expect_gradients_match([](const Inputs& in) { return square(in[0]); }, {random_tensor(s, 17)}, {0});

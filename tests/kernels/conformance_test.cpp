@@ -165,6 +165,7 @@ double unary_reference(Unary op, double x, double alpha, double beta) {
     case Unary::sqrt: return std::sqrt(x);
     case Unary::abs: return std::fabs(x);
     case Unary::clip: return std::min(std::max(x, alpha), beta);
+    case Unary::gelu_tanh: return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
   }
   return 0;
 }
@@ -186,6 +187,10 @@ double unary_derivative(Unary op, double x, double alpha, double beta) {
     case Unary::sqrt: return 0.5 / std::sqrt(x);
     case Unary::abs: return x > 0 ? 1 : -1;
     case Unary::clip: return x > alpha && x < beta ? 1 : 0;
+    case Unary::gelu_tanh: {
+      const double c = std::sqrt(2 / M_PI), t = std::tanh(c * (x + 0.044715 * x * x * x));
+      return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * c * (1 + 3 * 0.044715 * x * x);
+    }
   }
   return 0;
 }
@@ -199,7 +204,7 @@ TEST_P(Conformance, UnaryFunctionsAndTheirDerivatives) {
   // Transcendentals in float32 differ between math libraries by a few ulp: 1e-5 relative;
   // oneDNN's gelu_erf is a polynomial within 5e-5, and its log within 5e-6 absolute.
   for (const std::int64_t n : {std::int64_t{0}, std::int64_t{1}, std::int64_t{100003}})
-    for (int k = 0; k <= static_cast<int>(Unary::clip); ++k) {
+    for (int k = 0; k <= static_cast<int>(Unary::gelu_tanh); ++k) {
       const auto op = static_cast<Unary>(k);
       const bool positive = op == Unary::log || op == Unary::sqrt;
       const Tensor x = testing::random_away_from({n}, 10 + k, positive ? 0.05f : -4.0f, 4.0f, {0.0f, -0.5f, 0.5f});
@@ -214,7 +219,8 @@ TEST_P(Conformance, UnaryFunctionsAndTheirDerivatives) {
         dwant[i] = 0.75 * unary_derivative(op, xv[i], alpha, beta);
       }
       const std::string what = "unary " + std::to_string(k) + " on " + std::to_string(n);
-      expect_near(y.to_vector(), want, op == Unary::gelu ? 5e-5 : 1e-5, op == Unary::log ? 5e-6 : 1e-6, what);
+      expect_near(y.to_vector(), want, op == Unary::gelu || op == Unary::gelu_tanh ? 5e-5 : 1e-5,
+                  op == Unary::log ? 5e-6 : 1e-6, what);
       const Tensor saved = reads_output(op) ? y : on(x);
       Tensor dx = out({n});
       be().unary_backward(op, saved, on(Tensor::full({n}, 0.75f)), dx, alpha, beta);

@@ -45,6 +45,9 @@ Tensor relu(const Tensor& x) { return unary_op(Unary::relu, x, "relu"); }
 Tensor sigmoid(const Tensor& x) { return unary_op(Unary::sigmoid, x, "sigmoid"); }
 Tensor tanh(const Tensor& x) { return unary_op(Unary::tanh, x, "tanh"); }
 Tensor gelu(const Tensor& x) { return unary_op(Unary::gelu, x, "gelu"); }
+Tensor gelu(const Tensor& x, bool approximate) {
+  return approximate ? unary_op(Unary::gelu_tanh, x, "gelu") : gelu(x);
+}
 Tensor exp(const Tensor& x) { return unary_op(Unary::exp, x, "exp"); }
 Tensor log(const Tensor& x) { return unary_op(Unary::log, x, "log"); }
 Tensor square(const Tensor& x) { return unary_op(Unary::square, x, "square"); }

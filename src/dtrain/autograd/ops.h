@@ -52,6 +52,8 @@ Tensor relu(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor tanh(const Tensor& x);
 Tensor gelu(const Tensor& x);  // exact (erf) form, Keras's default
+// With approximate, the tanh form: 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))).
+Tensor gelu(const Tensor& x, bool approximate);
 Tensor exp(const Tensor& x);
 Tensor log(const Tensor& x);
 Tensor square(const Tensor& x);

@@ -18,7 +18,8 @@ namespace dtrain::kernels {
 enum class Activation : std::uint8_t { linear, relu, sigmoid, tanh, gelu };
 
 // linear is alpha * x + beta; clip is min(max(x, alpha), beta); the others ignore alpha and beta.
-enum class Unary : std::uint8_t { linear, relu, sigmoid, tanh, gelu, exp, log, square, sqrt, abs, clip };
+// gelu_tanh is GELU's tanh approximation (tf.nn.gelu(approximate=True)); gelu the exact one.
+enum class Unary : std::uint8_t { linear, relu, sigmoid, tanh, gelu, exp, log, square, sqrt, abs, clip, gelu_tanh };
 enum class Binary : std::uint8_t { add, sub, mul, div, max, min };
 enum class Reduce : std::uint8_t { sum, mean, max };
 
@@ -146,7 +147,8 @@ class Backend {
   // y is float32; so is x, except that linear also takes uint8 x (bytes scaled to floats).
   virtual void unary(Unary op, const Tensor& x, Tensor& y, float alpha = 1.0f, float beta = 0.0f) = 0;
   // dx = dy * f'(.). `saved` is the forward's output for relu, sigmoid, tanh, exp and sqrt,
-  // and its input for gelu, log, square, abs, clip and linear (whose derivative is alpha).
+  // and its input for gelu, gelu_tanh, log, square, abs, clip and linear (whose derivative
+  // is alpha).
   virtual void unary_backward(Unary op, const Tensor& saved, const Tensor& dy, Tensor& dx,
                               float alpha = 1.0f, float beta = 0.0f) = 0;
   // c = a op b with NumPy broadcasting of a and b to c's shape.

@@ -41,13 +41,11 @@ void add_scaled(float* y, float alpha, const float* x, std::int64_t n) {
 // arrays did not (the compiler kept them in memory, each step waiting on the last store).
 typedef float Floats16 __attribute__((vector_size(64)));
 
-inline Floats16 load16(const float* p) {
-  Floats16 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
+// Loads and stores through references: a 64-byte vector passed by value would take
+// another calling convention with AVX-512 than without.
+inline void load16(Floats16& v, const float* p) { std::memcpy(&v, p, sizeof v); }
 
-inline void store16(float* p, Floats16 v) { std::memcpy(p, &v, sizeof v); }
+inline void store16(float* p, const Floats16& v) { std::memcpy(p, &v, sizeof v); }
 
 static_assert(kKeyBlock == 64, "row_times_block holds a block's 64 sums in four Floats16");
 
@@ -55,14 +53,18 @@ static_assert(kKeyBlock == 64, "row_times_block holds a block's 64 sums in four 
 // [depth, kKeyBlock], zeros past its keys).
 DTRAIN_MULTIVERSION
 void row_times_block(const float* a, const float* bt, std::int64_t depth, float* out) {
-  Floats16 s0{}, s1{}, s2{}, s3{};
+  Floats16 s0{}, s1{}, s2{}, s3{}, r0, r1, r2, r3;
   for (std::int64_t d = 0; d < depth; ++d) {
     const float x = a[d];
     const float* row = bt + d * kKeyBlock;
-    s0 += x * load16(row);
-    s1 += x * load16(row + 16);
-    s2 += x * load16(row + 32);
-    s3 += x * load16(row + 48);
+    load16(r0, row);
+    load16(r1, row + 16);
+    load16(r2, row + 32);
+    load16(r3, row + 48);
+    s0 += x * r0;
+    s1 += x * r1;
+    s2 += x * r2;
+    s3 += x * r3;
   }
   store16(out, s0);
   store16(out + 16, s1);
@@ -77,14 +79,22 @@ void add_weighted_rows(const float* w, std::int64_t n, const float* x, std::int6
                        float* acc) {
   std::int64_t c0 = 0;
   for (; c0 + 64 <= width; c0 += 64) {
-    Floats16 a0 = load16(acc + c0), a1 = load16(acc + c0 + 16), a2 = load16(acc + c0 + 32), a3 = load16(acc + c0 + 48);
+    Floats16 a0, a1, a2, a3, r0, r1, r2, r3;
+    load16(a0, acc + c0);
+    load16(a1, acc + c0 + 16);
+    load16(a2, acc + c0 + 32);
+    load16(a3, acc + c0 + 48);
     for (std::int64_t j = 0; j < n; ++j) {
       const float wj = w[j];
       const float* xr = x + j * stride + c0;
-      a0 += wj * load16(xr);
-      a1 += wj * load16(xr + 16);
-      a2 += wj * load16(xr + 32);
-      a3 += wj * load16(xr + 48);
+      load16(r0, xr);
+      load16(r1, xr + 16);
+      load16(r2, xr + 32);
+      load16(r3, xr + 48);
+      a0 += wj * r0;
+      a1 += wj * r1;
+      a2 += wj * r2;
+      a3 += wj * r3;
     }
     store16(acc + c0, a0);
     store16(acc + c0 + 16, a1);

@@ -67,7 +67,7 @@ DTRAIN_HD float uniform_at(std::uint64_t mixed_seed, std::uint64_t counter, std:
 // The unary functions (kernels::Unary, in its order) and their derivatives. Derivatives
 // read what backend.h says they read: the output for relu, sigmoid, tanh, exp and sqrt,
 // the input for the others.
-enum class UnaryOp : std::uint8_t { linear, relu, sigmoid, tanh, gelu, exp, log, square, sqrt, abs, clip };
+enum class UnaryOp : std::uint8_t { linear, relu, sigmoid, tanh, gelu, exp, log, square, sqrt, abs, clip, gelu_tanh };
 
 DTRAIN_HD float gelu(float x) {  // exact: x * Φ(x), as oneDNN's gelu_erf
   return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
@@ -77,6 +77,17 @@ DTRAIN_HD float gelu_derivative(float x) {
   const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752f));
   const float pdf = 0.39894228040143268f * expf(-0.5f * x * x);
   return cdf + x * pdf;
+}
+
+// GELU's tanh approximation, 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³))), as
+// tf.nn.gelu(approximate=True) and oneDNN's gelu_tanh; and its derivative.
+DTRAIN_HD float gelu_tanh(float x) {
+  return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+}
+
+DTRAIN_HD float gelu_tanh_derivative(float x) {
+  const float t = tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * 0.79788456080286536f * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
 DTRAIN_HD float unary(UnaryOp op, float x, float alpha, float beta) {
@@ -92,6 +103,7 @@ DTRAIN_HD float unary(UnaryOp op, float x, float alpha, float beta) {
     case UnaryOp::sqrt: return sqrtf(x);
     case UnaryOp::abs: return fabsf(x);
     case UnaryOp::clip: return x != x ? x : fminf(fmaxf(x, alpha), beta);
+    case UnaryOp::gelu_tanh: return gelu_tanh(x);
   }
   return x;
 }
@@ -110,6 +122,7 @@ DTRAIN_HD float unary_backward(UnaryOp op, float saved, float dy, float alpha, f
     case UnaryOp::sqrt: return dy / (2.0f * saved);
     case UnaryOp::abs: return saved > 0.0f ? dy : (saved < 0.0f ? -dy : 0.0f);
     case UnaryOp::clip: return saved > alpha && saved < beta ? dy : 0.0f;
+    case UnaryOp::gelu_tanh: return dy * gelu_tanh_derivative(saved);
   }
   return dy;
 }

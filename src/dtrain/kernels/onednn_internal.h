@@ -118,6 +118,7 @@ inline algorithm forward_algorithm(Unary op) {
     case Unary::sqrt: return algorithm::eltwise_sqrt;
     case Unary::abs: return algorithm::eltwise_abs;
     case Unary::clip: return algorithm::eltwise_clip_v2;
+    case Unary::gelu_tanh: return algorithm::eltwise_gelu_tanh;
   }
   return algorithm::undef;
 }
