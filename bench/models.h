@@ -1,9 +1,11 @@
 // Models the benchmarks share.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "dtrain/dtrain.h"
+#include "timing.h"
 
 namespace dtrain::bench {
 
@@ -17,6 +19,24 @@ inline std::unique_ptr<Sequential> large_mlp() {
   m->compile("adam", "sparse_categorical_crossentropy");
   m->build(Shape{1024});
   return m;
+}
+
+// `count` class numbers below `classes`, drawn from `seed`: [count] int32 labels.
+inline Tensor random_labels(std::int64_t count, std::int64_t classes, std::uint64_t seed) {
+  Generator g(seed);
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(count));
+  for (auto& l : labels) l = static_cast<std::int32_t>(g.below(static_cast<std::uint64_t>(classes)));
+  return Tensor::from_vector({count}, labels);
+}
+
+// `model`'s training step (forward, backward, its optimizer's update) on one batch (x, y),
+// as a function to time; model, x and y must outlive it.
+inline std::function<void()> training_step(Model& model, const Tensor& x, const Tensor& y) {
+  return [&model, &x, &y, vars = model.trainable_variables()] {
+    GradientTape tape;
+    const Tensor loss = model.loss()(y, model(x, /*training=*/true));
+    model.optimizer().apply_gradients(tape.gradient(loss, vars), vars);
+  };
 }
 
 }  // namespace dtrain::bench

@@ -15,6 +15,7 @@
 
 #include "dtrain/dtrain.h"
 #include "dtrain/model/serialization.h"
+#include "models.h"
 #include "timing.h"
 
 namespace {
@@ -86,15 +87,8 @@ int main(int argc, char** argv) {
   Generator g(1);
   Tensor x = Tensor::empty({batch, 784});
   for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = g.uniform();
-  std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
-  for (auto& l : labels) l = static_cast<std::int32_t>(g.next_u64() % 10);
-  const Tensor y = Tensor::from_vector({batch}, labels);
-  const std::vector<Variable*> vars = model->trainable_variables();
-  auto step = [&] {
-    GradientTape tape;
-    const Tensor loss = model->loss()(y, (*model)(x, /*training=*/true));
-    model->optimizer().apply_gradients(tape.gradient(loss, vars), vars);
-  };
+  const Tensor y = random_labels(batch, 10, 2);
+  const std::function<void()> step = training_step(*model, x, y);
   const double step_s = median_step_seconds(step, 5, steps);
   std::cout << nlohmann::json{{"bench", "resnet_step"}, {"threads", omp_get_max_threads()}, {"batch", batch},
                               {"bf16", bf16}, {"step_ms", step_s * 1e3}, {"samples_per_second", batch / step_s}}

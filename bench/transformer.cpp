@@ -16,6 +16,7 @@
 
 #include "dtrain/core/allocator.h"
 #include "dtrain/dtrain.h"
+#include "models.h"
 #include "timing.h"
 
 namespace {
@@ -56,16 +57,8 @@ int main(int argc, char** argv) {
   auto model = encoder(length);
   model->compile(std::make_shared<optim::Adam>(1e-3f), std::make_shared<losses::SparseCategoricalCrossentropy>(true));
   const Tensor x = random_uniform({batch, length, kWidth}, 1);
-  std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
-  Generator g(2);
-  for (auto& l : labels) l = static_cast<std::int32_t>(g.below(10));
-  const Tensor y = Tensor::from_vector({batch}, labels);
-  const std::vector<Variable*> vars = model->trainable_variables();
-  auto step = [&] {
-    GradientTape tape;
-    const Tensor loss = model->loss()(y, (*model)(x, /*training=*/true));
-    model->optimizer().apply_gradients(tape.gradient(loss, vars), vars);
-  };
+  const Tensor y = random_labels(batch, 10, 2);
+  const std::function<void()> step = training_step(*model, x, y);
   const double step_s = median_step_seconds(step, 2, steps);
   std::cout << nlohmann::json{{"bench", "transformer_step"}, {"threads", omp_get_max_threads()}, {"batch", batch},
                               {"length", length}, {"step_ms", step_s * 1e3}, {"samples_per_second", batch / step_s}}

@@ -47,29 +47,44 @@ inline void load16(Floats16& v, const float* p) { std::memcpy(&v, p, sizeof v); 
 
 inline void store16(float* p, const Floats16& v) { std::memcpy(p, &v, sizeof v); }
 
-static_assert(kKeyBlock == 64, "row_times_block holds a block's 64 sums in four Floats16");
+// 64 running sums in four Floats16: a row of a key block, kept in registers.
+struct Sums64 {
+  Floats16 a{}, b{}, c{}, d{};
+  void load(const float* p) {
+    load16(a, p);
+    load16(b, p + 16);
+    load16(c, p + 32);
+    load16(d, p + 48);
+  }
+  void store(float* p) const {
+    store16(p, a);
+    store16(p + 16, b);
+    store16(p + 32, c);
+    store16(p + 48, d);
+  }
+  // += x · p[0, 64)
+  void add(float x, const float* p) {
+    Floats16 r;
+    load16(r, p);
+    a += x * r;
+    load16(r, p + 16);
+    b += x * r;
+    load16(r, p + 32);
+    c += x * r;
+    load16(r, p + 48);
+    d += x * r;
+  }
+};
+
+static_assert(kKeyBlock == 64, "row_times_block holds a block's 64 sums in one Sums64");
 
 // out[j] = Σ_d a[d] · bt[d][j] for the 64 columns of a block stored transposed (bt
 // [depth, kKeyBlock], zeros past its keys).
 DTRAIN_MULTIVERSION
 void row_times_block(const float* a, const float* bt, std::int64_t depth, float* out) {
-  Floats16 s0{}, s1{}, s2{}, s3{}, r0, r1, r2, r3;
-  for (std::int64_t d = 0; d < depth; ++d) {
-    const float x = a[d];
-    const float* row = bt + d * kKeyBlock;
-    load16(r0, row);
-    load16(r1, row + 16);
-    load16(r2, row + 32);
-    load16(r3, row + 48);
-    s0 += x * r0;
-    s1 += x * r1;
-    s2 += x * r2;
-    s3 += x * r3;
-  }
-  store16(out, s0);
-  store16(out + 16, s1);
-  store16(out + 32, s2);
-  store16(out + 48, s3);
+  Sums64 sums;
+  for (std::int64_t d = 0; d < depth; ++d) sums.add(a[d], bt + d * kKeyBlock);
+  sums.store(out);
 }
 
 // acc[0, width) += Σ_j w[j] · x[j * stride + c] over the n rows of a block: 64 columns at a
@@ -79,27 +94,10 @@ void add_weighted_rows(const float* w, std::int64_t n, const float* x, std::int6
                        float* acc) {
   std::int64_t c0 = 0;
   for (; c0 + 64 <= width; c0 += 64) {
-    Floats16 a0, a1, a2, a3, r0, r1, r2, r3;
-    load16(a0, acc + c0);
-    load16(a1, acc + c0 + 16);
-    load16(a2, acc + c0 + 32);
-    load16(a3, acc + c0 + 48);
-    for (std::int64_t j = 0; j < n; ++j) {
-      const float wj = w[j];
-      const float* xr = x + j * stride + c0;
-      load16(r0, xr);
-      load16(r1, xr + 16);
-      load16(r2, xr + 32);
-      load16(r3, xr + 48);
-      a0 += wj * r0;
-      a1 += wj * r1;
-      a2 += wj * r2;
-      a3 += wj * r3;
-    }
-    store16(acc + c0, a0);
-    store16(acc + c0 + 16, a1);
-    store16(acc + c0 + 32, a2);
-    store16(acc + c0 + 48, a3);
+    Sums64 sums;
+    sums.load(acc + c0);
+    for (std::int64_t j = 0; j < n; ++j) sums.add(w[j], x + j * stride + c0);
+    sums.store(acc + c0);
   }
   if (c0 < width)
     for (std::int64_t j = 0; j < n; ++j)

@@ -360,11 +360,11 @@ void Model::update_output_losses(std::span<const double> output_losses, double r
 
 void Model::check_data(const TensorData& data, const char* who) const {
   const std::size_t inputs = num_inputs(), outputs = num_outputs();
+  const std::vector<std::string> names = output_names();
   if (data.x.size() != inputs || data.y.size() != outputs)
     DTRAIN_THROW(InvalidArgument, "model '", name_, "': ", who, "() got ", data.x.size(), " input(s) and ", data.y.size(),
-                 " target(s); the model takes ", inputs, " input(s) and has ", outputs, " output(s) (",
-                 joined(output_names()), ")");
-  const std::vector<std::string> names = output_names();
+                 " target(s); the model takes ", inputs, " input(s) and has ", outputs, " output(s) (", joined(names),
+                 ")");
   auto what = [&](std::size_t i) {
     if (i < inputs) return inputs == 1 ? std::string("x") : "input " + std::to_string(i) + (functional() ? " ('" + inputs_[i].name() + "')" : "");
     return outputs == 1 ? std::string("y") : "the target of output '" + names[i - inputs] + "'";
@@ -466,17 +466,6 @@ void check_fit_options(const FitOptions& opt) {
 
 History Model::fit(const Tensor& x, const Tensor& y, const FitOptions& opt) { return fit(TensorData(x, y), opt); }
 
-namespace {
-
-TensorData rows_of(const TensorData& d, std::int64_t begin, std::int64_t end) {
-  TensorData out;
-  for (const Tensor& t : d.x) out.x.push_back(t.slice(begin, end));
-  for (const Tensor& t : d.y) out.y.push_back(t.slice(begin, end));
-  return out;
-}
-
-}  // namespace
-
 History Model::fit(const TensorData& all, const FitOptions& opt) {
   check_compiled("fit");
   check_fit_options(opt);
@@ -489,8 +478,8 @@ History Model::fit(const TensorData& all, const FitOptions& opt) {
   // Given validation data (either form) overrides validation_split, as in Keras.
   if (!opt.validation_data && !opt.validation_dataset && opt.validation_split > 0.0) {
     const auto split = static_cast<std::int64_t>(static_cast<double>(n) * (1.0 - opt.validation_split));
-    data = rows_of(all, 0, split);
-    o.validation_data = rows_of(all, split, n);
+    data = all.slice(0, split);
+    o.validation_data = all.slice(split, n);
   }
   if (data.rows() == 0 && n > 0)
     DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit()'s validation_split ", opt.validation_split, " of ", n,
@@ -510,7 +499,7 @@ History Model::fit(const TensorData& all, const FitOptions& opt) {
       const std::int64_t begin = rows * w / workers, end = rows * (w + 1) / workers;
       if (begin == end)
         DTRAIN_THROW(InvalidArgument, "fit: ", rows, " training samples leave worker ", w, " of ", workers, " none");
-      mine = std::make_unique<TensorBatches>(rows_of(data, begin, end), opt.batch_size, opt.shuffle, opt.seed);
+      mine = std::make_unique<TensorBatches>(data.slice(begin, end), opt.batch_size, opt.shuffle, opt.seed);
     }
     return serve_remote_fit(*remote, mine.get(), o);
   }

@@ -33,6 +33,18 @@ struct TensorData {
   std::vector<Tensor> x, y;
   // The first input's rows (0 when there is none, or it is undefined).
   std::int64_t rows() const { return !x.empty() && x[0].defined() && x[0].rank() > 0 ? x[0].dim(0) : 0; }
+  // Rows [begin, end) of every input and target (views, no copy).
+  TensorData slice(std::int64_t begin, std::int64_t end) const {
+    TensorData out;
+    slice_into(x, begin, end, out.x);
+    slice_into(y, begin, end, out.y);
+    return out;
+  }
+  // Rows [begin, end) of each of `from` into `into`, whose storage is reused.
+  static void slice_into(std::span<const Tensor> from, std::int64_t begin, std::int64_t end, std::vector<Tensor>& into) {
+    into.resize(from.size());
+    for (std::size_t i = 0; i < from.size(); ++i) into[i] = from[i].slice(begin, end);
+  }
 };
 
 struct FitOptions {

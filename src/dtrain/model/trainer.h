@@ -152,9 +152,11 @@ class Model::Trainer {
  private:
   struct Output {
     std::int64_t begin = 0, end = 0;  // the replica's rows of the global batch
+    TensorData rows;                  // those rows of every input and target (storage reused)
     std::vector<Tensor> y_pred;       // empty: the replica had no rows
     double loss = 0.0;
-    std::vector<double> output_losses;  // each output's own (several outputs)
+    std::vector<Tensor> each;           // each output's own loss (several outputs)
+    std::vector<double> output_losses;  // their values
     Clock::time_point done{};  // when the replica's work ended
   };
 
@@ -163,13 +165,6 @@ class Model::Trainer {
     values_.clear();
     for (const Tensor& l : losses) values_.push_back(detail::mean_value(l));
     return values_;
-  }
-
-  static std::vector<Tensor> rows_of(const std::vector<Tensor>& ts, std::int64_t begin, std::int64_t end) {
-    std::vector<Tensor> out;
-    out.reserve(ts.size());
-    for (const Tensor& t : ts) out.push_back(t.slice(begin, end));
-    return out;
   }
 
   // The loss plus `share` of the model's regularization penalties (model.losses), as Keras
@@ -275,16 +270,17 @@ class Model::Trainer {
         } else {
           const ScopedDenseGradientsTogether together(reducer_->dense_gradients_together(r));
           GradientTape tape;
-          out.y_pred = model_(rows_of(batch.x, begin, end), /*training=*/true);
+          TensorData::slice_into(batch.x, begin, end, out.rows.x);
+          TensorData::slice_into(batch.y, begin, end, out.rows.y);
+          out.y_pred = model_(out.rows.x, /*training=*/true);
           // The penalties count once per global batch: each replica takes its rows' share
           // (for a mean, through the scaling below), which also makes the activity penalties
           // (means over the replica's rows) one mean over the global batch.
-          std::vector<Tensor> each;
-          Tensor loss = with_penalties(model_.compute_loss(rows_of(batch.y, begin, end), out.y_pred, &each),
+          Tensor loss = with_penalties(model_.compute_loss(out.rows.y, out.y_pred, &out.each),
                                        mean_loss ? 1.0f : static_cast<float>(end - begin) / static_cast<float>(rows));
           out.loss = detail::mean_value(loss);
           out.output_losses.clear();
-          for (const Tensor& l : each) out.output_losses.push_back(detail::mean_value(l));
+          for (const Tensor& l : out.each) out.output_losses.push_back(detail::mean_value(l));
           forward_end = Clock::now();
           track.add(profile::Phase::forward, start, forward_end);
           // The replicas' gradients then add up to the gradient of the global batch's mean.
@@ -333,7 +329,7 @@ class Model::Trainer {
         if (!out.y_pred.empty()) {
           const auto n = static_cast<double>(out.end - out.begin);
           loss_mean.update_state(out.loss, n);
-          model_.update_metrics(rows_of(batch.y, out.begin, out.end), out.y_pred);
+          model_.update_metrics(out.rows.y, out.y_pred);
           model_.update_output_losses(out.output_losses, n);
         }
     } else {
@@ -345,7 +341,7 @@ class Model::Trainer {
         if (!out.y_pred.empty()) {
           sum += out.loss;
           for (std::size_t o = 0; o < out.output_losses.size(); ++o) values_[o] += out.output_losses[o];
-          model_.update_metrics(rows_of(batch.y, out.begin, out.end), out.y_pred);
+          model_.update_metrics(out.rows.y, out.y_pred);
         }
       const std::int64_t mine = row_bounds_.back() - row_bounds_.front();
       if (mine > 0) {

@@ -143,15 +143,18 @@ Tensor MultiHeadAttention::project(const Tensor& x, const Variable& kernel, cons
 
 Tensor MultiHeadAttention::attend(const Tensor& query, const Tensor& value, const Tensor& key,
                                   const Tensor& attention_mask, bool use_causal_mask, bool training) {
-  const std::array<Tensor, 3> given{query, value, key.defined() ? key : value};
-  if (!built()) {
-    const std::array<Shape, 3> shapes{given[0].shape(), given[1].shape(), given[2].shape()};
-    build_several(shapes);
-  }
+  const Tensor& k_given = key.defined() ? key : value;
+  for (const Tensor* t : {&query, &value, &k_given}) t->check_defined(name().c_str());
+  const std::array<Shape, 3> shapes{query.shape(), value.shape(), k_given.shape()};
+  if (built()) compute_output_shape_of(shapes);
+  else build_several(shapes);  // checks them too
+  return run(query, value, k_given, attention_mask, use_causal_mask, training);
+}
+
+Tensor MultiHeadAttention::run(const Tensor& query, const Tensor& value, const Tensor& key,
+                               const Tensor& attention_mask, bool use_causal_mask, bool training) {
   const Device where = query_kernel_->value_device();
-  const Tensor q_in = given[0].to(where), v_in = given[1].to(where), k_in = given[2].to(where);
-  const std::array<Shape, 3> shapes{q_in.shape(), v_in.shape(), k_in.shape()};
-  compute_output_shape_of(shapes);
+  const Tensor q_in = query.to(where), v_in = value.to(where), k_in = key.to(where);
   const Tensor q = project(q_in, *query_kernel_, query_bias_);
   const Tensor k = project(k_in, *key_kernel_, key_bias_);
   const Tensor v = project(v_in, *value_kernel_, value_bias_);
@@ -169,13 +172,14 @@ Tensor MultiHeadAttention::attend(const Tensor& query, const Tensor& value, cons
                Activation::linear, dtype_policy().compute_dtype);
 }
 
+// Layer's operator() has built the layer and checked the shapes before these.
 Tensor MultiHeadAttention::call(const Tensor& x, bool training) {
-  return attend(x, x, Tensor(), Tensor(), options_.use_causal_mask, training);
+  return run(x, x, x, Tensor(), options_.use_causal_mask, training);
 }
 
 Tensor MultiHeadAttention::call_several(std::span<const Tensor> inputs, bool training) {
-  return attend(inputs[0], inputs[1], inputs.size() > 2 ? inputs[2] : Tensor(), Tensor(), options_.use_causal_mask,
-                training);
+  return run(inputs[0], inputs[1], inputs.size() > 2 ? inputs[2] : inputs[1], Tensor(), options_.use_causal_mask,
+             training);
 }
 
 }  // namespace dtrain::nn

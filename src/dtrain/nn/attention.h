@@ -136,6 +136,10 @@ class MultiHeadAttention : public Layer {
   void build_weights(const Shape& query_shape) override;
 
  private:
+  // attend() once the layer is built and the shapes checked (key given: the value's
+  // when none was).
+  Tensor run(const Tensor& query, const Tensor& value, const Tensor& key, const Tensor& attention_mask,
+             bool use_causal_mask, bool training);
   // x [batch, length, features] through a kernel [features, heads, depth] (and bias):
   // [batch, length, heads, depth].
   Tensor project(const Tensor& x, const Variable& kernel, const Variable* bias) const;
