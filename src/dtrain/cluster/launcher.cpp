@@ -323,7 +323,7 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
   }
   result.started_at = Clock::now();
 
-  std::optional<Clock::time_point> stopping_since, all_ended_at;
+  std::optional<Clock::time_point> stopping_since, all_ended_at, trainers_done_at;
   bool signalled = false;
   // A task the kernel reports stopped when another fails is the cause: the others failed
   // waiting for it (the first to fail is only the first to give up).
@@ -368,6 +368,9 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
   // on the others, and a worker started again rejoins. Whether the job went on after
   // worker `t` failed (false: it was the last worker, and the job fails).
   const bool ps_job = o.ps > 0 && o.chief;
+  auto chief_task = [&] {
+    return std::find_if(tasks.begin(), tasks.end(), [](const Task& x) { return x.id.type == "chief"; });
+  };
   auto worker_failed = [&](Task& t) {
     const std::string cause = t.id.to_string() + " " + describe(t.status);
     // What it wrote before it died comes first; what it started dies with it.
@@ -382,7 +385,7 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
     t.out = -1;
     kill(-t.pid, SIGKILL);
     // Once the chief is done, the job is over: nothing is left for the worker to do.
-    const auto chief = std::find_if(tasks.begin(), tasks.end(), [](const Task& x) { return x.id.type == "chief"; });
+    const auto chief = chief_task();
     if (chief != tasks.end() && !chief->running) {
       t.left_behind = true;
       return !failed(chief->status);
@@ -482,10 +485,16 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
         }
       }
     }
-    // Parameter servers serve until every trainer is done.
+    // Parameter servers serve until every trainer is done. A chief that ended well has told
+    // them the job is over: they get the grace period to end by themselves first.
     if (!stopping_since && !trainers_running()) {
-      stop_all(SIGTERM);
-      stopping_since = Clock::now();
+      if (!trainers_done_at) trainers_done_at = Clock::now();
+      const auto chief = chief_task();
+      const bool told = ps_job && chief != tasks.end() && !failed(chief->status);
+      if (!told || seconds_between(*trainers_done_at, Clock::now()) > o.grace_seconds) {
+        stop_all(SIGTERM);
+        stopping_since = Clock::now();
+      }
     }
     bool any_running = false, any_output = false;
     for (const Task& t : tasks) {
