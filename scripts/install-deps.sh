@@ -17,6 +17,7 @@ packages=(
   pybind11-dev python3-dev python3-numpy python3-pytest   # the Python package (python/) and its tests
   python3-h5py                            # the weights inside Keras's .keras archives
   python3-cloudpickle                     # a parameter-server chief ships the program's functions to its workers
+  libsentencepiece-dev                    # subword tokenizers trained and applied by the text pipeline
   chromium-headless-shell                 # the doctor's HTML report, opened in a real browser by a test
 )
 

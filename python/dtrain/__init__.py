@@ -7,14 +7,14 @@ pipeline and every strategy run in dtrain's C++ engine, without the GIL.
 from . import _dtrain
 from ._dtrain import Tensor, Variable, errors
 from ._core import (
-    DType, float32, bfloat16, int32, int64, uint8, bool_ as bool, float64,
+    DType, float32, bfloat16, int32, int64, uint8, bool_ as bool, float64, string,
     constant, convert_to_tensor, zeros, ones, fill, zeros_like, ones_like, function,
     reduce_sum, reduce_mean, matmul, add, add_n, subtract, multiply, divide, square, sqrt, exp, log, abs,
     reshape, one_hot, clip_by_value, stop_gradient, TensorSpec, GradientTape,
     equal, not_equal, less, less_equal, greater, greater_equal, argmax, argmin, reduce_all, reduce_any, cast,
     shape, size, rank, range, device,
 )
-from . import nn, math, random, data, distribute, keras, config, train, test
+from . import nn, math, random, strings, data, distribute, keras, config, train, test
 
 # TensorFlow's default placement: weights and steps on the first GPU where one is present.
 _dtrain._set_default_placement("auto")
@@ -22,11 +22,11 @@ _dtrain._set_default_placement("auto")
 __version__ = "0.1.0"
 
 __all__ = [
-    "Tensor", "Variable", "errors", "DType", "float32", "bfloat16", "int32", "int64", "uint8", "float64",
+    "Tensor", "Variable", "errors", "DType", "float32", "bfloat16", "int32", "int64", "uint8", "float64", "string",
     "constant", "convert_to_tensor", "zeros", "ones", "fill", "zeros_like", "ones_like", "function",
     "reduce_sum", "reduce_mean", "matmul", "add", "add_n", "subtract", "multiply", "divide", "square", "sqrt", "exp", "log",
     "abs", "reshape", "one_hot", "clip_by_value", "stop_gradient", "TensorSpec", "GradientTape",
     "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "argmax", "argmin", "reduce_all",
     "reduce_any", "cast", "shape", "size", "rank", "range", "device",
-    "nn", "math", "random", "data", "distribute", "keras", "config", "train", "test",
+    "nn", "math", "random", "strings", "data", "distribute", "keras", "config", "train", "test",
 ]

@@ -33,6 +33,7 @@ int64 = DType("int64", np.int64)  # held as int32 by dtrain, as labels are
 uint8 = DType("uint8", np.uint8)
 bool_ = DType("bool", np.bool_)
 float64 = DType("float64", np.float64)  # computed in float32
+string = DType("string", np.object_)  # byte strings of any length; .numpy() gives bytes objects
 
 
 def _raw_dtype_name(dtype):
@@ -49,7 +50,7 @@ def _dtype_name(dtype):
         return ""
     name = _raw_dtype_name(dtype)
     return {"float64": "float32", "float16": "float32", "int64": "int32", "int16": "int32", "int8": "int32",
-            "bool": "int32"}.get(name, name)
+            "bool": "int32", "object": "string", "str": "string", "bytes": "string"}.get(name, name)
 
 
 def _whole(fn, name, value, int32=False):

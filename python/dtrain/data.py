@@ -5,6 +5,8 @@ pipeline holds their components in order (a dict's by sorted key). Python functi
 to from_generator, map and filter run on the pipeline's threads, one call at a time per
 function, holding the GIL.
 """
+import os
+
 import numpy as np
 
 from . import _dtrain
@@ -288,6 +290,42 @@ class Dataset:
         for element in self:
             parts, structure = _flatten(element)
             yield _unflatten([t.numpy() for t in parts], structure)
+
+
+def _filenames(fn, filenames):
+    """File names as a list of str: one name, a list of names, a string tensor of them, or a
+    Dataset of them (as Dataset.list_files gives)."""
+    if isinstance(filenames, Dataset):
+        filenames = [name for name in filenames.as_numpy_iterator()]
+    elif isinstance(filenames, _dtrain.Tensor):
+        filenames = filenames.numpy().reshape(-1).tolist()
+    elif isinstance(filenames, (str, bytes)) or hasattr(filenames, "__fspath__"):
+        filenames = [filenames]
+    names = []
+    for name in np.asarray(filenames, dtype=object).reshape(-1).tolist():
+        if isinstance(name, bytes):
+            name = name.decode()
+        elif hasattr(name, "__fspath__"):
+            name = os.fspath(name)
+        if not isinstance(name, str):
+            raise TypeError(f"{fn}: file names are strings, got a {type(name).__name__}")
+        names.append(name)
+    if not names:
+        raise ValueError(f"{fn}: no file names given")
+    return names
+
+
+class TextLineDataset(Dataset):
+    """tf.data.TextLineDataset: the lines of text files, one string scalar each, without its
+    line end ("\\n" or "\\r\\n"); empty lines are elements too. Files are read one after
+    another (num_parallel_reads is accepted and reads them in that order still). Under a
+    multi-worker strategy it is a file source: AutoShardPolicy.FILE gives each worker its
+    files."""
+
+    def __init__(self, filenames, compression_type=None, buffer_size=None, num_parallel_reads=None, name=None):
+        del buffer_size, num_parallel_reads, name
+        compression = (compression_type or "").upper()
+        super().__init__(_data._Dataset.text_lines(_filenames("TextLineDataset", filenames), compression), _ONE)
 
 
 def _next_pass(dataset):

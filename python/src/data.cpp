@@ -99,6 +99,7 @@ void bind_data(py::module_& m) {
         return data::Dataset::range(start, stop, step);
       })
       .def_static("from_idx", &data::Dataset::from_idx)
+      .def_static("text_lines", &data::Dataset::text_lines)
       .def("map", [](const data::Dataset& ds, py::function fn, std::int64_t parallel, bool deterministic) {
         auto f = hold(std::move(fn));
         return ds.map([f](const data::Element& e) {

@@ -26,8 +26,9 @@ DType natural_dtype(const py::array& a, const char* what) {
   if (kind == 'f') return DType::f32;
   if (kind == 'i' || kind == 'b') return DType::i32;
   if (kind == 'u') return a.dtype().itemsize() == 1 ? DType::u8 : DType::i32;
+  if (kind == 'U' || kind == 'S' || kind == 'O') return DType::string;  // 'O': checked to hold str or bytes
   throw py::type_error(std::string(what) + ": an array of " + numpy_dtype_name(a) +
-                       ", which dtrain cannot train on (it takes numbers: float32, int32, uint8)");
+                       ", which dtrain cannot hold (float32, int32, uint8 and strings)");
 }
 
 const char* numpy_name(DType t) {
@@ -36,6 +37,7 @@ const char* numpy_name(DType t) {
     case DType::i32: return "int32";
     case DType::u8: return "uint8";
     case DType::bf16: return "float32";  // converted on the way out
+    case DType::string: return "object";   // of bytes, as TensorFlow gives them
   }
   return "float32";
 }
@@ -49,6 +51,31 @@ void check_int32_range(const py::array& a, const char* what) {
   if (lo.cast<long long>() < INT32_MIN || hi.cast<long long>() > INT32_MAX)
     throw py::value_error(std::string(what) + ": values from " + py::str(lo).cast<std::string>() + " to " +
                           py::str(hi).cast<std::string>() + " do not fit int32");
+}
+
+// An array of str (UTF-8 encoded), bytes, or objects that are each one of them, as a
+// string tensor; `want` must be string.
+Tensor string_tensor(const py::array& a, const char* what, DType want) {
+  if (want != DType::string)
+    throw py::type_error(std::string(what) + ": an array of " + numpy_dtype_name(a) + " where " +
+                         std::string(dtype_name(want)) + " is asked for (strings do not convert to numbers)");
+  const char kind = a.dtype().kind();
+  if (kind != 'U' && kind != 'S' && kind != 'O')
+    throw py::type_error(std::string(what) + ": an array of " + numpy_dtype_name(a) +
+                         " where strings are asked for (numbers do not convert to strings)");
+  const py::list items = a.attr("ravel")().attr("tolist")();
+  std::vector<std::string> values;
+  values.reserve(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const py::handle item = items[i];
+    if (py::isinstance<py::bytes>(item)) values.push_back(item.cast<std::string>());
+    else if (py::isinstance<py::str>(item)) values.push_back(item.cast<std::string>());  // UTF-8
+    else
+      throw py::type_error(std::string(what) + ": element " + std::to_string(i) + " is a " +
+                           py::str(py::type::handle_of(item).attr("__name__")).cast<std::string>() +
+                           ", where the array holds strings (str or bytes)");
+  }
+  return Tensor::from_vector(shape_of(a, what), std::move(values));
 }
 
 }  // namespace
@@ -66,8 +93,9 @@ DType dtype_from_name(const std::string& name, const char* what) {
   if (name == "int32" || name == "int64" || name == "int" || name == "bool") return DType::i32;
   if (name == "uint8") return DType::u8;
   if (name == "bfloat16") return DType::bf16;
+  if (name == "string") return DType::string;
   throw py::type_error(std::string(what) + ": dtype '" + name +
-                       "' is not one dtrain has (float32, bfloat16, int32, int64 as int32, uint8)");
+                       "' is not one dtrain has (float32, bfloat16, int32, int64 as int32, uint8, string)");
 }
 
 Tensor to_tensor(py::handle value, const char* what, const std::string& dtype) {
@@ -85,6 +113,7 @@ Tensor to_tensor(py::handle value, const char* what, const std::string& dtype) {
     throw py::type_error(std::string(what) + ": expected a tensor, an array or a number, got " +
                          py::str(py::type::handle_of(value).attr("__name__")).cast<std::string>());
   const DType want = dtype.empty() ? natural_dtype(a, what) : dtype_from_name(dtype, what);
+  if (want == DType::string || natural_dtype(a, what) == DType::string) return string_tensor(a, what, want);
   if (want == DType::bf16) return to_tensor(a, what, "float32").astype(DType::bf16);
   if (want != DType::f32) {
     if (a.dtype().kind() == 'f')
@@ -104,6 +133,13 @@ Tensor to_tensor(py::handle value, const char* what, const std::string& dtype) {
 
 py::array to_numpy(const Tensor& tensor) {
   tensor.check_defined("numpy");
+  if (tensor.dtype() == DType::string) {
+    py::array out(py::dtype("object"), std::vector<py::ssize_t>(tensor.shape().dims().begin(), tensor.shape().dims().end()));
+    const std::string* v = tensor.data<std::string>();
+    py::object flat = out.attr("reshape")(-1);
+    for (std::int64_t i = 0; i < tensor.numel(); ++i) flat[py::int_(i)] = py::bytes(v[i]);
+    return out;
+  }
   // A GPU tensor's values are copied to the host (sharing is for the CPU's).
   const Tensor host = tensor.to(Device::cpu());
   const Tensor t = host.dtype() == DType::bf16 ? host.astype(DType::f32) : host;
@@ -338,7 +374,11 @@ void bind_tensors(py::module_& m) {
       .def_property_readonly("dtype", [](const Tensor& t) { return std::string(dtype_name(t.dtype())); })
       .def_property_readonly("ndim", &Tensor::rank)
       .def_property_readonly("device", [](const Tensor& t) { return "/job:localhost/replica:0/task:0" + t.device().tf_name(); })
-      .def("numpy", &to_numpy, "The values as a numpy array sharing this tensor's memory")
+      .def("numpy", [](const Tensor& t) -> py::object {
+             // A string scalar is its bytes, as TensorFlow gives it.
+             if (t.dtype() == DType::string && t.rank() == 0) return py::bytes(*t.data<std::string>());
+             return to_numpy(t);
+           }, "The values as a numpy array sharing this tensor's memory (a string tensor's: bytes objects, copied)")
       .def("__array__", [](const Tensor& t, py::object dtype, py::object /*copy*/) {
              py::array a = to_numpy(t);
              return dtype.is_none() ? a : py::array(a.attr("astype")(dtype));

@@ -46,6 +46,30 @@ TEST(Tensor, MoreBytesThanMemoryAddressesIsRefusedNamingTheShape) {
 #endif
 }
 
+// A string tensor holds one std::string per element: views, copies and records keep them;
+// what would read them as numbers or bytes is refused by name.
+TEST(Tensor, StringsAreElementsThatViewsAndClonesKeepAndNumbersRefuse) {
+  Tensor t = Tensor::from_vector({2, 2}, std::vector<std::string>{"a", "", std::string(1000, 'z'), "d\xC3\xA9"});
+  EXPECT_EQ(t.dtype(), DType::string);
+  EXPECT_EQ(t.row(1, Shape({2})).data<std::string>()[0], std::string(1000, 'z'));
+  EXPECT_EQ(t.slice(1, 2).reshape({2}).data<std::string>()[1], "d\xC3\xA9");
+  Tensor copy = t.clone();
+  copy.data<std::string>()[0] = "changed";
+  EXPECT_EQ(t.data<std::string>()[0], "a");
+  EXPECT_EQ(Tensor::zeros({3}, DType::string).data<std::string>()[2], "");
+  EXPECT_EQ(t.to_string(2), "Tensor(string, [2, 2], [\"a\", \"\", ...])");
+  for (auto* op : {+[](const Tensor& x) { (void)x.raw_data(); }, +[](const Tensor& x) { (void)x.to_vector(); },
+                   +[](const Tensor& x) { (void)x.data<float>(); }, +[](const Tensor& x) { (void)x.astype(DType::f32); }}) {
+    try {
+      op(t);
+      ADD_FAILURE() << "a string tensor was read as numbers";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("string"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(Tensor::empty({2}, DType::string, Device{DeviceType::cuda, 0}), InvalidArgument);
+}
+
 TEST(Tensor, SliceSharesStorageWithoutCopy) {
   Tensor t = Tensor::from_vector({3, 2}, {0, 1, 2, 3, 4, 5});
   Tensor s = t.slice(1, 3);

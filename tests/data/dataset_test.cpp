@@ -1,7 +1,9 @@
 // Dataset sources, transformations, background stages, errors and saved positions.
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -597,6 +599,115 @@ TEST_F(Files, CsvColumnsLabelsAndErrors) {
   m = message_of([&] { values(Dataset::csv({f}, {.select_columns = {"z"}})); });
   EXPECT_NE(m.find("no column 'z'"), std::string::npos) << m;
   expect_resumes_exactly(Dataset::csv({f, write("b.csv", "x,y,label\n7,8,0\n")}), 2);
+}
+
+// Every string of every element, in order (elements of one string tensor each).
+std::vector<std::string> strings_of(Iterator& it, std::int64_t limit = -1) {
+  std::vector<std::string> out;
+  for (std::int64_t n = 0; n != limit; ++n) {
+    auto e = it.next();
+    if (!e) break;
+    const Tensor& t = (*e)[0];
+    out.insert(out.end(), t.data<std::string>(), t.data<std::string>() + t.numel());
+  }
+  return out;
+}
+
+std::vector<std::string> strings_of(const Dataset& ds) {
+  Iterator it = ds.make_iterator();
+  return strings_of(it);
+}
+
+std::string gzipped(const fs::path& path, const std::string& text) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  gzwrite(f, text.data(), static_cast<unsigned>(text.size()));
+  gzclose(f);
+  return path.string();
+}
+
+TEST_F(Files, TextLinesAreEveryLineWithoutItsEndAcrossFilesAndResume) {
+  const std::string longest(100000, 'x');  // longer than the reader's buffer
+  const std::string a = write("a.txt", std::string("one\r\n\ntwo\0three\n", 16) + longest + "\nno newline at the end");
+  const std::string b = gzipped(dir_ / "b.txt.gz", "four\nfive\n");
+  const std::vector<std::string> want{"one", "", std::string("two\0three", 9), longest, "no newline at the end", "four",
+                                      "five"};
+  const Dataset plain = Dataset::text_lines({a, (dir_ / "b.txt").string()});
+  (void)write("b.txt", "four\nfive\n");
+  EXPECT_EQ(strings_of(plain), want);
+  const Dataset mixed = Dataset::text_lines({a, b});  // zlib reads a file that is not compressed as it is
+  EXPECT_EQ(strings_of(mixed), want);
+  EXPECT_EQ(strings_of(Dataset::text_lines({b}, "GZIP")), (std::vector<std::string>{"four", "five"}));
+  EXPECT_EQ(mixed.input_files(), 2);
+  // Saved after each element, a new iterator restored there goes on with the next.
+  for (std::int64_t k : {0, 1, 4, 6, 7}) {
+    Iterator first = mixed.make_iterator();
+    std::vector<std::string> seen = strings_of(first, k);
+    Iterator second = mixed.make_iterator();
+    second.restore(IteratorState::from_bytes(first.save().to_bytes()));
+    for (std::string& line : strings_of(second)) seen.push_back(std::move(line));
+    EXPECT_EQ(seen, want) << "saved after " << k;
+  }
+}
+
+TEST_F(Files, TextLinesNameTheFileThatCannotBeRead) {
+  const std::string missing = (dir_ / "missing.txt").string();
+  std::string m = testing::message_of<IoError>([&] { strings_of(Dataset::text_lines({missing})); });
+  EXPECT_NE(m.find(missing + ": cannot open"), std::string::npos) << m;
+  const std::string plain = write("plain.txt", "a\nb\n");
+  m = testing::message_of<IoError>([&] { strings_of(Dataset::text_lines({plain}, "GZIP")); });
+  EXPECT_NE(m.find(plain + ": compression_type is 'GZIP' but the file is not gzip-compressed"), std::string::npos) << m;
+  // A compressed file cut short: the lines before the cut come, then an error naming it.
+  std::string text;
+  for (int i = 0; i < 20000; ++i) text += "line " + std::to_string(i) + "\n";
+  std::string bytes;
+  {
+    std::ifstream in(gzipped(dir_ / "whole.gz", text), std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string cut = write("cut.gz", bytes.substr(0, bytes.size() / 2));
+  Iterator it = Dataset::text_lines({cut}, "GZIP").make_iterator();
+  m = testing::message_of<IoError>([&] { strings_of(it); });
+  EXPECT_NE(m.find(cut + ": the compressed data ends early, in line "), std::string::npos) << m;
+  m = testing::message_of<InvalidArgument>([&] { Dataset::text_lines({plain}, "ZLIB"); });
+  EXPECT_NE(m.find("compression_type 'ZLIB'"), std::string::npos) << m;
+}
+
+TEST(Dataset, StringsGoThroughBatchShuffleCacheAndSavedPositions) {
+  std::vector<std::string> words;
+  for (int i = 0; i < 23; ++i) words.push_back("word " + std::to_string(i) + std::string(static_cast<std::size_t>(i), '!'));
+  const Tensor labels = Tensor::from_vector({23}, std::vector<std::int32_t>(23, 7));
+  const Dataset ds =
+      Dataset::from_tensor_slices({Tensor::from_vector({23}, words), labels}).cache().shuffle(8, 5).batch(4);
+  Iterator it = ds.make_iterator();
+  auto first = it.next();
+  ASSERT_TRUE(first);
+  EXPECT_EQ((*first)[0].dtype(), DType::string);
+  EXPECT_EQ((*first)[0].shape(), Shape({4}));
+  std::vector<std::string> all = strings_of(ds);
+  std::vector<std::string> sorted = all;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<std::string> want = words;
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(sorted, want);
+  EXPECT_NE(all, words);  // shuffled
+  for (std::int64_t k : {1, 3}) {
+    Iterator a = ds.make_iterator();
+    std::vector<std::string> seen = strings_of(a, k);
+    Iterator b = ds.make_iterator();
+    b.restore(IteratorState::from_bytes(a.save().to_bytes()));  // the shuffle buffer holds strings
+    for (std::string& w : strings_of(b)) seen.push_back(std::move(w));
+    EXPECT_EQ(seen, all) << "saved after " << k;
+  }
+  EXPECT_EQ(strings_of(ds.unbatch()), all);
+  const Element rows = gather_rows({Tensor::from_vector({3, 2}, std::vector<std::string>{"a", "b", "c", "d", "e", "f"})}, std::vector<std::int64_t>{2, 0});
+  EXPECT_EQ(std::vector<std::string>(rows[0].data<std::string>(), rows[0].data<std::string>() + 4),
+            (std::vector<std::string>{"e", "f", "a", "b"}));
+  // An element with strings stored in a record and read back.
+  const std::string bytes = encode_element({Tensor::from_vector({2}, std::vector<std::string>{"x", std::string(3, '\0')})});
+  Tensor record = Tensor::empty({static_cast<std::int64_t>(bytes.size())}, DType::u8);
+  std::memcpy(record.raw_data(), bytes.data(), bytes.size());
+  const Element back = decode_element(record);
+  EXPECT_EQ(back[0].data<std::string>()[1], std::string(3, '\0'));
 }
 
 // Numbers as spreadsheets write them: a leading '+', a value beyond float32's range (as

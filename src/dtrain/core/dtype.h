@@ -1,16 +1,18 @@
 // Element types a Tensor can store. f32 is the compute type; bf16 is a storage type
 // for mixed precision (converted by kernels); i32 holds integer labels and indices; u8
-// holds raw bytes (images, serialized records).
+// holds raw bytes (images, serialized records); string holds byte strings of any length
+// (tf.string: text lines, records), one std::string per element, on the CPU only.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <string_view>
 
 namespace dtrain {
 
-enum class DType : std::uint8_t { f32, bf16, i32, u8 };
+enum class DType : std::uint8_t { f32, bf16, i32, u8, string };
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
@@ -18,6 +20,7 @@ constexpr std::size_t dtype_size(DType t) {
     case DType::bf16: return 2;
     case DType::i32: return 4;
     case DType::u8: return 1;
+    case DType::string: return sizeof(std::string);
   }
   return 0;
 }
@@ -28,6 +31,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::bf16: return "bfloat16";
     case DType::i32: return "int32";
     case DType::u8: return "uint8";
+    case DType::string: return "string";
   }
   return "?";
 }
@@ -60,5 +64,6 @@ template <> constexpr DType dtype_of<float>() { return DType::f32; }
 template <> constexpr DType dtype_of<bfloat16>() { return DType::bf16; }
 template <> constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
 template <> constexpr DType dtype_of<std::uint8_t>() { return DType::u8; }
+template <> constexpr DType dtype_of<std::string>() { return DType::string; }
 
 }  // namespace dtrain

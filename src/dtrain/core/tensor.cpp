@@ -47,12 +47,21 @@ Storage::Storage(std::size_t bytes, Device device, bool pinned)
 Storage::Storage(void* data, std::size_t bytes, std::shared_ptr<const void> owner, Device device)
     : data_(data), bytes_(bytes), source_(Source::owner), owner_(std::move(owner)), device_(device) {}
 
+std::shared_ptr<Storage> Storage::strings(std::size_t count) {
+  std::shared_ptr<Storage> s(new Storage);
+  s->data_ = new std::string[count];
+  s->bytes_ = count * sizeof(std::string);
+  s->source_ = Source::strings;
+  return s;
+}
+
 Storage::~Storage() {
   switch (source_) {
     case Source::cpu_cache: cpu_allocator().deallocate(data_, bytes_); break;
     case Source::device: runtime_->deallocate(device_.index, data_, bytes_); break;
     case Source::pinned: runtime_->deallocate_host(data_, bytes_); break;
     case Source::owner: break;
+    case Source::strings: delete[] static_cast<std::string*>(data_); break;
   }
 }
 
@@ -75,21 +84,30 @@ std::size_t bytes_of(const Shape& shape, DType dtype) {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   const std::size_t bytes = bytes_of(shape, dtype);
+  if (dtype == DType::string) {
+    if (!device.is_cpu())
+      DTRAIN_THROW(InvalidArgument, "a string tensor of shape ", shape.to_string(), " cannot be on ", device.to_string(),
+                   ": strings live on the CPU (turn them into numbers, with a tokenizer or TextVectorization, first)");
+    return Tensor(Storage::strings(bytes / sizeof(std::string)), 0, shape, dtype);
+  }
   return Tensor(std::make_shared<Storage>(bytes, device), 0, shape, dtype);
 }
 
 Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
+  if (dtype == DType::string) return empty(shape, dtype);
   const std::size_t bytes = bytes_of(shape, dtype);
   return Tensor(std::make_shared<Storage>(bytes, Device{}, /*pinned=*/true), 0, shape, dtype);
 }
 
 Tensor Tensor::over(void* data, const Shape& shape, DType dtype, std::shared_ptr<const void> owner) {
+  DTRAIN_CHECK(dtype != DType::string);  // strings are objects another owner cannot lay out
   const std::size_t bytes = bytes_of(shape, dtype);
   return Tensor(std::make_shared<Storage>(data, bytes, std::move(owner), Device{}), 0, shape, dtype);
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
+  if (dtype == DType::string) return t;  // empty strings
   if (device.is_cpu()) std::memset(t.raw_data(), 0, t.nbytes());
   else if (t.nbytes()) runtime_of(device).zero(device.index, t.raw_device_data(), t.nbytes());
   return t;
@@ -122,6 +140,21 @@ Tensor Tensor::from_vector(const Shape& shape, std::span<const float> values) {
 
 Tensor Tensor::from_vector(const Shape& shape, std::span<const std::int32_t> values) {
   return tensor_from_values(shape, values);
+}
+
+Tensor Tensor::from_vector(const Shape& shape, std::vector<std::string> values) {
+  if (static_cast<std::int64_t>(values.size()) != shape.numel())
+    DTRAIN_THROW(InvalidArgument, "Tensor::from_vector: ", values.size(), " strings given for shape ",
+                 shape.to_string(), " which holds ", shape.numel());
+  Tensor t = empty(shape, DType::string);
+  std::move(values.begin(), values.end(), t.data<std::string>());
+  return t;
+}
+
+void Tensor::refuse_bytes_of_strings() const {
+  DTRAIN_THROW(InvalidArgument, "a string tensor of shape ", shape_.to_string(),
+               " holds strings, not bytes a numeric operation or a copy of raw memory can use (turn them into numbers, "
+               "with a tokenizer or TextVectorization, first)");
 }
 
 void Tensor::refuse_host_access() const {
@@ -196,6 +229,11 @@ void Tensor::copy_from(const Tensor& src) {
   check_defined("Tensor::copy_from");
   src.check_dtype(dtype_, "Tensor::copy_from");
   check_same_shape(*this, src, "Tensor::copy_from");
+  if (dtype_ == DType::string) {
+    const std::string* from = src.data<std::string>();
+    if (from != data<std::string>()) std::copy(from, from + numel(), data<std::string>());
+    return;
+  }
   if (nbytes() == 0 || raw_device_data() == src.raw_device_data()) return;
   if (on_cpu() && src.on_cpu()) {
     std::memmove(raw_data(), src.raw_data(), nbytes());
@@ -208,6 +246,9 @@ void Tensor::copy_from(const Tensor& src) {
 Tensor Tensor::astype(DType dtype) const {
   check_defined("Tensor::astype");
   if (dtype == dtype_) return clone();
+  if (dtype == DType::string || dtype_ == DType::string)
+    DTRAIN_THROW(InvalidArgument, "Tensor::astype: a ", dtype_name(dtype_), " tensor of shape ", shape_.to_string(),
+                 " cannot become ", dtype_name(dtype), " (strings and numbers do not convert into each other)");
   if (!on_cpu()) return to(Device::cpu()).astype(dtype).to(device());
   Tensor out = empty(shape_, dtype);
   const std::int64_t n = numel();
@@ -257,6 +298,7 @@ std::vector<float> Tensor::to_vector() const {
       for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(s[i]);
       break;
     }
+    case DType::string: refuse_bytes_of_strings();
   }
   return v;
 }
@@ -273,6 +315,13 @@ std::string Tensor::to_string(std::int64_t max_values) const {
   if (!defined()) return "Tensor(undefined)";
   std::ostringstream out;
   out << "Tensor(" << dtype_name(dtype_) << ", " << shape_.to_string() << ", [";
+  if (dtype_ == DType::string) {
+    const std::string* v = data<std::string>();
+    for (std::int64_t i = 0; i < numel() && i < max_values; ++i) out << (i ? ", " : "") << '"' << v[i] << '"';
+    if (numel() > max_values) out << ", ...";
+    out << "])";
+    return out.str();
+  }
   std::vector<float> v = to_vector();
   for (std::int64_t i = 0; i < static_cast<std::int64_t>(v.size()) && i < max_values; ++i)
     out << (i ? ", " : "") << v[i];

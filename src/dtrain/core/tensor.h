@@ -31,6 +31,8 @@ class Storage {
   // (device must be the CPU) that a GPU copies from and to without staging.
   Storage(std::size_t bytes, Device device, bool pinned = false);
   Storage(void* data, std::size_t bytes, std::shared_ptr<const void> owner, Device device);
+  // `count` empty strings on the CPU (a string tensor's elements).
+  static std::shared_ptr<Storage> strings(std::size_t count);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -41,10 +43,11 @@ class Storage {
   bool pinned() const { return source_ == Source::pinned; }
 
  private:
-  enum class Source : std::uint8_t { cpu_cache, device, pinned, owner };
-  void* data_;
-  std::size_t bytes_;
-  Source source_;
+  enum class Source : std::uint8_t { cpu_cache, device, pinned, owner, strings };
+  Storage() = default;
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+  Source source_ = Source::owner;
   DeviceRuntime* runtime_ = nullptr;  // what gave device or pinned memory
   std::shared_ptr<const void> owner_;
   Device device_;
@@ -65,6 +68,7 @@ class Tensor {
   static Tensor scalar(float value) { return full(Shape{}, value); }
   static Tensor from_vector(const Shape& shape, std::span<const float> values);
   static Tensor from_vector(const Shape& shape, std::span<const std::int32_t> values);
+  static Tensor from_vector(const Shape& shape, std::vector<std::string> values);  // a string tensor
   static Tensor from_vector(const Shape& shape, std::initializer_list<float> values) {
     return from_vector(shape, std::span<const float>(values.begin(), values.size()));
   }
@@ -85,29 +89,32 @@ class Tensor {
   std::uint64_t id() const { return id_; }
 
   // The values, for host code: a tensor on another device is an InvalidArgument naming it
-  // (copy it to the CPU first).
+  // (copy it to the CPU first). A string tensor's are std::string objects: data<std::string>().
   template <typename T>
   T* data() {
     check_dtype(dtype_of<T>(), "data");
-    return static_cast<T*>(raw_data());
+    return static_cast<T*>(host_values());
   }
   template <typename T>
   const T* data() const {
     check_dtype(dtype_of<T>(), "data");
-    return static_cast<const T*>(raw_data());
+    return static_cast<const T*>(host_values());
   }
+  // The values as bytes, for code that copies any dtype but string (whose elements are
+  // objects, not bytes: such code refuses a string tensor by name).
   void* raw_data() const {
-    if (!on_cpu()) refuse_host_access();
-    return raw_device_data();
+    if (dtype_ == DType::string) refuse_bytes_of_strings();
+    return host_values();
   }
   // The values where they are, for the kernels and copies of the tensor's own device.
   template <typename T>
   T* device_data() const {
     check_dtype(dtype_of<T>(), "device_data");
-    return static_cast<T*>(raw_device_data());
+    return static_cast<T*>(values());
   }
   void* raw_device_data() const {
-    return storage_ ? static_cast<char*>(storage_->data()) + offset_ : nullptr;
+    if (dtype_ == DType::string) refuse_bytes_of_strings();
+    return values();
   }
 
   // Rows [begin, end) along axis 0, sharing storage (no copy).
@@ -134,8 +141,8 @@ class Tensor {
   // keeping its identity, so that the write changes no one else's values.
   void unshare();
 
-  // Any dtype, converted to float; a tensor on a GPU is copied to the host first (after the
-  // work queued on it).
+  // Any dtype but string, converted to float; a tensor on a GPU is copied to the host first
+  // (after the work queued on it).
   std::vector<float> to_vector() const;
   float item() const;                     // the value of a one-element tensor
   std::string to_string(std::int64_t max_values = 16) const;
@@ -145,6 +152,12 @@ class Tensor {
 
  private:
   [[noreturn]] void refuse_host_access() const;
+  [[noreturn]] void refuse_bytes_of_strings() const;
+  void* values() const { return storage_ ? static_cast<char*>(storage_->data()) + offset_ : nullptr; }
+  void* host_values() const {
+    if (!on_cpu()) refuse_host_access();
+    return values();
+  }
   Tensor(std::shared_ptr<Storage> storage, std::size_t offset, Shape shape, DType dtype);
 
   std::shared_ptr<Storage> storage_;

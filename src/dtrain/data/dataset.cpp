@@ -44,6 +44,13 @@ void copy_rows(char* dst, std::size_t bytes, std::size_t count, Source source) {
   }
 }
 
+// copy_rows for strings: `count` rows of `width` strings each into `dst`.
+template <typename Source>
+void copy_string_rows(Tensor& dst, std::size_t width, std::size_t count, Source source) {
+  std::string* to = dst.data<std::string>();
+  for (std::size_t i = 0; i < count; ++i) std::copy_n(source(i), width, to + i * width);
+}
+
 // A tensor of `count` rows of shape row_dims.
 Tensor stacked(std::span<const std::int64_t> row_dims, DType dtype, std::size_t count) {
   std::vector<std::int64_t> dims{static_cast<std::int64_t>(count)};
@@ -69,6 +76,12 @@ Element stack(const std::vector<Element>& elements, const char* op) {
   Element out;
   for (std::size_t c = 0; c < first.size(); ++c) {
     Tensor t = stacked(first[c].shape().dims(), first[c].dtype(), elements.size());
+    if (t.dtype() == DType::string) {
+      copy_string_rows(t, static_cast<std::size_t>(first[c].numel()), elements.size(),
+                       [&](std::size_t i) { return elements[i][c].data<std::string>(); });
+      out.push_back(std::move(t));
+      continue;
+    }
     copy_rows(static_cast<char*>(t.raw_data()), first[c].nbytes(), elements.size(),
               [&](std::size_t i) { return static_cast<const char*>(elements[i][c].raw_data()); });
     out.push_back(std::move(t));
@@ -109,6 +122,14 @@ void put_tensor(std::string& out, const Tensor& t) {
   put_u64(out, static_cast<std::uint64_t>(t.dtype()));
   put_u64(out, static_cast<std::uint64_t>(t.rank()));
   for (auto d : t.shape().dims()) put_u64(out, static_cast<std::uint64_t>(d));
+  if (t.dtype() == DType::string) {  // each string's length, then its bytes
+    const std::string* v = t.data<std::string>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      put_u64(out, v[i].size());
+      out.append(v[i]);
+    }
+    return;
+  }
   out.append(static_cast<const char*>(t.raw_data()), t.nbytes());
 }
 
@@ -123,13 +144,15 @@ std::uint64_t ByteReader::u64() {
 Tensor ByteReader::tensor() {
   const std::size_t at = pos;
   const std::uint64_t dtype = u64(), rank = u64();
-  if (dtype > static_cast<std::uint64_t>(DType::u8) || rank > static_cast<std::uint64_t>(Shape::kMaxRank))
+  if (dtype > static_cast<std::uint64_t>(DType::string) || rank > static_cast<std::uint64_t>(Shape::kMaxRank))
     DTRAIN_THROW(IoError, what, ": corrupt tensor header at byte ", at);
   // The extents come from the bytes: their product (of the non-zero ones too, which a
   // Shape must hold) is checked for overflow and against the bytes left before the tensor
   // is allocated.
   std::vector<std::int64_t> dims;
-  std::uint64_t bytes = dtype_size(static_cast<DType>(dtype)), nonzero = 1;
+  // A string is at least its 8-byte length.
+  const bool strings = static_cast<DType>(dtype) == DType::string;
+  std::uint64_t bytes = strings ? 8 : dtype_size(static_cast<DType>(dtype)), nonzero = 1;
   for (std::uint64_t d = 0; d < rank; ++d) {
     const std::uint64_t extent = u64();
     if (extent > static_cast<std::uint64_t>(INT64_MAX) || __builtin_mul_overflow(bytes, extent, &bytes) ||
@@ -144,6 +167,18 @@ Tensor ByteReader::tensor() {
                  in.size() - pos, " of the ", in.size(), " remain");
   }
   Tensor t = Tensor::empty(Shape(dims), static_cast<DType>(dtype));
+  if (strings) {
+    std::string* v = t.data<std::string>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) {
+      const std::uint64_t length = u64();
+      if (length > in.size() - pos)
+        DTRAIN_THROW(IoError, what, ": string ", i, " of the tensor at byte ", at, " claims ", length,
+                     " bytes, but only ", in.size() - pos, " remain");
+      v[i].assign(in.data() + pos, length);
+      pos += length;
+    }
+    return t;
+  }
   if (t.nbytes()) std::memcpy(t.raw_data(), in.data() + pos, t.nbytes());
   pos += t.nbytes();
   return t;
@@ -171,8 +206,16 @@ Element gather_rows(const std::vector<Tensor>& sources, std::span<const std::int
       if (r < 0 || r >= src.dim(0))
         DTRAIN_THROW(InvalidArgument, "gather_rows: row ", r, " is out of range for tensor ", c, " of shape ",
                      src.shape().to_string());
-    const std::size_t bytes = src.dim(0) ? src.nbytes() / static_cast<std::size_t>(src.dim(0)) : 0;
     Tensor t = detail::stacked(src.shape().dims().subspan(1), src.dtype(), rows.size());
+    if (src.dtype() == DType::string) {
+      const auto width = static_cast<std::size_t>(t.numel()) / std::max<std::size_t>(rows.size(), 1);
+      detail::copy_string_rows(t, width, rows.size(), [&](std::size_t i) {
+        return src.data<std::string>() + static_cast<std::size_t>(rows[i]) * width;
+      });
+      out.push_back(std::move(t));
+      continue;
+    }
+    const std::size_t bytes = src.dim(0) ? src.nbytes() / static_cast<std::size_t>(src.dim(0)) : 0;
     const char* base = static_cast<const char*>(src.raw_data());
     char* dst = static_cast<char*>(t.raw_data());
     auto copy = [&](std::int64_t begin, std::int64_t end) {
@@ -260,6 +303,11 @@ Dataset Dataset::csv(std::vector<std::string> files, CsvOptions options) {
   return Dataset(detail::csv_node(std::move(files), std::move(options)));
 }
 Dataset Dataset::records(std::vector<std::string> files) { return Dataset(detail::records_node(std::move(files))); }
+Dataset Dataset::text_lines(std::vector<std::string> files, const std::string& compression) {
+  if (compression != "" && compression != "GZIP")
+    DTRAIN_THROW(InvalidArgument, "TextLineDataset: compression_type '", compression, "' is not one dtrain reads ('' or 'GZIP')");
+  return Dataset(detail::text_lines_node(std::move(files), compression == "GZIP"));
+}
 
 Dataset Dataset::map(std::function<Element(const Element&)> fn, std::int64_t num_parallel_calls,
                      bool deterministic) const {

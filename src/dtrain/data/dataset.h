@@ -182,6 +182,10 @@ class Dataset {
   static Dataset csv(std::vector<std::string> files, CsvOptions options = {});
   // Record files written by RecordWriter: elements (uint8 [record bytes]).
   static Dataset records(std::vector<std::string> files);
+  // The lines of text files, in order (tf.data.TextLineDataset): elements are string
+  // scalars without their "\n" (or "\r\n"); empty lines are elements too. compression:
+  // "" or "GZIP".
+  static Dataset text_lines(std::vector<std::string> files, const std::string& compression = "");
 
   // --- transformations
   Dataset map(std::function<Element(const Element&)> fn, std::int64_t num_parallel_calls = 0,

@@ -1,4 +1,4 @@
-// Dataset sources: tensor slices, generators, ranges, CSV files and record files.
+// Dataset sources: tensor slices, generators, ranges, CSV files, text lines and record files.
 #include <zlib.h>
 
 #include <cerrno>
@@ -337,6 +337,124 @@ class CsvNode : public DatasetNode {
   CsvOptions options_;
 };
 
+// ---- text lines: one string scalar per line, read through zlib (which reads a file that is
+// not compressed as it is, so "GZIP" only checks that it is).
+class TextLinesIterator : public IteratorBase {
+ public:
+  TextLinesIterator(std::vector<std::string> files, bool gzip) : files_(std::move(files)), gzip_(gzip) {}
+  ~TextLinesIterator() override { close(); }
+
+  std::optional<Element> next() override {
+    for (;;) {
+      if (!in_) {
+        if (file_ >= files_.size()) return std::nullopt;
+        open_current();
+      }
+      std::string line;
+      if (!read_line(line)) {
+        close();
+        ++file_;
+        skip_to_ = 0;
+        continue;
+      }
+      if (++line_ <= skip_to_) continue;  // restoring: lines already consumed
+      Tensor t = Tensor::empty(Shape{}, DType::string);
+      *t.data<std::string>() = std::move(line);
+      return Element{std::move(t)};
+    }
+  }
+  IteratorState save() const override { return {{static_cast<std::int64_t>(file_), line_}, {}, {}}; }
+  void restore(const IteratorState& s) override {
+    check_state(s, 2, 0, "text_lines");
+    close();
+    file_ = static_cast<std::size_t>(s.values[0]);
+    skip_to_ = s.values[1];
+    if (file_ < files_.size()) open_current();
+  }
+
+ private:
+  const std::string& path() const { return files_[file_]; }
+
+  void open_current() {
+    in_ = gzopen(path().c_str(), "rb");
+    if (!in_) DTRAIN_THROW(IoError, path(), ": cannot open (", std::strerror(errno), ")");
+    gzbuffer(in_, 1 << 16);
+    if (gzip_ && gzdirect(in_) && !at_end()) {
+      close();
+      DTRAIN_THROW(IoError, files_[file_], ": compression_type is 'GZIP' but the file is not gzip-compressed");
+    }
+    line_ = 0;
+  }
+  bool at_end() {
+    const int c = gzgetc(in_);
+    if (c < 0) return true;
+    gzungetc(c, in_);
+    return false;
+  }
+  void close() {
+    if (in_) gzclose(in_);
+    in_ = nullptr;
+    begin_ = end_ = 0;
+  }
+  // The next line without its end (bytes, NULs included); false at the end of the file.
+  bool read_line(std::string& line) {
+    bool any = false;
+    for (;;) {
+      if (begin_ == end_) {
+        const int n = gzread(in_, buffer_.data(), static_cast<unsigned>(buffer_.size()));
+        if (n < 0) {
+          int err = 0;
+          const char* what = gzerror(in_, &err);
+          DTRAIN_THROW(IoError, path(), ": line ", line_ + 1, ": ", err == Z_ERRNO ? std::strerror(errno) : what);
+        }
+        if (n == 0) {
+          int err = 0;
+          gzerror(in_, &err);
+          if (err == Z_BUF_ERROR) DTRAIN_THROW(IoError, path(), ": the compressed data ends early, in line ", line_ + 1);
+          return any;
+        }
+        begin_ = 0;
+        end_ = static_cast<std::size_t>(n);
+      }
+      any = true;
+      const char* from = buffer_.data() + begin_;
+      const auto* newline = static_cast<const char*>(std::memchr(from, '\n', end_ - begin_));
+      if (!newline) {
+        line.append(from, end_ - begin_);
+        begin_ = end_;
+        continue;
+      }
+      line.append(from, static_cast<std::size_t>(newline - from));
+      begin_ += static_cast<std::size_t>(newline - from) + 1;
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      return true;
+    }
+  }
+
+  const std::vector<std::string> files_;
+  const bool gzip_;
+  std::size_t file_ = 0;
+  std::int64_t line_ = 0, skip_to_ = 0;
+  gzFile in_ = nullptr;
+  std::vector<char> buffer_ = std::vector<char>(1 << 16);
+  std::size_t begin_ = 0, end_ = 0;  // the bytes of buffer_ not yet read
+};
+
+class TextLinesNode : public DatasetNode {
+ public:
+  TextLinesNode(std::vector<std::string> files, bool gzip) : files_(std::move(files)), gzip_(gzip) {
+    if (files_.empty()) DTRAIN_THROW(InvalidArgument, "text_lines: no files given");
+  }
+  std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
+    return std::make_unique<TextLinesIterator>(files_of_shard(files_, ctx), gzip_);
+  }
+  std::int64_t files() const override { return static_cast<std::int64_t>(files_.size()); }
+
+ private:
+  std::vector<std::string> files_;
+  bool gzip_;
+};
+
 // ---- record files
 std::uint32_t crc(const void* data, std::size_t n) {
   return static_cast<std::uint32_t>(crc32(0L, static_cast<const Bytef*>(data), static_cast<uInt>(n)));
@@ -443,6 +561,9 @@ NodePtr csv_node(std::vector<std::string> files, CsvOptions options) {
   return std::make_shared<CsvNode>(std::move(files), std::move(options));
 }
 NodePtr records_node(std::vector<std::string> files) { return std::make_shared<RecordsNode>(std::move(files)); }
+NodePtr text_lines_node(std::vector<std::string> files, bool gzip) {
+  return std::make_shared<TextLinesNode>(std::move(files), gzip);
+}
 
 }  // namespace dtrain::data::detail
 

@@ -68,6 +68,7 @@ inline dt to_dnnl(DType t) {
     case DType::bf16: return dt::bf16;
     case DType::i32: return dt::s32;
     case DType::u8: return dt::u8;
+    case DType::string: break;
   }
   return dt::undef;
 }

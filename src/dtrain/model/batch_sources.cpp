@@ -22,6 +22,11 @@ void split_element(const data::Element& e, std::size_t inputs, std::size_t outpu
                    "got component 0 ", e[0].shape().to_string(), " and component ", i, " ", e[i].shape().to_string(),
                    "; add .batch(n) to the pipeline");
     }
+  for (std::size_t i = 0; i < e.size(); ++i)
+    if (e[i].dtype() == DType::string)
+      DTRAIN_THROW(InvalidArgument, who, ": component ", i, " of the dataset's elements (", i < inputs ? "an input" : "a target",
+                   ") holds strings ", e[i].shape().to_string(), "; a model takes numbers: map the text to token ids ",
+                   "in the pipeline first (dataset.map with a TextVectorization or a tokenizer)");
   batch.x.assign(e.begin(), e.begin() + static_cast<std::ptrdiff_t>(inputs));
   batch.y.assign(e.begin() + static_cast<std::ptrdiff_t>(inputs), e.end());
 }

@@ -131,6 +131,13 @@ bool Model::is_relu(const nn::Layer* layer) {
   return a != nullptr && a->activation() == "relu";
 }
 
+void Model::refuse_strings(const Tensor& x, const std::string& which) const {
+  if (x.dtype() == DType::string)
+    DTRAIN_THROW(InvalidArgument, "model '", name_, "': ", which, " got strings ", x.shape().to_string(),
+                 "; a model takes numbers: turn the text into token ids first (a TextVectorization or a tokenizer, ",
+                 "applied to the data or mapped over the dataset)");
+}
+
 std::vector<Tensor> Model::operator()(std::span<const Tensor> inputs, bool training) {
   if (!functional()) {
     if (inputs.size() != 1)
@@ -143,6 +150,7 @@ std::vector<Tensor> Model::operator()(std::span<const Tensor> inputs, bool train
   const Device where = device();
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     inputs[i].check_defined(name_.c_str());
+    refuse_strings(inputs[i], "input '" + inputs_[i].name() + "'");
     const Tensor x = inputs[i].to(where);
     const Shape& want = inputs_[i].shape();
     bool fits = x.rank() == want.rank();
@@ -243,6 +251,7 @@ Tensor Model::operator()(const Tensor& x, bool training) {
     return (*this)(std::span<const Tensor>(&x, 1), training).front();
   }
   x.check_defined(name_.c_str());
+  refuse_strings(x, "its input");
   if (!input_shape_) {
     std::vector<std::int64_t> dims(x.shape().dims().begin() + (x.rank() > 0 ? 1 : 0), x.shape().dims().end());
     build(Shape(dims));

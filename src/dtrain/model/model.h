@@ -302,6 +302,8 @@ class Model {
   Logs run_evaluation(const TensorData& data, std::int64_t batch_size, const std::string& prefix);
 
   static bool is_relu(const nn::Layer* layer);
+  // Refuses a string tensor given as `which` (an input) by name.
+  void refuse_strings(const Tensor& x, const std::string& which) const;
   // The functional graph's nodes in an order that computes every input before its use.
   std::vector<std::shared_ptr<const GraphNode>> graph_;
   // [node] a batch norm whose output only an Activation("relu") reads: it runs the relu

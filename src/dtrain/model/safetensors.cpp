@@ -77,6 +77,7 @@ const char* dtype_code(DType t) {
     case DType::bf16: return "BF16";
     case DType::i32: return "I32";
     case DType::u8: return "U8";
+    case DType::string: break;  // not a weight's dtype
   }
   return "?";
 }
