@@ -161,6 +161,40 @@ void bind_data(py::module_& m) {
         py::gil_scoped_release release;
         return std::make_unique<PyIterator>(ds.make_iterator(iteration));
       }, py::arg("iteration") = 0);
+
+  py::class_<data::SentencePiece>(d, "_SentencePiece")
+      .def_static("train", [](const data::Dataset& ds, int vocab_size, const std::string& model_type,
+                              double character_coverage, std::int64_t max_sentences, bool lowercase,
+                              std::map<std::string, std::string> extra) {
+        const data::SentencePieceOptions o{vocab_size, model_type, character_coverage, max_sentences, lowercase,
+                                           std::move(extra)};
+        py::gil_scoped_release release;  // a map function of the dataset takes the GIL back
+        return data::SentencePiece::train(ds, o);
+      })
+      .def_static("from_bytes", [](py::bytes proto) { return data::SentencePiece::from_bytes(std::string(proto)); })
+      .def_static("load", &data::SentencePiece::load)
+      .def("serialized", [](const data::SentencePiece& sp) { return py::bytes(sp.serialized()); })
+      .def("save", &data::SentencePiece::save)
+      // Each string's ids (a list of lists), without the GIL.
+      .def("encode", [](const data::SentencePiece& sp, const std::vector<std::string>& texts) {
+        std::vector<std::vector<std::int32_t>> out(texts.size());
+        {
+          py::gil_scoped_release release;
+          for (std::size_t i = 0; i < texts.size(); ++i) out[i] = sp.encode(texts[i]);
+        }
+        return out;
+      })
+      .def("encode_pieces", &data::SentencePiece::encode_pieces)
+      .def("decode", [](const data::SentencePiece& sp, const std::vector<std::int32_t>& ids) {
+        return py::bytes(sp.decode(ids));
+      })
+      .def("vocab_size", &data::SentencePiece::vocab_size)
+      .def("id_to_piece", &data::SentencePiece::id_to_piece)
+      .def("piece_to_id", &data::SentencePiece::piece_to_id)
+      .def("unk_id", &data::SentencePiece::unk_id)
+      .def("bos_id", &data::SentencePiece::bos_id)
+      .def("eos_id", &data::SentencePiece::eos_id)
+      .def("pad_id", &data::SentencePiece::pad_id);
 }
 
 }  // namespace dtrain::python

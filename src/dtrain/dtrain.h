@@ -17,6 +17,7 @@
 #include "dtrain/data/dataset.h"
 #include "dtrain/data/datasets.h"
 #include "dtrain/data/idx.h"
+#include "dtrain/data/sentencepiece.h"
 #include "dtrain/cluster/launcher.h"
 #include "dtrain/cluster/tf_config.h"
 #include "dtrain/distribute/strategy.h"

@@ -519,3 +519,6 @@ class InputLayer(Layer):
 
 Add = _layer_class("Add")
 Concatenate = _layer_class("Concatenate", ("axis",))
+
+
+from .text_vectorization import TextVectorization  # noqa: E402 (after Layer, which it does not derive from)

@@ -523,6 +523,10 @@ class Sequential(Model):
         if isinstance(layer, layers_module.Input):
             self._input_shape = layer.shape[1:]
             return
+        if isinstance(layer, layers_module.TextVectorization):
+            raise TypeError("Sequential.add: TextVectorization cannot be a layer of a dtrain model (its models take "
+                            "numbers): apply it to the text before the model, or map it over the dataset, "
+                            "ds.map(lambda x, y: (vectorize(x), y))")
         if not isinstance(layer, layers_module.Layer):
             raise TypeError(f"Sequential.add: expected a tf.keras.layers layer, got {type(layer).__name__}")
         if isinstance(layer, layers_module.InputLayer):
