@@ -15,7 +15,7 @@ def _values(value, fn):
     if isinstance(value, _dtrain.Tensor):
         if value.dtype != "string":
             raise TypeError(f"tf.strings.{fn}: a {value.dtype} tensor where strings are expected")
-        return value.numpy()
+        return np.asarray(value.numpy(), dtype=object)  # a scalar's numpy() is its bytes
     array = np.asarray(value, dtype=object)
     flat = array.reshape(-1)
     for i, item in enumerate(flat):

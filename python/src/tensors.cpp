@@ -71,9 +71,10 @@ Tensor string_tensor(const py::array& a, const char* what, DType want) {
     if (py::isinstance<py::bytes>(item)) values.push_back(item.cast<std::string>());
     else if (py::isinstance<py::str>(item)) values.push_back(item.cast<std::string>());  // UTF-8
     else
-      throw py::type_error(std::string(what) + ": element " + std::to_string(i) + " is a " +
+      throw py::type_error(std::string(what) + ": an array of " + numpy_dtype_name(a) + " whose element " +
+                           std::to_string(i) + " is a " +
                            py::str(py::type::handle_of(item).attr("__name__")).cast<std::string>() +
-                           ", where the array holds strings (str or bytes)");
+                           ": dtrain holds numbers (float32, int32, uint8) and strings (str or bytes)");
   }
   return Tensor::from_vector(shape_of(a, what), std::move(values));
 }

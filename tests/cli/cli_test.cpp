@@ -107,6 +107,54 @@ TEST_F(Cli, ALanguageModelTrainsOnWindowsOfText) {
   EXPECT_NE(bad.output.find("64"), std::string::npos) << bad.output;
 }
 
+// The same model over subword tokens: the config's tokenizer trains SentencePiece on the
+// training text and writes its model, which a second run reads instead of training again
+// (the same seed, the same figures).
+TEST_F(Cli, ALanguageModelTrainsOnSubwordTokensItsTokenizerLearned) {
+  if (DTRAIN_SANITIZED) GTEST_SKIP() << "SentencePiece's library needs RTLD_DEEPBIND, which the sanitizers refuse";
+  static const char* syllables[] = {"ka", "lo", "mi", "ren", "tu", "sha", "vel", "dor", "pi", "ne", "qua", "zim"};
+  std::string text;
+  for (int line = 0; line < 500; ++line) {
+    for (int w = 0; w < 7; ++w)
+      text += std::string(w ? " " : "") + syllables[(line * 5 + w * 7) % 12] + syllables[(line + w * w) % 12];
+    text += ".\n";
+  }
+  const std::string corpus = write("corpus.txt", text);
+  const std::string model = (dir_ / "pieces.model").string();
+  nlohmann::json config = nlohmann::json::parse(read_file(std::string(DTRAIN_EXAMPLE_CONFIGS) + "/char_lm.json"));
+  config["data"] = {{"source", "text"}, {"files", {corpus}}, {"length", 64}, {"held_out", 0.1},
+                    {"tokenizer", {{"type", "sentencepiece"}, {"vocab_size", 60}, {"model", model}}}};
+  config["epochs"] = 2;
+  config["batch_size"] = 8;
+  const std::string cfg = write("subword.json", config.dump());
+  const auto first = (dir_ / "first.json").string(), second = (dir_ / "second.json").string();
+  Result r = run("fit " + cfg + " --verbose 2 --summary " + first);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("bits per byte"), std::string::npos) << r.output;
+  ASSERT_TRUE(std::filesystem::exists(model));
+  EXPECT_EQ(dtrain::data::SentencePiece::load(model).vocab_size(), 60);
+  r = run("fit " + cfg + " --summary " + second);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto a = nlohmann::json::parse(std::ifstream(first)), b = nlohmann::json::parse(std::ifstream(second));
+  EXPECT_EQ(a["history"], b["history"]);
+  // Pieces of two syllables and more: far fewer windows than the bytes make.
+  const dtrain::data::Classification bytes = dtrain::data::text_windows({corpus}, 64, -1, 0.1);
+  const dtrain::data::Classification tokens = dtrain::data::token_windows(
+      {corpus}, 64, -1, 0.1, [&](const dtrain::data::Dataset&) { return dtrain::data::SentencePiece::load(model); });
+  EXPECT_LT(tokens.train.x.dim(0) * 2, bytes.train.x.dim(0));
+  EXPECT_EQ(tokens.classes, 60);
+  EXPECT_GT(tokens.bytes_per_token, 2.0);
+
+  config["data"]["tokenizer"]["vocab_size"] = 300;  // more than the model's 256 outputs
+  config["data"]["tokenizer"].erase("model");
+  Result bad = run("fit " + write("bad.json", config.dump()));
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.output.find("300] (a score for each token at each position)"), std::string::npos) << bad.output;
+  config["data"]["tokenizer"]["type"] = "wordpiece";
+  bad = run("fit " + write("bad2.json", config.dump()));
+  EXPECT_NE(bad.output.find("data.tokenizer.type"), std::string::npos) << bad.output;
+}
+
 // What a run writes at its end is checked before it trains, and folders given where a file
 // is read are named as such.
 TEST_F(Cli, OutputsAndFoldersAreCheckedBeforeTraining) {

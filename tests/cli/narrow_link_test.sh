@@ -8,7 +8,9 @@
 # chief's summary. Where namespaces cannot be made (no root, no iproute2), the test is
 # skipped (exit 77) with a message saying why.
 #
-#   tests/cli/narrow_link_test.sh DTRAIN_BINARY [RUNS]   (10 unless given)
+#   tests/cli/narrow_link_test.sh DTRAIN_BINARY [RUNS] [JOB]   (10 runs unless given; JOB: mlp,
+#   the default, or transformer: examples/configs/char_lm.json, 1.9 MB of gradients a step,
+#   on a text file written here)
 set -euo pipefail
 
 dtrain=$1
@@ -34,9 +36,22 @@ cleanup() {
 trap cleanup EXIT
 why=$(netns_pair_up "$a" "$b" "$addr_a" "$addr_b" 20mbit) || skip "$why"
 
-# A 256-wide MLP: 0.54 MB of gradients per step, about 0.2 s on the wire at 20 Mbit/s,
-# far more than its compute.
-cat >"$dir/job.json" <<'EOF'
+if [ "${3:-mlp}" = transformer ]; then
+  # The character model's transformer (two blocks of causal attention, 128 wide): 1.9 MB of
+  # gradients per step, about 0.8 s on the wire at 20 Mbit/s, at a batch of 16 windows.
+  for i in $(seq 1 200); do echo "the narrow link carries every gradient of attention, line $i"; done >"$dir/text.txt"
+  python3 - "$(dirname "$0")/../../examples/configs/char_lm.json" "$dir/text.txt" >"$dir/job.json" <<'EOF'
+import json, sys
+config = json.load(open(sys.argv[1]))
+config["data"] = {"source": "text", "files": [sys.argv[2]], "length": 64, "held_out": 0}
+config.update(epochs=2, batch_size=16, seed=1)
+print(json.dumps(config))
+EOF
+  steps=3
+else
+  # A 256-wide MLP: 0.54 MB of gradients per step, about 0.2 s on the wire at 20 Mbit/s,
+  # far more than its compute.
+  cat >"$dir/job.json" <<'EOF'
 {"model": {"input_shape": [256], "layers": [
    {"class_name": "Dense", "config": {"units": 256, "activation": "relu"}},
    {"class_name": "Dense", "config": {"units": 256, "activation": "relu"}},
@@ -46,6 +61,8 @@ cat >"$dir/job.json" <<'EOF'
  "data": {"source": "synthetic", "samples": 512, "features": 256, "classes": 10},
  "epochs": 2, "batch_size": 64, "seed": 1}
 EOF
+  steps=5
+fi
 
 cluster="{\"worker\": [\"$addr_a:$port\", \"$addr_b:$port\"]}"
 # The cause must be named first in every one of the runs, each a fresh pair of workers.
@@ -56,7 +73,7 @@ for run in $(seq 1 $runs); do
     ns=$([ $i = 0 ] && echo "$a" || echo "$b")
     ip netns exec "$ns" env TF_CONFIG="{\"cluster\": $cluster, \"task\": {\"type\": \"worker\", \"index\": $i}}" \
       OMP_NUM_THREADS=1 DTRAIN_CLUSTER_TOKEN="narrow-$tag-$run" \
-      timeout 60 "$dtrain" fit "$dir/job.json" --strategy multi_worker --steps-per-epoch 5 --collective-timeout 60 \
+      timeout 60 "$dtrain" fit "$dir/job.json" --strategy multi_worker --steps-per-epoch $steps --collective-timeout 60 \
       --verbose 0 --summary "$dir/two.json" >"$dir/worker-$i.log" 2>&1 &
     pids+=($!)
   done

@@ -211,7 +211,7 @@ DataConfig data_from(const JsonReader& d) {
   else if (c.source == "records")
     d.expect_keys({"source", "train", "test", "pipeline"});
   else if (c.source == "text")
-    d.expect_keys({"source", "files", "length", "bytes", "held_out", "pipeline"});
+    d.expect_keys({"source", "files", "length", "bytes", "held_out", "tokenizer", "pipeline"});
   else
     d.fail("source", "expected \"synthetic\", \"fashion_mnist\", \"csv\", \"idx\", \"records\" or \"text\", got \"" +
                          c.source + "\"");
@@ -274,6 +274,20 @@ DataConfig data_from(const JsonReader& d) {
     if (c.text_bytes == 0 || c.text_bytes < -1) d.fail("bytes", "must be positive (leave it out for whole files)");
     c.held_out = d.get_number("held_out", 0.1);
     if (!(c.held_out >= 0.0 && c.held_out < 1.0)) d.fail("held_out", "must be in [0, 1)");
+    if (d.has("tokenizer")) {
+      const JsonReader t = d.child("tokenizer");
+      t.expect_keys({"type", "vocab_size", "model_type", "model"});
+      c.tokenizer.type = t.get_string("type");
+      if (c.tokenizer.type != "sentencepiece") t.fail("type", "must be \"sentencepiece\", got \"" + c.tokenizer.type + "\"");
+      const std::int64_t vocab = t.get_int("vocab_size");
+      if (vocab < 2 || vocab > 1000000) t.fail("vocab_size", "must be in [2, 1000000], got " + std::to_string(vocab));
+      c.tokenizer.vocab_size = static_cast<int>(vocab);
+      c.tokenizer.model_type = t.get_string("model_type", "unigram");
+      if (c.tokenizer.model_type != "unigram" && c.tokenizer.model_type != "bpe" && c.tokenizer.model_type != "char" &&
+          c.tokenizer.model_type != "word")
+        t.fail("model_type", "must be \"unigram\", \"bpe\", \"char\" or \"word\", got \"" + c.tokenizer.model_type + "\"");
+      c.tokenizer.model = t.get_string("model", "");
+    }
   }
   return c;
 }
@@ -532,11 +546,13 @@ void check_model_fits_data(const RunConfig& c, const Shape& row) {
     if (loss_name(c) != "sparse_categorical_crossentropy")
       throw_in_file<InvalidArgument>(c.file, "loss", "the text source's targets are the next bytes (class numbers); "
                                                      "use sparse_categorical_crossentropy");
-    if (out.rank() != 3 || out[1] != row[0] || out[2] < 256)
+    const bool tokens = !c.data.tokenizer.type.empty();
+    const std::string classes = tokens ? std::to_string(c.data.tokenizer.vocab_size) : "256";
+    if (out.rank() != 3 || out[1] != row[0] || out[2] < (tokens ? c.data.tokenizer.vocab_size : 256))
       throw_in_file<InvalidArgument>(c.file, at + ".layers",
-                                     "a language model over " + data + " gives [1, " + std::to_string(row[0]) +
-                                         ", 256] (a score for each byte value at each position) for one window; this "
-                                         "model gives " + out.to_string());
+                                     "a language model over " + data + " gives [1, " + std::to_string(row[0]) + ", " +
+                                         classes + "] (a score for each " + (tokens ? "token" : "byte value") +
+                                         " at each position) for one window; this model gives " + out.to_string());
     return;
   }
   if (c.model_input_shape && *c.model_input_shape != row)
@@ -713,6 +729,25 @@ data::Classification load_data(const RunConfig& c) {
   check_model_fits_data(c, row);
   if (c.data.source == "fashion_mnist") return data::load_fashion_mnist(c.data.path);
   if (is_file_source(c.data.source)) return load_files(c, row);
+  if (c.data.source == "text" && !c.data.tokenizer.type.empty()) {
+    const DataConfig::Tokenizer& t = c.data.tokenizer;
+    return in_file(c.file, "data.tokenizer", [&] {
+      return data::token_windows(c.data.train_files, c.data.text_length, c.data.text_bytes, c.data.held_out,
+                                 [&](const data::Dataset& lines) {
+                                   if (!t.model.empty() && std::filesystem::exists(t.model)) {
+                                     data::SentencePiece sp = data::SentencePiece::load(t.model);
+                                     if (sp.vocab_size() != t.vocab_size)
+                                       DTRAIN_THROW(InvalidArgument, t.model, " holds a vocabulary of ", sp.vocab_size(),
+                                                    " pieces where vocab_size is ", t.vocab_size);
+                                     return sp;
+                                   }
+                                   data::SentencePiece sp = data::SentencePiece::train(
+                                       lines, {.vocab_size = t.vocab_size, .model_type = t.model_type});
+                                   if (!t.model.empty()) sp.save(t.model);
+                                   return sp;
+                                 });
+    });
+  }
   if (c.data.source == "text")
     return in_file(c.file, "data.files", [&] {
       return data::text_windows(c.data.train_files, c.data.text_length, c.data.text_bytes, c.data.held_out);

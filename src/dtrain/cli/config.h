@@ -40,6 +40,15 @@ struct DataConfig {
   // many bytes of the files (-1: all), and the share held out as the test split.
   std::int64_t text_length = 64, text_bytes = -1;
   double held_out = 0.1;
+  // text: "tokenizer": {"type": "sentencepiece", "vocab_size", "model_type", "model"}: the
+  // windows hold subword ids (data::token_windows) instead of bytes. model: a .model file
+  // to read where it exists, else to write the one trained on the training text to.
+  struct Tokenizer {
+    std::string type;  // "" (bytes) or "sentencepiece"
+    int vocab_size = 0;
+    std::string model_type = "unigram";
+    std::string model;
+  } tokenizer;
   std::optional<PipelineConfig> pipeline;
 };
 

@@ -144,11 +144,11 @@ void write_json(const std::string& path, const json& j) { write_file_replacing(p
 
 // "test: loss 1.34 accuracy 0.61", and for a language model (the text source) the loss in
 // bits per byte, the unit its figures are quoted in.
-std::string logs_line(const std::string& head, const Logs& logs, const cli::RunConfig& c) {
+std::string logs_line(const std::string& head, const Logs& logs, const cli::RunConfig& c, double bytes_per_token) {
   std::string line = head;
   for (const auto& [k, v] : logs.items()) line += " " + k + " " + std::to_string(v);
   if (c.data.source == "text" && logs.contains("loss"))
-    line += " (" + std::to_string(logs.at("loss") / std::log(2.0)) + " bits per byte)";
+    line += " (" + std::to_string(logs.at("loss") / std::log(2.0) / bytes_per_token) + " bits per byte)";
   return line;
 }
 
@@ -476,7 +476,7 @@ int run_fit(const std::string& path, const Overrides& o) {
   // Under parameter_server the chief alone holds the trained values when fit returns.
   if (d.test.x.defined() && !stopped && (!ps || chief)) {
     test = model->evaluate(d.test.x, d.test.y, {.batch_size = std::max<std::int64_t>(c.batch_size, 256)});
-    std::printf("%s\n", logs_line("test:", test, c).c_str());
+    std::printf("%s\n", logs_line("test:", test, c, d.bytes_per_token).c_str());
   }
   // What the backups took from training: the training thread's time in save() (the
   // snapshot, and any wait for the last write) and the writer's CPU time.
@@ -664,7 +664,7 @@ int run_evaluate(const std::string& path, const Overrides& o) {
   model->build(Shape(std::vector<std::int64_t>(split.x.shape().dims().begin() + 1, split.x.shape().dims().end())));
   model->load_weights(o.weights);
   const Logs logs = model->evaluate(split.x, split.y, {.batch_size = std::max<std::int64_t>(c.batch_size, 256)});
-  std::printf("%s\n", logs_line(d.test.x.defined() ? "test:" : "train:", logs, c).c_str());
+  std::printf("%s\n", logs_line(d.test.x.defined() ? "test:" : "train:", logs, c, d.bytes_per_token).c_str());
   if (!o.summary.empty()) write_json(o.summary, json{{"config", path}, {"weights", o.weights}, {"test", logs_json(logs)}});
   return 0;
 }

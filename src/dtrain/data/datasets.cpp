@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <span>
 #include <vector>
 
 #include "dtrain/core/rng.h"
@@ -80,14 +81,11 @@ Split make_synthetic(std::int64_t samples, std::int64_t features, std::int64_t c
   return s;
 }
 
-Classification text_windows(const std::vector<std::string>& files, std::int64_t length, std::int64_t limit,
-                            double held_out) {
-  if (files.empty()) DTRAIN_THROW(InvalidArgument, "text_windows: no files given");
-  if (length <= 0) DTRAIN_THROW(InvalidArgument, "text_windows: the window length must be positive, got ", length);
-  if (!(held_out >= 0.0 && held_out < 1.0))
-    DTRAIN_THROW(InvalidArgument, "text_windows: held_out must be in [0, 1), got ", held_out);
+namespace {
+
+// The first `limit` bytes of `files` (-1: all), one after the other, and their names.
+std::vector<std::uint8_t> read_text(const std::vector<std::string>& files, std::int64_t limit, std::string& names) {
   std::vector<std::uint8_t> text;
-  std::string names;
   for (const std::string& path : files) {
     if (limit >= 0 && static_cast<std::int64_t>(text.size()) >= limit) break;
     const std::vector<std::uint8_t> part =
@@ -95,13 +93,15 @@ Classification text_windows(const std::vector<std::string>& files, std::int64_t 
     text.insert(text.end(), part.begin(), part.end());
     names += (names.empty() ? "" : ", ") + path;
   }
-  // Windows of length + 1 bytes side by side: each gives its first `length` bytes and the
-  // `length` after its first.
-  const std::int64_t windows = (static_cast<std::int64_t>(text.size()) - 1) / length;
-  const auto test = static_cast<std::int64_t>(static_cast<double>(windows) * held_out);
-  if (windows - test < 1 || (held_out > 0.0 && test < 1))
-    DTRAIN_THROW(InvalidArgument, "text_windows: ", text.size(), " bytes of ", names, " make ", windows,
-                 " window(s) of ", length, " bytes, too few for a training split and a held-out share of ", held_out);
+  return text;
+}
+
+// Windows of length + 1 values side by side over `ids` (byte values or token ids): each
+// gives its first `length` values (x) and the `length` after its first (y); the last
+// `test` windows are the test split.
+Classification windows_of(std::span<const std::int32_t> ids, std::int64_t length, std::int64_t test,
+                          std::int64_t classes) {
+  const std::int64_t windows = (static_cast<std::int64_t>(ids.size()) - 1) / length;
   auto split = [&](std::int64_t first, std::int64_t count) {
     Split s{Tensor::empty(Shape{count, length}), Tensor::empty(Shape{count, length}, DType::i32)};
     float* x = s.x.data<float>();
@@ -109,15 +109,79 @@ Classification text_windows(const std::vector<std::string>& files, std::int64_t 
     for (std::int64_t w = 0; w < count; ++w)
       for (std::int64_t t = 0; t < length; ++t) {
         const auto at = static_cast<std::size_t>((first + w) * length + t);
-        x[w * length + t] = static_cast<float>(text[at]);
-        y[w * length + t] = static_cast<std::int32_t>(text[at + 1]);
+        x[w * length + t] = static_cast<float>(ids[at]);
+        y[w * length + t] = ids[at + 1];
       }
     return s;
   };
   Classification out;
-  out.classes = 256;
+  out.classes = classes;
   out.train = split(0, windows - test);
   if (test > 0) out.test = split(windows - test, test);
+  return out;
+}
+
+void check_text_windows(const char* who, std::int64_t length, double held_out) {
+  if (length <= 0) DTRAIN_THROW(InvalidArgument, who, ": the window length must be positive, got ", length);
+  if (!(held_out >= 0.0 && held_out < 1.0)) DTRAIN_THROW(InvalidArgument, who, ": held_out must be in [0, 1), got ", held_out);
+}
+
+}  // namespace
+
+Classification text_windows(const std::vector<std::string>& files, std::int64_t length, std::int64_t limit,
+                            double held_out) {
+  if (files.empty()) DTRAIN_THROW(InvalidArgument, "text_windows: no files given");
+  check_text_windows("text_windows", length, held_out);
+  std::string names;
+  const std::vector<std::uint8_t> text = read_text(files, limit, names);
+  const std::int64_t windows = (static_cast<std::int64_t>(text.size()) - 1) / length;
+  const auto test = static_cast<std::int64_t>(static_cast<double>(windows) * held_out);
+  if (windows - test < 1 || (held_out > 0.0 && test < 1))
+    DTRAIN_THROW(InvalidArgument, "text_windows: ", text.size(), " bytes of ", names, " make ", windows,
+                 " window(s) of ", length, " bytes, too few for a training split and a held-out share of ", held_out);
+  const std::vector<std::int32_t> ids(text.begin(), text.end());
+  return windows_of(ids, length, test, 256);
+}
+
+Classification token_windows(const std::vector<std::string>& files, std::int64_t length, std::int64_t limit,
+                             double held_out, const std::function<SentencePiece(const Dataset& lines)>& tokenizer) {
+  if (files.empty()) DTRAIN_THROW(InvalidArgument, "token_windows: no files given");
+  check_text_windows("token_windows", length, held_out);
+  std::string names;
+  const std::vector<std::uint8_t> text = read_text(files, limit, names);
+  // The lines of each split, the held-out one starting after the line end nearest its share.
+  auto cut = static_cast<std::size_t>(static_cast<double>(text.size()) * (1.0 - held_out));
+  while (held_out > 0.0 && cut < text.size() && cut > 0 && text[cut - 1] != '\n') ++cut;
+  auto lines_of = [&](std::size_t begin, std::size_t end) {
+    std::vector<std::string> lines;
+    for (std::size_t at = begin; at < end;) {
+      std::size_t stop = at;
+      while (stop < end && text[stop] != '\n') ++stop;
+      lines.emplace_back(reinterpret_cast<const char*>(text.data()) + at, stop - at);
+      at = stop + 1;
+    }
+    return lines;
+  };
+  std::vector<std::string> train_lines = lines_of(0, cut), test_lines = lines_of(cut, text.size());
+  const auto line_count = static_cast<std::int64_t>(train_lines.size());
+  const SentencePiece sp = tokenizer(Dataset::from_tensor_slices({Tensor::from_vector({line_count}, train_lines)}));
+  std::vector<std::int32_t> ids;
+  std::int64_t test_ids = 0;
+  for (const auto* lines : {&train_lines, &test_lines})
+    for (const std::string& line : *lines) {
+      const std::vector<std::int32_t> piece_ids = sp.encode(line);
+      ids.insert(ids.end(), piece_ids.begin(), piece_ids.end());
+      if (lines == &test_lines) test_ids += static_cast<std::int64_t>(piece_ids.size());
+    }
+  const std::int64_t windows = (static_cast<std::int64_t>(ids.size()) - 1) / length;
+  // The held-out windows are those past the training text's ids.
+  const std::int64_t test = held_out > 0.0 ? test_ids / length : 0;
+  if (windows - test < 1 || (held_out > 0.0 && test < 1))
+    DTRAIN_THROW(InvalidArgument, "token_windows: ", text.size(), " bytes of ", names, " make ", ids.size(),
+                 " tokens, ", windows, " window(s) of ", length, ", too few for a training split and a held-out share of ",
+                 held_out);
+  Classification out = windows_of(ids, length, test, sp.vocab_size());
+  if (test_ids > 0) out.bytes_per_token = static_cast<double>(text.size() - cut) / static_cast<double>(test_ids);
   return out;
 }
 

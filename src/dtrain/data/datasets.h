@@ -3,9 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "dtrain/core/tensor.h"
+#include "dtrain/data/dataset.h"
+#include "dtrain/data/sentencepiece.h"
 
 namespace dtrain::data {
 
@@ -18,6 +21,9 @@ struct Classification {
   Split train;
   Split test;  // may be empty (undefined tensors)
   std::int64_t classes = 0;
+  // Text: the test split's bytes per token, which turns a loss per token into one per byte
+  // (1 where the tokens are bytes).
+  double bytes_per_token = 1.0;
 };
 
 // Where Debian installs the files.
@@ -47,5 +53,13 @@ Split make_synthetic(std::int64_t samples, std::int64_t features, std::int64_t c
 // short for one window of each split is an InvalidArgument naming the files and the sizes.
 Classification text_windows(const std::vector<std::string>& files, std::int64_t length, std::int64_t limit = -1,
                             double held_out = 0.1);
+
+// The same over subword tokens: the text is cut at the line end nearest the held-out share
+// of its bytes; `tokenizer` gets the training lines (a dataset of string scalars, to train
+// on or to ignore) and gives the SentencePiece that turns each split into ids, line by line
+// (windows of `length` ids; float32 x, int32 y). classes: its vocabulary; bytes_per_token:
+// the test split's bytes over its ids.
+Classification token_windows(const std::vector<std::string>& files, std::int64_t length, std::int64_t limit,
+                             double held_out, const std::function<SentencePiece(const Dataset& lines)>& tokenizer);
 
 }  // namespace dtrain::data
