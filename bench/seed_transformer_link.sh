@@ -25,17 +25,8 @@ netns_bench_ready seed_transformer_link.sh "$dtrain"
   { echo "seed_transformer_link.sh: install dict-gcide (scripts/install-deps.sh --corpora)" >&2; exit 1; }
 
 tag=$$
-a=dtrain_seedtf_a_$tag b=dtrain_seedtf_b_$tag
+netns_pair_session dtrain_seedtf
 addr_a=169.254.79.1 addr_b=169.254.79.2 port=29510
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-  [ ${#pids[@]} = 0 ] || kill "${pids[@]}" 2>/dev/null || true
-  wait 2>/dev/null || true
-  netns_pair_down "$a" "$b"
-  rm -rf "$dir"
-}
-trap cleanup EXIT
 netns_pair_up "$a" "$b" "$addr_a" "$addr_b" "$rate" >&2
 cluster="{\"worker\": [\"$addr_a:$port\", \"$addr_b:$port\"]}"
 

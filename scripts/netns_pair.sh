@@ -18,6 +18,25 @@ netns_bench_ready() {
   [ "$(id -u)" = 0 ] || { echo "$who: needs root to create network namespaces" >&2; exit 1; }
 }
 
+# For a script that runs processes on one pair: sets a and b (the namespaces' names, PREFIX_a
+# and PREFIX_b with the script's pid), dir (a new temporary folder) and pids (processes the
+# script starts), and on exit kills those, removes the pair and the folder.
+#
+#   netns_pair_session PREFIX
+netns_pair_session() {
+  a=${1}_a_$$ b=${1}_b_$$
+  dir=$(mktemp -d)
+  pids=()
+  trap netns_pair_session_end EXIT
+}
+
+netns_pair_session_end() {
+  [ ${#pids[@]} = 0 ] || kill "${pids[@]}" 2>/dev/null || true
+  wait 2>/dev/null || true
+  netns_pair_down "$a" "$b"
+  rm -rf "$dir"
+}
+
 netns_pair_down() {
   ip netns del "$1" 2>/dev/null || true
   ip netns del "$2" 2>/dev/null || true

@@ -23,17 +23,8 @@ command -v ip >/dev/null && command -v tc >/dev/null || skip "ip and tc (iproute
 
 . "$(dirname "$0")/../../scripts/netns_pair.sh"
 tag=$$
-a=dtrain_narrow_a_$tag b=dtrain_narrow_b_$tag
+netns_pair_session dtrain_narrow
 addr_a=169.254.78.1 addr_b=169.254.78.2 port=29410
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-  [ ${#pids[@]} = 0 ] || kill "${pids[@]}" 2>/dev/null || true
-  wait 2>/dev/null || true
-  netns_pair_down "$a" "$b"
-  rm -rf "$dir"
-}
-trap cleanup EXIT
 why=$(netns_pair_up "$a" "$b" "$addr_a" "$addr_b" 20mbit) || skip "$why"
 
 if [ "${3:-mlp}" = transformer ]; then

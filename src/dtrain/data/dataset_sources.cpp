@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <tuple>
 
 #include "dtrain/data/dataset_internal.h"
 
@@ -201,9 +202,34 @@ bool parse_field(std::string_view f, float& v, bool& beyond) {
   return true;
 }
 
-class CsvIterator : public IteratorBase {
+// A source that reads files line by line: its position is the file and the line of it last
+// read; restoring opens that file and skips the lines read before.
+class LineFilesIterator : public IteratorBase {
  public:
-  CsvIterator(std::vector<std::string> files, CsvOptions o) : files_(std::move(files)), options_(std::move(o)) {}
+  LineFilesIterator(std::vector<std::string> files, const char* stage) : files_(std::move(files)), stage_(stage) {}
+  IteratorState save() const override { return {{static_cast<std::int64_t>(file_), line_}, {}, {}}; }
+  void restore(const IteratorState& s) override {
+    check_state(s, 2, 0, stage_);
+    file_ = static_cast<std::size_t>(s.values[0]);
+    skip_to_ = s.values[1];
+    if (file_ < files_.size()) open_current();
+  }
+
+ protected:
+  virtual void open_current() = 0;
+  const std::string& path() const { return files_[file_]; }
+
+  const std::vector<std::string> files_;
+  std::size_t file_ = 0;
+  std::int64_t line_ = 0, skip_to_ = 0;
+
+ private:
+  const char* stage_;
+};
+
+class CsvIterator : public LineFilesIterator {
+ public:
+  CsvIterator(std::vector<std::string> files, CsvOptions o) : LineFilesIterator(std::move(files), "csv"), options_(std::move(o)) {}
 
   std::optional<Element> next() override {
     for (;;) {
@@ -230,20 +256,9 @@ class CsvIterator : public IteratorBase {
       return parse(line);
     }
   }
-  IteratorState save() const override {
-    return {{static_cast<std::int64_t>(file_), line_}, {}, {}};
-  }
-  void restore(const IteratorState& s) override {
-    check_state(s, 2, 0, "csv");
-    file_ = static_cast<std::size_t>(s.values[0]);
-    skip_to_ = s.values[1];
-    if (file_ < files_.size()) open_current();
-  }
 
  private:
-  const std::string& path() const { return files_[file_]; }
-
-  void open_current() {
+  void open_current() override {
     in_.open(path());
     if (!in_) DTRAIN_THROW(IoError, path(), ": cannot open (", std::strerror(errno), ")");
     line_ = 0;
@@ -304,10 +319,7 @@ class CsvIterator : public IteratorBase {
     return {x, Tensor::scalar(value(layout_.label_column))};
   }
 
-  const std::vector<std::string> files_;
   const CsvOptions options_;
-  std::size_t file_ = 0;
-  std::int64_t line_ = 0, skip_to_ = 0;
   std::ifstream in_;
   CsvLayout layout_;
 };
@@ -322,26 +334,30 @@ std::vector<std::string> files_of_shard(const std::vector<std::string>& files, c
   return mine;
 }
 
-class CsvNode : public DatasetNode {
+// A source over files: the iterator of each worker reads its shard of them
+// (files_of_shard), taking `Args` after its files.
+template <typename It, typename... Args>
+class FilesNode : public DatasetNode {
  public:
-  CsvNode(std::vector<std::string> files, CsvOptions o) : files_(std::move(files)), options_(std::move(o)) {
-    if (files_.empty()) DTRAIN_THROW(InvalidArgument, "csv: no files given");
+  FilesNode(const char* source, std::vector<std::string> files, Args... args)
+      : files_(std::move(files)), args_(std::move(args)...) {
+    if (files_.empty()) DTRAIN_THROW(InvalidArgument, source, ": no files given");
   }
   std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
-    return std::make_unique<CsvIterator>(files_of_shard(files_, ctx), options_);
+    return std::apply([&](const Args&... a) { return std::make_unique<It>(files_of_shard(files_, ctx), a...); }, args_);
   }
   std::int64_t files() const override { return static_cast<std::int64_t>(files_.size()); }
 
  private:
   std::vector<std::string> files_;
-  CsvOptions options_;
+  std::tuple<Args...> args_;
 };
 
 // ---- text lines: one string scalar per line, read through zlib (which reads a file that is
 // not compressed as it is, so "GZIP" only checks that it is).
-class TextLinesIterator : public IteratorBase {
+class TextLinesIterator : public LineFilesIterator {
  public:
-  TextLinesIterator(std::vector<std::string> files, bool gzip) : files_(std::move(files)), gzip_(gzip) {}
+  TextLinesIterator(std::vector<std::string> files, bool gzip) : LineFilesIterator(std::move(files), "text_lines"), gzip_(gzip) {}
   ~TextLinesIterator() override { close(); }
 
   std::optional<Element> next() override {
@@ -363,19 +379,10 @@ class TextLinesIterator : public IteratorBase {
       return Element{std::move(t)};
     }
   }
-  IteratorState save() const override { return {{static_cast<std::int64_t>(file_), line_}, {}, {}}; }
-  void restore(const IteratorState& s) override {
-    check_state(s, 2, 0, "text_lines");
-    close();
-    file_ = static_cast<std::size_t>(s.values[0]);
-    skip_to_ = s.values[1];
-    if (file_ < files_.size()) open_current();
-  }
 
  private:
-  const std::string& path() const { return files_[file_]; }
-
-  void open_current() {
+  void open_current() override {
+    close();
     in_ = gzopen(path().c_str(), "rb");
     if (!in_) DTRAIN_THROW(IoError, path(), ": cannot open (", std::strerror(errno), ")");
     gzbuffer(in_, 1 << 16);
@@ -431,28 +438,10 @@ class TextLinesIterator : public IteratorBase {
     }
   }
 
-  const std::vector<std::string> files_;
   const bool gzip_;
-  std::size_t file_ = 0;
-  std::int64_t line_ = 0, skip_to_ = 0;
   gzFile in_ = nullptr;
   std::vector<char> buffer_ = std::vector<char>(1 << 16);
   std::size_t begin_ = 0, end_ = 0;  // the bytes of buffer_ not yet read
-};
-
-class TextLinesNode : public DatasetNode {
- public:
-  TextLinesNode(std::vector<std::string> files, bool gzip) : files_(std::move(files)), gzip_(gzip) {
-    if (files_.empty()) DTRAIN_THROW(InvalidArgument, "text_lines: no files given");
-  }
-  std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
-    return std::make_unique<TextLinesIterator>(files_of_shard(files_, ctx), gzip_);
-  }
-  std::int64_t files() const override { return static_cast<std::int64_t>(files_.size()); }
-
- private:
-  std::vector<std::string> files_;
-  bool gzip_;
 };
 
 // ---- record files
@@ -534,20 +523,6 @@ class RecordsIterator : public IteratorBase {
   std::ifstream in_;
 };
 
-class RecordsNode : public DatasetNode {
- public:
-  explicit RecordsNode(std::vector<std::string> files) : files_(std::move(files)) {
-    if (files_.empty()) DTRAIN_THROW(InvalidArgument, "records: no files given");
-  }
-  std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
-    return std::make_unique<RecordsIterator>(files_of_shard(files_, ctx));
-  }
-  std::int64_t files() const override { return static_cast<std::int64_t>(files_.size()); }
-
- private:
-  std::vector<std::string> files_;
-};
-
 }  // namespace
 
 NodePtr tensor_slices_node(std::vector<Tensor> tensors) { return std::make_shared<SlicesNode>(std::move(tensors)); }
@@ -558,11 +533,13 @@ NodePtr range_node(std::int64_t start, std::int64_t stop, std::int64_t step) {
   return std::make_shared<RangeNode>(start, stop, step);
 }
 NodePtr csv_node(std::vector<std::string> files, CsvOptions options) {
-  return std::make_shared<CsvNode>(std::move(files), std::move(options));
+  return std::make_shared<FilesNode<CsvIterator, CsvOptions>>("csv", std::move(files), std::move(options));
 }
-NodePtr records_node(std::vector<std::string> files) { return std::make_shared<RecordsNode>(std::move(files)); }
+NodePtr records_node(std::vector<std::string> files) {
+  return std::make_shared<FilesNode<RecordsIterator>>("records", std::move(files));
+}
 NodePtr text_lines_node(std::vector<std::string> files, bool gzip) {
-  return std::make_shared<TextLinesNode>(std::move(files), gzip);
+  return std::make_shared<FilesNode<TextLinesIterator, bool>>("text_lines", std::move(files), gzip);
 }
 
 }  // namespace dtrain::data::detail
