@@ -166,6 +166,25 @@ void bind_distribute(py::module_& m) {
   py::class_<StrategyBackend, std::shared_ptr<StrategyBackend>>(d, "_Backend")
       .def_property_readonly("name", &StrategyBackend::name)
       .def_property_readonly("num_replicas", &StrategyBackend::num_replicas);
+  // The cluster resolvers (cluster/resolvers.h) over a given environment: the task's
+  // TF_CONFIG JSON and its GPUs (CUDA_VISIBLE_DEVICES).
+  auto environment_of = [](std::map<std::string, std::string> vars) -> cluster::Environment {
+    return [vars = std::move(vars)](const std::string& name) -> std::optional<std::string> {
+      const auto it = vars.find(name);
+      return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
+    };
+  };
+  d.def("_resolve_slurm", [environment_of](cluster::Jobs jobs, int port_base, std::map<std::string, std::string> env) {
+    const cluster::Resolved r = cluster::resolve_slurm({std::move(jobs), port_base}, environment_of(std::move(env)));
+    return std::make_pair(cluster::to_tf_config_json(r.config), r.devices);
+  });
+  d.def("_resolve_k8s_indexed_job", [environment_of](std::string service, std::string job_name, int num_tasks,
+                                                     cluster::Jobs jobs, int port,
+                                                     std::map<std::string, std::string> env) {
+    const cluster::Resolved r = cluster::resolve_k8s_indexed_job(
+        {std::move(service), std::move(job_name), num_tasks, std::move(jobs), port}, environment_of(std::move(env)));
+    return std::make_pair(cluster::to_tf_config_json(r.config), r.devices);
+  });
   d.def("_current_backend", &current_strategy);
   d.def("_in_replica", [] { return replica_context().cross != nullptr; });
   // TensorFlow's merge_call: every replica calls it; fn runs once, on replica 0, outside

@@ -20,6 +20,7 @@
 #include "dtrain/data/sentencepiece.h"
 #include "dtrain/cluster/launcher.h"
 #include "dtrain/cluster/tf_config.h"
+#include "dtrain/cluster/resolvers.h"
 #include "dtrain/distribute/strategy.h"
 #include "dtrain/losses/losses.h"
 #include "dtrain/metrics/metrics.h"

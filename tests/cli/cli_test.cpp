@@ -1,12 +1,17 @@
 // The dtrain command run as a process: exit codes, one-line errors naming the key, and the
 // machine-readable summary; and the config's data sources loaded in this process.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <iterator>
 #include <map>
 #include <set>
@@ -16,6 +21,7 @@
 #include "common/cli_process.h"
 #include "common/temp_dir.h"
 #include "dtrain/cli/config.h"
+#include "dtrain/cluster/launcher.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/data/dataset.h"
 #include "dtrain/data/datasets.h"
@@ -153,6 +159,50 @@ TEST_F(Cli, ALanguageModelTrainsOnSubwordTokensItsTokenizerLearned) {
   config["data"]["tokenizer"]["type"] = "wordpiece";
   bad = run("fit " + write("bad2.json", config.dump()));
   EXPECT_NE(bad.output.find("data.tokenizer.type"), std::string::npos) << bad.output;
+}
+
+// Two ports in a row free on 127.0.0.1 (Slurm's tasks of one host take port_base, +1, ...).
+int two_free_ports_in_a_row() {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int p = dtrain::cluster::free_ports(1).front();
+    const int s = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(p + 1));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool free = bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    close(s);
+    if (free) return p;
+  }
+  ADD_FAILURE() << "no two free ports in a row on 127.0.0.1";
+  return 0;
+}
+
+// `--cluster slurm`: two tasks of a job step (the variables srun sets, on 127.0.0.1) train
+// one multi-worker job, as rank 0 and rank 1 of the cluster the resolver made.
+TEST_F(Cli, ASlurmJobStepsTasksFindEachOther) {
+  const std::string cfg = tiny_config();
+  const int port = two_free_ports_in_a_row();
+  const std::string summary = (dir_ / "slurm.json").string();  // the chief's (worker 0's)
+  auto task = [&](int rank) {
+    const std::string env = "SLURM_PROCID=" + std::to_string(rank) +
+                            " SLURM_STEP_NUM_TASKS=2 SLURM_STEP_NODELIST=127.0.0.1 SLURM_STEP_TASKS_PER_NODE=2";
+    return dtrain::testing::run_cli("fit " + cfg + " --strategy multi_worker --cluster slurm --cluster-port " +
+                                        std::to_string(port) + " --summary " + summary,
+                                    env, 120);
+  };
+  auto other = std::async(std::launch::async, task, 1);
+  const Result first = task(0);
+  const Result second = other.get();
+  ASSERT_EQ(first.code, 0) << first.output;
+  ASSERT_EQ(second.code, 0) << second.output;
+  EXPECT_NE(first.output.find("(2 workers, this is worker 0)"), std::string::npos) << first.output;
+  EXPECT_NE(second.output.find("(2 workers, this is worker 1)"), std::string::npos) << second.output;
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(summary))["workers"], 2);
+  // Outside a job step the resolver names what is missing.
+  const Result outside = run("fit " + cfg + " --strategy multi_worker --cluster slurm");
+  EXPECT_NE(outside.code, 0);
+  EXPECT_NE(outside.output.find("SLURM_PROCID is not set (srun sets it"), std::string::npos) << outside.output;
 }
 
 // What a run writes at its end is checked before it trains, and folders given where a file

@@ -7,6 +7,7 @@ inside ``fn`` (the model, the loss, ``tape.gradient``, ``apply_gradients``) runs
 it, so the replicas' kernels and their cross-replica sums run side by side.
 """
 import contextlib
+import os
 import threading
 import weakref
 
@@ -214,9 +215,13 @@ class MultiWorkerMirroredStrategy(Strategy):
     one worker that trains at once."""
 
     def __init__(self, cluster_resolver=None, communication_options=None):
-        if cluster_resolver is not None and not isinstance(cluster_resolver, _resolvers.TFConfigClusterResolver):
-            raise TypeError("MultiWorkerMirroredStrategy: dtrain reads the cluster from TF_CONFIG "
-                            "(cluster_resolver may be a TFConfigClusterResolver)")
+        if isinstance(cluster_resolver, _resolvers._Resolved):
+            # Slurm's or Kubernetes' cluster: this process's TF_CONFIG, which the strategy reads.
+            os.environ["TF_CONFIG"] = cluster_resolver._tf_config
+        elif cluster_resolver is not None and not isinstance(cluster_resolver, _resolvers.TFConfigClusterResolver):
+            raise TypeError("MultiWorkerMirroredStrategy: dtrain reads the cluster from TF_CONFIG or a scheduler "
+                            "(cluster_resolver may be a TFConfigClusterResolver, SlurmClusterResolver or "
+                            "KubernetesIndexedJobClusterResolver)")
         o = communication_options or experimental.CommunicationOptions()
         super().__init__(_d._MultiWorkerMirroredStrategy(o.bytes_per_pack, o.timeout_seconds or 0.0, o.compression,
                                                          o.implementation, True))

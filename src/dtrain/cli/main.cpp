@@ -26,6 +26,7 @@
 #include "dtrain/cli/strategy_flags.h"
 #include "dtrain/cli/traces.h"
 #include "dtrain/cluster/launcher.h"
+#include "dtrain/cluster/resolvers.h"
 #include "dtrain/core/allocator.h"
 #include "dtrain/core/clock.h"
 #include "dtrain/core/files.h"
@@ -90,7 +91,26 @@ struct Overrides {
   int gradient_noise_every = 10;  // multi_worker: every this many steps (0: never)
   double collective_timeout = -1;
   bool no_overlap = false;
+  // Where the cluster is read from: tf_config (TF_CONFIG), slurm or k8s (cluster/resolvers.h).
+  std::string cluster = "tf_config", cluster_jobs, cluster_service;
+  int cluster_port = 0;  // 0: the resolver's default (Slurm's port base 8888, a Job's 2222)
 };
+
+// --cluster slurm|k8s: this process's TF_CONFIG from the scheduler's variables, set for
+// everything after (the strategies read TF_CONFIG).
+void resolve_cluster(const Overrides& o) {
+  if (o.cluster == "tf_config") return;
+  const cluster::Jobs jobs = o.cluster_jobs.empty() ? cluster::Jobs{} : cluster::parse_jobs(o.cluster_jobs, "--cluster-jobs");
+  cluster::Resolved r;
+  if (o.cluster == "slurm") {
+    r = cluster::resolve_slurm({jobs, o.cluster_port > 0 ? o.cluster_port : 8888});
+  } else {
+    cluster::IndexedJobOptions k{.service = o.cluster_service, .jobs = jobs};
+    if (o.cluster_port > 0) k.port = o.cluster_port;
+    r = cluster::resolve_k8s_indexed_job(k);
+  }
+  setenv("TF_CONFIG", cluster::to_tf_config_json(r.config).c_str(), 1);
+}
 
 void apply(const Overrides& o, cli::RunConfig& c) {
   if (o.epochs >= 0) c.epochs = o.epochs;
@@ -746,6 +766,18 @@ int main(int argc, char** argv) {
     cmd->add_option("--gradient-accumulation-steps", o.accumulation,
                     "Average the gradients of this many batches into one update")
         ->check(CLI::Range(1, 1'000'000));
+    cmd->add_option("--cluster", o.cluster,
+                    "Where the cluster comes from: tf_config (TF_CONFIG, the default), slurm (srun's variables) or k8s "
+                    "(a Kubernetes indexed Job under a headless service)")
+        ->check(CLI::IsMember({"tf_config", "slurm", "k8s"}));
+    cmd->add_option("--cluster-jobs", o.cluster_jobs,
+                    "slurm, k8s: the jobs that take the tasks' ranks in turn, as job:count (chief:1,ps:1,worker:2; "
+                    "default: every task a worker)");
+    cmd->add_option("--cluster-port", o.cluster_port,
+                    "slurm: the first port of each host's tasks (default 8888); k8s: every task's port (default 2222)")
+        ->check(CLI::Range(1, 65535));
+    cmd->add_option("--cluster-service", o.cluster_service,
+                    "k8s: the headless service the Job's pods are under (default: $DTRAIN_SERVICE)");
   };
   CLI::App* fit = app.add_subcommand("fit", "Train the model CONFIG describes");
   add_run_flags(fit);
@@ -885,6 +917,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
+    if (*fit || *evaluate) resolve_cluster(o);
     if (*fit) return run_fit(config, o);
     if (*evaluate) return run_evaluate(config, o);
     if (*summary) return run_summary(config);
