@@ -19,6 +19,7 @@ packages=(
   python3-cloudpickle                     # a parameter-server chief ships the program's functions to its workers
   libsentencepiece-dev                    # subword tokenizers trained and applied by the text pipeline
   chromium-headless-shell                 # the doctor's HTML report, opened in a real browser by a test
+  slurmctld slurmd slurm-client munge     # a single-node Slurm for the cluster tests (scripts/slurm_local.sh)
 )
 
 # `--peers` adds what the side-by-side benchmarks need: PyTorch (run with /usr/bin/python3)
