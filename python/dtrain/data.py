@@ -298,7 +298,7 @@ def _filenames(fn, filenames):
     if isinstance(filenames, Dataset):
         filenames = [name for name in filenames.as_numpy_iterator()]
     elif isinstance(filenames, _dtrain.Tensor):
-        filenames = filenames.numpy().reshape(-1).tolist()
+        filenames = np.asarray(filenames.numpy(), dtype=object).reshape(-1).tolist()  # a scalar's numpy() is bytes
     elif isinstance(filenames, (str, bytes)) or hasattr(filenames, "__fspath__"):
         filenames = [filenames]
     names = []

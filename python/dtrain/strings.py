@@ -16,7 +16,7 @@ def _values(value, fn):
         if value.dtype != "string":
             raise TypeError(f"tf.strings.{fn}: a {value.dtype} tensor where strings are expected")
         return np.asarray(value.numpy(), dtype=object)  # a scalar's numpy() is its bytes
-    array = np.asarray(value, dtype=object)
+    array = np.array(value, dtype=object)  # a copy: the caller's array is not changed
     flat = array.reshape(-1)
     for i, item in enumerate(flat):
         if isinstance(item, str):
@@ -83,6 +83,8 @@ def join(inputs, separator="", name=None):
     parts = [_values(x, "join") for x in inputs]
     if not parts:
         raise ValueError("tf.strings.join: no inputs")
+    if any(p.shape != parts[0].shape for p in parts):
+        raise ValueError(f"tf.strings.join: the inputs' shapes differ: {[p.shape for p in parts]}")
     sep = separator.encode() if isinstance(separator, str) else separator
     out = np.empty(parts[0].shape, dtype=object)
     flat = [p.reshape(-1) for p in parts]

@@ -114,7 +114,9 @@ Tensor to_tensor(py::handle value, const char* what, const std::string& dtype) {
     throw py::type_error(std::string(what) + ": expected a tensor, an array or a number, got " +
                          py::str(py::type::handle_of(value).attr("__name__")).cast<std::string>());
   const DType want = dtype.empty() ? natural_dtype(a, what) : dtype_from_name(dtype, what);
-  if (want == DType::string || natural_dtype(a, what) == DType::string) return string_tensor(a, what, want);
+  const char kind = a.dtype().kind();
+  // Text, or text asked for; an array of objects asked to be numbers converts as numpy does.
+  if (want == DType::string || kind == 'U' || kind == 'S') return string_tensor(a, what, want);
   if (want == DType::bf16) return to_tensor(a, what, "float32").astype(DType::bf16);
   if (want != DType::f32) {
     if (a.dtype().kind() == 'f')
@@ -419,6 +421,9 @@ void bind_tensors(py::module_& m) {
       .def(py::init([](py::handle initial_value, bool trainable, const std::string& name, const std::string& dtype) {
              // Made where the placement says (`with tf.device(...)`, a GPU by default where one is).
              const Tensor initial = to_tensor(initial_value, "Variable", dtype);
+             if (initial.dtype() == DType::string)
+               throw py::type_error("Variable '" + name + "': strings cannot be a variable (dtrain's variables hold "
+                                    "the numbers training updates, saved in checkpoints); keep the text in a tensor");
              const Device where = placement();
              return std::make_unique<Variable>(name, initial.device() == where ? initial.clone() : initial.to(where),
                                                trainable);

@@ -82,6 +82,20 @@ TEST(SlurmResolver, WhatIsMissingOrDoesNotAddUpIsNamed) {
   vars.erase("SLURM_PROCID");
   m = message_of<InvalidArgument>([&] { resolve_slurm({}, env_of(vars)); });
   EXPECT_NE(m.find("SLURM_PROCID is not set (srun sets it"), std::string::npos) << m;
+  vars["SLURM_PROCID"] = "0";
+  m = message_of<InvalidArgument>([&] { resolve_slurm({{{"worker", 2}, {"ps", -1}, {"worker", 2}}, 8888}, env_of(vars)); });
+  EXPECT_NE(m.find("job 'ps' has no tasks"), std::string::npos) << m;
+  m = message_of<InvalidArgument>([&] { resolve_slurm({{{"worker", 1}, {"ps", 1}, {"worker", 1}}, 8888}, env_of(vars)); });
+  EXPECT_NE(m.find("job 'worker' is named twice"), std::string::npos) << m;
+  // srun's cyclic distribution puts rank 1 on the second host: the addresses would be wrong.
+  vars["SLURM_PROCID"] = "1";
+  vars["SLURMD_NODENAME"] = "n2";
+  vars["SLURM_LOCALID"] = "0";
+  m = message_of<InvalidArgument>([&] { resolve_slurm({}, env_of(vars)); });
+  EXPECT_NE(m.find("needs srun's block distribution"), std::string::npos) << m;
+  vars["SLURMD_NODENAME"] = "n1";
+  vars["SLURM_LOCALID"] = "1";
+  EXPECT_EQ(resolve_slurm({}, env_of(vars)).config.task, (TaskId{"worker", 1}));
   m = message_of<InvalidArgument>([] { parse_jobs("ps=1", "--cluster-jobs"); });
   EXPECT_NE(m.find("--cluster-jobs: 'ps=1' is not job:count"), std::string::npos) << m;
 }

@@ -77,7 +77,11 @@ class TextVectorization:
         self.output_sequence_length = output_sequence_length
         self.pad_to_max_tokens = bool(pad_to_max_tokens)
         self.name = name or "text_vectorization"
-        self._given_vocabulary = vocabulary if isinstance(vocabulary, str) else None
+        # As given (a list or a file's path), for get_config.
+        self._given_vocabulary = None if vocabulary is None else (
+            vocabulary if isinstance(vocabulary, (str, os.PathLike)) else
+            [t.decode() if isinstance(t, bytes) else str(t) for t in np.asarray(vocabulary, dtype=object).reshape(-1)])
+        self._given_idf = None if idf_weights is None else np.asarray(idf_weights, dtype=np.float32).tolist()
         self._vocabulary = []  # the learned tokens (bytes), without the special ones
         self._index = {}
         self._idf = None
@@ -256,7 +260,8 @@ class TextVectorization:
                 "split": self.split if not callable(self.split) else self.split.__name__,
                 "ngrams": None if self.ngrams is None else list(self.ngrams), "output_mode": self.output_mode,
                 "output_sequence_length": self.output_sequence_length, "pad_to_max_tokens": self.pad_to_max_tokens,
-                "vocabulary": self._given_vocabulary, "vocabulary_size": self.vocabulary_size(),
+                "vocabulary": self._given_vocabulary, "idf_weights": self._given_idf,
+                "vocabulary_size": self.vocabulary_size(),
                 "sparse": False, "ragged": False, "encoding": "utf-8"}
 
     @classmethod

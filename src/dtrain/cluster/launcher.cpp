@@ -455,7 +455,9 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
     for (Task& t : tasks) {
       if (!t.running || !poll_task(t)) continue;
       if (ps_job && t.id.type == "worker" && failed(t.status) && !stopping_since && worker_failed(t)) continue;
-      if (failed(t.status) && result.failed_task.empty() && !(stopping_since && t.id.type == "ps")) {
+      // A ps that ends badly once the trainers are done (stopping, or in the grace period the
+      // chief's word gave it) did not fail the job.
+      if (failed(t.status) && result.failed_task.empty() && !((stopping_since || trainers_done_at) && t.id.type == "ps")) {
         if (!stopping_since) {
           // A task that stopped before this one gave up has been reported by now.
           for (Task& other : tasks)

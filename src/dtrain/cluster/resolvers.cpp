@@ -49,13 +49,23 @@ constexpr const char* kBySrun = "srun sets it in each task of a Slurm job step";
 constexpr const char* kByJob = "Kubernetes sets it in each pod of an indexed Job";
 constexpr const char* kByManifest = "the Job's manifest sets it, or the resolver's options give it";
 
-// Task `rank` of `total` as (type, index) by the jobs' rank ranges.
+// The jobs for `total` tasks: every one a worker where none are given; else each named
+// once, with at least one task, the counts adding up to `total`.
+Jobs checked_jobs(const Jobs& jobs, int total, const std::string& who) {
+  if (jobs.empty()) return {{"worker", total}};
+  long long sum = 0;
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    if (jobs[i].second < 1) DTRAIN_THROW(InvalidArgument, who, ": job '", jobs[i].first, "' has no tasks (", jobs[i].second, ")");
+    for (std::size_t j = 0; j < i; ++j)
+      if (jobs[j].first == jobs[i].first) DTRAIN_THROW(InvalidArgument, who, ": job '", jobs[i].first, "' is named twice");
+    sum += jobs[i].second;
+  }
+  if (sum != total) DTRAIN_THROW(InvalidArgument, who, ": the jobs name ", sum, " task(s) but the job has ", total);
+  return jobs;
+}
+
+// Task `rank` of `total` as (type, index) by the jobs' rank ranges (checked_jobs').
 TaskId task_of(const Jobs& jobs, int rank, int total, const std::string& who) {
-  if (jobs.empty()) return {"worker", rank};
-  int sum = 0;
-  for (const auto& [name, count] : jobs) sum += count;
-  if (sum != total)
-    DTRAIN_THROW(InvalidArgument, who, ": the jobs name ", sum, " task(s) but the job has ", total);
   int first = 0;
   for (const auto& [name, count] : jobs) {
     if (rank < first + count) return {name, rank - first};
@@ -64,21 +74,17 @@ TaskId task_of(const Jobs& jobs, int rank, int total, const std::string& who) {
   DTRAIN_THROW(InvalidArgument, who, ": rank ", rank, " is past the job's ", total, " tasks");
 }
 
-// The cluster whose ranks 0..n-1 are at `addresses`, given out to the jobs in order.
-ClusterSpec cluster_of(const Jobs& jobs, const std::vector<Address>& addresses) {
-  ClusterSpec spec;
-  const Jobs all = jobs.empty() ? Jobs{{"worker", static_cast<int>(addresses.size())}} : jobs;
-  std::size_t rank = 0;
-  for (const auto& [name, count] : all)
-    for (int i = 0; i < count; ++i) spec.add_task(name, addresses[rank++]);
-  return spec;
-}
-
-// The resolved task, its TF_CONFIG validated as TF_CONFIG's own would be.
-Resolved resolved(const ClusterSpec& spec, const TaskId& task, const Environment& env, const std::string& who) {
+// The resolved task: ranks 0..n-1 at `addresses`, given out to the jobs in order; its
+// TF_CONFIG validated as TF_CONFIG's own would be.
+Resolved resolved(const Jobs& given, const std::vector<Address>& addresses, int rank, const Environment& env,
+                  const std::string& who) {
+  const int total = static_cast<int>(addresses.size());
+  const Jobs jobs = checked_jobs(given, total, who);
   TfConfig c;
-  c.cluster = spec;
-  c.task = task;
+  std::size_t next = 0;
+  for (const auto& [name, count] : jobs)
+    for (int i = 0; i < count; ++i) c.cluster.add_task(name, addresses.at(next++));
+  c.task = task_of(jobs, rank, total, who);
   Resolved r;
   r.config = parse_tf_config(to_tf_config_json(c), who);
   r.devices = env("CUDA_VISIBLE_DEVICES").value_or("");
@@ -133,7 +139,7 @@ std::vector<int> expand_tasks_per_node(std::string_view text) {
       if (part.back() != ')') DTRAIN_THROW(InvalidArgument, what, ": '", std::string(part), "' is not N(xM)");
       times = whole(part.substr(open + 2, part.size() - open - 3), what);
     }
-    if (count < 1 || times < 1 || times > 100000) DTRAIN_THROW(InvalidArgument, what, ": '", std::string(part), "' is not N(xM)");
+    if (count < 1 || count > 100000 || times < 1 || times > 100000) DTRAIN_THROW(InvalidArgument, what, ": '", std::string(part), "' is not N(xM)");
     out.insert(out.end(), static_cast<std::size_t>(times), static_cast<int>(count));
   }
   return out;
@@ -161,21 +167,35 @@ Jobs parse_jobs(std::string_view text, const std::string& what) {
 
 Resolved resolve_slurm(const SlurmOptions& o, const Environment& env) {
   const std::string who = "the Slurm resolver";
-  const int rank = static_cast<int>(whole(required(env, "SLURM_PROCID", who, kBySrun), "SLURM_PROCID"));
-  const int total = static_cast<int>(whole(required(env, "SLURM_STEP_NUM_TASKS", who, kBySrun), "SLURM_STEP_NUM_TASKS"));
+  const long long rank = whole(required(env, "SLURM_PROCID", who, kBySrun), "SLURM_PROCID");
+  const long long total = whole(required(env, "SLURM_STEP_NUM_TASKS", who, kBySrun), "SLURM_STEP_NUM_TASKS");
+  if (total < 1 || total > 1000000) DTRAIN_THROW(InvalidArgument, who, ": SLURM_STEP_NUM_TASKS ", total, " is not a task count");
+  if (rank < 0 || rank >= total) DTRAIN_THROW(InvalidArgument, who, ": SLURM_PROCID ", rank, " is not below ", total);
   const std::vector<std::string> hosts = expand_hostlist(required(env, "SLURM_STEP_NODELIST", who, kBySrun));
   const std::vector<int> per_node = expand_tasks_per_node(required(env, "SLURM_STEP_TASKS_PER_NODE", who, kBySrun));
   if (hosts.size() != per_node.size())
     DTRAIN_THROW(InvalidArgument, who, ": SLURM_STEP_NODELIST names ", hosts.size(), " host(s) but SLURM_STEP_TASKS_PER_NODE ",
                  per_node.size());
+  long long placed = 0;
+  for (int n : per_node) placed += n;
+  if (placed != total)
+    DTRAIN_THROW(InvalidArgument, who, ": SLURM_STEP_TASKS_PER_NODE places ", placed, " task(s) but SLURM_STEP_NUM_TASKS is ",
+                 total);
   std::vector<Address> addresses;
   for (std::size_t h = 0; h < hosts.size(); ++h)
-    for (int i = 0; i < per_node[h]; ++i) addresses.push_back({hosts[h], o.port_base + i});
-  if (static_cast<int>(addresses.size()) != total)
-    DTRAIN_THROW(InvalidArgument, who, ": SLURM_STEP_TASKS_PER_NODE places ", addresses.size(),
-                 " task(s) but SLURM_STEP_NUM_TASKS is ", total);
-  if (rank < 0 || rank >= total) DTRAIN_THROW(InvalidArgument, who, ": SLURM_PROCID ", rank, " is not below ", total);
-  return resolved(cluster_of(o.jobs, addresses), task_of(o.jobs, rank, total, who), env, who);
+    for (int i = 0; i < per_node[h]; ++i) {
+      // Ranks fill each host in turn (Slurm's block distribution); where srun says where this
+      // task is, it must be there, else the others would look for it elsewhere.
+      if (static_cast<long long>(addresses.size()) == rank) {
+        const auto node = env("SLURMD_NODENAME"), local = env("SLURM_LOCALID");
+        if ((node && *node != hosts[h]) || (local && whole(*local, "SLURM_LOCALID") != i))
+          DTRAIN_THROW(InvalidArgument, who, ": rank ", rank, " runs on ", node.value_or("?"), " as local task ",
+                       local.value_or("?"), ", not on ", hosts[h], " as local task ", i,
+                       ": the resolver needs srun's block distribution (--distribution=block)");
+      }
+      addresses.push_back({hosts[h], o.port_base + i});
+    }
+  return resolved(o.jobs, addresses, static_cast<int>(rank), env, who);
 }
 
 Resolved resolve_k8s_indexed_job(const IndexedJobOptions& o, const Environment& env) {
@@ -197,10 +217,11 @@ Resolved resolve_k8s_indexed_job(const IndexedJobOptions& o, const Environment& 
                    " (an indexed Job's pod under a headless service); give the job's name");
     job = host.substr(0, host.size() - tail.size());
   }
+  if (total < 1 || total > 1000000) DTRAIN_THROW(InvalidArgument, who, ": ", total, " is not a task count");
   if (index < 0 || index >= total) DTRAIN_THROW(InvalidArgument, who, ": JOB_COMPLETION_INDEX ", index, " is not below ", total);
   std::vector<Address> addresses;
   for (int i = 0; i < total; ++i) addresses.push_back({job + "-" + std::to_string(i) + "." + service, o.port});
-  return resolved(cluster_of(o.jobs, addresses), task_of(o.jobs, index, total, who), env, who);
+  return resolved(o.jobs, addresses, index, env, who);
 }
 
 std::string to_tf_config_json(const TfConfig& config) { return tf_config_json(config.cluster, config.task); }

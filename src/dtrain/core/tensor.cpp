@@ -231,7 +231,10 @@ void Tensor::copy_from(const Tensor& src) {
   check_same_shape(*this, src, "Tensor::copy_from");
   if (dtype_ == DType::string) {
     const std::string* from = src.data<std::string>();
-    if (from != data<std::string>()) std::copy(from, from + numel(), data<std::string>());
+    std::string* to = data<std::string>();
+    if (from == to) return;
+    if (to > from && to < from + numel()) std::copy_backward(from, from + numel(), to + numel());  // overlapping views
+    else std::copy(from, from + numel(), to);
     return;
   }
   if (nbytes() == 0 || raw_device_data() == src.raw_device_data()) return;

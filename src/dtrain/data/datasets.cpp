@@ -96,29 +96,19 @@ std::vector<std::uint8_t> read_text(const std::vector<std::string>& files, std::
   return text;
 }
 
-// Windows of length + 1 values side by side over `ids` (byte values or token ids): each
-// gives its first `length` values (x) and the `length` after its first (y); the last
-// `test` windows are the test split.
-Classification windows_of(std::span<const std::int32_t> ids, std::int64_t length, std::int64_t test,
-                          std::int64_t classes) {
-  const std::int64_t windows = (static_cast<std::int64_t>(ids.size()) - 1) / length;
-  auto split = [&](std::int64_t first, std::int64_t count) {
-    Split s{Tensor::empty(Shape{count, length}), Tensor::empty(Shape{count, length}, DType::i32)};
-    float* x = s.x.data<float>();
-    std::int32_t* y = s.y.data<std::int32_t>();
-    for (std::int64_t w = 0; w < count; ++w)
-      for (std::int64_t t = 0; t < length; ++t) {
-        const auto at = static_cast<std::size_t>((first + w) * length + t);
-        x[w * length + t] = static_cast<float>(ids[at]);
-        y[w * length + t] = ids[at + 1];
-      }
-    return s;
-  };
-  Classification out;
-  out.classes = classes;
-  out.train = split(0, windows - test);
-  if (test > 0) out.test = split(windows - test, test);
-  return out;
+// `count` windows of length + 1 values side by side from the start of `ids` (byte values
+// or token ids): each gives its first `length` values (x) and the `length` after its first (y).
+Split windows_of(std::span<const std::int32_t> ids, std::int64_t length, std::int64_t count) {
+  Split s{Tensor::empty(Shape{count, length}), Tensor::empty(Shape{count, length}, DType::i32)};
+  float* x = s.x.data<float>();
+  std::int32_t* y = s.y.data<std::int32_t>();
+  for (std::int64_t w = 0; w < count; ++w)
+    for (std::int64_t t = 0; t < length; ++t) {
+      const auto at = static_cast<std::size_t>(w * length + t);
+      x[w * length + t] = static_cast<float>(ids[at]);
+      y[w * length + t] = ids[at + 1];
+    }
+  return s;
 }
 
 void check_text_windows(const char* who, std::int64_t length, double held_out) {
@@ -140,7 +130,11 @@ Classification text_windows(const std::vector<std::string>& files, std::int64_t 
     DTRAIN_THROW(InvalidArgument, "text_windows: ", text.size(), " bytes of ", names, " make ", windows,
                  " window(s) of ", length, " bytes, too few for a training split and a held-out share of ", held_out);
   const std::vector<std::int32_t> ids(text.begin(), text.end());
-  return windows_of(ids, length, test, 256);
+  Classification out;
+  out.classes = 256;
+  out.train = windows_of(ids, length, windows - test);
+  if (test > 0) out.test = windows_of(std::span(ids).subspan(static_cast<std::size_t>((windows - test) * length)), length, test);
+  return out;
 }
 
 Classification token_windows(const std::vector<std::string>& files, std::int64_t length, std::int64_t limit,
@@ -162,26 +156,38 @@ Classification token_windows(const std::vector<std::string>& files, std::int64_t
     }
     return lines;
   };
+  if (held_out > 0.0 && cut >= text.size())
+    DTRAIN_THROW(InvalidArgument, "token_windows: ", names, " has no line end after ", (1.0 - held_out) * 100,
+                 "% of its ", text.size(), " bytes: the held-out share is made of whole lines");
   std::vector<std::string> train_lines = lines_of(0, cut), test_lines = lines_of(cut, text.size());
   const auto line_count = static_cast<std::int64_t>(train_lines.size());
   const SentencePiece sp = tokenizer(Dataset::from_tensor_slices({Tensor::from_vector({line_count}, train_lines)}));
-  std::vector<std::int32_t> ids;
-  std::int64_t test_ids = 0;
-  for (const auto* lines : {&train_lines, &test_lines})
-    for (const std::string& line : *lines) {
+  // Each split's ids, line after line; its windows are its own, so that no held-out id is
+  // trained on.
+  auto ids_of = [&](const std::vector<std::string>& lines) {
+    std::vector<std::int32_t> ids;
+    for (const std::string& line : lines) {
       const std::vector<std::int32_t> piece_ids = sp.encode(line);
       ids.insert(ids.end(), piece_ids.begin(), piece_ids.end());
-      if (lines == &test_lines) test_ids += static_cast<std::int64_t>(piece_ids.size());
     }
-  const std::int64_t windows = (static_cast<std::int64_t>(ids.size()) - 1) / length;
-  // The held-out windows are those past the training text's ids.
-  const std::int64_t test = held_out > 0.0 ? test_ids / length : 0;
-  if (windows - test < 1 || (held_out > 0.0 && test < 1))
-    DTRAIN_THROW(InvalidArgument, "token_windows: ", text.size(), " bytes of ", names, " make ", ids.size(),
-                 " tokens, ", windows, " window(s) of ", length, ", too few for a training split and a held-out share of ",
-                 held_out);
-  Classification out = windows_of(ids, length, test, sp.vocab_size());
-  if (test_ids > 0) out.bytes_per_token = static_cast<double>(text.size() - cut) / static_cast<double>(test_ids);
+    return ids;
+  };
+  const std::vector<std::int32_t> train_ids = ids_of(train_lines), test_ids = ids_of(test_lines);
+  auto windows_in = [&](const std::vector<std::int32_t>& ids) {
+    return ids.empty() ? std::int64_t{0} : (static_cast<std::int64_t>(ids.size()) - 1) / length;
+  };
+  const std::int64_t train = windows_in(train_ids), test = held_out > 0.0 ? windows_in(test_ids) : 0;
+  if (train < 1 || (held_out > 0.0 && test < 1))
+    DTRAIN_THROW(InvalidArgument, "token_windows: ", text.size(), " bytes of ", names, " make ", train_ids.size(),
+                 " training and ", test_ids.size(), " held-out tokens: ", train, " and ", test, " window(s) of ", length,
+                 ", too few for a training split and a held-out share of ", held_out);
+  Classification out;
+  out.classes = sp.vocab_size();
+  out.train = windows_of(train_ids, length, train);
+  if (test > 0) out.test = windows_of(test_ids, length, test);
+  // The split the figures are of: the held-out one where there is one.
+  out.bytes_per_token = test > 0 ? static_cast<double>(text.size() - cut) / static_cast<double>(test_ids.size())
+                                 : static_cast<double>(cut) / static_cast<double>(train_ids.size());
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "dtrain/core/files.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/data/sentencepiece_shim.h"
 
@@ -48,6 +49,7 @@ const SentencePieceApi& api() {
       const auto get = reinterpret_cast<Get>(dlsym(handle, "dtrain_sentencepiece_api"));
       if (!get || get()->version != detail::kSentencePieceApiVersion) {
         why += (why.empty() ? "" : "; ") + path + ": not this dtrain's SentencePiece library";
+        dlclose(handle);
         continue;
       }
       found = get();
@@ -145,7 +147,7 @@ SentencePiece SentencePiece::train(const Dataset& sentences, const SentencePiece
   const SentencePieceApi& lib = api();
   DatasetSentences input(sentences);
   std::string proto, error;
-  const bool ok = lib.train(flags, &DatasetSentences::take, &input, &proto, &error);
+  const bool ok = lib.train(flags, &DatasetSentences::take, &input, o.seed, &proto, &error);
   if (input.error) std::rethrow_exception(input.error);
   if (!ok) DTRAIN_THROW(InvalidArgument, "SentencePiece::train: ", error);
   return SentencePiece(std::move(proto));
@@ -165,9 +167,7 @@ SentencePiece SentencePiece::load(const std::string& path) {
 }
 
 void SentencePiece::save(const std::string& path) const {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(proto_.data(), static_cast<std::streamsize>(proto_.size()));
-  if (!out.flush()) DTRAIN_THROW(IoError, path, ": cannot write the SentencePiece model");
+  write_file_replacing(path, proto_, "the SentencePiece model");  // whole or not at all, for readers
 }
 
 std::vector<std::int32_t> SentencePiece::encode(std::string_view text) const {

@@ -28,6 +28,8 @@ struct SentencePieceOptions {
   // of the special pieces are pad 0, unk 1, bos 2 and eos 3 unless given here
   // (pad_id = "-1": no padding piece).
   std::map<std::string, std::string> extra;
+  // Seeds the sampling of max_sentences from more: the same text and seed, the same pieces.
+  unsigned seed = 1;
 };
 
 class SentencePiece {

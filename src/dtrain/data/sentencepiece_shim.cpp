@@ -4,6 +4,8 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <memory>
+
 namespace {
 
 using Processor = sentencepiece::SentencePieceProcessor;
@@ -31,30 +33,48 @@ class Sentences : public sentencepiece::SentenceIterator {
   bool done_ = false;
 };
 
+// Runs fn; what it throws comes back as `error` (nothing crosses the library's edge).
+template <typename Fn>
+bool guarded(std::string* error, Fn fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    *error = e.what();
+  } catch (...) {
+    *error = "an unknown error";
+  }
+  return false;
+}
+
 const dtrain::data::detail::SentencePieceApi kApi{
     dtrain::data::detail::kSentencePieceApiVersion,
     [](const std::unordered_map<std::string, std::string>& flags, bool (*next)(void*, std::string*), void* state,
-       std::string* proto, std::string* error) {
-      Sentences sentences(next, state);
-      return !failed(sentencepiece::SentencePieceTrainer::Train(flags, &sentences, proto), error);
+       unsigned seed, std::string* proto, std::string* error) {
+      return guarded(error, [&] {
+        sentencepiece::SetRandomGeneratorSeed(seed);
+        Sentences sentences(next, state);
+        return !failed(sentencepiece::SentencePieceTrainer::Train(flags, &sentences, proto), error);
+      });
     },
     [](const std::string& proto, std::string* error) -> void* {
-      auto* p = new Processor;
-      if (failed(p->LoadFromSerializedProto(proto), error)) {
-        delete p;
-        return nullptr;
-      }
-      return p;
+      Processor* made = nullptr;
+      guarded(error, [&] {
+        auto p = std::make_unique<Processor>();
+        if (failed(p->LoadFromSerializedProto(proto), error)) return false;
+        made = p.release();
+        return true;
+      });
+      return made;
     },
     [](void* p) { delete static_cast<Processor*>(p); },
     [](const void* p, std::string_view text, std::vector<int>* ids, std::string* error) {
-      return !failed(of(p).Encode(text, ids), error);
+      return guarded(error, [&] { return !failed(of(p).Encode(text, ids), error); });
     },
     [](const void* p, std::string_view text, std::vector<std::string>* pieces, std::string* error) {
-      return !failed(of(p).Encode(text, pieces), error);
+      return guarded(error, [&] { return !failed(of(p).Encode(text, pieces), error); });
     },
     [](const void* p, const std::vector<int>& ids, std::string* text, std::string* error) {
-      return !failed(of(p).Decode(ids, text), error);
+      return guarded(error, [&] { return !failed(of(p).Decode(ids, text), error); });
     },
     [](const void* p) { return of(p).GetPieceSize(); },
     [](const void* p, int id, std::string* piece) { *piece = of(p).IdToPiece(id); },
