@@ -55,31 +55,43 @@ def windows(ids, length, batch, shuffle):
     return ds.batch(batch, drop_remainder=True)
 
 
-def language_model(length, width=128, heads=4, blocks=2, vocabulary=256):
-    ids = tf.keras.Input(shape=(length,), dtype="int32", name="bytes")
+def transformer(ids, length, width, heads, blocks, vocabulary, causal):
+    """Ids embedded with learned positions, through `blocks` pre-norm blocks (attention,
+    causal or not, then a GELU feed-forward), normalized: [batch, length, width]."""
     x = tf.keras.layers.Embedding(vocabulary, width)(ids)
     x = tf.keras.layers.Add()([x, tf.keras.layers.PositionEmbedding(length)(x)])
     for _ in range(blocks):
         h = tf.keras.layers.LayerNormalization(epsilon=1e-5)(x)
-        h = tf.keras.layers.MultiHeadAttention(heads, width // heads)(h, h, use_causal_mask=True)
+        h = tf.keras.layers.MultiHeadAttention(heads, width // heads)(h, h, use_causal_mask=causal)
         x = tf.keras.layers.Add()([x, h])
         h = tf.keras.layers.LayerNormalization(epsilon=1e-5)(x)
         h = tf.keras.layers.Dense(4 * width, activation="gelu")(h)
         x = tf.keras.layers.Add()([x, tf.keras.layers.Dense(width)(h)])
-    x = tf.keras.layers.LayerNormalization(epsilon=1e-5)(x)
+    return tf.keras.layers.LayerNormalization(epsilon=1e-5)(x)
+
+
+def language_model(length, width=128, heads=4, blocks=2, vocabulary=256):
+    ids = tf.keras.Input(shape=(length,), dtype="int32", name="bytes")
+    x = transformer(ids, length, width, heads, blocks, vocabulary, causal=True)
     return tf.keras.Model(ids, tf.keras.layers.Dense(vocabulary)(x), name="char_lm")
 
 
-def generate(model, prompt, count, length, temperature, seed=0):
-    """`count` bytes after `prompt`, each sampled from the model's distribution over the
-    next byte given the last `length` bytes (spaces before the prompt fill the window)."""
+def sample(model, ids, count, length, temperature, fill, seed=0):
+    """`ids` and `count` more, each drawn from the model's distribution over the next id
+    given the last `length` (`fill` before the first fills the window)."""
     rng = np.random.default_rng(seed)
-    text = list(prompt.encode())
+    ids = list(ids)
     for _ in range(count):
-        window = ([32] * length + text)[-length:]
+        window = ([fill] * length + ids)[-length:]
         logits = model.predict(np.array([window], np.int32), verbose=0)[0, -1].astype(np.float64)
         p = np.exp((logits - logits.max()) / temperature)
-        text.append(int(rng.choice(256, p=p / p.sum())))
+        ids.append(int(rng.choice(len(p), p=p / p.sum())))
+    return ids
+
+
+def generate(model, prompt, count, length, temperature, seed=0):
+    """`count` bytes after `prompt` (spaces before it fill the first window)."""
+    text = sample(model, prompt.encode(), count, length, temperature, fill=32, seed=seed)
     return bytes(text).decode("utf-8", errors="replace")
 
 

@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 import dtrain as tf
+from char_lm import transformer
 
 DICTIONARY = "/usr/share/dictd/gcide.dict.dz"
 CLASSES = ["noun", "adjective", "verb", "adverb"]
@@ -53,15 +54,8 @@ def encode(pairs, length):
 
 def encoder_classifier(length, width=96, heads=4, blocks=2, vocabulary=256):
     ids = tf.keras.Input(shape=(length,), dtype="int32", name="bytes")
-    x = tf.keras.layers.Embedding(vocabulary, width)(ids)
-    x = tf.keras.layers.Add()([x, tf.keras.layers.PositionEmbedding(length)(x)])
-    for _ in range(blocks):
-        h = tf.keras.layers.LayerNormalization(epsilon=1e-5)(x)
-        x = tf.keras.layers.Add()([x, tf.keras.layers.MultiHeadAttention(heads, width // heads)(h, h)])
-        h = tf.keras.layers.LayerNormalization(epsilon=1e-5)(x)
-        h = tf.keras.layers.Dense(4 * width, activation="gelu")(h)
-        x = tf.keras.layers.Add()([x, tf.keras.layers.Dense(width)(h)])
-    x = tf.keras.layers.GlobalAveragePooling1D()(tf.keras.layers.LayerNormalization(epsilon=1e-5)(x))
+    x = transformer(ids, length, width, heads, blocks, vocabulary, causal=False)
+    x = tf.keras.layers.GlobalAveragePooling1D()(x)
     return tf.keras.Model(ids, tf.keras.layers.Dense(len(CLASSES))(x), name="pos_classifier")
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 import dtrain as tf
 import dtrain.keras_hub as keras_hub
-from char_lm import language_model, windows
+from char_lm import language_model, sample, windows
 
 GCIDE = "/usr/share/dictd/gcide.dict.dz"
 
@@ -74,15 +74,8 @@ def main():
     print(f"held-out loss {nats:.4f} nats per token, "
           f"{nats / math.log(2) * len(test) / test_bytes:.3f} bits per byte ({evaluated} tokens evaluated)")
     if args.generate > 0:
-        rng = np.random.default_rng(0)
-        ids = list(tokenizer("The").numpy())
-        for _ in range(args.generate):
-            window = ([0] * args.length + ids)[-args.length:]
-            logits = model.predict(np.array([window], np.int32), verbose=0)[0, -1].astype(np.float64)
-            p = np.exp((logits - logits.max()) / args.temperature)
-            ids.append(int(rng.choice(len(p), p=p / p.sum())))
+        ids = sample(model, tokenizer("The").numpy(), args.generate, args.length, args.temperature, fill=0)
         print(tokenizer.detokenize(ids).numpy().decode("utf-8", errors="replace"))
-
 
 if __name__ == "__main__":
     main()

@@ -93,14 +93,17 @@ def test_an_id_outside_the_table_is_named():
         layer(np.array([[1, 2, 12]], np.int32))
 
 
-def test_a_causal_language_model_learns_a_sequence_from_windows_of_text():
-    import importlib.util
+def _example(name, monkeypatch):
+    """examples/NAME.py as a module (the examples import each other)."""
+    import importlib
     import os
 
-    spec = importlib.util.spec_from_file_location(
-        "char_lm", os.path.join(os.environ.get("DTRAIN_SOURCE_DIR", "."), "examples", "char_lm.py"))
-    char_lm = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(char_lm)
+    monkeypatch.syspath_prepend(os.path.join(os.environ.get("DTRAIN_SOURCE_DIR", "."), "examples"))
+    return importlib.import_module(name)
+
+
+def test_a_causal_language_model_learns_a_sequence_from_windows_of_text(monkeypatch):
+    char_lm = _example("char_lm", monkeypatch)
     text = np.frombuffer(b"the cat sat on the mat. " * 120, np.uint8).astype(np.int32)
     tf.keras.utils.set_random_seed(0)
     model = char_lm.language_model(16, width=32, heads=2, blocks=1)
@@ -117,14 +120,8 @@ def test_a_causal_language_model_learns_a_sequence_from_windows_of_text():
     assert char_lm.generate(model, "the cat ", 16, 16, temperature=0.1).startswith("the cat sat on the")
 
 
-def test_the_encoder_classifier_example_reads_dictionary_entries_and_trains():
-    import importlib.util
-    import os
-
-    spec = importlib.util.spec_from_file_location(
-        "pos_classifier", os.path.join(os.environ.get("DTRAIN_SOURCE_DIR", "."), "examples", "pos_classifier.py"))
-    pos = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pos)
+def test_the_encoder_classifier_example_reads_dictionary_entries_and_trains(monkeypatch):
+    pos = _example("pos_classifier", monkeypatch)
     text = ('Abjure \\Ab*jure"\\, v. t. [imp. & p. p. {Abjured}; p. pr. & vb.\n   n. {Abjuring}.]\n'
             '   1. To renounce upon oath; to forswear.\n   [1913 Webster]\n\n'
             'Abjurer \\Ab*jur"er\\, n.\n   One who abjures.\n   [1913 Webster]\n\n'

@@ -216,9 +216,10 @@ class MultiWorkerMirroredStrategy(Strategy):
 
     def __init__(self, cluster_resolver=None, communication_options=None):
         if isinstance(cluster_resolver, _resolvers._Resolved):
-            # Slurm's or Kubernetes' cluster: this process's TF_CONFIG, which the strategy reads.
-            os.environ["TF_CONFIG"] = cluster_resolver._tf_config
-        elif cluster_resolver is not None and not isinstance(cluster_resolver, _resolvers.TFConfigClusterResolver):
+            if not isinstance(cluster_resolver, _resolvers.TFConfigClusterResolver):
+                # Slurm's or Kubernetes' cluster: this process's TF_CONFIG, which the strategy reads.
+                os.environ["TF_CONFIG"] = cluster_resolver._tf_config
+        elif cluster_resolver is not None:
             raise TypeError("MultiWorkerMirroredStrategy: dtrain reads the cluster from TF_CONFIG or a scheduler "
                             "(cluster_resolver may be a TFConfigClusterResolver, SlurmClusterResolver or "
                             "KubernetesIndexedJobClusterResolver)")

@@ -6,38 +6,6 @@ import os
 from .. import _dtrain
 
 
-class TFConfigClusterResolver:
-    """Reads TF_CONFIG: the cluster's tasks and this process's task."""
-
-    def __init__(self):
-        text = os.environ.get("TF_CONFIG", "")
-        try:
-            self._config = json.loads(text) if text.strip() else {}
-        except json.JSONDecodeError as e:
-            raise ValueError(f"TF_CONFIG is not JSON: {e}") from None
-
-    def cluster_spec(self):
-        from .server import ClusterSpec
-
-        return ClusterSpec(self._config.get("cluster", {}))
-
-    @property
-    def rpc_layer(self):
-        return self._config.get("rpc_layer")
-
-    @property
-    def task_type(self):
-        return self._config.get("task", {}).get("type")
-
-    @property
-    def task_id(self):
-        return self._config.get("task", {}).get("index")
-
-    def num_accelerators(self, task_type=None, task_id=None, config_proto=None):
-        del task_type, task_id, config_proto
-        return {}
-
-
 class SimpleClusterResolver:
     """A cluster given in Python: its ClusterSpec (or dict), and this process's task."""
 
@@ -60,7 +28,7 @@ class SimpleClusterResolver:
 
 
 class _Resolved:
-    """A resolver whose task and cluster dtrain worked out: the TF_CONFIG it stands for."""
+    """A resolver that stands for a TF_CONFIG: its cluster and this process's task."""
 
     def __init__(self, tf_config, devices, rpc_layer):
         self._config = json.loads(tf_config)
@@ -71,15 +39,15 @@ class _Resolved:
     def cluster_spec(self):
         from .server import ClusterSpec
 
-        return ClusterSpec(self._config["cluster"])
+        return ClusterSpec(self._config.get("cluster", {}))
 
     @property
     def task_type(self):
-        return self._config["task"]["type"]
+        return self._config.get("task", {}).get("type")
 
     @property
     def task_id(self):
-        return self._config["task"]["index"]
+        return self._config.get("task", {}).get("index")
 
     def master(self, task_type=None, task_id=None, rpc_layer=None):
         task_type = self.task_type if task_type is None else task_type
@@ -92,6 +60,18 @@ class _Resolved:
         del task_type, task_id, config_proto
         gpus = [d for d in self._devices.split(",") if d.strip()]
         return {"GPU": len(gpus)} if gpus else {}
+
+
+class TFConfigClusterResolver(_Resolved):
+    """Reads TF_CONFIG: the cluster's tasks and this process's task."""
+
+    def __init__(self):
+        text = os.environ.get("TF_CONFIG", "")
+        try:
+            config = json.loads(text) if text.strip() else {}
+        except json.JSONDecodeError as e:
+            raise ValueError(f"TF_CONFIG is not JSON: {e}") from None
+        super().__init__(json.dumps(config), "", config.get("rpc_layer"))
 
 
 def _jobs(jobs, who):

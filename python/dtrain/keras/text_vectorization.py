@@ -34,6 +34,18 @@ def _as_strings(value, where):
     return np.asarray(strings_module._values(value, "TextVectorization"), dtype=object)
 
 
+def padded(rows, length=None):
+    """Rows of ids as int32 [rows, length]: cut to `length`, padded with 0 (to the longest
+    row where length is None; dtrain has no ragged tensors)."""
+    if length is None:
+        length = max((len(r) for r in rows), default=0)
+    out = np.zeros((len(rows), length), dtype=np.int32)
+    for i, row in enumerate(rows):
+        row = row[:length]
+        out[i, :len(row)] = row
+    return out
+
+
 class TextVectorization:
     """Keras's TextVectorization: standardize, split, (ngrams), then look each token up in
     the vocabulary. Index 0 is the padding ("") and 1 the out-of-vocabulary token ("[UNK]")
@@ -233,13 +245,7 @@ class TextVectorization:
         oov = 1 if self.output_mode == "int" else 0
         ids = [[self._index.get(t, oov) for t in row] for row in rows]
         if self.output_mode == "int":
-            length = self.output_sequence_length
-            if length is None:
-                length = max((len(r) for r in ids), default=0)
-            out = np.zeros((len(ids), length), dtype=np.int32)
-            for i, row in enumerate(ids):
-                row = row[:length]
-                out[i, :len(row)] = row
+            out = padded(ids, self.output_sequence_length)
             return _dtrain.Tensor(out[0] if scalar else out, "int32")
         width = self.max_tokens if self.pad_to_max_tokens else self.vocabulary_size()
         out = np.zeros((len(ids), width), dtype=np.float32)

@@ -13,6 +13,7 @@ import numpy as np
 from .. import _dtrain
 from .. import strings as strings_module
 from ..data import Dataset, TextLineDataset
+from ..keras.text_vectorization import padded
 
 _SentencePiece = _dtrain.data._SentencePiece
 
@@ -113,11 +114,7 @@ class SentencePieceTokenizer:
             rows = [r + [sp.eos_id()] for r in rows]
         if scalar and self.sequence_length is None:
             return _dtrain.Tensor(np.asarray(rows[0], dtype=np.int32), "int32")
-        length = self.sequence_length if self.sequence_length is not None else max((len(r) for r in rows), default=0)
-        out = np.zeros((len(rows), length), dtype=np.int32)
-        for i, r in enumerate(rows):
-            r = r[:length]
-            out[i, :len(r)] = r
+        out = padded(rows, self.sequence_length)
         return _dtrain.Tensor(out[0] if scalar else out, "int32")
 
     __call__ = tokenize
