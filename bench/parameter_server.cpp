@@ -7,7 +7,13 @@
 // nothing (a gradient of ones, plain SGD): each closure is one pull and one push, and the
 // line gives closures/s and the megabytes/s they moved both ways.
 // --shared-memory 0: values and gradients through gRPC even where the tasks share a host.
+// --embedding VOCAB: instead, a bag-of-ids classifier (Embedding(VOCAB, 64), mean over 32
+// ids, Dense(10); Adam) whose table is split over every ps, on ids skewed toward the
+// small ones as words are; --embedding-rows 0 pulls and pushes the table whole (the
+// default moves only the rows each batch looks up). Its line adds the MB each step moved.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -24,6 +30,8 @@ struct Args {
   int slow_worker = -1, slow_factor = 1;
   int push_only_mb = 0;
   bool shared_memory = true;
+  std::int64_t embedding = 0;
+  bool embedding_rows = true;
 };
 
 distribute::Consistency parse_mode(const std::string& m) {
@@ -37,6 +45,11 @@ int run(const Args& args) {
   distribute::ParameterServerOptions options;
   options.consistency = parse_mode(args.mode);
   options.shared_memory = args.shared_memory;
+  options.embedding_rows = args.embedding_rows;
+  constexpr std::int64_t kIds = 32;
+  if (args.embedding > 0)
+    options.variable_partitioner =
+        distribute::FixedShardsPartitioner(cluster::tf_config_from_environment().cluster.num_tasks("ps"));
   distribute::ParameterServerStrategy strategy(options);
   distribute::ClusterCoordinator coordinator(strategy);
   if (strategy.task().type == "ps") return coordinator.serve(), 0;
@@ -52,6 +65,13 @@ int run(const Args& args) {
       model->build(Shape{std::int64_t{args.push_only_mb} * 1024});
       optimizer = std::make_unique<optim::SGD>(1e-6f);
       for (Variable* v : model->trainable_variables()) ones.push_back(Tensor::full(v->shape(), 1.0f));
+    } else if (args.embedding > 0) {
+      model = std::make_unique<Sequential>();
+      model->add<nn::Embedding>(args.embedding, 64, nn::EmbeddingOptions{.seed = 1});
+      model->add<nn::GlobalAveragePooling1D>();
+      model->add<nn::Dense>(10, "linear", nn::DenseOptions{.seed = 2});
+      model->build(Shape{kIds});
+      optimizer = std::make_unique<optim::Adam>(1e-3f);
     } else {
       model = bench::large_mlp();
       optimizer = std::make_unique<optim::Adam>(1e-3f);
@@ -59,10 +79,26 @@ int run(const Args& args) {
   }
   const int me = strategy.task().index;
   auto per_worker = coordinator.create_per_worker_dataset([&] {
+    if (args.embedding > 0) {
+      // Ids VOCAB * u^3 for u uniform in [0, 1): most fall among the first rows.
+      const std::int64_t rows = 16 * args.batch;
+      const Generator g(1 + static_cast<std::uint64_t>(me));
+      std::vector<float> ids(static_cast<std::size_t>(rows * kIds)), labels(static_cast<std::size_t>(rows));
+      for (std::size_t i = 0; i < ids.size(); ++i) {
+        const float x = g.uniform_at(i);
+        ids[i] = std::min(std::floor(static_cast<float>(args.embedding) * x * x * x), static_cast<float>(args.embedding - 1));
+      }
+      for (std::size_t r = 0; r < labels.size(); ++r)
+        labels[r] = static_cast<float>(static_cast<std::int64_t>(ids[r * kIds]) % 10);
+      return data::Dataset::from_tensor_slices({Tensor::from_vector(Shape{rows, kIds}, ids),
+                                                Tensor::from_vector(Shape{rows}, labels)})
+          .batch(args.batch)
+          .repeat();
+    }
     data::Split d = data::make_synthetic(16 * args.batch, 1024, 10, 1 + static_cast<std::uint64_t>(me));
     return data::Dataset::from_tensor_slices({d.x, d.y}).batch(args.batch).repeat();
   });
-  losses::SparseCategoricalCrossentropy loss_fn;
+  losses::SparseCategoricalCrossentropy loss_fn(/*from_logits=*/args.embedding > 0);
   const int repeats = strategy.task().type == "worker" && me == args.slow_worker ? args.slow_factor : 1;
   auto train_step = coordinator.define("train_step", [&](data::Iterator& it) {
     const auto vars = model->trainable_variables();
@@ -90,6 +126,13 @@ int run(const Args& args) {
   coordinator.join();
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   const auto st = coordinator.statistics();
+  if (args.embedding > 0) {
+    std::printf("ParameterServerStrategy embedding %lld x 64 (%s): %.0f samples/s, %.2f MB moved a step\n",
+                static_cast<long long>(args.embedding), args.embedding_rows ? "rows looked up" : "whole table",
+                args.steps * args.batch / seconds,
+                static_cast<double>(st.shared_memory_bytes + st.message_bytes) / 1e6 / (args.warmup + args.steps));
+    return 0;
+  }
   if (args.push_only_mb > 0) {
     std::printf("ParameterServerStrategy push-only %d MB: %.1f closures/s, %.0f MB/s pulled and pushed\n",
                 args.push_only_mb, args.steps / seconds, 2.0 * args.push_only_mb * args.steps / seconds);
@@ -124,6 +167,8 @@ int main(int argc, char** argv) {
       else if (k == "--slow-factor") a.slow_factor = std::stoi(v);
       else if (k == "--push-only") a.push_only_mb = std::stoi(v);
       else if (k == "--shared-memory") a.shared_memory = v != "0";
+      else if (k == "--embedding") a.embedding = std::stoll(v);
+      else if (k == "--embedding-rows") a.embedding_rows = v != "0";
       else throw InvalidArgument("bench_parameter_server: unknown option " + k);
     }
     return run(a);

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "common/compare.h"
@@ -405,6 +406,59 @@ std::unique_ptr<Sequential> compiled_constrained_model(std::optional<Constraint>
   model->compile(std::make_shared<optim::Adam>(0.05f), std::make_shared<losses::SparseCategoricalCrossentropy>(),
                  {"accuracy"});
   return model;
+}
+
+// An embedding table split over two ps: each step pulls only the rows its batch looks up
+// and pushes their gradient only, through shared memory and through gRPC alike, and the
+// job still gives one device's fit with Adam (whose update moves rows the batch did not
+// look up); a regularizer that reads the table whole pulls it whole, with the same result.
+TEST(ParameterServerFit, AnEmbeddingTableMovesOnlyTheRowsABatchLooksUp) {
+  constexpr std::int64_t kVocabulary = 400, kLength = 6;
+  const std::int64_t samples = kUnderTsan ? 48 : 160;
+  std::vector<float> ids(static_cast<std::size_t>(samples * kLength)), labels(static_cast<std::size_t>(samples));
+  std::uint32_t state = 7;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    state = state * 1664525u + 1013904223u;
+    ids[i] = static_cast<float>((state >> 8) % kVocabulary);
+  }
+  for (std::size_t i = 0; i < labels.size(); ++i)
+    labels[i] = static_cast<float>(static_cast<int>(ids[i * kLength]) % 3);
+  const Tensor x = Tensor::from_vector(Shape{samples, kLength}, ids), y = Tensor::from_vector(Shape{samples}, labels);
+  auto make = [&](bool regularized) {
+    return [=]() -> std::unique_ptr<Model> {
+      auto model = std::make_unique<Sequential>();
+      nn::EmbeddingOptions e{.seed = 1};
+      if (regularized) e.embeddings_regularizer = nn::Regularizer::L2(1e-3f);
+      model->add<nn::Embedding>(kVocabulary, 8, e);
+      model->add<nn::GlobalAveragePooling1D>();
+      model->add<nn::Dense>(3, "softmax", nn::DenseOptions{.seed = 2});
+      model->build(Shape{kLength});
+      model->compile(std::make_shared<optim::Adam>(0.01f), std::make_shared<losses::SparseCategoricalCrossentropy>());
+      return model;
+    };
+  };
+  const FitOptions o{.epochs = 1, .batch_size = kBatch, .seed = 3, .verbose = 0};
+  for (bool regularized : {false, true}) {
+    auto reference = make(regularized)();
+    reference->fit(x, y, o);
+    std::map<std::string, std::int64_t> moved;
+    for (const auto& [name, rows, shared_memory] :
+         {std::tuple{"rows, shared memory", true, true}, std::tuple{"rows, gRPC", true, false},
+          std::tuple{"whole", false, true}}) {
+      SCOPED_TRACE(std::string(name) + (regularized ? ", regularized" : ""));
+      ParameterServerOptions po = testing::ps_options(distribute::FixedShardsPartitioner(2));
+      po.embedding_rows = rows;
+      po.shared_memory = shared_memory;
+      Fitted chief = fit_on_cluster(1, 2, po, [&](Model& m) { return m.fit(x, y, o); }, make(regularized));
+      EXPECT_LE(testing::relative_difference(*chief.model, *reference), 1e-5);
+      moved[name] = chief.stats.shared_memory_bytes + chief.stats.message_bytes;
+    }
+    // A batch looks up at most 96 of the 400 rows: under a quarter of the table each way.
+    if (!regularized) {
+      EXPECT_LT(moved["rows, shared memory"] * 3, moved["whole"]);
+      EXPECT_LT(moved["rows, gRPC"] * 3, moved["whole"]);
+    }
+  }
 }
 
 TEST(ParameterServerFit, ConstraintsApplyOnTheParameterServersToEachShard) {

@@ -2,6 +2,7 @@
 #include "dtrain/autograd/variable.h"
 
 #include <mutex>
+#include <utility>
 #include <unordered_map>
 
 #include "dtrain/autograd/tape.h"
@@ -10,6 +11,7 @@
 namespace dtrain {
 
 namespace {
+thread_local detail::RowReader* row_reader = nullptr;
 std::mutex trackers_mutex;
 std::unordered_map<std::uint64_t, detail::VariableTracker*>& trackers() {
   static std::unordered_map<std::uint64_t, detail::VariableTracker*> map;
@@ -43,7 +45,21 @@ Variable::~Variable() {
   if (it != trackers().end()) it->second->destroyed(*this);
 }
 
+detail::RowReader* detail::set_row_reader(RowReader* reader) { return std::exchange(row_reader, reader); }
+
+const Tensor& Variable::value_for_lookup(const Tensor& ids) const {
+  if (!read_by_rows_ || !row_reader) return value();
+  // The reader is told of the rows; value() below is the lookup's read, not a whole one.
+  struct Restore {
+    detail::RowReader* reader;
+    ~Restore() { row_reader = reader; }
+  } restore{std::exchange(row_reader, nullptr)};
+  restore.reader->read_rows(*this, ids);
+  return value();
+}
+
 const Tensor& Variable::value() const {
+  if (read_by_rows_ && row_reader) row_reader->read_whole(*this);
   const ReplicaContext& replica = replica_context();
   if (replica.strategy != 0 && replica.strategy != strategy_)
     DTRAIN_THROW(InvalidArgument, "variable '", name_, "' was created outside the scope of the strategy whose replica ",

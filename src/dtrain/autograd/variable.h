@@ -40,6 +40,12 @@ class Variable {
   // The current value, watched by live tapes when trainable. Inside a strategy's run(),
   // a variable created outside that strategy's scope is an InvalidArgument naming it.
   const Tensor& value() const;
+  // The same for a lookup of rows `ids` (an Embedding's gather): a variable read by rows
+  // may have only those rows brought up to date (see detail::RowReader).
+  const Tensor& value_for_lookup(const Tensor& ids) const;
+  // Whether its layer reads it only by rows (an Embedding's table) unless value() is read.
+  bool read_by_rows() const { return read_by_rows_; }
+  void set_read_by_rows(bool by_rows) { read_by_rows_ = by_rows; }
   // The value for in-place updates by optimizers and loaders; not watched.
   Tensor& mutable_value() { return value_; }
   // The same, for an update: first made a storage of its own where a tensor read from the
@@ -64,6 +70,7 @@ class Variable {
   Tensor value_;
   bool trainable_;
   std::uint64_t strategy_;
+  bool read_by_rows_ = false;
   std::optional<Constraint> constraint_;
   // Whether a tracker (below) was told of this variable; copies are not tracked.
   struct Tracked {
@@ -87,6 +94,18 @@ class VariableTracker {
 // Registers `tracker` for the strategy numbered `strategy` (see core/replica.h); null
 // unregisters it.
 void track_variables(std::uint64_t strategy, VariableTracker* tracker);
+
+// A strategy whose variables live elsewhere and are brought up to date on demand
+// (ParameterServerStrategy's worker, for embedding tables) is told, on the thread it set
+// itself on, of every read of a variable read_by_rows(): whole (value()) or by a lookup.
+class RowReader {
+ public:
+  virtual ~RowReader() = default;
+  virtual void read_whole(const Variable& v) = 0;
+  virtual void read_rows(const Variable& v, const Tensor& ids) = 0;
+};
+// Sets this thread's reader (null: none); returns the one it replaces.
+RowReader* set_row_reader(RowReader* reader);
 }  // namespace detail
 
 }  // namespace dtrain

@@ -88,6 +88,7 @@ History Model::serve_remote_fit(RemoteTraining& remote, BatchSource* batches, co
       DTRAIN_THROW(InternalError, "fit: a task that is not a worker (", remote.describe(),
                    ") was given a closure of training steps");
     const ScopedThreads compute(threads);
+    const profile::ScopedLoopTrack nested_here(loop);  // rows pulled during forward count as pull
     if (!started) {
       batches->begin_epoch(pass);
       started = true;

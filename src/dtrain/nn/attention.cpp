@@ -25,11 +25,12 @@ void Embedding::build_weights(const Shape& /*input_shape*/) {
   Generator g(options_.seed ? *options_.seed : next_seed());
   embeddings_ = &add_weight("embeddings", initialize(options_.embeddings_initializer, {input_dim_, output_dim_}, g), true,
                             options_.embeddings_regularizer, options_.embeddings_constraint);
+  embeddings_->set_read_by_rows(true);  // a parameter server's worker pulls only the rows a batch looks up
 }
 
 Tensor Embedding::call(const Tensor& x, bool /*training*/) {
   const std::string who = "layer '" + name() + "' (Embedding)";
-  return embedding_lookup(embeddings_->value(), x, who.c_str());
+  return embedding_lookup(embeddings_->value_for_lookup(x), x, who.c_str());
 }
 
 PositionEmbedding::PositionEmbedding(std::int64_t sequence_length, std::string initializer,

@@ -5,6 +5,7 @@
 #include <locale>
 #include <ostream>
 #include <sstream>
+#include <utility>
 
 #include "dtrain/core/files.h"
 #include "dtrain/core/percentile.h"
@@ -74,6 +75,14 @@ void Track::add_nested(Phase phase, Phase within, Clock::time_point start, Clock
   add(phase, start, end, label);
   seconds_[static_cast<std::size_t>(index_of(within))] -= seconds_between(start, end);
 }
+
+namespace {
+thread_local Track* loop_track = nullptr;
+}  // namespace
+
+Track* current_loop_track() { return loop_track; }
+ScopedLoopTrack::ScopedLoopTrack(Track& loop) : previous_(std::exchange(loop_track, &loop)) {}
+ScopedLoopTrack::~ScopedLoopTrack() { loop_track = previous_; }
 
 void Track::reset_step() {
   seconds_.fill(0.0);

@@ -80,6 +80,21 @@ class Track {
   std::vector<Event> events_;
 };
 
+// The loop track of the training steps running on this thread, while a ScopedLoopTrack
+// names it, so that work deep inside a phase is recorded nested in it (the rows a
+// parameter server's worker pulls during forward); null elsewhere.
+Track* current_loop_track();
+class ScopedLoopTrack {
+ public:
+  explicit ScopedLoopTrack(Track& loop);
+  ~ScopedLoopTrack();
+  ScopedLoopTrack(const ScopedLoopTrack&) = delete;
+  ScopedLoopTrack& operator=(const ScopedLoopTrack&) = delete;
+
+ private:
+  Track* previous_;
+};
+
 // One step of this process, reduced over its tracks.
 struct StepRecord {
   double wall = 0;

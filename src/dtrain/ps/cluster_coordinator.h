@@ -84,6 +84,13 @@ struct ParameterServerOptions {
   // small messages through gRPC; false: everything through gRPC. A ps on another host
   // always goes through gRPC.
   bool shared_memory = true;
+  // A variable its layer reads by rows (an Embedding's table, trainable) is pulled by a
+  // worker only in the rows each batch looks up, and its gradient pushed in those rows
+  // only, as TensorFlow's lookups in a sharded embedding are; something else reading it
+  // whole (a regularizer, a tied output layer) pulls it whole for that step. The update
+  // on the ps is the one the whole gradient (zero in the other rows) gives. false: such
+  // variables are pulled and pushed whole, like every other.
+  bool embedding_rows = true;
   // Called on a ps after each update it applies, with the count of updates applied so far
   // (for monitoring and fault injection; it runs on the ps's RPC thread, so keep it short).
   std::function<void(std::int64_t updates)> on_update;

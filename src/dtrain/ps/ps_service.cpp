@@ -110,11 +110,53 @@ class PsService final : public wire::ParameterServer::Service {
     if (auto s = runtime_.check(request->caller()); !s.ok()) return s;
     if (!store_.created())
       return {grpc::StatusCode::FAILED_PRECONDITION, runtime_.task_name_ + " holds no variables yet"};
+    const std::set<int> whole(request->whole().begin(), request->whole().end());
+    auto wanted_whole = [&](int variable) { return !request->select_whole() || whole.contains(variable); };
+    std::map<std::pair<int, int>, const wire::RowIds*> rows_of;
+    for (const wire::RowIds& r : request->rows()) rows_of[{r.variable(), r.shard()}] = &r;
+    std::string error;
+    // The rows asked of a shard, into the reply (under the store's lock, as its values are).
+    auto add_asked_rows = [&](const ParameterStore::ShardKey& key, const Tensor& value) {
+      const auto asked = rows_of.find({key.variable, key.shard});
+      if (asked == rows_of.end()) return;
+      const wire::RowIds& ids = *asked->second;
+      rows_of.erase(asked);
+      const std::int64_t rows = value.rank() == 0 ? 1 : value.dim(0);
+      const std::string_view all = all_bytes(value);
+      const std::size_t row_bytes = all.size() / static_cast<std::size_t>(std::max<std::int64_t>(1, rows));
+      wire::Rows* out = add_rows(reply->mutable_rows(), key.variable, key.shard,
+                                 shard_shape(value.shape(), ids.rows_size()), std::nullopt);
+      out->set_by_rows(true);
+      std::string* bytes = out->mutable_values();
+      bytes->reserve(row_bytes * static_cast<std::size_t>(ids.rows_size()));
+      for (std::int64_t id : ids.rows()) {
+        if (id < 0 || id >= rows) {
+          error = request->caller().task() + " asked for row " + std::to_string(id) + " of shard " +
+                  std::to_string(key.shard) + " of variable " + std::to_string(key.variable) + ", which has " +
+                  std::to_string(rows) + " rows";
+          return;
+        }
+        out->add_row_ids(id);
+        bytes->append(all.substr(static_cast<std::size_t>(id) * row_bytes, row_bytes));
+      }
+      message_bytes_ += static_cast<std::int64_t>(bytes->size());
+    };
+    auto rows_answered = [&]() -> grpc::Status {
+      if (!error.empty()) return {kInvalidArgument, error};
+      if (!rows_of.empty())
+        return {kInvalidArgument, request->caller().task() + " asked for rows of shard " +
+                                      std::to_string(rows_of.begin()->first.second) + " of variable " +
+                                      std::to_string(rows_of.begin()->first.first) + ", which " +
+                                      runtime_.task_name_ + " does not hold"};
+      return grpc::Status::OK;
+    };
     if (const auto segment = segment_of(request->caller().task(), request->segment())) {
       std::lock_guard lock(segment->mutex);
       segment->memory.remove_name();  // the task has mapped it
       bool laid_out = true;
       reply->set_version(store_.read([&](const ParameterStore::ShardKey& key, const Tensor& value) {
+        add_asked_rows(key, value);
+        if (!wanted_whole(key.variable)) return;
         const auto place = segment->places.find({key.variable, key.shard});
         if (place == segment->places.end() || place->second.second != value.nbytes()) {
           laid_out = false;
@@ -127,14 +169,16 @@ class PsService final : public wire::ParameterServer::Service {
         return {grpc::StatusCode::INTERNAL, runtime_.task_name_ + ": a shard has no place in " +
                                                 request->caller().task() + "'s segment"};
       reply->set_in_segment(true);
-      return grpc::Status::OK;
+      return rows_answered();
     }
     const std::int64_t version = store_.read([&](const ParameterStore::ShardKey& key, const Tensor& value) {
+      add_asked_rows(key, value);
+      if (!wanted_whole(key.variable)) return;
       add_rows(reply->mutable_shards(), key.variable, key.shard, value.shape(), all_bytes(value));
       message_bytes_ += static_cast<std::int64_t>(value.nbytes());
     });
     reply->set_version(version);
-    return grpc::Status::OK;
+    return rows_answered();
   }
 
   // One shard's values in a push message (a gradient or a change), copied out into `into`;
@@ -148,6 +192,37 @@ class PsService final : public wire::ParameterServer::Service {
                                     " of variable " + std::to_string(rows.variable())};
     Tensor values = Tensor::empty(shape);
     std::memcpy(values.raw_data(), rows.values().data(), rows.values().size());
+    into.emplace_back(ParameterStore::ShardKey{rows.variable(), rows.shard()}, std::move(values));
+    message_bytes_ += static_cast<std::int64_t>(rows.values().size());
+    return grpc::Status::OK;
+  }
+
+  // A shard's gradient of some rows only (by_rows: an embedding table's rows a batch looked
+  // up), made whole with zeros in the other rows; ids outside the shard are refused.
+  grpc::Status take_rows_from_message(const wire::Rows& rows, const std::string& task,
+                                      std::vector<std::pair<ParameterStore::ShardKey, Tensor>>& into) {
+    const Shape shape = shape_of(rows.shape());
+    const std::int64_t num_rows = shape.rank() == 0 ? 1 : shape[0];
+    const std::int64_t row = shape.numel() / std::max<std::int64_t>(1, num_rows);
+    const auto where = [&] {
+      return "shard " + std::to_string(rows.shard()) + " of variable " + std::to_string(rows.variable()) + " (" +
+             shape.to_string() + ")";
+    };
+    if (rows.values().size() != static_cast<std::size_t>(rows.row_ids_size() * row) * sizeof(float))
+      return {kInvalidArgument, task + " pushed " + std::to_string(rows.values().size()) + " bytes for " +
+                                    std::to_string(rows.row_ids_size()) + " rows of " + where()};
+    Tensor values = Tensor::zeros(shape);
+    float* to = values.data<float>();
+    std::vector<float> source(static_cast<std::size_t>(row));
+    for (int i = 0; i < rows.row_ids_size(); ++i) {
+      const std::int64_t id = rows.row_ids(i);
+      if (id < 0 || id >= num_rows)
+        return {kInvalidArgument, task + " pushed a gradient for row " + std::to_string(id) + " of " + where()};
+      std::memcpy(source.data(), rows.values().data() + static_cast<std::size_t>(i * row) * sizeof(float),
+                  source.size() * sizeof(float));
+      float* target = to + id * row;
+      for (std::int64_t j = 0; j < row; ++j) target[j] += source[static_cast<std::size_t>(j)];
+    }
     into.emplace_back(ParameterStore::ShardKey{rows.variable(), rows.shard()}, std::move(values));
     message_bytes_ += static_cast<std::int64_t>(rows.values().size());
     return grpc::Status::OK;
@@ -174,6 +249,10 @@ class PsService final : public wire::ParameterServer::Service {
       segment->memory.remove_name();
     }
     for (const wire::Rows& rows : request->gradients()) {
+      if (rows.by_rows()) {
+        if (grpc::Status s = take_rows_from_message(rows, push.task, push.gradients); !s.ok()) return s;
+        continue;
+      }
       const Shape shape = shape_of(rows.shape());
       const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * sizeof(float);
       if (segment) {

@@ -116,7 +116,7 @@ PsRuntime::Lane* PsRuntime::lane(int p, const std::vector<Variable*>& vars,
     const ShardPlacement* at = find_placement(placement, v, place.shard(), p);
     // Each shard within the values area, and the gradients area no larger than it.
     if (at == nullptr || v >= vars.size() ||
-        rows_bytes(vars[v]->value(), at->row_begin, at->row_end).size() != place.bytes() ||
+        rows_bytes(vars[v]->mutable_value(), at->row_begin, at->row_end).size() != place.bytes() ||
         reply.gradients_offset() > reply.bytes() / 2 || place.bytes() > reply.gradients_offset() ||
         place.offset() > reply.gradients_offset() - place.bytes()) {
       lane.why_not = describe({"ps", p}) + " holds shards this task's model does not";
@@ -137,14 +137,21 @@ PsRuntime::Lane* PsRuntime::lane(int p, const std::vector<Variable*>& vars,
 }
 
 std::vector<std::int64_t> PsRuntime::pull(const std::vector<Variable*>& vars,
-                                          const std::vector<ShardPlacement>& placement) {
+                                          const std::vector<ShardPlacement>& placement,
+                                          const std::vector<bool>* whole) {
   const int num_ps = config_.cluster.num_tasks("ps");
   std::lock_guard lanes_lock(lanes_mutex_);
   std::vector<wire::PullRequest> requests(static_cast<std::size_t>(num_ps));
+  auto wanted = [&](std::size_t v) { return !whole || (*whole)[v]; };
   for (int p = 0; p < num_ps; ++p) {
     wire::PullRequest& r = requests[static_cast<std::size_t>(p)];
     fill(r.mutable_caller());
     if (const Lane* l = lane(p, vars, placement)) r.set_segment(l->segment);
+    if (whole) {
+      r.set_select_whole(true);
+      for (std::size_t v = 0; v < vars.size(); ++v)
+        if (wanted(v)) r.add_whole(static_cast<int>(v));
+    }
   }
   std::vector<wire::PullReply> replies;
   call_every_ps(requests, replies, "pulling from", [](auto& stub, auto* context, auto* request, auto* reply, auto done) {
@@ -157,7 +164,7 @@ std::vector<std::int64_t> PsRuntime::pull(const std::vector<Variable*>& vars,
     if (replies[i].in_segment() && !requests[i].segment().empty()) {
       const Lane& l = lanes_[i];
       for (const ShardPlacement& s : placement) {
-        if (s.ps != p) continue;
+        if (s.ps != p || !wanted(s.index)) continue;
         const std::string_view target = rows_bytes(vars[s.index]->mutable_value(), s.row_begin, s.row_end);
         std::memcpy(const_cast<char*>(target.data()), l.values({static_cast<int>(s.index), static_cast<int>(s.shard)}),
                     target.size());
@@ -176,6 +183,56 @@ std::vector<std::int64_t> PsRuntime::pull(const std::vector<Variable*>& vars,
     }
   }
   return versions;
+}
+
+void PsRuntime::pull_rows(const std::vector<Variable*>& vars, const std::vector<ShardPlacement>& placement,
+                          const std::vector<std::pair<std::size_t, std::vector<std::int64_t>>>& rows) {
+  std::map<int, wire::PullRequest> by_ps;
+  for (const auto& [i, ids] : rows) {
+    const ShardPlacement& s = placement.at(i);
+    wire::PullRequest& r = by_ps[s.ps];
+    r.set_select_whole(true);  // and none whole
+    wire::RowIds* asked = r.add_rows();
+    asked->set_variable(static_cast<int>(s.index));
+    asked->set_shard(static_cast<int>(s.shard));
+    asked->mutable_rows()->Add(ids.begin(), ids.end());
+  }
+  std::vector<int> to;
+  std::vector<wire::PullRequest> requests;
+  for (auto& [p, r] : by_ps) {
+    fill(r.mutable_caller());
+    to.push_back(p);
+    requests.push_back(std::move(r));
+  }
+  std::vector<wire::PullReply> replies;
+  call_ps_list(to, requests, replies, "pulling rows from",
+               [](auto& stub, auto* context, auto* request, auto* reply, auto done) {
+                 stub.async()->Pull(context, request, reply, std::move(done));
+               });
+  for (std::size_t i = 0; i < to.size(); ++i) {
+    for (const wire::Rows& got : replies[i].rows()) {
+      const auto v = static_cast<std::size_t>(got.variable());
+      const ShardPlacement* where = find_placement(placement, v, got.shard(), to[i]);
+      if (v >= vars.size() || where == nullptr)
+        DTRAIN_THROW(InvalidArgument, task_name_, ": ", describe({"ps", to[i]}), " sent rows of shard ", got.shard(),
+                     " of variable ", v, ", which this task's model does not place there (another model?)");
+      Tensor& value = vars[v]->mutable_value();
+      const std::size_t row_bytes = rows_bytes(value, 0, 1).size();
+      if (got.values().size() != row_bytes * static_cast<std::size_t>(got.row_ids_size()))
+        DTRAIN_THROW(InvalidArgument, task_name_, ": ", describe({"ps", to[i]}), " sent ", got.values().size(),
+                     " bytes for ", got.row_ids_size(), " rows of '", vars[v]->name(), "', which take ",
+                     row_bytes * static_cast<std::size_t>(got.row_ids_size()));
+      for (int k = 0; k < got.row_ids_size(); ++k) {
+        const std::int64_t row = where->row_begin + got.row_ids(k);
+        if (got.row_ids(k) < 0 || row >= where->row_end)
+          DTRAIN_THROW(InvalidArgument, task_name_, ": ", describe({"ps", to[i]}), " sent row ", got.row_ids(k),
+                       " of shard ", got.shard(), " of '", vars[v]->name(), "', which has ",
+                       where->row_end - where->row_begin, " rows");
+        std::memcpy(const_cast<char*>(rows_bytes(value, row, row + 1).data()),
+                    got.values().data() + static_cast<std::size_t>(k) * row_bytes, row_bytes);
+      }
+    }
+  }
 }
 
 

@@ -2,18 +2,150 @@
 // push), with the per-worker datasets' iterators it keeps.
 #include "dtrain/ps/internal/runtime.h"
 
+#include <cmath>
+#include <iterator>
+#include <unordered_map>
+
+#include "dtrain/profile/profiler.h"
+
 namespace dtrain::distribute::detail {
 namespace {
 
 // ---------------------------------------------------------------- worker
 
+// The rows of the embedding tables (variables read by rows) a closure's steps read: a
+// lookup pulls the rows it lacks, something reading a table whole pulls it whole, and the
+// push sends each table's gradient in those rows only (the others are zero). Set on the
+// thread that runs the closure.
+class RowPuller final : public dtrain::detail::RowReader {
+ public:
+  RowPuller(PsRuntime& runtime, const std::vector<Variable*>& vars, const std::vector<ShardPlacement>& placement)
+      : runtime_(runtime), vars_(vars), placement_(placement), whole_(vars.size(), true), read_whole_(vars.size()),
+        fresh_(vars.size()) {
+    for (std::size_t v = 0; v < vars.size(); ++v) {
+      const bool rows = runtime.options_.embedding_rows && vars[v]->read_by_rows() && vars[v]->trainable() &&
+                        vars[v]->shape().rank() == 2;
+      whole_[v] = !rows;
+      any_ = any_ || rows;
+      index_[vars[v]] = v;
+    }
+  }
+  // Whether variable v comes whole with each pull (every one but the tables).
+  const std::vector<bool>* whole() const { return any_ ? &whole_ : nullptr; }
+  // A pull began a step: no table's rows are up to date yet.
+  void pulled() {
+    for (std::size_t v = 0; v < vars_.size(); ++v) {
+      read_whole_[v] = false;
+      fresh_[v].clear();
+    }
+  }
+  // For the push: variable v's rows its gradient may hold (sorted), or null where it is
+  // pushed whole.
+  const std::vector<std::int64_t>* rows_of(std::size_t v) const {
+    return whole_[v] || read_whole_[v] ? nullptr : &fresh_[v];
+  }
+
+  void read_whole(const Variable& variable) override {
+    const std::size_t v = index(variable);
+    if (whole_[v] || read_whole_[v]) return;
+    std::vector<bool> only(vars_.size(), false);
+    only[v] = true;
+    const Timed timed(*this);
+    runtime_.pull(vars_, placement_, &only);
+    read_whole_[v] = true;
+  }
+
+  void read_rows(const Variable& variable, const Tensor& ids) override {
+    const std::size_t v = index(variable);
+    if (whole_[v] || read_whole_[v]) return;
+    if (!ids.device().is_cpu() || (ids.dtype() != DType::i32 && ids.dtype() != DType::f32)) {
+      read_whole(variable);  // ids the lookup itself refuses, or on a GPU: whole
+      return;
+    }
+    // The ids the lookup will take; others (out of range, not whole) it refuses by itself.
+    const std::int64_t rows = variable.shape()[0];
+    std::vector<std::int64_t> wanted;
+    wanted.reserve(static_cast<std::size_t>(ids.numel()));
+    for (std::int64_t i = 0; i < ids.numel(); ++i) {
+      const double id = ids.dtype() == DType::i32 ? static_cast<double>(ids.data<std::int32_t>()[i])
+                                                  : static_cast<double>(ids.data<float>()[i]);
+      if (id >= 0 && id < static_cast<double>(rows) && id == std::floor(id)) wanted.push_back(static_cast<std::int64_t>(id));
+    }
+    std::sort(wanted.begin(), wanted.end());
+    wanted.erase(std::unique(wanted.begin(), wanted.end()), wanted.end());
+    std::vector<std::int64_t> missing;
+    std::set_difference(wanted.begin(), wanted.end(), fresh_[v].begin(), fresh_[v].end(), std::back_inserter(missing));
+    if (missing.empty()) return;
+    // Each shard's share of them, numbered within the shard.
+    std::vector<std::pair<std::size_t, std::vector<std::int64_t>>> by_shard;
+    for (std::size_t i = 0; i < placement_.size(); ++i) {
+      const ShardPlacement& s = placement_[i];
+      if (s.index != v) continue;
+      const auto begin = std::lower_bound(missing.begin(), missing.end(), s.row_begin);
+      const auto end = std::lower_bound(begin, missing.end(), s.row_end);
+      if (begin == end) continue;
+      std::vector<std::int64_t> local(begin, end);
+      for (std::int64_t& id : local) id -= s.row_begin;
+      by_shard.emplace_back(i, std::move(local));
+    }
+    {
+      const Timed timed(*this);
+      runtime_.pull_rows(vars_, placement_, by_shard);
+    }
+    std::vector<std::int64_t> merged;
+    merged.reserve(fresh_[v].size() + missing.size());
+    std::merge(fresh_[v].begin(), fresh_[v].end(), missing.begin(), missing.end(), std::back_inserter(merged));
+    fresh_[v] = std::move(merged);
+  }
+
+  double seconds = 0;  // spent pulling rows and tables read whole, over the closure
+
+ private:
+  // Times a pull inside a step: its seconds, and in the step's profile a pull within
+  // forward, where the lookups are.
+  class Timed {
+   public:
+    explicit Timed(RowPuller& puller) : puller_(puller), start_(Clock::now()) {}
+    ~Timed() {
+      const Clock::time_point end = Clock::now();
+      puller_.seconds += std::chrono::duration<double>(end - start_).count();
+      if (profile::Track* loop = profile::current_loop_track())
+        loop->add_nested(profile::Phase::pull, profile::Phase::forward, start_, end);
+    }
+    Timed(const Timed&) = delete;
+    Timed& operator=(const Timed&) = delete;
+
+   private:
+    RowPuller& puller_;
+    Clock::time_point start_;
+  };
+
+  std::size_t index(const Variable& variable) const {
+    const auto it = index_.find(&variable);
+    if (it == index_.end())
+      DTRAIN_THROW(InvalidArgument, runtime_.task_name_, ": variable '", variable.name(), "' was not made under ",
+                   "ParameterServerStrategy.scope(), so no parameter server holds it");
+    return it->second;
+  }
+
+  PsRuntime& runtime_;
+  const std::vector<Variable*>& vars_;
+  const std::vector<ShardPlacement>& placement_;
+  std::vector<bool> whole_;       // [variable]: pulled whole with each pull
+  std::vector<bool> read_whole_;  // [variable]: a table read whole since the pull
+  std::vector<std::vector<std::int64_t>> fresh_;  // [variable]: a table's rows pulled since the pull, sorted
+  std::unordered_map<const Variable*, std::size_t> index_;
+  bool any_ = false;
+};
+
 // Sends the gradients of a closure's apply_gradients to the parameter servers.
 class PushSink final : public optim::detail::GradientSink {
  public:
   PushSink(PsRuntime& runtime, const std::vector<Variable*>& vars, const std::vector<ShardPlacement>& placement,
-           std::uint64_t closure, std::uint64_t incarnation, const std::vector<std::int64_t>& versions)
+           std::uint64_t closure, std::uint64_t incarnation, const std::vector<std::int64_t>& versions,
+           const RowPuller& rows)
       : runtime_(runtime), vars_(vars), placement_(placement), closure_(closure), incarnation_(incarnation),
-        versions_(versions) {}
+        versions_(versions), rows_(rows) {}
 
   // fit()'s closures run several steps: step `step` pushes what it computed from `versions`.
   void next_step(std::uint32_t step) {
@@ -27,7 +159,7 @@ class PushSink final : public optim::detail::GradientSink {
     pulled_.resize(vars_.size());
     for (std::size_t v = 0; v < vars_.size(); ++v) {
       if (vars_[v]->trainable()) continue;
-      const Tensor& now = vars_[v]->value();
+      const Tensor& now = vars_[v]->mutable_value();
       if (!pulled_[v].defined() || !(pulled_[v].shape() == now.shape())) pulled_[v] = Tensor::empty(now.shape());
       pulled_[v].copy_from(now);
     }
@@ -54,7 +186,7 @@ class PushSink final : public optim::detail::GradientSink {
     changed_.assign(vars_.size(), false);
     for (std::size_t v = 0; v < pulled_.size(); ++v) {
       if (!pulled_[v].defined()) continue;
-      const float* now = vars_[v]->value().data<float>();
+      const float* now = vars_[v]->mutable_value().data<float>();
       float* change = pulled_[v].data<float>();  // becomes the change: pulled_ is refilled by the next pull
       bool any = false;
       for (std::int64_t i = 0; i < pulled_[v].numel(); ++i) {
@@ -79,6 +211,19 @@ class PushSink final : public optim::detail::GradientSink {
       for (const ShardPlacement& s : placement_) {
         const std::size_t v = s.index;
         if (s.ps != p || !by_variable[v]) continue;
+        if (const std::vector<std::int64_t>* rows = rows_.rows_of(v)) {
+          // A table's gradient in the rows the step looked up (zero in the others), in the message.
+          wire::Rows* out = add_rows(r.mutable_gradients(), static_cast<int>(v), static_cast<int>(s.shard),
+                                     shard_shape(vars_[v]->shape(), s.row_end - s.row_begin), std::nullopt);
+          out->set_by_rows(true);
+          std::string* values = out->mutable_values();
+          for (auto id = std::lower_bound(rows->begin(), rows->end(), s.row_begin);
+               id != rows->end() && *id < s.row_end; ++id) {
+            out->add_row_ids(*id - s.row_begin);
+            values->append(rows_bytes(*by_variable[v], *id, *id + 1));
+          }
+          continue;
+        }
         const std::string_view bytes = rows_bytes(*by_variable[v], s.row_begin, s.row_end);
         if (lane)
           std::memcpy(lane->gradients({static_cast<int>(v), static_cast<int>(s.shard)}), bytes.data(), bytes.size());
@@ -118,6 +263,7 @@ class PushSink final : public optim::detail::GradientSink {
   const std::vector<ShardPlacement>& placement_;
   std::uint64_t closure_, incarnation_;
   const std::vector<std::int64_t>& versions_;
+  const RowPuller& rows_;
   std::uint32_t step_ = 0;
   bool pushed_ = false;
   std::vector<Tensor> pulled_;  // [variable]: non-trainable ones' pulled values, then their change
@@ -125,6 +271,18 @@ class PushSink final : public optim::detail::GradientSink {
 
  public:
   double push_seconds = 0;  // spent pushing, over the closure
+};
+
+// Sets this thread's row reader for its lifetime.
+class ScopedRowReader {
+ public:
+  explicit ScopedRowReader(dtrain::detail::RowReader* reader) : previous_(dtrain::detail::set_row_reader(reader)) {}
+  ~ScopedRowReader() { dtrain::detail::set_row_reader(previous_); }
+  ScopedRowReader(const ScopedRowReader&) = delete;
+  ScopedRowReader& operator=(const ScopedRowReader&) = delete;
+
+ private:
+  dtrain::detail::RowReader* previous_;
 };
 
 class WorkerService final : public wire::Worker::Service {
@@ -170,14 +328,17 @@ class WorkerService final : public wire::Worker::Service {
       }
       double pull_seconds = 0;
       std::vector<std::int64_t> versions;
-      PushSink sink(runtime_, vars_, placement_, request->closure(), request->incarnation(), versions);
+      RowPuller rows(runtime_, vars_, placement_);
+      PushSink sink(runtime_, vars_, placement_, request->closure(), request->incarnation(), versions, rows);
       auto pull = [&] {
         const ScopedSeconds timed(pull_seconds);
-        versions = runtime_.pull(vars_, placement_);
+        versions = runtime_.pull(vars_, placement_, rows.whole());
+        rows.pulled();
         sink.pulled();
       };
       if (!fn->second.steps) pull();
       optim::detail::ScopedGradientSink scoped(&sink);
+      const ScopedRowReader reading(&rows);
       if (fn->second.steps) {
         // fit()'s closure: each step trains on the weights as they are when it starts (the
         // pull is the step's first phase in the worker's profile).
@@ -189,7 +350,7 @@ class WorkerService final : public wire::Worker::Service {
       }
       std::vector<Tensor> results;
       if (!fn->second.steps) results = it ? fn->second.with_iterator(*it) : fn->second.plain();
-      reply->set_pull_seconds(pull_seconds);
+      reply->set_pull_seconds(pull_seconds + rows.seconds);
       reply->set_push_seconds(sink.push_seconds);
       reply->set_run_seconds(std::chrono::duration<double>(Clock::now() - run_start).count());
       for (const Tensor& t : results) {

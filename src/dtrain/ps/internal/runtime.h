@@ -326,12 +326,20 @@ class PsRuntime final : public dtrain::detail::VariableTracker {
   wire::ParameterServer::Stub& ps(int i);
   wire::Worker::Stub& worker(int i);
 
-  // One call to every ps, all in flight at once: start(stub, context, request, reply,
-  // done) begins ps p's with requests[p]; returns once every one has answered, throwing
-  // the first failure ("worker:0 pulling from ps:1 at ...: ...").
+  // One call to each ps in `to`, all in flight at once: start(stub, context, request, reply,
+  // done) begins ps to[i]'s with requests[i]; returns once every one has answered,
+  // throwing the first failure ("worker:0 pulling from ps:1 at ...: ...").
+  template <typename Request, typename Reply, typename Start>
+  void call_ps_list(const std::vector<int>& to, const std::vector<Request>& requests, std::vector<Reply>& replies,
+                    const char* doing, Start start);
+  // The same to every ps, requests[p] to ps p.
   template <typename Request, typename Reply, typename Start>
   void call_every_ps(const std::vector<Request>& requests, std::vector<Reply>& replies, const char* doing,
-                     Start start);
+                     Start start) {
+    std::vector<int> every(requests.size());
+    for (std::size_t p = 0; p < every.size(); ++p) every[p] = static_cast<int>(p);
+    call_ps_list(every, requests, replies, doing, start);
+  }
   // One call to ps p, `method` of its stub, with the RPC deadline (the request's caller is
   // filled here); a failure throws, beginning with `doing`.
   template <typename Request, typename Reply, typename Method>
@@ -342,8 +350,14 @@ class PsRuntime final : public dtrain::detail::VariableTracker {
     if (const grpc::Status status = (ps(p).*method)(&context, request, &reply); !status.ok())
       throw_status(status, doing);
   }
-  // Pulls every shard into `vars`; returns each ps's version.
-  std::vector<std::int64_t> pull(const std::vector<Variable*>& vars, const std::vector<ShardPlacement>& placement);
+  // Pulls every shard into `vars` (those of the variables `whole` marks, where given);
+  // returns each ps's version.
+  std::vector<std::int64_t> pull(const std::vector<Variable*>& vars, const std::vector<ShardPlacement>& placement,
+                                 const std::vector<bool>* whole = nullptr);
+  // Pulls rows of shards into `vars`: for placement[i], the rows (0-based within the shard)
+  // in rows[i], from each ps that holds one at once.
+  void pull_rows(const std::vector<Variable*>& vars, const std::vector<ShardPlacement>& placement,
+                 const std::vector<std::pair<std::size_t, std::vector<std::int64_t>>>& rows);
 
   // A segment of shared memory a ps on this host made for this task: values are pulled
   // into its first area and gradients pushed from its second, with only small messages
@@ -439,23 +453,22 @@ class PsRuntime final : public dtrain::detail::VariableTracker {
 };
 
 template <typename Request, typename Reply, typename Start>
-void PsRuntime::call_every_ps(const std::vector<Request>& requests, std::vector<Reply>& replies, const char* doing,
-                              Start start) {
+void PsRuntime::call_ps_list(const std::vector<int>& to, const std::vector<Request>& requests,
+                             std::vector<Reply>& replies, const char* doing, Start start) {
   replies.resize(requests.size());
   std::vector<grpc::ClientContext> contexts(requests.size());
   std::vector<grpc::Status> statuses(requests.size());
   std::latch latch(static_cast<std::ptrdiff_t>(requests.size()));
   for (std::size_t i = 0; i < requests.size(); ++i) {
     set_deadline(contexts[i], rpc_timeout_);
-    start(ps(static_cast<int>(i)), &contexts[i], &requests[i], &replies[i], [&, i](grpc::Status s) {
+    start(ps(to[i]), &contexts[i], &requests[i], &replies[i], [&, i](grpc::Status s) {
       statuses[i] = std::move(s);
       latch.count_down();
     });
   }
   latch.wait();
   for (std::size_t i = 0; i < requests.size(); ++i)
-    if (!statuses[i].ok())
-      throw_status(statuses[i], task_name_ + " " + doing + " " + describe({"ps", static_cast<int>(i)}));
+    if (!statuses[i].ok()) throw_status(statuses[i], task_name_ + " " + doing + " " + describe({"ps", to[i]}));
 }
 
 // The gRPC service of a task's role (a ps's or a worker's), and the wait for the
