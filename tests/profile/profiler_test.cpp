@@ -400,6 +400,17 @@ TEST(Diagnosis, TheCommunicationFindingQuotesTheTablesShares) {
   EXPECT_NE(f[0].evidence.find("communication (exposed) is 26% of each step and straggler wait 6%"), std::string::npos)
       << f[0].evidence;
   EXPECT_EQ(f[0].evidence.find("32%"), std::string::npos) << f[0].evidence;
+  EXPECT_EQ(f[0].fix.find("parameter servers"), std::string::npos) << f[0].fix;
+  // Gradients mostly an embedding table of which a batch looks up a small part: the fix
+  // names the parameter servers, with the bytes a step would move of it.
+  two.gradient_bytes = 8e6;
+  two.table_bytes = 6e6;
+  two.table_rows_bytes = 0.3e6;
+  const std::vector<Finding> tables = diagnose({one, two});
+  ASSERT_EQ(causes(tables), std::vector<std::string>{"communication-bound"}) << format_findings(tables);
+  EXPECT_NE(tables[0].fix.find("hold the embedding tables on parameter servers in row shards"), std::string::npos)
+      << tables[0].fix;
+  EXPECT_NE(tables[0].fix.find("at most 0.3 MB of the tables' 6.0 MB"), std::string::npos) << tables[0].fix;
 }
 
 // Resources first: a scale that computes on no more cores than the first is named for

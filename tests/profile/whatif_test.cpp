@@ -87,6 +87,27 @@ TEST(WhatIf, BackwardHidesWhatItCanOfTheRing) {
   // Twice the batch: forward 8, backward 16 (hiding more), the same ring.
   EXPECT_NEAR(fixes[3].prediction.exposed, 0.005, 1e-12);
   EXPECT_NEAR(fixes[3].prediction.step, 0.002 + 0.024 + 0.005, 1e-12);
+  // Embedding tables of 8 of the 10 MB, whose rows a step looks up are 0.5 MB: the ps
+  // moves 2.5 MB each way instead, through the parameter-server model.
+  StepModel tables = model();
+  tables.table_bytes = 8e6;
+  tables.table_rows_bytes = 0.5e6;
+  const std::vector<Scenario> with_tables = fixes_at(tables, 4, link);
+  ASSERT_EQ(with_tables.size(), 5u);
+  EXPECT_EQ(with_tables[4].name, "ParameterServerStrategy, 4 ps, async: embedding rows only");
+  StepModel moved = tables;
+  moved.gradient_bytes = 2.5e6;
+  EXPECT_DOUBLE_EQ(with_tables[4].prediction.step, predict_ps(moved, 4, 4, "async", link).step);
+  EXPECT_GT(with_tables[4].prediction.samples_per_second, with_tables[0].prediction.samples_per_second);
+  // Tables of 9.9 MB whose rows a step looks up are 0.1 MB: that is the fix that matters most.
+  tables.table_bytes = 9.9e6;
+  tables.table_rows_bytes = 0.1e6;
+  EXPECT_NE(what_if_report(tables, 4, link).find("the fix that matters most there: ParameterServerStrategy, 4 ps"),
+            std::string::npos)
+      << what_if_report(tables, 4, link);
+  // Tables whose rows a step all looks up gain nothing from it: no such row.
+  tables.table_rows_bytes = tables.table_bytes;
+  EXPECT_EQ(fixes_at(tables, 4, link).size(), 4u);
   const std::string text = what_if_report(model(), 2, link);
   EXPECT_NE(text.find("| as measured | 20.00 | 10.00 | 6.00 | 6400 | 70% |"), std::string::npos) << text;
   EXPECT_NE(text.find("the fix that matters most there: --gradient-accumulation-steps 4"), std::string::npos) << text;

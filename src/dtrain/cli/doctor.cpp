@@ -130,6 +130,8 @@ profile::ScaleRun scale_run_from_summary(const std::string& summary_path) {
     run.global_batch = j.value("batch_size", std::int64_t{0});
     run.samples_per_second = j.value("samples_per_second", 0.0);
     run.gradient_bytes = j.value("gradient_bytes_per_step", 0.0);
+    run.table_bytes = j.value("embedding_table_bytes", 0.0);
+    run.table_rows_bytes = j.value("embedding_rows_bytes_per_step", 0.0);
     run.buckets = std::max(1, j.value("gradient_buckets", 1));
     run.overlap = j.value("overlap", true);
     run.spare_core = j.value("spare_core", true);

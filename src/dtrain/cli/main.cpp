@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <unistd.h>
 
 #include "dtrain/checkpoint/backup_and_restore.h"
@@ -40,6 +41,23 @@ namespace {
 
 using namespace dtrain;
 using nlohmann::json;
+
+// The embedding tables among `model`'s trainable weights, in bytes, and the most bytes of
+// their rows a step of `batch` samples looks up (each table's ids a sample, from the
+// input it was built for): what a parameter server's worker moves of them.
+std::pair<std::int64_t, std::int64_t> embedding_table_bytes(const Model& model, std::int64_t batch) {
+  std::int64_t tables = 0, rows = 0;
+  for (const auto& layer : model.layers()) {
+    const auto* e = dynamic_cast<const nn::Embedding*>(layer.get());
+    if (!e || !e->built() || !e->trainable()) continue;
+    const Shape in = *e->input_shape();
+    std::int64_t ids = 1;
+    for (int a = 1; a < in.rank(); ++a) ids *= in[a];
+    tables += e->input_dim() * e->output_dim() * 4;
+    rows += std::min(e->input_dim(), batch * ids) * e->output_dim() * 4;
+  }
+  return {tables, rows};
+}
 
 constexpr const char* kExamples = R"(
 Examples:
@@ -640,6 +658,10 @@ int run_fit(const std::string& path, const Overrides& o) {
     const bool compressed = c.strategy == "multi_worker" && comm.compression != distribute::Compression::NONE;
     j["compression"] = compressed ? o.compression : "none";
     j["gradient_bytes_per_step"] = parameters * (compressed ? 2 : 4);
+    const std::int64_t worker_batch = c.batch_size / std::max(1, j["workers"].get<int>());
+    const auto [table_bytes, rows_bytes] = embedding_table_bytes(*model, worker_batch);
+    j["embedding_table_bytes"] = table_bytes;
+    j["embedding_rows_bytes_per_step"] = rows_bytes;
     j["gradient_buckets"] = numels.empty() ? 0 : distribute::gradient_buckets(numels, comm.bytes_per_pack).front() + 1;
     j["overlap"] = comm.overlap;
     j["transport"] = strategy ? strategy->backend()->transport() : "";

@@ -302,6 +302,14 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
                   "batches, about %.2fx the samples/s); a larger per-replica batch spreads the same bytes over more "
                   "samples (twice the batch: about %.2fx)",
                   step * k_steps / (k_steps * per_micro + exposed + s.optimizer), at_twice_batch);
+    // Most of the bytes an embedding table's, of which a batch looks up a small part: the
+    // parameter servers move only those rows.
+    if (big->table_bytes > 0 && big->table_bytes >= 0.25 * big->gradient_bytes &&
+        big->table_rows_bytes <= 0.5 * big->table_bytes)
+      fix += format("; or hold the embedding tables on parameter servers in row shards (--strategy "
+                    "parameter_server --ps N --partitioner fixed:N): a step then moves only the rows its batch "
+                    "looks up, at most %.1f MB of the tables' %.1f MB",
+                    big->table_rows_bytes / 1e6, big->table_bytes / 1e6);
     communication = Finding{"communication-bound", evidence, fix};
   }
   // Both say the step waits on more than it computes. Where moving the bytes alone takes

@@ -20,6 +20,8 @@ struct ScaleRun {
   std::vector<WorkerSummary> rows;  // [worker]
   // The gradients each step all-reduces between workers, and in how many buckets.
   double gradient_bytes = 0;
+  // Of those, the embedding tables', and the most bytes of their rows a worker's step looks up.
+  double table_bytes = 0, table_rows_bytes = 0;
   int buckets = 1;
   bool overlap = true;  // buckets start while backward runs
   bool compressed = false;  // the buckets went between workers as 16-bit values

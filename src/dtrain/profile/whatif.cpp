@@ -173,6 +173,8 @@ StepModel step_model(const ScaleRun& one) {
   m.input = s.input;
   m.optimizer = s.optimizer;
   m.gradient_bytes = one.gradient_bytes;
+  m.table_bytes = one.table_bytes;
+  m.table_rows_bytes = one.table_rows_bytes;
   m.buckets = std::max(1, one.buckets);
   m.overlap = one.overlap;
   m.spare_core = one.spare_core;
@@ -379,6 +381,15 @@ std::vector<Scenario> fixes_at(const StepModel& m, int workers, const Link& link
   twice.fixed += m.input;
   twice.batch *= 2;
   out.push_back({"twice the batch per replica", predict(twice, workers, link), 2});
+
+  // The embedding tables on parameter servers: each worker pulls and pushes the rows its
+  // batch looks up and the rest of the model whole, at its own pace.
+  if (m.table_bytes > 0 && m.table_rows_bytes < m.table_bytes) {
+    StepModel rows = m;
+    rows.gradient_bytes = std::max(0.0, m.gradient_bytes - m.table_bytes) + m.table_rows_bytes;
+    out.push_back({"ParameterServerStrategy, " + std::to_string(workers) + " ps, async: embedding rows only",
+                   predict_ps(rows, workers, workers, "async", link)});
+  }
   return out;
 }
 

@@ -68,6 +68,9 @@ struct StepModel {
   double forward = 0, backward = 0;
   double local_sum = 0;  // summing this worker's replicas' gradients
   double gradient_bytes = 0;
+  // Of those, the embedding tables' (read by rows), and the most bytes of their rows one
+  // worker's step looks up: what a parameter server's worker would pull and push of them.
+  double table_bytes = 0, table_rows_bytes = 0;
   int buckets = 1;
   bool overlap = true;     // buckets start while backward runs...
   bool spare_core = true;  // ...on a core of their own
@@ -130,7 +133,8 @@ Prediction predict_ps(const StepModel& model, int workers, int ps, const std::st
 
 // The model at `workers` as is and with each fix: the buckets as bf16 on the wire (unless
 // they already are 16-bit), gradients accumulated over 4 batches, twice the batch per
-// replica.
+// replica, and where embedding tables look up fewer rows a step than they hold,
+// ParameterServerStrategy (async, as many ps as workers) moving only those rows of them.
 struct Scenario {
   std::string name;
   Prediction prediction;
