@@ -54,17 +54,15 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 
 namespace dtrain {
 
-Tensor embedding_lookup(const Tensor& table, const Tensor& ids, const char* who) {
-  detail::check_float(table, who);
-  if (table.rank() != 2) DTRAIN_THROW(InvalidArgument, who, ": the table must be [vocabulary, depth], got ", table.shape().to_string());
+Tensor lookup_ids(const Tensor& ids, std::int64_t vocabulary, const char* who) {
   if (ids.dtype() != DType::f32 && ids.dtype() != DType::i32 && ids.dtype() != DType::u8)
     DTRAIN_THROW(InvalidArgument, who, ": ids must be integers (int32, or float32 holding whole numbers), got ",
                  dtype_name(ids.dtype()));
   // Checked on the host, naming the first bad id: a lookup outside the table is a mistake
   // in the data, not something to clamp.
-  const std::int64_t vocabulary = table.dim(0), n = ids.numel();
+  const std::int64_t n = ids.numel();
   const Tensor host = ids.to(Device::cpu());
-  Tensor checked = Tensor::empty(Shape{n}, DType::i32);
+  Tensor checked = Tensor::empty(ids.shape(), DType::i32);
   std::int32_t* out = checked.data<std::int32_t>();
   for (std::int64_t i = 0; i < n; ++i) {
     const double id = host.dtype() == DType::f32   ? static_cast<double>(host.data<float>()[i])
@@ -75,6 +73,14 @@ Tensor embedding_lookup(const Tensor& table, const Tensor& ids, const char* who)
                    " is not a whole number in [0, ", vocabulary, ") (the input_dim)");
     out[i] = static_cast<std::int32_t>(id);
   }
+  return checked;
+}
+
+Tensor embedding_lookup(const Tensor& table, const Tensor& ids, const char* who) {
+  detail::check_float(table, who);
+  if (table.rank() != 2) DTRAIN_THROW(InvalidArgument, who, ": the table must be [vocabulary, depth], got ", table.shape().to_string());
+  const std::int64_t n = ids.numel();
+  const Tensor checked = lookup_ids(ids, table.dim(0), who).reshape(Shape{n});
   const Tensor flat = checked.to(table.device());
   std::vector<std::int64_t> dims(ids.shape().dims().begin(), ids.shape().dims().end());
   dims.push_back(table.dim(1));

@@ -136,6 +136,9 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
 // -> ids' shape + [D]; an id outside [0, V) is an InvalidArgument naming it and `who`.
 // Gradients flow to the table only (repeated ids add up).
 Tensor embedding_lookup(const Tensor& table, const Tensor& ids, const char* who = "embedding");
+// The ids a lookup in a table of `vocabulary` rows takes, as int32 on the host in ids'
+// shape; an id outside [0, vocabulary), or not whole, is an InvalidArgument naming it and `who`.
+Tensor lookup_ids(const Tensor& ids, std::int64_t vocabulary, const char* who = "embedding");
 
 // --- dropout (op_dropout.cpp): inverted dropout with a seeded, thread-count-independent mask.
 Tensor dropout(const Tensor& x, float rate, const Generator& generator);

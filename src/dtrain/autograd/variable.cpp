@@ -45,21 +45,25 @@ Variable::~Variable() {
   if (it != trackers().end()) it->second->destroyed(*this);
 }
 
-detail::RowReader* detail::set_row_reader(RowReader* reader) { return std::exchange(row_reader, reader); }
+detail::ScopedRowReader::ScopedRowReader(RowReader* reader) : saved_(std::exchange(row_reader, reader)) {}
+detail::ScopedRowReader::~ScopedRowReader() { row_reader = saved_; }
 
 const Tensor& Variable::value_for_lookup(const Tensor& ids) const {
-  if (!read_by_rows_ || !row_reader) return value();
-  // The reader is told of the rows; value() below is the lookup's read, not a whole one.
-  struct Restore {
-    detail::RowReader* reader;
-    ~Restore() { row_reader = reader; }
-  } restore{std::exchange(row_reader, nullptr)};
-  restore.reader->read_rows(*this, ids);
+  if (read_by_rows_ && row_reader) {
+    detail::RowReader* reader = row_reader;
+    const detail::ScopedRowReader none(nullptr);  // value() below is the lookup's read, not a whole one
+    reader->read_rows(*this, ids);
+    return value();
+  }
   return value();
 }
 
 const Tensor& Variable::value() const {
-  if (read_by_rows_ && row_reader) row_reader->read_whole(*this);
+  if (read_by_rows_ && row_reader) {
+    detail::RowReader* reader = row_reader;
+    const detail::ScopedRowReader none(nullptr);
+    reader->read_whole(*this);
+  }
   const ReplicaContext& replica = replica_context();
   if (replica.strategy != 0 && replica.strategy != strategy_)
     DTRAIN_THROW(InvalidArgument, "variable '", name_, "' was created outside the scope of the strategy whose replica ",

@@ -40,8 +40,9 @@ class Variable {
   // The current value, watched by live tapes when trainable. Inside a strategy's run(),
   // a variable created outside that strategy's scope is an InvalidArgument naming it.
   const Tensor& value() const;
-  // The same for a lookup of rows `ids` (an Embedding's gather): a variable read by rows
-  // may have only those rows brought up to date (see detail::RowReader).
+  // The same for a lookup of rows `ids` (an Embedding's gather; int32 on the host, each in
+  // range: lookup_ids): a variable read by rows may have only those rows brought up to
+  // date (see detail::RowReader).
   const Tensor& value_for_lookup(const Tensor& ids) const;
   // Whether its layer reads it only by rows (an Embedding's table) unless value() is read.
   bool read_by_rows() const { return read_by_rows_; }
@@ -104,8 +105,18 @@ class RowReader {
   virtual void read_whole(const Variable& v) = 0;
   virtual void read_rows(const Variable& v, const Tensor& ids) = 0;
 };
-// Sets this thread's reader (null: none); returns the one it replaces.
-RowReader* set_row_reader(RowReader* reader);
+// Sets this thread's reader (null: none) for its lifetime. A reader is told of no read it
+// makes itself: while it is told of one, the thread has none.
+class ScopedRowReader {
+ public:
+  explicit ScopedRowReader(RowReader* reader);
+  ~ScopedRowReader();
+  ScopedRowReader(const ScopedRowReader&) = delete;
+  ScopedRowReader& operator=(const ScopedRowReader&) = delete;
+
+ private:
+  RowReader* saved_;
+};
 }  // namespace detail
 
 }  // namespace dtrain

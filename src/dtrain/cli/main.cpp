@@ -42,8 +42,8 @@ namespace {
 using namespace dtrain;
 using nlohmann::json;
 
-// The embedding tables among `model`'s trainable weights, in bytes, and the most bytes of
-// their rows a step of `batch` samples looks up (each table's ids a sample, from the
+// The embedding tables among `model`'s trainable weights, in float32 bytes (as a parameter
+// server moves them), and the most bytes of their rows a step of `batch` samples looks up (each table's ids a sample, from the
 // input it was built for): what a parameter server's worker moves of them.
 std::pair<std::int64_t, std::int64_t> embedding_table_bytes(const Model& model, std::int64_t batch) {
   std::int64_t tables = 0, rows = 0;
@@ -658,7 +658,8 @@ int run_fit(const std::string& path, const Overrides& o) {
     const bool compressed = c.strategy == "multi_worker" && comm.compression != distribute::Compression::NONE;
     j["compression"] = compressed ? o.compression : "none";
     j["gradient_bytes_per_step"] = parameters * (compressed ? 2 : 4);
-    const std::int64_t worker_batch = c.batch_size / std::max(1, j["workers"].get<int>());
+    // A parameter server's worker takes the whole batch each step; all-reduce splits it.
+    const std::int64_t worker_batch = ps ? c.batch_size : c.batch_size / std::max(1, j["workers"].get<int>());
     const auto [table_bytes, rows_bytes] = embedding_table_bytes(*model, worker_batch);
     j["embedding_table_bytes"] = table_bytes;
     j["embedding_rows_bytes_per_step"] = rows_bytes;

@@ -30,7 +30,8 @@ void Embedding::build_weights(const Shape& /*input_shape*/) {
 
 Tensor Embedding::call(const Tensor& x, bool /*training*/) {
   const std::string who = "layer '" + name() + "' (Embedding)";
-  return embedding_lookup(embeddings_->value_for_lookup(x), x, who.c_str());
+  const Tensor ids = lookup_ids(x, input_dim_, who.c_str());  // checked once, before any row is pulled
+  return embedding_lookup(embeddings_->value_for_lookup(ids), ids, who.c_str());
 }
 
 PositionEmbedding::PositionEmbedding(std::int64_t sequence_length, std::string initializer,

@@ -304,7 +304,7 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
                   step * k_steps / (k_steps * per_micro + exposed + s.optimizer), at_twice_batch);
     // Most of the bytes an embedding table's, of which a batch looks up a small part: the
     // parameter servers move only those rows.
-    if (big->table_bytes > 0 && big->table_bytes >= 0.25 * big->gradient_bytes &&
+    if (big->table_bytes > 0 && big->table_bytes >= 0.25 * big->float32_gradient_bytes() &&
         big->table_rows_bytes <= 0.5 * big->table_bytes)
       fix += format("; or hold the embedding tables on parameter servers in row shards (--strategy "
                     "parameter_server --ps N --partitioner fixed:N): a step then moves only the rows its batch "

@@ -20,8 +20,10 @@ struct ScaleRun {
   std::vector<WorkerSummary> rows;  // [worker]
   // The gradients each step all-reduces between workers, and in how many buckets.
   double gradient_bytes = 0;
-  // Of those, the embedding tables', and the most bytes of their rows a worker's step looks up.
+  // The embedding tables' float32 bytes, and the most bytes of their rows a worker's step looks up.
   double table_bytes = 0, table_rows_bytes = 0;
+  // The gradients' float32 bytes (gradient_bytes is half that where they went as 16-bit).
+  double float32_gradient_bytes() const { return compressed ? 2 * gradient_bytes : gradient_bytes; }
   int buckets = 1;
   bool overlap = true;  // buckets start while backward runs
   bool compressed = false;  // the buckets went between workers as 16-bit values

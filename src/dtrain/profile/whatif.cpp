@@ -385,8 +385,11 @@ std::vector<Scenario> fixes_at(const StepModel& m, int workers, const Link& link
   // The embedding tables on parameter servers: each worker pulls and pushes the rows its
   // batch looks up and the rest of the model whole, at its own pace.
   if (m.table_bytes > 0 && m.table_rows_bytes < m.table_bytes) {
+    // The ps moves float32 values, whatever went on the ring.
     StepModel rows = m;
-    rows.gradient_bytes = std::max(0.0, m.gradient_bytes - m.table_bytes) + m.table_rows_bytes;
+    rows.gradient_bytes =
+        std::max(0.0, (m.compressed ? 2 * m.gradient_bytes : m.gradient_bytes) - m.table_bytes) + m.table_rows_bytes;
+    rows.compressed = false;
     out.push_back({"ParameterServerStrategy, " + std::to_string(workers) + " ps, async: embedding rows only",
                    predict_ps(rows, workers, workers, "async", link)});
   }

@@ -68,8 +68,8 @@ struct StepModel {
   double forward = 0, backward = 0;
   double local_sum = 0;  // summing this worker's replicas' gradients
   double gradient_bytes = 0;
-  // Of those, the embedding tables' (read by rows), and the most bytes of their rows one
-  // worker's step looks up: what a parameter server's worker would pull and push of them.
+  // The embedding tables' (read by rows) float32 bytes, and the most bytes of their rows
+  // one worker's step looks up: what a parameter server's worker would pull and push of them.
   double table_bytes = 0, table_rows_bytes = 0;
   int buckets = 1;
   bool overlap = true;     // buckets start while backward runs...

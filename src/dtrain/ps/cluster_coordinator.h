@@ -87,7 +87,7 @@ struct ParameterServerOptions {
   // A variable its layer reads by rows (an Embedding's table, trainable) is pulled by a
   // worker only in the rows each batch looks up, and its gradient pushed in those rows
   // only, as TensorFlow's lookups in a sharded embedding are; something else reading it
-  // whole (a regularizer, a tied output layer) pulls it whole for that step. The update
+  // whole (a regularizer, a tied output layer) pulls it whole, and whole from then on. The update
   // on the ps is the one the whole gradient (zero in the other rows) gives. false: such
   // variables are pulled and pushed whole, like every other.
   bool embedding_rows = true;

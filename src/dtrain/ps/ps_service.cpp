@@ -122,13 +122,10 @@ class PsService final : public wire::ParameterServer::Service {
       const wire::RowIds& ids = *asked->second;
       rows_of.erase(asked);
       const std::int64_t rows = value.rank() == 0 ? 1 : value.dim(0);
-      const std::string_view all = all_bytes(value);
-      const std::size_t row_bytes = all.size() / static_cast<std::size_t>(std::max<std::int64_t>(1, rows));
       wire::Rows* out = add_rows(reply->mutable_rows(), key.variable, key.shard,
                                  shard_shape(value.shape(), ids.rows_size()), std::nullopt);
       out->set_by_rows(true);
       std::string* bytes = out->mutable_values();
-      bytes->reserve(row_bytes * static_cast<std::size_t>(ids.rows_size()));
       for (std::int64_t id : ids.rows()) {
         if (id < 0 || id >= rows) {
           error = request->caller().task() + " asked for row " + std::to_string(id) + " of shard " +
@@ -137,7 +134,7 @@ class PsService final : public wire::ParameterServer::Service {
           return;
         }
         out->add_row_ids(id);
-        bytes->append(all.substr(static_cast<std::size_t>(id) * row_bytes, row_bytes));
+        bytes->append(rows_bytes(value, id, id + 1));
       }
       message_bytes_ += static_cast<std::int64_t>(bytes->size());
     };
@@ -198,30 +195,28 @@ class PsService final : public wire::ParameterServer::Service {
   }
 
   // A shard's gradient of some rows only (by_rows: an embedding table's rows a batch looked
-  // up), made whole with zeros in the other rows; ids outside the shard are refused.
+  // up, in increasing order), made whole with zeros in the other rows; ids outside the
+  // shard or out of order are refused.
   grpc::Status take_rows_from_message(const wire::Rows& rows, const std::string& task,
                                       std::vector<std::pair<ParameterStore::ShardKey, Tensor>>& into) {
     const Shape shape = shape_of(rows.shape());
+    Tensor values = Tensor::zeros(shape);
     const std::int64_t num_rows = shape.rank() == 0 ? 1 : shape[0];
-    const std::int64_t row = shape.numel() / std::max<std::int64_t>(1, num_rows);
+    const std::size_t row_bytes = rows_bytes(values, 0, std::min<std::int64_t>(1, num_rows)).size();
     const auto where = [&] {
       return "shard " + std::to_string(rows.shard()) + " of variable " + std::to_string(rows.variable()) + " (" +
              shape.to_string() + ")";
     };
-    if (rows.values().size() != static_cast<std::size_t>(rows.row_ids_size() * row) * sizeof(float))
+    if (rows.values().size() != row_bytes * static_cast<std::size_t>(rows.row_ids_size()))
       return {kInvalidArgument, task + " pushed " + std::to_string(rows.values().size()) + " bytes for " +
                                     std::to_string(rows.row_ids_size()) + " rows of " + where()};
-    Tensor values = Tensor::zeros(shape);
-    float* to = values.data<float>();
-    std::vector<float> source(static_cast<std::size_t>(row));
     for (int i = 0; i < rows.row_ids_size(); ++i) {
       const std::int64_t id = rows.row_ids(i);
-      if (id < 0 || id >= num_rows)
-        return {kInvalidArgument, task + " pushed a gradient for row " + std::to_string(id) + " of " + where()};
-      std::memcpy(source.data(), rows.values().data() + static_cast<std::size_t>(i * row) * sizeof(float),
-                  source.size() * sizeof(float));
-      float* target = to + id * row;
-      for (std::int64_t j = 0; j < row; ++j) target[j] += source[static_cast<std::size_t>(j)];
+      if (id < 0 || id >= num_rows || (i > 0 && id <= rows.row_ids(i - 1)))
+        return {kInvalidArgument, task + " pushed a gradient for row " + std::to_string(id) + " of " + where() +
+                                      (id >= 0 && id < num_rows ? ", out of order" : "")};
+      std::memcpy(const_cast<char*>(rows_bytes(values, id, id + 1).data()),
+                  rows.values().data() + static_cast<std::size_t>(i) * row_bytes, row_bytes);
     }
     into.emplace_back(ParameterStore::ShardKey{rows.variable(), rows.shard()}, std::move(values));
     message_bytes_ += static_cast<std::int64_t>(rows.values().size());

@@ -173,16 +173,22 @@ std::vector<std::int64_t> PsRuntime::pull(const std::vector<Variable*>& vars,
     }
     if (!requests[i].segment().empty()) drop_lane(p);  // the ps started again: attach anew next time
     for (const wire::Rows& rows : replies[i].shards()) {
-      const auto v = static_cast<std::size_t>(rows.variable());
-      const ShardPlacement* where = find_placement(placement, v, rows.shard(), p);
-      if (v >= vars.size() || where == nullptr)
-        DTRAIN_THROW(InvalidArgument, task_name_, ": ", describe({"ps", p}), " holds shard ", rows.shard(),
-                     " of variable ", v, ", which this task's model does not place there (another model?)");
-      copy_rows(vars[v]->mutable_value(), *where, rows.values(), task_name_ + ": " + describe({"ps", p}) + " sent",
-                "'" + vars[v]->name() + "'");
+      const ShardPlacement& where = placed_there(placement, vars, rows, p);
+      copy_rows(vars[where.index]->mutable_value(), where, rows.values(),
+                task_name_ + ": " + describe({"ps", p}) + " sent", "'" + vars[where.index]->name() + "'");
     }
   }
   return versions;
+}
+
+const ShardPlacement& PsRuntime::placed_there(const std::vector<ShardPlacement>& placement,
+                                              const std::vector<Variable*>& vars, const wire::Rows& rows, int p) const {
+  const auto v = static_cast<std::size_t>(rows.variable());
+  const ShardPlacement* where = find_placement(placement, v, rows.shard(), p);
+  if (v >= vars.size() || where == nullptr)
+    DTRAIN_THROW(InvalidArgument, task_name_, ": ", describe({"ps", p}), " sent shard ", rows.shard(), " of variable ",
+                 v, ", which this task's model does not place there (another model?)");
+  return *where;
 }
 
 void PsRuntime::pull_rows(const std::vector<Variable*>& vars, const std::vector<ShardPlacement>& placement,
@@ -211,11 +217,8 @@ void PsRuntime::pull_rows(const std::vector<Variable*>& vars, const std::vector<
                });
   for (std::size_t i = 0; i < to.size(); ++i) {
     for (const wire::Rows& got : replies[i].rows()) {
-      const auto v = static_cast<std::size_t>(got.variable());
-      const ShardPlacement* where = find_placement(placement, v, got.shard(), to[i]);
-      if (v >= vars.size() || where == nullptr)
-        DTRAIN_THROW(InvalidArgument, task_name_, ": ", describe({"ps", to[i]}), " sent rows of shard ", got.shard(),
-                     " of variable ", v, ", which this task's model does not place there (another model?)");
+      const ShardPlacement* where = &placed_there(placement, vars, got, to[i]);
+      const std::size_t v = where->index;
       Tensor& value = vars[v]->mutable_value();
       const std::size_t row_bytes = rows_bytes(value, 0, 1).size();
       if (got.values().size() != row_bytes * static_cast<std::size_t>(got.row_ids_size()))

@@ -2,7 +2,6 @@
 // push), with the per-worker datasets' iterators it keeps.
 #include "dtrain/ps/internal/runtime.h"
 
-#include <cmath>
 #include <iterator>
 #include <unordered_map>
 
@@ -14,109 +13,95 @@ namespace {
 // ---------------------------------------------------------------- worker
 
 // The rows of the embedding tables (variables read by rows) a closure's steps read: a
-// lookup pulls the rows it lacks, something reading a table whole pulls it whole, and the
-// push sends each table's gradient in those rows only (the others are zero). Set on the
-// thread that runs the closure.
+// lookup pulls the rows it lacks and the push sends each table's gradient in those rows
+// only (the others are zero). A table something reads whole (a regularizer, a tied output
+// layer) is pulled whole from then on, like the other variables. Made once per model and
+// set on the thread that runs each closure; its buffers keep their room from step to step.
 class RowPuller final : public dtrain::detail::RowReader {
  public:
   RowPuller(PsRuntime& runtime, const std::vector<Variable*>& vars, const std::vector<ShardPlacement>& placement)
-      : runtime_(runtime), vars_(vars), placement_(placement), whole_(vars.size(), true), read_whole_(vars.size()),
-        fresh_(vars.size()) {
+      : runtime_(runtime), vars_(vars), placement_(placement), whole_(vars.size(), true), fresh_(vars.size()) {
     for (std::size_t v = 0; v < vars.size(); ++v) {
-      const bool rows = runtime.options_.embedding_rows && vars[v]->read_by_rows() && vars[v]->trainable() &&
-                        vars[v]->shape().rank() == 2;
-      whole_[v] = !rows;
-      any_ = any_ || rows;
+      whole_[v] = !(runtime.options_.embedding_rows && vars[v]->read_by_rows() && vars[v]->trainable() &&
+                    vars[v]->shape().rank() == 2);
       index_[vars[v]] = v;
     }
   }
-  // Whether variable v comes whole with each pull (every one but the tables).
-  const std::vector<bool>* whole() const { return any_ ? &whole_ : nullptr; }
+  // Whether variable v comes whole with each pull (null: every one does).
+  const std::vector<bool>* whole() const {
+    return std::find(whole_.begin(), whole_.end(), false) == whole_.end() ? nullptr : &whole_;
+  }
+  // A closure begins: the time its lookups spend pulling adds to `seconds`.
+  void begin_closure(double& seconds) { seconds_ = &seconds; }
   // A pull began a step: no table's rows are up to date yet.
   void pulled() {
-    for (std::size_t v = 0; v < vars_.size(); ++v) {
-      read_whole_[v] = false;
-      fresh_[v].clear();
-    }
+    for (std::vector<std::int64_t>& rows : fresh_) rows.clear();
   }
   // For the push: variable v's rows its gradient may hold (sorted), or null where it is
   // pushed whole.
-  const std::vector<std::int64_t>* rows_of(std::size_t v) const {
-    return whole_[v] || read_whole_[v] ? nullptr : &fresh_[v];
-  }
+  const std::vector<std::int64_t>* rows_of(std::size_t v) const { return whole_[v] ? nullptr : &fresh_[v]; }
 
   void read_whole(const Variable& variable) override {
     const std::size_t v = index(variable);
-    if (whole_[v] || read_whole_[v]) return;
+    if (whole_[v]) return;
+    whole_[v] = true;
     std::vector<bool> only(vars_.size(), false);
     only[v] = true;
     const Timed timed(*this);
     runtime_.pull(vars_, placement_, &only);
-    read_whole_[v] = true;
   }
 
   void read_rows(const Variable& variable, const Tensor& ids) override {
     const std::size_t v = index(variable);
-    if (whole_[v] || read_whole_[v]) return;
-    if (!ids.device().is_cpu() || (ids.dtype() != DType::i32 && ids.dtype() != DType::f32)) {
-      read_whole(variable);  // ids the lookup itself refuses, or on a GPU: whole
+    if (whole_[v]) return;
+    if (ids.dtype() != DType::i32 || !ids.device().is_cpu()) {
+      read_whole(variable);  // not ids lookup_ids checked
       return;
     }
-    // The ids the lookup will take; others (out of range, not whole) it refuses by itself.
-    const std::int64_t rows = variable.shape()[0];
-    std::vector<std::int64_t> wanted;
-    wanted.reserve(static_cast<std::size_t>(ids.numel()));
-    for (std::int64_t i = 0; i < ids.numel(); ++i) {
-      const double id = ids.dtype() == DType::i32 ? static_cast<double>(ids.data<std::int32_t>()[i])
-                                                  : static_cast<double>(ids.data<float>()[i]);
-      if (id >= 0 && id < static_cast<double>(rows) && id == std::floor(id)) wanted.push_back(static_cast<std::int64_t>(id));
-    }
-    std::sort(wanted.begin(), wanted.end());
-    wanted.erase(std::unique(wanted.begin(), wanted.end()), wanted.end());
-    std::vector<std::int64_t> missing;
-    std::set_difference(wanted.begin(), wanted.end(), fresh_[v].begin(), fresh_[v].end(), std::back_inserter(missing));
-    if (missing.empty()) return;
+    const std::int32_t* id = ids.data<std::int32_t>();
+    wanted_.assign(id, id + ids.numel());
+    std::sort(wanted_.begin(), wanted_.end());
+    wanted_.erase(std::unique(wanted_.begin(), wanted_.end()), wanted_.end());
+    std::vector<std::int64_t>& fresh = fresh_[v];
+    const std::size_t had = fresh.size();
+    std::set_difference(wanted_.begin(), wanted_.end(), fresh.begin(), fresh.begin() + static_cast<std::ptrdiff_t>(had),
+                        std::back_inserter(fresh));  // the missing ones, after the rows already here
+    if (fresh.size() == had) return;
+    const auto missing = fresh.begin() + static_cast<std::ptrdiff_t>(had);
     // Each shard's share of them, numbered within the shard.
     std::vector<std::pair<std::size_t, std::vector<std::int64_t>>> by_shard;
     for (std::size_t i = 0; i < placement_.size(); ++i) {
       const ShardPlacement& s = placement_[i];
       if (s.index != v) continue;
-      const auto begin = std::lower_bound(missing.begin(), missing.end(), s.row_begin);
-      const auto end = std::lower_bound(begin, missing.end(), s.row_end);
+      const auto begin = std::lower_bound(missing, fresh.end(), s.row_begin);
+      const auto end = std::lower_bound(begin, fresh.end(), s.row_end);
       if (begin == end) continue;
       std::vector<std::int64_t> local(begin, end);
-      for (std::int64_t& id : local) id -= s.row_begin;
+      for (std::int64_t& row : local) row -= s.row_begin;
       by_shard.emplace_back(i, std::move(local));
     }
     {
       const Timed timed(*this);
       runtime_.pull_rows(vars_, placement_, by_shard);
     }
-    std::vector<std::int64_t> merged;
-    merged.reserve(fresh_[v].size() + missing.size());
-    std::merge(fresh_[v].begin(), fresh_[v].end(), missing.begin(), missing.end(), std::back_inserter(merged));
-    fresh_[v] = std::move(merged);
+    std::inplace_merge(fresh.begin(), missing, fresh.end());
   }
 
-  double seconds = 0;  // spent pulling rows and tables read whole, over the closure
-
  private:
-  // Times a pull inside a step: its seconds, and in the step's profile a pull within
-  // forward, where the lookups are.
+  // Times a pull inside a step: into the closure's pull seconds, and in the step's profile
+  // as a pull within forward, where the lookups are.
   class Timed {
    public:
-    explicit Timed(RowPuller& puller) : puller_(puller), start_(Clock::now()) {}
+    explicit Timed(RowPuller& puller) : seconds_(*puller.seconds_), start_(Clock::now()) {}
     ~Timed() {
-      const Clock::time_point end = Clock::now();
-      puller_.seconds += std::chrono::duration<double>(end - start_).count();
       if (profile::Track* loop = profile::current_loop_track())
-        loop->add_nested(profile::Phase::pull, profile::Phase::forward, start_, end);
+        loop->add_nested(profile::Phase::pull, profile::Phase::forward, start_, Clock::now());
     }
     Timed(const Timed&) = delete;
     Timed& operator=(const Timed&) = delete;
 
    private:
-    RowPuller& puller_;
+    ScopedSeconds seconds_;
     Clock::time_point start_;
   };
 
@@ -131,11 +116,11 @@ class RowPuller final : public dtrain::detail::RowReader {
   PsRuntime& runtime_;
   const std::vector<Variable*>& vars_;
   const std::vector<ShardPlacement>& placement_;
-  std::vector<bool> whole_;       // [variable]: pulled whole with each pull
-  std::vector<bool> read_whole_;  // [variable]: a table read whole since the pull
+  std::vector<bool> whole_;  // [variable]: pulled whole with each pull
   std::vector<std::vector<std::int64_t>> fresh_;  // [variable]: a table's rows pulled since the pull, sorted
   std::unordered_map<const Variable*, std::size_t> index_;
-  bool any_ = false;
+  std::vector<std::int64_t> wanted_;  // a lookup's ids, sorted and unique
+  double* seconds_ = nullptr;         // the closure's pull seconds
 };
 
 // Sends the gradients of a closure's apply_gradients to the parameter servers.
@@ -273,18 +258,6 @@ class PushSink final : public optim::detail::GradientSink {
   double push_seconds = 0;  // spent pushing, over the closure
 };
 
-// Sets this thread's row reader for its lifetime.
-class ScopedRowReader {
- public:
-  explicit ScopedRowReader(dtrain::detail::RowReader* reader) : previous_(dtrain::detail::set_row_reader(reader)) {}
-  ~ScopedRowReader() { dtrain::detail::set_row_reader(previous_); }
-  ScopedRowReader(const ScopedRowReader&) = delete;
-  ScopedRowReader& operator=(const ScopedRowReader&) = delete;
-
- private:
-  dtrain::detail::RowReader* previous_;
-};
-
 class WorkerService final : public wire::Worker::Service {
  public:
   explicit WorkerService(PsRuntime& runtime) : runtime_(runtime) {}
@@ -325,10 +298,12 @@ class WorkerService final : public wire::Worker::Service {
       if (vars_.empty()) {
         vars_ = runtime_.variables();
         placement_ = runtime_.placement(vars_);
+        rows_.emplace(runtime_, vars_, placement_);
       }
       double pull_seconds = 0;
       std::vector<std::int64_t> versions;
-      RowPuller rows(runtime_, vars_, placement_);
+      RowPuller& rows = *rows_;
+      rows.begin_closure(pull_seconds);
       PushSink sink(runtime_, vars_, placement_, request->closure(), request->incarnation(), versions, rows);
       auto pull = [&] {
         const ScopedSeconds timed(pull_seconds);
@@ -338,7 +313,7 @@ class WorkerService final : public wire::Worker::Service {
       };
       if (!fn->second.steps) pull();
       optim::detail::ScopedGradientSink scoped(&sink);
-      const ScopedRowReader reading(&rows);
+      const dtrain::detail::ScopedRowReader reading(&rows);
       if (fn->second.steps) {
         // fit()'s closure: each step trains on the weights as they are when it starts (the
         // pull is the step's first phase in the worker's profile).
@@ -350,7 +325,7 @@ class WorkerService final : public wire::Worker::Service {
       }
       std::vector<Tensor> results;
       if (!fn->second.steps) results = it ? fn->second.with_iterator(*it) : fn->second.plain();
-      reply->set_pull_seconds(pull_seconds + rows.seconds);
+      reply->set_pull_seconds(pull_seconds);
       reply->set_push_seconds(sink.push_seconds);
       reply->set_run_seconds(std::chrono::duration<double>(Clock::now() - run_start).count());
       for (const Tensor& t : results) {
@@ -402,6 +377,7 @@ class WorkerService final : public wire::Worker::Service {
   std::mutex run_mutex_;
   std::vector<Variable*> vars_;
   std::vector<ShardPlacement> placement_;
+  std::optional<RowPuller> rows_;  // for vars_ and placement_
   std::map<std::pair<int, int>, data::Iterator> iterators_;
   std::mutex mutex_;
   std::condition_variable changed_;

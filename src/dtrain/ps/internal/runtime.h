@@ -354,6 +354,10 @@ class PsRuntime final : public dtrain::detail::VariableTracker {
   // returns each ps's version.
   std::vector<std::int64_t> pull(const std::vector<Variable*>& vars, const std::vector<ShardPlacement>& placement,
                                  const std::vector<bool>* whole = nullptr);
+  // The placement of the shard ps p sent `rows` of; an InvalidArgument where this task's
+  // model places no such shard there (another model).
+  const ShardPlacement& placed_there(const std::vector<ShardPlacement>& placement, const std::vector<Variable*>& vars,
+                                     const wire::Rows& rows, int p) const;
   // Pulls rows of shards into `vars`: for placement[i], the rows (0-based within the shard)
   // in rows[i], from each ps that holds one at once.
   void pull_rows(const std::vector<Variable*>& vars, const std::vector<ShardPlacement>& placement,
