@@ -87,6 +87,45 @@ def test_a_keras_transformer_classifier_learns_token_order_and_round_trips_its_j
     np.testing.assert_allclose(again.predict(x_test[:8]), model.predict(x_test[:8]), rtol=1e-5, atol=1e-6)
 
 
+def _masked_encoder(length, mask_zero, attention_mask=False):
+    tf.keras.utils.set_random_seed(3)
+    ids = tf.keras.Input(shape=(length,), dtype="int32", name="ids")
+    x = tf.keras.layers.Embedding(10, 8, mask_zero=mask_zero)(ids)
+    inputs = [ids]
+    if attention_mask:
+        allowed = tf.keras.Input(shape=(length, length), name="allowed")
+        inputs.append(allowed)
+        h = tf.keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)(x, x, attention_mask=allowed)
+    else:
+        h = tf.keras.layers.MultiHeadAttention(num_heads=2, key_dim=4)(x, x)
+    x = tf.keras.layers.Add()([x, h])
+    x = tf.keras.layers.GlobalAveragePooling1D()(tf.keras.layers.LayerNormalization()(x))
+    return tf.keras.Model(inputs if attention_mask else ids, tf.keras.layers.Dense(3)(x))
+
+
+def test_padding_masked_by_mask_zero_changes_nothing_and_an_attention_mask_is_an_input():
+    rng = np.random.default_rng(2)
+    ids = rng.integers(1, 10, size=(4, 5)).astype(np.int32)
+    padded = np.zeros((4, 8), np.int32)
+    padded[:, :5] = ids
+    masked, plain = _masked_encoder(8, True), _masked_encoder(5, False)
+    plain.set_weights(masked.get_weights())
+    np.testing.assert_allclose(masked.predict(padded, verbose=0), plain.predict(ids, verbose=0), rtol=1e-5, atol=1e-6)
+    again = tf.keras.models.model_from_json(masked.to_json())
+    again.set_weights(masked.get_weights())
+    np.testing.assert_allclose(again.predict(padded, verbose=0), plain.predict(ids, verbose=0), rtol=1e-5, atol=1e-6)
+    # An attention mask given as a model input: the first three keys only, for every query.
+    with_mask = _masked_encoder(5, False, attention_mask=True)
+    with_mask.set_weights(plain.get_weights())
+    allowed = np.zeros((4, 5, 5), np.float32)
+    allowed[:, :, :3] = 1
+    everything = np.ones((4, 5, 5), np.float32)
+    np.testing.assert_allclose(with_mask.predict([ids, everything], verbose=0), plain.predict(ids, verbose=0),
+                               rtol=1e-5, atol=1e-6)
+    assert not np.allclose(with_mask.predict([ids, allowed], verbose=0), plain.predict(ids, verbose=0), atol=1e-4)
+    assert '"attention_mask"' in with_mask.to_json()
+
+
 def test_an_id_outside_the_table_is_named():
     layer = tf.keras.layers.Embedding(10, 4, name="tokens")
     with pytest.raises(ValueError, match="'tokens'.*id 12 at position 2"):

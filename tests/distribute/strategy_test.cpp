@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/compare.h"
+#include "common/masked_encoder.h"
 #include "common/quiet_fit.h"
 #include "common/tiny_transformer.h"
 #include "common/two_headed.h"
@@ -767,6 +768,35 @@ TEST(LinkMeasurement, ABurstIsWhatATransferAfterARestSavedBeyondTheNoise) {
   EXPECT_EQ(Link::burst(0.100, 0.001, 0.098, 1e7), 0);  // 2%
   EXPECT_EQ(Link::burst(0.100, 0.004, 0.094, 1e7), 0);  // within twice the deviation
   EXPECT_EQ(Link::burst(0.100, 0.001, 0.120, 1e7), 0);  // slower after the rest
+}
+
+// Keras's padding masks under replicas: rows of different real lengths, so that the
+// replicas' shares of padding differ; attention and pooling leave it out on each.
+TEST(MirroredStrategy, TrainsAMaskedEncoderAsOneDevice) {
+  // Rows of different real lengths, so that each replica's share of padding differs.
+  Tensor ids = testing::token_rows(16, 9).padded, labels = Tensor::empty(Shape{16}, DType::i32);
+  for (std::int64_t r = 0; r < 16; ++r) {
+    for (std::int64_t t = 1 + r % testing::kReal; t < testing::kPadded; ++t) ids.data<float>()[r * testing::kPadded + t] = 0.0f;
+    labels.data<std::int32_t>()[r] = static_cast<std::int32_t>(r % 3);
+  }
+  auto compiled = [](std::unique_ptr<Model> m) {
+    m->compile(std::make_shared<optim::SGD>(0.2f), std::make_shared<losses::SparseCategoricalCrossentropy>(true));
+    return m;
+  };
+  auto reference = compiled(testing::encoder(testing::kPadded, true));
+  reference->fit(ids, labels, testing::quiet(8, 2));
+  MirroredStrategy strategy(2);
+  std::unique_ptr<Model> model;
+  {
+    auto scope = strategy.scope();
+    model = compiled(testing::encoder(testing::kPadded, true));
+  }
+  model->fit(ids, labels, testing::quiet(8, 2));
+  for (std::size_t i = 0; i < model->variables().size(); ++i) {
+    const std::vector<float> a = model->variables()[i]->value().to_vector(),
+                             b = reference->variables()[i]->value().to_vector();
+    for (std::size_t j = 0; j < a.size(); ++j) ASSERT_NEAR(a[j], b[j], 1e-5f) << model->variables()[i]->name() << " " << j;
+  }
 }
 
 }  // namespace

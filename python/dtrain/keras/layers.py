@@ -492,13 +492,14 @@ class MultiHeadAttention(Layer):
             raise TypeError(f"layer '{self.name}': MultiHeadAttention is called on a query and a value")
         tensors = [query, value] + ([] if key is None else [key])
         if _symbolic(tensors):
-            if attention_mask is not None:
-                raise NotImplementedError("MultiHeadAttention(attention_mask=...) on a functional graph's tensors is "
-                                          "not supported by dtrain: use use_causal_mask, or call the layer on "
-                                          "tensors in a layer or model of your own")
+            if attention_mask is not None and not isinstance(attention_mask, KerasTensor):
+                raise TypeError(f"layer '{self.name}': on a functional graph's tensors, attention_mask is one of "
+                                "the graph's tensors too (an Input of shape (queries, keys))")
             node = len(getattr(self, "_nodes", []))
             if use_causal_mask:
                 self._causal = getattr(self, "_causal", set()) | {node}
+            if attention_mask is not None:
+                self._attention_masks = {**getattr(self, "_attention_masks", {}), node: attention_mask}
             return self._call_symbolic(tensors)
         layer = self._standalone()
         return _k._attend(layer, query, value, key, attention_mask, bool(use_causal_mask), bool(training))
@@ -507,6 +508,8 @@ class MultiHeadAttention(Layer):
         entry = super()._graph_json()
         for node in getattr(self, "_causal", ()):
             entry["inbound_nodes"][node][0][3]["use_causal_mask"] = True
+        for node, mask in getattr(self, "_attention_masks", {}).items():
+            entry["inbound_nodes"][node][0][3]["attention_mask"] = [mask.layer_name, mask.node_index, 0]
         return entry
 
 

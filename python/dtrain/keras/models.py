@@ -368,7 +368,8 @@ class Model:
             batch_size = max(1, len(inputs[0]))
         if model.num_inputs == 1 and model.num_outputs == 1:
             return model.predict(inputs[0], batch_size)
-        return model.predict_all(inputs, batch_size)
+        outputs = model.predict_all(inputs, batch_size)
+        return outputs[0] if model.num_outputs == 1 else outputs
 
     def __call__(self, inputs, training=False, mask=None):
         del mask
@@ -577,6 +578,8 @@ class _Graph:
             for refs in getattr(owner, "_nodes", []):
                 for ref in refs:
                     visit(ref._keras_layer)
+            for mask in getattr(owner, "_attention_masks", {}).values():
+                visit(mask._keras_layer)
             self.entries.append(owner)
 
         for t in self.outputs:

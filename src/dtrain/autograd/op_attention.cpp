@@ -12,19 +12,16 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4)
     DTRAIN_THROW(InvalidArgument, "attention: q, k and v must be [batch, length, heads, depth], got ",
                  q.shape().to_string(), ", ", k.shape().to_string(), " and ", v.shape().to_string());
-  // The mask as the kernels read it: float32 [B, T, S] on q's device, a [T, S] one repeated.
+  // The mask as the kernels read it: float32 [B, T, S] on q's device, or [1, T, S] (a [T, S]
+  // one) or [B, 1, S] read for every batch entry or query.
   Tensor mask;
   if (call.mask.defined()) {
     const std::int64_t b = q.dim(0), t = q.dim(1), s = k.dim(1);
     Tensor m = call.mask.dtype() == DType::f32 ? call.mask : call.mask.to(Device::cpu()).astype(DType::f32);
-    if (m.shape() == Shape{t, s}) {
-      Tensor whole = Tensor::empty(Shape{b, t, s}, DType::f32, m.device());
-      for (std::int64_t i = 0; i < b; ++i) whole.slice(i, i + 1).copy_from(m.reshape({1, t, s}));
-      m = whole;
-    }
-    if (!(m.shape() == Shape{b, t, s}))
+    if (m.rank() == 2) m = m.reshape({1, m.dim(0), m.dim(1)});
+    if (m.rank() != 3 || (m.dim(0) != b && m.dim(0) != 1) || (m.dim(1) != t && m.dim(1) != 1) || m.dim(2) != s)
       DTRAIN_THROW(InvalidArgument, "attention: the mask must be [batch, queries, keys] = ", Shape{b, t, s}.to_string(),
-                   " (or [queries, keys]), got ", call.mask.shape().to_string());
+                   " (or [queries, keys], [1, queries, keys] or [batch, 1, keys]), got ", call.mask.shape().to_string());
     mask = m.to(q.device());
   }
   kernels::AttentionOptions o{.scale = call.scale,

@@ -123,7 +123,9 @@ Tensor one_hot(const Tensor& labels, std::int64_t classes);
 struct AttentionCall {
   float scale = 1.0f;            // multiplies q · k (Keras: 1 / sqrt(key_dim))
   bool causal = false;           // a query sees no key after it
-  Tensor mask;                   // [batch, queries, keys] or [queries, keys]; nonzero: may see (undefined: all)
+  // [batch, queries, keys], nonzero where the query may see the key (undefined: all); or
+  // [queries, keys] / [1, queries, keys] for every batch entry, [batch, 1, keys] for every query.
+  Tensor mask;
   float dropout_rate = 0.0f;     // of the attention weights
   Generator dropout_generator{0};  // draws the weights dropped (kernels/backend.h's AttentionOptions)
 };

@@ -127,13 +127,26 @@ struct RmspropUpdate {
 struct AttentionOptions {
   float scale = 1.0f;
   bool causal = false;
-  const Tensor* mask = nullptr;  // [B, T, S] float32: nonzero where the query may see the key
+  // float32 [B, T, S], nonzero where the query may see the key; a mask of one row for every
+  // batch entry ([1, T, S]) or one for every query ([B, 1, S]: which keys are padding) is read
+  // for all of them (attention_mask_strides).
+  const Tensor* mask = nullptr;
   // Dropout of the weights P: weight (b, h, t, s) is kept where
   // dropout_generator.uniform_at(((b * H + h) * T + t) * S + s) >= rate, and scaled by
   // 1 / (1 - rate); backward draws the same.
   float dropout_rate = 0.0f;
   Generator dropout_generator{0};
 };
+
+// Where mask value (b, t, s) lies: b * batch + t * query + s (0 strides for a broadcast axis).
+struct MaskStrides {
+  std::int64_t batch = 0, query = 0;
+};
+inline MaskStrides attention_mask_strides(const Tensor* mask) {
+  if (!mask) return {};
+  const std::int64_t s = mask->dim(2), t = mask->dim(1);
+  return {mask->dim(0) == 1 ? 0 : t * s, t == 1 ? 0 : s};
+}
 
 class Backend {
  public:

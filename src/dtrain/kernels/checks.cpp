@@ -307,9 +307,10 @@ void check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const At
                  Shape{b, t, h}.to_string(), ", got ", out.shape().to_string(), " and ", lse.shape().to_string());
   if (o.mask) {
     o.mask->check_dtype(DType::f32, "attention (mask)");
-    if (!(o.mask->shape() == Shape{b, t, s}))
+    const Shape& m = o.mask->shape();
+    if (m.rank() != 3 || (m[0] != b && m[0] != 1) || (m[1] != t && m[1] != 1) || m[2] != s)
       DTRAIN_THROW(InvalidArgument, "attention: the mask must be ", Shape{b, t, s}.to_string(),
-                   " ([batch, queries, keys]), got ", o.mask->shape().to_string());
+                   " ([batch, queries, keys]; 1 for an axis it is the same along), got ", m.to_string());
   }
   if (!(o.dropout_rate >= 0.0f && o.dropout_rate < 1.0f))
     DTRAIN_THROW(InvalidArgument, "attention: dropout rate must be in [0, 1), got ", o.dropout_rate);

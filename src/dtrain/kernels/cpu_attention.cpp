@@ -142,12 +142,14 @@ struct Problem {
   std::int64_t batch, heads, queries, keys, depth, value_depth;
   const float *q, *k, *v, *mask;
   const AttentionOptions* o;
+  MaskStrides mask_strides;
   float keep_scale;
 
   Problem(const Tensor& tq, const Tensor& tk, const Tensor& tv, const AttentionOptions& options)
       : batch(tq.dim(0)), heads(tq.dim(2)), queries(tq.dim(1)), keys(tk.dim(1)), depth(tq.dim(3)),
         value_depth(tv.dim(3)), q(tq.data<float>()), k(tk.data<float>()), v(tv.data<float>()),
         mask(options.mask ? options.mask->data<float>() : nullptr), o(&options),
+        mask_strides(attention_mask_strides(options.mask)),
         keep_scale(1.0f / (1.0f - options.dropout_rate)) {}
 
   // Row (b, position, h) of a [batch, length, heads, width] tensor.
@@ -168,7 +170,7 @@ struct Problem {
   // The keys a block of queries ending before `query_end` may see: causal hides the rest.
   std::int64_t key_end(std::int64_t query_end) const { return o->causal ? std::min(keys, query_end) : keys; }
   bool visible(std::int64_t b, std::int64_t t, std::int64_t s) const {
-    return (!o->causal || s <= t) && (!mask || mask[(b * queries + t) * keys + s] != 0.0f);
+    return (!o->causal || s <= t) && (!mask || mask[b * mask_strides.batch + t * mask_strides.query + s] != 0.0f);
   }
   // Dropout's factor for weight (b, h, t, s): 0 or 1 / (1 - rate).
   float kept(std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t s) const {

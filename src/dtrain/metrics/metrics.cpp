@@ -20,16 +20,39 @@ Tensor argmax_of(const Tensor& y_pred, const std::string& metric) {
   return idx.to(Device::cpu());
 }
 
+// Each row's weight as doubles on the host (n rows), or empty for none; a weight of another
+// count is an error naming the metric.
+std::vector<double> row_weights(const Tensor& sample_weight, std::int64_t n, const std::string& metric) {
+  if (!sample_weight.defined()) return {};
+  if (sample_weight.numel() != n)
+    DTRAIN_THROW(InvalidArgument, metric, ": ", sample_weight.numel(), " weights ", sample_weight.shape().to_string(),
+                 " for ", n, " predictions (give one per row or step)");
+  const std::vector<float> w = sample_weight.to_vector();
+  return {w.begin(), w.end()};
+}
+
 }  // namespace
 
+void Metric::update_state(const Tensor& y_true, const Tensor& y_pred, const Tensor& sample_weight) {
+  if (sample_weight.defined())
+    DTRAIN_THROW(InvalidArgument, name(), ": this metric takes no weights (a masked output's steps); ",
+                 "use accuracy, or no mask");
+  update_state(y_true, y_pred);
+}
+
 void SparseCategoricalAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred) {
+  update_state(y_true, y_pred, Tensor());
+}
+
+void SparseCategoricalAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred, const Tensor& sample_weight) {
   // A sequence's predictions [batch, steps, ..., classes]: every step counts.
   if (y_pred.rank() >= 3) {
     const std::int64_t classes = y_pred.dim(-1), steps = y_pred.numel() / std::max<std::int64_t>(classes, 1);
     if (!y_true.defined() || y_true.numel() != steps)
       DTRAIN_THROW(InvalidArgument, name(), ": labels ", y_true.defined() ? y_true.shape().to_string() : "undefined",
                    " do not match predictions ", y_pred.shape().to_string());
-    update_state(y_true.reshape({steps}), y_pred.reshape({steps, classes}));
+    update_state(y_true.reshape({steps}), y_pred.reshape({steps, classes}),
+                 sample_weight.defined() ? sample_weight.reshape({sample_weight.numel()}) : Tensor());
     return;
   }
   const Tensor pred = argmax_of(y_pred, name());
@@ -39,31 +62,49 @@ void SparseCategoricalAccuracy::update_state(const Tensor& y_true, const Tensor&
                  y_pred.shape().to_string());
   const std::int32_t* p = pred.data<std::int32_t>();
   const std::int64_t n = pred.numel();
-  double correct = 0;
+  const std::vector<double> w = row_weights(sample_weight, n, name());
+  auto weight = [&](std::int64_t i) { return w.empty() ? 1.0 : w[static_cast<std::size_t>(i)]; };
+  double correct = 0, count = 0;
   if (y_true.dtype() == DType::i32) {  // the usual case, without a conversion
     const Tensor on_host = y_true.to(Device::cpu());
     const std::int32_t* labels = on_host.data<std::int32_t>();
-    for (std::int64_t i = 0; i < n; ++i) correct += p[i] == labels[i] ? 1 : 0;
+    for (std::int64_t i = 0; i < n; ++i) correct += p[i] == labels[i] ? weight(i) : 0.0;
   } else {
     const std::vector<float> labels = y_true.to_vector();
-    for (std::int64_t i = 0; i < n; ++i) correct += static_cast<float>(p[i]) == labels[i] ? 1 : 0;
+    for (std::int64_t i = 0; i < n; ++i) correct += static_cast<float>(p[i]) == labels[i] ? weight(i) : 0.0;
   }
+  for (std::int64_t i = 0; i < n; ++i) count += weight(i);
   total_ += correct;
-  count_ += static_cast<double>(n);
+  count_ += count;
 }
 
 void CategoricalAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred) {
+  update_state(y_true, y_pred, Tensor());
+}
+
+void CategoricalAccuracy::update_state(const Tensor& y_true, const Tensor& y_pred, const Tensor& sample_weight) {
   if (!(y_true.shape() == y_pred.shape()))
     DTRAIN_THROW(InvalidArgument, name(), ": targets ", y_true.shape().to_string(), " and predictions ",
                  y_pred.shape().to_string(), " differ in shape");
+  if (y_pred.rank() >= 3) {  // a sequence's: every step counts
+    const std::int64_t classes = y_pred.dim(-1), steps = y_pred.numel() / std::max<std::int64_t>(classes, 1);
+    update_state(y_true.reshape({steps, classes}), y_pred.reshape({steps, classes}),
+                 sample_weight.defined() ? sample_weight.reshape({sample_weight.numel()}) : Tensor());
+    return;
+  }
   const Tensor pred = argmax_of(y_pred, name());
   const Tensor want = argmax_of(y_true, name());
   const std::int32_t* p = pred.data<std::int32_t>();
-  const std::int32_t* w = want.data<std::int32_t>();
-  double correct = 0;
-  for (std::int64_t i = 0; i < pred.numel(); ++i) correct += p[i] == w[i] ? 1 : 0;
+  const std::int32_t* t = want.data<std::int32_t>();
+  const std::vector<double> w = row_weights(sample_weight, pred.numel(), name());
+  double correct = 0, count = 0;
+  for (std::int64_t i = 0; i < pred.numel(); ++i) {
+    const double weight = w.empty() ? 1.0 : w[static_cast<std::size_t>(i)];
+    correct += p[i] == t[i] ? weight : 0.0;
+    count += weight;
+  }
   total_ += correct;
-  count_ += static_cast<double>(pred.numel());
+  count_ += count;
 }
 
 void Mean::update_state(const Tensor& values, const Tensor&) {

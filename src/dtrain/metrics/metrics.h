@@ -14,6 +14,9 @@ class Metric {
   explicit Metric(std::string name) : name_(std::move(name)) {}
   virtual ~Metric() = default;
   virtual void update_state(const Tensor& y_true, const Tensor& y_pred) = 0;
+  // The same with a weight for each row or step (an output's mask: padding weighs 0), as
+  // Keras's sample_weight; the accuracies take one, the others refuse a defined one.
+  virtual void update_state(const Tensor& y_true, const Tensor& y_pred, const Tensor& sample_weight);
   virtual double result() const { return count_ == 0 ? 0.0 : total_ / count_; }
   virtual void reset_state() { total_ = count_ = 0.0; }
   const std::string& name() const { return name_; }
@@ -37,6 +40,7 @@ class SparseCategoricalAccuracy : public Metric {
  public:
   explicit SparseCategoricalAccuracy(std::string name = "sparse_categorical_accuracy") : Metric(std::move(name)) {}
   void update_state(const Tensor& y_true, const Tensor& y_pred) override;
+  void update_state(const Tensor& y_true, const Tensor& y_pred, const Tensor& sample_weight) override;
 };
 
 // Share of rows whose arg-max equals the arg-max of the one-hot target.
@@ -44,12 +48,14 @@ class CategoricalAccuracy : public Metric {
  public:
   explicit CategoricalAccuracy(std::string name = "categorical_accuracy") : Metric(std::move(name)) {}
   void update_state(const Tensor& y_true, const Tensor& y_pred) override;
+  void update_state(const Tensor& y_true, const Tensor& y_pred, const Tensor& sample_weight) override;
 };
 
 // The (weighted) mean of the values given: update_state(values) or update_state(value, weight).
 class Mean : public Metric {
  public:
   explicit Mean(std::string name = "mean") : Metric(std::move(name)) {}
+  using Metric::update_state;
   void update_state(const Tensor& values, const Tensor& /*unused*/ = Tensor()) override;
   void update_state(double value, double weight = 1.0);
 };

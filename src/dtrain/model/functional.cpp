@@ -57,4 +57,22 @@ KerasTensor call_layer(const std::shared_ptr<nn::Layer>& layer, const std::vecto
   return KerasTensor(std::move(node));
 }
 
+KerasTensor call_attention(const std::shared_ptr<nn::MultiHeadAttention>& layer, const KerasTensor& query,
+                           const KerasTensor& value, const KerasTensor& key, const KerasTensor& attention_mask) {
+  if (!layer) DTRAIN_THROW(InvalidArgument, "a null MultiHeadAttention was called on symbolic tensors");
+  std::vector<KerasTensor> inputs{query, value};
+  if (key.defined()) inputs.push_back(key);
+  KerasTensor out = call_layer(layer, inputs);  // checks and builds for query, value and key
+  if (!attention_mask.defined()) return out;
+  const Shape& m = attention_mask.shape();
+  const std::int64_t t = query.shape()[1], s = value.shape()[1];
+  if (m.rank() != 3 || m[1] != t || m[2] != s)
+    DTRAIN_THROW(InvalidArgument, "layer '", layer->name(), "' (MultiHeadAttention): attention_mask '",
+                 attention_mask.name(), "' must be [batch, ", t, " queries, ", s, " keys], got ", m.to_string());
+  auto node = std::make_shared<GraphNode>(*out.node());
+  node->inputs.push_back(attention_mask);
+  node->attention_mask = true;
+  return KerasTensor(std::move(node));
+}
+
 }  // namespace dtrain

@@ -38,6 +38,8 @@ class KerasTensor {
  private:
   friend KerasTensor Input(const Shape&, std::string, DType);
   friend KerasTensor call_layer(const std::shared_ptr<nn::Layer>&, const std::vector<KerasTensor>&);
+  friend KerasTensor call_attention(const std::shared_ptr<nn::MultiHeadAttention>&, const KerasTensor&,
+                                    const KerasTensor&, const KerasTensor&, const KerasTensor&);
   explicit KerasTensor(std::shared_ptr<const GraphNode> node) : node_(std::move(node)) {}
   std::shared_ptr<const GraphNode> node_;
 };
@@ -49,6 +51,8 @@ struct GraphNode {
   Shape shape;                       // the output's, batch axis 1
   DType dtype = DType::f32;
   std::string name;                  // an Input's name
+  // A MultiHeadAttention called with attention_mask=: the last input is that mask.
+  bool attention_mask = false;
 };
 
 // A model input of rows shaped `shape` (without the batch axis), as keras.Input.
@@ -57,6 +61,12 @@ KerasTensor Input(const Shape& shape, std::string name = "input", DType dtype = 
 // `layer` called on `inputs` (one, or several for Add and Concatenate): checks their
 // shapes, builds the layer for them if it is not built, and returns its output.
 KerasTensor call_layer(const std::shared_ptr<nn::Layer>& layer, const std::vector<KerasTensor>& inputs);
+
+// Keras's mha(query, value, key, attention_mask=mask) on symbolic tensors: `attention_mask`
+// [batch, queries, keys] is a tensor of the graph (a model input, nonzero where a query may
+// attend to a key); `key` may be undefined (the value).
+KerasTensor call_attention(const std::shared_ptr<nn::MultiHeadAttention>& layer, const KerasTensor& query,
+                           const KerasTensor& value, const KerasTensor& key, const KerasTensor& attention_mask);
 
 // A layer held for calling on symbolic tensors, as Keras code writes layers.Dense(10)(x).
 template <typename L>

@@ -139,10 +139,17 @@ void Model::refuse_strings(const Tensor& x, const std::string& which) const {
 }
 
 std::vector<Tensor> Model::operator()(std::span<const Tensor> inputs, bool training) {
+  return (*this)(inputs, training, nullptr);
+}
+
+std::vector<Tensor> Model::operator()(std::span<const Tensor> inputs, bool training, std::vector<Tensor>* output_masks) {
   if (!functional()) {
     if (inputs.size() != 1)
       DTRAIN_THROW(InvalidArgument, "model '", name_, "' takes one input, got ", inputs.size());
-    return {(*this)(inputs[0], training)};
+    Tensor mask;
+    std::vector<Tensor> out{sequential_forward(inputs[0], training, output_masks ? &mask : nullptr)};
+    if (output_masks) output_masks->assign(1, mask);
+    return out;
   }
   if (inputs.size() != inputs_.size())
     DTRAIN_THROW(InvalidArgument, "model '", name_, "' takes ", inputs_.size(), " inputs, got ", inputs.size());
@@ -161,22 +168,53 @@ std::vector<Tensor> Model::operator()(std::span<const Tensor> inputs, bool train
                    ", got a batch ", x.shape().to_string());
     values[inputs_[i].node().get()] = x;
   }
-  std::vector<Tensor> args;
+  // Keras's implicit masks, beside the values: a node's mask from its layer's compute_mask.
+  std::unordered_map<const GraphNode*, Tensor> masks;
+  auto mask_of = [&](const GraphNode* n) {
+    const auto it = masks.find(n);
+    return it == masks.end() ? Tensor() : it->second;
+  };
+  std::vector<Tensor> args, arg_masks;
   for (std::size_t i = 0; i < graph_.size(); ++i) {
     const auto& n = graph_[i];
     if (!n->layer) continue;
     args.clear();
-    for (const KerasTensor& in : n->inputs) args.push_back(values.at(in.node().get()));
-    if (fused_relu_[i]) {
-      values[n.get()] = args[0];  // the batch norm before it applied the relu
-    } else if (runs_relu_[i]) {
-      values[n.get()] = static_cast<nn::BatchNormalization&>(*n->layer).call_then_relu(args[0], training);
-    } else {
-      values[n.get()] = (*n->layer)(std::span<const Tensor>(args), training);
+    arg_masks.clear();
+    bool masked = false;
+    for (const KerasTensor& in : n->inputs) {
+      args.push_back(values.at(in.node().get()));
+      arg_masks.push_back(mask_of(in.node().get()));
+      masked = masked || arg_masks.back().defined();
     }
+    Tensor& value = values[n.get()];
+    if (n->attention_mask) {
+      // MultiHeadAttention called with attention_mask=: the node's last input.
+      auto& mha = static_cast<nn::MultiHeadAttention&>(*n->layer);
+      const std::size_t given = args.size() - 1;  // query, value and maybe key
+      const std::array<Tensor, 3> m{arg_masks[0], arg_masks[1], given > 2 ? arg_masks[2] : Tensor()};
+      value = mha.attend(args[0], args[1], given > 2 ? args[2] : Tensor(), args.back(), mha.options().use_causal_mask,
+                         training, m);
+      if (arg_masks[0].defined()) masks[n.get()] = arg_masks[0];
+      continue;
+    }
+    if (fused_relu_[i] && !(masked && training)) {
+      value = args[0];  // the batch norm before it applied the relu
+    } else if (runs_relu_[i] && !(masked && training)) {
+      value = static_cast<nn::BatchNormalization&>(*n->layer).call_then_relu(args[0], training);
+    } else if (masked) {
+      value = (*n->layer)(std::span<const Tensor>(args), std::span<const Tensor>(arg_masks), training);
+    } else {
+      value = (*n->layer)(std::span<const Tensor>(args), training);
+    }
+    if (masked || n->layer->supports_masking())
+      if (Tensor m = n->layer->compute_mask(args, arg_masks); m.defined()) masks[n.get()] = std::move(m);
   }
   std::vector<Tensor> out;
-  for (const KerasTensor& t : outputs_) out.push_back(values.at(t.node().get()));
+  if (output_masks) output_masks->clear();
+  for (const KerasTensor& t : outputs_) {
+    out.push_back(values.at(t.node().get()));
+    if (output_masks) output_masks->push_back(mask_of(t.node().get()));
+  }
   return out;
 }
 
@@ -250,6 +288,10 @@ Tensor Model::operator()(const Tensor& x, bool training) {
                    " outputs; call it with a list of inputs");
     return (*this)(std::span<const Tensor>(&x, 1), training).front();
   }
+  return sequential_forward(x, training, nullptr);
+}
+
+Tensor Model::sequential_forward(const Tensor& x, bool training, Tensor* output_mask) {
   x.check_defined(name_.c_str());
   refuse_strings(x, "its input");
   if (!input_shape_) {
@@ -257,17 +299,26 @@ Tensor Model::operator()(const Tensor& x, bool training) {
     build(Shape(dims));
   }
   Tensor h = x.to(device());
+  Tensor mask;  // Keras's implicit mask, from an Embedding(mask_zero) on
   for (std::size_t i = 0; i < layers_.size(); ++i) {
+    nn::Layer& layer = *layers_[i];
     // A batch norm and the relu after it run as one pass.
-    auto* bn = dynamic_cast<nn::BatchNormalization*>(layers_[i].get());
-    if (bn && i + 1 < layers_.size() && is_relu(layers_[i + 1].get())) {
+    auto* bn = dynamic_cast<nn::BatchNormalization*>(&layer);
+    if (bn && i + 1 < layers_.size() && is_relu(layers_[i + 1].get()) && !(mask.defined() && training)) {
       h = bn->call_then_relu(h, training);
       layers_[i + 1]->build(h.shape());
       ++i;
       continue;
     }
-    h = (*layers_[i])(h, training);
+    if (!mask.defined() && !layer.supports_masking()) {
+      h = layer(h, training);
+      continue;
+    }
+    const Tensor in = h;
+    h = layer(std::span<const Tensor>(&in, 1), std::span<const Tensor>(&mask, 1), training);
+    mask = layer.compute_mask(std::span<const Tensor>(&in, 1), std::span<const Tensor>(&mask, 1));
   }
+  if (output_mask) *output_mask = mask;
   return h;
 }
 
@@ -341,14 +392,35 @@ std::vector<std::string> Model::output_names() const {
   return out;
 }
 
-Tensor Model::compute_loss(std::span<const Tensor> y, std::span<const Tensor> y_pred, std::vector<Tensor>* each) const {
+namespace {
+
+// Keras's weights for an output's mask: a mean loss is the mean over the real steps (each
+// weighs steps / real ones; padding 0); a summed one, their sum.
+Tensor mask_weights(const Tensor& mask, losses::Reduction reduction) {
+  if (reduction != losses::Reduction::sum_over_batch_size) return mask;
+  double real = 0.0;
+  for (float v : mask.to_vector()) real += v;
+  const float each = real > 0.0 ? static_cast<float>(static_cast<double>(mask.numel()) / real) : 0.0f;
+  return scale(mask, each);
+}
+
+}  // namespace
+
+Tensor Model::compute_loss(std::span<const Tensor> y, std::span<const Tensor> y_pred, std::vector<Tensor>* each,
+                           std::span<const Tensor> masks) const {
   if (y.size() != y_pred.size())
     DTRAIN_THROW(InvalidArgument, "model '", name_, "': ", y.size(), " target(s) for its ", y_pred.size(), " output(s)");
-  if (y.size() == 1 && loss_weights_.front() == 1.0) return (*loss_)(y[0].to(y_pred[0].device()), y_pred[0]);
+  auto loss_of = [&](std::size_t o) {
+    const losses::Loss& loss = *losses_[o];
+    const Tensor target = y[o].to(y_pred[o].device());
+    if (o < masks.size() && masks[o].defined()) return loss(target, y_pred[o], mask_weights(masks[o], loss.reduction()));
+    return loss(target, y_pred[o]);
+  };
+  if (y.size() == 1 && loss_weights_.front() == 1.0) return loss_of(0);
   Tensor total;
   if (each) each->clear();
   for (std::size_t o = 0; o < y.size(); ++o) {
-    Tensor own = (*losses_[o])(y[o].to(y_pred[o].device()), y_pred[o]);
+    Tensor own = loss_of(o);
     const Tensor weighted = loss_weights_[o] == 1.0 ? own : scale(own, static_cast<float>(loss_weights_[o]));
     total = total.defined() ? add(total, weighted) : weighted;
     if (each) each->push_back(std::move(own));
@@ -356,9 +428,14 @@ Tensor Model::compute_loss(std::span<const Tensor> y, std::span<const Tensor> y_
   return total;
 }
 
-void Model::update_metrics(std::span<const Tensor> y, std::span<const Tensor> y_pred) {
-  for (std::size_t i = 0; i < metrics_.size(); ++i)
-    if (!metric_roles_[i].loss) metrics_[i]->update_state(y[metric_roles_[i].output], y_pred[metric_roles_[i].output]);
+void Model::update_metrics(std::span<const Tensor> y, std::span<const Tensor> y_pred, std::span<const Tensor> masks) {
+  for (std::size_t i = 0; i < metrics_.size(); ++i) {
+    if (metric_roles_[i].loss) continue;
+    const std::size_t o = metric_roles_[i].output;
+    // As Keras's metrics: an output's mask weighs its steps (padding counts nothing).
+    if (o < masks.size() && masks[o].defined()) metrics_[i]->update_state(y[o], y_pred[o], masks[o]);
+    else metrics_[i]->update_state(y[o], y_pred[o]);
+  }
 }
 
 void Model::update_output_losses(std::span<const double> output_losses, double rows) {
@@ -869,17 +946,17 @@ Logs Model::run_evaluation(BatchSource& source, const std::string& prefix, bool 
   source.begin_epoch(0);
   std::int64_t batches = 0;
   TensorData batch;
-  std::vector<Tensor> each;
+  std::vector<Tensor> each, output_masks;
   std::vector<double> values;
   while (source.next(batch)) {
     ++batches;
-    const std::vector<Tensor> y_pred = (*this)(batch.x, /*training=*/false);
-    Tensor loss = compute_loss(batch.y, y_pred, &each);
+    const std::vector<Tensor> y_pred = (*this)(batch.x, /*training=*/false, &output_masks);
+    Tensor loss = compute_loss(batch.y, y_pred, &each, output_masks);
     // As Keras reports it: with the regularization penalties (model.losses).
     if (const std::vector<Tensor> penalties = losses(); !penalties.empty()) loss = add(loss, add_n(penalties));
     const auto rows = static_cast<double>(batch.rows());
     loss_mean.update_state(mean_value(loss), rows);
-    update_metrics(batch.y, y_pred);
+    update_metrics(batch.y, y_pred, output_masks);
     values.clear();
     for (const Tensor& l : each) values.push_back(mean_value(l));
     update_output_losses(values, rows);

@@ -133,6 +133,9 @@ class Model {
   Tensor operator()(const Tensor& x, bool training = false);
   // A functional model of several inputs or outputs: one tensor per input, in order.
   std::vector<Tensor> operator()(std::span<const Tensor> inputs, bool training = false);
+  // The same, with each output's mask (Keras's implicit masks: nn::Layer::compute_mask;
+  // undefined where an output has none) in `output_masks`, which the loss and metrics honour.
+  std::vector<Tensor> operator()(std::span<const Tensor> inputs, bool training, std::vector<Tensor>* output_masks);
   // Where the model's weights are (its first variable's device); before they exist, where
   // they would be made: the calling thread's placement (core/device.h).
   Device device() const;
@@ -254,6 +257,8 @@ class Model {
 
  private:
   History run_fit(BatchSource& source, const FitOptions& options);
+  // A Sequential's forward pass; its output's mask (undefined for none) to `output_mask`.
+  Tensor sequential_forward(const Tensor& x, bool training, Tensor* output_mask);
   // fit() under a strategy whose steps run in other processes (remote_fit.cpp): the
   // coordinator hands out `steps` steps an epoch; a worker trains on `batches` (null on a
   // task that runs no steps) as each closure asks.
@@ -263,12 +268,15 @@ class Model {
   void build_for(const Tensor& x);
   // The loss fit minimizes for a batch's predictions (without the penalties): the weighted
   // sum of each output's loss. With several outputs, each one's own loss goes to `each`.
-  Tensor compute_loss(std::span<const Tensor> y, std::span<const Tensor> y_pred, std::vector<Tensor>* each) const;
+  // An output with a mask (`masks`, where given) counts only its real steps, as Keras's
+  // losses do: a mean loss is their mean.
+  Tensor compute_loss(std::span<const Tensor> y, std::span<const Tensor> y_pred, std::vector<Tensor>* each,
+                      std::span<const Tensor> masks = {}) const;
   // The reduction every output's loss shares (compile checks that they share one).
   losses::Reduction loss_reduction() const { return loss_->reduction(); }
   // Each compiled metric's update for a batch (its rows' targets and predictions); the
   // outputs' own losses (several outputs) take `output_losses`, weighted by `rows`.
-  void update_metrics(std::span<const Tensor> y, std::span<const Tensor> y_pred);
+  void update_metrics(std::span<const Tensor> y, std::span<const Tensor> y_pred, std::span<const Tensor> masks = {});
   void update_output_losses(std::span<const double> output_losses, double rows);
   // Checks `data` against the model's inputs and outputs: counts, and the same rows throughout.
   void check_data(const TensorData& data, const char* who) const;

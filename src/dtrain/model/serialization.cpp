@@ -153,7 +153,7 @@ json layer_to_json(const nn::Layer& layer) {
     config["embeddings_initializer"] = o.embeddings_initializer;
     config["embeddings_regularizer"] = regularizer_json(o.embeddings_regularizer);
     config["embeddings_constraint"] = constraint_json(o.embeddings_constraint);
-    config["mask_zero"] = false;
+    config["mask_zero"] = o.mask_zero;
     config["seed"] = seed_json(o.seed);
   } else if (auto* pe = dynamic_cast<const nn::PositionEmbedding*>(&layer)) {
     config["sequence_length"] = pe->sequence_length();
@@ -587,15 +587,13 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
                                 "embeddings_constraint", "mask_zero", "input_length", "sparse", "lora_rank",
                                 "lora_alpha", "seed"}));
       expect_unset(c, {"lora_rank", "lora_alpha"});
-      if (c.get_bool("mask_zero", false))
-        c.fail("mask_zero", "true is not supported (a padding mask carried to later layers); pass the mask to "
-                            "MultiHeadAttention as attention_mask instead");
       if (c.get_bool("sparse", false)) c.fail("sparse", "true is not supported (sparse gradients; only false)");
       nn::EmbeddingOptions o;
       o.embeddings_initializer = initializer_name(c, "embeddings_initializer", "uniform");
       o.embeddings_regularizer = get_regularizer(c, "embeddings_regularizer");
       o.embeddings_constraint = get_constraint(c, "embeddings_constraint");
       o.seed = get_seed(c, "embeddings_initializer");
+      o.mask_zero = c.get_bool("mask_zero", false);
       o.name = c.get_string("name", "embedding");
       const std::int64_t in = c.get_int("input_dim"), out = c.get_int("output_dim");
       if (in <= 0 || out <= 0) c.fail("input_dim", "input_dim and output_dim must be positive integers");
@@ -681,14 +679,15 @@ Shape shape_from(const JsonReader& s, std::size_t skip) {
 struct NodeCall {
   std::vector<std::pair<std::string, int>> inputs;  // (layer name, node index), in call order
   bool use_causal_mask = false;
+  std::optional<std::pair<std::string, int>> attention_mask;  // a tensor given as attention_mask
 };
 
 void collect_history(const json& v, NodeCall& out);
 
 // A node's call arguments beside its first inputs (tf.keras's kwargs dict, Keras 3's
-// "kwargs"): tensors given as value and key (MultiHeadAttention's, after the query),
-// use_causal_mask, and those that change nothing: training unset or false, mask and
-// attention_mask unset, return_attention_scores false.
+// "kwargs"): tensors given as value and key (MultiHeadAttention's, after the query), a
+// tensor given as attention_mask, use_causal_mask, and those that change nothing: training
+// unset or false, mask unset (the implicit masks are made again), return_attention_scores false.
 void read_call_kwargs(const json& kwargs, NodeCall& out) {
   if (kwargs.is_null()) return;
   if (!kwargs.is_object()) throw std::invalid_argument("call arguments are not an object: " + kwargs.dump());
@@ -698,6 +697,13 @@ void read_call_kwargs(const json& kwargs, NodeCall& out) {
     const std::string& k = it.key();
     const json& v = it.value();
     if (k == "value" || k == "key") continue;
+    if (k == "attention_mask" && !v.is_null()) {
+      NodeCall mask;
+      collect_history(v, mask);
+      if (mask.inputs.size() != 1) throw std::invalid_argument("attention_mask is not one tensor: " + v.dump());
+      out.attention_mask = mask.inputs.front();
+      continue;
+    }
     if (k == "use_causal_mask" && v.is_boolean()) {
       out.use_causal_mask = out.use_causal_mask || v.get<bool>();
       continue;
@@ -706,8 +712,8 @@ void read_call_kwargs(const json& kwargs, NodeCall& out) {
                           ((k == "mask" || k == "attention_mask") && v.is_null());
     if (!harmless)
       throw std::invalid_argument("a call with " + k + "=" + v.dump() +
-                                  " is not supported (training false, mask and attention_mask null, "
-                                  "return_attention_scores false, use_causal_mask, value and key only)");
+                                  " is not supported (training false, mask null, return_attention_scores false, "
+                                  "attention_mask, use_causal_mask, value and key only)");
   }
 }
 
@@ -775,7 +781,7 @@ UnbuiltModel functional_from_json(const JsonReader& c, const std::string& dtype_
   layers.expect_array();
   // Each layer's config and inbound nodes; Inputs become calls with no layer.
   std::unordered_map<std::string, std::size_t> by_name;  // entry index
-  std::vector<std::vector<std::vector<std::pair<std::string, int>>>> inbound;  // [entry][node] inputs
+  std::vector<std::vector<NodeCall>> inbound;  // [entry][node]
   std::vector<int> layer_of;  // [entry] index into out.layers, -1 for an InputLayer
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const JsonReader e = layers.element(i);
@@ -816,7 +822,7 @@ UnbuiltModel functional_from_json(const JsonReader& c, const std::string& dtype_
       layer_of.push_back(static_cast<int>(out.layers.size()));
       out.layers.push_back(layer);
       out.json_index.push_back(i);
-      std::vector<std::vector<std::pair<std::string, int>>> nodes;
+      std::vector<NodeCall> nodes;
       if (e.has("inbound_nodes")) {
         const JsonReader in = e.child("inbound_nodes");
         in.expect_array();
@@ -828,7 +834,12 @@ UnbuiltModel functional_from_json(const JsonReader& c, const std::string& dtype_
             if (!mha) in.element(k).fail("", "use_causal_mask on a layer that is not a MultiHeadAttention");
             mha->set_use_causal_mask(true);
           }
-          nodes.push_back(std::move(call.inputs));
+          if (call.attention_mask) {
+            if (!dynamic_cast<nn::MultiHeadAttention*>(layer.get()))
+              in.element(k).fail("", "attention_mask on a layer that is not a MultiHeadAttention");
+            call.inputs.push_back(*call.attention_mask);  // the node's last input
+          }
+          nodes.push_back(std::move(call));
         }
       }
       inbound.push_back(nodes);
@@ -846,8 +857,9 @@ UnbuiltModel functional_from_json(const JsonReader& c, const std::string& dtype_
       while (next[i] < inbound[i].size()) {
         UnbuiltModel::Call call;
         call.layer = layer_of[i];
+        call.attention_mask = inbound[i][next[i]].attention_mask.has_value();
         bool ready = true;
-        for (const auto& ref : inbound[i][next[i]]) {
+        for (const auto& ref : inbound[i][next[i]].inputs) {
           const auto it = made.find(ref);
           if (it == made.end()) {
             ready = false;
@@ -866,7 +878,7 @@ UnbuiltModel functional_from_json(const JsonReader& c, const std::string& dtype_
   for (std::size_t i = 0; i < layers.size(); ++i)
     if (next[i] < inbound[i].size()) {
       std::string missing;
-      for (const auto& ref : inbound[i][next[i]])
+      for (const auto& ref : inbound[i][next[i]].inputs)
         if (!made.count(ref)) missing = ref.first + "' node " + std::to_string(ref.second);
       layers.element(i).fail("inbound_nodes", "node " + std::to_string(next[i]) + " reads layer '" + missing +
                                                   ", which no layer of the model makes (or only in a cycle)");
@@ -911,6 +923,7 @@ Shape UnbuiltModel::output_shape(const Shape& row) const {
     }
     std::vector<Shape> in;
     for (std::size_t j : call.inputs) in.push_back(shapes[j]);
+    if (call.attention_mask) in.pop_back();  // not one of the layer's tensors
     shapes[k] = layers[static_cast<std::size_t>(call.layer)]->compute_output_shape_of(in);
   }
   return shapes[outputs.front()];
@@ -938,7 +951,11 @@ std::unique_ptr<Model> UnbuiltModel::build() {
     }
     std::vector<KerasTensor> in;
     for (std::size_t j : call.inputs) in.push_back(made[j]);
-    made[k] = call_layer(layers[static_cast<std::size_t>(call.layer)], in);
+    const auto& layer = layers[static_cast<std::size_t>(call.layer)];
+    if (call.attention_mask)
+      made[k] = call_attention(std::static_pointer_cast<nn::MultiHeadAttention>(layer), in[0], in[1],
+                               in.size() > 3 ? in[2] : KerasTensor(), in.back());
+    else made[k] = call_layer(layer, in);
   }
   std::vector<KerasTensor> ins, outs;
   for (std::size_t k : inputs) ins.push_back(made[k]);
@@ -979,7 +996,12 @@ std::string Model::to_json(int indent) const {
     }
     node_index[n.get()] = calls[n->layer.get()]++;
     json node = json::array();
-    for (const KerasTensor& in : n->inputs) node.push_back(ref(in));
+    const std::size_t tensors = n->inputs.size() - (n->attention_mask ? 1 : 0);
+    for (std::size_t i = 0; i < tensors; ++i) node.push_back(ref(n->inputs[i]));
+    if (n->attention_mask) {
+      const KerasTensor& m = n->inputs.back();
+      node[0][3]["attention_mask"] = json::array({m.name(), node_index.at(m.node().get()), 0});
+    }
     if (auto* mha = dynamic_cast<const nn::MultiHeadAttention*>(n->layer.get()); mha && mha->options().use_causal_mask)
       node[0][3]["use_causal_mask"] = true;
     inbound[n->layer.get()].push_back(node);

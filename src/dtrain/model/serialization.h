@@ -35,6 +35,7 @@ struct UnbuiltModel {
     std::optional<Shape> input_shape;  // an Input's
     std::string name;                  // an Input's
     DType dtype = DType::f32;          // an Input's
+    bool attention_mask = false;       // a MultiHeadAttention's: the last input is its attention_mask
   };
   std::vector<Call> calls;
   std::vector<std::size_t> inputs, outputs;

@@ -101,8 +101,8 @@ class Model::Trainer {
       start = copied;
     }
     GradientTape tape;
-    const std::vector<Tensor> y_pred = model_(on_device_.x, /*training=*/true);
-    Tensor loss = with_penalties(model_.compute_loss(on_device_.y, y_pred, &output_losses_), 1.0f);
+    const std::vector<Tensor> y_pred = model_(on_device_.x, /*training=*/true, &output_masks_);
+    Tensor loss = with_penalties(model_.compute_loss(on_device_.y, y_pred, &output_losses_, output_masks_), 1.0f);
     if (vars_.empty()) vars_ = model_.trainable_variables();
     Clock::time_point forward_end = Clock::now(), backward_end;
     loop.add(profile::Phase::forward, start, forward_end);
@@ -142,7 +142,7 @@ class Model::Trainer {
     }
     const double rows = static_cast<double>(batch.rows());
     loss_mean.update_state(loss_value, rows);
-    model_.update_metrics(batch.y, y_pred);
+    model_.update_metrics(batch.y, y_pred, output_masks_);
     model_.update_output_losses(loss_values(output_losses_), rows);
     on_device_.x.clear();  // the batch is not held until the next step
     on_device_.y.clear();
@@ -154,6 +154,7 @@ class Model::Trainer {
     std::int64_t begin = 0, end = 0;  // the replica's rows of the global batch
     TensorData rows;                  // those rows of every input and target (storage reused)
     std::vector<Tensor> y_pred;       // empty: the replica had no rows
+    std::vector<Tensor> masks;        // each output's mask (undefined: none)
     double loss = 0.0;
     std::vector<Tensor> each;           // each output's own loss (several outputs)
     std::vector<double> output_losses;  // their values
@@ -272,11 +273,11 @@ class Model::Trainer {
           GradientTape tape;
           TensorData::slice_into(batch.x, begin, end, out.rows.x);
           TensorData::slice_into(batch.y, begin, end, out.rows.y);
-          out.y_pred = model_(out.rows.x, /*training=*/true);
+          out.y_pred = model_(out.rows.x, /*training=*/true, &out.masks);
           // The penalties count once per global batch: each replica takes its rows' share
           // (for a mean, through the scaling below), which also makes the activity penalties
           // (means over the replica's rows) one mean over the global batch.
-          Tensor loss = with_penalties(model_.compute_loss(out.rows.y, out.y_pred, &out.each),
+          Tensor loss = with_penalties(model_.compute_loss(out.rows.y, out.y_pred, &out.each, out.masks),
                                        mean_loss ? 1.0f : static_cast<float>(end - begin) / static_cast<float>(rows));
           out.loss = detail::mean_value(loss);
           out.output_losses.clear();
@@ -329,7 +330,7 @@ class Model::Trainer {
         if (!out.y_pred.empty()) {
           const auto n = static_cast<double>(out.end - out.begin);
           loss_mean.update_state(out.loss, n);
-          model_.update_metrics(out.rows.y, out.y_pred);
+          model_.update_metrics(out.rows.y, out.y_pred, out.masks);
           model_.update_output_losses(out.output_losses, n);
         }
     } else {
@@ -341,7 +342,7 @@ class Model::Trainer {
         if (!out.y_pred.empty()) {
           sum += out.loss;
           for (std::size_t o = 0; o < out.output_losses.size(); ++o) values_[o] += out.output_losses[o];
-          model_.update_metrics(out.rows.y, out.y_pred);
+          model_.update_metrics(out.rows.y, out.y_pred, out.masks);
         }
       const std::int64_t mine = row_bounds_.back() - row_bounds_.front();
       if (mine > 0) {
@@ -422,6 +423,7 @@ class Model::Trainer {
   std::vector<Output> outputs_;  // [replica]
   TensorData on_device_;                // one device: the batch on the weights' device
   std::vector<Tensor> output_losses_;   // one device: each output's own loss (several outputs)
+  std::vector<Tensor> output_masks_;    // one device: each output's mask (undefined: none)
   std::vector<double> values_;          // loss values, reused
   std::vector<std::int64_t> row_bounds_;  // replica r's rows: [row_bounds_[r], row_bounds_[r + 1])
   std::int64_t reducer_steps_ = 0;        // reducing steps, for the noise scale's sampling

@@ -10,6 +10,7 @@ class Activation : public Layer {
   explicit Activation(std::string activation, std::string name = "activation");
   Shape compute_output_shape(const Shape& input_shape) const override { return input_shape; }
   std::string class_name() const override { return "Activation"; }
+  bool supports_masking() const override { return true; }  // the mask passes through
   const std::string& activation() const { return activation_; }
 
  protected:

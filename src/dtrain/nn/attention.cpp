@@ -1,6 +1,7 @@
 // Embedding, GlobalAveragePooling1D and MultiHeadAttention.
 #include "dtrain/nn/attention.h"
 
+#include <array>
 #include <cmath>
 
 #include "dtrain/nn/initializers.h"
@@ -32,6 +33,27 @@ Tensor Embedding::call(const Tensor& x, bool /*training*/) {
   const std::string who = "layer '" + name() + "' (Embedding)";
   const Tensor ids = lookup_ids(x, input_dim_, who.c_str());  // checked once, before any row is pulled
   return embedding_lookup(embeddings_->value_for_lookup(ids), ids, who.c_str());
+}
+
+Tensor Embedding::compute_mask(std::span<const Tensor> inputs, std::span<const Tensor> /*masks*/) const {
+  if (!options_.mask_zero || inputs.empty()) return Tensor();
+  // 1 where the id is not 0, in the ids' shape; read on the host (the ids are there, or small).
+  const Tensor ids = inputs[0].to(Device::cpu());
+  Tensor mask = Tensor::empty(ids.shape(), DType::f32);
+  float* out = mask.data<float>();
+  const std::int64_t n = ids.numel();
+  if (ids.dtype() == DType::i32) {
+    const std::int32_t* p = ids.data<std::int32_t>();
+    for (std::int64_t i = 0; i < n; ++i) out[i] = p[i] != 0 ? 1.0f : 0.0f;
+  } else if (ids.dtype() == DType::u8) {
+    const std::uint8_t* p = ids.data<std::uint8_t>();
+    for (std::int64_t i = 0; i < n; ++i) out[i] = p[i] != 0 ? 1.0f : 0.0f;
+  } else {
+    const Tensor f = ids.dtype() == DType::f32 ? ids : ids.astype(DType::f32);
+    const float* p = f.data<float>();
+    for (std::int64_t i = 0; i < n; ++i) out[i] = p[i] != 0.0f ? 1.0f : 0.0f;
+  }
+  return embeddings_ ? mask.to(embeddings_->value_device()) : mask;
 }
 
 PositionEmbedding::PositionEmbedding(std::int64_t sequence_length, std::string initializer,
@@ -68,6 +90,18 @@ Shape GlobalAveragePooling1D::compute_output_shape(const Shape& input_shape) con
 Tensor GlobalAveragePooling1D::call(const Tensor& x, bool /*training*/) {
   const Tensor y = reduce_mean(x, {1});
   return reshape(y, compute_output_shape(x.shape()).with_dim(0, x.dim(0)));
+}
+
+Tensor GlobalAveragePooling1D::call_masked(std::span<const Tensor> inputs, std::span<const Tensor> masks,
+                                           bool training) {
+  const Tensor& x = inputs[0];
+  const Tensor& m = masks[0];
+  if (!m.defined()) return call(x, training);
+  if (m.rank() != 2) fail("expects a mask [batch, steps] for " + x.shape().to_string() + ", got " + m.shape().to_string());
+  // The sum of the real steps over their count (at least 1: a sequence of padding gives 0).
+  const Tensor total = reduce_sum(mul(x, reshape(m, {m.dim(0), m.dim(1), 1})), {1});
+  const Tensor count = clip_by_value(reduce_sum(m, {1}, /*keepdims=*/true), 1.0f, 3.0e38f);
+  return reshape(div(total, count), compute_output_shape(x.shape()).with_dim(0, x.dim(0)));
 }
 
 MultiHeadAttention::MultiHeadAttention(std::int64_t num_heads, std::int64_t key_dim, MultiHeadAttentionOptions options)
@@ -144,30 +178,59 @@ Tensor MultiHeadAttention::project(const Tensor& x, const Variable& kernel, cons
 }
 
 Tensor MultiHeadAttention::attend(const Tensor& query, const Tensor& value, const Tensor& key,
-                                  const Tensor& attention_mask, bool use_causal_mask, bool training) {
+                                  const Tensor& attention_mask, bool use_causal_mask, bool training,
+                                  std::span<const Tensor> masks) {
   const Tensor& k_given = key.defined() ? key : value;
   for (const Tensor* t : {&query, &value, &k_given}) t->check_defined(name().c_str());
   const std::array<Shape, 3> shapes{query.shape(), value.shape(), k_given.shape()};
   if (built()) compute_output_shape_of(shapes);
   else build_several(shapes);  // checks them too
-  return run(query, value, k_given, attention_mask, use_causal_mask, training);
+  if (!masks.empty() && masks.size() != 3)
+    fail("attend() takes the query's, value's and key's masks (3), got " + std::to_string(masks.size()));
+  return run(query, value, k_given, attention_mask, use_causal_mask, training, masks);
 }
 
 Tensor MultiHeadAttention::run(const Tensor& query, const Tensor& value, const Tensor& key,
-                               const Tensor& attention_mask, bool use_causal_mask, bool training) {
+                               const Tensor& attention_mask, bool use_causal_mask, bool training,
+                               std::span<const Tensor> masks) {
   const Device where = query_kernel_->value_device();
   const Tensor q_in = query.to(where), v_in = value.to(where), k_in = key.to(where);
+  // The padding masks, as Keras merges them: a key is seen where the value's and the key's
+  // masks say it is real (one [batch, 1, keys] row for every query, which keeps memory linear
+  // in the length), and a padding query's output is zeroed below.
+  auto padding = [&](std::size_t i, const Tensor& of) -> Tensor {
+    if (masks.size() <= i || !masks[i].defined()) return Tensor();
+    const Tensor& m = masks[i];
+    if (!(m.shape() == Shape{of.dim(0), of.dim(1)}))
+      fail("expects masks [batch, length] = " + Shape{of.dim(0), of.dim(1)}.to_string() + " for " +
+           of.shape().to_string() + ", got " + m.shape().to_string());
+    return (m.dtype() == DType::f32 ? m : m.to(Device::cpu()).astype(DType::f32)).to(where);
+  };
+  const Tensor query_mask = padding(0, q_in), value_mask = padding(1, v_in), key_mask = padding(2, k_in);
+  Tensor seen;  // [batch, queries or 1, keys]
+  for (const Tensor* m : {&value_mask, &key_mask})
+    if (m->defined()) {
+      const Tensor row = m->reshape({m->dim(0), 1, m->dim(1)});
+      seen = seen.defined() ? mul(seen, row) : row;
+    }
+  if (attention_mask.defined()) {
+    const Tensor given = (attention_mask.dtype() == DType::f32 ? attention_mask
+                                                               : attention_mask.to(Device::cpu()).astype(DType::f32))
+                             .to(where);
+    seen = seen.defined() ? mul(given, seen) : given;
+  }
   const Tensor q = project(q_in, *query_kernel_, query_bias_);
   const Tensor k = project(k_in, *key_kernel_, key_bias_);
   const Tensor v = project(v_in, *value_kernel_, value_bias_);
   AttentionCall call{.scale = 1.0f / std::sqrt(static_cast<float>(key_dim_)),
                      .causal = use_causal_mask,
-                     .mask = attention_mask,
+                     .mask = seen,
                      .dropout_rate = training ? options_.dropout : 0.0f};
   if (call.dropout_rate > 0.0f)
     call.dropout_generator =
         dropout_.draw(static_cast<std::uint64_t>(q_in.dim(0) * heads_ * q_in.dim(1) * k_in.dim(1)));
-  const Tensor o = scaled_dot_product_attention(q, k, v, call);  // [B, T, H, Dv]
+  Tensor o = scaled_dot_product_attention(q, k, v, call);  // [B, T, H, Dv]
+  if (query_mask.defined()) o = mul(o, query_mask.reshape({o.dim(0), o.dim(1), 1, 1}));
   const Shape& ok = output_kernel_->shape();
   const Tensor w = reshape(output_kernel_->value(), {ok[0] * ok[1], ok[2]});
   return dense(reshape(o, {o.dim(0), o.dim(1), ok[0] * ok[1]}), w, output_bias_ ? output_bias_->value() : Tensor(),
@@ -177,6 +240,15 @@ Tensor MultiHeadAttention::run(const Tensor& query, const Tensor& value, const T
 // Layer's operator() has built the layer and checked the shapes before these.
 Tensor MultiHeadAttention::call(const Tensor& x, bool training) {
   return run(x, x, x, Tensor(), options_.use_causal_mask, training);
+}
+
+Tensor MultiHeadAttention::call_masked(std::span<const Tensor> inputs, std::span<const Tensor> masks, bool training) {
+  // One input (a Sequential's self-attention) is the query, the value and the key; Keras
+  // reads the key's mask only where a key is given.
+  const Tensor& value = inputs.size() > 1 ? inputs[1] : inputs[0];
+  const std::array<Tensor, 3> m{masks[0], inputs.size() > 1 ? masks[1] : masks[0],
+                                inputs.size() > 2 ? masks[2] : Tensor()};
+  return run(inputs[0], value, inputs.size() > 2 ? inputs[2] : value, Tensor(), options_.use_causal_mask, training, m);
 }
 
 Tensor MultiHeadAttention::call_several(std::span<const Tensor> inputs, bool training) {

@@ -16,6 +16,10 @@ struct EmbeddingOptions {
   std::optional<std::uint64_t> seed;
   std::optional<Regularizer> embeddings_regularizer;
   std::optional<Constraint> embeddings_constraint;
+  // Id 0 is padding: the output carries a mask (Layer::compute_mask) that is 0 where the id
+  // is 0, which MultiHeadAttention, GlobalAveragePooling1D and the loss honour. Id 0 is
+  // still a row of the table (input_dim counts it), as in Keras.
+  bool mask_zero = false;
   std::string name = "embedding";
 };
 
@@ -27,6 +31,8 @@ class Embedding : public Layer {
   Embedding(std::int64_t input_dim, std::int64_t output_dim, EmbeddingOptions options = {});
   Shape compute_output_shape(const Shape& input_shape) const override;
   std::string class_name() const override { return "Embedding"; }
+  bool supports_masking() const override { return options_.mask_zero; }
+  Tensor compute_mask(std::span<const Tensor> inputs, std::span<const Tensor> masks) const override;
   std::int64_t input_dim() const { return input_dim_; }
   std::int64_t output_dim() const { return output_dim_; }
   const EmbeddingOptions& options() const { return options_; }
@@ -68,7 +74,8 @@ class PositionEmbedding : public Layer {
 };
 
 // The mean over the steps of [batch, steps, features] (Keras's channels_last): [batch,
-// features], or [batch, 1, features] with keepdims.
+// features], or [batch, 1, features] with keepdims. With a mask, the mean of the real
+// steps; a sequence with none gives zeros (Keras divides by zero there).
 class GlobalAveragePooling1D : public Layer {
  public:
   explicit GlobalAveragePooling1D(bool keepdims = false, std::string name = "global_average_pooling1d")
@@ -79,6 +86,7 @@ class GlobalAveragePooling1D : public Layer {
 
  protected:
   Tensor call(const Tensor& x, bool training) override;
+  Tensor call_masked(std::span<const Tensor> inputs, std::span<const Tensor> masks, bool training) override;
 
  private:
   bool keepdims_;
@@ -115,6 +123,8 @@ class MultiHeadAttention : public Layer {
   Shape compute_output_shape_of(std::span<const Shape> input_shapes) const override;
   void build_several(std::span<const Shape> input_shapes) override;
   std::string class_name() const override { return "MultiHeadAttention"; }
+  // Its output carries the query's mask; the inputs' masks join the attention mask.
+  bool supports_masking() const override { return true; }
   std::int64_t num_heads() const { return heads_; }
   std::int64_t key_dim() const { return key_dim_; }
   std::int64_t value_dim() const { return options_.value_dim > 0 ? options_.value_dim : key_dim_; }
@@ -123,9 +133,13 @@ class MultiHeadAttention : public Layer {
 
   // Keras's call with its keywords: key undefined means the value; attention_mask
   // [batch, queries, keys] (nonzero: may attend; undefined: all), causal as use_causal_mask.
-  // A query that may attend to no key gets the output projection's bias (its heads' zeros).
+  // `masks`, where given, are the query's, value's and key's padding masks ([batch, length];
+  // Keras's implicit masks): a query attends only to real keys, and a padding query, like
+  // any query that may attend to no key, gets the output projection's bias (its heads'
+  // zeros; Keras gives it the mean of every value).
   Tensor attend(const Tensor& query, const Tensor& value, const Tensor& key = Tensor(),
-                const Tensor& attention_mask = Tensor(), bool use_causal_mask = false, bool training = false);
+                const Tensor& attention_mask = Tensor(), bool use_causal_mask = false, bool training = false,
+                std::span<const Tensor> masks = {});
 
   std::vector<std::uint64_t> rng_state() const override { return dropout_.rng_state(); }
   void set_rng_state(std::span<const std::uint64_t> state) override { dropout_.set_rng_state(state); }
@@ -133,13 +147,14 @@ class MultiHeadAttention : public Layer {
  protected:
   Tensor call(const Tensor& x, bool training) override;
   Tensor call_several(std::span<const Tensor> inputs, bool training) override;
+  Tensor call_masked(std::span<const Tensor> inputs, std::span<const Tensor> masks, bool training) override;
   void build_weights(const Shape& query_shape) override;
 
  private:
   // attend() once the layer is built and the shapes checked (key given: the value's
-  // when none was).
+  // when none was; masks: query's, value's, key's, each possibly undefined).
   Tensor run(const Tensor& query, const Tensor& value, const Tensor& key, const Tensor& attention_mask,
-             bool use_causal_mask, bool training);
+             bool use_causal_mask, bool training, std::span<const Tensor> masks = {});
   // x [batch, length, features] through a kernel [features, heads, depth] (and bias):
   // [batch, length, heads, depth].
   Tensor project(const Tensor& x, const Variable& kernel, const Variable* bias) const;

@@ -28,6 +28,7 @@ class Dense : public Layer {
 
   Shape compute_output_shape(const Shape& input_shape) const override;
   std::string class_name() const override { return "Dense"; }
+  bool supports_masking() const override { return true; }  // the mask passes through
 
   std::int64_t units() const { return units_; }
   const std::string& activation() const { return activation_; }

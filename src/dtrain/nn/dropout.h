@@ -18,6 +18,7 @@ class Dropout : public Layer {
   explicit Dropout(float rate, std::optional<std::uint64_t> seed = std::nullopt, std::string name = "dropout");
   Shape compute_output_shape(const Shape& input_shape) const override { return input_shape; }
   std::string class_name() const override { return "Dropout"; }
+  bool supports_masking() const override { return true; }  // the mask passes through
   float rate() const { return rate_; }
   // The seed given at construction (unset: drawn from set_random_seed's sequence).
   std::optional<std::uint64_t> seed() const { return seed_; }

@@ -1,6 +1,8 @@
 // Layer building, input checks and weight bookkeeping.
 #include "dtrain/nn/layer.h"
 
+#include <algorithm>
+
 #include "dtrain/core/block_cache.h"
 #include "dtrain/core/replica.h"
 
@@ -62,6 +64,56 @@ Tensor Layer::operator()(std::span<const Tensor> inputs, bool training) {
   Tensor y = call_several(inputs, training);
   regularize_activity(y);
   return y;
+}
+
+Tensor Layer::operator()(std::span<const Tensor> inputs, std::span<const Tensor> masks, bool training) {
+  if (std::none_of(masks.begin(), masks.end(), [](const Tensor& m) { return m.defined(); }))
+    return (*this)(inputs, training);
+  if (masks.size() != inputs.size())
+    fail("got " + std::to_string(masks.size()) + " masks for " + std::to_string(inputs.size()) + " inputs");
+  std::vector<Shape> shapes;
+  for (const Tensor& x : inputs) {
+    x.check_defined(name_.c_str());
+    shapes.push_back(x.shape());
+  }
+  if (!takes_several_inputs() || inputs.size() == 1) {  // one input (a layer of several called on one: itself)
+    if (inputs.size() != 1) fail("takes one input, got " + std::to_string(inputs.size()));
+    build(shapes[0]);
+  } else {
+    compute_output_shape_of(shapes);
+    if (!built()) build_several(shapes);
+  }
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& m = masks[i];
+    if (!m.defined()) continue;
+    // A mask covers the leading axes of its tensor: [batch, steps] for [batch, steps, features].
+    bool fits = m.rank() >= 1 && m.rank() < inputs[i].rank();
+    for (int d = 0; fits && d < m.rank(); ++d) fits = m.dim(d) == inputs[i].dim(d);
+    if (!fits)
+      fail("got a mask " + m.shape().to_string() + " for its input " + inputs[i].shape().to_string() +
+           " (a mask covers the batch and step axes of its tensor)");
+  }
+  const AllocationTag tag(&tag_);
+  // Inputs and masks from another device join the weights, as in the unmasked call.
+  std::vector<Tensor> xs(inputs.begin(), inputs.end()), ms(masks.begin(), masks.end());
+  if (!weights_.empty()) {
+    const Device where = weights_.front()->value_device();
+    for (Tensor& x : xs) x = x.to(where);
+    for (Tensor& m : ms)
+      if (m.defined()) m = m.to(where);
+  }
+  Tensor y = call_masked(xs, ms, training);
+  regularize_activity(y);
+  return y;
+}
+
+Tensor Layer::call_masked(std::span<const Tensor> inputs, std::span<const Tensor> /*masks*/, bool training) {
+  return inputs.size() == 1 ? call(inputs[0], training) : call_several(inputs, training);
+}
+
+Tensor Layer::compute_mask(std::span<const Tensor> /*inputs*/, std::span<const Tensor> masks) const {
+  if (!supports_masking() || masks.empty()) return Tensor();
+  return masks[0];
 }
 
 Shape Layer::compute_output_shape_of(std::span<const Shape> input_shapes) const {

@@ -39,6 +39,17 @@ class Layer {
   // shapes of its first call; the others have nothing to build.
   virtual void build_several(std::span<const Shape> /*input_shapes*/) {}
 
+  // Keras's masks: beside a sequence [batch, steps, ...] a model may carry a mask [batch,
+  // steps] (float32, 1 for a real step, 0 for padding), made by Embedding(mask_zero) and
+  // read by the layers that honour it (MultiHeadAttention, GlobalAveragePooling1D, the
+  // loss). The mask of this layer's output for its inputs and their masks (an undefined
+  // tensor for none): a layer that supports masking passes its first input's on, any other
+  // drops it, as Keras's layers do.
+  virtual bool supports_masking() const { return false; }
+  virtual Tensor compute_mask(std::span<const Tensor> inputs, std::span<const Tensor> masks) const;
+  // The layer's call with its inputs' masks (masks[i] for inputs[i], undefined for none).
+  Tensor operator()(std::span<const Tensor> inputs, std::span<const Tensor> masks, bool training);
+
   // Creates the weights for inputs of `input_shape` (its first axis is the batch and is
   // not fixed). Calling it twice with a different shape is an error naming the layer.
   void build(const Shape& input_shape);
@@ -86,6 +97,9 @@ class Layer {
   virtual Tensor call(const Tensor& x, bool training) = 0;
   // Layers that take several inputs override this (their call() of one input is not used).
   virtual Tensor call_several(std::span<const Tensor> inputs, bool training);
+  // Layers that read their inputs' masks override this; it is called only where a mask is
+  // given (the others take call() or call_several()).
+  virtual Tensor call_masked(std::span<const Tensor> inputs, std::span<const Tensor> masks, bool training);
   // A weight of this layer, with the regularizer whose penalty joins losses() and the
   // constraint optimizers apply after each update, where given.
   Variable& add_weight(const std::string& name, Tensor initial, bool trainable = true,

@@ -10,7 +10,19 @@ std::string shapes_text(std::span<const Shape> shapes) {
   return out;
 }
 
+// The product of the masks given (1 where every one is 1); undefined where none is.
+Tensor masks_and(std::span<const Tensor> masks) {
+  Tensor out;
+  for (const Tensor& m : masks)
+    if (m.defined()) out = out.defined() ? mul(out, m) : m;
+  return out;
+}
+
 }  // namespace
+
+Tensor Add::compute_mask(std::span<const Tensor> /*inputs*/, std::span<const Tensor> masks) const {
+  return masks_and(masks);
+}
 
 Shape Add::compute_output_shape(const Shape& input_shape) const {
   fail("takes a list of at least two inputs, got one of shape " + input_shape.to_string());
@@ -51,6 +63,23 @@ Shape Concatenate::compute_output_shape_of(std::span<const Shape> input_shapes) 
     total += s[a];
   }
   return input_shapes[0].with_dim(a, total);
+}
+
+Tensor Concatenate::compute_mask(std::span<const Tensor> inputs, std::span<const Tensor> masks) const {
+  const Tensor any = masks_and(masks);
+  if (!any.defined()) return Tensor();
+  const int rank = inputs[0].rank(), a = axis_ < 0 ? axis_ + rank : axis_;
+  if (a >= any.rank()) return masks_and(masks);  // along the features
+  std::vector<Tensor> parts;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (masks[i].defined()) {
+      parts.push_back(masks[i]);
+      continue;
+    }
+    std::vector<std::int64_t> dims(inputs[i].shape().dims().begin(), inputs[i].shape().dims().begin() + any.rank());
+    parts.push_back(Tensor::full(Shape(dims), 1.0f).to(any.device()));
+  }
+  return concatenate(parts, a);
 }
 
 Tensor Concatenate::call(const Tensor& x, bool /*training*/) { return x; }

@@ -53,6 +53,14 @@ Variable& BatchNormalization::moving_variance() {
   return *moving_variance_;
 }
 
+Tensor BatchNormalization::call_masked(std::span<const Tensor> inputs, std::span<const Tensor> /*masks*/,
+                                       bool training) {
+  if (training)
+    fail("got a masked sequence while training: batch statistics that leave the padding steps out are not "
+         "supported; use LayerNormalization on sequences, or no mask (Embedding's mask_zero=False)");
+  return call(inputs[0], training);
+}
+
 Tensor BatchNormalization::call(const Tensor& x, bool training) { return normalize(x, training, false); }
 
 Tensor BatchNormalization::call_then_relu(const Tensor& x, bool training) {

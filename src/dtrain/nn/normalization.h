@@ -43,6 +43,9 @@ class BatchNormalization : public Layer {
   explicit BatchNormalization(BatchNormalizationOptions options = {});
   Shape compute_output_shape(const Shape& input_shape) const override;
   std::string class_name() const override { return "BatchNormalization"; }
+  // The mask passes through; while training, statistics over a masked batch are refused
+  // (Keras leaves the padding steps out of them; dtrain does not yet).
+  bool supports_masking() const override { return true; }
   const BatchNormalizationOptions& options() const { return options_; }
   Variable* gamma() { return gamma_; }
   Variable* beta() { return beta_; }
@@ -55,6 +58,7 @@ class BatchNormalization : public Layer {
  protected:
   void build_weights(const Shape& input_shape) override;
   Tensor call(const Tensor& x, bool training) override;
+  Tensor call_masked(std::span<const Tensor> inputs, std::span<const Tensor> masks, bool training) override;
 
  private:
   Tensor normalize(const Tensor& x, bool training, bool relu);
@@ -83,6 +87,7 @@ class LayerNormalization : public Layer {
   explicit LayerNormalization(LayerNormalizationOptions options = {});
   Shape compute_output_shape(const Shape& input_shape) const override;
   std::string class_name() const override { return "LayerNormalization"; }
+  bool supports_masking() const override { return true; }  // the mask passes through
   const LayerNormalizationOptions& options() const { return options_; }
 
  protected:

@@ -13,6 +13,7 @@ class Rescaling : public Layer {
   explicit Rescaling(float scale, float offset = 0.0f, std::string name = "rescaling");
   Shape compute_output_shape(const Shape& input_shape) const override { return input_shape; }
   std::string class_name() const override { return "Rescaling"; }
+  bool supports_masking() const override { return true; }  // the mask passes through
   float scale() const { return scale_; }
   float offset() const { return offset_; }
 

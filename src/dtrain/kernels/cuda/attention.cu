@@ -15,6 +15,7 @@ constexpr int kPerLane = kMaxAttentionDepth / kWarp;
 
 struct Sizes {
   long long batch, heads, queries, keys, depth, value_depth;
+  long long mask_batch, mask_query;  // the mask's strides (0 along an axis it is broadcast over)
 };
 
 __device__ __forceinline__ float row_dot(const float* a, const float* b, long long n, int lane) {
@@ -25,7 +26,7 @@ __device__ __forceinline__ float row_dot(const float* a, const float* b, long lo
 
 __device__ __forceinline__ bool visible(const Sizes& z, const float* mask, int causal, long long b, long long t,
                                         long long s) {
-  return (!causal || s <= t) && (!mask || mask[(b * z.queries + t) * z.keys + s] != 0.0f);
+  return (!causal || s <= t) && (!mask || mask[b * z.mask_batch + t * z.mask_query + s] != 0.0f);
 }
 
 __device__ __forceinline__ float kept(float rate, unsigned long long mixed, unsigned long long counter,
@@ -133,20 +134,21 @@ unsigned warp_blocks(long long rows, const Launch& l) {
 
 }  // namespace
 
-void attention(const Launch& l, const float* q, const float* k, const float* v, const float* mask, std::int64_t batch,
+void attention(const Launch& l, const float* q, const float* k, const float* v, const float* mask,
+               std::int64_t mask_batch, std::int64_t mask_query, std::int64_t batch,
                std::int64_t heads, std::int64_t queries, std::int64_t keys, std::int64_t depth,
                std::int64_t value_depth, float scale, bool causal, float rate, std::uint64_t mixed_seed,
                std::uint64_t counter, float* out, float* lse) {
   const long long rows = batch * queries * heads;
   if (rows == 0) return;
   attention_kernel<<<warp_blocks(rows, l), kThreads, 0, l.stream>>>(
-      q, k, v, mask, Sizes{batch, heads, queries, keys, depth, value_depth}, scale, causal ? 1 : 0, rate, mixed_seed,
-      counter, out, lse);
+      q, k, v, mask, Sizes{batch, heads, queries, keys, depth, value_depth, mask_batch, mask_query}, scale, causal ? 1 : 0, rate,
+      mixed_seed, counter, out, lse);
   check_launch("attention", rows * keys, l);
 }
 
 void attention_backward(const Launch& l, const float* q, const float* k, const float* v, const float* mask,
-                        const float* out, const float* lse, const float* dout, std::int64_t batch, std::int64_t heads,
+                        std::int64_t mask_batch, std::int64_t mask_query, const float* out, const float* lse, const float* dout, std::int64_t batch, std::int64_t heads,
                         std::int64_t queries, std::int64_t keys, std::int64_t depth, std::int64_t value_depth,
                         float scale, bool causal, float rate, std::uint64_t mixed_seed, std::uint64_t counter,
                         float* dq, float* dk, float* dv) {
@@ -156,8 +158,8 @@ void attention_backward(const Launch& l, const float* q, const float* k, const f
   const long long rows = batch * heads * queries;
   if (rows == 0) return;
   attention_backward_kernel<<<warp_blocks(rows, l), kThreads, 0, l.stream>>>(
-      q, k, v, mask, out, lse, dout, Sizes{batch, heads, queries, keys, depth, value_depth}, scale, causal ? 1 : 0,
-      rate, mixed_seed, counter, dq, dk, dv);
+      q, k, v, mask, out, lse, dout, Sizes{batch, heads, queries, keys, depth, value_depth, mask_batch, mask_query}, scale,
+      causal ? 1 : 0, rate, mixed_seed, counter, dq, dk, dv);
   check_launch("attention_backward", rows * keys, l);
 }
 

@@ -533,7 +533,8 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, c
   check_attention(q, k, v, o, out, lse);
   check_attention_depth(q, v);
   cuda::attention(launch(), q.device_data<float>(), k.device_data<float>(), v.device_data<float>(),
-                  o.mask ? o.mask->device_data<float>() : nullptr, q.dim(0), q.dim(2), q.dim(1), k.dim(1), q.dim(3),
+                  o.mask ? o.mask->device_data<float>() : nullptr, attention_mask_strides(o.mask).batch,
+                  attention_mask_strides(o.mask).query, q.dim(0), q.dim(2), q.dim(1), k.dim(1), q.dim(3),
                   v.dim(3), o.scale, o.causal, o.dropout_rate, math::mix64(o.dropout_generator.seed()),
                   o.dropout_generator.counter(), out.device_data<float>(), lse.device_data<float>());
 }
@@ -545,7 +546,8 @@ void CudaBackend::attention_backward(const Tensor& q, const Tensor& k, const Ten
   check_attention_backward(q, k, v, out, lse, dout, o, dq, dk, dv);
   check_attention_depth(q, v);
   cuda::attention_backward(launch(), q.device_data<float>(), k.device_data<float>(), v.device_data<float>(),
-                           o.mask ? o.mask->device_data<float>() : nullptr, out.device_data<float>(),
+                           o.mask ? o.mask->device_data<float>() : nullptr, attention_mask_strides(o.mask).batch,
+                           attention_mask_strides(o.mask).query, out.device_data<float>(),
                            lse.device_data<float>(), dout.device_data<float>(), q.dim(0), q.dim(2), q.dim(1), k.dim(1),
                            q.dim(3), v.dim(3), o.scale, o.causal, o.dropout_rate,
                            math::mix64(o.dropout_generator.seed()), o.dropout_generator.counter(),

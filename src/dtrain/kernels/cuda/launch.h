@@ -47,12 +47,14 @@ enum class BinaryOp : std::uint8_t { add, sub, mul, div, max, min };
 // ---- attention.cu
 // The most depth (of q and k, and of v) a query's warp holds: 8 values a lane.
 constexpr std::int64_t kMaxAttentionDepth = 256;
-void attention(const Launch& l, const float* q, const float* k, const float* v, const float* mask, std::int64_t batch,
+// mask_batch and mask_query: the mask's strides (kernels/backend.h's attention_mask_strides).
+void attention(const Launch& l, const float* q, const float* k, const float* v, const float* mask,
+               std::int64_t mask_batch, std::int64_t mask_query, std::int64_t batch,
                std::int64_t heads, std::int64_t queries, std::int64_t keys, std::int64_t depth,
                std::int64_t value_depth, float scale, bool causal, float rate, std::uint64_t mixed_seed,
                std::uint64_t counter, float* out, float* lse);
 void attention_backward(const Launch& l, const float* q, const float* k, const float* v, const float* mask,
-                        const float* out, const float* lse, const float* dout, std::int64_t batch, std::int64_t heads,
+                        std::int64_t mask_batch, std::int64_t mask_query, const float* out, const float* lse, const float* dout, std::int64_t batch, std::int64_t heads,
                         std::int64_t queries, std::int64_t keys, std::int64_t depth, std::int64_t value_depth,
                         float scale, bool causal, float rate, std::uint64_t mixed_seed, std::uint64_t counter,
                         float* dq, float* dk, float* dv);
