@@ -181,6 +181,16 @@ void bind_own_layers(py::module_& k) {
     py::gil_scoped_release release;
     return mha->attend(q, v, kt, m, causal, training);
   });
+  k.def("_attention_scores", [](const std::shared_ptr<nn::Layer>& layer, py::handle query, py::handle value,
+                                py::handle key, py::handle mask, bool causal) {
+    auto* mha = dynamic_cast<nn::MultiHeadAttention*>(layer.get());
+    if (!mha) throw py::type_error("layer '" + layer->name() + "' is not a MultiHeadAttention");
+    const Tensor q = to_tensor(query, "MultiHeadAttention query"), v = to_tensor(value, "MultiHeadAttention value");
+    const Tensor kt = key.is_none() ? Tensor() : to_tensor(key, "MultiHeadAttention key");
+    const Tensor m = mask.is_none() ? Tensor() : to_tensor(mask, "MultiHeadAttention attention_mask");
+    py::gil_scoped_release release;
+    return mha->attention_scores(q, v, kt, m, causal);
+  });
   k.def("_layer_from_config", [](const std::string& entry) {
     return layer_from_json(nlohmann::json::parse(entry), "layer");
   });

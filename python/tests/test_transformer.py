@@ -9,7 +9,7 @@ import pytest
 import dtrain as tf
 
 
-def _attention_in_numpy(layer, query, value, causal, mask=None):
+def _attention_in_numpy(layer, query, value, causal, mask=None, weights=False):
     qk, qb, kk, kb, vk, vb, ok, ob = [w.numpy() for w in layer.weights]
     q = np.einsum("btf,fhd->bthd", query, qk) + qb
     k = np.einsum("bsf,fhd->bshd", value, kk) + kb
@@ -20,9 +20,11 @@ def _attention_in_numpy(layer, query, value, causal, mask=None):
         seen = np.tril(seen)
     seen = seen[None, None] if mask is None else (seen[None] & mask.astype(bool))[:, None]
     scores = np.where(seen, scores, -np.inf)
-    weights = np.exp(scores - scores.max(-1, keepdims=True))
-    weights /= weights.sum(-1, keepdims=True)
-    heads = np.einsum("bhts,bshd->bthd", weights, v)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    if weights:
+        return p
+    heads = np.einsum("bhts,bshd->bthd", p, v)
     return np.einsum("bthd,hdo->bto", heads, ok) + ob
 
 
@@ -42,8 +44,14 @@ def test_multi_head_attention_is_keras_attention_from_its_weights():
     square = tf.keras.layers.MultiHeadAttention(num_heads=2, key_dim=3)
     np.testing.assert_allclose(square(query, query, use_causal_mask=True).numpy(),
                                _attention_in_numpy(square, query, query, True), rtol=1e-4, atol=1e-5)
+    out, scores = square(query, query, use_causal_mask=True, return_attention_scores=True)
+    np.testing.assert_allclose(out.numpy(), _attention_in_numpy(square, query, query, True), rtol=1e-4, atol=1e-5)
+    assert scores.shape == (2, 2, 5, 5)
+    np.testing.assert_allclose(scores.numpy(), _attention_in_numpy(square, query, query, True, weights=True),
+                               rtol=1e-4, atol=1e-6)
+    ids = tf.keras.Input(shape=(5, 6))
     with pytest.raises(NotImplementedError, match="return_attention_scores"):
-        square(query, query, return_attention_scores=True)
+        square(ids, ids, return_attention_scores=True)
 
 
 def _classifier(length=12, vocabulary=16):

@@ -213,6 +213,29 @@ TEST(Masking, AMaskOfTheKeysIsReadForEveryQuery) {
   }
 }
 
+TEST(Masking, AttentionScoresAreTheWeightsEachQueryGives) {
+  nn::MultiHeadAttention mha(2, 3, {.seed = 5});
+  const Tensor x = random_tensor({2, 4, 6}, 3);
+  Tensor padding = Tensor::full(Shape{2, 4}, 1.0f);
+  padding.data<float>()[3] = 0.0f;  // row 0's last step
+  const Tensor masks[] = {padding, padding, Tensor()};
+  const Tensor scores = mha.attention_scores(x, x, Tensor(), Tensor(), /*use_causal_mask=*/true, masks);
+  ASSERT_EQ(scores.shape(), (Shape{2, 2, 4, 4}));
+  const std::vector<float> p = scores.to_vector();
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t h = 0; h < 2; ++h)
+      for (std::int64_t t = 0; t < 4; ++t) {
+        const float* row = p.data() + ((b * 2 + h) * 4 + t) * 4;
+        double sum = 0;
+        for (std::int64_t s = 0; s < 4; ++s) {
+          sum += row[s];
+          if (s > t || (b == 0 && s == 3)) EXPECT_EQ(row[s], 0.0f) << b << h << t << s << ": a hidden key";
+        }
+        EXPECT_NEAR(sum, b == 0 && t == 3 ? 0.0 : 1.0, 1e-6) << b << h << t << ": a padding query gives nothing";
+      }
+  EXPECT_NEAR(p[0], 1.0f, 1e-6f) << "causal: the first query sees only itself";
+}
+
 TEST(Masking, BatchStatisticsOfAMaskedSequenceAreRefusedByName) {
   auto m = std::make_unique<Sequential>();
   m->add<nn::Embedding>(kVocabulary, 4, nn::EmbeddingOptions{.seed = 1, .mask_zero = true});

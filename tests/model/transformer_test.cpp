@@ -179,6 +179,30 @@ TEST(Transformer, JsonRoundTripAndKerasNodesWithValueAsAKeyword) {
   EXPECT_EQ((*loaded)(Tensor::full(Shape{3, 6}, 2.0f)).shape(), (Shape{3, 8}));
 }
 
+TEST(Transformer, PositionsForASequenceShorterThanTheTableAreItsFirstRows) {
+  // keras_hub's sequence_length is the longest sequence: shorter ones take the first rows.
+  nn::PositionEmbedding positions(5, "glorot_uniform", 3, "positions");
+  const Tensor x = random_tensor({2, 3, 4}, 1);
+  const Tensor y = positions(x);
+  ASSERT_EQ(y.shape(), (Shape{2, 3, 4}));
+  const std::vector<float> table = positions.variables()[0]->value().to_vector(), got = y.to_vector();
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t i = 0; i < 12; ++i) EXPECT_EQ(got[b * 12 + i], table[i]) << b << " " << i;
+  {
+    GradientTape tape;
+    const Tensor g = tape.gradient(reduce_sum(positions(x)), positions.variables())[0];
+    const std::vector<float> want{2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0};
+    EXPECT_EQ(g.to_vector(), want) << "rows 3 and 4 are not used";
+  }
+  nn::PositionEmbedding short_table(2, "glorot_uniform", 3, "short");
+  try {
+    short_table(x);
+    FAIL() << "3 steps were taken by a table of 2";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'short'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Transformer, AnIdOutsideTheTableIsNamed) {
   nn::Embedding embedding(10, 4, {.name = "tokens"});
   try {

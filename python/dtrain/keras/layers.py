@@ -476,7 +476,9 @@ PositionEmbedding = _layer_class("PositionEmbedding", ("sequence_length",),
 class MultiHeadAttention(Layer):
     """tf.keras.layers.MultiHeadAttention(num_heads, key_dim, value_dim=None, dropout=0.0,
     use_bias=True, output_shape=None, ...), called as Keras calls it: mha(query, value,
-    key=None, attention_mask=None, use_causal_mask=False)."""
+    key=None, attention_mask=None, return_attention_scores=False, use_causal_mask=False).
+    return_attention_scores=True (on arrays) also gives the weights [batch, heads, queries,
+    keys], computed apart from the fused attention and without a gradient."""
 
     class_name = "MultiHeadAttention"
     _args = ("num_heads", "key_dim", "value_dim", "dropout", "use_bias", "output_shape")
@@ -485,13 +487,14 @@ class MultiHeadAttention(Layer):
                  training=None, use_causal_mask=False, **kwargs):
         if kwargs:
             raise TypeError(f"layer '{self.name}': unexpected argument(s) {', '.join(sorted(kwargs))}")
-        if return_attention_scores:
-            raise NotImplementedError("MultiHeadAttention(return_attention_scores=True) is not supported by dtrain: "
-                                      "its fused attention never makes the scores")
         if value is None:
             raise TypeError(f"layer '{self.name}': MultiHeadAttention is called on a query and a value")
         tensors = [query, value] + ([] if key is None else [key])
         if _symbolic(tensors):
+            if return_attention_scores:
+                raise NotImplementedError(
+                    f"layer '{self.name}': return_attention_scores=True on a functional graph's tensors is not "
+                    "supported by dtrain (a node has one output); call the layer on arrays to get the scores")
             if attention_mask is not None and not isinstance(attention_mask, KerasTensor):
                 raise TypeError(f"layer '{self.name}': on a functional graph's tensors, attention_mask is one of "
                                 "the graph's tensors too (an Input of shape (queries, keys))")
@@ -502,7 +505,12 @@ class MultiHeadAttention(Layer):
                 self._attention_masks = {**getattr(self, "_attention_masks", {}), node: attention_mask}
             return self._call_symbolic(tensors)
         layer = self._standalone()
-        return _k._attend(layer, query, value, key, attention_mask, bool(use_causal_mask), bool(training))
+        out = _k._attend(layer, query, value, key, attention_mask, bool(use_causal_mask), bool(training))
+        if not return_attention_scores:
+            return out
+        # The weights [batch, heads, queries, keys], computed apart from the fused attention:
+        # for looking at, without a gradient.
+        return out, _k._attention_scores(layer, query, value, key, attention_mask, bool(use_causal_mask))
 
     def _graph_json(self):
         entry = super()._graph_json()

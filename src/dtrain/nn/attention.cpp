@@ -64,9 +64,9 @@ PositionEmbedding::PositionEmbedding(std::int64_t sequence_length, std::string i
 }
 
 Shape PositionEmbedding::compute_output_shape(const Shape& input_shape) const {
-  if (input_shape.rank() != 3 || input_shape[1] != length_)
-    fail("expects [batch, " + std::to_string(length_) + " (its sequence_length), features], got " +
-         input_shape.to_string());
+  if (input_shape.rank() != 3 || input_shape[1] > length_)
+    fail("expects [batch, length, features] with length at most its sequence_length " + std::to_string(length_) +
+         ", got " + input_shape.to_string());
   return input_shape;
 }
 
@@ -76,9 +76,16 @@ void PositionEmbedding::build_weights(const Shape& input_shape) {
 }
 
 Tensor PositionEmbedding::call(const Tensor& x, bool /*training*/) {
-  // Zeros of the batch's shape plus the table: the table's rows for every sequence, its
-  // gradient their sum over the batch.
-  return add(Tensor::zeros(x.shape(), DType::f32, x.device()), reshape(table_->value(), {1, length_, x.dim(2)}));
+  // Zeros of the batch's shape plus the table's first rows (as many as the input's steps):
+  // those rows for every sequence, their gradient the sum over the batch.
+  const std::int64_t steps = x.dim(1);
+  Tensor rows = table_->value();
+  if (steps < length_) {
+    std::vector<float> first(static_cast<std::size_t>(steps));
+    for (std::int64_t i = 0; i < steps; ++i) first[static_cast<std::size_t>(i)] = static_cast<float>(i);
+    rows = embedding_lookup(rows, Tensor::from_vector(Shape{steps}, first).to(rows.device()), name().c_str());
+  }
+  return add(Tensor::zeros(x.shape(), DType::f32, x.device()), reshape(rows, {1, steps, x.dim(2)}));
 }
 
 Shape GlobalAveragePooling1D::compute_output_shape(const Shape& input_shape) const {
@@ -190,14 +197,12 @@ Tensor MultiHeadAttention::attend(const Tensor& query, const Tensor& value, cons
   return run(query, value, k_given, attention_mask, use_causal_mask, training, masks);
 }
 
-Tensor MultiHeadAttention::run(const Tensor& query, const Tensor& value, const Tensor& key,
-                               const Tensor& attention_mask, bool use_causal_mask, bool training,
-                               std::span<const Tensor> masks) {
-  const Device where = query_kernel_->value_device();
-  const Tensor q_in = query.to(where), v_in = value.to(where), k_in = key.to(where);
+MultiHeadAttention::Visibility MultiHeadAttention::visibility(const Tensor& q_in, const Tensor& v_in,
+                                                             const Tensor& k_in, const Tensor& attention_mask,
+                                                             std::span<const Tensor> masks, Device where) const {
   // The padding masks, as Keras merges them: a key is seen where the value's and the key's
   // masks say it is real (one [batch, 1, keys] row for every query, which keeps memory linear
-  // in the length), and a padding query's output is zeroed below.
+  // in the length), and a padding query's output is zeroed.
   auto padding = [&](std::size_t i, const Tensor& of) -> Tensor {
     if (masks.size() <= i || !masks[i].defined()) return Tensor();
     const Tensor& m = masks[i];
@@ -206,19 +211,86 @@ Tensor MultiHeadAttention::run(const Tensor& query, const Tensor& value, const T
            of.shape().to_string() + ", got " + m.shape().to_string());
     return (m.dtype() == DType::f32 ? m : m.to(Device::cpu()).astype(DType::f32)).to(where);
   };
-  const Tensor query_mask = padding(0, q_in), value_mask = padding(1, v_in), key_mask = padding(2, k_in);
-  Tensor seen;  // [batch, queries or 1, keys]
+  Visibility out;
+  out.query_mask = padding(0, q_in);
+  const Tensor value_mask = padding(1, v_in), key_mask = padding(2, k_in);
   for (const Tensor* m : {&value_mask, &key_mask})
     if (m->defined()) {
       const Tensor row = m->reshape({m->dim(0), 1, m->dim(1)});
-      seen = seen.defined() ? mul(seen, row) : row;
+      out.seen = out.seen.defined() ? mul(out.seen, row) : row;
     }
   if (attention_mask.defined()) {
     const Tensor given = (attention_mask.dtype() == DType::f32 ? attention_mask
                                                                : attention_mask.to(Device::cpu()).astype(DType::f32))
                              .to(where);
-    seen = seen.defined() ? mul(given, seen) : given;
+    out.seen = out.seen.defined() ? mul(given, out.seen) : given;
   }
+  return out;
+}
+
+Tensor MultiHeadAttention::attention_scores(const Tensor& query, const Tensor& value, const Tensor& key,
+                                            const Tensor& attention_mask, bool use_causal_mask,
+                                            std::span<const Tensor> masks) {
+  const Tensor& k_given = key.defined() ? key : value;
+  for (const Tensor* t : {&query, &value, &k_given}) t->check_defined(name().c_str());
+  const std::array<Shape, 3> shapes{query.shape(), value.shape(), k_given.shape()};
+  if (built()) compute_output_shape_of(shapes);
+  else build_several(shapes);
+  const Device where = query_kernel_->value_device();
+  const Tensor q_in = query.to(where), v_in = value.to(where), k_in = k_given.to(where);
+  const auto [seen, query_mask] = visibility(q_in, v_in, k_in, attention_mask, masks, where);
+  const Tensor q = project(q_in, *query_kernel_, query_bias_).to(Device::cpu());
+  const Tensor k = project(k_in, *key_kernel_, key_bias_).to(Device::cpu());
+  const std::int64_t B = q.dim(0), T = q.dim(1), S = k.dim(1), H = heads_, D = key_dim_;
+  Tensor mask;  // [B, T, S] on the host, or undefined
+  if (seen.defined()) {
+    const Tensor m = seen.to(Device::cpu());
+    const Tensor m3 = m.rank() == 2 ? m.reshape({1, m.dim(0), m.dim(1)}) : m;
+    if (m3.rank() != 3 || (m3.dim(0) != B && m3.dim(0) != 1) || (m3.dim(1) != T && m3.dim(1) != 1) || m3.dim(2) != S)
+      fail("attention_mask must be [batch, queries, keys] = " + Shape{B, T, S}.to_string() + ", got " +
+           attention_mask.shape().to_string());
+    mask = m3;
+  }
+  const kernels::MaskStrides strides = kernels::attention_mask_strides(mask.defined() ? &mask : nullptr);
+  const std::vector<float> qm = query_mask.defined() ? query_mask.to_vector() : std::vector<float>();
+  Tensor out = Tensor::zeros(Shape{B, H, T, S});
+  const float* qp = q.data<float>();
+  const float* kp = k.data<float>();
+  const float* mp = mask.defined() ? mask.data<float>() : nullptr;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  std::vector<double> row(static_cast<std::size_t>(S));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t t = 0; t < T; ++t) {
+        if (!qm.empty() && qm[static_cast<std::size_t>(b * T + t)] == 0.0f) continue;  // a padding query: zeros
+        double top = -INFINITY;
+        for (std::int64_t s = 0; s < S; ++s) {
+          const bool visible = (!use_causal_mask || s <= t) && (!mp || mp[b * strides.batch + t * strides.query + s] != 0.0f);
+          double x = -INFINITY;
+          if (visible) {
+            x = 0.0;
+            for (std::int64_t d = 0; d < D; ++d)
+              x += static_cast<double>(qp[((b * T + t) * H + h) * D + d]) * kp[((b * S + s) * H + h) * D + d];
+            x *= scale;
+          }
+          row[static_cast<std::size_t>(s)] = x;
+          top = std::max(top, x);
+        }
+        if (top == -INFINITY) continue;  // sees no key: zeros
+        double sum = 0.0;
+        for (double& x : row) sum += (x = std::exp(x - top));
+        float* o = out.data<float>() + ((b * H + h) * T + t) * S;
+        for (std::int64_t s = 0; s < S; ++s) o[s] = static_cast<float>(row[static_cast<std::size_t>(s)] / sum);
+      }
+  return out;
+}
+
+Tensor MultiHeadAttention::run(const Tensor& query, const Tensor& value, const Tensor& key,
+                               const Tensor& attention_mask, bool use_causal_mask, bool training,
+                               std::span<const Tensor> masks) {
+  const Device where = query_kernel_->value_device();
+  const Tensor q_in = query.to(where), v_in = value.to(where), k_in = key.to(where);
+  const auto [seen, query_mask] = visibility(q_in, v_in, k_in, attention_mask, masks, where);
   const Tensor q = project(q_in, *query_kernel_, query_bias_);
   const Tensor k = project(k_in, *key_kernel_, key_bias_);
   const Tensor v = project(v_in, *value_kernel_, value_bias_);

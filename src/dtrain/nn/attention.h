@@ -49,9 +49,9 @@ class Embedding : public Layer {
 };
 
 // Learned position embeddings, as keras_hub's PositionEmbedding(sequence_length): for
-// [batch, length, features] inputs (length == sequence_length), a [sequence_length,
-// features] table of weights, given out for every row of the batch (the input's values are
-// not read: add the two, x + PositionEmbedding(n)(x)).
+// [batch, length, features] inputs (length at most sequence_length), the first `length`
+// rows of a [sequence_length, features] table of weights, given out for every row of the
+// batch (the input's values are not read: add the two, x + PositionEmbedding(n)(x)).
 class PositionEmbedding : public Layer {
  public:
   explicit PositionEmbedding(std::int64_t sequence_length, std::string initializer = "glorot_uniform",
@@ -141,6 +141,15 @@ class MultiHeadAttention : public Layer {
                 const Tensor& attention_mask = Tensor(), bool use_causal_mask = false, bool training = false,
                 std::span<const Tensor> masks = {});
 
+  // Keras's return_attention_scores: the weights [batch, heads, queries, keys] each query
+  // gives each key (the softmax, before dropout; 0 for a hidden key, and for every key of a
+  // query that may see none), for the arguments attend() takes. The fused attention never
+  // makes them, so they are computed apart, on the host, and carry no gradient: for
+  // looking at, not for training through.
+  Tensor attention_scores(const Tensor& query, const Tensor& value, const Tensor& key = Tensor(),
+                          const Tensor& attention_mask = Tensor(), bool use_causal_mask = false,
+                          std::span<const Tensor> masks = {});
+
   std::vector<std::uint64_t> rng_state() const override { return dropout_.rng_state(); }
   void set_rng_state(std::span<const std::uint64_t> state) override { dropout_.set_rng_state(state); }
 
@@ -155,6 +164,14 @@ class MultiHeadAttention : public Layer {
   // when none was; masks: query's, value's, key's, each possibly undefined).
   Tensor run(const Tensor& query, const Tensor& value, const Tensor& key, const Tensor& attention_mask,
              bool use_causal_mask, bool training, std::span<const Tensor> masks = {});
+  // Which keys each query may see: the attention mask and the value's and key's padding
+  // masks merged ([batch, queries or 1, keys]; undefined: all), and the query's padding
+  // mask (undefined: none), on `where`.
+  struct Visibility {
+    Tensor seen, query_mask;
+  };
+  Visibility visibility(const Tensor& q_in, const Tensor& v_in, const Tensor& k_in, const Tensor& attention_mask,
+                        std::span<const Tensor> masks, Device where) const;
   // x [batch, length, features] through a kernel [features, heads, depth] (and bias):
   // [batch, length, heads, depth].
   Tensor project(const Tensor& x, const Variable& kernel, const Variable* bias) const;
