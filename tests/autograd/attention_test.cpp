@@ -81,6 +81,15 @@ TEST(Attention, MatchesAttentionWrittenOutAcrossBlocks) {
   expect_matches_reference(q, k, v, dropped, "masked, causal, dropout");
   // Large scores stay finite: the online softmax subtracts each query's running maximum.
   expect_matches_reference(q, k, v, {.scale = 40.0f}, "large scores");
+  // Heads 64 deep and values 96 wide take the kernel's tiles of four queries by 64 columns
+  // (and the columns past them one query at a time); 70 queries end in a short tile.
+  const Tensor q64 = random_tensor({2, 70, 2, 64}, 6), k64 = random_tensor({2, 130, 2, 64}, 7),
+               v96 = random_tensor({2, 130, 2, 96}, 8);
+  expect_matches_reference(q64, k64, v96, {.scale = 0.125f}, "deep: plain");
+  expect_matches_reference(q64, k64, v96, {.scale = 0.125f, .causal = true, .mask = random_mask(2, 70, 130, 9)},
+                           "deep: masked, causal");
+  expect_matches_reference(q64, k64, v96, {.scale = 0.125f, .dropout_rate = 0.3f, .dropout_generator = Generator(4, 2)},
+                           "deep: dropout");
 }
 
 TEST(Attention, GradientsMatchFiniteDifferences) {
@@ -94,6 +103,51 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
                  (c.dropout_rate > 0 ? "dropout" : ""));
     expect_gradients_match([&](const std::vector<Tensor>& in) { return scaled_dot_product_attention(in[0], in[1], in[2], c); },
                            {q, k, v}, {0, 1, 2}, {.eps = 1e-2, .atol = 2e-3, .rtol = 2e-2});
+  }
+}
+
+TEST(Attention, DeepHeadsGradientsMatchTheWrittenOutAttention) {
+  // Heads 64 deep and values 96 wide run backward's four-row and four-key tiles (and the
+  // columns past 64 apart); 37 queries and 70 keys end in short tiles and blocks. The
+  // gradient of Σ out · r at sampled elements against central differences of the attention
+  // written out in double.
+  const Tensor q = random_tensor({1, 37, 2, 64}, 21), k = random_tensor({1, 70, 2, 64}, 22),
+               v = random_tensor({1, 70, 2, 96}, 23), r = random_tensor({1, 37, 2, 96}, 24, 0.5f, 1.5f);
+  const std::vector<float> rv = r.to_vector();
+  for (const AttentionCall& c :
+       {AttentionCall{.scale = 0.125f}, AttentionCall{.scale = 0.125f, .causal = true, .mask = random_mask(1, 37, 70, 25)},
+        AttentionCall{.scale = 0.125f, .dropout_rate = 0.25f, .dropout_generator = Generator(5)}}) {
+    SCOPED_TRACE(std::string(c.causal ? "causal, masked" : c.dropout_rate > 0 ? "dropout" : "plain"));
+    std::vector<Tensor> inputs{q.clone(), k.clone(), v.clone()};
+    std::vector<Tensor> analytic;
+    {
+      GradientTape tape;
+      for (const Tensor& x : inputs) tape.watch(x);
+      analytic = tape.gradient(scaled_dot_product_attention(inputs[0], inputs[1], inputs[2], c), inputs, r);
+    }
+    auto loss = [&] {
+      const std::vector<double> out = reference(inputs[0], inputs[1], inputs[2], c);
+      double sum = 0;
+      for (std::size_t i = 0; i < out.size(); ++i) sum += out[i] * rv[i];
+      return sum;
+    };
+    Generator pick(26);
+    for (std::size_t which = 0; which < 3; ++which) {
+      float* x = inputs[which].data<float>();
+      const std::vector<float> a = analytic[which].to_vector();
+      for (int sample = 0; sample < 24; ++sample) {
+        const auto j = static_cast<std::int64_t>(pick.below(static_cast<std::uint64_t>(inputs[which].numel())));
+        const float saved = x[j];
+        x[j] = saved + 1e-2f;
+        const double up = loss();
+        x[j] = saved - 1e-2f;
+        const double down = loss();
+        x[j] = saved;
+        const double numeric = (up - down) / (double(saved + 1e-2f) - double(saved - 1e-2f));
+        ASSERT_NEAR(a[static_cast<std::size_t>(j)], numeric, 1e-4 + 1e-3 * std::abs(numeric))
+            << "input " << which << " element " << j;
+      }
+    }
   }
 }
 

@@ -8,6 +8,8 @@
 
 #include <omp.h>
 
+#include <atomic>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
@@ -107,6 +109,17 @@ void parallel_for(std::int64_t n, std::int64_t grain, Body&& body) {
     const std::int64_t end = n * (t + 1) / nt;
     if (begin < end) body(begin, end);
   }
+}
+
+// Runs tasks [0, n) of uneven cost on the OpenMP pool, each thread taking the next task as
+// it finishes one: body(take) runs once on each thread, and take() gives the next task
+// (n and beyond: none left). Where loops run serially, one body takes them all.
+template <typename Body>
+void parallel_tasks(std::int64_t n, Body&& body) {
+  if (n <= 0) return;
+  std::atomic<std::int64_t> next{0};
+  auto take = [&next] { return next.fetch_add(1, std::memory_order_relaxed); };
+  parallel_for(std::min<std::int64_t>(n, omp_get_max_threads()), 1, [&](std::int64_t, std::int64_t) { body(take); });
 }
 
 }  // namespace dtrain

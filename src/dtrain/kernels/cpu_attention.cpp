@@ -2,10 +2,12 @@
 // flash-attention style: each block of queries meets the keys one block at a time with an
 // online softmax (a running maximum and sum per query), so no T × S matrix of scores or
 // weights is ever made; backward recomputes each block's weights from the forward's
-// log-sum-exp. Operands are [batch, position, head,
-// depth]: one head's rows are `heads * depth` apart. Forward runs (batch, head, query
-// block) tasks in parallel; backward runs (batch, head) pairs, each owning its gradients.
+// log-sum-exp. Operands are [batch, position, head, depth]: one head's rows are
+// `heads * depth` apart, so each call first packs them in order. The block products run
+// on register tiles of four rows by 64 columns. Forward runs (batch, head, query block)
+// tasks in parallel; backward runs (batch, head) pairs, each owning its gradients.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -20,6 +22,8 @@ namespace dtrain::kernels {
 namespace {
 
 constexpr std::int64_t kQueryBlock = 32, kKeyBlock = 64;
+// Forward's blocks of queries: more rows share each block of keys while it is in cache.
+constexpr std::int64_t kForwardQueryBlock = 64;
 constexpr float kNoScore = -std::numeric_limits<float>::infinity();
 
 DTRAIN_MULTIVERSION
@@ -76,15 +80,88 @@ struct Sums64 {
   }
 };
 
-static_assert(kKeyBlock == 64, "row_times_block holds a block's 64 sums in one Sums64");
+static_assert(kKeyBlock == 64, "a block's 64 scores are one row of the four-row tiles");
 
-// out[j] = Σ_d a[d] · bt[d][j] for the 64 columns of a block stored transposed (bt
-// [depth, kKeyBlock], zeros past its keys).
+// A register tile of four rows of 64 sums: sixteen vectors, named one by one (GCC keeps
+// an array of them in memory, each step waiting on a store).
+struct Tile4x64 {
+  Floats16 a0{}, a1{}, a2{}, a3{}, b0{}, b1{}, b2{}, b3{}, c0{}, c1{}, c2{}, c3{}, d0{}, d1{}, d2{}, d3{};
+
+  // Row i += x_i · (v0 v1 v2 v3), for the four rows at once: sixteen independent
+  // multiply-adds sharing the four loads.
+  [[gnu::always_inline]] void add(float x0, float x1, float x2, float x3, const Floats16& v0, const Floats16& v1,
+                                  const Floats16& v2, const Floats16& v3) {
+    a0 += x0 * v0, a1 += x0 * v1, a2 += x0 * v2, a3 += x0 * v3;
+    b0 += x1 * v0, b1 += x1 * v1, b2 += x1 * v2, b3 += x1 * v3;
+    c0 += x2 * v0, c1 += x2 * v1, c2 += x2 * v2, c3 += x2 * v3;
+    d0 += x3 * v0, d1 += x3 * v1, d2 += x3 * v2, d3 += x3 * v3;
+  }
+  [[gnu::always_inline]] static void load4(const float* p, Floats16& v0, Floats16& v1, Floats16& v2, Floats16& v3) {
+    load16(v0, p), load16(v1, p + 16), load16(v2, p + 32), load16(v3, p + 48);
+  }
+  [[gnu::always_inline]] static void store4(float* p, const Floats16& v0, const Floats16& v1, const Floats16& v2,
+                                            const Floats16& v3) {
+    store16(p, v0), store16(p + 16, v1), store16(p + 32, v2), store16(p + 48, v3);
+  }
+  [[gnu::always_inline]] void load(float* const rows[4], std::int64_t offset) {
+    load4(rows[0] + offset, a0, a1, a2, a3);
+    load4(rows[1] + offset, b0, b1, b2, b3);
+    load4(rows[2] + offset, c0, c1, c2, c3);
+    load4(rows[3] + offset, d0, d1, d2, d3);
+  }
+  [[gnu::always_inline]] void store(float* const rows[4], std::int64_t offset) const {
+    store4(rows[0] + offset, a0, a1, a2, a3);
+    store4(rows[1] + offset, b0, b1, b2, b3);
+    store4(rows[2] + offset, c0, c1, c2, c3);
+    store4(rows[3] + offset, d0, d1, d2, d3);
+  }
+};
+
+// Four rows at once: out_i[j] = Σ_d a_i[d] · bt[d * stride + j] for the 64 columns of a
+// block stored transposed.
 DTRAIN_MULTIVERSION
-void row_times_block(const float* a, const float* bt, std::int64_t depth, float* out) {
-  Sums64 sums;
-  for (std::int64_t d = 0; d < depth; ++d) sums.add(a[d], bt + d * kKeyBlock);
-  sums.store(out);
+void rows4_times_block(const float* const a[4], const float* bt, std::int64_t stride, std::int64_t depth,
+                       float* const out[4]) {
+  Tile4x64 t;
+  for (std::int64_t d = 0; d < depth; ++d) {
+    Floats16 v0, v1, v2, v3;
+    Tile4x64::load4(bt + d * stride, v0, v1, v2, v3);
+    t.add(a[0][d], a[1][d], a[2][d], a[3][d], v0, v1, v2, v3);
+  }
+  t.store(out, 0);
+}
+
+// Four rows at once: acc_i[c0, c0 + 64) += Σ_j w_i[j * w_stride] · x[j * stride + c] over
+// the n rows of a block, for the 64-column chunks of [0, width) (the rest is the caller's:
+// add_columns).
+DTRAIN_MULTIVERSION
+void rows4_add_weighted(const float* const w[4], std::int64_t w_stride, std::int64_t n, const float* x,
+                        std::int64_t stride, std::int64_t width, float* const acc[4]) {
+  for (std::int64_t c0 = 0; c0 + 64 <= width; c0 += 64) {
+    Tile4x64 t;
+    t.load(acc, c0);
+    for (std::int64_t j = 0; j < n; ++j) {
+      Floats16 v0, v1, v2, v3;
+      Tile4x64::load4(x + j * stride + c0, v0, v1, v2, v3);
+      const std::int64_t wj = j * w_stride;
+      t.add(w[0][wj], w[1][wj], w[2][wj], w[3][wj], v0, v1, v2, v3);
+    }
+    t.store(acc, c0);
+  }
+}
+
+// acc[c] += Σ_j w[j * w_stride] · x[j * stride + c] for c in [c0, c1): the columns past the
+// 64-column chunks, one row at a time.
+DTRAIN_MULTIVERSION
+void add_columns(const float* w, std::int64_t w_stride, std::int64_t n, const float* x, std::int64_t stride,
+                 std::int64_t c0, std::int64_t c1, float* acc) {
+  for (std::int64_t j = 0; j < n; ++j) {
+    const float f = w[j * w_stride];
+    if (f == 0.0f) continue;
+    const float* r = x + j * stride;
+#pragma omp simd
+    for (std::int64_t c = c0; c < c1; ++c) acc[c] += f * r[c];
+  }
 }
 
 // acc[0, width) += Σ_j w[j] · x[j * stride + c] over the n rows of a block: 64 columns at a
@@ -104,13 +181,13 @@ void add_weighted_rows(const float* w, std::int64_t n, const float* x, std::int6
       if (w[j] != 0.0f) add_scaled(acc + c0, w[j], x + j * stride + c0, width - c0);
 }
 
-// e^x for x <= 0 (scores less their maximum), written so that loops over it vectorise:
-// 2^n · e^r with n = round(x / ln 2), r = x − n · ln 2 (in two parts, exact), e^r by
-// Cephes's degree-6 polynomial (relative error below 2e-7); 0 below −87 and for −inf.
+// e^x for x <= 0 (scores less their maximum), written so that loops over it vectorise
+// (no branch, no memory temporary): 2^n · e^r with n = x / ln 2 rounded to the nearest
+// integer (adding and taking away 1.5 · 2^23), r = x − n · ln 2 (in two parts, exact), e^r
+// by Cephes's degree-6 polynomial (relative error below 2e-7); 0 below −87 and for −inf.
 [[gnu::always_inline]] inline float exp_nonpositive(float x) {
-  const bool zero = !(x >= -87.0f);
-  const float c = zero ? -87.0f : x;
-  const float n = std::floor(c * 1.44269504088896341f + 0.5f);
+  const float c = std::max(x, -87.0f);
+  const float n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const float r = c - n * 0.693359375f + n * 2.12194440e-4f;
   float e = 1.9875691500e-4f;
   e = e * r + 1.3981999507e-3f;
@@ -119,15 +196,51 @@ void add_weighted_rows(const float* w, std::int64_t n, const float* x, std::int6
   e = e * r + 1.6666665459e-1f;
   e = e * r + 5.0000001201e-1f;
   e = e * r * r + r + 1.0f;
-  const auto bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return zero ? 0.0f : e * scale;
+  const float scale = std::bit_cast<float>(static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23);
+  return x >= -87.0f ? e * scale : 0.0f;
 }
 
+// exp_nonpositive on sixteen floats at once, and the largest of sixteen: written on vectors
+// (the loops over rows of scores are written on them too, where GCC's own vectorisation
+// left the reductions' ends as chains of scalar operations).
+typedef std::int32_t Ints16 __attribute__((vector_size(64)));
+
+// (In place, and taking references: a 64-byte vector passed or returned by value would
+// take another calling convention with AVX-512 than without.)
+[[gnu::always_inline]] inline void exp16(Floats16& x) {
+  const Floats16 low = Floats16{} - 87.0f;
+  const Floats16 c = x > low ? x : low;
+  const Floats16 n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const Floats16 r = c - n * 0.693359375f + n * 2.12194440e-4f;
+  Floats16 e = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  e = e * r + 8.3334519073e-3f;
+  e = e * r + 4.1665795894e-2f;
+  e = e * r + 1.6666665459e-1f;
+  e = e * r + 5.0000001201e-1f;
+  e = e * r * r + r + 1.0f;
+  const Ints16 bits = (__builtin_convertvector(n, Ints16) + 127) << 23;
+  Floats16 scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  x = x >= low ? e * scale : Floats16{};
+}
+
+[[gnu::always_inline]] inline float largest16(const Floats16& x) {
+  Floats16 v = x, w = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+  v = v > w ? v : w;
+  w = __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15);
+  v = v > w ? v : w;
+  w = __builtin_shufflevector(v, v, 2, 3, 0, 1, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  v = v > w ? v : w;
+  w = __builtin_shufflevector(v, v, 1, 0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  v = v > w ? v : w;
+  return v[0];
+}
+
+// The row helpers below are inlined into multiversioned loops over many rows (a call per
+// row of 64 scores cost as much as its work).
+
 // w[j] = e^(x[j] − shift) for j < n, their sum returned; −inf scores give 0.
-DTRAIN_MULTIVERSION
-float exp_row(const float* x, float shift, std::int64_t n, float* w) {
+[[gnu::always_inline]] inline float exp_row(const float* x, float shift, std::int64_t n, float* w) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (std::int64_t j = 0; j < n; ++j) {
@@ -135,6 +248,45 @@ float exp_row(const float* x, float shift, std::int64_t n, float* w) {
     sum += w[j];
   }
   return sum;
+}
+
+// x[j] *= scale for j < n; their maximum returned. Sixteen at a time in vectors (GCC does
+// not vectorise a maximum's reduction by itself).
+[[gnu::always_inline]] inline float scale_and_max(float* x, float scale, std::int64_t n) {
+  Floats16 top = Floats16{} + kNoScore;
+  std::int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    Floats16 v;
+    load16(v, x + j);
+    v *= scale;
+    store16(x + j, v);
+    top = v > top ? v : top;
+  }
+  float best = kNoScore;
+  for (int i = 0; i < 16; ++i) best = std::max(best, top[i]);
+  for (; j < n; ++j) {
+    x[j] *= scale;
+    best = std::max(best, x[j]);
+  }
+  return best;
+}
+
+// y[j] = x[j] * factor for j < n (y may be x).
+[[gnu::always_inline]] inline void scaled_copy(const float* x, float factor, std::int64_t n, float* y) {
+#pragma omp simd
+  for (std::int64_t j = 0; j < n; ++j) y[j] = x[j] * factor;
+}
+
+// The n rows of x (`stride` apart, `width` wide) written transposed into out [width,
+// kKeyBlock], zeros past n: each output row in order (the rows' values read across them).
+DTRAIN_MULTIVERSION
+void transpose_rows(const float* x, std::int64_t stride, std::int64_t n, std::int64_t width, float* out) {
+  for (std::int64_t d = 0; d < width; ++d) {
+    float* o = out + d * kKeyBlock;
+#pragma omp simd
+    for (std::int64_t s = 0; s < n; ++s) o[s] = x[s * stride + d];
+    for (std::int64_t s = n; s < kKeyBlock; ++s) o[s] = 0.0f;
+  }
 }
 
 // Sizes and pointers of one call, and the rules every loop shares.
@@ -160,12 +312,35 @@ struct Problem {
   // [width, kKeyBlock], zeros past s1.
   void transpose_block(const float* x, std::int64_t width, std::int64_t b, std::int64_t h, std::int64_t s0,
                        std::int64_t s1, float* out) const {
-    for (std::int64_t s = s0; s < s1; ++s) {
-      const float* r = x + row(b, keys, s, h) * width;
-      for (std::int64_t d = 0; d < width; ++d) out[d * kKeyBlock + (s - s0)] = r[d];
-    }
-    if (s1 - s0 < kKeyBlock)
-      for (std::int64_t d = 0; d < width; ++d) std::fill(out + d * kKeyBlock + (s1 - s0), out + (d + 1) * kKeyBlock, 0.0f);
+    transpose_rows(x + row(b, keys, s0, h) * width, heads * width, s1 - s0, width, out);
+  }
+  // The keys and values packed once a call, so that a block's loops read memory in order
+  // (rows of a [batch, length, heads, width] tensor lie heads * width apart, a stride that
+  // maps a block's rows onto few cache sets): each (batch, head)'s keys block by block,
+  // each block transposed ([depth, kKeyBlock], zeros past the last key), then its values
+  // [keys, value_depth] one after the other.
+  std::int64_t key_blocks() const { return (keys + kKeyBlock - 1) / kKeyBlock; }
+  struct Packed {
+    Tensor keys_t, values;  // from the allocator's cache: no fresh pages each call
+  };
+  Packed packed() const {
+    const std::int64_t blocks = key_blocks();
+    Packed out{Tensor::empty(Shape{batch * heads * blocks * depth * kKeyBlock}),
+               Tensor::empty(Shape{batch * heads * keys * value_depth})};
+    parallel_for(batch * heads, 1, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t bh = begin; bh < end; ++bh) {
+        const std::int64_t b = bh / heads, h = bh % heads;
+        for (std::int64_t block = 0; block < blocks; ++block) {
+          const std::int64_t s0 = block * kKeyBlock, s1 = std::min(keys, s0 + kKeyBlock);
+          transpose_block(k, depth, b, h, s0, s1, out.keys_t.data<float>() + (bh * blocks + block) * depth * kKeyBlock);
+        }
+        float* vb = out.values.data<float>() + bh * keys * value_depth;
+        for (std::int64_t s = 0; s < keys; ++s)
+          std::memcpy(vb + s * value_depth, v + row(b, keys, s, h) * value_depth,
+                      static_cast<std::size_t>(value_depth) * sizeof(float));
+      }
+    });
+    return out;
   }
   // The keys a block of queries ending before `query_end` may see: causal hides the rest.
   std::int64_t key_end(std::int64_t query_end) const { return o->causal ? std::min(keys, query_end) : keys; }
@@ -180,20 +355,113 @@ struct Problem {
   }
 };
 
-// A backward row's weights for keys [s0, s1): e^(scale · score − lse) where the key is
-// visible to t, else 0; one vector loop where the whole block is visible.
+// Backward's block of queries [t0, t1) and keys [s0, s1): each weight recomputed from its
+// score (rows of kKeyBlock in `w`) and the forward's log-sum-exp (e^(scale · score − lse)
+// where the key is visible, else 0), times dropout's factor, replaces the score in `w`;
+// ds = scale · weight · (dp · factor − row_dot). A query that saw no key (lse −inf) gets
+// zeros; so do the columns past the block's keys.
 DTRAIN_MULTIVERSION
-void weights_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t t, std::int64_t s0, std::int64_t s1,
-                 float scale, float lse, const float* scores, float* w) {
-  (void)h;
+void gradient_block(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t t1,
+                    std::int64_t s0, std::int64_t s1, const float* lse, const float* row_dot, float* w,
+                    const float* dp, float* ds) {
+  const AttentionOptions& o = *p.o;
   const std::int64_t n = s1 - s0;
-  if (!p.mask && (!p.o->causal || s1 - 1 <= t)) {
-#pragma omp simd
-    for (std::int64_t j = 0; j < n; ++j) w[j] = exp_nonpositive(scale * scores[j] - lse);
-    return;
+  for (std::int64_t t = t0; t < t1; ++t) {
+    const std::int64_t r = t - t0;
+    float* wr = w + r * kKeyBlock;
+    float* dsr = ds + r * kKeyBlock;
+    const float* dpr = dp + r * kKeyBlock;
+    const float l = lse[p.row(b, p.queries, t, h)], rd = row_dot[t];
+    if (l == kNoScore) {  // t saw no key: no gradient
+      std::fill(wr, wr + kKeyBlock, 0.0f);
+      std::fill(dsr, dsr + kKeyBlock, 0.0f);
+      continue;
+    }
+    if (n == kKeyBlock && !p.mask && (!o.causal || s1 - 1 <= t) && o.dropout_rate == 0.0f) {
+      for (int c = 0; c < 4; ++c) {
+        Floats16 x, g;
+        load16(x, wr + 16 * c);
+        x = x * o.scale - l;
+        exp16(x);
+        store16(wr + 16 * c, x);
+        load16(g, dpr + 16 * c);
+        store16(dsr + 16 * c, o.scale * x * (g - rd));
+      }
+      continue;
+    }
+    for (std::int64_t s = s0; s < s1; ++s) {
+      const std::int64_t j = s - s0;
+      const float weight = p.visible(b, t, s) ? exp_nonpositive(o.scale * wr[j] - l) : 0.0f;
+      const float f = p.kept(b, h, t, s);
+      wr[j] = weight * f;
+      dsr[j] = o.scale * weight * (dpr[j] * f - rd);
+    }
+    std::fill(wr + n, wr + kKeyBlock, 0.0f);
+    std::fill(dsr + n, dsr + kKeyBlock, 0.0f);
   }
-  for (std::int64_t s = s0; s < s1; ++s)
-    w[s - s0] = p.visible(b, t, s) ? exp_nonpositive(scale * scores[s - s0] - lse) : 0.0f;
+}
+
+// Each query of [t0, t1)'s softmax so far, after the block of keys [s0, s1): its scores
+// (rows of kKeyBlock in `scores`) become its weights (times dropout's factor), and where
+// the block raises its maximum m, its sums l (sixteen partial sums a row, added up at the
+// end) and its weighted values acc (rows of value_depth) shrink by e^(old − new). live[r]
+// says whether the block showed t0 + r a key (a row it hides every key from gets zero
+// weights).
+DTRAIN_MULTIVERSION
+void softmax_block(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t t1,
+                   std::int64_t s0, std::int64_t s1, float* scores, float* m, float* l, float* acc, char* live) {
+  const AttentionOptions& o = *p.o;
+  const std::int64_t n = s1 - s0, dv = p.value_depth;
+  for (std::int64_t t = t0; t < t1; ++t) {
+    const std::int64_t r = t - t0;
+    float* sr = scores + r * kKeyBlock;
+    float* lr = l + r * 16;
+    // A whole block every key of which t sees (the usual case): on vectors throughout.
+    if (n == kKeyBlock && !p.mask && (!o.causal || s1 - 1 <= t)) {
+      Floats16 x0, x1, x2, x3;
+      Tile4x64::load4(sr, x0, x1, x2, x3);
+      x0 *= o.scale, x1 *= o.scale, x2 *= o.scale, x3 *= o.scale;
+      const Floats16 top01 = x0 > x1 ? x0 : x1, top23 = x2 > x3 ? x2 : x3;
+      const float m_new = std::max(m[r], largest16(top01 > top23 ? top01 : top23));
+      Floats16 sums;
+      load16(sums, lr);
+      if (m_new > m[r]) {  // a new maximum: the sums so far shrink by e^(old − new)
+        const float rescale = m[r] == kNoScore ? 0.0f : std::exp(m[r] - m_new);
+        sums *= rescale;
+        scaled_copy(acc + r * dv, rescale, dv, acc + r * dv);
+      }
+      x0 -= m_new, x1 -= m_new, x2 -= m_new, x3 -= m_new;
+      exp16(x0), exp16(x1), exp16(x2), exp16(x3);
+      sums += (x0 + x1) + (x2 + x3);
+      store16(lr, sums);
+      Tile4x64::store4(sr, x0, x1, x2, x3);
+      live[r] = 1;
+      m[r] = m_new;
+    } else {
+      float block_max = kNoScore;
+      for (std::int64_t s = s0; s < s1; ++s) {
+        const float x = p.visible(b, t, s) ? o.scale * sr[s - s0] : kNoScore;
+        sr[s - s0] = x;
+        block_max = std::max(block_max, x);
+      }
+      live[r] = block_max != kNoScore;
+      if (!live[r]) {  // this block hides every key from t: it adds nothing
+        std::fill(sr, sr + n, 0.0f);
+        continue;
+      }
+      const float m_new = std::max(m[r], block_max);
+      if (m_new > m[r]) {
+        const float rescale = m[r] == kNoScore ? 0.0f : std::exp(m[r] - m_new);
+        scaled_copy(lr, rescale, 16, lr);
+        scaled_copy(acc + r * dv, rescale, dv, acc + r * dv);
+      }
+      lr[0] += exp_row(sr, m_new, n, sr);
+      m[r] = m_new;
+    }
+    // The softmax's sum counts every visible weight, dropped or not.
+    if (o.dropout_rate > 0.0f)
+      for (std::int64_t s = s0; s < s1; ++s) sr[s - s0] *= p.kept(b, h, t, s);
+  }
 }
 
 }  // namespace
@@ -205,64 +473,68 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, co
   const Problem p(q, k, v, o);
   float* po = out.data<float>();
   float* pl = lse.data<float>();
-  const std::int64_t blocks = (p.queries + kQueryBlock - 1) / kQueryBlock;
-  const std::int64_t d = p.depth, dv = p.value_depth;
-  parallel_for(p.batch * p.heads * blocks, 1, [&](std::int64_t begin, std::int64_t end) {
-    std::vector<float> scores(kQueryBlock * kKeyBlock), m(kQueryBlock), l(kQueryBlock),
-        acc(static_cast<std::size_t>(kQueryBlock * dv)), kt(static_cast<std::size_t>(d * kKeyBlock));
-    for (std::int64_t task = begin; task < end; ++task) {
-      const std::int64_t bh = task / blocks, b = bh / p.heads, h = bh % p.heads;
-      const std::int64_t t0 = (task % blocks) * kQueryBlock, t1 = std::min(p.queries, t0 + kQueryBlock);
+  const std::int64_t blocks = (p.queries + kForwardQueryBlock - 1) / kForwardQueryBlock;
+  const std::int64_t d = p.depth, dv = p.value_depth, dv64 = dv / 64 * 64, key_blocks = p.key_blocks();
+  const Problem::Packed packed = p.packed();
+  // Tasks taken as threads come free: the longest first (under a causal mask, the last
+  // blocks of queries see the most keys).
+  const std::int64_t tasks = p.batch * p.heads * blocks;
+  parallel_tasks(tasks, [&](auto&& take) {
+    std::vector<float> scores(kForwardQueryBlock * kKeyBlock), m(kForwardQueryBlock), l(kForwardQueryBlock * 16),
+        acc(static_cast<std::size_t>(kForwardQueryBlock * dv)),
+        spare(static_cast<std::size_t>(std::max(d, kKeyBlock)), 0.0f),
+        discard(static_cast<std::size_t>(std::max(dv, kKeyBlock)));
+    std::vector<char> live(kForwardQueryBlock);  // the rows whose block saw a key
+    for (std::int64_t task; (task = take()) < tasks;) {
+      const std::int64_t bh = task % (p.batch * p.heads), b = bh / p.heads, h = bh % p.heads;
+      const std::int64_t t0 = (blocks - 1 - task / (p.batch * p.heads)) * kForwardQueryBlock;
+      const std::int64_t t1 = std::min(p.queries, t0 + kForwardQueryBlock), nq = t1 - t0;
       std::fill(m.begin(), m.end(), kNoScore);
       std::fill(l.begin(), l.end(), 0.0f);
       std::fill(acc.begin(), acc.end(), 0.0f);
       const std::int64_t s_end = p.key_end(t1);
       for (std::int64_t s0 = 0; s0 < s_end; s0 += kKeyBlock) {
-        const std::int64_t s1 = std::min(s_end, s0 + kKeyBlock);
-        p.transpose_block(p.k, d, b, h, s0, s1, kt.data());
-        for (std::int64_t t = t0; t < t1; ++t) {
-          const auto r = static_cast<std::size_t>(t - t0);
-          const float* qt = p.q + p.row(b, p.queries, t, h) * d;
-          float* sr = scores.data() + r * kKeyBlock;
-          row_times_block(qt, kt.data(), d, sr);
-          const std::int64_t n = s1 - s0;
-          float block_max = kNoScore;
-          if (!p.mask && (!o.causal || s1 - 1 <= t)) {  // every key of the block is visible to t
-#pragma omp simd reduction(max : block_max)
-            for (std::int64_t j = 0; j < n; ++j) {
-              sr[j] *= o.scale;
-              block_max = std::max(block_max, sr[j]);
-            }
-          } else {
-            for (std::int64_t s = s0; s < s1; ++s) {
-              const float x = p.visible(b, t, s) ? o.scale * sr[s - s0] : kNoScore;
-              sr[s - s0] = x;
-              block_max = std::max(block_max, x);
-            }
+        const std::int64_t s1 = std::min(s_end, s0 + kKeyBlock), n = s1 - s0;
+        const float* kt = packed.keys_t.data<float>() + (bh * key_blocks + s0 / kKeyBlock) * d * kKeyBlock;
+        // The block's scores, four queries at a time (a short last tile reads a spare row
+        // of zeros and writes a row it discards).
+        for (std::int64_t r0 = 0; r0 < nq; r0 += 4) {
+          const float* rows[4];
+          float* tile[4];
+          for (int i = 0; i < 4; ++i) {
+            const bool real = r0 + i < nq;
+            rows[i] = real ? p.q + p.row(b, p.queries, t0 + r0 + i, h) * d : spare.data();
+            tile[i] = real ? scores.data() + (r0 + i) * kKeyBlock : discard.data();
           }
-          if (block_max == kNoScore) continue;  // this block hides every key from t
-          const float m_new = std::max(m[r], block_max);
-          const float rescale = m[r] == kNoScore ? 0.0f : std::exp(m[r] - m_new);
-          float* ar = acc.data() + r * static_cast<std::size_t>(dv);
-          if (rescale != 1.0f) {
-            l[r] *= rescale;
-            for (std::int64_t j = 0; j < dv; ++j) ar[j] *= rescale;
-          }
-          // The softmax's sum counts every visible weight, dropped or not.
-          l[r] += exp_row(sr, m_new, n, sr);
-          if (o.dropout_rate > 0.0f)
-            for (std::int64_t s = s0; s < s1; ++s) sr[s - s0] *= p.kept(b, h, t, s);
-          add_weighted_rows(sr, n, p.v + p.row(b, p.keys, s0, h) * dv, p.heads * dv, dv, ar);
-          m[r] = m_new;
+          rows4_times_block(rows, kt, kKeyBlock, d, tile);
         }
+        softmax_block(p, b, h, t0, t1, s0, s1, scores.data(), m.data(), l.data(), acc.data(), live.data());
+        // The weighted values, four queries at a time over 64-column chunks, then the rest.
+        const float* vb = packed.values.data<float>() + (bh * p.keys + s0) * dv;
+        for (std::int64_t r0 = 0; r0 < nq && dv64 > 0; r0 += 4) {
+          const float* w[4];
+          float* tile[4];
+          for (int i = 0; i < 4; ++i) {  // a short tile adds zero weights into a spare row
+            const bool real = r0 + i < nq;
+            w[i] = real ? scores.data() + (r0 + i) * kKeyBlock : spare.data();
+            tile[i] = real ? acc.data() + (r0 + i) * dv : discard.data();
+          }
+          rows4_add_weighted(w, 1, n, vb, dv, dv64, tile);
+        }
+        if (dv64 < dv)
+          for (std::int64_t r = 0; r < nq; ++r)
+            if (live[static_cast<std::size_t>(r)])
+              add_weighted_rows(scores.data() + r * kKeyBlock, n, vb + dv64, dv, dv - dv64,
+                                acc.data() + r * dv + dv64);
       }
       for (std::int64_t t = t0; t < t1; ++t) {
         const auto r = static_cast<std::size_t>(t - t0);
         const std::int64_t row = p.row(b, p.queries, t, h);
-        const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        const float* ar = acc.data() + r * static_cast<std::size_t>(dv);
-        for (std::int64_t j = 0; j < dv; ++j) po[row * dv + j] = ar[j] * inv;
-        pl[row] = l[r] > 0.0f ? m[r] + std::log(l[r]) : kNoScore;
+        float sum = 0.0f;
+        for (std::size_t i = 0; i < 16; ++i) sum += l[r * 16 + i];
+        const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        scaled_copy(acc.data() + r * static_cast<std::size_t>(dv), inv, dv, po + row * dv);
+        pl[row] = sum > 0.0f ? m[r] + std::log(sum) : kNoScore;
       }
     }
   });
@@ -280,66 +552,109 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
   float* pdq = dq.data<float>();
   float* pdk = dk.data<float>();
   float* pdv = dv.data<float>();
-  const std::int64_t d = p.depth, vd = p.value_depth;
+  const std::int64_t d = p.depth, vd = p.value_depth, key_blocks = p.key_blocks();
+  const std::int64_t T = p.queries, S = p.keys, tile_rows = kQueryBlock * kKeyBlock;
   // dS = P ⊙ (dP − rowsum(dO ⊙ O)), dP = dO · Vᵀ (times dropout's factor), with P
   // recomputed from lse; dV = P'ᵀ dO (P' the dropped weights), dQ = scale · dS K, dK = scale · dSᵀ Q.
-  parallel_for(p.batch * p.heads, 1, [&](std::int64_t begin, std::int64_t end) {
-    std::vector<float> row_dot(static_cast<std::size_t>(p.queries)), kt(static_cast<std::size_t>(d * kKeyBlock)),
-        vt(static_cast<std::size_t>(vd * kKeyBlock)), scores(kKeyBlock), dp(kKeyBlock), ds(kKeyBlock), w(kKeyBlock),
-        f(kKeyBlock), weights_t(kKeyBlock * kQueryBlock), ds_t(kKeyBlock * kQueryBlock);
-    for (std::int64_t bh = begin; bh < end; ++bh) {
+  // Each (batch, head) is a task owning its gradients: its operands packed in order first
+  // (q, dO and k by rows; k and v by blocks transposed), its gradients summed in buffers
+  // of the same layout, and all products run on the four-row tiles.
+  parallel_tasks(p.batch * p.heads, [&](auto&& take) {
+    const std::int64_t spare = std::max({d, vd, kKeyBlock});
+    Tensor buffers = Tensor::empty(Shape{T * (2 * d + vd + 1) + S * (2 * d + vd) + key_blocks * kKeyBlock * (d + vd) +
+                                         3 * tile_rows + spare});
+    float* next = buffers.data<float>();
+    auto carve = [&](std::int64_t n) {
+      float* at = next;
+      next += n;
+      return at;
+    };
+    float *qp = carve(T * d), *dop = carve(T * vd), *kp = carve(S * d), *kt = carve(key_blocks * kKeyBlock * d),
+          *vt = carve(key_blocks * kKeyBlock * vd), *gq = carve(T * d), *gk = carve(S * d), *gv = carve(S * vd),
+          *row_dot = carve(T), *w = carve(tile_rows), *ds = carve(tile_rows), *dp = carve(tile_rows),
+          *discard = carve(spare);
+    for (std::int64_t bh; (bh = take()) < p.batch * p.heads;) {
       const std::int64_t b = bh / p.heads, h = bh % p.heads;
-      for (std::int64_t t = 0; t < p.queries; ++t) {
-        const std::int64_t row = p.row(b, p.queries, t, h);
-        row_dot[static_cast<std::size_t>(t)] = dot(pdo + row * vd, po + row * vd, vd);
-        std::fill(pdq + row * d, pdq + (row + 1) * d, 0.0f);
+      for (std::int64_t t = 0; t < T; ++t) {
+        const std::int64_t row = p.row(b, T, t, h);
+        std::memcpy(qp + t * d, p.q + row * d, static_cast<std::size_t>(d) * sizeof(float));
+        std::memcpy(dop + t * vd, pdo + row * vd, static_cast<std::size_t>(vd) * sizeof(float));
+        row_dot[t] = dot(pdo + row * vd, po + row * vd, vd);
       }
-      for (std::int64_t s = 0; s < p.keys; ++s) {
-        const std::int64_t row = p.row(b, p.keys, s, h);
-        std::fill(pdk + row * d, pdk + (row + 1) * d, 0.0f);
-        std::fill(pdv + row * vd, pdv + (row + 1) * vd, 0.0f);
+      for (std::int64_t s = 0; s < S; ++s)
+        std::memcpy(kp + s * d, p.k + p.row(b, S, s, h) * d, static_cast<std::size_t>(d) * sizeof(float));
+      for (std::int64_t block = 0; block < key_blocks; ++block) {
+        const std::int64_t s0 = block * kKeyBlock, s1 = std::min(S, s0 + kKeyBlock);
+        p.transpose_block(p.k, d, b, h, s0, s1, kt + block * kKeyBlock * d);
+        p.transpose_block(p.v, vd, b, h, s0, s1, vt + block * kKeyBlock * vd);
       }
-      for (std::int64_t t0 = 0; t0 < p.queries; t0 += kQueryBlock) {
-        const std::int64_t t1 = std::min(p.queries, t0 + kQueryBlock), s_end = p.key_end(t1);
+      std::fill(gq, gq + T * d, 0.0f);
+      std::fill(gk, gk + S * d, 0.0f);
+      std::fill(gv, gv + S * vd, 0.0f);
+      for (std::int64_t t0 = 0; t0 < T; t0 += kQueryBlock) {
+        const std::int64_t t1 = std::min(T, t0 + kQueryBlock), nq = t1 - t0, s_end = p.key_end(t1);
         for (std::int64_t s0 = 0; s0 < s_end; s0 += kKeyBlock) {
-          const std::int64_t s1 = std::min(s_end, s0 + kKeyBlock);
-          p.transpose_block(p.k, d, b, h, s0, s1, kt.data());
-          p.transpose_block(p.v, vd, b, h, s0, s1, vt.data());
-          // Each key's share of dv and dk sums over the block's queries: kept per key
-          // (transposed: [key][query]) and added once the block's queries are done.
-          std::fill(weights_t.begin(), weights_t.end(), 0.0f);
-          std::fill(ds_t.begin(), ds_t.end(), 0.0f);
-          const std::int64_t n = s1 - s0;
-          for (std::int64_t t = t0; t < t1; ++t) {
-            const std::int64_t qrow = p.row(b, p.queries, t, h);
-            if (pl[qrow] == kNoScore) continue;  // t saw no key: no gradient
-            const auto r = static_cast<std::size_t>(t - t0);
-            const float* qt = p.q + qrow * d;
-            const float* dot_t = pdo + qrow * vd;
-            row_times_block(qt, kt.data(), d, scores.data());
-            row_times_block(dot_t, vt.data(), vd, dp.data());
-            // The weights (each recomputed from the forward's log-sum-exp; 0 where hidden),
-            // each times dropout's factor, and the scores' gradients.
-            weights_row(p, b, h, t, s0, s1, o.scale, pl[qrow], scores.data(), w.data());
-            for (std::int64_t s = s0; s < s1; ++s) f[static_cast<std::size_t>(s - s0)] = p.kept(b, h, t, s);
-            const float rd = row_dot[static_cast<std::size_t>(t)];
-#pragma omp simd
-            for (std::int64_t j = 0; j < n; ++j) ds[j] = o.scale * w[j] * (dp[j] * f[j] - rd);
-            for (std::int64_t j = 0; j < n; ++j) {
-              weights_t[static_cast<std::size_t>(j) * kQueryBlock + r] = w[j] * f[j];
-              ds_t[static_cast<std::size_t>(j) * kQueryBlock + r] = ds[j];
+          const std::int64_t s1 = std::min(s_end, s0 + kKeyBlock), n = s1 - s0, block = s0 / kKeyBlock;
+          // The block's scores and dP, four queries at a time.
+          for (std::int64_t r0 = 0; r0 < nq; r0 += 4) {
+            const float *qs[4], *dos[4];
+            float *sc[4], *dps[4];
+            for (int i = 0; i < 4; ++i) {
+              const bool real = r0 + i < nq;
+              qs[i] = real ? qp + (t0 + r0 + i) * d : discard;
+              dos[i] = real ? dop + (t0 + r0 + i) * vd : discard;
+              sc[i] = real ? w + (r0 + i) * kKeyBlock : discard;
+              dps[i] = real ? dp + (r0 + i) * kKeyBlock : discard;
             }
-            add_weighted_rows(ds.data(), n, p.k + p.row(b, p.keys, s0, h) * d, p.heads * d, d, pdq + qrow * d);
+            std::fill(discard, discard + spare, 0.0f);
+            rows4_times_block(qs, kt + block * kKeyBlock * d, kKeyBlock, d, sc);
+            std::fill(discard, discard + spare, 0.0f);
+            rows4_times_block(dos, vt + block * kKeyBlock * vd, kKeyBlock, vd, dps);
           }
-          const std::int64_t nq = t1 - t0;
-          const std::int64_t first_query = p.row(b, p.queries, t0, h);
-          for (std::int64_t s = s0; s < s1; ++s) {
-            const std::int64_t krow = p.row(b, p.keys, s, h);
-            const auto j = static_cast<std::size_t>(s - s0) * kQueryBlock;
-            add_weighted_rows(weights_t.data() + j, nq, pdo + first_query * vd, p.heads * vd, vd, pdv + krow * vd);
-            add_weighted_rows(ds_t.data() + j, nq, p.q + first_query * d, p.heads * d, d, pdk + krow * d);
+          // The weights (recomputed from the forward's log-sum-exp; 0 where hidden) times
+          // dropout's factor, and the scores' gradients; zeros past the block's keys.
+          gradient_block(p, b, h, t0, t1, s0, s1, pl, row_dot, w, dp, ds);
+          // dQ += dS · K, four queries at a time, then the columns past the 64-wide chunks.
+          const std::int64_t d64 = d / 64 * 64, vd64 = vd / 64 * 64;
+          for (std::int64_t r0 = 0; r0 < nq && d64 > 0; r0 += 4) {
+            const float* ws[4];
+            float* acc[4];
+            for (int i = 0; i < 4; ++i) {
+              const bool real = r0 + i < nq;
+              ws[i] = real ? ds + (r0 + i) * kKeyBlock : ds + r0 * kKeyBlock;
+              acc[i] = real ? gq + (t0 + r0 + i) * d : discard;
+            }
+            rows4_add_weighted(ws, 1, n, kp + s0 * d, d, d64, acc);
+          }
+          if (d64 < d)
+            for (std::int64_t r = 0; r < nq; ++r) add_columns(ds + r * kKeyBlock, 1, n, kp + s0 * d, d, d64, d, gq + (t0 + r) * d);
+          // dV += P'ᵀ · dO and dK += dSᵀ · Q, four keys at a time (a key's weights are a
+          // column of the tiles: kKeyBlock apart).
+          for (std::int64_t j0 = 0; j0 < n; j0 += 4) {
+            const float *pw[4], *sw[4];
+            float *av[4], *ak[4];
+            for (int i = 0; i < 4; ++i) {
+              const bool real = j0 + i < n;
+              pw[i] = w + (real ? j0 + i : j0);
+              sw[i] = ds + (real ? j0 + i : j0);
+              av[i] = real ? gv + (s0 + j0 + i) * vd : discard;
+              ak[i] = real ? gk + (s0 + j0 + i) * d : discard;
+            }
+            if (vd64 > 0) rows4_add_weighted(pw, kKeyBlock, nq, dop + t0 * vd, vd, vd64, av);
+            if (d64 > 0) rows4_add_weighted(sw, kKeyBlock, nq, qp + t0 * d, d, d64, ak);
+          }
+          for (std::int64_t j = 0; j < n && (vd64 < vd || d64 < d); ++j) {
+            if (vd64 < vd) add_columns(w + j, kKeyBlock, nq, dop + t0 * vd, vd, vd64, vd, gv + (s0 + j) * vd);
+            if (d64 < d) add_columns(ds + j, kKeyBlock, nq, qp + t0 * d, d, d64, d, gk + (s0 + j) * d);
           }
         }
+      }
+      for (std::int64_t t = 0; t < T; ++t)
+        std::memcpy(pdq + p.row(b, T, t, h) * d, gq + t * d, static_cast<std::size_t>(d) * sizeof(float));
+      for (std::int64_t s = 0; s < S; ++s) {
+        const std::int64_t row = p.row(b, S, s, h);
+        std::memcpy(pdk + row * d, gk + s * d, static_cast<std::size_t>(d) * sizeof(float));
+        std::memcpy(pdv + row * vd, gv + s * vd, static_cast<std::size_t>(vd) * sizeof(float));
       }
     }
   });
