@@ -171,25 +171,22 @@ void bind_own_layers(py::module_& k) {
   // A built-in layer made outside a model, from its Keras entry {"class_name", "config"}.
   // MultiHeadAttention called on tensors with Keras's keywords (a functional graph keeps
   // use_causal_mask with the layer instead).
+  // With return_scores, (the output, the attention scores) as Keras's return_attention_scores.
   k.def("_attend", [](const std::shared_ptr<nn::Layer>& layer, py::handle query, py::handle value, py::handle key,
-                      py::handle mask, bool causal, bool training) {
+                      py::handle mask, bool causal, bool training, bool return_scores) -> py::object {
     auto* mha = dynamic_cast<nn::MultiHeadAttention*>(layer.get());
     if (!mha) throw py::type_error("layer '" + layer->name() + "' is not a MultiHeadAttention");
     const Tensor q = to_tensor(query, "MultiHeadAttention query"), v = to_tensor(value, "MultiHeadAttention value");
     const Tensor kt = key.is_none() ? Tensor() : to_tensor(key, "MultiHeadAttention key");
     const Tensor m = mask.is_none() ? Tensor() : to_tensor(mask, "MultiHeadAttention attention_mask");
-    py::gil_scoped_release release;
-    return mha->attend(q, v, kt, m, causal, training);
-  });
-  k.def("_attention_scores", [](const std::shared_ptr<nn::Layer>& layer, py::handle query, py::handle value,
-                                py::handle key, py::handle mask, bool causal) {
-    auto* mha = dynamic_cast<nn::MultiHeadAttention*>(layer.get());
-    if (!mha) throw py::type_error("layer '" + layer->name() + "' is not a MultiHeadAttention");
-    const Tensor q = to_tensor(query, "MultiHeadAttention query"), v = to_tensor(value, "MultiHeadAttention value");
-    const Tensor kt = key.is_none() ? Tensor() : to_tensor(key, "MultiHeadAttention key");
-    const Tensor m = mask.is_none() ? Tensor() : to_tensor(mask, "MultiHeadAttention attention_mask");
-    py::gil_scoped_release release;
-    return mha->attention_scores(q, v, kt, m, causal);
+    Tensor out, scores;
+    {
+      py::gil_scoped_release release;
+      out = mha->attend(q, v, kt, m, causal, training);
+      if (return_scores) scores = mha->attention_scores(q, v, kt, m, causal);
+    }
+    if (!return_scores) return py::cast(out);
+    return py::make_tuple(out, scores);
   });
   k.def("_layer_from_config", [](const std::string& entry) {
     return layer_from_json(nlohmann::json::parse(entry), "layer");

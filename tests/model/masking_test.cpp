@@ -114,6 +114,49 @@ TEST(Masking, ASequentialCarriesTheMaskToItsPooling) {
   expect_near(y, masked->layers()[3]->variables()[1]->value().to_vector(), 0.0f, "padding only");
 }
 
+TEST(Masking, ASequentialSelfAttentionTakesTheMaskOrNone) {
+  // MultiHeadAttention in a Sequential attends over its one input, masked or not, as the
+  // same layers called in a graph on [x, x].
+  const Padded d = token_rows(3, 19);
+  for (const bool mask_zero : {false, true}) {
+    auto stack = std::make_unique<Sequential>();
+    stack->add<nn::Embedding>(kVocabulary, 8, nn::EmbeddingOptions{.seed = 1, .mask_zero = mask_zero});
+    stack->add<nn::MultiHeadAttention>(2, 4, nn::MultiHeadAttentionOptions{.seed = 2});
+    stack->add<nn::GlobalAveragePooling1D>();
+    KerasTensor ids = Input({kPadded}, "ids");
+    KerasTensor x = layer<nn::Embedding>(kVocabulary, 8, nn::EmbeddingOptions{.seed = 1, .mask_zero = mask_zero})(ids);
+    x = layer<nn::MultiHeadAttention>(2, 4, nn::MultiHeadAttentionOptions{.seed = 2})({x, x});
+    Model graph(ids, layer<nn::GlobalAveragePooling1D>()(x));
+    expect_near((*stack)(d.padded).to_vector(), graph(d.padded).to_vector(), 1e-6f,
+                mask_zero ? "masked" : "unmasked");
+  }
+}
+
+TEST(Masking, KerasThreeNodesThatRecordTheImplicitMasksLoad) {
+  // Keras 3 writes the masks it passed a layer into the node's kwargs; dtrain makes them
+  // again from the Embedding, so a padded row pools its real steps only.
+  const std::string keras3 = R"({"class_name": "Functional", "config": {"name": "m", "trainable": true, "layers": [
+    {"module": "keras.layers", "class_name": "InputLayer", "config": {"batch_shape": [null, 5], "dtype": "int32",
+     "sparse": false, "name": "ids"}, "registered_name": null, "name": "ids", "inbound_nodes": []},
+    {"module": "keras.layers", "class_name": "Embedding", "config": {"name": "embedding", "trainable": true,
+     "dtype": "float32", "input_dim": 10, "output_dim": 4, "embeddings_initializer": {"module": "keras.initializers",
+     "class_name": "RandomUniform", "config": {"minval": -0.05, "maxval": 0.05, "seed": 7}, "registered_name": null},
+     "embeddings_regularizer": null, "activity_regularizer": null, "embeddings_constraint": null, "mask_zero": true},
+     "registered_name": null, "name": "embedding", "inbound_nodes": [{"args": [{"class_name": "__keras_tensor__",
+     "config": {"shape": [null, 5], "dtype": "int32", "keras_history": ["ids", 0, 0]}}], "kwargs": {}}]},
+    {"module": "keras.layers", "class_name": "GlobalAveragePooling1D", "config": {"name": "pool", "trainable": true,
+     "dtype": "float32", "data_format": "channels_last", "keepdims": false}, "registered_name": null, "name": "pool",
+     "inbound_nodes": [{"args": [{"class_name": "__keras_tensor__", "config": {"shape": [null, 5, 4],
+     "dtype": "float32", "keras_history": ["embedding", 0, 0]}}], "kwargs": {"mask": {"class_name":
+     "__keras_tensor__", "config": {"shape": [null, 5], "dtype": "bool", "keras_history": ["embedding", 0, 1]}}}}]}],
+    "input_layers": [["ids", 0, 0]], "output_layers": [["pool", 0, 0]]}})";
+  auto model = model_from_json(keras3);
+  const Tensor ids = Tensor::from_vector(Shape{1, 5}, std::vector<float>{3, 4, 0, 0, 0});
+  const Tensor table = model->layers()[0]->variables()[0]->value();
+  const std::vector<float> t = table.to_vector(), y = (*model)(ids).to_vector();
+  for (std::int64_t f = 0; f < 4; ++f) EXPECT_NEAR(y[f], (t[3 * 4 + f] + t[4 * 4 + f]) / 2, 1e-7f) << f;
+}
+
 TEST(Masking, AnAttentionMaskIsATensorOfTheGraph) {
   const std::int64_t T = 5;
   KerasTensor ids = Input({T}, "ids"), allowed = Input({T, T}, "allowed");
@@ -229,7 +272,9 @@ TEST(Masking, AttentionScoresAreTheWeightsEachQueryGives) {
         double sum = 0;
         for (std::int64_t s = 0; s < 4; ++s) {
           sum += row[s];
-          if (s > t || (b == 0 && s == 3)) EXPECT_EQ(row[s], 0.0f) << b << h << t << s << ": a hidden key";
+          if (s > t || (b == 0 && s == 3)) {
+            EXPECT_EQ(row[s], 0.0f) << b << h << t << s << ": a hidden key";
+          }
         }
         EXPECT_NEAR(sum, b == 0 && t == 3 ? 0.0 : 1.0, 1e-6) << b << h << t << ": a padding query gives nothing";
       }

@@ -194,6 +194,8 @@ TEST(Transformer, PositionsForASequenceShorterThanTheTableAreItsFirstRows) {
     const std::vector<float> want{2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0};
     EXPECT_EQ(g.to_vector(), want) << "rows 3 and 4 are not used";
   }
+  // Built for one length, it takes another.
+  EXPECT_EQ(positions(random_tensor({1, 5, 4}, 2)).shape(), (Shape{1, 5, 4}));
   nn::PositionEmbedding short_table(2, "glorot_uniform", 3, "short");
   try {
     short_table(x);

@@ -505,12 +505,10 @@ class MultiHeadAttention(Layer):
                 self._attention_masks = {**getattr(self, "_attention_masks", {}), node: attention_mask}
             return self._call_symbolic(tensors)
         layer = self._standalone()
-        out = _k._attend(layer, query, value, key, attention_mask, bool(use_causal_mask), bool(training))
-        if not return_attention_scores:
-            return out
-        # The weights [batch, heads, queries, keys], computed apart from the fused attention:
-        # for looking at, without a gradient.
-        return out, _k._attention_scores(layer, query, value, key, attention_mask, bool(use_causal_mask))
+        # With return_attention_scores, also the weights [batch, heads, queries, keys],
+        # computed apart from the fused attention: for looking at, without a gradient.
+        return _k._attend(layer, query, value, key, attention_mask, bool(use_causal_mask), bool(training),
+                          bool(return_attention_scores))
 
     def _graph_json(self):
         entry = super()._graph_json()

@@ -7,6 +7,7 @@
 // on register tiles of four rows by 64 columns. Forward runs (batch, head, query block)
 // tasks in parallel; backward runs (batch, head) pairs, each owning its gradients.
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -250,27 +251,6 @@ typedef std::int32_t Ints16 __attribute__((vector_size(64)));
   return sum;
 }
 
-// x[j] *= scale for j < n; their maximum returned. Sixteen at a time in vectors (GCC does
-// not vectorise a maximum's reduction by itself).
-[[gnu::always_inline]] inline float scale_and_max(float* x, float scale, std::int64_t n) {
-  Floats16 top = Floats16{} + kNoScore;
-  std::int64_t j = 0;
-  for (; j + 16 <= n; j += 16) {
-    Floats16 v;
-    load16(v, x + j);
-    v *= scale;
-    store16(x + j, v);
-    top = v > top ? v : top;
-  }
-  float best = kNoScore;
-  for (int i = 0; i < 16; ++i) best = std::max(best, top[i]);
-  for (; j < n; ++j) {
-    x[j] *= scale;
-    best = std::max(best, x[j]);
-  }
-  return best;
-}
-
 // y[j] = x[j] * factor for j < n (y may be x).
 [[gnu::always_inline]] inline void scaled_copy(const float* x, float factor, std::int64_t n, float* y) {
 #pragma omp simd
@@ -344,6 +324,16 @@ struct Problem {
   }
   // The keys a block of queries ending before `query_end` may see: causal hides the rest.
   std::int64_t key_end(std::int64_t query_end) const { return o->causal ? std::min(keys, query_end) : keys; }
+  // Whether t sees every key of [s0, s1): the usual case, which runs on whole vectors (a
+  // padding mask hides only the blocks that hold padding).
+  bool sees_all(std::int64_t b, std::int64_t t, std::int64_t s0, std::int64_t s1) const {
+    if (o->causal && s1 - 1 > t) return false;
+    if (!mask) return true;
+    const float* row = mask + b * mask_strides.batch + t * mask_strides.query;
+    for (std::int64_t s = s0; s < s1; ++s)
+      if (row[s] == 0.0f) return false;
+    return true;
+  }
   bool visible(std::int64_t b, std::int64_t t, std::int64_t s) const {
     return (!o->causal || s <= t) && (!mask || mask[b * mask_strides.batch + t * mask_strides.query + s] != 0.0f);
   }
@@ -377,7 +367,7 @@ void gradient_block(const Problem& p, std::int64_t b, std::int64_t h, std::int64
       std::fill(dsr, dsr + kKeyBlock, 0.0f);
       continue;
     }
-    if (n == kKeyBlock && !p.mask && (!o.causal || s1 - 1 <= t) && o.dropout_rate == 0.0f) {
+    if (n == kKeyBlock && o.dropout_rate == 0.0f && p.sees_all(b, t, s0, s1)) {
       for (int c = 0; c < 4; ++c) {
         Floats16 x, g;
         load16(x, wr + 16 * c);
@@ -417,7 +407,7 @@ void softmax_block(const Problem& p, std::int64_t b, std::int64_t h, std::int64_
     float* sr = scores + r * kKeyBlock;
     float* lr = l + r * 16;
     // A whole block every key of which t sees (the usual case): on vectors throughout.
-    if (n == kKeyBlock && !p.mask && (!o.causal || s1 - 1 <= t)) {
+    if (n == kKeyBlock && p.sees_all(b, t, s0, s1)) {
       Floats16 x0, x1, x2, x3;
       Tile4x64::load4(sr, x0, x1, x2, x3);
       x0 *= o.scale, x1 *= o.scale, x2 *= o.scale, x3 *= o.scale;
@@ -559,11 +549,16 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
   // Each (batch, head) is a task owning its gradients: its operands packed in order first
   // (q, dO and k by rows; k and v by blocks transposed), its gradients summed in buffers
   // of the same layout, and all products run on the four-row tiles.
+  // Each thread's buffers, made before the threads start (running out of memory is an
+  // error here, not inside the parallel region).
+  const std::int64_t spare = std::max({d, vd, kKeyBlock});
+  const std::int64_t per_thread = T * (2 * d + vd + 1) + S * (2 * d + vd) + key_blocks * kKeyBlock * (d + vd) +
+                                  3 * tile_rows + spare;
+  const std::int64_t threads = std::min<std::int64_t>(p.batch * p.heads, num_threads());
+  Tensor buffers = Tensor::empty(Shape{threads * per_thread});
+  std::atomic<std::int64_t> thread_index{0};
   parallel_tasks(p.batch * p.heads, [&](auto&& take) {
-    const std::int64_t spare = std::max({d, vd, kKeyBlock});
-    Tensor buffers = Tensor::empty(Shape{T * (2 * d + vd + 1) + S * (2 * d + vd) + key_blocks * kKeyBlock * (d + vd) +
-                                         3 * tile_rows + spare});
-    float* next = buffers.data<float>();
+    float* next = buffers.data<float>() + thread_index.fetch_add(1) * per_thread;
     auto carve = [&](std::int64_t n) {
       float* at = next;
       next += n;
@@ -606,9 +601,10 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
               sc[i] = real ? w + (r0 + i) * kKeyBlock : discard;
               dps[i] = real ? dp + (r0 + i) * kKeyBlock : discard;
             }
-            std::fill(discard, discard + spare, 0.0f);
+            const bool short_tile = r0 + 4 > nq;  // its spare rows read zeros
+            if (short_tile) std::fill(discard, discard + spare, 0.0f);
             rows4_times_block(qs, kt + block * kKeyBlock * d, kKeyBlock, d, sc);
-            std::fill(discard, discard + spare, 0.0f);
+            if (short_tile) std::fill(discard, discard + spare, 0.0f);
             rows4_times_block(dos, vt + block * kKeyBlock * vd, kKeyBlock, vd, dps);
           }
           // The weights (recomputed from the forward's log-sum-exp; 0 where hidden) times

@@ -687,7 +687,8 @@ void collect_history(const json& v, NodeCall& out);
 // A node's call arguments beside its first inputs (tf.keras's kwargs dict, Keras 3's
 // "kwargs"): tensors given as value and key (MultiHeadAttention's, after the query), a
 // tensor given as attention_mask, use_causal_mask, and those that change nothing: training
-// unset or false, mask unset (the implicit masks are made again), return_attention_scores false.
+// unset or false, the implicit masks Keras 3 records (made again from the layers),
+// return_attention_scores false.
 void read_call_kwargs(const json& kwargs, NodeCall& out) {
   if (kwargs.is_null()) return;
   if (!kwargs.is_object()) throw std::invalid_argument("call arguments are not an object: " + kwargs.dump());
@@ -708,12 +709,15 @@ void read_call_kwargs(const json& kwargs, NodeCall& out) {
       out.use_causal_mask = out.use_causal_mask || v.get<bool>();
       continue;
     }
+    // Keras 3 records the implicit masks it passed (mask, query_mask, value_mask, key_mask):
+    // dtrain makes them again from the layers (Embedding's mask_zero), so they are not read.
+    const bool implicit_mask = k == "mask" || k == "query_mask" || k == "value_mask" || k == "key_mask";
     const bool harmless = ((k == "training" || k == "return_attention_scores") && (v.is_null() || v == false)) ||
-                          ((k == "mask" || k == "attention_mask") && v.is_null());
+                          implicit_mask || (k == "attention_mask" && v.is_null());
     if (!harmless)
       throw std::invalid_argument("a call with " + k + "=" + v.dump() +
-                                  " is not supported (training false, mask null, return_attention_scores false, "
-                                  "attention_mask, use_causal_mask, value and key only)");
+                                  " is not supported (training false, return_attention_scores false, the implicit "
+                                  "masks, attention_mask, use_causal_mask, value and key only)");
   }
 }
 
@@ -952,6 +956,9 @@ std::unique_ptr<Model> UnbuiltModel::build() {
     std::vector<KerasTensor> in;
     for (std::size_t j : call.inputs) in.push_back(made[j]);
     const auto& layer = layers[static_cast<std::size_t>(call.layer)];
+    if (call.attention_mask && in.size() < 3)
+      DTRAIN_THROW(InvalidArgument, "model '", name, "': layer '", layer->name(),
+                   "' is called with an attention_mask but without a query and a value");
     if (call.attention_mask)
       made[k] = call_attention(std::static_pointer_cast<nn::MultiHeadAttention>(layer), in[0], in[1],
                                in.size() > 3 ? in[2] : KerasTensor(), in.back());

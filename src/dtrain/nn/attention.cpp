@@ -194,7 +194,7 @@ Tensor MultiHeadAttention::attend(const Tensor& query, const Tensor& value, cons
   else build_several(shapes);  // checks them too
   if (!masks.empty() && masks.size() != 3)
     fail("attend() takes the query's, value's and key's masks (3), got " + std::to_string(masks.size()));
-  return run(query, value, k_given, attention_mask, use_causal_mask, training, masks);
+  return run_as_call([&] { return run(query, value, k_given, attention_mask, use_causal_mask, training, masks); });
 }
 
 MultiHeadAttention::Visibility MultiHeadAttention::visibility(const Tensor& q_in, const Tensor& v_in,

@@ -58,6 +58,10 @@ class PositionEmbedding : public Layer {
                              std::optional<std::uint64_t> seed = std::nullopt, std::string name = "position_embedding");
   Shape compute_output_shape(const Shape& input_shape) const override;
   std::string class_name() const override { return "PositionEmbedding"; }
+  // Any length up to sequence_length, with the features it was built for.
+  bool takes_shape_once_built(const Shape& built, const Shape& given) const override {
+    return given.rank() == 3 && given[2] == built[2] && given[1] <= length_;
+  }
   std::int64_t sequence_length() const { return length_; }
   const std::string& initializer() const { return initializer_; }
   std::optional<std::uint64_t> seed() const { return seed_; }

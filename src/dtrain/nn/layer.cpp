@@ -14,10 +14,7 @@ void Layer::fail(const std::string& message) const {
 
 void Layer::build(const Shape& input_shape) {
   if (input_shape_) {
-    // The batch axis may differ between calls; every other axis must match.
-    bool same = input_shape.rank() == input_shape_->rank();
-    for (int i = 1; same && i < input_shape.rank(); ++i) same = input_shape[i] == (*input_shape_)[i];
-    if (!same)
+    if (!takes_shape_once_built(*input_shape_, input_shape))
       fail("expected inputs shaped like " + input_shape_->to_string() + " (any batch size), got " +
            input_shape.to_string());
     return;
@@ -68,7 +65,7 @@ Tensor Layer::operator()(std::span<const Tensor> inputs, bool training) {
 
 Tensor Layer::operator()(std::span<const Tensor> inputs, std::span<const Tensor> masks, bool training) {
   if (std::none_of(masks.begin(), masks.end(), [](const Tensor& m) { return m.defined(); }))
-    return (*this)(inputs, training);
+    return inputs.size() == 1 ? (*this)(inputs[0], training) : (*this)(inputs, training);
   if (masks.size() != inputs.size())
     fail("got " + std::to_string(masks.size()) + " masks for " + std::to_string(inputs.size()) + " inputs");
   std::vector<Shape> shapes;
@@ -103,6 +100,20 @@ Tensor Layer::operator()(std::span<const Tensor> inputs, std::span<const Tensor>
       if (m.defined()) m = m.to(where);
   }
   Tensor y = call_masked(xs, ms, training);
+  regularize_activity(y);
+  return y;
+}
+
+bool Layer::takes_shape_once_built(const Shape& built, const Shape& given) const {
+  // The batch axis may differ between calls; every other axis must match.
+  bool same = given.rank() == built.rank();
+  for (int i = 1; same && i < given.rank(); ++i) same = given[i] == built[i];
+  return same;
+}
+
+Tensor Layer::run_as_call(const std::function<Tensor()>& work) {
+  const AllocationTag tag(&tag_);
+  Tensor y = work();
   regularize_activity(y);
   return y;
 }

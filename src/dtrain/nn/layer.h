@@ -3,6 +3,7 @@
 // Model-level concerns (compile, fit, JSON configs) live in the model layer above.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -53,6 +54,9 @@ class Layer {
   // Creates the weights for inputs of `input_shape` (its first axis is the batch and is
   // not fixed). Calling it twice with a different shape is an error naming the layer.
   void build(const Shape& input_shape);
+  // Whether a layer built for `built` takes inputs of `given`: any batch, every other axis
+  // the same (a layer whose weights fit other shapes too says so).
+  virtual bool takes_shape_once_built(const Shape& built, const Shape& given) const;
   bool built() const { return input_shape_.has_value(); }
   // The output shape for an input shape; throws InvalidArgument naming the layer.
   virtual Shape compute_output_shape(const Shape& input_shape) const = 0;
@@ -97,6 +101,10 @@ class Layer {
   virtual Tensor call(const Tensor& x, bool training) = 0;
   // Layers that take several inputs override this (their call() of one input is not used).
   virtual Tensor call_several(std::span<const Tensor> inputs, bool training);
+  // What operator() does around a layer's own work, for a layer's public call of its own
+  // (MultiHeadAttention's attend): `work` runs with the layer named as who asks for memory,
+  // and its output's activity penalty is recorded.
+  Tensor run_as_call(const std::function<Tensor()>& work);
   // Layers that read their inputs' masks override this; it is called only where a mask is
   // given (the others take call() or call_several()).
   virtual Tensor call_masked(std::span<const Tensor> inputs, std::span<const Tensor> masks, bool training);

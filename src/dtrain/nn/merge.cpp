@@ -69,7 +69,16 @@ Tensor Concatenate::compute_mask(std::span<const Tensor> inputs, std::span<const
   const Tensor any = masks_and(masks);
   if (!any.defined()) return Tensor();
   const int rank = inputs[0].rank(), a = axis_ < 0 ? axis_ + rank : axis_;
-  if (a >= any.rank()) return masks_and(masks);  // along the features
+  if (a >= any.rank()) {
+    // Along the features, as Keras 3: a step is real where any input calls it real (an
+    // input without a mask calls every step real, and so leaves no mask).
+    Tensor out;
+    for (const Tensor& m : masks) {
+      if (!m.defined()) return Tensor();
+      out = out.defined() ? sub(add(out, m), mul(out, m)) : m;  // 1 − (1 − a)(1 − b)
+    }
+    return out;
+  }
   std::vector<Tensor> parts;
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     if (masks[i].defined()) {

@@ -31,8 +31,9 @@ class Concatenate : public Layer {
   Shape compute_output_shape(const Shape& input_shape) const override;
   Shape compute_output_shape_of(std::span<const Shape> input_shapes) const override;
   std::string class_name() const override { return "Concatenate"; }
-  // Joined along the features: a step is real where it is in every input's mask; joined
-  // along a masked axis: the masks are joined too (an input without one is all real).
+  // As Keras 3: joined along the features, a step is real where any input's mask calls it
+  // real (an input without a mask: every step); joined along a masked axis, the masks are
+  // joined too (an input without one is all real).
   bool supports_masking() const override { return true; }
   Tensor compute_mask(std::span<const Tensor> inputs, std::span<const Tensor> masks) const override;
   int axis() const { return axis_; }
