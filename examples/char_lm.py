@@ -55,10 +55,11 @@ def windows(ids, length, batch, shuffle):
     return ds.batch(batch, drop_remainder=True)
 
 
-def transformer(ids, length, width, heads, blocks, vocabulary, causal):
+def transformer(ids, length, width, heads, blocks, vocabulary, causal, mask_zero=False):
     """Ids embedded with learned positions, through `blocks` pre-norm blocks (attention,
-    causal or not, then a GELU feed-forward), normalized: [batch, length, width]."""
-    x = tf.keras.layers.Embedding(vocabulary, width)(ids)
+    causal or not, then a GELU feed-forward), normalized: [batch, length, width]. With
+    mask_zero, id 0 is padding, which attention and a later pooling leave out."""
+    x = tf.keras.layers.Embedding(vocabulary, width, mask_zero=mask_zero)(ids)
     x = tf.keras.layers.Add()([x, tf.keras.layers.PositionEmbedding(length)(x)])
     for _ in range(blocks):
         h = tf.keras.layers.LayerNormalization(epsilon=1e-5)(x)

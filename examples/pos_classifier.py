@@ -1,6 +1,6 @@
 """An encoder classifier: a small transformer (byte embedding and learned positions,
 pre-norm blocks of bidirectional multi-head attention and a GELU feed-forward, a mean over
-positions) that reads the start of a dictionary definition and tells the headword's part
+positions; the padding after a short definition is masked, Embedding(mask_zero=True)) that reads the start of a dictionary definition and tells the headword's part
 of speech: noun, adjective, verb or adverb. The entries come from Debian's GNU
 Collaborative International Dictionary of English (dict-gcide, read where the package
 installs it: scripts/install-deps.sh --corpora); the last tenth of them (in the
@@ -44,8 +44,9 @@ def entries(text):
 
 
 def encode(pairs, length):
-    """Bytes of each definition, cut or padded with spaces to `length`, and the classes."""
-    x = np.full((len(pairs), length), 32, np.int32)
+    """Bytes of each definition, cut or padded with zeros (no byte of the text) to `length`,
+    and the classes."""
+    x = np.zeros((len(pairs), length), np.int32)
     for i, (body, _) in enumerate(pairs):
         raw = np.frombuffer(body.encode("utf-8", errors="replace")[:length], np.uint8)
         x[i, :len(raw)] = raw
@@ -54,7 +55,8 @@ def encode(pairs, length):
 
 def encoder_classifier(length, width=96, heads=4, blocks=2, vocabulary=256):
     ids = tf.keras.Input(shape=(length,), dtype="int32", name="bytes")
-    x = transformer(ids, length, width, heads, blocks, vocabulary, causal=False)
+    # Padding (id 0) is masked: attention and the mean over positions read real bytes only.
+    x = transformer(ids, length, width, heads, blocks, vocabulary, causal=False, mask_zero=True)
     x = tf.keras.layers.GlobalAveragePooling1D()(x)
     return tf.keras.Model(ids, tf.keras.layers.Dense(len(CLASSES))(x), name="pos_classifier")
 
