@@ -700,6 +700,40 @@ TEST_P(Conformance, AttentionForwardAndBackward) {
   }
 }
 
+// A mask of the keys alone ([B, 1, S]: padding) and one for every batch entry ([1, T, S])
+// are read as the same masks written out [B, T, S]: the same forward and backward.
+TEST_P(Conformance, AttentionReadsABroadcastMaskForEveryQueryOrBatchEntry) {
+  const std::int64_t B = 2, T = 37, S = 70, H = 2, D = 64, Dv = 64;
+  const Tensor q = random_tensor({B, T, H, D}, 210), k = random_tensor({B, S, H, D}, 211),
+               v = random_tensor({B, S, H, Dv}, 212), dout = random_tensor({B, T, H, Dv}, 213);
+  Tensor keys = Tensor::full(Shape{B, 1, S}, 1.0f), rows = random_tensor({1, T, S}, 214, 0.0f, 1.0f);
+  for (std::int64_t s = S - 9; s < S; ++s) keys.data<float>()[S + s] = 0.0f;  // batch 1's last keys are padding
+  for (std::int64_t i = 0; i < rows.numel(); ++i) rows.data<float>()[i] = rows.data<float>()[i] < 0.3f ? 0.0f : 1.0f;
+  for (const Tensor* broadcast : {&keys, &rows}) {
+    Tensor whole = Tensor::empty(Shape{B, T, S});
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t s = 0; s < S; ++s)
+          whole.data<float>()[(b * T + t) * S + s] =
+              broadcast->data<float>()[(broadcast->dim(0) == 1 ? 0 : b) * broadcast->dim(1) * S +
+                                       (broadcast->dim(1) == 1 ? 0 : t) * S + s];
+    std::vector<std::vector<float>> results[2];
+    for (int which = 0; which < 2; ++which) {
+      const Tensor m = on(which == 0 ? *broadcast : whole);
+      const AttentionOptions o{.scale = 0.125f, .causal = true, .mask = &m};
+      Tensor y = out({B, T, H, Dv}), lse = out({B, T, H}), dq = out(q.shape()), dk = out(k.shape()), dv = out(v.shape());
+      be().attention(on(q), on(k), on(v), o, y, lse);
+      be().attention_backward(on(q), on(k), on(v), y, lse, on(dout), o, dq, dk, dv);
+      results[which] = {y.to_vector(), dq.to_vector(), dk.to_vector(), dv.to_vector()};
+    }
+    // Equal up to the order of a GPU's atomic sums.
+    const std::string what = broadcast == &keys ? "[B, 1, S] " : "[1, T, S] ";
+    for (std::size_t i = 0; i < 4; ++i)
+      expect_near(results[0][i], std::vector<double>(results[1][i].begin(), results[1][i].end()), 1e-5, 1e-6,
+                  what + std::to_string(i));
+  }
+}
+
 TEST_P(Conformance, CopyBlockMovesStridedRowsOfEveryDtype) {
   for (const DType dtype : {DType::f32, DType::bf16, DType::u8, DType::i32}) {
     const Tensor src = random_tensor({2, 5, 8}, 110, 0.0f, 100.0f).astype(dtype);
