@@ -10,6 +10,7 @@
 // the same order, since each call waits for the others' rows.
 #pragma once
 
+#include "dtrain/core/scoped.h"
 #include "dtrain/core/tensor.h"
 
 namespace dtrain {
@@ -29,15 +30,9 @@ class DenseGradientsTogether {
 DenseGradientsTogether* dense_gradients_together();
 
 // Sets the calling thread's while the guard lives.
-class ScopedDenseGradientsTogether {
+class ScopedDenseGradientsTogether : ScopedAssign<DenseGradientsTogether*> {
  public:
   explicit ScopedDenseGradientsTogether(DenseGradientsTogether* together);
-  ~ScopedDenseGradientsTogether();
-  ScopedDenseGradientsTogether(const ScopedDenseGradientsTogether&) = delete;
-  ScopedDenseGradientsTogether& operator=(const ScopedDenseGradientsTogether&) = delete;
-
- private:
-  DenseGradientsTogether* saved_;
 };
 
 }  // namespace dtrain

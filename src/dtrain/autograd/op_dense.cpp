@@ -15,11 +15,8 @@ thread_local DenseGradientsTogether* together_ = nullptr;
 
 DenseGradientsTogether* dense_gradients_together() { return together_; }
 
-ScopedDenseGradientsTogether::ScopedDenseGradientsTogether(DenseGradientsTogether* together) : saved_(together_) {
-  together_ = together;
-}
-
-ScopedDenseGradientsTogether::~ScopedDenseGradientsTogether() { together_ = saved_; }
+ScopedDenseGradientsTogether::ScopedDenseGradientsTogether(DenseGradientsTogether* together)
+    : ScopedAssign(together_, together) {}
 
 Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activation activation, DType compute) {
   detail::check_float(x, "dense");

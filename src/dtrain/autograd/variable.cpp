@@ -2,7 +2,6 @@
 #include "dtrain/autograd/variable.h"
 
 #include <mutex>
-#include <utility>
 #include <unordered_map>
 
 #include "dtrain/autograd/tape.h"
@@ -45,16 +44,13 @@ Variable::~Variable() {
   if (it != trackers().end()) it->second->destroyed(*this);
 }
 
-detail::ScopedRowReader::ScopedRowReader(RowReader* reader) : saved_(std::exchange(row_reader, reader)) {}
-detail::ScopedRowReader::~ScopedRowReader() { row_reader = saved_; }
+detail::ScopedRowReader::ScopedRowReader(RowReader* reader) : ScopedAssign(row_reader, reader) {}
 
 const Tensor& Variable::value_for_lookup(const Tensor& ids) const {
-  if (read_by_rows_ && row_reader) {
-    detail::RowReader* reader = row_reader;
-    const detail::ScopedRowReader none(nullptr);  // value() below is the lookup's read, not a whole one
-    reader->read_rows(*this, ids);
-    return value();
-  }
+  detail::RowReader* reader = read_by_rows_ ? row_reader : nullptr;
+  if (!reader) return value();
+  const detail::ScopedRowReader none(nullptr);  // value() below is the lookup's read, not a whole one
+  reader->read_rows(*this, ids);
   return value();
 }
 

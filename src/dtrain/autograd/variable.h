@@ -12,6 +12,7 @@
 #include <string>
 
 #include "dtrain/autograd/constraint.h"
+#include "dtrain/core/scoped.h"
 #include "dtrain/core/tensor.h"
 
 namespace dtrain {
@@ -107,15 +108,9 @@ class RowReader {
 };
 // Sets this thread's reader (null: none) for its lifetime. A reader is told of no read it
 // makes itself: while it is told of one, the thread has none.
-class ScopedRowReader {
+class ScopedRowReader : ScopedAssign<RowReader*> {
  public:
   explicit ScopedRowReader(RowReader* reader);
-  ~ScopedRowReader();
-  ScopedRowReader(const ScopedRowReader&) = delete;
-  ScopedRowReader& operator=(const ScopedRowReader&) = delete;
-
- private:
-  RowReader* saved_;
 };
 }  // namespace detail
 

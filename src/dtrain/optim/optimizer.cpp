@@ -42,8 +42,7 @@ namespace {
 thread_local detail::GradientSink* gradient_sink = nullptr;
 }
 
-detail::ScopedGradientSink::ScopedGradientSink(GradientSink* sink) : saved_(gradient_sink) { gradient_sink = sink; }
-detail::ScopedGradientSink::~ScopedGradientSink() { gradient_sink = saved_; }
+detail::ScopedGradientSink::ScopedGradientSink(GradientSink* sink) : ScopedAssign(gradient_sink, sink) {}
 
 void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars) {
   if (grads.size() != vars.size())

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dtrain/autograd/variable.h"
+#include "dtrain/core/scoped.h"
 #include "dtrain/optim/schedules.h"
 
 namespace dtrain::optim {
@@ -210,15 +211,9 @@ class GradientSink {
   virtual void push(const Optimizer& optimizer, std::span<const Tensor> grads, std::span<Variable* const> vars) = 0;
 };
 // Sets the calling thread's sink for the guard's lifetime.
-class ScopedGradientSink {
+class ScopedGradientSink : ScopedAssign<GradientSink*> {
  public:
   explicit ScopedGradientSink(GradientSink* sink);
-  ~ScopedGradientSink();
-  ScopedGradientSink(const ScopedGradientSink&) = delete;
-  ScopedGradientSink& operator=(const ScopedGradientSink&) = delete;
-
- private:
-  GradientSink* saved_;
 };
 }  // namespace detail
 
