@@ -76,9 +76,14 @@ Tensor lookup_ids(const Tensor& ids, std::int64_t vocabulary, const char* who) {
 Tensor embedding_lookup(const Tensor& table, const Tensor& ids, const char* who) {
   detail::check_float(table, who);
   if (table.rank() != 2) DTRAIN_THROW(InvalidArgument, who, ": the table must be [vocabulary, depth], got ", table.shape().to_string());
+  return lookup_rows(table, lookup_ids(ids, table.dim(0), who));
+}
+
+Tensor lookup_rows(const Tensor& table, const Tensor& ids) {
+  detail::check_float(table, "lookup_rows");
+  ids.check_dtype(DType::i32, "lookup_rows (ids)");
   const std::int64_t n = ids.numel();
-  const Tensor checked = lookup_ids(ids, table.dim(0), who).reshape(Shape{n});
-  const Tensor flat = checked.to(table.device());
+  const Tensor flat = ids.reshape(Shape{n}).to(table.device());
   std::vector<std::int64_t> dims(ids.shape().dims().begin(), ids.shape().dims().end());
   dims.push_back(table.dim(1));
   Tensor rows = detail::empty_on(table, {n, table.dim(1)});

@@ -141,6 +141,8 @@ Tensor embedding_lookup(const Tensor& table, const Tensor& ids, const char* who 
 // The ids a lookup in a table of `vocabulary` rows takes, as int32 on the host in ids'
 // shape; an id outside [0, vocabulary), or not whole, is an InvalidArgument naming it and `who`.
 Tensor lookup_ids(const Tensor& ids, std::int64_t vocabulary, const char* who = "embedding");
+// embedding_lookup for ids lookup_ids has checked against this table (not checked again).
+Tensor lookup_rows(const Tensor& table, const Tensor& ids);
 
 // --- dropout (op_dropout.cpp): inverted dropout with a seeded, thread-count-independent mask.
 Tensor dropout(const Tensor& x, float rate, const Generator& generator);

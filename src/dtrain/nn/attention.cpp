@@ -32,7 +32,7 @@ void Embedding::build_weights(const Shape& /*input_shape*/) {
 Tensor Embedding::call(const Tensor& x, bool /*training*/) {
   const std::string who = "layer '" + name() + "' (Embedding)";
   const Tensor ids = lookup_ids(x, input_dim_, who.c_str());  // checked once, before any row is pulled
-  return embedding_lookup(embeddings_->value_for_lookup(ids), ids, who.c_str());
+  return lookup_rows(embeddings_->value_for_lookup(ids), ids);
 }
 
 Tensor Embedding::compute_mask(std::span<const Tensor> inputs, std::span<const Tensor> /*masks*/) const {
@@ -81,9 +81,9 @@ Tensor PositionEmbedding::call(const Tensor& x, bool /*training*/) {
   const std::int64_t steps = x.dim(1);
   Tensor rows = table_->value();
   if (steps < length_) {
-    std::vector<float> first(static_cast<std::size_t>(steps));
-    for (std::int64_t i = 0; i < steps; ++i) first[static_cast<std::size_t>(i)] = static_cast<float>(i);
-    rows = embedding_lookup(rows, Tensor::from_vector(Shape{steps}, first).to(rows.device()), name().c_str());
+    std::vector<std::int32_t> first(static_cast<std::size_t>(steps));
+    for (std::int64_t i = 0; i < steps; ++i) first[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+    rows = lookup_rows(rows, Tensor::from_vector(Shape{steps}, first));
   }
   return add(Tensor::zeros(x.shape(), DType::f32, x.device()), reshape(rows, {1, steps, x.dim(2)}));
 }
