@@ -12,6 +12,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dtrain/core/multiversion.h"
@@ -182,49 +184,44 @@ void add_weighted_rows(const float* w, std::int64_t n, const float* x, std::int6
       if (w[j] != 0.0f) add_scaled(acc + c0, w[j], x + j * stride + c0, width - c0);
 }
 
-// e^x for x <= 0 (scores less their maximum), written so that loops over it vectorise
-// (no branch, no memory temporary): 2^n · e^r with n = x / ln 2 rounded to the nearest
-// integer (adding and taking away 1.5 · 2^23), r = x − n · ln 2 (in two parts, exact), e^r
-// by Cephes's degree-6 polynomial (relative error below 2e-7); 0 below −87 and for −inf.
-[[gnu::always_inline]] inline float exp_nonpositive(float x) {
-  const float c = std::max(x, -87.0f);
-  const float n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = c - n * 0.693359375f + n * 2.12194440e-4f;
-  float e = 1.9875691500e-4f;
-  e = e * r + 1.3981999507e-3f;
-  e = e * r + 8.3334519073e-3f;
-  e = e * r + 4.1665795894e-2f;
-  e = e * r + 1.6666665459e-1f;
-  e = e * r + 5.0000001201e-1f;
-  e = e * r * r + r + 1.0f;
-  const float scale = std::bit_cast<float>(static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23);
-  return x >= -87.0f ? e * scale : 0.0f;
-}
-
-// exp_nonpositive on sixteen floats at once, and the largest of sixteen: written on vectors
-// (the loops over rows of scores are written on them too, where GCC's own vectorisation
-// left the reductions' ends as chains of scalar operations).
 typedef std::int32_t Ints16 __attribute__((vector_size(64)));
 
-// (In place, and taking references: a 64-byte vector passed or returned by value would
-// take another calling convention with AVX-512 than without.)
-[[gnu::always_inline]] inline void exp16(Floats16& x) {
-  const Floats16 low = Floats16{} - 87.0f;
-  const Floats16 c = x > low ? x : low;
-  const Floats16 n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const Floats16 r = c - n * 0.693359375f + n * 2.12194440e-4f;
-  Floats16 e = r * 1.9875691500e-4f + 1.3981999507e-3f;
+// e^x for x <= 0 (scores less their maximum), in place, on one float or on sixteen
+// (Floats16), written with no branch and no memory temporary so that loops over it
+// vectorise: 2^n · e^r with n = x / ln 2 rounded to the nearest integer (adding and taking
+// away 1.5 · 2^23), r = x − n · ln 2 (in two parts, exact), e^r by Cephes's degree-6
+// polynomial (relative error below 2e-7); 0 below −87 and for −inf. (In place: a 64-byte
+// vector passed or returned by value would take another calling convention with AVX-512
+// than without.)
+template <typename F>
+[[gnu::always_inline]] inline void exp_nonpositive_in_place(F& x) {
+  const F low = F{} - 87.0f;
+  const F c = x > low ? x : low;
+  const F n = (c * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const F r = c - n * 0.693359375f + n * 2.12194440e-4f;
+  F e = r * 1.9875691500e-4f + 1.3981999507e-3f;
   e = e * r + 8.3334519073e-3f;
   e = e * r + 4.1665795894e-2f;
   e = e * r + 1.6666665459e-1f;
   e = e * r + 5.0000001201e-1f;
   e = e * r * r + r + 1.0f;
-  const Ints16 bits = (__builtin_convertvector(n, Ints16) + 127) << 23;
-  Floats16 scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  x = x >= low ? e * scale : Floats16{};
+  F scale;
+  if constexpr (std::is_same_v<F, float>) {
+    scale = std::bit_cast<float>((static_cast<std::int32_t>(n) + 127) << 23);
+  } else {
+    const Ints16 bits = (__builtin_convertvector(n, Ints16) + 127) << 23;
+    std::memcpy(&scale, &bits, sizeof scale);
+  }
+  x = x >= low ? e * scale : F{};
 }
 
+[[gnu::always_inline]] inline float exp_nonpositive(float x) {
+  exp_nonpositive_in_place(x);
+  return x;
+}
+
+// The largest of sixteen, on vectors (GCC's own vectorisation left the reductions' ends as
+// chains of scalar operations).
 [[gnu::always_inline]] inline float largest16(const Floats16& x) {
   Floats16 v = x, w = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
   v = v > w ? v : w;
@@ -268,6 +265,31 @@ void transpose_rows(const float* x, std::int64_t stride, std::int64_t n, std::in
     for (std::int64_t s = n; s < kKeyBlock; ++s) o[s] = 0.0f;
   }
 }
+
+// Each thread's scratch floats for `tasks` parallel tasks, from one tensor made before the
+// threads start: from the allocator's cache (a step allocates nothing), and running out of
+// memory is an error here, not inside the parallel region. A thread claims its share once
+// and carves it into pieces in order.
+class ThreadScratch {
+ public:
+  ThreadScratch(std::int64_t tasks, std::int64_t per_thread)
+      : per_thread_(per_thread),
+        all_(Tensor::empty(Shape{std::min<std::int64_t>(tasks, num_threads()) * per_thread})) {}
+  class Share {
+   public:
+    explicit Share(float* next) : next_(next) {}
+    float* carve(std::int64_t n) { return std::exchange(next_, next_ + n); }
+
+   private:
+    float* next_;
+  };
+  Share claim() { return Share(all_.data<float>() + claimed_.fetch_add(1) * per_thread_); }
+
+ private:
+  std::int64_t per_thread_;
+  Tensor all_;
+  std::atomic<std::int64_t> claimed_{0};
+};
 
 // Sizes and pointers of one call, and the rules every loop shares.
 struct Problem {
@@ -372,7 +394,7 @@ void gradient_block(const Problem& p, std::int64_t b, std::int64_t h, std::int64
         Floats16 x, g;
         load16(x, wr + 16 * c);
         x = x * o.scale - l;
-        exp16(x);
+        exp_nonpositive_in_place(x);
         store16(wr + 16 * c, x);
         load16(g, dpr + 16 * c);
         store16(dsr + 16 * c, o.scale * x * (g - rd));
@@ -421,7 +443,8 @@ void softmax_block(const Problem& p, std::int64_t b, std::int64_t h, std::int64_
         scaled_copy(acc + r * dv, rescale, dv, acc + r * dv);
       }
       x0 -= m_new, x1 -= m_new, x2 -= m_new, x3 -= m_new;
-      exp16(x0), exp16(x1), exp16(x2), exp16(x3);
+      exp_nonpositive_in_place(x0), exp_nonpositive_in_place(x1), exp_nonpositive_in_place(x2),
+          exp_nonpositive_in_place(x3);
       sums += (x0 + x1) + (x2 + x3);
       store16(lr, sums);
       Tile4x64::store4(sr, x0, x1, x2, x3);
@@ -469,19 +492,23 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, co
   // Tasks taken as threads come free: the longest first (under a causal mask, the last
   // blocks of queries see the most keys).
   const std::int64_t tasks = p.batch * p.heads * blocks;
+  const std::int64_t spare_floats = std::max(d, kKeyBlock), discard_floats = std::max(dv, kKeyBlock);
+  ThreadScratch scratch(tasks, kForwardQueryBlock * (kKeyBlock + 1 + 16 + dv + 1) + spare_floats + discard_floats);
   parallel_tasks(tasks, [&](auto&& take) {
-    std::vector<float> scores(kForwardQueryBlock * kKeyBlock), m(kForwardQueryBlock), l(kForwardQueryBlock * 16),
-        acc(static_cast<std::size_t>(kForwardQueryBlock * dv)),
-        spare(static_cast<std::size_t>(std::max(d, kKeyBlock)), 0.0f),
-        discard(static_cast<std::size_t>(std::max(dv, kKeyBlock)));
-    std::vector<char> live(kForwardQueryBlock);  // the rows whose block saw a key
+    ThreadScratch::Share share = scratch.claim();
+    float *scores = share.carve(kForwardQueryBlock * kKeyBlock), *m = share.carve(kForwardQueryBlock),
+          *l = share.carve(kForwardQueryBlock * 16), *acc = share.carve(kForwardQueryBlock * dv),
+          *spare = share.carve(spare_floats), *discard = share.carve(discard_floats);
+    // The rows whose block saw a key.
+    char* live = reinterpret_cast<char*>(share.carve(kForwardQueryBlock));
+    std::fill(spare, spare + spare_floats, 0.0f);  // a short tile's rows read zeros
     for (std::int64_t task; (task = take()) < tasks;) {
       const std::int64_t bh = task % (p.batch * p.heads), b = bh / p.heads, h = bh % p.heads;
       const std::int64_t t0 = (blocks - 1 - task / (p.batch * p.heads)) * kForwardQueryBlock;
       const std::int64_t t1 = std::min(p.queries, t0 + kForwardQueryBlock), nq = t1 - t0;
-      std::fill(m.begin(), m.end(), kNoScore);
-      std::fill(l.begin(), l.end(), 0.0f);
-      std::fill(acc.begin(), acc.end(), 0.0f);
+      std::fill(m, m + kForwardQueryBlock, kNoScore);
+      std::fill(l, l + kForwardQueryBlock * 16, 0.0f);
+      std::fill(acc, acc + kForwardQueryBlock * dv, 0.0f);
       const std::int64_t s_end = p.key_end(t1);
       for (std::int64_t s0 = 0; s0 < s_end; s0 += kKeyBlock) {
         const std::int64_t s1 = std::min(s_end, s0 + kKeyBlock), n = s1 - s0;
@@ -493,12 +520,12 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, co
           float* tile[4];
           for (int i = 0; i < 4; ++i) {
             const bool real = r0 + i < nq;
-            rows[i] = real ? p.q + p.row(b, p.queries, t0 + r0 + i, h) * d : spare.data();
-            tile[i] = real ? scores.data() + (r0 + i) * kKeyBlock : discard.data();
+            rows[i] = real ? p.q + p.row(b, p.queries, t0 + r0 + i, h) * d : spare;
+            tile[i] = real ? scores + (r0 + i) * kKeyBlock : discard;
           }
           rows4_times_block(rows, kt, kKeyBlock, d, tile);
         }
-        softmax_block(p, b, h, t0, t1, s0, s1, scores.data(), m.data(), l.data(), acc.data(), live.data());
+        softmax_block(p, b, h, t0, t1, s0, s1, scores, m, l, acc, live);
         // The weighted values, four queries at a time over 64-column chunks, then the rest.
         const float* vb = packed.values.data<float>() + (bh * p.keys + s0) * dv;
         for (std::int64_t r0 = 0; r0 < nq && dv64 > 0; r0 += 4) {
@@ -506,24 +533,21 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, co
           float* tile[4];
           for (int i = 0; i < 4; ++i) {  // a short tile adds zero weights into a spare row
             const bool real = r0 + i < nq;
-            w[i] = real ? scores.data() + (r0 + i) * kKeyBlock : spare.data();
-            tile[i] = real ? acc.data() + (r0 + i) * dv : discard.data();
+            w[i] = real ? scores + (r0 + i) * kKeyBlock : spare;
+            tile[i] = real ? acc + (r0 + i) * dv : discard;
           }
           rows4_add_weighted(w, 1, n, vb, dv, dv64, tile);
         }
         if (dv64 < dv)
           for (std::int64_t r = 0; r < nq; ++r)
-            if (live[static_cast<std::size_t>(r)])
-              add_weighted_rows(scores.data() + r * kKeyBlock, n, vb + dv64, dv, dv - dv64,
-                                acc.data() + r * dv + dv64);
+            if (live[r]) add_weighted_rows(scores + r * kKeyBlock, n, vb + dv64, dv, dv - dv64, acc + r * dv + dv64);
       }
       for (std::int64_t t = t0; t < t1; ++t) {
-        const auto r = static_cast<std::size_t>(t - t0);
-        const std::int64_t row = p.row(b, p.queries, t, h);
+        const std::int64_t r = t - t0, row = p.row(b, p.queries, t, h);
         float sum = 0.0f;
-        for (std::size_t i = 0; i < 16; ++i) sum += l[r * 16 + i];
+        for (std::int64_t i = 0; i < 16; ++i) sum += l[r * 16 + i];
         const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-        scaled_copy(acc.data() + r * static_cast<std::size_t>(dv), inv, dv, po + row * dv);
+        scaled_copy(acc + r * dv, inv, dv, po + row * dv);
         pl[row] = sum > 0.0f ? m[r] + std::log(sum) : kNoScore;
       }
     }
@@ -549,25 +573,16 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
   // Each (batch, head) is a task owning its gradients: its operands packed in order first
   // (q, dO and k by rows; k and v by blocks transposed), its gradients summed in buffers
   // of the same layout, and all products run on the four-row tiles.
-  // Each thread's buffers, made before the threads start (running out of memory is an
-  // error here, not inside the parallel region).
   const std::int64_t spare = std::max({d, vd, kKeyBlock});
-  const std::int64_t per_thread = T * (2 * d + vd + 1) + S * (2 * d + vd) + key_blocks * kKeyBlock * (d + vd) +
-                                  3 * tile_rows + spare;
-  const std::int64_t threads = std::min<std::int64_t>(p.batch * p.heads, num_threads());
-  Tensor buffers = Tensor::empty(Shape{threads * per_thread});
-  std::atomic<std::int64_t> thread_index{0};
+  ThreadScratch scratch(p.batch * p.heads, T * (2 * d + vd + 1) + S * (2 * d + vd) +
+                                               key_blocks * kKeyBlock * (d + vd) + 3 * tile_rows + spare);
   parallel_tasks(p.batch * p.heads, [&](auto&& take) {
-    float* next = buffers.data<float>() + thread_index.fetch_add(1) * per_thread;
-    auto carve = [&](std::int64_t n) {
-      float* at = next;
-      next += n;
-      return at;
-    };
-    float *qp = carve(T * d), *dop = carve(T * vd), *kp = carve(S * d), *kt = carve(key_blocks * kKeyBlock * d),
-          *vt = carve(key_blocks * kKeyBlock * vd), *gq = carve(T * d), *gk = carve(S * d), *gv = carve(S * vd),
-          *row_dot = carve(T), *w = carve(tile_rows), *ds = carve(tile_rows), *dp = carve(tile_rows),
-          *discard = carve(spare);
+    ThreadScratch::Share share = scratch.claim();
+    float *qp = share.carve(T * d), *dop = share.carve(T * vd), *kp = share.carve(S * d),
+          *kt = share.carve(key_blocks * kKeyBlock * d), *vt = share.carve(key_blocks * kKeyBlock * vd),
+          *gq = share.carve(T * d), *gk = share.carve(S * d), *gv = share.carve(S * vd), *row_dot = share.carve(T),
+          *w = share.carve(tile_rows), *ds = share.carve(tile_rows), *dp = share.carve(tile_rows),
+          *discard = share.carve(spare);
     for (std::int64_t bh; (bh = take()) < p.batch * p.heads;) {
       const std::int64_t b = bh / p.heads, h = bh % p.heads;
       for (std::int64_t t = 0; t < T; ++t) {
