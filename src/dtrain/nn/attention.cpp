@@ -7,6 +7,14 @@
 #include "dtrain/nn/initializers.h"
 
 namespace dtrain::nn {
+namespace {
+
+// A mask as float32 on `where` (a mask of ints or bytes converted on the host).
+Tensor float_on(const Tensor& mask, Device where) {
+  return (mask.dtype() == DType::f32 ? mask : mask.to(Device::cpu()).astype(DType::f32)).to(where);
+}
+
+}  // namespace
 
 Embedding::Embedding(std::int64_t input_dim, std::int64_t output_dim, EmbeddingOptions options)
     : Layer(options.name), input_dim_(input_dim), output_dim_(output_dim), options_(std::move(options)) {
@@ -184,16 +192,22 @@ Tensor MultiHeadAttention::project(const Tensor& x, const Variable& kernel, cons
   return reshape(dense(x, w, b, Activation::linear, dtype_policy().compute_dtype), {x.dim(0), x.dim(1), k[1], k[2]});
 }
 
-Tensor MultiHeadAttention::attend(const Tensor& query, const Tensor& value, const Tensor& key,
-                                  const Tensor& attention_mask, bool use_causal_mask, bool training,
-                                  std::span<const Tensor> masks) {
+const Tensor& MultiHeadAttention::checked_call(const Tensor& query, const Tensor& value, const Tensor& key,
+                                               std::span<const Tensor> masks) {
   const Tensor& k_given = key.defined() ? key : value;
   for (const Tensor* t : {&query, &value, &k_given}) t->check_defined(name().c_str());
   const std::array<Shape, 3> shapes{query.shape(), value.shape(), k_given.shape()};
   if (built()) compute_output_shape_of(shapes);
   else build_several(shapes);  // checks them too
   if (!masks.empty() && masks.size() != 3)
-    fail("attend() takes the query's, value's and key's masks (3), got " + std::to_string(masks.size()));
+    fail("takes the query's, value's and key's masks (3), got " + std::to_string(masks.size()));
+  return k_given;
+}
+
+Tensor MultiHeadAttention::attend(const Tensor& query, const Tensor& value, const Tensor& key,
+                                  const Tensor& attention_mask, bool use_causal_mask, bool training,
+                                  std::span<const Tensor> masks) {
+  const Tensor& k_given = checked_call(query, value, key, masks);
   return run_as_call([&] { return run(query, value, k_given, attention_mask, use_causal_mask, training, masks); });
 }
 
@@ -209,7 +223,7 @@ MultiHeadAttention::Visibility MultiHeadAttention::visibility(const Tensor& q_in
     if (!(m.shape() == Shape{of.dim(0), of.dim(1)}))
       fail("expects masks [batch, length] = " + Shape{of.dim(0), of.dim(1)}.to_string() + " for " +
            of.shape().to_string() + ", got " + m.shape().to_string());
-    return (m.dtype() == DType::f32 ? m : m.to(Device::cpu()).astype(DType::f32)).to(where);
+    return float_on(m, where);
   };
   Visibility out;
   out.query_mask = padding(0, q_in);
@@ -220,9 +234,7 @@ MultiHeadAttention::Visibility MultiHeadAttention::visibility(const Tensor& q_in
       out.seen = out.seen.defined() ? mul(out.seen, row) : row;
     }
   if (attention_mask.defined()) {
-    const Tensor given = (attention_mask.dtype() == DType::f32 ? attention_mask
-                                                               : attention_mask.to(Device::cpu()).astype(DType::f32))
-                             .to(where);
+    const Tensor given = float_on(attention_mask, where);
     out.seen = out.seen.defined() ? mul(given, out.seen) : given;
   }
   return out;
@@ -231,11 +243,7 @@ MultiHeadAttention::Visibility MultiHeadAttention::visibility(const Tensor& q_in
 Tensor MultiHeadAttention::attention_scores(const Tensor& query, const Tensor& value, const Tensor& key,
                                             const Tensor& attention_mask, bool use_causal_mask,
                                             std::span<const Tensor> masks) {
-  const Tensor& k_given = key.defined() ? key : value;
-  for (const Tensor* t : {&query, &value, &k_given}) t->check_defined(name().c_str());
-  const std::array<Shape, 3> shapes{query.shape(), value.shape(), k_given.shape()};
-  if (built()) compute_output_shape_of(shapes);
-  else build_several(shapes);
+  const Tensor& k_given = checked_call(query, value, key, masks);
   const Device where = query_kernel_->value_device();
   const Tensor q_in = query.to(where), v_in = value.to(where), k_in = k_given.to(where);
   const auto [seen, query_mask] = visibility(q_in, v_in, k_in, attention_mask, masks, where);

@@ -164,6 +164,10 @@ class MultiHeadAttention : public Layer {
   void build_weights(const Shape& query_shape) override;
 
  private:
+  // Checks the call's tensors (building the layer for them on its first call) and masks;
+  // the key given, or the value where none is.
+  const Tensor& checked_call(const Tensor& query, const Tensor& value, const Tensor& key,
+                             std::span<const Tensor> masks);
   // attend() once the layer is built and the shapes checked (key given: the value's
   // when none was; masks: query's, value's, key's, each possibly undefined).
   Tensor run(const Tensor& query, const Tensor& value, const Tensor& key, const Tensor& attention_mask,
