@@ -446,6 +446,70 @@ TEST(Diagnosis, SharedCoresAreNamedFirstWithTheThreadsAndTheCores) {
   EXPECT_NE(f[0].evidence.find("4 compute thread(s) on 2 core(s)"), std::string::npos) << f[0].evidence;
 }
 
+// Another load on the cores a run wanted is named before anything else, with the process,
+// what it took and what the job got; a load on a core the run left free, or a whiff of
+// one, is not; the hypervisor's steal is named as such.
+TEST(Diagnosis, ABusyMachineIsNamedFirstWithTheLoadAndTheCoresTheJobGot) {
+  ScaleRun one{.workers = 1, .replicas = 1, .global_batch = 64, .samples_per_second = 1000,
+               .rows = {row(0.010, 0.0002, 0.008, 0, 0.0015)}, .host_threads = 1, .host_cores = 2};
+  ScaleRun two{.workers = 2, .replicas = 1, .global_batch = 128, .samples_per_second = 740,
+               .rows = {row(0.024, 0.0002, 0.012, 0.009, 0.0015, 8e6, 0.008),
+                        row(0.024, 0.0002, 0.012, 0.009, 0.0015, 8e6, 0.008)},
+               .host_threads = 2, .host_cores = 2};
+  const MachineUse loaded{.measured = true, .seconds = 3, .cores = 2, .busy_cores = 2.0, .steal_cores = 0.01,
+                          .job_cores = 1.1, .other_cores = 0.9, .others = {{4242, "spin", 0.9, 3.0 * (1 << 20)}},
+                          .cache_bytes = std::size_t{32} << 20};
+  one.machine = loaded;  // one thread left a core free: the load took nothing it wanted
+  one.machine.job_cores = 0.99;
+  one.machine.other_cores = 1.01;
+  two.machine = loaded;
+  EXPECT_EQ(busy_excess(one), 0.0);
+  EXPECT_NEAR(busy_excess(two), 0.91, 1e-9);
+  std::vector<Finding> f = diagnose({one, two});
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f[0].cause, "busy machine") << format_findings(f);
+  EXPECT_EQ(f[0].evidence.rfind("another load used 0.90 of a core (pid 4242 'spin', 0.90 of a core, 3 MiB resident), "
+                                "of this machine's 2 core(s), during the run at 2 worker(s) x 1 replica(s)",
+                                0),
+            0u)
+      << f[0].evidence;
+  EXPECT_NE(f[0].evidence.find("the job's processes got 1.10 cores"), std::string::npos) << f[0].evidence;
+  EXPECT_NE(f[0].evidence.find("measured on a busy machine"), std::string::npos) << f[0].evidence;
+  const std::string table = scaling_table({one, two});
+  EXPECT_NE(table.find("| 0.74 (busy machine) |"), std::string::npos) << table;
+  EXPECT_EQ(table.find("| 1.00 (busy machine) |"), std::string::npos) << table;
+  EXPECT_NE(table.find("Measured on a busy machine, 2 worker(s) x 1 replica(s): other processes used 0.90 of a core"),
+            std::string::npos)
+      << table;
+  // A load reading more than the cache holds is said to take memory bandwidth too.
+  two.machine.others[0].resident_bytes = 512.0 * (1 << 20);
+  f = diagnose({one, two});
+  EXPECT_NE(f[0].evidence.find("512 MiB resident (more than the 32 MiB cache holds: where it reads them, it takes "
+                               "memory bandwidth too)"),
+            std::string::npos)
+      << f[0].evidence;
+  // A fifth of a core is the least named: the noise of a quiet machine is not a load.
+  two.machine.busy_cores = 1.25;
+  two.machine.other_cores = 0.15;
+  two.machine.others = {{17, "kworker/0:1", 0.1, 0}};
+  f = diagnose({one, two});
+  EXPECT_TRUE(f.empty() || f[0].cause != "busy machine") << format_findings(f);
+  // The hypervisor's steal is the cause where it took more than other processes.
+  two.machine.steal_cores = 0.6;
+  f = diagnose({one, two});
+  ASSERT_FALSE(f.empty());
+  EXPECT_EQ(f[0].cause, "busy machine") << format_findings(f);
+  EXPECT_EQ(f[0].evidence.rfind("the hypervisor took 0.60 of a core (CPU steal", 0), 0u) << f[0].evidence;
+  EXPECT_NE(f[0].evidence.find(", and another load used 0.15 of a core (pid 17 'kworker/0:1', 0.10 of a core)"),
+            std::string::npos)
+      << f[0].evidence;
+  EXPECT_NE(f[0].fix.find("dedicated vCPUs"), std::string::npos) << f[0].fix;
+  // Not measured (a summary made elsewhere): nothing said.
+  two.machine = MachineUse{};
+  f = diagnose({one, two});
+  EXPECT_TRUE(f.empty() || f[0].cause != "busy machine") << format_findings(f);
+}
+
 // Seed 003's question: each scale's time to the loss every scale reached, against the
 // first's, with each global batch's statistical efficiency and goodput where the noise
 // scale is known; and the batch it suggests.

@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <cstdlib>
 #include <iomanip>
 #include <optional>
 #include <ostream>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -24,6 +26,7 @@
 #include "dtrain/core/threads.h"
 #include "dtrain/distribute/strategy.h"
 #include "dtrain/profile/format.h"
+#include "dtrain/profile/machine.h"
 #include "dtrain/profile/report.h"
 
 namespace dtrain::cli {
@@ -318,9 +321,31 @@ profile::ScaleRun run_scale(const DoctorOptions& o, const TempDir& dir, int w, i
                                "--epochs", std::to_string(1 + o.rounds), "--steps-per-epoch", std::to_string(o.steps),
                                "--verbose", "0", "--summary", summary};
   add_fault_slow(fit, o.fault_slow, w);
+  const profile::MachineSample before = profile::sample_machine();
   launch_or_throw(threads_per_worker(o), fit, w,
                   "the run at " + std::to_string(w) + " worker(s) x " + std::to_string(r) + " replica(s)");
-  return scale_run_from_summary(summary);
+  profile::ScaleRun run = scale_run_from_summary(summary);
+  run.machine = profile::machine_use(before, profile::sample_machine());
+  return run;
+}
+
+// The machine before any run: what else ran on the job's cores for `seconds`, and the
+// memory bandwidth a core reads at, in a line.
+void describe_machine(double seconds, std::ostream& out) {
+  const profile::MachineSample before = profile::sample_machine();
+  if (!before.available) {
+    out << "  the machine: not read (no /proc/stat here)\n";
+    return;
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  const profile::MachineUse use = profile::machine_use(before, profile::sample_machine());
+  const profile::MemoryBandwidth memory = profile::probe_memory_bandwidth();
+  out << "  the machine before the runs: " << profile::machine_words(use, false) << "; a core reads memory at "
+      << profile::detail::fixed(memory.one_core / 1e9, 1) << " GB/s alone";
+  if (memory.cores > 1)
+    out << ", " << profile::detail::fixed(memory.each_of_all / 1e9, 1) << " GB/s each with all " << memory.cores
+        << " at once";
+  out << "\n" << std::flush;
 }
 
 // `again` measured a second time: its rounds join the first's, samples/s is the median of
@@ -340,6 +365,7 @@ std::vector<profile::ScaleRun> run_scales(const DoctorOptions& o, const TempDir&
   out << "dtrain doctor " << o.config << ": " << o.steps << " steps per epoch, a warm-up epoch and " << o.rounds
       << " measured per scale, " << per_replica << " rows per replica per step, " << threads_per_worker(o)
       << " thread(s) per worker, " << available_cores() << " core(s) here\n" << std::flush;
+  describe_machine(0.5, out);
   std::vector<profile::ScaleRun> runs;
   for (int w : o.workers) {
     for (int r : o.replicas) {

@@ -25,6 +25,54 @@ std::string format(const char* fmt, double a, double b = 0, double c = 0, double
 
 std::string pct(double share) { return detail::percent(share, 0); }
 
+// The cores a run's compute threads wanted on the machine the doctor measured: its threads,
+// at most the cores (all of them when fit did not say).
+int cores_wanted(const ScaleRun& r) {
+  return r.host_threads > 0 ? std::min(r.host_threads, r.machine.cores) : r.machine.cores;
+}
+
+std::string scale_words(const ScaleRun& r) {
+  return std::to_string(r.workers) + " worker(s) x " + std::to_string(r.replicas) + " replica(s)";
+}
+
+// The run another load took the most from, in words, and what to do; none when no run's
+// machine was busy.
+std::optional<Finding> busy_machine(const std::vector<ScaleRun>& runs) {
+  const ScaleRun* worst = nullptr;
+  std::string also;
+  for (const ScaleRun& r : runs) {
+    if (busy_excess(r) <= 0) continue;
+    if (!worst || busy_excess(r) >= busy_excess(*worst)) worst = &r;
+  }
+  if (!worst) return std::nullopt;
+  for (const ScaleRun& r : runs)
+    if (&r != worst && busy_excess(r) > 0) also += (also.empty() ? "" : ", ") + scale_words(r);
+  const MachineUse& m = worst->machine;
+  const int wanted = cores_wanted(*worst);
+  // Both parts where each is a twentieth of a core or more, the larger first.
+  const bool stolen = m.steal_cores > m.other_cores;
+  const std::string steal = "the hypervisor took " + cores_words(m.steal_cores) +
+                            " (CPU steal: this virtual machine's host ran something else on its cores)";
+  std::string load = "another load used " + cores_words(m.other_cores);
+  if (!m.others.empty()) load += " (" + others_words(m) + ")";
+  std::string evidence = stolen ? steal : load;
+  if (const double second = stolen ? m.other_cores : m.steal_cores; second >= 0.05)
+    evidence += ", and " + (stolen ? load : steal);
+  evidence += ", of this machine's " + std::to_string(m.cores) + " core(s), during the run at " + scale_words(*worst) +
+              "; its " + std::to_string(wanted) + " compute thread(s) wanted " + std::to_string(wanted) +
+              " core(s), and the job's processes got " + cores_words(m.job_cores) +
+              " (their CPU time over the run's wall-clock)";
+  evidence += also.empty() ? ". The speedups were measured on a busy machine"
+                           : ". The runs at " + also + " were busy too: the speedups were measured on a busy machine";
+  const std::string stop_load =
+      "stop the other load, or run the job where nothing else does; or give the job only the cores the load leaves "
+      "(fewer --threads-per-worker, or taskset)";
+  const std::string own_cores = "run where the cores are the job's: dedicated vCPUs (a VM whose host is not "
+                                "oversubscribed), or bare metal";
+  return Finding{"busy machine", evidence, (stolen ? own_cores : stop_load) + "; until then every figure here is partly " +
+                                     (stolen ? "the hypervisor's" : "the load's")};
+}
+
 }  // namespace
 
 StepSeconds step_seconds(const WorkerSummary& w) {
@@ -97,6 +145,13 @@ std::vector<std::size_t> check_trust(std::vector<ScaleRun>& runs) {
   return doubted;
 }
 
+double busy_excess(const ScaleRun& r) {
+  const MachineUse& m = r.machine;
+  if (!m.measured || m.cores <= 0) return 0.0;
+  const double wanted = cores_wanted(r), free = m.cores - wanted, excess = m.taken_cores() - free;
+  return excess >= std::max(0.2, 0.25 * wanted) ? excess : 0.0;
+}
+
 std::string scaling_table(const std::vector<ScaleRun>& runs) {
   std::ostringstream o;
   o << "| workers | replicas per worker | global batch | threads / cores | samples/s | spread | speedup | step ms | "
@@ -116,9 +171,13 @@ std::string scaling_table(const std::vector<ScaleRun>& runs) {
       << detail::fixed(r.samples_per_second, 0) << " | "
       << (r.rounds.size() > 1 ? pct(r.spread()) : std::string("-")) << " | "
       << detail::fixed(base > 0 ? r.samples_per_second / base : 0, 2) << (r.doubt.empty() ? "" : " (in doubt)")
+      << (busy_excess(r) > 0 ? " (busy machine)" : "")
       << " | " << detail::fixed(s.step * 1000, 2) << " | " << pct(s.input / step) << " | " << pct(s.start / step) << " | "
       << pct(s.compute() / step) << " | " << pct(s.comm / step) << " | " << pct(s.straggler / step) << " | "
       << pct(s.optimizer / step) << " | " << pct(s.other() / step) << " |\n";
+    if (busy_excess(r) > 0)
+      doubts += "Measured on a busy machine, " + std::to_string(r.workers) + " worker(s) x " +
+                std::to_string(r.replicas) + " replica(s): " + machine_words(r.machine) + ".\n";
     if (!r.doubt.empty())
       doubts += "In doubt, " + std::to_string(r.workers) + " worker(s) x " + std::to_string(r.replicas) +
                 " replica(s): " + r.doubt + ".\n";
@@ -142,7 +201,11 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
       format("at %.0f worker(s) x %.0f replica(s), global batch %.0f", big->workers, big->replicas,
              static_cast<double>(big->global_batch));
 
-  // Resources first: a scale that adds no cores cannot compute faster, whatever else it
+  // The machine first: what another load took, the job did not get, and every figure
+  // after this one is partly the load's.
+  if (std::optional<Finding> busy = busy_machine(runs)) out.push_back(*busy);
+
+  // Resources next: a scale that adds no cores cannot compute faster, whatever else it
   // shows; threads beyond the cores take turns on them.
   const ScaleRun& base = runs.front();
   const bool oversubscribed = big->host_cores > 0 && big->host_threads > big->host_cores;

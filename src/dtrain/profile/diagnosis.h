@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/profile/machine.h"
 #include "dtrain/profile/summary.h"
 
 namespace dtrain::profile {
@@ -56,6 +57,9 @@ struct ScaleRun {
   // the closures less the workers' runs, the summary's ps_phases.dispatch_seconds, over
   // their steps).
   double dispatch = 0;
+  // The machine while the run ran, where the doctor ran it (not measured for a summary
+  // made elsewhere).
+  MachineUse machine;
   int replicas_in_sync() const { return workers * replicas; }
   // The cores that computed: on each host, the threads asked or the cores there, whichever
   // is fewer (0: not known).
@@ -107,7 +111,15 @@ double speedup_the_cores_allow(const ScaleRun& base, const ScaleRun& run);
 // of the runs in doubt (the doctor measures them again once).
 std::vector<std::size_t> check_trust(std::vector<ScaleRun>& runs);
 
-// Findings for the runs, most important first: the resources (shared cores: the run
+// What another load took of the cores a run wanted, in cores: the other processes' time
+// and the hypervisor's steal on the run's cores, beyond the cores its compute threads left
+// free; 0 when that is less than a quarter of the cores wanted (a fifth of a core at
+// least: a quiet machine's daemons and a virtual machine's usual steal are not a load),
+// or the machine was not measured.
+double busy_excess(const ScaleRun& run);
+
+// Findings for the runs, most important first: a busy machine (another load took cores
+// a run wanted, busy_excess), the resources (shared cores: the run
 // with the most replicas computed on no more cores than the first; oversubscribed: more
 // compute threads than cores on a host), untrusted figures (a doubt check_trust set on
 // that run), input-bound (input wait >= 10% of the
