@@ -307,6 +307,10 @@ TEST(RedisStore, ChecksEachKeyUnderItsPrefix) {
   EXPECT_EQ(job.get("k"), (std::vector<char>{'v'}));
   EXPECT_EQ(other.check({"k"}), (std::vector<bool>{false})) << "another job's prefix sees the key";
   EXPECT_FALSE(job.set_while_connected("mine", {'1'})) << "Redis cannot tie a key to the connection";
+  // An atomic add: arrival numbers of an elastic round.
+  EXPECT_EQ(job.add("n", 1), 1);
+  EXPECT_EQ(job.add("n", 2), 3);
+  EXPECT_EQ(other.add("n", 1), 1) << "another job's counter is its own";
   try {
     job.wait({"k", "absent"}, 200ms);
     ADD_FAILURE() << "no timeout";

@@ -43,6 +43,7 @@ class RedisStore final : public RendezvousStore {
   std::vector<bool> check(const std::vector<std::string>& keys, std::chrono::milliseconds limit) override;
   void set(const std::string& key, const std::vector<char>& data, std::chrono::milliseconds limit) override;
   bool set_while_connected(const std::string& key, const std::vector<char>& data) override;
+  std::int64_t add(const std::string& key, std::int64_t delta) override;  // INCRBY
 
  private:
   // The reply to one command (freed by the caller), within `limit`; throws Timeout when

@@ -1,10 +1,11 @@
 // What dtrain asks of a rendezvous store beyond Gloo's Store (TcpStore and RedisStore
-// give it): requests with a bound of the caller's, one flag per key for a check, and keys
-// that last only as long as their process. The roll call after a failed collective needs
+// give it): requests with a bound of the caller's, one flag per key for a check, keys
+// that last only as long as their process, and an atomic add. The roll call after a failed collective needs
 // all three. An interface only; no store of its own.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,9 @@ class RendezvousStore : public gloo::rendezvous::Store {
   // true then (the key goes when the process ends, so that the others can tell a dead
   // process from a slow one); elsewhere a plain set, and false.
   virtual bool set_while_connected(const std::string& key, const std::vector<char>& data) = 0;
+  // Adds `delta` to the decimal number under `key` (0 where unset) and returns the sum, as
+  // one step no other request interleaves with: arrival numbers for an elastic round.
+  virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
 };
 
 }  // namespace dtrain::comm

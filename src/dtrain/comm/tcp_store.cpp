@@ -150,6 +150,7 @@ void TcpStoreServer::serve(int fd) {
       if (!reply(fd, kOk)) break;
       continue;
     }
+    requests_.fetch_add(1);
     std::unique_lock lock(mutex_);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
     auto all_present = [&](std::size_t from) {
@@ -170,6 +171,19 @@ void TcpStoreServer::serve(int fd) {
       if (present && op == 'G') value.assign(values_[fields[0]].begin(), values_[fields[0]].end());
       lock.unlock();
       if (!reply(fd, present ? kOk : kMissing, value)) break;
+    } else if (op == 'A' && fields.size() == 2) {
+      std::vector<char>& stored = values_[fields[0]];
+      std::int64_t sum = 0;
+      try {
+        sum = (stored.empty() ? 0 : std::stoll(std::string(stored.begin(), stored.end()))) + std::stoll(fields[1]);
+      } catch (const std::exception&) {
+        break;  // not a number: a malformed request ends the connection
+      }
+      const std::string text = std::to_string(sum);
+      stored.assign(text.begin(), text.end());
+      changed_.notify_all();
+      lock.unlock();
+      if (!reply(fd, kOk, text)) break;
     } else if (op == 'C') {
       std::string bits;
       for (const auto& k : fields) bits.push_back(values_.count(k) ? '1' : '0');
@@ -203,6 +217,7 @@ const char* op_name(char op) {
     case 'G': return "get";
     case 'W': return "wait";
     case 'C': return "check";
+    case 'A': return "add";
     default: return "request";
   }
 }
@@ -311,6 +326,11 @@ void TcpStore::wait(const std::vector<std::string>& keys, const std::chrono::mil
 
 void TcpStore::set(const std::string& key, const std::vector<char>& data, std::chrono::milliseconds limit) {
   request('S', {key, std::string(data.begin(), data.end())}, std::chrono::milliseconds(0), limit);
+}
+
+std::int64_t TcpStore::add(const std::string& key, std::int64_t delta) {
+  const std::vector<char> sum = request('A', {key, std::to_string(delta)}, std::chrono::milliseconds(0)).second;
+  return std::stoll(std::string(sum.begin(), sum.end()));
 }
 
 std::vector<bool> TcpStore::check(const std::vector<std::string>& keys) {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -27,6 +28,9 @@ class TcpStoreServer {
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
   int port() const { return port_; }
+  // The requests served so far, every connection's (their hellos left out): the messages a
+  // protocol over the store needs.
+  std::uint64_t requests() const { return requests_.load(); }
 
  private:
   void accept_loop();
@@ -36,6 +40,7 @@ class TcpStoreServer {
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stopping_{false};
+  std::atomic<std::uint64_t> requests_{0};
   std::mutex mutex_;
   std::condition_variable changed_;
   std::map<std::string, std::vector<char>> values_;
@@ -69,6 +74,7 @@ class TcpStore final : public RendezvousStore {
   // after a failure, which has a bound of its own.
   void set(const std::string& key, const std::vector<char>& data, std::chrono::milliseconds limit) override;
   std::vector<bool> check(const std::vector<std::string>& keys, std::chrono::milliseconds limit) override;
+  std::int64_t add(const std::string& key, std::int64_t delta) override;
 
  private:
   // {found, value}; throws when the connection breaks or the token is refused, Timeout

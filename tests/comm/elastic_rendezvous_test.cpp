@@ -1,0 +1,212 @@
+// Elastic rounds over the TCP store, threads standing in for worker processes, each with
+// its own connection (closing it is a worker's death: its keys go). The last test plays
+// the protocol at 1,000 workers and prints the time and the messages each round took.
+#include "dtrain/comm/elastic_rendezvous.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <future>
+#include <memory>
+#include <thread>
+
+#include "common/error_message.h"
+#include "dtrain/comm/tcp_store.h"
+#include "dtrain/core/error.h"
+
+namespace dtrain::comm {
+namespace {
+
+using std::chrono::milliseconds;
+
+class Elastic : public ::testing::Test {
+ protected:
+  TcpStoreServer server_{"127.0.0.1", 0, "elastic"};
+
+  std::shared_ptr<TcpStore> connect(const std::string& who) {
+    return std::make_shared<TcpStore>("127.0.0.1", server_.port(), "elastic", std::chrono::seconds(20), who);
+  }
+  ElasticOptions options(int min, int max, milliseconds timeout = std::chrono::seconds(20)) {
+    ElasticOptions o;
+    o.min_workers = min;
+    o.max_workers = max;
+    o.join_timeout = timeout;
+    o.settle = milliseconds(200);
+    return o;
+  }
+};
+
+// Each worker's membership from one call on its own thread.
+template <typename Call>
+std::vector<Membership> all(std::vector<ElasticRendezvous*> workers, Call call) {
+  std::vector<std::future<Membership>> futures;
+  for (ElasticRendezvous* w : workers) futures.push_back(std::async(std::launch::async, [w, &call] { return call(*w); }));
+  std::vector<Membership> out;
+  for (auto& f : futures) out.push_back(f.get());
+  return out;
+}
+
+// The store's atomic add: every one of 8 threads' 100 additions counted once.
+TEST_F(Elastic, TheStoresAddIsOneStep) {
+  std::vector<std::future<void>> adders;
+  for (int t = 0; t < 8; ++t)
+    adders.push_back(std::async(std::launch::async, [&, t] {
+      auto store = connect("adder:" + std::to_string(t));
+      for (int i = 0; i < 100; ++i) store->add("count", 1);
+    }));
+  for (auto& a : adders) a.get();
+  EXPECT_EQ(connect("reader")->add("count", 0), 800);
+}
+
+// Three form a round; one dies; the two left agree at once, in their order; a newcomer
+// is seen waiting and joins the round after, ranked last.
+TEST_F(Elastic, SurvivorsAgreeWithoutTheDeadAndANewcomerJoinsTheNextRound) {
+  auto a_store = connect("worker:0"), b_store = connect("worker:1");
+  auto c_store = std::make_unique<std::shared_ptr<TcpStore>>(connect("worker:2"));
+  ElasticRendezvous a(a_store, "worker:0", options(2, 3)), b(b_store, "worker:1", options(2, 3));
+  auto c = std::make_unique<ElasticRendezvous>(*c_store, "worker:2", options(2, 3));
+  std::vector<Membership> first = all({&a, &b, c.get()}, [](ElasticRendezvous& w) { return w.join(); });
+  ASSERT_EQ(first[0].size(), 3);
+  for (const Membership& m : first) EXPECT_EQ(m.members, first[0].members);
+  EXPECT_EQ(first[0].members[static_cast<std::size_t>(first[0].rank)], "worker:0");
+  EXPECT_EQ(first[2].members[static_cast<std::size_t>(first[2].rank)], "worker:2");
+  EXPECT_EQ(first[0].rank + first[1].rank + first[2].rank, 3);
+
+  // worker:2 dies: its connection closes and its keys go.
+  c.reset();
+  c_store.reset();
+  std::vector<Membership> second = all({&a, &b}, [&](ElasticRendezvous& w) {
+    return w.next(first[&w == &a ? 0 : 1]);
+  });
+  std::vector<std::string> survivors;
+  for (const std::string& id : first[0].members)
+    if (id != "worker:2") survivors.push_back(id);
+  for (const Membership& m : second) {
+    EXPECT_EQ(m.round, 1);
+    EXPECT_EQ(m.members, survivors);  // the order of the round before
+  }
+  EXPECT_NE(second[0].rank, second[1].rank);
+
+  // worker:2 starts again: it waits for the members at the round after theirs.
+  EXPECT_FALSE(a.joiner_waiting(second[0]));
+  ElasticRendezvous again(connect("worker:2"), "worker:2", options(2, 3));
+  std::future<Membership> joining = std::async(std::launch::async, [&] { return again.join(); });
+  while (!a.joiner_waiting(second[0])) std::this_thread::yield();  // its arrival key, no sleep
+  EXPECT_TRUE(b.joiner_waiting(second[1]));
+  std::vector<Membership> third = all({&a, &b}, [&](ElasticRendezvous& w) { return w.next(second[&w == &a ? 0 : 1]); });
+  const Membership joined = joining.get();
+  std::vector<std::string> expected = survivors;
+  expected.push_back("worker:2");
+  for (const Membership& m : third) EXPECT_EQ(m.members, expected);
+  EXPECT_EQ(joined.members, expected);
+  EXPECT_EQ(joined.rank, 2);
+  EXPECT_EQ(joined.round, 2);
+}
+
+// A member that is connected but does not come (stopped) is waited for until the join
+// timeout, then left out; below MIN the round fails, naming who came and who did not.
+TEST_F(Elastic, AStoppedMemberIsLeftOutAfterTheTimeoutAndTooFewFail) {
+  auto stores = std::vector<std::shared_ptr<TcpStore>>{connect("worker:0"), connect("worker:1"), connect("worker:2")};
+  ElasticRendezvous a(stores[0], "worker:0", options(2, 3, milliseconds(300)));
+  ElasticRendezvous b(stores[1], "worker:1", options(2, 3, milliseconds(300)));
+  ElasticRendezvous c(stores[2], "worker:2", options(2, 3, milliseconds(300)));
+  std::vector<Membership> first = all({&a, &b, &c}, [](ElasticRendezvous& w) { return w.join(); });
+  // worker:2 stays connected and never calls next().
+  std::vector<Membership> second = all({&a, &b}, [&](ElasticRendezvous& w) { return w.next(first[&w == &a ? 0 : 1]); });
+  EXPECT_EQ(second[0].size(), 2);
+  EXPECT_EQ(second[0].members, second[1].members);
+  // Three needed, two come: the round fails for both, naming them and the one awaited.
+  ElasticRendezvous a3(stores[0], "worker:0", options(3, 3, milliseconds(300)));
+  ElasticRendezvous b3(stores[1], "worker:1", options(3, 3, milliseconds(300)));
+  std::future<Membership> fa = std::async(std::launch::async, [&] { return a3.next(second[0]); });
+  std::future<Membership> fb = std::async(std::launch::async, [&] { return b3.next(second[1]); });
+  for (std::future<Membership>* f : {&fa, &fb}) {
+    try {
+      f->get();
+      ADD_FAILURE() << "a round of 2 closed with MIN 3";
+    } catch (const Timeout& e) {
+      EXPECT_NE(std::string(e.what()).find("elastic round 2: 2 of the at least 3 workers came within 0.3"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_THROW(ElasticRendezvous(stores[0], "worker:0", options(3, 2)), InvalidArgument);
+  EXPECT_THROW(ElasticRendezvous(stores[0], "two words", options(1, 2)), InvalidArgument);
+}
+
+// 1,000 workers (threads, each its own connection): the first round, one member killed,
+// and one newcomer; each must agree, and the time and the messages are printed.
+TEST_F(Elastic, AThousandWorkersAgreeAndTheMessagesGrowLinearly) {
+  const int n = DTRAIN_SANITIZED ? 100 : 1000;
+  std::vector<std::shared_ptr<TcpStore>> stores;
+  std::vector<std::unique_ptr<ElasticRendezvous>> workers;
+  std::vector<ElasticRendezvous*> everyone;
+  for (int i = 0; i < n; ++i) {
+    stores.push_back(connect("worker:" + std::to_string(i)));
+    // The first round waits as long as arrivals keep coming (a settle of 10 s), so that
+    // threads started slowly on two cores all make it; the later ones wait for the
+    // members of the round before that are alive, and need no settle.
+    ElasticOptions o = options(n / 2, n, std::chrono::seconds(60));
+    o.settle = std::chrono::seconds(10);
+    workers.push_back(std::make_unique<ElasticRendezvous>(stores.back(), "worker:" + std::to_string(i), o));
+    everyone.push_back(workers.back().get());
+  }
+  auto report = [&](const char* what, const std::vector<Membership>& ms, std::uint64_t requests) {
+    double slowest = 0;
+    std::int64_t most = 0, closer = 0;
+    for (const Membership& m : ms) {
+      slowest = std::max(slowest, m.seconds);
+      if (m.closed_it) closer = m.requests;
+      else most = std::max(most, m.requests);
+    }
+    std::printf("%s: %zu workers agreed in %.1f ms (the slowest); %llu messages to the store (%.2f a worker); a "
+                "member sent at most %lld, the round's closer %lld\n",
+                what, ms.size(), 1000 * slowest, static_cast<unsigned long long>(requests),
+                static_cast<double>(requests) / static_cast<double>(ms.size()), static_cast<long long>(most),
+                static_cast<long long>(closer));
+  };
+  std::uint64_t before = server_.requests();
+  std::vector<Membership> first = all(everyone, [](ElasticRendezvous& w) { return w.join(); });
+  for (const Membership& m : first) ASSERT_EQ(m.members, first[0].members);
+  ASSERT_EQ(first[0].size(), n);
+  report("first round", first, server_.requests() - before);
+
+  // The last member dies.
+  const std::string dead = "worker:" + std::to_string(n - 1);
+  workers.pop_back();
+  stores.pop_back();
+  everyone.pop_back();
+  before = server_.requests();
+  std::vector<Membership> second = all(everyone, [&](ElasticRendezvous& w) {
+    const std::size_t i = static_cast<std::size_t>(std::stoi(w.id().substr(7)));
+    return w.next(first[i]);
+  });
+  for (const Membership& m : second) ASSERT_EQ(m.members, second[0].members);
+  ASSERT_EQ(second[0].size(), n - 1);
+  EXPECT_EQ(std::find(second[0].members.begin(), second[0].members.end(), dead), second[0].members.end());
+  report("a member died", second, server_.requests() - before);
+
+  // It starts again and joins.
+  ElasticRendezvous again(connect(dead), dead, options(n / 2, n, std::chrono::seconds(60)));
+  before = server_.requests();
+  std::future<Membership> joining = std::async(std::launch::async, [&] { return again.join(); });
+  while (!everyone.front()->joiner_waiting(second[0])) std::this_thread::yield();
+  std::vector<Membership> third = all(everyone, [&](ElasticRendezvous& w) {
+    const std::size_t i = static_cast<std::size_t>(std::stoi(w.id().substr(7)));
+    return w.next(second[i]);
+  });
+  third.push_back(joining.get());
+  for (const Membership& m : third) ASSERT_EQ(m.members, third[0].members);
+  ASSERT_EQ(third[0].size(), n);
+  EXPECT_EQ(third[0].members.back(), dead);
+  report("a worker joined", third, server_.requests() - before);
+  // Linear: a member sends a handful of messages whatever the size; the closer one or two
+  // per member.
+  for (const Membership& m : second) {
+    if (m.closed_it) EXPECT_LE(m.requests, 2 * n + 10);
+    else EXPECT_LE(m.requests, 6);
+  }
+}
+
+}  // namespace
+}  // namespace dtrain::comm
