@@ -519,18 +519,23 @@ class PlantedLoad {
   bool ready_ = false;
 };
 
-// A busy loop pinned to a core, then a load streaming twice what the cache holds through
-// memory: with the job's threads wanting every core, the doctor names the load first, by
-// its pid and name, in every run; the speedup of the run it slowed is marked.
+// A busy loop pinned to each core of the upper half, then loads streaming twice what the
+// cache holds through memory there: with the job's threads wanting every core, the doctor
+// names the load first, by its pid and name, in every run; the speedup of the run it
+// slowed is marked.
 TEST_F(Cli, DoctorNamesAPlantedBusyLoadFirst) {
   const int cores = dtrain::available_cores();
   if (cores < 2) GTEST_SKIP() << "one core: a load beside the job has no core of its own to take";
   const std::string threads = std::to_string(cores / 2);
   const std::size_t cache_mib = std::max<std::size_t>(dtrain::profile::last_level_cache_bytes() >> 20, 64);
+  const std::vector<int> cpus = dtrain::profile::sample_machine().cpus;
   for (const std::string mode : {"spin", "memory"}) {
     SCOPED_TRACE(mode);
-    PlantedLoad load(mode, dtrain::profile::sample_machine().cpus.back(), cache_mib);
-    ASSERT_TRUE(load.ready()) << "the planted load did not start: " << DTRAIN_BUSY_LOAD;
+    std::vector<std::unique_ptr<PlantedLoad>> loads;
+    for (std::size_t i = cpus.size() / 2; i < cpus.size(); ++i) {
+      loads.push_back(std::make_unique<PlantedLoad>(mode, cpus[i], cache_mib));
+      ASSERT_TRUE(loads.back()->ready()) << "the planted load did not start: " << DTRAIN_BUSY_LOAD;
+    }
     for (int k = 0; k < kPlantedRuns; ++k) {
       SCOPED_TRACE("run " + std::to_string(k + 1) + " of " + std::to_string(kPlantedRuns));
       const Result r = run("doctor " + tiny_config() + " --workers 1,2 --replicas 1 --threads-per-worker " + threads +

@@ -36,6 +36,14 @@ class Elastic : public ::testing::Test {
   }
 };
 
+// Waits, at most 20 s, until `member` sees a worker waiting for the round after `current`.
+bool sees_joiner(ElasticRendezvous& member, const Membership& current) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!member.joiner_waiting(current))
+    if (std::chrono::steady_clock::now() > deadline) return false;
+  return true;
+}
+
 // Each worker's membership from one call on its own thread.
 template <typename Call>
 std::vector<Membership> all(std::vector<ElasticRendezvous*> workers, Call call) {
@@ -63,9 +71,12 @@ TEST_F(Elastic, TheStoresAddIsOneStep) {
 TEST_F(Elastic, SurvivorsAgreeWithoutTheDeadAndANewcomerJoinsTheNextRound) {
   auto a_store = connect("worker:0"), b_store = connect("worker:1");
   auto c_store = std::make_unique<std::shared_ptr<TcpStore>>(connect("worker:2"));
+  // The first round waits for all three (MIN = MAX: no settle to race); the later ones go
+  // on with two.
+  ElasticRendezvous a0(a_store, "worker:0", options(3, 3)), b0(b_store, "worker:1", options(3, 3));
   ElasticRendezvous a(a_store, "worker:0", options(2, 3)), b(b_store, "worker:1", options(2, 3));
-  auto c = std::make_unique<ElasticRendezvous>(*c_store, "worker:2", options(2, 3));
-  std::vector<Membership> first = all({&a, &b, c.get()}, [](ElasticRendezvous& w) { return w.join(); });
+  auto c = std::make_unique<ElasticRendezvous>(*c_store, "worker:2", options(3, 3));
+  std::vector<Membership> first = all({&a0, &b0, c.get()}, [](ElasticRendezvous& w) { return w.join(); });
   ASSERT_EQ(first[0].size(), 3);
   for (const Membership& m : first) EXPECT_EQ(m.members, first[0].members);
   EXPECT_EQ(first[0].members[static_cast<std::size_t>(first[0].rank)], "worker:0");
@@ -75,9 +86,7 @@ TEST_F(Elastic, SurvivorsAgreeWithoutTheDeadAndANewcomerJoinsTheNextRound) {
   // worker:2 dies: its connection closes and its keys go.
   c.reset();
   c_store.reset();
-  std::vector<Membership> second = all({&a, &b}, [&](ElasticRendezvous& w) {
-    return w.next(first[&w == &a ? 0 : 1]);
-  });
+  std::vector<Membership> second = all({&a, &b}, [&](ElasticRendezvous& w) { return w.next(first[&w == &a ? 0 : 1]); });
   std::vector<std::string> survivors;
   for (const std::string& id : first[0].members)
     if (id != "worker:2") survivors.push_back(id);
@@ -91,7 +100,7 @@ TEST_F(Elastic, SurvivorsAgreeWithoutTheDeadAndANewcomerJoinsTheNextRound) {
   EXPECT_FALSE(a.joiner_waiting(second[0]));
   ElasticRendezvous again(connect("worker:2"), "worker:2", options(2, 3));
   std::future<Membership> joining = std::async(std::launch::async, [&] { return again.join(); });
-  while (!a.joiner_waiting(second[0])) std::this_thread::yield();  // its arrival key, no sleep
+  ASSERT_TRUE(sees_joiner(a, second[0])) << "the newcomer never arrived";
   EXPECT_TRUE(b.joiner_waiting(second[1]));
   std::vector<Membership> third = all({&a, &b}, [&](ElasticRendezvous& w) { return w.next(second[&w == &a ? 0 : 1]); });
   const Membership joined = joining.get();
@@ -107,17 +116,19 @@ TEST_F(Elastic, SurvivorsAgreeWithoutTheDeadAndANewcomerJoinsTheNextRound) {
 // timeout, then left out; below MIN the round fails, naming who came and who did not.
 TEST_F(Elastic, AStoppedMemberIsLeftOutAfterTheTimeoutAndTooFewFail) {
   auto stores = std::vector<std::shared_ptr<TcpStore>>{connect("worker:0"), connect("worker:1"), connect("worker:2")};
-  ElasticRendezvous a(stores[0], "worker:0", options(2, 3, milliseconds(300)));
-  ElasticRendezvous b(stores[1], "worker:1", options(2, 3, milliseconds(300)));
-  ElasticRendezvous c(stores[2], "worker:2", options(2, 3, milliseconds(300)));
-  std::vector<Membership> first = all({&a, &b, &c}, [](ElasticRendezvous& w) { return w.join(); });
+  ElasticRendezvous a0(stores[0], "worker:0", options(3, 3)), b0(stores[1], "worker:1", options(3, 3));
+  ElasticRendezvous c(stores[2], "worker:2", options(3, 3));
+  // A join timeout of 2 s: the two that come need only start their threads within it.
+  ElasticRendezvous a(stores[0], "worker:0", options(2, 3, std::chrono::seconds(2)));
+  ElasticRendezvous b(stores[1], "worker:1", options(2, 3, std::chrono::seconds(2)));
+  std::vector<Membership> first = all({&a0, &b0, &c}, [](ElasticRendezvous& w) { return w.join(); });
   // worker:2 stays connected and never calls next().
   std::vector<Membership> second = all({&a, &b}, [&](ElasticRendezvous& w) { return w.next(first[&w == &a ? 0 : 1]); });
   EXPECT_EQ(second[0].size(), 2);
   EXPECT_EQ(second[0].members, second[1].members);
   // Three needed, two come: the round fails for both, naming them and the one awaited.
-  ElasticRendezvous a3(stores[0], "worker:0", options(3, 3, milliseconds(300)));
-  ElasticRendezvous b3(stores[1], "worker:1", options(3, 3, milliseconds(300)));
+  ElasticRendezvous a3(stores[0], "worker:0", options(3, 3, milliseconds(500)));
+  ElasticRendezvous b3(stores[1], "worker:1", options(3, 3, milliseconds(500)));
   std::future<Membership> fa = std::async(std::launch::async, [&] { return a3.next(second[0]); });
   std::future<Membership> fb = std::async(std::launch::async, [&] { return b3.next(second[1]); });
   for (std::future<Membership>* f : {&fa, &fb}) {
@@ -125,13 +136,49 @@ TEST_F(Elastic, AStoppedMemberIsLeftOutAfterTheTimeoutAndTooFewFail) {
       f->get();
       ADD_FAILURE() << "a round of 2 closed with MIN 3";
     } catch (const Timeout& e) {
-      EXPECT_NE(std::string(e.what()).find("elastic round 2: 2 of the at least 3 workers came within 0.3"),
-                std::string::npos)
-          << e.what();
+      EXPECT_NE(std::string(e.what()).find("elastic round 2: "), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(" of the at least 3 needed (came: "), std::string::npos) << e.what();
+      // worker:2 is no member of round 1, so nobody waits for it.
+      EXPECT_NE(std::string(e.what()).find("came within 0.5 s"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("still connected but not come: none"), std::string::npos) << e.what();
     }
   }
   EXPECT_THROW(ElasticRendezvous(stores[0], "worker:0", options(3, 2)), InvalidArgument);
   EXPECT_THROW(ElasticRendezvous(stores[0], "two words", options(1, 2)), InvalidArgument);
+}
+
+// A worker that took an arrival number and died before writing its id hides nobody after
+// it; the round's first arrival dying before it closed sends the others on to the next.
+TEST_F(Elastic, ADeadArrivalHidesNobodyAndADeadCloserIsPassedOver) {
+  auto a_store = connect("worker:0"), b_store = connect("worker:1");
+  {
+    auto ghost = connect("ghost");
+    EXPECT_EQ(ghost->add(elastic_keys::arrivals(0), 1), 1);  // arrival 1, the closer: gone without a word
+  }
+  ElasticRendezvous a(a_store, "worker:0", options(2, 2)), b(b_store, "worker:1", options(2, 2));
+  std::vector<Membership> first = all({&a, &b}, [](ElasticRendezvous& w) { return w.join(); });
+  EXPECT_EQ(first[0].round, 1) << "round 0's closer is gone: round 1 goes on";
+  EXPECT_EQ(first[0].members, first[1].members);
+  EXPECT_EQ(first[0].size(), 2);
+  // In round 2, arrival 2 is taken by a worker that dies before writing its id.
+  {
+    auto ghost = connect("ghost");
+    ghost->set(elastic_keys::slot(2, 1), {'x'});  // not its number to write: nobody reads it
+  }
+  auto c_store = connect("worker:2");
+  ElasticRendezvous c(c_store, "worker:2", options(2, 3));
+  ElasticRendezvous a3(a_store, "worker:0", options(2, 3)), b3(b_store, "worker:1", options(2, 3));
+  std::future<Membership> joining = std::async(std::launch::async, [&] { return c.join(); });
+  ASSERT_TRUE(sees_joiner(a3, first[0]));
+  {
+    auto ghost = connect("ghost");
+    ghost->add(elastic_keys::arrivals(2), 1);  // takes a number after the newcomer's, then dies
+  }
+  std::vector<Membership> next = all({&a3, &b3}, [&](ElasticRendezvous& w) { return w.next(first[&w == &a3 ? 0 : 1]); });
+  const Membership joined = joining.get();
+  EXPECT_EQ(next[0].size(), 3);
+  EXPECT_EQ(next[0].members, joined.members);
+  EXPECT_EQ(next[1].members, joined.members);
 }
 
 // 1,000 workers (threads, each its own connection): the first round, one member killed,
@@ -139,17 +186,18 @@ TEST_F(Elastic, AStoppedMemberIsLeftOutAfterTheTimeoutAndTooFewFail) {
 TEST_F(Elastic, AThousandWorkersAgreeAndTheMessagesGrowLinearly) {
   const int n = DTRAIN_SANITIZED ? 100 : 1000;
   std::vector<std::shared_ptr<TcpStore>> stores;
-  std::vector<std::unique_ptr<ElasticRendezvous>> workers;
-  std::vector<ElasticRendezvous*> everyone;
+  std::vector<std::unique_ptr<ElasticRendezvous>> firsts, workers;
+  std::vector<ElasticRendezvous*> first_round, everyone;
   for (int i = 0; i < n; ++i) {
     stores.push_back(connect("worker:" + std::to_string(i)));
-    // The first round waits as long as arrivals keep coming (a settle of 10 s), so that
-    // threads started slowly on two cores all make it; the later ones wait for the
-    // members of the round before that are alive, and need no settle.
-    ElasticOptions o = options(n / 2, n, std::chrono::seconds(60));
-    o.settle = std::chrono::seconds(10);
-    workers.push_back(std::make_unique<ElasticRendezvous>(stores.back(), "worker:" + std::to_string(i), o));
+    // The first round waits for all (MIN = MAX); the later ones for the members of the
+    // round before that are alive.
+    firsts.push_back(std::make_unique<ElasticRendezvous>(stores.back(), "worker:" + std::to_string(i),
+                                                         options(n, n, std::chrono::seconds(60))));
+    workers.push_back(std::make_unique<ElasticRendezvous>(stores.back(), "worker:" + std::to_string(i),
+                                                          options(n / 2, n, std::chrono::seconds(60))));
     everyone.push_back(workers.back().get());
+    first_round.push_back(firsts.back().get());
   }
   auto report = [&](const char* what, const std::vector<Membership>& ms, std::uint64_t requests) {
     double slowest = 0;
@@ -166,13 +214,14 @@ TEST_F(Elastic, AThousandWorkersAgreeAndTheMessagesGrowLinearly) {
                 static_cast<long long>(closer));
   };
   std::uint64_t before = server_.requests();
-  std::vector<Membership> first = all(everyone, [](ElasticRendezvous& w) { return w.join(); });
+  std::vector<Membership> first = all(first_round, [](ElasticRendezvous& w) { return w.join(); });
   for (const Membership& m : first) ASSERT_EQ(m.members, first[0].members);
   ASSERT_EQ(first[0].size(), n);
   report("first round", first, server_.requests() - before);
 
   // The last member dies.
   const std::string dead = "worker:" + std::to_string(n - 1);
+  firsts.pop_back();
   workers.pop_back();
   stores.pop_back();
   everyone.pop_back();
@@ -190,7 +239,7 @@ TEST_F(Elastic, AThousandWorkersAgreeAndTheMessagesGrowLinearly) {
   ElasticRendezvous again(connect(dead), dead, options(n / 2, n, std::chrono::seconds(60)));
   before = server_.requests();
   std::future<Membership> joining = std::async(std::launch::async, [&] { return again.join(); });
-  while (!everyone.front()->joiner_waiting(second[0])) std::this_thread::yield();
+  ASSERT_TRUE(sees_joiner(*everyone.front(), second[0]));
   std::vector<Membership> third = all(everyone, [&](ElasticRendezvous& w) {
     const std::size_t i = static_cast<std::size_t>(std::stoi(w.id().substr(7)));
     return w.next(second[i]);

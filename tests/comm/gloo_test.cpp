@@ -16,6 +16,7 @@
 
 #include "common/on_ranks.h"
 #include "dtrain/comm/gloo_group.h"
+#include "dtrain/comm/elastic_rendezvous.h"
 #include "dtrain/comm/redis_store.h"
 #include "dtrain/comm/tcp_store.h"
 #include "dtrain/core/clock.h"
@@ -311,6 +312,15 @@ TEST(RedisStore, ChecksEachKeyUnderItsPrefix) {
   EXPECT_EQ(job.add("n", 1), 1);
   EXPECT_EQ(job.add("n", 2), 3);
   EXPECT_EQ(other.add("n", 1), 1) << "another job's counter is its own";
+  // Redis keeps a dead process's keys: elastic membership cannot tell the dead from the slow.
+  try {
+    ElasticRendezvous elastic(std::make_shared<RedisStore>("127.0.0.1", server.port(), 2s, "worker:0", "job-a"),
+                              "worker:0", ElasticOptions{});
+    ADD_FAILURE() << "elastic membership accepted Redis";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot remove a dead worker's keys (Redis cannot"), std::string::npos)
+        << e.what();
+  }
   try {
     job.wait({"k", "absent"}, 200ms);
     ADD_FAILURE() << "no timeout";

@@ -7,6 +7,7 @@
 
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "dtrain/core/percentile.h"
 #include "dtrain/profile/diagnosis.h"
@@ -416,14 +417,21 @@ TEST(Diagnosis, TheCommunicationFindingQuotesTheTablesShares) {
 // Resources first: a scale that computes on no more cores than the first is named for
 // it before anything else, with the threads asked and the cores there; threads beyond
 // the cores are named where the cores did grow.
-TEST(Diagnosis, SharedCoresAreNamedFirstWithTheThreadsAndTheCores) {
+// A run at one worker of `threads_one` thread(s), and one at two workers of one thread
+// each, on a host of two cores, at `speedup` its samples/s; the link looks busy.
+std::pair<ScaleRun, ScaleRun> one_and_two_workers(int threads_one, double speedup) {
   ScaleRun one{.workers = 1, .replicas = 1, .global_batch = 64, .samples_per_second = 1000,
-               .rows = {row(0.010, 0.0002, 0.008, 0, 0.0015)}, .host_threads = 2, .host_cores = 2};
-  // Two workers of one thread each on the same two cores: 0.86x, and the link looks busy.
-  ScaleRun two{.workers = 2, .replicas = 1, .global_batch = 128, .samples_per_second = 860,
+               .rows = {row(0.010, 0.0002, 0.008, 0, 0.0015)}, .host_threads = threads_one, .host_cores = 2};
+  ScaleRun two{.workers = 2, .replicas = 1, .global_batch = 128, .samples_per_second = 1000 * speedup,
                .rows = {row(0.024, 0.0002, 0.012, 0.009, 0.0015, 8e6, 0.008),
                         row(0.024, 0.0002, 0.012, 0.009, 0.0015, 8e6, 0.008)},
                .host_threads = 2, .host_cores = 2};
+  return {one, two};
+}
+
+TEST(Diagnosis, SharedCoresAreNamedFirstWithTheThreadsAndTheCores) {
+  // Two workers of one thread each on the two cores one worker had: 0.86x.
+  auto [one, two] = one_and_two_workers(2, 0.86);
   std::vector<Finding> f = diagnose({one, two});
   ASSERT_FALSE(f.empty());
   EXPECT_EQ(f[0].cause, "shared cores") << format_findings(f);
@@ -450,12 +458,7 @@ TEST(Diagnosis, SharedCoresAreNamedFirstWithTheThreadsAndTheCores) {
 // what it took and what the job got; a load on a core the run left free, or a whiff of
 // one, is not; the hypervisor's steal is named as such.
 TEST(Diagnosis, ABusyMachineIsNamedFirstWithTheLoadAndTheCoresTheJobGot) {
-  ScaleRun one{.workers = 1, .replicas = 1, .global_batch = 64, .samples_per_second = 1000,
-               .rows = {row(0.010, 0.0002, 0.008, 0, 0.0015)}, .host_threads = 1, .host_cores = 2};
-  ScaleRun two{.workers = 2, .replicas = 1, .global_batch = 128, .samples_per_second = 740,
-               .rows = {row(0.024, 0.0002, 0.012, 0.009, 0.0015, 8e6, 0.008),
-                        row(0.024, 0.0002, 0.012, 0.009, 0.0015, 8e6, 0.008)},
-               .host_threads = 2, .host_cores = 2};
+  auto [one, two] = one_and_two_workers(1, 0.74);
   const MachineUse loaded{.measured = true, .seconds = 3, .cores = 2, .busy_cores = 2.0, .steal_cores = 0.01,
                           .job_cores = 1.1, .other_cores = 0.9, .others = {{4242, "spin", 0.9, 3.0 * (1 << 20)}},
                           .cache_bytes = std::size_t{32} << 20};

@@ -353,7 +353,11 @@ void describe_machine(double seconds, std::ostream& out) {
 void merge_rounds(profile::ScaleRun& run, const profile::ScaleRun& again) {
   std::vector<double> rounds = run.rounds;
   rounds.insert(rounds.end(), again.rounds.begin(), again.rounds.end());
+  // The busier of the two readings: a load during either run is in the pooled rounds.
+  const profile::MachineUse busier =
+      run.machine.taken_cores() > again.machine.taken_cores() ? run.machine : again.machine;
   run = again;
+  run.machine = busier;
   run.rounds = std::move(rounds);
   if (!run.rounds.empty()) run.samples_per_second = median(run.rounds);
 }

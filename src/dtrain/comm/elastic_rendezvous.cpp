@@ -41,6 +41,12 @@ Membership parse_members(std::int64_t round, const std::string& text) {
   return m;
 }
 
+std::string seconds_text(std::chrono::milliseconds t) {
+  std::ostringstream out;
+  out << static_cast<double>(t.count()) / 1000.0;
+  return out.str();
+}
+
 std::string join_ids(const std::vector<std::string>& ids) {
   std::string out;
   for (const std::string& id : ids) out += (out.empty() ? "" : ", ") + id;
@@ -56,28 +62,44 @@ ElasticRendezvous::ElasticRendezvous(std::shared_ptr<RendezvousStore> store, std
                  options_.max_workers);
   if (id_.empty() || id_.find_first_of(" \n") != std::string::npos)
     DTRAIN_THROW(InvalidArgument, "elastic: a worker's id must be one word, got '", id_, "'");
+  // A dead worker is told from a slow one by its keys going with its connection.
+  if (!store_->set_while_connected("elastic/connected/" + id_, bytes_of("1")))
+    DTRAIN_THROW(InvalidArgument, "elastic: ", id_,
+                 ": the rendezvous store cannot remove a dead worker's keys (Redis cannot; the TCP store can), so "
+                 "the members could not tell who is gone");
 }
 
 Membership ElasticRendezvous::join() {
-  if (!store_->check({elastic_keys::latest()}, detail::patience(options_.join_timeout)).front()) return round(0, nullptr);
+  const auto start = Clock::now();
+  std::int64_t requests = 1;
+  if (!store_->check({elastic_keys::latest()}, detail::patience(options_.join_timeout)).front())
+    return rounds(0, std::nullopt, start, requests);
   const std::int64_t latest = std::stoll(string_of(store_->get(elastic_keys::latest())));
-  const Membership running = parse_members(latest, string_of(store_->get(elastic_keys::members(latest))));
-  return round(latest + 1, &running);
+  Membership running = parse_members(latest, string_of(store_->get(elastic_keys::members(latest))));
+  requests += 2;
+  return rounds(latest + 1, std::move(running), start, requests);
 }
 
-Membership ElasticRendezvous::next(const Membership& current) { return round(current.round + 1, &current); }
+Membership ElasticRendezvous::next(const Membership& current) {
+  return rounds(current.round + 1, current, Clock::now(), 0);
+}
 
 bool ElasticRendezvous::joiner_waiting(const Membership& current) {
-  return store_->check({elastic_keys::slot(current.round + 1, 1)}, detail::patience(options_.join_timeout)).front();
+  return store_->check({elastic_keys::arrivals(current.round + 1)}, detail::patience(options_.join_timeout)).front();
 }
 
 void ElasticRendezvous::close(std::int64_t number, const Membership* before, std::int64_t& requests) {
   const auto deadline = Clock::now() + options_.join_timeout;
-  std::vector<std::int64_t> slots{0};  // [0] unused: arrival numbers are 1-based
-  std::vector<std::string> ids{""};
-  slots.push_back(1);
-  ids.push_back(id_);
+  const auto patience = detail::patience(options_.join_timeout);
+  std::vector<std::int64_t> slots{1};
+  std::vector<std::string> ids{id_};
+  std::int64_t counted = 1;          // arrival numbers handed out so far, as last seen
+  std::vector<std::int64_t> unread;  // numbers taken whose ids were not there yet (dead, or about to write)
   auto came = [&](const std::string& id) { return std::find(ids.begin(), ids.end(), id) != ids.end(); };
+  auto arrive = [&](std::int64_t slot, const std::string& id) {
+    slots.push_back(slot);
+    ids.push_back(id);
+  };
   // The members of the round before still connected that have not come yet: read once, and
   // again only when a while passed with no arrival (one of them may have died meanwhile).
   auto still_awaited = [&] {
@@ -89,7 +111,7 @@ void ElasticRendezvous::close(std::int64_t number, const Membership* before, std
         who.push_back(before->members[i]);
       }
     if (keys.empty()) return awaited;
-    const std::vector<bool> alive = store_->check(keys, detail::patience(options_.join_timeout));
+    const std::vector<bool> alive = store_->check(keys, patience);
     ++requests;
     for (std::size_t i = 0; i < keys.size(); ++i)
       if (alive[i]) awaited.push_back(who[i]);
@@ -97,26 +119,31 @@ void ElasticRendezvous::close(std::int64_t number, const Membership* before, std
   };
   std::vector<std::string> awaited = still_awaited();
   for (;;) {
-    const int n = static_cast<int>(ids.size()) - 1;
+    const int n = static_cast<int>(ids.size());
     if (n >= options_.max_workers) break;
     if (before && awaited.empty() && n >= options_.min_workers) break;  // every live member came
     if (Clock::now() >= deadline) {
-      if (n >= options_.min_workers) break;  // those awaited are connected but do not come: stopped
-      std::vector<std::string> arrived(ids.begin() + 1, ids.end());
-      const std::string why = "elastic round " + std::to_string(number) + ": " + std::to_string(n) + " of the at least " +
-                              std::to_string(options_.min_workers) + " workers came within " +
-                              std::to_string(options_.join_timeout.count() / 1000.0) + " s (came: " +
-                              join_ids(arrived) + "; still connected but not come: " + join_ids(awaited) + ")";
+      // Those awaited are connected but do not come (stopped): the round goes on without
+      // them, unless none of the round before came, when they are running on without
+      // having seen this round (a newcomer must not form a job of its own beside theirs).
+      const bool members_came = !before || std::any_of(before->members.begin(), before->members.end(), came);
+      if (n >= options_.min_workers && (members_came || awaited.empty())) break;
+      const std::string why =
+          "elastic round " + std::to_string(number) + ": " + std::to_string(n) + " worker(s) came within " +
+          seconds_text(options_.join_timeout) + " s, of the at least " +
+          std::to_string(options_.min_workers) + " needed (came: " + join_ids(ids) +
+          "; still connected but not come: " + join_ids(awaited) + ")" +
+          (members_came ? "" : "; none of the running members came to meet this one");
       store_->set(elastic_keys::members(number), bytes_of("!" + why));
       ++requests;
       DTRAIN_THROW(Timeout, why);
     }
     // Wait for the next arrival: a settle where enough came and nobody alive is awaited; a
-    // short while where someone is, to see again whether it is still connected.
+    // short while where someone is, to look again.
     std::chrono::milliseconds wait = time_left(deadline);
-    if (!awaited.empty()) wait = std::min(wait, std::chrono::milliseconds(50));
+    if (!awaited.empty() || !unread.empty()) wait = std::min(wait, std::chrono::milliseconds(50));
     else if (n >= options_.min_workers) wait = std::min(wait, options_.settle);
-    const std::string next = elastic_keys::slot(number, n + 1);
+    const std::string next = elastic_keys::slot(number, counted + 1);
     bool arrived = false;
     try {
       ++requests;
@@ -127,69 +154,97 @@ void ElasticRendezvous::close(std::int64_t number, const Membership* before, std
     } catch (const std::exception&) {
       // Nobody came in that while.
     }
-    if (!arrived) {
-      if (!before && n >= options_.min_workers) break;  // settled
-      awaited = still_awaited();
+    if (arrived) {
+      ++requests;
+      arrive(++counted, string_of(store_->get(next)));
+      awaited.erase(std::remove(awaited.begin(), awaited.end(), ids.back()), awaited.end());
       continue;
     }
+    // A while with no arrival under the next number: numbers taken by workers that died
+    // before writing their ids (or are about to write them) must not hide those after.
+    const std::size_t had = ids.size();
+    const std::int64_t handed = store_->add(elastic_keys::arrivals(number), 0);
     ++requests;
-    ids.push_back(string_of(store_->get(next)));
-    slots.push_back(n + 1);
-    awaited.erase(std::remove(awaited.begin(), awaited.end(), ids.back()), awaited.end());
+    for (std::int64_t k = counted + 1; k <= handed; ++k) unread.push_back(k);
+    counted = std::max(counted, handed);
+    if (!unread.empty()) {
+      std::vector<std::string> keys;
+      for (std::int64_t k : unread) keys.push_back(elastic_keys::slot(number, k));
+      const std::vector<bool> present = store_->check(keys, patience);
+      ++requests;
+      std::vector<std::int64_t> missing;
+      for (std::size_t i = 0; i < unread.size(); ++i) {
+        if (!present[i]) {
+          missing.push_back(unread[i]);
+          continue;
+        }
+        ++requests;
+        arrive(unread[i], string_of(store_->get(keys[i])));
+      }
+      unread = std::move(missing);
+    }
+    if (!before && n >= options_.min_workers && ids.size() == had) break;  // settled
+    awaited = still_awaited();
   }
   // Rank order: the round before's members in their order, then the newcomers as they came.
   std::string text;
   std::vector<bool> placed(ids.size(), false);
   if (before)
     for (const std::string& member : before->members)
-      for (std::size_t i = 1; i < ids.size(); ++i)
+      for (std::size_t i = 0; i < ids.size(); ++i)
         if (!placed[i] && ids[i] == member) {
           text += std::to_string(slots[i]) + " " + ids[i] + "\n";
           placed[i] = true;
         }
-  for (std::size_t i = 1; i < ids.size(); ++i)
+  for (std::size_t i = 0; i < ids.size(); ++i)
     if (!placed[i]) text += std::to_string(slots[i]) + " " + ids[i] + "\n";
   store_->set(elastic_keys::members(number), bytes_of(text));
   store_->set(elastic_keys::latest(), bytes_of(std::to_string(number)));
   requests += 2;
 }
 
-Membership ElasticRendezvous::round(std::int64_t number, const Membership* before) {
-  const auto start = Clock::now();
-  std::int64_t requests = 0;
-  const std::int64_t slot = store_->add(elastic_keys::arrivals(number), 1);
-  store_->set_while_connected(elastic_keys::slot(number, slot), bytes_of(id_));
-  requests += 2;
-  if (slot == 1) close(number, before, requests);
-  const std::string key = elastic_keys::members(number);
-  try {
+Membership ElasticRendezvous::rounds(std::int64_t number, std::optional<Membership> before,
+                                     Clock::time_point start, std::int64_t requests) {
+  const auto patience = detail::patience(options_.join_timeout);
+  for (;; ++number) {
+    const std::int64_t slot = store_->add(elastic_keys::arrivals(number), 1);
+    store_->set_while_connected(elastic_keys::slot(number, slot), bytes_of(id_));
+    requests += 2;
+    if (slot == 1) close(number, before ? &*before : nullptr, requests);
+    // The members, waited for in slices: where the round's first arrival died before it
+    // closed the round, the next round goes on at once.
+    const std::string key = elastic_keys::members(number);
+    const auto deadline = Clock::now() + options_.join_timeout + patience;
+    bool written = false, closer_gone = false;
+    while (!written && !closer_gone) {
+      try {
+        ++requests;
+        store_->wait({key}, std::clamp(time_left(deadline), std::chrono::milliseconds(1), std::chrono::milliseconds(250)));
+        written = true;
+      } catch (const PeerFailure&) {
+        throw;
+      } catch (const std::exception&) {
+        ++requests;
+        closer_gone = !store_->check({elastic_keys::slot(number, 1)}, patience).front();
+        if (!closer_gone && Clock::now() >= deadline)
+          DTRAIN_THROW(Timeout, "elastic round ", number, ": ", id_, " waited ",
+                       (options_.join_timeout + patience).count() / 1000.0,
+                       " s for the members, and its first arrival (still connected) did not close it");
+      }
+    }
+    if (closer_gone) continue;
     ++requests;
-    store_->wait({key}, options_.join_timeout + detail::patience(options_.join_timeout));
-  } catch (const PeerFailure&) {
-    throw;
-  } catch (const std::exception&) {
-    // The round's first arrival closes it; where that one is gone, the next round goes on.
-    ++requests;
-    if (!store_->check({elastic_keys::slot(number, 1)}, detail::patience(options_.join_timeout)).front())
-      return round(number + 1, before);
-    DTRAIN_THROW(Timeout, "elastic round ", number, ": ", id_, " waited ",
-                 (options_.join_timeout + detail::patience(options_.join_timeout)).count() / 1000.0,
-                 " s for the members, and its first arrival (still connected) did not close it");
+    Membership m = parse_members(number, string_of(store_->get(key)));
+    for (std::size_t i = 0; i < m.members.size(); ++i)
+      if (m.members[i] == id_ && m.slots[i] == slot) m.rank = static_cast<int>(i);
+    if (m.rank >= 0) {
+      m.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      m.requests = requests;
+      m.closed_it = slot == 1;
+      return m;
+    }
+    before = std::move(m);  // came after the round closed: the members meet this worker in the next
   }
-  ++requests;
-  Membership m = parse_members(number, string_of(store_->get(key)));
-  for (std::size_t i = 0; i < m.members.size(); ++i)
-    if (m.members[i] == id_ && m.slots[i] == slot) m.rank = static_cast<int>(i);
-  if (m.rank < 0) {
-    // Came after the round closed: the members will meet this worker in the next one.
-    Membership later = round(number + 1, &m);
-    later.requests += requests;
-    return later;
-  }
-  m.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  m.requests = requests;
-  m.closed_it = slot == 1;
-  return m;
 }
 
 }  // namespace dtrain::comm

@@ -1,5 +1,6 @@
 // The membership of an elastic job, agreed through a rendezvous store that outlives the
-// workers (a launcher's, or Redis): numbered rounds, each closed by its first arrival
+// workers and removes a dead worker's keys (the TCP store, served by a process that is
+// not a worker): numbered rounds, each closed by its first arrival
 // once every live member of the round before (and any newcomer) has come, or MAX have.
 // It says who the members are and in which order; re-forming the collectives and
 // restoring state over them is its users' work, not this file's.
@@ -8,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,8 +25,8 @@ struct ElasticOptions {
   // that is still connected but has not come (stopped, not dead); the round then closes
   // without it, or fails below min_workers.
   std::chrono::milliseconds join_timeout = kDefaultTimeout;
-  // The first round, and one with no member before it alive: once min_workers came, how
-  // long it waits for one more before it closes.
+  // The first round: once min_workers came, how long it waits for one more before it
+  // closes. (A later round closes once every live member of the round before came.)
   std::chrono::milliseconds settle = std::chrono::milliseconds(500);
 };
 
@@ -59,7 +61,10 @@ class ElasticRendezvous {
   const std::string& id() const { return id_; }
 
  private:
-  Membership round(std::int64_t number, const Membership* before);
+  // Rounds from `number` on, until this worker is a member of one; the time and the
+  // requests count from `start` and `requests`.
+  Membership rounds(std::int64_t number, std::optional<Membership> before, Clock::time_point start,
+                    std::int64_t requests);
   // The first arrival's part: waits for the others as the options say, writes the members.
   void close(std::int64_t number, const Membership* before, std::int64_t& requests);
 

@@ -68,15 +68,10 @@ class GlooStore final : public RendezvousStore {
     store_->set(key, data);
     return false;
   }
-  // Its ranks are threads of this process: one lock for every such store makes the read
-  // and the write one step.
-  std::int64_t add(const std::string& key, std::int64_t delta) override {
-    static std::mutex adding;
-    std::lock_guard lock(adding);
-    std::int64_t sum = delta;
-    if (check({key}, std::chrono::milliseconds(0)).front()) sum += std::stoll(detail::string_of(store_->get(key)));
-    store_->set(key, bytes_of(std::to_string(sum)));
-    return sum;
+  // Gloo's HashStore writes a key once: it has no counter to add to.
+  std::int64_t add(const std::string& key, std::int64_t) override {
+    DTRAIN_THROW(InvalidArgument, "Gloo's in-process store writes a key once: it cannot add to '", key,
+                 "' (use the TCP store)");
   }
 
  private:

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 
 #include "dtrain/comm/socket.h"
@@ -172,15 +173,21 @@ void TcpStoreServer::serve(int fd) {
       lock.unlock();
       if (!reply(fd, present ? kOk : kMissing, value)) break;
     } else if (op == 'A' && fields.size() == 2) {
-      std::vector<char>& stored = values_[fields[0]];
-      std::int64_t sum = 0;
-      try {
-        sum = (stored.empty() ? 0 : std::stoll(std::string(stored.begin(), stored.end()))) + std::stoll(fields[1]);
-      } catch (const std::exception&) {
-        break;  // not a number: a malformed request ends the connection
-      }
+      // Whole decimal numbers only, and a sum that fits; else the request is malformed,
+      // which ends the connection and leaves the key as it was.
+      auto number = [](const char* from, const char* to, std::int64_t& out) {
+        const auto [end, error] = std::from_chars(from, to, out);
+        return error == std::errc() && end == to;
+      };
+      const auto found = values_.find(fields[0]);
+      std::int64_t stored = 0, delta = 0, sum = 0;
+      if (found != values_.end() && !number(found->second.data(), found->second.data() + found->second.size(), stored))
+        break;
+      if (!number(fields[1].data(), fields[1].data() + fields[1].size(), delta) ||
+          __builtin_add_overflow(stored, delta, &sum))
+        break;
       const std::string text = std::to_string(sum);
-      stored.assign(text.begin(), text.end());
+      values_[fields[0]].assign(text.begin(), text.end());
       changed_.notify_all();
       lock.unlock();
       if (!reply(fd, kOk, text)) break;

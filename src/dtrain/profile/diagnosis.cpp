@@ -59,8 +59,7 @@ std::optional<Finding> busy_machine(const std::vector<ScaleRun>& runs) {
   if (const double second = stolen ? m.other_cores : m.steal_cores; second >= 0.05)
     evidence += ", and " + (stolen ? load : steal);
   evidence += ", of this machine's " + std::to_string(m.cores) + " core(s), during the run at " + scale_words(*worst) +
-              "; its " + std::to_string(wanted) + " compute thread(s) wanted " + std::to_string(wanted) +
-              " core(s), and the job's processes got " + cores_words(m.job_cores) +
+              "; its compute threads wanted " + std::to_string(wanted) + " core(s), and the job's processes got " + cores_words(m.job_cores) +
               " (their CPU time over the run's wall-clock)";
   evidence += also.empty() ? ". The speedups were measured on a busy machine"
                            : ". The runs at " + also + " were busy too: the speedups were measured on a busy machine";
@@ -176,8 +175,7 @@ std::string scaling_table(const std::vector<ScaleRun>& runs) {
       << pct(s.compute() / step) << " | " << pct(s.comm / step) << " | " << pct(s.straggler / step) << " | "
       << pct(s.optimizer / step) << " | " << pct(s.other() / step) << " |\n";
     if (busy_excess(r) > 0)
-      doubts += "Measured on a busy machine, " + std::to_string(r.workers) + " worker(s) x " +
-                std::to_string(r.replicas) + " replica(s): " + machine_words(r.machine) + ".\n";
+      doubts += "Measured on a busy machine, " + scale_words(r) + ": " + machine_words(r.machine) + ".\n";
     if (!r.doubt.empty())
       doubts += "In doubt, " + std::to_string(r.workers) + " worker(s) x " + std::to_string(r.replicas) +
                 " replica(s): " + r.doubt + ".\n";

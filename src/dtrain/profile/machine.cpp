@@ -112,6 +112,18 @@ MachineSample sample_machine() {
     closedir(proc);
   }
   const int self_pid = static_cast<int>(getpid());
+  cpu_set_t ours_cpus;
+  CPU_ZERO(&ours_cpus);
+  for (int c : s.cpus) CPU_SET(c, &ours_cpus);
+  // A process the scheduler may not put on any of the job's CPUs (taskset, a cpuset)
+  // takes nothing from it.
+  auto shares_cpus = [&](int pid) {
+    cpu_set_t theirs;
+    CPU_ZERO(&theirs);
+    if (sched_getaffinity(pid, sizeof theirs, &theirs) != 0) return true;  // gone, or not ours to read: counted
+    CPU_AND(&theirs, &theirs, &ours_cpus);
+    return CPU_COUNT(&theirs) > 0;
+  };
   for (const auto& [pid, p] : all) {
     bool ours = false;
     for (int at = pid, hops = 0; at > 1 && hops < 64; ++hops) {
@@ -123,7 +135,7 @@ MachineSample sample_machine() {
       if (parent == all.end()) break;
       at = parent->second.ppid;
     }
-    if (!ours) s.others.push_back(p.times);
+    if (!ours && shares_cpus(pid)) s.others.push_back(p.times);
   }
   return s;
 }
@@ -213,20 +225,27 @@ MemoryBandwidth probe_memory_bandwidth(double seconds_each) {
   MemoryBandwidth m;
   std::vector<int> cpus = affinity_cpus();
   if (cpus.empty()) return m;
-  if (cpus.size() > 64) cpus.resize(64);
+  if (cpus.size() > 32) cpus.resize(32);
   m.cores = static_cast<int>(cpus.size());
-  // Twice what the caches hold (at most 256 MiB), between the threads reading at once
-  // (16 MiB each at least).
+  // Twice what the caches hold, at most 256 MiB, between the threads reading at once
+  // (8 MiB each at least: 256 MiB at 32 cores).
   const std::size_t total = std::min(2 * last_level_cache_bytes(), std::size_t{256} << 20);
   const std::size_t alone = total / sizeof(std::uint64_t);
-  const std::size_t each = std::max<std::size_t>(total / cpus.size(), std::size_t{16} << 20) / sizeof(std::uint64_t);
+  const std::size_t each = std::max<std::size_t>(total / cpus.size(), std::size_t{8} << 20) / sizeof(std::uint64_t);
+  // A thread that cannot have its buffer reads nothing (rate 0) rather than end the doctor.
+  auto reads = [&](int cpu, std::size_t words, double& rate) {
+    try {
+      rate = stream_reads(cpu, words, seconds_each);
+    } catch (const std::exception&) {
+      rate = 0;
+    }
+  };
   double one = 0;
-  std::thread([&] { one = stream_reads(cpus.front(), alone, seconds_each); }).join();
+  std::thread([&] { reads(cpus.front(), alone, one); }).join();
   m.one_core = one;
   std::vector<double> rates(cpus.size());
   std::vector<std::thread> threads;
-  for (std::size_t i = 0; i < cpus.size(); ++i)
-    threads.emplace_back([&, i] { rates[i] = stream_reads(cpus[i], each, seconds_each); });
+  for (std::size_t i = 0; i < cpus.size(); ++i) threads.emplace_back([&, i] { reads(cpus[i], each, rates[i]); });
   for (std::thread& t : threads) t.join();
   m.each_of_all = median(rates);
   return m;

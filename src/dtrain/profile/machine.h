@@ -50,8 +50,9 @@ struct MachineUse {
   double busy_cores = 0;   // everything that ran on them (ticks: coarse, for the record)
   double steal_cores = 0;  // what the hypervisor took
   double job_cores = 0;    // the job's processes (the doctor and the runs it waited for)
-  // Every other process alive at both samples (or started between them), summed: a
-  // process that started and ended between the samples is not seen.
+  // Every other process that may run on the job's CPUs, alive at both samples (or started
+  // between them and alive at the second), summed: one that ended before the second
+  // sample is not seen.
   double other_cores = 0;
   std::vector<OtherProcess> others;  // the busiest other processes, busiest first
   std::size_t cache_bytes = 0;       // the largest cache (last_level_cache_bytes)
@@ -66,7 +67,7 @@ MachineUse machine_use(const MachineSample& before, const MachineSample& after);
 std::size_t last_level_cache_bytes();
 
 // Streaming reads from memory, beyond the caches: one core alone, then every one of the
-// job's cores at once (up to 64), each thread pinned to its core; bytes per second of the
+// job's cores at once (up to 32), each thread pinned to its core; bytes per second of the
 // thread's own CPU time, so that a thread sharing its core with another load still reads
 // at its core's rate.
 struct MemoryBandwidth {
