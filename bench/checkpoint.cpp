@@ -14,6 +14,7 @@
 
 #include "dtrain/checkpoint/backup_and_restore.h"
 #include "dtrain/checkpoint/checkpoint.h"
+#include "dtrain/checkpoint/elastic_state.h"
 #include "dtrain/checkpoint/manager.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/data/datasets.h"
@@ -88,6 +89,10 @@ int main(int argc, char** argv) {
   const std::string path = dir + "/sync.safetensors";
   const double save = median_of(samples, [&] { ckpt.write(path); });
   const double restore = median_of(samples, [&] { ckpt.restore(path); });
+  // An elastic job's commit to memory and its restore after a failure (ElasticState).
+  train::ElasticState state(ckpt);
+  const double commit = median_of(samples, [&] { state.commit(1); });
+  const double restore_memory = median_of(samples, [&] { state.restore(); });
   std::vector<char> raw(bytes, 1);
   const double disk = median_of(samples, [&] { write_file_seconds(dir + "/raw.bin", raw); });
 
@@ -188,6 +193,8 @@ int main(int argc, char** argv) {
   row("snapshot (what save() copies)", snapshot);
   row("synchronous save (checksums, fsync, rename)", save);
   row("write+fsync of the same bytes (the disk)", disk);
+  row("commit to memory (ElasticState::commit)", commit);
+  row("restore from memory (ElasticState::restore)", restore_memory);
   row("restore (read, verify, assign)", restore);
   row("async save(): the call on the training thread", bench::median(call));
   const train::SaveStatistics& st = manager.statistics();

@@ -11,6 +11,7 @@
 #include "common/temp_dir.h"
 #include "dtrain/checkpoint/backup_and_restore.h"
 #include "dtrain/checkpoint/checkpoint.h"
+#include "dtrain/checkpoint/elastic_state.h"
 #include "dtrain/checkpoint/manager.h"
 #include "dtrain/data/datasets.h"
 #include "dtrain/distribute/strategy.h"
@@ -69,6 +70,62 @@ TEST_F(TempDirTest, AdamMomentsAndIterationsSurviveSoTheNextUpdateIsTheSame) {
   a->fit(data.d.x, data.d.y, {.epochs = 1, .batch_size = 16, .seed = 5, .verbose = 0});
   b->fit(data.d.x, data.d.y, {.epochs = 1, .batch_size = 16, .seed = 5, .verbose = 0});
   EXPECT_EQ(weights(*b), weights(*a));
+}
+
+// An elastic job's commit in memory: restored after more training, the run goes on as if
+// that training never happened, bit for bit (weights, Adam's moments and iteration count,
+// the dropout masks' streams, the step counter).
+TEST(ElasticState, ARestoredCommitTrainsOnAsIfNothingHappenedSinceIt) {
+  Data data;
+  auto a = mlp();
+  a->fit(data.d.x, data.d.y, {.epochs = 1, .batch_size = 16, .verbose = 0});
+  std::int64_t step = 6;
+  Checkpoint tracked{{"model", *a}, {"optimizer", a->optimizer()}, {"step", step}};
+  ElasticState state(tracked);
+  EXPECT_FALSE(state.committed());
+  EXPECT_THROW(state.restore(), InvalidArgument);
+  state.commit(step);
+  EXPECT_EQ(state.committed_step(), 6);
+  EXPECT_GT(state.bytes(), 0u);
+  const auto committed = weights(*a);
+  const std::int64_t iterations = a->optimizer().iterations();
+  const std::uint64_t digest = state.digest();
+
+  a->fit(data.d.x, data.d.y, {.epochs = 1, .batch_size = 16, .seed = 5, .verbose = 0});
+  step = 12;
+  const auto after_once = weights(*a);
+  ASSERT_NE(after_once, committed);
+  EXPECT_EQ(state.restore(), 6);
+  EXPECT_EQ(weights(*a), committed);
+  EXPECT_EQ(a->optimizer().iterations(), iterations);
+  EXPECT_EQ(step, 6);
+  EXPECT_EQ(state.digest(), digest);
+  a->fit(data.d.x, data.d.y, {.epochs = 1, .batch_size = 16, .seed = 5, .verbose = 0});
+  EXPECT_EQ(weights(*a), after_once) << "the epoch after the restore differs from the epoch after the commit";
+}
+
+// A snapshot's bytes that change in memory are found before anything is restored; a
+// snapshot taken without a copy (no checksums) is refused.
+TEST(ElasticState, ASnapshotChangedInMemoryIsRefusedNamingTheTensor) {
+  auto a = mlp();
+  Checkpoint tracked{{"model", *a}};
+  Snapshot snapshot;
+  tracked.snapshot(snapshot);
+  const auto before = weights(*a);
+  snapshot.data.tensors[0].second.data<float>()[0] += 1.0f;
+  try {
+    tracked.restore(snapshot, "the commit of step 3");
+    ADD_FAILURE() << "a changed snapshot was restored";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("the commit of step 3: tensor '" + snapshot.data.tensors[0].first +
+                                         "' changed in memory"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(weights(*a), before);
+  Snapshot live;
+  tracked.snapshot(live, /*copy=*/false);
+  EXPECT_THROW(tracked.restore(live, "a live snapshot"), InvalidArgument);
 }
 
 TEST_F(TempDirTest, IteratorGeneratorAndCountersComeBack) {

@@ -246,7 +246,20 @@ void check_same_state_on_every_worker(StrategyBackend& strategy, std::uint64_t d
 }
 
 RestoreStatus Checkpoint::restore(const std::string& path, RestoreOptions options) {
-  NamedTensors data = load_checked(path);
+  return restore_from(load_checked(path), path, options);
+}
+
+RestoreStatus Checkpoint::restore(const Snapshot& snapshot, const std::string& where, RestoreOptions options) {
+  if (snapshot.checksums.size() != snapshot.data.tensors.size())
+    DTRAIN_THROW(InvalidArgument, where, ": a snapshot without its checksums (take it with snapshot(into), which copies)");
+  for (std::size_t i = 0; i < snapshot.data.tensors.size(); ++i)
+    if (tensor_checksum(snapshot.data.tensors[i].second) != snapshot.checksums[i])
+      DTRAIN_THROW(IoError, where, ": tensor '", snapshot.data.tensors[i].first,
+                   "' changed in memory since it was taken (its checksum differs)");
+  return restore_from(snapshot.data, where, options);
+}
+
+RestoreStatus Checkpoint::restore_from(const NamedTensors& data, const std::string& path, RestoreOptions options) {
   const auto state_text = data.metadata.find(kStateKey);
   if (state_text == data.metadata.end())
     DTRAIN_THROW(IoError, path, ": has no ", kStateKey, " in its metadata: a safetensors file, but not a dtrain checkpoint");

@@ -107,6 +107,10 @@ class Checkpoint {
   // Verifies every checksum, then checks every tracked object against the file, then
   // changes them all (or none).
   RestoreStatus restore(const std::string& path, RestoreOptions options = {});
+  // The same from a snapshot in memory (snapshot(into) with copy): its checksums, computed
+  // as it was copied, are verified first, so memory that changed since is an IoError
+  // naming the tensor; `where` names it in messages ("the commit of step 40").
+  RestoreStatus restore(const Snapshot& snapshot, const std::string& where, RestoreOptions options = {});
   // Times save() was called; saved and restored with the checkpoint, as in TensorFlow.
   std::int64_t save_counter() const { return save_counter_; }
   void set_save_counter(std::int64_t n) { save_counter_ = n; }
@@ -126,6 +130,8 @@ class Checkpoint {
  private:
   // The state as it is, referring to the live tensors.
   NamedTensors capture() const;
+  // restore's checks and changes, from tensors read and verified from `where`.
+  RestoreStatus restore_from(const NamedTensors& data, const std::string& where, RestoreOptions options);
   std::vector<std::pair<std::string, Trackable>> objects_;
   std::int64_t save_counter_ = 0;
 };
