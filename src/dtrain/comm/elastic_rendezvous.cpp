@@ -23,6 +23,39 @@ std::string latest() { return "elastic/latest"; }
 
 namespace {
 
+// Every request's keys under one prefix.
+class PrefixedStore final : public RendezvousStore {
+ public:
+  PrefixedStore(std::shared_ptr<RendezvousStore> store, std::string prefix)
+      : store_(std::move(store)), prefix_(std::move(prefix)) {}
+  void set(const std::string& key, const std::vector<char>& data) override { store_->set(prefix_ + key, data); }
+  void set(const std::string& key, const std::vector<char>& data, std::chrono::milliseconds limit) override {
+    store_->set(prefix_ + key, data, limit);
+  }
+  std::vector<char> get(const std::string& key) override { return store_->get(prefix_ + key); }
+  void wait(const std::vector<std::string>& keys) override { store_->wait(prefixed(keys)); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    store_->wait(prefixed(keys), timeout);
+  }
+  std::vector<bool> check(const std::vector<std::string>& keys, std::chrono::milliseconds limit) override {
+    return store_->check(prefixed(keys), limit);
+  }
+  bool set_while_connected(const std::string& key, const std::vector<char>& data) override {
+    return store_->set_while_connected(prefix_ + key, data);
+  }
+  std::int64_t add(const std::string& key, std::int64_t delta) override { return store_->add(prefix_ + key, delta); }
+
+ private:
+  std::vector<std::string> prefixed(const std::vector<std::string>& keys) const {
+    std::vector<std::string> out;
+    out.reserve(keys.size());
+    for (const std::string& k : keys) out.push_back(prefix_ + k);
+    return out;
+  }
+  std::shared_ptr<RendezvousStore> store_;
+  std::string prefix_;
+};
+
 using detail::bytes_of;
 using detail::string_of;
 
@@ -54,6 +87,10 @@ std::string join_ids(const std::vector<std::string>& ids) {
 }
 
 }  // namespace
+
+std::shared_ptr<RendezvousStore> round_store(std::shared_ptr<RendezvousStore> store, std::int64_t round) {
+  return std::make_shared<PrefixedStore>(std::move(store), "elastic/" + std::to_string(round) + "/group/");
+}
 
 ElasticRendezvous::ElasticRendezvous(std::shared_ptr<RendezvousStore> store, std::string id, ElasticOptions options)
     : store_(std::move(store)), id_(std::move(id)), options_(options) {

@@ -73,6 +73,11 @@ class ElasticRendezvous {
   ElasticOptions options_;
 };
 
+// The store as a round's group sees it: every key under "elastic/<round>/group/", so that
+// a group formed over the members of one round (a GlooGroup with their ranks) meets
+// nothing of the round before's.
+std::shared_ptr<RendezvousStore> round_store(std::shared_ptr<RendezvousStore> store, std::int64_t round);
+
 // The store's keys of a round (internal; tests read them).
 namespace elastic_keys {
 std::string arrivals(std::int64_t round);                    // the arrival counter
