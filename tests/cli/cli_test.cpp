@@ -554,6 +554,15 @@ TEST_F(Cli, DoctorNamesAPlantedBusyLoadFirst) {
             << r.output;
       }
     }
+    // Comparing strategies on the busy machine: the run it slowed is said to be, before the
+    // recommendation.
+    if (mode == "spin") {
+      const Result r = run("doctor " + tiny_config() + " --strategies multi_worker --workers 2 --epochs 1");
+      ASSERT_EQ(r.code, 0) << r.output;
+      const std::size_t said = r.output.find("Measured on a busy machine, MultiWorkerMirroredStrategy: other processes");
+      EXPECT_NE(said, std::string::npos) << r.output;
+      EXPECT_LT(said, r.output.find("Recommendation: ")) << r.output;
+    }
   }
 }
 

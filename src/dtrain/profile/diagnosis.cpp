@@ -144,12 +144,7 @@ std::vector<std::size_t> check_trust(std::vector<ScaleRun>& runs) {
   return doubted;
 }
 
-double busy_excess(const ScaleRun& r) {
-  const MachineUse& m = r.machine;
-  if (!m.measured || m.cores <= 0) return 0.0;
-  const double wanted = cores_wanted(r), free = m.cores - wanted, excess = m.taken_cores() - free;
-  return excess >= std::max(0.2, 0.25 * wanted) ? excess : 0.0;
-}
+double busy_excess(const ScaleRun& r) { return busy_excess(r.machine, r.host_threads); }
 
 std::string scaling_table(const std::vector<ScaleRun>& runs) {
   std::ostringstream o;

@@ -111,11 +111,8 @@ double speedup_the_cores_allow(const ScaleRun& base, const ScaleRun& run);
 // of the runs in doubt (the doctor measures them again once).
 std::vector<std::size_t> check_trust(std::vector<ScaleRun>& runs);
 
-// What another load took of the cores a run wanted, in cores: the other processes' time
-// and the hypervisor's steal on the run's cores, beyond the cores its compute threads left
-// free; 0 when that is less than a quarter of the cores wanted (a fifth of a core at
-// least: a quiet machine's daemons and a virtual machine's usual steal are not a load),
-// or the machine was not measured.
+// What another load took of the cores a run wanted (its machine reading and its host's
+// compute threads: machine.h's busy_excess).
 double busy_excess(const ScaleRun& run);
 
 // Findings for the runs, most important first: a busy machine (another load took cores

@@ -165,6 +165,13 @@ MachineUse machine_use(const MachineSample& before, const MachineSample& after) 
   return u;
 }
 
+double busy_excess(const MachineUse& use, int threads) {
+  if (!use.measured || use.cores <= 0) return 0.0;
+  const double wanted = threads > 0 ? std::min(threads, use.cores) : use.cores;
+  const double excess = use.taken_cores() - (use.cores - wanted);
+  return excess >= std::max(0.2, 0.25 * wanted) ? excess : 0.0;
+}
+
 std::size_t last_level_cache_bytes() {
   std::size_t largest = 0;
   for (int index = 0; index < 8; ++index) {

@@ -62,6 +62,13 @@ struct MachineUse {
 // `before` and `after` must both be available; others below a twentieth of a core are left out.
 MachineUse machine_use(const MachineSample& before, const MachineSample& after);
 
+// What another load took of the cores a run of `threads` compute threads wanted (all the
+// cores where `threads` <= 0; at most all), in cores: other processes' time and the
+// hypervisor's steal beyond the cores the run left free; 0 when that is less than a
+// quarter of the cores wanted (a fifth of a core at least: a quiet machine's daemons and a
+// virtual machine's usual steal are not a load), or the machine was not measured.
+double busy_excess(const MachineUse& use, int threads);
+
 // The bytes a core's caches hold at most: the largest cache of CPU 0 (sysfs), 32 MiB
 // when it cannot be read.
 std::size_t last_level_cache_bytes();
