@@ -4,18 +4,25 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <set>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "common/error_message.h"
@@ -485,25 +492,38 @@ TEST_F(Cli, DoctorNamesSharedCoresFirstAndShowsEachScalesSpread) {
   }
 }
 
-// A planted load (tests/cli/busy_load.cpp) on this machine's last core, a child of this
-// test and so no part of the doctor's job; it runs from "ready" until the object goes.
+// A planted load on one core: a child of this test, and so no part of the doctor's job,
+// named "busy_load" (its comm, which /proc shows). `memory` streams a buffer of `mib` MiB
+// (allocated here, before the fork) through memory; otherwise it spins on arithmetic. It
+// runs from construction until the object goes, and ends with this process at the latest
+// (and after ten minutes in any case).
 class PlantedLoad {
  public:
-  PlantedLoad(const std::string& mode, int cpu, std::size_t mib) {
-    int out[2];
-    if (pipe(out) != 0) return;
+  PlantedLoad(bool memory, int cpu, std::size_t mib) {
+    // The buffers are the child's once it is forked; this process lets its own go.
+    const std::size_t words = memory ? (mib << 20) / sizeof(std::uint64_t) : 0;
+    std::vector<std::uint64_t> a(words, 1), b(words, 2);
     pid_ = fork();
-    if (pid_ == 0) {
-      dup2(out[1], 1);
-      close(out[0]);
-      const std::string core = std::to_string(cpu), size = std::to_string(mib);
-      execl(DTRAIN_BUSY_LOAD, DTRAIN_BUSY_LOAD, mode.c_str(), core.c_str(), size.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
+    if (pid_ != 0) return;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    prctl(PR_SET_NAME, "busy_load");
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0) _exit(1);
+    const auto end = std::chrono::steady_clock::now() + std::chrono::minutes(10);
+    volatile std::uint64_t sink = 0;
+    while (std::chrono::steady_clock::now() < end) {
+      std::uint64_t x = sink;
+      if (memory) {
+        for (std::size_t i = 0; i < words; ++i) x += a[i];
+        std::memcpy(b.data(), a.data(), words * sizeof(std::uint64_t));
+      } else {
+        for (int i = 0; i < 10000000; ++i) x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      }
+      sink = x;
     }
-    close(out[1]);
-    char ready[6] = {};
-    ready_ = pid_ > 0 && read(out[0], ready, 5) == 5 && std::string(ready) == "ready";
-    close(out[0]);
+    _exit(0);
   }
   ~PlantedLoad() {
     if (pid_ <= 0) return;
@@ -512,11 +532,10 @@ class PlantedLoad {
   }
   PlantedLoad(const PlantedLoad&) = delete;
   PlantedLoad& operator=(const PlantedLoad&) = delete;
-  bool ready() const { return ready_; }
+  bool started() const { return pid_ > 0; }
 
  private:
   pid_t pid_ = -1;
-  bool ready_ = false;
 };
 
 // A busy loop pinned to each core of the upper half, then loads streaming twice what the
@@ -533,8 +552,8 @@ TEST_F(Cli, DoctorNamesAPlantedBusyLoadFirst) {
     SCOPED_TRACE(mode);
     std::vector<std::unique_ptr<PlantedLoad>> loads;
     for (std::size_t i = cpus.size() / 2; i < cpus.size(); ++i) {
-      loads.push_back(std::make_unique<PlantedLoad>(mode, cpus[i], cache_mib));
-      ASSERT_TRUE(loads.back()->ready()) << "the planted load did not start: " << DTRAIN_BUSY_LOAD;
+      loads.push_back(std::make_unique<PlantedLoad>(mode == "memory", cpus[i], cache_mib));
+      ASSERT_TRUE(loads.back()->started()) << "the planted load did not start (fork)";
     }
     for (int k = 0; k < kPlantedRuns; ++k) {
       SCOPED_TRACE("run " + std::to_string(k + 1) + " of " + std::to_string(kPlantedRuns));
