@@ -459,7 +459,7 @@ TEST(Diagnosis, SharedCoresAreNamedFirstWithTheThreadsAndTheCores) {
 // one, is not; the hypervisor's steal is named as such.
 TEST(Diagnosis, ABusyMachineIsNamedFirstWithTheLoadAndTheCoresTheJobGot) {
   auto [one, two] = one_and_two_workers(1, 0.74);
-  const MachineUse loaded{.measured = true, .seconds = 3, .cores = 2, .busy_cores = 2.0, .steal_cores = 0.01,
+  const MachineUse loaded{.measured = true, .seconds = 3, .cores = 2, .steal_cores = 0.01,
                           .job_cores = 1.1, .other_cores = 0.9, .others = {{4242, "spin", 0.9, 3.0 * (1 << 20)}},
                           .cache_bytes = std::size_t{32} << 20};
   one.machine = loaded;  // one thread left a core free: the load took nothing it wanted
@@ -492,7 +492,6 @@ TEST(Diagnosis, ABusyMachineIsNamedFirstWithTheLoadAndTheCoresTheJobGot) {
             std::string::npos)
       << f[0].evidence;
   // A fifth of a core is the least named: the noise of a quiet machine is not a load.
-  two.machine.busy_cores = 1.25;
   two.machine.other_cores = 0.15;
   two.machine.others = {{17, "kworker/0:1", 0.1, 0}};
   f = diagnose({one, two});

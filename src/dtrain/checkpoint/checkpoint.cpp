@@ -7,6 +7,7 @@
 #include <set>
 
 #include "dtrain/core/error.h"
+#include "dtrain/core/threads.h"
 
 namespace dtrain::train {
 namespace {
@@ -252,8 +253,15 @@ RestoreStatus Checkpoint::restore(const std::string& path, RestoreOptions option
 RestoreStatus Checkpoint::restore(const Snapshot& snapshot, const std::string& where, RestoreOptions options) {
   if (snapshot.checksums.size() != snapshot.data.tensors.size())
     DTRAIN_THROW(InvalidArgument, where, ": a snapshot without its checksums (take it with snapshot(into), which copies)");
-  for (std::size_t i = 0; i < snapshot.data.tensors.size(); ++i)
-    if (tensor_checksum(snapshot.data.tensors[i].second) != snapshot.checksums[i])
+  // Checked on the compute threads, as pack() computed them; the first changed tensor named.
+  const std::size_t n = snapshot.data.tensors.size();
+  std::vector<char> changed(n, 0);
+  parallel_for(static_cast<std::int64_t>(n), 1, [&](std::int64_t b, std::int64_t e) {
+    for (auto i = static_cast<std::size_t>(b); i < static_cast<std::size_t>(e); ++i)
+      changed[i] = tensor_checksum(snapshot.data.tensors[i].second) != snapshot.checksums[i];
+  });
+  for (std::size_t i = 0; i < n; ++i)
+    if (changed[i])
       DTRAIN_THROW(IoError, where, ": tensor '", snapshot.data.tensors[i].first,
                    "' changed in memory since it was taken (its checksum differs)");
   return restore_from(snapshot.data, where, options);

@@ -476,10 +476,7 @@ std::pair<std::string, std::string> split_strategy(const std::string& spec) {
 // update is on the same batch (`per_replica` rows times the workers: a ps worker computes
 // a whole one a step), so each epoch applies as many updates whatever the strategy, and
 // every worker or replica has the same threads.
-// `machine`: each run's machine reading where another load took cores it wanted, else
-// one not measured.
-std::vector<profile::StrategyRun> run_strategies(const DoctorOptions& o, const TempDir& dir, std::ostream& out,
-                                                 std::vector<profile::MachineUse>& machine) {
+std::vector<profile::StrategyRun> run_strategies(const DoctorOptions& o, const TempDir& dir, std::ostream& out) {
   const std::int64_t per_replica = o.batch_size > 0 ? o.batch_size : load_config(o.config).batch_size;
   const int n = std::max(2, *std::max_element(o.workers.begin(), o.workers.end()));
   // As for the scales: given, else OMP_NUM_THREADS, else the cores shared by the n workers.
@@ -525,8 +522,8 @@ std::vector<profile::StrategyRun> run_strategies(const DoctorOptions& o, const T
     const profile::MachineSample before = profile::sample_machine();
     launch_or_throw(std::move(launch), "the run of " + label);
     runs.push_back(strategy_run_from_summary(summary, kind, label));
-    machine.push_back(profile::machine_use(before, profile::sample_machine()));
-    if (profile::busy_excess(machine.back(), threads_wanted) <= 0) machine.back() = profile::MachineUse{};
+    runs.back().machine = profile::machine_use(before, profile::sample_machine());
+    runs.back().threads = threads_wanted;
   }
   return runs;
 }
@@ -538,17 +535,15 @@ void compare_strategies(const DoctorOptions& o, std::ostream& out) {
   parse_partitioner(o.partitioner);
   parse_fault_slow(o.fault_slow);
   TempDir dir;
-  std::vector<profile::MachineUse> machine;
-  const std::vector<profile::StrategyRun> runs = run_strategies(o, dir, out, machine);
+  const std::vector<profile::StrategyRun> runs = run_strategies(o, dir, out);
   const double target = o.target_loss > 0 ? o.target_loss : profile::common_target(runs);
   out << "\n" << profile::strategies_table(runs, target) << "\n(time to " << runs.front().loss_name << " "
       << profile::detail::fixed(target, 4) << ": "
       << (o.target_loss > 0 ? "as given" : "the loss every strategy reached")
       << ", at the end of the epoch that reached it)\n";
   // A run another load slowed is no fair comparison: said before the recommendation.
-  for (std::size_t i = 0; i < runs.size(); ++i)
-    if (machine[i].measured)
-      out << "Measured on a busy machine, " << runs[i].label << ": " << profile::machine_words(machine[i]) << ".\n";
+  for (const profile::StrategyRun& r : runs)
+    if (profile::busy_excess(r.machine, r.threads) > 0) out << profile::busy_words(r.label, r.machine);
   out << "\nRecommendation: "
       << profile::recommend(runs, target).reason << ".\n";
   for (const profile::StrategyRun& r : runs)

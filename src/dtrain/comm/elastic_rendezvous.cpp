@@ -13,11 +13,10 @@
 namespace dtrain::comm {
 
 namespace elastic_keys {
-std::string arrivals(std::int64_t round) { return "elastic/" + std::to_string(round) + "/arrivals"; }
-std::string slot(std::int64_t round, std::int64_t arrival) {
-  return "elastic/" + std::to_string(round) + "/slot/" + std::to_string(arrival);
-}
-std::string members(std::int64_t round) { return "elastic/" + std::to_string(round) + "/members"; }
+std::string round(std::int64_t round) { return "elastic/" + std::to_string(round) + "/"; }
+std::string arrivals(std::int64_t number) { return round(number) + "arrivals"; }
+std::string slot(std::int64_t number, std::int64_t arrival) { return round(number) + "slot/" + std::to_string(arrival); }
+std::string members(std::int64_t number) { return round(number) + "members"; }
 std::string latest() { return "elastic/latest"; }
 }  // namespace elastic_keys
 
@@ -89,7 +88,7 @@ std::string join_ids(const std::vector<std::string>& ids) {
 }  // namespace
 
 std::shared_ptr<RendezvousStore> round_store(std::shared_ptr<RendezvousStore> store, std::int64_t round) {
-  return std::make_shared<PrefixedStore>(std::move(store), "elastic/" + std::to_string(round) + "/group/");
+  return std::make_shared<PrefixedStore>(std::move(store), elastic_keys::round(round) + "group/");
 }
 
 ElasticRendezvous::ElasticRendezvous(std::shared_ptr<RendezvousStore> store, std::string id, ElasticOptions options)
@@ -108,24 +107,22 @@ ElasticRendezvous::ElasticRendezvous(std::shared_ptr<RendezvousStore> store, std
 
 Membership ElasticRendezvous::join() {
   const auto start = Clock::now();
-  std::int64_t requests = 1;
   if (!store_->check({elastic_keys::latest()}, detail::patience(options_.join_timeout)).front())
-    return rounds(0, std::nullopt, start, requests);
+    return rounds(0, std::nullopt, start);
   const std::int64_t latest = std::stoll(string_of(store_->get(elastic_keys::latest())));
   Membership running = parse_members(latest, string_of(store_->get(elastic_keys::members(latest))));
-  requests += 2;
-  return rounds(latest + 1, std::move(running), start, requests);
+  return rounds(latest + 1, std::move(running), start);
 }
 
 Membership ElasticRendezvous::next(const Membership& current) {
-  return rounds(current.round + 1, current, Clock::now(), 0);
+  return rounds(current.round + 1, current, Clock::now());
 }
 
 bool ElasticRendezvous::joiner_waiting(const Membership& current) {
   return store_->check({elastic_keys::arrivals(current.round + 1)}, detail::patience(options_.join_timeout)).front();
 }
 
-void ElasticRendezvous::close(std::int64_t number, const Membership* before, std::int64_t& requests) {
+void ElasticRendezvous::close(std::int64_t number, const Membership* before) {
   const auto deadline = Clock::now() + options_.join_timeout;
   const auto patience = detail::patience(options_.join_timeout);
   std::vector<std::int64_t> slots{1};
@@ -149,7 +146,6 @@ void ElasticRendezvous::close(std::int64_t number, const Membership* before, std
       }
     if (keys.empty()) return awaited;
     const std::vector<bool> alive = store_->check(keys, patience);
-    ++requests;
     for (std::size_t i = 0; i < keys.size(); ++i)
       if (alive[i]) awaited.push_back(who[i]);
     return awaited;
@@ -172,7 +168,6 @@ void ElasticRendezvous::close(std::int64_t number, const Membership* before, std
           "; still connected but not come: " + join_ids(awaited) + ")" +
           (members_came ? "" : "; none of the running members came to meet this one");
       store_->set(elastic_keys::members(number), bytes_of("!" + why));
-      ++requests;
       DTRAIN_THROW(Timeout, why);
     }
     // Wait for the next arrival: a settle where enough came and nobody alive is awaited; a
@@ -181,18 +176,8 @@ void ElasticRendezvous::close(std::int64_t number, const Membership* before, std
     if (!awaited.empty() || !unread.empty()) wait = std::min(wait, std::chrono::milliseconds(50));
     else if (n >= options_.min_workers) wait = std::min(wait, options_.settle);
     const std::string next = elastic_keys::slot(number, counted + 1);
-    bool arrived = false;
-    try {
-      ++requests;
-      store_->wait({next}, std::max(wait, std::chrono::milliseconds(1)));
-      arrived = true;
-    } catch (const PeerFailure&) {
-      throw;
-    } catch (const std::exception&) {
-      // Nobody came in that while.
-    }
+    const bool arrived = detail::arrived(*store_, {next}, std::max(wait, std::chrono::milliseconds(1)));
     if (arrived) {
-      ++requests;
       arrive(++counted, string_of(store_->get(next)));
       awaited.erase(std::remove(awaited.begin(), awaited.end(), ids.back()), awaited.end());
       continue;
@@ -201,21 +186,18 @@ void ElasticRendezvous::close(std::int64_t number, const Membership* before, std
     // before writing their ids (or are about to write them) must not hide those after.
     const std::size_t had = ids.size();
     const std::int64_t handed = store_->add(elastic_keys::arrivals(number), 0);
-    ++requests;
     for (std::int64_t k = counted + 1; k <= handed; ++k) unread.push_back(k);
     counted = std::max(counted, handed);
     if (!unread.empty()) {
       std::vector<std::string> keys;
       for (std::int64_t k : unread) keys.push_back(elastic_keys::slot(number, k));
       const std::vector<bool> present = store_->check(keys, patience);
-      ++requests;
       std::vector<std::int64_t> missing;
       for (std::size_t i = 0; i < unread.size(); ++i) {
         if (!present[i]) {
           missing.push_back(unread[i]);
           continue;
         }
-        ++requests;
         arrive(unread[i], string_of(store_->get(keys[i])));
       }
       unread = std::move(missing);
@@ -237,47 +219,34 @@ void ElasticRendezvous::close(std::int64_t number, const Membership* before, std
     if (!placed[i]) text += std::to_string(slots[i]) + " " + ids[i] + "\n";
   store_->set(elastic_keys::members(number), bytes_of(text));
   store_->set(elastic_keys::latest(), bytes_of(std::to_string(number)));
-  requests += 2;
 }
 
 Membership ElasticRendezvous::rounds(std::int64_t number, std::optional<Membership> before,
-                                     Clock::time_point start, std::int64_t requests) {
+                                     Clock::time_point start) {
   const auto patience = detail::patience(options_.join_timeout);
   for (;; ++number) {
     const std::int64_t slot = store_->add(elastic_keys::arrivals(number), 1);
     store_->set_while_connected(elastic_keys::slot(number, slot), bytes_of(id_));
-    requests += 2;
-    if (slot == 1) close(number, before ? &*before : nullptr, requests);
+    if (slot == 1) close(number, before ? &*before : nullptr);
     // The members, waited for in slices: where the round's first arrival died before it
     // closed the round, the next round goes on at once.
     const std::string key = elastic_keys::members(number);
     const auto deadline = Clock::now() + options_.join_timeout + patience;
-    bool written = false, closer_gone = false;
-    while (!written && !closer_gone) {
-      try {
-        ++requests;
-        store_->wait({key}, std::clamp(time_left(deadline), std::chrono::milliseconds(1), std::chrono::milliseconds(250)));
-        written = true;
-      } catch (const PeerFailure&) {
-        throw;
-      } catch (const std::exception&) {
-        ++requests;
-        closer_gone = !store_->check({elastic_keys::slot(number, 1)}, patience).front();
-        if (!closer_gone && Clock::now() >= deadline)
-          DTRAIN_THROW(Timeout, "elastic round ", number, ": ", id_, " waited ",
-                       (options_.join_timeout + patience).count() / 1000.0,
-                       " s for the members, and its first arrival (still connected) did not close it");
-      }
+    bool closer_gone = false;
+    while (!detail::arrived(*store_, {key}, std::min(time_left(deadline), std::chrono::milliseconds(250)))) {
+      closer_gone = !store_->check({elastic_keys::slot(number, 1)}, patience).front();
+      if (closer_gone) break;
+      if (Clock::now() >= deadline)
+        DTRAIN_THROW(Timeout, "elastic round ", number, ": ", id_, " waited ",
+                     (options_.join_timeout + patience).count() / 1000.0,
+                     " s for the members, and its first arrival (still connected) did not close it");
     }
     if (closer_gone) continue;
-    ++requests;
     Membership m = parse_members(number, string_of(store_->get(key)));
     for (std::size_t i = 0; i < m.members.size(); ++i)
       if (m.members[i] == id_ && m.slots[i] == slot) m.rank = static_cast<int>(i);
     if (m.rank >= 0) {
-      m.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      m.requests = requests;
-      m.closed_it = slot == 1;
+      m.seconds = seconds_since(start);
       return m;
     }
     before = std::move(m);  // came after the round closed: the members meet this worker in the next

@@ -37,10 +37,9 @@ struct Membership {
   std::vector<std::int64_t> slots;   // each member's arrival number in the round (its liveness key)
   int rank = -1;                     // this worker's
   int size() const { return static_cast<int>(members.size()); }
-  // This worker's time from joining to knowing the members, and its requests to the store.
-  double seconds = 0;
-  std::int64_t requests = 0;
-  bool closed_it = false;  // this worker was the round's first arrival and closed it
+  double seconds = 0;  // this worker's time from joining to knowing the members
+  // This worker was the round's first arrival, and closed it.
+  bool closed_it() const { return rank >= 0 && slots[static_cast<std::size_t>(rank)] == 1; }
 };
 
 class ElasticRendezvous {
@@ -61,12 +60,11 @@ class ElasticRendezvous {
   const std::string& id() const { return id_; }
 
  private:
-  // Rounds from `number` on, until this worker is a member of one; the time and the
-  // requests count from `start` and `requests`.
-  Membership rounds(std::int64_t number, std::optional<Membership> before, Clock::time_point start,
-                    std::int64_t requests);
+  // Rounds from `number` on, until this worker is a member of one; the time counts from
+  // `start`.
+  Membership rounds(std::int64_t number, std::optional<Membership> before, Clock::time_point start);
   // The first arrival's part: waits for the others as the options say, writes the members.
-  void close(std::int64_t number, const Membership* before, std::int64_t& requests);
+  void close(std::int64_t number, const Membership* before);
 
   std::shared_ptr<RendezvousStore> store_;
   std::string id_;
@@ -80,6 +78,7 @@ std::shared_ptr<RendezvousStore> round_store(std::shared_ptr<RendezvousStore> st
 
 // The store's keys of a round (internal; tests read them).
 namespace elastic_keys {
+std::string round(std::int64_t round);                       // "elastic/<round>/": every key of it
 std::string arrivals(std::int64_t round);                    // the arrival counter
 std::string slot(std::int64_t round, std::int64_t arrival);  // the arrival's id, while it is connected
 std::string members(std::int64_t round);                     // "slot id" lines, rank order; "!reason" when it failed

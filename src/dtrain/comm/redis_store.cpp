@@ -4,6 +4,7 @@
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
+#include <optional>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -98,11 +99,11 @@ bool RedisStore::set_while_connected(const std::string& key, const std::vector<c
 
 std::int64_t RedisStore::add(const std::string& key, std::int64_t delta) {
   redisReply* reply = command({"INCRBY", stored(key), std::to_string(delta)}, detail::patience(timeout_));
-  const std::int64_t sum = reply->type == REDIS_REPLY_INTEGER ? reply->integer : 0;
-  const bool number = reply->type == REDIS_REPLY_INTEGER;
+  const std::optional<std::int64_t> sum =
+      reply->type == REDIS_REPLY_INTEGER ? std::optional<std::int64_t>(reply->integer) : std::nullopt;
   freeReplyObject(reply);
-  if (!number) DTRAIN_THROW(IoError, who_, where_, ": INCRBY of '", key, "' did not answer a number");
-  return sum;
+  if (!sum) DTRAIN_THROW(IoError, who_, where_, ": INCRBY of '", key, "' did not answer a number");
+  return *sum;
 }
 
 std::vector<char> RedisStore::get(const std::string& key) {

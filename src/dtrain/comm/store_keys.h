@@ -29,6 +29,20 @@ inline std::chrono::milliseconds patience(std::chrono::milliseconds timeout) {
   return std::clamp(timeout / 2, std::chrono::milliseconds(1), std::chrono::milliseconds(10000));
 }
 
+// Whether every one of `keys` came within `timeout` (false: it passed first). A store
+// that is gone (PeerFailure) is reported as it is.
+inline bool arrived(gloo::rendezvous::Store& store, const std::vector<std::string>& keys,
+                    std::chrono::milliseconds timeout) {
+  try {
+    store.wait(keys, timeout);
+    return true;
+  } catch (const PeerFailure&) {
+    throw;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 // Waits until the store holds prefix + r for every rank r < size, all within `timeout`.
 // Returns the names of the ranks whose key never came ("worker:1, worker:2"); empty when
 // every one did. A store that is gone (PeerFailure) is reported as it is.
@@ -36,15 +50,9 @@ inline std::string wait_for_ranks(gloo::rendezvous::Store& store, const std::str
                                   const std::vector<std::string>& names, std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   std::string missing;
-  for (int r = 0; r < size; ++r) {
-    try {
-      store.wait({prefix + std::to_string(r)}, time_left(deadline));
-    } catch (const PeerFailure&) {
-      throw;
-    } catch (const std::exception&) {
+  for (int r = 0; r < size; ++r)
+    if (!arrived(store, {prefix + std::to_string(r)}, time_left(deadline)))
       missing += (missing.empty() ? "" : ", ") + rank_name(names, r);
-    }
-  }
   return missing;
 }
 

@@ -336,8 +336,7 @@ void TcpStore::set(const std::string& key, const std::vector<char>& data, std::c
 }
 
 std::int64_t TcpStore::add(const std::string& key, std::int64_t delta) {
-  const std::vector<char> sum = request('A', {key, std::to_string(delta)}, std::chrono::milliseconds(0)).second;
-  return std::stoll(std::string(sum.begin(), sum.end()));
+  return std::stoll(detail::string_of(request('A', {key, std::to_string(delta)}, std::chrono::milliseconds(0)).second));
 }
 
 std::vector<bool> TcpStore::check(const std::vector<std::string>& keys) {

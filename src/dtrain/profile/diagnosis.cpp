@@ -25,12 +25,6 @@ std::string format(const char* fmt, double a, double b = 0, double c = 0, double
 
 std::string pct(double share) { return detail::percent(share, 0); }
 
-// The cores a run's compute threads wanted on the machine the doctor measured: its threads,
-// at most the cores (all of them when fit did not say).
-int cores_wanted(const ScaleRun& r) {
-  return r.host_threads > 0 ? std::min(r.host_threads, r.machine.cores) : r.machine.cores;
-}
-
 std::string scale_words(const ScaleRun& r) {
   return std::to_string(r.workers) + " worker(s) x " + std::to_string(r.replicas) + " replica(s)";
 }
@@ -48,7 +42,7 @@ std::optional<Finding> busy_machine(const std::vector<ScaleRun>& runs) {
   for (const ScaleRun& r : runs)
     if (&r != worst && busy_excess(r) > 0) also += (also.empty() ? "" : ", ") + scale_words(r);
   const MachineUse& m = worst->machine;
-  const int wanted = cores_wanted(*worst);
+  const int wanted = cores_wanted(m, worst->host_threads);
   // Both parts where each is a twentieth of a core or more, the larger first.
   const bool stolen = m.steal_cores > m.other_cores;
   const std::string steal = "the hypervisor took " + cores_words(m.steal_cores) +
@@ -169,11 +163,9 @@ std::string scaling_table(const std::vector<ScaleRun>& runs) {
       << " | " << detail::fixed(s.step * 1000, 2) << " | " << pct(s.input / step) << " | " << pct(s.start / step) << " | "
       << pct(s.compute() / step) << " | " << pct(s.comm / step) << " | " << pct(s.straggler / step) << " | "
       << pct(s.optimizer / step) << " | " << pct(s.other() / step) << " |\n";
-    if (busy_excess(r) > 0)
-      doubts += "Measured on a busy machine, " + scale_words(r) + ": " + machine_words(r.machine) + ".\n";
+    if (busy_excess(r) > 0) doubts += busy_words(scale_words(r), r.machine);
     if (!r.doubt.empty())
-      doubts += "In doubt, " + std::to_string(r.workers) + " worker(s) x " + std::to_string(r.replicas) +
-                " replica(s): " + r.doubt + ".\n";
+      doubts += "In doubt, " + scale_words(r) + ": " + r.doubt + ".\n";
   }
   if (runs.size() > 0 && runs.front().host_cores > 0)
     o << "(threads / cores: the compute threads the workers of one host asked for, and the cores there; spread: "
@@ -212,8 +204,7 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
         {big->hosts == 1 ? "shared cores" : "no more compute",
          where + ", the workers and replicas asked for " + threads_there + ", computing on " +
              std::to_string(big->cores_computing()) + " core(s), no more than the " +
-             std::to_string(base.cores_computing()) + " the run at " + std::to_string(base.workers) + " worker(s) x " +
-             std::to_string(base.replicas) + " replica(s) computed on (" + std::to_string(base.host_threads) +
+             std::to_string(base.cores_computing()) + " the run at " + scale_words(base) + " computed on (" + std::to_string(base.host_threads) +
              " thread(s)): distributing added communication and no compute" +
              (speedup > 0 ? format(", and the job ran at %.2fx its samples/s", speedup) : std::string()),
          "scale onto cores the job does not use yet: workers on other machines (dtrain launch on each, or TF_CONFIG), "

@@ -10,23 +10,18 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <cstring>
-#include <ctime>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <sstream>
 #include <thread>
 
+#include "dtrain/core/clock.h"
 #include "dtrain/core/percentile.h"
 #include "dtrain/profile/format.h"
 
 namespace dtrain::profile {
 namespace {
-
-double steady_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 double seconds(const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); }
 
@@ -74,7 +69,7 @@ bool read_process(int pid, double tick, double page, ProcessLine& out) {
 
 MachineSample sample_machine() {
   MachineSample s;
-  s.wall = steady_seconds();
+  s.at = Clock::now();
   s.cpus = affinity_cpus();
   const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
   const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
@@ -95,7 +90,6 @@ MachineSample sample_machine() {
     for (unsigned long long& x : v) fields >> x;
     if (!fields || std::find(s.cpus.begin(), s.cpus.end(), cpu) == s.cpus.end()) continue;
     s.available = true;
-    s.busy += static_cast<double>(v[0] + v[1] + v[2]) / tick;
     s.steal += static_cast<double>(v[7]) / tick;
   }
   if (!s.available) return s;
@@ -142,12 +136,11 @@ MachineSample sample_machine() {
 
 MachineUse machine_use(const MachineSample& before, const MachineSample& after) {
   MachineUse u;
-  if (!before.available || !after.available || after.wall <= before.wall) return u;
+  if (!before.available || !after.available || after.at <= before.at) return u;
   u.measured = true;
-  u.seconds = after.wall - before.wall;
+  u.seconds = seconds_between(before.at, after.at);
   u.cores = static_cast<int>(after.cpus.size());
   u.cache_bytes = last_level_cache_bytes();
-  u.busy_cores = std::max(0.0, after.busy - before.busy) / u.seconds;
   u.steal_cores = std::max(0.0, after.steal - before.steal) / u.seconds;
   u.job_cores = std::max(0.0, after.job - before.job) / u.seconds;
   std::map<int, const ProcessTimes*> earlier;
@@ -165,11 +158,17 @@ MachineUse machine_use(const MachineSample& before, const MachineSample& after) 
   return u;
 }
 
+int cores_wanted(const MachineUse& use, int threads) { return threads > 0 ? std::min(threads, use.cores) : use.cores; }
+
 double busy_excess(const MachineUse& use, int threads) {
   if (!use.measured || use.cores <= 0) return 0.0;
-  const double wanted = threads > 0 ? std::min(threads, use.cores) : use.cores;
+  const double wanted = cores_wanted(use, threads);
   const double excess = use.taken_cores() - (use.cores - wanted);
   return excess >= std::max(0.2, 0.25 * wanted) ? excess : 0.0;
+}
+
+std::string busy_words(const std::string& run, const MachineUse& use) {
+  return "Measured on a busy machine, " + run + ": " + machine_words(use) + ".\n";
 }
 
 std::size_t last_level_cache_bytes() {
@@ -193,12 +192,6 @@ std::size_t last_level_cache_bytes() {
 
 namespace {
 
-double thread_cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-
 // Reads `words` 64-bit words over and over for `seconds` of wall-clock on `cpu`; the bytes
 // read per second of this thread's CPU time.
 double stream_reads(int cpu, std::size_t words, double seconds) {
@@ -209,7 +202,8 @@ double stream_reads(int cpu, std::size_t words, double seconds) {
   std::unique_ptr<std::uint64_t[]> buffer(new std::uint64_t[words]);
   for (std::size_t i = 0; i < words; ++i) buffer[i] = i;  // touched: resident, and not one shared zero page
   volatile std::uint64_t sink = 0;
-  const double wall_end = steady_seconds() + seconds, cpu0 = thread_cpu_seconds();
+  const auto wall_end = Clock::now() + clock_seconds(seconds);
+  const double cpu0 = thread_cpu_seconds();
   double bytes = 0;
   do {
     std::uint64_t a = 0, b = 0, c = 0, d = 0;
@@ -221,7 +215,7 @@ double stream_reads(int cpu, std::size_t words, double seconds) {
     }
     sink = sink + (a ^ b ^ c ^ d);
     bytes += static_cast<double>(words * sizeof(std::uint64_t));
-  } while (steady_seconds() < wall_end);
+  } while (Clock::now() < wall_end);
   const double busy = thread_cpu_seconds() - cpu0;
   return busy > 0 ? bytes / busy : 0.0;
 }

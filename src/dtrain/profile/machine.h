@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/core/clock.h"
+
 namespace dtrain::profile {
 
 // One process's CPU time and resident memory at a moment (/proc/PID/stat).
@@ -22,12 +24,12 @@ struct ProcessTimes {
 // A moment's readings.
 struct MachineSample {
   bool available = false;  // /proc/stat was read (false elsewhere than Linux)
-  double wall = 0;         // a steady clock, seconds
-  std::vector<int> cpus;   // the CPUs read: this process's affinity
-  // Seconds since boot summed over `cpus`: running processes (user, nice, system; not
-  // interrupts, which the job's own network traffic raises and no process is charged
-  // for), and stolen by the hypervisor while the guest wanted to run.
-  double busy = 0, steal = 0;
+  Clock::time_point at;
+  std::vector<int> cpus;  // the CPUs read: this process's affinity
+  // Seconds since boot summed over `cpus` that the hypervisor stole: ran something else
+  // while the guest wanted to run. (/proc/stat's busy ticks are too coarse to subtract
+  // the job's time from on such a guest: others are summed per process instead.)
+  double steal = 0;
   // The CPU seconds of this process and of the descendants it has waited for (the runs).
   double job = 0;
   std::vector<ProcessTimes> others;  // every other process, this one's descendants left out
@@ -47,7 +49,6 @@ struct MachineUse {
   bool measured = false;
   double seconds = 0;
   int cores = 0;
-  double busy_cores = 0;   // everything that ran on them (ticks: coarse, for the record)
   double steal_cores = 0;  // what the hypervisor took
   double job_cores = 0;    // the job's processes (the doctor and the runs it waited for)
   // Every other process that may run on the job's CPUs, alive at both samples (or started
@@ -68,6 +69,10 @@ MachineUse machine_use(const MachineSample& before, const MachineSample& after);
 // quarter of the cores wanted (a fifth of a core at least: a quiet machine's daemons and a
 // virtual machine's usual steal are not a load), or the machine was not measured.
 double busy_excess(const MachineUse& use, int threads);
+// The cores such a run wanted: its threads, at most the cores (all where `threads` <= 0).
+int cores_wanted(const MachineUse& use, int threads);
+// "Measured on a busy machine, RUN: <machine_words>.\n": the line under a table of runs.
+std::string busy_words(const std::string& run, const MachineUse& use);
 
 // The bytes a core's caches hold at most: the largest cache of CPU 0 (sysfs), 32 MiB
 // when it cannot be read.

@@ -34,6 +34,9 @@ struct StrategyRun {
   std::int64_t test_samples = 0;      // the rows final_metric was measured on (0: not known)
   double samples_per_second = 0;
   double bytes_per_worker_step = 0;   // sent and received between processes by one worker
+  // The machine while it ran (where the doctor ran it), and the compute threads it asked for.
+  MachineUse machine;
+  int threads = 0;
   // Shares of a worker's step: waiting on the others (exposed communication, straggler
   // wait) for the synchronous strategies; pulling and pushing for the ps.
   double wait_share = 0, straggler_share = 0;
