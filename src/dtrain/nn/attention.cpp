@@ -81,6 +81,9 @@ Shape PositionEmbedding::compute_output_shape(const Shape& input_shape) const {
 void PositionEmbedding::build_weights(const Shape& input_shape) {
   Generator g(seed_ ? *seed_ : next_seed());
   table_ = &add_weight("embeddings", initialize(initializer_, {length_, input_shape[2]}, g));
+  std::vector<std::int32_t> positions(static_cast<std::size_t>(length_));
+  for (std::int64_t i = 0; i < length_; ++i) positions[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+  positions_ = Tensor::from_vector(Shape{length_}, positions);
 }
 
 Tensor PositionEmbedding::call(const Tensor& x, bool /*training*/) {
@@ -88,11 +91,7 @@ Tensor PositionEmbedding::call(const Tensor& x, bool /*training*/) {
   // those rows for every sequence, their gradient the sum over the batch.
   const std::int64_t steps = x.dim(1);
   Tensor rows = table_->value();
-  if (steps < length_) {
-    std::vector<std::int32_t> first(static_cast<std::size_t>(steps));
-    for (std::int64_t i = 0; i < steps; ++i) first[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
-    rows = lookup_rows(rows, Tensor::from_vector(Shape{steps}, first));
-  }
+  if (steps < length_) rows = lookup_rows(rows, positions_.slice(0, steps));
   return add(Tensor::zeros(x.shape(), DType::f32, x.device()), reshape(rows, {1, steps, x.dim(2)}));
 }
 

@@ -75,6 +75,7 @@ class PositionEmbedding : public Layer {
   std::string initializer_;
   std::optional<std::uint64_t> seed_;
   Variable* table_ = nullptr;
+  Tensor positions_;  // int32 0 .. sequence_length-1, made once: a shorter call reads its first rows
 };
 
 // The mean over the steps of [batch, steps, features] (Keras's channels_last): [batch,

@@ -31,14 +31,13 @@ void Layer::build(const Shape& input_shape) {
 Tensor Layer::operator()(const Tensor& x, bool training) {
   x.check_defined(name_.c_str());
   build(x.shape());
-  const AllocationTag tag(&tag_);
   try {
     // An input from another device joins the weights (as Keras copies NumPy inputs to the
     // GPU); the ops inside never copy.
-    const bool moved = !weights_.empty() && !(x.device() == weights_.front()->value_device());
-    Tensor y = call(moved ? x.to(weights_.front()->value_device()) : x, training);
-    regularize_activity(y);
-    return y;
+    return run_as_call([&] {
+      const bool moved = !weights_.empty() && !(x.device() == weights_.front()->value_device());
+      return call(moved ? x.to(weights_.front()->value_device()) : x, training);
+    });
   } catch (const Unsupported&) {  // oneDNN refused the layer's settings: say which layer
     rethrow_with_context(std::current_exception(),
                          "layer '" + name_ + "' (" + class_name() + ") on " + x.shape().to_string());
@@ -57,10 +56,7 @@ Tensor Layer::operator()(std::span<const Tensor> inputs, bool training) {
   }
   compute_output_shape_of(shapes);  // checks the inputs against each other
   if (!built()) build_several(shapes);
-  const AllocationTag tag(&tag_);
-  Tensor y = call_several(inputs, training);
-  regularize_activity(y);
-  return y;
+  return run_as_call([&] { return call_several(inputs, training); });
 }
 
 Tensor Layer::operator()(std::span<const Tensor> inputs, std::span<const Tensor> masks, bool training) {
@@ -90,18 +86,17 @@ Tensor Layer::operator()(std::span<const Tensor> inputs, std::span<const Tensor>
       fail("got a mask " + m.shape().to_string() + " for its input " + inputs[i].shape().to_string() +
            " (a mask covers the batch and step axes of its tensor)");
   }
-  const AllocationTag tag(&tag_);
-  // Inputs and masks from another device join the weights, as in the unmasked call.
-  std::vector<Tensor> xs(inputs.begin(), inputs.end()), ms(masks.begin(), masks.end());
-  if (!weights_.empty()) {
-    const Device where = weights_.front()->value_device();
-    for (Tensor& x : xs) x = x.to(where);
-    for (Tensor& m : ms)
-      if (m.defined()) m = m.to(where);
-  }
-  Tensor y = call_masked(xs, ms, training);
-  regularize_activity(y);
-  return y;
+  return run_as_call([&] {
+    // Inputs and masks from another device join the weights, as in the unmasked call.
+    std::vector<Tensor> xs(inputs.begin(), inputs.end()), ms(masks.begin(), masks.end());
+    if (!weights_.empty()) {
+      const Device where = weights_.front()->value_device();
+      for (Tensor& x : xs) x = x.to(where);
+      for (Tensor& m : ms)
+        if (m.defined()) m = m.to(where);
+    }
+    return call_masked(xs, ms, training);
+  });
 }
 
 bool Layer::takes_shape_once_built(const Shape& built, const Shape& given) const {
@@ -109,13 +104,6 @@ bool Layer::takes_shape_once_built(const Shape& built, const Shape& given) const
   bool same = given.rank() == built.rank();
   for (int i = 1; same && i < given.rank(); ++i) same = given[i] == built[i];
   return same;
-}
-
-Tensor Layer::run_as_call(const std::function<Tensor()>& work) {
-  const AllocationTag tag(&tag_);
-  Tensor y = work();
-  regularize_activity(y);
-  return y;
 }
 
 Tensor Layer::call_masked(std::span<const Tensor> inputs, std::span<const Tensor> /*masks*/, bool training) {

@@ -13,6 +13,7 @@
 
 #include "dtrain/autograd/ops.h"
 #include "dtrain/autograd/variable.h"
+#include "dtrain/core/block_cache.h"
 #include "dtrain/nn/policy.h"
 #include "dtrain/nn/regularizers.h"
 
@@ -101,10 +102,17 @@ class Layer {
   virtual Tensor call(const Tensor& x, bool training) = 0;
   // Layers that take several inputs override this (their call() of one input is not used).
   virtual Tensor call_several(std::span<const Tensor> inputs, bool training);
-  // What operator() does around a layer's own work, for a layer's public call of its own
+  // What operator() does around a layer's own work, and a layer's public call of its own
   // (MultiHeadAttention's attend): `work` runs with the layer named as who asks for memory,
-  // and its output's activity penalty is recorded.
-  Tensor run_as_call(const std::function<Tensor()>& work);
+  // and its output's activity penalty is recorded. A template: a step's call allocates
+  // nothing for the closure.
+  template <typename Work>
+  Tensor run_as_call(Work&& work) {
+    const AllocationTag tag(&tag_);
+    Tensor y = work();
+    regularize_activity(y);
+    return y;
+  }
   // Layers that read their inputs' masks override this; it is called only where a mask is
   // given (the others take call() or call_several()).
   virtual Tensor call_masked(std::span<const Tensor> inputs, std::span<const Tensor> masks, bool training);

@@ -1,6 +1,8 @@
 // Add and Concatenate.
 #include "dtrain/nn/merge.h"
 
+#include <algorithm>
+
 namespace dtrain::nn {
 namespace {
 
@@ -66,8 +68,10 @@ Shape Concatenate::compute_output_shape_of(std::span<const Shape> input_shapes) 
 }
 
 Tensor Concatenate::compute_mask(std::span<const Tensor> inputs, std::span<const Tensor> masks) const {
-  const Tensor any = masks_and(masks);
-  if (!any.defined()) return Tensor();
+  // Any given mask says the rank and device the others take.
+  const auto given = std::find_if(masks.begin(), masks.end(), [](const Tensor& m) { return m.defined(); });
+  if (given == masks.end()) return Tensor();
+  const Tensor& any = *given;
   const int rank = inputs[0].rank(), a = axis_ < 0 ? axis_ + rank : axis_;
   if (a >= any.rank()) {
     // Along the features, as Keras 3: a step is real where any input calls it real (an
