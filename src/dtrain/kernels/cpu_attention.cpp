@@ -14,7 +14,6 @@
 #include <limits>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 #include "dtrain/core/multiversion.h"
 #include "dtrain/core/threads.h"
@@ -54,35 +53,6 @@ inline void load16(Floats16& v, const float* p) { std::memcpy(&v, p, sizeof v); 
 
 inline void store16(float* p, const Floats16& v) { std::memcpy(p, &v, sizeof v); }
 
-// 64 running sums in four Floats16: a row of a key block, kept in registers.
-struct Sums64 {
-  Floats16 a{}, b{}, c{}, d{};
-  void load(const float* p) {
-    load16(a, p);
-    load16(b, p + 16);
-    load16(c, p + 32);
-    load16(d, p + 48);
-  }
-  void store(float* p) const {
-    store16(p, a);
-    store16(p + 16, b);
-    store16(p + 32, c);
-    store16(p + 48, d);
-  }
-  // += x · p[0, 64)
-  void add(float x, const float* p) {
-    Floats16 r;
-    load16(r, p);
-    a += x * r;
-    load16(r, p + 16);
-    b += x * r;
-    load16(r, p + 32);
-    c += x * r;
-    load16(r, p + 48);
-    d += x * r;
-  }
-};
-
 static_assert(kKeyBlock == 64, "a block's 64 scores are one row of the four-row tiles");
 
 // A register tile of four rows of 64 sums: sixteen vectors, named one by one (GCC keeps
@@ -120,15 +90,14 @@ struct Tile4x64 {
   }
 };
 
-// Four rows at once: out_i[j] = Σ_d a_i[d] · bt[d * stride + j] for the 64 columns of a
-// block stored transposed.
+// Four rows at once: out_i[j] = Σ_d a_i[d] · bt[d * kKeyBlock + j] for the 64 columns of
+// a block stored transposed.
 DTRAIN_MULTIVERSION
-void rows4_times_block(const float* const a[4], const float* bt, std::int64_t stride, std::int64_t depth,
-                       float* const out[4]) {
+void rows4_times_block(const float* const a[4], const float* bt, std::int64_t depth, float* const out[4]) {
   Tile4x64 t;
   for (std::int64_t d = 0; d < depth; ++d) {
     Floats16 v0, v1, v2, v3;
-    Tile4x64::load4(bt + d * stride, v0, v1, v2, v3);
+    Tile4x64::load4(bt + d * kKeyBlock, v0, v1, v2, v3);
     t.add(a[0][d], a[1][d], a[2][d], a[3][d], v0, v1, v2, v3);
   }
   t.store(out, 0);
@@ -165,23 +134,6 @@ void add_columns(const float* w, std::int64_t w_stride, std::int64_t n, const fl
 #pragma omp simd
     for (std::int64_t c = c0; c < c1; ++c) acc[c] += f * r[c];
   }
-}
-
-// acc[0, width) += Σ_j w[j] · x[j * stride + c] over the n rows of a block: 64 columns at a
-// time held in registers across the rows.
-DTRAIN_MULTIVERSION
-void add_weighted_rows(const float* w, std::int64_t n, const float* x, std::int64_t stride, std::int64_t width,
-                       float* acc) {
-  std::int64_t c0 = 0;
-  for (; c0 + 64 <= width; c0 += 64) {
-    Sums64 sums;
-    sums.load(acc + c0);
-    for (std::int64_t j = 0; j < n; ++j) sums.add(w[j], x + j * stride + c0);
-    sums.store(acc + c0);
-  }
-  if (c0 < width)
-    for (std::int64_t j = 0; j < n; ++j)
-      if (w[j] != 0.0f) add_scaled(acc + c0, w[j], x + j * stride + c0, width - c0);
 }
 
 typedef std::int32_t Ints16 __attribute__((vector_size(64)));
@@ -416,12 +368,11 @@ void gradient_block(const Problem& p, std::int64_t b, std::int64_t h, std::int64
 // Each query of [t0, t1)'s softmax so far, after the block of keys [s0, s1): its scores
 // (rows of kKeyBlock in `scores`) become its weights (times dropout's factor), and where
 // the block raises its maximum m, its sums l (sixteen partial sums a row, added up at the
-// end) and its weighted values acc (rows of value_depth) shrink by e^(old − new). live[r]
-// says whether the block showed t0 + r a key (a row it hides every key from gets zero
-// weights).
+// end) and its weighted values acc (rows of value_depth) shrink by e^(old − new). A row
+// the block hides every key from gets zero weights.
 DTRAIN_MULTIVERSION
 void softmax_block(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t t1,
-                   std::int64_t s0, std::int64_t s1, float* scores, float* m, float* l, float* acc, char* live) {
+                   std::int64_t s0, std::int64_t s1, float* scores, float* m, float* l, float* acc) {
   const AttentionOptions& o = *p.o;
   const std::int64_t n = s1 - s0, dv = p.value_depth;
   for (std::int64_t t = t0; t < t1; ++t) {
@@ -448,7 +399,6 @@ void softmax_block(const Problem& p, std::int64_t b, std::int64_t h, std::int64_
       sums += (x0 + x1) + (x2 + x3);
       store16(lr, sums);
       Tile4x64::store4(sr, x0, x1, x2, x3);
-      live[r] = 1;
       m[r] = m_new;
     } else {
       float block_max = kNoScore;
@@ -457,8 +407,7 @@ void softmax_block(const Problem& p, std::int64_t b, std::int64_t h, std::int64_
         sr[s - s0] = x;
         block_max = std::max(block_max, x);
       }
-      live[r] = block_max != kNoScore;
-      if (!live[r]) {  // this block hides every key from t: it adds nothing
+      if (block_max == kNoScore) {  // this block hides every key from t: it adds nothing
         std::fill(sr, sr + n, 0.0f);
         continue;
       }
@@ -493,14 +442,12 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, co
   // blocks of queries see the most keys).
   const std::int64_t tasks = p.batch * p.heads * blocks;
   const std::int64_t spare_floats = std::max(d, kKeyBlock), discard_floats = std::max(dv, kKeyBlock);
-  ThreadScratch scratch(tasks, kForwardQueryBlock * (kKeyBlock + 1 + 16 + dv + 1) + spare_floats + discard_floats);
+  ThreadScratch scratch(tasks, kForwardQueryBlock * (kKeyBlock + 1 + 16 + dv) + spare_floats + discard_floats);
   parallel_tasks(tasks, [&](auto&& take) {
     ThreadScratch::Share share = scratch.claim();
     float *scores = share.carve(kForwardQueryBlock * kKeyBlock), *m = share.carve(kForwardQueryBlock),
           *l = share.carve(kForwardQueryBlock * 16), *acc = share.carve(kForwardQueryBlock * dv),
           *spare = share.carve(spare_floats), *discard = share.carve(discard_floats);
-    // The rows whose block saw a key.
-    char* live = reinterpret_cast<char*>(share.carve(kForwardQueryBlock));
     std::fill(spare, spare + spare_floats, 0.0f);  // a short tile's rows read zeros
     for (std::int64_t task; (task = take()) < tasks;) {
       const std::int64_t bh = task % (p.batch * p.heads), b = bh / p.heads, h = bh % p.heads;
@@ -523,9 +470,9 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, co
             rows[i] = real ? p.q + p.row(b, p.queries, t0 + r0 + i, h) * d : spare;
             tile[i] = real ? scores + (r0 + i) * kKeyBlock : discard;
           }
-          rows4_times_block(rows, kt, kKeyBlock, d, tile);
+          rows4_times_block(rows, kt, d, tile);
         }
-        softmax_block(p, b, h, t0, t1, s0, s1, scores, m, l, acc, live);
+        softmax_block(p, b, h, t0, t1, s0, s1, scores, m, l, acc);
         // The weighted values, four queries at a time over 64-column chunks, then the rest.
         const float* vb = packed.values.data<float>() + (bh * p.keys + s0) * dv;
         for (std::int64_t r0 = 0; r0 < nq && dv64 > 0; r0 += 4) {
@@ -538,9 +485,8 @@ void CpuBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, co
           }
           rows4_add_weighted(w, 1, n, vb, dv, dv64, tile);
         }
-        if (dv64 < dv)
-          for (std::int64_t r = 0; r < nq; ++r)
-            if (live[r]) add_weighted_rows(scores + r * kKeyBlock, n, vb + dv64, dv, dv - dv64, acc + r * dv + dv64);
+        if (dv64 < dv)  // rows the block hid have zero weights, which add_columns passes over
+          for (std::int64_t r = 0; r < nq; ++r) add_columns(scores + r * kKeyBlock, 1, n, vb, dv, dv64, dv, acc + r * dv);
       }
       for (std::int64_t t = t0; t < t1; ++t) {
         const std::int64_t r = t - t0, row = p.row(b, p.queries, t, h);
@@ -575,14 +521,15 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
   // of the same layout, and all products run on the four-row tiles.
   const std::int64_t spare = std::max({d, vd, kKeyBlock});
   ThreadScratch scratch(p.batch * p.heads, T * (2 * d + vd + 1) + S * (2 * d + vd) +
-                                               key_blocks * kKeyBlock * (d + vd) + 3 * tile_rows + spare);
+                                               key_blocks * kKeyBlock * (d + vd) + 3 * tile_rows + 2 * spare);
   parallel_tasks(p.batch * p.heads, [&](auto&& take) {
     ThreadScratch::Share share = scratch.claim();
     float *qp = share.carve(T * d), *dop = share.carve(T * vd), *kp = share.carve(S * d),
           *kt = share.carve(key_blocks * kKeyBlock * d), *vt = share.carve(key_blocks * kKeyBlock * vd),
           *gq = share.carve(T * d), *gk = share.carve(S * d), *gv = share.carve(S * vd), *row_dot = share.carve(T),
           *w = share.carve(tile_rows), *ds = share.carve(tile_rows), *dp = share.carve(tile_rows),
-          *discard = share.carve(spare);
+          *zeros = share.carve(spare), *discard = share.carve(spare);
+    std::fill(zeros, zeros + spare, 0.0f);  // what a short tile's missing rows read
     for (std::int64_t bh; (bh = take()) < p.batch * p.heads;) {
       const std::int64_t b = bh / p.heads, h = bh % p.heads;
       for (std::int64_t t = 0; t < T; ++t) {
@@ -611,16 +558,13 @@ void CpuBackend::attention_backward(const Tensor& q, const Tensor& k, const Tens
             float *sc[4], *dps[4];
             for (int i = 0; i < 4; ++i) {
               const bool real = r0 + i < nq;
-              qs[i] = real ? qp + (t0 + r0 + i) * d : discard;
-              dos[i] = real ? dop + (t0 + r0 + i) * vd : discard;
+              qs[i] = real ? qp + (t0 + r0 + i) * d : zeros;
+              dos[i] = real ? dop + (t0 + r0 + i) * vd : zeros;
               sc[i] = real ? w + (r0 + i) * kKeyBlock : discard;
               dps[i] = real ? dp + (r0 + i) * kKeyBlock : discard;
             }
-            const bool short_tile = r0 + 4 > nq;  // its spare rows read zeros
-            if (short_tile) std::fill(discard, discard + spare, 0.0f);
-            rows4_times_block(qs, kt + block * kKeyBlock * d, kKeyBlock, d, sc);
-            if (short_tile) std::fill(discard, discard + spare, 0.0f);
-            rows4_times_block(dos, vt + block * kKeyBlock * vd, kKeyBlock, vd, dps);
+            rows4_times_block(qs, kt + block * kKeyBlock * d, d, sc);
+            rows4_times_block(dos, vt + block * kKeyBlock * vd, vd, dps);
           }
           // The weights (recomputed from the forward's log-sum-exp; 0 where hidden) times
           // dropout's factor, and the scores' gradients; zeros past the block's keys.
