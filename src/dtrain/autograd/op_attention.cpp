@@ -7,23 +7,25 @@
 
 namespace dtrain {
 
+Tensor attention_mask_as_read(const Tensor& mask, std::int64_t batch, std::int64_t queries, std::int64_t keys,
+                              Device where) {
+  Tensor m = mask.dtype() == DType::f32 ? mask : mask.to(Device::cpu()).astype(DType::f32);
+  if (m.rank() == 2) m = m.reshape({1, m.dim(0), m.dim(1)});
+  if (m.rank() != 3 || (m.dim(0) != batch && m.dim(0) != 1) || (m.dim(1) != queries && m.dim(1) != 1) ||
+      m.dim(2) != keys)
+    DTRAIN_THROW(InvalidArgument, "attention: the mask must be [batch, queries, keys] = ",
+                 Shape{batch, queries, keys}.to_string(),
+                 " (or [queries, keys], [1, queries, keys] or [batch, 1, keys]), got ", mask.shape().to_string());
+  return m.to(where);
+}
+
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionCall& call) {
   for (const Tensor* t : {&q, &k, &v}) detail::check_float(*t, "attention");
   if (q.rank() != 4 || k.rank() != 4 || v.rank() != 4)
     DTRAIN_THROW(InvalidArgument, "attention: q, k and v must be [batch, length, heads, depth], got ",
                  q.shape().to_string(), ", ", k.shape().to_string(), " and ", v.shape().to_string());
-  // The mask as the kernels read it: float32 [B, T, S] on q's device, or [1, T, S] (a [T, S]
-  // one) or [B, 1, S] read for every batch entry or query.
-  Tensor mask;
-  if (call.mask.defined()) {
-    const std::int64_t b = q.dim(0), t = q.dim(1), s = k.dim(1);
-    Tensor m = call.mask.dtype() == DType::f32 ? call.mask : call.mask.to(Device::cpu()).astype(DType::f32);
-    if (m.rank() == 2) m = m.reshape({1, m.dim(0), m.dim(1)});
-    if (m.rank() != 3 || (m.dim(0) != b && m.dim(0) != 1) || (m.dim(1) != t && m.dim(1) != 1) || m.dim(2) != s)
-      DTRAIN_THROW(InvalidArgument, "attention: the mask must be [batch, queries, keys] = ", Shape{b, t, s}.to_string(),
-                   " (or [queries, keys], [1, queries, keys] or [batch, 1, keys]), got ", call.mask.shape().to_string());
-    mask = m.to(q.device());
-  }
+  const Tensor mask =
+      call.mask.defined() ? attention_mask_as_read(call.mask, q.dim(0), q.dim(1), k.dim(1), q.device()) : Tensor();
   kernels::AttentionOptions o{.scale = call.scale,
                               .causal = call.causal,
                               .mask = mask.defined() ? &mask : nullptr,

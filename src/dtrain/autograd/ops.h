@@ -133,6 +133,11 @@ struct AttentionCall {
 // the keys a query may see of scale · q · k, applied to v. A query that may see no key
 // gets zeros. Memory grows with T and S, not with T × S (the weights are never stored).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionCall& call = {});
+// An AttentionCall's mask as the kernels read it: float32 [batch or 1, queries or 1, keys]
+// on `where` (a [queries, keys] one as [1, queries, keys]; ints or bytes converted on the
+// host). Any other shape is InvalidArgument naming both.
+Tensor attention_mask_as_read(const Tensor& mask, std::int64_t batch, std::int64_t queries, std::int64_t keys,
+                              Device where);
 
 // Rows of table [V, D] picked by ids (any shape; int32, or float32 holding whole numbers)
 // -> ids' shape + [D]; an id outside [0, V) is an InvalidArgument naming it and `who`.

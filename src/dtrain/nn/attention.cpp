@@ -249,15 +249,8 @@ Tensor MultiHeadAttention::attention_scores(const Tensor& query, const Tensor& v
   const Tensor q = project(q_in, *query_kernel_, query_bias_).to(Device::cpu());
   const Tensor k = project(k_in, *key_kernel_, key_bias_).to(Device::cpu());
   const std::int64_t B = q.dim(0), T = q.dim(1), S = k.dim(1), H = heads_, D = key_dim_;
-  Tensor mask;  // [B, T, S] on the host, or undefined
-  if (seen.defined()) {
-    const Tensor m = seen.to(Device::cpu());
-    const Tensor m3 = m.rank() == 2 ? m.reshape({1, m.dim(0), m.dim(1)}) : m;
-    if (m3.rank() != 3 || (m3.dim(0) != B && m3.dim(0) != 1) || (m3.dim(1) != T && m3.dim(1) != 1) || m3.dim(2) != S)
-      fail("attention_mask must be [batch, queries, keys] = " + Shape{B, T, S}.to_string() + ", got " +
-           attention_mask.shape().to_string());
-    mask = m3;
-  }
+  // [B|1, T|1, S] on the host, or undefined.
+  const Tensor mask = seen.defined() ? attention_mask_as_read(seen, B, T, S, Device::cpu()) : Tensor();
   const kernels::MaskStrides strides = kernels::attention_mask_strides(mask.defined() ? &mask : nullptr);
   const std::vector<float> qm = query_mask.defined() ? query_mask.to_vector() : std::vector<float>();
   Tensor out = Tensor::zeros(Shape{B, H, T, S});
