@@ -95,7 +95,7 @@ NamedTensors Checkpoint::capture() const {
   // Values on a GPU are saved from host copies: a checkpoint does not depend on the device.
   auto add = [&](std::string key, const Tensor& t) { out.tensors.emplace_back(std::move(key), t.to(Device::cpu())); };
   const std::vector<const Model*> models = models_of(objects_);
-  StrategyBackend* workers = multi_worker();
+  StrategyBackend* workers = worker_local_ ? nullptr : multi_worker();
   nlohmann::json state = nlohmann::json::object();
   state["format"] = kFormat;
   state["version"] = kVersion;
@@ -187,11 +187,14 @@ NamedTensors Checkpoint::capture() const {
 std::uint64_t digest_of(Snapshot& snapshot) {
   add_checksums(snapshot);
   const NamedTensors& data = snapshot.data;
-  // Input positions belong to each worker (its shard), so they are not compared.
+  // Input positions belong to each worker (its shard), and so may random streams (a
+  // worker's own, not gathered): they are not compared.
   nlohmann::json state = nlohmann::json::parse(data.metadata.at(kStateKey));
   std::set<std::string> iterators;
-  for (auto& [name, o] : state["objects"].items())
+  for (auto& [name, o] : state["objects"].items()) {
     if (o["kind"] == "iterator") iterators.insert(name);
+    if (o["kind"] == "model") o.erase("rng");
+  }
   std::uint64_t h = fnv1a(state.dump());
   for (std::size_t i = 0; i < data.tensors.size(); ++i) {
     const std::string& name = data.tensors[i].first;

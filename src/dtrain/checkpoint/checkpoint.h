@@ -126,6 +126,10 @@ class Checkpoint {
   // workers, else null. Under it only the chief (worker 0) writes, and every worker
   // compares the digest of its state with the others' (a mismatch is a PeerFailure).
   StrategyBackend* multi_worker() const;
+  // This worker's own state only, as one process's (an elastic job's commits in memory):
+  // a snapshot then holds this worker's random streams, not every worker's gathered (which
+  // would be a collective), and restores them into this worker whatever the workers are.
+  void set_worker_local() { worker_local_ = true; }
 
  private:
   // The state as it is, referring to the live tensors.
@@ -134,11 +138,12 @@ class Checkpoint {
   RestoreStatus restore_from(const NamedTensors& data, const std::string& where, RestoreOptions options);
   std::vector<std::pair<std::string, Trackable>> objects_;
   std::int64_t save_counter_ = 0;
+  bool worker_local_ = false;
 };
 
 // The digest of a snapshot, as every worker computes it (from its checksums, computing any
 // it lacks): equal across workers exactly when they hold the same tensors and agreeing JSON
-// state.
+// state (input positions and models' random streams, each worker's own, left out).
 std::uint64_t digest_of(Snapshot& snapshot);
 
 // Every worker's digest compared (a collective: every worker calls it at the same point).

@@ -77,6 +77,7 @@ Examples:
   dtrain launch --workers 2 fit examples/configs/seed_large.json --profile t.json
   dtrain merge-traces all.json t.json t.worker-1.json
   dtrain launch --workers 2 -- sh -c 'echo $TF_CONFIG'
+  dtrain launch --workers 2:3 --max-restarts 2 fit examples/configs/seed_large.json   (elastic)
 
 Config files are JSON: model (Keras-style Sequential JSON), loss, optimizer, metrics,
 data (fashion_mnist, synthetic, or csv, idx or records files), epochs, batch_size, seed,
@@ -161,6 +162,8 @@ std::unique_ptr<distribute::Strategy> make_strategy(const cli::RunConfig& c, con
   if (c.strategy == "multi_worker") {
     std::vector<std::string> devices;
     for (int r = 0; r < std::max(1, c.replicas); ++r) devices.push_back("/cpu:" + std::to_string(r));
+    if (const std::optional<distribute::ElasticJob> elastic = distribute::elastic_from_environment())
+      return std::make_unique<distribute::MultiWorkerMirroredStrategy>(*elastic, communication_options(o), devices);
     return std::make_unique<distribute::MultiWorkerMirroredStrategy>(cluster::tf_config_from_environment(),
                                                                      communication_options(o), devices);
   }
@@ -169,6 +172,30 @@ std::unique_ptr<distribute::Strategy> make_strategy(const cli::RunConfig& c, con
                                                           communication_options(o));
   if (c.strategy == "one_device") return std::make_unique<distribute::OneDeviceStrategy>();
   return nullptr;
+}
+
+// --workers N or MIN:MAX (elastic), each in [0, 256].
+void parse_launch_workers(const std::string& text, cluster::LaunchOptions& o) {
+  auto count = [&](const std::string& part) {
+    std::size_t used = 0;
+    int n = -1;
+    try {
+      n = std::stoi(part, &used);
+    } catch (const std::exception&) {
+    }
+    if (part.empty() || used != part.size() || n < 0 || n > 256 || !std::isdigit(static_cast<unsigned char>(part[0])))
+      DTRAIN_THROW(InvalidArgument, "--workers '", text, "': expected N or MIN:MAX, numbers from 0 to 256");
+    return n;
+  };
+  const std::size_t colon = text.find(':');
+  if (colon == std::string::npos) {
+    o.workers = count(text);
+    return;
+  }
+  o.min_workers = count(text.substr(0, colon));
+  o.workers = count(text.substr(colon + 1));
+  if (o.min_workers < 1 || o.min_workers > o.workers)
+    DTRAIN_THROW(InvalidArgument, "--workers '", text, "': an elastic job needs 1 <= MIN <= MAX");
 }
 
 // This binary's path (for the processes it starts).
@@ -409,7 +436,9 @@ int run_fit(const std::string& path, const Overrides& o) {
     model->compile(cli::build_optimizer(c), cli::build_loss(c), c.metrics);
     // A backup is restored into built weights, before the first batch would build them;
     // a parameter-server job's chief places them on the ps before the first batch too.
-    if ((!checkpoint.dir.empty() || ps) && !model->built()) model->build(row);
+    // So is an elastic job's, whose workers commit and exchange it from fit's start.
+    const bool elastic = strategy && strategy->backend()->elastic();
+    if ((!checkpoint.dir.empty() || ps || elastic) && !model->built()) model->build(row);
   }
   const int worker_index = ps ? (ps->task().type == "worker" ? ps->task().index : -1)
                            : strategy ? strategy->worker_index() : 0;
@@ -909,7 +938,10 @@ int main(int argc, char** argv) {
   CLI::App* launch = app.add_subcommand(
       "launch", "Run a cluster of local processes, each with its TF_CONFIG: launch [options] -- PROGRAM ARGS... "
                 "(or launch [options] fit CONFIG ...)");
-  launch->add_option("--workers", launch_options.workers, "Worker tasks")->check(CLI::Range(0, 256));
+  std::string launch_workers;
+  launch->add_option("--workers", launch_workers,
+                     "Worker tasks: N, or MIN:MAX for an elastic job (MAX workers start; the job goes on while MIN "
+                     "are left, and a worker that fails starts again alone while --max-restarts allows)");
   launch->add_option("--ps", launch_options.ps, "Parameter-server tasks")->check(CLI::Range(0, 256));
   launch->add_flag("--chief", launch_options.chief, "Add a chief task");
   launch->add_option("--grace-seconds", launch_options.grace_seconds,
@@ -958,6 +990,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*launch) {
+      if (!launch_workers.empty()) parse_launch_workers(launch_workers, launch_options);
       std::vector<std::string> command = launch->remaining();
       // `dtrain launch ... fit CONFIG`: the tasks run this dtrain.
       if (!command.empty() && (command.front() == "fit" || command.front() == "evaluate" || command.front() == "probe-link"))

@@ -28,6 +28,7 @@
 #include <string_view>
 #include <nlohmann/json.hpp>
 
+#include "dtrain/comm/tcp_store.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/threads.h"
 
@@ -314,13 +315,32 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
   const ClusterSpec cluster = local_cluster(o.workers, o.ps, o.chief, free_ports(total));
   std::vector<Task> tasks;
   for (const TaskId& id : cluster.tasks()) tasks.push_back(Task{id});
+  // An elastic job's store is the launcher's: it outlives every worker, and removes a dead
+  // one's keys with its connection.
+  const bool elastic = o.min_workers > 0;
+  std::unique_ptr<comm::TcpStoreServer> store;
+  if (elastic) {
+    std::string token;
+    for (const std::string& e : env)
+      if (e.rfind("DTRAIN_CLUSTER_TOKEN=", 0) == 0) token = e.substr(e.find('=') + 1);
+    store = std::make_unique<comm::TcpStoreServer>("127.0.0.1", 0, token);
+    env.push_back("DTRAIN_ELASTIC=" + std::to_string(o.min_workers) + ":" + std::to_string(o.workers));
+    env.push_back("DTRAIN_ELASTIC_STORE=127.0.0.1:" + std::to_string(store->port()));
+  }
+  // Each task's own: its place in the cluster.
+  auto task_env = [&](const Task& t) {
+    std::vector<std::string> own = env;
+    if (elastic) {
+      own.push_back("DTRAIN_ELASTIC_ID=" + t.id.to_string());
+      own.push_back("TF_CONFIG=");  // not one inherited from the launcher's environment
+    } else {
+      own.push_back("TF_CONFIG=" + tf_config_json(cluster, t.id));
+    }
+    return own;
+  };
   Reaper reaper{tasks};
   Attempt result;
-  for (Task& t : tasks) {
-    env.push_back("TF_CONFIG=" + tf_config_json(cluster, t.id));
-    start(t, o.command, env);
-    env.pop_back();
-  }
+  for (Task& t : tasks) start(t, o.command, task_env(t));
   result.started_at = Clock::now();
 
   std::optional<Clock::time_point> stopping_since, all_ended_at, trainers_done_at;
@@ -368,6 +388,7 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
   // on the others, and a worker started again rejoins. Whether the job went on after
   // worker `t` failed (false: it was the last worker, and the job fails).
   const bool ps_job = o.ps > 0 && o.chief;
+  const bool lone_restarts = ps_job || elastic;
   auto chief_task = [&] {
     return std::find_if(tasks.begin(), tasks.end(), [](const Task& x) { return x.id.type == "chief"; });
   };
@@ -390,24 +411,29 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
       t.left_behind = true;
       return !failed(chief->status);
     }
+    // An elastic job one of whose workers finished is ending: no one is left to join.
+    if (elastic && std::any_of(tasks.begin(), tasks.end(), [](const Task& x) { return !x.running && !failed(x.status); })) {
+      t.left_behind = true;
+      return true;
+    }
     if (launch_result.restarts < o.max_restarts) {
       ++launch_result.restarts;
       launch_result.restart_causes.push_back(cause);
       launch_result.restart_detected_seconds.push_back(seconds_between(launch_started, Clock::now()));
-      err << "dtrain launch: " << cause << "; the parameter-server job goes on, and " << t.id.to_string()
-          << " starts again (restart " << launch_result.restarts << " of " << o.max_restarts << ")\n";
-      std::vector<std::string> task_env = env;
-      for (std::string& e : task_env)
+      err << "dtrain launch: " << cause << "; the " << (elastic ? "elastic" : "parameter-server") << " job goes on, and "
+          << t.id.to_string() << " starts again (restart " << launch_result.restarts << " of " << o.max_restarts << ")\n";
+      std::vector<std::string> again = task_env(t);
+      for (std::string& e : again)
         if (e.rfind("DTRAIN_RESTART_COUNT=", 0) == 0) e = "DTRAIN_RESTART_COUNT=" + std::to_string(launch_result.restarts);
-      task_env.push_back("TF_CONFIG=" + tf_config_json(cluster, t.id));
       t.status = t.stopped_by = 0;
-      start(t, o.command, task_env);
+      start(t, o.command, again);
       launch_result.restart_started_seconds.push_back(seconds_between(launch_started, Clock::now()));
       return true;
     }
     for (const Task& other : tasks)
       if (other.running && other.id.type == "worker") {
-        err << "dtrain launch: " << cause << "; the parameter-server job goes on without it"
+        err << "dtrain launch: " << cause << "; the " << (elastic ? "elastic" : "parameter-server")
+            << " job goes on without it"
             << (o.max_restarts > 0 ? " (no restarts left)" : " (--max-restarts 0)") << "\n";
         t.left_behind = true;
         return true;
@@ -454,7 +480,7 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
     // Reap whoever ended; note who was stopped or continued.
     for (Task& t : tasks) {
       if (!t.running || !poll_task(t)) continue;
-      if (ps_job && t.id.type == "worker" && failed(t.status) && !stopping_since && worker_failed(t)) continue;
+      if (lone_restarts && t.id.type == "worker" && failed(t.status) && !stopping_since && worker_failed(t)) continue;
       // A ps that ends badly once the trainers are done (stopping, or in the grace period the
       // chief's word gave it) did not fail the job.
       if (failed(t.status) && result.failed_task.empty() && !((stopping_since || trainers_done_at) && t.id.type == "ps")) {
@@ -554,6 +580,10 @@ LaunchResult launch(const LaunchOptions& o) {
     DTRAIN_THROW(InvalidArgument, "dtrain launch: needs at least one worker or a chief, got --workers ", o.workers);
   if (o.max_restarts < 0)
     DTRAIN_THROW(InvalidArgument, "dtrain launch: --max-restarts must be 0 or more, got ", o.max_restarts);
+  if (o.min_workers > 0 && (o.min_workers > o.workers || o.chief || o.ps > 0))
+    DTRAIN_THROW(InvalidArgument, "dtrain launch: an elastic job (--workers MIN:MAX) needs 1 <= MIN <= MAX and no --chief ",
+                 "or --ps, got --workers ", o.min_workers, ":", o.workers, o.chief ? " --chief" : "",
+                 o.ps > 0 ? " --ps " + std::to_string(o.ps) : std::string());
   std::ostream& out = o.out ? *o.out : std::cout;
   std::ostream& err = o.err ? *o.err : std::cerr;
   const int total = o.workers + o.ps + (o.chief ? 1 : 0);

@@ -40,6 +40,14 @@ namespace dtrain::cluster {
 
 struct LaunchOptions {
   int workers = 1;
+  // An elastic job (--workers MIN:MAX, `workers` being MAX): no chief and no ps; the
+  // launcher serves the workers' rendezvous store (the TCP store, which outlives any of
+  // them) and sets DTRAIN_ELASTIC, DTRAIN_ELASTIC_STORE and DTRAIN_ELASTIC_ID ("worker:K")
+  // in each worker's environment instead of TF_CONFIG (MultiWorkerMirroredStrategy reads
+  // them). A worker that fails does not stop the job: the others go on without it while
+  // they are at least MIN, and it starts again alone while restarts are left (each counts
+  // as one), joining at the others' next commit. 0: a fixed job.
+  int min_workers = 0;
   int ps = 0;
   bool chief = false;
   // The program and its arguments, run once per task.

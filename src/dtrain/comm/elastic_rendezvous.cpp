@@ -18,6 +18,7 @@ std::string arrivals(std::int64_t number) { return round(number) + "arrivals"; }
 std::string slot(std::int64_t number, std::int64_t arrival) { return round(number) + "slot/" + std::to_string(arrival); }
 std::string members(std::int64_t number) { return round(number) + "members"; }
 std::string latest() { return "elastic/latest"; }
+std::string ended() { return "elastic/ended"; }
 }  // namespace elastic_keys
 
 namespace {
@@ -118,6 +119,8 @@ Membership ElasticRendezvous::next(const Membership& current) {
   return rounds(current.round + 1, current, Clock::now());
 }
 
+void ElasticRendezvous::end_job() { store_->set(elastic_keys::ended(), bytes_of("1")); }
+
 bool ElasticRendezvous::joiner_waiting(const Membership& current) {
   return store_->check({elastic_keys::arrivals(current.round + 1)}, detail::patience(options_.join_timeout)).front();
 }
@@ -205,7 +208,7 @@ void ElasticRendezvous::close(std::int64_t number, const Membership* before) {
     if (!before && n >= options_.min_workers && ids.size() == had) break;  // settled
     awaited = still_awaited();
   }
-  // Rank order: the round before's members in their order, then the newcomers as they came.
+  // Rank order: the round before's members in their order, then the newcomers.
   std::string text;
   std::vector<bool> placed(ids.size(), false);
   if (before)
@@ -215,8 +218,15 @@ void ElasticRendezvous::close(std::int64_t number, const Membership* before) {
           text += std::to_string(slots[i]) + " " + ids[i] + "\n";
           placed[i] = true;
         }
+  // Newcomers in the order of their ids ("worker:2" before "worker:10"), not of their
+  // arrival: the first round's ranks are the launcher's task numbers.
+  std::vector<std::size_t> newcomers;
   for (std::size_t i = 0; i < ids.size(); ++i)
-    if (!placed[i]) text += std::to_string(slots[i]) + " " + ids[i] + "\n";
+    if (!placed[i]) newcomers.push_back(i);
+  std::sort(newcomers.begin(), newcomers.end(), [&](std::size_t a, std::size_t b) {
+    return std::pair(ids[a].size(), ids[a]) < std::pair(ids[b].size(), ids[b]);
+  });
+  for (std::size_t i : newcomers) text += std::to_string(slots[i]) + " " + ids[i] + "\n";
   store_->set(elastic_keys::members(number), bytes_of(text));
   store_->set(elastic_keys::latest(), bytes_of(std::to_string(number)));
 }
@@ -234,7 +244,11 @@ Membership ElasticRendezvous::rounds(std::int64_t number, std::optional<Membersh
     const auto deadline = Clock::now() + options_.join_timeout + patience;
     bool closer_gone = false;
     while (!detail::arrived(*store_, {key}, std::min(time_left(deadline), std::chrono::milliseconds(250)))) {
-      closer_gone = !store_->check({elastic_keys::slot(number, 1)}, patience).front();
+      const std::vector<bool> seen = store_->check({elastic_keys::slot(number, 1), elastic_keys::ended()}, patience);
+      if (seen[1])
+        DTRAIN_THROW(PeerFailure, "elastic: the job's members finished before ", id_,
+                     " could join them (it waited for round ", number, "); nothing is left for it to do");
+      closer_gone = !seen[0];
       if (closer_gone) break;
       if (Clock::now() >= deadline)
         DTRAIN_THROW(Timeout, "elastic round ", number, ": ", id_, " waited ",

@@ -33,7 +33,7 @@ struct ElasticOptions {
 // One round's outcome.
 struct Membership {
   std::int64_t round = -1;
-  std::vector<std::string> members;  // rank order: the round before's survivors in their order, then newcomers
+  std::vector<std::string> members;  // rank order: the round before's survivors in their order, then newcomers by id
   std::vector<std::int64_t> slots;   // each member's arrival number in the round (its liveness key)
   int rank = -1;                     // this worker's
   int size() const { return static_cast<int>(members.size()); }
@@ -56,6 +56,9 @@ class ElasticRendezvous {
   // Whether a worker arrived for the round after `current` (one request): the members
   // should then meet it there at an agreed step boundary with next().
   bool joiner_waiting(const Membership& current);
+  // The members are done (the first member's process is ending): a worker waiting to join
+  // gives up with PeerFailure saying so, rather than at its timeout.
+  void end_job();
 
   const std::string& id() const { return id_; }
 
@@ -83,6 +86,7 @@ std::string arrivals(std::int64_t round);                    // the arrival coun
 std::string slot(std::int64_t round, std::int64_t arrival);  // the arrival's id, while it is connected
 std::string members(std::int64_t round);                     // "slot id" lines, rank order; "!reason" when it failed
 std::string latest();                                        // the last round closed
+std::string ended();                                         // set by end_job()
 }  // namespace elastic_keys
 
 }  // namespace dtrain::comm

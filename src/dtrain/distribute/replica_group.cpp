@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "dtrain/checkpoint/elastic_training.h"
 #include "dtrain/comm/in_process.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/distribute/bucket_reducer.h"
@@ -141,8 +142,26 @@ std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variab
                                          options_.timeout);
 }
 
+ElasticMembership* ReplicaGroup::elastic() {
+  return options_.workers && options_.workers->is_elastic() ? options_.workers.get() : nullptr;
+}
+
+std::uint64_t ReplicaGroup::membership_generation() const {
+  return options_.workers ? options_.workers->generation() : 0;
+}
+
+std::shared_ptr<Callback> ReplicaGroup::fit_callback() {
+  ElasticMembership* workers = elastic();
+  if (!workers) return nullptr;
+  train::ElasticTrainingOptions o;
+  o.commit_every = options_.workers->elastic_options().commit_every;
+  return std::make_shared<train::ElasticTraining>(*workers, o);
+}
+
 void ReplicaGroup::synchronize_variables(std::span<Variable* const> vars, const std::vector<std::string>& description) {
-  if (!options_.workers) return;
+  // An elastic job's workers compare their states and take the latest commit whenever they
+  // change (train::ElasticTraining), the start of fit included.
+  if (!options_.workers || options_.workers->is_elastic()) return;
   WorkerComm& w = *options_.workers;
   // Everyone compares every worker's model with the chief's, so every worker reports the
   // same mismatch.

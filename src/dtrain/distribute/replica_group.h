@@ -57,6 +57,9 @@ class ReplicaGroup final : public StrategyBackend, public CrossReplica {
                                                     std::span<const DenseVariables> dense,
                                                     bool collectives_in_backward) override;
   void synchronize_variables(std::span<Variable* const> vars, const std::vector<std::string>& description) override;
+  ElasticMembership* elastic() override;
+  std::uint64_t membership_generation() const override;
+  std::shared_ptr<Callback> fit_callback() override;
   void sum_over_workers(std::span<double> values) override;
 
   // Outside run(), multi-worker: `value` summed over the workers, in place (nothing to do

@@ -279,10 +279,89 @@ MirroredStrategy::MirroredStrategy(int num_replicas, CommunicationOptions option
 MirroredStrategy::MirroredStrategy(const std::vector<std::string>& devices, CommunicationOptions options)
     : Strategy(make_group("MirroredStrategy", devices, options)) {}
 
+namespace {
+
+std::shared_ptr<detail::ReplicaGroup> make_multi_worker_group(const cluster::TfConfig& config,
+                                                              const CommunicationOptions& comm,
+                                                              const std::vector<std::string>& devices);
+std::shared_ptr<detail::ReplicaGroup> make_elastic_group(const ElasticJob& elastic, const CommunicationOptions& comm,
+                                                         const std::vector<std::string>& devices);
+
+// "worker:2" as a task; the elastic job's ids are the launcher's.
+cluster::TaskId task_of(const std::string& id) {
+  const std::size_t colon = id.rfind(':');
+  cluster::TaskId t;
+  t.type = id.substr(0, colon);
+  if (colon != std::string::npos) {
+    try {
+      t.index = std::stoi(id.substr(colon + 1));
+    } catch (const std::exception&) {
+      t.index = 0;
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
+std::optional<ElasticJob> elastic_from_environment() {
+  const char* range = std::getenv("DTRAIN_ELASTIC");
+  if (!range || !*range) return std::nullopt;
+  ElasticJob job;
+  const std::string text = range;
+  const std::size_t colon = text.find(':');
+  try {
+    std::size_t used = 0;
+    job.min_workers = std::stoi(text.substr(0, colon), &used);
+    if (used != colon) throw std::invalid_argument(text);
+    job.max_workers = colon == std::string::npos ? job.min_workers : std::stoi(text.substr(colon + 1), &used);
+    if (colon != std::string::npos && used != text.size() - colon - 1) throw std::invalid_argument(text);
+  } catch (const std::exception&) {
+    DTRAIN_THROW(InvalidArgument, "DTRAIN_ELASTIC='", text, "': expected MIN:MAX, two numbers of workers");
+  }
+  auto needed = [](const char* name) {
+    const char* value = std::getenv(name);
+    if (!value || !*value)
+      DTRAIN_THROW(InvalidArgument, "DTRAIN_ELASTIC is set, but ", name, " is not (`dtrain launch --workers MIN:MAX` sets both)");
+    return std::string(value);
+  };
+  job.store = needed("DTRAIN_ELASTIC_STORE");
+  job.id = needed("DTRAIN_ELASTIC_ID");
+  if (const char* every = std::getenv("DTRAIN_ELASTIC_COMMIT_EVERY"); every && *every) {
+    char* end = nullptr;
+    job.commit_every = std::strtoll(every, &end, 10);
+    if (*end != '\0' || job.commit_every < 0)
+      DTRAIN_THROW(InvalidArgument, "DTRAIN_ELASTIC_COMMIT_EVERY='", every,
+                   "': expected a number of batches >= 1, or 0 (chosen by cost)");
+  }
+  if (const char* host = std::getenv("DTRAIN_ELASTIC_HOST"); host && *host) job.host = host;
+  return job;
+}
+
 MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(CommunicationOptions options)
-    : MultiWorkerMirroredStrategy(cluster::tf_config_from_environment(), options) {}
+    : Strategy(elastic_from_environment() ? make_elastic_group(*elastic_from_environment(), options, {"/cpu:0"})
+                                          : make_multi_worker_group(cluster::tf_config_from_environment(), options,
+                                                                    {"/cpu:0"})),
+      task_(elastic_from_environment() ? task_of(elastic_from_environment()->id)
+                                       : cluster::tf_config_from_environment().task) {}
+
+MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const ElasticJob& elastic, CommunicationOptions options,
+                                                         const std::vector<std::string>& local_devices)
+    : Strategy(make_elastic_group(elastic, options, local_devices)), task_(task_of(elastic.id)) {}
 
 namespace {
+
+// Every worker takes the chief's place in its seed sequence, without drawing from it:
+// what draws from it without a seed of its own (initialisers, shuffles) then draws the
+// same everywhere, and the same as one process would from the same seed.
+void take_first_workers_seeds(detail::WorkerComm& workers) {
+  const SeedSequence mine = seed_sequence();
+  const std::vector<std::string> seeds =
+      workers.exchange("seed", std::to_string(mine.seed) + " " + std::to_string(mine.drawn));
+  const std::string& chief = seeds.front();
+  const std::size_t space = chief.find(' ');
+  set_seed_sequence({std::stoull(chief.substr(0, space)), std::stoull(chief.substr(space + 1))});
+}
 
 std::shared_ptr<detail::ReplicaGroup> make_multi_worker_group(const cluster::TfConfig& config,
                                                               const CommunicationOptions& comm,
@@ -303,18 +382,44 @@ std::shared_ptr<detail::ReplicaGroup> make_multi_worker_group(const cluster::TfC
     w.check_collectives = check && *check && std::string(check) != "0";
     w.shared_memory = comm.implementation == CommunicationImplementation::AUTO;
     workers = std::make_shared<detail::WorkerComm>(std::move(w));
-    // Every worker takes the chief's place in its seed sequence, without drawing from it:
-    // what draws from it without a seed of its own (initialisers, shuffles) then draws the
-    // same everywhere, and the same as one process would from the same seed.
-    const SeedSequence mine = seed_sequence();
-    const std::vector<std::string> seeds =
-        workers->exchange("seed", std::to_string(mine.seed) + " " + std::to_string(mine.drawn));
-    const std::string& chief = seeds.front();
-    const std::size_t space = chief.find(' ');
-    set_seed_sequence({std::stoull(chief.substr(0, space)), std::stoull(chief.substr(space + 1))});
+    take_first_workers_seeds(*workers);
   }
   // Several processes on one machine share its cores: OMP_NUM_THREADS (which `dtrain
   // launch` sets) says how many are this one's.
+  return make_group("MultiWorkerMirroredStrategy", devices, comm, num_threads(), std::move(workers));
+}
+
+std::shared_ptr<detail::ReplicaGroup> make_elastic_group(const ElasticJob& elastic, const CommunicationOptions& comm,
+                                                         const std::vector<std::string>& devices) {
+  detail::WorkerCommOptions w;
+  w.timeout = timeout_of(comm);
+  const char* check = std::getenv("DTRAIN_CHECK_COLLECTIVES");
+  w.check_collectives = check && *check && std::string(check) != "0";
+  w.shared_memory = comm.implementation == CommunicationImplementation::AUTO;
+  w.token = elastic.token;
+  if (w.token.empty())
+    if (const char* token = std::getenv("DTRAIN_CLUSTER_TOKEN"); token && *token) w.token = token;
+  if (w.token.empty())
+    DTRAIN_THROW(InvalidArgument, "MultiWorkerMirroredStrategy (elastic): the job's token is not given (ElasticJob::token ",
+                 "or DTRAIN_CLUSTER_TOKEN; `dtrain launch` sets it)");
+  detail::WorkerCommOptions::Elastic e;
+  e.store = elastic.store;
+  e.id = elastic.id;
+  e.rounds.min_workers = elastic.min_workers;
+  e.rounds.max_workers = elastic.max_workers;
+  e.rounds.join_timeout = elastic.join_timeout_seconds > 0
+                              ? std::chrono::milliseconds(static_cast<std::int64_t>(elastic.join_timeout_seconds * 1000))
+                              : w.timeout;
+  e.host = elastic.host;
+  if (elastic.commit_every < 0)
+    DTRAIN_THROW(InvalidArgument, "MultiWorkerMirroredStrategy (elastic): commit_every must be >= 0, got ",
+                 elastic.commit_every);
+  e.commit_every = elastic.commit_every;
+  w.elastic = std::move(e);
+  auto workers = std::make_shared<detail::WorkerComm>(std::move(w));
+  // The first round's workers start from the same seed sequence, as a fixed job's do; a
+  // worker joining later receives the whole state instead.
+  if (workers->round() == 0) take_first_workers_seeds(*workers);
   return make_group("MultiWorkerMirroredStrategy", devices, comm, num_threads(), std::move(workers));
 }
 

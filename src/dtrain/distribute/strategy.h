@@ -222,12 +222,46 @@ class MirroredStrategy final : public Strategy {
 // from the same seed, whatever the strategy and the number of workers.
 // DTRAIN_CHECK_COLLECTIVES=1 makes every collective first compare what each worker is
 // about to run (a debugging aid: it doubles the number of messages).
+// An elastic job's side of a worker (Horovod Elastic's, TorchElastic's): `dtrain launch
+// --workers MIN:MAX` sets it in each worker's environment (elastic_from_environment).
+struct ElasticJob {
+  int min_workers = 1, max_workers = 1;
+  std::string store;  // "host:port" of the rendezvous store the launcher serves
+  std::string id;     // this worker, "worker:2": the same when it starts again
+  // The job's token (empty: DTRAIN_CLUSTER_TOKEN), which the store asks for.
+  std::string token;
+  // Training batches between two commits of the state in memory (each a copy of the
+  // weights and the optimizer's slots): a failure loses at most these, trained again.
+  // 0: as often as costs at most 5% of the training time (agreed at each commit).
+  std::int64_t commit_every = 0;
+  // How long a new round waits for the members of the one before that did not come (alive
+  // but stopped), and for MIN workers; 0: the collective timeout.
+  double join_timeout_seconds = 0;
+  // The address the other workers reach this one at.
+  std::string host = "127.0.0.1";
+};
+// From DTRAIN_ELASTIC ("MIN:MAX"), DTRAIN_ELASTIC_STORE, DTRAIN_ELASTIC_ID and optionally
+// DTRAIN_ELASTIC_COMMIT_EVERY and DTRAIN_ELASTIC_HOST; nothing without DTRAIN_ELASTIC. A
+// malformed value is an error naming the variable.
+std::optional<ElasticJob> elastic_from_environment();
+
 class MultiWorkerMirroredStrategy final : public Strategy {
  public:
   // Reads TF_CONFIG from the environment; without it (or with "" or "{}"), a single
   // worker that trains at once, meeting nobody. A cluster of one training task is the
-  // same: world size 1, the same code path as the default strategy.
+  // same: world size 1, the same code path as the default strategy. Under `dtrain launch
+  // --workers MIN:MAX` (elastic_from_environment()), an elastic job instead.
   explicit MultiWorkerMirroredStrategy(CommunicationOptions options = {});
+  // An elastic job: the workers meet in rounds through the launcher's store. fit() commits
+  // the state in memory every few batches (ElasticJob::commit_every); when a worker dies or stops
+  // answering, the others agree on who is left, take the latest commit among them,
+  // reconnect and go on, each global batch split over the workers left (its size, and so
+  // the computation, as a fixed-size run of the same membership history); a worker that
+  // starts again joins at the next commit and receives it. num_workers() and
+  // worker_index() follow the changes. The model must be built before fit(). See
+  // docs/cluster.md ("Elastic training").
+  explicit MultiWorkerMirroredStrategy(const ElasticJob& elastic, CommunicationOptions options = {},
+                                       const std::vector<std::string>& local_devices = {"/cpu:0"});
   // TensorFlow's cluster_resolver argument, as a parsed TF_CONFIG.
   explicit MultiWorkerMirroredStrategy(const cluster::TfConfig& cluster, CommunicationOptions options = {},
                                        const std::vector<std::string>& local_devices = {"/cpu:0"});

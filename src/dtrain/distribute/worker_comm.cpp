@@ -2,7 +2,9 @@
 #include "dtrain/distribute/worker_comm.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #include "dtrain/comm/redis_store.h"
@@ -22,6 +24,16 @@ std::string token_for(const cluster::ClusterSpec& cluster) {
 }
 
 WorkerComm::WorkerComm(WorkerCommOptions options) : options_(std::move(options)) {
+  if (options_.elastic) {
+    const WorkerCommOptions::Elastic& e = *options_.elastic;
+    const cluster::Address at = cluster::parse_address(e.store, "DTRAIN_ELASTIC_STORE");
+    store_ = std::make_shared<comm::TcpStore>(at.host, at.port, options_.token, options_.timeout, e.id);
+    rendezvous_ = std::make_unique<comm::ElasticRendezvous>(store_, e.id, e.rounds);
+    membership_ = rendezvous_->join();
+    connect();
+    thread_ = std::thread([this] { loop(); });
+    return;
+  }
   const cluster::TfConfig& config = options_.config;
   const std::vector<cluster::TaskId> training = config.cluster.training_tasks();
   for (std::size_t r = 0; r < training.size(); ++r) {
@@ -62,7 +74,83 @@ WorkerComm::WorkerComm(WorkerCommOptions options) : options_(std::move(options))
   thread_ = std::thread([this] { loop(); });
 }
 
+void WorkerComm::connect() {
+  tasks_ = membership_.members;
+  rank_ = membership_.rank;
+  round_store_ = comm::round_store(store_, membership_.round);
+  comm::GlooGroupOptions g;
+  g.rank = rank_;
+  g.size = size();
+  g.task_names = tasks_;
+  g.host = options_.elastic->host;
+  g.timeout = options_.timeout;
+  g.check_collectives = options_.check_collectives;
+  g.shared_memory = options_.shared_memory;
+  group_ = std::make_unique<comm::GlooGroup>(round_store_, std::move(g));
+  ++generation_;
+}
+
+ElasticMembership::Change WorkerComm::reform(bool after_failure) {
+  if (!is_elastic()) DTRAIN_THROW(InternalError, "WorkerComm::reform: not an elastic job");
+  {
+    // What was submitted over the old connections has run (or been skipped) first.
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return completed_ >= submitted_; });
+  }
+  const std::vector<std::string> before = tasks_;
+  // The others still waiting on this worker in the old group hear at once that it left.
+  if (group_ && after_failure) group_->abandon();
+  group_.reset();
+  Change change;
+  Clock::time_point start = Clock::now();
+  membership_ = rendezvous_->next(membership_);
+  change.agree_seconds = seconds_since(start);
+  start = Clock::now();
+  connect();
+  change.ring_seconds = seconds_since(start);
+  {
+    std::lock_guard lock(mutex_);
+    failure_ = Failure::none;
+    failure_message_.clear();
+  }
+  change.round = membership_.round;
+  auto in = [](const std::vector<std::string>& ids, const std::string& id) {
+    return std::find(ids.begin(), ids.end(), id) != ids.end();
+  };
+  for (const std::string& id : before)
+    if (!in(tasks_, id)) change.left.push_back(id);
+  for (const std::string& id : tasks_)
+    if (!in(before, id)) change.joined.push_back(id);
+  return change;
+}
+
+bool WorkerComm::newcomer_waiting(double& value) {
+  double both[2] = {rank_ == 0 && rendezvous_->joiner_waiting(membership_) ? 1.0 : 0.0, value};
+  run([&](comm::GlooGroup& group) { group.allreduce(both, 2); });
+  value = both[1] / size();
+  return both[0] > 0;
+}
+
+void WorkerComm::broadcast(void* data, std::size_t bytes, int root) {
+  if (bytes == 0) return;
+  if (bytes % sizeof(float) == 0 && reinterpret_cast<std::uintptr_t>(data) % alignof(float) == 0) {
+    run([&](comm::GlooGroup& group) { group.broadcast(static_cast<float*>(data), bytes / sizeof(float), root); });
+    return;
+  }
+  std::vector<float> words((bytes + sizeof(float) - 1) / sizeof(float), 0.0f);
+  std::memcpy(words.data(), data, bytes);
+  run([&](comm::GlooGroup& group) { group.broadcast(words.data(), words.size(), root); });
+  std::memcpy(data, words.data(), bytes);
+}
+
 WorkerComm::~WorkerComm() {
+  // An elastic job's first member ending tells a worker still waiting to join.
+  if (rendezvous_ && rank_ == 0) {
+    try {
+      rendezvous_->end_job();
+    } catch (const std::exception&) {  // the store is gone: nobody is left to tell
+    }
+  }
   {
     std::lock_guard lock(mutex_);
     stop_ = true;
@@ -87,6 +175,8 @@ void WorkerComm::loop() {
     std::string why;
     if (!skip) {
       try {
+        // An elastic job whose last change failed has no connections left.
+        if (!group_) DTRAIN_THROW(PeerFailure, "the workers are not connected: their last change failed");
         job(*group_);
       } catch (const Timeout& e) {
         failure = Failure::timeout;
@@ -102,7 +192,7 @@ void WorkerComm::loop() {
         why = e.what();
       }
       // The peers waiting on this worker hear of it now, not at their timeout.
-      if (failure != Failure::none) group_->abandon();
+      if (failure != Failure::none && group_) group_->abandon();
     }
     job = nullptr;  // its captures are released before anyone is told it ran
     lock.lock();
@@ -149,20 +239,21 @@ void WorkerComm::run(std::function<void(comm::GlooGroup&)> fn) {
 
 std::vector<std::string> WorkerComm::exchange(const std::string& key, const std::string& mine) {
   const std::string prefix = "dtrain/exchange/" + key + "/";
-  store_->set(prefix + std::to_string(rank_), std::vector<char>(mine.begin(), mine.end()));
+  comm::RendezvousStore& store = round_store_ ? *round_store_ : *store_;
+  store.set(prefix + std::to_string(rank_), std::vector<char>(mine.begin(), mine.end()));
   const auto deadline = Clock::now() + options_.timeout;
   std::vector<std::string> out(tasks_.size());
   std::string missing;
   for (int r = 0; r < size(); ++r) {
     try {
-      store_->wait({prefix + std::to_string(r)}, time_left(deadline));
+      store.wait({prefix + std::to_string(r)}, time_left(deadline));
     } catch (const PeerFailure&) {
       throw;  // the chief's store is gone: reported as it is
     } catch (const std::exception&) {  // a timeout
       missing += (missing.empty() ? "" : ", ") + task_name(r);
       continue;
     }
-    const std::vector<char> v = store_->get(prefix + std::to_string(r));
+    const std::vector<char> v = store.get(prefix + std::to_string(r));
     out[static_cast<std::size_t>(r)].assign(v.begin(), v.end());
   }
   if (!missing.empty())

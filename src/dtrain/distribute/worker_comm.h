@@ -16,9 +16,13 @@
 #include <thread>
 #include <vector>
 
+#include <optional>
+
 #include "dtrain/cluster/tf_config.h"
+#include "dtrain/comm/elastic_rendezvous.h"
 #include "dtrain/comm/gloo_group.h"
 #include "dtrain/core/clock.h"
+#include "dtrain/model/strategy_backend.h"
 
 namespace dtrain::comm {
 class RendezvousStore;
@@ -43,14 +47,25 @@ struct WorkerCommOptions {
   std::string redis;
   // Workers that all share this host sum through shared memory (false: always TCP).
   bool shared_memory = true;
+  // An elastic job (`dtrain launch --workers MIN:MAX`): the workers meet in rounds through
+  // a store the launcher serves, not the chief's; `config` is not read.
+  struct Elastic {
+    std::string store;  // "host:port"
+    std::string id;     // this worker's, "worker:2"
+    comm::ElasticOptions rounds;
+    std::string host = "127.0.0.1";  // where the others reach this process
+    std::int64_t commit_every = 0;   // training batches between commits in fit (0: by cost)
+  };
+  std::optional<Elastic> elastic;
 };
 
-class WorkerComm {
+class WorkerComm final : public ElasticMembership {
  public:
   // Joins the cluster: the chief serves the store, everyone meets there and connects.
-  // The task must be the chief or a worker (MultiWorkerMirroredStrategy checks it).
+  // The task must be the chief or a worker (MultiWorkerMirroredStrategy checks it). An
+  // elastic worker joins the job's first round, or where the job runs already, the next.
   explicit WorkerComm(WorkerCommOptions options);
-  ~WorkerComm();
+  ~WorkerComm() override;
   WorkerComm(const WorkerComm&) = delete;
   WorkerComm& operator=(const WorkerComm&) = delete;
 
@@ -74,18 +89,37 @@ class WorkerComm {
 
   // Values every worker publishes under `key` (one per worker, rank order), through the
   // rendezvous store; waits at most the timeout, naming the workers that never published.
-  // Keys must be unique per exchange.
-  std::vector<std::string> exchange(const std::string& key, const std::string& mine);
+  // Keys must be unique per exchange (in an elastic job, per round).
+  std::vector<std::string> exchange(const std::string& key, const std::string& mine) override;
+
+  // ElasticMembership, for an elastic job (is_elastic()).
+  bool is_elastic() const { return options_.elastic.has_value(); }
+  const WorkerCommOptions::Elastic& elastic_options() const { return *options_.elastic; }
+  const std::string& id() const override { return options_.elastic->id; }
+  std::int64_t round() const override { return membership_.round; }
+  const std::vector<std::string>& members() const override { return tasks_; }
+  Change reform(bool after_failure) override;
+  bool newcomer_waiting(double& value) override;
+  void broadcast(void* data, std::size_t bytes, int root) override;
+  // Changes with every reform().
+  std::uint64_t generation() const { return generation_; }
 
  private:
   void loop();
+  // The Gloo group over this round's members.
+  void connect();
 
   WorkerCommOptions options_;
   std::vector<std::string> tasks_;  // [rank] "chief:0", "worker:1"
   int rank_ = 0;
   std::unique_ptr<comm::TcpStoreServer> server_;  // the chief's
-  std::shared_ptr<comm::RendezvousStore> store_;  // the chief's, or a Redis server's
+  std::shared_ptr<comm::RendezvousStore> store_;  // the chief's, or a Redis server's, or the launcher's
   std::unique_ptr<comm::GlooGroup> group_;
+  // Elastic: the rounds, the current one, and the store as its group sees it.
+  std::unique_ptr<comm::ElasticRendezvous> rendezvous_;
+  comm::Membership membership_;
+  std::shared_ptr<comm::RendezvousStore> round_store_;
+  std::uint64_t generation_ = 0;
 
   std::mutex mutex_;
   std::condition_variable changed_;

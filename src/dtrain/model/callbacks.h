@@ -46,6 +46,11 @@ class Callback {
   // fit() is leaving with an exception instead of reaching on_train_end: release what
   // on_train_begin took (a signal handler, a thread). Must not throw.
   virtual void on_train_error() noexcept {}
+  // Elastic training: a step (or an epoch's end) failed with `failure`, a PeerFailure or a
+  // Timeout of the workers. A callback that brought the workers together again and put the
+  // last consistent state back (resume_fit_at) returns true, and fit goes on from there;
+  // false leaves the failure to end fit. It may throw a failure of its own instead.
+  virtual bool recover(const std::exception& /*failure*/) { return false; }
   // Under a strategy whose steps run in other processes (ParameterServerStrategy), fit's
   // callbacks run on the coordinator, after each closure. A callback that answers true
   // here runs on every worker instead, around each step the worker trains (batch numbers

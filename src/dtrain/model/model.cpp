@@ -636,8 +636,13 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
   std::vector<const ProfilerCallback*> tracers;
   for (const auto& c : callbacks)
     if (const ProfilerCallback* p = c->tracer()) tracers.push_back(p);
-  const int workers = strategy_ ? strategy_->num_workers() : 1;
-  const int worker = strategy_ ? strategy_->worker_index() : 0;
+  int workers = strategy_ ? strategy_->num_workers() : 1;
+  int worker = strategy_ ? strategy_->worker_index() : 0;
+  ElasticMembership* elastic = strategy_ ? strategy_->elastic() : nullptr;
+  if (elastic && source.per_worker())
+    DTRAIN_THROW(InvalidArgument, "fit: an elastic job re-shards its input whenever the workers change, so every worker ",
+                 "must read the whole input (tensors, or a dataset sharded by DATA); this one is each worker's own (",
+                 source.input_plan(), ")");
   // A trace that could not be written is found out now, not after training.
   std::vector<std::string> trace_paths;
   for (const ProfilerCallback* p : tracers) {
@@ -658,7 +663,7 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
   trainer.measure_noise_every(opt.gradient_noise_every);
   non_finite_.reset();
   if (optimizer_) optimizer_->take_non_finite();  // what earlier training wrote is not this run's
-  const bool own_batches = workers > 1 && source.per_worker();
+  bool own_batches = workers > 1 && source.per_worker();
   // The validation pipeline this worker runs, found out now rather than after an epoch.
   std::optional<data::WorkerShard> validation;
   if (opt.validation_dataset) {
@@ -671,7 +676,7 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
   const detail::TrainErrorGuard on_error(callbacks);
   Logs logs;
   for (auto& c : callbacks) c->on_train_begin(logs);
-  const std::optional<FitPosition> resume = take_resume(opt, source.steps());
+  std::optional<FitPosition> resume = take_resume(opt, source.steps());
   // An accumulation longer than all the batches left to train would apply no update.
   if (const std::int64_t steps = source.steps(); steps > 0 && steps < opt.gradient_accumulation_steps) {
     const int first = resume ? resume->epoch : opt.initial_epoch;
@@ -685,110 +690,137 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
   }
   const detail::ClearOnExit clear_loss(fit_loss_);  // fit_loss_ points into the loop
 
-  for (int epoch = resume ? resume->epoch : opt.initial_epoch; epoch < opt.epochs && !stop_training; ++epoch) {
-    metrics::Mean loss_mean("loss");
-    const GradientNoise noise_before = trainer.gradient_noise();
-    begin_epoch(epoch, loss_mean, logs, callbacks);
-    progress.epoch_begin(epoch, opt.epochs);
-    std::int64_t step = 0, samples = 0;
-    if (resume && epoch == resume->epoch) {
-      source.resume_at(opt.initial_epoch, epoch, resume->batch);
-      step = resume_epoch(*resume, loss_mean, logs);
-    } else {
-      source.begin_epoch(epoch);
-    }
-    profiler.begin_epoch();
-    const auto start = Clock::now();
-    TensorData batch;
-    // Batch logs hold the same keys all epoch: set() overwrites them in place.
-    const Logs no_logs;
-    for (;;) {
-      profiler.begin_step();
-      bool have = false;
-      std::exception_ptr input_error;
-      const Clock::time_point input_start = Clock::now();
-      try {
-        have = source.next(batch);
-      } catch (...) {
-        if (!own_batches) throw;
-        input_error = std::current_exception();  // the others hear of it first
+  // The workers fit trains with: an elastic job's change at a step boundary (a worker
+  // joined) makes the gradient buckets again; the split of each batch follows by itself.
+  std::uint64_t members = strategy_ ? strategy_->membership_generation() : 0;
+  const auto members_changed = [&] {
+    members = strategy_->membership_generation();
+    trainer.members_changed();
+    workers = strategy_->num_workers();
+    worker = strategy_->worker_index();
+    own_batches = workers > 1 && source.per_worker();
+  };
+  int epoch = resume ? resume->epoch : opt.initial_epoch;
+  while (epoch < opt.epochs && !stop_training) {
+    try {
+      metrics::Mean loss_mean("loss");
+      const GradientNoise noise_before = trainer.gradient_noise();
+      begin_epoch(epoch, loss_mean, logs, callbacks);
+      progress.epoch_begin(epoch, opt.epochs);
+      std::int64_t step = 0, samples = 0;
+      if (resume && epoch == resume->epoch) {
+        source.resume_at(opt.initial_epoch, epoch, resume->batch);
+        step = resume_epoch(*resume, loss_mean, logs);
+      } else {
+        source.begin_epoch(epoch);
       }
-      const Clock::time_point input_end = Clock::now();
-      loop.add(profile::Phase::input_wait, input_start, input_end);
-      std::int64_t global_rows = -1;
-      if (own_batches) {
-        // Workers with data of their own agree, step by step, on the global batch; those
-        // whose data ran out take part with nothing until every worker's has. A worker
-        // whose input failed says so here, so that the others stop too.
-        if (!have) {
-          for (Tensor& t : batch.x) t = Tensor();
-          for (Tensor& t : batch.y) t = Tensor();
+      profiler.begin_epoch();
+      const auto start = Clock::now();
+      TensorData batch;
+      // Batch logs hold the same keys all epoch: set() overwrites them in place.
+      const Logs no_logs;
+      for (;;) {
+        profiler.begin_step();
+        bool have = false;
+        std::exception_ptr input_error;
+        const Clock::time_point input_start = Clock::now();
+        try {
+          have = source.next(batch);
+        } catch (...) {
+          if (!own_batches) throw;
+          input_error = std::current_exception();  // the others hear of it first
         }
-        std::array<double, 3> agree{have ? 1.0 : 0.0, have ? static_cast<double>(batch.rows()) : 0.0,
-                                    input_error ? 1.0 : 0.0};
-        strategy_->sum_over_workers(agree);
-        if (input_error) std::rethrow_exception(input_error);
-        if (agree[2] > 0.0)
-          DTRAIN_THROW(PeerFailure, "fit: another worker's input failed at step ", step, " of epoch ", epoch,
-                       " (its own error names the cause)");
-        loop.add(profile::Phase::communication, input_end, Clock::now(), "agree on the global batch");
-        if (agree[0] == 0.0) break;
-        global_rows = static_cast<std::int64_t>(agree[1]);
-        have = true;
+        const Clock::time_point input_end = Clock::now();
+        loop.add(profile::Phase::input_wait, input_start, input_end);
+        std::int64_t global_rows = -1;
+        if (own_batches) {
+          // Workers with data of their own agree, step by step, on the global batch; those
+          // whose data ran out take part with nothing until every worker's has. A worker
+          // whose input failed says so here, so that the others stop too.
+          if (!have) {
+            for (Tensor& t : batch.x) t = Tensor();
+            for (Tensor& t : batch.y) t = Tensor();
+          }
+          std::array<double, 3> agree{have ? 1.0 : 0.0, have ? static_cast<double>(batch.rows()) : 0.0,
+                                      input_error ? 1.0 : 0.0};
+          strategy_->sum_over_workers(agree);
+          if (input_error) std::rethrow_exception(input_error);
+          if (agree[2] > 0.0)
+            DTRAIN_THROW(PeerFailure, "fit: another worker's input failed at step ", step, " of epoch ", epoch,
+                         " (its own error names the cause)");
+          loop.add(profile::Phase::communication, input_end, Clock::now(), "agree on the global batch");
+          if (agree[0] == 0.0) break;
+          global_rows = static_cast<std::int64_t>(agree[1]);
+          have = true;
+        }
+        if (!have) break;
+        Clock::time_point phase_start = Clock::now();
+        for (auto& c : callbacks) c->on_train_batch_begin(step, no_logs);
+        loop.add(profile::Phase::metrics, phase_start, Clock::now(), "callbacks");
+        trainer.step(batch, loss_mean, global_rows);
+        fit_batch_ = step + 1;
+        fit_pending_ = trainer.pending();
+        phase_start = Clock::now();
+        const std::int64_t rows = global_rows >= 0 ? global_rows : batch.rows();
+        samples += rows;
+        if (step == 0 && epoch == opt.initial_epoch && workers > 1 && verbose > 0)
+          out << shard_plan(*strategy_, source.input_plan(), samples) << "\n";
+        set_epoch_logs(logs, loss_mean);
+        const bool was_finite = !non_finite_;
+        check_finite(epoch, step, loss_mean.result());
+        if (was_finite && non_finite_) {
+          history->non_finite = non_finite_;
+          if (non_finite_->what == "weights") progress.set_note("weights: not finite since epoch " +
+                                                                std::to_string(epoch + 1) + ", batch " + std::to_string(step + 1));
+        }
+        for (auto& c : callbacks) c->on_train_batch_end(step, logs);
+        progress.update(++step, logs);
+        loop.add(profile::Phase::metrics, phase_start, Clock::now(), "callbacks");
+        profiler.end_step(rows);
+        if (strategy_ && strategy_->membership_generation() != members) members_changed();
+        // Several workers stop together at the end of the epoch, on figures they share.
+        if (stop_training && workers == 1) break;
       }
-      if (!have) break;
-      Clock::time_point phase_start = Clock::now();
-      for (auto& c : callbacks) c->on_train_batch_begin(step, no_logs);
-      loop.add(profile::Phase::metrics, phase_start, Clock::now(), "callbacks");
-      trainer.step(batch, loss_mean, global_rows);
-      fit_batch_ = step + 1;
-      fit_pending_ = trainer.pending();
-      phase_start = Clock::now();
-      const std::int64_t rows = global_rows >= 0 ? global_rows : batch.rows();
-      samples += rows;
-      if (step == 0 && epoch == opt.initial_epoch && workers > 1 && verbose > 0)
-        out << shard_plan(*strategy_, source.input_plan(), samples) << "\n";
-      set_epoch_logs(logs, loss_mean);
-      const bool was_finite = !non_finite_;
-      check_finite(epoch, step, loss_mean.result());
-      if (was_finite && non_finite_) {
-        history->non_finite = non_finite_;
-        if (non_finite_->what == "weights") progress.set_note("weights: not finite since epoch " +
-                                                              std::to_string(epoch + 1) + ", batch " + std::to_string(step + 1));
+      if (step == 0)
+        DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() got no training batches in epoch ", epoch + 1);
+      if (samples == 0 && verbose > 0 && worker == 0)
+        out << "(epoch " << epoch + 1 << " was complete in the checkpoint; only its end runs again)\n";
+      if (workers > 1) {
+        merge_over_workers(loss_mean);
+        set_epoch_logs(logs, loss_mean);
       }
-      for (auto& c : callbacks) c->on_train_batch_end(step, logs);
-      progress.update(++step, logs);
-      loop.add(profile::Phase::metrics, phase_start, Clock::now(), "callbacks");
-      profiler.end_step(rows);
-      // Several workers stop together at the end of the epoch, on figures they share.
-      if (stop_training && workers == 1) break;
+      const double train_seconds = seconds_since(start);
+      if (validation) {
+        // Per-worker validation data is evaluated by every worker and summed; global data
+        // is evaluated whole everywhere, giving every worker the same figures.
+        DatasetBatches batches(*this, *validation, 0, "evaluate");
+        logs.update(run_evaluation(batches, "val_", workers > 1 && batches.per_worker()));
+      } else if (opt.validation_data) {
+        logs.update(run_evaluation(*opt.validation_data, opt.batch_size, "val_"));
+      }
+      const double epoch_seconds = seconds_since(start);
+      history->epoch_seconds.push_back(epoch_seconds);
+      history->samples_per_second.push_back(static_cast<double>(samples) / train_seconds);
+      history->input_wait_seconds.push_back(source.input_wait());
+      history->profile.push_back(profiler.epoch());
+      history->gradient_noise_per_epoch.push_back(trainer.gradient_noise().since(noise_before));
+      progress.epoch_end(logs, epoch_seconds, step);
+      if (verbose > 0 && worker == 0) out << "  " << profile::phase_shares(profiler.epoch()) << "\n";
+      for (auto& c : callbacks) c->on_epoch_end(epoch, logs);
+    } catch (const std::exception& failure) {
+      // An elastic job goes on without a worker it lost: the callback that recovers brought
+      // the others together again and put the last commit back, a position fit resumes at.
+      const bool of_workers = dynamic_cast<const PeerFailure*>(&failure) || dynamic_cast<const Timeout*>(&failure);
+      const auto recovers = [&](const std::shared_ptr<Callback>& c) { return c->recover(failure); };
+      if (!elastic || !of_workers || !std::any_of(callbacks.begin(), callbacks.end(), recovers)) throw;
+      resume = take_resume(opt, source.steps());
+      if (!resume)
+        DTRAIN_THROW(InternalError, "fit: a callback recovered from '", failure.what(), "' without a position to resume at");
+      epoch = resume->epoch;
+      members_changed();
+      continue;
     }
-    if (step == 0)
-      DTRAIN_THROW(InvalidArgument, "model '", name_, "': fit() got no training batches in epoch ", epoch + 1);
-    if (samples == 0 && verbose > 0 && worker == 0)
-      out << "(epoch " << epoch + 1 << " was complete in the checkpoint; only its end runs again)\n";
-    if (workers > 1) {
-      merge_over_workers(loss_mean);
-      set_epoch_logs(logs, loss_mean);
-    }
-    const double train_seconds = seconds_since(start);
-    if (validation) {
-      // Per-worker validation data is evaluated by every worker and summed; global data
-      // is evaluated whole everywhere, giving every worker the same figures.
-      DatasetBatches batches(*this, *validation, 0, "evaluate");
-      logs.update(run_evaluation(batches, "val_", workers > 1 && batches.per_worker()));
-    } else if (opt.validation_data) {
-      logs.update(run_evaluation(*opt.validation_data, opt.batch_size, "val_"));
-    }
-    const double epoch_seconds = seconds_since(start);
-    history->epoch_seconds.push_back(epoch_seconds);
-    history->samples_per_second.push_back(static_cast<double>(samples) / train_seconds);
-    history->input_wait_seconds.push_back(source.input_wait());
-    history->profile.push_back(profiler.epoch());
-    history->gradient_noise_per_epoch.push_back(trainer.gradient_noise().since(noise_before));
-    progress.epoch_end(logs, epoch_seconds, step);
-    if (verbose > 0 && worker == 0) out << "  " << profile::phase_shares(profiler.epoch()) << "\n";
-    for (auto& c : callbacks) c->on_epoch_end(epoch, logs);
+    ++epoch;
   }
   if (profiler.steady().steps > 0) {
     history->profile_summary = gather_profile(profiler);
@@ -823,6 +855,8 @@ std::vector<std::shared_ptr<Callback>> Model::begin_fit(const std::shared_ptr<Hi
     if (!c) DTRAIN_THROW(InvalidArgument, "fit: a callback is null");
     callbacks.push_back(c);
   }
+  if (strategy_)
+    if (std::shared_ptr<Callback> own = strategy_->fit_callback()) callbacks.push_back(std::move(own));
   for (auto& c : callbacks) c->set_model(this);
   stop_training = false;
   resume_.reset();

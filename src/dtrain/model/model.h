@@ -237,6 +237,8 @@ class Model {
   // by drawing them again from a fresh iterator, so its pipeline must be deterministic, as
   // it is with seeded shuffles) and resumes the epoch's loss and metrics from the totals.
   void resume_fit_at(FitPosition position);
+  // The position resume_fit_at gave, until fit takes it (in its first epoch's begin).
+  const std::optional<FitPosition>& resume_position() const { return resume_; }
   // Under a strategy that trains in other processes (ParameterServerStrategy's chief): copies
   // the values and the optimizer's state held there into this model and its optimizer, so
   // that a checkpoint taken now holds them. Elsewhere the state is here already: nothing.

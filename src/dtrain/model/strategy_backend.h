@@ -21,6 +21,7 @@ namespace dtrain {
 namespace optim {
 class Optimizer;
 }
+class Callback;
 
 // A dense layer's variables, as indices into the list a GradientReducer sums: replicas
 // that share the weights may compute their gradients together (dense_together.h).
@@ -124,6 +125,38 @@ class RemoteTraining {
   virtual std::string servers_table(double training_seconds) const = 0;
 };
 
+// The workers of an elastic job (MultiWorkerMirroredStrategy under `dtrain launch --workers
+// MIN:MAX`): who trains may change between two steps. A failed collective (a worker died or
+// stopped answering) or a worker waiting to join makes the members meet again in a new
+// round and reconnect; what they trained must then be made the same on all of them again
+// (train::ElasticTraining does both for fit).
+class ElasticMembership {
+ public:
+  virtual ~ElasticMembership() = default;
+  struct Change {
+    std::int64_t round = 0;
+    std::vector<std::string> left, joined;  // against the round before
+    double agree_seconds = 0;  // from asking for the round to knowing its members
+    double ring_seconds = 0;   // connecting to them
+  };
+  // This worker's id ("worker:2"), the round and its members in rank order.
+  virtual const std::string& id() const = 0;
+  virtual std::int64_t round() const = 0;
+  virtual const std::vector<std::string>& members() const = 0;
+  // Every live member calls it: after a collective failed, or where newcomer_waiting() said
+  // so. Waits until everything submitted to the old connections ended, drops them, meets
+  // the others in the next round and connects to its members.
+  virtual Change reform(bool after_failure) = 0;
+  // At one step boundary, on every member: whether a worker waits to join (one member asks
+  // the rendezvous; all learn its answer), and `value` replaced by the mean of every
+  // member's (one collective for both).
+  virtual bool newcomer_waiting(double& value) = 0;
+  // `bytes` bytes at `data` from member `root` to every member (a collective).
+  virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
+  // Every member's value, in rank order, through the rendezvous (keys unique per round).
+  virtual std::vector<std::string> exchange(const std::string& key, const std::string& mine) = 0;
+};
+
 class StrategyBackend {
  public:
   virtual ~StrategyBackend() = default;
@@ -156,6 +189,13 @@ class StrategyBackend {
   std::uint64_t id() const { return id_; }
   // Non-null when training steps run in other processes (fit then goes through it).
   virtual RemoteTraining* remote_training() { return nullptr; }
+  // Non-null for an elastic job's workers.
+  virtual ElasticMembership* elastic() { return nullptr; }
+  // Changes with every change of the workers (elastic jobs): what fit made for the workers
+  // it had (gradient buckets over their connections) is made again.
+  virtual std::uint64_t membership_generation() const { return 0; }
+  // A callback the strategy adds to every fit() (last, after the given ones); null: none.
+  virtual std::shared_ptr<Callback> fit_callback() { return nullptr; }
   // Where scope() places the variables it sees made (OneDeviceStrategy("/gpu:0"): cuda:0);
   // nullopt leaves the placement as it was.
   virtual std::optional<Device> placement() const { return std::nullopt; }

@@ -81,6 +81,15 @@ class Model::Trainer {
   // two norms: two passes over the gradients on the communication thread.
   void measure_noise_every(int steps) { noise_every_ = steps; }
 
+  // The workers changed (an elastic job) and the state was put back to a commit, taken
+  // where no batch was pending: the gradient buckets are made again, over the new
+  // workers' connections, at the next step.
+  void members_changed() {
+    reducer_.reset();
+    micro_ = 0;
+    std::fill(group_.begin(), group_.end(), Tensor());
+  }
+
   void step(const TensorData& batch, metrics::Mean& loss_mean, std::int64_t global_rows = -1) {
     const bool update = ++micro_ % k_ == 0;
     if (model_.strategy_ && model_.strategy_->num_replicas_in_sync() > 1) {
@@ -205,16 +214,17 @@ class Model::Trainer {
       reducer_ = strategy.gradient_reducer(vars_, dense_layers(), synchronizes_batch_norm());
       has_batch_norm_ = has_batch_norm();
       outputs_.resize(static_cast<std::size_t>(replicas));
-      for (int r = 0; r < replicas; ++r)
+      // The tracks keep the names of the first workers they were made for (an elastic job
+      // makes its reducer again for every new set of workers).
+      for (int r = static_cast<int>(tracks_.size()); r < replicas; ++r)
         tracks_.push_back(&profiler_.add_track(
             strategy.num_workers() > 1 ? detail::concat("worker ", strategy.worker_index(), " replica ", r)
                                        : detail::concat("replica ", r),
             profile::TrackKind::replica));
-      profile::Track* comm = strategy.num_workers() > 1
-                                 ? &profiler_.add_track(detail::concat("worker ", strategy.worker_index(), " communication"),
-                                                        profile::TrackKind::communication)
-                                 : nullptr;
-      reducer_->set_profile(tracks_, comm);
+      if (!comm_track_ && strategy.num_workers() > 1)
+        comm_track_ = &profiler_.add_track(detail::concat("worker ", strategy.worker_index(), " communication"),
+                                           profile::TrackKind::communication);
+      reducer_->set_profile(tracks_, strategy.num_workers() > 1 ? comm_track_ : nullptr);
       profiler_.loop().add(profile::Phase::setup, setup_start, Clock::now(), "build the model and gradient buckets");
     }
     // Replicas update their own share of every variable when the optimizer allows it.
@@ -414,6 +424,7 @@ class Model::Trainer {
   profile::Phase update_phase_ = profile::Phase::optimizer;
   profile::Profiler& profiler_;
   std::vector<profile::Track*> tracks_;  // [replica]
+  profile::Track* comm_track_ = nullptr;  // multi-worker: the communication thread's
   std::int64_t micro_ = 0;
   std::vector<Variable*> vars_;
   std::vector<Tensor> buffers_;  // one device, accumulating: a sum buffer per variable
