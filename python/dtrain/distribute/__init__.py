@@ -212,9 +212,11 @@ class OneDeviceStrategy(Strategy):
 
 class MultiWorkerMirroredStrategy(Strategy):
     """Synchronous replicas in several processes, which TF_CONFIG names; without TF_CONFIG
-    one worker that trains at once."""
+    one worker that trains at once. Under `dtrain launch --workers MIN:MAX`, or with
+    elastic=experimental.ElasticOptions(...), an elastic job: fit goes on when a worker is
+    lost, and a worker that starts again joins (docs/cluster.md, "Elastic training")."""
 
-    def __init__(self, cluster_resolver=None, communication_options=None):
+    def __init__(self, cluster_resolver=None, communication_options=None, elastic=None):
         if isinstance(cluster_resolver, _resolvers._Resolved):
             if not isinstance(cluster_resolver, _resolvers.TFConfigClusterResolver):
                 # Slurm's or Kubernetes' cluster: this process's TF_CONFIG, which the strategy reads.
@@ -224,6 +226,18 @@ class MultiWorkerMirroredStrategy(Strategy):
                             "(cluster_resolver may be a TFConfigClusterResolver, SlurmClusterResolver or "
                             "KubernetesIndexedJobClusterResolver)")
         o = communication_options or experimental.CommunicationOptions()
+        if elastic is not None:
+            # An elastic job's worker (experimental.ElasticOptions); under `dtrain launch
+            # --workers MIN:MAX` the strategy finds its own in the environment.
+            if not isinstance(elastic, experimental.ElasticOptions):
+                raise TypeError("MultiWorkerMirroredStrategy: elastic must be a "
+                                "dtrain.distribute.experimental.ElasticOptions, got " + type(elastic).__name__)
+            super().__init__(_d._MultiWorkerMirroredStrategy.elastic(
+                elastic.min_workers, elastic.max_workers, elastic.store, elastic.id, elastic.token,
+                elastic.commit_every, elastic.join_timeout_seconds, o.bytes_per_pack, o.timeout_seconds or 0.0,
+                o.compression, o.implementation))
+            self._resolver = cluster_resolver or _resolvers.TFConfigClusterResolver()
+            return
         super().__init__(_d._MultiWorkerMirroredStrategy(o.bytes_per_pack, o.timeout_seconds or 0.0, o.compression,
                                                          o.implementation, True))
         self._resolver = cluster_resolver or _resolvers.TFConfigClusterResolver()

@@ -22,6 +22,25 @@ class CommunicationOptions:
         self.compression = compression
 
 
+class ElasticOptions:
+    """An elastic job's worker (MultiWorkerMirroredStrategy(elastic=...)), as `dtrain launch
+    --workers MIN:MAX` describes it in each worker's environment (which the strategy reads
+    by itself): the range of workers, the launcher's store ("host:port"), this worker's id
+    ("worker:2"), the job's token (empty: DTRAIN_CLUSTER_TOKEN); commit_every batches
+    between commits of the state in memory (0: as often as costs at most 5% of the time);
+    join_timeout_seconds (0: the collective timeout)."""
+
+    def __init__(self, min_workers, max_workers, store, id, token="", commit_every=0,  # noqa: A002 (the worker's id)
+                 join_timeout_seconds=0.0):
+        self.min_workers = int(min_workers)
+        self.max_workers = int(max_workers)
+        self.store = str(store)
+        self.id = str(id)
+        self.token = str(token)
+        self.commit_every = int(commit_every)
+        self.join_timeout_seconds = float(join_timeout_seconds)
+
+
 from . import partitioners  # noqa: E402,F401 (tf.distribute.experimental.partitioners)
 
 

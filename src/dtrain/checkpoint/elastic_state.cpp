@@ -48,13 +48,13 @@ struct Offer {
 
 }  // namespace
 
-ElasticState::Settled ElasticState::settle(ElasticMembership& workers) {
+ElasticState::Settled ElasticState::settle(ElasticMembership& workers, const std::string& key) {
   if (!committed()) DTRAIN_THROW(InvalidArgument, "ElasticState::settle: ", workers.id(), " has nothing committed (or a commit sent to it ",
                                          "failed part way)");
   const std::string metadata = nlohmann::json(snapshot_.data.metadata).dump();
   std::ostringstream mine;
   mine << step_ << " " << digest() << " " << layout_of(snapshot_) << " " << metadata.size();
-  const std::vector<std::string> all = workers.exchange("elastic-state", mine.str());
+  const std::vector<std::string> all = workers.exchange(key, mine.str());
   std::vector<Offer> offers(all.size());
   for (std::size_t r = 0; r < all.size(); ++r) {
     std::istringstream in(all[r]);
@@ -87,7 +87,8 @@ ElasticState::Settled ElasticState::settle(ElasticMembership& workers) {
   std::size_t used = 0;
   for (const auto& [name, t] : snapshot_.data.tensors) used += t.nbytes();
   out.bytes = used + source.metadata + snapshot_.checksums.size() * sizeof(std::uint64_t);
-  if (used > 0) workers.broadcast(snapshot_.block.get(), used, out.source);
+  // The block's capacity is whole pages: its bytes go as whole floats, in place.
+  if (used > 0) workers.broadcast(snapshot_.block.get(), (used + 3) / 4 * 4, out.source);
   std::string text = out.source == static_cast<int>(me) ? metadata : std::string(source.metadata, '\0');
   workers.broadcast(text.data(), text.size(), out.source);
   std::vector<std::uint64_t> checksums = snapshot_.checksums;

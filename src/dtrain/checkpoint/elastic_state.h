@@ -39,8 +39,9 @@ class ElasticState {
   // Every member of `workers` calls it at the same point, each with a commit: afterwards
   // each holds the latest commit among them (equal steps but another digest than the
   // first member's that has it count as older). Members whose states differ in layout
-  // (variables, shapes) fail with InvalidArgument naming the members.
-  Settled settle(ElasticMembership& workers);
+  // (variables, shapes) fail with InvalidArgument naming the members. `key` names this
+  // settle among the round's (each must be new in the round, and the same on every member).
+  Settled settle(ElasticMembership& workers, const std::string& key);
 
   bool committed() const { return step_ >= 0; }
   std::int64_t committed_step() const { return step_; }

@@ -83,6 +83,7 @@ void ElasticTraining::on_train_begin(const Logs& /*logs*/) {
   // else its first epoch.
   committing_ = model.resume_position() ? *model.resume_position() : model.fit_position();
   committing_.pending_batches = 0;
+  if (!model.resume_position()) committing_.steps = 0;  // not known before fit's first epoch (an earlier fit's)
   committed_totals_ = committing_.totals;
   seen_.restart(committing_.batch - 1);
   state_->commit(steps_done_);
@@ -98,7 +99,13 @@ void ElasticTraining::on_train_begin(const Logs& /*logs*/) {
 
 void ElasticTraining::settle(Change& change, bool restore) {
   Clock::time_point start = Clock::now();
-  const ElasticState::Settled settled = state_->settle(workers_);
+  // Settles are numbered within a round (a second fit settles again in the same one).
+  if (workers_.round() != settled_round_) {
+    settled_round_ = workers_.round();
+    settles_in_round_ = 0;
+  }
+  const ElasticState::Settled settled =
+      state_->settle(workers_, "elastic-state/" + std::to_string(settles_in_round_++));
   change.settle_seconds = seconds_since(start);
   change.receivers = settled.receivers;
   change.bytes_sent = settled.receivers.empty() ? 0 : settled.bytes;
@@ -151,21 +158,7 @@ void ElasticTraining::on_train_batch_end(std::int64_t batch, const Logs& /*logs*
   interval_ = std::max<std::int64_t>(1, std::llround(interval));
   next_commit_ = steps_done_ + interval_;
   // Newcomers come in at a commit, which every member holds: they receive it.
-  if (!newcomer) return;
-  Change change;
-  change.noticed_at = steady_seconds();
-  const ElasticMembership::Change c = workers_.reform(/*after_failure=*/false);
-  change.round = c.round;
-  change.left = c.left;
-  change.joined = c.joined;
-  change.members = workers_.members();
-  change.agree_seconds = c.agree_seconds;
-  change.connect_seconds = c.ring_seconds;
-  settle(change, /*restore=*/false);
-  restart_interval();
-  say(change);
-  changes_.push_back(std::move(change));
-  first_step_pending_ = true;
+  if (newcomer) change_workers(/*after_failure=*/false, "");
 }
 
 void ElasticTraining::restart_interval() {
@@ -176,6 +169,8 @@ void ElasticTraining::restart_interval() {
   last_commit_end_ = Clock::now();
 }
 
+void ElasticTraining::on_train_end(const Logs& /*logs*/) { workers_.end_job(); }
+
 void ElasticTraining::on_epoch_end(int epoch, const Logs& /*logs*/) {
   if (model_->fit_pending_batches() != 0) return;
   committing_ = FitPosition{epoch + 1, 0, {}, 0, model_->fit_position().steps};
@@ -183,22 +178,27 @@ void ElasticTraining::on_epoch_end(int epoch, const Logs& /*logs*/) {
 }
 
 bool ElasticTraining::recover(const std::exception& failure) {
+  change_workers(/*after_failure=*/true, failure.what());
+  return true;
+}
+
+void ElasticTraining::change_workers(bool after_failure, std::string cause) {
   Change change;
   change.noticed_at = steady_seconds();
-  change.cause = failure.what();
-  const ElasticMembership::Change c = workers_.reform(/*after_failure=*/true);
+  change.cause = std::move(cause);
+  const ElasticMembership::Change c = workers_.reform(after_failure);
   change.round = c.round;
   change.left = c.left;
   change.joined = c.joined;
   change.members = workers_.members();
   change.agree_seconds = c.agree_seconds;
   change.connect_seconds = c.ring_seconds;
-  settle(change, /*restore=*/true);
+  // After a failure every member goes back to the commit; a newcomer's members are at it.
+  settle(change, /*restore=*/after_failure);
   restart_interval();
   say(change);
   changes_.push_back(std::move(change));
   first_step_pending_ = true;
-  return true;
 }
 
 void ElasticTraining::say(const Change& change) const {

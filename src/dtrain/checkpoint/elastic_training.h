@@ -39,6 +39,7 @@ class ElasticTraining : public Callback {
   void on_train_begin(const Logs& logs) override;
   void on_train_batch_end(std::int64_t batch, const Logs& logs) override;
   void on_epoch_end(int epoch, const Logs& logs) override;
+  void on_train_end(const Logs& logs) override;
   bool recover(const std::exception& failure) override;
 
   // One change of the workers, in its parts (seconds; times are steady-clock readings, as
@@ -67,6 +68,9 @@ class ElasticTraining : public Callback {
   // where it came from another member); records the parts in `change` and says them.
   void settle(Change& change, bool restore);
   void commit();
+  // The workers meet again (after a failure, or to let a newcomer in), take the latest
+  // commit, and say what it took.
+  void change_workers(bool after_failure, std::string cause);
   // At the start and after a change: when to commit next.
   void restart_interval();
   void say(const Change& change) const;
@@ -83,6 +87,7 @@ class ElasticTraining : public Callback {
   Clock::time_point last_commit_end_{};
   BatchesSeen seen_;
   std::vector<Change> changes_;
+  std::int64_t settled_round_ = -1, settles_in_round_ = 0;
   bool first_step_pending_ = false;
 };
 

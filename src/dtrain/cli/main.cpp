@@ -438,6 +438,10 @@ int run_fit(const std::string& path, const Overrides& o) {
     // a parameter-server job's chief places them on the ps before the first batch too.
     // So is an elastic job's, whose workers commit and exchange it from fit's start.
     const bool elastic = strategy && strategy->backend()->elastic();
+    if (elastic && !checkpoint.dir.empty())
+      DTRAIN_THROW(InvalidArgument, "--checkpoint-dir: an elastic job (dtrain launch --workers MIN:MAX) keeps its ",
+                   "state in memory and goes on when a worker is lost; backups to files, whose workers must stay the ",
+                   "same, are not offered with it");
     if ((!checkpoint.dir.empty() || ps || elastic) && !model->built()) model->build(row);
   }
   const int worker_index = ps ? (ps->task().type == "worker" ? ps->task().index : -1)

@@ -430,6 +430,16 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
       launch_result.restart_started_seconds.push_back(seconds_between(launch_started, Clock::now()));
       return true;
     }
+    // An elastic job with fewer than MIN workers left cannot go on: it fails now, naming
+    // this worker, rather than after the others waited out their join timeout.
+    const auto running_workers = std::count_if(tasks.begin(), tasks.end(), [](const Task& x) {
+      return x.running && x.id.type == "worker";
+    });
+    if (elastic && running_workers < o.min_workers) {
+      err << "dtrain launch: " << cause << "; the elastic job cannot go on with " << running_workers
+          << " worker(s), fewer than its " << o.min_workers << (o.max_restarts > 0 ? " (no restarts left)\n" : "\n");
+      return false;
+    }
     for (const Task& other : tasks)
       if (other.running && other.id.type == "worker") {
         err << "dtrain launch: " << cause << "; the " << (elastic ? "elastic" : "parameter-server")

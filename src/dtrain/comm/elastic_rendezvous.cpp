@@ -126,7 +126,7 @@ bool ElasticRendezvous::joiner_waiting(const Membership& current) {
 }
 
 void ElasticRendezvous::close(std::int64_t number, const Membership* before) {
-  const auto deadline = Clock::now() + options_.join_timeout;
+  auto deadline = Clock::now() + options_.join_timeout;
   const auto patience = detail::patience(options_.join_timeout);
   std::vector<std::int64_t> slots{1};
   std::vector<std::string> ids{id_};
@@ -163,6 +163,16 @@ void ElasticRendezvous::close(std::int64_t number, const Membership* before) {
       // them, unless none of the round before came, when they are running on without
       // having seen this round (a newcomer must not form a job of its own beside theirs).
       const bool members_came = !before || std::any_of(before->members.begin(), before->members.end(), came);
+      // A newcomer waits for running members as long as they run: they look for it only
+      // at their commits, which may be far apart; it gives up once the job ended.
+      if (before && !members_came && !awaited.empty()) {
+        if (store_->check({elastic_keys::ended()}, patience).front())
+          DTRAIN_THROW(PeerFailure, "elastic: the job's members finished before ", id_, " could join them (it waited ",
+                       "for round ", number, "); nothing is left for it to do");
+        deadline = Clock::now() + options_.join_timeout;
+        awaited = still_awaited();
+        continue;
+      }
       if (n >= options_.min_workers && (members_came || awaited.empty())) break;
       const std::string why =
           "elastic round " + std::to_string(number) + ": " + std::to_string(n) + " worker(s) came within " +

@@ -56,8 +56,9 @@ class ElasticRendezvous {
   // Whether a worker arrived for the round after `current` (one request): the members
   // should then meet it there at an agreed step boundary with next().
   bool joiner_waiting(const Membership& current);
-  // The members are done (the first member's process is ending): a worker waiting to join
-  // gives up with PeerFailure saying so, rather than at its timeout.
+  // The members finished training: a worker waiting to join gives up with PeerFailure
+  // saying so. (Until then a newcomer waits as long as members of the running round are
+  // connected.)
   void end_job();
 
   const std::string& id() const { return id_; }

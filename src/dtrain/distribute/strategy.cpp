@@ -311,11 +311,15 @@ std::optional<ElasticJob> elastic_from_environment() {
   const std::string text = range;
   const std::size_t colon = text.find(':');
   try {
-    std::size_t used = 0;
-    job.min_workers = std::stoi(text.substr(0, colon), &used);
-    if (used != colon) throw std::invalid_argument(text);
-    job.max_workers = colon == std::string::npos ? job.min_workers : std::stoi(text.substr(colon + 1), &used);
-    if (colon != std::string::npos && used != text.size() - colon - 1) throw std::invalid_argument(text);
+    // A whole number, all of `part`.
+    auto count = [&](const std::string& part) {
+      std::size_t used = 0;
+      const int n = std::stoi(part, &used);
+      if (used != part.size()) throw std::invalid_argument(text);
+      return n;
+    };
+    job.min_workers = count(text.substr(0, colon));
+    job.max_workers = colon == std::string::npos ? job.min_workers : count(text.substr(colon + 1));
   } catch (const std::exception&) {
     DTRAIN_THROW(InvalidArgument, "DTRAIN_ELASTIC='", text, "': expected MIN:MAX, two numbers of workers");
   }
@@ -339,11 +343,13 @@ std::optional<ElasticJob> elastic_from_environment() {
 }
 
 MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(CommunicationOptions options)
-    : Strategy(elastic_from_environment() ? make_elastic_group(*elastic_from_environment(), options, {"/cpu:0"})
-                                          : make_multi_worker_group(cluster::tf_config_from_environment(), options,
-                                                                    {"/cpu:0"})),
-      task_(elastic_from_environment() ? task_of(elastic_from_environment()->id)
-                                       : cluster::tf_config_from_environment().task) {}
+    : MultiWorkerMirroredStrategy(elastic_from_environment(), options) {}
+
+MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const std::optional<ElasticJob>& elastic,
+                                                         CommunicationOptions options)
+    : Strategy(elastic ? make_elastic_group(*elastic, options, {"/cpu:0"})
+                       : make_multi_worker_group(cluster::tf_config_from_environment(), options, {"/cpu:0"})),
+      task_(elastic ? task_of(elastic->id) : cluster::tf_config_from_environment().task) {}
 
 MultiWorkerMirroredStrategy::MultiWorkerMirroredStrategy(const ElasticJob& elastic, CommunicationOptions options,
                                                          const std::vector<std::string>& local_devices)

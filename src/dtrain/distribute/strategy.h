@@ -301,6 +301,8 @@ class MultiWorkerMirroredStrategy final : public Strategy {
   LinkMeasurement measure_link() const;
 
  private:
+  // An elastic job where given, else the cluster TF_CONFIG names.
+  MultiWorkerMirroredStrategy(const std::optional<ElasticJob>& elastic, CommunicationOptions options);
   cluster::TaskId task_;
 };
 

@@ -124,6 +124,10 @@ ElasticMembership::Change WorkerComm::reform(bool after_failure) {
   return change;
 }
 
+void WorkerComm::end_job() {
+  if (rank_ == 0) rendezvous_->end_job();
+}
+
 bool WorkerComm::newcomer_waiting(double& value) {
   double both[2] = {rank_ == 0 && rendezvous_->joiner_waiting(membership_) ? 1.0 : 0.0, value};
   run([&](comm::GlooGroup& group) { group.allreduce(both, 2); });
@@ -133,6 +137,8 @@ bool WorkerComm::newcomer_waiting(double& value) {
 
 void WorkerComm::broadcast(void* data, std::size_t bytes, int root) {
   if (bytes == 0) return;
+  // Whole floats in place where the buffer is aligned and its size a multiple of 4 (a
+  // snapshot's block is: ElasticState rounds its bytes up within the block).
   if (bytes % sizeof(float) == 0 && reinterpret_cast<std::uintptr_t>(data) % alignof(float) == 0) {
     run([&](comm::GlooGroup& group) { group.broadcast(static_cast<float*>(data), bytes / sizeof(float), root); });
     return;
@@ -144,13 +150,6 @@ void WorkerComm::broadcast(void* data, std::size_t bytes, int root) {
 }
 
 WorkerComm::~WorkerComm() {
-  // An elastic job's first member ending tells a worker still waiting to join.
-  if (rendezvous_ && rank_ == 0) {
-    try {
-      rendezvous_->end_job();
-    } catch (const std::exception&) {  // the store is gone: nobody is left to tell
-    }
-  }
   {
     std::lock_guard lock(mutex_);
     stop_ = true;

@@ -100,6 +100,7 @@ class WorkerComm final : public ElasticMembership {
   const std::vector<std::string>& members() const override { return tasks_; }
   Change reform(bool after_failure) override;
   bool newcomer_waiting(double& value) override;
+  void end_job() override;
   void broadcast(void* data, std::size_t bytes, int root) override;
   // Changes with every reform().
   std::uint64_t generation() const { return generation_; }

@@ -151,6 +151,9 @@ class ElasticMembership {
   // the rendezvous; all learn its answer), and `value` replaced by the mean of every
   // member's (one collective for both).
   virtual bool newcomer_waiting(double& value) = 0;
+  // fit ended well: a worker still waiting to join is told that the job is over (the
+  // first member tells it).
+  virtual void end_job() = 0;
   // `bytes` bytes at `data` from member `root` to every member (a collective).
   virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
   // Every member's value, in rank order, through the rendezvous (keys unique per round).
