@@ -391,7 +391,8 @@ void bind_distribute(py::module_& m) {
       .def_static(
           "elastic",
           [](int min_workers, int max_workers, const std::string& store, const std::string& id, const std::string& token,
-             std::int64_t commit_every, double join_timeout_seconds, std::size_t bytes_per_pack, double timeout_seconds,
+             std::int64_t commit_every, double join_timeout_seconds, bool keep_worker_batch, std::size_t bytes_per_pack,
+             double timeout_seconds,
              const std::string& compression, const std::string& implementation) {
             distribute::ElasticJob job;
             job.min_workers = min_workers;
@@ -401,13 +402,14 @@ void bind_distribute(py::module_& m) {
             job.token = token;
             job.commit_every = commit_every;
             job.join_timeout_seconds = join_timeout_seconds;
+            job.keep_worker_batch = keep_worker_batch;
             const distribute::CommunicationOptions o =
                 communication(bytes_per_pack, timeout_seconds, compression, implementation);
             py::gil_scoped_release release;  // joining waits for the other workers
             return std::make_shared<distribute::MultiWorkerMirroredStrategy>(job, o);
           },
           py::arg("min_workers"), py::arg("max_workers"), py::arg("store"), py::arg("id"), py::arg("token"),
-          py::arg("commit_every"), py::arg("join_timeout_seconds"), py::arg("bytes_per_pack"),
+          py::arg("commit_every"), py::arg("join_timeout_seconds"), py::arg("keep_worker_batch"), py::arg("bytes_per_pack"),
           py::arg("timeout_seconds"), py::arg("compression"), py::arg("implementation"))
       .def_property_readonly("task_type", &distribute::MultiWorkerMirroredStrategy::task_type)
       .def_property_readonly("task_id", &distribute::MultiWorkerMirroredStrategy::task_id)

@@ -117,6 +117,27 @@ TEST_F(ElasticCli, AWorkerKilledLeavesTheOthersToEndWhereAFixedRunEnds) {
   EXPECT_LT(largest_difference("elastic", "fixed"), 1e-5);
 }
 
+// --elastic-keep worker_batch: each worker keeps its 4 rows, so the 2 left train global
+// batches of 8 (the learning rate scaled by 2/3) from the row their commit stood at; every
+// row of every epoch is trained once: the batches are those of 12 rows up to the commit,
+// then of 8 to the epoch's end and through the next epochs.
+TEST_F(ElasticCli, KeepingEachWorkersBatchTrainsTheRestInSmallerGlobalBatches) {
+  const std::int64_t step = random_step(2, 33);
+  SCOPED_TRACE("worker 2 killed at training batch " + std::to_string(step) + " (drawn at random)");
+  const Result r = launch(config(144, 3), "--workers 2:3 --elastic-keep worker_batch", "elastic",
+                          "--fault-kill worker:2:" + std::to_string(step), "DTRAIN_ELASTIC_COMMIT_EVERY=5");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "each worker keeps its batch: the global batch and the learning rate are 2/3 of fit's"))
+      << r.output;
+  const std::int64_t back_to = resumed_after(r.output, 1);
+  ASSERT_GE(back_to, 0) << r.output;
+  const std::int64_t epoch = back_to / 12, rows_done = back_to % 12 * 12;
+  const std::int64_t expected = back_to + (144 - rows_done + 7) / 8 + 18 * (2 - epoch);
+  const nlohmann::json j = summary("elastic");
+  EXPECT_EQ(j.value("optimizer_iterations", std::int64_t{-1}), expected) << "back at the commit after " << back_to << " batches";
+  EXPECT_NEAR(j.value("final_learning_rate_scale", 0.0), 8.0 / 12.0, 1e-6) << j.dump();
+}
+
 // With a restart allowed, the killed worker starts again and joins the job at the others'
 // next commit, which it receives; the run still ends where the fixed one does.
 TEST_F(ElasticCli, AWorkerStartedAgainJoinsAtACommitAndReceivesIt) {

@@ -302,3 +302,29 @@ TEST(BatchesSeen, CountsTheBatchesEachCallEnds) {
 
 }  // namespace
 }  // namespace dtrain
+
+namespace dtrain {
+namespace {
+
+// An elastic job that goes back to a commit before an epoch's end keeps only the epochs
+// whose ends it will not run again.
+TEST(HistoryKeepEpochs, DropsTheEntriesOfEpochsAfterTheFirstOnesKept) {
+  History h;
+  Logs logs;
+  for (int e = 0; e < 3; ++e) {
+    logs.set("loss", 1.0 / (e + 1));
+    h.on_epoch_end(e, logs);
+    h.epoch_seconds.push_back(e);
+    h.samples_per_second.push_back(10.0 * e);
+  }
+  h.keep_epochs(2);
+  EXPECT_EQ(h.epoch, (std::vector<int>{0, 1}));
+  EXPECT_EQ(h.history["loss"], (std::vector<double>{1.0, 0.5}));
+  EXPECT_EQ(h.epoch_seconds, (std::vector<double>{0, 1}));
+  EXPECT_EQ(h.samples_per_second.size(), 2u);
+  h.keep_epochs(5);  // more than there are: nothing changes
+  EXPECT_EQ(h.epoch.size(), 2u);
+}
+
+}  // namespace
+}  // namespace dtrain

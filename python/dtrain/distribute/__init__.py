@@ -234,8 +234,8 @@ class MultiWorkerMirroredStrategy(Strategy):
                                 "dtrain.distribute.experimental.ElasticOptions, got " + type(elastic).__name__)
             super().__init__(_d._MultiWorkerMirroredStrategy.elastic(
                 elastic.min_workers, elastic.max_workers, elastic.store, elastic.id, elastic.token,
-                elastic.commit_every, elastic.join_timeout_seconds, o.bytes_per_pack, o.timeout_seconds or 0.0,
-                o.compression, o.implementation))
+                elastic.commit_every, elastic.join_timeout_seconds, elastic.keep == "worker_batch", o.bytes_per_pack,
+                o.timeout_seconds or 0.0, o.compression, o.implementation))
             self._resolver = cluster_resolver or _resolvers.TFConfigClusterResolver()
             return
         super().__init__(_d._MultiWorkerMirroredStrategy(o.bytes_per_pack, o.timeout_seconds or 0.0, o.compression,

@@ -28,10 +28,15 @@ class ElasticOptions:
     by itself): the range of workers, the launcher's store ("host:port"), this worker's id
     ("worker:2"), the job's token (empty: DTRAIN_CLUSTER_TOKEN); commit_every batches
     between commits of the state in memory (0: as often as costs at most 5% of the time);
-    join_timeout_seconds (0: the collective timeout)."""
+    join_timeout_seconds (0: the collective timeout); keep: "global_batch" (each global
+    batch keeps its size when workers come and go) or "worker_batch" (each worker keeps
+    its batch; the global batch and the learning rate follow the workers)."""
 
     def __init__(self, min_workers, max_workers, store, id, token="", commit_every=0,  # noqa: A002 (the worker's id)
-                 join_timeout_seconds=0.0):
+                 join_timeout_seconds=0.0, keep="global_batch"):
+        if keep not in ("global_batch", "worker_batch"):
+            raise ValueError("ElasticOptions: keep must be 'global_batch' or 'worker_batch', got " + repr(keep))
+        self.keep = keep
         self.min_workers = int(min_workers)
         self.max_workers = int(max_workers)
         self.store = str(store)

@@ -49,8 +49,10 @@ struct Offer {
 }  // namespace
 
 ElasticState::Settled ElasticState::settle(ElasticMembership& workers, const std::string& key) {
-  if (!committed()) DTRAIN_THROW(InvalidArgument, "ElasticState::settle: ", workers.id(), " has nothing committed (or a commit sent to it ",
-                                         "failed part way)");
+  // A member whose last receipt failed part way holds no commit, but its block is laid
+  // out: it offers nothing (step -1) and receives.
+  if (!committed() && !snapshot_.block)
+    DTRAIN_THROW(InvalidArgument, "ElasticState::settle: ", workers.id(), " has nothing committed");
   const std::string metadata = nlohmann::json(snapshot_.data.metadata).dump();
   std::ostringstream mine;
   mine << step_ << " " << digest() << " " << layout_of(snapshot_) << " " << metadata.size();
@@ -66,6 +68,8 @@ ElasticState::Settled ElasticState::settle(ElasticMembership& workers, const std
                                        [](const Offer& a, const Offer& b) { return a.step < b.step; });
   out.source = static_cast<int>(latest - offers.begin());
   out.step = latest->step;
+  if (out.step < 0)
+    DTRAIN_THROW(InvalidArgument, "elastic: no member holds a commit (each one's last receipt of it failed part way)");
   const Offer& source = *latest;
   const std::string& source_id = workers.members()[static_cast<std::size_t>(out.source)];
   std::vector<bool> receives(offers.size(), false);

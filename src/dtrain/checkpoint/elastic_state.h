@@ -36,7 +36,8 @@ class ElasticState {
     bool received = false;               // this member is one of them
     std::size_t bytes = 0;               // sent to each receiver
   };
-  // Every member of `workers` calls it at the same point, each with a commit: afterwards
+  // Every member of `workers` calls it at the same point, each with a commit (or one whose
+  // last receipt failed part way, which receives): afterwards
   // each holds the latest commit among them (equal steps but another digest than the
   // first member's that has it count as older). Members whose states differ in layout
   // (variables, shapes) fail with InvalidArgument naming the members. `key` names this

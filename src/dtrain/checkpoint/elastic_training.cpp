@@ -57,14 +57,14 @@ void ElasticTraining::on_train_begin(const Logs& /*logs*/) {
   fit_state.save = [this] {
     return nlohmann::json{{"epoch", committing_.epoch},
                           {"batch", committing_.batch},
-                          {"steps_per_epoch", committing_.steps},
+                          {"rows", committing_.rows},
                           {"steps_done", steps_done_}};
   };
   fit_state.restore = [this](const nlohmann::json& j) {
     committing_ = FitPosition{};
     committing_.epoch = j.at("epoch").get<int>();
     committing_.batch = j.at("batch").get<std::int64_t>();
-    committing_.steps = j.at("steps_per_epoch").get<std::int64_t>();
+    committing_.rows = j.at("rows").get<std::int64_t>();
     steps_done_ = j.at("steps_done").get<std::int64_t>();
   };
   std::vector<std::pair<std::string, Trackable>> objects;
@@ -83,10 +83,8 @@ void ElasticTraining::on_train_begin(const Logs& /*logs*/) {
   // else its first epoch.
   committing_ = model.resume_position() ? *model.resume_position() : model.fit_position();
   committing_.pending_batches = 0;
-  if (!model.resume_position()) committing_.steps = 0;  // not known before fit's first epoch (an earlier fit's)
-  committed_totals_ = committing_.totals;
   seen_.restart(committing_.batch - 1);
-  state_->commit(steps_done_);
+  commit();
   restart_interval();
   // The first round's members start alike; a newcomer receives the members' commit.
   Change change;
@@ -124,6 +122,9 @@ void ElasticTraining::settle(Change& change, bool restore) {
 }
 
 void ElasticTraining::commit() {
+  // An epoch's batches may change in number with the workers (keeping each worker's
+  // batch): the position counts rows, not batches of one size.
+  committing_.steps = 0;
   committed_totals_ = committing_.totals;
   state_->commit(steps_done_);
 }
@@ -222,6 +223,9 @@ void ElasticTraining::say(const Change& change) const {
     line << "sent to " << ids_text(change.receivers) << " (" << change.bytes_sent / 1e6 << " MB, "
          << millis(change.settle_seconds) << ")";
   line << ", restored in " << millis(change.restore_seconds);
+  if (workers_.keeps_worker_batch())
+    line << "; each worker keeps its batch: the global batch and the learning rate are " << change.members.size() << "/"
+         << workers_.max_workers() << " of fit's";
   char at[48];
   std::snprintf(at, sizeof at, "; noticed at %.4f s", change.noticed_at);
   line << at;

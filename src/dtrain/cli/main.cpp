@@ -479,6 +479,10 @@ int run_fit(const std::string& path, const Overrides& o) {
   auto memory = std::make_shared<LambdaCallback>();
   memory->epoch_end = [&](int, const Logs&) { rss.push_back(resident_mb()); };
   memory->batch_end = [&](std::int64_t, const Logs&) { ++steps_trained; };
+  // The learning rate's scale as training ended (an elastic job that keeps each worker's
+  // batch scales it with the workers; fit sets it back to 1 as it returns).
+  float final_learning_rate_scale = 1.0f;
+  memory->train_end = [&](const Logs&) { final_learning_rate_scale = model->optimizer().learning_rate_scale(); };
   FitOptions fit_options{.epochs = c.epochs,
                           .batch_size = c.batch_size,
                           .validation_split = c.validation_split,
@@ -615,6 +619,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     // run trained.
     j["optimizer_iterations"] = model->optimizer().iterations();
     j["steps_trained"] = steps_trained;
+    j["final_learning_rate_scale"] = final_learning_rate_scale;
     if (ps) {
       // Batch callbacks run once a closure; the optimizer's count is the parameter servers',
       // which fit copied here at its end.
@@ -948,6 +953,10 @@ int main(int argc, char** argv) {
                      "are left, and a worker that fails starts again alone while --max-restarts allows)");
   launch->add_option("--ps", launch_options.ps, "Parameter-server tasks")->check(CLI::Range(0, 256));
   launch->add_flag("--chief", launch_options.chief, "Add a chief task");
+  launch->add_option("--elastic-keep", launch_options.elastic_keep,
+                     "An elastic job's choice when workers come and go: global_batch (each global batch keeps its "
+                     "size, the default) or worker_batch (each worker keeps its batch; the global batch and the "
+                     "learning rate follow the workers)");
   launch->add_option("--grace-seconds", launch_options.grace_seconds,
                      "Seconds between SIGTERM and SIGKILL when stopping tasks")
       ->check(CLI::Range(0.0, 3600.0));

@@ -326,6 +326,7 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
     store = std::make_unique<comm::TcpStoreServer>("127.0.0.1", 0, token);
     env.push_back("DTRAIN_ELASTIC=" + std::to_string(o.min_workers) + ":" + std::to_string(o.workers));
     env.push_back("DTRAIN_ELASTIC_STORE=127.0.0.1:" + std::to_string(store->port()));
+    if (!o.elastic_keep.empty()) env.push_back("DTRAIN_ELASTIC_KEEP=" + o.elastic_keep);
   }
   // Each task's own: its place in the cluster.
   auto task_env = [&](const Task& t) {
@@ -590,6 +591,9 @@ LaunchResult launch(const LaunchOptions& o) {
     DTRAIN_THROW(InvalidArgument, "dtrain launch: needs at least one worker or a chief, got --workers ", o.workers);
   if (o.max_restarts < 0)
     DTRAIN_THROW(InvalidArgument, "dtrain launch: --max-restarts must be 0 or more, got ", o.max_restarts);
+  if (!o.elastic_keep.empty() && (o.min_workers == 0 || (o.elastic_keep != "global_batch" && o.elastic_keep != "worker_batch")))
+    DTRAIN_THROW(InvalidArgument, "dtrain launch: --elastic-keep '", o.elastic_keep, "' needs an elastic job (--workers ",
+                 "MIN:MAX) and global_batch or worker_batch");
   if (o.min_workers > 0 && (o.min_workers > o.workers || o.chief || o.ps > 0))
     DTRAIN_THROW(InvalidArgument, "dtrain launch: an elastic job (--workers MIN:MAX) needs 1 <= MIN <= MAX and no --chief ",
                  "or --ps, got --workers ", o.min_workers, ":", o.workers, o.chief ? " --chief" : "",

@@ -48,6 +48,10 @@ struct LaunchOptions {
   // they are at least MIN, and it starts again alone while restarts are left (each counts
   // as one), joining at the others' next commit. 0: a fixed job.
   int min_workers = 0;
+  // An elastic job's choice when its workers change (DTRAIN_ELASTIC_KEEP): "global_batch"
+  // (each global batch keeps its size) or "worker_batch" (each worker keeps its batch; the
+  // global batch and the learning rate follow the workers). Empty: the strategy's default.
+  std::string elastic_keep;
   int ps = 0;
   bool chief = false;
   // The program and its arguments, run once per task.

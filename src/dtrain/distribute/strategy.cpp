@@ -339,6 +339,12 @@ std::optional<ElasticJob> elastic_from_environment() {
                    "': expected a number of batches >= 1, or 0 (chosen by cost)");
   }
   if (const char* host = std::getenv("DTRAIN_ELASTIC_HOST"); host && *host) job.host = host;
+  if (const char* keep = std::getenv("DTRAIN_ELASTIC_KEEP"); keep && *keep) {
+    const std::string k = keep;
+    if (k != "global_batch" && k != "worker_batch")
+      DTRAIN_THROW(InvalidArgument, "DTRAIN_ELASTIC_KEEP='", k, "': expected global_batch or worker_batch");
+    job.keep_worker_batch = k == "worker_batch";
+  }
   return job;
 }
 
@@ -421,6 +427,7 @@ std::shared_ptr<detail::ReplicaGroup> make_elastic_group(const ElasticJob& elast
     DTRAIN_THROW(InvalidArgument, "MultiWorkerMirroredStrategy (elastic): commit_every must be >= 0, got ",
                  elastic.commit_every);
   e.commit_every = elastic.commit_every;
+  e.keep_worker_batch = elastic.keep_worker_batch;
   w.elastic = std::move(e);
   auto workers = std::make_shared<detail::WorkerComm>(std::move(w));
   // The first round's workers start from the same seed sequence, as a fixed job's do; a

@@ -239,9 +239,15 @@ struct ElasticJob {
   double join_timeout_seconds = 0;
   // The address the other workers reach this one at.
   std::string host = "127.0.0.1";
+  // When the workers change: false keeps each global batch its size (each worker's share
+  // grows as workers leave); true keeps each worker's batch (fit's batch_size / MAX
+  // rows), so that the global batch and, with it, the learning rate follow the workers
+  // (the linear scaling rule). Tensors only: a dataset's batches are its own.
+  bool keep_worker_batch = false;
 };
 // From DTRAIN_ELASTIC ("MIN:MAX"), DTRAIN_ELASTIC_STORE, DTRAIN_ELASTIC_ID and optionally
-// DTRAIN_ELASTIC_COMMIT_EVERY and DTRAIN_ELASTIC_HOST; nothing without DTRAIN_ELASTIC. A
+// DTRAIN_ELASTIC_COMMIT_EVERY, DTRAIN_ELASTIC_HOST and DTRAIN_ELASTIC_KEEP (global_batch,
+// the default, or worker_batch); nothing without DTRAIN_ELASTIC. A
 // malformed value is an error naming the variable.
 std::optional<ElasticJob> elastic_from_environment();
 

@@ -55,6 +55,7 @@ struct WorkerCommOptions {
     comm::ElasticOptions rounds;
     std::string host = "127.0.0.1";  // where the others reach this process
     std::int64_t commit_every = 0;   // training batches between commits in fit (0: by cost)
+    bool keep_worker_batch = false;  // ElasticMembership::keeps_worker_batch
   };
   std::optional<Elastic> elastic;
 };
@@ -101,6 +102,8 @@ class WorkerComm final : public ElasticMembership {
   Change reform(bool after_failure) override;
   bool newcomer_waiting(double& value) override;
   void end_job() override;
+  bool keeps_worker_batch() const override { return options_.elastic->keep_worker_batch; }
+  int max_workers() const override { return options_.elastic->rounds.max_workers; }
   void broadcast(void* data, std::size_t bytes, int root) override;
   // Changes with every reform().
   std::uint64_t generation() const { return generation_; }

@@ -27,6 +27,12 @@ class Model::BatchSource {
   // Instead of begin_epoch(epoch) when fit resumes there: the epoch's batches from
   // `batch` on. `first_epoch` is the epoch fit was asked to start at (initial_epoch).
   virtual void resume_at(int first_epoch, int epoch, std::int64_t batch) = 0;
+  // Where batches change size within an epoch: its rows from `rows` on; false where the
+  // source cannot (a dataset's batches are its own).
+  virtual bool resume_at_rows(int /*epoch*/, std::int64_t /*rows*/) { return false; }
+  // The rows of each batch from the next on; false where the source cannot change them.
+  virtual bool set_batch_size(std::int64_t /*rows*/) { return false; }
+  virtual std::int64_t batch_size() const { return 0; }
   // The next batch: the model's inputs and targets (undefined where a worker has none).
   virtual bool next(TensorData& batch) = 0;
   virtual std::int64_t steps() const = 0;  // per epoch; -1 when unknown
@@ -66,6 +72,16 @@ class TensorBatches : public Model::BatchSource {
     begin_epoch(epoch);
     begin_ = std::min(rows_, batch * batch_);  // the order is a function of (seed, epoch)
   }
+  bool resume_at_rows(int epoch, std::int64_t rows) override {
+    begin_epoch(epoch);
+    begin_ = std::clamp<std::int64_t>(rows, 0, rows_);
+    return true;
+  }
+  bool set_batch_size(std::int64_t rows) override {
+    batch_ = std::max<std::int64_t>(1, rows);
+    return true;
+  }
+  std::int64_t batch_size() const override { return batch_; }
   bool next(TensorData& b) override {
     if (begin_ >= rows_) return false;
     const auto t0 = Clock::now();

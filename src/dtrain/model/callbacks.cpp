@@ -1,6 +1,7 @@
 // The built-in callbacks.
 #include "dtrain/model/callbacks.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
@@ -14,6 +15,17 @@ namespace dtrain {
 void History::on_epoch_end(int e, const Logs& logs) {
   epoch.push_back(e);
   for (const auto& [k, v] : logs.items()) history[k].push_back(v);
+}
+
+void History::keep_epochs(std::size_t epochs) {
+  auto keep = [epochs](auto& v) { v.resize(std::min(v.size(), epochs)); };
+  keep(epoch);
+  for (auto& [key, values] : history) keep(values);
+  keep(epoch_seconds);
+  keep(samples_per_second);
+  keep(input_wait_seconds);
+  keep(profile);
+  keep(gradient_noise_per_epoch);
 }
 
 namespace {

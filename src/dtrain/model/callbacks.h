@@ -116,6 +116,9 @@ struct GradientNoise {
 class History : public Callback {
  public:
   void on_epoch_end(int epoch, const Logs& logs) override;
+  // Only the first `epochs` epochs' entries (an elastic job went back to a commit made
+  // before the others' ends were recorded).
+  void keep_epochs(std::size_t epochs);
   std::map<std::string, std::vector<double>> history;
   std::vector<int> epoch;
   // Filled by fit(): wall time of each epoch (training and validation), and training

@@ -690,6 +690,22 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
   }
   const detail::ClearOnExit clear_loss(fit_loss_);  // fit_loss_ points into the loop
 
+  // An elastic job that keeps each worker's batch: the global batch follows the workers
+  // (batch_size being that of the most workers), and the learning rate with it.
+  const std::int64_t full_batch = source.batch_size();
+  const bool follows_workers = elastic && elastic->keeps_worker_batch();
+  if (follows_workers && full_batch <= 0)
+    DTRAIN_THROW(InvalidArgument, "fit: an elastic job that keeps each worker's batch makes the global batch follow the ",
+                 "workers, which needs tensors as input (a dataset's batches are its own)");
+  const detail::ResetLearningRateScale reset_scale(follows_workers ? optimizer_.get() : nullptr);
+  const auto follow_workers = [&] {
+    if (!follows_workers) return;
+    const std::int64_t rows = std::max<std::int64_t>(
+        workers, std::llround(static_cast<double>(full_batch) * workers / elastic->max_workers()));
+    source.set_batch_size(rows);
+    optimizer_->set_learning_rate_scale(static_cast<float>(rows) / static_cast<float>(full_batch));
+  };
+  follow_workers();
   // The workers fit trains with: an elastic job's change at a step boundary (a worker
   // joined) makes the gradient buckets again; the split of each batch follows by itself.
   std::uint64_t members = strategy_ ? strategy_->membership_generation() : 0;
@@ -699,8 +715,10 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
     workers = strategy_->num_workers();
     worker = strategy_->worker_index();
     own_batches = workers > 1 && source.per_worker();
+    follow_workers();
   };
   int epoch = resume ? resume->epoch : opt.initial_epoch;
+  const int first_epoch = epoch;
   while (epoch < opt.epochs && !stop_training) {
     try {
       metrics::Mean loss_mean("loss");
@@ -709,7 +727,8 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
       progress.epoch_begin(epoch, opt.epochs);
       std::int64_t step = 0, samples = 0;
       if (resume && epoch == resume->epoch) {
-        source.resume_at(opt.initial_epoch, epoch, resume->batch);
+        if (resume->rows < 0 || !source.resume_at_rows(epoch, resume->rows))
+          source.resume_at(opt.initial_epoch, epoch, resume->batch);
         step = resume_epoch(*resume, loss_mean, logs);
       } else {
         source.begin_epoch(epoch);
@@ -759,6 +778,7 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
         loop.add(profile::Phase::metrics, phase_start, Clock::now(), "callbacks");
         trainer.step(batch, loss_mean, global_rows);
         fit_batch_ = step + 1;
+        if (fit_rows_ >= 0) fit_rows_ += global_rows >= 0 ? global_rows : batch.rows();
         fit_pending_ = trainer.pending();
         phase_start = Clock::now();
         const std::int64_t rows = global_rows >= 0 ? global_rows : batch.rows();
@@ -817,6 +837,8 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
       if (!resume)
         DTRAIN_THROW(InternalError, "fit: a callback recovered from '", failure.what(), "' without a position to resume at");
       epoch = resume->epoch;
+      // An epoch's end that failed part way is recorded again when it runs again.
+      history->keep_epochs(static_cast<std::size_t>(std::max(0, epoch - first_epoch)));
       members_changed();
       continue;
     }
@@ -862,6 +884,7 @@ std::vector<std::shared_ptr<Callback>> Model::begin_fit(const std::shared_ptr<Hi
   resume_.reset();
   fit_epoch_ = opt.initial_epoch;
   fit_batch_ = fit_pending_ = 0;
+  fit_rows_ = 0;
   fit_loss_ = nullptr;
   return callbacks;
 }
@@ -872,6 +895,7 @@ void Model::begin_epoch(int epoch, const metrics::Mean& loss_mean, Logs& logs,
   fit_loss_ = &loss_mean;
   fit_epoch_ = epoch;
   fit_batch_ = 0;
+  fit_rows_ = 0;
   logs.clear();
   for (auto& c : callbacks) c->on_epoch_begin(epoch, logs);
 }
@@ -882,7 +906,7 @@ void Model::set_epoch_logs(Logs& logs, const metrics::Mean& loss_mean) const {
 }
 
 FitPosition Model::fit_position() const {
-  FitPosition p{fit_epoch_, fit_batch_, {}, fit_pending_, fit_steps_};
+  FitPosition p{fit_epoch_, fit_batch_, {}, fit_pending_, fit_steps_, fit_rows_};
   if (fit_loss_) {
     p.totals = {fit_loss_->total(), fit_loss_->count()};
     for (const auto& m : metrics_) p.totals.insert(p.totals.end(), {m->total(), m->count()});
@@ -912,6 +936,7 @@ std::optional<FitPosition> Model::take_resume(const FitOptions& opt, std::int64_
 
 std::int64_t Model::resume_epoch(const FitPosition& resume, metrics::Mean& loss_mean, Logs& logs) {
   fit_batch_ = resume.batch;
+  fit_rows_ = resume.rows;  // -1 where the position counts whole batches only
   if (!resume.totals.empty()) {
     loss_mean.merge(resume.totals[0], resume.totals[1]);
     for (std::size_t i = 0; i < metrics_.size(); ++i) metrics_[i]->merge(resume.totals[2 + 2 * i], resume.totals[3 + 2 * i]);

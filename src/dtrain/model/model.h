@@ -106,6 +106,9 @@ struct FitPosition {
   // The epoch's batches (0: not known): a run resumed with another batch size or data
   // would put the position in another epoch than the one saved.
   std::int64_t steps = 0;
+  // The epoch's rows trained (-1: not kept; `batch` whole batches then): where batches
+  // changed size within the epoch (an elastic job that keeps each worker's batch).
+  std::int64_t rows = -1;
 };
 
 // A model belongs to the strategy whose scope() was open when it was created
@@ -339,6 +342,7 @@ class Model {
   // fit()'s position, kept up to date for fit_position() without allocating per step.
   int fit_epoch_ = 0;
   std::int64_t fit_batch_ = 0;
+  std::int64_t fit_rows_ = 0;  // the epoch's rows trained
   int fit_pending_ = 0;
   std::int64_t fit_steps_ = 0;  // the epoch's batches (0: not known)
   const metrics::Mean* fit_loss_ = nullptr;  // the epoch's loss accumulator, during fit()

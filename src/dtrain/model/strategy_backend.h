@@ -154,6 +154,12 @@ class ElasticMembership {
   // fit ended well: a worker still waiting to join is told that the job is over (the
   // first member tells it).
   virtual void end_job() = 0;
+  // The user's choice when the workers change: false keeps each global batch its size
+  // (each worker's share grows); true keeps each worker's batch, so that the global batch
+  // follows the workers (fit's batch_size being that of max_workers() workers) and the
+  // learning rate is scaled with it.
+  virtual bool keeps_worker_batch() const = 0;
+  virtual int max_workers() const = 0;
   // `bytes` bytes at `data` from member `root` to every member (a collective).
   virtual void broadcast(void* data, std::size_t bytes, int root) = 0;
   // Every member's value, in rank order, through the rendezvous (keys unique per round).

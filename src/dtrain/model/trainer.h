@@ -55,6 +55,21 @@ class ClearOnExit {
   T*& p_;
 };
 
+// Puts an optimizer's learning-rate scale back to 1 when fit leaves (an elastic job scaled
+// it with its workers).
+class ResetLearningRateScale {
+ public:
+  explicit ResetLearningRateScale(optim::Optimizer* optimizer) : optimizer_(optimizer) {}
+  ~ResetLearningRateScale() {
+    if (optimizer_) optimizer_->set_learning_rate_scale(1.0f);
+  }
+  ResetLearningRateScale(const ResetLearningRateScale&) = delete;
+  ResetLearningRateScale& operator=(const ResetLearningRateScale&) = delete;
+
+ private:
+  optim::Optimizer* optimizer_;
+};
+
 }  // namespace detail
 
 // One training step: forward, backward and, at the end of each group of

@@ -42,8 +42,12 @@ class Optimizer {
   const std::string& name() const { return name_; }
   std::int64_t iterations() const { return iterations_; }
   void set_iterations(std::int64_t n) { iterations_ = n; }
-  // The learning rate the next update will use.
-  float learning_rate() const { return (*learning_rate_)(iterations_); }
+  // The learning rate the next update will use: the schedule's, times the scale.
+  float learning_rate() const { return (*learning_rate_)(iterations_) * learning_rate_scale_; }
+  // A factor on the schedule's rate (1 unless set): an elastic job that keeps each
+  // worker's batch scales the rate with the global batch (the linear scaling rule).
+  void set_learning_rate_scale(float scale) { learning_rate_scale_ = scale; }
+  float learning_rate_scale() const { return learning_rate_scale_; }
   void set_learning_rate(std::shared_ptr<LearningRateSchedule> schedule);
   // The schedule itself (what set_learning_rate last set), for saving the optimizer.
   const LearningRateSchedule& learning_rate_schedule() const { return *learning_rate_; }
@@ -86,6 +90,7 @@ class Optimizer {
  private:
   std::string name_;
   std::shared_ptr<LearningRateSchedule> learning_rate_;
+  float learning_rate_scale_ = 1.0f;
   OptimizerOptions options_;
   std::int64_t iterations_ = 0;
   double last_global_norm_ = 0.0;
