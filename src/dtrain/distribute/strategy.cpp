@@ -366,19 +366,35 @@ namespace {
 // Every worker takes the chief's place in its seed sequence, without drawing from it:
 // what draws from it without a seed of its own (initialisers, shuffles) then draws the
 // same everywhere, and the same as one process would from the same seed.
+// An elastic job's worker that joins later takes what the first round's first worker
+// published, so that what it draws before fit (an unseeded shuffle) draws alike too.
 void take_first_workers_seeds(detail::WorkerComm& workers) {
-  const SeedSequence mine = seed_sequence();
-  const std::vector<std::string> seeds =
-      workers.exchange("seed", std::to_string(mine.seed) + " " + std::to_string(mine.drawn));
-  const std::string& chief = seeds.front();
+  std::string chief;
+  if (workers.is_elastic() && workers.round() > 0) {
+    const std::optional<std::string> first = workers.first_round_value("seed");
+    if (!first) return;
+    chief = *first;
+  } else {
+    const SeedSequence mine = seed_sequence();
+    chief = workers.exchange("seed", std::to_string(mine.seed) + " " + std::to_string(mine.drawn)).front();
+  }
   const std::size_t space = chief.find(' ');
   set_seed_sequence({std::stoull(chief.substr(0, space)), std::stoull(chief.substr(space + 1))});
+}
+
+// What every worker's connection takes from the strategy's options.
+detail::WorkerCommOptions worker_comm_options(const CommunicationOptions& comm) {
+  detail::WorkerCommOptions w;
+  w.timeout = timeout_of(comm);
+  const char* check = std::getenv("DTRAIN_CHECK_COLLECTIVES");
+  w.check_collectives = check && *check && std::string(check) != "0";
+  w.shared_memory = comm.implementation == CommunicationImplementation::AUTO;
+  return w;
 }
 
 std::shared_ptr<detail::ReplicaGroup> make_multi_worker_group(const cluster::TfConfig& config,
                                                               const CommunicationOptions& comm,
                                                               const std::vector<std::string>& devices) {
-  const std::chrono::milliseconds timeout = timeout_of(comm);
   // Checked here, before the one-task shortcut below: WorkerComm, built only here, relies on it.
   if (config.task.type != "chief" && config.task.type != "worker")
     DTRAIN_THROW(InvalidArgument, "MultiWorkerMirroredStrategy: TF_CONFIG's task is ", config.task.to_string(),
@@ -387,12 +403,8 @@ std::shared_ptr<detail::ReplicaGroup> make_multi_worker_group(const cluster::TfC
   // degenerate case: world size 1, nothing to meet or wait for, as TensorFlow does.
   std::shared_ptr<detail::WorkerComm> workers;
   if (config.cluster.training_tasks().size() > 1) {
-    detail::WorkerCommOptions w;
+    detail::WorkerCommOptions w = worker_comm_options(comm);
     w.config = config;
-    w.timeout = timeout;
-    const char* check = std::getenv("DTRAIN_CHECK_COLLECTIVES");
-    w.check_collectives = check && *check && std::string(check) != "0";
-    w.shared_memory = comm.implementation == CommunicationImplementation::AUTO;
     workers = std::make_shared<detail::WorkerComm>(std::move(w));
     take_first_workers_seeds(*workers);
   }
@@ -403,11 +415,7 @@ std::shared_ptr<detail::ReplicaGroup> make_multi_worker_group(const cluster::TfC
 
 std::shared_ptr<detail::ReplicaGroup> make_elastic_group(const ElasticJob& elastic, const CommunicationOptions& comm,
                                                          const std::vector<std::string>& devices) {
-  detail::WorkerCommOptions w;
-  w.timeout = timeout_of(comm);
-  const char* check = std::getenv("DTRAIN_CHECK_COLLECTIVES");
-  w.check_collectives = check && *check && std::string(check) != "0";
-  w.shared_memory = comm.implementation == CommunicationImplementation::AUTO;
+  detail::WorkerCommOptions w = worker_comm_options(comm);
   w.token = elastic.token;
   if (w.token.empty())
     if (const char* token = std::getenv("DTRAIN_CLUSTER_TOKEN"); token && *token) w.token = token;
@@ -432,7 +440,7 @@ std::shared_ptr<detail::ReplicaGroup> make_elastic_group(const ElasticJob& elast
   auto workers = std::make_shared<detail::WorkerComm>(std::move(w));
   // The first round's workers start from the same seed sequence, as a fixed job's do; a
   // worker joining later receives the whole state instead.
-  if (workers->round() == 0) take_first_workers_seeds(*workers);
+  take_first_workers_seeds(*workers);
   return make_group("MultiWorkerMirroredStrategy", devices, comm, num_threads(), std::move(workers));
 }
 

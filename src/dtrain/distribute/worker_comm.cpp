@@ -13,6 +13,12 @@
 #include "dtrain/core/rng.h"
 
 namespace dtrain::distribute::detail {
+namespace {
+
+// The store's keys of an exchange: this, then each worker's rank.
+std::string exchange_prefix(const std::string& key) { return "dtrain/exchange/" + key + "/"; }
+
+}  // namespace
 
 std::string token_for(const cluster::ClusterSpec& cluster) {
   if (const char* given = std::getenv("DTRAIN_CLUSTER_TOKEN"); given && *given) return given;
@@ -122,6 +128,14 @@ ElasticMembership::Change WorkerComm::reform(bool after_failure) {
   for (const std::string& id : tasks_)
     if (!in(before, id)) change.joined.push_back(id);
   return change;
+}
+
+std::optional<std::string> WorkerComm::first_round_value(const std::string& key) {
+  const std::shared_ptr<comm::RendezvousStore> first = comm::round_store(store_, 0);
+  const std::string name = exchange_prefix(key) + "0";
+  if (!first->check({name}, options_.timeout).front()) return std::nullopt;
+  const std::vector<char> v = first->get(name);
+  return std::string(v.begin(), v.end());
 }
 
 void WorkerComm::end_job() {
@@ -237,7 +251,7 @@ void WorkerComm::run(std::function<void(comm::GlooGroup&)> fn) {
 }
 
 std::vector<std::string> WorkerComm::exchange(const std::string& key, const std::string& mine) {
-  const std::string prefix = "dtrain/exchange/" + key + "/";
+  const std::string prefix = exchange_prefix(key);
   comm::RendezvousStore& store = round_store_ ? *round_store_ : *store_;
   store.set(prefix + std::to_string(rank_), std::vector<char>(mine.begin(), mine.end()));
   const auto deadline = Clock::now() + options_.timeout;

@@ -107,6 +107,9 @@ class WorkerComm final : public ElasticMembership {
   void broadcast(void* data, std::size_t bytes, int root) override;
   // Changes with every reform().
   std::uint64_t generation() const { return generation_; }
+  // Elastic: what the first round's first member published under `key` with exchange(),
+  // for a worker that joins later; nothing where it published none.
+  std::optional<std::string> first_round_value(const std::string& key);
 
  private:
   void loop();
