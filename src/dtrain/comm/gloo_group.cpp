@@ -20,6 +20,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <future>
 #include <thread>
 
 #include "dtrain/comm/in_process.h"
@@ -214,24 +215,32 @@ GlooGroup::GlooGroup(std::shared_ptr<gloo::rendezvous::Store> store, GlooGroupOp
   // the peer. A program that set its own SIGPIPE handler keeps it.
   struct sigaction current {};
   if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
-  try {
-    gloo::transport::tcp::attr attr;
-    attr.hostname = options_.host;
-    auto device = gloo::transport::tcp::CreateDevice(attr);
-    auto context = std::make_shared<gloo::rendezvous::Context>(options_.rank, options_.size);
-    context->setTimeout(options_.timeout);
-    gloo::rendezvous::PrefixStore prefixed("dtrain/gloo", *store_);
-    context->connectFullMesh(prefixed, device);
-    context_ = context;
-  } catch (const std::exception& e) {
-    DTRAIN_THROW(PeerFailure, "rendezvous: ", task_name(options_.rank), " could not connect to every peer: ", e.what());
-  }
+  const auto connect_mesh = [this](gloo::rendezvous::Store& through) {
+    try {
+      gloo::transport::tcp::attr attr;
+      attr.hostname = options_.host;
+      auto device = gloo::transport::tcp::CreateDevice(attr);
+      auto context = std::make_shared<gloo::rendezvous::Context>(options_.rank, options_.size);
+      context->setTimeout(options_.timeout);
+      gloo::rendezvous::PrefixStore prefixed("dtrain/gloo", through);
+      context->connectFullMesh(prefixed, device);
+      context_ = context;
+    } catch (const std::exception& e) {
+      DTRAIN_THROW(PeerFailure, "rendezvous: ", task_name(options_.rank), " could not connect to every peer: ", e.what());
+    }
+  };
+  std::future<void> mesh;
+  if (options_.mesh_store) mesh = std::async(std::launch::async, [&] { connect_mesh(*options_.mesh_store); });
+  else connect_mesh(*store_);
+  // Every rank takes part in the shared memory, also one asked to keep to TCP, so that
+  // all decide alike. (Leaving with an error waits for the mesh's thread: the future's
+  // destructor does.)
+  std::string why_not;
   ring_ = std::make_unique<TcpRing>(*store_, options_.rank, options_.size, options_.host, options_.timeout,
                                     options_.task_names);
-  // Every rank takes part, also one asked to keep to TCP, so that all decide alike.
-  std::string why_not;
   shared_ = SharedMemoryGroup::join(*store_, options_.rank, options_.size, options_.timeout, options_.task_names,
                                     options_.shared_memory ? "" : "TCP asked for", why_not);
+  if (mesh.valid()) mesh.get();
   shares_memory_ = shared_ != nullptr;
   if (shared_) transport_ = "shared memory";
   else if (!options_.shared_memory) transport_ = "TCP (asked for)";

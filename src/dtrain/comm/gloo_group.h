@@ -49,6 +49,11 @@ struct GlooGroupOptions {
   // Ranks that all run on one host (one kernel, network and process namespace) sum
   // float32 through a shared memory segment instead of TCP; false: always TCP.
   bool shared_memory = true;
+  // A second connection to the same store (the same keys): Gloo's mesh connects through
+  // it on a thread of its own while the ring and the shared memory are set up through the
+  // first (a connection serves one request at a time, so a wait on one would hold up the
+  // other). Null: one after the other.
+  std::shared_ptr<gloo::rendezvous::Store> mesh_store;
 };
 
 // What an all-reduce sends on the wire: float32 as it is, or each value rounded to 16

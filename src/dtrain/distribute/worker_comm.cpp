@@ -34,6 +34,7 @@ WorkerComm::WorkerComm(WorkerCommOptions options) : options_(std::move(options))
     const WorkerCommOptions::Elastic& e = *options_.elastic;
     const cluster::Address at = cluster::parse_address(e.store, "DTRAIN_ELASTIC_STORE");
     store_ = std::make_shared<comm::TcpStore>(at.host, at.port, options_.token, options_.timeout, e.id);
+    mesh_store_ = std::make_shared<comm::TcpStore>(at.host, at.port, options_.token, options_.timeout, e.id);
     rendezvous_ = std::make_unique<comm::ElasticRendezvous>(store_, e.id, e.rounds);
     membership_ = rendezvous_->join();
     connect();
@@ -92,6 +93,8 @@ void WorkerComm::connect() {
   g.timeout = options_.timeout;
   g.check_collectives = options_.check_collectives;
   g.shared_memory = options_.shared_memory;
+  // A new group forms while the others wait: Gloo's mesh connects alongside the rest.
+  g.mesh_store = comm::round_store(mesh_store_, membership_.round);
   group_ = std::make_unique<comm::GlooGroup>(round_store_, std::move(g));
   ++generation_;
 }

@@ -126,6 +126,7 @@ class WorkerComm final : public ElasticMembership {
   std::unique_ptr<comm::ElasticRendezvous> rendezvous_;
   comm::Membership membership_;
   std::shared_ptr<comm::RendezvousStore> round_store_;
+  std::shared_ptr<comm::RendezvousStore> mesh_store_;  // a second connection, for Gloo's mesh (GlooGroupOptions)
   std::uint64_t generation_ = 0;
 
   std::mutex mutex_;
