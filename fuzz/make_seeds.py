@@ -75,6 +75,28 @@ state += u64(0) + u64(0) + u64(0)
 put("fuzz_records", "iterator-state", state)
 
 
+# TFRecord files (TensorFlow's framing): the same layout, each checksum a masked CRC-32C.
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    for b in data:
+        crc ^= b
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def masked(crc):
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def tfrecord(body):
+    head = u64(len(body))
+    return head + struct.pack("<I", masked(crc32c(head))) + body + struct.pack("<I", masked(crc32c(body)))
+
+
+put("fuzz_records", "tfrecord", tfrecord(b"") + tfrecord(row))
+
+
 # ---- safetensors: [u64 header length][JSON header][data]
 def safetensors(entries, data, metadata=None):
     header = dict(entries)

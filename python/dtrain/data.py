@@ -328,6 +328,21 @@ class TextLineDataset(Dataset):
         super().__init__(_data._Dataset.text_lines(_filenames("TextLineDataset", filenames), compression), _ONE)
 
 
+class TFRecordDataset(Dataset):
+    """tf.data.TFRecordDataset: the records of TFRecord files as TensorFlow writes them, one
+    string scalar (the record's bytes) each; every record's length and bytes are checked
+    against their masked CRC-32C, and a bad one is an error naming the file, the record and
+    its offset. Uncompressed files (compression_type None or ""); files are read one after
+    another. Under a multi-worker strategy it is a file source, as TextLineDataset."""
+
+    def __init__(self, filenames, compression_type=None, buffer_size=None, num_parallel_reads=None, name=None):
+        del buffer_size, num_parallel_reads, name
+        if compression_type not in (None, ""):
+            raise ValueError(f"TFRecordDataset: compression_type {compression_type!r} is not read by dtrain yet "
+                             "(uncompressed files only)")
+        super().__init__(_data._Dataset.tfrecord(_filenames("TFRecordDataset", filenames)), _ONE)
+
+
 def _next_pass(dataset):
     """The pass a new iterator over `dataset` (a Dataset or a distributed one) makes: each is
     the next epoch of its pipeline, so a shuffle with reshuffle_each_iteration gives each

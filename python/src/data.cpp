@@ -68,6 +68,15 @@ void bind_data(py::module_& m) {
 
   py::class_<PyIterator>(d, "_Iterator").def("next", &PyIterator::next);
 
+  // tf.io.TFRecordWriter's engine: TensorFlow's framing of records.
+  py::class_<data::RecordWriter>(d, "_TFRecordWriter")
+      .def(py::init([](const std::string& path) {
+        return std::make_unique<data::RecordWriter>(path, data::RecordFraming::tfrecord);
+      }))
+      .def("write", [](data::RecordWriter& w, const py::bytes& record) { w.write(std::string(record)); })
+      .def("flush", &data::RecordWriter::flush)
+      .def("close", &data::RecordWriter::close);
+  d.def("crc32c", [](const py::bytes& b) { return data::crc32c(std::string(b)); });
   py::class_<data::Dataset>(d, "_Dataset")
       .def_static("from_tensor_slices", [](py::list tensors) {
         std::vector<Tensor> ts;
@@ -100,6 +109,7 @@ void bind_data(py::module_& m) {
       })
       .def_static("from_idx", &data::Dataset::from_idx)
       .def_static("text_lines", &data::Dataset::text_lines)
+      .def_static("tfrecord", &data::Dataset::tfrecord)
       .def("map", [](const data::Dataset& ds, py::function fn, std::int64_t parallel, bool deterministic) {
         auto f = hold(std::move(fn));
         return ds.map([f](const data::Element& e) {

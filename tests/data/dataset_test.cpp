@@ -758,6 +758,83 @@ TEST_F(Files, RecordsRoundTripAndCorruptionNamesTheOffset) {
   EXPECT_NE(m.find("truncated"), std::string::npos) << m;
 }
 
+// CRC-32C's check value and RFC 3720's (iSCSI) vectors of 32 zero and 32 0xff bytes.
+TEST(Crc32c, MatchesThePublishedVectors) {
+  EXPECT_EQ(crc32c("123456789"), 0xe3069283u);
+  EXPECT_EQ(crc32c(std::string(32, '\0')), 0x8a9136aau);
+  EXPECT_EQ(crc32c(std::string(32, '\xff')), 0x62a8ab43u);
+  EXPECT_EQ(crc32c(""), 0u);
+  // Lengths around the 8-byte steps give the one byte-at-a-time answer.
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += static_cast<char>(i * 37 + 11);
+  for (std::size_t n = 0; n <= text.size(); ++n) {
+    std::uint32_t c = ~0u;
+    for (std::size_t i = 0; i < n; ++i) {
+      c ^= static_cast<unsigned char>(text[i]);
+      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (c & 1 ? 0x82f63b78u : 0u);
+    }
+    EXPECT_EQ(crc32c(std::string_view(text).substr(0, n)), ~c) << n << " bytes";
+  }
+}
+
+// TFRecord files as TensorFlow frames them: these bytes (the records "" and "hello") were
+// made by a second, independent path (Python's struct and a bitwise CRC-32C of its own).
+TEST_F(Files, TfRecordFilesAreFramedAsTensorFlowFramesThem) {
+  const std::string tensorflow_bytes = [] {
+    const std::string hex = "000000000000000029039807d8ea82a20500000000000000eab2043e68656c6c6fbb1f1c19";
+    std::string out;
+    for (std::size_t i = 0; i < hex.size(); i += 2) out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+    return out;
+  }();
+  const std::string path = (dir_ / "mine.tfrecord").string();
+  {
+    RecordWriter w(path, RecordFraming::tfrecord);
+    w.write("");
+    w.write("hello");
+    w.close();
+  }
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), tensorflow_bytes);
+  const std::string theirs = write("theirs.tfrecord", tensorflow_bytes + tensorflow_bytes);
+  std::vector<std::string> records;
+  for (data::Iterator it = Dataset::tfrecord({theirs}).make_iterator(); auto e = it.next();)
+    records.push_back(*(*e)[0].data<std::string>());
+  EXPECT_EQ(records, (std::vector<std::string>{"", "hello", "", "hello"}));
+  // dtrain's own record files are not TFRecord files: the checksums say so.
+  const std::string m = message_of([&] { values(Dataset::records({theirs})); });
+  EXPECT_NE(m.find("corrupt record at offset 0 (record 0)"), std::string::npos) << m;
+}
+
+TEST_F(Files, ACorruptTfRecordIsNamedByFileRecordAndOffset) {
+  std::string bytes;
+  const std::string path = (dir_ / "c.tfrecord").string();
+  {
+    RecordWriter w(path, RecordFraming::tfrecord);
+    for (int i = 0; i < 3; ++i) w.write(std::string(10, static_cast<char>('a' + i)));
+    w.close();
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_EQ(bytes.size(), 3u * 26);
+  const auto read_all = [](const std::string& file) {
+    for (data::Iterator it = Dataset::tfrecord({file}).make_iterator(); it.next();) {
+    }
+  };
+  std::string corrupt = bytes;
+  corrupt[26 + 12 + 3] ^= 0x01;  // one bit of the second record's data
+  const std::string cpath = write("bad.tfrecord", corrupt);
+  std::string m = message_of([&] { read_all(cpath); });
+  EXPECT_NE(m.find(cpath + ": corrupt record at offset 26 (record 1): the data's checksum does not match"),
+            std::string::npos) << m;
+  std::string lying = bytes;
+  lying[2 * 26 + 5] = 0x7f;  // the third record's length: about 2^47 bytes
+  m = message_of([&] { read_all(write("lying.tfrecord", lying)); });
+  EXPECT_NE(m.find("corrupt record at offset 52 (record 2): the length's checksum does not match"), std::string::npos)
+      << m;
+  m = message_of([&] { read_all(write("short.tfrecord", bytes.substr(0, bytes.size() - 2))); });
+  EXPECT_NE(m.find("truncated record at offset 52 (record 2)"), std::string::npos) << m;
+}
+
 TEST_F(Files, ShardingByFileGivesEachWorkerItsFilesAndItsPartOfEachBatch) {
   // Four CSV files holding 0-2, 10-11, 20-23 and 30: worker w of 2 reads files w and w + 2.
   const std::vector<std::string> files = {write("p0.csv", "0\n1\n2\n"), write("p1.csv", "10\n11\n"),

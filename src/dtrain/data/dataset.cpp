@@ -303,6 +303,7 @@ Dataset Dataset::csv(std::vector<std::string> files, CsvOptions options) {
   return Dataset(detail::csv_node(std::move(files), std::move(options)));
 }
 Dataset Dataset::records(std::vector<std::string> files) { return Dataset(detail::records_node(std::move(files))); }
+Dataset Dataset::tfrecord(std::vector<std::string> files) { return Dataset(detail::tfrecord_node(std::move(files))); }
 Dataset Dataset::text_lines(std::vector<std::string> files, const std::string& compression) {
   if (compression != "" && compression != "GZIP")
     DTRAIN_THROW(InvalidArgument, "TextLineDataset: compression_type '", compression, "' is not one dtrain reads ('' or 'GZIP')");

@@ -182,6 +182,10 @@ class Dataset {
   static Dataset csv(std::vector<std::string> files, CsvOptions options = {});
   // Record files written by RecordWriter: elements (uint8 [record bytes]).
   static Dataset records(std::vector<std::string> files);
+  // TFRecord files as TensorFlow writes them (tf.data.TFRecordDataset, uncompressed):
+  // elements (a string scalar: the record's bytes), each record's length and bytes checked
+  // against their masked CRC-32C.
+  static Dataset tfrecord(std::vector<std::string> files);
   // The lines of text files, in order (tf.data.TextLineDataset): elements are string
   // scalars without their "\n" (or "\r\n"); empty lines are elements too. compression:
   // "" or "GZIP".
@@ -274,19 +278,31 @@ struct WorkerShard {
 };
 WorkerShard auto_shard(const Dataset& dataset, int num_workers, int index);
 
-// --- record files: [u64 length][u32 crc32 of the length][bytes][u32 crc32 of the bytes],
-// little-endian. A corrupt record is an IoError naming the file and its offset.
+// --- record files: [u64 length][u32 checksum of the length][bytes][u32 checksum of the
+// bytes], little-endian. dtrain's own record files checksum with CRC-32 (zlib's);
+// TFRecord files, TensorFlow's, with a masked CRC-32C. A corrupt record is an IoError
+// naming the file, the record and its offset.
+enum class RecordFraming { dtrain, tfrecord };
+
+// CRC-32C (Castagnoli) of `bytes`, and TFRecord's mask of a CRC: rotated right by 15
+// bits, plus 0xa282ead8.
+std::uint32_t crc32c(std::string_view bytes);
+inline std::uint32_t masked_crc32c(std::uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
+
 class RecordWriter {
  public:
-  explicit RecordWriter(const std::string& path);  // truncates
+  // Truncates `path`. tf.io.TFRecordWriter is RecordWriter(path, RecordFraming::tfrecord).
+  explicit RecordWriter(const std::string& path, RecordFraming framing = RecordFraming::dtrain);
   ~RecordWriter();
   RecordWriter(const RecordWriter&) = delete;
   RecordWriter& operator=(const RecordWriter&) = delete;
   void write(std::string_view record);
+  void flush();  // what was written reaches the file; errors name the file
   void close();  // flushes; errors name the file
 
  private:
   std::string path_;
+  RecordFraming framing_;
   std::FILE* file_;
 };
 

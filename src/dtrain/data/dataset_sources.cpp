@@ -449,6 +449,12 @@ std::uint32_t crc(const void* data, std::size_t n) {
   return static_cast<std::uint32_t>(crc32(0L, static_cast<const Bytef*>(data), static_cast<uInt>(n)));
 }
 
+// The checksum a record's framing puts after its length and after its bytes.
+std::uint32_t record_checksum(RecordFraming framing, const void* data, std::size_t n) {
+  if (framing == RecordFraming::dtrain) return crc(data, n);
+  return masked_crc32c(data::crc32c(std::string_view(static_cast<const char*>(data), n)));
+}
+
 void put_le(char* out, std::uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out[i] = static_cast<char>(v >> (8 * i));
 }
@@ -461,12 +467,14 @@ std::uint64_t get_le(const unsigned char* in, int bytes) {
 
 class RecordsIterator : public IteratorBase {
  public:
-  explicit RecordsIterator(std::vector<std::string> files) : files_(std::move(files)) {}
+  explicit RecordsIterator(std::vector<std::string> files, RecordFraming framing = RecordFraming::dtrain)
+      : files_(std::move(files)), framing_(framing) {}
   std::optional<Element> next() override {
     for (;;) {
       if (!in_.is_open()) {
         if (file_ >= files_.size()) return std::nullopt;
         open_current(0);
+        record_ = 0;
       }
       unsigned char head[12];
       in_.read(reinterpret_cast<char*>(head), 12);
@@ -476,24 +484,41 @@ class RecordsIterator : public IteratorBase {
         continue;
       }
       const std::string& path = files_[file_];
-      if (in_.gcount() != 12) DTRAIN_THROW(IoError, path, ": truncated record header at offset ", offset_);
+      if (in_.gcount() != 12)
+        DTRAIN_THROW(IoError, path, ": truncated record header at offset ", offset_, " (record ", record_, ")");
       const std::uint64_t length = get_le(head, 8);
-      if (crc(head, 8) != get_le(head + 8, 4))
-        DTRAIN_THROW(IoError, path, ": corrupt record at offset ", offset_, ": the length's checksum does not match");
+      if (record_checksum(framing_, head, 8) != get_le(head + 8, 4))
+        DTRAIN_THROW(IoError, path, ": corrupt record at offset ", offset_, " (record ", record_,
+                     "): the length's checksum does not match");
       // The length comes from the file: checked against the bytes left in it before
       // anything is allocated for it.
       const std::uint64_t left = static_cast<std::uint64_t>(size_ - offset_ - 12);
       if (length > left || left - length < 4)
-        DTRAIN_THROW(IoError, path, ": truncated record at offset ", offset_, ": its header claims ", length,
-                     " bytes (and a 4-byte checksum), but the file holds ", left, " after the header");
-      Tensor bytes = Tensor::empty({static_cast<std::int64_t>(length)}, DType::u8);
-      in_.read(static_cast<char*>(bytes.raw_data()), static_cast<std::streamsize>(length));
+        DTRAIN_THROW(IoError, path, ": truncated record at offset ", offset_, " (record ", record_, "): its header claims ",
+                     length, " bytes (and a 4-byte checksum), but the file holds ", left, " after the header");
+      // A TFRecord's record is a string scalar, as TensorFlow gives it; dtrain's, uint8 [length].
+      const bool as_string = framing_ == RecordFraming::tfrecord;
+      Tensor bytes = as_string ? Tensor::empty(Shape{}, DType::string)
+                               : Tensor::empty({static_cast<std::int64_t>(length)}, DType::u8);
+      char* into = nullptr;
+      if (as_string) {
+        std::string& s = *bytes.data<std::string>();
+        s.resize(static_cast<std::size_t>(length));
+        into = s.data();
+      } else {
+        into = static_cast<char*>(bytes.raw_data());
+      }
+      in_.read(into, static_cast<std::streamsize>(length));
       unsigned char tail[4];
       in_.read(reinterpret_cast<char*>(tail), 4);
-      if (!in_) DTRAIN_THROW(IoError, path, ": truncated record at offset ", offset_, " (", length, " bytes announced)");
-      if (crc(bytes.raw_data(), length) != get_le(tail, 4))
-        DTRAIN_THROW(IoError, path, ": corrupt record at offset ", offset_, ": the data's checksum does not match");
+      if (!in_)
+        DTRAIN_THROW(IoError, path, ": truncated record at offset ", offset_, " (record ", record_, ", ", length,
+                     " bytes announced)");
+      if (record_checksum(framing_, into, length) != get_le(tail, 4))
+        DTRAIN_THROW(IoError, path, ": corrupt record at offset ", offset_, " (record ", record_,
+                     "): the data's checksum does not match");
       offset_ += 16 + static_cast<std::int64_t>(length);
+      ++record_;
       return Element{bytes};
     }
   }
@@ -502,6 +527,7 @@ class RecordsIterator : public IteratorBase {
     check_state(s, 2, 0, "records");
     file_ = static_cast<std::size_t>(s.values[0]);
     if (file_ < files_.size()) open_current(s.values[1]);
+    record_ = 0;  // counted from the position restored (the messages' record numbers)
   }
 
  private:
@@ -517,8 +543,10 @@ class RecordsIterator : public IteratorBase {
     offset_ = offset;
   }
   const std::vector<std::string> files_;
+  const RecordFraming framing_;
   std::size_t file_ = 0;
   std::int64_t offset_ = 0;
+  std::int64_t record_ = 0;  // of the current file, from 0
   std::int64_t size_ = 0;  // the current file's length in bytes
   std::ifstream in_;
 };
@@ -538,6 +566,10 @@ NodePtr csv_node(std::vector<std::string> files, CsvOptions options) {
 NodePtr records_node(std::vector<std::string> files) {
   return std::make_shared<FilesNode<RecordsIterator>>("records", std::move(files));
 }
+NodePtr tfrecord_node(std::vector<std::string> files) {
+  return std::make_shared<FilesNode<RecordsIterator, RecordFraming>>("tfrecord", std::move(files),
+                                                                     RecordFraming::tfrecord);
+}
 NodePtr text_lines_node(std::vector<std::string> files, bool gzip) {
   return std::make_shared<FilesNode<TextLinesIterator, bool>>("text_lines", std::move(files), gzip);
 }
@@ -545,8 +577,66 @@ NodePtr text_lines_node(std::vector<std::string> files, bool gzip) {
 }  // namespace dtrain::data::detail
 
 namespace dtrain::data {
+namespace {
 
-RecordWriter::RecordWriter(const std::string& path) : path_(path), file_(std::fopen(path.c_str(), "wb")) {
+// CRC-32C: the reflected Castagnoli polynomial, 8 bytes a step (slicing by 8) where the
+// processor has no CRC32 instruction.
+constexpr std::uint32_t kCastagnoli = 0x82f63b78u;
+
+struct Crc32cTables {
+  std::uint32_t t[8][256];
+  Crc32cTables() {
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      std::uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (c & 1 ? kCastagnoli : 0);
+      t[0][i] = c;
+    }
+    for (std::uint32_t i = 0; i < 256; ++i)
+      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xff];
+  }
+};
+
+std::uint32_t crc32c_tables(std::uint32_t crc, const unsigned char* p, std::size_t n) {
+  static const Crc32cTables tables;
+  const auto& t = tables.t;
+  for (; n >= 8; n -= 8, p += 8) {
+    const std::uint32_t lo = crc ^ (std::uint32_t{p[0]} | std::uint32_t{p[1]} << 8 | std::uint32_t{p[2]} << 16 |
+                                    std::uint32_t{p[3]} << 24);
+    crc = t[7][lo & 0xff] ^ t[6][(lo >> 8) & 0xff] ^ t[5][(lo >> 16) & 0xff] ^ t[4][lo >> 24] ^ t[3][p[4]] ^
+          t[2][p[5]] ^ t[1][p[6]] ^ t[0][p[7]];
+  }
+  for (; n > 0; --n, ++p) crc = (crc >> 8) ^ t[0][(crc ^ *p) & 0xff];
+  return crc;
+}
+
+#if defined(__x86_64__)
+// SSE 4.2's CRC32 instruction computes CRC-32C, 8 bytes at a time.
+__attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42(std::uint32_t crc, const unsigned char* p, std::size_t n) {
+  std::uint64_t c = crc;
+  for (; n >= 8; n -= 8, p += 8) {
+    std::uint64_t word;
+    std::memcpy(&word, p, 8);
+    c = __builtin_ia32_crc32di(c, word);
+  }
+  auto c32 = static_cast<std::uint32_t>(c);
+  for (; n > 0; --n, ++p) c32 = __builtin_ia32_crc32qi(c32, *p);
+  return c32;
+}
+#endif
+
+}  // namespace
+
+std::uint32_t crc32c(std::string_view bytes) {
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+#if defined(__x86_64__)
+  static const bool hardware = __builtin_cpu_supports("sse4.2");
+  if (hardware) return ~crc32c_sse42(~0u, p, bytes.size());
+#endif
+  return ~crc32c_tables(~0u, p, bytes.size());
+}
+
+RecordWriter::RecordWriter(const std::string& path, RecordFraming framing)
+    : path_(path), framing_(framing), file_(std::fopen(path.c_str(), "wb")) {
   if (!file_) DTRAIN_THROW(IoError, path, ": cannot create (", std::strerror(errno), ")");
 }
 
@@ -558,11 +648,16 @@ void RecordWriter::write(std::string_view record) {
   if (!file_) DTRAIN_THROW(IoError, path_, ": write after close");
   char head[12], tail[4];
   detail::put_le(head, record.size(), 8);
-  detail::put_le(head + 8, detail::crc(head, 8), 4);
-  detail::put_le(tail, detail::crc(record.data(), record.size()), 4);
+  detail::put_le(head + 8, detail::record_checksum(framing_, head, 8), 4);
+  detail::put_le(tail, detail::record_checksum(framing_, record.data(), record.size()), 4);
   if (std::fwrite(head, 1, 12, file_) != 12 || std::fwrite(record.data(), 1, record.size(), file_) != record.size() ||
       std::fwrite(tail, 1, 4, file_) != 4)
     DTRAIN_THROW(IoError, path_, ": write failed (", std::strerror(errno), ")");
+}
+
+void RecordWriter::flush() {
+  if (!file_) DTRAIN_THROW(IoError, path_, ": flush after close");
+  if (std::fflush(file_) != 0) DTRAIN_THROW(IoError, path_, ": flush failed (", std::strerror(errno), ")");
 }
 
 void RecordWriter::close() {
