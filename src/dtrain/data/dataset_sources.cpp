@@ -6,6 +6,9 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
 #include <fstream>
 #include <tuple>
 
@@ -616,10 +619,10 @@ __attribute__((target("sse4.2"))) std::uint32_t crc32c_sse42(std::uint32_t crc, 
   for (; n >= 8; n -= 8, p += 8) {
     std::uint64_t word;
     std::memcpy(&word, p, 8);
-    c = __builtin_ia32_crc32di(c, word);
+    c = _mm_crc32_u64(c, word);
   }
   auto c32 = static_cast<std::uint32_t>(c);
-  for (; n > 0; --n, ++p) c32 = __builtin_ia32_crc32qi(c32, *p);
+  for (; n > 0; --n, ++p) c32 = _mm_crc32_u8(c32, *p);
   return c32;
 }
 #endif
