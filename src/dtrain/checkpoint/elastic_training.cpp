@@ -88,7 +88,7 @@ void ElasticTraining::on_train_begin(const Logs& /*logs*/) {
   restart_interval();
   // The first round's members start alike; a newcomer receives the members' commit.
   Change change;
-  change.round = workers_.round();
+  change.workers.round = workers_.round();
   change.members = workers_.members();
   change.noticed_at = steady_seconds();
   settle(change, /*restore=*/false);
@@ -137,7 +137,7 @@ void ElasticTraining::on_train_batch_end(std::int64_t batch, const Logs& /*logs*
     last.first_step_at = steady_seconds();
     if (workers_.members().front() == workers_.id())
       (options_.out ? *options_.out : std::cout)
-          << "elastic: the first batch of round " << last.round << " ended " << millis(last.first_step_at - last.noticed_at)
+          << "elastic: the first batch of round " << last.workers.round << " ended " << millis(last.first_step_at - last.noticed_at)
           << " after the change was noticed" << std::endl;
   }
   if (model_->fit_pending_batches() != 0 || steps_done_ < next_commit_) return;
@@ -187,13 +187,8 @@ void ElasticTraining::change_workers(bool after_failure, std::string cause) {
   Change change;
   change.noticed_at = steady_seconds();
   change.cause = std::move(cause);
-  const ElasticMembership::Change c = workers_.reform(after_failure);
-  change.round = c.round;
-  change.left = c.left;
-  change.joined = c.joined;
+  change.workers = workers_.reform(after_failure);
   change.members = workers_.members();
-  change.agree_seconds = c.agree_seconds;
-  change.connect_seconds = c.ring_seconds;
   // After a failure every member goes back to the commit; a newcomer's members are at it.
   settle(change, /*restore=*/after_failure);
   restart_interval();
@@ -205,18 +200,18 @@ void ElasticTraining::change_workers(bool after_failure, std::string cause) {
 void ElasticTraining::say(const Change& change) const {
   if (workers_.members().front() != workers_.id()) return;  // the first member says it
   std::ostringstream line;
-  line << "elastic: round " << change.round << ", " << change.members.size() << " worker(s) (" << ids_text(change.members)
+  line << "elastic: round " << change.workers.round << ", " << change.members.size() << " worker(s) (" << ids_text(change.members)
        << ")";
-  if (!change.left.empty()) line << "; gone: " << ids_text(change.left);
-  if (!change.joined.empty()) line << "; joined: " << ids_text(change.joined);
+  if (!change.workers.left.empty()) line << "; gone: " << ids_text(change.workers.left);
+  if (!change.workers.joined.empty()) line << "; joined: " << ids_text(change.workers.joined);
   if (!change.cause.empty()) {
     std::string cause = change.cause.substr(0, change.cause.find('\n'));
     if (cause.size() > 160) cause = cause.substr(0, 157) + "...";
     line << " (after: " << cause << ")";
   }
   line << "; at the commit after " << change.resumed_after << " batches (epoch " << committing_.epoch + 1 << ", "
-       << committing_.batch << " batches in); agreed in " << millis(change.agree_seconds) << ", connected in "
-       << millis(change.connect_seconds) << ", commit ";
+       << committing_.batch << " batches in); agreed in " << millis(change.workers.agree_seconds) << ", connected in "
+       << millis(change.workers.ring_seconds) << ", commit ";
   if (change.receivers.empty())
     line << "held by every member (" << millis(change.settle_seconds) << ")";
   else

@@ -45,12 +45,10 @@ class ElasticTraining : public Callback {
   // One change of the workers, in its parts (seconds; times are steady-clock readings, as
   // CLOCK_MONOTONIC, comparable between the processes of a host).
   struct Change {
-    std::int64_t round = 0;
-    std::vector<std::string> left, joined, members;
+    ElasticMembership::Change workers;  // the round, who left and joined, agreeing and connecting
+    std::vector<std::string> members;
     std::string cause;              // the failure's message ("" for a newcomer)
     double noticed_at = 0;          // the failure reached fit (or the newcomer was seen)
-    double agree_seconds = 0;       // the new round's members known
-    double connect_seconds = 0;     // connected to them
     double settle_seconds = 0;      // the latest commit agreed on and sent where lacking
     double restore_seconds = 0;     // put back into the model and optimizer
     double first_step_at = 0;       // the first batch after it ended (0: none yet)

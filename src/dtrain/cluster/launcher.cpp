@@ -441,15 +441,11 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
           << " worker(s), fewer than its " << o.min_workers << (o.max_restarts > 0 ? " (no restarts left)\n" : "\n");
       return false;
     }
-    for (const Task& other : tasks)
-      if (other.running && other.id.type == "worker") {
-        err << "dtrain launch: " << cause << "; the " << (elastic ? "elastic" : "parameter-server")
-            << " job goes on without it"
-            << (o.max_restarts > 0 ? " (no restarts left)" : " (--max-restarts 0)") << "\n";
-        t.left_behind = true;
-        return true;
-      }
-    return false;
+    if (running_workers == 0) return false;
+    err << "dtrain launch: " << cause << "; the " << (elastic ? "elastic" : "parameter-server")
+        << " job goes on without it" << (o.max_restarts > 0 ? " (no restarts left)" : " (--max-restarts 0)") << "\n";
+    t.left_behind = true;
+    return true;
   };
   for (;;) {
     // Output first, so a task's last words come before the launcher's verdict.
