@@ -14,7 +14,8 @@ from ._core import (
     equal, not_equal, less, less_equal, greater, greater_equal, argmax, argmin, reduce_all, reduce_any, cast,
     shape, size, rank, range, device,
 )
-from . import nn, math, random, strings, data, distribute, keras, config, train, test, io
+from . import nn, math, random, strings, data, distribute, keras, config, train, test, io, sparse
+from .sparse import SparseTensor
 
 # TensorFlow's default placement: weights and steps on the first GPU where one is present.
 _dtrain._set_default_placement("auto")
@@ -28,5 +29,6 @@ __all__ = [
     "abs", "reshape", "one_hot", "clip_by_value", "stop_gradient", "TensorSpec", "GradientTape",
     "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "argmax", "argmin", "reduce_all",
     "reduce_any", "cast", "shape", "size", "rank", "range", "device",
-    "nn", "math", "random", "strings", "data", "distribute", "keras", "config", "train", "test", "io",
+    "nn", "math", "random", "strings", "data", "distribute", "keras", "config", "train", "test", "io", "sparse",
+    "SparseTensor",
 ]

@@ -11,6 +11,7 @@ import numpy as np
 
 from . import _dtrain
 from ._core import TensorSpec, _dtype_name, _raw_dtype_name, _whole
+from .io import SparseTensor
 
 _data = _dtrain.data
 AUTOTUNE = _data.AUTOTUNE
@@ -59,6 +60,7 @@ class Options:
 
 
 _ONE = "."  # the structure of one tensor
+_SPARSE = "sparse"  # a SparseTensor's: indices, values and dense_shape
 
 
 def _flatten(value):
@@ -72,6 +74,8 @@ def _flatten(value):
             parts += flat
             structure.append(inner)
         return parts, tuple(structure)
+    if isinstance(value, SparseTensor):
+        return [value.indices, value.values, value.dense_shape], _SPARSE
     if isinstance(value, dict):
         parts, structure = [], {}
         for key in sorted(value):
@@ -85,6 +89,8 @@ def _flatten(value):
 def _count(structure):
     if structure == _ONE:
         return 1
+    if structure == _SPARSE:
+        return 3
     values = structure.values() if isinstance(structure, dict) else structure
     return sum(_count(s) for s in values)
 
@@ -99,6 +105,8 @@ def _unflatten(parts, structure):
     def build(s):
         if s == _ONE:
             return next(it)
+        if s == _SPARSE:
+            return SparseTensor(next(it), next(it), next(it))
         if isinstance(s, dict):
             return {key: build(inner) for key, inner in s.items()}
         return tuple(build(inner) for inner in s)
@@ -332,15 +340,14 @@ class TFRecordDataset(Dataset):
     """tf.data.TFRecordDataset: the records of TFRecord files as TensorFlow writes them, one
     string scalar (the record's bytes) each; every record's length and bytes are checked
     against their masked CRC-32C, and a bad one is an error naming the file, the record and
-    its offset. Uncompressed files (compression_type None or ""); files are read one after
-    another. Under a multi-worker strategy it is a file source, as TextLineDataset."""
+    its offset. compression_type None, "" (uncompressed), "ZLIB" or "GZIP" (a compressed
+    file is inflated as it is read). Files are read one after another. Under a multi-worker
+    strategy it is a file source, as TextLineDataset."""
 
     def __init__(self, filenames, compression_type=None, buffer_size=None, num_parallel_reads=None, name=None):
         del buffer_size, num_parallel_reads, name
-        if compression_type not in (None, ""):
-            raise ValueError(f"TFRecordDataset: compression_type {compression_type!r} is not read by dtrain yet "
-                             "(uncompressed files only)")
-        super().__init__(_data._Dataset.tfrecord(_filenames("TFRecordDataset", filenames)), _ONE)
+        compression = "" if compression_type is None else str(compression_type).upper()
+        super().__init__(_data._Dataset.tfrecord(_filenames("TFRecordDataset", filenames), compression), _ONE)
 
 
 def _next_pass(dataset):

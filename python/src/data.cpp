@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.h"
+#include "dtrain/data/example.h"
 
 namespace dtrain::python {
 namespace {
@@ -70,13 +71,98 @@ void bind_data(py::module_& m) {
 
   // tf.io.TFRecordWriter's engine: TensorFlow's framing of records.
   py::class_<data::RecordWriter>(d, "_TFRecordWriter")
-      .def(py::init([](const std::string& path) {
-        return std::make_unique<data::RecordWriter>(path, data::RecordFraming::tfrecord);
+      .def(py::init([](const std::string& path, const std::string& compression, int level) {
+        return std::make_unique<data::RecordWriter>(
+            path, data::RecordFraming::tfrecord, data::compression_named(compression, "TFRecordWriter"), level);
       }))
       .def("write", [](data::RecordWriter& w, const py::bytes& record) { w.write(std::string(record)); })
       .def("flush", &data::RecordWriter::flush)
       .def("close", &data::RecordWriter::close);
   d.def("crc32c", [](const py::bytes& b) { return data::crc32c(std::string(b)); });
+  // tf.train.Example, tf.io's parsing and tensors as bytes (python/dtrain/io.py, train.py).
+  // A feature crosses as (key, kind, values): kind 0 none, 1 bytes (a list of bytes), 2
+  // floats (a float32 array), 3 int64s (an int64 array).
+  d.def("serialize_example", [](const py::list& features) {
+    data::Features f;
+    for (py::handle item : features) {
+      const auto entry = item.cast<py::tuple>();
+      data::Feature one;
+      one.kind = static_cast<data::Feature::Kind>(entry[1].cast<int>());
+      switch (one.kind) {
+        case data::Feature::Kind::none: break;
+        case data::Feature::Kind::bytes: one.bytes = entry[2].cast<std::vector<std::string>>(); break;
+        case data::Feature::Kind::floats: {
+          const auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(entry[2]);
+          one.floats.assign(a.data(), a.data() + a.size());
+          break;
+        }
+        case data::Feature::Kind::int64s: {
+          const auto a = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(entry[2]);
+          one.int64s.assign(a.data(), a.data() + a.size());
+          break;
+        }
+      }
+      f[entry[0].cast<std::string>()] = std::move(one);
+    }
+    return py::bytes(data::serialize_example(f));
+  });
+  d.def("parse_example_message", [](const py::bytes& bytes) {
+    const data::Features f = data::parse_example_message(std::string_view(bytes));
+    py::list out;
+    for (const auto& [key, one] : f) {
+      py::object values = py::none();
+      switch (one.kind) {
+        case data::Feature::Kind::none: break;
+        case data::Feature::Kind::bytes: {
+          py::list b;
+          for (const std::string& s : one.bytes) b.append(py::bytes(s));
+          values = b;
+          break;
+        }
+        case data::Feature::Kind::floats: values = py::array_t<float>(one.floats.size(), one.floats.data()); break;
+        case data::Feature::Kind::int64s: values = py::array_t<std::int64_t>(one.int64s.size(), one.int64s.data()); break;
+      }
+      out.append(py::make_tuple(py::bytes(key), static_cast<int>(one.kind), values));
+    }
+    return out;
+  });
+  // specs: (key, kind 0 fixed_len / 1 var_len / 2 fixed_len_sequence, dtype, shape,
+  // default or None, allow_missing). Gives (values, indices, dense_shape) per spec, the
+  // last two None but for var_len.
+  d.def("parse_examples", [](py::handle serialized, const py::list& specs) {
+    const Tensor in = to_tensor(serialized, "parse_example", "string");
+    std::vector<data::FeatureSpec> s;
+    for (py::handle item : specs) {
+      const auto t = item.cast<py::tuple>();
+      data::FeatureSpec spec;
+      spec.key = t[0].cast<std::string>();
+      spec.kind = static_cast<data::FeatureSpec::Kind>(t[1].cast<int>());
+      spec.dtype = dtype_from_name(t[2].cast<std::string>(), "parse_example");
+      spec.shape = Shape(t[3].cast<std::vector<std::int64_t>>());
+      if (!t[4].is_none()) spec.default_value = to_tensor(t[4], "parse_example: default_value", t[2].cast<std::string>());
+      spec.allow_missing = t[5].cast<bool>();
+      s.push_back(std::move(spec));
+    }
+    std::vector<data::ParsedFeature> parsed;
+    {
+      py::gil_scoped_release release;
+      parsed = data::parse_examples(in, s);
+    }
+    py::list out;
+    for (const auto& p : parsed)
+      out.append(py::make_tuple(p.values, p.indices.defined() ? py::cast(p.indices) : py::none(),
+                                p.dense_shape.defined() ? py::cast(p.dense_shape) : py::none()));
+    return out;
+  });
+  d.def("serialize_tensor", [](py::handle t) {
+    return py::bytes(data::serialize_tensor(to_tensor(t, "serialize_tensor")));
+  });
+  d.def("parse_tensor", [](const py::bytes& bytes, const std::string& dtype) {
+    return data::parse_tensor(std::string_view(bytes), dtype_from_name(dtype, "parse_tensor"));
+  });
+  d.def("decode_raw", [](py::handle bytes, const std::string& dtype, bool little_endian) {
+    return data::decode_raw(to_tensor(bytes, "decode_raw", "string"), dtype_from_name(dtype, "decode_raw"), little_endian);
+  });
   py::class_<data::Dataset>(d, "_Dataset")
       .def_static("from_tensor_slices", [](py::list tensors) {
         std::vector<Tensor> ts;
@@ -109,7 +195,9 @@ void bind_data(py::module_& m) {
       })
       .def_static("from_idx", &data::Dataset::from_idx)
       .def_static("text_lines", &data::Dataset::text_lines)
-      .def_static("tfrecord", &data::Dataset::tfrecord)
+      .def_static("tfrecord", [](std::vector<std::string> files, const std::string& compression) {
+        return data::Dataset::tfrecord(std::move(files), data::compression_named(compression, "TFRecordDataset"));
+      })
       .def("map", [](const data::Dataset& ds, py::function fn, std::int64_t parallel, bool deterministic) {
         auto f = hold(std::move(fn));
         return ds.map([f](const data::Element& e) {

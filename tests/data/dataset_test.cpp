@@ -835,6 +835,99 @@ TEST_F(Files, ACorruptTfRecordIsNamedByFileRecordAndOffset) {
   EXPECT_NE(m.find("truncated record at offset 52 (record 2)"), std::string::npos) << m;
 }
 
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// zlib's own one-shot inflate (a zlib stream, or with 15 + 16 a gzip member): a second path
+// to the bytes a compressed writer wrote.
+std::string inflated(const std::string& compressed, int window_bits) {
+  z_stream z{};
+  EXPECT_EQ(inflateInit2(&z, window_bits), Z_OK);
+  std::string out(1 << 20, '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(compressed.data()));
+  z.avail_in = static_cast<uInt>(compressed.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(inflate(&z, Z_FINISH), Z_STREAM_END);
+  out.resize(z.total_out);
+  inflateEnd(&z);
+  return out;
+}
+
+TEST_F(Files, CompressedTfRecordFilesHoldTheFramedRecordsAsOneStream) {
+  std::vector<std::string> records;
+  for (int i = 0; i < 200; ++i) records.push_back(std::string(static_cast<std::size_t>(i * 7 % 300), static_cast<char>('a' + i % 26)));
+  const std::string plain = (dir_ / "p.tfrecord").string();
+  {
+    RecordWriter w(plain, RecordFraming::tfrecord);
+    for (const auto& r : records) w.write(r);
+  }
+  for (const auto& [compression, bits] : {std::pair{Compression::zlib, 15}, std::pair{Compression::gzip, 15 + 16}}) {
+    const std::string name = std::string(compression_name(compression));
+    const std::string path = (dir_ / ("c." + name)).string();
+    {
+      RecordWriter w(path, RecordFraming::tfrecord, compression, 9);
+      for (std::size_t i = 0; i < records.size(); ++i) {
+        w.write(records[i]);
+        if (i == 50) w.flush();  // a sync point inside the stream reads through
+      }
+    }
+    const std::string compressed = file_bytes(path);
+    EXPECT_LT(compressed.size(), file_bytes(plain).size() / 4) << name;
+    EXPECT_EQ(inflated(compressed, bits), file_bytes(plain)) << name;
+    std::vector<std::string> got;
+    for (Iterator it = Dataset::tfrecord({path}, compression).make_iterator(); auto e = it.next();)
+      got.push_back(*(*e)[0].data<std::string>());
+    EXPECT_EQ(got, records) << name;
+    // A position saved in the inflated stream is found again.
+    const Dataset ds = Dataset::tfrecord({path, path}, compression).map([](const Element& e) {
+      return Element{Tensor::scalar(static_cast<float>(e[0].data<std::string>()->size()))};
+    });
+    for (int k : {0, 3, 250}) expect_resumes_exactly(ds, k);
+    // Read as the wrong kind, or cut short: named.
+    std::string m = message_of([&] { values(Dataset::tfrecord({path}, compression == Compression::zlib ? Compression::gzip : Compression::zlib)); });
+    EXPECT_NE(m.find(path + ": record 0 (at offset 0 of the inflated data): the compressed data is corrupt"), std::string::npos) << m;
+    const std::string cut = write("cut." + name, compressed.substr(0, compressed.size() / 2));
+    m = message_of([&] { for (Iterator it = Dataset::tfrecord({cut}, compression).make_iterator(); it.next();) {} });
+    EXPECT_NE(m.find(cut + ": record "), std::string::npos) << m;
+    EXPECT_NE(m.find("of the inflated data): the compressed data ends early"), std::string::npos) << m;
+  }
+  // gzip members one after another (as `cat a.gz b.gz` makes) read as one stream.
+  const std::string one = (dir_ / "one.gz").string();
+  {
+    RecordWriter w(one, RecordFraming::tfrecord, Compression::gzip);
+    w.write("x");
+  }
+  const std::string two = write("two.gz", file_bytes(one) + file_bytes(one));
+  std::vector<std::string> got;
+  for (Iterator it = Dataset::tfrecord({two}, Compression::gzip).make_iterator(); auto e = it.next();)
+    got.push_back(*(*e)[0].data<std::string>());
+  EXPECT_EQ(got, (std::vector<std::string>{"x", "x"}));
+  EXPECT_EQ(compression_named("", "t"), Compression::none);
+  EXPECT_NE(message_of([] { compression_named("LZ4", "TFRecordDataset"); }).find("TFRecordDataset: compression_type 'LZ4'"),
+            std::string::npos);
+}
+
+TEST_F(Files, ALyingLengthInACompressedTfRecordCostsOnlyTheDataThere) {
+  const std::string path = (dir_ / "lying.gz").string();
+  std::string frame(12, '\0');
+  frame[5] = 0x7f;  // about 2^47 bytes announced
+  const std::uint32_t crc = masked_crc32c(crc32c(std::string_view(frame).substr(0, 8)));
+  for (int i = 0; i < 4; ++i) frame[8 + i] = static_cast<char>(crc >> (8 * i));
+  {
+    gzFile f = gzopen(path.c_str(), "wb");
+    gzwrite(f, frame.data(), static_cast<unsigned>(frame.size()));
+    gzwrite(f, "abc", 3);
+    gzclose(f);
+  }
+  const std::string m = message_of([&] { values(Dataset::tfrecord({path}, Compression::gzip)); });
+  EXPECT_NE(m.find(path + ": truncated record at offset 0 of the inflated data (record 0, " + std::to_string(std::uint64_t{0x7f} << 40) +
+                        " bytes announced)"),
+            std::string::npos) << m;
+}
+
 TEST_F(Files, ShardingByFileGivesEachWorkerItsFilesAndItsPartOfEachBatch) {
   // Four CSV files holding 0-2, 10-11, 20-23 and 30: worker w of 2 reads files w and w + 2.
   const std::vector<std::string> files = {write("p0.csv", "0\n1\n2\n"), write("p1.csv", "10\n11\n"),

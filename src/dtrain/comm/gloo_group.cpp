@@ -29,6 +29,7 @@
 #include "dtrain/comm/tcp_ring.h"
 #include "dtrain/comm/rendezvous_store.h"
 #include "dtrain/core/error.h"
+#include "dtrain/core/half.h"
 #include "dtrain/core/multiversion.h"
 
 namespace dtrain::comm {
@@ -89,13 +90,7 @@ bool timed_out(const std::string& what) {
 }
 
 // ---- 16-bit wire formats. bfloat16 is float32's upper half, rounded to nearest even;
-// float16 goes through the compiler's _Float16 (F16C instructions where the CPU has them).
-
-#if defined(__SANITIZE_THREAD__)
-#define DTRAIN_F16C
-#else
-#define DTRAIN_F16C __attribute__((target_clones("arch=haswell", "default")))
-#endif
+// float16 is core/half.h's (F16C instructions where the CPU has them).
 
 inline std::uint16_t to_bf16(float f) {
   std::uint32_t u;
@@ -137,34 +132,10 @@ void sum_into_f32(void* acc, const void* in, std::size_t n) {
   add_into(static_cast<float*>(acc), static_cast<const float*>(in), n);
 }
 
-DTRAIN_F16C
-void encode_f16(const float* in, std::uint16_t* out, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto h = static_cast<_Float16>(in[i]);
-    std::memcpy(out + i, &h, sizeof h);
-  }
-}
-
-DTRAIN_F16C
-void decode_f16(const std::uint16_t* in, float* out, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) {
-    _Float16 h;
-    std::memcpy(&h, in + i, sizeof h);
-    out[i] = static_cast<float>(h);
-  }
-}
-
-DTRAIN_F16C
+void encode_f16(const float* in, std::uint16_t* out, std::size_t n) { to_f16(in, out, n); }
+void decode_f16(const std::uint16_t* in, float* out, std::size_t n) { from_f16(in, out, n); }
 void sum_into_f16(void* acc, const void* in, std::size_t n) {
-  auto* out = static_cast<std::uint16_t*>(acc);
-  const auto* y = static_cast<const std::uint16_t*>(in);
-  for (std::size_t i = 0; i < n; ++i) {
-    _Float16 p, q;
-    std::memcpy(&p, out + i, sizeof p);
-    std::memcpy(&q, y + i, sizeof q);
-    const auto r = static_cast<_Float16>(static_cast<float>(p) + static_cast<float>(q));
-    std::memcpy(out + i, &r, sizeof r);
-  }
+  add_f16(static_cast<std::uint16_t*>(acc), static_cast<const std::uint16_t*>(in), n);
 }
 
 constexpr std::array<const char*, 4> kOps{"allreduce", "broadcast", "allgather", "barrier"};

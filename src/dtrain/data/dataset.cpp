@@ -303,7 +303,25 @@ Dataset Dataset::csv(std::vector<std::string> files, CsvOptions options) {
   return Dataset(detail::csv_node(std::move(files), std::move(options)));
 }
 Dataset Dataset::records(std::vector<std::string> files) { return Dataset(detail::records_node(std::move(files))); }
-Dataset Dataset::tfrecord(std::vector<std::string> files) { return Dataset(detail::tfrecord_node(std::move(files))); }
+Dataset Dataset::tfrecord(std::vector<std::string> files, Compression compression) {
+  return Dataset(detail::tfrecord_node(std::move(files), compression));
+}
+
+Compression compression_named(std::string_view name, std::string_view what) {
+  if (name.empty() || name == "NONE") return Compression::none;
+  if (name == "ZLIB") return Compression::zlib;
+  if (name == "GZIP") return Compression::gzip;
+  DTRAIN_THROW(InvalidArgument, what, ": compression_type '", name, "' is not one TensorFlow names ('', 'ZLIB' or 'GZIP')");
+}
+
+std::string_view compression_name(Compression c) {
+  switch (c) {
+    case Compression::none: return "";
+    case Compression::zlib: return "ZLIB";
+    case Compression::gzip: return "GZIP";
+  }
+  return "?";
+}
 Dataset Dataset::text_lines(std::vector<std::string> files, const std::string& compression) {
   if (compression != "" && compression != "GZIP")
     DTRAIN_THROW(InvalidArgument, "TextLineDataset: compression_type '", compression, "' is not one dtrain reads ('' or 'GZIP')");

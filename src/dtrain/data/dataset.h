@@ -152,6 +152,14 @@ class DatasetNode {
 
 class Iterator;
 
+// A file's compression, named as tf.data and tf.io name it: "" (or "NONE"), "ZLIB" (zlib's
+// stream: header, deflate data, Adler-32) or "GZIP". A file is one stream; gzip members
+// one after another read as one.
+enum class Compression { none, zlib, gzip };
+// InvalidArgument naming `what` (the call or key) for any other name.
+Compression compression_named(std::string_view name, std::string_view what);
+std::string_view compression_name(Compression c);
+
 struct CsvOptions {
   bool header = true;
   char delimiter = ',';
@@ -182,10 +190,11 @@ class Dataset {
   static Dataset csv(std::vector<std::string> files, CsvOptions options = {});
   // Record files written by RecordWriter: elements (uint8 [record bytes]).
   static Dataset records(std::vector<std::string> files);
-  // TFRecord files as TensorFlow writes them (tf.data.TFRecordDataset, uncompressed):
-  // elements (a string scalar: the record's bytes), each record's length and bytes checked
-  // against their masked CRC-32C.
-  static Dataset tfrecord(std::vector<std::string> files);
+  // TFRecord files as TensorFlow writes them (tf.data.TFRecordDataset): elements (a string
+  // scalar: the record's bytes), each record's length and bytes checked against their
+  // masked CRC-32C. A compressed file is inflated as it is read; a record's offset in
+  // messages is then its offset in the inflated bytes.
+  static Dataset tfrecord(std::vector<std::string> files, Compression compression = Compression::none);
   // The lines of text files, in order (tf.data.TextLineDataset): elements are string
   // scalars without their "\n" (or "\r\n"); empty lines are elements too. compression:
   // "" or "GZIP".
@@ -291,19 +300,25 @@ inline std::uint32_t masked_crc32c(std::uint32_t crc) { return ((crc >> 15) | (c
 
 class RecordWriter {
  public:
-  // Truncates `path`. tf.io.TFRecordWriter is RecordWriter(path, RecordFraming::tfrecord).
-  explicit RecordWriter(const std::string& path, RecordFraming framing = RecordFraming::dtrain);
+  // Truncates `path`. tf.io.TFRecordWriter is RecordWriter(path, RecordFraming::tfrecord),
+  // with its options' compression and level (zlib's 0-9; -1 its default, 6).
+  explicit RecordWriter(const std::string& path, RecordFraming framing = RecordFraming::dtrain,
+                        Compression compression = Compression::none, int level = -1);
   ~RecordWriter();
   RecordWriter(const RecordWriter&) = delete;
   RecordWriter& operator=(const RecordWriter&) = delete;
   void write(std::string_view record);
-  void flush();  // what was written reaches the file; errors name the file
-  void close();  // flushes; errors name the file
+  void flush();  // what was written reaches the file (a compressed stream is sync-flushed)
+  void close();  // ends the compressed stream and flushes; errors name the file
 
  private:
+  void put(const char* bytes, std::size_t n);
+  void deflate_out(int flush);
   std::string path_;
   RecordFraming framing_;
   std::FILE* file_;
+  struct Deflater;
+  std::unique_ptr<Deflater> deflater_;  // null when uncompressed
 };
 
 // Row rows[i] of every tensor, stacked along a new first axis: a shuffled batch of tensors

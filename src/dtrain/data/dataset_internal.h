@@ -87,7 +87,7 @@ NodePtr generator_node(std::function<std::optional<Element>(std::int64_t)> fn);
 NodePtr range_node(std::int64_t start, std::int64_t stop, std::int64_t step);
 NodePtr csv_node(std::vector<std::string> files, CsvOptions options);
 NodePtr records_node(std::vector<std::string> files);
-NodePtr tfrecord_node(std::vector<std::string> files);
+NodePtr tfrecord_node(std::vector<std::string> files, Compression compression);
 NodePtr text_lines_node(std::vector<std::string> files, bool gzip);
 NodePtr map_node(NodePtr in, MapFn fn);
 NodePtr parallel_map_node(NodePtr in, MapFn fn, std::int64_t parallelism, bool deterministic);

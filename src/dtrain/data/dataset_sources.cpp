@@ -11,6 +11,7 @@
 #endif
 #include <fstream>
 #include <tuple>
+#include <utility>
 
 #include "dtrain/data/dataset_internal.h"
 
@@ -468,90 +469,215 @@ std::uint64_t get_le(const unsigned char* in, int bytes) {
   return v;
 }
 
+// A compressed file's bytes, inflated as they are read: zlib's stream or gzip's (members
+// one after another read as one stream). Its read errors say what went wrong; the reader
+// adds the file, record and offset.
+class InflatingFile {
+ public:
+  InflatingFile(const std::string& path, Compression compression) {
+    file_ = std::fopen(path.c_str(), "rb");
+    if (!file_) DTRAIN_THROW(IoError, path, ": cannot open (", std::strerror(errno), ")");
+    if (inflateInit2(&z_, compression == Compression::gzip ? 15 + 16 : 15) != Z_OK) {
+      std::fclose(file_);
+      DTRAIN_THROW(IoError, path, ": zlib cannot start inflating (out of memory)");
+    }
+  }
+  ~InflatingFile() {
+    inflateEnd(&z_);
+    std::fclose(file_);
+  }
+  InflatingFile(const InflatingFile&) = delete;
+  InflatingFile& operator=(const InflatingFile&) = delete;
+
+  // Up to n bytes into `out`; fewer only at the end of the data.
+  std::size_t read(char* out, std::size_t n) {
+    z_.next_out = reinterpret_cast<Bytef*>(out);
+    z_.avail_out = static_cast<uInt>(n);
+    while (z_.avail_out > 0) {
+      if (z_.avail_in == 0 && !refill()) {
+        if (ended_ || !started_) break;  // the end of the last stream, or an empty file
+        DTRAIN_THROW(IoError, "the compressed data ends early");
+      }
+      if (ended_) {  // another gzip member (or zlib stream) follows
+        inflateReset(&z_);
+        ended_ = false;
+      }
+      const int rc = inflate(&z_, Z_NO_FLUSH);
+      if (rc == Z_STREAM_END) {
+        ended_ = true;
+      } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
+        DTRAIN_THROW(IoError, "the compressed data is corrupt (zlib: ", z_.msg ? z_.msg : "error " + std::to_string(rc),
+                     ")");
+      }
+    }
+    const std::size_t got = n - z_.avail_out;
+    inflated_ += static_cast<std::int64_t>(got);
+    return got;
+  }
+  std::int64_t position() const { return inflated_; }
+
+ private:
+  bool refill() {
+    const std::size_t got = std::fread(input_.data(), 1, input_.size(), file_);
+    if (got == 0 && std::ferror(file_)) DTRAIN_THROW(IoError, "read failed (", std::strerror(errno), ")");
+    z_.next_in = input_.data();
+    z_.avail_in = static_cast<uInt>(got);
+    started_ |= got > 0;
+    return got > 0;
+  }
+
+  std::FILE* file_ = nullptr;
+  z_stream z_{};
+  std::vector<unsigned char> input_ = std::vector<unsigned char>(1 << 16);
+  bool started_ = false, ended_ = false;
+  std::int64_t inflated_ = 0;
+};
+
+// Record files, uncompressed (a record's length is checked against the bytes the file has
+// left before anything is allocated for it) or inflated as they are read (a record is read
+// in pieces that grow with what has arrived, so a lying length costs no more memory than
+// the data there is).
 class RecordsIterator : public IteratorBase {
  public:
-  explicit RecordsIterator(std::vector<std::string> files, RecordFraming framing = RecordFraming::dtrain)
-      : files_(std::move(files)), framing_(framing) {}
+  explicit RecordsIterator(std::vector<std::string> files, RecordFraming framing = RecordFraming::dtrain,
+                           Compression compression = Compression::none)
+      : files_(std::move(files)), framing_(framing), compression_(compression) {}
   std::optional<Element> next() override {
     for (;;) {
-      if (!in_.is_open()) {
+      if (!is_open()) {
         if (file_ >= files_.size()) return std::nullopt;
         open_current(0);
         record_ = 0;
       }
       unsigned char head[12];
-      in_.read(reinterpret_cast<char*>(head), 12);
-      if (in_.gcount() == 0 && in_.eof()) {
-        in_.close();
+      const std::size_t got = read(reinterpret_cast<char*>(head), 12);
+      if (got == 0) {
+        close_current();
         ++file_;
         continue;
       }
       const std::string& path = files_[file_];
-      if (in_.gcount() != 12)
-        DTRAIN_THROW(IoError, path, ": truncated record header at offset ", offset_, " (record ", record_, ")");
+      if (got != 12)
+        DTRAIN_THROW(IoError, path, ": truncated record header at offset ", where(), " (record ", record_, ")");
       const std::uint64_t length = get_le(head, 8);
       if (record_checksum(framing_, head, 8) != get_le(head + 8, 4))
-        DTRAIN_THROW(IoError, path, ": corrupt record at offset ", offset_, " (record ", record_,
+        DTRAIN_THROW(IoError, path, ": corrupt record at offset ", where(), " (record ", record_,
                      "): the length's checksum does not match");
-      // The length comes from the file: checked against the bytes left in it before
-      // anything is allocated for it.
-      const std::uint64_t left = static_cast<std::uint64_t>(size_ - offset_ - 12);
-      if (length > left || left - length < 4)
-        DTRAIN_THROW(IoError, path, ": truncated record at offset ", offset_, " (record ", record_, "): its header claims ",
-                     length, " bytes (and a 4-byte checksum), but the file holds ", left, " after the header");
-      // A TFRecord's record is a string scalar, as TensorFlow gives it; dtrain's, uint8 [length].
-      const bool as_string = framing_ == RecordFraming::tfrecord;
-      Tensor bytes = as_string ? Tensor::empty(Shape{}, DType::string)
-                               : Tensor::empty({static_cast<std::int64_t>(length)}, DType::u8);
-      char* into = nullptr;
-      if (as_string) {
-        std::string& s = *bytes.data<std::string>();
-        s.resize(static_cast<std::size_t>(length));
-        into = s.data();
-      } else {
-        into = static_cast<char*>(bytes.raw_data());
+      if (!inflating_) {
+        const std::uint64_t left = static_cast<std::uint64_t>(size_ - offset_ - 12);
+        if (length > left || left - length < 4)
+          DTRAIN_THROW(IoError, path, ": truncated record at offset ", where(), " (record ", record_, "): its header claims ",
+                       length, " bytes (and a 4-byte checksum), but the file holds ", left, " after the header");
       }
-      in_.read(into, static_cast<std::streamsize>(length));
-      unsigned char tail[4];
-      in_.read(reinterpret_cast<char*>(tail), 4);
-      if (!in_)
-        DTRAIN_THROW(IoError, path, ": truncated record at offset ", offset_, " (record ", record_, ", ", length,
+      // A TFRecord's record is a string scalar, as TensorFlow gives it; dtrain's, uint8
+      // [length] (read straight into the tensor when the file is not compressed).
+      Tensor bytes;
+      std::string* text = nullptr;
+      if (framing_ == RecordFraming::tfrecord || inflating_) {
+        bytes = Tensor::empty(Shape{}, DType::string);
+        text = bytes.data<std::string>();
+      } else {
+        bytes = Tensor::empty({static_cast<std::int64_t>(length)}, DType::u8);
+      }
+      const bool whole = text ? read_growing(*text, length) : read(static_cast<char*>(bytes.raw_data()), length) == length;
+      if (!whole || read(reinterpret_cast<char*>(tail_), 4) != 4)
+        DTRAIN_THROW(IoError, path, ": truncated record at offset ", where(), " (record ", record_, ", ", length,
                      " bytes announced)");
-      if (record_checksum(framing_, into, length) != get_le(tail, 4))
-        DTRAIN_THROW(IoError, path, ": corrupt record at offset ", offset_, " (record ", record_,
+      const void* data = text ? static_cast<const void*>(text->data()) : bytes.raw_data();
+      if (record_checksum(framing_, data, length) != get_le(tail_, 4))
+        DTRAIN_THROW(IoError, path, ": corrupt record at offset ", where(), " (record ", record_,
                      "): the data's checksum does not match");
       offset_ += 16 + static_cast<std::int64_t>(length);
       ++record_;
-      return Element{bytes};
+      if (text && framing_ == RecordFraming::dtrain) {  // a compressed file of dtrain's records
+        Tensor u8 = Tensor::empty({static_cast<std::int64_t>(length)}, DType::u8);
+        if (length > 0) std::memcpy(u8.raw_data(), text->data(), length);
+        return Element{std::move(u8)};
+      }
+      return Element{std::move(bytes)};
     }
   }
   IteratorState save() const override { return {{static_cast<std::int64_t>(file_), offset_}, {}, {}}; }
   void restore(const IteratorState& s) override {
     check_state(s, 2, 0, "records");
+    close_current();
     file_ = static_cast<std::size_t>(s.values[0]);
     if (file_ < files_.size()) open_current(s.values[1]);
     record_ = 0;  // counted from the position restored (the messages' record numbers)
   }
 
  private:
+  bool is_open() const { return inflating_ != nullptr || plain_.is_open(); }
+  void close_current() {
+    plain_.close();
+    inflating_.reset();
+  }
+  std::string where() const {
+    return std::to_string(offset_) + (inflating_ ? " of the inflated data" : "");
+  }
+  std::size_t read(char* out, std::size_t n) {
+    if (inflating_) {
+      try {
+        return inflating_->read(out, n);
+      } catch (const IoError& e) {
+        DTRAIN_THROW(IoError, files_[file_], ": record ", record_, " (at offset ", where(), "): ", e.what());
+      }
+    }
+    plain_.read(out, static_cast<std::streamsize>(n));
+    return static_cast<std::size_t>(plain_.gcount());
+  }
+  // `length` bytes into `out`, in pieces that grow with what has arrived where the file is
+  // inflated; false if the data ends first.
+  bool read_growing(std::string& out, std::uint64_t length) {
+    if (!inflating_) {
+      out.resize(static_cast<std::size_t>(length));
+      return read(out.data(), out.size()) == out.size();
+    }
+    std::size_t have = 0;
+    while (have < length) {
+      const std::uint64_t step = std::max<std::uint64_t>(std::uint64_t{1} << 20, have);
+      const auto upto = static_cast<std::size_t>(std::min<std::uint64_t>(length, have + step));
+      out.resize(upto);
+      have += read(out.data() + have, upto - have);
+      if (have < upto) return false;
+    }
+    return true;
+  }
   void open_current(std::int64_t offset) {
-    in_.open(files_[file_], std::ios::binary | std::ios::ate);
-    if (!in_) DTRAIN_THROW(IoError, files_[file_], ": cannot open (", std::strerror(errno), ")");
-    size_ = in_.tellg();
-    if (size_ < 0) DTRAIN_THROW(IoError, files_[file_], ": cannot tell its length; record files must be regular files");
-    if (offset < 0 || offset > size_)
-      DTRAIN_THROW(InvalidArgument, files_[file_], ": the saved position ", offset, " is outside the file (", size_,
-                   " bytes)");
-    in_.seekg(offset);
+    const std::string& path = files_[file_];
+    if (offset < 0) DTRAIN_THROW(InvalidArgument, path, ": the saved position ", offset, " is outside the file");
+    offset_ = 0;
+    if (compression_ != Compression::none) {
+      inflating_ = std::make_unique<InflatingFile>(path, compression_);
+      std::vector<char> skip(1 << 16);
+      for (std::int64_t left = offset; left > 0;) {
+        const auto n = static_cast<std::size_t>(std::min<std::int64_t>(left, static_cast<std::int64_t>(skip.size())));
+        if (read(skip.data(), n) != n)
+          DTRAIN_THROW(InvalidArgument, path, ": the saved position ", offset, " is past the end of its inflated data");
+        left -= static_cast<std::int64_t>(n);
+      }
+      offset_ = offset;
+      return;
+    }
+    plain_.open(path, std::ios::binary | std::ios::ate);
+    if (!plain_) DTRAIN_THROW(IoError, path, ": cannot open (", std::strerror(errno), ")");
+    size_ = plain_.tellg();
+    if (size_ < 0) DTRAIN_THROW(IoError, path, ": cannot tell its length; record files must be regular files");
+    if (offset > size_)
+      DTRAIN_THROW(InvalidArgument, path, ": the saved position ", offset, " is outside the file (", size_, " bytes)");
+    plain_.seekg(offset);
     offset_ = offset;
   }
   const std::vector<std::string> files_;
   const RecordFraming framing_;
+  const Compression compression_;
   std::size_t file_ = 0;
   std::int64_t offset_ = 0;
   std::int64_t record_ = 0;  // of the current file, from 0
-  std::int64_t size_ = 0;  // the current file's length in bytes
-  std::ifstream in_;
+  std::int64_t size_ = 0;  // the current file's length in bytes (uncompressed files)
+  std::ifstream plain_;
+  std::unique_ptr<InflatingFile> inflating_;
+  unsigned char tail_[4] = {};
 };
 
 }  // namespace
@@ -569,9 +695,9 @@ NodePtr csv_node(std::vector<std::string> files, CsvOptions options) {
 NodePtr records_node(std::vector<std::string> files) {
   return std::make_shared<FilesNode<RecordsIterator>>("records", std::move(files));
 }
-NodePtr tfrecord_node(std::vector<std::string> files) {
-  return std::make_shared<FilesNode<RecordsIterator, RecordFraming>>("tfrecord", std::move(files),
-                                                                     RecordFraming::tfrecord);
+NodePtr tfrecord_node(std::vector<std::string> files, Compression compression) {
+  return std::make_shared<FilesNode<RecordsIterator, RecordFraming, Compression>>("tfrecord", std::move(files),
+                                                                                  RecordFraming::tfrecord, compression);
 }
 NodePtr text_lines_node(std::vector<std::string> files, bool gzip) {
   return std::make_shared<FilesNode<TextLinesIterator, bool>>("text_lines", std::move(files), gzip);
@@ -638,13 +764,64 @@ std::uint32_t crc32c(std::string_view bytes) {
   return ~crc32c_tables(~0u, p, bytes.size());
 }
 
-RecordWriter::RecordWriter(const std::string& path, RecordFraming framing)
-    : path_(path), framing_(framing), file_(std::fopen(path.c_str(), "wb")) {
+struct RecordWriter::Deflater {
+  z_stream z{};
+  std::vector<unsigned char> out = std::vector<unsigned char>(1 << 16);
+  ~Deflater() { deflateEnd(&z); }
+};
+
+RecordWriter::RecordWriter(const std::string& path, RecordFraming framing, Compression compression, int level)
+    : path_(path), framing_(framing), file_(nullptr) {
+  if (level < -1 || level > 9) DTRAIN_THROW(InvalidArgument, path, ": compression level ", level, " is not in -1..9");
+  file_ = std::fopen(path.c_str(), "wb");
   if (!file_) DTRAIN_THROW(IoError, path, ": cannot create (", std::strerror(errno), ")");
+  if (compression == Compression::none) return;
+  deflater_ = std::make_unique<Deflater>();
+  if (deflateInit2(&deflater_->z, level, Z_DEFLATED, compression == Compression::gzip ? 15 + 16 : 15, 8,
+                   Z_DEFAULT_STRATEGY) != Z_OK) {
+    deflater_.reset();
+    std::fclose(file_);
+    file_ = nullptr;
+    DTRAIN_THROW(IoError, path, ": zlib cannot start compressing (out of memory)");
+  }
 }
 
 RecordWriter::~RecordWriter() {
-  if (file_) std::fclose(file_);
+  if (!file_) return;
+  try {
+    close();  // a compressed stream is ended, so what was written can be read
+  } catch (const std::exception&) {
+    // A destructor cannot report it; close() does.
+  }
+}
+
+void RecordWriter::deflate_out(int flush) {
+  z_stream& z = deflater_->z;
+  do {
+    z.next_out = deflater_->out.data();
+    z.avail_out = static_cast<uInt>(deflater_->out.size());
+    const int rc = deflate(&z, flush);
+    if (rc == Z_STREAM_ERROR) DTRAIN_THROW(IoError, path_, ": zlib could not compress");
+    const std::size_t n = deflater_->out.size() - z.avail_out;
+    if (n > 0 && std::fwrite(deflater_->out.data(), 1, n, file_) != n)
+      DTRAIN_THROW(IoError, path_, ": write failed (", std::strerror(errno), ")");
+  } while (z.avail_out == 0 || (flush == Z_FINISH && z.avail_in > 0));
+}
+
+void RecordWriter::put(const char* bytes, std::size_t n) {
+  if (!deflater_) {
+    if (std::fwrite(bytes, 1, n, file_) != n) DTRAIN_THROW(IoError, path_, ": write failed (", std::strerror(errno), ")");
+    return;
+  }
+  z_stream& z = deflater_->z;
+  while (n > 0) {  // zlib counts in uInt
+    const auto piece = static_cast<uInt>(std::min<std::size_t>(n, 1u << 30));
+    z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes));
+    z.avail_in = piece;
+    deflate_out(Z_NO_FLUSH);
+    bytes += piece;
+    n -= piece;
+  }
 }
 
 void RecordWriter::write(std::string_view record) {
@@ -653,22 +830,32 @@ void RecordWriter::write(std::string_view record) {
   detail::put_le(head, record.size(), 8);
   detail::put_le(head + 8, detail::record_checksum(framing_, head, 8), 4);
   detail::put_le(tail, detail::record_checksum(framing_, record.data(), record.size()), 4);
-  if (std::fwrite(head, 1, 12, file_) != 12 || std::fwrite(record.data(), 1, record.size(), file_) != record.size() ||
-      std::fwrite(tail, 1, 4, file_) != 4)
-    DTRAIN_THROW(IoError, path_, ": write failed (", std::strerror(errno), ")");
+  put(head, 12);
+  put(record.data(), record.size());
+  put(tail, 4);
 }
 
 void RecordWriter::flush() {
   if (!file_) DTRAIN_THROW(IoError, path_, ": flush after close");
+  if (deflater_) deflate_out(Z_SYNC_FLUSH);
   if (std::fflush(file_) != 0) DTRAIN_THROW(IoError, path_, ": flush failed (", std::strerror(errno), ")");
 }
 
 void RecordWriter::close() {
   if (!file_) return;
-  const bool ok = std::fflush(file_) == 0;
-  std::fclose(file_);
+  std::string error;
+  if (deflater_) {
+    try {
+      deflate_out(Z_FINISH);
+    } catch (const IoError& e) {
+      error = e.what();
+    }
+    deflater_.reset();
+  }
+  if (std::fflush(file_) != 0 && error.empty()) error = path_ + ": flush failed (" + std::strerror(errno) + ")";
+  if (std::fclose(file_) != 0 && error.empty()) error = path_ + ": close failed (" + std::strerror(errno) + ")";
   file_ = nullptr;
-  if (!ok) DTRAIN_THROW(IoError, path_, ": flush failed (", std::strerror(errno), ")");
+  if (!error.empty()) DTRAIN_THROW(IoError, error);
 }
 
 // Element <-> bytes: [u64 count] then per tensor [u64 dtype][u64 rank][u64 dims...][bytes].
