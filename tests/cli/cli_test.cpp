@@ -1147,6 +1147,25 @@ class FileSources : public Cli {
     return path;
   }
 
+  // Rows [begin, end) as tf.train.Examples: "x" a float_list of the 4 features (or, raw,
+  // "pixels" their bytes), "y" an int64_list of the label.
+  std::string tfrecord(const std::string& name, std::size_t begin, std::size_t end,
+                       dtrain::data::Compression compression = dtrain::data::Compression::none) {
+    const std::string path = (dir_ / name).string();
+    dtrain::data::RecordWriter w(path, dtrain::data::RecordFraming::tfrecord, compression);
+    for (std::size_t i = begin; i < end; ++i) {
+      dtrain::data::Features f;
+      f["x"] = {.kind = dtrain::data::Feature::Kind::floats,
+                .floats = {rows_.feature(i, 0), rows_.feature(i, 1), rows_.feature(i, 2), rows_.feature(i, 3)}};
+      f["pixels"] = {.kind = dtrain::data::Feature::Kind::bytes,
+                     .bytes = {std::string(reinterpret_cast<const char*>(rows_.bytes.data() + i * 4), 4)}};
+      f["y"] = {.kind = dtrain::data::Feature::Kind::int64s, .int64s = {rows_.labels[i]}};
+      w.write(dtrain::data::serialize_example(f));
+    }
+    w.close();
+    return path;
+  }
+
   // A config around `data`: a small classifier of the 4 features.
   std::string config(const std::string& name, const std::string& data, const std::string& extra = "") {
     return write(name, R"({
@@ -1193,7 +1212,16 @@ TEST_F(FileSources, CsvIdxAndRecordsGiveTheSameTensors) {
                                                               records("a.rec", 0, 100) + R"(", ")" +
                                                               records("b.rec", 100, 150) + R"("], "test": ")" +
                                                               records("test.rec", 150, 200) + R"("})");
-  for (const std::string& cfg : {from_csv, from_idx, from_records}) {
+  // tf.train.Examples in three gzip shards named by a glob, and the test split.
+  tfrecord("shard-0.tfrecord.gz", 0, 60, dtrain::data::Compression::gzip);
+  tfrecord("shard-1.tfrecord.gz", 60, 100, dtrain::data::Compression::gzip);
+  tfrecord("shard-2.tfrecord.gz", 100, 150, dtrain::data::Compression::gzip);
+  const std::string from_tfrecord =
+      config("tfrecord.json", R"({"source": "tfrecord", "train": ")" + (dir_ / "shard-*.tfrecord.gz").string() +
+                                  R"(", "compression": "GZIP", "test": ")" + tfrecord("test.gz", 150, 200, dtrain::data::Compression::gzip) +
+                                  R"(", "features": {"x": {"shape": [4], "dtype": "float32"},
+                                      "y": {"shape": [], "dtype": "int64"}}, "x": "x", "y": "y"})");
+  for (const std::string& cfg : {from_csv, from_idx, from_records, from_tfrecord}) {
     SCOPED_TRACE(cfg);
     const dtrain::data::Classification d = load(cfg);
     expect_rows(d.train, rows_, 0, 150);
@@ -1201,6 +1229,29 @@ TEST_F(FileSources, CsvIdxAndRecordsGiveTheSameTensors) {
     EXPECT_EQ(d.classes, 2);
     EXPECT_EQ(dtrain::cli::input_shape(dtrain::cli::load_config(cfg)), dtrain::Shape{4});
   }
+}
+
+TEST_F(FileSources, TfRecordRowsOfRawBytesAndWhatDoesNotFitTheSpecIsNamed) {
+  const std::string file = tfrecord("t.tfrecord", 0, 50);
+  const auto data = [&](const std::string& features, const std::string& x) {
+    return R"({"source": "tfrecord", "train": ")" + file + R"(", "features": )" + features + R"(, "x": ")" + x +
+           R"(", "y": "y"})";
+  };
+  const dtrain::data::Classification d = load(config(
+      "raw.json", data(R"({"pixels": {"dtype": "string", "decode_raw": "uint8"}, "y": {"dtype": "int64"}})", "pixels")));
+  ASSERT_EQ(d.train.x.shape(), (dtrain::Shape{50, 4}));
+  EXPECT_EQ(d.train.x.data<float>()[4 * 9 + 2], static_cast<float>(rows_.bytes[4 * 9 + 2]));
+  EXPECT_EQ(d.train.y.data<std::int32_t>()[9], rows_.labels[9]);
+  const std::string wrong = config("wrong.json", data(R"({"x": {"shape": [5]}, "y": {"dtype": "int64"}})", "x"));
+  std::string m = dtrain::testing::message_of<std::exception>([&] { load(wrong); });
+  EXPECT_NE(m.find(file + ": record 0: parse_single_example: feature 'x' has 4 values where its shape [5] holds 5"),
+            std::string::npos) << m;
+  m = dtrain::testing::message_of<std::exception>([&] { dtrain::cli::load_config(config("none.json", R"({"source": "tfrecord", "train": ")" +
+                                                                        (dir_ / "nothing-*.tfrecord").string() +
+                                                                        R"(", "features": {}, "x": "x", "y": "y"})")); });
+  EXPECT_NE(m.find("nothing-*.tfrecord' matches no file"), std::string::npos) << m;
+  m = dtrain::testing::message_of<std::exception>([&] { dtrain::cli::load_config(config("bad.json", data(R"({"x": {"shape": [4]}})", "x"))); });
+  EXPECT_NE(m.find("data.y: names the feature \"y\", which data.features does not give"), std::string::npos) << m;
 }
 
 TEST_F(FileSources, CsvColumnsByNameOrIndexAndRegressionLabels) {
@@ -1318,7 +1369,7 @@ TEST_F(FileSources, BadInputNamesTheKeyAndTheFile) {
     std::vector<std::string> expect;  // every one is in the error line
   };
   const Case cases[] = {
-      {R"({"source": "parquet"})", {"data.source: expected \"synthetic\", \"fashion_mnist\", \"csv\", \"idx\", \"records\" or \"text\""}},
+      {R"({"source": "parquet"})", {"data.source: expected \"synthetic\", \"fashion_mnist\", \"csv\", \"idx\", \"records\", \"tfrecord\" or \"text\""}},
       {csv_with(R"("label_column": "label", "samples": 10)"), {"data.samples: unknown key"}},
       {R"({"source": "synthetic", "train": "x.csv"})", {"data.train: unknown key"}},
       {R"({"source": "text"})", {"data.files: is required"}},

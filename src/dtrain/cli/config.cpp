@@ -2,6 +2,8 @@
 // names, read into memory (the file sources are not streamed).
 #include "dtrain/cli/config.h"
 
+#include <glob.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <charconv>
@@ -84,11 +86,28 @@ void check_file(const JsonReader& at, const std::string& file) {
   if (!fs::is_regular_file(file, ec)) at.fail("", "'" + file + "' is not a regular file");
 }
 
-// `key`: one file name, or a non-empty array of them.
+// A name with glob(7)'s wildcards that is not itself a file: the files it matches, sorted.
+bool add_matches(const JsonReader& at, const std::string& pattern, std::vector<std::string>& files) {
+  std::error_code ec;
+  if (pattern.find_first_of("*?[") == std::string::npos || fs::exists(pattern, ec)) return false;
+  glob_t found{};
+  const int rc = glob(pattern.c_str(), GLOB_ERR, nullptr, &found);
+  const std::size_t before = files.size();
+  if (rc == 0)
+    for (std::size_t i = 0; i < found.gl_pathc; ++i) files.emplace_back(found.gl_pathv[i]);
+  globfree(&found);
+  if (files.size() == before) at.fail("", "'" + pattern + "' matches no file");
+  for (std::size_t i = before; i < files.size(); ++i) check_file(at, files[i]);
+  return true;
+}
+
+// `key`: one file name, or a non-empty array of them; a name may be a glob pattern
+// ("train-*.tfrecord"), which gives the files it matches in sorted order.
 std::vector<std::string> files_at(const JsonReader& d, const std::string& key) {
   const JsonReader f = d.child(key);
   std::vector<std::string> files;
   if (f.raw().is_string()) {
+    if (add_matches(f, f.raw().get<std::string>(), files)) return files;
     files.push_back(f.raw().get<std::string>());
     check_file(f, files.back());
     return files;
@@ -98,6 +117,7 @@ std::vector<std::string> files_at(const JsonReader& d, const std::string& key) {
   for (std::size_t i = 0; i < f.size(); ++i) {
     const JsonReader e = f.element(i);
     if (!e.raw().is_string()) e.fail("", "expected a file name, got " + e.raw().dump());
+    if (add_matches(e, e.raw().get<std::string>(), files)) continue;
     files.push_back(e.raw().get<std::string>());
     check_file(e, files.back());
   }
@@ -210,10 +230,12 @@ DataConfig data_from(const JsonReader& d) {
     d.expect_keys({"source", "train_images", "train_labels", "test_images", "test_labels", "pipeline"});
   else if (c.source == "records")
     d.expect_keys({"source", "train", "test", "pipeline"});
+  else if (c.source == "tfrecord")
+    d.expect_keys({"source", "train", "test", "compression", "features", "x", "y", "pipeline"});
   else if (c.source == "text")
     d.expect_keys({"source", "files", "length", "bytes", "held_out", "tokenizer", "pipeline"});
   else
-    d.fail("source", "expected \"synthetic\", \"fashion_mnist\", \"csv\", \"idx\", \"records\" or \"text\", got \"" +
+    d.fail("source", "expected \"synthetic\", \"fashion_mnist\", \"csv\", \"idx\", \"records\", \"tfrecord\" or \"text\", got \"" +
                          c.source + "\"");
   if (d.has("pipeline")) c.pipeline = pipeline_from(d.child("pipeline"));
 
@@ -262,9 +284,67 @@ DataConfig data_from(const JsonReader& d) {
       c.test_files = {one_file_at(d, "test_images"), one_file_at(d, "test_labels")};
     }
   }
-  if (c.source == "records") {
+  if (c.source == "records" || c.source == "tfrecord") {
     c.train_files = files_at(d, "train");
     if (d.has("test")) c.test_files = files_at(d, "test");
+  }
+  if (c.source == "tfrecord") {
+    const std::string compression = d.get_string("compression", "");
+    try {
+      c.compression = data::compression_named(compression, "compression");
+    } catch (const InvalidArgument&) {
+      d.fail("compression", "expected \"\", \"ZLIB\" or \"GZIP\", got \"" + compression + "\"");
+    }
+    const JsonReader features = d.child("features");
+    if (!features.raw().is_object()) features.fail("", "expected an object of feature specs, got " + features.raw().dump());
+    const auto spec_of = [&](const char* role) {
+      const std::string name = d.get_string(role);
+      if (!features.has(name)) d.fail(role, "names the feature \"" + name + "\", which data.features does not give");
+      const JsonReader f = features.child(name);
+      f.expect_keys({"type", "shape", "dtype", "default", "decode_raw"});
+      data::FeatureSpec spec;
+      spec.key = name;
+      const std::string type = f.get_string("type", "fixed_len");
+      if (type != "fixed_len") f.fail("type", "must be \"fixed_len\" (a row and a label have one shape), got \"" + type + "\"");
+      std::vector<std::int64_t> dims;
+      if (f.has("shape")) {
+        const JsonReader shape = f.child("shape");
+        if (!shape.raw().is_array()) shape.fail("", "expected an array of sizes, got " + shape.raw().dump());
+        for (std::size_t i = 0; i < shape.size(); ++i) {
+          const JsonReader e = shape.element(i);
+          if (!e.raw().is_number_integer() || e.raw().get<std::int64_t>() < 0) e.fail("", "expected a size, got " + e.raw().dump());
+          dims.push_back(e.raw().get<std::int64_t>());
+        }
+      }
+      spec.shape = Shape(dims);
+      const std::string dtype = f.get_string("dtype", "float32");
+      if (dtype == "float32") spec.dtype = DType::f32;
+      else if (dtype == "int64") spec.dtype = DType::i32;
+      else if (dtype == "string") spec.dtype = DType::string;
+      else f.fail("dtype", "must be \"float32\", \"int64\" or \"string\", got \"" + dtype + "\"");
+      if (f.has("default")) {
+        if (spec.dtype == DType::string) f.fail("default", "is for number features");
+        const double v = f.get_number("default");
+        spec.default_value = spec.dtype == DType::f32
+                                 ? Tensor::full(spec.shape, static_cast<float>(v))
+                                 : Tensor::full(spec.shape, static_cast<float>(v)).astype(DType::i32);
+      }
+      if (f.has("decode_raw")) {
+        const std::string raw = f.get_string("decode_raw");
+        if (spec.dtype != DType::string) f.fail("decode_raw", "is for a string feature (\"dtype\": \"string\")");
+        if (std::string_view(role) != "x") f.fail("decode_raw", "is for the x feature");
+        if (raw == "uint8") c.x_decode_raw = DType::u8;
+        else if (raw == "int32") c.x_decode_raw = DType::i32;
+        else if (raw == "float32") c.x_decode_raw = DType::f32;
+        else f.fail("decode_raw", "must be \"uint8\", \"int32\" or \"float32\", got \"" + raw + "\"");
+      } else if (spec.dtype == DType::string) {
+        f.fail("dtype", "a string feature needs \"decode_raw\" (its bytes' type) to be trained on");
+      }
+      return spec;
+    };
+    c.x_feature = spec_of("x");
+    c.y_feature = spec_of("y");
+    if (c.y_feature.shape.numel() != 1) features.child(c.y_feature.key).fail("shape", "a label has one value (shape [])");
   }
   if (c.source == "text") {
     c.train_files = files_at(d, "files");
@@ -292,7 +372,9 @@ DataConfig data_from(const JsonReader& d) {
   return c;
 }
 
-bool is_file_source(const std::string& source) { return source == "csv" || source == "idx" || source == "records"; }
+bool is_file_source(const std::string& source) {
+  return source == "csv" || source == "idx" || source == "records" || source == "tfrecord";
+}
 
 // The config key that names a split's files, for messages.
 std::string files_key(const DataConfig& d, bool test) {
@@ -385,7 +467,37 @@ void read_records(const std::string& file, std::int64_t limit, Rows& rows) {
   }
 }
 
-// Up to `limit` rows (-1: all) of a csv or records split, its files in order.
+// A TFRecord file of tf.train.Example: x and y parsed as the config's features give them.
+void read_tfrecord(const DataConfig& d, const std::string& file, std::int64_t limit, Rows& rows) {
+  data::Iterator it = data::Dataset::tfrecord({file}, d.compression).make_iterator();
+  const std::vector<data::FeatureSpec> specs{d.x_feature, d.y_feature};
+  for (std::int64_t i = 0; limit < 0 || i < limit; ++i) {
+    const std::optional<data::Element> record = it.next();
+    if (!record) return;
+    const std::string where = file + ": record " + std::to_string(i);
+    std::vector<data::ParsedFeature> parsed;
+    try {
+      parsed = data::parse_examples((*record)[0], specs);
+    } catch (...) {
+      rethrow_with_context(std::current_exception(), where);
+    }
+    Tensor x = parsed[0].values;
+    if (d.x_decode_raw) {
+      try {
+        x = data::decode_raw(x, *d.x_decode_raw);
+      } catch (...) {
+        rethrow_with_context(std::current_exception(), where + ": feature '" + d.x_feature.key + "'");
+      }
+    }
+    if (x.dtype() != DType::f32) x = x.astype(DType::f32);
+    if (x.rank() == 0) x = x.reshape(Shape{1});
+    const Tensor& y = parsed[1].values;
+    const double label = y.dtype() == DType::i32 ? y.data<std::int32_t>()[0] : y.data<float>()[0];
+    add_row(rows, x, label, file, where);
+  }
+}
+
+// Up to `limit` rows (-1: all) of a csv, records or tfrecord split, its files in order.
 Rows read_rows(const DataConfig& d, const std::vector<std::string>& files, std::int64_t limit, bool classes,
                std::optional<std::int64_t> class_count = std::nullopt) {
   Rows rows;
@@ -395,6 +507,7 @@ Rows read_rows(const DataConfig& d, const std::vector<std::string>& files, std::
     const std::int64_t left = limit < 0 ? -1 : limit - static_cast<std::int64_t>(rows.y.size());
     if (left == 0) break;
     if (d.source == "csv") read_csv(file, d.csv, left, rows);
+    else if (d.source == "tfrecord") read_tfrecord(d, file, left, rows);
     else read_records(file, left, rows);
   }
   if (rows.y.empty()) {

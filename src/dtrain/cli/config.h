@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dtrain/data/dataset.h"
+#include "dtrain/data/example.h"
 #include "dtrain/data/datasets.h"
 #include "dtrain/model/sequential.h"
 #include "dtrain/model/serialization.h"
@@ -28,7 +29,7 @@ struct PipelineConfig {
 // Where the data comes from. The file sources (csv, idx, records) are read into memory
 // whole; nothing here streams from disk.
 struct DataConfig {
-  std::string source = "synthetic";  // "fashion_mnist", "synthetic", "csv", "idx", "records" or "text"
+  std::string source = "synthetic";  // "fashion_mnist", "synthetic", "csv", "idx", "records", "tfrecord" or "text"
   std::string path;                  // fashion_mnist: directory ("" = default)
   std::int64_t samples = 1000, test_samples = 0, features = 100, classes = 10;
   data::SyntheticLabels labels = data::SyntheticLabels::random;
@@ -36,6 +37,12 @@ struct DataConfig {
   // read in order; idx: {images, labels}. No test files: no test split.
   std::vector<std::string> train_files, test_files;
   data::CsvOptions csv;  // csv: label_column (always set), header, delimiter, select_columns
+  // tfrecord: files of tf.train.Example (a glob of shards, or a list), their compression,
+  // and the features x (the row) and y (the label) are parsed from, as FixedLenFeature
+  // specs; x may be a string feature of raw bytes (decode_raw: its type).
+  data::Compression compression = data::Compression::none;
+  data::FeatureSpec x_feature, y_feature;
+  std::optional<DType> x_decode_raw;
   // text (a language model's windows, data::text_windows): the window's bytes, at most this
   // many bytes of the files (-1: all), and the share held out as the test split.
   std::int64_t text_length = 64, text_bytes = -1;
