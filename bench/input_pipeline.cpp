@@ -14,15 +14,22 @@
 //  6. prefetch(4) refilling for a consumer that works about half a millisecond per
 //     element: how many of 40 elements the consumer waited for (a producer that overslept
 //     its naps would keep it waiting; expected: at most the first few).
+//  7. the record readers over Fashion-MNIST's 60,000 training images: dtrain's record
+//     files (an element per record) against TFRecord files of tf.train.Example (image
+//     bytes and int64 label), uncompressed and GZIP, in MB/s of file bytes; and the
+//     Examples parsed in batches of 256 (parse_example) against decode_element.
 //
-//   bench_input_pipeline [--quick] [--fashion-mnist-only] [--prefetch-refill-only]
+//   bench_input_pipeline [--quick] [--fashion-mnist-only] [--prefetch-refill-only] [--record-readers-only]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <numeric>
 #include <random>
 #include <cstdio>
+#include <filesystem>
 #include <thread>
+
+#include <unistd.h>
 
 #include "dtrain/dtrain.h"
 #include "timing.h"
@@ -248,10 +255,75 @@ void prefetch_refill() {
   set_num_threads(0);
 }
 
+void record_readers(bool quick) {
+  const data::Classification fm = data::load_fashion_mnist("", DType::u8);
+  const std::int64_t n = quick ? 10000 : fm.train.x.dim(0), pixels = fm.train.x.numel() / fm.train.x.dim(0);
+  const std::string dir = "/tmp/dtrain_bench_records_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string records = dir + "/train.rec", plain = dir + "/train.tfrecord", gz = dir + "/train.tfrecord.gz";
+  {
+    data::RecordWriter r(records);
+    data::RecordWriter t(plain, data::RecordFraming::tfrecord);
+    data::RecordWriter g(gz, data::RecordFraming::tfrecord, data::Compression::gzip);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const Tensor image = fm.train.x.slice(i, i + 1).reshape(Shape{pixels});
+      const std::int32_t label = fm.train.y.data<std::int32_t>()[i];
+      r.write(data::encode_element({image, Tensor::from_vector(Shape{}, std::span<const std::int32_t>(&label, 1))}));
+      data::Features f;
+      f["image"] = {.kind = data::Feature::Kind::bytes,
+                    .bytes = {std::string(static_cast<const char*>(image.raw_data()), static_cast<std::size_t>(pixels))}};
+      f["label"] = {.kind = data::Feature::Kind::int64s, .int64s = {label}};
+      const std::string example = data::serialize_example(f);
+      t.write(example);
+      g.write(example);
+    }
+  }
+  const std::vector<data::FeatureSpec> spec{{.key = "image", .dtype = DType::string, .shape = Shape{}},
+                                            {.key = "label", .dtype = DType::i32, .shape = Shape{}}};
+  struct Case {
+    const char* name;
+    std::string file;
+    data::Dataset ds;
+  };
+  const std::vector<Case> cases{
+      {"records (dtrain's)", records, data::Dataset::records({records})},
+      {"tfrecord", plain, data::Dataset::tfrecord({plain})},
+      {"tfrecord GZIP", gz, data::Dataset::tfrecord({gz}, data::Compression::gzip)},
+      {"records + decode_element", records,
+       data::Dataset::records({records}).map([](const data::Element& e) { return data::decode_element(e[0]); })},
+      {"tfrecord + parse_example/256", plain,
+       data::Dataset::tfrecord({plain}).batch(256).map([spec](const data::Element& e) {
+         const auto parsed = data::parse_examples(e[0], spec);
+         return data::Element{data::decode_raw(parsed[0].values, DType::u8), parsed[1].values};
+       })},
+  };
+  std::printf("\nrecord readers, Fashion-MNIST's %lld training images, one pass each, median of 5:\n",
+              static_cast<long long>(n));
+  for (const Case& c : cases) {
+    std::vector<double> times;
+    for (int run = 0; run < 5; ++run) {
+      const double start = bench::now();
+      std::int64_t count = 0;
+      for (data::Iterator it = c.ds.make_iterator(); it.next();) ++count;
+      times.push_back(bench::now() - start);
+    }
+    std::sort(times.begin(), times.end());
+    const double t = times[2];
+    const double mb = static_cast<double>(std::filesystem::file_size(c.file)) / 1e6;
+    std::printf("  %-30s %8.1f ms  %8.1f MB/s of the file (%.1f MB)  %6.2f M records/s\n", c.name, t * 1e3, mb / t, mb,
+                static_cast<double>(n) / t / 1e6);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool quick = bench::has_flag(argc, argv, "--quick");
+  if (bench::has_flag(argc, argv, "--record-readers-only")) {
+    record_readers(quick);
+    return 0;
+  }
   if (bench::has_flag(argc, argv, "--prefetch-refill-only")) {
     prefetch_refill();
     return 0;

@@ -121,10 +121,22 @@ def _args(element):
 
 
 class _Structure:
-    """The structure of what a map function returns: known once it has been called."""
+    """The structure of what a map function returns: known once it has been called (or,
+    for interleave, once the dataset it made knows its own)."""
 
     def __init__(self):
-        self.value = None
+        self._value = None
+        self.source = None  # another _Structure this one is, where it is not known yet
+
+    @property
+    def value(self):
+        if self._value is None and self.source is not None:
+            return self.source.value
+        return self._value
+
+    @value.setter
+    def value(self, structure):
+        self._value = structure
 
 
 class Dataset:
@@ -210,7 +222,46 @@ class Dataset:
         return Dataset(_data._Dataset.range(*(_whole("Dataset.range", what, value) for what, value in
                                               (("start", start), ("stop", stop), ("step", step)))), _ONE)
 
+    @staticmethod
+    def list_files(file_pattern, shuffle=None, seed=None, name=None):
+        """Dataset.list_files: the names of the files the pattern (or patterns) match, as
+        string scalars, sorted and then shuffled each pass unless shuffle=False (seed fixes
+        the order). A pattern that matches nothing is an error naming it. Under a
+        multi-worker strategy it is a file source: AutoShardPolicy.FILE gives each worker
+        its names, and the readers interleave makes of them read their whole files."""
+        del name
+        patterns = file_pattern if isinstance(file_pattern, (list, tuple)) else [file_pattern]
+        names = _data._Dataset.glob([os.fsdecode(p.numpy() if isinstance(p, _dtrain.Tensor) else p) for p in patterns])
+        dataset = Dataset(_data._Dataset.file_names(names), _ONE)
+        if shuffle is None or shuffle:
+            dataset = dataset.shuffle(len(names), seed=seed)
+        return dataset
+
     # --- transformations
+    def interleave(self, map_func, cycle_length=None, block_length=None, num_parallel_calls=None, deterministic=None,
+                   name=None):
+        """map_func makes a Dataset of each element; cycle_length of them are read in turn,
+        block_length elements at a time, in TensorFlow's order (cycle_length None or
+        AUTOTUNE: the machine's cores). num_parallel_calls reads the open datasets ahead on
+        threads of their own; the order stays the same (deterministic or not)."""
+        del deterministic, name
+        cycle = AUTOTUNE if cycle_length is None else _whole("interleave", "cycle_length", cycle_length)
+        block = 1 if block_length is None else _whole("interleave", "block_length", block_length)
+        parallel = 0 if num_parallel_calls is None else int(num_parallel_calls)
+        made = _Structure()
+
+        def call(*parts):
+            inner = map_func(*_args(self._element(parts)))
+            if not isinstance(inner, Dataset):
+                raise TypeError(f"interleave: map_func must return a tf.data.Dataset, got {type(inner).__name__}")
+            if isinstance(inner._structure, _Structure):
+                made.source = inner._structure
+            else:
+                made.value = inner._structure
+            return inner._cpp
+
+        return self._derive(self._cpp.interleave(call, cycle, block, parallel), made)
+
     def map(self, map_func, num_parallel_calls=None, deterministic=None, name=None):
         """map_func gets an element's parts as TensorFlow passes them (a tuple's items, or
         the element), and may return tensors, or tuples and dicts of them."""
@@ -341,13 +392,15 @@ class TFRecordDataset(Dataset):
     string scalar (the record's bytes) each; every record's length and bytes are checked
     against their masked CRC-32C, and a bad one is an error naming the file, the record and
     its offset. compression_type None, "" (uncompressed), "ZLIB" or "GZIP" (a compressed
-    file is inflated as it is read). Files are read one after another. Under a multi-worker
-    strategy it is a file source, as TextLineDataset."""
+    file is inflated as it is read). Files are read one after another, or with
+    num_parallel_reads N > 1 N at a time, a record from each in turn (TensorFlow's
+    interleave). Under a multi-worker strategy it is a file source, as TextLineDataset."""
 
     def __init__(self, filenames, compression_type=None, buffer_size=None, num_parallel_reads=None, name=None):
-        del buffer_size, num_parallel_reads, name
+        del buffer_size, name
         compression = "" if compression_type is None else str(compression_type).upper()
-        super().__init__(_data._Dataset.tfrecord(_filenames("TFRecordDataset", filenames), compression), _ONE)
+        parallel = 0 if num_parallel_reads is None else int(num_parallel_reads)
+        super().__init__(_data._Dataset.tfrecord(_filenames("TFRecordDataset", filenames), compression, parallel), _ONE)
 
 
 def _next_pass(dataset):

@@ -91,3 +91,22 @@ def join(inputs, separator="", name=None):
     for i in range(out.size):
         out.reshape(-1)[i] = sep.join(p[i] for p in flat)
     return _tensor(out)
+
+
+def to_number(string_tensor, out_type=None, name=None):
+    """Each string read as a number (float32 by default; int32 or int64 read whole numbers,
+    held as int32). A string that is not one is an InvalidArgumentError naming it."""
+    del name
+    type_name = "float32" if out_type is None else getattr(out_type, "name", str(out_type))
+    values = _values(string_tensor, "to_number")
+    whole = type_name in ("int32", "int64")
+
+    def number(v):
+        try:
+            return int(v) if whole else float(v)
+        except ValueError:
+            raise _dtrain.errors.InvalidArgumentError(
+                f"tf.strings.to_number: {v!r} is not {'a whole number' if whole else 'a number'}") from None
+
+    array = _each(string_tensor, "to_number", number) if values.size else values
+    return _dtrain.Tensor(np.asarray(array, dtype=np.int32 if whole else np.float32), "int32" if whole else "float32")

@@ -195,8 +195,19 @@ void bind_data(py::module_& m) {
       })
       .def_static("from_idx", &data::Dataset::from_idx)
       .def_static("text_lines", &data::Dataset::text_lines)
-      .def_static("tfrecord", [](std::vector<std::string> files, const std::string& compression) {
-        return data::Dataset::tfrecord(std::move(files), data::compression_named(compression, "TFRecordDataset"));
+      .def_static("tfrecord", [](std::vector<std::string> files, const std::string& compression, std::int64_t parallel) {
+        return data::Dataset::tfrecord(std::move(files), data::compression_named(compression, "TFRecordDataset"), parallel);
+      })
+      .def_static("file_names", &data::Dataset::file_names)
+      .def_static("glob", &data::Dataset::glob)
+      // fn(parts...) returns the C++ dataset of the Python one the user's function made.
+      .def("interleave", [](const data::Dataset& ds, py::function fn, std::int64_t cycle, std::int64_t block,
+                            std::int64_t parallel) {
+        auto f = hold(std::move(fn));
+        return ds.interleave([f](const data::Element& e) {
+          py::gil_scoped_acquire gil;
+          return call_with(*f, e).cast<data::Dataset>();
+        }, cycle, block, parallel);
       })
       .def("map", [](const data::Dataset& ds, py::function fn, std::int64_t parallel, bool deterministic) {
         auto f = hold(std::move(fn));

@@ -236,6 +236,10 @@ void bind_distribute(py::module_& m) {
       }, py::arg("values"), py::arg("axis") = 0)
       .def("distribute_dataset", [](const Strategy& s, const data::Dataset& ds) {
         return s.experimental_distribute_dataset(ds);
+      })
+      // The dataset distribute_datasets_from_function's function gave (called in Python).
+      .def("distribute_per_replica_dataset", [](const Strategy& s, const data::Dataset& ds) {
+        return s.distribute_datasets_from_function([&](const distribute::InputContext&) { return ds; });
       });
   // ParameterServerStrategy and ClusterCoordinator.
   py::class_<distribute::ParameterServerStrategy, std::shared_ptr<distribute::ParameterServerStrategy>>(

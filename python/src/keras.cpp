@@ -512,6 +512,18 @@ void bind_keras(py::module_& m) {
            py::arg("start_from_epoch") = 0)
       .def_property_readonly("stopped_epoch", &EarlyStopping::stopped_epoch)
       .def_property_readonly("best_epoch", &EarlyStopping::best_epoch);
+  py::class_<ReduceLROnPlateau, Callback, std::shared_ptr<ReduceLROnPlateau>>(c, "ReduceLROnPlateau")
+      .def(py::init([](const std::string& monitor, double factor, int patience, int verbose, const std::string& mode,
+                       double min_delta, int cooldown, double min_lr, py::kwargs kwargs) {
+             for (auto item : kwargs)
+               if (item.first.cast<std::string>() != "epsilon")  // Keras 2's name for min_delta
+                 throw py::type_error("ReduceLROnPlateau: unexpected argument " + item.first.cast<std::string>());
+             if (kwargs.contains("epsilon")) min_delta = kwargs["epsilon"].cast<double>();
+             return std::make_shared<ReduceLROnPlateau>(
+                 ReduceLROnPlateauOptions{monitor, factor, patience, verbose, mode, min_delta, cooldown, min_lr});
+           }),
+           py::arg("monitor") = "val_loss", py::arg("factor") = 0.1, py::arg("patience") = 10, py::arg("verbose") = 0,
+           py::arg("mode") = "auto", py::arg("min_delta") = 1e-4, py::arg("cooldown") = 0, py::arg("min_lr") = 0.0);
   py::class_<TensorBoard, Callback, std::shared_ptr<TensorBoard>>(c, "_TensorBoard")
       .def(py::init([](const std::string& log_dir, int histogram_freq, std::int64_t update_freq,
                        bool write_steps_per_second, std::int64_t profile_first, std::int64_t profile_last) {

@@ -78,7 +78,9 @@ def test_the_loss_is_the_weighted_sum_and_evaluate_lists_as_keras_does():
     values = model.evaluate([title, body], [priority, department], verbose=0)
     assert values == pytest.approx(list(logs.values()))
     called = model({"title": title[:3], "body": body[:3]})
-    np.testing.assert_allclose(called[1].numpy(), d[:3], rtol=1e-6)
+    # Three rows against predict's batches of 50: the matmul may block the rows otherwise
+    # and round a sum differently, a few ulps.
+    np.testing.assert_allclose(called[1].numpy(), d[:3], rtol=1e-5, atol=1e-6)
 
 
 def test_two_replicas_train_several_inputs_and_outputs_as_one_device():

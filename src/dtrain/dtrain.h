@@ -15,6 +15,7 @@
 #include "dtrain/core/tensor.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/data/dataset.h"
+#include "dtrain/data/example.h"
 #include "dtrain/data/datasets.h"
 #include "dtrain/data/idx.h"
 #include "dtrain/data/sentencepiece.h"

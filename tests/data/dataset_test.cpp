@@ -928,6 +928,70 @@ TEST_F(Files, ALyingLengthInACompressedTfRecordCostsOnlyTheDataThere) {
             std::string::npos) << m;
 }
 
+// TensorFlow's documented example: range(1, 6).interleave(lambda x: from_tensors(x).repeat(6),
+// cycle_length=2, block_length=4).
+TEST(Dataset, InterleaveReadsInTensorFlowsOrder) {
+  const auto six_of = [](const Element& e) {
+    const int x = static_cast<int>(e[0].item());
+    return Dataset::range(x, x + 1).repeat(6);
+  };
+  const std::vector<int> want{1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 3, 3, 4, 4, 5, 5, 5, 5, 5, 5};
+  EXPECT_EQ(values(Dataset::range(1, 6).interleave(six_of, 2, 4)), want);
+  // Read ahead on threads of their own, the same order.
+  EXPECT_EQ(values(Dataset::range(1, 6).interleave(six_of, 2, 4, 2)), want);
+  // Datasets of different lengths: a finished one's slot takes the next input.
+  const auto count_of = [](const Element& e) {
+    const int x = static_cast<int>(e[0].item());
+    return Dataset::range(10 * x, 10 * x + x);
+  };
+  EXPECT_EQ(values(Dataset::range(1, 5).interleave(count_of, 2, 1)),
+            (std::vector<int>{10, 20, 21, 30, 31, 40, 32, 41, 42, 43}));
+  for (int k : {0, 1, 4, 7, 15, 29})
+    expect_resumes_exactly(Dataset::range(1, 6).interleave(six_of, 2, 4, 2).map([](const Element& e) {
+      return Element{Tensor::scalar(e[0].item())};
+    }), k);
+  EXPECT_NE(message_of([&] { Dataset::range(3).interleave(six_of, 0); }).find("cycle_length must be"), std::string::npos);
+  const std::string m = message_of([&] {
+    values(Dataset::range(3).interleave([](const Element& e) -> Dataset {
+      if (e[0].item() == 2) DTRAIN_THROW(IoError, "no such shard");
+      return Dataset::range(1);
+    }, 1));
+  });
+  EXPECT_NE(m.find("interleave: input element 2: no such shard"), std::string::npos) << m;
+}
+
+TEST_F(Files, ListedFilesInterleavedAndShardedByFile) {
+  std::vector<std::string> files;
+  for (int f = 0; f < 4; ++f) {
+    const std::string path = (dir_ / ("part-" + std::to_string(f) + ".tfrecord")).string();
+    RecordWriter w(path, RecordFraming::tfrecord);
+    for (int r = 0; r < 3; ++r) w.write(std::to_string(10 * f + r));
+    files.push_back(path);
+  }
+  write("other.txt", "x");
+  EXPECT_EQ(Dataset::glob({(dir_ / "part-*.tfrecord").string()}), files);
+  const std::string m = message_of([&] { Dataset::glob({(dir_ / "none-*").string()}); });
+  EXPECT_NE(m.find("list_files: no files match the pattern '" + (dir_ / "none-*").string() + "'"), std::string::npos) << m;
+  const auto read = [](const Dataset& ds) {
+    std::vector<int> out;
+    for (Iterator it = ds.make_iterator(); auto e = it.next();) out.push_back(std::stoi(*(*e)[0].data<std::string>()));
+    return out;
+  };
+  const auto reader = [](const Element& e) { return Dataset::tfrecord({*e[0].data<std::string>()}); };
+  EXPECT_EQ(read(Dataset::file_names(files).interleave(reader, 2, 1)),
+            (std::vector<int>{0, 10, 1, 11, 2, 12, 20, 30, 21, 31, 22, 32}));
+  // TFRecordDataset(files, num_parallel_reads=4): a record of each file in turn.
+  EXPECT_EQ(read(Dataset::tfrecord(files, Compression::none, 4)),
+            (std::vector<int>{0, 10, 20, 30, 1, 11, 21, 31, 2, 12, 22, 32}));
+  // Sharded by file, worker 1 of 2 lists files 1 and 3 and reads each whole.
+  const Dataset sharded = Dataset::file_names(files).interleave(reader, 2, 1).batch(4).shard_by_file(2, 1);
+  EXPECT_EQ(Dataset::file_names(files).interleave(reader, 2, 1).input_files(), 4);
+  std::vector<int> mine;
+  for (Iterator it = sharded.make_iterator(); auto e = it.next();)
+    for (std::int64_t i = 0; i < (*e)[0].numel(); ++i) mine.push_back(std::stoi((*e)[0].data<std::string>()[i]));
+  EXPECT_EQ(mine, (std::vector<int>{10, 30, 11, 31, 12, 32}));
+}
+
 TEST_F(Files, ShardingByFileGivesEachWorkerItsFilesAndItsPartOfEachBatch) {
   // Four CSV files holding 0-2, 10-11, 20-23 and 30: worker w of 2 reads files w and w + 2.
   const std::vector<std::string> files = {write("p0.csv", "0\n1\n2\n"), write("p1.csv", "10\n11\n"),

@@ -9,6 +9,7 @@
 
 #include "dtrain/data/datasets.h"
 #include "dtrain/model/sequential.h"
+#include "dtrain/optim/schedules.h"
 
 namespace dtrain {
 namespace {
@@ -100,6 +101,33 @@ TEST_F(Fixture, LearningRateSchedulerSetsEachEpoch) {
   ASSERT_EQ(seen.size(), 3u);
   EXPECT_FLOAT_EQ(seen[0], 0.1f);
   EXPECT_FLOAT_EQ(seen[2], 0.1f / 3);
+}
+
+// No epoch after the first improves by min_delta = 1e9: the rate is cut every `patience`
+// epochs, each cut followed by a cooldown epoch that resets the wait (Keras's rule), and
+// never below min_lr.
+TEST_F(Fixture, ReduceLROnPlateauCutsTheRateAfterPatienceThenCoolsDown) {
+  m.compile("sgd", "sparse_categorical_crossentropy", {}, true);
+  const auto run = [&](double min_lr) {
+    m.optimizer().set_learning_rate(std::make_shared<optim::Constant>(0.1f));
+    std::vector<float> seen;
+    std::ostringstream said;
+    auto plateau = std::make_shared<ReduceLROnPlateau>(
+        ReduceLROnPlateauOptions{.monitor = "loss", .factor = 0.5, .patience = 2, .verbose = 1, .min_delta = 1e9,
+                                 .cooldown = 1, .min_lr = min_lr},
+        &said);
+    auto probe = std::make_shared<LambdaCallback>();
+    probe->epoch_end = [&](int, const Logs&) { seen.push_back(m.optimizer().learning_rate()); };
+    m.fit(d.x, d.y, {.epochs = 8, .callbacks = {plateau, probe}, .verbose = 0});
+    return std::pair{seen, said.str()};
+  };
+  const auto [rates, said] = run(0.0);
+  EXPECT_EQ(rates, (std::vector<float>{0.1f, 0.1f, 0.05f, 0.05f, 0.025f, 0.025f, 0.0125f, 0.0125f}));
+  EXPECT_NE(said.find("Epoch 3: ReduceLROnPlateau reducing learning rate to 0.05."), std::string::npos) << said;
+  EXPECT_EQ(run(0.03).first, (std::vector<float>{0.1f, 0.1f, 0.05f, 0.05f, 0.03f, 0.03f, 0.03f, 0.03f}));
+  EXPECT_THROW(ReduceLROnPlateau({.factor = 1.0}), InvalidArgument);
+  auto unknown = std::make_shared<ReduceLROnPlateau>(ReduceLROnPlateauOptions{.monitor = "val_auc"});
+  EXPECT_THROW(m.fit(d.x, d.y, {.epochs = 1, .callbacks = {unknown}, .verbose = 0}), InvalidArgument);
 }
 
 TEST_F(Fixture, CsvLoggerWritesARowPerEpoch) {

@@ -76,10 +76,13 @@ class DistributedDataset:
     """A dataset whose global batches are split across the strategy's replicas (and, with
     several workers, across the workers as its auto-shard policy says)."""
 
-    def __init__(self, strategy, dataset):
+    def __init__(self, strategy, dataset, per_replica=False):
         self._strategy = strategy
         self._dataset = dataset
-        self._cpp = strategy._cpp.distribute_dataset(dataset._cpp)
+        if per_replica:
+            self._cpp = strategy._cpp.distribute_per_replica_dataset(dataset._cpp)
+        else:
+            self._cpp = strategy._cpp.distribute_dataset(dataset._cpp)
 
     def __iter__(self):
         return DistributedIterator(self)
@@ -191,8 +194,26 @@ class Strategy:
         return DistributedDataset(self, dataset)
 
     def distribute_datasets_from_function(self, dataset_fn, options=None):
-        raise NotImplementedError("distribute_datasets_from_function is not supported by dtrain; "
-                                  "use experimental_distribute_dataset")
+        """dataset_fn(tf.distribute.InputContext) is called once in this worker and gives
+        its pipeline, batched with the per-replica batch size
+        (context.get_per_replica_batch_size(global)) and sharded as the function chooses
+        (context.input_pipeline_id of num_input_pipelines); each step takes one element for
+        each of this worker's replicas. dtrain shards nothing for it."""
+        del options
+        context = InputContext(self._cpp.num_workers, self._cpp.worker_index, self._cpp.num_replicas_in_sync)
+        dataset = dataset_fn(context)
+        if not isinstance(dataset, Dataset):
+            raise TypeError(f"distribute_datasets_from_function: dataset_fn must return a tf.data.Dataset, got "
+                            f"{type(dataset).__name__}")
+        return DistributedDataset(self, dataset, per_replica=True)
+
+    def experimental_distribute_values_from_function(self, value_fn):
+        """value_fn(tf.distribute.experimental.ValueContext) for each of this worker's
+        replicas: PerReplica values (with one replica, the value)."""
+        local = self._cpp.num_local_replicas
+        first = self._cpp.worker_index * local
+        values = [value_fn(experimental.ValueContext(first + i, self._cpp.num_replicas_in_sync)) for i in range(local)]
+        return values[0] if local == 1 else PerReplica(values)
 
 
 class MirroredStrategy(Strategy):

@@ -54,3 +54,16 @@ class coordinator:  # noqa: N801 (TensorFlow's module name)
 
 
 from .parameter_server import ParameterServerStrategy  # noqa: E402,F401
+
+
+class ValueContext:
+    """tf.distribute.experimental.ValueContext: which replica
+    experimental_distribute_values_from_function's function is making a value for."""
+
+    def __init__(self, replica_id_in_sync_group=0, num_replicas_in_sync=1):
+        self.replica_id_in_sync_group = replica_id_in_sync_group
+        self.num_replicas_in_sync = num_replicas_in_sync
+
+    def __repr__(self):
+        return (f"ValueContext(replica_id_in_sync_group={self.replica_id_in_sync_group}, "
+                f"num_replicas_in_sync={self.num_replicas_in_sync})")

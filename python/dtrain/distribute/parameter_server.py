@@ -21,16 +21,24 @@ _d = _dtrain.distribute
 
 
 class InputContext:
-    """What distribute_datasets_from_function's function is told: dtrain's workers each run
-    the whole function (a per-worker dataset), so one pipeline, this one."""
+    """tf.distribute.InputContext: what distribute_datasets_from_function's function is
+    told: this worker's input pipeline among num_input_pipelines, and the replicas in sync.
+    (Under ParameterServerStrategy each worker runs the whole function: one pipeline.)"""
 
-    def __init__(self):
-        self.num_input_pipelines = 1
-        self.input_pipeline_id = 0
-        self.num_replicas_in_sync = 1
+    def __init__(self, num_input_pipelines=1, input_pipeline_id=0, num_replicas_in_sync=1):
+        self.num_input_pipelines = num_input_pipelines
+        self.input_pipeline_id = input_pipeline_id
+        self.num_replicas_in_sync = num_replicas_in_sync
 
     def get_per_replica_batch_size(self, global_batch_size):
-        return global_batch_size
+        if global_batch_size % self.num_replicas_in_sync != 0:
+            raise ValueError(f"The `global_batch_size` {global_batch_size} is not divisible by "
+                             f"`num_replicas_in_sync` {self.num_replicas_in_sync}")
+        return global_batch_size // self.num_replicas_in_sync
+
+    def __repr__(self):
+        return (f"InputContext(num_input_pipelines={self.num_input_pipelines}, "
+                f"input_pipeline_id={self.input_pipeline_id}, num_replicas_in_sync={self.num_replicas_in_sync})")
 
 
 class ParameterServerStrategy:

@@ -9,6 +9,7 @@ TerminateOnNaN = _c.TerminateOnNaN
 CSVLogger = _c.CSVLogger
 LearningRateScheduler = _c.LearningRateScheduler
 ModelCheckpoint = _c.ModelCheckpoint
+ReduceLROnPlateau = _c.ReduceLROnPlateau
 BackupAndRestore = _c.BackupAndRestore
 
 

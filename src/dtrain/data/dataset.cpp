@@ -1,8 +1,12 @@
 // Dataset's public methods, the Iterator wrapper, state serialization and shared helpers.
+#include <glob.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <set>
 #include <sstream>
+#include <thread>
 
 #include "dtrain/core/rng.h"
 #include "dtrain/core/threads.h"
@@ -303,8 +307,31 @@ Dataset Dataset::csv(std::vector<std::string> files, CsvOptions options) {
   return Dataset(detail::csv_node(std::move(files), std::move(options)));
 }
 Dataset Dataset::records(std::vector<std::string> files) { return Dataset(detail::records_node(std::move(files))); }
-Dataset Dataset::tfrecord(std::vector<std::string> files, Compression compression) {
-  return Dataset(detail::tfrecord_node(std::move(files), compression));
+Dataset Dataset::tfrecord(std::vector<std::string> files, Compression compression, std::int64_t num_parallel_reads) {
+  if (num_parallel_reads < AUTOTUNE)
+    DTRAIN_THROW(InvalidArgument, "TFRecordDataset: num_parallel_reads must be AUTOTUNE (-1) or >= 0, got ", num_parallel_reads);
+  if (num_parallel_reads == AUTOTUNE) num_parallel_reads = std::max(1u, std::thread::hardware_concurrency());
+  if (num_parallel_reads <= 1 || files.size() <= 1) return Dataset(detail::tfrecord_node(std::move(files), compression));
+  return file_names(std::move(files))
+      .interleave([compression](const Element& e) { return tfrecord({*e[0].data<std::string>()}, compression); },
+                  num_parallel_reads, 1, num_parallel_reads);
+}
+
+Dataset Dataset::file_names(std::vector<std::string> files) { return Dataset(detail::file_names_node(std::move(files))); }
+
+std::vector<std::string> Dataset::glob(const std::vector<std::string>& patterns) {
+  std::set<std::string> found;
+  for (const std::string& pattern : patterns) {
+    glob_t g{};
+    const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
+    const std::size_t matches = rc == 0 ? g.gl_pathc : 0;
+    for (std::size_t i = 0; i < matches; ++i) found.insert(g.gl_pathv[i]);
+    globfree(&g);
+    if (rc == GLOB_NOSPACE || rc == GLOB_ABORTED)
+      DTRAIN_THROW(IoError, "list_files: the pattern '", pattern, "' could not be read (", rc == GLOB_NOSPACE ? "out of memory" : "a directory could not be read", ")");
+    if (matches == 0) DTRAIN_THROW(InvalidArgument, "list_files: no files match the pattern '", pattern, "'");
+  }
+  return {found.begin(), found.end()};
 }
 
 Compression compression_named(std::string_view name, std::string_view what) {
@@ -322,6 +349,7 @@ std::string_view compression_name(Compression c) {
   }
   return "?";
 }
+
 Dataset Dataset::text_lines(std::vector<std::string> files, const std::string& compression) {
   if (compression != "" && compression != "GZIP")
     DTRAIN_THROW(InvalidArgument, "TextLineDataset: compression_type '", compression, "' is not one dtrain reads ('' or 'GZIP')");
@@ -340,6 +368,18 @@ Dataset Dataset::map(std::function<Element(const Element&)> fn, std::int64_t num
 Dataset Dataset::filter(std::function<bool(const Element&)> predicate) const {
   if (!predicate) DTRAIN_THROW(InvalidArgument, "filter: the predicate is empty");
   return Dataset(detail::filter_node(node_, std::move(predicate)), options_);
+}
+Dataset Dataset::interleave(std::function<Dataset(const Element&)> fn, std::int64_t cycle_length,
+                            std::int64_t block_length, std::int64_t num_parallel_calls) const {
+  if (!fn) DTRAIN_THROW(InvalidArgument, "interleave: the function is empty");
+  if (cycle_length == AUTOTUNE) cycle_length = std::max(1u, std::thread::hardware_concurrency());
+  if (cycle_length <= 0) DTRAIN_THROW(InvalidArgument, "interleave: cycle_length must be AUTOTUNE (-1) or positive, got ", cycle_length);
+  if (block_length <= 0) DTRAIN_THROW(InvalidArgument, "interleave: block_length must be positive, got ", block_length);
+  if (num_parallel_calls < AUTOTUNE || num_parallel_calls > 1024)
+    DTRAIN_THROW(InvalidArgument, "interleave: num_parallel_calls must be AUTOTUNE (-1) or in [0, 1024], got ",
+                 num_parallel_calls);
+  if (num_parallel_calls == AUTOTUNE) num_parallel_calls = cycle_length;
+  return Dataset(detail::interleave_node(node_, std::move(fn), cycle_length, block_length, num_parallel_calls), options_);
 }
 Dataset Dataset::shuffle(std::int64_t buffer_size, std::optional<std::uint64_t> seed, bool reshuffle) const {
   if (buffer_size <= 0) DTRAIN_THROW(InvalidArgument, "shuffle: buffer_size must be positive, got ", buffer_size);

@@ -194,7 +194,17 @@ class Dataset {
   // scalar: the record's bytes), each record's length and bytes checked against their
   // masked CRC-32C. A compressed file is inflated as it is read; a record's offset in
   // messages is then its offset in the inflated bytes.
-  static Dataset tfrecord(std::vector<std::string> files, Compression compression = Compression::none);
+  // num_parallel_reads > 1 reads that many files at once, a record from each in turn
+  // (interleave(..., num_parallel_reads, 1, num_parallel_reads), as TensorFlow does).
+  static Dataset tfrecord(std::vector<std::string> files, Compression compression = Compression::none,
+                          std::int64_t num_parallel_reads = 0);
+  // File names as elements (string scalars; Dataset.list_files'). A file source: sharding
+  // by file gives each worker its names, and the readers interleave makes of them read
+  // their whole files.
+  static Dataset file_names(std::vector<std::string> files);
+  // The files each pattern matches (glob(7)), sorted, without repeats; a pattern that
+  // matches nothing is InvalidArgument naming it (tf.io.gfile.glob, list_files).
+  static std::vector<std::string> glob(const std::vector<std::string>& patterns);
   // The lines of text files, in order (tf.data.TextLineDataset): elements are string
   // scalars without their "\n" (or "\r\n"); empty lines are elements too. compression:
   // "" or "GZIP".
@@ -204,6 +214,13 @@ class Dataset {
   Dataset map(std::function<Element(const Element&)> fn, std::int64_t num_parallel_calls = 0,
               bool deterministic = true) const;
   Dataset filter(std::function<bool(const Element&)> predicate) const;
+  // fn makes a dataset of each element; cycle_length of them are open at once and read in
+  // turn, block_length elements at a time, a finished one replaced by the next element's
+  // (TensorFlow's order; cycle_length AUTOTUNE: the machine's cores). num_parallel_calls
+  // above 1 reads each open dataset ahead on a thread of its own (a prefetch), the order
+  // unchanged. A saved position holds each open dataset's element and position.
+  Dataset interleave(std::function<Dataset(const Element&)> fn, std::int64_t cycle_length = AUTOTUNE,
+                     std::int64_t block_length = 1, std::int64_t num_parallel_calls = 0) const;
   // buffer_size elements are held and drawn from at random. Without a seed, the next of
   // set_random_seed's sequence is used. reshuffle_each_iteration gives each pass (epoch)
   // its own order, a pure function of (seed, pass).

@@ -89,6 +89,9 @@ NodePtr csv_node(std::vector<std::string> files, CsvOptions options);
 NodePtr records_node(std::vector<std::string> files);
 NodePtr tfrecord_node(std::vector<std::string> files, Compression compression);
 NodePtr text_lines_node(std::vector<std::string> files, bool gzip);
+NodePtr file_names_node(std::vector<std::string> files);
+NodePtr interleave_node(NodePtr in, std::function<Dataset(const Element&)> fn, std::int64_t cycle_length,
+                        std::int64_t block_length, std::int64_t num_parallel_calls);
 NodePtr map_node(NodePtr in, MapFn fn);
 NodePtr parallel_map_node(NodePtr in, MapFn fn, std::int64_t parallelism, bool deterministic);
 NodePtr filter_node(NodePtr in, std::function<bool(const Element&)> predicate);

@@ -357,6 +357,29 @@ class FilesNode : public DatasetNode {
   std::tuple<Args...> args_;
 };
 
+// ---- file names: one string scalar per name (Dataset.list_files), a file source of its own.
+class FileNamesIterator : public IteratorBase {
+ public:
+  explicit FileNamesIterator(std::vector<std::string> files) : files_(std::move(files)) {}
+  std::optional<Element> next() override {
+    if (index_ >= files_.size()) return std::nullopt;
+    Tensor t = Tensor::empty(Shape{}, DType::string);
+    *t.data<std::string>() = files_[index_++];
+    return Element{std::move(t)};
+  }
+  IteratorState save() const override { return {{static_cast<std::int64_t>(index_)}, {}, {}}; }
+  void restore(const IteratorState& s) override {
+    check_state(s, 1, 0, "list_files");
+    if (s.values[0] < 0 || s.values[0] > static_cast<std::int64_t>(files_.size()))
+      DTRAIN_THROW(InvalidArgument, "list_files: the saved position ", s.values[0], " is past its ", files_.size(), " names");
+    index_ = static_cast<std::size_t>(s.values[0]);
+  }
+
+ private:
+  const std::vector<std::string> files_;
+  std::size_t index_ = 0;
+};
+
 // ---- text lines: one string scalar per line, read through zlib (which reads a file that is
 // not compressed as it is, so "GZIP" only checks that it is).
 class TextLinesIterator : public LineFilesIterator {
@@ -698,6 +721,9 @@ NodePtr records_node(std::vector<std::string> files) {
 NodePtr tfrecord_node(std::vector<std::string> files, Compression compression) {
   return std::make_shared<FilesNode<RecordsIterator, RecordFraming, Compression>>("tfrecord", std::move(files),
                                                                                   RecordFraming::tfrecord, compression);
+}
+NodePtr file_names_node(std::vector<std::string> files) {
+  return std::make_shared<FilesNode<FileNamesIterator>>("list_files", std::move(files));
 }
 NodePtr text_lines_node(std::vector<std::string> files, bool gzip) {
   return std::make_shared<FilesNode<TextLinesIterator, bool>>("text_lines", std::move(files), gzip);

@@ -110,6 +110,145 @@ class FilterNode : public DatasetNode {
   std::function<bool(const Element&)> predicate_;
 };
 
+// ---- interleave: `cycle` open datasets, each made by fn from an input element, read in
+// turn `block` elements at a time. A finished one leaves its slot empty until the turn
+// comes back to it, when the next input element fills it (TensorFlow's order).
+class InterleaveIterator : public UnaryIterator {
+ public:
+  InterleaveIterator(std::unique_ptr<IteratorBase> in, std::function<Dataset(const Element&)> fn, std::int64_t cycle,
+                     std::int64_t block, std::int64_t parallel, IteratorContext ctx)
+      : UnaryIterator(std::move(in)),
+        fn_(std::move(fn)),
+        block_(block),
+        parallel_(parallel),
+        ctx_(std::move(ctx)),
+        slots_(static_cast<std::size_t>(cycle)) {
+    // What fn makes reads its whole input: sharding by file happened to the names above.
+    ctx_.file_shard = {};
+  }
+
+  std::optional<Element> next() override {
+    for (;;) {
+      Slot& slot = slots_[current_];
+      if (slot.it) {
+        std::optional<Element> e;
+        try {
+          e = slot.it->next();
+        } catch (...) {
+          rethrow_with_context(std::current_exception(), "interleave: the dataset of input element " + std::to_string(slot.index));
+        }
+        if (e) {
+          if (++taken_ == block_) advance();
+          return e;
+        }
+        slot = Slot{};
+        advance();
+      } else if (!input_done_) {
+        std::optional<Element> input = in_->next();
+        if (!input) {
+          input_done_ = true;
+          continue;
+        }
+        open(slot, std::move(*input), inputs_++);
+      } else if (std::all_of(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.it; })) {
+        return std::nullopt;
+      } else {
+        advance();
+      }
+    }
+  }
+
+  IteratorState save() const override {
+    IteratorState s;
+    s.values = {static_cast<std::int64_t>(current_), taken_, input_done_ ? 1 : 0, inputs_};
+    s.children.push_back(in_->save());
+    for (const Slot& slot : slots_) {
+      s.values.push_back(slot.it ? slot.index : -1);
+      if (!slot.it) continue;
+      s.values.push_back(static_cast<std::int64_t>(slot.input.size()));
+      s.tensors.insert(s.tensors.end(), slot.input.begin(), slot.input.end());
+      s.children.push_back(slot.it->save());
+    }
+    return s;
+  }
+  void restore(const IteratorState& s) override {
+    if (s.values.size() < 4 + slots_.size() || s.children.empty())
+      DTRAIN_THROW(InvalidArgument, "interleave: the saved iterator state does not belong to this pipeline");
+    current_ = static_cast<std::size_t>(s.values[0]);
+    taken_ = s.values[1];
+    input_done_ = s.values[2] != 0;
+    inputs_ = s.values[3];
+    if (current_ >= slots_.size() || taken_ < 0 || taken_ >= block_)
+      DTRAIN_THROW(InvalidArgument, "interleave: the saved iterator state was made with another cycle_length or block_length");
+    in_->restore(s.children[0]);
+    std::size_t value = 4, tensor = 0, child = 1;
+    for (Slot& slot : slots_) {
+      slot = Slot{};
+      if (value >= s.values.size()) DTRAIN_THROW(InvalidArgument, "interleave: the saved iterator state is cut short");
+      const std::int64_t index = s.values[value++];
+      if (index < 0) continue;
+      if (value >= s.values.size() || child >= s.children.size())
+        DTRAIN_THROW(InvalidArgument, "interleave: the saved iterator state is cut short");
+      const auto arity = static_cast<std::size_t>(s.values[value++]);
+      if (arity > s.tensors.size() - tensor) DTRAIN_THROW(InvalidArgument, "interleave: the saved iterator state is cut short");
+      Element input(s.tensors.begin() + static_cast<std::ptrdiff_t>(tensor),
+                    s.tensors.begin() + static_cast<std::ptrdiff_t>(tensor + arity));
+      tensor += arity;
+      open(slot, std::move(input), index);
+      slot.it->restore(s.children[child++]);
+    }
+  }
+
+ private:
+  struct Slot {
+    std::unique_ptr<IteratorBase> it;
+    Element input;           // what made it, for a saved position
+    std::int64_t index = 0;  // of the input element, for messages
+  };
+  void advance() {
+    taken_ = 0;
+    current_ = (current_ + 1) % slots_.size();
+  }
+  void open(Slot& slot, Element input, std::int64_t index) {
+    Dataset made = [&] {
+      try {
+        return fn_(input);
+      } catch (...) {
+        rethrow_with_context(std::current_exception(), "interleave: input element " + std::to_string(index));
+      }
+    }();
+    if (parallel_ > 1) made = made.prefetch(std::max<std::int64_t>(2, block_));
+    slot.it = made.node()->make(ctx_);
+    slot.input = std::move(input);
+    slot.index = index;
+  }
+
+  const std::function<Dataset(const Element&)> fn_;
+  const std::int64_t block_, parallel_;
+  IteratorContext ctx_;
+  std::vector<Slot> slots_;
+  std::size_t current_ = 0;
+  std::int64_t taken_ = 0;   // from the current slot in its block
+  bool input_done_ = false;
+  std::int64_t inputs_ = 0;  // input elements taken
+};
+
+class InterleaveNode : public DatasetNode {
+ public:
+  InterleaveNode(NodePtr in, std::function<Dataset(const Element&)> fn, std::int64_t cycle, std::int64_t block,
+                 std::int64_t parallel)
+      : in_(std::move(in)), fn_(std::move(fn)), cycle_(cycle), block_(block), parallel_(parallel) {}
+  std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
+    return std::make_unique<InterleaveIterator>(in_->make(ctx), fn_, cycle_, block_, parallel_, ctx);
+  }
+  const DatasetNode* input() const override { return in_.get(); }
+
+ private:
+  NodePtr in_;
+  std::function<Dataset(const Element&)> fn_;
+  std::int64_t cycle_, block_, parallel_;
+};
+
 // ---- shuffle: a buffer of `size` elements; each output is a random buffer slot, refilled
 // from upstream. The generator is fixed by (seed, pass), so the order is reproducible.
 
@@ -696,6 +835,10 @@ std::int64_t skip_cardinality(std::int64_t n, std::int64_t count) {
 }  // namespace
 
 NodePtr map_node(NodePtr in, MapFn fn) { return std::make_shared<MapNode>(std::move(in), std::move(fn)); }
+NodePtr interleave_node(NodePtr in, std::function<Dataset(const Element&)> fn, std::int64_t cycle_length,
+                        std::int64_t block_length, std::int64_t num_parallel_calls) {
+  return std::make_shared<InterleaveNode>(std::move(in), std::move(fn), cycle_length, block_length, num_parallel_calls);
+}
 NodePtr filter_node(NodePtr in, std::function<bool(const Element&)> p) {
   return std::make_shared<FilterNode>(std::move(in), std::move(p));
 }

@@ -247,6 +247,24 @@ DistributedDataset Strategy::experimental_distribute_dataset(const data::Dataset
   return DistributedDataset(dataset, group_->num_replicas(), num_workers(), worker_index());
 }
 
+InputContext Strategy::input_context() const {
+  return {.num_input_pipelines = num_workers(), .input_pipeline_id = worker_index(),
+          .num_replicas_in_sync = num_replicas_in_sync()};
+}
+
+std::int64_t InputContext::per_replica_batch_size(std::int64_t global_batch_size) const {
+  if (global_batch_size % num_replicas_in_sync != 0)
+    DTRAIN_THROW(InvalidArgument, "get_per_replica_batch_size: the global batch size ", global_batch_size,
+                 " is not divisible by num_replicas_in_sync ", num_replicas_in_sync);
+  return global_batch_size / num_replicas_in_sync;
+}
+
+DistributedDataset Strategy::distribute_datasets_from_function(
+    const std::function<data::Dataset(const InputContext&)>& dataset_fn) const {
+  if (!dataset_fn) DTRAIN_THROW(InvalidArgument, "distribute_datasets_from_function: the function is empty");
+  return DistributedDataset(dataset_fn(input_context()), group_->num_replicas(), 1, 0, true);
+}
+
 DefaultStrategy::DefaultStrategy()
     : Strategy(make_group("_DefaultDistributionStrategy", {"/cpu:0"}, {})) {}
 
@@ -577,6 +595,23 @@ std::vector<data::Element> split_batch(const data::Element& batch, int replicas)
 // ---- DistributedDataset
 
 std::optional<PerReplica<data::Element>> DistributedDataset::Iterator::next() {
+  if (per_replica_) {
+    // One element per replica; at the end, replicas left without one get an empty batch
+    // shaped as the last one given (as TensorFlow pads a partial step).
+    std::vector<data::Element> parts;
+    for (int r = 0; r < replicas_; ++r) {
+      std::optional<data::Element> e = it_.next();
+      if (!e) break;
+      parts.push_back(std::move(*e));
+    }
+    if (parts.empty()) return std::nullopt;
+    while (static_cast<int>(parts.size()) < replicas_) {
+      data::Element empty;
+      for (const Tensor& t : parts.back()) empty.push_back(t.rank() > 0 ? t.slice(0, 0) : t);
+      parts.push_back(std::move(empty));
+    }
+    return PerReplica<data::Element>(std::move(parts));
+  }
   std::optional<data::Element> e = it_.next();
   if (!e) return std::nullopt;
   const int in_sync = replicas_ * workers_;
@@ -594,7 +629,7 @@ std::optional<PerReplica<data::Element>> DistributedDataset::Iterator::next() {
 }
 
 DistributedDataset::Iterator DistributedDataset::make_iterator(std::uint64_t iteration) const {
-  return Iterator(dataset_.make_iterator(iteration), replicas_, workers_, worker_);
+  return Iterator(dataset_.make_iterator(iteration), replicas_, workers_, worker_, per_replica_);
 }
 
 DistributedDataset::RangeIterator DistributedDataset::begin() const {

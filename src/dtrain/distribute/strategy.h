@@ -85,6 +85,16 @@ std::vector<std::size_t> gradient_buckets(const std::vector<std::int64_t>& numel
 
 class DistributedDataset;
 
+// What distribute_datasets_from_function's function is told (tf.distribute.InputContext):
+// the worker's pipeline among the workers', and the replicas in sync.
+struct InputContext {
+  int num_input_pipelines = 1;
+  int input_pipeline_id = 0;
+  int num_replicas_in_sync = 1;
+  // global_batch_size / num_replicas_in_sync; InvalidArgument when it does not divide.
+  std::int64_t per_replica_batch_size(std::int64_t global_batch_size) const;
+};
+
 class Strategy {
  public:
   virtual ~Strategy();
@@ -143,6 +153,13 @@ class Strategy {
   // step by step; a custom loop whose workers run out at different steps fails at the
   // collective timeout).
   DistributedDataset experimental_distribute_dataset(const data::Dataset& dataset) const;
+  // strategy.distribute_datasets_from_function(dataset_fn): dataset_fn(context) is called
+  // once in each worker and gives that worker's pipeline, batched with the per-replica
+  // batch size (context.per_replica_batch_size) and sharded as the function chooses (by
+  // context.input_pipeline_id of num_input_pipelines); a step takes one element for each
+  // of the worker's replicas. Nothing is sharded for it.
+  DistributedDataset distribute_datasets_from_function(const std::function<data::Dataset(const InputContext&)>& dataset_fn) const;
+  InputContext input_context() const;
 
   // The interface fit() trains through.
   std::shared_ptr<StrategyBackend> backend() const;
@@ -334,11 +351,12 @@ class DistributedDataset {
 
    private:
     friend class DistributedDataset;
-    Iterator(data::Iterator it, int replicas, int workers, int worker)
-        : it_(std::move(it)), replicas_(replicas), workers_(workers), worker_(worker) {}
+    Iterator(data::Iterator it, int replicas, int workers, int worker, bool per_replica)
+        : it_(std::move(it)), replicas_(replicas), workers_(workers), worker_(worker), per_replica_(per_replica) {}
     data::Iterator it_;
     int replicas_;  // this process's
     int workers_, worker_;
+    bool per_replica_;  // each element one replica's batch (distribute_datasets_from_function)
     bool first_ = true;
   };
   // A new pass over the data (`iteration` seeds reshuffling, as Dataset::make_iterator).
@@ -366,11 +384,12 @@ class DistributedDataset {
 
  private:
   friend class Strategy;
-  DistributedDataset(data::Dataset dataset, int replicas, int workers, int worker)
-      : dataset_(std::move(dataset)), replicas_(replicas), workers_(workers), worker_(worker) {}
+  DistributedDataset(data::Dataset dataset, int replicas, int workers, int worker, bool per_replica = false)
+      : dataset_(std::move(dataset)), replicas_(replicas), workers_(workers), worker_(worker), per_replica_(per_replica) {}
   data::Dataset dataset_;
   int replicas_;
   int workers_, worker_;
+  bool per_replica_;
 };
 
 // Gradient accumulation for custom loops: each replica adds its gradients to its own sums

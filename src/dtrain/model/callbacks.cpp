@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
@@ -115,6 +116,53 @@ void EarlyStopping::on_train_end(const Logs&) {
   if (options_.restore_best_weights && model_ && !best_weights_.empty()) {
     auto vars = model_->variables();
     for (size_t i = 0; i < vars.size() && i < best_weights_.size(); ++i) vars[i]->assign(best_weights_[i]);
+  }
+}
+
+ReduceLROnPlateau::ReduceLROnPlateau(ReduceLROnPlateauOptions options, std::ostream* out)
+    : options_(std::move(options)), out_(out) {
+  if (!(options_.factor < 1.0) || !(options_.factor >= 0.0))
+    DTRAIN_THROW(InvalidArgument, "ReduceLROnPlateau: factor must be in [0, 1) (the rate is multiplied by it), got ",
+                 options_.factor);
+  if (options_.patience < 0 || options_.cooldown < 0)
+    DTRAIN_THROW(InvalidArgument, "ReduceLROnPlateau: patience and cooldown must be >= 0");
+  if (options_.min_lr < 0) DTRAIN_THROW(InvalidArgument, "ReduceLROnPlateau: min_lr must be >= 0, got ", options_.min_lr);
+  options_.min_delta = std::fabs(options_.min_delta);
+  maximize_ = monitor_maximizes("ReduceLROnPlateau", options_.monitor, options_.mode);
+}
+
+void ReduceLROnPlateau::on_train_begin(const Logs&) {
+  best_ = maximize_ ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
+  wait_ = 0;
+  cooldown_left_ = 0;
+}
+
+// Keras's rule: a cooling-down epoch resets the wait; an improvement resets it too;
+// otherwise, out of cooldown, the wait grows and at `patience` the rate is cut.
+void ReduceLROnPlateau::on_epoch_end(int epoch, const Logs& logs) {
+  if (!logs.contains(options_.monitor))
+    DTRAIN_THROW(InvalidArgument, "ReduceLROnPlateau: monitors '", options_.monitor,
+                 "', which this fit does not log (no validation data?)");
+  const double value = logs.at(options_.monitor);
+  if (cooldown_left_ > 0) {
+    --cooldown_left_;
+    wait_ = 0;
+  }
+  const bool improved = maximize_ ? value > best_ + options_.min_delta : value < best_ - options_.min_delta;
+  if (improved) {
+    best_ = value;
+    wait_ = 0;
+    return;
+  }
+  if (cooldown_left_ > 0 || ++wait_ < options_.patience || !model_) return;
+  const double lr = model_->optimizer().learning_rate();
+  if (lr > options_.min_lr) {
+    const double reduced = std::max(lr * options_.factor, options_.min_lr);
+    model_->optimizer().set_learning_rate(std::make_shared<optim::Constant>(static_cast<float>(reduced)));
+    if (options_.verbose > 0 && out_)
+      *out_ << "\nEpoch " << epoch + 1 << ": ReduceLROnPlateau reducing learning rate to " << reduced << ".\n";
+    cooldown_left_ = options_.cooldown;
+    wait_ = 0;
   }
 }
 

@@ -230,6 +230,35 @@ class LearningRateScheduler : public Callback {
   std::function<double(int, double)> schedule_;
 };
 
+// Keras's ReduceLROnPlateau: when `monitor` has not improved by min_delta for `patience`
+// epochs, the learning rate is multiplied by `factor` (< 1), not below min_lr, and then
+// left alone for `cooldown` epochs. mode "auto" maximizes accuracy-like names. Under a
+// strategy every replica and worker sees the same merged logs, so all change together.
+struct ReduceLROnPlateauOptions {
+  std::string monitor = "val_loss";
+  double factor = 0.1;
+  int patience = 10;
+  int verbose = 0;
+  std::string mode = "auto";
+  double min_delta = 1e-4;
+  int cooldown = 0;
+  double min_lr = 0.0;
+};
+
+class ReduceLROnPlateau : public Callback {
+ public:
+  explicit ReduceLROnPlateau(ReduceLROnPlateauOptions options = {}, std::ostream* out = &std::cout);
+  void on_train_begin(const Logs& logs) override;
+  void on_epoch_end(int epoch, const Logs& logs) override;
+
+ private:
+  ReduceLROnPlateauOptions options_;
+  std::ostream* out_;
+  bool maximize_ = false;
+  double best_ = 0.0;
+  int wait_ = 0, cooldown_left_ = 0;
+};
+
 // Writes one CSV row per epoch: epoch, then every log in order. Rows are flushed as
 // they are written, so a crash keeps the epochs already logged. Appending to a file that
 // has rows writes no second header.
