@@ -13,9 +13,11 @@ from ._core import (
     reshape, one_hot, clip_by_value, stop_gradient, TensorSpec, GradientTape,
     equal, not_equal, less, less_equal, greater, greater_equal, argmax, argmin, reduce_all, reduce_any, cast,
     shape, size, rank, range, device,
+    reduce_max, reduce_min, where, gather, concat, stack, unstack, split, clip_by_norm, clip_by_global_norm,
 )
 from . import nn, math, random, strings, data, distribute, keras, config, train, test, io, sparse
 from .sparse import SparseTensor
+from . import linalg
 
 # TensorFlow's default placement: weights and steps on the first GPU where one is present.
 _dtrain._set_default_placement("auto")
@@ -29,6 +31,8 @@ __all__ = [
     "abs", "reshape", "one_hot", "clip_by_value", "stop_gradient", "TensorSpec", "GradientTape",
     "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "argmax", "argmin", "reduce_all",
     "reduce_any", "cast", "shape", "size", "rank", "range", "device",
+    "reduce_max", "reduce_min", "where", "gather", "concat", "stack", "unstack", "split", "clip_by_norm",
+    "clip_by_global_norm", "linalg",
     "nn", "math", "random", "strings", "data", "distribute", "keras", "config", "train", "test", "io", "sparse",
     "SparseTensor",
 ]

@@ -1,4 +1,5 @@
 """Tensors, dtypes, the ops a custom loop writes, GradientTape and tf.function."""
+import builtins
 import functools
 import operator
 
@@ -515,3 +516,134 @@ def function(func=None, input_signature=None, autograph=True, jit_compile=None, 
         return call
 
     return wrap if func is None else wrap(func)
+
+
+# --- selection, joining and clipping, each with its gradient (autograd/op_select.cpp and
+# compositions of recorded ops).
+
+def reduce_max(input_tensor, axis=None, keepdims=False, name=None):
+    """The largest value over axis; the gradient goes to the maximal elements, shared among ties."""
+    del name
+    return _ops.reduce_max(input_tensor, axis, keepdims)
+
+
+def reduce_min(input_tensor, axis=None, keepdims=False, name=None):
+    del name
+    return _ops.reduce_min(input_tensor, axis, keepdims)
+
+
+def where(condition, x=None, y=None, name=None):
+    """tf.where: x where condition is true, else y (shapes as condition's, or scalars), each
+    getting the gradient where it was chosen; with condition alone, the coordinates of its
+    true elements (int32 [n, rank], no gradient)."""
+    del name
+    if x is None and y is None:
+        return _int_tensor(np.argwhere(_values(condition, "where")))
+    if x is None or y is None:
+        raise ValueError("where: give both x and y, or neither")
+    return _ops.where(condition, x, y)
+
+
+def gather(params, indices, validate_indices=None, axis=None, batch_dims=0, name=None):
+    """tf.gather: params' slices at indices along axis (0 by default); the gradient adds
+    into the slices gathered. batch_dims other than 0 is not supported."""
+    del validate_indices, name
+    if batch_dims:
+        raise NotImplementedError("gather(batch_dims=...) is not supported by dtrain; gather each batch's rows")
+    return _ops.gather(params, convert_to_tensor(indices, int32), 0 if axis is None else int(axis))
+
+
+def concat(values, axis, name=None):
+    """The tensors joined along axis (negative from the end)."""
+    del name
+    return _ops.concat(list(values), int(axis))
+
+
+def stack(values, axis=0, name=None):
+    """The tensors (of one shape) stacked along a new axis."""
+    del name
+    values = [v if isinstance(v, (_dtrain.Tensor, _dtrain.Variable)) else convert_to_tensor(v) for v in values]
+    if not values:
+        raise ValueError("stack: needs at least one tensor")
+    shape = list(values[0].shape)
+    a = axis + len(shape) + 1 if axis < 0 else axis
+    if not 0 <= a <= len(shape):
+        raise ValueError(f"stack: axis {axis} is outside tensors of rank {len(shape)} (+1)")
+    expanded = [_ops.reshape(v, tuple(shape[:a] + [1] + shape[a:])) for v in values]
+    return _ops.concat(expanded, a)
+
+
+def unstack(value, num=None, axis=0, name=None):
+    del name
+    shape = list(value.shape)
+    a = axis + len(shape) if axis < 0 else axis
+    count = shape[a] if num is None else int(num)
+    rest = tuple(shape[:a] + shape[a + 1:])
+    return [_ops.reshape(_ops.slice_axis(value, a, i, 1), rest) for i in builtins.range(count)]
+
+
+def split(value, num_or_size_splits, axis=0, num=None, name=None):
+    """tf.split: num_or_size_splits equal pieces, or pieces of the sizes given (one may be
+    -1: the rest), along axis."""
+    del num, name
+    shape = list(value.shape)
+    a = int(axis) + len(shape) if int(axis) < 0 else int(axis)
+    dim = shape[a]
+    if isinstance(num_or_size_splits, int):
+        if num_or_size_splits <= 0 or dim % num_or_size_splits:
+            raise _dtrain.errors.InvalidArgumentError(
+                f"split: axis {a} of size {dim} does not split into {num_or_size_splits} equal pieces")
+        sizes = [dim // num_or_size_splits] * num_or_size_splits
+    else:
+        sizes = [int(s) for s in (num_or_size_splits.numpy() if hasattr(num_or_size_splits, "numpy")
+                                  else num_or_size_splits)]
+        if sizes.count(-1) == 1:
+            sizes[sizes.index(-1)] = dim - (sum(sizes) + 1)
+        if sum(sizes) != dim or any(s < 0 for s in sizes):
+            raise _dtrain.errors.InvalidArgumentError(f"split: sizes {sizes} do not add up to axis {a}'s {dim}")
+    pieces, begin = [], 0
+    for size in sizes:
+        pieces.append(_ops.slice_axis(value, a, begin, size))
+        begin += size
+    return pieces
+
+
+def _l2(t, axes=None):
+    return _ops.sqrt(_ops.reduce_sum(_ops.square(t), axes, axes is not None))
+
+
+def clip_by_norm(t, clip_norm, axes=None, name=None):
+    """t * clip_norm / max(l2norm(t, axes), clip_norm): t scaled down to an L2 norm of at
+    most clip_norm (along axes, or over all of it), with the gradient through the norm."""
+    del name
+    summed = _ops.reduce_sum(_ops.square(t), None if axes is None else axes, axes is not None)
+    positive = _ops.where(_int_tensor(_values(summed, "clip_by_norm") > 0), summed, 1.0)
+    norm = _ops.where(_int_tensor(_values(summed, "clip_by_norm") > 0), _ops.sqrt(positive), 0.0)
+    clip = float(clip_norm)
+    bigger = _int_tensor(_values(norm, "clip_by_norm") > clip)
+    return _ops.divide(_ops.multiply(t, clip), _ops.where(bigger, norm, clip))
+
+
+def global_norm(t_list, name=None):
+    """sqrt(sum of every tensor's squared values); None entries are skipped."""
+    del name
+    squares = [_ops.reduce_sum(_ops.square(t), None, False) for t in t_list if t is not None]
+    if not squares:
+        return convert_to_tensor(np.float32(0.0))
+    return _ops.sqrt(_ops.add_n(squares))
+
+
+def clip_by_global_norm(t_list, clip_norm, use_norm=None, name=None):
+    """tf.clip_by_global_norm: every tensor scaled by clip_norm / max(global_norm, clip_norm);
+    returns (the clipped list, None entries kept, and the global norm). A global norm that is
+    not finite makes every value NaN, as in TensorFlow."""
+    del name
+    t_list = list(t_list)
+    norm = global_norm(t_list) if use_norm is None else convert_to_tensor(use_norm)
+    clip = float(clip_norm)
+    value = float(_values(norm, "clip_by_global_norm"))
+    if not np.isfinite(value):
+        scale = convert_to_tensor(np.float32(np.nan))
+    else:
+        scale = _ops.divide(clip, _ops.where(_int_tensor(np.asarray(value > clip)), norm, clip))
+    return [None if t is None else _ops.multiply(t, scale) for t in t_list], norm

@@ -1,5 +1,5 @@
 """tf.nn: activations and the loss helpers custom loops under a strategy use."""
-from . import _dtrain
+from . import _core, _dtrain
 
 relu = _dtrain.ops.relu
 sigmoid = _dtrain.ops.sigmoid
@@ -40,3 +40,22 @@ def compute_average_loss(per_example_loss, sample_weight=None, global_batch_size
     if isinstance(global_batch_size, bool) or not value.is_integer() or value <= 0:
         raise ValueError(f"compute_average_loss: global_batch_size must be a whole number > 0, got {global_batch_size!r}")
     return _dtrain.ops.compute_average_loss(per_example_loss, int(value))
+
+
+def sparse_softmax_cross_entropy_with_logits(labels, logits, name=None):
+    """-log softmax(logits)[label] per example (labels int [batch], logits [batch, classes]),
+    with the gradient to the logits."""
+    del name
+    logits = logits if isinstance(logits, (_dtrain.Tensor, _dtrain.Variable)) else _core.convert_to_tensor(logits)
+    classes = int(logits.shape[-1])
+    one_hot = _dtrain.ops.one_hot(_core.convert_to_tensor(labels, _core.int32), classes)
+    return _dtrain.ops.multiply(_dtrain.ops.reduce_sum(_dtrain.ops.multiply(one_hot, log_softmax(logits)), -1, False), -1.0)
+
+
+def softmax_cross_entropy_with_logits(labels, logits, axis=-1, name=None):
+    """-sum(labels * log softmax(logits)) over the classes (the last axis), per example,
+    with gradients to both."""
+    del name
+    if axis not in (-1, len(logits.shape) - 1):
+        raise NotImplementedError("softmax_cross_entropy_with_logits(axis=...) takes the classes on the last axis in dtrain")
+    return _dtrain.ops.multiply(_dtrain.ops.reduce_sum(_dtrain.ops.multiply(labels, log_softmax(logits)), -1, False), -1.0)

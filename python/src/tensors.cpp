@@ -531,6 +531,36 @@ void bind_tensors(py::module_& m) {
     if (unknown >= 0 && known > 0) dims[static_cast<size_t>(unknown)] = t.numel() / known;
     return dtrain::reshape(t, Shape(dims));
   });
+  // Selection (autograd/op_select.cpp), joining and slicing: each with its gradient.
+  o.def("where", [](py::handle c, py::handle x, py::handle y) {
+    Tensor cond = to_tensor(c, "where"), a = to_tensor(x, "where", "float32"), b = to_tensor(y, "where", "float32");
+    py::gil_scoped_release release;
+    return dtrain::where(cond, a, b);
+  });
+  o.def("gather", [](py::handle params, py::handle indices, int axis) {
+    Tensor p = to_tensor(params, "gather"), i = to_tensor(indices, "gather", "int32");
+    py::gil_scoped_release release;
+    return dtrain::gather(p, i, axis);
+  });
+  o.def("slice_axis", [](py::handle x, int axis, std::int64_t begin, std::int64_t size) {
+    return dtrain::slice_axis(to_tensor(x, "split"), axis, begin, size);
+  });
+  o.def("concat", [](py::handle values, int axis) {
+    std::vector<Tensor> ts;
+    for (py::handle v : values) ts.push_back(to_tensor(v, "concat"));
+    py::gil_scoped_release release;
+    return dtrain::concatenate(ts, axis);
+  });
+  o.def("reduce_max", [](py::handle x, py::object axis, bool keepdims) {
+    return reduce(x, std::move(axis), keepdims, [](const Tensor& t, std::vector<int> axes, bool keep) {
+      return dtrain::reduce_max(t, std::move(axes), keep);
+    }, "reduce_max");
+  }, py::arg("input_tensor"), py::arg("axis") = py::none(), py::arg("keepdims") = false);
+  o.def("reduce_min", [](py::handle x, py::object axis, bool keepdims) {
+    return reduce(x, std::move(axis), keepdims, [](const Tensor& t, std::vector<int> axes, bool keep) {
+      return dtrain::reduce_min(t, std::move(axes), keep);
+    }, "reduce_min");
+  }, py::arg("input_tensor"), py::arg("axis") = py::none(), py::arg("keepdims") = false);
   o.def("clip_by_value", [](py::handle x, float lo, float hi) { return dtrain::clip_by_value(to_tensor(x, "clip_by_value"), lo, hi); });
   o.def("one_hot", [](py::handle labels, std::int64_t depth) { return dtrain::one_hot(to_tensor(labels, "one_hot"), depth); });
   o.def("zeros", [](py::handle shape, const std::string& dtype) {

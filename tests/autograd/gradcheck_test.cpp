@@ -153,6 +153,46 @@ TEST(Gradcheck, Reductions) {
   expect_gradients_match([](const Inputs& in) { return reduce_mean(in[0], {0, -1}, true); }, {x}, {0});
 }
 
+// Selection: where (each branch gets the gradient where chosen), slices, gather (rows
+// gathered twice add), and max/min (random values: no ties, so the finite differences see
+// one maximal element move).
+TEST(Gradcheck, WhereSliceGatherMaxMin) {
+  const Tensor condition = Tensor::from_vector({2, 3}, std::vector<std::int32_t>{1, 0, 0, 1, 1, 0});
+  expect_gradients_match([&](const Inputs& in) { return where(condition, in[0], in[1]); },
+                         {random_tensor({2, 3}, 31), random_tensor({2, 3}, 32)}, {0, 1});
+  expect_gradients_match([&](const Inputs& in) { return where(condition, in[0], in[1]); },
+                         {random_tensor({2, 3}, 33), random_tensor({}, 34)}, {0, 1});
+  expect_gradients_match([](const Inputs& in) { return square(slice_axis(in[0], 1, 1, 2)); }, {random_tensor({3, 4, 2}, 35)},
+                         {0});
+  const Tensor rows = Tensor::from_vector({2, 2}, std::vector<std::int32_t>{2, 0, 2, 1});
+  expect_gradients_match([&](const Inputs& in) { return square(gather(in[0], rows, 0)); }, {random_tensor({3, 4}, 36)}, {0});
+  expect_gradients_match([&](const Inputs& in) { return square(gather(in[0], rows, 1)); }, {random_tensor({2, 3, 2}, 37)},
+                         {0});
+  const Tensor x = random_tensor({3, 4, 2}, 38);
+  expect_gradients_match([](const Inputs& in) { return reduce_max(in[0], {}); }, {x}, {0});
+  expect_gradients_match([](const Inputs& in) { return reduce_max(in[0], {1}); }, {x}, {0});
+  expect_gradients_match([](const Inputs& in) { return reduce_min(in[0], {0, -1}, true); }, {x}, {0});
+}
+
+TEST(Select, ValuesTiesAndErrors) {
+  const Tensor x = Tensor::from_vector({2, 3}, {1.0f, 5.0f, 5.0f, -1.0f, 0.0f, -1.0f});
+  EXPECT_EQ(reduce_max(x, {1}).to_vector(), (std::vector<float>{5.0f, 0.0f}));
+  EXPECT_EQ(reduce_min(x, {}).to_vector(), (std::vector<float>{-1.0f}));
+  // Ties share the gradient equally, as TensorFlow's.
+  Tensor watched = x;
+  GradientTape tape;
+  tape.watch(watched);
+  const auto g = tape.gradient(reduce_sum(reduce_max(watched, {1})), {watched});
+  EXPECT_EQ(g[0].to_vector(), (std::vector<float>{0.0f, 0.5f, 0.5f, 0.0f, 1.0f, 0.0f}));
+  const Tensor picked = gather(x, Tensor::from_vector({3}, std::vector<std::int32_t>{1, 1, 0}), 0);
+  EXPECT_EQ(picked.shape(), (Shape{3, 3}));
+  EXPECT_EQ(picked.to_vector()[6], 1.0f);
+  EXPECT_THROW(gather(x, Tensor::from_vector({1}, std::vector<std::int32_t>{2}), 0), InvalidArgument);
+  EXPECT_EQ(slice_axis(x, -1, 1, 2).to_vector(), (std::vector<float>{5.0f, 5.0f, 0.0f, -1.0f}));
+  EXPECT_THROW(slice_axis(x, 1, 2, 2), InvalidArgument);
+  EXPECT_THROW(where(Tensor::zeros({2}, DType::i32), x, x), InvalidArgument);
+}
+
 TEST(Gradcheck, Reshape) {
   expect_gradients_match([](const Inputs& in) { return tanh(reshape(in[0], {6, 2})); }, {random_tensor({3, 4}, 24)},
                          {0});

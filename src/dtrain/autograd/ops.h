@@ -73,6 +73,24 @@ Tensor reduce_mean(const Tensor& x);
 Tensor reduce_sum(const Tensor& x, std::vector<int> axes, bool keepdims = false);
 Tensor reduce_mean(const Tensor& x, std::vector<int> axes, bool keepdims = false);
 
+// --- selection (op_select.cpp): what custom loops index and pick with. where, gather and
+// the max/min reductions run on the CPU (a GPU tensor is an error naming the op).
+// tf.where(condition, x, y): x where condition (int32, uint8 or float32) is nonzero, else
+// y; x and y have condition's shape, or one of them is a scalar. Each gets the gradient
+// where it was chosen.
+Tensor where(const Tensor& condition, const Tensor& x, const Tensor& y);
+// size elements from begin along `axis` (tf.split's pieces, tf.slice along one axis); the
+// gradient goes back to those positions.
+Tensor slice_axis(const Tensor& x, int axis, std::int64_t begin, std::int64_t size);
+// tf.gather(params, indices, axis): params' slices along `axis` at `indices` (int32, any
+// shape), giving params.shape[:axis] + indices.shape + params.shape[axis+1:]; an index
+// outside [0, dim) is an error naming it. The gradient adds into the slices gathered.
+Tensor gather(const Tensor& params, const Tensor& indices, int axis = 0);
+// tf.reduce_max / reduce_min over `axes` (empty: all of them); the gradient goes to the
+// elements equal to the result, shared equally among ties, as TensorFlow's does.
+Tensor reduce_max(const Tensor& x, std::vector<int> axes, bool keepdims = false);
+Tensor reduce_min(const Tensor& x, std::vector<int> axes, bool keepdims = false);
+
 // --- shapes (op_shape.cpp)
 Tensor reshape(const Tensor& x, const Shape& shape);  // -1 is not inferred: give the full shape
 // The tensors joined along `axis` (negative counts from the end); every other axis must agree.
