@@ -17,7 +17,7 @@ from ._core import (
 )
 from . import nn, math, random, strings, data, distribute, keras, config, train, test, io, sparse
 from .sparse import SparseTensor
-from . import linalg
+from . import linalg, summary
 
 # TensorFlow's default placement: weights and steps on the first GPU where one is present.
 _dtrain._set_default_placement("auto")
@@ -32,7 +32,7 @@ __all__ = [
     "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "argmax", "argmin", "reduce_all",
     "reduce_any", "cast", "shape", "size", "rank", "range", "device",
     "reduce_max", "reduce_min", "where", "gather", "concat", "stack", "unstack", "split", "clip_by_norm",
-    "clip_by_global_norm", "linalg",
+    "clip_by_global_norm", "linalg", "summary",
     "nn", "math", "random", "strings", "data", "distribute", "keras", "config", "train", "test", "io", "sparse",
     "SparseTensor",
 ]

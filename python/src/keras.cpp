@@ -11,6 +11,7 @@
 #include "bindings.h"
 #include "dtrain/model/compile_config.h"
 #include "dtrain/model/serialization.h"
+#include "dtrain/nn/policy.h"
 
 namespace dtrain::python {
 namespace {
@@ -199,6 +200,21 @@ losses::Reduction reduction_of(const std::string& name) { return losses::reducti
 
 void bind_keras(py::module_& m) {
   py::module_ k = m.def_submodule("keras", "Keras's models, layers, optimizers, losses, metrics and callbacks");
+
+  // keras.mixed_precision's global policy: what layers made from now on compute in.
+  k.def("_set_global_policy", [](const std::string& name) { nn::set_global_policy(name); });
+  k.def("_global_policy", [] { return nn::global_policy().name; });
+  // tf.summary's file writer: TensorBoard's event files (model/tensorboard.h).
+  py::class_<tensorboard::EventWriter>(k, "_EventWriter")
+      .def(py::init<const std::string&>())
+      .def_property_readonly("path", &tensorboard::EventWriter::path)
+      .def("scalar", &tensorboard::EventWriter::scalar)
+      .def("histogram", [](tensorboard::EventWriter& w, const std::string& tag, py::handle values, std::int64_t step) {
+        const Tensor t = to_tensor(values, "tf.summary.histogram", "float32");
+        const std::vector<float> v = t.to_vector();
+        w.histogram(tag, v, step);
+      })
+      .def("text", &tensorboard::EventWriter::text);
 
   py::class_<nn::Layer, std::shared_ptr<nn::Layer>>(k, "Layer")
       .def_property_readonly("name", &nn::Layer::name)

@@ -418,9 +418,13 @@ void bind_tensors(py::module_& m) {
 
   py::class_<Variable> variable(m, "Variable", "A named, mutable tensor that training updates");
   variable
-      .def(py::init([](py::handle initial_value, bool trainable, const std::string& name, const std::string& dtype) {
+      .def(py::init([](py::handle initial_value, bool trainable, const std::string& name, py::object dtype) {
+             // dtype as TensorFlow programs give it (tf.int64, np.float64, "float32"): the
+             // dtype dtrain holds for it (int64 as int32, float64 as float32).
+             const std::string held =
+                 dtype.is_none() ? "" : py::module_::import("dtrain._core").attr("_dtype_name")(dtype).cast<std::string>();
              // Made where the placement says (`with tf.device(...)`, a GPU by default where one is).
-             const Tensor initial = to_tensor(initial_value, "Variable", dtype);
+             const Tensor initial = to_tensor(initial_value, "Variable", held);
              if (initial.dtype() == DType::string)
                throw py::type_error("Variable '" + name + "': strings cannot be a variable (dtrain's variables hold "
                                     "the numbers training updates, saved in checkpoints); keep the text in a tensor");
@@ -428,7 +432,7 @@ void bind_tensors(py::module_& m) {
              return std::make_unique<Variable>(name, initial.device() == where ? initial.clone() : initial.to(where),
                                                trainable);
            }),
-           py::arg("initial_value"), py::arg("trainable") = true, py::arg("name") = "Variable", py::arg("dtype") = "")
+           py::arg("initial_value"), py::arg("trainable") = true, py::arg("name") = "Variable", py::arg("dtype") = py::none())
       .def_property_readonly("name", &Variable::name)
       .def_property_readonly("shape", [](const Variable& v) { return py::tuple(py::cast(v.shape().to_vector())); })
       .def_property_readonly("dtype", [](const Variable& v) { return std::string(dtype_name(v.dtype())); })

@@ -118,3 +118,121 @@ def test_clipping_by_norm_and_global_norm_as_tensorflow_does():
     x0 = np.array([3.0, 4.0])
     want = (np.ones(2) * 5 - x0 * x0.sum() / 5) / 25  # d/dx (sum x / |x|)
     np.testing.assert_allclose(g, want, rtol=1e-5)
+
+
+def _fields(message):
+    """A protobuf message's fields as (number, value) pairs: this test's own reader."""
+    out, i = [], 0
+    while i < len(message):
+        key, shift = 0, 0
+        while True:
+            b = message[i]
+            i += 1
+            key |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                break
+        number, kind = key >> 3, key & 7
+        if kind == 0:
+            value, shift = 0, 0
+            while True:
+                b = message[i]
+                i += 1
+                value |= (b & 0x7F) << shift
+                shift += 7
+                if b < 0x80:
+                    break
+        elif kind == 1:
+            value, i = message[i:i + 8], i + 8
+        elif kind == 5:
+            value, i = message[i:i + 4], i + 4
+        else:
+            length, shift = 0, 0
+            while True:
+                b = message[i]
+                i += 1
+                length |= (b & 0x7F) << shift
+                shift += 7
+                if b < 0x80:
+                    break
+            value, i = message[i:i + length], i + length
+        out.append((number, value))
+    return out
+
+
+def test_summaries_from_a_custom_loop_are_tensorboards_event_files(tmp_path):
+    import struct
+
+    writer = tf.summary.create_file_writer(str(tmp_path / "train"))
+    assert tf.summary.scalar("ignored", 1.0, step=0) is False  # no default writer
+    with writer.as_default(step=3):
+        assert tf.summary.scalar("loss", tf.constant(0.25)) is True
+        tf.summary.scalar("lr", 0.5, step=tf.Variable(7, dtype=tf.int64))
+        tf.summary.histogram("weights", np.arange(10, dtype=np.float32), step=8)
+        tf.summary.text("note", "**hello**", step=9)
+        with tf.summary.record_if(False):
+            assert tf.summary.scalar("skipped", 1.0) is False
+    with pytest.raises(ValueError, match="no step given and none set"):
+        with writer.as_default():
+            tf.summary.scalar("x", 1.0)
+    writer.close()
+    files = list((tmp_path / "train").glob("events.out.tfevents.*"))
+    assert len(files) == 1
+    events = [dict(_fields(r.numpy())) for r in tf.data.TFRecordDataset(str(files[0]))]
+    assert events[0][3] == b"brain.Event:2"  # file_version
+    summaries = {}
+    for event in events[1:]:
+        value = dict(_fields(dict(_fields(event[5]))[1]))  # Event.summary -> Summary.value
+        summaries[value[1].decode()] = (event[2], value)
+    assert summaries["loss"][0] == 3 and struct.unpack("<f", summaries["loss"][1][2])[0] == 0.25
+    assert summaries["lr"][0] == 7
+    assert summaries["weights"][0] == 8 and 5 in summaries["weights"][1]  # a HistogramProto
+    assert summaries["note"][0] == 9 and b"**hello**" in summaries["note"][1][8]
+    assert set(summaries) == {"loss", "lr", "weights", "note"}
+
+
+def test_mixed_precision_policy_and_loss_scaling():
+    assert tf.keras.mixed_precision.global_policy().name == "float32"
+    try:
+        tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
+        policy = tf.keras.mixed_precision.global_policy()
+        assert (policy.compute_dtype, policy.variable_dtype) == ("bfloat16", "float32")
+        x, y = _data()
+        model = _model()
+        assert '"mixed_bfloat16"' in model.to_json()
+        history = model.fit(x, y, epochs=2, batch_size=32, verbose=0)
+        assert np.isfinite(history.history["loss"]).all()
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    with pytest.raises(ValueError, match="mixed_float16 is refused"):
+        tf.keras.mixed_precision.Policy("mixed_float16")
+
+    # A custom loop: the scaled loss's unscaled gradients are the plain ones (a power of 2),
+    # a non-finite step is skipped and halves the scale, finite steps grow it again.
+    def loop(opt, scale_way):
+        tf.keras.utils.set_random_seed(1)
+        w = tf.Variable(np.array([1.0, -2.0], np.float32))
+        for step in range(4):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.square(w)) * float(step + 1)
+                if scale_way == "keras3":
+                    loss = opt.scale_loss(loss)
+                elif scale_way == "tf2":
+                    loss = opt.get_scaled_loss(loss)
+            grads = tape.gradient(loss, [w])
+            if scale_way == "tf2":
+                grads = opt.get_unscaled_gradients(grads)
+            opt.apply_gradients(zip(grads, [w]))
+        return w.numpy()
+
+    plain = loop(tf.keras.optimizers.SGD(0.01), None)
+    for way in ("keras3", "tf2"):
+        scaled = tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.SGD(0.01), dynamic_growth_steps=3)
+        np.testing.assert_array_equal(loop(scaled, way), plain)
+        assert float(scaled.loss_scale.numpy()) == 2.0 ** 16  # grew once after 3 finite steps
+    opt = tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.SGD(0.01))
+    w = tf.Variable(np.array([1.0], np.float32))
+    opt.apply_gradients([(tf.constant([np.inf]), w)])
+    assert w.numpy().tolist() == [1.0] and float(opt.loss_scale.numpy()) == 2.0 ** 14
+    assert float(opt.learning_rate.numpy() if hasattr(opt.learning_rate, "numpy") else opt.learning_rate) == \
+        pytest.approx(0.01)

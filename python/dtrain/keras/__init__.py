@@ -1,9 +1,9 @@
 """tf.keras over dtrain: Sequential models, layers, optimizers, losses, metrics, callbacks."""
 from . import (
     layers, optimizers, losses, metrics, callbacks, utils, models, initializers, datasets, activations, regularizers,
-    constraints,
+    constraints, mixed_precision,
 )
 from .models import Model, Sequential, Input
 
 __all__ = ["layers", "optimizers", "losses", "metrics", "callbacks", "utils", "models", "initializers", "datasets",
-           "activations", "regularizers", "constraints", "Model", "Sequential", "Input"]
+           "activations", "regularizers", "constraints", "mixed_precision", "Model", "Sequential", "Input"]

@@ -20,6 +20,10 @@ def get(identifier):
     ({"class_name": "Adam", "config": {...}}) or an Optimizer."""
     if isinstance(identifier, Optimizer):
         return identifier
+    inner = getattr(identifier, "inner_optimizer", None)
+    if isinstance(inner, Optimizer):
+        # A LossScaleOptimizer: fit trains with float32 gradients, where a scale changes nothing.
+        return inner
     if isinstance(identifier, str):
         cls = _BY_NAME.get(identifier.lower())
         if cls is None:
