@@ -216,7 +216,11 @@ void bind_keras(py::module_& m) {
       })
       .def("text", &tensorboard::EventWriter::text);
 
-  py::class_<nn::Layer, std::shared_ptr<nn::Layer>>(k, "Layer")
+  py::class_<nn::Layer, std::shared_ptr<nn::Layer>> layer_class(k, "Layer");
+  py::class_<nn::Normalization, nn::Layer, std::shared_ptr<nn::Normalization>>(k, "_Normalization")
+      .def("set_statistics", &nn::Normalization::set_statistics)
+      .def("adapt", [](nn::Normalization& n, py::handle data) { n.adapt(to_tensor(data, "Normalization.adapt", "float32")); });
+  layer_class
       .def_property_readonly("name", &nn::Layer::name)
       .def_property_readonly("class_name", &nn::Layer::class_name)
       .def_property_readonly("built", &nn::Layer::built)

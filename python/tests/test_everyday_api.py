@@ -1,6 +1,8 @@
 """The calls TensorFlow programs' loops make every day, beyond the tutorials: callbacks that
 steer fit (ReduceLROnPlateau, ModelCheckpoint(save_best_only=True)), and the ops custom
 loops select, join and clip with, each with its gradient."""
+import json
+
 import numpy as np
 import pytest
 
@@ -236,3 +238,44 @@ def test_mixed_precision_policy_and_loss_scaling():
     assert w.numpy().tolist() == [1.0] and float(opt.loss_scale.numpy()) == 2.0 ** 14
     assert float(opt.learning_rate.numpy() if hasattr(opt.learning_rate, "numpy") else opt.learning_rate) == \
         pytest.approx(0.01)
+
+
+def test_the_keras_layers_people_reach_for():
+    rng = np.random.default_rng(11)
+    # Sequences [batch, steps, channels] through Normalization (adapted), Conv1D and MaxPooling1D.
+    x = (rng.normal(size=(96, 12, 2)) * [3.0, 0.5] + [10.0, -4.0]).astype(np.float32)
+    y = (x[:, :, 0].mean(1) > 10.0).astype(np.int32)
+    norm = tf.keras.layers.Normalization()
+    norm.adapt(tf.data.Dataset.from_tensor_slices(x).batch(10))
+    mean = np.asarray(norm.get_config()["mean"])
+    np.testing.assert_allclose(mean, x.reshape(-1, 2).mean(0), rtol=1e-6)
+    np.testing.assert_allclose(norm.get_config()["variance"], x.reshape(-1, 2).var(0), rtol=1e-5)
+    tf.keras.utils.set_random_seed(4)
+    model = tf.keras.Sequential([
+        tf.keras.Input(shape=(12, 2)), norm,
+        tf.keras.layers.Conv1D(8, 3, padding="same", activation="relu"),
+        tf.keras.layers.MaxPooling1D(2), tf.keras.layers.GlobalAveragePooling1D(), tf.keras.layers.Dense(2)])
+    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    first = model.fit(x, y, epochs=8, batch_size=16, verbose=0).history
+    assert first["loss"][-1] < first["loss"][0]
+    out = model.predict(x[:4], verbose=0)
+    back = tf.keras.models.model_from_json(model.to_json())
+    back.set_weights(model.get_weights())
+    np.testing.assert_allclose(back.predict(x[:4], verbose=0), out, rtol=1e-5)
+    config = json.loads(model.to_json())["config"]["layers"]
+    kinds = [layer["class_name"] for layer in config]
+    assert "Conv1D" in kinds and "MaxPooling1D" in kinds and "Normalization" in kinds
+    assert model.layers[1].get_weights()[0].shape == (3, 2, 8)  # Keras's Conv1D kernel layout
+
+    ids = tf.constant([[0, 2, 2], [3, 1, 1]])
+    counted = tf.keras.layers.CategoryEncoding(num_tokens=4, output_mode="count")
+    assert tf.keras.Sequential([tf.keras.Input(shape=(3,)), counted]).predict(ids, verbose=0).tolist() == \
+        [[1, 0, 2, 0], [0, 2, 0, 1]]
+
+    images = rng.normal(size=(4, 6, 6, 1)).astype(np.float32)
+    augment = tf.keras.Sequential([tf.keras.Input(shape=(6, 6, 1)), tf.keras.layers.RandomFlip("horizontal", seed=3),
+                                   tf.keras.layers.RandomCrop(4, 4, seed=5)])
+    at_inference = augment.predict(images, verbose=0)
+    np.testing.assert_array_equal(at_inference, images[:, 1:5, 1:5, :])  # the centre, unflipped
+    training = augment(images, training=True).numpy()
+    assert training.shape == (4, 4, 4, 1)

@@ -314,3 +314,135 @@ TEST(Flatten, KeepsBatchAxis) {
 
 }  // namespace
 }  // namespace dtrain::nn
+
+namespace dtrain::nn {
+namespace {
+
+// Conv1D is Conv2D over [batch, 1, steps, channels] with the kernel [K, C, F]: the same
+// output as a hand-written sum, and gradients that match finite differences.
+TEST(Conv1D, ConvolvesSequencesAsKerasAndPassesGradients) {
+  const Tensor x = testing::random_tensor({2, 7, 3}, 41);
+  Conv1D conv(4, 3, {.strides = {1, 2}, .padding = "same", .seed = 42});
+  const Tensor y = conv(x);
+  ASSERT_EQ(y.shape(), Shape({2, 4, 4}));
+  ASSERT_EQ(conv.kernel().shape(), Shape({3, 3, 4}));
+  const std::vector<float> xv = x.to_vector(), k = conv.kernel().value().to_vector(), yv = y.to_vector();
+  // "same" with stride 2 over 7 steps: outputs at steps 0, 2, 4, 6 with one zero before.
+  for (int n = 0; n < 2; ++n)
+    for (int t = 0; t < 4; ++t)
+      for (int f = 0; f < 4; ++f) {
+        double want = conv.bias()->value().to_vector()[f];
+        for (int i = 0; i < 3; ++i) {
+          const int step = 2 * t - 1 + i;
+          if (step < 0 || step >= 7) continue;
+          for (int c = 0; c < 3; ++c) want += static_cast<double>(xv[(n * 7 + step) * 3 + c]) * k[(i * 3 + c) * 4 + f];
+        }
+        EXPECT_NEAR(yv[(n * 4 + t) * 4 + f], want, 1e-5) << n << " " << t << " " << f;
+      }
+  testing::expect_gradients_match(
+      [](const std::vector<Tensor>& in) {
+        Conv1D c(2, 2, {.dilation_rate = {1, 2}, .seed = 43});
+        return c(in[0]);
+      },
+      {testing::random_tensor({2, 6, 3}, 44)}, {0});
+  EXPECT_NE(message_of([] { Conv1D c(2, 2, {.name = "c1"}); c(Tensor::zeros({2, 3, 3, 1})); })
+                .find("layer 'c1' (Conv1D): expects sequences [batch, steps, channels], got [2, 3, 3, 1]"),
+            std::string::npos);
+}
+
+TEST(Pooling1D, PoolsEachChannelAlongTheSteps) {
+  const Tensor x = Tensor::from_vector({1, 5, 2}, {1, 10, 5, 20, 3, 30, 2, 40, 9, 50});
+  MaxPooling1D max_pool(2);
+  EXPECT_EQ(max_pool(x).shape(), Shape({1, 2, 2}));
+  EXPECT_EQ(max_pool(x).to_vector(), (std::vector<float>{5, 20, 3, 40}));
+  AveragePooling1D mean_pool(2, 1, "same");
+  EXPECT_EQ(mean_pool(x).shape(), Shape({1, 5, 2}));
+  EXPECT_FLOAT_EQ(mean_pool(x).to_vector()[9], 50.0f);  // the last window: one step
+  EXPECT_EQ(max_pool.class_name(), "MaxPooling1D");
+}
+
+TEST(Normalization, AdaptsToTheDataAndInverts) {
+  const Tensor data = Tensor::from_vector({4, 2}, {1, 10, 3, 10, 5, 30, 7, 30});
+  Normalization norm;
+  norm.adapt(data);
+  EXPECT_EQ(norm.mean(), (std::vector<float>{4, 20}));
+  EXPECT_EQ(norm.variance(), (std::vector<float>{5, 100}));
+  const std::vector<float> y = norm(data).to_vector();
+  EXPECT_NEAR(y[0], -3 / std::sqrt(5.0f), 1e-6);
+  EXPECT_NEAR(y[1], -1.0f, 1e-6);
+  Normalization back(std::vector<float>{4, 20}, std::vector<float>{5, 100}, true);
+  EXPECT_NEAR(back(norm(data)).to_vector()[6], 7.0f, 1e-5);
+  // A constant feature (variance 0) divides by 1e-7's floor, not by zero.
+  Normalization flat(std::vector<float>{2}, std::vector<float>{0});
+  EXPECT_TRUE(std::isfinite(flat(Tensor::from_vector({1, 1}, {2.5f})).to_vector()[0]));
+  testing::expect_gradients_match(
+      [](const std::vector<Tensor>& in) {
+        Normalization n(std::vector<float>{1, -1, 0}, std::vector<float>{4, 0.25f, 9});
+        return n(in[0]);
+      },
+      {testing::random_tensor({3, 3}, 45)}, {0});
+  EXPECT_THROW(Normalization(std::vector<float>{1}, std::nullopt), InvalidArgument);
+  EXPECT_NE(message_of([&] { Normalization n(std::vector<float>{1, 2}, std::vector<float>{1, 1}); n(Tensor::zeros({2, 3})); })
+                .find("its statistics have 2 features, the input [2, 3]"),
+            std::string::npos);
+}
+
+TEST(CategoryEncoding, OneHotMultiHotAndCount) {
+  const Tensor ids = Tensor::from_vector({2, 3}, std::vector<std::int32_t>{0, 2, 2, 3, 1, 1});
+  EXPECT_EQ(CategoryEncoding(4, "multi_hot")(ids).to_vector(), (std::vector<float>{1, 0, 1, 0, 0, 1, 0, 1}));
+  EXPECT_EQ(CategoryEncoding(4, "count")(ids).to_vector(), (std::vector<float>{1, 0, 2, 0, 0, 2, 0, 1}));
+  const Tensor one = CategoryEncoding(4, "one_hot")(Tensor::from_vector({3}, std::vector<std::int32_t>{3, 0, 1}));
+  EXPECT_EQ(one.shape(), Shape({3, 4}));
+  EXPECT_EQ(one.to_vector()[3], 1.0f);
+  EXPECT_NE(message_of([&] { CategoryEncoding(2, "count", "enc")(ids); })
+                .find("layer 'enc' (CategoryEncoding): id 2.000000 (element 1) is not in [0, 2)"),
+            std::string::npos);
+  EXPECT_THROW(CategoryEncoding(3, "tf_idf"), InvalidArgument);
+}
+
+// Augmentations: the identity (or the centre) at inference; while training, each image
+// flipped or cropped as a whole, the same for a seed, different from call to call, and the
+// gradient goes back to the pixels taken.
+TEST(Augmentation, FlipsAndCropsWholeImagesWhileTrainingOnly) {
+  const Tensor x = testing::random_tensor({8, 4, 5, 2}, 46);
+  RandomFlip flip("horizontal", 7);
+  EXPECT_EQ(flip(x, false).to_vector(), x.to_vector());
+  const Tensor flipped = flip(x, true);
+  const std::vector<float> xv = x.to_vector(), fv = flipped.to_vector();
+  int mirrored = 0;
+  for (int n = 0; n < 8; ++n) {
+    bool same = true, mirror = true;
+    for (int i = 0; i < 4; ++i)
+      for (int j = 0; j < 5; ++j)
+        for (int c = 0; c < 2; ++c) {
+          const float out = fv[((n * 4 + i) * 5 + j) * 2 + c];
+          same &= out == xv[((n * 4 + i) * 5 + j) * 2 + c];
+          mirror &= out == xv[((n * 4 + i) * 5 + (4 - j)) * 2 + c];
+        }
+    EXPECT_TRUE(same || mirror) << "image " << n;
+    mirrored += mirror && !same;
+  }
+  EXPECT_GT(mirrored, 0);
+  EXPECT_LT(mirrored, 8);
+  RandomFlip again("horizontal", 7);
+  EXPECT_EQ(again(x, true).to_vector(), fv);
+  EXPECT_NE(again(x, true).to_vector(), fv);  // the next call draws anew
+
+  RandomCrop crop(2, 3, 9);
+  const Tensor centre = crop(x, false);
+  ASSERT_EQ(centre.shape(), Shape({8, 2, 3, 2}));
+  EXPECT_EQ(centre.to_vector()[0], xv[((0 * 4 + 1) * 5 + 1) * 2]);
+  const Tensor cut = crop(x, true);
+  ASSERT_EQ(cut.shape(), Shape({8, 2, 3, 2}));
+  testing::expect_gradients_match(
+      [](const std::vector<Tensor>& in) {
+        RandomCrop c(2, 2, 3);
+        return c(in[0], true);
+      },
+      {testing::random_tensor({2, 3, 3, 1}, 47)}, {0});
+  EXPECT_NE(message_of([&] { RandomCrop(5, 5, 1, "rc")(x, true); }).find("crops 5 x 5 out of images [8, 4, 5, 2]"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace dtrain::nn

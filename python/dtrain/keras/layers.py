@@ -462,6 +462,78 @@ LayerNormalization = _layer_class("LayerNormalization")
 ZeroPadding2D = _layer_class("ZeroPadding2D", ("padding",))
 MaxPool2D = MaxPooling2D
 AvgPool2D = AveragePooling2D
+Conv1D = _layer_class("Conv1D", ("filters", "kernel_size", "strides", "padding"),
+                      "Conv1D(filters, kernel_size, strides=1, padding='valid', dilation_rate=1, ...): over sequences "
+                      "[batch, steps, channels], kernel [kernel_size, channels, filters] as Keras keeps it")
+MaxPooling1D = _layer_class("MaxPooling1D", ("pool_size", "strides", "padding"))
+AveragePooling1D = _layer_class("AveragePooling1D", ("pool_size", "strides", "padding"))
+MaxPool1D = MaxPooling1D
+AvgPool1D = AveragePooling1D
+CategoryEncoding = _layer_class("CategoryEncoding", ("num_tokens", "output_mode"),
+                                "CategoryEncoding(num_tokens, output_mode='multi_hot'): integer ids as one_hot, "
+                                "multi_hot or count vectors")
+RandomFlip = _layer_class("RandomFlip", ("mode", "seed"),
+                          "RandomFlip(mode='horizontal_and_vertical', seed=None): each image flipped with probability "
+                          "1/2 per direction while training; the identity at inference")
+RandomCrop = _layer_class("RandomCrop", ("height", "width", "seed"),
+                          "RandomCrop(height, width, seed=None): a random window of each image while training, the "
+                          "centre one at inference")
+
+
+class Normalization(Layer):
+    """tf.keras.layers.Normalization(axis=-1, mean=None, variance=None, invert=False):
+    (x - mean) / sqrt(variance) per feature of the last axis, with the statistics given or
+    found by adapt(data) (an array, a tensor or a Dataset of feature batches). Until then
+    the layer is the identity (mean 0, variance 1), as Keras's starts."""
+
+    class_name = "Normalization"
+    _args = ("axis", "mean", "variance", "invert")
+
+    def __init__(self, axis=-1, mean=None, variance=None, invert=False, **kwargs):
+        if axis not in (-1, [-1], (-1,)):
+            raise NotImplementedError(f"Normalization(axis={axis!r}): dtrain normalizes the last axis (-1)")
+        stats = [None if v is None else np.asarray(v, np.float64).reshape(-1).tolist() for v in (mean, variance)]
+        super().__init__(axis=-1, mean=stats[0], variance=stats[1], invert=bool(invert), **kwargs)
+
+    def adapt(self, data, batch_size=None, steps=None):
+        """The mean and variance of every feature over all of data's other axes (Keras's
+        adapt); a Dataset is read once (steps: at most that many of its elements)."""
+        del batch_size
+        from ..data import Dataset
+
+        count, mean, m2 = 0, None, None
+        if isinstance(data, Dataset):
+            parts = (e for i, e in enumerate(data) if steps is None or i < steps)
+        else:
+            parts = iter([data])
+        for part in parts:
+            if isinstance(part, (tuple, list, dict)):
+                raise ValueError("Normalization.adapt: give it the features alone (a Dataset of (x, y) pairs: "
+                                 "map it to x first)")
+            values = np.asarray(part.numpy() if hasattr(part, "numpy") else part, dtype=np.float64)
+            values = values.reshape(-1, values.shape[-1] if values.ndim else 1)
+            n = values.shape[0]
+            if n == 0:
+                continue
+            batch_mean = values.mean(axis=0)
+            batch_m2 = ((values - batch_mean) ** 2).sum(axis=0)
+            if mean is None:
+                count, mean, m2 = n, batch_mean, batch_m2
+            else:  # Chan et al.'s pairwise update
+                if batch_mean.shape != mean.shape:
+                    raise ValueError(f"Normalization.adapt: batches of {mean.shape[0]} and {batch_mean.shape[0]} features")
+                delta = batch_mean - mean
+                total = count + n
+                mean = mean + delta * n / total
+                m2 = m2 + batch_m2 + delta ** 2 * count * n / total
+                count = total
+        if mean is None:
+            raise ValueError("Normalization.adapt: the data holds no values")
+        variance = m2 / count
+        self._config["mean"] = mean.tolist()
+        self._config["variance"] = variance.tolist()
+        if self._built is not None:
+            self._built.set_statistics(mean.astype(np.float32).tolist(), variance.astype(np.float32).tolist())
 
 
 Embedding = _layer_class("Embedding", ("input_dim", "output_dim"),

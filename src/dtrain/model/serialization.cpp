@@ -84,6 +84,35 @@ json layer_to_json(const nn::Layer& layer) {
   } else if (auto* s = dynamic_cast<const nn::Rescaling*>(&layer)) {
     config["scale"] = s->scale();
     config["offset"] = s->offset();
+  } else if (auto* nz = dynamic_cast<const nn::Normalization*>(&layer)) {
+    config["axis"] = -1;
+    config["invert"] = nz->invert();
+    config["mean"] = nz->mean().empty() ? json(nullptr) : json(nz->mean());
+    config["variance"] = nz->variance().empty() ? json(nullptr) : json(nz->variance());
+  } else if (auto* ce = dynamic_cast<const nn::CategoryEncoding*>(&layer)) {
+    config["num_tokens"] = ce->num_tokens();
+    config["output_mode"] = ce->output_mode();
+    config["sparse"] = false;
+  } else if (auto* rf = dynamic_cast<const nn::RandomFlip*>(&layer)) {
+    config["mode"] = rf->mode();
+    config["seed"] = seed_json(rf->seed());
+    config["data_format"] = "channels_last";
+  } else if (auto* rc = dynamic_cast<const nn::RandomCrop*>(&layer)) {
+    config["height"] = rc->height();
+    config["width"] = rc->width();
+    config["seed"] = seed_json(rc->seed());
+    config["data_format"] = "channels_last";
+  } else if (auto* c1 = dynamic_cast<const nn::Conv1D*>(&layer)) {
+    const nn::Conv2DOptions& o = c1->options();
+    config["filters"] = c1->filters();
+    config["kernel_size"] = json::array({c1->kernel_length()});
+    config["strides"] = json::array({o.strides[1]});
+    config["padding"] = o.padding;
+    config["data_format"] = "channels_last";
+    config["dilation_rate"] = json::array({o.dilation_rate[1]});
+    config["groups"] = o.groups;
+    config["activation"] = o.activation.empty() ? "linear" : o.activation;
+    write_kernel_and_bias(config, o);
   } else if (auto* dw = dynamic_cast<const nn::DepthwiseConv2D*>(&layer)) {
     const nn::Conv2DOptions& o = dw->options();
     config["kernel_size"] = dw->kernel_size();
@@ -105,6 +134,11 @@ json layer_to_json(const nn::Layer& layer) {
     config["groups"] = o.groups;
     config["activation"] = o.activation.empty() ? "linear" : o.activation;
     write_kernel_and_bias(config, o);
+  } else if (auto* p1 = dynamic_cast<const nn::Pooling1D*>(&layer)) {
+    config["pool_size"] = json::array({p1->pool_size()[1]});
+    config["strides"] = json::array({p1->strides()[1]});
+    config["padding"] = p1->padding();
+    config["data_format"] = "channels_last";
   } else if (auto* p = dynamic_cast<const nn::Pooling2D*>(&layer)) {
     config["pool_size"] = p->pool_size();
     config["strides"] = p->strides();
@@ -223,6 +257,19 @@ nn::Pair get_pair(const JsonReader& c, const std::string& key, std::optional<nn:
   if (v.is_array() && v.size() == 2 && v[0].is_number_integer() && v[1].is_number_integer())
     return {v[0].get<std::int64_t>(), v[1].get<std::int64_t>()};
   c.fail(key, "expected an integer or a pair [height, width] of integers, got " + v.dump());
+}
+
+// A 1-D layer's size: an integer or a list of one, as Keras writes kernel_size, strides,
+// pool_size and dilation_rate.
+std::int64_t get_single(const JsonReader& c, const std::string& key, std::optional<std::int64_t> fallback = std::nullopt) {
+  if (!c.has(key) || c.raw()[key].is_null()) {
+    if (fallback) return *fallback;
+    c.fail(key, "is required");
+  }
+  const json& v = c.raw()[key];
+  if (v.is_number_integer()) return v.get<std::int64_t>();
+  if (v.is_array() && v.size() == 1 && v[0].is_number_integer()) return v[0].get<std::int64_t>();
+  c.fail(key, "expected an integer or a list of one integer, got " + v.dump());
 }
 
 void expect_channels_last(const JsonReader& c) {
@@ -480,6 +527,74 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       return std::make_shared<nn::Flatten>(c.get_string("name", "flatten"));
     }
     if (cls == "Conv2D" || cls == "DepthwiseConv2D") return make_conv_layer(cls, c);
+    if (cls == "Normalization") {
+      c.expect_keys(layer_keys({"axis", "mean", "variance", "invert"}));
+      if (c.has("axis") && !(c.raw()["axis"].is_number_integer() && c.raw()["axis"].get<int>() == -1) &&
+          !(c.raw()["axis"].is_array() && c.raw()["axis"].size() == 1 && c.raw()["axis"][0] == -1))
+        c.fail("axis", "only the last axis (-1) is normalized by dtrain, got " + c.raw()["axis"].dump());
+      const auto values = [&](const char* key) -> std::optional<std::vector<float>> {
+        if (!c.has(key) || c.raw()[key].is_null()) return std::nullopt;
+        const json& v = c.raw()[key];
+        if (v.is_number()) return std::vector<float>{v.get<float>()};
+        if (!v.is_array()) c.fail(key, "expected a list of numbers, got " + v.dump());
+        std::vector<float> out;
+        for (const json& e : v) {
+          if (!e.is_number()) c.fail(key, "expected a list of numbers, got " + v.dump());
+          out.push_back(e.get<float>());
+        }
+        return out;
+      };
+      return std::make_shared<nn::Normalization>(values("mean"), values("variance"), c.get_bool("invert", false),
+                                                 c.get_string("name", "normalization"));
+    }
+    if (cls == "CategoryEncoding") {
+      c.expect_keys(layer_keys({"num_tokens", "output_mode", "sparse"}));
+      if (c.get_bool("sparse", false)) c.fail("sparse", "dtrain's outputs are dense (sparse false)");
+      return std::make_shared<nn::CategoryEncoding>(c.get_int("num_tokens"), c.get_string("output_mode", "multi_hot"),
+                                                    c.get_string("name", "category_encoding"));
+    }
+    if (cls == "RandomFlip" || cls == "RandomCrop") {
+      if (cls == "RandomFlip") c.expect_keys(layer_keys({"mode", "seed", "data_format"}));
+      else c.expect_keys(layer_keys({"height", "width", "seed", "data_format"}));
+      expect_channels_last(c);
+      const std::optional<std::uint64_t> seed =
+          c.has("seed") && !c.raw()["seed"].is_null() ? std::optional<std::uint64_t>(static_cast<std::uint64_t>(c.get_int("seed")))
+                                                       : std::nullopt;
+      if (cls == "RandomFlip")
+        return std::make_shared<nn::RandomFlip>(c.get_string("mode", "horizontal_and_vertical"), seed,
+                                                c.get_string("name", "random_flip"));
+      return std::make_shared<nn::RandomCrop>(c.get_int("height"), c.get_int("width"), seed,
+                                              c.get_string("name", "random_crop"));
+    }
+    if (cls == "Conv1D") {
+      c.expect_keys(layer_keys({"filters", "kernel_size", "strides", "padding", "data_format", "dilation_rate", "groups",
+                                "activation", "use_bias", "kernel_initializer", "bias_initializer", "kernel_regularizer",
+                                "bias_regularizer", "kernel_constraint", "bias_constraint", "seed", "lora_rank",
+                                "lora_alpha"}));
+      expect_channels_last(c);
+      expect_unset(c, {"lora_rank", "lora_alpha"});
+      nn::Conv2DOptions o;
+      read_kernel_and_bias(c, o, "kernel");
+      o.name = c.get_string("name", "conv1d");
+      o.strides = {1, get_single(c, "strides", 1)};
+      o.padding = c.get_string("padding", "valid");
+      o.dilation_rate = {1, get_single(c, "dilation_rate", 1)};
+      const std::string act = c.get_string("activation", "linear");
+      o.activation = act == "linear" ? "" : act;
+      o.groups = c.get_int("groups", 1);
+      return std::make_shared<nn::Conv1D>(c.get_int("filters"), get_single(c, "kernel_size"), o);
+    }
+    if (cls == "MaxPooling1D" || cls == "AveragePooling1D") {
+      c.expect_keys(layer_keys({"pool_size", "strides", "padding", "data_format"}));
+      expect_channels_last(c);
+      const std::int64_t pool = get_single(c, "pool_size", 2);
+      const std::optional<std::int64_t> strides =
+          c.has("strides") && !c.raw()["strides"].is_null() ? std::optional(get_single(c, "strides")) : std::nullopt;
+      const std::string padding = c.get_string("padding", "valid");
+      if (cls == "MaxPooling1D")
+        return std::make_shared<nn::MaxPooling1D>(pool, strides, padding, c.get_string("name", "max_pooling1d"));
+      return std::make_shared<nn::AveragePooling1D>(pool, strides, padding, c.get_string("name", "average_pooling1d"));
+    }
     if (cls == "MaxPooling2D" || cls == "AveragePooling2D") {
       c.expect_keys(layer_keys({"pool_size", "strides", "padding", "data_format"}));
       expect_channels_last(c);
@@ -651,7 +766,8 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
     DTRAIN_THROW(InvalidArgument, c.path(), ": ", e.what());
   }
   r.fail("class_name", "unknown layer class '" + cls +
-                           "' (expected Dense, Activation, Dropout, Flatten, Rescaling, Conv2D, DepthwiseConv2D, "
+                           "' (expected Dense, Activation, Dropout, Flatten, Rescaling, Normalization, CategoryEncoding, "
+                           "RandomFlip, RandomCrop, Conv1D, Conv2D, DepthwiseConv2D, MaxPooling1D, AveragePooling1D, "
                            "MaxPooling2D, AveragePooling2D, GlobalAveragePooling2D, BatchNormalization, "
                            "LayerNormalization, Reshape, ZeroPadding2D, Add, Concatenate, Embedding, "
                            "PositionEmbedding, MultiHeadAttention or GlobalAveragePooling1D)");

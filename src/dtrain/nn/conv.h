@@ -101,4 +101,20 @@ class DepthwiseConv2D : public Conv2D {
   std::int64_t depth_multiplier_;
 };
 
+// tf.keras.layers.Conv1D over sequences [batch, steps, channels]: the convolution of
+// Conv2D on [batch, 1, steps, channels], with Keras's kernel layout [K, in / groups,
+// filters]. strides and dilation_rate are the options' second entries; padding "valid" or
+// "same" ("causal" is not supported).
+class Conv1D : public Conv2D {
+ public:
+  Conv1D(std::int64_t filters, std::int64_t kernel_size, Conv2DOptions options = {});
+  Shape compute_output_shape(const Shape& input_shape) const override;
+  std::int64_t kernel_length() const { return kernel_size_[1]; }
+
+ protected:
+  void build_weights(const Shape& input_shape) override;
+  Tensor call(const Tensor& x, bool training) override;
+  Shape kernel_shape(std::int64_t channels) const override;
+};
+
 }  // namespace dtrain::nn

@@ -14,4 +14,5 @@
 #include "dtrain/nn/merge.h"
 #include "dtrain/nn/normalization.h"
 #include "dtrain/nn/pooling.h"
+#include "dtrain/nn/preprocessing.h"
 #include "dtrain/nn/reshaping.h"

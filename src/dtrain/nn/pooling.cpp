@@ -58,6 +58,18 @@ Shape Pooling2D::compute_output_shape(const Shape& input_shape) const {
 
 Tensor Pooling2D::call(const Tensor& x, bool /*training*/) { return pool2d(x, pool_options(x.shape())); }
 
+Shape Pooling1D::compute_output_shape(const Shape& input_shape) const {
+  if (input_shape.rank() != 3) fail("expects sequences [batch, steps, channels], got " + input_shape.to_string());
+  const Shape out = Pooling2D::compute_output_shape({input_shape[0], 1, input_shape[1], input_shape[2]});
+  return {out[0], out[2], out[3]};
+}
+
+Tensor Pooling1D::call(const Tensor& x, bool /*training*/) {
+  const Shape image{x.dim(0), 1, x.dim(1), x.dim(2)};
+  const Tensor y = pool2d(reshape(x, image), pool_options(image));
+  return reshape(y, {y.dim(0), y.dim(2), y.dim(3)});
+}
+
 Shape GlobalAveragePooling2D::compute_output_shape(const Shape& input_shape) const {
   if (input_shape.rank() != 4)
     fail("expects images [batch, height, width, channels] (channels last), got " + input_shape.to_string());

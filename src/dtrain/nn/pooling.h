@@ -20,6 +20,7 @@ class Pooling2D : public Layer {
   const Pair& pool_size() const { return pool_size_; }
   const Pair& strides() const { return strides_; }
   const std::string& padding() const { return padding_; }
+  kernels::Pool kind() const { return kind_; }
 
  protected:
   Pooling2D(kernels::Pool kind, Pair pool_size, std::optional<Pair> strides, std::string padding, std::string name);
@@ -45,6 +46,34 @@ class AveragePooling2D : public Pooling2D {
   explicit AveragePooling2D(Pair pool_size = {2, 2}, std::optional<Pair> strides = std::nullopt,
                             std::string padding = "valid", std::string name = "average_pooling2d")
       : Pooling2D(kernels::Pool::average, pool_size, strides, std::move(padding), std::move(name)) {}
+};
+
+// MaxPooling1D and AveragePooling1D over sequences [batch, steps, channels]: the 2-D
+// pooling of [batch, 1, steps, channels] with a window of 1 x pool_size.
+class Pooling1D : public Pooling2D {
+ public:
+  Shape compute_output_shape(const Shape& input_shape) const override;
+  std::string class_name() const override { return kind() == kernels::Pool::max ? "MaxPooling1D" : "AveragePooling1D"; }
+
+ protected:
+  Pooling1D(kernels::Pool kind, std::int64_t pool_size, std::optional<std::int64_t> strides, std::string padding,
+            std::string name)
+      : Pooling2D(kind, Pair{1, pool_size}, Pair{1, strides ? *strides : pool_size}, std::move(padding), std::move(name)) {}
+  Tensor call(const Tensor& x, bool training) override;
+};
+
+class MaxPooling1D : public Pooling1D {
+ public:
+  explicit MaxPooling1D(std::int64_t pool_size = 2, std::optional<std::int64_t> strides = std::nullopt,
+                        std::string padding = "valid", std::string name = "max_pooling1d")
+      : Pooling1D(kernels::Pool::max, pool_size, strides, std::move(padding), std::move(name)) {}
+};
+
+class AveragePooling1D : public Pooling1D {
+ public:
+  explicit AveragePooling1D(std::int64_t pool_size = 2, std::optional<std::int64_t> strides = std::nullopt,
+                            std::string padding = "valid", std::string name = "average_pooling1d")
+      : Pooling1D(kernels::Pool::average, pool_size, strides, std::move(padding), std::move(name)) {}
 };
 
 // The mean over height and width: [batch, H, W, C] -> [batch, C] ([batch, 1, 1, C] with keepdims).

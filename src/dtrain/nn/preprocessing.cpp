@@ -1,0 +1,221 @@
+// Preprocessing layers: Normalization, CategoryEncoding, RandomFlip and RandomCrop. The
+// augmentations move whole pixels, so they are gathers of pixel rows (autograd's gather,
+// whose gradient adds back into the pixels taken).
+#include "dtrain/nn/preprocessing.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "dtrain/autograd/ops.h"
+
+namespace dtrain::nn {
+namespace {
+
+constexpr float kEpsilon = 1e-7f;  // Keras's backend.epsilon()
+
+// x's pixels [N, H, W, C] at `pixels` (N' * H' * W' indices into N * H * W), as [N', H', W', C].
+Tensor take_pixels(const Tensor& x, const std::vector<std::int32_t>& pixels, const Shape& out) {
+  const std::int64_t channels = x.dim(3);
+  const Tensor rows = reshape(x, {x.numel() / channels, channels});
+  const Tensor index = Tensor::from_vector({static_cast<std::int64_t>(pixels.size())}, std::span<const std::int32_t>(pixels));
+  return reshape(gather(rows, index, 0), out);
+}
+
+// [H, W, C] as a batch of one, and back.
+Shape as_batch(const Shape& s) { return s.rank() == 3 ? Shape{1, s[0], s[1], s[2]} : s; }
+
+}  // namespace
+
+// ---- Normalization
+
+Normalization::Normalization(std::optional<std::vector<float>> mean, std::optional<std::vector<float>> variance,
+                             bool invert, std::string name)
+    : Layer(std::move(name)), invert_(invert) {
+  if (mean.has_value() != variance.has_value()) fail("give both mean and variance, or neither (then call adapt)");
+  if (mean) set_statistics(std::move(*mean), std::move(*variance));
+}
+
+void Normalization::set_statistics(std::vector<float> mean, std::vector<float> variance) {
+  if (mean.size() != variance.size() || mean.empty())
+    fail("mean and variance need one value per feature, got " + std::to_string(mean.size()) + " and " +
+         std::to_string(variance.size()));
+  for (std::size_t i = 0; i < mean.size(); ++i)
+    if (!std::isfinite(mean[i]) || !std::isfinite(variance[i]) || variance[i] < 0)
+      fail("feature " + std::to_string(i) + " has mean " + std::to_string(mean[i]) + " and variance " +
+           std::to_string(variance[i]) + "; both must be finite, the variance >= 0");
+  if (mean_weight_ && static_cast<std::int64_t>(mean.size()) != mean_weight_->shape()[0])
+    fail("was built for " + std::to_string(mean_weight_->shape()[0]) + " features, the statistics have " +
+         std::to_string(mean.size()));
+  mean_ = std::move(mean);
+  variance_ = std::move(variance);
+  store();
+}
+
+void Normalization::adapt(const Tensor& data) {
+  data.check_defined("Normalization.adapt");
+  if (data.rank() < 1 || data.numel() == 0) fail("adapt needs data with a feature axis, got " + data.shape().to_string());
+  const Tensor values = data.on_cpu() ? data : data.to(Device{});
+  const Tensor f = values.dtype() == DType::f32 ? values : values.astype(DType::f32);
+  const std::int64_t features = f.dim(f.rank() - 1), rows = f.numel() / features;
+  std::vector<double> sum(static_cast<std::size_t>(features), 0.0), squares(static_cast<std::size_t>(features), 0.0);
+  const float* p = f.data<float>();
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < features; ++j) sum[static_cast<std::size_t>(j)] += p[r * features + j];
+  std::vector<float> mean(static_cast<std::size_t>(features)), variance(static_cast<std::size_t>(features));
+  for (std::int64_t j = 0; j < features; ++j) mean[static_cast<std::size_t>(j)] = static_cast<float>(sum[static_cast<std::size_t>(j)] / rows);
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < features; ++j) {
+      const double d = p[r * features + j] - static_cast<double>(mean[static_cast<std::size_t>(j)]);
+      squares[static_cast<std::size_t>(j)] += d * d;
+    }
+  for (std::int64_t j = 0; j < features; ++j)
+    variance[static_cast<std::size_t>(j)] = static_cast<float>(squares[static_cast<std::size_t>(j)] / rows);
+  set_statistics(std::move(mean), std::move(variance));
+}
+
+void Normalization::store() {
+  if (!mean_weight_ || mean_.empty()) return;
+  const auto n = static_cast<std::int64_t>(mean_.size());
+  mean_weight_->assign(Tensor::from_vector(Shape{n}, std::span<const float>(mean_)));
+  variance_weight_->assign(Tensor::from_vector(Shape{n}, std::span<const float>(variance_)));
+}
+
+void Normalization::build_weights(const Shape& input_shape) {
+  if (input_shape.rank() < 1) fail("expects inputs with a feature axis, got " + input_shape.to_string());
+  const std::int64_t features = input_shape[input_shape.rank() - 1];
+  if (!mean_.empty() && static_cast<std::int64_t>(mean_.size()) != features)
+    fail("its statistics have " + std::to_string(mean_.size()) + " features, the input " + input_shape.to_string());
+  mean_weight_ = &add_weight("mean", Tensor::zeros({features}), false);
+  variance_weight_ = &add_weight("variance", Tensor::full({features}, 1.0f), false);
+  store();
+}
+
+Tensor Normalization::call(const Tensor& x, bool /*training*/) {
+  const Tensor mean = mean_weight_->value();
+  const Tensor variance = variance_weight_->value().on_cpu() ? variance_weight_->value() : variance_weight_->value().to(Device{});
+  std::vector<float> std_dev(static_cast<std::size_t>(variance.numel()));
+  for (std::size_t j = 0; j < std_dev.size(); ++j)
+    std_dev[j] = std::max(std::sqrt(variance.data<float>()[j]), kEpsilon);
+  Tensor scale = Tensor::from_vector({static_cast<std::int64_t>(std_dev.size())}, std::span<const float>(std_dev));
+  if (!(scale.device() == x.device())) scale = scale.to(x.device());
+  const Tensor input = x.dtype() == DType::f32 ? x : x.astype(DType::f32);
+  return invert_ ? add(mul(input, scale), mean) : div(sub(input, mean), scale);
+}
+
+// ---- CategoryEncoding
+
+CategoryEncoding::CategoryEncoding(std::int64_t num_tokens, std::string output_mode, std::string name)
+    : Layer(std::move(name)), num_tokens_(num_tokens), output_mode_(std::move(output_mode)) {
+  if (num_tokens_ <= 0) fail("num_tokens must be positive, got " + std::to_string(num_tokens_));
+  if (output_mode_ != "one_hot" && output_mode_ != "multi_hot" && output_mode_ != "count")
+    fail("output_mode must be \"one_hot\", \"multi_hot\" or \"count\", got \"" + output_mode_ + "\"");
+}
+
+Shape CategoryEncoding::compute_output_shape(const Shape& input_shape) const {
+  if (output_mode_ == "one_hot") {
+    if (input_shape.rank() == 1) return {input_shape[0], num_tokens_};
+    if (input_shape.rank() == 2 && input_shape[1] == 1) return {input_shape[0], num_tokens_};
+    fail("one_hot takes ids [batch] or [batch, 1], got " + input_shape.to_string());
+  }
+  if (input_shape.rank() == 1) return {num_tokens_};
+  if (input_shape.rank() == 2) return {input_shape[0], num_tokens_};
+  fail("takes ids [batch, k] (or one sample's [k]), got " + input_shape.to_string());
+}
+
+Tensor CategoryEncoding::call(const Tensor& x, bool /*training*/) {
+  const Tensor ids = x.on_cpu() ? x : x.to(Device{});
+  const Shape out_shape = compute_output_shape(ids.shape());
+  const std::int64_t rows = out_shape.rank() == 1 ? 1 : out_shape[0];
+  const std::int64_t per = ids.numel() / std::max<std::int64_t>(rows, 1);
+  Tensor out = Tensor::zeros(out_shape);
+  for (std::int64_t i = 0; i < ids.numel(); ++i) {
+    double v = 0;
+    switch (ids.dtype()) {
+      case DType::i32: v = ids.data<std::int32_t>()[i]; break;
+      case DType::u8: v = ids.data<std::uint8_t>()[i]; break;
+      case DType::f32: v = ids.data<float>()[i]; break;
+      default: fail("takes integer ids, got " + std::string(dtype_name(ids.dtype())));
+    }
+    if (v != std::floor(v) || v < 0 || v >= static_cast<double>(num_tokens_))
+      fail("id " + std::to_string(v) + " (element " + std::to_string(i) + ") is not in [0, " + std::to_string(num_tokens_) +
+           ")");
+    float& cell = out.data<float>()[(i / per) * num_tokens_ + static_cast<std::int64_t>(v)];
+    cell = output_mode_ == "count" ? cell + 1.0f : 1.0f;
+  }
+  return x.on_cpu() ? out : out.to(x.device());
+}
+
+// ---- RandomFlip
+
+RandomFlip::RandomFlip(std::string mode, std::optional<std::uint64_t> seed, std::string name)
+    : Layer(name), mode_(std::move(mode)), stream_(0.0f, seed, name + "/stream") {
+  if (mode_ != "horizontal" && mode_ != "vertical" && mode_ != "horizontal_and_vertical")
+    fail("mode must be \"horizontal\", \"vertical\" or \"horizontal_and_vertical\", got \"" + mode_ + "\"");
+}
+
+Shape RandomFlip::compute_output_shape(const Shape& input_shape) const {
+  if (input_shape.rank() != 4 && input_shape.rank() != 3)
+    fail("expects images [batch, height, width, channels] or one [height, width, channels], got " +
+         input_shape.to_string());
+  return input_shape;
+}
+
+Tensor RandomFlip::call(const Tensor& x, bool training) {
+  if (!training) return x;
+  const Shape s = as_batch(x.shape());
+  const std::int64_t n = s[0], h = s[1], w = s[2];
+  const Generator g = stream_.draw(static_cast<std::uint64_t>(2 * n));
+  std::vector<std::int32_t> pixels(static_cast<std::size_t>(n * h * w));
+  for (std::int64_t b = 0; b < n; ++b) {
+    const bool across = mode_ != "vertical" && (g.bits_at(static_cast<std::uint64_t>(2 * b)) >> 63) != 0;
+    const bool down = mode_ != "horizontal" && (g.bits_at(static_cast<std::uint64_t>(2 * b + 1)) >> 63) != 0;
+    for (std::int64_t i = 0; i < h; ++i)
+      for (std::int64_t j = 0; j < w; ++j)
+        pixels[static_cast<std::size_t>((b * h + i) * w + j)] =
+            static_cast<std::int32_t>((b * h + (down ? h - 1 - i : i)) * w + (across ? w - 1 - j : j));
+  }
+  return reshape(take_pixels(reshape(x, s), pixels, s), x.shape());
+}
+
+// ---- RandomCrop
+
+RandomCrop::RandomCrop(std::int64_t height, std::int64_t width, std::optional<std::uint64_t> seed, std::string name)
+    : Layer(name), height_(height), width_(width), stream_(0.0f, seed, name + "/stream") {
+  if (height_ <= 0 || width_ <= 0)
+    fail("height and width must be positive, got " + std::to_string(height_) + " and " + std::to_string(width_));
+}
+
+Shape RandomCrop::compute_output_shape(const Shape& input_shape) const {
+  if (input_shape.rank() != 4 && input_shape.rank() != 3)
+    fail("expects images [batch, height, width, channels] or one [height, width, channels], got " +
+         input_shape.to_string());
+  const int at = input_shape.rank() - 3;
+  if (input_shape[at] < height_ || input_shape[at + 1] < width_)
+    fail("crops " + std::to_string(height_) + " x " + std::to_string(width_) + " out of images " + input_shape.to_string() +
+         ", which are smaller");
+  Shape out = input_shape;
+  return out.with_dim(at, height_).with_dim(at + 1, width_);
+}
+
+Tensor RandomCrop::call(const Tensor& x, bool training) {
+  const Shape s = as_batch(x.shape());
+  const std::int64_t n = s[0], h = s[1], w = s[2];
+  const Generator g = training ? stream_.draw(static_cast<std::uint64_t>(2 * n)) : Generator();
+  std::vector<std::int32_t> pixels(static_cast<std::size_t>(n * height_ * width_));
+  for (std::int64_t b = 0; b < n; ++b) {
+    const std::int64_t top = training ? static_cast<std::int64_t>(g.bits_at(static_cast<std::uint64_t>(2 * b)) %
+                                                                  static_cast<std::uint64_t>(h - height_ + 1))
+                                      : (h - height_) / 2;
+    const std::int64_t left = training ? static_cast<std::int64_t>(g.bits_at(static_cast<std::uint64_t>(2 * b + 1)) %
+                                                                   static_cast<std::uint64_t>(w - width_ + 1))
+                                       : (w - width_) / 2;
+    for (std::int64_t i = 0; i < height_; ++i)
+      for (std::int64_t j = 0; j < width_; ++j)
+        pixels[static_cast<std::size_t>((b * height_ + i) * width_ + j)] =
+            static_cast<std::int32_t>((b * h + top + i) * w + left + j);
+  }
+  const Shape out{n, height_, width_, s[3]};
+  return reshape(take_pixels(reshape(x, s), pixels, out), compute_output_shape(x.shape()));
+}
+
+}  // namespace dtrain::nn
