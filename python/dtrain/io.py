@@ -229,6 +229,8 @@ def decode_raw(input_bytes, out_type, little_endian=True, fixed_length=None, nam
     the small integers as int32)."""
     del name
     type_name = _raw_dtype_name(out_type)
+    if type_name in _RAW and fixed_length is None and isinstance(input_bytes, _dtrain.Tensor):
+        return _data.decode_raw(input_bytes, type_name, bool(little_endian))  # no copy through Python
     strings = _strings(input_bytes)
     if fixed_length is not None:
         n = int(fixed_length)

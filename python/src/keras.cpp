@@ -363,6 +363,7 @@ void bind_keras(py::module_& m) {
       .def_readonly("epoch", &History::epoch)
       .def_readonly("epoch_seconds", &History::epoch_seconds)
       .def_readonly("samples_per_second", &History::samples_per_second)
+      .def_readonly("input_wait_seconds", &History::input_wait_seconds)
       .def_property_readonly("non_finite", [](const History& h) -> py::object {
         return h.non_finite ? py::object(py::str(h.non_finite->to_string())) : py::object(py::none());
       });

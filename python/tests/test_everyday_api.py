@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import dtrain as tf
+from wire import fields
 
 
 def _data():
@@ -122,46 +123,6 @@ def test_clipping_by_norm_and_global_norm_as_tensorflow_does():
     np.testing.assert_allclose(g, want, rtol=1e-5)
 
 
-def _fields(message):
-    """A protobuf message's fields as (number, value) pairs: this test's own reader."""
-    out, i = [], 0
-    while i < len(message):
-        key, shift = 0, 0
-        while True:
-            b = message[i]
-            i += 1
-            key |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                break
-        number, kind = key >> 3, key & 7
-        if kind == 0:
-            value, shift = 0, 0
-            while True:
-                b = message[i]
-                i += 1
-                value |= (b & 0x7F) << shift
-                shift += 7
-                if b < 0x80:
-                    break
-        elif kind == 1:
-            value, i = message[i:i + 8], i + 8
-        elif kind == 5:
-            value, i = message[i:i + 4], i + 4
-        else:
-            length, shift = 0, 0
-            while True:
-                b = message[i]
-                i += 1
-                length |= (b & 0x7F) << shift
-                shift += 7
-                if b < 0x80:
-                    break
-            value, i = message[i:i + length], i + length
-        out.append((number, value))
-    return out
-
-
 def test_summaries_from_a_custom_loop_are_tensorboards_event_files(tmp_path):
     import struct
 
@@ -180,11 +141,11 @@ def test_summaries_from_a_custom_loop_are_tensorboards_event_files(tmp_path):
     writer.close()
     files = list((tmp_path / "train").glob("events.out.tfevents.*"))
     assert len(files) == 1
-    events = [dict(_fields(r.numpy())) for r in tf.data.TFRecordDataset(str(files[0]))]
+    events = [dict(fields(r.numpy())) for r in tf.data.TFRecordDataset(str(files[0]))]
     assert events[0][3] == b"brain.Event:2"  # file_version
     summaries = {}
     for event in events[1:]:
-        value = dict(_fields(dict(_fields(event[5]))[1]))  # Event.summary -> Summary.value
+        value = dict(fields(dict(fields(event[5]))[1]))  # Event.summary -> Summary.value
         summaries[value[1].decode()] = (event[2], value)
     assert summaries["loss"][0] == 3 and struct.unpack("<f", summaries["loss"][1][2])[0] == 0.25
     assert summaries["lr"][0] == 7

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import dtrain as tf
+from wire import fields
 from conftest import HERE, SOURCE
 
 KERAS_FILES = SOURCE / "tests" / "model" / "keras_files"
@@ -295,44 +296,6 @@ def test_the_multi_worker_keras_tutorial_resumes_after_a_preempted_worker(tmp_pa
 def _tags(path):
     """The (tag, step) pairs of an event file's summaries, every record's CRCs checked."""
     from dtrain import _dtrain
-
-    def fields(message):
-        at, out = 0, []
-        while at < len(message):
-            key, shift = 0, 0
-            while True:
-                b = message[at]
-                at += 1
-                key |= (b & 0x7F) << shift
-                shift += 7
-                if b < 0x80:
-                    break
-            field, wire = key >> 3, key & 7
-            if wire == 0:
-                value, shift = 0, 0
-                while True:
-                    b = message[at]
-                    at += 1
-                    value |= (b & 0x7F) << shift
-                    shift += 7
-                    if b < 0x80:
-                        break
-            elif wire == 1:
-                value, at = message[at:at + 8], at + 8
-            elif wire == 5:
-                value, at = message[at:at + 4], at + 4
-            else:
-                n, shift = 0, 0
-                while True:
-                    b = message[at]
-                    at += 1
-                    n |= (b & 0x7F) << shift
-                    shift += 7
-                    if b < 0x80:
-                        break
-                value, at = message[at:at + n], at + n
-            out.append((field, value))
-        return out
 
     found = []
     for record in _dtrain.tensorboard.read_records(str(path))[1:]:

@@ -442,6 +442,11 @@ TEST(Augmentation, FlipsAndCropsWholeImagesWhileTrainingOnly) {
       {testing::random_tensor({2, 3, 3, 1}, 47)}, {0});
   EXPECT_NE(message_of([&] { RandomCrop(5, 5, 1, "rc")(x, true); }).find("crops 5 x 5 out of images [8, 4, 5, 2]"),
             std::string::npos);
+  // One image [H, W, C] at a time, of any size: a smaller one later is named, not cropped.
+  RandomCrop single(3, 3, 2, "single");
+  EXPECT_EQ(single(testing::random_tensor({4, 5, 1}, 48), true).shape(), Shape({3, 3, 1}));
+  EXPECT_NE(message_of([&] { single(testing::random_tensor({2, 5, 1}, 49), true); }).find("crops 3 x 3 out of images"),
+            std::string::npos);
 }
 
 }  // namespace

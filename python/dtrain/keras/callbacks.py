@@ -62,6 +62,7 @@ class History:
         self.model = None
         self.epoch_seconds = []
         self.samples_per_second = []
+        self.input_wait_seconds = []  # each epoch's wait for input batches (dtrain's)
         self.non_finite = None
 
     def _set(self, cpp):
@@ -69,6 +70,7 @@ class History:
         self.epoch = list(cpp.epoch)
         self.epoch_seconds = list(cpp.epoch_seconds)
         self.samples_per_second = list(cpp.samples_per_second)
+        self.input_wait_seconds = list(cpp.input_wait_seconds)
         self.non_finite = cpp.non_finite
 
 

@@ -35,13 +35,13 @@ inline std::uint16_t to_f16(float f) {
   return static_cast<std::uint16_t>(sign | r);
 }
 
-// float16 -> float32, exactly.
+// float16 -> float32, exactly (a NaN quiet, as F16C gives it).
 inline float from_f16(std::uint16_t h) {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
   std::uint32_t bits;
   if (exponent == 0x1fu) {
-    bits = sign | 0x7f800000u | (mantissa << 13);
+    bits = sign | 0x7f800000u | (mantissa << 13) | (mantissa != 0 ? 0x400000u : 0u);  // a NaN comes out quiet, as F16C's
   } else if (exponent != 0) {
     bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
   } else {

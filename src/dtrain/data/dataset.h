@@ -217,8 +217,8 @@ class Dataset {
   // fn makes a dataset of each element; cycle_length of them are open at once and read in
   // turn, block_length elements at a time, a finished one replaced by the next element's
   // (TensorFlow's order; cycle_length AUTOTUNE: the machine's cores). num_parallel_calls
-  // above 1 reads each open dataset ahead on a thread of its own (a prefetch), the order
-  // unchanged. A saved position holds each open dataset's element and position.
+  // above 1 reads each open dataset ahead on a thread of its own (an AUTOTUNE prefetch),
+  // the order unchanged. A saved position holds each open dataset's element and position.
   Dataset interleave(std::function<Dataset(const Element&)> fn, std::int64_t cycle_length = AUTOTUNE,
                      std::int64_t block_length = 1, std::int64_t num_parallel_calls = 0) const;
   // buffer_size elements are held and drawn from at random. Without a seed, the next of

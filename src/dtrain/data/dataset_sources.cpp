@@ -512,8 +512,21 @@ class InflatingFile {
   InflatingFile(const InflatingFile&) = delete;
   InflatingFile& operator=(const InflatingFile&) = delete;
 
-  // Up to n bytes into `out`; fewer only at the end of the data.
+  // Up to n bytes into `out`; fewer only at the end of the data. zlib counts in uInt: a
+  // larger request is read in pieces.
   std::size_t read(char* out, std::size_t n) {
+    std::size_t got = 0;
+    while (got < n) {
+      const std::size_t piece = std::min<std::size_t>(n - got, std::size_t{1} << 30);
+      const std::size_t read_now = read_piece(out + got, piece);
+      got += read_now;
+      if (read_now < piece) break;
+    }
+    return got;
+  }
+
+ private:
+  std::size_t read_piece(char* out, std::size_t n) {
     z_.next_out = reinterpret_cast<Bytef*>(out);
     z_.avail_out = static_cast<uInt>(n);
     while (z_.avail_out > 0) {
@@ -537,9 +550,7 @@ class InflatingFile {
     inflated_ += static_cast<std::int64_t>(got);
     return got;
   }
-  std::int64_t position() const { return inflated_; }
 
- private:
   bool refill() {
     const std::size_t got = std::fread(input_.data(), 1, input_.size(), file_);
     if (got == 0 && std::ferror(file_)) DTRAIN_THROW(IoError, "read failed (", std::strerror(errno), ")");
@@ -675,8 +686,10 @@ class RecordsIterator : public IteratorBase {
       std::vector<char> skip(1 << 16);
       for (std::int64_t left = offset; left > 0;) {
         const auto n = static_cast<std::size_t>(std::min<std::int64_t>(left, static_cast<std::int64_t>(skip.size())));
-        if (read(skip.data(), n) != n)
+        if (read(skip.data(), n) != n) {
+          close_current();  // the next pass opens the file afresh
           DTRAIN_THROW(InvalidArgument, path, ": the saved position ", offset, " is past the end of its inflated data");
+        }
         left -= static_cast<std::int64_t>(n);
       }
       offset_ = offset;
@@ -686,8 +699,10 @@ class RecordsIterator : public IteratorBase {
     if (!plain_) DTRAIN_THROW(IoError, path, ": cannot open (", std::strerror(errno), ")");
     size_ = plain_.tellg();
     if (size_ < 0) DTRAIN_THROW(IoError, path, ": cannot tell its length; record files must be regular files");
-    if (offset > size_)
+    if (offset > size_) {
+      close_current();
       DTRAIN_THROW(InvalidArgument, path, ": the saved position ", offset, " is outside the file (", size_, " bytes)");
+    }
     plain_.seekg(offset);
     offset_ = offset;
   }
@@ -799,10 +814,10 @@ struct RecordWriter::Deflater {
 RecordWriter::RecordWriter(const std::string& path, RecordFraming framing, Compression compression, int level)
     : path_(path), framing_(framing), file_(nullptr) {
   if (level < -1 || level > 9) DTRAIN_THROW(InvalidArgument, path, ": compression level ", level, " is not in -1..9");
+  if (compression != Compression::none) deflater_ = std::make_unique<Deflater>();  // before the file, which it would leak
   file_ = std::fopen(path.c_str(), "wb");
   if (!file_) DTRAIN_THROW(IoError, path, ": cannot create (", std::strerror(errno), ")");
   if (compression == Compression::none) return;
-  deflater_ = std::make_unique<Deflater>();
   if (deflateInit2(&deflater_->z, level, Z_DEFLATED, compression == Compression::gzip ? 15 + 16 : 15, 8,
                    Z_DEFAULT_STRATEGY) != Z_OK) {
     deflater_.reset();

@@ -217,7 +217,7 @@ class InterleaveIterator : public UnaryIterator {
         rethrow_with_context(std::current_exception(), "interleave: input element " + std::to_string(index));
       }
     }();
-    if (parallel_ > 1) made = made.prefetch(std::max<std::int64_t>(2, block_));
+    if (parallel_ > 1) made = made.prefetch(AUTOTUNE);
     slot.it = made.node()->make(ctx_);
     slot.input = std::move(input);
     slot.index = index;

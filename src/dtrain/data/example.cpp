@@ -650,7 +650,8 @@ Tensor parse_tensor(std::string_view bytes, DType out_type) {
     DTRAIN_THROW(InvalidArgument, "parse_tensor: no string values where shape ", Shape(dims).to_string(), " holds ", n);
   // A value given once (or none, zeros) for the whole shape is expanded: within bounds, as
   // the shape comes from the bytes.
-  if (!has_content && values <= 1 && static_cast<std::size_t>(n) * dtype_size(out_type) > (std::size_t{16} << 20))
+  const std::size_t each = dtype_size(out_type) + (out_type == DType::string && values == 1 ? strings[0].size() : 0);
+  if (!has_content && values <= 1 && static_cast<std::size_t>(n) > (std::size_t{16} << 20) / each)
     DTRAIN_THROW(InvalidArgument, "parse_tensor: a value given once for the ", n, " elements of shape ",
                  Shape(dims).to_string(), ": more than dtrain expands (16 MiB)");
   Tensor out = Tensor::empty(Shape(dims), out_type);

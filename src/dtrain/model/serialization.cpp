@@ -437,12 +437,17 @@ std::shared_ptr<nn::Layer> make_conv_layer(const std::string& cls, const JsonRea
   expect_unset(c, {"lora_rank", "lora_alpha"});
   nn::Conv2DOptions o;
   read_kernel_and_bias(c, o, depthwise ? "depthwise" : "kernel");
-  o.name = c.get_string("name", depthwise ? "depthwise_conv2d" : "conv2d");
-  o.strides = get_pair(c, "strides", nn::Pair{1, 1});
+  const bool one_d = cls == "Conv1D";  // sizes of one axis: the second of Conv2D's pairs
+  o.name = c.get_string("name", depthwise ? "depthwise_conv2d" : one_d ? "conv1d" : "conv2d");
+  o.strides = one_d ? nn::Pair{1, get_single(c, "strides", 1)} : get_pair(c, "strides", nn::Pair{1, 1});
   o.padding = c.get_string("padding", "valid");
-  o.dilation_rate = get_pair(c, "dilation_rate", nn::Pair{1, 1});
+  o.dilation_rate = one_d ? nn::Pair{1, get_single(c, "dilation_rate", 1)} : get_pair(c, "dilation_rate", nn::Pair{1, 1});
   const std::string act = c.get_string("activation", "linear");
   o.activation = act == "linear" ? "" : act;
+  if (one_d) {
+    o.groups = c.get_int("groups", 1);
+    return std::make_shared<nn::Conv1D>(c.get_int("filters"), get_single(c, "kernel_size"), o);
+  }
   const nn::Pair kernel = get_pair(c, "kernel_size");
   if (depthwise) {
     if (c.get_int("groups", 1) != 1) c.fail("groups", "a DepthwiseConv2D takes groups 1 (tf.keras writes it so)");
@@ -526,7 +531,7 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       expect_channels_last(c);
       return std::make_shared<nn::Flatten>(c.get_string("name", "flatten"));
     }
-    if (cls == "Conv2D" || cls == "DepthwiseConv2D") return make_conv_layer(cls, c);
+    if (cls == "Conv2D" || cls == "DepthwiseConv2D" || cls == "Conv1D") return make_conv_layer(cls, c);
     if (cls == "Normalization") {
       c.expect_keys(layer_keys({"axis", "mean", "variance", "invert"}));
       if (c.has("axis") && !(c.raw()["axis"].is_number_integer() && c.raw()["axis"].get<int>() == -1) &&
@@ -565,24 +570,6 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
                                                 c.get_string("name", "random_flip"));
       return std::make_shared<nn::RandomCrop>(c.get_int("height"), c.get_int("width"), seed,
                                               c.get_string("name", "random_crop"));
-    }
-    if (cls == "Conv1D") {
-      c.expect_keys(layer_keys({"filters", "kernel_size", "strides", "padding", "data_format", "dilation_rate", "groups",
-                                "activation", "use_bias", "kernel_initializer", "bias_initializer", "kernel_regularizer",
-                                "bias_regularizer", "kernel_constraint", "bias_constraint", "seed", "lora_rank",
-                                "lora_alpha"}));
-      expect_channels_last(c);
-      expect_unset(c, {"lora_rank", "lora_alpha"});
-      nn::Conv2DOptions o;
-      read_kernel_and_bias(c, o, "kernel");
-      o.name = c.get_string("name", "conv1d");
-      o.strides = {1, get_single(c, "strides", 1)};
-      o.padding = c.get_string("padding", "valid");
-      o.dilation_rate = {1, get_single(c, "dilation_rate", 1)};
-      const std::string act = c.get_string("activation", "linear");
-      o.activation = act == "linear" ? "" : act;
-      o.groups = c.get_int("groups", 1);
-      return std::make_shared<nn::Conv1D>(c.get_int("filters"), get_single(c, "kernel_size"), o);
     }
     if (cls == "MaxPooling1D" || cls == "AveragePooling1D") {
       c.expect_keys(layer_keys({"pool_size", "strides", "padding", "data_format"}));

@@ -13,27 +13,13 @@
 #include <cstring>
 #include <filesystem>
 
+#include "dtrain/data/dataset.h"
 #include "dtrain/model/compile_config.h"
 #include "dtrain/model/model.h"
 
 namespace dtrain {
 namespace tensorboard {
 namespace {
-
-constexpr std::uint32_t kCastagnoli = 0x82f63b78u;  // CRC-32C's polynomial, reflected
-
-const std::array<std::uint32_t, 256>& crc_table() {
-  static const std::array<std::uint32_t, 256> table = [] {
-    std::array<std::uint32_t, 256> t{};
-    for (std::uint32_t i = 0; i < 256; ++i) {
-      std::uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1u) ? (c >> 1) ^ kCastagnoli : c >> 1;
-      t[i] = c;
-    }
-    return t;
-  }();
-  return table;
-}
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -104,6 +90,11 @@ std::string summary_event(const Proto& value, std::int64_t step) {
   return event.bytes();
 }
 
+// TFRecord's checksum of a record's length or data (data/dataset.h's CRC-32C, masked).
+std::uint32_t masked_crc32c(const void* data, std::size_t size) {
+  return data::masked_crc32c(data::crc32c(std::string_view(static_cast<const char*>(data), size)));
+}
+
 void put_u32(std::string& s, std::uint32_t v) {
   char b[4];
   std::memcpy(b, &v, 4);
@@ -111,19 +102,6 @@ void put_u32(std::string& s, std::uint32_t v) {
 }
 
 }  // namespace
-
-std::uint32_t crc32c(const void* data, std::size_t size, std::uint32_t crc) {
-  const auto& table = crc_table();
-  const auto* p = static_cast<const unsigned char*>(data);
-  crc = ~crc;
-  for (std::size_t i = 0; i < size; ++i) crc = table[(crc ^ p[i]) & 0xffu] ^ (crc >> 8);
-  return ~crc;
-}
-
-std::uint32_t masked_crc32c(const void* data, std::size_t size) {
-  const std::uint32_t crc = crc32c(data, size);
-  return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
-}
 
 EventWriter::EventWriter(const std::string& run_dir) {
   std::error_code ec;

@@ -22,10 +22,6 @@ namespace dtrain {
 
 namespace tensorboard {
 
-// CRC-32C (Castagnoli) of data, continuing from `crc`, and the masked form TFRecord stores.
-std::uint32_t crc32c(const void* data, std::size_t size, std::uint32_t crc = 0);
-std::uint32_t masked_crc32c(const void* data, std::size_t size);
-
 // Appends events to a new file in `run_dir` (made if missing), named as TensorFlow names
 // them: events.out.tfevents.<seconds>.<host>.<pid>.<n>. Each event is flushed when written, so
 // that TensorBoard sees a run as it trains; an error writing is an IoError naming the file.

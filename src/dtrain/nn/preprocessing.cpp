@@ -14,11 +14,26 @@ namespace {
 constexpr float kEpsilon = 1e-7f;  // Keras's backend.epsilon()
 
 // x's pixels [N, H, W, C] at `pixels` (N' * H' * W' indices into N * H * W), as [N', H', W', C].
+// A gather on the host (RandomFlip's tensors are on the CPU).
 Tensor take_pixels(const Tensor& x, const std::vector<std::int32_t>& pixels, const Shape& out) {
   const std::int64_t channels = x.dim(3);
   const Tensor rows = reshape(x, {x.numel() / channels, channels});
   const Tensor index = Tensor::from_vector({static_cast<std::int64_t>(pixels.size())}, std::span<const std::int32_t>(pixels));
   return reshape(gather(rows, index, 0), out);
+}
+
+// The tensors joined along axis 0, eight at a time (the most one recorded op takes).
+Tensor join_all(std::vector<Tensor> parts) {
+  constexpr std::size_t kAtOnce = GradientTape::kMaxInputs;
+  while (parts.size() > 1) {
+    std::vector<Tensor> joined;
+    for (std::size_t i = 0; i < parts.size(); i += kAtOnce) {
+      const std::size_t end = std::min(parts.size(), i + kAtOnce);
+      joined.push_back(end - i == 1 ? parts[i] : concatenate(std::span<const Tensor>(parts.data() + i, end - i), 0));
+    }
+    parts = std::move(joined);
+  }
+  return parts.front();
 }
 
 // [H, W, C] as a batch of one, and back.
@@ -148,7 +163,7 @@ Tensor CategoryEncoding::call(const Tensor& x, bool /*training*/) {
 // ---- RandomFlip
 
 RandomFlip::RandomFlip(std::string mode, std::optional<std::uint64_t> seed, std::string name)
-    : Layer(name), mode_(std::move(mode)), stream_(0.0f, seed, name + "/stream") {
+    : Augmentation(seed, name), mode_(std::move(mode)) {
   if (mode_ != "horizontal" && mode_ != "vertical" && mode_ != "horizontal_and_vertical")
     fail("mode must be \"horizontal\", \"vertical\" or \"horizontal_and_vertical\", got \"" + mode_ + "\"");
 }
@@ -161,7 +176,9 @@ Shape RandomFlip::compute_output_shape(const Shape& input_shape) const {
 }
 
 Tensor RandomFlip::call(const Tensor& x, bool training) {
+  compute_output_shape(x.shape());
   if (!training) return x;
+  if (!x.on_cpu()) fail("flips images on the CPU; the images are on " + x.device().to_string());
   const Shape s = as_batch(x.shape());
   const std::int64_t n = s[0], h = s[1], w = s[2];
   const Generator g = stream_.draw(static_cast<std::uint64_t>(2 * n));
@@ -180,7 +197,7 @@ Tensor RandomFlip::call(const Tensor& x, bool training) {
 // ---- RandomCrop
 
 RandomCrop::RandomCrop(std::int64_t height, std::int64_t width, std::optional<std::uint64_t> seed, std::string name)
-    : Layer(name), height_(height), width_(width), stream_(0.0f, seed, name + "/stream") {
+    : Augmentation(seed, name), height_(height), width_(width) {
   if (height_ <= 0 || width_ <= 0)
     fail("height and width must be positive, got " + std::to_string(height_) + " and " + std::to_string(width_));
 }
@@ -197,25 +214,27 @@ Shape RandomCrop::compute_output_shape(const Shape& input_shape) const {
   return out.with_dim(at, height_).with_dim(at + 1, width_);
 }
 
+// Slices of each image (its own window while training, the centre at inference), joined:
+// copies through the backend, so on any device and with the gradient to the pixels taken.
 Tensor RandomCrop::call(const Tensor& x, bool training) {
+  const Shape out = compute_output_shape(x.shape());  // also: no image smaller than the window
   const Shape s = as_batch(x.shape());
   const std::int64_t n = s[0], h = s[1], w = s[2];
-  const Generator g = training ? stream_.draw(static_cast<std::uint64_t>(2 * n)) : Generator();
-  std::vector<std::int32_t> pixels(static_cast<std::size_t>(n * height_ * width_));
-  for (std::int64_t b = 0; b < n; ++b) {
-    const std::int64_t top = training ? static_cast<std::int64_t>(g.bits_at(static_cast<std::uint64_t>(2 * b)) %
-                                                                  static_cast<std::uint64_t>(h - height_ + 1))
-                                      : (h - height_) / 2;
-    const std::int64_t left = training ? static_cast<std::int64_t>(g.bits_at(static_cast<std::uint64_t>(2 * b + 1)) %
-                                                                   static_cast<std::uint64_t>(w - width_ + 1))
-                                       : (w - width_) / 2;
-    for (std::int64_t i = 0; i < height_; ++i)
-      for (std::int64_t j = 0; j < width_; ++j)
-        pixels[static_cast<std::size_t>((b * height_ + i) * width_ + j)] =
-            static_cast<std::int32_t>((b * h + top + i) * w + left + j);
+  const Tensor images = reshape(x, s);
+  if (!training) {
+    const Tensor rows = slice_axis(images, 1, (h - height_) / 2, height_);
+    return reshape(slice_axis(rows, 2, (w - width_) / 2, width_), out);
   }
-  const Shape out{n, height_, width_, s[3]};
-  return reshape(take_pixels(reshape(x, s), pixels, out), compute_output_shape(x.shape()));
+  const Generator g = stream_.draw(static_cast<std::uint64_t>(2 * n));
+  std::vector<Tensor> windows;
+  for (std::int64_t b = 0; b < n; ++b) {
+    const auto top = static_cast<std::int64_t>(g.bits_at(static_cast<std::uint64_t>(2 * b)) %
+                                               static_cast<std::uint64_t>(h - height_ + 1));
+    const auto left = static_cast<std::int64_t>(g.bits_at(static_cast<std::uint64_t>(2 * b + 1)) %
+                                                static_cast<std::uint64_t>(w - width_ + 1));
+    windows.push_back(slice_axis(slice_axis(slice_axis(images, 0, b, 1), 1, top, height_), 2, left, width_));
+  }
+  return reshape(join_all(std::move(windows)), out);
 }
 
 }  // namespace dtrain::nn

@@ -65,32 +65,42 @@ class CategoryEncoding : public Layer {
   std::string output_mode_;
 };
 
+// What the augmentations share: a seeded stream per replica (Dropout's), whose position a
+// checkpoint saves.
+class Augmentation : public Layer {
+ public:
+  std::optional<std::uint64_t> seed() const { return stream_.seed(); }
+  std::vector<std::uint64_t> rng_state() const override { return stream_.rng_state(); }
+  void set_rng_state(std::span<const std::uint64_t> state) override { stream_.set_rng_state(state); }
+
+ protected:
+  Augmentation(std::optional<std::uint64_t> seed, const std::string& name)
+      : Layer(name), stream_(0.0f, seed, name + "/stream") {}
+  Dropout stream_;  // its per-replica generators (nothing is dropped)
+};
+
 // Images [batch, height, width, channels] (or one, [height, width, channels]) flipped left
 // to right ("horizontal"), top to bottom ("vertical") or either ("horizontal_and_vertical"),
 // each image with probability 1/2 per direction, while training.
-class RandomFlip : public Layer {
+class RandomFlip : public Augmentation {
  public:
   explicit RandomFlip(std::string mode = "horizontal_and_vertical", std::optional<std::uint64_t> seed = std::nullopt,
                       std::string name = "random_flip");
   Shape compute_output_shape(const Shape& input_shape) const override;
   std::string class_name() const override { return "RandomFlip"; }
   const std::string& mode() const { return mode_; }
-  std::optional<std::uint64_t> seed() const { return stream_.seed(); }
-  std::vector<std::uint64_t> rng_state() const override { return stream_.rng_state(); }
-  void set_rng_state(std::span<const std::uint64_t> state) override { stream_.set_rng_state(state); }
 
  protected:
   Tensor call(const Tensor& x, bool training) override;
 
  private:
   std::string mode_;
-  Dropout stream_;  // its per-replica generators (no dropping)
 };
 
 // A height x width window of each image, at a random place while training and at the
 // centre at inference (Keras 3 first resizes an image of another aspect ratio at
 // inference; dtrain crops its centre). An image smaller than the window is an error.
-class RandomCrop : public Layer {
+class RandomCrop : public Augmentation {
  public:
   RandomCrop(std::int64_t height, std::int64_t width, std::optional<std::uint64_t> seed = std::nullopt,
              std::string name = "random_crop");
@@ -98,16 +108,12 @@ class RandomCrop : public Layer {
   std::string class_name() const override { return "RandomCrop"; }
   std::int64_t height() const { return height_; }
   std::int64_t width() const { return width_; }
-  std::optional<std::uint64_t> seed() const { return stream_.seed(); }
-  std::vector<std::uint64_t> rng_state() const override { return stream_.rng_state(); }
-  void set_rng_state(std::span<const std::uint64_t> state) override { stream_.set_rng_state(state); }
 
  protected:
   Tensor call(const Tensor& x, bool training) override;
 
  private:
   std::int64_t height_, width_;
-  Dropout stream_;
 };
 
 }  // namespace dtrain::nn
