@@ -241,3 +241,7 @@ def test_the_keras_layers_people_reach_for():
     np.testing.assert_array_equal(at_inference, images[:, 1:5, 1:5, :])  # the centre, unflipped
     training = augment(images, training=True).numpy()
     assert training.shape == (4, 4, 4, 1)
+    turn = tf.keras.Sequential([tf.keras.Input(shape=(6, 6, 1)), tf.keras.layers.RandomRotation((0.25, 0.25), seed=2)])
+    np.testing.assert_allclose(turn(images, training=True).numpy(), np.rot90(images, 1, axes=(1, 2)), atol=1e-5)
+    np.testing.assert_array_equal(turn.predict(images, verbose=0), images)
+    assert json.loads(turn.to_json())["config"]["layers"][0]["config"]["factor"] == [0.25, 0.25]

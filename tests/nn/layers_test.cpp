@@ -459,5 +459,39 @@ TEST(Augmentation, FlipsAndCropsWholeImagesWhileTrainingOnly) {
             std::string::npos);
 }
 
+// A quarter turn moves every pixel exactly (output (y, x) reads input (x, W-1-y) for a
+// square image), the identity at inference and at a turn of 0, the fill where nothing is
+// read, and bilinear reads whose gradient matches finite differences.
+TEST(Augmentation, RotationTurnsImagesAboutTheirCentre) {
+  const Tensor x = testing::random_tensor({2, 4, 4, 3}, 51);
+  RandomRotation rotation(-0.2, 0.2, "reflect", "bilinear", 5);
+  EXPECT_EQ(rotation(x, false).to_vector(), x.to_vector());
+  const std::vector<float> xv = x.to_vector(), same = rotation.rotate(x, {0.0, 0.0}).to_vector();
+  for (std::size_t i = 0; i < xv.size(); ++i) EXPECT_NEAR(same[i], xv[i], 1e-6);
+  const std::vector<float> quarter = rotation.rotate(x, {0.25, 0.25}).to_vector();
+  for (int n = 0; n < 2; ++n)
+    for (int y = 0; y < 4; ++y)
+      for (int c = 0; c < 3; ++c)
+        for (int xx = 0; xx < 4; ++xx)
+          EXPECT_NEAR(quarter[((n * 4 + y) * 4 + xx) * 3 + c], xv[((n * 4 + xx) * 4 + (3 - y)) * 3 + c], 1e-5);
+  RandomRotation constant(0.125, 0.125, "constant", "bilinear", 6, 7.0f);
+  const Tensor ones = Tensor::full({1, 9, 9, 1}, 1.0f);
+  const std::vector<float> eighth = constant.rotate(ones, {0.125}).to_vector();
+  EXPECT_NEAR(eighth[0], 7.0f, 1e-5);        // a corner reads outside the turned image
+  EXPECT_NEAR(eighth[4 * 9 + 4], 1.0f, 1e-5);  // the centre stays
+  for (const char* mode : {"reflect", "wrap", "nearest", "constant"})
+    testing::expect_gradients_match(
+        [mode](const std::vector<Tensor>& in) {
+          RandomRotation r(-0.1, 0.1, mode, "bilinear", 8);
+          return r.rotate(in[0], {0.07, -0.04});
+        },
+        {testing::random_tensor({2, 5, 4, 2}, 52)}, {0});
+  const Tensor turned = rotation(x, true);
+  EXPECT_EQ(turned.shape(), x.shape());
+  EXPECT_NE(turned.to_vector(), x.to_vector());
+  EXPECT_THROW(RandomRotation(0.2, 0.1), InvalidArgument);
+  EXPECT_THROW(RandomRotation(-0.1, 0.1, "mirror"), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace dtrain::nn

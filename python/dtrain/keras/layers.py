@@ -475,6 +475,10 @@ CategoryEncoding = _layer_class("CategoryEncoding", ("num_tokens", "output_mode"
 RandomFlip = _layer_class("RandomFlip", ("mode", "seed"),
                           "RandomFlip(mode='horizontal_and_vertical', seed=None): each image flipped with probability "
                           "1/2 per direction while training; the identity at inference")
+RandomRotation = _layer_class("RandomRotation", ("factor", "fill_mode", "interpolation", "seed", "fill_value"),
+                              "RandomRotation(factor, fill_mode='reflect', interpolation='bilinear', seed=None, "
+                              "fill_value=0.0): each image turned by a random fraction of a full turn in [-factor, "
+                              "factor] (or a (lower, upper) pair) while training")
 RandomCrop = _layer_class("RandomCrop", ("height", "width", "seed"),
                           "RandomCrop(height, width, seed=None): a random window of each image while training, the "
                           "centre one at inference")

@@ -97,6 +97,13 @@ json layer_to_json(const nn::Layer& layer) {
     config["mode"] = rf->mode();
     config["seed"] = seed_json(rf->seed());
     config["data_format"] = "channels_last";
+  } else if (auto* rr = dynamic_cast<const nn::RandomRotation*>(&layer)) {
+    config["factor"] = json::array({rr->lower(), rr->upper()});
+    config["fill_mode"] = rr->fill_mode();
+    config["interpolation"] = rr->interpolation();
+    config["fill_value"] = float_json(rr->fill_value());
+    config["seed"] = seed_json(rr->seed());
+    config["data_format"] = "channels_last";
   } else if (auto* rc = dynamic_cast<const nn::RandomCrop*>(&layer)) {
     config["height"] = rc->height();
     config["width"] = rc->width();
@@ -558,6 +565,28 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       return std::make_shared<nn::CategoryEncoding>(c.get_int("num_tokens"), c.get_string("output_mode", "multi_hot"),
                                                     c.get_string("name", "category_encoding"));
     }
+    if (cls == "RandomRotation") {
+      c.expect_keys(layer_keys({"factor", "fill_mode", "interpolation", "seed", "fill_value", "data_format", "value_range"}));
+      expect_channels_last(c);
+      const json& f = c.raw().contains("factor") ? c.raw()["factor"] : json();
+      double lower = 0, upper = 0;
+      if (f.is_number()) {
+        lower = -std::fabs(f.get<double>());
+        upper = std::fabs(f.get<double>());
+      } else if (f.is_array() && f.size() == 2 && f[0].is_number() && f[1].is_number()) {
+        lower = f[0].get<double>();
+        upper = f[1].get<double>();
+      } else {
+        c.fail("factor", "expected a number or a [lower, upper] pair (fractions of a full turn), got " + f.dump());
+      }
+      const std::optional<std::uint64_t> seed =
+          c.has("seed") && !c.raw()["seed"].is_null() ? std::optional<std::uint64_t>(static_cast<std::uint64_t>(c.get_int("seed")))
+                                                       : std::nullopt;
+      return std::make_shared<nn::RandomRotation>(lower, upper, c.get_string("fill_mode", "reflect"),
+                                                  c.get_string("interpolation", "bilinear"), seed,
+                                                  static_cast<float>(c.get_number("fill_value", 0.0)),
+                                                  c.get_string("name", "random_rotation"));
+    }
     if (cls == "RandomFlip" || cls == "RandomCrop") {
       if (cls == "RandomFlip") c.expect_keys(layer_keys({"mode", "seed", "data_format"}));
       else c.expect_keys(layer_keys({"height", "width", "seed", "data_format"}));
@@ -754,7 +783,7 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
   }
   r.fail("class_name", "unknown layer class '" + cls +
                            "' (expected Dense, Activation, Dropout, Flatten, Rescaling, Normalization, CategoryEncoding, "
-                           "RandomFlip, RandomCrop, Conv1D, Conv2D, DepthwiseConv2D, MaxPooling1D, AveragePooling1D, "
+                           "RandomFlip, RandomCrop, RandomRotation, Conv1D, Conv2D, DepthwiseConv2D, MaxPooling1D, AveragePooling1D, "
                            "MaxPooling2D, AveragePooling2D, GlobalAveragePooling2D, BatchNormalization, "
                            "LayerNormalization, Reshape, ZeroPadding2D, Add, Concatenate, Embedding, "
                            "PositionEmbedding, MultiHeadAttention or GlobalAveragePooling1D)");

@@ -237,4 +237,142 @@ Tensor RandomCrop::call(const Tensor& x, bool training) {
   return reshape(join_all(std::move(windows)), out);
 }
 
+// ---- RandomRotation
+
+RandomRotation::RandomRotation(double lower, double upper, std::string fill_mode, std::string interpolation,
+                               std::optional<std::uint64_t> seed, float fill_value, std::string name)
+    : Augmentation(seed, name),
+      lower_(lower),
+      upper_(upper),
+      fill_mode_(std::move(fill_mode)),
+      interpolation_(std::move(interpolation)),
+      fill_value_(fill_value) {
+  if (!std::isfinite(lower_) || !std::isfinite(upper_) || lower_ > upper_)
+    fail("factor must be a number or a (lower, upper) pair with lower <= upper, got (" + std::to_string(lower_) + ", " +
+         std::to_string(upper_) + ")");
+  if (fill_mode_ != "reflect" && fill_mode_ != "wrap" && fill_mode_ != "nearest" && fill_mode_ != "constant")
+    fail("fill_mode must be \"reflect\", \"wrap\", \"nearest\" or \"constant\", got \"" + fill_mode_ + "\"");
+  if (interpolation_ != "bilinear" && interpolation_ != "nearest")
+    fail("interpolation must be \"bilinear\" or \"nearest\", got \"" + interpolation_ + "\"");
+  if (!std::isfinite(fill_value_)) fail("fill_value must be finite");
+}
+
+Shape RandomRotation::compute_output_shape(const Shape& input_shape) const {
+  if (input_shape.rank() != 4 && input_shape.rank() != 3)
+    fail("expects images [batch, height, width, channels] or one [height, width, channels], got " +
+         input_shape.to_string());
+  return input_shape;
+}
+
+namespace {
+
+// A coordinate outside [0, size) brought inside as fill_mode says; -1 for "constant".
+double fill_coordinate(double at, std::int64_t size, const std::string& mode) {
+  const auto len = static_cast<double>(size);
+  if (at >= 0 && at <= len - 1) return at;
+  if (mode == "constant") return -1;
+  if (mode == "nearest") return std::clamp(at, 0.0, len - 1);
+  if (mode == "wrap") {
+    if (size == 1) return 0;
+    const double period = len - 1;  // as TensorFlow's: the last pixel meets the first
+    at -= period * std::floor(at / period);
+    return std::clamp(at, 0.0, len - 1);
+  }
+  // reflect: d c b a | a b c d | d c b a
+  const double period = 2 * len;
+  if (at < 0) {
+    if (at < -period) at += period * std::floor(-at / period);
+    at = at < -len ? at + period : -at - 1;
+  } else {
+    at -= period * std::floor(at / period);
+    if (at >= len) at = period - at - 1;
+  }
+  return std::clamp(at, 0.0, len - 1);
+}
+
+}  // namespace
+
+Tensor RandomRotation::rotate(const Tensor& images, const std::vector<double>& turns) const {
+  const Shape s = as_batch(images.shape());
+  if (!images.on_cpu()) fail("rotates images on the CPU; the images are on " + images.device().to_string());
+  images.check_dtype(DType::f32, "RandomRotation");
+  const std::int64_t n = s[0], h = s[1], w = s[2], c = s[3];
+  // Each output pixel's (up to) four source pixels and their weights, kept for backward.
+  struct Tap {
+    std::int64_t pixel;  // into n * h * w; -1: the fill value
+    float weight;
+  };
+  auto taps = std::make_shared<std::vector<Tap>>(static_cast<std::size_t>(n * h * w * 4));
+  const bool nearest = interpolation_ == "nearest";
+  for (std::int64_t b = 0; b < n; ++b) {
+    const double angle = 2 * 3.14159265358979323846 * turns[static_cast<std::size_t>(b)];
+    const double cs = std::cos(angle), sn = std::sin(angle);
+    // Keras's rotation matrix: output (x, y) reads input (cs x - sn y + dx, sn x + cs y + dy).
+    const double dx = ((w - 1) - (cs * (w - 1) - sn * (h - 1))) / 2;
+    const double dy = ((h - 1) - (sn * (w - 1) + cs * (h - 1))) / 2;
+    for (std::int64_t y = 0; y < h; ++y)
+      for (std::int64_t x = 0; x < w; ++x) {
+        Tap* t = taps->data() + ((b * h + y) * w + x) * 4;
+        for (int k = 0; k < 4; ++k) t[k] = {-1, 0.0f};
+        const double sx = fill_coordinate(cs * x - sn * y + dx, w, fill_mode_);
+        const double sy = fill_coordinate(sn * x + cs * y + dy, h, fill_mode_);
+        if (sx < 0 || sy < 0) {  // constant fill
+          t[0] = {-1, 1.0f};
+          continue;
+        }
+        if (nearest) {
+          const auto px = static_cast<std::int64_t>(std::lround(sx)), py = static_cast<std::int64_t>(std::lround(sy));
+          t[0] = {(b * h + std::min(py, h - 1)) * w + std::min(px, w - 1), 1.0f};
+          continue;
+        }
+        const auto x0 = static_cast<std::int64_t>(std::floor(sx)), y0 = static_cast<std::int64_t>(std::floor(sy));
+        const std::int64_t x1 = std::min(x0 + 1, w - 1), y1 = std::min(y0 + 1, h - 1);
+        const auto fx = static_cast<float>(sx - x0), fy = static_cast<float>(sy - y0);
+        t[0] = {(b * h + y0) * w + x0, (1 - fx) * (1 - fy)};
+        t[1] = {(b * h + y0) * w + x1, fx * (1 - fy)};
+        t[2] = {(b * h + y1) * w + x0, (1 - fx) * fy};
+        t[3] = {(b * h + y1) * w + x1, fx * fy};
+      }
+  }
+  Tensor out = Tensor::empty(images.shape());  // the layout of s
+  const float* in = images.data<float>();
+  float* o = out.data<float>();
+  const std::int64_t pixels = n * h * w;
+  for (std::int64_t p = 0; p < pixels; ++p) {
+    const Tap* t = taps->data() + p * 4;
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      float v = 0;
+      for (int k = 0; k < 4; ++k)
+        if (t[k].weight != 0.0f) v += t[k].weight * (t[k].pixel < 0 ? fill_value_ : in[t[k].pixel * c + ch]);
+      o[p * c + ch] = v;
+    }
+  }
+  const Tensor* inputs[] = {&images};
+  if (GradientTape::should_record(inputs))
+    GradientTape::record(inputs, out, [taps, shape = images.shape(), c, pixels](const Tensor& dy, BackwardContext& ctx) {
+      Tensor dx = Tensor::zeros(shape);
+      float* d = dx.data<float>();
+      const float* g = dy.data<float>();
+      for (std::int64_t p = 0; p < pixels; ++p) {
+        const Tap* t = taps->data() + p * 4;
+        for (int k = 0; k < 4; ++k)
+          if (t[k].pixel >= 0 && t[k].weight != 0.0f)
+            for (std::int64_t ch = 0; ch < c; ++ch) d[t[k].pixel * c + ch] += t[k].weight * g[p * c + ch];
+      }
+      ctx.add(0, dx);
+    });
+  return out;
+}
+
+Tensor RandomRotation::call(const Tensor& x, bool training) {
+  compute_output_shape(x.shape());
+  if (!training) return x;
+  const std::int64_t n = as_batch(x.shape())[0];
+  const Generator g = stream_.draw(static_cast<std::uint64_t>(n));
+  std::vector<double> turns(static_cast<std::size_t>(n));
+  for (std::int64_t b = 0; b < n; ++b)
+    turns[static_cast<std::size_t>(b)] = lower_ + (upper_ - lower_) * g.uniform_at(static_cast<std::uint64_t>(b));
+  return rotate(x, turns);
+}
+
 }  // namespace dtrain::nn

@@ -116,4 +116,33 @@ class RandomCrop : public Augmentation {
   std::int64_t height_, width_;
 };
 
+// Each image turned about its centre by an angle drawn from [lower, upper] turns (factor f:
+// [-f, f]; 0.25 a quarter turn), counter-clockwise for positive angles, while training;
+// the identity at inference. Pixels are read bilinearly (or the nearest); places outside
+// the image read by fill_mode: "reflect" (TensorFlow's d c b a | a b c d | d c b a),
+// "wrap", "nearest" (the edge) or "constant" (fill_value). Runs on the CPU.
+class RandomRotation : public Augmentation {
+ public:
+  RandomRotation(double lower, double upper, std::string fill_mode = "reflect", std::string interpolation = "bilinear",
+                 std::optional<std::uint64_t> seed = std::nullopt, float fill_value = 0.0f,
+                 std::string name = "random_rotation");
+  Shape compute_output_shape(const Shape& input_shape) const override;
+  std::string class_name() const override { return "RandomRotation"; }
+  double lower() const { return lower_; }
+  double upper() const { return upper_; }
+  const std::string& fill_mode() const { return fill_mode_; }
+  const std::string& interpolation() const { return interpolation_; }
+  float fill_value() const { return fill_value_; }
+  // Images turned by `turns` each (fractions of a full turn), as call() turns them.
+  Tensor rotate(const Tensor& images, const std::vector<double>& turns) const;
+
+ protected:
+  Tensor call(const Tensor& x, bool training) override;
+
+ private:
+  double lower_, upper_;
+  std::string fill_mode_, interpolation_;
+  float fill_value_;
+};
+
 }  // namespace dtrain::nn
