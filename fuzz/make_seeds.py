@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import struct
+import sys
 import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -75,26 +76,23 @@ state += u64(0) + u64(0) + u64(0)
 put("fuzz_records", "iterator-state", state)
 
 
-# TFRecord files (TensorFlow's framing): the same layout, each checksum a masked CRC-32C.
-def crc32c(data):
-    crc = 0xFFFFFFFF
-    for b in data:
-        crc ^= b
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-    return crc ^ 0xFFFFFFFF
-
-
-def masked(crc):
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def tfrecord(body):
-    head = u64(len(body))
-    return head + struct.pack("<I", masked(crc32c(head))) + body + struct.pack("<I", masked(crc32c(body)))
-
+# TFRecord files (TensorFlow's framing): the same layout, each checksum a masked CRC-32C,
+# framed by the Python tests' own writer.
+sys.path.insert(0, os.path.join(HERE, "..", "python", "tests"))
+from wire import framed as tfrecord  # noqa: E402
 
 put("fuzz_records", "tfrecord", tfrecord(b"") + tfrecord(row))
+# A tf.train.Example (x: floats [1, 2], y: int64 [3], z: bytes ["ab"]), framed and gzipped,
+# and a TensorProto (float32 [[1, 2]]), as TensorFlow writes them.
+from wire import field, varint  # noqa: E402
+
+example = field(1, field(1, field(1, b"x") + field(2, field(2, field(1, struct.pack("<2f", 1, 2))))) +
+                   field(1, field(1, b"y") + field(2, field(3, field(1, varint(3))))) +
+                   field(1, field(1, b"z") + field(2, field(1, field(1, b"ab")))))
+put("fuzz_records", "example", example)
+put("fuzz_records", "tfrecord-gzip", gzip.compress(tfrecord(example), mtime=0))
+put("fuzz_records", "tensor-proto", b"\x08\x01" + field(2, field(2, b"\x08\x01") + field(2, b"\x08\x02")) +
+    field(4, struct.pack("<2f", 1, 2)))
 
 
 # ---- safetensors: [u64 header length][JSON header][data]

@@ -608,17 +608,13 @@ def split(value, num_or_size_splits, axis=0, num=None, name=None):
     return pieces
 
 
-def _l2(t, axes=None):
-    return _ops.sqrt(_ops.reduce_sum(_ops.square(t), axes, axes is not None))
-
-
 def clip_by_norm(t, clip_norm, axes=None, name=None):
     """t * clip_norm / max(l2norm(t, axes), clip_norm): t scaled down to an L2 norm of at
     most clip_norm (along axes, or over all of it), with the gradient through the norm."""
     del name
     summed = _ops.reduce_sum(_ops.square(t), None if axes is None else axes, axes is not None)
-    positive = _ops.where(_int_tensor(_values(summed, "clip_by_norm") > 0), summed, 1.0)
-    norm = _ops.where(_int_tensor(_values(summed, "clip_by_norm") > 0), _ops.sqrt(positive), 0.0)
+    nonzero = _int_tensor(_values(summed, "clip_by_norm") > 0)  # sqrt's gradient is kept off the zeros
+    norm = _ops.where(nonzero, _ops.sqrt(_ops.where(nonzero, summed, 1.0)), 0.0)
     clip = float(clip_norm)
     bigger = _int_tensor(_values(norm, "clip_by_norm") > clip)
     return _ops.divide(_ops.multiply(t, clip), _ops.where(bigger, norm, clip))

@@ -218,8 +218,7 @@ void bind_keras(py::module_& m) {
 
   py::class_<nn::Layer, std::shared_ptr<nn::Layer>> layer_class(k, "Layer");
   py::class_<nn::Normalization, nn::Layer, std::shared_ptr<nn::Normalization>>(k, "_Normalization")
-      .def("set_statistics", &nn::Normalization::set_statistics)
-      .def("adapt", [](nn::Normalization& n, py::handle data) { n.adapt(to_tensor(data, "Normalization.adapt", "float32")); });
+      .def("set_statistics", &nn::Normalization::set_statistics);
   layer_class
       .def_property_readonly("name", &nn::Layer::name)
       .def_property_readonly("class_name", &nn::Layer::class_name)

@@ -1,5 +1,5 @@
 """TFRecord files from Python: written by tf.io.TFRecordWriter and read back, and written by a
-second, independent path (this file's own framing: struct and a bitwise CRC-32C) and read
+second, independent path (the tests' own framing, wire.py: struct and a bitwise CRC-32C) and read
 by tf.data.TFRecordDataset; a flipped bit is an error naming the file, record and offset."""
 import gzip
 import struct
@@ -9,24 +9,7 @@ import numpy as np
 import pytest
 
 import dtrain as tf
-
-
-def crc32c(data):
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-    return crc ^ 0xFFFFFFFF
-
-
-def masked(crc):
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def framed(record):
-    length = struct.pack("<Q", len(record))
-    return length + struct.pack("<I", masked(crc32c(length))) + record + struct.pack("<I", masked(crc32c(record)))
+from wire import crc32c, field, framed, varint
 
 
 RECORDS = [b"", b"hello", bytes(range(256)) * 3, "\u00e9t\u00e9".encode()]
@@ -78,19 +61,6 @@ def test_compressed_files_are_zlib_and_gzip_streams_of_the_framed_records(tmp_pa
 
 
 # ---- tf.train.Example, by a second path: protobuf's wire format spelled out here.
-
-def varint(n):
-    n &= (1 << 64) - 1
-    out = b""
-    while n >= 0x80:
-        out += bytes([n & 0x7F | 0x80])
-        n >>= 7
-    return out + bytes([n])
-
-
-def field(number, payload):
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
-
 
 def example_bytes(features):
     """Example{features{feature{key, value}}} for {key: ("floats"|"ints"|"bytes", values)},

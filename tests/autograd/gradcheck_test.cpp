@@ -174,6 +174,23 @@ TEST(Gradcheck, WhereSliceGatherMaxMin) {
   expect_gradients_match([](const Inputs& in) { return reduce_min(in[0], {0, -1}, true); }, {x}, {0});
 }
 
+// More tensors than one recorded op takes are joined in groups: the same values, and each
+// input's gradient from its own rows.
+TEST(Gradcheck, ConcatenateOfManyTensors) {
+  expect_gradients_match(
+      [](const Inputs& in) {
+        std::vector<Tensor> parts;
+        for (int i = 0; i < 19; ++i) parts.push_back(affine(in[i % 2], static_cast<float>(i + 1)));
+        return square(concatenate(parts, 0));
+      },
+      {random_tensor({2, 3}, 39), random_tensor({1, 3}, 40)}, {0, 1});
+  std::vector<Tensor> rows;
+  for (int i = 0; i < 17; ++i) rows.push_back(Tensor::full({1, 2}, static_cast<float>(i)));
+  const std::vector<float> joined = concatenate(rows, 0).to_vector();
+  ASSERT_EQ(joined.size(), 34u);
+  for (int i = 0; i < 17; ++i) EXPECT_EQ(joined[static_cast<std::size_t>(2 * i + 1)], static_cast<float>(i));
+}
+
 TEST(Select, ValuesTiesAndErrors) {
   const Tensor x = Tensor::from_vector({2, 3}, {1.0f, 5.0f, 5.0f, -1.0f, 0.0f, -1.0f});
   EXPECT_EQ(reduce_max(x, {1}).to_vector(), (std::vector<float>{5.0f, 0.0f}));

@@ -17,9 +17,15 @@ Tensor reshape(const Tensor& x, const Shape& shape) {
 
 Tensor concatenate(std::span<const Tensor> xs, int axis) {
   if (xs.empty()) DTRAIN_THROW(InvalidArgument, "concatenate: needs at least one tensor");
-  if (xs.size() > static_cast<std::size_t>(GradientTape::kMaxInputs))
-    DTRAIN_THROW(InvalidArgument, "concatenate: joins at most ", GradientTape::kMaxInputs, " tensors, got ",
-                 xs.size());
+  // A recorded op takes at most kMaxInputs inputs: more are joined in groups of that many,
+  // then the groups (the same values and gradients, one copy more).
+  constexpr auto kAtOnce = static_cast<std::size_t>(GradientTape::kMaxInputs);
+  if (xs.size() > kAtOnce) {
+    std::vector<Tensor> groups;
+    for (std::size_t i = 0; i < xs.size(); i += kAtOnce)
+      groups.push_back(i + 1 == xs.size() ? xs[i] : concatenate(xs.subspan(i, std::min(kAtOnce, xs.size() - i)), axis));
+    return concatenate(groups, axis);
+  }
   const Tensor& first = xs[0];
   first.check_defined("concatenate");
   const int rank = first.rank();

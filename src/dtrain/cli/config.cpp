@@ -2,8 +2,6 @@
 // names, read into memory (the file sources are not streamed).
 #include "dtrain/cli/config.h"
 
-#include <glob.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <charconv>
@@ -86,18 +84,19 @@ void check_file(const JsonReader& at, const std::string& file) {
   if (!fs::is_regular_file(file, ec)) at.fail("", "'" + file + "' is not a regular file");
 }
 
-// A name with glob(7)'s wildcards that is not itself a file: the files it matches, sorted.
+// A name with glob(7)'s wildcards that is not itself a file: the files it matches, sorted
+// (data::Dataset::glob, as list_files finds them).
 bool add_matches(const JsonReader& at, const std::string& pattern, std::vector<std::string>& files) {
   std::error_code ec;
   if (pattern.find_first_of("*?[") == std::string::npos || fs::exists(pattern, ec)) return false;
-  glob_t found{};
-  const int rc = glob(pattern.c_str(), GLOB_ERR, nullptr, &found);
-  const std::size_t before = files.size();
-  if (rc == 0)
-    for (std::size_t i = 0; i < found.gl_pathc; ++i) files.emplace_back(found.gl_pathv[i]);
-  globfree(&found);
-  if (files.size() == before) at.fail("", "'" + pattern + "' matches no file");
-  for (std::size_t i = before; i < files.size(); ++i) check_file(at, files[i]);
+  std::vector<std::string> found;
+  try {
+    found = data::Dataset::glob({pattern});
+  } catch (const Error&) {
+    at.fail("", "'" + pattern + "' matches no file");
+  }
+  for (const std::string& file : found) check_file(at, file);
+  files.insert(files.end(), found.begin(), found.end());
   return true;
 }
 

@@ -310,8 +310,9 @@ Dataset Dataset::records(std::vector<std::string> files) { return Dataset(detail
 Dataset Dataset::tfrecord(std::vector<std::string> files, Compression compression, std::int64_t num_parallel_reads) {
   if (num_parallel_reads < AUTOTUNE)
     DTRAIN_THROW(InvalidArgument, "TFRecordDataset: num_parallel_reads must be AUTOTUNE (-1) or >= 0, got ", num_parallel_reads);
-  if (num_parallel_reads == AUTOTUNE) num_parallel_reads = std::max(1u, std::thread::hardware_concurrency());
-  if (num_parallel_reads <= 1 || files.size() <= 1) return Dataset(detail::tfrecord_node(std::move(files), compression));
+  if ((num_parallel_reads >= 0 && num_parallel_reads <= 1) || files.size() <= 1)
+    return Dataset(detail::tfrecord_node(std::move(files), compression));
+  // interleave reads AUTOTUNE as the machine's cores, for both.
   return file_names(std::move(files))
       .interleave([compression](const Element& e) { return tfrecord({*e[0].data<std::string>()}, compression); },
                   num_parallel_reads, 1, num_parallel_reads);

@@ -614,11 +614,12 @@ class RecordsIterator : public IteratorBase {
         bytes = Tensor::empty({static_cast<std::int64_t>(length)}, DType::u8);
       }
       const bool whole = text ? read_growing(*text, length) : read(static_cast<char*>(bytes.raw_data()), length) == length;
-      if (!whole || read(reinterpret_cast<char*>(tail_), 4) != 4)
+      unsigned char tail[4];
+      if (!whole || read(reinterpret_cast<char*>(tail), 4) != 4)
         DTRAIN_THROW(IoError, path, ": truncated record at offset ", where(), " (record ", record_, ", ", length,
                      " bytes announced)");
       const void* data = text ? static_cast<const void*>(text->data()) : bytes.raw_data();
-      if (record_checksum(framing_, data, length) != get_le(tail_, 4))
+      if (record_checksum(framing_, data, length) != get_le(tail, 4))
         DTRAIN_THROW(IoError, path, ": corrupt record at offset ", where(), " (record ", record_,
                      "): the data's checksum does not match");
       offset_ += 16 + static_cast<std::int64_t>(length);
@@ -715,7 +716,6 @@ class RecordsIterator : public IteratorBase {
   std::int64_t size_ = 0;  // the current file's length in bytes (uncompressed files)
   std::ifstream plain_;
   std::unique_ptr<InflatingFile> inflating_;
-  unsigned char tail_[4] = {};
 };
 
 }  // namespace

@@ -95,28 +95,46 @@ struct WireReader {
   }
 };
 
+// One occurrence of a repeated float field (packed: many; wire type 5: one), or of a
+// repeated varint field (packed, or wire type 0), each value given to add(). FloatList's
+// and Int64List's field 1 and TensorProto's value lists read alike.
+template <typename Add>
+void read_floats(WireReader& r, const WireReader::Tag& t, const char* what, Add&& add) {
+  if (t.type == 2) {
+    const std::string_view packed = r.bytes();
+    if (packed.size() % 4 != 0) r.fail(std::string("a packed ") + what + " of " + std::to_string(packed.size()) + " bytes");
+    for (std::size_t i = 0; i < packed.size(); i += 4) {
+      float f;
+      std::memcpy(&f, packed.data() + i, 4);
+      add(f);
+    }
+    return;
+  }
+  r.expect(t, 5, what);
+  const std::uint32_t bits = r.fixed32();
+  float f;
+  std::memcpy(&f, &bits, 4);
+  add(f);
+}
+
+template <typename Add>
+void read_varints(WireReader& r, const WireReader::Tag& t, const char* what, Add&& add) {
+  if (t.type == 2) {
+    WireReader packed(r, r.bytes());
+    while (!packed.done()) add(static_cast<std::int64_t>(packed.varint()));
+    return;
+  }
+  r.expect(t, 0, what);
+  add(static_cast<std::int64_t>(r.varint()));
+}
+
 // The values of a FloatList, Int64List or BytesList message (field 1, packed or not).
 template <typename Add>
 void each_float(WireReader list, Add&& add) {
   while (!list.done()) {
     const auto t = list.tag();
-    if (t.field != 1) {
-      list.skip(t.type);
-    } else if (t.type == 2) {
-      const std::string_view packed = list.bytes();
-      if (packed.size() % 4 != 0) list.fail("a packed float list of " + std::to_string(packed.size()) + " bytes");
-      for (std::size_t i = 0; i < packed.size(); i += 4) {
-        float f;
-        std::memcpy(&f, packed.data() + i, 4);
-        add(f);
-      }
-    } else {
-      list.expect(t, 5, "a float value");
-      const std::uint32_t bits = list.fixed32();
-      float f;
-      std::memcpy(&f, &bits, 4);
-      add(f);
-    }
+    if (t.field == 1) read_floats(list, t, "float list", add);
+    else list.skip(t.type);
   }
 }
 
@@ -124,15 +142,8 @@ template <typename Add>
 void each_int64(WireReader list, Add&& add) {
   while (!list.done()) {
     const auto t = list.tag();
-    if (t.field != 1) {
-      list.skip(t.type);
-    } else if (t.type == 2) {
-      WireReader packed(list, list.bytes());
-      while (!packed.done()) add(static_cast<std::int64_t>(packed.varint()));
-    } else {
-      list.expect(t, 0, "an int64 value");
-      add(static_cast<std::int64_t>(list.varint()));
-    }
+    if (t.field == 1) read_varints(list, t, "int64 list", add);
+    else list.skip(t.type);
   }
 }
 
@@ -245,9 +256,11 @@ void put_bytes(std::string& out, std::uint64_t field, std::string_view bytes) {
   out.append(bytes);
 }
 
-std::int32_t narrow_int(std::int64_t v, const std::string& what) {
+// `what()` names the value for the message; it is built only when the value does not fit.
+template <typename What>
+std::int32_t narrow_int(std::int64_t v, const What& what) {
   if (v < INT32_MIN || v > INT32_MAX)
-    DTRAIN_THROW(InvalidArgument, what, ": the value ", v, " is beyond int32, which dtrain holds int64 values in");
+    DTRAIN_THROW(InvalidArgument, what(), ": the value ", v, " is beyond int32, which dtrain holds int64 values in");
   return static_cast<std::int32_t>(v);
 }
 
@@ -264,10 +277,12 @@ struct Column {
   }
 };
 
-void append_values(Column& c, const FeatureSpec& spec, const FeatureView& v, const std::string& where) {
+// `where()` names the example and feature in messages (built only for one).
+template <typename Where>
+void append_values(Column& c, const FeatureSpec& spec, const FeatureView& v, const Where& where) {
   if (v.kind == Feature::Kind::none) return;  // no values, whatever the type
   if (v.kind != kind_for(spec.dtype))
-    DTRAIN_THROW(InvalidArgument, where, ": the Example holds ", kind_name(v.kind), " where the spec asks for ",
+    DTRAIN_THROW(InvalidArgument, where(), ": the Example holds ", kind_name(v.kind), " where the spec asks for ",
                  spec_type_name(spec.dtype), " (", kind_name(kind_for(spec.dtype)), ")");
   WireReader list("Example", v.list);
   switch (spec.dtype) {
@@ -393,57 +408,55 @@ std::vector<ParsedFeature> parse_examples(const Tensor& serialized, const std::v
   }
   const std::int64_t count = serialized.numel();
   std::vector<Column> columns(specs.size());
-  std::vector<FeatureView> found(specs.size());
-  std::vector<WireReader> readers;
+  std::vector<std::optional<FeatureView>> found(specs.size());  // unset: the Example lacks it
   for (std::int64_t e = 0; e < count; ++e) {
     const std::string& bytes = serialized.data<std::string>()[e];
-    const std::string example_name = single ? std::string(fn) : std::string(fn) + ": example " + std::to_string(e);
-    std::fill(found.begin(), found.end(), FeatureView{Feature::Kind::none, {}});
-    std::vector<bool> present(specs.size(), false);
+    // Message context, built only for a message.
+    const auto example_name = [&] { return single ? std::string(fn) : std::string(fn) + ": example " + std::to_string(e); };
+    std::fill(found.begin(), found.end(), std::nullopt);
     try {
       WireReader example("Example", bytes);
       each_feature(example, [&](std::string_view key, WireReader value) {
         const auto it = index.find(key);
-        if (it == index.end()) return;
-        found[it->second] = view_feature(value);
-        present[it->second] = true;
+        if (it != index.end()) found[it->second] = view_feature(value);
       });
     } catch (const InvalidArgument& err) {
-      DTRAIN_THROW(InvalidArgument, example_name, ": ", err.what());
+      DTRAIN_THROW(InvalidArgument, example_name(), ": ", err.what());
     }
     for (std::size_t s = 0; s < specs.size(); ++s) {
       const FeatureSpec& spec = specs[s];
       Column& c = columns[s];
-      const std::string where = example_name + ": feature '" + spec.key + "'";
+      const auto where = [&] { return example_name() + ": feature '" + spec.key + "'"; };
+      const bool present = found[s].has_value();
       const std::int64_t before = c.size(spec.dtype);
-      if (present[s]) {
+      if (present) {
         try {
-          append_values(c, spec, found[s], where);
+          append_values(c, spec, *found[s], where);
         } catch (const InvalidArgument& err) {
-          if (std::string_view(err.what()).starts_with(where)) throw;
-          DTRAIN_THROW(InvalidArgument, where, ": ", err.what());
+          if (std::string_view(err.what()).starts_with(where())) throw;
+          DTRAIN_THROW(InvalidArgument, where(), ": ", err.what());
         }
       }
       const std::int64_t got = c.size(spec.dtype) - before;
       const std::int64_t item = spec.shape.numel();
       switch (spec.kind) {
         case FeatureSpec::Kind::fixed_len:
-          if (!present[s]) {
+          if (!present) {
             if (!spec.default_value)
-              DTRAIN_THROW(InvalidArgument, where, " (", spec_type_name(spec.dtype),
+              DTRAIN_THROW(InvalidArgument, where(), " (", spec_type_name(spec.dtype),
                            ") is required but the Example has none (give the spec a default_value to fill it)");
             append_default(c, spec, item);
           } else if (got != item) {
-            DTRAIN_THROW(InvalidArgument, where, " has ", got, " values where its shape ", spec.shape.to_string(),
+            DTRAIN_THROW(InvalidArgument, where(), " has ", got, " values where its shape ", spec.shape.to_string(),
                          " holds ", item);
           }
           break;
         case FeatureSpec::Kind::fixed_len_sequence:
-          if (!present[s] && !spec.allow_missing)
-            DTRAIN_THROW(InvalidArgument, where, " (", spec_type_name(spec.dtype),
+          if (!present && !spec.allow_missing)
+            DTRAIN_THROW(InvalidArgument, where(), " (", spec_type_name(spec.dtype),
                          ") is required but the Example has none (allow_missing=True reads it as empty)");
           if (item == 0 ? got != 0 : got % item != 0)
-            DTRAIN_THROW(InvalidArgument, where, " has ", got, " values, not a whole number of items of shape ",
+            DTRAIN_THROW(InvalidArgument, where(), " has ", got, " values, not a whole number of items of shape ",
                          spec.shape.to_string());
           break;
         case FeatureSpec::Kind::var_len: break;
@@ -594,34 +607,10 @@ Tensor parse_tensor(std::string_view bytes, DType out_type) {
         break;
       }
       case 4: r.expect(t, 2, "tensor_content"); content = r.bytes(); has_content = true; break;
-      case 5: {  // float_val
-        if (t.type == 2) {
-          const std::string_view packed = r.bytes();
-          if (packed.size() % 4 != 0) r.fail("a packed float_val of " + std::to_string(packed.size()) + " bytes");
-          for (std::size_t i = 0; i < packed.size(); i += 4) {
-            float f;
-            std::memcpy(&f, packed.data() + i, 4);
-            floats.push_back(f);
-          }
-        } else {
-          r.expect(t, 5, "float_val");
-          const std::uint32_t b = r.fixed32();
-          float f;
-          std::memcpy(&f, &b, 4);
-          floats.push_back(f);
-        }
+      case 5: read_floats(r, t, "float_val", [&](float f) { floats.push_back(f); }); break;
+      case 7: case 10: case 11: case 13:  // int_val, int64_val, bool_val, half_val
+        read_varints(r, t, "integer value list", [&](std::int64_t v) { ints.push_back(v); });
         break;
-      }
-      case 7: case 10: case 11: case 13: {  // int_val, int64_val, bool_val, half_val: varints
-        if (t.type == 2) {
-          WireReader packed(r, r.bytes());
-          while (!packed.done()) ints.push_back(static_cast<std::int64_t>(packed.varint()));
-        } else {
-          r.expect(t, 0, "an integer value list");
-          ints.push_back(static_cast<std::int64_t>(r.varint()));
-        }
-        break;
-      }
       case 8: r.expect(t, 2, "string_val"); strings.push_back(r.bytes()); break;
       default: r.skip(t.type);
     }
@@ -657,6 +646,7 @@ Tensor parse_tensor(std::string_view bytes, DType out_type) {
   Tensor out = Tensor::empty(Shape(dims), out_type);
   for (std::int64_t i = 0; i < n; ++i) {
     const std::size_t j = values == 1 ? 0 : static_cast<std::size_t>(i);
+    const auto element = [i] { return "parse_tensor: element " + std::to_string(i); };
     switch (out_type) {
       case DType::string: out.data<std::string>()[i] = std::string(strings[j]); break;
       case DType::f32:
@@ -667,13 +657,12 @@ Tensor parse_tensor(std::string_view bytes, DType out_type) {
         if (has_content && int64_for_int32) {
           std::int64_t v;
           std::memcpy(&v, content.data() + 8 * i, 8);
-          out.data<std::int32_t>()[i] = narrow_int(v, "parse_tensor: element " + std::to_string(i));
+          out.data<std::int32_t>()[i] = narrow_int(v, element);
         } else if (has_content) {
           std::memcpy(out.data<std::int32_t>() + i, content.data() + 4 * i, 4);
         } else {
           const std::int64_t v = values == 0 ? 0 : ints[j];
-          out.data<std::int32_t>()[i] = int64_for_int32 ? narrow_int(v, "parse_tensor: element " + std::to_string(i))
-                                                        : static_cast<std::int32_t>(v);
+          out.data<std::int32_t>()[i] = int64_for_int32 ? narrow_int(v, element) : static_cast<std::int32_t>(v);
         }
         break;
       case DType::u8:

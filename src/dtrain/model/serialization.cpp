@@ -79,7 +79,7 @@ json layer_to_json(const nn::Layer& layer) {
     config["activation"] = a->activation();
   } else if (auto* dr = dynamic_cast<const nn::Dropout*>(&layer)) {
     config["rate"] = dr->rate();
-    config["seed"] = dr->seed() ? json(*dr->seed()) : json(nullptr);
+    config["seed"] = seed_json(dr->seed());
   } else if (dynamic_cast<const nn::Flatten*>(&layer)) {
   } else if (auto* s = dynamic_cast<const nn::Rescaling*>(&layer)) {
     config["scale"] = s->scale();
@@ -398,11 +398,17 @@ std::optional<Constraint> get_constraint(const JsonReader& c, const std::string&
   return out;
 }
 
+// The layer's own "seed" (null or absent: none).
+std::optional<std::uint64_t> get_seed(const JsonReader& c) {
+  if (auto s = c.get_optional_int("seed")) return static_cast<std::uint64_t>(*s);
+  return std::nullopt;
+}
+
 // The layer's own "seed", else the seed of its kernel's initializer object
 // ({"class_name": "GlorotUniform", "config": {"seed": 3}}), which in Keras fixes the
 // kernel's values whatever the global seed; a null seed is none.
 std::optional<std::uint64_t> get_seed(const JsonReader& c, const std::string& kernel_key) {
-  if (auto s = c.get_optional_int("seed")) return static_cast<std::uint64_t>(*s);
+  if (auto s = get_seed(c)) return s;
   if (!c.has(kernel_key)) return std::nullopt;
   const json& init = c.raw()[kernel_key];
   if (!init.is_object() || !init.contains("config") || !init["config"].is_object() || !init["config"].contains("seed"))
@@ -527,8 +533,7 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
     if (cls == "Dropout") {
       c.expect_keys(layer_keys({"rate", "seed", "noise_shape"}));
       expect_unset(c, {"noise_shape"});
-      std::optional<std::uint64_t> seed;
-      if (auto s = c.get_optional_int("seed")) seed = static_cast<std::uint64_t>(*s);
+      const std::optional<std::uint64_t> seed = get_seed(c);
       const double rate = c.get_number("rate");
       if (!(rate >= 0 && rate < 1)) c.fail("rate", "must be in [0, 1), got " + c.raw()["rate"].dump());
       return std::make_shared<nn::Dropout>(static_cast<float>(rate), seed, c.get_string("name", "dropout"));
@@ -579,9 +584,7 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       } else {
         c.fail("factor", "expected a number or a [lower, upper] pair (fractions of a full turn), got " + f.dump());
       }
-      const std::optional<std::uint64_t> seed =
-          c.has("seed") && !c.raw()["seed"].is_null() ? std::optional<std::uint64_t>(static_cast<std::uint64_t>(c.get_int("seed")))
-                                                       : std::nullopt;
+      const std::optional<std::uint64_t> seed = get_seed(c);
       return std::make_shared<nn::RandomRotation>(lower, upper, c.get_string("fill_mode", "reflect"),
                                                   c.get_string("interpolation", "bilinear"), seed,
                                                   static_cast<float>(c.get_number("fill_value", 0.0)),
@@ -591,9 +594,7 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
       if (cls == "RandomFlip") c.expect_keys(layer_keys({"mode", "seed", "data_format"}));
       else c.expect_keys(layer_keys({"height", "width", "seed", "data_format"}));
       expect_channels_last(c);
-      const std::optional<std::uint64_t> seed =
-          c.has("seed") && !c.raw()["seed"].is_null() ? std::optional<std::uint64_t>(static_cast<std::uint64_t>(c.get_int("seed")))
-                                                       : std::nullopt;
+      const std::optional<std::uint64_t> seed = get_seed(c);
       if (cls == "RandomFlip")
         return std::make_shared<nn::RandomFlip>(c.get_string("mode", "horizontal_and_vertical"), seed,
                                                 c.get_string("name", "random_flip"));

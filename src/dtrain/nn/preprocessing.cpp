@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "dtrain/autograd/ops.h"
 
@@ -20,20 +21,6 @@ Tensor take_pixels(const Tensor& x, const std::vector<std::int32_t>& pixels, con
   const Tensor rows = reshape(x, {x.numel() / channels, channels});
   const Tensor index = Tensor::from_vector({static_cast<std::int64_t>(pixels.size())}, std::span<const std::int32_t>(pixels));
   return reshape(gather(rows, index, 0), out);
-}
-
-// The tensors joined along axis 0, eight at a time (the most one recorded op takes).
-Tensor join_all(std::vector<Tensor> parts) {
-  constexpr std::size_t kAtOnce = GradientTape::kMaxInputs;
-  while (parts.size() > 1) {
-    std::vector<Tensor> joined;
-    for (std::size_t i = 0; i < parts.size(); i += kAtOnce) {
-      const std::size_t end = std::min(parts.size(), i + kAtOnce);
-      joined.push_back(end - i == 1 ? parts[i] : concatenate(std::span<const Tensor>(parts.data() + i, end - i), 0));
-    }
-    parts = std::move(joined);
-  }
-  return parts.front();
 }
 
 // [H, W, C] as a batch of one, and back.
@@ -106,13 +93,9 @@ void Normalization::build_weights(const Shape& input_shape) {
 }
 
 Tensor Normalization::call(const Tensor& x, bool /*training*/) {
-  const Tensor mean = mean_weight_->value();
-  const Tensor variance = variance_weight_->value().on_cpu() ? variance_weight_->value() : variance_weight_->value().to(Device{});
-  std::vector<float> std_dev(static_cast<std::size_t>(variance.numel()));
-  for (std::size_t j = 0; j < std_dev.size(); ++j)
-    std_dev[j] = std::max(std::sqrt(variance.data<float>()[j]), kEpsilon);
-  Tensor scale = Tensor::from_vector({static_cast<std::int64_t>(std_dev.size())}, std::span<const float>(std_dev));
-  if (!(scale.device() == x.device())) scale = scale.to(x.device());
+  // max(sqrt(variance), epsilon) through the backend, where the weights are: no host copy.
+  const Tensor scale = clip_by_value(sqrt(variance_weight_->value()), kEpsilon, std::numeric_limits<float>::max());
+  const Tensor& mean = mean_weight_->value();
   const Tensor input = x.dtype() == DType::f32 ? x : x.astype(DType::f32);
   return invert_ ? add(mul(input, scale), mean) : div(sub(input, mean), scale);
 }
@@ -234,7 +217,7 @@ Tensor RandomCrop::call(const Tensor& x, bool training) {
                                                 static_cast<std::uint64_t>(w - width_ + 1));
     windows.push_back(slice_axis(slice_axis(slice_axis(images, 0, b, 1), 1, top, height_), 2, left, width_));
   }
-  return reshape(join_all(std::move(windows)), out);
+  return reshape(concatenate(windows, 0), out);
 }
 
 // ---- RandomRotation
