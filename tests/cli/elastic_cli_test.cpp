@@ -2,7 +2,7 @@
 // others go on from their last commit and end with the weights of a fixed-size run (each
 // global batch has the same rows; only the order of the gradients' sums differs); a worker
 // started again joins at a commit and receives it; with fewer than MIN left, the job ends
-// naming the worker lost.
+// naming the worker lost; a worker stopped (hung) is left out at the collective timeout.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -114,6 +114,33 @@ TEST_F(ElasticCli, AWorkerKilledLeavesTheOthersToEndWhereAFixedRunEnds) {
       << "a commit other than those every 5 batches and at the epochs' ends: " << back_to;
   const nlohmann::json j = summary("elastic");
   EXPECT_EQ(j.value("optimizer_iterations", std::int64_t{-1}), 36) << j.dump();
+  EXPECT_LT(largest_difference("elastic", "fixed"), 1e-5);
+}
+
+// Worker 2 of 3 hangs (SIGSTOP) at a random batch: alive, its connections open. The others'
+// all-reduce fails at the collective timeout, naming it; the next round leaves it out once
+// it has not come within the timeout; they end where the fixed run ends. The launcher then
+// ends the stopped worker, which would never end by itself, and the job succeeds.
+TEST_F(ElasticCli, AWorkerStoppedIsLeftOutAtTheTimeoutAndTheOthersEndWhereAFixedRunEnds) {
+  const std::string cfg = config(144, 3);  // 36 batches
+  const Result fixed = launch(cfg, "--workers 3", "fixed");
+  ASSERT_EQ(fixed.code, 0) << fixed.output;
+  const std::int64_t step = random_step(2, 33);
+  SCOPED_TRACE("worker 2 stopped at training batch " + std::to_string(step) + " (drawn at random)");
+  const Result r = launch(cfg, "--workers 2:3", "elastic",
+                          "--collective-timeout 2 --fault-stop worker:2:" + std::to_string(step),
+                          "DTRAIN_ELASTIC_COMMIT_EVERY=5");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker:2] fault injection: sending SIGSTOP to this process at the start of training batch " +
+                                     std::to_string(step)))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "[worker:0] elastic: round 1, 2 worker(s) (worker:0, worker:1); gone: worker:2"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "no answer within the 2 s timeout")) << r.output;
+  EXPECT_TRUE(contains(r.output, "dtrain launch: worker:2 is stopped (SIGSTOP) and the elastic job ended without it; ending it"))
+      << r.output;
+  EXPECT_LE(resumed_after(r.output, 1), step) << r.output;
+  EXPECT_EQ(summary("elastic").value("optimizer_iterations", std::int64_t{-1}), 36);
   EXPECT_LT(largest_difference("elastic", "fixed"), 1e-5);
 }
 

@@ -1,4 +1,4 @@
-// --fault-slow, --fault-kill, --fault-term: faults made by callbacks.
+// --fault-slow, --fault-kill, --fault-term, --fault-stop: faults made by callbacks.
 #include "dtrain/cli/fault.h"
 
 #include <algorithm>
@@ -76,15 +76,19 @@ FaultSignal parse_fault_signal(const std::string& flag, const std::string& text,
 }
 
 SignalAtStep::SignalAtStep(int signal, std::int64_t step, bool armed) : signal_(signal), step_(step), armed_(armed) {
-  if (signal != SIGKILL && signal != SIGTERM)
-    DTRAIN_THROW(InvalidArgument, "SignalAtStep: the signal must be SIGKILL or SIGTERM, got ", signal);
+  if (signal != SIGKILL && signal != SIGTERM && signal != SIGSTOP)
+    DTRAIN_THROW(InvalidArgument, "SignalAtStep: the signal must be SIGKILL, SIGTERM or SIGSTOP, got ", signal);
   if (step < 0) DTRAIN_THROW(InvalidArgument, "SignalAtStep: the step must be >= 0, got ", step);
+}
+
+const char* SignalAtStep::signal_name() const {
+  return signal_ == SIGKILL ? "SIGKILL" : signal_ == SIGTERM ? "SIGTERM" : "SIGSTOP";
 }
 
 void SignalAtStep::on_train_batch_begin(std::int64_t, const Logs&) {
   if (armed_ && batches_ == step_) {
     std::printf("fault injection: sending %s to this process at the start of training batch %lld\n",
-                signal_ == SIGKILL ? "SIGKILL" : "SIGTERM", static_cast<long long>(step_));
+                signal_name(), static_cast<long long>(step_));
     std::fflush(stdout);
     ++fired_;
     std::raise(signal_);

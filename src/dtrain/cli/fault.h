@@ -53,7 +53,7 @@ class SlowWorker : public Callback {
 struct FaultSignal {
   int worker = -1;         // -1: no fault
   std::int64_t step = -1;  // 0-based count of the batches this process trained, over all epochs
-  int signal = 0;          // SIGKILL or SIGTERM
+  int signal = 0;          // SIGKILL, SIGTERM or SIGSTOP
   // --fault-kill ps:K:N: parameter server K (not a worker) kills itself once it has applied
   // N updates (`step` holds N).
   bool ps = false;
@@ -66,7 +66,8 @@ FaultSignal parse_fault_signal(const std::string& flag, const std::string& text,
 // Sends `signal` to this process at the start of the training batch `step` (counted from
 // 0 over every epoch of this process's fit), with raise(): SIGKILL is a real, uncatchable
 // death; SIGTERM is a preemption notice (BackupAndRestore saves and stops; without it the
-// process dies). It says so on stdout first, flushed. `armed` is the CLI's decision whether
+// process dies); SIGSTOP is a hung process (alive, its sockets open, answering nothing until
+// continued). It says so on stdout first, flushed. `armed` is the CLI's decision whether
 // this start of the job is the one to fault (a job that `dtrain launch --max-restarts`
 // started again is not killed again): unarmed, it only counts batches.
 class SignalAtStep : public Callback {
@@ -75,6 +76,7 @@ class SignalAtStep : public Callback {
   void on_train_batch_begin(std::int64_t batch, const Logs& logs) override;
   bool runs_on_workers() const override { return true; }
   int signal() const { return signal_; }
+  const char* signal_name() const;  // "SIGKILL", "SIGTERM" or "SIGSTOP"
   std::int64_t step() const { return step_; }
   bool armed() const { return armed_; }
   std::int64_t batches_seen() const { return batches_; }

@@ -96,7 +96,7 @@ struct Overrides {
   std::string save_weights, summary, weights, dtype_policy, strategy, profile, tensorboard;
   std::string device = "auto";  // cpu, gpu (or a name like /GPU:1) or auto: a GPU where one is present
   std::string fault_slow;  // testing: worker:K:Fx (cli/fault.h)
-  std::string fault_kill, fault_term;  // testing: worker:K:S (cli/fault.h)
+  std::string fault_kill, fault_term, fault_stop;  // testing: worker:K:S (cli/fault.h)
   // Checkpoints (BackupAndRestore): override the config's "checkpoint".
   std::string checkpoint_dir, checkpoint_every;  // every: a number of batches or "epoch"
   bool keep_checkpoints = false;
@@ -358,6 +358,7 @@ int run_fit(const std::string& path, const Overrides& o) {
   const cli::FaultSlow fault = cli::parse_fault_slow(o.fault_slow);
   const cli::FaultSignal kill = cli::parse_fault_signal("--fault-kill", o.fault_kill, SIGKILL, /*allow_ps=*/true);
   const cli::FaultSignal term = cli::parse_fault_signal("--fault-term", o.fault_term, SIGTERM);
+  const cli::FaultSignal stop = cli::parse_fault_signal("--fault-stop", o.fault_stop, SIGSTOP);
   const cli::CheckpointConfig checkpoint = checkpoint_config(c, o);
   prepare(c);
   const auto wall_start = Clock::now();
@@ -455,6 +456,7 @@ int run_fit(const std::string& path, const Overrides& o) {
   check_fault_worker("--fault-slow", o.fault_slow, fault.worker);
   if (!kill.ps) check_fault_worker("--fault-kill", o.fault_kill, kill.worker);
   check_fault_worker("--fault-term", o.fault_term, term.worker);
+  check_fault_worker("--fault-stop", o.fault_stop, stop.worker);
   const int replicas = strategy ? strategy->num_replicas_in_sync() : 1;
   const int threads_per_replica = strategy ? strategy->threads_per_replica() : num_threads();
   std::string where = device.is_cpu() ? std::to_string(num_threads()) + " threads" : device_description(device);
@@ -503,9 +505,9 @@ int run_fit(const std::string& path, const Overrides& o) {
   if (c.terminate_on_nan) fit_options.callbacks.push_back(terminate = std::make_shared<TerminateOnNaN>(&std::cout));
   std::shared_ptr<cli::SlowWorker> slow;
   if (worker_index >= 0 && fault.worker == worker_index) fit_options.callbacks.push_back(slow = std::make_shared<cli::SlowWorker>(fault.factor));
-  // Testing: this worker kills itself, or is preempted, at one batch of the job's first start.
+  // Testing: this worker kills itself, is preempted or hangs, at one batch of the job's first start.
   std::vector<std::shared_ptr<cli::SignalAtStep>> signals;
-  for (const cli::FaultSignal& f : {kill, term})
+  for (const cli::FaultSignal& f : {kill, term, stop})
     if (!f.ps && worker_index >= 0 && f.worker == worker_index) {
       signals.push_back(std::make_shared<cli::SignalAtStep>(f.signal, f.step, first_start_of_job()));
       fit_options.callbacks.push_back(signals.back());
@@ -684,7 +686,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     }
     if (fault.input_delay_ms > 0) j["fault_slow"] = {{"input_delay_ms", fault.input_delay_ms}};
     for (const auto& f : signals)
-      j[f->signal() == SIGKILL ? "fault_kill" : "fault_term"] = {
+      j[f->signal() == SIGKILL ? "fault_kill" : f->signal() == SIGTERM ? "fault_term" : "fault_stop"] = {
           {"worker", worker_index}, {"step", f->step()}, {"armed", f->armed()}, {"fired", f->fired()}};
     // What the doctor's what-if model needs to know of the gradients that cross the wire.
     std::vector<std::int64_t> numels;
@@ -866,6 +868,10 @@ int main(int argc, char** argv) {
   fit->add_option("--fault-term", o.fault_term,
                   "Testing: as --fault-kill, with SIGTERM (a preemption notice: with --checkpoint-dir, every worker "
                   "saves and stops, exit code 75)")
+      ->group("Testing");
+  fit->add_option("--fault-stop", o.fault_stop,
+                  "Testing: as --fault-kill, with SIGSTOP (a hung worker: alive, its connections open, answering "
+                  "nothing until continued)")
       ->group("Testing");
   fit->add_option("--checkpoint-dir", o.checkpoint_dir,
                   "Save what training needs to resume in this folder (BackupAndRestore); a run started again with "

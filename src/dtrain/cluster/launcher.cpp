@@ -393,6 +393,10 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
   auto chief_task = [&] {
     return std::find_if(tasks.begin(), tasks.end(), [](const Task& x) { return x.id.type == "chief"; });
   };
+  // Whether a task of the job has ended well (in an elastic job: the job is ending).
+  auto ended_well = [&] {
+    return std::any_of(tasks.begin(), tasks.end(), [](const Task& x) { return !x.running && !failed(x.status); });
+  };
   auto worker_failed = [&](Task& t) {
     const std::string cause = t.id.to_string() + " " + describe(t.status);
     // What it wrote before it died comes first; what it started dies with it.
@@ -413,7 +417,7 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
       return !failed(chief->status);
     }
     // An elastic job one of whose workers finished is ending: no one is left to join.
-    if (elastic && std::any_of(tasks.begin(), tasks.end(), [](const Task& x) { return !x.running && !failed(x.status); })) {
+    if (elastic && ended_well()) {
       t.left_behind = true;
       return true;
     }
@@ -520,6 +524,17 @@ Attempt run_attempt(const LaunchOptions& o, std::vector<std::string> env, Clock:
         }
       }
     }
+    // A worker of an elastic job that is stopped (hung) once another ended well was left out
+    // at the others' collective timeout, or never came back: the job ended without it, and
+    // stopped it would never end by itself.
+    if (elastic && !stopping_since && ended_well())
+      for (Task& t : tasks)
+        if (t.running && t.stopped_by && !t.left_behind) {
+          err << "dtrain launch: " << t.id.to_string() << " is stopped (" << signal_name(t.stopped_by)
+              << ") and the elastic job ended without it; ending it\n";
+          t.left_behind = true;
+          kill(-t.pid, SIGKILL);
+        }
     // Parameter servers serve until every trainer is done. A chief that ended well has told
     // them the job is over: they get the grace period to end by themselves first.
     if (!stopping_since && !trainers_running()) {
