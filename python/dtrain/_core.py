@@ -532,6 +532,13 @@ def reduce_min(input_tensor, axis=None, keepdims=False, name=None):
     return _ops.reduce_min(input_tensor, axis, keepdims)
 
 
+def reduce_prod(input_tensor, axis=None, keepdims=False, name=None):
+    """The product over axis (1 for an empty one); each element's gradient is the product
+    of the others, zeros included."""
+    del name
+    return _ops.reduce_prod(input_tensor, axis, keepdims)
+
+
 def where(condition, x=None, y=None, name=None):
     """tf.where: x where condition is true, else y (shapes as condition's, or scalars), each
     getting the gradient where it was chosen; with condition alone, the coordinates of its
@@ -545,12 +552,12 @@ def where(condition, x=None, y=None, name=None):
 
 
 def gather(params, indices, validate_indices=None, axis=None, batch_dims=0, name=None):
-    """tf.gather: params' slices at indices along axis (0 by default); the gradient adds
-    into the slices gathered. batch_dims other than 0 is not supported."""
+    """tf.gather: params' slices at indices along axis (batch_dims by default); the first
+    batch_dims dimensions are shared, each batch of indices reading its own batch of params.
+    The gradient adds into the slices gathered."""
     del validate_indices, name
-    if batch_dims:
-        raise NotImplementedError("gather(batch_dims=...) is not supported by dtrain; gather each batch's rows")
-    return _ops.gather(params, convert_to_tensor(indices, int32), 0 if axis is None else int(axis))
+    indices = convert_to_tensor(indices, int32)
+    return _ops.gather(params, indices, int(batch_dims) if axis is None else int(axis), int(batch_dims))
 
 
 def concat(values, axis, name=None):

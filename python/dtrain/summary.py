@@ -69,10 +69,10 @@ class SummaryWriter:
         while self in _writers:
             _writers.remove(self)
 
-    def _write(self, kind, name, data, step):
+    def _write(self, kind, name, data, step, *extra):
         if self._closed:
             raise ValueError(f"tf.summary.{kind}: the writer of {self._logdir} is closed")
-        getattr(self._writer, kind)(name, data, step)
+        getattr(self._writer, kind)(name, data, step, *extra)
 
 
 class _NoopWriter(SummaryWriter):
@@ -80,7 +80,7 @@ class _NoopWriter(SummaryWriter):
         self._closed = False
         self._logdir = ""
 
-    def _write(self, kind, name, data, step):
+    def _write(self, kind, name, data, step, *extra):
         pass
 
 
@@ -109,14 +109,14 @@ def should_record_summaries():
     return bool(condition() if callable(condition) else condition) and bool(_writers)
 
 
-def _emit(kind, name, data, step):
+def _emit(kind, name, data, step, *extra):
     if not should_record_summaries():
         return False
     value = _step_value(step if step is not None else _state["step"])
     if value is None:
         raise ValueError(f"tf.summary.{kind}: no step given and none set: pass step= or use "
                          "tf.summary.experimental.set_step (or writer.as_default(step=...))")
-    _writers[-1]._write(kind, name, data, value)
+    _writers[-1]._write(kind, name, data, value, *extra)
     return True
 
 
@@ -134,13 +134,14 @@ def scalar(name, data, step=None, description=None):
 
 
 def histogram(name, data, step=None, buckets=None, description=None):
-    """The distribution of data's values, in 30 equal buckets between the smallest and the
-    largest (buckets other than 30 are not supported)."""
+    """The distribution of data's values, in `buckets` (30 by default) equal buckets between
+    the smallest and the largest."""
     del description
-    if buckets not in (None, 30):
-        raise NotImplementedError("tf.summary.histogram(buckets=...): dtrain writes 30 buckets, as Keras does")
+    buckets = 30 if buckets is None else int(buckets)
+    if buckets < 1:
+        raise ValueError(f"tf.summary.histogram: buckets must be at least 1, got {buckets}")
     values = np.asarray(data.numpy() if hasattr(data, "numpy") else data, dtype=np.float32).reshape(-1)
-    return _emit("histogram", name, np.ascontiguousarray(values), step)
+    return _emit("histogram", name, np.ascontiguousarray(values), step, buckets)
 
 
 def text(name, data, step=None, description=None):

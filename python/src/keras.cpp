@@ -209,11 +209,12 @@ void bind_keras(py::module_& m) {
       .def(py::init<const std::string&>())
       .def_property_readonly("path", &tensorboard::EventWriter::path)
       .def("scalar", &tensorboard::EventWriter::scalar)
-      .def("histogram", [](tensorboard::EventWriter& w, const std::string& tag, py::handle values, std::int64_t step) {
+      .def("histogram", [](tensorboard::EventWriter& w, const std::string& tag, py::handle values, std::int64_t step,
+                           int buckets) {
         const Tensor t = to_tensor(values, "tf.summary.histogram", "float32");
         const std::vector<float> v = t.to_vector();
-        w.histogram(tag, v, step);
-      })
+        w.histogram(tag, v, step, buckets);
+      }, py::arg("tag"), py::arg("values"), py::arg("step"), py::arg("buckets") = 30)
       .def("text", &tensorboard::EventWriter::text);
 
   py::class_<nn::Layer, std::shared_ptr<nn::Layer>> layer_class(k, "Layer");

@@ -541,10 +541,10 @@ void bind_tensors(py::module_& m) {
     py::gil_scoped_release release;
     return dtrain::where(cond, a, b);
   });
-  o.def("gather", [](py::handle params, py::handle indices, int axis) {
+  o.def("gather", [](py::handle params, py::handle indices, int axis, int batch_dims) {
     Tensor p = to_tensor(params, "gather"), i = to_tensor(indices, "gather", "int32");
     py::gil_scoped_release release;
-    return dtrain::gather(p, i, axis);
+    return dtrain::gather(p, i, axis, batch_dims);
   });
   o.def("slice_axis", [](py::handle x, int axis, std::int64_t begin, std::int64_t size) {
     return dtrain::slice_axis(to_tensor(x, "split"), axis, begin, size);
@@ -564,6 +564,11 @@ void bind_tensors(py::module_& m) {
     return reduce(x, std::move(axis), keepdims, [](const Tensor& t, std::vector<int> axes, bool keep) {
       return dtrain::reduce_min(t, std::move(axes), keep);
     }, "reduce_min");
+  }, py::arg("input_tensor"), py::arg("axis") = py::none(), py::arg("keepdims") = false);
+  o.def("reduce_prod", [](py::handle x, py::object axis, bool keepdims) {
+    return reduce(x, std::move(axis), keepdims, [](const Tensor& t, std::vector<int> axes, bool keep) {
+      return dtrain::reduce_prod(t, std::move(axes), keep);
+    }, "reduce_prod");
   }, py::arg("input_tensor"), py::arg("axis") = py::none(), py::arg("keepdims") = false);
   o.def("clip_by_value", [](py::handle x, float lo, float hi) { return dtrain::clip_by_value(to_tensor(x, "clip_by_value"), lo, hi); });
   o.def("one_hot", [](py::handle labels, std::int64_t depth) { return dtrain::one_hot(to_tensor(labels, "one_hot"), depth); });

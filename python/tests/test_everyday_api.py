@@ -86,6 +86,16 @@ def test_the_ops_custom_loops_make_with_their_gradients():
     np.testing.assert_allclose(np.concatenate([gx.numpy(), gy.numpy()]), want, rtol=1e-6)
     assert tf.stack([tf.constant([1.0, 2.0]), tf.constant([3.0, 4.0])], axis=1).numpy().tolist() == [[1, 3], [2, 4]]
     assert tf.where([[1, 0], [0, 1]]).numpy().tolist() == [[0, 0], [1, 1]]
+    # batch_dims: each example takes from its own row; reduce_prod's gradient at a zero.
+    scores = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    taken = tf.gather(scores, [[2, 0], [1, 1]], axis=1, batch_dims=1).numpy()
+    np.testing.assert_array_equal(taken, np.take_along_axis(scores, np.array([[2, 0], [1, 1]])[:, :, None], axis=1))
+    assert tf.gather(scores[:, 0], [[3], [0]], batch_dims=1).numpy().tolist() == [[3], [12]]
+    factors = tf.Variable([[2.0, 0.0, 4.0], [1.0, 3.0, 5.0]])
+    with tf.GradientTape() as product_tape:
+        product = tf.reduce_sum(tf.math.reduce_prod(factors, axis=1))
+    assert float(product.numpy()) == 15.0
+    np.testing.assert_array_equal(product_tape.gradient(product, factors).numpy(), [[0, 8, 0], [15, 5, 3]])
     with pytest.raises(Exception, match="indices\\[0\\] = 9 is not in \\[0, 5\\)"):
         tf.gather(joined, [9])
     logits = tf.constant(rng.normal(size=(4, 3)).astype(np.float32))
@@ -132,6 +142,9 @@ def test_summaries_from_a_custom_loop_are_tensorboards_event_files(tmp_path):
         assert tf.summary.scalar("loss", tf.constant(0.25)) is True
         tf.summary.scalar("lr", 0.5, step=tf.Variable(7, dtype=tf.int64))
         tf.summary.histogram("weights", np.arange(10, dtype=np.float32), step=8)
+        tf.summary.histogram("five", np.arange(10, dtype=np.float32), step=8, buckets=5)
+        with pytest.raises(ValueError, match="buckets must be at least 1"):
+            tf.summary.histogram("none", [1.0], step=8, buckets=0)
         tf.summary.text("note", "**hello**", step=9)
         with tf.summary.record_if(False):
             assert tf.summary.scalar("skipped", 1.0) is False
@@ -151,7 +164,11 @@ def test_summaries_from_a_custom_loop_are_tensorboards_event_files(tmp_path):
     assert summaries["lr"][0] == 7
     assert summaries["weights"][0] == 8 and 5 in summaries["weights"][1]  # a HistogramProto
     assert summaries["note"][0] == 9 and b"**hello**" in summaries["note"][1][8]
-    assert set(summaries) == {"loss", "lr", "weights", "note"}
+    five = dict(fields(summaries["five"][1][5]))
+    assert struct.unpack("<5d", five[7]) == (2.0,) * 5  # bucket counts: two of 0..9 in each fifth
+    assert struct.unpack("<5d", five[6])[-1] == 9.0  # the last bucket's limit is the largest value
+    assert len(dict(fields(summaries["weights"][1][5]))[7]) == 30 * 8
+    assert set(summaries) == {"loss", "lr", "weights", "five", "note"}
 
 
 def test_mixed_precision_policy_and_loss_scaling():
@@ -228,6 +245,23 @@ def test_the_keras_layers_people_reach_for():
     kinds = [layer["class_name"] for layer in config]
     assert "Conv1D" in kinds and "MaxPooling1D" in kinds and "Normalization" in kinds
     assert model.layers[1].get_weights()[0].shape == (3, 2, 8)  # Keras's Conv1D kernel layout
+
+    # Normalization per step (axis 1) and over everything (axis None), adapted and in the JSON.
+    by_step = tf.keras.layers.Normalization(axis=1)
+    by_step.adapt(x)
+    np.testing.assert_allclose(by_step.get_config()["mean"], x.mean(axis=(0, 2)), rtol=1e-5)
+    steps = tf.keras.Sequential([tf.keras.Input(shape=(12, 2)), by_step])
+    want = (x - x.mean(axis=(0, 2))[None, :, None]) / np.sqrt(x.var(axis=(0, 2)))[None, :, None]
+    np.testing.assert_allclose(steps.predict(x[:4], verbose=0), want[:4], rtol=1e-4, atol=1e-5)
+    assert steps.layers[0].get_weights()[0].shape == (12,)
+    restored = tf.keras.models.model_from_json(steps.to_json())
+    assert json.loads(restored.to_json())["config"]["layers"][0]["config"]["axis"] == 1
+    restored.set_weights(steps.get_weights())
+    np.testing.assert_allclose(restored.predict(x[:4], verbose=0), want[:4], rtol=1e-4, atol=1e-5)
+    overall = tf.keras.layers.Normalization(axis=None)
+    overall.adapt(x)
+    assert np.asarray(overall.get_config()["mean"]).reshape(-1) == pytest.approx([x.mean()], rel=1e-5)
+    np.testing.assert_allclose(overall(x[:2]).numpy(), (x[:2] - x.mean()) / x.std(), rtol=1e-4, atol=1e-5)
 
     ids = tf.constant([[0, 2, 2], [3, 1, 1]])
     counted = tf.keras.layers.CategoryEncoding(num_tokens=4, output_mode="count")

@@ -168,10 +168,30 @@ TEST(Gradcheck, WhereSliceGatherMaxMin) {
   expect_gradients_match([&](const Inputs& in) { return square(gather(in[0], rows, 0)); }, {random_tensor({3, 4}, 36)}, {0});
   expect_gradients_match([&](const Inputs& in) { return square(gather(in[0], rows, 1)); }, {random_tensor({2, 3, 2}, 37)},
                          {0});
+  const Tensor per_batch = Tensor::from_vector({2, 3}, std::vector<std::int32_t>{2, 2, 0, 1, 3, 1});
+  expect_gradients_match([&](const Inputs& in) { return square(gather(in[0], per_batch, 1, 1)); },
+                         {random_tensor({2, 4, 3}, 41)}, {0});
+  expect_gradients_match([&](const Inputs& in) { return square(gather(in[0], per_batch, 2, 1)); },
+                         {random_tensor({2, 3, 4}, 42)}, {0});
   const Tensor x = random_tensor({3, 4, 2}, 38);
   expect_gradients_match([](const Inputs& in) { return reduce_max(in[0], {}); }, {x}, {0});
   expect_gradients_match([](const Inputs& in) { return reduce_max(in[0], {1}); }, {x}, {0});
   expect_gradients_match([](const Inputs& in) { return reduce_min(in[0], {0, -1}, true); }, {x}, {0});
+  expect_gradients_match([](const Inputs& in) { return reduce_prod(in[0], {1}); }, {x}, {0});
+  expect_gradients_match([](const Inputs& in) { return reduce_prod(in[0], {0, 2}, true); }, {x}, {0});
+}
+
+// A product's gradient is the product of the others, also where some are zero (no division).
+TEST(Select, ReduceProdValuesAndGradientAtZeros) {
+  const Tensor x = Tensor::from_vector({3, 3}, {2.0f, 3.0f, 4.0f, 0.0f, 5.0f, 6.0f, 0.0f, 7.0f, 0.0f});
+  EXPECT_EQ(reduce_prod(x, {1}).to_vector(), (std::vector<float>{24.0f, 0.0f, 0.0f}));
+  EXPECT_EQ(reduce_prod(x, {0}, true).shape(), (Shape{1, 3}));
+  EXPECT_EQ(reduce_prod(Tensor::zeros({0, 2}), {0}).to_vector(), (std::vector<float>{1.0f, 1.0f}));
+  Tensor watched = x;
+  GradientTape tape;
+  tape.watch(watched);
+  const auto g = tape.gradient(reduce_sum(reduce_prod(watched, {1})), {watched});
+  EXPECT_EQ(g[0].to_vector(), (std::vector<float>{12.0f, 8.0f, 6.0f, 30.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}));
 }
 
 // More tensors than one recorded op takes are joined in groups: the same values, and each
@@ -205,6 +225,11 @@ TEST(Select, ValuesTiesAndErrors) {
   EXPECT_EQ(picked.shape(), (Shape{3, 3}));
   EXPECT_EQ(picked.to_vector()[6], 1.0f);
   EXPECT_THROW(gather(x, Tensor::from_vector({1}, std::vector<std::int32_t>{2}), 0), InvalidArgument);
+  // batch_dims 1: row b of the indices picks from row b of x (TensorFlow's per-example take).
+  const Tensor taken = gather(x, Tensor::from_vector({2, 2}, std::vector<std::int32_t>{2, 0, 1, 1}), 1, 1);
+  EXPECT_EQ(taken.to_vector(), (std::vector<float>{5.0f, 1.0f, 0.0f, 0.0f}));
+  EXPECT_THROW(gather(x, Tensor::from_vector({3, 1}, std::vector<std::int32_t>{0, 0, 0}), 1, 1), InvalidArgument);
+  EXPECT_THROW(gather(x, Tensor::from_vector({2, 1}, std::vector<std::int32_t>{0, 0}), 0, 1), InvalidArgument);
   EXPECT_EQ(slice_axis(x, -1, 1, 2).to_vector(), (std::vector<float>{5.0f, 5.0f, 0.0f, -1.0f}));
   EXPECT_THROW(slice_axis(x, 1, 2, 2), InvalidArgument);
   EXPECT_THROW(where(Tensor::zeros({2}, DType::i32), x, x), InvalidArgument);

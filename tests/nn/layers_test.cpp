@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "common/error_message.h"
 #include "common/gradcheck.h"
@@ -394,6 +395,55 @@ TEST(Normalization, AdaptsToTheDataAndInverts) {
   EXPECT_THROW(Normalization(std::vector<float>{1}, std::nullopt), InvalidArgument);
   EXPECT_NE(message_of([&] { Normalization n(std::vector<float>{1, 2}, std::vector<float>{1, 1}); n(Tensor::zeros({2, 3})); })
                 .find("its statistics have 2 features, the input [2, 3]"),
+            std::string::npos);
+}
+
+// Keras's axis: statistics per index of the kept axes (the channels of [N, C, L] here,
+// or each (C, L) pair), or one pair for every value (none kept).
+TEST(Normalization, KeepsTheAxesGivenAndReducesTheOthers) {
+  std::vector<float> v(24);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i * i % 7) + (i / 3 % 2 ? 10.0f : 0.0f);
+  const Tensor data = Tensor::from_vector({4, 2, 3}, v);
+  const auto stats_over = [&](const std::function<std::size_t(std::size_t)>& feature, std::size_t features) {
+    std::vector<double> sum(features, 0.0), squares(features, 0.0), count(features, 0.0);
+    for (std::size_t i = 0; i < v.size(); ++i) sum[feature(i)] += v[i], count[feature(i)] += 1;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const double d = v[i] - sum[feature(i)] / count[feature(i)];
+      squares[feature(i)] += d * d;
+    }
+    std::vector<float> mean, variance;
+    for (std::size_t j = 0; j < features; ++j) {
+      mean.push_back(static_cast<float>(sum[j] / count[j]));
+      variance.push_back(static_cast<float>(squares[j] / count[j]));
+    }
+    return std::pair{mean, variance};
+  };
+  Normalization channels(std::nullopt, std::nullopt, false, "channels", {1});
+  channels.adapt(data);
+  const auto [mean1, var1] = stats_over([](std::size_t i) { return i / 3 % 2; }, 2);
+  EXPECT_EQ(channels.mean(), mean1);
+  EXPECT_EQ(channels.variance(), var1);
+  const std::vector<float> y = channels(data).to_vector();
+  EXPECT_NEAR(y[4], (v[4] - mean1[1]) / std::sqrt(var1[1]), 1e-5);
+  EXPECT_EQ(channels.variables()[0]->shape(), (Shape{2}));
+  Normalization pairs(std::nullopt, std::nullopt, false, "pairs", {-2, -1});
+  pairs.adapt(data);
+  EXPECT_EQ(pairs.mean(), stats_over([](std::size_t i) { return i % 6; }, 6).first);
+  EXPECT_EQ(pairs(data).shape(), data.shape());
+  EXPECT_EQ(pairs.variables()[0]->shape(), (Shape{2, 3}));
+  Normalization all(std::nullopt, std::nullopt, false, "all", {});
+  all.adapt(data);
+  EXPECT_EQ(all.mean(), stats_over([](std::size_t) { return 0; }, 1).first);
+  EXPECT_NEAR(all(data).to_vector()[23], (v[23] - all.mean()[0]) / std::sqrt(all.variance()[0]), 1e-5);
+  testing::expect_gradients_match(
+      [](const std::vector<Tensor>& in) {
+        Normalization n(std::vector<float>{1, -1}, std::vector<float>{4, 0.25f}, false, "n", {1});
+        return n(in[0]);
+      },
+      {testing::random_tensor({3, 2, 2}, 46)}, {0});
+  EXPECT_THROW(Normalization(std::nullopt, std::nullopt, false, "batch", {0}), InvalidArgument);
+  EXPECT_NE(message_of([&] { Normalization n(std::nullopt, std::nullopt, false, "far", {3}); n(data); })
+                .find("axis 3 is outside inputs of rank 3"),
             std::string::npos);
 }
 

@@ -486,18 +486,33 @@ RandomCrop = _layer_class("RandomCrop", ("height", "width", "seed"),
 
 class Normalization(Layer):
     """tf.keras.layers.Normalization(axis=-1, mean=None, variance=None, invert=False):
-    (x - mean) / sqrt(variance) per feature of the last axis, with the statistics given or
-    found by adapt(data) (an array, a tensor or a Dataset of feature batches). Until then
-    the layer is the identity (mean 0, variance 1), as Keras's starts."""
+    (x - mean) / sqrt(variance) per index of the kept axes (axis: an int, a tuple of them
+    counted with the batch as 0, or None for one mean and variance over everything), with
+    the statistics given or found by adapt(data) (an array, a tensor or a Dataset of
+    batches). Until then the layer is the identity (mean 0, variance 1), as Keras's starts."""
 
     class_name = "Normalization"
     _args = ("axis", "mean", "variance", "invert")
 
     def __init__(self, axis=-1, mean=None, variance=None, invert=False, **kwargs):
-        if axis not in (-1, [-1], (-1,)):
-            raise NotImplementedError(f"Normalization(axis={axis!r}): dtrain normalizes the last axis (-1)")
+        if axis is not None and not isinstance(axis, int):
+            axis = [int(a) for a in axis]
+            axis = axis[0] if len(axis) == 1 else axis
         stats = [None if v is None else np.asarray(v, np.float64).reshape(-1).tolist() for v in (mean, variance)]
-        super().__init__(axis=-1, mean=stats[0], variance=stats[1], invert=bool(invert), **kwargs)
+        super().__init__(axis=axis, mean=stats[0], variance=stats[1], invert=bool(invert), **kwargs)
+        self._config["axis"] = axis  # None too: one mean and variance over everything
+
+    def _features(self, values):
+        """values [batch, ...] as rows of the kept axes' indices: [rows, features]."""
+        axis = self._config["axis"]
+        if axis is None:
+            return values.reshape(-1, 1)
+        rank = max(values.ndim, 1)
+        kept = sorted(a % rank for a in ([axis] if isinstance(axis, int) else axis))
+        if any(not -rank <= a < rank for a in ([axis] if isinstance(axis, int) else axis)):
+            raise ValueError(f"Normalization.adapt: axis {axis} is outside data of rank {values.ndim}")
+        moved = np.moveaxis(values.reshape(values.shape or (1,)), kept, range(rank - len(kept), rank))
+        return moved.reshape(-1, int(np.prod([moved.shape[d] for d in range(rank - len(kept), rank)])))
 
     def adapt(self, data, batch_size=None, steps=None):
         """The mean and variance of every feature over all of data's other axes (Keras's
@@ -514,8 +529,7 @@ class Normalization(Layer):
             if isinstance(part, (tuple, list, dict)):
                 raise ValueError("Normalization.adapt: give it the features alone (a Dataset of (x, y) pairs: "
                                  "map it to x first)")
-            values = np.asarray(part.numpy() if hasattr(part, "numpy") else part, dtype=np.float64)
-            values = values.reshape(-1, values.shape[-1] if values.ndim else 1)
+            values = self._features(np.asarray(part.numpy() if hasattr(part, "numpy") else part, dtype=np.float64))
             n = values.shape[0]
             if n == 0:
                 continue

@@ -1,4 +1,4 @@
-// Selection ops: where, slice_axis, gather, and the max/min reductions, each with its
+// Selection ops: where, slice_axis, gather, and the max/min/prod reductions, each with its
 // gradient. slice_axis copies through the backend (any device); the others loop on the host.
 #include <algorithm>
 #include <cmath>
@@ -98,7 +98,7 @@ Tensor slice_axis(const Tensor& x, int axis, std::int64_t begin, std::int64_t si
   return y;
 }
 
-Tensor gather(const Tensor& params, const Tensor& indices, int axis) {
+Tensor gather(const Tensor& params, const Tensor& indices, int axis, int batch_dims) {
   params.check_defined("gather");
   indices.check_defined("gather");
   check_host(params, "gather");
@@ -106,37 +106,51 @@ Tensor gather(const Tensor& params, const Tensor& indices, int axis) {
   indices.check_dtype(DType::i32, "gather (indices)");
   if (params.dtype() == DType::string) DTRAIN_THROW(InvalidArgument, "gather: params must be numbers, got strings");
   const int a = axis_of(axis, params.rank(), "gather");
-  std::int64_t outer = 1, inner = 1;
-  for (int d = 0; d < a; ++d) outer *= params.dim(d);
+  const int b = batch_dims < 0 ? batch_dims + indices.rank() : batch_dims;
+  if (b < 0 || b > indices.rank() || b > a)
+    DTRAIN_THROW(InvalidArgument, "gather: batch_dims ", batch_dims, " must be in [0, ", std::min(indices.rank(), a),
+                 "] for indices of rank ", indices.rank(), " and axis ", a);
+  // The leading batch_dims dimensions pair each batch of indices with its batch of params.
+  std::int64_t batches = 1, outer = 1, inner = 1;
+  for (int d = 0; d < b; ++d) {
+    if (params.dim(d) != indices.dim(d))
+      DTRAIN_THROW(InvalidArgument, "gather: with batch_dims ", b, ", params ", params.shape().to_string(), " and indices ",
+                   indices.shape().to_string(), " differ in dimension ", d);
+    batches *= params.dim(d);
+  }
+  for (int d = b; d < a; ++d) outer *= params.dim(d);
   for (int d = a + 1; d < params.rank(); ++d) inner *= params.dim(d);
-  const std::int64_t dim = params.dim(a), count = indices.numel();
+  const std::int64_t dim = params.dim(a), count = batches ? indices.numel() / batches : 0;
   const std::int32_t* idx = indices.data<std::int32_t>();
-  for (std::int64_t i = 0; i < count; ++i)
+  for (std::int64_t i = 0; i < indices.numel(); ++i)
     if (idx[i] < 0 || idx[i] >= dim)
       DTRAIN_THROW(InvalidArgument, "gather: indices[", i, "] = ", idx[i], " is not in [0, ", dim, ") (axis ", a, " of ",
                    params.shape().to_string(), ")");
   std::vector<std::int64_t> dims(params.shape().dims().begin(), params.shape().dims().begin() + a);
-  for (std::int64_t d : indices.shape().dims()) dims.push_back(d);
+  for (int d = b; d < indices.rank(); ++d) dims.push_back(indices.dim(d));
   for (int d = a + 1; d < params.rank(); ++d) dims.push_back(params.dim(d));
   Tensor out = Tensor::empty(Shape(dims), params.dtype());
   const std::size_t width = static_cast<std::size_t>(inner) * dtype_size(params.dtype());
   const auto* from = static_cast<const char*>(params.raw_data());
   auto* to = static_cast<char*>(out.raw_data());
-  for (std::int64_t o = 0; o < outer; ++o)
-    for (std::int64_t i = 0; i < count; ++i)
-      std::memcpy(to + static_cast<std::size_t>(o * count + i) * width,
-                  from + static_cast<std::size_t>(o * dim + idx[i]) * width, width);
+  // Row (batch n, outer o, index i) of the output reads row (n, o, idx[n, i]) of params.
+  for (std::int64_t n = 0; n < batches; ++n)
+    for (std::int64_t o = 0; o < outer; ++o)
+      for (std::int64_t i = 0; i < count; ++i)
+        std::memcpy(to + static_cast<std::size_t>((n * outer + o) * count + i) * width,
+                    from + static_cast<std::size_t>((n * outer + o) * dim + idx[n * count + i]) * width, width);
   detail::record(out, [&] {
-    return [shape = params.shape(), indices, outer, inner, dim, count](const Tensor& dy, BackwardContext& ctx) {
+    return [shape = params.shape(), indices, batches, outer, inner, dim, count](const Tensor& dy, BackwardContext& ctx) {
       if (!ctx.needs(0)) return;
       Tensor d = Tensor::zeros(shape);
       const std::int32_t* ix = indices.data<std::int32_t>();
-      for (std::int64_t o = 0; o < outer; ++o)
-        for (std::int64_t i = 0; i < count; ++i) {
-          float* row = d.data<float>() + (o * dim + ix[i]) * inner;
-          const float* g = dy.data<float>() + (o * count + i) * inner;
-          for (std::int64_t k = 0; k < inner; ++k) row[k] += g[k];
-        }
+      for (std::int64_t n = 0; n < batches; ++n)
+        for (std::int64_t o = 0; o < outer; ++o)
+          for (std::int64_t i = 0; i < count; ++i) {
+            float* row = d.data<float>() + ((n * outer + o) * dim + ix[n * count + i]) * inner;
+            const float* g = dy.data<float>() + ((n * outer + o) * count + i) * inner;
+            for (std::int64_t k = 0; k < inner; ++k) row[k] += g[k];
+          }
       ctx.add(0, d);
     };
   }, params, indices);
@@ -145,13 +159,14 @@ Tensor gather(const Tensor& params, const Tensor& indices, int axis) {
 
 namespace {
 
-// The largest (or smallest) value over `axes`; each element's output offset is found by
-// walking its coordinates. The gradient is shared among the elements equal to the result.
-Tensor reduce_extreme(const Tensor& x, std::vector<int> axes, bool keepdims, bool largest) {
-  const char* op = largest ? "reduce_max" : "reduce_min";
-  x.check_defined(op);
-  check_host(x, op);
-  detail::check_float(x, op);
+// A reduction over `axes` (empty: all of them): the output's shape and each element's
+// output offset, found once by walking the elements' coordinates.
+struct Reduction {
+  Shape out;
+  std::vector<std::int64_t> where;
+};
+
+Reduction reduction_of(const Tensor& x, const std::vector<int>& axes, bool keepdims, const char* op) {
   const int rank = x.rank();
   std::vector<bool> reduced(static_cast<std::size_t>(rank), axes.empty());
   for (int axis : axes) reduced[static_cast<std::size_t>(axis_of(axis, rank, op))] = true;
@@ -165,8 +180,6 @@ Tensor reduce_extreme(const Tensor& x, std::vector<int> axes, bool keepdims, boo
       stride *= x.dim(d);
     }
   const std::int64_t n = x.numel();
-  if (n == 0) DTRAIN_THROW(InvalidArgument, op, ": of an empty tensor ", x.shape().to_string());
-  // Each element's output offset, once.
   std::vector<std::int64_t> where(static_cast<std::size_t>(n));
   std::vector<std::int64_t> coord(static_cast<std::size_t>(rank), 0);
   for (std::int64_t i = 0; i < n; ++i) {
@@ -178,17 +191,30 @@ Tensor reduce_extreme(const Tensor& x, std::vector<int> axes, bool keepdims, boo
       coord[static_cast<std::size_t>(d)] = 0;
     }
   }
-  Tensor out = Tensor::full(Shape(kept), largest ? -std::numeric_limits<float>::infinity()
-                                                 : std::numeric_limits<float>::infinity());
+  return {Shape(kept), std::move(where)};
+}
+
+// The largest (or smallest) value over `axes`. The gradient is shared among the elements
+// equal to the result.
+Tensor reduce_extreme(const Tensor& x, std::vector<int> axes, bool keepdims, bool largest) {
+  const char* op = largest ? "reduce_max" : "reduce_min";
+  x.check_defined(op);
+  check_host(x, op);
+  detail::check_float(x, op);
+  const std::int64_t n = x.numel();
+  if (n == 0) DTRAIN_THROW(InvalidArgument, op, ": of an empty tensor ", x.shape().to_string());
+  Reduction r = reduction_of(x, axes, keepdims, op);
+  Tensor out = Tensor::full(r.out, largest ? -std::numeric_limits<float>::infinity()
+                                           : std::numeric_limits<float>::infinity());
   float* y = out.data<float>();
   const float* v = x.data<float>();
   for (std::int64_t i = 0; i < n; ++i) {
-    float& r = y[where[static_cast<std::size_t>(i)]];
-    if (std::isnan(v[i]) || std::isnan(r)) r = std::numeric_limits<float>::quiet_NaN();  // a NaN wins, as in TensorFlow
-    else r = largest ? std::max(r, v[i]) : std::min(r, v[i]);
+    float& m = y[r.where[static_cast<std::size_t>(i)]];
+    if (std::isnan(v[i]) || std::isnan(m)) m = std::numeric_limits<float>::quiet_NaN();  // a NaN wins, as in TensorFlow
+    else m = largest ? std::max(m, v[i]) : std::min(m, v[i]);
   }
   detail::record(out, [&] {
-    return [x, out, where = std::move(where), n](const Tensor& dy, BackwardContext& ctx) {
+    return [x, out, where = std::move(r.where), n](const Tensor& dy, BackwardContext& ctx) {
       std::vector<float> ties(static_cast<std::size_t>(out.numel()), 0.0f);
       const float* in = x.data<float>();
       const float* result = out.data<float>();
@@ -214,6 +240,41 @@ Tensor reduce_max(const Tensor& x, std::vector<int> axes, bool keepdims) {
 }
 Tensor reduce_min(const Tensor& x, std::vector<int> axes, bool keepdims) {
   return reduce_extreme(x, std::move(axes), keepdims, false);
+}
+
+Tensor reduce_prod(const Tensor& x, std::vector<int> axes, bool keepdims) {
+  x.check_defined("reduce_prod");
+  check_host(x, "reduce_prod");
+  detail::check_float(x, "reduce_prod");
+  Reduction r = reduction_of(x, axes, keepdims, "reduce_prod");
+  Tensor out = Tensor::full(r.out, 1.0f);
+  const std::int64_t n = x.numel();
+  const float* v = x.data<float>();
+  for (std::int64_t i = 0; i < n; ++i) out.data<float>()[r.where[static_cast<std::size_t>(i)]] *= v[i];
+  detail::record(out, [&] {
+    return [x, outputs = out.numel(), where = std::move(r.where), n](const Tensor& dy, BackwardContext& ctx) {
+      // Each element's gradient is the product of the others of its group: the product of
+      // those before it times those after it (no division, so a zero is no special case).
+      const float* in = x.data<float>();
+      Tensor d = Tensor::empty(x.shape());
+      float* g = d.data<float>();
+      std::vector<float> running(static_cast<std::size_t>(outputs), 1.0f);
+      for (std::int64_t i = 0; i < n; ++i) {
+        float& before = running[static_cast<std::size_t>(where[static_cast<std::size_t>(i)])];
+        g[i] = before;
+        before *= in[i];
+      }
+      std::fill(running.begin(), running.end(), 1.0f);
+      for (std::int64_t i = n - 1; i >= 0; --i) {
+        const std::int64_t o = where[static_cast<std::size_t>(i)];
+        float& after = running[static_cast<std::size_t>(o)];
+        g[i] *= after * dy.data<float>()[o];
+        after *= in[i];
+      }
+      ctx.add(0, d);
+    };
+  }, x);
+  return out;
 }
 
 }  // namespace dtrain

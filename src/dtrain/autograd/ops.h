@@ -82,14 +82,19 @@ Tensor where(const Tensor& condition, const Tensor& x, const Tensor& y);
 // size elements from begin along `axis` (tf.split's pieces, tf.slice along one axis); the
 // gradient goes back to those positions.
 Tensor slice_axis(const Tensor& x, int axis, std::int64_t begin, std::int64_t size);
-// tf.gather(params, indices, axis): params' slices along `axis` at `indices` (int32, any
-// shape), giving params.shape[:axis] + indices.shape + params.shape[axis+1:]; an index
-// outside [0, dim) is an error naming it. The gradient adds into the slices gathered.
-Tensor gather(const Tensor& params, const Tensor& indices, int axis = 0);
+// tf.gather(params, indices, axis, batch_dims): params' slices along `axis` at `indices`
+// (int32, any shape), giving params.shape[:axis] + indices.shape[batch_dims:] +
+// params.shape[axis+1:]; the first batch_dims dimensions (negative: from indices' rank) are
+// shared, each batch of indices reading its own batch of params. An index outside [0, dim)
+// is an error naming it. The gradient adds into the slices gathered.
+Tensor gather(const Tensor& params, const Tensor& indices, int axis = 0, int batch_dims = 0);
 // tf.reduce_max / reduce_min over `axes` (empty: all of them); the gradient goes to the
 // elements equal to the result, shared equally among ties, as TensorFlow's does.
 Tensor reduce_max(const Tensor& x, std::vector<int> axes, bool keepdims = false);
 Tensor reduce_min(const Tensor& x, std::vector<int> axes, bool keepdims = false);
+// tf.reduce_prod over `axes` (empty: all of them; an empty group's product is 1); each
+// element's gradient is the product of the others in its group, zeros included.
+Tensor reduce_prod(const Tensor& x, std::vector<int> axes, bool keepdims = false);
 
 // --- shapes (op_shape.cpp)
 Tensor reshape(const Tensor& x, const Shape& shape);  // -1 is not inferred: give the full shape

@@ -85,7 +85,8 @@ json layer_to_json(const nn::Layer& layer) {
     config["scale"] = s->scale();
     config["offset"] = s->offset();
   } else if (auto* nz = dynamic_cast<const nn::Normalization*>(&layer)) {
-    config["axis"] = -1;
+    const std::vector<int>& axis = nz->axis();
+    config["axis"] = axis.empty() ? json(nullptr) : axis.size() == 1 ? json(axis[0]) : json(axis);
     config["invert"] = nz->invert();
     config["mean"] = nz->mean().empty() ? json(nullptr) : json(nz->mean());
     config["variance"] = nz->variance().empty() ? json(nullptr) : json(nz->variance());
@@ -546,23 +547,35 @@ std::shared_ptr<nn::Layer> make_layer(const std::string& cls, const JsonReader& 
     if (cls == "Conv2D" || cls == "DepthwiseConv2D" || cls == "Conv1D") return make_conv_layer(cls, c);
     if (cls == "Normalization") {
       c.expect_keys(layer_keys({"axis", "mean", "variance", "invert"}));
-      if (c.has("axis") && !(c.raw()["axis"].is_number_integer() && c.raw()["axis"].get<int>() == -1) &&
-          !(c.raw()["axis"].is_array() && c.raw()["axis"].size() == 1 && c.raw()["axis"][0] == -1))
-        c.fail("axis", "only the last axis (-1) is normalized by dtrain, got " + c.raw()["axis"].dump());
+      // Keras's axis: an int, a list of them, or null (one mean and variance for all).
+      std::vector<int> axis{-1};
+      if (c.has("axis")) {
+        const json& a = c.raw()["axis"];
+        axis.clear();
+        if (a.is_number_integer()) axis.push_back(a.get<int>());
+        else if (a.is_array())
+          for (const json& e : a) {
+            if (!e.is_number_integer()) c.fail("axis", "expected an int, a list of ints or null, got " + a.dump());
+            axis.push_back(e.get<int>());
+          }
+        else if (!a.is_null()) c.fail("axis", "expected an int, a list of ints or null, got " + a.dump());
+      }
       const auto values = [&](const char* key) -> std::optional<std::vector<float>> {
         if (!c.has(key) || c.raw()[key].is_null()) return std::nullopt;
         const json& v = c.raw()[key];
-        if (v.is_number()) return std::vector<float>{v.get<float>()};
-        if (!v.is_array()) c.fail(key, "expected a list of numbers, got " + v.dump());
+        // A number, or (nested) lists of them in the kept axes' order, flattened.
         std::vector<float> out;
-        for (const json& e : v) {
-          if (!e.is_number()) c.fail(key, "expected a list of numbers, got " + v.dump());
-          out.push_back(e.get<float>());
-        }
+        const auto flatten = [&](const json& e, const auto& self) -> void {
+          if (e.is_number()) out.push_back(e.get<float>());
+          else if (e.is_array())
+            for (const json& inner : e) self(inner, self);
+          else c.fail(key, "expected a number or a list of numbers, got " + v.dump());
+        };
+        flatten(v, flatten);
         return out;
       };
       return std::make_shared<nn::Normalization>(values("mean"), values("variance"), c.get_bool("invert", false),
-                                                 c.get_string("name", "normalization"));
+                                                 c.get_string("name", "normalization"), std::move(axis));
     }
     if (cls == "CategoryEncoding") {
       c.expect_keys(layer_keys({"num_tokens", "output_mode", "sparse"}));

@@ -142,8 +142,9 @@ void EventWriter::scalar(const std::string& tag, double value, std::int64_t step
   write_event(summary_event(v, step));
 }
 
-void EventWriter::histogram(const std::string& tag, std::span<const float> values, std::int64_t step) {
-  constexpr int kBuckets = 30;
+void EventWriter::histogram(const std::string& tag, std::span<const float> values, std::int64_t step, int buckets) {
+  if (buckets < 1) DTRAIN_THROW(InvalidArgument, "histogram '", tag, "': buckets must be at least 1, got ", buckets);
+  const auto n = static_cast<std::size_t>(buckets);
   Proto h;
   double lo = 0, hi = 0, sum = 0, squares = 0;
   std::vector<double> limits, counts;
@@ -159,10 +160,10 @@ void EventWriter::histogram(const std::string& tag, std::span<const float> value
       limits = {hi};
       counts = {static_cast<double>(values.size())};
     } else {
-      const double width = (hi - lo) / kBuckets;
-      counts.assign(kBuckets, 0.0);
-      for (int i = 0; i < kBuckets; ++i) limits.push_back(i + 1 == kBuckets ? hi : lo + width * (i + 1));
-      for (float v : values) counts[std::min<std::size_t>(kBuckets - 1, static_cast<std::size_t>((v - lo) / width))] += 1;
+      const double width = (hi - lo) / buckets;
+      counts.assign(n, 0.0);
+      for (std::size_t i = 0; i < n; ++i) limits.push_back(i + 1 == n ? hi : lo + width * static_cast<double>(i + 1));
+      for (float v : values) counts[std::min(n - 1, static_cast<std::size_t>((v - lo) / width))] += 1;
     }
   }
   h.double_field(1, lo).double_field(2, hi).double_field(3, static_cast<double>(values.size()));

@@ -31,8 +31,9 @@ class EventWriter {
   const std::string& path() const { return path_; }
 
   void scalar(const std::string& tag, double value, std::int64_t step);
-  // Keras's 30 equal buckets between the smallest and the largest value.
-  void histogram(const std::string& tag, std::span<const float> values, std::int64_t step);
+  // `buckets` equal buckets between the smallest and the largest value (Keras's and
+  // tf.summary's 30 by default).
+  void histogram(const std::string& tag, std::span<const float> values, std::int64_t step, int buckets = 30);
   // Markdown, shown by TensorBoard's Text tab.
   void text(const std::string& tag, const std::string& markdown, std::int64_t step);
 

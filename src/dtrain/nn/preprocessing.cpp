@@ -31,10 +31,28 @@ Shape as_batch(const Shape& s) { return s.rank() == 3 ? Shape{1, s[0], s[1], s[2
 // ---- Normalization
 
 Normalization::Normalization(std::optional<std::vector<float>> mean, std::optional<std::vector<float>> variance,
-                             bool invert, std::string name)
-    : Layer(std::move(name)), invert_(invert) {
+                             bool invert, std::string name, std::vector<int> axis)
+    : Layer(std::move(name)), invert_(invert), axis_(std::move(axis)) {
+  for (std::size_t i = 0; i < axis_.size(); ++i) {
+    if (axis_[i] == 0) fail("axis may not be 0 (the batch)");
+    for (std::size_t j = 0; j < i; ++j)
+      if (axis_[j] == axis_[i]) fail("axis " + std::to_string(axis_[i]) + " is given twice");
+  }
   if (mean.has_value() != variance.has_value()) fail("give both mean and variance, or neither (then call adapt)");
   if (mean) set_statistics(std::move(*mean), std::move(*variance));
+}
+
+std::vector<int> Normalization::kept_axes(int rank) const {
+  std::vector<int> kept;
+  for (int a : axis_) {
+    const int d = a < 0 ? a + rank : a;
+    if (d < 0 || d >= rank) fail("axis " + std::to_string(a) + " is outside inputs of rank " + std::to_string(rank));
+    kept.push_back(d);
+  }
+  std::sort(kept.begin(), kept.end());
+  for (std::size_t i = 1; i < kept.size(); ++i)
+    if (kept[i] == kept[i - 1]) fail("axes " + std::to_string(kept[i]) + " and " + std::to_string(kept[i] - rank) + " are one");
+  return kept;
 }
 
 void Normalization::set_statistics(std::vector<float> mean, std::vector<float> variance) {
@@ -45,8 +63,8 @@ void Normalization::set_statistics(std::vector<float> mean, std::vector<float> v
     if (!std::isfinite(mean[i]) || !std::isfinite(variance[i]) || variance[i] < 0)
       fail("feature " + std::to_string(i) + " has mean " + std::to_string(mean[i]) + " and variance " +
            std::to_string(variance[i]) + "; both must be finite, the variance >= 0");
-  if (mean_weight_ && static_cast<std::int64_t>(mean.size()) != mean_weight_->shape()[0])
-    fail("was built for " + std::to_string(mean_weight_->shape()[0]) + " features, the statistics have " +
+  if (mean_weight_ && mean.size() > 1 && static_cast<std::int64_t>(mean.size()) != mean_weight_->numel())
+    fail("was built for " + std::to_string(mean_weight_->numel()) + " features, the statistics have " +
          std::to_string(mean.size()));
   mean_ = std::move(mean);
   variance_ = std::move(variance);
@@ -56,46 +74,78 @@ void Normalization::set_statistics(std::vector<float> mean, std::vector<float> v
 void Normalization::adapt(const Tensor& data) {
   data.check_defined("Normalization.adapt");
   if (data.rank() < 1 || data.numel() == 0) fail("adapt needs data with a feature axis, got " + data.shape().to_string());
+  const std::vector<int> kept = kept_axes(data.rank());
   const Tensor values = data.on_cpu() ? data : data.to(Device{});
   const Tensor f = values.dtype() == DType::f32 ? values : values.astype(DType::f32);
-  const std::int64_t features = f.dim(f.rank() - 1), rows = f.numel() / features;
+  // Each element's feature: its index over the kept axes, by walking its coordinates.
+  std::vector<std::int64_t> stride(static_cast<std::size_t>(f.rank()), 0);
+  std::int64_t features = 1;
+  for (auto k = kept.rbegin(); k != kept.rend(); ++k) {
+    stride[static_cast<std::size_t>(*k)] = features;
+    features *= f.dim(*k);
+  }
+  const std::int64_t n = f.numel(), rows = n / features;
+  std::vector<std::int64_t> feature(static_cast<std::size_t>(n));
+  std::vector<std::int64_t> coord(static_cast<std::size_t>(f.rank()), 0);
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t j = 0;
+    for (int d = 0; d < f.rank(); ++d) j += coord[static_cast<std::size_t>(d)] * stride[static_cast<std::size_t>(d)];
+    feature[static_cast<std::size_t>(i)] = j;
+    for (int d = f.rank() - 1; d >= 0; --d) {
+      if (++coord[static_cast<std::size_t>(d)] < f.dim(d)) break;
+      coord[static_cast<std::size_t>(d)] = 0;
+    }
+  }
   std::vector<double> sum(static_cast<std::size_t>(features), 0.0), squares(static_cast<std::size_t>(features), 0.0);
   const float* p = f.data<float>();
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t j = 0; j < features; ++j) sum[static_cast<std::size_t>(j)] += p[r * features + j];
+  for (std::int64_t i = 0; i < n; ++i) sum[static_cast<std::size_t>(feature[static_cast<std::size_t>(i)])] += p[i];
   std::vector<float> mean(static_cast<std::size_t>(features)), variance(static_cast<std::size_t>(features));
-  for (std::int64_t j = 0; j < features; ++j) mean[static_cast<std::size_t>(j)] = static_cast<float>(sum[static_cast<std::size_t>(j)] / rows);
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t j = 0; j < features; ++j) {
-      const double d = p[r * features + j] - static_cast<double>(mean[static_cast<std::size_t>(j)]);
-      squares[static_cast<std::size_t>(j)] += d * d;
-    }
-  for (std::int64_t j = 0; j < features; ++j)
-    variance[static_cast<std::size_t>(j)] = static_cast<float>(squares[static_cast<std::size_t>(j)] / rows);
+  for (std::size_t j = 0; j < mean.size(); ++j) mean[j] = static_cast<float>(sum[j] / static_cast<double>(rows));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto j = static_cast<std::size_t>(feature[static_cast<std::size_t>(i)]);
+    const double d = p[i] - static_cast<double>(mean[j]);
+    squares[j] += d * d;
+  }
+  for (std::size_t j = 0; j < variance.size(); ++j) variance[j] = static_cast<float>(squares[j] / static_cast<double>(rows));
   set_statistics(std::move(mean), std::move(variance));
 }
 
 void Normalization::store() {
   if (!mean_weight_ || mean_.empty()) return;
-  const auto n = static_cast<std::int64_t>(mean_.size());
-  mean_weight_->assign(Tensor::from_vector(Shape{n}, std::span<const float>(mean_)));
-  variance_weight_->assign(Tensor::from_vector(Shape{n}, std::span<const float>(variance_)));
+  // One value given stands for every index, as Keras broadcasts it.
+  const auto spread = [&](const std::vector<float>& v) {
+    return v.size() == 1 ? Tensor::full(mean_weight_->shape(), v[0])
+                         : Tensor::from_vector(mean_weight_->shape(), std::span<const float>(v));
+  };
+  mean_weight_->assign(spread(mean_));
+  variance_weight_->assign(spread(variance_));
 }
 
 void Normalization::build_weights(const Shape& input_shape) {
   if (input_shape.rank() < 1) fail("expects inputs with a feature axis, got " + input_shape.to_string());
-  const std::int64_t features = input_shape[input_shape.rank() - 1];
-  if (!mean_.empty() && static_cast<std::int64_t>(mean_.size()) != features)
+  const std::vector<int> kept = kept_axes(input_shape.rank());
+  std::vector<std::int64_t> dims, broadcast(static_cast<std::size_t>(input_shape.rank()), 1);
+  std::int64_t features = 1;
+  for (int d : kept) {
+    dims.push_back(input_shape[d]);
+    broadcast[static_cast<std::size_t>(d)] = input_shape[d];
+    features *= input_shape[d];
+  }
+  if (mean_.size() > 1 && static_cast<std::int64_t>(mean_.size()) != features)
     fail("its statistics have " + std::to_string(mean_.size()) + " features, the input " + input_shape.to_string());
-  mean_weight_ = &add_weight("mean", Tensor::zeros({features}), false);
-  variance_weight_ = &add_weight("variance", Tensor::full({features}, 1.0f), false);
+  broadcast_ = Shape(broadcast);
+  mean_weight_ = &add_weight("mean", Tensor::zeros(Shape(dims)), false);
+  variance_weight_ = &add_weight("variance", Tensor::full(Shape(dims), 1.0f), false);
   store();
 }
 
 Tensor Normalization::call(const Tensor& x, bool /*training*/) {
   // max(sqrt(variance), epsilon) through the backend, where the weights are: no host copy.
-  const Tensor scale = clip_by_value(sqrt(variance_weight_->value()), kEpsilon, std::numeric_limits<float>::max());
-  const Tensor& mean = mean_weight_->value();
+  // The statistics of the last axis broadcast as they are; others are shaped to the input.
+  const bool last_only = axis_.size() == 1 && kept_axes(x.rank()) == std::vector<int>{x.rank() - 1};
+  const Tensor variance = last_only ? variance_weight_->value() : reshape(variance_weight_->value(), broadcast_);
+  const Tensor mean = last_only ? mean_weight_->value() : reshape(mean_weight_->value(), broadcast_);
+  const Tensor scale = clip_by_value(sqrt(variance), kEpsilon, std::numeric_limits<float>::max());
   const Tensor input = x.dtype() == DType::f32 ? x : x.astype(DType::f32);
   return invert_ ? add(mul(input, scale), mean) : div(sub(input, mean), scale);
 }

@@ -12,22 +12,28 @@
 
 namespace dtrain::nn {
 
-// (x - mean) / max(sqrt(variance), 1e-7) per feature of the last axis; invert maps back
-// (x * std + mean). mean and variance are non-trainable weights, from adapt() or given;
-// until then they are 0 and 1 (the identity), as Keras's start.
+// (x - mean) / max(sqrt(variance), 1e-7) per index of the kept axes; invert maps back
+// (x * std + mean). The kept axes are Keras's `axis`, counted with the batch as 0: the
+// last (-1, the default), several (each combination of their indices has its own mean
+// and variance, weights of their dimensions' shape), or none at all (empty: one mean and
+// variance for every value). mean and variance are non-trainable weights, from adapt() or
+// given (one value is used for every index); until then they are 0 and 1 (the identity),
+// as Keras's start.
 class Normalization : public Layer {
  public:
   explicit Normalization(std::optional<std::vector<float>> mean = std::nullopt,
                          std::optional<std::vector<float>> variance = std::nullopt, bool invert = false,
-                         std::string name = "normalization");
+                         std::string name = "normalization", std::vector<int> axis = {-1});
   Shape compute_output_shape(const Shape& input_shape) const override { return input_shape; }
   std::string class_name() const override { return "Normalization"; }
-  // Keras's adapt: the mean and (population) variance of every feature of the last axis
-  // over all of `data`'s other axes.
+  // Keras's adapt: the mean and (population) variance of every index of the kept axes over
+  // all of `data`'s other axes (data is batched, as the layer's inputs).
   void adapt(const Tensor& data);
-  // Statistics gathered elsewhere (a Dataset's, in several passes).
+  // Statistics gathered elsewhere (a Dataset's, in several passes), flattened in the kept
+  // axes' order.
   void set_statistics(std::vector<float> mean, std::vector<float> variance);
   bool invert() const { return invert_; }
+  const std::vector<int>& axis() const { return axis_; }
   // The statistics given or adapted (empty until then), for the layer's config.
   const std::vector<float>& mean() const { return mean_; }
   const std::vector<float>& variance() const { return variance_; }
@@ -37,9 +43,13 @@ class Normalization : public Layer {
   Tensor call(const Tensor& x, bool training) override;
 
  private:
+  // The kept axes of an input of `rank`, from 0, increasing; each checked.
+  std::vector<int> kept_axes(int rank) const;
   void store();  // the statistics into the weights, once built
   std::vector<float> mean_, variance_;
   bool invert_;
+  std::vector<int> axis_;
+  Shape broadcast_;  // the statistics' shape against an input: 1 on the axes reduced over
   Variable* mean_weight_ = nullptr;
   Variable* variance_weight_ = nullptr;
 };
