@@ -72,6 +72,7 @@ std::string ms(double seconds) {
 class PrefetchIterator : public IteratorBase {
  public:
   static constexpr int kSamplesBeforeInline = 8;
+  static constexpr int kCpuEvery = 32;  // elements between readings of the producer's CPU time
   // Bounds of the producer's naps while the buffer is full, and how late a nap may end
   // (Linux's default timer slack is 50 µs, and the thread must then be scheduled).
   static constexpr double kShortestNap = 50e-6, kLongestNap = 10e-3, kTimerSlack = 100e-6;
@@ -270,7 +271,12 @@ class PrefetchIterator : public IteratorBase {
         pulling_ = true;
       }
       std::lock_guard pull(pull_mutex_);
-      const double t0 = wall_seconds(), cpu0 = cpu_seconds();
+      // The thread's CPU time costs a system call (hundreds of nanoseconds in a virtual
+      // machine, as much as a small element): read for each of the first elements, then
+      // every kCpuEvery, the time since shared among the elements pulled meanwhile (a nap
+      // between them takes none).
+      if (cpu_mark_ < 0) cpu_mark_ = cpu_seconds();
+      const double t0 = wall_seconds();
       std::optional<Element> e;
       std::exception_ptr error;
       try {
@@ -278,7 +284,16 @@ class PrefetchIterator : public IteratorBase {
       } catch (...) {
         error = std::current_exception();
       }
-      const double took = wall_seconds() - t0, cpu = cpu_seconds() - cpu0;
+      const double took = wall_seconds() - t0;
+      double cpu = 0;
+      std::int64_t sampled = 0;
+      if (++pulled_ <= kSamplesBeforeInline || pulled_ % kCpuEvery == 0) {
+        const double now = cpu_seconds();
+        cpu = now - cpu_mark_;
+        cpu_mark_ = now;
+        sampled = pulled_ - pulled_at_mark_;
+        pulled_at_mark_ = pulled_;
+      }
       std::unique_lock lock(mutex_);
       pulling_ = false;
       if (error) {
@@ -292,7 +307,7 @@ class PrefetchIterator : public IteratorBase {
         if (!ctx_.stop.stop_requested()) ended_ = true;
       } else {
         producer_time_.add(took);
-        producer_cpu_.add(cpu);
+        if (sampled > 0) producer_cpu_.add(cpu / static_cast<double>(sampled));
         producer_time_total_ += took;
         producer_cpu_total_ += cpu;
         ++produced_;
@@ -324,6 +339,9 @@ class PrefetchIterator : public IteratorBase {
   bool producer_napping_ = false;  // the producer waits for refill_due() with the buffer full
   Clock::time_point nap_until_;    // ... until then at the latest
   double producer_time_total_ = 0, producer_cpu_total_ = 0;
+  // The producer's own (its thread alone): pulls made, and its CPU time at the last reading.
+  std::int64_t pulled_ = 0, pulled_at_mark_ = 0;
+  double cpu_mark_ = -1;
   Clock::time_point last_return_;
   const bool no_idle_core_;  // the consumer's compute threads cover every core
   bool inline_ = false;      // the consumer pulls from upstream itself (consumer thread only)
