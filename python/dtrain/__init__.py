@@ -13,8 +13,8 @@ from ._core import (
     reshape, one_hot, clip_by_value, stop_gradient, TensorSpec, GradientTape,
     equal, not_equal, less, less_equal, greater, greater_equal, argmax, argmin, reduce_all, reduce_any, cast,
     shape, size, rank, range, device,
-    reduce_max, reduce_min, reduce_prod, where, gather, concat, stack, unstack, split, clip_by_norm,
-    clip_by_global_norm,
+    reduce_max, reduce_min, reduce_prod, reduce_logsumexp, where, gather, concat, stack, unstack, split,
+    clip_by_norm, clip_by_global_norm,
 )
 from . import nn, math, random, strings, data, distribute, keras, config, train, test, io, sparse
 from .sparse import SparseTensor
@@ -32,8 +32,8 @@ __all__ = [
     "abs", "reshape", "one_hot", "clip_by_value", "stop_gradient", "TensorSpec", "GradientTape",
     "equal", "not_equal", "less", "less_equal", "greater", "greater_equal", "argmax", "argmin", "reduce_all",
     "reduce_any", "cast", "shape", "size", "rank", "range", "device",
-    "reduce_max", "reduce_min", "reduce_prod", "where", "gather", "concat", "stack", "unstack", "split", "clip_by_norm",
-    "clip_by_global_norm", "linalg", "summary",
+    "reduce_max", "reduce_min", "reduce_prod", "reduce_logsumexp", "where", "gather", "concat", "stack", "unstack",
+    "split", "clip_by_norm", "clip_by_global_norm", "linalg", "summary",
     "nn", "math", "random", "strings", "data", "distribute", "keras", "config", "train", "test", "io", "sparse",
     "SparseTensor",
 ]

@@ -539,6 +539,37 @@ def reduce_prod(input_tensor, axis=None, keepdims=False, name=None):
     return _ops.reduce_prod(input_tensor, axis, keepdims)
 
 
+def reduce_variance(input_tensor, axis=None, keepdims=False, name=None):
+    """The population variance over axis (the mean of the squared deviations)."""
+    del name
+    deviations = subtract(input_tensor, _ops.reduce_mean(input_tensor, axis, True))
+    return _ops.reduce_mean(square(deviations), axis, keepdims)
+
+
+def reduce_std(input_tensor, axis=None, keepdims=False, name=None):
+    """The population standard deviation over axis."""
+    del name
+    return sqrt(reduce_variance(input_tensor, axis, keepdims))
+
+
+def reduce_euclidean_norm(input_tensor, axis=None, keepdims=False, name=None):
+    del name
+    return sqrt(_ops.reduce_sum(square(input_tensor), axis, keepdims))
+
+
+def reduce_logsumexp(input_tensor, axis=None, keepdims=False, name=None):
+    """log(sum(exp(x))) over axis, computed from each group's largest value (a constant, as
+    TensorFlow's: the gradient is the softmax of the group), so that large values do not
+    overflow; a group whose largest value is infinite is shifted by 0."""
+    del name
+    largest = _values(_ops.reduce_max(input_tensor, axis, True), "reduce_logsumexp").copy()
+    largest[~np.isfinite(largest)] = 0.0
+    shift = constant(largest)
+    summed = log(_ops.reduce_sum(exp(subtract(input_tensor, shift)), axis, True))
+    out = add(summed, shift)
+    return out if keepdims else _ops.reduce_sum(out, axis, False)
+
+
 def where(condition, x=None, y=None, name=None):
     """tf.where: x where condition is true, else y (shapes as condition's, or scalars), each
     getting the gradient where it was chosen; with condition alone, the coordinates of its

@@ -96,6 +96,21 @@ def test_the_ops_custom_loops_make_with_their_gradients():
         product = tf.reduce_sum(tf.math.reduce_prod(factors, axis=1))
     assert float(product.numpy()) == 15.0
     np.testing.assert_array_equal(product_tape.gradient(product, factors).numpy(), [[0, 8, 0], [15, 5, 3]])
+    # The other tf.math.reduce_*: values as numpy's; logsumexp stable at large values, its
+    # gradient the softmax.
+    wide = rng.normal(size=(3, 5)).astype(np.float32) * 4
+    np.testing.assert_allclose(tf.math.reduce_variance(wide, axis=1).numpy(), wide.var(1), rtol=1e-5)
+    np.testing.assert_allclose(tf.math.reduce_std(wide, axis=0, keepdims=True).numpy(), wide.std(0, keepdims=True),
+                               rtol=1e-5)
+    np.testing.assert_allclose(tf.math.reduce_euclidean_norm(wide).numpy(), np.linalg.norm(wide), rtol=1e-5)
+    shifted = tf.Variable(wide + 500.0)
+    with tf.GradientTape() as lse_tape:
+        lse = tf.reduce_logsumexp(shifted, axis=1)
+    exact = 500.0 + np.log(np.exp(wide.astype(np.float64)).sum(1))
+    np.testing.assert_allclose(lse.numpy(), exact, rtol=1e-6)
+    soft = np.exp(wide - wide.max(1, keepdims=True))
+    np.testing.assert_allclose(lse_tape.gradient(lse, shifted).numpy(), soft / soft.sum(1, keepdims=True), atol=1e-5)
+    assert tf.reduce_logsumexp(tf.constant([[-np.inf, -np.inf]]), axis=1).numpy().tolist() == [-np.inf]
     with pytest.raises(Exception, match="indices\\[0\\] = 9 is not in \\[0, 5\\)"):
         tf.gather(joined, [9])
     logits = tf.constant(rng.normal(size=(4, 3)).astype(np.float32))
