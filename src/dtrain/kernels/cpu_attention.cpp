@@ -4,7 +4,8 @@
 // weights is ever made; backward recomputes each block's weights from the forward's
 // log-sum-exp. Operands are [batch, position, head, depth]: one head's rows are
 // `heads * depth` apart, so each call first packs them in order. The block products run
-// on register tiles of four rows by 64 columns. Forward runs (batch, head, query block)
+// on register tiles of four rows by 64 columns (by 16 on CPUs with AVX2 but not AVX-512,
+// whose registers are half as wide and half as many). Forward runs (batch, head, query block)
 // tasks in parallel; backward runs (batch, head) pairs, each owning its gradients.
 #include <algorithm>
 #include <atomic>
@@ -93,7 +94,7 @@ struct Tile4x64 {
 // Four rows at once: out_i[j] = Σ_d a_i[d] · bt[d * kKeyBlock + j] for the 64 columns of
 // a block stored transposed.
 DTRAIN_MULTIVERSION
-void rows4_times_block(const float* const a[4], const float* bt, std::int64_t depth, float* const out[4]) {
+void rows4_times_block_wide(const float* const a[4], const float* bt, std::int64_t depth, float* const out[4]) {
   Tile4x64 t;
   for (std::int64_t d = 0; d < depth; ++d) {
     Floats16 v0, v1, v2, v3;
@@ -107,8 +108,8 @@ void rows4_times_block(const float* const a[4], const float* bt, std::int64_t de
 // the n rows of a block, for the 64-column chunks of [0, width) (the rest is the caller's:
 // add_columns).
 DTRAIN_MULTIVERSION
-void rows4_add_weighted(const float* const w[4], std::int64_t w_stride, std::int64_t n, const float* x,
-                        std::int64_t stride, std::int64_t width, float* const acc[4]) {
+void rows4_add_weighted_wide(const float* const w[4], std::int64_t w_stride, std::int64_t n, const float* x,
+                             std::int64_t stride, std::int64_t width, float* const acc[4]) {
   for (std::int64_t c0 = 0; c0 + 64 <= width; c0 += 64) {
     Tile4x64 t;
     t.load(acc, c0);
@@ -120,6 +121,79 @@ void rows4_add_weighted(const float* const w[4], std::int64_t w_stride, std::int
     }
     t.store(acc, c0);
   }
+}
+
+// AVX2 has sixteen 256-bit registers, where a tile of four rows by 64 sums needs 32 (and
+// GCC, splitting each 64-byte vector in two, also broadcast every weight through memory:
+// these products ran 15 times slower than oneDNN's on an AVX2 machine). Its tiles are four
+// rows by sixteen sums, eight registers, taken over the 64 columns in turn.
+typedef float Floats8 __attribute__((vector_size(32)));
+
+[[gnu::always_inline]] inline void load8(Floats8& v, const float* p) { std::memcpy(&v, p, sizeof v); }
+[[gnu::always_inline]] inline void store8(float* p, const Floats8& v) { std::memcpy(p, &v, sizeof v); }
+
+struct Tile4x16 {
+  Floats8 a0{}, a1{}, b0{}, b1{}, c0{}, c1{}, d0{}, d1{};
+
+  [[gnu::always_inline]] void add(float x0, float x1, float x2, float x3, const float* v) {
+    Floats8 v0, v1;
+    load8(v0, v), load8(v1, v + 8);
+    a0 += x0 * v0, a1 += x0 * v1, b0 += x1 * v0, b1 += x1 * v1;
+    c0 += x2 * v0, c1 += x2 * v1, d0 += x3 * v0, d1 += x3 * v1;
+  }
+  [[gnu::always_inline]] void load(float* const rows[4], std::int64_t offset) {
+    load8(a0, rows[0] + offset), load8(a1, rows[0] + offset + 8), load8(b0, rows[1] + offset),
+        load8(b1, rows[1] + offset + 8), load8(c0, rows[2] + offset), load8(c1, rows[2] + offset + 8),
+        load8(d0, rows[3] + offset), load8(d1, rows[3] + offset + 8);
+  }
+  [[gnu::always_inline]] void store(float* const rows[4], std::int64_t offset) const {
+    store8(rows[0] + offset, a0), store8(rows[0] + offset + 8, a1), store8(rows[1] + offset, b0),
+        store8(rows[1] + offset + 8, b1), store8(rows[2] + offset, c0), store8(rows[2] + offset + 8, c1),
+        store8(rows[3] + offset, d0), store8(rows[3] + offset + 8, d1);
+  }
+};
+
+[[gnu::target("avx2,fma")]]
+void rows4_times_block_avx2(const float* const a[4], const float* bt, std::int64_t depth, float* const out[4]) {
+  for (std::int64_t c = 0; c < kKeyBlock; c += 16) {
+    Tile4x16 t;
+    for (std::int64_t d = 0; d < depth; ++d) t.add(a[0][d], a[1][d], a[2][d], a[3][d], bt + d * kKeyBlock + c);
+    t.store(out, c);
+  }
+}
+
+[[gnu::target("avx2,fma")]]
+void rows4_add_weighted_avx2(const float* const w[4], std::int64_t w_stride, std::int64_t n, const float* x,
+                             std::int64_t stride, std::int64_t width, float* const acc[4]) {
+  for (std::int64_t c0 = 0; c0 + 16 <= width; c0 += 16) {  // width: a multiple of 64
+    Tile4x16 t;
+    t.load(acc, c0);
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t wj = j * w_stride;
+      t.add(w[0][wj], w[1][wj], w[2][wj], w[3][wj], x + j * stride + c0);
+    }
+    t.store(acc, c0);
+  }
+}
+
+// The narrow tiles where the CPU has AVX2 and FMA but not AVX-512.
+bool narrow_tiles() {
+  static const bool narrow = [] {
+    __builtin_cpu_init();
+    return !__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return narrow;
+}
+
+void rows4_times_block(const float* const a[4], const float* bt, std::int64_t depth, float* const out[4]) {
+  if (narrow_tiles()) rows4_times_block_avx2(a, bt, depth, out);
+  else rows4_times_block_wide(a, bt, depth, out);
+}
+
+void rows4_add_weighted(const float* const w[4], std::int64_t w_stride, std::int64_t n, const float* x,
+                        std::int64_t stride, std::int64_t width, float* const acc[4]) {
+  if (narrow_tiles()) rows4_add_weighted_avx2(w, w_stride, n, x, stride, width, acc);
+  else rows4_add_weighted_wide(w, w_stride, n, x, stride, width, acc);
 }
 
 // acc[c] += Σ_j w[j * w_stride] · x[j * stride + c] for c in [c0, c1): the columns past the
@@ -137,6 +211,7 @@ void add_columns(const float* w, std::int64_t w_stride, std::int64_t n, const fl
 }
 
 typedef std::int32_t Ints16 __attribute__((vector_size(64)));
+typedef std::int32_t Ints8 __attribute__((vector_size(32)));
 
 // e^x for x <= 0 (scores less their maximum), in place, on one float or on sixteen
 // (Floats16), written with no branch and no memory temporary so that loops over it
@@ -161,7 +236,8 @@ template <typename F>
   if constexpr (std::is_same_v<F, float>) {
     scale = std::bit_cast<float>((static_cast<std::int32_t>(n) + 127) << 23);
   } else {
-    const Ints16 bits = (__builtin_convertvector(n, Ints16) + 127) << 23;
+    using Ints = std::conditional_t<sizeof(F) == sizeof(Floats16), Ints16, Ints8>;
+    const Ints bits = (__builtin_convertvector(n, Ints) + 127) << 23;
     std::memcpy(&scale, &bits, sizeof scale);
   }
   x = x >= low ? e * scale : F{};
@@ -185,6 +261,22 @@ template <typename F>
   v = v > w ? v : w;
   return v[0];
 }
+
+[[gnu::always_inline]] inline float largest8(const Floats8& x) {
+  Floats8 v = x, w = __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+  v = v > w ? v : w;
+  w = __builtin_shufflevector(v, v, 2, 3, 0, 1, 4, 5, 6, 7);
+  v = v > w ? v : w;
+  w = __builtin_shufflevector(v, v, 1, 0, 2, 3, 4, 5, 6, 7);
+  v = v > w ? v : w;
+  return v[0];
+}
+
+// Load and store for either vector.
+[[gnu::always_inline]] inline void load_vector(Floats16& v, const float* p) { load16(v, p); }
+[[gnu::always_inline]] inline void load_vector(Floats8& v, const float* p) { load8(v, p); }
+[[gnu::always_inline]] inline void store_vector(float* p, const Floats16& v) { store16(p, v); }
+[[gnu::always_inline]] inline void store_vector(float* p, const Floats8& v) { store8(p, v); }
 
 // The row helpers below are inlined into multiversioned loops over many rows (a call per
 // row of 64 scores cost as much as its work).
@@ -324,10 +416,14 @@ struct Problem {
 // where the key is visible, else 0), times dropout's factor, replaces the score in `w`;
 // ds = scale · weight · (dp · factor − row_dot). A query that saw no key (lse −inf) gets
 // zeros; so do the columns past the block's keys.
-DTRAIN_MULTIVERSION
-void gradient_block(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t t1,
-                    std::int64_t s0, std::int64_t s1, const float* lse, const float* row_dot, float* w,
-                    const float* dp, float* ds) {
+// V: the vectors a row of scores is taken in (Floats16 for the wide clones; Floats8 for
+// AVX2, whose 16-wide vectors GCC assembles through memory, scalars broadcast one lane at
+// a time).
+template <typename V>
+[[gnu::always_inline]] inline void gradient_block_body(const Problem& p, std::int64_t b, std::int64_t h,
+                                                       std::int64_t t0, std::int64_t t1, std::int64_t s0,
+                                                       std::int64_t s1, const float* lse, const float* row_dot,
+                                                       float* w, const float* dp, float* ds) {
   const AttentionOptions& o = *p.o;
   const std::int64_t n = s1 - s0;
   for (std::int64_t t = t0; t < t1; ++t) {
@@ -342,14 +438,16 @@ void gradient_block(const Problem& p, std::int64_t b, std::int64_t h, std::int64
       continue;
     }
     if (n == kKeyBlock && o.dropout_rate == 0.0f && p.sees_all(b, t, s0, s1)) {
-      for (int c = 0; c < 4; ++c) {
-        Floats16 x, g;
-        load16(x, wr + 16 * c);
+      constexpr int kLanes = sizeof(V) / sizeof(float);
+#pragma GCC unroll 8
+      for (int c = 0; c < kKeyBlock / kLanes; ++c) {
+        V x, g;
+        load_vector(x, wr + kLanes * c);
         x = x * o.scale - l;
         exp_nonpositive_in_place(x);
-        store16(wr + 16 * c, x);
-        load16(g, dpr + 16 * c);
-        store16(dsr + 16 * c, o.scale * x * (g - rd));
+        store_vector(wr + kLanes * c, x);
+        load_vector(g, dpr + kLanes * c);
+        store_vector(dsr + kLanes * c, o.scale * x * (g - rd));
       }
       continue;
     }
@@ -370,9 +468,11 @@ void gradient_block(const Problem& p, std::int64_t b, std::int64_t h, std::int64
 // the block raises its maximum m, its sums l (sixteen partial sums a row, added up at the
 // end) and its weighted values acc (rows of value_depth) shrink by e^(old − new). A row
 // the block hides every key from gets zero weights.
-DTRAIN_MULTIVERSION
-void softmax_block(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t t1,
-                   std::int64_t s0, std::int64_t s1, float* scores, float* m, float* l, float* acc) {
+template <typename V>
+[[gnu::always_inline]] inline void softmax_block_body(const Problem& p, std::int64_t b, std::int64_t h,
+                                                      std::int64_t t0, std::int64_t t1, std::int64_t s0,
+                                                      std::int64_t s1, float* scores, float* m, float* l,
+                                                      float* acc) {
   const AttentionOptions& o = *p.o;
   const std::int64_t n = s1 - s0, dv = p.value_depth;
   for (std::int64_t t = t0; t < t1; ++t) {
@@ -380,7 +480,35 @@ void softmax_block(const Problem& p, std::int64_t b, std::int64_t h, std::int64_
     float* sr = scores + r * kKeyBlock;
     float* lr = l + r * 16;
     // A whole block every key of which t sees (the usual case): on vectors throughout.
-    if (n == kKeyBlock && p.sees_all(b, t, s0, s1)) {
+    if (std::is_same_v<V, Floats8> && n == kKeyBlock && p.sees_all(b, t, s0, s1)) {
+      // Eight vectors of eight; the sixteen partial sums as two of them.
+      constexpr int kVectors = kKeyBlock / 8;
+      Floats8 x[kVectors];
+      Floats8 top;
+#pragma GCC unroll 8
+      for (int c = 0; c < kVectors; ++c) {
+        load8(x[c], sr + 8 * c);
+        x[c] *= o.scale;
+        top = c == 0 ? x[c] : top > x[c] ? top : x[c];
+      }
+      const float m_new = std::max(m[r], largest8(top));
+      Floats8 sums[2];
+      load8(sums[0], lr), load8(sums[1], lr + 8);
+      if (m_new > m[r]) {  // a new maximum: the sums so far shrink by e^(old − new)
+        const float rescale = m[r] == kNoScore ? 0.0f : std::exp(m[r] - m_new);
+        sums[0] *= rescale, sums[1] *= rescale;
+        scaled_copy(acc + r * dv, rescale, dv, acc + r * dv);
+      }
+#pragma GCC unroll 8
+      for (int c = 0; c < kVectors; ++c) {
+        x[c] -= m_new;
+        exp_nonpositive_in_place(x[c]);
+        sums[c % 2] += x[c];
+        store8(sr + 8 * c, x[c]);
+      }
+      store8(lr, sums[0]), store8(lr + 8, sums[1]);
+      m[r] = m_new;
+    } else if (std::is_same_v<V, Floats16> && n == kKeyBlock && p.sees_all(b, t, s0, s1)) {
       Floats16 x0, x1, x2, x3;
       Tile4x64::load4(sr, x0, x1, x2, x3);
       x0 *= o.scale, x1 *= o.scale, x2 *= o.scale, x3 *= o.scale;
@@ -424,6 +552,43 @@ void softmax_block(const Problem& p, std::int64_t b, std::int64_t h, std::int64_
     if (o.dropout_rate > 0.0f)
       for (std::int64_t s = s0; s < s1; ++s) sr[s - s0] *= p.kept(b, h, t, s);
   }
+}
+
+// Each compiled for every CPU (the wide tiles' machines and the baseline) and, with FMA,
+// for AVX2 (its multiversioned clone has no FMA), the latter where narrow_tiles() says so.
+DTRAIN_MULTIVERSION
+void gradient_block_wide(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t t1,
+                         std::int64_t s0, std::int64_t s1, const float* lse, const float* row_dot, float* w,
+                         const float* dp, float* ds) {
+  gradient_block_body<Floats16>(p, b, h, t0, t1, s0, s1, lse, row_dot, w, dp, ds);
+}
+[[gnu::target("avx2,fma")]]
+void gradient_block_avx2(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t t1,
+                         std::int64_t s0, std::int64_t s1, const float* lse, const float* row_dot, float* w,
+                         const float* dp, float* ds) {
+  gradient_block_body<Floats8>(p, b, h, t0, t1, s0, s1, lse, row_dot, w, dp, ds);
+}
+void gradient_block(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t t1,
+                    std::int64_t s0, std::int64_t s1, const float* lse, const float* row_dot, float* w,
+                    const float* dp, float* ds) {
+  if (narrow_tiles()) gradient_block_avx2(p, b, h, t0, t1, s0, s1, lse, row_dot, w, dp, ds);
+  else gradient_block_wide(p, b, h, t0, t1, s0, s1, lse, row_dot, w, dp, ds);
+}
+
+DTRAIN_MULTIVERSION
+void softmax_block_wide(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t t1,
+                        std::int64_t s0, std::int64_t s1, float* scores, float* m, float* l, float* acc) {
+  softmax_block_body<Floats16>(p, b, h, t0, t1, s0, s1, scores, m, l, acc);
+}
+[[gnu::target("avx2,fma")]]
+void softmax_block_avx2(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t t1,
+                        std::int64_t s0, std::int64_t s1, float* scores, float* m, float* l, float* acc) {
+  softmax_block_body<Floats8>(p, b, h, t0, t1, s0, s1, scores, m, l, acc);
+}
+void softmax_block(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t t0, std::int64_t t1,
+                   std::int64_t s0, std::int64_t s1, float* scores, float* m, float* l, float* acc) {
+  if (narrow_tiles()) softmax_block_avx2(p, b, h, t0, t1, s0, s1, scores, m, l, acc);
+  else softmax_block_wide(p, b, h, t0, t1, s0, s1, scores, m, l, acc);
 }
 
 }  // namespace
