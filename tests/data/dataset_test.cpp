@@ -940,7 +940,16 @@ TEST(Dataset, InterleaveReadsInTensorFlowsOrder) {
   };
   const std::vector<int> want{1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 3, 3, 4, 4, 5, 5, 5, 5, 5, 5};
   EXPECT_EQ(values(Dataset::range(1, 6).interleave(six_of, 2, 4)), want);
-  // Read ahead on threads of their own, the same order.
+  // Read ahead on threads of their own (which it does only where the consumer's compute
+  // threads leave a core idle), the same order; and in turn where they do not.
+  {
+    const ScopedThreads leave_a_core(std::max(1, available_cores() - 1));
+    EXPECT_EQ(values(Dataset::range(1, 6).interleave(six_of, 2, 4, 2)), want);
+    for (int k : {0, 4, 29})
+      expect_resumes_exactly(Dataset::range(1, 6).interleave(six_of, 2, 4, 2).map([](const Element& e) {
+        return Element{Tensor::scalar(e[0].item())};
+      }), k);
+  }
   EXPECT_EQ(values(Dataset::range(1, 6).interleave(six_of, 2, 4, 2)), want);
   // Datasets of different lengths: a finished one's slot takes the next input.
   const auto count_of = [](const Element& e) {
