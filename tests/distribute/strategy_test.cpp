@@ -251,11 +251,15 @@ TEST(MirroredStrategy, ATransformerMatchesOneDevice) {
     dropped = compiled(testing::tiny_transformer(12, 16, /*causal=*/true, /*dropout=*/0.2f));
   }
   model->fit(d.ids, d.labels, quiet(32, 2));
-  // Per value, not relative: the keys' bias gets no gradient (a shift of all of a query's
-  // scores leaves its softmax as it is), so it stays at rounding's scale, near 0.
-  auto largest_difference = [](const Model& a, const Model& b) {
+  // Per value, not relative. The keys' bias has no gradient (a shift of all of a query's
+  // scores leaves its softmax as it is): its gradient is rounding's alone, which Adam
+  // scales up to steps of about 1e-5 that differ between the two runs (with FMA's
+  // rounding, 1.1e-5 apart): it is checked to stay near 0 in both instead.
+  const auto is_keys_bias = [](const Variable& v) { return v.name().ends_with("/key/bias"); };
+  auto largest_difference = [&](const Model& a, const Model& b) {
     double worst = 0;
     for (std::size_t i = 0; i < a.variables().size(); ++i) {
+      if (is_keys_bias(*a.variables()[i])) continue;
       const std::vector<float> x = a.variables()[i]->value().to_vector(), y = b.variables()[i]->value().to_vector();
       for (std::size_t j = 0; j < x.size(); ++j) worst = std::max(worst, double(std::abs(x[j] - y[j])));
     }
@@ -263,6 +267,10 @@ TEST(MirroredStrategy, ATransformerMatchesOneDevice) {
   };
   ASSERT_EQ(model->variables().size(), reference->variables().size());
   EXPECT_LE(largest_difference(*model, *reference), 1e-5);
+  for (const Model* m : {model.get(), reference.get()})
+    for (const Variable* v : m->variables())
+      if (is_keys_bias(*v))
+        for (float x : v->value().to_vector()) EXPECT_LT(std::abs(x), 1e-3f) << v->name();
   const History h = dropped->fit(d.ids, d.labels, quiet(32, 2));
   EXPECT_TRUE(std::isfinite(h.history.at("loss").back()));
   EXPECT_GT(largest_difference(*dropped, *reference), 1e-3) << "dropout changed nothing";
