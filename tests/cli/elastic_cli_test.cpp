@@ -66,6 +66,34 @@ class ElasticCli : public dtrain::testing::TempDirTest {
     std::ifstream in(path(name + ".json"));
     return in ? nlohmann::json::parse(in, nullptr, false) : nlohmann::json::object();
   }
+  // The fixed 3-worker run, then the elastic 2:3 one with worker 2 sent `signal` (by
+  // `flags`, which end in its fault flag) at a batch drawn at random, committing every 5
+  // batches. What every loss of a worker gives is checked here: round 1 without worker 2,
+  // from a commit at or before the batch, and the fixed run's 36 steps and weights.
+  Result lose_worker_2(const std::string& signal, const std::string& flags) {
+    const std::string cfg = config(144, 3);  // 36 batches
+    const Result fixed = launch(cfg, "--workers 3", "fixed");
+    EXPECT_EQ(fixed.code, 0) << fixed.output;
+    const std::int64_t step = random_step(2, 33);
+    SCOPED_TRACE("worker 2 sent " + signal + " at training batch " + std::to_string(step) + " (drawn at random)");
+    const Result r = launch(cfg, "--workers 2:3", "elastic", flags + " worker:2:" + std::to_string(step),
+                            "DTRAIN_ELASTIC_COMMIT_EVERY=5");
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_TRUE(contains(r.output, "[worker:2] fault injection: sending " + signal +
+                                       " to this process at the start of training batch " + std::to_string(step)))
+        << r.output;
+    EXPECT_TRUE(contains(r.output, "[worker:0] elastic: round 1, 2 worker(s) (worker:0, worker:1); gone: worker:2"))
+        << r.output;
+    const std::int64_t back_to = resumed_after(r.output, 1);
+    EXPECT_GE(back_to, 0) << r.output;
+    EXPECT_LE(back_to, step) << "a commit after the batch the fault came at";
+    EXPECT_TRUE(back_to % 5 == 0 || back_to == 12 || back_to == 24)
+        << "a commit other than those every 5 batches and at the epochs' ends: " << back_to;
+    const nlohmann::json j = summary("elastic");
+    EXPECT_EQ(j.value("optimizer_iterations", std::int64_t{-1}), 36) << j.dump();
+    EXPECT_LT(largest_difference("elastic", "fixed"), 1e-5);
+    return r;
+  }
   // The largest difference between two runs' weights, over every variable.
   double largest_difference(const std::string& a, const std::string& b) {
     const dtrain::NamedTensors x = dtrain::load_safetensors(path(a + ".safetensors"));
@@ -92,29 +120,9 @@ class ElasticCli : public dtrain::testing::TempDirTest {
 // of the fixed 3-worker run to the rounding of the sums' order (6e-8 here), and the
 // optimizer took exactly one step a batch.
 TEST_F(ElasticCli, AWorkerKilledLeavesTheOthersToEndWhereAFixedRunEnds) {
-  const std::string cfg = config(144, 3);  // 36 batches
-  const Result fixed = launch(cfg, "--workers 3", "fixed");
-  ASSERT_EQ(fixed.code, 0) << fixed.output;
-  const std::int64_t step = random_step(2, 33);
-  SCOPED_TRACE("worker 2 killed at training batch " + std::to_string(step) + " (drawn at random)");
-  const Result r = launch(cfg, "--workers 2:3", "elastic", "--fault-kill worker:2:" + std::to_string(step),
-                          "DTRAIN_ELASTIC_COMMIT_EVERY=5");
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "[worker:2] fault injection: sending SIGKILL to this process at the start of training batch " +
-                                     std::to_string(step)))
-      << r.output;
+  const Result r = lose_worker_2("SIGKILL", "--fault-kill");
   EXPECT_TRUE(contains(r.output, "worker:2 was killed by signal 9 (SIGKILL); the elastic job goes on without it"))
       << r.output;
-  EXPECT_TRUE(contains(r.output, "[worker:0] elastic: round 1, 2 worker(s) (worker:0, worker:1); gone: worker:2"))
-      << r.output;
-  const std::int64_t back_to = resumed_after(r.output, 1);
-  EXPECT_GE(back_to, 0) << r.output;
-  EXPECT_LE(back_to, step) << "a commit after the batch the kill came at";
-  EXPECT_TRUE(back_to % 5 == 0 || back_to == 12 || back_to == 24)
-      << "a commit other than those every 5 batches and at the epochs' ends: " << back_to;
-  const nlohmann::json j = summary("elastic");
-  EXPECT_EQ(j.value("optimizer_iterations", std::int64_t{-1}), 36) << j.dump();
-  EXPECT_LT(largest_difference("elastic", "fixed"), 1e-5);
 }
 
 // Worker 2 of 3 hangs (SIGSTOP) at a random batch: alive, its connections open. The others'
@@ -122,26 +130,10 @@ TEST_F(ElasticCli, AWorkerKilledLeavesTheOthersToEndWhereAFixedRunEnds) {
 // it has not come within the timeout; they end where the fixed run ends. The launcher then
 // ends the stopped worker, which would never end by itself, and the job succeeds.
 TEST_F(ElasticCli, AWorkerStoppedIsLeftOutAtTheTimeoutAndTheOthersEndWhereAFixedRunEnds) {
-  const std::string cfg = config(144, 3);  // 36 batches
-  const Result fixed = launch(cfg, "--workers 3", "fixed");
-  ASSERT_EQ(fixed.code, 0) << fixed.output;
-  const std::int64_t step = random_step(2, 33);
-  SCOPED_TRACE("worker 2 stopped at training batch " + std::to_string(step) + " (drawn at random)");
-  const Result r = launch(cfg, "--workers 2:3", "elastic",
-                          "--collective-timeout 2 --fault-stop worker:2:" + std::to_string(step),
-                          "DTRAIN_ELASTIC_COMMIT_EVERY=5");
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_TRUE(contains(r.output, "[worker:2] fault injection: sending SIGSTOP to this process at the start of training batch " +
-                                     std::to_string(step)))
-      << r.output;
-  EXPECT_TRUE(contains(r.output, "[worker:0] elastic: round 1, 2 worker(s) (worker:0, worker:1); gone: worker:2"))
-      << r.output;
+  const Result r = lose_worker_2("SIGSTOP", "--collective-timeout 2 --fault-stop");
   EXPECT_TRUE(contains(r.output, "no answer within the 2 s timeout")) << r.output;
   EXPECT_TRUE(contains(r.output, "dtrain launch: worker:2 is stopped (SIGSTOP) and the elastic job ended without it; ending it"))
       << r.output;
-  EXPECT_LE(resumed_after(r.output, 1), step) << r.output;
-  EXPECT_EQ(summary("elastic").value("optimizer_iterations", std::int64_t{-1}), 36);
-  EXPECT_LT(largest_difference("elastic", "fixed"), 1e-5);
 }
 
 // --elastic-keep worker_batch: each worker keeps its 4 rows, so the 2 left train global
