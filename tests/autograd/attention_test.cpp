@@ -9,6 +9,7 @@
 
 #include "common/gradcheck.h"
 #include "dtrain/core/allocator.h"
+#include "dtrain/kernels/cpu_backend.h"
 
 namespace dtrain {
 namespace {
@@ -69,7 +70,23 @@ void expect_matches_reference(const Tensor& q, const Tensor& k, const Tensor& v,
   EXPECT_LT(worst, 2e-5) << what;
 }
 
-TEST(Attention, MatchesAttentionWrittenOutAcrossBlocks) {
+// The CPU's two kinds of register tiles, each against the written-out attention: four
+// rows by 64 columns, and by 16 (where the CPU has AVX2 and FMA; chosen by itself where it
+// lacks AVX-512).
+class AttentionTiles : public ::testing::TestWithParam<kernels::AttentionTiles> {
+ protected:
+  void SetUp() override {
+    if (!kernels::set_attention_tiles(GetParam())) GTEST_SKIP() << "this CPU has no AVX2 with FMA for the narrow tiles";
+  }
+  void TearDown() override { kernels::set_attention_tiles(kernels::AttentionTiles::automatic); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Cpu, AttentionTiles, ::testing::Values(kernels::AttentionTiles::wide, kernels::AttentionTiles::narrow),
+                         [](const ::testing::TestParamInfo<kernels::AttentionTiles>& info) {
+                           return info.param == kernels::AttentionTiles::wide ? "wide" : "narrow";
+                         });
+
+TEST_P(AttentionTiles, MatchesAttentionWrittenOutAcrossBlocks) {
   // 70 queries and 130 keys cross the kernels' blocks of 32 queries and 64 keys.
   const Tensor q = random_tensor({2, 70, 3, 5}, 1), k = random_tensor({2, 130, 3, 5}, 2),
                v = random_tensor({2, 130, 3, 4}, 3);
@@ -92,7 +109,7 @@ TEST(Attention, MatchesAttentionWrittenOutAcrossBlocks) {
                            "deep: dropout");
 }
 
-TEST(Attention, GradientsMatchFiniteDifferences) {
+TEST_P(AttentionTiles, GradientsMatchFiniteDifferences) {
   const Tensor q = random_tensor({1, 40, 2, 3}, 11), k = random_tensor({1, 70, 2, 3}, 12),
                v = random_tensor({1, 70, 2, 2}, 13);
   for (const AttentionCall& c :
@@ -106,7 +123,7 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
   }
 }
 
-TEST(Attention, DeepHeadsGradientsMatchTheWrittenOutAttention) {
+TEST_P(AttentionTiles, DeepHeadsGradientsMatchTheWrittenOutAttention) {
   // Heads 64 deep and values 96 wide run backward's four-row and four-key tiles (and the
   // columns past 64 apart); 37 queries and 70 keys end in short tiles and blocks. The
   // gradient of Σ out · r at sampled elements against central differences of the attention

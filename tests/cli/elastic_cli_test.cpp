@@ -130,8 +130,8 @@ TEST_F(ElasticCli, AWorkerKilledLeavesTheOthersToEndWhereAFixedRunEnds) {
 // it has not come within the timeout; they end where the fixed run ends. The launcher then
 // ends the stopped worker, which would never end by itself, and the job succeeds.
 TEST_F(ElasticCli, AWorkerStoppedIsLeftOutAtTheTimeoutAndTheOthersEndWhereAFixedRunEnds) {
-  const Result r = lose_worker_2("SIGSTOP", "--collective-timeout 2 --fault-stop");
-  EXPECT_TRUE(contains(r.output, "no answer within the 2 s timeout")) << r.output;
+  const Result r = lose_worker_2("SIGSTOP", "--collective-timeout 4 --fault-stop");
+  EXPECT_TRUE(contains(r.output, "no answer within the 4 s timeout")) << r.output;
   EXPECT_TRUE(contains(r.output, "dtrain launch: worker:2 is stopped (SIGSTOP) and the elastic job ended without it; ending it"))
       << r.output;
 }

@@ -439,6 +439,7 @@ std::shared_ptr<const StageClocks> producer_clocks(bool computes) {
 std::unique_ptr<IteratorBase> run_under(const Dataset& ds, std::shared_ptr<const StageClocks> clocks) {
   IteratorContext ctx;
   ctx.options = ds.options();
+  ctx.idle_core = num_threads() < available_cores();
   ctx.clocks = std::move(clocks);
   return ds.node()->make(ctx);
 }

@@ -445,6 +445,9 @@ TEST(Normalization, KeepsTheAxesGivenAndReducesTheOthers) {
   EXPECT_NE(message_of([&] { Normalization n(std::nullopt, std::nullopt, false, "far", {3}); n(data); })
                 .find("axis 3 is outside inputs of rank 3"),
             std::string::npos);
+  EXPECT_NE(message_of([&] { Normalization n(std::nullopt, std::nullopt, false, "batch", {-3}); n.adapt(data); })
+                .find("axis -3 is the batch axis of inputs of rank 3"),
+            std::string::npos);
 }
 
 TEST(CategoryEncoding, OneHotMultiHotAndCount) {

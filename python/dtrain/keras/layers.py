@@ -498,6 +498,8 @@ class Normalization(Layer):
         if axis is not None and not isinstance(axis, int):
             axis = [int(a) for a in axis]
             axis = axis[0] if len(axis) == 1 else axis
+        if axis == 0 or (isinstance(axis, list) and 0 in axis):
+            raise ValueError("Normalization: axis may not be 0 (the batch)")
         stats = [None if v is None else np.asarray(v, np.float64).reshape(-1).tolist() for v in (mean, variance)]
         super().__init__(axis=axis, mean=stats[0], variance=stats[1], invert=bool(invert), **kwargs)
         self._config["axis"] = axis  # None too: one mean and variance over everything
@@ -508,9 +510,12 @@ class Normalization(Layer):
         if axis is None:
             return values.reshape(-1, 1)
         rank = max(values.ndim, 1)
-        kept = sorted(a % rank for a in ([axis] if isinstance(axis, int) else axis))
-        if any(not -rank <= a < rank for a in ([axis] if isinstance(axis, int) else axis)):
+        given = [axis] if isinstance(axis, int) else axis
+        if any(not -rank <= a < rank for a in given):
             raise ValueError(f"Normalization.adapt: axis {axis} is outside data of rank {values.ndim}")
+        kept = sorted(a % rank for a in given)
+        if 0 in kept and rank > 1:
+            raise ValueError(f"Normalization.adapt: axis {axis} takes the batch axis of data of rank {values.ndim}")
         moved = np.moveaxis(values.reshape(values.shape or (1,)), kept, range(rank - len(kept), rank))
         return moved.reshape(-1, int(np.prod([moved.shape[d] for d in range(rank - len(kept), rank)])))
 

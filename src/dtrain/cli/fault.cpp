@@ -85,6 +85,10 @@ const char* SignalAtStep::signal_name() const {
   return signal_ == SIGKILL ? "SIGKILL" : signal_ == SIGTERM ? "SIGTERM" : "SIGSTOP";
 }
 
+const char* SignalAtStep::summary_key() const {
+  return signal_ == SIGKILL ? "fault_kill" : signal_ == SIGTERM ? "fault_term" : "fault_stop";
+}
+
 void SignalAtStep::on_train_batch_begin(std::int64_t, const Logs&) {
   if (armed_ && batches_ == step_) {
     std::printf("fault injection: sending %s to this process at the start of training batch %lld\n",

@@ -77,6 +77,7 @@ class SignalAtStep : public Callback {
   bool runs_on_workers() const override { return true; }
   int signal() const { return signal_; }
   const char* signal_name() const;  // "SIGKILL", "SIGTERM" or "SIGSTOP"
+  const char* summary_key() const;  // "fault_kill", "fault_term" or "fault_stop": the flag's, in --summary
   std::int64_t step() const { return step_; }
   bool armed() const { return armed_; }
   std::int64_t batches_seen() const { return batches_; }

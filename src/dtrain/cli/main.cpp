@@ -686,7 +686,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     }
     if (fault.input_delay_ms > 0) j["fault_slow"] = {{"input_delay_ms", fault.input_delay_ms}};
     for (const auto& f : signals)
-      j[f->signal() == SIGKILL ? "fault_kill" : f->signal() == SIGTERM ? "fault_term" : "fault_stop"] = {
+      j[f->summary_key()] = {
           {"worker", worker_index}, {"step", f->step()}, {"armed", f->armed()}, {"fired", f->fired()}};
     // What the doctor's what-if model needs to know of the gradients that cross the wire.
     std::vector<std::int64_t> numels;

@@ -546,6 +546,7 @@ Iterator Dataset::make_iterator(std::uint64_t iteration) const {
   IteratorContext ctx;
   ctx.iteration = iteration;
   ctx.options = options_;
+  ctx.idle_core = num_threads() < available_cores();
   return Iterator(node_, ctx);
 }
 

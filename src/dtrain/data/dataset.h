@@ -102,6 +102,10 @@ struct IteratorContext {
   // background threads. Null, or false, means the consumer's thread, where a batch
   // gathered from rows may use the compute threads (they wait for it anyway).
   std::shared_ptr<const std::atomic<bool>> background;
+  // Whether the consumer's compute threads (the kernels' thread count of the thread that
+  // made the iterator) leave a core idle for background stages; decided once, so that a
+  // stage made again later on a background thread decides as the consumer would.
+  bool idle_core = true;
   bool on_consumer_thread() const { return !background || !background->load(std::memory_order_relaxed); }
   // Set by Dataset::shard_by_file for the stages below it: file sources read files index,
   // index + count, ...; and while `rebatch` is set, the first batch() met (the one nearest

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "dtrain/core/clock.h"
 #include "dtrain/core/threads.h"
@@ -81,7 +82,7 @@ class PrefetchIterator : public IteratorBase {
                    std::shared_ptr<std::atomic<bool>> upstream_background)
       : in_(std::move(in)), ctx_(ctx), autotune_(buffer == AUTOTUNE), capacity_(autotune_ ? 1 : buffer),
         max_capacity_(autotune_ ? ctx.options.autotune_max_buffer : buffer),
-        no_idle_core_(num_threads() >= available_cores()), upstream_background_(std::move(upstream_background)) {}
+        no_idle_core_(!ctx.idle_core), upstream_background_(std::move(upstream_background)) {}
 
   ~PrefetchIterator() override {
     if (producer_.joinable()) {
@@ -273,8 +274,9 @@ class PrefetchIterator : public IteratorBase {
       std::lock_guard pull(pull_mutex_);
       // The thread's CPU time costs a system call (hundreds of nanoseconds in a virtual
       // machine, as much as a small element): read for each of the first elements, then
-      // every kCpuEvery, the time since shared among the elements pulled meanwhile (a nap
-      // between them takes none).
+      // every kCpuEvery, the time since (the pulls and their handing over; a nap takes
+      // none) shared among the elements pulled meanwhile. The totals the inline rule
+      // compares both grow at the readings, over the same pulls.
       if (cpu_mark_ < 0) cpu_mark_ = cpu_seconds();
       const double t0 = wall_seconds();
       std::optional<Element> e;
@@ -285,7 +287,8 @@ class PrefetchIterator : public IteratorBase {
         error = std::current_exception();
       }
       const double took = wall_seconds() - t0;
-      double cpu = 0;
+      took_since_mark_ += took;
+      double cpu = 0, took_sampled = 0;
       std::int64_t sampled = 0;
       if (++pulled_ <= kSamplesBeforeInline || pulled_ % kCpuEvery == 0) {
         const double now = cpu_seconds();
@@ -293,6 +296,7 @@ class PrefetchIterator : public IteratorBase {
         cpu_mark_ = now;
         sampled = pulled_ - pulled_at_mark_;
         pulled_at_mark_ = pulled_;
+        took_sampled = std::exchange(took_since_mark_, 0.0);
       }
       std::unique_lock lock(mutex_);
       pulling_ = false;
@@ -308,7 +312,7 @@ class PrefetchIterator : public IteratorBase {
       } else {
         producer_time_.add(took);
         if (sampled > 0) producer_cpu_.add(cpu / static_cast<double>(sampled));
-        producer_time_total_ += took;
+        producer_time_total_ += took_sampled;
         producer_cpu_total_ += cpu;
         ++produced_;
         queue_.push_back(std::move(*e));
@@ -341,7 +345,7 @@ class PrefetchIterator : public IteratorBase {
   double producer_time_total_ = 0, producer_cpu_total_ = 0;
   // The producer's own (its thread alone): pulls made, and its CPU time at the last reading.
   std::int64_t pulled_ = 0, pulled_at_mark_ = 0;
-  double cpu_mark_ = -1;
+  double cpu_mark_ = -1, took_since_mark_ = 0;
   Clock::time_point last_return_;
   const bool no_idle_core_;  // the consumer's compute threads cover every core
   bool inline_ = false;      // the consumer pulls from upstream itself (consumer thread only)

@@ -165,25 +165,28 @@ void rows4_times_block_avx2(const float* const a[4], const float* bt, std::int64
 [[gnu::target("avx2,fma")]]
 void rows4_add_weighted_avx2(const float* const w[4], std::int64_t w_stride, std::int64_t n, const float* x,
                              std::int64_t stride, std::int64_t width, float* const acc[4]) {
-  for (std::int64_t c0 = 0; c0 + 16 <= width; c0 += 16) {  // width: a multiple of 64
-    Tile4x16 t;
-    t.load(acc, c0);
-    for (std::int64_t j = 0; j < n; ++j) {
-      const std::int64_t wj = j * w_stride;
-      t.add(w[0][wj], w[1][wj], w[2][wj], w[3][wj], x + j * stride + c0);
+  for (std::int64_t c64 = 0; c64 + 64 <= width; c64 += 64)  // the 64-column chunks, as the wide tiles take them
+    for (std::int64_t c0 = c64; c0 < c64 + 64; c0 += 16) {
+      Tile4x16 t;
+      t.load(acc, c0);
+      for (std::int64_t j = 0; j < n; ++j) {
+        const std::int64_t wj = j * w_stride;
+        t.add(w[0][wj], w[1][wj], w[2][wj], w[3][wj], x + j * stride + c0);
+      }
+      t.store(acc, c0);
     }
-    t.store(acc, c0);
-  }
 }
 
-// The narrow tiles where the CPU has AVX2 and FMA but not AVX-512.
-bool narrow_tiles() {
-  static const bool narrow = [] {
-    __builtin_cpu_init();
-    return !__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return narrow;
+bool narrow_tiles_run_here() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
+
+// The narrow tiles where the CPU has AVX2 and FMA but not AVX-512, unless
+// set_attention_tiles said otherwise.
+std::atomic<bool> g_narrow_tiles{narrow_tiles_run_here() && !__builtin_cpu_supports("avx512f")};
+
+bool narrow_tiles() { return g_narrow_tiles.load(std::memory_order_relaxed); }
 
 void rows4_times_block(const float* const a[4], const float* bt, std::int64_t depth, float* const out[4]) {
   if (narrow_tiles()) rows4_times_block_avx2(a, bt, depth, out);
@@ -195,6 +198,19 @@ void rows4_add_weighted(const float* const w[4], std::int64_t w_stride, std::int
   if (narrow_tiles()) rows4_add_weighted_avx2(w, w_stride, n, x, stride, width, acc);
   else rows4_add_weighted_wide(w, w_stride, n, x, stride, width, acc);
 }
+
+}  // namespace
+
+bool set_attention_tiles(AttentionTiles tiles) {
+  const bool narrow_here = narrow_tiles_run_here();
+  if (tiles == AttentionTiles::narrow && !narrow_here) return false;
+  g_narrow_tiles.store(tiles == AttentionTiles::narrow ||
+                           (tiles == AttentionTiles::automatic && narrow_here && !__builtin_cpu_supports("avx512f")),
+                       std::memory_order_relaxed);
+  return true;
+}
+
+namespace {
 
 // acc[c] += Σ_j w[j * w_stride] · x[j * stride + c] for c in [c0, c1): the columns past the
 // 64-column chunks, one row at a time.
@@ -484,13 +500,14 @@ template <typename V>
       // Eight vectors of eight; the sixteen partial sums as two of them.
       constexpr int kVectors = kKeyBlock / 8;
       Floats8 x[kVectors];
-      Floats8 top;
 #pragma GCC unroll 8
       for (int c = 0; c < kVectors; ++c) {
         load8(x[c], sr + 8 * c);
         x[c] *= o.scale;
-        top = c == 0 ? x[c] : top > x[c] ? top : x[c];
       }
+      Floats8 top = x[0];
+#pragma GCC unroll 8
+      for (int c = 1; c < kVectors; ++c) top = top > x[c] ? top : x[c];
       const float m_new = std::max(m[r], largest8(top));
       Floats8 sums[2];
       load8(sums[0], lr), load8(sums[1], lr + 8);

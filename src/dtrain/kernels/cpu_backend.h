@@ -99,4 +99,10 @@ class CpuBackend final : public Backend {
 
 CpuBackend& cpu_backend();
 
+// The register tiles of the CPU's attention: chosen from the CPU (automatic: four rows by
+// 16 columns where it has AVX2 and FMA but not AVX-512, else by 64), or set, as tests set
+// them to run both. False, changing nothing, where the CPU cannot run the narrow ones.
+enum class AttentionTiles { automatic, wide, narrow };
+bool set_attention_tiles(AttentionTiles tiles);
+
 }  // namespace dtrain::kernels

@@ -47,6 +47,8 @@ std::vector<int> Normalization::kept_axes(int rank) const {
   for (int a : axis_) {
     const int d = a < 0 ? a + rank : a;
     if (d < 0 || d >= rank) fail("axis " + std::to_string(a) + " is outside inputs of rank " + std::to_string(rank));
+    // (A batch of scalars, rank 1, keeps its only axis, as Keras's default does there.)
+    if (d == 0 && rank > 1) fail("axis " + std::to_string(a) + " is the batch axis of inputs of rank " + std::to_string(rank));
     kept.push_back(d);
   }
   std::sort(kept.begin(), kept.end());
