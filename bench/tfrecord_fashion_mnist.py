@@ -12,6 +12,7 @@ Run from the build tree's python path (PYTHONPATH=build/release/python); the dtr
 is found beside the package.
 """
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -68,20 +69,12 @@ def model():
 
 
 def train(strategy, dataset, epochs, x_test, y_test):
-    with strategy.scope() if strategy else _nothing():
+    with strategy.scope() if strategy else contextlib.nullcontext():
         m = model()
     history = m.fit(dataset, epochs=epochs, verbose=0)
     accuracy = m.evaluate(x_test, y_test, batch_size=1000, verbose=0, return_dict=True)["accuracy"]
     wait = sum(history.input_wait_seconds) / max(sum(history.epoch_seconds), 1e-9)
     return accuracy, wait
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def worker_main(args):

@@ -562,7 +562,7 @@ def reduce_logsumexp(input_tensor, axis=None, keepdims=False, name=None):
     TensorFlow's: the gradient is the softmax of the group), so that large values do not
     overflow; a group whose largest value is infinite is shifted by 0."""
     del name
-    if _values(input_tensor, "reduce_logsumexp").size == 0:
+    if 0 in tuple(_dims(input_tensor)):
         raise ValueError("reduce_logsumexp: of an empty tensor")
     largest = _values(_ops.reduce_max(input_tensor, axis, True), "reduce_logsumexp").copy()
     largest[~np.isfinite(largest)] = 0.0

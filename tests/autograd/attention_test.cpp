@@ -82,8 +82,8 @@ class AttentionTiles : public ::testing::TestWithParam<kernels::AttentionTiles> 
 };
 
 INSTANTIATE_TEST_SUITE_P(Cpu, AttentionTiles, ::testing::Values(kernels::AttentionTiles::wide, kernels::AttentionTiles::narrow),
-                         [](const ::testing::TestParamInfo<kernels::AttentionTiles>& info) {
-                           return info.param == kernels::AttentionTiles::wide ? "wide" : "narrow";
+                         [](const ::testing::TestParamInfo<kernels::AttentionTiles>& tiles) {
+                           return tiles.param == kernels::AttentionTiles::wide ? "wide" : "narrow";
                          });
 
 TEST_P(AttentionTiles, MatchesAttentionWrittenOutAcrossBlocks) {

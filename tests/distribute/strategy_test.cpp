@@ -270,8 +270,9 @@ TEST(MirroredStrategy, ATransformerMatchesOneDevice) {
   for (const Model* m : {model.get(), reference.get()}) {
     int found = 0;
     for (const Variable* v : m->variables())
-      if (is_keys_bias(*v) && ++found)
+      if (is_keys_bias(*v) && ++found) {
         for (float x : v->value().to_vector()) EXPECT_LT(std::abs(x), 1e-3f) << v->name();
+      }
     ASSERT_EQ(found, 1) << "the keys' bias is named otherwise: the test would leave out nothing";
   }
   const History h = dropped->fit(d.ids, d.labels, quiet(32, 2));

@@ -144,11 +144,13 @@ Tensor gather(const Tensor& params, const Tensor& indices, int axis, int batch_d
       if (!ctx.needs(0)) return;
       Tensor d = Tensor::zeros(shape);
       const std::int32_t* ix = indices.data<std::int32_t>();
+      float* rows = d.data<float>();
+      const float* up = dy.data<float>();
       for (std::int64_t n = 0; n < batches; ++n)
         for (std::int64_t o = 0; o < outer; ++o)
           for (std::int64_t i = 0; i < count; ++i) {
-            float* row = d.data<float>() + ((n * outer + o) * dim + ix[n * count + i]) * inner;
-            const float* g = dy.data<float>() + ((n * outer + o) * count + i) * inner;
+            float* row = rows + ((n * outer + o) * dim + ix[n * count + i]) * inner;
+            const float* g = up + ((n * outer + o) * count + i) * inner;
             for (std::int64_t k = 0; k < inner; ++k) row[k] += g[k];
           }
       ctx.add(0, d);
@@ -160,7 +162,7 @@ Tensor gather(const Tensor& params, const Tensor& indices, int axis, int batch_d
 namespace {
 
 // A reduction over `axes` (empty: all of them): the output's shape and each element's
-// output offset, found once by walking the elements' coordinates.
+// output offset.
 struct Reduction {
   Shape out;
   std::vector<std::int64_t> where;
@@ -170,28 +172,10 @@ Reduction reduction_of(const Tensor& x, const std::vector<int>& axes, bool keepd
   const int rank = x.rank();
   std::vector<bool> reduced(static_cast<std::size_t>(rank), axes.empty());
   for (int axis : axes) reduced[static_cast<std::size_t>(axis_of(axis, rank, op))] = true;
-  std::vector<std::int64_t> kept, out_strides(static_cast<std::size_t>(rank), 0);
+  std::vector<std::int64_t> kept;
   for (int d = 0; d < rank; ++d)
     if (keepdims || !reduced[static_cast<std::size_t>(d)]) kept.push_back(reduced[static_cast<std::size_t>(d)] ? 1 : x.dim(d));
-  std::int64_t stride = 1;
-  for (int d = rank - 1; d >= 0; --d)
-    if (!reduced[static_cast<std::size_t>(d)]) {
-      out_strides[static_cast<std::size_t>(d)] = stride;
-      stride *= x.dim(d);
-    }
-  const std::int64_t n = x.numel();
-  std::vector<std::int64_t> where(static_cast<std::size_t>(n));
-  std::vector<std::int64_t> coord(static_cast<std::size_t>(rank), 0);
-  for (std::int64_t i = 0; i < n; ++i) {
-    std::int64_t o = 0;
-    for (int d = 0; d < rank; ++d) o += coord[static_cast<std::size_t>(d)] * out_strides[static_cast<std::size_t>(d)];
-    where[static_cast<std::size_t>(i)] = o;
-    for (int d = rank - 1; d >= 0; --d) {
-      if (++coord[static_cast<std::size_t>(d)] < x.dim(d)) break;
-      coord[static_cast<std::size_t>(d)] = 0;
-    }
-  }
-  return {Shape(kept), std::move(where)};
+  return {Shape(kept), reduced_offsets(x.shape(), reduced)};
 }
 
 // The largest (or smallest) value over `axes`. The gradient is shared among the elements
@@ -250,7 +234,8 @@ Tensor reduce_prod(const Tensor& x, std::vector<int> axes, bool keepdims) {
   Tensor out = Tensor::full(r.out, 1.0f);
   const std::int64_t n = x.numel();
   const float* v = x.data<float>();
-  for (std::int64_t i = 0; i < n; ++i) out.data<float>()[r.where[static_cast<std::size_t>(i)]] *= v[i];
+  float* y = out.data<float>();
+  for (std::int64_t i = 0; i < n; ++i) y[r.where[static_cast<std::size_t>(i)]] *= v[i];
   detail::record(out, [&] {
     return [x, outputs = out.numel(), where = std::move(r.where), n](const Tensor& dy, BackwardContext& ctx) {
       // Each element's gradient is the product of the others of its group: the product of
@@ -265,10 +250,11 @@ Tensor reduce_prod(const Tensor& x, std::vector<int> axes, bool keepdims) {
         before *= in[i];
       }
       std::fill(running.begin(), running.end(), 1.0f);
+      const float* up = dy.data<float>();
       for (std::int64_t i = n - 1; i >= 0; --i) {
         const std::int64_t o = where[static_cast<std::size_t>(i)];
         float& after = running[static_cast<std::size_t>(o)];
-        g[i] *= after * dy.data<float>()[o];
+        g[i] *= after * up[o];
         after *= in[i];
       }
       ctx.add(0, d);

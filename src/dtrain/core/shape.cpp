@@ -91,4 +91,26 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   return Shape(std::span<const std::int64_t>(out.data(), static_cast<size_t>(rank)));
 }
 
+std::vector<std::int64_t> reduced_offsets(const Shape& shape, const std::vector<bool>& reduced) {
+  const int rank = shape.rank();
+  std::vector<std::int64_t> strides(static_cast<std::size_t>(rank), 0);
+  std::int64_t stride = 1;
+  for (int d = rank - 1; d >= 0; --d)
+    if (!reduced[static_cast<std::size_t>(d)]) {
+      strides[static_cast<std::size_t>(d)] = stride;
+      stride *= shape[d];
+    }
+  std::vector<std::int64_t> where(static_cast<std::size_t>(shape.numel()));
+  std::vector<std::int64_t> coord(static_cast<std::size_t>(rank), 0);
+  for (std::int64_t& o : where) {
+    o = 0;
+    for (int d = 0; d < rank; ++d) o += coord[static_cast<std::size_t>(d)] * strides[static_cast<std::size_t>(d)];
+    for (int d = rank - 1; d >= 0; --d) {
+      if (++coord[static_cast<std::size_t>(d)] < shape[d]) break;
+      coord[static_cast<std::size_t>(d)] = 0;
+    }
+  }
+  return where;
+}
+
 }  // namespace dtrain

@@ -55,4 +55,9 @@ class Shape {
 // NumPy broadcasting of two shapes; throws InvalidArgument naming `op` and both shapes.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 
+// Where each element of a tensor of `shape` lands when the axes d with reduced[d] are
+// reduced away: its row-major offset among the kept axes' coordinates (a reduction's
+// output, or a per-feature statistic), element by element.
+std::vector<std::int64_t> reduced_offsets(const Shape& shape, const std::vector<bool>& reduced);
+
 }  // namespace dtrain

@@ -82,7 +82,7 @@ class PrefetchIterator : public IteratorBase {
                    std::shared_ptr<std::atomic<bool>> upstream_background)
       : in_(std::move(in)), ctx_(ctx), autotune_(buffer == AUTOTUNE), capacity_(autotune_ ? 1 : buffer),
         max_capacity_(autotune_ ? ctx.options.autotune_max_buffer : buffer),
-        no_idle_core_(!ctx.idle_core), upstream_background_(std::move(upstream_background)) {}
+        upstream_background_(std::move(upstream_background)) {}
 
   ~PrefetchIterator() override {
     if (producer_.joinable()) {
@@ -195,7 +195,7 @@ class PrefetchIterator : public IteratorBase {
   bool should_go_inline() const {
     // Only a stage whose own pulls come from the consumer's thread: one below another
     // background stage would only move its work onto that stage's thread.
-    if (!autotune_ || !no_idle_core_ || !started_ || !ctx_.on_consumer_thread()) return false;
+    if (!autotune_ || ctx_.idle_core || !started_ || !ctx_.on_consumer_thread()) return false;
     std::lock_guard lock(mutex_);
     return produced_ >= kSamplesBeforeInline && !error_ && !ended_ && producer_cpu_total_ >= 0.5 * producer_time_total_;
   }
@@ -250,6 +250,7 @@ class PrefetchIterator : public IteratorBase {
   double cpu_seconds() const { return ctx_.clocks ? ctx_.clocks->thread_cpu() : thread_cpu_seconds(); }
 
   void produce(std::stop_token st) {
+    cpu_mark_ = cpu_seconds();
     for (;;) {
       {
         std::unique_lock lock(mutex_);
@@ -277,7 +278,6 @@ class PrefetchIterator : public IteratorBase {
       // every kCpuEvery, the time since (the pulls and their handing over; a nap takes
       // none) shared among the elements pulled meanwhile. The totals the inline rule
       // compares both grow at the readings, over the same pulls.
-      if (cpu_mark_ < 0) cpu_mark_ = cpu_seconds();
       const double t0 = wall_seconds();
       std::optional<Element> e;
       std::exception_ptr error;
@@ -345,9 +345,8 @@ class PrefetchIterator : public IteratorBase {
   double producer_time_total_ = 0, producer_cpu_total_ = 0;
   // The producer's own (its thread alone): pulls made, and its CPU time at the last reading.
   std::int64_t pulled_ = 0, pulled_at_mark_ = 0;
-  double cpu_mark_ = -1, took_since_mark_ = 0;
+  double cpu_mark_ = 0, took_since_mark_ = 0;
   Clock::time_point last_return_;
-  const bool no_idle_core_;  // the consumer's compute threads cover every core
   bool inline_ = false;      // the consumer pulls from upstream itself (consumer thread only)
   const std::shared_ptr<std::atomic<bool>> upstream_background_;
   std::jthread producer_;  // last: joined before the members it uses go away

@@ -184,7 +184,8 @@ bool narrow_tiles_run_here() {
 
 // The narrow tiles where the CPU has AVX2 and FMA but not AVX-512, unless
 // set_attention_tiles said otherwise.
-std::atomic<bool> g_narrow_tiles{narrow_tiles_run_here() && !__builtin_cpu_supports("avx512f")};
+bool narrow_by_default() { return narrow_tiles_run_here() && !__builtin_cpu_supports("avx512f"); }
+std::atomic<bool> g_narrow_tiles{narrow_by_default()};
 
 bool narrow_tiles() { return g_narrow_tiles.load(std::memory_order_relaxed); }
 
@@ -202,10 +203,8 @@ void rows4_add_weighted(const float* const w[4], std::int64_t w_stride, std::int
 }  // namespace
 
 bool set_attention_tiles(AttentionTiles tiles) {
-  const bool narrow_here = narrow_tiles_run_here();
-  if (tiles == AttentionTiles::narrow && !narrow_here) return false;
-  g_narrow_tiles.store(tiles == AttentionTiles::narrow ||
-                           (tiles == AttentionTiles::automatic && narrow_here && !__builtin_cpu_supports("avx512f")),
+  if (tiles == AttentionTiles::narrow && !narrow_tiles_run_here()) return false;
+  g_narrow_tiles.store(tiles == AttentionTiles::narrow || (tiles == AttentionTiles::automatic && narrow_by_default()),
                        std::memory_order_relaxed);
   return true;
 }
@@ -496,55 +495,57 @@ template <typename V>
     float* sr = scores + r * kKeyBlock;
     float* lr = l + r * 16;
     // A whole block every key of which t sees (the usual case): on vectors throughout.
-    if (std::is_same_v<V, Floats8> && n == kKeyBlock && p.sees_all(b, t, s0, s1)) {
-      // Eight vectors of eight; the sixteen partial sums as two of them.
-      constexpr int kVectors = kKeyBlock / 8;
-      Floats8 x[kVectors];
+    if (n == kKeyBlock && p.sees_all(b, t, s0, s1)) {
+      if constexpr (std::is_same_v<V, Floats8>) {
+        // Eight vectors of eight; the sixteen partial sums as two of them.
+        constexpr int kVectors = kKeyBlock / 8;
+        Floats8 x[kVectors];
 #pragma GCC unroll 8
-      for (int c = 0; c < kVectors; ++c) {
-        load8(x[c], sr + 8 * c);
-        x[c] *= o.scale;
-      }
-      Floats8 top = x[0];
+        for (int c = 0; c < kVectors; ++c) {
+          load8(x[c], sr + 8 * c);
+          x[c] *= o.scale;
+        }
+        Floats8 top = x[0];
 #pragma GCC unroll 8
-      for (int c = 1; c < kVectors; ++c) top = top > x[c] ? top : x[c];
-      const float m_new = std::max(m[r], largest8(top));
-      Floats8 sums[2];
-      load8(sums[0], lr), load8(sums[1], lr + 8);
-      if (m_new > m[r]) {  // a new maximum: the sums so far shrink by e^(old − new)
-        const float rescale = m[r] == kNoScore ? 0.0f : std::exp(m[r] - m_new);
-        sums[0] *= rescale, sums[1] *= rescale;
-        scaled_copy(acc + r * dv, rescale, dv, acc + r * dv);
-      }
+        for (int c = 1; c < kVectors; ++c) top = top > x[c] ? top : x[c];
+        const float m_new = std::max(m[r], largest8(top));
+        Floats8 sums[2];
+        load8(sums[0], lr), load8(sums[1], lr + 8);
+        if (m_new > m[r]) {  // a new maximum: the sums so far shrink by e^(old − new)
+          const float rescale = m[r] == kNoScore ? 0.0f : std::exp(m[r] - m_new);
+          sums[0] *= rescale, sums[1] *= rescale;
+          scaled_copy(acc + r * dv, rescale, dv, acc + r * dv);
+        }
 #pragma GCC unroll 8
-      for (int c = 0; c < kVectors; ++c) {
-        x[c] -= m_new;
-        exp_nonpositive_in_place(x[c]);
-        sums[c % 2] += x[c];
-        store8(sr + 8 * c, x[c]);
+        for (int c = 0; c < kVectors; ++c) {
+          x[c] -= m_new;
+          exp_nonpositive_in_place(x[c]);
+          sums[c % 2] += x[c];
+          store8(sr + 8 * c, x[c]);
+        }
+        store8(lr, sums[0]), store8(lr + 8, sums[1]);
+        m[r] = m_new;
+      } else {
+        Floats16 x0, x1, x2, x3;
+        Tile4x64::load4(sr, x0, x1, x2, x3);
+        x0 *= o.scale, x1 *= o.scale, x2 *= o.scale, x3 *= o.scale;
+        const Floats16 top01 = x0 > x1 ? x0 : x1, top23 = x2 > x3 ? x2 : x3;
+        const float m_new = std::max(m[r], largest16(top01 > top23 ? top01 : top23));
+        Floats16 sums;
+        load16(sums, lr);
+        if (m_new > m[r]) {  // a new maximum: the sums so far shrink by e^(old − new)
+          const float rescale = m[r] == kNoScore ? 0.0f : std::exp(m[r] - m_new);
+          sums *= rescale;
+          scaled_copy(acc + r * dv, rescale, dv, acc + r * dv);
+        }
+        x0 -= m_new, x1 -= m_new, x2 -= m_new, x3 -= m_new;
+        exp_nonpositive_in_place(x0), exp_nonpositive_in_place(x1), exp_nonpositive_in_place(x2),
+            exp_nonpositive_in_place(x3);
+        sums += (x0 + x1) + (x2 + x3);
+        store16(lr, sums);
+        Tile4x64::store4(sr, x0, x1, x2, x3);
+        m[r] = m_new;
       }
-      store8(lr, sums[0]), store8(lr + 8, sums[1]);
-      m[r] = m_new;
-    } else if (std::is_same_v<V, Floats16> && n == kKeyBlock && p.sees_all(b, t, s0, s1)) {
-      Floats16 x0, x1, x2, x3;
-      Tile4x64::load4(sr, x0, x1, x2, x3);
-      x0 *= o.scale, x1 *= o.scale, x2 *= o.scale, x3 *= o.scale;
-      const Floats16 top01 = x0 > x1 ? x0 : x1, top23 = x2 > x3 ? x2 : x3;
-      const float m_new = std::max(m[r], largest16(top01 > top23 ? top01 : top23));
-      Floats16 sums;
-      load16(sums, lr);
-      if (m_new > m[r]) {  // a new maximum: the sums so far shrink by e^(old − new)
-        const float rescale = m[r] == kNoScore ? 0.0f : std::exp(m[r] - m_new);
-        sums *= rescale;
-        scaled_copy(acc + r * dv, rescale, dv, acc + r * dv);
-      }
-      x0 -= m_new, x1 -= m_new, x2 -= m_new, x3 -= m_new;
-      exp_nonpositive_in_place(x0), exp_nonpositive_in_place(x1), exp_nonpositive_in_place(x2),
-          exp_nonpositive_in_place(x3);
-      sums += (x0 + x1) + (x2 + x3);
-      store16(lr, sums);
-      Tile4x64::store4(sr, x0, x1, x2, x3);
-      m[r] = m_new;
     } else {
       float block_max = kNoScore;
       for (std::int64_t s = s0; s < s1; ++s) {

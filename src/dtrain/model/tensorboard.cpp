@@ -90,17 +90,6 @@ std::string summary_event(const Proto& value, std::int64_t step) {
   return event.bytes();
 }
 
-// TFRecord's checksum of a record's length or data (data/dataset.h's CRC-32C, masked).
-std::uint32_t masked_crc32c(const void* data, std::size_t size) {
-  return data::masked_crc32c(data::crc32c(std::string_view(static_cast<const char*>(data), size)));
-}
-
-void put_u32(std::string& s, std::uint32_t v) {
-  char b[4];
-  std::memcpy(b, &v, 4);
-  s.append(b, 4);
-}
-
 }  // namespace
 
 EventWriter::EventWriter(const std::string& run_dir) {
@@ -115,25 +104,17 @@ EventWriter::EventWriter(const std::string& run_dir) {
            ("events.out.tfevents." + std::to_string(static_cast<long long>(now_seconds())) + "." + host_name() + "." +
             std::to_string(getpid()) + "." + std::to_string(counter++) + ".v2"))
               .string();
-  out_.open(path_, std::ios::binary | std::ios::trunc);
-  if (!out_) DTRAIN_THROW(IoError, path_, ": cannot create the event file");
+  out_ = std::make_unique<data::RecordWriter>(path_, data::RecordFraming::tfrecord);
   Proto first;
   first.double_field(1, now_seconds()).bytes_field(3, "brain.Event:2");
   write_event(first.bytes());
 }
 
+EventWriter::~EventWriter() = default;
+
 void EventWriter::write_event(const std::string& event) {
-  std::string record;
-  const std::uint64_t length = event.size();
-  char header[8];
-  std::memcpy(header, &length, 8);
-  record.append(header, 8);
-  put_u32(record, masked_crc32c(header, 8));
-  record += event;
-  put_u32(record, masked_crc32c(event.data(), event.size()));
-  out_.write(record.data(), static_cast<std::streamsize>(record.size()));
-  out_.flush();
-  if (!out_) DTRAIN_THROW(IoError, path_, ": write failed");
+  out_->write(event);
+  out_->flush();
 }
 
 void EventWriter::scalar(const std::string& tag, double value, std::int64_t step) {
@@ -196,16 +177,19 @@ std::vector<std::string> read_records(const std::string& path) {
     std::memcpy(&v, bytes.data() + offset, 4);
     return v;
   };
+  auto masked_crc32c = [&](std::size_t offset, std::size_t size) {
+    return data::masked_crc32c(data::crc32c(std::string_view(bytes).substr(offset, size)));
+  };
   while (at < bytes.size()) {
     if (bytes.size() - at < 12) DTRAIN_THROW(IoError, path, ": a record's header is cut short at offset ", at);
     std::uint64_t length;
     std::memcpy(&length, bytes.data() + at, 8);
-    if (u32(at + 8) != masked_crc32c(bytes.data() + at, 8))
+    if (u32(at + 8) != masked_crc32c(at, 8))
       DTRAIN_THROW(IoError, path, ": the length's CRC does not match at offset ", at);
     if (length > bytes.size() - at - 12 || bytes.size() - at - 12 - length < 4)
       DTRAIN_THROW(IoError, path, ": the record at offset ", at, " says ", length, " bytes, more than the file holds");
     const std::size_t data = at + 12;
-    if (u32(data + length) != masked_crc32c(bytes.data() + data, length))
+    if (u32(data + length) != masked_crc32c(data, length))
       DTRAIN_THROW(IoError, path, ": the data's CRC does not match in the record at offset ", at);
     records.emplace_back(bytes.substr(data, length));
     at = data + length + 4;

@@ -10,7 +10,6 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <memory>
 #include <span>
 #include <string>
@@ -20,6 +19,10 @@
 
 namespace dtrain {
 
+namespace data {
+class RecordWriter;
+}
+
 namespace tensorboard {
 
 // Appends events to a new file in `run_dir` (made if missing), named as TensorFlow names
@@ -28,6 +31,7 @@ namespace tensorboard {
 class EventWriter {
  public:
   explicit EventWriter(const std::string& run_dir);
+  ~EventWriter();
   const std::string& path() const { return path_; }
 
   void scalar(const std::string& tag, double value, std::int64_t step);
@@ -39,8 +43,8 @@ class EventWriter {
 
  private:
   std::string path_;
-  std::ofstream out_;
-  void write_event(const std::string& event);  // the encoded Event, framed
+  std::unique_ptr<data::RecordWriter> out_;  // TFRecord's framing
+  void write_event(const std::string& event);  // the encoded Event, framed and flushed
 };
 
 // Every record of an event file (or any TFRecord file), each length and payload checked

@@ -79,25 +79,15 @@ void Normalization::adapt(const Tensor& data) {
   const std::vector<int> kept = kept_axes(data.rank());
   const Tensor values = data.on_cpu() ? data : data.to(Device{});
   const Tensor f = values.dtype() == DType::f32 ? values : values.astype(DType::f32);
-  // Each element's feature: its index over the kept axes, by walking its coordinates.
-  std::vector<std::int64_t> stride(static_cast<std::size_t>(f.rank()), 0);
+  // Each element's feature: its index over the kept axes.
+  std::vector<bool> reduced(static_cast<std::size_t>(f.rank()), true);
   std::int64_t features = 1;
-  for (auto k = kept.rbegin(); k != kept.rend(); ++k) {
-    stride[static_cast<std::size_t>(*k)] = features;
-    features *= f.dim(*k);
+  for (int k : kept) {
+    reduced[static_cast<std::size_t>(k)] = false;
+    features *= f.dim(k);
   }
   const std::int64_t n = f.numel(), rows = n / features;
-  std::vector<std::int64_t> feature(static_cast<std::size_t>(n));
-  std::vector<std::int64_t> coord(static_cast<std::size_t>(f.rank()), 0);
-  for (std::int64_t i = 0; i < n; ++i) {
-    std::int64_t j = 0;
-    for (int d = 0; d < f.rank(); ++d) j += coord[static_cast<std::size_t>(d)] * stride[static_cast<std::size_t>(d)];
-    feature[static_cast<std::size_t>(i)] = j;
-    for (int d = f.rank() - 1; d >= 0; --d) {
-      if (++coord[static_cast<std::size_t>(d)] < f.dim(d)) break;
-      coord[static_cast<std::size_t>(d)] = 0;
-    }
-  }
+  const std::vector<std::int64_t> feature = reduced_offsets(f.shape(), reduced);
   std::vector<double> sum(static_cast<std::size_t>(features), 0.0), squares(static_cast<std::size_t>(features), 0.0);
   const float* p = f.data<float>();
   for (std::int64_t i = 0; i < n; ++i) sum[static_cast<std::size_t>(feature[static_cast<std::size_t>(i)])] += p[i];
@@ -135,7 +125,8 @@ void Normalization::build_weights(const Shape& input_shape) {
   }
   if (mean_.size() > 1 && static_cast<std::int64_t>(mean_.size()) != features)
     fail("its statistics have " + std::to_string(mean_.size()) + " features, the input " + input_shape.to_string());
-  broadcast_ = Shape(broadcast);
+  // The last axis's statistics broadcast as they are; others are shaped to the input.
+  if (kept != std::vector<int>{input_shape.rank() - 1}) broadcast_ = Shape(broadcast);
   mean_weight_ = &add_weight("mean", Tensor::zeros(Shape(dims)), false);
   variance_weight_ = &add_weight("variance", Tensor::full(Shape(dims), 1.0f), false);
   store();
@@ -143,10 +134,8 @@ void Normalization::build_weights(const Shape& input_shape) {
 
 Tensor Normalization::call(const Tensor& x, bool /*training*/) {
   // max(sqrt(variance), epsilon) through the backend, where the weights are: no host copy.
-  // The statistics of the last axis broadcast as they are; others are shaped to the input.
-  const bool last_only = axis_.size() == 1 && kept_axes(x.rank()) == std::vector<int>{x.rank() - 1};
-  const Tensor variance = last_only ? variance_weight_->value() : reshape(variance_weight_->value(), broadcast_);
-  const Tensor mean = last_only ? mean_weight_->value() : reshape(mean_weight_->value(), broadcast_);
+  const Tensor variance = broadcast_ ? reshape(variance_weight_->value(), *broadcast_) : variance_weight_->value();
+  const Tensor mean = broadcast_ ? reshape(mean_weight_->value(), *broadcast_) : mean_weight_->value();
   const Tensor scale = clip_by_value(sqrt(variance), kEpsilon, std::numeric_limits<float>::max());
   const Tensor input = x.dtype() == DType::f32 ? x : x.astype(DType::f32);
   return invert_ ? add(mul(input, scale), mean) : div(sub(input, mean), scale);
@@ -279,17 +268,28 @@ RandomRotation::RandomRotation(double lower, double upper, std::string fill_mode
     : Augmentation(seed, name),
       lower_(lower),
       upper_(upper),
-      fill_mode_(std::move(fill_mode)),
+      fill_(fill_mode == "wrap" ? Fill::wrap : fill_mode == "nearest" ? Fill::nearest
+                                                : fill_mode == "constant" ? Fill::constant : Fill::reflect),
       interpolation_(std::move(interpolation)),
       fill_value_(fill_value) {
   if (!std::isfinite(lower_) || !std::isfinite(upper_) || lower_ > upper_)
     fail("factor must be a number or a (lower, upper) pair with lower <= upper, got (" + std::to_string(lower_) + ", " +
          std::to_string(upper_) + ")");
-  if (fill_mode_ != "reflect" && fill_mode_ != "wrap" && fill_mode_ != "nearest" && fill_mode_ != "constant")
-    fail("fill_mode must be \"reflect\", \"wrap\", \"nearest\" or \"constant\", got \"" + fill_mode_ + "\"");
+  if (fill_ == Fill::reflect && fill_mode != "reflect")
+    fail("fill_mode must be \"reflect\", \"wrap\", \"nearest\" or \"constant\", got \"" + fill_mode + "\"");
   if (interpolation_ != "bilinear" && interpolation_ != "nearest")
     fail("interpolation must be \"bilinear\" or \"nearest\", got \"" + interpolation_ + "\"");
   if (!std::isfinite(fill_value_)) fail("fill_value must be finite");
+}
+
+const char* RandomRotation::fill_mode() const {
+  switch (fill_) {
+    case Fill::wrap: return "wrap";
+    case Fill::nearest: return "nearest";
+    case Fill::constant: return "constant";
+    case Fill::reflect: break;
+  }
+  return "reflect";
 }
 
 Shape RandomRotation::compute_output_shape(const Shape& input_shape) const {
@@ -299,15 +299,13 @@ Shape RandomRotation::compute_output_shape(const Shape& input_shape) const {
   return input_shape;
 }
 
-namespace {
-
 // A coordinate outside [0, size) brought inside as fill_mode says; -1 for "constant".
-double fill_coordinate(double at, std::int64_t size, const std::string& mode) {
+double RandomRotation::fill_coordinate(double at, std::int64_t size) const {
   const auto len = static_cast<double>(size);
   if (at >= 0 && at <= len - 1) return at;
-  if (mode == "constant") return -1;
-  if (mode == "nearest") return std::clamp(at, 0.0, len - 1);
-  if (mode == "wrap") {
+  if (fill_ == Fill::constant) return -1;
+  if (fill_ == Fill::nearest) return std::clamp(at, 0.0, len - 1);
+  if (fill_ == Fill::wrap) {
     if (size == 1) return 0;
     const double period = len - 1;  // as TensorFlow's: the last pixel meets the first
     at -= period * std::floor(at / period);
@@ -324,8 +322,6 @@ double fill_coordinate(double at, std::int64_t size, const std::string& mode) {
   }
   return std::clamp(at, 0.0, len - 1);
 }
-
-}  // namespace
 
 Tensor RandomRotation::rotate(const Tensor& images, const std::vector<double>& turns) const {
   const Shape s = as_batch(images.shape());
@@ -349,8 +345,8 @@ Tensor RandomRotation::rotate(const Tensor& images, const std::vector<double>& t
       for (std::int64_t x = 0; x < w; ++x) {
         Tap* t = taps->data() + ((b * h + y) * w + x) * 4;
         for (int k = 0; k < 4; ++k) t[k] = {-1, 0.0f};
-        const double sx = fill_coordinate(cs * x - sn * y + dx, w, fill_mode_);
-        const double sy = fill_coordinate(sn * x + cs * y + dy, h, fill_mode_);
+        const double sx = fill_coordinate(cs * x - sn * y + dx, w);
+        const double sy = fill_coordinate(sn * x + cs * y + dy, h);
         if (sx < 0 || sy < 0) {  // constant fill
           t[0] = {-1, 1.0f};
           continue;

@@ -49,7 +49,9 @@ class Normalization : public Layer {
   std::vector<float> mean_, variance_;
   bool invert_;
   std::vector<int> axis_;
-  Shape broadcast_;  // the statistics' shape against an input: 1 on the axes reduced over
+  // The statistics' shape against an input (1 on the axes reduced over), where it is not
+  // theirs already (the last axis alone).
+  std::optional<Shape> broadcast_;
   Variable* mean_weight_ = nullptr;
   Variable* variance_weight_ = nullptr;
 };
@@ -140,7 +142,7 @@ class RandomRotation : public Augmentation {
   std::string class_name() const override { return "RandomRotation"; }
   double lower() const { return lower_; }
   double upper() const { return upper_; }
-  const std::string& fill_mode() const { return fill_mode_; }
+  const char* fill_mode() const;
   const std::string& interpolation() const { return interpolation_; }
   float fill_value() const { return fill_value_; }
   // Images turned by `turns` each (fractions of a full turn), as call() turns them.
@@ -151,7 +153,9 @@ class RandomRotation : public Augmentation {
 
  private:
   double lower_, upper_;
-  std::string fill_mode_, interpolation_;
+  enum class Fill { reflect, wrap, nearest, constant } fill_;  // fill_mode, read once
+  std::string interpolation_;
+  double fill_coordinate(double at, std::int64_t size) const;
   float fill_value_;
 };
 
