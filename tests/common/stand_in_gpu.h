@@ -47,16 +47,20 @@ class StandInRuntime final : public DeviceRuntime {
   void release_cached(int) override { cache_.release_cached(); }
   void* allocate_host(std::size_t bytes) override { return cpu_allocator().allocate(bytes); }
   void deallocate_host(void* data, std::size_t bytes) override { cpu_allocator().deallocate(data, bytes); }
-  void copy(void* dst, Device, const void* src, Device, std::size_t bytes) override {
-    if (bytes) std::memmove(dst, src, bytes);
+  void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) override {
+    if (bytes == 0) return;
+    if (dst_device.is_cpu() && !src_device.is_cpu()) ++waits_;
+    std::memmove(dst, src, bytes);
   }
   void zero(int, void* data, std::size_t bytes) override { std::memset(data, 0, bytes); }
-  void synchronize(int) override {}
+  void synchronize(int) override { ++waits_; }
+  std::uint64_t host_waits(int) override { return waits_; }
   // Fresh allocations beyond this many bytes fail (0: no limit), as a full GPU's would.
   void set_limit(std::size_t bytes) { limit_ = bytes; }
 
  private:
   std::size_t limit_ = 0, used_ = 0;
+  std::uint64_t waits_ = 0;
   BlockCache cache_;
 };
 
@@ -212,6 +216,18 @@ class StandInBackend final : public kernels::Backend {
     check({&x, &scale, &shift, &y, x2, scale2});
     Tensor hy = host(y), h2 = x2 ? host(*x2) : Tensor(), hs2 = scale2 ? host(*scale2) : Tensor();
     cpu().channel_affine(host(x), host(scale), host(shift), hy, x2 ? &h2 : nullptr, scale2 ? &hs2 : nullptr, relu);
+  }
+  void batch_norm_coefficients(const Tensor& mean, const Tensor& variance, double count, const Tensor& gamma,
+                               const Tensor& beta, float epsilon, Tensor& coefficients) override {
+    check({&mean, &variance, &gamma, &beta, &coefficients});
+    Tensor h = host(coefficients);
+    cpu().batch_norm_coefficients(host(mean), host(variance), count, host(gamma), host(beta), epsilon, h);
+  }
+  void batch_norm_gradient_coefficients(const Tensor& sums, const Tensor& total, double count,
+                                        const Tensor& coefficients, Tensor& gradients) override {
+    check({&sums, &total, &coefficients, &gradients});
+    Tensor h = host(gradients);
+    cpu().batch_norm_gradient_coefficients(host(sums), host(total), count, host(coefficients), h);
   }
   void layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon, Tensor& y, Tensor& mean,
                   Tensor& inv_std) override {

@@ -172,6 +172,47 @@ TEST_F(Gpu, AConvNetWithBatchNormTrainsAsOnTheCpu) {
   for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], tolerance(1e-3) * (1 + std::fabs(a[i]))) << i;
 }
 
+// Batch normalization computes its per-channel figures where its input is: training and
+// inference, forward and backward, it never makes the host wait for the GPU; its results
+// are the CPU's.
+TEST_F(Gpu, BatchNormNeverMakesTheHostWait) {
+  const Tensor x = testing::random_tensor({16, 5, 5, 8}, 40, -2.0f, 3.0f);
+  const Tensor gamma = testing::random_tensor({8}, 41, 0.5f, 1.5f), beta = testing::random_tensor({8}, 42);
+  const Tensor mean = testing::random_tensor({8}, 43), variance = testing::random_tensor({8}, 44, 0.5f, 2.0f);
+  // Gradients of Σy² for x, gamma and beta, training then inference, on `device`.
+  auto gradients = [&](Device device) {
+    Variable g("gamma", gamma.to(device)), b("beta", beta.to(device));
+    const Tensor xd = x.to(device), md = mean.to(device), vd = variance.to(device);
+    Variable* vars[] = {&g, &b};
+    std::vector<Tensor> all;
+    for (const bool training : {true, false}) {
+      GradientTape tape(/*persistent=*/true);
+      tape.watch(xd);
+      const Tensor y = training ? batch_norm(xd, g.value(), b.value(), 1e-3f, false, nullptr, nullptr, true)
+                                : batch_norm_inference(xd, md, vd, g.value(), b.value(), 1e-3f, true);
+      const Tensor loss = reduce_sum(square(y));
+      const std::vector<Tensor> dx = tape.gradient(loss, {xd});
+      for (const Tensor& t : tape.gradient(loss, vars)) all.push_back(t);
+      all.push_back(dx.front());
+      all.push_back(y);
+    }
+    return all;
+  };
+  DeviceRuntime& runtime = *device_runtime(DeviceType::cuda);
+  const std::uint64_t before = runtime.host_waits(0);
+  const std::vector<Tensor> on_gpu = gradients(cuda0);
+  EXPECT_EQ(runtime.host_waits(0), before);
+  const std::vector<Tensor> on_cpu = gradients(Device::cpu());
+  ASSERT_EQ(on_gpu.size(), on_cpu.size());
+  for (std::size_t i = 0; i < on_cpu.size(); ++i) {
+    ASSERT_TRUE(on_gpu[i].defined()) << i;
+    EXPECT_EQ(on_gpu[i].device(), cuda0) << i;
+    const std::vector<float> a = on_cpu[i].to_vector(), b = on_gpu[i].to_vector();
+    for (std::size_t j = 0; j < a.size(); ++j)
+      EXPECT_NEAR(b[j], a[j], tolerance(1e-4) * (1 + std::fabs(a[j]))) << i << " [" << j << "]";
+  }
+}
+
 // After its first steps a training step asks the device's allocator for nothing: every
 // buffer comes back from the cache.
 TEST_F(Gpu, ThePlannedStepAllocatesNothingAfterWarmUp) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error_message.h"
 #include "common/gradcheck.h"
 #include "dtrain/core/rng.h"
 #include "dtrain/kernels/backend.h"
@@ -597,6 +598,72 @@ TEST_P(Conformance, BatchNormSumsAndAffine) {
     for (std::int64_t j = 0; j < c; ++j)
       ywant[r * c + j] = std::max(0.0, double(av[r * c + j]) * sv[j] + tv[j] + double(bv[r * c + j]) * s2[j]);
   expect_near(y.to_vector(), ywant, 1e-6, 1e-6, "channel_affine with a second input and relu");
+}
+
+// Batch normalization's [C] figures, forward from sums and from given statistics, and
+// backward; computed where the tensors are. A variance that rounding makes negative is 0.
+TEST_P(Conformance, BatchNormFiguresForwardAndBackward) {
+  const std::int64_t c = 37;
+  const double n = 300.0;
+  const float epsilon = 1e-3f;
+  const Tensor mean = random_tensor({c}, 110, -2.0f, 2.0f), spread = random_tensor({c}, 111, 0.0f, 3.0f);
+  const Tensor gamma = random_tensor({c}, 112), beta = random_tensor({c}, 113);
+  const auto mv = mean.to_vector(), sv = spread.to_vector(), gv = gamma.to_vector(), bv = beta.to_vector();
+  // The sums of n rows with these means and variances (the last channel's variance 0, rounded below it).
+  std::vector<float> s(c), q(c);
+  for (std::int64_t j = 0; j < c; ++j) {
+    const double var = j + 1 == c ? 0.0 : sv[j];
+    s[j] = static_cast<float>(mv[j] * n);
+    q[j] = static_cast<float>((var + double(mv[j]) * mv[j]) * n);
+  }
+  q[c - 1] = std::nextafter(static_cast<float>(double(s[c - 1]) * s[c - 1] / n), 0.0f);
+  for (const bool from_sums : {true, false}) {
+    for (const bool affine : {true, false}) {
+      const std::string what = std::string(from_sums ? "from sums" : "from statistics") + (affine ? "" : ", no gamma or beta");
+      const Tensor a = from_sums ? Tensor::from_vector({c}, s) : mean;
+      const Tensor b = from_sums ? Tensor::from_vector({c}, q) : spread;
+      Tensor figures = out({5, c});
+      be().batch_norm_coefficients(on(a), on(b), from_sums ? n : 0.0, affine ? on(gamma) : Tensor(),
+                                   affine ? on(beta) : Tensor(), epsilon, figures);
+      std::vector<double> want(static_cast<std::size_t>(5 * c));
+      const auto av = a.to_vector(), bw = b.to_vector();
+      for (std::int64_t j = 0; j < c; ++j) {
+        const double m = from_sums ? av[j] / n : av[j];
+        const double var = from_sums ? std::max(0.0, bw[j] / n - m * m) : bw[j];
+        const double inv = 1.0 / std::sqrt(var + epsilon), g = affine ? gv[j] : 1.0, bt = affine ? bv[j] : 0.0;
+        want[j] = m;
+        want[c + j] = var;
+        want[2 * c + j] = inv;
+        want[3 * c + j] = g * inv;
+        want[4 * c + j] = bt - m * g * inv;
+      }
+      expect_near(figures.to_vector(), want, 1e-6, 1e-6, "batch_norm_coefficients " + what);
+      if (from_sums) {
+        EXPECT_EQ(figures.to_vector()[static_cast<std::size_t>(2 * c - 1)], 0.0f) << what;
+      }
+    }
+  }
+  Tensor figures = out({5, c});
+  be().batch_norm_coefficients(on(Tensor::from_vector({c}, s)), on(Tensor::from_vector({c}, q)), n, on(gamma),
+                               on(beta), epsilon, figures);
+  const Tensor sums = random_tensor({2, c}, 114), total = random_tensor({2, c}, 115, -5.0f, 5.0f);
+  Tensor gradients = out({4, c});
+  be().batch_norm_gradient_coefficients(on(sums), on(total), n, figures, gradients);
+  const auto f = figures.to_vector(), sm = sums.to_vector(), tt = total.to_vector();
+  std::vector<double> want(static_cast<std::size_t>(4 * c));
+  for (std::int64_t j = 0; j < c; ++j) {
+    const double m = f[j], inv = f[2 * c + j], scale = f[3 * c + j];
+    want[j] = sm[c + j] * inv;
+    want[c + j] = sm[j];
+    want[2 * c + j] = -scale * inv * inv * tt[c + j] / n;
+    want[3 * c + j] = -scale * tt[j] / n - want[2 * c + j] * m;
+  }
+  expect_near(gradients.to_vector(), want, 1e-6, 1e-6, "batch_norm_gradient_coefficients");
+  const std::string bad = testing::message_of([&] {
+    Tensor wrong = out({4, c + 1});
+    be().batch_norm_gradient_coefficients(on(sums), on(total), n, figures, wrong);
+  });
+  EXPECT_NE(bad.find("gradients is [4, 38], expected [4, 37]"), std::string::npos) << bad;
 }
 
 TEST_P(Conformance, LayerNormForwardAndBackward) {

@@ -1,5 +1,6 @@
 // Batch and layer normalization. Batch normalization runs as two kernel passes each way,
-// with the per-channel figures between them computed here (they are [C] vectors):
+// with the per-channel figures between them (kernels' batch_norm_coefficients, [C] vectors
+// computed where the tensors are, so a GPU runs it without waiting):
 //   forward:  s = Σx, q = Σx² (channel_sums); mean = s / n, var = q / n - mean²;
 //             y = x * a + c with a = gamma / sqrt(var + eps), c = beta - mean * a.
 //   backward: S1 = Σdy, S2 = Σdy (x - mean) (channel_sums); dgamma = S2 * inv_std, dbeta = S1;
@@ -8,9 +9,8 @@
 // Synchronized, the sums are summed over the replicas between the passes (n too), so every
 // replica normalizes by the global batch's statistics; dgamma and dbeta stay the replica's
 // own (the strategy sums gradients), while dx needs the global sums.
-// On a GPU the [C] figures make a round trip through the host: a wait for the device at
-// each batch norm, forward and backward (cuDNN's fused batch norm is to replace it).
-#include <cmath>
+#include <chrono>
+#include <span>
 #include <vector>
 
 #include "dtrain/autograd/op_util.h"
@@ -25,20 +25,20 @@ CrossReplica* synchronizing(bool synchronized) {
   return synchronized && context.cross != nullptr && context.num_replicas_in_sync > 1 ? context.cross : nullptr;
 }
 
-// values summed over every replica, with `count` appended and summed alongside; the call
-// is timed for the step's profile.
-std::vector<float> sum_over_replicas(CrossReplica& cross, const std::vector<float>& values, double count, bool backward) {
+// sums [2, C] summed over every replica, back on their device; `count` is summed alongside
+// (the rows of all). The call is timed for the step's profile.
+Tensor sum_over_replicas(CrossReplica& cross, const Tensor& sums, double& count, bool backward) {
+  std::vector<float> values = sums.to_vector();
   const auto n = static_cast<std::int64_t>(values.size());
-  Tensor packed = Tensor::empty({n + 1});
-  std::copy_n(values.data(), n, packed.data<float>());
-  packed.data<float>()[n] = static_cast<float>(count);
+  values.push_back(static_cast<float>(count));
+  const Tensor packed = Tensor::from_vector({n + 1}, values);
   const auto start = std::chrono::steady_clock::now();
   const std::vector<Tensor> summed = cross.all_reduce_sum(std::span<const Tensor>(&packed, 1));
   const float* p = summed.front().data<float>();
-  std::vector<float> out(p, p + packed.numel());
   timed_cross_replica_calls().push_back({start, std::chrono::steady_clock::now(), backward,
                                          backward ? "sync batch norm (gradient sums)" : "sync batch norm (statistics)"});
-  return out;
+  count = p[n];
+  return Tensor::from_vector(sums.shape(), std::span<const float>(p, static_cast<std::size_t>(n))).to(sums.device());
 }
 
 void check_channel_param(const Tensor& p, std::int64_t c, const char* op, const char* what) {
@@ -49,27 +49,16 @@ void check_channel_param(const Tensor& p, std::int64_t c, const char* op, const 
                  "] (the input's last axis)");
 }
 
-// A per-channel parameter's values on the host (`otherwise` for each where it is undefined).
-std::vector<float> host_values(const Tensor& t, std::int64_t c, float otherwise) {
-  return t.defined() ? t.to_vector() : std::vector<float>(static_cast<std::size_t>(c), otherwise);
-}
+// Rows of batch_norm_coefficients's [5, C] and of its gradient's [4, C].
+enum Figure : std::int64_t { kMean, kVariance, kInvStd, kScale, kShift };
+enum GradientFigure : std::int64_t { kDgamma, kDbeta, kBx, kK };
 
-// [C] values computed on the host, as a tensor on `device`.
-Tensor on_device(const std::vector<float>& values, Device device) {
-  return Tensor::from_vector({static_cast<std::int64_t>(values.size())}, values).to(device);
-}
-
-// gamma's and beta's gradients from the sums [Σdy, Σdy (x - mean)] of channel_sums, into
-// inputs `gamma_input` and `gamma_input + 1` where they are needed.
-void add_scale_shift_gradients(BackwardContext& ctx, int gamma_input, const std::vector<float>& sums,
-                               const std::vector<float>& inv_std, std::int64_t c, Device device) {
-  if (ctx.needs(gamma_input)) {
-    std::vector<float> dgamma(static_cast<std::size_t>(c));
-    for (std::size_t j = 0; j < dgamma.size(); ++j) dgamma[j] = sums[dgamma.size() + j] * inv_std[j];
-    ctx.add(gamma_input, on_device(dgamma, device));
-  }
-  if (ctx.needs(gamma_input + 1))
-    ctx.add(gamma_input + 1, on_device(std::vector<float>(sums.begin(), sums.begin() + c), device));
+// A fused relu's derivative first: the gradient of the batch norm's own output y.
+Tensor before_relu(const Tensor& y, const Tensor& relu_dy, bool relu) {
+  if (!relu) return relu_dy;
+  Tensor dy = detail::empty_on(relu_dy, y.shape());
+  detail::backend_of(relu_dy).unary_backward(kernels::Unary::relu, y, relu_dy, dy);
+  return dy;
 }
 
 }  // namespace
@@ -83,69 +72,37 @@ Tensor batch_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, floa
   check_channel_param(gamma, c, "batch_norm", "gamma");
   check_channel_param(beta, c, "batch_norm", "beta");
   auto& be = detail::backend_of(x);
-  const Device device = x.device();
-  const Tensor zeros = Tensor::zeros({c}, DType::f32, device);
+  const Shape channel{c};
   Tensor sums = detail::empty_on(x, {2, c});
-  be.channel_sums(x, x, zeros, sums);
-  CrossReplica* cross = synchronizing(synchronized);
-  std::vector<float> total = sums.to_vector();
+  be.channel_sums(x, x, Tensor::zeros(channel, DType::f32, x.device()), sums);
   double n = static_cast<double>(rows);
-  if (cross) {
-    total = sum_over_replicas(*cross, total, n, false);
-    n = total.back();
-  }
+  if (CrossReplica* cross = synchronizing(synchronized)) sums = sum_over_replicas(*cross, sums, n, false);
   if (n <= 0.0)
     DTRAIN_THROW(InvalidArgument, "batch_norm: the batch ", x.shape().to_string(), " has no rows to take statistics of");
-  const std::vector<float> g = host_values(gamma, c, 1.0f), bt = host_values(beta, c, 0.0f);
-  const auto cs = static_cast<std::size_t>(c);
-  std::vector<float> mean_h(cs), variance_h(cs), inv_std_h(cs), scale_h(cs), shift_h(cs);
-  for (std::size_t j = 0; j < cs; ++j) {
-    const double m = total[j] / n;
-    const double v = std::max(0.0, total[cs + j] / n - m * m);
-    const double s = 1.0 / std::sqrt(v + static_cast<double>(epsilon));
-    mean_h[j] = static_cast<float>(m);
-    variance_h[j] = static_cast<float>(v);
-    inv_std_h[j] = static_cast<float>(s);
-    scale_h[j] = static_cast<float>(g[j] * s);
-    shift_h[j] = static_cast<float>(bt[j] - m * g[j] * s);
-  }
-  const Tensor mean = on_device(mean_h, device), scale = on_device(scale_h, device);
+  Tensor figures = detail::empty_on(x, {5, c});
+  be.batch_norm_coefficients(sums.row(0, channel), sums.row(1, channel), n, gamma, beta, epsilon, figures);
   Tensor y = detail::empty_on(x, x.shape());
-  be.channel_affine(x, scale, on_device(shift_h, device), y, nullptr, nullptr, relu);
-  if (batch_mean) *batch_mean = mean;
-  if (batch_variance) *batch_variance = on_device(variance_h, device);
+  be.channel_affine(x, figures.row(kScale, channel), figures.row(kShift, channel), y, nullptr, nullptr, relu);
+  if (batch_mean) *batch_mean = figures.row(kMean, channel);
+  if (batch_variance) *batch_variance = figures.row(kVariance, channel);
   detail::record(y, [&] {
-    return [x, y, mean, mean_h, inv_std_h, scale, scale_h, n, c, synchronized, relu](const Tensor& relu_dy,
-                                                                                     BackwardContext& ctx) {
+    return [x, y, figures, n, channel, synchronized, relu](const Tensor& relu_dy, BackwardContext& ctx) {
       auto& b = detail::backend_of(relu_dy);
-      const Device at = relu_dy.device();
-      // A fused relu's derivative first: the gradient of the batch norm's own output.
-      Tensor dy = relu_dy;
-      if (relu) {
-        dy = detail::empty_on(relu_dy, y.shape());
-        b.unary_backward(kernels::Unary::relu, y, relu_dy, dy);
-      }
-      Tensor dsums = detail::empty_on(relu_dy, {2, c});
-      b.channel_sums(dy, x, mean, dsums);
-      const std::vector<float> s = dsums.to_vector();
-      add_scale_shift_gradients(ctx, 1, s, inv_std_h, c, at);
+      const Tensor dy = before_relu(y, relu_dy, relu);
+      Tensor dsums = detail::empty_on(relu_dy, {2, channel[0]});
+      b.channel_sums(dy, x, figures.row(kMean, channel), dsums);
       // Every replica joins the sums, whatever it needs: they all run the same graph.
-      CrossReplica* others = synchronizing(synchronized);
-      std::vector<float> dtotal = s;
-      if (others) dtotal = sum_over_replicas(*others, s, 0.0, true);
+      Tensor total = dsums;
+      double count = 0.0;
+      if (CrossReplica* others = synchronizing(synchronized)) total = sum_over_replicas(*others, dsums, count, true);
+      Tensor gradients = detail::empty_on(relu_dy, {4, channel[0]});
+      b.batch_norm_gradient_coefficients(dsums, total, n, figures, gradients);
+      if (ctx.needs(1)) ctx.add(1, gradients.row(kDgamma, channel));
+      if (ctx.needs(2)) ctx.add(2, gradients.row(kDbeta, channel));
       if (!ctx.needs(0)) return;
-      const auto channels = static_cast<std::size_t>(c);
-      std::vector<float> k(channels), bx(channels);
-      for (std::size_t j = 0; j < channels; ++j) {
-        const double a = scale_h[j], is = inv_std_h[j], m = mean_h[j];
-        const double s1 = dtotal[j], s2 = dtotal[channels + j];
-        const double bj = -a * is * is * s2 / n;
-        bx[j] = static_cast<float>(bj);
-        k[j] = static_cast<float>(-a * s1 / n - bj * m);
-      }
       Tensor dx = detail::empty_on(relu_dy, x.shape());
-      const Tensor bx_d = on_device(bx, at);
-      b.channel_affine(dy, scale, on_device(k, at), dx, &x, &bx_d);
+      const Tensor bx = gradients.row(kBx, channel);
+      b.channel_affine(dy, figures.row(kScale, channel), gradients.row(kK, channel), dx, &x, &bx);
       ctx.add(0, dx);
     };
   }, x, gamma, beta);
@@ -163,38 +120,30 @@ Tensor batch_norm_inference(const Tensor& x, const Tensor& mean, const Tensor& v
   check_channel_param(beta, c, "batch_norm_inference", "beta");
   if (!mean.defined() || !variance.defined())
     DTRAIN_THROW(InvalidArgument, "batch_norm_inference: needs the mean and the variance");
-  const Device device = x.device();
-  const auto cs = static_cast<std::size_t>(c);
-  const std::vector<float> variance_h = variance.to_vector(), mean_h = mean.to_vector();
-  const std::vector<float> g = host_values(gamma, c, 1.0f), bt = host_values(beta, c, 0.0f);
-  std::vector<float> inv_std_h(cs), scale_h(cs), shift_h(cs);
-  for (std::size_t j = 0; j < cs; ++j) {
-    const double s = 1.0 / std::sqrt(static_cast<double>(variance_h[j]) + static_cast<double>(epsilon));
-    inv_std_h[j] = static_cast<float>(s);
-    scale_h[j] = static_cast<float>(g[j] * s);
-    shift_h[j] = static_cast<float>(bt[j] - mean_h[j] * g[j] * s);
-  }
   auto& be = detail::backend_of(x);
-  const Tensor scale = on_device(scale_h, device);
+  const Shape channel{c};
+  // The figures keep their own copy of the mean: the moving statistics change after this step.
+  Tensor figures = detail::empty_on(x, {5, c});
+  be.batch_norm_coefficients(mean, variance, 0.0, gamma, beta, epsilon, figures);
   Tensor y = detail::empty_on(x, x.shape());
-  be.channel_affine(x, scale, on_device(shift_h, device), y, nullptr, nullptr, relu);
-  const Tensor m = mean.clone();  // the moving statistics change after this step
+  be.channel_affine(x, figures.row(kScale, channel), figures.row(kShift, channel), y, nullptr, nullptr, relu);
   detail::record(y, [&] {
-    return [x, y, m, inv_std_h, scale, c, relu](const Tensor& relu_dy, BackwardContext& ctx) {
+    return [x, y, figures, channel, relu](const Tensor& relu_dy, BackwardContext& ctx) {
       auto& b = detail::backend_of(relu_dy);
-      Tensor dy = relu_dy;
-      if (relu) {
-        dy = detail::empty_on(relu_dy, y.shape());
-        b.unary_backward(kernels::Unary::relu, y, relu_dy, dy);
-      }
+      const Tensor dy = before_relu(y, relu_dy, relu);
       if (ctx.needs(3) || ctx.needs(4)) {
-        Tensor sums = detail::empty_on(relu_dy, {2, c});
-        b.channel_sums(dy, x, m, sums);
-        add_scale_shift_gradients(ctx, 3, sums.to_vector(), inv_std_h, c, relu_dy.device());
+        Tensor sums = detail::empty_on(relu_dy, {2, channel[0]});
+        b.channel_sums(dy, x, figures.row(kMean, channel), sums);
+        if (ctx.needs(3)) {
+          Tensor dgamma = detail::empty_on(relu_dy, channel);
+          b.binary(kernels::Binary::mul, sums.row(1, channel), figures.row(kInvStd, channel), dgamma);
+          ctx.add(3, dgamma);
+        }
+        if (ctx.needs(4)) ctx.add(4, sums.row(0, channel));
       }
       if (ctx.needs(0)) {
         Tensor dx = detail::empty_on(relu_dy, dy.shape());
-        b.channel_affine(dy, scale, Tensor::zeros({c}, DType::f32, relu_dy.device()), dx);
+        b.channel_affine(dy, figures.row(kScale, channel), Tensor::zeros(channel, DType::f32, relu_dy.device()), dx);
         ctx.add(0, dx);
       }
     };

@@ -33,6 +33,7 @@ struct CudaRuntime::PerDevice {
   cudaStream_t stream = nullptr;
   std::unique_ptr<BlockCache> cache;
   DeviceProperties properties;
+  std::atomic<std::uint64_t> waits{0};  // host_waits()
 };
 
 CudaRuntime::CudaRuntime() = default;
@@ -199,6 +200,7 @@ void CudaRuntime::copy(void* dst, Device dst_device, const void* src, Device src
     cudaStream_t s = stream(src_device.index);
     check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s),
                detail::concat("cudaMemcpyAsync(device to host, ", bytes, " bytes)"), src_device.index);
+    ++device(src_device.index).waits;
     check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (after a copy to the host)", src_device.index);
     return;
   }
@@ -208,8 +210,10 @@ void CudaRuntime::copy(void* dst, Device dst_device, const void* src, Device src
     cudaStream_t s = stream(dst_device.index);
     check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s),
                detail::concat("cudaMemcpyAsync(host to device, ", bytes, " bytes)"), dst_device.index);
-    if (is_pinned(src))
+    if (is_pinned(src)) {
+      ++device(dst_device.index).waits;
       check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (after a copy from pinned memory)", dst_device.index);
+    }
     return;
   }
   if (dst_device.index == src_device.index) {
@@ -233,8 +237,11 @@ void CudaRuntime::zero(int index, void* data, std::size_t bytes) {
 }
 
 void CudaRuntime::synchronize(int index) {
+  ++device(index).waits;
   check_cuda(cudaStreamSynchronize(stream(index)), "cudaStreamSynchronize", index);
 }
+
+std::uint64_t CudaRuntime::host_waits(int index) { return device(index).waits.load(); }
 
 CudaRuntime& cuda_runtime() {
   // Leaked on purpose: tensors in static objects may be freed after main returns.

@@ -6,6 +6,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -40,6 +42,7 @@ class CudaRuntime final : public DeviceRuntime {
   void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) override;
   void zero(int index, void* data, std::size_t bytes) override;
   void synchronize(int index) override;
+  std::uint64_t host_waits(int index) override;
 
   // The device's compute stream (made on first use, non-blocking with the legacy stream);
   // also makes the device current on the calling thread.

@@ -85,6 +85,10 @@ class DeviceRuntime {
   virtual void zero(int index, void* data, std::size_t bytes) = 0;
   // Waits for everything queued on the device.
   virtual void synchronize(int index) = 0;
+  // How many times the host has waited for the device's queued work so far (a copy to the
+  // host, a copy from pinned memory, synchronize): a step that waits cannot run ahead of
+  // the device, nor be captured whole as a CUDA graph.
+  virtual std::uint64_t host_waits(int index) = 0;
 };
 
 // The runtime of `type`'s devices: null for the CPU and where this build has none.

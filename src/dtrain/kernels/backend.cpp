@@ -76,6 +76,8 @@ const char* primitive_name(Primitive op) {
     case Primitive::pool2d_backward: return "pool2d_backward";
     case Primitive::channel_sums: return "channel_sums";
     case Primitive::channel_affine: return "channel_affine";
+    case Primitive::batch_norm_coefficients: return "batch_norm_coefficients";
+    case Primitive::batch_norm_gradient_coefficients: return "batch_norm_gradient_coefficients";
     case Primitive::layer_norm: return "layer_norm";
     case Primitive::layer_norm_backward: return "layer_norm_backward";
     case Primitive::copy_block: return "copy_block";

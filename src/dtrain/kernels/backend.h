@@ -28,7 +28,8 @@ enum class Primitive : std::uint8_t {
   matmul, unary, unary_backward, binary, reduce, softmax, softmax_backward, convert, fill,
   axpby, sum_squares, softmax_cross_entropy, softmax_cross_entropy_backward, dropout,
   argmax, one_hot, sgd_update, adam_update, rmsprop_update, conv2d, conv2d_backward_data, conv2d_backward_weights,
-  pool2d, pool2d_backward, channel_sums, channel_affine, layer_norm, layer_norm_backward, copy_block,
+  pool2d, pool2d_backward, channel_sums, channel_affine, batch_norm_coefficients, batch_norm_gradient_coefficients,
+  layer_norm, layer_norm_backward, copy_block,
   attention, attention_backward, gather_rows, scatter_add_rows,
 };
 
@@ -226,6 +227,21 @@ class Backend {
   // after it fused) and backward, one pass each.
   virtual void channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y,
                               const Tensor* x2 = nullptr, const Tensor* scale2 = nullptr, bool relu = false) = 0;
+  // Batch normalization's per-channel figures, computed where the tensors are (on a GPU,
+  // without a wait for it): coefficients [5, C] = the mean, the variance, inv_std =
+  // 1 / sqrt(variance + epsilon), scale = gamma * inv_std and shift = beta - mean * scale
+  // (math::batch_norm_channel). With count > 0, `mean` and `variance` [C] hold the sums Σx and
+  // Σx² of count rows instead (channel_sums's two rows); with count 0, the statistics
+  // themselves. An undefined gamma is ones, an undefined beta zeros.
+  virtual void batch_norm_coefficients(const Tensor& mean, const Tensor& variance, double count, const Tensor& gamma,
+                                       const Tensor& beta, float epsilon, Tensor& coefficients) = 0;
+  // Its backward's, from channel_sums(dy, x, mean)'s [2, C]: `sums` the replica's own,
+  // `total` summed over the replicas (the same tensor where there is one), `count` the rows
+  // of all, `coefficients` the forward's. gradients [4, C] = dgamma, dbeta, and the x
+  // coefficient bx and the shift k of dx = dy * scale + x * bx + k (one channel_affine pass;
+  // math::batch_norm_gradient_channel).
+  virtual void batch_norm_gradient_coefficients(const Tensor& sums, const Tensor& total, double count,
+                                                const Tensor& coefficients, Tensor& gradients) = 0;
   // Normalizes each row of x [R, D] over its D values: y = (x - mean) * inv_std * gamma + beta
   // with inv_std = 1 / sqrt(var + epsilon); mean and inv_std [R] are kept for backward. An
   // undefined gamma is ones, an undefined beta zeros.

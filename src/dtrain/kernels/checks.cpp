@@ -2,6 +2,7 @@
 #include "dtrain/kernels/checks.h"
 
 #include <cmath>
+#include <utility>
 
 namespace dtrain::kernels {
 
@@ -235,6 +236,38 @@ void check_channel_sums(const Tensor& a, const Tensor& b, const Tensor& center, 
   check_channel_vector(&center, c, "channel_sums", "center");
   if (!(sums.shape() == Shape{2, c}))
     DTRAIN_THROW(InvalidArgument, "channel_sums: sums is ", sums.shape().to_string(), ", expected [2, ", c, "]");
+}
+
+void check_batch_norm_coefficients(const Tensor& mean, const Tensor& variance, const Tensor& gamma, const Tensor& beta,
+                                   const Tensor& coefficients) {
+  constexpr const char* op = "batch_norm_coefficients";
+  mean.check_dtype(DType::f32, op);
+  if (mean.rank() != 1) DTRAIN_THROW(InvalidArgument, op, ": the mean is ", mean.shape().to_string(), ", expected [C]");
+  const std::int64_t c = mean.dim(0);
+  check_channel_vector(&variance, c, op, "the variance");
+  check_channel_vector(&gamma, c, op, "gamma");
+  check_channel_vector(&beta, c, op, "beta");
+  coefficients.check_dtype(DType::f32, op);
+  if (!(coefficients.shape() == Shape{5, c}))
+    DTRAIN_THROW(InvalidArgument, op, ": coefficients is ", coefficients.shape().to_string(), ", expected [5, ", c, "]");
+}
+
+void check_batch_norm_gradient_coefficients(const Tensor& sums, const Tensor& total, double count,
+                                            const Tensor& coefficients, const Tensor& gradients) {
+  constexpr const char* op = "batch_norm_gradient_coefficients";
+  sums.check_dtype(DType::f32, op);
+  total.check_dtype(DType::f32, op);
+  coefficients.check_dtype(DType::f32, op);
+  gradients.check_dtype(DType::f32, op);
+  const std::int64_t c = coefficients.rank() == 2 ? coefficients.dim(1) : -1;
+  if (!(coefficients.rank() == 2 && coefficients.dim(0) == 5))
+    DTRAIN_THROW(InvalidArgument, op, ": coefficients is ", coefficients.shape().to_string(), ", expected [5, C]");
+  for (const auto& [t, what] : {std::pair{&sums, "sums"}, std::pair{&total, "total"}})
+    if (!(t->shape() == Shape{2, c}))
+      DTRAIN_THROW(InvalidArgument, op, ": ", what, " is ", t->shape().to_string(), ", expected [2, ", c, "]");
+  if (!(gradients.shape() == Shape{4, c}))
+    DTRAIN_THROW(InvalidArgument, op, ": gradients is ", gradients.shape().to_string(), ", expected [4, ", c, "]");
+  if (!(count > 0.0)) DTRAIN_THROW(InvalidArgument, op, ": needs a positive row count, got ", count);
 }
 
 void check_channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift, const Tensor& y, const Tensor* x2,

@@ -57,6 +57,10 @@ std::int64_t rows_of(const Tensor& t);
 void check_channel_sums(const Tensor& a, const Tensor& b, const Tensor& center, const Tensor& sums);
 void check_channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift, const Tensor& y, const Tensor* x2,
                           const Tensor* scale2);
+void check_batch_norm_coefficients(const Tensor& mean, const Tensor& variance, const Tensor& gamma, const Tensor& beta,
+                                   const Tensor& coefficients);
+void check_batch_norm_gradient_coefficients(const Tensor& sums, const Tensor& total, double count,
+                                            const Tensor& coefficients, const Tensor& gradients);
 void check_layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& y, const Tensor& mean,
                       const Tensor& inv_std);
 void check_layer_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,

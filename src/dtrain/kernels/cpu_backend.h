@@ -59,6 +59,10 @@ class CpuBackend final : public Backend {
   void channel_sums(const Tensor& a, const Tensor& b, const Tensor& center, Tensor& sums) override;
   void channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y, const Tensor* x2,
                       const Tensor* scale2, bool relu) override;
+  void batch_norm_coefficients(const Tensor& mean, const Tensor& variance, double count, const Tensor& gamma,
+                               const Tensor& beta, float epsilon, Tensor& coefficients) override;
+  void batch_norm_gradient_coefficients(const Tensor& sums, const Tensor& total, double count,
+                                        const Tensor& coefficients, Tensor& gradients) override;
   void layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon, Tensor& y, Tensor& mean,
                   Tensor& inv_std) override;
   void layer_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& mean,

@@ -12,6 +12,7 @@
 #include "dtrain/core/threads.h"
 #include "dtrain/kernels/checks.h"
 #include "dtrain/kernels/cpu_backend.h"
+#include "dtrain/kernels/element_math.h"
 
 namespace dtrain::kernels {
 namespace {
@@ -117,6 +118,46 @@ void CpuBackend::channel_affine(const Tensor& x, const Tensor& scale, const Tens
                [&](std::int64_t begin, std::int64_t end) {
                  channel_affine_rows(px, ps, pt, pz, pz_scale, py, c, begin, end, relu);
                });
+}
+
+void CpuBackend::batch_norm_coefficients(const Tensor& mean, const Tensor& variance, double count,
+                                         const Tensor& gamma, const Tensor& beta, float epsilon, Tensor& coefficients) {
+  check_devices("batch_norm_coefficients", device(), {&mean, &variance, &gamma, &beta, &coefficients});
+  check_batch_norm_coefficients(mean, variance, gamma, beta, coefficients);
+  const std::int64_t c = mean.dim(0);
+  const float* s = mean.data<float>();
+  const float* q = variance.data<float>();
+  const float* g = gamma.defined() ? gamma.data<float>() : nullptr;
+  const float* b = beta.defined() ? beta.data<float>() : nullptr;
+  float* out = coefficients.data<float>();
+  for (std::int64_t j = 0; j < c; ++j) {
+    const math::BatchNormChannel f =
+        math::batch_norm_channel(s[j], q[j], count, g ? g[j] : 1.0f, b ? b[j] : 0.0f, epsilon);
+    out[j] = f.mean;
+    out[c + j] = f.variance;
+    out[2 * c + j] = f.inv_std;
+    out[3 * c + j] = f.scale;
+    out[4 * c + j] = f.shift;
+  }
+}
+
+void CpuBackend::batch_norm_gradient_coefficients(const Tensor& sums, const Tensor& total, double count,
+                                                  const Tensor& coefficients, Tensor& gradients) {
+  check_devices("batch_norm_gradient_coefficients", device(), {&sums, &total, &coefficients, &gradients});
+  check_batch_norm_gradient_coefficients(sums, total, count, coefficients, gradients);
+  const std::int64_t c = coefficients.dim(1);
+  const float* s = sums.data<float>();
+  const float* t = total.data<float>();
+  const float* f = coefficients.data<float>();
+  float* out = gradients.data<float>();
+  for (std::int64_t j = 0; j < c; ++j) {
+    const math::BatchNormGradientChannel d =
+        math::batch_norm_gradient_channel(s[j], s[c + j], t[j], t[c + j], count, f[j], f[2 * c + j], f[3 * c + j]);
+    out[j] = d.dgamma;
+    out[c + j] = d.dbeta;
+    out[2 * c + j] = d.bx;
+    out[3 * c + j] = d.k;
+  }
 }
 
 void CpuBackend::layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon, Tensor& y,

@@ -177,4 +177,36 @@ DTRAIN_HD float sgd(float w, float g, float* velocity, float lr, float momentum,
   return w - decay * w + vi;
 }
 
+// Batch normalization's figures for one channel, computed in double and rounded once, on
+// the host and the device alike. From the sums s = Σx and q = Σx² of n rows (n > 0; the
+// variance q / n - mean², at least 0), or with n = 0 from the mean s and the variance q
+// themselves (the moving statistics); gamma 1 and beta 0 where the layer has none.
+struct BatchNormChannel {
+  float mean, variance, inv_std, scale, shift;
+};
+DTRAIN_HD BatchNormChannel batch_norm_channel(float s, float q, double n, float gamma, float beta, float epsilon) {
+  const double mean = n > 0.0 ? s / n : s;
+  double variance = q;
+  if (n > 0.0) {
+    variance = q / n - mean * mean;
+    if (variance < 0.0) variance = 0.0;
+  }
+  const double inv_std = 1.0 / ::sqrt(variance + static_cast<double>(epsilon));
+  return {static_cast<float>(mean), static_cast<float>(variance), static_cast<float>(inv_std),
+          static_cast<float>(gamma * inv_std), static_cast<float>(beta - mean * gamma * inv_std)};
+}
+
+// The backward's figures for one channel, from channel_sums's [Σdy, Σdy (x - mean)]: the
+// replica's own (s, q) and summed over the replicas (total_s, total_q), n rows in all, and
+// the forward's mean, inv_std and scale. dx = dy * scale + x * bx + k.
+struct BatchNormGradientChannel {
+  float dgamma, dbeta, bx, k;
+};
+DTRAIN_HD BatchNormGradientChannel batch_norm_gradient_channel(float s, float q, float total_s, float total_q, double n,
+                                                               float mean, float inv_std, float scale) {
+  const double a = scale, is = inv_std;
+  const double bx = -a * is * is * total_q / n;
+  return {q * inv_std, s, static_cast<float>(bx), static_cast<float>(-a * total_s / n - bx * mean)};
+}
+
 }  // namespace dtrain::kernels::math

@@ -501,6 +501,26 @@ void CudaBackend::channel_affine(const Tensor& x, const Tensor& scale, const Ten
                        y.device_data<float>(), rows_of(x), channels_of(x), relu);
 }
 
+void CudaBackend::batch_norm_coefficients(const Tensor& mean, const Tensor& variance, double count,
+                                          const Tensor& gamma, const Tensor& beta, float epsilon,
+                                          Tensor& coefficients) {
+  check_devices("batch_norm_coefficients", device(), {&mean, &variance, &gamma, &beta, &coefficients});
+  check_batch_norm_coefficients(mean, variance, gamma, beta, coefficients);
+  cuda::batch_norm_coefficients(launch(), mean.device_data<float>(), variance.device_data<float>(), count,
+                                gamma.defined() ? gamma.device_data<float>() : nullptr,
+                                beta.defined() ? beta.device_data<float>() : nullptr, epsilon,
+                                coefficients.device_data<float>(), mean.dim(0));
+}
+
+void CudaBackend::batch_norm_gradient_coefficients(const Tensor& sums, const Tensor& total, double count,
+                                                   const Tensor& coefficients, Tensor& gradients) {
+  check_devices("batch_norm_gradient_coefficients", device(), {&sums, &total, &coefficients, &gradients});
+  check_batch_norm_gradient_coefficients(sums, total, count, coefficients, gradients);
+  cuda::batch_norm_gradient_coefficients(launch(), sums.device_data<float>(), total.device_data<float>(), count,
+                                         coefficients.device_data<float>(), gradients.device_data<float>(),
+                                         coefficients.dim(1));
+}
+
 void CudaBackend::layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon, Tensor& y,
                              Tensor& mean, Tensor& inv_std) {
   check_devices("layer_norm", device(), {&x, &gamma, &beta, &y, &mean, &inv_std});

@@ -111,6 +111,14 @@ void one_hot(const Launch& l, const std::int32_t* labels, float* out, std::int64
 void channel_sums(const Launch& l, const float* a, const float* b, const float* center, float* sums, std::int64_t rows,
                   std::int64_t c, double* partials, int chunks);
 int channel_sum_chunks(std::int64_t rows);
+// Batch normalization's figures per channel (Backend::batch_norm_coefficients): gamma and
+// beta may be null; coefficients [5, c].
+void batch_norm_coefficients(const Launch& l, const float* mean, const float* variance, double count,
+                             const float* gamma, const float* beta, float epsilon, float* coefficients,
+                             std::int64_t c);
+// gradients [4, c] from sums, total [2, c] and coefficients [5, c].
+void batch_norm_gradient_coefficients(const Launch& l, const float* sums, const float* total, double count,
+                                      const float* coefficients, float* gradients, std::int64_t c);
 void channel_affine(const Launch& l, const float* x, const float* scale, const float* shift, const float* x2,
                     const float* scale2, float* y, std::int64_t rows, std::int64_t c, bool relu);
 

@@ -1,7 +1,9 @@
 // Reductions: over any axes (a thread per output where each sums few values and reads
 // across the outputs in step, a block per output where each sums many), the sum of squares
-// in double, argmax, one-hot, and batch normalization's per-channel sums and affine pass.
+// in double, argmax, one-hot, and batch normalization's per-channel sums, figures and affine
+// pass.
 #include "dtrain/kernels/cuda/common.cuh"
+#include "dtrain/kernels/element_math.h"
 
 namespace dtrain::kernels::cuda {
 namespace {
@@ -132,6 +134,31 @@ __global__ void channel_affine_kernel(const float* x, const float* scale, const 
   }
 }
 
+__global__ void batch_norm_coefficients_kernel(const float* s, const float* q, double count, const float* gamma,
+                                               const float* beta, float epsilon, float* out, std::int64_t c) {
+  DTRAIN_GRID_STRIDE(j, c) {
+    const math::BatchNormChannel f =
+        math::batch_norm_channel(s[j], q[j], count, gamma ? gamma[j] : 1.0f, beta ? beta[j] : 0.0f, epsilon);
+    out[j] = f.mean;
+    out[c + j] = f.variance;
+    out[2 * c + j] = f.inv_std;
+    out[3 * c + j] = f.scale;
+    out[4 * c + j] = f.shift;
+  }
+}
+
+__global__ void batch_norm_gradient_coefficients_kernel(const float* s, const float* t, double count,
+                                                        const float* f, float* out, std::int64_t c) {
+  DTRAIN_GRID_STRIDE(j, c) {
+    const math::BatchNormGradientChannel d =
+        math::batch_norm_gradient_channel(s[j], s[c + j], t[j], t[c + j], count, f[j], f[2 * c + j], f[3 * c + j]);
+    out[j] = d.dgamma;
+    out[c + j] = d.dbeta;
+    out[2 * c + j] = d.bx;
+    out[3 * c + j] = d.k;
+  }
+}
+
 }  // namespace
 
 void reduce(const Launch& l, ReduceOp op, const float* x, float* y, int rank, const long long* dims,
@@ -200,6 +227,23 @@ void channel_sums(const Launch& l, const float* a, const float* b, const float* 
   check_launch("channel_sums", rows * c, l);
   channel_sums_total_kernel<<<blocks_for(2 * c, l), kThreads, 0, l.stream>>>(partials, sums, c, chunks);
   check_launch("channel_sums (total)", 2 * c, l);
+}
+
+void batch_norm_coefficients(const Launch& l, const float* mean, const float* variance, double count,
+                             const float* gamma, const float* beta, float epsilon, float* coefficients,
+                             std::int64_t c) {
+  if (c == 0) return;
+  batch_norm_coefficients_kernel<<<blocks_for(c, l), kThreads, 0, l.stream>>>(mean, variance, count, gamma, beta,
+                                                                                epsilon, coefficients, c);
+  check_launch("batch_norm_coefficients", c, l);
+}
+
+void batch_norm_gradient_coefficients(const Launch& l, const float* sums, const float* total, double count,
+                                      const float* coefficients, float* gradients, std::int64_t c) {
+  if (c == 0) return;
+  batch_norm_gradient_coefficients_kernel<<<blocks_for(c, l), kThreads, 0, l.stream>>>(sums, total, count,
+                                                                                         coefficients, gradients, c);
+  check_launch("batch_norm_gradient_coefficients", c, l);
 }
 
 void channel_affine(const Launch& l, const float* x, const float* scale, const float* shift, const float* x2,
