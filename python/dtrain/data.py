@@ -46,6 +46,18 @@ class experimental:  # noqa: N801 (TensorFlow's module name)
     INFINITE_CARDINALITY = _data.INFINITE_CARDINALITY
     UNKNOWN_CARDINALITY = _data.UNKNOWN_CARDINALITY
 
+    @staticmethod
+    def prefetch_to_device(device, buffer_size=None):
+        """tf.data.experimental.prefetch_to_device, for Dataset.apply: copies each element to
+        the device ('/gpu:0') on a background thread, beside the GPU's compute stream, and
+        keeps buffer_size of them there (None: AUTOTUNE). The pipeline's last stage."""
+        size = _data.AUTOTUNE if buffer_size is None else _whole("prefetch_to_device", "buffer_size", buffer_size)
+
+        def apply(dataset):
+            return dataset._derive(dataset._cpp.prefetch_to_device(str(device), size))
+
+        return apply
+
 
 class _DistributeOptions:
     def __init__(self):
@@ -318,6 +330,13 @@ class Dataset:
     def prefetch(self, buffer_size, name=None):
         del name
         return self._derive(self._cpp.prefetch(_whole("prefetch", "buffer_size", buffer_size)))
+
+    def apply(self, transformation_func):
+        """The dataset transformation_func makes of this one (tf.data's Dataset.apply)."""
+        result = transformation_func(self)
+        if not isinstance(result, Dataset):
+            raise TypeError(f"Dataset.apply: the transformation returned a {type(result).__name__}, not a Dataset")
+        return result
 
     def with_options(self, options, name=None):
         del name

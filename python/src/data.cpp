@@ -260,6 +260,10 @@ void bind_data(py::module_& m) {
       .def("shard", &data::Dataset::shard)
       .def("cache", &data::Dataset::cache)
       .def("prefetch", &data::Dataset::prefetch)
+      .def("prefetch_to_device",
+           [](const data::Dataset& ds, const std::string& device, std::int64_t buffer_size) {
+             return ds.prefetch_to_device(parse_device(device), buffer_size);
+           })
       .def("with_shard_policy", [](const data::Dataset& ds, data::AutoShardPolicy policy) {
         data::DatasetOptions o = ds.options();
         o.auto_shard_policy = policy;

@@ -85,3 +85,42 @@ def test_a_model_trains_on_the_gpu_as_on_the_cpu():
     for a, b in zip(on_gpu.weights, on_cpu.weights):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
     assert tf.config.experimental.get_memory_info("GPU:0")["current"] > 0
+
+
+def test_dataset_apply_takes_a_transformation_and_refuses_other_results():
+    ds = tf.data.Dataset.range(6).apply(lambda d: d.batch(4))
+    assert [b.numpy().tolist() for b in ds] == [[0, 1, 2, 3], [4, 5]]
+    with pytest.raises(TypeError, match="returned a list"):
+        tf.data.Dataset.range(2).apply(lambda d: [d])
+
+
+@pytest.mark.skipif(HAS_GPU, reason="this machine has a GPU")
+def test_prefetch_to_device_without_a_gpu_names_what_was_found():
+    ds = tf.data.Dataset.range(4).batch(2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cuda:0.*no GPU"):
+        ds.apply(tf.data.experimental.prefetch_to_device("/gpu:0"))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not to the CPU"):
+        ds.apply(tf.data.experimental.prefetch_to_device("/cpu:0"))
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+def test_a_dataset_prefetched_to_the_gpu_trains_as_on_the_cpu():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((256, 8)).astype(np.float32)
+    y = (x[:, 1] > 0).astype(np.int32)
+
+    def trained(device, prefetch):
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+        if prefetch:
+            ds = ds.apply(tf.data.experimental.prefetch_to_device(device, buffer_size=2))
+        with tf.device(device):
+            tf.keras.utils.set_random_seed(3)
+            model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu", input_shape=(8,)),
+                                         tf.keras.layers.Dense(2)])
+            model.compile("sgd", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            model.fit(ds, epochs=2, verbose=0)
+        return model
+
+    on_gpu, on_cpu = trained("/GPU:0", True), trained("/CPU:0", False)
+    for a, b in zip(on_gpu.weights, on_cpu.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)

@@ -7,6 +7,7 @@
 // is CUDA itself; the same tests then run on the GPU in scripts/gpu-check.sh.
 #pragma once
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -50,17 +51,30 @@ class StandInRuntime final : public DeviceRuntime {
   void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) override {
     if (bytes == 0) return;
     if (dst_device.is_cpu() && !src_device.is_cpu()) ++waits_;
+    if (!dst_device.is_cpu() && src_device.is_cpu()) ++copies_to_device_;
     std::memmove(dst, src, bytes);
   }
   void zero(int, void* data, std::size_t bytes) override { std::memset(data, 0, bytes); }
   void synchronize(int) override { ++waits_; }
   std::uint64_t host_waits(int) override { return waits_; }
+  // Its work is done when queued: nothing to record or wait for.
+  DeviceEvent record(int) override { return nullptr; }
+  DeviceEvent copy_beside(int, void* dst, const void* src, std::size_t bytes, const DeviceEvent&) override {
+    if (bytes) std::memmove(dst, src, bytes);
+    ++copies_beside_;
+    return nullptr;
+  }
+  void wait(int, const DeviceEvent&) override {}
+  // Copies to the device made by copy_beside (an input pipeline's), and by copy.
+  std::uint64_t copies_beside() const { return copies_beside_; }
+  std::uint64_t copies_to_device() const { return copies_to_device_; }
   // Fresh allocations beyond this many bytes fail (0: no limit), as a full GPU's would.
   void set_limit(std::size_t bytes) { limit_ = bytes; }
 
  private:
   std::size_t limit_ = 0, used_ = 0;
-  std::uint64_t waits_ = 0;
+  // Atomic: a prefetching thread copies while the test's thread trains.
+  std::atomic<std::uint64_t> waits_{0}, copies_beside_{0}, copies_to_device_{0};
   BlockCache cache_;
 };
 

@@ -14,6 +14,7 @@
 #include "common/small_cnn.h"
 #include "common/stand_in_gpu.h"
 #include "common/temp_dir.h"
+#include "dtrain/core/device_staging.h"
 #include "dtrain/dtrain.h"
 
 namespace dtrain {
@@ -134,6 +135,73 @@ TEST_F(Gpu, FitOnTheGpuTrainsAsOnTheCpu) {
   EXPECT_EQ(hc.profile.back().phases[static_cast<int>(profile::Phase::device_wait)], 0.0);
   // Evaluation on the GPU agrees too.
   const Logs ec = cpu->evaluate(d.x, d.y), eg = gpu->evaluate(d.x, d.y);
+  EXPECT_NEAR(eg.at("loss"), ec.at("loss"), tolerance(1e-4) * ec.at("loss"));
+}
+
+// prefetch_to_device delivers each element on the GPU, equal to the host's, and reuses a
+// device buffer only once nothing holds a tensor over it.
+TEST_F(Gpu, PrefetchToDeviceDeliversOnTheGpuAndReusesBuffersOnlyWhenFree) {
+  const data::Split d = data::make_synthetic(640, 10, 4, 7);
+  const data::Dataset ds = data::Dataset::from_tensor_slices({d.x, d.y}).batch(64).prefetch_to_device(cuda0, 2);
+  std::vector<data::Element> held;  // every element at once: no buffer may be reused under them
+  {
+    data::Iterator it = ds.make_iterator();
+    while (std::optional<data::Element> e = it.next()) held.push_back(*e);
+  }
+  ASSERT_EQ(held.size(), 10u);
+  for (std::size_t i = 0; i < held.size(); ++i) {
+    const auto begin = static_cast<std::int64_t>(i) * 64;
+    for (std::size_t c = 0; c < 2; ++c) {
+      EXPECT_EQ(held[i][c].device(), cuda0) << i;
+      const Tensor want = (c == 0 ? d.x : d.y).slice(begin, begin + 64);
+      EXPECT_EQ(held[i][c].shape(), want.shape());
+      EXPECT_EQ(held[i][c].dtype(), want.dtype());
+      EXPECT_EQ(std::memcmp(held[i][c].to(Device::cpu()).raw_data(), want.raw_data(), want.nbytes()), 0) << i << " " << c;
+    }
+  }
+  // Staged one at a time and dropped, as a training loop drops its batches: one buffer.
+  DeviceStaging staging(cuda0);
+  for (int i = 0; i < 5; ++i) {
+    const Tensor host = testing::random_tensor({33, 7}, static_cast<std::uint64_t>(50 + i));
+    EXPECT_EQ(staging.stage(host).to_vector(), host.to_vector()) << i;
+  }
+  EXPECT_EQ(staging.buffers_made(), 1u);
+  {
+    const Tensor a = staging.stage(testing::random_tensor({33, 7}, 60)), b = staging.stage(testing::random_tensor({3}, 61));
+    EXPECT_EQ(staging.buffers_made(), 2u);  // a holds the first buffer; b fits in a new one
+    EXPECT_EQ(a.to_vector(), testing::random_tensor({33, 7}, 60).to_vector());
+  }
+  // A tensor already there comes back as it is; strings stay on the CPU.
+  const Tensor there = Tensor::zeros({4}, DType::f32, cuda0);
+  EXPECT_EQ(staging.stage(there).raw_device_data(), there.raw_device_data());
+  const Tensor words = Tensor::from_vector({2}, std::vector<std::string>{"a", "b"});
+  EXPECT_TRUE(staging.stage(words).on_cpu());
+  const std::string m = testing::message_of([] { DeviceStaging cpu_staging{Device::cpu()}; });
+  EXPECT_NE(m.find("not to the CPU"), std::string::npos) << m;
+}
+
+// fit on the GPU from a Dataset: the batches come through prefetch_to_device (copied beside
+// the compute stream), and the run is the CPU's.
+TEST_F(Gpu, FitFromADatasetOnTheGpuPrefetchesToTheDevice) {
+  const data::Split d = data::make_synthetic(640, 10, 4, 5, data::SyntheticLabels::teacher);
+  const data::Dataset ds = data::Dataset::from_tensor_slices({d.x, d.y}).batch(64);
+  auto cpu = mlp(), gpu = mlp();
+  const History hc = cpu->fit(ds, quiet(2));
+  const std::uint64_t beside = gpu_.stand_in() ? gpu_.stand_in_runtime()->copies_beside() : 0;
+  History hg;
+  {
+    DevicePlacement on_gpu(cuda0);
+    hg = gpu->fit(ds, quiet(2));
+  }
+  EXPECT_EQ(gpu->device(), cuda0);
+  EXPECT_LE(testing::relative_difference(*gpu, *cpu), tolerance(1e-4));
+  for (std::size_t e = 0; e < 2; ++e)
+    EXPECT_NEAR(hg.history.at("loss")[e], hc.history.at("loss")[e], tolerance(1e-4) * hc.history.at("loss")[e]);
+  // Both tensors of all ten batches of each epoch were staged.
+  if (gpu_.stand_in()) {
+    EXPECT_EQ(gpu_.stand_in_runtime()->copies_beside() - beside, 40u);
+  }
+  const Logs ec = cpu->evaluate(ds), eg = gpu->evaluate(ds);
   EXPECT_NEAR(eg.at("loss"), ec.at("loss"), tolerance(1e-4) * ec.at("loss"));
 }
 

@@ -34,6 +34,8 @@ struct CudaRuntime::PerDevice {
   std::unique_ptr<BlockCache> cache;
   DeviceProperties properties;
   std::atomic<std::uint64_t> waits{0};  // host_waits()
+  std::once_flag transfer_made;
+  cudaStream_t transfer = nullptr;
 };
 
 CudaRuntime::CudaRuntime() = default;
@@ -242,6 +244,47 @@ void CudaRuntime::synchronize(int index) {
 }
 
 std::uint64_t CudaRuntime::host_waits(int index) { return device(index).waits.load(); }
+
+cudaStream_t CudaRuntime::transfer_stream(int index) {
+  PerDevice& d = device(index);
+  use(index);
+  std::call_once(d.transfer_made, [&d, index] {
+    check_cuda(cudaStreamCreateWithFlags(&d.transfer, cudaStreamNonBlocking), "cudaStreamCreateWithFlags (transfer)",
+               index);
+  });
+  return d.transfer;
+}
+
+namespace {
+
+// An event recorded on `stream`, destroyed with its last holder (ignoring a failure then:
+// at exit CUDA may be gone before it).
+DeviceEvent record_on(cudaStream_t stream, int index) {
+  cudaEvent_t e = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags", index);
+  DeviceEvent event(static_cast<void*>(e), [](void* p) { (void)cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
+  check_cuda(cudaEventRecord(e, stream), "cudaEventRecord", index);
+  return event;
+}
+
+}  // namespace
+
+DeviceEvent CudaRuntime::record(int index) { return record_on(stream(index), index); }
+
+DeviceEvent CudaRuntime::copy_beside(int index, void* dst, const void* src, std::size_t bytes,
+                                     const DeviceEvent& after) {
+  cudaStream_t s = transfer_stream(index);
+  if (after)
+    check_cuda(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(after.get()), 0), "cudaStreamWaitEvent (transfer)",
+               index);
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s),
+             detail::concat("cudaMemcpyAsync(host to device beside the compute stream, ", bytes, " bytes)"), index);
+  return record_on(s, index);
+}
+
+void CudaRuntime::wait(int index, const DeviceEvent& event) {
+  if (event) check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(event.get())), "cudaEventSynchronize", index);
+}
 
 CudaRuntime& cuda_runtime() {
   // Leaked on purpose: tensors in static objects may be freed after main returns.

@@ -1,5 +1,6 @@
 // The CUDA runtime behind DeviceRuntime: per device, one compute stream that every kernel,
-// copy and zeroing joins in order, and a BlockCache of its memory; one cache of pinned host
+// copy and zeroing joins in order (and a transfer stream beside it for an input pipeline's
+// copies), and a BlockCache of its memory; one cache of pinned host
 // memory; CUDA's status codes turned into dtrain's errors. Only code built with the CUDA
 // toolkit (DTRAIN_CUDA) includes this header.
 #pragma once
@@ -43,10 +44,15 @@ class CudaRuntime final : public DeviceRuntime {
   void zero(int index, void* data, std::size_t bytes) override;
   void synchronize(int index) override;
   std::uint64_t host_waits(int index) override;
+  DeviceEvent record(int index) override;
+  DeviceEvent copy_beside(int index, void* dst, const void* src, std::size_t bytes, const DeviceEvent& after) override;
+  void wait(int index, const DeviceEvent& event) override;
 
   // The device's compute stream (made on first use, non-blocking with the legacy stream);
   // also makes the device current on the calling thread.
   cudaStream_t stream(int index);
+  // The device's transfer stream (made on first use): copies beside the compute stream.
+  cudaStream_t transfer_stream(int index);
   // Makes `index` the calling thread's current device.
   void use(int index);
 

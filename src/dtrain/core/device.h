@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -53,6 +54,10 @@ struct DeviceMemoryStats {
   std::uint64_t allocations = 0;         // all allocations
 };
 
+// A point in a device's queued work, to wait for; null where the runtime has nothing to
+// wait for (its work is done when queued).
+using DeviceEvent = std::shared_ptr<void>;
+
 // The runtime behind one kind of device. Work for a device is queued in order (one queue a
 // device: its compute stream); copies and zeroing join that order. Every call names the
 // device by index; errors name the device and the call that failed.
@@ -89,6 +94,18 @@ class DeviceRuntime {
   // host, a copy from pinned memory, synchronize): a step that waits cannot run ahead of
   // the device, nor be captured whole as a CUDA graph.
   virtual std::uint64_t host_waits(int index) = 0;
+
+  // The point that the work queued so far on the device's compute stream reaches.
+  virtual DeviceEvent record(int index) = 0;
+  // Copies `bytes` of page-locked host memory (allocate_host's) to the device on its
+  // transfer stream, which runs beside the compute stream: an input pipeline's copy
+  // overlaps the step before. The copy starts once `after` has run (the compute work that
+  // last read dst; null: at once). Returns the copy's end.
+  virtual DeviceEvent copy_beside(int index, void* dst, const void* src, std::size_t bytes,
+                                  const DeviceEvent& after) = 0;
+  // The calling thread waits until `event` has run. A prefetching thread's wait for its own
+  // copy, not counted in host_waits.
+  virtual void wait(int index, const DeviceEvent& event) = 0;
 };
 
 // The runtime of `type`'s devices: null for the CPU and where this build has none.

@@ -99,10 +99,10 @@ Tensor Tensor::empty_pinned(const Shape& shape, DType dtype) {
   return Tensor(std::make_shared<Storage>(bytes, Device{}, /*pinned=*/true), 0, shape, dtype);
 }
 
-Tensor Tensor::over(void* data, const Shape& shape, DType dtype, std::shared_ptr<const void> owner) {
+Tensor Tensor::over(void* data, const Shape& shape, DType dtype, std::shared_ptr<const void> owner, Device device) {
   DTRAIN_CHECK(dtype != DType::string);  // strings are objects another owner cannot lay out
   const std::size_t bytes = bytes_of(shape, dtype);
-  return Tensor(std::make_shared<Storage>(data, bytes, std::move(owner), Device{}), 0, shape, dtype);
+  return Tensor(std::make_shared<Storage>(data, bytes, std::move(owner), device), 0, shape, dtype);
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {

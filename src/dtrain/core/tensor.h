@@ -63,7 +63,8 @@ class Tensor {
   // input pipeline's last stage). Where no GPU runtime is present, ordinary memory.
   static Tensor empty_pinned(const Shape& shape, DType dtype = DType::f32);
   // A tensor over memory that `owner` keeps alive (at least shape's bytes at `data`).
-  static Tensor over(void* data, const Shape& shape, DType dtype, std::shared_ptr<const void> owner);
+  static Tensor over(void* data, const Shape& shape, DType dtype, std::shared_ptr<const void> owner,
+                     Device device = {});
   static Tensor full(const Shape& shape, float value);
   static Tensor scalar(float value) { return full(Shape{}, value); }
   static Tensor from_vector(const Shape& shape, std::span<const float> values);

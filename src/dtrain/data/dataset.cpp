@@ -8,6 +8,7 @@
 #include <sstream>
 #include <thread>
 
+#include "dtrain/core/device_staging.h"
 #include "dtrain/core/rng.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/data/dataset_internal.h"
@@ -415,6 +416,19 @@ Dataset Dataset::prefetch(std::int64_t buffer_size) const {
     DTRAIN_THROW(InvalidArgument, "prefetch: buffer_size must be AUTOTUNE (-1) or positive, got ", buffer_size);
   return Dataset(detail::prefetch_node(node_, buffer_size), options_);
 }
+Dataset Dataset::prefetch_to_device(Device device, std::int64_t buffer_size) const {
+  if (buffer_size < AUTOTUNE || buffer_size == 0)
+    DTRAIN_THROW(InvalidArgument, "prefetch_to_device: buffer_size must be AUTOTUNE (-1) or positive, got ", buffer_size);
+  auto staging = std::make_shared<DeviceStaging>(device);
+  detail::MapFn copy = [staging](const Element& e) {
+    Element out;
+    out.reserve(e.size());
+    for (const Tensor& t : e) out.push_back(staging->stage(t));
+    return out;
+  };
+  return Dataset(detail::prefetch_node(detail::map_node(node_, std::move(copy)), buffer_size), options_);
+}
+
 Dataset Dataset::with_options(DatasetOptions options) const {
   if (options.max_threads < 0) DTRAIN_THROW(InvalidArgument, "options: max_threads must be >= 0, got ", options.max_threads);
   if (options.autotune_max_buffer < 1)

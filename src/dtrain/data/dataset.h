@@ -240,6 +240,13 @@ class Dataset {
   // Keeps the elements of the first complete pass in memory; later passes read them.
   Dataset cache() const;
   Dataset prefetch(std::int64_t buffer_size = AUTOTUNE) const;
+  // tf.data.experimental.prefetch_to_device: the last stage of a pipeline that feeds a GPU.
+  // A background thread copies each element's tensors to `device` (through page-locked
+  // memory, on the device's transfer stream, beside the compute stream: DeviceStaging) and
+  // keeps up to buffer_size elements there, so the training step finds its batch on the
+  // device, copied while the step before computed. String tensors stay on the CPU, where
+  // strings live; `device` must be a GPU that is here.
+  Dataset prefetch_to_device(Device device, std::int64_t buffer_size = AUTOTUNE) const;
   Dataset with_options(DatasetOptions options) const;
   const DatasetOptions& options() const { return options_; }
 

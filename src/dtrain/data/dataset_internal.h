@@ -42,7 +42,8 @@ void save_elements(const Items& items, IteratorState& s, Get get = {}) {
   for (const auto& item : items) {
     const Element& e = get(item);
     s.values.push_back(static_cast<std::int64_t>(e.size()));
-    s.tensors.insert(s.tensors.end(), e.begin(), e.end());
+    // Kept on the host: a state is written to files (a prefetch_to_device's elements are on a GPU).
+    for (const Tensor& t : e) s.tensors.push_back(t.defined() ? t.to(Device::cpu()) : t);
   }
 }
 // `count` elements whose arities start at values[first_value]; an error names the stage.

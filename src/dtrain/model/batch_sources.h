@@ -126,9 +126,13 @@ class DatasetBatches : public Model::BatchSource {
  public:
   // `shard`: the pipeline this worker runs (data::auto_shard).
   // `model`'s inputs and outputs tell how an element splits into inputs and targets.
+  // A model on a GPU gets its batches there through the pipeline's last stage,
+  // prefetch_to_device: copied on a background thread while the step before computes.
   DatasetBatches(const Model& model, data::WorkerShard shard, std::int64_t steps_per_epoch, const char* who = "fit")
       : ds_(std::move(shard.dataset)), own_batches_(shard.own_batches), plan_(std::move(shard.plan)),
-        inputs_(model.num_inputs()), outputs_(model.num_outputs()), steps_per_epoch_(steps_per_epoch), who_(who) {}
+        inputs_(model.num_inputs()), outputs_(model.num_outputs()), steps_per_epoch_(steps_per_epoch), who_(who) {
+    if (const Device d = model.device(); !d.is_cpu()) ds_ = ds_.prefetch_to_device(d);
+  }
   // The whole dataset, as one process reads it.
   DatasetBatches(const Model& model, const data::Dataset& ds, std::int64_t steps_per_epoch, const char* who)
       : DatasetBatches(model, data::auto_shard(ds, 1, 0), steps_per_epoch, who) {}
