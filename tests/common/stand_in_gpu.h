@@ -14,6 +14,7 @@
 #include <string>
 
 #include "dtrain/core/block_cache.h"
+#include "dtrain/core/clock.h"
 #include "dtrain/core/device.h"
 #include "dtrain/kernels/backend.h"
 #include "dtrain/kernels/cpu_backend.h"
@@ -65,6 +66,13 @@ class StandInRuntime final : public DeviceRuntime {
     return nullptr;
   }
   void wait(int, const DeviceEvent&) override {}
+  // Its kernels run as they are queued: the device's time is the host's.
+  DeviceEvent record_timed(int) override { return std::make_shared<Clock::time_point>(Clock::now()); }
+  double seconds_between(int, const DeviceEvent& from, const DeviceEvent& to) override {
+    return std::chrono::duration<double>(*static_cast<Clock::time_point*>(to.get()) -
+                                         *static_cast<Clock::time_point*>(from.get()))
+        .count();
+  }
   // Copies to the device made by copy_beside (an input pipeline's), and by copy.
   std::uint64_t copies_beside() const { return copies_beside_; }
   std::uint64_t copies_to_device() const { return copies_to_device_; }

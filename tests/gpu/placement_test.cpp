@@ -133,6 +133,10 @@ TEST_F(Gpu, FitOnTheGpuTrainsAsOnTheCpu) {
   EXPECT_GT(hg.profile.back().phases[static_cast<int>(profile::Phase::to_device)], 0.0);
   EXPECT_EQ(hc.profile.back().phases[static_cast<int>(profile::Phase::to_device)], 0.0);
   EXPECT_EQ(hc.profile.back().phases[static_cast<int>(profile::Phase::device_wait)], 0.0);
+  // The GPU's own time in the forward, backward and update, from events on its stream.
+  for (const profile::Phase p : {profile::Phase::forward, profile::Phase::backward, profile::Phase::optimizer})
+    EXPECT_GT(hg.profile.back().gpu[static_cast<int>(p)], 0.0) << profile::phase_name(p);
+  EXPECT_EQ(hc.profile.back().gpu_seconds(), 0.0);
   // Evaluation on the GPU agrees too.
   const Logs ec = cpu->evaluate(d.x, d.y), eg = gpu->evaluate(d.x, d.y);
   EXPECT_NEAR(eg.at("loss"), ec.at("loss"), tolerance(1e-4) * ec.at("loss"));

@@ -97,6 +97,44 @@ TEST(Profiler, ReducesTracksIntoTheStepsPhases) {
   EXPECT_EQ(bare.work, bare.wall);
 }
 
+// A GPU's compute stream: its phases are the step's GPU figures, beside the host's phases,
+// not part of them; it is a row of the trace like any thread.
+TEST(Profiler, AGpuTrackGivesTheStepsGpuTimeApartFromItsPhases) {
+  Profiler profiler(ProfilerOptions{.trace = true});
+  const Clock::time_point t = Clock::now();
+  profiler.begin_step();
+  profiler.loop().add(Phase::forward, t, t + microseconds(100));
+  profiler.loop().add(Phase::device_wait, t + microseconds(100), t + microseconds(900));
+  Track& gpu = profiler.add_track("cuda:0 compute stream", TrackKind::device);
+  gpu.add(Phase::forward, t, t + microseconds(300));
+  gpu.add(Phase::backward, t + microseconds(300), t + microseconds(800));
+  gpu.add(Phase::optimizer, t + microseconds(800), t + microseconds(850));
+  const StepRecord& r = profiler.end_step(32);
+  EXPECT_NEAR(seconds(r, Phase::forward), 100e-6, 1e-12);  // the host's launches only
+  EXPECT_EQ(seconds(r, Phase::backward), 0.0);
+  EXPECT_NEAR(r.gpu[static_cast<std::size_t>(Phase::forward)], 300e-6, 1e-12);
+  EXPECT_NEAR(r.gpu[static_cast<std::size_t>(Phase::backward)], 500e-6, 1e-12);
+  EXPECT_NEAR(profiler.total().gpu_seconds(), 850e-6, 1e-12);
+  std::ostringstream trace;
+  profiler.write_trace(trace, 1, "worker 0");
+  const auto j = nlohmann::json::parse(trace.str());
+  int gpu_rows = 0;
+  for (const auto& e : j["traceEvents"])
+    if (e["ph"] == "X" && e["tid"] == 1) ++gpu_rows;
+  EXPECT_EQ(gpu_rows, 3);
+  EXPECT_NE(trace.str().find("cuda:0 compute stream"), std::string::npos);
+
+  // The GPU's figures travel with the worker's and close its line.
+  WorkerSummary w;
+  w.totals = profiler.total();
+  std::vector<double> values(WorkerSummary::kValues);
+  w.to_values(values);
+  EXPECT_EQ(WorkerSummary::from_values(values).totals.gpu, w.totals.gpu);
+  w.totals.wall = 1e-3;  // as if the step took 1 ms
+  const std::string line = phase_shares(w.totals);
+  EXPECT_NE(line.find("; GPU busy 85.0% (forward 30.0%, backward 50.0%, optimizer 5.0%)"), std::string::npos) << line;
+}
+
 TEST(Profiler, StepPercentiles) {
   Profiler profiler;
   EXPECT_EQ(profiler.step_percentile(0.5), 0.0);
@@ -387,6 +425,42 @@ TEST(Diagnosis, NamesEachPlantedCause) {
 }
 
 // The communication finding quotes the table's shares, each as its column shows it.
+// A GPU run: the batch's copy on the training thread, and a GPU that waits for the host's
+// launches, are named with their figures; a GPU-bound step is not a finding.
+TEST(Diagnosis, OnAGpuNamesTheBatchCopyAndAGpuWaitingForLaunches) {
+  auto gpu_row = [](double step, double to_device, double launches, double device_wait, double gpu) {
+    WorkerSummary w;
+    Totals& t = w.totals;
+    t.steps = 10;
+    t.wall = 10 * step;
+    t.samples = 640;
+    t.phases[static_cast<std::size_t>(Phase::to_device)] = 10 * to_device;
+    t.phases[static_cast<std::size_t>(Phase::forward)] = 10 * launches / 3;
+    t.phases[static_cast<std::size_t>(Phase::backward)] = 10 * launches / 2;
+    t.phases[static_cast<std::size_t>(Phase::optimizer)] = 10 * launches / 6;
+    t.phases[static_cast<std::size_t>(Phase::device_wait)] = 10 * device_wait;
+    t.gpu[static_cast<std::size_t>(Phase::forward)] = 10 * gpu / 3;
+    t.gpu[static_cast<std::size_t>(Phase::backward)] = 10 * gpu * 2 / 3;
+    return w;
+  };
+  ScaleRun run{.workers = 1, .replicas = 1, .global_batch = 256, .samples_per_second = 1000};
+  // GPU-bound: 1 ms of launches, then 8 ms waiting for 8.9 ms of GPU work.
+  run.rows = {gpu_row(0.0100, 0.0002, 0.001, 0.008, 0.0089)};
+  EXPECT_TRUE(diagnose({run}).empty()) << format_findings(diagnose({run}));
+  // Launch-bound: 6 ms of launches, the GPU done 0.1 ms after them.
+  run.rows = {gpu_row(0.0070, 0.0002, 0.006, 0.0001, 0.0061)};
+  std::vector<Finding> f = diagnose({run});
+  ASSERT_EQ(causes(f), std::vector<std::string>{"launch-bound"}) << format_findings(f);
+  EXPECT_NE(f.front().evidence.find("the host took 6.00 ms"), std::string::npos) << f.front().evidence;
+  EXPECT_NE(f.front().fix.find("larger batch"), std::string::npos) << f.front().fix;
+  // The batch's copy: 3 ms of a 12 ms step.
+  run.rows = {gpu_row(0.0120, 0.003, 0.001, 0.0078, 0.0087)};
+  f = diagnose({run});
+  ASSERT_EQ(causes(f), std::vector<std::string>{"host-to-device copies"}) << format_findings(f);
+  EXPECT_NE(f.front().evidence.find("25%"), std::string::npos) << f.front().evidence;
+  EXPECT_NE(f.front().fix.find("prefetch_to_device"), std::string::npos) << f.front().fix;
+}
+
 TEST(Diagnosis, TheCommunicationFindingQuotesTheTablesShares) {
   const ScaleRun one{.workers = 1, .replicas = 1, .global_batch = 64, .samples_per_second = 1000,
                      .rows = {row(0.010, 0.0002, 0.008, 0, 0.0015)}};

@@ -95,6 +95,13 @@ json profile_json(const std::vector<profile::WorkerSummary>& workers) {
                     {"bytes_all_reduced_per_step", w.bytes_per_step()},
                     {"bus_bandwidth_bytes_per_second", w.bus_bandwidth(static_cast<int>(workers.size()))}});
     if (!w.step_work.empty()) rows.back()["step_work_seconds"] = w.step_work;
+    if (t.gpu_seconds() > 0) {
+      json gpu = json::object();
+      for (int p = 0; p < profile::kPhases; ++p)
+        if (const double g = t.gpu[static_cast<std::size_t>(p)]; g > 0)
+          gpu[profile::phase_name(static_cast<profile::Phase>(p))] = g / steps;
+      rows.back()["gpu_seconds_per_step"] = gpu;
+    }
   }
   return rows;
 }
@@ -117,6 +124,10 @@ std::vector<profile::WorkerSummary> profile_from_json(const json& rows) {
     w.step_p50 = row.at("step_seconds_p50").get<double>();
     w.step_p90 = row.at("step_seconds_p90").get<double>();
     if (row.contains("step_work_seconds")) w.step_work = row["step_work_seconds"].get<std::vector<double>>();
+    if (row.contains("gpu_seconds_per_step"))
+      for (int p = 0; p < profile::kPhases; ++p)
+        t.gpu[static_cast<std::size_t>(p)] =
+            row["gpu_seconds_per_step"].value(profile::phase_name(static_cast<profile::Phase>(p)), 0.0) * steps;
     out.push_back(w);
   }
   return out;

@@ -259,9 +259,10 @@ namespace {
 
 // An event recorded on `stream`, destroyed with its last holder (ignoring a failure then:
 // at exit CUDA may be gone before it).
-DeviceEvent record_on(cudaStream_t stream, int index) {
+DeviceEvent record_on(cudaStream_t stream, int index, bool timed = false) {
   cudaEvent_t e = nullptr;
-  check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags", index);
+  check_cuda(cudaEventCreateWithFlags(&e, timed ? cudaEventDefault : cudaEventDisableTiming), "cudaEventCreateWithFlags",
+             index);
   DeviceEvent event(static_cast<void*>(e), [](void* p) { (void)cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
   check_cuda(cudaEventRecord(e, stream), "cudaEventRecord", index);
   return event;
@@ -284,6 +285,16 @@ DeviceEvent CudaRuntime::copy_beside(int index, void* dst, const void* src, std:
 
 void CudaRuntime::wait(int index, const DeviceEvent& event) {
   if (event) check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(event.get())), "cudaEventSynchronize", index);
+}
+
+DeviceEvent CudaRuntime::record_timed(int index) { return record_on(stream(index), index, /*timed=*/true); }
+
+double CudaRuntime::seconds_between(int index, const DeviceEvent& from, const DeviceEvent& to) {
+  wait(index, to);
+  float ms = 0.0f;
+  check_cuda(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from.get()), static_cast<cudaEvent_t>(to.get())),
+             "cudaEventElapsedTime", index);
+  return static_cast<double>(ms) * 1e-3;
 }
 
 CudaRuntime& cuda_runtime() {

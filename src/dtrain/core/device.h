@@ -106,6 +106,12 @@ class DeviceRuntime {
   // The calling thread waits until `event` has run. A prefetching thread's wait for its own
   // copy, not counted in host_waits.
   virtual void wait(int index, const DeviceEvent& event) = 0;
+  // A point of the compute stream that also keeps the time the device reached it, for
+  // the profile's GPU track.
+  virtual DeviceEvent record_timed(int index) = 0;
+  // Seconds the device took from `from` to `to` (record_timed's, `to` recorded later);
+  // waits for `to` where it has not run yet.
+  virtual double seconds_between(int index, const DeviceEvent& from, const DeviceEvent& to) = 0;
 };
 
 // The runtime of `type`'s devices: null for the CPU and where this build has none.

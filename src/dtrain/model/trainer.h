@@ -70,6 +70,49 @@ class ResetLearningRateScale {
   optim::Optimizer* optimizer_;
 };
 
+// The GPU's own time in a one-device step's phases: a timed event on the device's compute
+// stream where each phase starts, and one where the last ends, read after the step's loss
+// has waited for the GPU (so reading them waits for nothing more). Each phase goes to the
+// profile's GPU track at its GPU time, placed on the host's clock from the first mark: the
+// GPU had nothing else queued then (the step before ended waiting for it).
+class GpuPhaseClock {
+ public:
+  // The step's first phase starts (the host's clock `now`); nothing on the CPU.
+  void start(Device device, profile::Phase phase, Clock::time_point now) {
+    marks_.clear();
+    if (device.is_cpu()) return;
+    device_ = device;
+    anchor_ = now;
+    mark(phase);
+  }
+  // The phase before ends and `phase` starts (finish() reads the last mark as an end).
+  void mark(profile::Phase phase) {
+    if (device_.is_cpu()) return;
+    marks_.push_back({phase, device_runtime(device_.type)->record_timed(device_.index)});
+  }
+  // Once the step's work has run: each phase's GPU time into `track`.
+  void finish(profile::Track& track) {
+    if (device_.is_cpu() || marks_.size() < 2) return;
+    DeviceRuntime& runtime = *device_runtime(device_.type);
+    double at = 0;
+    for (std::size_t i = 0; i + 1 < marks_.size(); ++i) {
+      const double s = runtime.seconds_between(device_.index, marks_[i].event, marks_[i + 1].event);
+      track.add(marks_[i].phase, anchor_ + clock_seconds(at), anchor_ + clock_seconds(at + s));
+      at += s;
+    }
+    marks_.clear();
+  }
+
+ private:
+  struct Mark {
+    profile::Phase phase;
+    DeviceEvent event;
+  };
+  Device device_;
+  Clock::time_point anchor_{};
+  std::vector<Mark> marks_;
+};
+
 }  // namespace detail
 
 // One training step: forward, backward and, at the end of each group of
@@ -124,15 +167,18 @@ class Model::Trainer {
       loop.add(profile::Phase::to_device, start, copied);
       start = copied;
     }
+    gpu_clock_.start(device, profile::Phase::forward, start);
     GradientTape tape;
     const std::vector<Tensor> y_pred = model_(on_device_.x, /*training=*/true, &output_masks_);
     Tensor loss = with_penalties(model_.compute_loss(on_device_.y, y_pred, &output_losses_, output_masks_), 1.0f);
     if (vars_.empty()) vars_ = model_.trainable_variables();
     Clock::time_point forward_end = Clock::now(), backward_end;
     loop.add(profile::Phase::forward, start, forward_end);
+    gpu_clock_.mark(profile::Phase::backward);
     if (k_ == 1) {
       std::vector<Tensor> grads = tape.gradient(loss, vars_);
       backward_end = Clock::now();
+      gpu_clock_.mark(update_phase_);
       model_.optimizer_->apply_gradients(grads, vars_);
     } else {
       // The update uses the mean of the group's gradients, summed in buffers made once.
@@ -148,12 +194,14 @@ class Model::Trainer {
         group_[i] = buffers_[i];
       }
       backward_end = Clock::now();
+      gpu_clock_.mark(update_phase_);
       if (update) {
         model_.optimizer_->apply_gradients(group_, vars_);
         std::fill(group_.begin(), group_.end(), Tensor());
       }
     }
     const Clock::time_point optimizer_end = Clock::now();
+    gpu_clock_.mark(update_phase_);  // the end of the last phase
     loop.add(profile::Phase::backward, forward_end, backward_end);
     loop.add(update_phase_, backward_end, optimizer_end);
     // The loss's value waits for the GPU's queued work: on a GPU, the host's forward,
@@ -163,6 +211,8 @@ class Model::Trainer {
     if (!device.is_cpu()) {
       metrics_start = Clock::now();
       loop.add(profile::Phase::device_wait, optimizer_end, metrics_start);
+      if (!gpu_track_) gpu_track_ = &profiler_.add_track(device.to_string() + " compute stream", profile::TrackKind::device);
+      gpu_clock_.finish(*gpu_track_);
     }
     const double rows = static_cast<double>(batch.rows());
     loss_mean.update_state(loss_value, rows);
@@ -438,6 +488,8 @@ class Model::Trainer {
   int k_;
   profile::Phase update_phase_ = profile::Phase::optimizer;
   profile::Profiler& profiler_;
+  detail::GpuPhaseClock gpu_clock_;          // a GPU's own phase times (one device)
+  profile::Track* gpu_track_ = nullptr;      // made at the first step on a GPU
   std::vector<profile::Track*> tracks_;  // [replica]
   profile::Track* comm_track_ = nullptr;  // multi-worker: the communication thread's
   std::int64_t micro_ = 0;

@@ -85,6 +85,9 @@ StepSeconds step_seconds(const WorkerSummary& w) {
   s.push = phase(Phase::push);
   s.transfer = t.transfer / n;
   s.bytes = w.bytes_per_step();
+  s.to_device = phase(Phase::to_device);
+  s.device_wait = phase(Phase::device_wait);
+  s.gpu = t.gpu_seconds() / n;
   return s;
 }
 
@@ -234,6 +237,27 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
                    "map(fn, AUTOTUNE) for slow per-element work (or cache() what does not change); with the input "
                    "hidden, a step would take about " +
                        ms(step - s.input) + format(" (%.2fx the samples/s)", step / std::max(step - s.input, 1e-12))});
+
+  // On a GPU: the batch's copy on the training thread, and a GPU that waits for the
+  // host's launches (its work ends with them, and the host hardly waits for it).
+  if (s.to_device / step >= 0.10)
+    out.push_back({"host-to-device copies",
+                   "copying each batch to the GPU takes " + pct(s.to_device / step) + " of the step (" +
+                       ms(s.to_device) + " of " + ms(s.step) + ") " + where,
+                   "give fit a tf.data Dataset instead of arrays: its batches come through prefetch_to_device, "
+                   "copied from page-locked memory beside the GPU's compute stream while the step before computes; "
+                   "with the copy hidden, a step would take about " +
+                       ms(step - s.to_device) +
+                       format(" (%.2fx the samples/s)", step / std::max(step - s.to_device, 1e-12))});
+  const double launches = s.compute() + s.optimizer;
+  if (s.gpu > 0 && s.device_wait / step < 0.10 && s.gpu <= 1.10 * launches)
+    out.push_back({"launch-bound",
+                   "the host took " + ms(launches) + " of each step (" + ms(s.step) + ") " + where +
+                       " to launch the forward, backward and update, and then waited " + ms(s.device_wait) +
+                       " for the GPU, whose work took " + ms(s.gpu) +
+                       ": the GPU's work ended with its launches, so the GPU waited for the host",
+                   "give each launch more work: a larger batch per step (a kernel launch costs the same whatever "
+                   "it computes), fewer and wider layers; the host's launches are the step's floor here"});
 
   // What the others wait for a straggler shows as their communication; it is the
   // straggler's finding, not the link's. A worker's own time is its step less its waits

@@ -80,6 +80,9 @@ struct StepSeconds {
   double step = 0, input = 0, start = 0, forward = 0, backward = 0, comm = 0, straggler = 0, optimizer = 0;
   double transfer = 0, bytes = 0;
   double pull = 0, push = 0;  // under the ps
+  // On a GPU: the batch's copy to it, the host's wait for its queued work at the step's end,
+  // and the GPU's own time from the forward's first kernel to the update's end (its events).
+  double to_device = 0, device_wait = 0, gpu = 0;
   double compute() const { return forward + backward; }
   // The step less its waits for other workers: what this worker itself took.
   double own() const { return std::max(0.0, step - comm - straggler); }
@@ -125,7 +128,9 @@ double busy_excess(const ScaleRun& run);
 // step spends whatever its batch: exposed communication, start-up, the update),
 // communication-bound (exposed communication >= 25%; named before the batch where moving
 // the bytes over a link takes longer than the compute), optimizer-bound (optimizer >=
-// 25%). Judged on the run with the most replicas in sync; empty when nothing stands out.
+// 25%); on a GPU, host-to-device copies (the batch's copy >= 10% of the step) and
+// launch-bound (the host waited < 10% of the step for a GPU whose work ended within 10% of
+// its launches: the GPU waited for the host). Judged on the run with the most replicas in sync; empty when nothing stands out.
 std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs);
 
 std::string format_findings(const std::vector<Finding>& findings);

@@ -98,6 +98,7 @@ void Totals::add(const StepRecord& r) {
   transfer += r.transfer;
   bytes += r.bytes;
   samples += r.samples;
+  for (int p = 0; p < kPhases; ++p) gpu[static_cast<std::size_t>(p)] += r.gpu[static_cast<std::size_t>(p)];
 }
 
 void Totals::add(const Totals& other) {
@@ -108,6 +109,13 @@ void Totals::add(const Totals& other) {
   transfer += other.transfer;
   bytes += other.bytes;
   samples += other.samples;
+  for (int p = 0; p < kPhases; ++p) gpu[static_cast<std::size_t>(p)] += other.gpu[static_cast<std::size_t>(p)];
+}
+
+double Totals::gpu_seconds() const {
+  double s = 0;
+  for (double g : gpu) s += g;
+  return s;
 }
 
 double Totals::unaccounted() const {
@@ -165,6 +173,9 @@ const StepRecord& Profiler::end_step(std::int64_t samples) {
         replica_waits += t->waited_for_comm_;
         break;
       }
+      case TrackKind::device:
+        for (int p = 0; p < kPhases; ++p) r.gpu[static_cast<std::size_t>(p)] += t->seconds_[static_cast<std::size_t>(p)];
+        break;
       case TrackKind::communication:
         comm_thread += t->seconds_[static_cast<std::size_t>(index_of(Phase::communication))];
         comm_thread_straggler += t->seconds_[static_cast<std::size_t>(index_of(Phase::straggler_wait))];

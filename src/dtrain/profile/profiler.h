@@ -42,7 +42,10 @@ const char* phase_name(Phase phase);  // "input wait", "forward", ...
 
 using PhaseSeconds = std::array<double, kPhases>;
 
-enum class TrackKind : std::uint8_t { loop, replica, communication };
+// device: a GPU's compute stream, its phases timed by the GPU itself (events on the stream)
+// and placed on the host's clock; its time is the step's `gpu` figures, beside the host's
+// phases, not part of them.
+enum class TrackKind : std::uint8_t { loop, replica, communication, device };
 
 // One thread's timeline.
 class Track {
@@ -105,6 +108,9 @@ struct StepRecord {
   double transfer = 0;             // the part that moved bytes between processes
   std::uint64_t bytes = 0;         // all-reduced with other processes
   std::int64_t samples = 0;        // global batch rows
+  // On a GPU: the GPU's own time in the step's forward, backward and optimizer phases
+  // (device tracks), where the host's phases were the launches and the device wait.
+  PhaseSeconds gpu{};
   // The step's own work on its critical path: the loop's phases and the slowest replica's,
   // each less its communication, waits for peers, pushes, pulls and setup, and the time
   // between the records (the loop's and the longest replica's phases short of the wall).
@@ -120,9 +126,12 @@ struct Totals {
   double transfer = 0;
   std::uint64_t bytes = 0;
   std::int64_t samples = 0;
+  PhaseSeconds gpu{};  // StepRecord::gpu, summed
   void add(const StepRecord& r);
   void add(const Totals& other);  // another run of steps (another worker's, another closure's)
   double share(Phase p) const { return wall > 0 ? phases[static_cast<int>(p)] / wall : 0.0; }
+  // The GPU's time in the step's phases, all of them (0: no GPU track).
+  double gpu_seconds() const;
   // Wall time not covered by any phase (thread start-up and joins, the step's own overhead).
   double unaccounted() const;
 };

@@ -41,7 +41,10 @@ void WorkerSummary::to_values(std::span<double> out) const {
   out[3] = totals.transfer;
   out[4] = static_cast<double>(totals.bytes);
   out[5] = static_cast<double>(totals.samples);
-  for (int p = 0; p < kPhases; ++p) out[6 + static_cast<std::size_t>(p)] = totals.phases[static_cast<std::size_t>(p)];
+  for (int p = 0; p < kPhases; ++p) {
+    out[6 + static_cast<std::size_t>(p)] = totals.phases[static_cast<std::size_t>(p)];
+    out[6 + kPhases + static_cast<std::size_t>(p)] = totals.gpu[static_cast<std::size_t>(p)];
+  }
   // p50 and p90 travel after the phases.
   out[kValues - 2] = step_p50;
   out[kValues - 1] = step_p90;
@@ -55,7 +58,10 @@ WorkerSummary WorkerSummary::from_values(std::span<const double> in) {
   w.totals.transfer = in[3];
   w.totals.bytes = static_cast<std::uint64_t>(in[4]);
   w.totals.samples = static_cast<std::int64_t>(in[5]);
-  for (int p = 0; p < kPhases; ++p) w.totals.phases[static_cast<std::size_t>(p)] = in[6 + static_cast<std::size_t>(p)];
+  for (int p = 0; p < kPhases; ++p) {
+    w.totals.phases[static_cast<std::size_t>(p)] = in[6 + static_cast<std::size_t>(p)];
+    w.totals.gpu[static_cast<std::size_t>(p)] = in[6 + kPhases + static_cast<std::size_t>(p)];
+  }
   w.step_p50 = in[kValues - 2];
   w.step_p90 = in[kValues - 1];
   return w;
@@ -72,6 +78,16 @@ std::string phase_shares(const Totals& totals) {
     sep = ", ";
   }
   o << sep << "other " << percent(totals.wall > 0 ? totals.unaccounted() / totals.wall : 0);
+  if (totals.gpu_seconds() > 0 && totals.wall > 0) {
+    o << "; GPU busy " << percent(totals.gpu_seconds() / totals.wall) << " (";
+    sep = "";
+    for (Phase p : kShown)
+      if (const double g = totals.gpu[static_cast<std::size_t>(p)]; g > 0) {
+        o << sep << phase_name(p) << " " << percent(g / totals.wall);
+        sep = ", ";
+      }
+    o << ")";
+  }
   return o.str();
 }
 

@@ -25,12 +25,13 @@ struct WorkerSummary {
   double bus_bandwidth(int workers) const;
 
   // As numbers, so that workers can sum them over the cluster (each into its own slot).
-  static constexpr std::size_t kValues = 8 + kPhases;
+  static constexpr std::size_t kValues = 8 + 2 * kPhases;  // the phases, then the GPU's (Totals::gpu)
   void to_values(std::span<double> out) const;
   static WorkerSummary from_values(std::span<const double> in);
 };
 
-// "input wait 0.4%, forward 31.0%, ..., communication 21.3% exposed of 38.0%, ..."
+// "input wait 0.4%, forward 31.0%, ..., communication 21.3% exposed of 38.0%, ...", and on
+// a GPU "; GPU busy 71.2% (forward 20.1%, backward 44.0%, optimizer 7.1%)".
 std::string phase_shares(const Totals& totals);
 // The end-of-training table: samples/s, step p50/p90, phase shares, bytes per step and
 // bus bandwidth, a row per worker (index = worker).
