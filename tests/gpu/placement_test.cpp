@@ -16,6 +16,7 @@
 #include "common/temp_dir.h"
 #include "dtrain/core/device_staging.h"
 #include "dtrain/dtrain.h"
+#include "dtrain/model/device_batches.h"
 
 namespace dtrain {
 namespace {
@@ -117,10 +118,16 @@ TEST_F(Gpu, FitOnTheGpuTrainsAsOnTheCpu) {
   const data::Split d = data::make_synthetic(640, 10, 4, 5, data::SyntheticLabels::teacher);
   auto cpu = mlp(), gpu = mlp();
   const History hc = cpu->fit(d.x, d.y, quiet(3));
+  const std::uint64_t beside = gpu_.stand_in() ? gpu_.stand_in_runtime()->copies_beside() : 0;
   History hg;
   {
     DevicePlacement on_gpu(cuda0);
     hg = gpu->fit(d.x, d.y, quiet(3));
+  }
+  // The arrays' batches were drawn a step ahead and copied beside the compute stream: x
+  // and y of ten batches in each of three epochs.
+  if (gpu_.stand_in()) {
+    EXPECT_EQ(gpu_.stand_in_runtime()->copies_beside() - beside, 60u);
   }
   EXPECT_EQ(gpu->device(), cuda0);
   EXPECT_LE(testing::relative_difference(*gpu, *cpu), tolerance(1e-4));
@@ -129,7 +136,8 @@ TEST_F(Gpu, FitOnTheGpuTrainsAsOnTheCpu) {
     EXPECT_NEAR(hg.history.at("accuracy")[e], hc.history.at("accuracy")[e], tolerance(1e-2));
   }
   EXPECT_LT(hg.history.at("loss")[2], hg.history.at("loss")[0]);
-  // The batches' copies to the GPU and the waits for it are phases of the step; the CPU has neither.
+  // The batches' handing over to the GPU and the waits for it are phases of the step; the
+  // CPU has neither.
   EXPECT_GT(hg.profile.back().phases[static_cast<int>(profile::Phase::to_device)], 0.0);
   EXPECT_EQ(hc.profile.back().phases[static_cast<int>(profile::Phase::to_device)], 0.0);
   EXPECT_EQ(hc.profile.back().phases[static_cast<int>(profile::Phase::device_wait)], 0.0);
@@ -182,6 +190,34 @@ TEST_F(Gpu, PrefetchToDeviceDeliversOnTheGpuAndReusesBuffersOnlyWhenFree) {
   EXPECT_TRUE(staging.stage(words).on_cpu());
   const std::string m = testing::message_of([] { DeviceStaging cpu_staging{Device::cpu()}; });
   EXPECT_NE(m.find("not to the CPU"), std::string::npos) << m;
+}
+
+// fit's arrays on a GPU are drawn and copied a step ahead on a thread of their own: the
+// batches and their order are those drawn on the training thread, through epochs and a
+// change of batch size within one (the batch drawn ahead is put back).
+TEST_F(Gpu, ArraysDrawnAStepAheadKeepTheirOrderThroughEpochsAndABatchSizeChange) {
+  const data::Split d = data::make_synthetic(100, 3, 2, 9);
+  const TensorData all(d.x, d.y);
+  detail::TensorBatches plain(all, 16, /*shuffle=*/true, 5, false), inner(all, 16, /*shuffle=*/true, 5, false);
+  detail::DeviceBatches staged(inner, cuda0);
+  EXPECT_EQ(staged.steps(), plain.steps());
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    plain.begin_epoch(epoch);
+    staged.begin_epoch(epoch);
+    TensorData a, b;
+    int n = 0;
+    while (plain.next(a)) {
+      ASSERT_TRUE(staged.next(b)) << epoch << " " << n;
+      ASSERT_EQ(b.x[0].device(), cuda0);
+      EXPECT_EQ(b.x[0].to_vector(), a.x[0].to_vector()) << epoch << " " << n;
+      EXPECT_EQ(b.y[0].to(Device::cpu()).to_vector(), a.y[0].to_vector()) << epoch << " " << n;
+      if (epoch == 1 && ++n == 2) {
+        ASSERT_TRUE(plain.set_batch_size(10));
+        ASSERT_TRUE(staged.set_batch_size(10));
+      }
+    }
+    EXPECT_FALSE(staged.next(b)) << epoch;
+  }
 }
 
 // fit on the GPU from a Dataset: the batches come through prefetch_to_device (copied beside

@@ -21,6 +21,7 @@
 #include "dtrain/core/threads.h"
 #include "dtrain/kernels/backend.h"
 #include "dtrain/model/batch_sources.h"
+#include "dtrain/model/device_batches.h"
 #include "dtrain/model/progress.h"
 #include "dtrain/model/safetensors.h"
 #include "dtrain/model/saving.h"
@@ -590,7 +591,14 @@ History Model::fit(const TensorData& all, const FitOptions& opt) {
     return serve_remote_fit(*remote, mine.get(), o);
   }
   const bool replicas_here = strategy_ && strategy_->num_replicas() > 1;
-  TensorBatches source(std::move(data), opt.batch_size, opt.shuffle, opt.seed, /*on_compute_pool=*/!replicas_here);
+  // On a GPU the batches are drawn and copied a step ahead, on a thread of their own.
+  const Device where = device();
+  TensorBatches source(std::move(data), opt.batch_size, opt.shuffle, opt.seed,
+                       /*on_compute_pool=*/!replicas_here && where.is_cpu());
+  if (!where.is_cpu()) {
+    detail::DeviceBatches staged(source, where);
+    return run_fit(staged, o);
+  }
   return run_fit(source, o);
 }
 

@@ -244,9 +244,10 @@ std::vector<Finding> diagnose(const std::vector<ScaleRun>& runs) {
     out.push_back({"host-to-device copies",
                    "copying each batch to the GPU takes " + pct(s.to_device / step) + " of the step (" +
                        ms(s.to_device) + " of " + ms(s.step) + ") " + where,
-                   "give fit a tf.data Dataset instead of arrays: its batches come through prefetch_to_device, "
-                   "copied from page-locked memory beside the GPU's compute stream while the step before computes; "
-                   "with the copy hidden, a step would take about " +
+                   "copy the batches ahead of the step, from page-locked memory beside the GPU's compute stream: "
+                   "dtrain's fit does so for arrays and Datasets, and a pipeline of your own ends with "
+                   "dataset.apply(tf.data.experimental.prefetch_to_device('/gpu:0')); with the copy hidden, a step "
+                   "would take about " +
                        ms(step - s.to_device) +
                        format(" (%.2fx the samples/s)", step / std::max(step - s.to_device, 1e-12))});
   const double launches = s.compute() + s.optimizer;
