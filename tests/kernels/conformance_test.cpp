@@ -561,6 +561,59 @@ TEST_P(Conformance, RmspropAndAdagradFollowKeras3) {
   }
 }
 
+// Many variables updated at once (one launch for up to 32 on a GPU): each as its own update
+// with its own gradient scale, through groups of 32, empty variables and a NaN included.
+TEST_P(Conformance, UpdatesOfManyVariablesAtOnceAreEachOnesOwn) {
+  const int count = 37;  // two groups on a GPU
+  for (const bool adam : {false, true}) {
+    std::vector<Tensor> w, g, s0, s1, w1, s01, s11;
+    std::vector<UpdateItem> items;
+    for (int i = 0; i < count; ++i) {
+      const std::int64_t n = i % 9 == 4 ? 0 : 1 + (i * 977) % 3000;
+      const auto seed = static_cast<std::uint64_t>(200 + 4 * i);
+      w.push_back(on(random_tensor({n}, seed)));
+      g.push_back(on(random_tensor({n}, seed + 1)));
+      s0.push_back(on(random_tensor({n}, seed + 2)));
+      s1.push_back(on(random_tensor({n}, seed + 3, 0.0f, 1.0f)));
+      w1.push_back(w.back().clone());
+      s01.push_back(s0.back().clone());
+      s11.push_back(s1.back().clone());
+    }
+    for (int i = 0; i < count; ++i)
+      items.push_back({&w[i], &g[i], &s0[i], adam ? &s1[i] : nullptr, 0.5f + 0.01f * static_cast<float>(i)});
+    const SgdUpdate sgd{.learning_rate = 0.1f, .momentum = 0.9f, .nesterov = true, .weight_decay = 0.01f};
+    const AdamUpdate adam_p{.learning_rate = 0.01f, .step = 3, .weight_decay = 0.02f};
+    be().take_deferred_non_finite();
+    EXPECT_TRUE(adam ? be().adam_update_many(items, adam_p) : be().sgd_update_many(items, sgd));
+    EXPECT_FALSE(be().take_deferred_non_finite());
+    for (int i = 0; i < count; ++i) {
+      const std::string what = std::string(adam ? "adam" : "sgd") + "_update_many, variable " + std::to_string(i);
+      if (adam) {
+        AdamUpdate one = adam_p;
+        one.gradient_scale = items[i].gradient_scale;
+        be().adam_update(w1[i], g[i], s01[i], s11[i], one);
+        expect_near(s1[i].to_vector(), as_double(s11[i].to_vector()), 1e-6, 0.0, what + " (v)");
+      } else {
+        SgdUpdate one = sgd;
+        one.gradient_scale = items[i].gradient_scale;
+        be().sgd_update(w1[i], g[i], &s01[i], one);
+      }
+      expect_near(w[i].to_vector(), as_double(w1[i].to_vector()), 1e-6, 0.0, what);
+      expect_near(s0[i].to_vector(), as_double(s01[i].to_vector()), 1e-6, 0.0, what + " (slot 0)");
+    }
+    // A NaN in the last group is reported.
+    Tensor bad = random_tensor({5}, 300);
+    bad.data<float>()[2] = std::numeric_limits<float>::quiet_NaN();
+    const Tensor bad_g = on(bad);
+    Tensor five_w = on(random_tensor({5}, 301)), five_0 = on(random_tensor({5}, 302)),
+           five_1 = on(random_tensor({5}, 303, 0.0f, 1.0f));
+    items.back() = {&five_w, &bad_g, &five_0, adam ? &five_1 : nullptr, 1.0f};
+    be().take_deferred_non_finite();
+    const bool at_once = adam ? be().adam_update_many(items, adam_p) : be().sgd_update_many(items, sgd);
+    EXPECT_TRUE(!at_once || be().take_deferred_non_finite()) << (adam ? "adam" : "sgd");
+  }
+}
+
 // A NaN written by an update is reported: at once by a backend that runs the update before
 // returning, through take_deferred_non_finite() by one whose kernels run later.
 TEST_P(Conformance, ANonFiniteWeightIsReported) {

@@ -26,6 +26,26 @@ std::atomic<bool>& tf32() {
 
 }  // namespace
 
+bool Backend::sgd_update_many(std::span<const UpdateItem> items, const SgdUpdate& p) {
+  bool finite = true;
+  for (const UpdateItem& item : items) {
+    SgdUpdate one = p;
+    one.gradient_scale = item.gradient_scale;
+    finite &= sgd_update(*item.w, *item.g, item.slot0, one);
+  }
+  return finite;
+}
+
+bool Backend::adam_update_many(std::span<const UpdateItem> items, const AdamUpdate& p) {
+  bool finite = true;
+  for (const UpdateItem& item : items) {
+    AdamUpdate one = p;
+    one.gradient_scale = item.gradient_scale;
+    finite &= adam_update(*item.w, *item.g, *item.slot0, *item.slot1, one);
+  }
+  return finite;
+}
+
 Backend& backend(Device device) {
   if (device.type == DeviceType::cpu) return cpu_backend();
   if (device.index >= 0 && device.index < kMaxOverrides)
@@ -69,6 +89,8 @@ const char* primitive_name(Primitive op) {
     case Primitive::sgd_update: return "sgd_update";
     case Primitive::adam_update: return "adam_update";
     case Primitive::rmsprop_update: return "rmsprop_update";
+    case Primitive::sgd_update_many: return "sgd_update_many";
+    case Primitive::adam_update_many: return "adam_update_many";
     case Primitive::conv2d: return "conv2d";
     case Primitive::conv2d_backward_data: return "conv2d_backward_data";
     case Primitive::conv2d_backward_weights: return "conv2d_backward_weights";

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "dtrain/core/rng.h"
 #include "dtrain/core/tensor.h"
@@ -27,7 +28,7 @@ enum class Reduce : std::uint8_t { sum, mean, max };
 enum class Primitive : std::uint8_t {
   matmul, unary, unary_backward, binary, reduce, softmax, softmax_backward, convert, fill,
   axpby, sum_squares, softmax_cross_entropy, softmax_cross_entropy_backward, dropout,
-  argmax, one_hot, sgd_update, adam_update, rmsprop_update, conv2d, conv2d_backward_data, conv2d_backward_weights,
+  argmax, one_hot, sgd_update, adam_update, rmsprop_update, sgd_update_many, adam_update_many, conv2d, conv2d_backward_data, conv2d_backward_weights,
   pool2d, pool2d_backward, channel_sums, channel_affine, batch_norm_coefficients, batch_norm_gradient_coefficients,
   layer_norm, layer_norm_backward, copy_block,
   attention, attention_backward, gather_rows, scatter_add_rows,
@@ -148,6 +149,17 @@ inline MaskStrides attention_mask_strides(const Tensor* mask) {
   const std::int64_t s = mask->dim(2), t = mask->dim(1);
   return {mask->dim(0) == 1 ? 0 : t * s, t == 1 ? 0 : s};
 }
+
+// One of many variables in an update over all of them: its weights, its gradient, its
+// slots (null where the optimizer keeps fewer: SGD's velocity is slot0, Adam's m and v are
+// slot0 and slot1) and its own gradient scale (clipping by each variable's norm).
+struct UpdateItem {
+  Tensor* w = nullptr;
+  const Tensor* g = nullptr;
+  Tensor* slot0 = nullptr;
+  Tensor* slot1 = nullptr;
+  float gradient_scale = 1.0f;
+};
 
 class Backend {
  public:
@@ -278,6 +290,12 @@ class Backend {
   // `momentum` and `average` (centered) may be null.
   virtual bool rmsprop_update(Tensor& w, const Tensor& g, Tensor& v, Tensor* momentum, Tensor* average,
                               const RmspropUpdate& p) = 0;
+  // The updates of many variables at once, each item's as sgd_update's or adam_update's
+  // with the item's gradient scale (p.gradient_scale is not used). A GPU runs up to 32
+  // variables in one launch, where each would cost a launch of its own; the CPU runs them
+  // in turn. Returns as those do.
+  virtual bool sgd_update_many(std::span<const UpdateItem> items, const SgdUpdate& p);
+  virtual bool adam_update_many(std::span<const UpdateItem> items, const AdamUpdate& p);
   // Whether an update since the last call wrote a NaN or an infinity that its return value
   // could not report; waits for the updates queued so far, and clears the record.
   virtual bool take_deferred_non_finite() { return false; }

@@ -1,4 +1,5 @@
-// Adam and AdamW: one fused kernel pass per variable over w, g, m and v.
+// Adam and AdamW: one fused kernel pass over w, g, m and v (of each variable, or of all of
+// them at once: adam_update_many).
 #include "dtrain/kernels/backend.h"
 #include "dtrain/optim/optimizer.h"
 
@@ -21,7 +22,7 @@ Adam::Adam(std::string name, std::shared_ptr<LearningRateSchedule> learning_rate
 
 std::vector<std::string> Adam::slot_names() const { return {"m", "v"}; }
 
-bool Adam::update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) {
+kernels::AdamUpdate Adam::hyper(float lr, float grad_scale) const {
   kernels::AdamUpdate p;
   p.learning_rate = lr;
   p.beta_1 = adam_.beta_1;
@@ -30,7 +31,15 @@ bool Adam::update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float
   p.step = iterations() + 1;
   p.weight_decay = options().weight_decay;
   p.gradient_scale = grad_scale;
-  return kernels::backend(value.device()).adam_update(value, g, slots[0], slots[1], p);
+  return p;
+}
+
+bool Adam::update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) {
+  return kernels::backend(value.device()).adam_update(value, g, slots[0], slots[1], hyper(lr, grad_scale));
+}
+
+std::optional<bool> Adam::update_all(std::span<const kernels::UpdateItem> items, float lr) {
+  return kernels::backend(items.front().w->device()).adam_update_many(items, hyper(lr, 1.0f));
 }
 
 namespace {

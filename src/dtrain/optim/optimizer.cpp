@@ -91,6 +91,8 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
     global_scale = static_cast<float>(*options_.global_clipnorm / last_global_norm_);
 
   const float lr = learning_rate();
+  items_.clear();
+  bool one_device = true;
   for (size_t i = 0; i < vars.size(); ++i) {
     if (!grads[i].defined()) continue;
     float scale = global_scale;
@@ -98,8 +100,25 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
       const double norm = std::sqrt(norms_[i]);
       if (norm > *options_.clipnorm) scale = static_cast<float>(*options_.clipnorm / norm);
     }
-    if (!update(vars[i]->value_for_update(), grads[i], slots_of(*vars[i]), lr, scale))
-      wrote_non_finite_.store(true, std::memory_order_relaxed);
+    std::vector<Tensor>& slots = slots_of(*vars[i]);
+    items_.push_back({&vars[i]->value_for_update(), &grads[i], slots.empty() ? nullptr : &slots[0],
+                      slots.size() > 1 ? &slots[1] : nullptr, scale});
+    one_device &= items_.back().w->device() == items_.front().w->device();
+  }
+  // All at once where the optimizer can (one launch on a GPU), else one by one.
+  std::optional<bool> finite = one_device && !items_.empty() ? update_all(items_, lr) : std::nullopt;
+  if (!finite) {
+    finite = true;
+    std::size_t k = 0;
+    for (size_t i = 0; i < vars.size(); ++i)
+      if (grads[i].defined()) {
+        const kernels::UpdateItem& item = items_[k++];
+        *finite &= update(*item.w, *item.g, slots_of(*vars[i]), lr, item.gradient_scale);
+      }
+  }
+  if (!*finite) wrote_non_finite_.store(true, std::memory_order_relaxed);
+  for (size_t i = 0; i < vars.size(); ++i) {
+    if (!grads[i].defined()) continue;
     vars[i]->apply_constraint();
     note_device(vars[i]->value_device());
   }

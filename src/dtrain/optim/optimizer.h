@@ -16,6 +16,7 @@
 
 #include "dtrain/autograd/variable.h"
 #include "dtrain/core/scoped.h"
+#include "dtrain/kernels/backend.h"
 #include "dtrain/optim/schedules.h"
 
 namespace dtrain::optim {
@@ -86,6 +87,13 @@ class Optimizer {
   // scaled by grad_scale; slots are the same share of the variable's slots. Returns
   // whether every value written is finite.
   virtual bool update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) = 0;
+  // The updates of every variable of a step at once, all on one device (items' w, g, slots
+  // and gradient scales filled in): optimizers whose backends update many variables in one
+  // pass (SGD, Adam, AdamW: one launch on a GPU) override it; nullopt, the default, has the
+  // caller call update() for each. Otherwise whether every value written is finite.
+  virtual std::optional<bool> update_all(std::span<const kernels::UpdateItem> /*items*/, float /*lr*/) {
+    return std::nullopt;
+  }
 
  private:
   std::string name_;
@@ -95,6 +103,7 @@ class Optimizer {
   std::int64_t iterations_ = 0;
   double last_global_norm_ = 0.0;
   std::vector<double> norms_;  // squared gradient norms of the step, when clipping
+  std::vector<kernels::UpdateItem> items_;  // the step's updates (kept: no allocation per step)
   int slot_count_ = -1;  // slot_names().size(), read once (virtual: not in the constructor)
   float shared_lr_ = 0.0f;  // the learning rate of the shared update under way
   std::atomic<bool> wrote_non_finite_{false};  // set by any share's update
@@ -120,8 +129,10 @@ class SGD final : public Optimizer {
  protected:
   std::vector<std::string> slot_names() const override;
   bool update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) override;
+  std::optional<bool> update_all(std::span<const kernels::UpdateItem> items, float lr) override;
 
  private:
+  kernels::SgdUpdate hyper(float lr, float grad_scale) const;
   float momentum_;
   bool nesterov_;
 };
@@ -145,8 +156,10 @@ class Adam : public Optimizer {
        OptimizerOptions options);
   std::vector<std::string> slot_names() const override;
   bool update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) override;
+  std::optional<bool> update_all(std::span<const kernels::UpdateItem> items, float lr) override;
 
  private:
+  kernels::AdamUpdate hyper(float lr, float grad_scale) const;
   AdamOptions adam_;
 };
 

@@ -1,4 +1,5 @@
-// SGD with optional (Nesterov) momentum: one fused kernel pass per variable.
+// SGD with optional (Nesterov) momentum: one fused kernel pass (of each variable, or of all
+// of them at once: sgd_update_many).
 #include "dtrain/kernels/backend.h"
 #include "dtrain/optim/optimizer.h"
 
@@ -18,15 +19,22 @@ std::vector<std::string> SGD::slot_names() const {
   return {"momentum"};
 }
 
-bool SGD::update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) {
+kernels::SgdUpdate SGD::hyper(float lr, float grad_scale) const {
   kernels::SgdUpdate p;
   p.learning_rate = lr;
   p.momentum = momentum_;
   p.nesterov = nesterov_;
   p.weight_decay = options().weight_decay;
   p.gradient_scale = grad_scale;
-  return kernels::backend(value.device())
-      .sgd_update(value, g, slots.empty() ? nullptr : &slots[0], p);
+  return p;
+}
+
+bool SGD::update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) {
+  return kernels::backend(value.device()).sgd_update(value, g, slots.empty() ? nullptr : &slots[0], hyper(lr, grad_scale));
+}
+
+std::optional<bool> SGD::update_all(std::span<const kernels::UpdateItem> items, float lr) {
+  return kernels::backend(items.front().w->device()).sgd_update_many(items, hyper(lr, 1.0f));
 }
 
 }  // namespace dtrain::optim

@@ -456,6 +456,58 @@ bool CudaBackend::adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, 
   return true;
 }
 
+namespace {
+
+// The items in groups of at most kManyTensors, each handed to `launch` as one ManyTensors.
+template <typename Fn>
+void in_groups(std::span<const UpdateItem> items, Fn launch) {
+  for (std::size_t first = 0; first < items.size(); first += cuda::kManyTensors) {
+    cuda::ManyTensors t{};
+    std::int64_t end = 0;
+    for (std::size_t i = first; i < std::min(items.size(), first + cuda::kManyTensors); ++i) {
+      const UpdateItem& item = items[i];
+      const int k = t.count++;
+      t.w[k] = item.w->device_data<float>();
+      t.g[k] = item.g->device_data<float>();
+      t.slot0[k] = item.slot0 ? item.slot0->device_data<float>() : nullptr;
+      t.slot1[k] = item.slot1 ? item.slot1->device_data<float>() : nullptr;
+      t.gradient_scale[k] = item.gradient_scale;
+      end += item.w->numel();
+      t.ends[k] = end;
+    }
+    launch(t);
+  }
+}
+
+}  // namespace
+
+bool CudaBackend::sgd_update_many(std::span<const UpdateItem> items, const SgdUpdate& p) {
+  for (const UpdateItem& item : items) {
+    check_devices("sgd_update_many", device(), {item.w, item.g, item.slot0});
+    check_sgd_update(*item.w, *item.g, item.slot0);
+  }
+  const cuda::Launch l = launch();
+  in_groups(items, [&](const cuda::ManyTensors& t) {
+    cuda::sgd_many(l, t, p.learning_rate, p.momentum, p.nesterov, p.learning_rate * p.weight_decay,
+                   &device_flags_->non_finite);
+  });
+  return true;
+}
+
+bool CudaBackend::adam_update_many(std::span<const UpdateItem> items, const AdamUpdate& p) {
+  for (const UpdateItem& item : items) {
+    if (!item.slot0 || !item.slot1) DTRAIN_THROW(InvalidArgument, "adam_update_many: every variable needs m and v");
+    check_devices("adam_update_many", device(), {item.w, item.g, item.slot0, item.slot1});
+    check_adam_update(*item.w, *item.g, *item.slot0, *item.slot1, p);
+  }
+  const cuda::Launch l = launch();
+  in_groups(items, [&](const cuda::ManyTensors& t) {
+    cuda::adam_many(l, t, p.beta_1, p.beta_2, adam_step_size(p), p.epsilon, p.learning_rate * p.weight_decay,
+                    &device_flags_->non_finite);
+  });
+  return true;
+}
+
 bool CudaBackend::rmsprop_update(Tensor& w, const Tensor& g, Tensor& v, Tensor* momentum, Tensor* average,
                                  const RmspropUpdate& p) {
   check_devices("rmsprop_update", device(), {&w, &g, &v, momentum, average});

@@ -57,6 +57,8 @@ class CudaBackend final : public Backend {
   void channel_sums(const Tensor& a, const Tensor& b, const Tensor& center, Tensor& sums) override;
   void channel_affine(const Tensor& x, const Tensor& scale, const Tensor& shift, Tensor& y, const Tensor* x2,
                       const Tensor* scale2, bool relu) override;
+  bool sgd_update_many(std::span<const UpdateItem> items, const SgdUpdate& p) override;
+  bool adam_update_many(std::span<const UpdateItem> items, const AdamUpdate& p) override;
   void batch_norm_coefficients(const Tensor& mean, const Tensor& variance, double count, const Tensor& gamma,
                                const Tensor& beta, float epsilon, Tensor& coefficients) override;
   void batch_norm_gradient_coefficients(const Tensor& sums, const Tensor& total, double count,

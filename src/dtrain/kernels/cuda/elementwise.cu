@@ -139,6 +139,49 @@ __global__ void adam_kernel(float* w, const float* g, float* m, float* v, std::i
   if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *non_finite = 1;
 }
 
+// The variable element i of all of them is in: the first whose end is past i (an empty one
+// ends where the one before it does, so it is never chosen).
+__device__ __forceinline__ int variable_of(const ManyTensors& t, std::int64_t i) {
+  int lo = 0, hi = t.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (i < t.ends[mid]) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
+__global__ void sgd_many_kernel(const ManyTensors t, float lr, float momentum, bool nesterov, float decay,
+                                int* non_finite) {
+  bool bad = false;
+  DTRAIN_GRID_STRIDE(i, t.ends[t.count - 1]) {
+    const int k = variable_of(t, i);
+    const std::int64_t j = i - (k > 0 ? t.ends[k - 1] : 0);
+    const float out = math::sgd(t.w[k][j], t.g[k][j], t.slot0[k] ? t.slot0[k] + j : nullptr, lr, momentum, nesterov,
+                                decay, t.gradient_scale[k]);
+    t.w[k][j] = out;
+    bad |= math::not_finite(out);
+  }
+  if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *non_finite = 1;
+}
+
+__global__ void adam_many_kernel(const ManyTensors t, float b1, float one_minus_b1, float b2, float one_minus_b2,
+                                 float step_size, float epsilon, float decay, int* non_finite) {
+  bool bad = false;
+  DTRAIN_GRID_STRIDE(i, t.ends[t.count - 1]) {
+    const int k = variable_of(t, i);
+    const std::int64_t j = i - (k > 0 ? t.ends[k - 1] : 0);
+    float mi = t.slot0[k][j], vi = t.slot1[k][j];
+    const float out = math::adam(t.w[k][j], t.g[k][j], mi, vi, b1, one_minus_b1, b2, one_minus_b2, step_size, epsilon,
+                                 decay, t.gradient_scale[k]);
+    t.slot0[k][j] = mi;
+    t.slot1[k][j] = vi;
+    t.w[k][j] = out;
+    bad |= math::not_finite(out);
+  }
+  if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *non_finite = 1;
+}
+
 }  // namespace
 
 void unary(const Launch& l, math::UnaryOp op, const float* x, float* y, std::int64_t n, float alpha, float beta) {
@@ -230,6 +273,23 @@ void adam(const Launch& l, float* w, const float* g, float* m, float* v, std::in
                                                            1.0f - beta_2, step_size, epsilon, decay, gradient_scale,
                                                            non_finite);
   check_launch("adam_update", n, l);
+}
+
+void sgd_many(const Launch& l, const ManyTensors& t, float lr, float momentum, bool nesterov, float decay,
+              int* non_finite) {
+  const std::int64_t n = t.count > 0 ? t.ends[t.count - 1] : 0;
+  if (n == 0) return;
+  sgd_many_kernel<<<blocks_for(n, l), kThreads, 0, l.stream>>>(t, lr, momentum, nesterov, decay, non_finite);
+  check_launch("sgd_update_many", n, l);
+}
+
+void adam_many(const Launch& l, const ManyTensors& t, float beta_1, float beta_2, float step_size, float epsilon,
+               float decay, int* non_finite) {
+  const std::int64_t n = t.count > 0 ? t.ends[t.count - 1] : 0;
+  if (n == 0) return;
+  adam_many_kernel<<<blocks_for(n, l), kThreads, 0, l.stream>>>(t, beta_1, 1.0f - beta_1, beta_2, 1.0f - beta_2,
+                                                                step_size, epsilon, decay, non_finite);
+  check_launch("adam_update_many", n, l);
 }
 
 void rmsprop(const Launch& l, float* w, const float* g, float* v, float* momentum, float* average, std::int64_t n,

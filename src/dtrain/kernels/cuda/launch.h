@@ -89,6 +89,24 @@ void sgd(const Launch& l, float* w, const float* g, float* velocity, std::int64_
          bool nesterov, float decay, float gradient_scale, int* non_finite);
 void adam(const Launch& l, float* w, const float* g, float* m, float* v, std::int64_t n, float beta_1, float beta_2,
           float step_size, float epsilon, float decay, float gradient_scale, int* non_finite);
+// Up to kManyTensors variables updated by one launch, passed by value as the kernel's
+// parameter: each one's weights, gradient and slots (null where unused), its gradient
+// scale, and where it ends in the elements of all of them (ends[count - 1]: the total).
+inline constexpr int kManyTensors = 32;
+struct ManyTensors {
+  float* w[kManyTensors];
+  const float* g[kManyTensors];
+  float* slot0[kManyTensors];
+  float* slot1[kManyTensors];
+  float gradient_scale[kManyTensors];
+  std::int64_t ends[kManyTensors];
+  int count;
+};
+// sgd's and adam's passes over many variables (slot0: velocity or m; slot1: v).
+void sgd_many(const Launch& l, const ManyTensors& t, float lr, float momentum, bool nesterov, float decay,
+              int* non_finite);
+void adam_many(const Launch& l, const ManyTensors& t, float beta_1, float beta_2, float step_size, float epsilon,
+               float decay, int* non_finite);
 // RmspropUpdate's formula (RMSprop and Adagrad); momentum and average may be null.
 void rmsprop(const Launch& l, float* w, const float* g, float* v, float* momentum, float* average, std::int64_t n,
              float rho, float square_weight, float momentum_factor, float lr, float epsilon, float decay,
