@@ -3,14 +3,18 @@
 // - each of its convolutions run hot in a loop, forward, backward data (not for the first,
 //   whose input needs no gradient) and backward weights, with the step's shapes and
 //   threads, and their sum against the step;
-// - with --rss-steps N, the resident memory after 100 steps and after N.
+// - with --rss-steps N, the resident memory after 100 steps and after N;
+// - with --gpu, the step on the first GPU instead (channels-last as always; --bf16 for
+//   mixed_bfloat16): median of 5 runs of `steps` steps, each run ending with a wait for the
+//   GPU, as PyTorch's side (bench/peers/pytorch_resnet.py --device cuda) is timed.
 //
-//   bench_resnet [--config PATH] [--threads T] [--batch 128] [--steps 30] [--bf16] [--rss-steps 1000]
+//   bench_resnet [--config PATH] [--threads T] [--batch 128] [--steps 30] [--bf16] [--rss-steps 1000] [--gpu]
 //
 // One JSON line per measurement. ONEDNN_VERBOSE=1 on a run prints each primitive's time
 // inside the step, which bench/resnet_vs_pytorch.sh sets beside the hot figures.
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "dtrain/dtrain.h"
@@ -74,6 +78,13 @@ int main(int argc, char** argv) {
   const int steps = int_flag(argc, argv, "--steps", 30);
   const int rss_steps = int_flag(argc, argv, "--rss-steps", 0);
   const bool bf16 = has_flag(argc, argv, "--bf16");
+  const bool gpu = has_flag(argc, argv, "--gpu");
+  if (gpu && device_count(DeviceType::cuda) == 0) {
+    std::cout << "bench_resnet --gpu: " << describe_devices(DeviceType::cuda) << "; nothing to measure" << std::endl;
+    return 0;
+  }
+  std::optional<DevicePlacement> on_gpu;  // the weights are made at the first step, where this says
+  if (gpu) on_gpu.emplace(Device::cuda(0));
   if (threads > 0) set_num_threads(threads);
   std::ifstream in(path);
   if (!in) {
@@ -88,6 +99,27 @@ int main(int argc, char** argv) {
   Tensor x = Tensor::empty({batch, 784});
   for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = g.uniform();
   const Tensor y = random_labels(batch, 10, 2);
+  if (gpu) {
+    const Device cuda0 = Device::cuda(0);
+    const Tensor xg = x.to(cuda0), yg = y.to(cuda0);
+    const std::function<void()> step = training_step(*model, xg, yg);
+    for (int i = 0; i < 5; ++i) step();
+    kernels::backend(cuda0).synchronize();
+    std::vector<double> runs;
+    for (int r = 0; r < 5; ++r) {
+      const double t0 = now();
+      for (int i = 0; i < steps; ++i) step();
+      kernels::backend(cuda0).synchronize();
+      runs.push_back((now() - t0) / steps);
+    }
+    const double step_s = median(runs);
+    std::cout << nlohmann::json{{"bench", "resnet_step_gpu"}, {"device", describe_devices(DeviceType::cuda)},
+                                {"batch", batch}, {"bf16", bf16}, {"step_ms", step_s * 1e3},
+                                {"samples_per_second", batch / step_s}}
+                     .dump()
+              << std::endl;
+    return 0;
+  }
   const std::function<void()> step = training_step(*model, x, y);
   const double step_s = median_step_seconds(step, 5, steps);
   std::cout << nlohmann::json{{"bench", "resnet_step"}, {"threads", omp_get_max_threads()}, {"batch", batch},

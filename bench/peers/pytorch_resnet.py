@@ -1,7 +1,9 @@
 """The Fashion-MNIST ResNet of examples/fashion_mnist_resnet.cpp in PyTorch, timed on
 random batches: samples/s of training steps (forward, backward, Adam), channels_last.
+On a GPU (--device cuda) five runs of --steps steps, each ending with a wait for the GPU
+(median), eager and, with --compile, torch.compile'd too: one JSON line each.
 
-    python3 bench/peers/pytorch_resnet.py [--threads N] [--steps N] [--batch N] [--bf16]
+    python3 bench/peers/pytorch_resnet.py [--threads N] [--steps N] [--batch N] [--bf16] [--device cuda] [--compile]
 """
 import argparse
 import json
@@ -50,31 +52,48 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--bf16", action="store_true", help="autocast to bfloat16 (PyTorch's CPU mixed precision)")
+    p.add_argument("--bf16", action="store_true", help="autocast to bfloat16 (PyTorch's mixed precision)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--compile", action="store_true", help="also time the torch.compile'd model (a GPU run)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = ResNet().to(memory_format=torch.channels_last)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    device = torch.device(a.device)
     loss_fn = nn.CrossEntropyLoss()
-    x = torch.rand(a.batch, 784)
-    y = torch.randint(0, 10, (a.batch,))
+    x = torch.rand(a.batch, 784, device=device)
+    y = torch.randint(0, 10, (a.batch,), device=device)
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
-            loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
+    def timed(model, mode):
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
-    for _ in range(a.warmup):
-        step()
-    start = time.perf_counter()
-    for _ in range(a.steps):
-        step()
-    seconds = time.perf_counter() - start
-    print(json.dumps({"peer": "pytorch", "torch": torch.__version__, "threads": a.threads, "batch": a.batch,
-                      "bf16": a.bf16, "steps": a.steps, "samples_per_second": a.batch * a.steps / seconds}))
+        def step():
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.bf16):
+                loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+
+        for _ in range(a.warmup):
+            step()
+        runs = []
+        for _ in range(5 if a.device == "cuda" else 1):
+            if a.device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(a.steps):
+                step()
+            if a.device == "cuda":
+                torch.cuda.synchronize()
+            runs.append((time.perf_counter() - start) / a.steps)
+        seconds = sorted(runs)[len(runs) // 2]
+        print(json.dumps({"peer": "pytorch", "torch": torch.__version__, "device": a.device, "mode": mode,
+                          "threads": a.threads, "batch": a.batch, "bf16": a.bf16, "steps": a.steps,
+                          "step_ms": seconds * 1e3, "samples_per_second": a.batch / seconds}), flush=True)
+
+    model = ResNet().to(device=device, memory_format=torch.channels_last)
+    timed(model, "eager")
+    if a.compile:
+        timed(torch.compile(ResNet().to(device=device, memory_format=torch.channels_last)), "torch.compile")
 
 
 if __name__ == "__main__":
