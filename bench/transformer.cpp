@@ -7,11 +7,15 @@
 //   two matmuls it contains (each head's scores q·kᵀ and weighted values p·v) run through
 //   the backend's matmul, and the bytes the attention allocates at length 4096.
 //
-//   bench_transformer [--threads T] [--length 128] [--batch 8] [--steps 10]
+// With --gpu, only the step, on the first GPU: median of 5 runs of `steps` steps, each run
+// ending with a wait for the GPU, as PyTorch's side (--device cuda) is timed.
+//
+//   bench_transformer [--threads T] [--length 128] [--batch 8] [--steps 10] [--gpu]
 //
 // One JSON line per measurement; bench/transformer_vs_pytorch.sh runs it against
 // bench/peers/pytorch_transformer.py.
 #include <iostream>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "dtrain/core/allocator.h"
@@ -53,11 +57,39 @@ int main(int argc, char** argv) {
   const std::int64_t batch = int_flag(argc, argv, "--batch", 8);
   const int steps = int_flag(argc, argv, "--steps", 10);
   if (threads > 0) set_num_threads(threads);
+  const bool gpu = has_flag(argc, argv, "--gpu");
+  if (gpu && device_count(DeviceType::cuda) == 0) {
+    std::cout << "bench_transformer --gpu: " << describe_devices(DeviceType::cuda) << "; nothing to measure" << std::endl;
+    return 0;
+  }
+  std::optional<DevicePlacement> on_gpu;  // the weights are made at the first step, where this says
+  if (gpu) on_gpu.emplace(Device::cuda(0));
   set_random_seed(0);
   auto model = encoder(length);
   model->compile(std::make_shared<optim::Adam>(1e-3f), std::make_shared<losses::SparseCategoricalCrossentropy>(true));
   const Tensor x = random_uniform({batch, length, kWidth}, 1);
   const Tensor y = random_labels(batch, 10, 2);
+  if (gpu) {
+    const Device cuda0 = Device::cuda(0);
+    const Tensor xg = x.to(cuda0), yg = y.to(cuda0);
+    const std::function<void()> step = training_step(*model, xg, yg);
+    for (int i = 0; i < 3; ++i) step();
+    kernels::backend(cuda0).synchronize();
+    std::vector<double> runs;
+    for (int r = 0; r < 5; ++r) {
+      const double t0 = now();
+      for (int i = 0; i < steps; ++i) step();
+      kernels::backend(cuda0).synchronize();
+      runs.push_back((now() - t0) / steps);
+    }
+    const double step_s = median(runs);
+    std::cout << nlohmann::json{{"bench", "transformer_step_gpu"}, {"device", describe_devices(DeviceType::cuda)},
+                                {"batch", batch}, {"length", length}, {"step_ms", step_s * 1e3},
+                                {"samples_per_second", batch / step_s}}
+                     .dump()
+              << std::endl;
+    return 0;
+  }
   const std::function<void()> step = training_step(*model, x, y);
   const double step_s = median_step_seconds(step, 2, steps);
   std::cout << nlohmann::json{{"bench", "transformer_step"}, {"threads", omp_get_max_threads()}, {"batch", batch},

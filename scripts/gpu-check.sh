@@ -12,8 +12,11 @@
 #                                  CNN to >= 92.5%, a run killed and resumed to the same
 #                                  bytes), compute-sanitizer, TensorBoard's own reader over
 #                                  the event files a run wrote,
-#                                  the GPU benchmarks beside PyTorch's (the MLPs, the
-#                                  residual CNN), then prints one table.
+#                                  the MLP benchmark beside PyTorch's, then prints one table.
+#   scripts/gpu-check.sh bench     on the GPU machine, after run or alone (a command of its
+#                                  own, to keep each under the device's 10 minutes): the
+#                                  residual CNN and the transformer against PyTorch's best,
+#                                  eager or torch.compile'd, and a table of the ratios.
 #
 # `run` needs none of dtrain's build dependencies: the GPU machine has CUDA's runtime
 # libraries, a driver and PyTorch, and nothing else. Everything it prints also goes to
@@ -25,10 +28,11 @@ prepare() {
   set -e
   local build=build/release
   cmake --preset release >/dev/null
-  cmake --build --preset release --target test_conformance test_gpu bench_gpu_mlp bench_resnet dtrain_command
+  cmake --build --preset release --target test_conformance test_gpu bench_gpu_mlp bench_resnet bench_transformer \
+    dtrain_command
   rm -rf .gpu
   mkdir -p .gpu/bundle/bin .gpu/bundle/lib .gpu/fashion-mnist
-  for b in tests/test_conformance tests/test_gpu bench/bench_gpu_mlp bench/bench_resnet dtrain; do
+  for b in tests/test_conformance tests/test_gpu bench/bench_gpu_mlp bench/bench_resnet bench/bench_transformer dtrain; do
     cp "$build/$b" .gpu/bundle/bin/
   done
   strip --strip-debug .gpu/bundle/bin/*
@@ -53,15 +57,16 @@ row() { rows+=("| $1 | $2 | $3 |"); }
 log=/dev/null
 say() { echo "$@" | tee -a "$log"; }
 
-run() {
-  [ -n "${OUT:-}" ] && log="$OUT/gpu-check.log" && : >"$log"
-  [ -f .gpu/bundle.tar.xz ] || { say "gpu-check: no .gpu/bundle.tar.xz: run 'scripts/gpu-check.sh prepare' first and carry .gpu"; exit 2; }
-  local root=/tmp/dtrain-gpu
-  rm -rf "$root" && mkdir -p "$root" && tar -C "$root" -xJf .gpu/bundle.tar.xz
-  local bin=$root/bundle/bin
+# Unpacks the bundle once (into $root) and finds CUDA's libraries where this machine keeps
+# them: the toolkit's folder or PyTorch's wheels.
+root=/tmp/dtrain-gpu
+setup() {
+  [ -f .gpu/bundle.tar.xz ] || { say "gpu-check: no .gpu/bundle.tar.xz: run 'scripts/gpu-check.sh prepare' first and carry .gpu"; return 2; }
+  if [ ! -f "$root/commit" ] || ! cmp -s "$root/commit" .gpu/commit; then
+    rm -rf "$root" && mkdir -p "$root" && tar -C "$root" -xJf .gpu/bundle.tar.xz && cp .gpu/commit "$root/commit"
+  fi
   say "== commit $(cat .gpu/commit | tr '\n' ' ')"
   say "== $(date -u +%Y-%m-%dT%H:%M:%SZ) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1)"
-  # CUDA's libraries where this machine keeps them: the toolkit's folder or PyTorch's wheels.
   local cuda_libs=""
   for pattern in 'libcublasLt.so.13' 'libcudnn.so.9' 'libnccl.so.2'; do
     local found
@@ -72,6 +77,19 @@ run() {
   done
   export LD_LIBRARY_PATH="$root/bundle/lib$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export DTRAIN_FASHION_MNIST_DIR=$PWD/.gpu/fashion-mnist
+}
+
+table() {
+  say ""
+  say "| check | result | figures |"
+  say "|---|---|---|"
+  for r in "${rows[@]}"; do say "$r"; done
+}
+
+run() {
+  [ -n "${OUT:-}" ] && log="$OUT/gpu-check.log" && : >"$log"
+  setup || exit 2
+  local bin=$root/bundle/bin
 
   # 1. The GPU tests: every primitive against the CPU backend and a double reference, and
   # placement, copies, fit, checkpoints and out-of-memory on the GPU.
@@ -157,30 +175,51 @@ run() {
   say "== PyTorch (bench/peers/pytorch_gpu_mlp.py)"
   (unset LD_LIBRARY_PATH; timeout 150 python3 bench/peers/pytorch_gpu_mlp.py --quick 2>&1) | tee -a "$log"
 
-  # 6. The residual CNN's step in mixed bfloat16, channels-last, dtrain then PyTorch (eager and
-  # torch.compile'd; the issue asks for 1.1x the faster).
-  say "== bench_resnet --gpu --bf16"
+  table
+}
+
+# The benchmarks against PyTorch's best (eager or torch.compile'd) on the same GPU, a
+# command of their own: the residual CNN in mixed bfloat16 (1.1x asked) and the transformer
+# encoder at lengths 128 and 512 (1.2x asked). Needs run's unpacked bundle.
+bench() {
+  [ -n "${OUT:-}" ] && log="$OUT/gpu-bench.log" && : >"$log"
+  setup || exit 2
+  local bin=$root/bundle/bin
+  # ratio_row NAME TARGET DTRAIN_OUTPUT PYTORCH_OUTPUT: dtrain's samples/s against PyTorch's best.
+  ratio_row() {
+    local ours best
+    ours=$(echo "$3" | grep -oP '"samples_per_second":\K[0-9.e+]+' | tail -1)
+    best=$(echo "$4" | grep -oP '"samples_per_second": \K[0-9.e+]+' | sort -g | tail -1)
+    row "$1" "$(awk -v a="${ours:-0}" -v b="${best:-0}" -v t="$2" 'BEGIN {print (b > 0 && a >= t * b ? "passed" : "FAILED")}')" \
+        "dtrain ${ours:-none} samples/s, PyTorch's best ${best:-none} ($(awk -v a="${ours:-0}" -v b="${best:-0}" \
+        'BEGIN {printf (b > 0 ? "%.2fx" : "no ratio"), (b > 0 ? a / b : 0)}'); ${2}x asked)"
+  }
   local r_out p_out
+  say "== bench_resnet --gpu --bf16"
   r_out=$(timeout 90 "$bin/bench_resnet" --gpu --bf16 --batch 256 --steps 50 2>&1)
   echo "$r_out" | tee -a "$log"
   say "== PyTorch (bench/peers/pytorch_resnet.py --device cuda --bf16 --compile)"
-  p_out=$( (unset LD_LIBRARY_PATH; timeout 150 python3 bench/peers/pytorch_resnet.py --device cuda --bf16 --compile             --batch 256 --steps 50 2>&1) )
+  p_out=$( (unset LD_LIBRARY_PATH; timeout 150 python3 bench/peers/pytorch_resnet.py --device cuda --bf16 --compile \
+            --batch 256 --steps 50 2>&1) )
   echo "$p_out" | tail -4 | tee -a "$log"
-  local ours best
-  ours=$(echo "$r_out" | grep -oP '"samples_per_second":\K[0-9.e+]+' | tail -1)
-  best=$(echo "$p_out" | grep -oP '"samples_per_second": \K[0-9.e+]+' | sort -g | tail -1)
-  row "residual CNN step, bf16, batch 256" \
-      "$(awk -v a="${ours:-0}" -v b="${best:-0}" 'BEGIN {print (b > 0 && a >= 1.1 * b ? "passed" : "FAILED")}')" \
-      "dtrain ${ours:-none} samples/s, PyTorch's best ${best:-none} (1.1x asked)"
-
-  say ""
-  say "| check | result | figures |"
-  say "|---|---|---|"
-  for r in "${rows[@]}"; do say "$r"; done
+  ratio_row "residual CNN step, bf16, batch 256" 1.1 "$r_out" "$p_out"
+  for shape in "128 64" "512 16"; do
+    set -- $shape
+    say "== bench_transformer --gpu --length $1 --batch $2"
+    r_out=$(timeout 90 "$bin/bench_transformer" --gpu --length "$1" --batch "$2" --steps 30 2>&1)
+    echo "$r_out" | tee -a "$log"
+    say "== PyTorch (bench/peers/pytorch_transformer.py --device cuda --compile --length $1 --batch $2)"
+    p_out=$( (unset LD_LIBRARY_PATH; timeout 150 python3 bench/peers/pytorch_transformer.py --device cuda --compile \
+              --length "$1" --batch "$2" --steps 30 2>&1) )
+    echo "$p_out" | tail -4 | tee -a "$log"
+    ratio_row "transformer step, length $1, batch $2" 1.2 "$r_out" "$p_out"
+  done
+  table
 }
 
 case "${1:-}" in
   prepare) prepare ;;
   run) run ;;
-  *) echo "usage: scripts/gpu-check.sh prepare|run" >&2; exit 2 ;;
+  bench) bench ;;
+  *) echo "usage: scripts/gpu-check.sh prepare|run|bench" >&2; exit 2 ;;
 esac

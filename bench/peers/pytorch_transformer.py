@@ -6,6 +6,10 @@ steps (forward, backward, Adam); then attention alone at the same shapes
 is what its nn.MultiheadAttention computes).
 
     python3 bench/peers/pytorch_transformer.py [--threads N] [--length 128] [--batch 8] [--steps 10]
+                                               [--device cuda [--compile]]
+
+On a GPU only the step: five runs of --steps steps, each ending with a wait for the GPU
+(median), eager and, with --compile, torch.compile'd too: one JSON line each.
 """
 import argparse
 import json
@@ -16,6 +20,48 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
+def gpu_steps(a):
+    device = torch.device("cuda")
+    x = torch.rand(a.batch, a.length, 256, device=device) * 2 - 1
+    y = torch.randint(0, 10, (a.batch,), device=device)
+
+    def timed(mode):
+        layer = nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024, dropout=0.0, batch_first=True)
+        encoder = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False).to(device)
+        head = nn.Linear(256, 10).to(device)
+        opt = torch.optim.Adam(list(encoder.parameters()) + list(head.parameters()), lr=1e-3)
+
+        def forward(inputs):
+            return head(encoder(inputs).mean(dim=1))
+
+        run = torch.compile(forward) if mode == "torch.compile" else forward
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(run(x), y)
+            loss.backward()
+            opt.step()
+
+        for _ in range(a.warmup):
+            step()
+        runs = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(a.steps):
+                step()
+            torch.cuda.synchronize()
+            runs.append((time.perf_counter() - t0) / a.steps)
+        step_s = sorted(runs)[2]
+        print(json.dumps({"peer": "pytorch", "bench": "transformer_step", "torch": torch.__version__, "device": "cuda",
+                          "mode": mode, "batch": a.batch, "length": a.length, "step_ms": step_s * 1e3,
+                          "samples_per_second": a.batch / step_s}), flush=True)
+
+    timed("eager")
+    if a.compile:
+        timed("torch.compile")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, default=2)
@@ -23,9 +69,14 @@ def main():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--compile", action="store_true", help="also time the torch.compile'd model (a GPU run)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
+    if a.device == "cuda":
+        gpu_steps(a)
+        return
     layer = nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024, dropout=0.0, batch_first=True)
     encoder = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False)
     head = nn.Linear(256, 10)
