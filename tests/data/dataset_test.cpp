@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/error_message.h"
+#include "common/stage_clocks.h"
 #include "common/temp_dir.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/data/dataset.h"
@@ -425,30 +426,9 @@ TEST(Dataset, PrefetchDeliversEveryElementInOrderWhicheverSideIsFaster) {
   set_num_threads(0);
 }
 
-// Clocks for a prefetch's producer under which each element takes a millisecond; the CPU
-// clock moves with the wall clock (a producer that computes) or stands still (one that
-// waits, as on a disk). The inline rule then does not depend on the scheduler.
-std::shared_ptr<const StageClocks> producer_clocks(bool computes) {
-  auto ticks = std::make_shared<std::atomic<std::int64_t>>(0);
-  return std::make_shared<const StageClocks>(StageClocks{
-      [ticks] { return 1e-3 * static_cast<double>(++*ticks); },
-      [ticks, computes] { return computes ? 1e-3 * static_cast<double>(ticks->load()) : 0.0; }});
-}
-
-// `ds` run as its iterator would run it, its prefetch reading `clocks`.
-std::unique_ptr<IteratorBase> run_under(const Dataset& ds, std::shared_ptr<const StageClocks> clocks) {
-  IteratorContext ctx;
-  ctx.options = ds.options();
-  ctx.idle_core = num_threads() < available_cores();
-  ctx.clocks = std::move(clocks);
-  return ds.node()->make(ctx);
-}
-
-bool went_inline(const IteratorBase& it) {
-  std::vector<std::string> lines;
-  it.report(lines);
-  return !lines.empty() && lines.back().find("inline in the consumer's thread") != std::string::npos;
-}
+using testing::producer_clocks;
+using testing::run_under;
+using testing::went_inline;
 
 // With every core computing for the consumer, a producer that computes would only take
 // its time from a compute thread: AUTOTUNE pulls in the consumer's thread instead. A

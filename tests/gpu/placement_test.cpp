@@ -12,6 +12,7 @@
 #include "common/error_message.h"
 #include "common/gradcheck.h"
 #include "common/small_cnn.h"
+#include "common/stage_clocks.h"
 #include "common/stand_in_gpu.h"
 #include "common/temp_dir.h"
 #include "dtrain/core/device_staging.h"
@@ -190,6 +191,30 @@ TEST_F(Gpu, PrefetchToDeviceDeliversOnTheGpuAndReusesBuffersOnlyWhenFree) {
   EXPECT_TRUE(staging.stage(words).on_cpu());
   const std::string m = testing::message_of([] { DeviceStaging cpu_staging{Device::cpu()}; });
   EXPECT_NE(m.find("not to the CPU"), std::string::npos) << m;
+}
+
+// prefetch_to_device keeps its thread even where the consumer's compute threads take every
+// core and the producer computes (an AUTOTUNE prefetch would pull in the consumer's thread
+// there): inline, the copy would be the training step's.
+TEST_F(Gpu, PrefetchToDeviceKeepsItsThreadWhereAPrefetchWouldGoInline) {
+  set_num_threads(available_cores());
+  auto identity = [](const data::Element& e) { return e; };
+  auto plain = testing::run_under(data::Dataset::range(40).map(identity).prefetch(data::AUTOTUNE),
+                                  testing::producer_clocks(true));
+  auto to_gpu = testing::run_under(data::Dataset::range(40).map(identity).prefetch_to_device(cuda0),
+                                   testing::producer_clocks(true));
+  int n = 0;
+  while (plain->next()) {
+    const std::optional<data::Element> e = to_gpu->next();
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ((*e)[0].device(), cuda0);
+    ++n;
+  }
+  EXPECT_EQ(n, 40);
+  EXPECT_FALSE(to_gpu->next().has_value());
+  EXPECT_TRUE(testing::went_inline(*plain));  // the rule applies here
+  EXPECT_FALSE(testing::went_inline(*to_gpu));
+  set_num_threads(0);
 }
 
 // fit's arrays on a GPU are drawn and copied a step ahead on a thread of their own: the

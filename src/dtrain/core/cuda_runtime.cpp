@@ -121,7 +121,10 @@ cudaStream_t CudaRuntime::stream(int index) {
               check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo", index);
               return {free, total};
             },
-            [stream = d.stream, index] { check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize", index); }});
+            [&d, index] {
+              ++d.waits;
+              check_cuda(cudaStreamSynchronize(d.stream), "cudaStreamSynchronize", index);
+            }});
   });
   return d.stream;
 }
@@ -244,6 +247,7 @@ void CudaRuntime::synchronize(int index) {
 }
 
 std::uint64_t CudaRuntime::host_waits(int index) { return device(index).waits.load(); }
+void CudaRuntime::count_wait(int index) { ++device(index).waits; }
 
 cudaStream_t CudaRuntime::transfer_stream(int index) {
   PerDevice& d = device(index);
@@ -259,10 +263,11 @@ namespace {
 
 // An event recorded on `stream`, destroyed with its last holder (ignoring a failure then:
 // at exit CUDA may be gone before it).
-DeviceEvent record_on(cudaStream_t stream, int index, bool timed = false) {
+// `flags`: cudaEventDisableTiming, with cudaEventBlockingSync where a thread waits for it (it
+// then sleeps instead of spinning on a core the compute threads want).
+DeviceEvent record_on(cudaStream_t stream, int index, unsigned flags) {
   cudaEvent_t e = nullptr;
-  check_cuda(cudaEventCreateWithFlags(&e, timed ? cudaEventDefault : cudaEventDisableTiming), "cudaEventCreateWithFlags",
-             index);
+  check_cuda(cudaEventCreateWithFlags(&e, flags), "cudaEventCreateWithFlags", index);
   DeviceEvent event(static_cast<void*>(e), [](void* p) { (void)cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
   check_cuda(cudaEventRecord(e, stream), "cudaEventRecord", index);
   return event;
@@ -270,7 +275,7 @@ DeviceEvent record_on(cudaStream_t stream, int index, bool timed = false) {
 
 }  // namespace
 
-DeviceEvent CudaRuntime::record(int index) { return record_on(stream(index), index); }
+DeviceEvent CudaRuntime::record(int index) { return record_on(stream(index), index, cudaEventDisableTiming); }
 
 DeviceEvent CudaRuntime::copy_beside(int index, void* dst, const void* src, std::size_t bytes,
                                      const DeviceEvent& after) {
@@ -280,14 +285,14 @@ DeviceEvent CudaRuntime::copy_beside(int index, void* dst, const void* src, std:
                index);
   check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s),
              detail::concat("cudaMemcpyAsync(host to device beside the compute stream, ", bytes, " bytes)"), index);
-  return record_on(s, index);
+  return record_on(s, index, cudaEventDisableTiming | cudaEventBlockingSync);
 }
 
 void CudaRuntime::wait(int index, const DeviceEvent& event) {
   if (event) check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(event.get())), "cudaEventSynchronize", index);
 }
 
-DeviceEvent CudaRuntime::record_timed(int index) { return record_on(stream(index), index, /*timed=*/true); }
+DeviceEvent CudaRuntime::record_timed(int index) { return record_on(stream(index), index, cudaEventDefault); }
 
 double CudaRuntime::seconds_between(int index, const DeviceEvent& from, const DeviceEvent& to) {
   wait(index, to);

@@ -55,6 +55,9 @@ class CudaRuntime final : public DeviceRuntime {
   cudaStream_t stream(int index);
   // The device's transfer stream (made on first use): copies beside the compute stream.
   cudaStream_t transfer_stream(int index);
+  // Counts a wait for the device's compute stream made outside this runtime's own calls
+  // (the backend's synchronize), for host_waits().
+  void count_wait(int index);
   // Makes `index` the calling thread's current device.
   void use(int index);
 

@@ -43,26 +43,50 @@ struct DeviceStaging::Ring {
       free.erase(best);
       return b;
     }
-    ++made;
     lock.unlock();
     Buffer b{runtime->allocate(device.index, std::max<std::size_t>(bytes, 1)), std::max<std::size_t>(bytes, 1), {}};
-    b.released = runtime->record(device.index);
+    try {
+      b.released = runtime->record(device.index);
+    } catch (...) {
+      runtime->deallocate(device.index, b.data, b.bytes);
+      throw;
+    }
+    lock.lock();
+    ++made;
     return b;
   }
 
+  // A buffer the staging will not use again goes back to the device's cache (which lends
+  // it only to compute work queued after the work that read it).
+  void drop(const Buffer& b) noexcept {
+    try {
+      runtime->deallocate(device.index, b.data, b.bytes);
+    } catch (...) {
+    }
+  }
+
   // Called when the last view of a staged tensor goes, on whatever thread that is.
+  // At most kKept buffers wait for reuse; beyond them the smallest goes back to the cache
+  // (batches of changing sizes would otherwise leave ever more small ones behind).
+  static constexpr std::size_t kKept = 8;
   void give_back(Buffer b) noexcept {
+    Buffer spare;
     try {
       b.released = runtime->record(device.index);
+    } catch (...) {
+      drop(b);  // the device failed
+      return;
+    }
+    {
       std::lock_guard lock(mutex);
       free.push_back(std::move(b));
-    } catch (...) {
-      // The device failed: its memory goes back to the cache unused again by the staging.
-      try {
-        runtime->deallocate(device.index, b.data, b.bytes);
-      } catch (...) {
-      }
+      if (free.size() <= kKept) return;
+      auto smallest = std::min_element(free.begin(), free.end(),
+                                       [](const Buffer& x, const Buffer& y) { return x.bytes < y.bytes; });
+      spare = std::move(*smallest);
+      free.erase(smallest);
     }
+    drop(spare);
   }
 };
 
@@ -90,16 +114,16 @@ Tensor DeviceStaging::stage(const Tensor& t) {
   if (!t.on_cpu()) return t.to(r.device);
   const std::size_t bytes = t.nbytes();
   std::unique_lock lock(r.copying);
+  if (bytes > 0 && (!r.pinned.defined() || r.pinned.nbytes() < bytes))
+    r.pinned = Tensor::empty_pinned({static_cast<std::int64_t>(bytes)}, DType::u8);
   Ring::Buffer b = r.take(bytes);
   if (bytes > 0) {
-    if (!r.pinned.defined() || r.pinned.nbytes() < bytes)
-      r.pinned = Tensor::empty_pinned({static_cast<std::int64_t>(bytes)}, DType::u8);
     std::memcpy(r.pinned.raw_data(), t.raw_data(), bytes);
     try {
       r.runtime->wait(r.device.index, r.runtime->copy_beside(r.device.index, b.data, r.pinned.raw_data(), bytes,
                                                              b.released));
     } catch (...) {
-      r.give_back(std::move(b));
+      r.drop(b);  // a copy may still be under way into it: not reused by the staging
       throw;
     }
   }

@@ -25,7 +25,9 @@ class DeviceStaging {
   // tensors it returns may be freed on any thread, and after the staging.
   Tensor stage(const Tensor& t);
   Device device() const;
-  // Device buffers made so far (each then reused): bounded by the tensors alive at once.
+  // Device buffers made so far. Each is reused for a tensor it fits once the tensor over
+  // it is gone; at most 8 wait for reuse, the smallest others going back to the device's
+  // cache.
   std::size_t buffers_made() const;
 
  private:

@@ -426,7 +426,9 @@ Dataset Dataset::prefetch_to_device(Device device, std::int64_t buffer_size) con
     for (const Tensor& t : e) out.push_back(staging->stage(t));
     return out;
   };
-  return Dataset(detail::prefetch_node(detail::map_node(node_, std::move(copy)), buffer_size), options_);
+  // Its thread stays: run inline, the copy and its wait would be the training thread's.
+  return Dataset(detail::prefetch_node(detail::map_node(node_, std::move(copy)), buffer_size, /*may_go_inline=*/false),
+                 options_);
 }
 
 Dataset Dataset::with_options(DatasetOptions options) const {

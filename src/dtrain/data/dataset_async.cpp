@@ -79,9 +79,9 @@ class PrefetchIterator : public IteratorBase {
   static constexpr double kShortestNap = 50e-6, kLongestNap = 10e-3, kTimerSlack = 100e-6;
 
   PrefetchIterator(std::unique_ptr<IteratorBase> in, const IteratorContext& ctx, std::int64_t buffer,
-                   std::shared_ptr<std::atomic<bool>> upstream_background)
-      : in_(std::move(in)), ctx_(ctx), autotune_(buffer == AUTOTUNE), capacity_(autotune_ ? 1 : buffer),
-        max_capacity_(autotune_ ? ctx.options.autotune_max_buffer : buffer),
+                   std::shared_ptr<std::atomic<bool>> upstream_background, bool may_go_inline)
+      : in_(std::move(in)), ctx_(ctx), autotune_(buffer == AUTOTUNE), may_go_inline_(may_go_inline),
+        capacity_(autotune_ ? 1 : buffer), max_capacity_(autotune_ ? ctx.options.autotune_max_buffer : buffer),
         upstream_background_(std::move(upstream_background)) {}
 
   ~PrefetchIterator() override {
@@ -195,7 +195,7 @@ class PrefetchIterator : public IteratorBase {
   bool should_go_inline() const {
     // Only a stage whose own pulls come from the consumer's thread: one below another
     // background stage would only move its work onto that stage's thread.
-    if (!autotune_ || ctx_.idle_core || !started_ || !ctx_.on_consumer_thread()) return false;
+    if (!autotune_ || !may_go_inline_ || ctx_.idle_core || !started_ || !ctx_.on_consumer_thread()) return false;
     std::lock_guard lock(mutex_);
     return produced_ >= kSamplesBeforeInline && !error_ && !ended_ && producer_cpu_total_ >= 0.5 * producer_time_total_;
   }
@@ -327,6 +327,7 @@ class PrefetchIterator : public IteratorBase {
   std::unique_ptr<IteratorBase> in_;
   IteratorContext ctx_;
   const bool autotune_;
+  const bool may_go_inline_;  // false: the thread stays, whatever it spends (a copy to a GPU)
   std::int64_t capacity_;
   const std::int64_t max_capacity_;
   mutable std::mutex mutex_;       // guards everything below
@@ -354,10 +355,11 @@ class PrefetchIterator : public IteratorBase {
 
 class PrefetchNode : public DatasetNode {
  public:
-  PrefetchNode(NodePtr in, std::int64_t buffer) : in_(std::move(in)), buffer_(buffer) {}
+  PrefetchNode(NodePtr in, std::int64_t buffer, bool may_go_inline)
+      : in_(std::move(in)), buffer_(buffer), may_go_inline_(may_go_inline) {}
   std::unique_ptr<IteratorBase> make(const IteratorContext& ctx) const override {
     auto flag = std::make_shared<std::atomic<bool>>(true);
-    return std::make_unique<PrefetchIterator>(in_->make(below(ctx, flag)), ctx, buffer_, flag);
+    return std::make_unique<PrefetchIterator>(in_->make(below(ctx, flag)), ctx, buffer_, flag, may_go_inline_);
   }
   std::int64_t cardinality() const override { return in_->cardinality(); }
 
@@ -366,6 +368,7 @@ class PrefetchNode : public DatasetNode {
  private:
   NodePtr in_;
   std::int64_t buffer_;
+  bool may_go_inline_;
 };
 
 // ---- parallel map: worker threads pull inputs in order (numbered), apply fn concurrently,
@@ -617,7 +620,9 @@ class ParallelMapNode : public DatasetNode {
 
 }  // namespace
 
-NodePtr prefetch_node(NodePtr in, std::int64_t buffer) { return std::make_shared<PrefetchNode>(std::move(in), buffer); }
+NodePtr prefetch_node(NodePtr in, std::int64_t buffer, bool may_go_inline) {
+  return std::make_shared<PrefetchNode>(std::move(in), buffer, may_go_inline);
+}
 NodePtr parallel_map_node(NodePtr in, MapFn fn, std::int64_t parallelism, bool deterministic) {
   return std::make_shared<ParallelMapNode>(std::move(in), std::move(fn), parallelism, deterministic);
 }

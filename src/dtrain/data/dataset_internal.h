@@ -104,6 +104,8 @@ NodePtr take_node(NodePtr in, std::int64_t count);
 NodePtr skip_node(NodePtr in, std::int64_t count);
 NodePtr shard_node(NodePtr in, std::int64_t num_shards, std::int64_t index);
 NodePtr cache_node(NodePtr in);
-NodePtr prefetch_node(NodePtr in, std::int64_t buffer);
+// may_go_inline false: an AUTOTUNE buffer keeps its thread even where the consumer's
+// compute threads take every core (prefetch_to_device: the copy must overlap the step).
+NodePtr prefetch_node(NodePtr in, std::int64_t buffer, bool may_go_inline = true);
 
 }  // namespace dtrain::data::detail

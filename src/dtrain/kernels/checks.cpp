@@ -241,6 +241,8 @@ void check_channel_sums(const Tensor& a, const Tensor& b, const Tensor& center, 
 void check_batch_norm_coefficients(const Tensor& mean, const Tensor& variance, const Tensor& gamma, const Tensor& beta,
                                    const Tensor& coefficients) {
   constexpr const char* op = "batch_norm_coefficients";
+  if (!mean.defined() || !variance.defined())
+    DTRAIN_THROW(InvalidArgument, op, ": needs the mean and the variance (or the sums)");
   mean.check_dtype(DType::f32, op);
   if (mean.rank() != 1) DTRAIN_THROW(InvalidArgument, op, ": the mean is ", mean.shape().to_string(), ", expected [C]");
   const std::int64_t c = mean.dim(0);

@@ -189,7 +189,7 @@ DTRAIN_HD BatchNormChannel batch_norm_channel(float s, float q, double n, float 
   double variance = q;
   if (n > 0.0) {
     variance = q / n - mean * mean;
-    if (variance < 0.0) variance = 0.0;
+    if (!(variance >= 0.0)) variance = 0.0;  // rounding below 0, or NaN sums (their mean is NaN)
   }
   const double inv_std = 1.0 / ::sqrt(variance + static_cast<double>(epsilon));
   return {static_cast<float>(mean), static_cast<float>(variance), static_cast<float>(inv_std),

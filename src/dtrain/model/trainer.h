@@ -80,8 +80,8 @@ class GpuPhaseClock {
   // The step's first phase starts (the host's clock `now`); nothing on the CPU.
   void start(Device device, profile::Phase phase, Clock::time_point now) {
     marks_.clear();
-    if (device.is_cpu()) return;
     device_ = device;
+    if (device.is_cpu()) return;
     anchor_ = now;
     mark(phase);
   }

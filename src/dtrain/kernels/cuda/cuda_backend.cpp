@@ -139,6 +139,7 @@ void CudaBackend::report_faults() {
   volatile cuda::DataFault& f = flags_->fault;
   if (f.code == cuda::kFaultNone) return;
   // The kernel that claimed the record may still be writing it: wait for it (rarely needed).
+  detail::cuda_runtime().count_wait(index_);
   detail::check_cuda(cudaStreamSynchronize(launch_.stream), "cudaStreamSynchronize (a kernel's fault report)", index_);
   const int code = f.code;
   const long long a = f.a, b = f.b, c = f.c;
@@ -520,6 +521,7 @@ bool CudaBackend::rmsprop_update(Tensor& w, const Tensor& g, Tensor& v, Tensor* 
 }
 
 void CudaBackend::synchronize() {
+  detail::cuda_runtime().count_wait(index_);
   detail::check_cuda(cudaStreamSynchronize(launch_.stream), "cudaStreamSynchronize", index_);
   report_faults();
 }
