@@ -39,4 +39,23 @@ inline std::function<void()> training_step(Model& model, const Tensor& x, const 
   };
 }
 
+// Seconds per step of `model`'s training step on the first GPU, with x and y copied there:
+// the median of 5 runs of `steps` steps, each run ending with a wait for the GPU (as
+// PyTorch's peers time theirs), after `warmup` steps.
+inline double gpu_step_seconds(Model& model, const Tensor& x, const Tensor& y, int warmup, int steps) {
+  const Device gpu = Device::cuda(0);
+  const Tensor xg = x.to(gpu), yg = y.to(gpu);
+  const std::function<void()> step = training_step(model, xg, yg);
+  for (int i = 0; i < warmup; ++i) step();
+  kernels::backend(gpu).synchronize();
+  std::vector<double> runs;
+  for (int r = 0; r < 5; ++r) {
+    const double t0 = now();
+    for (int i = 0; i < steps; ++i) step();
+    kernels::backend(gpu).synchronize();
+    runs.push_back((now() - t0) / steps);
+  }
+  return median(runs);
+}
+
 }  // namespace dtrain::bench

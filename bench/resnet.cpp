@@ -100,19 +100,7 @@ int main(int argc, char** argv) {
   for (std::int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = g.uniform();
   const Tensor y = random_labels(batch, 10, 2);
   if (gpu) {
-    const Device cuda0 = Device::cuda(0);
-    const Tensor xg = x.to(cuda0), yg = y.to(cuda0);
-    const std::function<void()> step = training_step(*model, xg, yg);
-    for (int i = 0; i < 5; ++i) step();
-    kernels::backend(cuda0).synchronize();
-    std::vector<double> runs;
-    for (int r = 0; r < 5; ++r) {
-      const double t0 = now();
-      for (int i = 0; i < steps; ++i) step();
-      kernels::backend(cuda0).synchronize();
-      runs.push_back((now() - t0) / steps);
-    }
-    const double step_s = median(runs);
+    const double step_s = gpu_step_seconds(*model, x, y, 5, steps);
     std::cout << nlohmann::json{{"bench", "resnet_step_gpu"}, {"device", describe_devices(DeviceType::cuda)},
                                 {"batch", batch}, {"bf16", bf16}, {"step_ms", step_s * 1e3},
                                 {"samples_per_second", batch / step_s}}

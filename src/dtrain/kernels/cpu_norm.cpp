@@ -130,15 +130,9 @@ void CpuBackend::batch_norm_coefficients(const Tensor& mean, const Tensor& varia
   const float* g = gamma.defined() ? gamma.data<float>() : nullptr;
   const float* b = beta.defined() ? beta.data<float>() : nullptr;
   float* out = coefficients.data<float>();
-  for (std::int64_t j = 0; j < c; ++j) {
-    const math::BatchNormChannel f =
-        math::batch_norm_channel(s[j], q[j], count, g ? g[j] : 1.0f, b ? b[j] : 0.0f, epsilon);
-    out[j] = f.mean;
-    out[c + j] = f.variance;
-    out[2 * c + j] = f.inv_std;
-    out[3 * c + j] = f.scale;
-    out[4 * c + j] = f.shift;
-  }
+  for (std::int64_t j = 0; j < c; ++j)
+    math::store_batch_norm_channel(
+        math::batch_norm_channel(s[j], q[j], count, g ? g[j] : 1.0f, b ? b[j] : 0.0f, epsilon), out, c, j);
 }
 
 void CpuBackend::batch_norm_gradient_coefficients(const Tensor& sums, const Tensor& total, double count,
@@ -150,14 +144,7 @@ void CpuBackend::batch_norm_gradient_coefficients(const Tensor& sums, const Tens
   const float* t = total.data<float>();
   const float* f = coefficients.data<float>();
   float* out = gradients.data<float>();
-  for (std::int64_t j = 0; j < c; ++j) {
-    const math::BatchNormGradientChannel d =
-        math::batch_norm_gradient_channel(s[j], s[c + j], t[j], t[c + j], count, f[j], f[2 * c + j], f[3 * c + j]);
-    out[j] = d.dgamma;
-    out[c + j] = d.dbeta;
-    out[2 * c + j] = d.bx;
-    out[3 * c + j] = d.k;
-  }
+  for (std::int64_t j = 0; j < c; ++j) math::batch_norm_gradient_at(s, t, count, f, out, c, j);
 }
 
 void CpuBackend::layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, float epsilon, Tensor& y,

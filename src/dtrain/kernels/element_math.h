@@ -196,6 +196,15 @@ DTRAIN_HD BatchNormChannel batch_norm_channel(float s, float q, double n, float 
           static_cast<float>(gamma * inv_std), static_cast<float>(beta - mean * gamma * inv_std)};
 }
 
+// Channel j's figures into rows of `c` floats each: coefficients [5, c].
+DTRAIN_HD void store_batch_norm_channel(const BatchNormChannel& f, float* out, std::int64_t c, std::int64_t j) {
+  out[j] = f.mean;
+  out[c + j] = f.variance;
+  out[2 * c + j] = f.inv_std;
+  out[3 * c + j] = f.scale;
+  out[4 * c + j] = f.shift;
+}
+
 // The backward's figures for one channel, from channel_sums's [Σdy, Σdy (x - mean)]: the
 // replica's own (s, q) and summed over the replicas (total_s, total_q), n rows in all, and
 // the forward's mean, inv_std and scale. dx = dy * scale + x * bx + k.
@@ -207,6 +216,18 @@ DTRAIN_HD BatchNormGradientChannel batch_norm_gradient_channel(float s, float q,
   const double a = scale, is = inv_std;
   const double bx = -a * is * is * total_q / n;
   return {q * inv_std, s, static_cast<float>(bx), static_cast<float>(-a * total_s / n - bx * mean)};
+}
+
+// Channel j's backward figures from sums and total [2, c] and the forward's coefficients
+// [5, c], into gradients [4, c].
+DTRAIN_HD void batch_norm_gradient_at(const float* sums, const float* total, double n, const float* coefficients,
+                                      float* gradients, std::int64_t c, std::int64_t j) {
+  const BatchNormGradientChannel d = batch_norm_gradient_channel(
+      sums[j], sums[c + j], total[j], total[c + j], n, coefficients[j], coefficients[2 * c + j], coefficients[3 * c + j]);
+  gradients[j] = d.dgamma;
+  gradients[c + j] = d.dbeta;
+  gradients[2 * c + j] = d.bx;
+  gradients[3 * c + j] = d.k;
 }
 
 }  // namespace dtrain::kernels::math

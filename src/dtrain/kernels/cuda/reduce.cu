@@ -137,26 +137,14 @@ __global__ void channel_affine_kernel(const float* x, const float* scale, const 
 __global__ void batch_norm_coefficients_kernel(const float* s, const float* q, double count, const float* gamma,
                                                const float* beta, float epsilon, float* out, std::int64_t c) {
   DTRAIN_GRID_STRIDE(j, c) {
-    const math::BatchNormChannel f =
-        math::batch_norm_channel(s[j], q[j], count, gamma ? gamma[j] : 1.0f, beta ? beta[j] : 0.0f, epsilon);
-    out[j] = f.mean;
-    out[c + j] = f.variance;
-    out[2 * c + j] = f.inv_std;
-    out[3 * c + j] = f.scale;
-    out[4 * c + j] = f.shift;
+    math::store_batch_norm_channel(
+        math::batch_norm_channel(s[j], q[j], count, gamma ? gamma[j] : 1.0f, beta ? beta[j] : 0.0f, epsilon), out, c, j);
   }
 }
 
 __global__ void batch_norm_gradient_coefficients_kernel(const float* s, const float* t, double count,
                                                         const float* f, float* out, std::int64_t c) {
-  DTRAIN_GRID_STRIDE(j, c) {
-    const math::BatchNormGradientChannel d =
-        math::batch_norm_gradient_channel(s[j], s[c + j], t[j], t[c + j], count, f[j], f[2 * c + j], f[3 * c + j]);
-    out[j] = d.dgamma;
-    out[c + j] = d.dbeta;
-    out[2 * c + j] = d.bx;
-    out[3 * c + j] = d.k;
-  }
+  DTRAIN_GRID_STRIDE(j, c) math::batch_norm_gradient_at(s, t, count, f, out, c, j);
 }
 
 }  // namespace
