@@ -424,20 +424,14 @@ TEST(Diagnosis, NamesEachPlantedCause) {
   EXPECT_NE(format_findings({}).find("No single cause"), std::string::npos);
 }
 
-// The communication finding quotes the table's shares, each as its column shows it.
 // A GPU run: the batch's copy on the training thread, and a GPU that waits for the host's
 // launches, are named with their figures; a GPU-bound step is not a finding.
 TEST(Diagnosis, OnAGpuNamesTheBatchCopyAndAGpuWaitingForLaunches) {
+  // A step of `launches` on the host (5/6 of them forward and backward, 1/6 the update).
   auto gpu_row = [](double step, double to_device, double launches, double device_wait, double gpu) {
-    WorkerSummary w;
+    WorkerSummary w = row(step, 0, launches * 5 / 6, 0, launches / 6);
     Totals& t = w.totals;
-    t.steps = 10;
-    t.wall = 10 * step;
-    t.samples = 640;
     t.phases[static_cast<std::size_t>(Phase::to_device)] = 10 * to_device;
-    t.phases[static_cast<std::size_t>(Phase::forward)] = 10 * launches / 3;
-    t.phases[static_cast<std::size_t>(Phase::backward)] = 10 * launches / 2;
-    t.phases[static_cast<std::size_t>(Phase::optimizer)] = 10 * launches / 6;
     t.phases[static_cast<std::size_t>(Phase::device_wait)] = 10 * device_wait;
     t.gpu[static_cast<std::size_t>(Phase::forward)] = 10 * gpu / 3;
     t.gpu[static_cast<std::size_t>(Phase::backward)] = 10 * gpu * 2 / 3;
@@ -461,6 +455,7 @@ TEST(Diagnosis, OnAGpuNamesTheBatchCopyAndAGpuWaitingForLaunches) {
   EXPECT_NE(f.front().fix.find("prefetch_to_device"), std::string::npos) << f.front().fix;
 }
 
+// The communication finding quotes the table's shares, each as its column shows it.
 TEST(Diagnosis, TheCommunicationFindingQuotesTheTablesShares) {
   const ScaleRun one{.workers = 1, .replicas = 1, .global_batch = 64, .samples_per_second = 1000,
                      .rows = {row(0.010, 0.0002, 0.008, 0, 0.0015)}};
