@@ -146,9 +146,14 @@ TEST_F(Gpu, FitOnTheGpuTrainsAsOnTheCpu) {
   for (const profile::Phase p : {profile::Phase::forward, profile::Phase::backward, profile::Phase::optimizer})
     EXPECT_GT(hg.profile.back().gpu[static_cast<int>(p)], 0.0) << profile::phase_name(p);
   EXPECT_EQ(hc.profile.back().gpu_seconds(), 0.0);
-  // Evaluation on the GPU agrees too.
-  const Logs ec = cpu->evaluate(d.x, d.y), eg = gpu->evaluate(d.x, d.y);
+  // Evaluation on the GPU agrees too, its batches copied a batch ahead as fit's.
+  const Logs ec = cpu->evaluate(d.x, d.y);
+  const std::uint64_t before_evaluation = gpu_.stand_in() ? gpu_.stand_in_runtime()->copies_beside() : 0;
+  const Logs eg = gpu->evaluate(d.x, d.y);
   EXPECT_NEAR(eg.at("loss"), ec.at("loss"), tolerance(1e-4) * ec.at("loss"));
+  if (gpu_.stand_in()) {
+    EXPECT_EQ(gpu_.stand_in_runtime()->copies_beside() - before_evaluation, 40u);  // x and y of 20 batches of 32
+  }
 }
 
 // prefetch_to_device delivers each element on the GPU, equal to the host's, and reuses a

@@ -1059,6 +1059,10 @@ Logs Model::run_evaluation(const TensorData& data, std::int64_t batch_size, cons
   if (batch_size <= 0) DTRAIN_THROW(InvalidArgument, "evaluate: batch_size must be positive, got ", batch_size);
   if (data.rows() == 0) DTRAIN_THROW(InvalidArgument, "model '", name_, "': evaluation got no samples");
   TensorBatches batches(data, batch_size, /*shuffle=*/false, 0);
+  if (const Device where = device(); !where.is_cpu()) {  // copied a batch ahead, as fit's
+    detail::DeviceBatches staged(batches, where);
+    return run_evaluation(staged, prefix);
+  }
   return run_evaluation(batches, prefix);
 }
 
