@@ -28,7 +28,7 @@ struct DeviceStaging::Ring {
   Tensor pinned;       // the page-locked bounce buffer (u8), grown as needed
 
   ~Ring() {
-    for (const Buffer& b : free) runtime->deallocate(device.index, b.data, b.bytes);
+    for (const Buffer& b : free) drop(b);
   }
 
   // The smallest free buffer of at least `bytes`, or a new one (which waits for the compute
