@@ -441,6 +441,12 @@ TEST(Diagnosis, OnAGpuNamesTheBatchCopyAndAGpuWaitingForLaunches) {
   // GPU-bound: 1 ms of launches, then 8 ms waiting for 8.9 ms of GPU work.
   run.rows = {gpu_row(0.0100, 0.0002, 0.001, 0.008, 0.0089)};
   EXPECT_TRUE(diagnose({run}).empty()) << format_findings(diagnose({run}));
+  // The table says each GPU share under its row.
+  const std::string table = scaling_table({run});
+  EXPECT_NE(table.find("the GPU's own time 89% of the step; the host's launches 10%, its wait for the GPU 80%, "
+                       "the batch's copy on the training thread 2%"),
+            std::string::npos)
+      << table;
   // Launch-bound: 6 ms of launches, the GPU done 0.1 ms after them.
   run.rows = {gpu_row(0.0070, 0.0002, 0.006, 0.0001, 0.0061)};
   std::vector<Finding> f = diagnose({run});

@@ -149,7 +149,7 @@ std::string scaling_table(const std::vector<ScaleRun>& runs) {
        "input wait | replica start | forward + backward | communication (exposed) | straggler wait | optimizer | other |\n"
        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   const double base = runs.empty() ? 0 : runs.front().samples_per_second;
-  std::string doubts;
+  std::string doubts, gpus;
   for (const ScaleRun& r : runs) {
     if (r.rows.empty()) continue;
     const StepSeconds s = step_seconds(r.rows.front());
@@ -166,6 +166,10 @@ std::string scaling_table(const std::vector<ScaleRun>& runs) {
       << " | " << detail::fixed(s.step * 1000, 2) << " | " << pct(s.input / step) << " | " << pct(s.start / step) << " | "
       << pct(s.compute() / step) << " | " << pct(s.comm / step) << " | " << pct(s.straggler / step) << " | "
       << pct(s.optimizer / step) << " | " << pct(s.other() / step) << " |\n";
+    if (s.gpu > 0)  // the GPU's own time, the host's launches and waits, the batch's copy
+      gpus += "On the GPU, " + scale_words(r) + ": the GPU's own time " + pct(s.gpu / step) +
+              " of the step; the host's launches " + pct((s.compute() + s.optimizer) / step) + ", its wait for the GPU " +
+              pct(s.device_wait / step) + ", the batch's copy on the training thread " + pct(s.to_device / step) + ".\n";
     if (busy_excess(r) > 0) doubts += busy_words(scale_words(r), r.machine);
     if (!r.doubt.empty())
       doubts += "In doubt, " + scale_words(r) + ": " + r.doubt + ".\n";
@@ -173,7 +177,7 @@ std::string scaling_table(const std::vector<ScaleRun>& runs) {
   if (runs.size() > 0 && runs.front().host_cores > 0)
     o << "(threads / cores: the compute threads the workers of one host asked for, and the cores there; spread: "
          "the range of the rounds' samples/s over their median)\n";
-  o << doubts;
+  o << gpus << doubts;
   return o.str();
 }
 

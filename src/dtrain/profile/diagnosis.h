@@ -102,7 +102,8 @@ struct Finding {
 
 // | workers | replicas per worker | global batch | threads / cores | samples/s | spread |
 // speedup | phase shares ... | (speedup against the first run; a run in doubt is marked and
-// its doubt is said under the table).
+// its doubt is said under the table; a run on a GPU has a line under it: the GPU's own time,
+// the host's launches and its wait for the GPU, the batch's copy, as shares of the step).
 std::string scaling_table(const std::vector<ScaleRun>& runs);
 
 // What the cores allow `run` against `base`: the ratio of their cores computing (0 when
