@@ -52,7 +52,6 @@ class StandInRuntime final : public DeviceRuntime {
   void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) override {
     if (bytes == 0) return;
     if (dst_device.is_cpu() && !src_device.is_cpu()) ++waits_;
-    if (!dst_device.is_cpu() && src_device.is_cpu()) ++copies_to_device_;
     std::memmove(dst, src, bytes);
   }
   void zero(int, void* data, std::size_t bytes) override { std::memset(data, 0, bytes); }
@@ -67,22 +66,25 @@ class StandInRuntime final : public DeviceRuntime {
   }
   void wait(int, const DeviceEvent&) override {}
   // Its kernels run as they are queued: the device's time is the host's.
-  DeviceEvent record_timed(int) override { return std::make_shared<Clock::time_point>(Clock::now()); }
+  DeviceEvent record_timed(int, const DeviceEvent& reuse) override {
+    if (!reuse) return std::make_shared<Clock::time_point>(Clock::now());
+    *static_cast<Clock::time_point*>(reuse.get()) = Clock::now();
+    return reuse;
+  }
   double seconds_between(int, const DeviceEvent& from, const DeviceEvent& to) override {
     return std::chrono::duration<double>(*static_cast<Clock::time_point*>(to.get()) -
                                          *static_cast<Clock::time_point*>(from.get()))
         .count();
   }
-  // Copies to the device made by copy_beside (an input pipeline's), and by copy.
+  // Copies to the device made by copy_beside (an input pipeline's).
   std::uint64_t copies_beside() const { return copies_beside_; }
-  std::uint64_t copies_to_device() const { return copies_to_device_; }
   // Fresh allocations beyond this many bytes fail (0: no limit), as a full GPU's would.
   void set_limit(std::size_t bytes) { limit_ = bytes; }
 
  private:
   std::size_t limit_ = 0, used_ = 0;
   // Atomic: a prefetching thread copies while the test's thread trains.
-  std::atomic<std::uint64_t> waits_{0}, copies_beside_{0}, copies_to_device_{0};
+  std::atomic<std::uint64_t> waits_{0}, copies_beside_{0};
   BlockCache cache_;
 };
 

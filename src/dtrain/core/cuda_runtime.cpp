@@ -292,7 +292,11 @@ void CudaRuntime::wait(int index, const DeviceEvent& event) {
   if (event) check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(event.get())), "cudaEventSynchronize", index);
 }
 
-DeviceEvent CudaRuntime::record_timed(int index) { return record_on(stream(index), index, cudaEventDefault); }
+DeviceEvent CudaRuntime::record_timed(int index, const DeviceEvent& reuse) {
+  if (!reuse) return record_on(stream(index), index, cudaEventDefault);
+  check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(reuse.get()), stream(index)), "cudaEventRecord", index);
+  return reuse;
+}
 
 double CudaRuntime::seconds_between(int index, const DeviceEvent& from, const DeviceEvent& to) {
   wait(index, to);

@@ -47,7 +47,7 @@ class CudaRuntime final : public DeviceRuntime {
   DeviceEvent record(int index) override;
   DeviceEvent copy_beside(int index, void* dst, const void* src, std::size_t bytes, const DeviceEvent& after) override;
   void wait(int index, const DeviceEvent& event) override;
-  DeviceEvent record_timed(int index) override;
+  DeviceEvent record_timed(int index, const DeviceEvent& reuse) override;
   double seconds_between(int index, const DeviceEvent& from, const DeviceEvent& to) override;
 
   // The device's compute stream (made on first use, non-blocking with the legacy stream);

@@ -107,8 +107,9 @@ class DeviceRuntime {
   // copy, not counted in host_waits.
   virtual void wait(int index, const DeviceEvent& event) = 0;
   // A point of the compute stream that also keeps the time the device reached it, for
-  // the profile's GPU track.
-  virtual DeviceEvent record_timed(int index) = 0;
+  // the profile's GPU track. `reuse` (one record_timed gave, on this device, that has run)
+  // is recorded again and returned, so that a step's marks make no new events.
+  virtual DeviceEvent record_timed(int index, const DeviceEvent& reuse) = 0;
   // Seconds the device took from `from` to `to` (record_timed's, `to` recorded later);
   // waits for `to` where it has not run yet.
   virtual double seconds_between(int index, const DeviceEvent& from, const DeviceEvent& to) = 0;

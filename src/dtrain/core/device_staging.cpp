@@ -99,8 +99,6 @@ DeviceStaging::DeviceStaging(Device device) : ring_(std::make_shared<Ring>()) {
 
 DeviceStaging::~DeviceStaging() = default;
 
-Device DeviceStaging::device() const { return ring_->device; }
-
 std::size_t DeviceStaging::buffers_made() const {
   std::lock_guard lock(ring_->mutex);
   return ring_->made;

@@ -24,7 +24,6 @@ class DeviceStaging {
   // is a string tensor (strings live on the CPU, whatever the device). Thread-safe; the
   // tensors it returns may be freed on any thread, and after the staging.
   Tensor stage(const Tensor& t);
-  Device device() const;
   // Device buffers made so far. Each is reused for a tensor it fits once the tensor over
   // it is gone; at most 8 wait for reuse, the smallest others going back to the device's
   // cache.

@@ -74,12 +74,14 @@ class ResetLearningRateScale {
 // stream where each phase starts, and one where the last ends, read after the step's loss
 // has waited for the GPU (so reading them waits for nothing more). Each phase goes to the
 // profile's GPU track at its GPU time, placed on the host's clock from the first mark: the
-// GPU had nothing else queued then (the step before ended waiting for it).
+// GPU had nothing else queued then (the step before ended waiting for it). The events are
+// made at the first step and recorded again at each.
 class GpuPhaseClock {
  public:
   // The step's first phase starts (the host's clock `now`); nothing on the CPU.
   void start(Device device, profile::Phase phase, Clock::time_point now) {
-    marks_.clear();
+    if (!(device == device_)) marks_.clear();  // events belong to their device
+    used_ = 0;
     device_ = device;
     if (device.is_cpu()) return;
     anchor_ = now;
@@ -88,29 +90,33 @@ class GpuPhaseClock {
   // The phase before ends and `phase` starts (finish() reads the last mark as an end).
   void mark(profile::Phase phase) {
     if (device_.is_cpu()) return;
-    marks_.push_back({phase, device_runtime(device_.type)->record_timed(device_.index)});
+    if (used_ == marks_.size()) marks_.emplace_back();
+    Mark& m = marks_[used_++];
+    m.phase = phase;
+    m.event = device_runtime(device_.type)->record_timed(device_.index, m.event);
   }
   // Once the step's work has run: each phase's GPU time into `track`.
   void finish(profile::Track& track) {
-    if (device_.is_cpu() || marks_.size() < 2) return;
+    if (device_.is_cpu() || used_ < 2) return;
     DeviceRuntime& runtime = *device_runtime(device_.type);
     double at = 0;
-    for (std::size_t i = 0; i + 1 < marks_.size(); ++i) {
+    for (std::size_t i = 0; i + 1 < used_; ++i) {
       const double s = runtime.seconds_between(device_.index, marks_[i].event, marks_[i + 1].event);
       track.add(marks_[i].phase, anchor_ + clock_seconds(at), anchor_ + clock_seconds(at + s));
       at += s;
     }
-    marks_.clear();
+    used_ = 0;
   }
 
  private:
   struct Mark {
-    profile::Phase phase;
+    profile::Phase phase = profile::Phase::forward;
     DeviceEvent event;
   };
   Device device_;
   Clock::time_point anchor_{};
-  std::vector<Mark> marks_;
+  std::vector<Mark> marks_;  // kept across steps, with their events
+  std::size_t used_ = 0;     // this step's marks
 };
 
 }  // namespace detail
