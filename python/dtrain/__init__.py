@@ -7,7 +7,7 @@ pipeline and every strategy run in dtrain's C++ engine, without the GIL.
 from . import _dtrain
 from ._dtrain import Tensor, Variable, errors
 from ._core import (
-    DType, float32, bfloat16, int32, int64, uint8, bool_ as bool, float64, string,
+    DType, float32, bfloat16, float16, half, int32, int64, uint8, bool_ as bool, float64, string,
     constant, convert_to_tensor, zeros, ones, fill, zeros_like, ones_like, function,
     reduce_sum, reduce_mean, matmul, add, add_n, subtract, multiply, divide, square, sqrt, exp, log, abs,
     reshape, one_hot, clip_by_value, stop_gradient, TensorSpec, GradientTape,
@@ -26,7 +26,7 @@ _dtrain._set_default_placement("auto")
 __version__ = "0.1.0"
 
 __all__ = [
-    "Tensor", "Variable", "errors", "DType", "float32", "bfloat16", "int32", "int64", "uint8", "float64", "string",
+    "Tensor", "Variable", "errors", "DType", "float32", "bfloat16", "float16", "half", "int32", "int64", "uint8", "float64", "string",
     "constant", "convert_to_tensor", "zeros", "ones", "fill", "zeros_like", "ones_like", "function",
     "reduce_sum", "reduce_mean", "matmul", "add", "add_n", "subtract", "multiply", "divide", "square", "sqrt", "exp", "log",
     "abs", "reshape", "one_hot", "clip_by_value", "stop_gradient", "TensorSpec", "GradientTape",

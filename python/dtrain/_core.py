@@ -29,6 +29,8 @@ class DType:
 
 float32 = DType("float32", np.float32)
 bfloat16 = DType("bfloat16", np.float32)
+float16 = DType("float16", np.float16)  # held as float32 outside mixed_float16's matmuls, as float64 is
+half = float16
 int32 = DType("int32", np.int32)
 int64 = DType("int64", np.int64)  # held as int32 by dtrain, as labels are
 uint8 = DType("uint8", np.uint8)

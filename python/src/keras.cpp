@@ -178,7 +178,7 @@ void refuse_sample_weight(const metrics::Metric& metric, py::handle sample_weigh
   throw py::error_already_set();
 }
 
-void apply_gradients(optim::Optimizer& optimizer, py::handle grads_and_vars) {
+void apply_gradients(optim::Optimizer& optimizer, py::handle grads_and_vars, bool unscaled = false) {
   std::vector<Tensor> grads;
   std::vector<Variable*> vars;
   for (py::handle pair : grads_and_vars) {
@@ -191,7 +191,8 @@ void apply_gradients(optim::Optimizer& optimizer, py::handle grads_and_vars) {
   }
   if (vars.empty()) throw py::value_error("apply_gradients: no gradient was given for any variable");
   py::gil_scoped_release release;
-  optimizer.apply_gradients(grads, vars);
+  if (unscaled) optimizer.apply_unscaled_gradients(grads, vars);
+  else optimizer.apply_gradients(grads, vars);
 }
 
 losses::Reduction reduction_of(const std::string& name) { return losses::reduction_from_name(name); }
@@ -389,7 +390,17 @@ void bind_keras(py::module_& m) {
       .def_property("learning_rate", &optim::Optimizer::learning_rate, [](optim::Optimizer& opt, py::handle lr) {
         opt.set_learning_rate(schedule_of(lr));
       })
-      .def("apply_gradients", &apply_gradients, py::arg("grads_and_vars"));
+      .def("apply_gradients", [](optim::Optimizer& opt, py::handle pairs) { apply_gradients(opt, pairs); },
+           py::arg("grads_and_vars"))
+      // keras.mixed_precision.LossScaleOptimizer's state, kept by the optimizer it wraps.
+      .def("_set_loss_scale", [](optim::Optimizer& opt, bool dynamic, float initial_scale, std::int64_t growth_steps) {
+        opt.set_loss_scale(optim::LossScale{dynamic, initial_scale, growth_steps});
+      })
+      .def_property_readonly("_has_loss_scale", [](const optim::Optimizer& opt) { return opt.loss_scale_options().has_value(); })
+      .def_property_readonly("_loss_scale", &optim::Optimizer::loss_scale)
+      .def_property_readonly("_loss_scale_good_steps", &optim::Optimizer::loss_scale_good_steps)
+      .def_property_readonly("_last_update_skipped", &optim::Optimizer::last_update_skipped)
+      .def("_apply_unscaled_gradients", [](optim::Optimizer& opt, py::handle pairs) { apply_gradients(opt, pairs, true); });
   py::class_<optim::SGD, optim::Optimizer, std::shared_ptr<optim::SGD>>(o, "SGD")
       .def(py::init([](py::handle lr, float momentum, bool nesterov, py::object clipnorm, py::object global_clipnorm,
                        float weight_decay) {

@@ -37,6 +37,7 @@ const char* numpy_name(DType t) {
     case DType::i32: return "int32";
     case DType::u8: return "uint8";
     case DType::bf16: return "float32";  // converted on the way out
+    case DType::f16: return "float16";
     case DType::string: return "object";   // of bytes, as TensorFlow gives them
   }
   return "float32";
@@ -94,9 +95,10 @@ DType dtype_from_name(const std::string& name, const char* what) {
   if (name == "int32" || name == "int64" || name == "int" || name == "bool") return DType::i32;
   if (name == "uint8") return DType::u8;
   if (name == "bfloat16") return DType::bf16;
+  if (name == "float16" || name == "half") return DType::f16;
   if (name == "string") return DType::string;
   throw py::type_error(std::string(what) + ": dtype '" + name +
-                       "' is not one dtrain has (float32, bfloat16, int32, int64 as int32, uint8, string)");
+                       "' is not one dtrain has (float32, bfloat16, float16, int32, int64 as int32, uint8, string)");
 }
 
 Tensor to_tensor(py::handle value, const char* what, const std::string& dtype) {
@@ -104,7 +106,7 @@ Tensor to_tensor(py::handle value, const char* what, const std::string& dtype) {
     Tensor t = py::isinstance<Tensor>(value) ? value.cast<Tensor>() : value.cast<Variable&>().value();
     if (dtype.empty()) return t;
     const DType want = dtype_from_name(dtype, what);
-    if ((t.dtype() == DType::f32 || t.dtype() == DType::bf16) && (want == DType::i32 || want == DType::u8))
+    if (is_floating(t.dtype()) && (want == DType::i32 || want == DType::u8))
       throw py::type_error(std::string(what) + ": a " + std::string(dtype_name(t.dtype())) + " tensor where " +
                            numpy_name(want) + " is asked for (it would be truncated)");
     return t.dtype() == want ? t : t.astype(want);
@@ -117,7 +119,7 @@ Tensor to_tensor(py::handle value, const char* what, const std::string& dtype) {
   const char kind = a.dtype().kind();
   // Text, or text asked for; an array of objects asked to be numbers converts as numpy does.
   if (want == DType::string || kind == 'U' || kind == 'S') return string_tensor(a, what, want);
-  if (want == DType::bf16) return to_tensor(a, what, "float32").astype(DType::bf16);
+  if (is_half(want)) return to_tensor(a, what, "float32").astype(want);
   if (want != DType::f32) {
     if (a.dtype().kind() == 'f')
       throw py::type_error(std::string(what) + ": an array of " + numpy_dtype_name(a) + " where " +

@@ -199,8 +199,25 @@ def test_mixed_precision_policy_and_loss_scaling():
         assert np.isfinite(history.history["loss"]).all()
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
-    with pytest.raises(ValueError, match="mixed_float16 is refused"):
-        tf.keras.mixed_precision.Policy("mixed_float16")
+    # mixed_float16: float16 matmuls, and compile() adds Keras's dynamic loss scale.
+    try:
+        tf.keras.mixed_precision.set_global_policy("mixed_float16")
+        assert tf.keras.mixed_precision.global_policy().compute_dtype == "float16"
+        x, y = _data()
+        model = _model()
+        assert '"mixed_float16"' in model.to_json()
+        history = model.fit(x, y, epochs=2, batch_size=32, verbose=0)
+        assert np.isfinite(history.history["loss"]).all()
+        assert model.optimizer._has_loss_scale and model.optimizer._loss_scale == 2.0 ** 15
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    with pytest.raises(ValueError, match="not a policy dtrain has"):
+        tf.keras.mixed_precision.Policy("mixed_float8")
+    # A compile_config's LossScaleOptimizer, as Keras writes it.
+    opt = tf.keras.optimizers.deserialize({"class_name": "LossScaleOptimizer", "config": {
+        "inner_optimizer": {"class_name": "Adam", "config": {"learning_rate": 0.002}}, "initial_scale": 1024.0,
+        "dynamic_growth_steps": 100, "name": "loss_scale_optimizer"}})
+    assert opt._has_loss_scale and opt._loss_scale == 1024.0 and opt.learning_rate == pytest.approx(0.002)
 
     # A custom loop: the scaled loss's unscaled gradients are the plain ones (a power of 2),
     # a non-finite step is skipped and halves the scale, finite steps grow it again.

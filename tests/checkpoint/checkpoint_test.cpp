@@ -72,6 +72,36 @@ TEST_F(TempDirTest, AdamMomentsAndIterationsSurviveSoTheNextUpdateIsTheSame) {
   EXPECT_EQ(weights(*b), weights(*a));
 }
 
+// A loss scale (mixed_float16's) comes back with its count of good steps; a checkpoint
+// that has one refuses an optimizer without one.
+TEST_F(TempDirTest, ALossScaleComesBackWithItsGoodSteps) {
+  Data data;
+  auto a = mlp();
+  a->optimizer().set_loss_scale(optim::LossScale{.initial_scale = 256.0f, .dynamic_growth_steps = 4});
+  a->fit(data.d.x, data.d.y, {.epochs = 1, .batch_size = 16, .verbose = 0});  // 6 steps
+  ASSERT_EQ(a->optimizer().loss_scale(), 512.0f);
+  Checkpoint saved{{"model", *a}, {"optimizer", a->optimizer()}};
+  const std::string path = saved.save((dir_ / "ckpt").string());
+
+  auto b = mlp(/*seed=*/99);
+  b->optimizer().set_loss_scale(optim::LossScale{.initial_scale = 256.0f, .dynamic_growth_steps = 4});
+  Checkpoint{{"model", *b}, {"optimizer", b->optimizer()}}.restore(path).assert_consumed();
+  EXPECT_EQ(b->optimizer().loss_scale(), 512.0f);
+  EXPECT_EQ(b->optimizer().loss_scale_good_steps(), 2);
+  a->fit(data.d.x, data.d.y, {.epochs = 1, .batch_size = 16, .seed = 5, .verbose = 0});
+  b->fit(data.d.x, data.d.y, {.epochs = 1, .batch_size = 16, .seed = 5, .verbose = 0});
+  EXPECT_EQ(weights(*b), weights(*a));
+  EXPECT_EQ(b->optimizer().loss_scale(), a->optimizer().loss_scale());
+
+  auto c = mlp();
+  try {
+    Checkpoint{{"model", *c}, {"optimizer", c->optimizer()}}.restore(path);
+    FAIL() << "restored a loss scale into an optimizer without one";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("loss scale"), std::string::npos) << e.what();
+  }
+}
+
 // An elastic job's commit in memory: restored after more training, the run goes on as if
 // that training never happened, bit for bit (weights, Adam's moments and iteration count,
 // the dropout masks' streams, the step counter).

@@ -320,6 +320,15 @@ TEST_F(Cli, MixedPrecisionFromTheFileOrTheFlag) {
   EXPECT_NE(a["history"], f32["history"]);   // and bfloat16 matmuls change the numbers a little
   EXPECT_GT(a["test"]["accuracy"].get<double>(), 0.8);
   EXPECT_EQ(run("fit " + tiny_config() + " --dtype-policy float16").code, 2);
+  // float16 matmuls train under a dynamic loss scale, which the summary reports.
+  const auto s6 = (dir_ / "s6.json").string();
+  ASSERT_EQ(run("fit " + tiny_config() + " --dtype-policy mixed_float16 --verbose 0 --summary " + s6).code, 0);
+  const auto h = nlohmann::json::parse(std::ifstream(s6));
+  EXPECT_EQ(h["dtype_policy"], "mixed_float16");
+  EXPECT_GT(h["test"]["accuracy"].get<double>(), 0.8);
+  EXPECT_EQ(h["loss_scale"], 32768.0);  // fewer finite steps than the 2000 that double it, and none skipped
+  EXPECT_EQ(h["skipped_updates"], 0);
+  EXPECT_FALSE(f32.contains("loss_scale"));
   // The flag is every layer's policy, also over a layer's own "dtype"; the summary says
   // what the layers ran.
   const std::string own = write("own.json", R"({
@@ -1009,7 +1018,7 @@ TEST_F(Cli, BadConfigsNameTheKey) {
       {R"(, "threads": -2)", "threads: must be in [0, 4096]"},
       {R"(, "epochs": 4294967297)", "epochs: must be in [0, 1000000]"},
       {R"(, "seed": 18446744073709551615)", "seed: the integer 18446744073709551615 is too large"},
-      {R"(, "dtype_policy": "mixed_float16")", "dtype_policy: dtype policy 'mixed_float16' is not supported"},
+      {R"(, "dtype_policy": "mixed_float8")", "dtype_policy: dtype policy 'mixed_float8' is not supported"},
       {R"(, "strategy": "tpu")", "strategy: expected \"default\", \"one_device\", \"mirrored\", \"multi_worker\" or \"parameter_server\""},
       {R"(, "replicas": 2)", "replicas: replicas 2 needs strategy \"mirrored\""},
       {R"(, "gradient_accumulation_steps": 0)", "gradient_accumulation_steps: must be in [1, 1000000]"},

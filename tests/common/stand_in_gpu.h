@@ -147,6 +147,16 @@ class StandInBackend final : public kernels::Backend {
     Tensor h = host(y);
     cpu().axpby(alpha, host(x), beta, h);
   }
+  bool all_finite(std::span<const Tensor* const> tensors) override {
+    std::vector<Tensor> hosts;
+    for (const Tensor* t : tensors) {
+      check({t});
+      hosts.push_back(host(*t));
+    }
+    std::vector<const Tensor*> pointers;
+    for (const Tensor& h : hosts) pointers.push_back(&h);
+    return cpu().all_finite(pointers);
+  }
   double sum_squares(const Tensor& x) override {
     check({&x});
     return cpu().sum_squares(host(x));

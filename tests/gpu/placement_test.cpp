@@ -275,17 +275,22 @@ TEST_F(Gpu, FitFromADatasetOnTheGpuPrefetchesToTheDevice) {
   EXPECT_NEAR(eg.at("loss"), ec.at("loss"), tolerance(1e-4) * ec.at("loss"));
 }
 
-// Mixed precision (bfloat16 matmuls) and dropout's masks: the masks are the same function of
-// the seed on either device, so the runs still agree.
+// Mixed precision (bfloat16 or float16 matmuls; float16's loss scale checking each step's
+// gradients on the device) and dropout's masks: the masks are the same function of the
+// seed on either device, so the runs still agree.
 TEST_F(Gpu, MixedPrecisionAndDropoutTrainAsOnTheCpu) {
   const data::Split d = data::make_synthetic(256, 10, 4, 6, data::SyntheticLabels::teacher);
-  auto cpu = mlp("mixed_bfloat16", 0.25f), gpu = mlp("mixed_bfloat16", 0.25f);
-  cpu->fit(d.x, d.y, quiet(2));
-  {
-    DevicePlacement on_gpu(cuda0);
-    gpu->fit(d.x, d.y, quiet(2));
+  for (const char* policy : {"mixed_bfloat16", "mixed_float16"}) {
+    auto cpu = mlp(policy, 0.25f), gpu = mlp(policy, 0.25f);
+    cpu->fit(d.x, d.y, quiet(2));
+    {
+      DevicePlacement on_gpu(cuda0);
+      gpu->fit(d.x, d.y, quiet(2));
+    }
+    EXPECT_LE(testing::relative_difference(*gpu, *cpu), tolerance(2e-3)) << policy;
+    EXPECT_EQ(gpu->optimizer().loss_scale(), cpu->optimizer().loss_scale()) << policy;
+    EXPECT_EQ(gpu->optimizer().loss_scale_good_steps(), cpu->optimizer().loss_scale_good_steps()) << policy;
   }
-  EXPECT_LE(testing::relative_difference(*gpu, *cpu), tolerance(2e-3));
 }
 
 // A residual CNN (convolutions, batch norm with a fused relu, max and global average

@@ -151,6 +151,17 @@ TEST_P(Conformance, MatmulInBfloat16RoundsTheOperandsOnly) {
               1e-4, "bf16 matmul");
 }
 
+// float16 operands: products of two float16 values are exact in float32, as bfloat16's are.
+TEST_P(Conformance, MatmulInFloat16RoundsTheOperandsOnly) {
+  const std::int64_t M = 29, K = 129, N = 33;
+  const Tensor a = random_tensor({M, K}, 9), b = random_tensor({K, N}, 10);
+  const Tensor a16 = a.astype(DType::f16), b16 = b.astype(DType::f16);
+  Tensor c = out({M, N});
+  be().matmul(on(a16), on(b16), c, {});
+  expect_near(c.to_vector(), matmul_reference(a16.astype(DType::f32), b16.astype(DType::f32), {}, M, K, N), 1e-5,
+              1e-4, "float16 matmul");
+}
+
 // ---- element-wise
 
 double unary_reference(Unary op, double x, double alpha, double beta) {
@@ -440,6 +451,68 @@ TEST_P(Conformance, ConversionsToAndFromBfloat16RoundToNearestEven) {
   EXPECT_EQ(got[4], 1.015625f);
 }
 
+TEST_P(Conformance, ConversionsToAndFromFloat16RoundToNearestEven) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> special{0.0f, -0.0f, 1.0f, 1.00048828125f /* 1 + 2^-11, a tie: to 1 */,
+                                   1.00146484375f /* 1 + 3 * 2^-11, a tie: up */, 65504.0f, 65519.0f, 65520.0f /* to inf */,
+                                   -1e6f, inf, 0x1p-24f /* the smallest subnormal */, 0x1p-25f /* a tie: to 0 */,
+                                   0x1.8p-25f /* up to 2^-24 */, 1e-8f, 6.1e-5f,
+                                   std::numeric_limits<float>::quiet_NaN()};
+  Tensor x = Tensor::from_vector({static_cast<std::int64_t>(special.size())}, special);
+  Tensor h = out(x.shape(), DType::f16), back = out(x.shape());
+  be().convert(on(x), h);
+  be().convert(h, back);
+  const auto got = back.to_vector();
+  for (std::size_t i = 0; i < special.size(); ++i) {
+    const float want = from_f16(to_f16(special[i]));
+    if (std::isnan(want)) EXPECT_TRUE(std::isnan(got[i]));
+    else EXPECT_EQ(got[i], want) << special[i];
+  }
+  EXPECT_EQ(got[3], 1.0f);
+  EXPECT_EQ(got[4], 1.001953125f);
+  EXPECT_EQ(got[6], 65504.0f);
+  EXPECT_EQ(got[7], inf);
+  EXPECT_EQ(got[8], -inf);
+  EXPECT_EQ(got[10], 0x1p-24f);
+  EXPECT_EQ(got[11], 0.0f);
+  EXPECT_EQ(got[12], 0x1p-24f);
+  EXPECT_EQ(got[13], 0.0f);  // a gradient this small is lost in float16: why loss scaling exists
+  // Through an odd length, past the vector loops' widths.
+  const Tensor r = random_tensor({1001}, 61);
+  Tensor rh = out(r.shape(), DType::f16), rb = out(r.shape());
+  be().convert(on(r), rh);
+  be().convert(rh, rb);
+  EXPECT_EQ(rb.to_vector(), r.astype(DType::f16).astype(DType::f32).to_vector());
+}
+
+// A loss scale's check of a step's gradients: every element of every tensor, NaN and
+// infinities of either sign, in the last element of a long tensor and among more tensors
+// than one GPU launch takes.
+TEST_P(Conformance, AllFiniteFindsANanOrAnInfinityAnywhere) {
+  std::vector<Tensor> tensors;
+  for (std::int64_t i = 0; i < 40; ++i) tensors.push_back(on(random_tensor({i == 7 ? 70001 : (i * 13) % 50}, 70 + i)));
+  std::vector<const Tensor*> all;
+  for (const Tensor& t : tensors) all.push_back(&t);
+  EXPECT_TRUE(be().all_finite(all));
+  EXPECT_TRUE(be().all_finite({}));
+  const float bad[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                       -std::numeric_limits<float>::infinity()};
+  for (const float value : bad)
+    for (const auto& [t, at] : std::vector<std::pair<std::size_t, std::int64_t>>{{7, 70000}, {7, 0}, {39, 6}, {33, 0}}) {
+      std::vector<float> v = tensors[t].to_vector();
+      const std::vector<float> kept = v;
+      v[static_cast<std::size_t>(at)] = value;
+      tensors[t].copy_from(Tensor::from_vector(tensors[t].shape(), v));
+      EXPECT_FALSE(be().all_finite(all)) << value << " in tensor " << t << " at " << at;
+      tensors[t].copy_from(Tensor::from_vector(tensors[t].shape(), kept));
+    }
+  EXPECT_TRUE(be().all_finite(all));
+  // Large finite values are finite (a sum of squares would overflow here).
+  const Tensor huge = on(Tensor::full({100}, 3e38f));
+  const Tensor* one[] = {&huge};
+  EXPECT_TRUE(be().all_finite(one));
+}
+
 TEST_P(Conformance, FillAxpbyAndSumOfSquares) {
   const Tensor x = random_tensor({1001}, 60);
   Tensor y = out({1001});
@@ -565,52 +638,71 @@ TEST_P(Conformance, RmspropAndAdagradFollowKeras3) {
 // with its own gradient scale, through groups of 32, empty variables and a NaN included.
 TEST_P(Conformance, UpdatesOfManyVariablesAtOnceAreEachOnesOwn) {
   const int count = 37;  // two groups on a GPU
-  for (const bool adam : {false, true}) {
-    std::vector<Tensor> w, g, s0, s1, w1, s01, s11;
+  for (const std::string kind : {"sgd", "adam", "rmsprop"}) {
+    const bool adam = kind == "adam", rmsprop = kind == "rmsprop";
+    std::vector<Tensor> w, g, s0, s1, s2, w1, s01, s11, s21;
     std::vector<UpdateItem> items;
     for (int i = 0; i < count; ++i) {
       const std::int64_t n = i % 9 == 4 ? 0 : 1 + (i * 977) % 3000;
-      const auto seed = static_cast<std::uint64_t>(200 + 4 * i);
+      const auto seed = static_cast<std::uint64_t>(200 + 5 * i);
       w.push_back(on(random_tensor({n}, seed)));
       g.push_back(on(random_tensor({n}, seed + 1)));
-      s0.push_back(on(random_tensor({n}, seed + 2)));
+      // RMSprop's v above its centered average's square, so v - a² stays positive.
+      s0.push_back(on(rmsprop ? random_tensor({n}, seed + 2, 0.5f, 1.0f) : random_tensor({n}, seed + 2)));
       s1.push_back(on(random_tensor({n}, seed + 3, 0.0f, 1.0f)));
+      s2.push_back(on(random_tensor({n}, seed + 4, -0.1f, 0.1f)));
       w1.push_back(w.back().clone());
       s01.push_back(s0.back().clone());
       s11.push_back(s1.back().clone());
+      s21.push_back(s2.back().clone());
     }
+    // RMSprop's variables with and without momentum and a centered average, each way.
+    auto slot1 = [&](int i) -> Tensor* { return adam || (rmsprop && i % 3 != 0) ? &s1[i] : nullptr; };
+    auto slot2 = [&](int i) -> Tensor* { return rmsprop && i % 2 == 1 ? &s2[i] : nullptr; };
     for (int i = 0; i < count; ++i)
-      items.push_back({&w[i], &g[i], &s0[i], adam ? &s1[i] : nullptr, 0.5f + 0.01f * static_cast<float>(i)});
+      items.push_back({&w[i], &g[i], &s0[i], slot1(i), 0.5f + 0.01f * static_cast<float>(i), slot2(i)});
     const SgdUpdate sgd{.learning_rate = 0.1f, .momentum = 0.9f, .nesterov = true, .weight_decay = 0.01f};
     const AdamUpdate adam_p{.learning_rate = 0.01f, .step = 3, .weight_decay = 0.02f};
+    const RmspropUpdate rms{.learning_rate = 0.01f, .rho = 0.8f, .square_weight = 0.2f, .momentum = 0.5f,
+                            .weight_decay = 0.01f};
+    auto many = [&] {
+      return adam ? be().adam_update_many(items, adam_p)
+                  : rmsprop ? be().rmsprop_update_many(items, rms) : be().sgd_update_many(items, sgd);
+    };
     be().take_deferred_non_finite();
-    EXPECT_TRUE(adam ? be().adam_update_many(items, adam_p) : be().sgd_update_many(items, sgd));
+    EXPECT_TRUE(many());
     EXPECT_FALSE(be().take_deferred_non_finite());
     for (int i = 0; i < count; ++i) {
-      const std::string what = std::string(adam ? "adam" : "sgd") + "_update_many, variable " + std::to_string(i);
+      const std::string what = kind + "_update_many, variable " + std::to_string(i);
+      const float scale = items[static_cast<std::size_t>(i)].gradient_scale;
       if (adam) {
         AdamUpdate one = adam_p;
-        one.gradient_scale = items[i].gradient_scale;
+        one.gradient_scale = scale;
         be().adam_update(w1[i], g[i], s01[i], s11[i], one);
-        expect_near(s1[i].to_vector(), as_double(s11[i].to_vector()), 1e-6, 0.0, what + " (v)");
+      } else if (rmsprop) {
+        RmspropUpdate one = rms;
+        one.gradient_scale = scale;
+        be().rmsprop_update(w1[i], g[i], s01[i], slot1(i) ? &s11[i] : nullptr, slot2(i) ? &s21[i] : nullptr, one);
       } else {
         SgdUpdate one = sgd;
-        one.gradient_scale = items[i].gradient_scale;
+        one.gradient_scale = scale;
         be().sgd_update(w1[i], g[i], &s01[i], one);
       }
       expect_near(w[i].to_vector(), as_double(w1[i].to_vector()), 1e-6, 0.0, what);
       expect_near(s0[i].to_vector(), as_double(s01[i].to_vector()), 1e-6, 0.0, what + " (slot 0)");
+      expect_near(s1[i].to_vector(), as_double(s11[i].to_vector()), 1e-6, 0.0, what + " (slot 1)");
+      expect_near(s2[i].to_vector(), as_double(s21[i].to_vector()), 1e-6, 0.0, what + " (slot 2)");
     }
     // A NaN in the last group is reported.
     Tensor bad = random_tensor({5}, 300);
     bad.data<float>()[2] = std::numeric_limits<float>::quiet_NaN();
     const Tensor bad_g = on(bad);
-    Tensor five_w = on(random_tensor({5}, 301)), five_0 = on(random_tensor({5}, 302)),
+    Tensor five_w = on(random_tensor({5}, 301)), five_0 = on(random_tensor({5}, 302, 0.5f, 1.0f)),
            five_1 = on(random_tensor({5}, 303, 0.0f, 1.0f));
-    items.back() = {&five_w, &bad_g, &five_0, adam ? &five_1 : nullptr, 1.0f};
+    items.back() = {&five_w, &bad_g, &five_0, adam || rmsprop ? &five_1 : nullptr, 1.0f};
     be().take_deferred_non_finite();
-    const bool at_once = adam ? be().adam_update_many(items, adam_p) : be().sgd_update_many(items, sgd);
-    EXPECT_TRUE(!at_once || be().take_deferred_non_finite()) << (adam ? "adam" : "sgd");
+    const bool at_once = many();
+    EXPECT_TRUE(!at_once || be().take_deferred_non_finite()) << kind;
   }
 }
 
@@ -949,7 +1041,7 @@ ConvReference conv_reference(const ConvCase& s, const Tensor& x, const Tensor& k
 
 TEST_P(Conformance, ConvolutionsForwardAndBackward) {
   for (const ConvCase& s : kConvCases)
-    for (const DType dtype : {DType::f32, DType::bf16}) {
+    for (const DType dtype : {DType::f32, DType::bf16, DType::f16}) {
       const Conv2dOptions& o = s.o;
       const std::int64_t oh = conv_out(s.h, s.kh, o.stride[0], o.dilation[0], o.pad_begin[0], o.pad_end[0]);
       const std::int64_t ow = conv_out(s.w, s.kw, o.stride[1], o.dilation[1], o.pad_begin[1], o.pad_end[1]);
@@ -965,8 +1057,10 @@ TEST_P(Conformance, ConvolutionsForwardAndBackward) {
       be().conv2d(xd, kd, y, with_bias);
       be().conv2d_backward_data(dyd, kd, dx, o);
       be().conv2d_backward_weights(xd, dyd, dk, &db, o);
-      // A GPU's bfloat16 convolutions round their result to bfloat16 (8 bits): 1e-2 relative.
-      const double rtol = dtype == DType::bf16 && gpu() ? 1e-2 : 2e-5, atol = dtype == DType::bf16 && gpu() ? 1e-2 : 2e-5;
+      // A GPU's 16-bit convolutions round their result to 16 bits: bfloat16's 8 bits 1e-2
+      // relative, float16's 11 bits 2e-3.
+      const double rounded = dtype == DType::bf16 ? 1e-2 : 2e-3;
+      const double rtol = is_half(dtype) && gpu() ? rounded : 2e-5, atol = is_half(dtype) && gpu() ? rounded : 2e-5;
       const std::string what = std::string("conv2d ") + s.name + " (" + std::string(dtype_name(dtype)) + ")";
       expect_near(y.to_vector(), r.y, rtol, atol, what);
       expect_near(dx.to_vector(), r.dx, rtol, atol, what + " dx");

@@ -106,6 +106,34 @@ INSTANTIATE_TEST_SUITE_P(
                       }}),
     [](const ::testing::TestParamInfo<OptimizerCase>& p) { return std::string(p.param.name); });
 
+// mixed_float16: the loss scale and its count of good steps come back with the model, so
+// the next steps scale, skip and grow as the saved model's would.
+TEST_F(ModelSaving, AMixedFloat16ModelKeepsItsLossScale) {
+  const data::Split d = data::make_synthetic(64, 5, 3, 7, data::SyntheticLabels::teacher);
+  std::unique_ptr<Sequential> a;
+  {
+    nn::ScopedGlobalPolicy policy("mixed_float16");
+    a = mlp();
+  }
+  auto adam = std::make_shared<optim::Adam>(0.01f);
+  adam->set_loss_scale(optim::LossScale{.initial_scale = 1024.0f, .dynamic_growth_steps = 3});
+  a->compile(adam, std::make_shared<losses::SparseCategoricalCrossentropy>(true), {"accuracy"});
+  a->fit(d.x, d.y, {.epochs = 2, .batch_size = 16, .seed = 3, .verbose = 0});
+  ASSERT_EQ(a->optimizer().loss_scale(), 4096.0f);  // 8 finite steps: doubled at the 3rd and 6th
+  ASSERT_EQ(a->optimizer().loss_scale_good_steps(), 2);
+  a->save(path("model.safetensors"));
+
+  auto b = models::load_model(path("model.safetensors"));
+  EXPECT_EQ(b->layers()[0]->dtype_policy().name, "mixed_float16");
+  EXPECT_EQ(b->optimizer().loss_scale(), 4096.0f);
+  EXPECT_EQ(b->optimizer().loss_scale_good_steps(), 2);
+  EXPECT_EQ(b->optimizer().loss_scale_options()->dynamic_growth_steps, 3);
+  a->fit(d.x, d.y, {.epochs = 1, .batch_size = 16, .seed = 4, .verbose = 0});
+  b->fit(d.x, d.y, {.epochs = 1, .batch_size = 16, .seed = 4, .verbose = 0});
+  EXPECT_EQ(bits(*b), bits(*a));
+  EXPECT_EQ(b->optimizer().loss_scale(), a->optimizer().loss_scale());
+}
+
 // Each writer's JSON reads back into an object that writes the same JSON, floats exact.
 TEST(CompileConfig, OptimizersSchedulesAndLossesRoundTrip) {
   const std::vector<std::shared_ptr<optim::Optimizer>> optimizers = {
@@ -118,7 +146,9 @@ TEST(CompileConfig, OptimizersSchedulesAndLossesRoundTrip) {
       std::make_shared<optim::RMSprop>(0.002f, optim::RMSpropOptions{.rho = 0.8f, .momentum = 0.25f, .centered = true},
                                        optim::OptimizerOptions{.clipnorm = 2.0f}),
       std::make_shared<optim::Adagrad>(0.05f, 0.3f, 1e-6f),
+      std::make_shared<optim::Adam>(0.001f),  // given a loss scale below
   };
+  optimizers.back()->set_loss_scale(optim::LossScale{.initial_scale = 512.0f, .dynamic_growth_steps = 7});
   for (const auto& o : optimizers) {
     const json j = optimizer_to_json(*o);
     const auto back = optimizer_from_json(j, "optimizer");
@@ -127,6 +157,8 @@ TEST(CompileConfig, OptimizersSchedulesAndLossesRoundTrip) {
     EXPECT_EQ(back->options().clipnorm, o->options().clipnorm);
     EXPECT_EQ(back->options().global_clipnorm, o->options().global_clipnorm);
     EXPECT_EQ(back->options().weight_decay, o->options().weight_decay);
+    EXPECT_EQ(back->loss_scale(), o->loss_scale());
+    EXPECT_EQ(back->loss_scale_options().has_value(), o->loss_scale_options().has_value());
     for (std::int64_t step : {0, 3, 6, 11, 25}) {
       back->set_iterations(step);
       o->set_iterations(step);

@@ -42,11 +42,17 @@ TEST(DTypePolicy, LayersTakeTheGlobalPolicyWhenCreated) {
   EXPECT_EQ(before.dtype_policy().name, "float32");
   EXPECT_EQ(global_policy().name, "float32");
   try {
-    set_global_policy("mixed_float16");
+    set_global_policy("mixed_float8");
     FAIL();
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("'mixed_float16' is not supported"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'mixed_float8' is not supported"), std::string::npos) << e.what();
   }
+  {
+    ScopedGlobalPolicy half("mixed_float16");
+    EXPECT_EQ(Dense(2).dtype_policy().compute_dtype, DType::f16);
+    EXPECT_EQ(global_policy().name, "mixed_float16");
+  }
+  EXPECT_EQ(global_policy().name, "float32");
 }
 
 TEST(Dense, BuildsFromFirstInputAndInfersShapes) {

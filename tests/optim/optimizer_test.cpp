@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "dtrain/autograd/ops.h"
 #include "dtrain/optim/optimizer.h"
@@ -242,6 +243,30 @@ TEST(RMSprop, CenteredWithMomentumFollowsKeras3) {
   EXPECT_EQ(get("rmsprop")->name(), "RMSprop");
 }
 
+// Centered without momentum: the average is the second slot, and the update of all of a
+// step's variables at once finds it there.
+TEST(RMSprop, CenteredWithoutMomentumKeepsItsAverageInTheSecondSlot) {
+  Variable w("w", Tensor::from_vector({2}, {1.0f, -0.5f})), u("u", Tensor::from_vector({1}, {2.0f}));
+  RMSprop opt(0.01f, {.rho = 0.8f, .epsilon = 1e-3f, .centered = true});
+  double rw[3] = {1.0, -0.5, 2.0}, v[3] = {0, 0, 0}, a[3] = {0, 0, 0};
+  const float grads[3][3] = {{0.3f, -1.0f, 0.5f}, {-0.2f, 0.4f, 0.25f}, {0.7f, 0.1f, -2.0f}};
+  for (const auto& g : grads) {
+    opt.apply_gradients({{Tensor::from_vector({2}, {g[0], g[1]}), &w}, {Tensor::from_vector({1}, {g[2]}), &u}});
+    for (int i = 0; i < 3; ++i) {
+      v[i] = 0.8 * v[i] + 0.2 * g[i] * g[i];
+      a[i] = 0.8 * a[i] + 0.2 * g[i];
+      rw[i] -= 0.01 * g[i] / std::sqrt(v[i] - a[i] * a[i] + 1e-3);
+    }
+  }
+  EXPECT_NEAR(w.value().to_vector()[0], rw[0], 1e-6);
+  EXPECT_NEAR(w.value().to_vector()[1], rw[1], 1e-6);
+  EXPECT_NEAR(u.value().item(), rw[2], 1e-6);
+  const auto slots = opt.slots(u);
+  ASSERT_EQ(slots.size(), 2u);
+  EXPECT_EQ(slots[1].first, "average_gradient");
+  EXPECT_NEAR(slots[1].second->item(), a[2], 1e-6);
+}
+
 // Adagrad's accumulator starts at initial_accumulator_value, in updates and in the slot a
 // checkpoint restores into.
 TEST(Adagrad, AccumulatorStartsAtItsInitialValue) {
@@ -261,6 +286,105 @@ TEST(Adagrad, AccumulatorStartsAtItsInitialValue) {
   EXPECT_EQ(slots[0].second->to_vector(), (std::vector<float>{0.1f, 0.1f, 0.1f}));
   EXPECT_THROW(Adagrad(0.1f, -1.0f), InvalidArgument);
   EXPECT_THROW(RMSprop(0.1f, {.rho = 1.0f}), InvalidArgument);
+}
+
+// ---- loss scaling (keras.mixed_precision.LossScaleOptimizer)
+
+// Gradients of the loss times the scale, applied under that scale, update as the plain
+// gradients do without one, bit for bit (the scale is a power of two), slots included.
+TEST(LossScale, ScaledGradientsUpdateAsTheUnscaledOnes) {
+  for (const bool clip : {false, true}) {
+    OptimizerOptions o;
+    if (clip) o.global_clipnorm = 0.5f;
+    Variable a("a", Tensor::from_vector({3}, {1, -2, 3})), b("b", Tensor::from_vector({3}, {1, -2, 3}));
+    Adam plain(0.01f, {}, o), scaled(0.01f, {}, o);
+    scaled.set_loss_scale(LossScale{.initial_scale = 1024.0f});
+    for (int step = 0; step < 3; ++step) {
+      const Tensor g = Tensor::from_vector({3}, {0.5f, -1e-3f, 2.0f + static_cast<float>(step)});
+      plain.apply_gradients({{g, &a}});
+      scaled.apply_gradients({{scale(g, scaled.loss_scale()), &b}});
+    }
+    EXPECT_EQ(b.value().to_vector(), a.value().to_vector()) << (clip ? "with" : "without") << " global_clipnorm";
+    EXPECT_EQ(scaled.slots(b)[1].second->to_vector(), plain.slots(a)[1].second->to_vector());
+    EXPECT_EQ(scaled.iterations(), 3);
+    EXPECT_EQ(scaled.loss_scale(), 1024.0f);
+    EXPECT_EQ(scaled.loss_scale_good_steps(), 3);
+  }
+}
+
+// A step whose gradients hold a NaN or an infinity changes no weight, slot or iteration
+// count, and halves the scale; finite steps in a row double it, never past a float.
+TEST(LossScale, SkipsAStepThatOverflowedAndMovesTheScale) {
+  Variable w("w", Tensor::from_vector({2}, {1, 2})), u("u", Tensor::from_vector({1}, {5}));
+  SGD sgd(0.1f, 0.9f);
+  sgd.set_loss_scale(LossScale{.initial_scale = 8.0f, .dynamic_growth_steps = 3});
+  sgd.apply_gradients({{Tensor::from_vector({2}, {8, 8}), &w}, {Tensor::from_vector({1}, {8}), &u}});
+  const std::vector<float> w1 = w.value().to_vector(), velocity = sgd.slots(w)[0].second->to_vector();
+  EXPECT_FALSE(sgd.last_update_skipped());
+  for (const float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+    sgd.apply_gradients({{Tensor::from_vector({2}, {1, 1}), &w}, {Tensor::from_vector({1}, {bad}), &u}});
+    EXPECT_TRUE(sgd.last_update_skipped());
+    EXPECT_EQ(w.value().to_vector(), w1);  // the finite variable is not updated either
+    EXPECT_EQ(sgd.slots(w)[0].second->to_vector(), velocity);
+    EXPECT_EQ(sgd.iterations(), 1);
+    EXPECT_EQ(sgd.loss_scale_good_steps(), 0);
+  }
+  EXPECT_EQ(sgd.loss_scale(), 2.0f);
+  EXPECT_EQ(sgd.skipped_updates(), 2);
+  EXPECT_FALSE(sgd.take_non_finite());  // nothing non-finite was written
+  for (int i = 0; i < 2; ++i) sgd.apply_gradients({{Tensor::from_vector({2}, {1, 1}), &w}});
+  EXPECT_EQ(sgd.loss_scale(), 2.0f);
+  sgd.apply_gradients({{Tensor::from_vector({2}, {1, 1}), &w}});
+  EXPECT_EQ(sgd.loss_scale(), 4.0f);  // the third finite step in a row
+  EXPECT_EQ(sgd.loss_scale_good_steps(), 0);
+  EXPECT_EQ(sgd.iterations(), 4);
+  // The scale stops halving at 1.
+  for (int i = 0; i < 5; ++i)
+    sgd.apply_gradients({{Tensor::from_vector({2}, {std::numeric_limits<float>::infinity(), 0}), &w}});
+  EXPECT_EQ(sgd.loss_scale(), 1.0f);
+}
+
+// A fixed scale neither checks nor moves: a NaN is applied (and reported as such).
+TEST(LossScale, AFixedScaleDividesOnly) {
+  Variable w("w", Tensor::from_vector({1}, {1}));
+  SGD sgd(1.0f);
+  sgd.set_loss_scale(LossScale{.dynamic = false, .initial_scale = 4.0f});
+  sgd.apply_gradients({{Tensor::from_vector({1}, {2}), &w}});
+  EXPECT_EQ(w.value().item(), 0.5f);
+  sgd.apply_gradients({{Tensor::from_vector({1}, {std::numeric_limits<float>::quiet_NaN()}), &w}});
+  EXPECT_TRUE(std::isnan(w.value().item()));
+  EXPECT_TRUE(sgd.take_non_finite());
+  EXPECT_EQ(sgd.loss_scale(), 4.0f);
+}
+
+// TensorFlow 2's custom loop divides the gradients itself (get_unscaled_gradients): they
+// are checked and applied as given.
+TEST(LossScale, UnscaledGradientsAreCheckedAndAppliedAsGiven) {
+  Variable w("w", Tensor::from_vector({1}, {1}));
+  SGD sgd(1.0f);
+  sgd.set_loss_scale(LossScale{.initial_scale = 64.0f});
+  Variable* vars[] = {&w};
+  sgd.apply_unscaled_gradients(std::vector<Tensor>{Tensor::from_vector({1}, {0.25f})}, vars);
+  EXPECT_EQ(w.value().item(), 0.75f);
+  sgd.apply_unscaled_gradients(std::vector<Tensor>{Tensor::from_vector({1}, {-std::numeric_limits<float>::infinity()})},
+                               vars);
+  EXPECT_EQ(w.value().item(), 0.75f);
+  EXPECT_EQ(sgd.loss_scale(), 32.0f);
+}
+
+TEST(LossScale, ItsSettingsAreChecked) {
+  SGD sgd;
+  EXPECT_THROW(sgd.set_loss_scale(LossScale{.initial_scale = 0.5f}), InvalidArgument);
+  EXPECT_THROW(sgd.set_loss_scale(LossScale{.initial_scale = std::numeric_limits<float>::infinity()}), InvalidArgument);
+  EXPECT_THROW(sgd.set_loss_scale(LossScale{.dynamic_growth_steps = 0}), InvalidArgument);
+  EXPECT_THROW(sgd.set_loss_scale_state(2.0f, 0), InvalidArgument);  // no loss scale set
+  EXPECT_EQ(sgd.loss_scale(), 1.0f);
+  sgd.set_loss_scale(LossScale{});
+  EXPECT_EQ(sgd.loss_scale(), 32768.0f);
+  EXPECT_THROW(sgd.set_loss_scale_state(0.25f, 3), InvalidArgument);
+  sgd.set_loss_scale_state(256.0f, 7);
+  EXPECT_EQ(sgd.loss_scale(), 256.0f);
+  EXPECT_EQ(sgd.loss_scale_good_steps(), 7);
 }
 
 TEST(Optimizer, InvalidHyperparameters) {

@@ -1,15 +1,18 @@
 """tf.keras.mixed_precision: dtype policies and LossScaleOptimizer.
 
-"mixed_bfloat16" keeps variables, outputs and gradients in float32 and runs the matmuls on
-bfloat16 copies of their inputs; "float32" is the default. set_global_policy applies to
-layers made afterwards, as in Keras."""
+"mixed_bfloat16" and "mixed_float16" keep variables, outputs and gradients in float32 and
+run the matmuls and convolutions on 16-bit copies of their inputs; "float32" is the
+default. set_global_policy applies to layers made afterwards, as in Keras. A model with
+"mixed_float16" layers trains with a dynamic loss scale (LossScaleOptimizer), which
+compile() adds."""
 import numpy as np
 
 from .. import _dtrain
 from . import optimizers as _optimizers
 
 _k = _dtrain.keras
-_DTYPES = {"float32": ("float32", "float32"), "mixed_bfloat16": ("bfloat16", "float32")}
+_DTYPES = {"float32": ("float32", "float32"), "mixed_bfloat16": ("bfloat16", "float32"),
+           "mixed_float16": ("float16", "float32")}
 
 
 class Policy:
@@ -19,8 +22,7 @@ class Policy:
         if not isinstance(name, str):
             raise TypeError(f"Policy: the name is a string, got {type(name).__name__}")
         if name not in _DTYPES:
-            raise ValueError(f"Policy: '{name}' is not a policy dtrain has ({', '.join(_DTYPES)}; mixed_float16 "
-                             "is refused: dtrain's mixed precision on CPUs is bfloat16)")
+            raise ValueError(f"Policy: '{name}' is not a policy dtrain has ({', '.join(_DTYPES)})")
         self.name = name
         self.compute_dtype, self.variable_dtype = _DTYPES[name]
 
@@ -45,71 +47,78 @@ class LossScaleOptimizer:
     """tf.keras.mixed_precision.LossScaleOptimizer(inner_optimizer, dynamic=True,
     initial_scale=2**15, dynamic_growth_steps=2000).
 
-    In a custom loop: Keras 3's scale_loss(loss), then apply_gradients on the scaled
-    gradients (it unscales them), or TensorFlow 2's get_scaled_loss(loss),
-    get_unscaled_gradients(grads) and apply_gradients on the unscaled ones. A step whose
-    gradients are not all finite is skipped and, when dynamic, the scale halves; after
-    dynamic_growth_steps finite steps it doubles. In compile/fit the inner optimizer trains:
-    dtrain's gradients are float32 under every policy it has, where a loss scale changes
-    nothing."""
+    The loss is multiplied by a scale before backward, so that gradients too small for
+    float16 survive, and the gradients divided by it before the update. A step whose
+    gradients are not all finite is skipped (no weight, slot or iteration changes) and,
+    when dynamic, the scale halves; after dynamic_growth_steps finite steps it doubles.
+
+    compile() under the "mixed_float16" policy adds one itself, as Keras does. In a custom
+    loop: Keras 3's scale_loss(loss), then apply_gradients on the scaled gradients (it
+    unscales them), or TensorFlow 2's get_scaled_loss(loss), get_unscaled_gradients(grads)
+    and apply_gradients on the unscaled ones. The scale and its count live in the inner
+    optimizer, which checkpoints and model.save keep with its slots."""
 
     def __init__(self, inner_optimizer, dynamic=True, initial_scale=2.0 ** 15, dynamic_growth_steps=2000, name=None,
                  **kwargs):
         del name
         if kwargs:
             raise TypeError("LossScaleOptimizer: unexpected argument(s) " + ", ".join(sorted(kwargs)))
+        if isinstance(inner_optimizer, LossScaleOptimizer):
+            raise TypeError("LossScaleOptimizer: inner_optimizer is a LossScaleOptimizer already")
         if not isinstance(inner_optimizer, _optimizers.Optimizer):
             raise TypeError("LossScaleOptimizer: inner_optimizer must be a tf.keras.optimizers.Optimizer, got "
                             f"{type(inner_optimizer).__name__}")
-        if not initial_scale > 0 or not np.isfinite(initial_scale):
-            raise ValueError(f"LossScaleOptimizer: initial_scale must be a positive number, got {initial_scale}")
+        if not np.isfinite(initial_scale) or not initial_scale >= 1:
+            raise ValueError(f"LossScaleOptimizer: initial_scale must be a finite number >= 1, got {initial_scale}")
+        if int(dynamic_growth_steps) < 1:
+            raise ValueError(f"LossScaleOptimizer: dynamic_growth_steps must be >= 1, got {dynamic_growth_steps}")
         self.inner_optimizer = inner_optimizer
         self.dynamic = bool(dynamic)
         self.initial_scale = float(initial_scale)
         self.dynamic_growth_steps = int(dynamic_growth_steps)
-        self._scale = float(initial_scale)
-        self._good_steps = 0
+        inner_optimizer._set_loss_scale(self.dynamic, self.initial_scale, self.dynamic_growth_steps)
         self._unscale_in_apply = True  # Keras 3's way until the TensorFlow 2 calls are used
 
     @property
     def loss_scale(self):
-        return _dtrain.Tensor(np.asarray(self._scale, np.float32), "float32")
+        return _dtrain.Tensor(np.asarray(self.inner_optimizer._loss_scale, np.float32), "float32")
+
+    @property
+    def dynamic_scale(self):  # Keras 3's name
+        return self.loss_scale
 
     @property
     def dynamic_counter(self):
-        return self._good_steps
+        return self.inner_optimizer._loss_scale_good_steps
 
     def scale_loss(self, loss):
         """Keras 3: the loss times the scale; apply_gradients then unscales the gradients."""
         self._unscale_in_apply = True
-        return _dtrain.ops.multiply(loss, self._scale)
+        return _dtrain.ops.multiply(loss, self.inner_optimizer._loss_scale)
 
     def get_scaled_loss(self, loss):
         """TensorFlow 2: the loss times the scale; unscale with get_unscaled_gradients."""
         self._unscale_in_apply = False
-        return _dtrain.ops.multiply(loss, self._scale)
+        return _dtrain.ops.multiply(loss, self.inner_optimizer._loss_scale)
 
     def get_unscaled_gradients(self, grads):
         self._unscale_in_apply = False
-        return [None if g is None else _dtrain.ops.multiply(g, 1.0 / self._scale) for g in grads]
+        inverse = 1.0 / self.inner_optimizer._loss_scale
+        return [None if g is None else _dtrain.ops.multiply(g, inverse) for g in grads]
 
     def apply_gradients(self, grads_and_vars, **kwargs):
-        pairs = list(grads_and_vars)
-        finite = all(g is None or bool(np.isfinite(np.asarray(g.numpy())).all()) for g, _ in pairs)
-        if not finite:
-            if self.dynamic:
-                self._scale = max(self._scale / 2.0, 1.0)
-                self._good_steps = 0
-            return None  # the step is skipped
+        """Checks the gradients and applies them, or skips the step (see the class)."""
+        if kwargs:
+            raise TypeError("LossScaleOptimizer.apply_gradients: unexpected argument(s) " + ", ".join(sorted(kwargs)))
         if self._unscale_in_apply:
-            pairs = [(None if g is None else _dtrain.ops.multiply(g, 1.0 / self._scale), v) for g, v in pairs]
-        result = self.inner_optimizer.apply_gradients(pairs, **kwargs)
-        if self.dynamic:
-            self._good_steps += 1
-            if self._good_steps >= self.dynamic_growth_steps:
-                self._scale *= 2.0
-                self._good_steps = 0
-        return result
+            self.inner_optimizer.apply_gradients(grads_and_vars)
+        else:
+            self.inner_optimizer._apply_unscaled_gradients(grads_and_vars)
+
+    def apply(self, grads, trainable_variables=None):  # Keras 3
+        if trainable_variables is None:
+            raise ValueError("LossScaleOptimizer.apply: give the trainable_variables the gradients belong to")
+        self.apply_gradients(zip(grads, trainable_variables))
 
     def __getattr__(self, name):  # learning_rate, iterations, variables, ...: the inner optimizer's
         if name.startswith("_") or name == "inner_optimizer":

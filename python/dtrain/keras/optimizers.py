@@ -22,8 +22,7 @@ def get(identifier):
         return identifier
     inner = getattr(identifier, "inner_optimizer", None)
     if isinstance(inner, Optimizer):
-        # A LossScaleOptimizer: fit trains with float32 gradients, where a scale changes nothing.
-        return inner
+        return inner  # a LossScaleOptimizer: its scale lives in the optimizer it wraps
     if isinstance(identifier, str):
         cls = _BY_NAME.get(identifier.lower())
         if cls is None:
@@ -43,8 +42,22 @@ _INERT = {"name": None, "clipvalue": (None,), "use_ema": (False, None), "ema_mom
 
 
 def deserialize(config):
-    """An optimizer from Keras's serialized form (a compile_config's "optimizer")."""
+    """An optimizer from Keras's serialized form (a compile_config's "optimizer"); a
+    LossScaleOptimizer's is its inner optimizer with the loss scale set."""
     name = str(config.get("class_name", "")).lower()
+    if name == "lossscaleoptimizer":
+        kwargs = dict(config.get("config") or {})
+        inner = kwargs.pop("inner_optimizer", None)
+        if not isinstance(inner, dict):
+            raise ValueError("optimizer LossScaleOptimizer: its config has no inner_optimizer")
+        kwargs.pop("name", None)
+        unknown = sorted(set(kwargs) - {"initial_scale", "dynamic_growth_steps", "dynamic"})
+        if unknown:
+            raise ValueError(f"optimizer LossScaleOptimizer: {', '.join(unknown)} is not supported by dtrain")
+        optimizer = deserialize(inner)
+        optimizer._set_loss_scale(bool(kwargs.get("dynamic", True)), float(kwargs.get("initial_scale", 2.0 ** 15)),
+                                  int(kwargs.get("dynamic_growth_steps", 2000)))
+        return optimizer
     cls = _BY_NAME.get(name)
     if cls is None:
         raise ValueError(f"optimizer '{config.get('class_name')}' is not one dtrain has ({', '.join(_BY_NAME)})")

@@ -33,8 +33,8 @@ Shape conv_output_shape(const Tensor& x, const Tensor& kernel, const Conv2dOptio
 Tensor conv2d(const Tensor& x, const Tensor& kernel, const Tensor& bias, const Conv2dOptions& options, DType compute) {
   detail::check_float(x, "conv2d");
   detail::check_float(kernel, "conv2d (kernel)");
-  if (compute != DType::f32 && compute != DType::bf16)
-    DTRAIN_THROW(InvalidArgument, "conv2d: compute dtype must be float32 or bfloat16, got ", dtype_name(compute));
+  if (!is_floating(compute))
+    DTRAIN_THROW(InvalidArgument, "conv2d: compute dtype must be float32, bfloat16 or float16, got ", dtype_name(compute));
   const Shape out_shape = conv_output_shape(x, kernel, options);
   Conv2dOptions o = options;
   o.bias = bias.defined() ? &bias : nullptr;

@@ -33,11 +33,11 @@ Tensor dense(const Tensor& x, const Tensor& kernel, const Tensor& bias, Activati
   Shape out_shape = x.shape();
   out_shape.set(-1, out);
 
-  if (compute != DType::f32 && compute != DType::bf16)
-    DTRAIN_THROW(InvalidArgument, "dense: compute dtype must be float32 or bfloat16, got ", dtype_name(compute));
+  if (!is_floating(compute))
+    DTRAIN_THROW(InvalidArgument, "dense: compute dtype must be float32, bfloat16 or float16, got ", dtype_name(compute));
 
   auto& be = detail::backend_of(x);
-  // Mixed precision: the matmuls read bfloat16 copies of x and the kernel (and, backward,
+  // Mixed precision: the matmuls read 16-bit copies of x and the kernel (and, backward,
   // of dz) and accumulate in float32; outputs, gradients and the variables stay float32.
   const Tensor xc = detail::converted(x2, compute), kc = detail::converted(kernel, compute);
   // gelu's derivative needs its input, so it runs as a second pass over z.

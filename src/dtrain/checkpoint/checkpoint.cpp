@@ -1,6 +1,7 @@
 // Checkpoint: gathering the tracked objects' state into one file and putting it back.
 #include "dtrain/checkpoint/checkpoint.h"
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -150,6 +151,8 @@ NamedTensors Checkpoint::capture() const {
                      o["kind"] = "optimizer";
                      o["class"] = opt->name();
                      o["iterations"] = opt->iterations();
+                     if (opt->loss_scale_options())
+                       o["loss_scale"] = {{"scale", opt->loss_scale()}, {"good_steps", opt->loss_scale_good_steps()}};
                      for (const Model* m : models)
                        for (Variable* v : m->variables())
                          for (const auto& [slot, t] : opt->slots(*v)) add(slot_key(name, *v, slot), *t);
@@ -375,6 +378,21 @@ RestoreStatus Checkpoint::restore_from(const NamedTensors& data, const std::stri
                                " in the file, but this program's is ", opt->name());
                 const std::int64_t iterations = (*o).at("iterations").get<std::int64_t>();
                 apply.push_back([opt, iterations] { opt->set_iterations(iterations); });
+                if (o->contains("loss_scale")) {
+                  if (!opt->loss_scale_options())
+                    DTRAIN_THROW(IoError, path, ": optimizer '", name, "' was saved with a loss scale (mixed_float16), ",
+                                 "and this program's has none; compile with the same dtype policy or a LossScaleOptimizer");
+                  const nlohmann::json& s = (*o)["loss_scale"];
+                  if (!s.is_object() || !s.contains("scale") || !s["scale"].is_number() || !s.contains("good_steps") ||
+                      !s["good_steps"].is_number_integer())
+                    DTRAIN_THROW(IoError, path, ": optimizer '", name, "' has a malformed loss_scale: ", s.dump());
+                  const float scale = s["scale"].get<float>();
+                  const auto good = s["good_steps"].get<std::int64_t>();
+                  if (!(scale >= 1.0f) || !std::isfinite(scale) || good < 0)
+                    DTRAIN_THROW(IoError, path, ": optimizer '", name, "' has a loss scale of ", scale, " after ", good,
+                                 " good steps, which no LossScaleOptimizer reaches");
+                  apply.push_back([opt, scale, good] { opt->set_loss_scale_state(scale, good); });
+                }
                 const std::vector<std::string> slot_names = opt->slot_names_in_order();
                 for (const Model* m : models)
                   for (Variable* v : m->variables()) {

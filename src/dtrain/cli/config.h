@@ -90,7 +90,8 @@ struct RunConfig {
   double validation_split = 0.0;
   bool shuffle = true;
   int verbose = -1;
-  // "float32" or "mixed_bfloat16" for every layer; empty: what the model JSON says.
+  // "float32", "mixed_bfloat16" or "mixed_float16" for every layer; empty: what the model
+  // JSON says. "mixed_float16" trains with dynamic loss scaling.
   std::string dtype_policy;
   // "default" (one device), "one_device", "mirrored" or "multi_worker" (TF_CONFIG says
   // the cluster); replicas: mirrored's (0: one per core), or each worker's (0: one).

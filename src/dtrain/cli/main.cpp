@@ -622,6 +622,11 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["optimizer_iterations"] = model->optimizer().iterations();
     j["steps_trained"] = steps_trained;
     j["final_learning_rate_scale"] = final_learning_rate_scale;
+    if (model->optimizer().loss_scale_options()) {
+      // mixed_float16's loss scale where the run ended, and the steps it skipped (this run's).
+      j["loss_scale"] = model->optimizer().loss_scale();
+      j["skipped_updates"] = model->optimizer().skipped_updates();
+    }
     if (ps) {
       // Batch callbacks run once a closure; the optimizer's count is the parameter servers',
       // which fit copied here at its end.
@@ -787,7 +792,7 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(std::int64_t{0}, INT64_MAX));
     cmd->add_option("--summary", o.summary, "Write a machine-readable JSON summary here")->check(a_path);
     cmd->add_option("--dtype-policy", o.dtype_policy, "Override the config's dtype_policy")
-        ->check(CLI::IsMember({"float32", "mixed_bfloat16"}));
+        ->check(CLI::IsMember({"float32", "mixed_bfloat16", "mixed_float16"}));
   };
   auto add_strategy_flags = [&](CLI::App* cmd) {
     cmd->add_option("--strategy", o.strategy,

@@ -259,6 +259,8 @@ Tensor Tensor::astype(DType dtype) const {
     const float* s = data<float>();
     bfloat16* d = out.data<bfloat16>();
     for (std::int64_t i = 0; i < n; ++i) d[i] = bfloat16(s[i]);
+  } else if (dtype_ == DType::f32 && dtype == DType::f16) {
+    to_f16(data<float>(), static_cast<std::uint16_t*>(out.raw_data()), static_cast<std::size_t>(n));
   } else if (dtype == DType::f32) {
     std::vector<float> v = to_vector();
     if (n) std::memcpy(out.raw_data(), v.data(), out.nbytes());
@@ -291,6 +293,9 @@ std::vector<float> Tensor::to_vector() const {
       for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(s[i]);
       break;
     }
+    case DType::f16:
+      from_f16(static_cast<const std::uint16_t*>(raw_data()), v.data(), static_cast<std::size_t>(n));
+      break;
     case DType::i32: {
       const std::int32_t* s = data<std::int32_t>();
       for (std::int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(s[i]);

@@ -523,6 +523,7 @@ int tf_type_of(DType t) {
     case DType::u8: return 4;
     case DType::string: return 7;
     case DType::bf16: return 14;
+    case DType::f16: return 19;
   }
   return 0;
 }
@@ -674,6 +675,13 @@ Tensor parse_tensor(std::string_view bytes, DType out_type) {
         if (has_content) std::memcpy(&bits, content.data() + 2 * i, 2);
         else bits = static_cast<std::uint16_t>(values == 0 ? 0 : ints[j]);
         out.data<bfloat16>()[i].bits = bits;
+        break;
+      }
+      case DType::f16: {
+        std::uint16_t bits;
+        if (has_content) std::memcpy(&bits, content.data() + 2 * i, 2);
+        else bits = static_cast<std::uint16_t>(values == 0 ? 0 : ints[j]);
+        out.data<float16>()[i].bits = bits;
         break;
       }
     }

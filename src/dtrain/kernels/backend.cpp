@@ -46,6 +46,16 @@ bool Backend::adam_update_many(std::span<const UpdateItem> items, const AdamUpda
   return finite;
 }
 
+bool Backend::rmsprop_update_many(std::span<const UpdateItem> items, const RmspropUpdate& p) {
+  bool finite = true;
+  for (const UpdateItem& item : items) {
+    RmspropUpdate one = p;
+    one.gradient_scale = item.gradient_scale;
+    finite &= rmsprop_update(*item.w, *item.g, *item.slot0, item.slot1, item.slot2, one);
+  }
+  return finite;
+}
+
 Backend& backend(Device device) {
   if (device.type == DeviceType::cpu) return cpu_backend();
   if (device.index >= 0 && device.index < kMaxOverrides)
@@ -81,6 +91,7 @@ const char* primitive_name(Primitive op) {
     case Primitive::fill: return "fill";
     case Primitive::axpby: return "axpby";
     case Primitive::sum_squares: return "sum_squares";
+    case Primitive::all_finite: return "all_finite";
     case Primitive::softmax_cross_entropy: return "softmax_cross_entropy";
     case Primitive::softmax_cross_entropy_backward: return "softmax_cross_entropy_backward";
     case Primitive::dropout: return "dropout";
@@ -91,6 +102,7 @@ const char* primitive_name(Primitive op) {
     case Primitive::rmsprop_update: return "rmsprop_update";
     case Primitive::sgd_update_many: return "sgd_update_many";
     case Primitive::adam_update_many: return "adam_update_many";
+    case Primitive::rmsprop_update_many: return "rmsprop_update_many";
     case Primitive::conv2d: return "conv2d";
     case Primitive::conv2d_backward_data: return "conv2d_backward_data";
     case Primitive::conv2d_backward_weights: return "conv2d_backward_weights";

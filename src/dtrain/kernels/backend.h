@@ -27,8 +27,8 @@ enum class Reduce : std::uint8_t { sum, mean, max };
 // The primitive list, for supports() queries.
 enum class Primitive : std::uint8_t {
   matmul, unary, unary_backward, binary, reduce, softmax, softmax_backward, convert, fill,
-  axpby, sum_squares, softmax_cross_entropy, softmax_cross_entropy_backward, dropout,
-  argmax, one_hot, sgd_update, adam_update, rmsprop_update, sgd_update_many, adam_update_many, conv2d, conv2d_backward_data, conv2d_backward_weights,
+  axpby, sum_squares, all_finite, softmax_cross_entropy, softmax_cross_entropy_backward, dropout,
+  argmax, one_hot, sgd_update, adam_update, rmsprop_update, sgd_update_many, adam_update_many, rmsprop_update_many, conv2d, conv2d_backward_data, conv2d_backward_weights,
   pool2d, pool2d_backward, channel_sums, channel_affine, batch_norm_coefficients, batch_norm_gradient_coefficients,
   layer_norm, layer_norm_backward, copy_block,
   attention, attention_backward, gather_rows, scatter_add_rows,
@@ -152,13 +152,15 @@ inline MaskStrides attention_mask_strides(const Tensor* mask) {
 
 // One of many variables in an update over all of them: its weights, its gradient, its
 // slots (null where the optimizer keeps fewer: SGD's velocity is slot0, Adam's m and v are
-// slot0 and slot1) and its own gradient scale (clipping by each variable's norm).
+// slot0 and slot1, RMSprop's v, momentum and average slot0, slot1 and slot2) and its own
+// gradient scale (clipping by each variable's norm, a loss scale).
 struct UpdateItem {
   Tensor* w = nullptr;
   const Tensor* g = nullptr;
   Tensor* slot0 = nullptr;
   Tensor* slot1 = nullptr;
   float gradient_scale = 1.0f;
+  Tensor* slot2 = nullptr;
 };
 
 class Backend {
@@ -192,6 +194,10 @@ class Backend {
   virtual void axpby(float alpha, const Tensor& x, float beta, Tensor& y) = 0;
   // Sum of squares of all values, accumulated in double.
   virtual double sum_squares(const Tensor& x) = 0;
+  // Whether every element of every tensor (float32, all on this device) is finite: a loss
+  // scale's check of a step's gradients before they are applied. One pass over them, and
+  // on a GPU one wait for its answer.
+  virtual bool all_finite(std::span<const Tensor* const> tensors) = 0;
 
   // Fused, numerically stable cross-entropy from logits over the last axis.
   // target: i32 class indices [B] (sparse) or f32 distributions [B, C].
@@ -296,6 +302,7 @@ class Backend {
   // in turn. Returns as those do.
   virtual bool sgd_update_many(std::span<const UpdateItem> items, const SgdUpdate& p);
   virtual bool adam_update_many(std::span<const UpdateItem> items, const AdamUpdate& p);
+  virtual bool rmsprop_update_many(std::span<const UpdateItem> items, const RmspropUpdate& p);
   // Whether an update since the last call wrote a NaN or an infinity that its return value
   // could not report; waits for the updates queued so far, and clears the record.
   virtual bool take_deferred_non_finite() { return false; }

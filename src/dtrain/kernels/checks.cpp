@@ -22,8 +22,8 @@ MatmulDims check_matmul(const Tensor& a, const Tensor& b, const Tensor& c, const
   if (a.rank() != 2 || b.rank() != 2 || c.rank() != 2)
     DTRAIN_THROW(InvalidArgument, "matmul: expects 2-D operands, got a ", a.shape().to_string(), ", b ",
                  b.shape().to_string(), ", c ", c.shape().to_string());
-  if (a.dtype() != b.dtype() || (a.dtype() != DType::f32 && a.dtype() != DType::bf16))
-    DTRAIN_THROW(InvalidArgument, "matmul: operands must both be float32 or both bfloat16, got ",
+  if (a.dtype() != b.dtype() || !is_floating(a.dtype()))
+    DTRAIN_THROW(InvalidArgument, "matmul: operands must both be float32, both bfloat16 or both float16, got ",
                  dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
   MatmulDims d;
   d.m = o.transpose_a ? a.dim(1) : a.dim(0);
@@ -155,9 +155,8 @@ void check_convert(const Tensor& x, const Tensor& y) {
   x.check_defined("convert");
   y.check_defined("convert");
   check_same_shape(x, y, "convert");
-  auto floating = [](DType d) { return d == DType::f32 || d == DType::bf16; };
-  if (!floating(x.dtype()) || !floating(y.dtype()))
-    DTRAIN_THROW(InvalidArgument, "convert: supports float32 <-> bfloat16, got ", dtype_name(x.dtype()), " -> ",
+  if (!is_floating(x.dtype()) || !is_floating(y.dtype()) || (is_half(x.dtype()) && is_half(y.dtype()) && x.dtype() != y.dtype()))
+    DTRAIN_THROW(InvalidArgument, "convert: supports float32 <-> bfloat16 and float32 <-> float16, got ", dtype_name(x.dtype()), " -> ",
                  dtype_name(y.dtype()));
 }
 
@@ -404,8 +403,8 @@ ConvDims check_conv2d(const Tensor& x, const Tensor& kernel, const Tensor& y, co
   kernel.check_defined("conv2d");
   y.check_dtype(DType::f32, "conv2d (output)");
   const ConvDims d = check_conv2d_shapes(x.shape(), kernel.shape(), y.shape(), o, "conv2d");
-  if (x.dtype() != kernel.dtype() || (x.dtype() != DType::f32 && x.dtype() != DType::bf16))
-    DTRAIN_THROW(InvalidArgument, "conv2d: input and kernel must both be float32 or both bfloat16, got ",
+  if (x.dtype() != kernel.dtype() || !is_floating(x.dtype()))
+    DTRAIN_THROW(InvalidArgument, "conv2d: input and kernel must both be float32, both bfloat16 or both float16, got ",
                  dtype_name(x.dtype()), " and ", dtype_name(kernel.dtype()));
   if (o.bias) {
     o.bias->check_dtype(DType::f32, "conv2d (bias)");
@@ -421,8 +420,9 @@ ConvDims check_conv2d_backward_data(const Tensor& dy, const Tensor& kernel, cons
   kernel.check_defined("conv2d_backward_data");
   dx.check_dtype(DType::f32, "conv2d_backward_data (output)");
   const ConvDims d = check_conv2d_shapes(dx.shape(), kernel.shape(), dy.shape(), o, "conv2d_backward_data");
-  if (dy.dtype() != kernel.dtype() || (dy.dtype() != DType::f32 && dy.dtype() != DType::bf16))
-    DTRAIN_THROW(InvalidArgument, "conv2d_backward_data: gradient and kernel must both be float32 or both bfloat16");
+  if (dy.dtype() != kernel.dtype() || !is_floating(dy.dtype()))
+    DTRAIN_THROW(InvalidArgument, "conv2d_backward_data: gradient and kernel must be of one floating-point type, got ",
+                 dtype_name(dy.dtype()), " and ", dtype_name(kernel.dtype()));
   return d;
 }
 
@@ -432,8 +432,9 @@ ConvDims check_conv2d_backward_weights(const Tensor& x, const Tensor& dy, const 
   dy.check_defined("conv2d_backward_weights");
   dkernel.check_dtype(DType::f32, "conv2d_backward_weights (kernel gradient)");
   const ConvDims d = check_conv2d_shapes(x.shape(), dkernel.shape(), dy.shape(), o, "conv2d_backward_weights");
-  if (x.dtype() != dy.dtype() || (x.dtype() != DType::f32 && x.dtype() != DType::bf16))
-    DTRAIN_THROW(InvalidArgument, "conv2d_backward_weights: input and gradient must both be float32 or both bfloat16");
+  if (x.dtype() != dy.dtype() || !is_floating(x.dtype()))
+    DTRAIN_THROW(InvalidArgument, "conv2d_backward_weights: input and gradient must be of one floating-point type, got ",
+                 dtype_name(x.dtype()), " and ", dtype_name(dy.dtype()));
   if (dbias) {
     dbias->check_dtype(DType::f32, "conv2d_backward_weights (bias gradient)");
     if (!(dbias->shape() == Shape{dkernel.dim(3)}))

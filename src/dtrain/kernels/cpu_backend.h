@@ -37,6 +37,7 @@ class CpuBackend final : public Backend {
   void fill(Tensor& y, float value) override;
   void axpby(float alpha, const Tensor& x, float beta, Tensor& y) override;
   double sum_squares(const Tensor& x) override;
+  bool all_finite(std::span<const Tensor* const> tensors) override;
   void softmax_cross_entropy(const Tensor& logits, const Tensor& target, Tensor& loss,
                              Tensor& log_probs) override;
   void softmax_cross_entropy_backward(const Tensor& log_probs, const Tensor& target,

@@ -133,8 +133,9 @@ void CpuBackend::conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const 
   check_conv2d(x, kernel, y, o);
   const ConvShapes s = conv_shapes(x.shape(), kernel.shape(), y.shape(), o, "conv2d");
   if (y.numel() == 0) return;
-  if (x.dtype() == DType::bf16 && !dnn_->native_bf16_conv) {
-    // bfloat16 widens to float32 exactly, and float32 products of bfloat16 values are exact.
+  if (x.dtype() == DType::f16 || (x.dtype() == DType::bf16 && !dnn_->native_bf16_conv)) {
+    // bfloat16 and float16 widen to float32 exactly, and float32 products of their values
+    // are exact (8 or 11 significant bits each).
     conv2d(widened(x), widened(kernel), y, o);
     return;
   }
@@ -173,7 +174,7 @@ void CpuBackend::conv2d_backward_data(const Tensor& dy, const Tensor& kernel, Te
     fill(dx, 0.0f);
     return;
   }
-  if (dy.dtype() == DType::bf16 && !dnn_->native_bf16_conv) {
+  if (dy.dtype() == DType::f16 || (dy.dtype() == DType::bf16 && !dnn_->native_bf16_conv)) {
     conv2d_backward_data(widened(dy), widened(kernel), dx, o);
     return;
   }
@@ -214,7 +215,7 @@ void CpuBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tens
     if (dbias) fill(*dbias, 0.0f);
     return;
   }
-  if (x.dtype() == DType::bf16 && !dnn_->native_bf16_conv) {
+  if (x.dtype() == DType::f16 || (x.dtype() == DType::bf16 && !dnn_->native_bf16_conv)) {
     conv2d_backward_weights(widened(x), widened(dy), dkernel, dbias, o);
     return;
   }

@@ -48,6 +48,18 @@ void linear_from_bytes_loop(const std::uint8_t* x, float alpha, float beta, floa
 }
 
 DTRAIN_MULTIVERSION
+// Whether x[begin, end) holds a NaN or an infinity: all exponent bits set.
+DTRAIN_MULTIVERSION
+bool any_non_finite_loop(const float* x, std::int64_t begin, std::int64_t end) {
+  std::uint32_t found = 0;
+#pragma omp simd reduction(| : found)
+  for (std::int64_t i = begin; i < end; ++i) {
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(x[i]);
+    found |= static_cast<std::uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  return found != 0;
+}
+
 double sum_squares_loop(const float* x, std::int64_t begin, std::int64_t end) {
   // Blocks of float partial sums folded into double keep precision and vectorise.
   double total = 0.0;
@@ -237,7 +249,13 @@ void reduce_cols_loop(const float* x, float* y, std::int64_t cols, std::int64_t 
 
 void CpuBackend::convert_loops(const Tensor& x, Tensor& y) {
   const std::int64_t n = x.numel();
-  if (x.dtype() == DType::f32) {
+  if (x.dtype() == DType::f16 || y.dtype() == DType::f16) {  // F16C where the CPU has it (core/half.h)
+    parallel_for(n, kGrain, [&](std::int64_t b, std::int64_t e) {
+      const auto count = static_cast<std::size_t>(e - b);
+      if (x.dtype() == DType::f32) to_f16(x.data<float>() + b, static_cast<std::uint16_t*>(y.raw_data()) + b, count);
+      else from_f16(static_cast<const std::uint16_t*>(x.raw_data()) + b, y.data<float>() + b, count);
+    });
+  } else if (x.dtype() == DType::f32) {
     const float* px = x.data<float>();
     auto* py = static_cast<std::uint16_t*>(y.raw_data());
     parallel_for(n, kGrain, [&](std::int64_t b, std::int64_t e) { f32_to_bf16_loop(px, py, b, e); });
@@ -251,7 +269,7 @@ void CpuBackend::convert_loops(const Tensor& x, Tensor& y) {
 bool CpuBackend::supports(Primitive op, DType dtype) const {
   switch (op) {
     case Primitive::matmul:
-    case Primitive::convert: return dtype == DType::f32 || dtype == DType::bf16;
+    case Primitive::convert: return is_floating(dtype);
     case Primitive::argmax: return dtype == DType::f32;
     default: return dtype == DType::f32;
   }
@@ -378,6 +396,23 @@ double CpuBackend::sum_squares(const Tensor& x) {
     total += sum_squares_loop(p, n * t / nt, n * (t + 1) / nt);
   }
   return total;
+}
+
+bool CpuBackend::all_finite(std::span<const Tensor* const> tensors) {
+  for (const Tensor* t : tensors) {
+    check_devices("all_finite", device(), {t});
+    t->check_dtype(DType::f32, "all_finite");
+  }
+  for (const Tensor* t : tensors) {
+    const float* p = t->data<float>();
+    std::atomic<bool> found{false};
+    parallel_for(t->numel(), 4 * kGrain, [&](std::int64_t b, std::int64_t e) {
+      if (!found.load(std::memory_order_relaxed) && any_non_finite_loop(p, b, e))
+        found.store(true, std::memory_order_relaxed);
+    });
+    if (found.load()) return false;
+  }
+  return true;
 }
 
 void CpuBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& target, Tensor& loss,

@@ -78,9 +78,10 @@ void CpuBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matmu
     }
     return;
   }
-  if (a.dtype() == DType::bf16 && !dnn_->native_bf16_matmul) {
-    // bfloat16 to float32 is exact, and so is the product of two bfloat16 values in
-    // float32, so float32 operands give what a bfloat16 matmul accumulating in float32 gives.
+  if (a.dtype() == DType::f16 || (a.dtype() == DType::bf16 && !dnn_->native_bf16_matmul)) {
+    // bfloat16 and float16 to float32 are exact, and so is the product of two such values
+    // in float32, so float32 operands give what a 16-bit matmul accumulating in float32
+    // gives. (oneDNN's float16 matmul needs AVX512-FP16; it is not asked for.)
     Tensor a32 = Tensor::empty(a.shape()), b32 = Tensor::empty(b.shape());
     convert(a, a32);
     convert(b, b32);

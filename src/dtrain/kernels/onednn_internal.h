@@ -66,6 +66,7 @@ inline dt to_dnnl(DType t) {
   switch (t) {
     case DType::f32: return dt::f32;
     case DType::bf16: return dt::bf16;
+    case DType::f16: return dt::f16;
     case DType::i32: return dt::s32;
     case DType::u8: return dt::u8;
     case DType::string: break;

@@ -94,7 +94,9 @@ std::shared_ptr<optim::LearningRateSchedule> schedule_from_json(const json& valu
   return at_path(r, [&] { return schedule_of(r); });
 }
 
-std::shared_ptr<optim::Optimizer> optimizer_from_json(const json& value, const std::string& path) {
+namespace {
+
+std::shared_ptr<optim::Optimizer> plain_optimizer_from_json(const json& value, const std::string& path) {
   const JsonReader r(value, path);
   if (value.is_string())
     return at_path(r, [&] { return std::shared_ptr<optim::Optimizer>(optim::get(value.get<std::string>())); });
@@ -162,6 +164,8 @@ std::shared_ptr<optim::Optimizer> optimizer_from_json(const json& value, const s
   r.fail("name", "unknown optimizer '" + name + "' (expected sgd, adam, adamw, rmsprop or adagrad)");
 }
 
+}  // namespace
+
 std::shared_ptr<losses::Loss> loss_from_json(const json& value, const std::string& path) {
   const JsonReader r(value, path);
   if (value.is_string())
@@ -217,6 +221,26 @@ json schedule_to_json(const optim::LearningRateSchedule& schedule) {
                " has no JSON form (only Constant, ExponentialDecay, CosineDecay, PiecewiseConstantDecay and LinearWarmup)");
 }
 
+std::shared_ptr<optim::Optimizer> optimizer_from_json(const json& value, const std::string& path) {
+  if (!value.is_object() || !value.contains("loss_scale")) return plain_optimizer_from_json(value, path);
+  json plain = value;
+  plain.erase("loss_scale");
+  std::shared_ptr<optim::Optimizer> optimizer = plain_optimizer_from_json(plain, path);
+  const JsonReader r = JsonReader(value, path).child("loss_scale");
+  r.expect_object();
+  r.expect_keys({"dynamic", "initial_scale", "dynamic_growth_steps"});
+  optim::LossScale s;
+  s.dynamic = r.get_bool("dynamic", s.dynamic);
+  s.initial_scale = static_cast<float>(r.get_number("initial_scale", s.initial_scale));
+  s.dynamic_growth_steps = r.get_int("dynamic_growth_steps", s.dynamic_growth_steps);
+  try {
+    optimizer->set_loss_scale(s);
+  } catch (const InvalidArgument& e) {
+    r.fail("", e.what());
+  }
+  return optimizer;
+}
+
 json optimizer_to_json(const optim::Optimizer& optimizer) {
   // The exact class: a subclass of Adam may update differently from Adam.
   const std::type_info& type = typeid(optimizer);
@@ -251,6 +275,10 @@ json optimizer_to_json(const optim::Optimizer& optimizer) {
   out["weight_decay"] = float_json(o.weight_decay);
   if (o.clipnorm) out["clipnorm"] = float_json(*o.clipnorm);
   if (o.global_clipnorm) out["global_clipnorm"] = float_json(*o.global_clipnorm);
+  if (const auto& s = optimizer.loss_scale_options())
+    out["loss_scale"] = {{"dynamic", s->dynamic},
+                         {"initial_scale", float_json(s->initial_scale)},
+                         {"dynamic_growth_steps", s->dynamic_growth_steps}};
   return out;
 }
 

@@ -377,6 +377,9 @@ void Model::compile(std::shared_ptr<optim::Optimizer> optimizer, std::vector<std
     const bool sparse = dynamic_cast<losses::SparseCategoricalCrossentropy*>(losses[o].get()) != nullptr;
     for (const auto& m : per_output[o]) add(metrics::get(m, sparse), MetricRole{o, false});
   }
+  // As Keras's compile wraps the optimizer in a LossScaleOptimizer under mixed_float16:
+  // float16's gradients need a loss scale, and the model gets Keras's dynamic one.
+  if (!optimizer->loss_scale_options() && computes_in(DType::f16)) optimizer->set_loss_scale(optim::LossScale{});
   optimizer_ = std::move(optimizer);
   loss_ = losses.front();
   losses_ = std::move(losses);
@@ -470,6 +473,12 @@ void Model::compile(const std::string& optimizer, const std::string& loss,
                          const std::vector<std::string>& metric_names, bool from_logits) {
   compile(std::shared_ptr<optim::Optimizer>(optim::get(optimizer)),
           std::shared_ptr<losses::Loss>(losses::get(loss, from_logits)), metric_names);
+}
+
+bool Model::computes_in(DType dtype) const {
+  // A layer's own layers take its policy when it makes them.
+  return std::any_of(layers_.begin(), layers_.end(),
+                     [&](const auto& l) { return l->dtype_policy().compute_dtype == dtype; });
 }
 
 void Model::check_compiled(const char* what) const {

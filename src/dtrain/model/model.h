@@ -196,6 +196,8 @@ class Model {
   std::vector<Tensor> losses() const;
   std::int64_t count_params() const;
   optim::Optimizer& optimizer() const;
+  // Whether some layer computes in `dtype` (its policy's).
+  bool computes_in(DType dtype) const;
   losses::Loss& loss() const;  // the first output's
   // Each output's loss and its weight, as compiled.
   const std::vector<std::shared_ptr<losses::Loss>>& output_losses() const { return losses_; }

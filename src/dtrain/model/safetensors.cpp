@@ -75,6 +75,7 @@ const char* dtype_code(DType t) {
   switch (t) {
     case DType::f32: return "F32";
     case DType::bf16: return "BF16";
+    case DType::f16: return "F16";
     case DType::i32: return "I32";
     case DType::u8: return "U8";
     case DType::string: break;  // not a weight's dtype
@@ -85,6 +86,7 @@ const char* dtype_code(DType t) {
 bool dtype_from_code(const std::string& s, DType& t) {
   if (s == "F32") t = DType::f32;
   else if (s == "BF16") t = DType::bf16;
+  else if (s == "F16") t = DType::f16;
   else if (s == "I32") t = DType::i32;
   else if (s == "U8") t = DType::u8;
   else return false;

@@ -3,10 +3,12 @@
 #include "dtrain/model/saving.h"
 
 #include <charconv>
+#include <cmath>
 #include <exception>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "dtrain/model/compile_config.h"
 #include "dtrain/model/json_reader.h"
@@ -21,6 +23,8 @@ using nlohmann::json;
 constexpr const char* kModelKey = "dtrain.model";
 constexpr const char* kCompileKey = "dtrain.compile";
 constexpr const char* kIterationsKey = "dtrain.optimizer_iterations";
+// A loss scale's state: "<scale> <good steps>" (the optimizer JSON holds its settings).
+constexpr const char* kLossScaleKey = "dtrain.loss_scale";
 constexpr const char* kLayerRngKey = "dtrain.layer_rng";
 
 constexpr std::string_view kSlotPrefix = "optimizer/";
@@ -124,6 +128,14 @@ std::set<std::string> restore_compile(const std::string& path, const NamedTensor
   if (parsed.ec != std::errc() || parsed.ptr != text.data() + text.size() || iterations < 0)
     DTRAIN_THROW(IoError, path, ": ", kIterationsKey, " is '", text, "', not a count");
   optimizer->set_iterations(iterations);
+  if (const auto ls = data.metadata.find(kLossScaleKey); ls != data.metadata.end() && optimizer->loss_scale_options()) {
+    std::istringstream in(ls->second);
+    double scale = 0;
+    std::int64_t good = -1;
+    if (!(in >> scale >> good) || !(scale >= 1.0) || !std::isfinite(scale) || good < 0)
+      DTRAIN_THROW(IoError, path, ": ", kLossScaleKey, " is '", ls->second, "', not a loss scale and its good steps");
+    optimizer->set_loss_scale_state(static_cast<float>(scale), good);
+  }
 
   // A variable the optimizer never updated (no gradient yet) has no slots in the file and
   // gets none; one that has any has all of them.
@@ -170,6 +182,9 @@ void Model::save(const std::string& path) const {
     }
     data.metadata[kCompileKey] = compile.dump();
     data.metadata[kIterationsKey] = std::to_string(optimizer_->iterations());
+    if (optimizer_->loss_scale_options())
+      data.metadata[kLossScaleKey] = std::to_string(double{optimizer_->loss_scale()}) + " " +
+                                     std::to_string(optimizer_->loss_scale_good_steps());
     for (Variable* v : variables())
       for (const auto& [slot, t] : optimizer_->slots(*v)) data.tensors.emplace_back(slot_key(*v, slot), t->to(Device::cpu()));
   }

@@ -181,14 +181,17 @@ class Model::Trainer {
     Clock::time_point forward_end = Clock::now(), backward_end;
     loop.add(profile::Phase::forward, start, forward_end);
     gpu_clock_.mark(profile::Phase::backward);
+    // Under a loss scale (mixed_float16) backward starts from the loss times the scale,
+    // and the optimizer divides it out of the gradients.
+    const float loss_scale = model_.optimizer_->loss_scale();
     if (k_ == 1) {
-      std::vector<Tensor> grads = tape.gradient(loss, vars_);
+      std::vector<Tensor> grads = tape.gradient(loss_scale == 1.0f ? loss : scale(loss, loss_scale), vars_);
       backward_end = Clock::now();
       gpu_clock_.mark(update_phase_);
       model_.optimizer_->apply_gradients(grads, vars_);
     } else {
       // The update uses the mean of the group's gradients, summed in buffers made once.
-      const std::vector<Tensor> grads = tape.gradient(scale(loss, 1.0f / static_cast<float>(k_)), vars_);
+      const std::vector<Tensor> grads = tape.gradient(scale(loss, loss_scale / static_cast<float>(k_)), vars_);
       if (buffers_.empty()) buffers_.resize(grads.size());
       if (group_.empty()) group_.resize(grads.size());
       for (std::size_t i = 0; i < grads.size(); ++i) {
@@ -336,7 +339,8 @@ class Model::Trainer {
     reducer_->begin_step(update, row_bounds_);
     // A mean over the batch becomes each replica's share of the global mean; a sum stays a sum.
     const bool mean_loss = model_.loss_reduction() == losses::Reduction::sum_over_batch_size;
-    const float scale_by = 1.0f / ((mean_loss ? static_cast<float>(rows) : 1.0f) * static_cast<float>(k_));
+    const float scale_by = model_.optimizer_->loss_scale() /
+                           ((mean_loss ? static_cast<float>(rows) : 1.0f) * static_cast<float>(k_));
     const Clock::time_point handed_over = Clock::now();
     strategy.run([&](int r) {
       Output& out = outputs_[static_cast<std::size_t>(r)];

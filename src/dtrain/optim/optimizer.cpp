@@ -1,6 +1,7 @@
 // The optimizer step: validation, clipping scales, slots, and the per-variable update.
 #include "dtrain/optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "dtrain/core/replica.h"
@@ -44,10 +45,71 @@ thread_local detail::GradientSink* gradient_sink = nullptr;
 
 detail::ScopedGradientSink::ScopedGradientSink(GradientSink* sink) : ScopedAssign(gradient_sink, sink) {}
 
+void Optimizer::set_loss_scale(std::optional<LossScale> options) {
+  if (options) {
+    if (!(options->initial_scale >= 1.0f) || !std::isfinite(options->initial_scale))
+      DTRAIN_THROW(InvalidArgument, name_, ": the loss scale's initial_scale must be a finite number >= 1, got ",
+                   options->initial_scale);
+    if (options->dynamic_growth_steps < 1)
+      DTRAIN_THROW(InvalidArgument, name_, ": the loss scale's dynamic_growth_steps must be >= 1, got ",
+                   options->dynamic_growth_steps);
+  }
+  loss_scale_options_ = options;
+  loss_scale_ = options ? options->initial_scale : 1.0f;
+  good_steps_ = 0;
+  skipped_ = false;
+}
+
+void Optimizer::set_loss_scale_state(float scale, std::int64_t good_steps) {
+  if (!loss_scale_options_) DTRAIN_THROW(InvalidArgument, name_, ": has no loss scale to set");
+  if (!(scale >= 1.0f) || !std::isfinite(scale) || good_steps < 0)
+    DTRAIN_THROW(InvalidArgument, name_, ": a loss scale of ", scale, " after ", good_steps,
+                 " good steps is not one a LossScaleOptimizer reaches");
+  loss_scale_ = scale;
+  good_steps_ = good_steps;
+}
+
 void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars) {
+  apply(grads, vars, loss_scale_options_ ? 1.0f / loss_scale_ : 1.0f);
+}
+
+void Optimizer::apply_unscaled_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars) {
+  apply(grads, vars, 1.0f);
+}
+
+bool Optimizer::check_loss_scale(std::span<const Tensor> grads) {
+  // One pass (one wait, on a GPU) for each device the gradients are on: usually one.
+  bool finite = true;
+  std::vector<Device> devices;
+  for (const Tensor& g : grads)
+    if (g.defined() && std::find(devices.begin(), devices.end(), g.device()) == devices.end()) devices.push_back(g.device());
+  for (const Device& d : devices) {
+    check_list_.clear();
+    for (const Tensor& g : grads)
+      if (g.defined() && g.device() == d) check_list_.push_back(&g);
+    if (!(finite = kernels::backend(d).all_finite(check_list_))) break;
+  }
+  skipped_ = !finite;
+  if (!finite) {
+    ++skipped_updates_;
+    loss_scale_ = std::max(1.0f, loss_scale_ / 2.0f);
+    good_steps_ = 0;
+  } else if (++good_steps_ >= loss_scale_options_->dynamic_growth_steps) {
+    if (std::isfinite(loss_scale_ * 2.0f)) loss_scale_ *= 2.0f;
+    good_steps_ = 0;
+  }
+  return finite;
+}
+
+void Optimizer::apply(std::span<const Tensor> grads, std::span<Variable* const> vars, float factor) {
   if (grads.size() != vars.size())
     DTRAIN_THROW(InvalidArgument, name_, ": ", grads.size(), " gradients given for ", vars.size(), " variables");
   if (gradient_sink) {
+    if (loss_scale_options_)
+      DTRAIN_THROW(InvalidArgument, name_,
+                   ": loss scaling (a LossScaleOptimizer, or the one the mixed_float16 policy adds) is not supported "
+                   "under ParameterServerStrategy, whose parameter servers apply the gradients; train with "
+                   "\"mixed_bfloat16\" or \"float32\" there");
     gradient_sink->push(*this, grads, vars);
     return;
   }
@@ -55,7 +117,7 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
   // shared variables updated once.
   if (CrossReplica* cross = replica_context().cross) {
     const std::vector<Tensor> summed = cross->all_reduce_sum(grads);
-    cross->merge_call([&] { apply_gradients(summed, vars); });
+    cross->merge_call([&] { apply(summed, vars, factor); });
     return;
   }
   // Validate everything before changing anything, so a bad call leaves the model intact.
@@ -75,20 +137,22 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
                    vars[i]->name(), "' ", dtype_name(vars[i]->dtype()), " ", vars[i]->shape().to_string(), " on ",
                    vars[i]->value_device().to_string());
   }
+  // A loss scale's skipped step changes nothing, the iteration count included.
+  if (loss_scale_options_ && loss_scale_options_->dynamic && !check_loss_scale(grads)) return;
   // Norms cost a pass over every gradient, so they are computed only when clipping needs them.
   if (options_.clipnorm || options_.global_clipnorm) {
     norms_.assign(vars.size(), 0.0);  // the member keeps its capacity: no allocation per step
     double total = 0.0;
     for (size_t i = 0; i < vars.size(); ++i) {
       if (!grads[i].defined()) continue;
-      norms_[i] = kernels::backend(grads[i].device()).sum_squares(grads[i]);
+      norms_[i] = kernels::backend(grads[i].device()).sum_squares(grads[i]) * double{factor} * double{factor};
       total += norms_[i];
     }
     last_global_norm_ = std::sqrt(total);
   }
-  float global_scale = 1.0f;
+  float global_scale = factor;
   if (options_.global_clipnorm && last_global_norm_ > *options_.global_clipnorm)
-    global_scale = static_cast<float>(*options_.global_clipnorm / last_global_norm_);
+    global_scale = static_cast<float>(*options_.global_clipnorm / last_global_norm_ * factor);
 
   const float lr = learning_rate();
   items_.clear();
@@ -98,11 +162,11 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
     float scale = global_scale;
     if (options_.clipnorm) {
       const double norm = std::sqrt(norms_[i]);
-      if (norm > *options_.clipnorm) scale = static_cast<float>(*options_.clipnorm / norm);
+      if (norm > *options_.clipnorm) scale = static_cast<float>(*options_.clipnorm / norm * factor);
     }
     std::vector<Tensor>& slots = slots_of(*vars[i]);
     items_.push_back({&vars[i]->value_for_update(), &grads[i], slots.empty() ? nullptr : &slots[0],
-                      slots.size() > 1 ? &slots[1] : nullptr, scale});
+                      slots.size() > 1 ? &slots[1] : nullptr, scale, slots.size() > 2 ? &slots[2] : nullptr});
     one_device &= items_.back().w->device() == items_.front().w->device();
   }
   // All at once where the optimizer can (one launch on a GPU), else one by one.
@@ -157,7 +221,7 @@ std::vector<Tensor>& Optimizer::slots_of(const Variable& v) {
 }
 
 bool Optimizer::begin_shared_update(std::span<Variable* const> vars) {
-  if (options_.clipnorm || options_.global_clipnorm) return false;
+  if (options_.clipnorm || options_.global_clipnorm || loss_scale_options_) return false;
   for (Variable* v : vars) {
     if (v == nullptr) DTRAIN_THROW(InvalidArgument, name_, ": a variable is null");
     if (v->dtype() != DType::f32)

@@ -27,6 +27,19 @@ struct OptimizerOptions {
   float weight_decay = 0.0f;             // decoupled: w -= lr * weight_decay * w
 };
 
+// Dynamic loss scaling, as keras.mixed_precision.LossScaleOptimizer: the loss is multiplied
+// by a scale before backward, so that small gradients survive float16 (whose smallest
+// value is 2^-24), and the gradients divided by it before the update. A step whose
+// gradients are not all finite (the scale made them overflow) is skipped: no variable,
+// slot or iteration count changes, and the scale halves (not below 1). After
+// dynamic_growth_steps finite steps in a row it doubles. A fixed scale (dynamic false)
+// neither checks nor changes.
+struct LossScale {
+  bool dynamic = true;
+  float initial_scale = 32768.0f;  // 2^15, Keras's
+  std::int64_t dynamic_growth_steps = 2000;
+};
+
 class Optimizer {
  public:
   Optimizer(std::string name, std::shared_ptr<LearningRateSchedule> learning_rate, OptimizerOptions options);
@@ -61,12 +74,31 @@ class Optimizer {
   // own share of every variable's elements: begin_shared_update() on one thread, then
   // apply_share(grads, vars, share, shares) on each of `shares` threads, then
   // end_shared_update() on one thread. The same update as apply_gradients(grads, vars).
-  // Clipping needs norms over every share first: with clipnorm or global_clipnorm set,
-  // begin_shared_update() returns false and the caller uses apply_gradients().
+  // Clipping needs norms over every share first, and a loss scale a check of every
+  // gradient: with clipnorm, global_clipnorm or a loss scale set, begin_shared_update()
+  // returns false and the caller uses apply_gradients().
   bool begin_shared_update(std::span<Variable* const> vars);
   void apply_share(std::span<const Tensor> grads, std::span<Variable* const> vars, int share, int shares);
   // Also applies the variables' constraints (which need each whole variable).
   void end_shared_update();
+
+  // Loss scaling (nullopt: none, the default). Under it apply_gradients() takes the
+  // gradients of the loss times loss_scale() and divides them by it (Keras 3's
+  // LossScaleOptimizer.apply); apply_unscaled_gradients() takes them divided already
+  // (TensorFlow 2's get_unscaled_gradients). compile() turns it on for mixed_float16.
+  void set_loss_scale(std::optional<LossScale> options);
+  const std::optional<LossScale>& loss_scale_options() const { return loss_scale_options_; }
+  // The factor on the loss: 1 without loss scaling.
+  float loss_scale() const { return loss_scale_; }
+  // Finite steps in a row since the scale last changed.
+  std::int64_t loss_scale_good_steps() const { return good_steps_; }
+  // For checkpoints: the scale and its count of good steps as saved.
+  void set_loss_scale_state(float scale, std::int64_t good_steps);
+  // Whether the last update was skipped for gradients that were not all finite.
+  bool last_update_skipped() const { return skipped_; }
+  // Steps skipped so far (loss scaling: gradients not all finite).
+  std::int64_t skipped_updates() const { return skipped_updates_; }
+  void apply_unscaled_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars);
 
   // Whether some update has written a NaN or an infinity into a variable since the last
   // call (checked in the update's own pass, so it costs no extra read); the call clears it.
@@ -89,15 +121,26 @@ class Optimizer {
   virtual bool update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) = 0;
   // The updates of every variable of a step at once, all on one device (items' w, g, slots
   // and gradient scales filled in): optimizers whose backends update many variables in one
-  // pass (SGD, Adam, AdamW: one launch on a GPU) override it; nullopt, the default, has the
+  // pass (all of dtrain's: one launch on a GPU) override it; nullopt, the default, has the
   // caller call update() for each. Otherwise whether every value written is finite.
   virtual std::optional<bool> update_all(std::span<const kernels::UpdateItem> /*items*/, float /*lr*/) {
     return std::nullopt;
   }
 
  private:
+  // apply_gradients() with every gradient multiplied by `factor` (1 / the loss scale).
+  void apply(std::span<const Tensor> grads, std::span<Variable* const> vars, float factor);
+  // Under dynamic loss scaling: whether the gradients are all finite, the scale moved on.
+  bool check_loss_scale(std::span<const Tensor> grads);
+
   std::string name_;
   std::shared_ptr<LearningRateSchedule> learning_rate_;
+  std::optional<LossScale> loss_scale_options_;
+  float loss_scale_ = 1.0f;
+  std::int64_t good_steps_ = 0;
+  bool skipped_ = false;
+  std::int64_t skipped_updates_ = 0;
+  std::vector<const Tensor*> check_list_;  // the gradients all_finite() reads (kept)
   float learning_rate_scale_ = 1.0f;
   OptimizerOptions options_;
   std::int64_t iterations_ = 0;
@@ -193,9 +236,12 @@ class RMSprop final : public Optimizer {
  protected:
   std::vector<std::string> slot_names() const override;
   bool update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) override;
+  std::optional<bool> update_all(std::span<const kernels::UpdateItem> items, float lr) override;
 
  private:
+  kernels::RmspropUpdate hyper(float lr, float grad_scale) const;
   RMSpropOptions rmsprop_;
+  std::vector<kernels::UpdateItem> remapped_;  // items with the average as slot2 (kept)
 };
 
 // Keras 3 (and tf.keras 2.11+): acc += g²; w -= lr * g / sqrt(acc + epsilon), the
@@ -213,8 +259,10 @@ class Adagrad final : public Optimizer {
   std::vector<std::string> slot_names() const override { return {"accumulator"}; }
   float slot_initial_value(std::size_t /*slot*/) const override { return initial_; }
   bool update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) override;
+  std::optional<bool> update_all(std::span<const kernels::UpdateItem> items, float lr) override;
 
  private:
+  kernels::RmspropUpdate hyper(float lr, float grad_scale) const;
   float initial_;
   float epsilon_;
 };

@@ -1,5 +1,5 @@
-// RMSprop and Adagrad: one fused kernel pass per variable (the backends' rmsprop_update,
-// which takes Adagrad as rho 1 with a whole g² added).
+// RMSprop and Adagrad: one fused kernel pass (the backends' rmsprop_update, which takes
+// Adagrad as rho 1 with a whole g² added), over all of a step's variables at once.
 #include "dtrain/kernels/backend.h"
 #include "dtrain/optim/optimizer.h"
 
@@ -24,7 +24,7 @@ std::vector<std::string> RMSprop::slot_names() const {
   return names;
 }
 
-bool RMSprop::update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) {
+kernels::RmspropUpdate RMSprop::hyper(float lr, float grad_scale) const {
   kernels::RmspropUpdate p;
   p.learning_rate = lr;
   p.rho = rmsprop_.rho;
@@ -33,9 +33,24 @@ bool RMSprop::update(Tensor& value, const Tensor& g, std::span<Tensor> slots, fl
   p.epsilon = rmsprop_.epsilon;
   p.weight_decay = options().weight_decay;
   p.gradient_scale = grad_scale;
+  return p;
+}
+
+bool RMSprop::update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) {
   Tensor* momentum = rmsprop_.momentum > 0.0f ? &slots[1] : nullptr;
   Tensor* average = rmsprop_.centered ? &slots[momentum ? 2 : 1] : nullptr;
-  return kernels::backend(value.device()).rmsprop_update(value, g, slots[0], momentum, average, p);
+  return kernels::backend(value.device()).rmsprop_update(value, g, slots[0], momentum, average, hyper(lr, grad_scale));
+}
+
+std::optional<bool> RMSprop::update_all(std::span<const kernels::UpdateItem> items, float lr) {
+  // The slots come in slot_names()' order: without momentum, a centered average is the second.
+  remapped_.assign(items.begin(), items.end());
+  for (kernels::UpdateItem& item : remapped_) {
+    Tensor* second = item.slot1;
+    item.slot1 = rmsprop_.momentum > 0.0f ? second : nullptr;
+    item.slot2 = rmsprop_.centered ? (rmsprop_.momentum > 0.0f ? item.slot2 : second) : nullptr;
+  }
+  return kernels::backend(items.front().w->device()).rmsprop_update_many(remapped_, hyper(lr, 1.0f));
 }
 
 Adagrad::Adagrad(float learning_rate, float initial_accumulator_value, float epsilon, OptimizerOptions options)
@@ -49,7 +64,7 @@ Adagrad::Adagrad(std::shared_ptr<LearningRateSchedule> learning_rate, float init
   if (!(epsilon > 0.0f)) DTRAIN_THROW(InvalidArgument, "Adagrad: epsilon must be positive, got ", epsilon);
 }
 
-bool Adagrad::update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) {
+kernels::RmspropUpdate Adagrad::hyper(float lr, float grad_scale) const {
   kernels::RmspropUpdate p;
   p.learning_rate = lr;
   p.rho = 1.0f;
@@ -57,7 +72,15 @@ bool Adagrad::update(Tensor& value, const Tensor& g, std::span<Tensor> slots, fl
   p.epsilon = epsilon_;
   p.weight_decay = options().weight_decay;
   p.gradient_scale = grad_scale;
-  return kernels::backend(value.device()).rmsprop_update(value, g, slots[0], nullptr, nullptr, p);
+  return p;
+}
+
+bool Adagrad::update(Tensor& value, const Tensor& g, std::span<Tensor> slots, float lr, float grad_scale) {
+  return kernels::backend(value.device()).rmsprop_update(value, g, slots[0], nullptr, nullptr, hyper(lr, grad_scale));
+}
+
+std::optional<bool> Adagrad::update_all(std::span<const kernels::UpdateItem> items, float lr) {
+  return kernels::backend(items.front().w->device()).rmsprop_update_many(items, hyper(lr, 1.0f));
 }
 
 }  // namespace dtrain::optim

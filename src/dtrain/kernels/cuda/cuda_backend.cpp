@@ -161,7 +161,7 @@ bool CudaBackend::supports(Primitive op, DType dtype) const {
     case Primitive::convert:
     case Primitive::conv2d:
     case Primitive::conv2d_backward_data:
-    case Primitive::conv2d_backward_weights: return dtype == DType::f32 || dtype == DType::bf16;
+    case Primitive::conv2d_backward_weights: return is_floating(dtype);
     default: return dtype == DType::f32;
   }
 }
@@ -180,8 +180,8 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matm
                       d.column_begin, d.column_end, cuda::activation_op(o.activation));
     return;
   }
-  const bool bf16 = a.dtype() == DType::bf16;
-  const bool tf32 = !bf16 && tensor_float_32_execution();
+  const bool half = is_half(a.dtype());
+  const bool tf32 = !half && tensor_float_32_execution();
   const std::size_t elem = dtype_size(a.dtype());
   const char* pa = static_cast<const char*>(a.raw_device_data());
   const char* pb = static_cast<const char*>(b.raw_device_data()) + d.column_begin * static_cast<std::int64_t>(elem);
@@ -196,7 +196,7 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matm
   const std::int64_t ld_b = o.transpose_b ? d.k : d.width;
   const std::int64_t ld_a = o.transpose_a ? d.m : d.k;
   Blas::Key key;
-  key.v = {d.m, d.n, d.k, ld_a, ld_b, d.width, o.transpose_a, o.transpose_b, bf16, tf32, epilogue, o.accumulate,
+  key.v = {d.m, d.n, d.k, ld_a, ld_b, d.width, o.transpose_a, o.transpose_b, static_cast<int>(a.dtype()), tf32, epilogue, o.accumulate,
            alignment_of(pa), alignment_of(pb), alignment_of(pc), o.bias ? alignment_of(o.bias->raw_device_data()) : 0};
   const cuda::CublasLt& lt = cuda::cublaslt();
   const std::string what = detail::concat("a ", a.shape().to_string(), o.transpose_a ? "ᵀ" : "", " · b ",
@@ -210,7 +210,7 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matm
   auto it = blas_->plans.find(key);
   if (it == blas_->plans.end()) {
     Blas::Plan p;
-    const cudaDataType_t in = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cudaDataType_t in = a.dtype() == DType::bf16 ? CUDA_R_16BF : a.dtype() == DType::f16 ? CUDA_R_16F : CUDA_R_32F;
     const cublasComputeType_t compute = tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
     check_blas(lt.desc_create(&p.desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate", what, index_);
     const cublasOperation_t op_first = o.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -371,9 +371,11 @@ void CudaBackend::convert(const Tensor& x, Tensor& y) {
   if (x.dtype() == y.dtype()) {
     y.copy_from(x);
   } else if (x.dtype() == DType::f32) {
-    cuda::f32_to_bf16(l, x.device_data<float>(), static_cast<std::uint16_t*>(y.raw_device_data()), x.numel());
+    cuda::narrow(l, x.device_data<float>(), static_cast<std::uint16_t*>(y.raw_device_data()), cuda::elem_of(y.dtype()),
+                 x.numel());
   } else {
-    cuda::bf16_to_f32(l, static_cast<const std::uint16_t*>(x.raw_device_data()), y.device_data<float>(), x.numel());
+    cuda::widen(l, static_cast<const std::uint16_t*>(x.raw_device_data()), cuda::elem_of(x.dtype()),
+                y.device_data<float>(), x.numel());
   }
 }
 
@@ -397,6 +399,31 @@ double CudaBackend::sum_squares(const Tensor& x) {
   double out = 0.0;
   detail::cuda_runtime().copy(&out, Device::cpu(), total.raw_device_data(), device(), sizeof out);
   return out;
+}
+
+bool CudaBackend::all_finite(std::span<const Tensor* const> tensors) {
+  for (const Tensor* t : tensors) {
+    check_devices("all_finite", device(), {t});
+    t->check_dtype(DType::f32, "all_finite");
+  }
+  synchronize();  // no kernel still writes the flag, which the host now clears
+  volatile int& flag = flags_->gradient_non_finite;
+  flag = 0;
+  const cuda::Launch l = launch();
+  for (std::size_t first = 0; first < tensors.size(); first += cuda::kManyTensors) {
+    cuda::ManyTensors t{};
+    std::int64_t end = 0;
+    for (std::size_t i = first; i < std::min(tensors.size(), first + cuda::kManyTensors); ++i) {
+      if (tensors[i]->numel() == 0) continue;
+      const int k = t.count++;
+      t.g[k] = tensors[i]->device_data<float>();
+      end += tensors[i]->numel();
+      t.ends[k] = end;
+    }
+    cuda::find_non_finite_many(l, t, &device_flags_->gradient_non_finite);
+  }
+  synchronize();
+  return flag == 0;
 }
 
 void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& target, Tensor& loss, Tensor& log_probs) {
@@ -472,6 +499,7 @@ void in_groups(std::span<const UpdateItem> items, Fn launch) {
       t.g[k] = item.g->device_data<float>();
       t.slot0[k] = item.slot0 ? item.slot0->device_data<float>() : nullptr;
       t.slot1[k] = item.slot1 ? item.slot1->device_data<float>() : nullptr;
+      t.slot2[k] = item.slot2 ? item.slot2->device_data<float>() : nullptr;
       t.gradient_scale[k] = item.gradient_scale;
       end += item.w->numel();
       t.ends[k] = end;
@@ -505,6 +533,20 @@ bool CudaBackend::adam_update_many(std::span<const UpdateItem> items, const Adam
   in_groups(items, [&](const cuda::ManyTensors& t) {
     cuda::adam_many(l, t, p.beta_1, p.beta_2, adam_step_size(p), p.epsilon, p.learning_rate * p.weight_decay,
                     &device_flags_->non_finite);
+  });
+  return true;
+}
+
+bool CudaBackend::rmsprop_update_many(std::span<const UpdateItem> items, const RmspropUpdate& p) {
+  for (const UpdateItem& item : items) {
+    if (!item.slot0) DTRAIN_THROW(InvalidArgument, "rmsprop_update_many: every variable needs v");
+    check_devices("rmsprop_update_many", device(), {item.w, item.g, item.slot0, item.slot1, item.slot2});
+    check_rmsprop_update(*item.w, *item.g, *item.slot0, item.slot1, item.slot2);
+  }
+  const cuda::Launch l = launch();
+  in_groups(items, [&](const cuda::ManyTensors& t) {
+    cuda::rmsprop_many(l, t, p.rho, p.square_weight, p.momentum, p.learning_rate, p.epsilon,
+                       p.learning_rate * p.weight_decay, &device_flags_->non_finite);
   });
   return true;
 }

@@ -33,6 +33,7 @@ class CudaBackend final : public Backend {
   void fill(Tensor& y, float value) override;
   void axpby(float alpha, const Tensor& x, float beta, Tensor& y) override;
   double sum_squares(const Tensor& x) override;
+  bool all_finite(std::span<const Tensor* const> tensors) override;
   void softmax_cross_entropy(const Tensor& logits, const Tensor& target, Tensor& loss,
                              Tensor& log_probs) override;
   void softmax_cross_entropy_backward(const Tensor& log_probs, const Tensor& target,
@@ -59,6 +60,7 @@ class CudaBackend final : public Backend {
                       const Tensor* scale2, bool relu) override;
   bool sgd_update_many(std::span<const UpdateItem> items, const SgdUpdate& p) override;
   bool adam_update_many(std::span<const UpdateItem> items, const AdamUpdate& p) override;
+  bool rmsprop_update_many(std::span<const UpdateItem> items, const RmspropUpdate& p) override;
   void batch_norm_coefficients(const Tensor& mean, const Tensor& variance, double count, const Tensor& gamma,
                                const Tensor& beta, float epsilon, Tensor& coefficients) override;
   void batch_norm_gradient_coefficients(const Tensor& sums, const Tensor& total, double count,
@@ -97,6 +99,7 @@ class CudaBackend final : public Backend {
   // Host-mapped flags the kernels write: the updates' non-finite flag and a data fault.
   struct Flags {
     int non_finite;
+    int gradient_non_finite;  // all_finite's answer
     cuda::DataFault fault;
   };
   Flags* flags_ = nullptr;        // host's view

@@ -25,7 +25,9 @@ void check_dnn(cudnnStatus_t status, const char* call, const std::string& what, 
                cuda::cudnn().error_string(status));
 }
 
-cudnnDataType_t dnn_type(DType t) { return t == DType::bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT; }
+cudnnDataType_t dnn_type(DType t) {
+  return t == DType::bf16 ? CUDNN_DATA_BFLOAT16 : t == DType::f16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
+}
 
 std::string describe(const ConvDims& d, DType dtype) {
   return detail::concat("a ", d.kh, "x", d.kw, " convolution of [", d.n, ", ", d.h, ", ", d.w, ", ", d.c, "] into ", d.f,
@@ -84,7 +86,7 @@ Prepared prepared(const ConvDims& d, const Conv2dOptions& o) {
 
 // FMA_MATH keeps float32 exact (cuDNN's default math allows TF32 on Ampere and later).
 static cudnnMathType_t plan_math(DType dtype, bool tf32) {
-  return dtype == DType::bf16 ? CUDNN_TENSOR_OP_MATH : (tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
+  return is_half(dtype) ? CUDNN_TENSOR_OP_MATH : (tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH);
 }
 
 // Makes (once) the descriptors of a convolution and returns them, under the lock the caller holds.
@@ -160,8 +162,8 @@ Tensor CudaBackend::padded_input(const Tensor& x, const ConvDims& d, const Conv2
 // Keras's kernel [KH, KW, C / groups, F] as cuDNN's [F, KH, KW, C / groups].
 Tensor CudaBackend::filters_of(const Tensor& kernel, const ConvDims& d) {
   Tensor out = Tensor::empty({d.f, d.kh, d.kw, d.c / d.groups}, kernel.dtype(), device());
-  const bool bf16 = kernel.dtype() == DType::bf16;
-  cuda::transpose(launch(), kernel.raw_device_data(), bf16, out.raw_device_data(), bf16, d.kh * d.kw * (d.c / d.groups),
+  const cuda::Elem type = cuda::elem_of(kernel.dtype());
+  cuda::transpose(launch(), kernel.raw_device_data(), type, out.raw_device_data(), type, d.kh * d.kw * (d.c / d.groups),
                   d.f);
   return out;
 }
@@ -171,12 +173,12 @@ void CudaBackend::conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const
   const ConvDims d = check_conv2d(x, kernel, y, o);
   if (y.numel() == 0) return;
   const cuda::Launch l = launch();
-  const bool bf16 = x.dtype() == DType::bf16;
+  const bool half = is_half(x.dtype());
   if (d.h * d.w * d.c == 0 || d.kh * d.kw * (d.c / d.groups) == 0) {
     fill(y, 0.0f);  // an empty sum
   } else {
     const Tensor xp = padded_input(x, d, o), w = filters_of(kernel, d);
-    Tensor out = bf16 ? Tensor::empty(y.shape(), DType::bf16, device()) : y;
+    Tensor out = half ? Tensor::empty(y.shape(), x.dtype(), device()) : y;
     Dnn& dn = dnn();
     std::lock_guard lock(dn.mutex);
     Dnn::Plan& p = plan_for(dn, d, o, x.dtype(), tensor_float_32_execution(), index_);
@@ -197,8 +199,9 @@ void CudaBackend::conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const
                           static_cast<cudnnConvolutionFwdAlgo_t>(p.forward), workspace.raw_device_data(), p.forward_bytes,
                           &beta, p.y, out.raw_device_data()),
               "cudnnConvolutionForward", what, index_);
-    if (bf16) cuda::bf16_to_f32(l, static_cast<const std::uint16_t*>(out.raw_device_data()), y.device_data<float>(),
-                                y.numel());
+    if (half)
+      cuda::widen(l, static_cast<const std::uint16_t*>(out.raw_device_data()), cuda::elem_of(x.dtype()),
+                  y.device_data<float>(), y.numel());
   }
   if (o.bias || o.activation != Activation::linear)
     cuda::bias_activation(l, y.device_data<float>(), o.bias ? o.bias->device_data<float>() : nullptr, y.numel() / d.f,
@@ -214,11 +217,11 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& kernel, T
     return;
   }
   const cuda::Launch l = launch();
-  const bool bf16 = dy.dtype() == DType::bf16;
+  const bool half = is_half(dy.dtype());
   const Prepared pr = prepared(d, o);
   const bool cropped = !even_padding(o);
   // cuDNN writes the gradient of the input it saw: padded where it was, in dy's dtype.
-  Tensor out = cropped || bf16 ? Tensor::empty({d.n, pr.h, pr.w, d.c}, dy.dtype(), device()) : dx;
+  Tensor out = cropped || half ? Tensor::empty({d.n, pr.h, pr.w, d.c}, dy.dtype(), device()) : dx;
   const Tensor w = filters_of(kernel, d);
   {
     Dnn& dn = dnn();
@@ -243,11 +246,12 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& kernel, T
                                 workspace.raw_device_data(), p.backward_data_bytes, &beta, p.x, out.raw_device_data()),
               "cudnnConvolutionBackwardData", what, index_);
   }
-  if (!cropped && !bf16) return;
+  if (!cropped && !half) return;
   Tensor wide = out;
-  if (bf16) {
+  if (half) {
     wide = Tensor::empty(out.shape(), DType::f32, device());
-    cuda::bf16_to_f32(l, static_cast<const std::uint16_t*>(out.raw_device_data()), wide.device_data<float>(), out.numel());
+    cuda::widen(l, static_cast<const std::uint16_t*>(out.raw_device_data()), cuda::elem_of(dy.dtype()),
+                wide.device_data<float>(), out.numel());
   }
   if (cropped)
     copy_block(wide, {(o.pad_begin[0] * pr.w + o.pad_begin[1]) * d.c, pr.h * pr.w * d.c, pr.w * d.c}, dx,
@@ -267,7 +271,7 @@ void CudaBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, Ten
     return;
   }
   const cuda::Launch l = launch();
-  const bool bf16 = x.dtype() == DType::bf16;
+  const bool half = is_half(x.dtype());
   const Tensor xp = padded_input(x, d, o);
   Tensor filters = Tensor::empty({d.f, d.kh, d.kw, d.c / d.groups}, x.dtype(), device());
   {
@@ -295,14 +299,15 @@ void CudaBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, Ten
               "cudnnConvolutionBackwardFilter", what, index_);
   }
   // [F, KH, KW, C / groups] back to Keras's [KH, KW, C / groups, F], widened to float32.
-  cuda::transpose(l, filters.raw_device_data(), bf16, dkernel.raw_device_data(), false, d.f,
+  cuda::transpose(l, filters.raw_device_data(), cuda::elem_of(x.dtype()), dkernel.raw_device_data(), cuda::Elem::f32, d.f,
                   d.kh * d.kw * (d.c / d.groups));
   if (dbias) {
     // Σ dy over every row, per filter (in float32).
     Tensor wide = dy;
-    if (bf16) {
+    if (half) {
       wide = Tensor::empty(dy.shape(), DType::f32, device());
-      cuda::bf16_to_f32(l, static_cast<const std::uint16_t*>(dy.raw_device_data()), wide.device_data<float>(), dy.numel());
+      cuda::widen(l, static_cast<const std::uint16_t*>(dy.raw_device_data()), cuda::elem_of(dy.dtype()),
+                  wide.device_data<float>(), dy.numel());
     }
     reduce(Reduce::sum, wide.reshape({dy.numel() / d.f, d.f}), *dbias);
   }

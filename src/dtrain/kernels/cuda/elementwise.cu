@@ -1,6 +1,8 @@
 // Element-wise kernels: activations and their derivatives, binary ops with broadcasting,
 // fills and conversions, dropout's mask, and the optimizers' fused updates. One grid-stride
 // loop each over the elements; the arithmetic is element_math.h's, shared with the host.
+#include <cuda_fp16.h>
+
 #include "dtrain/kernels/cuda/common.cuh"
 
 namespace dtrain::kernels::cuda {
@@ -78,6 +80,14 @@ __global__ void bf16_to_f32_kernel(const std::uint16_t* __restrict__ x, float* _
   DTRAIN_GRID_STRIDE(i, n) y[i] = math::from_bf16(x[i]);
 }
 
+__global__ void f32_to_f16_kernel(const float* __restrict__ x, std::uint16_t* __restrict__ y, std::int64_t n) {
+  DTRAIN_GRID_STRIDE(i, n) y[i] = __half_as_ushort(__float2half_rn(x[i]));
+}
+
+__global__ void f16_to_f32_kernel(const std::uint16_t* __restrict__ x, float* __restrict__ y, std::int64_t n) {
+  DTRAIN_GRID_STRIDE(i, n) y[i] = __half2float(__ushort_as_half(x[i]));
+}
+
 __global__ void dropout_kernel(const float* x, float* y, float* mask, std::int64_t n, float rate, float keep_scale,
                                std::uint64_t mixed_seed, std::uint64_t counter) {
   DTRAIN_GRID_STRIDE(i, n) {
@@ -151,6 +161,15 @@ __device__ __forceinline__ int variable_of(const ManyTensors& t, std::int64_t i)
   return lo;
 }
 
+__global__ void find_non_finite_many_kernel(const ManyTensors t, int* found) {
+  bool bad = false;
+  DTRAIN_GRID_STRIDE(i, t.ends[t.count - 1]) {
+    const int k = variable_of(t, i);
+    bad |= math::not_finite(t.g[k][i - (k > 0 ? t.ends[k - 1] : 0)]);
+  }
+  if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *found = 1;
+}
+
 __global__ void sgd_many_kernel(const ManyTensors t, float lr, float momentum, bool nesterov, float decay,
                                 int* non_finite) {
   bool bad = false;
@@ -176,6 +195,23 @@ __global__ void adam_many_kernel(const ManyTensors t, float b1, float one_minus_
                                  decay, t.gradient_scale[k]);
     t.slot0[k][j] = mi;
     t.slot1[k][j] = vi;
+    t.w[k][j] = out;
+    bad |= math::not_finite(out);
+  }
+  if (__any_sync(0xffffffffu, bad) && (threadIdx.x & 31) == 0) *non_finite = 1;
+}
+
+__global__ void rmsprop_many_kernel(const ManyTensors t, float rho, float square_weight, float momentum_factor,
+                                    float lr, float epsilon, float decay, int* non_finite) {
+  bool bad = false;
+  DTRAIN_GRID_STRIDE(i, t.ends[t.count - 1]) {
+    const int k = variable_of(t, i);
+    const std::int64_t j = i - (k > 0 ? t.ends[k - 1] : 0);
+    float vi = t.slot0[k][j];
+    const float out = math::rmsprop(t.w[k][j], t.g[k][j], vi, t.slot1[k] ? t.slot1[k] + j : nullptr,
+                                    t.slot2[k] ? t.slot2[k] + j : nullptr, rho, square_weight, momentum_factor, lr,
+                                    epsilon, decay, t.gradient_scale[k]);
+    t.slot0[k][j] = vi;
     t.w[k][j] = out;
     bad |= math::not_finite(out);
   }
@@ -229,16 +265,26 @@ void linear_from_bytes(const Launch& l, const std::uint8_t* x, float alpha, floa
   check_launch("unary (linear from uint8)", n, l);
 }
 
-void f32_to_bf16(const Launch& l, const float* x, std::uint16_t* y, std::int64_t n) {
+void narrow(const Launch& l, const float* x, std::uint16_t* y, Elem to, std::int64_t n) {
   if (n == 0) return;
-  f32_to_bf16_kernel<<<blocks_for(n, l), kThreads, 0, l.stream>>>(x, y, n);
-  check_launch("convert (float32 to bfloat16)", n, l);
+  if (to == Elem::f16) {
+    f32_to_f16_kernel<<<blocks_for(n, l), kThreads, 0, l.stream>>>(x, y, n);
+    check_launch("convert (float32 to float16)", n, l);
+  } else {
+    f32_to_bf16_kernel<<<blocks_for(n, l), kThreads, 0, l.stream>>>(x, y, n);
+    check_launch("convert (float32 to bfloat16)", n, l);
+  }
 }
 
-void bf16_to_f32(const Launch& l, const std::uint16_t* x, float* y, std::int64_t n) {
+void widen(const Launch& l, const std::uint16_t* x, Elem from, float* y, std::int64_t n) {
   if (n == 0) return;
-  bf16_to_f32_kernel<<<blocks_for(n, l), kThreads, 0, l.stream>>>(x, y, n);
-  check_launch("convert (bfloat16 to float32)", n, l);
+  if (from == Elem::f16) {
+    f16_to_f32_kernel<<<blocks_for(n, l), kThreads, 0, l.stream>>>(x, y, n);
+    check_launch("convert (float16 to float32)", n, l);
+  } else {
+    bf16_to_f32_kernel<<<blocks_for(n, l), kThreads, 0, l.stream>>>(x, y, n);
+    check_launch("convert (bfloat16 to float32)", n, l);
+  }
 }
 
 void dropout(const Launch& l, const float* x, float* y, float* mask, std::int64_t n, float rate,
@@ -275,6 +321,13 @@ void adam(const Launch& l, float* w, const float* g, float* m, float* v, std::in
   check_launch("adam_update", n, l);
 }
 
+void find_non_finite_many(const Launch& l, const ManyTensors& t, int* found) {
+  const std::int64_t n = t.count > 0 ? t.ends[t.count - 1] : 0;
+  if (n == 0) return;
+  find_non_finite_many_kernel<<<blocks_for(n, l), kThreads, 0, l.stream>>>(t, found);
+  check_launch("all_finite", n, l);
+}
+
 void sgd_many(const Launch& l, const ManyTensors& t, float lr, float momentum, bool nesterov, float decay,
               int* non_finite) {
   const std::int64_t n = t.count > 0 ? t.ends[t.count - 1] : 0;
@@ -290,6 +343,15 @@ void adam_many(const Launch& l, const ManyTensors& t, float beta_1, float beta_2
   adam_many_kernel<<<blocks_for(n, l), kThreads, 0, l.stream>>>(t, beta_1, 1.0f - beta_1, beta_2, 1.0f - beta_2,
                                                                 step_size, epsilon, decay, non_finite);
   check_launch("adam_update_many", n, l);
+}
+
+void rmsprop_many(const Launch& l, const ManyTensors& t, float rho, float square_weight, float momentum_factor,
+                  float lr, float epsilon, float decay, int* non_finite) {
+  const std::int64_t n = t.count > 0 ? t.ends[t.count - 1] : 0;
+  if (n == 0) return;
+  rmsprop_many_kernel<<<blocks_for(n, l), kThreads, 0, l.stream>>>(t, rho, square_weight, momentum_factor, lr, epsilon,
+                                                                   decay, non_finite);
+  check_launch("rmsprop_update_many", n, l);
 }
 
 void rmsprop(const Launch& l, float* w, const float* g, float* v, float* momentum, float* average, std::int64_t n,

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "dtrain/core/dtype.h"
 #include "dtrain/kernels/element_math.h"
 
 namespace dtrain::kernels::cuda {
@@ -20,6 +21,10 @@ struct Launch {
   int device = 0;
   int multiprocessors = 1;
 };
+
+// How a float is stored: the types mixed precision converts between.
+enum class Elem : int { f32, bf16, f16 };
+inline Elem elem_of(DType t) { return t == DType::bf16 ? Elem::bf16 : t == DType::f16 ? Elem::f16 : Elem::f32; }
 
 // Throws DeviceError naming `kernel` and its sizes when the launch just made failed.
 // Defined in cuda_backend.cpp.
@@ -75,8 +80,9 @@ void binary_broadcast(const Launch& l, BinaryOp op, const float* a, const float*
 void fill(const Launch& l, float* y, std::int64_t n, float value);
 void axpby(const Launch& l, float alpha, const float* x, float beta, float* y, std::int64_t n);
 void linear_from_bytes(const Launch& l, const std::uint8_t* x, float alpha, float beta, float* y, std::int64_t n);
-void f32_to_bf16(const Launch& l, const float* x, std::uint16_t* y, std::int64_t n);
-void bf16_to_f32(const Launch& l, const std::uint16_t* x, float* y, std::int64_t n);
+// y = x rounded to 16 bits (nearest even; float16 beyond 65504 to infinity), and back exactly.
+void narrow(const Launch& l, const float* x, std::uint16_t* y, Elem to, std::int64_t n);
+void widen(const Launch& l, const std::uint16_t* x, Elem from, float* y, std::int64_t n);
 void dropout(const Launch& l, const float* x, float* y, float* mask, std::int64_t n, float rate,
              std::uint64_t mixed_seed, std::uint64_t counter);
 // c[i, col_begin:col_end] = bias ? bias[j - col_begin] : 0 over M rows of c (row stride
@@ -98,15 +104,21 @@ struct ManyTensors {
   const float* g[kManyTensors];
   float* slot0[kManyTensors];
   float* slot1[kManyTensors];
+  float* slot2[kManyTensors];
   float gradient_scale[kManyTensors];
   std::int64_t ends[kManyTensors];
   int count;
 };
+// *found = 1 (host-mapped) where one of t.g's elements is NaN or infinite; t.w unused.
+void find_non_finite_many(const Launch& l, const ManyTensors& t, int* found);
 // sgd's and adam's passes over many variables (slot0: velocity or m; slot1: v).
 void sgd_many(const Launch& l, const ManyTensors& t, float lr, float momentum, bool nesterov, float decay,
               int* non_finite);
 void adam_many(const Launch& l, const ManyTensors& t, float beta_1, float beta_2, float step_size, float epsilon,
                float decay, int* non_finite);
+// rmsprop's pass over many variables (slot0: v; slot1: momentum, slot2: average, each may be null).
+void rmsprop_many(const Launch& l, const ManyTensors& t, float rho, float square_weight, float momentum_factor,
+                  float lr, float epsilon, float decay, int* non_finite);
 // RmspropUpdate's formula (RMSprop and Adagrad); momentum and average may be null.
 void rmsprop(const Launch& l, float* w, const float* g, float* v, float* momentum, float* average, std::int64_t n,
              float rho, float square_weight, float momentum_factor, float lr, float epsilon, float decay,
@@ -163,9 +175,9 @@ void copy_block(const Launch& l, const void* src, long long from_offset, long lo
                 std::int64_t rows, std::int64_t width, int element);
 
 // ---- layout.cu
-// dst[j, i] = src[i, j] for src [rows, cols], each float32 or bfloat16 (converted on the
-// way): a kernel's Keras layout [KH, KW, C, F] to cuDNN's [F, KH, KW, C] and back.
-void transpose(const Launch& l, const void* src, bool src_bf16, void* dst, bool dst_bf16, std::int64_t rows,
+// dst[j, i] = src[i, j] for src [rows, cols], each float32, bfloat16 or float16 (converted
+// on the way): a kernel's Keras layout [KH, KW, C, F] to cuDNN's [F, KH, KW, C] and back.
+void transpose(const Launch& l, const void* src, Elem src_type, void* dst, Elem dst_type, std::int64_t rows,
                std::int64_t cols);
 // y[r, j] = act(y[r, j] + bias[j]) over y [rows, cols] (bias may be null).
 void bias_activation(const Launch& l, float* y, const float* bias, std::int64_t rows, std::int64_t cols,
