@@ -178,7 +178,11 @@ void refuse_sample_weight(const metrics::Metric& metric, py::handle sample_weigh
   throw py::error_already_set();
 }
 
-void apply_gradients(optim::Optimizer& optimizer, py::handle grads_and_vars, bool unscaled = false) {
+// How the gradients relate to a loss scale: none (the plain update), scaled (Keras 3's
+// LossScaleOptimizer.apply) or unscaled already (TensorFlow 2's get_unscaled_gradients).
+enum class Scaling { none, scaled, unscaled };
+
+void apply_gradients(optim::Optimizer& optimizer, py::handle grads_and_vars, Scaling scaling = Scaling::none) {
   std::vector<Tensor> grads;
   std::vector<Variable*> vars;
   for (py::handle pair : grads_and_vars) {
@@ -191,8 +195,11 @@ void apply_gradients(optim::Optimizer& optimizer, py::handle grads_and_vars, boo
   }
   if (vars.empty()) throw py::value_error("apply_gradients: no gradient was given for any variable");
   py::gil_scoped_release release;
-  if (unscaled) optimizer.apply_unscaled_gradients(grads, vars);
-  else optimizer.apply_gradients(grads, vars);
+  switch (scaling) {
+    case Scaling::none: optimizer.apply_gradients(grads, vars); break;
+    case Scaling::scaled: optimizer.apply_scaled_gradients(grads, vars); break;
+    case Scaling::unscaled: optimizer.apply_unscaled_gradients(grads, vars); break;
+  }
 }
 
 losses::Reduction reduction_of(const std::string& name) { return losses::reduction_from_name(name); }
@@ -400,7 +407,10 @@ void bind_keras(py::module_& m) {
       .def_property_readonly("_loss_scale", &optim::Optimizer::loss_scale)
       .def_property_readonly("_loss_scale_good_steps", &optim::Optimizer::loss_scale_good_steps)
       .def_property_readonly("_last_update_skipped", &optim::Optimizer::last_update_skipped)
-      .def("_apply_unscaled_gradients", [](optim::Optimizer& opt, py::handle pairs) { apply_gradients(opt, pairs, true); });
+      .def("_apply_scaled_gradients", [](optim::Optimizer& opt, py::handle pairs) { apply_gradients(opt, pairs, Scaling::scaled); })
+      .def("_apply_unscaled_gradients", [](optim::Optimizer& opt, py::handle pairs) {
+        apply_gradients(opt, pairs, Scaling::unscaled);
+      });
   py::class_<optim::SGD, optim::Optimizer, std::shared_ptr<optim::SGD>>(o, "SGD")
       .def(py::init([](py::handle lr, float momentum, bool nesterov, py::object clipnorm, py::object global_clipnorm,
                        float weight_decay) {

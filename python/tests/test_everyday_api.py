@@ -216,7 +216,9 @@ def test_mixed_precision_policy_and_loss_scaling():
     # A compile_config's LossScaleOptimizer, as Keras writes it.
     opt = tf.keras.optimizers.deserialize({"class_name": "LossScaleOptimizer", "config": {
         "inner_optimizer": {"class_name": "Adam", "config": {"learning_rate": 0.002}}, "initial_scale": 1024.0,
-        "dynamic_growth_steps": 100, "name": "loss_scale_optimizer"}})
+        "dynamic_growth_steps": 100, "name": "loss_scale_optimizer", "weight_decay": None, "clipnorm": None,
+        "global_clipnorm": None, "clipvalue": None, "use_ema": False, "ema_momentum": 0.99,
+        "ema_overwrite_frequency": None, "loss_scale_factor": None, "gradient_accumulation_steps": None}})
     assert opt._has_loss_scale and opt._loss_scale == 1024.0 and opt.learning_rate == pytest.approx(0.002)
 
     # A custom loop: the scaled loss's unscaled gradients are the plain ones (a power of 2),

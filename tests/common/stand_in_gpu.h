@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -67,6 +68,7 @@ class StandInRuntime final : public DeviceRuntime {
   void wait(int, const DeviceEvent&) override {}
   // Its kernels run as they are queued: the device's time is the host's.
   DeviceEvent record_timed(int, const DeviceEvent& reuse) override {
+    if (before_timed_) before_timed_();
     if (!reuse) return std::make_shared<Clock::time_point>(Clock::now());
     *static_cast<Clock::time_point*>(reuse.get()) = Clock::now();
     return reuse;
@@ -76,6 +78,9 @@ class StandInRuntime final : public DeviceRuntime {
                                          *static_cast<Clock::time_point*>(from.get()))
         .count();
   }
+  // Called before each timed mark: the backend ends its primitive under way there, as a
+  // GPU's kernel ends before a mark queued after it.
+  void before_timed_marks(std::function<void()> hook) { before_timed_ = std::move(hook); }
   // Copies to the device made by copy_beside (an input pipeline's).
   std::uint64_t copies_beside() const { return copies_beside_; }
   // Fresh allocations beyond this many bytes fail (0: no limit), as a full GPU's would.
@@ -83,6 +88,7 @@ class StandInRuntime final : public DeviceRuntime {
 
  private:
   std::size_t limit_ = 0, used_ = 0;
+  std::function<void()> before_timed_;
   // Atomic: a prefetching thread copies while the test's thread trains.
   std::atomic<std::uint64_t> waits_{0}, copies_beside_{0};
   BlockCache cache_;
@@ -146,6 +152,16 @@ class StandInBackend final : public kernels::Backend {
     check({&x, &y});
     Tensor h = host(y);
     cpu().axpby(alpha, host(x), beta, h);
+  }
+  void trace_kernels(bool on) override {
+    if (on && !timeline_) timeline_ = std::make_unique<kernels::KernelTimeline>(device());
+    tracing_ = on;
+  }
+  void take_kernel_spans(const DeviceEvent& since, std::vector<kernels::KernelSpan>& out) override {
+    out.clear();
+    if (!timeline_) return;
+    end_primitive();
+    timeline_->take(since, out);
   }
   bool all_finite(std::span<const Tensor* const> tensors) override {
     std::vector<Tensor> hosts;
@@ -317,14 +333,32 @@ class StandInBackend final : public kernels::Backend {
     if (!t.defined()) return t;
     return Tensor::over(t.raw_device_data(), t.shape(), t.dtype(), nullptr);
   }
-  // As a GPU backend: every operand on cuda:0.
+  // As a GPU backend: every operand on cuda:0. Each primitive starts here, so while kernels
+  // are timed the one before ends here (it ran when it was called), or at a timed mark.
   void check(std::initializer_list<const Tensor*> operands) const {
     for (const Tensor* t : operands)
       if (t != nullptr && t->defined() && !(t->device() == device()))
         DTRAIN_THROW(InvalidArgument, "an operand of shape ", t->shape().to_string(), " is on ",
                      t->device().to_string(), ", the others on ", device().to_string());
+    if (tracing_) {
+      end_primitive();
+      timeline_->start_primitive();
+      primitive_open_ = true;
+    }
   }
+
+ public:
+  void end_primitive() const {
+    if (!primitive_open_) return;
+    primitive_open_ = false;  // first: the end's own mark comes back here
+    timeline_->end_kernel("stand-in kernel");
+  }
+
+ private:
   bool deferred_bad_ = false;
+  bool tracing_ = false;
+  mutable bool primitive_open_ = false;
+  std::unique_ptr<kernels::KernelTimeline> timeline_;
 };
 
 // Whether this machine has a real GPU for dtrain (built with CUDA, and one found).
@@ -340,6 +374,7 @@ class GpuForTests {
     if (real_gpu_present()) return;
     runtime_ = std::make_unique<StandInRuntime>();
     backend_ = std::make_unique<StandInBackend>();
+    runtime_->before_timed_marks([b = backend_.get()] { b->end_primitive(); });
     set_device_runtime(DeviceType::cuda, runtime_.get());
     kernels::set_backend(Device::cuda(0), backend_.get());
   }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <cstring>
 #include <limits>
 
@@ -273,6 +274,41 @@ TEST_F(Gpu, FitFromADatasetOnTheGpuPrefetchesToTheDevice) {
   }
   const Logs ec = cpu->evaluate(ds), eg = gpu->evaluate(ds);
   EXPECT_NEAR(eg.at("loss"), ec.at("loss"), tolerance(1e-4) * ec.at("loss"));
+}
+
+// A trace of a GPU run has each kernel the step queued (on the stand-in, each primitive) on
+// the compute stream's row, inside the phase (forward, backward, optimizer) that queued it.
+TEST_F(Gpu, TheTraceHasEachKernelInsideItsPhase) {
+  const data::Split d = data::make_synthetic(256, 10, 4, 5, data::SyntheticLabels::teacher);
+  auto model = mlp();
+  const std::string path = (dir_ / "trace.json").string();
+  FitOptions o = quiet(1);
+  o.callbacks = {std::make_shared<ProfilerCallback>(path, 2)};
+  {
+    DevicePlacement on_gpu(cuda0);
+    model->fit(d.x, d.y, o);
+  }
+  std::ifstream in(path);
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  int stream = -1;
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "thread_name" && e["args"]["name"] == "cuda:0 compute stream") stream = e["tid"];
+  ASSERT_GE(stream, 0) << "no compute stream row";
+  std::vector<nlohmann::json> phases, kernels;
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "X" && e["tid"] == stream) (e["name"] == e["cat"] ? phases : kernels).push_back(e);
+  // Two traced steps of three layers: at least a matmul each forward and two backward.
+  ASSERT_GE(kernels.size(), 18u);
+  ASSERT_GE(phases.size(), 6u);
+  for (const auto& k : kernels) {
+    const double begin = k["ts"], end = begin + k["dur"].get<double>();
+    bool inside = false;
+    for (const auto& p : phases) {
+      const double pb = p["ts"], pe = pb + p["dur"].get<double>();
+      inside |= p["cat"] == k["cat"] && begin >= pb - 1.0 && end <= pe + 1.0;  // the trace rounds to 1 ns
+    }
+    EXPECT_TRUE(inside) << k.dump();
+  }
 }
 
 // Mixed precision (bfloat16 or float16 matmuls; float16's loss scale checking each step's

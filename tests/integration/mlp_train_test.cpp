@@ -42,7 +42,8 @@ TEST_P(MlpTraining, ReachesNinetyFivePercentOnSeparableData) {
         for (auto* layer : std::initializer_list<nn::Layer*>{&d1, &d2, &d3})
           for (Variable* v : layer->trainable_variables()) vars.push_back(v);
       auto grads = tape.gradient(float16 ? scale(loss, optimizer.loss_scale()) : loss, vars);
-      optimizer.apply_gradients(grads, vars);
+      if (float16) optimizer.apply_scaled_gradients(grads, vars);
+      else optimizer.apply_gradients(grads, vars);
       if (epoch == 0 && start == 0) first_loss = loss.item();
       last_loss = loss.item();
     }

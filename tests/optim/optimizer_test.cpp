@@ -290,6 +290,17 @@ TEST(Adagrad, AccumulatorStartsAtItsInitialValue) {
 
 // ---- loss scaling (keras.mixed_precision.LossScaleOptimizer)
 
+// One step of gradients of the scaled loss (fit's, and Keras 3's LossScaleOptimizer.apply).
+void scaled_step(Optimizer& opt, const std::vector<std::pair<Tensor, Variable*>>& grads_and_vars) {
+  std::vector<Tensor> grads;
+  std::vector<Variable*> vars;
+  for (const auto& [g, v] : grads_and_vars) {
+    grads.push_back(g);
+    vars.push_back(v);
+  }
+  opt.apply_scaled_gradients(grads, vars);
+}
+
 // Gradients of the loss times the scale, applied under that scale, update as the plain
 // gradients do without one, bit for bit (the scale is a power of two), slots included.
 TEST(LossScale, ScaledGradientsUpdateAsTheUnscaledOnes) {
@@ -302,7 +313,7 @@ TEST(LossScale, ScaledGradientsUpdateAsTheUnscaledOnes) {
     for (int step = 0; step < 3; ++step) {
       const Tensor g = Tensor::from_vector({3}, {0.5f, -1e-3f, 2.0f + static_cast<float>(step)});
       plain.apply_gradients({{g, &a}});
-      scaled.apply_gradients({{scale(g, scaled.loss_scale()), &b}});
+      scaled_step(scaled, {{scale(g, scaled.loss_scale()), &b}});
     }
     EXPECT_EQ(b.value().to_vector(), a.value().to_vector()) << (clip ? "with" : "without") << " global_clipnorm";
     EXPECT_EQ(scaled.slots(b)[1].second->to_vector(), plain.slots(a)[1].second->to_vector());
@@ -318,11 +329,11 @@ TEST(LossScale, SkipsAStepThatOverflowedAndMovesTheScale) {
   Variable w("w", Tensor::from_vector({2}, {1, 2})), u("u", Tensor::from_vector({1}, {5}));
   SGD sgd(0.1f, 0.9f);
   sgd.set_loss_scale(LossScale{.initial_scale = 8.0f, .dynamic_growth_steps = 3});
-  sgd.apply_gradients({{Tensor::from_vector({2}, {8, 8}), &w}, {Tensor::from_vector({1}, {8}), &u}});
+  scaled_step(sgd, {{Tensor::from_vector({2}, {8, 8}), &w}, {Tensor::from_vector({1}, {8}), &u}});
   const std::vector<float> w1 = w.value().to_vector(), velocity = sgd.slots(w)[0].second->to_vector();
   EXPECT_FALSE(sgd.last_update_skipped());
   for (const float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
-    sgd.apply_gradients({{Tensor::from_vector({2}, {1, 1}), &w}, {Tensor::from_vector({1}, {bad}), &u}});
+    scaled_step(sgd, {{Tensor::from_vector({2}, {1, 1}), &w}, {Tensor::from_vector({1}, {bad}), &u}});
     EXPECT_TRUE(sgd.last_update_skipped());
     EXPECT_EQ(w.value().to_vector(), w1);  // the finite variable is not updated either
     EXPECT_EQ(sgd.slots(w)[0].second->to_vector(), velocity);
@@ -332,16 +343,30 @@ TEST(LossScale, SkipsAStepThatOverflowedAndMovesTheScale) {
   EXPECT_EQ(sgd.loss_scale(), 2.0f);
   EXPECT_EQ(sgd.skipped_updates(), 2);
   EXPECT_FALSE(sgd.take_non_finite());  // nothing non-finite was written
-  for (int i = 0; i < 2; ++i) sgd.apply_gradients({{Tensor::from_vector({2}, {1, 1}), &w}});
+  for (int i = 0; i < 2; ++i) scaled_step(sgd, {{Tensor::from_vector({2}, {1, 1}), &w}});
   EXPECT_EQ(sgd.loss_scale(), 2.0f);
-  sgd.apply_gradients({{Tensor::from_vector({2}, {1, 1}), &w}});
+  scaled_step(sgd, {{Tensor::from_vector({2}, {1, 1}), &w}});
   EXPECT_EQ(sgd.loss_scale(), 4.0f);  // the third finite step in a row
   EXPECT_EQ(sgd.loss_scale_good_steps(), 0);
   EXPECT_EQ(sgd.iterations(), 4);
   // The scale stops halving at 1.
   for (int i = 0; i < 5; ++i)
-    sgd.apply_gradients({{Tensor::from_vector({2}, {std::numeric_limits<float>::infinity(), 0}), &w}});
+    scaled_step(sgd, {{Tensor::from_vector({2}, {std::numeric_limits<float>::infinity(), 0}), &w}});
   EXPECT_EQ(sgd.loss_scale(), 1.0f);
+}
+
+// The optimizer's own apply_gradients stays the plain update, as a LossScaleOptimizer's
+// inner optimizer's does: nothing divided, nothing checked, the scale left alone.
+TEST(LossScale, ThePlainApplyGradientsNeitherDividesNorChecks) {
+  Variable w("w", Tensor::from_vector({1}, {1}));
+  SGD sgd(1.0f);
+  sgd.set_loss_scale(LossScale{.initial_scale = 4.0f});
+  sgd.apply_gradients({{Tensor::from_vector({1}, {2}), &w}});
+  EXPECT_EQ(w.value().item(), -1.0f);
+  sgd.apply_gradients({{Tensor::from_vector({1}, {std::numeric_limits<float>::infinity()}), &w}});
+  EXPECT_TRUE(std::isinf(w.value().item()));
+  EXPECT_EQ(sgd.loss_scale(), 4.0f);
+  EXPECT_EQ(sgd.iterations(), 2);
 }
 
 // A fixed scale neither checks nor moves: a NaN is applied (and reported as such).
@@ -349,9 +374,9 @@ TEST(LossScale, AFixedScaleDividesOnly) {
   Variable w("w", Tensor::from_vector({1}, {1}));
   SGD sgd(1.0f);
   sgd.set_loss_scale(LossScale{.dynamic = false, .initial_scale = 4.0f});
-  sgd.apply_gradients({{Tensor::from_vector({1}, {2}), &w}});
+  scaled_step(sgd, {{Tensor::from_vector({1}, {2}), &w}});
   EXPECT_EQ(w.value().item(), 0.5f);
-  sgd.apply_gradients({{Tensor::from_vector({1}, {std::numeric_limits<float>::quiet_NaN()}), &w}});
+  scaled_step(sgd, {{Tensor::from_vector({1}, {std::numeric_limits<float>::quiet_NaN()}), &w}});
   EXPECT_TRUE(std::isnan(w.value().item()));
   EXPECT_TRUE(sgd.take_non_finite());
   EXPECT_EQ(sgd.loss_scale(), 4.0f);

@@ -48,15 +48,18 @@ class LossScaleOptimizer:
     initial_scale=2**15, dynamic_growth_steps=2000).
 
     The loss is multiplied by a scale before backward, so that gradients too small for
-    float16 survive, and the gradients divided by it before the update. A step whose
-    gradients are not all finite is skipped (no weight, slot or iteration changes) and,
-    when dynamic, the scale halves; after dynamic_growth_steps finite steps it doubles.
+    float16 survive, and the gradients divided by it before the update. With a dynamic
+    scale a step whose gradients are not all finite is skipped (no weight, slot or
+    iteration changes, as Keras 3's does; TensorFlow 2's counted the iteration) and the
+    scale halves; after dynamic_growth_steps finite steps it doubles. A fixed scale
+    (dynamic=False) only multiplies and divides, as TensorFlow 2's did.
 
     compile() under the "mixed_float16" policy adds one itself, as Keras does. In a custom
     loop: Keras 3's scale_loss(loss), then apply_gradients on the scaled gradients (it
     unscales them), or TensorFlow 2's get_scaled_loss(loss), get_unscaled_gradients(grads)
     and apply_gradients on the unscaled ones. The scale and its count live in the inner
-    optimizer, which checkpoints and model.save keep with its slots."""
+    optimizer, which checkpoints and model.save keep with its slots; the inner optimizer's
+    own apply_gradients stays the plain update."""
 
     def __init__(self, inner_optimizer, dynamic=True, initial_scale=2.0 ** 15, dynamic_growth_steps=2000, name=None,
                  **kwargs):
@@ -111,7 +114,7 @@ class LossScaleOptimizer:
         if kwargs:
             raise TypeError("LossScaleOptimizer.apply_gradients: unexpected argument(s) " + ", ".join(sorted(kwargs)))
         if self._unscale_in_apply:
-            self.inner_optimizer.apply_gradients(grads_and_vars)
+            self.inner_optimizer._apply_scaled_gradients(grads_and_vars)
         else:
             self.inner_optimizer._apply_unscaled_gradients(grads_and_vars)
 

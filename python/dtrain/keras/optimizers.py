@@ -50,7 +50,13 @@ def deserialize(config):
         inner = kwargs.pop("inner_optimizer", None)
         if not isinstance(inner, dict):
             raise ValueError("optimizer LossScaleOptimizer: its config has no inner_optimizer")
-        kwargs.pop("name", None)
+        # Keras 3 writes the base optimizer's keys too: its inert ones, and unset clipping.
+        for key in [k for k in kwargs if k in _INERT or k in ("weight_decay", "clipnorm", "global_clipnorm")]:
+            value = kwargs.pop(key)
+            allowed = _INERT.get(key, (None,))
+            if allowed is not None and value not in allowed:
+                raise ValueError(f"optimizer LossScaleOptimizer: {key}={value!r} is not supported by dtrain "
+                                 "(give it to the inner optimizer)")
         unknown = sorted(set(kwargs) - {"initial_scale", "dynamic_growth_steps", "dynamic"})
         if unknown:
             raise ValueError(f"optimizer LossScaleOptimizer: {', '.join(unknown)} is not supported by dtrain")

@@ -151,8 +151,12 @@ NamedTensors Checkpoint::capture() const {
                      o["kind"] = "optimizer";
                      o["class"] = opt->name();
                      o["iterations"] = opt->iterations();
-                     if (opt->loss_scale_options())
-                       o["loss_scale"] = {{"scale", opt->loss_scale()}, {"good_steps", opt->loss_scale_good_steps()}};
+                     if (const auto& ls = opt->loss_scale_options())
+                       o["loss_scale"] = {{"scale", opt->loss_scale()},
+                                          {"good_steps", opt->loss_scale_good_steps()},
+                                          {"dynamic", ls->dynamic},
+                                          {"initial_scale", ls->initial_scale},
+                                          {"dynamic_growth_steps", ls->dynamic_growth_steps}};
                      for (const Model* m : models)
                        for (Variable* v : m->variables())
                          for (const auto& [slot, t] : opt->slots(*v)) add(slot_key(name, *v, slot), *t);
@@ -379,19 +383,28 @@ RestoreStatus Checkpoint::restore_from(const NamedTensors& data, const std::stri
                 const std::int64_t iterations = (*o).at("iterations").get<std::int64_t>();
                 apply.push_back([opt, iterations] { opt->set_iterations(iterations); });
                 if (o->contains("loss_scale")) {
-                  if (!opt->loss_scale_options())
-                    DTRAIN_THROW(IoError, path, ": optimizer '", name, "' was saved with a loss scale (mixed_float16), ",
-                                 "and this program's has none; compile with the same dtype policy or a LossScaleOptimizer");
+                  // The scale, its count and its settings: an optimizer restored before compile
+                  // (which would add them under mixed_float16) gets them here, and keeps them.
                   const nlohmann::json& s = (*o)["loss_scale"];
-                  if (!s.is_object() || !s.contains("scale") || !s["scale"].is_number() || !s.contains("good_steps") ||
-                      !s["good_steps"].is_number_integer())
+                  const bool well_formed = s.is_object() && s.contains("scale") && s["scale"].is_number() &&
+                                           s.contains("good_steps") && s["good_steps"].is_number_integer() &&
+                                           s.contains("dynamic") && s["dynamic"].is_boolean() &&
+                                           s.contains("initial_scale") && s["initial_scale"].is_number() &&
+                                           s.contains("dynamic_growth_steps") && s["dynamic_growth_steps"].is_number_integer();
+                  if (!well_formed)
                     DTRAIN_THROW(IoError, path, ": optimizer '", name, "' has a malformed loss_scale: ", s.dump());
                   const float scale = s["scale"].get<float>();
                   const auto good = s["good_steps"].get<std::int64_t>();
-                  if (!(scale >= 1.0f) || !std::isfinite(scale) || good < 0)
+                  const optim::LossScale settings{s["dynamic"].get<bool>(), s["initial_scale"].get<float>(),
+                                                  s["dynamic_growth_steps"].get<std::int64_t>()};
+                  if (!(scale >= 1.0f) || !std::isfinite(scale) || good < 0 || !(settings.initial_scale >= 1.0f) ||
+                      !std::isfinite(settings.initial_scale) || settings.dynamic_growth_steps < 1)
                     DTRAIN_THROW(IoError, path, ": optimizer '", name, "' has a loss scale of ", scale, " after ", good,
-                                 " good steps, which no LossScaleOptimizer reaches");
-                  apply.push_back([opt, scale, good] { opt->set_loss_scale_state(scale, good); });
+                                 " good steps (settings ", s.dump(), "), which no LossScaleOptimizer reaches");
+                  apply.push_back([opt, scale, good, settings] {
+                    if (!opt->loss_scale_options()) opt->set_loss_scale(settings);
+                    opt->set_loss_scale_state(scale, good);
+                  });
                 }
                 const std::vector<std::string> slot_names = opt->slot_names_in_order();
                 for (const Model* m : models)

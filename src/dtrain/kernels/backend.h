@@ -12,6 +12,7 @@
 
 #include "dtrain/core/rng.h"
 #include "dtrain/core/tensor.h"
+#include "dtrain/kernels/kernel_timeline.h"
 
 namespace dtrain::kernels {
 
@@ -308,6 +309,11 @@ class Backend {
   virtual bool take_deferred_non_finite() { return false; }
   // Waits for the work queued on the backend's device (nothing to wait for on the CPU).
   virtual void synchronize() {}
+  // For the trace: while on, a GPU backend times each kernel it queues (KernelTimeline),
+  // and take_kernel_spans() gives the kernels queued since its last call, timed from
+  // `since` (a DeviceRuntime::record_timed event queued before them). The CPU has none.
+  virtual void trace_kernels(bool /*on*/) {}
+  virtual void take_kernel_spans(const DeviceEvent& /*since*/, std::vector<KernelSpan>& out) { out.clear(); }
 };
 
 // The backend that runs tensors on `device`. Throws InvalidArgument naming what was found

@@ -47,7 +47,6 @@ void linear_from_bytes_loop(const std::uint8_t* x, float alpha, float beta, floa
   for (std::int64_t i = begin; i < end; ++i) y[i] = alpha * static_cast<float>(x[i]) + beta;
 }
 
-DTRAIN_MULTIVERSION
 // Whether x[begin, end) holds a NaN or an infinity: all exponent bits set.
 DTRAIN_MULTIVERSION
 bool any_non_finite_loop(const float* x, std::int64_t begin, std::int64_t end) {
@@ -60,6 +59,7 @@ bool any_non_finite_loop(const float* x, std::int64_t begin, std::int64_t end) {
   return found != 0;
 }
 
+DTRAIN_MULTIVERSION
 double sum_squares_loop(const float* x, std::int64_t begin, std::int64_t end) {
   // Blocks of float partial sums folded into double keep precision and vectorise.
   double total = 0.0;

@@ -15,7 +15,11 @@
 namespace dtrain {
 namespace {
 
-void check_remote_options(const StrategyBackend& strategy, const FitOptions& opt) {
+void check_remote_options(const StrategyBackend& strategy, const FitOptions& opt, const optim::Optimizer* optimizer) {
+  if (optimizer && optimizer->loss_scale_options())
+    DTRAIN_THROW(InvalidArgument, "fit under ", strategy.name(), ": loss scaling (a LossScaleOptimizer, or the one ",
+                 "compile adds for the mixed_float16 policy) is not supported: the parameter servers apply each ",
+                 "worker's gradients as they come; train with \"mixed_bfloat16\" or \"float32\" there");
   for (const auto& c : opt.callbacks)
     if (dynamic_cast<const LearningRateScheduler*>(c.get()))
       DTRAIN_THROW(InvalidArgument, "fit under ", strategy.name(), ": LearningRateScheduler changes the optimizer on ",
@@ -43,7 +47,7 @@ void Model::gather_remote_state() {
 }
 
 History Model::serve_remote_fit(RemoteTraining& remote, BatchSource* batches, const FitOptions& opt) {
-  check_remote_options(*strategy_, opt);
+  check_remote_options(*strategy_, opt, optimizer_.get());
   // A ProfilerCallback's trace: each worker writes its own steps' phases (pull, input
   // wait, forward, backward, push), worker 0's at the callback's path.
   const int worker = remote.remote_worker_index(), ps = remote.remote_ps_index();
@@ -134,7 +138,7 @@ History Model::serve_remote_fit(RemoteTraining& remote, BatchSource* batches, co
 }
 
 History Model::coordinate_remote_fit(RemoteTraining& remote, std::int64_t steps, const FitOptions& opt) {
-  check_remote_options(*strategy_, opt);
+  check_remote_options(*strategy_, opt, optimizer_.get());
   remote.begin_fit(opt.steps_per_execution);
   std::ostream& out = opt.out ? *opt.out : std::cout;
   const int verbose = detail::resolve_verbose(opt.verbose, out);

@@ -128,7 +128,9 @@ std::set<std::string> restore_compile(const std::string& path, const NamedTensor
   if (parsed.ec != std::errc() || parsed.ptr != text.data() + text.size() || iterations < 0)
     DTRAIN_THROW(IoError, path, ": ", kIterationsKey, " is '", text, "', not a count");
   optimizer->set_iterations(iterations);
-  if (const auto ls = data.metadata.find(kLossScaleKey); ls != data.metadata.end() && optimizer->loss_scale_options()) {
+  if (const auto ls = data.metadata.find(kLossScaleKey); ls != data.metadata.end()) {
+    if (!optimizer->loss_scale_options())
+      DTRAIN_THROW(IoError, path, ": has a loss scale (", kLossScaleKey, ") but its optimizer's settings have none");
     std::istringstream in(ls->second);
     double scale = 0;
     std::int64_t good = -1;

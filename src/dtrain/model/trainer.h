@@ -95,7 +95,8 @@ class GpuPhaseClock {
     m.phase = phase;
     m.event = device_runtime(device_.type)->record_timed(device_.index, m.event);
   }
-  // Once the step's work has run: each phase's GPU time into `track`.
+  // Once the step's work has run: each phase's GPU time into `track`, and, while the trace
+  // times kernels, each kernel into the trace within its phase.
   void finish(profile::Track& track) {
     if (device_.is_cpu() || used_ < 2) return;
     DeviceRuntime& runtime = *device_runtime(device_.type);
@@ -103,17 +104,36 @@ class GpuPhaseClock {
     for (std::size_t i = 0; i + 1 < used_; ++i) {
       const double s = runtime.seconds_between(device_.index, marks_[i].event, marks_[i + 1].event);
       track.add(marks_[i].phase, anchor_ + clock_seconds(at), anchor_ + clock_seconds(at + s));
+      marks_[i].ends = at + s;
       at += s;
     }
+    if (track.tracing()) {
+      kernels::backend(device_).take_kernel_spans(marks_[0].event, spans_);
+      std::size_t phase = 0;
+      for (const kernels::KernelSpan& k : spans_) {
+        if (k.begin < 0 || k.begin >= at) continue;  // queued outside the step's phases (metrics)
+        while (phase + 2 < used_ && k.begin >= marks_[phase].ends) ++phase;
+        track.add_to_trace(marks_[phase].phase, anchor_ + clock_seconds(k.begin), anchor_ + clock_seconds(k.end), k.name);
+      }
+    }
     used_ = 0;
+  }
+  // Kernels are timed for the trace while `on` (a GPU's; a few microseconds a kernel).
+  void time_kernels(bool on) {
+    if (device_.is_cpu() || on == timing_kernels_) return;
+    kernels::backend(device_).trace_kernels(on);
+    timing_kernels_ = on;
   }
 
  private:
   struct Mark {
     profile::Phase phase = profile::Phase::forward;
     DeviceEvent event;
+    double ends = 0;  // where the phase ended, in seconds after the first mark
   };
   Device device_;
+  bool timing_kernels_ = false;
+  std::vector<kernels::KernelSpan> spans_;  // kept: no allocation per step
   Clock::time_point anchor_{};
   std::vector<Mark> marks_;  // kept across steps, with their events
   std::size_t used_ = 0;     // this step's marks
@@ -130,6 +150,9 @@ class Model::Trainer {
  public:
   Trainer(Model& model, int accumulation_steps, profile::Profiler& profiler)
       : model_(model), k_(accumulation_steps), profiler_(profiler) {}
+  ~Trainer() { gpu_clock_.time_kernels(false); }
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   // Adds the batch's loss and metrics to loss_mean and the model's metrics. Multi-worker:
   // x is the global batch (every worker takes its rows), or with global_rows >= 0 this
@@ -174,6 +197,7 @@ class Model::Trainer {
       start = copied;
     }
     gpu_clock_.start(device, profile::Phase::forward, start);
+    gpu_clock_.time_kernels(loop.tracing());
     GradientTape tape;
     const std::vector<Tensor> y_pred = model_(on_device_.x, /*training=*/true, &output_masks_);
     Tensor loss = with_penalties(model_.compute_loss(on_device_.y, y_pred, &output_losses_, output_masks_), 1.0f);
@@ -188,7 +212,7 @@ class Model::Trainer {
       std::vector<Tensor> grads = tape.gradient(loss_scale == 1.0f ? loss : scale(loss, loss_scale), vars_);
       backward_end = Clock::now();
       gpu_clock_.mark(update_phase_);
-      model_.optimizer_->apply_gradients(grads, vars_);
+      model_.optimizer_->apply_scaled_gradients(grads, vars_);
     } else {
       // The update uses the mean of the group's gradients, summed in buffers made once.
       const std::vector<Tensor> grads = tape.gradient(scale(loss, loss_scale / static_cast<float>(k_)), vars_);
@@ -205,7 +229,7 @@ class Model::Trainer {
       backward_end = Clock::now();
       gpu_clock_.mark(update_phase_);
       if (update) {
-        model_.optimizer_->apply_gradients(group_, vars_);
+        model_.optimizer_->apply_scaled_gradients(group_, vars_);
         std::fill(group_.begin(), group_.end(), Tensor());
       }
     }
@@ -404,8 +428,9 @@ class Model::Trainer {
     // update, metrics) runs on it alone: on the compute pool it would leave pool threads
     // spinning on the cores the replica threads wake up on next, delaying their start by
     // up to milliseconds. An update that is not shared keeps every core.
-    if (measure_noise) add_noise_sample(row_bounds_.back() - row_bounds_.front(), rows);
-    if (update && !shared) model_.optimizer_->apply_gradients(reducer_->reduced(0), vars_);
+    if (measure_noise)
+      add_noise_sample(row_bounds_.back() - row_bounds_.front(), rows, model_.optimizer_->loss_scale());
+    if (update && !shared) model_.optimizer_->apply_scaled_gradients(reducer_->reduced(0), vars_);
     const ScopedThreads alone(1);
     if (update && shared) model_.optimizer_->end_shared_update();
     const Clock::time_point optimizer_end = Clock::now();
@@ -443,9 +468,15 @@ class Model::Trainer {
   // One sampled step: this worker's `small` rows and the global batch's `big`. The
   // gradients summed are each replica's share of the global mean (a mean loss) or plain
   // sums (a summed loss); both become means before the estimate.
-  void add_noise_sample(std::int64_t small, std::int64_t big) {
+  // Under a loss scale the norms are of the scaled gradients; a step that overflowed is
+  // left out.
+  void add_noise_sample(std::int64_t small, std::int64_t big, float loss_scale) {
     if (small <= 0 || big <= small) return;
-    const auto [local_sq, global_sq] = reducer_->gradient_norms();
+    auto [local_sq, global_sq] = reducer_->gradient_norms();
+    const double unscale = 1.0 / (double{loss_scale} * double{loss_scale});
+    local_sq *= unscale;
+    global_sq *= unscale;
+    if (!std::isfinite(local_sq) || !std::isfinite(global_sq)) return;
     const double b = static_cast<double>(small), B = static_cast<double>(big);
     const bool mean_loss = model_.loss_reduction() == losses::Reduction::sum_over_batch_size;
     const double small_sq = mean_loss ? local_sq * (B / b) * (B / b) : local_sq / (b * b);

@@ -70,11 +70,15 @@ void Optimizer::set_loss_scale_state(float scale, std::int64_t good_steps) {
 }
 
 void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars) {
-  apply(grads, vars, loss_scale_options_ ? 1.0f / loss_scale_ : 1.0f);
+  apply(grads, vars, 1.0f, false);
+}
+
+void Optimizer::apply_scaled_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars) {
+  apply(grads, vars, loss_scale_options_ ? 1.0f / loss_scale_ : 1.0f, loss_scale_options_.has_value());
 }
 
 void Optimizer::apply_unscaled_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars) {
-  apply(grads, vars, 1.0f);
+  apply(grads, vars, 1.0f, loss_scale_options_.has_value());
 }
 
 bool Optimizer::check_loss_scale(std::span<const Tensor> grads) {
@@ -101,11 +105,11 @@ bool Optimizer::check_loss_scale(std::span<const Tensor> grads) {
   return finite;
 }
 
-void Optimizer::apply(std::span<const Tensor> grads, std::span<Variable* const> vars, float factor) {
+void Optimizer::apply(std::span<const Tensor> grads, std::span<Variable* const> vars, float factor, bool checked) {
   if (grads.size() != vars.size())
     DTRAIN_THROW(InvalidArgument, name_, ": ", grads.size(), " gradients given for ", vars.size(), " variables");
   if (gradient_sink) {
-    if (loss_scale_options_)
+    if (checked)
       DTRAIN_THROW(InvalidArgument, name_,
                    ": loss scaling (a LossScaleOptimizer, or the one the mixed_float16 policy adds) is not supported "
                    "under ParameterServerStrategy, whose parameter servers apply the gradients; train with "
@@ -117,7 +121,7 @@ void Optimizer::apply(std::span<const Tensor> grads, std::span<Variable* const> 
   // shared variables updated once.
   if (CrossReplica* cross = replica_context().cross) {
     const std::vector<Tensor> summed = cross->all_reduce_sum(grads);
-    cross->merge_call([&] { apply(summed, vars, factor); });
+    cross->merge_call([&] { apply(summed, vars, factor, checked); });
     return;
   }
   // Validate everything before changing anything, so a bad call leaves the model intact.
@@ -138,7 +142,7 @@ void Optimizer::apply(std::span<const Tensor> grads, std::span<Variable* const> 
                    vars[i]->value_device().to_string());
   }
   // A loss scale's skipped step changes nothing, the iteration count included.
-  if (loss_scale_options_ && loss_scale_options_->dynamic && !check_loss_scale(grads)) return;
+  if (checked && loss_scale_options_->dynamic && !check_loss_scale(grads)) return;
   // Norms cost a pass over every gradient, so they are computed only when clipping needs them.
   if (options_.clipnorm || options_.global_clipnorm) {
     norms_.assign(vars.size(), 0.0);  // the member keeps its capacity: no allocation per step

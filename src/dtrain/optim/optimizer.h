@@ -82,10 +82,9 @@ class Optimizer {
   // Also applies the variables' constraints (which need each whole variable).
   void end_shared_update();
 
-  // Loss scaling (nullopt: none, the default). Under it apply_gradients() takes the
-  // gradients of the loss times loss_scale() and divides them by it (Keras 3's
-  // LossScaleOptimizer.apply); apply_unscaled_gradients() takes them divided already
-  // (TensorFlow 2's get_unscaled_gradients). compile() turns it on for mixed_float16.
+  // Loss scaling (nullopt: none, the default); compile() turns it on for mixed_float16. It
+  // acts through the two calls below (fit's steps make the first); apply_gradients() stays
+  // the plain update, as a LossScaleOptimizer's inner optimizer is.
   void set_loss_scale(std::optional<LossScale> options);
   const std::optional<LossScale>& loss_scale_options() const { return loss_scale_options_; }
   // The factor on the loss: 1 without loss scaling.
@@ -98,6 +97,12 @@ class Optimizer {
   bool last_update_skipped() const { return skipped_; }
   // Steps skipped so far (loss scaling: gradients not all finite).
   std::int64_t skipped_updates() const { return skipped_updates_; }
+  // The gradients of the loss times loss_scale(): checked, divided by the scale and
+  // applied, or the step skipped (Keras 3's LossScaleOptimizer.apply). Without a loss scale,
+  // apply_gradients().
+  void apply_scaled_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars);
+  // Gradients divided by the scale already (TensorFlow 2's get_unscaled_gradients): checked
+  // and applied, or the step skipped.
   void apply_unscaled_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars);
 
   // Whether some update has written a NaN or an infinity into a variable since the last
@@ -128,8 +133,9 @@ class Optimizer {
   }
 
  private:
-  // apply_gradients() with every gradient multiplied by `factor` (1 / the loss scale).
-  void apply(std::span<const Tensor> grads, std::span<Variable* const> vars, float factor);
+  // apply_gradients() with every gradient multiplied by `factor` (1 / the loss scale),
+  // after the loss scale's check where `checked`.
+  void apply(std::span<const Tensor> grads, std::span<Variable* const> vars, float factor, bool checked);
   // Under dynamic loss scaling: whether the gradients are all finite, the scale moved on.
   bool check_loss_scale(std::span<const Tensor> grads);
 

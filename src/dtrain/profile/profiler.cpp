@@ -71,6 +71,10 @@ void Track::add(Phase phase, Clock::time_point start, Clock::time_point end, con
   if (tracing_) events_.push_back(Event{phase, label, micros_since_epoch(start), micros(start, end)});
 }
 
+void Track::add_to_trace(Phase phase, Clock::time_point start, Clock::time_point end, const char* label) {
+  if (tracing_) events_.push_back(Event{phase, label, micros_since_epoch(start), micros(start, end)});
+}
+
 void Track::add_nested(Phase phase, Phase within, Clock::time_point start, Clock::time_point end, const char* label) {
   add(phase, start, end, label);
   seconds_[static_cast<std::size_t>(index_of(within))] -= seconds_between(start, end);

@@ -58,6 +58,11 @@ class Track {
   // The same for work nested inside a phase its caller records around it (a bucket summed
   // during backward): the time counts as `phase` only, not also as `within`.
   void add_nested(Phase phase, Phase within, Clock::time_point start, Clock::time_point end, const char* label = nullptr);
+  // [start, end) into the trace only, counted nowhere: detail inside a phase the track has
+  // already recorded (a GPU's kernels within its forward).
+  void add_to_trace(Phase phase, Clock::time_point start, Clock::time_point end, const char* label);
+  // Whether the trace keeps this step's events.
+  bool tracing() const { return tracing_; }
   // Communication-track bookkeeping: bytes this process all-reduced with the others.
   void add_bytes(std::uint64_t bytes) { bytes_ += bytes; }
   // Replica tracks: the part of their communication spent waiting for the communication

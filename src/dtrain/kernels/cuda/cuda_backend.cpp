@@ -35,6 +35,7 @@ void check_launch(const char* kernel, std::int64_t elements, const Launch& l) {
   if (status != cudaSuccess)
     detail::check_cuda(status, detail::concat("the launch of kernel ", kernel, " over ", elements, " elements"),
                        l.device);
+  if (l.timeline) l.timeline->end_kernel(kernel);
 }
 
 }  // namespace cuda
@@ -132,7 +133,25 @@ CudaBackend::~CudaBackend() {
 cuda::Launch CudaBackend::launch() {
   report_faults();
   detail::cuda_runtime().use(index_);
+  if (launch_.timeline) launch_.timeline->start_primitive();
   return launch_;
+}
+
+void CudaBackend::trace_kernels(bool on) {
+  if (on && !timeline_) timeline_ = std::make_unique<KernelTimeline>(device());
+  launch_.timeline = on ? timeline_.get() : nullptr;
+}
+
+void CudaBackend::take_kernel_spans(const DeviceEvent& since, std::vector<KernelSpan>& out) {
+  if (!timeline_) {
+    out.clear();
+    return;
+  }
+  timeline_->take(since, out);
+}
+
+void CudaBackend::library_call_ended(const char* call) {
+  if (launch_.timeline) launch_.timeline->end_kernel(call);
 }
 
 void CudaBackend::report_faults() {
@@ -274,6 +293,7 @@ void CudaBackend::matmul(const Tensor& a, const Tensor& b, Tensor& c, const Matm
   check_blas(lt.matmul(blas_->handle, p.desc, &alpha, pb, p.a, pa, p.b, &beta, pc, p.c, pc, p.c, &p.algo,
                        blas_->workspace.raw_device_data(), Blas::kWorkspaceBytes, l.stream),
              "cublasLtMatmul", what, index_);
+  library_call_ended("cublasLtMatmul");
   if (o.activation != Activation::linear && !relu)
     cuda::unary(l, cuda::activation_op(o.activation), c.device_data<float>(), c.device_data<float>(), c.numel(), 1.0f, 0.0f);
 }
@@ -406,7 +426,9 @@ bool CudaBackend::all_finite(std::span<const Tensor* const> tensors) {
     check_devices("all_finite", device(), {t});
     t->check_dtype(DType::f32, "all_finite");
   }
-  synchronize();  // no kernel still writes the flag, which the host now clears
+  // Only these kernels write the flag, and each call has waited for its own: no kernel
+  // still writes it while the host clears it. One call at a time.
+  std::lock_guard lock(finite_mutex_);
   volatile int& flag = flags_->gradient_non_finite;
   flag = 0;
   const cuda::Launch l = launch();

@@ -48,6 +48,8 @@ class CudaBackend final : public Backend {
                       const RmspropUpdate& p) override;
   bool take_deferred_non_finite() override;
   void synchronize() override;
+  void trace_kernels(bool on) override;
+  void take_kernel_spans(const DeviceEvent& since, std::vector<KernelSpan>& out) override;
   void conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const Conv2dOptions& options) override;
   void conv2d_backward_data(const Tensor& dy, const Tensor& kernel, Tensor& dx, const Conv2dOptions& options) override;
   void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dkernel, Tensor* dbias,
@@ -88,6 +90,8 @@ class CudaBackend final : public Backend {
   void report_faults();
   // Device scratch of `bytes`, from the device's cache (returned when the tensor goes).
   Tensor scratch(std::size_t bytes);
+  // A cuBLASLt or cuDNN call (static text) was queued: its end, while kernels are timed.
+  void library_call_ended(const char* call);
   Dnn& dnn();
   // x with zeros around it where a convolution pads unevenly (cuDNN pads evenly only).
   Tensor padded_input(const Tensor& x, const ConvDims& d, const Conv2dOptions& o);
@@ -106,6 +110,8 @@ class CudaBackend final : public Backend {
   Flags* device_flags_ = nullptr; // the kernels' view of the same memory
   struct Blas;                    // cuBLASLt handle, workspace and chosen algorithms
   std::unique_ptr<Blas> blas_;
+  std::unique_ptr<KernelTimeline> timeline_;
+  std::mutex finite_mutex_;  // all_finite's flag, one caller at a time  // made when the trace first times kernels
   struct DnnDeleter {
     void operator()(Dnn* d) const;
   };

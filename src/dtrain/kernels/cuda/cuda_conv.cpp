@@ -199,6 +199,7 @@ void CudaBackend::conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const
                           static_cast<cudnnConvolutionFwdAlgo_t>(p.forward), workspace.raw_device_data(), p.forward_bytes,
                           &beta, p.y, out.raw_device_data()),
               "cudnnConvolutionForward", what, index_);
+    library_call_ended("cudnnConvolutionForward");
     if (half)
       cuda::widen(l, static_cast<const std::uint16_t*>(out.raw_device_data()), cuda::elem_of(x.dtype()),
                   y.device_data<float>(), y.numel());
@@ -245,6 +246,7 @@ void CudaBackend::conv2d_backward_data(const Tensor& dy, const Tensor& kernel, T
                                 static_cast<cudnnConvolutionBwdDataAlgo_t>(p.backward_data),
                                 workspace.raw_device_data(), p.backward_data_bytes, &beta, p.x, out.raw_device_data()),
               "cudnnConvolutionBackwardData", what, index_);
+    library_call_ended("cudnnConvolutionBackwardData");
   }
   if (!cropped && !half) return;
   Tensor wide = out;
@@ -297,6 +299,7 @@ void CudaBackend::conv2d_backward_weights(const Tensor& x, const Tensor& dy, Ten
                                   workspace.raw_device_data(), p.backward_filter_bytes, &beta, p.w,
                                   filters.raw_device_data()),
               "cudnnConvolutionBackwardFilter", what, index_);
+    library_call_ended("cudnnConvolutionBackwardFilter");
   }
   // [F, KH, KW, C / groups] back to Keras's [KH, KW, C / groups, F], widened to float32.
   cuda::transpose(l, filters.raw_device_data(), cuda::elem_of(x.dtype()), dkernel.raw_device_data(), cuda::Elem::f32, d.f,

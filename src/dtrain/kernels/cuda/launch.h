@@ -12,14 +12,20 @@
 #include "dtrain/core/dtype.h"
 #include "dtrain/kernels/element_math.h"
 
+namespace dtrain::kernels {
+class KernelTimeline;
+}
+
 namespace dtrain::kernels::cuda {
 
 // Where a kernel runs: the device's compute stream and, for messages, its index and the
-// multiprocessor count that sizes grid-stride launches.
+// multiprocessor count that sizes grid-stride launches; and, while the trace times
+// kernels, the timeline that check_launch marks each kernel's end on.
 struct Launch {
   cudaStream_t stream = nullptr;
   int device = 0;
   int multiprocessors = 1;
+  KernelTimeline* timeline = nullptr;
 };
 
 // How a float is stored: the types mixed precision converts between.
