@@ -155,8 +155,14 @@ class StandInBackend final : public kernels::Backend {
   }
   void trace_kernels(bool on) override {
     if (on && !timeline_) timeline_ = std::make_unique<kernels::KernelTimeline>(device());
+    if (!on && timeline_) {
+      end_primitive();
+      timeline_->clear();
+    }
     tracing_ = on;
   }
+  std::size_t kernel_marks() override { return tracing_ ? timeline_->count() : 0; }
+  bool timing_kernels() const { return tracing_; }
   void take_kernel_spans(const DeviceEvent& since, std::vector<kernels::KernelSpan>& out) override {
     out.clear();
     if (!timeline_) return;
@@ -387,6 +393,7 @@ class GpuForTests {
   GpuForTests& operator=(const GpuForTests&) = delete;
 
   bool stand_in() const { return runtime_ != nullptr; }
+  StandInBackend* stand_in_backend() { return backend_.get(); }
   StandInRuntime* stand_in_runtime() { return runtime_.get(); }
 
  private:

@@ -386,17 +386,19 @@ RestoreStatus Checkpoint::restore_from(const NamedTensors& data, const std::stri
                   // The scale, its count and its settings: an optimizer restored before compile
                   // (which would add them under mixed_float16) gets them here, and keeps them.
                   const nlohmann::json& s = (*o)["loss_scale"];
-                  const bool well_formed = s.is_object() && s.contains("scale") && s["scale"].is_number() &&
-                                           s.contains("good_steps") && s["good_steps"].is_number_integer() &&
-                                           s.contains("dynamic") && s["dynamic"].is_boolean() &&
-                                           s.contains("initial_scale") && s["initial_scale"].is_number() &&
-                                           s.contains("dynamic_growth_steps") && s["dynamic_growth_steps"].is_number_integer();
+                  // The settings may be missing (Keras's then).
+                  const bool well_formed =
+                      s.is_object() && s.contains("scale") && s["scale"].is_number() && s.contains("good_steps") &&
+                      s["good_steps"].is_number_integer() && (!s.contains("dynamic") || s["dynamic"].is_boolean()) &&
+                      (!s.contains("initial_scale") || s["initial_scale"].is_number()) &&
+                      (!s.contains("dynamic_growth_steps") || s["dynamic_growth_steps"].is_number_integer());
                   if (!well_formed)
                     DTRAIN_THROW(IoError, path, ": optimizer '", name, "' has a malformed loss_scale: ", s.dump());
                   const float scale = s["scale"].get<float>();
                   const auto good = s["good_steps"].get<std::int64_t>();
-                  const optim::LossScale settings{s["dynamic"].get<bool>(), s["initial_scale"].get<float>(),
-                                                  s["dynamic_growth_steps"].get<std::int64_t>()};
+                  const optim::LossScale keras;
+                  const optim::LossScale settings{s.value("dynamic", keras.dynamic), s.value("initial_scale", keras.initial_scale),
+                                                  s.value("dynamic_growth_steps", keras.dynamic_growth_steps)};
                   if (!(scale >= 1.0f) || !std::isfinite(scale) || good < 0 || !(settings.initial_scale >= 1.0f) ||
                       !std::isfinite(settings.initial_scale) || settings.dynamic_growth_steps < 1)
                     DTRAIN_THROW(IoError, path, ": optimizer '", name, "' has a loss scale of ", scale, " after ", good,

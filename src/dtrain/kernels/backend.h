@@ -309,11 +309,14 @@ class Backend {
   virtual bool take_deferred_non_finite() { return false; }
   // Waits for the work queued on the backend's device (nothing to wait for on the CPU).
   virtual void synchronize() {}
-  // For the trace: while on, a GPU backend times each kernel it queues (KernelTimeline),
-  // and take_kernel_spans() gives the kernels queued since its last call, timed from
-  // `since` (a DeviceRuntime::record_timed event queued before them). The CPU has none.
+  // For the trace: while on, a GPU backend times each kernel it queues (KernelTimeline);
+  // off, it forgets what it timed and not taken. take_kernel_spans() gives the kernels
+  // queued since its last call, timed from `since` (a DeviceRuntime::record_timed event);
+  // kernel_marks() counts the marks made since then. The CPU has none. Kernels queued on
+  // the device by another thread meanwhile are timed with them.
   virtual void trace_kernels(bool /*on*/) {}
   virtual void take_kernel_spans(const DeviceEvent& /*since*/, std::vector<KernelSpan>& out) { out.clear(); }
+  virtual std::size_t kernel_marks() { return 0; }
 };
 
 // The backend that runs tensors on `device`. Throws InvalidArgument naming what was found

@@ -78,12 +78,17 @@ class ResetLearningRateScale {
 // made at the first step and recorded again at each.
 class GpuPhaseClock {
  public:
-  // The step's first phase starts (the host's clock `now`); nothing on the CPU.
-  void start(Device device, profile::Phase phase, Clock::time_point now) {
-    if (!(device == device_)) marks_.clear();  // events belong to their device
+  // The step's first phase starts (the host's clock `now`); nothing on the CPU. A traced
+  // step (`trace_kernels`) times its kernels from here to its finish().
+  void start(Device device, profile::Phase phase, Clock::time_point now, bool trace_kernels) {
+    if (!(device == device_)) {
+      time_kernels(false);  // on the device before, if it was
+      marks_.clear();       // events belong to their device
+    }
     used_ = 0;
     device_ = device;
     if (device.is_cpu()) return;
+    time_kernels(trace_kernels);
     anchor_ = now;
     mark(phase);
   }
@@ -94,9 +99,12 @@ class GpuPhaseClock {
     Mark& m = marks_[used_++];
     m.phase = phase;
     m.event = device_runtime(device_.type)->record_timed(device_.index, m.event);
+    // Which kernels the phase queued, by their order: times alone could put a kernel that
+    // starts as its phase does in the phase before.
+    m.kernel_mark = timing_kernels_ ? kernels::backend(device_).kernel_marks() : 0;
   }
-  // Once the step's work has run: each phase's GPU time into `track`, and, while the trace
-  // times kernels, each kernel into the trace within its phase.
+  // Once the step's work has run: each phase's GPU time into `track`, and, while kernels
+  // are timed, each kernel into the trace inside the phase that queued it.
   void finish(profile::Track& track) {
     if (device_.is_cpu() || used_ < 2) return;
     DeviceRuntime& runtime = *device_runtime(device_.type);
@@ -104,15 +112,15 @@ class GpuPhaseClock {
     for (std::size_t i = 0; i + 1 < used_; ++i) {
       const double s = runtime.seconds_between(device_.index, marks_[i].event, marks_[i + 1].event);
       track.add(marks_[i].phase, anchor_ + clock_seconds(at), anchor_ + clock_seconds(at + s));
-      marks_[i].ends = at + s;
       at += s;
     }
-    if (track.tracing()) {
+    if (timing_kernels_) {
       kernels::backend(device_).take_kernel_spans(marks_[0].event, spans_);
       std::size_t phase = 0;
       for (const kernels::KernelSpan& k : spans_) {
-        if (k.begin < 0 || k.begin >= at) continue;  // queued outside the step's phases (metrics)
-        while (phase + 2 < used_ && k.begin >= marks_[phase].ends) ++phase;
+        // Queued before the step's first mark or after its last (the loss's read): no phase's.
+        if (k.mark < marks_[0].kernel_mark || k.mark >= marks_[used_ - 1].kernel_mark) continue;
+        while (phase + 2 < used_ && k.mark >= marks_[phase + 1].kernel_mark) ++phase;
         track.add_to_trace(marks_[phase].phase, anchor_ + clock_seconds(k.begin), anchor_ + clock_seconds(k.end), k.name);
       }
     }
@@ -129,14 +137,14 @@ class GpuPhaseClock {
   struct Mark {
     profile::Phase phase = profile::Phase::forward;
     DeviceEvent event;
-    double ends = 0;  // where the phase ended, in seconds after the first mark
+    std::size_t kernel_mark = 0;  // the kernel timeline's marks made before this one
   };
   Device device_;
-  bool timing_kernels_ = false;
-  std::vector<kernels::KernelSpan> spans_;  // kept: no allocation per step
   Clock::time_point anchor_{};
   std::vector<Mark> marks_;  // kept across steps, with their events
   std::size_t used_ = 0;     // this step's marks
+  bool timing_kernels_ = false;
+  std::vector<kernels::KernelSpan> spans_;  // kept: no allocation per step
 };
 
 }  // namespace detail
@@ -196,8 +204,7 @@ class Model::Trainer {
       loop.add(profile::Phase::to_device, start, copied);
       start = copied;
     }
-    gpu_clock_.start(device, profile::Phase::forward, start);
-    gpu_clock_.time_kernels(loop.tracing());
+    gpu_clock_.start(device, profile::Phase::forward, start, loop.tracing());
     GradientTape tape;
     const std::vector<Tensor> y_pred = model_(on_device_.x, /*training=*/true, &output_masks_);
     Tensor loss = with_penalties(model_.compute_loss(on_device_.y, y_pred, &output_losses_, output_masks_), 1.0f);
@@ -246,6 +253,7 @@ class Model::Trainer {
       loop.add(profile::Phase::device_wait, optimizer_end, metrics_start);
       if (!gpu_track_) gpu_track_ = &profiler_.add_track(device.to_string() + " compute stream", profile::TrackKind::device);
       gpu_clock_.finish(*gpu_track_);
+      gpu_clock_.time_kernels(false);
     }
     const double rows = static_cast<double>(batch.rows());
     loss_mean.update_state(loss_value, rows);

@@ -133,16 +133,26 @@ CudaBackend::~CudaBackend() {
 cuda::Launch CudaBackend::launch() {
   report_faults();
   detail::cuda_runtime().use(index_);
-  if (launch_.timeline) launch_.timeline->start_primitive();
-  return launch_;
+  cuda::Launch l = launch_;
+  l.timeline = timing_.load(std::memory_order_acquire);
+  if (l.timeline) l.timeline->start_primitive();
+  return l;
 }
 
 void CudaBackend::trace_kernels(bool on) {
+  std::lock_guard lock(timeline_mutex_);
   if (on && !timeline_) timeline_ = std::make_unique<KernelTimeline>(device());
-  launch_.timeline = on ? timeline_.get() : nullptr;
+  timing_.store(on ? timeline_.get() : nullptr, std::memory_order_release);
+  if (!on && timeline_) timeline_->clear();
+}
+
+std::size_t CudaBackend::kernel_marks() {
+  KernelTimeline* t = timing_.load(std::memory_order_acquire);
+  return t ? t->count() : 0;
 }
 
 void CudaBackend::take_kernel_spans(const DeviceEvent& since, std::vector<KernelSpan>& out) {
+  std::lock_guard lock(timeline_mutex_);
   if (!timeline_) {
     out.clear();
     return;
@@ -151,7 +161,7 @@ void CudaBackend::take_kernel_spans(const DeviceEvent& since, std::vector<Kernel
 }
 
 void CudaBackend::library_call_ended(const char* call) {
-  if (launch_.timeline) launch_.timeline->end_kernel(call);
+  if (KernelTimeline* t = timing_.load(std::memory_order_acquire)) t->end_kernel(call);
 }
 
 void CudaBackend::report_faults() {

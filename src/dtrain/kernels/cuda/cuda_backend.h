@@ -4,6 +4,7 @@
 // reduced and pooled, all queued on the device's compute stream. Only built with DTRAIN_CUDA.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 
@@ -50,6 +51,7 @@ class CudaBackend final : public Backend {
   void synchronize() override;
   void trace_kernels(bool on) override;
   void take_kernel_spans(const DeviceEvent& since, std::vector<KernelSpan>& out) override;
+  std::size_t kernel_marks() override;
   void conv2d(const Tensor& x, const Tensor& kernel, Tensor& y, const Conv2dOptions& options) override;
   void conv2d_backward_data(const Tensor& dy, const Tensor& kernel, Tensor& dx, const Conv2dOptions& options) override;
   void conv2d_backward_weights(const Tensor& x, const Tensor& dy, Tensor& dkernel, Tensor* dbias,
@@ -110,8 +112,10 @@ class CudaBackend final : public Backend {
   Flags* device_flags_ = nullptr; // the kernels' view of the same memory
   struct Blas;                    // cuBLASLt handle, workspace and chosen algorithms
   std::unique_ptr<Blas> blas_;
-  std::unique_ptr<KernelTimeline> timeline_;
-  std::mutex finite_mutex_;  // all_finite's flag, one caller at a time  // made when the trace first times kernels
+  std::mutex finite_mutex_;  // all_finite's flag, one caller at a time
+  std::mutex timeline_mutex_;
+  std::unique_ptr<KernelTimeline> timeline_;      // made when the trace first times kernels
+  std::atomic<KernelTimeline*> timing_{nullptr};  // timeline_ while kernels are timed, else null
   struct DnnDeleter {
     void operator()(Dnn* d) const;
   };
