@@ -139,27 +139,18 @@ TEST_P(Conformance, MatmulAccumulatesAndWritesColumnBlocks) {
   expect_near(c.to_vector(), want, 2e-5, 1e-4, "matmul accumulated into columns [5, 19)");
 }
 
-// bfloat16 operands: exact products of the rounded values, summed in float32; the reference
-// rounds the inputs the same way, so only the summation differs.
-TEST_P(Conformance, MatmulInBfloat16RoundsTheOperandsOnly) {
+// bfloat16 and float16 operands: exact products of the rounded values, summed in float32;
+// the reference rounds the inputs the same way, so only the summation differs.
+TEST_P(Conformance, MatmulIn16BitsRoundsTheOperandsOnly) {
   const std::int64_t M = 31, K = 257, N = 19;
   const Tensor a = random_tensor({M, K}, 7), b = random_tensor({K, N}, 8);
-  const Tensor a16 = a.astype(DType::bf16), b16 = b.astype(DType::bf16);
-  Tensor c = out({M, N});
-  be().matmul(on(a16), on(b16), c, {});
-  expect_near(c.to_vector(), matmul_reference(a16.astype(DType::f32), b16.astype(DType::f32), {}, M, K, N), 1e-5,
-              1e-4, "bf16 matmul");
-}
-
-// float16 operands: products of two float16 values are exact in float32, as bfloat16's are.
-TEST_P(Conformance, MatmulInFloat16RoundsTheOperandsOnly) {
-  const std::int64_t M = 29, K = 129, N = 33;
-  const Tensor a = random_tensor({M, K}, 9), b = random_tensor({K, N}, 10);
-  const Tensor a16 = a.astype(DType::f16), b16 = b.astype(DType::f16);
-  Tensor c = out({M, N});
-  be().matmul(on(a16), on(b16), c, {});
-  expect_near(c.to_vector(), matmul_reference(a16.astype(DType::f32), b16.astype(DType::f32), {}, M, K, N), 1e-5,
-              1e-4, "float16 matmul");
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    const Tensor a16 = a.astype(dtype), b16 = b.astype(dtype);
+    Tensor c = out({M, N});
+    be().matmul(on(a16), on(b16), c, {});
+    expect_near(c.to_vector(), matmul_reference(a16.astype(DType::f32), b16.astype(DType::f32), {}, M, K, N), 1e-5,
+                1e-4, std::string(dtype_name(dtype)) + " matmul");
+  }
 }
 
 // ---- element-wise

@@ -670,18 +670,12 @@ Tensor parse_tensor(std::string_view bytes, DType out_type) {
         out.data<std::uint8_t>()[i] = has_content ? static_cast<std::uint8_t>(content[i])
                                                   : static_cast<std::uint8_t>(values == 0 ? 0 : ints[j]);
         break;
-      case DType::bf16: {
+      case DType::bf16:
+      case DType::f16: {  // 16-bit patterns: TensorFlow's half_val holds them as ints
         std::uint16_t bits;
         if (has_content) std::memcpy(&bits, content.data() + 2 * i, 2);
         else bits = static_cast<std::uint16_t>(values == 0 ? 0 : ints[j]);
-        out.data<bfloat16>()[i].bits = bits;
-        break;
-      }
-      case DType::f16: {
-        std::uint16_t bits;
-        if (has_content) std::memcpy(&bits, content.data() + 2 * i, 2);
-        else bits = static_cast<std::uint16_t>(values == 0 ? 0 : ints[j]);
-        out.data<float16>()[i].bits = bits;
+        static_cast<std::uint16_t*>(out.raw_data())[i] = bits;
         break;
       }
     }

@@ -84,10 +84,11 @@ void Optimizer::apply_unscaled_gradients(std::span<const Tensor> grads, std::spa
 bool Optimizer::check_loss_scale(std::span<const Tensor> grads) {
   // One pass (one wait, on a GPU) for each device the gradients are on: usually one.
   bool finite = true;
-  std::vector<Device> devices;
+  check_devices_.clear();
   for (const Tensor& g : grads)
-    if (g.defined() && std::find(devices.begin(), devices.end(), g.device()) == devices.end()) devices.push_back(g.device());
-  for (const Device& d : devices) {
+    if (g.defined() && std::find(check_devices_.begin(), check_devices_.end(), g.device()) == check_devices_.end())
+      check_devices_.push_back(g.device());
+  for (const Device& d : check_devices_) {
     check_list_.clear();
     for (const Tensor& g : grads)
       if (g.defined() && g.device() == d) check_list_.push_back(&g);

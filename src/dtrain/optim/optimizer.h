@@ -147,6 +147,7 @@ class Optimizer {
   bool skipped_ = false;
   std::int64_t skipped_updates_ = 0;
   std::vector<const Tensor*> check_list_;  // the gradients all_finite() reads (kept)
+  std::vector<Device> check_devices_;     // the devices they are on (kept)
   float learning_rate_scale_ = 1.0f;
   OptimizerOptions options_;
   std::int64_t iterations_ = 0;
