@@ -1,7 +1,6 @@
 // Checkpoint: gathering the tracked objects' state into one file and putting it back.
 #include "dtrain/checkpoint/checkpoint.h"
 
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -399,10 +398,11 @@ RestoreStatus Checkpoint::restore_from(const NamedTensors& data, const std::stri
                   const optim::LossScale keras;
                   const optim::LossScale settings{s.value("dynamic", keras.dynamic), s.value("initial_scale", keras.initial_scale),
                                                   s.value("dynamic_growth_steps", keras.dynamic_growth_steps)};
-                  if (!(scale >= 1.0f) || !std::isfinite(scale) || good < 0 || !(settings.initial_scale >= 1.0f) ||
-                      !std::isfinite(settings.initial_scale) || settings.dynamic_growth_steps < 1)
-                    DTRAIN_THROW(IoError, path, ": optimizer '", name, "' has a loss scale of ", scale, " after ", good,
-                                 " good steps (settings ", s.dump(), "), which no LossScaleOptimizer reaches");
+                  try {
+                    optim::check_loss_scale(settings, scale, good);
+                  } catch (const InvalidArgument& e) {
+                    DTRAIN_THROW(IoError, path, ": optimizer '", name, "': ", e.what());
+                  }
                   apply.push_back([opt, scale, good, settings] {
                     if (!opt->loss_scale_options()) opt->set_loss_scale(settings);
                     opt->set_loss_scale_state(scale, good);

@@ -14,9 +14,10 @@
 
 namespace dtrain {
 
-// New types go at the end (and readers of files check against the last): the values are
-// written in files.
+// New types go at the end, and kLastDType with them: the values are written in files,
+// whose readers refuse any past it.
 enum class DType : std::uint8_t { f32, bf16, i32, u8, string, f16 };
+inline constexpr DType kLastDType = DType::f16;
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {

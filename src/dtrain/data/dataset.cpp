@@ -149,7 +149,7 @@ std::uint64_t ByteReader::u64() {
 Tensor ByteReader::tensor() {
   const std::size_t at = pos;
   const std::uint64_t dtype = u64(), rank = u64();
-  if (dtype > static_cast<std::uint64_t>(DType::f16) || rank > static_cast<std::uint64_t>(Shape::kMaxRank))
+  if (dtype > static_cast<std::uint64_t>(kLastDType) || rank > static_cast<std::uint64_t>(Shape::kMaxRank))
     DTRAIN_THROW(IoError, what, ": corrupt tensor header at byte ", at);
   // The extents come from the bytes: their product (of the non-zero ones too, which a
   // Shape must hold) is checked for overflow and against the bytes left before the tensor

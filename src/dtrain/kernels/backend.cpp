@@ -24,36 +24,34 @@ std::atomic<bool>& tf32() {
   return enabled;
 }
 
+// Each item updated in turn by `update(item, p)`, p with the item's gradient scale.
+template <typename Params, typename Fn>
+bool each_item(std::span<const UpdateItem> items, const Params& p, Fn update) {
+  bool finite = true;
+  for (const UpdateItem& item : items) {
+    Params one = p;
+    one.gradient_scale = item.gradient_scale;
+    finite &= update(item, one);
+  }
+  return finite;
+}
+
 }  // namespace
 
 bool Backend::sgd_update_many(std::span<const UpdateItem> items, const SgdUpdate& p) {
-  bool finite = true;
-  for (const UpdateItem& item : items) {
-    SgdUpdate one = p;
-    one.gradient_scale = item.gradient_scale;
-    finite &= sgd_update(*item.w, *item.g, item.slot0, one);
-  }
-  return finite;
+  return each_item(items, p, [&](const UpdateItem& i, const SgdUpdate& one) { return sgd_update(*i.w, *i.g, i.slot0, one); });
 }
 
 bool Backend::adam_update_many(std::span<const UpdateItem> items, const AdamUpdate& p) {
-  bool finite = true;
-  for (const UpdateItem& item : items) {
-    AdamUpdate one = p;
-    one.gradient_scale = item.gradient_scale;
-    finite &= adam_update(*item.w, *item.g, *item.slot0, *item.slot1, one);
-  }
-  return finite;
+  return each_item(items, p, [&](const UpdateItem& i, const AdamUpdate& one) {
+    return adam_update(*i.w, *i.g, *i.slot0, *i.slot1, one);
+  });
 }
 
 bool Backend::rmsprop_update_many(std::span<const UpdateItem> items, const RmspropUpdate& p) {
-  bool finite = true;
-  for (const UpdateItem& item : items) {
-    RmspropUpdate one = p;
-    one.gradient_scale = item.gradient_scale;
-    finite &= rmsprop_update(*item.w, *item.g, *item.slot0, item.slot1, item.slot2, one);
-  }
-  return finite;
+  return each_item(items, p, [&](const UpdateItem& i, const RmspropUpdate& one) {
+    return rmsprop_update(*i.w, *i.g, *i.slot0, i.slot1, i.slot2, one);
+  });
 }
 
 Backend& backend(Device device) {

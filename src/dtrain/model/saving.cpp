@@ -3,7 +3,6 @@
 #include "dtrain/model/saving.h"
 
 #include <charconv>
-#include <cmath>
 #include <exception>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -134,8 +133,13 @@ std::set<std::string> restore_compile(const std::string& path, const NamedTensor
     std::istringstream in(ls->second);
     double scale = 0;
     std::int64_t good = -1;
-    if (!(in >> scale >> good) || !(scale >= 1.0) || !std::isfinite(scale) || good < 0)
+    if (!(in >> scale >> good))
       DTRAIN_THROW(IoError, path, ": ", kLossScaleKey, " is '", ls->second, "', not a loss scale and its good steps");
+    try {
+      optim::check_loss_scale(*optimizer->loss_scale_options(), static_cast<float>(scale), good);
+    } catch (const InvalidArgument& e) {
+      DTRAIN_THROW(IoError, path, ": ", kLossScaleKey, ": ", e.what());
+    }
     optimizer->set_loss_scale_state(static_cast<float>(scale), good);
   }
 

@@ -45,14 +45,25 @@ thread_local detail::GradientSink* gradient_sink = nullptr;
 
 detail::ScopedGradientSink::ScopedGradientSink(GradientSink* sink) : ScopedAssign(gradient_sink, sink) {}
 
+void check_loss_scale(const LossScale& settings, float scale, std::int64_t good_steps) {
+  if (!(settings.initial_scale >= 1.0f) || !std::isfinite(settings.initial_scale))
+    DTRAIN_THROW(InvalidArgument, "the loss scale's initial_scale must be a finite number >= 1, got ",
+                 settings.initial_scale);
+  if (settings.dynamic_growth_steps < 1)
+    DTRAIN_THROW(InvalidArgument, "the loss scale's dynamic_growth_steps must be >= 1, got ",
+                 settings.dynamic_growth_steps);
+  if (!(scale >= 1.0f) || !std::isfinite(scale) || good_steps < 0)
+    DTRAIN_THROW(InvalidArgument, "a loss scale of ", scale, " after ", good_steps,
+                 " good steps is not one a LossScaleOptimizer reaches");
+}
+
 void Optimizer::set_loss_scale(std::optional<LossScale> options) {
   if (options) {
-    if (!(options->initial_scale >= 1.0f) || !std::isfinite(options->initial_scale))
-      DTRAIN_THROW(InvalidArgument, name_, ": the loss scale's initial_scale must be a finite number >= 1, got ",
-                   options->initial_scale);
-    if (options->dynamic_growth_steps < 1)
-      DTRAIN_THROW(InvalidArgument, name_, ": the loss scale's dynamic_growth_steps must be >= 1, got ",
-                   options->dynamic_growth_steps);
+    try {
+      check_loss_scale(*options, options->initial_scale, 0);
+    } catch (const InvalidArgument& e) {
+      DTRAIN_THROW(InvalidArgument, name_, ": ", e.what());
+    }
   }
   loss_scale_options_ = options;
   loss_scale_ = options ? options->initial_scale : 1.0f;
@@ -62,9 +73,11 @@ void Optimizer::set_loss_scale(std::optional<LossScale> options) {
 
 void Optimizer::set_loss_scale_state(float scale, std::int64_t good_steps) {
   if (!loss_scale_options_) DTRAIN_THROW(InvalidArgument, name_, ": has no loss scale to set");
-  if (!(scale >= 1.0f) || !std::isfinite(scale) || good_steps < 0)
-    DTRAIN_THROW(InvalidArgument, name_, ": a loss scale of ", scale, " after ", good_steps,
-                 " good steps is not one a LossScaleOptimizer reaches");
+  try {
+    check_loss_scale(*loss_scale_options_, scale, good_steps);
+  } catch (const InvalidArgument& e) {
+    DTRAIN_THROW(InvalidArgument, name_, ": ", e.what());
+  }
   loss_scale_ = scale;
   good_steps_ = good_steps;
 }
@@ -81,7 +94,7 @@ void Optimizer::apply_unscaled_gradients(std::span<const Tensor> grads, std::spa
   apply(grads, vars, 1.0f, loss_scale_options_.has_value());
 }
 
-bool Optimizer::check_loss_scale(std::span<const Tensor> grads) {
+bool Optimizer::update_loss_scale(std::span<const Tensor> grads) {
   // One pass (one wait, on a GPU) for each device the gradients are on: usually one.
   bool finite = true;
   check_devices_.clear();
@@ -143,7 +156,7 @@ void Optimizer::apply(std::span<const Tensor> grads, std::span<Variable* const> 
                    vars[i]->value_device().to_string());
   }
   // A loss scale's skipped step changes nothing, the iteration count included.
-  if (checked && loss_scale_options_->dynamic && !check_loss_scale(grads)) return;
+  if (checked && loss_scale_options_->dynamic && !update_loss_scale(grads)) return;
   // Norms cost a pass over every gradient, so they are computed only when clipping needs them.
   if (options_.clipnorm || options_.global_clipnorm) {
     norms_.assign(vars.size(), 0.0);  // the member keeps its capacity: no allocation per step

@@ -40,6 +40,11 @@ struct LossScale {
   std::int64_t dynamic_growth_steps = 2000;
 };
 
+// Throws InvalidArgument naming what is wrong where `settings`, or the state (scale, good
+// steps) a LossScale reaches, could not be: the one check of set_loss_scale(),
+// set_loss_scale_state() and the readers of saved ones.
+void check_loss_scale(const LossScale& settings, float scale, std::int64_t good_steps);
+
 class Optimizer {
  public:
   Optimizer(std::string name, std::shared_ptr<LearningRateSchedule> learning_rate, OptimizerOptions options);
@@ -137,7 +142,7 @@ class Optimizer {
   // after the loss scale's check where `checked`.
   void apply(std::span<const Tensor> grads, std::span<Variable* const> vars, float factor, bool checked);
   // Under dynamic loss scaling: whether the gradients are all finite, the scale moved on.
-  bool check_loss_scale(std::span<const Tensor> grads);
+  bool update_loss_scale(std::span<const Tensor> grads);
 
   std::string name_;
   std::shared_ptr<LearningRateSchedule> learning_rate_;

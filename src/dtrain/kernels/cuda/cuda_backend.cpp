@@ -55,6 +55,22 @@ namespace {
 
 math::UnaryOp math_op(Unary op) { return static_cast<math::UnaryOp>(op); }
 
+// Tensors 0 to count - 1 in groups of at most kManyTensors, each handed to `launch` as one
+// ManyTensors: fill(i, t, k) puts tensor i's pointers in t's place k and returns its size.
+template <typename Fill, typename Fn>
+void in_groups(std::size_t count, Fill fill, Fn launch) {
+  for (std::size_t first = 0; first < count; first += cuda::kManyTensors) {
+    cuda::ManyTensors t{};
+    std::int64_t end = 0;
+    for (std::size_t i = first; i < std::min(count, first + cuda::kManyTensors); ++i) {
+      const int k = t.count++;
+      end += fill(i, t, k);
+      t.ends[k] = end;
+    }
+    launch(t);
+  }
+}
+
 // The largest power of two (up to 256) that divides the address: what cuBLASLt's kernels
 // may assume of an operand's alignment.
 std::uint32_t alignment_of(const void* p) {
@@ -442,18 +458,13 @@ bool CudaBackend::all_finite(std::span<const Tensor* const> tensors) {
   volatile int& flag = flags_->gradient_non_finite;
   flag = 0;
   const cuda::Launch l = launch();
-  for (std::size_t first = 0; first < tensors.size(); first += cuda::kManyTensors) {
-    cuda::ManyTensors t{};
-    std::int64_t end = 0;
-    for (std::size_t i = first; i < std::min(tensors.size(), first + cuda::kManyTensors); ++i) {
-      if (tensors[i]->numel() == 0) continue;
-      const int k = t.count++;
-      t.g[k] = tensors[i]->device_data<float>();
-      end += tensors[i]->numel();
-      t.ends[k] = end;
-    }
-    cuda::find_non_finite_many(l, t, &device_flags_->gradient_non_finite);
-  }
+  in_groups(
+      tensors.size(),
+      [&](std::size_t i, cuda::ManyTensors& t, int k) {
+        t.g[k] = tensors[i]->device_data<float>();
+        return tensors[i]->numel();
+      },
+      [&](const cuda::ManyTensors& t) { cuda::find_non_finite_many(l, t, &device_flags_->gradient_non_finite); });
   synchronize();
   return flag == 0;
 }
@@ -518,26 +529,22 @@ bool CudaBackend::adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, 
 
 namespace {
 
-// The items in groups of at most kManyTensors, each handed to `launch` as one ManyTensors.
+// The update items in groups of at most kManyTensors, each handed to `launch` as one ManyTensors.
 template <typename Fn>
 void in_groups(std::span<const UpdateItem> items, Fn launch) {
-  for (std::size_t first = 0; first < items.size(); first += cuda::kManyTensors) {
-    cuda::ManyTensors t{};
-    std::int64_t end = 0;
-    for (std::size_t i = first; i < std::min(items.size(), first + cuda::kManyTensors); ++i) {
-      const UpdateItem& item = items[i];
-      const int k = t.count++;
-      t.w[k] = item.w->device_data<float>();
-      t.g[k] = item.g->device_data<float>();
-      t.slot0[k] = item.slot0 ? item.slot0->device_data<float>() : nullptr;
-      t.slot1[k] = item.slot1 ? item.slot1->device_data<float>() : nullptr;
-      t.slot2[k] = item.slot2 ? item.slot2->device_data<float>() : nullptr;
-      t.gradient_scale[k] = item.gradient_scale;
-      end += item.w->numel();
-      t.ends[k] = end;
-    }
-    launch(t);
-  }
+  in_groups(
+      items.size(),
+      [&](std::size_t i, cuda::ManyTensors& t, int k) {
+        const UpdateItem& item = items[i];
+        t.w[k] = item.w->device_data<float>();
+        t.g[k] = item.g->device_data<float>();
+        t.slot0[k] = item.slot0 ? item.slot0->device_data<float>() : nullptr;
+        t.slot1[k] = item.slot1 ? item.slot1->device_data<float>() : nullptr;
+        t.slot2[k] = item.slot2 ? item.slot2->device_data<float>() : nullptr;
+        t.gradient_scale[k] = item.gradient_scale;
+        return item.w->numel();
+      },
+      launch);
 }
 
 }  // namespace
