@@ -9,7 +9,7 @@ function(dtrain_layer name)
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/src>
     $<INSTALL_INTERFACE:include>)
   target_link_libraries(dtrain_${name} PUBLIC ${L_DEPS})
-  target_compile_options(dtrain_${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${DTRAIN_WARNING_FLAGS}>)
+  target_compile_options(dtrain_${name} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${DTRAIN_WARNING_FLAGS} ${DTRAIN_LIBRARY_FLAGS}>)
   set_target_properties(dtrain_${name} PROPERTIES EXPORT_NAME ${name})
   set_property(GLOBAL APPEND PROPERTY DTRAIN_LAYER_TARGETS dtrain_${name})
 endfunction()
