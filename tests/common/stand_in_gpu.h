@@ -12,7 +12,9 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "dtrain/core/block_cache.h"
 #include "dtrain/core/clock.h"
@@ -61,9 +63,26 @@ class StandInRuntime final : public DeviceRuntime {
   // Its work is done when queued: nothing to record or wait for.
   DeviceEvent record(int) override { return nullptr; }
   DeviceEvent copy_beside(int, void* dst, const void* src, std::size_t bytes, const DeviceEvent&) override {
+    const Clock::time_point start = Clock::now();
     if (bytes) std::memmove(dst, src, bytes);
     ++copies_beside_;
+    std::lock_guard lock(copies_mutex_);
+    if (timing_copies_) copy_spans_.push_back({start, Clock::now()});
     return nullptr;
+  }
+  void trace_copies(int, bool on) override {
+    std::lock_guard lock(copies_mutex_);
+    timing_copies_ = on;
+    if (!on) copy_spans_.clear();
+  }
+  void take_copy_spans(int, std::vector<CopySpan>& out) override {
+    std::lock_guard lock(copies_mutex_);
+    out.assign(copy_spans_.begin(), copy_spans_.end());
+    copy_spans_.clear();
+  }
+  bool timing_copies() {
+    std::lock_guard lock(copies_mutex_);
+    return timing_copies_;
   }
   void wait(int, const DeviceEvent&) override {}
   // Its kernels run as they are queued: the device's time is the host's.
@@ -91,6 +110,9 @@ class StandInRuntime final : public DeviceRuntime {
   std::function<void()> before_timed_;
   // Atomic: a prefetching thread copies while the test's thread trains.
   std::atomic<std::uint64_t> waits_{0}, copies_beside_{0};
+  std::mutex copies_mutex_;
+  bool timing_copies_ = false;
+  std::vector<CopySpan> copy_spans_;
   BlockCache cache_;
 };
 
@@ -169,16 +191,33 @@ class StandInBackend final : public kernels::Backend {
     end_primitive();
     timeline_->take(since, out);
   }
+  // As a GPU's: the answer is a host wait.
   bool all_finite(std::span<const Tensor* const> tensors) override {
-    std::vector<Tensor> hosts;
-    for (const Tensor* t : tensors) {
-      check({t});
-      hosts.push_back(host(*t));
-    }
-    std::vector<const Tensor*> pointers;
-    for (const Tensor& h : hosts) pointers.push_back(&h);
-    return cpu().all_finite(pointers);
+    if (runtime_) runtime_->synchronize(0);
+    return finite(tensors);
   }
+  // Also as a GPU's: no wait, and the many-variable updates after a failed check skip
+  // themselves.
+  bool begin_finite_check(std::span<const Tensor* const> tensors) override {
+    check_failed_ = !finite(tensors);
+    checking_ = true;
+    return true;
+  }
+  bool finite_check_passed() override {
+    if (!std::exchange(checking_, false)) return true;
+    return !std::exchange(check_failed_, false);
+  }
+  bool sgd_update_many(std::span<const kernels::UpdateItem> items, const kernels::SgdUpdate& p) override {
+    return skipping() || Backend::sgd_update_many(items, p);
+  }
+  bool adam_update_many(std::span<const kernels::UpdateItem> items, const kernels::AdamUpdate& p) override {
+    return skipping() || Backend::adam_update_many(items, p);
+  }
+  bool rmsprop_update_many(std::span<const kernels::UpdateItem> items, const kernels::RmspropUpdate& p) override {
+    return skipping() || Backend::rmsprop_update_many(items, p);
+  }
+  // Host waits are counted on `runtime` (the stand-in's).
+  void count_waits_on(StandInRuntime* runtime) { runtime_ = runtime; }
   double sum_squares(const Tensor& x) override {
     check({&x});
     return cpu().sum_squares(host(x));
@@ -334,6 +373,17 @@ class StandInBackend final : public kernels::Backend {
 
  private:
   static kernels::CpuBackend& cpu() { return kernels::cpu_backend(); }
+  bool finite(std::span<const Tensor* const> tensors) {
+    std::vector<Tensor> hosts;
+    for (const Tensor* t : tensors) {
+      check({t});
+      hosts.push_back(host(*t));
+    }
+    std::vector<const Tensor*> pointers;
+    for (const Tensor& h : hosts) pointers.push_back(&h);
+    return cpu().all_finite(pointers);
+  }
+  bool skipping() const { return checking_ && check_failed_; }
   // A CPU view of a stand-in tensor's memory (undefined stays undefined).
   static Tensor host(const Tensor& t) {
     if (!t.defined()) return t;
@@ -362,6 +412,8 @@ class StandInBackend final : public kernels::Backend {
 
  private:
   bool deferred_bad_ = false;
+  bool checking_ = false, check_failed_ = false;  // begin_finite_check's
+  StandInRuntime* runtime_ = nullptr;
   bool tracing_ = false;
   mutable bool primitive_open_ = false;
   std::unique_ptr<kernels::KernelTimeline> timeline_;
@@ -381,6 +433,7 @@ class GpuForTests {
     runtime_ = std::make_unique<StandInRuntime>();
     backend_ = std::make_unique<StandInBackend>();
     runtime_->before_timed_marks([b = backend_.get()] { b->end_primitive(); });
+    backend_->count_waits_on(runtime_.get());
     set_device_runtime(DeviceType::cuda, runtime_.get());
     kernels::set_backend(Device::cuda(0), backend_.get());
   }

@@ -279,7 +279,9 @@ TEST_F(Gpu, FitFromADatasetOnTheGpuPrefetchesToTheDevice) {
 // A trace of a GPU run has each kernel the step queued (on the stand-in, each primitive) on
 // the compute stream's row, inside the phase (forward, backward, optimizer) that queued it.
 // Kernels are timed in the traced steps only: not in validation, nor after fit.
-TEST_F(Gpu, TheTraceHasEachKernelInsideItsPhase) {
+// The input pipeline's copies (fit's arrays are staged a batch ahead on the transfer
+// stream) are a row of their own.
+TEST_F(Gpu, TheTraceHasEachKernelInsideItsPhaseAndEachCopyOnItsRow) {
   const data::Split d = data::make_synthetic(256, 10, 4, 5, data::SyntheticLabels::teacher);
   auto model = mlp();
   const std::string path = (dir_ / "trace.json").string();
@@ -292,13 +294,29 @@ TEST_F(Gpu, TheTraceHasEachKernelInsideItsPhase) {
   }
   if (gpu_.stand_in()) {
     EXPECT_FALSE(gpu_.stand_in_backend()->timing_kernels());
+    EXPECT_FALSE(gpu_.stand_in_runtime()->timing_copies());
   }
   std::ifstream in(path);
   const nlohmann::json trace = nlohmann::json::parse(in);
-  int stream = -1;
+  int stream = -1, transfers = -1;
   for (const auto& e : trace["traceEvents"])
-    if (e["ph"] == "M" && e["name"] == "thread_name" && e["args"]["name"] == "cuda:0 compute stream") stream = e["tid"];
+    if (e["ph"] == "M" && e["name"] == "thread_name") {
+      if (e["args"]["name"] == "cuda:0 compute stream") stream = e["tid"];
+      if (e["args"]["name"] == "cuda:0 transfer stream") transfers = e["tid"];
+    }
   ASSERT_GE(stream, 0) << "no compute stream row";
+  ASSERT_GE(transfers, 0) << "no transfer stream row";
+  // Batches 3 and 4 (x and y each) were drawn after the first traced step started (batch 2
+  // may have been copied before it, as batch 1 was).
+  int copies = 0;
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "X" && e["tid"] == transfers) {
+      EXPECT_EQ(e["name"], "host-to-device copy");
+      EXPECT_EQ(e["cat"], "to device");
+      EXPECT_GE(e["dur"].get<double>(), 0.0);
+      ++copies;
+    }
+  EXPECT_GE(copies, 4);
   std::vector<nlohmann::json> phases, kernels;
   for (const auto& e : trace["traceEvents"])
     if (e["ph"] == "X" && e["tid"] == stream) (e["name"] == e["cat"] ? phases : kernels).push_back(e);
@@ -332,6 +350,40 @@ TEST_F(Gpu, MixedPrecisionAndDropoutTrainAsOnTheCpu) {
     EXPECT_EQ(gpu->optimizer().loss_scale(), cpu->optimizer().loss_scale()) << policy;
     EXPECT_EQ(gpu->optimizer().loss_scale_good_steps(), cpu->optimizer().loss_scale_good_steps()) << policy;
   }
+}
+
+// Under mixed_float16 the loss scale's check of each step's gradients is queued before the
+// update, which skips itself on the device where the check fails: a step waits for its
+// loss alone, as in float32, and the steps that overflow are skipped as on the CPU. The
+// scale starts at 2^24, so the first steps' float16 gradients overflow.
+TEST_F(Gpu, ALossScaleChecksEachStepWithoutAWaitOfItsOwn) {
+  const data::Split d = data::make_synthetic(256, 10, 4, 6, data::SyntheticLabels::teacher);
+  DeviceRuntime& runtime = *device_runtime(DeviceType::cuda);
+  auto waits_in_fit = [&](Model& m) {
+    const std::uint64_t before = runtime.host_waits(0);
+    DevicePlacement on_gpu(cuda0);
+    m.fit(d.x, d.y, quiet(3));
+    return runtime.host_waits(0) - before;
+  };
+  auto scaled = [](std::unique_ptr<Sequential> m) {
+    m->optimizer().set_loss_scale(optim::LossScale{.dynamic = true, .initial_scale = 16777216.0f});
+    return m;
+  };
+  std::unique_ptr<Sequential> f32, gpu;
+  {
+    DevicePlacement on_gpu(cuda0);
+    f32 = mlp();
+    gpu = scaled(mlp("mixed_float16"));
+  }
+  auto cpu = scaled(mlp("mixed_float16"));
+  cpu->fit(d.x, d.y, quiet(3));
+  EXPECT_EQ(waits_in_fit(*gpu), waits_in_fit(*f32));
+  ASSERT_GT(cpu->optimizer().skipped_updates(), 0);
+  EXPECT_EQ(gpu->optimizer().skipped_updates(), cpu->optimizer().skipped_updates());
+  EXPECT_EQ(gpu->optimizer().iterations(), cpu->optimizer().iterations());
+  EXPECT_EQ(gpu->optimizer().loss_scale(), cpu->optimizer().loss_scale());
+  EXPECT_EQ(gpu->optimizer().loss_scale_good_steps(), cpu->optimizer().loss_scale_good_steps());
+  EXPECT_LE(testing::relative_difference(*gpu, *cpu), tolerance(2e-3));
 }
 
 // A residual CNN (convolutions, batch norm with a fused relu, max and global average

@@ -504,6 +504,64 @@ TEST_P(Conformance, AllFiniteFindsANanOrAnInfinityAnywhere) {
   EXPECT_TRUE(be().all_finite(one));
 }
 
+// A loss scale's check left to the device (a GPU's): the many-variable updates queued
+// behind a failed check write nothing, behind a passed one they update; the CPU checks at
+// once instead (all_finite) and says so.
+TEST_P(Conformance, AFiniteCheckLeftToTheDeviceSkipsTheUpdatesBehindIt) {
+  const int count = 40;  // two groups on a GPU
+  std::vector<Tensor> w, g, m, v;
+  std::vector<UpdateItem> items;
+  for (int i = 0; i < count; ++i) {
+    const std::int64_t n = 1 + (i * 613) % 2000;
+    const auto seed = static_cast<std::uint64_t>(900 + 4 * i);
+    w.push_back(on(random_tensor({n}, seed)));
+    g.push_back(on(random_tensor({n}, seed + 1)));
+    m.push_back(on(random_tensor({n}, seed + 2)));
+    v.push_back(on(random_tensor({n}, seed + 3, 0.0f, 1.0f)));
+  }
+  for (int i = 0; i < count; ++i) items.push_back({&w[i], &g[i], &m[i], &v[i], 1.0f, nullptr});
+  std::vector<const Tensor*> grads;
+  for (const Tensor& t : g) grads.push_back(&t);
+  if (!be().begin_finite_check(grads)) {
+    EXPECT_TRUE(be().device().is_cpu());
+    EXPECT_TRUE(be().finite_check_passed());  // nothing under way
+    return;
+  }
+  EXPECT_TRUE(be().finite_check_passed());  // the check begun above
+  auto values = [](const std::vector<Tensor>& ts) {
+    std::vector<std::vector<float>> out;
+    for (const Tensor& t : ts) out.push_back(t.to_vector());
+    return out;
+  };
+  const AdamUpdate adam{.learning_rate = 0.01f, .step = 2};
+  const SgdUpdate sgd{.learning_rate = 0.1f, .momentum = 0.9f};
+  const RmspropUpdate rms{.learning_rate = 0.01f};
+  for (const std::string kind : {"sgd", "adam", "rmsprop"}) {
+    auto many = [&] {
+      return kind == "adam" ? be().adam_update_many(items, adam)
+                            : kind == "sgd" ? be().sgd_update_many(items, sgd) : be().rmsprop_update_many(items, rms);
+    };
+    const std::vector<float> kept = g[33].to_vector();
+    std::vector<float> bad = kept;
+    bad[bad.size() / 2] = std::numeric_limits<float>::infinity();
+    g[33].copy_from(Tensor::from_vector(g[33].shape(), bad));
+    const auto w0 = values(w), m0 = values(m), v0 = values(v);
+    ASSERT_TRUE(be().begin_finite_check(grads));
+    many();
+    EXPECT_FALSE(be().finite_check_passed()) << kind;
+    EXPECT_EQ(values(w), w0) << kind << " wrote weights behind a failed check";
+    EXPECT_EQ(values(m), m0) << kind;
+    EXPECT_EQ(values(v), v0) << kind;
+    g[33].copy_from(Tensor::from_vector(g[33].shape(), kept));
+    ASSERT_TRUE(be().begin_finite_check(grads));
+    many();
+    EXPECT_TRUE(be().finite_check_passed()) << kind;
+    const auto w1 = values(w);
+    for (int i = 0; i < count; ++i) EXPECT_NE(w1[i], w0[i]) << kind << " left variable " << i << " as it was";
+  }
+  be().take_deferred_non_finite();
+}
+
 TEST_P(Conformance, FillAxpbyAndSumOfSquares) {
   const Tensor x = random_tensor({1001}, 60);
   Tensor y = out({1001});

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "dtrain/core/error.h"
@@ -36,6 +37,15 @@ struct CudaRuntime::PerDevice {
   std::atomic<std::uint64_t> waits{0};  // host_waits()
   std::once_flag transfer_made;
   cudaStream_t transfer = nullptr;
+  // The transfer stream's copies, timed for the trace (trace_copies): queued ones by the
+  // event of their end, then their spans once a wait saw them end.
+  struct TimedCopy {
+    DeviceEvent start, end;
+  };
+  std::mutex copies_mutex;
+  bool timing_copies = false;
+  std::vector<TimedCopy> timed;
+  std::vector<CopySpan> spans;
 };
 
 CudaRuntime::CudaRuntime() = default;
@@ -280,16 +290,59 @@ DeviceEvent CudaRuntime::record(int index) { return record_on(stream(index), ind
 DeviceEvent CudaRuntime::copy_beside(int index, void* dst, const void* src, std::size_t bytes,
                                      const DeviceEvent& after) {
   cudaStream_t s = transfer_stream(index);
+  PerDevice& d = device(index);
+  bool timed = false;
+  {
+    std::lock_guard lock(d.copies_mutex);
+    timed = d.timing_copies;
+  }
   if (after)
     check_cuda(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(after.get()), 0), "cudaStreamWaitEvent (transfer)",
                index);
+  // Timed from after the wait for `after`: the copy's own time.
+  const DeviceEvent start = timed ? record_on(s, index, cudaEventDefault) : nullptr;
   check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s),
              detail::concat("cudaMemcpyAsync(host to device beside the compute stream, ", bytes, " bytes)"), index);
-  return record_on(s, index, cudaEventDisableTiming | cudaEventBlockingSync);
+  DeviceEvent end = record_on(s, index, timed ? cudaEventBlockingSync : cudaEventDisableTiming | cudaEventBlockingSync);
+  if (timed) {
+    std::lock_guard lock(d.copies_mutex);
+    // A copy nobody waits for is forgotten after a while rather than kept.
+    constexpr std::size_t kMaxTimed = 1024;
+    if (d.timing_copies && d.timed.size() < kMaxTimed) d.timed.push_back({start, end});
+  }
+  return end;
 }
 
 void CudaRuntime::wait(int index, const DeviceEvent& event) {
-  if (event) check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(event.get())), "cudaEventSynchronize", index);
+  if (!event) return;
+  check_cuda(cudaEventSynchronize(static_cast<cudaEvent_t>(event.get())), "cudaEventSynchronize", index);
+  PerDevice& d = device(index);
+  std::lock_guard lock(d.copies_mutex);
+  const auto it = std::find_if(d.timed.begin(), d.timed.end(),
+                               [&](const PerDevice::TimedCopy& c) { return c.end.get() == event.get(); });
+  if (it == d.timed.end()) return;
+  const Clock::time_point seen = Clock::now();
+  float ms = 0.0f;
+  check_cuda(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(it->start.get()), static_cast<cudaEvent_t>(it->end.get())),
+             "cudaEventElapsedTime (a copy beside the compute stream)", index);
+  d.spans.push_back({seen - clock_seconds(static_cast<double>(ms) * 1e-3), seen});
+  d.timed.erase(it);
+}
+
+void CudaRuntime::trace_copies(int index, bool on) {
+  PerDevice& d = device(index);
+  std::lock_guard lock(d.copies_mutex);
+  d.timing_copies = on;
+  if (on) return;
+  d.timed.clear();
+  d.spans.clear();
+}
+
+void CudaRuntime::take_copy_spans(int index, std::vector<CopySpan>& out) {
+  PerDevice& d = device(index);
+  std::lock_guard lock(d.copies_mutex);
+  out.assign(d.spans.begin(), d.spans.end());
+  d.spans.clear();
 }
 
 DeviceEvent CudaRuntime::record_timed(int index, const DeviceEvent& reuse) {

@@ -49,6 +49,8 @@ class CudaRuntime final : public DeviceRuntime {
   void wait(int index, const DeviceEvent& event) override;
   DeviceEvent record_timed(int index, const DeviceEvent& reuse) override;
   double seconds_between(int index, const DeviceEvent& from, const DeviceEvent& to) override;
+  void trace_copies(int index, bool on) override;
+  void take_copy_spans(int index, std::vector<CopySpan>& out) override;
 
   // The device's compute stream (made on first use, non-blocking with the legacy stream);
   // also makes the device current on the calling thread.

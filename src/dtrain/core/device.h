@@ -10,6 +10,9 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include "dtrain/core/clock.h"
 
 namespace dtrain {
 
@@ -57,6 +60,11 @@ struct DeviceMemoryStats {
 // A point in a device's queued work, to wait for; null where the runtime has nothing to
 // wait for (its work is done when queued).
 using DeviceEvent = std::shared_ptr<void>;
+
+// A copy to a device on its transfer stream, placed on the host's clock for the trace.
+struct CopySpan {
+  Clock::time_point begin, end;
+};
 
 // The runtime behind one kind of device. Work for a device is queued in order (one queue a
 // device: its compute stream); copies and zeroing join that order. Every call names the
@@ -113,6 +121,12 @@ class DeviceRuntime {
   // Seconds the device took from `from` to `to` (record_timed's, `to` recorded later);
   // waits for `to` where it has not run yet.
   virtual double seconds_between(int index, const DeviceEvent& from, const DeviceEvent& to) = 0;
+  // For the trace: while on, copy_beside times each of its copies on the device, and
+  // take_copy_spans() gives those whose wait() has returned since its last call, each
+  // ending where its wait saw it end and as long as the device took (it may have waited
+  // for `after` before starting). Off, it forgets what it timed and not taken.
+  virtual void trace_copies(int /*index*/, bool /*on*/) {}
+  virtual void take_copy_spans(int /*index*/, std::vector<CopySpan>& out) { out.clear(); }
 };
 
 // The runtime of `type`'s devices: null for the CPU and where this build has none.

@@ -199,6 +199,14 @@ class Backend {
   // scale's check of a step's gradients before they are applied. One pass over them, and
   // on a GPU one wait for its answer.
   virtual bool all_finite(std::span<const Tensor* const> tensors) = 0;
+  // all_finite's check without the host's wait for it (a GPU's): queues the pass over
+  // `tensors`, and the many-variable updates queued after it (sgd_, adam_ and
+  // rmsprop_update_many) write nothing where it finds a NaN or an infinity, until
+  // finite_check_passed() gives its answer (waiting for it, where the device has not
+  // passed it yet) and ends the skipping. One check at a time. Returns false, doing
+  // nothing, where the backend has no such check (the CPU's all_finite answers at once).
+  virtual bool begin_finite_check(std::span<const Tensor* const> /*tensors*/) { return false; }
+  virtual bool finite_check_passed() { return true; }
 
   // Fused, numerically stable cross-entropy from logits over the last axis.
   // target: i32 class indices [B] (sparse) or f32 distributions [B, C].

@@ -75,7 +75,8 @@ class ResetLearningRateScale {
 // has waited for the GPU (so reading them waits for nothing more). Each phase goes to the
 // profile's GPU track at its GPU time, placed on the host's clock from the first mark: the
 // GPU had nothing else queued then (the step before ended waiting for it). The events are
-// made at the first step and recorded again at each.
+// made at the first step and recorded again at each. While steps are traced it also
+// times each kernel (time_kernels) and the transfer stream's copies (time_copies).
 class GpuPhaseClock {
  public:
   // The step's first phase starts (the host's clock `now`); nothing on the CPU. A traced
@@ -83,12 +84,14 @@ class GpuPhaseClock {
   void start(Device device, profile::Phase phase, Clock::time_point now, bool trace_kernels) {
     if (!(device == device_)) {
       time_kernels(false);  // on the device before, if it was
-      marks_.clear();       // events belong to their device
+      time_copies(false);
+      marks_.clear();  // events belong to their device
     }
     used_ = 0;
     device_ = device;
     if (device.is_cpu()) return;
     time_kernels(trace_kernels);
+    time_copies(trace_kernels);
     anchor_ = now;
     mark(phase);
   }
@@ -132,6 +135,19 @@ class GpuPhaseClock {
     kernels::backend(device_).trace_kernels(on);
     timing_kernels_ = on;
   }
+  // The transfer stream's copies (an input pipeline's, made on its own thread, often
+  // before the step that uses them starts) are timed while `on`: the steps are traced.
+  void time_copies(bool on) {
+    if (device_.is_cpu() || on == timing_copies_) return;
+    device_runtime(device_.type)->trace_copies(device_.index, on);
+    timing_copies_ = on;
+  }
+  // The copies seen to end since the last call, while they are timed.
+  const std::vector<CopySpan>& take_copies() {
+    copies_.clear();
+    if (timing_copies_) device_runtime(device_.type)->take_copy_spans(device_.index, copies_);
+    return copies_;
+  }
 
  private:
   struct Mark {
@@ -143,8 +159,9 @@ class GpuPhaseClock {
   Clock::time_point anchor_{};
   std::vector<Mark> marks_;  // kept across steps, with their events
   std::size_t used_ = 0;     // this step's marks
-  bool timing_kernels_ = false;
+  bool timing_kernels_ = false, timing_copies_ = false;
   std::vector<kernels::KernelSpan> spans_;  // kept: no allocation per step
+  std::vector<CopySpan> copies_;
 };
 
 }  // namespace detail
@@ -158,7 +175,10 @@ class Model::Trainer {
  public:
   Trainer(Model& model, int accumulation_steps, profile::Profiler& profiler)
       : model_(model), k_(accumulation_steps), profiler_(profiler) {}
-  ~Trainer() { gpu_clock_.time_kernels(false); }
+  ~Trainer() {
+    gpu_clock_.time_kernels(false);
+    gpu_clock_.time_copies(false);
+  }
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
@@ -219,7 +239,7 @@ class Model::Trainer {
       std::vector<Tensor> grads = tape.gradient(loss_scale == 1.0f ? loss : scale(loss, loss_scale), vars_);
       backward_end = Clock::now();
       gpu_clock_.mark(update_phase_);
-      model_.optimizer_->apply_scaled_gradients(grads, vars_);
+      model_.optimizer_->apply_scaled_gradients(grads, vars_, /*settle_later=*/!device.is_cpu());
     } else {
       // The update uses the mean of the group's gradients, summed in buffers made once.
       const std::vector<Tensor> grads = tape.gradient(scale(loss, loss_scale / static_cast<float>(k_)), vars_);
@@ -236,7 +256,7 @@ class Model::Trainer {
       backward_end = Clock::now();
       gpu_clock_.mark(update_phase_);
       if (update) {
-        model_.optimizer_->apply_scaled_gradients(group_, vars_);
+        model_.optimizer_->apply_scaled_gradients(group_, vars_, /*settle_later=*/!device.is_cpu());
         std::fill(group_.begin(), group_.end(), Tensor());
       }
     }
@@ -246,7 +266,10 @@ class Model::Trainer {
     loop.add(update_phase_, backward_end, optimizer_end);
     // The loss's value waits for the GPU's queued work: on a GPU, the host's forward,
     // backward and optimizer phases were launches, and this wait is the rest of the work.
+    // A loss scale's check of the gradients (mixed_float16) was queued before the update
+    // without a wait of its own; its answer is here now.
     const double loss_value = detail::mean_value(loss);
+    model_.optimizer_->settle_loss_scale();
     Clock::time_point metrics_start = optimizer_end;
     if (!device.is_cpu()) {
       metrics_start = Clock::now();
@@ -254,6 +277,12 @@ class Model::Trainer {
       if (!gpu_track_) gpu_track_ = &profiler_.add_track(device.to_string() + " compute stream", profile::TrackKind::device);
       gpu_clock_.finish(*gpu_track_);
       gpu_clock_.time_kernels(false);
+      // The input pipeline's copies on the transfer stream: a row of their own.
+      for (const CopySpan& c : gpu_clock_.take_copies()) {
+        if (!transfer_track_)
+          transfer_track_ = &profiler_.add_track(device.to_string() + " transfer stream", profile::TrackKind::device);
+        transfer_track_->add_to_trace(profile::Phase::to_device, c.begin, c.end, "host-to-device copy");
+      }
     }
     const double rows = static_cast<double>(batch.rows());
     loss_mean.update_state(loss_value, rows);
@@ -539,6 +568,7 @@ class Model::Trainer {
   profile::Profiler& profiler_;
   detail::GpuPhaseClock gpu_clock_;          // a GPU's own phase times (one device)
   profile::Track* gpu_track_ = nullptr;      // made at the first step on a GPU
+  profile::Track* transfer_track_ = nullptr;  // made at the first copy timed
   std::vector<profile::Track*> tracks_;  // [replica]
   profile::Track* comm_track_ = nullptr;  // multi-worker: the communication thread's
   std::int64_t micro_ = 0;

@@ -2,6 +2,7 @@
 #include "dtrain/optim/optimizer.h"
 
 #include <algorithm>
+#include <utility>
 #include <cmath>
 
 #include "dtrain/core/replica.h"
@@ -86,27 +87,46 @@ void Optimizer::apply_gradients(std::span<const Tensor> grads, std::span<Variabl
   apply(grads, vars, 1.0f, false);
 }
 
-void Optimizer::apply_scaled_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars) {
-  apply(grads, vars, loss_scale_options_ ? 1.0f / loss_scale_ : 1.0f, loss_scale_options_.has_value());
+void Optimizer::apply_scaled_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars,
+                                       bool settle_later) {
+  settle_loss_scale();  // one left by the step before
+  apply(grads, vars, loss_scale_options_ ? 1.0f / loss_scale_ : 1.0f, loss_scale_options_.has_value(), settle_later);
+}
+
+void Optimizer::settle_loss_scale() {
+  if (unsettled_ == nullptr) return;
+  kernels::Backend* backend = std::exchange(unsettled_, nullptr);
+  const bool finite = backend->finite_check_passed();
+  if (!finite) --iterations_;  // the update skipped itself on the device
+  count_check(finite);
 }
 
 void Optimizer::apply_unscaled_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars) {
   apply(grads, vars, 1.0f, loss_scale_options_.has_value());
 }
 
-bool Optimizer::update_loss_scale(std::span<const Tensor> grads) {
-  // One pass (one wait, on a GPU) for each device the gradients are on: usually one.
-  bool finite = true;
+void Optimizer::find_check_devices(std::span<const Tensor> grads) {
   check_devices_.clear();
   for (const Tensor& g : grads)
     if (g.defined() && std::find(check_devices_.begin(), check_devices_.end(), g.device()) == check_devices_.end())
       check_devices_.push_back(g.device());
+}
+
+bool Optimizer::update_loss_scale(std::span<const Tensor> grads) {
+  // One pass (one wait, on a GPU) for each device the gradients are on: usually one.
+  bool finite = true;
+  find_check_devices(grads);
   for (const Device& d : check_devices_) {
     check_list_.clear();
     for (const Tensor& g : grads)
       if (g.defined() && g.device() == d) check_list_.push_back(&g);
     if (!(finite = kernels::backend(d).all_finite(check_list_))) break;
   }
+  count_check(finite);
+  return finite;
+}
+
+void Optimizer::count_check(bool finite) {
   skipped_ = !finite;
   if (!finite) {
     ++skipped_updates_;
@@ -116,10 +136,10 @@ bool Optimizer::update_loss_scale(std::span<const Tensor> grads) {
     if (std::isfinite(loss_scale_ * 2.0f)) loss_scale_ *= 2.0f;
     good_steps_ = 0;
   }
-  return finite;
 }
 
-void Optimizer::apply(std::span<const Tensor> grads, std::span<Variable* const> vars, float factor, bool checked) {
+void Optimizer::apply(std::span<const Tensor> grads, std::span<Variable* const> vars, float factor, bool checked,
+                      bool settle_later) {
   if (grads.size() != vars.size())
     DTRAIN_THROW(InvalidArgument, name_, ": ", grads.size(), " gradients given for ", vars.size(), " variables");
   if (gradient_sink) {
@@ -155,8 +175,27 @@ void Optimizer::apply(std::span<const Tensor> grads, std::span<Variable* const> 
                    vars[i]->name(), "' ", dtype_name(vars[i]->dtype()), " ", vars[i]->shape().to_string(), " on ",
                    vars[i]->value_device().to_string());
   }
-  // A loss scale's skipped step changes nothing, the iteration count included.
-  if (checked && loss_scale_options_->dynamic && !update_loss_scale(grads)) return;
+  // A loss scale's skipped step changes nothing, the iteration count included. Left to
+  // settle, the check is queued on the gradients' one device, which skips the update
+  // itself; a constraint would still act on the weights, and clipping reads the norms.
+  if (checked && loss_scale_options_->dynamic) {
+    bool queued = false;
+    if (settle_later && !options_.clipnorm && !options_.global_clipnorm &&
+        std::none_of(vars.begin(), vars.end(), [](const Variable* v) { return v->constraint().has_value(); })) {
+      find_check_devices(grads);
+      if (check_devices_.size() == 1 && !check_devices_.front().is_cpu()) {
+        check_list_.clear();
+        for (const Tensor& g : grads)
+          if (g.defined()) check_list_.push_back(&g);
+        kernels::Backend& b = kernels::backend(check_devices_.front());
+        if (b.begin_finite_check(check_list_)) {
+          unsettled_ = &b;
+          queued = true;
+        }
+      }
+    }
+    if (!queued && !update_loss_scale(grads)) return;
+  }
   // Norms cost a pass over every gradient, so they are computed only when clipping needs them.
   if (options_.clipnorm || options_.global_clipnorm) {
     norms_.assign(vars.size(), 0.0);  // the member keeps its capacity: no allocation per step
@@ -190,6 +229,12 @@ void Optimizer::apply(std::span<const Tensor> grads, std::span<Variable* const> 
   // All at once where the optimizer can (one launch on a GPU), else one by one.
   std::optional<bool> finite = one_device && !items_.empty() ? update_all(items_, lr) : std::nullopt;
   if (!finite) {
+    // The updates one by one do not read a check under way: its answer first.
+    if (unsettled_ != nullptr) {
+      const bool passed = std::exchange(unsettled_, nullptr)->finite_check_passed();
+      count_check(passed);
+      if (!passed) return;
+    }
     finite = true;
     std::size_t k = 0;
     for (size_t i = 0; i < vars.size(); ++i)

@@ -105,7 +105,16 @@ class Optimizer {
   // The gradients of the loss times loss_scale(): checked, divided by the scale and
   // applied, or the step skipped (Keras 3's LossScaleOptimizer.apply). Without a loss scale,
   // apply_gradients().
-  void apply_scaled_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars);
+  // `settle_later` (fit's steps on a GPU): the host does not wait for the check. The update
+  // is queued behind it and skips itself on the device where the check fails; the step
+  // counts as applied until settle_loss_scale(), which takes it back then and moves the
+  // scale on. Where the device cannot check so (a CPU, gradients on several devices,
+  // clipping, a constrained variable), the check is made at once, as without it.
+  void apply_scaled_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars,
+                              bool settle_later = false);
+  // Takes the answer of a check left to settle (fit calls it once it has waited for the
+  // step's loss, when the answer is there already). Nothing where none is left.
+  void settle_loss_scale();
   // Gradients divided by the scale already (TensorFlow 2's get_unscaled_gradients): checked
   // and applied, or the step skipped.
   void apply_unscaled_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars);
@@ -139,10 +148,17 @@ class Optimizer {
 
  private:
   // apply_gradients() with every gradient multiplied by `factor` (1 / the loss scale),
-  // after the loss scale's check where `checked`.
-  void apply(std::span<const Tensor> grads, std::span<Variable* const> vars, float factor, bool checked);
+  // after the loss scale's check where `checked` (left to settle where `settle_later`).
+  void apply(std::span<const Tensor> grads, std::span<Variable* const> vars, float factor, bool checked,
+             bool settle_later = false);
   // Under dynamic loss scaling: whether the gradients are all finite, the scale moved on.
   bool update_loss_scale(std::span<const Tensor> grads);
+  // The devices the defined gradients are on, into check_devices_.
+  void find_check_devices(std::span<const Tensor> grads);
+  // The scale moved on for a check's answer.
+  void count_check(bool finite);
+  // The backend whose check is left to settle (null: none).
+  kernels::Backend* unsettled_ = nullptr;
 
   std::string name_;
   std::shared_ptr<LearningRateSchedule> learning_rate_;

@@ -469,6 +469,48 @@ bool CudaBackend::all_finite(std::span<const Tensor* const> tensors) {
   return flag == 0;
 }
 
+bool CudaBackend::begin_finite_check(std::span<const Tensor* const> tensors) {
+  for (const Tensor* t : tensors) {
+    check_devices("begin_finite_check", device(), {t});
+    t->check_dtype(DType::f32, "begin_finite_check");
+  }
+  if (skip_ != nullptr)
+    DTRAIN_THROW(InvalidArgument, "begin_finite_check: a check on ", device().to_string(),
+                 " is under way already; finite_check_passed() ends it");
+  if (!check_flag_.defined()) check_flag_ = Tensor::empty({1}, DType::i32, device());
+  int* flag = check_flag_.device_data<std::int32_t>();
+  const cuda::Launch l = launch();
+  detail::check_cuda(cudaMemsetAsync(flag, 0, sizeof(int), l.stream), "cudaMemsetAsync (the loss scale's check)",
+                     index_);
+  in_groups(
+      tensors.size(),
+      [&](std::size_t i, cuda::ManyTensors& t, int k) {
+        t.g[k] = tensors[i]->device_data<float>();
+        return tensors[i]->numel();
+      },
+      [&](const cuda::ManyTensors& t) { cuda::find_non_finite_many(l, t, flag); });
+  detail::check_cuda(cudaMemcpyAsync(&flags_->check_non_finite, flag, sizeof(int), cudaMemcpyDeviceToHost, l.stream),
+                     "cudaMemcpyAsync (the loss scale's check, to the host)", index_);
+  check_copied_ = detail::cuda_runtime().record(index_);
+  skip_ = flag;
+  return true;
+}
+
+bool CudaBackend::finite_check_passed() {
+  if (skip_ == nullptr) return true;
+  skip_ = nullptr;
+  const DeviceEvent copied = std::move(check_copied_);
+  // fit asks once it has waited for the step's loss, when the answer is there already.
+  const cudaError_t ready = cudaEventQuery(static_cast<cudaEvent_t>(copied.get()));
+  if (ready == cudaErrorNotReady) {
+    detail::cuda_runtime().count_wait(index_);
+    detail::cuda_runtime().wait(index_, copied);
+  } else {
+    detail::check_cuda(ready, "cudaEventQuery (the loss scale's check)", index_);
+  }
+  return flags_->check_non_finite == 0;
+}
+
 void CudaBackend::softmax_cross_entropy(const Tensor& logits, const Tensor& target, Tensor& loss, Tensor& log_probs) {
   check_devices("softmax_cross_entropy", device(), {&logits, &target, &loss, &log_probs});
   const bool sparse = check_softmax_cross_entropy(logits, target, loss, log_probs);
@@ -530,11 +572,13 @@ bool CudaBackend::adam_update(Tensor& w, const Tensor& g, Tensor& m, Tensor& v, 
 namespace {
 
 // The update items in groups of at most kManyTensors, each handed to `launch` as one ManyTensors.
+// `skip`: ManyTensors::skip (a loss scale's check under way, else null).
 template <typename Fn>
-void in_groups(std::span<const UpdateItem> items, Fn launch) {
+void in_groups(std::span<const UpdateItem> items, const int* skip, Fn launch) {
   in_groups(
       items.size(),
       [&](std::size_t i, cuda::ManyTensors& t, int k) {
+        t.skip = skip;
         const UpdateItem& item = items[i];
         t.w[k] = item.w->device_data<float>();
         t.g[k] = item.g->device_data<float>();
@@ -555,7 +599,7 @@ bool CudaBackend::sgd_update_many(std::span<const UpdateItem> items, const SgdUp
     check_sgd_update(*item.w, *item.g, item.slot0);
   }
   const cuda::Launch l = launch();
-  in_groups(items, [&](const cuda::ManyTensors& t) {
+  in_groups(items, skip_, [&](const cuda::ManyTensors& t) {
     cuda::sgd_many(l, t, p.learning_rate, p.momentum, p.nesterov, p.learning_rate * p.weight_decay,
                    &device_flags_->non_finite);
   });
@@ -569,7 +613,7 @@ bool CudaBackend::adam_update_many(std::span<const UpdateItem> items, const Adam
     check_adam_update(*item.w, *item.g, *item.slot0, *item.slot1, p);
   }
   const cuda::Launch l = launch();
-  in_groups(items, [&](const cuda::ManyTensors& t) {
+  in_groups(items, skip_, [&](const cuda::ManyTensors& t) {
     cuda::adam_many(l, t, p.beta_1, p.beta_2, adam_step_size(p), p.epsilon, p.learning_rate * p.weight_decay,
                     &device_flags_->non_finite);
   });
@@ -583,7 +627,7 @@ bool CudaBackend::rmsprop_update_many(std::span<const UpdateItem> items, const R
     check_rmsprop_update(*item.w, *item.g, *item.slot0, item.slot1, item.slot2);
   }
   const cuda::Launch l = launch();
-  in_groups(items, [&](const cuda::ManyTensors& t) {
+  in_groups(items, skip_, [&](const cuda::ManyTensors& t) {
     cuda::rmsprop_many(l, t, p.rho, p.square_weight, p.momentum, p.learning_rate, p.epsilon,
                        p.learning_rate * p.weight_decay, &device_flags_->non_finite);
   });

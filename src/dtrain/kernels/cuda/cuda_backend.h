@@ -35,6 +35,8 @@ class CudaBackend final : public Backend {
   void axpby(float alpha, const Tensor& x, float beta, Tensor& y) override;
   double sum_squares(const Tensor& x) override;
   bool all_finite(std::span<const Tensor* const> tensors) override;
+  bool begin_finite_check(std::span<const Tensor* const> tensors) override;
+  bool finite_check_passed() override;
   void softmax_cross_entropy(const Tensor& logits, const Tensor& target, Tensor& loss,
                              Tensor& log_probs) override;
   void softmax_cross_entropy_backward(const Tensor& log_probs, const Tensor& target,
@@ -106,6 +108,7 @@ class CudaBackend final : public Backend {
   struct Flags {
     int non_finite;
     int gradient_non_finite;  // all_finite's answer
+    int check_non_finite;     // begin_finite_check's, copied from check_flag_
     cuda::DataFault fault;
   };
   Flags* flags_ = nullptr;        // host's view
@@ -113,6 +116,12 @@ class CudaBackend final : public Backend {
   struct Blas;                    // cuBLASLt handle, workspace and chosen algorithms
   std::unique_ptr<Blas> blas_;
   std::mutex finite_mutex_;  // all_finite's flag, one caller at a time
+  // begin_finite_check's: the answer in device memory, which the updates read (a host-mapped
+  // read from every thread would cross the bus), the point after its copy to flags_, and
+  // what the updates get as ManyTensors::skip (null: no check under way).
+  Tensor check_flag_;
+  DeviceEvent check_copied_;
+  const int* skip_ = nullptr;
   std::mutex timeline_mutex_;
   std::unique_ptr<KernelTimeline> timeline_;      // made when the trace first times kernels
   std::atomic<KernelTimeline*> timing_{nullptr};  // timeline_ while kernels are timed, else null

@@ -172,6 +172,7 @@ __global__ void find_non_finite_many_kernel(const ManyTensors t, int* found) {
 
 __global__ void sgd_many_kernel(const ManyTensors t, float lr, float momentum, bool nesterov, float decay,
                                 int* non_finite) {
+  if (t.skip != nullptr && *t.skip != 0) return;  // the loss scale's check failed
   bool bad = false;
   DTRAIN_GRID_STRIDE(i, t.ends[t.count - 1]) {
     const int k = variable_of(t, i);
@@ -186,6 +187,7 @@ __global__ void sgd_many_kernel(const ManyTensors t, float lr, float momentum, b
 
 __global__ void adam_many_kernel(const ManyTensors t, float b1, float one_minus_b1, float b2, float one_minus_b2,
                                  float step_size, float epsilon, float decay, int* non_finite) {
+  if (t.skip != nullptr && *t.skip != 0) return;  // the loss scale's check failed
   bool bad = false;
   DTRAIN_GRID_STRIDE(i, t.ends[t.count - 1]) {
     const int k = variable_of(t, i);
@@ -203,6 +205,7 @@ __global__ void adam_many_kernel(const ManyTensors t, float b1, float one_minus_
 
 __global__ void rmsprop_many_kernel(const ManyTensors t, float rho, float square_weight, float momentum_factor,
                                     float lr, float epsilon, float decay, int* non_finite) {
+  if (t.skip != nullptr && *t.skip != 0) return;  // the loss scale's check failed
   bool bad = false;
   DTRAIN_GRID_STRIDE(i, t.ends[t.count - 1]) {
     const int k = variable_of(t, i);

@@ -104,6 +104,8 @@ void adam(const Launch& l, float* w, const float* g, float* m, float* v, std::in
 // Up to kManyTensors variables updated by one launch, passed by value as the kernel's
 // parameter: each one's weights, gradient and slots (null where unused), its gradient
 // scale, and where it ends in the elements of all of them (ends[count - 1]: the total).
+// The updates write nothing where `skip` (device memory; null: never) holds a nonzero
+// value: a loss scale's check found a gradient that is not finite.
 inline constexpr int kManyTensors = 32;
 struct ManyTensors {
   float* w[kManyTensors];
@@ -114,6 +116,7 @@ struct ManyTensors {
   float gradient_scale[kManyTensors];
   std::int64_t ends[kManyTensors];
   int count;
+  const int* skip;
 };
 // *found = 1 (host-mapped) where one of t.g's elements is NaN or infinite; t.w unused.
 void find_non_finite_many(const Launch& l, const ManyTensors& t, int* found);
