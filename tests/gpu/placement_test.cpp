@@ -377,7 +377,11 @@ TEST_F(Gpu, ALossScaleChecksEachStepWithoutAWaitOfItsOwn) {
   }
   auto cpu = scaled(mlp("mixed_float16"));
   cpu->fit(d.x, d.y, quiet(3));
-  EXPECT_EQ(waits_in_fit(*gpu), waits_in_fit(*f32));
+  const std::uint64_t waits = waits_in_fit(*f32);
+  // 12 steps, each reading its loss and the accuracy's classes and labels, and no more (the
+  // updates' non-finite flag is read once the stream has passed them).
+  EXPECT_LE(waits, 3u * 12u);
+  EXPECT_EQ(waits_in_fit(*gpu), waits);
   ASSERT_GT(cpu->optimizer().skipped_updates(), 0);
   EXPECT_EQ(gpu->optimizer().skipped_updates(), cpu->optimizer().skipped_updates());
   EXPECT_EQ(gpu->optimizer().iterations(), cpu->optimizer().iterations());
