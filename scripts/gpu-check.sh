@@ -131,7 +131,7 @@ run() {
     fits "$t" || continue
     say "== $t"
     local out
-    out=$(timeout "$(bound 200)" "$bin/$t" --gtest_brief=1 2>&1)
+    out=$(timeout "$(bound 200)" "$bin/$t" 2>&1)
     local rc=$?
     echo "$out" | tee -a "$log" | tail -25
     local passed failed skipped cuda_skipped result
@@ -139,7 +139,7 @@ run() {
     failed=$(echo "$out" | grep -oP '\[  FAILED  \] \K[0-9]+(?= test)' | tail -1)
     skipped=$(echo "$out" | grep -oP '\[  SKIPPED \] \K[0-9]+(?= test)' | tail -1)
     # A CUDA case that skipped itself did not see the GPU.
-    cuda_skipped=$(echo "$out" | grep -cE '^\[  SKIPPED \] .*/cuda')
+    cuda_skipped=$(echo "$out" | grep -oE '^\[  SKIPPED \] [^ ,]*/cuda' | sort -u | wc -l)
     result=passed
     [ $rc -ne 0 ] && result="FAILED (exit $rc)"
     [ "$cuda_skipped" -gt 0 ] && result="FAILED ($cuda_skipped CUDA cases skipped)"
