@@ -378,9 +378,9 @@ TEST_F(Gpu, ALossScaleChecksEachStepWithoutAWaitOfItsOwn) {
   auto cpu = scaled(mlp("mixed_float16"));
   cpu->fit(d.x, d.y, quiet(3));
   const std::uint64_t waits = waits_in_fit(*f32);
-  // 12 steps, each reading its loss and the accuracy's classes and labels, and no more (the
-  // updates' non-finite flag is read once the stream has passed them).
-  EXPECT_LE(waits, 3u * 12u);
+  // 12 steps, each reading its loss, then the accuracy's classes and labels in one copy,
+  // and no more (the updates' non-finite flag is read once the stream has passed them).
+  EXPECT_LE(waits, 2u * 12u);
   EXPECT_EQ(waits_in_fit(*gpu), waits);
   ASSERT_GT(cpu->optimizer().skipped_updates(), 0);
   EXPECT_EQ(gpu->optimizer().skipped_updates(), cpu->optimizer().skipped_updates());
@@ -388,6 +388,44 @@ TEST_F(Gpu, ALossScaleChecksEachStepWithoutAWaitOfItsOwn) {
   EXPECT_EQ(gpu->optimizer().loss_scale(), cpu->optimizer().loss_scale());
   EXPECT_EQ(gpu->optimizer().loss_scale_good_steps(), cpu->optimizer().loss_scale_good_steps());
   EXPECT_LE(testing::relative_difference(*gpu, *cpu), tolerance(2e-3));
+}
+
+// The accuracies on a GPU read each row's class and its label (or its target's class)
+// with one copy, and count as on the CPU, a sequence's steps and weights included.
+TEST_F(Gpu, AccuracyReadsClassesAndLabelsWithOneCopy) {
+  const std::int64_t n = 37, classes = 6;
+  std::vector<float> logits, dist(static_cast<std::size_t>(n * classes), 0.0f), weights;
+  std::vector<std::int32_t> labels;
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t c = 0; c < classes; ++c) logits.push_back(static_cast<float>((i * 7 + c * 5) % 11));
+    labels.push_back(static_cast<std::int32_t>((i * 3) % classes));
+    dist[static_cast<std::size_t>(i * classes + (i * 5) % classes)] = 1.0f;
+    weights.push_back(0.5f + static_cast<float>(i % 4));
+  }
+  const Tensor x = Tensor::from_vector({n, classes}, logits), t = Tensor::from_vector({n, classes}, dist);
+  const Tensor y = Tensor::from_vector({n}, labels), w = Tensor::from_vector({n}, weights);
+  DeviceRuntime& runtime = *device_runtime(DeviceType::cuda);
+  metrics::SparseCategoricalAccuracy sparse_cpu, sparse_gpu;
+  metrics::CategoricalAccuracy dense_cpu, dense_gpu;
+  sparse_cpu.update_state(y, x);
+  sparse_cpu.update_state(y, x, w);
+  sparse_cpu.update_state(y.reshape({1, n}), x.reshape({1, n, classes}));  // a sequence's steps
+  dense_cpu.update_state(t, x);
+  const Tensor xg = x.to(cuda0), tg = t.to(cuda0), yg = y.to(cuda0);
+  std::uint64_t before = runtime.host_waits(0);
+  sparse_gpu.update_state(yg, xg);
+  EXPECT_EQ(runtime.host_waits(0) - before, 1u);
+  sparse_gpu.update_state(yg, xg, w);
+  sparse_gpu.update_state(yg.reshape({1, n}), xg.reshape({1, n, classes}));
+  before = runtime.host_waits(0);
+  dense_gpu.update_state(tg, xg);
+  EXPECT_EQ(runtime.host_waits(0) - before, 1u);
+  EXPECT_GT(sparse_cpu.total(), 0.0);
+  EXPECT_EQ(sparse_gpu.total(), sparse_cpu.total());
+  EXPECT_EQ(sparse_gpu.count(), sparse_cpu.count());
+  EXPECT_GT(dense_cpu.total(), 0.0);
+  EXPECT_EQ(dense_gpu.total(), dense_cpu.total());
+  EXPECT_EQ(dense_gpu.count(), dense_cpu.count());
 }
 
 // A residual CNN (convolutions, batch norm with a fused relu, max and global average

@@ -10,14 +10,35 @@
 namespace dtrain::metrics {
 namespace {
 
-// Each row's class, computed on the predictions' device and read on the host.
-Tensor argmax_of(const Tensor& y_pred, const std::string& metric) {
+void check_predictions(const Tensor& y_pred, const std::string& metric) {
   y_pred.check_dtype(DType::f32, metric.c_str());
   if (y_pred.rank() != 2)
     DTRAIN_THROW(InvalidArgument, metric, ": predictions must be [batch, classes], got ", y_pred.shape().to_string());
+}
+
+// Each row's class, computed on the predictions' device and read on the host.
+Tensor argmax_of(const Tensor& y_pred, const std::string& metric) {
+  check_predictions(y_pred, metric);
   Tensor idx = Tensor::empty({y_pred.dim(0)}, DType::i32, y_pred.device());
   kernels::backend(y_pred.device()).argmax(y_pred, idx);
   return idx.to(Device::cpu());
+}
+
+// On a GPU: each row's class of y_pred [n, classes] in row 0 and `second` in row 1, on the
+// host, read with one copy (one wait for the GPU where two reads would wait twice).
+// `second` is int32 labels of n values, or (distribution) targets like y_pred whose
+// classes are taken too; both on y_pred's device.
+Tensor classes_beside(const Tensor& y_pred, const Tensor& second, bool distribution, const std::string& metric) {
+  check_predictions(y_pred, metric);
+  if (distribution) check_predictions(second, metric);
+  const std::int64_t n = y_pred.dim(0);
+  Tensor both = Tensor::empty({2, n}, DType::i32, y_pred.device());
+  Tensor top = both.slice(0, 1).reshape({n}), bottom = both.slice(1, 2).reshape({n});
+  kernels::Backend& b = kernels::backend(y_pred.device());
+  b.argmax(y_pred, top);
+  if (distribution) b.argmax(second, bottom);
+  else bottom.copy_from(second.reshape({n}));
+  return both.to(Device::cpu());
 }
 
 // Each row's weight as doubles on the host (n rows), or empty for none; a weight of another
@@ -55,19 +76,22 @@ void SparseCategoricalAccuracy::update_state(const Tensor& y_true, const Tensor&
                  sample_weight.defined() ? sample_weight.reshape({sample_weight.numel()}) : Tensor());
     return;
   }
-  const Tensor pred = argmax_of(y_pred, name());
+  check_predictions(y_pred, name());
   y_true.check_defined(name().c_str());
   if (y_true.numel() != y_pred.dim(0) || (y_true.rank() == 2 && y_true.dim(1) != 1) || y_true.rank() > 2)
     DTRAIN_THROW(InvalidArgument, name(), ": labels ", y_true.shape().to_string(), " do not match predictions ",
                  y_pred.shape().to_string());
+  // Labels beside the predictions on a GPU: both read with one copy.
+  const bool beside = !y_pred.device().is_cpu() && y_true.device() == y_pred.device() && y_true.dtype() == DType::i32;
+  const Tensor pred = beside ? classes_beside(y_pred, y_true, false, name()) : argmax_of(y_pred, name());
+  const std::int64_t n = y_pred.dim(0);
   const std::int32_t* p = pred.data<std::int32_t>();
-  const std::int64_t n = pred.numel();
   const std::vector<double> w = row_weights(sample_weight, n, name());
   auto weight = [&](std::int64_t i) { return w.empty() ? 1.0 : w[static_cast<std::size_t>(i)]; };
   double correct = 0, count = 0;
   if (y_true.dtype() == DType::i32) {  // the usual case, without a conversion
-    const Tensor on_host = y_true.to(Device::cpu());
-    const std::int32_t* labels = on_host.data<std::int32_t>();
+    const Tensor on_host = beside ? pred : y_true.to(Device::cpu());
+    const std::int32_t* labels = beside ? p + n : on_host.data<std::int32_t>();
     for (std::int64_t i = 0; i < n; ++i) correct += p[i] == labels[i] ? weight(i) : 0.0;
   } else {
     const std::vector<float> labels = y_true.to_vector();
@@ -92,13 +116,16 @@ void CategoricalAccuracy::update_state(const Tensor& y_true, const Tensor& y_pre
                  sample_weight.defined() ? sample_weight.reshape({sample_weight.numel()}) : Tensor());
     return;
   }
-  const Tensor pred = argmax_of(y_pred, name());
-  const Tensor want = argmax_of(y_true, name());
+  // Both classes on a GPU read with one copy.
+  const bool beside = !y_pred.device().is_cpu() && y_true.device() == y_pred.device();
+  const Tensor pred = beside ? classes_beside(y_pred, y_true, true, name()) : argmax_of(y_pred, name());
+  const Tensor want = beside ? pred : argmax_of(y_true, name());
+  const std::int64_t n = y_pred.dim(0);
   const std::int32_t* p = pred.data<std::int32_t>();
-  const std::int32_t* t = want.data<std::int32_t>();
-  const std::vector<double> w = row_weights(sample_weight, pred.numel(), name());
+  const std::int32_t* t = beside ? p + n : want.data<std::int32_t>();
+  const std::vector<double> w = row_weights(sample_weight, n, name());
   double correct = 0, count = 0;
-  for (std::int64_t i = 0; i < pred.numel(); ++i) {
+  for (std::int64_t i = 0; i < n; ++i) {
     const double weight = w.empty() ? 1.0 : w[static_cast<std::size_t>(i)];
     correct += p[i] == t[i] ? weight : 0.0;
     count += weight;
