@@ -68,7 +68,8 @@ row() {
 }
 
 # The command's budget: `bound N` is N seconds or what is left of it (less 15 s for the
-# table), `fits NAME` adds a skipped row and fails when less than 25 s are left.
+# table), `fits NAME [SECONDS]` adds a skipped row and fails when less than SECONDS (25 by
+# default: what the step needs at the least) are left.
 deadline=0
 start_budget() { deadline=$((SECONDS + ${GPU_CHECK_SECONDS:-$1})); }
 bound() {
@@ -76,7 +77,7 @@ bound() {
   if ((left < $1)); then echo $((left > 1 ? left : 1)); else echo "$1"; fi
 }
 fits() {
-  ((deadline - SECONDS >= 25)) && return 0
+  ((deadline - SECONDS >= ${2:-25})) && return 0
   row "$1" SKIPPED "no time left in the command's budget"
   return 1
 }
@@ -95,7 +96,9 @@ setup() {
   if [ ! -f "$root/commit" ] || ! cmp -s "$root/commit" .gpu/commit; then
     # Python's tarfile, which reads xz wherever Python is (the xz tool may not be there).
     rm -rf "$root" && mkdir -p "$root" &&
-      py -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' .gpu/bundle.tar.xz "$root" &&
+      py -c 'import sys, tarfile
+kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+tarfile.open(sys.argv[1]).extractall(sys.argv[2], **kw)' .gpu/bundle.tar.xz "$root" &&
       cp .gpu/commit "$root/commit" || { say "gpu-check: could not unpack .gpu/bundle.tar.xz into $root"; return 2; }
   fi
   say "== commit $(cat .gpu/commit | tr '\n' ' ')"
@@ -168,7 +171,7 @@ run() {
   row "Fashion-MNIST residual CNN, 12 epochs" \
       "$(awk -v a="${acc:-0}" 'BEGIN {print (a >= 0.925 ? "passed" : "FAILED")}')" "test accuracy ${acc:-none} (>= 0.925 asked)"
   fi
-  if fits "killed at step 300, resumed"; then
+  if fits "killed at step 300, resumed" 90; then
   say "== a run killed at step 300 and resumed, against one uninterrupted"
   rm -rf /tmp/ck /tmp/whole.safetensors /tmp/resumed.safetensors
   local common=(fit examples/configs/fashion_mnist.json --device gpu --epochs 2 --verbose 0)
@@ -222,7 +225,7 @@ run() {
   fi
 
   # 5. The benchmark, dtrain then PyTorch on the same GPU (their tables in the log).
-  if fits "bench_gpu_mlp and PyTorch's"; then
+  if fits "bench_gpu_mlp and PyTorch's" 60; then
   say "== bench_gpu_mlp"
   timeout "$(bound 120)" "$bin/bench_gpu_mlp" --quick 2>&1 | tee -a "$log"
   local b_rc=${PIPESTATUS[0]}
@@ -255,7 +258,7 @@ bench() {
         'BEGIN {printf (b > 0 ? "%.2fx" : "no ratio"), (b > 0 ? a / b : 0)}'); ${2}x asked)"
   }
   local r_out p_out
-  if fits "residual CNN step, bf16, batch 256"; then
+  if fits "residual CNN step, bf16, batch 256" 100; then
   say "== bench_resnet --gpu --bf16"
   r_out=$(timeout "$(bound 60)" "$bin/bench_resnet" --gpu --bf16 --batch 256 --steps 50 2>&1)
   echo "$r_out" | tee -a "$log"
@@ -267,7 +270,7 @@ bench() {
   fi
   for shape in "128 64" "512 16"; do
     set -- $shape
-    fits "transformer step, length $1, batch $2" || continue
+    fits "transformer step, length $1, batch $2" 80 || continue
     say "== bench_transformer --gpu --length $1 --batch $2"
     r_out=$(timeout "$(bound 45)" "$bin/bench_transformer" --gpu --length "$1" --batch "$2" --steps 30 2>&1)
     echo "$r_out" | tee -a "$log"

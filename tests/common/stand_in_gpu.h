@@ -199,6 +199,7 @@ class StandInBackend final : public kernels::Backend {
   // Also as a GPU's: no wait, and the many-variable updates after a failed check skip
   // themselves.
   bool begin_finite_check(std::span<const Tensor* const> tensors) override {
+    if (checking_) DTRAIN_THROW(InvalidArgument, "begin_finite_check: a check on cuda:0 is under way already");
     check_failed_ = !finite(tensors);
     checking_ = true;
     return true;

@@ -390,6 +390,28 @@ TEST_F(Gpu, ALossScaleChecksEachStepWithoutAWaitOfItsOwn) {
   EXPECT_LE(testing::relative_difference(*gpu, *cpu), tolerance(2e-3));
 }
 
+// A check left to settle whose update could not be queued (here the first update's slots
+// find the device full) ends with the call that threw, counted as the check that waits
+// counts it; the next steps check and update as usual.
+TEST_F(Gpu, ALossScaleCheckEndsWithTheUpdateThatFailed) {
+  if (!gpu_.stand_in()) GTEST_SKIP() << "fills the stand-in's memory";
+  Variable w("w", Tensor::full({12345}, 1.0f).to(cuda0));
+  const Tensor good = Tensor::full({12345}, 2.0f).to(cuda0);
+  optim::Adam adam(0.01f);
+  adam.set_loss_scale(optim::LossScale{});
+  gpu_.stand_in_runtime()->set_limit(1);  // no fresh device memory: the slots cannot be made
+  EXPECT_THROW(adam.apply_scaled_gradients(std::span(&good, 1), std::span<Variable* const>({&w}), true),
+               ResourceExhausted);
+  gpu_.stand_in_runtime()->set_limit(0);
+  EXPECT_EQ(adam.iterations(), 0);
+  EXPECT_EQ(adam.loss_scale_good_steps(), 1);
+  const std::vector<float> before = w.value().to_vector();
+  adam.apply_scaled_gradients(std::span(&good, 1), std::span<Variable* const>({&w}), true);  // no check under way
+  adam.settle_loss_scale();
+  EXPECT_EQ(adam.iterations(), 1);
+  EXPECT_NE(w.value().to_vector(), before);
+}
+
 // The accuracies on a GPU read each row's class and its label (or its target's class)
 // with one copy, and count as on the CPU, a sequence's steps and weights included.
 TEST_F(Gpu, AccuracyReadsClassesAndLabelsWithOneCopy) {
@@ -410,6 +432,7 @@ TEST_F(Gpu, AccuracyReadsClassesAndLabelsWithOneCopy) {
   sparse_cpu.update_state(y, x);
   sparse_cpu.update_state(y, x, w);
   sparse_cpu.update_state(y.reshape({1, n}), x.reshape({1, n, classes}));  // a sequence's steps
+  sparse_cpu.update_state(y.reshape({n, 1}), x);
   dense_cpu.update_state(t, x);
   const Tensor xg = x.to(cuda0), tg = t.to(cuda0), yg = y.to(cuda0);
   std::uint64_t before = runtime.host_waits(0);
@@ -417,6 +440,7 @@ TEST_F(Gpu, AccuracyReadsClassesAndLabelsWithOneCopy) {
   EXPECT_EQ(runtime.host_waits(0) - before, 1u);
   sparse_gpu.update_state(yg, xg, w);
   sparse_gpu.update_state(yg.reshape({1, n}), xg.reshape({1, n, classes}));
+  sparse_gpu.update_state(yg.reshape({n, 1}), xg);
   before = runtime.host_waits(0);
   dense_gpu.update_state(tg, xg);
   EXPECT_EQ(runtime.host_waits(0) - before, 1u);

@@ -178,6 +178,11 @@ class Model::Trainer {
   ~Trainer() {
     gpu_clock_.time_kernels(false);
     gpu_clock_.time_copies(false);
+    // A step that threw after queuing its update left the loss scale's check to settle.
+    try {
+      if (model_.optimizer_) model_.optimizer_->settle_loss_scale();
+    } catch (...) {  // the device failed: the step's own error says so
+    }
   }
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;

@@ -2,6 +2,7 @@
 #include "dtrain/optim/optimizer.h"
 
 #include <algorithm>
+#include <exception>
 #include <utility>
 #include <cmath>
 
@@ -58,7 +59,16 @@ void check_loss_scale(const LossScale& settings, float scale, std::int64_t good_
                  " good steps is not one a LossScaleOptimizer reaches");
 }
 
+Optimizer::~Optimizer() {
+  // A check left to settle would keep the device's updates reading its answer.
+  if (unsettled_ != nullptr) try {
+      (void)unsettled_->finite_check_passed();
+    } catch (...) {
+    }
+}
+
 void Optimizer::set_loss_scale(std::optional<LossScale> options) {
+  settle_loss_scale();
   if (options) {
     try {
       check_loss_scale(*options, options->initial_scale, 0);
@@ -73,6 +83,7 @@ void Optimizer::set_loss_scale(std::optional<LossScale> options) {
 }
 
 void Optimizer::set_loss_scale_state(float scale, std::int64_t good_steps) {
+  settle_loss_scale();
   if (!loss_scale_options_) DTRAIN_THROW(InvalidArgument, name_, ": has no loss scale to set");
   try {
     check_loss_scale(*loss_scale_options_, scale, good_steps);
@@ -99,6 +110,15 @@ void Optimizer::settle_loss_scale() {
   const bool finite = backend->finite_check_passed();
   if (!finite) --iterations_;  // the update skipped itself on the device
   count_check(finite);
+}
+
+void Optimizer::abandon_check() noexcept {
+  if (unsettled_ == nullptr) return;
+  kernels::Backend* backend = std::exchange(unsettled_, nullptr);
+  try {
+    count_check(backend->finite_check_passed());
+  } catch (...) {  // the device failed: the error that made this call throw says so
+  }
 }
 
 void Optimizer::apply_unscaled_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars) {
@@ -140,8 +160,18 @@ void Optimizer::count_check(bool finite) {
 
 void Optimizer::apply(std::span<const Tensor> grads, std::span<Variable* const> vars, float factor, bool checked,
                       bool settle_later) {
+  settle_loss_scale();  // one left by the step before
   if (grads.size() != vars.size())
     DTRAIN_THROW(InvalidArgument, name_, ": ", grads.size(), " gradients given for ", vars.size(), " variables");
+  // A check begun below and left to settle ends here if this call throws before its update
+  // is queued (the device's updates would otherwise go on reading its answer).
+  struct AbandonOnThrow {
+    Optimizer& o;
+    int exceptions = std::uncaught_exceptions();
+    ~AbandonOnThrow() {
+      if (std::uncaught_exceptions() > exceptions) o.abandon_check();
+    }
+  } abandon_on_throw{*this};
   if (gradient_sink) {
     if (checked)
       DTRAIN_THROW(InvalidArgument, name_,

@@ -48,7 +48,7 @@ void check_loss_scale(const LossScale& settings, float scale, std::int64_t good_
 class Optimizer {
  public:
   Optimizer(std::string name, std::shared_ptr<LearningRateSchedule> learning_rate, OptimizerOptions options);
-  virtual ~Optimizer() = default;
+  virtual ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
@@ -60,7 +60,10 @@ class Optimizer {
 
   const std::string& name() const { return name_; }
   std::int64_t iterations() const { return iterations_; }
-  void set_iterations(std::int64_t n) { iterations_ = n; }
+  void set_iterations(std::int64_t n) {
+    settle_loss_scale();
+    iterations_ = n;
+  }
   // The learning rate the next update will use: the schedule's, times the scale.
   float learning_rate() const { return (*learning_rate_)(iterations_) * learning_rate_scale_; }
   // A factor on the schedule's rate (1 unless set): an elastic job that keeps each
@@ -113,7 +116,9 @@ class Optimizer {
   void apply_scaled_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars,
                               bool settle_later = false);
   // Takes the answer of a check left to settle (fit calls it once it has waited for the
-  // step's loss, when the answer is there already). Nothing where none is left.
+  // step's loss, when the answer is there already). Nothing where none is left. Every
+  // update and every setter of the state settles first; the getters give the state as
+  // the last settled check left it. One check at a time on a device (fit's thread's).
   void settle_loss_scale();
   // Gradients divided by the scale already (TensorFlow 2's get_unscaled_gradients): checked
   // and applied, or the step skipped.
@@ -157,6 +162,9 @@ class Optimizer {
   void find_check_devices(std::span<const Tensor> grads);
   // The scale moved on for a check's answer.
   void count_check(bool finite);
+  // Ends a check left to settle whose update was not queued (the call applying it threw):
+  // counted as the check that waits would have counted it. Never throws.
+  void abandon_check() noexcept;
   // The backend whose check is left to settle (null: none).
   kernels::Backend* unsettled_ = nullptr;
 

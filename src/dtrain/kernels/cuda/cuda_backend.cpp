@@ -655,8 +655,12 @@ bool CudaBackend::take_deferred_non_finite() {
   // fit asks after its step's reads of the loss and the metrics, when the stream has
   // passed the updates already: no wait then.
   const cudaError_t idle = cudaStreamQuery(launch_.stream);
-  if (idle == cudaErrorNotReady) synchronize();
-  else detail::check_cuda(idle, "cudaStreamQuery (the updates' non-finite flag)", index_);
+  if (idle == cudaErrorNotReady) {
+    synchronize();
+  } else {
+    detail::check_cuda(idle, "cudaStreamQuery (the updates' non-finite flag)", index_);
+    report_faults();  // as synchronize() does: a label out of range the last kernels found
+  }
   volatile int& flag = flags_->non_finite;
   const bool bad = flag != 0;
   flag = 0;
