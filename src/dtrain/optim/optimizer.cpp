@@ -59,13 +59,8 @@ void check_loss_scale(const LossScale& settings, float scale, std::int64_t good_
                  " good steps is not one a LossScaleOptimizer reaches");
 }
 
-Optimizer::~Optimizer() {
-  // A check left to settle would keep the device's updates reading its answer.
-  if (unsettled_ != nullptr) try {
-      (void)unsettled_->finite_check_passed();
-    } catch (...) {
-    }
-}
+// A check left to settle would keep the device's updates reading its answer.
+Optimizer::~Optimizer() { abandon_check(); }
 
 void Optimizer::set_loss_scale(std::optional<LossScale> options) {
   settle_loss_scale();
@@ -104,21 +99,37 @@ void Optimizer::apply_scaled_gradients(std::span<const Tensor> grads, std::span<
   apply(grads, vars, loss_scale_options_ ? 1.0f / loss_scale_ : 1.0f, loss_scale_options_.has_value(), settle_later);
 }
 
-void Optimizer::settle_loss_scale() {
-  if (unsettled_ == nullptr) return;
-  kernels::Backend* backend = std::exchange(unsettled_, nullptr);
-  const bool finite = backend->finite_check_passed();
-  if (!finite) --iterations_;  // the update skipped itself on the device
+bool Optimizer::take_check() {
+  const bool finite = std::exchange(unsettled_, nullptr)->finite_check_passed();
   count_check(finite);
+  return finite;
+}
+
+void Optimizer::settle_loss_scale() {
+  if (unsettled_ != nullptr && !take_check()) --iterations_;  // the update skipped itself on the device
 }
 
 void Optimizer::abandon_check() noexcept {
   if (unsettled_ == nullptr) return;
-  kernels::Backend* backend = std::exchange(unsettled_, nullptr);
   try {
-    count_check(backend->finite_check_passed());
+    take_check();
   } catch (...) {  // the device failed: the error that made this call throw says so
   }
+}
+
+bool Optimizer::queue_check(std::span<const Tensor> grads, std::span<Variable* const> vars) {
+  if (options_.clipnorm || options_.global_clipnorm ||
+      std::any_of(vars.begin(), vars.end(), [](const Variable* v) { return v->constraint().has_value(); }))
+    return false;
+  find_check_devices(grads);
+  if (check_devices_.size() != 1 || check_devices_.front().is_cpu()) return false;
+  check_list_.clear();
+  for (const Tensor& g : grads)
+    if (g.defined()) check_list_.push_back(&g);
+  kernels::Backend& b = kernels::backend(check_devices_.front());
+  if (!b.begin_finite_check(check_list_)) return false;
+  unsettled_ = &b;
+  return true;
 }
 
 void Optimizer::apply_unscaled_gradients(std::span<const Tensor> grads, std::span<Variable* const> vars) {
@@ -208,24 +219,9 @@ void Optimizer::apply(std::span<const Tensor> grads, std::span<Variable* const> 
   // A loss scale's skipped step changes nothing, the iteration count included. Left to
   // settle, the check is queued on the gradients' one device, which skips the update
   // itself; a constraint would still act on the weights, and clipping reads the norms.
-  if (checked && loss_scale_options_->dynamic) {
-    bool queued = false;
-    if (settle_later && !options_.clipnorm && !options_.global_clipnorm &&
-        std::none_of(vars.begin(), vars.end(), [](const Variable* v) { return v->constraint().has_value(); })) {
-      find_check_devices(grads);
-      if (check_devices_.size() == 1 && !check_devices_.front().is_cpu()) {
-        check_list_.clear();
-        for (const Tensor& g : grads)
-          if (g.defined()) check_list_.push_back(&g);
-        kernels::Backend& b = kernels::backend(check_devices_.front());
-        if (b.begin_finite_check(check_list_)) {
-          unsettled_ = &b;
-          queued = true;
-        }
-      }
-    }
-    if (!queued && !update_loss_scale(grads)) return;
-  }
+  if (checked && loss_scale_options_->dynamic && !(settle_later && queue_check(grads, vars)) &&
+      !update_loss_scale(grads))
+    return;
   // Norms cost a pass over every gradient, so they are computed only when clipping needs them.
   if (options_.clipnorm || options_.global_clipnorm) {
     norms_.assign(vars.size(), 0.0);  // the member keeps its capacity: no allocation per step
@@ -260,11 +256,7 @@ void Optimizer::apply(std::span<const Tensor> grads, std::span<Variable* const> 
   std::optional<bool> finite = one_device && !items_.empty() ? update_all(items_, lr) : std::nullopt;
   if (!finite) {
     // The updates one by one do not read a check under way: its answer first.
-    if (unsettled_ != nullptr) {
-      const bool passed = std::exchange(unsettled_, nullptr)->finite_check_passed();
-      count_check(passed);
-      if (!passed) return;
-    }
+    if (unsettled_ != nullptr && !take_check()) return;
     finite = true;
     std::size_t k = 0;
     for (size_t i = 0; i < vars.size(); ++i)

@@ -162,6 +162,11 @@ class Optimizer {
   void find_check_devices(std::span<const Tensor> grads);
   // The scale moved on for a check's answer.
   void count_check(bool finite);
+  // Where the device can (one GPU; no clipping or constraint), queues the check of `grads`
+  // for the updates to read, left to settle; whether it did.
+  bool queue_check(std::span<const Tensor> grads, std::span<Variable* const> vars);
+  // The answer of the check left to settle, counted (the check closed).
+  bool take_check();
   // Ends a check left to settle whose update was not queued (the call applying it threw):
   // counted as the check that waits would have counted it. Never throws.
   void abandon_check() noexcept;

@@ -447,33 +447,45 @@ double CudaBackend::sum_squares(const Tensor& x) {
   return out;
 }
 
-bool CudaBackend::all_finite(std::span<const Tensor* const> tensors) {
+namespace {
+
+// The operands of a check of gradients: float32, on `device`.
+void check_finite_operands(const char* call, Device device, std::span<const Tensor* const> tensors) {
   for (const Tensor* t : tensors) {
-    check_devices("all_finite", device(), {t});
-    t->check_dtype(DType::f32, "all_finite");
+    check_devices(call, device, {t});
+    t->check_dtype(DType::f32, call);
   }
-  // Only these kernels write the flag, and each call has waited for its own: no kernel
-  // still writes it while the host clears it. One call at a time.
-  std::lock_guard lock(finite_mutex_);
-  volatile int& flag = flags_->gradient_non_finite;
-  flag = 0;
-  const cuda::Launch l = launch();
+}
+
+// *found = 1 (device memory, or host-mapped) where one of `tensors` holds a NaN or an
+// infinity: one launch per kManyTensors of them.
+void find_non_finite(const cuda::Launch& l, std::span<const Tensor* const> tensors, int* found) {
   in_groups(
       tensors.size(),
       [&](std::size_t i, cuda::ManyTensors& t, int k) {
         t.g[k] = tensors[i]->device_data<float>();
         return tensors[i]->numel();
       },
-      [&](const cuda::ManyTensors& t) { cuda::find_non_finite_many(l, t, &device_flags_->gradient_non_finite); });
+      [&](const cuda::ManyTensors& t) { cuda::find_non_finite_many(l, t, found); });
+}
+
+}  // namespace
+
+bool CudaBackend::all_finite(std::span<const Tensor* const> tensors) {
+  check_finite_operands("all_finite", device(), tensors);
+  // Only these kernels write the flag, and each call has waited for its own: no kernel
+  // still writes it while the host clears it. One call at a time.
+  std::lock_guard lock(finite_mutex_);
+  volatile int& flag = flags_->gradient_non_finite;
+  flag = 0;
+  const cuda::Launch l = launch();
+  find_non_finite(l, tensors, &device_flags_->gradient_non_finite);
   synchronize();
   return flag == 0;
 }
 
 bool CudaBackend::begin_finite_check(std::span<const Tensor* const> tensors) {
-  for (const Tensor* t : tensors) {
-    check_devices("begin_finite_check", device(), {t});
-    t->check_dtype(DType::f32, "begin_finite_check");
-  }
+  check_finite_operands("begin_finite_check", device(), tensors);
   if (skip_ != nullptr)
     DTRAIN_THROW(InvalidArgument, "begin_finite_check: a check on ", device().to_string(),
                  " is under way already; finite_check_passed() ends it");
@@ -482,13 +494,7 @@ bool CudaBackend::begin_finite_check(std::span<const Tensor* const> tensors) {
   const cuda::Launch l = launch();
   detail::check_cuda(cudaMemsetAsync(flag, 0, sizeof(int), l.stream), "cudaMemsetAsync (the loss scale's check)",
                      index_);
-  in_groups(
-      tensors.size(),
-      [&](std::size_t i, cuda::ManyTensors& t, int k) {
-        t.g[k] = tensors[i]->device_data<float>();
-        return tensors[i]->numel();
-      },
-      [&](const cuda::ManyTensors& t) { cuda::find_non_finite_many(l, t, flag); });
+  find_non_finite(l, tensors, flag);
   detail::check_cuda(cudaMemcpyAsync(&flags_->check_non_finite, flag, sizeof(int), cudaMemcpyDeviceToHost, l.stream),
                      "cudaMemcpyAsync (the loss scale's check, to the host)", index_);
   check_copied_ = detail::cuda_runtime().record(index_);
