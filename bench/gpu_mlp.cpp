@@ -1,8 +1,9 @@
 // Training steps on the GPU (cuda:0), printed as tables for docs/benchmarks.md and the
 // device check (scripts/gpu-check.sh):
 //  1. The seeds' large MLP (1024 -> 1024 relu -> 1024 relu -> 10, Adam, cross-entropy from
-//     logits) at several batches: samples/s of fit (which reads the loss every step, as
-//     Keras's progress does) and of a custom loop that reads it only at the end.
+//     logits) at several batches: samples/s of a custom loop that reads the loss only at
+//     the end, and of fit (which reads the loss every step, as Keras's progress does) with
+//     its steps run kernel by kernel and replayed as CUDA graphs (FitOptions::cuda_graph).
 //  2. A GEMM-bound MLP of 8192-wide layers in bfloat16 (mixed_bfloat16): its step against the
 //     sum of the step's matrix products timed alone through the same cuBLASLt path, and the
 //     dense bf16 rate those products reach alone.
@@ -57,16 +58,19 @@ double loop_step_seconds(Sequential& model, const Tensor& x, const Tensor& y, in
 }
 
 // Samples per second of fit() over host data (batches copied to the GPU, the loss read
-// every step), the first epoch left out.
-double fit_samples_per_second(Sequential& model, std::int64_t batch, int steps) {
+// every step), the first epoch left out; with its steps replayed as CUDA graphs or not.
+double fit_samples_per_second(Sequential& model, std::int64_t batch, int steps, bool graph) {
   const data::Split d = data::make_synthetic(batch * steps, model.input_shape()->dims()[0], 10, 3);
   FitOptions o;
   o.epochs = 3;
   o.batch_size = batch;
   o.verbose = 0;
   o.shuffle = false;
+  o.cuda_graph = graph;
   const DevicePlacement on_gpu(kGpu);
   const History h = model.fit(d.x, d.y, o);
+  if (graph && !h.cuda_graph.not_used.empty())
+    std::printf("(fit did not use CUDA graphs: %s)\n", h.cuda_graph.not_used.c_str());
   return bench::median(std::vector<double>(h.samples_per_second.begin() + 1, h.samples_per_second.end()));
 }
 
@@ -83,16 +87,19 @@ int main(int argc, char** argv) {
 
   std::printf("The seeds' large MLP (1024-1024-1024-10, Adam), float32 (exact, no TF32); median of 5 runs of %d steps\n\n",
               steps);
-  std::printf("| batch | custom loop ms/step | custom loop samples/s | fit samples/s (loss read every step) |\n"
-              "|---|---|---|---|\n");
+  std::printf("| batch | custom loop ms/step | custom loop samples/s | fit samples/s, kernel by kernel | "
+              "fit samples/s, CUDA graphs | graphs / kernel by kernel |\n"
+              "|---|---|---|---|---|---|\n");
   for (const std::int64_t batch : {64, 512, 4096}) {
     auto model = mlp({1024, 1024, 1024, 10}, "float32");
     const data::Split d = data::make_synthetic(batch, 1024, 10, 2);
     const Tensor x = d.x.to(kGpu), y = d.y.to(kGpu);
     const double s = loop_step_seconds(*model, x, y, steps);
-    auto fitted = mlp({1024, 1024, 1024, 10}, "float32");
-    const double fit_sps = fit_samples_per_second(*fitted, batch, quick ? 20 : 100);
-    std::printf("| %lld | %.4f | %.0f | %.0f |\n", static_cast<long long>(batch), s * 1e3, batch / s, fit_sps);
+    auto eager = mlp({1024, 1024, 1024, 10}, "float32"), graphed = mlp({1024, 1024, 1024, 10}, "float32");
+    const double eager_sps = fit_samples_per_second(*eager, batch, quick ? 20 : 100, false);
+    const double graph_sps = fit_samples_per_second(*graphed, batch, quick ? 20 : 100, true);
+    std::printf("| %lld | %.4f | %.0f | %.0f | %.0f | %.2f |\n", static_cast<long long>(batch), s * 1e3, batch / s,
+                eager_sps, graph_sps, graph_sps / eager_sps);
     std::fflush(stdout);
   }
 

@@ -161,6 +161,12 @@ run() {
   acc=$(echo "$fit_out" | grep -oP '^test:.*accuracy \K[0-9.]+' | tail -1)
   row "Fashion-MNIST MLP, 10 epochs" "$(awk -v a="${acc:-0}" 'BEGIN {print (a >= 0.88 ? "passed" : "FAILED")}')" \
       "test accuracy ${acc:-none} (>= 0.88 asked)"
+  # Its steps after the first two replay CUDA graphs; the summary says how many, or why not.
+  local graphs
+  graphs=$(python3 -c 'import json,sys; g=json.load(open(sys.argv[1])).get("cuda_graph",{}); print(g.get("replays",0), g.get("not_used","") or "-")' \
+           /tmp/fm.json 2>/dev/null)
+  row "CUDA graphs in the MLP run" "$([ "${graphs%% *}" -gt 0 ] 2>/dev/null && echo used || echo "NOT USED")" \
+      "${graphs:-no summary} (replays, why not)"
   fi
   if fits "Fashion-MNIST residual CNN, 12 epochs"; then
   say "== the residual CNN on Fashion-MNIST on the GPU"
@@ -170,6 +176,9 @@ run() {
   acc=$(echo "$cnn_out" | grep -oP '^test:.*accuracy \K[0-9.]+' | tail -1)
   row "Fashion-MNIST residual CNN, 12 epochs" \
       "$(awk -v a="${acc:-0}" 'BEGIN {print (a >= 0.925 ? "passed" : "FAILED")}')" "test accuracy ${acc:-none} (>= 0.925 asked)"
+  local cnn_graph
+  cnn_graph=$(echo "$cnn_out" | grep -oP 'not as a CUDA graph: \K.*' | head -1)
+  row "CUDA graphs in the CNN run (cuDNN)" "$([ -z "$cnn_graph" ] && echo used || echo "NOT USED")" "${cnn_graph:-replayed}"
   fi
   if fits "killed at step 300, resumed" 90; then
   say "== a run killed at step 300 and resumed, against one uninterrupted"

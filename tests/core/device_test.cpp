@@ -124,6 +124,35 @@ TEST(BlockCache, ReusesABlockOnlyForItsClassAndStream) {
   EXPECT_EQ(cache.stats().bytes_cached, 0u);
 }
 
+TEST(BlockCache, APoolKeepsItsBlocksFromOthersUntilClosed) {
+  FakeMemory memory;
+  BlockCache cache("cuda:0", memory.source());
+  void* shared = cache.allocate(1000);
+  cache.deallocate(shared, 1000);
+  const int pool = cache.open_pool();
+  void* a = cache.allocate_in(pool, 1000);
+  EXPECT_EQ(a, shared);  // the shared lists' block first: its work was queued before
+  cache.deallocate(a, 1000);
+  void* b = cache.allocate(1000);  // the pool's block is the graph's: not handed out
+  EXPECT_NE(b, a);
+  EXPECT_EQ(cache.allocate_in(pool, 900), a);  // but the pool reuses it
+  void* c = cache.allocate_in(pool, 5000);
+  cache.deallocate(c, 5000);
+  EXPECT_EQ(cache.stats().bytes_in_use, 1024u + 1024u + 5120u);  // a pool's blocks are the graph's
+  EXPECT_EQ(cache.stats().bytes_cached, 0u);
+  cache.release_cached();
+  EXPECT_EQ(memory.frees, 0);  // a pool's unused blocks are not freed under the graph
+  cache.close_pool(pool);
+  EXPECT_EQ(cache.stats().bytes_cached, 5120u);  // c joined the shared lists
+  EXPECT_EQ(cache.allocate(5000), c);
+  cache.deallocate(a, 1000);  // in use when its pool closed: to the shared lists
+  EXPECT_EQ(cache.allocate(1000), a);
+  EXPECT_THROW(cache.allocate_in(pool, 10), InternalError);
+  for (void* p : {a, b}) cache.deallocate(p, 1000);
+  cache.deallocate(c, 5000);
+  EXPECT_EQ(cache.stats().bytes_in_use, 0u);
+}
+
 TEST(BlockCache, ARepeatedStepStopsReachingTheDeviceAfterItsFirst) {
   FakeMemory memory;
   BlockCache cache("cuda:0", memory.source());

@@ -95,6 +95,7 @@ struct Overrides {
   std::int64_t steps_per_epoch = 0;
   std::string save_weights, summary, weights, dtype_policy, strategy, profile, tensorboard;
   std::string device = "auto";  // cpu, gpu (or a name like /GPU:1) or auto: a GPU where one is present
+  std::string cuda_graph = "on";  // on a GPU: the step replayed as CUDA graphs after warm-up
   std::string fault_slow;  // testing: worker:K:Fx (cli/fault.h)
   std::string fault_kill, fault_term, fault_stop;  // testing: worker:K:S (cli/fault.h)
   // Checkpoints (BackupAndRestore): override the config's "checkpoint".
@@ -493,6 +494,7 @@ int run_fit(const std::string& path, const Overrides& o) {
                           .gradient_accumulation_steps = c.gradient_accumulation_steps,
                           .steps_per_execution = o.steps_per_execution,
                           .gradient_noise_every = o.gradient_noise_every,
+                          .cuda_graph = o.cuda_graph == "on",
                           .callbacks = {memory},
                           .verbose = c.verbose};
   if (c.data.pipeline) fit_options.steps_per_epoch = o.steps_per_epoch;
@@ -579,7 +581,12 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["config"] = path;
     j["threads"] = num_threads();
     j["device"] = device.to_string();
-    if (!device.is_cpu()) j["device_name"] = device_runtime(device.type)->properties(device.index).name;
+    if (!device.is_cpu()) {
+      j["device_name"] = device_runtime(device.type)->properties(device.index).name;
+      j["cuda_graph"] = {{"captures", h.cuda_graph.captures},
+                         {"replays", h.cuda_graph.replays},
+                         {"not_used", h.cuda_graph.not_used}};
+    }
     j["dtype_policy"] = model_policy(*model);
     j["strategy"] = ps ? ps->name() : strategy ? strategy->name() : "default";
     j["replicas"] = replicas;  // in sync, over every worker
@@ -851,6 +858,10 @@ int main(int argc, char** argv) {
   add_run_flags(fit);
   add_strategy_flags(fit);
   fit->add_option("--save-weights", o.save_weights, "Save the trained weights (safetensors) here")->check(a_path);
+  fit->add_option("--cuda-graph", o.cuda_graph,
+                  "on a GPU: on (default) replays the step as CUDA graphs after its first two steps; off runs "
+                  "every step kernel by kernel")
+      ->check(CLI::IsMember({"on", "off"}));
   fit->add_option("--profile", o.profile,
                   "Write a Chrome trace of every step phase here (Perfetto, chrome://tracing); worker K of several "
                   "writes NAME.worker-K.json")

@@ -59,8 +59,12 @@ BlockCache::~BlockCache() {
 
 void* BlockCache::allocate(std::size_t bytes, int stream) {
   const std::size_t size = size_class(bytes);
-  std::unique_lock lock(mutex_);
+  std::lock_guard lock(mutex_);
   ++stats_.allocations;
+  return allocate_locked(bytes, size, stream);
+}
+
+void* BlockCache::allocate_locked(std::size_t bytes, std::size_t size, int stream) {
   if (auto it = free_.find({stream, size}); it != free_.end() && !it->second.empty()) {
     void* p = it->second.back();
     it->second.pop_back();
@@ -97,9 +101,54 @@ void BlockCache::deallocate(void* data, std::size_t bytes, int stream) {
   if (data == nullptr) return;
   const std::size_t size = size_class(bytes);
   std::lock_guard lock(mutex_);
+  if (!pooled_.empty())
+    if (const auto it = pooled_.find(data); it != pooled_.end()) {
+      if (const auto pool = pools_.find(it->second); pool != pools_.end()) {
+        pool->second[size].push_back(data);  // still the graph's
+        return;
+      }
+      pooled_.erase(it);  // its pool was closed while it was in use
+    }
   stats_.bytes_in_use -= size;
   stats_.bytes_cached += size;
   free_[{stream, size}].push_back(data);
+}
+
+int BlockCache::open_pool() {
+  std::lock_guard lock(mutex_);
+  const int id = next_pool_++;
+  pools_[id];
+  return id;
+}
+
+void* BlockCache::allocate_in(int pool, std::size_t bytes) {
+  const std::size_t size = size_class(bytes);
+  std::lock_guard lock(mutex_);
+  const auto it = pools_.find(pool);
+  if (it == pools_.end()) DTRAIN_THROW(InternalError, "allocate_in: pool ", pool, " of ", where_, " is not open");
+  ++stats_.allocations;
+  if (std::vector<void*>& blocks = it->second[size]; !blocks.empty()) {
+    void* p = blocks.back();
+    blocks.pop_back();
+    return p;
+  }
+  void* p = allocate_locked(bytes, size, 0);
+  pooled_[p] = pool;
+  return p;
+}
+
+void BlockCache::close_pool(int pool) {
+  std::lock_guard lock(mutex_);
+  const auto it = pools_.find(pool);
+  if (it == pools_.end()) return;
+  for (auto& [size, blocks] : it->second)
+    for (void* p : blocks) {
+      pooled_.erase(p);
+      stats_.bytes_in_use -= size;
+      stats_.bytes_cached += size;
+      free_[{0, size}].push_back(p);
+    }
+  pools_.erase(it);
 }
 
 void BlockCache::release_cached() {

@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -61,8 +62,19 @@ class BlockCache {
   void* allocate(std::size_t bytes, int stream = 0);
   // `bytes` and `stream` as given to allocate().
   void deallocate(void* data, std::size_t bytes, int stream = 0);
-  // Frees every unused block (after the source's synchronize).
+  // Frees every unused block (after the source's synchronize); not a pool's.
   void release_cached();
+
+  // Private pools: the memory of a captured CUDA graph, whose replays write to the blocks
+  // its capture was given, so nothing else may have them while it lives. A block
+  // allocated into a pool goes back to that pool when deallocated (whatever the stream),
+  // and only allocate_in hands it out again, until close_pool: then the pool's unused
+  // blocks join the shared lists, and its blocks deallocated later go there too. A pool
+  // takes the shared lists' blocks before asking the source: their earlier work was queued
+  // before the graph's. A pool's blocks count as in use (by the graph) until closed.
+  int open_pool();
+  void* allocate_in(int pool, std::size_t bytes);
+  void close_pool(int pool);
   DeviceMemoryStats stats() const;
 
   // Sizes are rounded up to a class: 512-byte steps below 1 MiB, 2 MiB steps above (the
@@ -71,6 +83,7 @@ class BlockCache {
 
  private:
   void release_locked();
+  void* allocate_locked(std::size_t bytes, std::size_t size, int stream);
 
   std::string where_;
   Source source_;
@@ -78,6 +91,9 @@ class BlockCache {
   std::map<std::pair<int, std::size_t>, std::vector<void*>> free_;  // (stream, class) -> blocks
   DeviceMemoryStats stats_;
   std::size_t bytes_reserved_ = 0;
+  std::map<int, std::map<std::size_t, std::vector<void*>>> pools_;  // open pools' unused blocks, by class
+  std::unordered_map<void*, int> pooled_;  // every block a pool handed out, to its pool
+  int next_pool_ = 1;
 };
 
 }  // namespace dtrain

@@ -21,6 +21,12 @@ void check_cuda(cudaError_t status, std::string_view call, int device) {
   const std::string where = Device::cuda(device).to_string();
   if (status == cudaErrorMemoryAllocation)
     DTRAIN_THROW(ResourceExhausted, "out of memory on ", where, " in ", call, " (", cudaGetErrorName(status), ")");
+  // A call that a graph's capture cannot record (a library's synchronous work, say).
+  if (status == cudaErrorStreamCaptureUnsupported || status == cudaErrorStreamCaptureInvalidated ||
+      status == cudaErrorStreamCaptureImplicit || status == cudaErrorStreamCaptureIsolation ||
+      status == cudaErrorStreamCaptureUnjoined || status == cudaErrorCapturedEvent)
+    DTRAIN_THROW(NotCapturable, call, " on ", where, " cannot be part of a CUDA graph: ", cudaGetErrorString(status),
+                 " (", cudaGetErrorName(status), ")");
   DTRAIN_THROW(DeviceError, "CUDA error on ", where, " in ", call, ": ", cudaGetErrorString(status), " (",
                cudaGetErrorName(status), ")",
                sticky ? "; a kernel queued before this call failed and the device can run nothing more in this "
@@ -46,7 +52,31 @@ struct CudaRuntime::PerDevice {
   bool timing_copies = false;
   std::vector<TimedCopy> timed;
   std::vector<CopySpan> spans;
+  // A graph's capture takes everything queued on the compute stream, from any thread: the
+  // capturing thread holds `capture_gate` from begin_capture to end_capture, and another
+  // thread's call that queues work there (an input pipeline's event, a copy) holds it
+  // shared, so it waits for the capture's end instead of joining the graph.
+  std::shared_mutex capture_gate;
+  int capture_pool = 0;  // the cache's pool the capture allocates from
 };
+
+namespace {
+
+// The device the calling thread captures on (-1: none).
+thread_local int captured_device = -1;
+
+// A captured graph, instantiated; its memory pool closes with it.
+struct CudaGraph {
+  cudaGraphExec_t exec = nullptr;
+  BlockCache* cache = nullptr;
+  int pool = 0;
+  ~CudaGraph() {
+    if (exec) (void)cudaGraphExecDestroy(exec);  // at exit CUDA may be gone before it
+    cache->close_pool(pool);
+  }
+};
+
+}  // namespace
 
 CudaRuntime::CudaRuntime() = default;
 
@@ -110,14 +140,20 @@ void CudaRuntime::use(int index) {
 cudaStream_t CudaRuntime::stream(int index) {
   PerDevice& d = device(index);
   use(index);
-  std::call_once(d.made, [&d, index] {
+  std::call_once(d.made, [this, &d, index] {
     check_cuda(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", index);
     d.cache = std::make_unique<BlockCache>(
         Device::cuda(index).to_string(),
         BlockCache::Source{
             [index](std::size_t bytes) -> void* {
               void* p = nullptr;
+              // A graph's capture may need fresh memory: cudaMalloc is not part of the
+              // graph, and the block stays the graph's (the cache's pool), so the capture
+              // may let it through.
+              cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+              (void)cudaThreadExchangeStreamCaptureMode(&mode);
               const cudaError_t status = cudaMalloc(&p, bytes);
+              (void)cudaThreadExchangeStreamCaptureMode(&mode);
               if (status == cudaErrorMemoryAllocation) {
                 (void)cudaGetLastError();
                 return nullptr;
@@ -131,7 +167,8 @@ cudaStream_t CudaRuntime::stream(int index) {
               check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo", index);
               return {free, total};
             },
-            [&d, index] {
+            [this, &d, index] {
+              refuse_while_capturing(index, "freeing the memory cache (the device's memory ran out)");
               ++d.waits;
               check_cuda(cudaStreamSynchronize(d.stream), "cudaStreamSynchronize", index);
             }});
@@ -141,7 +178,11 @@ cudaStream_t CudaRuntime::stream(int index) {
 
 void* CudaRuntime::allocate(int index, std::size_t bytes) {
   stream(index);  // makes the device current and its cache
-  return device(index).cache->allocate(bytes);
+  PerDevice& d = device(index);
+  if (captured_device == index) return d.cache->allocate_in(d.capture_pool, bytes);
+  // Its cache may wait for the compute stream (to free blocks when the device is full).
+  const auto held = hold_off_capture(index);
+  return d.cache->allocate(bytes);
 }
 
 void CudaRuntime::deallocate(int index, void* data, std::size_t bytes) {
@@ -211,6 +252,21 @@ void CudaRuntime::copy(void* dst, Device dst_device, const void* src, Device src
     std::memmove(dst, src, bytes);
     return;
   }
+  if (dst_device.is_cpu() || src_device.is_cpu()) {
+    const int index = dst_device.is_cpu() ? src_device.index : dst_device.index;
+    refuse_while_capturing(index, detail::concat("a copy of ", bytes, " bytes from ", src_device.to_string(), " to ",
+                                                 dst_device.to_string(), " (the host's side is read now, or wanted now)"));
+  } else if (src_device.index != dst_device.index) {
+    refuse_while_capturing(src_device.index, "a copy between GPUs");
+    refuse_while_capturing(dst_device.index, "a copy between GPUs");
+  }
+  // Both devices' captures wait (in the devices' order), and so does the one device's.
+  const int first = dst_device.is_cpu() ? src_device.index
+                    : src_device.is_cpu() ? dst_device.index
+                                          : std::min(src_device.index, dst_device.index);
+  const int second = dst_device.is_cpu() || src_device.is_cpu() ? first : std::max(src_device.index, dst_device.index);
+  const auto held_first = hold_off_capture(first);
+  const auto held_second = second != first ? hold_off_capture(second) : std::shared_lock<std::shared_mutex>();
   if (dst_device.is_cpu()) {  // device to host: the host wants the values now
     cudaStream_t s = stream(src_device.index);
     check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s),
@@ -247,17 +303,91 @@ void CudaRuntime::copy(void* dst, Device dst_device, const void* src, Device src
 }
 
 void CudaRuntime::zero(int index, void* data, std::size_t bytes) {
+  const auto held = hold_off_capture(index);
   check_cuda(cudaMemsetAsync(data, 0, bytes, stream(index)), detail::concat("cudaMemsetAsync(", bytes, " bytes)"),
              index);
 }
 
 void CudaRuntime::synchronize(int index) {
+  refuse_while_capturing(index, "synchronize (a wait for the device)");
+  const auto held = hold_off_capture(index);
   ++device(index).waits;
   check_cuda(cudaStreamSynchronize(stream(index)), "cudaStreamSynchronize", index);
 }
 
 std::uint64_t CudaRuntime::host_waits(int index) { return device(index).waits.load(); }
-void CudaRuntime::count_wait(int index) { ++device(index).waits; }
+void CudaRuntime::count_wait(int index, std::string_view call) {
+  refuse_while_capturing(index, call);
+  ++device(index).waits;
+}
+
+void CudaRuntime::refuse_while_capturing(int index, std::string_view call) {
+  if ((captured_device == index))
+    DTRAIN_THROW(NotCapturable, call, " on cuda:", index, " cannot be part of a CUDA graph");
+}
+
+bool CudaRuntime::can_capture(int index) { return index >= 0 && index < count(); }
+
+bool CudaRuntime::capturing(int index) { return captured_device == index; }
+
+std::shared_lock<std::shared_mutex> CudaRuntime::hold_off_capture(int index) {
+  if (captured_device == index) return {};  // the capturing thread's own work joins the graph
+  return std::shared_lock(device(index).capture_gate);
+}
+
+void CudaRuntime::begin_capture(int index) {
+  cudaStream_t s = stream(index);
+  PerDevice& d = device(index);
+  if (captured_device >= 0)
+    DTRAIN_THROW(InternalError, "begin_capture: this thread is capturing on cuda:", captured_device, " already");
+  d.capture_gate.lock();
+  d.capture_pool = d.cache->open_pool();
+  // Thread-local: the input pipeline's thread may still call CUDA (cudaMalloc, copies
+  // beside) meanwhile.
+  const cudaError_t status = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  if (status != cudaSuccess) {
+    d.cache->close_pool(d.capture_pool);
+    d.capture_gate.unlock();
+    check_cuda(status, "cudaStreamBeginCapture", index);
+  }
+  captured_device = index;
+  detail::set_capturing_on_this_thread(true);
+}
+
+DeviceGraph CudaRuntime::end_capture(int index, bool keep) {
+  PerDevice& d = device(index);
+  if (captured_device != index) DTRAIN_THROW(InternalError, "end_capture: this thread is not capturing on cuda:", index);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(d.stream, &graph);
+  captured_device = -1;
+  detail::set_capturing_on_this_thread(false);
+  d.capture_gate.unlock();
+  (void)cudaGetLastError();  // a call the capture refused left its error behind
+  auto owned = std::make_unique<CudaGraph>();
+  owned->cache = d.cache.get();
+  owned->pool = d.capture_pool;  // closed with `owned`, whatever happens next
+  if (!keep) {
+    if (graph) (void)cudaGraphDestroy(graph);
+    return nullptr;
+  }
+  if (ended != cudaSuccess || graph == nullptr)
+    DTRAIN_THROW(NotCapturable, "CUDA refused to capture the step on cuda:", index, ": ", cudaGetErrorString(ended),
+                 " (", cudaGetErrorName(ended), "; a library's call that cannot be recorded)");
+  const cudaError_t made = cudaGraphInstantiateWithFlags(&owned->exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  if (made != cudaSuccess) {
+    (void)cudaGetLastError();
+    DTRAIN_THROW(NotCapturable, "cudaGraphInstantiate on cuda:", index, ": ", cudaGetErrorString(made), " (",
+                 cudaGetErrorName(made), ")");
+  }
+  return DeviceGraph(owned.release(), [](void* p) { delete static_cast<CudaGraph*>(p); });
+}
+
+void CudaRuntime::replay(int index, const DeviceGraph& graph) {
+  refuse_while_capturing(index, "a graph's replay");
+  const auto held = hold_off_capture(index);
+  check_cuda(cudaGraphLaunch(static_cast<CudaGraph*>(graph.get())->exec, stream(index)), "cudaGraphLaunch", index);
+}
 
 cudaStream_t CudaRuntime::transfer_stream(int index) {
   PerDevice& d = device(index);
@@ -285,10 +415,15 @@ DeviceEvent record_on(cudaStream_t stream, int index, unsigned flags) {
 
 }  // namespace
 
-DeviceEvent CudaRuntime::record(int index) { return record_on(stream(index), index, cudaEventDisableTiming); }
+DeviceEvent CudaRuntime::record(int index) {
+  refuse_while_capturing(index, "an event recorded on the compute stream");
+  const auto held = hold_off_capture(index);
+  return record_on(stream(index), index, cudaEventDisableTiming);
+}
 
 DeviceEvent CudaRuntime::copy_beside(int index, void* dst, const void* src, std::size_t bytes,
                                      const DeviceEvent& after) {
+  refuse_while_capturing(index, "a copy beside the compute stream");
   cudaStream_t s = transfer_stream(index);
   PerDevice& d = device(index);
   bool timed = false;
@@ -347,6 +482,8 @@ void CudaRuntime::take_copy_spans(int index, std::vector<CopySpan>& out) {
 }
 
 DeviceEvent CudaRuntime::record_timed(int index, const DeviceEvent& reuse) {
+  refuse_while_capturing(index, "a timed event recorded on the compute stream");
+  const auto held = hold_off_capture(index);
   if (!reuse) return record_on(stream(index), index, cudaEventDefault);
   check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(reuse.get()), stream(index)), "cudaEventRecord", index);
   return reuse;

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,6 +52,11 @@ class CudaRuntime final : public DeviceRuntime {
   double seconds_between(int index, const DeviceEvent& from, const DeviceEvent& to) override;
   void trace_copies(int index, bool on) override;
   void take_copy_spans(int index, std::vector<CopySpan>& out) override;
+  bool can_capture(int index) override;
+  void begin_capture(int index) override;
+  DeviceGraph end_capture(int index, bool keep) override;
+  bool capturing(int index) override;
+  void replay(int index, const DeviceGraph& graph) override;
 
   // The device's compute stream (made on first use, non-blocking with the legacy stream);
   // also makes the device current on the calling thread.
@@ -58,8 +64,16 @@ class CudaRuntime final : public DeviceRuntime {
   // The device's transfer stream (made on first use): copies beside the compute stream.
   cudaStream_t transfer_stream(int index);
   // Counts a wait for the device's compute stream made outside this runtime's own calls
-  // (the backend's synchronize), for host_waits().
-  void count_wait(int index);
+  // (the backend's synchronize), for host_waits(); while the calling thread captures a
+  // graph, throws NotCapturable naming `call` instead.
+  void count_wait(int index, std::string_view call = "a wait for the device");
+  // Throws NotCapturable naming `call` while the calling thread captures on `index`.
+  void refuse_while_capturing(int index, std::string_view call);
+  // For a call that queues work on the compute stream: while another thread captures on
+  // `index`, waits for its capture's end (CUDA would record the work into that graph), and
+  // holds the next capture off until the returned lock goes. Kernels that other threads
+  // launch meanwhile are not held off: one thread trains on a device at a time.
+  std::shared_lock<std::shared_mutex> hold_off_capture(int index);
   // Makes `index` the calling thread's current device.
   void use(int index);
 

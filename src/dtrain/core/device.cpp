@@ -41,6 +41,24 @@ bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(
 
 }  // namespace
 
+void DeviceRuntime::begin_capture(int index) {
+  DTRAIN_THROW(NotCapturable, "the ", name(), " runtime of cuda:", index, " cannot record graphs");
+}
+
+DeviceGraph DeviceRuntime::end_capture(int /*index*/, bool /*keep*/) { return nullptr; }
+
+void DeviceRuntime::replay(int index, const DeviceGraph& /*graph*/) {
+  DTRAIN_THROW(NotCapturable, "the ", name(), " runtime of cuda:", index, " cannot replay graphs");
+}
+
+namespace {
+thread_local bool capturing_here = false;
+}  // namespace
+
+bool capturing_a_graph() { return capturing_here; }
+
+void detail::set_capturing_on_this_thread(bool on) { capturing_here = on; }
+
 Device parse_device(std::string_view name) {
   std::string s = lower(name);
   // TensorFlow's full names: /job:localhost/replica:0/task:0/device:GPU:0.

@@ -61,6 +61,10 @@ struct DeviceMemoryStats {
 // wait for (its work is done when queued).
 using DeviceEvent = std::shared_ptr<void>;
 
+// A device's work recorded once and queued again whole (a CUDA graph): a training step's
+// hundreds of kernel launches become one. Null where nothing was recorded.
+using DeviceGraph = std::shared_ptr<void>;
+
 // A copy to a device on its transfer stream, placed on the host's clock for the trace.
 struct CopySpan {
   Clock::time_point begin, end;
@@ -127,6 +131,24 @@ class DeviceRuntime {
   // for `after` before starting). Off, it forgets what it timed and not taken.
   virtual void trace_copies(int /*index*/, bool /*on*/) {}
   virtual void take_copy_spans(int /*index*/, std::vector<CopySpan>& out) { out.clear(); }
+
+  // Graphs. While the calling thread captures (begin_capture to end_capture), the work it
+  // queues on the device's compute stream is recorded, not run, and the memory it
+  // allocates is the graph's own (a BlockCache pool): each replay writes to it again, so
+  // nothing else gets it while the graph lives. A call that would make the host wait for
+  // the device, copy between the device and the host, or record an event on the compute
+  // stream throws NotCapturable naming the call. Other threads (an input pipeline's copies
+  // beside) go on as before.
+  virtual bool can_capture(int /*index*/) { return false; }
+  virtual void begin_capture(int index);
+  // Ends the calling thread's capture: the graph, ready to replay; null where `keep` is
+  // false (abandoned after an error: its memory goes back). A capture the device itself
+  // refused (a library's call it cannot record) throws NotCapturable with its reason.
+  virtual DeviceGraph end_capture(int index, bool keep);
+  // Whether the calling thread is capturing on the device.
+  virtual bool capturing(int /*index*/) { return false; }
+  // Queues the graph's work on the compute stream, as it was recorded.
+  virtual void replay(int index, const DeviceGraph& graph);
 };
 
 // The runtime of `type`'s devices: null for the CPU and where this build has none.
@@ -134,6 +156,10 @@ DeviceRuntime* device_runtime(DeviceType type);
 // Replaces the runtime of `type` until called again with null (the build's own again):
 // the tests' stand-in GPU over host memory. Not thread-safe against tensors in use.
 void set_device_runtime(DeviceType type, DeviceRuntime* runtime);
+
+// Whether the calling thread is capturing a graph on any device: work whose values the
+// host draws at each call (a dropout mask's seed) must refuse to be recorded then.
+bool capturing_a_graph();
 
 // How many devices of `type` this process can use (1 for the CPU).
 int device_count(DeviceType type);
@@ -162,6 +188,9 @@ Device placement();
 void set_default_placement(std::string_view spec);
 
 namespace detail {
+// Set by a device runtime from begin_capture to end_capture on the capturing thread: what
+// capturing_a_graph() reads.
+void set_capturing_on_this_thread(bool on);
 // Sets the calling thread's guarded placement (nullopt: no guard) and returns the one it
 // replaces: for scopes that are not a DevicePlacement object (a strategy's scope()).
 std::optional<Device> exchange_placement(std::optional<Device> device);

@@ -21,6 +21,8 @@ void rethrow_with_context(const std::exception_ptr& error, const std::string& co
     throw InternalError(head + e.what());
   } catch (const Preempted& e) {
     throw Preempted(head + e.what());
+  } catch (const NotCapturable& e) {
+    throw NotCapturable(head + e.what());
   } catch (const Unsupported& e) {
     throw Unsupported(head + e.what());
   } catch (const Unavailable& e) {

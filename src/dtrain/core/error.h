@@ -80,6 +80,15 @@ class Unsupported : public Error {
   using Error::Error;
 };
 
+// Work that cannot be recorded into a CUDA graph was asked for while a step was being
+// captured: a wait for the device, a copy between the host and the device, random numbers
+// drawn on the host. The message names the call; fit then runs its steps one kernel at a
+// time and says why.
+class NotCapturable : public Unsupported {
+ public:
+  using Unsupported::Unsupported;
+};
+
 // Training stopped because the process was asked to (SIGTERM, a cloud's preemption
 // notice) after saving a checkpoint it resumes from; the dtrain command exits with
 // kPreemptedExitCode (75, EX_TEMPFAIL: "try again") and `dtrain launch` restarts the job.

@@ -112,6 +112,14 @@ struct GradientNoise {
   }
 };
 
+// How fit's steps on a GPU used a CUDA graph (FitOptions::cuda_graph).
+struct CudaGraphUse {
+  int captures = 0;          // graphs recorded: the first, then one per new batch shape or loss scale
+  std::int64_t replays = 0;  // steps that ran as one graph launch
+  // Why the steps ran kernel by kernel after all, in one line ("" where they did not).
+  std::string not_used;
+};
+
 // Records every epoch's logs: history["loss"][epoch], ... fit() returns one.
 class History : public Callback {
  public:
@@ -141,6 +149,8 @@ class History : public Callback {
   // epoch's own (the noise scale grows as the loss falls).
   GradientNoise gradient_noise;
   std::vector<GradientNoise> gradient_noise_per_epoch;
+  // One device on a GPU: the steps replayed as a CUDA graph, or why none were.
+  CudaGraphUse cuda_graph;
 };
 
 // Keeps a trace of every phase of fit's first `max_steps` steps on every thread

@@ -678,6 +678,7 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
     DTRAIN_THROW(InvalidArgument, "fit: gradient_noise_every must be >= 0 (0: not measured), got ",
                  opt.gradient_noise_every);
   trainer.measure_noise_every(opt.gradient_noise_every);
+  trainer.use_cuda_graph(opt.cuda_graph);
   non_finite_.reset();
   if (optimizer_) optimizer_->take_non_finite();  // what earlier training wrote is not this run's
   bool own_batches = workers > 1 && source.per_worker();
@@ -866,6 +867,9 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
     if (verbose > 0 && worker == 0) out << "\nWhere the training steps' time went:\n" << profile::summary_table(history->profile_summary);
   }
   history->gradient_noise = trainer.gradient_noise();
+  history->cuda_graph = trainer.graph_use();
+  if (verbose > 0 && worker == 0 && !history->cuda_graph.not_used.empty())
+    out << "The steps ran kernel by kernel, not as a CUDA graph: " << history->cuda_graph.not_used << "\n";
   if (const GradientNoise& g = history->gradient_noise; verbose > 0 && worker == 0 && g.steps > 0) {
     if (g.noise_scale() > 0)
       out << "Gradient noise scale: about " << std::llround(g.noise_scale()) << " samples (the critical batch), from "

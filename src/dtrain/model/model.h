@@ -76,6 +76,10 @@ struct FitOptions {
   // worker's gradient and of the all-reduced one, for the gradient noise scale
   // (History::gradient_noise); 0 measures nothing.
   int gradient_noise_every = 10;
+  // On a GPU, one device: after its first two steps, the step's forward, loss and backward
+  // are captured as one CUDA graph and replayed at each step (docs/gpu.md says when
+  // they cannot be, and History::cuda_graph why); false runs every step kernel by kernel.
+  bool cuda_graph = true;
   std::vector<std::shared_ptr<Callback>> callbacks;
   // 0 silent, 1 a live progress bar, 2 one line per epoch; -1 ("auto") is 1 on a terminal
   // and 2 otherwise, so logs get no carriage-return spam. Above 0, each epoch's line is

@@ -218,8 +218,12 @@ class Model::Trainer {
     }
     profile::Track& loop = profiler_.loop();
     Clock::time_point start = Clock::now();
-    // On a GPU the batch goes to the weights' device first: an explicit copy, its own phase.
     const Device device = model_.device();
+    if (graph_ready(device, batch, loop.tracing())) {
+      replay_step(batch, loss_mean, start);
+      return;
+    }
+    // On a GPU the batch goes to the weights' device first: an explicit copy, its own phase.
     on_device_.x.resize(batch.x.size());
     on_device_.y.resize(batch.y.size());
     for (std::size_t i = 0; i < batch.x.size(); ++i) on_device_.x[i] = batch.x[i].to(device);
@@ -228,6 +232,7 @@ class Model::Trainer {
       const Clock::time_point copied = Clock::now();
       loop.add(profile::Phase::to_device, start, copied);
       start = copied;
+      if (update && k_ == 1) ++gpu_steps_;
     }
     gpu_clock_.start(device, profile::Phase::forward, start, loop.tracing());
     GradientTape tape;
@@ -269,6 +274,24 @@ class Model::Trainer {
     gpu_clock_.mark(update_phase_);  // the end of the last phase
     loop.add(profile::Phase::backward, forward_end, backward_end);
     loop.add(update_phase_, backward_end, optimizer_end);
+    end_step(batch, device, loss, y_pred, output_masks_, output_losses_, optimizer_end, loss_mean);
+    on_device_.x.clear();  // the batch is not held until the next step
+    on_device_.y.clear();
+  }
+
+  // How the steps used a CUDA graph so far.
+  const CudaGraphUse& graph_use() const { return graph_use_; }
+  // Whether steps may be captured as a CUDA graph (FitOptions::cuda_graph).
+  void use_cuda_graph(bool on) { graphs_wanted_ = on; }
+
+ private:
+  // The step's end, once its work is queued: the loss's value (a GPU's wait for the
+  // step), the loss scale's settling, the GPU's phases and copies into the profile, then
+  // the loss and metrics.
+  void end_step(const TensorData& batch, Device device, const Tensor& loss, const std::vector<Tensor>& y_pred,
+                const std::vector<Tensor>& masks, const std::vector<Tensor>& output_losses,
+                Clock::time_point optimizer_end, metrics::Mean& loss_mean) {
+    profile::Track& loop = profiler_.loop();
     // The loss's value waits for the GPU's queued work: on a GPU, the host's forward,
     // backward and optimizer phases were launches, and this wait is the rest of the work.
     // A loss scale's check of the gradients (mixed_float16) was queued before the update
@@ -291,14 +314,156 @@ class Model::Trainer {
     }
     const double rows = static_cast<double>(batch.rows());
     loss_mean.update_state(loss_value, rows);
-    model_.update_metrics(batch.y, y_pred, output_masks_);
-    model_.update_output_losses(loss_values(output_losses_), rows);
-    on_device_.x.clear();  // the batch is not held until the next step
-    on_device_.y.clear();
+    model_.update_metrics(batch.y, y_pred, masks);
+    model_.update_output_losses(loss_values(output_losses), rows);
     loop.add(profile::Phase::metrics, metrics_start, Clock::now());
   }
 
- private:
+  // The step as a CUDA graph: one device on a GPU, an update every batch, an untraced
+  // step (a traced one times each kernel). After two steps kernel by kernel (the layers'
+  // lazy builds, the optimizer's slots, the libraries' choices of algorithm), the forward
+  // with the loss, and backward, are recorded once as two graphs (two launches: the
+  // profile keeps the two phases' GPU times), into memory of their own, reading the batch
+  // from tensors of their own; each step then copies its batch there and launches them.
+  // The update runs after them as before: its values change each step (Adam's
+  // step, a schedule's rate) and its fused kernels are few launches. A batch of other
+  // shapes (an epoch's short last one) runs kernel by kernel; two in a row, or a new loss
+  // scale, are captured again. Where capture cannot work (a dropout's seed drawn on the
+  // host, a value the host reads mid-step), the steps run kernel by kernel, and
+  // graph_use() says why.
+  struct StepGraph {
+    Device device;
+    float loss_scale = 1.0f;
+    TensorData inputs;  // the graph's batch
+    std::vector<Tensor> y_pred, masks, output_losses, grads;
+    Tensor loss;
+    // Where each of the model's variables kept its values at the capture, and whether it
+    // was trainable: the graphs read and write those addresses, and a layer's mode (a
+    // frozen batch norm normalizes by its moving statistics) was recorded with them. A
+    // variable whose storage moved since (copied on write while something else held it),
+    // or that was frozen or unfrozen, makes the step captured again.
+    struct Kept {
+      Variable* variable;
+      const void* at;
+      bool trainable;
+    };
+    std::vector<Kept> storage;
+    DeviceGraph forward, backward;  // backward reads what forward wrote: they go together
+  };
+
+  static bool storage_moved(const StepGraph& g) {
+    for (const StepGraph::Kept& k : g.storage)
+      if (k.variable->mutable_value().raw_device_data() != k.at || k.variable->trainable() != k.trainable) return true;
+    return false;
+  }
+
+  // Whether this step replays a graph (capturing one first where it is due).
+  bool graph_ready(Device device, const TensorData& batch, bool tracing) {
+    if (device.is_cpu() || !graphs_wanted_ || tracing || !graph_use_.not_used.empty()) return false;
+    if (k_ != 1) {
+      graph_use_.not_used = detail::concat("gradient accumulation (an update every ", k_,
+                                           " batches) runs its steps kernel by kernel");
+      return false;
+    }
+    const float loss_scale = model_.optimizer_->loss_scale();
+    if (graph_ && (!(graph_->device == device) || graph_->loss_scale != loss_scale || storage_moved(*graph_)))
+      graph_.reset();
+    if (graph_) {
+      if (same_shapes(graph_->inputs, batch)) {
+        other_shapes_ = 0;
+        return true;
+      }
+      if (++other_shapes_ < 2) return false;
+      graph_.reset();  // the batches' shapes changed for good
+      gpu_steps_ = 2;  // this shape ran kernel by kernel once already
+    }
+    if (gpu_steps_ < 2) return false;
+    DeviceRuntime& runtime = *device_runtime(device.type);
+    if (!runtime.can_capture(device.index)) {
+      graph_use_.not_used = detail::concat("the ", runtime.name(), " runtime cannot capture graphs");
+      return false;
+    }
+    capture(runtime, device, batch);
+    return graph_ != nullptr;
+  }
+
+  static bool same_shapes(const TensorData& a, const TensorData& b) {
+    auto same = [](const std::vector<Tensor>& x, const std::vector<Tensor>& y) {
+      if (x.size() != y.size()) return false;
+      for (std::size_t i = 0; i < x.size(); ++i)
+        if (x[i].shape() != y[i].shape() || x[i].dtype() != y[i].dtype()) return false;
+      return true;
+    };
+    return same(a.x, b.x) && same(a.y, b.y);
+  }
+
+  void capture(DeviceRuntime& runtime, Device device, const TensorData& batch) {
+    auto g = std::make_unique<StepGraph>();
+    g->device = device;
+    g->loss_scale = model_.optimizer_->loss_scale();
+    for (const Tensor& t : batch.x) g->inputs.x.push_back(Tensor::empty(t.shape(), t.dtype(), device));
+    for (const Tensor& t : batch.y) g->inputs.y.push_back(Tensor::empty(t.shape(), t.dtype(), device));
+    if (vars_.empty()) vars_ = model_.trainable_variables();
+    for (Variable* v : model_.variables())
+      g->storage.push_back({v, v->mutable_value().raw_device_data(), v->trainable()});
+    auto abandon = [&] {
+      if (runtime.capturing(device.index)) runtime.end_capture(device.index, /*keep=*/false);
+    };
+    try {
+      runtime.begin_capture(device.index);
+      GradientTape tape;
+      g->y_pred = model_(g->inputs.x, /*training=*/true, &g->masks);
+      g->loss = with_penalties(model_.compute_loss(g->inputs.y, g->y_pred, &g->output_losses, g->masks), 1.0f);
+      g->forward = runtime.end_capture(device.index, /*keep=*/true);
+      runtime.begin_capture(device.index);
+      g->grads = tape.gradient(g->loss_scale == 1.0f ? g->loss : scale(g->loss, g->loss_scale), vars_);
+      g->backward = runtime.end_capture(device.index, /*keep=*/true);
+    } catch (const NotCapturable& e) {
+      // Nothing recorded ran: the step runs again kernel by kernel.
+      abandon();
+      graph_use_.not_used = e.what();
+      return;
+    } catch (const DeviceError& e) {
+      // A library's call that CUDA would not record fails with the library's own status;
+      // a failure of the device itself comes back when the step runs kernel by kernel.
+      abandon();
+      graph_use_.not_used = e.what();
+      return;
+    } catch (...) {
+      abandon();
+      throw;
+    }
+    ++graph_use_.captures;
+    graph_ = std::move(g);
+  }
+
+  // A step as the graph's replay: the batch copied into the graph's, the launch, then the
+  // update and the step's end as kernel by kernel.
+  void replay_step(const TensorData& batch, metrics::Mean& loss_mean, Clock::time_point start) {
+    profile::Track& loop = profiler_.loop();
+    StepGraph& g = *graph_;
+    for (std::size_t i = 0; i < batch.x.size(); ++i) g.inputs.x[i].copy_from(batch.x[i]);
+    for (std::size_t i = 0; i < batch.y.size(); ++i) g.inputs.y[i].copy_from(batch.y[i]);
+    const Clock::time_point copied = Clock::now();
+    loop.add(profile::Phase::to_device, start, copied);
+    DeviceRuntime& runtime = *device_runtime(g.device.type);
+    gpu_clock_.start(g.device, profile::Phase::forward, copied, /*trace_kernels=*/false);
+    runtime.replay(g.device.index, g.forward);
+    const Clock::time_point forward_end = Clock::now();
+    loop.add(profile::Phase::forward, copied, forward_end, "a CUDA graph's launch");
+    gpu_clock_.mark(profile::Phase::backward);
+    runtime.replay(g.device.index, g.backward);
+    const Clock::time_point backward_end = Clock::now();
+    loop.add(profile::Phase::backward, forward_end, backward_end, "a CUDA graph's launch");
+    gpu_clock_.mark(update_phase_);
+    model_.optimizer_->apply_scaled_gradients(g.grads, vars_, /*settle_later=*/true);
+    const Clock::time_point optimizer_end = Clock::now();
+    gpu_clock_.mark(update_phase_);
+    loop.add(update_phase_, backward_end, optimizer_end);
+    ++graph_use_.replays;
+    end_step(batch, g.device, g.loss, g.y_pred, g.masks, g.output_losses, optimizer_end, loss_mean);
+  }
+
   struct Output {
     std::int64_t begin = 0, end = 0;  // the replica's rows of the global batch
     TensorData rows;                  // those rows of every input and target (storage reused)
@@ -584,6 +749,11 @@ class Model::Trainer {
   bool has_batch_norm_ = false;  // the model's, found with the reducer
   std::vector<Output> outputs_;  // [replica]
   TensorData on_device_;                // one device: the batch on the weights' device
+  bool graphs_wanted_ = true;           // FitOptions::cuda_graph
+  std::unique_ptr<StepGraph> graph_;    // the step's graph, once captured
+  CudaGraphUse graph_use_;
+  std::int64_t gpu_steps_ = 0;          // steps with an update run kernel by kernel on a GPU
+  int other_shapes_ = 0;                // batches in a row not of the graph's shapes
   std::vector<Tensor> output_losses_;   // one device: each output's own loss (several outputs)
   std::vector<Tensor> output_masks_;    // one device: each output's mask (undefined: none)
   std::vector<double> values_;          // loss values, reused

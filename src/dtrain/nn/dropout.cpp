@@ -1,6 +1,8 @@
 // Dropout layer.
 #include "dtrain/nn/dropout.h"
 
+#include "dtrain/core/device.h"
+#include "dtrain/core/error.h"
 #include "dtrain/core/replica.h"
 
 namespace dtrain::nn {
@@ -11,6 +13,11 @@ Dropout::Dropout(float rate, std::optional<std::uint64_t> seed, std::string name
 }
 
 Generator Dropout::draw(std::uint64_t n) {
+  // Before the draw: a step whose capture is refused runs again, kernel by kernel, from
+  // the same generator.
+  if (capturing_a_graph())
+    DTRAIN_THROW(NotCapturable, "its random numbers' seed is drawn on the host at each call, and a CUDA graph "
+                 "would replay the first draw");
   const ReplicaContext& replica = replica_context();
   Generator* g = &generator_;
   std::unique_lock lock(replica_mutex_, std::defer_lock);

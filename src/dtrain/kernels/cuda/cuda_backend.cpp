@@ -537,9 +537,15 @@ void CudaBackend::softmax_cross_entropy_backward(const Tensor& log_probs, const 
                                        dlogits.device_data<float>(), log_probs.dim(0), log_probs.dim(1));
 }
 
+void CudaBackend::refuse_host_seed_while_capturing(const char* op) const {
+  detail::cuda_runtime().refuse_while_capturing(
+      index_, detail::concat(op, " (its seed is drawn on the host at each call)"));
+}
+
 void CudaBackend::dropout(const Tensor& x, float rate, const Generator& generator, Tensor& y, Tensor& mask) {
   check_devices("dropout", device(), {&x, &y, &mask});
   check_dropout(x, rate, y, mask);
+  refuse_host_seed_while_capturing("dropout");
   cuda::dropout(launch(), x.device_data<float>(), y.device_data<float>(), mask.device_data<float>(), x.numel(), rate,
                 math::mix64(generator.seed()), generator.counter());
 }
@@ -745,6 +751,7 @@ void CudaBackend::attention(const Tensor& q, const Tensor& k, const Tensor& v, c
   check_devices("attention", device(), {&q, &k, &v, &out, &lse, o.mask});
   check_attention(q, k, v, o, out, lse);
   check_attention_depth(q, v);
+  if (o.dropout_rate > 0.0f) refuse_host_seed_while_capturing("attention's dropout");
   cuda::attention(launch(), q.device_data<float>(), k.device_data<float>(), v.device_data<float>(),
                   o.mask ? o.mask->device_data<float>() : nullptr, attention_mask_strides(o.mask).batch,
                   attention_mask_strides(o.mask).query, q.dim(0), q.dim(2), q.dim(1), k.dim(1), q.dim(3),

@@ -97,6 +97,9 @@ class CudaBackend final : public Backend {
   // A cuBLASLt or cuDNN call (static text) was queued: its end, while kernels are timed.
   void library_call_ended(const char* call);
   Dnn& dnn();
+  // Throws NotCapturable naming `op` while the calling thread captures a graph: the op's
+  // seed is drawn on the host at each call.
+  void refuse_host_seed_while_capturing(const char* op) const;
   // x with zeros around it where a convolution pads unevenly (cuDNN pads evenly only).
   Tensor padded_input(const Tensor& x, const ConvDims& d, const Conv2dOptions& o);
   // Keras's kernel [KH, KW, C / groups, F] transposed to cuDNN's [F, KH, KW, C / groups].
