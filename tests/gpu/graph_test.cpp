@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/compare.h"
+#include "common/small_cnn.h"
 #include "common/stand_in_gpu.h"
 #include "dtrain/dtrain.h"
 
@@ -122,6 +123,27 @@ TEST_F(Graphs, ANewLossScaleIsCapturedAgain) {
   EXPECT_EQ(graphed.loss_scale(), eager.loss_scale());
   EXPECT_EQ(graphed.iterations(), eager.iterations());
   EXPECT_LE(testing::relative_difference(*models[0], *models[1]), tolerance(2e-3));
+}
+
+// A conv net with batch normalization (convolutions, pooling, the moving statistics
+// updated in place by the graph) replays as it trains kernel by kernel.
+TEST_F(Graphs, AConvNetWithBatchNormReplaysAsKernelByKernel) {
+  const auto [x, y] = testing::random_images(96, 5);
+  std::array<std::unique_ptr<Model>, 2> models;
+  std::array<History, 2> histories;
+  for (std::size_t i = 0; i < 2; ++i) {
+    const DevicePlacement on_gpu(cuda0);
+    models[i] = testing::small_cnn(false);
+    FitOptions o = graph_options(2, i == 0);
+    o.batch_size = 16;
+    histories[i] = models[i]->fit(x, y, o);
+  }
+  EXPECT_EQ(histories[0].cuda_graph.not_used, "");
+  EXPECT_EQ(histories[0].cuda_graph.captures, 1);
+  EXPECT_EQ(histories[0].cuda_graph.replays, 12 - 2);
+  EXPECT_LE(testing::relative_difference(*models[0], *models[1]), tolerance(1e-4));
+  EXPECT_NEAR(histories[0].history.at("loss")[1], histories[1].history.at("loss")[1],
+              tolerance(1e-4) * histories[1].history.at("loss")[1]);
 }
 
 // A replayed step allocates nothing for its forward and backward (their memory is the
