@@ -117,23 +117,21 @@ class StandInRuntime final : public DeviceRuntime {
   bool can_capture(int) override { return true; }
   // Other threads' work runs at once, as CUDA's runtime holds it off until the capture ends.
   void begin_capture(int) override {
-    if (capturing_here_) DTRAIN_THROW(InternalError, "begin_capture: this thread is capturing already");
+    if (capturing_a_graph()) DTRAIN_THROW(InternalError, "begin_capture: this thread is capturing already");
     recording_ = std::make_shared<Graph>();
     recording_->cache = &cache_;
     recording_->pool = capture_pool_ = cache_.open_pool();
-    capturing_here_ = true;
-    detail::set_capturing_on_this_thread(true);
+    detail::set_capturing_device(0);
   }
   DeviceGraph end_capture(int, bool keep) override {
     if (!capturing(0)) DTRAIN_THROW(InternalError, "end_capture: this thread is not capturing");
-    capturing_here_ = false;
-    detail::set_capturing_on_this_thread(false);
+    detail::set_capturing_device(-1);
     std::shared_ptr<Graph> graph = std::move(recording_);
     if (!keep) return nullptr;
     ++captures_;
     return graph;
   }
-  bool capturing(int) override { return capturing_here_; }
+  bool capturing(int) override { return detail::capturing_device() == 0; }
   void replay(int, const DeviceGraph& graph) override {
     refuse_while_capturing("a graph's replay");
     for (const auto& work : static_cast<Graph*>(graph.get())->work) work();
@@ -173,7 +171,6 @@ class StandInRuntime final : public DeviceRuntime {
     ~Graph() { cache->close_pool(pool); }
   };
   std::shared_ptr<Graph> recording_;
-  static inline thread_local bool capturing_here_ = false;
   int capture_pool_ = 0, captures_ = 0;
   std::uint64_t replays_ = 0;
   BlockCache cache_;

@@ -62,9 +62,6 @@ struct CudaRuntime::PerDevice {
 
 namespace {
 
-// The device the calling thread captures on (-1: none).
-thread_local int captured_device = -1;
-
 // A captured graph, instantiated; its memory pool closes with it.
 struct CudaGraph {
   cudaGraphExec_t exec = nullptr;
@@ -179,7 +176,7 @@ cudaStream_t CudaRuntime::stream(int index) {
 void* CudaRuntime::allocate(int index, std::size_t bytes) {
   stream(index);  // makes the device current and its cache
   PerDevice& d = device(index);
-  if (captured_device == index) return d.cache->allocate_in(d.capture_pool, bytes);
+  if (detail::capturing_device() == index) return d.cache->allocate_in(d.capture_pool, bytes);
   // Its cache may wait for the compute stream (to free blocks when the device is full).
   const auto held = hold_off_capture(index);
   return d.cache->allocate(bytes);
@@ -260,13 +257,11 @@ void CudaRuntime::copy(void* dst, Device dst_device, const void* src, Device src
     refuse_while_capturing(src_device.index, "a copy between GPUs");
     refuse_while_capturing(dst_device.index, "a copy between GPUs");
   }
-  // Both devices' captures wait (in the devices' order), and so does the one device's.
-  const int first = dst_device.is_cpu() ? src_device.index
-                    : src_device.is_cpu() ? dst_device.index
-                                          : std::min(src_device.index, dst_device.index);
-  const int second = dst_device.is_cpu() || src_device.is_cpu() ? first : std::max(src_device.index, dst_device.index);
-  const auto held_first = hold_off_capture(first);
-  const auto held_second = second != first ? hold_off_capture(second) : std::shared_lock<std::shared_mutex>();
+  // Another thread's capture on either device waits (the capturing thread's own copies
+  // were refused above, but one within its device, which joins its graph).
+  std::shared_lock<std::shared_mutex> held_src, held_dst;
+  if (!src_device.is_cpu()) held_src = hold_off_capture(src_device.index);
+  if (!dst_device.is_cpu() && !(dst_device == src_device)) held_dst = hold_off_capture(dst_device.index);
   if (dst_device.is_cpu()) {  // device to host: the host wants the values now
     cudaStream_t s = stream(src_device.index);
     check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s),
@@ -309,8 +304,7 @@ void CudaRuntime::zero(int index, void* data, std::size_t bytes) {
 }
 
 void CudaRuntime::synchronize(int index) {
-  refuse_while_capturing(index, "synchronize (a wait for the device)");
-  const auto held = hold_off_capture(index);
+  const auto held = hold_off_capture(index, "synchronize (a wait for the device)");
   ++device(index).waits;
   check_cuda(cudaStreamSynchronize(stream(index)), "cudaStreamSynchronize", index);
 }
@@ -322,24 +316,28 @@ void CudaRuntime::count_wait(int index, std::string_view call) {
 }
 
 void CudaRuntime::refuse_while_capturing(int index, std::string_view call) {
-  if ((captured_device == index))
+  if (detail::capturing_device() == index)
     DTRAIN_THROW(NotCapturable, call, " on cuda:", index, " cannot be part of a CUDA graph");
 }
 
 bool CudaRuntime::can_capture(int index) { return index >= 0 && index < count(); }
 
-bool CudaRuntime::capturing(int index) { return captured_device == index; }
+bool CudaRuntime::capturing(int index) { return detail::capturing_device() == index; }
 
-std::shared_lock<std::shared_mutex> CudaRuntime::hold_off_capture(int index) {
-  if (captured_device == index) return {};  // the capturing thread's own work joins the graph
+std::shared_lock<std::shared_mutex> CudaRuntime::hold_off_capture(int index, std::string_view refused) {
+  if (detail::capturing_device() == index) {
+    if (!refused.empty()) refuse_while_capturing(index, refused);
+    return {};  // the capturing thread's own work joins the graph
+  }
   return std::shared_lock(device(index).capture_gate);
 }
 
 void CudaRuntime::begin_capture(int index) {
   cudaStream_t s = stream(index);
   PerDevice& d = device(index);
-  if (captured_device >= 0)
-    DTRAIN_THROW(InternalError, "begin_capture: this thread is capturing on cuda:", captured_device, " already");
+  if (capturing_a_graph())
+    DTRAIN_THROW(InternalError, "begin_capture: this thread is capturing on cuda:", detail::capturing_device(),
+                 " already");
   d.capture_gate.lock();
   d.capture_pool = d.cache->open_pool();
   // Thread-local: the input pipeline's thread may still call CUDA (cudaMalloc, copies
@@ -350,17 +348,15 @@ void CudaRuntime::begin_capture(int index) {
     d.capture_gate.unlock();
     check_cuda(status, "cudaStreamBeginCapture", index);
   }
-  captured_device = index;
-  detail::set_capturing_on_this_thread(true);
+  detail::set_capturing_device(index);
 }
 
 DeviceGraph CudaRuntime::end_capture(int index, bool keep) {
   PerDevice& d = device(index);
-  if (captured_device != index) DTRAIN_THROW(InternalError, "end_capture: this thread is not capturing on cuda:", index);
+  if (detail::capturing_device() != index) DTRAIN_THROW(InternalError, "end_capture: this thread is not capturing on cuda:", index);
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(d.stream, &graph);
-  captured_device = -1;
-  detail::set_capturing_on_this_thread(false);
+  detail::set_capturing_device(-1);
   d.capture_gate.unlock();
   (void)cudaGetLastError();  // a call the capture refused left its error behind
   auto owned = std::make_unique<CudaGraph>();
@@ -384,8 +380,7 @@ DeviceGraph CudaRuntime::end_capture(int index, bool keep) {
 }
 
 void CudaRuntime::replay(int index, const DeviceGraph& graph) {
-  refuse_while_capturing(index, "a graph's replay");
-  const auto held = hold_off_capture(index);
+  const auto held = hold_off_capture(index, "a graph's replay");
   check_cuda(cudaGraphLaunch(static_cast<CudaGraph*>(graph.get())->exec, stream(index)), "cudaGraphLaunch", index);
 }
 
@@ -416,8 +411,7 @@ DeviceEvent record_on(cudaStream_t stream, int index, unsigned flags) {
 }  // namespace
 
 DeviceEvent CudaRuntime::record(int index) {
-  refuse_while_capturing(index, "an event recorded on the compute stream");
-  const auto held = hold_off_capture(index);
+  const auto held = hold_off_capture(index, "an event recorded on the compute stream");
   return record_on(stream(index), index, cudaEventDisableTiming);
 }
 
@@ -482,8 +476,7 @@ void CudaRuntime::take_copy_spans(int index, std::vector<CopySpan>& out) {
 }
 
 DeviceEvent CudaRuntime::record_timed(int index, const DeviceEvent& reuse) {
-  refuse_while_capturing(index, "a timed event recorded on the compute stream");
-  const auto held = hold_off_capture(index);
+  const auto held = hold_off_capture(index, "a timed event recorded on the compute stream");
   if (!reuse) return record_on(stream(index), index, cudaEventDefault);
   check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(reuse.get()), stream(index)), "cudaEventRecord", index);
   return reuse;

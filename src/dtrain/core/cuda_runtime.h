@@ -71,9 +71,10 @@ class CudaRuntime final : public DeviceRuntime {
   void refuse_while_capturing(int index, std::string_view call);
   // For a call that queues work on the compute stream: while another thread captures on
   // `index`, waits for its capture's end (CUDA would record the work into that graph), and
-  // holds the next capture off until the returned lock goes. Kernels that other threads
-  // launch meanwhile are not held off: one thread trains on a device at a time.
-  std::shared_lock<std::shared_mutex> hold_off_capture(int index);
+  // holds the next capture off until the returned lock goes. On the capturing thread the
+  // work joins its graph, unless the call is `refused` (named: NotCapturable). Kernels that
+  // other threads launch meanwhile are not held off: one thread trains on a device at a time.
+  std::shared_lock<std::shared_mutex> hold_off_capture(int index, std::string_view refused = {});
   // Makes `index` the calling thread's current device.
   void use(int index);
 

@@ -52,12 +52,12 @@ void DeviceRuntime::replay(int index, const DeviceGraph& /*graph*/) {
 }
 
 namespace {
-thread_local bool capturing_here = false;
+thread_local int captured_device = -1;
 }  // namespace
 
-bool capturing_a_graph() { return capturing_here; }
-
-void detail::set_capturing_on_this_thread(bool on) { capturing_here = on; }
+int detail::capturing_device() { return captured_device; }
+void detail::set_capturing_device(int index) { captured_device = index; }
+bool capturing_a_graph() { return captured_device >= 0; }
 
 Device parse_device(std::string_view name) {
   std::string s = lower(name);

@@ -188,9 +188,10 @@ Device placement();
 void set_default_placement(std::string_view spec);
 
 namespace detail {
-// Set by a device runtime from begin_capture to end_capture on the capturing thread: what
-// capturing_a_graph() reads.
-void set_capturing_on_this_thread(bool on);
+// The GPU the calling thread captures a graph on (-1: none): set by its runtime from
+// begin_capture to end_capture, and read by the runtime and by capturing_a_graph().
+int capturing_device();
+void set_capturing_device(int index);
 // Sets the calling thread's guarded placement (nullopt: no guard) and returns the one it
 // replaces: for scopes that are not a DevicePlacement object (a strategy's scope()).
 std::optional<Device> exchange_placement(std::optional<Device> device);

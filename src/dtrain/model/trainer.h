@@ -236,8 +236,8 @@ class Model::Trainer {
     }
     gpu_clock_.start(device, profile::Phase::forward, start, loop.tracing());
     GradientTape tape;
-    const std::vector<Tensor> y_pred = model_(on_device_.x, /*training=*/true, &output_masks_);
-    Tensor loss = with_penalties(model_.compute_loss(on_device_.y, y_pred, &output_losses_, output_masks_), 1.0f);
+    std::vector<Tensor> y_pred;
+    Tensor loss = forward(on_device_, y_pred, output_masks_, output_losses_);
     if (vars_.empty()) vars_ = model_.trainable_variables();
     Clock::time_point forward_end = Clock::now(), backward_end;
     loop.add(profile::Phase::forward, start, forward_end);
@@ -246,7 +246,7 @@ class Model::Trainer {
     // and the optimizer divides it out of the gradients.
     const float loss_scale = model_.optimizer_->loss_scale();
     if (k_ == 1) {
-      std::vector<Tensor> grads = tape.gradient(loss_scale == 1.0f ? loss : scale(loss, loss_scale), vars_);
+      std::vector<Tensor> grads = tape.gradient(scaled(loss, loss_scale), vars_);
       backward_end = Clock::now();
       gpu_clock_.mark(update_phase_);
       model_.optimizer_->apply_scaled_gradients(grads, vars_, /*settle_later=*/!device.is_cpu());
@@ -285,6 +285,15 @@ class Model::Trainer {
   void use_cuda_graph(bool on) { graphs_wanted_ = on; }
 
  private:
+  // The model's outputs and its loss (penalties included) for `batch`, on the tape.
+  Tensor forward(const TensorData& batch, std::vector<Tensor>& y_pred, std::vector<Tensor>& masks,
+                 std::vector<Tensor>& output_losses) {
+    y_pred = model_(batch.x, /*training=*/true, &masks);
+    return with_penalties(model_.compute_loss(batch.y, y_pred, &output_losses, masks), 1.0f);
+  }
+  // Where backward starts under a loss scale (mixed_float16): the loss times the scale.
+  static Tensor scaled(const Tensor& loss, float loss_scale) { return loss_scale == 1.0f ? loss : scale(loss, loss_scale); }
+
   // The step's end, once its work is queued: the loss's value (a GPU's wait for the
   // step), the loss scale's settling, the GPU's phases and copies into the profile, then
   // the loss and metrics.
@@ -409,26 +418,25 @@ class Model::Trainer {
     auto abandon = [&] {
       if (runtime.capturing(device.index)) runtime.end_capture(device.index, /*keep=*/false);
     };
+    // Nothing recorded ran: the step runs again kernel by kernel, as every step after it.
+    auto fall_back = [&](const Error& e) {
+      abandon();
+      graph_use_.not_used = e.what();
+    };
     try {
       runtime.begin_capture(device.index);
       GradientTape tape;
-      g->y_pred = model_(g->inputs.x, /*training=*/true, &g->masks);
-      g->loss = with_penalties(model_.compute_loss(g->inputs.y, g->y_pred, &g->output_losses, g->masks), 1.0f);
+      g->loss = forward(g->inputs, g->y_pred, g->masks, g->output_losses);
       g->forward = runtime.end_capture(device.index, /*keep=*/true);
       runtime.begin_capture(device.index);
-      g->grads = tape.gradient(g->loss_scale == 1.0f ? g->loss : scale(g->loss, g->loss_scale), vars_);
+      g->grads = tape.gradient(scaled(g->loss, g->loss_scale), vars_);
       g->backward = runtime.end_capture(device.index, /*keep=*/true);
     } catch (const NotCapturable& e) {
-      // Nothing recorded ran: the step runs again kernel by kernel.
-      abandon();
-      graph_use_.not_used = e.what();
-      return;
+      return fall_back(e);
     } catch (const DeviceError& e) {
       // A library's call that CUDA would not record fails with the library's own status;
       // a failure of the device itself comes back when the step runs kernel by kernel.
-      abandon();
-      graph_use_.not_used = e.what();
-      return;
+      return fall_back(e);
     } catch (...) {
       abandon();
       throw;
