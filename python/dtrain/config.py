@@ -41,9 +41,51 @@ def list_physical_devices(device_type=None):
 
 
 def list_logical_devices(device_type=None):
+    """The CPU and each logical GPU: a GPU split by set_logical_device_configuration
+    counts as its parts."""
     _check_type(device_type, "list_logical_devices")
-    return [LogicalDevice(d.name.replace("/physical_device:", "/device:"), d.device_type)
-            for d in list_physical_devices(device_type)]
+    out = []
+    if device_type in (None, "CPU"):
+        out.append(LogicalDevice("/device:CPU:0", "CPU"))
+    if device_type in (None, "GPU"):
+        out += [LogicalDevice(f"/device:GPU:{i}", "GPU") for i in range(_dtrain._logical_gpu_count())]
+    return out
+
+
+class LogicalDeviceConfiguration(collections.namedtuple(
+        "LogicalDeviceConfiguration", ["memory_limit", "experimental_priority", "experimental_device_ordinal"])):
+    """One logical GPU of a physical one: memory_limit in MiB (None: no limit of its own)."""
+
+    def __new__(cls, memory_limit=None, experimental_priority=None, experimental_device_ordinal=0):
+        return super().__new__(cls, memory_limit, experimental_priority, experimental_device_ordinal)
+
+
+def _physical_name(device):
+    name = device.name if isinstance(device, (PhysicalDevice, LogicalDevice)) else str(device)
+    if name.startswith("/device:GPU:"):  # a logical name given where TensorFlow takes a physical device
+        name = name.replace("/device:", "/physical_device:")
+    return name
+
+
+def set_logical_device_configuration(device, logical_devices):
+    """Splits a physical GPU into logical GPUs, as TensorFlow users test multi-GPU code on one
+    GPU. They share its memory, at most the sum of their memory_limit where each has one;
+    MirroredStrategy's replicas on them share the weights and sum gradients on the GPU."""
+    limits = []
+    for config in logical_devices or []:
+        if not isinstance(config, LogicalDeviceConfiguration):
+            raise TypeError("set_logical_device_configuration: each logical device is a "
+                            f"tf.config.LogicalDeviceConfiguration, got {config!r}")
+        if config.memory_limit is not None and int(config.memory_limit) <= 0:
+            raise ValueError(f"set_logical_device_configuration: memory_limit is in MiB and > 0, got {config.memory_limit}")
+        limits.append(int(config.memory_limit or 0))
+    _dtrain._set_logical_device_configuration(_physical_name(device), limits)
+
+
+def get_logical_device_configuration(device):
+    """The logical GPUs set for a physical GPU, or None where it is not split."""
+    limits = _dtrain._logical_device_configuration(_physical_name(device))
+    return [LogicalDeviceConfiguration(memory_limit=m or None) for m in limits] or None
 
 
 def get_visible_devices(device_type=None):
@@ -84,3 +126,7 @@ class experimental:  # noqa: N801 (TensorFlow's module name)
 
     list_physical_devices = staticmethod(list_physical_devices)
     list_logical_devices = staticmethod(list_logical_devices)
+    # TensorFlow's older names for logical devices.
+    VirtualDeviceConfiguration = LogicalDeviceConfiguration
+    set_virtual_device_configuration = staticmethod(set_logical_device_configuration)
+    get_virtual_device_configuration = staticmethod(get_logical_device_configuration)

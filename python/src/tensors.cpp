@@ -638,6 +638,20 @@ void bind_tensors(py::module_& m) {
     out["peak"] = s.peak_bytes_in_use;
     return out;
   });
+  // tf.config.set_logical_device_configuration: a physical GPU's name and each logical
+  // GPU's memory_limit in MiB (0: none).
+  m.def("_set_logical_device_configuration", [](const std::string& gpu, const std::vector<std::size_t>& limits) {
+    std::vector<LogicalDeviceConfiguration> logical;
+    for (std::size_t mb : limits) logical.push_back({mb});
+    set_logical_device_configuration(parse_device(gpu), logical);
+  });
+  m.def("_logical_device_configuration", [](const std::string& gpu) {
+    std::vector<std::size_t> limits;
+    for (const LogicalDeviceConfiguration& l : logical_device_configuration(parse_device(gpu)))
+      limits.push_back(l.memory_limit_mb);
+    return limits;
+  });
+  m.def("_logical_gpu_count", [] { return logical_gpus().size(); });
   m.def("num_threads", &num_threads);
 }
 

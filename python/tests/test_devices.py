@@ -124,3 +124,50 @@ def test_a_dataset_prefetched_to_the_gpu_trains_as_on_the_cpu():
     on_gpu, on_cpu = trained("/GPU:0", True), trained("/CPU:0", False)
     for a, b in zip(on_gpu.weights, on_cpu.weights):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_logical_device_configurations_are_checked_and_need_a_gpu():
+    config = tf.config.LogicalDeviceConfiguration(memory_limit=1024)
+    assert config.memory_limit == 1024 and tf.config.LogicalDeviceConfiguration().memory_limit is None
+    assert tf.config.experimental.VirtualDeviceConfiguration is tf.config.LogicalDeviceConfiguration
+    with pytest.raises(TypeError, match="LogicalDeviceConfiguration"):
+        tf.config.set_logical_device_configuration("/physical_device:GPU:0", [1024])
+    with pytest.raises(ValueError, match="memory_limit is in MiB"):
+        tf.config.set_logical_device_configuration("/physical_device:GPU:0",
+                                                   [tf.config.LogicalDeviceConfiguration(memory_limit=-1)])
+    with pytest.raises(TypeError, match="CrossDeviceOps"):
+        tf.distribute.MirroredStrategy(cross_device_ops="nccl")
+    if not HAS_GPU:
+        assert tf.config.list_logical_devices("GPU") == []
+        with pytest.raises(tf.errors.InvalidArgumentError, match="no GPU"):
+            tf.config.set_logical_device_configuration("/physical_device:GPU:0", [config, config])
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+def test_mirrored_strategy_on_two_logical_gpus_trains_as_the_gpu_alone():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((256, 8)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int32)
+
+    def trained(strategy):
+        with strategy.scope():
+            tf.keras.utils.set_random_seed(3)
+            model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu", input_shape=(8,)),
+                                         tf.keras.layers.Dense(2)])
+            model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x, y, epochs=2, batch_size=64, verbose=0, shuffle=False)
+        return model
+
+    gpu = tf.config.list_physical_devices("GPU")[0]
+    alone = trained(tf.distribute.OneDeviceStrategy("/gpu:0"))
+    tf.config.set_logical_device_configuration(gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=4096)] * 2)
+    try:
+        assert len(tf.config.list_logical_devices("GPU")) == len(tf.config.list_physical_devices("GPU")) + 1
+        assert len(tf.config.get_logical_device_configuration(gpu)) == 2
+        strategy = tf.distribute.MirroredStrategy(cross_device_ops=tf.distribute.NcclAllReduce())
+        assert strategy.num_replicas_in_sync == 2
+        split = trained(strategy)
+    finally:
+        tf.config.set_logical_device_configuration(gpu, [])
+    for a, b in zip(split.weights, alone.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)

@@ -52,6 +52,7 @@ class StandInRuntime final : public DeviceRuntime {
   void deallocate(int, void* data, std::size_t bytes) override { cache_.deallocate(data, bytes); }
   DeviceMemoryStats memory_stats(int) override { return cache_.stats(); }
   void release_cached(int) override { cache_.release_cached(); }
+  void set_memory_limit(int, std::size_t bytes, const std::string& why) override { cache_.set_limit(bytes, why); }
   void* allocate_host(std::size_t bytes) override { return cpu_allocator().allocate(bytes); }
   void deallocate_host(void* data, std::size_t bytes) override { cpu_allocator().deallocate(data, bytes); }
   void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) override {

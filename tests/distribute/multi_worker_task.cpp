@@ -14,10 +14,12 @@
 #include <cstdlib>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "common/quiet_fit.h"
 #include "common/small_cnn.h"
+#include "common/stand_in_gpu.h"
 #include "common/tiny_transformer.h"
 #include "dtrain/dtrain.h"
 
@@ -44,6 +46,9 @@ struct Args {
   // "cnn": the small residual CNN of tests/common/small_cnn.h (synchronized batch norms)
   // on its random images, instead of the MLP.
   std::string model = "mlp";
+  // Each worker trains on cuda:0 (the stand-in GPU where there is none), its replicas on
+  // logical GPUs of it.
+  bool gpu = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -68,6 +73,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--files") a.files = std::stoi(v);
     else if (k == "--seed") a.seed = std::stoll(v);
     else if (k == "--model") a.model = v;
+    else if (k == "--gpu") a.gpu = v == "1";
     else throw std::invalid_argument("unknown option " + k);
   }
   return a;
@@ -95,7 +101,13 @@ void run(const Args& a) {
                                                : distribute::Compression::NONE;
   if (a.communication == "ring") comm.implementation = distribute::CommunicationImplementation::RING;
   std::vector<std::string> devices;
-  for (int r = 0; r < a.replicas; ++r) devices.push_back("/cpu:" + std::to_string(r));
+  std::optional<dtrain::testing::GpuForTests> gpu;
+  if (a.gpu) {
+    gpu.emplace();
+    set_logical_device_configuration(Device::cuda(0), std::vector<LogicalDeviceConfiguration>(
+                                                          static_cast<std::size_t>(a.replicas)));
+  }
+  for (int r = 0; r < a.replicas; ++r) devices.push_back((a.gpu ? "/gpu:" : "/cpu:") + std::to_string(r));
   if (a.seed >= 0) set_random_seed(static_cast<std::uint64_t>(a.seed));
   const cluster::TfConfig config = cluster::tf_config_from_environment();
   distribute::MultiWorkerMirroredStrategy strategy(config, comm, devices);

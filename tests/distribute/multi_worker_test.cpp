@@ -331,6 +331,40 @@ TEST_F(MultiWorker, TwoLocalReplicasPerWorkerReachOneProcessWeights) {
   }
 }
 
+// Workers on GPUs (cuda:0 in each process: processes that share one GPU, or the stand-in
+// GPU where there is none): each worker's replicas sum on the GPU, then the workers sum
+// through pinned host memory. 1 and 2 workers, 1 and 2 replicas each, reach one process's
+// weights, and every worker the chief's exactly.
+TEST_F(MultiWorker, GpuWorkersSumThroughPinnedHostMemoryAndReachOneProcessWeights) {
+  data::Split d = data::make_synthetic(10 * 64, kFeatures, 10, 7, data::SyntheticLabels::teacher);
+  auto reference = mlp();
+  reference->fit(d.x, d.y, quiet(64));
+  for (const char* replicas : {"1", "2"}) {
+    std::vector<std::string> args = size_args();
+    args.insert(args.end(), {"--gpu", "1", "--replicas", replicas, "--steps", "10"});
+    const std::vector<TaskResult> results = run_cluster(2, args);
+    for (const TaskResult& r : results) {
+      ASSERT_TRUE(r.exited_ok()) << describe(results);
+      EXPECT_NE(r.log.find("staged through pinned host memory from cuda:0"), std::string::npos) << r.log;
+    }
+    EXPECT_LE(relative_difference(*saved(results[0].task), *reference), 1e-4) << replicas << " replicas";
+    EXPECT_EQ(relative_difference(*saved(results[1].task), *saved(results[0].task)), 0.0) << replicas << " replicas";
+  }
+}
+
+// A GPU worker killed mid-run is named by the others, as a CPU worker is.
+TEST_F(MultiWorker, AKilledGpuWorkerIsNamedByTheOthers) {
+  std::vector<std::string> args = size_args();
+  args.insert(args.end(), {"--gpu", "1", "--steps", "200", "--timeout", "10", "--kill-task", "worker:1",
+                           "--kill-step", "5"});
+  const std::vector<TaskResult> results = run_cluster(2, args);
+  ASSERT_EQ(results.size(), 2u);
+  ASSERT_TRUE(WIFSIGNALED(results[1].status) && WTERMSIG(results[1].status) == SIGKILL) << describe(results);
+  EXPECT_TRUE(results[0].status >= 0 && WIFEXITED(results[0].status) && WEXITSTATUS(results[0].status) != 0)
+      << describe(results);
+  EXPECT_NE(results[0].log.find("worker:1 (its process ended)"), std::string::npos) << describe(results);
+}
+
 // The epoch's loss the task printed ("loss=...").
 double printed_loss(const TaskResult& r) {
   const std::size_t at = r.log.find("loss=");

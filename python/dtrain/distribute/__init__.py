@@ -216,12 +216,46 @@ class Strategy:
         return values[0] if local == 1 else PerReplica(values)
 
 
+class CrossDeviceOps:
+    """How MirroredStrategy sums its replicas' values (tf.distribute.CrossDeviceOps). Replicas
+    on CPUs sum in shared memory, and replicas on logical GPUs of one GPU sum on that GPU
+    (TensorFlow falls back to that there too: NCCL refuses two ranks on one GPU), whichever
+    of these is given."""
+
+    def __init__(self, num_packs=1):
+        if int(num_packs) < 1:
+            raise ValueError(f"{type(self).__name__}: num_packs must be >= 1, got {num_packs}")
+        self.num_packs = int(num_packs)
+
+
+class NcclAllReduce(CrossDeviceOps):
+    pass
+
+
+class HierarchicalCopyAllReduce(CrossDeviceOps):
+    pass
+
+
+class ReductionToOneDevice(CrossDeviceOps):
+    def __init__(self, reduce_to_device=None, accumulation_fn=None):
+        super().__init__()
+        self.reduce_to_device = reduce_to_device
+        self.accumulation_fn = accumulation_fn
+
+
 class MirroredStrategy(Strategy):
-    """Synchronous replicas in this process, one per core by default
-    (devices: "/cpu:0", "/cpu:1", ... or their number)."""
+    """Synchronous replicas in this process. By default one per logical GPU where there are
+    GPUs (as TensorFlow does; logical GPUs of one GPU: tf.config.set_logical_device_configuration),
+    else one per core; devices: "/cpu:0", "/cpu:1", ... (or their number), or "/gpu:0",
+    "/gpu:1", ..."""
 
     def __init__(self, devices=None, cross_device_ops=None, communication_options=None):
-        del cross_device_ops
+        if cross_device_ops is not None and not isinstance(cross_device_ops, CrossDeviceOps):
+            raise TypeError("MirroredStrategy: cross_device_ops is a tf.distribute.CrossDeviceOps "
+                            f"(NcclAllReduce, HierarchicalCopyAllReduce, ReductionToOneDevice), got {cross_device_ops!r}")
+        self.cross_device_ops = cross_device_ops
+        if devices is None and _dtrain._logical_gpu_count() > 0:
+            devices = [f"/gpu:{i}" for i in range(_dtrain._logical_gpu_count())]
         o = communication_options or experimental.CommunicationOptions()
         super().__init__(_d._MirroredStrategy(devices, o.bytes_per_pack, o.timeout_seconds or 0.0))
 

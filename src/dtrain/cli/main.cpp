@@ -158,8 +158,9 @@ distribute::CommunicationOptions communication_options(const Overrides& o) {
   return comm;
 }
 
-// The strategy the config asks for; null for the default strategy.
-std::unique_ptr<distribute::Strategy> make_strategy(const cli::RunConfig& c, const Overrides& o) {
+// The strategy the config asks for; null for the default strategy. A mirrored strategy on
+// a GPU (--device cuda:N) puts its replicas on that many logical GPUs of it.
+std::unique_ptr<distribute::Strategy> make_strategy(const cli::RunConfig& c, const Overrides& o, Device device) {
   if (c.strategy == "multi_worker") {
     std::vector<std::string> devices;
     for (int r = 0; r < std::max(1, c.replicas); ++r) devices.push_back("/cpu:" + std::to_string(r));
@@ -167,6 +168,15 @@ std::unique_ptr<distribute::Strategy> make_strategy(const cli::RunConfig& c, con
       return std::make_unique<distribute::MultiWorkerMirroredStrategy>(*elastic, communication_options(o), devices);
     return std::make_unique<distribute::MultiWorkerMirroredStrategy>(cluster::tf_config_from_environment(),
                                                                      communication_options(o), devices);
+  }
+  if (c.strategy == "mirrored" && !device.is_cpu()) {
+    set_logical_device_configuration(device, std::vector<LogicalDeviceConfiguration>(
+                                                 static_cast<std::size_t>(std::max(1, c.replicas))));
+    std::vector<std::string> devices;
+    const std::vector<LogicalGpu> gpus = logical_gpus();
+    for (std::size_t i = 0; i < gpus.size(); ++i)
+      if (gpus[i].physical == device) devices.push_back("/gpu:" + std::to_string(i));
+    return std::make_unique<distribute::MirroredStrategy>(devices, communication_options(o));
   }
   if (c.strategy == "mirrored")
     return std::make_unique<distribute::MirroredStrategy>(c.replicas > 0 ? c.replicas : available_cores(),
@@ -333,14 +343,16 @@ void check_outputs(const std::string& config, const Overrides& o, const cli::Run
 }
 
 // Where the run's weights and steps live: --device, with "auto" the first GPU where one is
-// present and the run has one device (the strategies' replicas and workers run on CPUs).
+// present and the run has one device (the strategies' replicas and workers run on CPUs
+// unless a mirrored strategy is given a GPU, which its replicas then share).
 Device run_device(const std::string& flag, const cli::RunConfig& c) {
   const bool one_device = c.strategy.empty() || c.strategy == "default" || c.strategy == "one_device";
   if (flag == "auto") return one_device ? resolve_device("auto") : Device::cpu();
   const Device d = resolve_device(flag);
-  if (!d.is_cpu() && !one_device)
+  if (!d.is_cpu() && !one_device && c.strategy != "mirrored")
     DTRAIN_THROW(InvalidArgument, "--device ", flag, ": --strategy ", c.strategy,
-                 " trains on CPUs; on a GPU, train with one device (no --strategy, or one_device)");
+                 " trains on CPUs; on a GPU, train with one device (no --strategy, or one_device) or with "
+                 "mirrored replicas on its logical GPUs (--strategy mirrored --replicas N)");
   return d;
 }
 
@@ -393,7 +405,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     d.train.x = d.train.x.slice(0, rows);
     d.train.y = d.train.y.slice(0, rows);
   }
-  std::unique_ptr<distribute::Strategy> strategy = make_strategy(c, o);
+  std::unique_ptr<distribute::Strategy> strategy = make_strategy(c, o, device);
   // parameter_server: every task of the job (chief, workers, ps) runs this same command;
   // the chief coordinates, reports and writes files.
   std::unique_ptr<distribute::ParameterServerStrategy> ps;
@@ -806,7 +818,7 @@ int main(int argc, char** argv) {
                     "default, one_device, mirrored, multi_worker or parameter_server (the last two read TF_CONFIG; overrides the config)")
         ->check(CLI::IsMember({"default", "one_device", "mirrored", "multi_worker", "parameter_server"}));
     cmd->add_option("--replicas", o.replicas,
-                    "Replicas of the mirrored strategy (0 = one per core), or of each multi_worker process")
+                    "Replicas of the mirrored strategy (0 = one per core; with a GPU --device, that many logical GPUs of it), or of each multi_worker process")
         ->check(CLI::Range(0, 4096));
     cmd->add_option("--compression", o.compression, "multi_worker: gradient buckets on the wire as none, bf16 or fp16")
         ->check(CLI::IsMember({"none", "bf16", "fp16"}));

@@ -73,21 +73,23 @@ void* BlockCache::allocate_locked(std::size_t bytes, std::size_t size, int strea
     stats_.peak_bytes_in_use = std::max(stats_.peak_bytes_in_use, stats_.bytes_in_use);
     return p;
   }
-  void* p = source_.allocate(size);
+  void* p = fresh_locked(size);
   std::size_t cached_before = 0;
   if (p == nullptr) {
     // Blocks of other classes or streams may be what stands in the way.
     cached_before = stats_.bytes_cached;
     release_locked();
-    p = source_.allocate(size);
+    p = fresh_locked(size);
   }
   if (p == nullptr) {
     const auto [free, total] = source_.free_and_total();
     const std::string* who = AllocationTag::current();
+    const std::string limit =
+        limit_ ? detail::concat(", within the limit of ", format_bytes(limit_), " (", limit_why_, ")") : "";
     DTRAIN_THROW(ResourceExhausted, "out of memory on ", where_, ": ", who ? *who + " asked for " : "asked for ",
                  format_bytes(bytes), " (", bytes, " bytes); ", format_bytes(stats_.bytes_in_use),
                  " in use by tensors, ", format_bytes(cached_before), " cached (freed and tried again), ",
-                 format_bytes(free), " free of ", format_bytes(total),
+                 format_bytes(free), " free of ", format_bytes(total), limit,
                  ". A smaller batch, bfloat16 mixed precision or fewer live tensors need less.");
   }
   ++stats_.device_allocations;
@@ -95,6 +97,21 @@ void* BlockCache::allocate_locked(std::size_t bytes, std::size_t size, int strea
   stats_.bytes_in_use += size;
   stats_.peak_bytes_in_use = std::max(stats_.peak_bytes_in_use, stats_.bytes_in_use);
   return p;
+}
+
+void* BlockCache::fresh_locked(std::size_t size) {
+  if (limit_ && bytes_reserved_ + size > limit_) return nullptr;
+  return source_.allocate(size);
+}
+
+void BlockCache::set_limit(std::size_t bytes, std::string why) {
+  std::lock_guard lock(mutex_);
+  if (bytes && bytes_reserved_ > bytes) release_locked();
+  if (bytes && bytes_reserved_ > bytes)
+    DTRAIN_THROW(InvalidArgument, where_, ": a limit of ", format_bytes(bytes), " (", why, ") is less than the ",
+                 format_bytes(bytes_reserved_), " its tensors hold already");
+  limit_ = bytes;
+  limit_why_ = std::move(why);
 }
 
 void BlockCache::deallocate(void* data, std::size_t bytes, int stream) {

@@ -77,6 +77,13 @@ class BlockCache {
   void close_pool(int pool);
   DeviceMemoryStats stats() const;
 
+  // At most `bytes` taken from the source at once (0: as much as it has), as the sum of a
+  // GPU's logical devices' memory_limit asks: an allocation beyond it frees the unused
+  // blocks and tries again, then fails as a full device does, naming the limit and `why`
+  // ("the memory_limit of its 2 logical GPUs"). InvalidArgument where the tensors alive
+  // already hold more (the unused blocks are freed first).
+  void set_limit(std::size_t bytes, std::string why);
+
   // Sizes are rounded up to a class: 512-byte steps below 1 MiB, 2 MiB steps above (the
   // device's page), so a tensor of a few bytes more reuses the same block.
   static std::size_t size_class(std::size_t bytes);
@@ -84,13 +91,17 @@ class BlockCache {
  private:
   void release_locked();
   void* allocate_locked(std::size_t bytes, std::size_t size, int stream);
+  // A block of `size` bytes from the source, within the limit; null when not there.
+  void* fresh_locked(std::size_t size);
 
   std::string where_;
   Source source_;
   mutable std::mutex mutex_;
   std::map<std::pair<int, std::size_t>, std::vector<void*>> free_;  // (stream, class) -> blocks
   DeviceMemoryStats stats_;
-  std::size_t bytes_reserved_ = 0;
+  std::size_t bytes_reserved_ = 0;  // taken from the source
+  std::size_t limit_ = 0;           // on bytes_reserved_; 0: none
+  std::string limit_why_;
   std::map<int, std::map<std::size_t, std::vector<void*>>> pools_;  // open pools' unused blocks, by class
   std::unordered_map<void*, int> pooled_;  // every block a pool handed out, to its pool
   int next_pool_ = 1;

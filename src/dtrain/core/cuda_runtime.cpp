@@ -196,6 +196,11 @@ void CudaRuntime::release_cached(int index) {
   device(index).cache->release_cached();
 }
 
+void CudaRuntime::set_memory_limit(int index, std::size_t bytes, const std::string& why) {
+  stream(index);
+  device(index).cache->set_limit(bytes, why);
+}
+
 void* CudaRuntime::allocate_host(std::size_t bytes) {
   {
     std::lock_guard lock(host_mutex_);

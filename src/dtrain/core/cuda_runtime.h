@@ -39,6 +39,7 @@ class CudaRuntime final : public DeviceRuntime {
   void deallocate(int index, void* data, std::size_t bytes) override;
   DeviceMemoryStats memory_stats(int index) override;
   void release_cached(int index) override;
+  void set_memory_limit(int index, std::size_t bytes, const std::string& why) override;
   void* allocate_host(std::size_t bytes) override;
   void deallocate_host(void* data, std::size_t bytes) override;
   void copy(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes) override;

@@ -2,6 +2,7 @@
 #include "dtrain/core/device.h"
 
 #include <array>
+#include <map>
 #include <cctype>
 #include <cstdio>
 #include <mutex>
@@ -33,6 +34,9 @@ std::string lower(std::string_view s) {
 }
 
 bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+
+// Logical GPU `index` (TensorFlow's "/gpu:N") as its physical GPU.
+Device logical_gpu(int index, std::string_view name);
 
 [[noreturn]] void bad_name(std::string_view name) {
   DTRAIN_THROW(InvalidArgument, "device '", name,
@@ -67,6 +71,7 @@ Device parse_device(std::string_view name) {
     if (at == std::string::npos) bad_name(name);
     s = s.substr(at);
   }
+  const bool physical = starts_with(s, "/physical_device:");
   for (std::string_view prefix : {"/physical_device:", "/device:", "device:", "/"})
     if (starts_with(s, prefix)) {
       s = s.substr(prefix.size());
@@ -82,8 +87,90 @@ Device parse_device(std::string_view name) {
   }
   const int index = number.empty() ? 0 : std::stoi(std::string(number));
   if (kind == "cpu") return Device::cpu();
-  if (kind == "gpu" || kind == "cuda") return Device::cuda(index);
+  if (kind == "cuda" || (kind == "gpu" && physical)) return Device::cuda(index);
+  if (kind == "gpu") return logical_gpu(index, name);
   bad_name(name);
+}
+
+namespace {
+
+struct LogicalConfigs {
+  std::mutex mutex;
+  std::map<int, std::vector<LogicalDeviceConfiguration>> by_gpu;  // physical index -> its parts
+};
+
+LogicalConfigs& logical_configs() {
+  static LogicalConfigs* configs = new LogicalConfigs();  // leaked: names are parsed during exit
+  return *configs;
+}
+
+}  // namespace
+
+std::vector<LogicalGpu> logical_gpus() {
+  const int gpus = device_count(DeviceType::cuda);
+  LogicalConfigs& c = logical_configs();
+  std::lock_guard lock(c.mutex);
+  std::vector<LogicalGpu> out;
+  for (int g = 0; g < gpus; ++g) {
+    const auto it = c.by_gpu.find(g);
+    if (it == c.by_gpu.end()) {
+      out.push_back({Device::cuda(g), 0, 1, 0});
+      continue;
+    }
+    const int parts = static_cast<int>(it->second.size());
+    for (int p = 0; p < parts; ++p)
+      out.push_back({Device::cuda(g), p, parts, it->second[static_cast<std::size_t>(p)].memory_limit_mb << 20});
+  }
+  return out;
+}
+
+namespace {
+Device logical_gpu(int index, std::string_view name) {
+  {
+    LogicalConfigs& c = logical_configs();
+    std::lock_guard lock(c.mutex);
+    if (c.by_gpu.empty()) return Device::cuda(index);  // every GPU is one device
+  }
+  const std::vector<LogicalGpu> gpus = logical_gpus();
+  if (index >= static_cast<int>(gpus.size()))
+    DTRAIN_THROW(InvalidArgument, "device '", name, "' is not here: there are ", gpus.size(),
+                 " logical GPUs (set_logical_device_configuration split ", describe_devices(DeviceType::cuda), ")");
+  return gpus[static_cast<std::size_t>(index)].physical;
+}
+}  // namespace
+
+void set_logical_device_configuration(Device gpu, const std::vector<LogicalDeviceConfiguration>& logical) {
+  if (gpu.is_cpu())
+    DTRAIN_THROW(InvalidArgument, "set_logical_device_configuration: ", gpu.tf_name(),
+                 ": dtrain splits GPUs only; MirroredStrategy's replicas on the CPU are its own thread groups "
+                 "(MirroredStrategy(n) or devices \"/cpu:0\", \"/cpu:1\", ...)");
+  check_device(gpu);
+  DeviceRuntime& runtime = *device_runtime(gpu.type);
+  std::size_t limit = 0;  // bytes; 0 where some logical GPU has no limit of its own
+  bool every_limited = !logical.empty();
+  for (const LogicalDeviceConfiguration& l : logical) {
+    every_limited = every_limited && l.memory_limit_mb > 0;
+    limit += l.memory_limit_mb << 20;
+  }
+  if (!every_limited) limit = 0;
+  const std::size_t total = runtime.properties(gpu.index).total_memory;
+  if (limit > 0 && total > 0 && limit > total)
+    DTRAIN_THROW(InvalidArgument, "set_logical_device_configuration: the memory_limit of ", logical.size(),
+                 " logical GPUs on ", gpu.to_string(), " add up to ", format_bytes(limit), ", more than its ",
+                 format_bytes(total));
+  runtime.set_memory_limit(gpu.index, limit,
+                           detail::concat("the memory_limit of its ", logical.size(), " logical GPUs"));
+  LogicalConfigs& c = logical_configs();
+  std::lock_guard lock(c.mutex);
+  if (logical.empty()) c.by_gpu.erase(gpu.index);
+  else c.by_gpu[gpu.index] = logical;
+}
+
+std::vector<LogicalDeviceConfiguration> logical_device_configuration(Device gpu) {
+  LogicalConfigs& c = logical_configs();
+  std::lock_guard lock(c.mutex);
+  const auto it = c.by_gpu.find(gpu.index);
+  return gpu.is_cpu() || it == c.by_gpu.end() ? std::vector<LogicalDeviceConfiguration>{} : it->second;
 }
 
 namespace {

@@ -35,9 +35,44 @@ struct Device {
 // A device named as TensorFlow or PyTorch names it: "/GPU:0", "/gpu:0", "GPU:0", "gpu",
 // "cuda", "cuda:1", "/device:GPU:1", "/job:localhost/replica:0/task:0/device:GPU:0", and the
 // same for the CPU ("/cpu:0", "cpu", ...). Every CPU index names the CPU's one memory, cpu:0.
-// Whether the device exists is not checked here (check_device). Throws InvalidArgument
+// Where a GPU is split into logical GPUs (set_logical_device_configuration), TensorFlow's
+// GPU names count logical GPUs and give the physical GPU under them; "cuda:N" and
+// "/physical_device:GPU:N" always name physical GPUs. Whether the device exists is not
+// checked here (check_device), except a logical GPU's number. Throws InvalidArgument
 // naming the text.
 Device parse_device(std::string_view name);
+
+// TensorFlow's tf.config.LogicalDeviceConfiguration: one logical GPU carved out of a
+// physical one, as TensorFlow users test multi-GPU code on one GPU.
+struct LogicalDeviceConfiguration {
+  std::size_t memory_limit_mb = 0;  // its memory in MiB, as TensorFlow counts it; 0: none of its own
+};
+
+// tf.config.set_logical_device_configuration(gpu, [LogicalDeviceConfiguration(...)] * N):
+// the physical GPU `gpu` becomes N logical GPUs, numbered after those of the GPUs before
+// it ("/gpu:0" ... "/gpu:N-1" on the first GPU). They share the GPU's memory, which its
+// cache then holds no more of than the sum of their memory_limit (where each has one);
+// MirroredStrategy's replicas on them share one copy of the weights and sum their
+// gradients on the device. An empty list makes the GPU one device again. Unlike
+// TensorFlow, it may be called at any time: names parsed afterwards follow it, and a
+// strategy keeps the devices it was made with. InvalidArgument where the GPU is not here,
+// the limits add up to more than the GPU has, or its tensors hold more already.
+//
+// Process-wide, as TensorFlow's tf.config is: device names are parsed in every layer, by
+// code that has no configuration to pass on (docs/architecture.md lists it).
+void set_logical_device_configuration(Device gpu, const std::vector<LogicalDeviceConfiguration>& logical);
+// What was set for `gpu` (empty: it is one device).
+std::vector<LogicalDeviceConfiguration> logical_device_configuration(Device gpu);
+
+// One logical GPU, as TensorFlow's list_logical_devices("GPU") lists them in order.
+struct LogicalGpu {
+  Device physical;
+  int part = 0;   // its place among the logical GPUs of `physical`
+  int parts = 1;  // how many `physical` was split into
+  std::size_t memory_limit = 0;  // bytes; 0: none of its own
+};
+// Every GPU's logical GPUs in order: a GPU not split is one.
+std::vector<LogicalGpu> logical_gpus();
 
 struct DeviceProperties {
   std::string name;                // "NVIDIA H200"
@@ -90,6 +125,10 @@ class DeviceRuntime {
   virtual DeviceMemoryStats memory_stats(int index) = 0;
   // Gives the cache's unused memory back to the device.
   virtual void release_cached(int index) = 0;
+  // At most `bytes` of the device's memory held by its cache at once (0: no limit): the sum
+  // of its logical GPUs' memory_limit. An allocation beyond it fails as on a full device,
+  // saying `why`. InvalidArgument where live tensors hold more already.
+  virtual void set_memory_limit(int index, std::size_t bytes, const std::string& why) = 0;
   // Page-locked host memory, which the devices copy from and to without staging (cached
   // too); deallocate_host takes what allocate_host gave, with its size.
   virtual void* allocate_host(std::size_t bytes) = 0;

@@ -9,6 +9,7 @@
 #include "dtrain/comm/in_process.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/distribute/bucket_reducer.h"
+#include "dtrain/distribute/device_reducer.h"
 #include "dtrain/distribute/worker_comm.h"
 
 namespace dtrain::distribute::detail {
@@ -66,6 +67,9 @@ void ReplicaGroup::run_replica(int replica) {
   dtrain::detail::ScopedReplicaContext context(ReplicaContext{id(), replica, num_replicas(),
                                                               worker_index() * num_replicas() + replica, in_sync,
                                                               in_sync > 1 ? this : nullptr});
+  // On a GPU, what the replica makes (a lazily built layer's weights) goes there too.
+  std::optional<DevicePlacement> placed;
+  if (options_.placement) placed.emplace(*options_.placement);
   try {
     (*job_)(replica);
   } catch (...) {
@@ -130,12 +134,43 @@ void ReplicaGroup::run(const std::function<void(int replica)>& fn) {
 
 int ReplicaGroup::num_workers() const { return options_.workers ? options_.workers->size() : 1; }
 int ReplicaGroup::worker_index() const { return options_.workers ? options_.workers->rank() : 0; }
-std::string ReplicaGroup::transport() const { return options_.workers ? options_.workers->transport() : ""; }
+std::string ReplicaGroup::transport() const {
+  if (!options_.workers) return "";
+  if (!on_gpu()) return options_.workers->transport();
+  return options_.workers->transport() + ", staged through pinned host memory from " + options_.placement->to_string();
+}
+std::string ReplicaGroup::replicas_note() const {
+  if (!on_gpu()) return "";
+  std::string names;
+  for (const std::string& d : options_.devices) names += (names.empty() ? "" : ", ") + d;
+  const std::string gpu = options_.placement->to_string();
+  std::string note;
+  if (num_replicas() > 1)
+    note = dtrain::detail::concat(
+        name(), ": ", num_replicas(), " replicas on logical GPUs of ", gpu, " (", names,
+        ") share its one copy of the weights and sum their gradients on it after backward (reduction to one "
+        "device: NCCL refuses two ranks on one GPU, \"Duplicate GPU detected\")");
+  if (options_.workers)
+    note += dtrain::detail::concat(note.empty() ? name() + ": worker " + std::to_string(worker_index()) +
+                                                      "'s replica on " + gpu + " sums"
+                                                : "; then they sum",
+                                   " with the other workers' through pinned host memory after backward (",
+                                   options_.workers->transport(),
+                                   "): NCCL between GPU workers is not in dtrain yet, and refuses workers that "
+                                   "share one GPU");
+  return note;
+}
+
 bool ReplicaGroup::shares_memory() const { return options_.workers && options_.workers->shares_memory(); }
 
 std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variable* const> vars,
                                                               std::span<const DenseVariables> dense,
                                                               bool collectives_in_backward) {
+  // Replicas on one GPU's logical GPUs sum on the device, after backward: they share its
+  // one queue, so there is nothing to overlap.
+  if (options_.placement && !options_.placement->is_cpu())
+    return std::make_unique<DeviceReducer>(num_replicas(), vars, *options_.placement, options_.timeout,
+                                           CrossWorker{options_.workers.get(), false, options_.wire});
   const bool overlap = options_.overlap && !collectives_in_backward;
   return std::make_unique<BucketReducer>(num_replicas(), vars, options_.bucket_bytes,
                                          CrossWorker{options_.workers.get(), overlap, options_.wire}, dense,
@@ -193,10 +228,14 @@ void ReplicaGroup::synchronize_variables(std::span<Variable* const> vars, const 
       DTRAIN_THROW(InvalidArgument, name(), ": variable '", v->name(), "' is ", dtype_name(v->dtype()),
                    "; only float32 variables are kept in sync between workers");
   // Then every worker starts from the chief's values.
+  // GPU variables go through the host.
+  std::vector<Tensor> staged;
+  for (Variable* v : vars) staged.push_back(v->value_device().is_cpu() ? v->mutable_value() : v->value().to(Device::cpu()));
   w.run([&](comm::GlooGroup& group) {
-    for (Variable* v : vars)
-      group.broadcast(v->mutable_value().data<float>(), static_cast<std::size_t>(v->numel()), 0);
+    for (Tensor& t : staged) group.broadcast(t.data<float>(), static_cast<std::size_t>(t.numel()), 0);
   });
+  for (std::size_t i = 0; i < vars.size(); ++i)
+    if (!vars[i]->value_device().is_cpu()) vars[i]->mutable_value().copy_from(staged[i]);
 }
 
 void ReplicaGroup::sum_over_workers(std::span<double> values) {
@@ -207,15 +246,18 @@ void ReplicaGroup::sum_over_workers(std::span<double> values) {
 void ReplicaGroup::sum_over_workers(Tensor& value) {
   if (!options_.workers || !value.defined()) return;
   value.check_dtype(DType::f32, "reduce");
+  Tensor host = value.to(Device::cpu());  // a GPU's value goes through the host
   options_.workers->run([&](comm::GlooGroup& group) {
     // A key of its own, above any bucket's.
-    group.allreduce(value.data<float>(), static_cast<std::size_t>(value.numel()), ~std::uint64_t{0});
+    group.allreduce(host.data<float>(), static_cast<std::size_t>(host.numel()), ~std::uint64_t{0});
   });
+  if (!value.device().is_cpu()) value.copy_from(host);
 }
 
-Tensor ReplicaGroup::gather_over_workers(const Tensor& value) {
-  if (!options_.workers) return value;
-  value.check_dtype(DType::f32, "gather");
+Tensor ReplicaGroup::gather_over_workers(const Tensor& on_device) {
+  if (!options_.workers) return on_device;
+  on_device.check_dtype(DType::f32, "gather");
+  const Tensor value = on_device.to(Device::cpu());  // a GPU's value goes through the host
   const auto n = static_cast<std::size_t>(num_workers());
   const std::int64_t row = value.dim(0) > 0 ? value.numel() / value.dim(0) : value.shape().with_dim(0, 1).numel();
   std::vector<double> rows(n, 0.0);
@@ -236,7 +278,7 @@ Tensor ReplicaGroup::gather_over_workers(const Tensor& value) {
     const auto count = static_cast<std::size_t>(static_cast<std::int64_t>(rows[w]) * row);
     dst = std::copy_n(all.data() + w * mine.size(), count, dst);
   }
-  return out;
+  return out.to(on_device.device());
 }
 
 void ReplicaGroup::barrier(int replica, const char* what, std::chrono::milliseconds timeout, bool for_replica_0) {
@@ -300,7 +342,7 @@ std::vector<Tensor> ReplicaGroup::all_reduce_sum(std::span<const Tensor> values)
         if (!t.defined()) continue;
         t.check_dtype(DType::f32, "all_reduce");
         if (!sums_[i].defined()) {
-          sums_[i] = Tensor::empty(t.shape());
+          sums_[i] = Tensor::empty(t.shape(), DType::f32, t.device());
         } else if (!(sums_[i].shape() == t.shape())) {
           DTRAIN_THROW(InvalidArgument, "all_reduce: tensor ", i, " is ", t.shape().to_string(), " on replica ", k,
                        " but ", sums_[i].shape().to_string(), " on another replica");
@@ -309,9 +351,18 @@ std::vector<Tensor> ReplicaGroup::all_reduce_sum(std::span<const Tensor> values)
     }
   }
   barrier(r, "all_reduce");
-  // Each replica sums its share of every tensor's elements.
+  // Each replica sums its share of every tensor's elements: on a GPU (logical GPUs of one
+  // GPU share its memory), its share of the tensors, with the device's kernels.
   for (std::size_t i = 0; i < sums_.size(); ++i) {
     if (!sums_[i].defined()) continue;
+    if (!sums_[i].device().is_cpu()) {
+      if (static_cast<int>(i % static_cast<std::size_t>(n)) == r) {
+        std::vector<Tensor> inputs;
+        for (const auto& theirs : published_) inputs.push_back(theirs[i]);
+        sum_on_device(inputs, sums_[i]);
+      }
+      continue;
+    }
     const std::int64_t count = sums_[i].numel();
     const std::int64_t begin = count * r / n, end = count * (r + 1) / n;
     float* out = sums_[i].data<float>();

@@ -51,7 +51,10 @@ class ReplicaGroup final : public StrategyBackend, public CrossReplica {
   int worker_index() const override;
   std::string transport() const override;
   bool shares_memory() const override;
+  std::string replicas_note() const override;
   const GroupOptions& options() const { return options_; }
+  // Whether the replicas run on a GPU (logical GPUs of it).
+  bool on_gpu() const { return options_.placement && !options_.placement->is_cpu(); }
   void run(const std::function<void(int replica)>& fn) override;
   std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const> vars,
                                                     std::span<const DenseVariables> dense,

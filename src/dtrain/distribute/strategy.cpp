@@ -2,6 +2,7 @@
 #include "dtrain/distribute/strategy.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <regex>
@@ -21,17 +22,17 @@
 namespace dtrain::distribute {
 namespace {
 
-// "/cpu:3", "cpu:3", "/device:CPU:3", "/job:localhost/replica:0/task:0/device:CPU:3" -> 3.
-int parse_cpu_device(const std::string& device) {
-  static const std::regex cpu(R"(^(/job:[^/]+/replica:\d+/task:\d+)?(/device:|/)?cpu:(\d{1,6})$)", std::regex::icase);
-  static const std::regex gpu(R"(gpu:\d+$)", std::regex::icase);
+// "/cpu:3", "cpu:3", "/device:CPU:3", "/job:localhost/replica:0/task:0/device:CPU:3" -> 3;
+// the same names of GPUs -> -1 - N (logical GPU N, see set_logical_device_configuration).
+int parse_replica_device(const std::string& device) {
+  static const std::regex name(R"(^(/job:[^/]+/replica:\d+/task:\d+)?(/device:|/|device:)?(cpu|gpu):(\d{1,6})$)",
+                               std::regex::icase);
   std::smatch m;
-  if (std::regex_search(device, gpu))
-    DTRAIN_THROW(Unsupported, "device '", device, "': replicas on GPUs are not in dtrain yet; one GPU trains under ",
-                 "OneDeviceStrategy(\"/gpu:0\") or no strategy, and replicas run on \"/cpu:N\"");
-  if (!std::regex_match(device, m, cpu))
-    DTRAIN_THROW(InvalidArgument, "device '", device, "' is not a CPU device name; expected \"/cpu:N\"");
-  return std::stoi(m[3].str());
+  if (!std::regex_match(device, m, name))
+    DTRAIN_THROW(InvalidArgument, "device '", device,
+                 "' is not a replica's device name; expected \"/cpu:N\" or \"/gpu:N\" (TensorFlow's names)");
+  const int index = std::stoi(m[4].str());
+  return std::tolower(static_cast<unsigned char>(m[3].str()[0])) == 'c' ? index : -1 - index;
 }
 
 std::chrono::milliseconds timeout_of(const CommunicationOptions& comm) {
@@ -62,9 +63,26 @@ std::shared_ptr<detail::ReplicaGroup> make_group(std::string name, const std::ve
   detail::GroupOptions o;
   o.name = std::move(name);
   for (const std::string& d : devices) {
-    const int index = parse_cpu_device(d);
+    const int index = parse_replica_device(d);
     if (!seen.insert(index).second) DTRAIN_THROW(InvalidArgument, o.name, ": device '", d, "' is listed twice");
-    o.devices.push_back("/cpu:" + std::to_string(index));
+    if ((index < 0) != (parse_replica_device(devices.front()) < 0))
+      DTRAIN_THROW(InvalidArgument, o.name, ": devices '", devices.front(), "' and '", d,
+                   "' are a CPU and a GPU; a strategy's replicas are all CPU thread groups or all GPUs");
+    if (index >= 0) {
+      o.devices.push_back("/cpu:" + std::to_string(index));
+      continue;
+    }
+    // A GPU, logical or not: its replicas share the physical GPU's memory and queue.
+    const Device gpu = parse_device(d);
+    check_device(gpu);
+    if (o.placement && !(*o.placement == gpu))
+      DTRAIN_THROW(Unsupported, o.name, ": devices '", devices.front(), "' and '", d, "' are two GPUs (",
+                   o.placement->to_string(), ", ", gpu.to_string(),
+                   "); replicas on GPUs with memories of their own (a copy of the weights on each, gradients "
+                   "summed with NCCL) are not in dtrain yet. Replicas on logical GPUs of one GPU "
+                   "(set_logical_device_configuration) share its weights and sum gradients on it");
+    o.placement = gpu;
+    o.devices.push_back("/gpu:" + std::to_string(-1 - index));
   }
   o.threads_per_replica = std::max(1, cores / static_cast<int>(devices.size()));
   o.bucket_bytes = comm.bytes_per_pack ? comm.bytes_per_pack : detail::kDefaultBucketBytes;
@@ -180,7 +198,8 @@ std::vector<Tensor> Strategy::reduce(ReduceOp op, const PerReplica<std::vector<T
     for (int r = 0; r < value.num_replicas(); ++r)
       if (value[r][i].defined()) parts.push_back(value[r][i]);
     if (parts.empty()) continue;  // no replica had this gradient: stays undefined
-    while (static_cast<int>(parts.size()) < value.num_replicas()) parts.push_back(Tensor::zeros(parts[0].shape()));
+    while (static_cast<int>(parts.size()) < value.num_replicas())
+      parts.push_back(Tensor::zeros(parts[0].shape(), parts[0].dtype(), parts[0].device()));
     out[i] = local_sum(PerReplica<Tensor>(std::move(parts)), std::nullopt).first;
     defined[i] = 1.0;
   }
@@ -433,6 +452,10 @@ std::shared_ptr<detail::ReplicaGroup> make_multi_worker_group(const cluster::TfC
 
 std::shared_ptr<detail::ReplicaGroup> make_elastic_group(const ElasticJob& elastic, const CommunicationOptions& comm,
                                                          const std::vector<std::string>& devices) {
+  for (const std::string& d : devices)
+    if (parse_replica_device(d) < 0)
+      DTRAIN_THROW(Unsupported, "MultiWorkerMirroredStrategy (elastic): device '", d,
+                   "': an elastic job's workers train on CPUs for now (\"/cpu:N\")");
   detail::WorkerCommOptions w = worker_comm_options(comm);
   w.token = elastic.token;
   if (w.token.empty())

@@ -210,9 +210,12 @@ class OneDeviceStrategy final : public Strategy {
 // logical CPU devices "/cpu:N" (also "cpu:N", "/device:CPU:N" and TensorFlow's full
 // "/job:localhost/replica:0/task:0/device:CPU:N"); the process's threads
 // (OMP_NUM_THREADS or set_num_threads, by default every core) are shared out evenly, at
-// least one thread per replica. GPU devices are not supported by this build. Of the
-// CommunicationOptions, bytes_per_pack and timeout_seconds apply (a replica waits at most
-// that long for the others at any cross-replica call; see docs/distribute.md).
+// least one thread per replica. Devices may instead be logical GPUs of one GPU ("/gpu:0",
+// "/gpu:1", ... after set_logical_device_configuration): the replicas share its one copy of
+// the weights and sum their gradients on it (docs/gpu.md); GPUs with memories of their own
+// are Unsupported for now. Of the CommunicationOptions, bytes_per_pack (CPUs) and
+// timeout_seconds apply (a replica waits at most that long for the others at any
+// cross-replica call; see docs/distribute.md).
 class MirroredStrategy final : public Strategy {
  public:
   // One replica per core.
@@ -285,7 +288,9 @@ class MultiWorkerMirroredStrategy final : public Strategy {
   // docs/cluster.md ("Elastic training").
   explicit MultiWorkerMirroredStrategy(const ElasticJob& elastic, CommunicationOptions options = {},
                                        const std::vector<std::string>& local_devices = {"/cpu:0"});
-  // TensorFlow's cluster_resolver argument, as a parsed TF_CONFIG.
+  // TensorFlow's cluster_resolver argument, as a parsed TF_CONFIG. `local_devices` may be
+  // GPUs as MirroredStrategy takes them: the workers then sum through pinned host memory
+  // (docs/gpu.md); an elastic job's may not, for now.
   explicit MultiWorkerMirroredStrategy(const cluster::TfConfig& cluster, CommunicationOptions options = {},
                                        const std::vector<std::string>& local_devices = {"/cpu:0"});
   // This task, as TF_CONFIG names it ("worker", 1); the chief is worker_index() 0.

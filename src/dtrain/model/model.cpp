@@ -694,6 +694,8 @@ History Model::run_fit(BatchSource& source, const FitOptions& opt) {
   const detail::TrainErrorGuard on_error(callbacks);
   Logs logs;
   for (auto& c : callbacks) c->on_train_begin(logs);
+  if (const std::string how = strategy_ ? strategy_->replicas_note() : ""; !how.empty() && verbose > 0 && worker == 0)
+    out << how << "\n";
   std::optional<FitPosition> resume = take_resume(opt, source.steps());
   // An accumulation longer than all the batches left to train would apply no update.
   if (const std::int64_t steps = source.steps(); steps > 0 && steps < opt.gradient_accumulation_steps) {

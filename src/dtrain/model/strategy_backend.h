@@ -182,6 +182,9 @@ class StrategyBackend {
   // How gradients travel between the workers ("shared memory", "TCP (...)"); empty
   // within one process.
   virtual std::string transport() const { return ""; }
+  // How the replicas of this process share their work where fit should say so first, in
+  // one line (replicas on logical GPUs of one GPU); empty otherwise.
+  virtual std::string replicas_note() const { return ""; }
   // Whether the gradients between the workers are summed in shared memory throughout.
   virtual bool shares_memory() const { return false; }
   int num_replicas_in_sync() const { return num_replicas() * num_workers(); }

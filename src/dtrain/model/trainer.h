@@ -542,7 +542,9 @@ class Model::Trainer {
     }
     // Replicas update their own share of every variable when the optimizer allows it.
     const Clock::time_point prepare_start = Clock::now();
-    const bool shared = update && model_.optimizer_->begin_shared_update(vars_);
+    // On a GPU the update is a few fused launches: one thread queues them.
+    const Device device = model_.device();
+    const bool shared = update && device.is_cpu() && model_.optimizer_->begin_shared_update(vars_);
     profiler_.loop().add(profile::Phase::optimizer, prepare_start, Clock::now(), "prepare the shared update");
     // As evenly as possible, the first replicas taking one row more: over every worker's
     // replicas for a global batch, over this worker's for its own part.
@@ -597,6 +599,10 @@ class Model::Trainer {
           GradientTape tape;
           TensorData::slice_into(batch.x, begin, end, out.rows.x);
           TensorData::slice_into(batch.y, begin, end, out.rows.y);
+          if (!device.is_cpu()) {  // the replica's rows go to the GPU it shares with the others
+            for (Tensor& t : out.rows.x) t = t.to(device);
+            for (Tensor& t : out.rows.y) t = t.to(device);
+          }
           out.y_pred = model_(out.rows.x, /*training=*/true, &out.masks);
           // The penalties count once per global batch: each replica takes its rows' share
           // (for a mean, through the scaling below), which also makes the activity penalties

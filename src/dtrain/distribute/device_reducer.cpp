@@ -1,0 +1,162 @@
+// Replicas' gradients summed on the GPU they share.
+#include "dtrain/distribute/device_reducer.h"
+
+#include "dtrain/comm/gloo_group.h"
+#include "dtrain/core/clock.h"
+#include "dtrain/distribute/worker_comm.h"
+#include "dtrain/kernels/backend.h"
+
+namespace dtrain::distribute::detail {
+
+bool sum_on_device(std::span<const Tensor> inputs, Tensor& out) {
+  const Tensor* first = nullptr;
+  const Tensor* second = nullptr;
+  for (const Tensor& t : inputs) {
+    if (!t.defined()) continue;
+    if (first && !(t.shape() == first->shape()))
+      DTRAIN_THROW(InvalidArgument, "sum over replicas on ", t.device().to_string(), ": ", t.shape().to_string(),
+                   " beside ", first->shape().to_string());
+    if (first == nullptr) first = &t;
+    else if (second == nullptr) second = &t;
+  }
+  if (first == nullptr) return false;
+  if (!out.defined() || !(out.shape() == first->shape()) || out.dtype() != first->dtype() ||
+      !(out.device() == first->device()))
+    out = Tensor::empty(first->shape(), first->dtype(), first->device());
+  if (second == nullptr) {
+    out.copy_from(*first);
+    return true;
+  }
+  kernels::Backend& backend = kernels::backend(first->device());
+  backend.binary(kernels::Binary::add, *first, *second, out);
+  bool past_second = false;
+  for (const Tensor& t : inputs) {
+    if (past_second && t.defined()) backend.binary(kernels::Binary::add, out, t, out);
+    past_second = past_second || &t == second;
+  }
+  return true;
+}
+
+DeviceReducer::DeviceReducer(int replicas, std::span<Variable* const> vars, Device device,
+                             std::chrono::milliseconds timeout, CrossWorker cross)
+    : replicas_(replicas),
+      device_(device),
+      what_("sum gradients on " + device.to_string()),
+      cross_(cross),
+      // Replica threads mostly wait for the device: they sleep at once rather than spin.
+      barrier_(replicas, /*spins=*/0, timeout, what_),
+      after_workers_(replicas, /*spins=*/0, 2 * timeout, "gradient sum across workers (waiting for replica 0)"),
+      states_(static_cast<std::size_t>(replicas)),
+      outputs_(vars.size()),
+      reduced_(vars.size()),
+      inputs_(static_cast<std::size_t>(replicas)) {
+  for (ReplicaState& s : states_) {
+    s.in.resize(vars.size());
+    s.sums.resize(vars.size());
+  }
+  std::int64_t total = 0;
+  for (const Variable* v : vars) total += v->numel();
+  flat_ = Tensor::zeros({total}, DType::f32, device);
+  std::int64_t at = 0;
+  for (std::size_t i = 0; i < vars.size(); ++i) {
+    outputs_[i] = flat_.slice(at, at + vars[i]->numel()).reshape(vars[i]->shape());
+    at += vars[i]->numel();
+  }
+  if (cross_.workers) staged_ = Tensor::empty_pinned({total + static_cast<std::int64_t>(vars.size())});
+}
+
+void DeviceReducer::begin_step(bool reduce, std::span<const std::int64_t> /*row_bounds*/) { reduce_ = reduce; }
+
+void DeviceReducer::gradient_ready(int replica, std::size_t index, const Tensor& grad) {
+  if (grad.defined() && (grad.dtype() != DType::f32 || !(grad.shape() == outputs_[index].shape()) ||
+                         !(grad.device() == device_)))
+    DTRAIN_THROW(InternalError, "gradient sum on ", device_.to_string(), ": gradient ", index, " is ",
+                 dtype_name(grad.dtype()), " ", grad.shape().to_string(), " on ", grad.device().to_string(),
+                 ", expected float32 ", outputs_[index].shape().to_string());
+  ReplicaState& state = states_[static_cast<std::size_t>(replica)];
+  if (state.fresh && reduce_) {
+    state.in[index] = grad;  // read where backward left it
+    return;
+  }
+  // Accumulating: this replica's own sums, handed over on the group's last micro-batch.
+  Tensor& sum = state.sums[index];
+  if (state.fresh) sum = Tensor();
+  if (grad.defined()) {
+    if (!sum.defined()) sum = grad.clone();
+    else kernels::backend(device_).binary(kernels::Binary::add, sum, grad, sum);
+  }
+  if (reduce_) state.in[index] = sum;
+}
+
+void DeviceReducer::finish(int replica) {
+  ReplicaState& state = states_[static_cast<std::size_t>(replica)];
+  state.fresh = reduce_;  // after a reduction, the next micro-batch starts a new group
+  if (!reduce_) return;
+  const Clock::time_point start = Clock::now();
+  profile::Track* track = tracks_.empty() ? nullptr : tracks_[static_cast<std::size_t>(replica)];
+  barrier_.arrive_and_wait(replica);
+  // Every replica's gradients are queued on the device: each replica sums its share.
+  std::vector<Tensor>& inputs = inputs_[static_cast<std::size_t>(replica)];
+  for (std::size_t i = static_cast<std::size_t>(replica); i < outputs_.size(); i += static_cast<std::size_t>(replicas_)) {
+    inputs.clear();
+    for (const ReplicaState& s : states_) inputs.push_back(s.in[i]);
+    reduced_[i] = sum_on_device(inputs, outputs_[i]) ? outputs_[i] : Tensor();
+  }
+  inputs.clear();
+  barrier_.arrive_and_wait(replica);
+  // Nobody reads this replica's gradients any more.
+  for (Tensor& t : state.in) t = Tensor();
+  const Clock::time_point summed = Clock::now();
+  if (track) track->add(profile::Phase::communication, start, summed, what_.c_str());
+  if (!cross_.workers) return;
+  if (replica == 0) {
+    try {
+      sum_across_workers();
+    } catch (const std::exception& e) {
+      after_workers_.abort(0, e.what());  // the others stop waiting for it
+      throw;
+    }
+    if (track) {
+      const Clock::time_point end = Clock::now();
+      track->add(profile::Phase::communication, summed, end, "sum across workers, through pinned host memory");
+      track->add_wait_for_communication_thread(seconds_between(summed, end));
+    }
+  }
+  after_workers_.arrive_and_wait(replica);
+}
+
+void DeviceReducer::sum_across_workers() {
+  const auto n = static_cast<std::int64_t>(outputs_.size()), total = flat_.numel();
+  // A variable no replica here had a gradient for counts as zeros; its flag says so.
+  float* host = staged_.data<float>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    host[total + i] = reduced_[static_cast<std::size_t>(i)].defined() ? 1.0f : 0.0f;
+    if (!reduced_[static_cast<std::size_t>(i)].defined())
+      kernels::backend(device_).fill(outputs_[static_cast<std::size_t>(i)], 0.0f);
+  }
+  Tensor values = staged_.slice(0, total);
+  values.copy_from(flat_);  // waits for the sums
+  // A key of its own, apart from the buffers of strategy.reduce (~0) and of CPU buckets.
+  const auto count = static_cast<std::size_t>(total + n);
+  cross_.workers->run([&](comm::GlooGroup& group) {
+    const Clock::time_point start = Clock::now();
+    group.allreduce(host, count, ~std::uint64_t{1}, cross_.wire);
+    if (comm_track_) {
+      // The wait for a late peer is its own phase; the rest moved the bytes.
+      const Clock::time_point joined = start + group.last_peer_wait(), end = Clock::now();
+      if (joined > start) comm_track_->add(profile::Phase::straggler_wait, start, joined, "waiting for peers");
+      comm_track_->add(profile::Phase::communication, joined, end, "all-reduce across workers");
+      comm_track_->add_bytes(comm::wire_bytes(count, cross_.wire));
+    }
+  });
+  flat_.copy_from(values);
+  for (std::int64_t i = 0; i < n; ++i)
+    reduced_[static_cast<std::size_t>(i)] = host[total + i] > 0.0f ? outputs_[static_cast<std::size_t>(i)] : Tensor();
+}
+
+void DeviceReducer::abort(int replica, const std::string& why) {
+  barrier_.abort(replica, why);
+  after_workers_.abort(replica, why);
+}
+
+}  // namespace dtrain::distribute::detail

@@ -1,0 +1,78 @@
+// Gradients summed over replicas that share one GPU (logical GPUs of it): once every
+// replica's backward pass is over, each replica sums its share of the variables with the
+// device's own kernels, into one buffer kept from step to step. Nothing crosses a bus: the
+// replicas' gradients lie in the one device memory, and their kernels in its one queue, so
+// a sum queued after a replica's backward reads what that backward wrote. This is what
+// TensorFlow falls back to for replicas on one GPU (reduction to one device), since NCCL
+// refuses two ranks on a GPU.
+//
+// Between workers (MultiWorkerMirroredStrategy with GPU workers), the buffer is then
+// staged through pinned host memory: one copy to the host, the workers' all-reduce (the
+// TCP ring, or shared memory where they share the host), one copy back. Not for GPUs
+// with memories of their own in one process. Internal to the distribute layer.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dtrain/comm/in_process.h"
+#include "dtrain/distribute/bucket_reducer.h"
+#include "dtrain/model/strategy_backend.h"
+
+namespace dtrain::distribute::detail {
+
+// `out` = the sum of the defined `inputs` (all on one device, of one shape and dtype), made
+// there when undefined or of another shape; false (and `out` untouched) where none is
+// defined.
+bool sum_on_device(std::span<const Tensor> inputs, Tensor& out);
+
+class DeviceReducer final : public GradientReducer {
+ public:
+  // `vars`' gradients, float32 on `device`. Every wait for another replica lasts at most
+  // `timeout` (twice that for replica 0's sum across workers, which may wait a whole
+  // timeout for another worker itself).
+  DeviceReducer(int replicas, std::span<Variable* const> vars, Device device, std::chrono::milliseconds timeout,
+                CrossWorker cross = {});
+
+  void begin_step(bool reduce, std::span<const std::int64_t> row_bounds) override;
+  void gradient_ready(int replica, std::size_t index, const Tensor& grad) override;
+  void finish(int replica) override;
+  // One list for every replica: written before the last replica leaves finish().
+  const std::vector<Tensor>& reduced(int /*replica*/) const override { return reduced_; }
+  void abort(int replica, const std::string& why) override;
+  void set_profile(std::span<profile::Track* const> replicas, profile::Track* communication) override {
+    tracks_.assign(replicas.begin(), replicas.end());
+    comm_track_ = communication;
+  }
+
+ private:
+  struct ReplicaState {
+    std::vector<Tensor> in;    // [variable] what the sum reads this step (undefined: no gradient)
+    std::vector<Tensor> sums;  // [variable] accumulating: the group's sum so far
+    bool fresh = true;         // the first micro-batch of a group
+  };
+  // Replica 0: the sums over this worker's replicas summed over the workers, through the
+  // pinned buffer; reduced_ then holds what some worker had.
+  void sum_across_workers();
+
+  int replicas_;
+  Device device_;
+  std::string what_;  // the profile's name for the sum
+  bool reduce_ = true;
+  CrossWorker cross_;
+  comm::InProcessBarrier barrier_;
+  comm::InProcessBarrier after_workers_;  // the replicas wait there for replica 0's sum across workers
+  std::vector<ReplicaState> states_;  // [replica], each touched by its replica until the barrier
+  Tensor flat_;                       // every variable's sum, end to end, on the device
+  std::vector<Tensor> outputs_;       // [variable] its part of flat_, shaped like it
+  std::vector<Tensor> reduced_;       // [variable] outputs_ where some replica had a gradient
+  std::vector<std::vector<Tensor>> inputs_;  // [replica] its scratch list of one variable's gradients
+  Tensor staged_;                     // workers: flat_, then a flag per variable, in pinned memory
+  std::vector<profile::Track*> tracks_;
+  profile::Track* comm_track_ = nullptr;  // workers: the communication thread's
+};
+
+}  // namespace dtrain::distribute::detail
