@@ -944,6 +944,19 @@ TEST_F(Cli, DoctorPredictsOtherScalesChecksItsModelAndWritesAReport) {
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find("link rate 'fast'"), std::string::npos) << r.output;
   EXPECT_EQ(run("doctor").code, 1);
+
+  // The same run as if on a GPU (its GPU's own backward in the summary): the what-if adds
+  // the paths between GPUs, NVLink and PCIe against the host-staged sum.
+  auto on_gpu = j;
+  for (auto& row : on_gpu["profile"]) row["gpu_seconds_per_step"] = {{"forward", 0.0004}, {"backward", 0.0008}};
+  const auto gpu = (dir_ / "gpu.json").string();
+  std::ofstream(gpu) << on_gpu.dump();
+  r = run("doctor --runs " + gpu + " --what-if workers=8,link=100Gbit");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("On 8 GPUs, a worker on each: 32 rows per GPU per step"), std::string::npos) << r.output;
+  for (const char* path : {"| NVLink, 450 GB/s each way", "| PCIe Gen5, 64 GB/s each way",
+                           "| staged through host memory over PCIe Gen5, summed over 100.0 Gbit/s"})
+    EXPECT_NE(r.output.find(path), std::string::npos) << path << "\n" << r.output;
 }
 
 TEST_F(Cli, MergeTracesGivesOneTraceWithAProcessPerWorker) {

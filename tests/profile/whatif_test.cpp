@@ -119,6 +119,52 @@ TEST(WhatIf, BackwardHidesWhatItCanOfTheRing) {
       << ranked;
 }
 
+// From a run on a GPU: NCCL's ring over NVLink or PCIe overlaps the GPU's own backward;
+// dtrain's GPU workers copy their gradients to the host and back and sum them there after
+// backward, hiding nothing.
+TEST(WhatIf, GpuPathsOverlapTheGpusBackwardOrStageThroughTheHost) {
+  EXPECT_DOUBLE_EQ(parse_rate("nvlink"), 450e9);
+  EXPECT_DOUBLE_EQ(parse_rate("PCIe5"), 64e9);
+  EXPECT_DOUBLE_EQ(parse_rate("pcie4"), 32e9);
+  EXPECT_DOUBLE_EQ(*parse_what_if("workers=8,link=nvlink,staged=pcie5").staged, 64e9);
+  EXPECT_NE(message_of([] { parse_rate("nvlink5"); }).find("nvlink, pcie5, pcie4"), std::string::npos);
+
+  StepModel m = model();
+  m.copy_bytes = 10e6;
+  // The ring hides behind the GPU's backward (16 ms), not the host's launches (8 ms):
+  // max(10 / 2, 10 - 16 / 2) = 5 ms exposed at 2 workers over 1 GB/s.
+  m.gpu_backward = 0.016;
+  EXPECT_NEAR(predict(m, 2, Link{1e9, 0}).exposed, 0.005, 1e-12);
+  // Staged: a copy each way over 64 GB/s (0.15625 ms each), the 10 ms ring after them.
+  StepModel staged = m;
+  staged.staging = 64e9;
+  const Prediction s2 = predict(staged, 2, Link{1e9, 0});
+  EXPECT_NEAR(s2.ring, 0.010 + 2 * 10e6 / 64e9, 1e-12);
+  EXPECT_NEAR(s2.exposed, s2.ring, 1e-15);
+  EXPECT_NEAR(s2.step, 0.014 + s2.exposed, 1e-12);
+  EXPECT_DOUBLE_EQ(predict(staged, 1, Link{1e9, 0}).step, 0.014);  // one worker stages nothing
+
+  // The three paths at 2 GPUs, 10 us a ring step: NVLink's ring (2 buckets: 40 us of
+  // latency and 10 MB / 450 GB/s) half hidden behind backward.
+  const std::vector<Scenario> paths = gpu_paths(m, 2, Link{1e9, 0});
+  ASSERT_EQ(paths.size(), 3u);
+  const double nvlink = 4 * 10e-6 + 10e6 / 450e9;
+  EXPECT_NEAR(paths[0].prediction.ring, nvlink, 1e-12);
+  EXPECT_NEAR(paths[0].prediction.exposed, nvlink / 2, 1e-12);
+  EXPECT_NEAR(paths[1].prediction.ring, 4 * 10e-6 + 10e6 / 64e9, 1e-12);
+  EXPECT_NEAR(paths[2].prediction.step, s2.step, 1e-12);
+  EXPECT_GT(paths[0].prediction.samples_per_second, paths[1].prediction.samples_per_second);
+  EXPECT_GT(paths[1].prediction.samples_per_second, paths[2].prediction.samples_per_second);
+  const std::string text = gpu_what_if_report(m, 2, Link{1e9, 0});
+  EXPECT_NE(text.find("On 2 GPUs"), std::string::npos) << text;
+  EXPECT_NE(text.find("10 us a ring step (assumed; latency= sets it)"), std::string::npos) << text;
+  EXPECT_NE(text.find("| staged through host memory over PCIe Gen5, summed over 8.0 Gbit/s (1.00 GB/s) after backward "
+                      "(dtrain's GPU workers) | 24.31 |"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(gpu_what_if_report(m, 2, Link{1e9, 0}, 2e-6).find("assumed"), std::string::npos);
+}
+
 // A link that sends a burst at once after a rest (a rate limiter's token bucket, as tc
 // tbf's and clouds' are): the rest refills it at the link's rate, up to its depth.
 TEST(WhatIf, ALinkThatRestedSendsABurstAtOnce) {

@@ -642,11 +642,15 @@ std::vector<profile::Finding> run_doctor(const DoctorOptions& o, std::ostream& o
       if (r.workers == 1 && (!one || r.replicas > one->replicas)) one = &r;
     if (!one) DTRAIN_THROW(InvalidArgument, "doctor: --what-if starts from a run at one worker; none was given");
     profile::StepModel model = profile::step_model(*one);
+    if (what_if.staged) model.staging = *what_if.staged;
     if (model.gradient_bytes <= 0)
       DTRAIN_THROW(InvalidArgument, "doctor: the run at one worker does not say its gradient bytes (a summary from an "
                    "older dtrain fit?)");
     const int workers = what_if.workers.value_or(std::max(2, most_workers(runs)));
     report.what_if = profile::what_if_report(model, workers, link->link, noise_scale);
+    // From a run on a GPU: the paths between GPUs, beside the link's own table.
+    if (model.gpu_backward > 0)
+      report.what_if += "\n" + profile::gpu_what_if_report(model, workers, link->link, what_if.latency);
     for (int n = 1; n < workers; n *= 2) report.curve.push_back(profile::predict(model, n, link->link));
     report.curve.push_back(profile::predict(model, workers, link->link));
     report.what_if += profile::time_to_loss_what_if(report.curve.front().samples_per_second,

@@ -158,26 +158,31 @@ distribute::CommunicationOptions communication_options(const Overrides& o) {
   return comm;
 }
 
-// The strategy the config asks for; null for the default strategy. A mirrored strategy on
-// a GPU (--device cuda:N) puts its replicas on that many logical GPUs of it.
+// The strategy the config asks for; null for the default strategy. A mirrored or
+// multi-worker strategy on a GPU (--device cuda:N) puts its replicas on that many logical
+// GPUs of it.
 std::unique_ptr<distribute::Strategy> make_strategy(const cli::RunConfig& c, const Overrides& o, Device device) {
-  if (c.strategy == "multi_worker") {
-    std::vector<std::string> devices;
-    for (int r = 0; r < std::max(1, c.replicas); ++r) devices.push_back("/cpu:" + std::to_string(r));
-    if (const std::optional<distribute::ElasticJob> elastic = distribute::elastic_from_environment())
-      return std::make_unique<distribute::MultiWorkerMirroredStrategy>(*elastic, communication_options(o), devices);
-    return std::make_unique<distribute::MultiWorkerMirroredStrategy>(cluster::tf_config_from_environment(),
-                                                                     communication_options(o), devices);
-  }
-  if (c.strategy == "mirrored" && !device.is_cpu()) {
+  // On a GPU: `replicas` logical GPUs of it (at least one).
+  auto gpu_replicas = [&] {
     set_logical_device_configuration(device, std::vector<LogicalDeviceConfiguration>(
                                                  static_cast<std::size_t>(std::max(1, c.replicas))));
     std::vector<std::string> devices;
     const std::vector<LogicalGpu> gpus = logical_gpus();
     for (std::size_t i = 0; i < gpus.size(); ++i)
       if (gpus[i].physical == device) devices.push_back("/gpu:" + std::to_string(i));
-    return std::make_unique<distribute::MirroredStrategy>(devices, communication_options(o));
+    return devices;
+  };
+  if (c.strategy == "multi_worker") {
+    std::vector<std::string> devices;
+    if (!device.is_cpu()) devices = gpu_replicas();
+    for (int r = 0; device.is_cpu() && r < std::max(1, c.replicas); ++r) devices.push_back("/cpu:" + std::to_string(r));
+    if (const std::optional<distribute::ElasticJob> elastic = distribute::elastic_from_environment())
+      return std::make_unique<distribute::MultiWorkerMirroredStrategy>(*elastic, communication_options(o), devices);
+    return std::make_unique<distribute::MultiWorkerMirroredStrategy>(cluster::tf_config_from_environment(),
+                                                                     communication_options(o), devices);
   }
+  if (c.strategy == "mirrored" && !device.is_cpu())
+    return std::make_unique<distribute::MirroredStrategy>(gpu_replicas(), communication_options(o));
   if (c.strategy == "mirrored")
     return std::make_unique<distribute::MirroredStrategy>(c.replicas > 0 ? c.replicas : available_cores(),
                                                           communication_options(o));
@@ -349,10 +354,11 @@ Device run_device(const std::string& flag, const cli::RunConfig& c) {
   const bool one_device = c.strategy.empty() || c.strategy == "default" || c.strategy == "one_device";
   if (flag == "auto") return one_device ? resolve_device("auto") : Device::cpu();
   const Device d = resolve_device(flag);
-  if (!d.is_cpu() && !one_device && c.strategy != "mirrored")
+  if (!d.is_cpu() && !one_device && c.strategy != "mirrored" && c.strategy != "multi_worker")
     DTRAIN_THROW(InvalidArgument, "--device ", flag, ": --strategy ", c.strategy,
-                 " trains on CPUs; on a GPU, train with one device (no --strategy, or one_device) or with "
-                 "mirrored replicas on its logical GPUs (--strategy mirrored --replicas N)");
+                 " trains on CPUs; on a GPU, train with one device (no --strategy, or one_device), with "
+                 "mirrored replicas on its logical GPUs (--strategy mirrored --replicas N), or with multi_worker "
+                 "workers on it");
   return d;
 }
 
@@ -939,8 +945,9 @@ int main(int argc, char** argv) {
                      "Diagnose these fit --summary files (each from a run's chief) instead of running CONFIG")
       ->delimiter(',');
   doctor->add_option("--what-if", doctor_options.what_if,
-                     "Predict another scale or link: workers=16,link=10Gbit,latency=50us,burst=64KB (each part "
-                     "optional; burst: what the link sends at once after a rest)");
+                     "Predict another scale or link: workers=16,link=10Gbit,latency=50us,burst=64KB,staged=pcie5 (each "
+                     "part optional; link also nvlink, pcie5 or pcie4; burst: what the link sends at once after a rest; "
+                     "staged: GPU workers that sum on the host, over a bus of that rate)");
   doctor->add_option("--report", doctor_options.report, "Write the study as one self-contained HTML page here")
       ->check(a_path);
   doctor->add_option("--strategies", doctor_options.strategies,

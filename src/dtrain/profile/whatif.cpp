@@ -50,6 +50,11 @@ double decimal_prefix(char c) {
 }  // namespace
 
 double parse_rate(const std::string& text) {
+  std::string name = text;
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (name == "nvlink") return kNvlinkBytesPerSecond;
+  if (name == "pcie5") return kPcie5BytesPerSecond;
+  if (name == "pcie4") return kPcie5BytesPerSecond / 2;
   double value = 0;
   std::string unit;
   if (split_number(text, value, unit) && value > 0) {
@@ -65,7 +70,8 @@ double parse_rate(const std::string& text) {
     if (rest == "B/s" || rest == "B") return value * scale;
   }
   DTRAIN_THROW(InvalidArgument, "link rate '", text,
-               "' is not a rate: write it as bits (10Gbit, 100Mbit, 2.5Gbit/s) or bytes per second (1.25GB/s)");
+               "' is not a rate: write it as bits (10Gbit, 100Mbit, 2.5Gbit/s), bytes per second (1.25GB/s), or "
+               "a GPU link's name (nvlink, pcie5, pcie4)");
 }
 
 double parse_duration(const std::string& text) {
@@ -152,8 +158,11 @@ WhatIf parse_what_if(const std::string& text) {
       w.latency = parse_duration(value);
     } else if (key == "burst") {
       w.burst = parse_bytes(value);
+    } else if (key == "staged") {
+      w.staged = parse_rate(value);
     } else {
-      DTRAIN_THROW(InvalidArgument, "--what-if: unknown key '", key, "' (known: workers, link, latency, burst)");
+      DTRAIN_THROW(InvalidArgument, "--what-if: unknown key '", key,
+                   "' (known: workers, link, latency, burst, staged)");
     }
   }
   return w;
@@ -181,6 +190,10 @@ StepModel step_model(const ScaleRun& one) {
   m.compressed = one.compressed;
   m.batch = one.global_batch;
   m.replicas = one.replicas;
+  const Totals& t = one.rows.front().totals;
+  if (t.steps > 0)
+    m.gpu_backward = t.gpu[static_cast<std::size_t>(Phase::backward)] / static_cast<double>(t.steps);
+  m.copy_bytes = one.float32_gradient_bytes();
   return m;
 }
 
@@ -229,7 +242,15 @@ Prediction predict(const StepModel& m, int workers, const Link& link) {
   const double work = workers > 1 ? straggling(m, alone) : alone;
   // The slowest worker computes `straggler` times as long; the ring waits for its buckets.
   const double slower = workers > 1 ? m.straggler : 1.0;
-  ring_after(p, m.gradient_bytes, m.buckets, workers, link, work, slower * m.backward, m.overlap, m.spare_core);
+  const double window = m.gpu_backward > 0 ? m.gpu_backward : m.backward;
+  if (m.staging > 0 && workers > 1) {
+    // Staged through the host after backward: a copy each way, and the ring between them.
+    ring_after(p, m.gradient_bytes, m.buckets, workers, link, work, 0, false, false);
+    p.ring += 2 * m.copy_bytes / m.staging;
+    p.exposed = p.ring;
+  } else {
+    ring_after(p, m.gradient_bytes, m.buckets, workers, link, work, slower * window, m.overlap, m.spare_core);
+  }
   p.step = work + p.exposed;
   p.samples_per_second = p.step > 0 ? static_cast<double>(m.batch) * workers / p.step : 0;
   p.efficiency = p.step > 0 ? alone / p.step : 0;
@@ -394,6 +415,43 @@ std::vector<Scenario> fixes_at(const StepModel& m, int workers, const Link& link
                    predict_ps(rows, workers, workers, "async", link)});
   }
   return out;
+}
+
+std::vector<Scenario> gpu_paths(const StepModel& m, int gpus, const Link& host_link, std::optional<double> gpu_latency) {
+  const double latency = gpu_latency.value_or(10e-6);
+  // NCCL's ring reads the gradients on the GPU and overlaps backward, its kernels beside
+  // the compute stream's.
+  StepModel on_gpu = m;
+  on_gpu.staging = 0;
+  on_gpu.overlap = on_gpu.spare_core = true;
+  StepModel staged = m;
+  staged.staging = kPcie5BytesPerSecond;
+  return {
+      {"NVLink, 450 GB/s each way: NCCL's ring overlapping backward",
+       predict(on_gpu, gpus, Link{kNvlinkBytesPerSecond, latency})},
+      {"PCIe Gen5, 64 GB/s each way: NCCL's ring overlapping backward",
+       predict(on_gpu, gpus, Link{kPcie5BytesPerSecond, latency})},
+      {"staged through host memory over PCIe Gen5, summed over " + format_rate(host_link.bytes_per_second) +
+           " after backward (dtrain's GPU workers)",
+       predict(staged, gpus, host_link)},
+  };
+}
+
+std::string gpu_what_if_report(const StepModel& m, int gpus, const Link& host_link, std::optional<double> gpu_latency) {
+  std::ostringstream o;
+  o << "On " << gpus << " GPUs, a worker on each: " << m.batch << " rows per GPU per step, "
+    << detail::fixed(m.gradient_bytes / 1e6, 1) << " MB of gradients, the GPU's backward "
+    << detail::fixed(m.gpu_backward * 1000, 2) << " ms; GPU links' latency "
+    << detail::fixed(gpu_latency.value_or(10e-6) * 1e6, 0) << " us a ring step"
+    << (gpu_latency ? "" : " (assumed; latency= sets it)") << "\n"
+    << "| path | step ms | all-reduce ms | exposed ms | samples/s | efficiency |\n|---|---|---|---|---|---|\n";
+  for (const Scenario& s : gpu_paths(m, gpus, host_link, gpu_latency)) {
+    const Prediction& p = s.prediction;
+    o << "| " << s.name << " | " << detail::fixed(p.step * 1000, 2) << " | " << detail::fixed(p.ring * 1000, 2)
+      << " | " << detail::fixed(p.exposed * 1000, 2) << " | " << detail::fixed(p.samples_per_second, 0) << " | "
+      << detail::percent(p.efficiency, 0) << " |\n";
+  }
+  return o.str();
 }
 
 std::string what_if_report(const StepModel& m, int workers, const Link& link, double noise_scale) {
@@ -562,12 +620,18 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
     // long). Their gradients need no sum of their own: the dense layers' are computed
     // together, the others' buckets summed in memory, both inside the measured phases.
     double slower = r.oversubscription() / one->oversubscription();
+    const bool on_gpu = m.gpu_backward > 0;
     if (mirrored) {
       m.batch = r.global_batch;
       m.replicas = r.replicas;
       const double cores_one = one->cores_computing(), cores = r.cores_computing();
       slower = std::max(1.0, r.replicas * (cores_one > 0 && cores > 0 ? cores_one / cores : 1.0));
+      // Logical GPUs of one GPU queue their kernels on its one stream, one replica's after
+      // another's.
+      if (on_gpu) slower = r.replicas;
     }
+    // dtrain's GPU workers sum through the host after backward, over PCIe (Gen5 assumed).
+    if (on_gpu && r.workers > 1 && r.ps == 0) m.staging = kPcie5BytesPerSecond;
     const double alone = m.forward + m.backward;
     m.forward *= slower;
     m.backward *= slower;

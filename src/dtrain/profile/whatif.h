@@ -37,9 +37,12 @@ struct Link {
 // the rest at the link's rate. Latency not included.
 double transfer_seconds(double bytes, const Link& link, double idle);
 
-// "10Gbit", "100mbit", "2.5Gbit/s", "1.25GB/s", "800MB/s" -> bytes per second;
-// InvalidArgument naming the text when it is none of these.
+// "10Gbit", "100mbit", "2.5Gbit/s", "1.25GB/s", "800MB/s" -> bytes per second; and the
+// links between GPUs by name, one direction each: "nvlink" 450 GB/s (NVLink 4 of the
+// H100 and H200, whose 900 GB/s counts both directions), "pcie5" 64 GB/s and "pcie4" 32
+// GB/s (x16 slots). InvalidArgument naming the text when it is none of these.
 double parse_rate(const std::string& text);
+inline constexpr double kNvlinkBytesPerSecond = 450e9, kPcie5BytesPerSecond = 64e9;
 // "50us", "0.2ms", "1s" -> seconds.
 double parse_duration(const std::string& text);
 // "64KB", "256KiB", "1MB", "4096B" (or "4096") -> bytes: KB and MB are 1000 and 10^6
@@ -51,12 +54,15 @@ std::string format_rate(double bytes_per_second);
 // ", 65.5 KB burst after idle".
 std::string link_words(const Link& link);
 
-// `--what-if workers=16,link=10Gbit,latency=50us,burst=64KB`: each part optional.
+// `--what-if workers=16,link=10Gbit,latency=50us,burst=64KB,staged=pcie5`: each part
+// optional. `staged`: GPU workers whose gradients go to the host and back over a bus of
+// that rate, to be summed there after backward (dtrain's GPU workers).
 struct WhatIf {
   std::optional<int> workers;
   std::optional<double> link;     // bytes per second
   std::optional<double> latency;  // seconds
   std::optional<double> burst;    // bytes (Link::burst_bytes)
+  std::optional<double> staged;   // bytes per second (StepModel::staging)
 };
 WhatIf parse_what_if(const std::string& text);
 
@@ -77,6 +83,14 @@ struct StepModel {
   bool compressed = false;  // already 16-bit on the wire
   std::int64_t batch = 0;  // rows per worker per step
   int replicas = 1;        // per worker
+  // From a run on a GPU: the GPU's own backward time, the window the ring may hide behind
+  // (the host's backward is only its launches); 0: the host's backward.
+  double gpu_backward = 0;
+  // GPU workers that sum on the host: the bus between GPU and host each worker's float32
+  // gradients (`copy_bytes`) cross, each way, after backward; the ring then hides behind
+  // nothing. 0: the ring reads the gradients where backward left them.
+  double staging = 0;
+  double copy_bytes = 0;
   // One worker computes this many times as long as the others (1: none): everything of
   // its step but the input wait and the ring, as on slower cores. Every synchronous step
   // waits for it.
@@ -141,6 +155,18 @@ struct Scenario {
   double batch_factor = 1;  // the rows of an update, against as measured
 };
 std::vector<Scenario> fixes_at(const StepModel& model, int workers, const Link& link);
+
+// From a run on a GPU (StepModel::gpu_backward > 0): `gpus` workers of one GPU each,
+// summing their gradients over NVLink, over PCIe Gen5 (each an all-reduce ring that
+// backward hides as on the CPU, as NCCL's is), or staged through host memory over PCIe
+// Gen5 and summed over `host_link` (dtrain's GPU workers, after backward). A ring step's
+// latency is `host_link`'s for the last, and 10 us (assumed, not measured) for the GPU links
+// unless `gpu_latency` is given:
+// | path | step ms | all-reduce ms | exposed ms | samples/s | efficiency |.
+std::vector<Scenario> gpu_paths(const StepModel& model, int gpus, const Link& host_link,
+                                std::optional<double> gpu_latency = std::nullopt);
+std::string gpu_what_if_report(const StepModel& model, int gpus, const Link& host_link,
+                               std::optional<double> gpu_latency = std::nullopt);
 
 // The what-if table for `workers` and the fix that gains most there, in words. With a
 // gradient noise scale (> 0) the table adds each fix's goodput (samples/s times the
