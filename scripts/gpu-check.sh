@@ -104,7 +104,7 @@ tarfile.open(sys.argv[1]).extractall(sys.argv[2], **kw)' .gpu/bundle.tar.xz "$ro
   say "== commit $(cat .gpu/commit | tr '\n' ' ')"
   say "== $(date -u +%Y-%m-%dT%H:%M:%SZ) $(timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1)"
   local cuda_libs=""
-  for pattern in 'libcublasLt.so.13' 'libcudnn.so.9'; do
+  for pattern in 'libcublasLt.so.13' 'libcudnn.so.9' 'libnccl.so.2'; do
     local found
     found=$(timeout 30 find -L /usr/local/cuda*/lib* /usr/local/cuda*/targets/*/lib /usr/lib/x86_64-linux-gnu /opt /usr/local/lib \
                  -name "$pattern" -print -quit 2>/dev/null)

@@ -60,10 +60,11 @@ class LogicalDeviceConfiguration(collections.namedtuple(
         return super().__new__(cls, memory_limit, experimental_priority, experimental_device_ordinal)
 
 
-def _physical_name(device):
-    name = device.name if isinstance(device, (PhysicalDevice, LogicalDevice)) else str(device)
-    if name.startswith("/device:GPU:"):  # a logical name given where TensorFlow takes a physical device
-        name = name.replace("/device:", "/physical_device:")
+def _physical_name(device, what):
+    """A physical GPU's name, as TensorFlow's logical-device calls take it."""
+    name = device.name if isinstance(device, PhysicalDevice) else str(device)
+    if not name.startswith("/physical_device:GPU:"):
+        raise ValueError(f"{what}: takes a physical GPU (tf.config.list_physical_devices('GPU')[i]), got {device!r}")
     return name
 
 
@@ -79,12 +80,12 @@ def set_logical_device_configuration(device, logical_devices):
         if config.memory_limit is not None and int(config.memory_limit) <= 0:
             raise ValueError(f"set_logical_device_configuration: memory_limit is in MiB and > 0, got {config.memory_limit}")
         limits.append(int(config.memory_limit or 0))
-    _dtrain._set_logical_device_configuration(_physical_name(device), limits)
+    _dtrain._set_logical_device_configuration(_physical_name(device, "set_logical_device_configuration"), limits)
 
 
 def get_logical_device_configuration(device):
     """The logical GPUs set for a physical GPU, or None where it is not split."""
-    limits = _dtrain._logical_device_configuration(_physical_name(device))
+    limits = _dtrain._logical_device_configuration(_physical_name(device, "get_logical_device_configuration"))
     return [LogicalDeviceConfiguration(memory_limit=m or None) for m in limits] or None
 
 

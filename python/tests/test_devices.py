@@ -137,13 +137,16 @@ def test_logical_device_configurations_are_checked_and_need_a_gpu():
                                                    [tf.config.LogicalDeviceConfiguration(memory_limit=-1)])
     with pytest.raises(TypeError, match="CrossDeviceOps"):
         tf.distribute.MirroredStrategy(cross_device_ops="nccl")
+    with pytest.raises(ValueError, match="takes a physical GPU"):
+        tf.config.set_logical_device_configuration("/device:GPU:0", [config])
+    assert tf.distribute.NcclAllReduce(num_packs=0).num_packs == 0
     if not HAS_GPU:
         assert tf.config.list_logical_devices("GPU") == []
         with pytest.raises(tf.errors.InvalidArgumentError, match="no GPU"):
             tf.config.set_logical_device_configuration("/physical_device:GPU:0", [config, config])
 
 
-@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
+@pytest.mark.skipif(len(tf.config.list_physical_devices("GPU")) != 1, reason="needs one GPU")
 def test_mirrored_strategy_on_two_logical_gpus_trains_as_the_gpu_alone():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((256, 8)).astype(np.float32)

@@ -16,6 +16,7 @@
 #include "common/two_headed.h"
 #include "dtrain/core/replica.h"
 #include "dtrain/distribute/bucket_reducer.h"
+#include "dtrain/distribute/device_reducer.h"
 #include "dtrain/dtrain.h"
 
 namespace dtrain {
@@ -812,6 +813,21 @@ TEST(MirroredStrategy, TrainsAMaskedEncoderAsOneDevice) {
                              b = reference->variables()[i]->value().to_vector();
     for (std::size_t j = 0; j < a.size(); ++j) ASSERT_NEAR(a[j], b[j], 1e-5f) << model->variables()[i]->name() << " " << j;
   }
+}
+
+// GPU workers take NCCL only where every one has it and a GPU of its own; else every one
+// sums through host memory, and they all say why.
+TEST(GpuWorkers, NcclIsRefusedWithTheReasonWhereAWorkerLacksItOrTwoShareAGpu) {
+  using distribute::detail::nccl_refusal;
+  const std::vector<std::string> tasks{"chief:0", "worker:1", "worker:2"};
+  EXPECT_EQ(nccl_refusal({"aa01", "bb02", "cc03"}, {"", "", ""}, tasks), "");
+  EXPECT_EQ(nccl_refusal({"aa01", "bb02", "aa01"}, {"", "", ""}, tasks),
+            "chief:0 and worker:2 share one GPU (aa01...), and NCCL refuses two ranks on one GPU "
+            "(\"Duplicate GPU detected\")");
+  EXPECT_EQ(nccl_refusal({"aa01", "bb02", "cc03"}, {"", "libnccl.so.2 could not be loaded", ""}, tasks),
+            "worker:1 has no NCCL: libnccl.so.2 could not be loaded");
+  EXPECT_EQ(nccl_refusal({"aa01", "", "cc03"}, {"", "", ""}, tasks),
+            "worker:1's GPU has no UUID to tell it from the others'");
 }
 
 }  // namespace

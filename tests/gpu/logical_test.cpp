@@ -10,6 +10,8 @@
 #include "common/error_message.h"
 #include "common/small_cnn.h"
 #include "common/stand_in_gpu.h"
+#include "dtrain/comm/nccl_group.h"
+#include "dtrain/comm/tcp_store.h"
 #include "dtrain/dtrain.h"
 
 namespace dtrain {
@@ -168,6 +170,30 @@ TEST_F(LogicalGpus, ASynchronizedBatchNormOverLogicalGpusMatchesTheGpuAlone) {
   EXPECT_LE(testing::relative_difference(*m, *alone), tolerance(1e-3));
 }
 
+// A plain batch norm: each replica normalizes by its own rows' statistics, and their mean
+// goes into the moving statistics, on the GPU as on CPU replicas.
+TEST_F(LogicalGpus, APlainBatchNormOverLogicalGpusTrainsAsCpuReplicas) {
+  const auto [x, y] = testing::random_images(64, 22);
+  FitOptions o = in_order(2);
+  o.batch_size = 32;
+  distribute::MirroredStrategy cpus(2);
+  std::unique_ptr<Model> on_cpus;
+  {
+    auto scope = cpus.scope();
+    on_cpus = testing::small_cnn(/*synchronized=*/false);
+  }
+  on_cpus->fit(x, y, o);
+  distribute::MirroredStrategy gpus(split(2));
+  std::unique_ptr<Model> m;
+  {
+    auto scope = gpus.scope();
+    m = testing::small_cnn(/*synchronized=*/false);
+  }
+  m->fit(x, y, o);
+  EXPECT_EQ(m->device(), cuda0);
+  EXPECT_LE(testing::relative_difference(*m, *on_cpus), tolerance(1e-3));
+}
+
 // The parts' memory_limit, summed, caps what the GPU's cache holds; limits beyond the GPU
 // and a mixed or repeated device list are errors that name them.
 TEST_F(LogicalGpus, TheirMemoryLimitsCapTheGpuAndBadListsAreNamed) {
@@ -190,6 +216,22 @@ TEST_F(LogicalGpus, TheirMemoryLimitsCapTheGpuAndBadListsAreNamed) {
                                          {"a CPU and a GPU"});
   expect_error<InvalidArgument>([] { distribute::MirroredStrategy({"/gpu:0", "/gpu:2"}); },
                                          {"'/gpu:2'", "2 logical GPUs"});
+}
+
+// The machine's NCCL under dtrain's group, with the one rank a GPU allows: its id through
+// the store, the nonblocking join, a sum in place on the GPU and the event after it.
+TEST(Nccl, AOneRankCommunicatorSumsInPlaceOnTheGpu) {
+  GpuForTests gpu;
+  if (gpu.stand_in()) GTEST_SKIP() << "needs a GPU";
+  std::string absence;
+  const comm::NcclApi* nccl = comm::nccl_library(&absence);
+  ASSERT_NE(nccl, nullptr) << absence;
+  comm::TcpStoreServer server("127.0.0.1", 0, "nccl");
+  auto store = std::make_shared<comm::TcpStore>("127.0.0.1", server.port(), "nccl", std::chrono::seconds(30));
+  comm::NcclGroup group(*nccl, store, {0, 1, {"worker:0"}, 0, std::chrono::seconds(30)});
+  Tensor x = Tensor::from_vector({3}, {1.5f, -2.0f, 4.0f}).to(Device::cuda(0));
+  group.all_reduce(static_cast<float*>(x.raw_device_data()), 3);
+  EXPECT_EQ(x.to_vector(), (std::vector<float>{1.5f, -2.0f, 4.0f}));
 }
 
 }  // namespace

@@ -217,14 +217,14 @@ class Strategy:
 
 
 class CrossDeviceOps:
-    """How MirroredStrategy sums its replicas' values (tf.distribute.CrossDeviceOps). Replicas
-    on CPUs sum in shared memory, and replicas on logical GPUs of one GPU sum on that GPU
-    (TensorFlow falls back to that there too: NCCL refuses two ranks on one GPU), whichever
-    of these is given."""
+    """How MirroredStrategy sums its replicas' values (tf.distribute.CrossDeviceOps). Accepted
+    and checked; dtrain's replicas on CPUs sum in shared memory, and its replicas on logical
+    GPUs of one GPU sum on that GPU whichever of these is given (NCCL refuses two ranks on
+    one GPU, so TensorFlow's NcclAllReduce could not run there)."""
 
     def __init__(self, num_packs=1):
-        if int(num_packs) < 1:
-            raise ValueError(f"{type(self).__name__}: num_packs must be >= 1, got {num_packs}")
+        if int(num_packs) < 0:
+            raise ValueError(f"{type(self).__name__}: num_packs must be >= 0, got {num_packs}")
         self.num_packs = int(num_packs)
 
 
@@ -245,9 +245,9 @@ class ReductionToOneDevice(CrossDeviceOps):
 
 class MirroredStrategy(Strategy):
     """Synchronous replicas in this process. By default one per logical GPU where there are
-    GPUs (as TensorFlow does; logical GPUs of one GPU: tf.config.set_logical_device_configuration),
-    else one per core; devices: "/cpu:0", "/cpu:1", ... (or their number), or "/gpu:0",
-    "/gpu:1", ..."""
+    GPUs (as TensorFlow does; logical GPUs of one GPU: tf.config.set_logical_device_configuration;
+    several physical GPUs are not supported yet, and say so), else one per core; devices:
+    "/cpu:0", "/cpu:1", ... (or their number), or "/gpu:0", "/gpu:1", ..."""
 
     def __init__(self, devices=None, cross_device_ops=None, communication_options=None):
         if cross_device_ops is not None and not isinstance(cross_device_ops, CrossDeviceOps):

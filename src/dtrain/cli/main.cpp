@@ -824,7 +824,7 @@ int main(int argc, char** argv) {
                     "default, one_device, mirrored, multi_worker or parameter_server (the last two read TF_CONFIG; overrides the config)")
         ->check(CLI::IsMember({"default", "one_device", "mirrored", "multi_worker", "parameter_server"}));
     cmd->add_option("--replicas", o.replicas,
-                    "Replicas of the mirrored strategy (0 = one per core; with a GPU --device, that many logical GPUs of it), or of each multi_worker process")
+                    "Replicas of the mirrored strategy (0 = one per core; with a GPU --device, that many logical GPUs of it, 0 = one), or of each multi_worker process")
         ->check(CLI::Range(0, 4096));
     cmd->add_option("--compression", o.compression, "multi_worker: gradient buckets on the wire as none, bf16 or fp16")
         ->check(CLI::IsMember({"none", "bf16", "fp16"}));

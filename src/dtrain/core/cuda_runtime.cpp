@@ -104,6 +104,11 @@ void CudaRuntime::probe() {
       d->properties.total_memory = p.totalGlobalMem;
       d->properties.multiprocessors = p.multiProcessorCount;
       d->properties.compute_capability = p.major * 10 + p.minor;
+      static constexpr char kHex[] = "0123456789abcdef";
+      for (char b : p.uuid.bytes) {
+        d->properties.uuid += kHex[(static_cast<unsigned char>(b) >> 4) & 15];
+        d->properties.uuid += kHex[static_cast<unsigned char>(b) & 15];
+      }
       devices_.push_back(std::move(d));
     }
   });

@@ -79,6 +79,9 @@ struct DeviceProperties {
   std::size_t total_memory = 0;    // bytes
   int multiprocessors = 0;
   int compute_capability = 0;      // 90 for 9.0 (Hopper)
+  // The GPU's UUID in hex, the same in every process that sees it (whatever its index
+  // there); empty where the runtime has none (the tests' stand-in).
+  std::string uuid;
 };
 
 // A device's memory as its caching allocator sees it.

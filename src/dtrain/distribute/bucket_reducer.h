@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dtrain/comm/gloo_group.h"
+#include "dtrain/comm/nccl_group.h"
 #include "dtrain/comm/in_process.h"
 #include "dtrain/distribute/dense_together.h"
 #include "dtrain/model/strategy_backend.h"
@@ -35,6 +36,8 @@ struct CrossWorker {
   WorkerComm* workers = nullptr;  // null: one process
   bool overlap = true;            // start each bucket while backward runs
   comm::Wire wire = comm::Wire::f32;
+  // GPU workers: their NCCL group (null: their sums go through pinned host memory).
+  comm::NcclGroup* nccl = nullptr;
 };
 
 class BucketReducer final : public GradientReducer {

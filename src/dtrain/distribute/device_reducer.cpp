@@ -62,7 +62,7 @@ DeviceReducer::DeviceReducer(int replicas, std::span<Variable* const> vars, Devi
     outputs_[i] = flat_.slice(at, at + vars[i]->numel()).reshape(vars[i]->shape());
     at += vars[i]->numel();
   }
-  if (cross_.workers) staged_ = Tensor::empty_pinned({total + static_cast<std::int64_t>(vars.size())});
+  if (cross_.workers && !cross_.nccl) staged_ = Tensor::empty_pinned({total + static_cast<std::int64_t>(vars.size())});
 }
 
 void DeviceReducer::begin_step(bool reduce, std::span<const std::int64_t> /*row_bounds*/) { reduce_ = reduce; }
@@ -118,15 +118,52 @@ void DeviceReducer::finish(int replica) {
     }
     if (track) {
       const Clock::time_point end = Clock::now();
-      track->add(profile::Phase::communication, summed, end, "sum across workers, through pinned host memory");
+      track->add(profile::Phase::communication, summed, end,
+                 cross_.nccl ? "sum across workers (NCCL)" : "sum across workers, through pinned host memory");
       track->add_wait_for_communication_thread(seconds_between(summed, end));
     }
   }
   after_workers_.arrive_and_wait(replica);
 }
 
+std::string nccl_refusal(const std::vector<std::string>& uuids, const std::vector<std::string>& absences,
+                         const std::vector<std::string>& tasks) {
+  for (std::size_t w = 0; w < absences.size(); ++w)
+    if (!absences[w].empty()) return tasks[w] + " has no NCCL: " + absences[w];
+  for (std::size_t w = 0; w < uuids.size(); ++w) {
+    if (uuids[w].empty()) return tasks[w] + "'s GPU has no UUID to tell it from the others'";
+    for (std::size_t v = 0; v < w; ++v)
+      if (uuids[v] == uuids[w])
+        return tasks[v] + " and " + tasks[w] + " share one GPU (" + uuids[w].substr(0, 8) +
+               "...), and NCCL refuses two ranks on one GPU (\"Duplicate GPU detected\")";
+  }
+  return "";
+}
+
 void DeviceReducer::sum_across_workers() {
   const auto n = static_cast<std::int64_t>(outputs_.size()), total = flat_.numel();
+  if (cross_.nccl) {
+    // The flags over the workers' own transport; the values in place on the GPU.
+    flags_.resize(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) {
+      flags_[static_cast<std::size_t>(i)] = reduced_[static_cast<std::size_t>(i)].defined() ? 1.0f : 0.0f;
+      if (!reduced_[static_cast<std::size_t>(i)].defined())
+        kernels::backend(device_).fill(outputs_[static_cast<std::size_t>(i)], 0.0f);
+    }
+    cross_.workers->run([&](comm::GlooGroup& group) {
+      group.allreduce(flags_.data(), flags_.size(), ~std::uint64_t{2}, comm::Wire::f32);
+    });
+    const Clock::time_point start = Clock::now();
+    cross_.nccl->all_reduce(static_cast<float*>(flat_.raw_device_data()), static_cast<std::size_t>(total));
+    if (comm_track_) {
+      comm_track_->add(profile::Phase::communication, start, Clock::now(), "all-reduce across workers (NCCL)");
+      comm_track_->add_bytes(static_cast<std::uint64_t>(total) * sizeof(float));
+    }
+    for (std::int64_t i = 0; i < n; ++i)
+      reduced_[static_cast<std::size_t>(i)] =
+          flags_[static_cast<std::size_t>(i)] > 0.0f ? outputs_[static_cast<std::size_t>(i)] : Tensor();
+    return;
+  }
   // A variable no replica here had a gradient for counts as zeros; its flag says so.
   float* host = staged_.data<float>();
   for (std::int64_t i = 0; i < n; ++i) {

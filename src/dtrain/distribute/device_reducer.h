@@ -6,10 +6,11 @@
 // TensorFlow falls back to for replicas on one GPU (reduction to one device), since NCCL
 // refuses two ranks on a GPU.
 //
-// Between workers (MultiWorkerMirroredStrategy with GPU workers), the buffer is then
-// staged through pinned host memory: one copy to the host, the workers' all-reduce (the
-// TCP ring, or shared memory where they share the host), one copy back. Not for GPUs
-// with memories of their own in one process. Internal to the distribute layer.
+// Between workers (MultiWorkerMirroredStrategy with GPU workers), the buffer is then summed
+// in place with NCCL where every worker has a GPU of its own and NCCL; else it is staged
+// through pinned host memory: one copy to the host, the workers' all-reduce (the TCP ring,
+// or shared memory where they share the host), one copy back. Not for GPUs with memories
+// of their own in one process. Internal to the distribute layer.
 #pragma once
 
 #include <chrono>
@@ -28,6 +29,13 @@ namespace dtrain::distribute::detail {
 // there when undefined or of another shape; false (and `out` untouched) where none is
 // defined.
 bool sum_on_device(std::span<const Tensor> inputs, Tensor& out);
+
+// Why GPU workers cannot sum in one NCCL group, in words (empty: they can). Worker w's GPU
+// is `uuids[w]` (empty: one the runtime cannot name, the tests' stand-in) and `absences[w]`
+// why that worker has no NCCL (empty: it has); `tasks[w]` names it. Every worker decides
+// from the same lists, so all take the same path.
+std::string nccl_refusal(const std::vector<std::string>& uuids, const std::vector<std::string>& absences,
+                         const std::vector<std::string>& tasks);
 
 class DeviceReducer final : public GradientReducer {
  public:
@@ -71,6 +79,7 @@ class DeviceReducer final : public GradientReducer {
   std::vector<Tensor> reduced_;       // [variable] outputs_ where some replica had a gradient
   std::vector<std::vector<Tensor>> inputs_;  // [replica] its scratch list of one variable's gradients
   Tensor staged_;                     // workers: flat_, then a flag per variable, in pinned memory
+  std::vector<float> flags_;          // workers over NCCL: a flag per variable
   std::vector<profile::Track*> tracks_;
   profile::Track* comm_track_ = nullptr;  // workers: the communication thread's
 };

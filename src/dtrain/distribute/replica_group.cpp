@@ -137,7 +137,9 @@ int ReplicaGroup::worker_index() const { return options_.workers ? options_.work
 std::string ReplicaGroup::transport() const {
   if (!options_.workers) return "";
   if (!on_gpu()) return options_.workers->transport();
-  return options_.workers->transport() + ", staged through pinned host memory from " + options_.placement->to_string();
+  if (options_.nccl) return options_.nccl->describe();
+  return options_.workers->transport() + ", staged through pinned host memory from " + options_.placement->to_string() +
+         " (NCCL not used: " + options_.no_nccl + ")";
 }
 std::string ReplicaGroup::replicas_note() const {
   if (!on_gpu()) return "";
@@ -150,14 +152,17 @@ std::string ReplicaGroup::replicas_note() const {
         name(), ": ", num_replicas(), " replicas on logical GPUs of ", gpu, " (", names,
         ") share its one copy of the weights and sum their gradients on it after backward (reduction to one "
         "device: NCCL refuses two ranks on one GPU, \"Duplicate GPU detected\")");
-  if (options_.workers)
+  if (options_.workers && options_.nccl)
+    note += dtrain::detail::concat(note.empty() ? name() + ": worker " + std::to_string(worker_index()) +
+                                                      "'s replica on " + gpu + " sums"
+                                                : "; then they sum",
+                                   " with the other workers' in ", options_.nccl->describe(), " after backward");
+  else if (options_.workers)
     note += dtrain::detail::concat(note.empty() ? name() + ": worker " + std::to_string(worker_index()) +
                                                       "'s replica on " + gpu + " sums"
                                                 : "; then they sum",
                                    " with the other workers' through pinned host memory after backward (",
-                                   options_.workers->transport(),
-                                   "): NCCL between GPU workers is not in dtrain yet, and refuses workers that "
-                                   "share one GPU");
+                                   options_.workers->transport(), "), not with NCCL: ", options_.no_nccl);
   return note;
 }
 
@@ -170,7 +175,7 @@ std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variab
   // one queue, so there is nothing to overlap.
   if (options_.placement && !options_.placement->is_cpu())
     return std::make_unique<DeviceReducer>(num_replicas(), vars, *options_.placement, options_.timeout,
-                                           CrossWorker{options_.workers.get(), false, options_.wire});
+                                           CrossWorker{options_.workers.get(), false, options_.wire, options_.nccl.get()});
   const bool overlap = options_.overlap && !collectives_in_backward;
   return std::make_unique<BucketReducer>(num_replicas(), vars, options_.bucket_bytes,
                                          CrossWorker{options_.workers.get(), overlap, options_.wire}, dense,

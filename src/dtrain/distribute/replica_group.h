@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dtrain/comm/gloo_group.h"
+#include "dtrain/comm/nccl_group.h"
 #include "dtrain/core/clock.h"
 #include "dtrain/core/replica.h"
 #include "dtrain/model/strategy_backend.h"
@@ -37,6 +38,10 @@ struct GroupOptions {
   std::chrono::milliseconds timeout = kDefaultTimeout;
   // Where scope() places variables (OneDeviceStrategy on a GPU); nullopt: unchanged.
   std::optional<Device> placement;
+  // GPU workers: the NCCL group their gradients are summed in, or (null) why they go
+  // through pinned host memory instead.
+  std::shared_ptr<comm::NcclGroup> nccl;
+  std::string no_nccl;
 };
 
 class ReplicaGroup final : public StrategyBackend, public CrossReplica {

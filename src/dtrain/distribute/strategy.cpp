@@ -16,6 +16,7 @@
 #include "dtrain/core/rng.h"
 #include "dtrain/core/threads.h"
 #include "dtrain/distribute/bucket_reducer.h"
+#include "dtrain/distribute/device_reducer.h"
 #include "dtrain/distribute/replica_group.h"
 #include "dtrain/distribute/worker_comm.h"
 
@@ -33,6 +34,29 @@ int parse_replica_device(const std::string& device) {
                  "' is not a replica's device name; expected \"/cpu:N\" or \"/gpu:N\" (TensorFlow's names)");
   const int index = std::stoi(m[4].str());
   return std::tolower(static_cast<unsigned char>(m[3].str()[0])) == 'c' ? index : -1 - index;
+}
+
+// GPU workers: every worker says which GPU it has and whether it has NCCL; all of them
+// then sum in one NCCL group, or all through pinned host memory, saying why.
+void choose_gpu_path(detail::GroupOptions& o, std::chrono::milliseconds timeout) {
+  detail::WorkerComm& w = *o.workers;
+  DeviceRuntime& runtime = *device_runtime(o.placement->type);
+  std::string absence;
+  const comm::NcclApi* nccl = nullptr;
+  if (std::string(runtime.name()) == "CUDA") nccl = comm::nccl_library(&absence);
+  else absence = std::string("its GPU's runtime is ") + runtime.name() + ", not CUDA";
+  const std::string mine = runtime.properties(o.placement->index).uuid + "\n" + absence;
+  std::vector<std::string> uuids, absences, tasks;
+  for (const std::string& theirs : w.exchange("gpu-path", mine)) {
+    const std::size_t nl = theirs.find('\n');
+    uuids.push_back(theirs.substr(0, nl));
+    absences.push_back(nl == std::string::npos ? "" : theirs.substr(nl + 1));
+  }
+  for (int r = 0; r < w.size(); ++r) tasks.push_back(w.task_name(r));
+  o.no_nccl = detail::nccl_refusal(uuids, absences, tasks);
+  if (o.no_nccl.empty())
+    o.nccl = std::make_shared<comm::NcclGroup>(
+        *nccl, w.store(), comm::NcclGroupOptions{w.rank(), w.size(), tasks, o.placement->index, timeout});
 }
 
 std::chrono::milliseconds timeout_of(const CommunicationOptions& comm) {
@@ -87,6 +111,7 @@ std::shared_ptr<detail::ReplicaGroup> make_group(std::string name, const std::ve
   o.threads_per_replica = std::max(1, cores / static_cast<int>(devices.size()));
   o.bucket_bytes = comm.bytes_per_pack ? comm.bytes_per_pack : detail::kDefaultBucketBytes;
   o.workers = std::move(workers);
+  if (o.placement && o.workers) choose_gpu_path(o, timeout_of(comm));
   o.overlap = comm.overlap;
   o.wire = wire_of(comm.compression);
   o.timeout = timeout_of(comm);
@@ -241,7 +266,7 @@ Tensor Strategy::gather(const PerReplica<Tensor>& value, int axis) const {
                    " does not match replica 0's ", first.shape().to_string(), " beyond axis 0");
     rows += v.dim(0);
   }
-  Tensor out = Tensor::empty(value[0].shape().with_dim(0, rows), value[0].dtype());
+  Tensor out = Tensor::empty(value[0].shape().with_dim(0, rows), value[0].dtype(), value[0].device());
   std::int64_t at = 0;
   for (int r = 0; r < value.num_replicas(); ++r) {
     const Tensor& v = value[r];

@@ -74,6 +74,8 @@ class WorkerComm final : public ElasticMembership {
   int size() const { return static_cast<int>(tasks_.size()); }
   const std::string& task_name(int rank) const { return tasks_[static_cast<std::size_t>(rank)]; }
   std::chrono::milliseconds timeout() const { return options_.timeout; }
+  // The rendezvous store the workers met through (an NCCL group meets there too).
+  std::shared_ptr<comm::RendezvousStore> store() const { return store_; }
   // How the gradient all-reduces travel (GlooGroup::transport).
   const std::string& transport() const { return group_->transport(); }
   bool shares_memory() const { return group_->shares_memory(); }

@@ -80,23 +80,18 @@ Tensor BatchNormalization::normalize(const Tensor& x, bool training, bool relu) 
   Tensor mean, variance;
   Tensor y = batch_norm(x, gamma, beta, options_.epsilon, options_.synchronized, &mean, &variance, relu);
   const ReplicaContext& replica = replica_context();
-  const std::int64_t c = mean.numel();
+  // The moving statistics take the replicas' own statistics' mean: their sums (on the
+  // device that holds them), scaled in the update below.
+  float share = 1.0f;
   if (!options_.synchronized && replica.cross != nullptr && replica.num_replicas_in_sync > 1) {
-    // The replicas' own statistics, averaged for the moving statistics.
-    Tensor both = Tensor::empty({2 * c});
-    std::copy_n(mean.data<float>(), c, both.data<float>());
-    std::copy_n(variance.data<float>(), c, both.data<float>() + c);
+    const Tensor figures[2] = {mean, variance};
     const auto start = std::chrono::steady_clock::now();
-    const Tensor sum = replica.cross->all_reduce_sum(std::span<const Tensor>(&both, 1)).front();
+    const std::vector<Tensor> sums = replica.cross->all_reduce_sum(std::span<const Tensor>(figures, 2));
     timed_cross_replica_calls().push_back(
         {start, std::chrono::steady_clock::now(), false, "batch norm (moving statistics' mean)"});
-    mean = Tensor::empty({c});
-    variance = Tensor::empty({c});
-    const float inv = 1.0f / static_cast<float>(replica.num_replicas_in_sync);
-    for (std::int64_t j = 0; j < c; ++j) {
-      mean.data<float>()[j] = sum.data<float>()[j] * inv;
-      variance.data<float>()[j] = sum.data<float>()[c + j] * inv;
-    }
+    mean = sums[0];
+    variance = sums[1];
+    share = 1.0f / static_cast<float>(replica.num_replicas_in_sync);
   }
   // Every replica holds the same figures now; the first of each process writes them into
   // the variables the replicas share (outside any tape).
@@ -106,8 +101,8 @@ Tensor BatchNormalization::normalize(const Tensor& x, bool training, bool relu) 
     Tensor& mm = moving_mean_->mutable_value();
     Tensor& mv = moving_variance_->mutable_value();
     auto& be = kernels::backend(mm.device());
-    be.axpby(1.0f - m, mean, m, mm);
-    be.axpby(1.0f - m, variance, m, mv);
+    be.axpby((1.0f - m) * share, mean, m, mm);
+    be.axpby((1.0f - m) * share, variance, m, mv);
   }
   return y;
 }

@@ -1,0 +1,204 @@
+// The NCCL group's joining, sums, deadlines and errors, over a fake NCCL among threads of
+// this process (its "GPU memory" is host memory, and a collective sums every rank's buffer
+// once all have queued it): the group's own logic, which CI can run. The machine's NCCL
+// runs under the same group in test_gpu, with one rank (NCCL refuses two on one GPU).
+#include "dtrain/comm/nccl_group.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <latch>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "common/error_message.h"
+#include "common/on_ranks.h"
+#include "dtrain/comm/tcp_store.h"
+#include "dtrain/core/error.h"
+
+namespace dtrain::comm {
+namespace {
+
+using namespace std::chrono_literals;
+using dtrain::testing::message_of;
+using dtrain::testing::on_ranks;
+using dtrain::testing::task_names;
+
+class FakeNccl {
+ public:
+  explicit FakeNccl(int size) : size_(size) {
+    api.get_unique_id = [](NcclApi::Id& id) {
+      id.fill('u');
+      return kNcclSuccess;
+    };
+    api.init = [this](void*& comm, int ranks, const NcclApi::Id& id, int rank, int) {
+      if (ranks != size_ || id[0] != 'u') return kNcclInvalidArgument;
+      comm = new Comm{rank};
+      std::lock_guard lock(mutex_);
+      ++joined_;
+      return kNcclInProgress;
+    };
+    api.async_error = [this](void* comm, int& state) {
+      std::lock_guard lock(mutex_);
+      state = joined_ < size_ ? kNcclInProgress : kNcclSuccess;
+      if (remote_error_at && static_cast<Comm*>(comm)->sequence == remote_error_at) state = kNcclRemoteError;
+      return kNcclSuccess;
+    };
+    api.all_reduce = [this](void* comm, float* data, std::size_t count, int) {
+      auto* c = static_cast<Comm*>(comm);
+      if (usage_error_at && c->sequence + 1 == usage_error_at) return kNcclInvalidUsage;
+      std::lock_guard lock(mutex_);
+      auto& round = rounds_[++c->sequence];
+      round[c->rank] = data;
+      if (static_cast<int>(round.size()) == size_)  // the last rank's queueing completes it
+        for (std::size_t i = 0; i < count; ++i) {
+          float sum = 0;
+          for (const auto& [rank, buffer] : round) sum += buffer[i];
+          for (const auto& [rank, buffer] : round) buffer[i] = sum;
+        }
+      return kNcclSuccess;
+    };
+    api.done = [this](void* comm, std::string&) {
+      std::lock_guard lock(mutex_);
+      const std::uint64_t sequence = static_cast<Comm*>(comm)->sequence;
+      if (remote_error_at == sequence) return 1;  // the failed collective never ends
+      return static_cast<int>(rounds_[sequence].size()) == size_ ? 0 : 1;
+    };
+    api.abort = [this](void* comm) {
+      delete static_cast<Comm*>(comm);
+      std::lock_guard lock(mutex_);
+      ++aborts_;
+      return kNcclSuccess;
+    };
+    api.destroy = [](void* comm) {
+      delete static_cast<Comm*>(comm);
+      return kNcclSuccess;
+    };
+    api.error_string = [](int result) { return "fake error " + std::to_string(result); };
+    api.last_error = [](void*) { return std::string(); };
+  }
+  int aborts() {
+    std::lock_guard lock(mutex_);
+    return aborts_;
+  }
+
+  NcclApi api;
+  std::uint64_t remote_error_at = 0;  // the collective whose async state is a peer's error
+  std::uint64_t usage_error_at = 0;   // the collective NCCL refuses to queue
+
+ private:
+  struct Comm {
+    int rank;
+    std::uint64_t sequence = 0;
+  };
+  int size_;
+  std::mutex mutex_;
+  int joined_ = 0, aborts_ = 0;
+  std::map<std::uint64_t, std::map<int, float*>> rounds_;  // [collective][rank] its buffer
+};
+
+class NcclGroupTest : public ::testing::Test {
+ protected:
+  std::shared_ptr<RendezvousStore> store(int rank) {
+    return std::make_shared<TcpStore>("127.0.0.1", server_.port(), "nccl", 5s, "worker:" + std::to_string(rank));
+  }
+  NcclGroupOptions options(int rank, int size, std::chrono::milliseconds timeout = 5s) {
+    return {rank, size, task_names(size), 0, timeout};
+  }
+  TcpStoreServer server_{"127.0.0.1", 0, "nccl"};
+};
+
+TEST_F(NcclGroupTest, RanksJoinThroughTheStoreAndSumInPlace) {
+  FakeNccl nccl(3);
+  const std::vector<std::string> errors = on_ranks(3, [&](int r) {
+    NcclGroup group(nccl.api, store(r), options(r, 3));
+    EXPECT_EQ(group.describe(), "NCCL (cuda:0, 3 ranks)");
+    for (int round = 1; round <= 2; ++round) {
+      std::vector<float> x{float(r + 1), float(10 * (r + 1))};
+      group.all_reduce(x.data(), x.size());
+      EXPECT_EQ(x, (std::vector<float>{6, 60})) << "rank " << r << " round " << round;
+    }
+  });
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(nccl.aborts(), 0);
+}
+
+TEST_F(NcclGroupTest, ARankThatNeverJoinsIsNamedAndTheCommunicatorAborted) {
+  FakeNccl nccl(2);
+  const std::string message =
+      message_of<Timeout>([&] { NcclGroup group(nccl.api, store(0), options(0, 2, 300ms)); });
+  EXPECT_NE(message.find("joining the NCCL communicator on cuda:0 (2 ranks): worker:0 waited 0.3 s; never came: "
+                         "worker:1"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(nccl.aborts(), 1);
+}
+
+// A peer that never comes to a collective: the others abort theirs at the deadline and
+// name it, alive or ended, by the roll call.
+TEST_F(NcclGroupTest, ACollectiveAPeerNeverComesToIsAbortedNamingThePeer) {
+  for (const bool ended : {false, true}) {
+    SCOPED_TRACE(ended ? "its process ended" : "alive");
+    FakeNccl nccl(2);
+    std::latch joined(2), finished(1);
+    std::string message;
+    const std::vector<std::string> errors = on_ranks(2, [&](int r) {
+      auto s = store(r);
+      auto group = std::make_unique<NcclGroup>(nccl.api, s, options(r, 2, 400ms));
+      joined.arrive_and_wait();
+      if (r == 1) {
+        if (ended) {  // its connection to the store closes, as when its process ends
+          group.reset();
+          s.reset();
+          finished.count_down();
+        }
+        finished.wait();
+        return;
+      }
+      if (ended) finished.wait();
+      std::vector<float> x{1, 2};
+      message = message_of<Timeout>([&] { group->all_reduce(x.data(), x.size()); });
+      if (!ended) finished.count_down();
+    });
+    for (const std::string& e : errors) EXPECT_EQ(e, "");
+    EXPECT_NE(message.find("NCCL all-reduce #1 of 2 floats on cuda:0 among worker:0, worker:1: not done within 0.4 s, "
+                           "so the communicator was aborted"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find(ended ? "worker:1 (its process ended)" : "worker:1 (alive, but not answering)"),
+              std::string::npos)
+        << message;
+    EXPECT_EQ(nccl.aborts(), 1);
+  }
+}
+
+TEST_F(NcclGroupTest, NcclsErrorsBecomeDtrainsNamingTheCollective) {
+  FakeNccl nccl(2);
+  nccl.remote_error_at = 2;
+  std::vector<std::string> messages(2);
+  on_ranks(2, [&](int r) {
+    NcclGroup group(nccl.api, store(r), options(r, 2));
+    std::vector<float> x{1, 2};
+    group.all_reduce(x.data(), x.size());
+    messages[static_cast<std::size_t>(r)] = message_of<PeerFailure>([&] { group.all_reduce(x.data(), x.size()); });
+    EXPECT_NE(message_of<InvalidArgument>([&] { group.all_reduce(x.data(), x.size()); }).find("used again"),
+              std::string::npos);
+  });
+  for (const std::string& m : messages) {
+    EXPECT_NE(m.find("NCCL all-reduce #2 of 2 floats on cuda:0 among worker:0, worker:1: NCCL says 'fake error 6' "
+                     "(ncclResult_t 6); a peer failed or closed its connection; every other rank answered"),
+              std::string::npos)
+        << m;
+  }
+  FakeNccl refusing(1);
+  refusing.usage_error_at = 1;
+  NcclGroup alone(refusing.api, store(0), options(0, 1));
+  std::vector<float> x{1};
+  EXPECT_NE(message_of<InvalidArgument>([&] { alone.all_reduce(x.data(), 1); }).find("'fake error 5'"),
+            std::string::npos);
+  EXPECT_EQ(refusing.aborts(), 1);
+}
+
+}  // namespace
+}  // namespace dtrain::comm
