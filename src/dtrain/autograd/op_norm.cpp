@@ -28,14 +28,27 @@ CrossReplica* synchronizing(bool synchronized) {
 // sums [2, C] summed over every replica, back on their device; `count` is summed alongside
 // (the rows of all). The call is timed for the step's profile.
 Tensor sum_over_replicas(CrossReplica& cross, const Tensor& sums, double& count, bool backward) {
-  // The sums stay where they are (a GPU's are summed on it); the row count is the host's.
-  const Tensor both[2] = {sums, Tensor::from_vector({1}, {static_cast<float>(count)})};
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<Tensor> summed = cross.all_reduce_sum(std::span<const Tensor>(both, 2));
+  Tensor out;
+  if (sums.device().is_cpu()) {
+    // One tensor, the count after the sums: one collective between workers.
+    std::vector<float> values = sums.to_vector();
+    const auto n = static_cast<std::int64_t>(values.size());
+    values.push_back(static_cast<float>(count));
+    const Tensor packed = Tensor::from_vector({n + 1}, values);
+    const Tensor summed = cross.all_reduce_sum(std::span<const Tensor>(&packed, 1)).front();
+    count = summed.data<float>()[n];
+    out = summed.slice(0, n).reshape(sums.shape());
+  } else {
+    // A GPU's sums stay there (logical GPUs of one GPU add them on it); the count is the host's.
+    const Tensor both[2] = {sums, Tensor::from_vector({1}, {static_cast<float>(count)})};
+    const std::vector<Tensor> summed = cross.all_reduce_sum(std::span<const Tensor>(both, 2));
+    count = summed[1].to_vector().front();
+    out = summed[0];
+  }
   timed_cross_replica_calls().push_back({start, std::chrono::steady_clock::now(), backward,
                                          backward ? "sync batch norm (gradient sums)" : "sync batch norm (statistics)"});
-  count = summed[1].to_vector().front();
-  return summed[0];
+  return out;
 }
 
 void check_channel_param(const Tensor& p, std::int64_t c, const char* op, const char* what) {

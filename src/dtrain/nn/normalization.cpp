@@ -84,13 +84,17 @@ Tensor BatchNormalization::normalize(const Tensor& x, bool training, bool relu) 
   // device that holds them), scaled in the update below.
   float share = 1.0f;
   if (!options_.synchronized && replica.cross != nullptr && replica.num_replicas_in_sync > 1) {
-    const Tensor figures[2] = {mean, variance};
+    // One tensor [mean, variance] (a collective between workers, not two), on their device.
+    const std::int64_t c = mean.numel();
+    Tensor both = Tensor::empty({2, c}, DType::f32, mean.device());
+    both.slice(0, 1).copy_from(mean.reshape({1, c}));
+    both.slice(1, 2).copy_from(variance.reshape({1, c}));
     const auto start = std::chrono::steady_clock::now();
-    const std::vector<Tensor> sums = replica.cross->all_reduce_sum(std::span<const Tensor>(figures, 2));
+    const Tensor sums = replica.cross->all_reduce_sum(std::span<const Tensor>(&both, 1)).front();
     timed_cross_replica_calls().push_back(
         {start, std::chrono::steady_clock::now(), false, "batch norm (moving statistics' mean)"});
-    mean = sums[0];
-    variance = sums[1];
+    mean = sums.slice(0, 1).reshape({c});
+    variance = sums.slice(1, 2).reshape({c});
     share = 1.0f / static_cast<float>(replica.num_replicas_in_sync);
   }
   // Every replica holds the same figures now; the first of each process writes them into
