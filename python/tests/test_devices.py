@@ -65,18 +65,28 @@ def test_tensor_float_32_is_off_until_asked_for():
         tf.config.experimental.set_memory_growth(gpu, True)
 
 
+def _data(seed):
+    """256 rows of 8 features, labelled by the first one's sign."""
+    x = np.random.default_rng(seed).standard_normal((256, 8)).astype(np.float32)
+    return x, (x[:, 0] > 0).astype(np.int32)
+
+
+def _small_model():
+    """A seeded two-layer classifier, compiled, made wherever the caller's scope puts it."""
+    tf.keras.utils.set_random_seed(3)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu", input_shape=(8,)),
+                                 tf.keras.layers.Dense(2)])
+    model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
 @pytest.mark.skipif(not HAS_GPU, reason="needs a GPU")
 def test_a_model_trains_on_the_gpu_as_on_the_cpu():
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((256, 8)).astype(np.float32)
-    y = (x[:, 0] > 0).astype(np.int32)
+    x, y = _data(0)
 
     def trained(device):
         with tf.device(device):
-            tf.keras.utils.set_random_seed(3)
-            model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu", input_shape=(8,)),
-                                         tf.keras.layers.Dense(2)])
-            model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            model = _small_model()
             model.fit(x, y, epochs=2, batch_size=32, verbose=0, shuffle=False)
         return model
 
@@ -148,16 +158,11 @@ def test_logical_device_configurations_are_checked_and_need_a_gpu():
 
 @pytest.mark.skipif(len(tf.config.list_physical_devices("GPU")) != 1, reason="needs one GPU")
 def test_mirrored_strategy_on_two_logical_gpus_trains_as_the_gpu_alone():
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((256, 8)).astype(np.float32)
-    y = (x[:, 0] > 0).astype(np.int32)
+    x, y = _data(1)
 
     def trained(strategy):
         with strategy.scope():
-            tf.keras.utils.set_random_seed(3)
-            model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu", input_shape=(8,)),
-                                         tf.keras.layers.Dense(2)])
-            model.compile("adam", tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            model = _small_model()
         model.fit(x, y, epochs=2, batch_size=64, verbose=0, shuffle=False)
         return model
 
