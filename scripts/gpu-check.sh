@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, in two halves:
+# The checks that need a GPU: a preparation here, then commands on the GPU machine:
 #
 #   scripts/gpu-check.sh prepare   on a machine with the CUDA toolkit (no GPU needed): builds
 #                                  the release preset, and packs into .gpu/ the GPU tests, the
@@ -17,13 +17,16 @@
 #                                  own, to keep each under the device's 10 minutes): the
 #                                  residual CNN and the transformer against PyTorch's best,
 #                                  eager or torch.compile'd, and a table of the ratios.
+#   scripts/gpu-check.sh strategies on the GPU machine, after run (its own command too): two
+#                                  logical GPUs against one, two worker processes sharing
+#                                  the GPU against PyTorch DDP, the doctor's prediction of them.
 #
 # `run` needs none of dtrain's build dependencies: the GPU machine has CUDA's runtime
 # libraries, a driver and PyTorch, and nothing else. .gpu/ is ignored by git, so it is
 # carried by name (the device tool's `carry: [".gpu"]`). Everything each command prints
-# also goes to $OUT/gpu-check.log (run) or $OUT/gpu-bench.log (bench) when OUT is set, each
-# row as soon as it is known. Each command keeps to a budget (GPU_CHECK_SECONDS: 420 for
-# run, 240 for bench), bounding every step by what is left and skipping, with a row that
+# also goes to $OUT/gpu-check.log (run), $OUT/gpu-bench.log (bench) or
+# $OUT/gpu-strategies.log when OUT is set, each row as soon as it is known. Each command
+# keeps to a budget (GPU_CHECK_SECONDS: 420 for run, 240 for bench, 200 for strategies), bounding every step by what is left and skipping, with a row that
 # says so, what no longer fits, so the table always comes out. docs/gpu.md records each run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -251,8 +254,7 @@ run() {
 
 # The benchmarks against PyTorch's best (eager or torch.compile'd) on the same GPU, a
 # command of their own: the residual CNN in mixed bfloat16 (1.1x asked) and the transformer
-# encoder at lengths 128 and 512 (1.2x asked); then two logical GPUs of the GPU against the
-# GPU alone (0.9x asked). Needs run's unpacked bundle.
+# encoder at lengths 128 and 512 (1.2x asked). Needs run's unpacked bundle.
 bench() {
   [ -n "${OUT:-}" ] && log="$OUT/gpu-bench.log" && : >"$log"
   start_budget 240
@@ -290,6 +292,17 @@ bench() {
     echo "$p_out" | tail -4 | tee -a "$log"
     ratio_row "transformer step, length $1, batch $2" 1.2 "$r_out" "$p_out"
   done
+  table
+}
+
+# The strategies on the GPU, a command of their own: two logical GPUs against the GPU alone
+# (0.9x asked), two worker processes sharing it against PyTorch DDP (1.5x asked), and the
+# doctor's prediction of those workers (15%). Needs run's unpacked bundle.
+strategies() {
+  [ -n "${OUT:-}" ] && log="$OUT/gpu-strategies.log" && : >"$log"
+  start_budget 200
+  setup || exit 2
+  local bin=$root/bundle/bin
   # MirroredStrategy on two logical GPUs of the one GPU against the GPU alone, on the same
   # global batch, both kernel by kernel (0.9x asked: the sum on the device adds little).
   if fits "two logical GPUs against one (MLP)" 50; then
@@ -307,6 +320,40 @@ bench() {
       "one GPU ${one:-none} samples/s, two logical GPUs ${two:-none} ($(awk -v a="${two:-0}" -v b="${one:-0}" \
       'BEGIN {printf (b > 0 ? "%.2fx" : "no ratio"), (b > 0 ? a / b : 0)}'); 0.9x asked)"
   fi
+  # Two worker processes sharing the GPU (their sums staged through host memory: NCCL
+  # refuses two ranks on one GPU) against PyTorch DDP alike (its gloo backend; 1.5x asked),
+  # and the doctor's prediction of them from one worker at their per-worker batch (15%).
+  if fits "two GPU workers sharing the GPU against PyTorch DDP" 100; then
+  say "== two multi_worker processes on cuda:0, then PyTorch DDP (gloo) alike"
+  local fm=(fit examples/configs/fashion_mnist.json --epochs 3 --cuda-graph off --device cuda:0)
+  timeout "$(bound 40)" "$bin/dtrain" launch --workers 2 "${fm[@]}" --strategy multi_worker --verbose 2 \
+    --summary /tmp/two_workers.json >/tmp/two_workers.out 2>&1
+  grep -m 3 -E 'MultiWorkerMirroredStrategy|error' /tmp/two_workers.out | tee -a "$log"
+  local mw ddp
+  mw=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["samples_per_second"])' /tmp/two_workers.json 2>/dev/null)
+  ddp=$(timeout "$(bound 60)" env LD_LIBRARY_PATH="$sys_ld" python3 bench/peers/pytorch_ddp_gpu.py 2>&1 | tee -a "$log" |
+        grep -oP '"samples_per_second": \K[0-9.e+]+' | tail -1)
+  row "two GPU workers sharing the GPU against PyTorch DDP" \
+      "$(awk -v a="${mw:-0}" -v b="${ddp:-0}" 'BEGIN {print (b > 0 && a >= 1.5 * b ? "passed" : "FAILED")}')" \
+      "dtrain ${mw:-none} samples/s, DDP (gloo) ${ddp:-none} ($(awk -v a="${mw:-0}" -v b="${ddp:-0}" \
+      'BEGIN {printf (b > 0 ? "%.2fx" : "no ratio"), (b > 0 ? a / b : 0)}'); 1.5x asked)"
+  fi
+  if fits "the doctor's prediction of the two GPU workers" 40; then
+  say "== the doctor: the two workers predicted from one worker on the GPU at 64 rows"
+  timeout "$(bound 30)" "$bin/dtrain" fit examples/configs/fashion_mnist.json --epochs 3 --cuda-graph off --device cuda:0 \
+    --batch-size 64 --verbose 0 --summary /tmp/one_worker.json >>"$log" 2>&1
+  local probe what_if check
+  probe=$(timeout "$(bound 30)" "$bin/dtrain" launch --workers 2 probe-link 2>&1 | tee -a "$log" |
+          grep -oP -- '--what-if \K\S+' | head -1)
+  what_if=${probe:+--what-if $probe}
+  check=$(timeout "$(bound 30)" "$bin/dtrain" doctor --runs /tmp/one_worker.json,/tmp/two_workers.json $what_if 2>&1 |
+          tee -a "$log" | grep -m 1 -E '^\| 2 \| 1 \|')
+  local err
+  err=$(echo "$check" | awk -F'|' '{gsub(/[ %+]/, "", $6); print $6}')
+  row "the doctor's prediction of the two GPU workers" \
+      "$(awk -v e="${err:-999}" 'BEGIN {print (e != 999 && e <= 15 && e >= -15 ? "passed" : "FAILED")}')" \
+      "model check error ${err:-none}% (within 15% asked; link ${probe:-not measured})"
+  fi
   table
 }
 
@@ -314,5 +361,6 @@ case "${1:-}" in
   prepare) prepare ;;
   run) run ;;
   bench) bench ;;
-  *) echo "usage: scripts/gpu-check.sh prepare|run|bench" >&2; exit 2 ;;
+  strategies) strategies ;;
+  *) echo "usage: scripts/gpu-check.sh prepare|run|bench|strategies" >&2; exit 2 ;;
 esac
