@@ -384,14 +384,20 @@ void bind_distribute(py::module_& m) {
   py::class_<distribute::MultiWorkerMirroredStrategy, Strategy, std::shared_ptr<distribute::MultiWorkerMirroredStrategy>>(
       d, "_MultiWorkerMirroredStrategy")
       .def(py::init([](std::size_t bytes_per_pack, double timeout_seconds, const std::string& compression,
-                       const std::string& implementation, bool overlap) {
+                       const std::string& implementation, bool overlap, const std::vector<std::string>& devices) {
              distribute::CommunicationOptions o = communication(bytes_per_pack, timeout_seconds, compression, implementation);
              o.overlap = overlap;
              py::gil_scoped_release release;  // joining waits for the other workers
-             return std::make_shared<distribute::MultiWorkerMirroredStrategy>(o);
+             if (devices.empty()) return std::make_shared<distribute::MultiWorkerMirroredStrategy>(o);
+             // Each worker's replicas on these devices (its logical GPUs).
+             if (const auto elastic = distribute::elastic_from_environment())
+               return std::make_shared<distribute::MultiWorkerMirroredStrategy>(*elastic, o, devices);
+             return std::make_shared<distribute::MultiWorkerMirroredStrategy>(cluster::tf_config_from_environment(), o,
+                                                                              devices);
            }),
            py::arg("bytes_per_pack") = 0, py::arg("timeout_seconds") = 0.0, py::arg("compression") = "none",
-           py::arg("implementation") = "auto", py::arg("overlap") = true)
+           py::arg("implementation") = "auto", py::arg("overlap") = true,
+           py::arg("devices") = std::vector<std::string>{})
       .def_static(
           "elastic",
           [](int min_workers, int max_workers, const std::string& store, const std::string& id, const std::string& token,

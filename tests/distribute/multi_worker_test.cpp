@@ -355,17 +355,25 @@ TEST_F(MultiWorker, GpuWorkersSumThroughPinnedHostMemoryAndReachOneProcessWeight
   }
 }
 
-// A GPU worker killed mid-run is named by the others, as a CPU worker is.
-TEST_F(MultiWorker, AKilledGpuWorkerIsNamedByTheOthers) {
-  std::vector<std::string> args = size_args();
-  args.insert(args.end(), {"--gpu", "1", "--steps", "200", "--timeout", "10", "--kill-task", "worker:1",
-                           "--kill-step", "5"});
-  const std::vector<TaskResult> results = run_cluster(2, args);
-  ASSERT_EQ(results.size(), 2u);
-  ASSERT_TRUE(WIFSIGNALED(results[1].status) && WTERMSIG(results[1].status) == SIGKILL) << describe(results);
-  EXPECT_TRUE(results[0].status >= 0 && WIFEXITED(results[0].status) && WEXITSTATUS(results[0].status) != 0)
-      << describe(results);
-  EXPECT_NE(results[0].log.find("worker:1 (its process ended)"), std::string::npos) << describe(results);
+// A GPU worker killed or stopped mid-run is named by the others, as a CPU worker is: its
+// process ended, or alive but not answering within the collective timeout.
+TEST_F(MultiWorker, AKilledOrStoppedGpuWorkerIsNamedByTheOthers) {
+  for (const bool killed : {true, false}) {
+    SCOPED_TRACE(killed ? "killed" : "stopped");
+    std::vector<std::string> args = size_args();
+    args.insert(args.end(), {"--gpu", "1", "--steps", "200", "--timeout", "3", killed ? "--kill-task" : "--stop-task",
+                             "worker:1", "--kill-step", "5"});
+    const std::vector<TaskResult> results = run_cluster(2, args, {}, killed ? "" : "worker:1");
+    ASSERT_EQ(results.size(), 2u);
+    if (killed) {
+      ASSERT_TRUE(WIFSIGNALED(results[1].status) && WTERMSIG(results[1].status) == SIGKILL) << describe(results);
+    }
+    EXPECT_TRUE(results[0].status >= 0 && WIFEXITED(results[0].status) && WEXITSTATUS(results[0].status) != 0)
+        << describe(results);
+    EXPECT_NE(results[0].log.find(killed ? "worker:1 (its process ended)" : "worker:1 (alive, but not answering)"),
+              std::string::npos)
+        << describe(results);
+  }
 }
 
 // The epoch's loss the task printed ("loss=...").

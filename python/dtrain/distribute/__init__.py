@@ -267,7 +267,8 @@ class OneDeviceStrategy(Strategy):
 
 class MultiWorkerMirroredStrategy(Strategy):
     """Synchronous replicas in several processes, which TF_CONFIG names; without TF_CONFIG
-    one worker that trains at once. Under `dtrain launch --workers MIN:MAX`, or with
+    one worker that trains at once. Each worker trains on its logical GPUs where it has GPUs,
+    else on its CPU. Under `dtrain launch --workers MIN:MAX`, or with
     elastic=experimental.ElasticOptions(...), an elastic job: fit goes on when a worker is
     lost, and a worker that starts again joins (docs/cluster.md, "Elastic training")."""
 
@@ -293,8 +294,11 @@ class MultiWorkerMirroredStrategy(Strategy):
                 o.timeout_seconds or 0.0, o.compression, o.implementation))
             self._resolver = cluster_resolver or _resolvers.TFConfigClusterResolver()
             return
+        # As TensorFlow does, each worker trains on its logical GPUs where it has GPUs (its
+        # sums with the other workers go through NCCL or pinned host memory: docs/gpu.md).
+        gpus = [] if os.environ.get("DTRAIN_ELASTIC") else [f"/gpu:{i}" for i in range(_dtrain._logical_gpu_count())]
         super().__init__(_d._MultiWorkerMirroredStrategy(o.bytes_per_pack, o.timeout_seconds or 0.0, o.compression,
-                                                         o.implementation, True))
+                                                         o.implementation, True, gpus))
         self._resolver = cluster_resolver or _resolvers.TFConfigClusterResolver()
 
     @property
