@@ -295,6 +295,16 @@ bench() {
   table
 }
 
+# The samples/s of a fit --summary file (empty where it has none).
+summary_rate() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["samples_per_second"])' "$1" 2>/dev/null; }
+# against_row NAME TARGET A B WORDS_A WORDS_B: passed where A >= TARGET x B (samples/s), with
+# both figures and their ratio.
+against_row() {
+  row "$1" "$(awk -v a="${3:-0}" -v b="${4:-0}" -v t="$2" 'BEGIN {print (b > 0 && a >= t * b ? "passed" : "FAILED")}')" \
+      "$5 ${3:-none} samples/s, $6 ${4:-none} ($(awk -v a="${3:-0}" -v b="${4:-0}" \
+      'BEGIN {printf (b > 0 ? "%.2fx" : "no ratio"), (b > 0 ? a / b : 0)}'); ${2}x asked)"
+}
+
 # The strategies on the GPU, a command of their own: two logical GPUs against the GPU alone
 # (0.9x asked), two worker processes sharing it against PyTorch DDP (1.5x asked), and the
 # doctor's prediction of those workers (15%). Needs run's unpacked bundle.
@@ -312,13 +322,8 @@ strategies() {
   timeout "$(bound 40)" "$bin/dtrain" "${common[@]}" --strategy mirrored --device cuda:0 --replicas 2 --verbose 2 \
     --summary /tmp/two_logical.json >/tmp/two_logical.out 2>&1
   head -3 /tmp/two_logical.out | tee -a "$log"
-  local one two
-  one=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["samples_per_second"])' /tmp/one_gpu.json 2>/dev/null)
-  two=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["samples_per_second"])' /tmp/two_logical.json 2>/dev/null)
-  row "two logical GPUs against one (MLP)" \
-      "$(awk -v a="${two:-0}" -v b="${one:-0}" 'BEGIN {print (b > 0 && a >= 0.9 * b ? "passed" : "FAILED")}')" \
-      "one GPU ${one:-none} samples/s, two logical GPUs ${two:-none} ($(awk -v a="${two:-0}" -v b="${one:-0}" \
-      'BEGIN {printf (b > 0 ? "%.2fx" : "no ratio"), (b > 0 ? a / b : 0)}'); 0.9x asked)"
+  against_row "two logical GPUs against one (MLP)" 0.9 "$(summary_rate /tmp/two_logical.json)" \
+    "$(summary_rate /tmp/one_gpu.json)" "two logical GPUs" "one GPU"
   fi
   # Two worker processes sharing the GPU (their sums staged through host memory: NCCL
   # refuses two ranks on one GPU) against PyTorch DDP alike (its gloo backend; 1.5x asked),
@@ -329,14 +334,11 @@ strategies() {
   timeout "$(bound 40)" "$bin/dtrain" launch --workers 2 "${fm[@]}" --strategy multi_worker --verbose 2 \
     --summary /tmp/two_workers.json >/tmp/two_workers.out 2>&1
   grep -m 3 -E 'MultiWorkerMirroredStrategy|error' /tmp/two_workers.out | tee -a "$log"
-  local mw ddp
-  mw=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["samples_per_second"])' /tmp/two_workers.json 2>/dev/null)
+  local ddp
   ddp=$(timeout "$(bound 60)" env LD_LIBRARY_PATH="$sys_ld" python3 bench/peers/pytorch_ddp_gpu.py 2>&1 | tee -a "$log" |
         grep -oP '"samples_per_second": \K[0-9.e+]+' | tail -1)
-  row "two GPU workers sharing the GPU against PyTorch DDP" \
-      "$(awk -v a="${mw:-0}" -v b="${ddp:-0}" 'BEGIN {print (b > 0 && a >= 1.5 * b ? "passed" : "FAILED")}')" \
-      "dtrain ${mw:-none} samples/s, DDP (gloo) ${ddp:-none} ($(awk -v a="${mw:-0}" -v b="${ddp:-0}" \
-      'BEGIN {printf (b > 0 ? "%.2fx" : "no ratio"), (b > 0 ? a / b : 0)}'); 1.5x asked)"
+  against_row "two GPU workers sharing the GPU against PyTorch DDP" 1.5 "$(summary_rate /tmp/two_workers.json)" "$ddp" \
+    "dtrain" "DDP (gloo)"
   fi
   if fits "the doctor's prediction of the two GPU workers" 40; then
   say "== the doctor: the two workers predicted from one worker on the GPU at 64 rows"
