@@ -354,7 +354,7 @@ strategies() {
   err=$(echo "$check" | awk -F'|' '{gsub(/[ %+]/, "", $6); print $6}')
   row "the doctor's prediction of the two GPU workers" \
       "$(awk -v e="${err:-999}" 'BEGIN {print (e != 999 && e <= 15 && e >= -15 ? "passed" : "FAILED")}')" \
-      "model check error ${err:-none}% (within 15% asked; link ${probe:-not measured})"
+      "model check error ${err:-none}% (within 15% asked; --what-if ${probe:-none: the link was not measured})"
   fi
   table
 }
