@@ -175,7 +175,8 @@ std::unique_ptr<distribute::Strategy> make_strategy(const cli::RunConfig& c, con
   if (c.strategy == "multi_worker") {
     std::vector<std::string> devices;
     if (!device.is_cpu()) devices = gpu_replicas();
-    for (int r = 0; device.is_cpu() && r < std::max(1, c.replicas); ++r) devices.push_back("/cpu:" + std::to_string(r));
+    else
+      for (int r = 0; r < std::max(1, c.replicas); ++r) devices.push_back("/cpu:" + std::to_string(r));
     if (const std::optional<distribute::ElasticJob> elastic = distribute::elastic_from_environment())
       return std::make_unique<distribute::MultiWorkerMirroredStrategy>(*elastic, communication_options(o), devices);
     return std::make_unique<distribute::MultiWorkerMirroredStrategy>(cluster::tf_config_from_environment(),
@@ -349,7 +350,7 @@ void check_outputs(const std::string& config, const Overrides& o, const cli::Run
 
 // Where the run's weights and steps live: --device, with "auto" the first GPU where one is
 // present and the run has one device (the strategies' replicas and workers run on CPUs
-// unless a mirrored strategy is given a GPU, which its replicas then share).
+// unless a mirrored or multi-worker strategy is given a GPU, which its replicas then share).
 Device run_device(const std::string& flag, const cli::RunConfig& c) {
   const bool one_device = c.strategy.empty() || c.strategy == "default" || c.strategy == "one_device";
   if (flag == "auto") return one_device ? resolve_device("auto") : Device::cpu();

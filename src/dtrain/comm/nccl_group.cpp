@@ -53,9 +53,7 @@ NcclGroup::NcclGroup(const NcclApi& api, std::shared_ptr<RendezvousStore> store,
     if (state == kNcclSuccess) return;
     if (state != kNcclInProgress) fail(op, state);
     if (Clock::now() >= deadline) {
-      failed_ = true;
-      api_.abort(comm_);
-      comm_ = nullptr;
+      abort_communicator();
       std::vector<std::string> keys;
       for (int r = 0; r < options_.size; ++r) keys.push_back(options_.prefix + "joined/" + std::to_string(r));
       const std::vector<bool> joined = store_->check(keys, detail::patience(options_.timeout));
@@ -75,6 +73,13 @@ NcclGroup::~NcclGroup() {
   if (comm_ == nullptr) return;
   if (failed_) api_.abort(comm_);
   else api_.destroy(comm_);
+}
+
+void NcclGroup::abort_communicator() {
+  failed_ = true;
+  if (comm_ == nullptr) return;
+  api_.abort(comm_);
+  comm_ = nullptr;
 }
 
 std::string NcclGroup::task_name(int rank) const { return detail::rank_name(options_.task_names, rank); }
@@ -105,9 +110,7 @@ void NcclGroup::all_reduce(float* data, std::size_t count) {
     if (state != kNcclSuccess && state != kNcclInProgress) fail(op, state);
     if (Clock::now() >= deadline) {
       // Aborted first, so that the device's queue is released; then the roll call.
-      failed_ = true;
-      api_.abort(comm_);
-      comm_ = nullptr;
+      abort_communicator();
       DTRAIN_THROW(Timeout, op, ": not done within ", seconds(options_.timeout), " s, so the communicator was aborted; ",
                    absent_peers(op));
     }
@@ -119,11 +122,7 @@ void NcclGroup::fail(const std::string& op, int result) {
   std::string words = api_.error_string ? api_.error_string(result) : std::string();
   if (comm_ != nullptr && api_.last_error)
     if (const std::string last = api_.last_error(comm_); !last.empty()) words += (words.empty() ? "" : ": ") + last;
-  failed_ = true;
-  if (comm_ != nullptr) {
-    api_.abort(comm_);
-    comm_ = nullptr;
-  }
+  abort_communicator();
   const std::string what = dtrain::detail::concat(op, ": NCCL says '", words, "' (ncclResult_t ", result, ")");
   switch (result) {
     case kNcclRemoteError:

@@ -83,6 +83,8 @@ class NcclGroup {
   std::string describe() const;
 
  private:
+  // Aborts the communicator (its queued work is released); the group is not used again.
+  void abort_communicator();
   // Throws for `result` (not success) of `op`, after aborting the communicator.
   [[noreturn]] void fail(const std::string& op, int result);
   // Which other ranks did not answer a roll call for `op` (their process ended, or they

@@ -2,9 +2,9 @@
 #include "dtrain/core/device.h"
 
 #include <array>
-#include <map>
 #include <cctype>
 #include <cstdio>
+#include <map>
 #include <mutex>
 #include <optional>
 
@@ -35,9 +35,6 @@ std::string lower(std::string_view s) {
 
 bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
 
-// Logical GPU `index` (TensorFlow's "/gpu:N") as its physical GPU.
-Device logical_gpu(int index, std::string_view name);
-
 [[noreturn]] void bad_name(std::string_view name) {
   DTRAIN_THROW(InvalidArgument, "device '", name,
                "' is not a device name; expected \"/GPU:0\", \"/CPU:0\", \"gpu\", \"cuda:0\" or \"cpu\"");
@@ -62,6 +59,34 @@ thread_local int captured_device = -1;
 int detail::capturing_device() { return captured_device; }
 void detail::set_capturing_device(int index) { captured_device = index; }
 bool capturing_a_graph() { return captured_device >= 0; }
+
+namespace {
+
+struct LogicalConfigs {
+  std::mutex mutex;
+  std::map<int, std::vector<LogicalDeviceConfiguration>> by_gpu;  // physical index -> its parts
+};
+
+LogicalConfigs& logical_configs() {
+  static LogicalConfigs* configs = new LogicalConfigs();  // leaked: names are parsed during exit
+  return *configs;
+}
+
+// Logical GPU `index` (TensorFlow's "/gpu:N") as its physical GPU.
+Device logical_gpu(int index, std::string_view name) {
+  {
+    LogicalConfigs& c = logical_configs();
+    std::lock_guard lock(c.mutex);
+    if (c.by_gpu.empty()) return Device::cuda(index);  // every GPU is one device
+  }
+  const std::vector<LogicalGpu> gpus = logical_gpus();
+  if (index >= static_cast<int>(gpus.size()))
+    DTRAIN_THROW(InvalidArgument, "device '", name, "' is not here: there are ", gpus.size(),
+                 " logical GPUs (set_logical_device_configuration split ", describe_devices(DeviceType::cuda), ")");
+  return gpus[static_cast<std::size_t>(index)].physical;
+}
+
+}  // namespace
 
 Device parse_device(std::string_view name) {
   std::string s = lower(name);
@@ -92,20 +117,6 @@ Device parse_device(std::string_view name) {
   bad_name(name);
 }
 
-namespace {
-
-struct LogicalConfigs {
-  std::mutex mutex;
-  std::map<int, std::vector<LogicalDeviceConfiguration>> by_gpu;  // physical index -> its parts
-};
-
-LogicalConfigs& logical_configs() {
-  static LogicalConfigs* configs = new LogicalConfigs();  // leaked: names are parsed during exit
-  return *configs;
-}
-
-}  // namespace
-
 std::vector<LogicalGpu> logical_gpus() {
   const int gpus = device_count(DeviceType::cuda);
   LogicalConfigs& c = logical_configs();
@@ -124,20 +135,6 @@ std::vector<LogicalGpu> logical_gpus() {
   return out;
 }
 
-namespace {
-Device logical_gpu(int index, std::string_view name) {
-  {
-    LogicalConfigs& c = logical_configs();
-    std::lock_guard lock(c.mutex);
-    if (c.by_gpu.empty()) return Device::cuda(index);  // every GPU is one device
-  }
-  const std::vector<LogicalGpu> gpus = logical_gpus();
-  if (index >= static_cast<int>(gpus.size()))
-    DTRAIN_THROW(InvalidArgument, "device '", name, "' is not here: there are ", gpus.size(),
-                 " logical GPUs (set_logical_device_configuration split ", describe_devices(DeviceType::cuda), ")");
-  return gpus[static_cast<std::size_t>(index)].physical;
-}
-}  // namespace
 
 void set_logical_device_configuration(Device gpu, const std::vector<LogicalDeviceConfiguration>& logical) {
   if (gpu.is_cpu())

@@ -62,7 +62,8 @@ DeviceReducer::DeviceReducer(int replicas, std::span<Variable* const> vars, Devi
     outputs_[i] = flat_.slice(at, at + vars[i]->numel()).reshape(vars[i]->shape());
     at += vars[i]->numel();
   }
-  if (cross_.workers && !cross_.nccl) staged_ = Tensor::empty_pinned({total + static_cast<std::int64_t>(vars.size())});
+  if (cross_.nccl) flags_.resize(vars.size());
+  else if (cross_.workers) staged_ = Tensor::empty_pinned({total + static_cast<std::int64_t>(vars.size())});
 }
 
 void DeviceReducer::begin_step(bool reduce, std::span<const std::int64_t> /*row_bounds*/) { reduce_ = reduce; }
@@ -141,54 +142,41 @@ std::string nccl_refusal(const std::vector<std::string>& uuids, const std::vecto
 }
 
 void DeviceReducer::sum_across_workers() {
-  const auto n = static_cast<std::int64_t>(outputs_.size()), total = flat_.numel();
+  const std::size_t n = outputs_.size(), total = static_cast<std::size_t>(flat_.numel());
+  // A variable no replica here had a gradient for counts as zeros; a flag per variable says
+  // which had one (the staged buffer's tail, or a list of their own beside NCCL).
+  float* flags = cross_.nccl ? flags_.data() : staged_.data<float>() + total;
+  for (std::size_t i = 0; i < n; ++i) {
+    flags[i] = reduced_[i].defined() ? 1.0f : 0.0f;
+    if (!reduced_[i].defined()) kernels::backend(device_).fill(outputs_[i], 0.0f);
+  }
   if (cross_.nccl) {
     // The flags over the workers' own transport; the values in place on the GPU.
-    flags_.resize(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) {
-      flags_[static_cast<std::size_t>(i)] = reduced_[static_cast<std::size_t>(i)].defined() ? 1.0f : 0.0f;
-      if (!reduced_[static_cast<std::size_t>(i)].defined())
-        kernels::backend(device_).fill(outputs_[static_cast<std::size_t>(i)], 0.0f);
-    }
-    cross_.workers->run([&](comm::GlooGroup& group) {
-      group.allreduce(flags_.data(), flags_.size(), ~std::uint64_t{2}, comm::Wire::f32);
-    });
+    cross_.workers->run([&](comm::GlooGroup& group) { group.allreduce(flags, n, ~std::uint64_t{2}, comm::Wire::f32); });
     const Clock::time_point start = Clock::now();
-    cross_.nccl->all_reduce(static_cast<float*>(flat_.raw_device_data()), static_cast<std::size_t>(total));
+    cross_.nccl->all_reduce(static_cast<float*>(flat_.raw_device_data()), total);
     if (comm_track_) {
       comm_track_->add(profile::Phase::communication, start, Clock::now(), "all-reduce across workers (NCCL)");
-      comm_track_->add_bytes(static_cast<std::uint64_t>(total) * sizeof(float));
+      comm_track_->add_bytes(total * sizeof(float));
     }
-    for (std::int64_t i = 0; i < n; ++i)
-      reduced_[static_cast<std::size_t>(i)] =
-          flags_[static_cast<std::size_t>(i)] > 0.0f ? outputs_[static_cast<std::size_t>(i)] : Tensor();
-    return;
+  } else {
+    Tensor values = staged_.slice(0, static_cast<std::int64_t>(total));
+    values.copy_from(flat_);  // waits for the sums
+    // A key of its own, apart from the buffers of strategy.reduce (~0) and of CPU buckets.
+    cross_.workers->run([&](comm::GlooGroup& group) {
+      const Clock::time_point start = Clock::now();
+      group.allreduce(staged_.data<float>(), total + n, ~std::uint64_t{1}, cross_.wire);
+      if (comm_track_) {
+        // The wait for a late peer is its own phase; the rest moved the bytes.
+        const Clock::time_point joined = start + group.last_peer_wait(), end = Clock::now();
+        if (joined > start) comm_track_->add(profile::Phase::straggler_wait, start, joined, "waiting for peers");
+        comm_track_->add(profile::Phase::communication, joined, end, "all-reduce across workers");
+        comm_track_->add_bytes(comm::wire_bytes(total + n, cross_.wire));
+      }
+    });
+    flat_.copy_from(values);
   }
-  // A variable no replica here had a gradient for counts as zeros; its flag says so.
-  float* host = staged_.data<float>();
-  for (std::int64_t i = 0; i < n; ++i) {
-    host[total + i] = reduced_[static_cast<std::size_t>(i)].defined() ? 1.0f : 0.0f;
-    if (!reduced_[static_cast<std::size_t>(i)].defined())
-      kernels::backend(device_).fill(outputs_[static_cast<std::size_t>(i)], 0.0f);
-  }
-  Tensor values = staged_.slice(0, total);
-  values.copy_from(flat_);  // waits for the sums
-  // A key of its own, apart from the buffers of strategy.reduce (~0) and of CPU buckets.
-  const auto count = static_cast<std::size_t>(total + n);
-  cross_.workers->run([&](comm::GlooGroup& group) {
-    const Clock::time_point start = Clock::now();
-    group.allreduce(host, count, ~std::uint64_t{1}, cross_.wire);
-    if (comm_track_) {
-      // The wait for a late peer is its own phase; the rest moved the bytes.
-      const Clock::time_point joined = start + group.last_peer_wait(), end = Clock::now();
-      if (joined > start) comm_track_->add(profile::Phase::straggler_wait, start, joined, "waiting for peers");
-      comm_track_->add(profile::Phase::communication, joined, end, "all-reduce across workers");
-      comm_track_->add_bytes(comm::wire_bytes(count, cross_.wire));
-    }
-  });
-  flat_.copy_from(values);
-  for (std::int64_t i = 0; i < n; ++i)
-    reduced_[static_cast<std::size_t>(i)] = host[total + i] > 0.0f ? outputs_[static_cast<std::size_t>(i)] : Tensor();
+  for (std::size_t i = 0; i < n; ++i) reduced_[i] = flags[i] > 0.0f ? outputs_[i] : Tensor();
 }
 
 void DeviceReducer::abort(int replica, const std::string& why) {

@@ -152,18 +152,12 @@ std::string ReplicaGroup::replicas_note() const {
         name(), ": ", num_replicas(), " replicas on logical GPUs of ", gpu, " (", names,
         ") share its one copy of the weights and sum their gradients on it after backward (reduction to one "
         "device: NCCL refuses two ranks on one GPU, \"Duplicate GPU detected\")");
-  if (options_.workers && options_.nccl)
-    note += dtrain::detail::concat(note.empty() ? name() + ": worker " + std::to_string(worker_index()) +
-                                                      "'s replica on " + gpu + " sums"
-                                                : "; then they sum",
-                                   " with the other workers' in ", options_.nccl->describe(), " after backward");
-  else if (options_.workers)
-    note += dtrain::detail::concat(note.empty() ? name() + ": worker " + std::to_string(worker_index()) +
-                                                      "'s replica on " + gpu + " sums"
-                                                : "; then they sum",
-                                   " with the other workers' through pinned host memory after backward (",
-                                   options_.workers->transport(), "), not with NCCL: ", options_.no_nccl);
-  return note;
+  if (!options_.workers) return note;
+  note += note.empty() ? name() + ": worker " + std::to_string(worker_index()) + "'s replica on " + gpu + " sums"
+                       : std::string("; then they sum");
+  if (options_.nccl) return note + " with the other workers' in " + options_.nccl->describe() + " after backward";
+  return dtrain::detail::concat(note, " with the other workers' through pinned host memory after backward (",
+                                options_.workers->transport(), "), not with NCCL: ", options_.no_nccl);
 }
 
 bool ReplicaGroup::shares_memory() const { return options_.workers && options_.workers->shares_memory(); }
@@ -173,7 +167,7 @@ std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variab
                                                               bool collectives_in_backward) {
   // Replicas on one GPU's logical GPUs sum on the device, after backward: they share its
   // one queue, so there is nothing to overlap.
-  if (options_.placement && !options_.placement->is_cpu())
+  if (on_gpu())
     return std::make_unique<DeviceReducer>(num_replicas(), vars, *options_.placement, options_.timeout,
                                            CrossWorker{options_.workers.get(), false, options_.wire, options_.nccl.get()});
   const bool overlap = options_.overlap && !collectives_in_backward;
@@ -232,8 +226,7 @@ void ReplicaGroup::synchronize_variables(std::span<Variable* const> vars, const 
     if (v->dtype() != DType::f32)
       DTRAIN_THROW(InvalidArgument, name(), ": variable '", v->name(), "' is ", dtype_name(v->dtype()),
                    "; only float32 variables are kept in sync between workers");
-  // Then every worker starts from the chief's values.
-  // GPU variables go through the host.
+  // Then every worker starts from the chief's values (a GPU's through the host).
   std::vector<Tensor> staged;
   for (Variable* v : vars) staged.push_back(v->value_device().is_cpu() ? v->mutable_value() : v->value().to(Device::cpu()));
   w.run([&](comm::GlooGroup& group) {

@@ -38,7 +38,7 @@ int parse_replica_device(const std::string& device) {
 
 // GPU workers: every worker says which GPU it has and whether it has NCCL; all of them
 // then sum in one NCCL group, or all through pinned host memory, saying why.
-void choose_gpu_path(detail::GroupOptions& o, std::chrono::milliseconds timeout) {
+void choose_gpu_path(detail::GroupOptions& o) {
   detail::WorkerComm& w = *o.workers;
   DeviceRuntime& runtime = *device_runtime(o.placement->type);
   std::string absence;
@@ -56,7 +56,7 @@ void choose_gpu_path(detail::GroupOptions& o, std::chrono::milliseconds timeout)
   o.no_nccl = detail::nccl_refusal(uuids, absences, tasks);
   if (o.no_nccl.empty())
     o.nccl = std::make_shared<comm::NcclGroup>(
-        *nccl, w.store(), comm::NcclGroupOptions{w.rank(), w.size(), tasks, o.placement->index, timeout});
+        *nccl, w.store(), comm::NcclGroupOptions{w.rank(), w.size(), tasks, o.placement->index, o.timeout});
 }
 
 std::chrono::milliseconds timeout_of(const CommunicationOptions& comm) {
@@ -86,10 +86,11 @@ std::shared_ptr<detail::ReplicaGroup> make_group(std::string name, const std::ve
   std::set<int> seen;
   detail::GroupOptions o;
   o.name = std::move(name);
+  const bool gpus = parse_replica_device(devices.front()) < 0;
   for (const std::string& d : devices) {
     const int index = parse_replica_device(d);
     if (!seen.insert(index).second) DTRAIN_THROW(InvalidArgument, o.name, ": device '", d, "' is listed twice");
-    if ((index < 0) != (parse_replica_device(devices.front()) < 0))
+    if ((index < 0) != gpus)
       DTRAIN_THROW(InvalidArgument, o.name, ": devices '", devices.front(), "' and '", d,
                    "' are a CPU and a GPU; a strategy's replicas are all CPU thread groups or all GPUs");
     if (index >= 0) {
@@ -111,10 +112,10 @@ std::shared_ptr<detail::ReplicaGroup> make_group(std::string name, const std::ve
   o.threads_per_replica = std::max(1, cores / static_cast<int>(devices.size()));
   o.bucket_bytes = comm.bytes_per_pack ? comm.bytes_per_pack : detail::kDefaultBucketBytes;
   o.workers = std::move(workers);
-  if (o.placement && o.workers) choose_gpu_path(o, timeout_of(comm));
   o.overlap = comm.overlap;
   o.wire = wire_of(comm.compression);
   o.timeout = timeout_of(comm);
+  if (o.placement && o.workers) choose_gpu_path(o);
   return std::make_shared<detail::ReplicaGroup>(std::move(o));
 }
 

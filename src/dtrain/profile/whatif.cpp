@@ -417,6 +417,18 @@ std::vector<Scenario> fixes_at(const StepModel& m, int workers, const Link& link
   return out;
 }
 
+namespace {
+
+// "| name | step ms | all-reduce ms | exposed ms | samples/s | efficiency |", without a line end.
+std::string scenario_row(const Scenario& s) {
+  const Prediction& p = s.prediction;
+  return "| " + s.name + " | " + detail::fixed(p.step * 1000, 2) + " | " + detail::fixed(p.ring * 1000, 2) + " | " +
+         detail::fixed(p.exposed * 1000, 2) + " | " + detail::fixed(p.samples_per_second, 0) + " | " +
+         detail::percent(p.efficiency, 0) + " |";
+}
+
+}  // namespace
+
 std::vector<Scenario> gpu_paths(const StepModel& m, int gpus, const Link& host_link, std::optional<double> gpu_latency) {
   const double latency = gpu_latency.value_or(10e-6);
   // NCCL's ring reads the gradients on the GPU and overlaps backward, its kernels beside
@@ -445,12 +457,7 @@ std::string gpu_what_if_report(const StepModel& m, int gpus, const Link& host_li
     << detail::fixed(gpu_latency.value_or(10e-6) * 1e6, 0) << " us a ring step"
     << (gpu_latency ? "" : " (assumed; latency= sets it)") << "\n"
     << "| path | step ms | all-reduce ms | exposed ms | samples/s | efficiency |\n|---|---|---|---|---|---|\n";
-  for (const Scenario& s : gpu_paths(m, gpus, host_link, gpu_latency)) {
-    const Prediction& p = s.prediction;
-    o << "| " << s.name << " | " << detail::fixed(p.step * 1000, 2) << " | " << detail::fixed(p.ring * 1000, 2)
-      << " | " << detail::fixed(p.exposed * 1000, 2) << " | " << detail::fixed(p.samples_per_second, 0) << " | "
-      << detail::percent(p.efficiency, 0) << " |\n";
-  }
+  for (const Scenario& s : gpu_paths(m, gpus, host_link, gpu_latency)) o << scenario_row(s) << "\n";
   return o.str();
 }
 
@@ -469,10 +476,7 @@ std::string what_if_report(const StepModel& m, int workers, const Link& link, do
     << "\n|---|---|---|---|---|---|" << (goodput ? "---|" : "") << "\n";
   const std::vector<Scenario> scenarios = fixes_at(m, workers, link);
   for (const Scenario& s : scenarios) {
-    const Prediction& p = s.prediction;
-    o << "| " << s.name << " | " << detail::fixed(p.step * 1000, 2) << " | " << detail::fixed(p.ring * 1000, 2)
-      << " | " << detail::fixed(p.exposed * 1000, 2) << " | " << detail::fixed(p.samples_per_second, 0) << " | "
-      << detail::percent(p.efficiency, 0) << " |";
+    o << scenario_row(s);
     if (goodput) o << " " << detail::fixed(worth(s), 0) << " |";
     o << "\n";
   }
