@@ -25,16 +25,33 @@ cat >"$dir/job.json" <<'JSON'
  "epochs": 3, "batch_size": 48, "seed": 1}
 JSON
 
+# A base port whose next 3 ports no socket holds, below the kernel's ephemeral range (where
+# the jobs' own connections take their local ports from).
+free_ports() {
+  local low p
+  read -r low _ </proc/sys/net/ipv4/ip_local_port_range
+  for _ in $(seq 100); do
+    p=$((10000 + RANDOM % (low - 10000 - 3)))
+    [[ -z $(ss -Htan "( sport >= :$p and sport <= :$((p + 2)) )") ]] && { echo "$p"; return; }
+  done
+  echo "no 3 free ports in a row below $low" >&2
+  return 1
+}
+
 run() {  # NAME SRUN_ARGS... -- DTRAIN_ARGS...
-  local name=$1
+  local name=$1 port attempt
   shift
-  local port=$((20000 + RANDOM % 20000))
-  if ! timeout 240 srun --kill-on-bad-exit=1 "$@" --cluster-port "$port" --summary "$dir/$name.json" \
-      >"$dir/$name.log" 2>&1; then
-    cat "$dir/$name.log"
-    echo "FAILED: $name: srun ended with an error (above)"
-    exit 1
-  fi
+  # Another program may take a port between the check and the bind; then another base.
+  for attempt in 1 2 3; do
+    port=$(free_ports)
+    timeout 240 srun --kill-on-bad-exit=1 "$@" --cluster-port "$port" --summary "$dir/$name.json" \
+      >"$dir/$name.log" 2>&1 && return
+    grep -q "is the port in use?" "$dir/$name.log" || break
+    echo "$name: a port of $port..$((port + 2)) was taken meanwhile; another try"
+  done
+  cat "$dir/$name.log"
+  echo "FAILED: $name: srun ended with an error (above)"
+  exit 1
 }
 
 run multi_worker -n 3 "$dtrain" fit "$dir/job.json" --strategy multi_worker --cluster slurm --verbose 1
