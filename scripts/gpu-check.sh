@@ -19,7 +19,8 @@
 #                                  eager or torch.compile'd, and a table of the ratios.
 #   scripts/gpu-check.sh strategies on the GPU machine, after run (its own command too): two
 #                                  logical GPUs against one, two worker processes sharing
-#                                  the GPU against PyTorch DDP, the doctor's prediction of them.
+#                                  the GPU against PyTorch DDP, the doctor's prediction of them,
+#                                  and a parameter-server job whose worker trains on the GPU.
 #
 # `run` needs none of dtrain's build dependencies: the GPU machine has CUDA's runtime
 # libraries, a driver and PyTorch, and nothing else. .gpu/ is ignored by git, so it is
@@ -355,6 +356,21 @@ strategies() {
   row "the doctor's prediction of the two GPU workers" \
       "$(awk -v e="${err:-999}" 'BEGIN {print (e != 999 && e <= 15 && e >= -15 ? "passed" : "FAILED")}')" \
       "model check error ${err:-none}% (within 15% asked; --what-if ${probe:-none: the link was not measured})"
+  fi
+  # ParameterServerStrategy in TensorFlow's layout: a worker training on the GPU, its pulls
+  # and pushes through page-locked memory, the chief and the ps on the CPU.
+  if fits "a parameter-server job with a GPU worker" 30; then
+  say "== a chief, a ps and a worker on cuda:0"
+  local ps_out ps_rc
+  ps_out=$(timeout "$(bound 25)" "$bin/dtrain" launch --workers 1 --ps 1 fit examples/configs/fashion_mnist.json \
+           --epochs 1 --device cuda:0 --verbose 1 2>&1)
+  ps_rc=$?
+  echo "$ps_out" | grep -E 'ParameterServerStrategy|error|test:' | head -5 | tee -a "$log"
+  local on_gpu
+  on_gpu=$(echo "$ps_out" | grep -c 'this is worker:0, on cuda:0')
+  row "a parameter-server job with a GPU worker" \
+      "$([ $ps_rc -eq 0 ] && [ "$on_gpu" -gt 0 ] && echo passed || echo "FAILED (exit $ps_rc)")" \
+      "$(echo "$ps_out" | grep -oP '^test:.*accuracy [0-9.]+' | tail -1 || echo "no test line")"
   fi
   table
 }

@@ -135,28 +135,35 @@ class ParameterServerFaults : public testing::TempDirTest {
   }
 };
 
+// The same with the workers on a GPU (their gradients and the loss they return copied to
+// the host): the killed one is a GPU worker.
 TEST_F(ParameterServerFaults, AWorkerKilledAfterItsPushHasItsClosureRunAgainAndCountedOnce) {
   constexpr int kSteps = 40;
-  // ssp(0) makes the workers take turns, so worker:1 reaches its planted fault whatever
-  // the load (async, worker:0 may take every closure first).
-  auto tasks = run(2, 1, {"--steps", std::to_string(kSteps), "--ssp", "0", "--kill-task", "worker:1", "--fault-at", "2"},
-                   "worker:1");
-  const Process& chief = tasks.at("chief:0");
-  ASSERT_TRUE(exited_ok(chief)) << chief.log;
-  const Process& killed = tasks.at("worker:1");
-  EXPECT_TRUE(WIFSIGNALED(killed.status) && WTERMSIG(killed.status) == SIGKILL) << killed.log;
-  auto s = stats(chief.log);
-  EXPECT_EQ(s["scheduled"], kSteps) << chief.log;
-  EXPECT_EQ(s["finished"], kSteps);
-  EXPECT_EQ(s["lost"], 1);
-  EXPECT_EQ(s["rerun"], 1);
-  // The killed worker's push was applied; the closure's second run was refused: each of
-  // the 40 closures counted once.
-  EXPECT_EQ(s["applied"], kSteps);
-  EXPECT_EQ(s["refused"], 1);
-  // The coordinator's end stopped the others.
-  EXPECT_TRUE(exited_ok(tasks.at("worker:0"))) << tasks.at("worker:0").log;
-  EXPECT_TRUE(exited_ok(tasks.at("ps:0"))) << tasks.at("ps:0").log;
+  for (const char* gpu : {"0", "1"}) {
+    SCOPED_TRACE(std::string("--gpu ") + gpu);
+    // ssp(0) makes the workers take turns, so worker:1 reaches its planted fault whatever
+    // the load (async, worker:0 may take every closure first).
+    auto tasks = run(2, 1,
+                     {"--steps", std::to_string(kSteps), "--ssp", "0", "--kill-task", "worker:1", "--fault-at", "2",
+                      "--gpu", gpu},
+                     "worker:1");
+    const Process& chief = tasks.at("chief:0");
+    ASSERT_TRUE(exited_ok(chief)) << chief.log;
+    const Process& killed = tasks.at("worker:1");
+    EXPECT_TRUE(WIFSIGNALED(killed.status) && WTERMSIG(killed.status) == SIGKILL) << killed.log;
+    auto s = stats(chief.log);
+    EXPECT_EQ(s["scheduled"], kSteps) << chief.log;
+    EXPECT_EQ(s["finished"], kSteps);
+    EXPECT_EQ(s["lost"], 1);
+    EXPECT_EQ(s["rerun"], 1);
+    // The killed worker's push was applied; the closure's second run was refused: each of
+    // the 40 closures counted once.
+    EXPECT_EQ(s["applied"], kSteps);
+    EXPECT_EQ(s["refused"], 1);
+    // The coordinator's end stopped the others.
+    EXPECT_TRUE(exited_ok(tasks.at("worker:0"))) << tasks.at("worker:0").log;
+    EXPECT_TRUE(exited_ok(tasks.at("ps:0"))) << tasks.at("ps:0").log;
+  }
 }
 
 // A worker that comes back rejoins: started again after a SIGKILL, it answers the
@@ -185,20 +192,23 @@ TEST_F(ParameterServerFaults, AWorkerStartedAgainAfterASigkillRejoinsAndTakesClo
 
 TEST_F(ParameterServerFaults, AHungWorkerIsFoundByItsMissedHeartbeatsAndItsClosureRunsElsewhere) {
   constexpr int kSteps = 30;
-  auto tasks = run(2, 1,
-                   {"--steps", std::to_string(kSteps), "--ssp", "0", "--stop-task", "worker:1", "--fault-at", "2",
-                    "--worker-timeout", "1.5"},
-                   "worker:1");
-  const Process& chief = tasks.at("chief:0");
-  ASSERT_TRUE(exited_ok(chief)) << chief.log;
-  auto s = stats(chief.log);
-  EXPECT_EQ(s["finished"], kSteps) << chief.log;
-  EXPECT_EQ(s["lost"], 1);
-  EXPECT_EQ(s["rerun"], 1);
-  EXPECT_EQ(s["applied"], kSteps);
-  EXPECT_EQ(s["refused"], 0);
-  EXPECT_TRUE(exited_ok(tasks.at("worker:0"))) << tasks.at("worker:0").log;
-  EXPECT_TRUE(exited_ok(tasks.at("ps:0"))) << tasks.at("ps:0").log;
+  for (const char* gpu : {"0", "1"}) {  // a hung CPU worker, then a hung GPU worker
+    SCOPED_TRACE(std::string("--gpu ") + gpu);
+    auto tasks = run(2, 1,
+                     {"--steps", std::to_string(kSteps), "--ssp", "0", "--stop-task", "worker:1", "--fault-at", "2",
+                      "--worker-timeout", "1.5", "--gpu", gpu},
+                     "worker:1");
+    const Process& chief = tasks.at("chief:0");
+    ASSERT_TRUE(exited_ok(chief)) << chief.log;
+    auto s = stats(chief.log);
+    EXPECT_EQ(s["finished"], kSteps) << chief.log;
+    EXPECT_EQ(s["lost"], 1);
+    EXPECT_EQ(s["rerun"], 1);
+    EXPECT_EQ(s["applied"], kSteps);
+    EXPECT_EQ(s["refused"], 0);
+    EXPECT_TRUE(exited_ok(tasks.at("worker:0"))) << tasks.at("worker:0").log;
+    EXPECT_TRUE(exited_ok(tasks.at("ps:0"))) << tasks.at("ps:0").log;
+  }
 }
 
 TEST_F(ParameterServerFaults, TasksWhoseCoordinatorDiedStopByThemselvesNamingIt) {

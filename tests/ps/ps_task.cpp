@@ -9,7 +9,9 @@
 // pushes; --chief-dies-after N makes the chief SIGKILL itself once N closures are done.
 // --then-steps N: after joining, the chief waits until every worker answers again (one
 // killed and started again rejoins) and schedules N more closures. --ssp K: ssp(K)
-// consistency instead of async.
+// consistency instead of async. --gpu 1: every task runs under a placement on cuda:0 (the
+// machine's GPU, else the stand-in), so the workers train on it and the chief and the ps
+// keep their variables on the CPU.
 // The chief checks that every closure returned one finite loss. The task runs as one
 // gtest test: a failed check or an error ends it with exit code 1.
 #include <gtest/gtest.h>
@@ -21,6 +23,7 @@
 #include <iostream>
 #include <string>
 
+#include "common/stand_in_gpu.h"
 #include "dtrain/dtrain.h"
 
 namespace {
@@ -36,6 +39,7 @@ struct Args {
   int chief_dies_after = 0;  // > 0: the chief SIGKILLs itself once that many closures are done
   int then_steps = 0;
   int ssp = -1;  // >= 0: ssp(ssp) consistency
+  bool gpu = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -51,12 +55,19 @@ Args parse(int argc, char** argv) {
     else if (k == "--chief-dies-after") a.chief_dies_after = std::stoi(v);
     else if (k == "--then-steps") a.then_steps = std::stoi(v);
     else if (k == "--ssp") a.ssp = std::stoi(v);
+    else if (k == "--gpu") a.gpu = v == "1";
     else throw InvalidArgument("ps_task: unknown option " + k);
   }
   return a;
 }
 
 void run(const Args& args) {
+  std::optional<dtrain::testing::GpuForTests> gpu;
+  std::optional<DevicePlacement> on_gpu;
+  if (args.gpu) {
+    gpu.emplace();
+    on_gpu.emplace(Device::cuda(0));
+  }
   distribute::ParameterServerOptions options;
   options.worker_timeout_seconds = args.worker_timeout;
   options.coordinator_timeout_seconds = args.coordinator_timeout;
@@ -79,6 +90,8 @@ void run(const Args& args) {
     model->build(Shape{20});
     optimizer = std::make_unique<optim::Adam>(0.01f);
   }
+  if (args.gpu)  // TensorFlow's layout: the workers compute on the GPU, the chief keeps host memory
+    ASSERT_EQ(model->device(), strategy.task().type == "worker" ? Device::cuda(0) : Device::cpu()) << me;
   auto per_worker = coordinator.create_per_worker_dataset([&] {
     data::Split d = data::make_synthetic(256, 20, 10, 3 + static_cast<std::uint64_t>(strategy.task().index),
                                          data::SyntheticLabels::teacher);
@@ -93,7 +106,8 @@ void run(const Args& args) {
     std::optional<data::Element> batch = it.next();
     const auto vars = model->trainable_variables();
     GradientTape tape;
-    Tensor loss = loss_fn((*batch)[1], (*model)((*batch)[0], true));
+    const Device device = model->device();  // a GPU worker's batch goes to its GPU
+    Tensor loss = loss_fn((*batch)[1].to(device), (*model)((*batch)[0].to(device), true));
     optimizer->apply_gradients(tape.gradient(loss, vars), vars);
     if (fault && me == args.kill_task) ::raise(SIGKILL);
     return std::vector<Tensor>{loss};

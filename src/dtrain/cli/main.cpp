@@ -350,17 +350,12 @@ void check_outputs(const std::string& config, const Overrides& o, const cli::Run
 
 // Where the run's weights and steps live: --device, with "auto" the first GPU where one is
 // present and the run has one device (the strategies' replicas and workers run on CPUs
-// unless a mirrored or multi-worker strategy is given a GPU, which its replicas then share).
+// unless given a GPU: mirrored replicas then share it, and so do multi_worker workers and
+// parameter_server workers, whose chief and ps keep host memory).
 Device run_device(const std::string& flag, const cli::RunConfig& c) {
   const bool one_device = c.strategy.empty() || c.strategy == "default" || c.strategy == "one_device";
   if (flag == "auto") return one_device ? resolve_device("auto") : Device::cpu();
-  const Device d = resolve_device(flag);
-  if (!d.is_cpu() && !one_device && c.strategy != "mirrored" && c.strategy != "multi_worker")
-    DTRAIN_THROW(InvalidArgument, "--device ", flag, ": --strategy ", c.strategy,
-                 " trains on CPUs; on a GPU, train with one device (no --strategy, or one_device), with "
-                 "mirrored replicas on its logical GPUs (--strategy mirrored --replicas N), or with multi_worker "
-                 "workers on it");
-  return d;
+  return resolve_device(flag);
 }
 
 // "cuda:0 (NVIDIA H200)" for a GPU, "" for the CPU.
@@ -490,7 +485,7 @@ int run_fit(const std::string& path, const Overrides& o) {
     where = ps->name() + " (" + std::to_string(ps->num_workers()) + " workers, " + std::to_string(ps->num_ps()) +
             " ps, " + cli::parse_consistency(o.consistency).description() +
             (o.partitioner.empty() ? "" : ", " + cli::parse_partitioner(o.partitioner).description()) + "; this is " +
-            ps->task().to_string() + ")";
+            ps->task().to_string() + (ps->task().type == "worker" && !device.is_cpu() ? ", on " + device_description(device) : "") + ")";
   const std::string samples = serves_variables ? "the training samples stay with the workers"
                                                 : std::to_string(d.train.x.dim(0)) + " training samples";
   std::printf("dtrain fit %s: %s, batch %lld, %d epochs, %s, %s\n", path.c_str(), samples.c_str(),

@@ -51,6 +51,13 @@ void PsBackend::write_server_trace(const std::string& path) const {
                        "fit: the parameter server's trace");
 }
 
+// TensorFlow's layout: the parameter servers and the chief hold variables in host memory,
+// and a worker computes where its placement is (its GPU, where it has one).
+std::optional<Device> PsBackend::placement() const {
+  if (runtime && runtime->config_.task.type != "worker") return Device::cpu();
+  return std::nullopt;
+}
+
 bool PsBackend::coordinates() const { return alive().config_.task.type == "chief"; }
 int PsBackend::num_remote_workers() const { return alive().config_.cluster.num_tasks("worker"); }
 int PsBackend::remote_worker_index() const {

@@ -116,7 +116,7 @@ PsRuntime::Lane* PsRuntime::lane(int p, const std::vector<Variable*>& vars,
     const ShardPlacement* at = find_placement(placement, v, place.shard(), p);
     // Each shard within the values area, and the gradients area no larger than it.
     if (at == nullptr || v >= vars.size() ||
-        rows_bytes(vars[v]->mutable_value(), at->row_begin, at->row_end).size() != place.bytes() ||
+        rows_bytes(host_value(*vars[v]), at->row_begin, at->row_end).size() != place.bytes() ||
         reply.gradients_offset() > reply.bytes() / 2 || place.bytes() > reply.gradients_offset() ||
         place.offset() > reply.gradients_offset() - place.bytes()) {
       lane.why_not = describe({"ps", p}) + " holds shards this task's model does not";
@@ -134,6 +134,22 @@ PsRuntime::Lane* PsRuntime::lane(int p, const std::vector<Variable*>& vars,
   lane.segment = reply.segment();
   lane.gradients_offset = reply.gradients_offset();
   return &lane;
+}
+
+Tensor& PsRuntime::host_value(Variable& v) {
+  Tensor& value = v.mutable_value();
+  if (value.on_cpu()) return value;
+  std::lock_guard lock(vars_mutex_);
+  Tensor& host = host_values_[&v];
+  if (!host.defined() || !(host.shape() == value.shape()) || host.dtype() != value.dtype())
+    host = Tensor::empty_pinned(value.shape(), value.dtype());
+  return host;
+}
+
+const Tensor& PsRuntime::current_host_value(Variable& v) {
+  Tensor& host = host_value(v);
+  host.copy_from(v.value());  // nothing where it is the value itself
+  return host;
 }
 
 std::vector<std::int64_t> PsRuntime::pull(const std::vector<Variable*>& vars,
@@ -165,7 +181,7 @@ std::vector<std::int64_t> PsRuntime::pull(const std::vector<Variable*>& vars,
       const Lane& l = lanes_[i];
       for (const ShardPlacement& s : placement) {
         if (s.ps != p || !wanted(s.index)) continue;
-        const std::string_view target = rows_bytes(vars[s.index]->mutable_value(), s.row_begin, s.row_end);
+        const std::string_view target = rows_bytes(host_value(*vars[s.index]), s.row_begin, s.row_end);
         std::memcpy(const_cast<char*>(target.data()), l.values({static_cast<int>(s.index), static_cast<int>(s.shard)}),
                     target.size());
       }
@@ -174,9 +190,14 @@ std::vector<std::int64_t> PsRuntime::pull(const std::vector<Variable*>& vars,
     if (!requests[i].segment().empty()) drop_lane(p);  // the ps started again: attach anew next time
     for (const wire::Rows& rows : replies[i].shards()) {
       const ShardPlacement& where = placed_there(placement, vars, rows, p);
-      copy_rows(vars[where.index]->mutable_value(), where, rows.values(),
+      copy_rows(host_value(*vars[where.index]), where, rows.values(),
                 task_name_ + ": " + describe({"ps", p}) + " sent", "'" + vars[where.index]->name() + "'");
     }
+  }
+  // A GPU worker's variables: from their page-locked copies to the GPU.
+  for (std::size_t v = 0; v < vars.size(); ++v) {
+    Tensor& value = vars[v]->mutable_value();
+    if (wanted(v) && !value.on_cpu()) value.copy_from(host_value(*vars[v]));
   }
   return versions;
 }
@@ -220,6 +241,9 @@ void PsRuntime::pull_rows(const std::vector<Variable*>& vars, const std::vector<
       const ShardPlacement* where = &placed_there(placement, vars, got, to[i]);
       const std::size_t v = where->index;
       Tensor& value = vars[v]->mutable_value();
+      if (!value.on_cpu())
+        DTRAIN_THROW(InternalError, task_name_, ": rows of '", vars[v]->name(), "' pulled into ", value.device().to_string(),
+                     "; a GPU worker pulls its tables whole");
       const std::size_t row_bytes = rows_bytes(value, 0, 1).size();
       if (got.values().size() != row_bytes * static_cast<std::size_t>(got.row_ids_size()))
         DTRAIN_THROW(InvalidArgument, task_name_, ": ", describe({"ps", to[i]}), " sent ", got.values().size(),

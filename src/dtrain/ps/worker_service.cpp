@@ -22,8 +22,9 @@ class RowPuller final : public dtrain::detail::RowReader {
   RowPuller(PsRuntime& runtime, const std::vector<Variable*>& vars, const std::vector<ShardPlacement>& placement)
       : runtime_(runtime), vars_(vars), placement_(placement), whole_(vars.size(), true), fresh_(vars.size()) {
     for (std::size_t v = 0; v < vars.size(); ++v) {
+      // A table on a GPU worker's GPU is pulled whole: its lookups' ids are on the GPU too.
       whole_[v] = !(runtime.options_.embedding_rows && vars[v]->read_by_rows() && vars[v]->trainable() &&
-                    vars[v]->shape().rank() == 2);
+                    vars[v]->shape().rank() == 2 && vars[v]->value().on_cpu());
       index_[vars[v]] = v;
     }
   }
@@ -156,6 +157,7 @@ class PushSink final : public optim::detail::GradientSink {
                    "ParameterServerStrategy each closure pushes once (its closure id makes it count once)");
     pushed_ = true;
     std::vector<const Tensor*> by_variable(vars_.size(), nullptr);
+    host_grads_.resize(vars_.size());
     for (std::size_t i = 0; i < vars.size(); ++i) {
       const auto it = std::find(vars_.begin(), vars_.end(), vars[i]);
       if (it == vars_.end())
@@ -165,13 +167,20 @@ class PushSink final : public optim::detail::GradientSink {
       if (!(grads[i].shape() == vars[i]->shape()) || grads[i].dtype() != DType::f32)
         DTRAIN_THROW(InvalidArgument, optimizer.name(), ": gradient ", grads[i].shape().to_string(),
                      " does not match variable '", vars[i]->name(), "' ", vars[i]->shape().to_string());
-      by_variable[static_cast<std::size_t>(it - vars_.begin())] = &grads[i];
+      const auto v = static_cast<std::size_t>(it - vars_.begin());
+      by_variable[v] = &grads[i];
+      if (!grads[i].on_cpu()) {  // a GPU worker's: to the host through a page-locked buffer
+        Tensor& host = host_grads_.at(v);
+        if (!host.defined()) host = Tensor::empty_pinned(grads[i].shape(), grads[i].dtype());
+        host.copy_from(grads[i]);
+        by_variable[v] = &host;
+      }
     }
     // The non-trainable variables the step changed: their change since the pull.
     changed_.assign(vars_.size(), false);
     for (std::size_t v = 0; v < pulled_.size(); ++v) {
       if (!pulled_[v].defined()) continue;
-      const float* now = vars_[v]->mutable_value().data<float>();
+      const float* now = runtime_.current_host_value(*vars_[v]).data<float>();
       float* change = pulled_[v].data<float>();  // becomes the change: pulled_ is refilled by the next pull
       bool any = false;
       for (std::int64_t i = 0; i < pulled_[v].numel(); ++i) {
@@ -253,6 +262,7 @@ class PushSink final : public optim::detail::GradientSink {
   bool pushed_ = false;
   std::vector<Tensor> pulled_;  // [variable]: non-trainable ones' pulled values, then their change
   std::vector<bool> changed_;   // [variable]: the step changed it (kept to allocate nothing per step)
+  std::vector<Tensor> host_grads_;  // [variable]: a GPU gradient's page-locked copy, kept from step to step
 
  public:
   double push_seconds = 0;  // spent pushing, over the closure
@@ -330,7 +340,8 @@ class WorkerService final : public wire::Worker::Service {
       reply->set_run_seconds(std::chrono::duration<double>(Clock::now() - run_start).count());
       for (const Tensor& t : results) {
         wire::TensorValue* out = reply->add_results();
-        const Tensor value = t.dtype() == DType::bf16 ? t.astype(DType::f32) : t;
+        const Tensor host = t.on_cpu() ? t : t.to(Device::cpu());
+        const Tensor value = host.dtype() == DType::bf16 ? host.astype(DType::f32) : host;
         out->set_dtype(std::string(dtype_name(value.dtype())));
         for (std::int64_t d : value.shape().dims()) out->add_shape(d);
         out->set_data(value.raw_data(), value.nbytes());

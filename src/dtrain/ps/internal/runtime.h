@@ -25,6 +25,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 #include "dtrain/comm/shared_memory.h"
 #include "dtrain/core/error.h"
 #include "dtrain/core/files.h"
@@ -259,6 +260,7 @@ class PsBackend final : public StrategyBackend, public RemoteTraining {
     DTRAIN_THROW(InternalError, "ParameterServerStrategy: no gradient reducer (its workers train as one device does)");
   }
   RemoteTraining* remote_training() override { return this; }
+  std::optional<Device> placement() const override;
 
   bool coordinates() const override;
   int num_remote_workers() const override;
@@ -296,7 +298,14 @@ class PsRuntime final : public dtrain::detail::VariableTracker {
   void destroyed(Variable& v) override {
     std::lock_guard lock(vars_mutex_);
     std::erase(vars_, &v);
+    host_values_.erase(&v);
   }
+  // The host memory that pulls write `v`'s values into and pushes read them from: its own
+  // value where it lives on the CPU. A GPU worker's variable has a page-locked copy here
+  // instead, which pull() fills and then copies to the GPU (one copy a variable).
+  Tensor& host_value(Variable& v);
+  // The same, holding `v`'s values as they are now (copied from its GPU where it is on one).
+  const Tensor& current_host_value(Variable& v);
   std::vector<Variable*> variables() const {
     std::lock_guard lock(vars_mutex_);
     return vars_;
@@ -435,6 +444,7 @@ class PsRuntime final : public dtrain::detail::VariableTracker {
  private:
   mutable std::mutex vars_mutex_;
   std::vector<Variable*> vars_;
+  std::unordered_map<const Variable*, Tensor> host_values_;  // GPU variables' page-locked copies
   std::mutex channels_mutex_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;
   std::mutex stubs_mutex_;
