@@ -346,7 +346,7 @@ strategies() {
   timeout "$(bound 30)" "$bin/dtrain" fit examples/configs/fashion_mnist.json --epochs 3 --cuda-graph off --device cuda:0 \
     --batch-size 64 --verbose 0 --summary /tmp/one_worker.json >>"$log" 2>&1
   local probe what_if check
-  probe=$(timeout "$(bound 30)" "$bin/dtrain" launch --workers 2 probe-link 2>&1 | tee -a "$log" |
+  probe=$(timeout "$(bound 30)" "$bin/dtrain" launch --workers 2 probe-link --device cuda:0 2>&1 | tee -a "$log" |
           grep -oP -- '--what-if \K\S+' | head -1)
   what_if=${probe:+--what-if $probe}
   check=$(timeout "$(bound 30)" "$bin/dtrain" doctor --runs /tmp/one_worker.json,/tmp/two_workers.json $what_if 2>&1 |

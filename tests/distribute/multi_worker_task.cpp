@@ -44,7 +44,7 @@ struct Args {
   // as built saved to OUT/<task>.initial.safetensors.
   long long seed = -1;
   // "cnn": the small residual CNN of tests/common/small_cnn.h (synchronized batch norms)
-  // on its random images, instead of the MLP.
+  // on its random images, instead of the MLP; "link" and "gpu_path": the probes instead.
   std::string model = "mlp";
   // Each worker trains on cuda:0 (the stand-in GPU where there is none), its replicas on
   // logical GPUs of it.
@@ -119,6 +119,14 @@ void run(const Args& a) {
     std::cout << "done " << task << " bandwidth=" << m.bytes_per_second << " burst=" << m.burst_bytes
               << " rest=" << m.rest_seconds << " rested_bytes=" << m.rested.bytes
               << " rested_seconds=" << m.rested.seconds << std::endl;
+    return;
+  }
+  if (a.model == "gpu_path") {
+    // The GPU path probe: fit's gradient sum between the workers, and the copies alone.
+    const distribute::MultiWorkerMirroredStrategy::GpuPathMeasurement m = strategy.measure_gpu_path();
+    std::cout << "done " << task << " bandwidth=" << m.link.bytes_per_second << " latency=" << m.link.latency_seconds
+              << " copy=" << m.copy_bytes_per_second << " samples=" << m.link.samples.size() << " path=" << m.path
+              << std::endl;
     return;
   }
   std::unique_ptr<Model> model;

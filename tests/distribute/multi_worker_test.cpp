@@ -539,6 +539,33 @@ TEST_F(MultiWorker, TheLinkProbeLooksForABurstAfterARestOverTcpOnly) {
   }
 }
 
+// The GPU path probe times fit's own gradient sum between GPU workers (here processes of
+// one GPU or the stand-in: staged through pinned host memory), which includes a copy each
+// way and so moves fewer bytes a second than the copies alone; workers on CPUs are refused.
+TEST_F(MultiWorker, TheGpuPathProbeTimesTheStagedSumAndTheCopies) {
+  const std::vector<TaskResult> results = run_cluster(2, {"--model", "gpu_path", "--gpu", "1"});
+  for (const TaskResult& r : results) {
+    ASSERT_TRUE(r.exited_ok()) << describe(results);
+    auto figure = [&](const std::string& key) {
+      const std::size_t at = r.log.find(" " + key + "=");
+      return at == std::string::npos ? -1.0 : std::stod(r.log.substr(at + key.size() + 2));
+    };
+    EXPECT_GT(figure("bandwidth"), 0.0) << r.log;
+    EXPECT_GE(figure("latency"), 0.0) << r.log;
+    EXPECT_LT(figure("bandwidth"), figure("copy")) << r.log;
+    EXPECT_EQ(figure("samples"), 3.0) << r.log;
+    EXPECT_NE(r.log.find(" path=shared memory, staged through pinned host memory from cuda:0 (NCCL not used: "),
+              std::string::npos)
+        << r.log;
+  }
+  const std::vector<TaskResult> on_cpus = run_cluster(2, {"--model", "gpu_path", "--timeout", "5"});
+  for (const TaskResult& r : on_cpus) {
+    EXPECT_FALSE(r.exited_ok());
+    EXPECT_NE(r.log.find("measure_gpu_path: the path between GPU workers needs replicas on GPUs"), std::string::npos)
+        << r.log;
+  }
+}
+
 TEST_F(MultiWorker, WrongTokenIsRefused) {
   std::vector<std::string> args = size_args();
   args.insert(args.end(), {"--timeout", "5"});

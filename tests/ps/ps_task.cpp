@@ -90,8 +90,9 @@ void run(const Args& args) {
     model->build(Shape{20});
     optimizer = std::make_unique<optim::Adam>(0.01f);
   }
-  if (args.gpu)  // TensorFlow's layout: the workers compute on the GPU, the chief keeps host memory
+  if (args.gpu) {  // TensorFlow's layout: the workers compute on the GPU, the chief keeps host memory
     ASSERT_EQ(model->device(), strategy.task().type == "worker" ? Device::cuda(0) : Device::cpu()) << me;
+  }
   auto per_worker = coordinator.create_per_worker_dataset([&] {
     data::Split d = data::make_synthetic(256, 20, 10, 3 + static_cast<std::uint64_t>(strategy.task().index),
                                          data::SyntheticLabels::teacher);

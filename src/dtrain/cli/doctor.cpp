@@ -234,15 +234,20 @@ profile::StrategyRun strategy_run_from_summary(const std::string& summary_path, 
   return run;
 }
 
-profile::Link run_probe_link(const std::string& output, std::ostream& out) {
+profile::Link run_probe_link(const std::string& output, const std::string& device, std::ostream& out) {
   const cluster::TfConfig config = cluster::tf_config_from_environment();
   const std::size_t workers = config.cluster.training_tasks().size();
   if (!std::getenv("TF_CONFIG") || workers < 2)
     DTRAIN_THROW(InvalidArgument, "probe-link: the link is between workers, so TF_CONFIG must list at least 2 (it lists ",
                  std::getenv("TF_CONFIG") ? workers : 0, "); run one per worker, or: dtrain launch --workers 2 probe-link");
-  distribute::MultiWorkerMirroredStrategy strategy(config);
+  // With a GPU, each worker's replica is on it, and the GPU path is measured after the link.
+  const Device gpu = resolve_device(device.empty() ? "cpu" : device);
+  distribute::MultiWorkerMirroredStrategy strategy(
+      config, {}, {gpu.is_cpu() ? std::string("/cpu:0") : "/gpu:" + std::to_string(gpu.index)});
   const distribute::MultiWorkerMirroredStrategy::LinkMeasurement m = strategy.measure_link();
   const profile::Link link{m.bytes_per_second, m.latency_seconds, m.burst_bytes};
+  std::optional<distribute::MultiWorkerMirroredStrategy::GpuPathMeasurement> path;
+  if (!gpu.is_cpu()) path = strategy.measure_gpu_path();
   if (!strategy.is_chief()) return link;
   out << "link between " << strategy.num_workers() << " workers: " << profile::format_rate(link.bytes_per_second)
       << " per direction, " << std::fixed << std::setprecision(1) << link.latency_seconds * 1e6
@@ -253,9 +258,20 @@ profile::Link run_probe_link(const std::string& output, std::ostream& out) {
         << std::setprecision(3) << m.rested.seconds * 1e3 << " ms";
   else
     out << " (summed through shared memory: no burst to look for)";
+  if (path) {
+    out << "\nthe GPU path between " << strategy.num_workers() << " workers (" << path->path
+        << "), as fit's gradient sum takes it: " << profile::format_rate(path->link.bytes_per_second)
+        << " per direction, " << std::setprecision(1) << path->link.latency_seconds * 1e6
+        << " us per ring step\n  all-reduce medians:";
+    for (const auto& s : path->link.samples)
+      out << " " << s.bytes << " B in " << std::setprecision(3) << s.seconds * 1e3 << " ms;";
+    out << "\n  copies between " << gpu.to_string() << " and pinned host memory: "
+        << profile::format_rate(path->copy_bytes_per_second) << " each way";
+  }
   out << "\n  for the doctor: --what-if link=" << std::setprecision(3) << link.bytes_per_second * 8 / 1e6
       << "Mbit,latency=" << std::setprecision(1) << link.latency_seconds * 1e6 << "us";
   if (link.burst_bytes > 0) out << ",burst=" << std::setprecision(1) << link.burst_bytes / 1e3 << "KB";
+  if (path) out << ",staged=" << std::setprecision(3) << path->copy_bytes_per_second / 1e9 << "GB/s";
   out << "\n";
   if (!output.empty()) {
     json samples = json::array();
@@ -267,6 +283,16 @@ profile::Link run_probe_link(const std::string& output, std::ostream& out) {
            {"samples", samples}};
     if (m.rest_seconds > 0)
       j["rested"] = {{"rest_seconds", m.rest_seconds}, {"bytes", m.rested.bytes}, {"seconds", m.rested.seconds}};
+    if (path) {
+      json gpu_samples = json::array();
+      for (const auto& s : path->link.samples) gpu_samples.push_back({{"bytes", s.bytes}, {"seconds", s.seconds}});
+      j["gpu_path"] = {{"device", gpu.to_string()},
+                       {"path", path->path},
+                       {"bytes_per_second", path->link.bytes_per_second},
+                       {"latency_seconds", path->link.latency_seconds},
+                       {"copy_bytes_per_second", path->copy_bytes_per_second},
+                       {"samples", gpu_samples}};
+    }
     write_file_replacing(output, j.dump(2) + "\n", "probe-link: the measurement");
   }
   return link;

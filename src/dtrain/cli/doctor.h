@@ -53,8 +53,10 @@ profile::ScaleRun scale_run_from_summary(const std::string& summary_path);
 
 // `dtrain probe-link`, one process per worker (TF_CONFIG): measures the link between the
 // workers as the gradient all-reduce sees it; the chief prints it and writes it as JSON
-// to `output` (when not empty).
-profile::Link run_probe_link(const std::string& output, std::ostream& out);
+// to `output` (when not empty). With a GPU `device`, each worker's replica is on it, and
+// the path fit's gradient sums take between the GPU workers is measured too, with the
+// copies between the GPU and pinned host memory (the what-if's `staged=`).
+profile::Link run_probe_link(const std::string& output, const std::string& device, std::ostream& out);
 
 // A strategy's run of the job from its chief's summary: `kind` is mirrored, multi_worker
 // or parameter_server, `label` what the table calls it.

@@ -968,6 +968,10 @@ int main(int argc, char** argv) {
   CLI::App* probe = app.add_subcommand(
       "probe-link", "Measure the link between workers (run one per worker: dtrain launch --workers 2 probe-link)");
   probe->add_option("--output", probe_output, "Write the measurement as JSON here (the chief)")->check(a_path);
+  std::string probe_device = "cpu";
+  probe->add_option("--device", probe_device,
+                    "cpu (default), or a GPU (cuda:0, gpu): each worker's replica on it, and the GPU path fit's "
+                    "gradient sums take between the workers measured too, with the copies to and from the host");
   cli::MergeOptions merge_options;
   CLI::App* merge = app.add_subcommand(
       "merge-traces", "Merge the workers' traces (fit --profile) into one: merge-traces OUT.json IN.json...");
@@ -1036,7 +1040,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*probe) {
-      cli::run_probe_link(probe_output, std::cout);
+      cli::run_probe_link(probe_output, probe_device, std::cout);
       return 0;
     }
     if (*launch) {

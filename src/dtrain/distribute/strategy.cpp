@@ -573,6 +573,66 @@ MultiWorkerMirroredStrategy::LinkMeasurement MultiWorkerMirroredStrategy::measur
   return m;
 }
 
+MultiWorkerMirroredStrategy::GpuPathMeasurement MultiWorkerMirroredStrategy::measure_gpu_path() const {
+  const int n = num_workers();
+  if (!group().on_gpu() || n < 2)
+    DTRAIN_THROW(InvalidArgument, "measure_gpu_path: the path between GPU workers needs replicas on GPUs and 2 or more ",
+                 "workers; this strategy has ", n, " worker", n == 1 ? "" : "s", " of replicas on ",
+                 group().on_gpu() ? "GPUs" : "CPUs");
+  const Device gpu = *group().placement();
+  DeviceRuntime& runtime = *device_runtime(gpu.type);
+  GpuPathMeasurement out;
+  out.path = group().transport();
+  // One variable's gradient of `floats` zeros a replica, summed by fit's own reducer.
+  auto timings = [&](std::int64_t floats, int repeats) {
+    Variable variable("probe", Tensor::zeros(Shape{floats}, DType::f32, gpu));
+    Variable* vars[] = {&variable};
+    const std::unique_ptr<GradientReducer> reducer = group().gradient_reducer(vars, {}, false);
+    const Tensor gradient = Tensor::zeros(Shape{floats}, DType::f32, gpu);
+    std::vector<double> seconds;
+    for (int i = 0; i <= repeats; ++i) {  // the first: the buffers' first use, not counted
+      runtime.synchronize(gpu.index);
+      const Clock::time_point start = Clock::now();
+      reducer->begin_step(true, {});
+      group().run([&](int r) {
+        reducer->gradient_ready(r, 0, gradient);
+        reducer->finish(r);
+      });
+      runtime.synchronize(gpu.index);
+      if (i > 0) seconds.push_back(seconds_since(start));
+    }
+    return seconds;
+  };
+  const std::int64_t small = 256, middle = 1 << 18;
+  const double t_small = percentile(timings(small, 21), 0.5);
+  const double t_middle = percentile(timings(middle, 5), 0.5);
+  std::vector<double> mean{t_middle};  // every worker sizes the large buffer alike
+  group().sum_over_workers(mean);
+  const std::int64_t large = std::clamp<std::int64_t>(
+      static_cast<std::int64_t>(static_cast<double>(middle) * 0.25 / std::max(mean[0] / n, 1e-6)), middle, 1 << 24);
+  const double t_large = large == middle ? t_middle : percentile(timings(large, 3), 0.5);
+  out.link = LinkMeasurement::fit(n, {{static_cast<std::size_t>(small) * 4, t_small},
+                                      {static_cast<std::size_t>(middle) * 4, t_middle},
+                                      {static_cast<std::size_t>(large) * 4, t_large}});
+  // The copies alone, each way.
+  const std::int64_t copy_floats = std::int64_t{16} << 20;  // 64 MiB
+  Tensor host = Tensor::empty_pinned(Shape{copy_floats});
+  Tensor device = Tensor::zeros(Shape{copy_floats}, DType::f32, gpu);
+  host.copy_from(device);
+  std::vector<double> up, down;
+  for (int i = 0; i < 5; ++i) {
+    Clock::time_point start = Clock::now();
+    device.copy_from(host);
+    up.push_back(seconds_since(start));
+    start = Clock::now();
+    host.copy_from(device);
+    down.push_back(seconds_since(start));
+  }
+  const double bytes = static_cast<double>(copy_floats) * 4;
+  out.copy_bytes_per_second = 2 * bytes / std::max(percentile(up, 0.5) + percentile(down, 0.5), 1e-12);
+  return out;
+}
+
 double MultiWorkerMirroredStrategy::LinkMeasurement::burst(double busy, double deviation, double rested,
                                                             double bytes_per_second) {
   const double saved = busy - rested;

@@ -328,6 +328,20 @@ class MultiWorkerMirroredStrategy final : public Strategy {
   };
   LinkMeasurement measure_link() const;
 
+  // GPU workers (replicas on GPUs): the path their gradients' sums take, timed as fit uses
+  // it (its gradient reducer over one buffer: NCCL in place on the GPU, or a copy to
+  // pinned host memory, the workers' all-reduce, and a copy back), and fitted to the
+  // ring's cost as measure_link's samples are; then the copies between the GPU and pinned
+  // host memory alone (64 MiB each way, the median of 5), the rate the doctor's what-if
+  // takes as `staged=`. Every worker must call it; InvalidArgument where the replicas are
+  // on CPUs or there is one worker.
+  struct GpuPathMeasurement {
+    std::string path;                  // transport(): "staged through pinned host memory ..."
+    LinkMeasurement link;              // the whole path as one link
+    double copy_bytes_per_second = 0;  // between the GPU and pinned host memory, each way (mean)
+  };
+  GpuPathMeasurement measure_gpu_path() const;
+
  private:
   // An elastic job where given, else the cluster TF_CONFIG names.
   MultiWorkerMirroredStrategy(const std::optional<ElasticJob>& elastic, CommunicationOptions options);
