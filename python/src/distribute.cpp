@@ -363,8 +363,15 @@ void bind_distribute(py::module_& m) {
   py::class_<distribute::OneDeviceStrategy, Strategy, std::shared_ptr<distribute::OneDeviceStrategy>>(d, "_OneDeviceStrategy")
       .def(py::init<const std::string&>(), py::arg("device") = "/cpu:0");
   py::class_<distribute::MirroredStrategy, Strategy, std::shared_ptr<distribute::MirroredStrategy>>(d, "_MirroredStrategy")
-      .def(py::init([](py::object devices, std::size_t bytes_per_pack, double timeout_seconds) {
-             const distribute::CommunicationOptions o = communication(bytes_per_pack, timeout_seconds, "", "");
+      .def(py::init([](py::object devices, std::size_t bytes_per_pack, double timeout_seconds,
+                       const std::string& cross_device_ops) {
+             distribute::CommunicationOptions o = communication(bytes_per_pack, timeout_seconds, "", "");
+             // tf.distribute's class names; GPUs with memories of their own follow them.
+             if (cross_device_ops == "NcclAllReduce") o.cross_device_ops = distribute::CrossDeviceOps::NCCL_ALL_REDUCE;
+             else if (cross_device_ops == "HierarchicalCopyAllReduce")
+               o.cross_device_ops = distribute::CrossDeviceOps::HIERARCHICAL_COPY;
+             else if (cross_device_ops == "ReductionToOneDevice")
+               o.cross_device_ops = distribute::CrossDeviceOps::REDUCTION_TO_ONE_DEVICE;
              if (devices.is_none()) {  // one replica per core
                if (bytes_per_pack == 0 && timeout_seconds == 0) return std::make_shared<distribute::MirroredStrategy>();
                return std::make_shared<distribute::MirroredStrategy>(num_threads(), o);
@@ -380,7 +387,8 @@ void bind_distribute(py::module_& m) {
              }
              return std::make_shared<distribute::MirroredStrategy>(names, o);
            }),
-           py::arg("devices") = py::none(), py::arg("bytes_per_pack") = 0, py::arg("timeout_seconds") = 0.0);
+           py::arg("devices") = py::none(), py::arg("bytes_per_pack") = 0, py::arg("timeout_seconds") = 0.0,
+           py::arg("cross_device_ops") = "");
   py::class_<distribute::MultiWorkerMirroredStrategy, Strategy, std::shared_ptr<distribute::MultiWorkerMirroredStrategy>>(
       d, "_MultiWorkerMirroredStrategy")
       .def(py::init([](std::size_t bytes_per_pack, double timeout_seconds, const std::string& compression,

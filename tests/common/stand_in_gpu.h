@@ -43,7 +43,9 @@ class StandInRuntime final : public DeviceRuntime {
                                   },
                                   [] {}}) {}
   const char* name() const override { return "stand-in"; }
-  int count() override { return 1; }
+  int count() override { return count_; }
+  // GPUs cuda:0 ... cuda:N-1, all over the one host memory (GpuForTests sets it).
+  void set_count(int n) { count_ = n; }
   std::string absence() override { return ""; }
   DeviceProperties properties(int) override { return {"stand-in GPU (host memory)", limit_, 1, 90}; }
   void* allocate(int, std::size_t bytes) override {
@@ -158,6 +160,7 @@ class StandInRuntime final : public DeviceRuntime {
   void set_limit(std::size_t bytes) { limit_ = bytes; }
 
  private:
+  int count_ = 1;
   std::size_t limit_ = 0, used_ = 0;
   std::function<void()> before_timed_;
   // Atomic: a prefetching thread copies while the test's thread trains.
@@ -177,10 +180,11 @@ class StandInRuntime final : public DeviceRuntime {
   BlockCache cache_;
 };
 
-// cuda:0's primitives on the CPU backend, over host views of the stand-in's memory.
+// cuda:N's primitives on the CPU backend, over host views of the stand-in's memory.
 class StandInBackend final : public kernels::Backend {
  public:
-  Device device() const override { return Device::cuda(0); }
+  explicit StandInBackend(int index = 0) : index_(index) {}
+  Device device() const override { return Device::cuda(index_); }
   bool supports(kernels::Primitive op, DType dtype) const override { return cpu().supports(op, dtype); }
 
   void matmul(const Tensor& a, const Tensor& b, Tensor& c, const kernels::MatmulOptions& o) override {
@@ -541,7 +545,7 @@ class StandInBackend final : public kernels::Backend {
     if (!t.defined()) return t;
     return Tensor::over(t.raw_device_data(), t.shape(), t.dtype(), nullptr);
   }
-  // As a GPU backend: every operand on cuda:0. Each primitive starts here, so while kernels
+  // As a GPU backend: every operand on its GPU. Each primitive starts here, so while kernels
   // are timed the one before ends here (it ran when it was called), or at a timed mark.
   void check(std::initializer_list<const Tensor*> operands) const {
     for (const Tensor* t : operands)
@@ -566,6 +570,7 @@ class StandInBackend final : public kernels::Backend {
   bool deferred_bad_ = false;
   bool checking_ = false, check_failed_ = false;  // begin_finite_check's
   StandInRuntime* runtime_ = nullptr;
+  int index_;
   bool tracing_ = false;
   mutable bool primitive_open_ = false;
   std::unique_ptr<kernels::KernelTimeline> timeline_;
@@ -577,33 +582,38 @@ inline bool real_gpu_present() {
   return r != nullptr && std::string(r->name()) == "CUDA" && r->count() > 0;
 }
 
-// cuda:0 for the guard's life: the real one where present, else the stand-in.
+// cuda:0 (to cuda:N-1 with `gpus`) for the guard's life: the machine's GPUs where it has
+// that many, else the stand-in, with `gpus` devices over the one host memory.
 class GpuForTests {
  public:
-  GpuForTests() {
-    if (real_gpu_present()) return;
+  explicit GpuForTests(int gpus = 1) {
+    if (real_gpu_present() && device_runtime(DeviceType::cuda)->count() >= gpus) return;
     runtime_ = std::make_unique<StandInRuntime>();
-    backend_ = std::make_unique<StandInBackend>();
-    runtime_->before_timed_marks([b = backend_.get()] { b->end_primitive(); });
-    backend_->count_waits_on(runtime_.get());
+    runtime_->set_count(gpus);
+    for (int i = 0; i < gpus; ++i) {
+      backends_.push_back(std::make_unique<StandInBackend>(i));
+      backends_.back()->count_waits_on(runtime_.get());
+    }
+    // The trace's marks are cuda:0's.
+    runtime_->before_timed_marks([b = backends_.front().get()] { b->end_primitive(); });
     set_device_runtime(DeviceType::cuda, runtime_.get());
-    kernels::set_backend(Device::cuda(0), backend_.get());
+    for (int i = 0; i < gpus; ++i) kernels::set_backend(Device::cuda(i), backends_[static_cast<std::size_t>(i)].get());
   }
   ~GpuForTests() {
     if (!runtime_) return;
-    kernels::set_backend(Device::cuda(0), nullptr);
+    for (std::size_t i = 0; i < backends_.size(); ++i) kernels::set_backend(Device::cuda(static_cast<int>(i)), nullptr);
     set_device_runtime(DeviceType::cuda, nullptr);
   }
   GpuForTests(const GpuForTests&) = delete;
   GpuForTests& operator=(const GpuForTests&) = delete;
 
   bool stand_in() const { return runtime_ != nullptr; }
-  StandInBackend* stand_in_backend() { return backend_.get(); }
+  StandInBackend* stand_in_backend() { return backends_.empty() ? nullptr : backends_.front().get(); }
   StandInRuntime* stand_in_runtime() { return runtime_.get(); }
 
  private:
   std::unique_ptr<StandInRuntime> runtime_;
-  std::unique_ptr<StandInBackend> backend_;
+  std::vector<std::unique_ptr<StandInBackend>> backends_;
 };
 
 }  // namespace dtrain::testing

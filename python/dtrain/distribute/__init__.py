@@ -217,10 +217,11 @@ class Strategy:
 
 
 class CrossDeviceOps:
-    """How MirroredStrategy sums its replicas' values (tf.distribute.CrossDeviceOps). Accepted
-    and checked; dtrain's replicas on CPUs sum in shared memory, and its replicas on logical
-    GPUs of one GPU sum on that GPU whichever of these is given (NCCL refuses two ranks on
-    one GPU, so TensorFlow's NcclAllReduce could not run there)."""
+    """How MirroredStrategy sums its replicas' values (tf.distribute.CrossDeviceOps). Replicas
+    on GPUs of their own follow it: NcclAllReduce sums with NCCL where the machine has it,
+    HierarchicalCopyAllReduce and ReductionToOneDevice on the first GPU. Replicas on CPUs sum
+    in shared memory, and replicas on logical GPUs of one GPU on that GPU, whichever is given
+    (NCCL refuses two ranks on one GPU)."""
 
     def __init__(self, num_packs=1):
         if int(num_packs) < 0:
@@ -245,9 +246,9 @@ class ReductionToOneDevice(CrossDeviceOps):
 
 class MirroredStrategy(Strategy):
     """Synchronous replicas in this process. By default one per logical GPU where there are
-    GPUs (as TensorFlow does; logical GPUs of one GPU: tf.config.set_logical_device_configuration;
-    several physical GPUs are not supported yet, and say so), else one per core; devices:
-    "/cpu:0", "/cpu:1", ... (or their number), or "/gpu:0", "/gpu:1", ..."""
+    GPUs (as TensorFlow does: each GPU, or logical GPUs of one GPU split by
+    tf.config.set_logical_device_configuration), else one per core; devices: "/cpu:0",
+    "/cpu:1", ... (or their number), or "/gpu:0", "/gpu:1", ..."""
 
     def __init__(self, devices=None, cross_device_ops=None, communication_options=None):
         if cross_device_ops is not None and not isinstance(cross_device_ops, CrossDeviceOps):
@@ -257,7 +258,8 @@ class MirroredStrategy(Strategy):
         if devices is None and _dtrain._logical_gpu_count() > 0:
             devices = [f"/gpu:{i}" for i in range(_dtrain._logical_gpu_count())]
         o = communication_options or experimental.CommunicationOptions()
-        super().__init__(_d._MirroredStrategy(devices, o.bytes_per_pack, o.timeout_seconds or 0.0))
+        super().__init__(_d._MirroredStrategy(devices, o.bytes_per_pack, o.timeout_seconds or 0.0,
+                                              type(cross_device_ops).__name__ if cross_device_ops else ""))
 
 
 class OneDeviceStrategy(Strategy):

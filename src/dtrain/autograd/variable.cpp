@@ -65,8 +65,18 @@ const Tensor& Variable::value() const {
     DTRAIN_THROW(InvalidArgument, "variable '", name_, "' was created outside the scope of the strategy whose replica ",
                  replica.replica_id, " (of ", replica.num_replicas, ") is using it; create the model and the optimizer ",
                  "inside strategy.scope()");
-  if (trainable_) GradientTape::variable_read(value_);
-  return value_;
+  const Tensor& read = replica.mirror >= 0 ? read_copy() : value_;
+  if (trainable_) GradientTape::variable_read(read);
+  return read;
+}
+
+const Tensor& Variable::read_copy() const {
+  const int mirror = replica_context().mirror;
+  if (mirror < 0 || mirrors_.empty()) return value_;
+  if (static_cast<std::size_t>(mirror) >= mirrors_.size())
+    DTRAIN_THROW(InternalError, "variable '", name_, "' has ", mirrors_.size(), " mirrors; replica ",
+                 replica_context().replica_id, " reads mirror ", mirror);
+  return mirrors_[static_cast<std::size_t>(mirror)];
 }
 
 void Variable::set_constraint(std::optional<Constraint> c) {

@@ -10,6 +10,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dtrain/autograd/constraint.h"
 #include "dtrain/core/scoped.h"
@@ -32,9 +33,10 @@ class Variable {
   const Shape& shape() const { return value_.shape(); }
   DType dtype() const { return value_.dtype(); }
   std::int64_t numel() const { return value_.numel(); }
-  // The identity of the value, as a tape knows it (does not watch).
-  std::uint64_t id() const { return value_.id(); }
-  Device value_device() const { return value_.device(); }
+  // The identity of the value, as a tape knows it (does not watch); on a replica that reads
+  // a mirror (below), the mirror's.
+  std::uint64_t id() const { return read_copy().id(); }
+  Device value_device() const { return read_copy().device(); }
   // The strategy (by number, see core/replica.h) whose scope created the variable.
   std::uint64_t strategy() const { return strategy_; }
 
@@ -60,6 +62,12 @@ class Variable {
   // Copies `v` into the variable; shapes and dtypes must match (an error names the variable).
   void assign(const Tensor& v);
 
+  // MirroredStrategy over GPUs with memories of their own: a copy of the value on each GPU
+  // but the first, which the replica on that GPU reads instead of the value (value(), id(),
+  // value_device(); its replica context's `mirror`). The strategy makes them and copies the
+  // value into them before its replicas run; updates go to the value. Empty elsewhere.
+  std::vector<Tensor>& mirrors() { return mirrors_; }
+
   // Keras's constraint (kernel_constraint, ...), which optimizers apply after updating the
   // variable; an axis outside the variable's rank is an InvalidArgument naming both.
   const std::optional<Constraint>& constraint() const { return constraint_; }
@@ -74,6 +82,9 @@ class Variable {
   std::uint64_t strategy_;
   bool read_by_rows_ = false;
   std::optional<Constraint> constraint_;
+  std::vector<Tensor> mirrors_;
+  // What this thread reads: its replica's mirror where it has one, else the value.
+  const Tensor& read_copy() const;
   // Whether a tracker (below) was told of this variable; copies are not tracked.
   struct Tracked {
     bool on = false;

@@ -52,6 +52,10 @@ inline constexpr int kNcclSuccess = 0, kNcclUnhandledCudaError = 1, kNcclSystemE
 // the device's compute stream), or null with why not in `absence` (this build has no
 // CUDA backend, or the library is not there).
 const NcclApi* nccl_library(std::string* absence = nullptr);
+// Replaces the machine's NCCL in nccl_library() until called with null: the tests' fake,
+// which sums GPU buffers of any runtime (the stand-in GPU's host memory included).
+void set_nccl_library(const NcclApi* api);
+bool nccl_library_replaced();
 
 struct NcclGroupOptions {
   int rank = 0;

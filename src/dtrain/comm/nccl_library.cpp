@@ -3,6 +3,8 @@
 // stream with an event after each, which done() queries.
 #include "dtrain/comm/nccl_group.h"
 
+#include <atomic>
+
 #if DTRAIN_CUDA
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
@@ -52,7 +54,7 @@ int check_cuda(cudaError_t e) { return e == cudaSuccess ? kNcclSuccess : kNcclUn
 
 }  // namespace
 
-const NcclApi* nccl_library(std::string* absence) {
+static const NcclApi* machine_nccl(std::string* absence) {
   static Functions f;
   static NcclApi api;
   static std::once_flag once;
@@ -141,11 +143,23 @@ const NcclApi* nccl_library(std::string* absence) {
 
 #else
 
-const NcclApi* nccl_library(std::string* absence) {
+static const NcclApi* machine_nccl(std::string* absence) {
   if (absence) *absence = "this build of dtrain has no CUDA backend";
   return nullptr;
 }
 
 #endif
+
+namespace {
+std::atomic<const NcclApi*> replacement{nullptr};
+}  // namespace
+
+void set_nccl_library(const NcclApi* api) { replacement.store(api, std::memory_order_release); }
+bool nccl_library_replaced() { return replacement.load(std::memory_order_acquire) != nullptr; }
+
+const NcclApi* nccl_library(std::string* absence) {
+  if (const NcclApi* api = replacement.load(std::memory_order_acquire)) return api;
+  return machine_nccl(absence);
+}
 
 }  // namespace dtrain::comm

@@ -40,6 +40,9 @@ struct ReplicaContext {
   int replica_id_in_sync_group = 0;
   int num_replicas_in_sync = 1;
   CrossReplica* cross = nullptr;  // set inside run() of a strategy with several replicas
+  // Replicas on GPUs with memories of their own: which copy of each variable this replica
+  // reads (k: the variable's mirror k, on the replica's GPU; -1: its own value).
+  int mirror = -1;
 };
 
 // A cross-replica call made inside a replica's forward or backward pass (a synchronized

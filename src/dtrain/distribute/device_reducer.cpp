@@ -184,4 +184,76 @@ void DeviceReducer::abort(int replica, const std::string& why) {
   after_workers_.abort(replica, why);
 }
 
+MultiGpuReducer::MultiGpuReducer(std::vector<Device> gpus, std::span<Variable* const> vars,
+                                 std::chrono::milliseconds timeout, std::vector<std::shared_ptr<comm::NcclGroup>> nccl)
+    : gpus_(std::move(gpus)),
+      nccl_(std::move(nccl)),
+      barrier_(static_cast<int>(gpus_.size()), /*spins=*/0, timeout, "gradient sum over the GPUs"),
+      flat_(gpus_.size()),
+      parts_(gpus_.size()),
+      had_(gpus_.size(), std::vector<char>(vars.size(), 0)),
+      fresh_(gpus_.size(), true),
+      scratch_(gpus_.size()),
+      reduced_(vars.size()) {
+  std::int64_t total = 0;
+  for (const Variable* v : vars) total += v->numel();
+  for (std::size_t r = 0; r < gpus_.size(); ++r) {
+    flat_[r] = Tensor::zeros({total}, DType::f32, gpus_[r]);
+    std::int64_t at = 0;
+    for (const Variable* v : vars) {
+      parts_[r].push_back(flat_[r].slice(at, at + v->numel()).reshape(v->shape()));
+      at += v->numel();
+    }
+    if (r > 0 && nccl_.empty()) scratch_[r] = Tensor::empty({total}, DType::f32, gpus_[0]);
+  }
+}
+
+void MultiGpuReducer::gradient_ready(int replica, std::size_t index, const Tensor& grad) {
+  const auto r = static_cast<std::size_t>(replica);
+  if (grad.defined() && (grad.dtype() != DType::f32 || !(grad.shape() == parts_[r][index].shape()) ||
+                         !(grad.device() == gpus_[r])))
+    DTRAIN_THROW(InternalError, "gradient sum over the GPUs: replica ", replica, "'s gradient ", index, " is ",
+                 dtype_name(grad.dtype()), " ", grad.shape().to_string(), " on ", grad.device().to_string(),
+                 ", expected float32 ", parts_[r][index].shape().to_string(), " on ", gpus_[r].to_string());
+  if (fresh_[r]) had_[r][index] = 0;
+  if (!grad.defined()) return;
+  Tensor& part = parts_[r][index];
+  // The group's first gradient of the variable is copied into the buffer, later ones added.
+  if (!had_[r][index]) part.copy_from(grad);
+  else kernels::backend(gpus_[r]).binary(kernels::Binary::add, part, grad, part);
+  had_[r][index] = 1;
+}
+
+void MultiGpuReducer::finish(int replica) {
+  const auto r = static_cast<std::size_t>(replica);
+  fresh_[r] = reduce_;  // after a reduction, the next micro-batch starts a new group
+  if (!reduce_) return;
+  const Clock::time_point start = Clock::now();
+  // A variable this replica had no gradient for counts as zeros.
+  for (std::size_t i = 0; i < parts_[r].size(); ++i)
+    if (!had_[r][i]) kernels::backend(gpus_[r]).fill(parts_[r][i], 0.0f);
+  if (!nccl_.empty()) {
+    nccl_[r]->all_reduce(static_cast<float*>(flat_[r].raw_device_data()), static_cast<std::size_t>(flat_[r].numel()));
+    barrier_.arrive_and_wait(replica);  // every replica's flags are final
+  } else {
+    barrier_.arrive_and_wait(replica);  // every replica's buffer is queued
+    if (replica == 0) {
+      kernels::Backend& first = kernels::backend(gpus_[0]);
+      for (std::size_t k = 1; k < gpus_.size(); ++k) {
+        scratch_[k].copy_from(flat_[k]);  // after GPU k's backward; done when it returns
+        first.binary(kernels::Binary::add, flat_[0], scratch_[k], flat_[0]);
+      }
+    }
+  }
+  if (replica == 0)
+    for (std::size_t i = 0; i < reduced_.size(); ++i) {
+      bool any = false;
+      for (const std::vector<char>& h : had_) any = any || h[i];
+      reduced_[i] = any ? parts_[0][i] : Tensor();
+    }
+  if (!tracks_.empty() && tracks_[r])
+    tracks_[r]->add(profile::Phase::communication, start, Clock::now(),
+                    nccl_.empty() ? "sum gradients on the first GPU" : "all-reduce over the GPUs (NCCL)");
+}
+
 }  // namespace dtrain::distribute::detail

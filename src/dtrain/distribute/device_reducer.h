@@ -84,4 +84,43 @@ class DeviceReducer final : public GradientReducer {
   profile::Track* comm_track_ = nullptr;  // workers: the communication thread's
 };
 
+// Replicas on GPUs with memories of their own (MirroredStrategy over a machine's GPUs),
+// each replica's variables a mirror on its GPU. Each replica's gradients go into a buffer
+// of every variable end to end on its GPU (a micro-batch's added there), and after
+// backward the buffers are summed:
+// - with NCCL, each replica a rank of one communicator of this process (`nccl[r]`), in
+//   place on every GPU, on its compute stream;
+// - else reduced to the first GPU (TensorFlow's ReductionToOneDevice): replica 0 copies
+//   the others' buffers there and adds them with its kernels.
+// The optimizer then updates the variables once, on the first GPU, from reduced(); the
+// strategy copies them to the other GPUs before the replicas run again.
+class MultiGpuReducer final : public GradientReducer {
+ public:
+  MultiGpuReducer(std::vector<Device> gpus, std::span<Variable* const> vars, std::chrono::milliseconds timeout,
+                  std::vector<std::shared_ptr<comm::NcclGroup>> nccl);
+
+  void begin_step(bool reduce, std::span<const std::int64_t> /*row_bounds*/) override { reduce_ = reduce; }
+  void gradient_ready(int replica, std::size_t index, const Tensor& grad) override;
+  void finish(int replica) override;
+  // Every replica's list is the first GPU's sums: the update runs there, once.
+  const std::vector<Tensor>& reduced(int /*replica*/) const override { return reduced_; }
+  void abort(int replica, const std::string& why) override { barrier_.abort(replica, why); }
+  void set_profile(std::span<profile::Track* const> replicas, profile::Track*) override {
+    tracks_.assign(replicas.begin(), replicas.end());
+  }
+
+ private:
+  std::vector<Device> gpus_;
+  std::vector<std::shared_ptr<comm::NcclGroup>> nccl_;  // [replica]; empty: reduce to the first GPU
+  bool reduce_ = true;
+  comm::InProcessBarrier barrier_;
+  std::vector<Tensor> flat_;                  // [replica] every variable's gradient, end to end, on its GPU
+  std::vector<std::vector<Tensor>> parts_;    // [replica][variable] its part of flat_[replica]
+  std::vector<std::vector<char>> had_;        // [replica][variable] a gradient came this group
+  std::vector<bool> fresh_;                   // [replica] the next micro-batch starts a group
+  std::vector<Tensor> scratch_;               // [replica] (from 1) its buffer copied to the first GPU
+  std::vector<Tensor> reduced_;               // [variable] parts_[0] where some replica had a gradient
+  std::vector<profile::Track*> tracks_;
+};
+
 }  // namespace dtrain::distribute::detail

@@ -34,9 +34,11 @@ ReplicaGroup::ReplicaGroup(GroupOptions options) : options_(std::move(options)) 
   barrier_arrived_.resize(static_cast<std::size_t>(n));
   waited_for_.resize(static_cast<std::size_t>(n));
   for (int r = 1; r < n; ++r) threads_.emplace_back([this, r] { worker(r); });
+  if (several_gpus()) dtrain::detail::track_variables(id(), this);
 }
 
 ReplicaGroup::~ReplicaGroup() {
+  if (several_gpus()) dtrain::detail::track_variables(id(), nullptr);
   {
     std::lock_guard lock(mutex_);
     stop_ = true;
@@ -62,14 +64,42 @@ void ReplicaGroup::worker(int replica) {
   }
 }
 
+void ReplicaGroup::created(Variable& v) {
+  std::lock_guard lock(variables_mutex_);
+  variables_.push_back(&v);
+}
+
+void ReplicaGroup::destroyed(Variable& v) {
+  std::lock_guard lock(variables_mutex_);
+  std::erase(variables_, &v);
+}
+
+void ReplicaGroup::refresh_mirrors() {
+  std::lock_guard lock(variables_mutex_);
+  for (Variable* v : variables_) {
+    const Tensor& value = v->mutable_value();
+    std::vector<Tensor>& mirrors = v->mirrors();
+    mirrors.resize(options_.gpus.size() - 1);
+    for (std::size_t k = 0; k < mirrors.size(); ++k) {
+      Tensor& m = mirrors[k];
+      const Device gpu = options_.gpus[k + 1];
+      if (!m.defined() || !(m.shape() == value.shape()) || m.dtype() != value.dtype() || !(m.device() == gpu))
+        m = Tensor::empty(value.shape(), value.dtype(), gpu);
+      m.copy_from(value);
+    }
+  }
+}
+
 void ReplicaGroup::run_replica(int replica) {
   const int in_sync = num_replicas_in_sync();
-  dtrain::detail::ScopedReplicaContext context(ReplicaContext{id(), replica, num_replicas(),
-                                                              worker_index() * num_replicas() + replica, in_sync,
-                                                              in_sync > 1 ? this : nullptr});
+  ReplicaContext here{id(), replica, num_replicas(), worker_index() * num_replicas() + replica, in_sync,
+                      in_sync > 1 ? this : nullptr};
+  if (several_gpus()) here.mirror = replica - 1;  // replica 0 reads the variables themselves
+  dtrain::detail::ScopedReplicaContext context(here);
   // On a GPU, what the replica makes (a lazily built layer's weights) goes there too.
   std::optional<DevicePlacement> placed;
-  if (options_.placement) placed.emplace(*options_.placement);
+  if (several_gpus()) placed.emplace(options_.gpus[static_cast<std::size_t>(replica)]);
+  else if (options_.placement) placed.emplace(*options_.placement);
   try {
     (*job_)(replica);
   } catch (...) {
@@ -104,6 +134,7 @@ void ReplicaGroup::run(const std::function<void(int replica)>& fn) {
   if (dtrain::replica_context().strategy != 0)
     DTRAIN_THROW(InvalidArgument, name(), ".run: called from inside a replica function; call it from the caller's thread");
   std::lock_guard one_at_a_time(run_mutex_);
+  if (several_gpus()) refresh_mirrors();  // the weights as last updated, on every GPU
   {
     std::lock_guard lock(mutex_);
     job_ = &fn;
@@ -135,6 +166,9 @@ void ReplicaGroup::run(const std::function<void(int replica)>& fn) {
 int ReplicaGroup::num_workers() const { return options_.workers ? options_.workers->size() : 1; }
 int ReplicaGroup::worker_index() const { return options_.workers ? options_.workers->rank() : 0; }
 std::string ReplicaGroup::transport() const {
+  if (several_gpus())
+    return options_.replica_nccl.empty() ? "copies to " + options_.placement->to_string() + " (" + options_.no_nccl + ")"
+                                         : options_.replica_nccl.front()->describe();
   if (!options_.workers) return "";
   if (!on_gpu()) return options_.workers->transport();
   if (options_.nccl) return options_.nccl->describe();
@@ -145,6 +179,18 @@ std::string ReplicaGroup::replicas_note() const {
   if (!on_gpu()) return "";
   std::string names;
   for (const std::string& d : options_.devices) names += (names.empty() ? "" : ", ") + d;
+  if (several_gpus()) {
+    std::string gpus;
+    for (const Device& d : options_.gpus) gpus += (gpus.empty() ? "" : ", ") + d.to_string();
+    return dtrain::detail::concat(
+        name(), ": ", num_replicas(), " replicas on ", gpus, ", each with a copy of the weights on its GPU, sum "
+        "their gradients after backward ",
+        options_.replica_nccl.empty()
+            ? "on " + options_.placement->to_string() + ", where the update runs (reduction to one device: " +
+                  options_.no_nccl + ")"
+            : "with NCCL (a rank per GPU in this process), and the update on " + options_.placement->to_string() +
+                  " reaches the others before the next step");
+  }
   const std::string gpu = options_.placement->to_string();
   std::string note;
   if (num_replicas() > 1)
@@ -165,6 +211,7 @@ bool ReplicaGroup::shares_memory() const { return options_.workers && options_.w
 std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variable* const> vars,
                                                               std::span<const DenseVariables> dense,
                                                               bool collectives_in_backward) {
+  if (several_gpus()) return std::make_unique<MultiGpuReducer>(options_.gpus, vars, options_.timeout, options_.replica_nccl);
   // Replicas on one GPU's logical GPUs sum on the device, after backward: they share its
   // one queue, so there is nothing to overlap.
   if (on_gpu())
@@ -355,8 +402,12 @@ std::vector<Tensor> ReplicaGroup::all_reduce_sum(std::span<const Tensor> values)
     if (!sums_[i].defined()) continue;
     if (!sums_[i].device().is_cpu()) {
       if (static_cast<int>(i % static_cast<std::size_t>(n)) == r) {
+        // GPUs of their own: the other replicas' values are copied to the sum's GPU first.
         std::vector<Tensor> inputs;
-        for (const auto& theirs : published_) inputs.push_back(theirs[i]);
+        for (const auto& theirs : published_) {
+          const Tensor& t = theirs[i];
+          inputs.push_back(t.defined() && !(t.device() == sums_[i].device()) ? t.to(sums_[i].device()) : t);
+        }
         sum_on_device(inputs, sums_[i]);
       }
       continue;
@@ -396,8 +447,12 @@ std::vector<Tensor> ReplicaGroup::all_reduce_sum(std::span<const Tensor> values)
     wait_for_replica_0(r, "all_reduce (waiting for replica 0's sum across workers)");
   }
   // The next call changes sums_ only after every replica has reached its first barrier,
-  // so after this copy.
-  return sums_;
+  // so after this copy. A replica on a GPU of its own gets the sums there.
+  if (!several_gpus() || r == 0) return sums_;
+  std::vector<Tensor> mine;
+  for (const Tensor& t : sums_)
+    mine.push_back(t.defined() && !t.device().is_cpu() ? t.to(options_.gpus[static_cast<std::size_t>(r)]) : t);
+  return mine;
 }
 
 void ReplicaGroup::merge_call(const std::function<void()>& fn) {

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "dtrain/autograd/variable.h"
 #include "dtrain/comm/gloo_group.h"
 #include "dtrain/comm/nccl_group.h"
 #include "dtrain/core/clock.h"
@@ -42,9 +43,13 @@ struct GroupOptions {
   // through pinned host memory instead.
   std::shared_ptr<comm::NcclGroup> nccl;
   std::string no_nccl;
+  // Replicas on GPUs with memories of their own: replica r's GPU (placement is the first),
+  // and the NCCL ranks they sum in ([replica]; empty: reduced to the first GPU, and why).
+  std::vector<Device> gpus;
+  std::vector<std::shared_ptr<comm::NcclGroup>> replica_nccl;
 };
 
-class ReplicaGroup final : public StrategyBackend, public CrossReplica {
+class ReplicaGroup final : public StrategyBackend, public CrossReplica, public dtrain::detail::VariableTracker {
  public:
   explicit ReplicaGroup(GroupOptions options);
   ~ReplicaGroup() override;
@@ -58,8 +63,13 @@ class ReplicaGroup final : public StrategyBackend, public CrossReplica {
   bool shares_memory() const override;
   std::string replicas_note() const override;
   const GroupOptions& options() const { return options_; }
-  // Whether the replicas run on a GPU (logical GPUs of it).
+  // Whether the replicas run on GPUs: logical GPUs of one, or GPUs of their own.
   bool on_gpu() const { return options_.placement && !options_.placement->is_cpu(); }
+  // Whether each replica has a GPU of its own, and a mirror of every variable on it.
+  bool several_gpus() const { return options_.gpus.size() > 1; }
+  // Several GPUs: the variables made under scope() (their mirrors follow them).
+  void created(Variable& v) override;
+  void destroyed(Variable& v) override;
   void run(const std::function<void(int replica)>& fn) override;
   std::unique_ptr<GradientReducer> gradient_reducer(std::span<Variable* const> vars,
                                                     std::span<const DenseVariables> dense,
@@ -82,6 +92,9 @@ class ReplicaGroup final : public StrategyBackend, public CrossReplica {
  private:
   void worker(int replica);
   void run_replica(int replica);
+  // Several GPUs, before the replicas run: every variable's value copied to its mirrors
+  // (made the first time) on the other GPUs.
+  void refresh_mirrors();
   // Every replica waits until all have arrived; throws PeerFailure once a replica failed,
   // and Timeout naming `what` and the replicas that never arrived once the timeout passed
   // (which fails the run for everyone).
@@ -121,7 +134,9 @@ class ReplicaGroup final : public StrategyBackend, public CrossReplica {
   std::vector<std::uint64_t> barrier_arrived_;
   std::vector<std::span<const Tensor>> published_;  // [replica]
   std::vector<Tensor> sums_;
-  std::uint64_t synchronized_ = 0;  // synchronize_variables calls, naming their exchanges
+  std::uint64_t synchronized_ = 0;
+  std::mutex variables_mutex_;
+  std::vector<Variable*> variables_;  // several GPUs: made under scope(), in order  // synchronize_variables calls, naming their exchanges
 };
 
 }  // namespace dtrain::distribute::detail

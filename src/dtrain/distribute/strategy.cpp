@@ -5,11 +5,13 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <future>
 #include <regex>
 #include <set>
 #include <thread>
 
 #include "dtrain/autograd/ops.h"
+#include "dtrain/comm/local_store.h"
 #include "dtrain/core/clock.h"
 #include "dtrain/core/percentile.h"
 #include "dtrain/core/replica.h"
@@ -36,15 +38,21 @@ int parse_replica_device(const std::string& device) {
   return std::tolower(static_cast<unsigned char>(m[3].str()[0])) == 'c' ? index : -1 - index;
 }
 
+// The NCCL that `runtime`'s GPUs can use (CUDA's GPUs the machine's, any a test's fake),
+// or null with why not in `absence`.
+const comm::NcclApi* nccl_for(DeviceRuntime& runtime, std::string& absence) {
+  if (std::string(runtime.name()) == "CUDA" || comm::nccl_library_replaced()) return comm::nccl_library(&absence);
+  absence = std::string("its GPU's runtime is ") + runtime.name() + ", not CUDA";
+  return nullptr;
+}
+
 // GPU workers: every worker says which GPU it has and whether it has NCCL; all of them
 // then sum in one NCCL group, or all through pinned host memory, saying why.
 void choose_gpu_path(detail::GroupOptions& o) {
   detail::WorkerComm& w = *o.workers;
   DeviceRuntime& runtime = *device_runtime(o.placement->type);
   std::string absence;
-  const comm::NcclApi* nccl = nullptr;
-  if (std::string(runtime.name()) == "CUDA") nccl = comm::nccl_library(&absence);
-  else absence = std::string("its GPU's runtime is ") + runtime.name() + ", not CUDA";
+  const comm::NcclApi* nccl = nccl_for(runtime, absence);
   const std::string mine = runtime.properties(o.placement->index).uuid + "\n" + absence;
   std::vector<std::string> uuids, absences, tasks;
   for (const std::string& theirs : w.exchange("gpu-path", mine)) {
@@ -57,6 +65,44 @@ void choose_gpu_path(detail::GroupOptions& o) {
   if (o.no_nccl.empty())
     o.nccl = std::make_shared<comm::NcclGroup>(
         *nccl, w.store(), comm::NcclGroupOptions{w.rank(), w.size(), tasks, o.placement->index, o.timeout});
+}
+
+// Replicas on GPUs of their own: NCCL's ranks in this process, one per replica (joined
+// at once, from a thread each, through a store of this process), where the machine has
+// NCCL and cross_device_ops asks for no copies to one device; else why not.
+void choose_replica_path(detail::GroupOptions& o, CrossDeviceOps ops) {
+  if (ops == CrossDeviceOps::HIERARCHICAL_COPY || ops == CrossDeviceOps::REDUCTION_TO_ONE_DEVICE) {
+    o.no_nccl = ops == CrossDeviceOps::HIERARCHICAL_COPY ? "cross_device_ops HierarchicalCopyAllReduce"
+                                                         : "cross_device_ops ReductionToOneDevice";
+    return;
+  }
+  std::string absence;
+  const comm::NcclApi* nccl = nccl_for(*device_runtime(o.placement->type), absence);
+  if (!nccl) {
+    o.no_nccl = "no NCCL: " + absence;
+    return;
+  }
+  const int n = static_cast<int>(o.gpus.size());
+  std::vector<std::string> names;
+  for (int r = 0; r < n; ++r)
+    names.push_back(dtrain::detail::concat("replica ", r, " (", o.gpus[static_cast<std::size_t>(r)].to_string(), ")"));
+  auto store = std::make_shared<comm::LocalStore>(o.name + "'s NCCL ranks");
+  std::vector<std::future<std::shared_ptr<comm::NcclGroup>>> joining;
+  for (int r = 0; r < n; ++r)
+    joining.push_back(std::async(std::launch::async, [&, r] {
+      return std::make_shared<comm::NcclGroup>(
+          *nccl, store,
+          comm::NcclGroupOptions{r, n, names, o.gpus[static_cast<std::size_t>(r)].index, o.timeout, "replicas/"});
+    }));
+  std::exception_ptr failed;
+  for (auto& j : joining) {
+    try {
+      o.replica_nccl.push_back(j.get());
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
 }
 
 std::chrono::milliseconds timeout_of(const CommunicationOptions& comm) {
@@ -97,17 +143,29 @@ std::shared_ptr<detail::ReplicaGroup> make_group(std::string name, const std::ve
       o.devices.push_back("/cpu:" + std::to_string(index));
       continue;
     }
-    // A GPU, logical or not: its replicas share the physical GPU's memory and queue.
+    // A GPU, logical or not: replicas on logical GPUs of one GPU share its memory and
+    // queue; replicas each on a GPU of its own have a copy of the weights on it.
     const Device gpu = parse_device(d);
     check_device(gpu);
-    if (o.placement && !(*o.placement == gpu))
-      DTRAIN_THROW(Unsupported, o.name, ": devices '", devices.front(), "' and '", d, "' are two GPUs (",
-                   o.placement->to_string(), ", ", gpu.to_string(),
-                   "); replicas on GPUs with memories of their own (a copy of the weights on each, gradients "
-                   "summed with NCCL) are not in dtrain yet. Replicas on logical GPUs of one GPU "
-                   "(set_logical_device_configuration) share its weights and sum gradients on it");
-    o.placement = gpu;
+    if (!o.placement) o.placement = gpu;
+    o.gpus.push_back(gpu);
     o.devices.push_back("/gpu:" + std::to_string(-1 - index));
+  }
+  if (gpus) {
+    std::string listed;
+    for (const std::string& d : devices) listed += (listed.empty() ? "'" : ", '") + d + "'";
+    std::set<int> physical;
+    for (const Device& g : o.gpus) physical.insert(g.index);
+    if (physical.size() == 1) {
+      o.gpus.clear();  // one GPU: its logical GPUs share its weights
+    } else if (physical.size() < o.gpus.size()) {
+      DTRAIN_THROW(Unsupported, o.name, ": devices ", listed, " are logical GPUs of several ",
+                   "GPUs; replicas are either on logical GPUs of one GPU or each on a GPU of its own");
+    } else if (workers) {
+      DTRAIN_THROW(Unsupported, o.name, ": each worker's replicas on several GPUs (", listed,
+                   ") are not in dtrain yet; give each worker one GPU (or logical GPUs of one), and run a worker ",
+                   "per GPU");
+    }
   }
   o.threads_per_replica = std::max(1, cores / static_cast<int>(devices.size()));
   o.bucket_bytes = comm.bytes_per_pack ? comm.bytes_per_pack : detail::kDefaultBucketBytes;
@@ -116,6 +174,7 @@ std::shared_ptr<detail::ReplicaGroup> make_group(std::string name, const std::ve
   o.wire = wire_of(comm.compression);
   o.timeout = timeout_of(comm);
   if (o.placement && o.workers) choose_gpu_path(o);
+  if (o.gpus.size() > 1) choose_replica_path(o, comm.cross_device_ops);
   return std::make_shared<detail::ReplicaGroup>(std::move(o));
 }
 

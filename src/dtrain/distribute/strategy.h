@@ -53,6 +53,9 @@ class PerReplica {
 enum class Compression { NONE, BF16, FP16 };
 // TensorFlow's tf.distribute.experimental.CommunicationImplementation, for CPUs.
 enum class CommunicationImplementation { AUTO, RING };
+// MirroredStrategy's cross_device_ops (tf.distribute.NcclAllReduce, ...), for replicas on
+// GPUs with memories of their own.
+enum class CrossDeviceOps { AUTO, NCCL_ALL_REDUCE, HIERARCHICAL_COPY, REDUCTION_TO_ONE_DEVICE };
 
 // tf.distribute.experimental.CommunicationOptions.
 struct CommunicationOptions {
@@ -75,6 +78,12 @@ struct CommunicationOptions {
   // ring; RING: always the TCP ring, as between hosts. Compressed buckets always take
   // the TCP ring.
   CommunicationImplementation implementation = CommunicationImplementation::AUTO;
+  // MirroredStrategy over GPUs with memories of their own (TensorFlow's cross_device_ops):
+  // AUTO and NCCL_ALL_REDUCE sum the gradients with NCCL where the machine has it (else,
+  // saying why in fit's first line, as the next two); HIERARCHICAL_COPY and
+  // REDUCTION_TO_ONE_DEVICE copy them to the first GPU and sum them there. Replicas on
+  // logical GPUs of one GPU sum on it whichever is given (NCCL refuses two ranks on a GPU).
+  CrossDeviceOps cross_device_ops = CrossDeviceOps::AUTO;
 };
 
 // The gradient bucket of each variable (index = variable, in the model's order), as fit()

@@ -599,9 +599,10 @@ class Model::Trainer {
           GradientTape tape;
           TensorData::slice_into(batch.x, begin, end, out.rows.x);
           TensorData::slice_into(batch.y, begin, end, out.rows.y);
-          if (!device.is_cpu()) {  // the replica's rows go to the GPU it shares with the others
-            for (Tensor& t : out.rows.x) t = t.to(device);
-            for (Tensor& t : out.rows.y) t = t.to(device);
+          if (!device.is_cpu()) {  // the replica's rows go to its GPU (its own, or one it shares)
+            const Device here = model_.device();  // on a GPU of its own, where its mirrors are
+            for (Tensor& t : out.rows.x) t = t.to(here);
+            for (Tensor& t : out.rows.y) t = t.to(here);
           }
           out.y_pred = model_(out.rows.x, /*training=*/true, &out.masks);
           // The penalties count once per global batch: each replica takes its rows' share

@@ -75,8 +75,8 @@ Tensor BatchNormalization::normalize(const Tensor& x, bool training, bool relu) 
   // A frozen batch norm runs in inference mode, as Keras's does (fine-tuning keeps the
   // moving statistics and normalizes by them).
   if (!training || !trainable())
-    return batch_norm_inference(x, moving_mean_->mutable_value(), moving_variance_->mutable_value(), gamma, beta,
-                                options_.epsilon, relu);
+    return batch_norm_inference(x, moving_mean_->value(), moving_variance_->value(), gamma, beta, options_.epsilon,
+                                relu);
   Tensor mean, variance;
   Tensor y = batch_norm(x, gamma, beta, options_.epsilon, options_.synchronized, &mean, &variance, relu);
   const ReplicaContext& replica = replica_context();
