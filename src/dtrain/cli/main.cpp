@@ -160,7 +160,7 @@ distribute::CommunicationOptions communication_options(const Overrides& o) {
 
 // The strategy the config asks for; null for the default strategy. A mirrored or
 // multi-worker strategy on a GPU (--device cuda:N) puts its replicas on that many logical
-// GPUs of it.
+// GPUs of it; a mirrored one on `--device gpu` of a machine of several GPUs, on each GPU.
 std::unique_ptr<distribute::Strategy> make_strategy(const cli::RunConfig& c, const Overrides& o, Device device) {
   // On a GPU: `replicas` logical GPUs of it (at least one).
   auto gpu_replicas = [&] {
@@ -181,6 +181,13 @@ std::unique_ptr<distribute::Strategy> make_strategy(const cli::RunConfig& c, con
       return std::make_unique<distribute::MultiWorkerMirroredStrategy>(*elastic, communication_options(o), devices);
     return std::make_unique<distribute::MultiWorkerMirroredStrategy>(cluster::tf_config_from_environment(),
                                                                      communication_options(o), devices);
+  }
+  // `--device gpu` on a machine of several GPUs, replicas unset: a replica on each GPU, as
+  // TensorFlow's MirroredStrategy() takes them all.
+  if (c.strategy == "mirrored" && o.device == "gpu" && c.replicas == 0 && device_count(DeviceType::cuda) > 1) {
+    std::vector<std::string> every;
+    for (int i = 0; i < device_count(DeviceType::cuda); ++i) every.push_back("/gpu:" + std::to_string(i));
+    return std::make_unique<distribute::MirroredStrategy>(every, communication_options(o));
   }
   if (c.strategy == "mirrored" && !device.is_cpu())
     return std::make_unique<distribute::MirroredStrategy>(gpu_replicas(), communication_options(o));
