@@ -102,6 +102,44 @@ TEST_F(NcclGroupTest, ACollectiveAPeerNeverComesToIsAbortedNamingThePeer) {
   }
 }
 
+// Sums started beside the compute stream (gradient buckets during backward) are all done
+// once finish_all_reduces returns; a peer that never starts its second is named within
+// the timeout there.
+TEST_F(NcclGroupTest, SumsStartedBesideTheComputeStreamAreWaitedForTogether) {
+  FakeNccl nccl(2);
+  const std::vector<std::string> errors = on_ranks(2, [&](int r) {
+    NcclGroup group(nccl.api, store(r), options(r, 2));
+    std::vector<float> a{1.0f + static_cast<float>(r), 2}, b{10, 20.0f * static_cast<float>(r)};
+    group.start_all_reduce(a.data(), a.size());
+    group.start_all_reduce(b.data(), b.size());
+    group.finish_all_reduces();
+    EXPECT_EQ(a, (std::vector<float>{3, 4}));
+    EXPECT_EQ(b, (std::vector<float>{20, 20}));
+  });
+  for (const std::string& e : errors) EXPECT_EQ(e, "");
+  EXPECT_EQ(nccl.beside(), 4);
+
+  FakeNccl lonely(2);
+  std::string message;
+  std::latch done(1);
+  on_ranks(2, [&](int r) {
+    NcclGroup group(lonely.api, store(r), options(r, 2, 400ms));
+    std::vector<float> x{1, 2};
+    group.start_all_reduce(x.data(), x.size());
+    if (r == 1) {
+      done.wait();  // alive, but never starts its second
+      return;
+    }
+    group.start_all_reduce(x.data(), x.size());
+    message = message_of<Timeout>([&] { group.finish_all_reduces(); });
+    done.count_down();
+  });
+  EXPECT_NE(message.find("NCCL all-reduce #2 of 2 floats on cuda:0 among worker:0, worker:1: not done within 0.4 s"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("worker:1 (alive, but not answering)"), std::string::npos) << message;
+}
+
 TEST_F(NcclGroupTest, NcclsErrorsBecomeDtrainsNamingTheCollective) {
   FakeNccl nccl(2);
   nccl.remote_error_at = 2;

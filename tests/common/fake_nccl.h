@@ -3,6 +3,7 @@
 // queued it. Faults can be planted: a peer's error at a collective, a refused collective.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -53,6 +54,12 @@ class FakeNccl {
         }
       return kNcclSuccess;
     };
+    // Its "streams" run at once: beside the compute stream is the same.
+    api.all_reduce_beside = [this](void* comm, float* data, std::size_t count, int device) {
+      ++beside_;
+      return api.all_reduce(comm, data, count, device);
+    };
+    api.join = [](void*, int) { return kNcclSuccess; };
     api.done = [this](void* comm, std::string&) {
       std::lock_guard lock(mutex_);
       const std::uint64_t sequence = static_cast<Comm*>(comm)->sequence;
@@ -72,6 +79,8 @@ class FakeNccl {
     api.error_string = [](int result) { return "fake error " + std::to_string(result); };
     api.last_error = [](void*) { return std::string(); };
   }
+  // Collectives queued beside the compute stream (gradient buckets during backward).
+  int beside() const { return beside_.load(); }
   int aborts() {
     std::lock_guard lock(mutex_);
     return aborts_;
@@ -89,6 +98,7 @@ class FakeNccl {
   int size_;
   std::mutex mutex_;
   int joined_ = 0, aborts_ = 0;
+  std::atomic<int> beside_{0};
   std::map<std::uint64_t, std::map<int, float*>> rounds_;  // [collective][rank] its buffer
 };
 

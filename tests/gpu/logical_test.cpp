@@ -278,6 +278,13 @@ TEST(Nccl, AOneRankCommunicatorSumsInPlaceOnTheGpu) {
   Tensor x = Tensor::from_vector({3}, {1.5f, -2.0f, 4.0f}).to(Device::cuda(0));
   group.all_reduce(static_cast<float*>(x.raw_device_data()), 3);
   EXPECT_EQ(x.to_vector(), (std::vector<float>{1.5f, -2.0f, 4.0f}));
+  // Beside the compute stream, after the work queued on it (the doubling): two sums
+  // started, then waited for, and the compute stream's next work (the copy) after them.
+  kernels::backend(Device::cuda(0)).axpby(1.0f, x, 1.0f, x);
+  group.start_all_reduce(static_cast<float*>(x.raw_device_data()), 2);
+  group.start_all_reduce(static_cast<float*>(x.raw_device_data()) + 2, 1);
+  group.finish_all_reduces();
+  EXPECT_EQ(x.to_vector(), (std::vector<float>{3.0f, -4.0f, 8.0f}));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include "dtrain/comm/nccl_group.h"
 
 #include <thread>
+#include <utility>
 
 #include "dtrain/comm/rendezvous_store.h"
 #include "dtrain/comm/store_keys.h"
@@ -88,14 +89,36 @@ std::string NcclGroup::describe() const {
   return dtrain::detail::concat("NCCL (cuda:", options_.device, ", ", options_.size, " ranks)");
 }
 
-void NcclGroup::all_reduce(float* data, std::size_t count) {
+std::string NcclGroup::next_op(std::size_t count) {
   if (failed_ || comm_ == nullptr) DTRAIN_THROW(InvalidArgument, "NCCL group: used again after it failed");
   std::string tasks;
   for (int r = 0; r < options_.size; ++r) tasks += (r ? ", " : "") + task_name(r);
-  const std::string op = dtrain::detail::concat("NCCL all-reduce #", ++sequence_, " of ", count, " floats on cuda:",
-                                        options_.device, " among ", tasks);
+  return dtrain::detail::concat("NCCL all-reduce #", ++sequence_, " of ", count, " floats on cuda:", options_.device,
+                                " among ", tasks);
+}
+
+void NcclGroup::all_reduce(float* data, std::size_t count) {
+  const std::string op = next_op(count);
   if (const int r = api_.all_reduce(comm_, data, count, options_.device); r != kNcclSuccess && r != kNcclInProgress)
     fail(op, r);
+  wait_done(op);
+}
+
+void NcclGroup::start_all_reduce(float* data, std::size_t count) {
+  const std::string op = next_op(count);
+  if (const int r = api_.all_reduce_beside(comm_, data, count, options_.device); r != kNcclSuccess && r != kNcclInProgress)
+    fail(op, r);
+  started_ = op;
+}
+
+void NcclGroup::finish_all_reduces() {
+  if (started_.empty()) return;
+  const std::string op = std::exchange(started_, std::string());
+  wait_done(op);
+  if (const int r = api_.join(comm_, options_.device); r != kNcclSuccess) fail(op, r);
+}
+
+void NcclGroup::wait_done(const std::string& op) {
   const auto deadline = Clock::now() + options_.timeout;
   for (;;) {
     std::string why;

@@ -35,6 +35,11 @@ struct NcclApi {
   std::function<int(void* comm, int& state)> async_error;
   // Queues the sum of `count` floats at `data` (in place) on `device`'s compute stream.
   std::function<int(void* comm, float* data, std::size_t count, int device)> all_reduce;
+  // The same beside the compute stream: on the communicator's own stream, after the work
+  // queued on the compute stream so far (the gradients it sums), which goes on meanwhile.
+  std::function<int(void* comm, float* data, std::size_t count, int device)> all_reduce_beside;
+  // The compute stream's later work waits for the sums queued beside it.
+  std::function<int(void* comm, int device)> join;
   // Whether the last all_reduce queued through `comm` has run: 0 yes, 1 not yet, -1 the
   // device failed (`why` says how).
   std::function<int(void* comm, std::string& why)> done;
@@ -81,6 +86,12 @@ class NcclGroup {
   // (PeerFailure for a peer's, DeviceError for CUDA's, InvalidArgument for a misuse,
   // Unavailable for the system's) with NCCL's words. The group is not used after a failure.
   void all_reduce(float* data, std::size_t count);
+  // The same queued beside the compute stream, after its work so far, without waiting:
+  // gradient buckets summed while backward still runs. finish_all_reduces() then waits
+  // for every sum started (bounded, and failing, as all_reduce) and makes the compute
+  // stream's later work wait for them too.
+  void start_all_reduce(float* data, std::size_t count);
+  void finish_all_reduces();
   int rank() const { return options_.rank; }
   int size() const { return options_.size; }
   // "NCCL (cuda:0, 2 ranks)".
@@ -95,6 +106,10 @@ class NcclGroup {
   // are alive and silent), within the patience.
   std::string absent_peers(const std::string& op);
   std::string task_name(int rank) const;
+  // "NCCL all-reduce #N of COUNT floats on cuda:D among ...", numbering a new collective.
+  std::string next_op(std::size_t count);
+  // Until the last collective queued has run: bounded by the timeout, as all_reduce says.
+  void wait_done(const std::string& op);
 
   const NcclApi& api_;
   std::shared_ptr<RendezvousStore> store_;
@@ -102,6 +117,7 @@ class NcclGroup {
   void* comm_ = nullptr;
   bool failed_ = false;
   std::uint64_t sequence_ = 0;
+  std::string started_;  // the last collective start_all_reduce queued, until finished
 };
 
 }  // namespace dtrain::comm

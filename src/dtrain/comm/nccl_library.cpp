@@ -42,6 +42,10 @@ struct Comm {
   ncclComm_t comm = nullptr;
   int device = 0;
   cudaEvent_t done = nullptr;
+  // The collectives queued beside the compute stream: their stream (made at the first),
+  // and the compute stream's point they start after.
+  cudaStream_t side = nullptr;
+  cudaEvent_t ready = nullptr;
 };
 
 template <typename F>
@@ -112,6 +116,25 @@ static const NcclApi* machine_nccl(std::string* absence) {
       if (r != ncclSuccess && r != ncclInProgress) return static_cast<int>(r);
       return check_cuda(cudaEventRecord(c->done, stream));
     };
+    api.all_reduce_beside = [](void* comm, float* data, std::size_t count, int device) {
+      auto* c = static_cast<Comm*>(comm);
+      cudaStream_t compute = dtrain::detail::cuda_runtime().stream(device);
+      if (c->side == nullptr) {
+        if (const int r = check_cuda(cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking)); r != kNcclSuccess)
+          return r;
+        if (const int r = check_cuda(cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming)); r != kNcclSuccess)
+          return r;
+      }
+      if (const int r = check_cuda(cudaEventRecord(c->ready, compute)); r != kNcclSuccess) return r;
+      if (const int r = check_cuda(cudaStreamWaitEvent(c->side, c->ready, 0)); r != kNcclSuccess) return r;
+      const ncclResult_t r = f.all_reduce(data, data, count, ncclFloat32, ncclSum, c->comm, c->side);
+      if (r != ncclSuccess && r != ncclInProgress) return static_cast<int>(r);
+      return check_cuda(cudaEventRecord(c->done, c->side));
+    };
+    api.join = [](void* comm, int device) {
+      cudaStream_t compute = dtrain::detail::cuda_runtime().stream(device);
+      return check_cuda(cudaStreamWaitEvent(compute, static_cast<Comm*>(comm)->done, 0));
+    };
     api.done = [](void* comm, std::string& why) {
       const cudaError_t e = cudaEventQuery(static_cast<Comm*>(comm)->done);
       if (e == cudaSuccess) return 0;
@@ -123,6 +146,8 @@ static const NcclApi* machine_nccl(std::string* absence) {
       auto* c = static_cast<Comm*>(comm);
       const ncclResult_t r = c->comm == nullptr ? ncclSuccess : abort ? f.abort(c->comm) : f.destroy(c->comm);
       if (c->done != nullptr) (void)cudaEventDestroy(c->done);
+      if (c->ready != nullptr) (void)cudaEventDestroy(c->ready);
+      if (c->side != nullptr) (void)cudaStreamDestroy(c->side);
       delete c;
       return static_cast<int>(r);
     };

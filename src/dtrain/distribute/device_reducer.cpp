@@ -3,6 +3,7 @@
 
 #include "dtrain/comm/gloo_group.h"
 #include "dtrain/core/clock.h"
+#include "dtrain/distribute/strategy.h"
 #include "dtrain/distribute/worker_comm.h"
 #include "dtrain/kernels/backend.h"
 
@@ -185,71 +186,116 @@ void DeviceReducer::abort(int replica, const std::string& why) {
 }
 
 MultiGpuReducer::MultiGpuReducer(std::vector<Device> gpus, std::span<Variable* const> vars,
-                                 std::chrono::milliseconds timeout, std::vector<std::shared_ptr<comm::NcclGroup>> nccl)
+                                 std::size_t bucket_bytes, std::chrono::milliseconds timeout,
+                                 std::vector<std::shared_ptr<comm::NcclGroup>> nccl)
     : gpus_(std::move(gpus)),
       nccl_(std::move(nccl)),
       barrier_(static_cast<int>(gpus_.size()), /*spins=*/0, timeout, "gradient sum over the GPUs"),
-      flat_(gpus_.size()),
-      parts_(gpus_.size()),
-      had_(gpus_.size(), std::vector<char>(vars.size(), 0)),
-      fresh_(gpus_.size(), true),
-      scratch_(gpus_.size()),
+      replicas_(gpus_.size()),
       reduced_(vars.size()) {
+  std::vector<std::int64_t> numels, offsets;
   std::int64_t total = 0;
-  for (const Variable* v : vars) total += v->numel();
-  for (std::size_t r = 0; r < gpus_.size(); ++r) {
-    flat_[r] = Tensor::zeros({total}, DType::f32, gpus_[r]);
-    std::int64_t at = 0;
-    for (const Variable* v : vars) {
-      parts_[r].push_back(flat_[r].slice(at, at + v->numel()).reshape(v->shape()));
-      at += v->numel();
+  for (const Variable* v : vars) {
+    numels.push_back(v->numel());
+    offsets.push_back(total);
+    total += v->numel();
+  }
+  bucket_of_ = gradient_buckets(numels, bucket_bytes);
+  buckets_.resize(vars.empty() ? 0 : bucket_of_.front() + 1);
+  for (std::size_t i = vars.size(); i-- > 0;) {  // bucket 0 holds the last variables
+    Bucket& b = buckets_[bucket_of_[i]];
+    if (b.end == b.begin) {
+      b.last = i;
+      b.end = offsets[i] + numels[i];
     }
-    if (r > 0 && nccl_.empty()) scratch_[r] = Tensor::empty({total}, DType::f32, gpus_[0]);
+    b.first = i;
+    b.begin = offsets[i];
+  }
+  for (std::size_t r = 0; r < gpus_.size(); ++r) {
+    Replica& rep = replicas_[r];
+    rep.flat = Tensor::zeros({total}, DType::f32, gpus_[r]);
+    for (std::size_t i = 0; i < vars.size(); ++i)
+      rep.parts.push_back(rep.flat.slice(offsets[i], offsets[i] + numels[i]).reshape(vars[i]->shape()));
+    rep.had.assign(vars.size(), 0);
+    rep.reported.assign(vars.size(), 0);
+    if (r > 0 && nccl_.empty()) rep.scratch = Tensor::empty({total}, DType::f32, gpus_[0]);
+  }
+}
+
+void MultiGpuReducer::begin_step(bool reduce, std::span<const std::int64_t>) {
+  reduce_ = reduce;
+  // The replicas' threads are not running: a new group forgets the last one's gradients,
+  // and a reducing micro-batch's counts start afresh.
+  for (Replica& rep : replicas_)
+    if (rep.fresh) std::fill(rep.had.begin(), rep.had.end(), 0);
+  if (!reduce) return;
+  for (Replica& rep : replicas_) {
+    std::fill(rep.reported.begin(), rep.reported.end(), 0);
+    rep.waiting.assign(buckets_.size(), 0);
+    for (std::size_t i = 0; i < bucket_of_.size(); ++i) ++rep.waiting[bucket_of_[i]];
+    rep.next = 0;
   }
 }
 
 void MultiGpuReducer::gradient_ready(int replica, std::size_t index, const Tensor& grad) {
-  const auto r = static_cast<std::size_t>(replica);
-  if (grad.defined() && (grad.dtype() != DType::f32 || !(grad.shape() == parts_[r][index].shape()) ||
-                         !(grad.device() == gpus_[r])))
+  Replica& rep = replicas_[static_cast<std::size_t>(replica)];
+  const Device gpu = gpus_[static_cast<std::size_t>(replica)];
+  if (grad.defined() && (grad.dtype() != DType::f32 || !(grad.shape() == rep.parts[index].shape()) ||
+                         !(grad.device() == gpu)))
     DTRAIN_THROW(InternalError, "gradient sum over the GPUs: replica ", replica, "'s gradient ", index, " is ",
                  dtype_name(grad.dtype()), " ", grad.shape().to_string(), " on ", grad.device().to_string(),
-                 ", expected float32 ", parts_[r][index].shape().to_string(), " on ", gpus_[r].to_string());
-  if (fresh_[r]) had_[r][index] = 0;
-  if (!grad.defined()) return;
-  Tensor& part = parts_[r][index];
-  // The group's first gradient of the variable is copied into the buffer, later ones added.
-  if (!had_[r][index]) part.copy_from(grad);
-  else kernels::backend(gpus_[r]).binary(kernels::Binary::add, part, grad, part);
-  had_[r][index] = 1;
+                 ", expected float32 ", rep.parts[index].shape().to_string(), " on ", gpu.to_string());
+  if (grad.defined()) {
+    Tensor& part = rep.parts[index];
+    // The group's first gradient of the variable is copied into the buffer, later ones added.
+    if (!rep.had[index]) part.copy_from(grad);
+    else kernels::backend(gpu).binary(kernels::Binary::add, part, grad, part);
+    rep.had[index] = 1;
+  }
+  if (reduce_) reported(rep, replica, index);
+}
+
+void MultiGpuReducer::reported(Replica& rep, int r, std::size_t index) {
+  if (rep.reported[index]) return;
+  rep.reported[index] = 1;
+  const Device gpu = gpus_[static_cast<std::size_t>(r)];
+  if (!rep.had[index]) kernels::backend(gpu).fill(rep.parts[index], 0.0f);  // no gradient: zeros
+  --rep.waiting[bucket_of_[index]];
+  if (nccl_.empty()) return;
+  // Buckets start in one order on every replica: each waits for those before it.
+  while (rep.next < buckets_.size() && rep.waiting[rep.next] == 0) {
+    const Bucket& b = buckets_[rep.next++];
+    nccl_[static_cast<std::size_t>(r)]->start_all_reduce(static_cast<float*>(rep.flat.raw_device_data()) + b.begin,
+                                                         static_cast<std::size_t>(b.end - b.begin));
+  }
 }
 
 void MultiGpuReducer::finish(int replica) {
   const auto r = static_cast<std::size_t>(replica);
-  fresh_[r] = reduce_;  // after a reduction, the next micro-batch starts a new group
+  Replica& rep = replicas_[r];
+  rep.fresh = reduce_;  // after a reduction, the next micro-batch starts a new group
   if (!reduce_) return;
   const Clock::time_point start = Clock::now();
-  // A variable this replica had no gradient for counts as zeros.
-  for (std::size_t i = 0; i < parts_[r].size(); ++i)
-    if (!had_[r][i]) kernels::backend(gpus_[r]).fill(parts_[r][i], 0.0f);
+  // Variables backward never reported (no path from the loss) are final now.
+  for (std::size_t i = 0; i < rep.parts.size(); ++i) reported(rep, replica, i);
   if (!nccl_.empty()) {
-    nccl_[r]->all_reduce(static_cast<float*>(flat_[r].raw_device_data()), static_cast<std::size_t>(flat_[r].numel()));
+    nccl_[r]->finish_all_reduces();
     barrier_.arrive_and_wait(replica);  // every replica's flags are final
   } else {
     barrier_.arrive_and_wait(replica);  // every replica's buffer is queued
     if (replica == 0) {
       kernels::Backend& first = kernels::backend(gpus_[0]);
-      for (std::size_t k = 1; k < gpus_.size(); ++k) {
-        scratch_[k].copy_from(flat_[k]);  // after GPU k's backward; done when it returns
-        first.binary(kernels::Binary::add, flat_[0], scratch_[k], flat_[0]);
+      for (std::size_t k = 1; k < replicas_.size(); ++k) {
+        replicas_[k].scratch.copy_from(replicas_[k].flat);  // after GPU k's backward; done when it returns
+        first.binary(kernels::Binary::add, rep.flat, replicas_[k].scratch, rep.flat);
       }
     }
   }
   if (replica == 0)
     for (std::size_t i = 0; i < reduced_.size(); ++i) {
       bool any = false;
-      for (const std::vector<char>& h : had_) any = any || h[i];
-      reduced_[i] = any ? parts_[0][i] : Tensor();
+      for (const Replica& other : replicas_) any = any || other.had[i];
+      reduced_[i] = any ? rep.parts[i] : Tensor();
     }
   if (!tracks_.empty() && tracks_[r])
     tracks_[r]->add(profile::Phase::communication, start, Clock::now(),

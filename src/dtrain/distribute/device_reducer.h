@@ -86,20 +86,23 @@ class DeviceReducer final : public GradientReducer {
 
 // Replicas on GPUs with memories of their own (MirroredStrategy over a machine's GPUs),
 // each replica's variables a mirror on its GPU. Each replica's gradients go into a buffer
-// of every variable end to end on its GPU (a micro-batch's added there), and after
-// backward the buffers are summed:
+// of every variable end to end on its GPU (a micro-batch's added there), cut into buckets
+// as fit's CPU buckets are (the last variables first, `bucket_bytes` each). They are
+// summed:
 // - with NCCL, each replica a rank of one communicator of this process (`nccl[r]`), in
-//   place on every GPU, on its compute stream;
-// - else reduced to the first GPU (TensorFlow's ReductionToOneDevice): replica 0 copies
-//   the others' buffers there and adds them with its kernels.
+//   place on every GPU: each bucket as soon as backward has made it, on the
+//   communicator's stream beside the compute stream, while backward goes on; every
+//   replica starts the buckets in the same order (a bucket waits for those before it);
+// - else, after backward, reduced to the first GPU (TensorFlow's ReductionToOneDevice):
+//   replica 0 copies the others' buffers there and adds them with its kernels.
 // The optimizer then updates the variables once, on the first GPU, from reduced(); the
 // strategy copies them to the other GPUs before the replicas run again.
 class MultiGpuReducer final : public GradientReducer {
  public:
-  MultiGpuReducer(std::vector<Device> gpus, std::span<Variable* const> vars, std::chrono::milliseconds timeout,
-                  std::vector<std::shared_ptr<comm::NcclGroup>> nccl);
+  MultiGpuReducer(std::vector<Device> gpus, std::span<Variable* const> vars, std::size_t bucket_bytes,
+                  std::chrono::milliseconds timeout, std::vector<std::shared_ptr<comm::NcclGroup>> nccl);
 
-  void begin_step(bool reduce, std::span<const std::int64_t> /*row_bounds*/) override { reduce_ = reduce; }
+  void begin_step(bool reduce, std::span<const std::int64_t> row_bounds) override;
   void gradient_ready(int replica, std::size_t index, const Tensor& grad) override;
   void finish(int replica) override;
   // Every replica's list is the first GPU's sums: the update runs there, once.
@@ -110,16 +113,32 @@ class MultiGpuReducer final : public GradientReducer {
   }
 
  private:
+  struct Bucket {
+    std::size_t first = 0, last = 0;  // its variables [first, last]
+    std::int64_t begin = 0, end = 0;  // its floats in the buffers
+  };
+  struct Replica {
+    Tensor flat;                 // every variable's gradient, end to end, on its GPU
+    std::vector<Tensor> parts;   // [variable] its part of flat
+    std::vector<char> had;       // [variable] a gradient came this group
+    std::vector<char> reported;  // [variable] reported in the reducing micro-batch
+    std::vector<int> waiting;    // [bucket] its variables not yet reported
+    std::size_t next = 0;        // the next bucket to start (NCCL)
+    bool fresh = true;           // the next micro-batch starts a group
+    Tensor scratch;              // (from replica 1, no NCCL) its buffer copied to the first GPU
+  };
+  // Variable `index` of `replica` is final for this step: zeros where it had no gradient,
+  // and (NCCL) the buckets it completes are started, in order.
+  void reported(Replica& replica, int r, std::size_t index);
+
   std::vector<Device> gpus_;
   std::vector<std::shared_ptr<comm::NcclGroup>> nccl_;  // [replica]; empty: reduce to the first GPU
   bool reduce_ = true;
   comm::InProcessBarrier barrier_;
-  std::vector<Tensor> flat_;                  // [replica] every variable's gradient, end to end, on its GPU
-  std::vector<std::vector<Tensor>> parts_;    // [replica][variable] its part of flat_[replica]
-  std::vector<std::vector<char>> had_;        // [replica][variable] a gradient came this group
-  std::vector<bool> fresh_;                   // [replica] the next micro-batch starts a group
-  std::vector<Tensor> scratch_;               // [replica] (from 1) its buffer copied to the first GPU
-  std::vector<Tensor> reduced_;               // [variable] parts_[0] where some replica had a gradient
+  std::vector<std::size_t> bucket_of_;  // [variable]
+  std::vector<Bucket> buckets_;         // in the order started
+  std::vector<Replica> replicas_;
+  std::vector<Tensor> reduced_;         // [variable] the first replica's part where some replica had a gradient
   std::vector<profile::Track*> tracks_;
 };
 

@@ -211,7 +211,9 @@ bool ReplicaGroup::shares_memory() const { return options_.workers && options_.w
 std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variable* const> vars,
                                                               std::span<const DenseVariables> dense,
                                                               bool collectives_in_backward) {
-  if (several_gpus()) return std::make_unique<MultiGpuReducer>(options_.gpus, vars, options_.timeout, options_.replica_nccl);
+  if (several_gpus())
+    return std::make_unique<MultiGpuReducer>(options_.gpus, vars, options_.bucket_bytes, options_.timeout,
+                                             options_.replica_nccl);
   // Replicas on one GPU's logical GPUs sum on the device, after backward: they share its
   // one queue, so there is nothing to overlap.
   if (on_gpu())
