@@ -8,6 +8,7 @@
 
 #include "common/compare.h"
 #include "common/error_message.h"
+#include "common/resume_check.h"
 #include "common/small_cnn.h"
 #include "common/stand_in_gpu.h"
 #include "common/temp_dir.h"
@@ -198,46 +199,15 @@ TEST_F(LogicalGpus, APlainBatchNormOverLogicalGpusTrainsAsCpuReplicas) {
 // A job on logical GPUs, stopped mid-epoch and resumed from its backup, ends with the
 // uninterrupted run's weights and steps, bit for bit (Adam's slots, the shuffle's place).
 TEST_F(LogicalGpus, AnInterruptedJobResumesFromItsBackupToTheUninterruptedWeights) {
-  const data::Split d = data::make_synthetic(192, 10, 4, 8, data::SyntheticLabels::teacher);
-  FitOptions o{.epochs = 3, .batch_size = 32, .seed = 4, .verbose = 0};
   distribute::MirroredStrategy strategy(split(2));
-  auto make = [&] {
-    auto scope = strategy.scope();
-    auto m = split_mlp();
-    m->build(Shape{10});  // a backup is restored into built weights
-    return m;
-  };
-  auto reference = make();
-  reference->fit(d.x, d.y, o);
-
-  struct Interrupted : std::runtime_error {
-    Interrupted() : std::runtime_error("interrupted") {}
-  };
-  auto stop = std::make_shared<LambdaCallback>();
-  auto seen = std::make_shared<int>(0);
-  stop->batch_begin = [seen](std::int64_t, const Logs&) {
-    if ((*seen)++ == 8) throw Interrupted();  // in the second epoch
-  };
-  const std::string backups = (dir_ / "backup").string();
-  auto first = make();
-  o.callbacks = {std::make_shared<train::BackupAndRestore>(backups, train::BackupAndRestoreOptions{.save_freq = 2, .out = nullptr}),
-                 stop};
-  EXPECT_THROW(first->fit(d.x, d.y, o), Interrupted);
-  auto second = make();  // as a new process would: fresh weights, overwritten by the backup
-  // It starts where the backup was taken (every 2 steps, so at step 8), not from scratch.
-  auto started_at = std::make_shared<std::int64_t>(-1);
-  auto watch = std::make_shared<LambdaCallback>();
-  watch->batch_begin = [&, started_at](std::int64_t, const Logs&) {
-    if (*started_at < 0) *started_at = second->optimizer().iterations();
-  };
-  o.callbacks = {std::make_shared<train::BackupAndRestore>(backups, train::BackupAndRestoreOptions{.save_freq = 2, .out = nullptr}),
-                 watch};
-  second->fit(d.x, d.y, o);
-  EXPECT_EQ(*started_at, 8);
-  EXPECT_EQ(second->optimizer().iterations(), reference->optimizer().iterations());
-  const auto a = second->variables(), b = reference->variables();
-  ASSERT_EQ(a.size(), b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i]->value().to_vector(), b[i]->value().to_vector()) << a[i]->name();
+  testing::expect_resumes_bit_for_bit(
+      [&] {
+        auto scope = strategy.scope();
+        std::unique_ptr<Model> m = split_mlp();
+        m->build(Shape{10});  // a backup is restored into built weights
+        return m;
+      },
+      (dir_ / "backup").string());
 }
 
 // The parts' memory_limit, summed, caps what the GPU's cache holds; limits beyond the GPU

@@ -11,8 +11,10 @@
 #include "common/compare.h"
 #include "common/error_message.h"
 #include "common/fake_nccl.h"
+#include "common/resume_check.h"
 #include "common/small_cnn.h"
 #include "common/stand_in_gpu.h"
+#include "common/temp_dir.h"
 #include "dtrain/dtrain.h"
 
 namespace dtrain {
@@ -40,7 +42,7 @@ FitOptions unshuffled(int epochs, std::int64_t batch = 64, int accumulate = 1) {
   return o;
 }
 
-class MultiGpu : public ::testing::Test {
+class MultiGpu : public testing::TempDirTest {
  protected:
   ~MultiGpu() override { comm::set_nccl_library(nullptr); }
   // The NCCL path: the fake's ranks, where the GPUs are the stand-in's.
@@ -181,6 +183,20 @@ TEST_F(MultiGpu, ACustomLoopReadsEachGpusCopyAndUpdatesOnce) {
   EXPECT_EQ(read_on[0], Device::cuda(0));
   EXPECT_EQ(read_on[1], Device::cuda(1));
   EXPECT_LE(testing::relative_difference(*m, *alone), tolerance(1e-4));
+}
+
+// A job on two GPUs stopped in its second epoch resumes from its backup to the
+// uninterrupted run's weights, bit for bit.
+TEST_F(MultiGpu, AnInterruptedJobResumesFromItsBackupToTheUninterruptedWeights) {
+  distribute::MirroredStrategy strategy({"/gpu:0", "/gpu:1"});
+  testing::expect_resumes_bit_for_bit(
+      [&] {
+        auto scope = strategy.scope();
+        std::unique_ptr<Model> m = two_gpu_mlp();
+        m->build(Shape{10});
+        return m;
+      },
+      (dir_ / "backup").string());
 }
 
 // Replicas on logical GPUs of two GPUs at once are refused, naming the devices.
