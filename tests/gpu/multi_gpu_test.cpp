@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <sstream>
+#include <thread>
 
 #include "common/compare.h"
 #include "common/error_message.h"
@@ -15,6 +16,8 @@
 #include "common/small_cnn.h"
 #include "common/stand_in_gpu.h"
 #include "common/temp_dir.h"
+#include "dtrain/comm/local_store.h"
+#include "dtrain/distribute/device_reducer.h"
 #include "dtrain/dtrain.h"
 
 namespace dtrain {
@@ -197,6 +200,42 @@ TEST_F(MultiGpu, AnInterruptedJobResumesFromItsBackupToTheUninterruptedWeights) 
         return m;
       },
       (dir_ / "backup").string());
+}
+
+// A GPU worker's reducer (its one replica an NCCL rank among the workers'), two workers as
+// threads here, each on a GPU of its own: each variable's bucket (4 bytes: one each) is
+// summed beside the compute stream once backward has made it, and a variable only one
+// worker had a gradient for is that worker's on both.
+TEST_F(MultiGpu, GpuWorkersSumEachBucketDuringBackwardAndAgreeOnWhichHadGradients) {
+  if (!gpus_.stand_in()) GTEST_SKIP() << "the fake NCCL's ranks need the stand-in's host memory";
+  Variable a("a", Tensor::zeros({2})), b("b", Tensor::zeros({3})), c("c", Tensor::zeros({1}));
+  Variable* vars[] = {&a, &b, &c};
+  auto store = std::make_shared<comm::LocalStore>("the workers' store");
+  std::vector<std::vector<std::vector<float>>> got(2);
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 2; ++w)
+    workers.emplace_back([&, w] {
+      const Device gpu = Device::cuda(w);
+      auto ranks = std::make_shared<comm::NcclGroup>(
+          nccl_.api, store, comm::NcclGroupOptions{w, 2, {"worker:0", "worker:1"}, w, std::chrono::seconds(5)});
+      distribute::detail::MultiGpuReducer reducer({gpu}, vars, 4, std::chrono::seconds(5), {ranks});
+      const float k = static_cast<float>(w + 1);
+      reducer.begin_step(true, {});
+      // Backward's order: the last variable first; worker 1 has no gradient for `a`.
+      reducer.gradient_ready(0, 2, Tensor::from_vector({1}, {k}).to(gpu));
+      reducer.gradient_ready(0, 1, Tensor::from_vector({3}, {k, 2 * k, 3 * k}).to(gpu));
+      reducer.gradient_ready(0, 0, w == 0 ? Tensor::from_vector({2}, {5, 6}).to(gpu) : Tensor());
+      reducer.finish(0);
+      for (const Tensor& t : reducer.reduced(0)) got[static_cast<std::size_t>(w)].push_back(t.to_vector());
+    });
+  for (std::thread& t : workers) t.join();
+  for (const auto& sums : got) {
+    ASSERT_EQ(sums.size(), 3u);
+    EXPECT_EQ(sums[0], (std::vector<float>{5, 6}));
+    EXPECT_EQ(sums[1], (std::vector<float>{3, 6, 9}));
+    EXPECT_EQ(sums[2], (std::vector<float>{3}));
+  }
+  EXPECT_EQ(nccl_.beside(), 3 * 2);  // a bucket a variable, on each worker
 }
 
 // Replicas on logical GPUs of two GPUs at once are refused, naming the devices.

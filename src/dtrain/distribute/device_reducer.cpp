@@ -219,6 +219,10 @@ MultiGpuReducer::MultiGpuReducer(std::vector<Device> gpus, std::span<Variable* c
     rep.had.assign(vars.size(), 0);
     rep.reported.assign(vars.size(), 0);
     if (r > 0 && nccl_.empty()) rep.scratch = Tensor::empty({total}, DType::f32, gpus_[0]);
+    if (!nccl_.empty()) {
+      rep.flags = Tensor::empty({static_cast<std::int64_t>(vars.size())}, DType::f32, gpus_[r]);
+      rep.flags_host = Tensor::empty_pinned({static_cast<std::int64_t>(vars.size())});
+    }
   }
 }
 
@@ -279,8 +283,15 @@ void MultiGpuReducer::finish(int replica) {
   // Variables backward never reported (no path from the loss) are final now.
   for (std::size_t i = 0; i < rep.parts.size(); ++i) reported(rep, replica, i);
   if (!nccl_.empty()) {
-    nccl_[r]->finish_all_reduces();
-    barrier_.arrive_and_wait(replica);  // every replica's flags are final
+    comm::NcclGroup& ranks = *nccl_[r];
+    ranks.finish_all_reduces();
+    // Which variables had a gradient on any rank (another worker's included).
+    float* flags = rep.flags_host.data<float>();
+    for (std::size_t i = 0; i < rep.had.size(); ++i) flags[i] = rep.had[i] ? 1.0f : 0.0f;
+    rep.flags.copy_from(rep.flags_host);
+    ranks.all_reduce(static_cast<float*>(rep.flags.raw_device_data()), rep.had.size());
+    rep.flags_host.copy_from(rep.flags);
+    barrier_.arrive_and_wait(replica);
   } else {
     barrier_.arrive_and_wait(replica);  // every replica's buffer is queued
     if (replica == 0) {
@@ -294,7 +305,9 @@ void MultiGpuReducer::finish(int replica) {
   if (replica == 0)
     for (std::size_t i = 0; i < reduced_.size(); ++i) {
       bool any = false;
-      for (const Replica& other : replicas_) any = any || other.had[i];
+      if (!nccl_.empty()) any = rep.flags_host.data<float>()[i] > 0.0f;
+      else
+        for (const Replica& other : replicas_) any = any || other.had[i];
       reduced_[i] = any ? rep.parts[i] : Tensor();
     }
   if (!tracks_.empty() && tracks_[r])

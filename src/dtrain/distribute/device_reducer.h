@@ -85,7 +85,8 @@ class DeviceReducer final : public GradientReducer {
 };
 
 // Replicas on GPUs with memories of their own (MirroredStrategy over a machine's GPUs),
-// each replica's variables a mirror on its GPU. Each replica's gradients go into a buffer
+// each replica's variables a mirror on its GPU; or a GPU worker's one replica, its NCCL
+// rank among the workers' (MultiWorkerMirroredStrategy, a GPU each). Each replica's gradients go into a buffer
 // of every variable end to end on its GPU (a micro-batch's added there), cut into buckets
 // as fit's CPU buckets are (the last variables first, `bucket_bytes` each). They are
 // summed:
@@ -95,7 +96,8 @@ class DeviceReducer final : public GradientReducer {
 //   replica starts the buckets in the same order (a bucket waits for those before it);
 // - else, after backward, reduced to the first GPU (TensorFlow's ReductionToOneDevice):
 //   replica 0 copies the others' buffers there and adds them with its kernels.
-// The optimizer then updates the variables once, on the first GPU, from reduced(); the
+// Which variables had a gradient on any rank is summed with NCCL too, after backward. The
+// optimizer then updates the variables once, on the first GPU, from reduced(); the
 // strategy copies them to the other GPUs before the replicas run again.
 class MultiGpuReducer final : public GradientReducer {
  public:
@@ -126,6 +128,7 @@ class MultiGpuReducer final : public GradientReducer {
     std::size_t next = 0;        // the next bucket to start (NCCL)
     bool fresh = true;           // the next micro-batch starts a group
     Tensor scratch;              // (from replica 1, no NCCL) its buffer copied to the first GPU
+    Tensor flags, flags_host;    // (NCCL) a flag per variable, summed over the ranks: on its GPU, pinned
   };
   // Variable `index` of `replica` is final for this step: zeros where it had no gradient,
   // and (NCCL) the buckets it completes are started, in order.

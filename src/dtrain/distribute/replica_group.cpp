@@ -201,7 +201,9 @@ std::string ReplicaGroup::replicas_note() const {
   if (!options_.workers) return note;
   note += note.empty() ? name() + ": worker " + std::to_string(worker_index()) + "'s replica on " + gpu + " sums"
                        : std::string("; then they sum");
-  if (options_.nccl) return note + " with the other workers' in " + options_.nccl->describe() + " after backward";
+  if (options_.nccl)
+    return note + " with the other workers' in " + options_.nccl->describe() +
+           (num_replicas() == 1 ? ", each bucket while backward runs" : " after backward");
   return dtrain::detail::concat(note, " with the other workers' through pinned host memory after backward (",
                                 options_.workers->transport(), "), not with NCCL: ", options_.no_nccl);
 }
@@ -214,6 +216,12 @@ std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variab
   if (several_gpus())
     return std::make_unique<MultiGpuReducer>(options_.gpus, vars, options_.bucket_bytes, options_.timeout,
                                              options_.replica_nccl);
+  // A GPU worker of one replica in NCCL's group: its buckets summed with the other workers'
+  // while backward runs.
+  if (on_gpu() && options_.nccl && num_replicas() == 1)
+    return std::make_unique<MultiGpuReducer>(std::vector<Device>{*options_.placement}, vars, options_.bucket_bytes,
+                                             options_.timeout,
+                                             std::vector<std::shared_ptr<comm::NcclGroup>>{options_.nccl});
   // Replicas on one GPU's logical GPUs sum on the device, after backward: they share its
   // one queue, so there is nothing to overlap.
   if (on_gpu())
