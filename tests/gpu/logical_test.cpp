@@ -78,6 +78,9 @@ TEST_F(LogicalGpus, NamesCountLogicalGpusAndCudaNamesCountPhysicalOnes) {
   for (const char* name : {"/gpu:2", "GPU:1", "/device:GPU:2", "/job:localhost/replica:0/task:0/device:GPU:1"})
     EXPECT_EQ(parse_device(name), cuda0) << name;
   EXPECT_EQ(parse_device("cuda:1"), Device::cuda(1));  // PyTorch's names are physical GPUs
+  // A GPU's TensorFlow name is its first logical GPU's: cuda:1 follows cuda:0's three.
+  EXPECT_EQ(Device::cuda(0).tf_name(), "/device:GPU:0");
+  EXPECT_EQ(Device::cuda(1).tf_name(), "/device:GPU:3");
   EXPECT_EQ(parse_device("/physical_device:GPU:1"), Device::cuda(1));
   expect_error<InvalidArgument>([] { (void)parse_device("/gpu:3"); }, {"'/gpu:3'", "3 logical GPUs"});
   EXPECT_EQ(logical_device_configuration(cuda0).size(), 3u);

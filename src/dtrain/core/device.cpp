@@ -21,10 +21,6 @@ std::string Device::to_string() const {
   return (type == DeviceType::cpu ? "cpu:" : "cuda:") + std::to_string(index);
 }
 
-std::string Device::tf_name() const {
-  return (type == DeviceType::cpu ? "/device:CPU:" : "/device:GPU:") + std::to_string(index);
-}
-
 namespace {
 
 std::string lower(std::string_view s) {
@@ -87,6 +83,20 @@ Device logical_gpu(int index, std::string_view name) {
 }
 
 }  // namespace
+
+std::string Device::tf_name() const {
+  if (type == DeviceType::cpu) return "/device:CPU:" + std::to_string(index);
+  // TensorFlow's GPU names count logical GPUs: a GPU is named by its first, after those of
+  // the GPUs before it (each as many as it is split into).
+  LogicalConfigs& c = logical_configs();
+  std::lock_guard lock(c.mutex);
+  int first = 0;
+  for (int g = 0; g < index; ++g) {
+    const auto it = c.by_gpu.find(g);
+    first += it == c.by_gpu.end() ? 1 : static_cast<int>(it->second.size());
+  }
+  return "/device:GPU:" + std::to_string(first);
+}
 
 Device parse_device(std::string_view name) {
   std::string s = lower(name);
