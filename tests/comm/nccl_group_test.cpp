@@ -107,6 +107,7 @@ TEST_F(NcclGroupTest, ACollectiveAPeerNeverComesToIsAbortedNamingThePeer) {
 // the timeout there.
 TEST_F(NcclGroupTest, SumsStartedBesideTheComputeStreamAreWaitedForTogether) {
   FakeNccl nccl(2);
+  nccl.still_queueing = true;  // each answers ncclInProgress: its end is marked once queued
   const std::vector<std::string> errors = on_ranks(2, [&](int r) {
     NcclGroup group(nccl.api, store(r), options(r, 2));
     std::vector<float> a{1.0f + static_cast<float>(r), 2}, b{10, 20.0f * static_cast<float>(r)};
@@ -118,6 +119,7 @@ TEST_F(NcclGroupTest, SumsStartedBesideTheComputeStreamAreWaitedForTogether) {
   });
   for (const std::string& e : errors) EXPECT_EQ(e, "");
   EXPECT_EQ(nccl.beside(), 4);
+  EXPECT_EQ(nccl.records(), 4);
 
   FakeNccl lonely(2);
   std::string message;
@@ -138,6 +140,33 @@ TEST_F(NcclGroupTest, SumsStartedBesideTheComputeStreamAreWaitedForTogether) {
             std::string::npos)
       << message;
   EXPECT_NE(message.find("worker:1 (alive, but not answering)"), std::string::npos) << message;
+}
+
+// A rank of this process that failed cancels the others' groups: a wait under way aborts
+// its communicator and says why, long before the timeout.
+TEST_F(NcclGroupTest, ACancelledGroupAbortsItsWaitNamingTheFailedRank) {
+  FakeNccl nccl(2);
+  std::string message;
+  std::unique_ptr<NcclGroup> first;
+  std::latch started(1);
+  on_ranks(2, [&](int r) {
+    auto group = std::make_unique<NcclGroup>(nccl.api, store(r), options(r, 2, 30s));
+    if (r == 1) {
+      started.wait();
+      first->cancel("replica 1 failed: out of memory");
+      return;
+    }
+    std::vector<float> x{1, 2};
+    first = std::move(group);
+    first->start_all_reduce(x.data(), x.size());  // rank 1 never starts its own
+    started.count_down();
+    message = message_of<PeerFailure>([&] { first->finish_all_reduces(); });
+  });
+  EXPECT_NE(message.find("NCCL all-reduce #1 of 2 floats on cuda:0 among worker:0, worker:1: cancelled, so the "
+                         "communicator was aborted: replica 1 failed: out of memory"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(nccl.aborts(), 1);
 }
 
 TEST_F(NcclGroupTest, NcclsErrorsBecomeDtrainsNamingTheCollective) {

@@ -43,6 +43,7 @@ class FakeNccl {
     api.all_reduce = [this](void* comm, float* data, std::size_t count, int) {
       auto* c = static_cast<Comm*>(comm);
       if (usage_error_at && c->sequence + 1 == usage_error_at) return kNcclInvalidUsage;
+      const int queued = still_queueing ? kNcclInProgress : kNcclSuccess;
       std::lock_guard lock(mutex_);
       auto& round = rounds_[++c->sequence];
       round[c->rank] = data;
@@ -52,7 +53,7 @@ class FakeNccl {
           for (const auto& [rank, buffer] : round) sum += buffer[i];
           for (const auto& [rank, buffer] : round) buffer[i] = sum;
         }
-      return kNcclSuccess;
+      return queued;
     };
     // Its "streams" run at once: beside the compute stream is the same.
     api.all_reduce_beside = [this](void* comm, float* data, std::size_t count, int device) {
@@ -60,6 +61,10 @@ class FakeNccl {
       return api.all_reduce(comm, data, count, device);
     };
     api.join = [](void*, int) { return kNcclSuccess; };
+    api.record = [this](void*, int, bool) {
+      ++records_;
+      return kNcclSuccess;
+    };
     api.done = [this](void* comm, std::string&) {
       std::lock_guard lock(mutex_);
       const std::uint64_t sequence = static_cast<Comm*>(comm)->sequence;
@@ -79,8 +84,10 @@ class FakeNccl {
     api.error_string = [](int result) { return "fake error " + std::to_string(result); };
     api.last_error = [](void*) { return std::string(); };
   }
-  // Collectives queued beside the compute stream (gradient buckets during backward).
+  // Collectives queued beside the compute stream (gradient buckets during backward), and
+  // the ends marked (each once its collective is queued).
   int beside() const { return beside_.load(); }
+  int records() const { return records_.load(); }
   int aborts() {
     std::lock_guard lock(mutex_);
     return aborts_;
@@ -89,6 +96,7 @@ class FakeNccl {
   NcclApi api;
   std::uint64_t remote_error_at = 0;  // the collective whose async state is a peer's error
   std::uint64_t usage_error_at = 0;   // the collective NCCL refuses to queue
+  bool still_queueing = false;        // each collective answers ncclInProgress (a nonblocking communicator's)
 
  private:
   struct Comm {
@@ -98,7 +106,7 @@ class FakeNccl {
   int size_;
   std::mutex mutex_;
   int joined_ = 0, aborts_ = 0;
-  std::atomic<int> beside_{0};
+  std::atomic<int> beside_{0}, records_{0};
   std::map<std::uint64_t, std::map<int, float*>> rounds_;  // [collective][rank] its buffer
 };
 

@@ -6,6 +6,8 @@
 // path, so that the strategy's own logic runs everywhere.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -156,14 +158,17 @@ TEST_F(MultiGpu, ACustomLoopReadsEachGpusCopyAndUpdatesOnce) {
     const Tensor loss = scale(losses::SparseCategoricalCrossentropy(true)(y, m(x, true)), share);
     const std::vector<Variable*> vars = m.trainable_variables();
     opt.apply_gradients(tape.gradient(loss, vars), vars);
+    return loss;
   };
   std::unique_ptr<Sequential> alone;
   optim::SGD alone_opt(0.1f);
+  float alone_loss = 0;
   {
     DevicePlacement on_gpu(Device::cuda(0));
     alone = two_gpu_mlp();
     alone->build(Shape{10});
-    for (int s = 0; s < 2; ++s) step(*alone, alone_opt, d.x.to(Device::cuda(0)), d.y.to(Device::cuda(0)), 1.0f);
+    for (int s = 0; s < 2; ++s)
+      alone_loss = step(*alone, alone_opt, d.x.to(Device::cuda(0)), d.y.to(Device::cuda(0)), 1.0f).to_vector()[0];
   }
   distribute::MirroredStrategy strategy({"/gpu:0", "/gpu:1"});
   std::unique_ptr<Sequential> m;
@@ -175,17 +180,22 @@ TEST_F(MultiGpu, ACustomLoopReadsEachGpusCopyAndUpdatesOnce) {
     opt = std::make_unique<optim::SGD>(0.1f);
   }
   std::vector<Device> read_on(2);
+  std::optional<distribute::PerReplica<Tensor>> losses;
   for (int s = 0; s < 2; ++s)
-    strategy.run([&] {
+    losses = strategy.run([&] {
       const int r = replica_context().replica_id;
       const Device gpu = Device::cuda(r);
       read_on[static_cast<std::size_t>(r)] = m->device();
       const Tensor x = d.x.slice(32 * r, 32 * (r + 1)).to(gpu), y = d.y.slice(32 * r, 32 * (r + 1)).to(gpu);
-      step(*m, *opt, x, y, 0.5f);  // each replica's half of the batch's mean
+      return step(*m, *opt, x, y, 0.5f);  // each replica's half of the batch's mean
     });
   EXPECT_EQ(read_on[0], Device::cuda(0));
   EXPECT_EQ(read_on[1], Device::cuda(1));
   EXPECT_LE(testing::relative_difference(*m, *alone), tolerance(1e-4));
+  // The replicas' losses, each on its GPU, summed: the batch's.
+  const Tensor loss = strategy.reduce(distribute::ReduceOp::SUM, *losses);
+  EXPECT_EQ(loss.device(), Device::cuda(0));
+  EXPECT_NEAR(loss.to_vector()[0], alone_loss, tolerance(1e-4) * std::abs(alone_loss));
 }
 
 // A job on two GPUs stopped in its second epoch resumes from its backup to the

@@ -90,24 +90,58 @@ std::string NcclGroup::describe() const {
 }
 
 std::string NcclGroup::next_op(std::size_t count) {
-  if (failed_ || comm_ == nullptr) DTRAIN_THROW(InvalidArgument, "NCCL group: used again after it failed");
   std::string tasks;
   for (int r = 0; r < options_.size; ++r) tasks += (r ? ", " : "") + task_name(r);
-  return dtrain::detail::concat("NCCL all-reduce #", ++sequence_, " of ", count, " floats on cuda:", options_.device,
-                                " among ", tasks);
+  const std::string op = dtrain::detail::concat("NCCL all-reduce #", ++sequence_, " of ", count, " floats on cuda:",
+                                                options_.device, " among ", tasks);
+  check_cancelled(op);
+  if (failed_ || comm_ == nullptr) DTRAIN_THROW(InvalidArgument, "NCCL group: used again after it failed");
+  return op;
+}
+
+void NcclGroup::cancel(const std::string& why) {
+  {
+    std::lock_guard lock(cancel_mutex_);
+    cancel_why_ = why;
+  }
+  cancelled_.store(true, std::memory_order_release);
+}
+
+void NcclGroup::check_cancelled(const std::string& op) {
+  if (!cancelled_.load(std::memory_order_acquire)) return;
+  abort_communicator();
+  std::lock_guard lock(cancel_mutex_);
+  DTRAIN_THROW(PeerFailure, op, ": cancelled, so the communicator was aborted: ", cancel_why_);
+}
+
+void NcclGroup::queued(const std::string& op, int result, bool beside) {
+  if (result != kNcclSuccess && result != kNcclInProgress) fail(op, result);
+  // A nonblocking communicator may still be queueing the collective: nothing may follow it
+  // (its end's mark included) until it says success.
+  const auto deadline = Clock::now() + options_.timeout;
+  for (int state = result; state == kNcclInProgress;) {
+    check_cancelled(op);
+    if (const int r = api_.async_error(comm_, state); r != kNcclSuccess) fail(op, r);
+    if (state != kNcclSuccess && state != kNcclInProgress) fail(op, state);
+    if (state == kNcclInProgress && Clock::now() >= deadline) {
+      abort_communicator();
+      DTRAIN_THROW(Timeout, op, ": not queued within ", seconds(options_.timeout),
+                   " s, so the communicator was aborted; ", absent_peers(op));
+    }
+    if (state == kNcclInProgress) pause();
+  }
+  if (const int r = api_.record(comm_, options_.device, beside); r != kNcclSuccess) fail(op, r);
 }
 
 void NcclGroup::all_reduce(float* data, std::size_t count) {
   const std::string op = next_op(count);
-  if (const int r = api_.all_reduce(comm_, data, count, options_.device); r != kNcclSuccess && r != kNcclInProgress)
-    fail(op, r);
+  queued(op, api_.all_reduce(comm_, data, count, options_.device), false);
   wait_done(op);
 }
 
 void NcclGroup::start_all_reduce(float* data, std::size_t count) {
   const std::string op = next_op(count);
-  if (const int r = api_.all_reduce_beside(comm_, data, count, options_.device); r != kNcclSuccess && r != kNcclInProgress)
-    fail(op, r);
+  queued(op, api_.all_reduce_beside(comm_, data, count, options_.device), true);
   started_ = op;
 }
 
@@ -121,6 +155,7 @@ void NcclGroup::finish_all_reduces() {
 void NcclGroup::wait_done(const std::string& op) {
   const auto deadline = Clock::now() + options_.timeout;
   for (;;) {
+    check_cancelled(op);
     std::string why;
     const int finished = api_.done(comm_, why);
     if (finished == 0) return;

@@ -10,11 +10,13 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -34,10 +36,14 @@ struct NcclApi {
   std::function<int(void*& comm, int ranks, const Id& id, int rank, int device)> init;
   std::function<int(void* comm, int& state)> async_error;
   // Queues the sum of `count` floats at `data` (in place) on `device`'s compute stream.
+  // ncclInProgress: still being queued; async_error says when it is (success).
   std::function<int(void* comm, float* data, std::size_t count, int device)> all_reduce;
   // The same beside the compute stream: on the communicator's own stream, after the work
   // queued on the compute stream so far (the gradients it sums), which goes on meanwhile.
   std::function<int(void* comm, float* data, std::size_t count, int device)> all_reduce_beside;
+  // Marks the end of the collectives queued so far (on the compute stream, or beside it),
+  // which done() then tells of; called once each is queued.
+  std::function<int(void* comm, int device, bool beside)> record;
   // The compute stream's later work waits for the sums queued beside it.
   std::function<int(void* comm, int device)> join;
   // Whether the last all_reduce queued through `comm` has run: 0 yes, 1 not yet, -1 the
@@ -92,6 +98,12 @@ class NcclGroup {
   // stream's later work wait for them too.
   void start_all_reduce(float* data, std::size_t count);
   void finish_all_reduces();
+  // From another thread: a rank of this process failed. This group's wait under way (or
+  // its next collective) aborts the communicator and throws PeerFailure with `why`.
+  void cancel(const std::string& why);
+  // On the group's own thread: aborts the communicator now (its queued work released);
+  // the group is not used again.
+  void abort() { abort_communicator(); }
   int rank() const { return options_.rank; }
   int size() const { return options_.size; }
   // "NCCL (cuda:0, 2 ranks)".
@@ -110,6 +122,11 @@ class NcclGroup {
   std::string next_op(std::size_t count);
   // Until the last collective queued has run: bounded by the timeout, as all_reduce says.
   void wait_done(const std::string& op);
+  // After a collective's call returned `result`: until it is queued (a nonblocking
+  // communicator's ncclInProgress), then its end marked; bounded as wait_done.
+  void queued(const std::string& op, int result, bool beside);
+  // Throws (after aborting) where cancel() was called.
+  void check_cancelled(const std::string& op);
 
   const NcclApi& api_;
   std::shared_ptr<RendezvousStore> store_;
@@ -118,6 +135,9 @@ class NcclGroup {
   bool failed_ = false;
   std::uint64_t sequence_ = 0;
   std::string started_;  // the last collective start_all_reduce queued, until finished
+  std::atomic<bool> cancelled_{false};
+  std::mutex cancel_mutex_;
+  std::string cancel_why_;
 };
 
 }  // namespace dtrain::comm

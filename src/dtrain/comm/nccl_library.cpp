@@ -112,9 +112,7 @@ static const NcclApi* machine_nccl(std::string* absence) {
     api.all_reduce = [](void* comm, float* data, std::size_t count, int device) {
       auto* c = static_cast<Comm*>(comm);
       cudaStream_t stream = dtrain::detail::cuda_runtime().stream(device);
-      const ncclResult_t r = f.all_reduce(data, data, count, ncclFloat32, ncclSum, c->comm, stream);
-      if (r != ncclSuccess && r != ncclInProgress) return static_cast<int>(r);
-      return check_cuda(cudaEventRecord(c->done, stream));
+      return static_cast<int>(f.all_reduce(data, data, count, ncclFloat32, ncclSum, c->comm, stream));
     };
     api.all_reduce_beside = [](void* comm, float* data, std::size_t count, int device) {
       auto* c = static_cast<Comm*>(comm);
@@ -127,9 +125,11 @@ static const NcclApi* machine_nccl(std::string* absence) {
       }
       if (const int r = check_cuda(cudaEventRecord(c->ready, compute)); r != kNcclSuccess) return r;
       if (const int r = check_cuda(cudaStreamWaitEvent(c->side, c->ready, 0)); r != kNcclSuccess) return r;
-      const ncclResult_t r = f.all_reduce(data, data, count, ncclFloat32, ncclSum, c->comm, c->side);
-      if (r != ncclSuccess && r != ncclInProgress) return static_cast<int>(r);
-      return check_cuda(cudaEventRecord(c->done, c->side));
+      return static_cast<int>(f.all_reduce(data, data, count, ncclFloat32, ncclSum, c->comm, c->side));
+    };
+    api.record = [](void* comm, int device, bool beside) {
+      auto* c = static_cast<Comm*>(comm);
+      return check_cuda(cudaEventRecord(c->done, beside ? c->side : dtrain::detail::cuda_runtime().stream(device)));
     };
     api.join = [](void* comm, int device) {
       cudaStream_t compute = dtrain::detail::cuda_runtime().stream(device);

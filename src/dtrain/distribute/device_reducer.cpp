@@ -187,9 +187,10 @@ void DeviceReducer::abort(int replica, const std::string& why) {
 
 MultiGpuReducer::MultiGpuReducer(std::vector<Device> gpus, std::span<Variable* const> vars,
                                  std::size_t bucket_bytes, std::chrono::milliseconds timeout,
-                                 std::vector<std::shared_ptr<comm::NcclGroup>> nccl)
+                                 std::vector<std::shared_ptr<comm::NcclGroup>> nccl, bool overlap)
     : gpus_(std::move(gpus)),
       nccl_(std::move(nccl)),
+      overlap_(overlap),
       barrier_(static_cast<int>(gpus_.size()), /*spins=*/0, timeout, "gradient sum over the GPUs"),
       replicas_(gpus_.size()),
       reduced_(vars.size()) {
@@ -265,12 +266,23 @@ void MultiGpuReducer::reported(Replica& rep, int r, std::size_t index) {
   const Device gpu = gpus_[static_cast<std::size_t>(r)];
   if (!rep.had[index]) kernels::backend(gpu).fill(rep.parts[index], 0.0f);  // no gradient: zeros
   --rep.waiting[bucket_of_[index]];
-  if (nccl_.empty()) return;
+  if (!nccl_.empty() && overlap_) start_buckets(rep, r);
+}
+
+void MultiGpuReducer::start_buckets(Replica& rep, int r) {
   // Buckets start in one order on every replica: each waits for those before it.
   while (rep.next < buckets_.size() && rep.waiting[rep.next] == 0) {
     const Bucket& b = buckets_[rep.next++];
     nccl_[static_cast<std::size_t>(r)]->start_all_reduce(static_cast<float*>(rep.flat.raw_device_data()) + b.begin,
                                                          static_cast<std::size_t>(b.end - b.begin));
+  }
+}
+
+void MultiGpuReducer::abort(int replica, const std::string& why) {
+  barrier_.abort(replica, why);
+  for (std::size_t k = 0; k < nccl_.size(); ++k) {
+    if (static_cast<int>(k) == replica) nccl_[k]->abort();
+    else nccl_[k]->cancel(dtrain::detail::concat("replica ", replica, " failed: ", why));
   }
 }
 
@@ -284,6 +296,7 @@ void MultiGpuReducer::finish(int replica) {
   for (std::size_t i = 0; i < rep.parts.size(); ++i) reported(rep, replica, i);
   if (!nccl_.empty()) {
     comm::NcclGroup& ranks = *nccl_[r];
+    start_buckets(rep, replica);  // every bucket is complete now
     ranks.finish_all_reduces();
     // Which variables had a gradient on any rank (another worker's included).
     float* flags = rep.flags_host.data<float>();

@@ -101,15 +101,20 @@ class DeviceReducer final : public GradientReducer {
 // strategy copies them to the other GPUs before the replicas run again.
 class MultiGpuReducer final : public GradientReducer {
  public:
+  // `overlap` false: the buckets start after backward (a synchronized batch norm's sums
+  // inside backward must not wait behind a bucket that waits for another replica).
   MultiGpuReducer(std::vector<Device> gpus, std::span<Variable* const> vars, std::size_t bucket_bytes,
-                  std::chrono::milliseconds timeout, std::vector<std::shared_ptr<comm::NcclGroup>> nccl);
+                  std::chrono::milliseconds timeout, std::vector<std::shared_ptr<comm::NcclGroup>> nccl,
+                  bool overlap = true);
 
   void begin_step(bool reduce, std::span<const std::int64_t> row_bounds) override;
   void gradient_ready(int replica, std::size_t index, const Tensor& grad) override;
   void finish(int replica) override;
   // Every replica's list is the first GPU's sums: the update runs there, once.
   const std::vector<Tensor>& reduced(int /*replica*/) const override { return reduced_; }
-  void abort(int replica, const std::string& why) override { barrier_.abort(replica, why); }
+  // On the failed replica's thread: its NCCL rank is aborted there, and the others' waits
+  // (or next collectives) abort theirs and throw.
+  void abort(int replica, const std::string& why) override;
   void set_profile(std::span<profile::Track* const> replicas, profile::Track*) override {
     tracks_.assign(replicas.begin(), replicas.end());
   }
@@ -133,9 +138,12 @@ class MultiGpuReducer final : public GradientReducer {
   // Variable `index` of `replica` is final for this step: zeros where it had no gradient,
   // and (NCCL) the buckets it completes are started, in order.
   void reported(Replica& replica, int r, std::size_t index);
+  // (NCCL) Starts the replica's complete buckets, in order, up to the first incomplete one.
+  void start_buckets(Replica& replica, int r);
 
   std::vector<Device> gpus_;
   std::vector<std::shared_ptr<comm::NcclGroup>> nccl_;  // [replica]; empty: reduce to the first GPU
+  bool overlap_;
   bool reduce_ = true;
   comm::InProcessBarrier barrier_;
   std::vector<std::size_t> bucket_of_;  // [variable]

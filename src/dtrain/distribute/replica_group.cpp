@@ -79,12 +79,18 @@ void ReplicaGroup::refresh_mirrors() {
   for (Variable* v : variables_) {
     const Tensor& value = v->mutable_value();
     std::vector<Tensor>& mirrors = v->mirrors();
+    // A variable placed elsewhere (on the CPU, under tf.device) is read there by every replica.
+    if (!(value.device() == options_.gpus.front())) {
+      mirrors.clear();
+      continue;
+    }
     mirrors.resize(options_.gpus.size() - 1);
     for (std::size_t k = 0; k < mirrors.size(); ++k) {
       Tensor& m = mirrors[k];
       const Device gpu = options_.gpus[k + 1];
       if (!m.defined() || !(m.shape() == value.shape()) || m.dtype() != value.dtype() || !(m.device() == gpu))
         m = Tensor::empty(value.shape(), value.dtype(), gpu);
+      m.unshare();  // a tensor of the last run (a result, a tape's record) keeps what it read
       m.copy_from(value);
     }
   }
@@ -215,13 +221,14 @@ std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variab
                                                               bool collectives_in_backward) {
   if (several_gpus())
     return std::make_unique<MultiGpuReducer>(options_.gpus, vars, options_.bucket_bytes, options_.timeout,
-                                             options_.replica_nccl);
+                                             options_.replica_nccl, !collectives_in_backward);
   // A GPU worker of one replica in NCCL's group: its buckets summed with the other workers'
   // while backward runs.
   if (on_gpu() && options_.nccl && num_replicas() == 1)
     return std::make_unique<MultiGpuReducer>(std::vector<Device>{*options_.placement}, vars, options_.bucket_bytes,
                                              options_.timeout,
-                                             std::vector<std::shared_ptr<comm::NcclGroup>>{options_.nccl});
+                                             std::vector<std::shared_ptr<comm::NcclGroup>>{options_.nccl},
+                                             options_.overlap && !collectives_in_backward);
   // Replicas on one GPU's logical GPUs sum on the device, after backward: they share its
   // one queue, so there is nothing to overlap.
   if (on_gpu())
@@ -397,7 +404,9 @@ std::vector<Tensor> ReplicaGroup::all_reduce_sum(std::span<const Tensor> values)
         if (!t.defined()) continue;
         t.check_dtype(DType::f32, "all_reduce");
         if (!sums_[i].defined()) {
-          sums_[i] = Tensor::empty(t.shape(), DType::f32, t.device());
+          // On GPUs of their own, the sums are made on the first (replica 0's, the update's).
+          sums_[i] = Tensor::empty(t.shape(), DType::f32,
+                                   several_gpus() && !t.device().is_cpu() ? options_.gpus.front() : t.device());
         } else if (!(sums_[i].shape() == t.shape())) {
           DTRAIN_THROW(InvalidArgument, "all_reduce: tensor ", i, " is ", t.shape().to_string(), " on replica ", k,
                        " but ", sums_[i].shape().to_string(), " on another replica");

@@ -94,15 +94,20 @@ void choose_replica_path(detail::GroupOptions& o, CrossDeviceOps ops) {
           *nccl, store,
           comm::NcclGroupOptions{r, n, names, o.gpus[static_cast<std::size_t>(r)].index, o.timeout, "replicas/"});
     }));
-  std::exception_ptr failed;
+  // A rank's own error (a device's, NCCL's) is the cause; the others' Timeouts waiting for
+  // it follow from it.
+  std::exception_ptr failed, timed_out;
   for (auto& j : joining) {
     try {
       o.replica_nccl.push_back(j.get());
+    } catch (const Timeout&) {
+      if (!timed_out) timed_out = std::current_exception();
     } catch (...) {
       if (!failed) failed = std::current_exception();
     }
   }
   if (failed) std::rethrow_exception(failed);
+  if (timed_out) std::rethrow_exception(timed_out);
 }
 
 std::chrono::milliseconds timeout_of(const CommunicationOptions& comm) {
@@ -251,6 +256,8 @@ std::pair<Tensor, std::int64_t> Strategy::local_sum(const PerReplica<Tensor>& va
       DTRAIN_THROW(InvalidArgument, name(), ".reduce: replica ", r, "'s value ", v.shape().to_string(),
                    axis ? " does not match the other replicas' along the axes kept" : " does not match replica 0's",
                    axis ? std::string() : " " + value[0].shape().to_string());
+    // Replicas on GPUs of their own: summed on replica 0's device.
+    if (total.defined() && !(part.device() == total.device())) part = part.to(total.device());
     total = total.defined() ? add(total, part) : part.clone();
   }
   return {total, count};

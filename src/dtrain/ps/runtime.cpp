@@ -148,7 +148,7 @@ Tensor& PsRuntime::host_value(Variable& v) {
 
 const Tensor& PsRuntime::current_host_value(Variable& v) {
   Tensor& host = host_value(v);
-  host.copy_from(v.value());  // nothing where it is the value itself
+  host.copy_from(v.mutable_value());  // nothing where it is the value itself
   return host;
 }
 

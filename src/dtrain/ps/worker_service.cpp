@@ -24,7 +24,7 @@ class RowPuller final : public dtrain::detail::RowReader {
     for (std::size_t v = 0; v < vars.size(); ++v) {
       // A table on a GPU worker's GPU is pulled whole: its lookups' ids are on the GPU too.
       whole_[v] = !(runtime.options_.embedding_rows && vars[v]->read_by_rows() && vars[v]->trainable() &&
-                    vars[v]->shape().rank() == 2 && vars[v]->value().on_cpu());
+                    vars[v]->shape().rank() == 2 && vars[v]->value_device().is_cpu());
       index_[vars[v]] = v;
     }
   }
