@@ -20,14 +20,15 @@
 #   scripts/gpu-check.sh strategies on the GPU machine, after run (its own command too): two
 #                                  logical GPUs against one, two worker processes sharing
 #                                  the GPU against PyTorch DDP, the doctor's prediction of them,
-#                                  and a parameter-server job whose worker trains on the GPU.
+#                                  a parameter-server job whose worker trains on the GPU, and
+#                                  GPU workers killed and stopped (test_multi_worker, test_ps).
 #
 # `run` needs none of dtrain's build dependencies: the GPU machine has CUDA's runtime
 # libraries, a driver and PyTorch, and nothing else. .gpu/ is ignored by git, so it is
 # carried by name (the device tool's `carry: [".gpu"]`). Everything each command prints
 # also goes to $OUT/gpu-check.log (run), $OUT/gpu-bench.log (bench) or
 # $OUT/gpu-strategies.log when OUT is set, each row as soon as it is known. Each command
-# keeps to a budget (GPU_CHECK_SECONDS: 420 for run, 240 for bench, 200 for strategies), bounding every step by what is left and skipping, with a row that
+# keeps to a budget (GPU_CHECK_SECONDS: 420 for run, 240 for bench, 280 for strategies), bounding every step by what is left and skipping, with a row that
 # says so, what no longer fits, so the table always comes out. docs/gpu.md records each run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,10 +41,11 @@ prepare() {
   local build=build/release
   cmake --preset release >/dev/null
   cmake --build --preset release --target test_conformance test_gpu bench_gpu_mlp bench_resnet bench_transformer \
-    dtrain_command
+    dtrain_command test_multi_worker multi_worker_task test_ps ps_task
   rm -rf .gpu
   mkdir -p .gpu/bundle/bin .gpu/bundle/lib .gpu/fashion-mnist
-  for b in tests/test_conformance tests/test_gpu bench/bench_gpu_mlp bench/bench_resnet bench/bench_transformer dtrain; do
+  for b in tests/test_conformance tests/test_gpu bench/bench_gpu_mlp bench/bench_resnet bench/bench_transformer dtrain \
+           tests/test_multi_worker tests/multi_worker_task tests/test_ps tests/ps_task; do
     cp "$build/$b" .gpu/bundle/bin/
   done
   strip --strip-debug .gpu/bundle/bin/*
@@ -311,7 +313,7 @@ against_row() {
 # doctor's prediction of those workers (15%). Needs run's unpacked bundle.
 strategies() {
   [ -n "${OUT:-}" ] && log="$OUT/gpu-strategies.log" && : >"$log"
-  start_budget 200
+  start_budget 280
   setup || exit 2
   local bin=$root/bundle/bin
   # MirroredStrategy on two logical GPUs of the one GPU against the GPU alone, on the same
@@ -356,6 +358,21 @@ strategies() {
   row "the doctor's prediction of the two GPU workers" \
       "$(awk -v e="${err:-999}" 'BEGIN {print (e != 999 && e <= 15 && e >= -15 ? "passed" : "FAILED")}')" \
       "model check error ${err:-none}% (within 15% asked; --what-if ${probe:-none: the link was not measured})"
+  fi
+  # GPU workers' faults on the GPU: a multi_worker worker killed or stopped is named by the
+  # other, and a parameter-server worker killed or hung has its closure run elsewhere
+  # (the tests' task programs from the bundle; the other processes share the GPU).
+  if fits "GPU workers killed and stopped" 60; then
+  say "== GPU workers killed and stopped (test_multi_worker, test_ps)"
+  local f_out f_rc=0
+  f_out=$(DTRAIN_MULTI_WORKER_TASK=$bin/multi_worker_task timeout "$(bound 30)" "$bin/test_multi_worker" \
+            --gtest_filter='MultiWorker.*Gpu*' --gtest_brief=1 2>&1) || f_rc=$?
+  f_out+=$'\n'$(DTRAIN_PS_TASK=$bin/ps_task timeout "$(bound 30)" "$bin/test_ps" \
+            --gtest_filter='ParameterServerFaults.AWorkerKilled*:ParameterServerFaults.AHung*' --gtest_brief=1 2>&1) ||
+    f_rc=$?
+  echo "$f_out" | tail -8 | tee -a "$log"
+  row "GPU workers killed and stopped" "$([ $f_rc -eq 0 ] && echo passed || echo "FAILED (exit $f_rc)")" \
+      "$(echo "$f_out" | grep -oP '\[  PASSED  \] \K[0-9]+' | awk '{n += $1} END {print n + 0}') tests passed"
   fi
   # ParameterServerStrategy in TensorFlow's layout: a worker training on the GPU, its pulls
   # and pushes through page-locked memory, the chief and the ps on the CPU.

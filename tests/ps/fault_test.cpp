@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -22,6 +23,13 @@
 
 namespace dtrain {
 namespace {
+
+// The task program: DTRAIN_PS_TASK from the environment where set (the GPU
+// check runs these tests from its bundle), else the one this build made.
+std::string task_program() {
+  const char* given = std::getenv("DTRAIN_PS_TASK");
+  return given != nullptr && *given != '\0' ? given : DTRAIN_PS_TASK;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -45,7 +53,7 @@ class ParameterServerFaults : public testing::TempDirTest {
                                      std::vector<std::string> restart_args = {}) {
     const int total = 1 + workers + num_ps;
     const cluster::ClusterSpec spec = cluster::local_cluster(workers, num_ps, true, cluster::free_ports(total));
-    args.insert(args.begin(), DTRAIN_PS_TASK);
+    args.insert(args.begin(), task_program());
     std::map<std::string, Process> tasks;
     for (const cluster::TaskId& id : spec.tasks()) {
       Process p;
@@ -61,7 +69,7 @@ class ParameterServerFaults : public testing::TempDirTest {
       Process& first = tasks.at(abandoned);
       wait_for({abandoned}, tasks, limit);
       restarted_status_ = first.status;
-      restart_args.insert(restart_args.begin(), DTRAIN_PS_TASK);
+      restart_args.insert(restart_args.begin(), task_program());
       cluster::TaskId id{abandoned.substr(0, abandoned.find(':')), std::stoi(abandoned.substr(abandoned.find(':') + 1))};
       first.pid = testing::spawn(restart_args,
                                  {{"TF_CONFIG", cluster::tf_config_json(spec, id)},
