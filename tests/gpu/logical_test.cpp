@@ -10,6 +10,7 @@
 #include "common/error_message.h"
 #include "common/resume_check.h"
 #include "common/small_cnn.h"
+#include "common/small_models.h"
 #include "common/stand_in_gpu.h"
 #include "common/temp_dir.h"
 #include "dtrain/comm/nccl_group.h"
@@ -44,15 +45,6 @@ class LogicalGpus : public testing::TempDirTest {
   GpuForTests gpu_;  // first: it outlives every tensor the test makes
   const Device cuda0 = Device::cuda(0);
 };
-
-std::unique_ptr<Sequential> split_mlp() {
-  auto m = std::make_unique<Sequential>();
-  m->add<nn::Dense>(32, "relu", nn::DenseOptions{.seed = 1});
-  m->add<nn::Dense>(16, "tanh", nn::DenseOptions{.seed = 2});
-  m->add<nn::Dense>(4, "", nn::DenseOptions{.seed = 3});
-  m->compile("adam", "sparse_categorical_crossentropy", {"accuracy"}, /*from_logits=*/true);
-  return m;
-}
 
 FitOptions in_order(int epochs, int accumulate = 1) {
   FitOptions o;
@@ -99,7 +91,7 @@ TEST_F(LogicalGpus, ReplicasOnLogicalGpusTrainAsTheGpuAloneOnTheSameGlobalBatch)
   History h1;
   {
     DevicePlacement on_gpu(cuda0);
-    alone = split_mlp();
+    alone = testing::three_layer_classifier();
     h1 = alone->fit(d.x, d.y, in_order(3));
   }
   for (const int parts : {1, 2, 4}) {
@@ -109,7 +101,7 @@ TEST_F(LogicalGpus, ReplicasOnLogicalGpusTrainAsTheGpuAloneOnTheSameGlobalBatch)
     std::unique_ptr<Sequential> m;
     {
       auto scope = strategy.scope();
-      m = split_mlp();
+      m = testing::three_layer_classifier();
     }
     const History h = m->fit(d.x, d.y, in_order(3));
     EXPECT_EQ(m->device(), cuda0) << parts;
@@ -129,14 +121,14 @@ TEST_F(LogicalGpus, AccumulatedGradientsOnLogicalGpusMatchTheGpuAlone) {
   std::unique_ptr<Sequential> alone;
   {
     DevicePlacement on_gpu(cuda0);
-    alone = split_mlp();
+    alone = testing::three_layer_classifier();
     alone->fit(d.x, d.y, in_order(2, /*accumulate=*/3));
   }
   distribute::MirroredStrategy strategy(split(2));
   std::unique_ptr<Sequential> m;
   {
     auto scope = strategy.scope();
-    m = split_mlp();
+    m = testing::three_layer_classifier();
   }
   std::ostringstream text;
   FitOptions o = in_order(2, /*accumulate=*/3);
@@ -206,7 +198,7 @@ TEST_F(LogicalGpus, AnInterruptedJobResumesFromItsBackupToTheUninterruptedWeight
   testing::expect_resumes_bit_for_bit(
       [&] {
         auto scope = strategy.scope();
-        std::unique_ptr<Model> m = split_mlp();
+        std::unique_ptr<Model> m = testing::three_layer_classifier();
         m->build(Shape{10});  // a backup is restored into built weights
         return m;
       },

@@ -16,6 +16,7 @@
 #include "common/fake_nccl.h"
 #include "common/resume_check.h"
 #include "common/small_cnn.h"
+#include "common/small_models.h"
 #include "common/stand_in_gpu.h"
 #include "common/temp_dir.h"
 #include "dtrain/comm/local_store.h"
@@ -27,15 +28,6 @@ namespace {
 
 using testing::FakeNccl;
 using testing::GpuForTests;
-
-std::unique_ptr<Sequential> two_gpu_mlp() {
-  auto m = std::make_unique<Sequential>();
-  m->add<nn::Dense>(32, "relu", nn::DenseOptions{.seed = 1});
-  m->add<nn::Dense>(16, "tanh", nn::DenseOptions{.seed = 2});
-  m->add<nn::Dense>(4, "", nn::DenseOptions{.seed = 3});
-  m->compile("adam", "sparse_categorical_crossentropy", {"accuracy"}, /*from_logits=*/true);
-  return m;
-}
 
 FitOptions unshuffled(int epochs, std::int64_t batch = 64, int accumulate = 1) {
   FitOptions o;
@@ -94,7 +86,7 @@ TEST_F(MultiGpu, TwoGpusTrainAsOneOnTheSameGlobalBatchSummingOnTheFirstOrWithNcc
     SCOPED_TRACE(nccl ? "NCCL" : "reduction to one device");
     if (nccl) with_fake_nccl();
     std::unique_ptr<Model> alone, mirrored;
-    train_both([] { return two_gpu_mlp(); }, d.x, d.y, unshuffled(3), alone, mirrored, comm);
+    train_both([] { return testing::three_layer_classifier(); }, d.x, d.y, unshuffled(3), alone, mirrored, comm);
     // 3 epochs of 9 steps, 2 buckets a step on each of the 2 GPUs.
     if (nccl && gpus_.stand_in()) {
       EXPECT_EQ(nccl_.beside(), 3 * 9 * 2 * 2);
@@ -118,7 +110,7 @@ TEST_F(MultiGpu, AccumulationAndBatchNormsAcrossGpusMatchOneGpuOrCpuReplicas) {
     SCOPED_TRACE("accumulated");
     const data::Split d = data::make_synthetic(384, 10, 4, 6, data::SyntheticLabels::teacher);
     std::unique_ptr<Model> alone, mirrored;
-    train_both([] { return two_gpu_mlp(); }, d.x, d.y, unshuffled(2, 64, 3), alone, mirrored);
+    train_both([] { return testing::three_layer_classifier(); }, d.x, d.y, unshuffled(2, 64, 3), alone, mirrored);
     EXPECT_LE(testing::relative_difference(*mirrored, *alone), tolerance(1e-4));
   }
   const auto [x, y] = testing::random_images(64, 21);
@@ -165,7 +157,7 @@ TEST_F(MultiGpu, ACustomLoopReadsEachGpusCopyAndUpdatesOnce) {
   float alone_loss = 0;
   {
     DevicePlacement on_gpu(Device::cuda(0));
-    alone = two_gpu_mlp();
+    alone = testing::three_layer_classifier();
     alone->build(Shape{10});
     for (int s = 0; s < 2; ++s)
       alone_loss = step(*alone, alone_opt, d.x.to(Device::cuda(0)), d.y.to(Device::cuda(0)), 1.0f).to_vector()[0];
@@ -175,7 +167,7 @@ TEST_F(MultiGpu, ACustomLoopReadsEachGpusCopyAndUpdatesOnce) {
   std::unique_ptr<optim::SGD> opt;
   {
     auto scope = strategy.scope();
-    m = two_gpu_mlp();
+    m = testing::three_layer_classifier();
     m->build(Shape{10});
     opt = std::make_unique<optim::SGD>(0.1f);
   }
@@ -205,7 +197,7 @@ TEST_F(MultiGpu, AnInterruptedJobResumesFromItsBackupToTheUninterruptedWeights) 
   testing::expect_resumes_bit_for_bit(
       [&] {
         auto scope = strategy.scope();
-        std::unique_ptr<Model> m = two_gpu_mlp();
+        std::unique_ptr<Model> m = testing::three_layer_classifier();
         m->build(Shape{10});
         return m;
       },

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "common/compare.h"
+#include "common/small_models.h"
 #include "common/stand_in_gpu.h"
 #include "dtrain/dtrain.h"
 #include "ps/local_cluster.h"
@@ -26,17 +27,7 @@ constexpr std::int64_t kVocabulary = 50, kLength = 4;  // the embedding's
 
 using ModelMaker = std::function<std::unique_ptr<Model>()>;
 
-std::unique_ptr<Model> mlp_with_batch_norm() {
-  auto model = std::make_unique<Sequential>();
-  model->add<nn::Dense>(16, "linear", nn::DenseOptions{.seed = 1});
-  model->add<nn::BatchNormalization>(nn::BatchNormalizationOptions{.momentum = 0.9f});
-  model->add<nn::Activation>("relu");
-  model->add<nn::Dense>(10, "softmax", nn::DenseOptions{.seed = 2});
-  model->build(Shape{kFeatures});
-  model->compile(std::make_shared<optim::Adam>(0.01f), std::make_shared<losses::SparseCategoricalCrossentropy>(),
-                 {"accuracy"});
-  return model;
-}
+std::unique_ptr<Model> mlp_with_batch_norm() { return testing::mlp_with_batch_norm(kFeatures); }
 
 struct Task {
   std::unique_ptr<Model> model;

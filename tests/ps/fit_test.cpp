@@ -14,6 +14,7 @@
 
 #include "common/compare.h"
 #include "common/error_message.h"
+#include "common/small_models.h"
 #include "common/two_headed.h"
 #include "dtrain/dtrain.h"
 #include "ps/local_cluster.h"
@@ -52,17 +53,7 @@ std::unique_ptr<Sequential> compiled_model() {
 
 // The same with a batch norm between the layers: moving statistics that each step's forward
 // pass changes on the worker.
-std::unique_ptr<Sequential> compiled_model_with_batch_norm() {
-  auto model = std::make_unique<Sequential>();
-  model->add<nn::Dense>(16, "linear", nn::DenseOptions{.seed = 1});
-  model->add<nn::BatchNormalization>(nn::BatchNormalizationOptions{.momentum = 0.9f});
-  model->add<nn::Activation>("relu");
-  model->add<nn::Dense>(10, "softmax", nn::DenseOptions{.seed = 2});
-  model->build(Shape{kFeatures});
-  model->compile(std::make_shared<optim::Adam>(0.01f), std::make_shared<losses::SparseCategoricalCrossentropy>(),
-                 {"accuracy"});
-  return model;
-}
+std::unique_ptr<Sequential> compiled_model_with_batch_norm() { return testing::mlp_with_batch_norm(kFeatures); }
 
 using ModelMaker = std::function<std::unique_ptr<Model>()>;
 
