@@ -47,8 +47,10 @@ struct Args {
   // on its random images, instead of the MLP; "link" and "gpu_path": the probes instead.
   std::string model = "mlp";
   // Each worker trains on cuda:0 (the stand-in GPU where there is none), its replicas on
-  // logical GPUs of it.
+  // logical GPUs of it; with gpus > 1, a replica on each of that many GPUs (a stand-in of
+  // that many where the machine has fewer).
   bool gpu = false;
+  int gpus = 1;
 };
 
 Args parse(int argc, char** argv) {
@@ -74,6 +76,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--seed") a.seed = std::stoll(v);
     else if (k == "--model") a.model = v;
     else if (k == "--gpu") a.gpu = v == "1";
+    else if (k == "--gpus") a.gpus = std::stoi(v);
     else throw std::invalid_argument("unknown option " + k);
   }
   return a;
@@ -102,12 +105,17 @@ void run(const Args& a) {
   if (a.communication == "ring") comm.implementation = distribute::CommunicationImplementation::RING;
   std::vector<std::string> devices;
   std::optional<dtrain::testing::GpuForTests> gpu;
-  if (a.gpu) {
-    gpu.emplace();
-    set_logical_device_configuration(Device::cuda(0), std::vector<LogicalDeviceConfiguration>(
-                                                          static_cast<std::size_t>(a.replicas)));
+  if (a.gpus > 1) {
+    gpu.emplace(a.gpus);
+    for (int r = 0; r < a.gpus; ++r) devices.push_back("/gpu:" + std::to_string(r));
+  } else {
+    if (a.gpu) {
+      gpu.emplace();
+      set_logical_device_configuration(Device::cuda(0), std::vector<LogicalDeviceConfiguration>(
+                                                            static_cast<std::size_t>(a.replicas)));
+    }
+    for (int r = 0; r < a.replicas; ++r) devices.push_back((a.gpu ? "/gpu:" : "/cpu:") + std::to_string(r));
   }
-  for (int r = 0; r < a.replicas; ++r) devices.push_back((a.gpu ? "/gpu:" : "/cpu:") + std::to_string(r));
   if (a.seed >= 0) set_random_seed(static_cast<std::uint64_t>(a.seed));
   const cluster::TfConfig config = cluster::tf_config_from_environment();
   distribute::MultiWorkerMirroredStrategy strategy(config, comm, devices);
@@ -233,7 +241,8 @@ void run(const Args& a) {
   model->save_weights(a.out + "/" + task + ".safetensors");
   std::cout << std::setprecision(9) << "done " << task << " steps=" << model->optimizer().iterations()
             << " loss=" << history.history["loss"].back() << " samples_per_second=" << history.samples_per_second.back()
-            << " transport=" << strategy.backend()->transport() << std::endl;
+            << " replicas=" << strategy.num_local_replicas() << " transport=" << strategy.backend()->transport()
+            << std::endl;
 }
 
 TEST(MultiWorkerTask, TrainsAndEndsWithTheOtherWorkersWeights) {

@@ -363,6 +363,26 @@ TEST_F(MultiWorker, GpuWorkersSumThroughPinnedHostMemoryAndReachOneProcessWeight
   }
 }
 
+// Workers of two GPUs each (a stand-in of two GPUs in each process): each sums over its
+// GPUs, then its first GPU's sum goes to the other worker's through pinned host memory; they
+// reach one process's weights, and each has the chief's.
+TEST_F(MultiWorker, GpuWorkersOfTwoGpusEachReachOneProcessWeights) {
+  data::Split d = data::make_synthetic(10 * 64, kFeatures, 10, 7, data::SyntheticLabels::teacher);
+  auto reference = mlp();
+  reference->fit(d.x, d.y, quiet(64));
+  std::vector<std::string> args = size_args();
+  args.insert(args.end(), {"--gpus", "2", "--steps", "10"});
+  const std::vector<TaskResult> results = run_cluster(2, args);
+  for (const TaskResult& r : results) {
+    ASSERT_TRUE(r.exited_ok()) << describe(results);
+    EXPECT_NE(r.log.find(" replicas=2 transport=shared memory, staged through pinned host memory from cuda:0"),
+              std::string::npos)
+        << r.log;
+  }
+  EXPECT_LE(relative_difference(*saved(results[0].task), *reference), 1e-4);
+  EXPECT_EQ(relative_difference(*saved(results[1].task), *saved(results[0].task)), 0.0);
+}
+
 // A GPU worker killed or stopped mid-run is named by the others, as a CPU worker is: its
 // process ended, or alive but not answering within the collective timeout.
 TEST_F(MultiWorker, AKilledOrStoppedGpuWorkerIsNamedByTheOthers) {

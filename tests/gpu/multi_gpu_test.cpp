@@ -97,7 +97,8 @@ TEST_F(MultiGpu, TwoGpusTrainAsOneOnTheSameGlobalBatchSummingOnTheFirstOrWithNcc
                               "GPU"),
               std::string::npos)
         << first_line;
-    EXPECT_NE(first_line.find(nccl ? "with NCCL (a rank per GPU in this process)" : "on cuda:0, where the update runs"),
+    EXPECT_NE(first_line.find(nccl ? "with NCCL while backward runs (a rank per GPU in this process)"
+                                   : "after backward on cuda:0, where the update runs"),
               std::string::npos)
         << first_line;
   }

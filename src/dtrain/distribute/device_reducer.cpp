@@ -63,8 +63,15 @@ DeviceReducer::DeviceReducer(int replicas, std::span<Variable* const> vars, Devi
     outputs_[i] = flat_.slice(at, at + vars[i]->numel()).reshape(vars[i]->shape());
     at += vars[i]->numel();
   }
-  if (cross_.nccl) flags_.resize(vars.size());
-  else if (cross_.workers) staged_ = Tensor::empty_pinned({total + static_cast<std::int64_t>(vars.size())});
+  if (cross_.workers) {
+    workers_.emplace(cross_, total, vars.size());
+    had_.resize(vars.size());
+  }
+}
+
+WorkerSum::WorkerSum(CrossWorker cross, std::int64_t floats, std::size_t variables) : cross_(cross) {
+  if (cross_.nccl) flags_.resize(variables);
+  else staged_ = Tensor::empty_pinned({floats + static_cast<std::int64_t>(variables)});
 }
 
 void DeviceReducer::begin_step(bool reduce, std::span<const std::int64_t> /*row_bounds*/) { reduce_ = reduce; }
@@ -113,7 +120,9 @@ void DeviceReducer::finish(int replica) {
   if (!cross_.workers) return;
   if (replica == 0) {
     try {
-      sum_across_workers();
+      for (std::size_t i = 0; i < reduced_.size(); ++i) had_[i] = reduced_[i].defined();
+      workers_->sum(flat_, outputs_, had_, comm_track_);
+      for (std::size_t i = 0; i < reduced_.size(); ++i) reduced_[i] = had_[i] ? outputs_[i] : Tensor();
     } catch (const std::exception& e) {
       after_workers_.abort(0, e.what());  // the others stop waiting for it
       throw;
@@ -121,7 +130,7 @@ void DeviceReducer::finish(int replica) {
     if (track) {
       const Clock::time_point end = Clock::now();
       track->add(profile::Phase::communication, summed, end,
-                 cross_.nccl ? "sum across workers (NCCL)" : "sum across workers, through pinned host memory");
+                 workers_->nccl() ? "sum across workers (NCCL)" : "sum across workers, through pinned host memory");
       track->add_wait_for_communication_thread(seconds_between(summed, end));
     }
   }
@@ -142,42 +151,43 @@ std::string nccl_refusal(const std::vector<std::string>& uuids, const std::vecto
   return "";
 }
 
-void DeviceReducer::sum_across_workers() {
-  const std::size_t n = outputs_.size(), total = static_cast<std::size_t>(flat_.numel());
+void WorkerSum::sum(Tensor& flat, std::span<Tensor> parts, std::vector<char>& had, profile::Track* comm_track) {
+  const std::size_t n = parts.size(), total = static_cast<std::size_t>(flat.numel());
+  const Device device = flat.device();
   // A variable no replica here had a gradient for counts as zeros; a flag per variable says
   // which had one (the staged buffer's tail, or a list of their own beside NCCL).
   float* flags = cross_.nccl ? flags_.data() : staged_.data<float>() + total;
   for (std::size_t i = 0; i < n; ++i) {
-    flags[i] = reduced_[i].defined() ? 1.0f : 0.0f;
-    if (!reduced_[i].defined()) kernels::backend(device_).fill(outputs_[i], 0.0f);
+    flags[i] = had[i] ? 1.0f : 0.0f;
+    if (!had[i]) kernels::backend(device).fill(parts[i], 0.0f);
   }
   if (cross_.nccl) {
     // The flags over the workers' own transport; the values in place on the GPU.
     cross_.workers->run([&](comm::GlooGroup& group) { group.allreduce(flags, n, ~std::uint64_t{2}, comm::Wire::f32); });
     const Clock::time_point start = Clock::now();
-    cross_.nccl->all_reduce(static_cast<float*>(flat_.raw_device_data()), total);
-    if (comm_track_) {
-      comm_track_->add(profile::Phase::communication, start, Clock::now(), "all-reduce across workers (NCCL)");
-      comm_track_->add_bytes(total * sizeof(float));
+    cross_.nccl->all_reduce(static_cast<float*>(flat.raw_device_data()), total);
+    if (comm_track) {
+      comm_track->add(profile::Phase::communication, start, Clock::now(), "all-reduce across workers (NCCL)");
+      comm_track->add_bytes(total * sizeof(float));
     }
   } else {
     Tensor values = staged_.slice(0, static_cast<std::int64_t>(total));
-    values.copy_from(flat_);  // waits for the sums
+    values.copy_from(flat);  // waits for the sums
     // A key of its own, apart from the buffers of strategy.reduce (~0) and of CPU buckets.
     cross_.workers->run([&](comm::GlooGroup& group) {
       const Clock::time_point start = Clock::now();
       group.allreduce(staged_.data<float>(), total + n, ~std::uint64_t{1}, cross_.wire);
-      if (comm_track_) {
+      if (comm_track) {
         // The wait for a late peer is its own phase; the rest moved the bytes.
         const Clock::time_point joined = start + group.last_peer_wait(), end = Clock::now();
-        if (joined > start) comm_track_->add(profile::Phase::straggler_wait, start, joined, "waiting for peers");
-        comm_track_->add(profile::Phase::communication, joined, end, "all-reduce across workers");
-        comm_track_->add_bytes(comm::wire_bytes(total + n, cross_.wire));
+        if (joined > start) comm_track->add(profile::Phase::straggler_wait, start, joined, "waiting for peers");
+        comm_track->add(profile::Phase::communication, joined, end, "all-reduce across workers");
+        comm_track->add_bytes(comm::wire_bytes(total + n, cross_.wire));
       }
     });
-    flat_.copy_from(values);
+    flat.copy_from(values);
   }
-  for (std::size_t i = 0; i < n; ++i) reduced_[i] = flags[i] > 0.0f ? outputs_[i] : Tensor();
+  for (std::size_t i = 0; i < n; ++i) had[i] = flags[i] > 0.0f;
 }
 
 void DeviceReducer::abort(int replica, const std::string& why) {
@@ -187,7 +197,8 @@ void DeviceReducer::abort(int replica, const std::string& why) {
 
 MultiGpuReducer::MultiGpuReducer(std::vector<Device> gpus, std::span<Variable* const> vars,
                                  std::size_t bucket_bytes, std::chrono::milliseconds timeout,
-                                 std::vector<std::shared_ptr<comm::NcclGroup>> nccl, bool overlap)
+                                 std::vector<std::shared_ptr<comm::NcclGroup>> nccl, bool overlap,
+                                 CrossWorker cross)
     : gpus_(std::move(gpus)),
       nccl_(std::move(nccl)),
       overlap_(overlap),
@@ -225,6 +236,7 @@ MultiGpuReducer::MultiGpuReducer(std::vector<Device> gpus, std::span<Variable* c
       rep.flags_host = Tensor::empty_pinned({static_cast<std::int64_t>(vars.size())});
     }
   }
+  if (cross.workers) workers_.emplace(cross, total, vars.size());
 }
 
 void MultiGpuReducer::begin_step(bool reduce, std::span<const std::int64_t>) {
@@ -315,17 +327,25 @@ void MultiGpuReducer::finish(int replica) {
       }
     }
   }
-  if (replica == 0)
-    for (std::size_t i = 0; i < reduced_.size(); ++i) {
-      bool any = false;
-      if (!nccl_.empty()) any = rep.flags_host.data<float>()[i] > 0.0f;
-      else
-        for (const Replica& other : replicas_) any = any || other.had[i];
-      reduced_[i] = any ? rep.parts[i] : Tensor();
-    }
   if (!tracks_.empty() && tracks_[r])
     tracks_[r]->add(profile::Phase::communication, start, Clock::now(),
                     nccl_.empty() ? "sum gradients on the first GPU" : "all-reduce over the GPUs (NCCL)");
+  if (replica != 0) return;
+  std::vector<char> any(reduced_.size());
+  for (std::size_t i = 0; i < reduced_.size(); ++i) {
+    if (!nccl_.empty()) any[i] = rep.flags_host.data<float>()[i] > 0.0f;
+    else
+      for (const Replica& other : replicas_) any[i] = any[i] || other.had[i];
+  }
+  // GPU workers of several GPUs: this worker's sum, on its first GPU, over the workers.
+  if (workers_) {
+    const Clock::time_point summed = Clock::now();
+    workers_->sum(rep.flat, rep.parts, any, comm_track_);
+    if (!tracks_.empty() && tracks_[0])
+      tracks_[0]->add(profile::Phase::communication, summed, Clock::now(),
+                      workers_->nccl() ? "sum across workers (NCCL)" : "sum across workers, through pinned host memory");
+  }
+  for (std::size_t i = 0; i < reduced_.size(); ++i) reduced_[i] = any[i] ? rep.parts[i] : Tensor();
 }
 
 }  // namespace dtrain::distribute::detail

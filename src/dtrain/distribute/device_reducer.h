@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -36,6 +37,25 @@ bool sum_on_device(std::span<const Tensor> inputs, Tensor& out);
 // from the same lists, so all take the same path.
 std::string nccl_refusal(const std::vector<std::string>& uuids, const std::vector<std::string>& absences,
                          const std::vector<std::string>& tasks);
+
+// A worker's GPU buffer of every variable end to end (`parts` its variables), once its
+// replicas' sums are in it, summed over the workers in place: with NCCL where the workers
+// sum in one NCCL group (whether each variable had a gradient over the workers' own
+// transport beside it), else through pinned host memory (the flags in the staged buffer's
+// tail): one copy each way and the workers' all-reduce. Replica 0's work, after backward.
+class WorkerSum {
+ public:
+  WorkerSum(CrossWorker cross, std::int64_t floats, std::size_t variables);
+  // `had[i]`: this worker had variable i's gradient (its part is zeros otherwise, here);
+  // then: whether any worker had.
+  void sum(Tensor& flat, std::span<Tensor> parts, std::vector<char>& had, profile::Track* comm_track);
+  bool nccl() const { return cross_.nccl != nullptr; }
+
+ private:
+  CrossWorker cross_;
+  Tensor staged_;              // staged: the buffer, then a flag per variable, in pinned memory
+  std::vector<float> flags_;   // NCCL: a flag per variable
+};
 
 class DeviceReducer final : public GradientReducer {
  public:
@@ -62,9 +82,6 @@ class DeviceReducer final : public GradientReducer {
     std::vector<Tensor> sums;  // [variable] accumulating: the group's sum so far
     bool fresh = true;         // the first micro-batch of a group
   };
-  // Replica 0: the sums over this worker's replicas summed over the workers, through the
-  // pinned buffer; reduced_ then holds what some worker had.
-  void sum_across_workers();
 
   int replicas_;
   Device device_;
@@ -78,8 +95,8 @@ class DeviceReducer final : public GradientReducer {
   std::vector<Tensor> outputs_;       // [variable] its part of flat_, shaped like it
   std::vector<Tensor> reduced_;       // [variable] outputs_ where some replica had a gradient
   std::vector<std::vector<Tensor>> inputs_;  // [replica] its scratch list of one variable's gradients
-  Tensor staged_;                     // workers: flat_, then a flag per variable, in pinned memory
-  std::vector<float> flags_;          // workers over NCCL: a flag per variable
+  std::optional<WorkerSum> workers_;  // multi-worker: the sum across them
+  std::vector<char> had_;             // [variable] (multi-worker) some replica here had a gradient
   std::vector<profile::Track*> tracks_;
   profile::Track* comm_track_ = nullptr;  // workers: the communication thread's
 };
@@ -103,9 +120,11 @@ class MultiGpuReducer final : public GradientReducer {
  public:
   // `overlap` false: the buckets start after backward (a synchronized batch norm's sums
   // inside backward must not wait behind a bucket that waits for another replica).
+  // `cross`: GPU workers of several GPUs each; after the sum over this worker's GPUs, the
+  // first GPU's buffer is summed over the workers (WorkerSum).
   MultiGpuReducer(std::vector<Device> gpus, std::span<Variable* const> vars, std::size_t bucket_bytes,
                   std::chrono::milliseconds timeout, std::vector<std::shared_ptr<comm::NcclGroup>> nccl,
-                  bool overlap = true);
+                  bool overlap = true, CrossWorker cross = {});
 
   void begin_step(bool reduce, std::span<const std::int64_t> row_bounds) override;
   void gradient_ready(int replica, std::size_t index, const Tensor& grad) override;
@@ -115,8 +134,9 @@ class MultiGpuReducer final : public GradientReducer {
   // On the failed replica's thread: its NCCL rank is aborted there, and the others' waits
   // (or next collectives) abort theirs and throw.
   void abort(int replica, const std::string& why) override;
-  void set_profile(std::span<profile::Track* const> replicas, profile::Track*) override {
+  void set_profile(std::span<profile::Track* const> replicas, profile::Track* communication) override {
     tracks_.assign(replicas.begin(), replicas.end());
+    comm_track_ = communication;
   }
 
  private:
@@ -150,7 +170,9 @@ class MultiGpuReducer final : public GradientReducer {
   std::vector<Bucket> buckets_;         // in the order started
   std::vector<Replica> replicas_;
   std::vector<Tensor> reduced_;         // [variable] the first replica's part where some replica had a gradient
+  std::optional<WorkerSum> workers_;    // GPU workers of several GPUs: the sum across them
   std::vector<profile::Track*> tracks_;
+  profile::Track* comm_track_ = nullptr;
 };
 
 }  // namespace dtrain::distribute::detail

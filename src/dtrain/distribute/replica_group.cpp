@@ -172,7 +172,7 @@ void ReplicaGroup::run(const std::function<void(int replica)>& fn) {
 int ReplicaGroup::num_workers() const { return options_.workers ? options_.workers->size() : 1; }
 int ReplicaGroup::worker_index() const { return options_.workers ? options_.workers->rank() : 0; }
 std::string ReplicaGroup::transport() const {
-  if (several_gpus())
+  if (several_gpus() && !options_.workers)
     return options_.replica_nccl.empty() ? "copies to " + options_.placement->to_string() + " (" + options_.no_nccl + ")"
                                          : options_.replica_nccl.front()->describe();
   if (!options_.workers) return "";
@@ -188,14 +188,19 @@ std::string ReplicaGroup::replicas_note() const {
   if (several_gpus()) {
     std::string gpus;
     for (const Device& d : options_.gpus) gpus += (gpus.empty() ? "" : ", ") + d.to_string();
-    return dtrain::detail::concat(
+    std::string note = dtrain::detail::concat(
         name(), ": ", num_replicas(), " replicas on ", gpus, ", each with a copy of the weights on its GPU, sum "
-        "their gradients after backward ",
+        "their gradients ",
         options_.replica_nccl.empty()
-            ? "on " + options_.placement->to_string() + ", where the update runs (reduction to one device: " +
-                  options_.no_nccl + ")"
-            : "with NCCL (a rank per GPU in this process), and the update on " + options_.placement->to_string() +
-                  " reaches the others before the next step");
+            ? "after backward on " + options_.placement->to_string() + ", where the update runs (reduction to one "
+                  "device: " + options_.no_nccl + ")"
+            : "with NCCL while backward runs (a rank per GPU in this process), and the update on " +
+                  options_.placement->to_string() + " reaches the others before the next step");
+    if (!options_.workers) return note;
+    return dtrain::detail::concat(note, "; then ", options_.placement->to_string(), "'s sum goes to the other workers' ",
+                                  options_.nccl ? "in " + options_.nccl->describe()
+                                                : "through pinned host memory (" + options_.workers->transport() +
+                                                      "), not with NCCL: " + options_.no_nccl);
   }
   const std::string gpu = options_.placement->to_string();
   std::string note;
@@ -220,8 +225,9 @@ std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variab
                                                               std::span<const DenseVariables> dense,
                                                               bool collectives_in_backward) {
   if (several_gpus())
-    return std::make_unique<MultiGpuReducer>(options_.gpus, vars, options_.bucket_bytes, options_.timeout,
-                                             options_.replica_nccl, !collectives_in_backward);
+    return std::make_unique<MultiGpuReducer>(
+        options_.gpus, vars, options_.bucket_bytes, options_.timeout, options_.replica_nccl, !collectives_in_backward,
+        CrossWorker{options_.workers.get(), false, options_.wire, options_.nccl.get()});
   // A GPU worker of one replica in NCCL's group: its buckets summed with the other workers'
   // while backward runs.
   if (on_gpu() && options_.nccl && num_replicas() == 1)

@@ -166,10 +166,6 @@ std::shared_ptr<detail::ReplicaGroup> make_group(std::string name, const std::ve
     } else if (physical.size() < o.gpus.size()) {
       DTRAIN_THROW(Unsupported, o.name, ": devices ", listed, " are logical GPUs of several ",
                    "GPUs; replicas are either on logical GPUs of one GPU or each on a GPU of its own");
-    } else if (workers) {
-      DTRAIN_THROW(Unsupported, o.name, ": each worker's replicas on several GPUs (", listed,
-                   ") are not in dtrain yet; give each worker one GPU (or logical GPUs of one), and run a worker ",
-                   "per GPU");
     }
   }
   o.threads_per_replica = std::max(1, cores / static_cast<int>(devices.size()));
