@@ -28,7 +28,7 @@
 # carried by name (the device tool's `carry: [".gpu"]`). Everything each command prints
 # also goes to $OUT/gpu-check.log (run), $OUT/gpu-bench.log (bench) or
 # $OUT/gpu-strategies.log when OUT is set, each row as soon as it is known. Each command
-# keeps to a budget (GPU_CHECK_SECONDS: 420 for run, 240 for bench, 280 for strategies), bounding every step by what is left and skipping, with a row that
+# keeps to a budget (GPU_CHECK_SECONDS: 420 for run, 240 for bench, 310 for strategies), bounding every step by what is left and skipping, with a row that
 # says so, what no longer fits, so the table always comes out. docs/gpu.md records each run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -313,7 +313,7 @@ against_row() {
 # doctor's prediction of those workers (15%). Needs run's unpacked bundle.
 strategies() {
   [ -n "${OUT:-}" ] && log="$OUT/gpu-strategies.log" && : >"$log"
-  start_budget 280
+  start_budget 310
   setup || exit 2
   local bin=$root/bundle/bin
   # MirroredStrategy on two logical GPUs of the one GPU against the GPU alone, on the same
@@ -362,12 +362,12 @@ strategies() {
   # GPU workers' faults on the GPU: a multi_worker worker killed or stopped is named by the
   # other, and a parameter-server worker killed or hung has its closure run elsewhere
   # (the tests' task programs from the bundle; the other processes share the GPU).
-  if fits "GPU workers killed and stopped" 60; then
+  if fits "GPU workers killed and stopped" 90; then
   say "== GPU workers killed and stopped (test_multi_worker, test_ps)"
   local f_out f_rc=0
-  f_out=$(DTRAIN_MULTI_WORKER_TASK=$bin/multi_worker_task timeout "$(bound 30)" "$bin/test_multi_worker" \
-            --gtest_filter='MultiWorker.*Gpu*' --gtest_brief=1 2>&1) || f_rc=$?
-  f_out+=$'\n'$(DTRAIN_PS_TASK=$bin/ps_task timeout "$(bound 30)" "$bin/test_ps" \
+  f_out=$(DTRAIN_MULTI_WORKER_TASK=$bin/multi_worker_task timeout "$(bound 40)" "$bin/test_multi_worker" \
+            --gtest_filter='MultiWorker.AKilledOrStoppedGpuWorker*' --gtest_brief=1 2>&1) || f_rc=$?
+  f_out+=$'\n'$(DTRAIN_PS_TASK=$bin/ps_task timeout "$(bound 45)" "$bin/test_ps" \
             --gtest_filter='ParameterServerFaults.AWorkerKilled*:ParameterServerFaults.AHung*' --gtest_brief=1 2>&1) ||
     f_rc=$?
   echo "$f_out" | tail -8 | tee -a "$log"

@@ -158,7 +158,12 @@ TEST_F(NcclGroupTest, ACancelledGroupAbortsItsWaitNamingTheFailedRank) {
     }
     std::vector<float> x{1, 2};
     first = std::move(group);
-    first->start_all_reduce(x.data(), x.size());  // rank 1 never starts its own
+    try {
+      first->start_all_reduce(x.data(), x.size());  // rank 1 never starts its own
+    } catch (...) {
+      started.count_down();  // rank 1 waits for it, whatever happened here
+      throw;
+    }
     started.count_down();
     message = message_of<PeerFailure>([&] { first->finish_all_reduces(); });
   });

@@ -215,9 +215,11 @@ TEST_F(MultiGpu, GpuWorkersSumEachBucketDuringBackwardAndAgreeOnWhichHadGradient
   Variable* vars[] = {&a, &b, &c};
   auto store = std::make_shared<comm::LocalStore>("the workers' store");
   std::vector<std::vector<std::vector<float>>> got(2);
+  std::vector<std::string> errors(2);
   std::vector<std::thread> workers;
   for (int w = 0; w < 2; ++w)
     workers.emplace_back([&, w] {
+     try {
       const Device gpu = Device::cuda(w);
       auto ranks = std::make_shared<comm::NcclGroup>(
           nccl_.api, store, comm::NcclGroupOptions{w, 2, {"worker:0", "worker:1"}, w, std::chrono::seconds(5)});
@@ -230,8 +232,12 @@ TEST_F(MultiGpu, GpuWorkersSumEachBucketDuringBackwardAndAgreeOnWhichHadGradient
       reducer.gradient_ready(0, 0, w == 0 ? Tensor::from_vector({2}, {5, 6}).to(gpu) : Tensor());
       reducer.finish(0);
       for (const Tensor& t : reducer.reduced(0)) got[static_cast<std::size_t>(w)].push_back(t.to_vector());
+     } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(w)] = e.what();
+     }
     });
   for (std::thread& t : workers) t.join();
+  EXPECT_EQ(errors, (std::vector<std::string>{"", ""}));
   for (const auto& sums : got) {
     ASSERT_EQ(sums.size(), 3u);
     EXPECT_EQ(sums[0], (std::vector<float>{5, 6}));

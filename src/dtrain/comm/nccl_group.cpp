@@ -72,12 +72,13 @@ NcclGroup::NcclGroup(const NcclApi& api, std::shared_ptr<RendezvousStore> store,
 
 NcclGroup::~NcclGroup() {
   if (comm_ == nullptr) return;
-  if (failed_) api_.abort(comm_);
+  if (failed_ || cancelled_.load(std::memory_order_acquire)) api_.abort(comm_);
   else api_.destroy(comm_);
 }
 
 void NcclGroup::abort_communicator() {
   failed_ = true;
+  started_.clear();  // nothing started is waited for any more
   if (comm_ == nullptr) return;
   api_.abort(comm_);
   comm_ = nullptr;
@@ -147,6 +148,7 @@ void NcclGroup::start_all_reduce(float* data, std::size_t count) {
 
 void NcclGroup::finish_all_reduces() {
   if (started_.empty()) return;
+  if (failed_ || comm_ == nullptr) DTRAIN_THROW(InvalidArgument, "NCCL group: used again after it failed");
   const std::string op = std::exchange(started_, std::string());
   wait_done(op);
   if (const int r = api_.join(comm_, options_.device); r != kNcclSuccess) fail(op, r);

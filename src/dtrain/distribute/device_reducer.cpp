@@ -231,7 +231,7 @@ MultiGpuReducer::MultiGpuReducer(std::vector<Device> gpus, std::span<Variable* c
     rep.had.assign(vars.size(), 0);
     rep.reported.assign(vars.size(), 0);
     if (r > 0 && nccl_.empty()) rep.scratch = Tensor::empty({total}, DType::f32, gpus_[0]);
-    if (!nccl_.empty()) {
+    if (flags_over_nccl()) {
       rep.flags = Tensor::empty({static_cast<std::int64_t>(vars.size())}, DType::f32, gpus_[r]);
       rep.flags_host = Tensor::empty_pinned({static_cast<std::int64_t>(vars.size())});
     }
@@ -310,12 +310,14 @@ void MultiGpuReducer::finish(int replica) {
     comm::NcclGroup& ranks = *nccl_[r];
     start_buckets(rep, replica);  // every bucket is complete now
     ranks.finish_all_reduces();
-    // Which variables had a gradient on any rank (another worker's included).
-    float* flags = rep.flags_host.data<float>();
-    for (std::size_t i = 0; i < rep.had.size(); ++i) flags[i] = rep.had[i] ? 1.0f : 0.0f;
-    rep.flags.copy_from(rep.flags_host);
-    ranks.all_reduce(static_cast<float*>(rep.flags.raw_device_data()), rep.had.size());
-    rep.flags_host.copy_from(rep.flags);
+    if (flags_over_nccl()) {
+      // Which variables had a gradient on any rank: another worker's.
+      float* flags = rep.flags_host.data<float>();
+      for (std::size_t i = 0; i < rep.had.size(); ++i) flags[i] = rep.had[i] ? 1.0f : 0.0f;
+      rep.flags.copy_from(rep.flags_host);
+      ranks.all_reduce(static_cast<float*>(rep.flags.raw_device_data()), rep.had.size());
+      rep.flags_host.copy_from(rep.flags);
+    }
     barrier_.arrive_and_wait(replica);
   } else {
     barrier_.arrive_and_wait(replica);  // every replica's buffer is queued
@@ -333,7 +335,7 @@ void MultiGpuReducer::finish(int replica) {
   if (replica != 0) return;
   std::vector<char> any(reduced_.size());
   for (std::size_t i = 0; i < reduced_.size(); ++i) {
-    if (!nccl_.empty()) any[i] = rep.flags_host.data<float>()[i] > 0.0f;
+    if (flags_over_nccl()) any[i] = rep.flags_host.data<float>()[i] > 0.0f;
     else
       for (const Replica& other : replicas_) any[i] = any[i] || other.had[i];
   }

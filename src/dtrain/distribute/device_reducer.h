@@ -113,8 +113,8 @@ class DeviceReducer final : public GradientReducer {
 //   replica starts the buckets in the same order (a bucket waits for those before it);
 // - else, after backward, reduced to the first GPU (TensorFlow's ReductionToOneDevice):
 //   replica 0 copies the others' buffers there and adds them with its kernels.
-// Which variables had a gradient on any rank is summed with NCCL too, after backward. The
-// optimizer then updates the variables once, on the first GPU, from reduced(); the
+// A GPU worker of one replica sums which variables had a gradient with NCCL too, after
+// backward. The optimizer then updates the variables once, on the first GPU, from reduced(); the
 // strategy copies them to the other GPUs before the replicas run again.
 class MultiGpuReducer final : public GradientReducer {
  public:
@@ -160,6 +160,9 @@ class MultiGpuReducer final : public GradientReducer {
   void reported(Replica& replica, int r, std::size_t index);
   // (NCCL) Starts the replica's complete buckets, in order, up to the first incomplete one.
   void start_buckets(Replica& replica, int r);
+  // A GPU worker's one replica, its NCCL rank among the workers': which variables had a
+  // gradient is summed over them too (in one process the replicas' own lists say it).
+  bool flags_over_nccl() const { return !nccl_.empty() && gpus_.size() == 1; }
 
   std::vector<Device> gpus_;
   std::vector<std::shared_ptr<comm::NcclGroup>> nccl_;  // [replica]; empty: reduce to the first GPU

@@ -173,8 +173,9 @@ int ReplicaGroup::num_workers() const { return options_.workers ? options_.worke
 int ReplicaGroup::worker_index() const { return options_.workers ? options_.workers->rank() : 0; }
 std::string ReplicaGroup::transport() const {
   if (several_gpus() && !options_.workers)
-    return options_.replica_nccl.empty() ? "copies to " + options_.placement->to_string() + " (" + options_.no_nccl + ")"
-                                         : options_.replica_nccl.front()->describe();
+    return options_.replica_nccl.empty()
+               ? "copies to " + options_.placement->to_string() + " (" + options_.no_replica_nccl + ")"
+               : options_.replica_nccl.front()->describe();
   if (!options_.workers) return "";
   if (!on_gpu()) return options_.workers->transport();
   if (options_.nccl) return options_.nccl->describe();
@@ -193,7 +194,7 @@ std::string ReplicaGroup::replicas_note() const {
         "their gradients ",
         options_.replica_nccl.empty()
             ? "after backward on " + options_.placement->to_string() + ", where the update runs (reduction to one "
-                  "device: " + options_.no_nccl + ")"
+                  "device: " + options_.no_replica_nccl + ")"
             : "with NCCL while backward runs (a rank per GPU in this process), and the update on " +
                   options_.placement->to_string() + " reaches the others before the next step");
     if (!options_.workers) return note;
@@ -226,7 +227,8 @@ std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variab
                                                               bool collectives_in_backward) {
   if (several_gpus())
     return std::make_unique<MultiGpuReducer>(
-        options_.gpus, vars, options_.bucket_bytes, options_.timeout, options_.replica_nccl, !collectives_in_backward,
+        options_.gpus, vars, options_.bucket_bytes, options_.timeout, options_.replica_nccl,
+        options_.overlap && !collectives_in_backward,
         CrossWorker{options_.workers.get(), false, options_.wire, options_.nccl.get()});
   // A GPU worker of one replica in NCCL's group: its buckets summed with the other workers'
   // while backward runs.

@@ -47,6 +47,7 @@ struct GroupOptions {
   // and the NCCL ranks they sum in ([replica]; empty: reduced to the first GPU, and why).
   std::vector<Device> gpus;
   std::vector<std::shared_ptr<comm::NcclGroup>> replica_nccl;
+  std::string no_replica_nccl;
 };
 
 class ReplicaGroup final : public StrategyBackend, public CrossReplica, public dtrain::detail::VariableTracker {

@@ -72,14 +72,14 @@ void choose_gpu_path(detail::GroupOptions& o) {
 // NCCL and cross_device_ops asks for no copies to one device; else why not.
 void choose_replica_path(detail::GroupOptions& o, CrossDeviceOps ops) {
   if (ops == CrossDeviceOps::HIERARCHICAL_COPY || ops == CrossDeviceOps::REDUCTION_TO_ONE_DEVICE) {
-    o.no_nccl = ops == CrossDeviceOps::HIERARCHICAL_COPY ? "cross_device_ops HierarchicalCopyAllReduce"
+    o.no_replica_nccl = ops == CrossDeviceOps::HIERARCHICAL_COPY ? "cross_device_ops HierarchicalCopyAllReduce"
                                                          : "cross_device_ops ReductionToOneDevice";
     return;
   }
   std::string absence;
   const comm::NcclApi* nccl = nccl_for(*device_runtime(o.placement->type), absence);
   if (!nccl) {
-    o.no_nccl = "no NCCL: " + absence;
+    o.no_replica_nccl = "no NCCL: " + absence;
     return;
   }
   const int n = static_cast<int>(o.gpus.size());
