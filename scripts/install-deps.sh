@@ -20,6 +20,7 @@ packages=(
   libsentencepiece-dev                    # subword tokenizers trained and applied by the text pipeline
   chromium-headless-shell                 # the doctor's HTML report, opened in a real browser by a test
   slurmctld slurmd slurm-client munge     # a single-node Slurm for the cluster tests (scripts/slurm_local.sh)
+  iproute2                                # ip netns for the emulated hosts, ss for the free ports of the Slurm test
 )
 
 # `--peers` adds what the side-by-side benchmarks need: PyTorch (run with /usr/bin/python3)
