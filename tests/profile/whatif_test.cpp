@@ -260,6 +260,28 @@ WorkerSummary row(double step, double compute, double comm) {
   return w;
 }
 
+// Replicas on a GPU: logical GPUs of one GPU run one replica's kernels after another's on
+// its one stream (twice one replica's compute for two); GPUs of their own compute at once.
+TEST(WhatIf, ModelCheckTakesLogicalGpusInTurnAndGpusOfTheirOwnAtOnce) {
+  auto on_gpu = [](WorkerSummary w) {
+    w.totals.gpu[static_cast<std::size_t>(Phase::forward)] = w.totals.phases[static_cast<std::size_t>(Phase::forward)];
+    w.totals.gpu[static_cast<std::size_t>(Phase::backward)] = w.totals.phases[static_cast<std::size_t>(Phase::backward)];
+    return w;
+  };
+  const ScaleRun one{.workers = 1, .replicas = 1, .global_batch = 64, .samples_per_second = 6400,
+                     .rows = {on_gpu(row(0.010, 0.009, 0))}};
+  ScaleRun two{.workers = 1, .replicas = 2, .global_batch = 128, .samples_per_second = 12000,
+               .rows = {on_gpu(row(0.010, 0.009, 0))}};
+  const std::vector<Check> logical = model_check({one, two}, Link{});
+  ASSERT_EQ(logical.size(), 1u);
+  EXPECT_NEAR(logical[0].prediction.step, 0.001 + 2 * 0.009, 1e-12);
+  two.gpus = 2;
+  const std::vector<Check> own = model_check({one, two}, Link{});
+  ASSERT_EQ(own.size(), 1u);
+  EXPECT_NEAR(own[0].prediction.step, 0.010, 1e-12);
+  EXPECT_NEAR(own[0].prediction.samples_per_second, 128 / 0.010, 1e-6);
+}
+
 TEST(WhatIf, AParameterServerStepIsTheClosurePlusAPullAndAPushBoundedByThePsLink) {
   StepModel m = model();  // 2 ms fixed: 1 ms of it the optimizer (which moves to the ps)...
   m.input = 0.001;          // ...and 1 ms input wait

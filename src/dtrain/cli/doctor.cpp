@@ -141,6 +141,7 @@ profile::ScaleRun scale_run_from_summary(const std::string& summary_path) {
   try {
     run.workers = std::max(1, j.value("workers", 1));
     run.replicas = std::max(1, j.value("replicas", 1) / run.workers);
+    run.gpus = std::max(1, j.value("gpus", 1));
     run.global_batch = j.value("batch_size", std::int64_t{0});
     run.samples_per_second = j.value("samples_per_second", 0.0);
     run.gradient_bytes = j.value("gradient_bytes_per_step", 0.0);

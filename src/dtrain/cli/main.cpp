@@ -611,6 +611,11 @@ int run_fit(const std::string& path, const Overrides& o) {
     j["dtype_policy"] = model_policy(*model);
     j["strategy"] = ps ? ps->name() : strategy ? strategy->name() : "default";
     j["replicas"] = replicas;  // in sync, over every worker
+    if (strategy && !device.is_cpu()) {  // the GPUs of their own this worker's replicas ran on
+      std::set<int> gpus;
+      for (const std::string& name : strategy->devices()) gpus.insert(parse_device(name).index);
+      j["gpus"] = gpus.size();
+    }
     j["workers"] = ps ? ps->num_workers() : strategy ? strategy->num_workers() : 1;
     if (ps) {
       j["ps"] = ps->num_ps();

@@ -16,6 +16,9 @@ namespace dtrain::profile {
 struct ScaleRun {
   int workers = 1;
   int replicas = 1;  // per worker
+  // On GPUs: the GPUs of their own a worker's replicas ran on (1: one GPU, its logical
+  // GPUs sharing its one stream).
+  int gpus = 1;
   std::int64_t global_batch = 0;
   double samples_per_second = 0;    // global, steady state
   std::vector<WorkerSummary> rows;  // [worker]

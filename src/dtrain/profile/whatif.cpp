@@ -631,8 +631,8 @@ std::vector<Check> model_check(const std::vector<ScaleRun>& runs, const Link& li
       const double cores_one = one->cores_computing(), cores = r.cores_computing();
       slower = std::max(1.0, r.replicas * (cores_one > 0 && cores > 0 ? cores_one / cores : 1.0));
       // Logical GPUs of one GPU queue their kernels on its one stream, one replica's after
-      // another's.
-      if (on_gpu) slower = r.replicas;
+      // another's; GPUs of their own compute at once, each its replica's rows.
+      if (on_gpu) slower = r.gpus > 1 ? 1.0 : r.replicas;
     }
     // dtrain's GPU workers sum through the host after backward, over PCIe (Gen5 assumed).
     if (on_gpu && r.workers > 1 && r.ps == 0) m.staging = kPcie5BytesPerSecond;
