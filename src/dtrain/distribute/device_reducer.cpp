@@ -204,7 +204,8 @@ MultiGpuReducer::MultiGpuReducer(std::vector<Device> gpus, std::span<Variable* c
       overlap_(overlap),
       barrier_(static_cast<int>(gpus_.size()), /*spins=*/0, timeout, "gradient sum over the GPUs"),
       replicas_(gpus_.size()),
-      reduced_(vars.size()) {
+      reduced_(vars.size()),
+      any_(vars.size()) {
   std::vector<std::int64_t> numels, offsets;
   std::int64_t total = 0;
   for (const Variable* v : vars) {
@@ -333,8 +334,9 @@ void MultiGpuReducer::finish(int replica) {
     tracks_[r]->add(profile::Phase::communication, start, Clock::now(),
                     nccl_.empty() ? "sum gradients on the first GPU" : "all-reduce over the GPUs (NCCL)");
   if (replica != 0) return;
-  std::vector<char> any(reduced_.size());
+  std::vector<char>& any = any_;
   for (std::size_t i = 0; i < reduced_.size(); ++i) {
+    any[i] = 0;
     if (flags_over_nccl()) any[i] = rep.flags_host.data<float>()[i] > 0.0f;
     else
       for (const Replica& other : replicas_) any[i] = any[i] || other.had[i];

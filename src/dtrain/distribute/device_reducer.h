@@ -173,6 +173,7 @@ class MultiGpuReducer final : public GradientReducer {
   std::vector<Bucket> buckets_;         // in the order started
   std::vector<Replica> replicas_;
   std::vector<Tensor> reduced_;         // [variable] the first replica's part where some replica had a gradient
+  std::vector<char> any_;               // [variable] some replica (or worker) had a gradient this step
   std::optional<WorkerSum> workers_;    // GPU workers of several GPUs: the sum across them
   std::vector<profile::Track*> tracks_;
   profile::Track* comm_track_ = nullptr;

@@ -199,9 +199,7 @@ std::string ReplicaGroup::replicas_note() const {
                   options_.placement->to_string() + " reaches the others before the next step");
     if (!options_.workers) return note;
     return dtrain::detail::concat(note, "; then ", options_.placement->to_string(), "'s sum goes to the other workers' ",
-                                  options_.nccl ? "in " + options_.nccl->describe()
-                                                : "through pinned host memory (" + options_.workers->transport() +
-                                                      "), not with NCCL: " + options_.no_nccl);
+                                  options_.nccl ? "in " + options_.nccl->describe() : staged_words());
   }
   const std::string gpu = options_.placement->to_string();
   std::string note;
@@ -216,8 +214,12 @@ std::string ReplicaGroup::replicas_note() const {
   if (options_.nccl)
     return note + " with the other workers' in " + options_.nccl->describe() +
            (num_replicas() == 1 ? ", each bucket while backward runs" : " after backward");
-  return dtrain::detail::concat(note, " with the other workers' through pinned host memory after backward (",
-                                options_.workers->transport(), "), not with NCCL: ", options_.no_nccl);
+  return note + " with the other workers' " + staged_words();
+}
+
+std::string ReplicaGroup::staged_words() const {
+  return dtrain::detail::concat("through pinned host memory after backward (", options_.workers->transport(),
+                                "), not with NCCL: ", options_.no_nccl);
 }
 
 bool ReplicaGroup::shares_memory() const { return options_.workers && options_.workers->shares_memory(); }
@@ -225,24 +227,22 @@ bool ReplicaGroup::shares_memory() const { return options_.workers && options_.w
 std::unique_ptr<GradientReducer> ReplicaGroup::gradient_reducer(std::span<Variable* const> vars,
                                                               std::span<const DenseVariables> dense,
                                                               bool collectives_in_backward) {
+  const bool overlap = options_.overlap && !collectives_in_backward;
+  // On GPUs the sum across workers follows the replicas' own, from the first GPU.
+  const CrossWorker after_replicas{options_.workers.get(), false, options_.wire, options_.nccl.get()};
   if (several_gpus())
-    return std::make_unique<MultiGpuReducer>(
-        options_.gpus, vars, options_.bucket_bytes, options_.timeout, options_.replica_nccl,
-        options_.overlap && !collectives_in_backward,
-        CrossWorker{options_.workers.get(), false, options_.wire, options_.nccl.get()});
+    return std::make_unique<MultiGpuReducer>(options_.gpus, vars, options_.bucket_bytes, options_.timeout,
+                                             options_.replica_nccl, overlap, after_replicas);
   // A GPU worker of one replica in NCCL's group: its buckets summed with the other workers'
   // while backward runs.
   if (on_gpu() && options_.nccl && num_replicas() == 1)
     return std::make_unique<MultiGpuReducer>(std::vector<Device>{*options_.placement}, vars, options_.bucket_bytes,
                                              options_.timeout,
-                                             std::vector<std::shared_ptr<comm::NcclGroup>>{options_.nccl},
-                                             options_.overlap && !collectives_in_backward);
+                                             std::vector<std::shared_ptr<comm::NcclGroup>>{options_.nccl}, overlap);
   // Replicas on one GPU's logical GPUs sum on the device, after backward: they share its
   // one queue, so there is nothing to overlap.
   if (on_gpu())
-    return std::make_unique<DeviceReducer>(num_replicas(), vars, *options_.placement, options_.timeout,
-                                           CrossWorker{options_.workers.get(), false, options_.wire, options_.nccl.get()});
-  const bool overlap = options_.overlap && !collectives_in_backward;
+    return std::make_unique<DeviceReducer>(num_replicas(), vars, *options_.placement, options_.timeout, after_replicas);
   return std::make_unique<BucketReducer>(num_replicas(), vars, options_.bucket_bytes,
                                          CrossWorker{options_.workers.get(), overlap, options_.wire}, dense,
                                          options_.timeout);
@@ -299,8 +299,8 @@ void ReplicaGroup::synchronize_variables(std::span<Variable* const> vars, const 
       DTRAIN_THROW(InvalidArgument, name(), ": variable '", v->name(), "' is ", dtype_name(v->dtype()),
                    "; only float32 variables are kept in sync between workers");
   // Then every worker starts from the chief's values (a GPU's through the host).
-  std::vector<Tensor> staged;
-  for (Variable* v : vars) staged.push_back(v->value_device().is_cpu() ? v->mutable_value() : v->value().to(Device::cpu()));
+  std::vector<Tensor> staged;  // a CPU variable's own value
+  for (Variable* v : vars) staged.push_back(v->mutable_value().to(Device::cpu()));
   w.run([&](comm::GlooGroup& group) {
     for (Tensor& t : staged) group.broadcast(t.data<float>(), static_cast<std::size_t>(t.numel()), 0);
   });

@@ -96,6 +96,9 @@ class ReplicaGroup final : public StrategyBackend, public CrossReplica, public d
   // Several GPUs, before the replicas run: every variable's value copied to its mirrors
   // (made the first time) on the other GPUs.
   void refresh_mirrors();
+  // Workers summing through the host: "through pinned host memory after backward (...), not
+  // with NCCL: why".
+  std::string staged_words() const;
   // Every replica waits until all have arrived; throws PeerFailure once a replica failed,
   // and Timeout naming `what` and the replicas that never arrived once the timeout passed
   // (which fails the run for everyone).

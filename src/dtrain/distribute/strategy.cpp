@@ -188,6 +188,34 @@ std::vector<std::string> cpu_devices(int n, const char* who) {
 
 const char* op_name(ReduceOp op) { return op == ReduceOp::SUM ? "SUM" : "MEAN"; }
 
+// The samples a link is fitted from: `timings(floats, repeats)` (every worker calls it
+// alike) of 1 KiB (`small_repeats` times), 1 MiB (5) and a large buffer sized to take
+// about a quarter of a second (3), their medians; and the 1 MiB timings themselves.
+// Every worker must all-reduce the same size: the large one comes from the mean of the
+// workers' 1 MiB medians, which the sum over the workers makes the same everywhere.
+struct ThreeSizes {
+  std::vector<MultiWorkerMirroredStrategy::LinkMeasurement::Sample> samples;
+  std::vector<double> middles;
+};
+ThreeSizes time_three_sizes(detail::ReplicaGroup& group, int n,
+                            const std::function<std::vector<double>(std::int64_t, int)>& timings, int small_repeats) {
+  const std::int64_t small = 256, middle = 1 << 18;
+  ThreeSizes out;
+  const double t_small = percentile(timings(small, small_repeats), 0.5);
+  out.middles = timings(middle, 5);
+  const double t_middle = percentile(out.middles, 0.5);
+  std::vector<double> mean{t_middle};
+  group.sum_over_workers(mean);
+  const double scale = 0.25 / std::max(mean[0] / n, 1e-6);
+  const std::int64_t large =
+      std::clamp<std::int64_t>(static_cast<std::int64_t>(static_cast<double>(middle) * scale), middle, 1 << 24);
+  const double t_large = large == middle ? t_middle : percentile(timings(large, 3), 0.5);
+  out.samples = {{static_cast<std::size_t>(small) * 4, t_small},
+                 {static_cast<std::size_t>(middle) * 4, t_middle},
+                 {static_cast<std::size_t>(large) * 4, t_large}};
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::size_t> gradient_buckets(const std::vector<std::int64_t>& numels, std::size_t bytes_per_pack) {
@@ -602,24 +630,13 @@ MultiWorkerMirroredStrategy::LinkMeasurement MultiWorkerMirroredStrategy::measur
     }
     return seconds;
   };
-  const std::int64_t small = 256, middle = 1 << 18;  // 1 KiB, 1 MiB
-  const double t_small = percentile(timings(small, 41), 0.5);
-  const std::vector<double> middles = timings(middle, 5);
-  const double t_middle = percentile(middles, 0.5);
+  const std::int64_t middle = 1 << 18;  // 1 MiB
+  const ThreeSizes sized = time_three_sizes(group(), n, timings, 41);
+  const double t_middle = sized.samples[1].seconds;
   std::vector<double> deviations;
-  for (double x : middles) deviations.push_back(std::abs(x - t_middle));
+  for (double x : sized.middles) deviations.push_back(std::abs(x - t_middle));
   const double deviation = percentile(deviations, 0.5);
-  // Every worker must all-reduce the same size: the large one comes from the mean of the
-  // workers' middle timings, which the all-reduce makes the same everywhere.
-  std::vector<double> mean{t_middle};
-  group().sum_over_workers(mean);
-  const double scale = 0.25 / std::max(mean[0] / n, 1e-6);
-  const std::int64_t large =
-      std::clamp<std::int64_t>(static_cast<std::int64_t>(static_cast<double>(middle) * scale), middle, 1 << 24);
-  const double t_large = large == middle ? t_middle : percentile(timings(large, 3), 0.5);
-  LinkMeasurement m = LinkMeasurement::fit(n, {{static_cast<std::size_t>(small) * 4, t_small},
-                                               {static_cast<std::size_t>(middle) * 4, t_middle},
-                                               {static_cast<std::size_t>(large) * 4, t_large}});
+  LinkMeasurement m = LinkMeasurement::fit(n, sized.samples);
   // Workers that sum through shared memory have no rate limiter between them to look for
   // (and every worker knows it alike).
   if (group().shares_memory()) return m;
@@ -665,17 +682,7 @@ MultiWorkerMirroredStrategy::GpuPathMeasurement MultiWorkerMirroredStrategy::mea
     }
     return seconds;
   };
-  const std::int64_t small = 256, middle = 1 << 18;
-  const double t_small = percentile(timings(small, 21), 0.5);
-  const double t_middle = percentile(timings(middle, 5), 0.5);
-  std::vector<double> mean{t_middle};  // every worker sizes the large buffer alike
-  group().sum_over_workers(mean);
-  const std::int64_t large = std::clamp<std::int64_t>(
-      static_cast<std::int64_t>(static_cast<double>(middle) * 0.25 / std::max(mean[0] / n, 1e-6)), middle, 1 << 24);
-  const double t_large = large == middle ? t_middle : percentile(timings(large, 3), 0.5);
-  out.link = LinkMeasurement::fit(n, {{static_cast<std::size_t>(small) * 4, t_small},
-                                      {static_cast<std::size_t>(middle) * 4, t_middle},
-                                      {static_cast<std::size_t>(large) * 4, t_large}});
+  out.link = LinkMeasurement::fit(n, time_three_sizes(group(), n, timings, 21).samples);
   // The copies alone, each way.
   const std::int64_t copy_floats = std::int64_t{16} << 20;  // 64 MiB
   Tensor host = Tensor::empty_pinned(Shape{copy_floats});

@@ -129,9 +129,9 @@ class PushSink final : public optim::detail::GradientSink {
  public:
   PushSink(PsRuntime& runtime, const std::vector<Variable*>& vars, const std::vector<ShardPlacement>& placement,
            std::uint64_t closure, std::uint64_t incarnation, const std::vector<std::int64_t>& versions,
-           const RowPuller& rows)
+           const RowPuller& rows, std::vector<Tensor>& host_grads)
       : runtime_(runtime), vars_(vars), placement_(placement), closure_(closure), incarnation_(incarnation),
-        versions_(versions), rows_(rows) {}
+        versions_(versions), rows_(rows), host_grads_(host_grads) {}
 
   // fit()'s closures run several steps: step `step` pushes what it computed from `versions`.
   void next_step(std::uint32_t step) {
@@ -171,7 +171,8 @@ class PushSink final : public optim::detail::GradientSink {
       by_variable[v] = &grads[i];
       if (!grads[i].on_cpu()) {  // a GPU worker's: to the host through a page-locked buffer
         Tensor& host = host_grads_.at(v);
-        if (!host.defined()) host = Tensor::empty_pinned(grads[i].shape(), grads[i].dtype());
+        if (!host.defined() || !(host.shape() == grads[i].shape()))
+          host = Tensor::empty_pinned(grads[i].shape(), grads[i].dtype());
         host.copy_from(grads[i]);
         by_variable[v] = &host;
       }
@@ -262,7 +263,7 @@ class PushSink final : public optim::detail::GradientSink {
   bool pushed_ = false;
   std::vector<Tensor> pulled_;  // [variable]: non-trainable ones' pulled values, then their change
   std::vector<bool> changed_;   // [variable]: the step changed it (kept to allocate nothing per step)
-  std::vector<Tensor> host_grads_;  // [variable]: a GPU gradient's page-locked copy, kept from step to step
+  std::vector<Tensor>& host_grads_;  // [variable]: a GPU gradient's page-locked copy, kept from push to push
 
  public:
   double push_seconds = 0;  // spent pushing, over the closure
@@ -314,7 +315,8 @@ class WorkerService final : public wire::Worker::Service {
       std::vector<std::int64_t> versions;
       RowPuller& rows = *rows_;
       rows.begin_closure(pull_seconds);
-      PushSink sink(runtime_, vars_, placement_, request->closure(), request->incarnation(), versions, rows);
+      PushSink sink(runtime_, vars_, placement_, request->closure(), request->incarnation(), versions, rows,
+                    host_grads_);
       auto pull = [&] {
         const ScopedSeconds timed(pull_seconds);
         versions = runtime_.pull(vars_, placement_, rows.whole());
@@ -389,6 +391,7 @@ class WorkerService final : public wire::Worker::Service {
   std::vector<Variable*> vars_;
   std::vector<ShardPlacement> placement_;
   std::optional<RowPuller> rows_;  // for vars_ and placement_
+  std::vector<Tensor> host_grads_;   // the pushes' page-locked gradients (GPU workers), kept between closures
   std::map<std::pair<int, int>, data::Iterator> iterators_;
   std::mutex mutex_;
   std::condition_variable changed_;
