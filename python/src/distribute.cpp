@@ -45,7 +45,8 @@ void call_python(Fn&& fn, std::unique_ptr<py::error_already_set>& error) {
 }
 
 // fn(*args[r], **kwargs[r]) on each replica r at once; their results, in replica order.
-// A Python exception in any replica is raised as itself once every replica returned.
+// A Python exception in any replica is raised as itself once every replica returned: the
+// first replica's own, before the PeerFailure of those it left waiting.
 py::list run_replicas(const Strategy& strategy, const py::function& fn, const py::list& args, const py::list& kwargs) {
   const int n = strategy.num_local_replicas();
   if (static_cast<int>(args.size()) != n || static_cast<int>(kwargs.size()) != n)
@@ -73,6 +74,10 @@ py::list run_replicas(const Strategy& strategy, const py::function& fn, const py
     out.append(value);
   }
   if (failure) {
+    // The replica whose own error failed the run: the others' PeerFailure follows from it.
+    const py::object peer_failure = py::module_::import("dtrain._dtrain").attr("errors").attr("PeerFailureError");
+    for (auto& e : errors)
+      if (e && !e->matches(peer_failure)) throw *e;
     for (auto& e : errors)
       if (e) throw *e;
     std::rethrow_exception(failure);

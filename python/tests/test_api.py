@@ -543,6 +543,21 @@ def test_a_python_exception_in_a_replica_is_raised_as_itself():
     with pytest.raises(KeyError, match="replica step failed"):
         strategy.run(step, args=(1,))
 
+    # Replica 1 fails while replica 0 waits for it in a sum: replica 1's error is raised,
+    # not replica 0's PeerFailure that follows from it.
+    with strategy.scope():
+        v = tf.Variable([1.0])
+        opt = tf.keras.optimizers.SGD(0.1)
+    ids = strategy.experimental_distribute_values_from_function(lambda ctx: ctx.replica_id_in_sync_group)
+
+    def second_fails(i):
+        if i == 1:
+            raise KeyError("replica 1 failed first")
+        opt.apply_gradients([(tf.constant([1.0]), v)])  # sums over the replicas: waits for replica 1
+
+    with pytest.raises(KeyError, match="replica 1 failed first"):
+        strategy.run(second_fails, args=(ids,))
+
 
 def test_python_minus_m_dtrain_is_the_command(python_run):
     from conftest import SOURCE
